@@ -1,0 +1,204 @@
+"""The ``tractlens`` command line.
+
+Subcommands call the same pipelines as the GUI. Progress goes to stderr,
+``--json`` prints a machine-readable summary on stdout, and bad input ends
+with a one-paragraph message and exit status 2 (no traceback; ``--debug``
+shows one). Exit status 1 means an internal error, 130 an interrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from gpu.backend import DEVICES, BackendError, Cancelled, OutOfDeviceMemory, get_backend, gpu_status
+
+from . import __version__
+from .errors import InputError
+
+log = logging.getLogger("tractlens")
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Progress:
+    """Progress on stderr: a rewritten line on a terminal, a line per 10 % otherwise."""
+
+    def __init__(self, label: str, unit: str, quiet: bool = False):
+        self.label, self.unit, self.quiet = label, unit, quiet
+        self.tty = sys.stderr.isatty()
+        self.last_decile = -1
+        self.start = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or total <= 0:
+            return
+        fraction = done / total
+        decile = int(fraction * 10)
+        text = f"{self.label}: {fraction:6.1%} ({done}/{total} {self.unit}, {time.perf_counter() - self.start:.1f} s)"
+        if self.tty:
+            sys.stderr.write("\r" + text + ("\n" if done >= total else ""))
+            sys.stderr.flush()
+        elif decile != self.last_decile or done >= total:
+            self.last_decile = decile
+            print(text, file=sys.stderr, flush=True)
+
+
+def _emit(args, summary: dict, human: str) -> None:
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print(human)
+
+
+def cmd_info(args) -> int:
+    ok, detail = gpu_status()
+    summary = {"version": __version__, "python": sys.version.split()[0], "gpu_available": ok}
+    if ok:
+        backend = get_backend("gpu")
+        summary.update(
+            backend="gpu",
+            gpu_name=detail,
+            gpu_memory_total_bytes=backend.total_memory_bytes(),
+            gpu_memory_free_bytes=backend.free_memory_bytes(),
+        )
+        human_gpu = f"GPU: {detail}, {backend.free_memory_bytes() / 2**30:.1f} of {backend.total_memory_bytes() / 2**30:.1f} GiB free"
+    else:
+        summary.update(backend="cpu", gpu_unavailable_reason=detail)
+        human_gpu = f"GPU: none ({detail}); computing on the CPU with NumPy"
+    import numpy
+
+    summary["numpy"] = numpy.__version__
+    _emit(args, summary, f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}")
+    return EXIT_OK
+
+
+def cmd_demo_data(args) -> int:
+    from .demo import write_demo
+
+    out = write_demo(args.outdir)
+    files = sorted(p.name for p in out.iterdir())
+    _emit(args, {"outdir": str(out), "files": files}, f"demo dataset written to {out} ({len(files)} files)")
+    return EXIT_OK
+
+
+def cmd_fit_dti(args) -> int:
+    from gpu.dti import DTIFitParams
+
+    from .io import load_dwi
+    from .pipelines.dti import fit_dti_pipeline, write_dti_outputs
+
+    get_backend(args.device)  # fail early and clearly when --device gpu has no GPU
+    dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=args.b0_threshold)
+    for warning in dwi.warnings:
+        log.warning("%s", warning)
+    params = DTIFitParams(method=args.method, precision=args.precision, b0_threshold=args.b0_threshold)
+    result = fit_dti_pipeline(
+        dwi,
+        mask_path=args.mask,
+        params=params,
+        device=args.device,
+        progress=Progress("fit-dti", "voxels", quiet=args.quiet),
+    )
+    for warning in result.warnings[len(dwi.warnings) :]:
+        log.warning("%s", warning)
+    files = write_dti_outputs(result, args.output)
+    summary = {
+        "outdir": str(Path(args.output)),
+        "files": sorted(Path(f).name for f in files.values()),
+        **result.summary(),
+    }
+    fit = result.fit.provenance
+    human = (
+        f"fitted {summary['voxels_fitted']} voxels ({fit['method'].upper()}, {fit['precision']}) on "
+        f"{fit['backend']} ({fit['device']}) in {fit['total_s']:.2f} s; maps written to {args.output}"
+    )
+    _emit(args, summary, human)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tractlens", description="GPU diffusion MRI tractography.")
+    parser.add_argument("--version", action="version", version=f"tractlens {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    common.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("info", parents=[common], help="version, backend, GPU name and memory (or why none)")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("demo-data", parents=[common], help="write the built-in demo phantom to a folder")
+    p.add_argument("outdir", help="folder to write into (created if missing)")
+    p.set_defaults(func=cmd_demo_data)
+
+    p = sub.add_parser(
+        "fit-dti",
+        parents=[common],
+        help="fit diffusion tensors; write FA, MD, AD, RD, RGB, tensor, V1, L1-L3, mask",
+        description="Fit diffusion tensors (WLS by default) and write the maps as NIfTI. "
+        "Without --mask, a brain mask is computed from the mean b=0 image "
+        "(3x3x3 median filter twice, Otsu threshold, largest connected component, holes filled).",
+    )
+    p.add_argument("dwi", help="4-D diffusion-weighted NIfTI (.nii or .nii.gz)")
+    p.add_argument("--bval", help="FSL bval file (default: NAME.bval beside the image)")
+    p.add_argument("--bvec", help="FSL bvec file (default: NAME.bvec beside the image)")
+    p.add_argument("--mask", help="brain mask NIfTI on the same grid (default: computed from b=0)")
+    p.add_argument("--method", choices=("wls", "ols"), default="wls", help="least-squares fit (default: wls)")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "float32", "float64"),
+        default="auto",
+        help="precision of the products over all volumes (default: float32 on GPU, float64 on CPU)",
+    )
+    p.add_argument("--b0-threshold", type=float, default=50.0, help="b-values up to this count as b=0 (default 50)")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.set_defaults(func=cmd_fit_dti)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_INPUT
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="tractlens: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except (InputError, BackendError) as exc:
+        if args.debug:
+            raise
+        print(f"tractlens {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except OutOfDeviceMemory as exc:
+        if args.debug:
+            raise
+        print(f"tractlens {args.command}: error: {exc}. Try --device cpu or a smaller mask.", file=sys.stderr)
+        return EXIT_INPUT
+    except (KeyboardInterrupt, Cancelled):
+        print(f"tractlens {args.command}: interrupted; nothing half-written was left behind.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"tractlens {args.command}: internal error: {type(exc).__name__}: {exc}. "
+            "Run again with --debug for the traceback and report it.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Diffusion-weighted series: a 4-D NIfTI plus FSL ``bval``/``bvec`` text files.
+
+Gradient directions in FSL ``bvec`` files are in FSL's voxel frame: image axes,
+with x negated when the image affine has a positive determinant (neurological
+storage). TractLens keeps directions in plain voxel axes internally, so
+:func:`load_dwi` flips x for such images and :func:`gpu_frame_to_fsl` flips it
+back for files that FSL users read (tensor, V1). For a negative-determinant
+(radiological, e.g. FSL-standard LAS) image both frames are the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..model import Volume
+from ._atomic import atomic_path, split_suffix
+from .nifti import check_exists, load_image, read_array
+
+log = logging.getLogger(__name__)
+
+B0_THRESHOLD = 50.0  # s/mm²; b-values at or below count as non-diffusion-weighted
+UNIT_TOLERANCE = 0.1  # |‖g‖ - 1| up to this is normalised with a warning
+
+
+@dataclass
+class DWI:
+    """A diffusion-weighted series ready to fit.
+
+    data : (X, Y, Z, K) float32.
+    bvals : (K,) s/mm².
+    bvecs : (K, 3) unit vectors in voxel axes (zero rows for b=0).
+    warnings : what was corrected or noticed while loading, for the user.
+    """
+
+    data: np.ndarray
+    affine: np.ndarray
+    bvals: np.ndarray
+    bvecs: np.ndarray
+    path: str = ""
+    bval_path: str = ""
+    bvec_path: str = ""
+    warnings: list[str] = field(default_factory=list)
+    b0_threshold: float = B0_THRESHOLD
+
+    @property
+    def shape3(self) -> tuple[int, int, int]:
+        return tuple(int(s) for s in self.data.shape[:3])
+
+    @property
+    def b0_mask(self) -> np.ndarray:
+        return self.bvals <= self.b0_threshold
+
+    def mean_b0(self) -> np.ndarray:
+        """Mean of the b=0 volumes, NaN/Inf treated as 0."""
+        b0 = self.data[..., self.b0_mask]
+        return np.nan_to_num(b0, nan=0.0, posinf=0.0, neginf=0.0).mean(axis=-1)
+
+    def as_volume(self) -> Volume:
+        return Volume(Path(self.path).name.split(".")[0] or "dwi", self.data, self.affine, kind="dwi", source=self.path)
+
+
+def x_flip_needed(affine: np.ndarray) -> bool:
+    """FSL negates bvec x for images stored with a positive-determinant affine."""
+    return float(np.linalg.det(np.asarray(affine)[:3, :3])) > 0
+
+
+def fsl_to_voxel_vectors(vectors: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """Directions in FSL's bvec frame -> voxel axes (and back: the map is its own inverse)."""
+    out = np.array(vectors, dtype=np.float64, copy=True)
+    if x_flip_needed(affine):
+        out[..., 0] = -out[..., 0]
+    return out
+
+
+def find_gradient_files(dwi_path: Path) -> tuple[Path | None, Path | None]:
+    """``name.bval``/``name.bvec`` beside ``name.nii(.gz)`` (BIDS), else FSL's ``bvals``/``bvecs``."""
+    stem, _ = split_suffix(dwi_path)
+    folder = dwi_path.parent
+    candidates = [
+        (folder / f"{stem}.bval", folder / f"{stem}.bvec"),
+        (folder / f"{stem}.bvals", folder / f"{stem}.bvecs"),
+        (folder / "bvals", folder / "bvecs"),
+    ]
+    for bval, bvec in candidates:
+        if bval.exists() and bvec.exists():
+            return bval, bvec
+    return None, None
+
+
+def read_bvals(path: Path) -> np.ndarray:
+    try:
+        values = np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except Exception as exc:
+        raise InputError(
+            f"could not be read as b-values ({exc})", path=path, fix="It must hold numbers separated by spaces"
+        ) from exc
+    if values.ndim == 2 and 1 in values.shape:
+        values = values.ravel()
+    if values.ndim != 1:
+        raise InputError(f"b-values must be one row of numbers, found shape {values.shape}", path=path)
+    if not np.isfinite(values).all() or (values < 0).any():
+        raise InputError("b-values must be finite and non-negative", path=path)
+    return values
+
+
+def read_bvecs(path: Path, count: int) -> np.ndarray:
+    try:
+        values = np.loadtxt(path, dtype=np.float64, ndmin=2)
+    except Exception as exc:
+        raise InputError(
+            f"could not be read as b-vectors ({exc})", path=path, fix="It must hold three rows of numbers"
+        ) from exc
+    if values.shape == (3, count):
+        return values.T.copy()
+    if values.shape == (count, 3):  # MRtrix/DIPY-style columns: accept, FSL writes rows
+        return values.copy()
+    raise InputError(
+        f"b-vectors have shape {values.shape}, but the data has {count} volumes (expected 3 x {count})",
+        path=path,
+        fix="Use the bvec file that belongs to this series; bval and bvec must list the same volumes",
+    )
+
+
+def check_gradients(bvals: np.ndarray, bvecs: np.ndarray, bvec_path, warnings: list[str]) -> np.ndarray:
+    """Validate b-vectors against b-values; normalise nearly-unit vectors with a warning."""
+    dw = bvals > B0_THRESHOLD
+    bvecs = bvecs.copy()
+    bvecs[~dw & ~np.isfinite(bvecs).all(axis=1)] = 0.0
+    if not np.isfinite(bvecs[dw]).all():
+        raise InputError("b-vectors of diffusion-weighted volumes contain NaN or Inf", path=bvec_path)
+    norms = np.linalg.norm(bvecs, axis=1)
+    zero = dw & (norms < 1e-6)
+    if zero.any():
+        raise InputError(
+            f"{int(zero.sum())} diffusion-weighted volume(s) have a zero b-vector "
+            f"(volumes {np.flatnonzero(zero)[:10].tolist()})",
+            path=bvec_path,
+            fix="Check that bval and bvec belong together; b>0 needs a direction",
+        )
+    off = dw & (np.abs(norms - 1) > 1e-3)
+    if off.any():
+        worst = float(np.abs(norms[dw] - 1).max())
+        if worst > UNIT_TOLERANCE:
+            raise InputError(
+                f"b-vectors are not unit length (largest deviation {worst:.3f})",
+                path=bvec_path,
+                fix="These may be unnormalised or scaled by b; normalise them (each row of 3 values to length 1)",
+            )
+        warnings.append(
+            f"{int(off.sum())} b-vector(s) were not unit length (up to {worst:.4f} off) and were normalised"
+        )
+    bvecs[dw] /= norms[dw, None]
+    bvecs[~dw] = 0.0
+    return bvecs
+
+
+def load_dwi(
+    path: str | os.PathLike,
+    bval: str | os.PathLike | None = None,
+    bvec: str | os.PathLike | None = None,
+    *,
+    b0_threshold: float = B0_THRESHOLD,
+) -> DWI:
+    """Load and validate a DWI series.
+
+    Finds ``name.bval``/``name.bvec`` beside ``name.nii.gz`` when not given.
+    Raises :class:`InputError` for: a missing or non-NIfTI file, a 3-D image,
+    missing gradient files, b-value/b-vector counts that differ from the
+    number of volumes, no b=0 volume, non-unit or zero b-vectors. NaN/Inf and
+    zero-signal voxels are loaded (the fit flags them) and reported in
+    ``warnings``.
+    """
+    path = check_exists(path, "diffusion data")
+    img = load_image(path, "diffusion data")
+    shape = img.shape
+    if len(shape) == 3 or (len(shape) == 4 and shape[3] == 1):
+        raise InputError(
+            f"this is a single 3-D volume {tuple(shape[:3])}, not a diffusion series",
+            path=path,
+            fix="Give the 4-D diffusion-weighted series (one volume per gradient direction)",
+        )
+    if len(shape) != 4:
+        raise InputError(f"a diffusion series must be 4-D, this image has shape {shape}", path=path)
+    n_volumes = int(shape[3])
+    if bval is None or bvec is None:
+        found_bval, found_bvec = find_gradient_files(path)
+        bval = bval or found_bval
+        bvec = bvec or found_bvec
+        if bval is None or bvec is None:
+            stem, _ = split_suffix(path)
+            raise InputError(
+                "no b-values/b-vectors given and none found beside the image "
+                f"(looked for {stem}.bval and {stem}.bvec, and bvals/bvecs)",
+                path=path,
+                fix="Pass --bval and --bvec",
+            )
+    bval_path = check_exists(bval, "b-value file")
+    bvec_path = check_exists(bvec, "b-vector file")
+    bvals = read_bvals(bval_path)
+    if len(bvals) != n_volumes:
+        raise InputError(
+            f"{len(bvals)} b-values for {n_volumes} volumes in {path.name}",
+            path=bval_path,
+            fix="Use the bval file that belongs to this series",
+        )
+    bvecs = read_bvecs(bvec_path, n_volumes)
+    warnings: list[str] = []
+    if not (bvals <= b0_threshold).any():
+        raise InputError(
+            f"no b=0 volume (smallest b-value {bvals.min():g}, threshold {b0_threshold:g})",
+            path=bval_path,
+            fix="A tensor fit needs at least one non-diffusion-weighted volume; check the b-values",
+        )
+    bvecs = check_gradients(bvals, bvecs, bvec_path, warnings)
+    data = read_array(img, path)
+    _report_bad_voxels(data, warnings)
+    affine = img.affine.copy()
+    return DWI(
+        data=data,
+        affine=affine,
+        bvals=bvals,
+        bvecs=fsl_to_voxel_vectors(bvecs, affine),
+        path=str(path),
+        bval_path=str(bval_path),
+        bvec_path=str(bvec_path),
+        warnings=warnings,
+        b0_threshold=b0_threshold,
+    )
+
+
+def _report_bad_voxels(data: np.ndarray, warnings: list[str]) -> None:
+    nonfinite = ~np.isfinite(data).all(axis=-1)
+    if nonfinite.any():
+        warnings.append(f"{int(nonfinite.sum())} voxel(s) contain NaN or Inf; they are left out of the fit and flagged")
+
+
+def save_gradients(bvals: np.ndarray, bvecs_voxel: np.ndarray, affine: np.ndarray, bval_path, bvec_path) -> None:
+    """Write FSL-style bval (one row) and bvec (three rows, FSL frame) files atomically."""
+    bvecs = fsl_to_voxel_vectors(bvecs_voxel, affine) + 0.0  # no "-0.0" in the file
+    with atomic_path(bval_path) as tmp:
+        np.savetxt(tmp, np.asarray(bvals)[None, :], fmt="%g")
+    with atomic_path(bvec_path) as tmp:
+        np.savetxt(tmp, bvecs.T, fmt="%.8f")

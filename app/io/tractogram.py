@@ -1,0 +1,182 @@
+"""Tractograms: TrackVis .trk and MRtrix .tck through nibabel, .trx through trx-python.
+
+In memory a :class:`~app.model.Tractogram` holds points in voxel index
+coordinates of a reference grid; the files hold RAS+ millimetres (nibabel and
+trx convert). Per-point and per-streamline scalars are kept where the format
+allows: .trk and .trx keep both; .tck keeps neither (a warning says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+from nibabel.streamlines import ArraySequence, Field
+from nibabel.streamlines import Tractogram as NibTractogram
+
+from ..errors import InputError
+from ..model import Tractogram, Volume
+from ._atomic import atomic_path
+from .nifti import load_image
+
+log = logging.getLogger(__name__)
+
+TRACTOGRAM_SUFFIXES = (".trk", ".tck", ".trx")
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in TRACTOGRAM_SUFFIXES:
+        raise InputError(
+            f"unknown tractogram format {suffix or '(no extension)'}",
+            path=path,
+            fix="Use .trk (TrackVis), .tck (MRtrix) or .trx",
+        )
+    return suffix
+
+
+def _reference_grid(reference) -> tuple[np.ndarray, tuple[int, int, int]]:
+    if reference is None:
+        return np.eye(4), (1, 1, 1)
+    if isinstance(reference, Volume):
+        return reference.affine, reference.shape3
+    if isinstance(reference, str | os.PathLike):
+        img = load_image(reference, "reference image")
+        return img.affine, tuple(int(s) for s in img.shape[:3])
+    affine, dims = reference
+    return np.asarray(affine, dtype=np.float64), tuple(int(d) for d in dims)
+
+
+def load_tractogram(path: str | os.PathLike, reference=None) -> Tractogram:
+    """Read .trk/.tck/.trx into voxel coordinates of its grid.
+
+    .trk and .trx carry their grid; .tck does not, so ``reference`` (a
+    :class:`Volume`, a NIfTI path or ``(affine, dims)``) gives it. Without one,
+    a .tck stays in millimetres (identity affine).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("tractogram not found", path=path)
+    suffix = _suffix(path)
+    try:
+        if suffix == ".trx":
+            return _load_trx(path)
+        tract_file = nib.streamlines.load(str(path))
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"could not be read as a {suffix} tractogram ({exc})", path=path) from exc
+    if suffix == ".trk":
+        header = tract_file.header
+        affine = np.asarray(header[Field.VOXEL_TO_RASMM], dtype=np.float64)
+        dims = tuple(int(d) for d in header[Field.DIMENSIONS])
+    else:
+        affine, dims = _reference_grid(reference)
+    tract = tract_file.tractogram
+    streamlines = tract.streamlines
+    points_mm = np.asarray(streamlines.get_data(), dtype=np.float64)
+    offsets = np.concatenate([[0], np.cumsum(streamlines._lengths)]).astype(np.int64)
+    points = nib.affines.apply_affine(np.linalg.inv(affine), points_mm)
+    point_scalars = {
+        k: np.asarray(v.get_data()).squeeze(-1) if np.asarray(v.get_data()).shape[-1] == 1 else np.asarray(v.get_data())
+        for k, v in tract.data_per_point.items()
+    }
+    streamline_scalars = {
+        k: np.asarray(v).squeeze(-1) if np.asarray(v).ndim == 2 and np.asarray(v).shape[1] == 1 else np.asarray(v)
+        for k, v in tract.data_per_streamline.items()
+    }
+    return Tractogram(points, offsets, affine, dims, point_scalars, streamline_scalars, name=path.name.split(".")[0])
+
+
+def _load_trx(path: Path) -> Tractogram:
+    from trx.trx_file_memmap import load as trx_load
+
+    trx = trx_load(str(path))
+    try:
+        affine = np.asarray(trx.header["VOXEL_TO_RASMM"], dtype=np.float64)
+        dims = tuple(int(d) for d in trx.header["DIMENSIONS"])
+        points_mm = np.asarray(trx.streamlines._data, dtype=np.float64)
+        lengths = np.asarray(trx.streamlines._lengths, dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        points = nib.affines.apply_affine(np.linalg.inv(affine), points_mm)
+        point_scalars = {
+            k: np.array(v._data).squeeze()
+            if np.asarray(v._data).ndim == 2 and v._data.shape[1] == 1
+            else np.array(v._data)
+            for k, v in trx.data_per_vertex.items()
+        }
+        streamline_scalars = {
+            k: np.array(v).squeeze() if np.asarray(v).ndim == 2 and v.shape[1] == 1 else np.array(v)
+            for k, v in trx.data_per_streamline.items()
+        }
+    finally:
+        trx.close()
+    return Tractogram(points, offsets, affine, dims, point_scalars, streamline_scalars, name=path.name.split(".")[0])
+
+
+def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool) -> NibTractogram:
+    points_mm = tractogram.points_world().astype(np.float32)
+    seq = ArraySequence()
+    seq._data = points_mm
+    seq._offsets = tractogram.offsets[:-1].copy()
+    seq._lengths = tractogram.lengths.copy()
+    data_per_point = {}
+    data_per_streamline = {}
+    if keep_scalars:
+        for key, values in tractogram.point_scalars.items():
+            arr = np.asarray(values, dtype=np.float32)
+            arr = arr[:, None] if arr.ndim == 1 else arr
+            per = ArraySequence()
+            per._data = arr
+            per._offsets = seq._offsets.copy()
+            per._lengths = seq._lengths.copy()
+            data_per_point[key] = per
+        for key, values in tractogram.streamline_scalars.items():
+            arr = np.asarray(values, dtype=np.float32)
+            data_per_streamline[key] = arr[:, None] if arr.ndim == 1 else arr
+    return NibTractogram(
+        seq, data_per_streamline=data_per_streamline, data_per_point=data_per_point, affine_to_rasmm=np.eye(4)
+    )
+
+
+def save_tractogram(tractogram: Tractogram, path: str | os.PathLike) -> Path:
+    """Write .trk/.tck/.trx (format from the suffix), atomically, in RAS mm."""
+    path = Path(path)
+    suffix = _suffix(path)
+    has_scalars = bool(tractogram.point_scalars or tractogram.streamline_scalars)
+    if suffix == ".tck" and has_scalars:
+        log.warning("%s: .tck cannot store per-point or per-streamline scalars; they are not written", path)
+    nib_tract = _nib_tractogram(tractogram, keep_scalars=suffix != ".tck")
+    with atomic_path(path) as tmp:
+        if suffix == ".trx":
+            _save_trx(nib_tract, tractogram, tmp)
+        elif suffix == ".trk":
+            header = {
+                Field.VOXEL_TO_RASMM: tractogram.affine,
+                Field.DIMENSIONS: np.array(tractogram.dimensions, dtype=np.int16),
+                Field.VOXEL_SIZES: np.sqrt((tractogram.affine[:3, :3] ** 2).sum(0)).astype(np.float32),
+                Field.VOXEL_ORDER: "".join(nib.aff2axcodes(tractogram.affine)),
+            }
+            nib.streamlines.save(nib_tract, str(tmp), header=header)
+        else:
+            nib.streamlines.save(nib_tract, str(tmp))
+    return path
+
+
+def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path) -> None:
+    from trx.trx_file_memmap import TrxFile
+    from trx.trx_file_memmap import save as trx_save
+
+    header = nib.Nifti1Header()
+    header.set_data_shape(tractogram.dimensions)
+    header.set_qform(tractogram.affine, code=1)
+    header.set_sform(tractogram.affine, code=1)
+    header.set_zooms(np.sqrt((tractogram.affine[:3, :3] ** 2).sum(0)))
+    trx = TrxFile.from_tractogram(nib_tract, reference=header)
+    try:
+        trx_save(trx, str(tmp))
+    finally:
+        trx.close()

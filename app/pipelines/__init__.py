@@ -1,0 +1,1 @@
+"""Use cases as functions of data + parameters, shared by the CLI, the GUI and scripts."""

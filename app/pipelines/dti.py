@@ -1,0 +1,167 @@
+"""Use case: fit diffusion tensors to a DWI series and write the maps.
+
+Shared by the ``tractlens fit-dti`` command, the GUI and Python scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
+
+from ..errors import InputError
+from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume
+from ..masking import brain_mask_from_b0
+from ..model import Volume
+
+log = logging.getLogger(__name__)
+
+#: Files written by :func:`write_dti_outputs`, with what each holds.
+DTI_OUTPUTS = {
+    "FA.nii.gz": "fractional anisotropy, 0..1",
+    "MD.nii.gz": "mean diffusivity, mm²/s",
+    "AD.nii.gz": "axial diffusivity λ1, mm²/s",
+    "RD.nii.gz": "radial diffusivity (λ2+λ3)/2, mm²/s",
+    "RGB.nii.gz": "colour FA |e1|·FA, 3 volumes (R, G, B) in 0..1",
+    "tensor.nii.gz": "tensor, 6 volumes in FSL order xx, xy, xz, yy, yz, zz, FSL bvec frame, mm²/s",
+    "V1.nii.gz": "main eigenvector e1, 3 volumes, FSL bvec frame (as dtifit)",
+    "L1.nii.gz": "largest eigenvalue, mm²/s",
+    "L2.nii.gz": "middle eigenvalue, mm²/s",
+    "L3.nii.gz": "smallest eigenvalue, mm²/s",
+    "mask.nii.gz": "voxels fitted (given or computed brain mask)",
+    "S0.nii.gz": "fitted b=0 signal",
+    "flags.nii.gz": "per-voxel fit flags: 1 non-finite signal, 2 no b=0 signal, 4 fit failed, 8 not positive definite",
+}
+
+
+@dataclass
+class DTIResult:
+    """Maps on the DWI grid (host arrays) plus the fit's provenance and notes."""
+
+    affine: np.ndarray
+    mask: np.ndarray
+    fit: DTIFit
+    shape: tuple[int, int, int]
+    mask_source: str
+    warnings: list[str] = field(default_factory=list)
+
+    def _scatter(self, values: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.shape + values.shape[1:], dtype=np.float32)
+        out[self.mask] = values
+        return out
+
+    def map(self, name: str) -> np.ndarray:
+        """A map as a full (X, Y, Z[, k]) float32 array; name is fa, md, ad, rd, rgb, s0, flags,
+        tensor (internal order, voxel axes), v1, l1, l2, l3."""
+        fit = self.fit
+        source = {
+            "fa": fit.fa,
+            "md": fit.md,
+            "ad": fit.ad,
+            "rd": fit.rd,
+            "rgb": fit.rgb,
+            "s0": fit.s0,
+            "flags": fit.flags,
+            "tensor": fit.tensor,
+            "v1": fit.evecs[:, :, 0],
+            "l1": fit.evals[:, 0],
+            "l2": fit.evals[:, 1],
+            "l3": fit.evals[:, 2],
+        }[name]
+        return self._scatter(source)
+
+    def volumes(self) -> dict[str, Volume]:
+        """The maps as model volumes (for the GUI document)."""
+        kinds = {"fa": "scalar", "md": "scalar", "rgb": "rgb", "tensor": "tensor", "v1": "vector"}
+        return {
+            name.upper(): Volume(name.upper(), self.map(name), self.affine, kind=kind) for name, kind in kinds.items()
+        }
+
+    def summary(self) -> dict:
+        in_mask = self.fit.flags == 0
+        return {
+            "voxels_fitted": int(self.mask.sum()),
+            "mask": self.mask_source,
+            "flags": self.fit.flag_counts(),
+            "fa_mean": float(self.fit.fa[in_mask].mean()) if in_mask.any() else None,
+            "md_mean": float(self.fit.md[in_mask].mean()) if in_mask.any() else None,
+            "warnings": self.warnings,
+            **self.fit.provenance,
+        }
+
+
+def resolve_mask(dwi: DWI, mask_path: str | os.PathLike | None) -> tuple[np.ndarray, str]:
+    """The user's mask (checked against the DWI grid) or one computed from b=0."""
+    if mask_path is not None:
+        return load_mask(mask_path, dwi.as_volume(), what="mask"), str(mask_path)
+    mask = brain_mask_from_b0(dwi.mean_b0())
+    if not mask.any():
+        raise InputError(
+            "no brain found in the b=0 image (the automatic mask is empty)",
+            path=dwi.path,
+            fix="Pass a brain mask with --mask",
+        )
+    return mask, "computed from b=0 (median filter, Otsu threshold, largest component)"
+
+
+def fit_dti_pipeline(
+    dwi: DWI,
+    *,
+    mask: np.ndarray | None = None,
+    mask_path: str | os.PathLike | None = None,
+    params: DTIFitParams | None = None,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> DTIResult:
+    """Fit tensors inside the mask (given array, file, or computed) of a loaded DWI."""
+    params = params or DTIFitParams(b0_threshold=dwi.b0_threshold)
+    warnings = list(dwi.warnings)
+    if mask is None:
+        mask, mask_source = resolve_mask(dwi, mask_path)
+    else:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != dwi.shape3:
+            raise InputError(f"the mask has shape {mask.shape} but the data {dwi.shape3}")
+        if not mask.any():
+            raise InputError("the mask is empty", fix="Give a mask with at least one voxel")
+        mask_source = "given"
+    t0 = time.perf_counter()
+    signal = dwi.data[mask]
+    try:
+        fit = fit_dti(signal, dwi.bvals, dwi.bvecs, params, device=device, progress=progress, cancelled=cancelled)
+    except ValueError as exc:  # the engine's word on an unusable gradient table
+        raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
+    fit.provenance["total_s"] = time.perf_counter() - t0
+    no_signal = int(np.count_nonzero(fit.flags & FLAG_NO_SIGNAL))
+    if no_signal:
+        warnings.append(f"{no_signal} voxel(s) in the mask have no signal at b=0 and were not fitted")
+    failed = {k: v for k, v in fit.flag_counts().items() if k != "no signal at b=0"}
+    for name, count in failed.items():
+        warnings.append(f"{count} voxel(s) flagged '{name}' (see flags.nii.gz)")
+    return DTIResult(dwi.affine, mask, fit, dwi.shape3, mask_source, warnings)
+
+
+def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str, str]:
+    """Write the maps listed in :data:`DTI_OUTPUTS` into ``outdir`` (atomic per file)."""
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", path=out)
+    out.mkdir(parents=True, exist_ok=True)
+    aff = result.affine
+    for name in ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0"):
+        save_volume(result.map(name), aff, out / f"{name.upper()}.nii.gz", dtype=np.float32)
+    save_tensor(result.map("tensor"), aff, out / "tensor.nii.gz", order="fsl")
+    save_volume(fsl_to_voxel_vectors(result.map("v1"), aff), aff, out / "V1.nii.gz", dtype=np.float32)
+    save_volume(result.mask.astype(np.uint8), aff, out / "mask.nii.gz")
+    save_volume(result.map("flags").astype(np.uint8), aff, out / "flags.nii.gz")
+    (out / "fit_dti.json").write_text(json.dumps(result.summary(), indent=2, default=str))
+    return {name: str(out / name) for name in DTI_OUTPUTS}

@@ -1,0 +1,245 @@
+"""Compute backend selection: CuPy on a usable CUDA device, NumPy otherwise.
+
+Every engine function takes ``device="auto" | "cpu" | "gpu"`` and resolves it
+with :func:`get_backend`. The returned :class:`Backend` bundles the array module
+(``xp``), a readable device name, free-memory queries, host/device transfers and
+a batch-size helper, so the numerical code above it is written once against
+``xp`` and runs on either.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+DEVICES = ("auto", "cpu", "gpu")
+T = TypeVar("T")
+
+
+class BackendError(RuntimeError):
+    """The requested compute device cannot be used (e.g. ``gpu`` forced, no CUDA)."""
+
+
+class OutOfDeviceMemory(MemoryError):
+    """Raised when work does not fit even after the batch was halved to one item."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A resolved compute backend.
+
+    Attributes
+    ----------
+    name : ``"cpu"`` or ``"gpu"``.
+    xp : the array module (``numpy`` or ``cupy``).
+    device_name : human-readable device, e.g. ``"NVIDIA H100 80GB HBM3"``.
+    """
+
+    name: str
+    xp: Any
+    device_name: str
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.name == "gpu"
+
+    def asarray(self, array, dtype=None):
+        """Copy a host array to the device (no copy on the CPU backend)."""
+        return self.xp.asarray(array, dtype=dtype)
+
+    def to_host(self, array) -> np.ndarray:
+        """Bring an array back to host memory as a NumPy array."""
+        if self.is_gpu:
+            return self.xp.asnumpy(array)
+        return np.asarray(array)
+
+    def synchronize(self) -> None:
+        if self.is_gpu:
+            self.xp.cuda.Device().synchronize()
+
+    def free_memory_bytes(self) -> int:
+        """Bytes that new allocations can still use on this device.
+
+        On the GPU this is the driver's free memory plus what CuPy's pool holds
+        but does not use; on the CPU it is the kernel's MemAvailable.
+        """
+        if self.is_gpu:
+            free, _total = self.xp.cuda.runtime.memGetInfo()
+            pool = self.xp.get_default_memory_pool()
+            return int(free + pool.free_bytes())
+        return _host_available_bytes()
+
+    def total_memory_bytes(self) -> int:
+        if self.is_gpu:
+            return int(self.xp.cuda.runtime.memGetInfo()[1])
+        return _host_total_bytes()
+
+    def batch_size(
+        self,
+        n_items: int,
+        bytes_per_item: int,
+        *,
+        fraction: float = 0.5,
+        minimum: int = 1,
+        maximum: int | None = None,
+    ) -> int:
+        """How many items to process at once so the work fits in free memory.
+
+        ``bytes_per_item`` is the peak working memory one item needs (inputs,
+        intermediates and outputs together). Only ``fraction`` of the free
+        memory is planned for, leaving room for the allocator and other users.
+        """
+        if n_items <= 0:
+            return 0
+        budget = int(self.free_memory_bytes() * fraction)
+        size = max(minimum, budget // max(1, int(bytes_per_item)))
+        if maximum is not None:
+            size = min(size, maximum)
+        return int(min(n_items, size))
+
+    def free_cached_memory(self) -> None:
+        if self.is_gpu:
+            self.xp.get_default_memory_pool().free_all_blocks()
+
+    def is_out_of_memory(self, exc: BaseException) -> bool:
+        if isinstance(exc, MemoryError):
+            return True
+        if self.is_gpu:
+            return isinstance(exc, self.xp.cuda.memory.OutOfMemoryError)
+        return False
+
+
+def _host_meminfo(key: str) -> int | None:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _host_available_bytes() -> int:
+    value = _host_meminfo("MemAvailable")
+    if value is None:  # not Linux: assume a modest 4 GiB rather than failing
+        value = 4 << 30
+    return value
+
+
+def _host_total_bytes() -> int:
+    value = _host_meminfo("MemTotal")
+    return value if value is not None else 8 << 30
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> tuple[bool, str]:
+    """Whether a CUDA device is usable, and its name or the reason it is not."""
+    if os.environ.get("TRACTLENS_DISABLE_GPU"):
+        return False, "disabled by TRACTLENS_DISABLE_GPU"
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy is not installed (pip install 'tractlens[gpu]')"
+    except Exception as exc:  # a broken CuPy install must not break the CPU path
+        return False, f"CuPy failed to import: {exc}"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+        if count < 1:
+            return False, "no CUDA device found"
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        name = props["name"]
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        # A tiny kernel proves the driver, runtime and compiler work together.
+        (cupy.arange(4, dtype=cupy.float32) * 2).sum().item()
+        return True, name
+    except Exception as exc:
+        return False, f"CUDA device not usable: {exc}"
+
+
+def get_backend(device: str | Backend = "auto") -> Backend:
+    """Resolve ``device`` (``"auto"``, ``"cpu"`` or ``"gpu"``) to a :class:`Backend`.
+
+    ``"auto"`` picks the GPU when one is usable. ``"gpu"`` raises
+    :class:`BackendError` with the reason when no device can be used.
+    """
+    if isinstance(device, Backend):
+        return device
+    device = (device or "auto").lower()
+    if device not in DEVICES:
+        raise BackendError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return _cpu_backend()
+    ok, detail = gpu_status()
+    if ok:
+        import cupy
+
+        return Backend("gpu", cupy, detail)
+    if device == "gpu":
+        raise BackendError(
+            f"a GPU was requested but none can be used: {detail}. "
+            "Run with --device cpu (or auto) to compute on the CPU."
+        )
+    log.info("no usable GPU (%s); computing on the CPU", detail)
+    return _cpu_backend()
+
+
+def _cpu_backend() -> Backend:
+    import platform
+
+    return Backend("cpu", np, platform.processor() or platform.machine() or "CPU")
+
+
+def run_batched(
+    backend: Backend,
+    n_items: int,
+    bytes_per_item: int,
+    process: Callable[[int, int], None],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    fraction: float = 0.5,
+    maximum: int | None = None,
+) -> None:
+    """Call ``process(start, stop)`` over ``range(n_items)`` in memory-sized batches.
+
+    On out-of-memory the batch is halved and the same range retried; only a
+    batch of one item that still fails raises :class:`OutOfDeviceMemory`.
+    ``cancelled()`` is checked between batches; when it returns true the loop
+    raises :class:`Cancelled`.
+    """
+    batch = backend.batch_size(n_items, bytes_per_item, fraction=fraction, maximum=maximum)
+    start = 0
+    while start < n_items:
+        if cancelled is not None and cancelled():
+            raise Cancelled()
+        stop = min(n_items, start + batch)
+        try:
+            process(start, stop)
+        except Exception as exc:
+            if not backend.is_out_of_memory(exc):
+                raise
+            backend.free_cached_memory()
+            if batch == 1:
+                raise OutOfDeviceMemory(
+                    f"{backend.device_name} ran out of memory even for one item "
+                    f"(about {bytes_per_item / 2**20:.1f} MiB needed)"
+                ) from exc
+            batch = max(1, batch // 2)
+            log.warning("out of memory on %s: retrying with batches of %d", backend.device_name, batch)
+            continue
+        start = stop
+        if progress is not None:
+            progress(start, n_items)
+
+
+class Cancelled(Exception):
+    """The user cancelled a running computation; partial results stay valid."""

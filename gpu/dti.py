@@ -1,0 +1,355 @@
+"""Diffusion tensor fitting: OLS and WLS, eigen-decomposition and scalar maps.
+
+Signal model (Basser et al. 1994): S_k = S0 · exp(-b_k g_kᵀ D g_k). We fit
+ln S with the 7-column design matrix [1, -b gx², -2b gx gy, -2b gx gz, -b gy²,
+-2b gy gz, -b gz²] (parameters ln S0, Dxx, Dxy, Dxz, Dyy, Dyz, Dzz):
+
+* OLS: β = X⁺ ln S with the pseudo-inverse X⁺ computed once in float64.
+* WLS: β = (Xᵀ W X)⁻¹ Xᵀ W ln S with W = diag(Ŝ²), Ŝ the OLS prediction
+  (Chung et al. 2006; DIPY's default ``wls``).
+
+The per-voxel normal equations are formed with two matrix products over all
+voxels of a batch (weights × the 28 unique column products, weighted log-signal
+× X), so the heavy part is BLAS/cuBLAS on either backend; the 7x7 systems are
+then solved by a batched Cholesky factorisation and the tensors decomposed by
+:mod:`gpu.sym3`, both in float64 (they are O(voxels), cheap next to the
+O(voxels × volumes) products). b-values are divided by their maximum before the
+fit so the columns are O(1) in float32, and the result is scaled back: the
+tensor comes out in the inverse units of the b-values (mm²/s for s/mm²).
+
+Matches DIPY's ``TensorModel`` (``fit_method="WLS"`` / ``"OLS"``): signals are
+clamped to ``min_signal`` before the log; eigenvalues are clipped from below at
+``1e-6 / -min(X)`` before FA, MD, AD and RD, as DIPY does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import sym3
+from .backend import Backend, get_backend, run_batched
+
+# Per-voxel flags (bit field) in DTIFit.flags; 0 means a clean fit.
+FLAG_NONFINITE_SIGNAL = 1  #: NaN or Inf among the voxel's signals; not fitted.
+FLAG_NO_SIGNAL = 2  #: every b=0 signal is zero or negative; not fitted.
+FLAG_FIT_FAILED = 4  #: singular normal equations or non-finite result.
+FLAG_NOT_POSITIVE_DEFINITE = 8  #: an eigenvalue ≤ 0 before clipping.
+
+FLAG_NAMES = {
+    FLAG_NONFINITE_SIGNAL: "non-finite signal",
+    FLAG_NO_SIGNAL: "no signal at b=0",
+    FLAG_FIT_FAILED: "fit failed",
+    FLAG_NOT_POSITIVE_DEFINITE: "not positive definite",
+}
+
+#: DIPY's default floor on the signal before the logarithm.
+MIN_SIGNAL = 1e-4
+
+
+@dataclass(frozen=True)
+class DTIFitParams:
+    """Parameters of the tensor fit.
+
+    method : ``"wls"`` (weighted, default, recommended) or ``"ols"``.
+    min_signal : signals below this are raised to it before the log (signal units).
+    precision : ``"float32"``, ``"float64"`` or ``"auto"`` (float32 on the GPU,
+        float64 on the CPU) for the products over all measurements. The 7x7
+        solves and eigen-decompositions are always float64.
+    b0_threshold : b-values at or below this count as b=0 (s/mm²).
+    """
+
+    method: str = "wls"
+    min_signal: float = MIN_SIGNAL
+    precision: str = "auto"
+    b0_threshold: float = 50.0
+
+    def __post_init__(self):
+        if self.method not in ("wls", "ols"):
+            raise ValueError(f"unknown tensor fit method {self.method!r}: use 'wls' or 'ols'")
+        if self.precision not in ("auto", "float32", "float64"):
+            raise ValueError(f"unknown precision {self.precision!r}")
+        if not self.min_signal > 0:
+            raise ValueError("min_signal must be strictly positive")
+
+
+@dataclass
+class DTIFit:
+    """Result of a tensor fit over N voxels; host NumPy arrays.
+
+    tensor : (N, 6) float64, order xx, xy, xz, yy, yz, zz, units of 1/b.
+    s0 : (N,) fitted non-diffusion-weighted signal.
+    evals : (N, 3) λ1 ≥ λ2 ≥ λ3 after clipping.
+    evecs : (N, 3, 3); ``evecs[:, :, 0]`` is the main direction e1.
+    fa, md, ad, rd : (N,) scalar maps.
+    rgb : (N, 3) directionally encoded colour |e1|·FA in [0, 1].
+    flags : (N,) uint8 bit field (FLAG_*).
+    provenance : parameters, backend, device and timings.
+    """
+
+    tensor: np.ndarray
+    s0: np.ndarray
+    evals: np.ndarray
+    evecs: np.ndarray
+    fa: np.ndarray
+    md: np.ndarray
+    ad: np.ndarray
+    rd: np.ndarray
+    rgb: np.ndarray
+    flags: np.ndarray
+    provenance: dict = field(default_factory=dict)
+
+    def flag_counts(self) -> dict[str, int]:
+        """How many voxels carry each flag, by name (only flags that occur)."""
+        counts = {}
+        for bit, name in FLAG_NAMES.items():
+            n = int(np.count_nonzero(self.flags & bit))
+            if n:
+                counts[name] = n
+        return counts
+
+
+def design_matrix(bvals: np.ndarray, bvecs: np.ndarray) -> np.ndarray:
+    """The (K, 7) log-linear design matrix in the module's parameter order."""
+    b = np.asarray(bvals, dtype=np.float64)
+    g = np.asarray(bvecs, dtype=np.float64)
+    gx, gy, gz = g[:, 0], g[:, 1], g[:, 2]
+    return np.stack(
+        [
+            np.ones_like(b),
+            -b * gx * gx,
+            -2 * b * gx * gy,
+            -2 * b * gx * gz,
+            -b * gy * gy,
+            -2 * b * gy * gz,
+            -b * gz * gz,
+        ],
+        axis=1,
+    )
+
+
+@dataclass(frozen=True)
+class _Design:
+    """Host-side constants of one acquisition, computed once per fit."""
+
+    X: np.ndarray  # (K, 7) scaled design matrix
+    pinv: np.ndarray  # (7, K)
+    pairs: np.ndarray  # (K, 28) products X_ki X_kj, i <= j
+    pair_index: tuple  # (i, j) of each of the 28 columns
+    b_scale: float
+    min_diffusivity: float
+    b0: np.ndarray  # bool (K,)
+
+    @classmethod
+    def build(cls, bvals, bvecs, b0_threshold: float) -> _Design:
+        bvals = np.asarray(bvals, dtype=np.float64)
+        bvecs = np.array(bvecs, dtype=np.float64)
+        # A b=0 row's direction is irrelevant; files often store NaN or 0 there.
+        bvecs[(bvals <= b0_threshold) & ~np.isfinite(bvecs).all(axis=1)] = 0.0
+        if not (np.isfinite(bvals).all() and np.isfinite(bvecs).all()):
+            raise ValueError("b-values and diffusion-weighted b-vectors must be finite")
+        raw = design_matrix(bvals, bvecs)
+        b_scale = float(bvals.max()) if bvals.max() > 0 else 1.0
+        X = raw.copy()
+        X[:, 1:] /= b_scale
+        pair_index = tuple((i, j) for i in range(7) for j in range(i, 7))
+        pairs = np.stack([X[:, i] * X[:, j] for i, j in pair_index], axis=1)
+        rank = np.linalg.matrix_rank(X)
+        if rank < 7:
+            raise ValueError(
+                f"the gradient table does not determine a tensor (design matrix rank {rank} < 7): "
+                "at least six non-collinear directions with b > 0 and one b=0 are needed"
+            )
+        min_diffusivity = 1e-6 / max(-raw.min(), 1e-12)
+        return cls(X, np.linalg.pinv(X), pairs, pair_index, b_scale, min_diffusivity, bvals <= b0_threshold)
+
+
+def _cholesky_solve(xp, normal, rhs):
+    """Solve N symmetric positive-definite 7x7 systems by Cholesky, vectorised over N.
+
+    ``normal`` is a dict {(i, j): (N,) array} for i <= j, ``rhs`` a list of 7 (N,)
+    arrays. Returns the solution (list of 7 arrays) and a bool (N,) array that is
+    true where a pivot was not positive (the system is singular or indefinite).
+    """
+    n = len(rhs)
+    L = {}
+    failed = xp.zeros(rhs[0].shape, dtype=bool)
+    for j in range(n):
+        s = normal[(j, j)]
+        for k in range(j):
+            s = s - L[(j, k)] * L[(j, k)]
+        bad = ~(s > 1e-300)
+        failed |= bad
+        diag = xp.sqrt(xp.where(bad, 1.0, s))
+        L[(j, j)] = diag
+        for i in range(j + 1, n):
+            t = normal[(j, i)]
+            for k in range(j):
+                t = t - L[(i, k)] * L[(j, k)]
+            L[(i, j)] = t / diag
+    y = []
+    for i in range(n):
+        t = rhs[i]
+        for k in range(i):
+            t = t - L[(i, k)] * y[k]
+        y.append(t / L[(i, i)])
+    x = [None] * n
+    for i in reversed(range(n)):
+        t = y[i]
+        for k in range(i + 1, n):
+            t = t - L[(k, i)] * x[k]
+        x[i] = t / L[(i, i)]
+    return x, failed
+
+
+def fit_batch(backend: Backend, signal, design: _Design, params: DTIFitParams, dtype) -> dict:
+    """Fit one batch already on ``backend``'s device: ``signal`` is (N, K).
+
+    Returns a dict of device arrays (see :class:`DTIFit` for the fields).
+    """
+    xp = backend.xp
+    S = signal.astype(dtype, copy=False)
+    finite = xp.isfinite(S)
+    nonfinite = ~finite.all(axis=1)
+    S = xp.where(finite, S, 1.0)
+    b0_index = np.flatnonzero(design.b0) if design.b0.any() else np.arange(S.shape[1])
+    s0_measured = S[:, xp.asarray(b0_index)].max(axis=1)
+    no_signal = ~(s0_measured > 0)
+    log_s = xp.log(xp.maximum(S, dtype(params.min_signal)))
+    del S, finite
+
+    X = xp.asarray(design.X, dtype=dtype)
+    beta = log_s @ xp.asarray(design.pinv.T, dtype=dtype)  # OLS, (N, 7)
+    if params.method == "wls":
+        # W = Ŝ²; dividing by Ŝ0² (dropping column 0) changes no solution and
+        # keeps the weights ≤ ~1 so float32 products cannot overflow.
+        log_w = 2.0 * (beta[:, 1:] @ X[:, 1:].T)
+        weights = xp.exp(xp.minimum(log_w, dtype(60.0)))
+        del log_w
+        normal_flat = (weights @ xp.asarray(design.pairs, dtype=dtype)).astype(xp.float64)
+        weights *= log_s
+        rhs_flat = (weights @ X).astype(xp.float64)
+        del weights
+        normal = {pair: normal_flat[:, c] for c, pair in enumerate(design.pair_index)}
+        solution, singular = _cholesky_solve(xp, normal, [rhs_flat[:, i] for i in range(7)])
+        beta = xp.stack(solution, axis=1)
+    else:
+        beta = beta.astype(xp.float64)
+        singular = xp.zeros(beta.shape[0], dtype=bool)
+    del log_s
+
+    tensor = beta[:, 1:] / design.b_scale
+    s0 = xp.exp(beta[:, 0])
+    failed = singular | ~xp.isfinite(beta).all(axis=1) | ~xp.isfinite(s0)
+    skip = nonfinite | no_signal | failed
+    tensor = xp.where(skip[:, None], 0.0, tensor)
+    s0 = xp.where(skip, 0.0, s0)
+
+    evals, evecs = sym3.eigh(xp, tensor)
+    not_pd = (evals[:, 2] <= 0) & ~skip
+    evals = xp.maximum(evals, design.min_diffusivity)
+    evals = xp.where(skip[:, None], 0.0, evals)
+    maps = scalar_maps(xp, evals, evecs)
+
+    flags = (
+        nonfinite.astype(xp.uint8) * FLAG_NONFINITE_SIGNAL
+        + (no_signal & ~nonfinite).astype(xp.uint8) * FLAG_NO_SIGNAL
+        + (failed & ~nonfinite & ~no_signal).astype(xp.uint8) * FLAG_FIT_FAILED
+        + not_pd.astype(xp.uint8) * FLAG_NOT_POSITIVE_DEFINITE
+    )
+    return dict(tensor=tensor, s0=s0, evals=evals, evecs=evecs, flags=flags, **maps)
+
+
+def scalar_maps(xp, evals, evecs) -> dict:
+    """FA, MD, AD, RD and colour-FA from eigenvalues (N, 3) and eigenvectors (N, 3, 3)."""
+    l1, l2, l3 = evals[:, 0], evals[:, 1], evals[:, 2]
+    md = (l1 + l2 + l3) / 3.0
+    norm2 = l1 * l1 + l2 * l2 + l3 * l3
+    spread = (l1 - l2) ** 2 + (l1 - l3) ** 2 + (l2 - l3) ** 2
+    fa = xp.where(norm2 > 0, xp.sqrt(0.5 * spread / xp.where(norm2 > 0, norm2, 1.0)), 0.0)
+    rgb = xp.clip(xp.abs(evecs[:, :, 0]) * fa[:, None], 0.0, 1.0)
+    return dict(fa=fa, md=md, ad=l1, rd=0.5 * (l2 + l3), rgb=rgb)
+
+
+def fit_dti(
+    signal: np.ndarray,
+    bvals: np.ndarray,
+    bvecs: np.ndarray,
+    params: DTIFitParams | None = None,
+    *,
+    device: str | Backend = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> DTIFit:
+    """Fit tensors to the (N, K) signals of N voxels; host arrays in, host arrays out.
+
+    ``bvecs`` are unit vectors (K, 3) in the frame the tensor should be
+    expressed in (voxel axes for the rest of TractLens). Work is batched to fit
+    the device's free memory, halved and retried on out-of-memory; ``progress``
+    gets (voxels done, total) after each batch, ``cancelled`` is polled between
+    batches (raising :class:`gpu.backend.Cancelled`).
+    """
+    params = params or DTIFitParams()
+    backend = get_backend(device)
+    signal = np.asarray(signal)
+    if signal.ndim != 2 or signal.shape[1] != len(bvals):
+        raise ValueError(f"signal must be (voxels, {len(bvals)}), got {signal.shape}")
+    design = _Design.build(bvals, bvecs, params.b0_threshold)
+    dtype = _resolve_dtype(backend, params.precision)
+    n, k = signal.shape
+    out = _allocate(n)
+    item = np.dtype(dtype).itemsize
+    # Peak: the input batch, its float copy, log S and weights (N x K each), small rest.
+    bytes_per_voxel = k * (signal.dtype.itemsize + 3 * item) + 1200
+    timings = {"transfer_s": 0.0, "compute_s": 0.0}
+
+    def process(start: int, stop: int) -> None:
+        t0 = time.perf_counter()
+        batch = backend.asarray(signal[start:stop])
+        backend.synchronize()
+        t1 = time.perf_counter()
+        result = fit_batch(backend, batch, design, params, dtype)
+        backend.synchronize()
+        t2 = time.perf_counter()
+        for key, value in result.items():
+            out[key][start:stop] = backend.to_host(value)
+        timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t2)
+        timings["compute_s"] += t2 - t1
+
+    run_batched(backend, n, bytes_per_voxel, process, progress=progress, cancelled=cancelled)
+    fit = DTIFit(**out)
+    fit.provenance = {
+        "method": params.method,
+        "precision": np.dtype(dtype).name,
+        "min_signal": params.min_signal,
+        "backend": backend.name,
+        "device": backend.device_name,
+        "voxels": n,
+        "volumes": k,
+        **timings,
+    }
+    return fit
+
+
+def _resolve_dtype(backend: Backend, precision: str):
+    if precision == "auto":
+        return np.float32 if backend.is_gpu else np.float64
+    return np.dtype(precision).type
+
+
+def _allocate(n: int) -> dict:
+    return dict(
+        tensor=np.zeros((n, 6)),
+        s0=np.zeros(n),
+        evals=np.zeros((n, 3)),
+        evecs=np.zeros((n, 3, 3)),
+        fa=np.zeros(n),
+        md=np.zeros(n),
+        ad=np.zeros(n),
+        rd=np.zeros(n),
+        rgb=np.zeros((n, 3)),
+        flags=np.zeros(n, dtype=np.uint8),
+    )
