@@ -179,7 +179,8 @@ def eigh(xp, tensor):
     angle = xp.arccos(half_det) / 3.0
     beta_hi = 2.0 * xp.cos(angle)
     beta_lo = 2.0 * xp.cos(angle + 2.0 * math.pi / 3.0)
-    beta_mid = -(beta_hi + beta_lo)
+    # Rounding can push the middle root past a nearly equal neighbour: keep the order.
+    beta_mid = xp.clip(-(beta_hi + beta_lo), beta_lo, beta_hi)
     lam_hi = q + p * beta_hi
     lam_mid = q + p * beta_mid
     lam_lo = q + p * beta_lo

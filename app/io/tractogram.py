@@ -58,9 +58,9 @@ def load_tractogram(path: str | os.PathLike, reference=None) -> Tractogram:
     a .tck stays in millimetres (identity affine).
     """
     path = Path(path)
+    suffix = _suffix(path)
     if not path.exists():
         raise InputError("tractogram not found", path=path)
-    suffix = _suffix(path)
     try:
         if suffix == ".trx":
             return _load_trx(path)

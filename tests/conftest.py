@@ -1,0 +1,51 @@
+"""Shared fixtures. Tests run on the NumPy backend in CI; the same tests run on
+CuPy when selected with ``-m gpu`` on a machine with a CUDA GPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ARTIFACTS = Path(__file__).parent / "_artifacts"
+
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    """Each test using this runs on the CPU and, marked ``gpu``, on the GPU."""
+    return request.param
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Keep the demo cache out of the user's home; share it within the session."""
+    cache = os.environ.get("TRACTLENS_TEST_CACHE") or str(tmp_path_factory.mktemp("tractlens-cache"))
+    os.environ["TRACTLENS_CACHE"] = cache
+    yield
+
+
+@pytest.fixture(scope="session")
+def demo_dir(_isolated_cache) -> Path:
+    from app.demo import demo_path
+
+    return demo_path()
+
+
+@pytest.fixture(scope="session")
+def demo_phantom():
+    from app.demo import make_phantom
+
+    return make_phantom()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def pytest_configure(config):
+    ARTIFACTS.mkdir(exist_ok=True)

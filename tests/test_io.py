@@ -1,0 +1,270 @@
+"""File formats: every bad input gives an InputError that names the file, the problem and the fix."""
+
+import gzip
+import shutil
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from app.errors import InputError
+from app.io import (
+    fsl_to_voxel_vectors,
+    load_bedpostx,
+    load_dwi,
+    load_mask,
+    load_tensor,
+    load_tractogram,
+    save_tensor,
+    save_tractogram,
+    save_volume,
+)
+from app.io._atomic import atomic_path
+from app.model import Tractogram, Volume
+from gpu import sym3
+
+
+@pytest.fixture
+def dwi_copy(demo_dir, tmp_path):
+    for name in ("dwi.nii.gz", "dwi.bval", "dwi.bvec"):
+        shutil.copy(demo_dir / name, tmp_path / name)
+    return tmp_path
+
+
+def test_dwi_loads_with_gradient_files_found_beside_it(dwi_copy):
+    dwi = load_dwi(dwi_copy / "dwi.nii.gz")
+    assert dwi.data.shape == (56, 56, 24, 68) and dwi.data.dtype == np.float32
+    assert dwi.b0_mask.sum() == 4 and dwi.warnings == []
+    np.testing.assert_allclose(np.linalg.norm(dwi.bvecs[~dwi.b0_mask], axis=1), 1, atol=1e-6)
+
+
+def test_fsl_bvals_bvecs_names_are_found(dwi_copy):
+    (dwi_copy / "dwi.bval").rename(dwi_copy / "bvals")
+    (dwi_copy / "dwi.bvec").rename(dwi_copy / "bvecs")
+    assert load_dwi(dwi_copy / "dwi.nii.gz").bvals.shape == (68,)
+
+
+def test_bvecs_are_flipped_to_voxel_axes_for_positive_determinant(dwi_copy):
+    file_bvecs = np.loadtxt(dwi_copy / "dwi.bvec").T
+    dwi = load_dwi(dwi_copy / "dwi.nii.gz")
+    assert np.linalg.det(dwi.affine[:3, :3]) > 0
+    np.testing.assert_allclose(dwi.bvecs[:, 0], -file_bvecs[:, 0], atol=1e-7)
+    np.testing.assert_allclose(dwi.bvecs[:, 1:], file_bvecs[:, 1:], atol=1e-7)
+    radiological = np.diag([-2.0, 2, 2, 1])
+    np.testing.assert_array_equal(fsl_to_voxel_vectors(file_bvecs, radiological), file_bvecs)
+
+
+def _expect_error(match, *args, **kwargs):
+    with pytest.raises(InputError, match=match) as info:
+        load_dwi(*args, **kwargs)
+    message = str(info.value)
+    assert "Traceback" not in message and message.endswith(".")
+    return info.value
+
+
+def test_mismatched_bval_count(dwi_copy):
+    np.savetxt(dwi_copy / "short.bval", np.loadtxt(dwi_copy / "dwi.bval")[None, :-1], fmt="%g")
+    err = _expect_error(r"67 b-values for 68 volumes", dwi_copy / "dwi.nii.gz", bval=dwi_copy / "short.bval")
+    assert err.path.endswith("short.bval") and "belongs to this series" in str(err)
+
+
+def test_mismatched_bvec_count(dwi_copy):
+    np.savetxt(dwi_copy / "short.bvec", np.loadtxt(dwi_copy / "dwi.bvec")[:, :-2])
+    _expect_error(r"shape \(3, 66\).*68 volumes", dwi_copy / "dwi.nii.gz", bvec=dwi_copy / "short.bvec")
+
+
+def test_no_b0_volume(dwi_copy):
+    bvals = np.loadtxt(dwi_copy / "dwi.bval")
+    bvals[bvals == 0] = 700
+    np.savetxt(dwi_copy / "dwi.bval", bvals[None], fmt="%g")
+    _expect_error(r"no b=0 volume", dwi_copy / "dwi.nii.gz")
+
+
+def test_nearly_unit_bvecs_are_normalised_with_a_warning(dwi_copy):
+    bvecs = np.loadtxt(dwi_copy / "dwi.bvec")
+    bvecs[:, 10] *= 1.02
+    np.savetxt(dwi_copy / "dwi.bvec", bvecs)
+    dwi = load_dwi(dwi_copy / "dwi.nii.gz")
+    assert any("normalised" in w for w in dwi.warnings)
+    assert abs(np.linalg.norm(dwi.bvecs[10]) - 1) < 1e-12
+
+
+def test_far_from_unit_bvecs_are_refused(dwi_copy):
+    bvecs = np.loadtxt(dwi_copy / "dwi.bvec") * 1000
+    np.savetxt(dwi_copy / "dwi.bvec", bvecs)
+    _expect_error(r"not unit length", dwi_copy / "dwi.nii.gz")
+
+
+def test_zero_bvec_for_weighted_volume_is_refused(dwi_copy):
+    bvecs = np.loadtxt(dwi_copy / "dwi.bvec")
+    bvecs[:, 20] = 0
+    np.savetxt(dwi_copy / "dwi.bvec", bvecs)
+    _expect_error(r"zero b-vector", dwi_copy / "dwi.nii.gz")
+
+
+def test_three_d_file_given_as_dwi(tmp_path, dwi_copy):
+    save_volume(np.ones((4, 4, 4)), np.eye(4), tmp_path / "fa.nii.gz")
+    _expect_error(r"single 3-D volume", tmp_path / "fa.nii.gz", bval=dwi_copy / "dwi.bval", bvec=dwi_copy / "dwi.bvec")
+
+
+def test_wrong_file_type_and_missing_files(tmp_path, dwi_copy):
+    (tmp_path / "scan.mif").write_bytes(b"mrtrix image\n")
+    _expect_error(r"not a NIfTI file.*mrconvert", tmp_path / "scan.mif")
+    _expect_error(r"not found", tmp_path / "nothing.nii.gz")
+    (tmp_path / "broken.nii.gz").write_bytes(gzip.compress(b"not an image at all" * 10))
+    _expect_error(r"could not be read as NIfTI", tmp_path / "broken.nii.gz", bval=dwi_copy / "dwi.bval")
+
+
+def test_missing_gradient_files(tmp_path, dwi_copy):
+    (dwi_copy / "dwi.bvec").unlink()
+    _expect_error(r"no b-values/b-vectors given.*--bval and --bvec", dwi_copy / "dwi.nii.gz")
+
+
+def test_nan_voxels_load_with_a_warning(tmp_path, dwi_copy):
+    img = nib.load(dwi_copy / "dwi.nii.gz")
+    data = img.get_fdata(dtype=np.float32)
+    data[10, 10, 10, 5] = np.nan
+    data[11, 10, 10, :] = np.inf
+    save_volume(data, img.affine, tmp_path / "nan.nii.gz")
+    dwi = load_dwi(tmp_path / "nan.nii.gz", dwi_copy / "dwi.bval", dwi_copy / "dwi.bvec")
+    assert any("2 voxel(s) contain NaN or Inf" in w for w in dwi.warnings)
+
+
+def test_masks_are_checked_against_the_grid(tmp_path, demo_dir):
+    ref = Volume("ref", np.zeros((56, 56, 24)), nib.load(demo_dir / "mask.nii.gz").affine)
+    assert load_mask(demo_dir / "roi_arc_seed.nii.gz", ref).sum() > 0
+    save_volume(np.ones((20, 20, 20), np.uint8), ref.affine, tmp_path / "small.nii.gz")
+    with pytest.raises(InputError, match=r"outside the volume.*Resample"):
+        load_mask(tmp_path / "small.nii.gz", ref)
+    save_volume(np.zeros((56, 56, 24), np.uint8), ref.affine, tmp_path / "empty.nii.gz")
+    with pytest.raises(InputError, match="empty"):
+        load_mask(tmp_path / "empty.nii.gz", ref)
+    shifted = ref.affine.copy()
+    shifted[0, 3] += 10
+    save_volume(np.ones((56, 56, 24), np.uint8), shifted, tmp_path / "shifted.nii.gz")
+    with pytest.raises(InputError, match="affines differ"):
+        load_mask(tmp_path / "shifted.nii.gz", ref)
+
+
+AFFINES = {
+    "ras": np.diag([2.0, 2.0, 2.0, 1.0]),
+    "las": np.diag([-2.0, 2.0, 2.0, 1.0]),
+    "oblique": np.array([[1.8, -0.5, 0.2, 3], [0.5, 1.9, 0.1, -4], [-0.1, -0.2, 2.2, 5], [0, 0, 0, 1]]),
+}
+
+
+@pytest.mark.parametrize("affine", AFFINES.keys())
+@pytest.mark.parametrize("order", ["fsl", "dipy", "mrtrix"])
+def test_tensor_round_trip_in_each_order_and_frame(tmp_path, rng, order, affine):
+    aff = AFFINES[affine]
+    tensor = rng.normal(size=(4, 5, 3, 6)) * 1e-3
+    save_tensor(tensor, aff, tmp_path / "t.nii.gz", order=order)
+    back = load_tensor(tmp_path / "t.nii.gz", order)
+    np.testing.assert_allclose(back.data, tensor, atol=1e-9)  # float32 on disk
+    assert back.kind == "tensor"
+
+
+def test_tensor_orders_are_what_the_tools_write(tmp_path):
+    internal = np.array([1, 2, 3, 4, 5, 6], float)[None, None, None] * np.ones((2, 2, 2, 1))  # xx xy xz yy yz zz
+    las = AFFINES["las"]  # no frame change for fsl/dipy; world == voxel axes up to x for mrtrix
+    expected = {"fsl": [1, 2, 3, 4, 5, 6], "dipy": [1, 2, 4, 3, 5, 6]}
+    for order, values in expected.items():
+        save_tensor(internal, las, tmp_path / f"{order}.nii.gz", order=order)
+        np.testing.assert_allclose(nib.load(tmp_path / f"{order}.nii.gz").get_fdata()[0, 0, 0], values)
+    save_tensor(internal, np.eye(4), tmp_path / "mrtrix.nii.gz", order="mrtrix")
+    np.testing.assert_allclose(nib.load(tmp_path / "mrtrix.nii.gz").get_fdata()[0, 0, 0], [1, 4, 6, 2, 3, 5])
+
+
+def test_bare_six_volume_tensor_needs_an_order(tmp_path):
+    save_volume(np.zeros((3, 3, 3, 6)), np.eye(4), tmp_path / "t.nii.gz")
+    with pytest.raises(InputError, match=r"--tensor-order fsl.*dipy or mrtrix"):
+        load_tensor(tmp_path / "t.nii.gz")
+    save_volume(np.zeros((3, 3, 3, 4)), np.eye(4), tmp_path / "four.nii.gz")
+    with pytest.raises(InputError, match="must have 6 volumes"):
+        load_tensor(tmp_path / "four.nii.gz", "fsl")
+
+
+def test_symmatrix_intent_is_read_as_lower_triangular(tmp_path):
+    data = np.zeros((2, 2, 2, 1, 6))
+    data[..., :] = [1, 2, 4, 3, 5, 6]  # lower triangle row-wise: xx, yx, yy, zx, zy, zz
+    img = nib.Nifti1Image(data, AFFINES["las"])
+    img.header.set_intent("symmetric matrix", (3,))
+    nib.save(img, tmp_path / "sym.nii.gz")
+    np.testing.assert_allclose(load_tensor(tmp_path / "sym.nii.gz").data[0, 0, 0], [1, 2, 3, 4, 5, 6])
+
+
+def test_dtifit_folder_from_eigenvectors(tmp_path, rng):
+    aff = AFFINES["ras"]
+    tensor = sym3.from_matrix(np, (lambda a: a @ np.swapaxes(a, -1, -2))(rng.normal(size=(3, 3, 2, 3, 3)) * 0.03))
+    evals, evecs = np.linalg.eigh(sym3.to_matrix(np, sym3.flip_x_frame(tensor)))  # FSL frame on disk
+    for i in range(3):
+        save_volume(evecs[..., :, 2 - i], aff, tmp_path / f"dti_V{i + 1}.nii.gz")
+        save_volume(evals[..., 2 - i], aff, tmp_path / f"dti_L{i + 1}.nii.gz")
+    loaded = load_tensor(tmp_path)
+    np.testing.assert_allclose(loaded.data, tensor, atol=1e-6)
+    with pytest.raises(InputError, match="no dtifit output"):
+        load_tensor(tmp_path / "..")
+
+
+@pytest.mark.parametrize("suffix", [".trk", ".trx", ".tck"])
+def test_tractogram_round_trip_keeps_points_and_scalars(tmp_path, rng, suffix):
+    aff = AFFINES["oblique"]
+    lines = [rng.uniform(0, 20, size=(n, 3)) for n in (5, 1, 17, 3)]
+    tract = Tractogram.from_list(
+        lines,
+        affine=aff,
+        dimensions=(20, 20, 20),
+        point_scalars={"fa": rng.uniform(size=26)},
+        streamline_scalars={"cm": np.array([0.1, 0.2, 0.3, 0.4])},
+    )
+    path = save_tractogram(tract, tmp_path / f"t{suffix}")
+    back = load_tractogram(path, reference=(aff, (20, 20, 20)))
+    assert len(back) == 4
+    np.testing.assert_array_equal(back.lengths, [5, 1, 17, 3])
+    np.testing.assert_allclose(back.points, tract.points, atol=2e-4)
+    np.testing.assert_allclose(back.affine, aff, atol=1e-5)
+    if suffix == ".tck":
+        assert back.point_scalars == {} and back.streamline_scalars == {}
+    else:
+        np.testing.assert_allclose(back.point_scalars["fa"], tract.point_scalars["fa"], atol=1e-6)
+        np.testing.assert_allclose(back.streamline_scalars["cm"], [0.1, 0.2, 0.3, 0.4], atol=1e-6)
+        assert back.dimensions == (20, 20, 20)
+
+
+def test_tractogram_errors(tmp_path):
+    with pytest.raises(InputError, match=r"unknown tractogram format \.vtk"):
+        load_tractogram(tmp_path / "a.vtk")
+    (tmp_path / "bad.trk").write_bytes(b"garbage" * 100)
+    with pytest.raises(InputError, match=r"could not be read as a \.trk"):
+        load_tractogram(tmp_path / "bad.trk")
+
+
+def _write_bedpostx(folder, shape=(4, 4, 3), fibres=2, samples=5, rng=None):
+    folder.mkdir()
+    aff = AFFINES["las"]
+    save_volume(np.ones(shape, np.uint8), aff, folder / "nodif_brain_mask.nii.gz")
+    for i in range(1, fibres + 1):
+        for name in ("th", "ph", "f"):
+            save_volume(rng.uniform(0, 1, (*shape, samples)), aff, folder / f"merged_{name}{i}samples.nii.gz")
+    return folder
+
+
+def test_bedpostx_folder_is_read(tmp_path, rng):
+    folder = _write_bedpostx(tmp_path / "s.bedpostX", rng=rng)
+    samples = load_bedpostx(folder)
+    assert samples.theta.shape == (4, 4, 3, 2, 5) and samples.n_fibres == 2 and samples.n_samples == 5
+    (folder / "merged_ph2samples.nii.gz").unlink()
+    with pytest.raises(InputError, match="merged_ph2samples is missing"):
+        load_bedpostx(folder)
+    with pytest.raises(InputError, match="not a bedpostX output"):
+        load_bedpostx(tmp_path)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.nii.gz"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("disk full")
+    assert list(tmp_path.iterdir()) == []
+    save_volume(np.ones((2, 2, 2)), np.eye(4), target)
+    assert [p.name for p in tmp_path.iterdir()] == ["out.nii.gz"]
