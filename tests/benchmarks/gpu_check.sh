@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run on the GPU machine (repository root): gpu-marked tests, the whole suite with CuPy
+# present, and the DTI benchmark. Logs and JSON go to $OUT (or ./bench-results).
+set -u
+OUT=${OUT:-bench-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+  || echo "editable install failed (see install.log); console-script test will fail"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/gpu.txt"
+python3 -m app.cli info | tee -a "$OUT/gpu.txt"
+python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+python3 -m pytest -m "not benchmark" -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_all.log" | tail -5
+python3 tests/benchmarks/bench_dti.py --gpu --hcp --end-to-end ${BENCH_ARGS:-} --out "$OUT/bench_dti.json" 2>&1 | tee "$OUT/bench.log" | tail -60
