@@ -211,24 +211,25 @@ def fit_batch(backend: Backend, signal, design: _Design, params: DTIFitParams, d
     Returns a dict of device arrays (see :class:`DTIFit` for the fields).
     """
     xp = backend.xp
-    S = signal.astype(dtype, copy=False)
-    finite = xp.isfinite(S)
-    nonfinite = ~finite.all(axis=1)
-    S = xp.where(finite, S, 1.0)
-    b0_index = np.flatnonzero(design.b0) if design.b0.any() else np.arange(S.shape[1])
-    s0_measured = S[:, xp.asarray(b0_index)].max(axis=1)
-    no_signal = ~(s0_measured > 0)
-    log_s = xp.log(xp.maximum(S, dtype(params.min_signal)))
-    del S, finite
+    # Few full passes over the (N, K) data and at most two (N, K) work arrays:
+    # the kernels are memory-bound, so passes and allocations are the cost.
+    nonfinite = ~xp.isfinite(signal).all(axis=1)
+    # order="C": a column-major input (volume-major NIfTI gathers) is transposed here, on the device.
+    log_s = xp.nan_to_num(signal.astype(dtype, order="C", copy=True), copy=False, nan=1.0, posinf=1.0, neginf=1.0)
+    b0_index = np.flatnonzero(design.b0) if design.b0.any() else np.arange(log_s.shape[1])
+    no_signal = ~(log_s[:, xp.asarray(b0_index)].max(axis=1) > 0)
+    xp.maximum(log_s, dtype(params.min_signal), out=log_s)
+    xp.log(log_s, out=log_s)
 
     X = xp.asarray(design.X, dtype=dtype)
     beta = log_s @ xp.asarray(design.pinv.T, dtype=dtype)  # OLS, (N, 7)
     if params.method == "wls":
         # W = Ŝ²; dividing by Ŝ0² (dropping column 0) changes no solution and
         # keeps the weights ≤ ~1 so float32 products cannot overflow.
-        log_w = 2.0 * (beta[:, 1:] @ X[:, 1:].T)
-        weights = xp.exp(xp.minimum(log_w, dtype(60.0)))
-        del log_w
+        weights = beta[:, 1:] @ xp.asarray(X[:, 1:].T, order="C")
+        weights *= 2.0
+        xp.minimum(weights, dtype(60.0), out=weights)
+        xp.exp(weights, out=weights)
         normal_flat = (weights @ xp.asarray(design.pairs, dtype=dtype)).astype(xp.float64)
         weights *= log_s
         rhs_flat = (weights @ X).astype(xp.float64)
@@ -283,6 +284,7 @@ def fit_dti(
     device: str | Backend = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    batch_voxels: int | None = None,
 ) -> DTIFit:
     """Fit tensors to the (N, K) signals of N voxels; host arrays in, host arrays out.
 
@@ -290,7 +292,8 @@ def fit_dti(
     expressed in (voxel axes for the rest of TractLens). Work is batched to fit
     the device's free memory, halved and retried on out-of-memory; ``progress``
     gets (voxels done, total) after each batch, ``cancelled`` is polled between
-    batches (raising :class:`gpu.backend.Cancelled`).
+    batches (raising :class:`gpu.backend.Cancelled`). ``batch_voxels`` caps the
+    batch size (finer progress and cancellation; the default is memory-sized).
     """
     params = params or DTIFitParams()
     backend = get_backend(device)
@@ -302,13 +305,13 @@ def fit_dti(
     n, k = signal.shape
     out = _allocate(n)
     item = np.dtype(dtype).itemsize
-    # Peak: the input batch, its float copy, log S and weights (N x K each), small rest.
-    bytes_per_voxel = k * (signal.dtype.itemsize + 3 * item) + 1200
+    # Peak: the input batch, log S and weights (N x K each), a boolean mask, small rest.
+    bytes_per_voxel = k * (signal.dtype.itemsize + 2 * item + 1) + 1600
     timings = {"transfer_s": 0.0, "compute_s": 0.0}
 
     def process(start: int, stop: int) -> None:
         t0 = time.perf_counter()
-        batch = backend.asarray(signal[start:stop])
+        batch = _to_device(backend, signal[start:stop])
         backend.synchronize()
         t1 = time.perf_counter()
         result = fit_batch(backend, batch, design, params, dtype)
@@ -319,7 +322,7 @@ def fit_dti(
         timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t2)
         timings["compute_s"] += t2 - t1
 
-    run_batched(backend, n, bytes_per_voxel, process, progress=progress, cancelled=cancelled)
+    run_batched(backend, n, bytes_per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels)
     fit = DTIFit(**out)
     fit.provenance = {
         "method": params.method,
@@ -332,6 +335,17 @@ def fit_dti(
         **timings,
     }
     return fit
+
+
+def _to_device(backend: Backend, host: np.ndarray):
+    """Copy an (n, K) block to the device without a host-side transpose.
+
+    A column-major block (as gathered volume by volume from a NIfTI file) is
+    sent as its (K, n) transpose, whose rows are contiguous, and viewed back.
+    """
+    if host.ndim == 2 and host.strides[0] < host.strides[1]:
+        return backend.asarray(np.ascontiguousarray(host.T)).T
+    return backend.asarray(host)
 
 
 def _resolve_dtype(backend: Backend, precision: str):
