@@ -167,8 +167,10 @@ def test_column_major_input_gives_the_same_fit(device, rng):
     gathered = masked_signal(volume, mask)
     assert not gathered.flags.c_contiguous
     np.testing.assert_array_equal(gathered, volume[mask])
-    ref = fit_dti(np.ascontiguousarray(gathered), bvals, bvecs, device=device)
+    # float64 so that batch-size-dependent reduction order cannot hide a layout bug.
+    params = DTIFitParams(precision="float64")
+    ref = fit_dti(np.ascontiguousarray(gathered), bvals, bvecs, params, device=device)
     seen = []
-    fit = fit_dti(gathered, bvals, bvecs, device=device, batch_voxels=333, progress=lambda d, t: seen.append(d))
+    fit = fit_dti(gathered, bvals, bvecs, params, device=device, batch_voxels=333, progress=lambda d, t: seen.append(d))
     assert len(seen) == -(-len(gathered) // 333)  # several batches of strided rows
-    np.testing.assert_allclose(fit.fa, ref.fa, atol=1e-12)
+    np.testing.assert_allclose(fit.fa, ref.fa, atol=1e-10)

@@ -141,6 +141,7 @@ def time_gpu(n: int, bvals, bvecs, repeats: int) -> dict:
         out[f"fa_mean_{precision}"] = float(fa.mean())
         del data, result
         pool.free_all_blocks()
+    out.update(stage_breakdown(backend, n))
     host = cp.asnumpy(signal)
     del signal
     copies = []
@@ -168,6 +169,43 @@ def time_gpu(n: int, bvals, bvecs, repeats: int) -> dict:
     out["speedup_gpu_float32_vs_numpy"] = out["gpu_voxels_per_s_float32"] / out["numpy_voxels_per_s"]
     out["speedup_gpu_float32_vs_dipy"] = out["gpu_voxels_per_s_float32"] / out["dipy_voxels_per_s"]
     return out
+
+
+def _median_event_ms(cp, fn, repeats=10):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def stage_breakdown(backend, n: int) -> dict:
+    """Time the O(voxels) float64 stages alone: batched 7x7 Cholesky and 3x3 eigen + maps."""
+    import cupy as cp
+
+    from gpu import dti, sym3
+
+    rs = cp.random.RandomState(3)
+    a = rs.normal(size=(n, 7, 7))
+    spd = a @ a.transpose(0, 2, 1) + 7 * cp.eye(7)
+    pairs = [(i, j) for i in range(7) for j in range(i, 7)]
+    normal = {p: cp.ascontiguousarray(spd[:, p[0], p[1]]) for p in pairs}
+    rhs = [cp.ascontiguousarray(rs.normal(size=n)) for _ in range(7)]
+    tensor = rs.normal(size=(n, 6)) * 1e-3
+
+    def eig_and_maps():
+        evals, evecs = sym3.eigh(cp, tensor)
+        dti.scalar_maps(cp, evals, evecs)
+
+    return {
+        "stage_cholesky_ms": _median_event_ms(cp, lambda: dti._cholesky_solve(cp, normal, rhs)),
+        "stage_eigen_maps_ms": _median_event_ms(cp, eig_and_maps),
+    }
 
 
 def time_end_to_end(bvals, bvecs, workdir: Path) -> dict:
