@@ -4,6 +4,8 @@ CuPy when selected with ``-m gpu`` on a machine with a CUDA GPU."""
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,3 +51,10 @@ def rng():
 
 def pytest_configure(config):
     ARTIFACTS.mkdir(exist_ok=True)
+
+
+def installed_tool(name: str) -> str | None:
+    """A console script of this environment: beside the running interpreter (a venv that
+    is not activated), else on PATH."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else shutil.which(name)

@@ -1,11 +1,12 @@
 """The lanes of ../shared/docs/architecture.md hold, and the code passes ruff."""
 
 import ast
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import installed_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
@@ -39,7 +40,7 @@ def test_packaging_folder_is_not_a_package():
 
 
 def test_ruff_is_clean():
-    ruff = shutil.which("ruff")
+    ruff = installed_tool("ruff")
     assert ruff, "ruff is part of the test extra"
     out = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.cli import main
+from tests.conftest import installed_tool
 
 
 def run_cli(*args, env=None):
@@ -144,7 +144,7 @@ def test_no_subcommand_prints_help_and_fails(capsys):
 
 
 def test_console_script_is_installed():
-    exe = shutil.which("tractlens")
+    exe = installed_tool("tractlens")
     assert exe, "pip install -e . should put 'tractlens' on PATH"
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("tractlens ")
