@@ -75,3 +75,20 @@ def test_fit_recovers_bundle_directions_through_the_fsl_bvec_convention(demo_dir
     assert np.median(fa[single]) > 0.5
     gm = p.brain & (p.occupancy.sum(-1) == 0)
     assert np.median(fa[gm]) < 0.15
+
+
+def test_pipeline_reports_and_writes_flags_for_bad_voxels(demo_dir, tmp_path):
+    from app.pipelines.dti import write_dti_outputs
+
+    dwi = load_dwi(demo_dir / "dwi.nii.gz")
+    truth = nib.load(demo_dir / "mask.nii.gz").get_fdata() > 0
+    dwi.data[28, 28, 12, 3] = np.nan
+    dwi.data[28, 29, 12] = 0.0
+    result = fit_dti_pipeline(dwi, mask=truth, device="cpu")
+    assert any("no signal at b=0" in w for w in result.warnings)
+    assert any("non-finite signal" in w for w in result.warnings)
+    write_dti_outputs(result, tmp_path)
+    flags = nib.load(tmp_path / "flags.nii.gz").get_fdata()
+    assert flags[28, 28, 12] == 1 and flags[28, 29, 12] == 2
+    fa = nib.load(tmp_path / "FA.nii.gz").get_fdata()
+    assert fa[28, 28, 12] == 0 and np.isfinite(fa).all()

@@ -174,3 +174,21 @@ def test_column_major_input_gives_the_same_fit(device, rng):
     fit = fit_dti(gathered, bvals, bvecs, params, device=device, batch_voxels=333, progress=lambda d, t: seen.append(d))
     assert len(seen) == -(-len(gathered) // 333)  # several batches of strided rows
     np.testing.assert_allclose(fit.fa, ref.fa, atol=1e-10)
+
+
+def test_cancel_stops_the_fit(device, rng):
+    from gpu.backend import Cancelled
+
+    signal, bvals, bvecs, *_ = synthetic_field(rng, n=1000)
+    done = []
+    with pytest.raises(Cancelled):
+        fit_dti(
+            signal,
+            bvals,
+            bvecs,
+            device=device,
+            batch_voxels=100,
+            progress=lambda d, t: done.append(d),
+            cancelled=lambda: len(done) >= 2,
+        )
+    assert done == [100, 200]

@@ -268,3 +268,22 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     assert list(tmp_path.iterdir()) == []
     save_volume(np.ones((2, 2, 2)), np.eye(4), target)
     assert [p.name for p in tmp_path.iterdir()] == ["out.nii.gz"]
+
+
+def test_nifti2_and_uncompressed_dwi_load_the_same(tmp_path, dwi_copy):
+    img = nib.load(dwi_copy / "dwi.nii.gz")
+    nib.save(nib.Nifti2Image(np.asanyarray(img.dataobj), img.affine), tmp_path / "n2.nii")
+    a = load_dwi(dwi_copy / "dwi.nii.gz")
+    b = load_dwi(tmp_path / "n2.nii", dwi_copy / "dwi.bval", dwi_copy / "dwi.bvec")
+    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_array_equal(a.bvecs, b.bvecs)
+
+
+def test_label_volumes(tmp_path, demo_dir):
+    from app.io import load_labels
+
+    labels = load_labels(demo_dir / "labels.nii.gz")
+    assert labels.dtype == np.int32 and set(np.unique(labels)) == {0, 1, 2, 3, 4, 5}
+    save_volume(np.full((3, 3, 3), 0.5), np.eye(4), tmp_path / "prob.nii.gz")
+    with pytest.raises(InputError, match="whole numbers"):
+        load_labels(tmp_path / "prob.nii.gz")

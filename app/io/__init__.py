@@ -7,7 +7,7 @@ names the file, the problem and the fix; writers are atomic.
 from ..errors import InputError
 from .bedpostx import BedpostSamples, load_bedpostx
 from .dwi import DWI, fsl_to_voxel_vectors, load_dwi, save_gradients
-from .nifti import load_mask, load_volume, save_volume
+from .nifti import load_labels, load_mask, load_volume, save_volume
 from .tensor import TENSOR_ORDERS, load_tensor, save_tensor
 from .tractogram import load_tractogram, save_tractogram
 
@@ -19,6 +19,7 @@ __all__ = [
     "fsl_to_voxel_vectors",
     "load_bedpostx",
     "load_dwi",
+    "load_labels",
     "load_mask",
     "load_tensor",
     "load_tractogram",

@@ -84,6 +84,26 @@ def load_mask(path: str | os.PathLike, reference: Volume | None = None, *, what:
     return mask
 
 
+def load_labels(path: str | os.PathLike, reference: Volume | None = None) -> np.ndarray:
+    """Load an integer label volume (atlas, parcellation) as int32, checked against ``reference``."""
+    img = load_image(path, "label volume")
+    data = np.asanyarray(img.dataobj)
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise InputError(f"a label volume must be 3-D, this one has shape {data.shape}", path=path)
+    if reference is not None:
+        check_same_grid(img.affine, data.shape, reference, path, "label volume")
+    values = np.asarray(data, dtype=np.float64)
+    if not np.isfinite(values).all() or (values != np.round(values)).any() or (values < 0).any():
+        raise InputError(
+            "label values must be non-negative whole numbers (this looks like a continuous map)",
+            path=path,
+            fix="Give the parcellation itself, not a probability or intensity image",
+        )
+    return values.astype(np.int32)
+
+
 def check_same_grid(affine, shape, reference: Volume, path, what: str) -> None:
     ref_shape = reference.shape3
     if tuple(shape[:3]) != tuple(ref_shape):
