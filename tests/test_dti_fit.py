@@ -192,3 +192,50 @@ def test_cancel_stops_the_fit(device, rng):
             cancelled=lambda: len(done) >= 2,
         )
     assert done == [100, 200]
+
+
+def test_kernel_engine_needs_the_gpu(rng):
+    signal, bvals, bvecs, *_ = synthetic_field(rng, n=10)
+    with pytest.raises(ValueError, match="'kernel' engine needs the GPU"):
+        fit_dti(signal, bvals, bvecs, DTIFitParams(engine="kernel"), device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["float64", "float32"])
+@pytest.mark.parametrize("dataset", ["small_64D", "small_101D", "demo_phantom"])
+def test_gpu_kernel_and_array_engines_agree_with_dipy(datasets, dataset, precision):
+    """Both GPU engines, each against DIPY and against each other, flags identical."""
+    data, bvals, bvecs, mask = datasets[dataset]
+    ref = _dipy_fit(data, bvals, bvecs, mask, "wls")
+    fits = {
+        engine: fit_dti(data[mask], bvals, bvecs, DTIFitParams(precision=precision, engine=engine), device="gpu")
+        for engine in ("kernel", "arrays")
+    }
+    np.testing.assert_array_equal(fits["kernel"].flags, fits["arrays"].flags)
+    for fit in fits.values():
+        clean = (fit.flags & (0xFF ^ dti.FLAG_NOT_POSITIVE_DEFINITE)) == 0
+        assert np.abs(fit.fa - ref.fa[mask])[clean].max() < TOL[precision]
+        assert np.abs(fit.md - ref.md[mask])[clean].max() * 1e3 < TOL[precision]
+    assert np.abs(fits["kernel"].fa - fits["arrays"].fa).max() < TOL[precision]
+    assert fits["kernel"].provenance["engine"] == "kernel"
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_writes_every_output_and_handles_odd_sizes(rng):
+    """Sizes that do not fill the last block, and flagged voxels, against the CPU reference."""
+    signal, bvals, bvecs, *_ = synthetic_field(rng, n=1001)
+    signal[0, 3] = np.nan
+    signal[1] = 0
+    signal[2] = signal[2, 0] * np.exp(bvals * 1e-3)
+    cpu = fit_dti(signal, bvals, bvecs, DTIFitParams(precision="float64"), device="cpu")
+    gpu = fit_dti(signal, bvals, bvecs, DTIFitParams(precision="float64", engine="kernel"), device="gpu")
+    np.testing.assert_array_equal(gpu.flags, cpu.flags)
+    for key in ("tensor", "s0", "evals", "fa", "md", "ad", "rd", "rgb"):
+        np.testing.assert_allclose(getattr(gpu, key), getattr(cpu, key), rtol=1e-9, atol=1e-12, err_msg=key)
+    # Eigenvectors up to sign: |e_gpu · e_cpu| = 1 for the well-separated main direction.
+    clean = cpu.flags == 0
+    cos = np.abs((gpu.evecs[:, :, 0] * cpu.evecs[:, :, 0]).sum(-1))[clean]
+    assert np.abs(cos - 1).max() < 1e-9
+    ols = fit_dti(signal, bvals, bvecs, DTIFitParams(method="ols", precision="float64", engine="kernel"), device="gpu")
+    ols_cpu = fit_dti(signal, bvals, bvecs, DTIFitParams(method="ols", precision="float64"), device="cpu")
+    np.testing.assert_allclose(ols.fa, ols_cpu.fa, atol=1e-10)
