@@ -287,3 +287,8 @@ def test_label_volumes(tmp_path, demo_dir):
     save_volume(np.full((3, 3, 3), 0.5), np.eye(4), tmp_path / "prob.nii.gz")
     with pytest.raises(InputError, match="whole numbers"):
         load_labels(tmp_path / "prob.nii.gz")
+
+
+def test_unreadable_gradient_tables(dwi_copy):
+    (dwi_copy / "dwi.bval").write_text("0 1000 b=2000\n")
+    _expect_error(r"could not be read as b-values", dwi_copy / "dwi.nii.gz")

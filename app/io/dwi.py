@@ -93,13 +93,15 @@ def find_gradient_files(dwi_path: Path) -> tuple[Path | None, Path | None]:
     return None, None
 
 
-def read_bvals(path: Path) -> np.ndarray:
+def _read_table(path: Path, ndmin: int, what: str, fix: str) -> np.ndarray:
     try:
-        values = np.loadtxt(path, dtype=np.float64, ndmin=1)
+        return np.loadtxt(path, dtype=np.float64, ndmin=ndmin)
     except Exception as exc:
-        raise InputError(
-            f"could not be read as b-values ({exc})", path=path, fix="It must hold numbers separated by spaces"
-        ) from exc
+        raise InputError(f"could not be read as {what} ({exc})", path=path, fix=fix) from exc
+
+
+def read_bvals(path: Path) -> np.ndarray:
+    values = _read_table(path, 1, "b-values", "It must hold numbers separated by spaces")
     if values.ndim == 2 and 1 in values.shape:
         values = values.ravel()
     if values.ndim != 1:
@@ -110,12 +112,7 @@ def read_bvals(path: Path) -> np.ndarray:
 
 
 def read_bvecs(path: Path, count: int) -> np.ndarray:
-    try:
-        values = np.loadtxt(path, dtype=np.float64, ndmin=2)
-    except Exception as exc:
-        raise InputError(
-            f"could not be read as b-vectors ({exc})", path=path, fix="It must hold three rows of numbers"
-        ) from exc
+    values = _read_table(path, 2, "b-vectors", "It must hold three rows of numbers")
     if values.shape == (3, count):
         return values.T.copy()
     if values.shape == (count, 3):  # MRtrix/DIPY-style columns: accept, FSL writes rows

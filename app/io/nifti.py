@@ -63,12 +63,8 @@ def load_volume(path: str | os.PathLike, *, name: str | None = None, kind: str =
     return Volume(name or Path(path).name.split(".")[0], data, img.affine.copy(), kind=kind, source=str(path))
 
 
-def load_mask(path: str | os.PathLike, reference: Volume | None = None, *, what: str = "mask") -> np.ndarray:
-    """Load a binary mask (non-zero = inside), checked against ``reference``'s grid.
-
-    Raises :class:`InputError` when the mask is not 3-D, does not match the
-    reference's shape or affine, or is empty.
-    """
+def load_3d(path: str | os.PathLike, reference: Volume | None, what: str) -> np.ndarray:
+    """The raw array of a 3-D image (a single-volume 4-D one is accepted), on ``reference``'s grid."""
     img = load_image(path, what)
     data = np.asanyarray(img.dataobj)
     if data.ndim == 4 and data.shape[3] == 1:
@@ -77,6 +73,16 @@ def load_mask(path: str | os.PathLike, reference: Volume | None = None, *, what:
         raise InputError(f"the {what} must be a 3-D image, this one has shape {data.shape}", path=path)
     if reference is not None:
         check_same_grid(img.affine, data.shape, reference, path, what)
+    return data
+
+
+def load_mask(path: str | os.PathLike, reference: Volume | None = None, *, what: str = "mask") -> np.ndarray:
+    """Load a binary mask (non-zero = inside), checked against ``reference``'s grid.
+
+    Raises :class:`InputError` when the mask is not 3-D, does not match the
+    reference's shape or affine, or is empty.
+    """
+    data = load_3d(path, reference, what)
     finite = np.isfinite(data)
     mask = (data != 0) & finite
     if not mask.any():
@@ -86,15 +92,7 @@ def load_mask(path: str | os.PathLike, reference: Volume | None = None, *, what:
 
 def load_labels(path: str | os.PathLike, reference: Volume | None = None) -> np.ndarray:
     """Load an integer label volume (atlas, parcellation) as int32, checked against ``reference``."""
-    img = load_image(path, "label volume")
-    data = np.asanyarray(img.dataobj)
-    if data.ndim == 4 and data.shape[3] == 1:
-        data = data[..., 0]
-    if data.ndim != 3:
-        raise InputError(f"a label volume must be 3-D, this one has shape {data.shape}", path=path)
-    if reference is not None:
-        check_same_grid(img.affine, data.shape, reference, path, "label volume")
-    values = np.asarray(data, dtype=np.float64)
+    values = np.asarray(load_3d(path, reference, "label volume"), dtype=np.float64)
     if not np.isfinite(values).all() or (values != np.round(values)).any() or (values < 0).any():
         raise InputError(
             "label values must be non-negative whole numbers (this looks like a continuous map)",
