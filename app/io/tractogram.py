@@ -76,19 +76,15 @@ def load_tractogram(path: str | os.PathLike, reference=None) -> Tractogram:
     else:
         affine, dims = _reference_grid(reference)
     tract = tract_file.tractogram
-    streamlines = tract.streamlines
-    points_mm = np.asarray(streamlines.get_data(), dtype=np.float64)
-    offsets = np.concatenate([[0], np.cumsum(streamlines._lengths)]).astype(np.int64)
-    points = nib.affines.apply_affine(np.linalg.inv(affine), points_mm)
-    point_scalars = {
-        k: np.asarray(v.get_data()).squeeze(-1) if np.asarray(v.get_data()).shape[-1] == 1 else np.asarray(v.get_data())
-        for k, v in tract.data_per_point.items()
-    }
-    streamline_scalars = {
-        k: np.asarray(v).squeeze(-1) if np.asarray(v).ndim == 2 and np.asarray(v).shape[1] == 1 else np.asarray(v)
-        for k, v in tract.data_per_streamline.items()
-    }
-    return Tractogram(points, offsets, affine, dims, point_scalars, streamline_scalars, name=path.name.split(".")[0])
+    return _tractogram_from_mm(
+        tract.streamlines.get_data(),
+        tract.streamlines._lengths,
+        affine,
+        dims,
+        {k: v.get_data() for k, v in tract.data_per_point.items()},
+        dict(tract.data_per_streamline.items()),
+        path,
+    )
 
 
 def _load_trx(path: Path) -> Tractogram:
@@ -96,25 +92,38 @@ def _load_trx(path: Path) -> Tractogram:
 
     trx = trx_load(str(path))
     try:
-        affine = np.asarray(trx.header["VOXEL_TO_RASMM"], dtype=np.float64)
-        dims = tuple(int(d) for d in trx.header["DIMENSIONS"])
-        points_mm = np.asarray(trx.streamlines._data, dtype=np.float64)
-        lengths = np.asarray(trx.streamlines._lengths, dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        points = nib.affines.apply_affine(np.linalg.inv(affine), points_mm)
-        point_scalars = {
-            k: np.array(v._data).squeeze()
-            if np.asarray(v._data).ndim == 2 and v._data.shape[1] == 1
-            else np.array(v._data)
-            for k, v in trx.data_per_vertex.items()
-        }
-        streamline_scalars = {
-            k: np.array(v).squeeze() if np.asarray(v).ndim == 2 and v.shape[1] == 1 else np.array(v)
-            for k, v in trx.data_per_streamline.items()
-        }
+        return _tractogram_from_mm(
+            trx.streamlines._data,
+            trx.streamlines._lengths,
+            np.asarray(trx.header["VOXEL_TO_RASMM"], dtype=np.float64),
+            tuple(int(d) for d in trx.header["DIMENSIONS"]),
+            {k: v._data for k, v in trx.data_per_vertex.items()},
+            dict(trx.data_per_streamline.items()),
+            path,
+        )
     finally:
         trx.close()
-    return Tractogram(points, offsets, affine, dims, point_scalars, streamline_scalars, name=path.name.split(".")[0])
+
+
+def _single_column(values) -> np.ndarray:
+    """Copy a scalar array out of the file's buffers; (n, 1) columns become (n,)."""
+    array = np.array(values)
+    return array[:, 0] if array.ndim == 2 and array.shape[1] == 1 else array
+
+
+def _tractogram_from_mm(points_mm, lengths, affine, dims, per_point: dict, per_streamline: dict, path: Path):
+    """Streamlines in RAS mm (as the libraries give them) -> a Tractogram in voxel coordinates."""
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+    points = nib.affines.apply_affine(np.linalg.inv(affine), np.asarray(points_mm, dtype=np.float64))
+    return Tractogram(
+        points,
+        offsets,
+        affine,
+        dims,
+        {k: _single_column(v) for k, v in per_point.items()},
+        {k: _single_column(v) for k, v in per_streamline.items()},
+        name=path.name.split(".")[0],
+    )
 
 
 def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool) -> NibTractogram:
