@@ -51,6 +51,32 @@ def rng():
 
 def pytest_configure(config):
     ARTIFACTS.mkdir(exist_ok=True)
+    _ensure_display()
+
+
+def _ensure_display() -> None:
+    """GUI tests use a real X server: start Xvfb when there is no display."""
+    if os.environ.get("DISPLAY") or not shutil.which("Xvfb"):
+        return
+    import atexit
+    import subprocess
+
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1920x1080x24", "-nolisten", "tcp"],
+        pass_fds=(write_fd,),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        number = pipe.readline().strip()
+    if not number:
+        proc.kill()
+        raise RuntimeError("Xvfb did not start; GUI tests need an X server")
+    os.environ["DISPLAY"] = f":{number}"
+    os.environ.setdefault("QT_QPA_PLATFORM", "xcb")
+    atexit.register(proc.terminate)
 
 
 def installed_tool(name: str) -> str | None:
