@@ -122,7 +122,11 @@ def cmd_fit_dti(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tractlens", description="GPU diffusion MRI tractography.")
+    parser = argparse.ArgumentParser(
+        prog="tractlens",
+        description="GPU diffusion MRI tractography. Without a command, or with --demo or "
+        "'view FILE...', tractlens opens the main window (--screenshot PNG, --size WxH, --exit).",
+    )
     parser.add_argument("--version", action="version", version=f"tractlens {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
@@ -166,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command is None:
+    if args.command is None:  # the GUI launcher handles the no-command case
         parser.print_help(sys.stderr)
         return EXIT_INPUT
     logging.basicConfig(

@@ -212,9 +212,22 @@ class JobRunner(QObject):
         job.done = job.total = max(job.total, 1)
         self.job_changed.emit(job_id)
         callback = self._callbacks.pop(job_id)["done"]
-        if callback is not None:
-            callback(result)
+        if callback is not None and not self._guarded(job, callback, result):
+            return
         self.job_finished.emit(job_id, result)
+
+    def _guarded(self, job: Job, callback: Callable, *args) -> bool:
+        """Run a result callback; a failure there is the job's failure, not the event loop's."""
+        try:
+            callback(*args)
+        except Exception as exc:
+            message, details = describe_error(exc)
+            log.error("handling the result of %s failed: %s\n%s", job.name, message, details)
+            job.state, job.error, job.details = FAILED, message, details
+            self.job_changed.emit(job.id)
+            self.job_failed.emit(job.id, message, details)
+            return False
+        return True
 
     def _on_failed(self, job_id: int, message: str, details: str) -> None:
         job = self.jobs[job_id]

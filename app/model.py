@@ -179,3 +179,148 @@ class Tractogram(Observable):
         return self is other
 
     __hash__ = object.__hash__
+
+
+LAYER_KINDS = ("scalar", "rgb", "labels", "tractogram")
+COLORMAPS = ("gray", "hot", "viridis", "cool-warm")
+
+
+class Layer(Observable):
+    """A thing shown in the views, with its display properties.
+
+    ``data`` is a :class:`Volume` (kinds ``scalar``, ``rgb``, ``labels``) or a
+    :class:`Tractogram` (kind ``tractogram``). Display properties: ``visible``,
+    ``opacity`` (0..1), ``colormap`` and ``clim`` (scalar layers), ``color_by``
+    (tractograms: ``"direction"`` or the name of a point/streamline scalar).
+    Changing one emits ``display`` with the names that changed.
+    """
+
+    _DISPLAY = ("visible", "opacity", "colormap", "clim", "color_by", "name")
+
+    def __init__(self, name: str, data, kind: str, **display):
+        super().__init__()
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"unknown layer kind {kind!r}")
+        self.name = name
+        self.data = data
+        self.kind = kind
+        self.visible = True
+        self.opacity = 1.0
+        self.colormap = "gray"
+        self.clim = self._default_clim()
+        self.color_by = "direction"
+        for key, value in display.items():
+            if key not in self._DISPLAY:
+                raise ValueError(f"unknown display property {key!r}")
+            setattr(self, key, value)
+
+    def _default_clim(self) -> tuple[float, float]:
+        if self.kind != "scalar":
+            return (0.0, 1.0)
+        values = np.asarray(self.data.data)
+        finite = values[np.isfinite(values)]
+        nonzero = finite[finite != 0]
+        if nonzero.size == 0:
+            return (0.0, 1.0)
+        lo, hi = np.percentile(nonzero, [0.5, 99.5])
+        lo = min(0.0, float(lo))
+        return (lo, float(hi) if hi > lo else lo + 1.0)
+
+    def set(self, **changes) -> None:
+        """Change display properties and notify the views once."""
+        changed = []
+        for key, value in changes.items():
+            if key not in self._DISPLAY:
+                raise ValueError(f"unknown display property {key!r}")
+            if key == "opacity":
+                value = float(min(1.0, max(0.0, value)))
+            if key == "clim":
+                value = (float(value[0]), float(value[1]))
+            if getattr(self, key) != value:
+                setattr(self, key, value)
+                changed.append(key)
+        if changed:
+            self.emit("display", changed=changed)
+
+    def value_at_world(self, world: np.ndarray):
+        """The layer's value at a world point (nearest voxel), or None outside it."""
+        if self.kind == "tractogram":
+            return None
+        vol = self.data
+        ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
+        if np.any(ijk < 0) or np.any(ijk >= vol.shape3):
+            return None
+        return vol.data[tuple(ijk)]
+
+
+class Document(Observable):
+    """Everything the user has open: an ordered layer stack (bottom first) and a cursor.
+
+    The first volume added fixes the reference grid (affine and shape); the
+    cursor is a voxel index on it. Events: ``layers`` (added, removed, moved),
+    ``display`` (a layer's display property; ``layer=`` says which), ``cursor``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers: list[Layer] = []
+        self.reference_affine: np.ndarray | None = None
+        self.reference_shape: tuple[int, int, int] | None = None
+        self.cursor = np.zeros(3, dtype=int)
+
+    def add_layer(self, layer: Layer) -> Layer:
+        if layer.kind != "tractogram" and self.reference_affine is None:
+            self.reference_affine = layer.data.affine.copy()
+            self.reference_shape = layer.data.shape3
+            self.cursor = np.array(self.reference_shape) // 2
+        elif layer.kind == "tractogram" and self.reference_affine is None and layer.data.dimensions != (1, 1, 1):
+            self.reference_affine = layer.data.affine.copy()
+            self.reference_shape = layer.data.dimensions
+            self.cursor = np.array(self.reference_shape) // 2
+        self.layers.append(layer)
+        layer.connect(self._forward_display)
+        self.emit("layers")
+        return layer
+
+    def remove_layer(self, layer: Layer) -> None:
+        self.layers.remove(layer)
+        layer.disconnect(self._forward_display)
+        self.emit("layers")
+
+    def move_layer(self, layer: Layer, index: int) -> None:
+        self.layers.remove(layer)
+        self.layers.insert(max(0, min(index, len(self.layers))), layer)
+        self.emit("layers")
+
+    def layer(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+    def _forward_display(self, layer, event, **info) -> None:
+        self.emit("display", layer=layer, **info)
+
+    def set_cursor(self, ijk) -> None:
+        if self.reference_shape is None:
+            return
+        ijk = np.clip(np.rint(np.asarray(ijk, dtype=float)).astype(int), 0, np.array(self.reference_shape) - 1)
+        if not np.array_equal(ijk, self.cursor):
+            self.cursor = ijk
+            self.emit("cursor")
+
+    def cursor_world(self) -> np.ndarray:
+        if self.reference_affine is None:
+            return np.zeros(3)
+        return self.reference_affine[:3, :3] @ self.cursor + self.reference_affine[:3, 3]
+
+    def values_at_cursor(self) -> list[tuple[str, object]]:
+        """(layer name, value) for every visible volume layer at the cursor."""
+        world = self.cursor_world()
+        out = []
+        for layer in reversed(self.layers):
+            if layer.visible and layer.kind != "tractogram":
+                value = layer.value_at_world(world)
+                if value is not None:
+                    out.append((layer.name, value))
+        return out

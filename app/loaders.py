@@ -1,0 +1,121 @@
+"""Open any supported file as display layers (used by the GUI and ``tractlens view``).
+
+What a path becomes:
+
+* ``.trk``/``.tck``/``.trx``: a tractogram layer (a ``.tck`` takes the open
+  document's grid as its reference);
+* a 4-D NIfTI with gradient files beside it: a DWI series, fitted on load
+  (WLS, on the GPU when present) into FA, colour FA and MD layers;
+* a 6-volume tensor NIfTI (with ``tensor_order``) or a dtifit folder: FA,
+  colour FA and MD computed from the tensors;
+* a 3-volume NIfTI: a colour (RGB) layer; a 3-D integer image with few values:
+  a label layer; any other 3-D NIfTI: a scalar layer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from gpu import dti, sym3
+
+from .errors import InputError
+from .io import load_dwi, load_tensor, load_tractogram
+from .io._atomic import split_suffix
+from .io.nifti import NIFTI_SUFFIXES, load_image, read_array
+from .model import Layer, Volume
+
+MAX_LABELS = 5000
+
+
+def _stem(path: Path) -> str:
+    return split_suffix(path)[0]
+
+
+def dti_layers(fa, md, rgb, affine, prefix: str = "") -> list[Layer]:
+    """The standard DTI display: colour FA over FA, MD hidden."""
+    name = f"{prefix} " if prefix else ""
+    return [
+        Layer(f"{name}FA", Volume(f"{name}FA", fa, affine), "scalar", colormap="gray", clim=(0.0, 1.0)),
+        Layer(f"{name}MD", Volume(f"{name}MD", md, affine), "scalar", colormap="hot", visible=False),
+        Layer(f"{name}colour FA", Volume(f"{name}colour FA", rgb, affine, kind="rgb"), "rgb", opacity=1.0),
+    ]
+
+
+def layers_from_tensor(tensor: Volume, prefix: str = "") -> list[Layer]:
+    """FA, MD and colour FA of a tensor volume (internal order, voxel axes)."""
+    flat = tensor.data.reshape(-1, 6)
+    evals, evecs = sym3.eigh(np, flat)
+    evals = np.maximum(evals, 0.0)
+    maps = dti.scalar_maps(np, evals, evecs)
+    shape = tensor.shape3
+    return dti_layers(
+        maps["fa"].reshape(shape).astype(np.float32),
+        maps["md"].reshape(shape).astype(np.float32),
+        maps["rgb"].reshape((*shape, 3)).astype(np.float32),
+        tensor.affine,
+        prefix,
+    )
+
+
+def load_layers(
+    path: str | os.PathLike,
+    *,
+    reference: tuple[np.ndarray, tuple[int, int, int]] | None = None,
+    tensor_order: str | None = None,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> list[Layer]:
+    """Open ``path`` as layers (see module docstring); raises :class:`InputError`."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError("not found", path=path)
+    suffix = path.suffix.lower()
+    if suffix in (".trk", ".tck", ".trx"):
+        tract = load_tractogram(path, reference=reference)
+        return [Layer(_stem(path), tract, "tractogram")]
+    if path.is_dir():
+        return layers_from_tensor(load_tensor(path), _stem(path))
+    if not path.name.lower().endswith(NIFTI_SUFFIXES):
+        raise InputError(
+            "cannot open this kind of file",
+            path=path,
+            fix="TractLens opens NIfTI images (.nii, .nii.gz), dtifit folders and .trk/.tck/.trx tractograms",
+        )
+    img = load_image(path)
+    shape = img.shape
+    if len(shape) == 4 and shape[3] >= 7:  # enough volumes for a tensor: a diffusion series
+        return _dwi_layers(path, device, progress, cancelled)
+    if len(shape) in (4, 5) and shape[-1] == 6:
+        return layers_from_tensor(load_tensor(path, tensor_order), _stem(path))
+    data = read_array(img, path)
+    if data.ndim == 4 and data.shape[3] == 3:
+        rgb = np.clip(np.nan_to_num(data), 0, None)
+        if rgb.max() > 1.0:  # 0..255 colour maps
+            rgb = rgb / rgb.max()
+        return [Layer(_stem(path), Volume(_stem(path), rgb, img.affine, kind="rgb"), "rgb")]
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise InputError(f"cannot show an image of shape {shape}", path=path)
+    if np.issubdtype(img.get_data_dtype(), np.integer) and _looks_like_labels(data):
+        return [Layer(_stem(path), Volume(_stem(path), data.astype(np.int32), img.affine, kind="labels"), "labels")]
+    volume = Volume(_stem(path), np.nan_to_num(data), img.affine)
+    return [Layer(_stem(path), volume, "scalar")]
+
+
+def _looks_like_labels(data: np.ndarray) -> bool:
+    values = np.unique(data)
+    return values.size <= MAX_LABELS and values.min() >= 0 and values.size < data.size / 4
+
+
+def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:
+    from .pipelines.dti import fit_dti_pipeline
+
+    dwi = load_dwi(path)
+    result = fit_dti_pipeline(dwi, device=device, progress=progress, cancelled=cancelled)
+    return dti_layers(result.map("fa"), result.map("md"), result.map("rgb"), dwi.affine, "")

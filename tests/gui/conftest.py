@@ -1,0 +1,29 @@
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _gui_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACTLENS_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("TRACTLENS_NO_DIALOGS", "1")
+
+
+@pytest.fixture
+def window(qtbot):
+    from widgets.main_window import MainWindow
+
+    win = MainWindow(device="cpu")
+    qtbot.addWidget(win)
+    win.resize(1400, 900)
+    win.show()
+    qtbot.waitExposed(win)
+    yield win
+    win.runner.cancel_all()
+    win.runner.wait(5)
+
+
+@pytest.fixture
+def demo_window(window):
+    window.open_demo()
+    assert window.wait_for_jobs(120)
+    assert window.errors == []
+    return window

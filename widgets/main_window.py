@@ -1,0 +1,300 @@
+"""The TractLens main window: a 3-D view and three linked slice views, layers, jobs.
+
+Widgets hold no algorithm: they edit the :class:`~app.model.Document` and start
+jobs on the :class:`~app.jobs.JobRunner`; loading and fitting run on worker
+threads and their layers arrive by signal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtGui import QAction, QImage, QKeySequence, QPainter
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFileDialog,
+    QGridLayout,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QWidget,
+)
+
+from app.jobs import JobRunner
+from app.loaders import load_layers
+from app.model import Document
+
+from .panels import JobPanel, LayerPanel
+from .slice_view import SliceView
+from .view3d import View3D
+
+MAX_RECENT = 10
+FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.trk *.tck *.trx);;All files (*)"
+
+
+def settings() -> QSettings:
+    """Application settings; ``TRACTLENS_CONFIG_DIR`` puts them elsewhere (tests, kiosks)."""
+    folder = os.environ.get("TRACTLENS_CONFIG_DIR")
+    if folder:
+        return QSettings(str(Path(folder) / "tractlens.ini"), QSettings.Format.IniFormat)
+    return QSettings("TractLens", "TractLens")
+
+
+class MainWindow(QMainWindow):
+    """Also the Python API for scripts and tests: :meth:`open_paths`, :meth:`open_demo`,
+    :meth:`wait_for_jobs`, :meth:`save_screenshot`, ``document`` and ``views``."""
+
+    loaded = Signal(str)  # a path finished loading
+
+    def __init__(self, *, device: str = "auto"):
+        super().__init__()
+        self.setWindowTitle("TractLens")
+        self.setAcceptDrops(True)
+        self.device = device
+        self.document = Document()
+        self.runner = JobRunner(parent=self)
+        self.errors: list[str] = []
+
+        self.view3d = View3D(self.document)
+        self.views = {name: SliceView(self.document, name) for name in ("axial", "coronal", "sagittal")}
+        central = QWidget()
+        grid = QGridLayout(central)
+        grid.setContentsMargins(2, 2, 2, 2)
+        grid.setSpacing(2)
+        grid.addWidget(self.view3d, 0, 0)
+        grid.addWidget(self.views["axial"], 0, 1)
+        grid.addWidget(self.views["coronal"], 1, 0)
+        grid.addWidget(self.views["sagittal"], 1, 1)
+        self.setCentralWidget(central)
+
+        self.layer_panel = LayerPanel(self.document)
+        self.job_panel = JobPanel(self.runner)
+        for title, widget, area in (
+            ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
+            ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
+        ):
+            dock = QDockWidget(title, self)
+            dock.setObjectName(f"dock_{title.lower()}")
+            dock.setWidget(widget)
+            self.addDockWidget(area, dock)
+
+        self.position_label = QLabel()
+        self.position_label.setObjectName("position")
+        self.busy = QProgressBar()
+        self.busy.setMaximumWidth(160)
+        self.busy.setRange(0, 0)
+        self.busy.hide()
+        self.statusBar().addWidget(self.position_label, 1)
+        self.statusBar().addPermanentWidget(self.busy)
+
+        self._build_menus()
+        self.document.connect(self._on_document)
+        self.runner.job_added.connect(lambda _id: self._update_busy())
+        self.runner.job_changed.connect(lambda _id: self._update_busy())
+        self._restore_layout()
+
+    # ------------------------------------------------------------------ menus
+    def _build_menus(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open)
+        self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D")
+        self.recent_menu = file_menu.addMenu("Open &recent")
+        self._fill_recent()
+        file_menu.addSeparator()
+        self._action(file_menu, "Save &screenshot…", self._screenshot_dialog, "Ctrl+Shift+S")
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        view_menu = self.menuBar().addMenu("&View")
+        self._action(view_menu, "&Reset 3-D camera", self.view3d.reset_camera, "Ctrl+R")
+        self._action(view_menu, "Next slice", lambda: self._focused_view().step(1), "Ctrl+Up")
+        self._action(view_menu, "Previous slice", lambda: self._focused_view().step(-1), "Ctrl+Down")
+        self._action(view_menu, "Radiological convention", self._toggle_radiological, checkable=True)
+        jobs_menu = self.menuBar().addMenu("&Jobs")
+        self._action(jobs_menu, "Cancel all", self.runner.cancel_all, "Ctrl+.")
+
+    def _action(self, menu, text, slot, shortcut=None, checkable=False) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.setCheckable(checkable)
+        action.triggered.connect(lambda *_: slot())
+        menu.addAction(action)
+        return action
+
+    def _focused_view(self) -> SliceView:
+        for view in self.views.values():
+            if view.hasFocus():
+                return view
+        return self.views["axial"]
+
+    def _toggle_radiological(self) -> None:
+        for view in self.views.values():
+            view.radiological = not view.radiological
+            view.update()
+
+    # -------------------------------------------------------------- opening
+    def open_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Open", "", FILE_FILTER)
+        self.open_paths(paths)
+
+    def open_demo(self) -> None:
+        """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
+
+        def job(ctx):
+            from app.demo import demo_path
+
+            ctx.progress(0, 1, "preparing the demo data")
+            return demo_path()
+
+        self.runner.submit(
+            "demo data",
+            job,
+            on_done=lambda folder: self.open_paths([folder / "dwi.nii.gz", folder / "bundles.trk"]),
+            on_error=self._report_error,
+        )
+
+    def open_paths(self, paths: Iterable[str | os.PathLike]) -> None:
+        """Open each file on a worker thread; its layers are added when ready."""
+        for path in paths:
+            path = Path(path)
+            reference = None
+            if self.document.reference_affine is not None:
+                reference = (self.document.reference_affine, self.document.reference_shape)
+
+            def job(ctx, path=path, reference=reference):
+                return load_layers(
+                    path, reference=reference, device=self.device, progress=ctx.progress, cancelled=ctx.cancelled
+                )
+
+            self.runner.submit(
+                f"open {path.name}",
+                job,
+                on_done=lambda layers, path=path: self._add_layers(path, layers),
+                on_error=self._report_error,
+            )
+
+    def _add_layers(self, path: Path, layers) -> None:
+        for layer in layers:
+            self.document.add_layer(layer)
+        self._remember_recent(path)
+        self.loaded.emit(str(path))
+
+    def _report_error(self, message: str, details: str) -> None:
+        self.errors.append(message)
+        self.statusBar().showMessage(message, 15000)
+        if not os.environ.get("TRACTLENS_NO_DIALOGS"):
+            box = QMessageBox(QMessageBox.Icon.Warning, "TractLens", message, parent=self)
+            if details:
+                box.setDetailedText(details)
+            box.open()
+
+    def wait_for_jobs(self, timeout_s: float = 120.0) -> bool:
+        """Process events until no job is queued or running (scripts, tests)."""
+        from PySide6.QtCore import QCoreApplication, QElapsedTimer
+
+        clock = QElapsedTimer()
+        clock.start()
+        while clock.elapsed() < timeout_s * 1000:
+            QCoreApplication.processEvents()
+            if not self.runner.active():
+                QCoreApplication.processEvents()
+                if not self.runner.active():
+                    return True
+            self.runner.wait(0.02)
+        return False
+
+    # ----------------------------------------------------------- drag & drop
+    def dragEnterEvent(self, event) -> None:
+        if event.mimeData().hasUrls():
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:
+        self.open_paths(url.toLocalFile() for url in event.mimeData().urls() if url.isLocalFile())
+
+    # ---------------------------------------------------------------- status
+    def _on_document(self, _source, event, **info) -> None:
+        if event in ("cursor", "layers", "display"):
+            self.update_position_label()
+
+    def update_position_label(self) -> None:
+        doc = self.document
+        if doc.reference_affine is None:
+            self.position_label.setText("")
+            return
+        i, j, k = (int(v) for v in doc.cursor)
+        x, y, z = doc.cursor_world()
+        parts = [f"voxel ({i}, {j}, {k})", f"RAS ({x:.1f}, {y:.1f}, {z:.1f}) mm"]
+        for name, value in doc.values_at_cursor():
+            parts.append(f"{name} {_format_value(value)}")
+        self.position_label.setText("   ".join(parts))
+
+    def _update_busy(self) -> None:
+        self.busy.setVisible(bool(self.runner.active()))
+
+    # ----------------------------------------------------------- screenshots
+    def save_screenshot(self, path: str | os.PathLike) -> Path:
+        """Write the whole window, the 3-D view included, as PNG."""
+        path = Path(path)
+        image = self.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
+        rgb = np.ascontiguousarray(self.view3d.screenshot()[..., :3])
+        height, width = rgb.shape[:2]
+        view_image = QImage(rgb.data, width, height, 3 * width, QImage.Format.Format_RGB888)
+        origin = self.view3d.mapTo(self, self.view3d.rect().topLeft())
+        painter = QPainter(image)
+        painter.drawImage(origin, view_image.scaled(self.view3d.size()))
+        painter.end()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not image.save(str(path)):
+            raise OSError(f"could not write {path}")
+        return path
+
+    def _screenshot_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Save screenshot", "tractlens.png", "PNG (*.png)")
+        if path:
+            self.save_screenshot(path)
+
+    # ------------------------------------------------------ settings, recent
+    def _restore_layout(self) -> None:
+        store = settings()
+        geometry = store.value("window/geometry")
+        state = store.value("window/state")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1400, 900)
+        if state is not None:
+            self.restoreState(state)
+
+    def _remember_recent(self, path: Path) -> None:
+        store = settings()
+        recent = [str(path.resolve())] + [p for p in (store.value("recent") or []) if p != str(path.resolve())]
+        store.setValue("recent", recent[:MAX_RECENT])
+        self._fill_recent()
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        for item in settings().value("recent") or []:
+            action = self.recent_menu.addAction(item)
+            action.triggered.connect(lambda *_, p=item: self.open_paths([p]))
+
+    def closeEvent(self, event) -> None:
+        store = settings()
+        store.setValue("window/geometry", self.saveGeometry())
+        store.setValue("window/state", self.saveState())
+        self.runner.cancel_all()
+        self.runner.wait(5.0)
+        self.view3d.close_plotter()
+        super().closeEvent(event)
+
+
+def _format_value(value) -> str:
+    array = np.asarray(value)
+    if array.ndim == 0:
+        number = float(array)
+        return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.3e}"
+    return "(" + ", ".join(f"{float(v):.3g}" for v in array.ravel()) + ")"

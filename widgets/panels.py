@@ -1,0 +1,203 @@
+"""Side panels: the layer list (visibility, order, opacity, colour map, range) and the job panel."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QSlider,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.jobs import RUNNING, JobRunner
+from app.model import COLORMAPS, Document, Layer
+
+
+class LayerPanel(QWidget):
+    """Top of the list = top of the stack. Check boxes toggle visibility."""
+
+    def __init__(self, document: Document, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.document = document
+        self.list = QListWidget()
+        self.list.setObjectName("layer_list")
+        self.opacity = QSlider(Qt.Orientation.Horizontal)
+        self.opacity.setRange(0, 100)
+        self.colormap = QComboBox()
+        self.colormap.addItems(COLORMAPS)
+        self.color_by = QComboBox()
+        self.vmin = QDoubleSpinBox()
+        self.vmax = QDoubleSpinBox()
+        for spin in (self.vmin, self.vmax):
+            spin.setRange(-1e9, 1e9)
+            spin.setDecimals(4)
+            spin.setKeyboardTracking(False)
+        up, down, remove = QPushButton("Up"), QPushButton("Down"), QPushButton("Remove")
+        buttons = QHBoxLayout()
+        for button in (up, down, remove):
+            buttons.addWidget(button)
+        form = QFormLayout()
+        form.addRow("Opacity", self.opacity)
+        form.addRow("Colour map", self.colormap)
+        form.addRow("Colour by", self.color_by)
+        form.addRow("Min", self.vmin)
+        form.addRow("Max", self.vmax)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.list)
+        layout.addLayout(buttons)
+        layout.addLayout(form)
+        self._updating = False
+        self.list.itemChanged.connect(self._item_changed)
+        self.list.currentRowChanged.connect(lambda _row: self._show_properties())
+        self.opacity.valueChanged.connect(lambda v: self._edit(opacity=v / 100.0))
+        self.colormap.currentTextChanged.connect(lambda name: self._edit(colormap=name))
+        self.color_by.currentTextChanged.connect(lambda name: name and self._edit(color_by=name))
+        self.vmin.valueChanged.connect(lambda v: self._edit(clim=(v, self.vmax.value())))
+        self.vmax.valueChanged.connect(lambda v: self._edit(clim=(self.vmin.value(), v)))
+        up.clicked.connect(lambda: self._move(+1))
+        down.clicked.connect(lambda: self._move(-1))
+        remove.clicked.connect(self._remove)
+        document.connect(self._on_document)
+        self._rebuild()
+
+    def selected_layer(self) -> Layer | None:
+        item = self.list.currentItem()
+        return item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+
+    def item_for(self, layer: Layer) -> QListWidgetItem:
+        for row in range(self.list.count()):
+            if self.list.item(row).data(Qt.ItemDataRole.UserRole) is layer:
+                return self.list.item(row)
+        raise KeyError(layer.name)
+
+    def _on_document(self, _source, event, **info) -> None:
+        if event == "layers":
+            self._rebuild()
+        elif event == "display":
+            self._refresh_item(info["layer"])
+            if info["layer"] is self.selected_layer():
+                self._show_properties()
+
+    def _rebuild(self) -> None:
+        selected = self.selected_layer()
+        self._updating = True
+        self.list.clear()
+        for layer in reversed(self.document.layers):
+            item = QListWidgetItem(layer.name)
+            item.setData(Qt.ItemDataRole.UserRole, layer)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            self.list.addItem(item)
+            self._refresh_item(layer, item)
+        self._updating = False
+        if selected in self.document.layers:
+            self.list.setCurrentItem(self.item_for(selected))
+        elif self.list.count():
+            self.list.setCurrentRow(0)
+        self._show_properties()
+
+    def _refresh_item(self, layer: Layer, item: QListWidgetItem | None = None) -> None:
+        item = item or self.item_for(layer)
+        self._updating = True
+        item.setCheckState(Qt.CheckState.Checked if layer.visible else Qt.CheckState.Unchecked)
+        item.setText(f"{layer.name}  [{layer.kind}]")
+        self._updating = False
+
+    def _item_changed(self, item: QListWidgetItem) -> None:
+        if self._updating:
+            return
+        layer = item.data(Qt.ItemDataRole.UserRole)
+        layer.set(visible=item.checkState() == Qt.CheckState.Checked)
+
+    def _show_properties(self) -> None:
+        layer = self.selected_layer()
+        self._updating = True
+        enabled = layer is not None
+        for widget in (self.opacity, self.colormap, self.vmin, self.vmax, self.color_by):
+            widget.setEnabled(enabled)
+        if layer is not None:
+            self.opacity.setValue(round(layer.opacity * 100))
+            scalar = layer.kind == "scalar"
+            self.colormap.setEnabled(scalar)
+            self.vmin.setEnabled(scalar)
+            self.vmax.setEnabled(scalar)
+            self.colormap.setCurrentText(layer.colormap)
+            self.vmin.setValue(layer.clim[0])
+            self.vmax.setValue(layer.clim[1])
+            self.color_by.clear()
+            if layer.kind == "tractogram":
+                self.color_by.addItems(["direction", *layer.data.streamline_scalars, *layer.data.point_scalars])
+                self.color_by.setCurrentText(layer.color_by)
+            self.color_by.setEnabled(layer.kind == "tractogram")
+        self._updating = False
+
+    def _edit(self, **changes) -> None:
+        layer = self.selected_layer()
+        if layer is not None and not self._updating:
+            layer.set(**changes)
+
+    def _move(self, delta: int) -> None:
+        layer = self.selected_layer()
+        if layer is not None:
+            index = self.document.layers.index(layer)
+            self.document.move_layer(layer, index + delta)
+
+    def _remove(self) -> None:
+        layer = self.selected_layer()
+        if layer is not None:
+            self.document.remove_layer(layer)
+
+
+class JobPanel(QWidget):
+    """One row per job: name, progress bar, state; Cancel stops the selected running job."""
+
+    def __init__(self, runner: JobRunner, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.runner = runner
+        self.tree = QTreeWidget()
+        self.tree.setObjectName("job_list")
+        self.tree.setHeaderLabels(["Job", "Progress", "State"])
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancel_job")
+        self.cancel_button.clicked.connect(self._cancel_selected)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.tree)
+        layout.addWidget(self.cancel_button)
+        self._items: dict[int, tuple[QTreeWidgetItem, QProgressBar]] = {}
+        runner.job_added.connect(self._added)
+        runner.job_changed.connect(self._changed)
+
+    def _added(self, job_id: int) -> None:
+        job = self.runner.jobs[job_id]
+        item = QTreeWidgetItem([job.name, "", job.state])
+        item.setData(0, Qt.ItemDataRole.UserRole, job_id)
+        bar = QProgressBar()
+        bar.setRange(0, 0)  # busy until the first progress report
+        self.tree.addTopLevelItem(item)
+        self.tree.setItemWidget(item, 1, bar)
+        self.tree.setCurrentItem(item)
+        self._items[job_id] = (item, bar)
+
+    def _changed(self, job_id: int) -> None:
+        job = self.runner.jobs[job_id]
+        item, bar = self._items[job_id]
+        if job.total > 0:
+            bar.setRange(0, 1000)
+            bar.setValue(int(1000 * job.done / job.total))
+        state = job.error or job.message or job.state
+        item.setText(2, state if job.state == RUNNING else f"{job.state}: {state}" if job.error else job.state)
+        item.setToolTip(2, job.details or state)
+
+    def _cancel_selected(self) -> None:
+        item = self.tree.currentItem()
+        if item is not None:
+            self.runner.cancel(item.data(0, Qt.ItemDataRole.UserRole))

@@ -1,0 +1,220 @@
+"""Turning layers into pixels: slice planes through the reference grid, colour maps, compositing.
+
+Pure NumPy (no Qt, no VTK), shared by the 2-D slice views and the slice planes
+of the 3-D view so both always show the same colours.
+
+Orientation: a view's screen axes are world (RAS+) axes. ``axial`` shows R to
+the right and A up, ``coronal`` R right and S up, ``sagittal`` A to the left
+(P right) and S up, i.e. neurological convention (the patient's left on the
+screen's left); ``radiological=True`` mirrors left-right in axial and coronal.
+Whatever the voxel order of the file, the affine decides where each voxel goes,
+and the edge labels say which side is which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import nibabel as nib
+import numpy as np
+
+from app.model import Document, Layer
+
+# For each view: (world axis shown horizontally, +1 if it increases to the right),
+# (world axis shown vertically, +1 if it increases upwards), world axis across.
+VIEWS = {
+    "axial": ((0, +1), (1, +1), 2),
+    "coronal": ((0, +1), (2, +1), 1),
+    "sagittal": ((1, -1), (2, +1), 0),
+}
+WORLD_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
+
+
+@dataclass(frozen=True)
+class PlaneGeometry:
+    """A slice plane of the reference grid laid out for the screen.
+
+    ``voxels``: (H, W, 3) reference voxel indices of each pixel (row 0 at the top);
+    ``pixel_mm``: (height, width) of one pixel in mm; ``labels``: text for the
+    (left, right, top, bottom) edges; ``cursor_pixel``: (row, column) of the cursor.
+    """
+
+    voxels: np.ndarray
+    pixel_mm: tuple[float, float]
+    labels: tuple[str, str, str, str]
+    cursor_pixel: tuple[int, int]
+    normal_axis: int  # voxel axis across the plane
+    h_axis: int  # voxel axis along the screen's x
+    v_axis: int  # voxel axis along the screen's y
+    h_reversed: bool  # column 0 holds the last voxel of h_axis
+    v_reversed: bool  # row 0 holds the last voxel of v_axis
+
+    def pixel_of(self, ijk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row, column), fractional, of reference voxel coordinates (..., 3)."""
+        height, width = self.voxels.shape[:2]
+        col = ijk[..., self.h_axis]
+        row = ijk[..., self.v_axis]
+        if self.h_reversed:
+            col = width - 1 - col
+        if self.v_reversed:
+            row = height - 1 - row
+        return row, col
+
+
+def voxel_axis_for_world(affine: np.ndarray) -> list[tuple[int, int]]:
+    """For world axes R, A, S: (voxel axis closest to it, +1/-1 direction)."""
+    ornt = nib.orientations.io_orientation(affine)
+    out = [None, None, None]
+    for voxel_axis, (world_axis, sign) in enumerate(ornt):
+        out[int(world_axis)] = (voxel_axis, int(sign))
+    return out
+
+
+def plane_geometry(doc: Document, view: str, radiological: bool = False) -> PlaneGeometry:
+    (h_world, h_dir), (v_world, v_dir), n_world = VIEWS[view]
+    if radiological and h_world == 0:
+        h_dir = -h_dir
+    axes = voxel_axis_for_world(doc.reference_affine)
+    shape = np.array(doc.reference_shape)
+    h_axis, h_sign = axes[h_world]
+    v_axis, v_sign = axes[v_world]
+    n_axis, _ = axes[n_world]
+    cols = np.arange(shape[h_axis])
+    h_reversed = h_sign * h_dir < 0
+    if h_reversed:
+        cols = cols[::-1]
+    rows = np.arange(shape[v_axis])
+    v_reversed = v_sign * v_dir > 0  # row 0 is the top of the screen: largest world value first
+    if v_reversed:
+        rows = rows[::-1]
+    voxels = np.empty((len(rows), len(cols), 3), dtype=np.int64)
+    voxels[..., h_axis] = cols[None, :]
+    voxels[..., v_axis] = rows[:, None]
+    voxels[..., n_axis] = doc.cursor[n_axis]
+    zooms = np.sqrt((doc.reference_affine[:3, :3] ** 2).sum(axis=0))
+    h_low, h_high = WORLD_LABELS[h_world] if h_dir > 0 else WORLD_LABELS[h_world][::-1]
+    v_low, v_high = WORLD_LABELS[v_world]
+    cursor_col = int(np.flatnonzero(cols == doc.cursor[h_axis])[0])
+    cursor_row = int(np.flatnonzero(rows == doc.cursor[v_axis])[0])
+    return PlaneGeometry(
+        voxels,
+        (float(zooms[v_axis]), float(zooms[h_axis])),
+        (h_low, h_high, v_high, v_low),
+        (cursor_row, cursor_col),
+        n_axis,
+        h_axis,
+        v_axis,
+        bool(h_reversed),
+        bool(v_reversed),
+    )
+
+
+def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest-neighbour values of a volume layer at reference voxels; (values, inside mask)."""
+    vol = layer.data
+    if vol.shape3 == tuple(doc.reference_shape) and np.allclose(vol.affine, doc.reference_affine):
+        ijk = voxels
+    else:
+        to_layer = np.linalg.solve(vol.affine, doc.reference_affine)
+        ijk = np.rint(voxels @ to_layer[:3, :3].T + to_layer[:3, 3]).astype(np.int64)
+    inside = np.all((ijk >= 0) & (ijk < np.array(vol.shape3)), axis=-1)
+    safe = np.where(inside[..., None], ijk, 0)
+    values = vol.data[safe[..., 0], safe[..., 1], safe[..., 2]]
+    return values, inside
+
+
+def _lut(name: str) -> np.ndarray:
+    t = np.linspace(0.0, 1.0, 256)
+    if name == "hot":
+        rgb = np.stack([np.clip(3 * t, 0, 1), np.clip(3 * t - 1, 0, 1), np.clip(3 * t - 2, 0, 1)], 1)
+    elif name == "viridis":
+        anchors = np.array(
+            [
+                [0.267, 0.005, 0.329],
+                [0.229, 0.322, 0.546],
+                [0.128, 0.567, 0.551],
+                [0.369, 0.789, 0.383],
+                [0.993, 0.906, 0.144],
+            ]
+        )
+        x = np.linspace(0, 1, len(anchors))
+        rgb = np.stack([np.interp(t, x, anchors[:, c]) for c in range(3)], 1)
+    elif name == "cool-warm":
+        rgb = np.stack([t, 1 - np.abs(2 * t - 1) * 0.6, 1 - t], 1)
+    else:
+        rgb = np.stack([t, t, t], 1)
+    return rgb
+
+
+LUTS = {name: _lut(name) for name in ("gray", "hot", "viridis", "cool-warm")}
+
+
+def label_colours(labels: np.ndarray) -> np.ndarray:
+    """Distinct, reproducible colours per integer label (golden-ratio hues)."""
+    hue = (labels.astype(np.float64) * 0.618033988749895) % 1.0
+    h6 = hue * 6.0
+    x = 1 - np.abs(h6 % 2 - 1)
+    zeros = np.zeros_like(hue)
+    ones = np.ones_like(hue)
+    sector = h6.astype(int) % 6
+    choices = [
+        (ones, x, zeros),
+        (x, ones, zeros),
+        (zeros, ones, x),
+        (zeros, x, ones),
+        (x, zeros, ones),
+        (ones, zeros, x),
+    ]
+    rgb = np.zeros((*labels.shape, 3))
+    for s, (r, g, b) in enumerate(choices):
+        sel = sector == s
+        rgb[sel] = np.stack([r[sel], g[sel], b[sel]], -1)
+    return 0.35 + 0.65 * rgb
+
+
+def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RGB (float 0..1) and alpha for sampled values of a layer."""
+    if layer.kind == "rgb":
+        rgb = np.clip(np.nan_to_num(values[..., :3].astype(np.float64)), 0.0, 1.0)
+        alpha = (rgb.max(-1) > 0).astype(np.float64)
+    elif layer.kind == "labels":
+        labels = values.astype(np.int64)
+        rgb = label_colours(labels)
+        alpha = (labels > 0).astype(np.float64)
+    else:
+        lo, hi = layer.clim
+        scaled = (np.nan_to_num(values.astype(np.float64)) - lo) / (hi - lo if hi > lo else 1.0)
+        index = np.clip((scaled * 255).astype(np.int64), 0, 255)
+        rgb = LUTS.get(layer.colormap, LUTS["gray"])[index]
+        alpha = np.ones(values.shape[:2])
+    alpha = alpha * inside * layer.opacity
+    return rgb, alpha
+
+
+def composite(doc: Document, geometry: PlaneGeometry) -> np.ndarray:
+    """(H, W, 3) uint8 image of the visible volume layers, bottom to top, over black."""
+    height, width = geometry.voxels.shape[:2]
+    out = np.zeros((height, width, 3))
+    for layer in doc.layers:
+        if not layer.visible or layer.kind == "tractogram" or layer.opacity <= 0:
+            continue
+        values, inside = sample_layer(layer, doc, geometry.voxels)
+        rgb, alpha = colorize(layer, values, inside)
+        out = out * (1 - alpha[..., None]) + rgb * alpha[..., None]
+    return (np.clip(out, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Per-point RGB (uint8) from the local streamline direction |t|, the usual fiber colouring."""
+    tangent = np.zeros_like(points, dtype=np.float64)
+    if len(points) > 1:
+        diff = np.diff(points, axis=0).astype(np.float64)
+        tangent[:-1] += diff
+        tangent[1:] += diff
+        # No tangent across streamline boundaries.
+        starts = offsets[1:-1]
+        tangent[starts - 1] -= diff[starts - 1]
+        tangent[starts] -= diff[starts - 1]
+    norm = np.linalg.norm(tangent, axis=1, keepdims=True)
+    rgb = np.abs(tangent) / np.where(norm > 0, norm, 1.0)
+    return (rgb * 255 + 0.5).astype(np.uint8)

@@ -1,0 +1,222 @@
+"""A 2-D slice view (axial, coronal or sagittal) of the document, drawn with QPainter.
+
+Left click or drag moves the cursor (and so the other views); the wheel and
+Page Up/Down (or the arrow keys Up/Down) step through slices; right drag sets
+window/level of the top visible scalar layer (horizontal: width, vertical:
+level). Tractograms are drawn as the segments within a slab of
+``slab_mm`` around the slice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+from app.model import Document
+
+from .render import composite, plane_geometry
+
+
+class SliceView(QWidget):
+    cursor_moved = Signal()
+
+    def __init__(self, document: Document, view: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.document = document
+        self.view = view
+        self.radiological = False
+        self.slab_mm = 4.0
+        self.setMinimumSize(160, 160)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setMouseTracking(False)
+        self.setObjectName(f"slice_{view}")
+        self._image_cache: tuple | None = None
+        self._wl_start: tuple | None = None
+        document.connect(self._on_document)
+
+    # ----------------------------------------------------------------- model
+    def _on_document(self, _source, event, **info) -> None:
+        if event in ("layers", "display", "cursor"):
+            self._image_cache = None
+            self.update()
+
+    def geometry_now(self):
+        if self.document.reference_affine is None:
+            return None
+        return plane_geometry(self.document, self.view, self.radiological)
+
+    def image_array(self) -> np.ndarray | None:
+        """The composited slice (H, W, 3) uint8, as drawn (before scaling)."""
+        geometry = self.geometry_now()
+        if geometry is None:
+            return None
+        if self._image_cache is None:  # reset by every document event
+            self._image_cache = composite(self.document, geometry)
+        return self._image_cache
+
+    # --------------------------------------------------------------- drawing
+    def _target_rect(self, geometry) -> QRectF:
+        height, width = geometry.voxels.shape[:2]
+        mm_h, mm_w = height * geometry.pixel_mm[0], width * geometry.pixel_mm[1]
+        scale = min(self.width() / mm_w, self.height() / mm_h)
+        w, h = mm_w * scale, mm_h * scale
+        return QRectF((self.width() - w) / 2, (self.height() - h) / 2, w, h)
+
+    def paintEvent(self, _event) -> None:
+        painter = QPainter(self)
+        painter.fillRect(self.rect(), QColor(0, 0, 0))
+        geometry = self.geometry_now()
+        if geometry is None:
+            painter.setPen(QColor(160, 160, 160))
+            painter.drawText(self.rect(), Qt.AlignmentFlag.AlignCenter, "Open a file or the demo (File menu)")
+            return
+        image = self.image_array()
+        height, width = image.shape[:2]
+        qimage = QImage(np.ascontiguousarray(image).data, width, height, 3 * width, QImage.Format.Format_RGB888)
+        target = self._target_rect(geometry)
+        painter.drawImage(target, qimage)
+        self._draw_fibers(painter, geometry, target)
+        self._draw_crosshair(painter, geometry, target)
+        self._draw_labels(painter, geometry)
+
+    def _draw_crosshair(self, painter: QPainter, geometry, target: QRectF) -> None:
+        row, col = geometry.cursor_pixel
+        height, width = geometry.voxels.shape[:2]
+        x = target.left() + (col + 0.5) * target.width() / width
+        y = target.top() + (row + 0.5) * target.height() / height
+        painter.setPen(QPen(QColor(0, 255, 0, 200), 1))
+        painter.drawLine(QPointF(target.left(), y), QPointF(target.right(), y))
+        painter.drawLine(QPointF(x, target.top()), QPointF(x, target.bottom()))
+
+    def _draw_labels(self, painter: QPainter, geometry) -> None:
+        left, right, top, bottom = geometry.labels
+        painter.setPen(QColor(255, 220, 0))
+        font = QFont()
+        font.setBold(True)
+        painter.setFont(font)
+        r = self.rect().adjusted(4, 4, -4, -4)
+        align = Qt.AlignmentFlag
+        painter.drawText(r, align.AlignLeft | align.AlignVCenter, left)
+        painter.drawText(r, align.AlignRight | align.AlignVCenter, right)
+        painter.drawText(r, align.AlignTop | align.AlignHCenter, top)
+        painter.drawText(r, align.AlignBottom | align.AlignHCenter, bottom)
+        painter.setPen(QColor(200, 200, 200))
+        index = int(self.document.cursor[geometry.normal_axis])
+        painter.drawText(r, align.AlignTop | align.AlignLeft, f"{self.view} {index}")
+
+    def _draw_fibers(self, painter: QPainter, geometry, target: QRectF) -> None:
+        """Segments of visible tractograms within the slab, coloured by direction."""
+        doc = self.document
+        height, width = geometry.voxels.shape[:2]
+        axis = geometry.normal_axis
+        zoom = float(np.sqrt((doc.reference_affine[:3, axis] ** 2).sum()))
+        for layer in doc.layers:
+            if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
+                continue
+            tract = layer.data
+            to_ref = np.linalg.solve(doc.reference_affine, tract.affine)
+            pts = tract.points @ to_ref[:3, :3].T + to_ref[:3, 3]
+            near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
+            seg = near[:-1] & near[1:]
+            seg[tract.offsets[1:-1] - 1] = False  # no segment joins two streamlines
+            idx = np.flatnonzero(seg)
+            if idx.size == 0:
+                continue
+            idx = idx[:: max(1, idx.size // 20000)]  # bound the 2-D drawing work
+            rows0, cols0 = geometry.pixel_of(pts[idx])
+            rows1, cols1 = geometry.pixel_of(pts[idx + 1])
+            sx, sy = target.width() / width, target.height() / height
+            x0, y0 = target.left() + (cols0 + 0.5) * sx, target.top() + (rows0 + 0.5) * sy
+            x1, y1 = target.left() + (cols1 + 0.5) * sx, target.top() + (rows1 + 0.5) * sy
+            world = (pts[idx + 1] - pts[idx]) @ doc.reference_affine[:3, :3].T
+            world = np.abs(world) / np.maximum(np.linalg.norm(world, axis=1, keepdims=True), 1e-9)
+            buckets = np.rint(world * 4).astype(int)  # 125 colours: one drawLines call each
+            keys = buckets[:, 0] * 25 + buckets[:, 1] * 5 + buckets[:, 2]
+            alpha = int(255 * layer.opacity)
+            for key in np.unique(keys):
+                sel = np.flatnonzero(keys == key)
+                r, g, b = (buckets[sel[0]] * 255) // 4
+                painter.setPen(QPen(QColor(int(r), int(g), int(b), alpha), 1.5))
+                painter.drawLines([QLineF(x0[k], y0[k], x1[k], y1[k]) for k in sel])
+
+    # ------------------------------------------------------------ interaction
+    def voxel_at(self, x: float, y: float) -> np.ndarray | None:
+        """Reference voxel under widget pixel (x, y), or None outside the image."""
+        geometry = self.geometry_now()
+        if geometry is None:
+            return None
+        target = self._target_rect(geometry)
+        height, width = geometry.voxels.shape[:2]
+        col = int((x - target.left()) / target.width() * width)
+        row = int((y - target.top()) / target.height() * height)
+        if not (0 <= col < width and 0 <= row < height):
+            return None
+        return geometry.voxels[row, col]
+
+    def widget_point_of_voxel(self, ijk) -> QPointF:
+        """Centre of a reference voxel (projected on this plane) in widget coordinates."""
+        geometry = self.geometry_now()
+        target = self._target_rect(geometry)
+        height, width = geometry.voxels.shape[:2]
+        row, col = geometry.pixel_of(np.asarray(ijk, dtype=float))
+        return QPointF(
+            target.left() + (col + 0.5) * target.width() / width,
+            target.top() + (row + 0.5) * target.height() / height,
+        )
+
+    def mousePressEvent(self, event) -> None:
+        if event.button() == Qt.MouseButton.RightButton:
+            layer = self._window_level_layer()
+            if layer is not None:
+                self._wl_start = (event.position(), layer, layer.clim)
+            return
+        self._move_cursor(event.position())
+
+    def mouseMoveEvent(self, event) -> None:
+        if self._wl_start is not None:
+            start, layer, (lo, hi) = self._wl_start
+            delta = event.position() - start
+            width = max((hi - lo) * (1 + delta.x() / 200.0), 1e-9)
+            level = (lo + hi) / 2 - (hi - lo) * delta.y() / 200.0
+            layer.set(clim=(level - width / 2, level + width / 2))
+            return
+        if event.buttons() & Qt.MouseButton.LeftButton:
+            self._move_cursor(event.position())
+
+    def mouseReleaseEvent(self, event) -> None:
+        self._wl_start = None
+
+    def _window_level_layer(self):
+        for layer in reversed(self.document.layers):
+            if layer.visible and layer.kind == "scalar":
+                return layer
+        return None
+
+    def _move_cursor(self, pos) -> None:
+        ijk = self.voxel_at(pos.x(), pos.y())
+        if ijk is not None:
+            self.document.set_cursor(ijk)
+            self.cursor_moved.emit()
+
+    def step(self, delta: int) -> None:
+        geometry = self.geometry_now()
+        if geometry is None:
+            return
+        ijk = self.document.cursor.copy()
+        ijk[geometry.normal_axis] += delta
+        self.document.set_cursor(ijk)
+
+    def wheelEvent(self, event) -> None:
+        self.step(1 if event.angleDelta().y() > 0 else -1)
+
+    def keyPressEvent(self, event) -> None:
+        key = event.key()
+        if key in (Qt.Key.Key_PageUp, Qt.Key.Key_Up):
+            self.step(1)
+        elif key in (Qt.Key.Key_PageDown, Qt.Key.Key_Down):
+            self.step(-1)
+        else:
+            super().keyPressEvent(event)

@@ -1,0 +1,180 @@
+"""The 3-D view: the three cursor slice planes and the tractograms, in world millimetres.
+
+One place owns the plotter (MNE's brain viewer pattern): actors are created once
+per layer and updated in place. Slice planes are coloured by the same
+compositing as the 2-D views (:func:`widgets.render.composite`). Each
+tractogram is one line actor whose arrays are shared with the model, not copied
+per frame; while the camera moves, a fixed subset of streamlines is drawn
+(level of detail) and the full set when it stops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyvista as pv
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QVBoxLayout, QWidget
+from pyvistaqt import QtInteractor
+
+from app.model import Document, Layer
+
+from .render import composite, direction_colours, plane_geometry
+
+LOD_STREAMLINES = 20_000  # drawn while interacting, when a tractogram has more
+
+
+class View3D(QWidget):
+    def __init__(self, document: Document, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.document = document
+        self.plotter = QtInteractor(self)
+        self.plotter.set_background("black")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.plotter.interactor)
+        self._planes: dict[str, tuple] = {}
+        self._fibers: dict[int, dict] = {}
+        self._camera_set = False
+        self._render_pending = False
+        self._lod_timer = QTimer(self)
+        self._lod_timer.setSingleShot(True)
+        self._lod_timer.setInterval(250)
+        self._lod_timer.timeout.connect(self._full_detail)
+        self.plotter.iren.add_observer("StartInteractionEvent", self._coarse_detail)
+        self.plotter.iren.add_observer("EndInteractionEvent", lambda *a: self._lod_timer.start())
+        document.connect(self._on_document)
+
+    # ----------------------------------------------------------------- model
+    def _on_document(self, _source, event, **info) -> None:
+        if event == "layers":
+            self._sync_fibers()
+            self._update_planes()
+        elif event == "cursor":
+            self._update_planes()
+        elif event == "display":
+            layer = info.get("layer")
+            if layer is not None and layer.kind == "tractogram":
+                self._update_fiber_display(layer)
+            else:
+                self._update_planes()
+        self.request_render()
+
+    def request_render(self) -> None:
+        """Coalesce renders: many model events in one event-loop turn render once."""
+        if not self._render_pending:
+            self._render_pending = True
+            QTimer.singleShot(0, self._render_now)
+
+    def _render_now(self) -> None:
+        self._render_pending = False
+        if not self._camera_set and (self._planes or self._fibers):
+            self.reset_camera()
+        self.plotter.render()
+
+    def reset_camera(self) -> None:
+        self._camera_set = True
+        self.plotter.view_isometric()
+        self.plotter.reset_camera()
+
+    # ---------------------------------------------------------------- planes
+    def _update_planes(self) -> None:
+        doc = self.document
+        if doc.reference_affine is None:
+            return
+        any_volume = any(layer.visible and layer.kind != "tractogram" for layer in doc.layers)
+        for view in ("axial", "coronal", "sagittal"):
+            geometry = plane_geometry(doc, view)
+            height, width = geometry.voxels.shape[:2]
+            rgb = composite(doc, geometry)
+            points = geometry.voxels.reshape(-1, 3).astype(np.float64)
+            points = points @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3]
+            if view not in self._planes:
+                grid = pv.StructuredGrid()
+                grid.points = points
+                grid.dimensions = (width, height, 1)
+                grid.point_data["rgb"] = rgb.reshape(-1, 3)
+                actor = self.plotter.add_mesh(
+                    grid, scalars="rgb", rgb=True, name=f"plane_{view}", show_scalar_bar=False
+                )
+                self._planes[view] = (grid, actor)
+            grid, actor = self._planes[view]
+            grid.points = points
+            grid.point_data["rgb"] = rgb.reshape(-1, 3)
+            actor.SetVisibility(any_volume)
+
+    # ---------------------------------------------------------------- fibers
+    def _sync_fibers(self) -> None:
+        present = {id(layer): layer for layer in self.document.layers if layer.kind == "tractogram"}
+        for key in list(self._fibers):
+            if key not in present:
+                self.plotter.remove_actor(self._fibers.pop(key)["actor"])
+        for key, layer in present.items():
+            if key not in self._fibers:
+                self._fibers[key] = self._build_fibers(layer)
+
+    def _build_fibers(self, layer: Layer) -> dict:
+        tract = layer.data
+        points_world = tract.points_world().astype(np.float32)
+        lengths = tract.lengths
+        poly = _polylines(points_world, tract.offsets)
+        poly.point_data["direction"] = direction_colours(points_world, tract.offsets)
+        if len(tract) > LOD_STREAMLINES:
+            keep = np.random.default_rng(0).choice(len(tract), LOD_STREAMLINES, replace=False)
+            keep.sort()
+            coarse = _polylines(points_world, tract.offsets, keep)
+            coarse.point_data["direction"] = poly.point_data["direction"]
+        else:
+            coarse = None
+        actor = self.plotter.add_mesh(
+            poly, scalars="direction", rgb=True, name=f"fibers_{id(layer)}", show_scalar_bar=False, line_width=1
+        )
+        entry = {"layer": layer, "actor": actor, "full": poly, "coarse": coarse, "lengths": lengths}
+        actor.SetVisibility(layer.visible)
+        actor.GetProperty().SetOpacity(layer.opacity)
+        return entry
+
+    def _update_fiber_display(self, layer: Layer) -> None:
+        entry = self._fibers.get(id(layer))
+        if entry is not None:
+            entry["actor"].SetVisibility(layer.visible)
+            entry["actor"].GetProperty().SetOpacity(layer.opacity)
+
+    def _set_detail(self, which: str) -> None:
+        for entry in self._fibers.values():
+            mesh = entry["coarse"] if which == "coarse" and entry["coarse"] is not None else entry["full"]
+            entry["actor"].GetMapper().SetInputData(mesh)
+
+    def _coarse_detail(self, *_args) -> None:
+        self._lod_timer.stop()
+        self._set_detail("coarse")
+
+    def _full_detail(self) -> None:
+        self._set_detail("full")
+        self.plotter.render()
+
+    def screenshot(self) -> np.ndarray:
+        """The rendered 3-D view as (H, W, 3) uint8."""
+        self.plotter.render()
+        return self.plotter.screenshot(return_img=True)
+
+    def close_plotter(self) -> None:
+        self.plotter.close()
+
+
+def _polylines(points: np.ndarray, offsets: np.ndarray, keep: np.ndarray | None = None) -> pv.PolyData:
+    """A PolyData of polylines sharing ``points``; ``keep`` selects streamlines."""
+    starts = offsets[:-1]
+    counts = np.diff(offsets)
+    if keep is not None:
+        starts, counts = starts[keep], counts[keep]
+    counts = counts.astype(np.int64)
+    total = int(counts.sum())
+    within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    ids = np.repeat(starts, counts) + within
+    connectivity = np.empty(total + len(counts), dtype=np.int64)
+    positions = np.cumsum(counts + 1) - (counts + 1)
+    connectivity[positions] = counts
+    mask = np.ones(len(connectivity), dtype=bool)
+    mask[positions] = False
+    connectivity[mask] = ids
+    return pv.PolyData(points, lines=connectivity)
