@@ -35,10 +35,15 @@ def _stem(path: Path) -> str:
     return split_suffix(path)[0]
 
 
-def dti_layers(fa, md, rgb, affine, prefix: str = "") -> list[Layer]:
-    """The standard DTI display: colour FA over FA, MD hidden."""
+def dti_layers(fa, md, rgb, affine, prefix: str = "", tensor: np.ndarray | None = None) -> list[Layer]:
+    """The standard DTI display: colour FA over FA, MD hidden, tensor glyphs off."""
     name = f"{prefix} " if prefix else ""
+    glyphs = []
+    if tensor is not None:
+        volume = Volume(f"{name}tensors", tensor.astype(np.float32), affine, kind="tensor")
+        glyphs = [Layer(f"{name}tensors", volume, "tensor", visible=False)]
     return [
+        *glyphs,
         Layer(f"{name}FA", Volume(f"{name}FA", fa, affine), "scalar", colormap="gray", clim=(0.0, 1.0)),
         Layer(f"{name}MD", Volume(f"{name}MD", md, affine), "scalar", colormap="hot", visible=False),
         Layer(f"{name}colour FA", Volume(f"{name}colour FA", rgb, affine, kind="rgb"), "rgb", opacity=1.0),
@@ -58,6 +63,7 @@ def layers_from_tensor(tensor: Volume, prefix: str = "") -> list[Layer]:
         maps["rgb"].reshape((*shape, 3)).astype(np.float32),
         tensor.affine,
         prefix,
+        tensor.data,
     )
 
 
@@ -118,4 +124,5 @@ def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:
 
     dwi = load_dwi(path)
     result = fit_dti_pipeline(dwi, device=device, progress=progress, cancelled=cancelled)
-    return dti_layers(result.map("fa"), result.map("md"), result.map("rgb"), dwi.affine, "")
+    maps = (result.map(name) for name in ("fa", "md", "rgb"))
+    return dti_layers(*maps, dwi.affine, "", result.map("tensor"))

@@ -181,7 +181,8 @@ class Tractogram(Observable):
     __hash__ = object.__hash__
 
 
-LAYER_KINDS = ("scalar", "rgb", "labels", "tractogram")
+LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram")
+GLYPH_SHAPES = ("superquadric", "ellipsoid")
 COLORMAPS = ("gray", "hot", "viridis", "cool-warm")
 
 
@@ -191,11 +192,14 @@ class Layer(Observable):
     ``data`` is a :class:`Volume` (kinds ``scalar``, ``rgb``, ``labels``) or a
     :class:`Tractogram` (kind ``tractogram``). Display properties: ``visible``,
     ``opacity`` (0..1), ``colormap`` and ``clim`` (scalar layers), ``color_by``
-    (tractograms: ``"direction"`` or the name of a point/streamline scalar).
-    Changing one emits ``display`` with the names that changed.
+    (tractograms: ``"direction"`` or the name of a point/streamline scalar;
+    tensors: ``"direction"`` or ``"fa"``), and for tensor layers, shown as glyphs
+    on the cursor's slice planes, ``glyph`` (shape), ``glyph_step`` (every n-th
+    voxel) and ``glyph_size`` (1 = the largest glyph fills its grid cell). Changing one emits
+    ``display`` with the names that changed.
     """
 
-    _DISPLAY = ("visible", "opacity", "colormap", "clim", "color_by", "name")
+    _DISPLAY = ("visible", "opacity", "colormap", "clim", "color_by", "name", "glyph", "glyph_step", "glyph_size")
 
     def __init__(self, name: str, data, kind: str, **display):
         super().__init__()
@@ -206,9 +210,12 @@ class Layer(Observable):
         self.kind = kind
         self.visible = True
         self.opacity = 1.0
-        self.colormap = "gray"
+        self.colormap = "viridis" if kind == "tractogram" else "gray"
         self.clim = self._default_clim()
         self.color_by = "direction"
+        self.glyph = "superquadric"
+        self.glyph_step = 2
+        self.glyph_size = 1.0
         for key, value in display.items():
             if key not in self._DISPLAY:
                 raise ValueError(f"unknown display property {key!r}")
@@ -239,12 +246,34 @@ class Layer(Observable):
             if getattr(self, key) != value:
                 setattr(self, key, value)
                 changed.append(key)
+        if "color_by" in changed and "clim" not in changes and self.kind == "tractogram":
+            self.clim = self.scalar_range(self.color_by)
+            changed.append("clim")
         if changed:
             self.emit("display", changed=changed)
 
+    def scalar_range(self, name: str) -> tuple[float, float]:
+        """Robust display range (1st-99th percentile) of a tractogram's point or streamline scalar."""
+        tract = self.data
+        values = tract.point_scalars.get(name, tract.streamline_scalars.get(name))
+        if values is None or len(values) == 0:
+            return (0.0, 1.0)
+        lo, hi = np.percentile(np.asarray(values, dtype=np.float64), [1, 99])
+        return (float(lo), float(hi) if hi > lo else float(lo) + 1.0)
+
+    def point_values(self, name: str) -> np.ndarray:
+        """A tractogram scalar per point (streamline scalars repeated along each streamline)."""
+        tract = self.data
+        if name in tract.point_scalars:
+            return np.asarray(tract.point_scalars[name], dtype=np.float64).reshape(len(tract.points), -1)[:, 0]
+        if name in tract.streamline_scalars:
+            per = np.asarray(tract.streamline_scalars[name], dtype=np.float64).reshape(len(tract), -1)[:, 0]
+            return np.repeat(per, tract.lengths)
+        raise KeyError(f"{self.name} has no scalar {name!r}")
+
     def value_at_world(self, world: np.ndarray):
         """The layer's value at a world point (nearest voxel), or None outside it."""
-        if self.kind == "tractogram":
+        if self.kind in ("tractogram",):
             return None
         vol = self.data
         ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
@@ -319,7 +348,7 @@ class Document(Observable):
         world = self.cursor_world()
         out = []
         for layer in reversed(self.layers):
-            if layer.visible and layer.kind != "tractogram":
+            if layer.visible and layer.kind not in ("tractogram", "tensor"):
                 value = layer.value_at_world(world)
                 if value is not None:
                     out.append((layer.name, value))

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSlider,
+    QSpinBox,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -20,7 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.jobs import RUNNING, JobRunner
-from app.model import COLORMAPS, Document, Layer
+from app.model import COLORMAPS, GLYPH_SHAPES, Document, Layer
 
 
 class LayerPanel(QWidget):
@@ -42,6 +43,13 @@ class LayerPanel(QWidget):
             spin.setRange(-1e9, 1e9)
             spin.setDecimals(4)
             spin.setKeyboardTracking(False)
+        self.glyph = QComboBox()
+        self.glyph.addItems(GLYPH_SHAPES)
+        self.glyph_step = QSpinBox()
+        self.glyph_step.setRange(1, 16)
+        self.glyph_size = QDoubleSpinBox()
+        self.glyph_size.setRange(0.1, 5.0)
+        self.glyph_size.setSingleStep(0.1)
         up, down, remove = QPushButton("Up"), QPushButton("Down"), QPushButton("Remove")
         buttons = QHBoxLayout()
         for button in (up, down, remove):
@@ -52,6 +60,9 @@ class LayerPanel(QWidget):
         form.addRow("Colour by", self.color_by)
         form.addRow("Min", self.vmin)
         form.addRow("Max", self.vmax)
+        form.addRow("Glyphs", self.glyph)
+        form.addRow("Every n-th voxel", self.glyph_step)
+        form.addRow("Glyph size", self.glyph_size)
         layout = QVBoxLayout(self)
         layout.addWidget(self.list)
         layout.addLayout(buttons)
@@ -62,6 +73,9 @@ class LayerPanel(QWidget):
         self.opacity.valueChanged.connect(lambda v: self._edit(opacity=v / 100.0))
         self.colormap.currentTextChanged.connect(lambda name: self._edit(colormap=name))
         self.color_by.currentTextChanged.connect(lambda name: name and self._edit(color_by=name))
+        self.glyph.currentTextChanged.connect(lambda name: self._edit(glyph=name))
+        self.glyph_step.valueChanged.connect(lambda v: self._edit(glyph_step=int(v)))
+        self.glyph_size.valueChanged.connect(lambda v: self._edit(glyph_size=float(v)))
         self.vmin.valueChanged.connect(lambda v: self._edit(clim=(v, self.vmax.value())))
         self.vmax.valueChanged.connect(lambda v: self._edit(clim=(self.vmin.value(), v)))
         up.clicked.connect(lambda: self._move(+1))
@@ -124,9 +138,11 @@ class LayerPanel(QWidget):
         enabled = layer is not None
         for widget in (self.opacity, self.colormap, self.vmin, self.vmax, self.color_by):
             widget.setEnabled(enabled)
+        for widget in (self.glyph, self.glyph_step, self.glyph_size):
+            widget.setEnabled(layer is not None and layer.kind == "tensor")
         if layer is not None:
             self.opacity.setValue(round(layer.opacity * 100))
-            scalar = layer.kind == "scalar"
+            scalar = layer.kind == "scalar" or (layer.kind == "tractogram" and layer.color_by != "direction")
             self.colormap.setEnabled(scalar)
             self.vmin.setEnabled(scalar)
             self.vmax.setEnabled(scalar)
@@ -136,8 +152,13 @@ class LayerPanel(QWidget):
             self.color_by.clear()
             if layer.kind == "tractogram":
                 self.color_by.addItems(["direction", *layer.data.streamline_scalars, *layer.data.point_scalars])
-                self.color_by.setCurrentText(layer.color_by)
-            self.color_by.setEnabled(layer.kind == "tractogram")
+            elif layer.kind == "tensor":
+                self.color_by.addItems(["direction", "fa"])
+                self.glyph.setCurrentText(layer.glyph)
+                self.glyph_step.setValue(layer.glyph_step)
+                self.glyph_size.setValue(layer.glyph_size)
+            self.color_by.setCurrentText(layer.color_by)
+            self.color_by.setEnabled(layer.kind in ("tractogram", "tensor"))
         self._updating = False
 
     def _edit(self, **changes) -> None:

@@ -196,7 +196,7 @@ def composite(doc: Document, geometry: PlaneGeometry) -> np.ndarray:
     height, width = geometry.voxels.shape[:2]
     out = np.zeros((height, width, 3))
     for layer in doc.layers:
-        if not layer.visible or layer.kind == "tractogram" or layer.opacity <= 0:
+        if not layer.visible or layer.kind in ("tractogram", "tensor") or layer.opacity <= 0:
             continue
         values, inside = sample_layer(layer, doc, geometry.voxels)
         rgb, alpha = colorize(layer, values, inside)
@@ -218,3 +218,15 @@ def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(tangent, axis=1, keepdims=True)
     rgb = np.abs(tangent) / np.where(norm > 0, norm, 1.0)
     return (rgb * 255 + 0.5).astype(np.uint8)
+
+
+def fiber_point_colours(layer: Layer) -> np.ndarray:
+    """Per-point RGB (uint8) of a tractogram layer: by world direction, or a scalar through the
+    layer's colour map and range."""
+    tract = layer.data
+    if layer.color_by == "direction":
+        return direction_colours(tract.points_world(), tract.offsets)
+    values = layer.point_values(layer.color_by)
+    lo, hi = layer.clim
+    index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
+    return (LUTS.get(layer.colormap, LUTS["viridis"])[index] * 255 + 0.5).astype(np.uint8)

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.model import Document
 
-from .render import composite, plane_geometry
+from .render import composite, fiber_point_colours, plane_geometry
 
 
 class SliceView(QWidget):
@@ -131,9 +131,8 @@ class SliceView(QWidget):
             sx, sy = target.width() / width, target.height() / height
             x0, y0 = target.left() + (cols0 + 0.5) * sx, target.top() + (rows0 + 0.5) * sy
             x1, y1 = target.left() + (cols1 + 0.5) * sx, target.top() + (rows1 + 0.5) * sy
-            world = (pts[idx + 1] - pts[idx]) @ doc.reference_affine[:3, :3].T
-            world = np.abs(world) / np.maximum(np.linalg.norm(world, axis=1, keepdims=True), 1e-9)
-            buckets = np.rint(world * 4).astype(int)  # 125 colours: one drawLines call each
+            colours = fiber_point_colours(layer)[idx] / 255.0
+            buckets = np.rint(colours * 4).astype(int)  # 125 colours: one drawLines call each
             keys = buckets[:, 0] * 25 + buckets[:, 1] * 5 + buckets[:, 2]
             alpha = int(255 * layer.opacity)
             for key in np.unique(keys):

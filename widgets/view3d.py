@@ -18,7 +18,8 @@ from pyvistaqt import QtInteractor
 
 from app.model import Document, Layer
 
-from .render import composite, direction_colours, plane_geometry
+from .glyphs import glyph_mesh, tensors_to_world
+from .render import LUTS, composite, direction_colours, plane_geometry, sample_layer
 
 LOD_STREAMLINES = 20_000  # drawn while interacting, when a tractogram has more
 
@@ -33,6 +34,7 @@ class View3D(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.plotter.interactor)
         self._planes: dict[str, tuple] = {}
+        self._glyphs: dict[int, object] = {}
         self._fibers: dict[int, dict] = {}
         self._camera_set = False
         self._render_pending = False
@@ -49,12 +51,16 @@ class View3D(QWidget):
         if event == "layers":
             self._sync_fibers()
             self._update_planes()
+            self._update_glyphs()
         elif event == "cursor":
             self._update_planes()
+            self._update_glyphs()
         elif event == "display":
             layer = info.get("layer")
             if layer is not None and layer.kind == "tractogram":
                 self._update_fiber_display(layer)
+            elif layer is not None and layer.kind == "tensor":
+                self._update_glyphs()
             else:
                 self._update_planes()
         self.request_render()
@@ -81,7 +87,7 @@ class View3D(QWidget):
         doc = self.document
         if doc.reference_affine is None:
             return
-        any_volume = any(layer.visible and layer.kind != "tractogram" for layer in doc.layers)
+        any_volume = any(layer.visible and layer.kind in ("scalar", "rgb", "labels") for layer in doc.layers)
         for view in ("axial", "coronal", "sagittal"):
             geometry = plane_geometry(doc, view)
             height, width = geometry.voxels.shape[:2]
@@ -102,6 +108,51 @@ class View3D(QWidget):
             grid.point_data["rgb"] = rgb.reshape(-1, 3)
             actor.SetVisibility(any_volume)
 
+    # ---------------------------------------------------------------- glyphs
+    def _update_glyphs(self) -> None:
+        doc = self.document
+        tensors = [layer for layer in doc.layers if layer.kind == "tensor"]
+        for key in [k for k in self._glyphs if k not in {id(layer) for layer in tensors}]:
+            self.plotter.remove_actor(self._glyphs.pop(key))
+        for layer in tensors:
+            if key := self._glyphs.pop(id(layer), None):
+                self.plotter.remove_actor(key)
+            if not layer.visible or doc.reference_affine is None:
+                continue
+            mesh = self.glyphs_for(layer)
+            if mesh is None:
+                continue
+            actor = self.plotter.add_mesh(
+                mesh, scalars="rgb", rgb=True, name=f"glyphs_{id(layer)}", show_scalar_bar=False, smooth_shading=True
+            )
+            actor.GetProperty().SetOpacity(layer.opacity)
+            self._glyphs[id(layer)] = actor
+
+    def glyphs_for(self, layer: Layer):
+        """The glyph mesh of a tensor layer on the three cursor planes (None if empty)."""
+        doc = self.document
+        step = max(1, int(layer.glyph_step))
+        voxels = []
+        for view in ("axial", "coronal", "sagittal"):
+            plane = plane_geometry(doc, view).voxels
+            voxels.append(plane[::step, ::step].reshape(-1, 3))
+        voxels = np.unique(np.concatenate(voxels), axis=0)
+        values, inside = sample_layer(layer, doc, voxels[:, None, :])
+        values, inside = values[:, 0], inside[:, 0]
+        keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)  # fitted voxels only
+        if not keep.any():
+            return None
+        centres = voxels[keep] @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3]
+        world = tensors_to_world(values[keep].astype(np.float64), layer.data.affine)
+        voxel_mm = float(np.sqrt((doc.reference_affine[:3, :3] ** 2).sum(0)).min())
+        return glyph_mesh(
+            world,
+            centres,
+            shape=layer.glyph,
+            size_mm=0.5 * step * voxel_mm * layer.glyph_size,
+            colour="fa" if layer.color_by == "fa" else "direction",
+        )
+
     # ---------------------------------------------------------------- fibers
     def _sync_fibers(self) -> None:
         present = {id(layer): layer for layer in self.document.layers if layer.kind == "tractogram"}
@@ -118,26 +169,57 @@ class View3D(QWidget):
         lengths = tract.lengths
         poly = _polylines(points_world, tract.offsets)
         poly.point_data["direction"] = direction_colours(points_world, tract.offsets)
+        for name in (*tract.point_scalars, *tract.streamline_scalars):
+            poly.point_data[name] = layer.point_values(name)
         if len(tract) > LOD_STREAMLINES:
             keep = np.random.default_rng(0).choice(len(tract), LOD_STREAMLINES, replace=False)
             keep.sort()
             coarse = _polylines(points_world, tract.offsets, keep)
-            coarse.point_data["direction"] = poly.point_data["direction"]
+            for name in poly.point_data:
+                coarse.point_data[name] = poly.point_data[name]
         else:
             coarse = None
-        actor = self.plotter.add_mesh(
-            poly, scalars="direction", rgb=True, name=f"fibers_{id(layer)}", show_scalar_bar=False, line_width=1
-        )
-        entry = {"layer": layer, "actor": actor, "full": poly, "coarse": coarse, "lengths": lengths}
+        entry = {"layer": layer, "full": poly, "coarse": coarse, "lengths": lengths, "actor": None}
+        self._add_fiber_actor(entry)
+        return entry
+
+    def _add_fiber_actor(self, entry: dict) -> None:
+        """(Re)create the tractogram's actor for its colouring; meshes are reused."""
+        layer = entry["layer"]
+        if entry["actor"] is not None:
+            self.plotter.remove_actor(entry["actor"])
+        if entry.get("bar_title") in self.plotter.scalar_bars.keys():  # removing the actor may have done it
+            self.plotter.remove_scalar_bar(title=entry["bar_title"])
+        entry["bar_title"] = None
+        entry["colour"] = (layer.color_by, layer.colormap, layer.clim)
+        name = f"fibers_{id(layer)}"
+        if layer.color_by == "direction":
+            actor = self.plotter.add_mesh(
+                entry["full"], scalars="direction", rgb=True, name=name, show_scalar_bar=False, line_width=1
+            )
+        else:
+            actor = self.plotter.add_mesh(
+                entry["full"],
+                scalars=layer.color_by,
+                cmap=_lookup_table(layer.colormap, layer.clim),
+                clim=layer.clim,
+                name=name,
+                line_width=1,
+                scalar_bar_args={"title": f"{layer.name}: {layer.color_by}", "color": "white"},
+            )
+            entry["bar_title"] = f"{layer.name}: {layer.color_by}"
         actor.SetVisibility(layer.visible)
         actor.GetProperty().SetOpacity(layer.opacity)
-        return entry
+        entry["actor"] = actor
 
     def _update_fiber_display(self, layer: Layer) -> None:
         entry = self._fibers.get(id(layer))
-        if entry is not None:
-            entry["actor"].SetVisibility(layer.visible)
-            entry["actor"].GetProperty().SetOpacity(layer.opacity)
+        if entry is None:
+            return
+        if entry["colour"] != (layer.color_by, layer.colormap, layer.clim):
+            self._add_fiber_actor(entry)
+        entry["actor"].SetVisibility(layer.visible)
+        entry["actor"].GetProperty().SetOpacity(layer.opacity)
 
     def _set_detail(self, which: str) -> None:
         for entry in self._fibers.values():
@@ -159,6 +241,15 @@ class View3D(QWidget):
 
     def close_plotter(self) -> None:
         self.plotter.close()
+
+
+def _lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
+    """The 2-D views' colour map as a VTK lookup table over ``clim``, so both views agree."""
+    rgb = LUTS.get(name, LUTS["viridis"])
+    rgba = np.concatenate([rgb, np.ones((len(rgb), 1))], axis=1)
+    lut = pv.LookupTable(values=(rgba * 255).astype(np.uint8))
+    lut.scalar_range = clim
+    return lut
 
 
 def _polylines(points: np.ndarray, offsets: np.ndarray, keep: np.ndarray | None = None) -> pv.PolyData:

@@ -16,8 +16,8 @@ def non_blank(image: np.ndarray) -> bool:
 
 
 def test_demo_opens_with_every_view_showing_data(demo_window, qtbot):
-    names = [layer.name for layer in demo_window.document.layers]
-    assert names == ["FA", "MD", "colour FA", "bundles"] or set(names) == {"FA", "MD", "colour FA", "bundles"}
+    names = {layer.name for layer in demo_window.document.layers}
+    assert names == {"tensors", "FA", "MD", "colour FA", "bundles"}
     for view in demo_window.views.values():
         assert non_blank(view.image_array()), view.view
     assert non_blank(demo_window.view3d.screenshot())
@@ -159,3 +159,84 @@ def test_scripted_screenshot_from_the_command_line(tmp_path):
     pixels = np.frombuffer(ptr.constBits(), np.uint8).reshape(800, ptr.bytesPerLine())[:, : 1200 * 3]
     assert pixels.std() > 10
     (ARTIFACTS / "cli_screenshot.png").write_bytes(out.read_bytes())
+
+
+def _blob_aspects(image: np.ndarray) -> np.ndarray:
+    """Width / height of each bright blob in a rendered image."""
+    from scipy import ndimage
+
+    labels, _ = ndimage.label(image.max(axis=-1) > 40)
+    aspects = []
+    for box in ndimage.find_objects(labels):
+        height, width = box[0].stop - box[0].start, box[1].stop - box[1].start
+        if height * width >= 12:
+            aspects.append(width / height)
+    return np.array(aspects)
+
+
+def test_glyphs_are_elongated_along_the_screen_axis_that_shows_x(window, qtbot):
+    from gpu import sym3
+
+    shape = (9, 9, 3)
+    evals = np.array([1.7e-3, 3e-4, 3e-4])
+    for direction, expect_wide in (((1, 0, 0), True), ((0, 1, 0), False)):
+        e1 = np.array(direction, float)
+        e2 = np.cross(e1, [0, 0, 1.0])
+        e3 = np.cross(e1, e2)
+        mat = sum(lam * np.outer(v, v) for lam, v in zip(evals, (e1, e2, e3)))
+        tensor = np.broadcast_to(sym3.from_matrix(np, mat), (*shape, 6)).copy()
+        doc = window.document
+        for layer in list(doc.layers):
+            doc.remove_layer(layer)
+        doc.reference_affine = None
+        layer = Layer(
+            "t",
+            Volume("t", tensor, np.diag([3.0, 3.0, 3.0, 1.0]), kind="tensor"),
+            "tensor",
+            glyph_step=1,
+            glyph_size=0.9,
+        )
+        doc.add_layer(layer)
+        doc.set_cursor([4, 4, 1])
+        view = window.view3d
+        view.plotter.view_xy()  # looking down z: screen x = world x, screen y = world y
+        view.plotter.reset_camera()
+        image = view.screenshot()
+        aspects = _blob_aspects(image)
+        assert len(aspects) >= 20
+        if expect_wide:
+            assert np.median(aspects) > 2.5, np.median(aspects)
+        else:
+            assert np.median(aspects) < 0.4, np.median(aspects)
+        from PySide6.QtGui import QImage
+
+        rgb = np.ascontiguousarray(image[..., :3])
+        QImage(rgb.data, rgb.shape[1], rgb.shape[0], 3 * rgb.shape[1], QImage.Format.Format_RGB888).save(
+            str(ARTIFACTS / f"glyphs_{'x' if expect_wide else 'y'}.png")
+        )
+
+
+def test_fibers_can_be_coloured_by_a_streamline_scalar(demo_window, qtbot):
+    doc = demo_window.document
+    for name in ("colour FA", "FA", "MD"):
+        doc.layer(name).set(visible=False)
+    bundles = doc.layer("bundles")
+    panel = demo_window.layer_panel
+    panel.list.setCurrentItem(panel.item_for(bundles))
+    view = demo_window.view3d
+    before = view.screenshot()
+    axial_before = demo_window.views["axial"].grab().toImage()
+    panel.color_by.setCurrentText("bundle")
+    assert bundles.color_by == "bundle"
+    assert bundles.clim[0] >= 1 and bundles.clim[1] <= 5  # range follows the scalar
+    assert panel.colormap.isEnabled() and panel.vmax.value() == bundles.clim[1]
+    after = view.screenshot()
+    lit = after.max(axis=-1) > 40
+    colours = {tuple(c) for c in (after[lit] // 32)}
+    assert len(colours) >= 3  # several bundle colours, not one
+    assert np.abs(after.astype(int) - before.astype(int)).sum() > 0
+    assert any("bundle" in title for title in view.plotter.scalar_bars.keys())
+    assert demo_window.views["axial"].grab().toImage() != axial_before  # 2-D slab colours follow
+    demo_window.save_screenshot(ARTIFACTS / "fibers_by_bundle.png")
+    panel.color_by.setCurrentText("direction")
+    assert len(view.plotter.scalar_bars) == 0
