@@ -172,8 +172,9 @@ class Tractogram(Observable):
         return np.diff(self.offsets)
 
     def points_world(self) -> np.ndarray:
-        """All points in RAS mm."""
-        return self.points @ self.affine[:3, :3].T + self.affine[:3, 3]
+        """All points in RAS mm (float32, like the points)."""
+        rotation = self.affine[:3, :3].T.astype(np.float32)
+        return self.points @ rotation + self.affine[:3, 3].astype(np.float32)
 
     def __eq__(self, other) -> bool:  # dataclass eq would compare arrays ambiguously
         return self is other

@@ -29,6 +29,7 @@ from app.jobs import JobRunner
 from app.loaders import load_layers
 from app.model import Document
 
+from . import fiber_display
 from .panels import JobPanel, LayerPanel
 from .slice_view import SliceView
 from .view3d import View3D
@@ -167,9 +168,14 @@ class MainWindow(QMainWindow):
                 reference = (self.document.reference_affine, self.document.reference_shape)
 
             def job(ctx, path=path, reference=reference):
-                return load_layers(
+                layers = load_layers(
                     path, reference=reference, device=self.device, progress=ctx.progress, cancelled=ctx.cancelled
                 )
+                for layer in layers:
+                    if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
+                        ctx.progress(0, 1, "preparing the display")
+                        fiber_display.prepare(layer)
+                return layers
 
             self.runner.submit(
                 f"open {path.name}",

@@ -13,6 +13,7 @@ and the edge labels say which side is which.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import nibabel as nib
@@ -206,9 +207,9 @@ def composite(doc: Document, geometry: PlaneGeometry) -> np.ndarray:
 
 def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Per-point RGB (uint8) from the local streamline direction |t|, the usual fiber colouring."""
-    tangent = np.zeros_like(points, dtype=np.float64)
+    tangent = np.zeros_like(points, dtype=np.float32)
     if len(points) > 1:
-        diff = np.diff(points, axis=0).astype(np.float64)
+        diff = np.diff(points, axis=0).astype(np.float32)
         tangent[:-1] += diff
         tangent[1:] += diff
         # No tangent across streamline boundaries.
@@ -230,3 +231,38 @@ def fiber_point_colours(layer: Layer) -> np.ndarray:
     lo, hi = layer.clim
     index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
     return (LUTS.get(layer.colormap, LUTS["viridis"])[index] * 255 + 0.5).astype(np.uint8)
+
+
+_POINTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COLOUR_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def fiber_colours_cached(layer: Layer) -> np.ndarray:
+    """:func:`fiber_point_colours`, computed once per layer and colouring (views share it)."""
+    if layer.color_by == "direction":
+        from .fiber_display import prepare  # the prepared arrays already hold them
+
+        return prepare(layer).point_data["direction"]
+    key = (layer.color_by, layer.colormap, layer.clim)
+    cached = _COLOUR_CACHE.get(layer)
+    if cached is None or cached[0] != key:
+        cached = (key, fiber_point_colours(layer))
+        _COLOUR_CACHE[layer] = cached
+    return cached[1]
+
+
+def fibers_on_reference(layer: Layer, reference_affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8), cached per
+    layer, so slice views do not redo O(points) work on every paint."""
+    key = reference_affine.tobytes()
+    cached = _POINTS_CACHE.get(layer)
+    if cached is None or cached[0] != key:
+        tract = layer.data
+        to_ref = np.linalg.solve(reference_affine, tract.affine)
+        if np.allclose(to_ref, np.eye(4)):
+            cached = (key, tract.points)  # same grid: share, do not copy
+        else:
+            to_ref = to_ref.astype(np.float32)
+            cached = (key, tract.points @ to_ref[:3, :3].T + to_ref[:3, 3])
+        _POINTS_CACHE[layer] = cached
+    return cached[1], fiber_colours_cached(layer)

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.model import Document
 
-from .render import composite, fiber_point_colours, plane_geometry
+from .render import composite, fibers_on_reference, plane_geometry
 
 
 class SliceView(QWidget):
@@ -117,8 +117,7 @@ class SliceView(QWidget):
             if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
                 continue
             tract = layer.data
-            to_ref = np.linalg.solve(doc.reference_affine, tract.affine)
-            pts = tract.points @ to_ref[:3, :3].T + to_ref[:3, 3]
+            pts, point_colours = fibers_on_reference(layer, doc.reference_affine)
             near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
             seg = near[:-1] & near[1:]
             seg[tract.offsets[1:-1] - 1] = False  # no segment joins two streamlines
@@ -131,7 +130,7 @@ class SliceView(QWidget):
             sx, sy = target.width() / width, target.height() / height
             x0, y0 = target.left() + (cols0 + 0.5) * sx, target.top() + (rows0 + 0.5) * sy
             x1, y1 = target.left() + (cols1 + 0.5) * sx, target.top() + (rows1 + 0.5) * sy
-            colours = fiber_point_colours(layer)[idx] / 255.0
+            colours = point_colours[idx] / 255.0
             buckets = np.rint(colours * 4).astype(int)  # 125 colours: one drawLines call each
             keys = buckets[:, 0] * 25 + buckets[:, 1] * 5 + buckets[:, 2]
             alpha = int(255 * layer.opacity)

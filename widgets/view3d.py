@@ -18,10 +18,11 @@ from pyvistaqt import QtInteractor
 
 from app.model import Document, Layer
 
+from . import fiber_display
 from .glyphs import glyph_mesh, tensors_to_world
-from .render import LUTS, composite, direction_colours, plane_geometry, sample_layer
+from .render import LUTS, composite, plane_geometry, sample_layer
 
-LOD_STREAMLINES = 20_000  # drawn while interacting, when a tractogram has more
+NO_RENDER = {"render": False, "reset_camera": False}
 
 
 class View3D(QWidget):
@@ -37,6 +38,7 @@ class View3D(QWidget):
         self._glyphs: dict[int, object] = {}
         self._fibers: dict[int, dict] = {}
         self._camera_set = False
+        self._software_rendering: bool | None = None
         self._render_pending = False
         self._lod_timer = QTimer(self)
         self._lod_timer.setSingleShot(True)
@@ -79,8 +81,8 @@ class View3D(QWidget):
 
     def reset_camera(self) -> None:
         self._camera_set = True
-        self.plotter.view_isometric()
-        self.plotter.reset_camera()
+        self.plotter.renderer.view_isometric(render=False)
+        self.plotter.renderer.reset_camera(render=False)
 
     # ---------------------------------------------------------------- planes
     def _update_planes(self) -> None:
@@ -100,7 +102,7 @@ class View3D(QWidget):
                 grid.dimensions = (width, height, 1)
                 grid.point_data["rgb"] = rgb.reshape(-1, 3)
                 actor = self.plotter.add_mesh(
-                    grid, scalars="rgb", rgb=True, name=f"plane_{view}", show_scalar_bar=False
+                    grid, scalars="rgb", rgb=True, name=f"plane_{view}", show_scalar_bar=False, **NO_RENDER
                 )
                 self._planes[view] = (grid, actor)
             grid, actor = self._planes[view]
@@ -123,7 +125,13 @@ class View3D(QWidget):
             if mesh is None:
                 continue
             actor = self.plotter.add_mesh(
-                mesh, scalars="rgb", rgb=True, name=f"glyphs_{id(layer)}", show_scalar_bar=False, smooth_shading=True
+                mesh,
+                scalars="rgb",
+                rgb=True,
+                name=f"glyphs_{id(layer)}",
+                show_scalar_bar=False,
+                smooth_shading=True,
+                **NO_RENDER,
             )
             actor.GetProperty().SetOpacity(layer.opacity)
             self._glyphs[id(layer)] = actor
@@ -164,24 +172,27 @@ class View3D(QWidget):
                 self._fibers[key] = self._build_fibers(layer)
 
     def _build_fibers(self, layer: Layer) -> dict:
-        tract = layer.data
-        points_world = tract.points_world().astype(np.float32)
-        lengths = tract.lengths
-        poly = _polylines(points_world, tract.offsets)
-        poly.point_data["direction"] = direction_colours(points_world, tract.offsets)
-        for name in (*tract.point_scalars, *tract.streamline_scalars):
-            poly.point_data[name] = layer.point_values(name)
-        if len(tract) > LOD_STREAMLINES:
-            keep = np.random.default_rng(0).choice(len(tract), LOD_STREAMLINES, replace=False)
-            keep.sort()
-            coarse = _polylines(points_world, tract.offsets, keep)
-            for name in poly.point_data:
-                coarse.point_data[name] = poly.point_data[name]
-        else:
-            coarse = None
-        entry = {"layer": layer, "full": poly, "coarse": coarse, "lengths": lengths, "actor": None}
+        arrays = fiber_display.prepare(layer)  # normally done already by the loading job
+        settled = "software" if self._software() else "full"
+        entry = {"layer": layer, "actor": None}
+        for name, level in (("coarse", "coarse"), ("settled", settled)):
+            points, connectivity, data = arrays.level_arrays(level)
+            mesh = pv.PolyData(points, lines=connectivity)
+            for key, values in data.items():
+                mesh.point_data[key] = values
+            entry[name] = mesh
+        # Progressive display: the light mesh first, the settled detail once the GUI is idle.
+        entry["shown"] = "coarse"
         self._add_fiber_actor(entry)
+        self._lod_timer.start()
         return entry
+
+    def _software(self) -> bool:
+        """Is OpenGL software-rendered here (then the settled detail is capped)?"""
+        if self._software_rendering is None:
+            info = self.plotter.ren_win.ReportCapabilities() or ""
+            self._software_rendering = any(name in info for name in ("llvmpipe", "softpipe", "swrast"))
+        return self._software_rendering
 
     def _add_fiber_actor(self, entry: dict) -> None:
         """(Re)create the tractogram's actor for its colouring; meshes are reused."""
@@ -193,19 +204,21 @@ class View3D(QWidget):
         entry["bar_title"] = None
         entry["colour"] = (layer.color_by, layer.colormap, layer.clim)
         name = f"fibers_{id(layer)}"
+        mesh = entry[entry["shown"]]
         if layer.color_by == "direction":
             actor = self.plotter.add_mesh(
-                entry["full"], scalars="direction", rgb=True, name=name, show_scalar_bar=False, line_width=1
+                mesh, scalars="direction", rgb=True, name=name, show_scalar_bar=False, line_width=1, **NO_RENDER
             )
         else:
             actor = self.plotter.add_mesh(
-                entry["full"],
+                mesh,
                 scalars=layer.color_by,
                 cmap=_lookup_table(layer.colormap, layer.clim),
                 clim=layer.clim,
                 name=name,
                 line_width=1,
                 scalar_bar_args={"title": f"{layer.name}: {layer.color_by}", "color": "white"},
+                **NO_RENDER,
             )
             entry["bar_title"] = f"{layer.name}: {layer.color_by}"
         actor.SetVisibility(layer.visible)
@@ -223,16 +236,20 @@ class View3D(QWidget):
 
     def _set_detail(self, which: str) -> None:
         for entry in self._fibers.values():
-            mesh = entry["coarse"] if which == "coarse" and entry["coarse"] is not None else entry["full"]
-            entry["actor"].GetMapper().SetInputData(mesh)
+            entry["shown"] = which
+            entry["actor"].GetMapper().SetInputData(entry[which])
 
     def _coarse_detail(self, *_args) -> None:
         self._lod_timer.stop()
         self._set_detail("coarse")
 
     def _full_detail(self) -> None:
-        self._set_detail("full")
+        self._set_detail("settled")
         self.plotter.render()
+
+    def shown_streamlines(self, layer: Layer) -> int:
+        """How many streamlines of a tractogram the 3-D view draws now (level of detail)."""
+        return int(self._fibers[id(layer)][self._fibers[id(layer)]["shown"]].n_lines)
 
     def screenshot(self) -> np.ndarray:
         """The rendered 3-D view as (H, W, 3) uint8."""
@@ -250,22 +267,3 @@ def _lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
     lut = pv.LookupTable(values=(rgba * 255).astype(np.uint8))
     lut.scalar_range = clim
     return lut
-
-
-def _polylines(points: np.ndarray, offsets: np.ndarray, keep: np.ndarray | None = None) -> pv.PolyData:
-    """A PolyData of polylines sharing ``points``; ``keep`` selects streamlines."""
-    starts = offsets[:-1]
-    counts = np.diff(offsets)
-    if keep is not None:
-        starts, counts = starts[keep], counts[keep]
-    counts = counts.astype(np.int64)
-    total = int(counts.sum())
-    within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-    ids = np.repeat(starts, counts) + within
-    connectivity = np.empty(total + len(counts), dtype=np.int64)
-    positions = np.cumsum(counts + 1) - (counts + 1)
-    connectivity[positions] = counts
-    mask = np.ones(len(connectivity), dtype=bool)
-    mask[positions] = False
-    connectivity[mask] = ids
-    return pv.PolyData(points, lines=connectivity)

@@ -1,0 +1,122 @@
+"""Display arrays of a tractogram, prepared off the GUI thread.
+
+Everything a fiber actor needs that costs O(points) — world points, VTK line
+connectivity, per-point colours and scalars, and the index sets of the levels
+of detail — is plain NumPy here, so a loading job can compute it on its worker
+thread (:func:`prepare`) and the GUI thread only wraps the arrays in VTK
+objects. Results are cached per layer.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.model import Layer
+
+from .render import direction_colours
+
+INTERACTIVE_POINTS = 100_000  # drawn while the camera moves: a streamline subset, every k-th point
+INTERACTIVE_STREAMLINES = 8_000  # software OpenGL pays per line as well as per point
+SOFTWARE_SETTLED_POINTS = 5_000_000  # drawn at rest when OpenGL is software (llvmpipe): ~2 s frames
+
+
+@dataclass
+class Level:
+    """A subset of the points (``index``) forming polylines with ``offsets``."""
+
+    index: np.ndarray | None  # None: all points, in order
+    offsets: np.ndarray
+    connectivity: np.ndarray
+
+
+@dataclass
+class FiberArrays:
+    points: np.ndarray  # (P, 3) float32, RAS mm
+    point_data: dict[str, np.ndarray]
+    levels: dict[str, Level] = field(default_factory=dict)
+
+    def level_arrays(self, name: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        level = self.levels[name]
+        if level.index is None:
+            return self.points, level.connectivity, self.point_data
+        return (
+            self.points[level.index],
+            level.connectivity,
+            {key: value[level.index] for key, value in self.point_data.items()},
+        )
+
+
+def line_connectivity(offsets: np.ndarray) -> np.ndarray:
+    """VTK's legacy cell array for polylines: [n0, ids..., n1, ids...], ids consecutive."""
+    counts = np.diff(offsets).astype(np.int64)
+    total = int(counts.sum())
+    out = np.empty(total + len(counts), dtype=np.int64)
+    heads = np.cumsum(counts + 1) - (counts + 1)
+    out[heads] = counts
+    body = np.ones(len(out), dtype=bool)
+    body[heads] = False
+    out[body] = np.arange(total, dtype=np.int64)
+    return out
+
+
+def subset(offsets: np.ndarray, max_points: int | None, decimate: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """(point index, new offsets) of a lighter version with about ``max_points`` points, or None
+    when the whole is small enough. A reproducible random subset of streamlines and, with
+    ``decimate``, every k-th point of each (its last point kept)."""
+    n_points = int(offsets[-1])
+    if max_points is None or n_points <= max_points:
+        return None
+    counts = np.diff(offsets)
+    n_lines = len(counts)
+    mean_len = max(1.0, n_points / max(n_lines, 1))
+    if decimate:
+        n_keep = min(n_lines, INTERACTIVE_STREAMLINES)
+        step = max(1, int(np.ceil(n_keep * mean_len / max_points)))
+    else:
+        step = 1
+        n_keep = int(min(n_lines, max(1, max_points / mean_len)))
+    keep = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False))
+    starts, lengths = offsets[:-1][keep], counts[keep]
+    regular = (lengths + step - 1) // step
+    within = np.arange(int(regular.sum())) - np.repeat(np.cumsum(regular) - regular, regular)
+    picks = np.repeat(starts, regular) + within * step
+    needs_last = (lengths - 1) % step != 0
+    index = np.sort(np.concatenate([picks, (starts + lengths - 1)[needs_last]]))
+    new_offsets = np.concatenate([[0], np.cumsum(regular + needs_last)])
+    return index, new_offsets
+
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def prepare(layer: Layer) -> FiberArrays:
+    """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
+    with _LOCK:
+        cached = _CACHE.get(layer)
+    if cached is not None:
+        return cached
+    tract = layer.data
+    points = tract.points_world()
+    data = {"direction": direction_colours(points, tract.offsets)}
+    for name in (*tract.point_scalars, *tract.streamline_scalars):
+        data[name] = layer.point_values(name)
+    arrays = FiberArrays(points, data)
+    arrays.levels["full"] = Level(None, tract.offsets, line_connectivity(tract.offsets))
+    for name, budget, decimate in (
+        ("coarse", INTERACTIVE_POINTS, True),
+        ("software", SOFTWARE_SETTLED_POINTS, False),
+    ):
+        picked = subset(tract.offsets, budget, decimate)
+        if picked is None:
+            arrays.levels[name] = arrays.levels["full"]
+        else:
+            index, offsets = picked
+            arrays.levels[name] = Level(index, offsets, line_connectivity(offsets))
+    with _LOCK:
+        _CACHE[layer] = arrays
+    return arrays
