@@ -26,7 +26,8 @@ SOFTWARE_SETTLED_POINTS = 5_000_000  # drawn at rest when OpenGL is software (ll
 
 @dataclass
 class Level:
-    """A subset of the points (``index``) forming polylines with ``offsets``."""
+    """A subset of the points (``index``) forming polylines with ``offsets`` (VTK's modern
+    offsets + connectivity layout, which VTK wraps without copying)."""
 
     index: np.ndarray | None  # None: all points, in order
     offsets: np.ndarray
@@ -39,28 +40,15 @@ class FiberArrays:
     point_data: dict[str, np.ndarray]
     levels: dict[str, Level] = field(default_factory=dict)
 
-    def level_arrays(self, name: str) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    def level_arrays(self, name: str) -> tuple[np.ndarray, Level, dict[str, np.ndarray]]:
         level = self.levels[name]
         if level.index is None:
-            return self.points, level.connectivity, self.point_data
+            return self.points, level, self.point_data
         return (
             self.points[level.index],
-            level.connectivity,
+            level,
             {key: value[level.index] for key, value in self.point_data.items()},
         )
-
-
-def line_connectivity(offsets: np.ndarray) -> np.ndarray:
-    """VTK's legacy cell array for polylines: [n0, ids..., n1, ids...], ids consecutive."""
-    counts = np.diff(offsets).astype(np.int64)
-    total = int(counts.sum())
-    out = np.empty(total + len(counts), dtype=np.int64)
-    heads = np.cumsum(counts + 1) - (counts + 1)
-    out[heads] = counts
-    body = np.ones(len(out), dtype=bool)
-    body[heads] = False
-    out[body] = np.arange(total, dtype=np.int64)
-    return out
 
 
 def subset(offsets: np.ndarray, max_points: int | None, decimate: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -106,7 +94,7 @@ def prepare(layer: Layer) -> FiberArrays:
     for name in (*tract.point_scalars, *tract.streamline_scalars):
         data[name] = layer.point_values(name)
     arrays = FiberArrays(points, data)
-    arrays.levels["full"] = Level(None, tract.offsets, line_connectivity(tract.offsets))
+    arrays.levels["full"] = Level(None, tract.offsets, np.arange(len(points), dtype=np.int64))
     for name, budget, decimate in (
         ("coarse", INTERACTIVE_POINTS, True),
         ("software", SOFTWARE_SETTLED_POINTS, False),
@@ -116,7 +104,7 @@ def prepare(layer: Layer) -> FiberArrays:
             arrays.levels[name] = arrays.levels["full"]
         else:
             index, offsets = picked
-            arrays.levels[name] = Level(index, offsets, line_connectivity(offsets))
+            arrays.levels[name] = Level(index, offsets.astype(np.int64), np.arange(len(index), dtype=np.int64))
     with _LOCK:
         _CACHE[layer] = arrays
     return arrays

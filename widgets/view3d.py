@@ -176,8 +176,8 @@ class View3D(QWidget):
         settled = "software" if self._software() else "full"
         entry = {"layer": layer, "actor": None}
         for name, level in (("coarse", "coarse"), ("settled", settled)):
-            points, connectivity, data = arrays.level_arrays(level)
-            mesh = pv.PolyData(points, lines=connectivity)
+            points, cells, data = arrays.level_arrays(level)
+            mesh = pv.PolyData(points, lines=pv.CellArray.from_arrays(cells.offsets, cells.connectivity))
             for key, values in data.items():
                 mesh.point_data[key] = values
             entry[name] = mesh

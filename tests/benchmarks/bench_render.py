@@ -42,6 +42,18 @@ def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
     return Tractogram(points.reshape(-1, 3), offsets, np.eye(4), (100, 100, 100), name=f"{n_streamlines}")
 
 
+def line_connectivity(offsets: np.ndarray) -> np.ndarray:
+    """VTK's legacy [n, ids..., n, ids...] polyline array: what a plain pyvista user builds."""
+    counts = np.diff(offsets).astype(np.int64)
+    heads = np.cumsum(counts + 1) - (counts + 1)
+    out = np.empty(int(counts.sum()) + len(counts), dtype=np.int64)
+    out[heads] = counts
+    body = np.ones(len(out), dtype=bool)
+    body[heads] = False
+    out[body] = np.arange(int(counts.sum()), dtype=np.int64)
+    return out
+
+
 def rotate_frames(plotter, frames: int) -> list[float]:
     times = []
     for _ in range(frames):
@@ -57,7 +69,6 @@ def bench_size(window, n: int, frames: int) -> dict:
     from PySide6.QtWidgets import QApplication
 
     from app.model import Layer
-    from widgets.fiber_display import line_connectivity
 
     view = window.view3d
     plotter = view.plotter
