@@ -194,13 +194,25 @@ class Layer(Observable):
     :class:`Tractogram` (kind ``tractogram``). Display properties: ``visible``,
     ``opacity`` (0..1), ``colormap`` and ``clim`` (scalar layers), ``color_by``
     (tractograms: ``"direction"`` or the name of a point/streamline scalar;
-    tensors: ``"direction"`` or ``"fa"``), and for tensor layers, shown as glyphs
+    tensors: ``"direction"`` or ``"fa"``), ``tubes`` (tractograms drawn as shaded
+    tubes instead of lines), and for tensor layers, shown as glyphs
     on the cursor's slice planes, ``glyph`` (shape), ``glyph_step`` (every n-th
     voxel) and ``glyph_size`` (1 = the largest glyph fills its grid cell). Changing one emits
     ``display`` with the names that changed.
     """
 
-    _DISPLAY = ("visible", "opacity", "colormap", "clim", "color_by", "name", "glyph", "glyph_step", "glyph_size")
+    _DISPLAY = (
+        "visible",
+        "opacity",
+        "colormap",
+        "clim",
+        "color_by",
+        "name",
+        "glyph",
+        "glyph_step",
+        "glyph_size",
+        "tubes",
+    )
 
     def __init__(self, name: str, data, kind: str, **display):
         super().__init__()
@@ -217,6 +229,7 @@ class Layer(Observable):
         self.glyph = "superquadric"
         self.glyph_step = 2
         self.glyph_size = 1.0
+        self.tubes = False
         for key, value in display.items():
             if key not in self._DISPLAY:
                 raise ValueError(f"unknown display property {key!r}")
@@ -346,7 +359,11 @@ class Document(Observable):
 
     def values_at_cursor(self) -> list[tuple[str, object]]:
         """(layer name, value) for every visible volume layer at the cursor."""
-        world = self.cursor_world()
+        return self.values_at(self.cursor)
+
+    def values_at(self, ijk) -> list[tuple[str, object]]:
+        """(layer name, value) for every visible volume layer at a reference voxel."""
+        world = self.reference_affine[:3, :3] @ np.asarray(ijk, dtype=float) + self.reference_affine[:3, 3]
         out = []
         for layer in reversed(self.layers):
             if layer.visible and layer.kind not in ("tractogram", "tensor"):

@@ -90,7 +90,12 @@ class MainWindow(QMainWindow):
         self.busy.setMaximumWidth(160)
         self.busy.setRange(0, 0)
         self.busy.hide()
+        self.hover_label = QLabel()
+        self.hover_label.setObjectName("hover")
         self.statusBar().addWidget(self.position_label, 1)
+        self.statusBar().addWidget(self.hover_label, 1)
+        for view in self.views.values():
+            view.hovered.connect(self.update_hover_label)
         self.statusBar().addPermanentWidget(self.busy)
 
         self._build_menus()
@@ -238,6 +243,14 @@ class MainWindow(QMainWindow):
         for name, value in doc.values_at_cursor():
             parts.append(f"{name} {_format_value(value)}")
         self.position_label.setText("   ".join(parts))
+
+    def update_hover_label(self, ijk) -> None:
+        """Values under the mouse pointer (the crosshair's are in the position label)."""
+        if ijk is None or self.document.reference_affine is None:
+            self.hover_label.setText("")
+            return
+        values = "  ".join(f"{name} {_format_value(v)}" for name, v in self.document.values_at(ijk))
+        self.hover_label.setText(f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}")
 
     def _update_busy(self) -> None:
         self.busy.setVisible(bool(self.runner.active()))

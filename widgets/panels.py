@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -43,6 +44,7 @@ class LayerPanel(QWidget):
             spin.setRange(-1e9, 1e9)
             spin.setDecimals(4)
             spin.setKeyboardTracking(False)
+        self.tubes = QCheckBox("Draw as tubes")
         self.glyph = QComboBox()
         self.glyph.addItems(GLYPH_SHAPES)
         self.glyph_step = QSpinBox()
@@ -60,6 +62,7 @@ class LayerPanel(QWidget):
         form.addRow("Colour by", self.color_by)
         form.addRow("Min", self.vmin)
         form.addRow("Max", self.vmax)
+        form.addRow("Fibers", self.tubes)
         form.addRow("Glyphs", self.glyph)
         form.addRow("Every n-th voxel", self.glyph_step)
         form.addRow("Glyph size", self.glyph_size)
@@ -73,6 +76,7 @@ class LayerPanel(QWidget):
         self.opacity.valueChanged.connect(lambda v: self._edit(opacity=v / 100.0))
         self.colormap.currentTextChanged.connect(lambda name: self._edit(colormap=name))
         self.color_by.currentTextChanged.connect(lambda name: name and self._edit(color_by=name))
+        self.tubes.toggled.connect(lambda on: self._edit(tubes=bool(on)))
         self.glyph.currentTextChanged.connect(lambda name: self._edit(glyph=name))
         self.glyph_step.valueChanged.connect(lambda v: self._edit(glyph_step=int(v)))
         self.glyph_size.valueChanged.connect(lambda v: self._edit(glyph_size=float(v)))
@@ -140,6 +144,9 @@ class LayerPanel(QWidget):
             widget.setEnabled(enabled)
         for widget in (self.glyph, self.glyph_step, self.glyph_size):
             widget.setEnabled(layer is not None and layer.kind == "tensor")
+        self.tubes.setEnabled(layer is not None and layer.kind == "tractogram")
+        if layer is not None:
+            self.tubes.setChecked(bool(layer.tubes))
         if layer is not None:
             self.opacity.setValue(round(layer.opacity * 100))
             scalar = layer.kind == "scalar" or (layer.kind == "tractogram" and layer.color_by != "direction")

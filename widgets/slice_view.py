@@ -21,6 +21,7 @@ from .render import composite, fibers_on_reference, plane_geometry
 
 class SliceView(QWidget):
     cursor_moved = Signal()
+    hovered = Signal(object)  # reference voxel under the mouse (or None), without moving the cursor
 
     def __init__(self, document: Document, view: str, parent: QWidget | None = None):
         super().__init__(parent)
@@ -31,7 +32,7 @@ class SliceView(QWidget):
         self.setMinimumSize(160, 160)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
-        self.setMouseTracking(False)
+        self.setMouseTracking(True)
         self.setObjectName(f"slice_{view}")
         self._image_cache: tuple | None = None
         self._wl_start: tuple | None = None
@@ -183,6 +184,8 @@ class SliceView(QWidget):
             return
         if event.buttons() & Qt.MouseButton.LeftButton:
             self._move_cursor(event.position())
+        else:
+            self.hovered.emit(self.voxel_at(event.position().x(), event.position().y()))
 
     def mouseReleaseEvent(self, event) -> None:
         self._wl_start = None

@@ -221,9 +221,15 @@ class View3D(QWidget):
                 **NO_RENDER,
             )
             entry["bar_title"] = f"{layer.name}: {layer.color_by}"
-        actor.SetVisibility(layer.visible)
-        actor.GetProperty().SetOpacity(layer.opacity)
         entry["actor"] = actor
+        self._apply_line_style(entry)
+
+    def _apply_line_style(self, entry: dict) -> None:
+        layer, prop = entry["layer"], entry["actor"].GetProperty()
+        entry["actor"].SetVisibility(layer.visible)
+        prop.SetOpacity(layer.opacity)
+        prop.SetRenderLinesAsTubes(bool(layer.tubes))  # shaded tubes in the shader: no extra geometry
+        prop.SetLineWidth(3.0 if layer.tubes else 1.0)
 
     def _update_fiber_display(self, layer: Layer) -> None:
         entry = self._fibers.get(id(layer))
@@ -231,8 +237,7 @@ class View3D(QWidget):
             return
         if entry["colour"] != (layer.color_by, layer.colormap, layer.clim):
             self._add_fiber_actor(entry)
-        entry["actor"].SetVisibility(layer.visible)
-        entry["actor"].GetProperty().SetOpacity(layer.opacity)
+        self._apply_line_style(entry)
 
     def _set_detail(self, which: str) -> None:
         for entry in self._fibers.values():

@@ -240,3 +240,69 @@ def test_fibers_can_be_coloured_by_a_streamline_scalar(demo_window, qtbot):
     demo_window.save_screenshot(ARTIFACTS / "fibers_by_bundle.png")
     panel.color_by.setCurrentText("direction")
     assert len(view.plotter.scalar_bars) == 0
+
+
+def test_hovering_shows_values_without_moving_the_cursor(demo_window, qtbot):
+    doc = demo_window.document
+    axial = demo_window.views["axial"]
+    before = doc.cursor.copy()
+    target = np.array([30, 20, int(doc.cursor[2])])
+    point = axial.widget_point_of_voxel(target)
+    qtbot.mouseMove(axial, pos=QPoint(int(point.x()), int(point.y())))
+    qtbot.waitUntil(lambda: "mouse (30, 20" in demo_window.hover_label.text(), timeout=2000)
+    fa = doc.layer("FA").data.data[tuple(target)]
+    assert f"FA {fa:.4g}" in demo_window.hover_label.text()
+    np.testing.assert_array_equal(doc.cursor, before)
+
+
+def test_fibers_as_tubes(demo_window, qtbot):
+    doc = demo_window.document
+    bundles = doc.layer("bundles")
+    panel = demo_window.layer_panel
+    panel.list.setCurrentItem(panel.item_for(bundles))
+    before = demo_window.view3d.screenshot()
+    qtbot.mouseClick(panel.tubes, Qt.MouseButton.LeftButton)
+    assert bundles.tubes
+    actor = demo_window.view3d._fibers[id(bundles)]["actor"]
+    assert actor.GetProperty().GetRenderLinesAsTubes()
+    after = demo_window.view3d.screenshot()
+    assert (after.max(-1) > 40).sum() > (before.max(-1) > 40).sum()  # tubes cover more pixels
+
+
+def test_drag_and_drop_opens_files(window, qtbot, demo_dir):
+    from PySide6.QtCore import QMimeData, QPointF, QUrl
+    from PySide6.QtGui import QDropEvent
+
+    mime = QMimeData()
+    mime.setUrls(
+        [QUrl.fromLocalFile(str(demo_dir / "labels.nii.gz")), QUrl.fromLocalFile(str(demo_dir / "bundles.trk"))]
+    )
+    event = QDropEvent(
+        QPointF(50, 50), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier
+    )
+    window.dropEvent(event)
+    assert window.wait_for_jobs(60)
+    kinds = {layer.name: layer.kind for layer in window.document.layers}
+    assert kinds == {"labels": "labels", "bundles": "tractogram"}
+    image = window.views["axial"].image_array()
+    labels = window.document.layer("labels").data.data[:, :, window.document.cursor[2]]
+    assert len(np.unique(labels)) >= 3
+    assert len({tuple(c) for c in image.reshape(-1, 3)}) == len(np.unique(labels))  # one colour per label
+
+
+def test_window_layout_and_recent_files_are_remembered(qtbot, demo_dir):
+    from widgets.main_window import MainWindow
+
+    first = MainWindow(device="cpu")
+    qtbot.addWidget(first)
+    first.resize(1000, 700)
+    first.show()
+    first.open_paths([demo_dir / "mask.nii.gz"])
+    assert first.wait_for_jobs(60)
+    first.close()
+    second = MainWindow(device="cpu")
+    qtbot.addWidget(second)
+    assert (second.width(), second.height()) == (1000, 700)
+    recent = [action.text() for action in second.recent_menu.actions()]
+    assert recent and recent[0].endswith("mask.nii.gz")
+    second.close()
