@@ -49,6 +49,8 @@ class PlaneGeometry:
     v_axis: int  # voxel axis along the screen's y
     h_reversed: bool  # column 0 holds the last voxel of h_axis
     v_reversed: bool  # row 0 holds the last voxel of v_axis
+    screen_x_world: tuple[int, int] = (0, 1)  # (world axis, +1/-1) pointing to the screen's right
+    screen_up_world: tuple[int, int] = (1, 1)  # (world axis, +1/-1) pointing up the screen
 
     def pixel_of(self, ijk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(row, column), fractional, of reference voxel coordinates (..., 3)."""
@@ -107,6 +109,8 @@ def plane_geometry(doc: Document, view: str, radiological: bool = False) -> Plan
         v_axis,
         bool(h_reversed),
         bool(v_reversed),
+        (h_world, h_dir),
+        (v_world, v_dir),
     )
 
 

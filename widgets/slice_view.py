@@ -15,8 +15,10 @@ from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.model import Document
+from gpu import sym3
 
-from .render import composite, fibers_on_reference, plane_geometry
+from .glyphs import tensors_to_world
+from .render import composite, fibers_on_reference, plane_geometry, sample_layer
 
 
 class SliceView(QWidget):
@@ -29,6 +31,7 @@ class SliceView(QWidget):
         self.view = view
         self.radiological = False
         self.slab_mm = 4.0
+        self.show_crosshair = True
         self.setMinimumSize(160, 160)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
@@ -79,8 +82,10 @@ class SliceView(QWidget):
         qimage = QImage(np.ascontiguousarray(image).data, width, height, 3 * width, QImage.Format.Format_RGB888)
         target = self._target_rect(geometry)
         painter.drawImage(target, qimage)
+        self._draw_glyphs(painter, geometry, target)
         self._draw_fibers(painter, geometry, target)
-        self._draw_crosshair(painter, geometry, target)
+        if self.show_crosshair:
+            self._draw_crosshair(painter, geometry, target)
         self._draw_labels(painter, geometry)
 
     def _draw_crosshair(self, painter: QPainter, geometry, target: QRectF) -> None:
@@ -107,6 +112,50 @@ class SliceView(QWidget):
         painter.setPen(QColor(200, 200, 200))
         index = int(self.document.cursor[geometry.normal_axis])
         painter.drawText(r, align.AlignTop | align.AlignLeft, f"{self.view} {index}")
+
+    def _draw_glyphs(self, painter: QPainter, geometry, target: QRectF) -> None:
+        """Tensor layers as ellipses: each tensor's in-plane 2x2 part, on every n-th voxel."""
+        doc = self.document
+        height, width = geometry.voxels.shape[:2]
+        px_w, px_h = target.width() / width, target.height() / height
+        (hx, hs), (vy, vs) = geometry.screen_x_world, geometry.screen_up_world
+        for layer in doc.layers:
+            if layer.kind != "tensor" or not layer.visible:
+                continue
+            step = max(1, int(layer.glyph_step))
+            voxels = geometry.voxels[step // 2 :: step, step // 2 :: step]
+            values, inside = sample_layer(layer, doc, voxels)
+            keep = inside & (values[..., 0] + values[..., 3] + values[..., 5] > 0)
+            if not keep.any():
+                continue
+            world = sym3.to_matrix(np, tensors_to_world(values[keep].astype(np.float64), layer.data.affine))
+            # Screen frame: x right, y down.
+            block = np.stack(
+                [
+                    np.stack([world[:, hx, hx], -hs * vs * world[:, hx, vy]], -1),
+                    np.stack([-hs * vs * world[:, vy, hx], world[:, vy, vy]], -1),
+                ],
+                -2,
+            )
+            lam, vec = np.linalg.eigh(block)
+            lam = np.maximum(lam, 0.0)
+            lam_max = max(float(np.maximum(values[keep][:, [0, 3, 5]], 0).max()), 1e-30)
+            radius = 0.5 * step * min(px_w, px_h) * layer.glyph_size / lam_max
+            rows, cols = np.nonzero(keep)
+            centre_x = target.left() + (cols * step + step // 2 + 0.5) * px_w
+            centre_y = target.top() + (rows * step + step // 2 + 0.5) * px_h
+            e1 = np.abs(np.linalg.eigh(world)[1][:, :, 2])
+            angle = np.degrees(np.arctan2(vec[:, 1, 1], vec[:, 0, 1]))
+            painter.setPen(Qt.PenStyle.NoPen)
+            for k in range(len(angle)):
+                painter.save()
+                painter.translate(centre_x[k], centre_y[k])
+                painter.rotate(angle[k])
+                r, g, b = (e1[k] * 255).astype(int)
+                painter.setBrush(QColor(int(r), int(g), int(b), int(255 * layer.opacity)))
+                a, c = lam[k, 1] * radius, lam[k, 0] * radius
+                painter.drawEllipse(QRectF(-a, -c, 2 * a, 2 * c))
+                painter.restore()
 
     def _draw_fibers(self, painter: QPainter, geometry, target: QRectF) -> None:
         """Segments of visible tractograms within the slab, coloured by direction."""

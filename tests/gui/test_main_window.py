@@ -214,6 +214,22 @@ def test_glyphs_are_elongated_along_the_screen_axis_that_shows_x(window, qtbot):
         QImage(rgb.data, rgb.shape[1], rgb.shape[0], 3 * rgb.shape[1], QImage.Format.Format_RGB888).save(
             str(ARTIFACTS / f"glyphs_{'x' if expect_wide else 'y'}.png")
         )
+        # The axial slice view draws the same glyphs as ellipses.
+        axial = window.views["axial"]
+        axial.show_crosshair = False
+        grabbed = axial.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
+        grabbed.save(str(ARTIFACTS / f"glyphs_2d_{'x' if expect_wide else 'y'}.png"))
+        pixels = np.frombuffer(grabbed.constBits(), np.uint8).reshape(grabbed.height(), grabbed.bytesPerLine())
+        pixels = pixels[:, : 3 * grabbed.width()].reshape(grabbed.height(), grabbed.width(), 3)
+        channel = 0 if expect_wide else 1  # red for x, green for y (|e1| colouring)
+        other = 1 - channel
+        glyph_pixels = (pixels[..., channel] > 100) & (pixels[..., other] < 100)
+        aspects2d = _blob_aspects(np.repeat(glyph_pixels[..., None] * 255, 3, axis=-1).astype(np.uint8))
+        assert len(aspects2d) >= 50
+        if expect_wide:
+            assert np.median(aspects2d) > 2.5, np.median(aspects2d)
+        else:
+            assert np.median(aspects2d) < 0.4, np.median(aspects2d)
 
 
 def test_fibers_can_be_coloured_by_a_streamline_scalar(demo_window, qtbot):
