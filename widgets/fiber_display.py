@@ -26,10 +26,11 @@ SOFTWARE_SETTLED_POINTS = 5_000_000  # drawn at rest when OpenGL is software (ll
 
 @dataclass
 class Level:
-    """A subset of the points (``index``) forming polylines with ``offsets`` (VTK's modern
-    offsets + connectivity layout, which VTK wraps without copying)."""
+    """Polylines over ``points`` with ``offsets`` (VTK's modern offsets + connectivity layout,
+    which VTK wraps without copying); the full level shares the tractogram's arrays."""
 
-    index: np.ndarray | None  # None: all points, in order
+    points: np.ndarray
+    point_data: dict[str, np.ndarray]
     offsets: np.ndarray
     connectivity: np.ndarray
 
@@ -39,16 +40,6 @@ class FiberArrays:
     points: np.ndarray  # (P, 3) float32, RAS mm
     point_data: dict[str, np.ndarray]
     levels: dict[str, Level] = field(default_factory=dict)
-
-    def level_arrays(self, name: str) -> tuple[np.ndarray, Level, dict[str, np.ndarray]]:
-        level = self.levels[name]
-        if level.index is None:
-            return self.points, level, self.point_data
-        return (
-            self.points[level.index],
-            level,
-            {key: value[level.index] for key, value in self.point_data.items()},
-        )
 
 
 def subset(offsets: np.ndarray, max_points: int | None, decimate: bool) -> tuple[np.ndarray, np.ndarray] | None:
@@ -94,7 +85,7 @@ def prepare(layer: Layer) -> FiberArrays:
     for name in (*tract.point_scalars, *tract.streamline_scalars):
         data[name] = layer.point_values(name)
     arrays = FiberArrays(points, data)
-    arrays.levels["full"] = Level(None, tract.offsets, np.arange(len(points), dtype=np.int64))
+    arrays.levels["full"] = Level(points, data, tract.offsets, np.arange(len(points), dtype=np.int64))
     for name, budget, decimate in (
         ("coarse", INTERACTIVE_POINTS, True),
         ("software", SOFTWARE_SETTLED_POINTS, False),
@@ -104,7 +95,12 @@ def prepare(layer: Layer) -> FiberArrays:
             arrays.levels[name] = arrays.levels["full"]
         else:
             index, offsets = picked
-            arrays.levels[name] = Level(index, offsets.astype(np.int64), np.arange(len(index), dtype=np.int64))
+            arrays.levels[name] = Level(
+                points[index],
+                {key: value[index] for key, value in data.items()},
+                offsets.astype(np.int64),
+                np.arange(len(index), dtype=np.int64),
+            )
     with _LOCK:
         _CACHE[layer] = arrays
     return arrays

@@ -107,21 +107,23 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ menus
     def _build_menus(self) -> None:
         file_menu = self.menuBar().addMenu("&File")
-        self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open)
-        self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D")
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("toolbar_main")
+        toolbar.addAction(self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open))
+        toolbar.addAction(self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D"))
         self.recent_menu = file_menu.addMenu("Open &recent")
         self._fill_recent()
         file_menu.addSeparator()
-        self._action(file_menu, "Save &screenshot…", self._screenshot_dialog, "Ctrl+Shift+S")
+        toolbar.addAction(self._action(file_menu, "Save &screenshot…", self._screenshot_dialog, "Ctrl+Shift+S"))
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         view_menu = self.menuBar().addMenu("&View")
-        self._action(view_menu, "&Reset 3-D camera", self.view3d.reset_camera, "Ctrl+R")
+        toolbar.addAction(self._action(view_menu, "&Reset 3-D camera", self._reset_camera, "Ctrl+R"))
         self._action(view_menu, "Next slice", lambda: self._focused_view().step(1), "Ctrl+Up")
         self._action(view_menu, "Previous slice", lambda: self._focused_view().step(-1), "Ctrl+Down")
         self._action(view_menu, "Radiological convention", self._toggle_radiological, checkable=True)
         jobs_menu = self.menuBar().addMenu("&Jobs")
-        self._action(jobs_menu, "Cancel all", self.runner.cancel_all, "Ctrl+.")
+        toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
 
     def _action(self, menu, text, slot, shortcut=None, checkable=False) -> QAction:
         action = QAction(text, self)
@@ -131,6 +133,10 @@ class MainWindow(QMainWindow):
         action.triggered.connect(lambda *_: slot())
         menu.addAction(action)
         return action
+
+    def _reset_camera(self) -> None:
+        self.view3d.reset_camera()
+        self.view3d.request_render()
 
     def _focused_view(self) -> SliceView:
         for view in self.views.values():

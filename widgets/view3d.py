@@ -176,9 +176,9 @@ class View3D(QWidget):
         settled = "software" if self._software() else "full"
         entry = {"layer": layer, "actor": None}
         for name, level in (("coarse", "coarse"), ("settled", settled)):
-            points, cells, data = arrays.level_arrays(level)
-            mesh = pv.PolyData(points, lines=pv.CellArray.from_arrays(cells.offsets, cells.connectivity))
-            for key, values in data.items():
+            cells = arrays.levels[level]
+            mesh = pv.PolyData(cells.points, lines=pv.CellArray.from_arrays(cells.offsets, cells.connectivity))
+            for key, values in cells.point_data.items():
                 mesh.point_data[key] = values
             entry[name] = mesh
         # Progressive display: the light mesh first, the settled detail once the GUI is idle.
