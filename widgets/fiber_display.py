@@ -19,9 +19,9 @@ from app.model import Layer
 
 from .render import direction_colours
 
-INTERACTIVE_POINTS = 100_000  # drawn while the camera moves: a streamline subset, every k-th point
-INTERACTIVE_STREAMLINES = 8_000  # software OpenGL pays per line as well as per point
-SOFTWARE_SETTLED_POINTS = 5_000_000  # drawn at rest when OpenGL is software (llvmpipe): ~2 s frames
+INTERACTIVE_POINTS = 60_000  # drawn while the camera moves: a streamline subset, every k-th point
+INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per point
+SOFTWARE_SETTLED_POINTS = 2_000_000  # drawn at rest when OpenGL is software (llvmpipe): < 1 s frames
 
 
 @dataclass
