@@ -33,6 +33,7 @@ class Level:
     point_data: dict[str, np.ndarray]
     offsets: np.ndarray
     connectivity: np.ndarray
+    index: np.ndarray | None = None  # positions in the full point array; None: all of them
 
 
 @dataclass
@@ -100,6 +101,7 @@ def prepare(layer: Layer) -> FiberArrays:
                 {key: value[index] for key, value in data.items()},
                 offsets.astype(np.int64),
                 np.arange(len(index), dtype=np.int64),
+                index,
             )
     with _LOCK:
         _CACHE[layer] = arrays

@@ -255,18 +255,26 @@ def fiber_colours_cached(layer: Layer) -> np.ndarray:
     return cached[1]
 
 
-def fibers_on_reference(layer: Layer, reference_affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8), cached per
-    layer, so slice views do not redo O(points) work on every paint."""
-    key = reference_affine.tobytes()
+def fibers_on_reference(layer: Layer, reference_affine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets) for
+    the slice views, cached per layer. Very large tractograms use their at-rest level of detail
+    (whole streamlines, at most a few million points) so that a slab search per paint stays
+    in milliseconds; the views draw a bounded number of segments anyway."""
+    from .fiber_display import prepare
+
+    key = (reference_affine.tobytes(), layer.color_by, layer.colormap, layer.clim)
     cached = _POINTS_CACHE.get(layer)
     if cached is None or cached[0] != key:
         tract = layer.data
+        level = prepare(layer).levels["software"]
+        colours = fiber_colours_cached(layer)
+        if level.index is not None:
+            colours = colours[level.index]
         to_ref = np.linalg.solve(reference_affine, tract.affine)
-        if np.allclose(to_ref, np.eye(4)):
-            cached = (key, tract.points)  # same grid: share, do not copy
-        else:
+        points = tract.points if level.index is None else tract.points[level.index]
+        if not np.allclose(to_ref, np.eye(4)):
             to_ref = to_ref.astype(np.float32)
-            cached = (key, tract.points @ to_ref[:3, :3].T + to_ref[:3, 3])
+            points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
+        cached = (key, points, colours, level.offsets)
         _POINTS_CACHE[layer] = cached
-    return cached[1], fiber_colours_cached(layer)
+    return cached[1], cached[2], cached[3]

@@ -166,11 +166,10 @@ class SliceView(QWidget):
         for layer in doc.layers:
             if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
                 continue
-            tract = layer.data
-            pts, point_colours = fibers_on_reference(layer, doc.reference_affine)
+            pts, point_colours, offsets = fibers_on_reference(layer, doc.reference_affine)
             near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
             seg = near[:-1] & near[1:]
-            seg[tract.offsets[1:-1] - 1] = False  # no segment joins two streamlines
+            seg[offsets[1:-1] - 1] = False  # no segment joins two streamlines
             idx = np.flatnonzero(seg)
             if idx.size == 0:
                 continue
