@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QElapsedTimer, QTimer
 
+from app.demo import gradient_table
 from app.errors import InputError
 from app.jobs import CANCELLED, DONE, FAILED, JobRunner
+from gpu.dti import fit_dti
 
 
 def tensor_fitting_job(seconds: float):
-    """A realistic CPU job: repeated tensor fits, checking for cancel between batches."""
-    from app.demo import gradient_table
-    from gpu.dti import fit_dti
-
+    """A realistic CPU job: repeated tensor fits, checking for cancel between batches.
+    (Imports happen here, not in the worker: an import holds the import lock.)"""
     rng = np.random.default_rng(0)
     bvals, bvecs = gradient_table(rng)
     signal = rng.uniform(100, 1000, size=(4000, len(bvals)))
