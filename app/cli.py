@@ -121,6 +121,39 @@ def cmd_fit_dti(args) -> int:
     return EXIT_OK
 
 
+def cmd_select(args) -> int:
+    from .io import load_tractogram, save_tractogram
+    from .pipelines.select import select_pipeline
+
+    get_backend(args.device)
+    if not args.include:
+        raise InputError("at least one --include mask is needed", fix="Give the region fibers must pass")
+    tract = load_tractogram(args.tractogram, reference=args.include[0])
+    selected, selection, notes = select_pipeline(
+        tract,
+        args.include,
+        args.exclude or [],
+        device=args.device,
+        progress=Progress("select", "streamlines", quiet=args.quiet),
+    )
+    for note in notes:
+        log.warning("%s", note)
+    save_tractogram(selected, args.output)
+    summary = {
+        "input": str(args.tractogram),
+        "output": str(args.output),
+        "streamlines": len(tract),
+        "selected": len(selected),
+        "include": [str(p) for p in args.include],
+        "exclude": [str(p) for p in args.exclude or []],
+        "passing_each_include": [int(selection.passes(r).sum()) for r in range(len(args.include))],
+        "notes": notes,
+        **selection.provenance,
+    }
+    _emit(args, summary, f"kept {len(selected)} of {len(tract)} streamlines; written to {args.output}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tractlens",
@@ -164,6 +197,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b0-threshold", type=float, default=50.0, help="b-values up to this count as b=0 (default 50)")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.set_defaults(func=cmd_fit_dti)
+
+    p = sub.add_parser(
+        "select",
+        parents=[common],
+        help="keep the streamlines that pass all --include masks and no --exclude mask",
+        description="A streamline passes a mask when one of its points or segments crosses one of the "
+        "mask's voxels. The first --include mask is the reference grid; others on another grid are "
+        "resampled to it (nearest neighbour), with a notice.",
+    )
+    p.add_argument("tractogram", help=".trk, .tck or .trx")
+    p.add_argument("--include", action="append", metavar="MASK", help="region to pass (repeat: all of them)")
+    p.add_argument("--exclude", action="append", metavar="MASK", help="region to avoid (repeat: none of them)")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
+    p.set_defaults(func=cmd_select)
     return parser
 
 

@@ -171,6 +171,24 @@ class Tractogram(Observable):
         """Number of points per streamline."""
         return np.diff(self.offsets)
 
+    def subset(self, keep: np.ndarray, name: str | None = None) -> Tractogram:
+        """The streamlines where ``keep`` (bool mask or indices) holds, scalars included."""
+        index = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep, dtype=np.int64)
+        lengths = self.lengths[index]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        owner = np.repeat(index, lengths)
+        within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+        point_index = self.offsets[owner] + within
+        return Tractogram(
+            self.points[point_index],
+            offsets,
+            self.affine,
+            self.dimensions,
+            {k: np.asarray(v)[point_index] for k, v in self.point_scalars.items()},
+            {k: np.asarray(v)[index] for k, v in self.streamline_scalars.items()},
+            name=name or self.name,
+        )
+
     def points_world(self) -> np.ndarray:
         """All points in RAS mm (float32, like the points)."""
         rotation = self.affine[:3, :3].T.astype(np.float32)

@@ -148,3 +148,68 @@ def test_console_script_is_installed():
     assert exe, "pip install -e . should put 'tractlens' on PATH"
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("tractlens ")
+
+
+def test_select_keeps_exactly_the_bundle_between_its_rois(demo_dir, tmp_path):
+    from app.io import load_tractogram
+
+    out = tmp_path / "arc.trx"
+    result = run_cli(
+        "select",
+        str(demo_dir / "bundles.trk"),
+        "--include",
+        str(demo_dir / "roi_arc_seed.nii.gz"),
+        "--include",
+        str(demo_dir / "roi_arc_target.nii.gz"),
+        "-o",
+        str(out),
+        "--json",
+        "--device",
+        "cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    truth = load_tractogram(demo_dir / "bundles.trk")
+    n_arc = int((truth.streamline_scalars["bundle"] == 3).sum())
+    assert summary["selected"] == n_arc and summary["streamlines"] == len(truth)
+    kept = load_tractogram(out)
+    assert len(kept) == n_arc and set(kept.streamline_scalars["bundle"]) == {3.0}
+    excluded = run_cli(
+        "select",
+        str(demo_dir / "bundles.trk"),
+        "--include",
+        str(demo_dir / "roi_arc_seed.nii.gz"),
+        "--exclude",
+        str(demo_dir / "roi_arc_target.nii.gz"),
+        "-o",
+        str(tmp_path / "none.tck"),
+        "--json",
+        "--device",
+        "cpu",
+    )
+    assert excluded.returncode == 0 and json.loads(excluded.stdout)["selected"] == 0
+
+
+def test_select_bad_inputs(demo_dir, tmp_path):
+    nib.save(nib.Nifti1Image(np.zeros((56, 56, 24), np.uint8), np.eye(4)), tmp_path / "empty.nii.gz")
+    _expect_input_error(
+        "select", str(demo_dir / "bundles.trk"), "-o", str(tmp_path / "o.trk"), match="at least one --include mask"
+    )
+    _expect_input_error(
+        "select",
+        str(demo_dir / "bundles.trk"),
+        "--include",
+        str(tmp_path / "empty.nii.gz"),
+        "-o",
+        str(tmp_path / "o.trk"),
+        match="empty",
+    )
+    _expect_input_error(
+        "select",
+        str(demo_dir / "dwi.bval"),
+        "--include",
+        str(demo_dir / "mask.nii.gz"),
+        "-o",
+        str(tmp_path / "o.trk"),
+        match="unknown tractogram format",
+    )

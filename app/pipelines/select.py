@@ -1,0 +1,71 @@
+"""Use case: keep the streamlines of a tractogram that pass ROI masks (include AND, exclude NOT)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+
+import nibabel as nib
+import numpy as np
+
+from gpu.select import select_streamlines
+
+from ..errors import InputError
+from ..io.nifti import load_3d, load_image
+from ..model import Tractogram
+
+log = logging.getLogger(__name__)
+
+
+def resample_nearest(mask: np.ndarray, affine: np.ndarray, ref_affine: np.ndarray, ref_shape) -> np.ndarray:
+    """A mask on another grid, brought onto the reference grid by nearest neighbour."""
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in ref_shape], indexing="ij"), -1).reshape(-1, 3)
+    to_mask = np.linalg.solve(affine, ref_affine)
+    ijk = np.rint(grid @ to_mask[:3, :3].T + to_mask[:3, 3]).astype(np.int64)
+    inside = np.all((ijk >= 0) & (ijk < np.array(mask.shape)), axis=1)
+    out = np.zeros(len(grid), dtype=bool)
+    out[inside] = mask[tuple(ijk[inside].T)]
+    return out.reshape(ref_shape)
+
+
+def load_masks_on_reference(paths: Sequence[str | os.PathLike], what: str, ref_affine, ref_shape, notes: list[str]):
+    masks = []
+    for path in paths:
+        img = load_image(path, what)
+        data = np.asarray(load_3d(path, None, what))
+        mask = (data != 0) & np.isfinite(data)
+        if not mask.any():
+            raise InputError(f"the {what} is empty (no non-zero voxel)", path=path, fix="Give a non-empty region")
+        if data.shape != tuple(ref_shape) or not np.allclose(img.affine, ref_affine, atol=1e-3):
+            mask = resample_nearest(mask, img.affine, ref_affine, ref_shape)
+            notes.append(f"{path}: on another grid than the first mask; resampled (nearest neighbour)")
+            if not mask.any():
+                raise InputError(f"the {what} lies outside the first mask's volume", path=path)
+        masks.append(mask)
+    return masks
+
+
+def select_pipeline(
+    tractogram: Tractogram,
+    include: Sequence[str | os.PathLike],
+    exclude: Sequence[str | os.PathLike] = (),
+    *,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+):
+    """(selected tractogram, selection, notes). The first mask is the reference grid."""
+    if not include:
+        raise InputError("at least one --include mask is needed", fix="Give the region fibers must pass")
+    first = load_image(include[0], "mask")
+    ref_affine, ref_shape = first.affine, tuple(int(s) for s in first.shape[:3])
+    notes: list[str] = []
+    inc = load_masks_on_reference(include, "include mask", ref_affine, ref_shape, notes)
+    exc = load_masks_on_reference(exclude, "exclude mask", ref_affine, ref_shape, notes)
+    to_ref = np.linalg.solve(ref_affine, tractogram.affine)
+    points = nib.affines.apply_affine(to_ref, tractogram.points).astype(np.float32)
+    selection = select_streamlines(
+        points, tractogram.offsets, inc, exc, device=device, progress=progress, cancelled=cancelled
+    )
+    return tractogram.subset(selection.selected), selection, notes

@@ -1,0 +1,282 @@
+"""Which streamlines pass which regions: the engine of ROI-based fiber selection.
+
+A streamline passes a region when one of its points lies in a voxel of the
+region, or one of its segments crosses such a voxel, even without a point
+inside it (voxel v is the cube v ± 0.5 in voxel coordinates; points are in
+voxel coordinates of the regions' grid).
+
+Exact segment traversal without a loop per voxel: a segment is cut into pieces
+no longer than one voxel along any axis; such a piece crosses at most one voxel
+boundary plane per axis, so at most three, and the midpoints of the (at most
+four) parameter intervals between its ends and those crossings lie one in each
+voxel the piece visits. Looking those up is enough.
+
+Up to 32 regions are tested at once through a bit volume (bit r set where
+region r is); each streamline gets the OR of the bits of every voxel it visits.
+The NumPy reference below and the CUDA kernel ``kernels/select.cu`` (one thread
+per segment, ``atomicOr`` per streamline) compute the same bits.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .backend import Backend, get_backend, run_batched
+
+MAX_REGIONS = 32
+
+
+def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
+    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid)."""
+    if not masks:
+        raise ValueError("at least one region is needed")
+    if len(masks) > MAX_REGIONS:
+        raise ValueError(f"at most {MAX_REGIONS} regions can be tested at once, got {len(masks)}")
+    shape = np.asarray(masks[0]).shape
+    bits = np.zeros(shape, dtype=np.uint32)
+    for r, mask in enumerate(masks):
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != shape:
+            raise ValueError(f"region {r} has shape {mask.shape}, the first has {shape}")
+        bits[mask] |= np.uint32(1) << np.uint32(r)
+    return bits
+
+
+def _piece_cells(xp, p, q):
+    """Voxels visited by pieces p->q (each ≤ 1 voxel per axis): (4, N, 3) int64 indices.
+
+    Interval midpoints between the sorted boundary-crossing parameters; unused
+    intervals repeat a visited voxel, which changes no OR.
+    """
+    d = q - p
+    # Parameter where each axis crosses its boundary plane (k + 0.5) between p and q, else 1.
+    lo = xp.minimum(p, q)
+    plane = xp.floor(lo + 0.5) + 0.5  # first plane above the lower end
+    crosses = (plane < xp.maximum(p, q)) & (d != 0)
+    t = xp.where(crosses, (plane - p) / xp.where(d != 0, d, 1.0), 1.0)
+    t = xp.sort(t, axis=1)  # (N, 3)
+    zero = xp.zeros((t.shape[0], 1), dtype=t.dtype)
+    one = xp.ones((t.shape[0], 1), dtype=t.dtype)
+    edges = xp.concatenate([zero, t, one], axis=1)  # (N, 5)
+    mids = 0.5 * (edges[:, :-1] + edges[:, 1:])  # (N, 4)
+    samples = p[None, :, :] + mids.T[:, :, None] * d[None, :, :]
+    return xp.floor(samples + 0.5).astype(xp.int64)
+
+
+def _repeat(xp, values, counts):
+    """``np.repeat(values, counts)`` for NumPy and CuPy alike (CuPy's repeat takes no array of counts)."""
+    if xp is np:
+        return np.repeat(values, counts)
+    total = int(counts.sum())
+    owner = xp.searchsorted(xp.cumsum(counts), xp.arange(total), side="right")
+    return values[owner]
+
+
+def _split_segments(xp, points, seg_start, seg_stream):
+    """Cut segments into pieces of at most one voxel per axis: (p, q, streamline id)."""
+    p0 = points[seg_start]
+    p1 = points[seg_start + 1]
+    n_pieces = xp.maximum(xp.ceil(xp.abs(p1 - p0).max(axis=1)), 1).astype(xp.int64)
+    total = int(n_pieces.sum())
+    seg_of_piece = _repeat(xp, xp.arange(len(seg_start)), n_pieces)
+    first = xp.cumsum(n_pieces) - n_pieces
+    k = xp.arange(total) - first[seg_of_piece]
+    n = n_pieces[seg_of_piece].astype(points.dtype)
+    a = p0[seg_of_piece]
+    d = p1[seg_of_piece] - a
+    p = a + d * (k.astype(points.dtype) / n)[:, None]
+    q = a + d * ((k + 1).astype(points.dtype) / n)[:, None]
+    return p, q, seg_stream[seg_of_piece]
+
+
+def _lookup(xp, bits, cells):
+    shape = bits.shape
+    inside = (
+        (cells >= 0).all(axis=-1) & (cells[..., 0] < shape[0]) & (cells[..., 1] < shape[1]) & (cells[..., 2] < shape[2])
+    )
+    safe = xp.where(inside[..., None], cells, 0)
+    values = bits[safe[..., 0], safe[..., 1], safe[..., 2]]
+    return xp.where(inside, values, 0).astype(xp.uint32)
+
+
+def hits_arrays(xp, points, offsets, bits, first: int, last: int, box=None):
+    """Region bits of streamlines ``first..last-1`` with array operations (the reference).
+
+    ``box`` = (lo, hi) voxel bounds of all regions: segments whose own bounds miss
+    it are dropped before the exact traversal (small ROIs make that most of them).
+    """
+    lengths = offsets[first + 1 : last + 1] - offsets[first:last]
+    starts = offsets[first:last]
+    out = xp.zeros(last - first, dtype=xp.uint32)
+    # Single points (and every point, cheaply): the voxel containing it.
+    pts = points[int(offsets[first]) : int(offsets[last])]
+    stream_of_point = _repeat(xp, xp.arange(last - first), lengths)
+    point_bits = _lookup(xp, bits, xp.floor(pts + 0.5).astype(xp.int64))
+    _or_into(xp, out, stream_of_point, point_bits)
+    # Segments: start index of each (not across streamline boundaries).
+    n_seg = xp.maximum(lengths - 1, 0)
+    seg_stream = _repeat(xp, xp.arange(last - first), n_seg)
+    seg_first = xp.cumsum(n_seg) - n_seg
+    seg_start = starts[seg_stream] + (xp.arange(int(n_seg.sum())) - seg_first[seg_stream])
+    if box is not None and len(seg_start):
+        p0, p1 = points[seg_start], points[seg_start + 1]
+        lo, hi = xp.asarray(box[0], dtype=points.dtype), xp.asarray(box[1], dtype=points.dtype)
+        near = ((xp.maximum(p0, p1) >= lo - 1.0) & (xp.minimum(p0, p1) <= hi + 1.0)).all(axis=1)
+        seg_start, seg_stream = seg_start[near], seg_stream[near]
+    if len(seg_start):
+        p, q, piece_stream = _split_segments(xp, points, seg_start, seg_stream)
+        cells = _piece_cells(xp, p, q)  # (4, N, 3)
+        piece_bits = _lookup(xp, bits, cells)
+        combined = piece_bits[0] | piece_bits[1] | piece_bits[2] | piece_bits[3]
+        _or_into(xp, out, piece_stream, combined)
+    return out
+
+
+def _or_into(xp, out, index, values):
+    """out[index] |= values for a non-decreasing ``index`` with repeats.
+
+    Regions are small, so most values are 0: only the others are scattered. NumPy
+    reduces each run of equal indices with ``bitwise_or.reduceat``; CuPy has no
+    OR scatter, so it sets one bit plane at a time.
+    """
+    hit = values != 0
+    index, values = index[hit], values[hit]
+    if len(values) == 0:
+        return
+    if xp is np:
+        runs = np.flatnonzero(np.concatenate([[True], index[1:] != index[:-1]]))
+        out[index[runs]] |= np.bitwise_or.reduceat(values, runs)
+        return
+    for bit in range(MAX_REGIONS):
+        has = ((values >> np.uint32(bit)) & np.uint32(1)).astype(bool)
+        if bool(has.any()):
+            flags = xp.zeros(len(out), dtype=xp.uint32)
+            flags[index[has]] = 1
+            out |= flags << np.uint32(bit)
+
+
+KERNEL_SOURCE = Path(__file__).parent / "kernels" / "select.cu"
+
+
+@functools.cache
+def _kernel():
+    import cupy
+
+    return cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=("--std=c++17",)).get_function(
+        "streamline_region_bits"
+    )
+
+
+def hits_kernel(backend: Backend, points, offsets, bits, first: int, last: int):
+    """Same as :func:`hits_arrays`, one CUDA thread per point/segment."""
+    cp = backend.xp
+    out = cp.zeros(last - first, dtype=cp.uint32)
+    p_first, p_last = int(offsets[first]), int(offsets[last])
+    n_points = p_last - p_first
+    if n_points == 0:
+        return out
+    # Streamline id of each point of the batch (segments start at their first point).
+    lengths = offsets[first + 1 : last + 1] - offsets[first:last]
+    stream_of_point = _repeat(cp, cp.arange(last - first, dtype=cp.int32), lengths)
+    is_last = cp.zeros(n_points, dtype=cp.uint8)
+    ends = offsets[first + 1 : last + 1] - p_first - 1
+    is_last[ends[lengths > 0]] = 1
+    threads = 256
+    blocks = (n_points + threads - 1) // threads
+    shape = bits.shape
+    _kernel()(
+        (blocks,),
+        (threads,),
+        (
+            cp.ascontiguousarray(points[p_first:p_last], dtype=cp.float32),
+            stream_of_point,
+            is_last,
+            np.int64(n_points),
+            bits,
+            np.int32(shape[0]),
+            np.int32(shape[1]),
+            np.int32(shape[2]),
+            out,
+        ),
+    )
+    return out
+
+
+@dataclass
+class Selection:
+    """Per-streamline region bits and the include/exclude verdict."""
+
+    bits: np.ndarray  # (S,) uint32
+    selected: np.ndarray  # (S,) bool
+    provenance: dict = field(default_factory=dict)
+
+    def passes(self, region: int) -> np.ndarray:
+        return (self.bits >> np.uint32(region)) & np.uint32(1) == 1
+
+
+def select_streamlines(
+    points: np.ndarray,
+    offsets: np.ndarray,
+    include: Sequence[np.ndarray],
+    exclude: Sequence[np.ndarray] = (),
+    *,
+    device: str | Backend = "auto",
+    engine: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Selection:
+    """Streamlines that pass every ``include`` region (AND) and no ``exclude`` region (NOT).
+
+    ``points`` (P, 3) in voxel coordinates of the masks' grid, ``offsets`` (S + 1,).
+    ``engine``: ``"auto"`` (kernel on the GPU, arrays on the CPU), ``"kernel"`` or ``"arrays"``.
+    """
+    backend = get_backend(device)
+    xp = backend.xp
+    masks = [*include, *exclude]
+    bits_host = region_bits(masks)
+    t0 = time.perf_counter()
+    bits = backend.asarray(bits_host)
+    points_dev = backend.asarray(np.asarray(points, dtype=np.float32))
+    offsets_dev = backend.asarray(np.asarray(offsets, dtype=np.int64))
+    offsets_host = np.asarray(offsets, dtype=np.int64)
+    n_streams = len(offsets_host) - 1
+    if engine == "auto":
+        engine = "kernel" if backend.is_gpu else "arrays"
+    if engine == "kernel" and not backend.is_gpu:
+        raise ValueError("the 'kernel' engine needs the GPU backend")
+    out = np.zeros(n_streams, dtype=np.uint32)
+    occupied = np.argwhere(bits_host != 0)
+    box = (occupied.min(axis=0), occupied.max(axis=0)) if len(occupied) else None
+    mean_points = max(1.0, offsets_host[-1] / max(n_streams, 1))
+    # Arrays engine: pieces, 4 cells and their bits; ~300 bytes per point, generous.
+    per_stream = int(mean_points * (64 if engine == "kernel" else 600))
+
+    def process(a: int, b: int) -> None:
+        if engine == "kernel":
+            result = hits_kernel(backend, points_dev, offsets_dev, bits, a, b)
+        else:
+            result = hits_arrays(xp, points_dev, offsets_dev, bits, a, b, box)
+        out[a:b] = backend.to_host(result)
+
+    run_batched(backend, n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3)
+    include_mask = np.uint32((1 << len(include)) - 1)
+    exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
+    selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
+    return Selection(
+        out,
+        selected,
+        {
+            "backend": backend.name,
+            "device": backend.device_name,
+            "engine": engine,
+            "streamlines": n_streams,
+            "selected": int(selected.sum()),
+            "seconds": time.perf_counter() - t0,
+        },
+    )

@@ -1,0 +1,131 @@
+"""ROI selection against an exact brute-force reference (segment-box clipping)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from gpu.select import region_bits, select_streamlines
+
+
+def segment_hits_box(p, q, voxel):
+    """Exact: does segment p-q pass through the open cube voxel ± 0.5 (Liang-Barsky clipping)?"""
+    t_enter, t_exit = 0.0, 1.0
+    for axis in range(3):
+        d = q[axis] - p[axis]
+        lo, hi = voxel[axis] - 0.5, voxel[axis] + 0.5
+        if d == 0:
+            if not (lo < p[axis] < hi):
+                return False
+            continue
+        t0, t1 = (lo - p[axis]) / d, (hi - p[axis]) / d
+        t_enter, t_exit = max(t_enter, min(t0, t1)), min(t_exit, max(t0, t1))
+    return t_enter < t_exit
+
+
+def brute_force_bits(streamlines, masks):
+    bits = region_bits(masks)
+    shape = np.array(bits.shape)
+    out = []
+    for line in streamlines:
+        value = 0
+        for point in line:
+            v = np.floor(point + 0.5).astype(int)
+            if np.all(v >= 0) and np.all(v < shape):
+                value |= int(bits[tuple(v)])
+        for p, q in itertools.pairwise(line):
+            lo = np.maximum(np.floor(np.minimum(p, q) + 0.5).astype(int), 0)
+            hi = np.minimum(np.floor(np.maximum(p, q) + 0.5).astype(int), shape - 1)
+            for i in range(lo[0], hi[0] + 1):
+                for j in range(lo[1], hi[1] + 1):
+                    for k in range(lo[2], hi[2] + 1):
+                        if bits[i, j, k] and segment_hits_box(p, q, (i, j, k)):
+                            value |= int(bits[i, j, k])
+        out.append(value)
+    return np.array(out, dtype=np.uint32)
+
+
+def random_case(rng, n_streamlines=300, shape=(12, 10, 8), n_masks=4):
+    lines = []
+    for _ in range(n_streamlines):
+        n = int(rng.integers(1, 15))
+        start = rng.uniform(-1, np.array(shape), size=3)
+        steps = rng.normal(scale=1.2, size=(n - 1, 3))  # segments up to a few voxels long
+        lines.append(np.vstack([start, start + np.cumsum(steps, axis=0)]).astype(np.float32))
+    masks = [rng.uniform(size=shape) < 0.03 for _ in range(n_masks)]
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in lines])])
+    return lines, np.concatenate(lines), offsets, masks
+
+
+def test_bits_equal_the_exact_brute_force_reference(device, rng):
+    lines, points, offsets, masks = random_case(rng)
+    expected = brute_force_bits(lines, masks)
+    got = select_streamlines(points, offsets, masks[:2], masks[2:], device=device).bits
+    np.testing.assert_array_equal(got, expected)
+    assert (expected != 0).mean() > 0.2  # the case is not trivially empty
+
+
+def test_a_segment_crossing_a_voxel_without_a_point_in_it_passes(device):
+    roi = np.zeros((4, 4, 2), bool)
+    roi[1, 0, 0] = True
+    points = np.array([[0, 0, 0], [2, 0, 0]], np.float32)  # no point in voxel (1, 0, 0)
+    assert select_streamlines(points, np.array([0, 2]), [roi], device=device).selected.tolist() == [True]
+    corner = np.zeros((4, 4, 2), bool)
+    corner[1, 1, 0] = True
+    clip = np.array([[0.4, 0.0, 0], [1.0, 0.7, 0]], np.float32)  # clips voxel (1, 1, 0) near its corner
+    assert select_streamlines(clip, np.array([0, 2]), [corner], device=device).selected.tolist() == [True]
+    miss = np.array([[0.4, 0.0, 0], [0.9, 0.45, 0]], np.float32)
+    assert select_streamlines(miss, np.array([0, 2]), [corner], device=device).selected.tolist() == [False]
+
+
+def test_include_is_and_exclude_is_not(device):
+    a = np.zeros((10, 3, 3), bool)
+    b = np.zeros((10, 3, 3), bool)
+    x = np.zeros((10, 3, 3), bool)
+    a[1, 1, 1] = b[8, 1, 1] = x[5, 1, 1] = True
+    through_all = np.array([[0, 1, 1], [9, 1, 1]], np.float32)
+    a_only = np.array([[0, 1, 1], [3, 1, 1]], np.float32)
+    around_x = np.array([[0, 1, 1], [4, 1, 1], [4, 2.4, 1], [6, 2.4, 1], [6, 1, 1], [9, 1, 1]], np.float32)
+    points = np.vstack([through_all, a_only, around_x])
+    offsets = np.array([0, 2, 4, 10])
+    sel = select_streamlines(points, offsets, [a, b], [x], device=device)
+    assert sel.selected.tolist() == [False, False, True]
+    assert sel.passes(0).tolist() == [True, True, True] and sel.passes(2).tolist() == [True, False, False]
+
+
+def test_region_limits():
+    with pytest.raises(ValueError, match="at most 32"):
+        region_bits([np.zeros((2, 2, 2), bool)] * 33)
+    with pytest.raises(ValueError, match="shape"):
+        region_bits([np.zeros((2, 2, 2), bool), np.zeros((3, 2, 2), bool)])
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_equals_the_numpy_reference_on_a_large_case(rng):
+    n = 20_000
+    lengths = rng.integers(1, 60, n)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    starts = np.repeat(rng.uniform(0, 40, (n, 3)), lengths, axis=0)
+    walk = rng.normal(scale=0.8, size=(offsets[-1], 3))
+    points = (
+        starts + np.cumsum(walk, axis=0) - np.repeat(np.cumsum(walk, axis=0)[offsets[:-1]], lengths, axis=0)
+    ).astype(np.float32)
+    masks = [rng.uniform(size=(40, 40, 40)) < 0.002 for _ in range(5)]
+    cpu = select_streamlines(points, offsets, masks[:3], masks[3:], device="cpu")
+    gpu = select_streamlines(points, offsets, masks[:3], masks[3:], device="gpu")
+    arrays_gpu = select_streamlines(points, offsets, masks[:3], masks[3:], device="gpu", engine="arrays")
+    assert gpu.provenance["engine"] == "kernel"
+    np.testing.assert_array_equal(gpu.bits, cpu.bits)
+    np.testing.assert_array_equal(arrays_gpu.bits, cpu.bits)
+
+
+def test_small_regions_use_the_bounding_box_shortcut_and_stay_exact(device, rng):
+    lines, points, offsets, _ = random_case(rng, n_streamlines=400, shape=(16, 16, 10))
+    blob = np.zeros((16, 16, 10), bool)
+    blob[6:9, 7:9, 4:6] = True
+    other = np.zeros_like(blob)
+    other[2, 3, 1] = True
+    expected = brute_force_bits(lines, [blob, other])
+    got = select_streamlines(points, offsets, [blob], [other], device=device).bits
+    np.testing.assert_array_equal(got, expected)
+    assert 0 < (expected & 1).sum() < len(lines)
