@@ -26,16 +26,12 @@ sys.path.insert(0, str(ROOT))
 from gpu.select import hits_kernel, region_bits, select_streamlines  # noqa: E402
 
 
-def synthetic(n: int, n_points: int = 50, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    start = rng.uniform(0, 100, (n, 1, 3)).astype(np.float32)
-    direction = rng.normal(size=(n, 1, 3)).astype(np.float32)
-    direction /= np.linalg.norm(direction, axis=2, keepdims=True)
-    bend = rng.normal(scale=0.02, size=(n, 1, 3)).astype(np.float32)
-    t = np.arange(n_points, dtype=np.float32)[None, :, None]
-    points = (start + direction * t + bend * t**2).reshape(-1, 3)
-    offsets = np.arange(0, n * n_points + 1, n_points, dtype=np.int64)
-    return points, offsets
+def synthetic(n: int):
+    """The render benchmark's streamlines (50 points, 1 voxel apart, in a 100³ box) as arrays."""
+    from tests.benchmarks.bench_render import synthetic_tractogram
+
+    tract = synthetic_tractogram(n)
+    return tract.points, tract.offsets
 
 
 def main() -> None:
