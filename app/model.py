@@ -100,6 +100,10 @@ class RoiMask(Observable):
     def voxel_count(self) -> int:
         return int(np.count_nonzero(self.mask))
 
+    @property
+    def shape3(self) -> tuple[int, int, int]:
+        return tuple(int(s) for s in self.mask.shape)
+
     def set_voxels(self, index: tuple, value: bool = True) -> None:
         """Paint (or erase) voxels; ``index`` is anything NumPy accepts."""
         self.mask[index] = value
@@ -200,7 +204,14 @@ class Tractogram(Observable):
     __hash__ = object.__hash__
 
 
-LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram")
+LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi")
+ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, exclusion red
+    "seed": (0.1, 0.9, 0.2),
+    "target": (0.2, 0.5, 1.0),
+    "exclusion": (1.0, 0.15, 0.15),
+    "waypoint": (1.0, 0.85, 0.1),
+    "stop": (0.8, 0.3, 1.0),
+}
 GLYPH_SHAPES = ("superquadric", "ellipsoid")
 COLORMAPS = ("gray", "hot", "viridis", "cool-warm")
 
@@ -254,6 +265,8 @@ class Layer(Observable):
             setattr(self, key, value)
 
     def _default_clim(self) -> tuple[float, float]:
+        if self.kind == "roi":
+            self.opacity = 0.6
         if self.kind != "scalar":
             return (0.0, 1.0)
         values = np.asarray(self.data.data)
@@ -307,6 +320,11 @@ class Layer(Observable):
         """The layer's value at a world point (nearest voxel), or None outside it."""
         if self.kind in ("tractogram",):
             return None
+        if self.kind == "roi":
+            vol = Volume(self.name, self.data.mask, self.data.affine)
+            ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
+            inside = np.all(ijk >= 0) and np.all(ijk < vol.shape3)
+            return int(vol.data[tuple(ijk)]) if inside else None
         vol = self.data
         ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
         if np.any(ijk < 0) or np.any(ijk >= vol.shape3):
@@ -325,6 +343,8 @@ class Document(Observable):
     def __init__(self) -> None:
         super().__init__()
         self.layers: list[Layer] = []
+        self._undo: list[tuple] = []
+        self._redo: list[tuple] = []
         self.reference_affine: np.ndarray | None = None
         self.reference_shape: tuple[int, int, int] | None = None
         self.cursor = np.zeros(3, dtype=int)
@@ -361,6 +381,57 @@ class Document(Observable):
 
     def _forward_display(self, layer, event, **info) -> None:
         self.emit("display", layer=layer, **info)
+
+    # ------------------------------------------------------------ ROI edits
+    def paint(self, layer: Layer, voxels: np.ndarray, value: bool, *, merge_with_last: bool = False) -> int:
+        """Set ``voxels`` (N, 3 indices) of an ROI layer to ``value``; undoable. Returns voxels changed.
+
+        ``merge_with_last`` folds the edit into the previous undo step (one brush
+        stroke = one undo), as long as it edits the same layer.
+        """
+        mask = layer.data.mask
+        voxels = np.asarray(voxels, dtype=np.int64).reshape(-1, 3)
+        inside = np.all((voxels >= 0) & (voxels < np.array(mask.shape)), axis=1)
+        voxels = np.unique(voxels[inside], axis=0)
+        index = tuple(voxels.T)
+        old = mask[index].copy()
+        changed = old != value
+        if not changed.any():
+            return 0
+        voxels, old = voxels[changed], old[changed]
+        mask[tuple(voxels.T)] = value
+        if merge_with_last and self._undo and self._undo[-1][0] is layer:
+            _, prev_voxels, prev_old = self._undo[-1]
+            self._undo[-1] = (layer, np.concatenate([prev_voxels, voxels]), np.concatenate([prev_old, old]))
+        else:
+            self._undo.append((layer, voxels, old))
+        self._redo.clear()
+        self.emit("roi", layer=layer)
+        return len(voxels)
+
+    def undo(self) -> bool:
+        if not self._undo:
+            return False
+        layer, voxels, old = self._undo.pop()
+        index = tuple(voxels.T)
+        current = layer.data.mask[index].copy()
+        # Apply in reverse order so a voxel edited twice in one step gets its first old value.
+        for k in range(len(voxels) - 1, -1, -1):
+            layer.data.mask[tuple(voxels[k])] = old[k]
+        self._redo.append((layer, voxels, current))
+        self.emit("roi", layer=layer)
+        return True
+
+    def redo(self) -> bool:
+        if not self._redo:
+            return False
+        layer, voxels, values = self._redo.pop()
+        before = layer.data.mask[tuple(voxels.T)].copy()
+        for k in range(len(voxels)):
+            layer.data.mask[tuple(voxels[k])] = values[k]
+        self._undo.append((layer, voxels, before))
+        self.emit("roi", layer=layer)
+        return True
 
     def set_cursor(self, ijk) -> None:
         if self.reference_shape is None:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtGui import QAction, QImage, QKeySequence, QPainter
+from PySide6.QtGui import QAction, QActionGroup, QImage, QKeySequence, QPainter
 from PySide6.QtWidgets import (
+    QComboBox,
     QDockWidget,
     QFileDialog,
     QGridLayout,
@@ -22,15 +23,20 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QSpinBox,
     QWidget,
 )
 
+from app.errors import InputError
+from app.io import save_volume
+from app.io._atomic import split_suffix
 from app.jobs import JobRunner
 from app.loaders import load_layers
-from app.model import Document
+from app.model import ROI_ROLES, Document, Layer, RoiMask
 
 from . import fiber_display
 from .panels import JobPanel, LayerPanel
+from .roi_tools import RoiTools
 from .slice_view import SliceView
 from .view3d import View3D
 
@@ -62,7 +68,10 @@ class MainWindow(QMainWindow):
         self.errors: list[str] = []
 
         self.view3d = View3D(self.document)
-        self.views = {name: SliceView(self.document, name) for name in ("axial", "coronal", "sagittal")}
+        self.roi_tools = RoiTools(self.document, lambda: self.layer_panel.selected_layer())
+        self.views = {
+            name: SliceView(self.document, name, tools=self.roi_tools) for name in ("axial", "coronal", "sagittal")
+        }
         central = QWidget()
         grid = QGridLayout(central)
         grid.setContentsMargins(2, 2, 2, 2)
@@ -122,8 +131,98 @@ class MainWindow(QMainWindow):
         self._action(view_menu, "Next slice", lambda: self._focused_view().step(1), "Ctrl+Up")
         self._action(view_menu, "Previous slice", lambda: self._focused_view().step(-1), "Ctrl+Down")
         self._action(view_menu, "Radiological convention", self._toggle_radiological, checkable=True)
+        self._build_roi_tools(file_menu)
         jobs_menu = self.menuBar().addMenu("&Jobs")
         toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
+
+    def _build_roi_tools(self, file_menu) -> None:
+        edit_menu = self.menuBar().addMenu("&Edit")
+        self._action(edit_menu, "&Undo", self.document.undo, QKeySequence.StandardKey.Undo)
+        self._action(edit_menu, "&Redo", self.document.redo, "Ctrl+Shift+Z")
+        file_menu.addSeparator()
+        self._action(file_menu, "Open R&OI…", self.open_roi_dialog)
+        self._action(file_menu, "Sa&ve ROI…", self.save_roi_dialog)
+        bar = self.addToolBar("ROI")
+        bar.setObjectName("toolbar_roi")
+        self.role_box = QComboBox()
+        self.role_box.addItems(ROI_ROLES)
+        self.role_box.currentTextChanged.connect(lambda role: setattr(self.roi_tools, "role", role))
+        bar.addWidget(self.role_box)
+        bar.addAction(self._action(edit_menu, "New ROI", self.new_roi, "Ctrl+N"))
+        group = QActionGroup(self)
+        self.tool_actions = {}
+        for tool, key in (("navigate", "N"), ("brush", "B"), ("eraser", "E")):
+            action = self._action(edit_menu, tool.capitalize(), lambda t=tool: self.set_tool(t), key, checkable=True)
+            group.addAction(action)
+            bar.addAction(action)
+            self.tool_actions[tool] = action
+        self.tool_actions["navigate"].setChecked(True)
+        self.radius_box = QSpinBox()
+        self.radius_box.setRange(0, 20)
+        self.radius_box.setValue(self.roi_tools.radius)
+        self.radius_box.setPrefix("radius ")
+        self.radius_box.valueChanged.connect(lambda r: setattr(self.roi_tools, "radius", int(r)))
+        bar.addWidget(self.radius_box)
+
+    def set_tool(self, tool: str) -> None:
+        self.roi_tools.tool = tool
+        self.tool_actions[tool].setChecked(True)
+
+    def new_roi(self):
+        try:
+            layer = self.roi_tools.new_roi()
+        except ValueError as exc:
+            self._report_error(str(exc), "")
+            return None
+        self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(layer))
+        if self.roi_tools.tool == "navigate":
+            self.set_tool("brush")
+        return layer
+
+    def save_roi(self, layer, path) -> Path:
+        """Write an ROI as a uint8 NIfTI mask on its grid (FSL, MRtrix and DIPY read it)."""
+        return save_volume(layer.data.mask.astype(np.uint8), layer.data.affine, path)
+
+    def save_roi_dialog(self) -> None:
+        layer = self.roi_tools.active_roi()
+        if layer is None:
+            self._report_error("there is no ROI to save: draw one first (New ROI)", "")
+            return
+        # The dialog asks before replacing an existing file.
+        path, _ = QFileDialog.getSaveFileName(self, "Save ROI", f"{layer.name}.nii.gz", "NIfTI (*.nii.gz *.nii)")
+        if path:
+            self.save_roi(layer, path)
+
+    def open_roi(self, path, role: str | None = None):
+        """Load a mask as an ROI layer on the reference grid (resampled, with a notice, if needed)."""
+        from app.io.nifti import load_3d, load_image
+        from app.pipelines.select import resample_nearest
+
+        path = Path(path)
+        try:
+            img = load_image(path, "ROI")
+            data = np.asarray(load_3d(path, None, "ROI"))
+            mask = (data != 0) & np.isfinite(data)
+            doc = self.document
+            if doc.reference_affine is None:
+                affine, shape = img.affine, mask.shape
+            else:
+                affine, shape = doc.reference_affine, doc.reference_shape
+                if mask.shape != tuple(shape) or not np.allclose(img.affine, affine, atol=1e-3):
+                    mask = resample_nearest(mask, img.affine, affine, shape)
+                    self.statusBar().showMessage(
+                        f"{path.name} was on another grid: resampled (nearest neighbour)", 15000
+                    )
+            roi = RoiMask(split_suffix(path)[0], mask, affine, role=role or self.roi_tools.role)
+            return self.document.add_layer(Layer(roi.name, roi, "roi"))
+        except InputError as exc:
+            self._report_error(str(exc), "")
+            return None
+
+    def open_roi_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Open ROI", "", "NIfTI (*.nii.gz *.nii)")
+        for path in paths:
+            self.open_roi(path)
 
     def _action(self, menu, text, slot, shortcut=None, checkable=False) -> QAction:
         action = QAction(text, self)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import nibabel as nib
 import numpy as np
 
-from app.model import Document, Layer
+from app.model import ROLE_COLOURS, Document, Layer
 
 # For each view: (world axis shown horizontally, +1 if it increases to the right),
 # (world axis shown vertically, +1 if it increases upwards), world axis across.
@@ -117,6 +117,7 @@ def plane_geometry(doc: Document, view: str, radiological: bool = False) -> Plan
 def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest-neighbour values of a volume layer at reference voxels; (values, inside mask)."""
     vol = layer.data
+    array = vol.mask if layer.kind == "roi" else vol.data
     if vol.shape3 == tuple(doc.reference_shape) and np.allclose(vol.affine, doc.reference_affine):
         ijk = voxels
     else:
@@ -124,7 +125,7 @@ def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.nd
         ijk = np.rint(voxels @ to_layer[:3, :3].T + to_layer[:3, 3]).astype(np.int64)
     inside = np.all((ijk >= 0) & (ijk < np.array(vol.shape3)), axis=-1)
     safe = np.where(inside[..., None], ijk, 0)
-    values = vol.data[safe[..., 0], safe[..., 1], safe[..., 2]]
+    values = array[safe[..., 0], safe[..., 1], safe[..., 2]]
     return values, inside
 
 
@@ -179,7 +180,10 @@ def label_colours(labels: np.ndarray) -> np.ndarray:
 
 def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """RGB (float 0..1) and alpha for sampled values of a layer."""
-    if layer.kind == "rgb":
+    if layer.kind == "roi":
+        rgb = np.broadcast_to(np.array(ROLE_COLOURS[layer.data.role]), (*values.shape[:2], 3))
+        alpha = values.astype(np.float64)
+    elif layer.kind == "rgb":
         rgb = np.clip(np.nan_to_num(values[..., :3].astype(np.float64)), 0.0, 1.0)
         alpha = (rgb.max(-1) > 0).astype(np.float64)
     elif layer.kind == "labels":

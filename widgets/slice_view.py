@@ -25,9 +25,11 @@ class SliceView(QWidget):
     cursor_moved = Signal()
     hovered = Signal(object)  # reference voxel under the mouse (or None), without moving the cursor
 
-    def __init__(self, document: Document, view: str, parent: QWidget | None = None):
+    def __init__(self, document: Document, view: str, parent: QWidget | None = None, tools=None):
         super().__init__(parent)
         self.document = document
+        self.tools = tools  # shared RoiTools (brush/eraser state); None: navigation only
+        self._last_paint = None
         self.view = view
         self.radiological = False
         self.slab_mm = 4.0
@@ -43,7 +45,7 @@ class SliceView(QWidget):
 
     # ----------------------------------------------------------------- model
     def _on_document(self, _source, event, **info) -> None:
-        if event in ("layers", "display", "cursor"):
+        if event in ("layers", "display", "cursor", "roi"):
             self._image_cache = None
             self.update()
 
@@ -214,7 +216,36 @@ class SliceView(QWidget):
             target.top() + (row + 0.5) * target.height() / height,
         )
 
+    def _painting(self) -> bool:
+        return self.tools is not None and self.tools.tool in ("brush", "eraser") and self.tools.active_roi() is not None
+
+    def _paint_at(self, pos, continuing: bool) -> None:
+        """Paint (or erase) a disc of the tools' radius in this plane; strokes are joined
+        voxel to voxel so fast mouse moves leave no gaps; one stroke is one undo step."""
+        ijk = self.voxel_at(pos.x(), pos.y())
+        if ijk is None:
+            return
+        geometry = self.geometry_now()
+        h, v = geometry.h_axis, geometry.v_axis
+        centres = [np.asarray(ijk)]
+        if continuing and self._last_paint is not None:
+            start, end = self._last_paint.astype(float), np.asarray(ijk, dtype=float)
+            steps = int(np.ceil(np.abs(end - start).max() * 2)) + 1
+            centres = [np.rint(start + (end - start) * t) for t in np.linspace(0, 1, steps)]
+        r = int(self.tools.radius)
+        du, dv = np.mgrid[-r : r + 1, -r : r + 1]
+        disc = (du**2 + dv**2) <= r * r
+        offsets = np.zeros((int(disc.sum()), 3), dtype=np.int64)
+        offsets[:, h], offsets[:, v] = du[disc], dv[disc]
+        voxels = np.concatenate([np.asarray(c, dtype=np.int64) + offsets for c in centres])
+        self.document.paint(self.tools.active_roi(), voxels, self.tools.tool == "brush", merge_with_last=continuing)
+        self._last_paint = np.asarray(ijk)
+
     def mousePressEvent(self, event) -> None:
+        if event.button() == Qt.MouseButton.LeftButton and self._painting():
+            self._last_paint = None
+            self._paint_at(event.position(), continuing=False)
+            return
         if event.button() == Qt.MouseButton.RightButton:
             layer = self._window_level_layer()
             if layer is not None:
@@ -231,12 +262,16 @@ class SliceView(QWidget):
             layer.set(clim=(level - width / 2, level + width / 2))
             return
         if event.buttons() & Qt.MouseButton.LeftButton:
-            self._move_cursor(event.position())
+            if self._painting():
+                self._paint_at(event.position(), continuing=self._last_paint is not None)
+            else:
+                self._move_cursor(event.position())
         else:
             self.hovered.emit(self.voxel_at(event.position().x(), event.position().y()))
 
     def mouseReleaseEvent(self, event) -> None:
         self._wl_start = None
+        self._last_paint = None
 
     def _window_level_layer(self):
         for layer in reversed(self.document.layers):

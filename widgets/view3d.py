@@ -54,7 +54,7 @@ class View3D(QWidget):
             self._sync_fibers()
             self._update_planes()
             self._update_glyphs()
-        elif event == "cursor":
+        elif event in ("cursor", "roi"):
             self._update_planes()
             self._update_glyphs()
         elif event == "display":
@@ -89,7 +89,7 @@ class View3D(QWidget):
         doc = self.document
         if doc.reference_affine is None:
             return
-        any_volume = any(layer.visible and layer.kind in ("scalar", "rgb", "labels") for layer in doc.layers)
+        any_volume = any(layer.visible and layer.kind in ("scalar", "rgb", "labels", "roi") for layer in doc.layers)
         for view in ("axial", "coronal", "sagittal"):
             geometry = plane_geometry(doc, view)
             height, width = geometry.voxels.shape[:2]

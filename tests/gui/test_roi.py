@@ -1,0 +1,117 @@
+"""ROI drawing with the mouse: exact voxels, undo/redo, save/load round trip."""
+
+import nibabel as nib
+import numpy as np
+from PySide6.QtCore import QPoint, Qt
+
+from app.model import Layer, Volume
+from tests.conftest import ARTIFACTS
+
+
+def disc(centre, radius, h_axis, v_axis):
+    out = set()
+    for du in range(-radius, radius + 1):
+        for dv in range(-radius, radius + 1):
+            if du * du + dv * dv <= radius * radius:
+                v = list(centre)
+                v[h_axis] += du
+                v[v_axis] += dv
+                out.add(tuple(v))
+    return out
+
+
+def painted(layer):
+    return {tuple(v) for v in np.argwhere(layer.data.mask)}
+
+
+def window_with_image(window):
+    data = np.random.default_rng(0).uniform(size=(40, 30, 12)).astype(np.float32)
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    window.document.add_layer(Layer("anat", Volume("anat", data, affine), "scalar"))
+    return window
+
+
+def press_drag_release(qtbot, view, voxels):
+    points = [view.widget_point_of_voxel(v) for v in voxels]
+    qpoints = [QPoint(int(p.x()), int(p.y())) for p in points]
+    qtbot.mousePress(view, Qt.MouseButton.LeftButton, pos=qpoints[0])
+    for point in qpoints[1:]:
+        qtbot.mouseMove(view, pos=point)
+    qtbot.mouseRelease(view, Qt.MouseButton.LeftButton, pos=qpoints[-1])
+
+
+def test_brush_stroke_paints_exactly_the_expected_voxels_and_undo_redo_are_exact(window, qtbot):
+    window_with_image(window)
+    doc = window.document
+    layer = window.new_roi()
+    assert layer.kind == "roi" and layer.data.role == "seed" and window.roi_tools.tool == "brush"
+    window.radius_box.setValue(2)
+    axial = window.views["axial"]
+    z = int(doc.cursor[2])
+    # A quick drag from x=8 to x=20 along y=12: only the end points arrive as mouse events.
+    press_drag_release(qtbot, axial, [(8, 12, z), (20, 12, z)])
+    geometry = axial.geometry_now()
+    expected = set()
+    for x in range(8, 21):
+        expected |= disc((x, 12, z), 2, geometry.h_axis, geometry.v_axis)
+    assert painted(layer) == expected
+    stroke = layer.data.mask.copy()
+    # Erase a disc, then undo twice and redo twice: every state is restored exactly.
+    window.set_tool("eraser")
+    window.radius_box.setValue(1)
+    press_drag_release(qtbot, axial, [(14, 12, z)])
+    erased = layer.data.mask.copy()
+    assert painted(layer) == expected - disc((14, 12, z), 1, geometry.h_axis, geometry.v_axis)
+    window.activateWindow()  # shortcuts go to the active window, as for a user
+    qtbot.waitUntil(window.isActiveWindow, timeout=3000)
+    qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    np.testing.assert_array_equal(layer.data.mask, stroke)
+    qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert not layer.data.mask.any()
+    qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    np.testing.assert_array_equal(layer.data.mask, stroke)
+    qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    np.testing.assert_array_equal(layer.data.mask, erased)
+    image = axial.image_array()
+    assert (image[..., 1] > image[..., 0] + 50).any()  # the green seed overlay is drawn
+    window.save_screenshot(ARTIFACTS / "roi_brush.png")
+
+
+def test_navigate_tool_does_not_paint(window, qtbot):
+    window_with_image(window)
+    layer = window.new_roi()
+    window.set_tool("navigate")
+    axial = window.views["axial"]
+    press_drag_release(qtbot, axial, [(5, 5, int(window.document.cursor[2]))])
+    assert not layer.data.mask.any()
+    assert window.document.cursor[0] == 5
+
+
+def test_save_and_load_round_trip_is_exact_with_the_affine(window, qtbot, tmp_path):
+    window_with_image(window)
+    layer = window.new_roi()
+    window.document.paint(layer, np.array([[3, 4, 5], [10, 11, 6], [39, 29, 11]]), True)
+    path = window.save_roi(layer, tmp_path / "seed.nii.gz")
+    img = nib.load(path)
+    np.testing.assert_array_equal(img.affine, window.document.reference_affine)
+    np.testing.assert_array_equal(np.asarray(img.dataobj) > 0, layer.data.mask)
+    loaded = window.open_roi(path, role="target")
+    np.testing.assert_array_equal(loaded.data.mask, layer.data.mask)
+    assert loaded.data.role == "target"
+
+
+def test_mask_on_another_grid_is_resampled_with_a_notice(window, tmp_path):
+    window_with_image(window)
+    mask = np.zeros((20, 15, 6), np.uint8)
+    mask[5, 5, 3] = 1
+    nib.save(nib.Nifti1Image(mask, np.diag([4.0, 4.0, 4.0, 1.0])), tmp_path / "coarse.nii.gz")
+    layer = window.open_roi(tmp_path / "coarse.nii.gz")
+    assert layer.data.mask.shape == (40, 30, 12)
+    assert {tuple(v) for v in np.argwhere(layer.data.mask)} == {
+        (i, j, k)
+        for i in (9, 10, 11)
+        for j in (9, 10, 11)
+        for k in (5, 6, 7)
+        if round(i / 2) == 5 and round(j / 2) == 5 and round(k / 2) == 3
+    }
+    assert "resampled" in window.statusBar().currentMessage()
