@@ -259,6 +259,7 @@ class Layer(Observable):
         self.glyph_step = 2
         self.glyph_size = 1.0
         self.tubes = False
+        self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
         for key, value in display.items():
             if key not in self._DISPLAY:
                 raise ValueError(f"unknown display property {key!r}")
@@ -296,6 +297,19 @@ class Layer(Observable):
             changed.append("clim")
         if changed:
             self.emit("display", changed=changed)
+
+    def set_selection(self, selected: np.ndarray | None) -> None:
+        """Show only these streamlines (bool per streamline), or all with None."""
+        if selected is not None:
+            selected = np.asarray(selected, dtype=bool)
+            if selected.shape != (len(self.data),):
+                raise ValueError("a selection needs one flag per streamline")
+        if selected is None and self.selection is None:
+            return
+        if selected is not None and self.selection is not None and np.array_equal(selected, self.selection):
+            return
+        self.selection = selected
+        self.emit("display", changed=["selection"])
 
     def scalar_range(self, name: str) -> tuple[float, float]:
         """Robust display range (1st-99th percentile) of a tractogram's point or streamline scalar."""
@@ -408,6 +422,17 @@ class Document(Observable):
         self._redo.clear()
         self.emit("roi", layer=layer)
         return len(voxels)
+
+    def roi_sets(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Masks of the visible ROIs that select fibers: (include: seed, target, waypoint; exclude)."""
+        include, exclude = [], []
+        for layer in self.layers:
+            if layer.kind == "roi" and layer.visible and layer.data.mask.any():
+                if layer.data.role in ("seed", "target", "waypoint"):
+                    include.append(layer.data.mask)
+                elif layer.data.role == "exclusion":
+                    exclude.append(layer.data.mask)
+        return include, exclude
 
     def undo(self) -> bool:
         if not self._undo:

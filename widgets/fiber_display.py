@@ -34,6 +34,7 @@ class Level:
     offsets: np.ndarray
     connectivity: np.ndarray
     index: np.ndarray | None = None  # positions in the full point array; None: all of them
+    streamlines: np.ndarray | None = None  # ids of the streamlines kept; None: all of them
 
 
 @dataclass
@@ -43,8 +44,10 @@ class FiberArrays:
     levels: dict[str, Level] = field(default_factory=dict)
 
 
-def subset(offsets: np.ndarray, max_points: int | None, decimate: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """(point index, new offsets) of a lighter version with about ``max_points`` points, or None
+def subset(
+    offsets: np.ndarray, max_points: int | None, decimate: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(point index, new offsets, kept streamline ids) of a lighter version with about ``max_points`` points, or None
     when the whole is small enough. A reproducible random subset of streamlines and, with
     ``decimate``, every k-th point of each (its last point kept)."""
     n_points = int(offsets[-1])
@@ -67,7 +70,7 @@ def subset(offsets: np.ndarray, max_points: int | None, decimate: bool) -> tuple
     needs_last = (lengths - 1) % step != 0
     index = np.sort(np.concatenate([picks, (starts + lengths - 1)[needs_last]]))
     new_offsets = np.concatenate([[0], np.cumsum(regular + needs_last)])
-    return index, new_offsets
+    return index, new_offsets, keep
 
 
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -95,14 +98,25 @@ def prepare(layer: Layer) -> FiberArrays:
         if picked is None:
             arrays.levels[name] = arrays.levels["full"]
         else:
-            index, offsets = picked
+            index, offsets, kept = picked
             arrays.levels[name] = Level(
                 points[index],
                 {key: value[index] for key, value in data.items()},
                 offsets.astype(np.int64),
                 np.arange(len(index), dtype=np.int64),
                 index,
+                kept,
             )
     with _LOCK:
         _CACHE[layer] = arrays
     return arrays
+
+
+def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, connectivity) of the selected streamlines over the full, shared point array."""
+    keep = np.flatnonzero(selected)
+    lengths = np.diff(offsets)[keep]
+    new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    owner_start = np.repeat(offsets[:-1][keep], lengths)
+    within = np.arange(int(new_offsets[-1])) - np.repeat(new_offsets[:-1], lengths)
+    return new_offsets, (owner_start + within).astype(np.int64)

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QActionGroup, QImage, QKeySequence, QPainter
 from PySide6.QtWidgets import (
     QComboBox,
@@ -33,6 +33,7 @@ from app.io._atomic import split_suffix
 from app.jobs import JobRunner
 from app.loaders import load_layers
 from app.model import ROI_ROLES, Document, Layer, RoiMask
+from app.pipelines.select import select_on_grid
 
 from . import fiber_display
 from .panels import JobPanel, LayerPanel
@@ -108,6 +109,11 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.busy)
 
         self._build_menus()
+        self._selection_timer = QTimer(self)
+        self._selection_timer.setSingleShot(True)
+        self._selection_timer.setInterval(40)  # coalesce the edits of one brush movement
+        self._selection_timer.timeout.connect(self.update_fiber_selection)
+        self._selection_job: int | None = None
         self.document.connect(self._on_document)
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())
@@ -336,6 +342,47 @@ class MainWindow(QMainWindow):
     def _on_document(self, _source, event, **info) -> None:
         if event in ("cursor", "layers", "display"):
             self.update_position_label()
+        layer = info.get("layer")
+        roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
+        if roi_changed or event == "layers":
+            self._selection_timer.start()
+
+    def update_fiber_selection(self) -> None:
+        """Show the streamlines that pass the ROIs (seed, target, waypoint: all; exclusion: none),
+        computed on a worker from a snapshot of the masks; a newer edit cancels an older run."""
+        doc = self.document
+        tracts = [layer for layer in doc.layers if layer.kind == "tractogram"]
+        include, exclude = doc.roi_sets()
+        if not tracts:
+            return
+        if not include and not exclude:
+            for layer in tracts:
+                layer.set_selection(None)
+            return
+        if self._selection_job is not None:
+            self.runner.cancel(self._selection_job)
+        include = [mask.copy() for mask in include]
+        exclude = [mask.copy() for mask in exclude]
+        reference = doc.reference_affine.copy()
+        # Exclusion only: everything inside the volume that avoids it.
+        everywhere = [np.ones(doc.reference_shape, dtype=bool)] if not include else []
+
+        def job(ctx):
+            out = {}
+            for layer in tracts:
+                ctx.check()
+                result = select_on_grid(
+                    layer.data, reference, include or everywhere, exclude, device=self.device, cancelled=ctx.cancelled
+                )
+                out[id(layer)] = (layer, result.selected)
+            return out
+
+        def done(result):
+            for layer, selected in result.values():
+                if layer in doc.layers:
+                    layer.set_selection(selected)
+
+        self._selection_job = self.runner.submit("select fibers", job, on_done=done, on_error=self._report_error)
 
     def update_position_label(self) -> None:
         doc = self.document

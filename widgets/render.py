@@ -259,8 +259,9 @@ def fiber_colours_cached(layer: Layer) -> np.ndarray:
     return cached[1]
 
 
-def fibers_on_reference(layer: Layer, reference_affine: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets) for
+def fibers_on_reference(layer: Layer, reference_affine: np.ndarray):
+    """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets,
+    streamline id of each point) for
     the slice views, cached per layer. Very large tractograms use their at-rest level of detail
     (whole streamlines, at most a few million points) so that a slab search per paint stays
     in milliseconds; the views draw a bounded number of segments anyway."""
@@ -279,6 +280,8 @@ def fibers_on_reference(layer: Layer, reference_affine: np.ndarray) -> tuple[np.
         if not np.allclose(to_ref, np.eye(4)):
             to_ref = to_ref.astype(np.float32)
             points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
-        cached = (key, points, colours, level.offsets)
+        ids = np.arange(len(tract)) if level.streamlines is None else level.streamlines
+        stream_of_point = np.repeat(ids, np.diff(level.offsets))
+        cached = (key, points, colours, level.offsets, stream_of_point)
         _POINTS_CACHE[layer] = cached
-    return cached[1], cached[2], cached[3]
+    return cached[1], cached[2], cached[3], cached[4]

@@ -168,10 +168,12 @@ class SliceView(QWidget):
         for layer in doc.layers:
             if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
                 continue
-            pts, point_colours, offsets = fibers_on_reference(layer, doc.reference_affine)
+            pts, point_colours, offsets, stream_of_point = fibers_on_reference(layer, doc.reference_affine)
             near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
             seg = near[:-1] & near[1:]
             seg[offsets[1:-1] - 1] = False  # no segment joins two streamlines
+            if layer.selection is not None:
+                seg &= layer.selection[stream_of_point[:-1]]
             idx = np.flatnonzero(seg)
             if idx.size == 0:
                 continue

@@ -172,20 +172,35 @@ class View3D(QWidget):
                 self._fibers[key] = self._build_fibers(layer)
 
     def _build_fibers(self, layer: Layer) -> dict:
-        arrays = fiber_display.prepare(layer)  # normally done already by the loading job
-        settled = "software" if self._software() else "full"
         entry = {"layer": layer, "actor": None}
+        self._build_meshes(entry)
+        # Progressive display: the light mesh first, the settled detail once the GUI is idle.
+        entry["shown"] = "coarse"
+        self._add_fiber_actor(entry)
+        self._lod_timer.start()
+        return entry
+
+    def _build_meshes(self, entry: dict) -> None:
+        """The light and settled meshes; with a selection, only the selected streamlines (over
+        the shared full point array) at both levels."""
+        layer = entry["layer"]
+        arrays = fiber_display.prepare(layer)  # normally done already by the loading job
+        entry["selection"] = layer.selection
+        if layer.selection is not None:
+            full = arrays.levels["full"]
+            offsets, connectivity = fiber_display.selected_cells(full.offsets, layer.selection)
+            mesh = pv.PolyData(full.points, lines=pv.CellArray.from_arrays(offsets, connectivity))
+            for key, values in full.point_data.items():
+                mesh.point_data[key] = values
+            entry["coarse"] = entry["settled"] = mesh
+            return
+        settled = "software" if self._software() else "full"
         for name, level in (("coarse", "coarse"), ("settled", settled)):
             cells = arrays.levels[level]
             mesh = pv.PolyData(cells.points, lines=pv.CellArray.from_arrays(cells.offsets, cells.connectivity))
             for key, values in cells.point_data.items():
                 mesh.point_data[key] = values
             entry[name] = mesh
-        # Progressive display: the light mesh first, the settled detail once the GUI is idle.
-        entry["shown"] = "coarse"
-        self._add_fiber_actor(entry)
-        self._lod_timer.start()
-        return entry
 
     def _software(self) -> bool:
         """Is OpenGL software-rendered here (then the settled detail is capped)?"""
@@ -235,7 +250,11 @@ class View3D(QWidget):
         entry = self._fibers.get(id(layer))
         if entry is None:
             return
-        if entry["colour"] != (layer.color_by, layer.colormap, layer.clim):
+        if entry["selection"] is not layer.selection:
+            self._build_meshes(entry)
+            entry["shown"] = "settled"
+            self._add_fiber_actor(entry)
+        elif entry["colour"] != (layer.color_by, layer.colormap, layer.clim):
             self._add_fiber_actor(entry)
         self._apply_line_style(entry)
 

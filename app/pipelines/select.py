@@ -63,9 +63,12 @@ def select_pipeline(
     notes: list[str] = []
     inc = load_masks_on_reference(include, "include mask", ref_affine, ref_shape, notes)
     exc = load_masks_on_reference(exclude, "exclude mask", ref_affine, ref_shape, notes)
-    to_ref = np.linalg.solve(ref_affine, tractogram.affine)
-    points = nib.affines.apply_affine(to_ref, tractogram.points).astype(np.float32)
-    selection = select_streamlines(
-        points, tractogram.offsets, inc, exc, device=device, progress=progress, cancelled=cancelled
-    )
+    selection = select_on_grid(tractogram, ref_affine, inc, exc, device=device, progress=progress, cancelled=cancelled)
     return tractogram.subset(selection.selected), selection, notes
+
+
+def select_on_grid(tractogram: Tractogram, grid_affine: np.ndarray, include, exclude=(), **kwargs):
+    """Select with masks on the grid of ``grid_affine`` (the tractogram's own grid may differ)."""
+    to_grid = np.linalg.solve(grid_affine, tractogram.affine)
+    points = nib.affines.apply_affine(to_grid, tractogram.points).astype(np.float32)
+    return select_streamlines(points, tractogram.offsets, include, exclude, **kwargs)

@@ -115,3 +115,38 @@ def test_mask_on_another_grid_is_resampled_with_a_notice(window, tmp_path):
         if round(i / 2) == 5 and round(j / 2) == 5 and round(k / 2) == 3
     }
     assert "resampled" in window.statusBar().currentMessage()
+
+
+def test_fibers_are_selected_live_by_the_rois(demo_window, qtbot, demo_dir):
+    doc = demo_window.document
+    bundles = doc.layer("bundles")
+    bundle_id = bundles.data.streamline_scalars["bundle"]
+    before = demo_window.view3d.screenshot()
+    demo_window.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
+    demo_window.open_roi(demo_dir / "roi_arc_target.nii.gz", role="target")
+    qtbot.waitUntil(lambda: bundles.selection is not None and not demo_window.runner.active(), timeout=10_000)
+    np.testing.assert_array_equal(bundles.selection, bundle_id == 3)  # exactly the arc
+    after = demo_window.view3d.screenshot()
+    assert (after.max(-1) > 40).sum() != (before.max(-1) > 40).sum()
+    demo_window.save_screenshot(ARTIFACTS / "roi_selects_arc.png")
+    # Turning the target into an exclusion leaves nothing; removing the ROIs shows everything again.
+    target = doc.layers[-1]
+    target.data.role = "exclusion"
+    target.set(opacity=0.59)  # any display change re-runs the selection
+    qtbot.waitUntil(lambda: bundles.selection is not None and not bundles.selection.any(), timeout=10_000)
+    for layer in [layer for layer in doc.layers if layer.kind == "roi"]:
+        doc.remove_layer(layer)
+    qtbot.waitUntil(lambda: bundles.selection is None, timeout=10_000)
+
+
+def test_painting_an_roi_selects_the_fibers_through_it(demo_window, qtbot):
+    doc = demo_window.document
+    bundles = doc.layer("bundles")
+    bundle_id = bundles.data.streamline_scalars["bundle"]
+    doc.set_cursor([12, 28, 15])  # on the left-right bundle, away from the crossing
+    demo_window.new_roi()
+    demo_window.radius_box.setValue(2)
+    axial = demo_window.views["axial"]
+    press_drag_release(qtbot, axial, [(12, 28, 15)])
+    qtbot.waitUntil(lambda: bundles.selection is not None and not demo_window.runner.active(), timeout=10_000)
+    assert bundles.selection.any() and set(bundle_id[bundles.selection]) == {1.0}
