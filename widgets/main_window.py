@@ -17,6 +17,7 @@ from PySide6.QtGui import QAction, QActionGroup, QImage, QKeySequence, QPainter
 from PySide6.QtWidgets import (
     QComboBox,
     QDockWidget,
+    QDoubleSpinBox,
     QFileDialog,
     QGridLayout,
     QLabel,
@@ -157,7 +158,15 @@ class MainWindow(QMainWindow):
         bar.addAction(self._action(edit_menu, "New ROI", self.new_roi, "Ctrl+N"))
         group = QActionGroup(self)
         self.tool_actions = {}
-        for tool, key in (("navigate", "N"), ("brush", "B"), ("eraser", "E")):
+        for tool, key in (
+            ("navigate", "N"),
+            ("brush", "B"),
+            ("eraser", "E"),
+            ("rectangle", "R"),
+            ("fill", "F"),
+            ("sphere", "S"),
+            ("box", "X"),
+        ):
             action = self._action(edit_menu, tool.capitalize(), lambda t=tool: self.set_tool(t), key, checkable=True)
             group.addAction(action)
             bar.addAction(action)
@@ -169,6 +178,14 @@ class MainWindow(QMainWindow):
         self.radius_box.setPrefix("radius ")
         self.radius_box.valueChanged.connect(lambda r: setattr(self.roi_tools, "radius", int(r)))
         bar.addWidget(self.radius_box)
+        self.threshold_box = QDoubleSpinBox()
+        self.threshold_box.setRange(-1e6, 1e6)
+        self.threshold_box.setDecimals(3)
+        self.threshold_box.setSingleStep(0.05)
+        self.threshold_box.setValue(self.roi_tools.threshold)
+        self.threshold_box.setPrefix("fill > ")
+        self.threshold_box.valueChanged.connect(lambda t: setattr(self.roi_tools, "threshold", float(t)))
+        bar.addWidget(self.threshold_box)
 
     def set_tool(self, tool: str) -> None:
         self.roi_tools.tool = tool

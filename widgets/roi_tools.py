@@ -8,7 +8,7 @@ import numpy as np
 
 from app.model import ROI_ROLES, Document, Layer, RoiMask
 
-TOOLS = ("navigate", "brush", "eraser")
+TOOLS = ("navigate", "brush", "eraser", "rectangle", "fill", "sphere", "box")
 
 
 class RoiTools:
@@ -18,6 +18,7 @@ class RoiTools:
         self.tool = "navigate"
         self.radius = 1  # voxels, in the plane of the view
         self.role = "seed"  # role of the next new ROI
+        self.threshold = 0.2  # flood fill: voxels of the top scalar map above this, connected to the click
 
     def active_roi(self) -> Layer | None:
         """The ROI to edit: the selected layer if it is an ROI, else the newest ROI."""
@@ -41,3 +42,41 @@ class RoiTools:
         name = f"{role} {count}"
         mask = RoiMask(name, np.zeros(doc.reference_shape, dtype=bool), doc.reference_affine, role=role)
         return doc.add_layer(Layer(name, mask, "roi"))
+
+
+def ball(centre, radius: int, shape) -> np.ndarray:
+    """(N, 3) voxels of a ball of ``radius`` voxels around ``centre``, clipped to ``shape``."""
+    r = int(radius)
+    d = np.mgrid[-r : r + 1, -r : r + 1, -r : r + 1].reshape(3, -1).T
+    d = d[(d**2).sum(1) <= r * r]
+    return _clip(np.asarray(centre) + d, shape)
+
+
+def box(centre, half: int, shape) -> np.ndarray:
+    """(N, 3) voxels of a cube of half-size ``half`` voxels around ``centre``, clipped to ``shape``."""
+    h = int(half)
+    d = np.mgrid[-h : h + 1, -h : h + 1, -h : h + 1].reshape(3, -1).T
+    return _clip(np.asarray(centre) + d, shape)
+
+
+def rectangle(a, b) -> np.ndarray:
+    """(N, 3) voxels of the axis-aligned box spanned by voxels ``a`` and ``b`` (a slice when they share one)."""
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    grids = np.mgrid[lo[0] : hi[0] + 1, lo[1] : hi[1] + 1, lo[2] : hi[2] + 1]
+    return grids.reshape(3, -1).T
+
+
+def flood(values: np.ndarray, seed, threshold: float) -> np.ndarray:
+    """(N, 3) voxels above ``threshold`` 6-connected to ``seed`` (empty if the seed is below)."""
+    from scipy import ndimage
+
+    above = np.nan_to_num(values) > threshold
+    if not above[tuple(seed)]:
+        return np.zeros((0, 3), dtype=np.int64)
+    labels, _ = ndimage.label(above)
+    return np.argwhere(labels == labels[tuple(seed)])
+
+
+def _clip(voxels: np.ndarray, shape) -> np.ndarray:
+    inside = np.all((voxels >= 0) & (voxels < np.array(shape)), axis=1)
+    return voxels[inside]

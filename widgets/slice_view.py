@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from app.model import Document
 from gpu import sym3
 
+from . import roi_tools
 from .glyphs import tensors_to_world
 from .render import composite, fibers_on_reference, plane_geometry, sample_layer
 
@@ -30,6 +31,7 @@ class SliceView(QWidget):
         self.document = document
         self.tools = tools  # shared RoiTools (brush/eraser state); None: navigation only
         self._last_paint = None
+        self._rect_start = self._rect_end = None
         self.view = view
         self.radiological = False
         self.slab_mm = 4.0
@@ -88,6 +90,8 @@ class SliceView(QWidget):
         self._draw_fibers(painter, geometry, target)
         if self.show_crosshair:
             self._draw_crosshair(painter, geometry, target)
+        if self._rect_start is not None and self._rect_end is not None:
+            self._draw_rubber_band(painter, geometry, target)
         self._draw_labels(painter, geometry)
 
     def _draw_crosshair(self, painter: QPainter, geometry, target: QRectF) -> None:
@@ -98,6 +102,20 @@ class SliceView(QWidget):
         painter.setPen(QPen(QColor(0, 255, 0, 200), 1))
         painter.drawLine(QPointF(target.left(), y), QPointF(target.right(), y))
         painter.drawLine(QPointF(x, target.top()), QPointF(x, target.bottom()))
+
+    def _draw_rubber_band(self, painter: QPainter, geometry, target: QRectF) -> None:
+        height, width = geometry.voxels.shape[:2]
+        corners = []
+        for ijk in (self._rect_start, self._rect_end):
+            row, col = geometry.pixel_of(np.asarray(ijk, dtype=float))
+            corners.append(
+                (target.left() + col * target.width() / width, target.top() + row * target.height() / height)
+            )
+        (x0, y0), (x1, y1) = corners
+        painter.setPen(QPen(QColor(255, 255, 255), 1, Qt.PenStyle.DashLine))
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        cell_w, cell_h = target.width() / width, target.height() / height
+        painter.drawRect(QRectF(min(x0, x1), min(y0, y1), abs(x1 - x0) + cell_w, abs(y1 - y0) + cell_h))
 
     def _draw_labels(self, painter: QPainter, geometry) -> None:
         left, right, top, bottom = geometry.labels
@@ -219,7 +237,25 @@ class SliceView(QWidget):
         )
 
     def _painting(self) -> bool:
-        return self.tools is not None and self.tools.tool in ("brush", "eraser") and self.tools.active_roi() is not None
+        return self.tools is not None and self.tools.tool != "navigate" and self.tools.active_roi() is not None
+
+    def _shape_at(self, pos) -> None:
+        """One-click tools: fill, sphere, box (the rectangle finishes on release)."""
+        ijk = self.voxel_at(pos.x(), pos.y())
+        if ijk is None:
+            return
+        tools, doc = self.tools, self.document
+        roi = tools.active_roi()
+        if tools.tool == "sphere":
+            voxels = roi_tools.ball(ijk, tools.radius, roi.data.shape3)
+        elif tools.tool == "box":
+            voxels = roi_tools.box(ijk, tools.radius, roi.data.shape3)
+        else:  # fill: on the top visible scalar map
+            layer = self._window_level_layer()
+            if layer is None or layer.data.shape3 != roi.data.shape3:
+                return
+            voxels = roi_tools.flood(layer.data.data, ijk, tools.threshold)
+        doc.paint(roi, voxels, True)
 
     def _paint_at(self, pos, continuing: bool) -> None:
         """Paint (or erase) a disc of the tools' radius in this plane; strokes are joined
@@ -246,7 +282,14 @@ class SliceView(QWidget):
     def mousePressEvent(self, event) -> None:
         if event.button() == Qt.MouseButton.LeftButton and self._painting():
             self._last_paint = None
-            self._paint_at(event.position(), continuing=False)
+            tool = self.tools.tool
+            if tool in ("brush", "eraser"):
+                self._paint_at(event.position(), continuing=False)
+            elif tool == "rectangle":
+                self._rect_start = self.voxel_at(event.position().x(), event.position().y())
+                self._rect_end = self._rect_start
+            else:
+                self._shape_at(event.position())
             return
         if event.button() == Qt.MouseButton.RightButton:
             layer = self._window_level_layer()
@@ -264,16 +307,29 @@ class SliceView(QWidget):
             layer.set(clim=(level - width / 2, level + width / 2))
             return
         if event.buttons() & Qt.MouseButton.LeftButton:
-            if self._painting():
+            tool = self.tools.tool if self._painting() else "navigate"
+            if tool in ("brush", "eraser"):
                 self._paint_at(event.position(), continuing=self._last_paint is not None)
-            else:
+            elif tool == "rectangle":
+                end = self.voxel_at(event.position().x(), event.position().y())
+                if end is not None:
+                    self._rect_end = end
+                    self.update()
+            elif tool == "navigate":
                 self._move_cursor(event.position())
+            # one-click tools (fill, sphere, box) ignore the drag
         else:
             self.hovered.emit(self.voxel_at(event.position().x(), event.position().y()))
 
     def mouseReleaseEvent(self, event) -> None:
         self._wl_start = None
         self._last_paint = None
+        if self._rect_start is not None and self._painting():
+            end = self.voxel_at(event.position().x(), event.position().y())
+            end = self._rect_end if end is None else end
+            self.document.paint(self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end), True)
+        self._rect_start = self._rect_end = None
+        self.update()
 
     def _window_level_layer(self):
         for layer in reversed(self.document.layers):

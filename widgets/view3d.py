@@ -16,7 +16,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
 
-from app.model import Document, Layer
+from app.model import ROLE_COLOURS, Document, Layer
 
 from . import fiber_display
 from .glyphs import glyph_mesh, tensors_to_world
@@ -36,6 +36,11 @@ class View3D(QWidget):
         layout.addWidget(self.plotter.interactor)
         self._planes: dict[str, tuple] = {}
         self._glyphs: dict[int, object] = {}
+        self._roi_surfaces: dict[int, object] = {}
+        self._roi_timer = QTimer(self)
+        self._roi_timer.setSingleShot(True)
+        self._roi_timer.setInterval(150)  # a brush stroke rebuilds the surface once it pauses
+        self._roi_timer.timeout.connect(self._update_roi_surfaces)
         self._fibers: dict[int, dict] = {}
         self._camera_set = False
         self._software_rendering: bool | None = None
@@ -54,8 +59,11 @@ class View3D(QWidget):
             self._sync_fibers()
             self._update_planes()
             self._update_glyphs()
+            self._roi_timer.start()
         elif event in ("cursor", "roi"):
             self._update_planes()
+            if event == "roi":
+                self._roi_timer.start()
             self._update_glyphs()
         elif event == "display":
             layer = info.get("layer")
@@ -63,6 +71,9 @@ class View3D(QWidget):
                 self._update_fiber_display(layer)
             elif layer is not None and layer.kind == "tensor":
                 self._update_glyphs()
+            elif layer is not None and layer.kind == "roi":
+                self._update_planes()
+                self._roi_timer.start()
             else:
                 self._update_planes()
         self.request_render()
@@ -109,6 +120,39 @@ class View3D(QWidget):
             grid.points = points
             grid.point_data["rgb"] = rgb.reshape(-1, 3)
             actor.SetVisibility(any_volume)
+
+    # ------------------------------------------------------------ ROI surfaces
+    def _update_roi_surfaces(self) -> None:
+        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its role's colour."""
+        for actor in self._roi_surfaces.values():
+            self.plotter.remove_actor(actor)
+        self._roi_surfaces.clear()
+        for layer in self.document.layers:
+            if layer.kind != "roi" or not layer.visible or not layer.data.mask.any():
+                continue
+            mask = layer.data.mask
+            grid = pv.ImageData(dimensions=np.array(mask.shape) + 2)
+            padded = np.pad(mask, 1).astype(np.float32)  # closed surfaces at the volume's edge
+            grid.point_data["mask"] = padded.ravel(order="F")
+            surface = grid.contour([0.5], scalars="mask")
+            if surface.n_points == 0:
+                continue
+            surface.points -= 1.0  # undo the padding: voxel indices again
+            surface.transform(layer.data.affine, inplace=True)
+            actor = self.plotter.add_mesh(
+                surface,
+                color=ROLE_COLOURS[layer.data.role],
+                opacity=0.45 * layer.opacity / 0.6,
+                name=f"roi_{id(layer)}",
+                smooth_shading=True,
+                **NO_RENDER,
+            )
+            self._roi_surfaces[id(layer)] = actor
+        self.request_render()
+
+    def roi_surface(self, layer: Layer):
+        """The surface actor of an ROI layer, or None (for tests and scripts)."""
+        return self._roi_surfaces.get(id(layer))
 
     # ---------------------------------------------------------------- glyphs
     def _update_glyphs(self) -> None:

@@ -150,3 +150,56 @@ def test_painting_an_roi_selects_the_fibers_through_it(demo_window, qtbot):
     press_drag_release(qtbot, axial, [(12, 28, 15)])
     qtbot.waitUntil(lambda: bundles.selection is not None and not demo_window.runner.active(), timeout=10_000)
     assert bundles.selection.any() and set(bundle_id[bundles.selection]) == {1.0}
+
+
+def test_rectangle_fill_sphere_and_box_tools(window, qtbot):
+    window_with_image(window)
+    doc = window.document
+    anat = doc.layer("anat")
+    z = int(doc.cursor[2])
+    axial = window.views["axial"]
+    layer = window.new_roi()
+    window.set_tool("rectangle")
+    press_drag_release(qtbot, axial, [(5, 6, z), (9, 8, z)])
+    expected = {(x, y, z) for x in range(5, 10) for y in range(6, 9)}
+    assert painted(layer) == expected
+    window.set_tool("sphere")
+    window.radius_box.setValue(2)
+    press_drag_release(qtbot, axial, [(20, 20, z)])
+    ball = {
+        (20 + i, 20 + j, z + k)
+        for i in range(-2, 3)
+        for j in range(-2, 3)
+        for k in range(-2, 3)
+        if i * i + j * j + k * k <= 4
+    }
+    assert painted(layer) == expected | ball
+    window.set_tool("box")
+    window.radius_box.setValue(1)
+    press_drag_release(qtbot, axial, [(30, 10, z)])
+    cube = {(30 + i, 10 + j, z + k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)}
+    assert painted(layer) == expected | ball | cube
+    # Flood fill: the connected voxels of the top scalar map above the threshold.
+    other = window.new_roi()
+    anat.data.data[:] = 0.0
+    anat.data.data[10:14, 3:5, z - 1 : z + 1] = 1.0
+    anat.data.data[30:32, 25:27, z] = 1.0  # not connected: stays out
+    window.set_tool("fill")
+    window.threshold_box.setValue(0.5)
+    press_drag_release(qtbot, axial, [(11, 4, z)])
+    assert painted(other) == {(x, y, k) for x in range(10, 14) for y in range(3, 5) for k in (z - 1, z)}
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=3000)
+    qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert not other.data.mask.any() and painted(layer) == expected | ball | cube
+
+
+def test_rois_show_as_surfaces_in_3d(window, qtbot):
+    window_with_image(window)
+    layer = window.new_roi()
+    window.document.paint(layer, np.argwhere(np.ones((4, 4, 4), bool)) + [10, 10, 4], True)
+    qtbot.waitUntil(lambda: window.view3d.roi_surface(layer) is not None, timeout=3000)
+    bounds = window.view3d.roi_surface(layer).GetBounds()  # world mm: voxels 10..13 at 2 mm
+    np.testing.assert_allclose(bounds, [19, 27, 19, 27, 7, 15], atol=1.01)
+    layer.set(visible=False)
+    qtbot.waitUntil(lambda: window.view3d.roi_surface(layer) is None, timeout=3000)
