@@ -197,7 +197,7 @@ def test_rectangle_fill_sphere_and_box_tools(window, qtbot):
 def test_rois_show_as_surfaces_in_3d(window, qtbot):
     window_with_image(window)
     layer = window.new_roi()
-    window.document.paint(layer, np.argwhere(np.ones((4, 4, 4), bool)) + [10, 10, 4], True)
+    window.document.paint(layer, np.argwhere(np.ones((4, 4, 4), bool)) + np.array([10, 10, 4]), True)
     qtbot.waitUntil(lambda: window.view3d.roi_surface(layer) is not None, timeout=3000)
     bounds = window.view3d.roi_surface(layer).GetBounds()  # world mm: voxels 10..13 at 2 mm
     np.testing.assert_allclose(bounds, [19, 27, 19, 27, 7, 15], atol=1.01)
