@@ -173,37 +173,24 @@ def _kernel():
     )
 
 
-def hits_kernel(backend: Backend, points, offsets, bits, first: int, last: int):
-    """Same as :func:`hits_arrays`, one CUDA thread per point/segment."""
+def hits_kernel(backend: Backend, points, stream_of_point, is_last, bits, n_streams: int):
+    """Same as :func:`hits_arrays` for all streamlines at once, one CUDA thread per point/segment.
+
+    ``stream_of_point`` (int32) and ``is_last`` (uint8, 1 where a point ends its
+    streamline) come from :class:`StreamlineIndex`, which keeps them on the device.
+    """
     cp = backend.xp
-    out = cp.zeros(last - first, dtype=cp.uint32)
-    p_first, p_last = int(offsets[first]), int(offsets[last])
-    n_points = p_last - p_first
+    out = cp.zeros(n_streams, dtype=cp.uint32)
+    n_points = int(points.shape[0])
     if n_points == 0:
         return out
-    # Streamline id of each point of the batch (segments start at their first point).
-    lengths = offsets[first + 1 : last + 1] - offsets[first:last]
-    stream_of_point = _repeat(cp, cp.arange(last - first, dtype=cp.int32), lengths)
-    is_last = cp.zeros(n_points, dtype=cp.uint8)
-    ends = offsets[first + 1 : last + 1] - p_first - 1
-    is_last[ends[lengths > 0]] = 1
     threads = 256
     blocks = (n_points + threads - 1) // threads
     shape = bits.shape
     _kernel()(
         (blocks,),
         (threads,),
-        (
-            cp.ascontiguousarray(points[p_first:p_last], dtype=cp.float32),
-            stream_of_point,
-            is_last,
-            np.int64(n_points),
-            bits,
-            np.int32(shape[0]),
-            np.int32(shape[1]),
-            np.int32(shape[2]),
-            out,
-        ),
+        (points, stream_of_point, is_last, np.int64(n_points), bits, *(np.int32(n) for n in shape), out),
     )
     return out
 
@@ -220,6 +207,81 @@ class Selection:
         return (self.bits >> np.uint32(region)) & np.uint32(1) == 1
 
 
+class StreamlineIndex:
+    """Streamlines kept on the compute device for repeated selections.
+
+    While an ROI is painted only the region bits change: uploading a small bit
+    volume and launching one kernel is all a new selection costs on the GPU.
+    ``points`` (P, 3) are voxel coordinates of the regions' grid.
+    """
+
+    def __init__(self, points: np.ndarray, offsets: np.ndarray, *, device: str | Backend = "auto"):
+        self.backend = get_backend(device)
+        xp = self.backend.xp
+        self.offsets_host = np.asarray(offsets, dtype=np.int64)
+        self.n_streams = len(self.offsets_host) - 1
+        self.points = self.backend.asarray(np.ascontiguousarray(points, dtype=np.float32))
+        self.offsets = self.backend.asarray(self.offsets_host)
+        if self.backend.is_gpu:
+            lengths = xp.diff(self.offsets)
+            self.stream_of_point = _repeat(xp, xp.arange(self.n_streams, dtype=xp.int32), lengths)
+            self.is_last = xp.zeros(len(self.points), dtype=xp.uint8)
+            self.is_last[self.offsets[1:][lengths > 0] - 1] = 1
+
+    def select(
+        self,
+        include: Sequence[np.ndarray],
+        exclude: Sequence[np.ndarray] = (),
+        *,
+        engine: str = "auto",
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Selection:
+        """Streamlines that pass every ``include`` region (AND) and no ``exclude`` region (NOT).
+
+        ``engine``: ``"auto"`` (kernel on the GPU, arrays on the CPU), ``"kernel"`` or ``"arrays"``.
+        """
+        backend, xp = self.backend, self.backend.xp
+        bits_host = region_bits([*include, *exclude])
+        t0 = time.perf_counter()
+        bits = backend.asarray(bits_host)
+        if engine == "auto":
+            engine = "kernel" if backend.is_gpu else "arrays"
+        if engine == "kernel" and not backend.is_gpu:
+            raise ValueError("the 'kernel' engine needs the GPU backend")
+        if engine == "kernel":
+            out = backend.to_host(
+                hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams)
+            )
+            if progress is not None:
+                progress(self.n_streams, self.n_streams)
+        else:
+            out = np.zeros(self.n_streams, dtype=np.uint32)
+            occupied = np.argwhere(bits_host != 0)
+            box = (occupied.min(axis=0), occupied.max(axis=0)) if len(occupied) else None
+            mean_points = max(1.0, self.offsets_host[-1] / max(self.n_streams, 1))
+            per_stream = int(mean_points * 600)  # pieces, 4 cells and their bits: generous
+
+            def process(a: int, b: int) -> None:
+                out[a:b] = backend.to_host(hits_arrays(xp, self.points, self.offsets, bits, a, b, box))
+
+            run_batched(
+                backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3
+            )
+        include_mask = np.uint32((1 << len(include)) - 1)
+        exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
+        selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
+        provenance = {
+            "backend": backend.name,
+            "device": backend.device_name,
+            "engine": engine,
+            "streamlines": self.n_streams,
+            "selected": int(selected.sum()),
+            "seconds": time.perf_counter() - t0,
+        }
+        return Selection(out, selected, provenance)
+
+
 def select_streamlines(
     points: np.ndarray,
     offsets: np.ndarray,
@@ -231,52 +293,6 @@ def select_streamlines(
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> Selection:
-    """Streamlines that pass every ``include`` region (AND) and no ``exclude`` region (NOT).
-
-    ``points`` (P, 3) in voxel coordinates of the masks' grid, ``offsets`` (S + 1,).
-    ``engine``: ``"auto"`` (kernel on the GPU, arrays on the CPU), ``"kernel"`` or ``"arrays"``.
-    """
-    backend = get_backend(device)
-    xp = backend.xp
-    masks = [*include, *exclude]
-    bits_host = region_bits(masks)
-    t0 = time.perf_counter()
-    bits = backend.asarray(bits_host)
-    points_dev = backend.asarray(np.asarray(points, dtype=np.float32))
-    offsets_dev = backend.asarray(np.asarray(offsets, dtype=np.int64))
-    offsets_host = np.asarray(offsets, dtype=np.int64)
-    n_streams = len(offsets_host) - 1
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend")
-    out = np.zeros(n_streams, dtype=np.uint32)
-    occupied = np.argwhere(bits_host != 0)
-    box = (occupied.min(axis=0), occupied.max(axis=0)) if len(occupied) else None
-    mean_points = max(1.0, offsets_host[-1] / max(n_streams, 1))
-    # Arrays engine: pieces, 4 cells and their bits; ~300 bytes per point, generous.
-    per_stream = int(mean_points * (64 if engine == "kernel" else 600))
-
-    def process(a: int, b: int) -> None:
-        if engine == "kernel":
-            result = hits_kernel(backend, points_dev, offsets_dev, bits, a, b)
-        else:
-            result = hits_arrays(xp, points_dev, offsets_dev, bits, a, b, box)
-        out[a:b] = backend.to_host(result)
-
-    run_batched(backend, n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3)
-    include_mask = np.uint32((1 << len(include)) - 1)
-    exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
-    selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
-    return Selection(
-        out,
-        selected,
-        {
-            "backend": backend.name,
-            "device": backend.device_name,
-            "engine": engine,
-            "streamlines": n_streams,
-            "selected": int(selected.sum()),
-            "seconds": time.perf_counter() - t0,
-        },
-    )
+    """One selection (see :meth:`StreamlineIndex.select`); for repeated ones keep an index."""
+    index = StreamlineIndex(points, offsets, device=device)
+    return index.select(include, exclude, engine=engine, progress=progress, cancelled=cancelled)

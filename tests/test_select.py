@@ -129,3 +129,15 @@ def test_small_regions_use_the_bounding_box_shortcut_and_stay_exact(device, rng)
     got = select_streamlines(points, offsets, [blob], [other], device=device).bits
     np.testing.assert_array_equal(got, expected)
     assert 0 < (expected & 1).sum() < len(lines)
+
+
+def test_an_index_answers_repeated_selections_like_fresh_ones(device, rng):
+    from gpu.select import StreamlineIndex
+
+    _lines, points, offsets, masks = random_case(rng, n_streamlines=200)
+    index = StreamlineIndex(points, offsets, device=device)
+    for include, exclude in (([masks[0]], []), ([masks[1], masks[2]], [masks[3]]), ([masks[3]], [masks[0]])):
+        again = index.select(include, exclude)
+        fresh = select_streamlines(points, offsets, include, exclude, device="cpu")
+        np.testing.assert_array_equal(again.bits, fresh.bits)
+        np.testing.assert_array_equal(again.selected, fresh.selected)

@@ -8,6 +8,8 @@ threads and their layers arrive by signal.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from app.io._atomic import split_suffix
 from app.jobs import JobRunner
 from app.loaders import load_layers
 from app.model import ROI_ROLES, Document, Layer, RoiMask
-from app.pipelines.select import select_on_grid
+from app.pipelines.select import index_on_grid
 
 from . import fiber_display
 from .panels import JobPanel, LayerPanel
@@ -115,6 +117,8 @@ class MainWindow(QMainWindow):
         self._selection_timer.setInterval(40)  # coalesce the edits of one brush movement
         self._selection_timer.timeout.connect(self.update_fiber_selection)
         self._selection_job: int | None = None
+        self._fiber_indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._index_lock = threading.Lock()
         self.document.connect(self._on_document)
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())
@@ -364,6 +368,17 @@ class MainWindow(QMainWindow):
         if roi_changed or event == "layers":
             self._selection_timer.start()
 
+    def _fiber_index(self, layer: Layer, reference: np.ndarray):
+        """The layer's streamlines resident on the compute device (built once, on a worker)."""
+        key = reference.tobytes()
+        with self._index_lock:
+            cached = self._fiber_indexes.get(layer)
+        if cached is None or cached[0] != key:
+            cached = (key, index_on_grid(layer.data, reference, self.device))
+            with self._index_lock:
+                self._fiber_indexes[layer] = cached
+        return cached[1]
+
     def update_fiber_selection(self) -> None:
         """Show the streamlines that pass the ROIs (seed, target, waypoint: all; exclusion: none),
         computed on a worker from a snapshot of the masks; a newer edit cancels an older run."""
@@ -388,9 +403,8 @@ class MainWindow(QMainWindow):
             out = {}
             for layer in tracts:
                 ctx.check()
-                result = select_on_grid(
-                    layer.data, reference, include or everywhere, exclude, device=self.device, cancelled=ctx.cancelled
-                )
+                index = self._fiber_index(layer, reference)
+                result = index.select(include or everywhere, exclude, cancelled=ctx.cancelled)
                 out[id(layer)] = (layer, result.selected)
             return out
 

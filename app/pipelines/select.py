@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import nibabel as nib
 import numpy as np
 
-from gpu.select import select_streamlines
+from gpu.select import StreamlineIndex
 
 from ..errors import InputError
 from ..io.nifti import load_3d, load_image
@@ -67,8 +67,16 @@ def select_pipeline(
     return tractogram.subset(selection.selected), selection, notes
 
 
-def select_on_grid(tractogram: Tractogram, grid_affine: np.ndarray, include, exclude=(), **kwargs):
-    """Select with masks on the grid of ``grid_affine`` (the tractogram's own grid may differ)."""
+def index_on_grid(tractogram: Tractogram, grid_affine: np.ndarray, device: str = "auto") -> StreamlineIndex:
+    """The tractogram's points in voxel coordinates of another grid, kept on the compute device
+    for repeated selections (the GUI keeps one per tractogram while ROIs are edited)."""
     to_grid = np.linalg.solve(grid_affine, tractogram.affine)
     points = nib.affines.apply_affine(to_grid, tractogram.points).astype(np.float32)
-    return select_streamlines(points, tractogram.offsets, include, exclude, **kwargs)
+    return StreamlineIndex(points, tractogram.offsets, device=device)
+
+
+def select_on_grid(
+    tractogram: Tractogram, grid_affine: np.ndarray, include, exclude=(), *, device: str = "auto", **kwargs
+):
+    """Select with masks on the grid of ``grid_affine`` (the tractogram's own grid may differ)."""
+    return index_on_grid(tractogram, grid_affine, device).select(include, exclude, **kwargs)
