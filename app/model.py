@@ -423,6 +423,14 @@ class Document(Observable):
         self.emit("roi", layer=layer)
         return len(voxels)
 
+    def set_roi_role(self, layer: Layer, role: str) -> None:
+        """Change what an ROI does (seed, target, waypoint, exclusion, stop)."""
+        if role not in ROI_ROLES:
+            raise ValueError(f"unknown ROI role {role!r}: one of {', '.join(ROI_ROLES)}")
+        if layer.data.role != role:
+            layer.data.role = role
+            layer.emit("display", changed=["role"])
+
     def roi_sets(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Masks of the visible ROIs that select fibers: (include: seed, target, waypoint; exclude)."""
         include, exclude = [], []

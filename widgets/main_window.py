@@ -167,6 +167,7 @@ class MainWindow(QMainWindow):
             ("brush", "B"),
             ("eraser", "E"),
             ("rectangle", "R"),
+            ("polygon", "P"),
             ("fill", "F"),
             ("sphere", "S"),
             ("box", "X"),

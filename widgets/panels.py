@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.jobs import RUNNING, JobRunner
-from app.model import COLORMAPS, GLYPH_SHAPES, Document, Layer
+from app.model import COLORMAPS, GLYPH_SHAPES, ROI_ROLES, Document, Layer
 
 
 class LayerPanel(QWidget):
@@ -44,6 +44,8 @@ class LayerPanel(QWidget):
             spin.setRange(-1e9, 1e9)
             spin.setDecimals(4)
             spin.setKeyboardTracking(False)
+        self.role = QComboBox()
+        self.role.addItems(ROI_ROLES)
         self.tubes = QCheckBox("Draw as tubes")
         self.glyph = QComboBox()
         self.glyph.addItems(GLYPH_SHAPES)
@@ -62,6 +64,7 @@ class LayerPanel(QWidget):
         form.addRow("Colour by", self.color_by)
         form.addRow("Min", self.vmin)
         form.addRow("Max", self.vmax)
+        form.addRow("ROI role", self.role)
         form.addRow("Fibers", self.tubes)
         form.addRow("Glyphs", self.glyph)
         form.addRow("Every n-th voxel", self.glyph_step)
@@ -77,6 +80,7 @@ class LayerPanel(QWidget):
         self.colormap.currentTextChanged.connect(lambda name: self._edit(colormap=name))
         self.color_by.currentTextChanged.connect(lambda name: name and self._edit(color_by=name))
         self.tubes.toggled.connect(lambda on: self._edit(tubes=bool(on)))
+        self.role.currentTextChanged.connect(self._set_role)
         self.glyph.currentTextChanged.connect(lambda name: self._edit(glyph=name))
         self.glyph_step.valueChanged.connect(lambda v: self._edit(glyph_step=int(v)))
         self.glyph_size.valueChanged.connect(lambda v: self._edit(glyph_size=float(v)))
@@ -145,6 +149,9 @@ class LayerPanel(QWidget):
         for widget in (self.glyph, self.glyph_step, self.glyph_size):
             widget.setEnabled(layer is not None and layer.kind == "tensor")
         self.tubes.setEnabled(layer is not None and layer.kind == "tractogram")
+        self.role.setEnabled(layer is not None and layer.kind == "roi")
+        if layer is not None and layer.kind == "roi":
+            self.role.setCurrentText(layer.data.role)
         if layer is not None:
             self.tubes.setChecked(bool(layer.tubes))
         if layer is not None:
@@ -172,6 +179,11 @@ class LayerPanel(QWidget):
         layer = self.selected_layer()
         if layer is not None and not self._updating:
             layer.set(**changes)
+
+    def _set_role(self, role: str) -> None:
+        layer = self.selected_layer()
+        if layer is not None and layer.kind == "roi" and not self._updating:
+            self.document.set_roi_role(layer, role)
 
     def _move(self, delta: int) -> None:
         layer = self.selected_layer()

@@ -8,7 +8,7 @@ import numpy as np
 
 from app.model import ROI_ROLES, Document, Layer, RoiMask
 
-TOOLS = ("navigate", "brush", "eraser", "rectangle", "fill", "sphere", "box")
+TOOLS = ("navigate", "brush", "eraser", "rectangle", "polygon", "fill", "sphere", "box")
 
 
 class RoiTools:
@@ -80,3 +80,34 @@ def flood(values: np.ndarray, seed, threshold: float) -> np.ndarray:
 def _clip(voxels: np.ndarray, shape) -> np.ndarray:
     inside = np.all((voxels >= 0) & (voxels < np.array(shape)), axis=1)
     return voxels[inside]
+
+
+def polygon(vertices, h_axis: int, v_axis: int) -> np.ndarray:
+    """(N, 3) voxels of the slice whose centres lie inside or on the closed polygon through
+    ``vertices`` (voxel indices on one slice; even-odd rule, edges included)."""
+    vertices = np.asarray(vertices, dtype=np.int64)
+    pts = vertices[:, [h_axis, v_axis]].astype(np.float64)
+    lo, hi = pts.min(0).astype(int), pts.max(0).astype(int)
+    hh, vv = np.mgrid[lo[0] : hi[0] + 1, lo[1] : hi[1] + 1]
+    x, y = hh.ravel().astype(np.float64), vv.ravel().astype(np.float64)
+    inside = np.zeros(x.shape, dtype=bool)
+    on_edge = np.zeros(x.shape, dtype=bool)
+    for (x0, y0), (x1, y1) in zip(pts, np.roll(pts, -1, axis=0), strict=True):
+        crosses = (y0 > y) != (y1 > y)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x_at = x0 + (y - y0) * (x1 - x0) / (y1 - y0)
+        inside ^= crosses & (x < x_at)
+        # On the edge: collinear and within the segment's box.
+        cross = (x1 - x0) * (y - y0) - (y1 - y0) * (x - x0)
+        within = (
+            (np.minimum(x0, x1) <= x)
+            & (x <= np.maximum(x0, x1))
+            & (np.minimum(y0, y1) <= y)
+            & (y <= np.maximum(y0, y1))
+        )
+        on_edge |= (np.abs(cross) < 1e-9) & within
+    keep = inside | on_edge
+    out = np.repeat(vertices[:1], int(keep.sum()), axis=0)
+    out[:, h_axis] = x[keep].astype(np.int64)
+    out[:, v_axis] = y[keep].astype(np.int64)
+    return out

@@ -32,6 +32,7 @@ class SliceView(QWidget):
         self.tools = tools  # shared RoiTools (brush/eraser state); None: navigation only
         self._last_paint = None
         self._rect_start = self._rect_end = None
+        self._polygon: list[np.ndarray] = []  # vertices so far; a double click closes and fills
         self.view = view
         self.radiological = False
         self.slab_mm = 4.0
@@ -92,6 +93,8 @@ class SliceView(QWidget):
             self._draw_crosshair(painter, geometry, target)
         if self._rect_start is not None and self._rect_end is not None:
             self._draw_rubber_band(painter, geometry, target)
+        if self._polygon:
+            self._draw_polygon(painter, geometry, target)
         self._draw_labels(painter, geometry)
 
     def _draw_crosshair(self, painter: QPainter, geometry, target: QRectF) -> None:
@@ -116,6 +119,20 @@ class SliceView(QWidget):
         painter.setBrush(Qt.BrushStyle.NoBrush)
         cell_w, cell_h = target.width() / width, target.height() / height
         painter.drawRect(QRectF(min(x0, x1), min(y0, y1), abs(x1 - x0) + cell_w, abs(y1 - y0) + cell_h))
+
+    def _draw_polygon(self, painter: QPainter, geometry, target: QRectF) -> None:
+        height, width = geometry.voxels.shape[:2]
+        points = []
+        for ijk in self._polygon:
+            row, col = geometry.pixel_of(np.asarray(ijk, dtype=float))
+            points.append(
+                QPointF(
+                    target.left() + (col + 0.5) * target.width() / width,
+                    target.top() + (row + 0.5) * target.height() / height,
+                )
+            )
+        painter.setPen(QPen(QColor(255, 255, 255), 1, Qt.PenStyle.DashLine))
+        painter.drawPolyline(points)
 
     def _draw_labels(self, painter: QPainter, geometry) -> None:
         left, right, top, bottom = geometry.labels
@@ -288,6 +305,11 @@ class SliceView(QWidget):
             elif tool == "rectangle":
                 self._rect_start = self.voxel_at(event.position().x(), event.position().y())
                 self._rect_end = self._rect_start
+            elif tool == "polygon":
+                vertex = self.voxel_at(event.position().x(), event.position().y())
+                if vertex is not None:
+                    self._polygon.append(np.asarray(vertex))
+                    self.update()
             else:
                 self._shape_at(event.position())
             return
@@ -320,6 +342,23 @@ class SliceView(QWidget):
             # one-click tools (fill, sphere, box) ignore the drag
         else:
             self.hovered.emit(self.voxel_at(event.position().x(), event.position().y()))
+
+    def mouseDoubleClickEvent(self, event) -> None:
+        if self._painting() and self.tools.tool == "polygon":
+            self.finish_polygon()
+            return
+        super().mouseDoubleClickEvent(event)
+
+    def finish_polygon(self) -> None:
+        """Fill the polygon drawn so far on this slice (needs three distinct vertices)."""
+        vertices = np.unique(np.asarray(self._polygon), axis=0) if self._polygon else []
+        if len(vertices) >= 3:
+            geometry = self.geometry_now()
+            ordered = [v for i, v in enumerate(self._polygon) if i == 0 or not np.array_equal(v, self._polygon[i - 1])]
+            voxels = roi_tools.polygon(ordered, geometry.h_axis, geometry.v_axis)
+            self.document.paint(self.tools.active_roi(), voxels, True)
+        self._polygon = []
+        self.update()
 
     def mouseReleaseEvent(self, event) -> None:
         self._wl_start = None
@@ -360,5 +399,10 @@ class SliceView(QWidget):
             self.step(1)
         elif key in (Qt.Key.Key_PageDown, Qt.Key.Key_Down):
             self.step(-1)
+        elif key in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and self._polygon:
+            self.finish_polygon()
+        elif key == Qt.Key.Key_Escape and self._polygon:
+            self._polygon = []
+            self.update()
         else:
             super().keyPressEvent(event)

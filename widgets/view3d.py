@@ -72,7 +72,7 @@ class View3D(QWidget):
             elif layer is not None and layer.kind == "tensor":
                 self._update_glyphs()
             elif layer is not None and layer.kind == "roi":
-                self._update_planes()
+                self._update_planes()  # visibility, opacity or role colour
                 self._roi_timer.start()
             else:
                 self._update_planes()

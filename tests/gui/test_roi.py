@@ -131,8 +131,10 @@ def test_fibers_are_selected_live_by_the_rois(demo_window, qtbot, demo_dir):
     demo_window.save_screenshot(ARTIFACTS / "roi_selects_arc.png")
     # Turning the target into an exclusion leaves nothing; removing the ROIs shows everything again.
     target = doc.layers[-1]
-    target.data.role = "exclusion"
-    target.set(opacity=0.59)  # any display change re-runs the selection
+    panel = demo_window.layer_panel
+    panel.list.setCurrentItem(panel.item_for(target))
+    panel.role.setCurrentText("exclusion")  # the user changes the ROI's role in the layer panel
+    assert target.data.role == "exclusion"
     qtbot.waitUntil(lambda: bundles.selection is not None and not bundles.selection.any(), timeout=10_000)
     for layer in [layer for layer in doc.layers if layer.kind == "roi"]:
         doc.remove_layer(layer)
@@ -203,3 +205,27 @@ def test_rois_show_as_surfaces_in_3d(window, qtbot):
     np.testing.assert_allclose(bounds, [19, 27, 19, 27, 7, 15], atol=1.01)
     layer.set(visible=False)
     qtbot.waitUntil(lambda: window.view3d.roi_surface(layer) is None, timeout=3000)
+
+
+def test_polygon_tool_fills_the_closed_outline(window, qtbot):
+    window_with_image(window)
+    z = int(window.document.cursor[2])
+    layer = window.new_roi()
+    window.set_tool("polygon")
+    axial = window.views["axial"]
+    corners = [(4, 4, z), (12, 4, z), (12, 10, z), (4, 10, z)]
+    for corner in corners:
+        point = axial.widget_point_of_voxel(corner)
+        qtbot.mouseClick(axial, Qt.MouseButton.LeftButton, pos=QPoint(int(point.x()), int(point.y())))
+    assert not layer.data.mask.any()  # nothing until the outline is closed
+    axial.setFocus()
+    qtbot.keyClick(axial, Qt.Key.Key_Return)
+    assert painted(layer) == {(x, y, z) for x in range(4, 13) for y in range(4, 11)}
+    # A triangle closed by a double click: the voxels whose centres are inside or on it.
+    other = window.new_roi()
+    window.set_tool("polygon")
+    for vertex in [(20, 2, z), (30, 2, z), (20, 12, z)]:
+        point = axial.widget_point_of_voxel(vertex)
+        qtbot.mouseClick(axial, Qt.MouseButton.LeftButton, pos=QPoint(int(point.x()), int(point.y())))
+    qtbot.mouseDClick(axial, Qt.MouseButton.LeftButton, pos=QPoint(int(point.x()), int(point.y())))
+    assert painted(other) == {(x, y, z) for x in range(20, 31) for y in range(2, 13) if (x - 20) + (y - 2) <= 10}
