@@ -95,6 +95,25 @@ class RoiMask(Observable):
         self.mask = mask
         self.affine = np.asarray(affine, dtype=np.float64)
         self.role = role
+        # A movable 3-D shape ({"kind": "sphere"|"box", "centre": (3,) voxels, "radius": voxels})
+        # whose voxels the mask holds; None for a freehand ROI (painting turns a shape freehand).
+        self.shape: dict | None = None
+
+    def apply_shape(self, shape: dict | None) -> None:
+        """Make the mask the voxels of ``shape`` (sphere: distance ≤ radius; box: |d| ≤ radius per axis)."""
+        self.shape = None if shape is None else dict(shape, centre=np.asarray(shape["centre"], dtype=float))
+        if shape is None:
+            return
+        grid = np.indices(self.mask.shape, dtype=np.float64)
+        d = grid - self.shape["centre"][:, None, None, None]
+        r = float(shape["radius"])
+        if shape["kind"] == "sphere":
+            inside = (d**2).sum(axis=0) <= r * r + 1e-9
+        elif shape["kind"] == "box":
+            inside = (np.abs(d) <= r + 1e-9).all(axis=0)
+        else:
+            raise ValueError(f"unknown ROI shape {shape['kind']!r}")
+        self.mask[...] = inside
 
     @property
     def voxel_count(self) -> int:
@@ -413,15 +432,31 @@ class Document(Observable):
         if not changed.any():
             return 0
         voxels, old = voxels[changed], old[changed]
+        shape_before = layer.data.shape
+        layer.data.shape = None  # painting makes a shape freehand
         mask[tuple(voxels.T)] = value
-        if merge_with_last and self._undo and self._undo[-1][0] is layer:
-            _, prev_voxels, prev_old = self._undo[-1]
-            self._undo[-1] = (layer, np.concatenate([prev_voxels, voxels]), np.concatenate([prev_old, old]))
+        last = self._undo[-1] if self._undo else None
+        if merge_with_last and last is not None and last[0] == "mask" and last[1] is layer:
+            _, _, prev_voxels, prev_old, prev_shape = last
+            merged = ("mask", layer, np.concatenate([prev_voxels, voxels]), np.concatenate([prev_old, old]), prev_shape)
+            self._undo[-1] = merged
         else:
-            self._undo.append((layer, voxels, old))
+            self._undo.append(("mask", layer, voxels, old, shape_before))
         self._redo.clear()
         self.emit("roi", layer=layer)
         return len(voxels)
+
+    def set_roi_shape(self, layer: Layer, shape: dict, *, merge_with_last: bool = False) -> None:
+        """Place, move or resize a shape ROI; undoable (a drag with ``merge_with_last`` is one step)."""
+        before = layer.data.shape
+        last = self._undo[-1] if self._undo else None
+        if merge_with_last and last is not None and last[0] == "shape" and last[1] is layer:
+            before = last[2]
+            self._undo.pop()
+        layer.data.apply_shape(shape)
+        self._undo.append(("shape", layer, before, layer.data.shape))
+        self._redo.clear()
+        self.emit("roi", layer=layer)
 
     def set_roi_role(self, layer: Layer, role: str) -> None:
         """Change what an ROI does (seed, target, waypoint, exclusion, stop)."""
@@ -443,26 +478,43 @@ class Document(Observable):
         return include, exclude
 
     def undo(self) -> bool:
+        """Revert the last ROI edit (a stroke, a fill, a shape move) exactly."""
         if not self._undo:
             return False
-        layer, voxels, old = self._undo.pop()
-        index = tuple(voxels.T)
-        current = layer.data.mask[index].copy()
-        # Apply in reverse order so a voxel edited twice in one step gets its first old value.
-        for k in range(len(voxels) - 1, -1, -1):
-            layer.data.mask[tuple(voxels[k])] = old[k]
-        self._redo.append((layer, voxels, current))
+        record = self._undo.pop()
+        layer = record[1]
+        if record[0] == "mask":
+            _, _, voxels, old, shape_before = record
+            after = layer.data.mask[tuple(voxels.T)].copy()
+            layer.data.mask[tuple(voxels.T)] = old
+            layer.data.shape = shape_before
+            self._redo.append(("mask", layer, voxels, after, shape_before))
+        else:
+            _, _, before, after = record
+            if before is None:
+                layer.data.mask[...] = False
+                layer.data.shape = None
+            else:
+                layer.data.apply_shape(before)
+            self._redo.append(("shape", layer, before, after))
         self.emit("roi", layer=layer)
         return True
 
     def redo(self) -> bool:
         if not self._redo:
             return False
-        layer, voxels, values = self._redo.pop()
-        before = layer.data.mask[tuple(voxels.T)].copy()
-        for k in range(len(voxels)):
-            layer.data.mask[tuple(voxels[k])] = values[k]
-        self._undo.append((layer, voxels, before))
+        record = self._redo.pop()
+        layer = record[1]
+        if record[0] == "mask":
+            _, _, voxels, values, shape_before = record
+            old = layer.data.mask[tuple(voxels.T)].copy()
+            layer.data.mask[tuple(voxels.T)] = values
+            layer.data.shape = None
+            self._undo.append(("mask", layer, voxels, old, shape_before))
+        else:
+            _, _, before, after = record
+            layer.data.apply_shape(after)
+            self._undo.append(("shape", layer, before, after))
         self.emit("roi", layer=layer)
         return True
 

@@ -109,6 +109,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.hover_label, 1)
         for view in self.views.values():
             view.hovered.connect(self.update_hover_label)
+            view.shape_created.connect(self._shape_created)
         self.statusBar().addPermanentWidget(self.busy)
 
         self._build_menus()
@@ -181,7 +182,7 @@ class MainWindow(QMainWindow):
         self.radius_box.setRange(0, 20)
         self.radius_box.setValue(self.roi_tools.radius)
         self.radius_box.setPrefix("radius ")
-        self.radius_box.valueChanged.connect(lambda r: setattr(self.roi_tools, "radius", int(r)))
+        self.radius_box.valueChanged.connect(self._radius_changed)
         bar.addWidget(self.radius_box)
         self.threshold_box = QDoubleSpinBox()
         self.threshold_box.setRange(-1e6, 1e6)
@@ -192,9 +193,47 @@ class MainWindow(QMainWindow):
         self.threshold_box.valueChanged.connect(lambda t: setattr(self.roi_tools, "threshold", float(t)))
         bar.addWidget(self.threshold_box)
 
+    def _radius_changed(self, radius: int) -> None:
+        """The radius box sets the brush and shape size, and resizes the active shape ROI."""
+        self.roi_tools.radius = int(radius)
+        layer = self.roi_tools.active_roi()
+        if layer is not None and layer.data.shape is not None and layer.data.shape["radius"] != radius:
+            self.document.set_roi_shape(layer, dict(layer.data.shape, radius=int(radius)))
+            self.attach_shape_widget(layer)
+
+    def attach_shape_widget(self, layer) -> None:
+        """Put the 3-D handle on a shape ROI (moving or resizing it there edits the ROI)."""
+
+        def changed(centre_world, radius_mm):
+            affine = layer.data.affine
+            centre = np.linalg.solve(affine[:3, :3], centre_world - affine[:3, 3])
+            voxel_mm = float(np.sqrt((affine[:3, :3] ** 2).sum(0)).mean())
+            shape = dict(
+                layer.data.shape or {"kind": "sphere"},
+                centre=np.round(centre, 3),
+                radius=round(radius_mm / voxel_mm, 3),
+            )
+            self.document.set_roi_shape(layer, shape)
+
+        self.view3d.show_shape_widget(layer, changed)
+
     def set_tool(self, tool: str) -> None:
         self.roi_tools.tool = tool
         self.tool_actions[tool].setChecked(True)
+
+    def _follow_shape(self, layer) -> None:
+        """Keep the 3-D handle on a shape ROI that was moved or resized elsewhere."""
+        widget = self.view3d.shape_widget
+        if widget is None:
+            return
+        shape, affine = layer.data.shape, layer.data.affine
+        voxel_mm = float(np.sqrt((affine[:3, :3] ** 2).sum(0)).mean())
+        widget.SetCenter(*(affine[:3, :3] @ shape["centre"] + affine[:3, 3]))
+        widget.SetRadius(max(float(shape["radius"]), 0.5) * voxel_mm)
+
+    def _shape_created(self, layer) -> None:
+        self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(layer))
+        self.attach_shape_widget(layer)
 
     def new_roi(self):
         try:
@@ -366,6 +405,8 @@ class MainWindow(QMainWindow):
             self.update_position_label()
         layer = info.get("layer")
         roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
+        if event == "roi" and layer is not None and layer.data.shape is not None:
+            self._follow_shape(layer)
         if roi_changed or event == "layers":
             self._selection_timer.start()
 

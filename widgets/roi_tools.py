@@ -30,8 +30,9 @@ class RoiTools:
                 return layer
         return None
 
-    def new_roi(self, role: str | None = None) -> Layer:
-        """An empty ROI on the reference grid, named after its role ("seed 1", "target 2", ...)."""
+    def new_roi(self, role: str | None = None, shape: dict | None = None) -> Layer:
+        """An empty ROI on the reference grid, named after its role ("seed 1", "target 2", ...);
+        with ``shape`` a movable sphere or box (placing it is an undoable edit)."""
         role = role or self.role
         if role not in ROI_ROLES:
             raise ValueError(f"unknown ROI role {role!r}")
@@ -41,7 +42,10 @@ class RoiTools:
         count = 1 + sum(1 for layer in doc.layers if layer.kind == "roi" and layer.data.role == role)
         name = f"{role} {count}"
         mask = RoiMask(name, np.zeros(doc.reference_shape, dtype=bool), doc.reference_affine, role=role)
-        return doc.add_layer(Layer(name, mask, "roi"))
+        layer = doc.add_layer(Layer(name, mask, "roi"))
+        if shape is not None:
+            doc.set_roi_shape(layer, shape)
+        return layer
 
 
 def ball(centre, radius: int, shape) -> np.ndarray:

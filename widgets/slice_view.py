@@ -25,6 +25,7 @@ from .render import composite, fibers_on_reference, plane_geometry, sample_layer
 class SliceView(QWidget):
     cursor_moved = Signal()
     hovered = Signal(object)  # reference voxel under the mouse (or None), without moving the cursor
+    shape_created = Signal(object)  # a new shape ROI layer was placed
 
     def __init__(self, document: Document, view: str, parent: QWidget | None = None, tools=None):
         super().__init__(parent)
@@ -33,6 +34,7 @@ class SliceView(QWidget):
         self._last_paint = None
         self._rect_start = self._rect_end = None
         self._polygon: list[np.ndarray] = []  # vertices so far; a double click closes and fills
+        self._drag_shape = None  # (shape ROI layer, grab offset) while a sphere or box is dragged
         self.view = view
         self.radiological = False
         self.slab_mm = 4.0
@@ -254,25 +256,47 @@ class SliceView(QWidget):
         )
 
     def _painting(self) -> bool:
-        return self.tools is not None and self.tools.tool != "navigate" and self.tools.active_roi() is not None
+        """Does a left drag edit ROIs (rather than move the cursor)? Shapes need no ROI first."""
+        if self.tools is None or self.tools.tool == "navigate":
+            return False
+        return self.tools.tool in ("sphere", "box") or self.tools.active_roi() is not None
 
     def _shape_at(self, pos) -> None:
-        """One-click tools: fill, sphere, box (the rectangle finishes on release)."""
+        """One-click tools. Fill paints the connected voxels above the threshold; sphere and box
+        grab the active shape ROI under the click (to drag it) or place a new shape ROI there."""
         ijk = self.voxel_at(pos.x(), pos.y())
         if ijk is None:
             return
         tools, doc = self.tools, self.document
         roi = tools.active_roi()
-        if tools.tool == "sphere":
-            voxels = roi_tools.ball(ijk, tools.radius, roi.data.shape3)
-        elif tools.tool == "box":
-            voxels = roi_tools.box(ijk, tools.radius, roi.data.shape3)
-        else:  # fill: on the top visible scalar map
-            layer = self._window_level_layer()
-            if layer is None or layer.data.shape3 != roi.data.shape3:
-                return
-            voxels = roi_tools.flood(layer.data.data, ijk, tools.threshold)
-        doc.paint(roi, voxels, True)
+        if tools.tool in ("sphere", "box"):
+            shape = roi.data.shape if roi is not None else None
+            if shape is not None and shape["kind"] == tools.tool and roi.data.mask[tuple(ijk)]:
+                self._drag_shape = (roi, np.asarray(ijk, dtype=float) - shape["centre"], False)
+            else:
+                layer = tools.new_roi(shape={"kind": tools.tool, "centre": ijk, "radius": tools.radius})
+                self.shape_created.emit(layer)
+                self._drag_shape = (layer, np.zeros(3), False)
+            return
+        layer = self._window_level_layer()
+        if layer is None or layer.data.shape3 != roi.data.shape3:
+            return
+        doc.paint(roi, roi_tools.flood(layer.data.data, ijk, tools.threshold), True)
+
+    def _drag_shape_to(self, pos) -> None:
+        ijk = self.voxel_at(pos.x(), pos.y())
+        if ijk is None:
+            return
+        layer, grab, moved = self._drag_shape
+        shape = dict(layer.data.shape)
+        centre = np.asarray(ijk, dtype=float) - grab
+        normal = self.geometry_now().normal_axis
+        centre[normal] = shape["centre"][normal]  # a drag on a slice moves within its plane
+        if not np.array_equal(centre, shape["centre"]):
+            shape["centre"] = centre
+            # One drag = one undo step, separate from the placement before it.
+            self.document.set_roi_shape(layer, shape, merge_with_last=moved)
+            self._drag_shape = (layer, grab, True)
 
     def _paint_at(self, pos, continuing: bool) -> None:
         """Paint (or erase) a disc of the tools' radius in this plane; strokes are joined
@@ -339,7 +363,8 @@ class SliceView(QWidget):
                     self.update()
             elif tool == "navigate":
                 self._move_cursor(event.position())
-            # one-click tools (fill, sphere, box) ignore the drag
+            elif self._drag_shape is not None:
+                self._drag_shape_to(event.position())
         else:
             self.hovered.emit(self.voxel_at(event.position().x(), event.position().y()))
 
@@ -363,6 +388,7 @@ class SliceView(QWidget):
     def mouseReleaseEvent(self, event) -> None:
         self._wl_start = None
         self._last_paint = None
+        self._drag_shape = None
         if self._rect_start is not None and self._painting():
             end = self.voxel_at(event.position().x(), event.position().y())
             end = self._rect_end if end is None else end

@@ -37,6 +37,7 @@ class View3D(QWidget):
         self._planes: dict[str, tuple] = {}
         self._glyphs: dict[int, object] = {}
         self._roi_surfaces: dict[int, object] = {}
+        self.shape_widget = None
         self._roi_timer = QTimer(self)
         self._roi_timer.setSingleShot(True)
         self._roi_timer.setInterval(150)  # a brush stroke rebuilds the surface once it pauses
@@ -148,6 +149,31 @@ class View3D(QWidget):
                 **NO_RENDER,
             )
             self._roi_surfaces[id(layer)] = actor
+        self.request_render()
+
+    def show_shape_widget(self, layer: Layer | None, on_change) -> None:
+        """A sphere handle on a shape ROI in 3-D: drag it to move, right-drag to resize.
+        ``on_change(centre_world_mm, radius_mm)`` is called when an interaction ends."""
+        self.plotter.clear_sphere_widgets()
+        self.shape_widget = None
+        if layer is None or layer.data.shape is None:
+            return
+        shape, affine = layer.data.shape, layer.data.affine
+        centre = affine[:3, :3] @ shape["centre"] + affine[:3, 3]
+        voxel_mm = float(np.sqrt((affine[:3, :3] ** 2).sum(0)).mean())
+
+        def moved(centre_world, widget):
+            on_change(np.asarray(centre_world, dtype=float), float(widget.GetRadius()))
+
+        self.shape_widget = self.plotter.add_sphere_widget(
+            moved,
+            center=tuple(centre),
+            radius=max(shape["radius"], 0.5) * voxel_mm,
+            color=ROLE_COLOURS[layer.data.role],
+            style="wireframe",
+            pass_widget=True,
+            test_callback=False,  # the handle must not edit the ROI by merely appearing
+        )
         self.request_render()
 
     def roi_surface(self, layer: Layer):

@@ -154,7 +154,7 @@ def test_painting_an_roi_selects_the_fibers_through_it(demo_window, qtbot):
     assert bundles.selection.any() and set(bundle_id[bundles.selection]) == {1.0}
 
 
-def test_rectangle_fill_sphere_and_box_tools(window, qtbot):
+def test_rectangle_and_fill_tools(window, qtbot):
     window_with_image(window)
     doc = window.document
     anat = doc.layer("anat")
@@ -165,22 +165,6 @@ def test_rectangle_fill_sphere_and_box_tools(window, qtbot):
     press_drag_release(qtbot, axial, [(5, 6, z), (9, 8, z)])
     expected = {(x, y, z) for x in range(5, 10) for y in range(6, 9)}
     assert painted(layer) == expected
-    window.set_tool("sphere")
-    window.radius_box.setValue(2)
-    press_drag_release(qtbot, axial, [(20, 20, z)])
-    ball = {
-        (20 + i, 20 + j, z + k)
-        for i in range(-2, 3)
-        for j in range(-2, 3)
-        for k in range(-2, 3)
-        if i * i + j * j + k * k <= 4
-    }
-    assert painted(layer) == expected | ball
-    window.set_tool("box")
-    window.radius_box.setValue(1)
-    press_drag_release(qtbot, axial, [(30, 10, z)])
-    cube = {(30 + i, 10 + j, z + k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)}
-    assert painted(layer) == expected | ball | cube
     # Flood fill: the connected voxels of the top scalar map above the threshold.
     other = window.new_roi()
     anat.data.data[:] = 0.0
@@ -193,7 +177,64 @@ def test_rectangle_fill_sphere_and_box_tools(window, qtbot):
     window.activateWindow()
     qtbot.waitUntil(window.isActiveWindow, timeout=3000)
     qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
-    assert not other.data.mask.any() and painted(layer) == expected | ball | cube
+    assert not other.data.mask.any() and painted(layer) == expected
+
+
+def ball_voxels(centre, r):
+    c = np.asarray(centre)
+    return {
+        tuple(int(v) for v in c + np.array([i, j, k]))
+        for i in range(-r, r + 1)
+        for j in range(-r, r + 1)
+        for k in range(-r, r + 1)
+        if i * i + j * j + k * k <= r * r
+    }
+
+
+def test_sphere_and_box_shapes_are_placed_dragged_resized_and_undone(window, qtbot):
+    window_with_image(window)
+    doc = window.document
+    z = int(doc.cursor[2])
+    axial = window.views["axial"]
+    window.set_tool("sphere")
+    window.radius_box.setValue(2)
+    press_drag_release(qtbot, axial, [(20, 15, z)])
+    sphere = doc.layers[-1]
+    assert sphere.kind == "roi" and sphere.data.shape["kind"] == "sphere"
+    assert painted(sphere) == ball_voxels((20, 15, z), 2)
+    # Drag it by its inside: it follows the mouse in the slice's plane.
+    press_drag_release(qtbot, axial, [(21, 15, z), (25, 18, z)])
+    assert painted(sphere) == ball_voxels((24, 18, z), 2)
+    # Resize with the radius box, then undo the resize and the drag, each one step.
+    window.radius_box.setValue(3)
+    assert painted(sphere) == ball_voxels((24, 18, z), 3)
+    doc.undo()
+    assert painted(sphere) == ball_voxels((24, 18, z), 2)
+    doc.undo()
+    assert painted(sphere) == ball_voxels((20, 15, z), 2)
+    # In 3-D: the handle on the shape moves and resizes it (as a user's drag of the widget ends).
+    widget = window.view3d.shape_widget
+    assert widget is not None
+    affine = doc.reference_affine
+    widget.SetCenter(*(affine[:3, :3] @ np.array([10.0, 10.0, z]) + affine[:3, 3]))
+    widget.SetRadius(2.0 * 1)  # 1 voxel of 2 mm
+    widget.InvokeEvent("EndInteractionEvent")
+    assert painted(sphere) == ball_voxels((10, 10, z), 1)
+    # A box, in a new ROI of its own.
+    window.set_tool("box")
+    window.radius_box.setValue(1)
+    press_drag_release(qtbot, axial, [(30, 5, z)])
+    box = doc.layers[-1]
+    assert box is not sphere and painted(box) == {
+        (30 + i, 5 + j, z + k) for i in (-1, 0, 1) for j in (-1, 0, 1) for k in (-1, 0, 1)
+    }
+    # Painting on a shape makes it freehand; undo restores the shape exactly.
+    window.set_tool("brush")
+    window.radius_box.setValue(0)
+    press_drag_release(qtbot, axial, [(33, 5, z)])
+    assert box.data.shape is None and (33, 5, z) in painted(box)
+    doc.undo()
+    assert box.data.shape is not None and (33, 5, z) not in painted(box)
 
 
 def test_rois_show_as_surfaces_in_3d(window, qtbot):
