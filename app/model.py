@@ -478,43 +478,36 @@ class Document(Observable):
         return include, exclude
 
     def undo(self) -> bool:
-        """Revert the last ROI edit (a stroke, a fill, a shape move) exactly."""
-        if not self._undo:
-            return False
-        record = self._undo.pop()
-        layer = record[1]
-        if record[0] == "mask":
-            _, _, voxels, old, shape_before = record
-            after = layer.data.mask[tuple(voxels.T)].copy()
-            layer.data.mask[tuple(voxels.T)] = old
-            layer.data.shape = shape_before
-            self._redo.append(("mask", layer, voxels, after, shape_before))
-        else:
-            _, _, before, after = record
-            if before is None:
-                layer.data.mask[...] = False
-                layer.data.shape = None
-            else:
-                layer.data.apply_shape(before)
-            self._redo.append(("shape", layer, before, after))
-        self.emit("roi", layer=layer)
-        return True
+        """Revert the last ROI edit (a stroke, a fill, a shape placement or move) exactly."""
+        return self._step(self._undo, self._redo, backwards=True)
 
     def redo(self) -> bool:
-        if not self._redo:
+        return self._step(self._redo, self._undo, backwards=False)
+
+    def _step(self, source: list, target: list, *, backwards: bool) -> bool:
+        """Pop an edit record from ``source``, apply it, and push its inverse onto ``target``.
+
+        "mask" records hold the voxel values to restore (and the shape the ROI had
+        before the painting); "shape" records hold the shapes before and after.
+        """
+        if not source:
             return False
-        record = self._redo.pop()
-        layer = record[1]
-        if record[0] == "mask":
+        record = source.pop()
+        kind, layer = record[0], record[1]
+        if kind == "mask":
             _, _, voxels, values, shape_before = record
-            old = layer.data.mask[tuple(voxels.T)].copy()
-            layer.data.mask[tuple(voxels.T)] = values
-            layer.data.shape = None
-            self._undo.append(("mask", layer, voxels, old, shape_before))
+            index = tuple(voxels.T)
+            previous = layer.data.mask[index].copy()
+            layer.data.mask[index] = values
+            layer.data.shape = shape_before if backwards else None
+            target.append(("mask", layer, voxels, previous, shape_before))
         else:
             _, _, before, after = record
-            layer.data.apply_shape(after)
-            self._undo.append(("shape", layer, before, after))
+            shape = before if backwards else after
+            if shape is None:
+                layer.data.mask[...] = False
+            layer.data.apply_shape(shape)
+            target.append(record)
         self.emit("roi", layer=layer)
         return True
 
