@@ -160,7 +160,9 @@ class JobRunner(QObject):
         on_error: Callable[[str, str], None] | None = None,
     ) -> int:
         """Queue ``fn(ctx)``; callbacks run on the runner's thread. Returns the job id."""
-        signals = _Signals()
+        # Parented to the runner: the QObject lives and dies on the runner's thread, never
+        # on a pool thread (where the last Python reference to a finished job may drop).
+        signals = _Signals(self)
         job = Job(next(self._ids), name, fn, signals)
         # Bound methods of a QObject that lives on this thread: Qt queues the calls here.
         signals.progress.connect(self._on_progress)
@@ -191,6 +193,11 @@ class JobRunner(QObject):
     def wait(self, timeout_s: float | None = None) -> bool:
         """Block until every job's worker has returned (for shutdown and scripts)."""
         return self.pool.waitForDone(-1 if timeout_s is None else int(timeout_s * 1000))
+
+    def shutdown(self, timeout_s: float = 10.0) -> bool:
+        """Cancel every job and wait for the workers, before the runner is destroyed."""
+        self.cancel_all()
+        return self.wait(timeout_s)
 
     # Slots, on the runner's thread.
     def _on_progress(self, job_id: int, done: int, total: int, message: str) -> None:

@@ -530,8 +530,7 @@ class MainWindow(QMainWindow):
         store = settings()
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState())
-        self.runner.cancel_all()
-        self.runner.wait(5.0)
+        self.runner.shutdown(10.0)
         self.view3d.close_plotter()
         super().closeEvent(event)
 

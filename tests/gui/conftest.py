@@ -17,8 +17,7 @@ def window(qtbot):
     win.show()
     qtbot.waitExposed(win)
     yield win
-    win.runner.cancel_all()
-    win.runner.wait(5)
+    win.runner.shutdown(10)
 
 
 @pytest.fixture
@@ -27,3 +26,13 @@ def demo_window(window):
     assert window.wait_for_jobs(120)
     assert window.errors == []
     return window
+
+
+@pytest.fixture
+def runner(qtbot):
+    """A job runner that is shut down (jobs cancelled, workers joined) before it is destroyed."""
+    from app.jobs import JobRunner
+
+    job_runner = JobRunner()
+    yield job_runner
+    assert job_runner.shutdown(10)

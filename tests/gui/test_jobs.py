@@ -4,12 +4,11 @@
 import time
 
 import numpy as np
-import pytest
 from PySide6.QtCore import QElapsedTimer, QTimer
 
 from app.demo import gradient_table
 from app.errors import InputError
-from app.jobs import CANCELLED, DONE, FAILED, JobRunner
+from app.jobs import CANCELLED, DONE, FAILED
 from gpu.dti import fit_dti
 
 
@@ -33,8 +32,7 @@ def tensor_fitting_job(seconds: float):
     return job
 
 
-def test_gui_timer_stays_on_time_while_a_10_second_job_runs(qtbot):
-    runner = JobRunner()
+def test_gui_timer_stays_on_time_while_a_10_second_job_runs(qtbot, runner):
     finished = []
     job_id = runner.submit("fit", tensor_fitting_job(10.0), on_done=finished.append)
     clock = QElapsedTimer()
@@ -53,8 +51,7 @@ def test_gui_timer_stays_on_time_while_a_10_second_job_runs(qtbot):
     assert runner.jobs[job_id].done > 0  # progress reached the GUI thread
 
 
-def test_cancel_stops_a_job_within_a_second(qtbot):
-    runner = JobRunner()
+def test_cancel_stops_a_job_within_a_second(qtbot, runner):
     job_id = runner.submit("fit", tensor_fitting_job(10.0))
     qtbot.wait(1000)
     assert runner.jobs[job_id].state == "running"
@@ -65,8 +62,7 @@ def test_cancel_stops_a_job_within_a_second(qtbot):
     assert runner.jobs[job_id].state == CANCELLED
 
 
-def test_errors_become_messages(qtbot):
-    runner = JobRunner()
+def test_errors_become_messages(qtbot, runner):
 
     def bad_input(ctx):
         raise InputError("the mask is empty", path="roi.nii.gz", fix="Draw a region")
@@ -84,10 +80,9 @@ def test_errors_become_messages(qtbot):
     assert runner.jobs[a].state == runner.jobs[b].state == FAILED
 
 
-def test_partial_results_arrive_in_order_on_the_gui_thread(qtbot):
+def test_partial_results_arrive_in_order_on_the_gui_thread(qtbot, runner):
     import threading
 
-    runner = JobRunner()
     main = threading.get_ident()
     seen = []
 
@@ -99,9 +94,3 @@ def test_partial_results_arrive_in_order_on_the_gui_thread(qtbot):
     runner.submit("p", job, on_partial=lambda x: seen.append((x, threading.get_ident() == main)))
     qtbot.waitUntil(lambda: len(seen) == 5, timeout=5000)
     assert seen == [(i, True) for i in range(5)]
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_jobs():
-    yield
-    time.sleep(0)
