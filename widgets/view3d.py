@@ -236,7 +236,7 @@ class View3D(QWidget):
         present = {id(layer): layer for layer in self.document.layers if layer.kind == "tractogram"}
         for key in list(self._fibers):
             if key not in present:
-                self.plotter.remove_actor(self._fibers.pop(key)["actor"])
+                self.plotter.remove_actor(self._fibers.pop(key)["actor"])  # pyvista drops its colour bar too
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = self._build_fibers(layer)
@@ -340,10 +340,6 @@ class View3D(QWidget):
     def _full_detail(self) -> None:
         self._set_detail("settled")
         self.plotter.render()
-
-    def shown_streamlines(self, layer: Layer) -> int:
-        """How many streamlines of a tractogram the 3-D view draws now (level of detail)."""
-        return int(self._fibers[id(layer)][self._fibers[id(layer)]["shown"]].n_lines)
 
     def screenshot(self) -> np.ndarray:
         """The rendered 3-D view as (H, W, 3) uint8."""

@@ -256,6 +256,9 @@ def test_fibers_can_be_coloured_by_a_streamline_scalar(demo_window, qtbot):
     demo_window.save_screenshot(ARTIFACTS / "fibers_by_bundle.png")
     panel.color_by.setCurrentText("direction")
     assert len(view.plotter.scalar_bars) == 0
+    panel.color_by.setCurrentText("bundle")
+    doc.remove_layer(bundles)  # its colour bar goes with it
+    assert len(view.plotter.scalar_bars) == 0
 
 
 def test_hovering_shows_values_without_moving_the_cursor(demo_window, qtbot):
