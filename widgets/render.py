@@ -261,27 +261,28 @@ def fiber_colours_cached(layer: Layer) -> np.ndarray:
 
 def fibers_on_reference(layer: Layer, reference_affine: np.ndarray):
     """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets,
-    streamline id of each point) for
-    the slice views, cached per layer. Very large tractograms use their at-rest level of detail
-    (whole streamlines, at most a few million points) so that a slab search per paint stays
-    in milliseconds; the views draw a bounded number of segments anyway."""
+    streamline id of each point) for the slice views, cached per layer: the geometry until the
+    grid changes, the colours until the colouring does. Very large tractograms use their at-rest
+    level of detail (whole streamlines, at most a few million points) so that a slab search per
+    paint stays in milliseconds; the views draw a bounded number of segments anyway."""
     from .fiber_display import prepare
 
-    key = (reference_affine.tobytes(), layer.color_by, layer.colormap, layer.clim)
+    level = prepare(layer).levels["software"]
+    grid_key = reference_affine.tobytes()
+    colour_key = (layer.color_by, layer.colormap, layer.clim)
     cached = _POINTS_CACHE.get(layer)
-    if cached is None or cached[0] != key:
+    if cached is None or cached["grid"] != grid_key:
         tract = layer.data
-        level = prepare(layer).levels["software"]
-        colours = fiber_colours_cached(layer)
-        if level.index is not None:
-            colours = colours[level.index]
         to_ref = np.linalg.solve(reference_affine, tract.affine)
         points = tract.points if level.index is None else tract.points[level.index]
         if not np.allclose(to_ref, np.eye(4)):
             to_ref = to_ref.astype(np.float32)
             points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
         ids = np.arange(len(tract)) if level.streamlines is None else level.streamlines
-        stream_of_point = np.repeat(ids, np.diff(level.offsets))
-        cached = (key, points, colours, level.offsets, stream_of_point)
+        cached = {"grid": grid_key, "points": points, "streams": np.repeat(ids, np.diff(level.offsets))}
         _POINTS_CACHE[layer] = cached
-    return cached[1], cached[2], cached[3], cached[4]
+    if cached.get("colour_key") != colour_key:
+        colours = fiber_colours_cached(layer)
+        cached["colours"] = colours if level.index is None else colours[level.index]
+        cached["colour_key"] = colour_key
+    return cached["points"], cached["colours"], level.offsets, cached["streams"]
