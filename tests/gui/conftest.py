@@ -1,3 +1,5 @@
+import gc
+
 import pytest
 
 
@@ -18,6 +20,12 @@ def window(qtbot):
     qtbot.waitExposed(win)
     yield win
     win.runner.shutdown(10)
+    # Close (which finalises the VTK render window) and collect now, while the X connection and the
+    # GL context are in a known state, rather than leaving VTK objects in cycles for a later,
+    # arbitrary garbage collection to destroy.
+    win.close()
+    qtbot.wait(1)
+    gc.collect()
 
 
 @pytest.fixture
