@@ -154,6 +154,73 @@ def cmd_select(args) -> int:
     return EXIT_OK
 
 
+def cmd_track_deterministic(args) -> int:
+    from gpu.deterministic import DeterministicParams
+
+    from .io import save_tractogram
+    from .io.tractogram import check_output_suffix
+    from .pipelines.track import deterministic_pipeline, load_tensor_field, masks_on_field
+
+    get_backend(args.device)
+    check_output_suffix(args.output)
+    if args.tensor and (args.bval or args.bvec):
+        raise InputError("--bval/--bvec belong to --dwi; a tensor input needs none")
+    try:
+        params = DeterministicParams(
+            step_mm=args.step,
+            fa_threshold=args.fa_threshold,
+            max_angle_deg=args.max_angle,
+            min_length_mm=args.min_length,
+            max_length_mm=args.max_length,
+            integrator=args.integrator,
+            method=args.direction,
+            tensorline_puncture=args.puncture,
+            keep_truncated=not args.discard_truncated,
+        )
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    field = load_tensor_field(
+        tensor=args.tensor,
+        tensor_order=args.tensor_order,
+        dwi=args.dwi,
+        bval=args.bval,
+        bvec=args.bvec,
+        mask=args.mask,
+        device=args.device,
+        progress=Progress("fit-dti", "voxels", quiet=args.quiet),
+    )
+    notes: list[str] = []
+    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
+    seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
+    result = deterministic_pipeline(
+        field,
+        seed_mask=seed,
+        whole_brain=args.whole_brain,
+        mask=mask,
+        stop=masks_on_field(args.stop or [], "stop region", field, notes),
+        include=masks_on_field(args.include or [], "include region", field, notes),
+        exclude=masks_on_field(args.exclude or [], "exclude region", field, notes),
+        params=params,
+        seeds_per_voxel=args.seeds_per_voxel,
+        placement=args.seed_placement,
+        rng_seed=args.seed_rng,
+        device=args.device,
+        progress=Progress("track", "seeds", quiet=args.quiet),
+        notes=notes,
+    )
+    for note in result.notes:
+        log.warning("%s", note)
+    save_tractogram(result.tractogram, args.output)
+    summary = {"output": str(args.output), **result.summary()}
+    prov = result.provenance
+    human = (
+        f"{prov['streamlines']} streamlines from {prov['seeds']} seeds on {prov['backend']} ({prov['device']}) "
+        f"in {prov['tracking_s']:.2f} s; written to {args.output}"
+    )
+    _emit(args, summary, human)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tractlens",
@@ -212,6 +279,68 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
     p.set_defaults(func=cmd_select)
+
+    track = sub.add_parser("track", help="streamline tractography (deterministic)")
+    methods = track.add_subparsers(dest="method", metavar="METHOD", required=True)
+    p = methods.add_parser(
+        "deterministic",
+        parents=[common],
+        help="follow the main eigenvector of the tensor field from seeds",
+        description="Deterministic tensor tracking: trilinear tensor interpolation, main eigenvector with "
+        "sign continuity, Euler or RK4 steps in mm; stops on FA, angle, mask, stop regions and max length. "
+        "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tensor", metavar="DIR_OR_FILE", help="6-volume tensor NIfTI or dtifit/fit-dti folder")
+    source.add_argument("--dwi", help="4-D DWI NIfTI; tensors are fitted first (WLS)")
+    p.add_argument("--bval", help="FSL bval file (with --dwi; default: NAME.bval beside it)")
+    p.add_argument("--bvec", help="FSL bvec file (with --dwi; default: NAME.bvec beside it)")
+    p.add_argument(
+        "--tensor-order",
+        choices=("fsl", "dipy", "mrtrix"),
+        help="element order of a 6-volume tensor file whose header does not say it",
+    )
+    seeding = p.add_mutually_exclusive_group(required=True)
+    seeding.add_argument("--seed", metavar="MASK", help="seed region (NIfTI mask)")
+    seeding.add_argument(
+        "--whole-brain", action="store_true", help="seed every voxel of the mask with FA ≥ --fa-threshold"
+    )
+    p.add_argument("--mask", help="tracking mask: streamlines stop on leaving it (default: the fitted voxels)")
+    p.add_argument("--stop", action="append", metavar="MASK", help="stop region: streamlines end inside it (repeat)")
+    p.add_argument(
+        "--include", action="append", metavar="MASK", help="waypoint/target: keep streamlines passing it (repeat: all)"
+    )
+    p.add_argument("--exclude", action="append", metavar="MASK", help="drop streamlines passing it (repeat)")
+    p.add_argument("--seeds-per-voxel", type=int, default=1, metavar="K", help="seeds per seed voxel (default 1)")
+    p.add_argument(
+        "--seed-placement",
+        choices=("random", "grid"),
+        default="random",
+        help="random within the voxel, or an m×m×m grid (K must be a cube) (default random)",
+    )
+    p.add_argument("--step", type=float, default=0.5, help="step length in mm (default 0.5)")
+    p.add_argument("--fa-threshold", type=float, default=0.15, help="stop where FA falls below (default 0.15)")
+    p.add_argument("--max-angle", type=float, default=45.0, help="max turn per step in degrees (default 45)")
+    p.add_argument("--min-length", type=float, default=20.0, help="drop streamlines shorter, mm (default 20)")
+    p.add_argument("--max-length", type=float, default=250.0, help="stop streamlines at this length, mm (default 250)")
+    p.add_argument(
+        "--discard-truncated",
+        action="store_true",
+        help="drop streamlines that reached --max-length instead of keeping them",
+    )
+    p.add_argument("--integrator", choices=("euler", "rk4"), default="euler", help="(default euler)")
+    p.add_argument(
+        "--method",
+        dest="direction",
+        choices=("eigenvector", "tensorline"),
+        default="eigenvector",
+        help="follow e1, or deflect by the tensor (Weinstein tensorlines) (default eigenvector)",
+    )
+    p.add_argument("--puncture", type=float, default=0.2, help="tensorline puncture weight w in [0, 1] (default 0.2)")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed for seed placement (default 0)")
+    p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
+    p.set_defaults(func=cmd_track_deterministic)
     return parser
 
 

@@ -216,6 +216,32 @@ def run_batched(
     ``cancelled()`` is checked between batches; when it returns true the loop
     raises :class:`Cancelled`.
     """
+    for _ in iter_batched(
+        backend,
+        n_items,
+        bytes_per_item,
+        process,
+        progress=progress,
+        cancelled=cancelled,
+        fraction=fraction,
+        maximum=maximum,
+    ):
+        pass
+
+
+def iter_batched(
+    backend: Backend,
+    n_items: int,
+    bytes_per_item: int,
+    work: Callable[[int, int], T],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    fraction: float = 0.5,
+    maximum: int | None = None,
+):
+    """Like :func:`run_batched`, but a generator of ``work(start, stop)``'s results, one per
+    batch, so callers can hand partial results on while the rest is computed."""
     batch = backend.batch_size(n_items, bytes_per_item, fraction=fraction, maximum=maximum)
     start = 0
     while start < n_items:
@@ -223,7 +249,7 @@ def run_batched(
             raise Cancelled()
         stop = min(n_items, start + batch)
         try:
-            process(start, stop)
+            result = work(start, stop)
         except Exception as exc:
             if not backend.is_out_of_memory(exc):
                 raise
@@ -237,6 +263,7 @@ def run_batched(
             log.warning("out of memory on %s: retrying with batches of %d", backend.device_name, batch)
             continue
         start = stop
+        yield result
         if progress is not None:
             progress(start, n_items)
 

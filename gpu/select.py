@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .backend import Backend, get_backend, run_batched
+from .streamlines import repeat_counts
 
 MAX_REGIONS = 32
 
@@ -69,22 +70,13 @@ def _piece_cells(xp, p, q):
     return xp.floor(samples + 0.5).astype(xp.int64)
 
 
-def _repeat(xp, values, counts):
-    """``np.repeat(values, counts)`` for NumPy and CuPy alike (CuPy's repeat takes no array of counts)."""
-    if xp is np:
-        return np.repeat(values, counts)
-    total = int(counts.sum())
-    owner = xp.searchsorted(xp.cumsum(counts), xp.arange(total), side="right")
-    return values[owner]
-
-
 def _split_segments(xp, points, seg_start, seg_stream):
     """Cut segments into pieces of at most one voxel per axis: (p, q, streamline id)."""
     p0 = points[seg_start]
     p1 = points[seg_start + 1]
     n_pieces = xp.maximum(xp.ceil(xp.abs(p1 - p0).max(axis=1)), 1).astype(xp.int64)
     total = int(n_pieces.sum())
-    seg_of_piece = _repeat(xp, xp.arange(len(seg_start)), n_pieces)
+    seg_of_piece = repeat_counts(xp, xp.arange(len(seg_start)), n_pieces)
     first = xp.cumsum(n_pieces) - n_pieces
     k = xp.arange(total) - first[seg_of_piece]
     n = n_pieces[seg_of_piece].astype(points.dtype)
@@ -116,12 +108,12 @@ def hits_arrays(xp, points, offsets, bits, first: int, last: int, box=None):
     out = xp.zeros(last - first, dtype=xp.uint32)
     # Single points (and every point, cheaply): the voxel containing it.
     pts = points[int(offsets[first]) : int(offsets[last])]
-    stream_of_point = _repeat(xp, xp.arange(last - first), lengths)
+    stream_of_point = repeat_counts(xp, xp.arange(last - first), lengths)
     point_bits = _lookup(xp, bits, xp.floor(pts + 0.5).astype(xp.int64))
     _or_into(xp, out, stream_of_point, point_bits)
     # Segments: start index of each (not across streamline boundaries).
     n_seg = xp.maximum(lengths - 1, 0)
-    seg_stream = _repeat(xp, xp.arange(last - first), n_seg)
+    seg_stream = repeat_counts(xp, xp.arange(last - first), n_seg)
     seg_first = xp.cumsum(n_seg) - n_seg
     seg_start = starts[seg_stream] + (xp.arange(int(n_seg.sum())) - seg_first[seg_stream])
     if box is not None and len(seg_start):
@@ -224,7 +216,7 @@ class StreamlineIndex:
         self.offsets = self.backend.asarray(self.offsets_host)
         if self.backend.is_gpu:
             lengths = xp.diff(self.offsets)
-            self.stream_of_point = _repeat(xp, xp.arange(self.n_streams, dtype=xp.int32), lengths)
+            self.stream_of_point = repeat_counts(xp, xp.arange(self.n_streams, dtype=xp.int32), lengths)
             self.is_last = xp.zeros(len(self.points), dtype=xp.uint8)
             self.is_last[self.offsets[1:][lengths > 0] - 1] = 1
 

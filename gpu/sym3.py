@@ -143,22 +143,14 @@ def _eigenvector_in_plane(xp, comps, first, eigval):
     return _select(xp, big > 0, vec, u)
 
 
-def eigh(xp, tensor):
-    """Eigenvalues (descending) and unit eigenvectors of symmetric 3x3 tensors.
+def _eigenvalues(xp, tensor):
+    """Eberly's closed-form eigenvalues on the scaled, trace-free tensor.
 
-    Parameters
-    ----------
-    tensor : ``(..., 6)`` array, order ``xx, xy, xz, yy, yz, zz``.
-
-    Returns
-    -------
-    evals : ``(..., 3)``, λ1 ≥ λ2 ≥ λ3.
-    evecs : ``(..., 3, 3)``, ``evecs[..., :, j]`` is the eigenvector of ``evals[..., j]``
-        (DIPY's column convention). The sign of each eigenvector is arbitrary.
+    Returns the scaled components, the three scaled eigenvalues (descending), whether
+    λ1 is the better separated end (``hi_first``), the scale, and the masks
+    ``nonzero`` and ``anisotropic``.
     """
     comps = components(tensor)
-    zeros = xp.zeros_like(comps[0])
-    ones = xp.ones_like(comps[0])
     # Scale to unit max-abs entry to keep the cubic's coefficients O(1).
     scale = comps[0] * 0
     for comp in comps:
@@ -181,14 +173,31 @@ def eigh(xp, tensor):
     beta_lo = 2.0 * xp.cos(angle + 2.0 * math.pi / 3.0)
     # Rounding can push the middle root past a nearly equal neighbour: keep the order.
     beta_mid = xp.clip(-(beta_hi + beta_lo), beta_lo, beta_hi)
-    lam_hi = q + p * beta_hi
-    lam_mid = q + p * beta_mid
-    lam_lo = q + p * beta_lo
+    lams = (q + p * beta_hi, q + p * beta_mid, q + p * beta_lo)
+    return (a, b, c, d, e, f), lams, q, half_det >= 0, scale_safe, nonzero, anisotropic
 
-    scaled = (a, b, c, d, e, f)
-    ex, ey, ez = (ones, zeros, zeros), (zeros, ones, zeros), (zeros, zeros, ones)
+
+def _unit_axes(xp, like):
+    zeros, ones = xp.zeros_like(like), xp.ones_like(like)
+    return (ones, zeros, zeros), (zeros, ones, zeros), (zeros, zeros, ones)
+
+
+def eigh(xp, tensor):
+    """Eigenvalues (descending) and unit eigenvectors of symmetric 3x3 tensors.
+
+    Parameters
+    ----------
+    tensor : ``(..., 6)`` array, order ``xx, xy, xz, yy, yz, zz``.
+
+    Returns
+    -------
+    evals : ``(..., 3)``, λ1 ≥ λ2 ≥ λ3.
+    evecs : ``(..., 3, 3)``, ``evecs[..., :, j]`` is the eigenvector of ``evals[..., j]``
+        (DIPY's column convention). The sign of each eigenvector is arbitrary.
+    """
+    scaled, (lam_hi, lam_mid, lam_lo), q, hi_first, scale_safe, nonzero, anisotropic = _eigenvalues(xp, tensor)
+    ex, ey, ez = _unit_axes(xp, q)
     # Start from the eigenvalue farthest from the middle one (best conditioned).
-    hi_first = half_det >= 0
     lam_first = xp.where(hi_first, lam_hi, lam_lo)
     v_first = _eigenvector_by_cross(xp, scaled, lam_first, ex)
     v_mid = _eigenvector_in_plane(xp, scaled, v_first, lam_mid)
@@ -201,16 +210,36 @@ def eigh(xp, tensor):
     v_hi = _select(xp, iso, ex, v_hi)
     v_mid = _select(xp, iso, ey, v_mid)
     v_lo = _select(xp, iso, ez, v_lo)
-    q_full = q * scale_safe
-    lam_hi = xp.where(iso, q_full, lam_hi * scale_safe)
-    lam_mid = xp.where(iso, q_full, lam_mid * scale_safe)
-    lam_lo = xp.where(iso, q_full, lam_lo * scale_safe)
-    lam_hi, lam_mid, lam_lo = (xp.where(nonzero, lam, 0.0) for lam in (lam_hi, lam_mid, lam_lo))
+    lam_hi, lam_mid, lam_lo = _unscale(xp, (lam_hi, lam_mid, lam_lo), q, iso, scale_safe, nonzero)
 
     evals = xp.stack([lam_hi, lam_mid, lam_lo], -1)
     columns = [xp.stack(v, -1) for v in (v_hi, v_mid, v_lo)]
     evecs = xp.stack(columns, -1)
     return evals, evecs
+
+
+def _unscale(xp, lams, q, iso, scale_safe, nonzero):
+    q_full = q * scale_safe
+    return tuple(xp.where(nonzero, xp.where(iso, q_full, lam * scale_safe), 0.0) for lam in lams)
+
+
+def principal(xp, tensor):
+    """Eigenvalues (descending) and the main eigenvector only, for tracking.
+
+    The same arithmetic as :func:`eigh` (the main eigenvector of a prolate tensor by
+    cross products, of an oblate one inside the plane orthogonal to the best separated
+    third eigenvector) without building the other vectors. Returns ``(l1, l2, l3)``
+    and ``(x, y, z)`` as tuples of arrays; isotropic tensors get ``e1 = x``.
+    """
+    scaled, lams, q, hi_first, scale_safe, nonzero, anisotropic = _eigenvalues(xp, tensor)
+    lam_hi, _lam_mid, lam_lo = lams
+    ex = _unit_axes(xp, q)[0]
+    v_first = _eigenvector_by_cross(xp, scaled, xp.where(hi_first, lam_hi, lam_lo), ex)
+    v_in_plane = _eigenvector_in_plane(xp, scaled, v_first, lam_hi)
+    e1 = _select(xp, hi_first, v_first, v_in_plane)
+    iso = ~(anisotropic & nonzero)
+    e1 = _select(xp, iso, ex, e1)
+    return _unscale(xp, lams, q, iso, scale_safe, nonzero), e1
 
 
 def flip_x_frame(tensor):

@@ -38,6 +38,17 @@ def _suffix(path: Path) -> str:
     return suffix
 
 
+def check_output_suffix(path: str | os.PathLike) -> Path:
+    """Fail before a long computation when the output tractogram cannot be written."""
+    path = Path(path)
+    _suffix(path)
+    if not path.parent.exists():
+        raise InputError("the output folder does not exist", path=path.parent, fix="Create it or choose another")
+    if path.is_dir():
+        raise InputError("the output path is a folder, not a file", path=path)
+    return path
+
+
 def _reference_grid(reference) -> tuple[np.ndarray, tuple[int, int, int]]:
     if reference is None:
         return np.eye(4), (1, 1, 1)

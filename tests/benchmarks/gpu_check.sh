@@ -16,4 +16,10 @@ python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy._
 python3 -m app.cli info | tee -a "$OUT/gpu.txt"
 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 python3 -m pytest -m "not benchmark" -q -p no:cacheprovider --ignore=tests/gui 2>&1 | tee "$OUT/pytest_all.log" | tail -5
-python3 tests/benchmarks/bench_dti.py --gpu --hcp --end-to-end ${BENCH_ARGS:-} --out "$OUT/bench_dti.json" 2>&1 | tee "$OUT/bench.log" | tail -60
+for bench in ${BENCHES:-dti}; do
+  case $bench in
+    dti) python3 tests/benchmarks/bench_dti.py --gpu --hcp --end-to-end --out "$OUT/bench_dti.json" ;;
+    deterministic) python3 tests/benchmarks/bench_deterministic.py --gpu --out "$OUT/bench_deterministic.json" ;;
+    *) python3 "tests/benchmarks/bench_$bench.py" --gpu ;;
+  esac 2>&1 | tee "$OUT/bench_$bench.log" | tail -40
+done

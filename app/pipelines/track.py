@@ -1,0 +1,275 @@
+"""Use case: streamline tractography from a tensor field (deterministic tracking today).
+
+Shared by ``tractlens track ...``, the GUI's tracking panels and Python scripts.
+Inputs are a tensor field (a tensor file or folder, or a DWI series fitted on the
+fly), seeds (a mask, points, or the whole white matter) and ROIs in their roles:
+a mask bounds tracking, stop regions end streamlines, waypoints and targets must
+be passed (all of them), exclusion regions must not be. Streamlines come back in
+batches while they are computed (``on_batch``) and as one tractogram at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gpu import deterministic
+from gpu.backend import get_backend
+from gpu.interpolate import trilinear
+from gpu.seeding import check_points, seeds_in_mask
+from gpu.select import select_streamlines
+from gpu.streamlines import StreamlineBatch
+
+from ..errors import InputError
+from ..io import load_dwi, load_tensor
+from ..model import Tractogram, Volume
+from .select import load_masks_on_reference
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TensorField:
+    """A tensor field in voxel axes (order xx, xy, xz, yy, yz, zz) on a grid, with its FA and
+    the voxels where it was fitted (``mask``)."""
+
+    tensor: np.ndarray  # (X, Y, Z, 6) float32
+    affine: np.ndarray
+    fa: np.ndarray
+    mask: np.ndarray
+    source: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(int(s) for s in self.tensor.shape[:3])
+
+    @property
+    def voxel_size(self) -> np.ndarray:
+        return np.sqrt((self.affine[:3, :3] ** 2).sum(axis=0))
+
+    @property
+    def volume(self) -> Volume:
+        return Volume("tensor", self.tensor, self.affine, kind="tensor", source=self.source)
+
+    @classmethod
+    def from_tensor(cls, tensor: np.ndarray, affine: np.ndarray, source: str = "", notes=None) -> TensorField:
+        from gpu import sym3
+
+        tensor = np.asarray(tensor, dtype=np.float32)
+        finite = np.isfinite(tensor).all(axis=-1)
+        clean = np.where(finite[..., None], tensor, 0.0)
+        fa = np.clip(sym3.fractional_anisotropy_from_invariants(np, clean.astype(np.float64)), 0, 1)
+        mask = finite & (np.abs(clean).sum(axis=-1) > 0)
+        notes = list(notes or [])
+        if (~finite).any():
+            notes.append(f"{int((~finite).sum())} voxels have NaN or infinite tensors; tracking stops there")
+        evals = np.linalg.eigvalsh(_matrices(clean[mask]))
+        not_pd = int((evals[:, 0] <= 0).sum())
+        if not_pd:
+            notes.append(
+                f"{not_pd} voxels have tensors that are not positive definite; "
+                "their main eigenvector is still followed where FA is above the threshold"
+            )
+        return cls(tensor, np.asarray(affine, dtype=np.float64), fa.astype(np.float32), mask, source, notes)
+
+
+def _matrices(tensor: np.ndarray) -> np.ndarray:
+    a, b, c, d, e, f = (tensor[:, i].astype(np.float64) for i in range(6))
+    return np.stack([np.stack([a, b, c], -1), np.stack([b, d, e], -1), np.stack([c, e, f], -1)], -2)
+
+
+def load_tensor_field(
+    *,
+    tensor: str | os.PathLike | None = None,
+    tensor_order: str | None = None,
+    dwi: str | os.PathLike | None = None,
+    bval: str | os.PathLike | None = None,
+    bvec: str | os.PathLike | None = None,
+    mask: str | os.PathLike | None = None,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> TensorField:
+    """The tensor field to track in: read from a tensor file/folder, or fitted to a DWI series."""
+    if (tensor is None) == (dwi is None):
+        raise InputError("give either a tensor (file or dtifit folder) or a DWI series, not both or neither")
+    if tensor is not None:
+        volume = load_tensor(tensor, tensor_order)
+        return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
+    from .dti import fit_dti_pipeline
+
+    series = load_dwi(dwi, bval, bvec)
+    result = fit_dti_pipeline(series, mask_path=mask, device=device, progress=progress, cancelled=cancelled)
+    out = TensorField.from_tensor(result.map("tensor"), result.affine, f"{dwi} (tensors fitted, WLS)", result.warnings)
+    out.mask &= result.mask
+    return out
+
+
+def masks_on_field(paths: Sequence[str | os.PathLike], what: str, field_: TensorField, notes: list[str]):
+    """Masks from files, checked and brought onto the tensor grid (nearest neighbour)."""
+    return load_masks_on_reference(list(paths), what, field_.affine, field_.shape, notes)
+
+
+@dataclass
+class TrackResult:
+    tractogram: Tractogram
+    provenance: dict
+    notes: list[str]
+
+    def summary(self) -> dict:
+        return {**self.provenance, "notes": self.notes}
+
+
+def whole_brain_seeds(field_: TensorField, mask: np.ndarray | None, fa_threshold: float) -> np.ndarray:
+    """Where whole-brain tracking seeds: the mask (or the fitted voxels) where FA ≥ the threshold."""
+    region = field_.mask if mask is None else (mask & field_.mask)
+    return region & (field_.fa >= fa_threshold)
+
+
+def deterministic_pipeline(
+    field_: TensorField,
+    *,
+    seed_mask: np.ndarray | None = None,
+    seed_points: np.ndarray | None = None,
+    whole_brain: bool = False,
+    mask: np.ndarray | None = None,
+    stop: Sequence[np.ndarray] = (),
+    include: Sequence[np.ndarray] = (),
+    exclude: Sequence[np.ndarray] = (),
+    params: deterministic.DeterministicParams | None = None,
+    seeds_per_voxel: int = 1,
+    placement: str = "random",
+    rng_seed: int = 0,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    on_batch: Callable[[Tractogram], None] | None = None,
+    notes: list[str] | None = None,
+    name: str = "deterministic",
+) -> TrackResult:
+    """Deterministic tracking on ``field_`` (see :mod:`gpu.deterministic` for the rules).
+
+    Exactly one of ``seed_mask``, ``seed_points`` (voxel coordinates) and
+    ``whole_brain`` chooses the seeds. ``include`` masks (waypoints, targets) must all be
+    passed and ``exclude`` masks avoided; streamlines failing that are dropped batch by
+    batch, before ``on_batch`` sees them.
+    """
+    params = params or deterministic.DeterministicParams()
+    notes = list(field_.notes) + list(notes or [])
+    backend = get_backend(device)
+    shape = field_.shape
+    if sum(x is not None and x is not False for x in (seed_mask, seed_points, whole_brain or None)) != 1:
+        raise InputError("give exactly one of: a seed mask, seed points, or whole-brain seeding")
+    if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != shape:
+            raise InputError(f"the tracking mask has shape {mask.shape}, the tensor field {shape}")
+        if not mask.any():
+            raise InputError("the tracking mask is empty", fix="Give a mask with at least one voxel")
+    try:
+        if whole_brain:
+            seed_mask = whole_brain_seeds(field_, mask, params.fa_threshold)
+            if not seed_mask.any():
+                raise InputError(
+                    f"no voxel has FA ≥ {params.fa_threshold} inside the mask: nothing to seed",
+                    fix="Lower --fa-threshold or check the tensor input",
+                )
+        if seed_mask is not None:
+            seed_mask = np.asarray(seed_mask, dtype=bool)
+            if seed_mask.shape != shape:
+                raise InputError(f"the seed mask has shape {seed_mask.shape}, the tensor field {shape}")
+            if not seed_mask.any():
+                raise InputError("the seed region is empty", fix="Paint or give a seed region with at least one voxel")
+            seeds = seeds_in_mask(seed_mask, seeds_per_voxel, placement=placement, rng_seed=rng_seed)
+        else:
+            seeds = check_points(seed_points, shape)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    if mask is not None and seed_mask is not None and not (seed_mask & mask).any():
+        notes.append("the seed region lies entirely outside the tracking mask: no streamline can start")
+    stop_union = np.logical_or.reduce([np.asarray(s, bool) for s in stop]) if len(stop) else None
+    track_mask = mask if mask is not None else field_.mask
+    tf = deterministic.prepare_field(field_.tensor, field_.voxel_size, track_mask, stop_union)
+
+    kept: list[StreamlineBatch] = []
+    counts = {"tracked": 0, "filtered_out": 0}
+    t0 = time.perf_counter()
+    first_batch_s = None
+    for batch in deterministic.track(tf, seeds, params, device=backend, progress=progress, cancelled=cancelled):
+        counts["tracked"] += len(batch)
+        if len(batch) and (include or exclude):
+            selection = select_streamlines(batch.points, batch.offsets, list(include), list(exclude), device=backend)
+            counts["filtered_out"] += int((~selection.selected).sum())
+            batch = _subset(batch, selection.selected)
+        kept.append(batch)
+        if first_batch_s is None:
+            first_batch_s = time.perf_counter() - t0
+        if on_batch is not None and len(batch):
+            on_batch(to_tractogram(batch, field_, name))
+    track_s = time.perf_counter() - t0
+    result = StreamlineBatch.concatenate(kept)
+    tractogram = to_tractogram(result, field_, name)
+    provenance = {
+        "method": "deterministic",
+        "parameters": asdict(params),
+        "seeding": "whole brain" if whole_brain else ("mask" if seed_points is None else "points"),
+        "seeds_per_voxel": seeds_per_voxel if seed_points is None else None,
+        "seed_placement": placement if seed_points is None else None,
+        "rng_seed": rng_seed,
+        "backend": backend.name,
+        "device": backend.device_name,
+        "seeds": len(seeds),
+        "streamlines_tracked": counts["tracked"],
+        "streamlines_removed_by_rois": counts["filtered_out"],
+        "streamlines": len(result),
+        "points": len(result.points),
+        "tracking_s": track_s,
+        "first_batch_s": first_batch_s,
+        "seeds_per_s": len(seeds) / track_s if track_s > 0 else None,
+        "stop_reasons": result.reason_counts(),
+        "tensor": field_.source,
+    }
+    if len(result) == 0:
+        notes.append("no streamline passed the stopping rules and length limits; try a lower --min-length")
+    return TrackResult(tractogram, provenance, notes)
+
+
+def _subset(batch: StreamlineBatch, keep: np.ndarray) -> StreamlineBatch:
+    keep = np.asarray(keep, bool)
+    counts = batch.counts[keep]
+    starts = batch.offsets[:-1][keep]
+    index = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
+    return StreamlineBatch(
+        batch.points[index],
+        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+        batch.seed_index[keep],
+        batch.stop[keep],
+        batch.seed_point[keep],
+        batch.provenance,
+    )
+
+
+def to_tractogram(batch: StreamlineBatch, field_: TensorField, name: str) -> Tractogram:
+    """Streamlines in voxel coordinates of the tensor grid, with FA per point and length per streamline."""
+    fa = trilinear(np, field_.fa[..., None], batch.points.astype(np.float64))[:, 0] if len(batch.points) else []
+    segments = np.linalg.norm(np.diff(batch.points @ (field_.affine[:3, :3].T), axis=0), axis=1)
+    lengths = np.zeros(len(batch))
+    if len(batch):
+        cumulative = np.concatenate([[0.0], np.cumsum(segments)])
+        ends = batch.offsets[1:] - 1
+        lengths = cumulative[ends] - cumulative[batch.offsets[:-1]]
+    return Tractogram(
+        batch.points,
+        batch.offsets,
+        affine=field_.affine,
+        dimensions=field_.shape,
+        point_scalars={"fa": np.asarray(fa, dtype=np.float32)},
+        streamline_scalars={"length_mm": lengths.astype(np.float32)},
+        name=name,
+    )

@@ -1,0 +1,50 @@
+"""Trilinear interpolation of voxel fields at continuous voxel coordinates.
+
+Voxel ``i`` has its centre at coordinate ``i``; a point lies inside the volume when
+every coordinate is in ``[-0.5, n - 0.5)``. Interpolation clamps coordinates to the
+voxel centres ``[0, n - 1]`` (constant extension across the outer half voxel), which
+is what the CUDA kernels in ``kernels/tracking.cuh`` do.
+"""
+
+from __future__ import annotations
+
+
+def inside_volume(xp, points, shape):
+    """``(N,)`` bool: the points (``(N, 3)`` voxel coordinates) lie inside a grid of ``shape``."""
+    upper = xp.asarray([n - 0.5 for n in shape[:3]], dtype=points.dtype)
+    return xp.all((points >= -0.5) & (points < upper), axis=-1)
+
+
+def nearest_voxel(xp, points, shape):
+    """Index ``(N, 3)`` of the voxel containing each point, clamped to the grid."""
+    index = xp.floor(points + 0.5).astype(xp.int64)
+    upper = xp.asarray([n - 1 for n in shape[:3]], dtype=xp.int64)
+    return xp.clip(index, 0, upper)
+
+
+def lookup(xp, volume, points):
+    """Nearest-voxel values of a 3-D ``volume`` at ``(N, 3)`` points (clamped)."""
+    index = nearest_voxel(xp, points, volume.shape)
+    return volume[index[:, 0], index[:, 1], index[:, 2]]
+
+
+def trilinear(xp, field, points):
+    """Values of ``field`` (``(X, Y, Z, C)``) at ``(N, 3)`` points: ``(N, C)``.
+
+    Computed in the dtype of ``points``; corners are read in the field's dtype.
+    """
+    shape = field.shape[:3]
+    upper = xp.asarray([n - 1 for n in shape], dtype=points.dtype)
+    p = xp.clip(points, 0.0, upper)
+    base = xp.floor(p)
+    frac = p - base
+    i0 = base.astype(xp.int64)
+    i1 = xp.minimum(i0 + 1, xp.asarray([n - 1 for n in shape], dtype=xp.int64))
+    fx, fy, fz = frac[:, 0:1], frac[:, 1:2], frac[:, 2:3]
+    out = None
+    for cx, wx in ((i0[:, 0], 1.0 - fx), (i1[:, 0], fx)):
+        for cy, wy in ((i0[:, 1], 1.0 - fy), (i1[:, 1], fy)):
+            for cz, wz in ((i0[:, 2], 1.0 - fz), (i1[:, 2], fz)):
+                term = (wx * wy * wz) * field[cx, cy, cz].astype(points.dtype)
+                out = term if out is None else out + term
+    return out

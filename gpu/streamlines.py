@@ -1,0 +1,88 @@
+"""Ragged streamline arrays: points ``(P, 3)`` and offsets ``(S + 1,)``, as the tracking
+engines produce them batch by batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Why a streamline end stopped (one code per end).
+STOP_REASONS = {
+    0: "none",
+    1: "max length",
+    2: "left the volume",
+    3: "left the mask",
+    4: "FA below threshold",
+    5: "angle above maximum",
+    6: "entered a stop region",
+}
+MAX_LENGTH, OUTSIDE_VOLUME, OUTSIDE_MASK, LOW_FA, SHARP_ANGLE, STOP_REGION = range(1, 7)
+
+
+@dataclass
+class StreamlineBatch:
+    """Streamlines in voxel coordinates with where they came from and why they stopped.
+
+    ``points`` (P, 3) float32; ``offsets`` (S + 1,) int64; ``seed_index`` (S,) the index of
+    each streamline's seed in the seed array; ``stop`` (S, 2) uint8 reasons for the
+    backward and the forward end (:data:`STOP_REASONS`); ``seed_point`` (S,) index of the
+    seed within the streamline.
+    """
+
+    points: np.ndarray
+    offsets: np.ndarray
+    seed_index: np.ndarray
+    stop: np.ndarray
+    seed_point: np.ndarray
+    provenance: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.points[self.offsets[i] : self.offsets[i + 1]]
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @classmethod
+    def empty(cls) -> StreamlineBatch:
+        return cls(
+            np.zeros((0, 3), np.float32),
+            np.zeros(1, np.int64),
+            np.zeros(0, np.int64),
+            np.zeros((0, 2), np.uint8),
+            np.zeros(0, np.int64),
+        )
+
+    @classmethod
+    def concatenate(cls, batches: Iterable[StreamlineBatch]) -> StreamlineBatch:
+        batches = [b for b in batches if len(b)]
+        if not batches:
+            return cls.empty()
+        starts = np.cumsum([0] + [len(b.points) for b in batches[:-1]])
+        offsets = np.concatenate([np.zeros(1, np.int64)] + [b.offsets[1:] + s for b, s in zip(batches, starts)])
+        return cls(
+            np.concatenate([b.points for b in batches]),
+            offsets,
+            np.concatenate([b.seed_index for b in batches]),
+            np.concatenate([b.stop for b in batches]),
+            np.concatenate([b.seed_point for b in batches]),
+        )
+
+    def reason_counts(self) -> dict[str, int]:
+        """How many streamline ends stopped for each reason."""
+        codes, counts = np.unique(self.stop, return_counts=True)
+        return {STOP_REASONS[int(c)]: int(n) for c, n in zip(codes, counts)}
+
+
+def repeat_counts(xp, values, counts):
+    """``np.repeat(values, counts)`` for NumPy and CuPy alike (CuPy's repeat takes no array of counts)."""
+    if xp is np:
+        return np.repeat(values, counts)
+    total = int(counts.sum())
+    owner = xp.searchsorted(xp.cumsum(counts), xp.arange(total), side="right")
+    return values[owner]
