@@ -3,8 +3,10 @@ engines produce them batch by batch."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -86,3 +88,40 @@ def repeat_counts(xp, values, counts):
     total = int(counts.sum())
     owner = xp.searchsorted(xp.cumsum(counts), xp.arange(total), side="right")
     return values[owner]
+
+
+@functools.cache
+def _pack_kernel():
+    import cupy
+
+    source = (Path(__file__).parent / "kernels" / "streamlines.cu").read_text()
+    return cupy.RawModule(code=source).get_function("pack_rows")
+
+
+def pack_rows(xp, buf, rows, first, counts):
+    """Points ``buf[rows[i], first[i] : first[i] + counts[i]]`` of a ``(N, W, 3)`` buffer, packed
+    one streamline after another: ``(points (P, 3), offsets (S + 1,))``."""
+    offsets = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(counts.astype(np.int64))])
+    total = int(offsets[-1])
+    if xp is np:
+        column = np.repeat(first - offsets[:-1], counts) + np.arange(total)
+        return buf[np.repeat(rows, counts), column], offsets
+    out = xp.empty((total, 3), np.float32)
+    n = len(rows)
+    if n:
+        threads = 256
+        blocks = (n * 32 + threads - 1) // threads
+        _pack_kernel()(
+            (blocks,),
+            (threads,),
+            (
+                xp.ascontiguousarray(buf, dtype=np.float32),
+                np.int64(buf.shape[1] * 3),
+                rows.astype(np.int64),
+                first.astype(np.int64),
+                offsets,
+                np.int32(n),
+                out,
+            ),
+        )
+    return out, offsets

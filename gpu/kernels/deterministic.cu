@@ -1,3 +1,4 @@
+typedef double real;  // see tracking.cuh: this kernel computes in double
 
 // Deterministic tensor tracking, one thread per seed (gpu/deterministic.py has the
 // rules and the array-operations reference this kernel reproduces). Each thread
@@ -17,23 +18,23 @@ struct Tracker {
     const float4* field;
     Grid g;
     int tensorline;
-    float puncture;
+    real puncture;
 
     // Unit direction at p continuing vref, and the FA there.
-    __device__ F3 direction(F3 p, F3 vref, bool deflect, float* fa) const {
-        float t[6], lam[3];
-        F3 e1;
+    __device__ R3 direction(R3 p, R3 vref, bool deflect, real* fa) const {
+        real t[6], lam[3];
+        R3 e1;
         trilinear_tensor(field, g, p, t);
         principal3(t, lam, &e1);
         *fa = fa_invariants(t);
-        if (dot3f(e1, vref) < 0.0f) e1 = scale3f(e1, -1.0f);
+        if (dot3r(e1, vref) < 0.0) e1 = scale3r(e1, -1.0);
         if (deflect) {
-            float l1 = lam[0], l2 = lam[1];
-            float cl = l1 > 0.0f ? (l1 - l2) / l1 : 0.0f;
-            cl = fminf(fmaxf(cl, 0.0f), 1.0f);
-            F3 dv = unit3f(apply_tensorf(t, vref), vref);
-            F3 mix = add3f(scale3f(vref, 1.0f - puncture), scale3f(dv, puncture));
-            e1 = unit3f(add3f(scale3f(e1, cl), scale3f(mix, 1.0f - cl)), vref);
+            real l1 = lam[0], l2 = lam[1];
+            real cl = l1 > 0.0 ? (l1 - l2) / l1 : 0.0;
+            cl = fmin(fmax(cl, 0.0), 1.0);
+            R3 dv = unit3r(apply_tensorr(t, vref), vref);
+            R3 mix = add3r(scale3r(vref, 1.0 - puncture), scale3r(dv, puncture));
+            e1 = unit3r(add3r(scale3r(e1, cl), scale3r(mix, 1.0 - cl)), vref);
         }
         return e1;
     }
@@ -41,8 +42,8 @@ struct Tracker {
 
 extern "C" __global__ void track_deterministic(
     const float4* __restrict__ field, const unsigned char* __restrict__ region, int nx, int ny, int nz,
-    const float* __restrict__ seeds, int n, float hx, float hy, float hz, float fa_threshold, float cos_max,
-    int m, int rk4, int tensorline, float puncture, float* __restrict__ buf, int* __restrict__ count,
+    const real* __restrict__ seeds, int n, real hx, real hy, real hz, real fa_threshold, real cos_max,
+    int m, int rk4, int tensorline, real puncture, float* __restrict__ buf, int* __restrict__ count,
     unsigned char* __restrict__ stop, unsigned char* __restrict__ valid) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
@@ -51,10 +52,10 @@ extern "C" __global__ void track_deterministic(
     tr.g.nx = nx; tr.g.ny = ny; tr.g.nz = nz;
     tr.tensorline = tensorline;
     tr.puncture = puncture;
-    const F3 h = f3(hx, hy, hz);
-    const F3 half_h = f3(0.5f * hx, 0.5f * hy, 0.5f * hz);
+    const R3 h = r3(hx, hy, hz);
+    const R3 half_h = r3(0.5 * hx, 0.5 * hy, 0.5 * hz);
     float* row = buf + (size_t)i * (size_t)(2 * m + 1) * 3;
-    F3 p0 = f3(seeds[3 * i], seeds[3 * i + 1], seeds[3 * i + 2]);
+    R3 p0 = r3(seeds[3 * i], seeds[3 * i + 1], seeds[3 * i + 2]);
     row[3 * m] = p0.x; row[3 * m + 1] = p0.y; row[3 * m + 2] = p0.z;
     count[2 * i] = 0;
     count[2 * i + 1] = 0;
@@ -62,8 +63,8 @@ extern "C" __global__ void track_deterministic(
     if (!inside_volume(p0, tr.g)) seed_stop = OUTSIDE_VOLUME;
     else if (region[nearest_voxel(p0, tr.g)] == REGION_OUTSIDE) seed_stop = OUTSIDE_MASK;
     valid[i] = seed_stop == 0;
-    float fa;
-    F3 d0 = tr.direction(p0, f3(0.8017837257372732f, 0.5345224838248488f, 0.2672612419124244f), false, &fa);
+    real fa;
+    R3 d0 = tr.direction(p0, r3(0.8017837257372732, 0.5345224838248488, 0.2672612419124244), false, &fa);
     if (seed_stop == 0 && fa < fa_threshold) seed_stop = LOW_FA;
     if (seed_stop) {
         stop[2 * i] = seed_stop;
@@ -73,21 +74,21 @@ extern "C" __global__ void track_deterministic(
     int forward_steps = 0;
     for (int end = 1; end >= 0; --end) {
         const int budget = end == 1 ? m : m - forward_steps;
-        F3 p = p0;
-        F3 d = end == 1 ? d0 : scale3f(d0, -1.0f);
+        R3 p = p0;
+        R3 d = end == 1 ? d0 : scale3r(d0, -1.0);
         int steps = 0;
         unsigned char reason = 0;
         while (true) {
             if (steps >= budget) { reason = MAX_LENGTH; break; }
-            F3 v = d;
+            R3 v = d;
             if (rk4) {
-                float unused;
-                F3 k2 = tr.direction(add3f(p, mul3f(half_h, d)), d, tensorline, &unused);
-                F3 k3 = tr.direction(add3f(p, mul3f(half_h, k2)), d, tensorline, &unused);
-                F3 k4 = tr.direction(add3f(p, mul3f(h, k3)), d, tensorline, &unused);
-                v = unit3f(add3f(add3f(d, scale3f(k2, 2.0f)), add3f(scale3f(k3, 2.0f), k4)), d);
+                real unused;
+                R3 k2 = tr.direction(add3r(p, mul3r(half_h, d)), d, tensorline, &unused);
+                R3 k3 = tr.direction(add3r(p, mul3r(half_h, k2)), d, tensorline, &unused);
+                R3 k4 = tr.direction(add3r(p, mul3r(h, k3)), d, tensorline, &unused);
+                v = unit3r(add3r(add3r(d, scale3r(k2, 2.0)), add3r(scale3r(k3, 2.0), k4)), d);
             }
-            F3 q = add3f(p, mul3f(h, v));
+            R3 q = add3r(p, mul3r(h, v));
             if (!inside_volume(q, tr.g)) { reason = OUTSIDE_VOLUME; break; }
             unsigned char code = region[nearest_voxel(q, tr.g)];
             if (code == REGION_OUTSIDE) { reason = OUTSIDE_MASK; break; }
@@ -95,9 +96,9 @@ extern "C" __global__ void track_deterministic(
             size_t at = (size_t)3 * (end == 1 ? m + steps : m - steps);
             row[at] = q.x; row[at + 1] = q.y; row[at + 2] = q.z;
             if (code == REGION_STOP) { reason = STOP_REGION; break; }
-            F3 e = tr.direction(q, v, tensorline, &fa);
+            R3 e = tr.direction(q, v, tensorline, &fa);
             if (fa < fa_threshold) { reason = LOW_FA; break; }
-            if (dot3f(e, v) < cos_max) { reason = SHARP_ANGLE; break; }
+            if (dot3r(e, v) < cos_max) { reason = SHARP_ANGLE; break; }
             p = q;
             d = e;
         }

@@ -91,11 +91,16 @@ def time_gpu(field, seeds, params, repeats: int = 2) -> dict:
     chunk = backend.asarray(seeds)
     start, stop = cp.cuda.Event(), cp.cuda.Event()
     start.record()
-    buf, count, _stop, _valid = _track_kernel(backend, dev_field, region, 1.0 / field.voxel_size, chunk, params)
+    buf, count, stops, valid = _track_kernel(backend, dev_field, region, 1.0 / field.voxel_size, chunk, params)
     stop.record()
     stop.synchronize()
     kernel_s = cp.cuda.get_elapsed_time(start, stop) / 1000
     steps = int(count.sum())
+    from gpu.deterministic import _compact
+
+    t0 = time.perf_counter()
+    _compact(cp, buf, count, stops, valid, 0, params)  # filter, pack on the device, copy to the host
+    compact_s = time.perf_counter() - t0
     del buf
     return {
         "seeds": len(seeds),
@@ -107,6 +112,7 @@ def time_gpu(field, seeds, params, repeats: int = 2) -> dict:
         "kernel_s": round(kernel_s, 4),
         "kernel_seeds_per_s": round(len(seeds) / kernel_s),
         "kernel_steps_per_s": round(steps / kernel_s),
+        "pack_and_copy_s": round(compact_s, 4),
         "mean_points_per_kept": round(points / max(kept, 1), 1),
     }
 

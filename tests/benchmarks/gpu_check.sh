@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/gpu.txt"
 python3 -m app.cli info | tee -a "$OUT/gpu.txt"
-python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
+python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/gui 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 python3 -m pytest -m "not benchmark" -q -p no:cacheprovider --ignore=tests/gui 2>&1 | tee "$OUT/pytest_all.log" | tail -5
 for bench in ${BENCHES:-dti}; do
   case $bench in
