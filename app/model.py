@@ -212,6 +212,26 @@ class Tractogram(Observable):
             name=name or self.name,
         )
 
+    @classmethod
+    def concatenate(cls, tracts: list[Tractogram], name: str | None = None) -> Tractogram:
+        """Streamlines of several tractograms on one grid, one after another (shared scalars kept)."""
+        if not tracts:
+            raise ValueError("nothing to concatenate")
+        first = tracts[0]
+        starts = np.cumsum([0] + [len(t.points) for t in tracts[:-1]])
+        offsets = np.concatenate([[0]] + [t.offsets[1:] + s for t, s in zip(tracts, starts)]).astype(np.int64)
+        point_keys = set.intersection(*(set(t.point_scalars) for t in tracts))
+        stream_keys = set.intersection(*(set(t.streamline_scalars) for t in tracts))
+        return cls(
+            np.concatenate([t.points for t in tracts]),
+            offsets,
+            first.affine,
+            first.dimensions,
+            {k: np.concatenate([np.asarray(t.point_scalars[k]) for t in tracts]) for k in point_keys},
+            {k: np.concatenate([np.asarray(t.streamline_scalars[k]) for t in tracts]) for k in stream_keys},
+            name=name or first.name,
+        )
+
     def points_world(self) -> np.ndarray:
         """All points in RAS mm (float32, like the points)."""
         rotation = self.affine[:3, :3].T.astype(np.float32)
@@ -401,6 +421,18 @@ class Document(Observable):
         layer.disconnect(self._forward_display)
         self.emit("layers")
 
+    def replace_layer(self, old: Layer, new: Layer) -> Layer:
+        """Put ``new`` where ``old`` is (e.g. a growing tracking result), in one ``layers`` event.
+        Appends ``new`` when ``old`` is no longer in the document."""
+        if old not in self.layers:
+            return self.add_layer(new)
+        index = self.layers.index(old)
+        old.disconnect(self._forward_display)
+        self.layers[index] = new
+        new.connect(self._forward_display)
+        self.emit("layers")
+        return new
+
     def move_layer(self, layer: Layer, index: int) -> None:
         self.layers.remove(layer)
         self.layers.insert(max(0, min(index, len(self.layers))), layer)
@@ -476,6 +508,14 @@ class Document(Observable):
                 elif layer.data.role == "exclusion":
                     exclude.append(layer.data.mask)
         return include, exclude
+
+    def roi_masks_by_role(self) -> dict[str, list[np.ndarray]]:
+        """Masks of the visible, non-empty ROIs grouped by role (on the reference grid)."""
+        out: dict[str, list[np.ndarray]] = {role: [] for role in ROI_ROLES}
+        for layer in self.layers:
+            if layer.kind == "roi" and layer.visible and layer.data.mask.any():
+                out[layer.data.role].append(layer.data.mask)
+        return out
 
     def undo(self) -> bool:
         """Revert the last ROI edit (a stroke, a fill, a shape placement or move) exactly."""

@@ -42,6 +42,7 @@ from . import fiber_display
 from .panels import JobPanel, LayerPanel
 from .roi_tools import RoiTools
 from .slice_view import SliceView
+from .tracking_panel import DeterministicPanel
 from .view3d import View3D
 
 MAX_RECENT = 10
@@ -88,12 +89,16 @@ class MainWindow(QMainWindow):
 
         self.layer_panel = LayerPanel(self.document)
         self.job_panel = JobPanel(self.runner)
+        self.deterministic_panel = DeterministicPanel(
+            self.document, self.runner, device=device, report=self._report_error
+        )
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
+            ("Deterministic tracking", self.deterministic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
-            dock.setObjectName(f"dock_{title.lower()}")
+            dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
             dock.setWidget(widget)
             self.addDockWidget(area, dock)
 
@@ -144,6 +149,8 @@ class MainWindow(QMainWindow):
         self._action(view_menu, "Previous slice", lambda: self._focused_view().step(-1), "Ctrl+Down")
         self._action(view_menu, "Radiological convention", self._toggle_radiological, checkable=True)
         self._build_roi_tools(file_menu)
+        track_menu = self.menuBar().addMenu("&Track")
+        self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
         jobs_menu = self.menuBar().addMenu("&Jobs")
         toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
 

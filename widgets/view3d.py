@@ -101,7 +101,9 @@ class View3D(QWidget):
         doc = self.document
         if doc.reference_affine is None:
             return
-        any_volume = any(layer.visible and layer.kind in ("scalar", "rgb", "labels", "roi") for layer in doc.layers)
+        # With no image shown the planes would be opaque black sheets hiding the fibres and ROI
+        # surfaces behind them (ROIs have their own surfaces in 3-D): hide them then.
+        any_volume = any(layer.visible and layer.kind in ("scalar", "rgb", "labels") for layer in doc.layers)
         for view in ("axial", "coronal", "sagittal"):
             geometry = plane_geometry(doc, view)
             height, width = geometry.voxels.shape[:2]

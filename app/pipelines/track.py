@@ -152,6 +152,7 @@ def deterministic_pipeline(
     on_batch: Callable[[Tractogram], None] | None = None,
     notes: list[str] | None = None,
     name: str = "deterministic",
+    max_batch: int | None = None,
 ) -> TrackResult:
     """Deterministic tracking on ``field_`` (see :mod:`gpu.deterministic` for the rules).
 
@@ -201,7 +202,9 @@ def deterministic_pipeline(
     counts = {"tracked": 0, "filtered_out": 0}
     t0 = time.perf_counter()
     first_batch_s = None
-    for batch in deterministic.track(tf, seeds, params, device=backend, progress=progress, cancelled=cancelled):
+    for batch in deterministic.track(
+        tf, seeds, params, device=backend, progress=progress, cancelled=cancelled, max_batch=max_batch
+    ):
         counts["tracked"] += len(batch)
         if len(batch) and (include or exclude):
             selection = select_streamlines(batch.points, batch.offsets, list(include), list(exclude), device=backend)

@@ -1,0 +1,255 @@
+"""The Deterministic tracking panel: parameters, seeding, Track / Cancel, live results.
+
+The panel holds no algorithm. Track takes a snapshot of the tensor layer and of the
+ROIs by role (seed; target and waypoint must be passed; exclusion avoided; stop
+ends streamlines), and runs :func:`app.pipelines.track.deterministic_pipeline` on
+a worker. Batches of streamlines arrive while the rest is computed and replace the
+panel's result layer, so the fibres grow on screen; a cancelled run keeps what it
+had shown.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+
+import numpy as np
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.model import Document, Layer, Tractogram
+from app.pipelines.select import resample_nearest
+from app.pipelines.track import TensorField, deterministic_pipeline
+from gpu import deterministic
+
+from . import fiber_display
+from .params_form import ParamsForm
+
+PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
+GUI_BATCH = 20_000  # seeds per batch: the first fibres show within a fraction of a second
+
+
+class DeterministicPanel(QWidget):
+    """Parameters of deterministic tracking and the buttons that run it."""
+
+    finished = Signal(object)  # the result layer (also after a cancel, with what was shown)
+
+    def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
+        super().__init__(parent)
+        self.document = document
+        self.runner = runner
+        self.device = device
+        self.report = report or (lambda message, details="": None)
+        self.result_layer: Layer | None = None
+        self.job_id: int | None = None
+        self.summary: dict | None = None
+        self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._fields_lock = threading.Lock()
+
+        self.form = ParamsForm(deterministic.DeterministicParams, deterministic.CHOICES)
+        seeding = QFormLayout()
+        self.whole_brain = QCheckBox("whole brain (every voxel with FA ≥ threshold)")
+        self.whole_brain.setObjectName("whole_brain")
+        self.whole_brain.setToolTip("Seed everywhere instead of in the seed ROIs; waypoints and exclusions still apply")
+        self.seeds_per_voxel = QSpinBox()
+        self.seeds_per_voxel.setObjectName("seeds_per_voxel")
+        self.seeds_per_voxel.setRange(1, 1000)
+        self.seeds_per_voxel.setValue(4)
+        self.seeds_per_voxel.setToolTip("Seeds in every seed voxel")
+        self.placement = QComboBox()
+        self.placement.setObjectName("seed_placement")
+        self.placement.addItems(["random", "grid"])
+        self.placement.setToolTip("Random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)")
+        self.rng_seed = QSpinBox()
+        self.rng_seed.setObjectName("seed_rng")
+        self.rng_seed.setRange(0, 2**31 - 1)
+        self.rng_seed.setToolTip("The same number gives the same seeds, and so the same streamlines")
+        seeding.addRow(self.whole_brain)
+        seeding.addRow("Seeds per voxel", self.seeds_per_voxel)
+        seeding.addRow("Placement", self.placement)
+        seeding.addRow("Random seed", self.rng_seed)
+
+        self.track_button = QPushButton("Track")
+        self.track_button.setObjectName("track_deterministic")
+        self.track_button.clicked.connect(self.track)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancel_tracking")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.status = QLabel("Paint a seed ROI (or tick whole brain), then Track.")
+        self.status.setObjectName("tracking_status")
+        self.status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.track_button)
+        buttons.addWidget(self.cancel_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.form)
+        layout.addLayout(seeding)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+        runner.job_cancelled.connect(self._on_cancelled)
+
+    # ---------------------------------------------------------------- actions
+    def tensor_layer(self) -> Layer | None:
+        tensors = [layer for layer in self.document.layers if layer.kind == "tensor"]
+        return tensors[-1] if tensors else None
+
+    def track(self) -> int | None:
+        """Start tracking with the current parameters and ROIs; returns the job id (None if refused)."""
+        doc = self.document
+        tensor = self.tensor_layer()
+        if tensor is None:
+            return self._refuse("Open a DWI series or a tensor file first: tracking follows its tensors.")
+        try:
+            params = self.form.value()
+        except ValueError as exc:
+            return self._refuse(f"Check the parameters: {exc}.")
+        rois = {role: [mask.copy() for mask in masks] for role, masks in doc.roi_masks_by_role().items()}
+        whole = self.whole_brain.isChecked()
+        if not whole and not rois["seed"]:
+            return self._refuse("Paint or open a seed ROI, or tick whole brain.")
+        if self.job_id is not None:
+            self.runner.cancel(self.job_id)
+        volume = tensor.data
+        reference = (doc.reference_affine.copy(), doc.reference_shape)
+        options = {
+            "seeds_per_voxel": self.seeds_per_voxel.value(),
+            "placement": self.placement.currentText(),
+            "rng_seed": self.rng_seed.value(),
+        }
+        name = "deterministic"
+
+        def job(ctx):
+            field_ = self._tensor_field(volume)
+
+            def on_grid(masks):
+                return [_to_grid(mask, reference, field_) for mask in masks]
+
+            seed = np.logical_or.reduce(on_grid(rois["seed"])) if not whole else None
+            shown = {"batches": [], "last": 0.0}
+
+            def on_batch(tract):
+                shown["batches"].append(tract)
+                now = time.perf_counter()
+                if now - shown["last"] >= PARTIAL_INTERVAL_S:
+                    shown["last"] = now
+                    ctx.partial(_result_layer(name, Tractogram.concatenate(shown["batches"])))
+
+            result = deterministic_pipeline(
+                field_,
+                seed_mask=seed,
+                whole_brain=whole,
+                stop=on_grid(rois["stop"]),
+                include=on_grid(rois["target"] + rois["waypoint"]),
+                exclude=on_grid(rois["exclusion"]),
+                params=params,
+                device=self.device,
+                progress=ctx.progress,
+                cancelled=ctx.cancelled,
+                on_batch=on_batch,
+                max_batch=GUI_BATCH,
+                name=name,
+                **options,
+            )
+            return _result_layer(name, result.tractogram), result
+
+        self.track_button.setText("Re-track")
+        self.cancel_button.setEnabled(True)
+        self.status.setText("Tracking…")
+        self.job_id = self.runner.submit(
+            "deterministic tracking", job, on_partial=self._show, on_done=self._done, on_error=self._failed
+        )
+        return self.job_id
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.runner.cancel(self.job_id)
+
+    # -------------------------------------------------------------- results
+    def _show(self, layer: Layer) -> None:
+        if self.result_layer is not None and self.result_layer in self.document.layers:
+            layer.set(
+                visible=self.result_layer.visible,
+                opacity=self.result_layer.opacity,
+                color_by=self.result_layer.color_by,
+                tubes=self.result_layer.tubes,
+            )
+            self.document.replace_layer(self.result_layer, layer)
+        else:
+            self.document.add_layer(layer)
+        self.result_layer = layer
+
+    def _done(self, outcome) -> None:
+        layer, result = outcome
+        self._show(layer)
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        prov = result.provenance
+        self.summary = result.summary()
+        text = (
+            f"{prov['streamlines']} streamlines from {prov['seeds']} seeds in {prov['tracking_s']:.2f} s "
+            f"on {prov['backend']} ({prov['device']})."
+        )
+        if prov["streamlines_removed_by_rois"]:
+            text += f" {prov['streamlines_removed_by_rois']} removed by target/waypoint/exclusion ROIs."
+        if result.notes:
+            text += " " + " ".join(result.notes)
+        self.status.setText(text)
+        self.finished.emit(layer)
+
+    def _failed(self, message: str, details: str) -> None:
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        self.status.setText(f"Tracking failed: {message}")
+        self.report(message, details)
+
+    def _on_cancelled(self, job_id: int) -> None:
+        if job_id != self.job_id:
+            return
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        kept = len(self.result_layer.data) if self.result_layer in self.document.layers else 0
+        self.status.setText(f"Cancelled; the {kept} streamlines shown so far are kept.")
+        if self.result_layer is not None:
+            self.finished.emit(self.result_layer)
+
+    def _refuse(self, message: str) -> None:
+        self.status.setText(message)
+        self.report(message, "")
+        return None
+
+    def _tensor_field(self, volume) -> TensorField:
+        """The tracking view of a tensor layer (FA, fitted voxels), computed once per volume."""
+        with self._fields_lock:
+            cached = self._fields.get(volume)
+        if cached is None:
+            cached = TensorField.from_tensor(volume.data, volume.affine, volume.source or volume.name)
+            with self._fields_lock:
+                self._fields[volume] = cached
+        return cached
+
+
+def _to_grid(mask: np.ndarray, reference, field_: TensorField) -> np.ndarray:
+    """An ROI on the document's reference grid, on the tensor grid."""
+    affine, shape = reference
+    if tuple(shape) == field_.shape and np.allclose(affine, field_.affine, atol=1e-4):
+        return mask
+    return resample_nearest(mask, affine, field_.affine, field_.shape)
+
+
+def _result_layer(name: str, tractogram) -> Layer:
+    layer = Layer(name, tractogram, "tractogram")
+    fiber_display.prepare(layer)  # O(points) display work on the worker, not the GUI thread
+    return layer
