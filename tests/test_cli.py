@@ -213,3 +213,88 @@ def test_select_bad_inputs(demo_dir, tmp_path):
         str(tmp_path / "o.trk"),
         match="unknown tractogram format",
     )
+
+
+def test_track_deterministic_from_fitted_tensors_and_from_the_dwi(fitted, demo_dir, tmp_path):
+    """The same seeds from a tensor folder and from the DWI give the same streamlines; the
+    file holds them in RAS mm with FA per point and length per streamline."""
+    from app.io import load_tractogram
+
+    tensor_dir, _summary, _stderr = fitted
+    common = ["--seed", str(demo_dir / "roi_arc_seed.nii.gz"), "--seeds-per-voxel", "2", "--min-length", "10"]
+    common += ["--integrator", "rk4", "--device", "cpu", "--seed-rng", "5", "--json"]
+    a = run_cli("track", "deterministic", "--tensor", str(tensor_dir), *common, "-o", str(tmp_path / "a.trk"))
+    assert a.returncode == 0, a.stderr
+    b = run_cli("track", "deterministic", "--dwi", str(demo_dir / "dwi.nii.gz"), *common, "-o", str(tmp_path / "b.trx"))
+    assert b.returncode == 0, b.stderr
+    summary = json.loads(a.stdout)
+    assert summary["seeds"] == 80 and summary["streamlines"] >= 72
+    assert summary["parameters"]["integrator"] == "rk4" and summary["rng_seed"] == 5
+    assert sum(summary["stop_reasons"].values()) == 2 * summary["streamlines"]
+    assert "track: 100.0%" in a.stderr
+    ta = load_tractogram(tmp_path / "a.trk")
+    tb = load_tractogram(tmp_path / "b.trx")
+    assert len(ta) == len(tb) == summary["streamlines"]
+    # FSL-order tensor files round-trip to float32: the streamlines agree to well under a voxel.
+    np.testing.assert_allclose(ta.points_world(), tb.points_world(), atol=0.05)
+    assert set(ta.point_scalars) >= {"fa"} and set(ta.streamline_scalars) >= {"length_mm"}
+    assert ta.streamline_scalars["length_mm"].min() >= 10.0
+    truth = load_tractogram(demo_dir / "bundles.trk")
+    arc = truth.subset(truth.streamline_scalars["bundle"].astype(int).ravel() == 3)
+    # Tracked points lie along the arc's ground-truth streamlines (bundle radius 5 mm; the
+    # ends run a little past the bundle's ends, where FA fades in the partial volume).
+    from scipy.spatial import cKDTree
+
+    distance, _ = cKDTree(arc.points_world()).query(ta.points_world())
+    assert np.median(distance) < 2.0 and np.percentile(distance, 90) < 4.0, np.percentile(distance, [50, 90])
+
+
+def test_track_deterministic_whole_brain_and_roi_filters(demo_dir, tmp_path):
+    out = tmp_path / "wb.tck"
+    result = run_cli(
+        "track", "deterministic", "--dwi", str(demo_dir / "dwi.nii.gz"), "--whole-brain",
+        "--include", str(demo_dir / "roi_kissing_upper_seed.nii.gz"),
+        "--include", str(demo_dir / "roi_kissing_upper_target.nii.gz"),
+        "--device", "cpu", "--json", "-o", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["seeding"] == "whole brain" and summary["seeds"] > 4000
+    assert 0 < summary["streamlines"] < summary["streamlines_tracked"]
+    assert summary["streamlines_removed_by_rois"] == summary["streamlines_tracked"] - summary["streamlines"]
+    assert out.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--seed", "EMPTY"], "empty"),
+        (["--seed", "OUTSIDE"], "outside"),
+        (["--seed", "SEED", "--fa-threshold", "1.5"], "FA threshold"),
+        (["--seed", "SEED", "--seed-placement", "grid", "--seeds-per-voxel", "5"], "not a cube"),
+        (["--seed", "SEED", "--bval", "x.bval"], "--bval"),
+        (["--seed", "SEED", "-o", "out.vtk"], "unknown tractogram format"),
+        (["--seed", "SEED", "-o", "missing/dir/out.trk"], "output folder does not exist"),
+        (["--seed", "SEED", "--mask", "EMPTY"], "empty"),
+    ],
+)
+def test_track_deterministic_bad_inputs(fitted, demo_dir, tmp_path, args, expect):
+    tensor_dir = fitted[0]
+    ref = nib.load(demo_dir / "roi_arc_seed.nii.gz")
+    empty = tmp_path / "empty.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros(ref.shape, np.uint8), ref.affine), empty)
+    outside = tmp_path / "outside.nii.gz"
+    shifted = ref.affine.copy()
+    shifted[:3, 3] += 1000.0
+    nib.save(nib.Nifti1Image(np.ones(ref.shape, np.uint8), shifted), outside)
+    names = {"EMPTY": empty, "OUTSIDE": outside, "SEED": demo_dir / "roi_arc_seed.nii.gz"}
+    args = [str(names.get(a, a)) for a in args]
+    if "-o" not in args:
+        args += ["-o", str(tmp_path / "t.trk")]
+    else:
+        args[args.index("-o") + 1] = str(tmp_path / args[args.index("-o") + 1])
+    result = run_cli("track", "deterministic", "--tensor", str(tensor_dir), "--device", "cpu", *args)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert expect in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "t.trk").exists()
