@@ -331,3 +331,17 @@ def test_streamlines_seeded_in_a_demo_bundle_stay_in_it(demo_dir):
         print(f"{name}: {len(result.tractogram)} streamlines, {fraction:.1%} of points in the bundle")
         assert len(result.tractogram) >= 0.9 * 4 * seed.sum()
         assert fraction > 0.95, (name, fraction)
+
+
+def test_tensor_field_notes_nan_and_non_positive_definite_voxels():
+    from app.pipelines.track import TensorField
+
+    tensor = straight_field((10, 10, 4))
+    tensor[1, 1, 1] = np.nan
+    tensor[2, 2, 2] = sym3.from_matrix(np, np.diag([1e-3, 2e-4, -1e-4]))
+    field = TensorField.from_tensor(tensor, np.diag([2.0, 2.0, 2.0, 1.0]), "test")
+    assert any("1 voxels have NaN" in note for note in field.notes)
+    assert any("1 voxels have tensors that are not positive definite" in note for note in field.notes)
+    assert not field.mask[1, 1, 1] and field.mask[2, 2, 2]
+    assert np.isfinite(field.fa).all() and (field.fa <= 1).all()
+    np.testing.assert_allclose(field.voxel_size, 2.0)
