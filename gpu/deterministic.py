@@ -35,16 +35,14 @@ double precision costs nothing visible and keeps the two engines within 1e-5 vox
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from . import sym3
+from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .interpolate import inside_volume, lookup, trilinear
 from .streamlines import (
@@ -276,17 +274,8 @@ def _track_arrays(xp, field, region, scale, seeds, params: DeterministicParams, 
 
 
 # ----------------------------------------------------------------------------- CUDA kernel
-KERNEL_DIR = Path(__file__).parent / "kernels"
-
-
-@functools.cache
 def _kernel():
-    import cupy
-
-    kernel = (KERNEL_DIR / "deterministic.cu").read_text()
-    precision, _, body = kernel.partition("\n")  # the first line defines `real`, which the header uses
-    source = precision + "\n" + (KERNEL_DIR / "tracking.cuh").read_text() + body
-    return cupy.RawModule(code=source, options=("--std=c++17",)).get_function("track_deterministic")
+    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"))
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, params: DeterministicParams):

@@ -28,15 +28,13 @@ clamped to ``min_signal`` before the log; eigenvalues are clipped from below at
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from . import sym3
+from . import cuda, sym3
 from .backend import Backend, get_backend, run_batched
 
 # Per-voxel flags (bit field) in DTIFit.flags; 0 means a clean fit.
@@ -232,15 +230,8 @@ def fit_batch(backend: Backend, signal, design: _Design, params: DTIFitParams, d
     return _fit_batch_arrays(backend, signal, design, params, dtype)
 
 
-KERNEL_SOURCE = Path(__file__).parent / "kernels" / "dti_fit.cu"
-
-
-@functools.cache
 def _cuda_function(name: str):
-    import cupy
-
-    module = cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=("--std=c++17",))
-    return module.get_function(name)
+    return cuda.function("dti_fit.cu", name, ("sym3.cuh",))
 
 
 def _fit_batch_kernel(backend: Backend, signal, design: _Design, params: DTIFitParams, dtype) -> dict:

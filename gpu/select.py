@@ -19,14 +19,13 @@ per segment, ``atomicOr`` per streamline) compute the same bits.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
+from . import cuda
 from .backend import Backend, get_backend, run_batched
 from .streamlines import repeat_counts
 
@@ -153,16 +152,8 @@ def _or_into(xp, out, index, values):
             out |= flags << np.uint32(bit)
 
 
-KERNEL_SOURCE = Path(__file__).parent / "kernels" / "select.cu"
-
-
-@functools.cache
 def _kernel():
-    import cupy
-
-    return cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=("--std=c++17",)).get_function(
-        "streamline_region_bits"
-    )
+    return cuda.function("select.cu", "streamline_region_bits")
 
 
 def hits_kernel(backend: Backend, points, stream_of_point, is_last, bits, n_streams: int):

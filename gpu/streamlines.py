@@ -3,12 +3,12 @@ engines produce them batch by batch."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
+
+from . import cuda
 
 # Why a streamline end stopped (one code per end).
 STOP_REASONS = {
@@ -75,6 +75,21 @@ class StreamlineBatch:
             np.concatenate([b.seed_point for b in batches]),
         )
 
+    def subset(self, keep: np.ndarray) -> StreamlineBatch:
+        """The streamlines where ``keep`` (bool per streamline) holds."""
+        keep = np.asarray(keep, bool)
+        counts = self.counts[keep]
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        index = np.repeat(self.offsets[:-1][keep] - offsets[:-1], counts) + np.arange(offsets[-1])
+        return StreamlineBatch(
+            self.points[index],
+            offsets,
+            self.seed_index[keep],
+            self.stop[keep],
+            self.seed_point[keep],
+            self.provenance,
+        )
+
     def reason_counts(self) -> dict[str, int]:
         """How many streamline ends stopped for each reason."""
         codes, counts = np.unique(self.stop, return_counts=True)
@@ -90,14 +105,6 @@ def repeat_counts(xp, values, counts):
     return values[owner]
 
 
-@functools.cache
-def _pack_kernel():
-    import cupy
-
-    source = (Path(__file__).parent / "kernels" / "streamlines.cu").read_text()
-    return cupy.RawModule(code=source).get_function("pack_rows")
-
-
 def pack_rows(xp, buf, rows, first, counts):
     """Points ``buf[rows[i], first[i] : first[i] + counts[i]]`` of a ``(N, W, 3)`` buffer, packed
     one streamline after another: ``(points (P, 3), offsets (S + 1,))``."""
@@ -111,7 +118,7 @@ def pack_rows(xp, buf, rows, first, counts):
     if n:
         threads = 256
         blocks = (n * 32 + threads - 1) // threads
-        _pack_kernel()(
+        cuda.function("streamlines.cu", "pack_rows")(
             (blocks,),
             (threads,),
             (

@@ -209,7 +209,7 @@ def deterministic_pipeline(
         if len(batch) and (include or exclude):
             selection = select_streamlines(batch.points, batch.offsets, list(include), list(exclude), device=backend)
             counts["filtered_out"] += int((~selection.selected).sum())
-            batch = _subset(batch, selection.selected)
+            batch = batch.subset(selection.selected)
         kept.append(batch)
         if first_batch_s is None:
             first_batch_s = time.perf_counter() - t0
@@ -241,21 +241,6 @@ def deterministic_pipeline(
     if len(result) == 0:
         notes.append("no streamline passed the stopping rules and length limits; try a lower --min-length")
     return TrackResult(tractogram, provenance, notes)
-
-
-def _subset(batch: StreamlineBatch, keep: np.ndarray) -> StreamlineBatch:
-    keep = np.asarray(keep, bool)
-    counts = batch.counts[keep]
-    starts = batch.offsets[:-1][keep]
-    index = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts) + np.arange(counts.sum())
-    return StreamlineBatch(
-        batch.points[index],
-        np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-        batch.seed_index[keep],
-        batch.stop[keep],
-        batch.seed_point[keep],
-        batch.provenance,
-    )
 
 
 def to_tractogram(batch: StreamlineBatch, field_: TensorField, name: str) -> Tractogram:

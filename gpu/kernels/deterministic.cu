@@ -1,4 +1,4 @@
-typedef double real;  // see tracking.cuh: this kernel computes in double
+typedef double real;  // the precision of sym3.cuh and tracking.cuh here (see gpu/cuda.py)
 
 // Deterministic tensor tracking, one thread per seed (gpu/deterministic.py has the
 // rules and the array-operations reference this kernel reproduces). Each thread

@@ -1,3 +1,4 @@
+typedef double real;  // the eigensolver of sym3.cuh (prepended by gpu/cuda.py) runs in double
 // Fused diffusion tensor fit: OLS -> WLS normal equations -> 7x7 Cholesky ->
 // 3x3 eigen-decomposition -> FA, MD, AD, RD, colour FA, per voxel, in one pass.
 //
@@ -19,110 +20,6 @@
 #define FLAG_NO_SIGNAL 2
 #define FLAG_FIT_FAILED 4
 #define FLAG_NOT_POSITIVE_DEFINITE 8
-
-struct V3 {
-    double x, y, z;
-};
-
-__device__ __forceinline__ V3 v3(double x, double y, double z) { V3 r; r.x = x; r.y = y; r.z = z; return r; }
-__device__ __forceinline__ double dot3(V3 a, V3 b) { return a.x * b.x + a.y * b.y + a.z * b.z; }
-__device__ __forceinline__ V3 cross3(V3 a, V3 b) {
-    return v3(a.y * b.z - a.z * b.y, a.z * b.x - a.x * b.z, a.x * b.y - a.y * b.x);
-}
-__device__ __forceinline__ V3 scale3(V3 a, double s) { return v3(a.x * s, a.y * s, a.z * s); }
-__device__ __forceinline__ V3 add3(V3 a, V3 b) { return v3(a.x + b.x, a.y + b.y, a.z + b.z); }
-
-__device__ __forceinline__ V3 normalise_or(V3 u, V3 fallback) {
-    double n = sqrt(dot3(u, u));
-    return n > 0.0 ? scale3(u, 1.0 / n) : fallback;
-}
-
-// Tensor components c = (xx, xy, xz, yy, yz, zz).
-__device__ __forceinline__ V3 apply_tensor(const double c[6], V3 v) {
-    return v3(c[0] * v.x + c[1] * v.y + c[2] * v.z,
-              c[1] * v.x + c[3] * v.y + c[4] * v.z,
-              c[2] * v.x + c[4] * v.y + c[5] * v.z);
-}
-
-__device__ V3 eigenvector_by_cross(const double c[6], double lam, V3 fallback) {
-    V3 r0 = v3(c[0] - lam, c[1], c[2]);
-    V3 r1 = v3(c[1], c[3] - lam, c[4]);
-    V3 r2 = v3(c[2], c[4], c[5] - lam);
-    V3 best = cross3(r0, r1);
-    double best_norm = dot3(best, best);
-    V3 cand = cross3(r0, r2);
-    double n = dot3(cand, cand);
-    if (n > best_norm) { best = cand; best_norm = n; }
-    cand = cross3(r1, r2);
-    n = dot3(cand, cand);
-    if (n > best_norm) { best = cand; best_norm = n; }
-    return normalise_or(best, fallback);
-}
-
-__device__ V3 eigenvector_in_plane(const double c[6], V3 w, double lam) {
-    V3 u;
-    if (fabs(w.x) > fabs(w.y)) {
-        double inv = 1.0 / sqrt(w.x * w.x + w.z * w.z);
-        u = v3(-w.z * inv, 0.0, w.x * inv);
-    } else {
-        double inv = 1.0 / sqrt(w.y * w.y + w.z * w.z);
-        u = v3(0.0, w.z * inv, -w.y * inv);
-    }
-    V3 v = cross3(w, u);
-    V3 au = apply_tensor(c, u), av = apply_tensor(c, v);
-    double m00 = dot3(u, au) - lam, m01 = dot3(u, av), m11 = dot3(v, av) - lam;
-    double a00 = fabs(m00), a01 = fabs(m01), a11 = fabs(m11);
-    bool row0 = a00 >= a11;
-    double cu = row0 ? m01 : m11;
-    double cv = row0 ? -m00 : -m01;
-    double big = fmax(fmax(a00, a01), a11);
-    V3 vec = normalise_or(add3(scale3(u, cu), scale3(v, cv)), u);
-    return big > 0.0 ? vec : u;
-}
-
-// Eigenvalues (descending) and eigenvectors of a symmetric 3x3 (see gpu/sym3.py).
-__device__ void eigh3(const double t[6], double lam[3], V3 vec[3]) {
-    double scale = 0.0;
-#pragma unroll
-    for (int i = 0; i < 6; ++i) scale = fmax(scale, fabs(t[i]));
-    bool nonzero = scale > 0.0;
-    double s = nonzero ? scale : 1.0;
-    double c[6];
-#pragma unroll
-    for (int i = 0; i < 6; ++i) c[i] = t[i] / s;
-    double q = (c[0] + c[3] + c[5]) / 3.0;
-    double b00 = c[0] - q, b11 = c[3] - q, b22 = c[5] - q;
-    double p2 = b00 * b00 + b11 * b11 + b22 * b22 + 2.0 * (c[1] * c[1] + c[2] * c[2] + c[4] * c[4]);
-    double p = sqrt(p2 / 6.0);
-    bool aniso = p > 0.0;
-    double ps = aniso ? p : 1.0;
-    double c00 = b00 / ps, c11 = b11 / ps, c22 = b22 / ps;
-    double c01 = c[1] / ps, c02 = c[2] / ps, c12 = c[4] / ps;
-    double half_det = 0.5 * (c00 * (c11 * c22 - c12 * c12) - c01 * (c01 * c22 - c02 * c12) +
-                             c02 * (c01 * c12 - c02 * c11));
-    half_det = fmin(fmax(half_det, -1.0), 1.0);
-    double angle = acos(half_det) / 3.0;
-    double beta_hi = 2.0 * cos(angle);
-    double beta_lo = 2.0 * cos(angle + 2.0 * 3.14159265358979323846 / 3.0);
-    double beta_mid = fmin(fmax(-(beta_hi + beta_lo), beta_lo), beta_hi);
-    double lam_hi = q + p * beta_hi, lam_mid = q + p * beta_mid, lam_lo = q + p * beta_lo;
-
-    V3 ex = v3(1, 0, 0), ey = v3(0, 1, 0), ez = v3(0, 0, 1);
-    bool hi_first = half_det >= 0.0;
-    V3 v_first = eigenvector_by_cross(c, hi_first ? lam_hi : lam_lo, ex);
-    V3 v_mid = eigenvector_in_plane(c, v_first, lam_mid);
-    V3 v_last = cross3(v_first, v_mid);
-    V3 v_hi = hi_first ? v_first : v_last;
-    V3 v_lo = hi_first ? v_last : v_first;
-    if (!(aniso && nonzero)) {
-        v_hi = ex; v_mid = ey; v_lo = ez;
-        lam_hi = lam_mid = lam_lo = q;
-    }
-    lam[0] = nonzero ? lam_hi * s : 0.0;
-    lam[1] = nonzero ? lam_mid * s : 0.0;
-    lam[2] = nonzero ? lam_lo * s : 0.0;
-    vec[0] = v_hi; vec[1] = v_mid; vec[2] = v_lo;
-}
 
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
@@ -258,7 +155,7 @@ __device__ void fit_voxel(
     for (int j = 0; j < 6; ++j) t[j] = skip ? 0.0 : beta[j + 1] / b_scale;
     s0 = skip ? 0.0 : s0;
     double lam[3];
-    V3 vec[3];
+    R3 vec[3];
     eigh3(t, lam, vec);
     bool not_pd = (lam[2] <= 0.0) && !skip;
 #pragma unroll
