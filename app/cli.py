@@ -154,17 +154,94 @@ def cmd_select(args) -> int:
     return EXIT_OK
 
 
-def cmd_track_deterministic(args) -> int:
-    from gpu.deterministic import DeterministicParams
-
-    from .io import save_tractogram
+def _check_track_inputs(args) -> None:
     from .io.tractogram import check_output_suffix
-    from .pipelines.track import deterministic_pipeline, load_tensor_field, masks_on_field
 
     get_backend(args.device)
     check_output_suffix(args.output)
     if args.tensor and (args.bval or args.bvec):
         raise InputError("--bval/--bvec belong to --dwi; a tensor input needs none")
+
+
+def _load_field(args):
+    from .pipelines.track import load_tensor_field
+
+    return load_tensor_field(
+        tensor=args.tensor,
+        tensor_order=args.tensor_order,
+        dwi=args.dwi,
+        bval=args.bval,
+        bvec=args.bvec,
+        mask=args.mask,
+        device=args.device,
+        progress=Progress("fit-dti", "voxels", quiet=args.quiet),
+    )
+
+
+def cmd_track_geodesic(args) -> int:
+    from gpu.geodesic import GeodesicParams, MetricParams
+
+    from .io import save_tractogram
+    from .pipelines.track import geodesic_pipeline, masks_on_field
+
+    _check_track_inputs(args)
+    try:
+        params = GeodesicParams(
+            step=args.step,
+            integrator=args.integrator,
+            max_steps=args.max_steps,
+            max_length_mm=args.max_length,
+            max_angle_deg=args.max_angle,
+            fa_threshold=args.fa_threshold,
+            normalize=not args.no_normalize,
+            store_every=args.keep_every,
+        )
+        metric = MetricParams(gain=args.gain, sharpen_power=args.sharpen_power, sharpen_fa=args.sharpen_fa)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    field = _load_field(args)
+    notes: list[str] = []
+    seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
+    target = masks_on_field([args.target], "target mask", field, notes)[0] if args.target else None
+    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
+    result = geodesic_pipeline(
+        field,
+        seed_mask=seed,
+        target=target,
+        mask=mask,
+        metric=metric,
+        params=params,
+        seeds_per_voxel=args.seeds_per_voxel,
+        directions=args.directions,
+        cone_deg=args.cone,
+        top_percent=args.top_percent,
+        placement=args.seed_placement,
+        rng_seed=args.seed_rng,
+        device=args.device,
+        progress=Progress("track", "fibres", quiet=args.quiet),
+    )
+    result.notes[:0] = notes
+    for note in result.notes:
+        log.warning("%s", note)
+    save_tractogram(result.tractogram, args.output)
+    prov = result.provenance
+    summary = {"output": str(args.output), **result.summary()}
+    reached = f", {prov['reached_target']} reached the target" if prov["reached_target"] is not None else ""
+    human = (
+        f"{prov['fibers']} fibres{reached}; {prov['streamlines']} written to {args.output} "
+        f"({prov['steps'] / 1e6:.1f} M steps on {prov['backend']} in {prov['tracking_s']:.2f} s)"
+    )
+    _emit(args, summary, human)
+    return EXIT_OK
+
+
+def cmd_track_deterministic(args) -> int:
+    from gpu.deterministic import DeterministicParams
+
+    from .io import save_tractogram
+    from .pipelines.track import deterministic_pipeline, masks_on_field
+
+    _check_track_inputs(args)
     try:
         params = DeterministicParams(
             step_mm=args.step,
@@ -179,16 +256,7 @@ def cmd_track_deterministic(args) -> int:
         )
     except ValueError as exc:
         raise InputError(str(exc)) from exc
-    field = load_tensor_field(
-        tensor=args.tensor,
-        tensor_order=args.tensor_order,
-        dwi=args.dwi,
-        bval=args.bval,
-        bvec=args.bvec,
-        mask=args.mask,
-        device=args.device,
-        progress=Progress("fit-dti", "voxels", quiet=args.quiet),
-    )
+    field = _load_field(args)
     notes: list[str] = []
     mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
@@ -280,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
     p.set_defaults(func=cmd_select)
 
-    track = sub.add_parser("track", help="streamline tractography (deterministic)")
+    track = sub.add_parser("track", help="tractography: deterministic tensor tracking, geodesic ray tracing")
     methods = track.add_subparsers(dest="method", metavar="METHOD", required=True)
     p = methods.add_parser(
         "deterministic",
@@ -290,16 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sign continuity, Euler or RK4 steps in mm; stops on FA, angle, mask, stop regions and max length. "
         "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng.",
     )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--tensor", metavar="DIR_OR_FILE", help="6-volume tensor NIfTI or dtifit/fit-dti folder")
-    source.add_argument("--dwi", help="4-D DWI NIfTI; tensors are fitted first (WLS)")
-    p.add_argument("--bval", help="FSL bval file (with --dwi; default: NAME.bval beside it)")
-    p.add_argument("--bvec", help="FSL bvec file (with --dwi; default: NAME.bvec beside it)")
-    p.add_argument(
-        "--tensor-order",
-        choices=("fsl", "dipy", "mrtrix"),
-        help="element order of a 6-volume tensor file whose header does not say it",
-    )
+    _tensor_source_options(p)
     seeding = p.add_mutually_exclusive_group(required=True)
     seeding.add_argument("--seed", metavar="MASK", help="seed region (NIfTI mask)")
     seeding.add_argument(
@@ -341,7 +400,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed for seed placement (default 0)")
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
     p.set_defaults(func=cmd_track_deterministic)
+
+    p = methods.add_parser(
+        "geodesic",
+        parents=[common],
+        help="geodesic ray tracing in the inverse-tensor metric, with the connectivity measure (CM)",
+        description="Shoots fibres in many directions from every seed point along geodesics of the metric "
+        "G = D^-1 (pre-processed: gain, positive-definite repair, optional sharpening). With --target only "
+        "fibres reaching it are kept, ranked by CM where they enter it; CM is stored per point and per "
+        "streamline. --step is in voxels (of the smallest voxel size); stopping rules given as 0 are off.",
+    )
+    _tensor_source_options(p)
+    p.add_argument("--seed", metavar="MASK", required=True, help="seed region (NIfTI mask)")
+    p.add_argument("--target", metavar="MASK", help="target region: keep only fibres reaching it, ranked by CM")
+    p.add_argument("--mask", help="tracking mask: fibres stop on leaving it")
+    p.add_argument("--seeds-per-voxel", type=int, default=1, metavar="K", help="seed points per voxel (default 1)")
+    p.add_argument(
+        "--seed-placement", choices=("random", "grid"), default="random", help="within each voxel (default random)"
+    )
+    p.add_argument("--directions", type=int, default=100, metavar="N", help="fibres per seed point (default 100)")
+    p.add_argument(
+        "--cone", type=float, metavar="DEG", help="directions within this half-angle around ±e1 (default: whole sphere)"
+    )
+    p.add_argument("--step", type=float, default=0.1, help="step in voxels (default 0.1)")
+    p.add_argument("--integrator", choices=("euler", "rk2", "rk4"), default="rk2", help="(default rk2)")
+    p.add_argument("--max-steps", type=int, default=2000, metavar="N", help="(default 2000)")
+    p.add_argument("--max-length", type=float, default=0.0, metavar="MM", help="Euclidean length limit (0 = off)")
+    p.add_argument("--max-angle", type=float, default=0.0, metavar="DEG", help="max turn per step (0 = off)")
+    p.add_argument("--fa-threshold", type=float, default=0.0, metavar="T", help="stop below this FA (0 = off)")
+    p.add_argument("--gain", type=float, default=0.0, help="tensor scale before inversion (0 = 1/mean MD)")
+    p.add_argument("--sharpen-power", type=int, default=1, metavar="P", help="integer tensor power (1 = off)")
+    p.add_argument("--sharpen-fa", type=float, default=0.0, metavar="T", help="sharpen tensors with FA below T")
+    p.add_argument("--no-normalize", action="store_true", help="do not rescale the velocity to unit length")
+    p.add_argument("--keep-every", type=int, default=5, metavar="N", help="store every N-th point (default 5)")
+    p.add_argument("--top-percent", type=float, default=100.0, metavar="P", help="keep the P %% best by CM")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed for seed placement (default 0)")
+    p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
+    p.set_defaults(func=cmd_track_geodesic)
     return parser
+
+
+def _tensor_source_options(p) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tensor", metavar="DIR_OR_FILE", help="6-volume tensor NIfTI or dtifit/fit-dti folder")
+    source.add_argument("--dwi", help="4-D DWI NIfTI; tensors are fitted first (WLS)")
+    p.add_argument("--bval", help="FSL bval file (with --dwi; default: NAME.bval beside it)")
+    p.add_argument("--bvec", help="FSL bvec file (with --dwi; default: NAME.bvec beside it)")
+    p.add_argument(
+        "--tensor-order",
+        choices=("fsl", "dipy", "mrtrix"),
+        help="element order of a 6-volume tensor file whose header does not say it",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -298,3 +298,42 @@ def test_track_deterministic_bad_inputs(fitted, demo_dir, tmp_path, args, expect
     assert expect in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "t.trk").exists()
+
+
+def test_track_geodesic_keeps_ranked_fibres_that_reach_the_target(fitted, demo_dir, tmp_path):
+    from app.io import load_tractogram
+
+    out = tmp_path / "geo.trx"
+    result = run_cli(
+        "track", "geodesic", "--tensor", str(fitted[0]), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
+        "--target", str(demo_dir / "roi_arc_target.nii.gz"), "--directions", "60", "--top-percent", "20",
+        "--device", "cpu", "--json", "-o", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["fibers"] == 40 * 60 and summary["reached_target"] > 50
+    assert summary["streamlines"] == int(np.ceil(summary["reached_target"] * 0.2))
+    assert summary["steps_per_s"] > 0 and summary["metric"]["repaired_voxels"] == 0
+    tract = load_tractogram(out)
+    cm = tract.streamline_scalars["cm"].ravel()
+    assert len(tract) == summary["streamlines"] and np.all(np.diff(cm) <= 1e-6)
+    assert len(tract.point_scalars["cm"]) == len(tract.points)
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--top-percent", "0"], "top-percent"),
+        (["--integrator", "rk2", "--step", "0"], "step must be positive"),
+        (["--cone", "120"], "half-angle"),
+        (["--sharpen-power", "0"], "power"),
+    ],
+)
+def test_track_geodesic_bad_inputs(fitted, demo_dir, tmp_path, args, expect):
+    result = run_cli(
+        "track", "geodesic", "--tensor", str(fitted[0]), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
+        "--device", "cpu", "-o", str(tmp_path / "g.trk"), *args,
+    )  # fmt: skip
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert expect in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "g.trk").exists()

@@ -261,3 +261,123 @@ def to_tractogram(batch: StreamlineBatch, field_: TensorField, name: str) -> Tra
         streamline_scalars={"length_mm": lengths.astype(np.float32)},
         name=name,
     )
+
+
+def geodesic_pipeline(
+    field_: TensorField,
+    *,
+    seed_mask: np.ndarray,
+    target: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    metric=None,
+    params=None,
+    seeds_per_voxel: int = 1,
+    directions: int = 100,
+    cone_deg: float | None = None,
+    top_percent: float = 100.0,
+    placement: str = "random",
+    rng_seed: int = 0,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    on_batch: Callable[[Tractogram], None] | None = None,
+    max_batch: int | None = None,
+    name: str = "geodesic",
+) -> TrackResult:
+    """Geodesic ray tracing from a seed region (see :mod:`gpu.geodesic`).
+
+    Every seed point shoots ``directions`` fibres: uniform on the sphere, or, with
+    ``cone_deg``, within that half-angle around ± the main eigenvector there. With a
+    ``target`` only the fibres that reach it are kept, ranked by their CM where they
+    first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
+    """
+    from gpu import geodesic, sym3
+
+    metric = metric or geodesic.MetricParams()
+    params = params or geodesic.GeodesicParams()
+    notes = list(field_.notes)
+    backend = get_backend(device)
+    shape = field_.shape
+    try:
+        for name_, volume in (("seed region", seed_mask), ("target", target), ("tracking mask", mask)):
+            if volume is None:
+                continue
+            if np.asarray(volume).shape != shape:
+                raise InputError(f"the {name_} has shape {np.asarray(volume).shape}, the tensor field {shape}")
+            if not np.asarray(volume).any():
+                raise InputError(f"the {name_} is empty", fix="Give or paint a region with at least one voxel")
+        if not 0 < top_percent <= 100:
+            raise InputError(f"--top-percent must be in (0, 100], got {top_percent}")
+        if directions < 1:
+            raise InputError(f"at least one direction per seed is needed, got {directions}")
+        positions = seeds_in_mask(seed_mask, seeds_per_voxel, placement=placement, rng_seed=rng_seed)
+        if cone_deg is not None:
+            tensors = trilinear(np, field_.tensor.astype(np.float64), positions)
+            _lams, e1 = sym3.principal(np, tensors)
+            dirs = geodesic.cone_directions(np.stack(e1, -1), directions, cone_deg)
+        else:
+            dirs = np.broadcast_to(geodesic.fibonacci_directions(directions), (len(positions), directions, 3))
+        fld = geodesic.prepare_metric(
+            field_.tensor, field_.voxel_size, metric, mask=mask if mask is not None else None, target=target,
+            device=backend,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    notes += fld.notes
+    starts = np.repeat(positions, directions, axis=0)
+    dirs = np.ascontiguousarray(dirs.reshape(-1, 3))
+    t0 = time.perf_counter()
+    batches = []
+    for batch in geodesic.track(
+        fld, starts, dirs, params, only_reaching=target is not None, device=backend, progress=progress,
+        cancelled=cancelled, max_batch=max_batch,
+    ):  # fmt: skip
+        batches.append(batch)
+        if on_batch is not None and len(batch):
+            on_batch(_geodesic_tractogram(batch, field_, name, target is not None))
+    seconds = time.perf_counter() - t0
+    result = geodesic.GeodesicBatch.concatenate(batches) if batches else None
+    steps = sum(b.provenance["steps"] for b in batches)
+    tractogram = _geodesic_tractogram(result, field_, name, target is not None)
+    ranked = tractogram.streamline_scalars["cm"]
+    order = geodesic.top_fraction(ranked, top_percent) if len(ranked) else np.zeros(0, np.int64)
+    tractogram = tractogram.subset(order)
+    provenance = {
+        "method": "geodesic",
+        "parameters": asdict(params),
+        "metric": {**asdict(metric), "gain_used": fld.gain, "repaired_voxels": fld.repaired},
+        "backend": backend.name,
+        "device": backend.device_name,
+        "seed_points": len(positions),
+        "directions": directions,
+        "cone_deg": cone_deg,
+        "fibers": len(starts),
+        "reached_target": len(result) if (result is not None and target is not None) else None,
+        "streamlines": len(tractogram),
+        "top_percent": top_percent,
+        "steps": steps,
+        "tracking_s": seconds,
+        "steps_per_s": steps / seconds if seconds > 0 else None,
+        "rng_seed": rng_seed,
+        "tensor": field_.source,
+    }
+    if target is not None and len(result) == 0:
+        notes.append("no fibre reached the target; try more directions, a wider cone or more steps")
+    return TrackResult(tractogram, provenance, notes)
+
+
+def _geodesic_tractogram(batch, field_: TensorField, name: str, ranked_at_target: bool) -> Tractogram:
+    if batch is None:
+        return Tractogram(np.zeros((0, 3)), np.zeros(1, np.int64), affine=field_.affine, dimensions=field_.shape,
+                          point_scalars={"cm": np.zeros(0, np.float32)},
+                          streamline_scalars={"cm": np.zeros(0, np.float32)}, name=name)  # fmt: skip
+    cm = batch.cm_target if ranked_at_target else batch.cm_end
+    return Tractogram(
+        batch.points,
+        batch.offsets,
+        affine=field_.affine,
+        dimensions=field_.shape,
+        point_scalars={"cm": batch.cm.astype(np.float32)},
+        streamline_scalars={"cm": cm.astype(np.float32), "cm_end": batch.cm_end.astype(np.float32)},
+        name=name,
+    )

@@ -24,31 +24,43 @@ __device__ __forceinline__ long long nearest_voxel(R3 p, Grid g) {
     return ((long long)i * g.ny + j) * g.nz + k;
 }
 
-// Trilinear interpolation of the six tensor components at p (clamped to voxel centres).
-__device__ void trilinear_tensor(const float4* __restrict__ field, Grid g, R3 p, real t[6]) {
-    real x = fmin(fmax(p.x, 0.0), (real)(g.nx - 1));
-    real y = fmin(fmax(p.y, 0.0), (real)(g.ny - 1));
-    real z = fmin(fmax(p.z, 0.0), (real)(g.nz - 1));
+// Trilinear interpolation at p (clamped to voxel centres) of the first COUNT float4 of
+// voxels that hold STRIDE float4 each: out[0 .. 4*COUNT).
+template <int STRIDE, int COUNT>
+__device__ void trilinear_f4(const float4* __restrict__ field, Grid g, R3 p, real out[4 * COUNT]) {
+    real x = fmin(fmax(p.x, (real)0.0), (real)(g.nx - 1));
+    real y = fmin(fmax(p.y, (real)0.0), (real)(g.ny - 1));
+    real z = fmin(fmax(p.z, (real)0.0), (real)(g.nz - 1));
     real bx = floor(x), by = floor(y), bz = floor(z);
     real fx = x - bx, fy = y - by, fz = z - bz;
     int i0 = (int)bx, j0 = (int)by, k0 = (int)bz;
     int ci[2] = {i0, min(i0 + 1, g.nx - 1)};
     int cj[2] = {j0, min(j0 + 1, g.ny - 1)};
     int ck[2] = {k0, min(k0 + 1, g.nz - 1)};
-    real wx[2] = {1.0 - fx, fx}, wy[2] = {1.0 - fy, fy}, wz[2] = {1.0 - fz, fz};
+    real wx[2] = {(real)1.0 - fx, fx}, wy[2] = {(real)1.0 - fy, fy}, wz[2] = {(real)1.0 - fz, fz};
 #pragma unroll
-    for (int c = 0; c < 6; ++c) t[c] = 0.0;
+    for (int c = 0; c < 4 * COUNT; ++c) out[c] = 0.0;
 #pragma unroll
     for (int a = 0; a < 2; ++a)
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                long long v = (((long long)ci[a] * g.ny + cj[b]) * g.nz + ck[c]) * 2;
-                float4 lo = __ldg(field + v), hi = __ldg(field + v + 1);
+                long long v = (((long long)ci[a] * g.ny + cj[b]) * g.nz + ck[c]) * STRIDE;
                 real w = wx[a] * wy[b] * wz[c];
-                t[0] += w * lo.x; t[1] += w * lo.y; t[2] += w * lo.z;
-                t[3] += w * lo.w; t[4] += w * hi.x; t[5] += w * hi.y;
+#pragma unroll
+                for (int k = 0; k < COUNT; ++k) {
+                    float4 q = __ldg(field + v + k);
+                    out[4 * k] += w * q.x; out[4 * k + 1] += w * q.y;
+                    out[4 * k + 2] += w * q.z; out[4 * k + 3] += w * q.w;
+                }
             }
 }
 
+// The six tensor components of a field of 8 floats per voxel (the deterministic tracker's).
+__device__ __forceinline__ void trilinear_tensor(const float4* __restrict__ field, Grid g, R3 p, real t[6]) {
+    real out[8];
+    trilinear_f4<2, 2>(field, g, p, out);
+#pragma unroll
+    for (int c = 0; c < 6; ++c) t[c] = out[c];
+}

@@ -1,0 +1,178 @@
+"""Geodesic ray tracing (gpu.geodesic): metric pre-processing, straight lines and their CM,
+curved bundles, ranking, engines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu import geodesic, sym3
+from gpu.geodesic import GeodesicParams, MetricParams, prepare_metric, track_all
+
+SHAPE = (30, 30, 30)
+
+
+def constant(matrix) -> np.ndarray:
+    return np.broadcast_to(sym3.from_matrix(np, np.asarray(matrix, float)), (*SHAPE, 6)).copy()
+
+
+def centre_fibres(n=60):
+    return np.full((n, 3), 15.0), geodesic.fibonacci_directions(n)
+
+
+def test_isotropic_field_gives_straight_lines_with_cm_one(device):
+    fld = prepare_metric(constant(7e-4 * np.eye(3)), (2.0, 2.0, 2.0), device=device)
+    assert fld.gain == pytest.approx(1 / 7e-4)
+    starts, dirs = centre_fibres()
+    out = track_all(fld, starts, dirs, GeodesicParams(max_steps=150), device=device)
+    assert len(out) == len(dirs)
+    np.testing.assert_allclose(out.cm, 1.0, atol=1e-5)
+    for i in range(len(out)):
+        line = out[i]
+        chord = line[-1] - line[0]
+        np.testing.assert_allclose(chord / np.linalg.norm(chord), dirs[out.fiber[i]], atol=1e-5)
+        # every stored point on the chord
+        offsets = line - line[0]
+        perpendicular = offsets - np.outer(offsets @ dirs[out.fiber[i]], dirs[out.fiber[i]])
+        assert np.abs(perpendicular).max() < 1e-4
+
+
+@pytest.mark.parametrize("integrator", ["euler", "rk2", "rk4"])
+def test_constant_anisotropic_field_gives_straight_lines_with_closed_form_cm(device, integrator):
+    rotation = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]
+    tensor = rotation @ np.diag([1.7e-3, 3e-4, 3e-4]) @ rotation.T
+    fld = prepare_metric(constant(tensor), (2.0, 2.0, 2.0), device=device)
+    starts, dirs = centre_fibres()
+    out = track_all(fld, starts, dirs, GeodesicParams(max_steps=150, integrator=integrator), device=device)
+    metric = np.linalg.inv(tensor * fld.gain)
+    expected = 1.0 / np.sqrt(np.einsum("ni,ij,nj->n", dirs, metric, dirs))
+    np.testing.assert_allclose(out.cm_end, expected[out.fiber], rtol=1e-4)
+    per_point = np.repeat(expected[out.fiber], np.diff(out.offsets))
+    np.testing.assert_allclose(out.cm, per_point, rtol=1e-4)
+    chords = np.stack([out[i][-1] - out[i][0] for i in range(len(out))])
+    chords /= np.linalg.norm(chords, axis=1, keepdims=True)
+    np.testing.assert_allclose(chords, dirs[out.fiber], atol=1e-4)
+
+
+def test_preprocessing_repairs_counts_and_sharpens():
+    tensor = constant(np.diag([1.7e-3, 3e-4, 3e-4]))
+    tensor[1, 1, 1] = sym3.from_matrix(np, np.diag([1e-3, 2e-4, -1e-4]))  # not positive definite
+    tensor[2, 2, 2] = 0.0  # outside the fit: identity, not counted
+    tensor[3, 3, 3] = np.nan
+    tensor[4, 4, 4] = sym3.from_matrix(np, np.diag([8e-4, 7e-4, 7e-4]))  # low FA: sharpened
+    fld = prepare_metric(tensor, (1.0, 1.0, 1.0), MetricParams(gain=1000.0, sharpen_power=3, sharpen_fa=0.2))
+    assert fld.repaired == 1 and fld.sharpened == 1
+    np.testing.assert_allclose(fld.data[1, 1, 1, :6], [1, 0, 0, 1, 0, 1])
+    np.testing.assert_allclose(fld.data[2, 2, 2, :6], [1, 0, 0, 1, 0, 1])
+    np.testing.assert_allclose(fld.data[3, 3, 3, :6], [1, 0, 0, 1, 0, 1])
+    np.testing.assert_allclose(fld.data[4, 4, 4, :6], [0.8**3, 0, 0, 0.7**3, 0, 0.7**3], rtol=1e-6)
+    np.testing.assert_allclose(fld.data[10, 10, 10, :6], [1.7, 0, 0, 0.3, 0, 0.3], rtol=1e-6)  # FA high: as is
+    assert any("non-positive-definite" in note for note in fld.notes)
+    assert any("NaN" in note for note in fld.notes)
+
+
+def test_metric_derivatives_central_inside_one_sided_on_borders():
+    x = np.arange(SHAPE[0], dtype=float)
+    tensor = np.zeros((*SHAPE, 6))
+    diffusivity = 1.0 / (1.0 + 0.1 * x) ** 1  # G_xx = 1 + 0.1 x (linear): exact differences
+    tensor[..., 0] = diffusivity[:, None, None]
+    tensor[..., 3] = tensor[..., 5] = 1.0
+    fld = prepare_metric(tensor, (2.0, 1.0, 1.0), MetricParams(gain=1.0))
+    np.testing.assert_allclose(fld.data[..., 6], 0.1 / 2.0, rtol=1e-5)  # dG_xx/dx in mm, borders included
+    np.testing.assert_allclose(fld.data[..., 12:24], 0.0, atol=1e-7)
+
+
+def arc_field():
+    """Fibres on circles around (15, 15) in the xy-plane, radius 6..12 voxels; isotropic elsewhere."""
+    x, y = np.meshgrid(np.arange(SHAPE[0]) - 15.0, np.arange(SHAPE[1]) - 15.0, indexing="ij")
+    t = np.stack([-y, x, np.zeros_like(x)], -1)
+    t /= np.linalg.norm(t, axis=-1, keepdims=True) + 1e-12
+    matrix = 3e-4 * np.eye(3) + 1.4e-3 * t[..., :, None] * t[..., None, :]
+    r = np.hypot(x, y)
+    matrix[(r < 6) | (r > 12)] = 7e-4 * np.eye(3)
+    return np.broadcast_to(sym3.from_matrix(np, matrix)[:, :, None], (*SHAPE, 6)).copy()
+
+
+def test_fibres_along_the_arc_reach_the_target_and_rank_highest(device):
+    from app.pipelines.track import TensorField, geodesic_pipeline
+
+    field = TensorField.from_tensor(arc_field(), np.diag([2.0, 2.0, 2.0, 1.0]))
+    seed = np.zeros(SHAPE, bool)
+    seed[23:26, 14:17, 14:17] = True  # on the circle of radius 9, at angle 0
+    target = np.zeros(SHAPE, bool)
+    target[4:7, 14:17, 10:20] = True  # the opposite side, angle 180°
+    result = geodesic_pipeline(
+        field, seed_mask=seed, target=target, directions=200, params=GeodesicParams(step=0.2, max_steps=800),
+        top_percent=10, device=device,
+    )  # fmt: skip
+    tract = result.tractogram
+    assert result.provenance["reached_target"] > 20
+    assert len(tract) >= 2
+    cm = tract.streamline_scalars["cm"]
+    assert np.all(np.diff(cm) <= 0)  # ranked, best first
+    # The best fibres follow the arc: they stay between radius 6 and 12.
+    best = tract[0]
+    radius = np.hypot(best[:, 0] - 15.0, best[:, 1] - 15.0)
+    assert radius.min() > 5.0 and radius.max() < 13.0, (radius.min(), radius.max())
+
+
+def test_top_fraction_and_directions():
+    cm = np.array([0.5, 2.0, 1.0, 1.5])
+    np.testing.assert_array_equal(geodesic.top_fraction(cm, 50), [1, 3])
+    np.testing.assert_array_equal(geodesic.top_fraction(cm, 100), [1, 3, 2, 0])
+    with pytest.raises(ValueError):
+        geodesic.top_fraction(cm, 0)
+    d = geodesic.fibonacci_directions(500)
+    np.testing.assert_allclose(np.linalg.norm(d, axis=1), 1.0)
+    assert np.abs(d.mean(axis=0)).max() < 0.01  # spread over the whole sphere
+    cone = geodesic.cone_directions(np.array([[0.0, 1.0, 0.0]]), 40, 20.0)[0]
+    angles = np.degrees(np.arccos(np.abs(cone @ [0.0, 1.0, 0.0])))
+    assert angles.max() <= 20.0 + 1e-9 and (cone[:, 1] > 0).sum() == 20
+
+
+def test_stopping_rules(device):
+    fld = prepare_metric(constant(7e-4 * np.eye(3)), (1.0, 1.0, 1.0), device=device)
+    start, direction = np.array([[15.0, 15.0, 15.0]]), np.array([[1.0, 0.0, 0.0]])
+    out = track_all(fld, start, direction, GeodesicParams(step=0.5, max_steps=7, store_every=3), device=device)
+    assert out.stop[0] == geodesic.MAX_STEPS and out.steps[0] == 7
+    np.testing.assert_allclose(out[0][:, 0], [15.0, 16.5, 18.0, 18.5])  # every 3rd point and the last
+    out = track_all(fld, start, direction, GeodesicParams(step=0.5, max_length_mm=4.0), device=device)
+    assert out.stop[0] == 1 and out[0][-1, 0] == pytest.approx(19.0)
+    out = track_all(fld, start, direction, GeodesicParams(step=0.5), device=device)
+    assert out.stop[0] == 2 and out[0][-1, 0] == pytest.approx(29.0)  # the next point leaves the volume
+    mask = np.ones(SHAPE, bool)
+    mask[20:] = False
+    target = np.zeros(SHAPE, bool)
+    target[18] = True
+    fld = prepare_metric(constant(7e-4 * np.eye(3)), (1.0, 1.0, 1.0), mask=mask, target=target, device=device)
+    out = track_all(fld, start, direction, GeodesicParams(step=0.5), device=device)
+    assert out.stop[0] == geodesic.REACHED_TARGET and out[0][-1, 0] == pytest.approx(17.5)
+    assert out.reached[0] == 5 and out.cm_target[0] == pytest.approx(1.0)
+    out = track_all(fld, start, direction, GeodesicParams(step=0.5, stop_at_target=False), device=device)
+    assert out.stop[0] == 3 and out[0][-1, 0] < 19.5  # then the mask
+
+
+@pytest.mark.parametrize("bad", [{"step": 0}, {"integrator": "rk3"}, {"max_steps": 0}, {"store_every": 0}])
+def test_bad_parameters(bad):
+    with pytest.raises(ValueError):
+        GeodesicParams(**bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("integrator", ["euler", "rk2", "rk4"])
+def test_kernel_matches_the_numpy_reference(integrator):
+    """float32 kernel vs float64 reference on a curved field, 1000 steps: endpoints within 1e-3
+    voxel, CM within 1e-4 relative."""
+    fld = prepare_metric(arc_field(), (2.0, 2.0, 2.0), device="cpu")
+    starts = np.tile([[24.0, 15.0, 15.0]], (64, 1))
+    dirs = geodesic.fibonacci_directions(64)
+    params = GeodesicParams(step=0.1, max_steps=1000, integrator=integrator, store_every=1)
+    ref = track_all(fld, starts, dirs, params, device="cpu")
+    gpu = track_all(fld, starts, dirs, params, device="gpu")
+    np.testing.assert_array_equal(ref.fiber, gpu.fiber)
+    same = np.diff(ref.offsets) == np.diff(gpu.offsets)
+    assert same.mean() > 0.95, same.mean()
+    worst_end = max(float(np.abs(ref[i][-1] - gpu[i][-1]).max()) for i in range(len(ref)) if same[i])
+    worst_cm = float(np.max(np.abs(ref.cm_end - gpu.cm_end)[same] / ref.cm_end[same]))
+    print(f"{integrator}: {same.mean():.1%} same length, endpoints {worst_end:.2e} voxel, CM {worst_cm:.2e} rel")
+    assert worst_end < 1e-3 and worst_cm < 1e-4
