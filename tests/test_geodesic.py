@@ -31,10 +31,10 @@ def test_isotropic_field_gives_straight_lines_with_cm_one(device):
         line = out[i]
         chord = line[-1] - line[0]
         np.testing.assert_allclose(chord / np.linalg.norm(chord), dirs[out.fiber[i]], atol=1e-5)
-        # every stored point on the chord
+        # every stored point on the chord (the kernel adds positions of ~60 mm in float32)
         offsets = line - line[0]
         perpendicular = offsets - np.outer(offsets @ dirs[out.fiber[i]], dirs[out.fiber[i]])
-        assert np.abs(perpendicular).max() < 1e-4
+        assert np.abs(perpendicular).max() < (1e-4 if device == "cpu" else 1e-3)
 
 
 @pytest.mark.parametrize("integrator", ["euler", "rk2", "rk4"])
