@@ -40,10 +40,13 @@ PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
 GUI_BATCH = 20_000  # seeds per batch: the first fibres show within a fraction of a second
 
 
-class DeterministicPanel(QWidget):
-    """Parameters of deterministic tracking and the buttons that run it."""
+class TrackingPanel(QWidget):
+    """What every tracking panel shares: Track/Cancel, a status line, the result layer that
+    grows while batches arrive, the tensor field of the open tensor layer. Subclasses build
+    their parameter widgets and :meth:`_job` (the work to run, or a refusal)."""
 
     finished = Signal(object)  # the result layer (also after a cancel, with what was shown)
+    job_title = "tracking"
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
         super().__init__(parent)
@@ -56,50 +59,28 @@ class DeterministicPanel(QWidget):
         self.summary: dict | None = None
         self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._fields_lock = threading.Lock()
-
-        self.form = ParamsForm(deterministic.DeterministicParams, deterministic.CHOICES)
-        seeding = QFormLayout()
-        self.whole_brain = QCheckBox("whole brain (every voxel with FA ≥ threshold)")
-        self.whole_brain.setObjectName("whole_brain")
-        self.whole_brain.setToolTip("Seed everywhere instead of in the seed ROIs; waypoints and exclusions still apply")
-        self.seeds_per_voxel = QSpinBox()
-        self.seeds_per_voxel.setObjectName("seeds_per_voxel")
-        self.seeds_per_voxel.setRange(1, 1000)
-        self.seeds_per_voxel.setValue(4)
-        self.seeds_per_voxel.setToolTip("Seeds in every seed voxel")
-        self.placement = QComboBox()
-        self.placement.setObjectName("seed_placement")
-        self.placement.addItems(["random", "grid"])
-        self.placement.setToolTip("Random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)")
-        self.rng_seed = QSpinBox()
-        self.rng_seed.setObjectName("seed_rng")
-        self.rng_seed.setRange(0, 2**31 - 1)
-        self.rng_seed.setToolTip("The same number gives the same seeds, and so the same streamlines")
-        seeding.addRow(self.whole_brain)
-        seeding.addRow("Seeds per voxel", self.seeds_per_voxel)
-        seeding.addRow("Placement", self.placement)
-        seeding.addRow("Random seed", self.rng_seed)
-
         self.track_button = QPushButton("Track")
-        self.track_button.setObjectName("track_deterministic")
         self.track_button.clicked.connect(self.track)
         self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setObjectName("cancel_tracking")
         self.cancel_button.setEnabled(False)
         self.cancel_button.clicked.connect(self.cancel)
-        self.status = QLabel("Paint a seed ROI (or tick whole brain), then Track.")
-        self.status.setObjectName("tracking_status")
+        self.status = QLabel("Paint a seed ROI, then Track.")
         self.status.setWordWrap(True)
+        runner.job_cancelled.connect(self._on_cancelled)
+
+    def _layout(self, *parts) -> None:
         buttons = QHBoxLayout()
         buttons.addWidget(self.track_button)
         buttons.addWidget(self.cancel_button)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.form)
-        layout.addLayout(seeding)
+        for part in parts:
+            if isinstance(part, QWidget):
+                layout.addWidget(part)
+            else:
+                layout.addLayout(part)
         layout.addLayout(buttons)
         layout.addWidget(self.status)
         layout.addStretch(1)
-        runner.job_cancelled.connect(self._on_cancelled)
 
     # ---------------------------------------------------------------- actions
     def tensor_layer(self) -> Layer | None:
@@ -112,72 +93,48 @@ class DeterministicPanel(QWidget):
         tensor = self.tensor_layer()
         if tensor is None:
             return self._refuse("Open a DWI series or a tensor file first: tracking follows its tensors.")
+        rois = {role: [mask.copy() for mask in masks] for role, masks in doc.roi_masks_by_role().items()}
+        reference = (doc.reference_affine.copy(), doc.reference_shape)
         try:
-            params = self.form.value()
+            work = self._job(tensor.data, rois, reference)
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
-        rois = {role: [mask.copy() for mask in masks] for role, masks in doc.roi_masks_by_role().items()}
-        whole = self.whole_brain.isChecked()
-        if not whole and not rois["seed"]:
-            return self._refuse("Paint or open a seed ROI, or tick whole brain.")
+        if isinstance(work, str):
+            return self._refuse(work)
         if self.job_id is not None:
             self.runner.cancel(self.job_id)
-        volume = tensor.data
-        reference = (doc.reference_affine.copy(), doc.reference_shape)
-        options = {
-            "seeds_per_voxel": self.seeds_per_voxel.value(),
-            "placement": self.placement.currentText(),
-            "rng_seed": self.rng_seed.value(),
-        }
-        name = "deterministic"
-
-        def job(ctx):
-            field_ = self._tensor_field(volume)
-
-            def on_grid(masks):
-                return [_to_grid(mask, reference, field_) for mask in masks]
-
-            seed = np.logical_or.reduce(on_grid(rois["seed"])) if not whole else None
-            shown = {"batches": [], "last": 0.0}
-
-            def on_batch(tract):
-                shown["batches"].append(tract)
-                now = time.perf_counter()
-                if now - shown["last"] >= PARTIAL_INTERVAL_S:
-                    shown["last"] = now
-                    ctx.partial(_result_layer(name, Tractogram.concatenate(shown["batches"])))
-
-            result = deterministic_pipeline(
-                field_,
-                seed_mask=seed,
-                whole_brain=whole,
-                stop=on_grid(rois["stop"]),
-                include=on_grid(rois["target"] + rois["waypoint"]),
-                exclude=on_grid(rois["exclusion"]),
-                params=params,
-                device=self.device,
-                progress=ctx.progress,
-                cancelled=ctx.cancelled,
-                on_batch=on_batch,
-                max_batch=GUI_BATCH,
-                name=name,
-                **options,
-            )
-            return _result_layer(name, result.tractogram), result
-
         self.track_button.setText("Re-track")
         self.cancel_button.setEnabled(True)
         self.status.setText("Tracking…")
         self.job_id = self.runner.submit(
-            "deterministic tracking", job, on_partial=self._show, on_done=self._done, on_error=self._failed
+            self.job_title, work, on_partial=self._show, on_done=self._done, on_error=self._failed
         )
         return self.job_id
+
+    def _job(self, volume, rois, reference):
+        raise NotImplementedError
+
+    def _streaming(self, ctx, name: str):
+        """An ``on_batch`` callback that hands the growing result to the GUI, throttled."""
+        shown = {"batches": [], "last": 0.0}
+
+        def on_batch(tract):
+            shown["batches"].append(tract)
+            now = time.perf_counter()
+            if now - shown["last"] >= PARTIAL_INTERVAL_S:
+                shown["last"] = now
+                ctx.partial(self._result_layer(name, Tractogram.concatenate(shown["batches"])))
+
+        return on_batch
 
     def cancel(self) -> None:
         if self.job_id is not None:
             self.runner.cancel(self.job_id)
 
     # -------------------------------------------------------------- results
+    def _result_layer(self, name: str, tractogram) -> Layer:
+        return _result_layer(name, tractogram)
+
     def _show(self, layer: Layer) -> None:
         if self.result_layer is not None and self.result_layer in self.document.layers:
             layer.set(
@@ -196,18 +153,15 @@ class DeterministicPanel(QWidget):
         self._show(layer)
         self.job_id = None
         self.cancel_button.setEnabled(False)
-        prov = result.provenance
         self.summary = result.summary()
-        text = (
-            f"{prov['streamlines']} streamlines from {prov['seeds']} seeds in {prov['tracking_s']:.2f} s "
-            f"on {prov['backend']} ({prov['device']})."
-        )
-        if prov["streamlines_removed_by_rois"]:
-            text += f" {prov['streamlines_removed_by_rois']} removed by target/waypoint/exclusion ROIs."
+        text = self._summary_text(result.provenance)
         if result.notes:
             text += " " + " ".join(result.notes)
         self.status.setText(text)
         self.finished.emit(layer)
+
+    def _summary_text(self, prov: dict) -> str:
+        raise NotImplementedError
 
     def _failed(self, message: str, details: str) -> None:
         self.job_id = None
@@ -239,6 +193,93 @@ class DeterministicPanel(QWidget):
             with self._fields_lock:
                 self._fields[volume] = cached
         return cached
+
+
+class DeterministicPanel(TrackingPanel):
+    """Parameters of deterministic tracking and the buttons that run it."""
+
+    job_title = "deterministic tracking"
+
+    def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
+        super().__init__(document, runner, device=device, report=report, parent=parent)
+        self.form = ParamsForm(deterministic.DeterministicParams, deterministic.CHOICES)
+        seeding = QFormLayout()
+        self.whole_brain = QCheckBox("whole brain (every voxel with FA ≥ threshold)")
+        self.whole_brain.setObjectName("whole_brain")
+        self.whole_brain.setToolTip("Seed everywhere instead of in the seed ROIs; waypoints and exclusions still apply")
+        self.seeds_per_voxel = _spin("seeds_per_voxel", 1, 1000, 4, "Seeds in every seed voxel")
+        self.placement = QComboBox()
+        self.placement.setObjectName("seed_placement")
+        self.placement.addItems(["random", "grid"])
+        self.placement.setToolTip("Random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)")
+        self.rng_seed = _spin(
+            "seed_rng", 0, 2**31 - 1, 0, "The same number gives the same seeds, and so the same streamlines"
+        )
+        seeding.addRow(self.whole_brain)
+        seeding.addRow("Seeds per voxel", self.seeds_per_voxel)
+        seeding.addRow("Placement", self.placement)
+        seeding.addRow("Random seed", self.rng_seed)
+        self.track_button.setObjectName("track_deterministic")
+        self.cancel_button.setObjectName("cancel_tracking")
+        self.status.setObjectName("tracking_status")
+        self.status.setText("Paint a seed ROI (or tick whole brain), then Track.")
+        self._layout(self.form, seeding)
+
+    def _job(self, volume, rois, reference):
+        params = self.form.value()
+        whole = self.whole_brain.isChecked()
+        if not whole and not rois["seed"]:
+            return "Paint or open a seed ROI, or tick whole brain."
+        options = {
+            "seeds_per_voxel": self.seeds_per_voxel.value(),
+            "placement": self.placement.currentText(),
+            "rng_seed": self.rng_seed.value(),
+        }
+        name = "deterministic"
+
+        def job(ctx):
+            field_ = self._tensor_field(volume)
+
+            def on_grid(masks):
+                return [_to_grid(mask, reference, field_) for mask in masks]
+
+            result = deterministic_pipeline(
+                field_,
+                seed_mask=np.logical_or.reduce(on_grid(rois["seed"])) if not whole else None,
+                whole_brain=whole,
+                stop=on_grid(rois["stop"]),
+                include=on_grid(rois["target"] + rois["waypoint"]),
+                exclude=on_grid(rois["exclusion"]),
+                params=params,
+                device=self.device,
+                progress=ctx.progress,
+                cancelled=ctx.cancelled,
+                on_batch=self._streaming(ctx, name),
+                max_batch=GUI_BATCH,
+                name=name,
+                **options,
+            )
+            return _result_layer(name, result.tractogram), result
+
+        return job
+
+    def _summary_text(self, prov: dict) -> str:
+        text = (
+            f"{prov['streamlines']} streamlines from {prov['seeds']} seeds in {prov['tracking_s']:.2f} s "
+            f"on {prov['backend']} ({prov['device']})."
+        )
+        if prov["streamlines_removed_by_rois"]:
+            text += f" {prov['streamlines_removed_by_rois']} removed by target/waypoint/exclusion ROIs."
+        return text
+
+
+def _spin(name: str, lo: int, hi: int, value: int, tip: str) -> QSpinBox:
+    box = QSpinBox()
+    box.setObjectName(name)
+    box.setRange(lo, hi)
+    box.setValue(value)
+    box.setToolTip(tip)
+    return box
 
 
 def _to_grid(mask: np.ndarray, reference, field_: TensorField) -> np.ndarray:
