@@ -242,18 +242,21 @@ def prepare_metric(
             data[..., 6 * (axis + 1) : 6 * (axis + 2)] = xp.gradient(g, float(voxel_size[axis]), axis=axis)
         else:
             data[..., 6 * (axis + 1) : 6 * (axis + 2)] = 0.0
-    region = np.full(shape, TRACK, np.uint8)
+    bare = GeodesicField(backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes)
+    return with_regions(bare, mask, target)
+
+
+def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
+    """The same metric with another tracking mask and target (the expensive part is reused)."""
+    region = np.full(fld.shape, TRACK, np.uint8)
+    for name, volume in (("mask", mask), ("target", target)):
+        if volume is not None and np.asarray(volume).shape != fld.shape:
+            raise ValueError(f"the {name} has shape {np.asarray(volume).shape}, the tensor field {fld.shape}")
     if mask is not None:
-        mask = np.asarray(mask)
-        if mask.shape != shape:
-            raise ValueError(f"the mask has shape {mask.shape}, the tensor field {shape}")
-        region[mask == 0] = 0
+        region[np.asarray(mask) == 0] = 0
     if target is not None:
-        target = np.asarray(target)
-        if target.shape != shape:
-            raise ValueError(f"the target has shape {target.shape}, the tensor field {shape}")
-        region[target != 0] |= TARGET
-    return GeodesicField(backend.to_host(data), region, voxel_size, gain, repaired, sharpened, notes)
+        region[np.asarray(target) != 0] |= TARGET
+    return GeodesicField(fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes))
 
 
 # ------------------------------------------------------------------------------- directions

@@ -42,7 +42,7 @@ from . import fiber_display
 from .panels import JobPanel, LayerPanel
 from .roi_tools import RoiTools
 from .slice_view import SliceView
-from .tracking_panel import DeterministicPanel
+from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
 
 MAX_RECENT = 10
@@ -92,15 +92,21 @@ class MainWindow(QMainWindow):
         self.deterministic_panel = DeterministicPanel(
             self.document, self.runner, device=device, report=self._report_error
         )
+        self.geodesic_panel = GeodesicPanel(self.document, self.runner, device=device, report=self._report_error)
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Deterministic tracking", self.deterministic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("Geodesic tracking", self.geodesic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
             dock.setWidget(widget)
             self.addDockWidget(area, dock)
+        self.tabifyDockWidget(
+            self.findChild(QDockWidget, "dock_deterministic_tracking"),
+            self.findChild(QDockWidget, "dock_geodesic_tracking"),
+        )
 
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
@@ -151,6 +157,7 @@ class MainWindow(QMainWindow):
         self._build_roi_tools(file_menu)
         track_menu = self.menuBar().addMenu("&Track")
         self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
+        self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
         jobs_menu = self.menuBar().addMenu("&Jobs")
         toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
 

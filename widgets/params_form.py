@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
 
 
 class ParamsForm(QWidget):
@@ -29,6 +29,11 @@ class ParamsForm(QWidget):
             elif isinstance(default, bool):
                 editor = QCheckBox()
                 editor.setChecked(default)
+            elif isinstance(default, int):
+                editor = QSpinBox()
+                lo, hi = meta.get("limits") or (0, 10**9)
+                editor.setRange(int(lo), int(hi))
+                editor.setValue(default)
             else:
                 editor = QDoubleSpinBox()
                 lo, hi = meta.get("limits") or (-1e9, 1e9)
@@ -50,6 +55,8 @@ class ParamsForm(QWidget):
                 out[name] = editor.currentText()
             elif isinstance(editor, QCheckBox):
                 out[name] = editor.isChecked()
+            elif isinstance(editor, QSpinBox):
+                out[name] = editor.value()
             else:
                 out[name] = editor.value()
         return out
@@ -65,5 +72,7 @@ class ParamsForm(QWidget):
                 editor.setCurrentText(value)
             elif isinstance(editor, QCheckBox):
                 editor.setChecked(bool(value))
+            elif isinstance(editor, QSpinBox):
+                editor.setValue(int(value))
             else:
                 editor.setValue(float(value))

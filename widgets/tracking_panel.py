@@ -15,14 +15,16 @@ import time
 import weakref
 
 import numpy as np
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
+    QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QSlider,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -30,8 +32,8 @@ from PySide6.QtWidgets import (
 
 from app.model import Document, Layer, Tractogram
 from app.pipelines.select import resample_nearest
-from app.pipelines.track import TensorField, deterministic_pipeline
-from gpu import deterministic
+from app.pipelines.track import TensorField, deterministic_pipeline, geodesic_pipeline
+from gpu import deterministic, geodesic
 
 from . import fiber_display
 from .params_form import ParamsForm
@@ -294,3 +296,174 @@ def _result_layer(name: str, tractogram) -> Layer:
     layer = Layer(name, tractogram, "tractogram")
     fiber_display.prepare(layer)  # O(points) display work on the worker, not the GUI thread
     return layer
+
+
+class GeodesicPanel(TrackingPanel):
+    """Geodesic ray tracing: metric and integration parameters, directions per seed point,
+    a top-x % slider over the fibres that reach the target (ranked by CM), and a live mode
+    that re-tracks when a seed or target ROI changes (a newer edit cancels the older run)."""
+
+    job_title = "geodesic tracking"
+    LIVE_DELAY_MS = 60  # coalesce the edits of one brush movement
+
+    def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
+        super().__init__(document, runner, device=device, report=report, parent=parent)
+        self.form = ParamsForm(geodesic.GeodesicParams, geodesic.CHOICES)
+        self.metric_form = ParamsForm(geodesic.MetricParams)
+        seeding = QFormLayout()
+        self.seeds_per_voxel = _spin("geo_seeds_per_voxel", 1, 1000, 1, "Seed points in every seed voxel")
+        self.directions = _spin("directions", 1, 100000, 100, "Fibres shot from every seed point")
+        self.use_cone = QCheckBox("within a cone around ±e1")
+        self.use_cone.setObjectName("use_cone")
+        self.cone = QDoubleSpinBox()
+        self.cone.setObjectName("cone_deg")
+        self.cone.setRange(1.0, 90.0)
+        self.cone.setValue(30.0)
+        self.cone.setSuffix(" °")
+        self.cone.setToolTip("Half-angle of the cone of initial directions (otherwise the whole sphere)")
+        self.rng_seed = _spin("geo_seed_rng", 0, 2**31 - 1, 0, "The same number gives the same seed points")
+        self.top = QSlider(Qt.Orientation.Horizontal)
+        self.top.setObjectName("top_percent")
+        self.top.setRange(1, 100)
+        self.top.setValue(100)
+        self.top.setToolTip("Show the x % of fibres with the highest connectivity measure")
+        self.top_label = QLabel("top 100 %")
+        self.live = QCheckBox("live: re-track when the seed or target ROI changes")
+        self.live.setObjectName("live_tracking")
+        seeding.addRow("Seed points per voxel", self.seeds_per_voxel)
+        seeding.addRow("Directions per point", self.directions)
+        seeding.addRow(self.use_cone, self.cone)
+        seeding.addRow("Random seed", self.rng_seed)
+        seeding.addRow(self.top_label, self.top)
+        seeding.addRow(self.live)
+        self.track_button.setObjectName("track_geodesic")
+        self.cancel_button.setObjectName("cancel_geodesic")
+        self.status.setObjectName("geodesic_status")
+        self._layout(self.form, self.metric_form, seeding)
+        self.ranked = None  # every kept fibre, best CM first
+        self._metric_cache: dict = {}
+        self._live_timer = QTimer(self)
+        self._live_timer.setSingleShot(True)
+        self._live_timer.setInterval(self.LIVE_DELAY_MS)
+        self._live_timer.timeout.connect(self._live_track)
+        self._top_timer = QTimer(self)
+        self._top_timer.setSingleShot(True)
+        self._top_timer.setInterval(40)
+        self._top_timer.timeout.connect(self.apply_top)
+        self.top.valueChanged.connect(self._top_changed)
+        self.edit_time: float | None = None
+        self.latency_s: float | None = None  # ROI edit → first fibres on screen, live mode
+        document.connect(self._on_document)
+
+    # ------------------------------------------------------------------ live
+    def _on_document(self, _source, event, **info) -> None:
+        layer = info.get("layer")
+        if not self.live.isChecked() or layer is None or layer.kind != "roi":
+            return
+        if event == "roi" or (event == "display" and "role" in info.get("changed", ())):
+            if layer.data.role in ("seed", "target", "exclusion"):
+                self.edit_time = time.perf_counter()
+                self._live_timer.start()
+
+    def _live_track(self) -> None:
+        if self.document.roi_masks_by_role()["seed"]:
+            self.track()
+
+    def _show(self, layer: Layer) -> None:
+        super()._show(layer)
+        if self.edit_time is not None:
+            self.latency_s = time.perf_counter() - self.edit_time
+            self.edit_time = None
+
+    # ------------------------------------------------------------------- job
+    def _job(self, volume, rois, reference):
+        params = self.form.value()
+        metric = self.metric_form.value()
+        if not rois["seed"]:
+            return "Paint or open a seed ROI (and a target ROI to rank fibres by connectivity)."
+        options = {
+            "seeds_per_voxel": self.seeds_per_voxel.value(),
+            "directions": self.directions.value(),
+            "cone_deg": self.cone.value() if self.use_cone.isChecked() else None,
+            "rng_seed": self.rng_seed.value(),
+        }
+        name = "geodesic"
+        cache = self._metric_cache
+
+        def job(ctx):
+            field_ = self._tensor_field(volume)
+
+            def union(masks):
+                grid = [_to_grid(mask, reference, field_) for mask in masks]
+                return np.logical_or.reduce(grid) if grid else None
+
+            key = (id(volume), metric)
+            if cache.get("key") != key:
+                from gpu.geodesic import prepare_metric
+
+                cache["field"] = prepare_metric(field_.tensor, field_.voxel_size, metric, device=self.device)
+                cache["key"] = key
+            result = geodesic_pipeline(
+                field_,
+                seed_mask=union(rois["seed"]),
+                target=union(rois["target"]),
+                mask=field_.mask if not rois["exclusion"] else field_.mask & ~union(rois["exclusion"]),
+                metric=metric,
+                params=params,
+                device=self.device,
+                progress=ctx.progress,
+                cancelled=ctx.cancelled,
+                on_batch=self._streaming(ctx, name),
+                max_batch=GUI_BATCH,
+                name=name,
+                metric_field=cache["field"],
+                **options,
+            )
+            return self._result_layer(name, result.tractogram), result
+
+        return job
+
+    def _result_layer(self, name: str, tractogram) -> Layer:
+        layer = Layer(name, tractogram, "tractogram", color_by="cm", colormap="hot")
+        layer.clim = layer.scalar_range("cm")
+        fiber_display.prepare(layer)
+        return layer
+
+    def _done(self, outcome) -> None:
+        layer, _result = outcome
+        self.ranked = layer.data
+        super()._done(outcome)
+        if self.top.value() < 100:
+            self.apply_top()
+
+    def _summary_text(self, prov: dict) -> str:
+        reached = "" if prov["reached_target"] is None else f", {prov['reached_target']} reached the target"
+        return (
+            f"{prov['fibers']} fibres{reached}; {prov['steps'] / 1e6:.1f} M steps in {prov['tracking_s']:.2f} s "
+            f"on {prov['backend']} ({prov['device']})."
+        )
+
+    # ---------------------------------------------------------------- top x %
+    def _top_changed(self, value: int) -> None:
+        self.top_label.setText(f"top {value} %")
+        self._top_timer.start()
+
+    def apply_top(self) -> None:
+        """Show the chosen top percentage of the ranked fibres (prepared on a worker)."""
+        ranked = self.ranked
+        if ranked is None or len(ranked) == 0:
+            return
+        percent = self.top.value()
+        count = int(np.ceil(len(ranked) * percent / 100.0))
+
+        def job(ctx):
+            return self._result_layer("geodesic", ranked.subset(np.arange(count)))
+
+        self.runner.submit("top fibres", job, on_done=self._show_top, on_error=self.report)
+
+    def _show_top(self, layer: Layer) -> None:
+        if self.ranked is not None and len(layer.data) <= len(self.ranked):
+            self._show(layer)
+            self.status.setText(
+                f"Showing the top {self.top.value()} %: {len(layer.data)} of {len(self.ranked)} fibres."
+            )

@@ -283,6 +283,7 @@ def geodesic_pipeline(
     on_batch: Callable[[Tractogram], None] | None = None,
     max_batch: int | None = None,
     name: str = "geodesic",
+    metric_field=None,
 ) -> TrackResult:
     """Geodesic ray tracing from a seed region (see :mod:`gpu.geodesic`).
 
@@ -290,6 +291,8 @@ def geodesic_pipeline(
     ``cone_deg``, within that half-angle around ± the main eigenvector there. With a
     ``target`` only the fibres that reach it are kept, ranked by their CM where they
     first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
+    ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``) skips the
+    pre-processing when it is reused, e.g. while an ROI is edited live.
     """
     from gpu import geodesic, sym3
 
@@ -317,10 +320,9 @@ def geodesic_pipeline(
             dirs = geodesic.cone_directions(np.stack(e1, -1), directions, cone_deg)
         else:
             dirs = np.broadcast_to(geodesic.fibonacci_directions(directions), (len(positions), directions, 3))
-        fld = geodesic.prepare_metric(
-            field_.tensor, field_.voxel_size, metric, mask=mask if mask is not None else None, target=target,
-            device=backend,
-        )  # fmt: skip
+        if metric_field is None:
+            metric_field = geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=backend)
+        fld = geodesic.with_regions(metric_field, mask, target)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     notes += fld.notes
