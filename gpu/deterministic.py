@@ -45,6 +45,7 @@ import numpy as np
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .interpolate import inside_volume, lookup, trilinear
+from .params import meta
 from .streamlines import (
     LOW_FA,
     MAX_LENGTH,
@@ -66,11 +67,6 @@ OUTSIDE, TRACK, STOP = 0, 1, 2
 SIGN_REFERENCE = np.array([3.0, 2.0, 1.0]) / math.sqrt(14.0)
 
 
-def _meta(label: str, help: str, unit: str = "", limits: tuple[float, float] | None = None) -> dict:
-    """What a user interface needs to offer a parameter: label, tooltip, unit, limits."""
-    return {"label": label, "help": help, "unit": unit, "limits": limits}
-
-
 CHOICES = {"integrator": INTEGRATORS, "method": METHODS}
 
 
@@ -78,32 +74,32 @@ CHOICES = {"integrator": INTEGRATORS, "method": METHODS}
 class DeterministicParams:
     """Parameters of deterministic tracking (lengths in millimetres, angles in degrees)."""
 
-    step_mm: float = field(default=0.5, metadata=_meta("Step", "step length", "mm", (0.05, 5.0)))
+    step_mm: float = field(default=0.5, metadata=meta("Step", "step length", "mm", (0.05, 5.0)))
     fa_threshold: float = field(
-        default=0.15, metadata=_meta("FA threshold", "stop where FA falls below this", "", (0.0, 0.99))
+        default=0.15, metadata=meta("FA threshold", "stop where FA falls below this", "", (0.0, 0.99))
     )
     max_angle_deg: float = field(
-        default=45.0, metadata=_meta("Max angle", "stop where one step turns more than this", "°", (1.0, 180.0))
+        default=45.0, metadata=meta("Max angle", "stop where one step turns more than this", "°", (1.0, 180.0))
     )
     min_length_mm: float = field(
-        default=20.0, metadata=_meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0))
+        default=20.0, metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0))
     )
     max_length_mm: float = field(
-        default=250.0, metadata=_meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0))
+        default=250.0, metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0))
     )
     integrator: str = field(
-        default="euler", metadata=_meta("Integrator", "Euler: one tensor per step; RK4: four, more accurate on curves")
+        default="euler", metadata=meta("Integrator", "Euler: one tensor per step; RK4: four, more accurate on curves")
     )
     method: str = field(
         default="eigenvector",
-        metadata=_meta("Direction", "follow e1, or deflect by the tensor (Weinstein tensorlines, through crossings)"),
+        metadata=meta("Direction", "follow e1, or deflect by the tensor (Weinstein tensorlines, through crossings)"),
     )
     tensorline_puncture: float = field(
         default=0.2,
-        metadata=_meta("Puncture", "tensorlines: weight w of the deflected incoming direction", "", (0.0, 1.0)),
+        metadata=meta("Puncture", "tensorlines: weight w of the deflected incoming direction", "", (0.0, 1.0)),
     )
     keep_truncated: bool = field(
-        default=True, metadata=_meta("Keep truncated", "keep streamlines that reached the max length")
+        default=True, metadata=meta("Keep truncated", "keep streamlines that reached the max length")
     )
 
     def __post_init__(self) -> None:

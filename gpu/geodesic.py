@@ -57,6 +57,7 @@ import numpy as np
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .interpolate import inside_volume, lookup, trilinear
+from .params import meta
 from .streamlines import MAX_LENGTH, OUTSIDE_MASK, OUTSIDE_VOLUME, SHARP_ANGLE, pack_rows
 
 INTEGRATORS = ("euler", "rk2", "rk4")
@@ -66,25 +67,19 @@ STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}
 TRACK, TARGET = 1, 2  # bits of the region map
 
 
-def _meta(label: str, help: str, unit: str = "", limits=None) -> dict:
-    return {"label": label, "help": help, "unit": unit, "limits": limits}
-
-
 @dataclass(frozen=True)
 class MetricParams:
     """How the tensor becomes the metric (pre-processing, seed 004 Algorithm 1)."""
 
     gain: float = field(
-        default=0.0, metadata=_meta("Gain", "tensor scale factor; 0 = 1 / mean diffusivity", "", (0, 1e9))
+        default=0.0, metadata=meta("Gain", "tensor scale factor; 0 = 1 / mean diffusivity", "", (0, 1e9))
     )
     sharpen_power: int = field(
         default=1,
-        metadata=_meta(
-            "Sharpen power", "integer power p of the tensor where FA < the threshold (1 = off)", "", (1, 10)
-        ),
+        metadata=meta("Sharpen power", "integer power p of the tensor where FA < the threshold (1 = off)", "", (1, 10)),
     )
     sharpen_fa: float = field(
-        default=0.0, metadata=_meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1))
+        default=0.0, metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1))
     )
 
     def __post_init__(self) -> None:
@@ -100,26 +95,26 @@ class MetricParams:
 class GeodesicParams:
     """Integration and stopping (step in voxels of the smallest voxel size; 0 turns a rule off)."""
 
-    step: float = field(default=0.1, metadata=_meta("Step", "step length in voxels", "vox", (0.005, 2.0)))
-    integrator: str = field(default="rk2", metadata=_meta("Integrator", "Euler, RK2 (midpoint) or RK4"))
-    max_steps: int = field(default=2000, metadata=_meta("Max steps", "steps per fibre", "", (1, 100000)))
+    step: float = field(default=0.1, metadata=meta("Step", "step length in voxels", "vox", (0.005, 2.0)))
+    integrator: str = field(default="rk2", metadata=meta("Integrator", "Euler, RK2 (midpoint) or RK4"))
+    max_steps: int = field(default=2000, metadata=meta("Max steps", "steps per fibre", "", (1, 100000)))
     max_length_mm: float = field(
-        default=0.0, metadata=_meta("Max length", "stop at this Euclidean length (0 = off)", "mm", (0, 10000))
+        default=0.0, metadata=meta("Max length", "stop at this Euclidean length (0 = off)", "mm", (0, 10000))
     )
     max_angle_deg: float = field(
-        default=0.0, metadata=_meta("Max angle", "stop where a step turns more than this (0 = off)", "°", (0, 180))
+        default=0.0, metadata=meta("Max angle", "stop where a step turns more than this (0 = off)", "°", (0, 180))
     )
     fa_threshold: float = field(
-        default=0.0, metadata=_meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99))
+        default=0.0, metadata=meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99))
     )
     normalize: bool = field(
-        default=True, metadata=_meta("Unit speed", "rescale the velocity to unit length after every step")
+        default=True, metadata=meta("Unit speed", "rescale the velocity to unit length after every step")
     )
     store_every: int = field(
-        default=5, metadata=_meta("Keep every", "keep every n-th point (the last one always)", "", (1, 1000))
+        default=5, metadata=meta("Keep every", "keep every n-th point (the last one always)", "", (1, 1000))
     )
     stop_at_target: bool = field(
-        default=True, metadata=_meta("Stop at target", "end fibres where they enter the target")
+        default=True, metadata=meta("Stop at target", "end fibres where they enter the target")
     )
 
     def __post_init__(self) -> None:
