@@ -465,12 +465,12 @@ def _compact(xp, out, fiber_offset: int, only_reaching: bool) -> GeodesicBatch:
     counts = stored[kept]
     first = xp.zeros(len(kept), np.int64)
     packed, offsets = pack_rows(xp, points, kept, first, counts)
-    cm_packed, _ = pack_rows(xp, xp.repeat(cms[..., None], 3, axis=2), kept, first, counts)
+    cm_packed, _ = pack_rows(xp, cms, kept, first, counts)
     host = xp.asnumpy if xp is not np else np.asarray
     return GeodesicBatch(
         host(packed),
         host(offsets),
-        host(cm_packed[:, 0]),
+        host(cm_packed),
         host(kept) + fiber_offset,
         host(cm_end[kept]),
         host(reached[kept]),

@@ -106,14 +106,15 @@ def repeat_counts(xp, values, counts):
 
 
 def pack_rows(xp, buf, rows, first, counts):
-    """Points ``buf[rows[i], first[i] : first[i] + counts[i]]`` of a ``(N, W, 3)`` buffer, packed
-    one streamline after another: ``(points (P, 3), offsets (S + 1,))``."""
+    """Points ``buf[rows[i], first[i] : first[i] + counts[i]]`` of an ``(N, W, C)`` (or ``(N, W)``)
+    float32 buffer, packed one streamline after another: ``(points (P, C) or (P,), offsets (S + 1,))``."""
     offsets = xp.concatenate([xp.zeros(1, np.int64), xp.cumsum(counts.astype(np.int64))])
     total = int(offsets[-1])
     if xp is np:
         column = np.repeat(first - offsets[:-1], counts) + np.arange(total)
         return buf[np.repeat(rows, counts), column], offsets
-    out = xp.empty((total, 3), np.float32)
+    width = int(np.prod(buf.shape[2:], dtype=np.int64))
+    out = xp.empty((total, *buf.shape[2:]), np.float32)
     n = len(rows)
     if n:
         threads = 256
@@ -123,11 +124,12 @@ def pack_rows(xp, buf, rows, first, counts):
             (threads,),
             (
                 xp.ascontiguousarray(buf, dtype=np.float32),
-                np.int64(buf.shape[1] * 3),
+                np.int64(buf.shape[1] * width),
                 rows.astype(np.int64),
                 first.astype(np.int64),
                 offsets,
                 np.int32(n),
+                np.int32(width),
                 out,
             ),
         )
