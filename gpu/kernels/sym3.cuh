@@ -17,7 +17,7 @@ __device__ __forceinline__ R3 scale3r(R3 a, real s) { return r3(a.x * s, a.y * s
 __device__ __forceinline__ R3 mul3r(R3 a, R3 b) { return r3(a.x * b.x, a.y * b.y, a.z * b.z); }
 __device__ __forceinline__ R3 unit3r(R3 u, R3 fallback) {
     real n = sqrt(dot3r(u, u));
-    return n > 0.0 ? r3(u.x / n, u.y / n, u.z / n) : fallback;
+    return n > (real)0.0 ? r3(u.x / n, u.y / n, u.z / n) : fallback;
 }
 
 __device__ __forceinline__ R3 apply_tensorr(const real c[6], R3 v) {
@@ -31,8 +31,8 @@ __device__ __forceinline__ real fa_invariants(const real t[6]) {
     real a = t[0], b = t[1], c = t[2], d = t[3], e = t[4], f = t[5];
     real i1 = a + d + f;
     real i2 = a * d + a * f + d * f - b * b - c * c - e * e;
-    real i4 = i1 * i1 - 2.0 * i2;
-    return i4 > 0.0 ? sqrt(fmax(1.0 - i2 / i4, 0.0)) : 0.0;
+    real i4 = i1 * i1 - (real)2.0 * i2;
+    return i4 > (real)0.0 ? sqrt(fmax((real)1.0 - i2 / i4, (real)0.0)) : (real)0.0;
 }
 
 __device__ R3 eigvec_by_cross(const real c[6], real lam, R3 fallback) {

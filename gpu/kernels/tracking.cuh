@@ -12,15 +12,16 @@ struct Grid {
 };
 
 __device__ __forceinline__ bool inside_volume(R3 p, Grid g) {
-    return p.x >= -0.5 && p.y >= -0.5 && p.z >= -0.5 && p.x < g.nx - 0.5 && p.y < g.ny - 0.5 &&
-           p.z < g.nz - 0.5;
+    const real h = (real)0.5;
+    return p.x >= -h && p.y >= -h && p.z >= -h && p.x < g.nx - h && p.y < g.ny - h && p.z < g.nz - h;
 }
 
 // Linear index of the voxel containing p (clamped to the grid).
 __device__ __forceinline__ long long nearest_voxel(R3 p, Grid g) {
-    int i = min(max((int)floor(p.x + 0.5), 0), g.nx - 1);
-    int j = min(max((int)floor(p.y + 0.5), 0), g.ny - 1);
-    int k = min(max((int)floor(p.z + 0.5), 0), g.nz - 1);
+    const real h = (real)0.5;
+    int i = min(max((int)floor(p.x + h), 0), g.nx - 1);
+    int j = min(max((int)floor(p.y + h), 0), g.ny - 1);
+    int k = min(max((int)floor(p.z + h), 0), g.nz - 1);
     return ((long long)i * g.ny + j) * g.nz + k;
 }
 
