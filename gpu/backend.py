@@ -239,15 +239,18 @@ def iter_batched(
     cancelled: Callable[[], bool] | None = None,
     fraction: float = 0.5,
     maximum: int | None = None,
+    first: int | None = None,
 ):
     """Like :func:`run_batched`, but a generator of ``work(start, stop)``'s results, one per
-    batch, so callers can hand partial results on while the rest is computed."""
+    batch, so callers can hand partial results on while the rest is computed. ``first``
+    makes the first batch at most that large, so the first results come back sooner."""
     batch = backend.batch_size(n_items, bytes_per_item, fraction=fraction, maximum=maximum)
     start = 0
     while start < n_items:
         if cancelled is not None and cancelled():
             raise Cancelled()
-        stop = min(n_items, start + batch)
+        size = min(batch, first) if (first and start == 0) else batch
+        stop = min(n_items, start + size)
         try:
             result = work(start, stop)
         except Exception as exc:
@@ -259,7 +262,7 @@ def iter_batched(
                     f"{backend.device_name} ran out of memory even for one item "
                     f"(about {bytes_per_item / 2**20:.1f} MiB needed)"
                 ) from exc
-            batch = max(1, batch // 2)
+            batch = max(1, min(batch, size) // 2)
             log.warning("out of memory on %s: retrying with batches of %d", backend.device_name, batch)
             continue
         start = stop

@@ -16,7 +16,12 @@ with its missing else-branch restored):
 Derivatives of ``G`` per axis in mm: central differences inside, one-sided on the
 borders. The field holds 24 values per voxel — ``C`` and ``∂G/∂x``, ``∂G/∂y``,
 ``∂G/∂z`` — interpolated trilinearly at every evaluation, which gives the
-geodesic acceleration without forming the 18 Christoffel symbols explicitly:
+geodesic acceleration without forming the 18 Christoffel symbols explicitly. The
+derivatives are stored at float16 precision (scaled by a power of two so that their
+largest magnitude is near 2¹⁵; relative rounding 2⁻¹¹ ≈ 5·10⁻⁴, far below both the
+error of the central differences and the noise of a measured tensor). Both engines
+read these same rounded values; they halve what the GPU kernel moves per voxel. ``C``
+stays float32:
 
     ẍ = −Γ(ẋ, ẋ) = −C (w − q/2),  w = (Σ_α ẋ_α ∂_αG) ẋ,  q_σ = ẋᵀ (∂_σG) ẋ
 
@@ -29,9 +34,10 @@ geodesic equation is homogeneous in ẋ, so this only re-parametrises the curve:
 keeps the path and makes every step ``step`` long, so ``max_steps`` bounds the length.
 
 Connectivity measure (Astola): ``CM = Σ|Δx| / Σ sqrt(Δxᵀ G(x̄) Δx)`` accumulated
-along the fibre, ``G(x̄)`` the inverse of ``C`` interpolated at each segment's
-midpoint; stored per point and per fibre (at its end, or where it first enters the
-target region).
+along the fibre, ``G(x̄)`` the inverse of ``C`` interpolated at ``x̄ = x + h/2 · ẋ``,
+the point where RK2 and RK4 evaluate their second stage (so it costs them no extra
+lookup; Euler looks it up) — the midpoint of the step to second order; stored per
+point and per fibre (at its end, or where it first enters the target region).
 
 Stopping, checked in this order each step: the step count reaches ``max_steps``;
 the point's FA (of the interpolated ``C``) is below ``fa_threshold``; the new point
@@ -138,7 +144,8 @@ class GeodesicParams:
 
 @dataclass
 class GeodesicField:
-    """``data`` (X, Y, Z, 24) float32: C, ∂G/∂x, ∂G/∂y, ∂G/∂z (mm); ``region`` bits (1 track, 2 target)."""
+    """``data`` (X, Y, Z, 24) float32: C, ∂G/∂x, ∂G/∂y, ∂G/∂z (mm; float16 values times
+    ``1 / derivative_scale``); ``region`` bits (1 track, 2 target)."""
 
     data: np.ndarray
     region: np.ndarray
@@ -147,6 +154,9 @@ class GeodesicField:
     repaired: int
     sharpened: int
     notes: list
+    derivative_scale: float = 1.0
+    # The kernel's packed copy per device (shared by the fields with_regions makes).
+    packed: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -230,15 +240,42 @@ def prepare_metric(
         b[low] = sym3.from_matrix(xp, power)
         sharpened = int(low.sum())
     g = _inverse(xp, b)
-    data = xp.empty((*shape, 24), dtype=xp.float32)
-    data[..., :6] = b
+    derivatives = xp.zeros((*shape, 18))
     for axis in range(3):
         if shape[axis] > 1:
-            data[..., 6 * (axis + 1) : 6 * (axis + 2)] = xp.gradient(g, float(voxel_size[axis]), axis=axis)
-        else:
-            data[..., 6 * (axis + 1) : 6 * (axis + 2)] = 0.0
-    bare = GeodesicField(backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes)
+            derivatives[..., 6 * axis : 6 * (axis + 1)] = xp.gradient(g, float(voxel_size[axis]), axis=axis)
+    scale = derivative_scale(float(xp.abs(derivatives).max()))
+    data = xp.empty((*shape, 24), dtype=xp.float32)
+    data[..., :6] = b
+    data[..., 6:] = (derivatives * scale).astype(xp.float16).astype(xp.float32) / np.float32(scale)
+    bare = GeodesicField(
+        backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes, scale
+    )
     return with_regions(bare, mask, target)
+
+
+def derivative_scale(largest: float) -> float:
+    """The power of two that brings the largest derivative magnitude into [2¹⁴, 2¹⁵) (float16's
+    largest finite value is 65504), so the float16 copies keep their relative precision."""
+    if not (largest > 0 and math.isfinite(largest)):
+        return 1.0
+    return 2.0 ** (14 - math.floor(math.log2(largest)))
+
+
+def packed_field(backend: Backend, fld: GeodesicField):
+    """The kernel's layout on the device: per voxel C as 6 float32, the 18 scaled
+    derivatives as float16, 4 bytes of padding (64 bytes). Made once per field and device."""
+    key = (backend.name, backend.device_name)
+    if key not in fld.packed:
+        xp = backend.xp
+        data = backend.asarray(fld.data).reshape(-1, 24)
+        words = xp.zeros((len(data), 16), xp.uint32)
+        words[:, :6] = xp.ascontiguousarray(data[:, :6]).view(xp.uint32)
+        halves = (data[:, 6:] * np.float32(fld.derivative_scale)).astype(xp.float16)
+        words[:, 6:15] = xp.ascontiguousarray(halves).view(xp.uint32)
+        fld.packed.clear()
+        fld.packed[key] = words
+    return fld.packed[key]
 
 
 def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
@@ -251,7 +288,10 @@ def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
         region[np.asarray(mask) == 0] = 0
     if target is not None:
         region[np.asarray(target) != 0] |= TARGET
-    return GeodesicField(fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes))
+    return GeodesicField(
+        fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes),
+        fld.derivative_scale, fld.packed,
+    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- directions
@@ -352,14 +392,15 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         idx, xi, vi, a1 = idx[live], xi[live], vi[live], a1[live]
         if params.integrator == "euler":
             x_new, v_new = xi + h * vi, vi + h * a1
+            c_mid = None  # looked up below, for the steps taken
         elif params.integrator == "rk2":
             xm, vm = xi + 0.5 * h * vi, vi + 0.5 * h * a1
-            a2, _ = _acceleration(xp, field, xm / scale, vm)
+            a2, c_mid = _acceleration(xp, field, xm / scale, vm)
             x_new, v_new = xi + h * vm, vi + h * a2
         else:
             k1x, k1v = vi, a1
             k2x = vi + 0.5 * h * k1v
-            k2v, _ = _acceleration(xp, field, (xi + 0.5 * h * k1x) / scale, k2x)
+            k2v, c_mid = _acceleration(xp, field, (xi + 0.5 * h * k1x) / scale, k2x)
             k3x = vi + 0.5 * h * k2v
             k3v, _ = _acceleration(xp, field, (xi + 0.5 * h * k2x) / scale, k3x)
             k4x = vi + h * k3v
@@ -377,8 +418,13 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         seg = xp.sqrt(xp.sum(dx * dx, axis=1))
         turn = xp.sum(dx * prev[idx], axis=1) / xp.where(seg > 0, seg, 1.0)
         live &= drop(live & (turn < cos_max), SHARP_ANGLE)
+        vi = vi[live]
+        if c_mid is None:
+            c_mid = trilinear(xp, field[..., :6], (xi[live] + 0.5 * h * vi) / scale)
+        else:
+            c_mid = c_mid[live]
         idx, xi, x_new, v_new, dx, seg, code = (t[live] for t in (idx, xi, x_new, v_new, dx, seg, code))
-        g_mid = _inverse(xp, trilinear(xp, field[..., :6], (xi + 0.5 * dx) / scale))
+        g_mid = _inverse(xp, c_mid)
         gdx = xp.stack(sym3._apply(sym3.components(g_mid), tuple(dx.T)), -1)
         euclid[idx] += seg
         geo[idx] += xp.sqrt(xp.clip(xp.sum(dx * gdx, axis=1), 0.0, None))
@@ -494,12 +540,14 @@ def track(
     device: str | Backend = "auto",
     engine: str = "auto",
     max_batch: int | None = None,
+    first_batch: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[GeodesicBatch]:
     """Trace one fibre per row of ``starts`` (voxel coordinates) and ``directions``, in batches.
 
-    With ``only_reaching`` only fibres that entered the target come back.
+    With ``only_reaching`` only fibres that entered the target come back. ``first_batch``
+    caps the first batch, for a quick first look (live re-tracking).
     """
     backend = get_backend(device)
     xp = backend.xp
@@ -513,7 +561,7 @@ def track(
     directions = np.asarray(directions, np.float64).reshape(-1, 3)
     if len(starts) != len(directions):
         raise ValueError(f"{len(starts)} start points but {len(directions)} directions")
-    field_dev = backend.asarray(fld.data)
+    field_dev = packed_field(backend, fld) if engine == "kernel" else backend.asarray(fld.data)
     region = backend.asarray(fld.region)
     if max_batch is None and not backend.is_gpu:
         max_batch = 4096
@@ -533,7 +581,7 @@ def track(
 
     yield from iter_batched(
         backend, len(starts), batch_bytes(params), work, progress=progress, cancelled=cancelled, fraction=0.4,
-        maximum=max_batch,
+        maximum=max_batch, first=first_batch,
     )  # fmt: skip
 
 
@@ -568,7 +616,13 @@ def top_fraction(cm: np.ndarray, percent: float, xp=np) -> np.ndarray:
     return order[:count]
 
 
+KERNEL_BLOCK = 32  # threads per block: small blocks pack the shared-memory cell caches tightly
+CELL_CACHE_BYTES = 8 * 64  # per thread: the 8 voxels of its cell
+
+
 def _track_kernel(backend, fld, field_dev, region, starts, directions, params: GeodesicParams):
+    """Run the CUDA kernel on fibres ``starts``/``directions`` (device arrays); ``field_dev``
+    is ``packed_field``'s array."""
     cp = backend.xp
     n, slots = len(starts), params.stored_points
     points = cp.empty((n, slots, 3), cp.float32)
@@ -584,10 +638,15 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
     }
     cos_max = math.cos(math.radians(params.max_angle_deg)) if params.max_angle_deg > 0 else -2.0
     vs = fld.voxel_size
-    block = 128
-    cuda.function("geodesic.cu", "geodesic_trace", ("sym3.cuh", "tracking.cuh"))(
-        ((n + block - 1) // block,),
-        (block,),
+    counter = cp.zeros(1, cp.int32)
+    kernel = cuda.function("geodesic.cu", "geodesic_trace", ("sym3.cuh", "tracking.cuh"))
+    # Persistent threads: enough blocks to fill every multiprocessor (the extra ones find
+    # no work left and return at once).
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    blocks = max(1, min((n + KERNEL_BLOCK - 1) // KERNEL_BLOCK, sms * 32))
+    kernel(
+        (blocks,),
+        (KERNEL_BLOCK,),
         (
             field_dev,
             region,
@@ -600,6 +659,7 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
             np.float32(vs[0]),
             np.float32(vs[1]),
             np.float32(vs[2]),
+            np.float32(1.0 / fld.derivative_scale),
             np.float32(params.step * float(vs.min())),
             np.int32(INTEGRATORS.index(params.integrator)),
             np.int32(params.max_steps),
@@ -610,6 +670,7 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
             np.int32(params.store_every),
             np.int32(params.stop_at_target),
             np.int32(slots),
+            counter,
             points,
             cms,
             out["stored"],
@@ -620,6 +681,7 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
             out["cm_target"],
             out["cm_end"],
         ),
+        shared_mem=CELL_CACHE_BYTES * KERNEL_BLOCK,
     )
     return (
         points, cms, out["stored"], out["stop"], out["valid"].astype(bool), out["steps"], out["reached"],

@@ -78,8 +78,29 @@ def test_metric_derivatives_central_inside_one_sided_on_borders():
     tensor[..., 0] = diffusivity[:, None, None]
     tensor[..., 3] = tensor[..., 5] = 1.0
     fld = prepare_metric(tensor, (2.0, 1.0, 1.0), MetricParams(gain=1.0))
-    np.testing.assert_allclose(fld.data[..., 6], 0.1 / 2.0, rtol=1e-5)  # dG_xx/dx in mm, borders included
+    # dG_xx/dx in mm, borders included; stored at float16 precision (2^-11 relative)
+    np.testing.assert_allclose(fld.data[..., 6], 0.1 / 2.0, rtol=2.0**-11)
     np.testing.assert_allclose(fld.data[..., 12:24], 0.0, atol=1e-7)
+
+
+def test_derivatives_keep_float16_precision_at_any_scale():
+    """The scale brings the largest derivative into [2^14, 2^15) (float16's largest value is
+    65504); every stored derivative is a float16 value over that scale, within 2^-11 relative
+    of the exact one, whatever the field's magnitude."""
+    for largest in (3e-9, 0.05, 1.0, 7e4, 1e9):
+        scale = geodesic.derivative_scale(largest)
+        assert 2.0**14 <= largest * scale < 2.0**15 and np.log2(scale) == round(np.log2(scale))
+    assert geodesic.derivative_scale(0.0) == 1.0
+    x = np.arange(SHAPE[0], dtype=float)
+    for slope in (1e-6, 0.1, 300.0):
+        tensor = np.zeros((*SHAPE, 6))
+        tensor[..., 0] = (1.0 / (1.0 + slope * x))[:, None, None]  # G_xx = 1 + slope x
+        tensor[..., 3] = tensor[..., 5] = 1.0
+        fld = prepare_metric(tensor, (1.0, 1.0, 1.0), MetricParams(gain=1.0))
+        scaled = fld.data[..., 6:].astype(np.float64) * fld.derivative_scale
+        np.testing.assert_array_equal(scaled, scaled.astype(np.float16).astype(np.float64))
+        assert 2.0**14 <= np.abs(scaled).max() < 2.0**15
+        np.testing.assert_allclose(fld.data[..., 6], slope, rtol=2.0**-11)
 
 
 def arc_field():
@@ -114,6 +135,51 @@ def test_fibres_along_the_arc_reach_the_target_and_rank_highest(device):
     best = tract[0]
     radius = np.hypot(best[:, 0] - 15.0, best[:, 1] - 15.0)
     assert radius.min() > 5.0 and radius.max() < 13.0, (radius.min(), radius.max())
+
+
+def u_fibre_field():
+    """Seed 004's U-fibre phantom (Figure 5.2) in the xy-plane: two stems along y (x 6..10 and
+    20..24, y 14..36) joined by a half ring under them (centre (15, 14), radius 5..9), the
+    main eigenvector along the U; everything else, the gap between the stems included,
+    isotropic with the same mean diffusivity."""
+    shape = (32, 40, 7)
+    x, y = np.meshgrid(np.arange(shape[0]) + 0.0, np.arange(shape[1]) + 0.0, indexing="ij")
+    e1 = np.zeros((*shape[:2], 3))
+    stems = ((np.abs(x - 8) <= 2) | (np.abs(x - 22) <= 2)) & (y >= 14) & (y <= 36)
+    e1[stems] = [0.0, 1.0, 0.0]
+    r = np.hypot(x - 15, y - 14)
+    ring = (r >= 5) & (r <= 9) & (y < 14)
+    e1[ring] = np.stack([-(y - 14), x - 15, np.zeros_like(x)], -1)[ring] / r[ring, None]
+    matrix = np.broadcast_to(7.7e-4 * np.eye(3), (*shape[:2], 3, 3)).copy()
+    along = stems | ring
+    matrix[along] = 3e-4 * np.eye(3) + 1.4e-3 * e1[along][:, :, None] * e1[along][:, None, :]
+    tensor = np.broadcast_to(sym3.from_matrix(np, matrix)[:, :, None], (*shape, 6)).copy()
+    return tensor, shape
+
+
+def test_u_fibre_shortcuts_across_the_isotropic_gap_are_filtered_out(device):
+    """Seed 004, Figure 5.2: shooting in all directions (of the U's plane, where the phantom
+    lies) from the top of one stem, many fibres cross the isotropic gap straight to the
+    other stem; they have a lower CM than those that follow the U, and region-to-region
+    filtering — keep what reaches the target, then the top CM — removes them."""
+    tensor, shape = u_fibre_field()
+    target = np.zeros(shape, bool)
+    target[20:25, 28:34, :] = True  # top of the right stem
+    fld = prepare_metric(tensor, (1.5, 1.5, 1.5), target=target, device=device)
+    seeds = np.array([[x, y, 3.0] for x in (7.0, 8.0, 9.0) for y in (30.0, 31.0)])  # top of the left stem
+    angle = np.arange(720) * 2 * np.pi / 720
+    circle = np.stack([np.cos(angle), np.sin(angle), np.zeros_like(angle)], -1)
+    starts, dirs = np.repeat(seeds, len(circle), 0), np.tile(circle, (len(seeds), 1))
+    params = GeodesicParams(step=0.2, max_steps=1500)
+    reached = track_all(fld, starts, dirs, params, only_reaching=True, device=device)
+    lowest_y = np.array([reached[i][:, 1].min() for i in range(len(reached))])
+    along_u, shortcut = lowest_y < 12, lowest_y > 20  # went round the ring / never went down
+    assert along_u.sum() >= 5 and shortcut.sum() >= 50, (along_u.sum(), shortcut.sum())
+    assert along_u.sum() + shortcut.sum() == len(reached)
+    cm = reached.cm_target
+    assert cm[along_u].min() > cm[shortcut].max(), (cm[along_u].min(), cm[shortcut].max())
+    kept = geodesic.top_fraction(cm, 100.0 * along_u.sum() / len(reached))
+    assert np.all(along_u[kept]) and len(kept) == along_u.sum()
 
 
 def test_top_fraction_and_directions():
@@ -176,3 +242,28 @@ def test_kernel_matches_the_numpy_reference(integrator):
     worst_cm = float(np.max(np.abs(ref.cm_end - gpu.cm_end)[same] / ref.cm_end[same]))
     print(f"{integrator}: {same.mean():.1%} same length, endpoints {worst_end:.2e} voxel, CM {worst_cm:.2e} rel")
     assert worst_end < 1e-3 and worst_cm < 1e-4
+
+
+@pytest.mark.gpu
+def test_kernel_matches_the_reference_on_many_fibres_from_many_cells():
+    """20 000 fibres in random cells and directions (many more than resident threads, so
+    threads take several fibres each and refill their cell caches): every fibre is written,
+    with the reference's stop reason, step count and end point."""
+    rng = np.random.default_rng(7)
+    tensor = arc_field()
+    tensor += sym3.from_matrix(np, 2e-4 * np.eye(3) * rng.uniform(0, 1, (*SHAPE, 1, 1)))
+    mask = np.ones(SHAPE, bool)
+    mask[:, :, :3] = False
+    fld = prepare_metric(tensor, (2.0, 1.5, 1.0), mask=mask, device="cpu")
+    n = 20_000
+    starts = rng.uniform(-0.4, 29.4, (n, 3))
+    dirs = rng.normal(size=(n, 3))
+    params = GeodesicParams(step=0.25, max_steps=120, store_every=7, max_angle_deg=60)
+    ref = track_all(fld, starts, dirs, params, device="cpu")
+    gpu = track_all(fld, starts, dirs, params, device="gpu")
+    np.testing.assert_array_equal(ref.fiber, gpu.fiber)
+    same = (ref.stop == gpu.stop) & (ref.steps == gpu.steps)
+    assert same.mean() > 0.99, same.mean()
+    ends = np.array([np.abs(ref[i][-1] - gpu[i][-1]).max() for i in np.flatnonzero(same)])
+    assert np.quantile(ends, 0.99) < 1e-3, np.quantile(ends, 0.99)
+    np.testing.assert_allclose(gpu.cm_end[same], ref.cm_end[same], rtol=1e-3)

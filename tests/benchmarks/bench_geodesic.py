@@ -1,14 +1,26 @@
-"""Benchmark: geodesic ray tracing steps per second on an HCP-sized tensor field.
+"""Benchmark: geodesic ray tracing steps per second on an HCP-sized tensor field, and the
+live re-tracking latency of the pipeline.
 
     python tests/benchmarks/bench_geodesic.py [--gpu] [--fibers 10000 100000 1000000]
-        [--cpu-fibers 2000] [--steps 500] [--out results.json]
+        [--kernel-only 10000000] [--cpu-fibers 2000] [--steps 500] [--out results.json]
 
 The field of bench_deterministic.py (145×174×145, 1.25 mm, brain-like synthetic
-tensors); fibres start at random brain voxels in Fibonacci directions; 0.1-voxel
-steps, no optional stopping rule, so almost every fibre runs ``--steps`` steps or
-leaves the brain mask. Rows: the CUDA kernel (CUDA events, the kernel alone, and
-end to end with packing and copying the kept fibres, every 5th point) for RK2 and
-RK4, and our NumPy reference on ``--cpu-fibers`` fibres. The published figure to
+tensors); 0.1-voxel steps, no optional stopping rule, so almost every fibre runs
+``--steps`` steps or leaves the brain mask. Two orders of work:
+
+- ``seeds×directions``: seed points at random brain voxels, 100 Fibonacci directions
+  from each, one after the other — what ``tractlens track geodesic`` and the panel run;
+- ``random``: every fibre from its own random point in a random direction (the worst
+  case for the caches: neighbouring threads share nothing).
+
+Rows: the CUDA kernel alone (CUDA events, best of 3) for RK2 and RK4; end to end
+(``track_all``: packing and copying the kept fibres, every 5th point) up to 10⁶ fibres;
+our NumPy reference on ``--cpu-fibers`` fibres; and the live latency: a seed ROI of 100
+points × 100 directions × 500 steps (10⁴ fibres), from calling the pipeline with the
+cached metric to the first batch's display arrays ready (``fiber_display.prepare``), as
+the Geodesic panel does on its worker (first batch of ``INTERACTIVE_FIRST_BATCH`` fibres,
+the rest streaming after it). The GUI's share (wrapping the arrays in VTK and
+drawing) is measured in tests/gui/test_geodesic_panel.py. The published figure to
 compare with is 52 M RK2 steps/s (GTX 260, seed 004).
 """
 
@@ -16,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,70 +41,143 @@ sys.path.insert(0, str(ROOT))
 from gpu import geodesic  # noqa: E402
 from tests.benchmarks.bench_deterministic import VOXEL_MM, hcp_like_field  # noqa: E402
 
+DIRECTIONS = 100
+
+
+def workloads(brain: np.ndarray, n: int, rng) -> dict:
+    voxels = np.argwhere(brain)
+
+    def points(count):
+        return voxels[rng.integers(0, len(voxels), count)] + rng.uniform(-0.5, 0.5, (count, 3))
+
+    seeds = points(max(1, n // DIRECTIONS))
+    return {
+        "seeds×directions": (
+            np.repeat(seeds, DIRECTIONS, 0)[:n], np.tile(geodesic.fibonacci_directions(DIRECTIONS), (len(seeds), 1))[:n]
+        ),
+        "random": (points(n), geodesic.fibonacci_directions(n)[rng.permutation(n)]),
+    }  # fmt: skip
+
+
+def kernel_row(fld, starts, dirs, params) -> dict:
+    import cupy as cp
+
+    from gpu.backend import get_backend
+
+    backend = get_backend("gpu")
+    packed, region = geodesic.packed_field(backend, fld), backend.asarray(fld.region)
+    s, d = cp.asarray(starts), cp.asarray(dirs)
+    geodesic._track_kernel(backend, fld, packed, region, s[:256], d[:256], params)  # compile
+    times = []
+    for _ in range(3):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        out = geodesic._track_kernel(backend, fld, packed, region, s, d, params)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1000)
+        steps = int(out[5].sum())
+        del out
+    kernel_s = min(times)
+    return {"steps": steps, "kernel_s": round(kernel_s, 5), "kernel_steps_per_s": round(steps / kernel_s)}
+
+
+def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
+    """Seed ROI → first batch of fibres with display arrays, as GeodesicPanel's job does it."""
+    from app.model import Layer
+    from app.pipelines.track import INTERACTIVE_FIRST_BATCH, geodesic_pipeline
+    from widgets import fiber_display
+
+    rng = np.random.default_rng(5)
+    voxels = np.argwhere(brain)
+    params = geodesic.GeodesicParams(max_steps=500)
+    samples, first_fibres = [], 0
+    for r in range(repeats + 1):  # the first run compiles
+        seed = np.zeros(brain.shape, bool)
+        seed[tuple(voxels[rng.integers(0, len(voxels), 100)].T)] = True
+        count = int(seed.sum())
+        first = {}
+        t0 = time.perf_counter()
+
+        def on_batch(tract, first=first, t0=t0):
+            if "s" not in first:
+                first["tracked_s"] = time.perf_counter() - t0
+                layer = Layer("geodesic", tract, "tractogram", color_by="cm", colormap="hot")
+                layer.clim = layer.scalar_range("cm")
+                fiber_display.prepare(layer)
+                first["s"] = time.perf_counter() - t0
+                first["fibres"] = len(tract)
+
+        geodesic_pipeline(
+            field_, seed_mask=seed, directions=DIRECTIONS * 100 // count, params=params, device=device,
+            on_batch=on_batch, max_batch=20_000, first_batch=INTERACTIVE_FIRST_BATCH, metric_field=fld,
+        )  # fmt: skip
+        if r:
+            samples.append((first["s"], first["tracked_s"]))
+            first_fibres = first["fibres"]
+    return {
+        "fibres": DIRECTIONS * 100,
+        "steps": 500,
+        "first_batch_fibres": first_fibres,
+        "median_s": round(statistics.median(s for s, _ in samples), 4),
+        "max_s": round(max(s for s, _ in samples), 4),
+        "median_tracked_s": round(statistics.median(t for _, t in samples), 4),
+    }
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--fibers", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--kernel-only", type=int, nargs="*", default=[10_000_000], help="kernel rows only (RK2)")
     parser.add_argument("--cpu-fibers", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--out")
     args = parser.parse_args()
+    from app.pipelines.track import TensorField
+
     tensor, _fa, brain = hcp_like_field()
+    device = "gpu" if args.gpu else "cpu"
     t0 = time.perf_counter()
-    fld = geodesic.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device="gpu" if args.gpu else "cpu")
+    fld = geodesic.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=device)
     prep_s = time.perf_counter() - t0
-    rng = np.random.default_rng(3)
-    voxels = np.argwhere(brain)
     results = {"shape": list(brain.shape), "prepare_s": round(prep_s, 3), "rows": []}
     print(f"metric prepared in {prep_s:.2f} s", flush=True)
+
+    def emit(row):
+        print(json.dumps(row, ensure_ascii=False), flush=True)
+        results["rows"].append(row)
+
+    rng = np.random.default_rng(3)
     for integrator in ("rk2", "rk4"):
         params = geodesic.GeodesicParams(integrator=integrator, max_steps=args.steps)
-        sizes = [(n, "gpu") for n in args.fibers] * bool(args.gpu) + [(args.cpu_fibers, "numpy")] * bool(
-            args.cpu_fibers
-        )
-        for n, engine in sizes:
-            starts = voxels[rng.integers(0, len(voxels), n)] + rng.uniform(-0.5, 0.5, (n, 3))
-            dirs = geodesic.fibonacci_directions(n)[rng.permutation(n)]
-            row = {"engine": engine, "integrator": integrator, "fibers": n}
-            if engine == "gpu":
-                import cupy as cp
-
-                from gpu.backend import get_backend
-
-                backend = get_backend("gpu")
-                field_dev, region = backend.asarray(fld.data), backend.asarray(fld.region)
-                s, d = cp.asarray(starts), cp.asarray(dirs)
-                geodesic._track_kernel(backend, fld, field_dev, region, s[:256], d[:256], params)  # compile
-                start, stop = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                out = geodesic._track_kernel(backend, fld, field_dev, region, s, d, params)
-                stop.record()
-                stop.synchronize()
-                kernel_s = cp.cuda.get_elapsed_time(start, stop) / 1000
-                steps = int(out[5].sum())
-                del out
-                t0 = time.perf_counter()
-                result = geodesic.track_all(fld, starts, dirs, params, device=backend)
-                total_s = time.perf_counter() - t0
-                row.update(
-                    steps=steps,
-                    kernel_s=round(kernel_s, 4),
-                    kernel_steps_per_s=round(steps / kernel_s),
-                    end_to_end_s=round(total_s, 3),
-                    end_to_end_steps_per_s=round(result.provenance["steps"] / total_s),
-                    kept=len(result),
-                )
-            else:
-                t0 = time.perf_counter()
-                result = geodesic.track_all(fld, starts, dirs, params, device="cpu")
-                total_s = time.perf_counter() - t0
-                row.update(steps=result.provenance["steps"], s=round(total_s, 3),
-                           steps_per_s=round(result.provenance["steps"] / total_s))  # fmt: skip
-            print(json.dumps(row), flush=True)
-            results["rows"].append(row)
+        sizes = list(args.fibers) + (list(args.kernel_only) if integrator == "rk2" else [])
+        for n in sizes * bool(args.gpu):
+            for order, (starts, dirs) in workloads(brain, n, rng).items():
+                row = {"engine": "gpu", "integrator": integrator, "order": order, "fibers": n}
+                row.update(kernel_row(fld, starts, dirs, params))
+                if n in args.fibers:
+                    t0 = time.perf_counter()
+                    result = geodesic.track_all(fld, starts, dirs, params, device="gpu")
+                    total_s = time.perf_counter() - t0
+                    row.update(end_to_end_s=round(total_s, 3), kept=len(result),
+                               end_to_end_steps_per_s=round(result.provenance["steps"] / total_s))  # fmt: skip
+                emit(row)
+        if args.cpu_fibers:
+            starts, dirs = workloads(brain, args.cpu_fibers, rng)["seeds×directions"]
+            t0 = time.perf_counter()
+            result = geodesic.track_all(fld, starts, dirs, params, device="cpu")
+            total_s = time.perf_counter() - t0
+            emit({"engine": "numpy", "integrator": integrator, "order": "seeds×directions",
+                  "fibers": args.cpu_fibers, "steps": result.provenance["steps"], "s": round(total_s, 3),
+                  "steps_per_s": round(result.provenance["steps"] / total_s)})  # fmt: skip
+    field_ = TensorField.from_tensor(tensor, np.diag([VOXEL_MM] * 3 + [1.0]))
+    latency = live_latency(field_, fld, brain, device, repeats=7 if args.gpu else 1)
+    latency["engine"] = device
+    results["live_latency"] = latency
+    print("live latency:", json.dumps(latency), flush=True)
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        Path(args.out).write_text(json.dumps(results, indent=2, ensure_ascii=False))
 
 
 if __name__ == "__main__":
