@@ -337,3 +337,62 @@ def test_track_geodesic_bad_inputs(fitted, demo_dir, tmp_path, args, expect):
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert expect in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "g.trk").exists()
+
+
+def _bad_roi_files(demo_dir, tmp_path) -> dict:
+    """An empty mask and one whose affine puts it 1 m away from the data, on the demo grid."""
+    ref = nib.load(demo_dir / "roi_arc_seed.nii.gz")
+    empty = tmp_path / "empty.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros(ref.shape, np.uint8), ref.affine), empty)
+    outside = tmp_path / "outside.nii.gz"
+    shifted = ref.affine.copy()
+    shifted[:3, 3] += 1000.0
+    nib.save(nib.Nifti1Image(np.ones(ref.shape, np.uint8), shifted), outside)
+    return {"EMPTY": empty, "OUTSIDE": outside, "SEED": demo_dir / "roi_arc_seed.nii.gz"}
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--seed", "EMPTY"], "empty"),
+        (["--seed", "OUTSIDE"], "outside"),
+        (["--seed", "SEED", "--target", "OUTSIDE"], "outside"),
+        (["--seed", "SEED", "--target", "EMPTY"], "empty"),
+        (["--seed", "SEED", "--mask", "EMPTY"], "empty"),
+    ],
+)
+def test_track_geodesic_bad_regions(fitted, demo_dir, tmp_path, args, expect):
+    names = _bad_roi_files(demo_dir, tmp_path)
+    args = [str(names.get(a, a)) for a in args]
+    result = run_cli(
+        "track", "geodesic", "--tensor", str(fitted[0]), "--device", "cpu", "-o", str(tmp_path / "g.trk"), *args
+    )
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert expect in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "g.trk").exists()
+
+
+def test_track_geodesic_repairs_nan_and_non_positive_definite_tensors(fitted, demo_dir, tmp_path):
+    """Broken voxels on the seed's way are replaced by the identity, counted and reported;
+    tracking goes on."""
+    import shutil
+
+    folder = tmp_path / "dti"
+    shutil.copytree(fitted[0], folder)
+    tensor_img = nib.load(folder / "tensor.nii.gz")
+    tensor = np.asarray(tensor_img.dataobj, dtype=np.float32).copy()
+    seed = np.argwhere(nib.load(demo_dir / "roi_arc_seed.nii.gz").get_fdata() > 0)
+    broken = seed[:: max(1, len(seed) // 6)][:6]
+    tensor[tuple(broken[:3].T)] = [1e-3, 0, 0, -1e-3, 0, 1e-3]  # FSL order: yy < 0, not positive definite
+    tensor[tuple(broken[3:].T)] = np.nan
+    nib.save(nib.Nifti1Image(tensor, tensor_img.affine, tensor_img.header), folder / "tensor.nii.gz")
+    result = run_cli(
+        "track", "geodesic", "--tensor", str(folder), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
+        "--directions", "20", "--device", "cpu", "--json", "-o", str(tmp_path / "g.trk"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["metric"]["repaired_voxels"] == 3, summary["metric"]
+    notes = " ".join(summary.get("notes", [])) + result.stderr
+    assert "non-positive-definite" in notes and "NaN" in notes, notes
+    assert summary["streamlines"] > 0 and (tmp_path / "g.trk").exists()

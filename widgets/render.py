@@ -224,9 +224,12 @@ def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         starts = offsets[1:-1]
         tangent[starts - 1] -= diff[starts - 1]
         tangent[starts] -= diff[starts - 1]
-    norm = np.linalg.norm(tangent, axis=1, keepdims=True)
-    rgb = np.abs(tangent) / np.where(norm > 0, norm, 1.0)
-    return (rgb * 255 + 0.5).astype(np.uint8)
+    norm = np.sqrt(np.einsum("ij,ij->i", tangent, tangent))
+    scale = np.float32(255.0) / np.where(norm > 0, norm, np.float32(1.0))
+    np.abs(tangent, out=tangent)
+    tangent *= scale[:, None]
+    tangent += np.float32(0.5)
+    return tangent.astype(np.uint8)
 
 
 def fiber_point_colours(layer: Layer) -> np.ndarray:

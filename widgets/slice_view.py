@@ -45,14 +45,25 @@ class SliceView(QWidget):
         self.setMouseTracking(True)
         self.setObjectName(f"slice_{view}")
         self._image_cache: tuple | None = None
+        self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._wl_start: tuple | None = None
         document.connect(self._on_document)
 
     # ----------------------------------------------------------------- model
     def _on_document(self, _source, event, **info) -> None:
-        if event in ("layers", "display", "cursor", "roi"):
+        if event not in ("layers", "display", "cursor", "roi"):
+            return
+        layer = info.get("layer")
+        if event == "layers":
+            # Tractograms are drawn over the composited image, not into it: replacing one
+            # (a tracking result streaming in) keeps the image.
+            scene = tuple(id(layer) for layer in self.document.layers if layer.kind != "tractogram")
+            if scene != self._scene_layers:
+                self._scene_layers = scene
+                self._image_cache = None
+        elif not (event == "display" and layer is not None and layer.kind == "tractogram"):
             self._image_cache = None
-            self.update()
+        self.update()
 
     def geometry_now(self):
         if self.document.reference_affine is None:

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 
 from app.model import Document, Layer, Tractogram
 from app.pipelines.select import resample_nearest
-from app.pipelines.track import TensorField, deterministic_pipeline, geodesic_pipeline
+from app.pipelines.track import INTERACTIVE_FIRST_BATCH, TensorField, deterministic_pipeline, geodesic_pipeline
 from gpu import deterministic, geodesic
 
 from . import fiber_display
@@ -301,10 +301,14 @@ def _result_layer(name: str, tractogram) -> Layer:
 class GeodesicPanel(TrackingPanel):
     """Geodesic ray tracing: metric and integration parameters, directions per seed point,
     a top-x % slider over the fibres that reach the target (ranked by CM), and a live mode
-    that re-tracks when a seed or target ROI changes (a newer edit cancels the older run)."""
+    that re-tracks when a seed or target ROI changes (a newer edit cancels the older run).
+
+    Live mode starts at the first edit, then re-tracks at most every ``LIVE_INTERVAL_MS``
+    while edits keep coming (a brush stroke sends many), with the latest ROIs; results of
+    a run overtaken by a newer one are dropped, never queued."""
 
     job_title = "geodesic tracking"
-    LIVE_DELAY_MS = 60  # coalesce the edits of one brush movement
+    LIVE_INTERVAL_MS = 60
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
         super().__init__(document, runner, device=device, report=report, parent=parent)
@@ -344,15 +348,18 @@ class GeodesicPanel(TrackingPanel):
         self._metric_cache: dict = {}
         self._live_timer = QTimer(self)
         self._live_timer.setSingleShot(True)
-        self._live_timer.setInterval(self.LIVE_DELAY_MS)
-        self._live_timer.timeout.connect(self._live_track)
+        self._live_timer.setInterval(self.LIVE_INTERVAL_MS)
+        self._live_timer.timeout.connect(self._live_interval_over)
+        self._live_pending: float | None = None  # time of the first edit not tracked yet
         self._top_timer = QTimer(self)
         self._top_timer.setSingleShot(True)
         self._top_timer.setInterval(40)
         self._top_timer.timeout.connect(self.apply_top)
         self.top.valueChanged.connect(self._top_changed)
         self.edit_time: float | None = None
-        self.latency_s: float | None = None  # ROI edit → first fibres on screen, live mode
+        self.latency_s: float | None = None  # ROI edit → first fibres in the document, live mode
+        self.shown_at: float | None = None  # when they were (the next 3-D render draws them)
+        self.show_s: float | None = None
         document.connect(self._on_document)
 
     # ------------------------------------------------------------------ live
@@ -362,17 +369,30 @@ class GeodesicPanel(TrackingPanel):
             return
         if event == "roi" or (event == "display" and "role" in info.get("changed", ())):
             if layer.data.role in ("seed", "target", "exclusion"):
-                self.edit_time = time.perf_counter()
-                self._live_timer.start()
+                now = time.perf_counter()
+                if self._live_timer.isActive():  # within the interval: once more at its end
+                    self._live_pending = self._live_pending or now
+                else:
+                    self._live_track(now)
 
-    def _live_track(self) -> None:
+    def _live_track(self, edit_time: float) -> None:
+        self._live_timer.start()
         if self.document.roi_masks_by_role()["seed"]:
+            self.edit_time = edit_time
             self.track()
 
+    def _live_interval_over(self) -> None:
+        if self._live_pending is not None:
+            edit_time, self._live_pending = self._live_pending, None
+            self._live_track(edit_time)
+
     def _show(self, layer: Layer) -> None:
+        start = time.perf_counter()
         super()._show(layer)
         if self.edit_time is not None:
-            self.latency_s = time.perf_counter() - self.edit_time
+            self.shown_at = time.perf_counter()
+            self.show_s = self.shown_at - start  # the GUI thread's part: actors, layer list
+            self.latency_s = self.shown_at - self.edit_time  # edit → fibres in the document
             self.edit_time = None
 
     # ------------------------------------------------------------------- job
@@ -415,6 +435,7 @@ class GeodesicPanel(TrackingPanel):
                 cancelled=ctx.cancelled,
                 on_batch=self._streaming(ctx, name),
                 max_batch=GUI_BATCH,
+                first_batch=INTERACTIVE_FIRST_BATCH,
                 name=name,
                 metric_field=cache["field"],
                 **options,

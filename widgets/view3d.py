@@ -10,6 +10,9 @@ per frame; while the camera moves, a fixed subset of streamlines is drawn
 
 from __future__ import annotations
 
+import collections
+import time
+
 import numpy as np
 import pyvista as pv
 from PySide6.QtCore import QTimer
@@ -43,9 +46,11 @@ class View3D(QWidget):
         self._roi_timer.setInterval(150)  # a brush stroke rebuilds the surface once it pauses
         self._roi_timer.timeout.connect(self._update_roi_surfaces)
         self._fibers: dict[int, dict] = {}
+        self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._camera_set = False
         self._software_rendering: bool | None = None
         self._render_pending = False
+        self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self._lod_timer = QTimer(self)
         self._lod_timer.setSingleShot(True)
         self._lod_timer.setInterval(250)
@@ -57,10 +62,16 @@ class View3D(QWidget):
     # ----------------------------------------------------------------- model
     def _on_document(self, _source, event, **info) -> None:
         if event == "layers":
+            if "replaced" in info:
+                self._reuse_fibers(*info["replaced"])
             self._sync_fibers()
-            self._update_planes()
-            self._update_glyphs()
-            self._roi_timer.start()
+            # A tracking result replaced while it streams in changes no plane, glyph or ROI.
+            scene = tuple(id(layer) for layer in self.document.layers if layer.kind != "tractogram")
+            if scene != self._scene_layers:
+                self._scene_layers = scene
+                self._update_planes()
+                self._update_glyphs()
+                self._roi_timer.start()
         elif event in ("cursor", "roi"):
             self._update_planes()
             if event == "roi":
@@ -89,7 +100,9 @@ class View3D(QWidget):
         self._render_pending = False
         if not self._camera_set and (self._planes or self._fibers):
             self.reset_camera()
+        start = time.perf_counter()
         self.plotter.render()
+        self.renders.append((start, time.perf_counter()))
 
     def reset_camera(self) -> None:
         self._camera_set = True
@@ -242,6 +255,26 @@ class View3D(QWidget):
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = self._build_fibers(layer)
+
+    def _reuse_fibers(self, old: Layer, new: Layer) -> None:
+        """A tractogram replaced by another (a tracking result growing): the new meshes go into
+        the old actor, which is much cheaper than a new actor and colour bar."""
+        entry = self._fibers.get(id(old))
+        if entry is None or new.kind != "tractogram" or entry["colour"][:2] != (new.color_by, new.colormap):
+            return
+        del self._fibers[id(old)]
+        entry["layer"] = new
+        self._build_meshes(entry)
+        entry["shown"] = "coarse"
+        mapper = entry["actor"].GetMapper()
+        mapper.SetInputData(entry["coarse"])
+        if new.color_by != "direction":
+            mapper.SetScalarRange(*new.clim)  # the colour bar shares the lookup table
+            mapper.GetLookupTable().SetTableRange(*new.clim)
+        entry["colour"] = (new.color_by, new.colormap, new.clim)
+        self._apply_line_style(entry)
+        self._lod_timer.start()
+        self._fibers[id(new)] = entry
 
     def _build_fibers(self, layer: Layer) -> dict:
         entry = {"layer": layer, "actor": None}

@@ -19,6 +19,7 @@ i.e. DIPY's order) or the input is a dtifit folder (FSL).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from ..errors import InputError
 from ..model import Volume
 from .dwi import x_flip_needed
 from .nifti import load_image, read_array, save_volume
+
+log = logging.getLogger(__name__)
 
 TENSOR_ORDERS = ("fsl", "dipy", "mrtrix")
 # Position of each internal component (xx, xy, xz, yy, yz, zz) in the file's 6 volumes.
@@ -153,7 +156,8 @@ def _sanitise(tensor: np.ndarray, path) -> np.ndarray:
         raise InputError("every voxel of the tensor is NaN or Inf", path=path)
     if bad.any():
         tensor = tensor.copy()
-        tensor[bad] = 0.0  # treated as background; the caller may report the count
+        tensor[bad] = 0.0
+        log.warning("%d voxels of %s hold NaN or infinite tensors: treated as background", int(bad.sum()), path)
     return tensor
 
 

@@ -1,4 +1,4 @@
-"""Use case: streamline tractography from a tensor field (deterministic tracking today).
+"""Use case: streamline tractography from a tensor field (deterministic and geodesic).
 
 Shared by ``tractlens track ...``, the GUI's tracking panels and Python scripts.
 Inputs are a tensor field (a tensor file or folder, or a DWI series fitted on the
@@ -31,6 +31,9 @@ from ..model import Tractogram, Volume
 from .select import load_masks_on_reference
 
 log = logging.getLogger(__name__)
+# Fibres in the first batch of an interactive run (the GUI, live re-tracking): a small
+# first batch is back on screen sooner; the rest streams in after it.
+INTERACTIVE_FIRST_BATCH = 2_000
 
 
 @dataclass
@@ -44,6 +47,7 @@ class TensorField:
     mask: np.ndarray
     source: str
     notes: list[str] = field(default_factory=list)
+    not_positive_definite: int = 0  # fitted voxels whose smallest eigenvalue is ≤ 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -68,15 +72,12 @@ class TensorField:
         mask = finite & (np.abs(clean).sum(axis=-1) > 0)
         notes = list(notes or [])
         if (~finite).any():
-            notes.append(f"{int((~finite).sum())} voxels have NaN or infinite tensors; tracking stops there")
+            notes.append(f"{int((~finite).sum())} voxels have NaN or infinite tensors: treated as background")
         evals = np.linalg.eigvalsh(_matrices(clean[mask]))
         not_pd = int((evals[:, 0] <= 0).sum())
         if not_pd:
-            notes.append(
-                f"{not_pd} voxels have tensors that are not positive definite; "
-                "their main eigenvector is still followed where FA is above the threshold"
-            )
-        return cls(tensor, np.asarray(affine, dtype=np.float64), fa.astype(np.float32), mask, source, notes)
+            notes.append(f"{not_pd} voxels have tensors that are not positive definite")
+        return cls(tensor, np.asarray(affine, dtype=np.float64), fa.astype(np.float32), mask, source, notes, not_pd)
 
 
 def _matrices(tensor: np.ndarray) -> np.ndarray:
@@ -163,6 +164,8 @@ def deterministic_pipeline(
     """
     params = params or deterministic.DeterministicParams()
     notes = list(field_.notes) + list(notes or [])
+    if field_.not_positive_definite:
+        notes.append("deterministic tracking follows their main eigenvector where FA is above the threshold")
     backend = get_backend(device)
     shape = field_.shape
     if sum(x is not None and x is not False for x in (seed_mask, seed_points, whole_brain or None)) != 1:
@@ -282,6 +285,7 @@ def geodesic_pipeline(
     cancelled: Callable[[], bool] | None = None,
     on_batch: Callable[[Tractogram], None] | None = None,
     max_batch: int | None = None,
+    first_batch: int | None = None,
     name: str = "geodesic",
     metric_field=None,
 ) -> TrackResult:
@@ -292,7 +296,8 @@ def geodesic_pipeline(
     ``target`` only the fibres that reach it are kept, ranked by their CM where they
     first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
     ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``) skips the
-    pre-processing when it is reused, e.g. while an ROI is edited live.
+    pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
+    makes the first batch (the first ``on_batch``) small, to show something at once.
     """
     from gpu import geodesic, sym3
 
@@ -332,7 +337,7 @@ def geodesic_pipeline(
     batches = []
     for batch in geodesic.track(
         fld, starts, dirs, params, only_reaching=target is not None, device=backend, progress=progress,
-        cancelled=cancelled, max_batch=max_batch,
+        cancelled=cancelled, max_batch=max_batch, first_batch=first_batch,
     ):  # fmt: skip
         batches.append(batch)
         if on_batch is not None and len(batch):
