@@ -347,7 +347,9 @@ def geodesic_pipeline(
     steps = sum(b.provenance["steps"] for b in batches)
     tractogram = _geodesic_tractogram(result, field_, name, target is not None)
     ranked = tractogram.streamline_scalars["cm"]
-    order = geodesic.top_fraction(ranked, top_percent) if len(ranked) else np.zeros(0, np.int64)
+    order = np.zeros(0, np.int64)
+    if len(ranked):  # ranked on the device when there is one
+        order = backend.to_host(geodesic.top_fraction(backend.asarray(ranked), top_percent, xp=backend.xp))
     tractogram = tractogram.subset(order)
     provenance = {
         "method": "geodesic",

@@ -129,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true")
     parser.add_argument("--fibers", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--kernel-only", type=int, nargs="*", default=[10_000_000], help="kernel rows only (RK2)")
+    parser.add_argument("--kernel-only", type=int, nargs="*", default=[10_000_000], help="kernel rows only")
     parser.add_argument("--cpu-fibers", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--out")
@@ -151,7 +151,7 @@ def main() -> None:
     rng = np.random.default_rng(3)
     for integrator in ("rk2", "rk4"):
         params = geodesic.GeodesicParams(integrator=integrator, max_steps=args.steps)
-        sizes = list(args.fibers) + (list(args.kernel_only) if integrator == "rk2" else [])
+        sizes = list(args.fibers) + list(args.kernel_only)
         for n in sizes * bool(args.gpu):
             for order, (starts, dirs) in workloads(brain, n, rng).items():
                 row = {"engine": "gpu", "integrator": integrator, "order": order, "fibers": n}
