@@ -35,6 +35,11 @@ def test_region_to_region_fibres_are_ranked_filtered_and_retracked_live(demo_win
     assert win.wait_for_jobs(30)
     best = panel.result_layer.data.streamline_scalars["cm"]
     np.testing.assert_allclose(best, cm[: len(best)])
+    # The 3-D view reused the actor for the new result: its colours follow the new range.
+    mapper = win.view3d._fibers[id(panel.result_layer)]["actor"].GetMapper()
+    np.testing.assert_allclose(mapper.GetScalarRange(), panel.result_layer.clim)
+    np.testing.assert_allclose(mapper.GetLookupTable().GetTableRange(), panel.result_layer.clim)
+    print("top 10 %: colour range", panel.result_layer.clim)
     for name in ("colour FA", "bundles", "FA"):
         win.document.layer(name).set(visible=False)
     win.save_screenshot(ARTIFACTS / "geodesic_top10.png")
