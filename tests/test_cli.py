@@ -280,14 +280,7 @@ def test_track_deterministic_whole_brain_and_roi_filters(demo_dir, tmp_path):
 )
 def test_track_deterministic_bad_inputs(fitted, demo_dir, tmp_path, args, expect):
     tensor_dir = fitted[0]
-    ref = nib.load(demo_dir / "roi_arc_seed.nii.gz")
-    empty = tmp_path / "empty.nii.gz"
-    nib.save(nib.Nifti1Image(np.zeros(ref.shape, np.uint8), ref.affine), empty)
-    outside = tmp_path / "outside.nii.gz"
-    shifted = ref.affine.copy()
-    shifted[:3, 3] += 1000.0
-    nib.save(nib.Nifti1Image(np.ones(ref.shape, np.uint8), shifted), outside)
-    names = {"EMPTY": empty, "OUTSIDE": outside, "SEED": demo_dir / "roi_arc_seed.nii.gz"}
+    names = _bad_roi_files(demo_dir, tmp_path)
     args = [str(names.get(a, a)) for a in args]
     if "-o" not in args:
         args += ["-o", str(tmp_path / "t.trk")]
