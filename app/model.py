@@ -513,6 +513,11 @@ class Document(Observable):
                     exclude.append(layer.data.mask)
         return include, exclude
 
+    def image_layers_key(self) -> tuple:
+        """Identity and order of every layer but the tractograms: views that draw fibres over
+        an image compare it to tell whether a ``layers`` event changed the image at all."""
+        return tuple(id(layer) for layer in self.layers if layer.kind != "tractogram")
+
     def roi_masks_by_role(self) -> dict[str, list[np.ndarray]]:
         """Masks of the visible, non-empty ROIs grouped by role (on the reference grid)."""
         out: dict[str, list[np.ndarray]] = {role: [] for role in ROI_ROLES}

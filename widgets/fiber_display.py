@@ -112,6 +112,15 @@ def prepare(layer: Layer) -> FiberArrays:
     return arrays
 
 
+def cm_layer(name: str, tractogram) -> Layer:
+    """A geodesic result as the Geodesic panel shows it (coloured by CM over its robust
+    range), with its display arrays prepared: call it on a worker."""
+    layer = Layer(name, tractogram, "tractogram", color_by="cm", colormap="hot")
+    layer.clim = layer.scalar_range("cm")
+    prepare(layer)
+    return layer
+
+
 def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, connectivity) of the selected streamlines over the full, shared point array."""
     keep = np.flatnonzero(selected)

@@ -57,7 +57,7 @@ class SliceView(QWidget):
         if event == "layers":
             # Tractograms are drawn over the composited image, not into it: replacing one
             # (a tracking result streaming in) keeps the image.
-            scene = tuple(id(layer) for layer in self.document.layers if layer.kind != "tractogram")
+            scene = self.document.image_layers_key()
             if scene != self._scene_layers:
                 self._scene_layers = scene
                 self._image_cache = None

@@ -445,10 +445,7 @@ class GeodesicPanel(TrackingPanel):
         return job
 
     def _result_layer(self, name: str, tractogram) -> Layer:
-        layer = Layer(name, tractogram, "tractogram", color_by="cm", colormap="hot")
-        layer.clim = layer.scalar_range("cm")
-        fiber_display.prepare(layer)
-        return layer
+        return fiber_display.cm_layer(name, tractogram)
 
     def _done(self, outcome) -> None:
         layer, _result = outcome

@@ -66,7 +66,7 @@ class View3D(QWidget):
                 self._reuse_fibers(*info["replaced"])
             self._sync_fibers()
             # A tracking result replaced while it streams in changes no plane, glyph or ROI.
-            scene = tuple(id(layer) for layer in self.document.layers if layer.kind != "tractogram")
+            scene = self.document.image_layers_key()
             if scene != self._scene_layers:
                 self._scene_layers = scene
                 self._update_planes()

@@ -84,7 +84,6 @@ def kernel_row(fld, starts, dirs, params) -> dict:
 
 def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
     """Seed ROI → first batch of fibres with display arrays, as GeodesicPanel's job does it."""
-    from app.model import Layer
     from app.pipelines.track import INTERACTIVE_FIRST_BATCH, geodesic_pipeline
     from widgets import fiber_display
 
@@ -102,9 +101,7 @@ def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
         def on_batch(tract, first=first, t0=t0):
             if "s" not in first:
                 first["tracked_s"] = time.perf_counter() - t0
-                layer = Layer("geodesic", tract, "tractogram", color_by="cm", colormap="hot")
-                layer.clim = layer.scalar_range("cm")
-                fiber_display.prepare(layer)
+                fiber_display.cm_layer("geodesic", tract)  # what GeodesicPanel's worker does
                 first["s"] = time.perf_counter() - t0
                 first["fibres"] = len(tract)
 
