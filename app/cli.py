@@ -121,6 +121,58 @@ def cmd_fit_dti(args) -> int:
     return EXIT_OK
 
 
+def cmd_fit_ballstick(args) -> int:
+    from gpu.ballstick import BallStickParams
+
+    from .io import load_dwi
+    from .pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
+
+    backend = get_backend(args.device)
+    try:
+        params = BallStickParams(
+            n_fibres=args.nfibres,
+            burnin=args.burnin,
+            njumps=args.njumps,
+            sample_every=args.sampleevery,
+            ard_weight=args.ard_weight,
+            rician=args.rician,
+            b0_threshold=args.b0_threshold,
+            seed=args.seed_rng,
+        )
+    except ValueError as exc:
+        raise InputError(str(exc), fix="Check the MCMC options (see tractlens fit-ballstick --help)") from exc
+    dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=args.b0_threshold)
+    for warning in dwi.warnings:
+        log.warning("%s", warning)
+    if not backend.is_gpu:
+        log.warning(
+            "no GPU: fitting on the CPU with NumPy, which takes about a second per voxel per core-minute; "
+            "use a small --mask or a GPU machine for whole brains"
+        )
+    result = fit_ballstick_pipeline(
+        dwi,
+        mask_path=args.mask,
+        params=params,
+        device=args.device,
+        progress=Progress("fit-ballstick", "voxels", quiet=args.quiet),
+    )
+    for warning in result.warnings[len(dwi.warnings) :]:
+        log.warning("%s", warning)
+    files = write_ballstick_outputs(result, args.output)
+    summary = {
+        "outdir": str(Path(args.output)),
+        "files": sorted(Path(f).name for f in files.values()),
+        **result.summary(),
+    }
+    fit = result.fit.provenance
+    human = (
+        f"fitted {summary['voxels_fitted']} voxels ({params.n_fibres} sticks, {params.n_samples} samples) on "
+        f"{fit['backend']} ({fit['device']}) in {fit['total_s']:.2f} s; bedpostX folder written to {args.output}"
+    )
+    _emit(args, summary, human)
+    return EXIT_OK
+
+
 def cmd_select(args) -> int:
     from .io import load_tractogram, save_tractogram
     from .pipelines.select import select_pipeline
@@ -332,6 +384,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b0-threshold", type=float, default=50.0, help="b-values up to this count as b=0 (default 50)")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.set_defaults(func=cmd_fit_dti)
+
+    p = sub.add_parser(
+        "fit-ballstick",
+        parents=[common],
+        help="fit ball & sticks (bedpostX): posterior samples of up to 3 fibre orientations per voxel",
+        description="Per voxel: tensor fit, Levenberg-Marquardt on the ball & sticks model, then MCMC "
+        "(random-walk Metropolis, adaptive proposals, ARD prior on the fractions of sticks 2..n). Writes a "
+        "bedpostX folder (merged_th/ph/f{i}samples, mean_*, dyads{i}, dyads{i}_dispersion, "
+        "nodif_brain_mask) that FSL's probtrackx and 'tractlens track probabilistic' read. Defaults are FSL's. "
+        "Without --mask, a brain mask is computed from the mean b=0 image.",
+    )
+    p.add_argument("dwi", help="4-D diffusion-weighted NIfTI (.nii or .nii.gz)")
+    p.add_argument("--bval", help="FSL bval file (default: NAME.bval beside the image)")
+    p.add_argument("--bvec", help="FSL bvec file (default: NAME.bvec beside the image)")
+    p.add_argument("--mask", help="brain mask NIfTI on the same grid (default: computed from b=0)")
+    p.add_argument("--nfibres", type=int, default=3, choices=(1, 2, 3), help="sticks per voxel (default 3)")
+    p.add_argument("--burnin", type=int, default=1000, help="MCMC iterations before sampling (default 1000)")
+    p.add_argument("--njumps", type=int, default=1250, help="MCMC iterations while sampling (default 1250)")
+    p.add_argument("--sampleevery", type=int, default=25, help="keep every N-th iteration (default 25: 50 samples)")
+    p.add_argument("--ard-weight", type=float, default=1.0, help="ARD prior weight on sticks 2..n (default 1; 0 = off)")
+    p.add_argument("--rician", action="store_true", help="Rician noise model (default Gaussian)")
+    p.add_argument("--b0-threshold", type=float, default=50.0, help="b-values up to this count as b=0 (default 50)")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument(
+        "--seed-rng", type=int, default=0, metavar="N", help="random seed (default 0): same seed, same samples"
+    )
+    p.add_argument("-o", "--output", required=True, help="output folder (the bedpostX folder)")
+    p.set_defaults(func=cmd_fit_ballstick)
 
     p = sub.add_parser(
         "select",

@@ -20,9 +20,13 @@ def source(file: str, headers: tuple[str, ...] = ()) -> str:
 
 
 @functools.cache
-def function(file: str, name: str, headers: tuple[str, ...] = ()):
-    """The ``extern "C"`` kernel ``name`` of ``kernels/<file>`` (compiled on first use)."""
+def function(file: str, name: str, headers: tuple[str, ...] = (), defines: tuple[tuple[str, int], ...] = ()):
+    """The ``extern "C"`` kernel ``name`` of ``kernels/<file>`` (compiled on first use).
+
+    ``defines`` are compile-time constants ``(NAME, value)`` (``-DNAME=value``); each
+    combination is compiled once."""
     import cupy
 
-    module = cupy.RawModule(code=source(file, headers), options=("--std=c++17",))
+    options = ("--std=c++17", *(f"-D{key}={value}" for key, value in defines))
+    module = cupy.RawModule(code=source(file, headers), options=options)
     return module.get_function(name)

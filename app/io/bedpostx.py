@@ -9,13 +9,21 @@ FSL's voxel frame, like bvecs.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from gpu.ballstick import dyadic_mean
+
 from ..errors import InputError
-from .nifti import load_image, read_array
+from ..model import Volume
+from .dwi import fsl_to_voxel_vectors, save_gradients
+from .nifti import load_image, read_array, save_volume
+
+#: Fractions below this are not drawn as dyads (FSL's ``dyads{i}_thr0.05`` convention).
+DYAD_F_THRESHOLD = 0.05
 
 
 @dataclass
@@ -36,6 +44,17 @@ class BedpostSamples:
     @property
     def n_samples(self) -> int:
         return int(self.theta.shape[4])
+
+    def dyads(self) -> tuple[np.ndarray, np.ndarray]:
+        """Mean directions (X, Y, Z, n_fibres, 3), FSL frame, and dispersions (X, Y, Z, n_fibres),
+        zero outside the mask (see :func:`gpu.ballstick.dyadic_mean`)."""
+        dyads = np.zeros((*self.mask.shape, self.n_fibres, 3), dtype=np.float32)
+        dispersion = np.zeros((*self.mask.shape, self.n_fibres), dtype=np.float32)
+        if self.mask.any():
+            d, disp = dyadic_mean(self.theta[self.mask], self.phi[self.mask])
+            dyads[self.mask] = d
+            dispersion[self.mask] = disp
+        return dyads, dispersion
 
 
 def _find(folder: Path, stem: str) -> Path | None:
@@ -93,3 +112,85 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
         affine=mask_img.affine.copy(),
         path=str(folder),
     )
+
+
+def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> Volume:
+    """The fibre orientations as a display volume of kind ``dyads``.
+
+    Data (X, Y, Z, n_fibres, 4): per stick a unit direction in voxel axes
+    (converted from FSL's frame) and its mean fraction; zero where the mean
+    fraction is below :data:`DYAD_F_THRESHOLD` or outside the mask.
+    """
+    dyads, _ = samples.dyads()
+    data = np.zeros((*samples.mask.shape, samples.n_fibres, 4), dtype=np.float32)
+    data[..., :3] = fsl_to_voxel_vectors(dyads, samples.affine)
+    data[..., 3] = samples.f.mean(axis=-1)
+    data[data[..., 3] < DYAD_F_THRESHOLD] = 0.0
+    return Volume(name, data, samples.affine, kind="dyads", source=samples.path)
+
+
+#: Files of a bedpostX folder written by :func:`save_bedpostx` ({i}: stick 1..n).
+BEDPOSTX_OUTPUTS = {
+    "merged_th{i}samples.nii.gz": "θ samples of stick i (4-D, last axis the samples), radians",
+    "merged_ph{i}samples.nii.gz": "φ samples of stick i, radians",
+    "merged_f{i}samples.nii.gz": "volume-fraction samples of stick i",
+    "mean_th{i}samples.nii.gz": "mean of the θ samples (as FSL: arithmetic mean)",
+    "mean_ph{i}samples.nii.gz": "mean of the φ samples",
+    "mean_f{i}samples.nii.gz": "mean fraction of stick i",
+    "dyads{i}.nii.gz": "mean direction of stick i (principal eigenvector of the mean dyadic tensor), FSL frame",
+    "dyads{i}_dispersion.nii.gz": "1 − largest eigenvalue of the mean dyadic tensor (0 = no spread)",
+    "mean_dsamples.nii.gz": "mean diffusivity d, mm²/s",
+    "mean_S0samples.nii.gz": "mean S0",
+    "mean_fsumsamples.nii.gz": "sum of the mean fractions",
+    "nodif_brain_mask.nii.gz": "voxels fitted",
+    "bvals": "b-values (FSL format)",
+    "bvecs": "b-vectors (FSL format)",
+}
+
+
+def save_bedpostx(
+    folder: str | os.PathLike,
+    samples: BedpostSamples,
+    *,
+    s0: np.ndarray | None = None,
+    d: np.ndarray | None = None,
+    bvals: np.ndarray | None = None,
+    bvecs: np.ndarray | None = None,
+) -> dict[str, str]:
+    """Write a bedpostX folder that FSL's probtrackx and :func:`load_bedpostx` read.
+
+    ``samples`` angles are in FSL's frame. ``s0``/``d`` are (X, Y, Z, n_samples)
+    samples (their means are written); ``bvals``/``bvecs`` (voxel axes, as
+    :class:`~app.io.DWI` holds them) are written in FSL format when given. Every
+    file is written atomically; gzip runs on several threads.
+    """
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", path=out)
+    out.mkdir(parents=True, exist_ok=True)
+    aff = samples.affine
+    dyads, dispersion = samples.dyads()
+    jobs: list[tuple[np.ndarray, str, type]] = []
+    fmeans = samples.f.mean(axis=-1)
+    for i in range(samples.n_fibres):
+        n = i + 1
+        for key, values in (("th", samples.theta), ("ph", samples.phi), ("f", samples.f)):
+            jobs.append((values[..., i, :], f"merged_{key}{n}samples.nii.gz", np.float32))
+            jobs.append((values[..., i, :].mean(axis=-1), f"mean_{key}{n}samples.nii.gz", np.float32))
+        jobs.append((dyads[..., i, :], f"dyads{n}.nii.gz", np.float32))
+        jobs.append((dispersion[..., i], f"dyads{n}_dispersion.nii.gz", np.float32))
+    jobs.append((fmeans.sum(axis=-1), "mean_fsumsamples.nii.gz", np.float32))
+    if s0 is not None:
+        jobs.append((s0.mean(axis=-1), "mean_S0samples.nii.gz", np.float32))
+    if d is not None:
+        jobs.append((d.mean(axis=-1), "mean_dsamples.nii.gz", np.float32))
+    jobs.append((samples.mask, "nodif_brain_mask.nii.gz", np.uint8))
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(save_volume, data, aff, out / name, dtype=dtype) for data, name, dtype in jobs]
+        for future in futures:
+            future.result()
+    written = [name for _, name, _ in jobs]
+    if bvals is not None and bvecs is not None:
+        save_gradients(bvals, bvecs, aff, out / "bvals", out / "bvecs")
+        written += ["bvals", "bvecs"]
+    return {name: str(out / name) for name in written}
