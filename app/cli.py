@@ -127,7 +127,7 @@ def cmd_fit_ballstick(args) -> int:
     from .io import load_dwi
     from .pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
 
-    backend = get_backend(args.device)
+    get_backend(args.device)  # fail early and clearly when --device gpu has no GPU
     try:
         params = BallStickParams(
             n_fibres=args.nfibres,
@@ -144,11 +144,6 @@ def cmd_fit_ballstick(args) -> int:
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=args.b0_threshold)
     for warning in dwi.warnings:
         log.warning("%s", warning)
-    if not backend.is_gpu:
-        log.warning(
-            "no GPU: fitting on the CPU with NumPy, which takes about a second per voxel per core-minute; "
-            "use a small --mask or a GPU machine for whole brains"
-        )
     result = fit_ballstick_pipeline(
         dwi,
         mask_path=args.mask,

@@ -718,6 +718,7 @@ def fit_ballstick(
     # Random stream of a voxel = its position among the fitted voxels (batch-independent).
     bytes_per_voxel = 4 * (2 * m + P * (S + 4)) + 8 * (4 * (2 + 3 * L)) + 256
     maximum = batch_voxels or (65536 if engine == "kernel" else 1024)
+    maximum = -(-len(fitted) // -(-len(fitted) // maximum)) if len(fitted) else 1  # equal batches, no small tail
     run_batched(host, len(fitted), bytes_per_voxel, process, progress=progress, cancelled=cancelled, maximum=maximum)
 
     # Output units: S0 × the voxel's b=0 scale, d / b_scale, τ / scale².

@@ -8,6 +8,7 @@ bedpostx would write and probtrackx reads it unchanged.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpu.backend import get_backend
 from gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickParams, fit_ballstick
 
 from ..errors import InputError
@@ -24,9 +26,12 @@ from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_be
 from ..model import Volume
 from .dti import masked_signal, resolve_mask
 
-#: Voxels per second of the NumPy engine at FSL's defaults, 3 sticks, ~70 measurements
-#: (one core, see tests/benchmarks/bench_ballstick.py): used to warn before a long CPU run.
-CPU_WARN_VOXELS = 2000
+log = logging.getLogger(__name__)
+
+#: Voxels per second of the NumPy engine at FSL's defaults on one core, 60 and 288
+#: measurements (tests/benchmarks/bench_ballstick.py): used to warn before a long CPU run.
+CPU_VOXELS_PER_S = {60: 10.8, 288: 4.0}
+CPU_WARN_S = 120.0
 
 
 @dataclass
@@ -100,6 +105,15 @@ def fit_ballstick_pipeline(
             path=dwi.path,
             fix="Use fewer sticks (--nfibres) or a series with more directions",
         )
+    if not get_backend(device).is_gpu:
+        rate = float(np.interp(len(dwi.bvals), list(CPU_VOXELS_PER_S), list(CPU_VOXELS_PER_S.values())))
+        expected = mask.sum() / rate * (params.burnin + params.njumps) / 2250
+        if expected > CPU_WARN_S:
+            note = (
+                f"no GPU: fitting {int(mask.sum())} voxels with the NumPy engine will take about "
+                f"{expected / 3600:.1f} h; a GPU takes seconds (or give a smaller mask)"
+            )
+            log.warning("%s", note)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
     bvecs_fsl = fsl_to_voxel_vectors(dwi.bvecs, dwi.affine)
