@@ -155,6 +155,33 @@ def test_same_seed_same_samples_regardless_of_batching(device):
     assert not np.array_equal(one.theta, other.theta)
 
 
+def test_progress_and_cancel_between_batches(device):
+    from gpu.backend import Cancelled
+
+    rng = np.random.default_rng(6)
+    bvals, bvecs = gradient_table(rng)
+    signal = simulate(rng, bvals, bvecs, unit(rng.normal(size=(12, 1, 3))), np.full((12, 1), 0.5))
+    params = BallStickParams(n_fibres=1, burnin=10, njumps=10, sample_every=2)
+    seen = []
+    fit_ballstick(
+        signal, bvals, bvecs, params, device=device, batch_voxels=4, progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen == [(4, 12), (8, 12), (12, 12)]
+    seen.clear()
+    with pytest.raises(Cancelled):
+        fit_ballstick(
+            signal,
+            bvals,
+            bvecs,
+            params,
+            device=device,
+            batch_voxels=4,
+            progress=lambda d, t: seen.append(d),
+            cancelled=lambda: bool(seen),
+        )
+    assert seen == [4]
+
+
 def test_bad_voxels_are_flagged_and_left_zero(device):
     rng = np.random.default_rng(4)
     bvals, bvecs = gradient_table(rng)
