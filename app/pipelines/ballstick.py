@@ -24,7 +24,7 @@ from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors
 from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_bedpostx
 from ..model import Volume
-from .dti import masked_signal, resolve_mask
+from .dti import choose_mask, masked_signal
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,7 @@ def fit_ballstick_pipeline(
     """Fit ball & sticks inside the mask (given array, file, or computed from b=0) of a loaded DWI."""
     params = params or BallStickParams(b0_threshold=dwi.b0_threshold)
     warnings = list(dwi.warnings)
-    if mask is None:
-        mask, mask_source = resolve_mask(dwi, mask_path)
-    else:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != dwi.shape3:
-            raise InputError(f"the mask has shape {mask.shape} but the data {dwi.shape3}")
-        if not mask.any():
-            raise InputError("the mask is empty", fix="Give a mask with at least one voxel")
-        mask_source = "given"
+    mask, mask_source = choose_mask(dwi, mask, mask_path)
     dw = int(np.count_nonzero(dwi.bvals > params.b0_threshold))
     if dw < 2 + 3 * params.n_fibres:
         raise InputError(

@@ -130,6 +130,18 @@ def resolve_mask(dwi: DWI, mask_path: str | os.PathLike | None) -> tuple[np.ndar
     return mask, "computed from b=0 (median filter, Otsu threshold, largest component)"
 
 
+def choose_mask(dwi: DWI, mask: np.ndarray | None, mask_path: str | os.PathLike | None) -> tuple[np.ndarray, str]:
+    """The given mask array (checked), else :func:`resolve_mask`; with a note on its source."""
+    if mask is None:
+        return resolve_mask(dwi, mask_path)
+    mask = np.asarray(mask, dtype=bool)
+    if mask.shape != dwi.shape3:
+        raise InputError(f"the mask has shape {mask.shape} but the data {dwi.shape3}")
+    if not mask.any():
+        raise InputError("the mask is empty", fix="Give a mask with at least one voxel")
+    return mask, "given"
+
+
 def fit_dti_pipeline(
     dwi: DWI,
     *,
@@ -143,15 +155,7 @@ def fit_dti_pipeline(
     """Fit tensors inside the mask (given array, file, or computed) of a loaded DWI."""
     params = params or DTIFitParams(b0_threshold=dwi.b0_threshold)
     warnings = list(dwi.warnings)
-    if mask is None:
-        mask, mask_source = resolve_mask(dwi, mask_path)
-    else:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != dwi.shape3:
-            raise InputError(f"the mask has shape {mask.shape} but the data {dwi.shape3}")
-        if not mask.any():
-            raise InputError("the mask is empty", fix="Give a mask with at least one voxel")
-        mask_source = "given"
+    mask, mask_source = choose_mask(dwi, mask, mask_path)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
     try:
