@@ -4,10 +4,14 @@ What a path becomes:
 
 * ``.trk``/``.tck``/``.trx``: a tractogram layer (a ``.tck`` takes the open
   document's grid as its reference);
-* a 4-D NIfTI with gradient files beside it: a DWI series, fitted on load
-  (WLS, on the GPU when present) into FA, colour FA and MD layers;
-* a 6-volume tensor NIfTI (with ``tensor_order``) or a dtifit folder: FA,
-  colour FA and MD computed from the tensors;
+* a 4-D NIfTI with gradient files beside it: a DWI series, kept as a hidden
+  ``dwi`` layer (its mean b=0 image; model fits start from it) and fitted on
+  load (WLS, on the GPU when present) into FA, colour FA and MD layers;
+* a bedpostX folder (one holding ``merged_th1samples``), or one of its
+  ``merged_*samples`` files: a ``dyads`` layer (the sticks) over a
+  "mean f1" layer;
+* a 6-volume tensor NIfTI (with ``tensor_order``) or any other folder (dtifit):
+  FA, colour FA and MD computed from the tensors;
 * a 3-volume NIfTI: a colour (RGB) layer; a 3-D integer image with few values:
   a label layer; any other 3-D NIfTI: a scalar layer.
 """
@@ -15,6 +19,7 @@ What a path becomes:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,12 +28,14 @@ import numpy as np
 from gpu import dti, sym3
 
 from .errors import InputError
-from .io import load_dwi, load_tensor, load_tractogram
+from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram
 from .io._atomic import split_suffix
+from .io.bedpostx import dyad_volume
 from .io.nifti import NIFTI_SUFFIXES, load_image, read_array
-from .model import Layer, Volume
+from .model import DWIVolume, Layer, Volume
 
 MAX_LABELS = 5000
+BEDPOSTX_SAMPLES = re.compile(r"merged_(th|ph|f)\d+samples\.nii(\.gz)?$")
 
 
 def _stem(path: Path) -> str:
@@ -67,6 +74,21 @@ def layers_from_tensor(tensor: Volume, prefix: str = "") -> list[Layer]:
     )
 
 
+def bedpostx_layers(dyads: Volume, mean_f1: np.ndarray, prefix: str = "", *, f1_visible: bool = True) -> list[Layer]:
+    """A ball & sticks result shown: the sticks (``dyads`` volume) over the first stick's mean
+    fraction in grey (0..1; hidden with ``f1_visible=False``, e.g. over an open FA map)."""
+    name = f"{prefix} " if prefix else ""
+    f1 = Volume(f"{name}mean f1", np.asarray(mean_f1, dtype=np.float32), dyads.affine, source=dyads.source)
+    return [
+        Layer(f1.name, f1, "scalar", colormap="gray", clim=(0.0, 1.0), visible=f1_visible),
+        Layer(f"{name}dyads", dyads, "dyads"),
+    ]
+
+
+def _is_bedpostx(folder: Path) -> bool:
+    return any((folder / f"merged_th1samples{suffix}").exists() for suffix in NIFTI_SUFFIXES)
+
+
 def load_layers(
     path: str | os.PathLike,
     *,
@@ -84,13 +106,18 @@ def load_layers(
     if suffix in (".trk", ".tck", ".trx"):
         tract = load_tractogram(path, reference=reference)
         return [Layer(_stem(path), tract, "tractogram")]
+    if BEDPOSTX_SAMPLES.match(path.name) and _is_bedpostx(path.parent):
+        path = path.parent  # a sample file stands for its folder
     if path.is_dir():
+        if _is_bedpostx(path):
+            samples = load_bedpostx(path)
+            return bedpostx_layers(dyad_volume(samples), samples.f[..., 0, :].mean(axis=-1), _stem(path))
         return layers_from_tensor(load_tensor(path), _stem(path))
     if not path.name.lower().endswith(NIFTI_SUFFIXES):
         raise InputError(
             "cannot open this kind of file",
             path=path,
-            fix="TractLens opens NIfTI images (.nii, .nii.gz), dtifit folders and .trk/.tck/.trx tractograms",
+            fix="TractLens opens NIfTI images (.nii, .nii.gz), dtifit and bedpostX folders and .trk/.tck/.trx tractograms",
         )
     img = load_image(path)
     shape = img.shape
@@ -125,4 +152,5 @@ def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:
     dwi = load_dwi(path)
     result = fit_dti_pipeline(dwi, device=device, progress=progress, cancelled=cancelled)
     maps = (result.map(name) for name in ("fa", "md", "rgb"))
-    return dti_layers(*maps, dwi.affine, "", result.map("tensor"))
+    series = Layer(_stem(path), DWIVolume(_stem(path), dwi), "dwi", visible=False)
+    return [series, *dti_layers(*maps, dwi.affine, "", result.map("tensor"))]

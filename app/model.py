@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .io import DWI
 
 ROI_ROLES = ("seed", "target", "exclusion", "waypoint", "stop")
 
@@ -40,7 +43,7 @@ class Volume(Observable):
 
     ``kind`` says how to show and use it: ``scalar``, ``rgb``, ``vector``,
     ``tensor`` (6 components, order xx, xy, xz, yy, yz, zz in voxel axes),
-    ``dwi`` or ``labels``.
+    ``dwi``, ``labels`` or ``dyads`` (fibre orientations, see :class:`Layer`).
     """
 
     def __init__(self, name: str, data: np.ndarray, affine: np.ndarray, *, kind: str = "scalar", source: str = ""):
@@ -79,6 +82,19 @@ class Volume(Observable):
 
     def __repr__(self) -> str:
         return f"Volume({self.name!r}, shape={self._data.shape}, kind={self.kind!r})"
+
+
+class DWIVolume(Volume):
+    """A loaded diffusion series as a layer's data: shown as its mean b=0 image, the series kept.
+
+    ``data`` is the 3-D mean of the b=0 volumes (what the views draw, in grey);
+    ``dwi`` is the :class:`app.io.DWI` itself (4-D signal, b-values, b-vectors in
+    voxel axes), which model fits started from the layer (ball & sticks) use.
+    """
+
+    def __init__(self, name: str, dwi: DWI):
+        super().__init__(name, dwi.mean_b0().astype(np.float32), dwi.affine, kind="dwi", source=dwi.path)
+        self.dwi = dwi
 
 
 class RoiMask(Observable):
@@ -243,7 +259,9 @@ class Tractogram(Observable):
     __hash__ = object.__hash__
 
 
-LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi")
+LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads")
+SCALAR_KINDS = ("scalar", "dwi")  # drawn through a colour map and a display range
+GLYPH_KINDS = ("tensor", "dyads")  # drawn as glyphs on the cursor's slice planes, not as pixels
 ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, exclusion red
     "seed": (0.1, 0.9, 0.2),
     "target": (0.2, 0.5, 1.0),
@@ -251,6 +269,11 @@ ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, ex
     "waypoint": (1.0, 0.85, 0.1),
     "stop": (0.8, 0.3, 1.0),
 }
+STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction first; a 4th is red again)
+    (1.0, 0.2, 0.2),
+    (0.2, 1.0, 0.2),
+    (0.3, 0.55, 1.0),
+)
 GLYPH_SHAPES = ("superquadric", "ellipsoid")
 COLORMAPS = ("gray", "hot", "viridis", "cool-warm")
 RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile)
@@ -259,15 +282,27 @@ RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile
 class Layer(Observable):
     """A thing shown in the views, with its display properties.
 
-    ``data`` is a :class:`Volume` (kinds ``scalar``, ``rgb``, ``labels``) or a
-    :class:`Tractogram` (kind ``tractogram``). Display properties: ``visible``,
-    ``opacity`` (0..1), ``colormap`` and ``clim`` (scalar layers), ``color_by``
-    (tractograms: ``"direction"`` or the name of a point/streamline scalar;
-    tensors: ``"direction"`` or ``"fa"``), ``tubes`` (tractograms drawn as shaded
-    tubes instead of lines), and for tensor layers, shown as glyphs
-    on the cursor's slice planes, ``glyph`` (shape), ``glyph_step`` (every n-th
-    voxel) and ``glyph_size`` (1 = the largest glyph fills its grid cell). Changing one emits
-    ``display`` with the names that changed.
+    ``data`` is a :class:`Volume` (kinds ``scalar``, ``rgb``, ``labels``,
+    ``tensor``, ``dyads``), a :class:`DWIVolume` (kind ``dwi``: a diffusion
+    series, drawn like a scalar layer as its mean b=0 image), a :class:`RoiMask`
+    (kind ``roi``) or a :class:`Tractogram` (kind ``tractogram``).
+
+    A ``dyads`` volume holds fibre orientations, (X, Y, Z, n_sticks, 4) with per
+    stick ``[vx, vy, vz, f]``: a unit direction in voxel axes and its volume
+    fraction (all zero where no stick is shown), sticks ordered by fraction. It
+    is drawn on the cursor's slice planes as one line per stick, centred on the
+    voxel, coloured by stick number (:data:`STICK_COLOURS`: 1 red, 2 green,
+    3 blue) and f × ``glyph_step`` × ``glyph_size`` voxels long (the slice views
+    draw its in-plane projection). Its value at a point is the fractions.
+
+    Display properties: ``visible``, ``opacity`` (0..1), ``colormap`` and
+    ``clim`` (scalar and dwi layers), ``color_by`` (tractograms: ``"direction"``
+    or the name of a point/streamline scalar; tensors: ``"direction"`` or
+    ``"fa"``), ``tubes`` (tractograms drawn as shaded tubes instead of lines),
+    and for the glyph kinds (tensor, dyads), shown on the cursor's slice planes,
+    ``glyph`` (tensor shape), ``glyph_step`` (every n-th voxel; default 2 for
+    tensors, 1 for dyads) and ``glyph_size`` (1 = the largest glyph fills its
+    grid cell). Changing one emits ``display`` with the names that changed.
     """
 
     _DISPLAY = (
@@ -296,7 +331,7 @@ class Layer(Observable):
         self.clim = self._default_clim()
         self.color_by = "direction"
         self.glyph = "superquadric"
-        self.glyph_step = 2
+        self.glyph_step = 1 if kind == "dyads" else 2
         self.glyph_size = 1.0
         self.tubes = False
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
@@ -308,7 +343,7 @@ class Layer(Observable):
     def _default_clim(self) -> tuple[float, float]:
         if self.kind == "roi":
             self.opacity = 0.6
-        if self.kind != "scalar":
+        if self.kind not in SCALAR_KINDS:
             return (0.0, 1.0)
         values = np.asarray(self.data.data)
         finite = values[np.isfinite(values)]
@@ -386,6 +421,8 @@ class Layer(Observable):
         ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
         if np.any(ijk < 0) or np.any(ijk >= vol.shape3):
             return None
+        if self.kind == "dyads":
+            return vol.data[tuple(ijk)][:, 3]  # the sticks' fractions
         return vol.data[tuple(ijk)]
 
 

@@ -54,6 +54,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, Cancelled, get_backend, run_batched
+from .params import meta
 
 #: Per-voxel flags in :attr:`BallStickFit.flags` (0 = fitted).
 FLAG_NOT_FITTED = 1  #: non-finite signal or no b=0 signal: outputs are zero.
@@ -77,16 +78,37 @@ class BallStickParams:
     seed : random seed; the same seed gives the same samples on the same engine.
     """
 
-    n_fibres: int = 3
-    burnin: int = 1000
-    njumps: int = 1250
-    sample_every: int = 25
-    ard_weight: float = 1.0
-    rician: bool = False
-    update_every: int = 40
-    lm_iterations: int = 200
-    b0_threshold: float = 50.0
-    seed: int = 0
+    n_fibres: int = field(
+        default=3, metadata=meta("Fibres per voxel", "sticks (fibre populations) per voxel", "", (1, 3))
+    )
+    burnin: int = field(
+        default=1000, metadata=meta("Burn-in", "MCMC iterations before samples are recorded", "", (0, 10**6))
+    )
+    njumps: int = field(
+        default=1250, metadata=meta("Jumps", "MCMC iterations over which samples are recorded", "", (1, 10**6))
+    )
+    sample_every: int = field(
+        default=25, metadata=meta("Sample every", "record every n-th iteration (njumps / n samples)", "", (1, 10**6))
+    )
+    ard_weight: float = field(
+        default=1.0,
+        metadata=meta(
+            "ARD weight", "weight of the prior that switches off unsupported sticks 2..n (0 = off)", "", (0.0, 10.0)
+        ),
+    )
+    rician: bool = field(default=False, metadata=meta("Rician noise", "Rician instead of Gaussian noise model"))
+    update_every: int = field(
+        default=40, metadata=meta("Adapt every", "burn-in iterations between proposal-width updates", "", (1, 10**6))
+    )
+    lm_iterations: int = field(
+        default=200, metadata=meta("LM iterations", "cap on Levenberg–Marquardt iterations", "", (0, 10**4))
+    )
+    b0_threshold: float = field(
+        default=50.0, metadata=meta("b=0 threshold", "b-values up to this count as b=0", "s/mm²", (0.0, 500.0))
+    )
+    seed: int = field(
+        default=0, metadata=meta("Random seed", "the same seed gives the same samples", "", (0, 2**31 - 1))
+    )
 
     def __post_init__(self):
         if not 1 <= self.n_fibres <= 3:
@@ -407,12 +429,13 @@ def lm_model(x, b, g, n_fibres: int):
     return signal, jac
 
 
-def lm_numpy(y, b, g, x0, n_fibres: int, iterations: int):
+def lm_numpy(y, b, g, x0, n_fibres: int, iterations: int, cancelled=None):
     """Levenberg–Marquardt from ``x0`` (N, 2 + 3L), vectorised over voxels; the kernel's reference.
 
     Step: (JᵀJ + λ diag JᵀJ) δ = Jᵀ r, accepted when the sum of squares falls (λ /= 10),
     else λ *= 10; a voxel stops when λ > 1e20 or after ``iterations``.
-    Returns x (N, 2 + 3L) and the final sum of squares (N,).
+    Returns x (N, 2 + 3L) and the final sum of squares (N,). ``cancelled()`` is polled
+    every iteration (raising :class:`Cancelled`).
     """
     x = np.array(x0, dtype=np.float64)
     n, p = x.shape
@@ -421,6 +444,8 @@ def lm_numpy(y, b, g, x0, n_fibres: int, iterations: int):
     cost = ((y - signal) ** 2).sum(axis=1)
     eye = np.eye(p)
     for _ in range(iterations):
+        if cancelled is not None and cancelled():
+            raise Cancelled()
         active = lam <= LM_LAMBDA_STOP
         if not active.any():
             break
@@ -701,7 +726,7 @@ def fit_ballstick(
         else:
             t_b = time.perf_counter()
             x_init = x_init_all[idx]
-            x, cost = lm_numpy(y_host, b, bvecs, x_init, L, params.lm_iterations)
+            x, cost = lm_numpy(y_host, b, bvecs, x_init, L, params.lm_iterations, cancelled)
             start_vec, fallback = mcmc_start(np, x, x_init, cost, m, params)
             t_c = time.perf_counter()
             streams = np.arange(start, stop, dtype=np.uint64)

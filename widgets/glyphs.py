@@ -1,4 +1,5 @@
-"""Tensor glyphs: ellipsoids and superquadrics (Kindlmann 2004) as one mesh per view.
+"""Glyphs on the slice planes: tensor ellipsoids and superquadrics (Kindlmann 2004) and
+dyads sticks, each layer one mesh per view.
 
 G. Kindlmann, "Superquadric Tensor Glyphs", VisSym 2004: with
 cl = (λ1 − λ2)/Σλ and cp = 2(λ2 − λ3)/Σλ and sharpness γ,
@@ -8,6 +9,9 @@ q(θ, φ) = (cos^α θ sin^β φ, sin^α θ sin^β φ, cos^β φ) with α = (1 �
 β = (1 − cp)^γ (round about z); x^a means sign(x)|x|^a. The glyph is then
 scaled by (λ1, λ2, λ3) along x, y, z and rotated onto (e1, e2, e3). An
 ellipsoid is the case α = β = 1.
+
+Dyads sticks (ball & sticks / bedpostX fibre orientations) are line segments
+centred on their voxel, one colour per stick number (:data:`app.model.STICK_COLOURS`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pyvista as pv
 
+from app.model import STICK_COLOURS, Document, Layer
 from gpu import dti, sym3
+
+from .render import sample_layer
 
 
 def _spow(x: np.ndarray, power: np.ndarray) -> np.ndarray:
@@ -83,7 +90,48 @@ def glyph_mesh(
     return mesh
 
 
+def affine_rotation(affine: np.ndarray) -> np.ndarray:
+    """The rotation (or reflection) of an affine, without its voxel sizes and shear (polar factor)."""
+    u, _s, vt = np.linalg.svd(np.asarray(affine)[:3, :3])
+    return u @ vt
+
+
 def tensors_to_world(tensors: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """Voxel-axis tensors -> world (RAS) frame: R D Rᵀ with R the affine's rotation."""
-    u, _s, vt = np.linalg.svd(np.asarray(affine)[:3, :3])
-    return sym3.rotate(np, tensors, u @ vt)
+    return sym3.rotate(np, tensors, affine_rotation(affine))
+
+
+def stick_segments(
+    layer: Layer, doc: Document, voxels: np.ndarray, step: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The sticks of a dyads layer at reference voxels (N, 3), every ``step``-th voxel of a plane.
+
+    Returns ``ends`` (S, 2, 3), the two end points of each shown stick in
+    reference voxel coordinates, centred on its voxel, and ``stick`` (S,), its
+    number (0 = first). A stick is f × ``step`` (default: the layer's
+    ``glyph_step``) × ``glyph_size`` times the reference grid's smallest voxel
+    size long, along its direction in world space, whatever the voxel shape;
+    sticks with f = 0 are left out.
+    """
+    values, inside = sample_layer(layer, doc, voxels)  # (N, n_sticks, 4)
+    fraction = np.where(inside[:, None], values[..., 3], 0.0)
+    voxel, stick = np.nonzero(fraction > 0)
+    reference = doc.reference_affine[:3, :3]
+    world = values[voxel, stick, :3].astype(np.float64) @ affine_rotation(layer.data.affine).T
+    voxel_mm = float(np.sqrt((reference**2).sum(axis=0)).min())
+    step = max(1, int(layer.glyph_step if step is None else step))
+    half_mm = 0.5 * fraction[voxel, stick] * step * layer.glyph_size * voxel_mm
+    half = np.linalg.solve(reference, (world * half_mm[:, None]).T).T  # world mm -> reference voxels
+    centres = voxels[voxel].astype(np.float64)
+    return np.stack([centres - half, centres + half], axis=1), stick
+
+
+def stick_mesh(ends_world: np.ndarray, stick: np.ndarray) -> pv.PolyData:
+    """One line PolyData of sticks (S, 2, 3) in world mm, points coloured (``rgb``) by stick number."""
+    points = np.asarray(ends_world, dtype=np.float64).reshape(-1, 3)
+    count = len(stick)
+    lines = np.column_stack([np.full(count, 2), 2 * np.arange(count), 2 * np.arange(count) + 1])
+    mesh = pv.PolyData(points, lines=lines.ravel())
+    colours = (np.asarray(STICK_COLOURS) * 255 + 0.5).astype(np.uint8)
+    mesh.point_data["rgb"] = np.repeat(colours[np.asarray(stick) % len(colours)], 2, axis=0)
+    return mesh

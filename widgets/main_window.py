@@ -39,6 +39,7 @@ from app.model import ROI_ROLES, Document, Layer, RoiMask
 from app.pipelines.select import index_on_grid
 
 from . import fiber_display
+from .ballstick import BallStickDialog, ballstick_job
 from .panels import JobPanel, LayerPanel
 from .roi_tools import RoiTools
 from .slice_view import SliceView
@@ -88,6 +89,8 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(central)
 
         self.layer_panel = LayerPanel(self.document)
+        self.layer_panel.fit_ballstick_requested.connect(self.fit_ballstick_dialog)
+        self.ballstick_dialog: BallStickDialog | None = None
         self.job_panel = JobPanel(self.runner)
         self.deterministic_panel = DeterministicPanel(
             self.document, self.runner, device=device, report=self._report_error
@@ -142,6 +145,7 @@ class MainWindow(QMainWindow):
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("toolbar_main")
         toolbar.addAction(self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open))
+        self._action(file_menu, "Open &folder (dtifit, bedpostX)…", self.open_folder_dialog)
         toolbar.addAction(self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D"))
         self.recent_menu = file_menu.addMenu("Open &recent")
         self._fill_recent()
@@ -334,6 +338,11 @@ class MainWindow(QMainWindow):
         paths, _ = QFileDialog.getOpenFileNames(self, "Open", "", FILE_FILTER)
         self.open_paths(paths)
 
+    def open_folder_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Open a dtifit or bedpostX folder")
+        if folder:
+            self.open_paths([folder])
+
     def open_demo(self) -> None:
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
 
@@ -380,6 +389,41 @@ class MainWindow(QMainWindow):
             self.document.add_layer(layer)
         self._remember_recent(path)
         self.loaded.emit(str(path))
+
+    # -------------------------------------------------------- model fitting
+    def fit_ballstick_dialog(self, layer: Layer) -> BallStickDialog:
+        """Ask for the ball & sticks settings of a DWI layer (non-blocking); Fit starts the job."""
+        rois = [roi for roi in self.document.layers if roi.kind == "roi"]
+        if self.ballstick_dialog is not None:
+            self.ballstick_dialog.deleteLater()  # the previous one, closed or not
+        dialog = BallStickDialog(layer, rois, self)
+        dialog.accepted.connect(lambda: self.fit_ballstick(layer, dialog.params, dialog.folder, dialog.roi))
+        self.ballstick_dialog = dialog
+        dialog.open()
+        return dialog
+
+    def fit_ballstick(self, layer: Layer, params, folder: Path | None = None, roi: Layer | None = None) -> int:
+        """Fit ball & sticks to a DWI layer's series on a worker, in the brain or inside ``roi`` (as
+        it is now); the dyads and mean f1 layers are added when it is done (a cancelled or failed
+        fit adds nothing). Returns the job id."""
+        region = None if roi is None else (roi.data.mask.copy(), roi.data.affine.copy())
+
+        def done(outcome) -> None:
+            layers, result = outcome
+            for new in layers:
+                self.document.add_layer(new)
+            seconds = result.fit.provenance.get("total_s")
+            text = f"Ball & sticks: {int(result.samples.mask.sum())} voxels fitted"
+            text += f" in {seconds:.1f} s" if seconds is not None else ""
+            text += f"; saved to {folder}" if folder is not None else ""
+            self.statusBar().showMessage("; ".join([text, *result.warnings]), 15000)
+
+        return self.runner.submit(
+            f"ball & sticks ({layer.name})",
+            ballstick_job(layer.data.dwi, params, folder, self.device, region),
+            on_done=done,
+            on_error=self._report_error,
+        )
 
     def _report_error(self, message: str, details: str) -> None:
         self.errors.append(message)

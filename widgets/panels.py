@@ -1,8 +1,9 @@
-"""Side panels: the layer list (visibility, order, opacity, colour map, range) and the job panel."""
+"""Side panels: the layer list (visibility, order, opacity, colour map, range, a right-click
+menu of what can be done with a layer) and the job panel."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QListWidget,
     QListWidgetItem,
+    QMenu,
     QProgressBar,
     QPushButton,
     QSlider,
@@ -22,17 +24,29 @@ from PySide6.QtWidgets import (
 )
 
 from app.jobs import RUNNING, JobRunner
-from app.model import COLORMAPS, GLYPH_SHAPES, ROI_ROLES, Document, Layer
+from app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
+
+FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 
 
 class LayerPanel(QWidget):
-    """Top of the list = top of the stack. Check boxes toggle visibility."""
+    """Top of the list = top of the stack. Check boxes toggle visibility.
+
+    A right click on a layer opens its menu (:attr:`menu`, shown without blocking):
+    for a ``dwi`` layer "Fit ball & sticks (bedpostX)…", which emits
+    :attr:`fit_ballstick_requested` with the layer; for every layer "Remove".
+    """
+
+    fit_ballstick_requested = Signal(object)  # the dwi layer to fit
 
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)
         self.document = document
+        self.menu: QMenu | None = None
         self.list = QListWidget()
         self.list.setObjectName("layer_list")
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._context_menu)
         self.opacity = QSlider(Qt.Orientation.Horizontal)
         self.opacity.setRange(0, 100)
         self.colormap = QComboBox()
@@ -88,7 +102,7 @@ class LayerPanel(QWidget):
         self.vmax.valueChanged.connect(lambda v: self._edit(clim=(self.vmin.value(), v)))
         up.clicked.connect(lambda: self._move(+1))
         down.clicked.connect(lambda: self._move(-1))
-        remove.clicked.connect(self._remove)
+        remove.clicked.connect(lambda: self._remove())
         document.connect(self._on_document)
         self._rebuild()
 
@@ -146,8 +160,9 @@ class LayerPanel(QWidget):
         enabled = layer is not None
         for widget in (self.opacity, self.colormap, self.vmin, self.vmax, self.color_by):
             widget.setEnabled(enabled)
-        for widget in (self.glyph, self.glyph_step, self.glyph_size):
-            widget.setEnabled(layer is not None and layer.kind == "tensor")
+        self.glyph.setEnabled(layer is not None and layer.kind == "tensor")
+        for widget in (self.glyph_step, self.glyph_size):
+            widget.setEnabled(layer is not None and layer.kind in GLYPH_KINDS)
         self.tubes.setEnabled(layer is not None and layer.kind == "tractogram")
         self.role.setEnabled(layer is not None and layer.kind == "roi")
         if layer is not None and layer.kind == "roi":
@@ -156,7 +171,7 @@ class LayerPanel(QWidget):
             self.tubes.setChecked(bool(layer.tubes))
         if layer is not None:
             self.opacity.setValue(round(layer.opacity * 100))
-            scalar = layer.kind == "scalar" or (layer.kind == "tractogram" and layer.color_by != "direction")
+            scalar = layer.kind in SCALAR_KINDS or (layer.kind == "tractogram" and layer.color_by != "direction")
             self.colormap.setEnabled(scalar)
             self.vmin.setEnabled(scalar)
             self.vmax.setEnabled(scalar)
@@ -169,6 +184,7 @@ class LayerPanel(QWidget):
             elif layer.kind == "tensor":
                 self.color_by.addItems(["direction", "fa"])
                 self.glyph.setCurrentText(layer.glyph)
+            if layer.kind in GLYPH_KINDS:
                 self.glyph_step.setValue(layer.glyph_step)
                 self.glyph_size.setValue(layer.glyph_size)
             self.color_by.setCurrentText(layer.color_by)
@@ -185,15 +201,31 @@ class LayerPanel(QWidget):
         if layer is not None and layer.kind == "roi" and not self._updating:
             self.document.set_roi_role(layer, role)
 
+    def _context_menu(self, pos: QPoint) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        self.list.setCurrentItem(item)
+        layer = item.data(Qt.ItemDataRole.UserRole)
+        self.menu = QMenu(self)
+        self.menu.setObjectName("layer_menu")
+        if layer.kind == "dwi":
+            fit = self.menu.addAction(FIT_BALLSTICK)
+            fit.triggered.connect(lambda *_: self.fit_ballstick_requested.emit(layer))
+            self.menu.addSeparator()
+        self.menu.addAction("Remove").triggered.connect(lambda *_: self._remove(layer))
+        self.menu.popup(self.list.viewport().mapToGlobal(pos))
+
     def _move(self, delta: int) -> None:
         layer = self.selected_layer()
         if layer is not None:
             index = self.document.layers.index(layer)
             self.document.move_layer(layer, index + delta)
 
-    def _remove(self) -> None:
-        layer = self.selected_layer()
-        if layer is not None:
+    def _remove(self, layer: Layer | None = None) -> None:
+        """Remove ``layer`` (default: the selected one) from the document."""
+        layer = layer or self.selected_layer()
+        if layer in self.document.layers:
             self.document.remove_layer(layer)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import nibabel as nib
 import numpy as np
 
-from app.model import ROLE_COLOURS, Document, Layer
+from app.model import GLYPH_KINDS, ROLE_COLOURS, Document, Layer
 
 # For each view: (world axis shown horizontally, +1 if it increases to the right),
 # (world axis shown vertically, +1 if it increases upwards), world axis across.
@@ -190,7 +190,7 @@ def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.n
         labels = values.astype(np.int64)
         rgb = label_colours(labels)
         alpha = (labels > 0).astype(np.float64)
-    else:
+    else:  # the scalar kinds (scalar, dwi): a colour map over the display range
         lo, hi = layer.clim
         scaled = (np.nan_to_num(values.astype(np.float64)) - lo) / (hi - lo if hi > lo else 1.0)
         index = np.clip((scaled * 255).astype(np.int64), 0, 255)
@@ -201,11 +201,12 @@ def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.n
 
 
 def composite(doc: Document, geometry: PlaneGeometry) -> np.ndarray:
-    """(H, W, 3) uint8 image of the visible volume layers, bottom to top, over black."""
+    """(H, W, 3) uint8 image of the visible volume layers, bottom to top, over black
+    (glyph layers and tractograms are drawn over it by the views)."""
     height, width = geometry.voxels.shape[:2]
     out = np.zeros((height, width, 3))
     for layer in doc.layers:
-        if not layer.visible or layer.kind in ("tractogram", "tensor") or layer.opacity <= 0:
+        if not layer.visible or layer.kind in ("tractogram", *GLYPH_KINDS) or layer.opacity <= 0:
             continue
         values, inside = sample_layer(layer, doc, geometry.voxels)
         rgb, alpha = colorize(layer, values, inside)

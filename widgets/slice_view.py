@@ -3,7 +3,8 @@
 Left click or drag moves the cursor (and so the other views); the wheel and
 Page Up/Down (or the arrow keys Up/Down) step through slices; right drag sets
 window/level of the top visible scalar layer (horizontal: width, vertical:
-level). Tractograms are drawn as the segments within a slab of
+level). Over the composited image: tensor layers as ellipses, dyads layers as
+sticks (their in-plane part), and tractograms as the segments within a slab of
 ``slab_mm`` around the slice.
 """
 
@@ -14,12 +15,14 @@ from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from app.model import Document
+from app.model import SCALAR_KINDS, STICK_COLOURS, Document
 from gpu import sym3
 
 from . import roi_tools
-from .glyphs import tensors_to_world
+from .glyphs import stick_segments, tensors_to_world
 from .render import composite, fibers_on_reference, plane_geometry, sample_layer
+
+MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
 
 
 class SliceView(QWidget):
@@ -61,8 +64,8 @@ class SliceView(QWidget):
             if scene != self._scene_layers:
                 self._scene_layers = scene
                 self._image_cache = None
-        elif not (event == "display" and layer is not None and layer.kind == "tractogram"):
-            self._image_cache = None
+        elif not (event == "display" and layer is not None and layer.kind in ("tractogram", "dyads")):
+            self._image_cache = None  # sticks and fibres are drawn over the image, not into it
         self.update()
 
     def geometry_now(self):
@@ -101,6 +104,7 @@ class SliceView(QWidget):
         target = self._target_rect(geometry)
         painter.drawImage(target, qimage)
         self._draw_glyphs(painter, geometry, target)
+        self._draw_sticks(painter, geometry, target)
         self._draw_fibers(painter, geometry, target)
         if self.show_crosshair:
             self._draw_crosshair(painter, geometry, target)
@@ -206,6 +210,35 @@ class SliceView(QWidget):
                 a, c = lam[k, 1] * radius, lam[k, 0] * radius
                 painter.drawEllipse(QRectF(-a, -c, 2 * a, 2 * c))
                 painter.restore()
+
+    def _draw_sticks(self, painter: QPainter, geometry, target: QRectF) -> None:
+        """Dyads layers: each stick's in-plane projection on every n-th voxel (``glyph_step``, or
+        more so that drawn voxels are at least ``MIN_STICK_CELL_PX`` apart: shorter sticks cannot
+        be read and would only cost time), one colour per stick number, one ``drawLines`` call
+        per colour."""
+        doc = self.document
+        height, width = geometry.voxels.shape[:2]
+        px_w, px_h = target.width() / width, target.height() / height
+        thinning = int(np.ceil(MIN_STICK_CELL_PX / max(min(px_w, px_h), 1e-6)))
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        for layer in doc.layers:
+            if layer.kind != "dyads" or not layer.visible or layer.opacity <= 0:
+                continue
+            step = max(1, int(layer.glyph_step), thinning)
+            voxels = geometry.voxels[step // 2 :: step, step // 2 :: step].reshape(-1, 3)
+            ends, stick = stick_segments(layer, doc, voxels, step)
+            rows, cols = geometry.pixel_of(ends)  # (S, 2) each: the two ends
+            screen = np.stack([target.left() + (cols + 0.5) * px_w, target.top() + (rows + 0.5) * px_h], axis=-1)
+            screen = screen.reshape(-1, 4)  # x0, y0, x1, y1
+            pen_width = float(np.clip(0.15 * step * min(px_w, px_h), 1.5, 3.0))
+            for number in np.unique(stick):
+                r, g, b = (int(255 * c) for c in STICK_COLOURS[number % len(STICK_COLOURS)])
+                pen = QPen(QColor(r, g, b, int(255 * layer.opacity)), pen_width)
+                pen.setCapStyle(Qt.PenCapStyle.FlatCap)  # round caps on wide lines are slow to draw
+                painter.setPen(pen)
+                painter.drawLines([QLineF(*line) for line in screen[stick == number].tolist()])
+        painter.restore()
 
     def _draw_fibers(self, painter: QPainter, geometry, target: QRectF) -> None:
         """Segments of visible tractograms within the slab, coloured by direction."""
@@ -409,7 +442,7 @@ class SliceView(QWidget):
 
     def _window_level_layer(self):
         for layer in reversed(self.document.layers):
-            if layer.visible and layer.kind == "scalar":
+            if layer.visible and layer.kind in SCALAR_KINDS:
                 return layer
         return None
 

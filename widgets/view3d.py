@@ -2,7 +2,9 @@
 
 One place owns the plotter (MNE's brain viewer pattern): actors are created once
 per layer and updated in place. Slice planes are coloured by the same
-compositing as the 2-D views (:func:`widgets.render.composite`). Each
+compositing as the 2-D views (:func:`widgets.render.composite`); tensor and
+dyads layers are one glyph actor each on those planes, rebuilt when the cursor
+moves. Each
 tractogram is one line actor whose arrays are shared with the model, not copied
 per frame; while the camera moves, a fixed subset of streamlines is drawn
 (level of detail) and the full set when it stops.
@@ -18,11 +20,12 @@ import pyvista as pv
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
+from vtkmodules.vtkRenderingCore import vtkMapper
 
-from app.model import ROLE_COLOURS, Document, Layer
+from app.model import GLYPH_KINDS, ROLE_COLOURS, SCALAR_KINDS, Document, Layer
 
 from . import fiber_display
-from .glyphs import glyph_mesh, tensors_to_world
+from .glyphs import glyph_mesh, stick_mesh, stick_segments, tensors_to_world
 from .render import LUTS, composite, plane_geometry, sample_layer
 
 NO_RENDER = {"render": False, "reset_camera": False}
@@ -34,6 +37,9 @@ class View3D(QWidget):
         self.document = document
         self.plotter = QtInteractor(self)
         self.plotter.set_background("black")
+        # Depth offsets for geometry that coincides with other geometry (VTK keeps this for all its
+        # mappers): dyads sticks lying in a slice plane are pulled in front of it (see _update_glyphs).
+        vtkMapper.SetResolveCoincidentTopologyToPolygonOffset()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.plotter.interactor)
@@ -81,7 +87,7 @@ class View3D(QWidget):
             layer = info.get("layer")
             if layer is not None and layer.kind == "tractogram":
                 self._update_fiber_display(layer)
-            elif layer is not None and layer.kind == "tensor":
+            elif layer is not None and layer.kind in GLYPH_KINDS:
                 self._update_glyphs()
             elif layer is not None and layer.kind == "roi":
                 self._update_planes()  # visibility, opacity or role colour
@@ -116,7 +122,7 @@ class View3D(QWidget):
             return
         # With no image shown the planes would be opaque black sheets hiding the fibres and ROI
         # surfaces behind them (ROIs have their own surfaces in 3-D): hide them then.
-        any_volume = any(layer.visible and layer.kind in ("scalar", "rgb", "labels") for layer in doc.layers)
+        any_volume = any(layer.visible and layer.kind in (*SCALAR_KINDS, "rgb", "labels") for layer in doc.layers)
         for view in ("axial", "coronal", "sagittal"):
             geometry = plane_geometry(doc, view)
             height, width = geometry.voxels.shape[:2]
@@ -197,39 +203,55 @@ class View3D(QWidget):
 
     # ---------------------------------------------------------------- glyphs
     def _update_glyphs(self) -> None:
+        """One actor per visible glyph layer: tensor glyphs (shaded surfaces) or dyads sticks (lines)."""
         doc = self.document
-        tensors = [layer for layer in doc.layers if layer.kind == "tensor"]
-        for key in [k for k in self._glyphs if k not in {id(layer) for layer in tensors}]:
-            self.plotter.remove_actor(self._glyphs.pop(key))
-        for layer in tensors:
-            if key := self._glyphs.pop(id(layer), None):
-                self.plotter.remove_actor(key)
+        layers = [layer for layer in doc.layers if layer.kind in GLYPH_KINDS]
+        for key in [k for k in self._glyphs if k not in {id(layer) for layer in layers}]:
+            self.plotter.remove_actor(self._glyphs.pop(key), render=False)
+        for layer in layers:
+            if actor := self._glyphs.pop(id(layer), None):
+                self.plotter.remove_actor(actor, render=False)  # the coalesced render follows
             if not layer.visible or doc.reference_affine is None:
                 continue
-            mesh = self.glyphs_for(layer)
+            mesh = self.glyphs_for(layer) if layer.kind == "tensor" else self.sticks_for(layer)
             if mesh is None:
                 continue
+            style = {"smooth_shading": True} if layer.kind == "tensor" else {"line_width": 3}
             actor = self.plotter.add_mesh(
                 mesh,
                 scalars="rgb",
                 rgb=True,
                 name=f"glyphs_{id(layer)}",
                 show_scalar_bar=False,
-                smooth_shading=True,
+                **style,
                 **NO_RENDER,
             )
             actor.GetProperty().SetOpacity(layer.opacity)
+            if layer.kind == "dyads":  # in front of the plane they lie in, at their full width
+                actor.GetMapper().SetRelativeCoincidentTopologyLineOffsetParameters(-1, -50)
             self._glyphs[id(layer)] = actor
+
+    def _plane_voxels(self, step: int) -> np.ndarray:
+        """Every ``step``-th reference voxel of the three cursor planes, each once (M, 3)."""
+        on_planes = np.zeros(self.document.reference_shape, dtype=bool)
+        for view in ("axial", "coronal", "sagittal"):
+            plane = plane_geometry(self.document, view).voxels[::step, ::step]
+            on_planes[plane[..., 0], plane[..., 1], plane[..., 2]] = True
+        return np.argwhere(on_planes)
+
+    def sticks_for(self, layer: Layer):
+        """The line mesh of a dyads layer's sticks on the three cursor planes (None if empty)."""
+        doc = self.document
+        ends, stick = stick_segments(layer, doc, self._plane_voxels(max(1, int(layer.glyph_step))))
+        if len(stick) == 0:
+            return None
+        return stick_mesh(ends @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3], stick)
 
     def glyphs_for(self, layer: Layer):
         """The glyph mesh of a tensor layer on the three cursor planes (None if empty)."""
         doc = self.document
         step = max(1, int(layer.glyph_step))
-        voxels = []
-        for view in ("axial", "coronal", "sagittal"):
-            plane = plane_geometry(doc, view).voxels
-            voxels.append(plane[::step, ::step].reshape(-1, 3))
-        voxels = np.unique(np.concatenate(voxels), axis=0)
+        voxels = self._plane_voxels(step)
         values, inside = sample_layer(layer, doc, voxels[:, None, :])
         values, inside = values[:, 0], inside[:, 0]
         keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)  # fitted voxels only

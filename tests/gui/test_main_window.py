@@ -17,7 +17,7 @@ def non_blank(image: np.ndarray) -> bool:
 
 def test_demo_opens_with_every_view_showing_data(demo_window, qtbot):
     names = {layer.name for layer in demo_window.document.layers}
-    assert names == {"tensors", "FA", "MD", "colour FA", "bundles"}
+    assert names == {"dwi", "tensors", "FA", "MD", "colour FA", "bundles"}
     for view in demo_window.views.values():
         assert non_blank(view.image_array()), view.view
     assert non_blank(demo_window.view3d.screenshot())

@@ -1,0 +1,160 @@
+"""Ball & sticks from the GUI: the parameter dialog and the background job.
+
+The DWI layer's menu opens :class:`BallStickDialog` (FSL bedpostx's defaults);
+on "Fit" the main window runs :func:`ballstick_job` on the job runner. The job
+calls :func:`app.pipelines.ballstick.fit_ballstick_pipeline` (inside a brain
+mask from the b=0 images, or inside an ROI for a quick look at one region;
+progress per batch of voxels; cooperative cancel), optionally writes the
+bedpostX folder, and returns the layers to add: the sticks (``dyads``) and the
+first stick's mean fraction (hidden: the series' FA stays the background). Nothing reaches the document before the job
+has finished, so a cancelled or failed fit changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.io._atomic import split_suffix
+from app.loaders import bedpostx_layers
+from app.model import Layer
+from app.pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
+from app.pipelines.select import resample_nearest
+from gpu.ballstick import BallStickParams
+
+from .params_form import ParamsForm
+
+BRAIN = "brain (mask from the b=0 images)"
+
+
+class BallStickDialog(QDialog):
+    """MCMC settings for one DWI layer, where to fit (the brain or one of ``rois``), and
+    optionally where to save the bedpostX folder.
+
+    Non-blocking (:meth:`open`); on Fit the settings are validated by building
+    :class:`~gpu.ballstick.BallStickParams` (a refusal is shown in the dialog,
+    which stays open), then :attr:`params`, :attr:`roi` (None: the brain) and
+    :attr:`folder` (None: not saved) hold them and ``accepted`` is emitted.
+    """
+
+    def __init__(self, layer: Layer, rois: list[Layer], parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle(f"Ball & sticks: {layer.name}")
+        self.setObjectName("ballstick_dialog")
+        self.dwi = layer.data.dwi
+        self.rois = list(rois)
+        self.params: BallStickParams | None = None
+        self.roi: Layer | None = None
+        self.folder: Path | None = None
+        self.region = QComboBox()
+        self.region.setObjectName("bs_region")
+        self.region.addItems([BRAIN, *(f"ROI {roi.name} ({roi.data.voxel_count} voxels)" for roi in self.rois)])
+        self.region.setToolTip("Fit every brain voxel, or only an ROI's (much faster on the CPU)")
+        self.form = ParamsForm(BallStickParams)
+        self.form.set_values(b0_threshold=self.dwi.b0_threshold)
+        editors = self.form.editors
+        self.n_fibres, self.burnin, self.njumps = editors["n_fibres"], editors["burnin"], editors["njumps"]
+        self.sample_every = editors["sample_every"]
+        self.samples = QLabel()
+        self.save = QCheckBox("Save a bedpostX folder to")
+        self.save.setObjectName("bs_save")
+        stem = split_suffix(Path(self.dwi.path))[0] if self.dwi.path else "dwi"
+        folder = Path(self.dwi.path).parent / f"{stem}.bedpostX" if self.dwi.path else Path(f"{stem}.bedpostX")
+        self.folder_edit = QLineEdit(str(folder))
+        self.folder_edit.setObjectName("bs_folder")
+        self.folder_edit.setEnabled(False)
+        self.save.toggled.connect(self.folder_edit.setEnabled)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        where = QHBoxLayout()
+        where.addWidget(self.folder_edit, 1)
+        where.addWidget(browse)
+        self.message = QLabel()
+        self.message.setObjectName("bs_message")
+        self.message.setWordWrap(True)
+        self.message.setStyleSheet("color: #e06060")
+        form = QFormLayout()
+        form.addRow("Fit inside", self.region)
+        form.addRow(self.form)
+        form.addRow("", self.samples)
+        form.addRow(self.save, where)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.fit_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.fit_button.setText("Fit")
+        self.fit_button.setObjectName("bs_fit")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        x, y, z = self.dwi.shape3
+        layout.addWidget(QLabel(f"{x}×{y}×{z} voxels, {len(self.dwi.bvals)} volumes"))
+        layout.addLayout(form)
+        layout.addWidget(self.message)
+        layout.addWidget(buttons)
+        for box in (self.njumps, self.sample_every):
+            box.valueChanged.connect(self._count_samples)
+        self._count_samples()
+
+    def _count_samples(self) -> None:
+        self.samples.setText(f"{self.njumps.value() // self.sample_every.value()} samples per parameter")
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "The bedpostX folder to write", self.folder_edit.text())
+        if folder:
+            self.folder_edit.setText(folder)
+            self.save.setChecked(True)
+
+    def accept(self) -> None:
+        try:
+            params = self.form.value()
+        except ValueError as exc:
+            self.message.setText(f"Check the settings: {exc}.")
+            return
+        folder = self.folder_edit.text().strip()
+        if self.save.isChecked() and not folder:
+            self.message.setText("Choose the folder to save to, or untick saving.")
+            return
+        self.params = params
+        self.roi = self.rois[self.region.currentIndex() - 1] if self.region.currentIndex() > 0 else None
+        self.folder = Path(folder) if self.save.isChecked() else None
+        super().accept()
+
+
+def ballstick_job(dwi, params: BallStickParams, folder: Path | None, device: str, roi=None):
+    """The work of one fit, for :meth:`app.jobs.JobRunner.submit`: returns (layers to add, result).
+
+    ``roi``: None (the pipeline's brain mask from the b=0 images) or (mask, affine), a snapshot
+    of an ROI, brought onto the DWI grid here, on the worker.
+    """
+
+    def job(ctx):
+        ctx.progress(0, 1, "fitting ball & sticks")
+        mask = None
+        if roi is not None:
+            mask, affine = roi
+            if mask.shape != dwi.shape3 or not np.allclose(affine, dwi.affine, atol=1e-4):
+                mask = resample_nearest(mask, affine, dwi.affine, dwi.shape3)
+        result = fit_ballstick_pipeline(
+            dwi, mask=mask, params=params, device=device, progress=ctx.progress, cancelled=ctx.cancelled
+        )
+        if folder is not None:
+            ctx.check()
+            ctx.progress(1, 1, f"writing {folder.name}")
+            write_ballstick_outputs(result, folder)
+        return bedpostx_layers(result.dyads(), result.mean_f(0), f1_visible=False), result
+
+    return job
