@@ -31,7 +31,8 @@ Per voxel, as FSL's xfibres:
      prior ``ard_weight · log f_i`` on sticks 2..L.
 
    After the burn-in, every ``sample_every``-th of ``njumps`` iterations is
-   recorded: ``njumps // sample_every`` samples per parameter.
+   recorded: ``njumps // sample_every`` samples per parameter. The sticks are
+   then numbered by mean fraction, largest first (as FSL's output).
 
 FSL keeps adapting the proposal widths while it records samples; we adapt during
 the burn-in only, so the recorded chain is a proper Metropolis chain.
@@ -760,6 +761,12 @@ def fit_ballstick(
         out_start[:, -1] *= inv
         tau = out_samples[:, -1]
     sticks = out_samples[:, 2 : 2 + 3 * L].reshape(n, L, 3, S)
+    # Number the sticks by mean fraction, largest first, as FSL's xfibres writes them: a chain
+    # may hand a fibre from one stick to another (the LM's sticks are sorted, the chain's need not stay so).
+    order = np.argsort(-sticks[:, :, 2].mean(axis=2), axis=1, kind="stable")
+    sticks = np.take_along_axis(sticks, order[:, :, None, None], axis=1)
+    rate = out_rate[:, 2 : 2 + 3 * L].reshape(n, L, 3)
+    out_rate[:, 2 : 2 + 3 * L] = np.take_along_axis(rate, order[:, :, None], axis=1).reshape(n, 3 * L)
     fit = BallStickFit(
         theta=np.ascontiguousarray(sticks[:, :, 0]),
         phi=np.ascontiguousarray(sticks[:, :, 1]),

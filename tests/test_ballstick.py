@@ -471,7 +471,8 @@ def test_demo_phantom_bundles_and_crossing_on_the_gpu(demo_phantom):
     occ = p.occupancy
     single = (occ.max(-1) >= 0.6) & ((occ > 0.05).sum(-1) == 1)
     own = np.take_along_axis(p.directions, occ.argmax(-1)[..., None, None], axis=3)[..., 0, :]
-    single_error = axial_error(sticks[single][:, 0, :3], own[single])
+    first = sticks[single][:, 0]
+    single_error = np.where(first[:, 3] > 0, axial_error(first[:, :3] + (first[:, 3:] == 0), own[single]), 90.0)
     cross = (occ[..., 0] >= 0.4) & (occ[..., 1] >= 0.4)
     found = sticks[cross][:, 1, 3] > 0  # a second stick with mean fraction ≥ 0.05
     cross_error = crossing_errors(sticks[cross][found][..., :3], p.directions[cross][found][:, :2])
