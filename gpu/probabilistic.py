@@ -1,0 +1,423 @@
+"""Probabilistic tractography from ball & sticks posterior samples, probtrackx style
+(Behrens et al. 2007; Hernández et al. 2013; ``shared/docs/algorithms.md`` §3).
+
+Every seed voxel sends ``n_samples`` streamlines from uniform random points in it.
+Each streamline is tracked in two halves from its start point, the second starting
+against the first's initial direction; a step:
+
+1. takes the voxel to sample from: per axis, the upper neighbour of the position
+   with probability equal to the position's fractional part (trilinear weights);
+2. takes one posterior sample of that voxel uniformly, and in it the stick best
+   aligned with the previous direction among those with f > ``fibthresh`` (stick 1
+   when none is); on a half's first step without a previous direction the stick is
+   given by ``randfib``: 0 stick 1, 1 uniform among f > fibthresh, 2 proportional to f;
+3. flips the stick to agree with the previous direction and stops the half when the
+   cosine between them is below ``cthr``;
+4. moves ``step_mm`` along it (``modeuler``: along the mean of it and the direction
+   sampled the same way at the Euler end point).
+
+A half stops when it leaves the grid or the brain mask, after ``n_steps`` steps, on
+a sharp turn, on entering a stop voxel (which is counted), or — with ``loopcheck`` —
+on re-entering a voxel it has left. Entering an exclusion voxel discards the whole
+streamline. A kept streamline (``waycond`` AND: it met every waypoint mask, OR: at
+least one; all kept without waypoints) adds one to every voxel it visited (once per
+streamline, however often it passes) in the path distribution, and one per target
+mask reached to its seed voxel's row of the seed × target counts.
+
+FSL's loop check compares directions on a coarse grid; ours stops a half that
+re-enters a voxel of the streamline it has already left, which uses the set of
+visited voxels the counting keeps anyway.
+
+Masks reach the engine as one uint32 volume of bits (:func:`mask_bits`).
+Random numbers: Philox4x32-10 (as :mod:`gpu.ballstick`), one stream per
+streamline (counter: draw, purpose and half, streamline id); the streamline id is
+``seed voxel number × n_samples + k``, so results do not depend on batching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .ballstick import _seed_key, philox4x32
+from .params import meta
+
+BIT_BRAIN, BIT_EXCLUDE, BIT_STOP = 1, 2, 4
+WAYPOINT_SHIFT, MAX_WAYPOINTS = 3, 8
+TARGET_SHIFT, MAX_TARGETS = 11, 21
+
+# Stream purposes (Philox counter word 1, with the half in bit 8).
+P_STEP, P_START, P_EULER, P_RANDFIB = 0, 1, 2, 3
+
+STOP_REASONS = ("steps", "mask", "curvature", "stop mask", "loop", "excluded")
+
+
+@dataclass(frozen=True)
+class ProbParams:
+    """probtrackx's options (same defaults)."""
+
+    n_samples: int = field(default=5000, metadata=meta("Samples", "streamlines per seed voxel", "", (1, 10**7)))
+    step_mm: float = field(default=0.5, metadata=meta("Step", "step length", "mm", (0.01, 10.0)))
+    n_steps: int = field(default=2000, metadata=meta("Max steps", "steps per half streamline", "", (1, 10**5)))
+    cthr: float = field(
+        default=0.2,
+        metadata=meta("Curvature threshold", "stop where the cosine of a turn falls below", "", (-1.0, 1.0)),
+    )
+    fibthresh: float = field(
+        default=0.01,
+        metadata=meta("Fibre threshold", "sticks with a smaller fraction are not followed", "", (0.0, 1.0)),
+    )
+    randfib: int = field(
+        default=0, metadata=meta("First stick", "0 stick 1, 1 uniform, 2 by fraction (above the threshold)", "", (0, 2))
+    )
+    loopcheck: bool = field(default=False, metadata=meta("Loop check", "stop a half that re-enters a voxel it left"))
+    modeuler: bool = field(default=False, metadata=meta("Modified Euler", "average the direction over the step"))
+    waycond: str = field(default="AND", metadata=meta("Waypoints", "AND: all waypoint masks, OR: any"))
+    seed: int = field(
+        default=0, metadata=meta("Random seed", "the same seed gives the same result", "", (0, 2**31 - 1))
+    )
+
+    def __post_init__(self):
+        if self.n_samples < 1 or self.n_steps < 1:
+            raise ValueError("n_samples and n_steps must be at least 1")
+        if not self.step_mm > 0:
+            raise ValueError("step_mm must be positive")
+        if not -1.0 <= self.cthr <= 1.0:
+            raise ValueError("cthr is a cosine: give a value in [-1, 1]")
+        if self.randfib not in (0, 1, 2):
+            raise ValueError("randfib must be 0, 1 or 2")
+        if self.waycond not in ("AND", "OR"):
+            raise ValueError("waycond must be AND or OR")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError("seed must be a non-negative 63-bit integer")
+
+
+@dataclass
+class SampleField:
+    """Posterior samples on a grid, ready for tracking.
+
+    dirs : (n_voxels, S, L, 3) float32 unit stick directions in voxel axes (physical
+        directions: scaled by the voxel size they give voxel steps).
+    f : (n_voxels, S, L) float32 fractions.
+    index : (X, Y, Z) int32, the row of each grid voxel in ``dirs``, −1 without samples.
+    voxel_size : (3,) mm.
+    """
+
+    dirs: np.ndarray
+    f: np.ndarray
+    index: np.ndarray
+    voxel_size: np.ndarray
+
+    @classmethod
+    def from_grid(cls, dirs: np.ndarray, f: np.ndarray, mask: np.ndarray, voxel_size) -> SampleField:
+        """From (X, Y, Z, L, S, 3) directions and (X, Y, Z, L, S) fractions inside ``mask``."""
+        mask = np.asarray(mask, dtype=bool)
+        index = np.full(mask.shape, -1, dtype=np.int32)
+        index[mask] = np.arange(int(mask.sum()), dtype=np.int32)
+        d = np.ascontiguousarray(np.moveaxis(dirs[mask], 2, 1), dtype=np.float32)  # (n, S, L, 3)
+        ff = np.ascontiguousarray(np.moveaxis(f[mask], 2, 1), dtype=np.float32)  # (n, S, L)
+        return cls(d, ff, index, np.asarray(voxel_size, dtype=np.float64))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(int(s) for s in self.index.shape)
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.dirs.shape[1])
+
+    @property
+    def n_fibres(self) -> int:
+        return int(self.dirs.shape[2])
+
+
+def mask_bits(brain, exclude=None, stop=None, waypoints=(), targets=()) -> np.ndarray:
+    """The uint32 mask volume the engine reads: brain, exclusion, stop, waypoint i, target j bits."""
+    brain = np.asarray(brain, dtype=bool)
+    if len(waypoints) > MAX_WAYPOINTS or len(targets) > MAX_TARGETS:
+        raise ValueError(f"at most {MAX_WAYPOINTS} waypoint and {MAX_TARGETS} target masks")
+    bits = brain.astype(np.uint32) * BIT_BRAIN
+    for mask, bit in ((exclude, BIT_EXCLUDE), (stop, BIT_STOP)):
+        if mask is not None:
+            bits |= np.asarray(mask, dtype=bool).astype(np.uint32) * np.uint32(bit)
+    for i, mask in enumerate(waypoints):
+        bits |= np.asarray(mask, dtype=bool).astype(np.uint32) << np.uint32(WAYPOINT_SHIFT + i)
+    for j, mask in enumerate(targets):
+        bits |= np.asarray(mask, dtype=bool).astype(np.uint32) << np.uint32(TARGET_SHIFT + j)
+    return bits
+
+
+@dataclass
+class ProbResult:
+    """What a run adds up (host arrays).
+
+    paths : (X, Y, Z) int64 path distribution (kept streamlines visiting each voxel).
+    waytotal : kept streamlines.
+    seed_targets : (n_seed_voxels, n_targets) int64 kept streamlines of each seed voxel reaching each target.
+    streamlines : streamlines tracked (kept or not).
+    """
+
+    paths: np.ndarray
+    waytotal: int
+    seed_targets: np.ndarray
+    streamlines: int
+    provenance: dict = field(default_factory=dict)
+
+
+def _uniform(x):
+    return (x.astype(np.float64) + 0.5) * 2.0**-32
+
+
+def _draw(purpose: int, half: int, draw, sid: np.ndarray, key):
+    s = sid.astype(np.uint64)
+    counter = (
+        np.asarray(draw, dtype=np.uint64),
+        np.uint64(purpose | (half << 8)),
+        s & np.uint64(0xFFFFFFFF),
+        s >> np.uint64(32),
+    )
+    return philox4x32(counter, key)
+
+
+def _sample_direction(field_: SampleField, params: ProbParams, pos, prev, has_prev, draws, fib_draw):
+    """Direction (N, 3) drawn at continuous voxel positions ``pos``; zero where none can be drawn."""
+    shape = np.array(field_.shape)
+    base = np.floor(pos)
+    frac = pos - base
+    u = np.stack([_uniform(draws[0]), _uniform(draws[1]), _uniform(draws[2])], 1)
+    vox = (base + (u < frac)).astype(np.int64)
+    inside = ((vox >= 0) & (vox < shape)).all(1)
+    centre = np.rint(pos).astype(np.int64)
+    vox = np.where(inside[:, None], vox, np.clip(centre, 0, shape - 1))
+    row = field_.index[vox[:, 0], vox[:, 1], vox[:, 2]]
+    fallback = field_.index[tuple(np.clip(centre, 0, shape - 1).T)]
+    row = np.where(row >= 0, row, fallback)
+    S, L = field_.n_samples, field_.n_fibres
+    s = ((draws[3].astype(np.uint64) * np.uint64(S)) >> np.uint64(32)).astype(np.int64)
+    ok = row >= 0
+    r = np.where(ok, row, 0)
+    d = field_.dirs[r, s].astype(np.float64)  # (N, L, 3)
+    f = field_.f[r, s].astype(np.float64)  # (N, L)
+    eligible = f > params.fibthresh
+    dots = np.abs((d * prev[:, None, :]).sum(-1))
+    best = np.where(eligible.any(1), np.argmax(np.where(eligible, dots, -1.0), axis=1), 0)
+    if params.randfib == 0:
+        first = np.zeros(len(pos), dtype=np.int64)
+    else:
+        weights = eligible * (1.0 if params.randfib == 1 else f)
+        total = weights.sum(1)
+        cum = np.cumsum(weights, 1)
+        pick = _uniform(fib_draw) * total
+        first = np.where(total > 0, np.minimum((cum <= pick[:, None]).sum(1), L - 1), 0)
+    choice = np.where(has_prev, best, first)
+    out = d[np.arange(len(pos)), choice]
+    return np.where(ok[:, None], out, 0.0)
+
+
+def track_numpy(
+    field_: SampleField,
+    bits: np.ndarray,
+    seeds: np.ndarray,
+    params: ProbParams,
+    n_targets: int = 0,
+    n_waypoints: int = 0,
+    first_id: int = 0,
+    record: bool = False,
+):
+    """Track ``len(seeds) * n_samples`` streamlines (seed voxel ijk (n, 3)) with the NumPy
+    reference. Returns :class:`ProbResult`, plus the step sequences (positions per step,
+    per half) when ``record``. Visits are kept in a dense (streamlines × voxels) bitmap,
+    so this is for small grids."""
+    key = _seed_key(params.seed)
+    shape = np.array(field_.shape)
+    n_vox = int(np.prod(shape))
+    n = len(seeds) * params.n_samples
+    sid = np.arange(first_id, first_id + n, dtype=np.uint64)
+    seed_of = np.repeat(np.arange(len(seeds)), params.n_samples)
+    jitter = _draw(P_START, 0, 0, sid, key)
+    start = seeds[seed_of] + np.stack([_uniform(jitter[i]) - 0.5 for i in range(3)], 1)
+    flat = lambda v: (v[:, 0] * shape[1] + v[:, 1]) * shape[2] + v[:, 2]  # noqa: E731
+    visited = np.zeros((n, n_vox), dtype=bool)
+    hits = np.zeros(n, dtype=np.uint32)
+    excluded = np.zeros(n, dtype=bool)
+    first_dir = np.zeros((n, 3))
+    first_taken = np.zeros(n, dtype=bool)
+    rows = np.arange(n)
+    sv = np.rint(start).astype(np.int64)
+    in_grid = ((sv >= 0) & (sv < shape)).all(1)
+    svc = np.clip(sv, 0, shape - 1)
+    visited[rows[in_grid], flat(svc)[in_grid]] = True
+    hits |= np.where(in_grid, bits[tuple(svc.T)], 0).astype(np.uint32)
+    excluded |= (hits & BIT_EXCLUDE) != 0
+    steps_record = []
+    scale = params.step_mm / field_.voxel_size
+    for half in (0, 1):
+        pos = start.copy()
+        prev = -first_dir if half else np.zeros((n, 3))
+        has_prev = first_taken.copy() if half else np.zeros(n, dtype=bool)
+        alive = in_grid & ((hits & BIT_BRAIN) != 0) & ~excluded
+        current = flat(svc)
+        trace = [np.concatenate([pos, alive[:, None]], 1)] if record else None
+        for step in range(params.n_steps):
+            if not alive.any():
+                break
+            draws = _draw(P_STEP, half, step, sid, key)
+            fib = _draw(P_RANDFIB, half, step, sid, key)[0]
+            d = _sample_direction(field_, params, pos, prev, has_prev, draws, fib)
+            cos = (d * prev).sum(1)
+            d = np.where((has_prev & (cos < 0))[:, None], -d, d)
+            cos = np.abs(cos)
+            zero = ~(np.abs(d).sum(1) > 0)
+            turn = has_prev & (cos < params.cthr)
+            if params.modeuler:
+                mid = pos + d * scale
+                draws2 = _draw(P_EULER, half, step, sid, key)
+                d2 = _sample_direction(field_, params, mid, d, np.ones(n, bool), draws2, draws2[0])
+                d2 = np.where(((d2 * d).sum(1) < 0)[:, None], -d2, d2)
+                mean = d + d2
+                norm = np.linalg.norm(mean, axis=1)
+                d = np.where((norm > 0)[:, None], mean / np.where(norm > 0, norm, 1.0)[:, None], d)
+            alive &= ~zero & ~turn
+            new = pos + d * scale
+            nv = np.rint(new).astype(np.int64)
+            inside = ((nv >= 0) & (nv < shape)).all(1)
+            nvc = np.clip(nv, 0, shape - 1)
+            b = np.where(inside, bits[tuple(nvc.T)], 0).astype(np.uint32)
+            alive &= inside & ((b & BIT_BRAIN) != 0)
+            pos = np.where(alive[:, None], new, pos)
+            if half == 0:
+                first_dir = np.where((alive & ~first_taken)[:, None], d, first_dir)
+                first_taken |= alive
+            prev = np.where(alive[:, None], d, prev)
+            has_prev |= alive
+            hits |= np.where(alive, b, 0).astype(np.uint32)
+            newly_excluded = alive & ((b & BIT_EXCLUDE) != 0)
+            excluded |= newly_excluded
+            alive &= ~newly_excluded
+            idx = flat(nvc)
+            moved = alive & (idx != current)
+            seen = visited[rows, idx]
+            if params.loopcheck:
+                looped = moved & seen
+                alive &= ~looped
+                moved &= ~looped
+            visited[rows[moved], idx[moved]] = True
+            current = np.where(moved, idx, current)
+            alive &= (b & BIT_STOP) == 0
+            if record:
+                trace.append(np.concatenate([pos, alive[:, None]], 1))
+        if record:
+            steps_record.append(np.stack(trace, 1))
+    waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
+    if n_waypoints == 0:
+        kept = ~excluded
+    elif params.waycond == "AND":
+        kept = ~excluded & ((hits & np.uint32(waymask)) == waymask)
+    else:
+        kept = ~excluded & ((hits & np.uint32(waymask)) != 0)
+    paths = visited[kept].sum(0).reshape(tuple(shape)).astype(np.int64)
+    seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
+    for j in range(n_targets):
+        reached = kept & ((hits >> np.uint32(TARGET_SHIFT + j)) & 1).astype(bool)
+        seed_targets[:, j] = np.bincount(seed_of[reached], minlength=len(seeds))
+    result = ProbResult(paths, int(kept.sum()), seed_targets, n)
+    return (result, steps_record) if record else result
+
+
+def set_capacity(field_: SampleField, params: ProbParams) -> int:
+    """Slots of a thread's visited-voxel set: a power of two at least twice the most voxels a
+    streamline can enter (each step enters at most one new voxel, and it takes at least
+    ``min voxel size / step`` steps to get past a voxel... bounded by both)."""
+    per_half = min(params.n_steps, int(np.ceil(params.n_steps * params.step_mm / field_.voxel_size.min() * 3)) + 8)
+    return 1 << int(np.ceil(np.log2(2 * (2 * per_half + 2))))
+
+
+def track_kernel(
+    backend,
+    field_: SampleField,
+    bits,
+    seeds,
+    params: ProbParams,
+    n_targets=0,
+    n_waypoints=0,
+    first_id=0,
+    *,
+    threads=None,
+    trace=False,
+    device_field=None,
+):
+    """:func:`track_numpy` as the CUDA kernel ``prob_track``. ``device_field``: the field's
+    arrays already on the device (dirs, f, index) to reuse between calls. Returns
+    :class:`ProbResult` (and the (n, 2, n_steps + 1, 4) trace when ``trace``)."""
+    from . import cuda
+
+    cp = backend.xp
+    n = len(seeds) * params.n_samples
+    cap = set_capacity(field_, params)
+    if threads is None:
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        threads = props["multiProcessorCount"] * 1024
+    threads = int(max(32, min(threads, -(-n // 32) * 32)))
+    dirs, f, index = device_field or (cp.asarray(field_.dirs), cp.asarray(field_.f), cp.asarray(field_.index))
+    shape = field_.shape
+    paths = cp.zeros(int(np.prod(shape)), dtype=cp.uint64)
+    seed_targets = cp.zeros((len(seeds), max(n_targets, 1)), dtype=cp.uint64)
+    totals = cp.zeros(2, dtype=cp.uint64)
+    tables = cp.full(threads * cap, -1, dtype=cp.int32)
+    lists = cp.empty(threads * cap, dtype=cp.int32)
+    tr = cp.zeros((n, 2, params.n_steps + 1, 4)) if trace else None
+    key0, key1 = _seed_key(params.seed)
+    scale = params.step_mm / field_.voxel_size
+    waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
+    kernel = cuda.function("probabilistic.cu", "prob_track")
+    block = 128
+    kernel(
+        (threads // block + (threads % block > 0),),
+        (block,),
+        (
+            dirs,
+            f,
+            index,
+            cp.asarray(bits, dtype=cp.uint32),
+            cp.asarray(seeds, dtype=cp.int32),
+            np.int64(n),
+            np.int32(params.n_samples),
+            np.int64(first_id),
+            *(
+                np.int32(v)
+                for v in (
+                    *shape,
+                    field_.n_samples,
+                    field_.n_fibres,
+                    params.n_steps,
+                    params.randfib,
+                    params.loopcheck,
+                    params.modeuler,
+                    cap,
+                )
+            ),
+            *(np.float64(v) for v in (*scale, params.cthr, params.fibthresh)),
+            np.uint32(key0),
+            np.uint32(key1),
+            np.int32(n_targets),
+            np.uint32(waymask),
+            np.int32(params.waycond == "AND"),
+            cp.zeros(1, dtype=cp.uint64),
+            tables,
+            lists,
+            paths,
+            seed_targets,
+            totals,
+            tr if trace else np.uint64(0),  # a null pointer: no trace
+        ),
+    )
+    totals = backend.to_host(totals)
+    result = ProbResult(
+        backend.to_host(paths).reshape(shape).astype(np.int64),
+        int(totals[0]),
+        backend.to_host(seed_targets)[:, :n_targets].astype(np.int64),
+        n,
+        {"set_overflows": int(totals[1]), "set_capacity": cap, "threads": threads},
+    )
+    return (result, backend.to_host(tr)) if trace else result
