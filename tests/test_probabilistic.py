@@ -57,12 +57,15 @@ def test_a_bundle_seeded_at_one_end_stays_in_it_and_reaches_the_far_end(device):
     dice = 2 * (visited & bundle).sum() / (visited.sum() + bundle[1:-1].sum())
     print(f"\n[{device}] in-bundle fraction of visits {inside:.4f}, Dice {dice:.3f}, waytotal {r.waytotal}")
     assert inside > 0.85 and dice > 0.85  # edge seeds sample the isotropic border too
-    assert r.waytotal == 1600 and (r.seed_targets == 100).all()
+    assert r.waytotal == 1600  # no waypoints: every streamline is kept
+    core = (face[:, 1] >= 5) & (face[:, 1] <= 6) & (face[:, 2] >= 5) & (face[:, 2] <= 6)
+    assert (r.seed_targets[core] == 100).all()  # from the core, every streamline reaches the far end
+    assert r.seed_targets.sum() > 0.6 * 1600  # from the edge, some wander off into the isotropic border
     assert r.paths[tuple(face.T)].min() >= 100  # each seed voxel is on (at least) its own streamlines
 
 
 def test_exclusion_stop_and_waypoints_do_what_fsl_documents(device):
-    field_, brain, bundle = straight_bundle()
+    field_, brain, _ = straight_bundle()
     params = ProbParams(n_samples=100, n_steps=300)
     excluded = run(device, field_, mask_bits(brain, exclude=slab(15, 16)), SEEDS, params)
     assert excluded.waytotal == 0 and excluded.paths.sum() == 0  # every streamline crosses it: all discarded
