@@ -358,8 +358,11 @@ def track_kernel(
     if threads is None:
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         threads = props["multiProcessorCount"] * 1024
-    threads = int(max(32, min(threads, -(-n // 32) * 32)))
-    dirs, f, index = device_field or (cp.asarray(field_.dirs), cp.asarray(field_.f), cp.asarray(field_.index))
+    block = 128
+    threads = int(-(-max(1, min(threads, n)) // block) * block)  # whole blocks: each thread owns a set
+    dirs, f, index = device_field or tuple(
+        cp.ascontiguousarray(cp.asarray(a)) for a in (field_.dirs, field_.f, field_.index)
+    )
     shape = field_.shape
     paths = cp.zeros(int(np.prod(shape)), dtype=cp.uint64)
     seed_targets = cp.zeros((len(seeds), max(n_targets, 1)), dtype=cp.uint64)
@@ -371,16 +374,15 @@ def track_kernel(
     scale = params.step_mm / field_.voxel_size
     waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
     kernel = cuda.function("probabilistic.cu", "prob_track")
-    block = 128
     kernel(
-        (threads // block + (threads % block > 0),),
+        (threads // block,),
         (block,),
         (
             dirs,
             f,
             index,
-            cp.asarray(bits, dtype=cp.uint32),
-            cp.asarray(seeds, dtype=cp.int32),
+            cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32)),
+            cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32)),  # argwhere gives F order
             np.int64(n),
             np.int32(params.n_samples),
             np.int64(first_id),

@@ -99,11 +99,12 @@ def test_kernel_takes_the_reference_steps(options):
     from gpu.backend import get_backend
     from gpu.probabilistic import track_kernel
 
-    field_, brain, _ = straight_bundle(noise=0.4)
+    field_, brain, bundle = straight_bundle(noise=0.4)
     bits = mask_bits(brain, exclude=slab(22, 23, y=slice(0, 3)), targets=[slab(26, 28)])
-    params = ProbParams(n_samples=64, n_steps=120, **options)
-    ref, ref_trace = track_numpy(field_, bits, SEEDS, params, n_targets=1, record=True)
-    gpu, trace = track_kernel(get_backend("gpu"), field_, bits, SEEDS, params, n_targets=1, trace=True)
+    params = ProbParams(n_samples=16, n_steps=120, **options)
+    seeds = np.argwhere(bundle & slab(3, 4))  # 16 voxels, an F-ordered array as argwhere makes it
+    ref, ref_trace = track_numpy(field_, bits, seeds, params, n_targets=1, record=True)
+    gpu, trace = track_kernel(get_backend("gpu"), field_, bits, seeds, params, n_targets=1, trace=True)
     for half in (0, 1):
         expected = ref_trace[half]  # (n, steps recorded, 4)
         got = trace[:, half, : expected.shape[1]]
