@@ -36,10 +36,14 @@ streamline (counter: draw, purpose and half, streamline id); the streamline id i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .backend import Cancelled, get_backend
 from .ballstick import _seed_key, philox4x32
 from .params import meta
 
@@ -223,18 +227,21 @@ def track_numpy(
     n_targets: int = 0,
     n_waypoints: int = 0,
     first_id: int = 0,
+    count: int | None = None,
     record: bool = False,
 ):
-    """Track ``len(seeds) * n_samples`` streamlines (seed voxel ijk (n, 3)) with the NumPy
-    reference. Returns :class:`ProbResult`, plus the step sequences (positions per step,
-    per half) when ``record``. Visits are kept in a dense (streamlines × voxels) bitmap,
-    so this is for small grids."""
+    """Track streamlines ``first_id .. first_id + count`` (default: all ``len(seeds) *
+    n_samples``; streamline i starts in seed voxel ``i // n_samples`` of ``seeds``, ijk
+    (n, 3)) with the NumPy reference. Returns :class:`ProbResult` (seed × target rows for
+    all of ``seeds``), plus the step sequences (x, y, z, alive per step, per half) when
+    ``record``. Visits are kept in a dense (streamlines × voxels) bitmap, so batches must
+    be small on large grids (:func:`iter_track` sizes them)."""
     key = _seed_key(params.seed)
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
-    n = len(seeds) * params.n_samples
+    n = len(seeds) * params.n_samples - first_id if count is None else count
     sid = np.arange(first_id, first_id + n, dtype=np.uint64)
-    seed_of = np.repeat(np.arange(len(seeds)), params.n_samples)
+    seed_of = (sid // np.uint64(params.n_samples)).astype(np.int64)
     jitter = _draw(P_START, 0, 0, sid, key)
     start = seeds[seed_of] + np.stack([_uniform(jitter[i]) - 0.5 for i in range(3)], 1)
     flat = lambda v: (v[:, 0] * shape[1] + v[:, 1]) * shape[2] + v[:, 2]  # noqa: E731
@@ -342,6 +349,7 @@ def track_kernel(
     n_targets=0,
     n_waypoints=0,
     first_id=0,
+    count=None,
     *,
     threads=None,
     trace=False,
@@ -353,7 +361,10 @@ def track_kernel(
     from . import cuda
 
     cp = backend.xp
-    n = len(seeds) * params.n_samples
+    n = len(seeds) * params.n_samples - first_id if count is None else count
+    if n <= 0:
+        empty = ProbResult(np.zeros(field_.shape, np.int64), 0, np.zeros((len(seeds), n_targets), np.int64), 0)
+        return (empty, np.zeros((0, 2, params.n_steps + 1, 4))) if trace else empty
     cap = set_capacity(field_, params)
     if threads is None:
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
@@ -423,3 +434,98 @@ def track_kernel(
         {"set_overflows": int(totals[1]), "set_capacity": cap, "threads": threads},
     )
     return (result, backend.to_host(tr)) if trace else result
+
+
+#: Streamlines per batch: the GPU's (progress and partial results every ~0.5 s on an H100)
+#: and the bytes of the NumPy reference's dense visit bitmap.
+GPU_BATCH = 2_000_000
+NUMPY_BITMAP_BYTES = 256 * 2**20
+
+
+def iter_track(
+    field_: SampleField,
+    bits: np.ndarray,
+    seeds: np.ndarray,
+    params: ProbParams,
+    *,
+    n_targets: int = 0,
+    n_waypoints: int = 0,
+    device="auto",
+    engine: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    batch_streamlines: int | None = None,
+) -> Iterator[ProbResult]:
+    """Track every streamline of every seed voxel in batches, yielding the running totals
+    (a fresh :class:`ProbResult`) after each, so a viewer can show the path distribution
+    filling in; the last one is the result. ``engine``: ``"kernel"`` (GPU) or ``"numpy"``
+    (the reference; the CPU default). ``cancelled()`` is polled between batches (raising
+    :class:`Cancelled`; what was yielded stays valid)."""
+    backend = get_backend(device)
+    if engine == "auto":
+        engine = "kernel" if backend.is_gpu else "numpy"
+    if engine not in ("kernel", "numpy") or (engine == "kernel" and not backend.is_gpu):
+        raise ValueError("engine must be 'kernel' (on the GPU) or 'numpy'")
+    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
+    total = len(seeds) * params.n_samples
+    n_vox = int(np.prod(field_.shape))
+    batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else max(1, NUMPY_BITMAP_BYTES // n_vox))
+    paths = np.zeros(field_.shape, dtype=np.int64)
+    seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
+    waytotal = 0
+    device_field = None
+    if engine == "kernel":
+        cp = backend.xp
+        device_field = tuple(cp.ascontiguousarray(cp.asarray(a)) for a in (field_.dirs, field_.f, field_.index))
+        device_bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
+    t0 = time.perf_counter()
+    start = 0
+    while start < total:
+        if cancelled is not None and cancelled():
+            raise Cancelled()
+        count = min(batch, total - start)
+        if engine == "kernel":
+            part = track_kernel(
+                backend,
+                field_,
+                device_bits,
+                seeds,
+                params,
+                n_targets,
+                n_waypoints,
+                start,
+                count,
+                device_field=device_field,
+            )
+        else:
+            part = track_numpy(field_, bits, seeds, params, n_targets, n_waypoints, start, count)
+        paths += part.paths
+        seed_targets += part.seed_targets
+        waytotal += part.waytotal
+        start += count
+        if progress is not None:
+            progress(start, total)
+        elapsed = time.perf_counter() - t0
+        yield ProbResult(
+            paths.copy(),
+            waytotal,
+            seed_targets.copy(),
+            start,
+            {
+                "params": asdict(params),
+                "engine": engine,
+                "backend": backend.name,
+                "device": backend.device_name,
+                "tracking_s": elapsed,
+                "streamlines_per_s": start / elapsed if elapsed > 0 else None,
+            },
+        )
+
+
+def track(field_: SampleField, bits: np.ndarray, seeds: np.ndarray, params: ProbParams, **kwargs) -> ProbResult:
+    """:func:`iter_track` run to the end: the final totals."""
+    last = deque(iter_track(field_, bits, seeds, params, **kwargs), maxlen=1)
+    if last:
+        return last[0]
+    n_targets = kwargs.get("n_targets", 0)  # no seeds
+    return ProbResult(np.zeros(field_.shape, np.int64), 0, np.zeros((0, n_targets), np.int64), 0)

@@ -3,6 +3,8 @@ against the NumPy reference step by step."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -87,8 +89,8 @@ def test_streamlines_are_counted_once_and_runs_repeat():
     assert r.paths.max() <= r.waytotal == 100
     again = track_numpy(field_, bits, SEEDS, params)
     np.testing.assert_array_equal(r.paths, again.paths)
-    halves = [track_numpy(field_, bits, SEEDS[i : i + 1], params, first_id=50 * i) for i in range(2)]
-    np.testing.assert_array_equal(halves[0].paths + halves[1].paths, r.paths)  # batching changes nothing
+    parts = [track_numpy(field_, bits, SEEDS, params, first_id=start, count=25) for start in (0, 25, 50, 75)]
+    np.testing.assert_array_equal(sum(p.paths for p in parts), r.paths)  # batching changes nothing
     looped = track_numpy(field_, bits, SEEDS, ProbParams(n_samples=50, n_steps=200, cthr=-1.0, loopcheck=True))
     assert looped.paths.sum() < r.paths.sum()  # the loop check ends wandering halves early
 
@@ -112,3 +114,46 @@ def test_kernel_takes_the_reference_steps(options):
     np.testing.assert_array_equal(gpu.paths, ref.paths)
     assert gpu.waytotal == ref.waytotal and np.array_equal(gpu.seed_targets, ref.seed_targets)
     assert gpu.provenance["set_overflows"] == 0
+
+
+def test_batches_stream_running_totals_and_cancel(device):
+    from gpu.backend import Cancelled
+    from gpu.probabilistic import iter_track, track
+
+    field_, brain, bundle = straight_bundle()
+    bits = mask_bits(brain, targets=[slab(26, 28)])
+    face = np.argwhere(bundle & slab(3, 4))
+    params = ProbParams(n_samples=40, n_steps=200)
+    whole = track_numpy(field_, bits, face, params, n_targets=1)
+    seen = []
+    running = list(
+        iter_track(
+            field_,
+            bits,
+            face,
+            params,
+            n_targets=1,
+            device=device,
+            batch_streamlines=200,
+            progress=lambda d, t: seen.append(d),
+        )
+    )
+    assert seen == [200, 400, 600, 640]
+    assert [r.streamlines for r in running] == seen
+    assert all((a.paths <= b.paths).all() for a, b in itertools.pairwise(running))  # filling in
+    np.testing.assert_array_equal(running[-1].paths, whole.paths)  # same on every engine and batching
+    np.testing.assert_array_equal(running[-1].seed_targets, whole.seed_targets)
+    assert running[-1].waytotal == whole.waytotal
+    calls = []
+    with pytest.raises(Cancelled):
+        track(
+            field_,
+            bits,
+            face,
+            params,
+            device=device,
+            batch_streamlines=200,
+            progress=lambda d, t: calls.append(d),
+            cancelled=lambda: bool(calls),
+        )
+    assert calls == [200]  # stopped before the second batch

@@ -129,7 +129,7 @@ extern "C" __global__ void prob_track(
         long long local = (long long)atomicAdd(next, 1ull);
         if (local >= n_streamlines) return;
         unsigned long long sid = (unsigned long long)(first_id + local);
-        long long seed_no = local / n_samples;
+        long long seed_no = (first_id + local) / n_samples;
         uint4 j = philox(0u, P_START, sid, P.k0, P.k1);
         double sx0 = seeds[3 * seed_no] + uniform(j.x) - 0.5, sy0 = seeds[3 * seed_no + 1] + uniform(j.y) - 0.5,
                sz0 = seeds[3 * seed_no + 2] + uniform(j.z) - 0.5;
