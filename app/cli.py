@@ -336,6 +336,56 @@ def cmd_track_deterministic(args) -> int:
     return EXIT_OK
 
 
+def cmd_track_probabilistic(args) -> int:
+    from gpu.probabilistic import ProbParams
+
+    from .pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
+
+    get_backend(args.device)
+    try:
+        params = ProbParams(
+            n_samples=args.nsamples,
+            step_mm=args.steplength,
+            n_steps=args.nsteps,
+            cthr=args.cthr,
+            fibthresh=args.fibthresh,
+            randfib=args.randfib,
+            loopcheck=args.loopcheck,
+            modeuler=args.modeuler,
+            waycond=args.waycond,
+            seed=args.seed_rng,
+        )
+    except ValueError as exc:
+        raise InputError(str(exc), fix="Check the tracking options (see tractlens track probabilistic --help)") from exc
+    if args.waypoints is None and args.waycond != "AND":
+        log.warning("--waycond has no effect without --waypoints")
+    run = prepare_probabilistic(
+        args.samples,
+        args.seed,
+        targets=args.target or (),
+        waypoints=args.waypoints or (),
+        exclude=args.exclude,
+        stop=args.stop,
+        params=params,
+    )
+    for note in run.notes:
+        log.warning("%s", note)
+    result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
+    files = write_probabilistic_outputs(run, result, args.output)
+    summary = {
+        "outdir": str(Path(args.output)),
+        "files": sorted(Path(f).name for f in files.values()),
+        **summarise(run, result),
+    }
+    human = (
+        f"{result.streamlines} streamlines from {len(run.seeds)} seed voxels, {result.waytotal} kept, on "
+        f"{result.provenance['backend']} ({result.provenance['device']}) in {result.provenance['tracking_s']:.2f} s; "
+        f"written to {args.output}"
+    )
+    _emit(args, summary, human)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tractlens",
@@ -423,7 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
     p.set_defaults(func=cmd_select)
 
-    track = sub.add_parser("track", help="tractography: deterministic tensor tracking, geodesic ray tracing")
+    track = sub.add_parser(
+        "track", help="tractography: deterministic tensor tracking, geodesic ray tracing, probabilistic (probtrackx)"
+    )
     methods = track.add_subparsers(dest="method", metavar="METHOD", required=True)
     p = methods.add_parser(
         "deterministic",
@@ -513,6 +565,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed for seed placement (default 0)")
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
     p.set_defaults(func=cmd_track_geodesic)
+
+    p = methods.add_parser(
+        "probabilistic",
+        parents=[common],
+        help="probtrackx-style probabilistic tracking from a bedpostX folder",
+        description="From every seed voxel, --nsamples streamlines start at random points and run both ways; "
+        "each step draws a posterior sample of a neighbouring voxel (trilinear probabilities) and follows the "
+        "stick best aligned with the previous direction. Writes fdt_paths.nii.gz (each kept streamline counts "
+        "a voxel once), waytotal, seeds_to_{target}.nii.gz and matrix_seeds_to_all_targets.csv/.npy. "
+        "Defaults are probtrackx2's. Masks on another grid are resampled to the samples' (nearest neighbour).",
+    )
+    p.add_argument("--samples", required=True, metavar="BEDPOSTX_DIR", help="bedpostX folder (ours or FSL's)")
+    p.add_argument("--seed", required=True, metavar="MASK", help="seed mask: --nsamples streamlines per voxel")
+    p.add_argument("--target", action="extend", nargs="+", metavar="MASK", help="target masks (seeds_to_{target})")
+    p.add_argument("--waypoints", action="extend", nargs="+", metavar="MASK", help="waypoint masks to pass")
+    p.add_argument("--waycond", choices=("AND", "OR"), default="AND", help="pass all waypoints or any (default AND)")
+    p.add_argument("--exclude", metavar="MASK", help="exclusion mask: streamlines entering it are discarded")
+    p.add_argument("--stop", metavar="MASK", help="stop mask: streamlines end on entering it")
+    p.add_argument("--nsamples", type=int, default=5000, help="streamlines per seed voxel (default 5000)")
+    p.add_argument("--steplength", type=float, default=0.5, help="step length in mm (default 0.5)")
+    p.add_argument("--nsteps", type=int, default=2000, help="max steps per half streamline (default 2000)")
+    p.add_argument("--cthr", type=float, default=0.2, help="curvature threshold, a cosine (default 0.2)")
+    p.add_argument("--fibthresh", type=float, default=0.01, help="sticks with a smaller fraction are not followed")
+    p.add_argument("--randfib", type=int, choices=(0, 1, 2), default=0, help="first step's stick (default 0)")
+    p.add_argument("--loopcheck", action="store_true", help="stop a half that re-enters a voxel it left")
+    p.add_argument("--modeuler", action="store_true", help="modified Euler integration")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.set_defaults(func=cmd_track_probabilistic)
     return parser
 
 

@@ -157,3 +157,95 @@ def test_batches_stream_running_totals_and_cancel(device):
             cancelled=lambda: bool(calls),
         )
     assert calls == [200]  # stopped before the second batch
+
+
+# ---------------------------------------------------------------- files and command line
+
+
+@pytest.fixture(scope="module")
+def demo_bedpostx(demo_phantom, tmp_path_factory):
+    """A bedpostX folder made from the demo phantom's true bundle directions (two strongest
+    bundles per voxel, f = 0.6 × occupancy, 10 samples jittered by ~3°), FSL frame."""
+    from app.io.bedpostx import BedpostSamples, save_bedpostx
+    from gpu.ballstick import vectors_to_angles
+
+    p = demo_phantom
+    rng = np.random.default_rng(0)
+    order = np.argsort(-p.occupancy, axis=-1)[..., :2]
+    dirs = np.take_along_axis(p.directions, order[..., None], axis=3) * [-1.0, 1.0, 1.0]  # det > 0: x negated
+    f = np.take_along_axis(p.occupancy, order, axis=3) * 0.6
+    samples = dirs[..., None, :] + rng.normal(0, 0.05, (*dirs.shape[:4], 10, 3))
+    theta, phi = vectors_to_angles(np, samples)
+    f_samples = np.repeat(f[..., None], 10, axis=-1)
+    folder = tmp_path_factory.mktemp("demo") / "demo.bedpostX"
+    save_bedpostx(
+        folder,
+        BedpostSamples(
+            theta.astype(np.float32), phi.astype(np.float32), f_samples.astype(np.float32), p.brain, p.affine
+        ),
+    )
+    return folder
+
+
+def test_track_probabilistic_command_on_the_demo_bundles(demo_bedpostx, demo_dir, demo_phantom, tmp_path):
+    import json
+
+    import nibabel as nib
+
+    from tests.test_cli import run_cli
+
+    out = tmp_path / "prob"
+    seed, target = demo_dir / "roi_crossing_lr_seed.nii.gz", demo_dir / "roi_crossing_lr_target.nii.gz"
+    args = ["track", "probabilistic", "--samples", str(demo_bedpostx), "--seed", str(seed), "--target", str(target)]
+    result = run_cli(*args, "--nsamples", "20", "--device", "cpu", "-o", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    n_seed = int((nib.load(seed).get_fdata() > 0).sum())
+    assert summary["streamlines"] == 20 * n_seed == summary["waytotal"]  # no waypoints, no exclusion
+    expected = {"fdt_paths.nii.gz", "waytotal", "seeds_to_roi_crossing_lr_target.nii.gz", "probtrackx.json"}
+    assert expected | {"matrix_seeds_to_all_targets.csv", "matrix_seeds_to_all_targets.npy"} == set(summary["files"])
+    paths = nib.load(out / "fdt_paths.nii.gz").get_fdata()
+    in_bundle = demo_phantom.occupancy[..., 0] > 0.1
+    fraction = paths[in_bundle].sum() / paths.sum()
+    reached = summary["targets"]["roi_crossing_lr_target"] / summary["streamlines"]
+    print(f"\ncrossing_lr: {fraction:.3f} of visits in the bundle, {reached:.2f} of streamlines reach the target")
+    assert fraction > 0.9 and reached > 0.5
+    assert int((out / "waytotal").read_text()) == summary["waytotal"]
+    matrix = np.loadtxt(out / "matrix_seeds_to_all_targets.csv", delimiter=",", skiprows=1)
+    s2t = nib.load(out / "seeds_to_roi_crossing_lr_target.nii.gz").get_fdata()
+    assert matrix[:, 3].sum() == s2t.sum() == summary["targets"]["roi_crossing_lr_target"]
+    excluded = run_cli(
+        *args, "--exclude", str(target), "--nsamples", "20", "--device", "cpu", "-o", str(tmp_path / "x"), "--json"
+    )
+    assert excluded.returncode == 0, excluded.stderr
+    assert (
+        json.loads(excluded.stdout)["waytotal"] == summary["streamlines"] - summary["targets"]["roi_crossing_lr_target"]
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["--nsamples", "0"], "n_samples and n_steps must be at least 1"),
+        (["--cthr", "2"], "cthr is a cosine"),
+        (["--seed", "OUTSIDE"], "no seed voxel lies inside the bedpostX brain mask"),
+        (["--samples", "NOTBPX"], "not a bedpostX output"),
+    ],
+)
+def test_track_probabilistic_bad_inputs(demo_bedpostx, demo_dir, tmp_path, extra, expect):
+    import nibabel as nib
+
+    from tests.test_cli import _expect_input_error
+
+    img = nib.load(demo_dir / "mask.nii.gz")
+    outside = (img.get_fdata() == 0).astype(np.uint8)
+    nib.save(nib.Nifti1Image(outside, img.affine), tmp_path / "outside.nii.gz")
+    swap = {"OUTSIDE": str(tmp_path / "outside.nii.gz"), "NOTBPX": str(demo_dir)}
+    args = ["--samples", str(demo_bedpostx), "--seed", str(demo_dir / "roi_crossing_lr_seed.nii.gz")]
+    for i in range(0, len(extra), 2):
+        if extra[i] in args:
+            args[args.index(extra[i]) + 1] = swap.get(extra[i + 1], extra[i + 1])
+        else:
+            args += [extra[i], swap.get(extra[i + 1], extra[i + 1])]
+    _expect_input_error("track", "probabilistic", *args, "-o", str(tmp_path / "o"), match=expect)
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,182 @@
+"""Use case: probabilistic tractography from a bedpostX folder, probtrackx style.
+
+Shared by ``tractlens track probabilistic`` and Python scripts. Masks on another
+grid than the samples are resampled to it (nearest neighbour) with a notice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gpu.ballstick import angles_to_vectors
+from gpu.probabilistic import (
+    MAX_TARGETS,
+    MAX_WAYPOINTS,
+    ProbParams,
+    ProbResult,
+    SampleField,
+    iter_track,
+    mask_bits,
+)
+
+from ..errors import InputError
+from ..io import BedpostSamples, load_bedpostx, save_volume
+from ..io._atomic import atomic_path, split_suffix
+from ..io.dwi import x_flip_needed
+from .select import load_masks_on_reference
+
+#: Files written by :func:`write_probabilistic_outputs` ({target}: the target file's stem).
+PROB_OUTPUTS = {
+    "fdt_paths.nii.gz": "path distribution: kept streamlines visiting each voxel (each counts a voxel once)",
+    "waytotal": "kept streamlines (after exclusion and waypoints)",
+    "seeds_to_{target}.nii.gz": "per seed voxel, kept streamlines reaching the target",
+    "matrix_seeds_to_all_targets.csv": "seed voxels (i, j, k) × targets, the same counts (also .npy)",
+    "probtrackx.json": "summary: parameters, masks, counts, timings, device",
+}
+
+
+def sample_field(samples: BedpostSamples) -> SampleField:
+    """bedpostX samples (FSL frame) as the engine's field: stick directions in voxel axes."""
+    mask = samples.mask
+    dirs = angles_to_vectors(np, samples.theta[mask], samples.phi[mask]).astype(np.float32)  # (n, L, S, 3)
+    if x_flip_needed(samples.affine):
+        dirs[..., 0] *= -1.0
+    index = np.full(mask.shape, -1, dtype=np.int32)
+    index[mask] = np.arange(int(mask.sum()), dtype=np.int32)
+    voxel_size = np.sqrt((samples.affine[:3, :3] ** 2).sum(axis=0))
+    return SampleField(
+        np.ascontiguousarray(dirs.transpose(0, 2, 1, 3)),
+        np.ascontiguousarray(samples.f[mask].transpose(0, 2, 1), dtype=np.float32),
+        index,
+        voxel_size,
+    )
+
+
+@dataclass
+class ProbabilisticRun:
+    """A prepared run: the field, the mask bits, the seeds, and what the masks were."""
+
+    samples: BedpostSamples
+    field: SampleField
+    bits: np.ndarray
+    seeds: np.ndarray  # (n, 3) seed voxels
+    targets: list[str]
+    n_waypoints: int
+    params: ProbParams
+    notes: list[str] = field(default_factory=list)
+
+    def run(
+        self,
+        *,
+        device: str = "auto",
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[ProbResult]:
+        """Running totals after each batch (see :func:`gpu.probabilistic.iter_track`)."""
+        return iter_track(
+            self.field,
+            self.bits,
+            self.seeds,
+            self.params,
+            n_targets=len(self.targets),
+            n_waypoints=self.n_waypoints,
+            device=device,
+            progress=progress,
+            cancelled=cancelled,
+        )
+
+    def track(self, **options) -> ProbResult:
+        """The final totals of :meth:`run` (same options)."""
+        return deque(self.run(**options), maxlen=1)[0]  # the seed mask is never empty
+
+
+def prepare_probabilistic(
+    samples_dir: str | os.PathLike,
+    seed: str | os.PathLike,
+    *,
+    targets: Sequence[str | os.PathLike] = (),
+    waypoints: Sequence[str | os.PathLike] = (),
+    exclude: str | os.PathLike | None = None,
+    stop: str | os.PathLike | None = None,
+    params: ProbParams | None = None,
+) -> ProbabilisticRun:
+    """Load the bedpostX folder and the masks, check them, and build the engine's inputs."""
+    params = params or ProbParams()
+    samples = load_bedpostx(samples_dir)
+    if len(targets) > MAX_TARGETS or len(waypoints) > MAX_WAYPOINTS:
+        raise InputError(f"at most {MAX_TARGETS} targets and {MAX_WAYPOINTS} waypoint masks")
+    notes: list[str] = []
+    grid = (samples.affine, samples.mask.shape)
+
+    def masks(paths, what):
+        return load_masks_on_reference(list(paths), what, *grid, notes) if paths else []
+
+    (seed_mask,) = masks([seed], "seed mask")
+    target_masks = masks(targets, "target mask")
+    way_masks = masks(waypoints, "waypoint mask")
+    exclude_mask = masks([exclude], "exclusion mask")[0] if exclude else None
+    stop_mask = masks([stop], "stop mask")[0] if stop else None
+    outside = int((seed_mask & ~samples.mask).sum())
+    if outside == int(seed_mask.sum()):
+        raise InputError(
+            "no seed voxel lies inside the bedpostX brain mask (nodif_brain_mask)",
+            path=seed,
+            fix="Check that the seed mask belongs to this subject and space",
+        )
+    if outside:
+        notes.append(f"{outside} seed voxel(s) lie outside the brain mask; their streamlines end at once")
+    names = [split_suffix(Path(t))[0] for t in targets]
+    if len(set(names)) != len(names):
+        raise InputError("two target masks have the same file name; their outputs would collide")
+    bits = mask_bits(samples.mask, exclude_mask, stop_mask, way_masks, target_masks)
+    seeds = np.ascontiguousarray(np.argwhere(seed_mask))
+    return ProbabilisticRun(samples, sample_field(samples), bits, seeds, names, len(way_masks), params, notes)
+
+
+def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdir: str | os.PathLike) -> dict[str, str]:
+    """Write :data:`PROB_OUTPUTS` into ``outdir`` (atomic per file)."""
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", path=out)
+    out.mkdir(parents=True, exist_ok=True)
+    aff = run.samples.affine
+    files = {"fdt_paths.nii.gz": save_volume(result.paths.astype(np.float32), aff, out / "fdt_paths.nii.gz")}
+    with atomic_path(out / "waytotal") as tmp:
+        tmp.write_text(f"{result.waytotal}\n")
+    files["waytotal"] = out / "waytotal"
+    for j, name in enumerate(run.targets):
+        volume = np.zeros(run.samples.mask.shape, dtype=np.float32)
+        volume[tuple(run.seeds.T)] = result.seed_targets[:, j]
+        files[f"seeds_to_{name}.nii.gz"] = save_volume(volume, aff, out / f"seeds_to_{name}.nii.gz")
+    if run.targets:
+        table = np.concatenate([run.seeds, result.seed_targets], axis=1)
+        with atomic_path(out / "matrix_seeds_to_all_targets.csv") as tmp:
+            np.savetxt(tmp, table, fmt="%d", delimiter=",", header=",".join(["i", "j", "k", *run.targets]), comments="")
+        with atomic_path(out / "matrix_seeds_to_all_targets.npy") as tmp:
+            np.save(tmp, result.seed_targets)
+        files["matrix_seeds_to_all_targets.csv"] = out / "matrix_seeds_to_all_targets.csv"
+        files["matrix_seeds_to_all_targets.npy"] = out / "matrix_seeds_to_all_targets.npy"
+    summary = summarise(run, result)
+    with atomic_path(out / "probtrackx.json") as tmp:
+        tmp.write_text(json.dumps(summary, indent=2, default=str))
+    files["probtrackx.json"] = out / "probtrackx.json"
+    return {name: str(path) for name, path in files.items()}
+
+
+def summarise(run: ProbabilisticRun, result: ProbResult) -> dict:
+    return {
+        "seed_voxels": len(run.seeds),
+        "streamlines": result.streamlines,
+        "waytotal": result.waytotal,
+        "targets": {name: int(result.seed_targets[:, j].sum()) for j, name in enumerate(run.targets)},
+        "waypoints": run.n_waypoints,
+        "notes": run.notes,
+        **result.provenance,
+    }
