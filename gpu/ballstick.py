@@ -578,7 +578,7 @@ def lm_kernel(backend: Backend, y, b, g, x0, params: BallStickParams):
     cost = cp.empty(n)
     if n == 0:
         return x_out, cost
-    kernel = cuda.function("ballstick.cu", "ballstick_lm", defines=_kernel_defines(params, m, False))
+    kernel = cuda.function("ballstick.cu", "ballstick_lm", ("philox.cuh",), defines=_kernel_defines(params, m, False))
     per_warp = 8 * (npl * (npl + 1) // 2 + 2 * npl + (m * (npl + 1) + 1) // 2)
     warps = 2 if 2 * per_warp <= 48 * 1024 else 1
     if warps * per_warp > 48 * 1024:
@@ -613,7 +613,7 @@ def mcmc_kernel(backend: Backend, y, b, g, start, voxel0: int, params: BallStick
     rate = cp.zeros((n, P), dtype=cp.float32)
     if n == 0:
         return samples, rate
-    kernel = cuda.function("ballstick.cu", "ballstick_mcmc", defines=_kernel_defines(params, m, True))
+    kernel = cuda.function("ballstick.cu", "ballstick_mcmc", ("philox.cuh",), defines=_kernel_defines(params, m, True))
     key0, key1 = _seed_key(params.seed)
     warps = MCMC_BLOCK // 32
     kernel(

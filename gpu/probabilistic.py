@@ -384,7 +384,7 @@ def track_kernel(
     key0, key1 = _seed_key(params.seed)
     scale = params.step_mm / field_.voxel_size
     waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
-    kernel = cuda.function("probabilistic.cu", "prob_track")
+    kernel = cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",))
     kernel(
         (threads // block,),
         (block,),

@@ -10,6 +10,7 @@
 //   RICIAN    1 for Rician noise (adds the precision tau), 0 for Gaussian
 //
 // Internal units: signal / S0 of the tensor fit, b / max(b), d * max(b).
+// philox4x32_10 comes from philox.cuh (prepended by gpu/cuda.py).
 
 #define FULL_MASK 0xffffffffu
 #define NPL (2 + 3 * NFIB)  // parameters of the least-squares fit
@@ -230,17 +231,6 @@ extern "C" __global__ void ballstick_lm(const float* __restrict__ y_all, const f
 }
 
 // ---------------------------------------------------------------- MCMC
-
-__device__ __forceinline__ uint4 philox4x32_10(uint4 c, unsigned int k0, unsigned int k1) {
-#pragma unroll
-    for (int round = 0; round < 10; ++round) {
-        if (round) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        unsigned int hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
-        unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
-        c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
-    }
-    return c;
-}
 
 __device__ __forceinline__ float unit_open(unsigned int r) {  // (r + 1/2) / 2^32
     return fmaf((float)r, 2.3283064365386963e-10f, 1.1641532182693481e-10f);

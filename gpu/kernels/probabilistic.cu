@@ -19,17 +19,10 @@
 #define P_EULER 2u
 #define P_RANDFIB 3u
 
+// The streamline's random numbers: philox4x32_10 (philox.cuh) at counter (draw, purpose | half << 8, id).
 __device__ __forceinline__ uint4 philox(unsigned int c0, unsigned int c1, unsigned long long sid, unsigned int k0,
                                         unsigned int k1) {
-    uint4 c = make_uint4(c0, c1, (unsigned int)sid, (unsigned int)(sid >> 32));
-#pragma unroll
-    for (int round = 0; round < 10; ++round) {
-        if (round) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        unsigned int hi0 = __umulhi(0xD2511F53u, c.x), lo0 = 0xD2511F53u * c.x;
-        unsigned int hi1 = __umulhi(0xCD9E8D57u, c.z), lo1 = 0xCD9E8D57u * c.z;
-        c = make_uint4(hi1 ^ c.y ^ k0, lo1, hi0 ^ c.w ^ k1, lo0);
-    }
-    return c;
+    return philox4x32_10(make_uint4(c0, c1, (unsigned int)sid, (unsigned int)(sid >> 32)), k0, k1);
 }
 
 __device__ __forceinline__ double uniform(unsigned int r) { return ((double)r + 0.5) * 2.3283064365386963e-10; }
