@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .io import DWI
+    from .io import DWI, BedpostSamples
 
 ROI_ROLES = ("seed", "target", "exclusion", "waypoint", "stop")
 
@@ -95,6 +95,16 @@ class DWIVolume(Volume):
     def __init__(self, name: str, dwi: DWI):
         super().__init__(name, dwi.mean_b0().astype(np.float32), dwi.affine, kind="dwi", source=dwi.path)
         self.dwi = dwi
+
+
+class DyadsVolume(Volume):
+    """Fibre orientations for display (kind ``dyads``, see :class:`Layer`) that keep the
+    posterior samples they summarise (:class:`app.io.BedpostSamples`), which
+    probabilistic tracking started from the layer uses."""
+
+    def __init__(self, name: str, data: np.ndarray, samples: BedpostSamples, *, source: str = ""):
+        super().__init__(name, data, samples.affine, kind="dyads", source=source)
+        self.samples = samples
 
 
 class RoiMask(Observable):

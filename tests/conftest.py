@@ -44,6 +44,31 @@ def demo_phantom():
     return make_phantom()
 
 
+@pytest.fixture(scope="session")
+def demo_bedpostx(demo_phantom, tmp_path_factory):
+    """A bedpostX folder made from the demo phantom's true bundle directions (two strongest
+    bundles per voxel, f = 0.6 × occupancy, 10 samples jittered by ~3°), FSL frame."""
+    from app.io.bedpostx import BedpostSamples, save_bedpostx
+    from gpu.ballstick import vectors_to_angles
+
+    p = demo_phantom
+    rng = np.random.default_rng(0)
+    order = np.argsort(-p.occupancy, axis=-1)[..., :2]
+    dirs = np.take_along_axis(p.directions, order[..., None], axis=3) * [-1.0, 1.0, 1.0]  # det > 0: x negated
+    f = np.take_along_axis(p.occupancy, order, axis=3) * 0.6
+    samples = dirs[..., None, :] + rng.normal(0, 0.05, (*dirs.shape[:4], 10, 3))
+    theta, phi = vectors_to_angles(np, samples)
+    f_samples = np.repeat(f[..., None], 10, axis=-1)
+    folder = tmp_path_factory.mktemp("demo") / "demo.bedpostX"
+    save_bedpostx(
+        folder,
+        BedpostSamples(
+            theta.astype(np.float32), phi.astype(np.float32), f_samples.astype(np.float32), p.brain, p.affine
+        ),
+    )
+    return folder
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

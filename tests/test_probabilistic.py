@@ -162,31 +162,6 @@ def test_batches_stream_running_totals_and_cancel(device):
 # ---------------------------------------------------------------- files and command line
 
 
-@pytest.fixture(scope="module")
-def demo_bedpostx(demo_phantom, tmp_path_factory):
-    """A bedpostX folder made from the demo phantom's true bundle directions (two strongest
-    bundles per voxel, f = 0.6 × occupancy, 10 samples jittered by ~3°), FSL frame."""
-    from app.io.bedpostx import BedpostSamples, save_bedpostx
-    from gpu.ballstick import vectors_to_angles
-
-    p = demo_phantom
-    rng = np.random.default_rng(0)
-    order = np.argsort(-p.occupancy, axis=-1)[..., :2]
-    dirs = np.take_along_axis(p.directions, order[..., None], axis=3) * [-1.0, 1.0, 1.0]  # det > 0: x negated
-    f = np.take_along_axis(p.occupancy, order, axis=3) * 0.6
-    samples = dirs[..., None, :] + rng.normal(0, 0.05, (*dirs.shape[:4], 10, 3))
-    theta, phi = vectors_to_angles(np, samples)
-    f_samples = np.repeat(f[..., None], 10, axis=-1)
-    folder = tmp_path_factory.mktemp("demo") / "demo.bedpostX"
-    save_bedpostx(
-        folder,
-        BedpostSamples(
-            theta.astype(np.float32), phi.astype(np.float32), f_samples.astype(np.float32), p.brain, p.affine
-        ),
-    )
-    return folder
-
-
 def test_track_probabilistic_command_on_the_demo_bundles(demo_bedpostx, demo_dir, demo_phantom, tmp_path):
     import json
 
@@ -278,3 +253,32 @@ def test_demo_bundles_stay_in_their_bundle_through_crossing_and_kissing(
     )
     assert share > 0.85 and dice > 0.7
     assert to_target > 0.5
+
+
+def test_prepare_from_masks_in_memory_checks_them(demo_bedpostx, demo_dir):
+    """The GUI's path: ROI masks already on the samples' grid; the loaded dyads layer keeps its samples."""
+    import nibabel as nib
+
+    from app.errors import InputError
+    from app.loaders import load_layers
+    from app.pipelines.probabilistic import prepare_probabilistic, prepare_probabilistic_masks
+
+    layers = load_layers(demo_bedpostx)
+    dyads = next(layer for layer in layers if layer.kind == "dyads")
+    samples = dyads.data.samples
+    seed = nib.load(demo_dir / "roi_crossing_lr_seed.nii.gz").get_fdata() > 0
+    target = nib.load(demo_dir / "roi_crossing_lr_target.nii.gz").get_fdata() > 0
+    params = ProbParams(n_samples=5)
+    run_ = prepare_probabilistic_masks(samples, seed, targets=[("target", target)], params=params)
+    from_files = prepare_probabilistic(
+        demo_bedpostx, demo_dir / "roi_crossing_lr_seed.nii.gz", targets=[demo_dir / "roi_crossing_lr_target.nii.gz"]
+    )
+    assert np.array_equal(run_.bits, from_files.bits) and np.array_equal(run_.seeds, from_files.seeds)
+    result = run_.track(device="cpu")
+    assert result.streamlines == 5 * int(seed.sum()) and result.seed_targets.sum() > 0
+    with pytest.raises(InputError, match="seed mask is empty"):
+        prepare_probabilistic_masks(samples, np.zeros_like(seed))
+    with pytest.raises(InputError, match="not the samples' grid"):
+        prepare_probabilistic_masks(samples, seed, stop=np.zeros((3, 3, 3), bool))
+    with pytest.raises(InputError, match="same name"):
+        prepare_probabilistic_masks(samples, seed, targets=[("a", target), ("a", target)])

@@ -18,7 +18,7 @@ import numpy as np
 from gpu.ballstick import dyadic_mean
 
 from ..errors import InputError
-from ..model import Volume
+from ..model import DyadsVolume
 from .dwi import fsl_to_voxel_vectors, save_gradients
 from .nifti import load_image, read_array, save_volume
 
@@ -114,7 +114,7 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
     )
 
 
-def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> Volume:
+def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> DyadsVolume:
     """The fibre orientations as a display volume of kind ``dyads``.
 
     Data (X, Y, Z, n_fibres, 4): per stick a unit direction in voxel axes
@@ -126,7 +126,7 @@ def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> Volume:
     data[..., :3] = fsl_to_voxel_vectors(dyads, samples.affine)
     data[..., 3] = samples.f.mean(axis=-1)
     data[data[..., 3] < DYAD_F_THRESHOLD] = 0.0
-    return Volume(name, data, samples.affine, kind="dyads", source=samples.path)
+    return DyadsVolume(name, data, samples, source=samples.path)
 
 
 #: Files of a bedpostX folder written by :func:`save_bedpostx` ({i}: stick 1..n).

@@ -107,8 +107,7 @@ def prepare_probabilistic(
     stop: str | os.PathLike | None = None,
     params: ProbParams | None = None,
 ) -> ProbabilisticRun:
-    """Load the bedpostX folder and the masks, check them, and build the engine's inputs."""
-    params = params or ProbParams()
+    """Load the bedpostX folder and the mask files, check them, and build the engine's inputs."""
     samples = load_bedpostx(samples_dir)
     if len(targets) > MAX_TARGETS or len(waypoints) > MAX_WAYPOINTS:
         raise InputError(f"at most {MAX_TARGETS} targets and {MAX_WAYPOINTS} waypoint masks")
@@ -118,26 +117,67 @@ def prepare_probabilistic(
     def masks(paths, what):
         return load_masks_on_reference(list(paths), what, *grid, notes) if paths else []
 
-    (seed_mask,) = masks([seed], "seed mask")
-    target_masks = masks(targets, "target mask")
-    way_masks = masks(waypoints, "waypoint mask")
-    exclude_mask = masks([exclude], "exclusion mask")[0] if exclude else None
-    stop_mask = masks([stop], "stop mask")[0] if stop else None
+    names = [split_suffix(Path(t))[0] for t in targets]
+    if len(set(names)) != len(names):
+        raise InputError("two target masks have the same file name; their outputs would collide")
+    return prepare_probabilistic_masks(
+        samples,
+        masks([seed], "seed mask")[0],
+        targets=list(zip(names, masks(targets, "target mask"), strict=True)),
+        waypoints=masks(waypoints, "waypoint mask"),
+        exclude=masks([exclude], "exclusion mask")[0] if exclude else None,
+        stop=masks([stop], "stop mask")[0] if stop else None,
+        params=params,
+        notes=notes,
+        seed_name=str(seed),
+    )
+
+
+def prepare_probabilistic_masks(
+    samples: BedpostSamples,
+    seed_mask: np.ndarray,
+    *,
+    targets: Sequence[tuple[str, np.ndarray]] = (),
+    waypoints: Sequence[np.ndarray] = (),
+    exclude: np.ndarray | None = None,
+    stop: np.ndarray | None = None,
+    params: ProbParams | None = None,
+    notes: list[str] | None = None,
+    seed_name: str = "seed",
+    field_: SampleField | None = None,
+) -> ProbabilisticRun:
+    """The engine's inputs from masks already on the samples' grid (the GUI's ROI layers,
+    resampled): ``targets`` as (name, mask) pairs. ``field_``: the samples' field when the
+    caller keeps one (it is the large part)."""
+    params = params or ProbParams()
+    notes = list(notes or [])
+    shape = samples.mask.shape
+    named = [("seed mask", seed_mask), *((f"target {n}", m) for n, m in targets)]
+    named += [(f"waypoint mask {i + 1}", m) for i, m in enumerate(waypoints)]
+    named += [(what, m) for what, m in (("exclusion mask", exclude), ("stop mask", stop)) if m is not None]
+    for what, mask in named:
+        if np.shape(mask) != shape:
+            raise InputError(f"the {what} has shape {np.shape(mask)}, not the samples' grid {shape}")
+    if len(targets) > MAX_TARGETS or len(waypoints) > MAX_WAYPOINTS:
+        raise InputError(f"at most {MAX_TARGETS} targets and {MAX_WAYPOINTS} waypoint masks")
+    names = [name for name, _ in targets]
+    if len(set(names)) != len(names):
+        raise InputError("two target masks have the same name; their outputs would collide")
+    seed_mask = np.asarray(seed_mask, dtype=bool)
+    if not seed_mask.any():
+        raise InputError("the seed mask is empty", path=seed_name, fix="Give (or paint) a non-empty seed region")
     outside = int((seed_mask & ~samples.mask).sum())
     if outside == int(seed_mask.sum()):
         raise InputError(
             "no seed voxel lies inside the bedpostX brain mask (nodif_brain_mask)",
-            path=seed,
+            path=seed_name,
             fix="Check that the seed mask belongs to this subject and space",
         )
     if outside:
         notes.append(f"{outside} seed voxel(s) lie outside the brain mask; their streamlines end at once")
-    names = [split_suffix(Path(t))[0] for t in targets]
-    if len(set(names)) != len(names):
-        raise InputError("two target masks have the same file name; their outputs would collide")
-    bits = mask_bits(samples.mask, exclude_mask, stop_mask, way_masks, target_masks)
+    bits = mask_bits(samples.mask, exclude, stop, list(waypoints), [m for _, m in targets])
     seeds = np.ascontiguousarray(np.argwhere(seed_mask))
-    return ProbabilisticRun(samples, sample_field(samples), bits, seeds, names, len(way_masks), params, notes)
+    return ProbabilisticRun(samples, field_ or sample_field(samples), bits, seeds, names, len(waypoints), params, notes)
 
 
 def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdir: str | os.PathLike) -> dict[str, str]:
