@@ -78,8 +78,10 @@ class ProbabilisticRun:
         device: str = "auto",
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        batch_streamlines: int | None = None,
     ) -> Iterator[ProbResult]:
-        """Running totals after each batch (see :func:`gpu.probabilistic.iter_track`)."""
+        """Running totals after each batch (see :func:`gpu.probabilistic.iter_track`;
+        ``batch_streamlines`` sets how often they come)."""
         return iter_track(
             self.field,
             self.bits,
@@ -90,6 +92,7 @@ class ProbabilisticRun:
             device=device,
             progress=progress,
             cancelled=cancelled,
+            batch_streamlines=batch_streamlines,
         )
 
     def track(self, **options) -> ProbResult:
