@@ -31,7 +31,11 @@ visited voxels the counting keeps anyway.
 Masks reach the engine as one uint32 volume of bits (:func:`mask_bits`).
 Random numbers: Philox4x32-10 (as :mod:`gpu.ballstick`), one stream per
 streamline (counter: draw, purpose and half, streamline id); the streamline id is
-``seed voxel number × n_samples + k``, so results do not depend on batching.
+``seed voxel number × n_samples + k`` for sample k, so results do not depend on
+batching. Streamlines are run in the order j = k × n_seeds + seed voxel number
+(sample k of every seed voxel before sample k + 1; :func:`streamline_ids`), so a
+batch — a range of j — spreads over all the seed voxels and the path distribution
+fills in evenly while a run goes on.
 """
 
 from __future__ import annotations
@@ -219,6 +223,13 @@ def _sample_direction(field_: SampleField, params: ProbParams, pos, prev, has_pr
     return np.where(ok[:, None], out, 0.0)
 
 
+def streamline_ids(first: int, count: int, n_seeds: int, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """(streamline ids, seed voxel numbers) of run positions ``first .. first + count``."""
+    j = np.arange(first, first + count, dtype=np.int64)
+    seed_of = j % n_seeds
+    return (seed_of * n_samples + j // n_seeds).astype(np.uint64), seed_of
+
+
 def track_numpy(
     field_: SampleField,
     bits: np.ndarray,
@@ -230,9 +241,9 @@ def track_numpy(
     count: int | None = None,
     record: bool = False,
 ):
-    """Track streamlines ``first_id .. first_id + count`` (default: all ``len(seeds) *
-    n_samples``; streamline i starts in seed voxel ``i // n_samples`` of ``seeds``, ijk
-    (n, 3)) with the NumPy reference. Returns :class:`ProbResult` (seed × target rows for
+    """Track the streamlines at run positions ``first_id .. first_id + count`` (default: all
+    ``len(seeds) * n_samples``; see :func:`streamline_ids`; ``seeds`` ijk (n, 3)) with the
+    NumPy reference. Returns :class:`ProbResult` (seed × target rows for
     all of ``seeds``), plus the step sequences (x, y, z, alive per step, per half) when
     ``record``. Visits are kept in a dense (streamlines × voxels) bitmap, so batches must
     be small on large grids (:func:`iter_track` sizes them)."""
@@ -240,8 +251,7 @@ def track_numpy(
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
     n = len(seeds) * params.n_samples - first_id if count is None else count
-    sid = np.arange(first_id, first_id + n, dtype=np.uint64)
-    seed_of = (sid // np.uint64(params.n_samples)).astype(np.int64)
+    sid, seed_of = streamline_ids(first_id, n, len(seeds), params.n_samples)
     jitter = _draw(P_START, 0, 0, sid, key)
     start = seeds[seed_of] + np.stack([_uniform(jitter[i]) - 0.5 for i in range(3)], 1)
     flat = lambda v: (v[:, 0] * shape[1] + v[:, 1]) * shape[2] + v[:, 2]  # noqa: E731
@@ -332,12 +342,32 @@ def track_numpy(
     return (result, steps_record) if record else result
 
 
-def set_capacity(field_: SampleField, params: ProbParams) -> int:
-    """Slots of a thread's visited-voxel set: a power of two at least twice the most voxels a
-    streamline can enter (each step enters at most one new voxel, and it takes at least
-    ``min voxel size / step`` steps to get past a voxel... bounded by both)."""
-    per_half = min(params.n_steps, int(np.ceil(params.n_steps * params.step_mm / field_.voxel_size.min() * 3)) + 8)
-    return 1 << int(np.ceil(np.log2(2 * (2 * per_half + 2))))
+#: Slots of a thread's visited-voxel set in the first pass (8 bytes each, plus 4 for the
+#: member list when streamlines are kept only at their end). A streamline with more than
+#: 3/4 as many distinct voxels (1536: ~2 m of path at 1.25 mm) is run again with a set
+#: large enough for any streamline.
+SET_SLOTS = 2048
+
+
+def set_sizes(params: ProbParams, slots: int = SET_SLOTS) -> tuple[int, int, int]:
+    """(slots, member limit) of the first pass and the slots of the second: every step enters
+    at most one new voxel, so a streamline has at most ``2 n_steps + 1`` distinct voxels; the
+    second pass holds that many at a load of at most 1/2."""
+    most = 2 * params.n_steps + 1
+    full = 1 << int(np.ceil(np.log2(2 * most)))
+    if full <= slots:
+        return full, most, full
+    return slots, slots * 3 // 4, full
+
+
+def _resident_threads(cp, kernel, block: int) -> int:
+    """Threads the device runs at once with this kernel (persistent threads: no more are useful)."""
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    try:
+        per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0)
+    except Exception:  # an older CuPy: assume a full SM
+        per_sm = props["maxThreadsPerMultiProcessor"] // block
+    return max(1, per_sm) * block * props["multiProcessorCount"]
 
 
 def track_kernel(
@@ -354,10 +384,12 @@ def track_kernel(
     threads=None,
     trace=False,
     device_field=None,
+    set_slots=SET_SLOTS,
 ):
     """:func:`track_numpy` as the CUDA kernel ``prob_track``. ``device_field``: the field's
-    arrays already on the device (dirs, f, index) to reuse between calls. Returns
-    :class:`ProbResult` (and the (n, 2, n_steps + 1, 4) trace when ``trace``)."""
+    arrays already on the device (dirs, f, index) to reuse between calls; ``set_slots``: the
+    first pass's set size (:func:`set_sizes`). Returns :class:`ProbResult` (and the (n, 2,
+    n_steps + 1, 4) trace when ``trace``)."""
     from . import cuda
 
     cp = backend.xp
@@ -365,73 +397,99 @@ def track_kernel(
     if n <= 0:
         empty = ProbResult(np.zeros(field_.shape, np.int64), 0, np.zeros((len(seeds), n_targets), np.int64), 0)
         return (empty, np.zeros((0, 2, params.n_steps + 1, 4))) if trace else empty
-    cap = set_capacity(field_, params)
-    if threads is None:
-        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-        threads = props["multiProcessorCount"] * 1024
+    kernel = cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",))
     block = 128
-    threads = int(-(-max(1, min(threads, n)) // block) * block)  # whole blocks: each thread owns a set
     dirs, f, index = device_field or tuple(
         cp.ascontiguousarray(cp.asarray(a)) for a in (field_.dirs, field_.f, field_.index)
     )
+    bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
+    seeds_d = cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32))  # argwhere gives F order
     shape = field_.shape
     paths = cp.zeros(int(np.prod(shape)), dtype=cp.uint64)
     seed_targets = cp.zeros((len(seeds), max(n_targets, 1)), dtype=cp.uint64)
-    totals = cp.zeros(2, dtype=cp.uint64)
-    tables = cp.full(threads * cap, -1, dtype=cp.int32)
-    lists = cp.empty(threads * cap, dtype=cp.int32)
+    overflow_ids = cp.empty(n, dtype=cp.uint64)
     tr = cp.zeros((n, 2, params.n_steps + 1, 4)) if trace else None
     key0, key1 = _seed_key(params.seed)
     scale = params.step_mm / field_.voxel_size
     waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
-    kernel = cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",))
-    kernel(
-        (threads // block,),
-        (block,),
-        (
-            dirs,
-            f,
-            index,
-            cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32)),
-            cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32)),  # argwhere gives F order
-            np.int64(n),
-            np.int32(params.n_samples),
-            np.int64(first_id),
-            *(
-                np.int32(v)
-                for v in (
-                    *shape,
-                    field_.n_samples,
-                    field_.n_fibres,
-                    params.n_steps,
-                    params.randfib,
-                    params.loopcheck,
-                    params.modeuler,
-                    cap,
-                )
+    # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen.
+    immediate = waymask == 0 and not bool((bits & BIT_EXCLUDE).any())
+    slots, limit, full = set_sizes(params, set_slots)
+    if trace:  # one pass: the trace's rows are the run positions
+        slots, limit = full, 2 * params.n_steps + 1
+    free = backend.free_memory_bytes()
+    bytes_per_slot = 8 if immediate else 12
+    resident = threads or _resident_threads(cp, kernel, block)
+
+    def launch(count, ids, first, cap, limit, rank_from, most_threads):
+        totals = cp.zeros(2, dtype=cp.uint64)
+        fit = max(block, int(free // 4 // (cap * bytes_per_slot)))  # the sets take at most a quarter
+        t = min(most_threads, fit, -(-count // block) * block)
+        t = max(block, t // block * block)  # whole blocks: each thread owns a set
+        tables = cp.zeros(t * cap, dtype=cp.uint64)
+        lists = None if immediate else cp.empty(t * cap, dtype=cp.int32)
+        kernel(
+            (t // block,),
+            (block,),
+            (
+                dirs,
+                f,
+                index,
+                bits,
+                seeds_d,
+                np.int64(count),
+                ids if ids is not None else np.uint64(0),
+                np.int64(first),
+                np.int32(params.n_samples),
+                np.int64(len(seeds)),
+                *(np.int32(v) for v in shape),
+                np.int32(field_.n_samples),
+                np.int32(field_.n_fibres),
+                np.int32(params.n_steps),
+                np.int32(params.randfib),
+                np.int32(params.loopcheck),
+                np.int32(params.modeuler),
+                np.int32(cap),
+                np.int32(limit),
+                *(np.float64(v) for v in (*scale, params.cthr, params.fibthresh)),
+                np.uint32(key0),
+                np.uint32(key1),
+                np.int32(n_targets),
+                np.uint32(waymask),
+                np.int32(params.waycond == "AND"),
+                np.int32(immediate),
+                np.int32(rank_from),
+                cp.zeros(1, dtype=cp.uint64),
+                tables,
+                lists if lists is not None else np.uint64(0),
+                paths,
+                seed_targets,
+                totals,
+                overflow_ids,
+                tr if trace and ids is None else np.uint64(0),  # null pointers: no list, no trace
             ),
-            *(np.float64(v) for v in (*scale, params.cthr, params.fibthresh)),
-            np.uint32(key0),
-            np.uint32(key1),
-            np.int32(n_targets),
-            np.uint32(waymask),
-            np.int32(params.waycond == "AND"),
-            cp.zeros(1, dtype=cp.uint64),
-            tables,
-            lists,
-            paths,
-            seed_targets,
-            totals,
-            tr if trace else np.uint64(0),  # a null pointer: no trace
-        ),
-    )
-    totals = backend.to_host(totals)
+        )
+        return backend.to_host(totals), t
+
+    totals, used = launch(n, None, first_id, slots, limit, 0, resident)
+    rerun = int(totals[1])
+    if rerun:  # the streamlines with more distinct voxels than the first pass's sets hold
+        ids = overflow_ids[:rerun].copy()
+        again, _ = launch(rerun, ids, 0, full, full // 2, limit if immediate else 0, resident)
+        if again[1]:
+            raise RuntimeError("probabilistic kernel: a streamline outgrew the largest visited-voxel set")
+        totals[0] += again[0]
     result = ProbResult(
         backend.to_host(paths).reshape(shape).astype(np.int64),
         int(totals[0]),
         backend.to_host(seed_targets)[:, :n_targets].astype(np.int64),
         n,
-        {"set_overflows": int(totals[1]), "set_capacity": cap, "threads": threads},
+        {
+            "set_slots": slots,
+            "rerun_large_sets": rerun,
+            "threads": used,
+            "counting": "immediate" if immediate else "at end",
+        },
     )
     return (result, backend.to_host(tr)) if trace else result
 

@@ -113,7 +113,33 @@ def test_kernel_takes_the_reference_steps(options):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
     np.testing.assert_array_equal(gpu.paths, ref.paths)
     assert gpu.waytotal == ref.waytotal and np.array_equal(gpu.seed_targets, ref.seed_targets)
-    assert gpu.provenance["set_overflows"] == 0
+    assert gpu.provenance["rerun_large_sets"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("masks", ["none", "exclusion and waypoint"])
+def test_kernel_runs_streamlines_too_long_for_its_sets_again(masks):
+    """With sets of 16 slots (12 voxels) the streamlines with more distinct voxels are abandoned in the first pass
+    and run again with a large set; the totals equal the reference's exactly, both when visits
+    are counted as they happen (nothing can discard a streamline) and when they are counted at
+    the end."""
+    from gpu.backend import get_backend
+    from gpu.probabilistic import track_kernel
+
+    field_, brain, bundle = straight_bundle(noise=0.4)
+    extra = {} if masks == "none" else {"exclude": slab(22, 23, y=slice(0, 3)), "waypoints": [slab(12, 13)]}
+    bits = mask_bits(brain, targets=[slab(26, 28)], **extra)
+    n_way = len(extra.get("waypoints", []))
+    params = ProbParams(n_samples=16, n_steps=120, loopcheck=True)
+    seeds = np.argwhere(bundle & slab(3, 4))
+    ref, steps = track_numpy(field_, bits, seeds, params, n_targets=1, n_waypoints=n_way, record=True)
+    points = np.concatenate(steps, axis=1)[..., :3]  # (n, both halves' positions, 3)
+    distinct = np.array([len(np.unique(np.rint(p), axis=0)) for p in points])
+    gpu = track_kernel(get_backend("gpu"), field_, bits, seeds, params, 1, n_way, set_slots=16)
+    assert gpu.provenance["rerun_large_sets"] == (distinct > 12).sum() > 0.1 * len(distinct)
+    assert gpu.provenance["counting"] == ("immediate" if masks == "none" else "at end")
+    np.testing.assert_array_equal(gpu.paths, ref.paths)
+    assert gpu.waytotal == ref.waytotal and np.array_equal(gpu.seed_targets, ref.seed_targets)
 
 
 def test_batches_stream_running_totals_and_cancel(device):
