@@ -312,7 +312,11 @@ class Layer(Observable):
     and for the glyph kinds (tensor, dyads), shown on the cursor's slice planes,
     ``glyph`` (tensor shape), ``glyph_step`` (every n-th voxel; default 2 for
     tensors, 1 for dyads) and ``glyph_size`` (1 = the largest glyph fills its
-    grid cell). Changing one emits ``display`` with the names that changed.
+    grid cell); ``transparent_below`` (scalar layers: values below it let the
+    layers beneath show through, e.g. an overlay that is empty almost
+    everywhere; None: every value is drawn). Changing one emits ``display``
+    with the names that changed; :meth:`set_data` replaces a volume layer's
+    values (same grid) and emits ``display`` with ``"data"`` among them.
     """
 
     _DISPLAY = (
@@ -326,6 +330,7 @@ class Layer(Observable):
         "glyph_step",
         "glyph_size",
         "tubes",
+        "transparent_below",
     )
 
     def __init__(self, name: str, data, kind: str, **display):
@@ -344,6 +349,7 @@ class Layer(Observable):
         self.glyph_step = 1 if kind == "dyads" else 2
         self.glyph_size = 1.0
         self.tubes = False
+        self.transparent_below: float | None = None
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
         for key, value in display.items():
             if key not in self._DISPLAY:
@@ -366,6 +372,24 @@ class Layer(Observable):
 
     def set(self, **changes) -> None:
         """Change display properties and notify the views once."""
+        changed = self._apply(changes)
+        if changed:
+            self.emit("display", changed=changed)
+
+    def set_data(self, values: np.ndarray, **changes) -> None:
+        """Replace a volume layer's values in place (the same grid: a result that fills in while
+        its job runs) and change display properties with them (e.g. ``clim``); the views hear one
+        ``display`` event whose ``changed`` starts with ``"data"``."""
+        if not isinstance(self.data, Volume):
+            raise ValueError(f"a {self.kind} layer holds no volume whose values could be replaced")
+        for key in changes:  # check before anything changes
+            if key not in self._DISPLAY:
+                raise ValueError(f"unknown display property {key!r}")
+        self.data.data = values  # refuses another grid
+        self.emit("display", changed=["data", *self._apply(changes)])
+
+    def _apply(self, changes: dict) -> list[str]:
+        """Set display properties; the names of those that changed."""
         changed = []
         for key, value in changes.items():
             if key not in self._DISPLAY:
@@ -374,14 +398,15 @@ class Layer(Observable):
                 value = float(min(1.0, max(0.0, value)))
             if key == "clim":
                 value = (float(value[0]), float(value[1]))
+            if key == "transparent_below" and value is not None:
+                value = float(value)
             if getattr(self, key) != value:
                 setattr(self, key, value)
                 changed.append(key)
         if "color_by" in changed and "clim" not in changes and self.kind == "tractogram":
             self.clim = self.scalar_range(self.color_by)
             changed.append("clim")
-        if changed:
-            self.emit("display", changed=changed)
+        return changed
 
     def set_selection(self, selected: np.ndarray | None) -> None:
         """Show only these streamlines (bool per streamline), or all with None."""

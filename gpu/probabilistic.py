@@ -164,6 +164,7 @@ class ProbResult:
     waytotal : kept streamlines.
     seed_targets : (n_seed_voxels, n_targets) int64 kept streamlines of each seed voxel reaching each target.
     streamlines : streamlines tracked (kept or not).
+    steps : steps taken by all of them (both halves), a measure of their length.
     """
 
     paths: np.ndarray
@@ -171,6 +172,7 @@ class ProbResult:
     seed_targets: np.ndarray
     streamlines: int
     provenance: dict = field(default_factory=dict)
+    steps: int = 0
 
 
 def _uniform(x):
@@ -268,6 +270,7 @@ def track_numpy(
     hits |= np.where(in_grid, bits[tuple(svc.T)], 0).astype(np.uint32)
     excluded |= (hits & BIT_EXCLUDE) != 0
     steps_record = []
+    moves = 0
     scale = params.step_mm / field_.voxel_size
     for half in (0, 1):
         pos = start.copy()
@@ -302,6 +305,7 @@ def track_numpy(
             nvc = np.clip(nv, 0, shape - 1)
             b = np.where(inside, bits[tuple(nvc.T)], 0).astype(np.uint32)
             alive &= inside & ((b & BIT_BRAIN) != 0)
+            moves += int(alive.sum())
             pos = np.where(alive[:, None], new, pos)
             if half == 0:
                 first_dir = np.where((alive & ~first_taken)[:, None], d, first_dir)
@@ -338,7 +342,7 @@ def track_numpy(
     for j in range(n_targets):
         reached = kept & ((hits >> np.uint32(TARGET_SHIFT + j)) & 1).astype(bool)
         seed_targets[:, j] = np.bincount(seed_of[reached], minlength=len(seeds))
-    result = ProbResult(paths, int(kept.sum()), seed_targets, n)
+    result = ProbResult(paths, int(kept.sum()), seed_targets, n, steps=moves)
     return (result, steps_record) if record else result
 
 
@@ -370,6 +374,206 @@ def _resident_threads(cp, kernel, block: int) -> int:
     return max(1, per_sm) * block * props["multiProcessorCount"]
 
 
+class KernelTracker:
+    """The kernel's state on the device for one run: the field, masks and seeds, the running
+    totals, and each thread's visited-voxel set, kept between launches.
+
+    :meth:`launch` queues the streamlines at run positions ``first .. first + count`` on the
+    current stream without waiting: the first pass, then a second pass over the
+    streamlines that outgrew their sets (its count is read on the device). The totals
+    accumulate on the device; :meth:`result` reads them, :meth:`snapshot` copies them
+    asynchronously (see :func:`iter_track`).
+    """
+
+    BLOCK = 128
+
+    def __init__(
+        self,
+        backend,
+        field_: SampleField,
+        bits,
+        seeds,
+        params: ProbParams,
+        n_targets: int = 0,
+        n_waypoints: int = 0,
+        *,
+        max_batch: int,
+        device_field=None,
+        set_slots: int = SET_SLOTS,
+        threads: int | None = None,
+    ):
+        from . import cuda
+
+        cp = self.cp = backend.xp
+        self.backend, self.field, self.params = backend, field_, params
+        self.n_seeds, self.n_targets = len(seeds), n_targets
+        self.kernel = cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",))
+        self.arrays = device_field or upload_field(backend, field_)
+        self.bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
+        self.seeds = cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32))  # argwhere gives F order
+        self.paths = cp.zeros(int(np.prod(field_.shape)), dtype=cp.uint64)
+        self.seed_targets = cp.zeros((self.n_seeds, max(n_targets, 1)), dtype=cp.uint64)
+        self.counters = cp.zeros(4, dtype=cp.uint64)  # kept, abandoned in the last launch, in all, steps
+        self.rerun_counters = cp.zeros(4, dtype=cp.uint64)  # the second passes' (abandoned: never)
+        self.waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
+        # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen.
+        self.immediate = self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
+        self.slots, self.limit, self.full = set_sizes(params, set_slots)
+        per_slot = 8 if self.immediate else 12
+        budget = backend.free_memory_bytes() // 4  # the sets take at most a quarter of the free memory
+        resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)
+        whole = -(-max_batch // self.BLOCK) * self.BLOCK
+        self.threads = self._whole(min(resident, whole, budget // (self.slots * per_slot)))
+        self.tables = cp.zeros(self.threads * self.slots, dtype=cp.uint64)
+        self.lists = None if self.immediate else cp.empty(self.threads * self.slots, dtype=cp.int32)
+        # The second pass's sets hold any streamline; few threads (few streamlines need them).
+        rerun = self._whole(min(resident, whole, 8192, budget // 2 // (self.full * per_slot)))
+        self.rerun_tables = cp.zeros(rerun * self.full, dtype=cp.uint64) if self.slots < self.full else None
+        self.rerun_lists = (
+            None if self.immediate or self.rerun_tables is None else cp.empty(rerun * self.full, np.int32)
+        )
+        self.rerun_threads, self.rerun_stamp = rerun, 0
+        self.overflow_ids = cp.empty(max(1, max_batch), dtype=cp.uint64)
+        self.stamp_base = 0
+        self.streamlines = 0
+
+    def _whole(self, threads: int) -> int:  # whole blocks: each thread owns a set
+        return max(self.BLOCK, int(threads) // self.BLOCK * self.BLOCK)
+
+    def _args(self, count, n_device, ids, first, cap, limit, stamp_base, rank_from, tables, lists, counters, trace):
+        p, cp = self.params, self.cp
+        key0, key1 = _seed_key(p.seed)
+        null = np.uint64(0)
+        return (
+            *self.arrays,
+            self.bits,
+            self.seeds,
+            np.int64(count),
+            null if n_device is None else n_device,
+            null if ids is None else ids,
+            np.int64(first),
+            np.int32(p.n_samples),
+            np.int64(self.n_seeds),
+            *(np.int32(v) for v in self.field.shape),
+            np.int32(self.field.n_samples),
+            np.int32(self.field.n_fibres),
+            *(np.int32(v) for v in (p.n_steps, p.randfib, p.loopcheck, p.modeuler, cap, limit)),
+            np.uint32(stamp_base),
+            *(np.float64(v) for v in (*(p.step_mm / self.field.voxel_size), p.cthr, p.fibthresh)),
+            np.uint32(key0),
+            np.uint32(key1),
+            np.int32(self.n_targets),
+            np.uint32(self.waymask),
+            np.int32(p.waycond == "AND"),
+            np.int32(self.immediate),
+            np.int32(rank_from),
+            cp.zeros(1, dtype=cp.uint64),
+            tables,
+            null if lists is None else lists,
+            self.paths,
+            self.seed_targets,
+            counters,
+            self.overflow_ids,
+            np.int64(len(self.overflow_ids)),
+            null if trace is None else trace,
+        )
+
+    def launch(self, first: int, count: int, trace=None) -> None:
+        """Queue run positions ``first .. first + count`` (at most ``max_batch``). ``trace``: a
+        device array (count, 2, n_steps + 1, 4) to fill (one pass: tests)."""
+        if count > len(self.overflow_ids):
+            raise ValueError("a launch larger than max_batch")
+        if self.stamp_base + count >= 2**32 - 1:  # the stamps would wrap: start the sets afresh
+            self.tables.fill(0)
+            self.stamp_base = 0
+        slots, limit = (self.full, 2 * self.params.n_steps + 1) if trace is not None else (self.slots, self.limit)
+        tables = self.tables if slots == self.slots else self.cp.zeros(self.threads * slots, dtype=self.cp.uint64)
+        lists = self.lists if slots == self.slots or self.immediate else self.cp.empty_like(tables, dtype=np.int32)
+        self.counters[1:2].fill(0)
+        threads = min(self.threads, self._whole(-(-count // self.BLOCK) * self.BLOCK))
+        args = (count, None, None, first, slots, limit, self.stamp_base, 0, tables, lists, self.counters, trace)
+        self.kernel((threads // self.BLOCK,), (self.BLOCK,), self._args(*args))
+        self.stamp_base += count
+        # The streamlines that outgrew their sets, again with sets for any streamline, adding the
+        # voxels from the one where the first pass stopped (counted as they came) or all of them.
+        if trace is None and self.rerun_tables is not None:
+            if self.rerun_stamp + count >= 2**32 - 1:
+                self.rerun_tables.fill(0)
+                self.rerun_stamp = 0
+            rank_from = limit if self.immediate else 0
+            args = (0, self.counters[1:2], self.overflow_ids, 0, self.full, self.full // 2, self.rerun_stamp)
+            args += (rank_from, self.rerun_tables, self.rerun_lists, self.rerun_counters, None)
+            self.kernel((self.rerun_threads // self.BLOCK,), (self.BLOCK,), self._args(*args))
+            self.rerun_stamp += count
+        self.streamlines += count
+
+    def result(self, provenance: dict | None = None) -> ProbResult:
+        """The totals so far (waits for the queued launches)."""
+        counters, rerun = (self.backend.to_host(c) for c in (self.counters, self.rerun_counters))
+        return self._result(self.paths, self.seed_targets, counters, rerun, self.streamlines, provenance)
+
+    def _result(self, paths, seed_targets, counters, rerun, streamlines, provenance=None) -> ProbResult:
+        if rerun[1]:
+            raise RuntimeError("probabilistic kernel: a streamline outgrew the largest visited-voxel set")
+        return ProbResult(
+            self.backend.to_host(paths).reshape(self.field.shape).astype(np.int64),
+            int(counters[0] + rerun[0]),
+            self.backend.to_host(seed_targets)[:, : self.n_targets].astype(np.int64),
+            streamlines,
+            {
+                "set_slots": self.slots,
+                "rerun_large_sets": int(counters[2]),
+                "threads": self.threads,
+                "counting": "immediate" if self.immediate else "at end",
+                **(provenance or {}),
+            },
+            steps=int(counters[3] + rerun[3]),
+        )
+
+    def snapshot(self, copy_stream, after=None):
+        """Copy the totals, as they are once the queued launches are done, to pinned host memory
+        on ``copy_stream`` (so the copy overlaps the next launch). Returns (ready event,
+        function giving the :class:`ProbResult`)."""
+        cp = self.cp
+        compute = cp.cuda.get_current_stream()
+        if after is not None:  # the previous copy has finished reading the snapshot buffers
+            compute.wait_event(after)
+        if not hasattr(self, "_snap"):
+            self._snap = [cp.empty_like(a) for a in (self.paths, self.seed_targets, self.counters, self.rerun_counters)]
+            self._pinned = [[_pinned_like(a) for a in self._snap] for _ in range(2)]
+            self._turn = 0
+        for dst, src in zip(
+            self._snap, (self.paths, self.seed_targets, self.counters, self.rerun_counters), strict=True
+        ):
+            dst[...] = src
+        taken = compute.record()
+        copy_stream.wait_event(taken)
+        host = self._pinned[self._turn]
+        self._turn ^= 1
+        for dst, src in zip(host, self._snap, strict=True):
+            cp.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, src.nbytes, 2, copy_stream.ptr)  # 2: D2H
+        ready = copy_stream.record()
+        streamlines = self.streamlines
+
+        def result(provenance=None):
+            ready.synchronize()
+            paths, seed_targets, counters, rerun = host
+            return self._result(paths, seed_targets, counters, rerun, streamlines, provenance)
+
+        return ready, result
+
+
+def upload_field(backend, field_: SampleField) -> tuple:
+    """The field's arrays (dirs, f, index) on the device, for :func:`iter_track`'s ``device_field``."""
+    return tuple(backend.xp.ascontiguousarray(backend.xp.asarray(a)) for a in (field_.dirs, field_.f, field_.index))
+
+
+def _pinned_like(a):
+    import cupyx
+
+    return cupyx.empty_pinned(a.shape, dtype=a.dtype)
+
+
 def track_kernel(
     backend,
     field_: SampleField,
@@ -386,116 +590,35 @@ def track_kernel(
     device_field=None,
     set_slots=SET_SLOTS,
 ):
-    """:func:`track_numpy` as the CUDA kernel ``prob_track``. ``device_field``: the field's
-    arrays already on the device (dirs, f, index) to reuse between calls; ``set_slots``: the
-    first pass's set size (:func:`set_sizes`). Returns :class:`ProbResult` (and the (n, 2,
-    n_steps + 1, 4) trace when ``trace``)."""
-    from . import cuda
-
-    cp = backend.xp
+    """:func:`track_numpy` as the CUDA kernel ``prob_track`` (one launch of a
+    :class:`KernelTracker`). ``device_field``: the field's arrays already on the device (dirs,
+    f, index); ``set_slots``: the first pass's set size (:func:`set_sizes`). Returns
+    :class:`ProbResult` (and the (n, 2, n_steps + 1, 4) trace when ``trace``)."""
     n = len(seeds) * params.n_samples - first_id if count is None else count
     if n <= 0:
         empty = ProbResult(np.zeros(field_.shape, np.int64), 0, np.zeros((len(seeds), n_targets), np.int64), 0)
         return (empty, np.zeros((0, 2, params.n_steps + 1, 4))) if trace else empty
-    kernel = cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",))
-    block = 128
-    dirs, f, index = device_field or tuple(
-        cp.ascontiguousarray(cp.asarray(a)) for a in (field_.dirs, field_.f, field_.index)
+    tracker = KernelTracker(
+        backend,
+        field_,
+        bits,
+        seeds,
+        params,
+        n_targets,
+        n_waypoints,
+        max_batch=n,
+        device_field=device_field,
+        set_slots=set_slots,
+        threads=threads,
     )
-    bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
-    seeds_d = cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32))  # argwhere gives F order
-    shape = field_.shape
-    paths = cp.zeros(int(np.prod(shape)), dtype=cp.uint64)
-    seed_targets = cp.zeros((len(seeds), max(n_targets, 1)), dtype=cp.uint64)
-    overflow_ids = cp.empty(n, dtype=cp.uint64)
-    tr = cp.zeros((n, 2, params.n_steps + 1, 4)) if trace else None
-    key0, key1 = _seed_key(params.seed)
-    scale = params.step_mm / field_.voxel_size
-    waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
-    # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen.
-    immediate = waymask == 0 and not bool((bits & BIT_EXCLUDE).any())
-    slots, limit, full = set_sizes(params, set_slots)
-    if trace:  # one pass: the trace's rows are the run positions
-        slots, limit = full, 2 * params.n_steps + 1
-    free = backend.free_memory_bytes()
-    bytes_per_slot = 8 if immediate else 12
-    resident = threads or _resident_threads(cp, kernel, block)
-
-    def launch(count, ids, first, cap, limit, rank_from, most_threads):
-        totals = cp.zeros(2, dtype=cp.uint64)
-        fit = max(block, int(free // 4 // (cap * bytes_per_slot)))  # the sets take at most a quarter
-        t = min(most_threads, fit, -(-count // block) * block)
-        t = max(block, t // block * block)  # whole blocks: each thread owns a set
-        tables = cp.zeros(t * cap, dtype=cp.uint64)
-        lists = None if immediate else cp.empty(t * cap, dtype=cp.int32)
-        kernel(
-            (t // block,),
-            (block,),
-            (
-                dirs,
-                f,
-                index,
-                bits,
-                seeds_d,
-                np.int64(count),
-                ids if ids is not None else np.uint64(0),
-                np.int64(first),
-                np.int32(params.n_samples),
-                np.int64(len(seeds)),
-                *(np.int32(v) for v in shape),
-                np.int32(field_.n_samples),
-                np.int32(field_.n_fibres),
-                np.int32(params.n_steps),
-                np.int32(params.randfib),
-                np.int32(params.loopcheck),
-                np.int32(params.modeuler),
-                np.int32(cap),
-                np.int32(limit),
-                *(np.float64(v) for v in (*scale, params.cthr, params.fibthresh)),
-                np.uint32(key0),
-                np.uint32(key1),
-                np.int32(n_targets),
-                np.uint32(waymask),
-                np.int32(params.waycond == "AND"),
-                np.int32(immediate),
-                np.int32(rank_from),
-                cp.zeros(1, dtype=cp.uint64),
-                tables,
-                lists if lists is not None else np.uint64(0),
-                paths,
-                seed_targets,
-                totals,
-                overflow_ids,
-                tr if trace and ids is None else np.uint64(0),  # null pointers: no list, no trace
-            ),
-        )
-        return backend.to_host(totals), t
-
-    totals, used = launch(n, None, first_id, slots, limit, 0, resident)
-    rerun = int(totals[1])
-    if rerun:  # the streamlines with more distinct voxels than the first pass's sets hold
-        ids = overflow_ids[:rerun].copy()
-        again, _ = launch(rerun, ids, 0, full, full // 2, limit if immediate else 0, resident)
-        if again[1]:
-            raise RuntimeError("probabilistic kernel: a streamline outgrew the largest visited-voxel set")
-        totals[0] += again[0]
-    result = ProbResult(
-        backend.to_host(paths).reshape(shape).astype(np.int64),
-        int(totals[0]),
-        backend.to_host(seed_targets)[:, :n_targets].astype(np.int64),
-        n,
-        {
-            "set_slots": slots,
-            "rerun_large_sets": rerun,
-            "threads": used,
-            "counting": "immediate" if immediate else "at end",
-        },
-    )
+    tr = backend.xp.zeros((n, 2, params.n_steps + 1, 4)) if trace else None
+    tracker.launch(first_id, n, tr)
+    result = tracker.result()
     return (result, backend.to_host(tr)) if trace else result
 
 
-#: Streamlines per batch: the GPU's (progress and partial results every ~0.5 s on an H100)
-#: and the bytes of the NumPy reference's dense visit bitmap.
+#: Streamlines per batch: the GPU's (progress and partial results about every 0.1 s on an
+#: H100) and the bytes of the NumPy reference's dense visit bitmap.
 GPU_BATCH = 2_000_000
 NUMPY_BITMAP_BYTES = 256 * 2**20
 
@@ -513,12 +636,17 @@ def iter_track(
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     batch_streamlines: int | None = None,
+    device_field=None,
 ) -> Iterator[ProbResult]:
     """Track every streamline of every seed voxel in batches, yielding the running totals
     (a fresh :class:`ProbResult`) after each, so a viewer can show the path distribution
     filling in; the last one is the result. ``engine``: ``"kernel"`` (GPU) or ``"numpy"``
-    (the reference; the CPU default). ``cancelled()`` is polled between batches (raising
-    :class:`Cancelled`; what was yielded stays valid)."""
+    (the reference; the CPU default). ``cancelled()`` is polled between batches; when it
+    says yes, the totals of every batch already computed are yielded (on the GPU the
+    handed-out totals trail the queued batch by one) and then :class:`Cancelled` is
+    raised. ``progress(done, total)`` comes with each yield. ``device_field``: the field's
+    arrays (dirs, f, index) already on the GPU (:func:`upload_field`), to track from the
+    same samples again without copying them (gigabytes for a whole brain)."""
     backend = get_backend(device)
     if engine == "auto":
         engine = "kernel" if backend.is_gpu else "numpy"
@@ -528,56 +656,61 @@ def iter_track(
     total = len(seeds) * params.n_samples
     n_vox = int(np.prod(field_.shape))
     batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else max(1, NUMPY_BITMAP_BYTES // n_vox))
-    paths = np.zeros(field_.shape, dtype=np.int64)
-    seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
-    waytotal = 0
-    device_field = None
-    if engine == "kernel":
-        cp = backend.xp
-        device_field = tuple(cp.ascontiguousarray(cp.asarray(a)) for a in (field_.dirs, field_.f, field_.index))
-        device_bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
     t0 = time.perf_counter()
-    start = 0
-    while start < total:
-        if cancelled is not None and cancelled():
-            raise Cancelled()
-        count = min(batch, total - start)
-        if engine == "kernel":
-            part = track_kernel(
-                backend,
-                field_,
-                device_bits,
-                seeds,
-                params,
-                n_targets,
-                n_waypoints,
-                start,
-                count,
-                device_field=device_field,
-            )
-        else:
-            part = track_numpy(field_, bits, seeds, params, n_targets, n_waypoints, start, count)
-        paths += part.paths
-        seed_targets += part.seed_targets
-        waytotal += part.waytotal
-        start += count
-        if progress is not None:
-            progress(start, total)
+
+    def provenance(done: int) -> dict:
         elapsed = time.perf_counter() - t0
-        yield ProbResult(
-            paths.copy(),
-            waytotal,
-            seed_targets.copy(),
-            start,
-            {
-                "params": asdict(params),
-                "engine": engine,
-                "backend": backend.name,
-                "device": backend.device_name,
-                "tracking_s": elapsed,
-                "streamlines_per_s": start / elapsed if elapsed > 0 else None,
-            },
-        )
+        return {
+            "params": asdict(params),
+            "engine": engine,
+            "backend": backend.name,
+            "device": backend.device_name,
+            "tracking_s": elapsed,
+            "streamlines_per_s": done / elapsed if elapsed > 0 else None,
+        }
+
+    def report(result: ProbResult) -> ProbResult:
+        if progress is not None:
+            progress(result.streamlines, total)
+        return result
+
+    batches = [(start, min(batch, total - start)) for start in range(0, total, batch)]
+    if engine == "numpy":
+        paths = np.zeros(field_.shape, dtype=np.int64)
+        seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
+        waytotal = steps = 0
+        for start, count in batches:
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            part = track_numpy(field_, bits, seeds, params, n_targets, n_waypoints, start, count)
+            paths += part.paths
+            seed_targets += part.seed_targets
+            waytotal += part.waytotal
+            steps += part.steps
+            done = start + count
+            yield report(ProbResult(paths.copy(), waytotal, seed_targets.copy(), done, provenance(done), steps))
+        return
+    # The GPU: totals accumulate on the device. After queueing a batch, its totals are copied
+    # to the host on a second stream while the next batch runs, and the previous batch's are
+    # handed out meanwhile, so the GPU never waits for the host.
+    cp = backend.xp
+    tracker = KernelTracker(
+        backend, field_, bits, seeds, params, n_targets, n_waypoints, max_batch=batch, device_field=device_field
+    )
+    copy_stream = cp.cuda.Stream(non_blocking=True)
+    pending = copied = None
+    for start, count in batches:
+        if cancelled is not None and cancelled():
+            if pending is not None:  # computed before the cancel: keep it
+                yield report(pending(provenance(tracker.streamlines)))
+            raise Cancelled()
+        tracker.launch(start, count)
+        copied, result = tracker.snapshot(copy_stream, after=copied)
+        if pending is not None:
+            yield report(pending(provenance(tracker.streamlines - count)))
+        pending = result
+    if pending is not None:
+        yield report(pending(provenance(total)))
 
 
 def track(field_: SampleField, bits: np.ndarray, seeds: np.ndarray, params: ProbParams, **kwargs) -> ProbResult:

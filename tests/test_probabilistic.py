@@ -113,6 +113,7 @@ def test_kernel_takes_the_reference_steps(options):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
     np.testing.assert_array_equal(gpu.paths, ref.paths)
     assert gpu.waytotal == ref.waytotal and np.array_equal(gpu.seed_targets, ref.seed_targets)
+    assert gpu.steps == ref.steps > 0
     assert gpu.provenance["rerun_large_sets"] == 0
 
 
@@ -144,7 +145,7 @@ def test_kernel_runs_streamlines_too_long_for_its_sets_again(masks):
 
 def test_batches_stream_running_totals_and_cancel(device):
     from gpu.backend import Cancelled
-    from gpu.probabilistic import iter_track, track
+    from gpu.probabilistic import iter_track
 
     field_, brain, bundle = straight_bundle()
     bits = mask_bits(brain, targets=[slab(26, 28)])
@@ -169,20 +170,24 @@ def test_batches_stream_running_totals_and_cancel(device):
     assert all((a.paths <= b.paths).all() for a, b in itertools.pairwise(running))  # filling in
     np.testing.assert_array_equal(running[-1].paths, whole.paths)  # same on every engine and batching
     np.testing.assert_array_equal(running[-1].seed_targets, whole.seed_targets)
-    assert running[-1].waytotal == whole.waytotal
-    calls = []
+    assert running[-1].waytotal == whole.waytotal and running[-1].steps == whole.steps
+    kept = []
     with pytest.raises(Cancelled):
-        track(
+        for partial in iter_track(
             field_,
             bits,
             face,
             params,
             device=device,
             batch_streamlines=200,
-            progress=lambda d, t: calls.append(d),
-            cancelled=lambda: bool(calls),
-        )
-    assert calls == [200]  # stopped before the second batch
+            cancelled=lambda: bool(kept),
+        ):
+            kept.append(partial)
+    # Cancelled once the first totals arrived; every batch computed by then is handed out
+    # first (on the GPU the next batch is already under way when the first is reported).
+    assert [r.streamlines for r in kept] in ([200], [200, 400])
+    assert len(kept) == (2 if device == "gpu" else 1)
+    np.testing.assert_array_equal(kept[-1].paths, running[len(kept) - 1].paths)
 
 
 # ---------------------------------------------------------------- files and command line
@@ -308,3 +313,29 @@ def test_prepare_from_masks_in_memory_checks_them(demo_bedpostx, demo_dir):
         prepare_probabilistic_masks(samples, seed, stop=np.zeros((3, 3, 3), bool))
     with pytest.raises(InputError, match="same name"):
         prepare_probabilistic_masks(samples, seed, targets=[("a", target), ("a", target)])
+
+
+def _demo_distribution(demo_bedpostx, demo_dir, n_samples, seed, device):
+    import nibabel as nib
+
+    from app.io import load_bedpostx
+    from app.pipelines.probabilistic import prepare_probabilistic_masks
+
+    mask = nib.load(demo_dir / "roi_crossing_lr_seed.nii.gz").get_fdata() > 0
+    run_ = prepare_probabilistic_masks(
+        load_bedpostx(demo_bedpostx), mask, params=ProbParams(n_samples=n_samples, seed=seed)
+    )
+    return run_.track(device=device).paths.ravel().astype(float)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_repeated_runs_with_other_random_seeds_correlate(demo_bedpostx, demo_dir, device):
+    """The seed's criterion: path distributions of independent runs (other --seed-rng) correlate
+    ≥ 0.998 — NumPy vs NumPy in CI, GPU vs NumPy on the GPU machine (75 seed voxels × 100
+    samples; 7 500 streamlines per run)."""
+    reference = _demo_distribution(demo_bedpostx, demo_dir, 100, 1, "cpu")
+    other = _demo_distribution(demo_bedpostx, demo_dir, 100, 2, device)
+    r = np.corrcoef(reference, other)[0, 1]
+    print(f"\ncorrelation of the path distributions, NumPy seed 1 vs {device} seed 2: {r:.5f}")
+    assert r >= 0.998
+    assert not np.array_equal(reference, other)  # other random numbers, not the same run

@@ -218,6 +218,7 @@ def summarise(run: ProbabilisticRun, result: ProbResult) -> dict:
         "seed_voxels": len(run.seeds),
         "streamlines": result.streamlines,
         "waytotal": result.waytotal,
+        "mean_steps_per_streamline": round(result.steps / result.streamlines, 1) if result.streamlines else 0,
         "targets": {name: int(result.seed_targets[:, j].sum()) for j, name in enumerate(run.targets)},
         "waypoints": run.n_waypoints,
         "notes": run.notes,

@@ -21,8 +21,9 @@
 // exclusion: `immediate`), a voxel is added to the path distribution when it enters the
 // set; otherwise the thread lists the members and adds them at the end if the
 // streamline is kept. A streamline with more than `limit` distinct voxels is abandoned
-// and its id written to `overflow_ids`; the host runs those again with a table large
-// enough for any streamline and `rank_from` = the voxels already added (immediate) or 0.
+// and its id written to `overflow_ids`; a second launch (queued right after, its count
+// read on the device) runs those again with a table large enough for any streamline and
+// `rank_from` = the voxels already added (immediate) or 0.
 
 #define BIT_BRAIN 1u
 #define BIT_EXCLUDE 2u
@@ -122,27 +123,30 @@ __device__ __forceinline__ bool set_contains(const u64* table, int cap, unsigned
 extern "C" __global__ void prob_track(
     const float* __restrict__ dirs, const float* __restrict__ fr, const int* __restrict__ index,
     const unsigned int* __restrict__ bits, const int* __restrict__ seeds, long long n_streamlines,
-    const u64* __restrict__ ids,  // null: streamline `local` is order position first + local
+    const u64* __restrict__ n_device,  // non-null: the number of streamlines is *n_device (a second pass)
+    const u64* __restrict__ ids,       // null: streamline `local` is run position first + local
     long long first, int n_samples, long long n_seeds, int nx, int ny, int nz, int S, int L, int n_steps, int randfib,
-    int loopcheck, int modeuler, int cap, int limit, double step_x, double step_y, double step_z, double cthr,
-    double fibthresh, unsigned int k0, unsigned int k1, int n_targets, unsigned int waymask, int way_and,
-    int immediate, int rank_from, u64* next, u64* __restrict__ tables, int* __restrict__ lists,
-    u64* __restrict__ paths, u64* __restrict__ seed_targets,
-    u64* __restrict__ totals,       // kept, abandoned (over `limit`)
-    u64* __restrict__ overflow_ids,  // ids of the abandoned streamlines
-    double* __restrict__ trace)      // optional (n, 2, n_steps + 1, 4): x, y, z, alive
+    int loopcheck, int modeuler, int cap, int limit, unsigned int stamp_base, double step_x, double step_y,
+    double step_z, double cthr, double fibthresh, unsigned int k0, unsigned int k1, int n_targets,
+    unsigned int waymask, int way_and, int immediate, int rank_from, u64* next, u64* __restrict__ tables,
+    int* __restrict__ lists, u64* __restrict__ paths, u64* __restrict__ seed_targets,
+    u64* __restrict__ counters,      // kept, abandoned (over `limit`) in this launch, in all launches, steps
+    u64* __restrict__ overflow_ids,  // ids of the abandoned streamlines (at most overflow_capacity)
+    long long overflow_capacity,
+    double* __restrict__ trace)  // optional (n, 2, n_steps + 1, 4): x, y, z, alive
 {
     const Params P = {nx, ny, nz, S, L, n_steps, randfib, loopcheck, modeuler,
                       step_x, step_y, step_z, cthr, fibthresh, k0, k1};
     const long long thread = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     u64* table = tables + thread * cap;
     int* list = lists ? lists + thread * cap : nullptr;
-    unsigned int stamp = 0;
+    unsigned int stamp = stamp_base;  // tables hold stamps up to stamp_base from earlier launches
+    if (n_device) n_streamlines = (long long)*n_device;
     // The streamline's state.
     long long local = 0, seed_no = 0;
     u64 sid = 0;
     double sx0 = 0, sy0 = 0, sz0 = 0, px = 0, py = 0, pz = 0, qx = 0, qy = 0, qz = 0, fx = 0, fy = 0, fz = 0;
-    int half = 1, step = 0, size = 0, current = -1, start_voxel = -1;
+    int half = 1, step = 0, size = 0, current = -1, start_voxel = -1, moves = 0;
     unsigned int hits = 0;
     bool alive = false, has_prev = false, first_taken = false, excluded = false, in_grid = false, over = false;
     bool active = false;
@@ -167,6 +171,7 @@ extern "C" __global__ void prob_track(
             sy0 = seeds[3 * seed_no + 1] + uniform(r.y) - 0.5;
             sz0 = seeds[3 * seed_no + 2] + uniform(r.z) - 0.5;
             size = 0;
+            moves = 0;
             hits = 0;
             over = false;
             first_taken = false;
@@ -213,6 +218,7 @@ extern "C" __global__ void prob_track(
             unsigned int b = inside ? __ldg(bits + v) : 0u;
             alive = alive && inside && (b & BIT_BRAIN);
             if (alive) {
+                ++moves;
                 px = nx_; py = ny_; pz = nz_;
                 if (half == 0 && !first_taken) { fx = d[0]; fy = d[1]; fz = d[2]; first_taken = true; }
                 qx = d[0]; qy = d[1]; qz = d[2];
@@ -266,14 +272,17 @@ extern "C" __global__ void prob_track(
         }
         active = false;
         if (over) {
-            overflow_ids[atomicAdd(totals + 1, 1ull)] = sid;
+            u64 slot = atomicAdd(counters + 1, 1ull);
+            atomicAdd(counters + 2, 1ull);
+            if (slot < (u64)overflow_capacity) overflow_ids[slot] = sid;
             continue;
         }
+        atomicAdd(counters + 3, (u64)moves);
         bool kept = !excluded && (waymask == 0 || (way_and ? (hits & waymask) == waymask : (hits & waymask) != 0));
         if (!kept) continue;
         if (!immediate)
             for (int i = rank_from; i < size; ++i) atomicAdd(paths + list[i], 1ull);
-        atomicAdd(totals, 1ull);
+        atomicAdd(counters, 1ull);
         for (int t = 0; t < n_targets; ++t)
             if ((hits >> (TARGET_SHIFT + t)) & 1u) atomicAdd(seed_targets + seed_no * n_targets + t, 1ull);
     }

@@ -1,0 +1,298 @@
+"""The Probabilistic tracking panel on a real window: a bedpostX folder and ROIs opened as a user
+would, parameters typed in, the path distribution filling in on the slices and as an isosurface,
+cancel, re-track, refusals."""
+
+from __future__ import annotations
+
+import nibabel as nib
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QImage
+from scipy import ndimage
+
+from app.model import Document, Layer, Volume
+from gpu.probabilistic import ProbParams
+from tests.conftest import ARTIFACTS
+from widgets.render import LUTS
+
+SEED, TARGET = "roi_crossing_lr_seed", "roi_crossing_lr_target"
+
+
+def click(qtbot, button):
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+
+
+def type_into(qtbot, box, text: str) -> None:
+    """Replace a spin box's text by typing, as a user would, and confirm with Enter."""
+    box.setFocus()
+    box.selectAll()
+    qtbot.keyClicks(box, text)
+    qtbot.keyClick(box, Qt.Key.Key_Return)
+
+
+@pytest.fixture
+def bedpostx_window(window, demo_bedpostx, demo_dir):
+    """The demo bedpostX folder opened (as File ▸ Open folder does), its seed and target ROIs loaded."""
+    window.open_paths([demo_bedpostx])
+    assert window.wait_for_jobs(60)
+    assert window.errors == []
+    window.open_roi(demo_dir / f"{SEED}.nii.gz", role="seed")
+    window.open_roi(demo_dir / f"{TARGET}.nii.gz", role="target")
+    return window
+
+
+def save_rgb(image: np.ndarray, path) -> None:
+    rgb = np.ascontiguousarray(image[..., :3])
+    QImage(rgb.data, rgb.shape[1], rgb.shape[0], 3 * rgb.shape[1], QImage.Format.Format_RGB888).save(str(path))
+
+
+def expected_run(demo_bedpostx, demo_dir, params: ProbParams):
+    """The same inputs through the pipeline, from the files (not from the window)."""
+    from app.loaders import load_layers
+    from app.pipelines.probabilistic import prepare_probabilistic_masks
+
+    samples = next(layer for layer in load_layers(demo_bedpostx) if layer.kind == "dyads").data.samples
+
+    def mask(name):
+        return np.asarray(nib.load(demo_dir / f"{name}.nii.gz").dataobj) > 0
+
+    return prepare_probabilistic_masks(samples, mask(SEED), targets=[(TARGET, mask(TARGET))], params=params)
+
+
+def surface_values(mesh, paths: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """The path distribution, trilinearly interpolated, at the surface's points (world mm)."""
+    ijk = (np.asarray(mesh.points, dtype=np.float64) - affine[:3, 3]) @ np.linalg.inv(affine[:3, :3]).T
+    return ndimage.map_coordinates(paths.astype(np.float64), ijk.T, order=1, mode="constant")
+
+
+def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
+    bedpostx_window, demo_bedpostx, demo_dir, qtbot, monkeypatch, tmp_path
+):
+    from widgets import probabilistic_panel as module
+
+    monkeypatch.setattr(module, "FIRST_BATCH", 100)  # 1500 streamlines in 10 batches: watch them add up
+    monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
+    win = bedpostx_window
+    panel = win.probabilistic_panel
+    form = panel.form.editors
+    type_into(qtbot, form["n_samples"], "20")
+    type_into(qtbot, form["seed"], "7")
+    type_into(qtbot, form["cthr"], "0.3")
+    type_into(qtbot, panel.iso_percent, "10")
+    assert (form["n_samples"].value(), form["seed"].value(), form["cthr"].value()) == (20, 7, 0.3)
+    assert panel.iso_percent.value() == 10.0
+    partials, updates, levels = [], [], []
+    win.runner.job_partial.connect(
+        lambda job_id, shown: job_id == panel.job_id and partials.append(shown.result.streamlines)
+    )
+    win.document.connect(
+        lambda _doc, event, **info: (
+            event == "display"
+            and "data" in info["changed"]
+            and updates.append((info["layer"], int(info["layer"].data.data.sum())))
+        )
+    )
+    set_surface = win.view3d.set_layer_surface
+
+    def spy(layer, mesh, **style):
+        levels.append(float(mesh.field_data["level"][0]))
+        set_surface(layer, mesh, **style)
+
+    monkeypatch.setattr(win.view3d, "set_layer_surface", spy)
+    click(qtbot, panel.track_button)
+    assert panel.job_id is not None
+    assert win.wait_for_jobs(60)
+    assert win.errors == []
+
+    expected = expected_run(demo_bedpostx, demo_dir, ProbParams(n_samples=20, seed=7, cthr=0.3)).track(device="cpu")
+    layer = win.document.layer(module.RESULT_NAME)
+    assert layer is panel.result_layer and layer.kind == "scalar" and layer.colormap == "hot"
+    assert np.array_equal(layer.data.data, expected.paths)  # the same numbers as the pipeline, exactly
+    assert panel.result.waytotal == expected.waytotal
+    assert np.array_equal(panel.result.seed_targets, expected.seed_targets)
+    np.testing.assert_array_equal(layer.data.affine, panel.run.samples.affine)
+    top = int(expected.paths.max())
+    assert top > 0 and layer.clim == (0.0, float(top))
+    total = 75 * 20
+    assert len(partials) >= 2, partials  # it filled in batch by batch
+    assert partials == sorted(partials) and partials[-1] < total and panel.updates == len(partials)
+    # One layer (added with the first totals), its values replaced in place as the totals grew
+    # (the later partials and the final result); the 3-D surface followed every step.
+    assert len(updates) == len(partials) and all(item is layer for item, _ in updates)
+    sums = [total_visits for _, total_visits in updates]
+    assert sums == sorted(sums) and sums[0] < sums[-1] == int(expected.paths.sum())
+    assert len(levels) == len(partials) + 1 and levels == sorted(levels) and levels[0] < levels[-1]
+    status = panel.status.text()
+    assert "Done" in status and f"{total:,} of {total:,} streamlines" in status
+    assert f"to {TARGET} {int(expected.seed_targets.sum()):,}" in status
+
+    # 3-D: the isosurface at 10 % of the maximum, where the distribution crosses that level.
+    actor, mesh = win.view3d.layer_surface(layer)
+    level = 0.1 * top
+    assert actor.GetVisibility() and panel.iso_level == pytest.approx(level)
+    assert mesh.field_data["level"][0] == pytest.approx(level) and mesh.n_cells > 100
+    assert f"(the maximum is {top})" in panel.iso_label.text()
+    np.testing.assert_allclose(surface_values(mesh, expected.paths, layer.data.affine), level, rtol=1e-3)
+
+    # A new percentage: a new surface (computed on a worker), higher and smaller.
+    type_into(qtbot, panel.iso_percent, "50")
+    qtbot.waitUntil(lambda: panel.iso_level == pytest.approx(0.5 * top), timeout=10000)
+    assert win.wait_for_jobs(10)
+    _actor, high = win.view3d.layer_surface(layer)
+    assert _actor is actor and high.n_points < mesh.n_points
+    np.testing.assert_allclose(surface_values(high, expected.paths, layer.data.affine), 0.5 * top, rtol=1e-3)
+
+    # Slices: hot where paths are, the mean f1 image (grey) through where none are.
+    doc = win.document
+    peak = np.unravel_index(np.argmax(expected.paths), expected.paths.shape)
+    doc.set_cursor(peak)
+    axial = win.views["axial"]
+    image = axial.image_array()
+    geometry = axial.geometry_now()
+    plane = expected.paths[:, :, peak[2]]
+    lowest = np.argwhere(plane == plane[plane > 0].min())[0]
+    upper = np.argwhere(plane == plane[plane >= 0.5 * top].min())[0]
+    colours = []
+    for voxel in (peak, (*upper, peak[2]), (*lowest, peak[2])):  # white, yellow, dark red on the hot map
+        rows, cols = geometry.pixel_of(np.array(voxel, dtype=float))
+        colours.append(image[int(rows), int(cols)].tolist())
+        hot = LUTS["hot"][int(expected.paths[tuple(voxel)] / top * 255)]
+        assert colours[-1] == [int(c * 255 + 0.5) for c in hot], (voxel, colours[-1])
+    assert colours[0] == [255, 255, 255] and colours[1][0] == 255 and colours[1][2] == 0 and colours[2][0] > 0
+    mean_f1 = next(item for item in doc.layers if item.name.endswith("mean f1")).data.data
+    empty = np.argwhere((expected.paths[:, :, peak[2]] == 0) & (mean_f1[:, :, peak[2]] > 0.2))[0]
+    rows, cols = geometry.pixel_of(np.array([*empty, peak[2]], dtype=float))
+    grey = image[int(rows), int(cols)].astype(int)
+    assert grey.max() - grey.min() <= 2 and grey.max() > 40, grey  # the grey image beneath, not black
+
+    win.layer_panel.list.setCurrentItem(win.layer_panel.item_for(layer))
+    type_into(qtbot, panel.iso_percent, "5")
+    qtbot.waitUntil(lambda: panel.iso_level == pytest.approx(0.05 * top), timeout=10000)
+    assert win.wait_for_jobs(10)
+    win.view3d.reset_camera()
+    win.save_screenshot(ARTIFACTS / "probabilistic_paths.png")
+    image = win.view3d.screenshot()[..., :3]
+    save_rgb(image, ARTIFACTS / "probabilistic_3d.png")
+    r, g, b = (image[..., c].astype(int) for c in range(3))
+    orange = (r > 120) & (g > 0.3 * r) & (g < 0.8 * r) & (b < 0.3 * r)  # the isosurface's colour, shaded
+    assert orange.sum() > 300, orange.sum()
+    layer.set(visible=False)  # hidden with its layer
+    assert not win.view3d.layer_surface(layer)[0].GetVisibility()
+    layer.set(visible=True)
+
+    # Save outputs: what is shown, as probtrackx files.
+    panel.save_outputs(tmp_path / "out")
+    assert win.wait_for_jobs(30)
+    assert win.errors == []
+    saved = np.asarray(nib.load(tmp_path / "out" / "fdt_paths.nii.gz").dataobj)
+    assert np.array_equal(saved, expected.paths)
+    assert (tmp_path / "out" / "waytotal").read_text().strip() == str(expected.waytotal)
+    assert (tmp_path / "out" / f"seeds_to_{TARGET}.nii.gz").exists()
+    assert "Saved" in panel.status.text()
+
+
+def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
+    bedpostx_window, demo_bedpostx, demo_dir, qtbot, monkeypatch
+):
+    from widgets import probabilistic_panel as module
+
+    monkeypatch.setattr(module, "FIRST_BATCH", 150)
+    monkeypatch.setattr(module, "UPDATES", 1000)  # batches of 150 of the 15 000 streamlines
+    monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
+    win = bedpostx_window
+    panel = win.probabilistic_panel
+    type_into(qtbot, panel.form.editors["n_samples"], "200")
+    click(qtbot, panel.track_button)
+    qtbot.waitUntil(lambda: panel.updates >= 1, timeout=30000)
+    click(qtbot, panel.cancel_button)
+    assert win.wait_for_jobs(30)
+    assert win.errors == []
+    kept = panel.result
+    layer = panel.result_layer
+    total = 75 * 200
+    assert layer in win.document.layers and 0 < kept.streamlines < total
+    assert kept.streamlines % 150 == 0
+    assert np.array_equal(layer.data.data, kept.paths)
+    status = panel.status.text()
+    assert status.startswith(f"Cancelled after {kept.streamlines:,} of {total:,} streamlines"), status
+    assert not panel.cancel_button.isEnabled()
+    win.save_screenshot(ARTIFACTS / "probabilistic_cancelled.png")
+    # What is kept is exactly the running total of the first streamlines of that run.
+    run = expected_run(demo_bedpostx, demo_dir, ProbParams(n_samples=200))
+    for running in run.run(device="cpu", batch_streamlines=150):
+        if running.streamlines == kept.streamlines:
+            break
+    assert np.array_equal(running.paths, kept.paths) and running.waytotal == kept.waytotal
+    assert win.view3d.layer_surface(layer) is not None
+
+    # Track again: a new layer in the old one's place, the old surface gone.
+    layer.set(opacity=0.7)
+    type_into(qtbot, panel.form.editors["n_samples"], "4")
+    click(qtbot, panel.track_button)
+    assert win.wait_for_jobs(30)
+    names = [item.name for item in win.document.layers]
+    assert names.count(module.RESULT_NAME) == 1
+    new = win.document.layer(module.RESULT_NAME)
+    assert new is not layer and new.opacity == 0.7 and panel.result.streamlines == 75 * 4
+    assert win.view3d.layer_surface(layer) is None and win.view3d.layer_surface(new) is not None
+    assert panel.status.text().startswith("Done")
+
+
+def test_track_refuses_without_samples_or_seed_and_shows_input_errors(window, demo_bedpostx, qtbot):
+    panel = window.probabilistic_panel
+    menu = next(action for action in window.menuBar().actions() if action.text() == "&Track").menu()
+    action = next(action for action in menu.actions() if action.text() == "&Probabilistic (probtrackx)")
+    assert action.shortcut().toString() == "Ctrl+Shift+P"
+    action.trigger()
+    assert "bedpostX" in panel.status.text() and window.runner.active() == [] and panel.job_id is None
+    assert window.errors and "bedpostX" in window.errors[-1]
+
+    window.open_paths([demo_bedpostx])
+    assert window.wait_for_jobs(60)
+    click(qtbot, panel.track_button)
+    assert "seed ROI" in panel.status.text() and window.runner.active() == [] and panel.job_id is None
+
+    # A seed outside the brain: the pipeline's own message, as it is.
+    window.role_box.setCurrentText("seed")
+    roi = window.new_roi()
+    window.document.paint(roi, np.array([[0, 0, 0]]), True)
+    click(qtbot, panel.track_button)
+    assert window.wait_for_jobs(30)
+    assert "no seed voxel lies inside the bedpostX brain mask" in panel.status.text()
+    assert "seed ROI" in window.errors[-1] and "Check that the seed mask belongs" in window.errors[-1]
+    assert panel.result_layer is None
+
+    # Bad parameters never start a job either.
+    window.document.paint(roi, np.argwhere(panel.samples_layer().data.samples.mask)[:3], True)
+    panel.form.editors["waycond"].addItem("XOR")
+    panel.form.editors["waycond"].setCurrentText("XOR")
+    click(qtbot, panel.track_button)
+    assert "waycond" in panel.status.text() and window.runner.active() == []
+
+
+def test_scalar_layers_can_let_the_layers_beneath_show_through():
+    from widgets.render import colorize
+
+    layer = Layer("p", Volume("p", np.zeros((2, 2, 1)), np.eye(4)), "scalar", colormap="hot", clim=(0, 10))
+    values = np.array([[0.0, 0.5], [1.0, 10.0]])
+    inside = np.ones((2, 2), bool)
+    assert np.array_equal(colorize(layer, values, inside)[1], np.ones((2, 2)))  # drawn everywhere by default
+    layer.set(transparent_below=1)
+    rgb, alpha = colorize(layer, values, inside)
+    assert alpha.tolist() == [[0.0, 0.0], [1.0, 1.0]]
+    np.testing.assert_allclose(rgb[1, 1], [1.0, 1.0, 1.0])  # the top of the hot map
+
+    doc = Document()  # composited over a grey image: the grey shows where the overlay is clear
+    grey = np.full((2, 2, 1), 0.5)
+    doc.add_layer(Layer("grey", Volume("grey", grey, np.eye(4)), "scalar", clim=(0, 1)))
+    doc.add_layer(layer)
+    layer.set_data(values[..., None])
+    from widgets.render import composite, plane_geometry
+
+    doc.set_cursor((0, 0, 0))
+    image = composite(doc, plane_geometry(doc, "axial"))
+    geometry = plane_geometry(doc, "axial")
+    low = image[tuple(int(v) for v in geometry.pixel_of(np.array([0.0, 0.0, 0.0])))]
+    high = image[tuple(int(v) for v in geometry.pixel_of(np.array([1.0, 1.0, 0.0])))]
+    assert low.tolist() == [127, 127, 127] and high.tolist() == [255, 255, 255]
