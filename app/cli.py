@@ -370,6 +370,11 @@ def cmd_track_probabilistic(args) -> int:
     )
     for note in run.notes:
         log.warning("%s", note)
+    if args.save_paths is not None:
+        if Path(args.save_paths).suffix.lower() not in (".trk", ".tck", ".trx"):
+            raise InputError("--save-paths must end in .trx, .trk or .tck", path=args.save_paths)
+        if args.save_paths_max < 1:
+            raise InputError("--save-paths-max must be at least 1")
     result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
     files = write_probabilistic_outputs(run, result, args.output)
     summary = {
@@ -377,6 +382,23 @@ def cmd_track_probabilistic(args) -> int:
         "files": sorted(Path(f).name for f in files.values()),
         **summarise(run, result),
     }
+    if args.save_paths is not None:
+        from .io import save_tractogram
+
+        tract, traced = run.paths_tractogram(
+            args.save_paths_max, device=args.device, progress=Progress("saving paths", "streamlines", quiet=args.quiet)
+        )
+        save_tractogram(tract, args.save_paths)
+        summary["paths_file"] = str(args.save_paths)
+        summary["paths_saved"] = len(tract)
+        summary["paths_traced"] = traced
+        if traced < result.streamlines:
+            log.warning(
+                "--save-paths: %d of the %d streamlines traced (the first samples of every seed voxel), %d kept and saved",
+                traced,
+                result.streamlines,
+                len(tract),
+            )
     human = (
         f"{result.streamlines} streamlines from {len(run.seeds)} seed voxels, {result.waytotal} kept, on "
         f"{result.provenance['backend']} ({result.provenance['device']}) in {result.provenance['tracking_s']:.2f} s; "
@@ -593,6 +615,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modeuler", action="store_true", help="modified Euler integration")
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
     p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument(
+        "--save-paths",
+        metavar="F",
+        help="also save the kept streamlines as a tractogram (.trx, .trk or .tck), "
+        "traced again with the run's random numbers; at most --save-paths-max of them (the first samples of "
+        "every seed voxel alike)",
+    )
+    p.add_argument(
+        "--save-paths-max", type=int, default=10_000, metavar="N", help="streamlines traced for --save-paths"
+    )
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.set_defaults(func=cmd_track_probabilistic)
     return parser

@@ -225,9 +225,10 @@ def _sample_direction(field_: SampleField, params: ProbParams, pos, prev, has_pr
     return np.where(ok[:, None], out, 0.0)
 
 
-def streamline_ids(first: int, count: int, n_seeds: int, n_samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """(streamline ids, seed voxel numbers) of run positions ``first .. first + count``."""
-    j = np.arange(first, first + count, dtype=np.int64)
+def streamline_ids(first: int, count: int, n_seeds: int, n_samples: int, positions=None):
+    """(streamline ids, seed voxel numbers) of run positions ``first .. first + count`` (or of
+    the run positions ``positions``)."""
+    j = np.arange(first, first + count, dtype=np.int64) if positions is None else np.asarray(positions, np.int64)
     seed_of = j % n_seeds
     return (seed_of * n_samples + j // n_seeds).astype(np.uint64), seed_of
 
@@ -242,10 +243,11 @@ def track_numpy(
     first_id: int = 0,
     count: int | None = None,
     record: bool = False,
+    positions: np.ndarray | None = None,
 ):
     """Track the streamlines at run positions ``first_id .. first_id + count`` (default: all
-    ``len(seeds) * n_samples``; see :func:`streamline_ids`; ``seeds`` ijk (n, 3)) with the
-    NumPy reference. Returns :class:`ProbResult` (seed × target rows for
+    ``len(seeds) * n_samples``; or the run positions ``positions``; see
+    :func:`streamline_ids`; ``seeds`` ijk (n, 3)) with the NumPy reference. Returns :class:`ProbResult` (seed × target rows for
     all of ``seeds``), plus the step sequences (x, y, z, alive per step, per half) when
     ``record``. Visits are kept in a dense (streamlines × voxels) bitmap, so batches must
     be small on large grids (:func:`iter_track` sizes them)."""
@@ -253,7 +255,8 @@ def track_numpy(
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
     n = len(seeds) * params.n_samples - first_id if count is None else count
-    sid, seed_of = streamline_ids(first_id, n, len(seeds), params.n_samples)
+    n = n if positions is None else len(positions)
+    sid, seed_of = streamline_ids(first_id, n, len(seeds), params.n_samples, positions)
     jitter = _draw(P_START, 0, 0, sid, key)
     start = seeds[seed_of] + np.stack([_uniform(jitter[i]) - 0.5 for i in range(3)], 1)
     flat = lambda v: (v[:, 0] * shape[1] + v[:, 1]) * shape[2] + v[:, 2]  # noqa: E731
@@ -478,9 +481,10 @@ class KernelTracker:
             null if trace is None else trace,
         )
 
-    def launch(self, first: int, count: int, trace=None) -> None:
-        """Queue run positions ``first .. first + count`` (at most ``max_batch``). ``trace``: a
-        device array (count, 2, n_steps + 1, 4) to fill (one pass: tests)."""
+    def launch(self, first: int, count: int, trace=None, ids=None) -> None:
+        """Queue run positions ``first .. first + count`` (at most ``max_batch``), or the
+        streamlines of ids ``ids`` (a device array of ``count``). ``trace``: a device array
+        (count, 2, n_steps + 1, 4) to fill with their steps (one pass)."""
         if count > len(self.overflow_ids):
             raise ValueError("a launch larger than max_batch")
         if self.stamp_base + count >= 2**32 - 1:  # the stamps would wrap: start the sets afresh
@@ -491,7 +495,7 @@ class KernelTracker:
         lists = self.lists if slots == self.slots or self.immediate else self.cp.empty_like(tables, dtype=np.int32)
         self.counters[1:2].fill(0)
         threads = min(self.threads, self._whole(-(-count // self.BLOCK) * self.BLOCK))
-        args = (count, None, None, first, slots, limit, self.stamp_base, 0, tables, lists, self.counters, trace)
+        args = (count, None, ids, first, slots, limit, self.stamp_base, 0, tables, lists, self.counters, trace)
         self.kernel((threads // self.BLOCK,), (self.BLOCK,), self._args(*args))
         self.stamp_base += count
         # The streamlines that outgrew their sets, again with sets for any streamline, adding the
@@ -561,6 +565,84 @@ class KernelTracker:
             return self._result(paths, seed_targets, counters, rerun, streamlines, provenance)
 
         return ready, result
+
+
+def path_positions(total: int, most: int) -> np.ndarray:
+    """Run positions of the streamlines to save: all of them, or the first ``most`` in the
+    run's order — the first samples of every seed voxel alike (:func:`streamline_ids`)."""
+    return np.arange(min(total, most), dtype=np.int64)
+
+
+def _polylines(halves) -> list[np.ndarray]:
+    """Each streamline's points (voxel coordinates) from the recorded steps of its two halves
+    ((n, T, 4) each: x, y, z, alive): the second half reversed, then the first; a position
+    is a point where it changed (a failed step leaves it)."""
+    out = []
+    for first, second in zip(*halves, strict=True):
+        parts = []
+        for steps in (second, first):
+            xyz = steps[:, :3]
+            moved = np.concatenate([[True], np.any(xyz[1:] != xyz[:-1], axis=1)])
+            parts.append(xyz[moved])
+        out.append(np.concatenate([parts[0][::-1], parts[1][1:]]).astype(np.float32))
+    return out
+
+
+def trace_paths(
+    field_: SampleField,
+    bits: np.ndarray,
+    seeds: np.ndarray,
+    params: ProbParams,
+    positions: np.ndarray,
+    *,
+    n_waypoints: int = 0,
+    device="auto",
+    chunk: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """The streamlines at run positions ``positions`` as polylines (voxel coordinates), the
+    same steps as the run's (same random streams): (polylines, seed voxel numbers, kept:
+    not excluded and meeting the waypoint condition, as the run decides)."""
+    backend = get_backend(device)
+    positions = np.asarray(positions, dtype=np.int64)
+    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
+    ids, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
+    per_streamline = 2 * (params.n_steps + 1) * 4 * 8  # the trace's bytes
+    if backend.is_gpu:
+        chunk = chunk or max(1, min(4096, backend.free_memory_bytes() // 8 // per_streamline))
+        tracker = None
+    else:
+        chunk = chunk or max(1, NUMPY_BITMAP_BYTES // int(np.prod(field_.shape)))
+    lines: list[np.ndarray] = []
+    for start in range(0, len(positions), chunk):
+        if cancelled is not None and cancelled():
+            raise Cancelled()
+        part = positions[start : start + chunk]
+        if backend.is_gpu:
+            cp = backend.xp
+            if tracker is None:
+                tracker = KernelTracker(backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk)
+            trace = cp.zeros((len(part), 2, params.n_steps + 1, 4))
+            tracker.launch(0, len(part), trace, cp.asarray(ids[start : start + chunk]))
+            host = backend.to_host(trace)
+            halves = (host[:, 0], host[:, 1])
+        else:
+            _, halves = track_numpy(field_, bits, seeds, params, 0, n_waypoints, record=True, positions=part)
+        lines += _polylines(halves)
+        if progress is not None:
+            progress(min(start + chunk, len(positions)), len(positions))
+    shape = np.array(field_.shape)
+    hits = np.zeros(len(lines), dtype=np.uint32)
+    for i, line in enumerate(lines):
+        v = np.rint(line).astype(np.int64)
+        v = v[((v >= 0) & (v < shape)).all(1)]
+        hits[i] = np.bitwise_or.reduce(bits[tuple(v.T)].astype(np.uint32)) if len(v) else 0
+    waymask = np.uint32(sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints)))
+    kept = (hits & BIT_EXCLUDE) == 0
+    if n_waypoints:
+        kept &= (hits & waymask) == waymask if params.waycond == "AND" else (hits & waymask) != 0
+    return lines, seed_of, kept
 
 
 def upload_field(backend, field_: SampleField) -> tuple:

@@ -220,13 +220,37 @@ def test_track_probabilistic_command_on_the_demo_bundles(demo_bedpostx, demo_dir
     matrix = np.loadtxt(out / "matrix_seeds_to_all_targets.csv", delimiter=",", skiprows=1)
     s2t = nib.load(out / "seeds_to_roi_crossing_lr_target.nii.gz").get_fdata()
     assert matrix[:, 3].sum() == s2t.sum() == summary["targets"]["roi_crossing_lr_target"]
+    saved = tmp_path / "paths.trx"
     excluded = run_cli(
-        *args, "--exclude", str(target), "--nsamples", "20", "--device", "cpu", "-o", str(tmp_path / "x"), "--json"
+        *args,
+        "--exclude",
+        str(target),
+        "--nsamples",
+        "20",
+        "--device",
+        "cpu",
+        "-o",
+        str(tmp_path / "x"),
+        "--json",
+        "--save-paths",
+        str(saved),
+        "--save-paths-max",
+        "300",
     )
     assert excluded.returncode == 0, excluded.stderr
-    assert (
-        json.loads(excluded.stdout)["waytotal"] == summary["streamlines"] - summary["targets"]["roi_crossing_lr_target"]
+    second = json.loads(excluded.stdout)
+    assert second["waytotal"] == summary["streamlines"] - summary["targets"]["roi_crossing_lr_target"]
+    # --save-paths: 300 of the run's streamlines traced again, the kept ones saved (none enters the target)
+    from app.io import load_tractogram
+
+    tract = load_tractogram(saved)
+    assert second["paths_traced"] == 300 and second["paths_saved"] == len(tract)
+    assert 0 < len(tract) < 300 and len(tract) / 300 == pytest.approx(
+        second["waytotal"] / second["streamlines"], abs=0.1
     )
+    voxels = np.rint(tract.points).astype(int)
+    assert not (nib.load(target).get_fdata() > 0)[tuple(voxels.T)].any()
+    assert set(np.unique(tract.streamline_scalars["seed_voxel"])) <= set(range(n_seed))
 
 
 @pytest.mark.parametrize(
@@ -339,3 +363,28 @@ def test_repeated_runs_with_other_random_seeds_correlate(demo_bedpostx, demo_dir
     print(f"\ncorrelation of the path distributions, NumPy seed 1 vs {device} seed 2: {r:.5f}")
     assert r >= 0.998
     assert not np.array_equal(reference, other)  # other random numbers, not the same run
+
+
+def test_saved_paths_are_the_streamlines_the_run_counted(device):
+    """Tracing the run's streamlines again (same random streams) gives polylines whose voxels are
+    exactly what the path distribution counted, and the same kept ones (waypoint AND)."""
+    from gpu.probabilistic import path_positions, trace_paths
+
+    field_, brain, bundle = straight_bundle(noise=0.4)
+    bits = mask_bits(brain, exclude=slab(22, 23, y=slice(0, 3)), waypoints=[slab(12, 13)])
+    params = ProbParams(n_samples=20, n_steps=150)
+    seeds = np.argwhere(bundle & slab(3, 4))
+    run_ = track_numpy(field_, bits, seeds, params, n_waypoints=1)
+    total = len(seeds) * params.n_samples
+    lines, seed_of, kept = trace_paths(
+        field_, bits, seeds, params, path_positions(total, total), n_waypoints=1, device=device, chunk=97
+    )
+    assert len(lines) == total and kept.sum() == run_.waytotal and 0 < run_.waytotal < total
+    paths = np.zeros(field_.shape, np.int64)
+    for line in (line for line, k in zip(lines, kept, strict=True) if k):
+        voxels = np.unique(np.rint(line).astype(int), axis=0)
+        paths[tuple(voxels.T)] += 1
+    np.testing.assert_array_equal(paths, run_.paths)
+    nearest = [np.abs(line - seeds[s]).max(1).min() for line, s in zip(lines, seed_of, strict=True)]
+    assert max(nearest) <= 0.5  # each starts in its seed voxel
+    np.testing.assert_array_equal(path_positions(10, 4), [0, 1, 2, 3])

@@ -24,12 +24,15 @@ from gpu.probabilistic import (
     SampleField,
     iter_track,
     mask_bits,
+    path_positions,
+    trace_paths,
 )
 
 from ..errors import InputError
 from ..io import BedpostSamples, load_bedpostx, save_volume
 from ..io._atomic import atomic_path, split_suffix
 from ..io.dwi import x_flip_needed
+from ..model import Tractogram
 from .select import load_masks_on_reference
 
 #: Files written by :func:`write_probabilistic_outputs` ({target}: the target file's stem).
@@ -94,6 +97,40 @@ class ProbabilisticRun:
             cancelled=cancelled,
             batch_streamlines=batch_streamlines,
         )
+
+    def paths_tractogram(
+        self,
+        most: int = 10_000,
+        *,
+        device: str = "auto",
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> tuple[Tractogram, int]:
+        """The kept streamlines among ``most`` of the run's (all when there are fewer; else the
+        first samples of every seed voxel alike), traced again with the run's random streams: (tractogram on the
+        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced)."""
+        total = len(self.seeds) * self.params.n_samples
+        positions = path_positions(total, most)
+        lines, seed_of, kept = trace_paths(
+            self.field,
+            self.bits,
+            self.seeds,
+            self.params,
+            positions,
+            n_waypoints=self.n_waypoints,
+            device=device,
+            progress=progress,
+            cancelled=cancelled,
+        )
+        chosen = [line for line, k in zip(lines, kept, strict=True) if k]
+        tract = Tractogram.from_list(
+            chosen,
+            affine=self.samples.affine,
+            dimensions=self.samples.mask.shape,
+            streamline_scalars={"seed_voxel": seed_of[kept].astype(np.float32)},
+            name="probabilistic paths",
+        )
+        return tract, len(positions)
 
     def track(self, **options) -> ProbResult:
         """The final totals of :meth:`run` (same options)."""
