@@ -367,6 +367,7 @@ def cmd_track_probabilistic(args) -> int:
         exclude=args.exclude,
         stop=args.stop,
         params=params,
+        seed_matrix=args.seed_matrix,
     )
     for note in run.notes:
         log.warning("%s", note)
@@ -615,6 +616,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modeuler", action="store_true", help="modified Euler integration")
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
     p.add_argument("--seed-rng", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument(
+        "--seed-matrix",
+        "--omatrix1",
+        action="store_true",
+        help="also count the seed x seed matrix (probtrackx's matrix1): matrix_seeds_to_seeds.npy/.csv",
+    )
     p.add_argument(
         "--save-paths",
         metavar="F",

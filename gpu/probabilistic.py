@@ -165,6 +165,9 @@ class ProbResult:
     seed_targets : (n_seed_voxels, n_targets) int64 kept streamlines of each seed voxel reaching each target.
     streamlines : streamlines tracked (kept or not).
     steps : steps taken by all of them (both halves), a measure of their length.
+    seed_matrix : (n_seed_voxels, n_seed_voxels) int64 or None: kept streamlines of seed voxel a
+        visiting seed voxel b (probtrackx's matrix1; the diagonal counts each seed voxel's own
+        kept streamlines, which all start in it).
     """
 
     paths: np.ndarray
@@ -173,6 +176,7 @@ class ProbResult:
     streamlines: int
     provenance: dict = field(default_factory=dict)
     steps: int = 0
+    seed_matrix: np.ndarray | None = None
 
 
 def _uniform(x):
@@ -225,6 +229,18 @@ def _sample_direction(field_: SampleField, params: ProbParams, pos, prev, has_pr
     return np.where(ok[:, None], out, 0.0)
 
 
+#: Seed voxels at most for the seed × seed matrix (n² counts on the device: 1 GiB).
+MAX_SEED_MATRIX = 16384
+
+
+def check_seed_matrix(n_seeds: int) -> None:
+    if n_seeds > MAX_SEED_MATRIX:
+        raise ValueError(
+            f"a seed x seed matrix of {n_seeds} seed voxels is too large (at most {MAX_SEED_MATRIX}); "
+            "use a smaller or coarser seed mask, or target masks"
+        )
+
+
 def streamline_ids(first: int, count: int, n_seeds: int, n_samples: int, positions=None):
     """(streamline ids, seed voxel numbers) of run positions ``first .. first + count`` (or of
     the run positions ``positions``)."""
@@ -244,6 +260,7 @@ def track_numpy(
     count: int | None = None,
     record: bool = False,
     positions: np.ndarray | None = None,
+    seed_matrix: bool = False,
 ):
     """Track the streamlines at run positions ``first_id .. first_id + count`` (default: all
     ``len(seeds) * n_samples``; or the run positions ``positions``; see
@@ -345,7 +362,12 @@ def track_numpy(
     for j in range(n_targets):
         reached = kept & ((hits >> np.uint32(TARGET_SHIFT + j)) & 1).astype(bool)
         seed_targets[:, j] = np.bincount(seed_of[reached], minlength=len(seeds))
-    result = ProbResult(paths, int(kept.sum()), seed_targets, n, steps=moves)
+    matrix = None
+    if seed_matrix:
+        check_seed_matrix(len(seeds))
+        matrix = np.zeros((len(seeds), len(seeds)), dtype=np.int64)
+        np.add.at(matrix, seed_of[kept], visited[kept][:, flat(seeds)].astype(np.int64))
+    result = ProbResult(paths, int(kept.sum()), seed_targets, n, steps=moves, seed_matrix=matrix)
     return (result, steps_record) if record else result
 
 
@@ -404,13 +426,16 @@ class KernelTracker:
         device_field=None,
         set_slots: int = SET_SLOTS,
         threads: int | None = None,
+        seed_matrix: bool = False,
     ):
         from . import cuda
 
         cp = self.cp = backend.xp
         self.backend, self.field, self.params = backend, field_, params
         self.n_seeds, self.n_targets = len(seeds), n_targets
-        self.kernel = cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",))
+        self.kernel = cuda.function(
+            "probabilistic.cu", "prob_track", ("philox.cuh",), (("SEED_MATRIX", int(seed_matrix)),)
+        )
         self.arrays = device_field or upload_field(backend, field_)
         self.bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
         self.seeds = cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32))  # argwhere gives F order
@@ -418,6 +443,15 @@ class KernelTracker:
         self.seed_targets = cp.zeros((self.n_seeds, max(n_targets, 1)), dtype=cp.uint64)
         self.counters = cp.zeros(4, dtype=cp.uint64)  # kept, abandoned in the last launch, in all, steps
         self.rerun_counters = cp.zeros(4, dtype=cp.uint64)  # the second passes' (abandoned: never)
+        self.seed_number = self.seed_matrix = None
+        if seed_matrix:
+            check_seed_matrix(self.n_seeds)
+            number = np.full(field_.shape, -1, dtype=np.int32)
+            number[tuple(np.asarray(seeds).T)] = np.arange(self.n_seeds, dtype=np.int32)
+            self.seed_number = cp.asarray(number)
+            self.seed_matrix = cp.zeros((self.n_seeds, self.n_seeds), dtype=cp.uint32)
+        self.totals = (self.paths, self.seed_targets, self.counters, self.rerun_counters)
+        self.totals += (self.seed_matrix,) if seed_matrix else ()
         self.waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
         # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen.
         self.immediate = self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
@@ -478,6 +512,8 @@ class KernelTracker:
             counters,
             self.overflow_ids,
             np.int64(len(self.overflow_ids)),
+            null if self.seed_number is None else self.seed_number,
+            null if self.seed_matrix is None else self.seed_matrix,
             null if trace is None else trace,
         )
 
@@ -513,16 +549,16 @@ class KernelTracker:
 
     def result(self, provenance: dict | None = None) -> ProbResult:
         """The totals so far (waits for the queued launches)."""
-        counters, rerun = (self.backend.to_host(c) for c in (self.counters, self.rerun_counters))
-        return self._result(self.paths, self.seed_targets, counters, rerun, self.streamlines, provenance)
+        return self._result(self.totals, self.streamlines, provenance)
 
-    def _result(self, paths, seed_targets, counters, rerun, streamlines, provenance=None) -> ProbResult:
+    def _result(self, totals, streamlines, provenance=None) -> ProbResult:
+        paths, seed_targets, counters, rerun, *matrix = (self.backend.to_host(a) for a in totals)
         if rerun[1]:
             raise RuntimeError("probabilistic kernel: a streamline outgrew the largest visited-voxel set")
         return ProbResult(
-            self.backend.to_host(paths).reshape(self.field.shape).astype(np.int64),
+            paths.reshape(self.field.shape).astype(np.int64),
             int(counters[0] + rerun[0]),
-            self.backend.to_host(seed_targets)[:, : self.n_targets].astype(np.int64),
+            seed_targets[:, : self.n_targets].astype(np.int64),
             streamlines,
             {
                 "set_slots": self.slots,
@@ -532,6 +568,7 @@ class KernelTracker:
                 **(provenance or {}),
             },
             steps=int(counters[3] + rerun[3]),
+            seed_matrix=matrix[0].astype(np.int64) if matrix else None,
         )
 
     def snapshot(self, copy_stream, after=None):
@@ -543,12 +580,10 @@ class KernelTracker:
         if after is not None:  # the previous copy has finished reading the snapshot buffers
             compute.wait_event(after)
         if not hasattr(self, "_snap"):
-            self._snap = [cp.empty_like(a) for a in (self.paths, self.seed_targets, self.counters, self.rerun_counters)]
+            self._snap = [cp.empty_like(a) for a in self.totals]
             self._pinned = [[_pinned_like(a) for a in self._snap] for _ in range(2)]
             self._turn = 0
-        for dst, src in zip(
-            self._snap, (self.paths, self.seed_targets, self.counters, self.rerun_counters), strict=True
-        ):
+        for dst, src in zip(self._snap, self.totals, strict=True):
             dst[...] = src
         taken = compute.record()
         copy_stream.wait_event(taken)
@@ -561,8 +596,7 @@ class KernelTracker:
 
         def result(provenance=None):
             ready.synchronize()
-            paths, seed_targets, counters, rerun = host
-            return self._result(paths, seed_targets, counters, rerun, streamlines, provenance)
+            return self._result(host, streamlines, provenance)
 
         return ready, result
 
@@ -671,6 +705,7 @@ def track_kernel(
     trace=False,
     device_field=None,
     set_slots=SET_SLOTS,
+    seed_matrix=False,
 ):
     """:func:`track_numpy` as the CUDA kernel ``prob_track`` (one launch of a
     :class:`KernelTracker`). ``device_field``: the field's arrays already on the device (dirs,
@@ -692,6 +727,7 @@ def track_kernel(
         device_field=device_field,
         set_slots=set_slots,
         threads=threads,
+        seed_matrix=seed_matrix,
     )
     tr = backend.xp.zeros((n, 2, params.n_steps + 1, 4)) if trace else None
     tracker.launch(first_id, n, tr)
@@ -719,6 +755,7 @@ def iter_track(
     cancelled: Callable[[], bool] | None = None,
     batch_streamlines: int | None = None,
     device_field=None,
+    seed_matrix: bool = False,
 ) -> Iterator[ProbResult]:
     """Track every streamline of every seed voxel in batches, yielding the running totals
     (a fresh :class:`ProbResult`) after each, so a viewer can show the path distribution
@@ -728,7 +765,8 @@ def iter_track(
     handed-out totals trail the queued batch by one) and then :class:`Cancelled` is
     raised. ``progress(done, total)`` comes with each yield. ``device_field``: the field's
     arrays (dirs, f, index) already on the GPU (:func:`upload_field`), to track from the
-    same samples again without copying them (gigabytes for a whole brain)."""
+    same samples again without copying them (gigabytes for a whole brain). ``seed_matrix``:
+    also count the seed × seed matrix (:class:`ProbResult`)."""
     backend = get_backend(device)
     if engine == "auto":
         engine = "kernel" if backend.is_gpu else "numpy"
@@ -761,23 +799,47 @@ def iter_track(
         paths = np.zeros(field_.shape, dtype=np.int64)
         seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
         waytotal = steps = 0
+        matrix = np.zeros((len(seeds), len(seeds)), dtype=np.int64) if seed_matrix else None
         for start, count in batches:
             if cancelled is not None and cancelled():
                 raise Cancelled()
-            part = track_numpy(field_, bits, seeds, params, n_targets, n_waypoints, start, count)
+            part = track_numpy(
+                field_, bits, seeds, params, n_targets, n_waypoints, start, count, seed_matrix=seed_matrix
+            )
+            if seed_matrix:
+                matrix += part.seed_matrix
             paths += part.paths
             seed_targets += part.seed_targets
             waytotal += part.waytotal
             steps += part.steps
             done = start + count
-            yield report(ProbResult(paths.copy(), waytotal, seed_targets.copy(), done, provenance(done), steps))
+            yield report(
+                ProbResult(
+                    paths.copy(),
+                    waytotal,
+                    seed_targets.copy(),
+                    done,
+                    provenance(done),
+                    steps,
+                    None if matrix is None else matrix.copy(),
+                )
+            )
         return
     # The GPU: totals accumulate on the device. After queueing a batch, its totals are copied
     # to the host on a second stream while the next batch runs, and the previous batch's are
     # handed out meanwhile, so the GPU never waits for the host.
     cp = backend.xp
     tracker = KernelTracker(
-        backend, field_, bits, seeds, params, n_targets, n_waypoints, max_batch=batch, device_field=device_field
+        backend,
+        field_,
+        bits,
+        seeds,
+        params,
+        n_targets,
+        n_waypoints,
+        max_batch=batch,
+        device_field=device_field,
+        seed_matrix=seed_matrix,
     )
     copy_stream = cp.cuda.Stream(non_blocking=True)
     pending = copied = None

@@ -112,6 +112,7 @@ def test_kernel_takes_the_reference_steps(options):
         got = trace[:, half, : expected.shape[1]]
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-9)
     np.testing.assert_array_equal(gpu.paths, ref.paths)
+    np.testing.assert_array_equal(gpu.seed_matrix, ref.seed_matrix)
     assert gpu.waytotal == ref.waytotal and np.array_equal(gpu.seed_targets, ref.seed_targets)
     assert gpu.steps == ref.steps > 0
     assert gpu.provenance["rerun_large_sets"] == 0
@@ -133,10 +134,10 @@ def test_kernel_runs_streamlines_too_long_for_its_sets_again(masks):
     n_way = len(extra.get("waypoints", []))
     params = ProbParams(n_samples=16, n_steps=120, loopcheck=True)
     seeds = np.argwhere(bundle & slab(3, 4))
-    ref, steps = track_numpy(field_, bits, seeds, params, n_targets=1, n_waypoints=n_way, record=True)
+    ref, steps = track_numpy(field_, bits, seeds, params, 1, n_way, record=True, seed_matrix=True)
     points = np.concatenate(steps, axis=1)[..., :3]  # (n, both halves' positions, 3)
     distinct = np.array([len(np.unique(np.rint(p), axis=0)) for p in points])
-    gpu = track_kernel(get_backend("gpu"), field_, bits, seeds, params, 1, n_way, set_slots=16)
+    gpu = track_kernel(get_backend("gpu"), field_, bits, seeds, params, 1, n_way, set_slots=16, seed_matrix=True)
     assert gpu.provenance["rerun_large_sets"] == (distinct > 12).sum() > 0.1 * len(distinct)
     assert gpu.provenance["counting"] == ("immediate" if masks == "none" else "at end")
     np.testing.assert_array_equal(gpu.paths, ref.paths)
@@ -151,7 +152,7 @@ def test_batches_stream_running_totals_and_cancel(device):
     bits = mask_bits(brain, targets=[slab(26, 28)])
     face = np.argwhere(bundle & slab(3, 4))
     params = ProbParams(n_samples=40, n_steps=200)
-    whole = track_numpy(field_, bits, face, params, n_targets=1)
+    whole = track_numpy(field_, bits, face, params, n_targets=1, seed_matrix=True)
     seen = []
     running = list(
         iter_track(
@@ -163,6 +164,7 @@ def test_batches_stream_running_totals_and_cancel(device):
             device=device,
             batch_streamlines=200,
             progress=lambda d, t: seen.append(d),
+            seed_matrix=True,
         )
     )
     assert seen == [200, 400, 600, 640]
@@ -171,6 +173,7 @@ def test_batches_stream_running_totals_and_cancel(device):
     np.testing.assert_array_equal(running[-1].paths, whole.paths)  # same on every engine and batching
     np.testing.assert_array_equal(running[-1].seed_targets, whole.seed_targets)
     assert running[-1].waytotal == whole.waytotal and running[-1].steps == whole.steps
+    np.testing.assert_array_equal(running[-1].seed_matrix, whole.seed_matrix)
     kept = []
     with pytest.raises(Cancelled):
         for partial in iter_track(
@@ -203,13 +206,18 @@ def test_track_probabilistic_command_on_the_demo_bundles(demo_bedpostx, demo_dir
     out = tmp_path / "prob"
     seed, target = demo_dir / "roi_crossing_lr_seed.nii.gz", demo_dir / "roi_crossing_lr_target.nii.gz"
     args = ["track", "probabilistic", "--samples", str(demo_bedpostx), "--seed", str(seed), "--target", str(target)]
-    result = run_cli(*args, "--nsamples", "20", "--device", "cpu", "-o", str(out), "--json")
+    result = run_cli(*args, "--nsamples", "20", "--device", "cpu", "-o", str(out), "--json", "--seed-matrix")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     n_seed = int((nib.load(seed).get_fdata() > 0).sum())
     assert summary["streamlines"] == 20 * n_seed == summary["waytotal"]  # no waypoints, no exclusion
     expected = {"fdt_paths.nii.gz", "waytotal", "seeds_to_roi_crossing_lr_target.nii.gz", "probtrackx.json"}
-    assert expected | {"matrix_seeds_to_all_targets.csv", "matrix_seeds_to_all_targets.npy"} == set(summary["files"])
+    matrices = {f"matrix_seeds_to_{what}.{ext}" for what in ("all_targets", "seeds") for ext in ("csv", "npy")}
+    assert expected | matrices == set(summary["files"])
+    seed_matrix = np.load(out / "matrix_seeds_to_seeds.npy")
+    assert seed_matrix.shape == (n_seed, n_seed) and np.trace(seed_matrix) == summary["waytotal"]
+    sparse = np.loadtxt(out / "matrix_seeds_to_seeds.csv", delimiter=",", skiprows=1, dtype=int)
+    assert len(sparse) == np.count_nonzero(seed_matrix) and sparse[:, 6].sum() == seed_matrix.sum()
     paths = nib.load(out / "fdt_paths.nii.gz").get_fdata()
     in_bundle = demo_phantom.occupancy[..., 0] > 0.1
     fraction = paths[in_bundle].sum() / paths.sum()
@@ -374,17 +382,26 @@ def test_saved_paths_are_the_streamlines_the_run_counted(device):
     bits = mask_bits(brain, exclude=slab(22, 23, y=slice(0, 3)), waypoints=[slab(12, 13)])
     params = ProbParams(n_samples=20, n_steps=150)
     seeds = np.argwhere(bundle & slab(3, 4))
-    run_ = track_numpy(field_, bits, seeds, params, n_waypoints=1)
+    run_ = track_numpy(field_, bits, seeds, params, n_waypoints=1, seed_matrix=True)
     total = len(seeds) * params.n_samples
     lines, seed_of, kept = trace_paths(
         field_, bits, seeds, params, path_positions(total, total), n_waypoints=1, device=device, chunk=97
     )
     assert len(lines) == total and kept.sum() == run_.waytotal and 0 < run_.waytotal < total
     paths = np.zeros(field_.shape, np.int64)
-    for line in (line for line, k in zip(lines, kept, strict=True) if k):
-        voxels = np.unique(np.rint(line).astype(int), axis=0)
-        paths[tuple(voxels.T)] += 1
+    number = np.full(field_.shape, -1)
+    number[tuple(seeds.T)] = np.arange(len(seeds))
+    matrix = np.zeros((len(seeds), len(seeds)), np.int64)  # seed x seed, brute force
+    for line, k, s in zip(lines, kept, seed_of, strict=True):
+        if k:
+            voxels = np.unique(np.rint(line).astype(int), axis=0)
+            paths[tuple(voxels.T)] += 1
+            others = number[tuple(voxels.T)]
+            matrix[s, others[others >= 0]] += 1
     np.testing.assert_array_equal(paths, run_.paths)
+    np.testing.assert_array_equal(matrix, run_.seed_matrix)
+    assert (np.diag(matrix) == np.bincount(seed_of[kept], minlength=len(seeds))).all()
+    assert matrix.sum() > np.trace(matrix)  # streamlines pass through other seed voxels too
     nearest = [np.abs(line - seeds[s]).max(1).min() for line, s in zip(lines, seed_of, strict=True)]
     assert max(nearest) <= 0.5  # each starts in its seed voxel
     np.testing.assert_array_equal(path_positions(10, 4), [0, 1, 2, 3])

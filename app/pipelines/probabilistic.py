@@ -22,6 +22,7 @@ from gpu.probabilistic import (
     ProbParams,
     ProbResult,
     SampleField,
+    check_seed_matrix,
     iter_track,
     mask_bits,
     path_positions,
@@ -41,6 +42,9 @@ PROB_OUTPUTS = {
     "waytotal": "kept streamlines (after exclusion and waypoints)",
     "seeds_to_{target}.nii.gz": "per seed voxel, kept streamlines reaching the target",
     "matrix_seeds_to_all_targets.csv": "seed voxels (i, j, k) × targets, the same counts (also .npy)",
+    "matrix_seeds_to_seeds.npy": "with --seed-matrix: seed × seed counts, kept streamlines from seed voxel a "
+    "visiting seed voxel b (rows in the order of matrix_seeds_to_all_targets.csv)",
+    "matrix_seeds_to_seeds.csv": "the same, non-zero entries only: i_a, j_a, k_a, i_b, j_b, k_b, count",
     "probtrackx.json": "summary: parameters, masks, counts, timings, device",
 }
 
@@ -74,6 +78,7 @@ class ProbabilisticRun:
     n_waypoints: int
     params: ProbParams
     notes: list[str] = field(default_factory=list)
+    seed_matrix: bool = False  # also count seed x seed (probtrackx's matrix1)
 
     def run(
         self,
@@ -96,6 +101,7 @@ class ProbabilisticRun:
             progress=progress,
             cancelled=cancelled,
             batch_streamlines=batch_streamlines,
+            seed_matrix=self.seed_matrix,
         )
 
     def paths_tractogram(
@@ -146,6 +152,7 @@ def prepare_probabilistic(
     exclude: str | os.PathLike | None = None,
     stop: str | os.PathLike | None = None,
     params: ProbParams | None = None,
+    seed_matrix: bool = False,
 ) -> ProbabilisticRun:
     """Load the bedpostX folder and the mask files, check them, and build the engine's inputs."""
     samples = load_bedpostx(samples_dir)
@@ -170,6 +177,7 @@ def prepare_probabilistic(
         params=params,
         notes=notes,
         seed_name=str(seed),
+        seed_matrix=seed_matrix,
     )
 
 
@@ -185,6 +193,7 @@ def prepare_probabilistic_masks(
     notes: list[str] | None = None,
     seed_name: str = "seed",
     field_: SampleField | None = None,
+    seed_matrix: bool = False,
 ) -> ProbabilisticRun:
     """The engine's inputs from masks already on the samples' grid (the GUI's ROI layers,
     resampled): ``targets`` as (name, mask) pairs. ``field_``: the samples' field when the
@@ -217,7 +226,13 @@ def prepare_probabilistic_masks(
         notes.append(f"{outside} seed voxel(s) lie outside the brain mask; their streamlines end at once")
     bits = mask_bits(samples.mask, exclude, stop, list(waypoints), [m for _, m in targets])
     seeds = np.ascontiguousarray(np.argwhere(seed_mask))
-    return ProbabilisticRun(samples, field_ or sample_field(samples), bits, seeds, names, len(waypoints), params, notes)
+    if seed_matrix:
+        try:
+            check_seed_matrix(len(seeds))
+        except ValueError as exc:
+            raise InputError(str(exc), path=seed_name) from None
+    field_ = field_ or sample_field(samples)
+    return ProbabilisticRun(samples, field_, bits, seeds, names, len(waypoints), params, notes, seed_matrix)
 
 
 def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdir: str | os.PathLike) -> dict[str, str]:
@@ -243,6 +258,16 @@ def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdi
             np.save(tmp, result.seed_targets)
         files["matrix_seeds_to_all_targets.csv"] = out / "matrix_seeds_to_all_targets.csv"
         files["matrix_seeds_to_all_targets.npy"] = out / "matrix_seeds_to_all_targets.npy"
+    if result.seed_matrix is not None:
+        with atomic_path(out / "matrix_seeds_to_seeds.npy") as tmp:
+            np.save(tmp, result.seed_matrix)
+        a, b = np.nonzero(result.seed_matrix)
+        rows = np.concatenate([run.seeds[a], run.seeds[b], result.seed_matrix[a, b][:, None]], axis=1)
+        with atomic_path(out / "matrix_seeds_to_seeds.csv") as tmp:
+            header = "i_a,j_a,k_a,i_b,j_b,k_b,count"
+            np.savetxt(tmp, rows, fmt="%d", delimiter=",", header=header, comments="")
+        files["matrix_seeds_to_seeds.npy"] = out / "matrix_seeds_to_seeds.npy"
+        files["matrix_seeds_to_seeds.csv"] = out / "matrix_seeds_to_seeds.csv"
     summary = summarise(run, result)
     with atomic_path(out / "probtrackx.json") as tmp:
         tmp.write_text(json.dumps(summary, indent=2, default=str))

@@ -25,6 +25,9 @@
 // read on the device) runs those again with a table large enough for any streamline and
 // `rank_from` = the voxels already added (immediate) or 0.
 
+#ifndef SEED_MATRIX
+#define SEED_MATRIX 0
+#endif
 #define BIT_BRAIN 1u
 #define BIT_EXCLUDE 2u
 #define BIT_STOP 4u
@@ -120,6 +123,16 @@ __device__ __forceinline__ bool set_contains(const u64* table, int cap, unsigned
     }
 }
 
+// A kept streamline from seed voxel `seed_no` counts voxel v (once).
+__device__ __forceinline__ void visit(u64* paths, const int* seed_number, unsigned int* seed_matrix, long long n_seeds,
+                                      long long seed_no, int v) {
+    atomicAdd(paths + v, 1ull);
+#if SEED_MATRIX  // compiled in only when asked for (it costs registers)
+    int other = __ldg(seed_number + v);
+    if (other >= 0) atomicAdd(seed_matrix + seed_no * n_seeds + other, 1u);
+#endif
+}
+
 extern "C" __global__ void prob_track(
     const float* __restrict__ dirs, const float* __restrict__ fr, const int* __restrict__ index,
     const unsigned int* __restrict__ bits, const int* __restrict__ seeds, long long n_streamlines,
@@ -133,6 +146,8 @@ extern "C" __global__ void prob_track(
     u64* __restrict__ counters,      // kept, abandoned (over `limit`) in this launch, in all launches, steps
     u64* __restrict__ overflow_ids,  // ids of the abandoned streamlines (at most overflow_capacity)
     long long overflow_capacity,
+    const int* __restrict__ seed_number,    // optional: per grid voxel its seed voxel number, -1 if none
+    unsigned int* __restrict__ seed_matrix,  // with seed_number: (n_seeds, n_seeds) seed x seed counts
     double* __restrict__ trace)  // optional (n, 2, n_steps + 1, 4): x, y, z, alive
 {
     const Params P = {nx, ny, nz, S, L, n_steps, randfib, loopcheck, modeuler,
@@ -182,7 +197,7 @@ extern "C" __global__ void prob_track(
                 hits = bits[start_voxel];
                 set_insert(table, cap, limit, size, stamp, start_voxel);  // limit >= 1
                 if (list) list[0] = start_voxel;
-                if (immediate && rank_from == 0) atomicAdd(paths + start_voxel, 1ull);
+                if (immediate && rank_from == 0) visit(paths, seed_number, seed_matrix, n_seeds, seed_no, start_voxel);
             }
             excluded = (hits & BIT_EXCLUDE) != 0;
             half = -1;  // the first half starts below
@@ -238,7 +253,7 @@ extern "C" __global__ void prob_track(
                         half = 1;
                     } else if (added) {
                         if (list) list[rank] = v;
-                        if (immediate && rank >= rank_from) atomicAdd(paths + v, 1ull);
+                        if (immediate && rank >= rank_from) visit(paths, seed_number, seed_matrix, n_seeds, seed_no, v);
                     }
                     current = v;
                 }
@@ -281,7 +296,7 @@ extern "C" __global__ void prob_track(
         bool kept = !excluded && (waymask == 0 || (way_and ? (hits & waymask) == waymask : (hits & waymask) != 0));
         if (!kept) continue;
         if (!immediate)
-            for (int i = rank_from; i < size; ++i) atomicAdd(paths + list[i], 1ull);
+            for (int i = rank_from; i < size; ++i) visit(paths, seed_number, seed_matrix, n_seeds, seed_no, list[i]);
         atomicAdd(counters, 1ull);
         for (int t = 0; t < n_targets; ++t)
             if ((hits >> (TARGET_SHIFT + t)) & 1u) atomicAdd(seed_targets + seed_no * n_targets + t, 1ull);
