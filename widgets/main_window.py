@@ -41,6 +41,7 @@ from app.pipelines.select import index_on_grid
 from . import fiber_display
 from .ballstick import BallStickDialog, ballstick_job
 from .panels import JobPanel, LayerPanel
+from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
 from .slice_view import SliceView
 from .tracking_panel import DeterministicPanel, GeodesicPanel
@@ -96,11 +97,15 @@ class MainWindow(QMainWindow):
             self.document, self.runner, device=device, report=self._report_error
         )
         self.geodesic_panel = GeodesicPanel(self.document, self.runner, device=device, report=self._report_error)
+        self.probabilistic_panel = ProbabilisticPanel(
+            self.document, self.runner, device=device, report=self._report_error, view3d=self.view3d
+        )
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Deterministic tracking", self.deterministic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Geodesic tracking", self.geodesic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("Probabilistic tracking", self.probabilistic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
@@ -109,6 +114,10 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(
             self.findChild(QDockWidget, "dock_deterministic_tracking"),
             self.findChild(QDockWidget, "dock_geodesic_tracking"),
+        )
+        self.tabifyDockWidget(
+            self.findChild(QDockWidget, "dock_geodesic_tracking"),
+            self.findChild(QDockWidget, "dock_probabilistic_tracking"),
         )
 
         self.position_label = QLabel()
@@ -162,8 +171,14 @@ class MainWindow(QMainWindow):
         track_menu = self.menuBar().addMenu("&Track")
         self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
         self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
+        self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
         jobs_menu = self.menuBar().addMenu("&Jobs")
         toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
+
+    def track_probabilistic(self) -> int | None:
+        """Track menu: show the Probabilistic tracking panel and track with its settings."""
+        self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()
+        return self.probabilistic_panel.track()
 
     def _build_roi_tools(self, file_menu) -> None:
         edit_menu = self.menuBar().addMenu("&Edit")

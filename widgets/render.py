@@ -192,10 +192,14 @@ def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.n
         alpha = (labels > 0).astype(np.float64)
     else:  # the scalar kinds (scalar, dwi): a colour map over the display range
         lo, hi = layer.clim
-        scaled = (np.nan_to_num(values.astype(np.float64)) - lo) / (hi - lo if hi > lo else 1.0)
+        finite = np.nan_to_num(values.astype(np.float64))
+        scaled = (finite - lo) / (hi - lo if hi > lo else 1.0)
         index = np.clip((scaled * 255).astype(np.int64), 0, 255)
         rgb = LUTS.get(layer.colormap, LUTS["gray"])[index]
-        alpha = np.ones(values.shape[:2])
+        if layer.transparent_below is None:
+            alpha = np.ones(values.shape[:2])
+        else:  # an overlay: the layers beneath show through where it is low
+            alpha = (finite >= layer.transparent_below).astype(np.float64)
     alpha = alpha * inside * layer.opacity
     return rgb, alpha
 

@@ -46,6 +46,7 @@ class View3D(QWidget):
         self._planes: dict[str, tuple] = {}
         self._glyphs: dict[int, object] = {}
         self._roi_surfaces: dict[int, object] = {}
+        self._layer_surfaces: dict[int, dict] = {}  # surfaces computed for a layer (set_layer_surface)
         self.shape_widget = None
         self._roi_timer = QTimer(self)
         self._roi_timer.setSingleShot(True)
@@ -71,6 +72,7 @@ class View3D(QWidget):
             if "replaced" in info:
                 self._reuse_fibers(*info["replaced"])
             self._sync_fibers()
+            self._drop_layer_surfaces()
             # A tracking result replaced while it streams in changes no plane, glyph or ROI.
             scene = self.document.image_layers_key()
             if scene != self._scene_layers:
@@ -94,6 +96,8 @@ class View3D(QWidget):
                 self._roi_timer.start()
             else:
                 self._update_planes()
+                if layer is not None and id(layer) in self._layer_surfaces:
+                    self._style_layer_surface(self._layer_surfaces[id(layer)])
         self.request_render()
 
     def request_render(self) -> None:
@@ -171,6 +175,46 @@ class View3D(QWidget):
             )
             self._roi_surfaces[id(layer)] = actor
         self.request_render()
+
+    # ---------------------------------------------------------- layer surfaces
+    def set_layer_surface(self, layer: Layer, mesh, *, color, opacity: float = 0.5) -> None:
+        """Show a surface that belongs to a layer, computed elsewhere (e.g. the isosurface of a
+        tracking result): ``mesh`` a :class:`pyvista.PolyData` in world millimetres (or
+        None, or empty: no surface). It replaces the layer's previous surface in the same actor,
+        is shown and hidden with the layer (``opacity`` × the layer's), and goes when the layer
+        leaves the document."""
+        entry = self._layer_surfaces.get(id(layer))
+        if mesh is None or mesh.n_points == 0:
+            if entry is not None:
+                self.plotter.remove_actor(self._layer_surfaces.pop(id(layer))["actor"], render=False)
+                self.request_render()
+            return
+        if entry is None:
+            actor = self.plotter.add_mesh(
+                mesh, color=color, name=f"surface_{id(layer)}", show_scalar_bar=False, **NO_RENDER
+            )
+            entry = self._layer_surfaces[id(layer)] = {"layer": layer, "actor": actor}
+        else:
+            entry["actor"].GetMapper().SetInputData(mesh)
+            entry["actor"].GetProperty().SetColor(*color)
+        entry["mesh"], entry["opacity"] = mesh, float(opacity)
+        self._style_layer_surface(entry)
+        self.request_render()
+
+    def layer_surface(self, layer: Layer):
+        """(actor, mesh) of a layer's surface, or None (for tests and scripts)."""
+        entry = self._layer_surfaces.get(id(layer))
+        return None if entry is None else (entry["actor"], entry["mesh"])
+
+    def _style_layer_surface(self, entry: dict) -> None:
+        layer = entry["layer"]
+        entry["actor"].SetVisibility(bool(layer.visible))
+        entry["actor"].GetProperty().SetOpacity(entry["opacity"] * layer.opacity)
+
+    def _drop_layer_surfaces(self) -> None:
+        present = {id(layer) for layer in self.document.layers}
+        for key in [key for key in self._layer_surfaces if key not in present]:
+            self.plotter.remove_actor(self._layer_surfaces.pop(key)["actor"], render=False)
 
     def show_shape_widget(self, layer: Layer | None, on_change) -> None:
         """A sphere handle on a shape ROI in 3-D: drag it to move, right-drag to resize.

@@ -1,0 +1,472 @@
+"""The Probabilistic tracking panel (probtrackx style): parameters, Track / Cancel, the path
+distribution filling in on the slices and as an isosurface in 3-D.
+
+The panel holds no algorithm. Track takes the last ``dyads`` layer that keeps its posterior
+samples (a bedpostX folder opened, or a ball & sticks fit) and a snapshot (copies) of the
+visible ROI layers by role: the seed ROIs together are the seed region, each target ROI is a
+named target (the layer's name), each waypoint ROI a waypoint mask, the exclusion and stop
+ROIs together the exclusion and stop masks. On a worker the masks are brought to the
+samples' grid, :func:`app.pipelines.probabilistic.prepare_probabilistic_masks` checks them
+(its :class:`~app.errors.InputError` messages are shown as they are) and
+:meth:`~app.pipelines.probabilistic.ProbabilisticRun.run` tracks batch by batch. Each running
+total reaches the GUI (at most four a second) and updates the result layer in place:
+"probabilistic paths", a scalar volume on the samples' grid, hot colour map over 0..max,
+transparent below 1 % of the maximum (at least one streamline) so the image beneath shows.
+The 3-D view shows the isosurface at the chosen percentage of the current maximum: the worker
+crops the distribution to the voxels that reach the level (NumPy, the O(grid) part) and the
+GUI thread runs marching cubes over that crop, because VTK filters must not run on a worker
+while the views render (that can deadlock). A cancel keeps the last totals shown; Track again
+replaces the layer. "Save outputs…" writes what is shown (fdt_paths, waytotal, seeds_to_…,
+the matrix) like the command line, on a worker.
+
+The engine runs sample k of every seed voxel before sample k + 1 (``gpu.probabilistic``), so
+each running total is an even sample of the whole seed region and only grows denser.
+
+The panel starts with 1000 samples per seed voxel, not probtrackx's 5000 (the command line's
+default): a first look at where the paths go fills in five times sooner (on the CPU the NumPy
+engine tracks some thousand streamlines a second), and the distribution's shape is already
+clear; set 5000 for the numbers to report.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyvista as pv
+from PySide6.QtCore import QTimer, Signal
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.model import Document, Layer, Volume
+from app.pipelines.probabilistic import (
+    ProbabilisticRun,
+    prepare_probabilistic_masks,
+    sample_field,
+    write_probabilistic_outputs,
+)
+from app.pipelines.select import resample_nearest
+from gpu import probabilistic
+from gpu.backend import get_backend
+from gpu.probabilistic import ProbParams, ProbResult
+
+from .params_form import ParamsForm
+
+RESULT_NAME = "probabilistic paths"
+PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
+UPDATES = 10  # a batch is about a tenth of the run, so the distribution fills in on screen…
+FIRST_BATCH = 2_000  # …but at least this many streamlines (fewer would only cost overhead)
+GUI_N_SAMPLES = 1000  # a first look (see the module docstring); probtrackx's default is 5000
+ISO_PERCENT = 5.0  # default isosurface level, % of the maximum
+SLICE_FLOOR = 0.01  # slices: voxels below 1 % of the maximum are transparent (and at least 1 streamline)
+ISO_COLOUR = (1.0, 0.6, 0.1)  # the top of the hot colour map, so 3-D and slices agree
+ISO_OPACITY = 0.6
+
+
+@dataclass
+class IsoInput:
+    """What the isosurface needs, prepared on a worker (NumPy only): the path distribution
+    cropped to the box of voxels that reach ``level`` (float32, with a margin of empty voxels so
+    that the surface closes), where that box starts on the grid, the level and the maximum.
+    ``volume`` is None when nothing reaches the level (an empty distribution)."""
+
+    volume: np.ndarray | None
+    origin: np.ndarray  # (3,) voxel index of volume[0, 0, 0]
+    level: float
+    top: int
+    percent: float
+
+
+def isosurface_input(paths: np.ndarray, percent: float) -> IsoInput:
+    """Crop the distribution for the surface at ``percent`` % of its maximum (the O(grid) part)."""
+    top = int(paths.max()) if paths.size else 0
+    level = top * percent / 100.0
+    if top <= 0:
+        return IsoInput(None, np.zeros(3, np.int64), level, top, percent)
+    above = paths >= level
+    lo, hi = [], []
+    for axis in range(3):
+        hit = np.flatnonzero(above.any(axis=tuple(a for a in range(3) if a != axis)))
+        lo.append(max(int(hit[0]) - 1, 0))
+        hi.append(min(int(hit[-1]) + 2, paths.shape[axis]))
+    box = tuple(slice(a, b) for a, b in zip(lo, hi))
+    volume = np.pad(paths[box].astype(np.float32), 1)  # zero outside: closed at the grid's edge
+    return IsoInput(volume, np.array(lo, dtype=np.int64) - 1, level, top, percent)
+
+
+def isosurface(iso: IsoInput, affine: np.ndarray) -> pv.PolyData | None:
+    """The surface where the path distribution crosses the level, in world mm (marching cubes,
+    VTK's flying edges, with normals), None if there is none. VTK: on the GUI thread only (a VTK
+    filter on a worker while the views render can deadlock); the crop keeps it small."""
+    if iso.volume is None:
+        return None
+    grid = pv.ImageData(dimensions=iso.volume.shape, origin=tuple(float(v) for v in iso.origin))
+    grid.point_data["paths"] = iso.volume.ravel(order="F")
+    surface = grid.contour([iso.level], scalars="paths", compute_normals=True, method="flying_edges")
+    if surface.n_points == 0:
+        return None
+    surface = surface.transform(affine, inplace=False)
+    for name in list(surface.point_data):
+        if name != "Normals":
+            del surface.point_data[name]
+    surface.field_data["level"] = np.array([iso.level])
+    return surface
+
+
+@dataclass
+class Shown:
+    """One state of a run as the GUI shows it: the running totals and what their isosurface
+    needs, prepared on the worker."""
+
+    token: int  # which Track press this belongs to
+    run: ProbabilisticRun
+    result: ProbResult
+    total: int  # streamlines the run will track
+    layer: Layer  # the run's result layer (made on the worker with the first totals)
+    iso: IsoInput
+
+
+def batch_size(total: int, n_voxels: int, on_gpu: bool) -> int:
+    """Streamlines per batch: about a tenth of the run, at least :data:`FIRST_BATCH`, never more
+    than the engine's own batch (GPU) or its visited-voxel bitmap allows (NumPy)."""
+    cap = probabilistic.GPU_BATCH if on_gpu else max(1, probabilistic.NUMPY_BITMAP_BYTES // max(1, n_voxels))
+    return max(1, min(cap, max(FIRST_BATCH, math.ceil(total / UPDATES))))
+
+
+class ProbabilisticPanel(QWidget):
+    """Parameters of probabilistic tracking, the isosurface level, and the buttons that run it.
+
+    ``view3d`` (optional): the 3-D view that shows the isosurface. Attributes for scripts and
+    tests: ``result_layer``, ``run`` and ``result`` (what is shown), ``updates`` (running totals
+    shown during the current run), ``job_id``."""
+
+    finished = Signal(object)  # the result layer (also after a cancel, with what was shown)
+
+    def __init__(self, document: Document, runner, *, device: str = "auto", report=None, view3d=None, parent=None):
+        super().__init__(parent)
+        self.document = document
+        self.runner = runner
+        self.device = device
+        self.report = report or (lambda message, details="": None)
+        self.view3d = view3d
+        self.result_layer: Layer | None = None
+        self.run: ProbabilisticRun | None = None
+        self.result: ProbResult | None = None
+        self.total = 0
+        self.updates = 0
+        self.job_id: int | None = None
+        self.iso_level: float | None = None
+        self._token = 0
+        self._percent = ISO_PERCENT  # read by workers (a float: no widget off the GUI thread)
+        self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._fields_lock = threading.Lock()
+
+        self.form = ParamsForm(ProbParams, {"waycond": ("AND", "OR")})
+        self.form.set_values(n_samples=GUI_N_SAMPLES)
+        self.iso_percent = QDoubleSpinBox()
+        self.iso_percent.setObjectName("iso_percent")
+        self.iso_percent.setRange(0.1, 100.0)
+        self.iso_percent.setDecimals(1)
+        self.iso_percent.setSingleStep(1.0)
+        self.iso_percent.setSuffix(" %")
+        self.iso_percent.setValue(ISO_PERCENT)
+        self.iso_percent.setToolTip("The 3-D surface encloses the voxels visited by at least this share of the maximum")
+        self.iso_label = QLabel("")
+        self.iso_label.setObjectName("iso_level")
+        self.iso_label.setWordWrap(True)
+        display = QFormLayout()
+        display.addRow("Isosurface at % of max", self.iso_percent)
+        display.addRow("", self.iso_label)
+        self.track_button = QPushButton("Track")
+        self.track_button.setObjectName("track_probabilistic")
+        self.track_button.clicked.connect(self.track)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancel_probabilistic")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.save_button = QPushButton("Save outputs…")
+        self.save_button.setObjectName("save_probabilistic")
+        self.save_button.setToolTip("Write fdt_paths, waytotal, seeds_to_<target> and the matrix, as probtrackx")
+        self.save_button.setEnabled(False)
+        self.save_button.clicked.connect(self._save_dialog)
+        self.status = QLabel("Open a bedpostX folder (or fit ball & sticks), paint a seed ROI, then Track.")
+        self.status.setObjectName("probabilistic_status")
+        self.status.setWordWrap(True)
+        buttons = QHBoxLayout()
+        for button in (self.track_button, self.cancel_button, self.save_button):
+            buttons.addWidget(button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.form)
+        layout.addLayout(display)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+
+        self._iso_timer = QTimer(self)
+        self._iso_timer.setSingleShot(True)
+        self._iso_timer.setInterval(120)  # spin-box steps in a row: one surface
+        self._iso_timer.timeout.connect(self.update_isosurface)
+        self.iso_percent.valueChanged.connect(self._percent_changed)
+        runner.job_cancelled.connect(self._on_cancelled)
+
+    # ---------------------------------------------------------------- inputs
+    def samples_layer(self) -> Layer | None:
+        """The last dyads layer that keeps its posterior samples (what tracking samples from)."""
+        found = [layer for layer in self.document.layers if layer.kind == "dyads"]
+        found = [layer for layer in found if getattr(layer.data, "samples", None) is not None]
+        return found[-1] if found else None
+
+    def _roi_snapshot(self) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+        """(name, role, mask copy, affine copy) of every visible, non-empty ROI layer."""
+        return [
+            (layer.name, layer.data.role, layer.data.mask.copy(), layer.data.affine.copy())
+            for layer in self.document.layers
+            if layer.kind == "roi" and layer.visible and layer.data.mask.any()
+        ]
+
+    def _field(self, volume):
+        """A dyads volume's samples as the engine's field, made once per volume (the costly part)."""
+        with self._fields_lock:
+            cached = self._fields.get(volume)
+        if cached is None:
+            cached = sample_field(volume.samples)
+            with self._fields_lock:
+                self._fields[volume] = cached
+        return cached
+
+    # --------------------------------------------------------------- actions
+    def track(self) -> int | None:
+        """Start tracking with the current parameters and ROIs; returns the job id (None if refused)."""
+        layer = self.samples_layer()
+        if layer is None:
+            return self._refuse(
+                "Open a bedpostX folder (File ▸ Open folder) or fit ball & sticks to a DWI series first: "
+                "probabilistic tracking samples their fibre orientations."
+            )
+        rois = self._roi_snapshot()
+        if not any(role == "seed" for _, role, _, _ in rois):
+            return self._refuse("Paint or open a seed ROI (role seed): streamlines start in every seed voxel.")
+        try:
+            params = self.form.value()
+        except ValueError as exc:
+            return self._refuse(f"Check the parameters: {exc}.")
+        if self.job_id is not None:
+            self.runner.cancel(self.job_id)
+        self._token += 1
+        token = self._token
+        self.updates = 0
+        self.track_button.setText("Re-track")
+        self.cancel_button.setEnabled(True)
+        self.status.setText("Preparing the samples and masks…")
+        self.job_id = self.runner.submit(
+            "probabilistic tracking",
+            self._job(layer.data, rois, params, token),
+            on_partial=self._show,
+            on_done=self._done,
+            on_error=lambda message, details, token=token: self._failed(token, message, details),
+        )
+        return self.job_id
+
+    def _job(self, volume, rois, params: ProbParams, token: int):
+        device, samples = self.device, volume.samples
+
+        def job(ctx):
+            ctx.progress(0, 1, "preparing the samples")
+            grid = (samples.affine, tuple(samples.mask.shape))
+
+            def on_grid(mask, affine):
+                if mask.shape == grid[1] and np.allclose(affine, grid[0], atol=1e-4):
+                    return mask
+                return resample_nearest(mask, affine, *grid)
+
+            def union(role):
+                masks = [on_grid(mask, affine) for _, r, mask, affine in rois if r == role]
+                return np.logical_or.reduce(masks) if masks else None
+
+            seed_names = ", ".join(name for name, role, _, _ in rois if role == "seed")
+            run = prepare_probabilistic_masks(
+                samples,
+                union("seed"),
+                targets=[(name, on_grid(mask, affine)) for name, role, mask, affine in rois if role == "target"],
+                waypoints=[on_grid(mask, affine) for _, role, mask, affine in rois if role == "waypoint"],
+                exclude=union("exclusion"),
+                stop=union("stop"),
+                params=params,
+                seed_name=f"seed ROI {seed_names}",
+                field_=self._field(volume),
+            )
+            ctx.check()
+            total = len(run.seeds) * params.n_samples
+            batch = batch_size(total, int(np.prod(grid[1])), get_backend(device).is_gpu)
+            layer = None
+            last = 0.0
+            for result in run.run(
+                device=device, progress=ctx.progress, cancelled=ctx.cancelled, batch_streamlines=batch
+            ):
+                if layer is None:  # made here: a new layer measures its values, which is work
+                    layer = _result_layer(result.paths, samples.affine)
+                now = time.perf_counter()
+                if result.streamlines < total and now - last >= PARTIAL_INTERVAL_S:
+                    last = now
+                    ctx.partial(self._shown(token, run, result, total, layer))
+            return self._shown(token, run, result, total, layer)
+
+        return job
+
+    def _shown(self, token, run, result, total, layer) -> Shown:
+        return Shown(token, run, result, total, layer, isosurface_input(result.paths, self._percent))
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.runner.cancel(self.job_id)
+
+    # --------------------------------------------------------------- display
+    def _show(self, shown: Shown) -> None:
+        """Running totals (or the final ones) on screen: the layer's values, range and surface."""
+        if shown.token != self._token:
+            return  # an older run's
+        doc, layer, result = self.document, shown.layer, shown.result
+        top = shown.iso.top
+        display = {"clim": (0.0, float(max(top, 1))), "transparent_below": max(1.0, SLICE_FLOOR * top)}
+        layer.set_data(result.paths, **display)
+        if layer not in doc.layers:  # the run's first totals: its layer replaces the last run's
+            old = self.result_layer
+            if old is not None and old in doc.layers:
+                layer.set(visible=old.visible, opacity=old.opacity, colormap=old.colormap)
+                doc.replace_layer(old, layer)
+            else:
+                doc.add_layer(layer)
+        self.result_layer, self.run, self.result, self.total = layer, shown.run, result, shown.total
+        self._set_surface(layer, shown.iso)
+        if shown.iso.percent != self._percent:  # the level changed while this was computed
+            self._iso_timer.start()
+        if result.streamlines < shown.total:
+            self.updates += 1
+            self.status.setText(f"Tracking… {self._counts()}")
+        self.save_button.setEnabled(True)
+
+    def _set_surface(self, layer: Layer, iso: IsoInput) -> None:
+        """The isosurface in 3-D: marching cubes over the worker's crop (VTK, so here, at most as
+        often as totals arrive) and the level beside the spin box."""
+        self.iso_level = iso.level
+        surface = isosurface(iso, layer.data.affine)
+        if surface is None:
+            self.iso_label.setText("no kept streamline yet: no surface" if iso.top == 0 else "no surface at this level")
+        else:
+            self.iso_label.setText(f"at {iso.level:.4g} streamlines per voxel (the maximum is {iso.top:,})")
+        if self.view3d is not None:
+            self.view3d.set_layer_surface(layer, surface, color=ISO_COLOUR, opacity=ISO_OPACITY)
+
+    def _counts(self) -> str:
+        """Streamlines done / total, waytotal and per-target counts of what is shown."""
+        result, run = self.result, self.run
+        text = f"{result.streamlines:,} of {self.total:,} streamlines, waytotal {result.waytotal:,}"
+        reached = result.seed_targets.sum(axis=0)
+        for name, count in zip(run.targets, reached):
+            text += f", to {name} {int(count):,}"
+        return text + "."
+
+    def _done(self, shown: Shown) -> None:
+        if shown.token != self._token:
+            return
+        self._show(shown)
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        prov = shown.result.provenance
+        text = (
+            f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
+            f"{prov.get('tracking_s', 0.0):.2f} s on {prov.get('backend', '?')} ({prov.get('device', '?')})."
+        )
+        if shown.run.notes:
+            text += " " + " ".join(shown.run.notes)
+        self.status.setText(text)
+        self.finished.emit(shown.layer)
+
+    def _failed(self, token: int, message: str, details: str) -> None:
+        if token != self._token:
+            return
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        self.status.setText(f"Tracking failed: {message}")
+        self.report(message, details)
+
+    def _on_cancelled(self, job_id: int) -> None:
+        if job_id != self.job_id:
+            return
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        if self.updates and self.result is not None:
+            self.status.setText(
+                f"Cancelled after {self.result.streamlines:,} of {self.total:,} streamlines "
+                f"(kept their path distribution: waytotal {self.result.waytotal:,})."
+            )
+            self.finished.emit(self.result_layer)
+        else:
+            kept = " (the previous result is still shown)" if self.result_layer in self.document.layers else ""
+            self.status.setText(f"Cancelled before the first totals arrived{kept}.")
+
+    def _refuse(self, message: str) -> None:
+        self.status.setText(message)
+        self.report(message, "")
+        return None
+
+    # ------------------------------------------------------------ isosurface
+    def _percent_changed(self, value: float) -> None:
+        self._percent = float(value)
+        self._iso_timer.start()
+
+    def update_isosurface(self) -> int | None:
+        """Recompute the shown layer's isosurface at the current percentage, on a worker."""
+        layer, run = self.result_layer, self.run
+        if layer is None or run is None or layer not in self.document.layers:
+            return None
+        paths, percent = layer.data.data, self._percent
+
+        def job(ctx):
+            return isosurface_input(paths, percent)
+
+        def done(outcome) -> None:
+            # Only if nothing newer came meanwhile (a partial brings its own surface).
+            current = layer is self.result_layer and layer in self.document.layers
+            if current and layer.data.data is paths and percent == self._percent:
+                self._set_surface(layer, outcome)
+
+        return self.runner.submit("isosurface", job, on_done=done, on_error=self.report)
+
+    # ------------------------------------------------------------------ save
+    def _save_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Folder for the probtrackx outputs")
+        if folder:
+            self.save_outputs(folder)
+
+    def save_outputs(self, folder) -> int | None:
+        """Write what is shown (:func:`write_probabilistic_outputs`) into ``folder``, on a worker."""
+        if self.run is None or self.result is None:
+            return self._refuse("Track first: there is nothing to save yet.")
+        run, result, folder = self.run, self.result, Path(folder)
+
+        def job(ctx):
+            ctx.progress(0, 1, f"writing {folder.name}")
+            return write_probabilistic_outputs(run, result, folder)
+
+        def done(files) -> None:
+            self.status.setText(f"Saved {len(files)} files ({result.streamlines:,} streamlines) to {folder}.")
+
+        return self.runner.submit("save probabilistic outputs", job, on_done=done, on_error=self.report)
+
+
+def _result_layer(paths: np.ndarray, affine: np.ndarray) -> Layer:
+    return Layer(RESULT_NAME, Volume(RESULT_NAME, paths, affine), "scalar", colormap="hot")
