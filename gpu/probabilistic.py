@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .backend import Cancelled, get_backend
+from .backend import Cancelled, OutOfDeviceMemory, get_backend
 from .ballstick import _seed_key, philox4x32
 from .params import meta
 
@@ -439,7 +439,17 @@ class KernelTracker:
         self.kernel = cuda.function(
             "probabilistic.cu", "prob_track", ("philox.cuh",), (("SEED_MATRIX", int(seed_matrix)),)
         )
-        self.arrays = device_field or upload_field(backend, field_)
+        try:
+            self.arrays = device_field or upload_field(backend, field_)
+        except Exception as exc:
+            if not backend.is_out_of_memory(exc):
+                raise
+            backend.free_cached_memory()
+            size = (field_.dirs.nbytes + field_.f.nbytes + field_.index.nbytes) / 2**30
+            raise OutOfDeviceMemory(
+                f"the posterior samples ({size:.1f} GiB) do not fit in the free memory of {backend.device_name} "
+                f"({backend.free_memory_bytes() / 2**30:.1f} GiB)"
+            ) from exc
         self.bits = cp.ascontiguousarray(cp.asarray(bits, dtype=cp.uint32))
         self.seeds = cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32))  # argwhere gives F order
         self.paths = cp.zeros(int(np.prod(field_.shape)), dtype=cp.uint64)
@@ -459,26 +469,44 @@ class KernelTracker:
         # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen.
         self.immediate = self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
         self.slots, self.limit, self.full = set_sizes(params, set_slots)
-        per_slot = 8 if self.immediate else 12
         budget = backend.free_memory_bytes() // 4  # the sets take at most a quarter of the free memory
         resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)
         whole = -(-max_batch // self.BLOCK) * self.BLOCK
-        self.threads = self._whole(min(resident, whole, budget // (self.slots * per_slot)))
-        self.tables = cp.zeros(self.threads * self.slots, dtype=cp.uint64)
-        self.lists = None if self.immediate else cp.empty(self.threads * self.slots, dtype=cp.int32)
-        # The second pass's sets hold any streamline; few threads (few streamlines need them).
-        rerun = self._whole(min(resident, whole, 8192, budget // 2 // (self.full * per_slot)))
-        self.rerun_tables = cp.zeros(rerun * self.full, dtype=cp.uint64) if self.slots < self.full else None
-        self.rerun_lists = (
-            None if self.immediate or self.rerun_tables is None else cp.empty(rerun * self.full, np.int32)
+        per_slot = 8 if self.immediate else 12
+        self.threads, self.tables, self.lists = self._sets(
+            min(resident, whole, budget // (self.slots * per_slot)), self.slots
         )
-        self.rerun_threads, self.rerun_stamp = rerun, 0
+        # The second pass's sets hold any streamline; few threads (few streamlines need them).
+        self.rerun_threads, self.rerun_tables, self.rerun_lists = 0, None, None
+        if self.slots < self.full:
+            most = min(resident, whole, 8192, budget // 2 // (self.full * per_slot))
+            self.rerun_threads, self.rerun_tables, self.rerun_lists = self._sets(most, self.full)
+        self.rerun_stamp = 0
         self.overflow_ids = cp.empty(max(1, max_batch), dtype=cp.uint64)
         self.stamp_base = 0
         self.streamlines = 0
 
     def _whole(self, threads: int) -> int:  # whole blocks: each thread owns a set
         return max(self.BLOCK, int(threads) // self.BLOCK * self.BLOCK)
+
+    def _sets(self, threads: int, slots: int):
+        """(threads, tables, member lists) of visited-voxel sets for up to ``threads`` threads;
+        fewer (halving) when the device is out of memory."""
+        cp, threads = self.cp, self._whole(threads)
+        while True:
+            try:
+                tables = cp.zeros(threads * slots, dtype=cp.uint64)
+                lists = None if self.immediate else cp.empty(threads * slots, dtype=cp.int32)
+                return threads, tables, lists
+            except Exception as exc:
+                if not self.backend.is_out_of_memory(exc):
+                    raise
+                self.backend.free_cached_memory()
+                if threads <= self.BLOCK:
+                    raise OutOfDeviceMemory(
+                        f"{self.backend.device_name} has no memory left for the tracking threads' visited-voxel sets"
+                    ) from exc
+                threads = self._whole(threads // 2)
 
     def _args(self, count, n_device, ids, first, cap, limit, stamp_base, rank_from, tables, lists, counters, trace):
         p, cp = self.params, self.cp

@@ -405,3 +405,35 @@ def test_saved_paths_are_the_streamlines_the_run_counted(device):
     nearest = [np.abs(line - seeds[s]).max(1).min() for line, s in zip(lines, seed_of, strict=True)]
     assert max(nearest) <= 0.5  # each starts in its seed voxel
     np.testing.assert_array_equal(path_positions(10, 4), [0, 1, 2, 3])
+
+
+@pytest.mark.gpu
+def test_kernel_uses_fewer_threads_when_memory_is_short():
+    """With CuPy's memory pool limited to 16 MiB, the visited-voxel sets of 6 400 threads (26 MB)
+    do not fit: the tracker halves the threads until they do, and the result is the same; when
+    not even the samples fit, a clear OutOfDeviceMemory."""
+    import cupy as cp
+
+    from gpu.backend import OutOfDeviceMemory, get_backend
+    from gpu.probabilistic import track_kernel
+
+    field_, brain, bundle = straight_bundle(noise=0.4)
+    bits = mask_bits(brain)
+    params = ProbParams(n_samples=400, n_steps=120)
+    seeds = np.argwhere(bundle & slab(3, 4))
+    backend = get_backend("gpu")
+    full = track_kernel(backend, field_, bits, seeds, params)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    try:
+        pool.set_limit(size=16 * 2**20)
+        short = track_kernel(backend, field_, bits, seeds, params)
+        pool.free_all_blocks()  # (cached blocks would be reused within any limit)
+        pool.set_limit(size=1024)
+        with pytest.raises(OutOfDeviceMemory, match="posterior samples"):
+            track_kernel(backend, field_, bits, seeds, params)
+    finally:
+        pool.set_limit(size=0)
+    assert short.provenance["threads"] < full.provenance["threads"] == 6400
+    np.testing.assert_array_equal(short.paths, full.paths)
+    assert short.waytotal == full.waytotal
