@@ -1,0 +1,146 @@
+"""COMMIT (gpu.commit): orientations, segments, the operator A and its adjoint, FISTA."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from gpu.commit import (
+    CommitParams,
+    Problem,
+    apply_a_numpy,
+    apply_at_numpy,
+    column_norms,
+    ec_from_segments,
+    fista,
+    lookup_tables,
+    orientation_directions,
+    orientation_index,
+    segments,
+    sparse_matrix,
+)
+
+
+def scheme(rng, n=30):
+    g = rng.normal(size=(2 * n, 3))
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    bvals = np.r_[np.zeros(4), np.full(n, 1000.0), np.full(n, 2000.0)]
+    bvecs = np.r_[np.zeros((4, 3)), g]
+    return bvals, bvecs
+
+
+def random_streamlines(rng, n, shape, points=30):
+    """Smooth random walks inside a grid (voxel coordinates), steps ~0.7 voxel."""
+    lines = []
+    for _ in range(n):
+        start = rng.uniform(1, np.array(shape) - 2)
+        direction = rng.normal(size=3)
+        pts = [start]
+        for _ in range(points - 1):
+            direction = direction / np.linalg.norm(direction) + rng.normal(0, 0.3, 3)
+            step = 0.7 * direction / np.linalg.norm(direction)
+            pts.append(np.clip(pts[-1] + step, 0, np.array(shape) - 1))
+        lines.append(np.array(pts))
+    offsets = np.r_[0, np.cumsum([len(s) for s in lines])]
+    return np.concatenate(lines), offsets
+
+
+def small_problem(seed=0, n_fibers=40, shape=(8, 9, 7)):
+    rng = np.random.default_rng(seed)
+    points, offsets = random_streamlines(rng, n_fibers, shape)
+    mask = np.ones(shape, bool)
+    mask[0] = False  # some pieces fall outside the mask
+    rows = np.full(shape, -1)
+    rows[mask] = np.arange(mask.sum())
+    seg = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    tables = lookup_tables(*scheme(rng), CommitParams())
+    ec_row, ec_orient = ec_from_segments(seg)
+    problem = Problem(int(mask.sum()), seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
+    return problem, points, offsets, rows
+
+
+def test_orientations_cover_the_half_sphere_within_a_degree(rng):
+    d = rng.normal(size=(20000, 3))
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    index = orientation_index(d)
+    grid = orientation_directions()
+    angle = np.degrees(np.arccos(np.clip(np.abs((grid[index] * d).sum(1)), 0, 1)))
+    assert index.min() >= 0 and index.max() < len(grid)
+    assert angle.max() < 0.75  # half a degree in φ and in θ
+    np.testing.assert_array_equal(orientation_index(-d), index)  # sign ignored
+
+
+def test_segments_split_exactly_at_voxel_boundaries(rng):
+    """Lengths per (streamline, voxel) equal a brute force that walks each polyline in 1e-4 steps."""
+    shape, voxel = (6, 7, 5), np.array([2.0, 1.5, 2.5])
+    points, offsets = random_streamlines(rng, 12, shape, points=15)
+    rows = np.arange(np.prod(shape)).reshape(shape)
+    rows[2, 3, 1] = -1  # one voxel outside the mask
+    seg = segments(points, offsets, rows, voxel, min_length_mm=0.0)
+    got = {}
+    for r, f, ell in zip(seg.row, seg.fiber, seg.length, strict=True):
+        got[(f, r)] = got.get((f, r), 0.0) + ell
+    expected = {}
+    for f in range(len(offsets) - 1):
+        line = points[offsets[f] : offsets[f + 1]]
+        for p, q in itertools.pairwise(line):
+            t = (np.arange(20000) + 0.5) / 20000
+            x = p + t[:, None] * (q - p)
+            vox = np.floor(x + 0.5).astype(int)
+            r = rows[tuple(vox.T)]
+            step = np.linalg.norm((q - p) * voxel) / 20000
+            for key, count in zip(*np.unique(r[r >= 0], return_counts=True), strict=True):
+                expected[(f, key)] = expected.get((f, key), 0.0) + count * step
+    for key in set(got) | set(expected):  # (a piece shorter than the walk's step may be missed by it)
+        assert got.get(key, 0.0) == pytest.approx(expected.get(key, 0.0), abs=2e-3)
+    assert len(got) > 50 and sum(got.values()) > 100
+    assert np.all(np.diff(seg.row) >= 0)  # sorted by voxel row
+
+
+def test_a_and_its_adjoint_against_the_explicit_matrix():
+    problem, *_ = small_problem()
+    rng = np.random.default_rng(1)
+    a = sparse_matrix(problem)
+    x = rng.random(problem.n_cols)
+    y = rng.random((problem.n_rows, problem.n_meas))
+    ax, aty = apply_a_numpy(problem, x), apply_at_numpy(problem, y)
+    np.testing.assert_allclose(ax.ravel(), a @ x, rtol=1e-12)
+    np.testing.assert_allclose(aty, a.T @ y.ravel(), rtol=1e-12)
+    lhs, rhs = float(ax.ravel() @ y.ravel()), float(x @ aty)
+    assert abs(lhs - rhs) <= 1e-10 * abs(lhs)  # <Ax, y> = <x, Aᵀy>
+    norms = np.sqrt(np.asarray(a.multiply(a).sum(axis=0)).ravel())
+    np.testing.assert_allclose(column_norms(problem), norms, rtol=1e-10)
+
+
+def test_fista_recovers_known_non_negative_weights():
+    """y = A x_true with a third of the streamlines at weight 0: FISTA finds x_true, and the
+    streamlines that did not contribute get weight (nearly) 0."""
+    problem, *_ = small_problem(seed=3, n_fibers=60)
+    rng = np.random.default_rng(4)
+    x_true = np.concatenate(
+        [
+            rng.uniform(0.2, 1.0, problem.n_fibers) * (rng.random(problem.n_fibers) > 0.33),
+            rng.uniform(0.0, 0.3, problem.n_ec),
+            rng.uniform(0.0, 0.3, problem.n_rows * problem.n_iso),
+        ]
+    )
+    y = apply_a_numpy(problem, x_true)
+    a = sparse_matrix(problem)  # (equal to the reference operators: test above), faster for many iterations
+    fit = fista(
+        lambda v: a @ v,
+        lambda r: a.T @ r,
+        y,
+        problem.n_cols,
+        scale=column_norms(problem),
+        max_iter=3000,
+        tol=1e-10,
+    )
+    ic = fit.x[: problem.n_fibers]
+    true_ic = x_true[: problem.n_fibers]
+    relative = np.linalg.norm(ic - true_ic) / np.linalg.norm(true_ic)
+    print(f"\nFISTA: {fit.iterations} iterations ({fit.stopped}), IC weights within {relative:.2e} relative")
+    assert relative < 1e-2
+    assert np.abs(ic[true_ic == 0]).max() < 0.02 * true_ic.max()
+    assert fit.objective[-1] < 1e-6 * 0.5 * float(y.ravel() @ y.ravel())
