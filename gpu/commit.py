@@ -416,3 +416,75 @@ def fista(
             stopped = "tolerance"
             break
     return FitResult(x * inv, it, objective, stopped, lipschitz, time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------ on the GPU
+class DeviceOperator:
+    """A and Aᵀ as CUDA kernels on a :class:`Problem` copied to the device once
+    (``gpu/kernels/commit.cu``): segments sorted by voxel row for A·x, a permutation listing
+    them by streamline for Aᵀ·y; float64 accumulation, no atomics. Vectors are device arrays:
+    x (n_cols,), y flat (n_rows · M,)."""
+
+    BLOCK = 128
+
+    def __init__(self, backend, problem: Problem):
+        from . import cuda
+
+        cp = self.cp = backend.xp
+        self.backend, self.problem = backend, problem
+        seg = problem.segments
+        if np.any(np.diff(seg.row) < 0) or np.any(np.diff(problem.ec_row) < 0):
+            raise ValueError("segments and EC compartments must be sorted by voxel row")
+        m = problem.n_meas
+        mpl = max(1, -(-m // 32))
+        if mpl > 32:
+            raise ValueError(f"{m} measurements: at most 1024 are supported")
+        defines = (("MPL", mpl),)
+        self._a = cuda.function("commit.cu", "commit_a", (), defines)
+        self._at_rows = cuda.function("commit.cu", "commit_at_rows", (), defines)
+        self._at_fibers = cuda.function("commit.cu", "commit_at_fibers", (), defines)
+
+        def starts(keys, n):
+            return cp.asarray(np.searchsorted(keys, np.arange(n + 1)).astype(np.int64))
+
+        self.row_start = starts(seg.row, problem.n_rows)
+        self.ec_start = starts(problem.ec_row, problem.n_rows)
+        order = np.argsort(seg.fiber, kind="stable")
+        self.order = cp.asarray(order.astype(np.int64))
+        self.fiber_start = starts(seg.fiber[order], problem.n_fibers)
+        self.seg_fiber = cp.asarray(seg.fiber.astype(np.int32))
+        self.seg_len = cp.asarray(seg.length.astype(np.float64))
+        self.seg_orient = cp.asarray(seg.orient.astype(np.int32))
+        self.ec_orient = cp.asarray(problem.ec_orient.astype(np.int32))
+        self.luts = tuple(
+            cp.asarray(np.ascontiguousarray(t, dtype=np.float32))
+            for t in (problem.lut_ic, problem.lut_ec, problem.lut_iso)
+        )
+        self.seg_value = cp.empty(len(seg), dtype=cp.float64)
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        self.grid_rows = max(1, min(-(-problem.n_rows * 32 // self.BLOCK), props["multiProcessorCount"] * 64))
+        self.grid_fibers = max(1, min(-(-problem.n_fibers // self.BLOCK), props["multiProcessorCount"] * 64))
+
+    def _sizes(self):
+        p = self.problem
+        return (np.int32(p.n_rows), np.int32(p.n_meas), np.int32(p.n_fibers), np.int32(p.n_ec), np.int32(p.n_iso))
+
+    def a(self, x):
+        """A x: flat (n_rows · M,) float64 on the device."""
+        cp = self.cp
+        x = cp.ascontiguousarray(cp.asarray(x, dtype=cp.float64))
+        y = cp.empty(self.problem.n_rows * self.problem.n_meas, dtype=cp.float64)
+        args = (x, *self._sizes(), self.row_start, self.seg_fiber, self.seg_len, self.seg_orient)
+        self._a((self.grid_rows,), (self.BLOCK,), (*args, self.ec_start, self.ec_orient, *self.luts, y))
+        return y
+
+    def at(self, y):
+        """Aᵀ y: (n_cols,) float64 on the device."""
+        cp = self.cp
+        y = cp.ascontiguousarray(cp.asarray(y, dtype=cp.float64).ravel())
+        x = cp.empty(self.problem.n_cols, dtype=cp.float64)
+        args = (y, *self._sizes(), self.row_start, self.seg_len, self.seg_orient, self.ec_start, self.ec_orient)
+        self._at_rows((self.grid_rows,), (self.BLOCK,), (*args, *self.luts, self.seg_value, x))
+        args = (self.seg_value, self.order, self.fiber_start, np.int32(self.problem.n_fibers), x)
+        self._at_fibers((self.grid_fibers,), (self.BLOCK,), args)
+        return x

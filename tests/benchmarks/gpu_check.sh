@@ -21,6 +21,7 @@ for bench in ${BENCHES:-dti}; do
     dti) python3 tests/benchmarks/bench_dti.py --gpu --hcp --end-to-end --out "$OUT/bench_dti.json" ;;
     deterministic) python3 tests/benchmarks/bench_deterministic.py --gpu --out "$OUT/bench_deterministic.json" ;;
     geodesic) python3 tests/benchmarks/bench_geodesic.py --gpu --out "$OUT/bench_geodesic.json" ;;
+    commit) python3 tests/benchmarks/bench_commit.py --gpu --out "$OUT/bench_commit.json" ;;
     probabilistic) python3 tests/benchmarks/bench_probabilistic.py --gpu --out "$OUT/bench_probabilistic.json" ;;
     *) python3 "tests/benchmarks/bench_$bench.py" --gpu ;;
   esac 2>&1 | tee "$OUT/bench_$bench.log" | tail -40

@@ -1,0 +1,128 @@
+// COMMIT's operator (gpu/commit.py; apply_a_numpy / apply_at_numpy are the reference).
+// A x: one warp per voxel row, lanes over the measurements (MPL per lane, compile-time),
+// the row's segments, EC and ISO compartments summed in double; no atomics.
+// A^T y: the same warps compute, per segment, length * <LUT_IC[o], y[row]> (a warp
+// reduction per segment) and the EC and ISO entries of their row; a second kernel sums
+// the segment values per streamline through the streamline-sorted permutation.
+// (The seed's printed kernels added offsets twice, reduced without a barrier, assumed a
+// block of exactly n_s threads and skipped empty voxels wrongly; these do none of that:
+// any number of measurements up to 32 * MPL, any row may be empty.)
+
+#ifndef MPL
+#define MPL 4  // measurements per lane: up to 32 * MPL measurements
+#endif
+
+__device__ __forceinline__ double warp_sum(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+extern "C" __global__ void commit_a(const double* __restrict__ x, int n_rows, int M, int n_fibers, int n_ec, int n_iso,
+                                    const long long* __restrict__ row_start, const int* __restrict__ seg_fiber,
+                                    const double* __restrict__ seg_len, const int* __restrict__ seg_orient,
+                                    const long long* __restrict__ ec_start, const int* __restrict__ ec_orient,
+                                    const float* __restrict__ lut_ic, const float* __restrict__ lut_ec,
+                                    const float* __restrict__ lut_iso, double* __restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < n_rows; row += warps) {
+        double acc[MPL];
+#pragma unroll
+        for (int k = 0; k < MPL; ++k) acc[k] = 0.0;
+        for (long long s = row_start[row]; s < row_start[row + 1]; ++s) {
+            const double w = seg_len[s] * x[seg_fiber[s]];
+            const float* lut = lut_ic + (size_t)seg_orient[s] * M;
+#pragma unroll
+            for (int k = 0; k < MPL; ++k) {
+                const int m = lane + 32 * k;
+                if (m < M) acc[k] += w * (double)__ldg(lut + m);
+            }
+        }
+        for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c) {
+            const double w = x[n_fibers + c];
+            const float* lut = lut_ec + (size_t)ec_orient[c] * M;
+#pragma unroll
+            for (int k = 0; k < MPL; ++k) {
+                const int m = lane + 32 * k;
+                if (m < M) acc[k] += w * (double)__ldg(lut + m);
+            }
+        }
+        for (int j = 0; j < n_iso; ++j) {
+            const double w = x[n_fibers + n_ec + row * n_iso + j];
+#pragma unroll
+            for (int k = 0; k < MPL; ++k) {
+                const int m = lane + 32 * k;
+                if (m < M) acc[k] += w * (double)__ldg(lut_iso + (size_t)j * M + m);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < MPL; ++k) {
+            const int m = lane + 32 * k;
+            if (m < M) y[row * M + m] = acc[k];
+        }
+    }
+}
+
+extern "C" __global__ void commit_at_rows(const double* __restrict__ y, int n_rows, int M, int n_fibers, int n_ec,
+                                          int n_iso, const long long* __restrict__ row_start,
+                                          const double* __restrict__ seg_len, const int* __restrict__ seg_orient,
+                                          const long long* __restrict__ ec_start, const int* __restrict__ ec_orient,
+                                          const float* __restrict__ lut_ic, const float* __restrict__ lut_ec,
+                                          const float* __restrict__ lut_iso, double* __restrict__ seg_value,
+                                          double* __restrict__ x) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < n_rows; row += warps) {
+        double yr[MPL];
+#pragma unroll
+        for (int k = 0; k < MPL; ++k) {
+            const int m = lane + 32 * k;
+            yr[k] = m < M ? y[row * M + m] : 0.0;
+        }
+        for (long long s = row_start[row]; s < row_start[row + 1]; ++s) {
+            const float* lut = lut_ic + (size_t)seg_orient[s] * M;
+            double part = 0.0;
+#pragma unroll
+            for (int k = 0; k < MPL; ++k) {
+                const int m = lane + 32 * k;
+                if (m < M) part += (double)__ldg(lut + m) * yr[k];
+            }
+            part = warp_sum(part);
+            if (lane == 0) seg_value[s] = seg_len[s] * part;
+        }
+        for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c) {
+            const float* lut = lut_ec + (size_t)ec_orient[c] * M;
+            double part = 0.0;
+#pragma unroll
+            for (int k = 0; k < MPL; ++k) {
+                const int m = lane + 32 * k;
+                if (m < M) part += (double)__ldg(lut + m) * yr[k];
+            }
+            part = warp_sum(part);
+            if (lane == 0) x[n_fibers + c] = part;
+        }
+        for (int j = 0; j < n_iso; ++j) {
+            double part = 0.0;
+#pragma unroll
+            for (int k = 0; k < MPL; ++k) {
+                const int m = lane + 32 * k;
+                if (m < M) part += (double)__ldg(lut_iso + (size_t)j * M + m) * yr[k];
+            }
+            part = warp_sum(part);
+            if (lane == 0) x[n_fibers + n_ec + row * n_iso + j] = part;
+        }
+    }
+}
+
+// x_IC[f] = sum of the segment values of streamline f (segments listed by streamline in `order`).
+extern "C" __global__ void commit_at_fibers(const double* __restrict__ seg_value, const long long* __restrict__ order,
+                                            const long long* __restrict__ fiber_start, int n_fibers,
+                                            double* __restrict__ x) {
+    for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < n_fibers;
+         f += (long long)gridDim.x * blockDim.x) {
+        double sum = 0.0;
+        for (long long i = fiber_start[f]; i < fiber_start[f + 1]; ++i) sum += seg_value[order[i]];
+        x[f] = sum;
+    }
+}

@@ -1,0 +1,144 @@
+"""Benchmark: COMMIT's operator A·x and Aᵀ·y (and FISTA iterations) vs problem size.
+
+    python tests/benchmarks/bench_commit.py [--gpu] [--segments 1e5 1e6 1e7 4.7e7]
+        [--numpy-segments 1e6] [--measurements 60] [--out results.json]
+
+Synthetic problems shaped like seed 000's (64 309 voxels, 399 758 streamlines and
+47 M segments at full size: ~730 segments per voxel): segment rows sorted, streamlines
+and orientations random, Stick-Zeppelin-Ball tables, EC compartments from the segments.
+GPU timings are CUDA events, best of 5, on the device-resident problem; the NumPy
+reference runs on ``--numpy-segments``. Bytes each product must read at least (the
+segment arrays once, x or y, the EC arrays, the output written) give the achieved
+fraction of the device's memory bandwidth (the LUT reads hit the L2 cache and are not
+counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from gpu.commit import (  # noqa: E402
+    N_ORIENTATIONS,
+    CommitParams,
+    Problem,
+    Segments,
+    apply_a_numpy,
+    apply_at_numpy,
+    ec_from_segments,
+    lookup_tables,
+)
+
+SEED_VOXELS, SEED_FIBERS, SEED_SEGMENTS = 64_309, 399_758, 47_082_501
+
+
+def synthetic_problem(n_segments: int, n_meas: int, seed: int = 0) -> Problem:
+    rng = np.random.default_rng(seed)
+    scale = n_segments / SEED_SEGMENTS
+    n_rows = max(100, int(SEED_VOXELS * min(1.0, scale**0.5)))
+    n_fibers = max(100, int(SEED_FIBERS * min(1.0, scale**0.5)))
+    row = np.sort(rng.integers(0, n_rows, n_segments)).astype(np.int32)
+    seg = Segments(
+        row,
+        rng.integers(0, n_fibers, n_segments).astype(np.int32),
+        rng.uniform(0.1, 2.0, n_segments),
+        rng.integers(0, N_ORIENTATIONS, n_segments).astype(np.int32),
+        n_fibers,
+    )
+    g = rng.normal(size=(n_meas, 3))
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    bvals = np.where(np.arange(n_meas) < max(1, n_meas // 15), 0.0, 1000.0 + 1000.0 * (np.arange(n_meas) % 2))
+    tables = lookup_tables(bvals, g, CommitParams())
+    ec_row, ec_orient = ec_from_segments(Segments(row[::50], seg.fiber[::50], seg.length[::50], seg.orient[::50], 0))
+    return Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
+
+
+def bytes_touched(problem: Problem) -> dict:
+    s, m = len(problem.segments), problem.n_meas
+    segments_a = s * (4 + 8 + 4) + (problem.n_rows + 1) * 8  # fiber, length, orientation + row starts
+    segments_at = s * (8 + 4) + s * 8 * 2 + s * 8 + (problem.n_fibers + 1) * 8  # + values written/read, order
+    x, y = problem.n_cols * 8, problem.n_rows * m * 8
+    return {"a": segments_a + x + y, "at": segments_at + x + y}
+
+
+def time_gpu(problem: Problem, repeats: int = 5) -> dict:
+    import cupy as cp
+
+    from gpu.backend import get_backend
+    from gpu.commit import DeviceOperator
+
+    backend = get_backend("gpu")
+    op = DeviceOperator(backend, problem)
+    rng = np.random.default_rng(1)
+    x = cp.asarray(rng.random(problem.n_cols))
+    y = cp.asarray(rng.random(problem.n_rows * problem.n_meas))
+    out = {}
+    for name, fn, arg in (("a", op.a, x), ("at", op.at, y)):
+        fn(arg)
+        best = None
+        for _ in range(repeats):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn(arg)
+            stop.record()
+            stop.synchronize()
+            ms = cp.cuda.get_elapsed_time(start, stop)
+            best = ms if best is None else min(best, ms)
+        out[f"{name}_ms"] = round(best, 3)
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    peak = 2 * props["memoryClockRate"] * 1e3 * props["memoryBusWidth"] / 8  # bytes/s
+    touched = bytes_touched(problem)
+    out["a_bandwidth_fraction"] = round(touched["a"] / (out["a_ms"] / 1e3) / peak, 3)
+    out["at_bandwidth_fraction"] = round(touched["at"] / (out["at_ms"] / 1e3) / peak, 3)
+    out["peak_GBps"] = round(peak / 1e9)
+    out["device"] = backend.device_name
+    return out
+
+
+def time_numpy(problem: Problem) -> dict:
+    rng = np.random.default_rng(1)
+    x = rng.random(problem.n_cols)
+    y = rng.random((problem.n_rows, problem.n_meas))
+    t0 = time.perf_counter()
+    apply_a_numpy(problem, x)
+    t1 = time.perf_counter()
+    apply_at_numpy(problem, y)
+    t2 = time.perf_counter()
+    return {"a_ms": round((t1 - t0) * 1e3, 1), "at_ms": round((t2 - t1) * 1e3, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu", action="store_true")
+    parser.add_argument("--segments", type=float, nargs="+", default=[1e5, 1e6, 1e7, 4.7e7])
+    parser.add_argument("--numpy-segments", type=float, default=1e6)
+    parser.add_argument("--measurements", type=int, default=60)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    results = {"measurements": args.measurements, "rows": []}
+    for n in [int(v) for v in args.segments]:
+        problem = synthetic_problem(n, args.measurements)
+        row = {"segments": n, "voxels": problem.n_rows, "streamlines": problem.n_fibers, "ec": problem.n_ec}
+        if args.gpu:
+            row["gpu"] = time_gpu(problem)
+        if n <= args.numpy_segments:
+            row["numpy"] = time_numpy(problem)
+            if args.gpu:
+                row["speedup_a"] = round(row["numpy"]["a_ms"] / row["gpu"]["a_ms"], 1)
+                row["speedup_at"] = round(row["numpy"]["at_ms"] / row["gpu"]["at_ms"], 1)
+        print(json.dumps(row), flush=True)
+        results["rows"].append(row)
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
