@@ -18,6 +18,26 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
+// acc[k] += w * lut[m] over the lane's measurements m = lane + 32 k.
+__device__ __forceinline__ void add_row(double (&acc)[MPL], double w, const float* __restrict__ lut, int lane, int M) {
+#pragma unroll
+    for (int k = 0; k < MPL; ++k) {
+        const int m = lane + 32 * k;
+        if (m < M) acc[k] += w * (double)__ldg(lut + m);
+    }
+}
+
+// <lut, y> over all M measurements (the warp's lanes hold y in yr), in every lane.
+__device__ __forceinline__ double dot_row(const float* __restrict__ lut, const double (&yr)[MPL], int lane, int M) {
+    double part = 0.0;
+#pragma unroll
+    for (int k = 0; k < MPL; ++k) {
+        const int m = lane + 32 * k;
+        if (m < M) part += (double)__ldg(lut + m) * yr[k];
+    }
+    return warp_sum(part);
+}
+
 extern "C" __global__ void commit_a(const double* __restrict__ x, int n_rows, int M, int n_fibers, int n_ec, int n_iso,
                                     const long long* __restrict__ row_start, const int* __restrict__ seg_fiber,
                                     const double* __restrict__ seg_len, const int* __restrict__ seg_orient,
@@ -30,32 +50,12 @@ extern "C" __global__ void commit_a(const double* __restrict__ x, int n_rows, in
         double acc[MPL];
 #pragma unroll
         for (int k = 0; k < MPL; ++k) acc[k] = 0.0;
-        for (long long s = row_start[row]; s < row_start[row + 1]; ++s) {
-            const double w = seg_len[s] * x[seg_fiber[s]];
-            const float* lut = lut_ic + (size_t)seg_orient[s] * M;
-#pragma unroll
-            for (int k = 0; k < MPL; ++k) {
-                const int m = lane + 32 * k;
-                if (m < M) acc[k] += w * (double)__ldg(lut + m);
-            }
-        }
-        for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c) {
-            const double w = x[n_fibers + c];
-            const float* lut = lut_ec + (size_t)ec_orient[c] * M;
-#pragma unroll
-            for (int k = 0; k < MPL; ++k) {
-                const int m = lane + 32 * k;
-                if (m < M) acc[k] += w * (double)__ldg(lut + m);
-            }
-        }
-        for (int j = 0; j < n_iso; ++j) {
-            const double w = x[n_fibers + n_ec + row * n_iso + j];
-#pragma unroll
-            for (int k = 0; k < MPL; ++k) {
-                const int m = lane + 32 * k;
-                if (m < M) acc[k] += w * (double)__ldg(lut_iso + (size_t)j * M + m);
-            }
-        }
+        for (long long s = row_start[row]; s < row_start[row + 1]; ++s)
+            add_row(acc, seg_len[s] * x[seg_fiber[s]], lut_ic + (size_t)seg_orient[s] * M, lane, M);
+        for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c)
+            add_row(acc, x[n_fibers + c], lut_ec + (size_t)ec_orient[c] * M, lane, M);
+        for (int j = 0; j < n_iso; ++j)
+            add_row(acc, x[n_fibers + n_ec + row * n_iso + j], lut_iso + (size_t)j * M, lane, M);
 #pragma unroll
         for (int k = 0; k < MPL; ++k) {
             const int m = lane + 32 * k;
@@ -81,35 +81,15 @@ extern "C" __global__ void commit_at_rows(const double* __restrict__ y, int n_ro
             yr[k] = m < M ? y[row * M + m] : 0.0;
         }
         for (long long s = row_start[row]; s < row_start[row + 1]; ++s) {
-            const float* lut = lut_ic + (size_t)seg_orient[s] * M;
-            double part = 0.0;
-#pragma unroll
-            for (int k = 0; k < MPL; ++k) {
-                const int m = lane + 32 * k;
-                if (m < M) part += (double)__ldg(lut + m) * yr[k];
-            }
-            part = warp_sum(part);
+            const double part = dot_row(lut_ic + (size_t)seg_orient[s] * M, yr, lane, M);
             if (lane == 0) seg_value[s] = seg_len[s] * part;
         }
         for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c) {
-            const float* lut = lut_ec + (size_t)ec_orient[c] * M;
-            double part = 0.0;
-#pragma unroll
-            for (int k = 0; k < MPL; ++k) {
-                const int m = lane + 32 * k;
-                if (m < M) part += (double)__ldg(lut + m) * yr[k];
-            }
-            part = warp_sum(part);
+            const double part = dot_row(lut_ec + (size_t)ec_orient[c] * M, yr, lane, M);
             if (lane == 0) x[n_fibers + c] = part;
         }
         for (int j = 0; j < n_iso; ++j) {
-            double part = 0.0;
-#pragma unroll
-            for (int k = 0; k < MPL; ++k) {
-                const int m = lane + 32 * k;
-                if (m < M) part += (double)__ldg(lut_iso + (size_t)j * M + m) * yr[k];
-            }
-            part = warp_sum(part);
+            const double part = dot_row(lut_iso + (size_t)j * M, yr, lane, M);
             if (lane == 0) x[n_fibers + n_ec + row * n_iso + j] = part;
         }
     }
