@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from gpu.backend import DEVICES, BackendError, Cancelled, OutOfDeviceMemory, get_backend, gpu_status
+from gpu.commit import MODELS as COMMIT_MODELS
 
 from . import __version__
 from .errors import InputError
@@ -116,6 +117,43 @@ def cmd_fit_dti(args) -> int:
     human = (
         f"fitted {summary['voxels_fitted']} voxels ({fit['method'].upper()}, {fit['precision']}) on "
         f"{fit['backend']} ({fit['device']}) in {fit['total_s']:.2f} s; maps written to {args.output}"
+    )
+    _emit(args, summary, human)
+    return EXIT_OK
+
+
+def cmd_commit(args) -> int:
+    from gpu.commit import CommitParams
+
+    from .pipelines.commit import commit_from_files, write_commit_outputs
+
+    get_backend(args.device)
+    try:
+        params = CommitParams(model=args.model, lambda_=getattr(args, "lambda"), max_iter=args.max_iter, tol=args.tol)
+    except ValueError as exc:
+        raise InputError(str(exc), fix="Check the COMMIT options (see tractlens commit --help)") from exc
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", path=out)
+    result, suffix = commit_from_files(
+        args.dwi,
+        args.tractogram,
+        bval=args.bval,
+        bvec=args.bvec,
+        mask=args.mask,
+        peaks=args.peaks,
+        params=params,
+        device=args.device,
+        progress=Progress("commit", "iterations", quiet=args.quiet),
+    )
+    for note in result.notes:
+        log.warning("%s", note)
+    files = write_commit_outputs(result, out, suffix)
+    summary = {"outdir": str(out), "files": sorted(Path(f).name for f in files.values()), **result.summary()}
+    human = (
+        f"{summary['kept']} of {summary['streamlines']} streamlines kept (weight > 0), "
+        f"{summary['iterations']} FISTA iterations ({summary['stopped']}) on {result.provenance['backend']} "
+        f"({result.provenance['device']}) in {result.provenance['fit_s']:.2f} s; written to {out}"
     )
     _emit(args, summary, human)
     return EXIT_OK
@@ -480,6 +518,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-o", "--output", required=True, help="output folder (the bedpostX folder)")
     p.set_defaults(func=cmd_fit_ballstick)
+
+    p = sub.add_parser(
+        "commit",
+        parents=[common],
+        help="COMMIT filtering: a weight per streamline from the DWI signal; weight 0 is filtered out",
+        description="Fits the DWI signal (divided by each voxel's mean b=0 signal) in the white-matter mask "
+        "(default: every voxel the tractogram passes through) as streamlines (sticks along their segments) "
+        "plus extra-cellular zeppelins and isotropic balls, non-negative, with FISTA. Writes "
+        "streamline_weights.txt, tractogram_filtered.{trk,tck,trx}, fit_RMSE/fit_NRMSE and compartment_IC/EC/ISO "
+        "maps, commit.json. COMMIT 2's defaults.",
+    )
+    p.add_argument("--dwi", required=True, help="4-D DWI NIfTI")
+    p.add_argument("--bval", help="FSL bval file (default: DWI.bval beside it)")
+    p.add_argument("--bvec", help="FSL bvec file (default: DWI.bvec beside it)")
+    p.add_argument("--tractogram", required=True, help=".trk, .tck (on the DWI's grid) or .trx")
+    p.add_argument("--mask", help="white-matter mask (default: the voxels the streamlines pass through)")
+    p.add_argument("--peaks", help="peaks (X, Y, Z, 3K) in world coordinates (MRtrix sh2peaks) for the EC compartments")
+    p.add_argument("--model", choices=COMMIT_MODELS, default="stick-zeppelin-ball", help="forward model")
+    p.add_argument("--lambda", type=float, default=0.0, help="l1 weight on the streamline weights (default 0)")
+    p.add_argument("--max-iter", type=int, default=1000, help="FISTA iterations at most (default 1000)")
+    p.add_argument("--tol", type=float, default=1e-3, help="stop when the objective changes less (default 1e-3)")
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.set_defaults(func=cmd_commit)
 
     p = sub.add_parser(
         "select",

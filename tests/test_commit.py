@@ -193,3 +193,94 @@ def test_fista_on_the_gpu_follows_the_cpu():
     assert gpu.iterations == cpu.iterations == 300
     assert _relative(cp.asnumpy(gpu.x), cpu.x) < 1e-8
     np.testing.assert_allclose(gpu.objective, cpu.objective, rtol=1e-8)
+
+
+# ------------------------------------------------------------------ pipeline and command line
+@pytest.fixture(scope="module")
+def demo_with_false_streamlines(demo_dir, tmp_path_factory):
+    """The demo's true bundles plus a third as many straight lines through random brain voxels."""
+    import nibabel as nib
+
+    from app.io import load_tractogram, save_tractogram
+    from app.model import Tractogram
+
+    true = load_tractogram(demo_dir / "bundles.trk")
+    rng = np.random.default_rng(0)
+    brain = np.argwhere(np.asarray(nib.load(demo_dir / "mask.nii.gz").dataobj) > 0)
+    lines = [true.points[true.offsets[i] : true.offsets[i + 1]] for i in range(len(true))]
+    for _ in range(len(true) // 3):
+        u = rng.normal(size=3)
+        lines.append(brain[rng.integers(len(brain))] + np.linspace(-8, 8, 33)[:, None] * u / np.linalg.norm(u))
+    both = Tractogram.from_list(lines, affine=true.affine, dimensions=true.dimensions)
+    path = tmp_path_factory.mktemp("commit") / "with_false.trk"
+    save_tractogram(both, path)
+    return path, len(true)
+
+
+def test_commit_command_keeps_the_true_bundles_and_filters_false_streamlines(
+    demo_dir, demo_with_false_streamlines, tmp_path
+):
+    """On the demo phantom every true streamline keeps a weight, about half of the false ones
+    (straight lines at random, some partly along a bundle) get 0, and the true ones weigh
+    about three times more on average (0.263 vs 0.083)."""
+    import json
+
+    import nibabel as nib
+
+    from app.io import load_tractogram
+    from tests.test_cli import run_cli
+
+    tract, n_true = demo_with_false_streamlines
+    out = tmp_path / "commit"
+    args = ["commit", "--dwi", str(demo_dir / "dwi.nii.gz"), "--tractogram", str(tract)]
+    result = run_cli(*args, "--tol", "1e-7", "--max-iter", "3000", "--device", "cpu", "-o", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    weights = np.loadtxt(out / "streamline_weights.txt")
+    true, false = weights[:n_true], weights[n_true:]
+    print(
+        f"\nCOMMIT on the demo: {summary['iterations']} iterations; true streamlines {np.mean(true > 0):.0%} kept, "
+        f"mean weight {true.mean():.3f}; false ones {np.mean(false > 0):.0%} kept, mean weight {false.mean():.3f}"
+    )
+    assert (true > 0).all() and np.mean(false == 0) > 0.3 and true.mean() > 2.5 * false.mean()
+    assert summary["kept"] == int((weights > 0).sum()) and summary["stopped"] == "tolerance"
+    filtered = load_tractogram(out / "tractogram_filtered.trk")
+    assert len(filtered) == summary["kept"]
+    np.testing.assert_allclose(filtered.streamline_scalars["commit_weight"], weights[weights > 0], rtol=1e-6)
+    nrmse = nib.load(out / "fit_NRMSE.nii.gz").get_fdata()
+    ic = nib.load(out / "compartment_IC.nii.gz").get_fdata()
+    fitted = nrmse > 0
+    assert fitted.sum() == summary["voxels"] and np.median(nrmse[fitted]) < 0.2
+    assert ic[fitted].mean() > 0.2  # the streamlines explain a good part of the signal
+    expected = {"streamline_weights.txt", "tractogram_filtered.trk", "commit.json"}
+    expected |= {
+        f"{m}.nii.gz" for m in ("fit_RMSE", "fit_NRMSE", "compartment_IC", "compartment_EC", "compartment_ISO")
+    }
+    assert set(summary["files"]) == expected
+
+
+@pytest.mark.parametrize(
+    "extra, expect",
+    [
+        (["--max-iter", "0"], "max_iter >= 1"),
+        (["--tractogram", "MISSING"], "tractogram not found"),
+        (["--mask", "EMPTY"], "is empty"),
+    ],
+)
+def test_commit_command_bad_inputs(demo_dir, demo_with_false_streamlines, tmp_path, extra, expect):
+    import nibabel as nib
+
+    from tests.test_cli import _expect_input_error
+
+    img = nib.load(demo_dir / "mask.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros(img.shape, np.uint8), img.affine), tmp_path / "empty.nii.gz")
+    swap = {"MISSING": str(tmp_path / "none.trk"), "EMPTY": str(tmp_path / "empty.nii.gz")}
+    args = ["--dwi", str(demo_dir / "dwi.nii.gz"), "--tractogram", str(demo_with_false_streamlines[0])]
+    for i in range(0, len(extra), 2):
+        value = swap.get(extra[i + 1], extra[i + 1])
+        if extra[i] in args:
+            args[args.index(extra[i]) + 1] = value
+        else:
+            args += [extra[i], value]
+    _expect_input_error("commit", *args, "--device", "cpu", "-o", str(tmp_path / "o"), match=expect)
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,275 @@
+"""Use case: COMMIT filtering of a tractogram (``tractlens commit``, Python scripts).
+
+The DWI signal of the voxels in the mask (given, or every voxel the tractogram passes
+through), divided by each voxel's mean b=0 signal, is fitted with the forward model of
+:mod:`gpu.commit`; every streamline gets a weight, and those with weight 0 are filtered
+out. The streamlines are brought onto the DWI grid through the affines. EC
+compartments come from a peaks file (``(X, Y, Z, 3K)`` directions in world RAS
+coordinates, as MRtrix ``sh2peaks`` writes them; zero vectors are no peak) or, without
+one, from the orientations of the segments in each voxel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+
+from gpu import commit
+from gpu.backend import get_backend
+from gpu.commit import CommitParams, Problem
+
+from ..errors import InputError
+from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
+from ..io._atomic import atomic_path, split_suffix
+from ..io.dwi import DWI
+from ..model import Tractogram
+from .select import load_masks_on_reference
+
+#: Files written by :func:`write_commit_outputs` ({ext}: the input tractogram's format).
+COMMIT_OUTPUTS = {
+    "streamline_weights.txt": "one weight per input streamline, in its order (0: filtered out)",
+    "tractogram_filtered{ext}": "the streamlines with weight > 0, their weight as the per-streamline scalar commit_weight",
+    "fit_RMSE.nii.gz": "per voxel, root mean square of measured − modelled signal (both / mean b=0)",
+    "fit_NRMSE.nii.gz": "RMSE divided by the root mean square of the measured signal",
+    "compartment_IC.nii.gz": "per voxel, the streamlines' share of the b=0 signal: Σ weight × length in the voxel",
+    "compartment_EC.nii.gz": "per voxel, the extra-cellular share of the b=0 signal",
+    "compartment_ISO.nii.gz": "per voxel, the isotropic share of the b=0 signal",
+    "commit.json": "summary: parameters, sizes, iterations, objective, timings, device",
+}
+
+
+@dataclass
+class CommitResult:
+    """The fit and what it was made of (host arrays)."""
+
+    problem: Problem
+    weights: np.ndarray  # (n_streamlines,)
+    x: np.ndarray  # all columns
+    y: np.ndarray  # (n_rows, M) measured (normalised)
+    model: np.ndarray  # (n_rows, M) A x
+    rows: np.ndarray  # (X, Y, Z) row of each voxel, -1 outside the mask
+    affine: np.ndarray
+    tractogram: Tractogram
+    fit: commit.FitResult
+    params: CommitParams
+    provenance: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def volume(self, per_row: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.rows.shape, dtype=np.float32)
+        inside = self.rows >= 0
+        out[inside] = per_row[self.rows[inside]]
+        return out
+
+    def maps(self) -> dict[str, np.ndarray]:
+        """fit_RMSE, fit_NRMSE and the IC / EC / ISO compartment maps as volumes."""
+        residual = self.model - self.y
+        rmse = np.sqrt((residual**2).mean(1))
+        norm = np.sqrt((self.y**2).mean(1))
+        nrmse = np.where(norm > 0, rmse / np.where(norm > 0, norm, 1.0), 0.0)
+        p = self.problem
+        ic_x, ec_x, iso_x = p.split(self.x)
+        seg = p.segments
+        ic = np.bincount(seg.row, weights=seg.length * ic_x[seg.fiber], minlength=p.n_rows)
+        ec = np.bincount(p.ec_row, weights=ec_x, minlength=p.n_rows)
+        iso = iso_x.sum(1)
+        return {
+            "fit_RMSE": self.volume(rmse),
+            "fit_NRMSE": self.volume(nrmse),
+            "compartment_IC": self.volume(ic),
+            "compartment_EC": self.volume(ec),
+            "compartment_ISO": self.volume(iso),
+        }
+
+    def summary(self) -> dict:
+        kept = int((self.weights > 0).sum())
+        return {
+            "streamlines": len(self.weights),
+            "kept": kept,
+            "filtered_out": len(self.weights) - kept,
+            "voxels": self.problem.n_rows,
+            "segments": len(self.problem.segments),
+            "ec_compartments": self.problem.n_ec,
+            "measurements": self.problem.n_meas,
+            "iterations": self.fit.iterations,
+            "stopped": self.fit.stopped,
+            "objective": self.fit.objective[-1] if self.fit.objective else None,
+            "params": asdict(self.params),
+            "notes": self.notes,
+            **self.provenance,
+        }
+
+
+def points_on_grid(tractogram: Tractogram, affine: np.ndarray) -> np.ndarray:
+    """The streamlines' points in voxel coordinates of another grid."""
+    to_grid = np.linalg.solve(affine, tractogram.affine)
+    return nib.affines.apply_affine(to_grid, tractogram.points.astype(np.float64))
+
+
+def peaks_compartments(path, rows: np.ndarray, affine: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """EC compartments (row, orientation) from a peaks file on the DWI grid."""
+    from ..io.nifti import load_image
+
+    img = load_image(path, "peaks file")
+    data = np.asarray(img.dataobj, dtype=np.float64)
+    if data.ndim != 4 or data.shape[3] % 3 or data.shape[:3] != rows.shape:
+        raise InputError(
+            f"a peaks file must be (X, Y, Z, 3K) on the DWI's grid {rows.shape}, got {data.shape}",
+            path=path,
+            fix="Compute the peaks on the DWI's grid (e.g. MRtrix sh2peaks)",
+        )
+    if not np.allclose(img.affine, affine, atol=1e-3):
+        notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
+    peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
+    rotation = affine[:3, :3] / np.sqrt((affine[:3, :3] ** 2).sum(0))  # world -> voxel axes: R^T
+    inside = rows >= 0
+    vectors = peaks[inside]  # (n, K, 3)
+    row_of = np.repeat(rows[inside], vectors.shape[1])
+    flat = vectors.reshape(-1, 3)
+    present = np.linalg.norm(flat, axis=1) > 0
+    axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
+    orient = commit.orientation_index(axes)
+    key = np.unique(row_of[present].astype(np.int64) * commit.N_ORIENTATIONS + orient)
+    return (key // commit.N_ORIENTATIONS).astype(np.int32), (key % commit.N_ORIENTATIONS).astype(np.int32)
+
+
+def commit_pipeline(
+    dwi: DWI,
+    tractogram: Tractogram,
+    *,
+    mask: np.ndarray | None = None,
+    peaks: str | os.PathLike | None = None,
+    params: CommitParams | None = None,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> CommitResult:
+    """Fit COMMIT to ``dwi`` with the streamlines of ``tractogram``."""
+    params = params or CommitParams()
+    notes: list[str] = []
+    if len(tractogram) == 0:
+        raise InputError("the tractogram has no streamlines", fix="Give a non-empty tractogram")
+    shape = dwi.shape3
+    b0 = dwi.mean_b0()
+    points = points_on_grid(tractogram, dwi.affine)
+    if mask is None:
+        vox = np.floor(points + 0.5).astype(np.int64)
+        vox = vox[((vox >= 0) & (vox < shape)).all(1)]
+        mask = np.zeros(shape, dtype=bool)
+        mask[tuple(vox.T)] = True
+    mask = np.asarray(mask, dtype=bool)
+    finite = np.isfinite(dwi.data).all(axis=-1)
+    usable = mask & finite & (b0 > 0)
+    if (dropped := int((mask & ~usable).sum())) > 0:
+        notes.append(f"{dropped} mask voxel(s) without usable signal (NaN/Inf or no b=0 signal) left out")
+    if not usable.any():
+        raise InputError("no voxel of the mask has usable signal", fix="Check the mask and the DWI")
+    rows = np.full(shape, -1, dtype=np.int64)
+    rows[usable] = np.arange(int(usable.sum()))
+    seg = commit.segments(
+        points, tractogram.offsets, rows, np.sqrt((dwi.affine[:3, :3] ** 2).sum(0)), min_length_mm=params.min_segment_mm
+    )
+    if len(seg) == 0:
+        raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
+    missing = len(tractogram) - len(np.unique(seg.fiber))
+    if missing:
+        notes.append(f"{missing} streamline(s) have no segment in the mask: weight 0")
+    tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
+    if peaks is not None:
+        ec_row, ec_orient = peaks_compartments(peaks, rows, dwi.affine, notes)
+    else:
+        ec_row, ec_orient = commit.ec_from_segments(seg)
+    n_rows = int(usable.sum())
+    problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
+    y = (dwi.data[usable] / b0[usable, None]).astype(np.float64)
+    backend = get_backend(device)
+    scale = commit.column_norms(problem)
+    if backend.is_gpu:
+        op = commit.DeviceOperator(backend, problem)
+        a, at, xp, y_dev = op.a, op.at, backend.xp, backend.xp.asarray(y)
+    else:
+        a = lambda v: commit.apply_a_numpy(problem, v).ravel()  # noqa: E731
+        at, xp, y_dev = (lambda r: commit.apply_at_numpy(problem, r)), np, y
+    fit = commit.fista(
+        a,
+        at,
+        y_dev,
+        problem.n_cols,
+        scale=scale,
+        lambda_=params.lambda_,
+        n_penalised=problem.n_fibers,
+        max_iter=params.max_iter,
+        tol=params.tol,
+        xp=xp,
+        progress=None if progress is None else (lambda it, n, _value: progress(it, n)),
+        cancelled=cancelled,
+    )
+    x = backend.to_host(fit.x)
+    fit.x = x
+    model = backend.to_host(a(xp.asarray(x))).reshape(y.shape)
+    provenance = {
+        "backend": backend.name,
+        "device": backend.device_name,
+        "fit_s": round(fit.seconds, 3),
+        "lipschitz": fit.lipschitz,
+    }
+    return CommitResult(
+        problem, x[: problem.n_fibers], x, y, model, rows, dwi.affine, tractogram, fit, params, provenance, notes
+    )
+
+
+def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tractogram_suffix: str = ".trk") -> dict:
+    """Write :data:`COMMIT_OUTPUTS` into ``outdir`` (atomic per file)."""
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise InputError("the output path exists and is not a folder", path=out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    with atomic_path(out / "streamline_weights.txt") as tmp:
+        np.savetxt(tmp, result.weights, fmt="%.9g")
+    files["streamline_weights.txt"] = out / "streamline_weights.txt"
+    keep = np.flatnonzero(result.weights > 0)
+    filtered = result.tractogram.subset(keep)
+    filtered.streamline_scalars["commit_weight"] = result.weights[keep].astype(np.float32)
+    name = f"tractogram_filtered{tractogram_suffix}"
+    files[name] = save_tractogram(filtered, out / name)
+    for key, volume in result.maps().items():
+        files[f"{key}.nii.gz"] = save_volume(volume, result.affine, out / f"{key}.nii.gz")
+    with atomic_path(out / "commit.json") as tmp:
+        tmp.write_text(json.dumps(result.summary(), indent=2, default=str))
+    files["commit.json"] = out / "commit.json"
+    return {k: str(v) for k, v in files.items()}
+
+
+def commit_from_files(
+    dwi_path,
+    tractogram_path,
+    *,
+    bval=None,
+    bvec=None,
+    mask=None,
+    peaks=None,
+    params: CommitParams | None = None,
+    device: str = "auto",
+    progress=None,
+    cancelled=None,
+) -> tuple[CommitResult, str]:
+    """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
+    returns the result and the tractogram's suffix (for the filtered output)."""
+    dwi = load_dwi(dwi_path, bval, bvec)
+    tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
+    notes: list[str] = []
+    mask_array = None
+    if mask is not None:
+        (mask_array,) = load_masks_on_reference([mask], "white-matter mask", dwi.affine, dwi.shape3, notes)
+    result = commit_pipeline(
+        dwi, tract, mask=mask_array, peaks=peaks, params=params, device=device, progress=progress, cancelled=cancelled
+    )
+    result.notes[:0] = notes + dwi.warnings
+    return result, split_suffix(Path(tractogram_path))[1].lower()
