@@ -103,6 +103,34 @@ def time_gpu(problem: Problem, repeats: int = 5) -> dict:
     return out
 
 
+def time_fit(problem: Problem, iterations: int) -> dict:
+    """FISTA on the GPU for a fixed number of iterations (tol 0), the power iteration included."""
+    import cupy as cp
+
+    from gpu.backend import get_backend
+    from gpu.commit import DeviceOperator, column_norms, fista
+
+    backend = get_backend("gpu")
+    t0 = time.perf_counter()
+    scale = column_norms(problem)
+    t1 = time.perf_counter()
+    op = DeviceOperator(backend, problem)
+    rng = np.random.default_rng(2)
+    y = op.a(cp.asarray(rng.random(problem.n_cols)))
+    cp.cuda.Device().synchronize()
+    t2 = time.perf_counter()
+    fit = fista(op.a, op.at, y, problem.n_cols, scale=scale, max_iter=iterations, tol=0.0, xp=cp)
+    per_iteration = fit.seconds / (iterations + 50)  # + the 50 power iterations
+    return {
+        "iterations": iterations,
+        "fit_s": round(fit.seconds, 2),
+        "ms_per_iteration": round(per_iteration * 1e3, 2),
+        "projected_2000_iterations_s": round(2050 * per_iteration, 1),
+        "column_norms_cpu_s": round(t1 - t0, 1),
+        "upload_s": round(t2 - t1, 2),
+    }
+
+
 def time_numpy(problem: Problem) -> dict:
     rng = np.random.default_rng(1)
     x = rng.random(problem.n_cols)
@@ -121,6 +149,7 @@ def main() -> None:
     parser.add_argument("--segments", type=float, nargs="+", default=[1e5, 1e6, 1e7, 4.7e7])
     parser.add_argument("--numpy-segments", type=float, default=1e6)
     parser.add_argument("--measurements", type=int, default=60)
+    parser.add_argument("--fit-iterations", type=int, default=200, help="FISTA iterations timed on the largest size")
     parser.add_argument("--out")
     args = parser.parse_args()
     results = {"measurements": args.measurements, "rows": []}
@@ -129,6 +158,8 @@ def main() -> None:
         row = {"segments": n, "voxels": problem.n_rows, "streamlines": problem.n_fibers, "ec": problem.n_ec}
         if args.gpu:
             row["gpu"] = time_gpu(problem)
+            if n == max(int(v) for v in args.segments) and args.fit_iterations:
+                row["fit"] = time_fit(problem, args.fit_iterations)
         if n <= args.numpy_segments:
             row["numpy"] = time_numpy(problem)
             if args.gpu:
