@@ -284,3 +284,15 @@ def test_commit_command_bad_inputs(demo_dir, demo_with_false_streamlines, tmp_pa
             args += [extra[i], value]
     _expect_input_error("commit", *args, "--device", "cpu", "-o", str(tmp_path / "o"), match=expect)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.gpu
+def test_commit_pipeline_on_the_gpu_equals_the_cpu(demo_dir, demo_with_false_streamlines):
+    from app.pipelines.commit import commit_from_files
+
+    params = CommitParams(max_iter=200, tol=0.0)
+    cpu, _ = commit_from_files(demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0], params=params, device="cpu")
+    gpu, _ = commit_from_files(demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0], params=params, device="gpu")
+    assert gpu.provenance["backend"] != cpu.provenance["backend"]
+    assert _relative(gpu.weights, cpu.weights) < 1e-8
+    np.testing.assert_allclose(gpu.model, cpu.model, rtol=1e-8, atol=1e-12)
