@@ -444,15 +444,17 @@ class DeviceOperator:
         self._at_rows = cuda.function("commit.cu", "commit_at_rows", (), defines)
         self._at_fibers = cuda.function("commit.cu", "commit_at_fibers", (), defines)
 
-        def starts(keys, n):
-            return cp.asarray(np.searchsorted(keys, np.arange(n + 1)).astype(np.int64))
+        def starts(keys, n):  # where each of 0..n begins in sorted keys (device arrays)
+            return cp.searchsorted(keys, cp.arange(n + 1, dtype=keys.dtype)).astype(cp.int64)
 
-        self.row_start = starts(seg.row, problem.n_rows)
-        self.ec_start = starts(problem.ec_row, problem.n_rows)
-        order = np.argsort(seg.fiber, kind="stable")
-        self.order = cp.asarray(order.astype(np.int64))
-        self.fiber_start = starts(seg.fiber[order], problem.n_fibers)
-        self.seg_fiber = cp.asarray(seg.fiber.astype(np.int32))
+        row = cp.asarray(seg.row.astype(np.int32))
+        fiber = cp.asarray(seg.fiber.astype(np.int32))
+        self.row_start = starts(row, problem.n_rows)
+        self.ec_start = starts(cp.asarray(problem.ec_row.astype(np.int32)), problem.n_rows)
+        # Segments listed by streamline, rows ascending within each (the norms kernel groups by row).
+        self.order = cp.argsort(fiber.astype(cp.int64) * max(problem.n_rows, 1) + row).astype(cp.int64)
+        self.fiber_start = starts(fiber[self.order], problem.n_fibers)
+        self.seg_row, self.seg_fiber = row, fiber
         self.seg_len = cp.asarray(seg.length.astype(np.float64))
         self.seg_orient = cp.asarray(seg.orient.astype(np.int32))
         self.ec_orient = cp.asarray(problem.ec_orient.astype(np.int32))
@@ -460,10 +462,22 @@ class DeviceOperator:
             cp.asarray(np.ascontiguousarray(t, dtype=np.float32))
             for t in (problem.lut_ic, problem.lut_ec, problem.lut_iso)
         )
+        self._norms = cuda.function("commit.cu", "commit_ic_norms", (), defines)
         self.seg_value = cp.empty(len(seg), dtype=cp.float64)
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         self.grid_rows = max(1, min(-(-problem.n_rows * 32 // self.BLOCK), props["multiProcessorCount"] * 64))
         self.grid_fibers = max(1, min(-(-problem.n_fibers // self.BLOCK), props["multiProcessorCount"] * 64))
+        self.grid_fibers_warps = max(1, min(-(-problem.n_fibers * 32 // self.BLOCK), props["multiProcessorCount"] * 64))
+
+    def column_norms(self) -> np.ndarray:
+        """:func:`column_norms` with the IC columns computed on the device (host array)."""
+        cp, p = self.cp, self.problem
+        norm2 = cp.empty(p.n_fibers, dtype=cp.float64)
+        args = (self.order, self.fiber_start, np.int32(p.n_fibers), np.int32(p.n_meas), self.seg_row, self.seg_len)
+        self._norms((self.grid_fibers_warps,), (self.BLOCK,), (*args, self.seg_orient, self.luts[0], norm2))
+        ec = (p.lut_ec[p.ec_orient].astype(np.float64) ** 2).sum(1)
+        iso = np.tile((p.lut_iso.astype(np.float64) ** 2).sum(1), p.n_rows)
+        return np.sqrt(np.concatenate([self.backend.to_host(norm2), ec, iso]))
 
     def _sizes(self):
         p = self.problem

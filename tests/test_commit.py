@@ -168,6 +168,7 @@ def test_gpu_operator_equals_the_reference(n_dirs):
     x = rng.random(problem.n_cols)
     y = rng.random((problem.n_rows, problem.n_meas))
     ax, aty = backend.to_host(op.a(x)), backend.to_host(op.at(y))
+    np.testing.assert_allclose(op.column_norms(), column_norms(problem), rtol=1e-12)
     ref_ax, ref_aty = apply_a_numpy(problem, x).ravel(), apply_at_numpy(problem, y)
     print(
         f"\nGPU vs NumPy, {problem.n_meas} measurements: Ax {_relative(ax, ref_ax):.1e}, Aty {_relative(aty, ref_aty):.1e}"

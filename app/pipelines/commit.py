@@ -189,11 +189,12 @@ def commit_pipeline(
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     y = (dwi.data[usable] / b0[usable, None]).astype(np.float64)
     backend = get_backend(device)
-    scale = commit.column_norms(problem)
     if backend.is_gpu:
         op = commit.DeviceOperator(backend, problem)
         a, at, xp, y_dev = op.a, op.at, backend.xp, backend.xp.asarray(y)
+        scale = op.column_norms()
     else:
+        scale = commit.column_norms(problem)
         a = lambda v: commit.apply_a_numpy(problem, v).ravel()  # noqa: E731
         at, xp, y_dev = (lambda r: commit.apply_at_numpy(problem, r)), np, y
     fit = commit.fista(

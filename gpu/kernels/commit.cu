@@ -106,3 +106,37 @@ extern "C" __global__ void commit_at_fibers(const double* __restrict__ seg_value
         x[f] = sum;
     }
 }
+
+// Squared norms of the IC columns: streamline f's column is, per voxel row, the sum of
+// length * LUT_IC[o] over its segments there. One warp per streamline, its segments listed by
+// `order` grouped by row (rows ascending), lanes over the measurements.
+extern "C" __global__ void commit_ic_norms(const long long* __restrict__ order, const long long* __restrict__ fiber_start,
+                                           int n_fibers, int M, const int* __restrict__ seg_row,
+                                           const double* __restrict__ seg_len, const int* __restrict__ seg_orient,
+                                           const float* __restrict__ lut_ic, double* __restrict__ norm2) {
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long f = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); f < n_fibers; f += warps) {
+        double acc[MPL];
+        double total = 0.0;
+        int current = -1;
+#pragma unroll
+        for (int k = 0; k < MPL; ++k) acc[k] = 0.0;
+        for (long long i = fiber_start[f]; i <= fiber_start[f + 1]; ++i) {
+            const long long s = i < fiber_start[f + 1] ? order[i] : -1;
+            const int row = s >= 0 ? seg_row[s] : -2;
+            if (row != current) {  // a voxel's vector is complete: add its squared norm
+                double part = 0.0;
+#pragma unroll
+                for (int k = 0; k < MPL; ++k) {
+                    part += acc[k] * acc[k];
+                    acc[k] = 0.0;
+                }
+                total += warp_sum(part);
+                current = row;
+            }
+            if (s >= 0) add_row(acc, seg_len[s], lut_ic + (size_t)seg_orient[s] * M, lane, M);
+        }
+        if (lane == 0) norm2[f] = total;
+    }
+}
