@@ -90,16 +90,17 @@ def orientation_directions() -> np.ndarray:
     return d.reshape(-1, 3)
 
 
-def orientation_index(directions: np.ndarray) -> np.ndarray:
-    """Look-up table index of each (non-zero) direction (N, 3), sign ignored."""
-    d = np.asarray(directions, dtype=np.float64)
-    d = d / np.linalg.norm(d, axis=-1, keepdims=True)
-    phi = np.degrees(np.arctan2(d[:, 1], d[:, 0]))
-    theta = np.degrees(np.arccos(np.clip(d[:, 2], -1.0, 1.0)))
+def orientation_index(directions, xp=np):
+    """Look-up table index of each (non-zero) direction (N, 3), sign ignored (``xp``: the
+    array module of ``directions``)."""
+    d = xp.asarray(directions, dtype=xp.float64)
+    d = d / xp.sqrt((d**2).sum(-1, keepdims=True))
+    phi = xp.degrees(xp.arctan2(d[:, 1], d[:, 0]))
+    theta = xp.degrees(xp.arccos(xp.clip(d[:, 2], -1.0, 1.0)))
     flip = phi < 0  # the opposite direction: φ + 180°, 180° − θ
-    phi = np.where(flip, phi + 180.0, phi)
-    theta = np.where(flip, 180.0 - theta, theta)
-    return (np.rint(phi).astype(np.int64) * N_POLAR + np.rint(theta).astype(np.int64)).astype(np.int32)
+    phi = xp.where(flip, phi + 180.0, phi)
+    theta = xp.where(flip, 180.0 - theta, theta)
+    return (xp.rint(phi).astype(xp.int64) * N_POLAR + xp.rint(theta).astype(xp.int64)).astype(xp.int32)
 
 
 def lookup_tables(bvals: np.ndarray, bvecs: np.ndarray, params: CommitParams) -> dict[str, np.ndarray]:
@@ -130,6 +131,79 @@ class Segments:
         return len(self.row)
 
 
+def _repeat_index(xp, counts):
+    """``repeat(arange(len(counts)), counts)`` on any array module."""
+    ends = xp.cumsum(counts)
+    total = int(ends[-1]) if len(ends) else 0
+    return xp.searchsorted(ends, xp.arange(total), side="right")
+
+
+def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
+    """(fiber, row, orientation, length) of the pieces of streamlines ``offsets`` (local to
+    ``points``), merged per (fiber, row, orientation); fibers numbered from 0."""
+    n_fibers = len(offsets) - 1
+    fiber_of_point = _repeat_index(xp, offsets[1:] - offsets[:-1])
+    # Polyline segment k runs from point k to point k + 1 of the same streamline.
+    start = xp.flatnonzero(fiber_of_point[1:] == fiber_of_point[:-1])
+    p, q = points[start], points[start + 1]
+    fib = fiber_of_point[start]
+    delta = q - p
+    physical = delta * vs
+    seg_len = xp.sqrt((physical**2).sum(1))
+    keep = xp.flatnonzero(seg_len > 0)
+    p, delta, physical, seg_len, fib = p[keep], delta[keep], physical[keep], seg_len[keep], fib[keep]
+    q = p + delta
+    n = len(p)
+    empty = (xp.zeros(0, xp.int64),) * 3 + (xp.zeros(0),)
+    if n == 0 or n_fibers == 0:
+        return empty
+    orient_seg = orientation_index(physical, xp)
+    # Crossings of the planes k + 1/2 on each axis, as parameters t in (0, 1).
+    cp_, cq_ = xp.floor(p + 0.5), xp.floor(q + 0.5)
+    t_parts, id_parts = [xp.zeros(n), xp.ones(n)], [xp.arange(n), xp.arange(n)]
+    for axis in range(3):
+        lo, hi = xp.minimum(cp_[:, axis], cq_[:, axis]), xp.maximum(cp_[:, axis], cq_[:, axis])
+        count = (hi - lo).astype(xp.int64)
+        owner = _repeat_index(xp, count)
+        if not len(owner):
+            continue
+        first = xp.cumsum(count) - count
+        within = xp.arange(len(owner)) - first[owner]
+        plane = lo[owner] + 0.5 + within
+        t_parts.append((plane - p[owner, axis]) / delta[owner, axis])
+        id_parts.append(owner)
+    t = xp.concatenate(t_parts)
+    owner = xp.concatenate(id_parts)
+    order = xp.lexsort(xp.stack([t, owner.astype(xp.float64)]))
+    t, owner = t[order], owner[order]
+    same = owner[1:] == owner[:-1]
+    t0, t1, k = t[:-1][same], t[1:][same], owner[:-1][same]
+    piece = (t1 - t0) * seg_len[k]
+    mid = p[k] + ((t0 + t1) / 2)[:, None] * delta[k]
+    vox = xp.floor(mid + 0.5).astype(xp.int64)
+    inside = ((vox >= 0) & (vox < shape)).all(1)
+    flat = (vox[:, 0] * shape[1] + vox[:, 1]) * shape[2] + vox[:, 2]
+    row = xp.where(inside, rows_flat[xp.where(inside, flat, 0)], -1)
+    ok = xp.flatnonzero((row >= 0) & (piece > 0))
+    row, k, piece = row[ok], k[ok], piece[ok]
+    fiber, orient = fib[k], orient_seg[k].astype(xp.int64)
+    # Merge per (fiber, row, orientation): sum the lengths.
+    key = (fiber * max(n_rows, 1) + row) * N_ORIENTATIONS + orient
+    unique, inverse = xp.unique(key, return_inverse=True)
+    total = xp.bincount(inverse.ravel(), weights=piece, minlength=len(unique))
+    return (
+        unique // (max(n_rows, 1) * N_ORIENTATIONS),
+        (unique // N_ORIENTATIONS) % max(n_rows, 1),
+        unique % N_ORIENTATIONS,
+        total,
+    )
+
+
+#: Points per chunk when cutting streamlines into segments (bounds the working memory:
+#: about 1 kB per point at the peak).
+SEGMENT_CHUNK_POINTS = 4_000_000
+
+
 def segments(
     points: np.ndarray,
     offsets: np.ndarray,
@@ -137,71 +211,43 @@ def segments(
     voxel_size,
     *,
     min_length_mm: float = 1e-3,
+    backend=None,
+    chunk_points: int = SEGMENT_CHUNK_POINTS,
 ) -> Segments:
     """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers;
     streamline i is ``points[offsets[i]:offsets[i + 1]]``) exactly at voxel boundaries.
-    ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask)."""
-    points = np.asarray(points, dtype=np.float64)
+    ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On ``backend`` (a GPU
+    backend: the same array operations in CuPy) when given; streamlines go in chunks of
+    about ``chunk_points`` points."""
+    xp = np if backend is None or not backend.is_gpu else backend.xp
     offsets = np.asarray(offsets, dtype=np.int64)
-    shape = np.array(rows.shape)
-    vs = np.asarray(voxel_size, dtype=np.float64)
     n_fibers = len(offsets) - 1
-    lengths = np.diff(offsets)
-    fiber_of_point = np.repeat(np.arange(n_fibers), lengths)
-    # Polyline segment k runs from point k to point k + 1 of the same streamline.
-    start = np.flatnonzero(np.r_[fiber_of_point[1:] == fiber_of_point[:-1], False])
-    p, q = points[start], points[start + 1]
-    fib = fiber_of_point[start]
-    delta = q - p
-    physical = delta * vs
-    seg_len = np.linalg.norm(physical, axis=1)
-    keep = seg_len > 0
-    p, q, delta, physical, seg_len, fib = p[keep], q[keep], delta[keep], physical[keep], seg_len[keep], fib[keep]
-    n = len(p)
-    orient_seg = orientation_index(physical) if n else np.zeros(0, np.int32)
-    # Crossings of the planes k + 1/2 on each axis, as parameters t in (0, 1).
-    cp, cq = np.floor(p + 0.5), np.floor(q + 0.5)
-    t_parts, id_parts = [np.zeros(n), np.ones(n)], [np.arange(n), np.arange(n)]
-    for axis in range(3):
-        lo, hi = np.minimum(cp[:, axis], cq[:, axis]), np.maximum(cp[:, axis], cq[:, axis])
-        count = (hi - lo).astype(np.int64)
-        owner = np.repeat(np.arange(n), count)
-        if not len(owner):
-            continue
-        within = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count)
-        plane = lo[owner] + 0.5 + within
-        t_parts.append((plane - p[owner, axis]) / delta[owner, axis])
-        id_parts.append(owner)
-    t = np.concatenate(t_parts)
-    owner = np.concatenate(id_parts)
-    order = np.lexsort((t, owner))
-    t, owner = t[order], owner[order]
-    same = owner[1:] == owner[:-1]
-    t0, t1, k = t[:-1][same], t[1:][same], owner[:-1][same]
-    piece = (t1 - t0) * seg_len[k]
-    mid = p[k] + ((t0 + t1) / 2)[:, None] * delta[k]
-    vox = np.floor(mid + 0.5).astype(np.int64)
-    inside = ((vox >= 0) & (vox < shape)).all(1)
-    row = np.full(len(k), -1, dtype=np.int64)
-    row[inside] = rows[tuple(vox[inside].T)]
-    ok = (row >= 0) & (piece > 0)
-    row, k, piece = row[ok], k[ok], piece[ok]
-    fiber, orient = fib[k], orient_seg[k].astype(np.int64)
-    # Merge per (fiber, row, orientation): sum the lengths.
     n_rows = int(rows.max()) + 1 if rows.size else 0
-    key = (fiber * max(n_rows, 1) + row) * N_ORIENTATIONS + orient
-    unique, inverse = np.unique(key, return_inverse=True)
-    total = np.bincount(inverse, weights=piece, minlength=len(unique))
-    fiber_u = unique // (max(n_rows, 1) * N_ORIENTATIONS)
-    row_u = (unique // N_ORIENTATIONS) % max(n_rows, 1)
-    orient_u = unique % N_ORIENTATIONS
-    keep = total >= min_length_mm
-    order = np.lexsort((fiber_u[keep], row_u[keep]))  # by row, then fiber
+    rows_flat = xp.asarray(np.ascontiguousarray(rows, dtype=np.int64).ravel())
+    shape = xp.asarray(np.array(rows.shape, dtype=np.int64))
+    vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
+    parts = []
+    first = 0
+    while first < n_fibers:  # whole streamlines per chunk
+        last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
+        last = min(max(last, first + 1), n_fibers)
+        lo, hi = offsets[first], offsets[last]
+        chunk_points_ = xp.asarray(np.asarray(points[lo:hi], dtype=np.float64))
+        fiber, row, orient, length = _chunk_segments(
+            xp, chunk_points_, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
+        )
+        parts.append((fiber + first, row, orient, length))
+        first = last
+    fiber, row, orient, length = (xp.concatenate([part[i] for part in parts]) for i in range(4))
+    keep = xp.flatnonzero(length >= min_length_mm)
+    fiber, row, orient, length = fiber[keep], row[keep], orient[keep], length[keep]
+    order = xp.lexsort(xp.stack([fiber, row]))  # by row, then fiber
+    host = (lambda a: a) if xp is np else backend.to_host
     return Segments(
-        row_u[keep][order].astype(np.int32),
-        fiber_u[keep][order].astype(np.int32),
-        total[keep][order],
-        orient_u[keep][order].astype(np.int32),
+        host(row[order].astype(xp.int32)),
+        host(fiber[order].astype(xp.int32)),
+        host(length[order]),
+        host(orient[order].astype(xp.int32)),
         n_fibers,
     )
 

@@ -96,6 +96,10 @@ def test_segments_split_exactly_at_voxel_boundaries(rng):
     for key in set(got) | set(expected):  # (a piece shorter than the walk's step may be missed by it)
         assert got.get(key, 0.0) == pytest.approx(expected.get(key, 0.0), abs=2e-3)
     assert len(got) > 50 and sum(got.values()) > 100
+    chunked = segments(points, offsets, rows, voxel, min_length_mm=0.0, chunk_points=40)  # ~3 streamlines a chunk
+    for name in ("row", "fiber", "orient"):
+        np.testing.assert_array_equal(getattr(chunked, name), getattr(seg, name))
+    np.testing.assert_allclose(chunked.length, seg.length, rtol=1e-12)
     assert np.all(np.diff(seg.row) >= 0)  # sorted by voxel row
 
 
@@ -297,3 +301,20 @@ def test_commit_pipeline_on_the_gpu_equals_the_cpu(demo_dir, demo_with_false_str
     assert gpu.provenance["backend"] != cpu.provenance["backend"]
     assert _relative(gpu.weights, cpu.weights) < 1e-8
     np.testing.assert_allclose(gpu.model, cpu.model, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_segments_on_the_gpu_equal_the_cpu(rng):
+    from gpu.backend import get_backend
+
+    shape = (30, 32, 28)
+    points, offsets = random_streamlines(rng, 400, shape, points=60)
+    rows = np.arange(np.prod(shape)).reshape(shape)
+    rows[:5] = -1
+    rows[rows >= 0] = np.arange((rows >= 0).sum())
+    cpu = segments(points, offsets, rows, (1.25, 1.25, 1.25))
+    gpu = segments(points, offsets, rows, (1.25, 1.25, 1.25), backend=get_backend("gpu"), chunk_points=5000)
+    for name in ("row", "fiber", "orient"):
+        np.testing.assert_array_equal(getattr(gpu, name), getattr(cpu, name))
+    np.testing.assert_allclose(gpu.length, cpu.length, rtol=1e-12)
+    assert len(cpu) > 10_000

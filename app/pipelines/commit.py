@@ -172,8 +172,10 @@ def commit_pipeline(
         raise InputError("no voxel of the mask has usable signal", fix="Check the mask and the DWI")
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
+    backend = get_backend(device)
+    voxel_size = np.sqrt((dwi.affine[:3, :3] ** 2).sum(0))
     seg = commit.segments(
-        points, tractogram.offsets, rows, np.sqrt((dwi.affine[:3, :3] ** 2).sum(0)), min_length_mm=params.min_segment_mm
+        points, tractogram.offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, backend=backend
     )
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
@@ -188,7 +190,6 @@ def commit_pipeline(
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     y = (dwi.data[usable] / b0[usable, None]).astype(np.float64)
-    backend = get_backend(device)
     if backend.is_gpu:
         op = commit.DeviceOperator(backend, problem)
         a, at, xp, y_dev = op.a, op.at, backend.xp, backend.xp.asarray(y)

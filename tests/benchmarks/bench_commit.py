@@ -131,7 +131,7 @@ def time_fit(problem: Problem, iterations: int) -> dict:
     }
 
 
-def time_segments(n_streamlines: int, points: int = 100) -> dict:
+def time_segments(n_streamlines: int, points: int = 100, backend=None) -> dict:
     """Building segments (NumPy, one core) from random-walk streamlines of ``points`` points,
     0.5-voxel steps, on the HCP grid (145×174×145, all voxels in the mask)."""
     from gpu.commit import segments
@@ -145,8 +145,10 @@ def time_segments(n_streamlines: int, points: int = 100) -> dict:
     pts = np.clip(start[:, None, :] + steps.cumsum(1), 0, shape - 1).reshape(-1, 3)
     offsets = np.arange(n_streamlines + 1, dtype=np.int64) * points
     rows = np.arange(int(np.prod(shape))).reshape(tuple(shape))
+    if backend is not None:  # compile the element-wise kernels first
+        segments(pts[: 100 * points], offsets[:101], rows, (1.25, 1.25, 1.25), backend=backend)
     t0 = time.perf_counter()
-    seg = segments(pts, offsets, rows, (1.25, 1.25, 1.25))
+    seg = segments(pts, offsets, rows, (1.25, 1.25, 1.25), backend=backend)
     elapsed = time.perf_counter() - t0
     return {
         "streamlines": n_streamlines,
@@ -183,8 +185,14 @@ def main() -> None:
     args = parser.parse_args()
     results = {"measurements": args.measurements, "rows": []}
     if args.segment_streamlines:
-        results["segments_from_streamlines"] = time_segments(args.segment_streamlines)
-        print(json.dumps(results["segments_from_streamlines"]), flush=True)
+        results["segments_numpy"] = time_segments(args.segment_streamlines)
+        print(json.dumps(results["segments_numpy"]), flush=True)
+        if args.gpu:
+            from gpu.backend import get_backend
+
+            for n in (args.segment_streamlines, 4 * args.segment_streamlines):
+                results[f"segments_gpu_{n}"] = time_segments(n, backend=get_backend("gpu"))
+                print(json.dumps(results[f"segments_gpu_{n}"]), flush=True)
     for n in [int(v) for v in args.segments]:
         problem = synthetic_problem(n, args.measurements)
         row = {"segments": n, "voxels": problem.n_rows, "streamlines": problem.n_fibers, "ec": problem.n_ec}
