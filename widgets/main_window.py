@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QSpinBox,
+    QTabBar,
     QWidget,
 )
 
@@ -40,6 +41,7 @@ from app.pipelines.select import index_on_grid
 
 from . import fiber_display
 from .ballstick import BallStickDialog, ballstick_job
+from .commit_panel import CommitPanel
 from .panels import JobPanel, LayerPanel
 from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
@@ -91,6 +93,7 @@ class MainWindow(QMainWindow):
 
         self.layer_panel = LayerPanel(self.document)
         self.layer_panel.fit_ballstick_requested.connect(self.fit_ballstick_dialog)
+        self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.ballstick_dialog: BallStickDialog | None = None
         self.job_panel = JobPanel(self.runner)
         self.deterministic_panel = DeterministicPanel(
@@ -100,12 +103,14 @@ class MainWindow(QMainWindow):
         self.probabilistic_panel = ProbabilisticPanel(
             self.document, self.runner, device=device, report=self._report_error, view3d=self.view3d
         )
+        self.commit_panel = CommitPanel(self.document, self.runner, device=device, report=self._report_error)
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Deterministic tracking", self.deterministic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Geodesic tracking", self.geodesic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Probabilistic tracking", self.probabilistic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("COMMIT filtering", self.commit_panel, Qt.DockWidgetArea.RightDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
@@ -119,6 +124,12 @@ class MainWindow(QMainWindow):
             self.findChild(QDockWidget, "dock_geodesic_tracking"),
             self.findChild(QDockWidget, "dock_probabilistic_tracking"),
         )
+        self.tabifyDockWidget(
+            self.findChild(QDockWidget, "dock_probabilistic_tracking"),
+            self.findChild(QDockWidget, "dock_commit_filtering"),
+        )
+        self._keep_tracking_docks_width()
+        self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
 
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
@@ -172,6 +183,8 @@ class MainWindow(QMainWindow):
         self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
         self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
         self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
+        filter_menu = self.menuBar().addMenu("F&ilter")
+        self._action(filter_menu, "&COMMIT filtering…", self.show_commit_panel)
         jobs_menu = self.menuBar().addMenu("&Jobs")
         toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
 
@@ -179,6 +192,29 @@ class MainWindow(QMainWindow):
         """Track menu: show the Probabilistic tracking panel and track with its settings."""
         self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()
         return self.probabilistic_panel.track()
+
+    def _keep_tracking_docks_width(self) -> None:
+        """The tracking docks' tab bar asks for room for every tab title; without a hint the
+        COMMIT tab would widen the dock area (and shrink the views) by its title's width."""
+        dock = self.findChild(QDockWidget, "dock_commit_filtering")
+        for bar in self.findChildren(QTabBar):
+            titles = [bar.tabText(i) for i in range(bar.count())]
+            if dock.windowTitle() in titles:
+                width = bar.sizeHint().width() - bar.tabSizeHint(titles.index(dock.windowTitle())).width()
+                self.resizeDocks([dock], [width], Qt.Orientation.Horizontal)
+
+    def show_commit_panel(self, layer: Layer | None = None) -> CommitPanel:
+        """Filter menu and a tractogram layer's menu: raise the COMMIT panel with ``layer`` (or the
+        selected layer, if it is a tractogram) chosen; Filter there starts the fit."""
+        if layer is None:
+            selected = self.layer_panel.selected_layer()
+            layer = selected if selected is not None and selected.kind == "tractogram" else None
+        if layer is not None:
+            self.commit_panel.choose(layer)
+        dock = self.findChild(QDockWidget, "dock_commit_filtering")
+        dock.show()
+        dock.raise_()
+        return self.commit_panel
 
     def _build_roi_tools(self, file_menu) -> None:
         edit_menu = self.menuBar().addMenu("&Edit")

@@ -27,6 +27,7 @@ from app.jobs import RUNNING, JobRunner
 from app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
 
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
+FILTER_COMMIT = "Filter with COMMIT…"
 
 
 class LayerPanel(QWidget):
@@ -34,10 +35,12 @@ class LayerPanel(QWidget):
 
     A right click on a layer opens its menu (:attr:`menu`, shown without blocking):
     for a ``dwi`` layer "Fit ball & sticks (bedpostX)…", which emits
-    :attr:`fit_ballstick_requested` with the layer; for every layer "Remove".
+    :attr:`fit_ballstick_requested` with the layer; for a ``tractogram`` layer "Filter with
+    COMMIT…", which emits :attr:`commit_requested` with the layer; for every layer "Remove".
     """
 
     fit_ballstick_requested = Signal(object)  # the dwi layer to fit
+    commit_requested = Signal(object)  # the tractogram layer to filter
 
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)
@@ -212,6 +215,10 @@ class LayerPanel(QWidget):
         if layer.kind == "dwi":
             fit = self.menu.addAction(FIT_BALLSTICK)
             fit.triggered.connect(lambda *_: self.fit_ballstick_requested.emit(layer))
+            self.menu.addSeparator()
+        if layer.kind == "tractogram":
+            commit = self.menu.addAction(FILTER_COMMIT)
+            commit.triggered.connect(lambda *_: self.commit_requested.emit(layer))
             self.menu.addSeparator()
         self.menu.addAction("Remove").triggered.connect(lambda *_: self._remove(layer))
         self.menu.popup(self.list.viewport().mapToGlobal(pos))

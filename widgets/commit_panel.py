@@ -1,0 +1,460 @@
+"""The COMMIT filtering panel: weigh a tractogram's streamlines by how well they explain the
+diffusion signal, show the weights, hide the weak ones, and map the fit's error.
+
+The panel holds no algorithm. "Filter (COMMIT)" takes the last DWI series opened (the hidden
+``dwi`` layer, :class:`app.model.DWIVolume`) and a snapshot (copies of the arrays, on the GUI
+thread) of the chosen tractogram layer, and runs :func:`app.pipelines.commit.commit_pipeline`
+on a worker with the panel's λ, iterations and tolerance (COMMIT 2's defaults; the
+diffusivities and the model keep their defaults, as in ``tractlens commit`` without options).
+The status line follows the FISTA iterations; a cancel (between iterations) adds nothing.
+
+On completion two layers are added (nothing reaches the document before):
+
+* "<name> (COMMIT)": a copy of the tractogram whose per-streamline scalar ``commit_weight``
+  holds the weights, coloured by it (viridis over 0 … the largest weight; weight 0, filtered
+  out, is the darkest). A new layer rather than a scalar added to the original: the layer
+  model has no "scalar added" event (views cache display arrays per layer), the original stays
+  as it was loaded, and the thresholded view below can replace the result layer's streamlines
+  without touching the user's own layer. A second run on the same tractogram replaces it.
+* "fit NRMSE": the fit's normalised RMSE per voxel (0 outside the fitted voxels), hot colour
+  map over 0 … 0.5, hidden at first (the FA stays the background; tick it to see the map).
+
+"Hide weight below" is a slider over the weights: at its minimum every streamline is shown;
+one step up hides those with weight 0 (what COMMIT filters out); further steps raise the
+threshold linearly up to the largest weight, showing the streamlines with weight > threshold.
+The subset (and its display arrays) is made on a worker, like the Geodesic panel's top x %,
+and replaces the result layer's streamlines (colour range fixed, so colours do not shift);
+the ROI fibre selection of the main window still applies on top of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.model import Document, Layer, Tractogram, Volume
+from app.pipelines.commit import commit_pipeline
+from gpu.commit import CommitParams
+
+from . import fiber_display
+
+WEIGHT = "commit_weight"
+NRMSE_NAME = "fit NRMSE"
+NRMSE_CLIM = (0.0, 0.5)
+THRESHOLD_STEPS = 200  # slider positions above "all shown"
+
+
+@dataclass
+class CommitOutcome:
+    """What a finished job hands to the GUI thread (everything built on the worker)."""
+
+    token: int
+    source: Layer  # the tractogram layer that was filtered
+    layer: Layer  # every streamline, with commit_weight
+    nrmse: Layer
+    weights: np.ndarray
+    summary: dict
+    notes: list[str]
+    seconds: float
+
+
+def snapshot_tractogram(tract: Tractogram) -> Tractogram:
+    """A copy of a tractogram's arrays (the job must not see later edits of the layer)."""
+    return Tractogram(
+        tract.points.copy(),
+        tract.offsets.copy(),
+        tract.affine.copy(),
+        tract.dimensions,
+        {k: np.array(v, copy=True) for k, v in tract.point_scalars.items()},
+        {k: np.array(v, copy=True) for k, v in tract.streamline_scalars.items()},
+        name=tract.name,
+    )
+
+
+def weighted_layer(name: str, tractogram: Tractogram, top: float) -> Layer:
+    """A tractogram layer coloured by ``commit_weight`` over 0 … ``top``, display arrays
+    prepared (call it on a worker)."""
+    layer = Layer(name, tractogram, "tractogram", colormap="viridis", color_by=WEIGHT)
+    layer.clim = (0.0, top if top > 0 else 1.0)
+    fiber_display.prepare(layer)
+    return layer
+
+
+def _field_meta(name: str) -> dict:
+    return next(f.metadata for f in dataclasses.fields(CommitParams) if f.name == name)
+
+
+class CommitPanel(QWidget):
+    """Tractogram chooser, λ / iterations / tolerance, Filter and Cancel, the weight threshold.
+
+    Attributes for scripts and tests: ``result_layer`` (the shown weighted tractogram, possibly
+    thresholded), ``full_layer`` (every streamline), ``nrmse_layer``, ``weights``, ``summary``,
+    ``job_id``."""
+
+    finished = Signal(object)  # the result layer
+
+    def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
+        super().__init__(parent)
+        self.document = document
+        self.runner = runner
+        self.device = device
+        self.report = report or (lambda message, details="": None)
+        self.result_layer: Layer | None = None
+        self.full_layer: Layer | None = None
+        self.nrmse_layer: Layer | None = None
+        self.source_layer: Layer | None = None
+        self.weights: np.ndarray | None = None
+        self.summary: dict | None = None
+        self.job_id: int | None = None
+        self._token = 0
+        self._threshold_token = 0
+        self._tracts: list[Layer] = []
+        self._chosen: Layer | None = None  # the user's (or the menu's) choice
+
+        self.tract_box = QComboBox()
+        self.tract_box.setObjectName("commit_tractogram")
+        self.tract_box.setToolTip("The tractogram whose streamlines COMMIT weighs")
+        self.tract_box.activated.connect(self._picked)
+        defaults = CommitParams()
+        self.lambda_box = QDoubleSpinBox()
+        self.lambda_box.setObjectName("commit_lambda")
+        self.lambda_box.setDecimals(6)
+        self.lambda_box.setRange(0.0, 1e6)
+        self.lambda_box.setSingleStep(0.001)
+        self.lambda_box.setValue(defaults.lambda_)
+        self.max_iter_box = QSpinBox()
+        self.max_iter_box.setObjectName("commit_max_iter")
+        self.max_iter_box.setRange(1, 10**6)
+        self.max_iter_box.setValue(defaults.max_iter)
+        self.tol_box = QDoubleSpinBox()
+        self.tol_box.setObjectName("commit_tol")
+        self.tol_box.setDecimals(6)
+        self.tol_box.setRange(0.0, 0.5)
+        self.tol_box.setSingleStep(1e-4)
+        self.tol_box.setValue(defaults.tol)
+        form = QFormLayout()
+        form.addRow("Tractogram", self.tract_box)
+        for name, box in (("lambda_", self.lambda_box), ("max_iter", self.max_iter_box), ("tol", self.tol_box)):
+            meta = _field_meta(name)
+            box.setToolTip(meta.get("help", ""))
+            form.addRow(meta.get("label", name), box)
+
+        self.filter_button = QPushButton("Filter (COMMIT)")
+        self.filter_button.setObjectName("commit_filter")
+        self.filter_button.clicked.connect(self.filter)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("commit_cancel")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.filter_button)
+        buttons.addWidget(self.cancel_button)
+
+        self.threshold = QSlider(Qt.Orientation.Horizontal)
+        self.threshold.setObjectName("commit_threshold")
+        self.threshold.setRange(0, THRESHOLD_STEPS)
+        self.threshold.setValue(0)
+        self.threshold.setEnabled(False)
+        self.threshold.setToolTip(
+            "Leftmost: every streamline; one step right: hide those COMMIT filtered out (weight 0); "
+            "further right: hide weights up to the threshold"
+        )
+        self.threshold_label = QLabel("all shown")
+        self.threshold_label.setObjectName("commit_threshold_label")
+        shown = QFormLayout()
+        shown.addRow("Hide weight below", self.threshold)
+        shown.addRow("", self.threshold_label)
+
+        self.status = QLabel("Open a DWI series and a tractogram, then Filter.")
+        self.status.setObjectName("commit_status")
+        self.status.setWordWrap(True)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addLayout(buttons)
+        layout.addLayout(shown)
+        layout.addWidget(self.status)
+        layout.addStretch(1)
+
+        self._threshold_timer = QTimer(self)
+        self._threshold_timer.setSingleShot(True)
+        self._threshold_timer.setInterval(40)  # slider steps in a row: one subset
+        self._threshold_timer.timeout.connect(self.apply_threshold)
+        self.threshold.valueChanged.connect(self._threshold_changed)
+        runner.job_changed.connect(self._on_job_changed)
+        runner.job_cancelled.connect(self._on_cancelled)
+        document.connect(self._on_document)
+        self._refresh_tracts()
+
+    # ------------------------------------------------------------- chooser
+    def _on_document(self, _source, event, **info) -> None:
+        if event == "layers":
+            replaced = info.get("replaced")
+            if replaced is not None and self._chosen is replaced[0]:
+                self._chosen = replaced[1]
+            self._refresh_tracts()
+        elif event == "display" and "name" in info.get("changed", ()):
+            self._refresh_tracts()
+
+    def _refresh_tracts(self) -> None:
+        tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
+        if self._chosen not in tracts:
+            self._chosen = None
+        current = self._chosen or (tracts[-1] if tracts else None)
+        self._tracts = tracts
+        self.tract_box.blockSignals(True)
+        self.tract_box.clear()
+        self.tract_box.addItems([layer.name for layer in tracts])
+        if current is not None:
+            self.tract_box.setCurrentIndex(tracts.index(current))
+        self.tract_box.blockSignals(False)
+
+    def _picked(self, index: int) -> None:
+        if 0 <= index < len(self._tracts):
+            self._chosen = self._tracts[index]
+
+    def choose(self, layer: Layer) -> None:
+        """Make ``layer`` (a tractogram layer of the document) the one to filter."""
+        if layer in self._tracts:
+            self._chosen = layer
+            self.tract_box.setCurrentIndex(self._tracts.index(layer))
+
+    def tractogram_layer(self) -> Layer | None:
+        index = self.tract_box.currentIndex()
+        return self._tracts[index] if 0 <= index < len(self._tracts) else None
+
+    def dwi_layer(self) -> Layer | None:
+        found = [layer for layer in self.document.layers if layer.kind == "dwi" and hasattr(layer.data, "dwi")]
+        return found[-1] if found else None
+
+    def params(self) -> CommitParams:
+        """The form's settings (raises ValueError with the engine's message)."""
+        return CommitParams(
+            lambda_=float(self.lambda_box.value()),
+            max_iter=int(self.max_iter_box.value()),
+            tol=float(self.tol_box.value()),
+        )
+
+    # ------------------------------------------------------------- actions
+    def filter(self) -> int | None:
+        """Start COMMIT on the chosen tractogram and the last DWI series; the job id (None if refused)."""
+        dwi_layer = self.dwi_layer()
+        if dwi_layer is None:
+            return self._refuse("Open a DWI series first (File ▸ Open): COMMIT fits its signal.")
+        source = self.tractogram_layer()
+        if source is None:
+            return self._refuse("Open or track a tractogram first: COMMIT weighs its streamlines.")
+        if len(source.data) == 0:
+            return self._refuse(f"{source.name} has no streamlines to weigh.")
+        try:
+            params = self.params()
+        except ValueError as exc:
+            return self._refuse(f"Check the parameters: {exc}.")
+        if self.job_id is not None:
+            self.runner.cancel(self.job_id)
+        self._token += 1
+        token = self._token
+        dwi = dwi_layer.data.dwi  # read only by the pipeline
+        tract = snapshot_tractogram(source.data)
+        self._chosen = source  # stays chosen after the run adds its layer (the last tractogram)
+        self.cancel_button.setEnabled(True)
+        self.status.setText(f"Preparing COMMIT for {source.name} ({len(tract):,} streamlines)…")
+        self.job_id = self.runner.submit(
+            f"COMMIT ({source.name})",
+            self._job(dwi, tract, source, params, token),
+            on_done=self._done,
+            on_error=lambda message, details, token=token: self._failed(token, message, details),
+        )
+        return self.job_id
+
+    def _job(self, dwi, tract: Tractogram, source: Layer, params: CommitParams, token: int):
+        device, name = self.device, f"{source.name} (COMMIT)"
+
+        def job(ctx):
+            start = time.perf_counter()
+            ctx.progress(0, params.max_iter, "COMMIT: building the model")
+            result = commit_pipeline(
+                dwi,
+                tract,
+                params=params,
+                device=device,
+                progress=lambda it, n: ctx.progress(it, n, "COMMIT: fitting"),
+                cancelled=ctx.cancelled,
+            )
+            ctx.check()
+            weights = np.asarray(result.weights, dtype=np.float64)
+            weighted = Tractogram(
+                tract.points,
+                tract.offsets,
+                tract.affine,
+                tract.dimensions,
+                dict(tract.point_scalars),
+                {**tract.streamline_scalars, WEIGHT: weights},
+                name=name,
+            )
+            layer = weighted_layer(name, weighted, float(weights.max()) if len(weights) else 1.0)
+            nrmse = result.maps()["fit_NRMSE"]
+            nrmse_layer = Layer(
+                NRMSE_NAME,
+                Volume(NRMSE_NAME, nrmse, result.affine),
+                "scalar",
+                colormap="hot",
+                clim=NRMSE_CLIM,
+                visible=False,
+            )
+            summary = result.summary()
+            return CommitOutcome(
+                token, source, layer, nrmse_layer, weights, summary, list(result.notes), time.perf_counter() - start
+            )
+
+        return job
+
+    def cancel(self) -> None:
+        if self.job_id is not None:
+            self.runner.cancel(self.job_id)
+
+    # ------------------------------------------------------------- results
+    def _on_job_changed(self, job_id: int) -> None:
+        if job_id != self.job_id:
+            return
+        job = self.runner.jobs.get(job_id)
+        if job is not None and job.state == "running" and job.done > 0:
+            self.status.setText(f"COMMIT: iteration {job.done} / {job.total}…")
+
+    def _done(self, outcome: CommitOutcome) -> None:
+        if outcome.token != self._token:
+            return
+        doc = self.document
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        same_source = outcome.source is self.source_layer
+        if same_source and self.result_layer is not None and self.result_layer in doc.layers:
+            doc.replace_layer(self.result_layer, outcome.layer)
+        else:
+            doc.add_layer(outcome.layer)
+        if same_source and self.nrmse_layer is not None and self.nrmse_layer in doc.layers:
+            doc.replace_layer(self.nrmse_layer, outcome.nrmse)
+        else:
+            doc.add_layer(outcome.nrmse)
+        self.source_layer, self.result_layer, self.full_layer = outcome.source, outcome.layer, outcome.layer
+        self.nrmse_layer, self.weights, self.summary = outcome.nrmse, outcome.weights, outcome.summary
+        self.threshold.blockSignals(True)
+        self.threshold.setValue(0)
+        self.threshold.blockSignals(False)
+        self.threshold.setEnabled(True)
+        self._threshold_token += 1
+        self._label_threshold()
+        s = outcome.summary
+        text = (
+            f"Done: kept {s['kept']:,} of {s['streamlines']:,} streamlines (weight > 0); "
+            f"{s['iterations']} iterations (stopped: {s['stopped']}); fit {s.get('fit_s', 0.0):.2f} s, "
+            f"{outcome.seconds:.2f} s in all on {s.get('backend', '?')} ({s.get('device', '?')})."
+        )
+        if outcome.notes:
+            text += " " + " ".join(note.rstrip(".") + "." for note in outcome.notes)
+        self.status.setText(text)
+        self.finished.emit(outcome.layer)
+
+    def _failed(self, token: int, message: str, details: str) -> None:
+        if token != self._token:
+            return
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        self.status.setText(f"COMMIT failed: {message}")
+        self.report(message, details)
+
+    def _on_cancelled(self, job_id: int) -> None:
+        if job_id != self.job_id:
+            return
+        self.job_id = None
+        self.cancel_button.setEnabled(False)
+        self.status.setText("COMMIT cancelled: nothing was added.")
+
+    def _refuse(self, message: str) -> None:
+        self.status.setText(message)
+        self.report(message, "")
+        return None
+
+    # ----------------------------------------------------------- threshold
+    def threshold_value(self) -> float | None:
+        """The weight at or below which streamlines are hidden; None: every one is shown."""
+        step = self.threshold.value()
+        if step == 0 or self.weights is None or len(self.weights) == 0:
+            return None
+        return float(self.weights.max()) * (step - 1) / (THRESHOLD_STEPS - 1)
+
+    def visible_mask(self) -> np.ndarray | None:
+        """The streamlines the slider shows (bool per streamline of the full result)."""
+        if self.weights is None:
+            return None
+        threshold = self.threshold_value()
+        return np.ones(len(self.weights), bool) if threshold is None else self.weights > threshold
+
+    def _label_threshold(self) -> None:
+        threshold, mask = self.threshold_value(), self.visible_mask()
+        if mask is None:
+            self.threshold_label.setText("all shown")
+            return
+        if threshold is None:
+            self.threshold_label.setText(f"all {len(mask):,} shown")
+        else:
+            self.threshold_label.setText(f"weight ≤ {threshold:.4g} hidden: {int(mask.sum()):,} of {len(mask):,} shown")
+
+    def _threshold_changed(self, _value: int) -> None:
+        self._label_threshold()
+        self._threshold_timer.start()
+
+    def apply_threshold(self) -> int | None:
+        """Show the streamlines above the slider's weight (the subset made on a worker)."""
+        full, mask = self.full_layer, self.visible_mask()
+        if full is None or mask is None or self.result_layer not in self.document.layers:
+            return None
+        self._threshold_token += 1
+        token = self._threshold_token
+        if mask.all():
+            self._show_subset(token, full)
+            return None
+        clim, name = full.clim, full.name
+
+        def job(ctx):
+            layer = Layer(name, full.data.subset(mask, name=name), "tractogram", colormap="viridis", color_by=WEIGHT)
+            layer.clim = clim
+            fiber_display.prepare(layer)
+            return layer
+
+        return self.runner.submit(
+            "COMMIT threshold",
+            job,
+            on_done=lambda layer, token=token: self._show_subset(token, layer),
+            on_error=self.report,
+        )
+
+    def _show_subset(self, token: int, layer: Layer) -> None:
+        old = self.result_layer
+        if token != self._threshold_token or old is None or old not in self.document.layers or layer is old:
+            return
+        layer.set(
+            visible=old.visible,
+            opacity=old.opacity,
+            colormap=old.colormap,
+            color_by=old.color_by,
+            clim=old.clim,
+            tubes=old.tubes,
+        )
+        self.document.replace_layer(old, layer)
+        self.result_layer = layer
