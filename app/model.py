@@ -220,6 +220,11 @@ class Tractogram(Observable):
         """Number of points per streamline."""
         return np.diff(self.offsets)
 
+    def points_on(self, affine: np.ndarray, dtype=np.float64) -> np.ndarray:
+        """The points in voxel coordinates of another grid (``affine``: its voxel -> RAS mm)."""
+        to_grid = np.linalg.solve(affine, self.affine)
+        return (self.points.astype(np.float64) @ to_grid[:3, :3].T + to_grid[:3, 3]).astype(dtype, copy=False)
+
     def subset(self, keep: np.ndarray, name: str | None = None) -> Tractogram:
         """The streamlines where ``keep`` (bool mask or indices) holds, scalars included."""
         index = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep, dtype=np.int64)

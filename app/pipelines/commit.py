@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 
 from gpu import commit
@@ -106,12 +105,6 @@ class CommitResult:
         }
 
 
-def points_on_grid(tractogram: Tractogram, affine: np.ndarray) -> np.ndarray:
-    """The streamlines' points in voxel coordinates of another grid."""
-    to_grid = np.linalg.solve(affine, tractogram.affine)
-    return nib.affines.apply_affine(to_grid, tractogram.points.astype(np.float64))
-
-
 def peaks_compartments(path, rows: np.ndarray, affine: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments (row, orientation) from a peaks file on the DWI grid."""
     from ..io.nifti import load_image
@@ -157,7 +150,7 @@ def commit_pipeline(
         raise InputError("the tractogram has no streamlines", fix="Give a non-empty tractogram")
     shape = dwi.shape3
     b0 = dwi.mean_b0()
-    points = points_on_grid(tractogram, dwi.affine)
+    points = tractogram.points_on(dwi.affine)
     if mask is None:
         vox = np.floor(points + 0.5).astype(np.int64)
         vox = vox[((vox >= 0) & (vox < shape)).all(1)]

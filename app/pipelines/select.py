@@ -6,7 +6,6 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 
-import nibabel as nib
 import numpy as np
 
 from gpu.select import StreamlineIndex
@@ -70,9 +69,7 @@ def select_pipeline(
 def index_on_grid(tractogram: Tractogram, grid_affine: np.ndarray, device: str = "auto") -> StreamlineIndex:
     """The tractogram's points in voxel coordinates of another grid, kept on the compute device
     for repeated selections (the GUI keeps one per tractogram while ROIs are edited)."""
-    to_grid = np.linalg.solve(grid_affine, tractogram.affine)
-    points = nib.affines.apply_affine(to_grid, tractogram.points).astype(np.float32)
-    return StreamlineIndex(points, tractogram.offsets, device=device)
+    return StreamlineIndex(tractogram.points_on(grid_affine, np.float32), tractogram.offsets, device=device)
 
 
 def select_on_grid(
