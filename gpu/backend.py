@@ -74,7 +74,9 @@ class Backend:
         if self.is_gpu:
             free, _total = self.xp.cuda.runtime.memGetInfo()
             pool = self.xp.get_default_memory_pool()
-            return int(free + pool.free_bytes())
+            available = int(free + pool.free_bytes())
+            limit = pool.get_limit()  # 0: none (set_limit caps what the pool may hold)
+            return min(available, max(0, limit - pool.used_bytes())) if limit else available
         return _host_available_bytes()
 
     def total_memory_bytes(self) -> int:

@@ -17,6 +17,15 @@ Models (diffusivities in mm²/s):
 
 - ``stick-zeppelin-ball`` (COMMIT 2's defaults): IC a stick (d_par = 1.7e-3), EC a
   zeppelin (d_par, d_perp = 0.51e-3), ISO balls (d_iso = 1.7e-3 and 3.0e-3).
+- ``cylinder-zeppelin-ball`` (the seed's benchmark model): IC one response per axon radius
+  (default 1, 2, 4 and 8 µm), each a cylinder: free diffusion d_par along the axis times
+  the restricted signal across it (Van Gelderen et al. 1994, the pulsed-gradient
+  spin-echo series; needs the pulse duration δ and separation Δ, which NIfTI/FSL files do
+  not carry); EC and ISO as above. A streamline then has one column per radius, and its
+  weight is their sum (as COMMIT's ``stat_coeffs='sum'``).
+
+The seed's appendix (A.4) prints the cylinder series with Y(x) = exp(+dβ²x); the
+exponent is negative (Van Gelderen), or the series diverges.
 
 Streamlines become segments (:func:`segments`): every polyline segment is split exactly
 where it crosses a voxel boundary, pieces outside the mask are dropped, and pieces of
@@ -47,7 +56,8 @@ from .params import meta
 
 N_AZIMUTH = N_POLAR = 181
 N_ORIENTATIONS = N_AZIMUTH * N_POLAR
-MODELS = ("stick-zeppelin-ball",)
+MODELS = ("stick-zeppelin-ball", "cylinder-zeppelin-ball")
+GAMMA = 2.6751525e8  # proton gyromagnetic ratio, rad s⁻¹ T⁻¹
 
 
 @dataclass(frozen=True)
@@ -62,16 +72,40 @@ class CommitParams:
     max_iter: int = field(default=1000, metadata=meta("Iterations", "FISTA iterations at most", "", (1, 10**6)))
     tol: float = field(default=1e-3, metadata=meta("Tolerance", "stop when the objective changes less", "", (0.0, 1.0)))
     min_segment_mm: float = field(default=1e-3, metadata=meta("Shortest segment", "shorter pieces are dropped", "mm"))
+    radii_um: tuple[float, ...] = field(
+        default=(1.0, 2.0, 4.0, 8.0), metadata=meta("Axon radii", "one cylinder response per radius", "µm")
+    )
+    small_delta_ms: float | None = field(
+        default=None, metadata=meta("δ", "gradient pulse duration (cylinder model)", "ms", (0.0, 1000.0))
+    )
+    big_delta_ms: float | None = field(
+        default=None, metadata=meta("Δ", "gradient pulse separation (cylinder model)", "ms", (0.0, 1000.0))
+    )
 
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}: one of {', '.join(MODELS)}")
+        if self.model == "cylinder-zeppelin-ball":
+            if self.small_delta_ms is None or self.big_delta_ms is None:
+                raise ValueError(
+                    "the cylinder-zeppelin-ball model needs the gradient timing: the pulse duration δ and "
+                    "separation Δ in ms (--small-delta, --big-delta; e.g. HCP: 10.6 and 43.1)"
+                )
+            if not 0 < self.small_delta_ms <= self.big_delta_ms:
+                raise ValueError(f"need 0 < δ ≤ Δ, got δ = {self.small_delta_ms} ms, Δ = {self.big_delta_ms} ms")
+            if not self.radii_um or min(self.radii_um) <= 0:
+                raise ValueError("axon radii must be positive (µm)")
         if not (self.d_par > 0 and self.d_perp >= 0 and all(d >= 0 for d in self.d_iso)):
             raise ValueError("diffusivities must be positive (mm²/s, e.g. 1.7e-3)")
         if self.d_par > 0.1:
             raise ValueError(f"d_par = {self.d_par} is not in mm²/s (expected about 1.7e-3)")
         if self.lambda_ < 0 or self.max_iter < 1 or not 0 <= self.tol < 1:
             raise ValueError("lambda must be >= 0, max_iter >= 1 and 0 <= tol < 1")
+
+    @property
+    def n_ic(self) -> int:
+        """IC responses (columns) per streamline."""
+        return len(self.radii_um) if self.model == "cylinder-zeppelin-ball" else 1
 
 
 # ------------------------------------------------------------------ orientations and tables
@@ -103,13 +137,49 @@ def orientation_index(directions, xp=np):
     return (xp.rint(phi).astype(xp.int64) * N_POLAR + xp.rint(theta).astype(xp.int64)).astype(xp.int32)
 
 
+def cylinder_perpendicular_log(b, radius_m: float, d: float, small_delta: float, big_delta: float, terms: int = 60):
+    """ln of the signal across a cylinder of radius ``radius_m`` (m) per unit of sin²(angle to
+    the axis), for b-values ``b`` (s/mm²), intra-axonal diffusivity ``d`` (mm²/s) and pulse
+    duration / separation (s): Van Gelderen's series, ``ln S⊥ = −2γ²G⊥² Σ_m [2Dα²δ − 2 +
+    2e^(−Dα²δ) + 2e^(−Dα²Δ) − e^(−Dα²(Δ−δ)) − e^(−Dα²(Δ+δ))] / [D²α⁶(R²α² − 1)]``, α_m R the
+    roots of J1′, and G from b = γ²G²δ²(Δ − δ/3)."""
+    from scipy.special import jnp_zeros
+
+    b_si = np.asarray(b, dtype=np.float64) * 1e6  # s/m²
+    dd = d * 1e-6  # m²/s
+    g2 = b_si / (GAMMA**2 * small_delta**2 * (big_delta - small_delta / 3.0))
+    alpha = jnp_zeros(1, terms) / radius_m
+    a2 = dd * alpha**2
+    numerator = (
+        2 * a2 * small_delta
+        - 2
+        + 2 * np.exp(-a2 * small_delta)
+        + 2 * np.exp(-a2 * big_delta)
+        - np.exp(-a2 * (big_delta - small_delta))
+        - np.exp(-a2 * (big_delta + small_delta))
+    )
+    series = (numerator / (dd**2 * alpha**6 * (radius_m**2 * alpha**2 - 1))).sum()
+    return -2 * GAMMA**2 * g2 * series
+
+
 def lookup_tables(bvals: np.ndarray, bvecs: np.ndarray, params: CommitParams) -> dict[str, np.ndarray]:
-    """Responses on every orientation: ``ic`` and ``ec`` (32761, M), ``iso`` (n_iso, M), float32,
-    for b-values ``bvals`` (M,) s/mm² and unit ``bvecs`` (M, 3) in the streamlines' axes."""
+    """Responses on every orientation: ``ic`` (n_ic, 32761, M), ``ec`` (32761, M) and ``iso``
+    (n_iso, M), float32, for b-values ``bvals`` (M,) s/mm² and unit ``bvecs`` (M, 3) in the
+    streamlines' axes."""
     b = np.asarray(bvals, dtype=np.float64)
     g = np.asarray(bvecs, dtype=np.float64)
     cos2 = (orientation_directions() @ g.T) ** 2  # (32761, M)
-    ic = np.exp(-b * params.d_par * cos2)
+    parallel = np.exp(-b * params.d_par * cos2)
+    if params.model == "cylinder-zeppelin-ball":
+        delta, big = params.small_delta_ms * 1e-3, params.big_delta_ms * 1e-3
+        ic = np.stack(
+            [
+                parallel * np.exp(cylinder_perpendicular_log(b, r * 1e-6, params.d_par, delta, big) * (1.0 - cos2))
+                for r in params.radii_um
+            ]
+        )
+    else:
+        ic = parallel[None]
     ec = np.exp(-b * (params.d_perp + (params.d_par - params.d_perp) * cos2))
     iso = np.exp(-np.outer(params.d_iso, b))
     return {"ic": ic.astype(np.float32), "ec": ec.astype(np.float32), "iso": iso.astype(np.float32)}
@@ -256,8 +326,9 @@ def segments(
 @dataclass
 class Problem:
     """Everything A is made of (host arrays): segments sorted by row, EC compartments (row,
-    orientation), the look-up tables, and column scales (A's columns divided by ``scale``
-    have unit norm; the fit works on those)."""
+    orientation; sorted by row), the look-up tables (``lut_ic`` (n_ic, 32761, M)), and column
+    scales (A's columns divided by ``scale`` have unit norm; the fit works on those). Columns:
+    IC response j of streamline f at ``j · n_fibers + f``, then EC, then ISO (row-major)."""
 
     n_rows: int
     segments: Segments
@@ -268,9 +339,19 @@ class Problem:
     lut_iso: np.ndarray
     scale: np.ndarray = field(default=None)  # type: ignore[assignment]
 
+    def __post_init__(self):
+        if self.lut_ic.ndim == 2:  # one IC response
+            self.lut_ic = self.lut_ic[None]
+        if np.any(np.diff(self.segments.row) < 0) or np.any(np.diff(self.ec_row) < 0):
+            raise ValueError("segments and EC compartments must be sorted by voxel row")
+
     @property
     def n_meas(self) -> int:
-        return int(self.lut_ic.shape[1])
+        return int(self.lut_ic.shape[2])
+
+    @property
+    def n_ic(self) -> int:
+        return int(self.lut_ic.shape[0])
 
     @property
     def n_fibers(self) -> int:
@@ -286,12 +367,16 @@ class Problem:
 
     @property
     def n_cols(self) -> int:
-        return self.n_fibers + self.n_ec + self.n_rows * self.n_iso
+        return self.n_ic * self.n_fibers + self.n_ec + self.n_rows * self.n_iso
+
+    @property
+    def n_ic_cols(self) -> int:
+        return self.n_ic * self.n_fibers
 
     def split(self, x: np.ndarray):
-        """(IC (n_fibers,), EC (n_ec,), ISO (n_rows, n_iso)) parts of a column vector."""
-        a, b = self.n_fibers, self.n_fibers + self.n_ec
-        return x[:a], x[a:b], x[b:].reshape(self.n_rows, self.n_iso)
+        """(IC (n_ic, n_fibers), EC (n_ec,), ISO (n_rows, n_iso)) parts of a column vector."""
+        a, b = self.n_ic_cols, self.n_ic_cols + self.n_ec
+        return x[:a].reshape(self.n_ic, self.n_fibers), x[a:b], x[b:].reshape(self.n_rows, self.n_iso)
 
 
 def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
@@ -304,16 +389,26 @@ def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
 CHUNK = 1 << 18  # segments per step of the NumPy reference (bounded memory)
 
 
+def _add_sorted(y: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """y[rows] += values for ``rows`` sorted ascending (summed per row with ``reduceat``, many
+    times faster than ``np.add.at``)."""
+    if not len(rows):
+        return
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    y[rows[starts]] += np.add.reduceat(values, starts, axis=0)
+
+
 def apply_a_numpy(problem: Problem, x: np.ndarray) -> np.ndarray:
     """y = A x, (n_rows, M) float64 (the reference)."""
     ic, ec, iso = problem.split(np.asarray(x, dtype=np.float64))
     seg = problem.segments
     y = iso @ problem.lut_iso.astype(np.float64)
-    np.add.at(y, problem.ec_row, ec[:, None] * problem.lut_ec[problem.ec_orient])
-    for s in range(0, len(seg), CHUNK):
-        part = slice(s, s + CHUNK)
-        contribution = (seg.length[part] * ic[seg.fiber[part]])[:, None] * problem.lut_ic[seg.orient[part]]
-        np.add.at(y, seg.row[part], contribution)
+    _add_sorted(y, problem.ec_row, ec[:, None] * problem.lut_ec[problem.ec_orient])
+    for j in range(problem.n_ic):
+        weight = seg.length * ic[j, seg.fiber]
+        for s in range(0, len(seg), CHUNK):
+            part = slice(s, s + CHUNK)
+            _add_sorted(y, seg.row[part], weight[part, None] * problem.lut_ic[j, seg.orient[part]])
     return y
 
 
@@ -321,11 +416,13 @@ def apply_at_numpy(problem: Problem, y: np.ndarray) -> np.ndarray:
     """x = Aᵀ y for y (n_rows, M), float64 (the reference)."""
     y = np.asarray(y, dtype=np.float64).reshape(problem.n_rows, problem.n_meas)
     seg = problem.segments
-    dots = np.empty(len(seg))
+    dots = np.empty((problem.n_ic, len(seg)))
     for s in range(0, len(seg), CHUNK):
         part = slice(s, s + CHUNK)
-        dots[part] = np.einsum("ij,ij->i", problem.lut_ic[seg.orient[part]], y[seg.row[part]])
-    ic = np.bincount(seg.fiber, weights=seg.length * dots, minlength=problem.n_fibers)
+        y_rows = y[seg.row[part]]
+        for j in range(problem.n_ic):
+            dots[j, part] = np.einsum("ij,ij->i", problem.lut_ic[j, seg.orient[part]], y_rows)
+    ic = np.concatenate([np.bincount(seg.fiber, weights=seg.length * d, minlength=problem.n_fibers) for d in dots])
     ec = np.einsum("ij,ij->i", problem.lut_ec[problem.ec_orient], y[problem.ec_row])
     iso = y @ problem.lut_iso.T.astype(np.float64)
     return np.concatenate([ic, ec, iso.ravel()])
@@ -338,15 +435,17 @@ def sparse_matrix(problem: Problem):
     m = problem.n_meas
     seg = problem.segments
     meas = np.arange(m)
-    rows = [(seg.row[:, None] * m + meas).ravel()]
-    cols = [np.repeat(seg.fiber, m)]
-    vals = [(seg.length[:, None] * problem.lut_ic[seg.orient]).ravel()]
+    rows, cols, vals = [], [], []
+    for j in range(problem.n_ic):
+        rows.append((seg.row[:, None] * m + meas).ravel())
+        cols.append(np.repeat(j * problem.n_fibers + seg.fiber.astype(np.int64), m))
+        vals.append((seg.length[:, None] * problem.lut_ic[j, seg.orient]).ravel())
     rows.append((problem.ec_row[:, None] * m + meas).ravel())
-    cols.append(np.repeat(problem.n_fibers + np.arange(problem.n_ec), m))
+    cols.append(np.repeat(problem.n_ic_cols + np.arange(problem.n_ec), m))
     vals.append(problem.lut_ec[problem.ec_orient].ravel())
     for j in range(problem.n_iso):
         rows.append((np.arange(problem.n_rows)[:, None] * m + meas).ravel())
-        cols.append(np.repeat(problem.n_fibers + problem.n_ec + np.arange(problem.n_rows) * problem.n_iso + j, m))
+        cols.append(np.repeat(problem.n_ic_cols + problem.n_ec + np.arange(problem.n_rows) * problem.n_iso + j, m))
         vals.append(np.tile(problem.lut_iso[j], problem.n_rows))
     shape = (problem.n_rows * m, problem.n_cols)
     matrix = sparse.coo_matrix(
@@ -358,7 +457,7 @@ def sparse_matrix(problem: Problem):
 def column_norms(problem: Problem) -> np.ndarray:
     """‖A e_j‖ for every column (exact: IC columns summed per (streamline, voxel) first)."""
     seg = problem.segments
-    ic = np.zeros(problem.n_fibers)
+    ic = np.zeros((problem.n_ic, problem.n_fibers))
     key = seg.fiber.astype(np.int64) * problem.n_rows + seg.row
     order = np.argsort(key, kind="stable")
     key_sorted = key[order]
@@ -366,12 +465,13 @@ def column_norms(problem: Problem) -> np.ndarray:
     for s in range(0, len(bounds) - 1, CHUNK):  # groups of (fiber, voxel)
         b = bounds[s : s + CHUNK + 1]
         members = order[b[0] : b[-1]]
-        vectors = seg.length[members, None] * problem.lut_ic[seg.orient[members]]
-        summed = np.add.reduceat(vectors, b[:-1] - b[0], axis=0)
-        np.add.at(ic, seg.fiber[members[b[:-1] - b[0]]], (summed**2).sum(1))
+        for j in range(problem.n_ic):
+            vectors = seg.length[members, None] * problem.lut_ic[j, seg.orient[members]]
+            summed = np.add.reduceat(vectors, b[:-1] - b[0], axis=0)
+            np.add.at(ic[j], seg.fiber[members[b[:-1] - b[0]]], (summed**2).sum(1))
     ec = (problem.lut_ec[problem.ec_orient].astype(np.float64) ** 2).sum(1)
     iso = np.tile((problem.lut_iso.astype(np.float64) ** 2).sum(1), problem.n_rows)
-    return np.sqrt(np.concatenate([ic, ec, iso]))
+    return np.sqrt(np.concatenate([ic.ravel(), ec, iso]))
 
 
 # ---------------------------------------------------------------------------------- FISTA
@@ -479,13 +579,11 @@ class DeviceOperator:
         cp = self.cp = backend.xp
         self.backend, self.problem = backend, problem
         seg = problem.segments
-        if np.any(np.diff(seg.row) < 0) or np.any(np.diff(problem.ec_row) < 0):
-            raise ValueError("segments and EC compartments must be sorted by voxel row")
         m = problem.n_meas
         mpl = max(1, -(-m // 32))
         if mpl > 32:
             raise ValueError(f"{m} measurements: at most 1024 are supported")
-        defines = (("MPL", mpl),)
+        defines = (("MPL", mpl), ("NIC", problem.n_ic), ("NORIENT", problem.lut_ic.shape[1]))
         self._a = cuda.function("commit.cu", "commit_a", (), defines)
         self._at_rows = cuda.function("commit.cu", "commit_at_rows", (), defines)
         self._at_fibers = cuda.function("commit.cu", "commit_at_fibers", (), defines)
@@ -509,16 +607,18 @@ class DeviceOperator:
             for t in (problem.lut_ic, problem.lut_ec, problem.lut_iso)
         )
         self._norms = cuda.function("commit.cu", "commit_ic_norms", (), defines)
-        self.seg_value = cp.empty(len(seg), dtype=cp.float64)
+        self.seg_value = cp.empty(len(seg) * problem.n_ic, dtype=cp.float64)
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         self.grid_rows = max(1, min(-(-problem.n_rows * 32 // self.BLOCK), props["multiProcessorCount"] * 64))
         self.grid_fibers = max(1, min(-(-problem.n_fibers // self.BLOCK), props["multiProcessorCount"] * 64))
-        self.grid_fibers_warps = max(1, min(-(-problem.n_fibers * 32 // self.BLOCK), props["multiProcessorCount"] * 64))
+        self.grid_fibers_warps = max(
+            1, min(-(-problem.n_ic_cols * 32 // self.BLOCK), props["multiProcessorCount"] * 64)
+        )
 
     def column_norms(self) -> np.ndarray:
         """:func:`column_norms` with the IC columns computed on the device (host array)."""
         cp, p = self.cp, self.problem
-        norm2 = cp.empty(p.n_fibers, dtype=cp.float64)
+        norm2 = cp.empty(p.n_ic_cols, dtype=cp.float64)
         args = (self.order, self.fiber_start, np.int32(p.n_fibers), np.int32(p.n_meas), self.seg_row, self.seg_len)
         self._norms((self.grid_fibers_warps,), (self.BLOCK,), (*args, self.seg_orient, self.luts[0], norm2))
         ec = (p.lut_ec[p.ec_orient].astype(np.float64) ** 2).sum(1)
@@ -548,3 +648,143 @@ class DeviceOperator:
         args = (self.seg_value, self.order, self.fiber_start, np.int32(self.problem.n_fibers), x)
         self._at_fibers((self.grid_fibers,), (self.BLOCK,), args)
         return x
+
+
+# ------------------------------------------------------------- problems larger than the device
+#: Device bytes per segment while a :class:`DeviceOperator` exists and is being built (its
+#: arrays, the per-segment values and the sort's temporaries), for planning blocks.
+DEVICE_BYTES_PER_SEGMENT = 96
+
+
+def row_blocks(problem: Problem, max_segments: int) -> list[tuple[int, int]]:
+    """Contiguous voxel-row ranges holding at most ``max_segments`` segments each (a row with
+    more is a block of its own)."""
+    starts = np.searchsorted(problem.segments.row, np.arange(problem.n_rows + 1))
+    blocks, r0 = [], 0
+    while r0 < problem.n_rows:
+        r1 = int(np.searchsorted(starts, starts[r0] + max(1, max_segments), side="right")) - 1
+        r1 = min(max(r1, r0 + 1), problem.n_rows)
+        blocks.append((r0, r1))
+        r0 = r1
+    return blocks
+
+
+def sub_problem(problem: Problem, r0: int, r1: int) -> tuple[Problem, int, int]:
+    """The rows ``r0 … r1 − 1`` of A as a problem of their own (all streamlines' IC columns, the
+    EC and ISO columns of those rows), and the range of its EC compartments in the whole."""
+    seg = problem.segments
+    s0, s1 = np.searchsorted(seg.row, [r0, r1])
+    e0, e1 = (int(v) for v in np.searchsorted(problem.ec_row, [r0, r1]))
+    part = Segments(
+        (seg.row[s0:s1] - r0).astype(np.int32), seg.fiber[s0:s1], seg.length[s0:s1], seg.orient[s0:s1], seg.n_fibers
+    )
+    sub = Problem(
+        r1 - r0,
+        part,
+        (problem.ec_row[e0:e1] - r0).astype(np.int32),
+        problem.ec_orient[e0:e1],
+        problem.lut_ic,
+        problem.lut_ec,
+        problem.lut_iso,
+    )
+    return sub, e0, e1
+
+
+class BlockedOperator:
+    """A and Aᵀ in blocks of voxel rows, for problems whose segments do not fit on the device
+    at once: each product builds one block's operator (``make(sub_problem)``, e.g. a
+    :class:`DeviceOperator`), applies it and frees it before the next. A·x fills each block's
+    rows; Aᵀ·y adds each block's part of the streamline columns (a streamline's voxels may lie
+    in several blocks) and sets its EC and ISO columns. Slower than one resident operator (the
+    segments cross the bus twice per FISTA iteration) but bounded in device memory."""
+
+    def __init__(self, problem: Problem, make: Callable[[Problem], object], max_segments: int, xp=np):
+        self.problem, self.make, self.xp = problem, make, xp
+        self.blocks = [(r0, r1, *sub_problem(problem, r0, r1)) for r0, r1 in row_blocks(problem, max_segments)]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def _columns(self, r0: int, r1: int, e0: int, e1: int) -> tuple[slice, slice]:
+        p = self.problem
+        ec = slice(p.n_ic_cols + e0, p.n_ic_cols + e1)
+        iso0 = p.n_ic_cols + p.n_ec
+        return ec, slice(iso0 + r0 * p.n_iso, iso0 + r1 * p.n_iso)
+
+    def a(self, x):
+        xp, p = self.xp, self.problem
+        x = xp.asarray(x, dtype=xp.float64).ravel()
+        y = xp.empty(p.n_rows * p.n_meas)
+        for r0, r1, sub, e0, e1 in self.blocks:
+            ec, iso = self._columns(r0, r1, e0, e1)
+            op = self.make(sub)
+            y[r0 * p.n_meas : r1 * p.n_meas] = xp.ravel(op.a(xp.concatenate([x[: p.n_ic_cols], x[ec], x[iso]])))
+            del op
+        return y
+
+    def at(self, y):
+        xp, p = self.xp, self.problem
+        y = xp.asarray(y, dtype=xp.float64).ravel()
+        x = xp.zeros(p.n_cols)
+        for r0, r1, sub, e0, e1 in self.blocks:
+            ec, iso = self._columns(r0, r1, e0, e1)
+            op = self.make(sub)
+            part = op.at(y[r0 * p.n_meas : r1 * p.n_meas])
+            x[: p.n_ic_cols] += part[: p.n_ic_cols]
+            x[ec] = part[p.n_ic_cols : p.n_ic_cols + sub.n_ec]
+            x[iso] = part[p.n_ic_cols + sub.n_ec :]
+            del op
+        return x
+
+    def column_norms(self) -> np.ndarray:
+        """Column norms (host) from the blocks' operators: squared norms add over voxel rows."""
+        p = self.problem
+        out = np.zeros(p.n_cols)
+        for r0, r1, sub, e0, e1 in self.blocks:
+            ec, iso = self._columns(r0, r1, e0, e1)
+            part = np.asarray(self.make(sub).column_norms()) ** 2
+            out[: p.n_ic_cols] += part[: p.n_ic_cols]
+            out[ec] = part[p.n_ic_cols : p.n_ic_cols + sub.n_ec]
+            out[iso] = part[p.n_ic_cols + sub.n_ec :]
+        return np.sqrt(out)
+
+
+class NumpyOperator:
+    """The NumPy reference with the operator interface (flat vectors)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+
+    def a(self, x):
+        return apply_a_numpy(self.problem, x).ravel()
+
+    def at(self, y):
+        return apply_at_numpy(self.problem, y)
+
+    def column_norms(self) -> np.ndarray:
+        return column_norms(self.problem)
+
+
+def device_operator(backend, problem: Problem, *, max_segments: int | None = None, notes: list | None = None):
+    """The operator for ``problem`` on ``backend``: one resident :class:`DeviceOperator` when it
+    fits in the free device memory, else (or when ``max_segments`` says so) a
+    :class:`BlockedOperator` of device operators over blocks sized to the free memory; a note
+    says so. Out of device memory while building the resident one also falls back to blocks."""
+    n_seg = max(1, len(problem.segments))
+    budget = backend.free_memory_bytes() // 2 // DEVICE_BYTES_PER_SEGMENT
+    if max_segments is None and n_seg * problem.n_ic <= budget:
+        try:
+            return DeviceOperator(backend, problem)
+        except Exception as exc:
+            if not backend.is_out_of_memory(exc):
+                raise
+            backend.free_cached_memory()
+            budget = backend.free_memory_bytes() // 2 // DEVICE_BYTES_PER_SEGMENT
+    block = max_segments or max(1, budget // max(1, problem.n_ic))
+    op = BlockedOperator(problem, lambda sub: DeviceOperator(backend, sub), block, backend.xp)
+    if notes is not None:
+        notes.append(
+            f"the problem ({n_seg:,} segments) does not fit in the device's free memory at once: "
+            f"A and Aᵀ run in {len(op)} blocks of voxel rows, re-sent each iteration (slower)"
+        )
+    return op

@@ -11,6 +11,12 @@
 #ifndef MPL
 #define MPL 4  // measurements per lane: up to 32 * MPL measurements
 #endif
+#ifndef NIC
+#define NIC 1  // IC responses per streamline (columns j * n_fibers + f; LUT_IC (NIC, NORIENT, M))
+#endif
+#ifndef NORIENT
+#define NORIENT 32761  // orientations per look-up table
+#endif
 
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
@@ -50,12 +56,17 @@ extern "C" __global__ void commit_a(const double* __restrict__ x, int n_rows, in
         double acc[MPL];
 #pragma unroll
         for (int k = 0; k < MPL; ++k) acc[k] = 0.0;
-        for (long long s = row_start[row]; s < row_start[row + 1]; ++s)
-            add_row(acc, seg_len[s] * x[seg_fiber[s]], lut_ic + (size_t)seg_orient[s] * M, lane, M);
+        for (long long s = row_start[row]; s < row_start[row + 1]; ++s) {
+#pragma unroll
+            for (int j = 0; j < NIC; ++j)
+                add_row(acc, seg_len[s] * x[(long long)j * n_fibers + seg_fiber[s]],
+                        lut_ic + ((size_t)j * NORIENT + seg_orient[s]) * M, lane, M);
+        }
+        const long long ic_cols = (long long)NIC * n_fibers;
         for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c)
-            add_row(acc, x[n_fibers + c], lut_ec + (size_t)ec_orient[c] * M, lane, M);
+            add_row(acc, x[ic_cols + c], lut_ec + (size_t)ec_orient[c] * M, lane, M);
         for (int j = 0; j < n_iso; ++j)
-            add_row(acc, x[n_fibers + n_ec + row * n_iso + j], lut_iso + (size_t)j * M, lane, M);
+            add_row(acc, x[ic_cols + n_ec + row * n_iso + j], lut_iso + (size_t)j * M, lane, M);
 #pragma unroll
         for (int k = 0; k < MPL; ++k) {
             const int m = lane + 32 * k;
@@ -81,42 +92,57 @@ extern "C" __global__ void commit_at_rows(const double* __restrict__ y, int n_ro
             yr[k] = m < M ? y[row * M + m] : 0.0;
         }
         for (long long s = row_start[row]; s < row_start[row + 1]; ++s) {
-            const double part = dot_row(lut_ic + (size_t)seg_orient[s] * M, yr, lane, M);
-            if (lane == 0) seg_value[s] = seg_len[s] * part;
+#pragma unroll
+            for (int j = 0; j < NIC; ++j) {
+                const double part = dot_row(lut_ic + ((size_t)j * NORIENT + seg_orient[s]) * M, yr, lane, M);
+                if (lane == 0) seg_value[s * NIC + j] = seg_len[s] * part;
+            }
         }
+        const long long ic_cols = (long long)NIC * n_fibers;
         for (long long c = ec_start[row]; c < ec_start[row + 1]; ++c) {
             const double part = dot_row(lut_ec + (size_t)ec_orient[c] * M, yr, lane, M);
-            if (lane == 0) x[n_fibers + c] = part;
+            if (lane == 0) x[ic_cols + c] = part;
         }
         for (int j = 0; j < n_iso; ++j) {
             const double part = dot_row(lut_iso + (size_t)j * M, yr, lane, M);
-            if (lane == 0) x[n_fibers + n_ec + row * n_iso + j] = part;
+            if (lane == 0) x[ic_cols + n_ec + row * n_iso + j] = part;
         }
     }
 }
 
-// x_IC[f] = sum of the segment values of streamline f (segments listed by streamline in `order`).
+// x_IC[j n_fibers + f] = sum of the segment values (response j) of streamline f (segments
+// listed by streamline in `order`).
 extern "C" __global__ void commit_at_fibers(const double* __restrict__ seg_value, const long long* __restrict__ order,
                                             const long long* __restrict__ fiber_start, int n_fibers,
                                             double* __restrict__ x) {
     for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < n_fibers;
          f += (long long)gridDim.x * blockDim.x) {
-        double sum = 0.0;
-        for (long long i = fiber_start[f]; i < fiber_start[f + 1]; ++i) sum += seg_value[order[i]];
-        x[f] = sum;
+        double sum[NIC];
+#pragma unroll
+        for (int j = 0; j < NIC; ++j) sum[j] = 0.0;
+        for (long long i = fiber_start[f]; i < fiber_start[f + 1]; ++i) {
+            const long long s = order[i];
+#pragma unroll
+            for (int j = 0; j < NIC; ++j) sum[j] += seg_value[s * NIC + j];
+        }
+#pragma unroll
+        for (int j = 0; j < NIC; ++j) x[(long long)j * n_fibers + f] = sum[j];
     }
 }
 
-// Squared norms of the IC columns: streamline f's column is, per voxel row, the sum of
-// length * LUT_IC[o] over its segments there. One warp per streamline, its segments listed by
-// `order` grouped by row (rows ascending), lanes over the measurements.
+// Squared norms of the IC columns: streamline f's column j is, per voxel row, the sum of
+// length * LUT_IC[j, o] over its segments there. One warp per (response, streamline), the
+// segments listed by `order` grouped by row (rows ascending), lanes over the measurements.
 extern "C" __global__ void commit_ic_norms(const long long* __restrict__ order, const long long* __restrict__ fiber_start,
                                            int n_fibers, int M, const int* __restrict__ seg_row,
                                            const double* __restrict__ seg_len, const int* __restrict__ seg_orient,
                                            const float* __restrict__ lut_ic, double* __restrict__ norm2) {
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
-    for (long long f = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); f < n_fibers; f += warps) {
+    for (long long col = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); col < (long long)NIC * n_fibers;
+         col += warps) {
+        const long long f = col % n_fibers;
+        const float* lut = lut_ic + (size_t)(col / n_fibers) * NORIENT * M;
         double acc[MPL];
         double total = 0.0;
         int current = -1;
@@ -135,8 +161,8 @@ extern "C" __global__ void commit_ic_norms(const long long* __restrict__ order, 
                 total += warp_sum(part);
                 current = row;
             }
-            if (s >= 0) add_row(acc, seg_len[s], lut_ic + (size_t)seg_orient[s] * M, lane, M);
+            if (s >= 0) add_row(acc, seg_len[s], lut + (size_t)seg_orient[s] * M, lane, M);
         }
-        if (lane == 0) norm2[f] = total;
+        if (lane == 0) norm2[col] = total;
     }
 }
