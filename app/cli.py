@@ -20,6 +20,7 @@ from gpu.commit import MODELS as COMMIT_MODELS
 
 from . import __version__
 from .errors import InputError
+from .pipelines.commit import PEAKS_FRAMES
 
 log = logging.getLogger("tractlens")
 
@@ -129,7 +130,15 @@ def cmd_commit(args) -> int:
 
     get_backend(args.device)
     try:
-        params = CommitParams(model=args.model, lambda_=getattr(args, "lambda"), max_iter=args.max_iter, tol=args.tol)
+        params = CommitParams(
+            model=args.model,
+            lambda_=getattr(args, "lambda"),
+            max_iter=args.max_iter,
+            tol=args.tol,
+            radii_um=tuple(args.radii),
+            small_delta_ms=args.small_delta,
+            big_delta_ms=args.big_delta,
+        )
     except ValueError as exc:
         raise InputError(str(exc), fix="Check the COMMIT options (see tractlens commit --help)") from exc
     out = Path(args.output)
@@ -142,6 +151,7 @@ def cmd_commit(args) -> int:
         bvec=args.bvec,
         mask=args.mask,
         peaks=args.peaks,
+        peaks_frame=args.peaks_frame,
         params=params,
         device=args.device,
         progress=Progress("commit", "iterations", quiet=args.quiet),
@@ -523,19 +533,36 @@ def build_parser() -> argparse.ArgumentParser:
         "commit",
         parents=[common],
         help="COMMIT filtering: a weight per streamline from the DWI signal; weight 0 is filtered out",
-        description="Fits the DWI signal (divided by each voxel's mean b=0 signal) in the white-matter mask "
-        "(default: every voxel the tractogram passes through) as streamlines (sticks along their segments) "
-        "plus extra-cellular zeppelins and isotropic balls, non-negative, with FISTA. Writes "
-        "streamline_weights.txt, tractogram_filtered.{trk,tck,trx}, fit_RMSE/fit_NRMSE and compartment_IC/EC/ISO "
-        "maps, commit.json. COMMIT 2's defaults.",
+        description="Fits the DWI signal (divided by each voxel's mean b=0 signal) in the voxels the tractogram "
+        "passes through (within --mask) as streamlines (sticks, or cylinders of several radii, along their "
+        "segments) plus extra-cellular zeppelins (along --peaks, or along the segments) and isotropic balls, "
+        "non-negative, with FISTA. Writes streamline_weights.txt, tractogram_filtered.{trk,tck,trx}, "
+        "fit_RMSE/fit_NRMSE and compartment_IC/EC/ISO maps, commit.json. COMMIT 2's defaults.",
     )
     p.add_argument("--dwi", required=True, help="4-D DWI NIfTI")
     p.add_argument("--bval", help="FSL bval file (default: DWI.bval beside it)")
     p.add_argument("--bvec", help="FSL bvec file (default: DWI.bvec beside it)")
     p.add_argument("--tractogram", required=True, help=".trk, .tck (on the DWI's grid) or .trx")
     p.add_argument("--mask", help="white-matter mask (default: the voxels the streamlines pass through)")
-    p.add_argument("--peaks", help="peaks (X, Y, Z, 3K) in world coordinates (MRtrix sh2peaks) for the EC compartments")
+    p.add_argument("--peaks", help="peak directions (X, Y, Z, 3K) on the DWI grid for the EC compartments")
+    p.add_argument(
+        "--peaks-frame",
+        choices=PEAKS_FRAMES,
+        default="world",
+        help="axes of the peaks: world = RAS (MRtrix sh2peaks, default); fsl = FSL's voxel frame (dtifit V1, "
+        "bedpostX dyads)",
+    )
     p.add_argument("--model", choices=COMMIT_MODELS, default="stick-zeppelin-ball", help="forward model")
+    p.add_argument(
+        "--radii",
+        type=float,
+        nargs="+",
+        default=[1.0, 2.0, 4.0, 8.0],
+        metavar="UM",
+        help="cylinder-zeppelin-ball: axon radii in µm, one response each (default 1 2 4 8)",
+    )
+    p.add_argument("--small-delta", type=float, metavar="MS", help="cylinder-zeppelin-ball: pulse duration δ (ms)")
+    p.add_argument("--big-delta", type=float, metavar="MS", help="cylinder-zeppelin-ball: pulse separation Δ (ms)")
     p.add_argument("--lambda", type=float, default=0.0, help="l1 weight on the streamline weights (default 0)")
     p.add_argument("--max-iter", type=int, default=1000, help="FISTA iterations at most (default 1000)")
     p.add_argument("--tol", type=float, default=1e-3, help="stop when the objective changes less (default 1e-3)")

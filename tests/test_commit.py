@@ -47,7 +47,11 @@ def random_streamlines(rng, n, shape, points=30):
     return np.concatenate(lines), offsets
 
 
-def small_problem(seed=0, n_fibers=40, shape=(8, 9, 7)):
+CYLINDERS = CommitParams(model="cylinder-zeppelin-ball", small_delta_ms=10.6, big_delta_ms=43.1)  # HCP timing
+MODELS = {"stick": CommitParams(), "cylinders": CYLINDERS}
+
+
+def small_problem(seed=0, n_fibers=40, shape=(8, 9, 7), params=None):
     rng = np.random.default_rng(seed)
     points, offsets = random_streamlines(rng, n_fibers, shape)
     mask = np.ones(shape, bool)
@@ -55,7 +59,7 @@ def small_problem(seed=0, n_fibers=40, shape=(8, 9, 7)):
     rows = np.full(shape, -1)
     rows[mask] = np.arange(mask.sum())
     seg = segments(points, offsets, rows, (2.0, 2.0, 2.5))
-    tables = lookup_tables(*scheme(rng), CommitParams())
+    tables = lookup_tables(*scheme(rng), params or CommitParams())
     ec_row, ec_orient = ec_from_segments(seg)
     problem = Problem(int(mask.sum()), seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     return problem, points, offsets, rows
@@ -70,6 +74,39 @@ def test_orientations_cover_the_half_sphere_within_a_degree(rng):
     assert index.min() >= 0 and index.max() < len(grid)
     assert angle.max() < 0.75  # half a degree in φ and in θ
     np.testing.assert_array_equal(orientation_index(-d), index)  # sign ignored
+
+
+def test_cylinder_response_limits():
+    """Van Gelderen's series: a thin cylinder is a stick (no signal loss across it); in the
+    long-pulse regime (δ ≫ R²/D) it approaches Neuman's −(7/48) γ²G²δR⁴/D; the signal
+    across falls with the radius and never exceeds 1; b = 0 gives 1."""
+    from gpu.commit import GAMMA, cylinder_perpendicular_log
+
+    b = np.array([0.0, 1000.0, 3000.0])
+    d = 1.7e-3
+    thin = cylinder_perpendicular_log(b, 0.01e-6, d, 10.6e-3, 43.1e-3)
+    assert np.all(np.abs(thin) < 1e-8)
+    radius, delta, big = 2e-6, 0.2, 0.25  # R²/D = 2.4 ms << δ
+    g2 = b * 1e6 / (GAMMA**2 * delta**2 * (big - delta / 3))
+    neuman = -(7 / 48) * GAMMA**2 * g2 * delta * radius**4 / (d * 1e-6)
+    series = cylinder_perpendicular_log(b, radius, d, delta, big)
+    np.testing.assert_allclose(series[1:], neuman[1:], rtol=0.03)
+    assert series[0] == 0.0
+    logs = [cylinder_perpendicular_log(b, r * 1e-6, d, 10.6e-3, 43.1e-3)[2] for r in (0.5, 1, 2, 4, 8)]
+    assert all(np.diff(logs) < 0) and logs[0] <= 0
+    # Wide cylinders approach free diffusion across: exp(−b d) at most.
+    assert logs[-1] >= -3000.0 * d - 1e-9
+
+
+def test_cylinder_tables_have_one_response_per_radius():
+    rng = np.random.default_rng(0)
+    tables = lookup_tables(*scheme(rng), CYLINDERS)
+    assert tables["ic"].shape == (len(CYLINDERS.radii_um), len(orientation_directions()), 64)
+    stick = lookup_tables(*scheme(np.random.default_rng(0)), CommitParams())["ic"][0]
+    assert np.all(tables["ic"] <= stick + 1e-6)  # restriction across only removes signal
+    assert np.all(np.diff(tables["ic"][:, :, 4:].mean((1, 2))) < 0)  # wider axons lose more
+    with pytest.raises(ValueError, match="gradient timing"):
+        CommitParams(model="cylinder-zeppelin-ball")
 
 
 def test_segments_split_exactly_at_voxel_boundaries(rng):
@@ -103,8 +140,10 @@ def test_segments_split_exactly_at_voxel_boundaries(rng):
     assert np.all(np.diff(seg.row) >= 0)  # sorted by voxel row
 
 
-def test_a_and_its_adjoint_against_the_explicit_matrix():
-    problem, *_ = small_problem()
+@pytest.mark.parametrize("model", MODELS)
+def test_a_and_its_adjoint_against_the_explicit_matrix(model):
+    problem, *_ = small_problem(params=MODELS[model])
+    assert problem.n_ic == MODELS[model].n_ic
     rng = np.random.default_rng(1)
     a = sparse_matrix(problem)
     x = rng.random(problem.n_cols)
@@ -155,16 +194,17 @@ def _relative(a, b):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("n_dirs", [30, 142])  # 64 and 288 measurements (HCP-like)
-def test_gpu_operator_equals_the_reference(n_dirs):
+def test_gpu_operator_equals_the_reference(n_dirs, model):
     """A x and Aᵀ y on the GPU within 1e-12 relative of the NumPy reference (float64 sums in
     another order), with an empty voxel row and a streamline without segments."""
     from gpu.backend import get_backend
     from gpu.commit import DeviceOperator
 
-    problem, *_ = small_problem()
+    problem, *_ = small_problem(params=MODELS[model])
     rng = np.random.default_rng(2)
-    tables = lookup_tables(*scheme(rng, n_dirs), CommitParams())
+    tables = lookup_tables(*scheme(rng, n_dirs), MODELS[model])
     problem.lut_ic, problem.lut_ec, problem.lut_iso = tables["ic"], tables["ec"], tables["iso"]
     assert (np.bincount(problem.segments.row, minlength=problem.n_rows) == 0).any()
     backend = get_backend("gpu")
@@ -318,3 +358,80 @@ def test_segments_on_the_gpu_equal_the_cpu(rng):
         np.testing.assert_array_equal(getattr(gpu, name), getattr(cpu, name))
     np.testing.assert_allclose(gpu.length, cpu.length, rtol=1e-12)
     assert len(cpu) > 10_000
+
+
+# ------------------------------------------------------------------ problems larger than the device
+@pytest.mark.parametrize("model", MODELS)
+def test_blocked_operator_equals_the_whole(model):
+    """Rows in blocks of at most 40 segments (some rows hold more: a block of their own): A x,
+    Aᵀ y and the column norms equal the whole operator's."""
+    from gpu.commit import BlockedOperator, NumpyOperator, row_blocks
+
+    problem, *_ = small_problem(params=MODELS[model])
+    blocks = row_blocks(problem, 40)
+    counts = np.bincount(problem.segments.row, minlength=problem.n_rows)
+    assert len(blocks) > 10 and blocks[0][0] == 0 and blocks[-1][1] == problem.n_rows
+    assert all(b[1] == c[0] for b, c in itertools.pairwise(blocks))
+    assert all(counts[r0:r1].sum() <= 40 or r1 - r0 == 1 for r0, r1 in blocks)
+    blocked = BlockedOperator(problem, NumpyOperator, 40)
+    whole = NumpyOperator(problem)
+    rng = np.random.default_rng(5)
+    x, y = rng.random(problem.n_cols), rng.random(problem.n_rows * problem.n_meas)
+    np.testing.assert_allclose(blocked.a(x), whole.a(x), rtol=1e-12)
+    np.testing.assert_allclose(blocked.at(y), whole.at(y), rtol=1e-12)
+    np.testing.assert_allclose(blocked.column_norms(), whole.column_norms(), rtol=1e-12)
+
+
+def test_commit_pipeline_in_blocks_equals_the_whole(demo_dir, demo_with_false_streamlines):
+    from app.pipelines.commit import commit_from_files
+
+    params = CommitParams(max_iter=60, tol=0.0)
+    args = (demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0])
+    whole, _ = commit_from_files(*args, params=params, device="cpu")
+    blocked, _ = commit_from_files(*args, params=params, device="cpu", max_block_segments=500)
+    assert len(whole.problem.segments) > 2000
+    assert whole.provenance["operator_blocks"] == 1 and blocked.provenance["operator_blocks"] > 4
+    assert _relative(blocked.weights, whole.weights) < 1e-10
+    np.testing.assert_allclose(blocked.model, whole.model, rtol=1e-10, atol=1e-14)
+
+
+def _synthetic_pipeline_inputs(n_streamlines=60_000, shape=(24, 24, 24), seed=7):
+    """A DWI of random positive signal and random smooth streamlines (for sizes, not physics)."""
+    from app.io.dwi import DWI
+    from app.model import Tractogram
+
+    rng = np.random.default_rng(seed)
+    bvals, bvecs = scheme(rng)
+    data = rng.uniform(0.3, 1.0, (*shape, len(bvals))).astype(np.float32)
+    data[..., :4] = 1.0
+    points, offsets = random_streamlines(rng, n_streamlines, shape, points=40)
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    tract = Tractogram(points.astype(np.float32), offsets.astype(np.int64), affine, shape, {}, {}, name="random")
+    return DWI(data, affine, bvals, bvecs), tract
+
+
+@pytest.mark.gpu
+def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
+    """With CuPy's pool capped below what the resident operator needs, the fit runs in blocks
+    of voxel rows, says so, and equals the resident operator's fit."""
+    import cupy as cp
+
+    from app.pipelines.commit import commit_pipeline
+
+    dwi, tract = _synthetic_pipeline_inputs()
+    params = CommitParams(max_iter=50, tol=0.0)
+    resident = commit_pipeline(dwi, tract, params=params, device="gpu")
+    n_seg = len(resident.problem.segments)
+    assert n_seg > 1_000_000 and not any("blocks" in note for note in resident.notes)
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()
+    try:
+        pool.set_limit(size=n_seg * 96 + 32 * 2**20)
+        blocked = commit_pipeline(dwi, tract, params=params, device="gpu")
+    finally:
+        pool.set_limit(size=0)
+    notes = [note for note in blocked.notes if "blocks of voxel rows" in note]
+    print("\n" + (notes[0] if notes else "no blocks"))
+    assert notes
+    assert _relative(blocked.weights, resident.weights) < 1e-10
+    np.testing.assert_allclose(blocked.model, resident.model, rtol=1e-10, atol=1e-14)

@@ -1,12 +1,14 @@
 """Use case: COMMIT filtering of a tractogram (``tractlens commit``, Python scripts).
 
-The DWI signal of the voxels in the mask (given, or every voxel the tractogram passes
-through), divided by each voxel's mean b=0 signal, is fitted with the forward model of
+The DWI signal of the voxels the tractogram passes through (within the mask, when one
+is given), divided by each voxel's mean b=0 signal, is fitted with the forward model of
 :mod:`gpu.commit`; every streamline gets a weight, and those with weight 0 are filtered
 out. The streamlines are brought onto the DWI grid through the affines. EC
-compartments come from a peaks file (``(X, Y, Z, 3K)`` directions in world RAS
-coordinates, as MRtrix ``sh2peaks`` writes them; zero vectors are no peak) or, without
-one, from the orientations of the segments in each voxel.
+compartments come from a peaks file (``(X, Y, Z, 3K)`` directions; zero vectors are no
+peak) or, without one, from the orientations of the segments in each voxel. Peaks are in
+world RAS axes as MRtrix ``sh2peaks`` writes them (``peaks_frame="world"``), or in FSL's
+voxel frame as dtifit's V1 and bedpostX's dyads are (``"fsl"``: x negated for images with
+a positive-determinant affine, as FSL's bvecs).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class CommitResult:
     """The fit and what it was made of (host arrays)."""
 
     problem: Problem
-    weights: np.ndarray  # (n_streamlines,)
+    weights: np.ndarray  # (n_streamlines,): the sum of each streamline's IC columns
     x: np.ndarray  # all columns
     y: np.ndarray  # (n_rows, M) measured (normalised)
     model: np.ndarray  # (n_rows, M) A x
@@ -75,7 +77,7 @@ class CommitResult:
         p = self.problem
         ic_x, ec_x, iso_x = p.split(self.x)
         seg = p.segments
-        ic = np.bincount(seg.row, weights=seg.length * ic_x[seg.fiber], minlength=p.n_rows)
+        ic = np.bincount(seg.row, weights=seg.length * ic_x.sum(0)[seg.fiber], minlength=p.n_rows)
         ec = np.bincount(p.ec_row, weights=ec_x, minlength=p.n_rows)
         iso = iso_x.sum(1)
         return {
@@ -105,9 +107,19 @@ class CommitResult:
         }
 
 
-def peaks_compartments(path, rows: np.ndarray, affine: np.ndarray, notes: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """EC compartments (row, orientation) from a peaks file on the DWI grid."""
+PEAKS_FRAMES = ("world", "fsl")
+
+
+def peaks_compartments(
+    path, rows: np.ndarray, affine: np.ndarray, notes: list[str], frame: str = "world"
+) -> tuple[np.ndarray, np.ndarray]:
+    """EC compartments (row, orientation) from a peaks file on the DWI grid (``frame``: one of
+    :data:`PEAKS_FRAMES`)."""
+    from ..io.dwi import fsl_to_voxel_vectors
     from ..io.nifti import load_image
+
+    if frame not in PEAKS_FRAMES:
+        raise InputError(f"unknown peaks frame {frame!r}: one of {', '.join(PEAKS_FRAMES)}")
 
     img = load_image(path, "peaks file")
     data = np.asarray(img.dataobj, dtype=np.float64)
@@ -126,7 +138,10 @@ def peaks_compartments(path, rows: np.ndarray, affine: np.ndarray, notes: list[s
     row_of = np.repeat(rows[inside], vectors.shape[1])
     flat = vectors.reshape(-1, 3)
     present = np.linalg.norm(flat, axis=1) > 0
-    axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
+    if frame == "fsl":
+        axes = fsl_to_voxel_vectors(flat[present], affine)
+    else:
+        axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
     orient = commit.orientation_index(axes)
     key = np.unique(row_of[present].astype(np.int64) * commit.N_ORIENTATIONS + orient)
     return (key // commit.N_ORIENTATIONS).astype(np.int32), (key % commit.N_ORIENTATIONS).astype(np.int32)
@@ -138,12 +153,16 @@ def commit_pipeline(
     *,
     mask: np.ndarray | None = None,
     peaks: str | os.PathLike | None = None,
+    peaks_frame: str = "world",
     params: CommitParams | None = None,
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    max_block_segments: int | None = None,
 ) -> CommitResult:
-    """Fit COMMIT to ``dwi`` with the streamlines of ``tractogram``."""
+    """Fit COMMIT to ``dwi`` with the streamlines of ``tractogram``. ``max_block_segments``:
+    apply A and Aᵀ in blocks of voxel rows of at most that many segments (done by itself on
+    the GPU when the problem does not fit in its free memory)."""
     params = params or CommitParams()
     notes: list[str] = []
     if len(tractogram) == 0:
@@ -151,12 +170,7 @@ def commit_pipeline(
     shape = dwi.shape3
     b0 = dwi.mean_b0()
     points = tractogram.points_on(dwi.affine)
-    if mask is None:
-        vox = np.floor(points + 0.5).astype(np.int64)
-        vox = vox[((vox >= 0) & (vox < shape)).all(1)]
-        mask = np.zeros(shape, dtype=bool)
-        mask[tuple(vox.T)] = True
-    mask = np.asarray(mask, dtype=bool)
+    mask = np.ones(shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     finite = np.isfinite(dwi.data).all(axis=-1)
     usable = mask & finite & (b0 > 0)
     if (dropped := int((mask & ~usable).sum())) > 0:
@@ -175,30 +189,41 @@ def commit_pipeline(
     missing = len(tractogram) - len(np.unique(seg.fiber))
     if missing:
         notes.append(f"{missing} streamline(s) have no segment in the mask: weight 0")
+    # Fit the voxels the streamlines pass through (as dmri-commit does): a voxel without
+    # segments has nothing for the streamlines to explain, and its isotropic-only fit would
+    # only dilute the stopping test.
+    traversed = np.zeros(int(usable.sum()), dtype=bool)
+    traversed[seg.row] = True
+    renumber = np.cumsum(traversed) - 1
+    seg.row = renumber[seg.row].astype(np.int32)  # order kept: the map is increasing
+    usable[usable] = traversed
+    rows = np.full(shape, -1, dtype=np.int64)
+    rows[usable] = np.arange(int(usable.sum()))
     tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
     if peaks is not None:
-        ec_row, ec_orient = peaks_compartments(peaks, rows, dwi.affine, notes)
+        ec_row, ec_orient = peaks_compartments(peaks, rows, dwi.affine, notes, peaks_frame)
     else:
         ec_row, ec_orient = commit.ec_from_segments(seg)
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     y = (dwi.data[usable] / b0[usable, None]).astype(np.float64)
     if backend.is_gpu:
-        op = commit.DeviceOperator(backend, problem)
-        a, at, xp, y_dev = op.a, op.at, backend.xp, backend.xp.asarray(y)
-        scale = op.column_norms()
+        op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
+    elif max_block_segments is not None:
+        op = commit.BlockedOperator(problem, commit.NumpyOperator, max_block_segments)
     else:
-        scale = commit.column_norms(problem)
-        a = lambda v: commit.apply_a_numpy(problem, v).ravel()  # noqa: E731
-        at, xp, y_dev = (lambda r: commit.apply_at_numpy(problem, r)), np, y
+        op = commit.NumpyOperator(problem)
+    xp = backend.xp
+    scale = op.column_norms()
+    a, at = op.a, op.at
     fit = commit.fista(
         a,
         at,
-        y_dev,
+        xp.asarray(y),
         problem.n_cols,
         scale=scale,
         lambda_=params.lambda_,
-        n_penalised=problem.n_fibers,
+        n_penalised=problem.n_ic_cols,
         max_iter=params.max_iter,
         tol=params.tol,
         xp=xp,
@@ -213,9 +238,10 @@ def commit_pipeline(
         "device": backend.device_name,
         "fit_s": round(fit.seconds, 3),
         "lipschitz": fit.lipschitz,
+        "operator_blocks": len(op) if isinstance(op, commit.BlockedOperator) else 1,
     }
     return CommitResult(
-        problem, x[: problem.n_fibers], x, y, model, rows, dwi.affine, tractogram, fit, params, provenance, notes
+        problem, problem.split(x)[0].sum(0), x, y, model, rows, dwi.affine, tractogram, fit, params, provenance, notes
     )
 
 
@@ -250,10 +276,12 @@ def commit_from_files(
     bvec=None,
     mask=None,
     peaks=None,
+    peaks_frame: str = "world",
     params: CommitParams | None = None,
     device: str = "auto",
     progress=None,
     cancelled=None,
+    max_block_segments: int | None = None,
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
     returns the result and the tractogram's suffix (for the filtered output)."""
@@ -264,7 +292,16 @@ def commit_from_files(
     if mask is not None:
         (mask_array,) = load_masks_on_reference([mask], "white-matter mask", dwi.affine, dwi.shape3, notes)
     result = commit_pipeline(
-        dwi, tract, mask=mask_array, peaks=peaks, params=params, device=device, progress=progress, cancelled=cancelled
+        dwi,
+        tract,
+        mask=mask_array,
+        peaks=peaks,
+        peaks_frame=peaks_frame,
+        params=params,
+        device=device,
+        progress=progress,
+        cancelled=cancelled,
+        max_block_segments=max_block_segments,
     )
     result.notes[:0] = notes + dwi.warnings
     return result, split_suffix(Path(tractogram_path))[1].lower()
