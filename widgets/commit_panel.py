@@ -6,7 +6,11 @@ The panel holds no algorithm. "Filter (COMMIT)" takes the last DWI series opened
 thread) of the chosen tractogram layer, and runs :func:`app.pipelines.commit.commit_pipeline`
 on a worker with the panel's λ, iterations and tolerance (COMMIT 2's defaults; the
 diffusivities and the model keep their defaults, as in ``tractlens commit`` without options).
-The status line follows the FISTA iterations; a cancel (between iterations) adds nothing.
+"Mask" restricts the fit to the voxels of an ROI layer on the DWI's grid (a copy of its voxels
+goes to the job; the combo lists the ROIs on that grid, and Filter refuses a chosen ROI that is
+not, rather than resampling it); "Peaks file" is an optional NIfTI of peak directions for the
+extra-cellular compartments (checked to exist before the job starts). The status line follows
+the FISTA iterations; a cancel (between iterations) adds nothing.
 
 On completion two layers are added (nothing reaches the document before):
 
@@ -25,6 +29,11 @@ threshold linearly up to the largest weight, showing the streamlines with weight
 The subset (and its display arrays) is made on a worker, like the Geodesic panel's top x %,
 and replaces the result layer's streamlines (colour range fixed, so colours do not shift);
 the ROI fibre selection of the main window still applies on top of it.
+
+"Save outputs…" writes the last result's files (:data:`app.pipelines.commit.COMMIT_OUTPUTS`,
+as ``tractlens commit`` does) into a folder, on a worker, after asking when the folder already
+holds COMMIT outputs. The filtered tractogram is written as .trk unless the source layer's
+tractogram records a .tck/.trx ``source`` file.
 """
 
 from __future__ import annotations
@@ -32,32 +41,67 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
+    QMessageBox,
     QPushButton,
     QSlider,
     QSpinBox,
     QVBoxLayout,
-    QWidget,
 )
 
+from app.io.tractogram import TRACTOGRAM_SUFFIXES
 from app.model import Document, Layer, Tractogram, Volume
-from app.pipelines.commit import commit_pipeline
+from app.pipelines.commit import COMMIT_OUTPUTS, CommitResult, commit_pipeline, write_commit_outputs
 from gpu.commit import CommitParams
 
 from . import fiber_display
+from .job_panel import JobPanelBase
 
 WEIGHT = "commit_weight"
 NRMSE_NAME = "fit NRMSE"
 NRMSE_CLIM = (0.0, 0.5)
 THRESHOLD_STEPS = 200  # slider positions above "all shown"
+NO_MASK = "(none: every voxel the streamlines pass)"
+PEAKS_FILTER = "NIfTI (*.nii *.nii.gz);;All files (*)"
+COMBO_CHARS = 12  # combo boxes size to this many characters, not to their longest item
+
+
+def output_names(suffix: str) -> list[str]:
+    """The files :func:`write_commit_outputs` writes for a tractogram in ``suffix`` format."""
+    return [name.format(ext=suffix) for name in COMMIT_OUTPUTS]
+
+
+def existing_outputs(folder: Path) -> list[str]:
+    """The COMMIT output files (the filtered tractogram in any format) already in ``folder``."""
+    names = {name.format(ext=suffix) for name in COMMIT_OUTPUTS for suffix in TRACTOGRAM_SUFFIXES}
+    return sorted(name for name in names if (folder / name).exists())
+
+
+def tractogram_suffix(layer: Layer | None) -> str:
+    """The format to write a layer's filtered tractogram in: .tck or .trx when the layer's
+    tractogram (or the layer) records that it was read from such a file, otherwise .trk."""
+    for owner in (getattr(layer, "data", None), layer):
+        source = str(getattr(owner, "source", "") or "")
+        for suffix in (".tck", ".trx"):
+            if source.lower().endswith(suffix):
+                return suffix
+    return ".trk"
+
+
+def same_grid(a, b) -> bool:
+    """Whether two volumes (anything with ``shape3`` and ``affine``) share their voxel grid."""
+    return tuple(a.shape3) == tuple(b.shape3) and np.allclose(a.affine, b.affine, atol=1e-4)
 
 
 @dataclass
@@ -72,6 +116,7 @@ class CommitOutcome:
     summary: dict
     notes: list[str]
     seconds: float
+    result: CommitResult  # the fit itself (what Save outputs… writes)
 
 
 def snapshot_tractogram(tract: Tractogram) -> Tractogram:
@@ -100,37 +145,60 @@ def _field_meta(name: str) -> dict:
     return next(f.metadata for f in dataclasses.fields(CommitParams) if f.name == name)
 
 
-class CommitPanel(QWidget):
-    """Tractogram chooser, λ / iterations / tolerance, Filter and Cancel, the weight threshold.
+class CommitPanel(JobPanelBase):
+    """Tractogram and mask choosers, an optional peaks file, λ / iterations / tolerance, Filter,
+    Cancel and Save outputs…, the weight threshold.
 
     Attributes for scripts and tests: ``result_layer`` (the shown weighted tractogram, possibly
     thresholded), ``full_layer`` (every streamline), ``nrmse_layer``, ``weights``, ``summary``,
-    ``job_id``."""
+    ``result`` (the last :class:`~app.pipelines.commit.CommitResult`), ``job_id``."""
 
     finished = Signal(object)  # the result layer
+    job_label = "COMMIT"
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
-        super().__init__(parent)
-        self.document = document
-        self.runner = runner
-        self.device = device
-        self.report = report or (lambda message, details="": None)
+        super().__init__(document, runner, device=device, report=report, parent=parent)
         self.result_layer: Layer | None = None
         self.full_layer: Layer | None = None
         self.nrmse_layer: Layer | None = None
         self.source_layer: Layer | None = None
         self.weights: np.ndarray | None = None
         self.summary: dict | None = None
-        self.job_id: int | None = None
-        self._token = 0
+        self.result: CommitResult | None = None
         self._threshold_token = 0
         self._tracts: list[Layer] = []
         self._chosen: Layer | None = None  # the user's (or the menu's) choice
+        self._masks: list[Layer | None] = [None]  # the mask combo's entries (None: no mask)
+        self._chosen_mask: Layer | None = None
 
         self.tract_box = QComboBox()
         self.tract_box.setObjectName("commit_tractogram")
         self.tract_box.setToolTip("The tractogram whose streamlines COMMIT weighs")
         self.tract_box.activated.connect(self._picked)
+        self.mask_box = QComboBox()
+        self.mask_box.setObjectName("commit_mask")
+        self.mask_box.setToolTip(
+            "Fit only the voxels of this ROI (on the DWI's grid) that the streamlines pass; none: every voxel they pass"
+        )
+        self.mask_box.activated.connect(self._mask_picked)
+        for box in (self.tract_box, self.mask_box):  # long layer names must not widen the dock
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(COMBO_CHARS)
+        self.peaks_edit = QLineEdit()
+        self.peaks_edit.setObjectName("commit_peaks")
+        self.peaks_edit.setPlaceholderText("none: from the streamlines")
+        self.peaks_edit.setClearButtonEnabled(True)
+        self.peaks_edit.setToolTip(
+            "Optional NIfTI (X, Y, Z, 3K) of peak directions in world RAS on the DWI's grid (e.g. MRtrix "
+            "sh2peaks): the extra-cellular compartments' orientations. Empty: the streamlines' own"
+        )
+        self.peaks_button = QPushButton("Browse…")
+        self.peaks_button.setObjectName("commit_peaks_browse")
+        self.peaks_button.clicked.connect(self._browse_peaks)
+        peaks = QHBoxLayout()
+        peaks.setContentsMargins(0, 0, 0, 0)
+        peaks.addWidget(self.peaks_edit, 1)
+        peaks.addWidget(self.peaks_button)
         defaults = CommitParams()
         self.lambda_box = QDoubleSpinBox()
         self.lambda_box.setObjectName("commit_lambda")
@@ -150,6 +218,8 @@ class CommitPanel(QWidget):
         self.tol_box.setValue(defaults.tol)
         form = QFormLayout()
         form.addRow("Tractogram", self.tract_box)
+        form.addRow("Mask", self.mask_box)
+        form.addRow("Peaks file", peaks)
         for name, box in (("lambda_", self.lambda_box), ("max_iter", self.max_iter_box), ("tol", self.tol_box)):
             meta = _field_meta(name)
             box.setToolTip(meta.get("help", ""))
@@ -158,13 +228,19 @@ class CommitPanel(QWidget):
         self.filter_button = QPushButton("Filter (COMMIT)")
         self.filter_button.setObjectName("commit_filter")
         self.filter_button.clicked.connect(self.filter)
-        self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("commit_cancel")
-        self.cancel_button.setEnabled(False)
-        self.cancel_button.clicked.connect(self.cancel)
+        self.save_button = QPushButton("Save outputs…")
+        self.save_button.setObjectName("commit_save")
+        self.save_button.setToolTip(
+            "Write the weights, the filtered tractogram, the fit's error and compartment maps and a summary, "
+            "as tractlens commit does"
+        )
+        self.save_button.setEnabled(False)
+        self.save_button.clicked.connect(self._save_clicked)
         buttons = QHBoxLayout()
         buttons.addWidget(self.filter_button)
         buttons.addWidget(self.cancel_button)
+        buttons.addWidget(self.save_button)
 
         self.threshold = QSlider(Qt.Orientation.Horizontal)
         self.threshold.setObjectName("commit_threshold")
@@ -177,13 +253,13 @@ class CommitPanel(QWidget):
         )
         self.threshold_label = QLabel("all shown")
         self.threshold_label.setObjectName("commit_threshold_label")
+        self.threshold_label.setWordWrap(True)
         shown = QFormLayout()
         shown.addRow("Hide weight below", self.threshold)
         shown.addRow("", self.threshold_label)
 
-        self.status = QLabel("Open a DWI series and a tractogram, then Filter.")
+        self.status.setText("Open a DWI series and a tractogram, then Filter.")
         self.status.setObjectName("commit_status")
-        self.status.setWordWrap(True)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)
@@ -196,10 +272,9 @@ class CommitPanel(QWidget):
         self._threshold_timer.setInterval(40)  # slider steps in a row: one subset
         self._threshold_timer.timeout.connect(self.apply_threshold)
         self.threshold.valueChanged.connect(self._threshold_changed)
-        runner.job_changed.connect(self._on_job_changed)
-        runner.job_cancelled.connect(self._on_cancelled)
         document.connect(self._on_document)
         self._refresh_tracts()
+        self._refresh_masks()
 
     # ------------------------------------------------------------- chooser
     def _on_document(self, _source, event, **info) -> None:
@@ -207,9 +282,13 @@ class CommitPanel(QWidget):
             replaced = info.get("replaced")
             if replaced is not None and self._chosen is replaced[0]:
                 self._chosen = replaced[1]
+            if replaced is not None and self._chosen_mask is replaced[0]:
+                self._chosen_mask = replaced[1]
             self._refresh_tracts()
+            self._refresh_masks()
         elif event == "display" and "name" in info.get("changed", ()):
             self._refresh_tracts()
+            self._refresh_masks()
 
     def _refresh_tracts(self) -> None:
         tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
@@ -242,6 +321,61 @@ class CommitPanel(QWidget):
         found = [layer for layer in self.document.layers if layer.kind == "dwi" and hasattr(layer.data, "dwi")]
         return found[-1] if found else None
 
+    def _refresh_masks(self) -> None:
+        """The mask combo: none, then every ROI layer on the DWI's grid (and the chosen mask even
+        if it no longer is, so that Filter says why it cannot be used instead of silently
+        fitting without it)."""
+        dwi = self.dwi_layer()
+        rois = [layer for layer in self.document.layers if layer.kind == "roi"]
+        if self._chosen_mask not in rois:
+            self._chosen_mask = None
+        masks = [
+            layer
+            for layer in rois
+            if layer is self._chosen_mask or (dwi is not None and same_grid(layer.data, dwi.data))
+        ]
+        self._masks = [None, *masks]
+        self.mask_box.blockSignals(True)
+        self.mask_box.clear()
+        self.mask_box.addItem(NO_MASK)
+        self.mask_box.setItemData(0, NO_MASK, Qt.ItemDataRole.ToolTipRole)
+        for layer in masks:
+            self.mask_box.addItem(layer.name)
+        self.mask_box.setCurrentIndex(self._masks.index(self._chosen_mask))
+        self.mask_box.blockSignals(False)
+
+    def _mask_picked(self, index: int) -> None:
+        if 0 <= index < len(self._masks):
+            self._chosen_mask = self._masks[index]
+
+    def choose_mask(self, layer: Layer | None) -> None:
+        """Fit within ``layer`` (an ROI layer of the document), or in every voxel the streamlines
+        pass (None). An ROI on another grid than the DWI series is listed but Filter refuses it."""
+        if layer is not None and (layer.kind != "roi" or layer not in self.document.layers):
+            raise ValueError(f"{layer.name} is not an ROI layer of the document")
+        self._chosen_mask = layer
+        self._refresh_masks()
+
+    def mask_layer(self) -> Layer | None:
+        """The chosen mask (an ROI layer), None for none."""
+        index = self.mask_box.currentIndex()
+        return self._masks[index] if 0 <= index < len(self._masks) else None
+
+    def peaks_path(self) -> Path | None:
+        """The peaks file typed or browsed (None when the field is empty)."""
+        text = self.peaks_edit.text().strip()
+        return Path(text).expanduser() if text else None
+
+    def _browse_peaks(self) -> None:
+        path = self._ask_peaks_file()
+        if path:
+            self.peaks_edit.setText(str(path))
+
+    def _ask_peaks_file(self) -> str:
+        """The peaks file the user picks ("" if none); tests override it to skip the dialog."""
+        path, _ = QFileDialog.getOpenFileName(self, "Peaks file (X, Y, Z, 3K directions)", "", PEAKS_FILTER)
+        return path
+
     def params(self) -> CommitParams:
         """The form's settings (raises ValueError with the engine's message)."""
         return CommitParams(
@@ -261,28 +395,52 @@ class CommitPanel(QWidget):
             return self._refuse("Open or track a tractogram first: COMMIT weighs its streamlines.")
         if len(source.data) == 0:
             return self._refuse(f"{source.name} has no streamlines to weigh.")
+        mask_layer = self.mask_layer()
+        if mask_layer is not None:
+            roi, dwi_grid = mask_layer.data, dwi_layer.data
+            if not same_grid(roi, dwi_grid):
+                return self._refuse(
+                    f"The mask {mask_layer.name} is on another grid ({'×'.join(map(str, roi.shape3))} voxels) "
+                    f"than the DWI series {dwi_layer.name} ({'×'.join(map(str, dwi_grid.shape3))}): COMMIT "
+                    "needs a mask on the DWI's grid. Choose another mask, or none."
+                )
+            if not roi.mask.any():
+                return self._refuse(f"The mask {mask_layer.name} is empty: paint it, or choose none.")
+        peaks = self.peaks_path()
+        if peaks is not None and not peaks.is_file():
+            return self._refuse(
+                f"The peaks file {peaks} does not exist: choose an existing NIfTI file (Browse…) or clear the "
+                "field to take the orientations from the streamlines."
+            )
         try:
             params = self.params()
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
-        if self.job_id is not None:
-            self.runner.cancel(self.job_id)
-        self._token += 1
-        token = self._token
+        token = self._next_token()
         dwi = dwi_layer.data.dwi  # read only by the pipeline
         tract = snapshot_tractogram(source.data)
+        mask = None if mask_layer is None else np.array(mask_layer.data.mask, dtype=bool, copy=True)
         self._chosen = source  # stays chosen after the run adds its layer (the last tractogram)
-        self.cancel_button.setEnabled(True)
-        self.status.setText(f"Preparing COMMIT for {source.name} ({len(tract):,} streamlines)…")
-        self.job_id = self.runner.submit(
+        within = "" if mask_layer is None else f" within {mask_layer.name}"
+        self.status.setText(f"Preparing COMMIT for {source.name} ({len(tract):,} streamlines){within}…")
+        return self._start(
             f"COMMIT ({source.name})",
-            self._job(dwi, tract, source, params, token),
+            self._job(dwi, tract, source, params, token, mask=mask, peaks=peaks),
             on_done=self._done,
-            on_error=lambda message, details, token=token: self._failed(token, message, details),
+            token=token,
         )
-        return self.job_id
 
-    def _job(self, dwi, tract: Tractogram, source: Layer, params: CommitParams, token: int):
+    def _job(
+        self,
+        dwi,
+        tract: Tractogram,
+        source: Layer,
+        params: CommitParams,
+        token: int,
+        *,
+        mask: np.ndarray | None = None,
+        peaks: Path | None = None,
+    ):
         device, name = self.device, f"{source.name} (COMMIT)"
 
         def job(ctx):
@@ -291,6 +449,8 @@ class CommitPanel(QWidget):
             result = commit_pipeline(
                 dwi,
                 tract,
+                mask=mask,
+                peaks=None if peaks is None else str(peaks),
                 params=params,
                 device=device,
                 progress=lambda it, n: ctx.progress(it, n, "COMMIT: fitting"),
@@ -319,29 +479,28 @@ class CommitPanel(QWidget):
             )
             summary = result.summary()
             return CommitOutcome(
-                token, source, layer, nrmse_layer, weights, summary, list(result.notes), time.perf_counter() - start
+                token,
+                source,
+                layer,
+                nrmse_layer,
+                weights,
+                summary,
+                list(result.notes),
+                time.perf_counter() - start,
+                result,
             )
 
         return job
 
-    def cancel(self) -> None:
-        if self.job_id is not None:
-            self.runner.cancel(self.job_id)
-
     # ------------------------------------------------------------- results
-    def _on_job_changed(self, job_id: int) -> None:
-        if job_id != self.job_id:
-            return
-        job = self.runner.jobs.get(job_id)
-        if job is not None and job.state == "running" and job.done > 0:
-            self.status.setText(f"COMMIT: iteration {job.done} / {job.total}…")
+    def _progress_text(self, job) -> str:
+        return f"COMMIT: iteration {job.done} / {job.total}…"
 
     def _done(self, outcome: CommitOutcome) -> None:
         if outcome.token != self._token:
             return
         doc = self.document
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
+        self._job_ended()
         same_source = outcome.source is self.source_layer
         if same_source and self.result_layer is not None and self.result_layer in doc.layers:
             doc.replace_layer(self.result_layer, outcome.layer)
@@ -353,6 +512,8 @@ class CommitPanel(QWidget):
             doc.add_layer(outcome.nrmse)
         self.source_layer, self.result_layer, self.full_layer = outcome.source, outcome.layer, outcome.layer
         self.nrmse_layer, self.weights, self.summary = outcome.nrmse, outcome.weights, outcome.summary
+        self.result = outcome.result
+        self.save_button.setEnabled(True)
         self.threshold.blockSignals(True)
         self.threshold.setValue(0)
         self.threshold.blockSignals(False)
@@ -370,25 +531,58 @@ class CommitPanel(QWidget):
         self.status.setText(text)
         self.finished.emit(outcome.layer)
 
-    def _failed(self, token: int, message: str, details: str) -> None:
-        if token != self._token:
-            return
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
-        self.status.setText(f"COMMIT failed: {message}")
-        self.report(message, details)
-
-    def _on_cancelled(self, job_id: int) -> None:
-        if job_id != self.job_id:
-            return
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
+    def _cancelled(self) -> None:
         self.status.setText("COMMIT cancelled: nothing was added.")
 
-    def _refuse(self, message: str) -> None:
-        self.status.setText(message)
-        self.report(message, "")
-        return None
+    # ---------------------------------------------------------------- save
+    def _save_clicked(self) -> None:
+        folder = self._ask_folder()
+        if folder:
+            self.save_outputs(folder)
+
+    def _ask_folder(self) -> str:
+        """The folder the user picks for the outputs ("" if none); tests override it."""
+        return QFileDialog.getExistingDirectory(self, "Folder for the COMMIT outputs")
+
+    def _confirm_overwrite(self, folder: Path, existing: list[str]) -> bool:
+        """Whether to replace the COMMIT files already in ``folder``; tests override it."""
+        shown = ", ".join(existing[:4]) + (f" and {len(existing) - 4} more" if len(existing) > 4 else "")
+        answer = QMessageBox.question(
+            self,
+            "Replace the COMMIT outputs?",
+            f"{folder} already holds COMMIT outputs ({shown}). Replace them?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
+        )
+        return answer == QMessageBox.StandardButton.Yes
+
+    def save_outputs(self, folder, *, confirm: bool = True) -> int | None:
+        """Write the last result (:func:`write_commit_outputs`: weights, filtered tractogram in the
+        source's format, maps, summary) into ``folder`` on a worker; asks first (unless
+        ``confirm`` is False) when the folder already holds COMMIT outputs. The job id, or None
+        when nothing is written."""
+        if self.result is None:
+            return self._refuse("Filter first: there is no COMMIT result to save yet.")
+        folder = Path(folder)
+        existing = existing_outputs(folder) if folder.is_dir() else []
+        if existing and confirm and not self._confirm_overwrite(folder, existing):
+            self.status.setText(f"Not saved: the COMMIT outputs in {folder} were left as they were.")
+            return None
+        result, suffix = self.result, tractogram_suffix(self.source_layer)
+
+        def job(ctx):
+            ctx.progress(0, 1, f"writing {folder.name}")
+            return write_commit_outputs(result, folder, suffix)
+
+        def done(files: dict) -> None:
+            self.status.setText(f"Saved {len(files)} COMMIT files to {folder}.")
+
+        def failed(message: str, details: str) -> None:
+            self.status.setText(f"Saving the COMMIT outputs failed: {message}")
+            self.report(message, details)
+
+        self.status.setText(f"Saving the COMMIT outputs to {folder}…")
+        return self.runner.submit("save COMMIT outputs", job, on_done=done, on_error=failed)
 
     # ----------------------------------------------------------- threshold
     def threshold_value(self) -> float | None:

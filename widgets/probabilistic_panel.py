@@ -48,7 +48,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QVBoxLayout,
-    QWidget,
 )
 
 from app.model import Document, Layer, Volume
@@ -63,6 +62,7 @@ from gpu import probabilistic
 from gpu.backend import get_backend
 from gpu.probabilistic import ProbParams, ProbResult
 
+from .job_panel import JobPanelBase
 from .params_form import ParamsForm
 
 RESULT_NAME = "probabilistic paths"
@@ -146,7 +146,7 @@ def batch_size(total: int, n_voxels: int, on_gpu: bool) -> int:
     return max(1, min(cap, max(FIRST_BATCH, math.ceil(total / UPDATES))))
 
 
-class ProbabilisticPanel(QWidget):
+class ProbabilisticPanel(JobPanelBase):
     """Parameters of probabilistic tracking, the isosurface level, and the buttons that run it.
 
     ``view3d`` (optional): the 3-D view that shows the isosurface. Attributes for scripts and
@@ -154,22 +154,17 @@ class ProbabilisticPanel(QWidget):
     shown during the current run), ``job_id``."""
 
     finished = Signal(object)  # the result layer (also after a cancel, with what was shown)
+    job_label = "Tracking"
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, view3d=None, parent=None):
-        super().__init__(parent)
-        self.document = document
-        self.runner = runner
-        self.device = device
-        self.report = report or (lambda message, details="": None)
+        super().__init__(document, runner, device=device, report=report, parent=parent)
         self.view3d = view3d
         self.result_layer: Layer | None = None
         self.run: ProbabilisticRun | None = None
         self.result: ProbResult | None = None
         self.total = 0
         self.updates = 0
-        self.job_id: int | None = None
         self.iso_level: float | None = None
-        self._token = 0
         self._percent = ISO_PERCENT  # read by workers (a float: no widget off the GUI thread)
         self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._fields_lock = threading.Lock()
@@ -193,18 +188,14 @@ class ProbabilisticPanel(QWidget):
         self.track_button = QPushButton("Track")
         self.track_button.setObjectName("track_probabilistic")
         self.track_button.clicked.connect(self.track)
-        self.cancel_button = QPushButton("Cancel")
         self.cancel_button.setObjectName("cancel_probabilistic")
-        self.cancel_button.setEnabled(False)
-        self.cancel_button.clicked.connect(self.cancel)
         self.save_button = QPushButton("Save outputs…")
         self.save_button.setObjectName("save_probabilistic")
         self.save_button.setToolTip("Write fdt_paths, waytotal, seeds_to_<target> and the matrix, as probtrackx")
         self.save_button.setEnabled(False)
         self.save_button.clicked.connect(self._save_dialog)
-        self.status = QLabel("Open a bedpostX folder (or fit ball & sticks), paint a seed ROI, then Track.")
+        self.status.setText("Open a bedpostX folder (or fit ball & sticks), paint a seed ROI, then Track.")
         self.status.setObjectName("probabilistic_status")
-        self.status.setWordWrap(True)
         buttons = QHBoxLayout()
         for button in (self.track_button, self.cancel_button, self.save_button):
             buttons.addWidget(button)
@@ -220,7 +211,6 @@ class ProbabilisticPanel(QWidget):
         self._iso_timer.setInterval(120)  # spin-box steps in a row: one surface
         self._iso_timer.timeout.connect(self.update_isosurface)
         self.iso_percent.valueChanged.connect(self._percent_changed)
-        runner.job_cancelled.connect(self._on_cancelled)
 
     # ---------------------------------------------------------------- inputs
     def samples_layer(self) -> Layer | None:
@@ -263,22 +253,17 @@ class ProbabilisticPanel(QWidget):
             params = self.form.value()
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
-        if self.job_id is not None:
-            self.runner.cancel(self.job_id)
-        self._token += 1
-        token = self._token
+        token = self._next_token()
         self.updates = 0
         self.track_button.setText("Re-track")
-        self.cancel_button.setEnabled(True)
         self.status.setText("Preparing the samples and masks…")
-        self.job_id = self.runner.submit(
+        return self._start(
             "probabilistic tracking",
             self._job(layer.data, rois, params, token),
             on_partial=self._show,
             on_done=self._done,
-            on_error=lambda message, details, token=token: self._failed(token, message, details),
+            token=token,
         )
-        return self.job_id
 
     def _job(self, volume, rois, params: ProbParams, token: int):
         device, samples = self.device, volume.samples
@@ -328,10 +313,6 @@ class ProbabilisticPanel(QWidget):
 
     def _shown(self, token, run, result, total, layer) -> Shown:
         return Shown(token, run, result, total, layer, isosurface_input(result.paths, self._percent))
-
-    def cancel(self) -> None:
-        if self.job_id is not None:
-            self.runner.cancel(self.job_id)
 
     # --------------------------------------------------------------- display
     def _show(self, shown: Shown) -> None:
@@ -383,8 +364,7 @@ class ProbabilisticPanel(QWidget):
         if shown.token != self._token:
             return
         self._show(shown)
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
+        self._job_ended()
         prov = shown.result.provenance
         text = (
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
@@ -395,19 +375,7 @@ class ProbabilisticPanel(QWidget):
         self.status.setText(text)
         self.finished.emit(shown.layer)
 
-    def _failed(self, token: int, message: str, details: str) -> None:
-        if token != self._token:
-            return
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
-        self.status.setText(f"Tracking failed: {message}")
-        self.report(message, details)
-
-    def _on_cancelled(self, job_id: int) -> None:
-        if job_id != self.job_id:
-            return
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
+    def _cancelled(self) -> None:
         if self.updates and self.result is not None:
             self.status.setText(
                 f"Cancelled after {self.result.streamlines:,} of {self.total:,} streamlines "
@@ -417,11 +385,6 @@ class ProbabilisticPanel(QWidget):
         else:
             kept = " (the previous result is still shown)" if self.result_layer in self.document.layers else ""
             self.status.setText(f"Cancelled before the first totals arrived{kept}.")
-
-    def _refuse(self, message: str) -> None:
-        self.status.setText(message)
-        self.report(message, "")
-        return None
 
     # ------------------------------------------------------------ isosurface
     def _percent_changed(self, value: float) -> None:

@@ -36,39 +36,31 @@ from app.pipelines.track import INTERACTIVE_FIRST_BATCH, TensorField, determinis
 from gpu import deterministic, geodesic
 
 from . import fiber_display
+from .job_panel import JobPanelBase
 from .params_form import ParamsForm
 
 PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
 GUI_BATCH = 20_000  # seeds per batch: the first fibres show within a fraction of a second
 
 
-class TrackingPanel(QWidget):
+class TrackingPanel(JobPanelBase):
     """What every tracking panel shares: Track/Cancel, a status line, the result layer that
     grows while batches arrive, the tensor field of the open tensor layer. Subclasses build
     their parameter widgets and :meth:`_job` (the work to run, or a refusal)."""
 
     finished = Signal(object)  # the result layer (also after a cancel, with what was shown)
     job_title = "tracking"
+    job_label = "Tracking"
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
-        super().__init__(parent)
-        self.document = document
-        self.runner = runner
-        self.device = device
-        self.report = report or (lambda message, details="": None)
+        super().__init__(document, runner, device=device, report=report, parent=parent)
         self.result_layer: Layer | None = None
-        self.job_id: int | None = None
         self.summary: dict | None = None
         self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._fields_lock = threading.Lock()
         self.track_button = QPushButton("Track")
         self.track_button.clicked.connect(self.track)
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setEnabled(False)
-        self.cancel_button.clicked.connect(self.cancel)
-        self.status = QLabel("Paint a seed ROI, then Track.")
-        self.status.setWordWrap(True)
-        runner.job_cancelled.connect(self._on_cancelled)
+        self.status.setText("Paint a seed ROI, then Track.")
 
     def _layout(self, *parts) -> None:
         buttons = QHBoxLayout()
@@ -103,15 +95,10 @@ class TrackingPanel(QWidget):
             return self._refuse(f"Check the parameters: {exc}.")
         if isinstance(work, str):
             return self._refuse(work)
-        if self.job_id is not None:
-            self.runner.cancel(self.job_id)
+        token = self._next_token()
         self.track_button.setText("Re-track")
-        self.cancel_button.setEnabled(True)
         self.status.setText("Tracking…")
-        self.job_id = self.runner.submit(
-            self.job_title, work, on_partial=self._show, on_done=self._done, on_error=self._failed
-        )
-        return self.job_id
+        return self._start(self.job_title, work, on_partial=self._show, on_done=self._done, token=token)
 
     def _job(self, volume, rois, reference):
         raise NotImplementedError
@@ -128,10 +115,6 @@ class TrackingPanel(QWidget):
                 ctx.partial(self._result_layer(name, Tractogram.concatenate(shown["batches"])))
 
         return on_batch
-
-    def cancel(self) -> None:
-        if self.job_id is not None:
-            self.runner.cancel(self.job_id)
 
     # -------------------------------------------------------------- results
     def _result_layer(self, name: str, tractogram) -> Layer:
@@ -153,8 +136,7 @@ class TrackingPanel(QWidget):
     def _done(self, outcome) -> None:
         layer, result = outcome
         self._show(layer)
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
+        self._job_ended()
         self.summary = result.summary()
         text = self._summary_text(result.provenance)
         if result.notes:
@@ -165,26 +147,11 @@ class TrackingPanel(QWidget):
     def _summary_text(self, prov: dict) -> str:
         raise NotImplementedError
 
-    def _failed(self, message: str, details: str) -> None:
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
-        self.status.setText(f"Tracking failed: {message}")
-        self.report(message, details)
-
-    def _on_cancelled(self, job_id: int) -> None:
-        if job_id != self.job_id:
-            return
-        self.job_id = None
-        self.cancel_button.setEnabled(False)
+    def _cancelled(self) -> None:
         kept = len(self.result_layer.data) if self.result_layer in self.document.layers else 0
         self.status.setText(f"Cancelled; the {kept} streamlines shown so far are kept.")
         if self.result_layer is not None:
             self.finished.emit(self.result_layer)
-
-    def _refuse(self, message: str) -> None:
-        self.status.setText(message)
-        self.report(message, "")
-        return None
 
     def _tensor_field(self, volume) -> TensorField:
         """The tracking view of a tensor layer (FA, fitted voxels), computed once per volume."""

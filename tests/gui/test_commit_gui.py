@@ -1,16 +1,18 @@
 """COMMIT in the GUI: the panel from a tractogram's menu, the weights as a per-streamline scalar,
-the weight threshold, the NRMSE map, cancel and refusals (real window, NumPy backend)."""
+the weight threshold, the NRMSE map, cancel and refusals, a mask layer, a peaks file and Save
+outputs… (real window, NumPy backend)."""
 
 from __future__ import annotations
 
+import nibabel as nib
 import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QContextMenuEvent
 from PySide6.QtWidgets import QApplication, QDockWidget
 
-from app.io import load_dwi
-from app.model import DWIVolume, Layer
-from app.pipelines.commit import commit_pipeline
+from app.io import load_dwi, load_tractogram
+from app.model import DWIVolume, Layer, RoiMask
+from app.pipelines.commit import COMMIT_OUTPUTS, commit_pipeline
 from gpu.commit import CommitParams
 from tests.conftest import ARTIFACTS
 from widgets.commit_panel import NRMSE_NAME, THRESHOLD_STEPS, WEIGHT
@@ -147,3 +149,185 @@ def test_refusals_without_dwi_or_tractogram(window, demo_dir, qtbot):
     assert panel.job_id is None and "tractogram" in panel.status.text()
     assert panel.tract_box.count() == 0
     assert len(doc.layers) == 1 and len(win.errors) == 2
+
+
+def pick_in_combo(qtbot, box, text: str) -> None:
+    """Open a combo box's list and click the item ``text``, as a user would."""
+    index = box.findText(text)
+    assert index >= 0, (text, [box.itemText(i) for i in range(box.count())])
+    box.showPopup()
+    view = box.view()
+    qtbot.waitUntil(view.isVisible, timeout=3000)
+    rect = view.visualRect(view.model().index(index, 0))
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    qtbot.waitUntil(lambda: not view.isVisible(), timeout=3000)
+    assert box.currentText() == text
+
+
+def half_brain_roi(win, demo_dir) -> Layer:
+    """The demo's brain mask opened as an ROI, the half with voxel index x ≥ X / 2 erased with the
+    ROI edits (as the eraser does)."""
+    doc = win.document
+    layer = win.open_roi(demo_dir / "mask.nii.gz", role="stop")
+    assert layer is not None
+    layer.set(name="half brain")
+    right = np.argwhere(layer.data.mask)
+    right = right[right[:, 0] >= layer.data.mask.shape[0] // 2]
+    assert doc.paint(layer, right, False) == len(right) > 0
+    return layer
+
+
+def test_commit_within_a_mask_layer(window, demo_dir, qtbot):
+    win, doc = window, window.document
+    open_like_a_user(win, demo_dir / "dwi.nii.gz", demo_dir / "bundles.trk")
+    bundles, dwi = doc.layer("bundles"), doc.layer("dwi").data.dwi
+    panel = win.show_commit_panel(bundles)
+    assert panel.mask_box.currentText().startswith("(none") and panel.mask_layer() is None
+
+    roi = half_brain_roi(win, demo_dir)
+    elsewhere = Layer(
+        "coarse ROI", RoiMask("coarse ROI", np.ones((8, 8, 8), bool), np.diag([4.0, 4.0, 4.0, 1.0])), "roi"
+    )
+    doc.add_layer(elsewhere)
+    items = [panel.mask_box.itemText(i) for i in range(panel.mask_box.count())]
+    assert items[1:] == ["half brain"]  # the ROI on another grid is not offered
+
+    pick_in_combo(qtbot, panel.mask_box, "half brain")
+    assert panel.mask_layer() is roi
+    type_into(qtbot, panel.max_iter_box, "100")
+    mask = roi.data.mask.copy()
+    qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
+    assert panel.job_id is not None and "within half brain" in panel.status.text()
+    roi.data.mask[...] = True  # edits after the start do not reach the job (it has a copy)
+    assert win.wait_for_jobs(60)
+    assert win.errors == []
+    roi.data.mask[...] = mask
+
+    params = CommitParams(max_iter=100)
+    expected = commit_pipeline(dwi, bundles.data, mask=mask, params=params, device="cpu")
+    np.testing.assert_allclose(panel.weights, expected.weights, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(
+        doc.layer("bundles (COMMIT)").data.streamline_scalars[WEIGHT], expected.weights, rtol=0, atol=1e-10
+    )
+    # The fitted voxels: those of the mask the streamlines pass (with no mask, every one they pass).
+    everywhere = commit_pipeline(dwi, bundles.data, params=CommitParams(max_iter=1), device="cpu")
+    traversed = everywhere.rows >= 0
+    assert panel.summary["voxels"] == int((traversed & mask).sum()) == panel.result.problem.n_rows
+    np.testing.assert_array_equal(panel.result.rows >= 0, traversed & mask)
+    assert 0 < panel.summary["voxels"] < int(traversed.sum())  # the mask left voxels out
+    assert panel.save_button.isEnabled()
+
+    # The panel after the run: it must not ask for more width than the tracking panels it is
+    # tabbed with (the dock would widen and the views shrink).
+    widest = max(
+        p.minimumSizeHint().width() for p in (win.deterministic_panel, win.geodesic_panel, win.probabilistic_panel)
+    )
+    assert panel.minimumSizeHint().width() <= widest
+    dock = win.findChild(QDockWidget, "dock_commit_filtering")
+    qtbot.waitUntil(lambda: not dock.visibleRegion().isEmpty(), timeout=3000)
+    assert panel.width() >= panel.minimumSizeHint().width()
+    shot = ARTIFACTS / "commit_panel.png"
+    assert dock.grab().save(str(shot)) and shot.exists()
+    for layer in (roi, elsewhere, bundles, doc.layer("colour FA")):
+        layer.set(visible=False)  # the weighted fibres over the FA
+    win.view3d.reset_camera()
+    qtbot.wait(200)
+    win.save_screenshot(ARTIFACTS / "commit_mask_window.png")
+
+    # An ROI on another grid, chosen anyway (a script; or the DWI changed after the choice): refused.
+    panel.choose_mask(elsewhere)
+    assert panel.mask_box.currentText() == "coarse ROI"
+    jobs = len(win.runner.jobs)
+    qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
+    assert panel.job_id is None and len(win.runner.jobs) == jobs
+    assert "another grid" in panel.status.text() and "coarse ROI" in panel.status.text()
+    assert win.errors[-1] == panel.status.text()
+
+
+def write_peaks(path, dwi) -> None:
+    """A peaks file on the DWI's grid: one peak, along world x, in every voxel."""
+    peaks = np.zeros((*dwi.shape3, 3), np.float32)
+    peaks[..., 0] = 1.0
+    nib.save(nib.Nifti1Image(peaks, dwi.affine), str(path))
+
+
+def test_peaks_file_refused_when_missing_and_passed_when_given(window, demo_dir, qtbot, tmp_path):
+    win, doc = window, window.document
+    open_like_a_user(win, demo_dir / "dwi.nii.gz", demo_dir / "bundles.trk")
+    bundles, dwi = doc.layer("bundles"), doc.layer("dwi").data.dwi
+    panel = win.show_commit_panel(bundles)
+    type_into(qtbot, panel.max_iter_box, "20")
+
+    missing = tmp_path / "no such peaks.nii.gz"
+    panel.peaks_edit.setFocus()
+    qtbot.keyClicks(panel.peaks_edit, str(missing))
+    jobs = len(win.runner.jobs)
+    qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
+    assert panel.job_id is None and len(win.runner.jobs) == jobs and win.runner.active() == []
+    text = panel.status.text()
+    assert "peaks file" in text and str(missing) in text and "does not exist" in text
+    assert win.errors == [text]
+    assert not panel.cancel_button.isEnabled() and panel.result is None
+
+    # Browse… fills the field (the dialog's answer supplied by the test); Filter passes the file.
+    peaks = tmp_path / "peaks.nii.gz"
+    write_peaks(peaks, dwi)
+    panel._ask_peaks_file = lambda: str(peaks)
+    qtbot.mouseClick(panel.peaks_button, Qt.MouseButton.LeftButton)
+    assert panel.peaks_edit.text() == str(peaks)
+    qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
+    assert panel.job_id is not None
+    assert win.wait_for_jobs(60)
+    assert len(win.errors) == 1
+    expected = commit_pipeline(dwi, bundles.data, peaks=peaks, params=CommitParams(max_iter=20), device="cpu")
+    np.testing.assert_allclose(panel.weights, expected.weights, rtol=0, atol=1e-10)
+    # One EC compartment per fitted voxel (the file's single peak), not the segments' orientations.
+    assert panel.summary["ec_compartments"] == panel.summary["voxels"] == expected.problem.n_rows
+
+
+def test_save_outputs_writes_the_commit_files_and_asks_before_replacing(window, demo_dir, qtbot, tmp_path):
+    win, doc = window, window.document
+    open_like_a_user(win, demo_dir / "dwi.nii.gz", demo_dir / "bundles.trk")
+    panel = win.show_commit_panel(doc.layer("bundles"))
+    assert not panel.save_button.isEnabled()
+    type_into(qtbot, panel.max_iter_box, "50")
+    qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
+    assert win.wait_for_jobs(60)
+    assert panel.save_button.isEnabled() and panel.result is not None
+
+    out = tmp_path / "commit out"
+    out.mkdir()
+    asked, answers = [], []
+    panel._ask_folder = lambda: str(out)
+    panel._confirm_overwrite = lambda folder, existing: asked.append((folder, existing)) or answers.pop(0)
+
+    qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
+    assert win.wait_for_jobs(30)
+    assert win.errors == [] and asked == []  # an empty folder: nothing to ask
+    names = sorted(name.format(ext=".trk") for name in COMMIT_OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == names
+    saved = np.loadtxt(out / "streamline_weights.txt")
+    np.testing.assert_allclose(saved, panel.weights, rtol=1e-8, atol=0)
+    assert np.array_equal(saved == 0, panel.weights == 0)
+    filtered = load_tractogram(out / "tractogram_filtered.trk")
+    assert len(filtered) == panel.summary["kept"]
+    assert panel.status.text() == f"Saved {len(names)} COMMIT files to {out}."
+
+    # Again into the same folder: asked first; "No" writes nothing.
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    jobs = len(win.runner.jobs)
+    answers.append(False)
+    qtbot.wait(50)
+    qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
+    assert win.wait_for_jobs(30)
+    assert len(asked) == 1 and asked[0][0] == out and sorted(asked[0][1]) == names
+    assert len(win.runner.jobs) == jobs
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+    assert "Not saved" in panel.status.text()
+    # "Yes" replaces them.
+    answers.append(True)
+    qtbot.mouseClick(panel.save_button, Qt.MouseButton.LeftButton)
+    assert win.wait_for_jobs(30)
+    assert len(asked) == 2 and win.errors == []
+    after = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert sorted(after) == names and all(after[name] > stamps[name] for name in names)
