@@ -1,7 +1,13 @@
 """Benchmark: COMMIT's operator A·x and Aᵀ·y (and FISTA iterations) vs problem size.
 
     python tests/benchmarks/bench_commit.py [--gpu] [--segments 1e5 1e6 1e7 4.7e7]
-        [--numpy-segments 1e6] [--measurements 60] [--out results.json]
+        [--numpy-segments 1e6] [--measurements 60] [--cylinders] [--end-to-end N]
+        [--dmri-commit N] [--out results.json]
+
+``--end-to-end N`` times the whole pipeline (files read, segments, operator, 2000 FISTA
+iterations, outputs written) on N random-walk streamlines of 90 points in a 40³ grid;
+``--dmri-commit N`` runs dmri-commit (all CPU cores) and ours (GPU) on the same files for
+200 iterations.
 
 Synthetic problems shaped like seed 000's (64 309 voxels, 399 758 streamlines and
 47 M segments at full size: ~730 segments per voxel): segment rows sorted, streamlines
@@ -40,7 +46,7 @@ from gpu.commit import (  # noqa: E402
 SEED_VOXELS, SEED_FIBERS, SEED_SEGMENTS = 64_309, 399_758, 47_082_501
 
 
-def synthetic_problem(n_segments: int, n_meas: int, seed: int = 0) -> Problem:
+def synthetic_problem(n_segments: int, n_meas: int, seed: int = 0, params: CommitParams | None = None) -> Problem:
     rng = np.random.default_rng(seed)
     scale = n_segments / SEED_SEGMENTS
     n_rows = max(100, int(SEED_VOXELS * min(1.0, scale**0.5)))
@@ -56,15 +62,15 @@ def synthetic_problem(n_segments: int, n_meas: int, seed: int = 0) -> Problem:
     g = rng.normal(size=(n_meas, 3))
     g /= np.linalg.norm(g, axis=1, keepdims=True)
     bvals = np.where(np.arange(n_meas) < max(1, n_meas // 15), 0.0, 1000.0 + 1000.0 * (np.arange(n_meas) % 2))
-    tables = lookup_tables(bvals, g, CommitParams())
+    tables = lookup_tables(bvals, g, params or CommitParams())
     ec_row, ec_orient = ec_from_segments(Segments(row[::50], seg.fiber[::50], seg.length[::50], seg.orient[::50], 0))
     return Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
 
 
 def bytes_touched(problem: Problem) -> dict:
-    s, m = len(problem.segments), problem.n_meas
+    s, m, k = len(problem.segments), problem.n_meas, problem.n_ic
     segments_a = s * (4 + 8 + 4) + (problem.n_rows + 1) * 8  # fiber, length, orientation + row starts
-    segments_at = s * (8 + 4) + s * 8 * 2 + s * 8 + (problem.n_fibers + 1) * 8  # + values written/read, order
+    segments_at = s * (8 + 4) + s * 8 * k * 2 + s * 8 + (problem.n_fibers + 1) * 8  # + values written/read, order
     x, y = problem.n_cols * 8, problem.n_rows * m * 8
     return {"a": segments_a + x + y, "at": segments_at + x + y}
 
@@ -171,6 +177,98 @@ def time_numpy(problem: Problem) -> dict:
     return {"a_ms": round((t1 - t0) * 1e3, 1), "at_ms": round((t2 - t1) * 1e3, 1)}
 
 
+def synthetic_files(folder: Path, n_streamlines: int, shape=(40, 40, 40), n_meas: int = 60, points: int = 90):
+    """A random-signal DWI (voxel 1.25 mm), random-walk streamlines (0.5-voxel steps) as .tck,
+    a mask (every voxel) and random peaks (voxel axes = world here): files for both tools."""
+    import nibabel as nib
+
+    from app.io import save_tractogram
+    from app.model import Tractogram
+
+    rng = np.random.default_rng(4)
+    folder.mkdir(parents=True, exist_ok=True)
+    affine = np.diag([1.25, 1.25, 1.25, 1.0])
+    n_b0 = max(1, n_meas // 15)
+    bvals = np.r_[np.zeros(n_b0), np.where(np.arange(n_meas - n_b0) % 2, 2000.0, 1000.0)]
+    g = rng.normal(size=(n_meas, 3))
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    g[:n_b0] = 0
+    data = rng.uniform(0.2, 0.9, (*shape, n_meas)).astype(np.float32)
+    data[..., :n_b0] = 1.0
+    nib.save(nib.Nifti1Image(data * 1000, affine), folder / "dwi.nii")
+    np.savetxt(folder / "dwi.bval", bvals[None], fmt="%g")
+    fsl = g.copy()
+    fsl[:, 0] *= -1  # FSL's bvec frame for a positive-determinant affine
+    np.savetxt(folder / "dwi.bvec", fsl.T, fmt="%.6f")
+    nib.save(nib.Nifti1Image(np.ones(shape, np.uint8), affine), folder / "mask.nii.gz")
+    peaks = rng.normal(size=(*shape, 3)).astype(np.float32)
+    peaks /= np.linalg.norm(peaks, axis=-1, keepdims=True)
+    nib.save(nib.Nifti1Image(peaks, affine), folder / "peaks.nii.gz")
+    lim = np.array(shape) - 1
+    start = rng.uniform(2, lim - 2, (n_streamlines, 3))
+    direction = rng.normal(size=(n_streamlines, 3))
+    steps = direction[:, None, :] + rng.normal(0, 0.3, (n_streamlines, points, 3)).cumsum(1) * 0.1
+    steps *= 0.5 / np.linalg.norm(steps, axis=-1, keepdims=True)
+    pts = np.clip(start[:, None, :] + steps.cumsum(1), 0, lim).reshape(-1, 3).astype(np.float32)
+    tract = Tractogram(pts, np.arange(n_streamlines + 1, dtype=np.int64) * points, affine, shape, {}, {}, name="random")
+    save_tractogram(tract, folder / "tracts.tck")
+    return folder
+
+
+def time_pipeline(folder: Path, iterations: int, device: str) -> dict:
+    """``tractlens commit``'s work on the files: load, segments, operator, FISTA (a fixed number
+    of iterations, tol 0), outputs written; wall times of the parts."""
+    from app.pipelines.commit import commit_from_files, write_commit_outputs
+
+    t0 = time.perf_counter()
+    params = CommitParams(max_iter=iterations, tol=0.0)
+    result, suffix = commit_from_files(
+        folder / "dwi.nii", folder / "tracts.tck", mask=folder / "mask.nii.gz", peaks=folder / "peaks.nii.gz",
+        params=params, device=device,
+    )  # fmt: skip
+    t1 = time.perf_counter()
+    write_commit_outputs(result, folder / f"out_{device}", suffix)
+    t2 = time.perf_counter()
+    return {
+        "device": device,
+        "segments": len(result.problem.segments),
+        "voxels": result.problem.n_rows,
+        "streamlines": result.problem.n_fibers,
+        "iterations": result.fit.iterations,
+        "fit_s": round(result.fit.seconds, 2),
+        "ms_per_iteration": round(result.fit.seconds / (result.fit.iterations + 50) * 1e3, 2),
+        "load_segments_operator_fit_s": round(t1 - t0, 2),
+        "write_outputs_s": round(t2 - t1, 2),
+        "total_s": round(t2 - t0, 2),
+        "weights": result.weights,
+    }
+
+
+def compare_with_dmri_commit(n_streamlines: int, iterations: int, folder: Path, device: str = "gpu") -> dict:
+    """dmri-commit (CPU, all cores) and TractLens (GPU) on the same files, same iterations."""
+    import os
+
+    from tests.commit_reference import run_dmri_commit
+
+    synthetic_files(folder, n_streamlines)
+    ref = run_dmri_commit(
+        folder / "dwi.nii", folder / "dwi.bval", folder / "dwi.bvec", folder / "tracts.tck", folder / "reference",
+        mask=folder / "mask.nii.gz", peaks=folder / "peaks.nii.gz", tol=1e-12, max_iter=iterations,
+    )  # fmt: skip
+    ours = time_pipeline(folder, iterations, device)
+    weights = ours.pop("weights")
+    out = {
+        "streamlines": n_streamlines,
+        "cpu_threads": os.cpu_count(),
+        "dmri_commit": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in ref.items() if k != "weights"},
+        f"tractlens_{device}": ours,
+        "weights_correlation": round(float(np.corrcoef(weights, ref["weights"])[0, 1]), 6),
+    }
+    out["dmri_commit"]["ms_per_iteration"] = round(ref["fit_s"] / max(1, ref["iterations"]) * 1e3, 1)
+    out["fit_speedup"] = round(out["dmri_commit"]["ms_per_iteration"] / ours["ms_per_iteration"], 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", action="store_true")
@@ -181,9 +279,29 @@ def main() -> None:
     parser.add_argument(
         "--segment-streamlines", type=int, default=0, help="also time building segments from N streamlines"
     )
+    parser.add_argument("--cylinders", action="store_true", help="also time Cylinder-Zeppelin-Ball (4 radii)")
+    parser.add_argument(
+        "--end-to-end", type=int, default=0, metavar="N", help="time the whole pipeline on N random streamlines"
+    )
+    parser.add_argument("--end-to-end-iterations", type=int, default=2000)
+    parser.add_argument(
+        "--dmri-commit", type=int, default=0, metavar="N", help="dmri-commit (CPU) vs ours (GPU) on N streamlines"
+    )
+    parser.add_argument("--work", default="/tmp/bench_commit", help="folder for the synthetic files")
     parser.add_argument("--out")
     args = parser.parse_args()
     results = {"measurements": args.measurements, "rows": []}
+    if args.dmri_commit:
+        results["dmri_commit"] = compare_with_dmri_commit(
+            args.dmri_commit, 200, Path(args.work) / "reference", "gpu" if args.gpu else "cpu"
+        )
+        print(json.dumps(results["dmri_commit"]), flush=True)
+    if args.end_to_end:
+        folder = synthetic_files(Path(args.work) / "end_to_end", args.end_to_end)
+        row = time_pipeline(folder, args.end_to_end_iterations, "gpu" if args.gpu else "cpu")
+        row.pop("weights")
+        results["end_to_end"] = row
+        print(json.dumps(row), flush=True)
     if args.segment_streamlines:
         results["segments_numpy"] = time_segments(args.segment_streamlines)
         print(json.dumps(results["segments_numpy"]), flush=True)
@@ -200,6 +318,9 @@ def main() -> None:
             row["gpu"] = time_gpu(problem)
             if n == max(int(v) for v in args.segments) and args.fit_iterations:
                 row["fit"] = time_fit(problem, args.fit_iterations)
+            if n == max(int(v) for v in args.segments) and args.cylinders:
+                cylinders = CommitParams(model="cylinder-zeppelin-ball", small_delta_ms=10.6, big_delta_ms=43.1)
+                row["cylinders_gpu"] = time_gpu(synthetic_problem(n, args.measurements, params=cylinders))
         if n <= args.numpy_segments:
             row["numpy"] = time_numpy(problem)
             if args.gpu:
