@@ -270,8 +270,9 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
 
 
 #: Points per chunk when cutting streamlines into segments (bounds the working memory:
-#: about 1 kB per point at the peak).
+#: about 1 kB per point at the peak; smaller when the device has less free).
 SEGMENT_CHUNK_POINTS = 4_000_000
+SEGMENT_BYTES_PER_POINT = 1024
 
 
 def segments(
@@ -290,6 +291,8 @@ def segments(
     backend: the same array operations in CuPy) when given; streamlines go in chunks of
     about ``chunk_points`` points."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
+    if xp is not np:  # the working memory must fit in what the device has free
+        chunk_points = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
     offsets = np.asarray(offsets, dtype=np.int64)
     n_fibers = len(offsets) - 1
     n_rows = int(rows.max()) + 1 if rows.size else 0
@@ -302,10 +305,17 @@ def segments(
         last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
         last = min(max(last, first + 1), n_fibers)
         lo, hi = offsets[first], offsets[last]
-        chunk_points_ = xp.asarray(np.asarray(points[lo:hi], dtype=np.float64))
-        fiber, row, orient, length = _chunk_segments(
-            xp, chunk_points_, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
-        )
+        try:
+            chunk_points_ = xp.asarray(np.asarray(points[lo:hi], dtype=np.float64))
+            fiber, row, orient, length = _chunk_segments(
+                xp, chunk_points_, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
+            )
+        except Exception as exc:  # out of device memory: retry with half the points
+            if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
+                raise
+            backend.free_cached_memory()
+            chunk_points = max(1, (hi - lo) // 2)
+            continue
         parts.append((fiber + first, row, orient, length))
         first = last
     fiber, row, orient, length = (xp.concatenate([part[i] for part in parts]) for i in range(4))
@@ -696,11 +706,38 @@ class BlockedOperator:
     :class:`DeviceOperator`), applies it and frees it before the next. A·x fills each block's
     rows; Aᵀ·y adds each block's part of the streamline columns (a streamline's voxels may lie
     in several blocks) and sets its EC and ISO columns. Slower than one resident operator (the
-    segments cross the bus twice per FISTA iteration) but bounded in device memory."""
+    segments cross the bus twice per FISTA iteration) but bounded in device memory. A block
+    that still runs out of memory (``is_oom``) halves the block size and the product restarts."""
 
-    def __init__(self, problem: Problem, make: Callable[[Problem], object], max_segments: int, xp=np):
+    def __init__(
+        self,
+        problem: Problem,
+        make: Callable[[Problem], object],
+        max_segments: int,
+        xp=np,
+        is_oom: Callable[[BaseException], bool] | None = None,
+        free_cache: Callable[[], None] | None = None,
+    ):
         self.problem, self.make, self.xp = problem, make, xp
-        self.blocks = [(r0, r1, *sub_problem(problem, r0, r1)) for r0, r1 in row_blocks(problem, max_segments)]
+        self.is_oom = is_oom or (lambda exc: isinstance(exc, MemoryError))
+        self.free_cache = free_cache or (lambda: None)
+        self._split(max_segments)
+
+    def _split(self, max_segments: int) -> None:
+        self.max_segments = max(1, int(max_segments))
+        self.blocks = [
+            (r0, r1, *sub_problem(self.problem, r0, r1)) for r0, r1 in row_blocks(self.problem, max_segments)
+        ]
+
+    def _retrying(self, product):
+        while True:
+            try:
+                return product()
+            except Exception as exc:
+                if not self.is_oom(exc) or self.max_segments == 1:
+                    raise
+                self.free_cache()
+                self._split(self.max_segments // 2)
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -712,6 +749,16 @@ class BlockedOperator:
         return ec, slice(iso0 + r0 * p.n_iso, iso0 + r1 * p.n_iso)
 
     def a(self, x):
+        return self._retrying(lambda: self._a(x))
+
+    def at(self, y):
+        return self._retrying(lambda: self._at(y))
+
+    def column_norms(self) -> np.ndarray:
+        """Column norms (host) from the blocks' operators: squared norms add over voxel rows."""
+        return self._retrying(self._column_norms)
+
+    def _a(self, x):
         xp, p = self.xp, self.problem
         x = xp.asarray(x, dtype=xp.float64).ravel()
         y = xp.empty(p.n_rows * p.n_meas)
@@ -722,7 +769,7 @@ class BlockedOperator:
             del op
         return y
 
-    def at(self, y):
+    def _at(self, y):
         xp, p = self.xp, self.problem
         y = xp.asarray(y, dtype=xp.float64).ravel()
         x = xp.zeros(p.n_cols)
@@ -736,8 +783,7 @@ class BlockedOperator:
             del op
         return x
 
-    def column_norms(self) -> np.ndarray:
-        """Column norms (host) from the blocks' operators: squared norms add over voxel rows."""
+    def _column_norms(self) -> np.ndarray:
         p = self.problem
         out = np.zeros(p.n_cols)
         for r0, r1, sub, e0, e1 in self.blocks:
@@ -765,23 +811,38 @@ class NumpyOperator:
         return column_norms(self.problem)
 
 
+def fista_bytes(problem: Problem) -> int:
+    """Device bytes FISTA keeps besides the operator: about 16 vectors of the columns (x, z,
+    their updates, scales, gradient) and 6 of the measurements (y, A x, A z, residuals), float64."""
+    return 8 * (16 * problem.n_cols + 6 * problem.n_rows * problem.n_meas)
+
+
 def device_operator(backend, problem: Problem, *, max_segments: int | None = None, notes: list | None = None):
     """The operator for ``problem`` on ``backend``: one resident :class:`DeviceOperator` when it
-    fits in the free device memory, else (or when ``max_segments`` says so) a
-    :class:`BlockedOperator` of device operators over blocks sized to the free memory; a note
+    fits in the free device memory next to FISTA's vectors, else (or when ``max_segments`` says
+    so) a :class:`BlockedOperator` of device operators over blocks sized to what is left; a note
     says so. Out of device memory while building the resident one also falls back to blocks."""
     n_seg = max(1, len(problem.segments))
-    budget = backend.free_memory_bytes() // 2 // DEVICE_BYTES_PER_SEGMENT
-    if max_segments is None and n_seg * problem.n_ic <= budget:
+    per_segment = DEVICE_BYTES_PER_SEGMENT * problem.n_ic
+
+    def budget() -> int:  # segments that fit in half of what FISTA leaves free
+        return max(1, (backend.free_memory_bytes() - fista_bytes(problem)) // 2 // per_segment)
+
+    if max_segments is None and n_seg <= budget():
         try:
             return DeviceOperator(backend, problem)
         except Exception as exc:
             if not backend.is_out_of_memory(exc):
                 raise
             backend.free_cached_memory()
-            budget = backend.free_memory_bytes() // 2 // DEVICE_BYTES_PER_SEGMENT
-    block = max_segments or max(1, budget // max(1, problem.n_ic))
-    op = BlockedOperator(problem, lambda sub: DeviceOperator(backend, sub), block, backend.xp)
+    op = BlockedOperator(
+        problem,
+        lambda sub: DeviceOperator(backend, sub),
+        max_segments or budget(),
+        backend.xp,
+        is_oom=backend.is_out_of_memory,
+        free_cache=backend.free_cached_memory,
+    )
     if notes is not None:
         notes.append(
             f"the problem ({n_seg:,} segments) does not fit in the device's free memory at once: "

@@ -417,6 +417,7 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
     import cupy as cp
 
     from app.pipelines.commit import commit_pipeline
+    from gpu.commit import fista_bytes
 
     dwi, tract = _synthetic_pipeline_inputs()
     params = CommitParams(max_iter=50, tol=0.0)
@@ -426,7 +427,8 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     try:
-        pool.set_limit(size=n_seg * 96 + 32 * 2**20)
+        # FISTA's vectors fit and a third of the segments at a time, not all of them
+        pool.set_limit(size=fista_bytes(resident.problem) + n_seg * 96 + 16 * 2**20)
         blocked = commit_pipeline(dwi, tract, params=params, device="gpu")
     finally:
         pool.set_limit(size=0)
@@ -435,3 +437,22 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
     assert notes
     assert _relative(blocked.weights, resident.weights) < 1e-10
     np.testing.assert_allclose(blocked.model, resident.model, rtol=1e-10, atol=1e-14)
+
+
+def test_blocked_operator_halves_its_blocks_when_out_of_memory():
+    """A block operator that fails for more than 25 segments (as a device out of memory would):
+    the blocks are halved until they fit, and the products are still exact."""
+    from gpu.commit import BlockedOperator, NumpyOperator
+
+    problem, *_ = small_problem()
+
+    def make(sub):
+        if len(sub.segments) > 25 and sub.n_rows > 1:
+            raise MemoryError("out of device memory (simulated)")
+        return NumpyOperator(sub)
+
+    blocked = BlockedOperator(problem, make, 10_000)
+    assert len(blocked) == 1
+    x = np.random.default_rng(6).random(problem.n_cols)
+    np.testing.assert_allclose(blocked.a(x), NumpyOperator(problem).a(x), rtol=1e-12)
+    assert blocked.max_segments <= 25 * 2 and len(blocked) > 10
