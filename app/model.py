@@ -176,6 +176,7 @@ class Tractogram(Observable):
     point_scalars: dict[str, np.ndarray] = field(default_factory=dict)
     streamline_scalars: dict[str, np.ndarray] = field(default_factory=dict)
     name: str = "tractogram"
+    source: str = ""  # the file it was read from ("" when computed)
 
     def __post_init__(self) -> None:
         Observable.__init__(self)

@@ -219,7 +219,7 @@ def test_tractogram_round_trip_keeps_points_and_scalars(tmp_path, rng, suffix):
     )
     path = save_tractogram(tract, tmp_path / f"t{suffix}")
     back = load_tractogram(path, reference=(aff, (20, 20, 20)))
-    assert len(back) == 4
+    assert len(back) == 4 and back.source == str(path) and tract.source == ""
     np.testing.assert_array_equal(back.lengths, [5, 1, 17, 3])
     np.testing.assert_allclose(back.points, tract.points, atol=2e-4)
     np.testing.assert_allclose(back.affine, aff, atol=1e-5)

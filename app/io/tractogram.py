@@ -134,6 +134,7 @@ def _tractogram_from_mm(points_mm, lengths, affine, dims, per_point: dict, per_s
         {k: _single_column(v) for k, v in per_point.items()},
         {k: _single_column(v) for k, v in per_streamline.items()},
         name=path.name.split(".")[0],
+        source=str(path),
     )
 
 

@@ -331,3 +331,17 @@ def test_save_outputs_writes_the_commit_files_and_asks_before_replacing(window, 
     assert len(asked) == 2 and win.errors == []
     after = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     assert sorted(after) == names and all(after[name] > stamps[name] for name in names)
+
+
+def test_filtered_tractogram_keeps_the_format_it_was_read_in(tmp_path):
+    """The COMMIT panel writes its filtered tractogram in the input's format (.tck in, .tck out)."""
+    from app.io import load_tractogram, save_tractogram
+    from app.model import Layer, Tractogram
+    from widgets.commit_panel import tractogram_suffix
+
+    rng = np.random.default_rng(0)
+    tract = Tractogram.from_list([rng.uniform(0, 9, size=(4, 3))], affine=np.eye(4), dimensions=(10, 10, 10))
+    for suffix in (".tck", ".trx", ".trk"):
+        back = load_tractogram(save_tractogram(tract, tmp_path / f"t{suffix}"), reference=(np.eye(4), (10, 10, 10)))
+        assert tractogram_suffix(Layer("t", back, "tractogram")) == suffix
+    assert tractogram_suffix(Layer("t", tract, "tractogram")) == ".trk"  # computed: .trk
