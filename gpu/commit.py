@@ -389,11 +389,17 @@ class Problem:
         return x[:a].reshape(self.n_ic, self.n_fibers), x[a:b], x[b:].reshape(self.n_rows, self.n_iso)
 
 
+def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """EC compartments (row, orientation), one per distinct pair, sorted by row (as
+    :class:`Problem` needs)."""
+    key = np.unique(np.asarray(row, dtype=np.int64) * N_ORIENTATIONS + orient)
+    return (key // N_ORIENTATIONS).astype(np.int32), (key % N_ORIENTATIONS).astype(np.int32)
+
+
 def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments where no peaks file is given: one per (voxel, orientation) among the
     segments there."""
-    key = np.unique(seg.row.astype(np.int64) * N_ORIENTATIONS + seg.orient)
-    return (key // N_ORIENTATIONS).astype(np.int32), (key % N_ORIENTATIONS).astype(np.int32)
+    return ec_compartments(seg.row, seg.orient)
 
 
 CHUNK = 1 << 18  # segments per step of the NumPy reference (bounded memory)

@@ -132,7 +132,6 @@ def peaks_compartments(
     if not np.allclose(img.affine, affine, atol=1e-3):
         notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
     peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
-    rotation = affine[:3, :3] / np.sqrt((affine[:3, :3] ** 2).sum(0))  # world -> voxel axes: R^T
     inside = rows >= 0
     vectors = peaks[inside]  # (n, K, 3)
     row_of = np.repeat(rows[inside], vectors.shape[1])
@@ -141,10 +140,9 @@ def peaks_compartments(
     if frame == "fsl":
         axes = fsl_to_voxel_vectors(flat[present], affine)
     else:
+        rotation = affine[:3, :3] / np.sqrt((affine[:3, :3] ** 2).sum(0))  # world -> voxel axes: R^T
         axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
-    orient = commit.orientation_index(axes)
-    key = np.unique(row_of[present].astype(np.int64) * commit.N_ORIENTATIONS + orient)
-    return (key // commit.N_ORIENTATIONS).astype(np.int32), (key % commit.N_ORIENTATIONS).astype(np.int32)
+    return commit.ec_compartments(row_of[present], commit.orientation_index(axes))
 
 
 def commit_pipeline(
