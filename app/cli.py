@@ -15,12 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from gpu.backend import DEVICES, BackendError, Cancelled, OutOfDeviceMemory, get_backend, gpu_status
 from gpu.commit import MODELS as COMMIT_MODELS
 
 from . import __version__
 from .errors import InputError
 from .pipelines.commit import PEAKS_FRAMES
+from .pipelines.connectivity import DEFAULT_MARGIN_MM, DEFAULT_RADIUS_MM, WEIGHTS
 
 log = logging.getLogger("tractlens")
 
@@ -246,6 +249,115 @@ def cmd_select(args) -> int:
         **selection.provenance,
     }
     _emit(args, summary, f"kept {len(selected)} of {len(tract)} streamlines; written to {args.output}")
+    return EXIT_OK
+
+
+def cmd_connectome(args) -> int:
+    from .io import load_labels, load_tractogram
+    from .io.lut import load_lut
+    from .io.nifti import load_image
+    from .model import Volume
+    from .pipelines.connectivity import compute_connectome, write_matrix_csv
+
+    get_backend(args.device)
+    labels_img = load_image(args.labels, "label volume")
+    labels = Volume("labels", load_labels(args.labels), labels_img.affine, kind="labels", source=str(args.labels))
+    lut = load_lut(args.lut) if args.lut else None
+    weights = _read_weights(args.streamline_weights) if args.streamline_weights else None
+    tract = load_tractogram(args.tractogram, reference=args.labels)
+    result = compute_connectome(
+        tract,
+        labels,
+        weight=args.weight,
+        lut=lut,
+        radius_mm=args.radius,
+        weights=weights,
+        device=args.device,
+        progress=Progress("connectome", "streamline ends", quiet=args.quiet),
+    )
+    write_matrix_csv(result, args.output)
+    counts = result.counts
+    summary = {
+        "input": str(args.tractogram),
+        "output": str(args.output),
+        "region_names": result.row_names,
+        "edges": int(np.count_nonzero(np.triu(counts))),
+        "streamlines_in_matrix": int(np.triu(counts).sum()),
+        **result.provenance,
+    }
+    _emit(
+        args,
+        summary,
+        f"{result.provenance['assigned']} of {len(tract)} streamlines join two of {len(result.row_names)} regions "
+        f"({summary['edges']} connections); {args.weight} matrix written to {args.output}",
+    )
+    return EXIT_OK
+
+
+def _read_weights(path) -> np.ndarray:
+    try:
+        values = np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the streamline weights ({exc})", path=path,
+                         fix="Give a text file with one number per streamline") from None  # fmt: skip
+    if values.ndim != 1 or not np.isfinite(values).all():
+        raise InputError("the streamline weights must be one finite number per line", path=path)
+    return values
+
+
+def cmd_profile(args) -> int:
+    from .io import load_tractogram, load_volume
+    from .pipelines.connectivity import compute_profile, profile_csv_text, write_text_atomic
+
+    get_backend(args.device)
+    volume = load_volume(args.map)
+    tract = load_tractogram(args.tractogram, reference=args.map)
+    result = compute_profile(tract, volume, args.points, device=args.device)
+    map_name = volume.name
+    write_text_atomic(profile_csv_text(result, volume.affine, map_name), args.output)
+    summary = {
+        "input": str(args.tractogram),
+        "map": str(args.map),
+        "output": str(args.output),
+        "mean": [None if not np.isfinite(v) else float(v) for v in result.mean],
+        **result.provenance,
+    }
+    _emit(
+        args,
+        summary,
+        f"{map_name} profile of {len(tract)} streamlines at {args.points} points "
+        f"(mean {np.nanmean(result.mean):.4g}); written to {args.output}",
+    )
+    return EXIT_OK
+
+
+def cmd_distance(args) -> int:
+    from .io import load_mask, load_tractogram, save_tractogram
+    from .io.nifti import load_image
+    from .pipelines.connectivity import compute_lesion_distance, distance_row, with_distances
+
+    get_backend(args.device)
+    if args.output:
+        from .io.tractogram import check_output_suffix
+
+        check_output_suffix(args.output)
+    lesion = load_mask(args.lesion, what="lesion mask")
+    affine = load_image(args.lesion, "lesion mask").affine
+    tract = load_tractogram(args.tractogram, reference=args.lesion)
+    distance = compute_lesion_distance(
+        tract, lesion, affine, device=args.device, progress=Progress("distance", "streamlines", quiet=args.quiet)
+    )
+    row = distance_row(Path(args.tractogram).name, distance.per_streamline, args.margin)
+    if args.output:
+        save_tractogram(with_distances(tract, distance), args.output)
+    summary = {"input": str(args.tractogram), "lesion": str(args.lesion), "margin_mm": args.margin,
+               "output": args.output, **row.as_dict(), **distance.provenance}  # fmt: skip
+    _emit(
+        args,
+        summary,
+        f"closest approach {row.min_mm:.1f} mm; {row.within_margin} of {row.streamlines} streamlines "
+        f"({row.percent_within:.1f} %) within {args.margin:g} mm of the lesion",
+    )
     return EXIT_OK
 
 
@@ -584,6 +696,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
     p.set_defaults(func=cmd_select)
+
+    p = sub.add_parser(
+        "connectome",
+        parents=[common],
+        help="connectivity matrix of a tractogram over a parcellation (count, mean length, CM or COMMIT weight)",
+        description="Each streamline end takes the label of the nearest labelled voxel (centre distance) within "
+        "--radius mm (MRtrix's radial search); streamlines with both ends assigned fill the symmetric matrix. "
+        "The CSV has a header row of region names (from --lut, else label_N) and the name first in every row: "
+        "pandas.read_csv(PATH, index_col=0).",
+    )
+    p.add_argument("tractogram", help=".trk, .tck or .trx")
+    p.add_argument("--labels", required=True, help="label volume (parcellation) NIfTI; 0 = no region")
+    p.add_argument("--lut", help="lookup table with the region names (FreeSurfer/MRtrix LUT or BIDS dseg.tsv)")
+    p.add_argument("--weight", choices=tuple(WEIGHTS), default="count",
+                   help="cell value: count (default), mean length in mm, mean cm, mean commit weight")  # fmt: skip
+    p.add_argument("--streamline-weights", metavar="FILE",
+                   help="--weight commit: COMMIT's streamline_weights.txt (default: the commit_weight scalar)")  # fmt: skip
+    p.add_argument("--radius", type=float, default=DEFAULT_RADIUS_MM, metavar="MM",
+                   help=f"endpoint search radius in mm (default {DEFAULT_RADIUS_MM:g})")  # fmt: skip
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("-o", "--output", required=True, help="matrix CSV")
+    p.set_defaults(func=cmd_connectome)
+
+    p = sub.add_parser(
+        "profile",
+        parents=[common],
+        help="along-tract profile of a scalar map (FA, MD, ...) over a bundle: mean and sd at K points",
+        description="Streamlines are resampled to --points points equally spaced along their length (mm), "
+        "flipped to run the same way as the bundle's mean course, and the map is sampled trilinearly. The CSV "
+        "has point, position (0..1), mean, sd, n and the mean course in RAS mm.",
+    )
+    p.add_argument("tractogram", help="the bundle: .trk, .tck or .trx")
+    p.add_argument("--map", required=True, help="3-D scalar NIfTI (e.g. FA.nii.gz)")
+    p.add_argument("--points", type=int, default=100, help="points along the bundle (default 100)")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("-o", "--output", required=True, help="profile CSV")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser(
+        "distance",
+        parents=[common],
+        help="presurgical: each streamline's closest approach (mm) to a lesion mask, and those within a margin",
+        description="Distance from each point to the nearest lesion voxel (each voxel taken as the ellipsoid "
+        "inscribed in it; 0 inside), each segment sampled every quarter voxel. -o writes the tractogram with "
+        "the per-point scalar lesion_dist_mm and the per-streamline min_lesion_dist_mm (.trk/.trx).",
+    )
+    p.add_argument("tractogram", help=".trk, .tck or .trx")
+    p.add_argument("--lesion", required=True, help="lesion (or any region) mask NIfTI")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN_MM, metavar="MM",
+                   help=f"safety margin in mm (default {DEFAULT_MARGIN_MM:g})")  # fmt: skip
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("-o", "--output", help="tractogram with the distances as scalars (.trk or .trx)")
+    p.set_defaults(func=cmd_distance)
 
     track = sub.add_parser(
         "track", help="tractography: deterministic tensor tracking, geodesic ray tracing, probabilistic (probtrackx)"

@@ -19,7 +19,10 @@ The dataset is generated on first use and cached (``$TRACTLENS_CACHE`` or
 demo-data OUTDIR`` writes a copy. Files: ``dwi.nii.gz`` + ``dwi.bval`` +
 ``dwi.bvec`` (FSL convention), ``mask.nii.gz`` (true brain), ``labels.nii.gz``
 (dominant bundle id), ``roi_<bundle>_seed/target.nii.gz``, ``bundles.trk``
-(ground-truth streamlines, per-streamline ``bundle`` id), ``demo.json``.
+(ground-truth streamlines, per-streamline ``bundle`` id), ``parcellation.nii.gz`` with
+``parcellation.txt`` (FreeSurfer-style LUT: the start and end region of every bundle, so
+bundle k joins regions 2k-1 and 2k), ``lesion.nii.gz`` (a sphere of radius 2.5 voxels
+beside ``crossing_lr``), ``demo.json``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import numpy as np
 from .io import save_gradients, save_tractogram, save_volume
 from .model import Tractogram
 
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 SHAPE = (56, 56, 24)
 VOXEL_MM = 2.0
 SEED = 20261121
@@ -45,6 +48,8 @@ S0 = 1000.0  # scanner-like integer range; written as int16
 D_PAR, D_PERP, D_GM = 1.7e-3, 0.5e-3, 0.9e-3
 F_INTRA = 0.6
 ROI_FRACTIONS = {"seed": (0.06, 0.14), "target": (0.86, 0.94)}
+END_FRACTION = 0.12  # a bundle's first and last 12 % (of its length) are its two parcellation regions
+LESION_CENTRE, LESION_RADIUS = (18.0, 34.0, 15.0), 2.5  # voxels: beside crossing_lr, 6 voxels off its axis
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ def _line(start, stop, samples=200):
 def _arc(centre, radius, t0, t1, z, samples=200):
     t = np.linspace(t0, t1, samples)
     return np.stack([centre[0] + radius * np.cos(t), centre[1] + radius * np.sin(t), np.full_like(t, z)], axis=1)
+
+
+_LUT_COLOURS = ((230, 60, 60), (60, 200, 60), (70, 110, 240), (230, 180, 40), (190, 70, 220))
 
 
 def bundles() -> list[Bundle]:
@@ -200,6 +208,22 @@ def write_phantom(phantom: Phantom, outdir: str | os.PathLike) -> Path:
     save_volume(phantom.brain.astype(np.uint8), aff, out / "mask.nii.gz")
     labels = np.where(phantom.occupancy.max(-1) >= 0.5, phantom.occupancy.argmax(-1) + 1, 0)
     save_volume(labels.astype(np.uint8), aff, out / "labels.nii.gz")
+    parcellation = np.zeros(SHAPE, dtype=np.uint8)
+    lut_lines = ["# TractLens demo parcellation: index name R G B A"]
+    for k, bundle in enumerate(phantom.bundles):
+        tube = phantom.occupancy[..., k] >= 0.2
+        arc = phantom.arclength[..., k]
+        for region, (part, inside) in enumerate((("start", arc <= END_FRACTION), ("end", arc >= 1 - END_FRACTION))):
+            label = 2 * k + 1 + region
+            parcellation[tube & inside & (parcellation == 0)] = label
+            rgb = (np.array(_LUT_COLOURS[k]) * (1.0 if region == 0 else 0.6)).astype(int)
+            lut_lines.append(f"{label:<4d} {bundle.name}_{part:<8s} {rgb[0]:3d} {rgb[1]:3d} {rgb[2]:3d} 0")
+    save_volume(parcellation, aff, out / "parcellation.nii.gz")
+    (out / "parcellation.txt").write_text("\n".join(lut_lines) + "\n")
+    grid = np.indices(SHAPE, dtype=np.float64)
+    centre = np.asarray(LESION_CENTRE)[:, None, None, None]
+    lesion = ((grid - centre) ** 2).sum(axis=0) <= LESION_RADIUS**2
+    save_volume(lesion.astype(np.uint8), aff, out / "lesion.nii.gz")
     rois = {}
     streamlines, bundle_ids = [], []
     for k, bundle in enumerate(phantom.bundles):
@@ -238,7 +262,11 @@ def write_phantom(phantom: Phantom, outdir: str | os.PathLike) -> Path:
             "mask": "mask.nii.gz",
             "labels": "labels.nii.gz",
             "bundles": "bundles.trk",
+            "parcellation": "parcellation.nii.gz",
+            "parcellation_lut": "parcellation.txt",
+            "lesion": "lesion.nii.gz",
         },
+        "lesion": {"centre_voxels": list(LESION_CENTRE), "radius_voxels": LESION_RADIUS},
     }
     (out / "demo.json").write_text(json.dumps(manifest, indent=2))
     return out

@@ -18,6 +18,7 @@ What a path becomes:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from .io._atomic import split_suffix
 from .io.bedpostx import dyad_volume
 from .io.nifti import NIFTI_SUFFIXES, load_image, read_array
 from .model import DWIVolume, Layer, Volume
+
+log = logging.getLogger(__name__)
 
 MAX_LABELS = 5000
 BEDPOSTX_SAMPLES = re.compile(r"merged_(th|ph|f)\d+samples\.nii(\.gz)?$")
@@ -136,9 +139,27 @@ def load_layers(
     if data.ndim != 3:
         raise InputError(f"cannot show an image of shape {shape}", path=path)
     if np.issubdtype(img.get_data_dtype(), np.integer) and _looks_like_labels(data):
-        return [Layer(_stem(path), Volume(_stem(path), data.astype(np.int32), img.affine, kind="labels"), "labels")]
+        volume = Volume(_stem(path), data.astype(np.int32), img.affine, kind="labels", source=str(path))
+        volume.lut = _sidecar_lut(path)
+        return [Layer(_stem(path), volume, "labels")]
     volume = Volume(_stem(path), np.nan_to_num(data), img.affine)
     return [Layer(_stem(path), volume, "scalar")]
+
+
+def _sidecar_lut(path: Path):
+    """The lookup table beside a label volume (``NAME.txt``, ``NAME_lut.txt``, ``NAME.tsv``: the
+    BIDS dseg sidecar), or None. One that cannot be read is skipped with a warning, not fatal."""
+    from .io.lut import load_lut
+
+    stem = _stem(path)
+    for name in (f"{stem}.txt", f"{stem}_lut.txt", f"{stem}.tsv", f"{stem}_LUT.txt"):
+        candidate = path.with_name(name)
+        if candidate.is_file():
+            try:
+                return load_lut(candidate)
+            except InputError as exc:
+                log.warning("%s", exc)
+    return None
 
 
 def _looks_like_labels(data: np.ndarray) -> bool:

@@ -59,6 +59,7 @@ class Volume(Observable):
         self.affine = affine
         self.kind = kind
         self.source = source
+        self.lut = None  # labels: an app.io.lut.LabelTable with the regions' names, when one is known
 
     @property
     def data(self) -> np.ndarray:

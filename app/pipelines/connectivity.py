@@ -1,0 +1,335 @@
+"""Use cases: connectivity matrices, along-tract profiles and distance to a lesion.
+
+The GUI (connectivity and presurgical panels), the command line (``tractlens connectome``,
+``tractlens profile``) and scripts call these; the arithmetic is in :mod:`gpu.connectivity`
+and :mod:`gpu.tractometry`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gpu.connectivity import DEFAULT_RADIUS_MM, Connectome, assign_endpoints, connectome, streamline_lengths_mm
+from gpu.tractometry import Profile, RegionDistance, profile, region_distance
+
+from ..errors import InputError
+from ..io._atomic import atomic_path
+from ..io.lut import LabelTable
+from ..model import Tractogram, Volume
+
+#: What a connectome cell holds (``--weight``).
+WEIGHTS = {
+    "count": "streamlines joining the two regions",
+    "length": "mean length of those streamlines (mm)",
+    "cm": "mean connectivity measure (CM) of those streamlines (geodesic tracking)",
+    "commit": "mean COMMIT weight of those streamlines",
+}
+CM_SCALAR, COMMIT_SCALAR = "cm", "commit_weight"
+DISTANCE_POINT_SCALAR = "lesion_dist_mm"  # per point: distance to the lesion
+DISTANCE_STREAMLINE_SCALAR = (
+    "min_lesion_dist_mm"  # .trk names: 20 characters at most  # per streamline: its closest approach
+)
+DEFAULT_MARGIN_MM = 5.0
+
+
+@dataclass
+class ConnectivityMatrix:
+    """A matrix for the heat map and the CSV: ``values`` (rows × columns) of ``measure``, with
+    ``counts`` (streamlines per cell, for the log scale and the tooltips) and names.
+
+    ``connectome`` is set for a tractogram's matrix (square, symmetric, rows = columns = the
+    parcellation's regions; its ``edge_streamlines(i, j)`` selects a cell's streamlines);
+    None for a probabilistic run's seed × target counts, whose streamlines are not kept."""
+
+    values: np.ndarray
+    counts: np.ndarray
+    row_names: list[str]
+    column_names: list[str]
+    measure: str
+    connectome: Connectome | None = None
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def symmetric(self) -> bool:
+        return self.connectome is not None
+
+    def cell_streamlines(self, row: int, column: int) -> np.ndarray | None:
+        """Bool per streamline of the cell's connection (None: a matrix without streamlines)."""
+        if self.connectome is None:
+            return None
+        return self.connectome.edge_streamlines(row, column)
+
+
+def streamline_weights(tractogram: Tractogram, weight: str, weights: np.ndarray | None = None) -> np.ndarray | None:
+    """The per-streamline value a ``weight`` averages (None for ``count``)."""
+    if weight not in WEIGHTS:
+        raise InputError(f"unknown weight {weight!r}", fix=f"Use one of {', '.join(WEIGHTS)}")
+    if weight == "count":
+        return None
+    if weight == "length":
+        return streamline_lengths_mm(tractogram.points, tractogram.offsets, tractogram.affine[:3, :3])
+    if weights is not None:
+        weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+        if len(weights) != len(tractogram):
+            raise InputError(
+                f"{len(weights)} streamline weights for {len(tractogram)} streamlines",
+                fix="Give the weights file written for this very tractogram (one value per streamline, in order)",
+            )
+        return weights
+    key = CM_SCALAR if weight == "cm" else COMMIT_SCALAR
+    values = tractogram.streamline_scalars.get(key)
+    if values is None:
+        where = (
+            "geodesic tracking stores it (in .trk or .trx files)"
+            if weight == "cm"
+            else "COMMIT's tractogram_filtered keeps it (.trk or .trx), or give --streamline-weights "
+            "streamline_weights.txt"
+        )
+        raise InputError(f"the tractogram has no per-streamline {key!r} for --weight {weight}", fix=where)
+    return np.asarray(values, dtype=np.float64).reshape(len(tractogram), -1)[:, 0]
+
+
+def label_nodes(labels: np.ndarray) -> np.ndarray:
+    """The regions of a parcellation: its non-zero label values, ascending."""
+    nodes = np.unique(np.asarray(labels))
+    nodes = nodes[nodes > 0]
+    if len(nodes) == 0:
+        raise InputError("the label volume has no region (every voxel is 0)", fix="Give a parcellation")
+    return nodes.astype(np.int64)
+
+
+def compute_connectome(
+    tractogram: Tractogram,
+    labels: Volume,
+    *,
+    weight: str = "count",
+    lut: LabelTable | None = None,
+    radius_mm: float = DEFAULT_RADIUS_MM,
+    weights: np.ndarray | None = None,
+    device: str = "auto",
+    progress=None,
+    cancelled=None,
+) -> ConnectivityMatrix:
+    """The region × region matrix of ``tractogram`` over the parcellation ``labels``."""
+    if len(tractogram) == 0:
+        raise InputError("the tractogram has no streamlines", fix="Track first, or load another tractogram")
+    if not np.isfinite(radius_mm) or radius_mm < 0:
+        raise InputError(f"the search radius must be >= 0 mm, not {radius_mm}")
+    values = streamline_weights(tractogram, weight, weights)
+    nodes = label_nodes(labels.data)
+    points = tractogram.points_on(labels.affine)
+    assignment = assign_endpoints(
+        points,
+        tractogram.offsets,
+        np.asarray(labels.data, dtype=np.int32),
+        labels.affine[:3, :3],
+        radius_mm=radius_mm,
+        device=device,
+        progress=progress,
+        cancelled=cancelled,
+    )
+    result = connectome(assignment, nodes, values)
+    names = [lut.name(n) if lut is not None else f"label_{n}" for n in nodes]
+    matrix = result.counts.astype(np.float64) if weight == "count" else result.mean
+    provenance = {
+        **result.provenance,
+        "weight": weight,
+        "streamlines": len(tractogram),
+        "assigned": result.assigned,
+        "regions": len(nodes),
+        "labels": labels.source or labels.name,
+        "lut": lut.source if lut is not None else None,
+    }
+    return ConnectivityMatrix(matrix, result.counts, names, names, weight, result, provenance)
+
+
+def seed_target_matrix(
+    seeds: np.ndarray,
+    seed_targets: np.ndarray,
+    target_names: Sequence[str],
+    *,
+    labels: Volume | None = None,
+    lut: LabelTable | None = None,
+) -> ConnectivityMatrix:
+    """A probabilistic run's counts (seed voxels × targets) as regions × targets.
+
+    ``seeds`` (N, 3) seed voxel indices on the run's grid, ``seed_targets`` (N, T) counts.
+    With a parcellation on that grid, rows are its regions (the seed voxels in each summed,
+    seeds outside every region in a row ``unlabelled``); without one, a single row: the seed."""
+    seed_targets = np.asarray(seed_targets, dtype=np.int64)
+    if seed_targets.ndim != 2 or len(seed_targets) != len(seeds):
+        raise ValueError("one row of target counts per seed voxel is needed")
+    if labels is None:
+        rows, names = seed_targets.sum(axis=0, keepdims=True), ["seed"]
+    else:
+        seed_labels = np.asarray(labels.data)[tuple(np.asarray(seeds, dtype=np.int64).T)].astype(np.int64)
+        nodes = np.unique(seed_labels)
+        index = np.searchsorted(nodes, seed_labels)
+        rows = np.zeros((len(nodes), seed_targets.shape[1]), dtype=np.int64)
+        np.add.at(rows, index, seed_targets)
+        names = [("unlabelled" if n == 0 else (lut.name(n) if lut else f"label_{n}")) for n in nodes]
+    provenance = {"measure": "count", "seed_voxels": len(seeds), "targets": list(target_names)}
+    return ConnectivityMatrix(rows.astype(np.float64), rows, names, list(target_names), "count", None, provenance)
+
+
+def matrix_csv_text(matrix: ConnectivityMatrix) -> str:
+    """The matrix as CSV: a header row of column names, then one row per region, its name first.
+
+    Read it back with ``pandas.read_csv(path, index_col=0)`` or
+    ``numpy.loadtxt(path, delimiter=",", skiprows=1, usecols=range(1, n + 1))``."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["region", *matrix.column_names])
+    integral = matrix.measure == "count"
+    for name, row in zip(matrix.row_names, matrix.values):
+        writer.writerow([name, *(str(int(v)) if integral else f"{v:.6g}" for v in row)])
+    return out.getvalue()
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_matrix_csv(matrix: ConnectivityMatrix, path: str | os.PathLike) -> Path:
+    return write_text_atomic(matrix_csv_text(matrix), path)
+
+
+# ------------------------------------------------------------------ along-tract profiles
+
+
+def compute_profile(
+    tractogram: Tractogram, scalar_map: Volume, n_points: int = 100, *, device: str = "auto"
+) -> Profile:
+    """Along-tract profile of a 3-D map over a bundle, the bundle resampled to ``n_points``."""
+    if len(tractogram) == 0:
+        raise InputError("the bundle has no streamlines", fix="Select or load the bundle first")
+    if n_points < 2:
+        raise InputError(f"a profile needs at least 2 points, not {n_points}")
+    data = np.asarray(scalar_map.data)
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise InputError(
+            f"the map must be a 3-D scalar image (FA, MD, ...), this one has shape {data.shape}",
+            path=scalar_map.source or None,
+        )
+    empty = np.diff(tractogram.offsets) == 0
+    if empty.any():
+        tractogram = tractogram.subset(~empty)
+    points = tractogram.points_on(scalar_map.affine)
+    result = profile(points, tractogram.offsets, data, n_points, linear=scalar_map.affine[:3, :3], device=device)
+    if not np.isfinite(result.mean).any():
+        raise InputError(
+            "the bundle lies outside the map (no sample inside it)",
+            path=scalar_map.source or None,
+            fix="Use a map on the tractogram's space",
+        )
+    result.provenance.update(
+        map=scalar_map.source or scalar_map.name, streamlines=len(tractogram), flipped=int(result.flipped.sum())
+    )
+    return result
+
+
+def profile_csv_text(result: Profile, affine: np.ndarray, map_name: str = "value") -> str:
+    """Columns: point (0..K-1), position (0..1 along the bundle), mean, sd, n and the bundle's
+    mean course in RAS mm (x_mm, y_mm, z_mm)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["point", "position", f"{map_name}_mean", f"{map_name}_sd", "n", "x_mm", "y_mm", "z_mm"])
+    course = result.course @ affine[:3, :3].T + affine[:3, 3]
+    k = len(result.mean)
+    for i in range(k):
+        writer.writerow(
+            [
+                i,
+                f"{i / (k - 1):.6g}",
+                f"{result.mean[i]:.6g}",
+                f"{result.sd[i]:.6g}",
+                int(result.n[i]),
+                *(f"{v:.3f}" for v in course[i]),
+            ]
+        )
+    return out.getvalue()
+
+
+# ------------------------------------------------------------------ distance to a lesion
+
+
+def compute_lesion_distance(
+    tractogram: Tractogram,
+    lesion: np.ndarray,
+    lesion_affine: np.ndarray,
+    *,
+    device: str = "auto",
+    progress=None,
+    cancelled=None,
+) -> RegionDistance:
+    """Per point and per streamline distance (mm) of ``tractogram`` to a lesion mask."""
+    lesion = np.asarray(lesion, dtype=bool)
+    if lesion.ndim != 3:
+        raise InputError("the lesion mask must be 3-D")
+    if not lesion.any():
+        raise InputError("the lesion mask is empty", fix="Draw or load the lesion first")
+    points = tractogram.points_on(lesion_affine)
+    return region_distance(
+        points,
+        tractogram.offsets,
+        lesion,
+        lesion_affine[:3, :3],
+        device=device,
+        progress=progress,
+        cancelled=cancelled,
+    )
+
+
+def with_distances(tractogram: Tractogram, distance: RegionDistance) -> Tractogram:
+    """A copy of the tractogram (arrays shared) carrying the distances as scalars to colour by."""
+    return Tractogram(
+        tractogram.points,
+        tractogram.offsets,
+        tractogram.affine,
+        tractogram.dimensions,
+        {**tractogram.point_scalars, DISTANCE_POINT_SCALAR: distance.per_point.astype(np.float32)},
+        {**tractogram.streamline_scalars, DISTANCE_STREAMLINE_SCALAR: distance.per_streamline.astype(np.float32)},
+        name=tractogram.name,
+        source=tractogram.source,
+    )
+
+
+@dataclass
+class DistanceRow:
+    """One line of the presurgical distance table."""
+
+    name: str
+    streamlines: int
+    min_mm: float
+    within_margin: int
+
+    @property
+    def percent_within(self) -> float:
+        return 100.0 * self.within_margin / self.streamlines if self.streamlines else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "streamlines": self.streamlines,
+            "min_mm": self.min_mm,
+            "within_margin": self.within_margin,
+            "percent_within": self.percent_within,
+        }
+
+
+def distance_row(name: str, per_streamline: np.ndarray, margin_mm: float) -> DistanceRow:
+    per_streamline = np.asarray(per_streamline, dtype=np.float64)
+    closest = float(per_streamline.min()) if len(per_streamline) else float("inf")
+    return DistanceRow(name, len(per_streamline), closest, int((per_streamline <= margin_mm).sum()))
