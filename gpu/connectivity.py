@@ -3,8 +3,8 @@
 Each end of a streamline is assigned the label of the nearest labelled voxel (distance
 from the end point to the voxel's centre, in mm) within ``radius_mm``, as MRtrix's
 ``tck2connectome -assignment_radial_search`` does; an end that lands in a labelled voxel
-takes that voxel's label (its centre is the nearest one). Ends with no labelled voxel
-within the radius are unassigned (node -1) and the streamline is left out of the matrix.
+takes that voxel's label whatever the radius (radius 0 assigns end voxels only). Ends with
+no labelled voxel within the radius are unassigned (node -1) and the streamline is left out of the matrix.
 
 The search visits integer voxel offsets in order of a lower bound on the distance they
 can give (``|M o| - h``, ``h`` the largest distance from a point to the centre of the
@@ -51,14 +51,20 @@ def nearest_labels(xp, ends, labels, linear, radius_mm: float, offsets=None, bou
     if offsets is None:
         offsets, bounds = search_offsets(linear, radius_mm)
     n = len(ends)
-    best_label = xp.zeros(n, dtype=xp.int32)
-    best_dist = xp.full(n, np.inf, dtype=xp.float64)
     if n == 0:
-        return best_label, best_dist
+        return xp.zeros(0, dtype=xp.int32), xp.zeros(0, dtype=xp.float64)
     shape = xp.asarray(labels.shape, dtype=xp.int64)
     lin = xp.asarray(np.asarray(linear, dtype=np.float64))
     base = xp.floor(ends + 0.5).astype(xp.int64)
-    active = xp.arange(n)
+    # an end in a labelled voxel takes that label whatever the radius (radius 0: end voxels only)
+    own_inside = xp.all((base >= 0) & (base < shape), axis=1)
+    own = xp.clip(base, 0, shape - 1)
+    own_value = xp.where(own_inside, labels[own[:, 0], own[:, 1], own[:, 2]], 0).astype(xp.int32)
+    own_diff = (base - ends).astype(xp.float64) @ lin.T
+    labelled = own_value > 0
+    best_label = own_value
+    best_dist = xp.where(labelled, xp.sqrt((own_diff * own_diff).sum(axis=1)), np.inf)
+    active = xp.flatnonzero(~labelled)
     for start in range(0, len(offsets), _CHUNK_OFFSETS):
         if len(active) == 0:
             break

@@ -67,12 +67,15 @@ def resample(points: np.ndarray, offsets: np.ndarray, n_points: int, linear=None
     return out.reshape(n, n_points, 3)
 
 
-def orient(resampled: np.ndarray, reference: np.ndarray | None = None, rounds: int = 3) -> np.ndarray:
+def orient(resampled: np.ndarray, reference: np.ndarray | None = None, rounds: int = 3, linear=None) -> np.ndarray:
     """Bool per streamline: flip it so that all run the same way.
 
     Each streamline is compared with a reference course (K, 3) and with its reverse; it is
     flipped when the reverse is closer (mean point distance). Without a reference, the
-    first streamline starts it and the flipped bundle's mean replaces it ``rounds`` times."""
+    first streamline starts it and the flipped bundle's mean replaces it ``rounds`` times;
+    then the whole bundle is turned, if needed, so that its mean course runs towards larger
+    RAS coordinates along the axis it spans most (left → right, posterior → anterior,
+    inferior → superior; ``linear`` maps voxel steps to mm), whichever streamline came first."""
     if len(resampled) == 0:
         return np.zeros(0, dtype=bool)
     ref = resampled[0] if reference is None else np.asarray(reference, dtype=np.float64)
@@ -83,6 +86,10 @@ def orient(resampled: np.ndarray, reference: np.ndarray | None = None, rounds: i
         flip = reverse < same
         oriented = np.where(flip[:, None, None], resampled[:, ::-1], resampled)
         ref = oriented.mean(axis=0)
+    if reference is None:
+        span = (ref[-1] - ref[0]) @ (np.eye(3) if linear is None else np.asarray(linear, np.float64)).T
+        if span[np.argmax(np.abs(span))] < 0:
+            flip = ~flip
     return flip
 
 
@@ -118,7 +125,7 @@ def profile(
     backend = get_backend(device)
     xp = backend.xp
     resampled = resample(points, offsets, n_points, linear)
-    flipped = orient(resampled, reference)
+    flipped = orient(resampled, reference, linear=linear)
     resampled = np.where(flipped[:, None, None], resampled[:, ::-1], resampled)
     flat = resampled.reshape(-1, 3)
     shape = np.asarray(scalar_map.shape[:3])
