@@ -198,16 +198,23 @@ def point_distances(xp, points, mask, features, linear):
     return xp.where(in_region, 0.0, best)
 
 
-def _densify(xp, points, offsets, linear, step_mm):
-    """Samples at most ``step_mm`` apart along every segment (each segment's first point
-    included, the streamline's last point not), in streamline order, and the streamline of each."""
+def _segments(xp, points, offsets, linear):
+    """Index of each segment's first point (segments within a streamline), its streamline and
+    its length in mm."""
     owner_of_point = xp.searchsorted(offsets[1:], xp.arange(len(points)), side="right")
     if len(points) < 2:
-        return xp.zeros((0, 3)), xp.zeros(0, dtype=xp.int64)
+        empty = xp.zeros(0, dtype=xp.int64)
+        return empty, empty, owner_of_point, xp.zeros(0)
     seg_start = xp.arange(len(points) - 1)
     seg_start = seg_start[owner_of_point[seg_start] == owner_of_point[seg_start + 1]]
+    step = (points[seg_start + 1] - points[seg_start]) @ xp.asarray(np.asarray(linear, np.float64)).T
+    return seg_start, owner_of_point[seg_start], owner_of_point, xp.sqrt((step * step).sum(axis=1))
+
+
+def _densify(xp, points, seg_start, seg_owner, seg_mm, step_mm):
+    """Samples at most ``step_mm`` apart along the given segments (each one's first point
+    included, its last not), in segment order, and the streamline of each."""
     a, b = points[seg_start], points[seg_start + 1]
-    seg_mm = xp.sqrt((((b - a) @ xp.asarray(np.asarray(linear, np.float64)).T) ** 2).sum(axis=1))
     pieces = xp.maximum(1, xp.ceil(seg_mm / step_mm).astype(xp.int64))
     ends = xp.cumsum(pieces)
     total = int(ends[-1]) if len(ends) else 0
@@ -216,7 +223,7 @@ def _densify(xp, points, offsets, linear, step_mm):
     seg_of = xp.searchsorted(ends, xp.arange(total), side="right")
     within = xp.arange(total) - (ends - pieces)[seg_of]
     t = (within / pieces[seg_of])[:, None]
-    return a[seg_of] * (1.0 - t) + b[seg_of] * t, owner_of_point[seg_start][seg_of]
+    return a[seg_of] * (1.0 - t) + b[seg_of] * t, seg_owner[seg_of]
 
 
 def _segment_min(xp, values, owner, n):
@@ -227,6 +234,8 @@ def _segment_min(xp, values, owner, n):
     if xp is np:
         starts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
         out[owner[starts]] = np.minimum.reduceat(values, starts)
+    elif hasattr(xp.minimum, "at"):  # CuPy >= 13
+        xp.minimum.at(out, owner, values)
     else:
         import cupyx
 
@@ -271,7 +280,7 @@ def region_distance(
     n = len(offsets) - 1
     device_mask = backend.asarray(mask)
     features = nearest_region_voxels(xp, device_mask, voxel_size)
-    per_point = np.empty(len(points))
+    per_point = np.empty(len(points), dtype=np.float32)
     per_streamline = np.full(n, np.inf)
     lengths = np.diff(offsets)
     seg_mm = np.linalg.norm(np.diff(np.asarray(points, np.float64), axis=0) @ linear.T, axis=1)
@@ -281,18 +290,27 @@ def region_distance(
     samples_per = (lengths.sum() + (seg_mm / step_mm).sum() + n) / max(n, 1)
     per_item = int(400 * (samples_per + 1))
 
+    slack = 0.5 * float(np.linalg.norm(linear, axis=0).max())
+
     def work(start, stop):
         p0, p1 = offsets[start], offsets[stop]
-        pts = backend.asarray(np.asarray(points[p0:p1], dtype=np.float64))
+        # float32 over the bus (the points' own precision), float64 on the device
+        pts = backend.asarray(np.asarray(points[p0:p1], dtype=np.float32)).astype(xp.float64)
         local = backend.asarray(offsets[start : stop + 1] - p0)
         at_points = point_distances(xp, pts, device_mask, features, linear)
-        samples, owner = _densify(xp, pts, local, linear, step_mm)
-        at_samples = point_distances(xp, samples, device_mask, features, linear)
-        mins = _segment_min(xp, at_samples, owner, stop - start)
-        has = local[1:] > local[:-1]  # the last point of each streamline is no segment's start
-        last = at_points[local[1:][has] - 1]
-        mins[has] = xp.minimum(mins[has], last)
-        return start, stop, backend.to_host(at_points), backend.to_host(mins)
+        seg_start, seg_owner, owner_of_point, seg_mm = _segments(xp, pts, local, linear)
+        mins = _segment_min(xp, at_points, owner_of_point, stop - start)
+        # Only segments that may come closer than the streamline's points are sampled: along a
+        # segment of length L between points at distances a and b the distance stays above
+        # (a + b - L) / 2 (1-Lipschitz), less ``slack`` for the step at a region voxel's face.
+        bound = 0.5 * (at_points[seg_start] + at_points[seg_start + 1] - seg_mm) - slack
+        need = bound < mins[seg_owner]
+        samples, owner = _densify(xp, pts, seg_start[need], seg_owner[need], seg_mm[need], step_mm)
+        if len(samples):
+            mins = xp.minimum(
+                mins, _segment_min(xp, point_distances(xp, samples, device_mask, features, linear), owner, stop - start)
+            )
+        return start, stop, backend.to_host(at_points.astype(xp.float32)), backend.to_host(mins)
 
     for start, stop, at_points, mins in iter_batched(
         backend, n, per_item, work, progress=progress, cancelled=cancelled, maximum=200_000

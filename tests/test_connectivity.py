@@ -2,7 +2,8 @@
 gpu.tractometry, app.pipelines.connectivity): brute-force and analytic references.
 
 Every test taking ``device`` runs on NumPy and, marked ``gpu``, on CuPy; the GPU results
-must equal the NumPy ones (labels exactly, distances to 1e-9 mm, profiles to 1e-5)."""
+must equal the NumPy ones (labels exactly, distances to 1e-6 mm (per point: float32, 1e-5),
+profiles to 1e-5)."""
 
 from __future__ import annotations
 
@@ -308,6 +309,7 @@ def test_distance_equals_brute_force_over_all_lesion_voxels(device, rng):
     mask[14:16, 4:7, 12:17] = True
     linear = np.diag([1.0, 1.25, 2.0])
     points, offsets = random_streamlines(rng, shape, 150)
+    points = points.astype(np.float32).astype(np.float64)  # streamline points are float32
     got = tm.region_distance(points, offsets, mask, linear, step_mm=0.1, device=device)
     centres = np.argwhere(mask).astype(float)
 
@@ -321,7 +323,7 @@ def test_distance_equals_brute_force_over_all_lesion_voxels(device, rng):
         return (mm * (1 - 0.5 / np.maximum(vox, 0.5))).min()
 
     per_point = np.array([brute(p) for p in points])
-    np.testing.assert_allclose(got.per_point, per_point, atol=1e-9)
+    np.testing.assert_allclose(got.per_point, per_point, atol=1e-5)  # per point: stored as float32
     # along the streamlines: fine sampling of every segment, brute force at each sample
     for s in range(0, len(offsets) - 1, 10):
         line = points[offsets[s] : offsets[s + 1]]
@@ -354,8 +356,8 @@ def test_gpu_endpoints_distances_and_profiles_equal_numpy(rng):
     mask = labels == 7
     d_cpu = tm.region_distance(points, offsets, mask, linear, device="cpu")
     d_gpu = tm.region_distance(points, offsets, mask, linear, device="gpu")
-    np.testing.assert_allclose(d_gpu.per_point, d_cpu.per_point, atol=1e-9)
-    np.testing.assert_allclose(d_gpu.per_streamline, d_cpu.per_streamline, atol=1e-9)
+    np.testing.assert_allclose(d_gpu.per_point, d_cpu.per_point, atol=1e-5)  # float32 per point
+    np.testing.assert_allclose(d_gpu.per_streamline, d_cpu.per_streamline, atol=1e-6)
     field = rng.uniform(0, 1, labels.shape).astype(np.float32)
     keep = np.diff(offsets) > 0
     p_cpu = tm.profile(points, offsets, field, 20, device="cpu")
