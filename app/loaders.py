@@ -102,6 +102,13 @@ def load_layers(
     cancelled: Callable[[], bool] | None = None,
 ) -> list[Layer]:
     """Open ``path`` as layers (see module docstring); raises :class:`InputError`."""
+    layers = _load_layers(path, reference, tensor_order, device, progress, cancelled)
+    for layer in layers:
+        layer.provenance.setdefault("file", str(Path(path).resolve()))
+    return layers
+
+
+def _load_layers(path, reference, tensor_order, device, progress, cancelled) -> list[Layer]:
     path = Path(path)
     if not path.exists():
         raise InputError("not found", path=path)
@@ -174,4 +181,7 @@ def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:
     result = fit_dti_pipeline(dwi, device=device, progress=progress, cancelled=cancelled)
     maps = (result.map(name) for name in ("fa", "md", "rgb"))
     series = Layer(_stem(path), DWIVolume(_stem(path), dwi), "dwi", visible=False)
-    return [series, *dti_layers(*maps, dwi.affine, "", result.map("tensor"))]
+    fitted = dti_layers(*maps, dwi.affine, "", result.map("tensor"))
+    for layer in fitted:
+        layer.provenance = {"computed": "diffusion tensor fit", "file": str(path.resolve()), **result.summary()}
+    return [series, *fitted]

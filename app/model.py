@@ -358,6 +358,9 @@ class Layer(Observable):
         self.tubes = False
         self.transparent_below: float | None = None
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
+        # Where the layer came from: {"file": path} for a loaded file; for a computed result its
+        # method, parameters, inputs, backend, device and timings (reports and sessions show it)
+        self.provenance: dict = {}
         for key, value in display.items():
             if key not in self._DISPLAY:
                 raise ValueError(f"unknown display property {key!r}")

@@ -61,12 +61,13 @@ def _reference_grid(reference) -> tuple[np.ndarray, tuple[int, int, int]]:
     return np.asarray(affine, dtype=np.float64), tuple(int(d) for d in dims)
 
 
-def load_tractogram(path: str | os.PathLike, reference=None) -> Tractogram:
+def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tractogram:
     """Read .trk/.tck/.trx into voxel coordinates of its grid.
 
     .trk and .trx carry their grid; .tck does not, so ``reference`` (a
     :class:`Volume`, a NIfTI path or ``(affine, dims)``) gives it. Without one,
-    a .tck stays in millimetres (identity affine).
+    a .tck stays in millimetres (identity affine). ``grid`` ``(affine, dims)`` overrides the
+    file's own grid (sessions keep the exact float64 affine; the files hold it as float32).
     """
     path = Path(path)
     suffix = _suffix(path)
@@ -74,13 +75,15 @@ def load_tractogram(path: str | os.PathLike, reference=None) -> Tractogram:
         raise InputError("tractogram not found", path=path)
     try:
         if suffix == ".trx":
-            return _load_trx(path)
+            return _load_trx(path, grid)
         tract_file = nib.streamlines.load(str(path))
     except InputError:
         raise
     except Exception as exc:
         raise InputError(f"could not be read as a {suffix} tractogram ({exc})", path=path) from exc
-    if suffix == ".trk":
+    if grid is not None:
+        affine, dims = np.asarray(grid[0], dtype=np.float64), tuple(int(d) for d in grid[1])
+    elif suffix == ".trk":
         header = tract_file.header
         affine = np.asarray(header[Field.VOXEL_TO_RASMM], dtype=np.float64)
         dims = tuple(int(d) for d in header[Field.DIMENSIONS])
@@ -98,16 +101,18 @@ def load_tractogram(path: str | os.PathLike, reference=None) -> Tractogram:
     )
 
 
-def _load_trx(path: Path) -> Tractogram:
+def _load_trx(path: Path, grid=None) -> Tractogram:
     from trx.trx_file_memmap import load as trx_load
 
     trx = trx_load(str(path))
+    if grid is None:
+        grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
     try:
         return _tractogram_from_mm(
             trx.streamlines._data,
             trx.streamlines._lengths,
-            np.asarray(trx.header["VOXEL_TO_RASMM"], dtype=np.float64),
-            tuple(int(d) for d in trx.header["DIMENSIONS"]),
+            np.asarray(grid[0], dtype=np.float64),
+            tuple(int(d) for d in grid[1]),
             {k: v._data for k, v in trx.data_per_vertex.items()},
             dict(trx.data_per_streamline.items()),
             path,
@@ -138,8 +143,11 @@ def _tractogram_from_mm(points_mm, lengths, affine, dims, per_point: dict, per_s
     )
 
 
-def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool) -> NibTractogram:
-    points_mm = tractogram.points_world().astype(np.float32)
+def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool, exact: bool = False) -> NibTractogram:
+    if exact:  # float64 mm: back in voxel coordinates, the float32 points come out bit for bit
+        points_mm = tractogram.points.astype(np.float64) @ tractogram.affine[:3, :3].T + tractogram.affine[:3, 3]
+    else:
+        points_mm = tractogram.points_world().astype(np.float32)
     seq = ArraySequence()
     seq._data = points_mm
     seq._offsets = tractogram.offsets[:-1].copy()
@@ -148,7 +156,7 @@ def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool) -> NibTractogram
     data_per_streamline = {}
     if keep_scalars:
         for key, values in tractogram.point_scalars.items():
-            arr = np.asarray(values, dtype=np.float32)
+            arr = np.asarray(values, dtype=None if exact else np.float32)
             arr = arr[:, None] if arr.ndim == 1 else arr
             per = ArraySequence()
             per._data = arr
@@ -156,24 +164,29 @@ def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool) -> NibTractogram
             per._lengths = seq._lengths.copy()
             data_per_point[key] = per
         for key, values in tractogram.streamline_scalars.items():
-            arr = np.asarray(values, dtype=np.float32)
+            arr = np.asarray(values, dtype=None if exact else np.float32)
             data_per_streamline[key] = arr[:, None] if arr.ndim == 1 else arr
     return NibTractogram(
         seq, data_per_streamline=data_per_streamline, data_per_point=data_per_point, affine_to_rasmm=np.eye(4)
     )
 
 
-def save_tractogram(tractogram: Tractogram, path: str | os.PathLike) -> Path:
-    """Write .trk/.tck/.trx (format from the suffix), atomically, in RAS mm."""
+def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: bool = False) -> Path:
+    """Write .trk/.tck/.trx (format from the suffix), atomically, in RAS mm.
+
+    ``exact`` (.trx only): positions as float64 and scalars in their own dtypes, so that
+    reading the file back gives the same arrays bit for bit (sessions use it)."""
     path = Path(path)
     suffix = _suffix(path)
+    if exact and suffix != ".trx":
+        raise ValueError("exact tractograms are written as .trx")
     has_scalars = bool(tractogram.point_scalars or tractogram.streamline_scalars)
     if suffix == ".tck" and has_scalars:
         log.warning("%s: .tck cannot store per-point or per-streamline scalars; they are not written", path)
-    nib_tract = _nib_tractogram(tractogram, keep_scalars=suffix != ".tck")
+    nib_tract = _nib_tractogram(tractogram, keep_scalars=suffix != ".tck", exact=exact)
     with atomic_path(path) as tmp:
         if suffix == ".trx":
-            _save_trx(nib_tract, tractogram, tmp)
+            _save_trx(nib_tract, tractogram, tmp, exact)
         elif suffix == ".trk":
             header = {
                 Field.VOXEL_TO_RASMM: tractogram.affine,
@@ -187,7 +200,7 @@ def save_tractogram(tractogram: Tractogram, path: str | os.PathLike) -> Path:
     return path
 
 
-def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path) -> None:
+def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path, exact: bool = False) -> None:
     from trx.trx_file_memmap import TrxFile
     from trx.trx_file_memmap import save as trx_save
 
@@ -196,7 +209,15 @@ def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path) -> No
     header.set_qform(tractogram.affine, code=1)
     header.set_sform(tractogram.affine, code=1)
     header.set_zooms(np.sqrt((tractogram.affine[:3, :3] ** 2).sum(0)))
-    trx = TrxFile.from_tractogram(nib_tract, reference=header)
+    dtypes = None
+    if exact:
+        dtypes = {
+            "positions": np.float64,
+            "offsets": np.uint64,
+            "dpv": {k: v._data.dtype for k, v in nib_tract.data_per_point.items()},
+            "dps": {k: np.asarray(v).dtype for k, v in nib_tract.data_per_streamline.items()},
+        }
+    trx = TrxFile.from_tractogram(nib_tract, reference=header, dtype_dict=dtypes)
     try:
         trx_save(trx, str(tmp))
     finally:

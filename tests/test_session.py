@@ -1,0 +1,111 @@
+"""Sessions: save the whole document and reopen it exactly (app.session)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from app.errors import InputError
+from app.loaders import load_layers
+from app.model import Document, Layer, RoiMask
+from app.pipelines.connectivity import compute_lesion_distance, with_distances
+from app.session import load_session, save_session
+
+
+@pytest.fixture(scope="module")
+def demo_document(demo_dir):
+    doc = Document()
+    for name in ("dwi.nii.gz", "bundles.trk", "parcellation.nii.gz", "lesion.nii.gz"):
+        for layer in load_layers(demo_dir / name, device="cpu"):
+            doc.add_layer(layer)
+    roi = RoiMask("seed", np.zeros(doc.reference_shape, bool), doc.reference_affine, role="exclusion")
+    roi.apply_shape({"kind": "sphere", "centre": (20.0, 28.0, 15.0), "radius": 3.0})
+    doc.add_layer(Layer("seed", roi, "roi"))
+    bundles = doc.layer("bundles")
+    lesion = doc.layer("lesion").data
+    distance = compute_lesion_distance(bundles.data, lesion.data != 0, lesion.affine, device="cpu")
+    bundles.data = with_distances(bundles.data, distance)
+    bundles.set(color_by="lesion_dist_mm", colormap="hot", clim=(0.0, 10.0), opacity=0.7, tubes=True)
+    bundles.set_selection(np.arange(len(bundles.data)) % 2 == 0)
+    bundles.provenance = {"computed": "test", "margin_mm": 5.0}
+    doc.layer("FA").set(clim=(0.1, 0.9), colormap="viridis", visible=False)
+    doc.set_cursor((10, 11, 12))
+    return doc
+
+
+def _same_layer(a: Layer, b: Layer) -> None:
+    assert (a.name, a.kind) == (b.name, b.kind)
+    for key in Layer._DISPLAY:
+        assert getattr(a, key) == getattr(b, key), key
+    assert a.provenance == b.provenance
+    if a.kind == "tractogram":
+        np.testing.assert_array_equal(a.data.points, b.data.points)  # bit for bit
+        np.testing.assert_array_equal(a.data.offsets, b.data.offsets)
+        np.testing.assert_array_equal(a.data.affine, b.data.affine)
+        assert a.data.point_scalars.keys() == b.data.point_scalars.keys()
+        for key, values in a.data.point_scalars.items():
+            np.testing.assert_array_equal(values, b.data.point_scalars[key])
+        for key, values in a.data.streamline_scalars.items():
+            np.testing.assert_array_equal(values, b.data.streamline_scalars[key])
+        np.testing.assert_array_equal(a.selection, b.selection)
+    elif a.kind == "roi":
+        np.testing.assert_array_equal(a.data.mask, b.data.mask)
+        np.testing.assert_array_equal(a.data.affine, b.data.affine)
+        assert a.data.role == b.data.role
+        assert a.data.shape["kind"] == b.data.shape["kind"]
+        np.testing.assert_array_equal(a.data.shape["centre"], b.data.shape["centre"])
+    else:
+        np.testing.assert_array_equal(a.data.data, b.data.data)
+        assert a.data.data.dtype == b.data.data.dtype
+        np.testing.assert_array_equal(a.data.affine, b.data.affine)
+        assert a.data.kind == b.data.kind
+        if a.kind == "dwi":
+            np.testing.assert_array_equal(a.data.dwi.data, b.data.dwi.data)
+            np.testing.assert_array_equal(a.data.dwi.bvals, b.data.dwi.bvals)
+            np.testing.assert_array_equal(a.data.dwi.bvecs, b.data.dwi.bvecs)
+        if a.data.lut is not None:
+            assert a.data.lut.names == b.data.lut.names and a.data.lut.colours == b.data.lut.colours
+
+
+def test_session_round_trip_is_exact(demo_document, tmp_path):
+    path = save_session(demo_document, tmp_path / "case", panels={"presurgical": {"margin_mm": 5.0}})
+    assert path.name == "case.tractlens"
+    session = load_session(path)
+    doc = session.document
+    assert [layer.name for layer in doc.layers] == [layer.name for layer in demo_document.layers]
+    for a, b in zip(demo_document.layers, doc.layers):
+        _same_layer(a, b)
+    np.testing.assert_array_equal(doc.reference_affine, demo_document.reference_affine)
+    assert doc.reference_shape == demo_document.reference_shape
+    np.testing.assert_array_equal(doc.cursor, [10, 11, 12])
+    assert session.panels == {"presurgical": {"margin_mm": 5.0}}
+    assert doc.layer("parcellation").data.lut.name(3) == "crossing_ap_start"
+    assert not list(tmp_path.glob(".*tmp*"))  # nothing half-written left beside it
+
+
+def test_damaged_and_foreign_sessions_give_clear_errors(demo_document, tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        load_session(tmp_path / "missing.tractlens")
+    text = tmp_path / "notes.tractlens"
+    text.write_text("hello")
+    with pytest.raises(InputError, match="not a TractLens session"):
+        load_session(text)
+    path = save_session(demo_document, tmp_path / "case.tractlens")
+    newer = tmp_path / "newer.tractlens"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(newer, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "manifest.json":
+                manifest = json.loads(data)
+                manifest["version"] = 99
+                data = json.dumps(manifest).encode()
+            dst.writestr(item, data)
+    with pytest.raises(InputError, match="newer TractLens"):
+        load_session(newer)
+    truncated = tmp_path / "truncated.tractlens"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(InputError):
+        load_session(truncated)
