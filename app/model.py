@@ -292,7 +292,7 @@ STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction fir
     (0.3, 0.55, 1.0),
 )
 GLYPH_SHAPES = ("superquadric", "ellipsoid")
-COLORMAPS = ("gray", "hot", "viridis", "cool-warm")
+COLORMAPS = ("gray", "hot", "viridis", "cool-warm", "safety")  # safety: red→yellow up to mid-range, then green
 RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile)
 
 

@@ -9,6 +9,7 @@ packages=(
   libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-shape0
   libxcb-xinerama0 libxcb-randr0 libxcb-render-util0 libxcb-image0 libxcb-xkb1 libxcb-xfixes0
   libxrender1 libxext6 libxi6 libsm6 libice6 libfontconfig1 libfreetype6 libdbus-1-3 fonts-dejavu-core
+  poppler-utils  # pdftoppm, pdfinfo: the report tests render the PDF they export
 )
 if ! command -v apt-get >/dev/null 2>&1; then
   echo "install-deps: no apt-get here; install the equivalents of: ${packages[*]}" >&2

@@ -2,6 +2,8 @@
 
 tractlens --demo [--screenshot out.png] [--size 1600x1000] [--exit]
 tractlens view FILE... [--tensor-order ...] [--screenshot out.png] [--size WxH] [--exit]
+tractlens --session FILE.tractlens [--screenshot out.png] [--exit]
+tractlens report SESSION -o report.pdf [--no-png] [--margin MM] [--size WxH]
 tractlens                      (the empty main window)
 tractlens SUBCOMMAND ...       (info, fit-dti, demo-data, ...: see tractlens --help)
 """
@@ -13,12 +15,13 @@ import sys
 
 from app import cli
 
-GUI_USAGE = "tractlens [--demo | view FILE...] [--screenshot PNG] [--size WxH] [--exit] [--device DEV]"
+GUI_USAGE = "tractlens [--demo | view FILE... | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV]"
 
 
 def _gui_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tractlens", usage=GUI_USAGE, description="Open the TractLens window.")
     parser.add_argument("--demo", action="store_true", help="open the built-in demo phantom")
+    parser.add_argument("--session", help="reopen a saved session (.tractlens)")
     parser.add_argument("files", nargs="*", help="files to open (with the 'view' command)")
     parser.add_argument("--screenshot", help="write a PNG of the window once everything is loaded")
     parser.add_argument("--size", default=None, help="window size WIDTHxHEIGHT, e.g. 1600x1000")
@@ -31,15 +34,30 @@ def _gui_parser() -> argparse.ArgumentParser:
 def is_gui_call(argv: list[str]) -> bool:
     if not argv:
         return True
-    if argv[0] == "view":
+    if argv[0] in ("view", "report"):
         return True
     return argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")
 
 
-def run_gui(argv: list[str]) -> int:
-    if argv and argv[0] == "view":
-        argv = argv[1:]
-    args = _gui_parser().parse_args(argv)
+def _report_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tractlens report",
+        description="Write the report of a saved session: a PDF (and a PNG per page) with the 3-D view and the "
+        "three planes, the distance of every tractogram to the lesion within the safety margin, and the "
+        "parameters and provenance of every result. Renders the window (needs a display; use xvfb-run on a "
+        "server).",
+    )
+    parser.add_argument("session", help="a session saved by File > Save session (.tractlens)")
+    parser.add_argument("-o", "--output", required=True, help="report PDF")
+    parser.add_argument("--no-png", action="store_true", help="no PNG pages beside the PDF")
+    parser.add_argument("--margin", type=float, help="safety margin in mm (default: the session's)")
+    parser.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    return parser
+
+
+def _window(args):
+    """A QApplication and a shown main window of the requested size (None, status on a bad size)."""
     from PySide6.QtWidgets import QApplication
 
     from .main_window import MainWindow
@@ -52,9 +70,63 @@ def run_gui(argv: list[str]) -> int:
             width, height = (int(v) for v in args.size.lower().split("x"))
         except ValueError:
             print(f"tractlens: error: --size must look like 1600x1000, not {args.size!r}", file=sys.stderr)
-            return cli.EXIT_INPUT
+            return app, None
         window.resize(width, height)
     window.show()
+    return app, window
+
+
+def run_report(argv: list[str]) -> int:
+    args = _report_parser().parse_args(argv)
+    from app.errors import InputError
+    from app.session import load_session
+
+    try:
+        session = load_session(args.session)
+    except InputError as exc:
+        print(f"tractlens report: error: {exc}", file=sys.stderr)
+        return cli.EXIT_INPUT
+    app, window = _window(args)
+    if window is None:
+        return cli.EXIT_INPUT
+    from .report import export_report
+    from .session_io import apply_session
+
+    apply_session(window, session)
+    for _ in range(10):  # lay out and render once
+        app.processEvents()
+    options = {} if args.margin is None else {"margin_mm": args.margin}
+    try:
+        files = export_report(window, args.output, png=not args.no_png, **options)
+    except OSError as exc:
+        print(f"tractlens report: error: cannot write the report ({exc})", file=sys.stderr)
+        return cli.EXIT_INPUT
+    finally:
+        window.close()
+    print("report written: " + ", ".join(str(f) for f in files))
+    return cli.EXIT_OK
+
+
+def run_gui(argv: list[str]) -> int:
+    if argv and argv[0] == "report":
+        return run_report(argv[1:])
+    if argv and argv[0] == "view":
+        argv = argv[1:]
+    args = _gui_parser().parse_args(argv)
+    app, window = _window(args)
+    if window is None:
+        return cli.EXIT_INPUT
+    if args.session:
+        from app.errors import InputError
+
+        from .session_io import open_window_session
+
+        try:
+            open_window_session(window, args.session)
+        except InputError as exc:
+            print(f"tractlens: error: {exc}", file=sys.stderr)
+            window.close()
+            return cli.EXIT_INPUT
     if args.demo:
         window.open_demo()
     if args.files:

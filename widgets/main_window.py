@@ -42,7 +42,9 @@ from app.pipelines.select import index_on_grid
 from . import fiber_display
 from .ballstick import BallStickDialog, ballstick_job
 from .commit_panel import CommitPanel
+from .connectivity_panel import ConnectivityPanel
 from .panels import JobPanel, LayerPanel
+from .presurgical_panel import PresurgicalPanel
 from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
 from .slice_view import SliceView
@@ -104,6 +106,10 @@ class MainWindow(QMainWindow):
             self.document, self.runner, device=device, report=self._report_error, view3d=self.view3d
         )
         self.commit_panel = CommitPanel(self.document, self.runner, device=device, report=self._report_error)
+        self.connectivity_panel = ConnectivityPanel(
+            self.document, self.runner, device=device, report=self._report_error, probabilistic=self.probabilistic_panel
+        )
+        self.presurgical_panel = PresurgicalPanel(self.document, self.runner, device=device, report=self._report_error)
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
@@ -111,6 +117,8 @@ class MainWindow(QMainWindow):
             ("Geodesic tracking", self.geodesic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Probabilistic tracking", self.probabilistic_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("COMMIT filtering", self.commit_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("Connectivity", self.connectivity_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("Presurgical", self.presurgical_panel, Qt.DockWidgetArea.RightDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
@@ -128,6 +136,10 @@ class MainWindow(QMainWindow):
             self.findChild(QDockWidget, "dock_probabilistic_tracking"),
             self.findChild(QDockWidget, "dock_commit_filtering"),
         )
+        for first, second in (("commit_filtering", "connectivity"), ("connectivity", "presurgical")):
+            self.tabifyDockWidget(
+                self.findChild(QDockWidget, f"dock_{first}"), self.findChild(QDockWidget, f"dock_{second}")
+            )
         self._keep_tracking_docks_width()
         self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
 
@@ -152,6 +164,7 @@ class MainWindow(QMainWindow):
         self._selection_timer.setInterval(40)  # coalesce the edits of one brush movement
         self._selection_timer.timeout.connect(self.update_fiber_selection)
         self._selection_job: int | None = None
+        self._roi_selection = False  # the tractograms' selections come from the ROIs
         self._fiber_indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._index_lock = threading.Lock()
         self.document.connect(self._on_document)
@@ -171,6 +184,10 @@ class MainWindow(QMainWindow):
         self._fill_recent()
         file_menu.addSeparator()
         toolbar.addAction(self._action(file_menu, "Save &screenshot…", self._screenshot_dialog, "Ctrl+Shift+S"))
+        self._action(file_menu, "Export &report…", self._report_dialog, "Ctrl+Shift+E")
+        file_menu.addSeparator()
+        self._action(file_menu, "Open s&ession…", self._open_session_dialog, "Ctrl+Shift+O")
+        self._action(file_menu, "Save sess&ion…", self._save_session_dialog, "Ctrl+Shift+W")
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         view_menu = self.menuBar().addMenu("&View")
@@ -185,6 +202,9 @@ class MainWindow(QMainWindow):
         self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
         filter_menu = self.menuBar().addMenu("F&ilter")
         self._action(filter_menu, "&COMMIT filtering…", self.show_commit_panel)
+        analysis_menu = self.menuBar().addMenu("&Analysis")
+        self._action(analysis_menu, "Connectivity &matrix…", lambda: self.show_dock("dock_connectivity"))
+        self._action(analysis_menu, "&Distance to lesion…", lambda: self.show_dock("dock_presurgical"))
         jobs_menu = self.menuBar().addMenu("&Jobs")
         toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
 
@@ -195,13 +215,22 @@ class MainWindow(QMainWindow):
 
     def _keep_tracking_docks_width(self) -> None:
         """The tracking docks' tab bar asks for room for every tab title; without a hint the
-        COMMIT tab would widen the dock area (and shrink the views) by its title's width."""
+        COMMIT, Connectivity and Presurgical tabs would widen the dock area (and shrink the
+        views) by their titles' widths."""
         dock = self.findChild(QDockWidget, "dock_commit_filtering")
+        added = ("COMMIT filtering", "Connectivity", "Presurgical")
         for bar in self.findChildren(QTabBar):
             titles = [bar.tabText(i) for i in range(bar.count())]
             if dock.windowTitle() in titles:
-                width = bar.sizeHint().width() - bar.tabSizeHint(titles.index(dock.windowTitle())).width()
-                self.resizeDocks([dock], [width], Qt.Orientation.Horizontal)
+                extra = sum(bar.tabSizeHint(titles.index(t)).width() for t in added if t in titles)
+                self.resizeDocks([dock], [bar.sizeHint().width() - extra], Qt.Orientation.Horizontal)
+
+    def show_dock(self, name: str) -> QDockWidget:
+        """Analysis menu: show and raise a dock (``dock_connectivity``, ``dock_presurgical``)."""
+        dock = self.findChild(QDockWidget, name)
+        dock.show()
+        dock.raise_()
+        return dock
 
     def show_commit_panel(self, layer: Layer | None = None) -> CommitPanel:
         """Filter menu and a tractogram layer's menu: raise the COMMIT panel with ``layer`` (or the
@@ -414,6 +443,9 @@ class MainWindow(QMainWindow):
         """Open each file on a worker thread; its layers are added when ready."""
         for path in paths:
             path = Path(path)
+            if path.suffix.lower() == ".tractlens":  # a session (recent files, drag and drop)
+                self.open_session(path)
+                continue
             reference = None
             if self.document.reference_affine is not None:
                 reference = (self.document.reference_affine, self.document.reference_shape)
@@ -539,9 +571,14 @@ class MainWindow(QMainWindow):
         if not tracts:
             return
         if not include and not exclude:
-            for layer in tracts:
-                layer.set_selection(None)
+            # Without ROIs only a selection the ROIs made is cleared: one chosen another way (a
+            # connectivity cell) stays through unrelated changes (a file opened, a result added).
+            if self._roi_selection:
+                for layer in tracts:
+                    layer.set_selection(None)
+                self._roi_selection = False
             return
+        self._roi_selection = True
         if self._selection_job is not None:
             self.runner.cancel(self._selection_job)
         include = [mask.copy() for mask in include]
@@ -605,6 +642,62 @@ class MainWindow(QMainWindow):
         if not image.save(str(path)):
             raise OSError(f"could not write {path}")
         return path
+
+    # -------------------------------------------------------- sessions, report
+    def save_session(self, path: str | os.PathLike) -> int:
+        """Write every layer, its display and provenance, and the panels' settings to a
+        ``.tractlens`` file, on a worker; the job id."""
+        from .session_io import save_window_session
+
+        return self.runner.submit(
+            f"save session {Path(path).name}",
+            lambda ctx: save_window_session(self, path),
+            on_done=lambda written: self.statusBar().showMessage(f"Session saved to {written}", 8000),
+            on_error=self._report_error,
+        )
+
+    def open_session(self, path: str | os.PathLike) -> int:
+        """Read a session on a worker and put its layers in this window (replacing the current ones)."""
+        from app.session import load_session
+
+        from .session_io import apply_session
+
+        def done(session) -> None:
+            apply_session(self, session)
+            self._remember_recent(Path(path))
+            self.loaded.emit(str(path))
+
+        return self.runner.submit(
+            f"open session {Path(path).name}", lambda ctx: load_session(path), on_done=done, on_error=self._report_error
+        )
+
+    def export_report(self, path: str | os.PathLike, **options) -> list[Path]:
+        """The planning report as PDF (and PNG pages) — see :mod:`widgets.report`."""
+        from .report import export_report
+
+        return export_report(self, path, **options)
+
+    def _report_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export report", "report.pdf", "PDF (*.pdf)")
+        if path:
+            try:
+                files = self.export_report(path)
+            except OSError as exc:
+                self._report_error(f"The report could not be written: {exc}", "")
+                return
+            self.statusBar().showMessage("Report written: " + ", ".join(f.name for f in files), 8000)
+
+    def _open_session_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open session", "", "TractLens session (*.tractlens)")
+        if path:
+            self.open_session(path)
+
+    def _save_session_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save session", "session.tractlens", "TractLens session (*.tractlens)"
+        )
+        if path:
+            self.save_session(path)
 
     def _screenshot_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save screenshot", "tractlens.png", "PNG (*.png)")

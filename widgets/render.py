@@ -147,12 +147,24 @@ def _lut(name: str) -> np.ndarray:
         rgb = np.stack([np.interp(t, x, anchors[:, c]) for c in range(3)], 1)
     elif name == "cool-warm":
         rgb = np.stack([t, 1 - np.abs(2 * t - 1) * 0.6, 1 - t], 1)
+    elif name == "safety":  # distance to a lesion over (0, 2 × margin): red, orange, yellow at the margin, then green
+        x = np.array([0.0, 0.25, 0.5, 0.5 + 1.0 / 255, 1.0])
+        anchors = np.array(
+            [
+                [0.85, 0.05, 0.05],
+                [1.0, 0.5, 0.0],
+                [1.0, 0.92, 0.1],
+                [0.55, 0.85, 0.25],
+                [0.1, 0.65, 0.3],
+            ]
+        )
+        rgb = np.stack([np.interp(t, x, anchors[:, c]) for c in range(3)], 1)
     else:
         rgb = np.stack([t, t, t], 1)
     return rgb
 
 
-LUTS = {name: _lut(name) for name in ("gray", "hot", "viridis", "cool-warm")}
+LUTS = {name: _lut(name) for name in ("gray", "hot", "viridis", "cool-warm", "safety")}
 
 
 def label_colours(labels: np.ndarray) -> np.ndarray:

@@ -332,8 +332,8 @@ class View3D(QWidget):
         entry["layer"] = new
         self._build_meshes(entry)
         entry["shown"] = "coarse"
-        mapper = entry["actor"].GetMapper()
-        mapper.SetInputData(entry["coarse"])
+        entry["colour"] = (new.color_by, new.colormap, new.clim)
+        mapper = _show_mesh(entry, entry["coarse"])
         if new.color_by != "direction":
             mapper.SetScalarRange(*new.clim)  # the colour bar shares the lookup table
             mapper.GetLookupTable().SetTableRange(*new.clim)
@@ -432,7 +432,7 @@ class View3D(QWidget):
     def _set_detail(self, which: str) -> None:
         for entry in self._fibers.values():
             entry["shown"] = which
-            entry["actor"].GetMapper().SetInputData(entry[which])
+            _show_mesh(entry, entry[which])
 
     def _coarse_detail(self, *_args) -> None:
         self._lod_timer.stop()
@@ -449,6 +449,18 @@ class View3D(QWidget):
 
     def close_plotter(self) -> None:
         self.plotter.close()
+
+
+def _show_mesh(entry: dict, mesh: pv.PolyData):
+    """Give the tractogram's actor another level-of-detail mesh, coloured by the same array
+    (each mesh has its own active scalars: without this the other level would show its first
+    array, the direction colours)."""
+    name = entry["colour"][0]
+    if name in mesh.point_data:
+        mesh.set_active_scalars(name)
+    mapper = entry["actor"].GetMapper()
+    mapper.SetInputData(mesh)
+    return mapper
 
 
 def _lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
