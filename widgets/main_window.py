@@ -55,6 +55,12 @@ MAX_RECENT = 10
 FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.trk *.tck *.trx);;All files (*)"
 
 
+# The docks' layout saved at exit is restored only by a window with the same docks: bump this
+# whenever docks are added, removed or regrouped (a stale layout would scatter the new ones).
+# Layouts saved before it existed carry version 0.
+LAYOUT_VERSION = 1
+
+
 def settings() -> QSettings:
     """Application settings; ``TRACTLENS_CONFIG_DIR`` puts them elsewhere (tests, kiosks)."""
     folder = os.environ.get("TRACTLENS_CONFIG_DIR")
@@ -714,7 +720,7 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1400, 900)
         if state is not None:
-            self.restoreState(state)
+            self.restoreState(state, LAYOUT_VERSION)  # refused (defaults kept) when saved by other docks
 
     def _remember_recent(self, path: Path) -> None:
         store = settings()
@@ -731,7 +737,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event) -> None:
         store = settings()
         store.setValue("window/geometry", self.saveGeometry())
-        store.setValue("window/state", self.saveState())
+        store.setValue("window/state", self.saveState(LAYOUT_VERSION))
         self.runner.shutdown(10.0)
         self.view3d.close_plotter()
         super().closeEvent(event)

@@ -326,3 +326,29 @@ def test_window_layout_and_recent_files_are_remembered(qtbot, demo_dir):
     recent = [action.text() for action in second.recent_menu.actions()]
     assert recent and recent[0].endswith("mask.nii.gz")
     second.close()
+
+
+def test_a_layout_saved_by_other_docks_is_not_restored(qtbot):
+    """A layout saved by a version with other docks (here: everything floating, saved as the
+    releases before LAYOUT_VERSION did, version 0) would scatter the docks this version has; it
+    is ignored and the default tabs are kept."""
+    from PySide6.QtWidgets import QDockWidget
+
+    from widgets.main_window import MainWindow, settings
+
+    old = MainWindow(device="cpu")
+    qtbot.addWidget(old)
+    for dock in old.findChildren(QDockWidget):
+        dock.setFloating(True)
+    settings().setValue("window/state", old.saveState(0))
+    old.runner.shutdown(10)
+    old.view3d.close_plotter()
+    new = MainWindow(device="cpu")
+    qtbot.addWidget(new)
+    new.show()
+    qtbot.waitExposed(new)
+    connectivity = new.findChild(QDockWidget, "dock_connectivity")
+    assert not connectivity.isFloating()
+    tabbed = {d.objectName() for d in new.tabifiedDockWidgets(connectivity)}
+    assert {"dock_probabilistic_tracking", "dock_presurgical", "dock_commit_filtering"} <= tabbed
+    new.close()
