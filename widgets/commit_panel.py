@@ -501,6 +501,9 @@ class CommitPanel(JobPanelBase):
             return
         doc = self.document
         self._job_ended()
+        provenance = {"computed": "COMMIT filtering", "tractogram": outcome.source.name, **outcome.summary}
+        outcome.layer.provenance = provenance
+        outcome.nrmse.provenance = provenance
         same_source = outcome.source is self.source_layer
         if same_source and self.result_layer is not None and self.result_layer in doc.layers:
             doc.replace_layer(self.result_layer, outcome.layer)
@@ -650,5 +653,8 @@ class CommitPanel(JobPanelBase):
             clim=old.clim,
             tubes=old.tubes,
         )
+        if layer is not self.full_layer:
+            full = self.full_layer.provenance if self.full_layer is not None else old.provenance
+            layer.provenance = {**full, "hidden_at_or_below_weight": self.threshold_value()}
         self.document.replace_layer(old, layer)
         self.result_layer = layer

@@ -500,6 +500,7 @@ class MainWindow(QMainWindow):
         def done(outcome) -> None:
             layers, result = outcome
             for new in layers:
+                new.provenance = {"computed": "ball & sticks (bedpostX)", "dwi": layer.name, **result.fit.provenance}
                 self.document.add_layer(new)
             seconds = result.fit.provenance.get("total_s")
             text = f"Ball & sticks: {int(result.samples.mask.sum())} voxels fitted"

@@ -34,7 +34,7 @@ import math
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -363,6 +363,15 @@ class ProbabilisticPanel(JobPanelBase):
     def _done(self, shown: Shown) -> None:
         if shown.token != self._token:
             return
+        shown.layer.provenance = {
+            "computed": "probabilistic tracking (probtrackx)",
+            "parameters": asdict(shown.run.params),
+            "seed_voxels": len(shown.run.seeds),
+            "targets": list(shown.run.targets),
+            "waytotal": int(shown.result.waytotal),
+            "streamlines": int(shown.result.streamlines),
+            **shown.result.provenance,
+        }
         self._show(shown)
         self._job_ended()
         prov = shown.result.provenance

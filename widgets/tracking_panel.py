@@ -135,6 +135,7 @@ class TrackingPanel(JobPanelBase):
 
     def _done(self, outcome) -> None:
         layer, result = outcome
+        layer.provenance = {"computed": f"{result.provenance.get('method', 'tensor')} tracking", **result.provenance}
         self._show(layer)
         self._job_ended()
         self.summary = result.summary()
@@ -448,6 +449,9 @@ class GeodesicPanel(TrackingPanel):
 
     def _show_top(self, layer: Layer) -> None:
         if self.ranked is not None and len(layer.data) <= len(self.ranked):
+            if self.result_layer is not None:
+                base = {k: v for k, v in self.result_layer.provenance.items() if k != "shown_top_percent"}
+                layer.provenance = {**base, "shown_top_percent": self.top.value()}
             self._show(layer)
             self.status.setText(
                 f"Showing the top {self.top.value()} %: {len(layer.data)} of {len(self.ranked)} fibres."

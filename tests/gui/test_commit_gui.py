@@ -74,6 +74,7 @@ def test_commit_weights_threshold_and_nrmse_map(window, demo_dir, qtbot):
     expected = commit_pipeline(doc.layer("dwi").data.dwi, bundles.data, params=CommitParams(max_iter=100), device="cpu")
     result = doc.layer("bundles (COMMIT)")
     assert result is panel.result_layer and result.kind == "tractogram"
+    assert result.provenance["computed"] == "COMMIT filtering" and result.provenance["params"]["max_iter"] == 100
     assert [layer for layer in doc.layers if layer not in before] == [result, doc.layer(NRMSE_NAME)]
     assert WEIGHT not in bundles.data.streamline_scalars  # the opened layer is left as it was
     np.testing.assert_array_equal(result.data.streamline_scalars[WEIGHT], expected.weights)
@@ -107,6 +108,7 @@ def test_commit_weights_threshold_and_nrmse_map(window, demo_dir, qtbot):
         shown = panel.result_layer
         assert shown in doc.layers and shown.name == "bundles (COMMIT)" and shown.color_by == WEIGHT
         assert shown.clim == full.clim
+        assert shown.provenance["computed"] == "COMMIT filtering"  # kept through the slider
         if step:
             assert 0 < count <= len(weights)
             np.testing.assert_array_equal(shown.data.streamline_scalars[WEIGHT], weights[weights > threshold])

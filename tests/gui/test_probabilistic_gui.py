@@ -108,6 +108,7 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     expected = expected_run(demo_bedpostx, demo_dir, ProbParams(n_samples=20, seed=7, cthr=0.3)).track(device="cpu")
     layer = win.document.layer(module.RESULT_NAME)
     assert layer is panel.result_layer and layer.kind == "scalar" and layer.colormap == "hot"
+    assert layer.provenance["parameters"]["n_samples"] == 20 and layer.provenance["waytotal"] == expected.waytotal
     assert np.array_equal(layer.data.data, expected.paths)  # the same numbers as the pipeline, exactly
     assert panel.result.waytotal == expected.waytotal
     assert np.array_equal(panel.result.seed_targets, expected.seed_targets)

@@ -44,6 +44,8 @@ def test_tracking_from_a_seed_roi_grows_live_and_stays_in_the_bundle(demo_window
     assert win.errors == []
     result = win.document.layer("deterministic")
     assert result is panel.result_layer
+    assert result.provenance["computed"] == "deterministic tracking"  # the report shows it
+    assert result.provenance["parameters"]["step_mm"] > 0 and result.provenance["backend"] == "cpu"
     n = len(result.data)
     assert n >= 0.9 * 4 * 40  # 40 seed voxels x 4 seeds, nearly all long enough
     assert len(sizes) >= 2 and sizes == sorted(sizes) and sizes[-1] <= n  # it grew batch by batch
