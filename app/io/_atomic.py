@@ -41,3 +41,11 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_path`."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return path

@@ -27,7 +27,7 @@ from gpu.commit import CommitParams, Problem
 
 from ..errors import InputError
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
-from ..io._atomic import atomic_path, split_suffix
+from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
 from ..model import Tractogram
 from .select import load_masks_on_reference
@@ -260,9 +260,7 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
     files[name] = save_tractogram(filtered, out / name)
     for key, volume in result.maps().items():
         files[f"{key}.nii.gz"] = save_volume(volume, result.affine, out / f"{key}.nii.gz")
-    with atomic_path(out / "commit.json") as tmp:
-        tmp.write_text(json.dumps(result.summary(), indent=2, default=str))
-    files["commit.json"] = out / "commit.json"
+    files["commit.json"] = write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "commit.json")
     return {k: str(v) for k, v in files.items()}
 
 

@@ -20,7 +20,7 @@ from gpu.connectivity import DEFAULT_RADIUS_MM, Connectome, assign_endpoints, co
 from gpu.tractometry import Profile, RegionDistance, profile, region_distance
 
 from ..errors import InputError
-from ..io._atomic import atomic_path
+from ..io._atomic import write_text_atomic
 from ..io.lut import LabelTable
 from ..model import Tractogram, Volume
 
@@ -191,13 +191,6 @@ def matrix_csv_text(matrix: ConnectivityMatrix) -> str:
     for name, row in zip(matrix.row_names, matrix.values):
         writer.writerow([name, *(str(int(v)) if integral else f"{v:.6g}" for v in row)])
     return out.getvalue()
-
-
-def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return path
 
 
 def write_matrix_csv(matrix: ConnectivityMatrix, path: str | os.PathLike) -> Path:

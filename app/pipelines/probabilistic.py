@@ -31,7 +31,7 @@ from gpu.probabilistic import (
 
 from ..errors import InputError
 from ..io import BedpostSamples, load_bedpostx, save_volume
-from ..io._atomic import atomic_path, split_suffix
+from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..model import Tractogram
 from .select import load_masks_on_reference
@@ -243,9 +243,7 @@ def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdi
     out.mkdir(parents=True, exist_ok=True)
     aff = run.samples.affine
     files = {"fdt_paths.nii.gz": save_volume(result.paths.astype(np.float32), aff, out / "fdt_paths.nii.gz")}
-    with atomic_path(out / "waytotal") as tmp:
-        tmp.write_text(f"{result.waytotal}\n")
-    files["waytotal"] = out / "waytotal"
+    files["waytotal"] = write_text_atomic(f"{result.waytotal}\n", out / "waytotal")
     for j, name in enumerate(run.targets):
         volume = np.zeros(run.samples.mask.shape, dtype=np.float32)
         volume[tuple(run.seeds.T)] = result.seed_targets[:, j]
@@ -269,9 +267,7 @@ def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdi
         files["matrix_seeds_to_seeds.npy"] = out / "matrix_seeds_to_seeds.npy"
         files["matrix_seeds_to_seeds.csv"] = out / "matrix_seeds_to_seeds.csv"
     summary = summarise(run, result)
-    with atomic_path(out / "probtrackx.json") as tmp:
-        tmp.write_text(json.dumps(summary, indent=2, default=str))
-    files["probtrackx.json"] = out / "probtrackx.json"
+    files["probtrackx.json"] = write_text_atomic(json.dumps(summary, indent=2, default=str), out / "probtrackx.json")
     return {name: str(path) for name, path in files.items()}
 
 
