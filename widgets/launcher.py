@@ -15,7 +15,10 @@ import sys
 
 from app import cli
 
-GUI_USAGE = "tractlens [--demo | view FILE... | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV]"
+GUI_USAGE = (
+    "tractlens [--demo | view FILE... | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
+    "[--autosave SECONDS] [--restore ask|yes|no]"
+)
 
 
 def _gui_parser() -> argparse.ArgumentParser:
@@ -28,6 +31,18 @@ def _gui_parser() -> argparse.ArgumentParser:
     parser.add_argument("--exit", action="store_true", help="quit after loading (and the screenshot)")
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for loading with --exit")
+    parser.add_argument(
+        "--autosave",
+        type=float,
+        metavar="SECONDS",
+        help="autosave the work every SECONDS to the recovery folder (0: off; default: the saved setting, 30)",
+    )
+    parser.add_argument(
+        "--restore",
+        choices=("ask", "yes", "no"),
+        default="ask",
+        help="after a crash, restore the autosaved work: ask (default), yes, or no (keep it for a later start)",
+    )
     return parser
 
 
@@ -64,7 +79,9 @@ def _window(args):
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("TractLens")
-    window = MainWindow(device=args.device)
+    window = MainWindow(
+        device=args.device, autosave_s=getattr(args, "autosave", None), restore=getattr(args, "restore", "no")
+    )
     if args.size:
         try:
             width, height = (int(v) for v in args.size.lower().split("x"))

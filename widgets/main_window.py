@@ -38,6 +38,7 @@ from app.jobs import JobRunner
 from app.loaders import load_layers
 from app.model import ROI_ROLES, Document, Layer, RoiMask
 from app.pipelines.select import index_on_grid
+from app.recovery import DEFAULT_INTERVAL_S
 
 from . import fiber_display
 from .ballstick import BallStickDialog, ballstick_job
@@ -47,6 +48,7 @@ from .panels import JobPanel, LayerPanel
 from .presurgical_panel import PresurgicalPanel
 from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
+from .session_io import WindowAutosave, offer_recovery
 from .slice_view import SliceView
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
@@ -75,7 +77,10 @@ class MainWindow(QMainWindow):
 
     loaded = Signal(str)  # a path finished loading
 
-    def __init__(self, *, device: str = "auto"):
+    def __init__(self, *, device: str = "auto", autosave_s: float | None = None, restore: str = "ask"):
+        """``autosave_s``: seconds between autosaves (0: off; None: the saved setting, default
+        30); ``restore``: what to do with an autosave a crashed window left (``ask``, ``yes``,
+        ``no``: keep it for later), see :func:`widgets.session_io.offer_recovery`."""
         super().__init__()
         self.setWindowTitle("TractLens")
         self.setAcceptDrops(True)
@@ -177,6 +182,8 @@ class MainWindow(QMainWindow):
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())
         self._restore_layout()
+        self._start_autosave(autosave_s)
+        QTimer.singleShot(0, lambda: offer_recovery(self, restore))
 
     # ------------------------------------------------------------------ menus
     def _build_menus(self) -> None:
@@ -194,6 +201,7 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self._action(file_menu, "Open s&ession…", self._open_session_dialog, "Ctrl+Shift+O")
         self._action(file_menu, "Save sess&ion…", self._save_session_dialog, "Ctrl+Shift+W")
+        self._action(file_menu, "&Autosave interval…", self._autosave_dialog)
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         view_menu = self.menuBar().addMenu("&View")
@@ -652,13 +660,17 @@ class MainWindow(QMainWindow):
 
     # -------------------------------------------------------- sessions, report
     def save_session(self, path: str | os.PathLike) -> int:
-        """Write every layer, its display and provenance, and the panels' settings to a
-        ``.tractlens`` file, on a worker; the job id."""
-        from .session_io import save_window_session
+        """Write every layer, its display and provenance, and the window's settings to a
+        ``.tractlens`` file: the document is copied now (so edits made while it is written do
+        not reach the file half-way) and written on a worker; the job id."""
+        from app.session import write_session
 
+        from .session_io import window_snapshot
+
+        snap = window_snapshot(self)
         return self.runner.submit(
             f"save session {Path(path).name}",
-            lambda ctx: save_window_session(self, path),
+            lambda ctx: write_session(snap, path),
             on_done=lambda written: self.statusBar().showMessage(f"Session saved to {written}", 8000),
             on_error=self._report_error,
         )
@@ -711,6 +723,69 @@ class MainWindow(QMainWindow):
         if path:
             self.save_screenshot(path)
 
+    # ------------------------------------------------------ autosave, recovery
+    def _start_autosave(self, interval_s: float | None) -> None:
+        self._restoring = None  # the orphaned autosave being restored, deleted once autosaved again
+        self._autosave_error = ""
+        if interval_s is None:
+            interval_s = float(settings().value("autosave/interval_s", DEFAULT_INTERVAL_S))
+        try:
+            self.autosave: WindowAutosave | None = WindowAutosave(self, interval_s)
+        except OSError as exc:
+            self.autosave = None
+            self.statusBar().showMessage(f"Autosave is off: its folder cannot be written ({exc})", 15000)
+            return
+        self.autosave.saved.connect(self._autosaved)
+        self.autosave.failed.connect(self._autosave_failed)
+
+    def set_autosave_interval(self, seconds: float) -> None:
+        """Autosave every ``seconds`` (0: off); remembered for the next start."""
+        settings().setValue("autosave/interval_s", float(seconds))
+        if self.autosave is not None:
+            self.autosave.set_interval(seconds)
+
+    def _autosave_dialog(self) -> None:
+        from PySide6.QtWidgets import QInputDialog
+
+        current = int(self.autosave.interval_s) if self.autosave is not None else 0
+        seconds, ok = QInputDialog.getInt(
+            self, "Autosave", "Autosave every (seconds, 0 = off):", current, 0, 24 * 3600, 5
+        )
+        if ok:
+            self.set_autosave_interval(seconds)
+
+    def _autosaved(self) -> None:
+        self._autosave_error = ""
+        if self._restoring is not None:  # the restored work is safe in our own autosave now
+            self._restoring.discard()
+            self._restoring = None
+        self.statusBar().showMessage("Autosaved", 2000)
+
+    def _autosave_failed(self, message: str) -> None:
+        if message != self._autosave_error:  # say it once, not at every tick
+            self._autosave_error = message
+            self._report_error(f"Autosave failed (it is tried again): {message}", "")
+
+    def restore_autosave(self, orphan) -> int:
+        """Open an autosave a crashed window left (on a worker), replacing this window's layers."""
+        from app.session import load_session
+
+        from .session_io import apply_session
+
+        def done(session) -> None:
+            apply_session(self, session)
+            self._restoring = orphan
+            self.statusBar().showMessage(f"Restored the {orphan.describe()}", 15000)
+            if self.autosave is not None:
+                self.autosave.save_now()
+
+        def failed(message: str, details: str) -> None:
+            orphan.release()  # kept: another start may offer it again
+            self._report_error(f"The autosave could not be restored: {message}", details)
+
+        return self.runner.submit("restore autosave", lambda ctx: load_session(orphan.folder), on_done=done,
+                                  on_error=failed)  # fmt: skip
+
     # ------------------------------------------------------ settings, recent
     def _restore_layout(self) -> None:
         store = settings()
@@ -740,6 +815,12 @@ class MainWindow(QMainWindow):
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState(LAYOUT_VERSION))
         self.runner.shutdown(10.0)
+        if self._restoring is not None:  # restored but not yet autosaved again: offer it next time
+            self._restoring.release()
+            self._restoring = None
+        if self.autosave is not None:
+            self.autosave.close()  # a clean exit: nothing to recover
+            self.autosave = None
         self.view3d.close_plotter()
         super().closeEvent(event)
 

@@ -1,16 +1,61 @@
-"""Atomic file writing: write beside the target, then rename over it.
+"""Atomic, durable file writing: write beside the target, flush it to disk, then rename over it.
 
-A crash or a full disk therefore never leaves half a file under the real name.
+A crash, a power cut or a full disk therefore never leaves half a file under the real
+name, and the previous file (if any) stays as it was until the new one is complete.
+Failures to write become :class:`SaveError`, whose message says what happened (the disk
+is full, no permission, ...) and that the previous file was kept.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from ..errors import InputError
+
+
+class SaveError(InputError):
+    """A file could not be written (disk full, no permission, read-only file system, ...).
+
+    An :class:`InputError` so that every caller that shows input errors to the user shows
+    this too: it names the file, the reason and what to do, never a traceback.
+    """
+
+
+_REASONS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is larger than this file system (or the process's file-size limit) allows",
+    errno.EACCES: "there is no permission to write there",
+    errno.EPERM: "there is no permission to write there",
+    errno.EROFS: "the file system is read-only",
+}
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    return f" ({free / 2**20:.0f} MiB free there)"
+
+
+def save_error(exc: OSError, target: Path) -> SaveError:
+    """The user-facing error for an :class:`OSError` raised while writing ``target``."""
+    reason = _REASONS.get(exc.errno, exc.strerror or str(exc))
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        reason += _free_space(target.parent)
+    kept = "the previous file was left as it was" if target.exists() else "nothing was written"
+    return SaveError(
+        f"could not be saved: {reason}; {kept}",
+        path=target,
+        fix="Free some space or choose another folder, then save again",
+    )
 
 
 def split_suffix(path: Path) -> tuple[str, str]:
@@ -22,25 +67,64 @@ def split_suffix(path: Path) -> tuple[str, str]:
     return path.stem, path.suffix
 
 
+def fsync_path(path: Path) -> None:
+    """Flush a file (or every file under a folder, and the folder) to the disk."""
+    if path.is_dir():
+        for item in path.rglob("*"):
+            if item.is_file():
+                _fsync_fd(item, os.O_RDONLY)
+        _fsync_fd(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    else:
+        _fsync_fd(path, os.O_RDONLY)
+
+
+def _fsync_fd(path: Path, flags: int) -> None:
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # e.g. folders cannot be opened on Windows: nothing to flush there
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.EBADF):  # file systems without fsync on folders
+            raise
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it to ``path`` on success.
 
     The temporary name keeps the target's suffix so writers that choose the
-    format (or compression) from the file name behave the same.
+    format (or compression) from the file name behave the same. With ``durable`` the
+    new file is flushed to the disk before the rename, and the folder after it, so that
+    even a power cut leaves the old or the new file, never a mix. An :class:`OSError`
+    while writing (disk full, no permission) becomes :class:`SaveError`; the temporary
+    file is removed and the previous file is untouched.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise save_error(exc, target) from exc
     stem, suffix = split_suffix(target)
     tmp = target.with_name(f".{stem}.tmp-{secrets.token_hex(4)}{suffix}")
     try:
         yield tmp
+        if durable:
+            fsync_path(tmp)
         os.replace(tmp, target)
+        if durable:
+            _fsync_fd(target.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        raise save_error(exc, target) from exc
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
-            tmp.unlink()
+        with contextlib.suppress(OSError):
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            elif tmp.exists():
+                tmp.unlink()
 
 
 def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
