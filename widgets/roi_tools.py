@@ -39,7 +39,10 @@ class RoiTools:
         doc = self.document
         if doc.reference_affine is None:
             raise ValueError("open an image first: an ROI lives on its grid")
+        taken = {layer.name for layer in doc.layers}
         count = 1 + sum(1 for layer in doc.layers if layer.kind == "roi" and layer.data.role == role)
+        while f"{role} {count}" in taken:  # e.g. "seed 1" whose role became exclusion
+            count += 1
         name = f"{role} {count}"
         mask = RoiMask(name, np.zeros(doc.reference_shape, dtype=bool), doc.reference_affine, role=role)
         layer = doc.add_layer(Layer(name, mask, "roi"))
