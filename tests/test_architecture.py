@@ -44,3 +44,25 @@ def test_ruff_is_clean():
     assert ruff, "ruff is part of the test extra"
     out = subprocess.run([ruff, "check", str(ROOT)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_kernel_file_is_package_data():
+    """A non-editable install ships only what package-data names: the CUDA sources and the
+    headers they #include must all be there, or the GPU kernels fail to compile."""
+    import fnmatch
+    import re
+
+    # tomllib is Python >= 3.11 and we support 3.10: read the one line by hand.
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    line = re.search(r"^gpu\s*=\s*\[(.*)\]", section, re.M)
+    assert line, "pyproject.toml has no package-data for gpu"
+    patterns = re.findall(r'"([^"]+)"', line.group(1))
+    kernels = [p for p in (ROOT / "gpu" / "kernels").iterdir() if p.is_file()]
+    assert {p.suffix for p in kernels} >= {".cu", ".cuh"}
+    missing = [
+        p.name
+        for p in kernels
+        if not any(fnmatch.fnmatch(p.relative_to(ROOT / "gpu").as_posix(), pattern) for pattern in patterns)
+    ]
+    assert not missing, f"gpu/kernels files not in [tool.setuptools.package-data] gpu: {missing}"
