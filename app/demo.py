@@ -37,6 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from .io import save_gradients, save_tractogram, save_volume
+from .io._atomic import atomic_path
+from .io.outputs import check_output_folder
 from .model import Tractogram
 
 DEMO_VERSION = 2
@@ -302,9 +304,10 @@ def demo_path() -> Path:
 
 def write_demo(outdir: str | os.PathLike) -> Path:
     """Copy the (cached) demo dataset into ``outdir``."""
+    out = check_output_folder(outdir, "demo folder")
     source = demo_path()
-    out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():
-        shutil.copy2(item, out / item.name)
+        with atomic_path(out / item.name) as tmp:  # an interrupted copy leaves no half file
+            shutil.copy2(item, tmp)
     return out

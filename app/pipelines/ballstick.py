@@ -22,8 +22,10 @@ from gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickParams, fit_ba
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors
+from ..io._atomic import write_text_atomic
 from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_bedpostx
 from ..model import Volume
+from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
 
 log = logging.getLogger(__name__)
@@ -110,7 +112,14 @@ def fit_ballstick_pipeline(
     signal = masked_signal(dwi.data, mask)
     bvecs_fsl = fsl_to_voxel_vectors(dwi.bvecs, dwi.affine)
     try:
-        fit = fit_ballstick(signal, dwi.bvals, bvecs_fsl, params, device=device, progress=progress, cancelled=cancelled)
+        fit = run_with_cpu_fallback(
+            lambda backend: fit_ballstick(
+                signal, dwi.bvals, bvecs_fsl, params, device=backend, progress=progress, cancelled=cancelled
+            ),
+            device,
+            warnings,
+            "the ball & sticks fit",
+        )
     except ValueError as exc:  # the engine's word on an unusable gradient table
         raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
@@ -132,7 +141,7 @@ def write_ballstick_outputs(result: BallStickResult, outdir: str | os.PathLike) 
     """Write the bedpostX folder (:data:`app.io.bedpostx.BEDPOSTX_OUTPUTS`) and ``fit_ballstick.json``."""
     files = save_bedpostx(outdir, result.samples, s0=result.s0, d=result.d, bvals=result.bvals, bvecs=result.bvecs)
     summary = Path(outdir) / "fit_ballstick.json"
-    summary.write_text(json.dumps(result.summary(), indent=2, default=str))
+    write_text_atomic(json.dumps(result.summary(), indent=2, default=str), summary)
     files["fit_ballstick.json"] = str(summary)
     return files
 

@@ -20,6 +20,7 @@ from gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume
+from ..io._atomic import write_text_atomic
 from ..masking import brain_mask_from_b0
 from ..model import Volume
 
@@ -136,9 +137,13 @@ def choose_mask(dwi: DWI, mask: np.ndarray | None, mask_path: str | os.PathLike 
         return resolve_mask(dwi, mask_path)
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != dwi.shape3:
-        raise InputError(f"the mask has shape {mask.shape} but the data {dwi.shape3}")
+        raise InputError(
+            f"the mask has shape {mask.shape} but the data {dwi.shape3}",
+            path=dwi.path or None,
+            fix="Use a mask drawn on (or resampled to) this diffusion series' grid",
+        )
     if not mask.any():
-        raise InputError("the mask is empty", fix="Give a mask with at least one voxel")
+        raise InputError("the mask is empty", path=dwi.path or None, fix="Give a mask with at least one voxel")
     return mask, "given"
 
 
@@ -194,5 +199,5 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str,
         futures.append(pool.submit(save_tensor, result.map("tensor"), aff, out / "tensor.nii.gz", order="fsl"))
         for future in futures:
             future.result()
-    (out / "fit_dti.json").write_text(json.dumps(result.summary(), indent=2, default=str))
+    write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "fit_dti.json")
     return {name: str(out / name) for name in DTI_OUTPUTS}
