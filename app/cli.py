@@ -22,6 +22,7 @@ from gpu.commit import MODELS as COMMIT_MODELS
 
 from . import __version__
 from .errors import InputError
+from .io.outputs import check_output_file, check_output_folder
 from .pipelines.commit import PEAKS_FRAMES
 from .pipelines.connectivity import DEFAULT_MARGIN_MM, DEFAULT_RADIUS_MM, WEIGHTS
 
@@ -98,6 +99,7 @@ def cmd_fit_dti(args) -> int:
     from .pipelines.dti import fit_dti_pipeline, write_dti_outputs
 
     get_backend(args.device)  # fail early and clearly when --device gpu has no GPU
+    check_output_folder(args.output)  # before the fit, not after it
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=args.b0_threshold)
     for warning in dwi.warnings:
         log.warning("%s", warning)
@@ -144,9 +146,7 @@ def cmd_commit(args) -> int:
         )
     except ValueError as exc:
         raise InputError(str(exc), fix="Check the COMMIT options (see tractlens commit --help)") from exc
-    out = Path(args.output)
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", path=out)
+    out = check_output_folder(args.output)
     result, suffix = commit_from_files(
         args.dwi,
         args.tractogram,
@@ -192,6 +192,7 @@ def cmd_fit_ballstick(args) -> int:
         )
     except ValueError as exc:
         raise InputError(str(exc), fix="Check the MCMC options (see tractlens fit-ballstick --help)") from exc
+    check_output_folder(args.output)
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=args.b0_threshold)
     for warning in dwi.warnings:
         log.warning("%s", warning)
@@ -221,11 +222,13 @@ def cmd_fit_ballstick(args) -> int:
 
 def cmd_select(args) -> int:
     from .io import load_tractogram, save_tractogram
+    from .io.tractogram import check_output_suffix
     from .pipelines.select import select_pipeline
 
     get_backend(args.device)
     if not args.include:
         raise InputError("at least one --include mask is needed", fix="Give the region fibers must pass")
+    check_output_suffix(args.output)
     tract = load_tractogram(args.tractogram, reference=args.include[0])
     selected, selection, notes = select_pipeline(
         tract,
@@ -260,6 +263,7 @@ def cmd_connectome(args) -> int:
     from .pipelines.connectivity import compute_connectome, write_matrix_csv
 
     get_backend(args.device)
+    check_output_file(args.output, "matrix CSV")
     labels_img = load_image(args.labels, "label volume")
     labels = Volume("labels", load_labels(args.labels), labels_img.affine, kind="labels", source=str(args.labels))
     lut = load_lut(args.lut) if args.lut else None
@@ -310,6 +314,7 @@ def cmd_profile(args) -> int:
     from .pipelines.connectivity import compute_profile, profile_csv_text, write_text_atomic
 
     get_backend(args.device)
+    check_output_file(args.output, "profile CSV")
     volume = load_volume(args.map)
     tract = load_tractogram(args.tractogram, reference=args.map)
     result = compute_profile(tract, volume, args.points, device=args.device)
@@ -519,6 +524,11 @@ def cmd_track_probabilistic(args) -> int:
         raise InputError(str(exc), fix="Check the tracking options (see tractlens track probabilistic --help)") from exc
     if args.waypoints is None and args.waycond != "AND":
         log.warning("--waycond has no effect without --waypoints")
+    check_output_folder(args.output)
+    if args.save_paths is not None:
+        from .io.tractogram import check_output_suffix
+
+        check_output_suffix(args.save_paths)
     run = prepare_probabilistic(
         args.samples,
         args.seed,

@@ -21,6 +21,7 @@ from ..errors import InputError
 from ..model import Tractogram, Volume
 from ._atomic import atomic_path
 from .nifti import load_image
+from .outputs import check_output_file
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,7 @@ def check_output_suffix(path: str | os.PathLike) -> Path:
     """Fail before a long computation when the output tractogram cannot be written."""
     path = Path(path)
     _suffix(path)
-    if not path.parent.exists():
-        raise InputError("the output folder does not exist", path=path.parent, fix="Create it or choose another")
-    if path.is_dir():
-        raise InputError("the output path is a folder, not a file", path=path)
-    return path
+    return check_output_file(path, "output tractogram")
 
 
 def _reference_grid(reference) -> tuple[np.ndarray, tuple[int, int, int]]:
