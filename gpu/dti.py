@@ -375,7 +375,7 @@ def fit_dti(
     item = np.dtype(dtype).itemsize
     # Peak: the input batch, log S and weights (N x K each), a boolean mask, small rest.
     bytes_per_voxel = k * (signal.dtype.itemsize + 2 * item + 1) + 1600
-    timings = {"transfer_s": 0.0, "compute_s": 0.0}
+    timings = {"transfer_s": 0.0, "compute_s": 0.0, "batches": 0}
 
     def process(start: int, stop: int) -> None:
         t0 = time.perf_counter()
@@ -389,6 +389,7 @@ def fit_dti(
             out[key][start:stop] = backend.to_host(value)
         timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t2)
         timings["compute_s"] += t2 - t1
+        timings["batches"] += 1  # batches that fitted (one that ran out of memory is halved and retried)
 
     run_batched(backend, n, bytes_per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels)
     fit = DTIFit(**out)

@@ -30,6 +30,7 @@ from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
 from ..model import Tractogram
+from ._fallback import run_with_cpu_fallback
 from .select import load_masks_on_reference
 
 #: Files written by :func:`write_commit_outputs` ({ext}: the input tractogram's format).
@@ -160,7 +161,24 @@ def commit_pipeline(
 ) -> CommitResult:
     """Fit COMMIT to ``dwi`` with the streamlines of ``tractogram``. ``max_block_segments``:
     apply A and Aᵀ in blocks of voxel rows of at most that many segments (done by itself on
-    the GPU when the problem does not fit in its free memory)."""
+    the GPU when the problem does not fit in its free memory; on the CPU when even the
+    smallest blocks do not fit and ``device`` is ``"auto"``)."""
+    fallback: list[str] = []
+    result = run_with_cpu_fallback(
+        lambda backend: _commit_pipeline(
+            dwi, tractogram, mask, peaks, peaks_frame, params, backend, progress, cancelled, max_block_segments
+        ),
+        device,
+        fallback,
+        "COMMIT filtering",
+    )
+    result.notes[:0] = fallback
+    return result
+
+
+def _commit_pipeline(
+    dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments
+) -> CommitResult:
     params = params or CommitParams()
     notes: list[str] = []
     if len(tractogram) == 0:

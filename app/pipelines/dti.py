@@ -23,6 +23,7 @@ from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume
 from ..io._atomic import write_text_atomic
 from ..masking import brain_mask_from_b0
 from ..model import Volume
+from ._fallback import run_with_cpu_fallback
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,14 @@ def fit_dti_pipeline(
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
     try:
-        fit = fit_dti(signal, dwi.bvals, dwi.bvecs, params, device=device, progress=progress, cancelled=cancelled)
+        fit = run_with_cpu_fallback(
+            lambda backend: fit_dti(
+                signal, dwi.bvals, dwi.bvecs, params, device=backend, progress=progress, cancelled=cancelled
+            ),
+            device,
+            warnings,
+            "the tensor fit",
+        )
     except ValueError as exc:  # the engine's word on an unusable gradient table
         raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0

@@ -34,6 +34,7 @@ from ..io import BedpostSamples, load_bedpostx, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..model import Tractogram
+from ._fallback import batches_with_cpu_fallback
 from .select import load_masks_on_reference
 
 #: Files written by :func:`write_probabilistic_outputs` ({target}: the target file's stem).
@@ -89,20 +90,27 @@ class ProbabilisticRun:
         batch_streamlines: int | None = None,
     ) -> Iterator[ProbResult]:
         """Running totals after each batch (see :func:`gpu.probabilistic.iter_track`;
-        ``batch_streamlines`` sets how often they come)."""
-        return iter_track(
-            self.field,
-            self.bits,
-            self.seeds,
-            self.params,
-            n_targets=len(self.targets),
-            n_waypoints=self.n_waypoints,
-            device=device,
-            progress=progress,
-            cancelled=cancelled,
-            batch_streamlines=batch_streamlines,
-            seed_matrix=self.seed_matrix,
-        )
+        ``batch_streamlines`` sets how often they come). If the GPU runs out of memory even
+        for the smallest batch and ``device`` is ``"auto"``, the run starts again on the CPU
+        (running totals cannot be carried from one engine's streams to the other's batches
+        mid-way; the CPU totals restart from zero) and a note says so in ``notes``."""
+
+        def start(backend, _first: int):
+            return iter_track(
+                self.field,
+                self.bits,
+                self.seeds,
+                self.params,
+                n_targets=len(self.targets),
+                n_waypoints=self.n_waypoints,
+                device=backend,
+                progress=progress,
+                cancelled=cancelled,
+                batch_streamlines=batch_streamlines,
+                seed_matrix=self.seed_matrix,
+            )
+
+        return batches_with_cpu_fallback(start, lambda _totals: 0, device, self.notes, "probabilistic tracking")
 
     def paths_tractogram(
         self,

@@ -28,6 +28,7 @@ from gpu.streamlines import StreamlineBatch
 from ..errors import InputError
 from ..io import load_dwi, load_tensor
 from ..model import Tractogram, Volume
+from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .select import load_masks_on_reference
 
 log = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def deterministic_pipeline(
     notes = list(field_.notes) + list(notes or [])
     if field_.not_positive_definite:
         notes.append("deterministic tracking follows their main eigenvector where FA is above the threshold")
-    backend = get_backend(device)
+    get_backend(device)  # an unusable device (gpu forced, none there) is refused before any work
     shape = field_.shape
     if sum(x is not None and x is not False for x in (seed_mask, seed_points, whole_brain or None)) != 1:
         raise InputError("give exactly one of: a seed mask, seed points, or whole-brain seeding")
@@ -205,12 +206,24 @@ def deterministic_pipeline(
     counts = {"tracked": 0, "filtered_out": 0}
     t0 = time.perf_counter()
     first_batch_s = None
-    for batch in deterministic.track(
-        tf, seeds, params, device=backend, progress=progress, cancelled=cancelled, max_batch=max_batch
-    ):
+    used: list = []  # the backends that ran (the GPU, then the CPU if it ran out of memory)
+
+    def start(engine_backend, first: int):
+        """The batches over seeds[first:], numbered as seeds of the whole run."""
+        used.append(engine_backend)
+        shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
+        for part in deterministic.track(
+            tf, seeds[first:], params, device=engine_backend, progress=shifted, cancelled=cancelled,
+            max_batch=max_batch,
+        ):  # fmt: skip
+            part.seed_index = part.seed_index + first
+            yield part
+
+    batches = batches_with_cpu_fallback(start, lambda b: b.provenance["seeds"], device, notes, "deterministic tracking")
+    for batch in batches:
         counts["tracked"] += len(batch)
         if len(batch) and (include or exclude):
-            selection = select_streamlines(batch.points, batch.offsets, list(include), list(exclude), device=backend)
+            selection = select_streamlines(batch.points, batch.offsets, list(include), list(exclude), device=used[-1])
             counts["filtered_out"] += int((~selection.selected).sum())
             batch = batch.subset(selection.selected)
         kept.append(batch)
@@ -228,8 +241,8 @@ def deterministic_pipeline(
         "seeds_per_voxel": seeds_per_voxel if seed_points is None else None,
         "seed_placement": placement if seed_points is None else None,
         "rng_seed": rng_seed,
-        "backend": backend.name,
-        "device": backend.device_name,
+        "backend": " then ".join(b.name for b in used),
+        "device": " then ".join(b.device_name for b in used),
         "seeds": len(seeds),
         "streamlines_tracked": counts["tracked"],
         "streamlines_removed_by_rois": counts["filtered_out"],
@@ -304,7 +317,7 @@ def geodesic_pipeline(
     metric = metric or geodesic.MetricParams()
     params = params or geodesic.GeodesicParams()
     notes = list(field_.notes)
-    backend = get_backend(device)
+    get_backend(device)  # an unusable device (gpu forced, none there) is refused before any work
     shape = field_.shape
     try:
         for name_, volume in (("seed region", seed_mask), ("target", target), ("tracking mask", mask)):
@@ -326,7 +339,12 @@ def geodesic_pipeline(
         else:
             dirs = np.broadcast_to(geodesic.fibonacci_directions(directions), (len(positions), directions, 3))
         if metric_field is None:
-            metric_field = geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=backend)
+            metric_field = run_with_cpu_fallback(
+                lambda bk: geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=bk),
+                device,
+                notes,
+                "the geodesic metric",
+            )
         fld = geodesic.with_regions(metric_field, mask, target)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
@@ -335,10 +353,20 @@ def geodesic_pipeline(
     dirs = np.ascontiguousarray(dirs.reshape(-1, 3))
     t0 = time.perf_counter()
     batches = []
-    for batch in geodesic.track(
-        fld, starts, dirs, params, only_reaching=target is not None, device=backend, progress=progress,
-        cancelled=cancelled, max_batch=max_batch, first_batch=first_batch,
-    ):  # fmt: skip
+    used: list = []
+
+    def start(engine_backend, first: int):
+        """The batches over fibres first..., numbered as fibres of the whole run."""
+        used.append(engine_backend)
+        shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
+        for part in geodesic.track(
+            fld, starts[first:], dirs[first:], params, only_reaching=target is not None, device=engine_backend,
+            progress=shifted, cancelled=cancelled, max_batch=max_batch, first_batch=first_batch if not first else None,
+        ):  # fmt: skip
+            part.fiber = part.fiber + first
+            yield part
+
+    for batch in batches_with_cpu_fallback(start, lambda b: b.provenance["fibers"], device, notes, "geodesic tracking"):
         batches.append(batch)
         if on_batch is not None and len(batch):
             on_batch(_geodesic_tractogram(batch, field_, name, target is not None))
@@ -349,14 +377,15 @@ def geodesic_pipeline(
     ranked = tractogram.streamline_scalars["cm"]
     order = np.zeros(0, np.int64)
     if len(ranked):  # ranked on the device when there is one
-        order = backend.to_host(geodesic.top_fraction(backend.asarray(ranked), top_percent, xp=backend.xp))
+        ranker = used[-1]
+        order = ranker.to_host(geodesic.top_fraction(ranker.asarray(ranked), top_percent, xp=ranker.xp))
     tractogram = tractogram.subset(order)
     provenance = {
         "method": "geodesic",
         "parameters": asdict(params),
         "metric": {**asdict(metric), "gain_used": fld.gain, "repaired_voxels": fld.repaired},
-        "backend": backend.name,
-        "device": backend.device_name,
+        "backend": " then ".join(b.name for b in used),
+        "device": " then ".join(b.device_name for b in used),
         "seed_points": len(positions),
         "directions": directions,
         "cone_deg": cone_deg,
