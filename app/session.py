@@ -49,7 +49,7 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
-from .io._atomic import atomic_path, write_text_atomic
+from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
 from .io.nifti import save_volume
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
@@ -289,7 +289,21 @@ def write_session(snap: DocumentSnapshot, path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.suffix != SUFFIX:
         path = path.with_name(path.name + SUFFIX)
-    with tempfile.TemporaryDirectory(prefix="tractlens-session-") as tmp:
+    try:
+        _write_archive(snap, path)
+    except SaveError as exc:  # a side file failed: the error is the session's, not a staging file's
+        cause = exc.__cause__
+        raise (save_error(cause, path) if isinstance(cause, OSError) else exc) from cause
+    except OSError as exc:
+        raise save_error(exc, path) from exc
+    return path
+
+
+def _write_archive(snap: DocumentSnapshot, path: Path) -> None:
+    # Side files are staged beside the target (the same disk: a full disk shows here, not in
+    # a small /tmp), then stored in the archive, which replaces the target atomically.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{path.name}-", dir=path.parent) as tmp:
         folder = Path(tmp) / "layers"
         folder.mkdir()
         entries = []
@@ -307,7 +321,6 @@ def write_session(snap: DocumentSnapshot, path: str | os.PathLike) -> Path:
                 archive.write(Path(tmp) / MANIFEST, MANIFEST)
                 for item in sorted(folder.iterdir()):
                     archive.write(item, f"layers/{item.name}")
-    return path
 
 
 def save_session(document: Document, path: str | os.PathLike, *, panels: dict | None = None) -> Path:

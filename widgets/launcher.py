@@ -115,7 +115,7 @@ def run_report(argv: list[str]) -> int:
     options = {} if args.margin is None else {"margin_mm": args.margin}
     try:
         files = export_report(window, args.output, png=not args.no_png, **options)
-    except OSError as exc:
+    except (OSError, InputError) as exc:
         print(f"tractlens report: error: cannot write the report ({exc})", file=sys.stderr)
         return cli.EXIT_INPUT
     finally:
@@ -163,8 +163,14 @@ def run_gui(argv: list[str]) -> int:
     if args.screenshot:
         window.view3d.request_render()
         app.processEvents()
-        path = window.save_screenshot(args.screenshot)
-        print(f"screenshot written to {path}")
+        from app.errors import InputError
+
+        try:
+            path = window.save_screenshot(args.screenshot)
+            print(f"screenshot written to {path}")
+        except (OSError, InputError) as exc:
+            print(f"tractlens: error: cannot write the screenshot ({exc})", file=sys.stderr)
+            status = cli.EXIT_INPUT
     if args.exit:
         window.close()
         return status

@@ -653,10 +653,9 @@ class MainWindow(QMainWindow):
         painter = QPainter(image)
         painter.drawImage(origin, view_image.scaled(self.view3d.size()))
         painter.end()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not image.save(str(path)):
-            raise OSError(f"could not write {path}")
-        return path
+        from .report import save_image
+
+        return save_image(image, path)
 
     # -------------------------------------------------------- sessions, report
     def save_session(self, path: str | os.PathLike) -> int:
@@ -701,7 +700,7 @@ class MainWindow(QMainWindow):
         if path:
             try:
                 files = self.export_report(path)
-            except OSError as exc:
+            except (OSError, InputError) as exc:  # InputError: SaveError, e.g. the disk is full
                 self._report_error(f"The report could not be written: {exc}", "")
                 return
             self.statusBar().showMessage("Report written: " + ", ".join(f.name for f in files), 8000)
@@ -721,7 +720,10 @@ class MainWindow(QMainWindow):
     def _screenshot_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Save screenshot", "tractlens.png", "PNG (*.png)")
         if path:
-            self.save_screenshot(path)
+            try:
+                self.save_screenshot(path)
+            except (OSError, InputError) as exc:
+                self._report_error(f"The screenshot could not be written: {exc}", "")
 
     # ------------------------------------------------------ autosave, recovery
     def _start_autosave(self, interval_s: float | None) -> None:

@@ -10,6 +10,7 @@ the PNG pages (QImage), so both show the same thing.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPageLayout, QPa
 from PySide6.QtWidgets import QApplication
 
 from app import __version__
+from app.io._atomic import atomic_path
 from app.model import Document, Layer
 from app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,
@@ -360,17 +362,31 @@ def export_report(window, path: str | os.PathLike, *, png: bool = True, **option
         path = path.with_suffix(".pdf")
     path.parent.mkdir(parents=True, exist_ok=True)
     content = gather(window, **options)
-    tmp = path.with_name(f".{path.stem}.tmp.pdf")
-    try:
+    with atomic_path(path) as tmp:
         images = render(content, tmp, png)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        _check_complete_pdf(tmp)
     written = [path]
     for index, image in enumerate(images):
         name = f"{path.stem}.png" if index == 0 else f"{path.stem}-{index + 1}.png"
-        target = path.with_name(name)
-        if not image.save(str(target)):
-            raise OSError(f"could not write {target}")
-        written.append(target)
+        written.append(save_image(image, path.with_name(name)))
     return written
+
+
+def _check_complete_pdf(path: Path) -> None:
+    """QPdfWriter reports no write error: a full disk would leave a PDF without its end."""
+    try:
+        with open(path, "rb") as pdf:
+            pdf.seek(max(0, path.stat().st_size - 1024))
+            tail = pdf.read()
+    except OSError:
+        tail = b""
+    if b"%%EOF" not in tail:
+        raise OSError(errno.EIO, "the PDF could not be written completely (is the disk full?)")
+
+
+def save_image(image, path: Path) -> Path:
+    """A QImage as PNG, atomically (QImage.save only says yes or no: no means nothing usable)."""
+    with atomic_path(path) as tmp:
+        if not image.save(str(tmp)):
+            raise OSError(errno.EIO, "the image could not be written (is the disk full?)")
+    return path
