@@ -33,6 +33,7 @@ from .errors import InputError
 log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED = "queued", "running", "done", "failed", "cancelled"
+KEEP_ENDED = 100  # ended jobs the runner remembers (the job list's history); older ones are dropped
 
 
 class JobContext:
@@ -129,12 +130,17 @@ class _Runnable(QRunnable):
 class JobRunner(QObject):
     """Runs jobs on worker threads; signals arrive on the runner's (GUI) thread.
 
-    Signals: ``job_added(id)``, ``job_changed(id)`` (progress or state),
+    A finished job's result is handed to ``on_done`` and ``job_finished`` and then let go (a
+    live re-track would otherwise keep every tractogram it ever made); the runner remembers the
+    last :data:`KEEP_ENDED` ended jobs and drops older ones (``job_removed``).
+
+    Signals: ``job_added(id)``, ``job_removed(id)``, ``job_changed(id)`` (progress or state),
     ``job_partial(id, obj)``, ``job_finished(id, result)``,
     ``job_failed(id, message, details)``, ``job_cancelled(id)``.
     """
 
     job_added = Signal(int)
+    job_removed = Signal(int)  # an ended job dropped from the history (see KEEP_ENDED)
     job_changed = Signal(int)
     job_partial = Signal(int, object)
     job_finished = Signal(int, object)
@@ -219,9 +225,17 @@ class JobRunner(QObject):
         job.done = job.total = max(job.total, 1)
         self.job_changed.emit(job_id)
         callback = self._callbacks.pop(job_id)["done"]
-        if callback is not None and not self._guarded(job, callback, result):
-            return
-        self.job_finished.emit(job_id, result)
+        if callback is None or self._guarded(job, callback, result):
+            self.job_finished.emit(job_id, result)
+        job.result = None  # delivered: whoever wanted it has it now
+        self._forget_old()
+
+    def _forget_old(self) -> None:
+        ended = [job_id for job_id, job in self.jobs.items() if job.state in (DONE, FAILED, CANCELLED)]
+        for job_id in ended[: max(0, len(ended) - KEEP_ENDED)]:
+            del self.jobs[job_id]
+            self._callbacks.pop(job_id, None)
+            self.job_removed.emit(job_id)
 
     def _guarded(self, job: Job, callback: Callable, *args) -> bool:
         """Run a result callback; a failure there is the job's failure, not the event loop's."""
@@ -244,6 +258,7 @@ class JobRunner(QObject):
         if callback is not None:
             callback(message, details)
         self.job_failed.emit(job_id, message, details)
+        self._forget_old()
 
     def _on_cancelled(self, job_id: int) -> None:
         job = self.jobs[job_id]
@@ -251,3 +266,4 @@ class JobRunner(QObject):
         self._callbacks.pop(job_id, None)
         self.job_changed.emit(job_id)
         self.job_cancelled.emit(job_id)
+        self._forget_old()

@@ -280,3 +280,8 @@ class JobPanel(QWidget):
         item = self.tree.currentItem()
         if item is not None:
             self.runner.cancel(item.data(0, Qt.ItemDataRole.UserRole))
+        runner.job_removed.connect(self._removed)
+    def _removed(self, job_id: int) -> None:
+        item, _bar = self._items.pop(job_id)
+        self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
+

@@ -94,3 +94,38 @@ def test_partial_results_arrive_in_order_on_the_gui_thread(qtbot, runner):
     runner.submit("p", job, on_partial=lambda x: seen.append((x, threading.get_ident() == main)))
     qtbot.waitUntil(lambda: len(seen) == 5, timeout=5000)
     assert seen == [(i, True) for i in range(5)]
+
+
+def test_finished_jobs_let_go_of_their_results_and_the_history_is_bounded(qtbot, runner):
+    """A live re-track starts a job per edit: the runner must not keep every result (each can
+    be a whole tractogram) nor an ever-growing job list."""
+    import weakref
+
+    from app.jobs import KEEP_ENDED
+    from widgets.panels import JobPanel
+
+    class Result:
+        pass
+
+    panel = JobPanel(runner)
+    qtbot.addWidget(panel)
+    delivered = []
+    refs = []
+
+    def make(ctx):
+        result = Result()
+        refs.append(weakref.ref(result))
+        return result
+
+    for _ in range(KEEP_ENDED + 20):
+        runner.submit("re-track", make, on_done=delivered.append)
+    assert runner.wait(30)
+    qtbot.waitUntil(lambda: len(delivered) == KEEP_ENDED + 20, timeout=10_000)
+    assert len(runner.jobs) == KEEP_ENDED and panel.tree.topLevelItemCount() == KEEP_ENDED
+    assert min(runner.jobs) == 21  # the oldest were dropped
+    assert all(job.result is None for job in runner.jobs.values())
+    delivered.clear()
+    import gc
+
+    gc.collect()
+    assert all(ref() is None for ref in refs)  # nothing else holds them
