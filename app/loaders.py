@@ -12,8 +12,27 @@ What a path becomes:
   "mean f1" layer;
 * a 6-volume tensor NIfTI (with ``tensor_order``) or any other folder (dtifit):
   FA, colour FA and MD computed from the tensors;
-* a 3-volume NIfTI: a colour (RGB) layer; a 3-D integer image with few values:
-  a label layer; any other 3-D NIfTI: a scalar layer.
+* a 3-volume NIfTI: a colour (RGB) layer; a 3-D image that is a parcellation or a
+  mask (see :func:`looks_like_labels`): a label layer; any other 3-D NIfTI (a T1,
+  an FA map...): a scalar layer. :func:`show_as` turns one into the other.
+
+When is an image a label map? Scanners also store anatomical images as integers
+(int16, uint8), so the data type alone says nothing. An image is shown as labels
+when its values are whole numbers ≥ 0 and one of these holds, in this order:
+
+1. a lookup table lies beside it (``NAME.txt``, ``NAME_lut.txt``, ``NAME.tsv``);
+2. its name says so: it contains ``aparc``, ``aseg``, ``dseg``, ``parc``,
+   ``label``, ``atlas`` or ``segmentation``, or has a ``seg`` part (FSL FAST's
+   ``*_seg``);
+3. it is a mask: one value besides 0;
+4. it is piecewise constant like a parcellation: at most :data:`MAX_LABELS`
+   distinct values and, of the pairs of neighbouring non-zero voxels, at least
+   :data:`LABEL_AGREEMENT` hold the same value (regions are blobs of one value;
+   in a T1 or a b=0 image, even one stored as uint8 with 200 grey levels,
+   neighbours differ by noise: about 5 % agree).
+
+Anything else is a scalar image; the layer menu's "Show as scalar / labels"
+switches when the guess is wrong.
 """
 
 from __future__ import annotations
@@ -37,7 +56,9 @@ from .model import DWIVolume, Layer, Volume
 
 log = logging.getLogger(__name__)
 
-MAX_LABELS = 5000
+MAX_LABELS = 5000  # more distinct values than this: never a parcellation by content alone
+LABEL_AGREEMENT = 0.8  # fraction of neighbouring non-zero voxel pairs with the same value (rule 4)
+LABEL_NAME = re.compile(r"aparc|aseg|dseg|parc|label|atlas|segmentation|(^|[^a-z0-9])seg([^a-z0-9]|$)", re.IGNORECASE)
 BEDPOSTX_SAMPLES = re.compile(r"merged_(th|ph|f)\d+samples\.nii(\.gz)?$")
 
 
@@ -145,12 +166,18 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled) -> 
         data = data[..., 0]
     if data.ndim != 3:
         raise InputError(f"cannot show an image of shape {shape}", path=path)
-    if np.issubdtype(img.get_data_dtype(), np.integer) and _looks_like_labels(data):
+    stored = img.get_data_dtype()
+    lut = _sidecar_lut(path) if np.issubdtype(stored, np.integer) else None
+    if np.issubdtype(stored, np.integer) and looks_like_labels(data, path.name, lut is not None):
         volume = Volume(_stem(path), data.astype(np.int32), img.affine, kind="labels", source=str(path))
-        volume.lut = _sidecar_lut(path)
-        return [Layer(_stem(path), volume, "labels")]
-    volume = Volume(_stem(path), np.nan_to_num(data), img.affine)
-    return [Layer(_stem(path), volume, "scalar")]
+        volume.lut = lut
+        layer = Layer(_stem(path), volume, "labels")
+    else:
+        volume = Volume(_stem(path), np.nan_to_num(data), img.affine, source=str(path))
+        volume.lut = lut  # kept for "Show as labels"
+        layer = Layer(_stem(path), volume, "scalar")
+    layer.provenance["stored_as"] = str(stored)  # an integer image is probably anatomical (see is_anatomical)
+    return [layer]
 
 
 def _sidecar_lut(path: Path):
@@ -169,9 +196,80 @@ def _sidecar_lut(path: Path):
     return None
 
 
-def _looks_like_labels(data: np.ndarray) -> bool:
+def looks_like_labels(data: np.ndarray, name: str = "", has_lut: bool = False) -> bool:
+    """Is an integer-typed image a label map (parcellation, segmentation, mask)? The rule is
+    in the module docstring; ``data`` as read (float after scaling), ``name`` the file name."""
+    if data.size == 0 or not np.isfinite(data).all():
+        return False
+    if data.min() < 0 or not np.array_equal(data, np.rint(data)):  # scaled to fractions: not labels
+        return False
+    if has_lut or LABEL_NAME.search(_stem(Path(name)) if name else ""):
+        return True
+    sample = data[::4, ::4, ::4]
+    if np.unique(sample).size > MAX_LABELS:  # cheap early exit for images with many grey levels
+        return False
     values = np.unique(data)
-    return values.size <= MAX_LABELS and values.min() >= 0 and values.size < data.size / 4
+    if values.size > MAX_LABELS:
+        return False
+    if values.size <= 2 and values[0] == 0:  # a mask (or an empty image)
+        return True
+    return neighbour_agreement(data) >= LABEL_AGREEMENT
+
+
+def neighbour_agreement(data: np.ndarray) -> float:
+    """Of the pairs of face-neighbouring voxels that are both non-zero, the fraction with equal values."""
+    same = pairs = 0
+    for axis in range(data.ndim):
+        a = np.moveaxis(data, axis, 0)
+        lo, hi = a[:-1], a[1:]
+        both = (lo != 0) & (hi != 0)
+        pairs += int(np.count_nonzero(both))
+        same += int(np.count_nonzero(both & (lo == hi)))
+    return same / pairs if pairs else 1.0
+
+
+ANATOMICAL_NAME = re.compile(r"(^|[^a-z0-9])(t1w?|t2w?|flair|mprage|pdw?|anat|t1_?brain)([^a-z0-9]|$)", re.IGNORECASE)
+
+
+def is_anatomical(layer: Layer) -> bool:
+    """Is a loaded scalar layer an anatomical image (a T1, T2, FLAIR) rather than a map? Then
+    the window puts it under the maps already open. Scanners store anatomy as integers; maps
+    computed from diffusion data (FA, MD) are floats: an integer image, or one whose file
+    name says T1/T2/FLAIR/MPRAGE/PD/anat, counts as anatomical."""
+    if layer.kind != "scalar":
+        return False
+    stored = layer.provenance.get("stored_as", "")
+    if stored and np.issubdtype(np.dtype(stored), np.integer):
+        return True
+    source = getattr(layer.data, "source", "") or ""
+    return bool(ANATOMICAL_NAME.search(_stem(Path(source)) if source else layer.name))
+
+
+def show_as(layer: Layer, kind: str) -> Layer:
+    """A scalar image as a label layer or a label layer as a scalar image: a new layer with the
+    same name, visibility, opacity and provenance (put it in the layer's place with
+    :meth:`Document.replace_layer`). Labels need whole numbers ≥ 0 (:class:`InputError`
+    otherwise); a lookup table found beside the file when it was opened goes with it."""
+    if kind not in ("scalar", "labels") or layer.kind not in ("scalar", "labels"):
+        raise ValueError(f"a {layer.kind} layer cannot be shown as {kind}")
+    old = layer.data
+    if kind == "labels":
+        data = np.asarray(old.data)
+        if not (np.isfinite(data).all() and data.min() >= 0 and np.array_equal(data, np.rint(data))):
+            raise InputError(
+                f"{layer.name} cannot be shown as labels: its values are not whole numbers ≥ 0",
+                fix="Labels are region numbers 0, 1, 2, …; keep it as a scalar image",
+            )
+        new_data = np.rint(data).astype(np.int32)
+    else:
+        new_data = np.asarray(old.data, dtype=np.float32)
+    volume = Volume(old.name, new_data, old.affine, kind="scalar" if kind == "scalar" else "labels", source=old.source)
+    volume.lut = old.lut
+    if kind == "labels" and volume.lut is None and old.source:
+        volume.lut = _sidecar_lut(Path(old.source))
+    new = Layer(layer.name, volume, kind, visible=layer.visible, opacity=layer.opacity)
+    new.provenance = dict(layer.provenance)
+    return new
 
 
 def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:

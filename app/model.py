@@ -660,12 +660,34 @@ class Document(Observable):
         return self.values_at(self.cursor)
 
     def values_at(self, ijk) -> list[tuple[str, object]]:
-        """(layer name, value) for every visible volume layer at a reference voxel."""
+        """(layer name, value) for every visible volume layer at a reference voxel, top first.
+
+        A value is what the layer holds there (a number, or a vector), except for a label
+        layer, ``{"label": n}`` with ``"name"`` added when its lookup table names ``n``, and a
+        tensor layer, ``{"FA": fa, "λ1": largest eigenvalue}`` (eigenvalues clipped at 0)."""
         world = self.reference_affine[:3, :3] @ np.asarray(ijk, dtype=float) + self.reference_affine[:3, 3]
         out = []
         for layer in reversed(self.layers):
-            if layer.visible and layer.kind not in ("tractogram", "tensor"):
+            if layer.visible and layer.kind != "tractogram":
                 value = layer.value_at_world(world)
-                if value is not None:
-                    out.append((layer.name, value))
+                if value is None:
+                    continue
+                if layer.kind == "labels":
+                    label = int(value)
+                    lut = getattr(layer.data, "lut", None)
+                    value = {"label": label}
+                    if lut is not None and label in lut.names:
+                        value["name"] = lut.names[label]
+                elif layer.kind == "tensor":
+                    value = _tensor_summary(np.asarray(value, dtype=np.float64))
+                out.append((layer.name, value))
         return out
+
+
+def _tensor_summary(d: np.ndarray) -> dict[str, float]:
+    """FA and λ1 of one tensor (xx, xy, xz, yy, yz, zz)."""
+    matrix = np.array([[d[0], d[1], d[2]], [d[1], d[3], d[4]], [d[2], d[4], d[5]]])
+    lam = np.maximum(np.linalg.eigvalsh(matrix), 0.0)
+    norm = float(np.sqrt((lam**2).sum()))
+    spread = float(np.sqrt(0.5 * ((lam[0] - lam[1]) ** 2 + (lam[1] - lam[2]) ** 2 + (lam[2] - lam[0]) ** 2)))
+    return {"FA": spread / norm if norm > 0 else 0.0, "λ1": float(lam[2])}

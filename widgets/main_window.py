@@ -35,7 +35,7 @@ from app.errors import InputError
 from app.io import save_volume
 from app.io._atomic import split_suffix
 from app.jobs import JobRunner
-from app.loaders import load_layers
+from app.loaders import is_anatomical, load_layers, show_as
 from app.model import ROI_ROLES, Document, Layer, RoiMask
 from app.pipelines.select import index_on_grid
 from app.recovery import DEFAULT_INTERVAL_S
@@ -107,6 +107,9 @@ class MainWindow(QMainWindow):
         self.layer_panel = LayerPanel(self.document)
         self.layer_panel.fit_ballstick_requested.connect(self.fit_ballstick_dialog)
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
+        self.layer_panel.show_as_requested.connect(self.show_layer_as)
+        self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
+        self.runner.job_cancelled.connect(self._open_cancelled)
         self.ballstick_dialog: BallStickDialog | None = None
         self.job_panel = JobPanel(self.runner)
         self.deterministic_panel = DeterministicPanel(
@@ -454,7 +457,14 @@ class MainWindow(QMainWindow):
         )
 
     def open_paths(self, paths: Iterable[str | os.PathLike]) -> None:
-        """Open each file on a worker thread; its layers are added when ready."""
+        """Open each file on a worker thread; its layers are added when ready.
+
+        The files of one call stack in the order given, the first at the bottom (as FSLeyes
+        stacks its command line), whichever finishes loading first. An anatomical image
+        (:func:`app.loaders.is_anatomical`: a T1 stored as integers, or named so) opened into a
+        document that already shows images goes under them, so the maps stay on top of it."""
+        image_kinds = ("scalar", "dwi", "rgb", "labels")
+        call = {"slots": [], "under": [layer for layer in self.document.layers if layer.kind in image_kinds]}
         for path in paths:
             path = Path(path)
             if path.suffix.lower() == ".tractlens":  # a session (recent files, drag and drop)
@@ -474,18 +484,59 @@ class MainWindow(QMainWindow):
                         fiber_display.prepare(layer)
                 return layers
 
-            self.runner.submit(
+            slot = len(call["slots"])
+            call["slots"].append({"path": path, "layers": None, "state": "loading"})
+
+            def failed(message, details, call=call, slot=slot) -> None:
+                self._report_error(message, details)
+                self._opened(call, slot, None)
+
+            job_id = self.runner.submit(
                 f"open {path.name}",
                 job,
-                on_done=lambda layers, path=path: self._add_layers(path, layers),
-                on_error=self._report_error,
+                on_done=lambda layers, call=call, slot=slot: self._opened(call, slot, layers),
+                on_error=failed,
             )
+            self._opening[job_id] = (call, slot)
 
-    def _add_layers(self, path: Path, layers) -> None:
+    def _open_cancelled(self, job_id: int) -> None:
+        if job_id in self._opening:
+            self._opened(*self._opening[job_id], None)
+
+    def _opened(self, call: dict, slot: int, layers) -> None:
+        """A file of an :meth:`open_paths` call is loaded (``layers``) or not (None): add the
+        layers of every file up to the first still loading, in the call's order."""
+        entry = call["slots"][slot]
+        entry["layers"], entry["state"] = layers, "loaded" if layers is not None else "failed"
+        self._opening = {k: v for k, v in self._opening.items() if not (v[0] is call and v[1] == slot)}
+        for entry in call["slots"]:
+            if entry["state"] == "loading":
+                return
+            if entry["state"] == "loaded":
+                self._add_layers(entry["path"], entry["layers"], under=call["under"])
+            entry["state"] = "added"
+
+    def _add_layers(self, path: Path, layers, under: list[Layer] = ()) -> None:
         for layer in layers:
             self.document.add_layer(layer)
+            below = [self.document.layers.index(old) for old in under if old in self.document.layers]
+            if below and is_anatomical(layer):
+                self.document.move_layer(layer, min(below))
         self._remember_recent(path)
         self.loaded.emit(str(path))
+
+    def show_layer_as(self, layer: Layer, kind: str) -> int:
+        """The layer menu's "Show as labels / scalar": the image converted on a worker
+        (:func:`app.loaders.show_as`) and put in the layer's place; the job id."""
+
+        def done(new: Layer) -> None:
+            if layer in self.document.layers:
+                self.document.replace_layer(layer, new)
+                self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(new))
+
+        return self.runner.submit(
+            f"show {layer.name} as {kind}", lambda ctx: show_as(layer, kind), on_done=done, on_error=self._report_error
+        )
 
     # -------------------------------------------------------- model fitting
     def fit_ballstick_dialog(self, layer: Layer) -> BallStickDialog:
@@ -828,6 +879,12 @@ class MainWindow(QMainWindow):
 
 
 def _format_value(value) -> str:
+    """A layer's value in the status bar: ``3 (crossing_ap_start)`` for a named label,
+    ``FA 0.62 λ1 1.7e-03`` for a tensor, numbers with 4 significant digits."""
+    if isinstance(value, dict):
+        if "label" in value:
+            return f"{value['label']}" + (f" ({value['name']})" if "name" in value else "")
+        return " ".join(f"{key} {_format_value(number)}" for key, number in value.items())
     array = np.asarray(value)
     if array.ndim == 0:
         number = float(array)

@@ -28,6 +28,7 @@ from app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KI
 
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 FILTER_COMMIT = "Filter with COMMIT…"
+SHOW_AS = {"scalar": "Show as labels", "labels": "Show as scalar"}  # the menu entry per layer kind
 
 
 class LayerPanel(QWidget):
@@ -41,6 +42,7 @@ class LayerPanel(QWidget):
 
     fit_ballstick_requested = Signal(object)  # the dwi layer to fit
     commit_requested = Signal(object)  # the tractogram layer to filter
+    show_as_requested = Signal(object, str)  # a scalar or labels layer, and the kind to show it as
 
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)
@@ -71,6 +73,18 @@ class LayerPanel(QWidget):
         self.glyph_size = QDoubleSpinBox()
         self.glyph_size.setRange(0.1, 5.0)
         self.glyph_size.setSingleStep(0.1)
+        # Scalar layers as overlays: values below the threshold let the layers beneath show through.
+        self.transparent = QCheckBox()
+        self.transparent.setObjectName("transparent_below")
+        self.transparent.setToolTip("Values below the threshold let the layers beneath show through")
+        self.threshold = QDoubleSpinBox()
+        self.threshold.setObjectName("transparent_threshold")
+        self.threshold.setRange(-1e9, 1e9)
+        self.threshold.setDecimals(4)
+        self.threshold.setKeyboardTracking(False)
+        transparency = QHBoxLayout()
+        transparency.addWidget(self.transparent)
+        transparency.addWidget(self.threshold)
         up, down, remove = QPushButton("Up"), QPushButton("Down"), QPushButton("Remove")
         buttons = QHBoxLayout()
         for button in (up, down, remove):
@@ -81,6 +95,7 @@ class LayerPanel(QWidget):
         form.addRow("Colour by", self.color_by)
         form.addRow("Min", self.vmin)
         form.addRow("Max", self.vmax)
+        form.addRow("Transparent below", transparency)
         form.addRow("ROI role", self.role)
         form.addRow("Fibers", self.tubes)
         form.addRow("Glyphs", self.glyph)
@@ -103,6 +118,8 @@ class LayerPanel(QWidget):
         self.glyph_size.valueChanged.connect(lambda v: self._edit(glyph_size=float(v)))
         self.vmin.valueChanged.connect(lambda v: self._edit(clim=(v, self.vmax.value())))
         self.vmax.valueChanged.connect(lambda v: self._edit(clim=(self.vmin.value(), v)))
+        self.transparent.toggled.connect(lambda _on: self._edit_transparency())
+        self.threshold.valueChanged.connect(lambda _v: self._edit_transparency())
         up.clicked.connect(lambda: self._move(+1))
         down.clicked.connect(lambda: self._move(-1))
         remove.clicked.connect(lambda: self._remove())
@@ -167,6 +184,15 @@ class LayerPanel(QWidget):
         for widget in (self.glyph_step, self.glyph_size):
             widget.setEnabled(layer is not None and layer.kind in GLYPH_KINDS)
         self.tubes.setEnabled(layer is not None and layer.kind == "tractogram")
+        overlay = layer is not None and layer.kind in SCALAR_KINDS
+        self.transparent.setEnabled(overlay)
+        self.threshold.setEnabled(overlay and layer.transparent_below is not None)
+        if overlay:
+            self.transparent.setChecked(layer.transparent_below is not None)
+            # Unset, the threshold offered is 5 % into the display range (an FA map: 0.05, its background).
+            lo, hi = layer.clim
+            below = layer.transparent_below
+            self.threshold.setValue(lo + 0.05 * (hi - lo) if below is None else below)
         self.role.setEnabled(layer is not None and layer.kind == "roi")
         if layer is not None and layer.kind == "roi":
             self.role.setCurrentText(layer.data.role)
@@ -199,6 +225,14 @@ class LayerPanel(QWidget):
         if layer is not None and not self._updating:
             layer.set(**changes)
 
+    def _edit_transparency(self) -> None:
+        """The overlay controls: checked, values below the threshold are transparent."""
+        layer = self.selected_layer()
+        if layer is None or self._updating or layer.kind not in SCALAR_KINDS:
+            return
+        self.threshold.setEnabled(self.transparent.isChecked())
+        layer.set(transparent_below=float(self.threshold.value()) if self.transparent.isChecked() else None)
+
     def _set_role(self, role: str) -> None:
         layer = self.selected_layer()
         if layer is not None and layer.kind == "roi" and not self._updating:
@@ -219,6 +253,11 @@ class LayerPanel(QWidget):
         if layer.kind == "tractogram":
             commit = self.menu.addAction(FILTER_COMMIT)
             commit.triggered.connect(lambda *_: self.commit_requested.emit(layer))
+            self.menu.addSeparator()
+        if layer.kind in SHOW_AS:  # the loader's guess of scalar image vs label map, overruled
+            other = "labels" if layer.kind == "scalar" else "scalar"
+            show_as = self.menu.addAction(SHOW_AS[layer.kind])
+            show_as.triggered.connect(lambda *_: self.show_as_requested.emit(layer, other))
             self.menu.addSeparator()
         self.menu.addAction("Remove").triggered.connect(lambda *_: self._remove(layer))
         self.menu.popup(self.list.viewport().mapToGlobal(pos))

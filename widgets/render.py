@@ -167,8 +167,17 @@ def _lut(name: str) -> np.ndarray:
 LUTS = {name: _lut(name) for name in ("gray", "hot", "viridis", "cool-warm", "safety")}
 
 
-def label_colours(labels: np.ndarray) -> np.ndarray:
-    """Distinct, reproducible colours per integer label (golden-ratio hues)."""
+def label_colours(labels: np.ndarray, lut=None) -> np.ndarray:
+    """Colours (RGB 0..1) of integer labels: the lookup table's colour where ``lut`` (an
+    :class:`app.io.lut.LabelTable`) has one, else distinct, reproducible golden-ratio hues."""
+    if lut is not None and lut.colours:
+        keys = np.array(sorted(lut.colours), dtype=np.int64)
+        table = np.array([lut.colours[int(k)] for k in keys], dtype=np.float64) / 255.0
+        where = np.clip(np.searchsorted(keys, labels), 0, len(keys) - 1)
+        known = keys[where] == labels
+        rgb = label_colours(labels)
+        rgb[known] = table[where[known]]
+        return rgb
     hue = (labels.astype(np.float64) * 0.618033988749895) % 1.0
     h6 = hue * 6.0
     x = 1 - np.abs(h6 % 2 - 1)
@@ -200,7 +209,7 @@ def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.n
         alpha = (rgb.max(-1) > 0).astype(np.float64)
     elif layer.kind == "labels":
         labels = values.astype(np.int64)
-        rgb = label_colours(labels)
+        rgb = label_colours(labels, getattr(layer.data, "lut", None))
         alpha = (labels > 0).astype(np.float64)
     else:  # the scalar kinds (scalar, dwi): a colour map over the display range
         lo, hi = layer.clim
