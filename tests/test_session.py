@@ -109,3 +109,91 @@ def test_damaged_and_foreign_sessions_give_clear_errors(demo_document, tmp_path)
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(InputError):
         load_session(truncated)
+
+
+def test_a_version_1_session_is_migrated_when_read(demo_document, tmp_path):
+    """Sessions written by the first release (format 1: no layer ids, no view settings) open."""
+    path = save_session(demo_document, tmp_path / "new.tractlens")
+    old = tmp_path / "old.tractlens"
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(old, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "manifest.json":
+                manifest = json.loads(data)
+                manifest["version"] = 1
+                for entry in manifest["layers"]:
+                    del entry["uid"]
+                manifest["panels"].pop("view", None)
+                data = json.dumps(manifest).encode()
+            dst.writestr(item, data)
+    session = load_session(old)
+    assert session.manifest["version"] == 2
+    assert [entry["uid"] for entry in session.manifest["layers"]] == [f"L{i}" for i in range(len(demo_document.layers))]
+    assert session.panels["view"] == {}
+    for a, b in zip(demo_document.layers, session.document.layers):
+        _same_layer(a, b)
+
+
+def test_session_folder_round_trip_rewrites_only_what_changed(demo_document, tmp_path):
+    """The autosave's store: a folder session, exact, incremental, and readable at every moment."""
+    from app.session import SessionFolder, snapshot
+
+    folder = SessionFolder(tmp_path / "store")
+    assert folder.write(snapshot(demo_document))
+    reopened = load_session(tmp_path / "store").document
+    for a, b in zip(demo_document.layers, reopened.layers):
+        _same_layer(a, b)
+    files = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "store" / "layers").iterdir()}
+    assert not folder.write(snapshot(demo_document))  # nothing changed: nothing written
+    roi = demo_document.layer("seed")
+    before = roi.data.mask.copy()
+    try:
+        demo_document.paint(roi, np.array([[1, 1, 1]]), True)
+        assert folder.write(snapshot(demo_document))
+        after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "store" / "layers").iterdir()}
+        new = set(after) - set(files)
+        gone = set(files) - set(after)
+        assert len(new) == 1 and "_mask_" in next(iter(new)) and len(gone) == 1 and "_mask_" in next(iter(gone))
+        assert all(after[name] == files[name] for name in after if name in files)  # untouched
+        np.testing.assert_array_equal(load_session(tmp_path / "store").document.layer("seed").data.mask, roi.data.mask)
+    finally:
+        roi.data.mask[...] = before
+
+
+def test_a_write_interrupted_midway_leaves_the_previous_autosave_readable(demo_document, tmp_path, monkeypatch):
+    """A crash while side files are written: the manifest on disk still names complete files."""
+    import app.session as session_module
+    from app.session import SessionFolder, snapshot
+
+    folder = SessionFolder(tmp_path / "store")
+    folder.write(snapshot(demo_document))
+    manifest_before = (tmp_path / "store" / "manifest.json").read_bytes()
+    roi = demo_document.layer("seed")
+    before = roi.data.mask.copy()
+
+    def crash(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(session_module, "save_volume", crash)
+    try:
+        demo_document.paint(roi, np.array([[2, 2, 2]]), True)
+        with pytest.raises(OSError):
+            folder.write(snapshot(demo_document))
+    finally:
+        roi.data.mask[...] = before
+    assert (tmp_path / "store" / "manifest.json").read_bytes() == manifest_before
+    restored = load_session(tmp_path / "store").document
+    np.testing.assert_array_equal(restored.layer("seed").data.mask, before)
+
+
+def test_side_file_names_cannot_leave_the_session(tmp_path, demo_document):
+    """A hand-made manifest naming ../ files is refused, not followed."""
+    from app.session import SessionFolder, snapshot
+
+    SessionFolder(tmp_path / "store").write(snapshot(demo_document))
+    manifest_path = tmp_path / "store" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["layers"][0]["files"]["data"] = "../../outside.nii.gz"
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(InputError, match="damaged"):
+        load_session(tmp_path / "store")

@@ -180,3 +180,42 @@ def test_autosave_writes_only_what_changed(qtbot, tmp_path, interval):
     assert window.autosave.interval_s == 0
     window.runner.shutdown(10)
     window.close()
+
+
+def test_a_saved_session_keeps_the_view_settings(qtbot, tmp_path):
+    """Save session in one window, open it in another: layers, cursor, radiological convention
+    and the 3-D camera come back."""
+    from widgets.main_window import MainWindow
+
+    first = MainWindow(device="cpu", autosave_s=0)
+    qtbot.addWidget(first)
+    first.resize(1000, 700)
+    first.show()
+    doc = first.document
+    doc.add_layer(
+        Layer("anat", Volume("anat", np.random.default_rng(1).uniform(size=(12, 10, 8)), np.eye(4)), "scalar")
+    )
+    doc.set_cursor((3, 4, 5))
+    first._toggle_radiological()
+    qtbot.wait(50)
+    camera = first.view3d.plotter.camera
+    camera.position, camera.focal_point, camera.up = (40.0, -30.0, 25.0), (6.0, 5.0, 4.0), (0.0, 0.0, 1.0)
+    first.view3d._camera_set = True
+    first.save_session(tmp_path / "view")
+    assert first.wait_for_jobs(30) and first.errors == []
+
+    second = MainWindow(device="cpu", autosave_s=0)
+    qtbot.addWidget(second)
+    second.resize(1000, 700)
+    second.show()
+    second.open_session(tmp_path / "view.tractlens")
+    assert second.wait_for_jobs(30) and second.errors == []
+    assert [layer.name for layer in second.document.layers] == ["anat"]
+    np.testing.assert_array_equal(second.document.cursor, [3, 4, 5])
+    assert all(view.radiological for view in second.views.values())
+    restored = second.view3d.plotter.camera
+    np.testing.assert_allclose(restored.position, (40.0, -30.0, 25.0))
+    np.testing.assert_allclose(restored.focal_point, (6.0, 5.0, 4.0))
+    for window in (first, second):
+        window.runner.shutdown(10)
+        window.close()
