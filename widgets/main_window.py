@@ -889,4 +889,5 @@ def _format_value(value) -> str:
     if array.ndim == 0:
         number = float(array)
         return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.3e}"
+            restored = self._restoring.describe()
     return "(" + ", ".join(f"{float(v):.3g}" for v in array.ravel()) + ")"

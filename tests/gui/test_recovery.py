@@ -79,6 +79,7 @@ def test_a_killed_window_s_rois_are_restored_exactly_by_the_next_one(qtbot, tmp_
         manifest = json.loads((own / "manifest.json").read_text())
         assert sorted(e["name"] for e in manifest["layers"] if e["kind"] == "roi") == sorted(masks)
         assert find_orphans() == []  # nothing else is offered: our own folder is locked
+        assert window.statusBar().currentMessage().startswith("Restored the autosaved")
         window.save_screenshot(ARTIFACTS / "recovery_restored.png")
     finally:
         window.runner.shutdown(10)
