@@ -108,6 +108,29 @@ class DyadsVolume(Volume):
         self.samples = samples
 
 
+def shape_half_sizes(shape: dict) -> np.ndarray:
+    """A shape's half-size per voxel axis (3,): the radius of a sphere three times, a box's
+    half-sizes (its radius is one number or one per axis)."""
+    return np.broadcast_to(np.asarray(shape["radius"], dtype=float), (3,)).copy()
+
+
+def normal_shape(shape: dict) -> dict:
+    """A shape dict with its centre as a float array and its radius as a float (a box's
+    per-axis half-sizes as a tuple of floats when they differ); checks the kind."""
+    if shape["kind"] not in ("sphere", "box"):
+        raise ValueError(f"unknown ROI shape {shape['kind']!r}")
+    radius = np.asarray(shape["radius"], dtype=float)
+    if radius.ndim == 0 or np.all(radius == radius.flat[0]):
+        radius = float(radius.flat[0])
+    elif shape["kind"] == "sphere" or radius.shape != (3,):
+        raise ValueError("a sphere has one radius; a box one half-size or three (i, j, k)")
+    else:
+        radius = tuple(float(v) for v in radius)
+    if np.any(np.asarray(radius) < 0):
+        raise ValueError("a shape's radius cannot be negative")
+    return dict(shape, centre=np.asarray(shape["centre"], dtype=float).reshape(3), radius=radius)
+
+
 class RoiMask(Observable):
     """A region of interest as a boolean voxel mask on a reference grid."""
 
@@ -124,22 +147,22 @@ class RoiMask(Observable):
         self.role = role
         # A movable 3-D shape ({"kind": "sphere"|"box", "centre": (3,) voxels, "radius": voxels})
         # whose voxels the mask holds; None for a freehand ROI (painting turns a shape freehand).
+        # A box's radius is its half-size, one number or one per voxel axis (i, j, k).
         self.shape: dict | None = None
 
     def apply_shape(self, shape: dict | None) -> None:
         """Make the mask the voxels of ``shape`` (sphere: distance ≤ radius; box: |d| ≤ radius per axis)."""
-        self.shape = None if shape is None else dict(shape, centre=np.asarray(shape["centre"], dtype=float))
+        self.shape = None if shape is None else normal_shape(shape)
         if shape is None:
             return
         grid = np.indices(self.mask.shape, dtype=np.float64)
         d = grid - self.shape["centre"][:, None, None, None]
-        r = float(shape["radius"])
-        if shape["kind"] == "sphere":
+        if self.shape["kind"] == "sphere":
+            r = float(self.shape["radius"])
             inside = (d**2).sum(axis=0) <= r * r + 1e-9
-        elif shape["kind"] == "box":
-            inside = (np.abs(d) <= r + 1e-9).all(axis=0)
         else:
-            raise ValueError(f"unknown ROI shape {shape['kind']!r}")
+            half = shape_half_sizes(self.shape)
+            inside = (np.abs(d) <= half[:, None, None, None] + 1e-9).all(axis=0)
         self.mask[...] = inside
 
     @property
@@ -296,6 +319,21 @@ COLORMAPS = ("gray", "hot", "viridis", "cool-warm", "safety")  # safety: red→y
 RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile)
 
 
+def hex_colour(value) -> str | None:
+    """``"#rrggbb"`` (lower case) from such a string or an RGB triple of 0..1 floats; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if len(text) == 7 and text[0] == "#" and all(c in "0123456789abcdef" for c in text[1:]):
+            return text
+        raise ValueError(f"a colour is written #rrggbb, not {value!r}")
+    rgb = np.asarray(value, dtype=float)
+    if rgb.shape != (3,) or np.any(rgb < 0) or np.any(rgb > 1):
+        raise ValueError(f"a colour is three values between 0 and 1, not {value!r}")
+    return "#" + "".join(f"{round(float(c) * 255):02x}" for c in rgb)
+
+
 class Layer(Observable):
     """A thing shown in the views, with its display properties.
 
@@ -321,7 +359,8 @@ class Layer(Observable):
     tensors, 1 for dyads) and ``glyph_size`` (1 = the largest glyph fills its
     grid cell); ``transparent_below`` (scalar layers: values below it let the
     layers beneath show through, e.g. an overlay that is empty almost
-    everywhere; None: every value is drawn). Changing one emits ``display``
+    everywhere; None: every value is drawn); ``color`` (ROIs: ``"#rrggbb"``, None: the
+    colour of the ROI's role, see :meth:`color_rgb`). Changing one emits ``display``
     with the names that changed; :meth:`set_data` replaces a volume layer's
     values (same grid) and emits ``display`` with ``"data"`` among them.
     """
@@ -338,6 +377,7 @@ class Layer(Observable):
         "glyph_size",
         "tubes",
         "transparent_below",
+        "color",
     )
 
     def __init__(self, name: str, data, kind: str, **display):
@@ -357,6 +397,7 @@ class Layer(Observable):
         self.glyph_size = 1.0
         self.tubes = False
         self.transparent_below: float | None = None
+        self.color: str | None = None  # ROIs: "#rrggbb", None = the role's colour
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
         # Where the layer came from: {"file": path} for a loaded file; for a computed result its
         # method, parameters, inputs, backend, device and timings (reports and sessions show it)
@@ -410,6 +451,8 @@ class Layer(Observable):
                 value = (float(value[0]), float(value[1]))
             if key == "transparent_below" and value is not None:
                 value = float(value)
+            if key == "color":
+                value = hex_colour(value)
             if getattr(self, key) != value:
                 setattr(self, key, value)
                 changed.append(key)
@@ -417,6 +460,14 @@ class Layer(Observable):
             self.clim = self.scalar_range(self.color_by)
             changed.append("clim")
         return changed
+
+    def color_rgb(self) -> tuple[float, float, float]:
+        """The colour an ROI is drawn in (RGB 0..1): its own ``color``, else its role's."""
+        if self.color:
+            return tuple(int(self.color[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+        if self.kind == "roi":
+            return ROLE_COLOURS[self.data.role]
+        return (1.0, 1.0, 1.0)
 
     def set_selection(self, selected: np.ndarray | None) -> None:
         """Show only these streamlines (bool per streamline), or all with None."""
@@ -476,7 +527,14 @@ class Document(Observable):
 
     The first volume added fixes the reference grid (affine and shape); the
     cursor is a voxel index on it. Events: ``layers`` (added, removed, moved),
-    ``display`` (a layer's display property; ``layer=`` says which), ``cursor``.
+    ``display`` (a layer's display property; ``layer=`` says which), ``cursor``,
+    ``roi`` (an ROI's voxels or shape changed; ``layer=``).
+
+    The ROI edits are undoable (:meth:`undo`, :meth:`redo`): painting, shapes placed,
+    moved and resized, role, name and colour changes, and layers added or removed with
+    ``undoable=True`` (an ROI created, loaded or deleted by the user). A layer removed
+    without ``undoable`` (a script, a session replacing the document) takes its history
+    with it; when none is left, the whole history goes.
     """
 
     def __init__(self) -> None:
@@ -488,7 +546,15 @@ class Document(Observable):
         self.reference_shape: tuple[int, int, int] | None = None
         self.cursor = np.zeros(3, dtype=int)
 
-    def add_layer(self, layer: Layer) -> Layer:
+    def add_layer(self, layer: Layer, *, undoable: bool = False, index: int | None = None) -> Layer:
+        """Put ``layer`` on top of the stack (or at ``index``); ``undoable``: an edit that
+        :meth:`undo` takes back (an ROI the user created or loaded)."""
+        self._insert(layer, len(self.layers) if index is None else index)
+        if undoable:
+            self._record(("add", layer, self.layers.index(layer)))
+        return layer
+
+    def _insert(self, layer: Layer, index: int) -> None:
         if layer.kind != "tractogram" and self.reference_affine is None:
             self.reference_affine = layer.data.affine.copy()
             self.reference_shape = layer.data.shape3
@@ -497,15 +563,37 @@ class Document(Observable):
             self.reference_affine = layer.data.affine.copy()
             self.reference_shape = layer.data.dimensions
             self.cursor = np.array(self.reference_shape) // 2
-        self.layers.append(layer)
+        self.layers.insert(max(0, min(index, len(self.layers))), layer)
         layer.connect(self._forward_display)
         self.emit("layers")
-        return layer
 
-    def remove_layer(self, layer: Layer) -> None:
+    def remove_layer(self, layer: Layer, *, undoable: bool = False) -> None:
+        """Take ``layer`` out; ``undoable``: :meth:`undo` puts it back where it was (an ROI
+        the user deleted), else its undo history goes with it."""
+        index = self.layers.index(layer)
+        self._take_out(layer)
+        if undoable:
+            self._record(("remove", layer, index))
+        elif not self.layers:  # e.g. a session replacing the document: nothing of before to redo
+            self._undo.clear()
+            self._redo.clear()
+        else:
+            self._forget(layer)
+
+    def _take_out(self, layer: Layer) -> None:
         self.layers.remove(layer)
         layer.disconnect(self._forward_display)
         self.emit("layers")
+
+    def _forget(self, layer: Layer) -> None:
+        """Drop the undo and redo records of a layer that left the document for good."""
+        self._undo[:] = [record for record in self._undo if record[1] is not layer]
+        self._redo[:] = [record for record in self._redo if record[1] is not layer]
+
+    def _record(self, record: tuple) -> None:
+        """A new edit: undoable, and the end of what could be redone."""
+        self._undo.append(record)
+        self._redo.clear()
 
     def replace_layer(self, old: Layer, new: Layer) -> Layer:
         """Put ``new`` where ``old`` is (e.g. a growing tracking result), in one ``layers`` event.
@@ -514,6 +602,7 @@ class Document(Observable):
             return self.add_layer(new)
         index = self.layers.index(old)
         old.disconnect(self._forward_display)
+        self._forget(old)
         self.layers[index] = new
         new.connect(self._forward_display)
         self.emit("layers", replaced=(old, new))
@@ -558,31 +647,66 @@ class Document(Observable):
             _, _, prev_voxels, prev_old, prev_shape = last
             merged = ("mask", layer, np.concatenate([prev_voxels, voxels]), np.concatenate([prev_old, old]), prev_shape)
             self._undo[-1] = merged
+            self._redo.clear()
         else:
-            self._undo.append(("mask", layer, voxels, old, shape_before))
-        self._redo.clear()
+            self._record(("mask", layer, voxels, old, shape_before))
         self.emit("roi", layer=layer)
         return len(voxels)
 
     def set_roi_shape(self, layer: Layer, shape: dict, *, merge_with_last: bool = False) -> None:
         """Place, move or resize a shape ROI; undoable (a drag with ``merge_with_last`` is one step)."""
         before = layer.data.shape
+        # A freehand ROI turned into a shape: its voxels, for the undo.
+        voxels_before = layer.data.mask.copy() if before is None else None
         last = self._undo[-1] if self._undo else None
         if merge_with_last and last is not None and last[0] == "shape" and last[1] is layer:
-            before = last[2]
+            before, voxels_before = last[2], last[4]
             self._undo.pop()
         layer.data.apply_shape(shape)
-        self._undo.append(("shape", layer, before, layer.data.shape))
-        self._redo.clear()
+        self._record(("shape", layer, before, layer.data.shape, voxels_before))
         self.emit("roi", layer=layer)
 
     def set_roi_role(self, layer: Layer, role: str) -> None:
-        """Change what an ROI does (seed, target, waypoint, exclusion, stop)."""
+        """Change what an ROI does (seed, target, waypoint, exclusion, stop); undoable."""
         if role not in ROI_ROLES:
             raise ValueError(f"unknown ROI role {role!r}: one of {', '.join(ROI_ROLES)}")
         if layer.data.role != role:
-            layer.data.role = role
-            layer.emit("display", changed=["role"])
+            self._record(("role", layer, layer.data.role, role))
+            self._set_role(layer, role)
+
+    @staticmethod
+    def _set_role(layer: Layer, role: str) -> None:
+        layer.data.role = role
+        layer.emit("display", changed=["role"])
+
+    def rename_layer(self, layer: Layer, name: str) -> bool:
+        """Give a layer another name (an ROI's mask takes it too); undoable. Names stay unique:
+        one another layer has is refused (ValueError). False when nothing changed."""
+        name = str(name).strip()
+        if not name:
+            raise ValueError("a layer needs a name")
+        if name == layer.name:
+            return False
+        if any(other is not layer and other.name == name for other in self.layers):
+            raise ValueError(f"there is already a layer named {name!r}")
+        self._record(("display", layer, {"name": layer.name}, {"name": name}))
+        self._set_display(layer, {"name": name})
+        return True
+
+    def set_layer_color(self, layer: Layer, color) -> bool:
+        """An ROI's own colour (``"#rrggbb"`` or RGB 0..1; None: its role's colour); undoable."""
+        color = hex_colour(color)
+        if color == layer.color:
+            return False
+        self._record(("display", layer, {"color": layer.color}, {"color": color}))
+        self._set_display(layer, {"color": color})
+        return True
+
+    @staticmethod
+    def _set_display(layer: Layer, changes: dict) -> None:
+        if "name" in changes and isinstance(layer.data, RoiMask):
+            layer.data.name = changes["name"]
+        layer.set(**changes)
 
     def roi_sets(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Masks of the visible ROIs that select fibers: (include: seed, target, waypoint; exclude)."""
@@ -609,17 +733,23 @@ class Document(Observable):
         return out
 
     def undo(self) -> bool:
-        """Revert the last ROI edit (a stroke, a fill, a shape placement or move) exactly."""
+        """Revert the last ROI edit exactly (a stroke, a fill, a shape placed, moved or resized,
+        a role, name or colour change, an ROI created, loaded or deleted). False: nothing to undo."""
         return self._step(self._undo, self._redo, backwards=True)
 
     def redo(self) -> bool:
+        """Do again the last edit :meth:`undo` took back. False: nothing to redo."""
         return self._step(self._redo, self._undo, backwards=False)
 
     def _step(self, source: list, target: list, *, backwards: bool) -> bool:
         """Pop an edit record from ``source``, apply it, and push its inverse onto ``target``.
 
-        "mask" records hold the voxel values to restore (and the shape the ROI had
-        before the painting); "shape" records hold the shapes before and after.
+        Records: ``("mask", layer, voxels, values, shape_before)`` the voxel values to restore
+        (and the shape the ROI had before the painting); ``("shape", layer, before, after,
+        voxels_before)``, voxels_before the mask of an ROI that had no shape before;
+        ``("role", layer, before, after)``; ``("display", layer, before, after)`` with dicts of
+        display properties (name, colour); ``("add", layer, index)`` and ``("remove", layer,
+        index)``, a layer put into or taken out of the stack at ``index``.
         """
         if not source:
             return False
@@ -632,14 +762,29 @@ class Document(Observable):
             layer.data.mask[index] = values
             layer.data.shape = shape_before if backwards else None
             target.append(("mask", layer, voxels, previous, shape_before))
-        else:
-            _, _, before, after = record
+            self.emit("roi", layer=layer)
+        elif kind == "shape":
+            _, _, before, after, voxels_before = record
             shape = before if backwards else after
-            if shape is None:
-                layer.data.mask[...] = False
             layer.data.apply_shape(shape)
+            if shape is None:
+                layer.data.mask[...] = voxels_before
             target.append(record)
-        self.emit("roi", layer=layer)
+            self.emit("roi", layer=layer)
+        elif kind == "role":
+            self._set_role(layer, record[2] if backwards else record[3])
+            target.append(record)
+        elif kind == "display":
+            self._set_display(layer, record[2] if backwards else record[3])
+            target.append(record)
+        elif kind in ("add", "remove"):
+            if (kind == "add") == backwards:
+                self._take_out(layer)
+            else:
+                self._insert(layer, record[2])
+            target.append(record)
+        else:
+            raise ValueError(f"unknown undo record {kind!r}")
         return True
 
     def set_cursor(self, ijk) -> None:
