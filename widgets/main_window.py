@@ -36,7 +36,7 @@ from app.io import save_volume
 from app.io._atomic import split_suffix
 from app.jobs import JobRunner
 from app.loaders import is_anatomical, load_layers, show_as
-from app.model import ROI_ROLES, Document, Layer, RoiMask
+from app.model import ROI_ROLES, Document, Layer, RoiMask, shape_half_sizes
 from app.pipelines.select import index_on_grid
 from app.recovery import DEFAULT_INTERVAL_S
 
@@ -170,14 +170,19 @@ class MainWindow(QMainWindow):
         for view in self.views.values():
             view.hovered.connect(self.update_hover_label)
             view.shape_created.connect(self._shape_created)
+            view.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
+        self.view3d.plane_clicked.connect(self._place_shape_3d)
         self.statusBar().addPermanentWidget(self.busy)
 
         self._build_menus()
+        # A throttle, not a debounce: the first edit starts it and later ones do not restart it,
+        # so a continuous drag updates the selection every 40 ms instead of only when it stops.
         self._selection_timer = QTimer(self)
         self._selection_timer.setSingleShot(True)
-        self._selection_timer.setInterval(40)  # coalesce the edits of one brush movement
+        self._selection_timer.setInterval(40)
         self._selection_timer.timeout.connect(self.update_fiber_selection)
         self._selection_job: int | None = None
+        self._selection_stale = False  # edited while a selection was being computed: run again
         self._roi_selection = False  # the tractograms' selections come from the ROIs
         self._fiber_indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._index_lock = threading.Lock()
@@ -309,46 +314,58 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.threshold_box)
 
     def _radius_changed(self, radius: int) -> None:
-        """The radius box sets the brush and shape size, and resizes the active shape ROI."""
+        """The radius box sets the brush and shape size, and resizes the active shape ROI when
+        its tool is chosen (with the box tool, a box; another tool's size leaves it alone)."""
         self.roi_tools.radius = int(radius)
         layer = self.roi_tools.active_roi()
-        if layer is not None and layer.data.shape is not None and layer.data.shape["radius"] != radius:
-            self.document.set_roi_shape(layer, dict(layer.data.shape, radius=int(radius)))
-            self.attach_shape_widget(layer)
+        shape = layer.data.shape if layer is not None else None
+        if shape is not None and shape["kind"] == self.roi_tools.tool and shape["radius"] != radius:
+            self.document.set_roi_shape(layer, dict(shape, radius=int(radius)))
 
     def attach_shape_widget(self, layer) -> None:
-        """Put the 3-D handle on a shape ROI (moving or resizing it there edits the ROI)."""
+        """Put the 3-D handle on a shape ROI: moving or resizing it there is one undoable edit
+        per interaction (a sphere handle on a sphere, a box handle on a box)."""
 
-        def changed(centre_world, radius_mm):
-            affine = layer.data.affine
-            centre = np.linalg.solve(affine[:3, :3], centre_world - affine[:3, 3])
-            voxel_mm = float(np.sqrt((affine[:3, :3] ** 2).sum(0)).mean())
-            shape = dict(
-                layer.data.shape or {"kind": "sphere"},
-                centre=np.round(centre, 3),
-                radius=round(radius_mm / voxel_mm, 3),
-            )
-            self.document.set_roi_shape(layer, shape)
+        def changed(shape: dict) -> None:
+            if layer in self.document.layers:
+                self.document.set_roi_shape(layer, shape)
 
         self.view3d.show_shape_widget(layer, changed)
 
     def set_tool(self, tool: str) -> None:
         self.roi_tools.tool = tool
         self.tool_actions[tool].setChecked(True)
+        self.view3d.pick_planes = tool in ("sphere", "box")  # a click on a 3-D plane places one
 
     def _follow_shape(self, layer) -> None:
-        """Keep the 3-D handle on a shape ROI that was moved or resized elsewhere."""
-        widget = self.view3d.shape_widget
-        if widget is None:
-            return
-        shape, affine = layer.data.shape, layer.data.affine
-        voxel_mm = float(np.sqrt((affine[:3, :3] ** 2).sum(0)).mean())
-        widget.SetCenter(*(affine[:3, :3] @ shape["centre"] + affine[:3, 3]))
-        widget.SetRadius(max(float(shape["radius"]), 0.5) * voxel_mm)
+        """A shape ROI moved or resized (on a slice, in 3-D, by undo): the 3-D handle goes with it
+        (onto it, if it was on another ROI) and the radius box shows its size."""
+        if self.view3d.shape_layer is not layer or not self.view3d.handle_fits(layer):
+            self.attach_shape_widget(layer)
+        else:
+            self.view3d.follow_shape(layer)
+        if layer is self.roi_tools.active_roi():
+            radius = round(float(np.max(shape_half_sizes(layer.data.shape))))
+            self.roi_tools.radius = radius
+            self.radius_box.blockSignals(True)  # showing the size is no edit
+            self.radius_box.setValue(radius)
+            self.radius_box.blockSignals(False)
 
     def _shape_created(self, layer) -> None:
         self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(layer))
         self.attach_shape_widget(layer)
+
+    def _place_shape_3d(self, ijk) -> None:
+        """A click on a cursor plane in the 3-D view with the sphere or box tool: a new shape ROI there."""
+        tool = self.roi_tools.tool
+        if tool not in ("sphere", "box"):
+            return
+        try:
+            layer = self.roi_tools.new_roi(shape={"kind": tool, "centre": ijk, "radius": self.roi_tools.radius})
+        except ValueError as exc:
+            self._report_error(str(exc), "")
+            return
+        self._shape_created(layer)
 
     def new_roi(self):
         try:
@@ -361,30 +378,56 @@ class MainWindow(QMainWindow):
             self.set_tool("brush")
         return layer
 
-    def save_roi(self, layer, path) -> Path:
-        """Write an ROI as a uint8 NIfTI mask on its grid (FSL, MRtrix and DIPY read it)."""
-        return save_volume(layer.data.mask.astype(np.uint8), layer.data.affine, path)
+    def save_roi(self, layer, path, *, overwrite: bool = False) -> Path | None:
+        """Write an ROI as a uint8 NIfTI mask on its grid (FSL, MRtrix and DIPY read it).
+
+        A name without .nii or .nii.gz gets .nii.gz. An existing file is replaced only when
+        the user says so (:func:`ask_overwrite`) or ``overwrite`` is given; the written path,
+        or None when nothing was written (declined, or an error the user was shown)."""
+        path = Path(path)
+        if not path.name.lower().endswith((".nii", ".nii.gz")):
+            path = path.with_name(path.name + ".nii.gz")
+        if path.exists() and not overwrite and not ask_overwrite(self, path):
+            self.statusBar().showMessage(f"ROI not saved: {path.name} exists and was not replaced", 15000)
+            return None
+        try:
+            written = save_volume(layer.data.mask.astype(np.uint8), layer.data.affine, path)
+        except InputError as exc:  # SaveError: disk full, no permission, ...
+            self._report_error(f"The ROI could not be saved: {exc}", "")
+            return None
+        self.statusBar().showMessage(f"ROI {layer.name} saved to {written}", 8000)
+        return written
 
     def save_roi_dialog(self) -> None:
         layer = self.roi_tools.active_roi()
         if layer is None:
             self._report_error("there is no ROI to save: draw one first (New ROI)", "")
             return
-        # The dialog asks before replacing an existing file.
-        path, _ = QFileDialog.getSaveFileName(self, "Save ROI", f"{layer.name}.nii.gz", "NIfTI (*.nii.gz *.nii)")
+        # save_roi asks before replacing a file (after adding a missing suffix, which changes the name).
+        path, _ = QFileDialog.getSaveFileName(
+            self,
+            "Save ROI",
+            f"{layer.name}.nii.gz",
+            "NIfTI (*.nii.gz *.nii)",
+            options=QFileDialog.Option.DontConfirmOverwrite,
+        )
         if path:
             self.save_roi(layer, path)
 
     def open_roi(self, path, role: str | None = None):
-        """Load a mask as an ROI layer on the reference grid (resampled, with a notice, if needed)."""
+        """Load a mask as an ROI layer on the reference grid (resampled, with a notice, if needed);
+        an undoable edit. A mask that lies outside the image is refused; an empty one is added
+        with a warning (a blank to draw in). None when it was refused (the user is told why)."""
         from app.io.nifti import load_3d, load_image
         from app.pipelines.select import resample_nearest
 
         path = Path(path)
+        notices = []
         try:
             img = load_image(path, "ROI")
             data = np.asarray(load_3d(path, None, "ROI"))
             mask = (data != 0) & np.isfinite(data)
+            empty = not mask.any()
             doc = self.document
             if doc.reference_affine is None:
                 affine, shape = img.affine, mask.shape
@@ -392,14 +435,24 @@ class MainWindow(QMainWindow):
                 affine, shape = doc.reference_affine, doc.reference_shape
                 if mask.shape != tuple(shape) or not np.allclose(img.affine, affine, atol=1e-3):
                     mask = resample_nearest(mask, img.affine, affine, shape)
-                    self.statusBar().showMessage(
-                        f"{path.name} was on another grid: resampled (nearest neighbour)", 15000
-                    )
-            roi = RoiMask(split_suffix(path)[0], mask, affine, role=role or self.roi_tools.role)
-            return self.document.add_layer(Layer(roi.name, roi, "roi"))
+                    if not empty and not mask.any():
+                        raise InputError(
+                            "the ROI lies outside the image: none of its voxels is inside the volume",
+                            path=path,
+                            fix="Check that it belongs to this subject and space (its affine)",
+                        )
+                    notices.append(f"{path.name} was on another grid: resampled (nearest neighbour)")
+            if empty:
+                notices.append(f"{path.name} is empty (no non-zero voxel): added as an empty ROI")
+            name = self.roi_tools.unique_name(split_suffix(path)[0])
+            roi = RoiMask(name, mask, affine, role=role or self.roi_tools.role)
         except InputError as exc:
             self._report_error(str(exc), "")
             return None
+        layer = self.document.add_layer(Layer(roi.name, roi, "roi"), undoable=True)
+        if notices:
+            self.statusBar().showMessage("; ".join(notices), 15000)
+        return layer
 
     def open_roi_dialog(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Open ROI", "", "NIfTI (*.nii.gz *.nii)")
@@ -614,7 +667,9 @@ class MainWindow(QMainWindow):
         roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
         if event == "roi" and layer is not None and layer.data.shape is not None:
             self._follow_shape(layer)
-        if roi_changed or event == "layers":
+        if event == "layers" and self.view3d.shape_layer not in self.document.layers:
+            self.view3d.show_shape_widget(None, None)  # its ROI was deleted (or its creation undone)
+        if (roi_changed or event == "layers") and not self._selection_timer.isActive():
             self._selection_timer.start()
 
     def _fiber_index(self, layer: Layer, reference: np.ndarray):
@@ -630,7 +685,10 @@ class MainWindow(QMainWindow):
 
     def update_fiber_selection(self) -> None:
         """Show the streamlines that pass the ROIs (seed, target, waypoint: all; exclusion: none),
-        computed on a worker from a snapshot of the masks; a newer edit cancels an older run."""
+        computed on a worker from a snapshot of the masks. One run at a time: edits made while
+        one runs start another when it is done (cancelling it instead would starve the
+        selection while an ROI is dragged or painted, if a run takes longer than the edits'
+        pace)."""
         doc = self.document
         tracts = [layer for layer in doc.layers if layer.kind == "tractogram"]
         include, exclude = doc.roi_sets()
@@ -639,14 +697,19 @@ class MainWindow(QMainWindow):
         if not include and not exclude:
             # Without ROIs only a selection the ROIs made is cleared: one chosen another way (a
             # connectivity cell) stays through unrelated changes (a file opened, a result added).
+            if self._selection_job is not None:  # its result is stale now
+                self.runner.cancel(self._selection_job)
+                self._selection_job, self._selection_stale = None, False
             if self._roi_selection:
                 for layer in tracts:
                     layer.set_selection(None)
                 self._roi_selection = False
             return
         self._roi_selection = True
-        if self._selection_job is not None:
-            self.runner.cancel(self._selection_job)
+        job_now = self.runner.jobs.get(self._selection_job) if self._selection_job is not None else None
+        if job_now is not None and job_now in self.runner.active() and not job_now.cancel_event.is_set():
+            self._selection_stale = True  # selected again with the masks of then, when it is done
+            return
         include = [mask.copy() for mask in include]
         exclude = [mask.copy() for mask in exclude]
         reference = doc.reference_affine.copy()
@@ -662,12 +725,28 @@ class MainWindow(QMainWindow):
                 out[id(layer)] = (layer, result.selected)
             return out
 
+        this = {}
+
         def done(result):
+            if this["id"] != self._selection_job:  # cancelled after it had finished: stale
+                return
             for layer, selected in result.values():
                 if layer in doc.layers:
                     layer.set_selection(selected)
+            finished()
 
-        self._selection_job = self.runner.submit("select fibers", job, on_done=done, on_error=self._report_error)
+        def failed(message, details):
+            if this["id"] == self._selection_job:
+                finished()
+            self._report_error(message, details)
+
+        def finished():
+            self._selection_job = None
+            if self._selection_stale:
+                self._selection_stale = False
+                self.update_fiber_selection()
+
+        this["id"] = self._selection_job = self.runner.submit("select fibers", job, on_done=done, on_error=failed)
 
     def update_position_label(self) -> None:
         doc = self.document
@@ -810,8 +889,11 @@ class MainWindow(QMainWindow):
     def _autosaved(self) -> None:
         self._autosave_error = ""
         if self._restoring is not None:  # the restored work is safe in our own autosave now
+            restored = self._restoring.describe()
             self._restoring.discard()
             self._restoring = None
+            self.statusBar().showMessage(f"Restored the {restored}", 15000)
+            return
         self.statusBar().showMessage("Autosaved", 2000)
 
     def _autosave_failed(self, message: str) -> None:
@@ -878,6 +960,18 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
+def ask_overwrite(parent, path: Path) -> bool:
+    """Ask whether to replace an existing file (tests replace this function). With
+    ``TRACTLENS_NO_DIALOGS`` set nobody can be asked: the answer is no."""
+    if os.environ.get("TRACTLENS_NO_DIALOGS"):
+        return False
+    buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+    answer = QMessageBox.question(
+        parent, "Replace file?", f"{path} already exists. Replace it?", buttons, QMessageBox.StandardButton.No
+    )
+    return answer == QMessageBox.StandardButton.Yes
+
+
 def _format_value(value) -> str:
     """A layer's value in the status bar: ``3 (crossing_ap_start)`` for a named label,
     ``FA 0.62 λ1 1.7e-03`` for a tensor, numbers with 4 significant digits."""
@@ -889,5 +983,4 @@ def _format_value(value) -> str:
     if array.ndim == 0:
         number = float(array)
         return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.3e}"
-            restored = self._restoring.describe()
     return "(" + ", ".join(f"{float(v):.3g}" for v in array.ravel()) + ")"

@@ -1,15 +1,19 @@
 """Side panels: the layer list (visibility, order, opacity, colour map, range, a right-click
-menu of what can be done with a layer) and the job panel."""
+menu of what can be done with a layer; ROIs are renamed by a double click or that menu, and
+coloured there) and the job panel."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
+    QColorDialog,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
+    QInputDialog,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -29,6 +33,21 @@ from app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KI
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 FILTER_COMMIT = "Filter with COMMIT…"
 SHOW_AS = {"scalar": "Show as labels", "labels": "Show as scalar"}  # the menu entry per layer kind
+RENAME = "Rename…"
+COLOUR = "Colour…"
+ROLE_COLOUR = "Colour of its role"
+
+
+def ask_name(parent: QWidget, current: str) -> str | None:
+    """Ask for a layer's new name (tests replace this function); None: cancelled."""
+    text, ok = QInputDialog.getText(parent, "Rename", "Name:", text=current)
+    return text if ok else None
+
+
+def ask_colour(parent: QWidget, current: tuple[float, float, float]) -> tuple[float, float, float] | None:
+    """Ask for a colour, RGB 0..1 (tests replace this function); None: cancelled."""
+    colour = QColorDialog.getColor(QColor.fromRgbF(*current), parent, "ROI colour")
+    return (colour.redF(), colour.greenF(), colour.blueF()) if colour.isValid() else None
 
 
 class LayerPanel(QWidget):
@@ -37,7 +56,9 @@ class LayerPanel(QWidget):
     A right click on a layer opens its menu (:attr:`menu`, shown without blocking):
     for a ``dwi`` layer "Fit ball & sticks (bedpostX)…", which emits
     :attr:`fit_ballstick_requested` with the layer; for a ``tractogram`` layer "Filter with
-    COMMIT…", which emits :attr:`commit_requested` with the layer; for every layer "Remove".
+    COMMIT…", which emits :attr:`commit_requested` with the layer; for an ``roi`` layer
+    "Rename…" (also a double click), "Colour…" and "Colour of its role" (undoable edits, like
+    removing an ROI); for every layer "Remove". ROIs show their colour beside their name.
     """
 
     fit_ballstick_requested = Signal(object)  # the dwi layer to fit
@@ -52,6 +73,7 @@ class LayerPanel(QWidget):
         self.list.setObjectName("layer_list")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._context_menu)
+        self.list.itemDoubleClicked.connect(self._double_clicked)
         self.opacity = QSlider(Qt.Orientation.Horizontal)
         self.opacity.setRange(0, 100)
         self.colormap = QComboBox()
@@ -166,6 +188,10 @@ class LayerPanel(QWidget):
         self._updating = True
         item.setCheckState(Qt.CheckState.Checked if layer.visible else Qt.CheckState.Unchecked)
         item.setText(f"{layer.name}  [{layer.kind}]")
+        if layer.kind == "roi":  # a swatch of the colour it is drawn in
+            swatch = QPixmap(12, 12)
+            swatch.fill(QColor.fromRgbF(*layer.color_rgb()))
+            item.setIcon(QIcon(swatch))
         self._updating = False
 
     def _item_changed(self, item: QListWidgetItem) -> None:
@@ -254,6 +280,13 @@ class LayerPanel(QWidget):
             commit = self.menu.addAction(FILTER_COMMIT)
             commit.triggered.connect(lambda *_: self.commit_requested.emit(layer))
             self.menu.addSeparator()
+        if layer.kind == "roi":
+            self.menu.addAction(RENAME).triggered.connect(lambda *_: self.rename(layer))
+            self.menu.addAction(COLOUR).triggered.connect(lambda *_: self.choose_colour(layer))
+            role_colour = self.menu.addAction(ROLE_COLOUR)
+            role_colour.setEnabled(layer.color is not None)
+            role_colour.triggered.connect(lambda *_: self.document.set_layer_color(layer, None))
+            self.menu.addSeparator()
         if layer.kind in SHOW_AS:  # the loader's guess of scalar image vs label map, overruled
             other = "labels" if layer.kind == "scalar" else "scalar"
             show_as = self.menu.addAction(SHOW_AS[layer.kind])
@@ -269,10 +302,38 @@ class LayerPanel(QWidget):
             self.document.move_layer(layer, index + delta)
 
     def _remove(self, layer: Layer | None = None) -> None:
-        """Remove ``layer`` (default: the selected one) from the document."""
+        """Remove ``layer`` (default: the selected one) from the document (an ROI undoably)."""
         layer = layer or self.selected_layer()
         if layer in self.document.layers:
-            self.document.remove_layer(layer)
+            self.document.remove_layer(layer, undoable=layer.kind == "roi")
+
+    def _double_clicked(self, item: QListWidgetItem) -> None:
+        layer = item.data(Qt.ItemDataRole.UserRole)
+        if layer is not None and layer.kind == "roi":
+            self.rename(layer)
+
+    def rename(self, layer: Layer) -> bool:
+        """Ask for an ROI's new name and give it (undoable); a name another layer has is refused
+        with a message in the window's status bar."""
+        name = ask_name(self, layer.name)
+        if name is None:
+            return False
+        try:
+            return self.document.rename_layer(layer, name)
+        except ValueError as exc:
+            self._tell(f"Not renamed: {exc}")
+            return False
+
+    def choose_colour(self, layer: Layer) -> bool:
+        """Ask for an ROI's colour and give it (undoable)."""
+        colour = ask_colour(self, layer.color_rgb())
+        return colour is not None and self.document.set_layer_color(layer, colour)
+
+    def _tell(self, text: str) -> None:
+        window = self.window()
+        bar = getattr(window, "statusBar", None)
+        if callable(bar):
+            bar().showMessage(text, 10000)
 
 
 class JobPanel(QWidget):

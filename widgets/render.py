@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import nibabel as nib
 import numpy as np
 
-from app.model import GLYPH_KINDS, ROLE_COLOURS, Document, Layer
+from app.model import GLYPH_KINDS, Document, Layer
 
 # For each view: (world axis shown horizontally, +1 if it increases to the right),
 # (world axis shown vertically, +1 if it increases upwards), world axis across.
@@ -202,7 +202,7 @@ def label_colours(labels: np.ndarray, lut=None) -> np.ndarray:
 def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """RGB (float 0..1) and alpha for sampled values of a layer."""
     if layer.kind == "roi":
-        rgb = np.broadcast_to(np.array(ROLE_COLOURS[layer.data.role]), (*values.shape[:2], 3))
+        rgb = np.broadcast_to(np.array(layer.color_rgb()), (*values.shape[:2], 3))  # its own colour, or its role's
         alpha = values.astype(np.float64)
     elif layer.kind == "rgb":
         rgb = np.clip(np.nan_to_num(values[..., :3].astype(np.float64)), 0.0, 1.0)

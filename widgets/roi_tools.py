@@ -32,7 +32,7 @@ class RoiTools:
 
     def new_roi(self, role: str | None = None, shape: dict | None = None) -> Layer:
         """An empty ROI on the reference grid, named after its role ("seed 1", "target 2", ...);
-        with ``shape`` a movable sphere or box (placing it is an undoable edit)."""
+        with ``shape`` a movable sphere or box. Creating it (shape and all) is one undoable edit."""
         role = role or self.role
         if role not in ROI_ROLES:
             raise ValueError(f"unknown ROI role {role!r}")
@@ -45,10 +45,18 @@ class RoiTools:
             count += 1
         name = f"{role} {count}"
         mask = RoiMask(name, np.zeros(doc.reference_shape, dtype=bool), doc.reference_affine, role=role)
-        layer = doc.add_layer(Layer(name, mask, "roi"))
         if shape is not None:
-            doc.set_roi_shape(layer, shape)
-        return layer
+            mask.apply_shape(shape)
+        return doc.add_layer(Layer(name, mask, "roi"), undoable=True)
+
+    def unique_name(self, name: str) -> str:
+        """``name``, or ``name (2)``, ``name (3)``, ... when a layer has it already."""
+        taken = {layer.name for layer in self.document.layers}
+        candidate, number = name, 1
+        while candidate in taken:
+            number += 1
+            candidate = f"{name} ({number})"
+        return candidate
 
 
 def ball(centre, radius: int, shape) -> np.ndarray:

@@ -3,9 +3,13 @@
 Left click or drag moves the cursor (and so the other views); the wheel and
 Page Up/Down (or the arrow keys Up/Down) step through slices; right drag sets
 window/level of the top visible scalar layer (horizontal: width, vertical:
-level). Over the composited image: tensor layers as ellipses, dyads layers as
-sticks (their in-plane part), and tractograms as the segments within a slab of
-``slab_mm`` around the slice.
+level). With an ROI tool the left button edits the ROI instead (see
+:class:`widgets.roi_tools.RoiTools`); with the sphere or box tool a click places a
+shape, a drag that starts inside the active shape moves it in the slice's plane,
+and a Shift+drag resizes it around its centre (a sphere's radius, a box's
+half-sizes in the slice's two directions, follow the mouse). Over the composited
+image: tensor layers as ellipses, dyads layers as sticks (their in-plane part),
+and tractograms as the segments within a slab of ``slab_mm`` around the slice.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from app.model import SCALAR_KINDS, STICK_COLOURS, Document
+from app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 from gpu import sym3
 
 from . import roi_tools
@@ -29,6 +33,7 @@ class SliceView(QWidget):
     cursor_moved = Signal()
     hovered = Signal(object)  # reference voxel under the mouse (or None), without moving the cursor
     shape_created = Signal(object)  # a new shape ROI layer was placed
+    notice = Signal(str)  # something the user should read (e.g. why a flood fill filled nothing)
 
     def __init__(self, document: Document, view: str, parent: QWidget | None = None, tools=None):
         super().__init__(parent)
@@ -37,7 +42,8 @@ class SliceView(QWidget):
         self._last_paint = None
         self._rect_start = self._rect_end = None
         self._polygon: list[np.ndarray] = []  # vertices so far; a double click closes and fills
-        self._drag_shape = None  # (shape ROI layer, grab offset) while a sphere or box is dragged
+        # While a sphere or box is dragged: (shape ROI layer, grab offset, moved yet, "move"|"resize")
+        self._drag_shape = None
         self.view = view
         self.radiological = False
         self.slab_mm = 4.0
@@ -305,42 +311,86 @@ class SliceView(QWidget):
             return False
         return self.tools.tool in ("sphere", "box") or self.tools.active_roi() is not None
 
-    def _shape_at(self, pos) -> None:
+    def _shape_at(self, pos, resize: bool = False) -> None:
         """One-click tools. Fill paints the connected voxels above the threshold; sphere and box
-        grab the active shape ROI under the click (to drag it) or place a new shape ROI there."""
+        grab the active shape ROI under the click (to drag it), or anywhere with ``resize``
+        (Shift: to resize it), or place a new shape ROI there."""
         ijk = self.voxel_at(pos.x(), pos.y())
         if ijk is None:
             return
-        tools, doc = self.tools, self.document
+        tools = self.tools
         roi = tools.active_roi()
         if tools.tool in ("sphere", "box"):
             shape = roi.data.shape if roi is not None else None
-            if shape is not None and shape["kind"] == tools.tool and roi.data.mask[tuple(ijk)]:
-                self._drag_shape = (roi, np.asarray(ijk, dtype=float) - shape["centre"], False)
+            if shape is not None and shape["kind"] == tools.tool and (resize or roi.data.mask[tuple(ijk)]):
+                grab = np.asarray(ijk, dtype=float) - shape["centre"]
+                self._drag_shape = (roi, grab, False, "resize" if resize else "move")
             else:
                 layer = tools.new_roi(shape={"kind": tools.tool, "centre": ijk, "radius": tools.radius})
                 self.shape_created.emit(layer)
-                self._drag_shape = (layer, np.zeros(3), False)
+                self._drag_shape = (layer, np.zeros(3), False, "resize" if resize else "move")
             return
+        self._flood_fill(roi, ijk)
+
+    def _flood_fill(self, roi, ijk) -> None:
+        """Fill from ``ijk``: the voxels of the top visible scalar map above the threshold that
+        are connected to it; says why when nothing can be filled."""
+        tools = self.tools
         layer = self._window_level_layer()
-        if layer is None or layer.data.shape3 != roi.data.shape3:
+        if layer is None:
+            self.notice.emit("Flood fill needs a scalar map: open an image (it fills the top visible one)")
             return
-        doc.paint(roi, roi_tools.flood(layer.data.data, ijk, tools.threshold), True)
+        volume = layer.data
+        if volume.shape3 != roi.data.shape3 or not np.allclose(volume.affine, roi.data.affine, atol=1e-3):
+            self.notice.emit(
+                f"Flood fill did nothing: {layer.name} (the top visible scalar map) is on another grid "
+                f"than {roi.name}; show a map on the ROI's grid on top"
+            )
+            return
+        value = float(np.nan_to_num(np.asarray(volume.data[tuple(ijk)], dtype=float).ravel()[0]))
+        if not value > tools.threshold:
+            self.notice.emit(
+                f"Flood fill did nothing: {layer.name} is {value:.4g} here, not above the threshold "
+                f"{tools.threshold:.4g}; click inside the region or lower the threshold"
+            )
+            return
+        voxels = roi_tools.flood(volume.data, ijk, tools.threshold)
+        changed = self.document.paint(roi, voxels, True)
+        already = "" if changed else ", all in the ROI already"
+        self.notice.emit(f"Flood fill: {len(voxels)} voxels of {layer.name} above {tools.threshold:.4g}{already}")
 
     def _drag_shape_to(self, pos) -> None:
+        """Move the dragged shape in the slice's plane, or resize it around its centre: a
+        sphere's radius becomes the in-plane distance from its centre to the mouse (in whole
+        voxels), a box's half-sizes in the slice's two directions that distance along each
+        (the voxel under the mouse becomes a corner of the box)."""
         ijk = self.voxel_at(pos.x(), pos.y())
         if ijk is None:
             return
-        layer, grab, moved = self._drag_shape
+        layer, grab, moved, mode = self._drag_shape
         shape = dict(layer.data.shape)
-        centre = np.asarray(ijk, dtype=float) - grab
-        normal = self.geometry_now().normal_axis
-        centre[normal] = shape["centre"][normal]  # a drag on a slice moves within its plane
-        if not np.array_equal(centre, shape["centre"]):
+        geometry = self.geometry_now()
+        if mode == "move":
+            centre = np.asarray(ijk, dtype=float) - grab
+            centre[geometry.normal_axis] = shape["centre"][geometry.normal_axis]  # within the plane
+            if np.array_equal(centre, shape["centre"]):
+                return
             shape["centre"] = centre
-            # One drag = one undo step, separate from the placement before it.
-            self.document.set_roi_shape(layer, shape, merge_with_last=moved)
-            self._drag_shape = (layer, grab, True)
+        else:
+            d = np.asarray(ijk, dtype=float) - shape["centre"]
+            h, v = geometry.h_axis, geometry.v_axis
+            if shape["kind"] == "sphere":
+                radius = float(round(np.hypot(d[h], d[v])))
+            else:
+                half = shape_half_sizes(shape)
+                half[h], half[v] = abs(d[h]), abs(d[v])  # the mouse's voxel is a corner
+                radius = half
+            if np.array_equal(shape_half_sizes(dict(shape, radius=radius)), shape_half_sizes(shape)):
+                return
+            shape["radius"] = radius
+        # One drag = one undo step, separate from the placement before it.
+        self.document.set_roi_shape(layer, shape, merge_with_last=moved)
+        self._drag_shape = (layer, grab, True, mode)
 
     def _paint_at(self, pos, continuing: bool) -> None:
         """Paint (or erase) a disc of the tools' radius in this plane; strokes are joined
@@ -379,7 +429,8 @@ class SliceView(QWidget):
                     self._polygon.append(np.asarray(vertex))
                     self.update()
             else:
-                self._shape_at(event.position())
+                shift = bool(event.modifiers() & Qt.KeyboardModifier.ShiftModifier)
+                self._shape_at(event.position(), resize=shift)
             return
         if event.button() == Qt.MouseButton.RightButton:
             layer = self._window_level_layer()

@@ -13,16 +13,18 @@ per frame; while the camera moves, a fixed subset of streamlines is drawn
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 
 import numpy as np
 import pyvista as pv
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
-from vtkmodules.vtkRenderingCore import vtkMapper
+from vtkmodules.vtkInteractionWidgets import vtkBoxWidget
+from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 
-from app.model import GLYPH_KINDS, ROLE_COLOURS, SCALAR_KINDS, Document, Layer
+from app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer, normal_shape, shape_half_sizes
 
 from . import fiber_display
 from .glyphs import glyph_mesh, stick_mesh, stick_segments, tensors_to_world
@@ -32,6 +34,8 @@ NO_RENDER = {"render": False, "reset_camera": False}
 
 
 class View3D(QWidget):
+    plane_clicked = Signal(object)  # reference voxel (3,) of a cursor plane clicked with pick_planes on
+
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)
         self.document = document
@@ -47,7 +51,11 @@ class View3D(QWidget):
         self._glyphs: dict[int, object] = {}
         self._roi_surfaces: dict[int, object] = {}
         self._layer_surfaces: dict[int, dict] = {}  # surfaces computed for a layer (set_layer_surface)
-        self.shape_widget = None
+        self.shape_widget = None  # the 3-D handle on a shape ROI (vtkSphereWidget or vtkBoxWidget)
+        self.shape_layer: Layer | None = None  # the ROI it is on
+        # While a sphere or box tool is active, a click on a cursor plane emits plane_clicked.
+        self.pick_planes = False
+        self._press_at = None
         self._roi_timer = QTimer(self)
         self._roi_timer.setSingleShot(True)
         self._roi_timer.setInterval(150)  # a brush stroke rebuilds the surface once it pauses
@@ -64,6 +72,8 @@ class View3D(QWidget):
         self._lod_timer.timeout.connect(self._full_detail)
         self.plotter.iren.add_observer("StartInteractionEvent", self._coarse_detail)
         self.plotter.iren.add_observer("EndInteractionEvent", lambda *a: self._lod_timer.start())
+        self.plotter.iren.add_observer("LeftButtonPressEvent", self._left_pressed)
+        self.plotter.iren.add_observer("LeftButtonReleaseEvent", self._left_released)
         document.connect(self._on_document)
 
     # ----------------------------------------------------------------- model
@@ -149,7 +159,7 @@ class View3D(QWidget):
 
     # ------------------------------------------------------------ ROI surfaces
     def _update_roi_surfaces(self) -> None:
-        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its role's colour."""
+        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its colour."""
         for actor in self._roi_surfaces.values():
             self.plotter.remove_actor(actor)
         self._roi_surfaces.clear()
@@ -167,7 +177,7 @@ class View3D(QWidget):
             surface.transform(layer.data.affine, inplace=True)
             actor = self.plotter.add_mesh(
                 surface,
-                color=ROLE_COLOURS[layer.data.role],
+                color=layer.color_rgb(),
                 opacity=0.45 * layer.opacity / 0.6,
                 name=f"roi_{id(layer)}",
                 smooth_shading=True,
@@ -217,29 +227,109 @@ class View3D(QWidget):
             self.plotter.remove_actor(self._layer_surfaces.pop(key)["actor"], render=False)
 
     def show_shape_widget(self, layer: Layer | None, on_change) -> None:
-        """A sphere handle on a shape ROI in 3-D: drag it to move, right-drag to resize.
-        ``on_change(centre_world_mm, radius_mm)`` is called when an interaction ends."""
-        self.plotter.clear_sphere_widgets()
-        self.shape_widget = None
+        """A handle on a shape ROI in 3-D: a sphere handle on a sphere (drag it to move it,
+        right-drag to resize), a box handle on a box (drag its centre or a face; the box's
+        half-sizes per axis follow). ``on_change(shape)`` gets the shape, in voxels of the
+        ROI's grid, when an interaction ends (one edit per interaction). None: no handle."""
+        self._clear_shape_widget()
         if layer is None or layer.data.shape is None:
             return
         shape, affine = layer.data.shape, layer.data.affine
-        centre = affine[:3, :3] @ shape["centre"] + affine[:3, 3]
-        voxel_mm = float(np.sqrt((affine[:3, :3] ** 2).sum(0)).mean())
+        if shape["kind"] == "box":
+            widget = vtkBoxWidget()
+            widget.SetInteractor(self.plotter.iren.interactor)
+            widget.SetCurrentRenderer(self.plotter.renderer)
+            widget.SetPlaceFactor(1.0)  # exactly the bounds given
+            widget.SetRotationEnabled(False)  # the box stays aligned with the voxel axes
+            widget.GetOutlineProperty().SetColor(*layer.color_rgb())
+            widget.PlaceWidget(box_handle_bounds(shape, affine))
+            widget.On()
 
-        def moved(centre_world, widget):
-            on_change(np.asarray(centre_world, dtype=float), float(widget.GetRadius()))
+            def box_moved(box, _event):
+                poly = pv.PolyData()
+                box.GetPolyData(poly)
+                on_change(box_from_bounds(poly.bounds, layer.data.affine, layer.data.shape or shape))
 
-        self.shape_widget = self.plotter.add_sphere_widget(
-            moved,
-            center=tuple(centre),
-            radius=max(shape["radius"], 0.5) * voxel_mm,
-            color=ROLE_COLOURS[layer.data.role],
-            style="wireframe",
-            pass_widget=True,
-            test_callback=False,  # the handle must not edit the ROI by merely appearing
-        )
+            widget.AddObserver("EndInteractionEvent", box_moved)
+        else:
+            centre, radius_mm = sphere_handle(shape, affine)
+
+            def sphere_moved(centre_world, sphere):
+                current = layer.data.shape or shape
+                on_change(sphere_from_handle(centre_world, sphere.GetRadius(), layer.data.affine, current))
+
+            widget = self.plotter.add_sphere_widget(
+                sphere_moved,
+                center=tuple(centre),
+                radius=radius_mm,
+                color=layer.color_rgb(),
+                style="wireframe",
+                pass_widget=True,
+                test_callback=False,  # the handle must not edit the ROI by merely appearing
+            )
+        self.shape_widget, self.shape_layer = widget, layer
         self.request_render()
+
+    def handle_fits(self, layer: Layer) -> bool:
+        """Is the handle shown the kind for ``layer``'s shape (a box handle on a box)?"""
+        shape = layer.data.shape
+        return shape is not None and isinstance(self.shape_widget, vtkBoxWidget) == (shape["kind"] == "box")
+
+    def follow_shape(self, layer: Layer) -> None:
+        """Put the handle where its shape ROI is now (moved or resized on a slice, or undone)."""
+        widget = self.shape_widget
+        if widget is None or layer is not self.shape_layer or layer.data.shape is None:
+            return
+        shape, affine = layer.data.shape, layer.data.affine
+        if isinstance(widget, vtkBoxWidget):
+            widget.PlaceWidget(box_handle_bounds(shape, affine))
+        else:
+            centre, radius_mm = sphere_handle(shape, affine)
+            widget.SetCenter(*centre)
+            widget.SetRadius(radius_mm)
+        self.request_render()
+
+    def _clear_shape_widget(self) -> None:
+        if isinstance(self.shape_widget, vtkBoxWidget):
+            self.shape_widget.Off()
+        elif self.shape_widget is not None:
+            self.plotter.clear_sphere_widgets()
+        self.shape_widget = self.shape_layer = None
+
+    # -------------------------------------------------------- placing shapes
+    def _left_pressed(self, *_args) -> None:
+        self._press_at = self.plotter.iren.interactor.GetEventPosition() if self.pick_planes else None
+
+    def _left_released(self, *_args) -> None:
+        """A click (press and release within a few pixels) on a cursor plane while ``pick_planes``
+        is on: :attr:`plane_clicked` with the reference voxel under it. A drag turns the camera."""
+        start, self._press_at = self._press_at, None
+        if start is None or not self.pick_planes:
+            return
+        x, y = self.plotter.iren.interactor.GetEventPosition()
+        if abs(x - start[0]) > 3 or abs(y - start[1]) > 3:
+            return
+        ijk = self.plane_voxel_at(x, y)
+        if ijk is not None:
+            self.plane_clicked.emit(ijk)
+
+    def plane_voxel_at(self, x: int, y: int) -> np.ndarray | None:
+        """The reference voxel of the (visible) cursor plane under display pixel (x, y), VTK's
+        convention (origin bottom left), or None where no plane is."""
+        doc = self.document
+        picker = vtkCellPicker()
+        picker.SetTolerance(1e-4)
+        picker.PickFromListOn()
+        for _grid, actor in self._planes.values():
+            if actor.GetVisibility():
+                picker.AddPickList(actor)
+        if doc.reference_affine is None or not picker.Pick(x, y, 0, self.plotter.renderer):
+            return None
+        world = np.asarray(picker.GetPickPosition(), dtype=float)
+        ijk = np.rint(np.linalg.solve(doc.reference_affine, np.append(world, 1.0))[:3]).astype(int)
+        if np.any(ijk < 0) or np.any(ijk >= np.array(doc.reference_shape)):
+            return None
+        return ijk
 
     def roi_surface(self, layer: Layer):
         """The surface actor of an ROI layer, or None (for tests and scripts)."""
@@ -470,3 +560,49 @@ def _lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
     lut = pv.LookupTable(values=(rgba * 255).astype(np.uint8))
     lut.scalar_range = clim
     return lut
+
+
+# ------------------------------------------------------------- shape handles
+# A shape ROI lives in voxels of its grid, the handles in world millimetres: the conversions
+# go through the ROI's affine, axis by axis, so anisotropic voxels keep their proportions. A
+# handle's edit snaps to whole voxels (a sphere's centre and radius, a box's faces to voxel
+# boundaries), so a shape edited in 3-D is a set of voxels the slice tools could have made.
+def box_handle_bounds(shape: dict, affine: np.ndarray) -> np.ndarray:
+    """World bounds (xmin, xmax, ymin, ymax, zmin, zmax) of a box ROI's voxels (their outer
+    faces: half-size + half a voxel either side of the centre, along each voxel axis)."""
+    half = shape_half_sizes(shape) + 0.5
+    corners = np.asarray(shape["centre"], dtype=float) + np.array(list(itertools.product(*zip(-half, half))))
+    world = corners @ affine[:3, :3].T + affine[:3, 3]
+    return np.column_stack([world.min(0), world.max(0)]).ravel()
+
+
+def box_from_bounds(bounds, affine: np.ndarray, shape: dict) -> dict:
+    """The box ROI of the voxels whose centres the handle's world ``bounds`` hold (faces snapped
+    to voxel boundaries; the inverse of :func:`box_handle_bounds`). The half-sizes may differ
+    per axis; an even number of voxels along an axis puts the centre between two voxels."""
+    lo, hi = np.asarray(bounds, dtype=float).reshape(3, 2).T
+    corners = np.array(list(itertools.product(*zip(lo, hi))))
+    voxels = np.linalg.solve(affine, np.column_stack([corners, np.ones(8)]).T)[:3].T
+    first = np.floor(voxels.min(0) + 0.5 + 0.5)  # outer face -> first voxel inside (centre at +0.5)
+    last = np.maximum(np.ceil(voxels.max(0) - 0.5 - 0.5), first)
+    return normal_shape(dict(shape, centre=(first + last) / 2, radius=(last - first) / 2))
+
+
+def sphere_handle(shape: dict, affine: np.ndarray) -> tuple[np.ndarray, float]:
+    """World centre and radius (mm) of a sphere ROI's handle. A sphere of r voxels is an
+    ellipsoid in millimetres when the voxels are anisotropic: the handle is the sphere around
+    it, r × the largest voxel size (at least half a voxel, so a 1-voxel ROI has one)."""
+    centre = affine[:3, :3] @ np.asarray(shape["centre"], dtype=float) + affine[:3, 3]
+    return centre, max(float(shape["radius"]), 0.5) * _largest_voxel(affine)
+
+
+def sphere_from_handle(centre_world, radius_mm: float, affine: np.ndarray, shape: dict) -> dict:
+    """The sphere ROI of a handle at ``centre_world`` with ``radius_mm``, snapped to whole voxels
+    (the inverse of :func:`sphere_handle`)."""
+    centre = np.linalg.solve(affine[:3, :3], np.asarray(centre_world, dtype=float) - affine[:3, 3])
+    radius = np.floor(float(radius_mm) / _largest_voxel(affine) + 0.5)
+    return normal_shape(dict(shape, kind="sphere", centre=np.floor(centre + 0.5), radius=radius))
+
+
+def _largest_voxel(affine: np.ndarray) -> float:
+    return float(np.sqrt((affine[:3, :3] ** 2).sum(0)).max())
