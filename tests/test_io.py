@@ -292,3 +292,189 @@ def test_label_volumes(tmp_path, demo_dir):
 def test_unreadable_gradient_tables(dwi_copy):
     (dwi_copy / "dwi.bval").write_text("0 1000 b=2000\n")
     _expect_error(r"could not be read as b-values", dwi_copy / "dwi.nii.gz")
+
+
+# ---------------------------------------------------------------------------------------------
+# corrupted inputs, one by one (tests/test_fuzz_loaders.py mutates them at random)
+
+
+def _nifti_file(path, array, *, affine=None, fields=None, compress=None):
+    """Write ``array`` as NIfTI-1, then overwrite raw header ``fields`` (name -> value or {index: value})."""
+    from nibabel.nifti1 import header_dtype
+
+    affine = np.diag([2.0, 2.0, 2.0, 1.0]) if affine is None else affine
+    img = nib.Nifti1Image(array, affine, dtype=array.dtype)
+    img.set_sform(affine, code=1)
+    img.set_qform(affine, code=1)
+    blob = bytearray(img.to_bytes())
+    for name, value in (fields or {}).items():
+        dtype, offset = header_dtype.fields[name][:2]
+        element = dtype.base if dtype.subdtype else dtype
+        for index, item in value.items() if isinstance(value, dict) else [(0, value)]:
+            start = offset + index * element.itemsize
+            blob[start : start + element.itemsize] = np.array(item, dtype=element).tobytes()
+    compress = str(path).endswith(".gz") if compress is None else compress
+    path.write_bytes(gzip.compress(bytes(blob)) if compress else bytes(blob))
+    return path
+
+
+def test_truncated_and_foreign_nifti_files(tmp_path):
+    from app.io import load_volume
+
+    noise = np.random.default_rng(0).random((8, 8, 6)).astype(np.float32)  # does not compress
+    whole = _nifti_file(tmp_path / "whole.nii", noise)
+    (tmp_path / "cut.nii").write_bytes(whole.read_bytes()[:1000])
+    with pytest.raises(InputError, match=r"cut\.nii: the file is truncated.*1536 bytes"):
+        load_volume(tmp_path / "cut.nii")
+    compressed = gzip.compress(whole.read_bytes())
+    (tmp_path / "cut.nii.gz").write_bytes(compressed[: len(compressed) // 2])
+    with pytest.raises(InputError, match=r"cut\.nii\.gz: the image data could not be read"):
+        load_volume(tmp_path / "cut.nii.gz")
+    _nifti_file(tmp_path / "magic.nii", np.ones((8, 8, 6), np.float32), fields={"magic": b"abc\x00"})
+    with pytest.raises(InputError, match=r"magic\.nii: could not be read as NIfTI"):
+        load_volume(tmp_path / "magic.nii")
+
+
+def test_absurd_dimensions_are_refused_before_reading(tmp_path):
+    """A damaged header announcing 32767^3 voxels must not make the loader allocate 140 TB."""
+    from app.io import load_volume
+
+    _nifti_file(
+        tmp_path / "huge.nii.gz", np.ones((8, 8, 6), np.float32), fields={"dim": {1: 32767, 2: 32767, 3: 32767}}
+    )
+    with pytest.raises(InputError, match=r"huge\.nii\.gz: the header announces .* more than a .*\.nii\.gz can hold"):
+        load_volume(tmp_path / "huge.nii.gz")
+    _nifti_file(tmp_path / "zero.nii", np.ones((8, 8, 6), np.float32), fields={"dim": {2: 0}})
+    with pytest.raises(InputError, match=r"zero\.nii: .*size \(8, 0, 6\): every dimension must be at least 1"):
+        load_volume(tmp_path / "zero.nii")
+    _nifti_file(tmp_path / "complex.nii", np.ones((8, 8, 6), np.complex64))
+    with pytest.raises(InputError, match=r"complex64 values"):
+        load_volume(tmp_path / "complex.nii")
+
+
+def test_singular_or_missing_geometry(tmp_path):
+    from app.io import load_volume
+
+    data = np.ones((8, 8, 6), np.float32)
+    _nifti_file(tmp_path / "flat.nii", data, fields={"srow_z": {2: 0.0}})  # the sform says z has no extent
+    with pytest.raises(InputError, match=r"flat\.nii: .*transform is singular"):
+        load_volume(tmp_path / "flat.nii")
+    _nifti_file(tmp_path / "nan.nii", data, fields={"srow_x": {0: np.nan}})
+    with pytest.raises(InputError, match=r"nan\.nii: .*not a finite 4x4"):
+        load_volume(tmp_path / "nan.nii")
+    # no sform/qform: the voxel sizes define the geometry, and NaN ones cannot
+    _nifti_file(tmp_path / "pix.nii", data, fields={"sform_code": 0, "qform_code": 0, "pixdim": {1: np.nan}})
+    with pytest.raises(InputError, match=r"pix\.nii: .*voxel-to-world"):
+        load_volume(tmp_path / "pix.nii")
+    # negative voxel sizes are a known writer slip that nibabel repairs (absolute value): loads
+    _nifti_file(tmp_path / "neg.nii", data, fields={"sform_code": 0, "qform_code": 0, "pixdim": {1: -2.0}})
+    np.testing.assert_allclose(np.abs(np.diag(load_volume(tmp_path / "neg.nii").affine))[:3], [2, 2, 2])
+
+
+def test_two_d_images_are_not_volumes(tmp_path):
+    from app.io import load_volume
+
+    _nifti_file(tmp_path / "slice.nii.gz", np.ones((8, 8), np.float32))
+    with pytest.raises(InputError, match=r"slice\.nii\.gz: the volume must be a 3-D or 4-D image.*\(8, 8\)"):
+        load_volume(tmp_path / "slice.nii.gz")
+    with pytest.raises(InputError, match=r"the mask must be a 3-D image"):
+        load_mask(tmp_path / "slice.nii.gz")
+
+
+def test_nan_and_huge_values_in_masks_and_labels(tmp_path):
+    from app.io import load_labels, load_volume
+
+    values = np.zeros((4, 4, 4), np.float32)
+    values[1, 1, 1] = 1
+    values[2, 2, 2] = np.nan
+    _nifti_file(tmp_path / "m.nii", values)
+    assert load_mask(tmp_path / "m.nii").sum() == 1  # NaN is outside
+    assert np.isnan(load_volume(tmp_path / "m.nii").data[2, 2, 2])  # a scalar map keeps it
+    with pytest.raises(InputError, match="non-negative whole numbers"):
+        load_labels(tmp_path / "m.nii")
+    big = np.zeros((4, 4, 4), np.int64)
+    big[0, 0, 0] = 2**31 - 1
+    _nifti_file(tmp_path / "max.nii", big)
+    assert load_labels(tmp_path / "max.nii").max() == 2**31 - 1
+    big[0, 0, 0] = 2**40
+    _nifti_file(tmp_path / "big.nii", big)
+    with pytest.raises(InputError, match=r"big\.nii: label values must be below 2\^31"):
+        load_labels(tmp_path / "big.nii")
+
+
+def _trk_bytes(tmp_path):
+    tract = Tractogram.from_list([np.ones((3, 3)), np.full((4, 3), 2.0)], affine=np.diag([2.0, 2, 2, 1]))
+    tract.dimensions = (8, 8, 8)
+    save_tractogram(tract, tmp_path / "seed.trk")
+    return bytearray((tmp_path / "seed.trk").read_bytes())
+
+
+def test_damaged_trk_headers_and_records(tmp_path):
+    import struct
+
+    cases = {}
+    blob = _trk_bytes(tmp_path)
+    singular = blob.copy()
+    singular[440:504] = np.zeros((4, 4), np.float32).tobytes()
+    singular[440 + 60 : 504] = np.float32(1).tobytes()  # [3, 3] = 1: "recorded", but all zero
+    cases["singular"] = (singular, r"transform is (singular|not a finite)|could not be read")
+    negative = blob.copy()
+    negative[1000:1004] = struct.pack("<i", -5)
+    cases["negative"] = (negative, r"streamline 1 announces -5 points")
+    huge = blob.copy()
+    huge[1000:1004] = struct.pack("<i", 2**31 - 1)
+    cases["huge"] = (huge, r"streamline 1 announces 2147483647 points")
+    count = blob.copy()
+    count[988:992] = struct.pack("<i", 10**9)
+    cases["count"] = (count, r"announces 1000000000 streamlines")
+    nan = blob.copy()
+    nan[1004:1008] = np.float32(np.nan).tobytes()
+    cases["nan"] = (nan, r"NaN or infinite")
+    for name, (data, match) in cases.items():
+        (tmp_path / f"{name}.trk").write_bytes(bytes(data))
+        with pytest.raises(InputError, match=match) as info:
+            load_tractogram(tmp_path / f"{name}.trk")
+        assert f"{name}.trk" in str(info.value) and info.value.fix and "\n" not in str(info.value), name
+
+
+def test_empty_or_odd_gradient_tables(dwi_copy, recwarn):
+    (dwi_copy / "dwi.bval").write_text("")
+    _expect_error(r"dwi\.bval: is empty", dwi_copy / "dwi.nii.gz")
+    (dwi_copy / "dwi.bval").write_text("# comment only\n\n")
+    _expect_error(r"dwi\.bval: is empty", dwi_copy / "dwi.nii.gz")
+    assert not [w for w in recwarn if "loadtxt" in str(w.message) or "no data" in str(w.message)]
+    (dwi_copy / "dwi.bval").write_text("0 1000\n0 1000 2000\n")
+    _expect_error(r"rows have different numbers of values", dwi_copy / "dwi.nii.gz")
+    (dwi_copy / "dwi.bval").write_bytes(b"\xff\xfe\x00\x01")
+    _expect_error(r"not a text file", dwi_copy / "dwi.nii.gz")
+
+
+def test_b0_threshold_reaches_the_gradient_check(dwi_copy):
+    """A b=100 volume without a direction is a b=0 volume when the threshold says so."""
+    bvals = np.loadtxt(dwi_copy / "dwi.bval")
+    bvecs = np.loadtxt(dwi_copy / "dwi.bvec")
+    bvals[10] = 100
+    bvecs[:, 10] = 0
+    np.savetxt(dwi_copy / "dwi.bval", bvals[None], fmt="%g")
+    np.savetxt(dwi_copy / "dwi.bvec", bvecs)
+    _expect_error(r"zero b-vector", dwi_copy / "dwi.nii.gz")  # default threshold 50
+    dwi = load_dwi(dwi_copy / "dwi.nii.gz", b0_threshold=150)
+    assert dwi.b0_mask[10] and not dwi.bvecs[10].any() and dwi.b0_mask.sum() == 5
+
+
+def test_nifti2_gz_dwi_and_gradients_beside_an_uncompressed_nii(tmp_path, dwi_copy):
+    img = nib.load(dwi_copy / "dwi.nii.gz")
+    nib.save(nib.Nifti2Image(np.asanyarray(img.dataobj), img.affine), tmp_path / "n2.nii.gz")
+    assert nib.load(tmp_path / "n2.nii.gz").header.sizeof_hdr == 540  # really NIfTI-2
+    a = load_dwi(dwi_copy / "dwi.nii.gz")
+    b = load_dwi(tmp_path / "n2.nii.gz", dwi_copy / "dwi.bval", dwi_copy / "dwi.bvec")
+    np.testing.assert_array_equal(a.data, b.data)
+    np.testing.assert_array_equal(a.affine, b.affine)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    nib.save(img, plain / "sub-01_dwi.nii")
+    shutil.copy(dwi_copy / "dwi.bval", plain / "sub-01_dwi.bval")
+    shutil.copy(dwi_copy / "dwi.bvec", plain / "sub-01_dwi.bvec")
+    c = load_dwi(plain / "sub-01_dwi.nii")  # found beside it: name.bval/name.bvec for name.nii
+    assert c.bval_path.endswith("sub-01_dwi.bval") and c.bvec_path.endswith("sub-01_dwi.bvec")
+    np.testing.assert_array_equal(a.bvecs, c.bvecs)

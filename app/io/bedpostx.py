@@ -20,7 +20,12 @@ from gpu.ballstick import dyadic_mean
 from ..errors import InputError
 from ..model import DyadsVolume
 from .dwi import fsl_to_voxel_vectors, save_gradients
-from .nifti import load_image, read_array, save_volume
+from .nifti import load_image, read_array, read_raw, save_volume
+
+RERUN = (
+    "Give a complete bedpostX output folder (merged_th/ph/f{i}samples and nodif_brain_mask on one grid); "
+    "if files are damaged, run bedpostx or tractlens fit-ballstick again"
+)
 
 #: Fractions below this are not drawn as dyads (FSL's ``dyads{i}_thr0.05`` convention).
 DYAD_F_THRESHOLD = 0.05
@@ -72,11 +77,12 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
         raise InputError("not a folder", path=folder, fix="Give the bedpostX output folder (e.g. subject.bedpostX)")
     mask_path = _find(folder, "nodif_brain_mask")
     if mask_path is None:
-        raise InputError("no nodif_brain_mask in this folder: not a bedpostX output", path=folder)
+        raise InputError("no nodif_brain_mask in this folder: not a bedpostX output", path=folder, fix=RERUN)
     mask_img = load_image(mask_path, "bedpostX mask")
-    mask = np.asanyarray(mask_img.dataobj) != 0
-    if mask.ndim != 3:
-        raise InputError("nodif_brain_mask must be 3-D", path=mask_path)
+    if len(mask_img.shape) != 3:
+        raise InputError(f"nodif_brain_mask must be 3-D, it has shape {mask_img.shape}", path=mask_path, fix=RERUN)
+    raw = read_raw(mask_img, mask_path, "bedpostX mask")
+    mask = (raw != 0) & np.isfinite(raw)
     thetas, phis, fs = [], [], []
     fibre = 1
     while _find(folder, f"merged_th{fibre}samples") is not None:
@@ -84,26 +90,33 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
         for name in ("th", "ph", "f"):
             path = _find(folder, f"merged_{name}{fibre}samples")
             if path is None:
-                raise InputError(f"merged_{name}{fibre}samples is missing", path=folder)
+                raise InputError(f"merged_{name}{fibre}samples is missing", path=folder, fix=RERUN)
             img = load_image(path, "bedpostX samples")
-            data = read_array(img, path)
+            shape = tuple(img.shape)
+            if len(shape) not in (3, 4):
+                raise InputError(
+                    f"samples must be a 4-D image (X, Y, Z, samples), this one has shape {shape}", path=path, fix=RERUN
+                )
+            if shape[:3] != mask.shape:
+                raise InputError(f"samples have grid {shape[:3]} but the mask has {mask.shape}", path=path, fix=RERUN)
+            if not np.allclose(img.affine, mask_img.affine, atol=1e-3):
+                raise InputError(
+                    "samples and nodif_brain_mask are on different grids (affines differ)", path=path, fix=RERUN
+                )
+            data = read_array(img, path, what="bedpostX samples")
             if data.ndim == 3:
                 data = data[..., None]
-            if data.shape[:3] != mask.shape:
-                raise InputError(f"samples have grid {data.shape[:3]} but the mask has {mask.shape}", path=path)
-            if not np.allclose(img.affine, mask_img.affine, atol=1e-3):
-                raise InputError("samples and nodif_brain_mask are on different grids (affines differ)", path=path)
             parts.append(np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0))
         if len({p.shape for p in parts}) != 1:
-            raise InputError(f"theta, phi and f samples of fibre {fibre} differ in shape", path=folder)
+            raise InputError(f"theta, phi and f samples of fibre {fibre} differ in shape", path=folder, fix=RERUN)
         thetas.append(parts[0])
         phis.append(parts[1])
         fs.append(parts[2])
         fibre += 1
     if not thetas:
-        raise InputError("no merged_th1samples in this folder: not a bedpostX output", path=folder)
+        raise InputError("no merged_th1samples in this folder: not a bedpostX output", path=folder, fix=RERUN)
     if len({t.shape for t in thetas}) != 1:
-        raise InputError("fibre populations have different numbers of samples", path=folder)
+        raise InputError("fibre populations have different numbers of samples", path=folder, fix=RERUN)
     return BedpostSamples(
         theta=np.stack(thetas, axis=3),
         phi=np.stack(phis, axis=3),
@@ -166,7 +179,9 @@ def save_bedpostx(
     """
     out = Path(folder)
     if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", path=out)
+        raise InputError(
+            "the output path exists and is not a folder", path=out, fix="Give a folder name, or move the file away"
+        )
     out.mkdir(parents=True, exist_ok=True)
     aff = samples.affine
     dyads, dispersion = samples.dyads()

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import InputError
 from ..model import Volume
 from ._atomic import atomic_path, split_suffix
-from .nifti import check_exists, load_image, read_array
+from .nifti import check_exists, load_image, read_array, reason
 
 log = logging.getLogger(__name__)
 
@@ -93,26 +93,81 @@ def find_gradient_files(dwi_path: Path) -> tuple[Path | None, Path | None]:
     return None, None
 
 
-def _read_table(path: Path, ndmin: int, what: str, fix: str) -> np.ndarray:
+MAX_TABLE_BYTES = 16 * 2**20  # a bval/bvec file of a million volumes is far smaller
+
+
+def _read_table(path: Path, what: str, fix: str) -> np.ndarray:
+    """A whitespace-separated table of numbers (``#`` comments allowed) as a 2-D float64 array.
+
+    Written out rather than ``np.loadtxt`` so that an empty file, text that is not numbers, or
+    rows of different lengths each give an :class:`InputError` naming the line (loadtxt warns
+    on stderr for an empty file and its messages name no file).
+    """
     try:
-        return np.loadtxt(path, dtype=np.float64, ndmin=ndmin)
-    except Exception as exc:
-        raise InputError(f"could not be read as {what} ({exc})", path=path, fix=fix) from exc
+        size = path.stat().st_size
+        if size > MAX_TABLE_BYTES:
+            raise InputError(
+                f"is {size / 2**20:.0f} MiB, far too large for {what}", path=path, fix=f"Check the file: {fix}"
+            )
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"could not be read ({reason(exc)})", path=path, fix="Check the file's permissions") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputError(f"could not be read as {what} (it is not a text file)", path=path, fix=fix) from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        tokens = line.split("#", 1)[0].split()
+        if not tokens:
+            continue
+        try:
+            rows.append([_number(token) for token in tokens])
+        except ValueError:
+            bad = next(token for token in tokens if not _is_number(token))
+            raise InputError(
+                f"could not be read as {what}: line {number} holds {bad[:20]!r}, not a number", path=path, fix=fix
+            ) from None
+    if not rows:
+        raise InputError(f"is empty: no {what} in it", path=path, fix=fix)
+    if len({len(row) for row in rows}) != 1:
+        lengths = sorted({len(row) for row in rows})
+        raise InputError(
+            f"could not be read as {what}: its rows have different numbers of values ({lengths})", path=path, fix=fix
+        )
+    return np.array(rows, dtype=np.float64)
+
+
+def _number(token: str) -> float:
+    """A decimal number as numpy writes them (also nan/inf, refused later); not 1_000 or non-ASCII digits."""
+    if not token.isascii() or "_" in token:
+        raise ValueError(token)
+    return float(token)
+
+
+def _is_number(token: str) -> bool:
+    try:
+        _number(token)
+    except ValueError:
+        return False
+    return True
 
 
 def read_bvals(path: Path) -> np.ndarray:
-    values = _read_table(path, 1, "b-values", "It must hold numbers separated by spaces")
-    if values.ndim == 2 and 1 in values.shape:
-        values = values.ravel()
-    if values.ndim != 1:
-        raise InputError(f"b-values must be one row of numbers, found shape {values.shape}", path=path)
+    """b-values (s/mm²): one row (or one column) of finite, non-negative numbers."""
+    fix = "A bval file holds one row of b-values (s/mm²) separated by spaces, one per volume"
+    values = _read_table(path, "b-values", fix)
+    if 1 not in values.shape:
+        raise InputError(f"b-values must be one row of numbers, found {values.shape[0]} rows", path=path, fix=fix)
+    values = values.ravel()
     if not np.isfinite(values).all() or (values < 0).any():
-        raise InputError("b-values must be finite and non-negative", path=path)
+        raise InputError("b-values must be finite and non-negative", path=path, fix=fix)
     return values
 
 
 def read_bvecs(path: Path, count: int) -> np.ndarray:
-    values = _read_table(path, 2, "b-vectors", "It must hold three rows of numbers")
+    """b-vectors as (count, 3): FSL's three rows, or three columns (MRtrix/DIPY style)."""
+    values = _read_table(path, "b-vectors", "It must hold three rows of numbers, one column per volume")
     if values.shape == (3, count):
         return values.T.copy()
     if values.shape == (count, 3):  # MRtrix/DIPY-style columns: accept, FSL writes rows
@@ -124,14 +179,23 @@ def read_bvecs(path: Path, count: int) -> np.ndarray:
     )
 
 
-def check_gradients(bvals: np.ndarray, bvecs: np.ndarray, bvec_path, warnings: list[str]) -> np.ndarray:
-    """Validate b-vectors against b-values; normalise nearly-unit vectors with a warning."""
-    dw = bvals > B0_THRESHOLD
+def check_gradients(
+    bvals: np.ndarray, bvecs: np.ndarray, bvec_path, warnings: list[str], b0_threshold: float = B0_THRESHOLD
+) -> np.ndarray:
+    """Validate b-vectors against b-values; normalise nearly-unit vectors with a warning.
+
+    Volumes with b <= ``b0_threshold`` are non-diffusion-weighted: their vectors are set to 0."""
+    dw = bvals > b0_threshold
     bvecs = bvecs.copy()
     bvecs[~dw & ~np.isfinite(bvecs).all(axis=1)] = 0.0
     if not np.isfinite(bvecs[dw]).all():
-        raise InputError("b-vectors of diffusion-weighted volumes contain NaN or Inf", path=bvec_path)
-    norms = np.linalg.norm(bvecs, axis=1)
+        raise InputError(
+            "b-vectors of diffusion-weighted volumes contain NaN or Inf",
+            path=bvec_path,
+            fix="Use the bvec file written with this series (every b>0 volume needs a direction)",
+        )
+    with np.errstate(over="ignore", invalid="ignore"):  # 1e200 components: the norm is inf, refused below
+        norms = np.linalg.norm(bvecs, axis=1)
     zero = dw & (norms < 1e-6)
     if zero.any():
         raise InputError(
@@ -152,7 +216,8 @@ def check_gradients(bvals: np.ndarray, bvecs: np.ndarray, bvec_path, warnings: l
         warnings.append(
             f"{int(off.sum())} b-vector(s) were not unit length (up to {worst:.4f} off) and were normalised"
         )
-    bvecs[dw] /= norms[dw, None]
+    with np.errstate(all="ignore"):
+        bvecs[dw] /= norms[dw, None]
     bvecs[~dw] = 0.0
     return bvecs
 
@@ -169,9 +234,10 @@ def load_dwi(
     Finds ``name.bval``/``name.bvec`` beside ``name.nii.gz`` when not given.
     Raises :class:`InputError` for: a missing or non-NIfTI file, a 3-D image,
     missing gradient files, b-value/b-vector counts that differ from the
-    number of volumes, no b=0 volume, non-unit or zero b-vectors. NaN/Inf and
-    zero-signal voxels are loaded (the fit flags them) and reported in
-    ``warnings``.
+    number of volumes, no b=0 volume (b <= ``b0_threshold``), non-unit or zero
+    b-vectors, and a damaged header or data (see :func:`~app.io.nifti.check_header`).
+    Voxels holding NaN/Inf are loaded and counted in ``warnings``; voxels without
+    signal at b=0 are loaded too and flagged by the fit, not here.
     """
     path = check_exists(path, "diffusion data")
     img = load_image(path, "diffusion data")
@@ -183,7 +249,11 @@ def load_dwi(
             fix="Give the 4-D diffusion-weighted series (one volume per gradient direction)",
         )
     if len(shape) != 4:
-        raise InputError(f"a diffusion series must be 4-D, this image has shape {shape}", path=path)
+        raise InputError(
+            f"a diffusion series must be 4-D, this image has shape {shape}",
+            path=path,
+            fix="Give the 4-D diffusion-weighted series (X, Y, Z, one volume per gradient direction)",
+        )
     n_volumes = int(shape[3])
     if bval is None or bvec is None:
         found_bval, found_bvec = find_gradient_files(path)
@@ -214,8 +284,8 @@ def load_dwi(
             path=bval_path,
             fix="A tensor fit needs at least one non-diffusion-weighted volume; check the b-values",
         )
-    bvecs = check_gradients(bvals, bvecs, bvec_path, warnings)
-    data = read_array(img, path)
+    bvecs = check_gradients(bvals, bvecs, bvec_path, warnings, b0_threshold)
+    data = read_array(img, path, what="diffusion data")
     _report_bad_voxels(data, warnings)
     affine = img.affine.copy()
     return DWI(

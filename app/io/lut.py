@@ -31,6 +31,9 @@ class LabelTable:
         return self.names.get(int(label), f"label_{int(label)}")
 
 
+LUT_FIX = "Each line must be 'index name [R G B [A]]' (FreeSurfer/MRtrix LUT), or give a BIDS dseg.tsv"
+
+
 def _hex_colour(text: str) -> tuple[int, int, int] | None:
     match = re.fullmatch(r"#?([0-9a-fA-F]{6})", text.strip())
     if not match:
@@ -53,13 +56,17 @@ def load_lut(path: str | os.PathLike) -> LabelTable:
     table = LabelTable(source=str(path))
     lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
-        raise InputError("the lookup table has no entries", path=path)
+        raise InputError("the lookup table has no entries", path=path, fix=LUT_FIX)
     columns = None
     first = re.split(r"\t|,", lines[0].strip()) if ("\t" in lines[0] or "," in lines[0]) else lines[0].split()
     if first and first[0].strip().lower() == "index":
         columns = [c.strip().lower() for c in first]
         if "name" not in columns:
-            raise InputError("the table's header has no 'name' column", path=path)
+            raise InputError(
+                "the table's header has no 'name' column",
+                path=path,
+                fix="A BIDS dseg.tsv has 'index' and 'name' columns",
+            )
         lines = lines[1:]
     for number, line in enumerate(lines, start=2 if columns else 1):
         parts = re.split(r"\t|,", line.strip()) if columns or "," in line else line.split()
@@ -70,17 +77,17 @@ def load_lut(path: str | os.PathLike) -> LabelTable:
             raise InputError(
                 f"line {number} does not start with a label number: {line.strip()[:60]!r}",
                 path=path,
-                fix="Each line must be 'index name [R G B [A]]'",
+                fix=LUT_FIX,
             ) from None
         if label < 0:
-            raise InputError(f"line {number}: label {label} is negative", path=path)
+            raise InputError(f"line {number}: label {label} is negative", path=path, fix="Label numbers start at 0")
         if columns:
             row = dict(zip(columns, parts))
             name = row.get("name", "")
             colour = _hex_colour(row.get("color", row.get("colour", "")))
         else:
             if len(parts) < 2:
-                raise InputError(f"line {number} has a label number but no name", path=path)
+                raise InputError(f"line {number} has a label number but no name", path=path, fix=LUT_FIX)
             name = parts[1]
             colour = None
             if len(parts) >= 5:
@@ -89,7 +96,11 @@ def load_lut(path: str | os.PathLike) -> LabelTable:
                 except ValueError:
                     colour = None
         if label in table.names and table.names[label] != name:
-            raise InputError(f"label {label} is named twice ({table.names[label]!r}, {name!r})", path=path)
+            raise InputError(
+                f"label {label} is named twice ({table.names[label]!r}, {name!r})",
+                path=path,
+                fix="Keep one line per label number",
+            )
         table.names[label] = name or f"label_{label}"
         if colour is not None:
             table.colours[label] = colour

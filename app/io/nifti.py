@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from pathlib import Path
 
 import nibabel as nib
@@ -13,6 +15,34 @@ from ..model import Volume
 from ._atomic import atomic_path
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
+#: deflate expands at most ~1032:1, so a .nii.gz cannot hold more than this times its size.
+MAX_GZIP_RATIO = 1100
+REEXPORT = "The file is damaged or was not written as NIfTI; export it again from the tool that made it"
+
+
+def reason(exc: BaseException, limit: int = 200) -> str:
+    """A library's error message as one short line (they may hold newlines and paths)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable, else free pages)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**28 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def check_exists(path: str | os.PathLike, what: str) -> Path:
@@ -23,10 +53,17 @@ def check_exists(path: str | os.PathLike, what: str) -> Path:
 
 
 def load_image(path: str | os.PathLike, what: str = "image") -> nib.Nifti1Image:
-    """Open a NIfTI image lazily, turning nibabel's errors into :class:`InputError`."""
+    """Open a NIfTI image lazily, turning nibabel's errors into :class:`InputError`.
+
+    The header is checked (:func:`check_header`) before any data is read, so a damaged
+    header never makes a reader allocate or read what the file cannot hold."""
     path = check_exists(path, what)
     if path.is_dir():
-        raise InputError(f"expected a NIfTI file for the {what} but this is a folder", path=path)
+        raise InputError(
+            f"expected a NIfTI file for the {what} but this is a folder",
+            path=path,
+            fix="Give the .nii or .nii.gz file inside it",
+        )
     lower = path.name.lower()
     if not lower.endswith(NIFTI_SUFFIXES):
         raise InputError(
@@ -35,69 +72,201 @@ def load_image(path: str | os.PathLike, what: str = "image") -> nib.Nifti1Image:
             fix="Convert it first, e.g. with dcm2niix for DICOM or mrconvert for .mif",
         )
     try:
-        img = nib.load(path)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img = nib.load(path)
     except Exception as exc:  # nibabel raises many types for corrupt files
         raise InputError(
-            f"could not be read as NIfTI ({exc})",
+            f"could not be read as NIfTI ({reason(exc)})",
             path=path,
             fix="The file may be truncated or not a NIfTI image; re-export it",
-        ) from exc
+        ) from None
     if not isinstance(img, nib.Nifti1Image | nib.Nifti2Image):
-        raise InputError(f"is a {type(img).__name__}, not a NIfTI image", path=path)
+        raise InputError(
+            f"is a {type(img).__name__}, not a NIfTI image",
+            path=path,
+            fix="Convert it to NIfTI (e.g. with mrconvert or fslchfiletype)",
+        )
+    check_header(img, path, what)
     return img
 
 
-def read_array(img, path, dtype=np.float32) -> np.ndarray:
+def check_header(img, path: str | os.PathLike, what: str = "image") -> None:
+    """Refuse a header that cannot describe this file's data, before the data is read.
+
+    Checks: every dimension at least 1; a real-valued data type; the data the header
+    announces fits the file (uncompressed: between the data offset and the end; gzip:
+    at most :data:`MAX_GZIP_RATIO` times the compressed size) and the memory available;
+    a finite, invertible voxel-to-world affine (which also covers zero or NaN voxel sizes
+    where they define the geometry). Raises :class:`InputError`.
+    """
+    path = Path(path)
+    header = img.header
     try:
-        return np.asarray(img.get_fdata(dtype=np.float32 if dtype == np.float32 else np.float64), dtype=dtype)
+        shape = tuple(int(s) for s in header.get_data_shape())
+        dtype = np.dtype(header.get_data_dtype())
+        offset = int(header.get_data_offset())
+    except Exception as exc:
+        raise InputError(f"the {what}'s header is damaged ({reason(exc)})", path=path, fix=REEXPORT) from None
+    if not shape or min(shape) < 1:
+        raise InputError(
+            f"the {what}'s header gives it the size {shape}: every dimension must be at least 1",
+            path=path,
+            fix=REEXPORT,
+        )
+    if dtype.kind not in "biuf" or dtype.fields is not None or dtype.subdtype is not None:
+        raise InputError(
+            f"the {what} stores {'colour (RGB)' if dtype.fields else dtype.name} values; TractLens reads real numbers",
+            path=path,
+            fix="Convert it to a float or integer image (e.g. fslmaths IN OUT -odt float)",
+        )
+    voxels = math.prod(shape)
+    nbytes = voxels * dtype.itemsize
+    size = path.stat().st_size
+    compressed = path.name.lower().endswith(".gz")
+    if offset < 0:
+        raise InputError(f"the {what}'s header has a negative data offset ({offset})", path=path, fix=REEXPORT)
+    if not compressed and offset + nbytes > size:
+        raise InputError(
+            f"the file is truncated or its header is wrong: the header announces {shape} {dtype} values "
+            f"({nbytes} bytes from byte {offset}) but the file has {size} bytes",
+            path=path,
+            fix="Copy or export the file again (an interrupted download or copy truncates it)",
+        )
+    if compressed and offset + nbytes > MAX_GZIP_RATIO * size + 4096:
+        raise InputError(
+            f"the header announces {shape} {dtype} values ({_gib(nbytes)}), more than a {size}-byte .nii.gz "
+            "can hold: the header (or the file) is damaged",
+            path=path,
+            fix="Copy or export the file again",
+        )
+    needed = voxels * 8  # the largest form a loader makes (float64)
+    free = available_memory()
+    if free is not None and needed > free:
+        raise InputError(
+            f"the {what} ({shape}) needs {_gib(needed)} of memory to load, {_gib(free)} is available",
+            path=path,
+            fix="Close other programs, or crop or downsample the image first",
+        )
+    check_affine(img.affine, path, what)
+
+
+def check_affine(affine, path, what: str = "image", fix: str | None = None) -> np.ndarray:
+    """A voxel-to-world affine that is finite and invertible, as float64; else :class:`InputError`."""
+    affine = np.asarray(affine, dtype=np.float64)
+    fix = fix or (
+        "Its voxel sizes or orientation (sform/qform, pixdim) are missing or damaged; repair the header "
+        "(e.g. fslorient, or nibabel) or export the image again"
+    )
+    if affine.shape != (4, 4) or not np.isfinite(affine).all():
+        raise InputError(f"the {what}'s voxel-to-world transform is not a finite 4x4 matrix", path=path, fix=fix)
+    with np.errstate(all="ignore"):
+        singular = np.linalg.svd(affine[:3, :3], compute_uv=False)
+    if not np.isfinite(singular).all() or singular[-1] <= 1e-8 * max(singular[0], 1e-300) or singular[-1] < 1e-12:
+        raise InputError(
+            f"the {what}'s voxel-to-world transform is singular (a voxel size is zero, or two axes coincide)",
+            path=path,
+            fix=fix,
+        )
+    return affine
+
+
+def _read(img, path, what: str, fn) -> np.ndarray:
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn()
+    except MemoryError:
+        raise InputError(
+            f"the {what} is too large for the memory available", path=path, fix="Crop or downsample it first"
+        ) from None
     except Exception as exc:
         raise InputError(
-            f"the image data could not be read ({exc})", path=path, fix="The file may be truncated"
-        ) from exc
+            f"the image data could not be read ({reason(exc)})",
+            path=path,
+            fix="The file may be truncated or damaged; copy or export it again",
+        ) from None
+
+
+def read_array(img, path, dtype=np.float32, what: str = "image") -> np.ndarray:
+    """The image's data, scaled, as float32 (or float64); values that overflow become ±inf."""
+    wanted = np.float32 if dtype == np.float32 else np.float64
+    return _read(img, path, what, lambda: np.asarray(img.get_fdata(dtype=wanted), dtype=dtype))
+
+
+def read_raw(img, path, what: str = "image") -> np.ndarray:
+    """The image's data in its stored type (scaled, when the header says so)."""
+    return _read(img, path, what, lambda: np.asanyarray(img.dataobj))
+
+
+def _spatial_shape(img, path, what: str, allowed: tuple[int, ...]) -> tuple[int, ...]:
+    """The header's shape with trailing length-1 axes beyond the third dropped; checked against ``allowed``."""
+    shape = tuple(int(s) for s in img.shape)
+    while len(shape) > max(allowed) and shape[-1] == 1:
+        shape = shape[:-1]
+    if len(shape) not in allowed:
+        dims = " or ".join(f"{n}-D" for n in allowed)
+        raise InputError(
+            f"the {what} must be a {dims} image, this one has shape {tuple(img.shape)}",
+            path=path,
+            fix="A 2-D image (one slice) or a series cannot be used here; give the 3-D image",
+        )
+    return shape
 
 
 def load_volume(path: str | os.PathLike, *, name: str | None = None, kind: str = "scalar") -> Volume:
     """Load a 3-D (or 4-D) NIfTI volume as a :class:`Volume` in its voxel space."""
     img = load_image(path, "volume")
-    data = read_array(img, path)
+    shape = _spatial_shape(img, path, "volume", (3, 4))
+    data = read_array(img, path, what="volume").reshape(shape)
     return Volume(name or Path(path).name.split(".")[0], data, img.affine.copy(), kind=kind, source=str(path))
 
 
 def load_3d(path: str | os.PathLike, reference: Volume | None, what: str) -> np.ndarray:
     """The raw array of a 3-D image (a single-volume 4-D one is accepted), on ``reference``'s grid."""
     img = load_image(path, what)
-    data = np.asanyarray(img.dataobj)
-    if data.ndim == 4 and data.shape[3] == 1:
-        data = data[..., 0]
-    if data.ndim != 3:
-        raise InputError(f"the {what} must be a 3-D image, this one has shape {data.shape}", path=path)
+    shape = _spatial_shape(img, path, what, (3,))
     if reference is not None:
-        check_same_grid(img.affine, data.shape, reference, path, what)
-    return data
+        check_same_grid(img.affine, shape, reference, path, what)
+    return read_raw(img, path, what).reshape(shape)
 
 
 def load_mask(path: str | os.PathLike, reference: Volume | None = None, *, what: str = "mask") -> np.ndarray:
     """Load a binary mask (non-zero = inside), checked against ``reference``'s grid.
 
-    Raises :class:`InputError` when the mask is not 3-D, does not match the
-    reference's shape or affine, or is empty.
+    NaN voxels count as outside. Raises :class:`InputError` when the mask is not 3-D,
+    does not match the reference's shape or affine, or is empty.
     """
     data = load_3d(path, reference, what)
-    finite = np.isfinite(data)
-    mask = (data != 0) & finite
+    mask = (data != 0) & np.isfinite(data)
     if not mask.any():
         raise InputError(f"the {what} is empty (no non-zero voxel)", path=path, fix="Draw or choose a non-empty region")
     return mask
 
 
+LABEL_MAX = int(np.iinfo(np.int32).max)
+
+
 def load_labels(path: str | os.PathLike, reference: Volume | None = None) -> np.ndarray:
-    """Load an integer label volume (atlas, parcellation) as int32, checked against ``reference``."""
-    values = np.asarray(load_3d(path, reference, "label volume"), dtype=np.float64)
-    if not np.isfinite(values).all() or (values != np.round(values)).any() or (values < 0).any():
+    """Load an integer label volume (atlas, parcellation) as int32, checked against ``reference``.
+
+    Labels must be whole numbers from 0 to 2^31 - 1; NaN, Inf, negative or fractional values
+    mean the image is not a parcellation (:class:`InputError`)."""
+    raw = load_3d(path, reference, "label volume")
+    values = np.asarray(raw, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        bad = not np.isfinite(values).all() or (values != np.round(values)).any() or (values < 0).any()
+    if bad:
         raise InputError(
             "label values must be non-negative whole numbers (this looks like a continuous map)",
             path=path,
             fix="Give the parcellation itself, not a probability or intensity image",
+        )
+    if values.size and values.max() > LABEL_MAX:
+        raise InputError(
+            f"label values must be below 2^31 (the largest here is {values.max():.0f})",
+            path=path,
+            fix="Renumber the regions (e.g. with labelconvert) or check that this is a parcellation",
         )
     return values.astype(np.int32)
 

@@ -93,22 +93,22 @@ def load_tensor(path: str | os.PathLike, order: str | None = None) -> Volume:
     if not path.exists():
         raise InputError("tensor input not found", path=path, fix="Give a 6-volume tensor NIfTI or a dtifit folder")
     if order is not None and order not in TENSOR_ORDERS:
-        raise InputError(f"unknown tensor order {order!r}", fix=f"Use one of: {', '.join(TENSOR_ORDERS)}")
+        raise InputError(f"unknown tensor order {order!r}", path=path, fix=f"Use one of: {', '.join(TENSOR_ORDERS)}")
     if path.is_dir():
         return _load_dtifit_folder(path)
     img = load_image(path, "tensor")
-    data = read_array(img, path, dtype=np.float64)
-    if data.ndim == 5 and data.shape[3] == 1 and data.shape[4] == 6:
-        data = data[:, :, :, 0, :]
-        intent = img.header.get_intent()[0]
-        if order is None and intent in ("symmetric matrix", NIFTI_INTENT_SYMMATRIX):
-            order = "dipy"
-    if data.ndim != 4 or data.shape[3] != 6:
+    shape = tuple(img.shape)
+    if not (len(shape) == 4 and shape[3] == 6) and not (len(shape) == 5 and shape[3:] == (1, 6)):
         raise InputError(
-            f"a tensor file must have 6 volumes (X, Y, Z, 6); this one has shape {data.shape}",
+            f"a tensor file must have 6 volumes (X, Y, Z, 6); this one has shape {shape}",
             path=path,
             fix="Give the tensor output of dtifit, dipy_fit_dti, dwi2tensor or tractlens fit-dti",
         )
+    data = read_array(img, path, dtype=np.float64, what="tensor")
+    if data.ndim == 5:  # (X, Y, Z, 1, 6): NIfTI's layout for a symmetric matrix
+        data = data[:, :, :, 0, :]
+        if order is None and int(img.header["intent_code"]) == NIFTI_INTENT_SYMMATRIX:
+            order = "dipy"
     if order is None:
         raise InputError(
             "the element order of this 6-volume tensor file cannot be known from its contents",
@@ -117,7 +117,8 @@ def load_tensor(path: str | os.PathLike, order: str | None = None) -> Volume:
         )
     tensor = data[..., list(_FILE_INDEX[order])]
     tensor = _sanitise(tensor, path)
-    tensor = from_file_frame(tensor, order, img.affine)
+    with np.errstate(all="ignore"):  # absurd (1e300) components overflow: background, as NaN is
+        tensor = _sanitise(from_file_frame(tensor, order, img.affine), path)
     return Volume(path.name.split(".")[0], tensor, img.affine.copy(), kind="tensor", source=str(path))
 
 
@@ -135,25 +136,42 @@ def _load_dtifit_folder(folder: Path) -> Volume:
     paths = {n: _dtifit_file(folder, prefix, n) for n in ("V1", "V2", "V3", "L1", "L2", "L3")}
     missing = [n for n, p in paths.items() if p is None]
     if missing:
-        raise InputError(f"dtifit folder lacks {', '.join(missing)} and has no tensor file", path=folder)
+        raise InputError(
+            f"dtifit folder lacks {', '.join(missing)} and has no tensor file",
+            path=folder,
+            fix="Give a complete dtifit output folder (V1-V3 with L1-L3, or the tensor with --save_tensor)",
+        )
     imgs = {n: load_image(p, n) for n, p in paths.items()}
     affine = imgs["V1"].affine
-    vecs = [read_array(imgs[f"V{i}"], paths[f"V{i}"], np.float64) for i in (1, 2, 3)]
-    vals = [read_array(imgs[f"L{i}"], paths[f"L{i}"], np.float64) for i in (1, 2, 3)]
+    grid = tuple(imgs["V1"].shape[:3])
+    for name, img in imgs.items():
+        expected = (*grid, 3) if name.startswith("V") else grid
+        if tuple(img.shape) != expected and not (name.startswith("L") and tuple(img.shape) == (*grid, 1)):
+            raise InputError(
+                f"{name} has shape {tuple(img.shape)}, expected {expected} (the grid of V1)",
+                path=paths[name],
+                fix="The dtifit outputs must come from one run; run dtifit (or tractlens fit-dti) again",
+            )
+    vecs = [read_array(imgs[f"V{i}"], paths[f"V{i}"], np.float64, f"V{i}") for i in (1, 2, 3)]
+    vals = [read_array(imgs[f"L{i}"], paths[f"L{i}"], np.float64, f"L{i}").reshape(grid) for i in (1, 2, 3)]
     comps = [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2), (2, 2)]
-    tensor = np.zeros((*vals[0].shape, 6))
-    for v, lam in zip(vecs, vals, strict=True):
-        for c, (i, j) in enumerate(comps):
-            tensor[..., c] += lam * v[..., i] * v[..., j]
+    tensor = np.zeros((*grid, 6))
+    with np.errstate(all="ignore"):  # overflowing products become inf: _sanitise treats them as background
+        for v, lam in zip(vecs, vals, strict=True):
+            for c, (i, j) in enumerate(comps):
+                tensor[..., c] += lam * v[..., i] * v[..., j]
     tensor = _sanitise(tensor, folder)
-    tensor = from_file_frame(tensor, "fsl", affine)
+    with np.errstate(all="ignore"):
+        tensor = _sanitise(from_file_frame(tensor, "fsl", affine), folder)
     return Volume(prefix or folder.name, tensor, affine.copy(), kind="tensor", source=str(folder))
 
 
 def _sanitise(tensor: np.ndarray, path) -> np.ndarray:
     bad = ~np.isfinite(tensor).all(axis=-1)
     if bad.all():
-        raise InputError("every voxel of the tensor is NaN or Inf", path=path)
+        raise InputError(
+            "every voxel of the tensor is NaN or Inf", path=path, fix="The file is damaged; fit the tensors again"
+        )
     if bad.any():
         tensor = tensor.copy()
         tensor[bad] = 0.0

@@ -9,18 +9,22 @@ allows: .trk and .trx keep both; .tck keeps neither (a warning says so).
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import struct
+import warnings
 from pathlib import Path
 
 import nibabel as nib
 import numpy as np
 from nibabel.streamlines import ArraySequence, Field
 from nibabel.streamlines import Tractogram as NibTractogram
+from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
 from ..errors import InputError
 from ..model import Tractogram, Volume
 from ._atomic import atomic_path
-from .nifti import load_image
+from .nifti import check_affine, load_image, reason
 from .outputs import check_output_file
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,15 @@ def _reference_grid(reference) -> tuple[np.ndarray, tuple[int, int, int]]:
     return np.asarray(affine, dtype=np.float64), tuple(int(d) for d in dims)
 
 
+_DAMAGED = {
+    ".trk": "The file is damaged or not a TrackVis file; write it again (e.g. with DIPY, TrackVis or tractlens)",
+    ".tck": "The file is damaged or not an MRtrix track file; write it again (e.g. with tckgen or tckedit)",
+    ".trx": "The file is damaged or not a TRX archive; write it again (e.g. with tff_convert_tractogram)",
+}
+#: .trk headers hold at most 10 scalar and 10 property names.
+TRK_MAX_VALUES = 10
+
+
 def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tractogram:
     """Read .trk/.tck/.trx into voxel coordinates of its grid.
 
@@ -65,54 +78,139 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
     :class:`Volume`, a NIfTI path or ``(affine, dims)``) gives it. Without one,
     a .tck stays in millimetres (identity affine). ``grid`` ``(affine, dims)`` overrides the
     file's own grid (sessions keep the exact float64 affine; the files hold it as float32).
+
+    Raises :class:`InputError` for a missing, damaged or inconsistent file: a .trk whose
+    header or point counts do not fit the file, a singular or non-finite voxel-to-RAS
+    transform, NaN/Inf coordinates, scalars that do not match the streamlines.
     """
     path = Path(path)
     suffix = _suffix(path)
     if not path.exists():
-        raise InputError("tractogram not found", path=path)
+        raise InputError("tractogram not found", path=path, fix="Check the path and spelling")
+    if not path.is_file():
+        raise InputError("expected a tractogram file but this is a folder", path=path, fix="Give the file itself")
+    if grid is None and suffix == ".tck":
+        grid = _reference_grid(reference)
     try:
-        if suffix == ".trx":
-            return _load_trx(path, grid)
-        tract_file = nib.streamlines.load(str(path))
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if suffix == ".trx":
+                arrays = _read_trx(path, grid)
+            else:
+                if suffix == ".trk":
+                    _check_trk(path)
+                arrays = _read_nibabel(path, grid)
     except InputError:
         raise
+    except MemoryError:
+        raise InputError(
+            "the tractogram is too large for the memory available (or its header is damaged)",
+            path=path,
+            fix="Split it (e.g. tckedit -number) or check the file",
+        ) from None
     except Exception as exc:
-        raise InputError(f"could not be read as a {suffix} tractogram ({exc})", path=path) from exc
-    if grid is not None:
-        affine, dims = np.asarray(grid[0], dtype=np.float64), tuple(int(d) for d in grid[1])
-    elif suffix == ".trk":
+        raise InputError(
+            f"could not be read as a {suffix} tractogram ({reason(exc)})", path=path, fix=_DAMAGED[suffix]
+        ) from None
+    return _tractogram_from_mm(*arrays, path)
+
+
+def _read_nibabel(path: Path, grid):
+    tract_file = nib.streamlines.load(str(path))
+    if grid is None:  # .trk: its own grid
         header = tract_file.header
-        affine = np.asarray(header[Field.VOXEL_TO_RASMM], dtype=np.float64)
-        dims = tuple(int(d) for d in header[Field.DIMENSIONS])
-    else:
-        affine, dims = _reference_grid(reference)
+        grid = (header[Field.VOXEL_TO_RASMM], header[Field.DIMENSIONS])
     tract = tract_file.tractogram
-    return _tractogram_from_mm(
+    return (
         tract.streamlines.get_data(),
         tract.streamlines._lengths,
-        affine,
-        dims,
+        grid,
         {k: v.get_data() for k, v in tract.data_per_point.items()},
         dict(tract.data_per_streamline.items()),
-        path,
     )
 
 
-def _load_trx(path: Path, grid=None) -> Tractogram:
+def _check_trk(path: Path) -> None:
+    """Walk a .trk file's records before nibabel reads them: counts must be sane and fit the file.
+
+    nibabel reads each streamline's announced point count in one go, so a damaged count
+    (negative, or 2^31) would make it request gigabytes; a damaged n_count or scalar count
+    makes it misread everything after."""
+    size = path.stat().st_size
+    fix = _DAMAGED[".trk"]
+    if size < TRK_FIELDS.itemsize:
+        raise InputError(
+            f"could not be read as a .trk tractogram: it has {size} bytes, a header alone has 1000", path=path, fix=fix
+        )
+    with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        raw = data[: TRK_FIELDS.itemsize]  # a copy: a view would keep the map from closing
+        header = np.frombuffer(raw, dtype=TRK_FIELDS)[0]
+        endian = "<"
+        if int(header["hdr_size"]) != TRK_FIELDS.itemsize:
+            header = np.frombuffer(raw, dtype=TRK_FIELDS.newbyteorder())[0]
+            endian = ">"
+            if int(header["hdr_size"]) != TRK_FIELDS.itemsize:
+                raise InputError(
+                    "could not be read as a .trk tractogram (its header size field is wrong: not a TrackVis file)",
+                    path=path,
+                    fix=fix,
+                )
+        n_scalars = int(header["nb_scalars_per_point"])
+        n_properties = int(header["nb_properties_per_streamline"])
+        n_count = int(header["nb_streamlines"])
+        if not (0 <= n_scalars <= TRK_MAX_VALUES and 0 <= n_properties <= TRK_MAX_VALUES):
+            raise InputError(
+                f"the .trk header announces {n_scalars} scalars per point and {n_properties} per streamline "
+                f"(0 to {TRK_MAX_VALUES} each)",
+                path=path,
+                fix=fix,
+            )
+        per_point = 4 * (3 + n_scalars)
+        per_streamline = 4 + 4 * n_properties
+        body = size - TRK_FIELDS.itemsize
+        if n_count < 0 or n_count * per_streamline > body:
+            raise InputError(
+                f"the .trk header announces {n_count} streamlines, which {size} bytes cannot hold",
+                path=path,
+                fix=fix,
+            )
+        count = struct.Struct(endian + "i")
+        position, seen = TRK_FIELDS.itemsize, 0
+        while position < size and (n_count == 0 or seen < n_count):
+            if position + 4 > size:
+                break  # a few stray bytes at the end: nibabel reports what it makes of them
+            (n_points,) = count.unpack_from(data, position)
+            end = position + per_streamline + n_points * per_point
+            if n_points < 0 or end > size:
+                raise InputError(
+                    f"streamline {seen + 1} announces {n_points} points, which the rest of the file cannot hold: "
+                    "the file is truncated or damaged",
+                    path=path,
+                    fix=fix,
+                )
+            position, seen = end, seen + 1
+        if seen < n_count:
+            raise InputError(
+                f"the .trk header announces {n_count} streamlines but the file holds {seen}: it is truncated",
+                path=path,
+                fix=fix,
+            )
+
+
+def _read_trx(path: Path, grid):
     from trx.trx_file_memmap import load as trx_load
 
     trx = trx_load(str(path))
-    if grid is None:
-        grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
     try:
-        return _tractogram_from_mm(
-            trx.streamlines._data,
-            trx.streamlines._lengths,
-            np.asarray(grid[0], dtype=np.float64),
-            tuple(int(d) for d in grid[1]),
-            {k: v._data for k, v in trx.data_per_vertex.items()},
-            dict(trx.data_per_streamline.items()),
-            path,
+        if grid is None:
+            grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
+        # copies: the arrays are memory maps of files that close() removes
+        return (
+            np.array(trx.streamlines._data),
+            np.array(trx.streamlines._lengths),
+            grid,
+            {k: np.array(v._data) for k, v in trx.data_per_vertex.items()},
+            {k: np.array(v) for k, v in trx.data_per_streamline.items()},
         )
     finally:
         trx.close()
@@ -124,20 +222,57 @@ def _single_column(values) -> np.ndarray:
     return array[:, 0] if array.ndim == 2 and array.shape[1] == 1 else array
 
 
-def _tractogram_from_mm(points_mm, lengths, affine, dims, per_point: dict, per_streamline: dict, path: Path):
+def _check_grid(grid, path: Path) -> tuple[np.ndarray, tuple[int, int, int]]:
+    fix = "The header's voxel-to-RAS transform or dimensions are damaged; write the file again"
+    try:
+        affine = np.asarray(grid[0], dtype=np.float64)
+        dims = np.asarray(grid[1], dtype=np.float64).ravel()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        raise InputError("the tractogram's grid (voxel-to-RAS transform, dimensions) is unreadable", path=path,
+                         fix=fix) from None  # fmt: skip
+    affine = check_affine(affine, path, "tractogram", fix=fix)
+    if dims.shape != (3,) or not np.isfinite(dims).all() or (dims < 1).any() or (dims != np.round(dims)).any():
+        raise InputError(
+            f"the tractogram's grid dimensions {dims.tolist()} are not three whole numbers of at least 1",
+            path=path,
+            fix=fix,
+        )
+    if (dims > 2**31 - 1).any():
+        raise InputError(f"the tractogram's grid dimensions {dims.tolist()} are absurd", path=path, fix=fix)
+    return affine, tuple(int(d) for d in dims)
+
+
+def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamline: dict, path: Path):
     """Streamlines in RAS mm (as the libraries give them) -> a Tractogram in voxel coordinates."""
-    offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
-    points = nib.affines.apply_affine(np.linalg.inv(affine), np.asarray(points_mm, dtype=np.float64))
-    return Tractogram(
-        points,
-        offsets,
-        affine,
-        dims,
-        {k: _single_column(v) for k, v in per_point.items()},
-        {k: _single_column(v) for k, v in per_streamline.items()},
-        name=path.name.split(".")[0],
-        source=str(path),
-    )
+    affine, dims = _check_grid(grid, path)
+    fix = _DAMAGED[path.suffix.lower()]
+    lengths = np.asarray(lengths)
+    points_mm = np.asarray(points_mm)
+    if points_mm.ndim != 2 or points_mm.shape[1:] != (3,) or lengths.ndim != 1:
+        raise InputError(f"the points have shape {points_mm.shape}, not (N, 3)", path=path, fix=fix)
+    if (lengths < 0).any() or int(lengths.sum(dtype=np.int64)) != len(points_mm):
+        raise InputError("the streamline lengths do not add up to the number of points", path=path, fix=fix)
+    with np.errstate(all="ignore"):
+        points = nib.affines.apply_affine(np.linalg.inv(affine), points_mm.astype(np.float64))
+        finite = np.isfinite(points.astype(np.float32)).all()
+    if not finite:
+        raise InputError(
+            "some streamline points are NaN or infinite (or too far away for the grid)", path=path, fix=fix
+        )
+    offsets = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))])
+    try:
+        return Tractogram(
+            points,
+            offsets,
+            affine,
+            dims,
+            {k: _single_column(v) for k, v in per_point.items()},
+            {k: _single_column(v) for k, v in per_streamline.items()},
+            name=path.name.split(".")[0],
+            source=str(path),
+        )
+    except ValueError as exc:  # scalars that do not match the streamlines
+        raise InputError(f"the file is inconsistent: {reason(exc)}", path=path, fix=fix) from None
 
 
 def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool, exact: bool = False) -> NibTractogram:
