@@ -305,7 +305,11 @@ def _read_weights(path) -> np.ndarray:
         raise InputError(f"cannot read the streamline weights ({exc})", path=path,
                          fix="Give a text file with one number per streamline") from None  # fmt: skip
     if values.ndim != 1 or not np.isfinite(values).all():
-        raise InputError("the streamline weights must be one finite number per line", path=path)
+        raise InputError(
+            "the streamline weights must be one finite number per line",
+            path=path,
+            fix="Give COMMIT's streamline_weights.txt for this tractogram",
+        )
     return values
 
 
@@ -372,7 +376,9 @@ def _check_track_inputs(args) -> None:
     get_backend(args.device)
     check_output_suffix(args.output)
     if args.tensor and (args.bval or args.bvec):
-        raise InputError("--bval/--bvec belong to --dwi; a tensor input needs none")
+        raise InputError(
+            "--bval/--bvec belong to --dwi; a tensor input needs none", fix="Drop --bval/--bvec, or give --dwi"
+        )
 
 
 def _load_field(args):
@@ -410,7 +416,9 @@ def cmd_track_geodesic(args) -> int:
         )
         metric = MetricParams(gain=args.gain, sharpen_power=args.sharpen_power, sharpen_fa=args.sharpen_fa)
     except ValueError as exc:
-        raise InputError(str(exc)) from exc
+        raise InputError(
+            str(exc), fix=f"Check the tracking options (see tractlens track {args.method} --help)"
+        ) from exc
     field = _load_field(args)
     notes: list[str] = []
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
@@ -467,7 +475,9 @@ def cmd_track_deterministic(args) -> int:
             keep_truncated=not args.discard_truncated,
         )
     except ValueError as exc:
-        raise InputError(str(exc)) from exc
+        raise InputError(
+            str(exc), fix=f"Check the tracking options (see tractlens track {args.method} --help)"
+        ) from exc
     field = _load_field(args)
     notes: list[str] = []
     mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
@@ -529,6 +539,8 @@ def cmd_track_probabilistic(args) -> int:
         from .io.tractogram import check_output_suffix
 
         check_output_suffix(args.save_paths)
+        if args.save_paths_max < 1:
+            raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
     run = prepare_probabilistic(
         args.samples,
         args.seed,
@@ -541,11 +553,6 @@ def cmd_track_probabilistic(args) -> int:
     )
     for note in run.notes:
         log.warning("%s", note)
-    if args.save_paths is not None:
-        if Path(args.save_paths).suffix.lower() not in (".trk", ".tck", ".trx"):
-            raise InputError("--save-paths must end in .trx, .trk or .tck", path=args.save_paths)
-        if args.save_paths_max < 1:
-            raise InputError("--save-paths-max must be at least 1")
     result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
     files = write_probabilistic_outputs(run, result, args.output)
     summary = {

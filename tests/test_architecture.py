@@ -66,3 +66,33 @@ def test_every_kernel_file_is_package_data():
         if not any(fnmatch.fnmatch(p.relative_to(ROOT / "gpu").as_posix(), pattern) for pattern in patterns)
     ]
     assert not missing, f"gpu/kernels files not in [tool.setuptools.package-data] gpu: {missing}"
+
+
+#: Modules whose InputErrors must say what to do (``fix=``) and, where a file is involved, name it.
+ERROR_MODULES = {
+    **{f"app/io/{p.name}": ("path", "fix") for p in (ROOT / "app" / "io").glob("*.py")},
+    "app/pipelines/dti.py": ("path", "fix"),
+    "app/cli.py": ("fix",),  # option errors there concern no file
+}
+
+
+@pytest.mark.parametrize("module", sorted(ERROR_MODULES))
+def test_input_errors_name_the_file_and_the_fix(module):
+    """Every ``InputError(...)``/``SaveError(...)`` raised by the loaders says what to do about it:
+    a message naming the problem alone leaves a clinician stuck."""
+    tree = ast.parse((ROOT / module).read_text(), module)
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) in ("InputError", "SaveError")
+    ]
+    lacking = []
+    for call in calls:
+        given = {k.arg for k in call.keywords}
+        if None in given:  # **kwargs: cannot tell statically
+            continue
+        missing = [k for k in ERROR_MODULES[module] if k not in given]
+        if missing:
+            lacking.append(f"{module}:{call.lineno} lacks {', '.join(k + '=' for k in missing)}")
+    assert not lacking, "\n".join(lacking)

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -20,7 +19,8 @@ from gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume
-from ..io._atomic import write_text_atomic
+from ..io._atomic import save_error, write_text_atomic
+from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
 from ..model import Volume
 from ._fallback import run_with_cpu_fallback
@@ -174,7 +174,11 @@ def fit_dti_pipeline(
             "the tensor fit",
         )
     except ValueError as exc:  # the engine's word on an unusable gradient table
-        raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
+        raise InputError(
+            str(exc),
+            path=dwi.bvec_path or dwi.path,
+            fix="A tensor fit needs a b=0 volume and at least 6 non-collinear directions; check the bval/bvec files",
+        ) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
     no_signal = int(np.count_nonzero(fit.flags & FLAG_NO_SIGNAL))
     if no_signal:
@@ -187,10 +191,11 @@ def fit_dti_pipeline(
 
 def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str, str]:
     """Write the maps listed in :data:`DTI_OUTPUTS` into ``outdir`` (atomic per file)."""
-    out = Path(outdir)
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", path=out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_folder(outdir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise save_error(exc, out) from None
     aff = result.affine
     jobs = [
         (save_volume, result.map(name), aff, out / f"{name.upper()}.nii.gz", np.float32)
