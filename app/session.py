@@ -50,7 +50,7 @@ import numpy as np
 from . import __version__
 from .errors import InputError
 from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
-from .io.nifti import save_volume
+from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
 
@@ -386,16 +386,20 @@ class Session:
         self.document, self.panels, self.manifest, self.path = document, panels, manifest, path
 
 
+DAMAGED = "Open an earlier copy of the session, or the autosave TractLens offers at start-up"
+FOREIGN = "Open a .tractlens file (or a session folder) saved by TractLens"
+
+
 def _parse_manifest(raw: bytes, path: Path) -> dict:
     try:
         manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"the session's manifest is damaged ({exc})", path=path) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"the session's manifest is damaged ({reason(exc)})", path=path, fix=DAMAGED) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise InputError("not a TractLens session (unknown manifest format)", path=path)
+        raise InputError("not a TractLens session (unknown manifest format)", path=path, fix=FOREIGN)
     version = manifest.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise InputError(f"the session has an invalid format version {version!r}", path=path)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise InputError(f"the session has an invalid format version {version!r}", path=path, fix=DAMAGED)
     if version > VERSION:
         raise InputError(
             f"the session was saved by a newer TractLens (format {version}, this one reads up to {VERSION})",
@@ -405,7 +409,7 @@ def _parse_manifest(raw: bytes, path: Path) -> dict:
     while manifest["version"] < VERSION:
         manifest = MIGRATIONS[manifest["version"]](manifest)
     if not isinstance(manifest.get("layers", []), list):
-        raise InputError("the session's manifest is damaged (its layer list is not a list)", path=path)
+        raise InputError("the session's manifest is damaged (its layer list is not a list)", path=path, fix=DAMAGED)
     return manifest
 
 
@@ -417,9 +421,8 @@ def _member(folder: Path, name) -> Path:
 
 
 def _load_nifti(folder: Path, name: str) -> np.ndarray:
-    import nibabel as nib
-
-    return np.asanyarray(nib.load(_member(folder, name)).dataobj)
+    path = _member(folder, name)  # header checked before the data is read (a damaged one could ask for GiB)
+    return read_raw(load_image(path, "session side file"), path, "session side file")
 
 
 def _restore_layer(entry: dict, folder: Path) -> Layer:
@@ -502,14 +505,17 @@ def _document(manifest: dict, layers_dir: Path, path: Path) -> Document:
         if reference:
             document.reference_affine = np.asarray(reference["affine"], dtype=np.float64)
             document.reference_shape = tuple(int(v) for v in reference["shape"])
-    except InputError:
-        raise
+        for layer in layers:
+            document.add_layer(layer)
+        if reference:
+            document.set_cursor(manifest.get("cursor", document.cursor))
+    except InputError as exc:  # a side file's error names a file in a temporary folder: name the session
+        side = f" ({Path(exc.path).name})" if exc.path else ""
+        raise InputError(f"the session is damaged{side}: {exc.problem}", path=path, fix=DAMAGED) from None
     except Exception as exc:  # a damaged or hand-edited session: any inconsistency is the file's
-        raise InputError(f"the session is damaged: a layer cannot be restored ({exc})", path=path) from None
-    for layer in layers:
-        document.add_layer(layer)
-    if reference:
-        document.set_cursor(manifest.get("cursor", document.cursor))
+        raise InputError(
+            f"the session is damaged: a layer cannot be restored ({reason(exc)})", path=path, fix=DAMAGED
+        ) from None
     return document
 
 
@@ -519,23 +525,23 @@ def load_session(path: str | os.PathLike) -> Session:
     path = Path(path)
     if path.is_dir():
         if not (path / MANIFEST).is_file():
-            raise InputError("this folder holds no TractLens session (no manifest.json)", path=path)
+            raise InputError("this folder holds no TractLens session (no manifest.json)", path=path, fix=FOREIGN)
         manifest = _parse_manifest((path / MANIFEST).read_bytes(), path)
         document = _document(manifest, path / "layers", path)
         return Session(document, dict(manifest.get("panels") or {}), manifest, path)
     if not path.is_file():
-        raise InputError("the session file does not exist", path=path)
+        raise InputError("the session file does not exist", path=path, fix="Check the path and spelling")
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise InputError(f"not a TractLens session ({exc})", path=path, fix="Open a .tractlens file") from None
+        raise InputError(f"not a TractLens session ({reason(exc)})", path=path, fix=FOREIGN) from None
     with archive, tempfile.TemporaryDirectory(prefix="tractlens-open-") as tmp:
         try:
             raw = archive.read(MANIFEST)
         except KeyError:
-            raise InputError("not a TractLens session (no manifest.json inside)", path=path) from None
+            raise InputError("not a TractLens session (no manifest.json inside)", path=path, fix=FOREIGN) from None
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-            raise InputError(f"the session file is damaged ({exc})", path=path) from None
+            raise InputError(f"the session file is damaged ({reason(exc)})", path=path, fix=DAMAGED) from None
         manifest = _parse_manifest(raw, path)
         layers_dir = Path(tmp) / "layers"
         layers_dir.mkdir()
@@ -547,6 +553,6 @@ def load_session(path: str | os.PathLike) -> Session:
                 with archive.open(name) as source, open(layers_dir / base, "wb") as out:
                     shutil.copyfileobj(source, out)
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-            raise InputError(f"the session file is damaged ({exc})", path=path) from None
+            raise InputError(f"the session file is damaged ({reason(exc)})", path=path, fix=DAMAGED) from None
         document = _document(manifest, layers_dir, path)
     return Session(document, dict(manifest.get("panels") or {}), manifest, path)
