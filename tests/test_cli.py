@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -389,3 +391,90 @@ def test_track_geodesic_repairs_nan_and_non_positive_definite_tensors(fitted, de
     notes = " ".join(summary.get("notes", [])) + result.stderr
     assert "non-positive-definite" in notes and "NaN" in notes, notes
     assert summary["streamlines"] > 0 and (tmp_path / "g.trk").exists()
+
+
+def _one_paragraph_error(*args, match, names):
+    """Exit 2, stderr one line (no newline inside the message, no traceback) that names ``names``."""
+    out = run_cli(*args, env={"TRACTLENS_DISABLE_GPU": "1"})
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr
+    assert out.stderr.endswith("\n") and out.stderr.count("\n") == 1, out.stderr  # one paragraph, nothing else
+    assert re.search(match, out.stderr), out.stderr
+    assert str(names) in out.stderr, out.stderr
+    return out
+
+
+@pytest.fixture
+def dwi_files(demo_dir, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("dwi.nii.gz", "dwi.bval", "dwi.bvec"):
+        shutil.copy(demo_dir / name, folder / name)
+    return folder
+
+
+def test_bad_gradient_tables_exit_2_naming_the_file(dwi_files, tmp_path):
+    dwi, bval, bvec = (dwi_files / n for n in ("dwi.nii.gz", "dwi.bval", "dwi.bvec"))
+    out = str(tmp_path / "o")
+    bvals, bvecs = np.loadtxt(bval), np.loadtxt(bvec)
+    np.savetxt(tmp_path / "nob0.bval", np.maximum(bvals, 1000)[None], fmt="%g")
+    _one_paragraph_error("fit-dti", str(dwi), "--bval", str(tmp_path / "nob0.bval"), "-o", out,
+                         match=r"no b=0 volume.*threshold 50", names=tmp_path / "nob0.bval")  # fmt: skip
+    np.savetxt(tmp_path / "long.bvec", bvecs * 1.2)
+    _one_paragraph_error("fit-dti", str(dwi), "--bvec", str(tmp_path / "long.bvec"), "-o", out,
+                         match=r"not unit length \(largest deviation 0\.200\)", names=tmp_path / "long.bvec")  # fmt: skip
+    np.savetxt(tmp_path / "short.bvec", bvecs[:, :-3])
+    _one_paragraph_error("fit-dti", str(dwi), "--bvec", str(tmp_path / "short.bvec"), "-o", out,
+                         match=r"b-vectors have shape \(3, 65\), but the data has 68 volumes", names=tmp_path / "short.bvec")  # fmt: skip
+    bvec.unlink()
+    _one_paragraph_error("fit-dti", str(dwi), "-o", out, match=r"no b-values/b-vectors given.*--bval and --bvec",
+                         names=dwi)  # fmt: skip
+    _one_paragraph_error("fit-dti", str(dwi), "--bval", str(bval), "--bvec", str(tmp_path / "gone.bvec"), "-o", out,
+                         match=r"b-vector file not found", names=tmp_path / "gone.bvec")  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_six_volume_tensor_needs_its_order(fitted, demo_dir, tmp_path):
+    tensor = fitted[0] / "tensor.nii.gz"
+    _one_paragraph_error(
+        "track", "deterministic", "--tensor", str(tensor), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
+        "-o", str(tmp_path / "t.trk"), "--device", "cpu",
+        match=r"element order .* cannot be known.*--tensor-order", names=tensor,
+    )  # fmt: skip
+
+
+def test_fit_dti_output_is_checked_before_the_fit(dwi_files, tmp_path):
+    """-o that is a file, or a folder that cannot be created, is an input error found before any
+    work (no progress line), not an internal error after the fit."""
+    dwi = str(dwi_files / "dwi.nii.gz")
+    (tmp_path / "taken").write_text("a file")
+    _one_paragraph_error("fit-dti", dwi, "-o", str(tmp_path / "taken"), "--device", "cpu",
+                         match=r"exists and is a file, not a folder", names=tmp_path / "taken")  # fmt: skip
+    _one_paragraph_error("fit-dti", dwi, "-o", "/proc/nope/out", "--device", "cpu",
+                         match=r"cannot be written", names="/proc/nope/out")  # fmt: skip
+    _one_paragraph_error("fit-dti", dwi, "-o", str(tmp_path / "taken" / "sub"), "--device", "cpu",
+                         match=r"cannot be created: .*taken is a file", names=tmp_path / "taken" / "sub")  # fmt: skip
+    assert (tmp_path / "taken").read_text() == "a file"
+
+
+def test_select_checks_its_output_before_loading(demo_dir, tmp_path):
+    """A bad -o is reported even though the tractogram does not exist: it was checked first."""
+    include = str(demo_dir / "roi_arc_seed.nii.gz")
+    _one_paragraph_error("select", str(tmp_path / "missing.trk"), "--include", include, "-o", str(tmp_path / "o.vtk"),
+                         match=r"unknown tractogram format \.vtk", names=tmp_path / "o.vtk")  # fmt: skip
+    _one_paragraph_error("select", str(tmp_path / "missing.trk"), "--include", include,
+                         "-o", str(tmp_path / "no" / "o.trk"), match=r"output folder does not exist",
+                         names=tmp_path / "no")  # fmt: skip
+    _one_paragraph_error("select", str(tmp_path / "missing.trk"), "--include", include, "-o", "/proc/o.trk",
+                         match=r"cannot be written", names="/proc/o.trk")  # fmt: skip
+
+
+def test_demo_data_json(tmp_path):
+    out = run_cli("demo-data", str(tmp_path / "demo"), "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["outdir"] == str(tmp_path / "demo")
+    assert {"dwi.nii.gz", "dwi.bval", "dwi.bvec", "demo.json"} <= set(summary["files"])
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == summary["files"]  # no temporary files
+    (tmp_path / "file").write_text("x")
+    _one_paragraph_error("demo-data", str(tmp_path / "file"), match=r"exists and is a file", names=tmp_path / "file")
