@@ -354,6 +354,7 @@ class JobPanel(QWidget):
         self._items: dict[int, tuple[QTreeWidgetItem, QProgressBar]] = {}
         runner.job_added.connect(self._added)
         runner.job_changed.connect(self._changed)
+        runner.job_removed.connect(self._removed)
 
     def _added(self, job_id: int) -> None:
         job = self.runner.jobs[job_id]
@@ -376,12 +377,11 @@ class JobPanel(QWidget):
         item.setText(2, state if job.state == RUNNING else f"{job.state}: {state}" if job.error else job.state)
         item.setToolTip(2, job.details or state)
 
-    def _cancel_selected(self) -> None:
-        item = self.tree.currentItem()
-        if item is not None:
-            self.runner.cancel(item.data(0, Qt.ItemDataRole.UserRole))
-        runner.job_removed.connect(self._removed)
     def _removed(self, job_id: int) -> None:
         item, _bar = self._items.pop(job_id)
         self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
 
+    def _cancel_selected(self) -> None:
+        item = self.tree.currentItem()
+        if item is not None:
+            self.runner.cancel(item.data(0, Qt.ItemDataRole.UserRole))
