@@ -694,9 +694,10 @@ def test_fuzz_load_trx(seeds, tmp_path):
 
 
 def _temp_entries() -> set[str]:
+    """Temporary folders of trx-python and of session opening (other processes' files are not counted)."""
     import tempfile
 
-    return set(os.listdir(tempfile.gettempdir()))
+    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith(("trx_", "tractlens-open-"))}
 
 
 # ---------------------------------------------------------------------------------------------
