@@ -369,6 +369,9 @@ def test_singular_or_missing_geometry(tmp_path):
     # negative voxel sizes are a known writer slip that nibabel repairs (absolute value): loads
     _nifti_file(tmp_path / "neg.nii", data, fields={"sform_code": 0, "qform_code": 0, "pixdim": {1: -2.0}})
     np.testing.assert_allclose(np.abs(np.diag(load_volume(tmp_path / "neg.nii").affine))[:3], [2, 2, 2])
+    # and a zero one is repaired to 1 mm (nibabel logs it): still an invertible geometry
+    _nifti_file(tmp_path / "nil.nii", data, fields={"sform_code": 0, "qform_code": 0, "pixdim": {1: 0.0}})
+    np.testing.assert_allclose(np.abs(np.diag(load_volume(tmp_path / "nil.nii").affine))[:3], [1, 2, 2])
 
 
 def test_two_d_images_are_not_volumes(tmp_path):
