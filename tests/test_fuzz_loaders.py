@@ -19,7 +19,6 @@ import io
 import json
 import math
 import os
-import resource
 import signal
 import struct
 import sys
@@ -231,6 +230,8 @@ def table_mutations(draw, text: str) -> bytes:
 def _guards():
     """A hang raises after TIME_LIMIT_S; an allocation beyond the headroom raises MemoryError."""
 
+    resource = pytest.importorskip("resource", reason="the guards need POSIX (resource limits, SIGALRM)")
+
     def on_alarm(signum, frame):
         raise TimeoutError(f"no result after {TIME_LIMIT_S} s")
 
@@ -244,7 +245,7 @@ def _guards():
         if soft == resource.RLIM_INFINITY or cap < soft:
             resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
             limited = True
-    except (OSError, ValueError):  # no /proc (not Linux): the time guard alone
+    except (OSError, ValueError):  # no /proc (macOS): the time guard alone
         pass
     try:
         yield
