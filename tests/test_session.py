@@ -86,6 +86,18 @@ def test_session_round_trip_is_exact(demo_document, tmp_path):
     assert not list(tmp_path.glob(".*tmp*"))  # nothing half-written left beside it
 
 
+def _with_manifest(path, out, edit) -> None:
+    """Copy the session ``path`` to ``out`` with ``edit(manifest)`` applied to its manifest."""
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename == "manifest.json":
+                manifest = json.loads(data)
+                edit(manifest)
+                data = json.dumps(manifest).encode()
+            dst.writestr(item, data)
+
+
 def test_damaged_and_foreign_sessions_give_clear_errors(demo_document, tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         load_session(tmp_path / "missing.tractlens")
@@ -95,14 +107,7 @@ def test_damaged_and_foreign_sessions_give_clear_errors(demo_document, tmp_path)
         load_session(text)
     path = save_session(demo_document, tmp_path / "case.tractlens")
     newer = tmp_path / "newer.tractlens"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(newer, "w") as dst:
-        for item in src.infolist():
-            data = src.read(item)
-            if item.filename == "manifest.json":
-                manifest = json.loads(data)
-                manifest["version"] = 99
-                data = json.dumps(manifest).encode()
-            dst.writestr(item, data)
+    _with_manifest(path, newer, lambda manifest: manifest.update(version=99))
     with pytest.raises(InputError, match="newer TractLens"):
         load_session(newer)
     truncated = tmp_path / "truncated.tractlens"
@@ -115,17 +120,14 @@ def test_a_version_1_session_is_migrated_when_read(demo_document, tmp_path):
     """Sessions written by the first release (format 1: no layer ids, no view settings) open."""
     path = save_session(demo_document, tmp_path / "new.tractlens")
     old = tmp_path / "old.tractlens"
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(old, "w") as dst:
-        for item in src.infolist():
-            data = src.read(item)
-            if item.filename == "manifest.json":
-                manifest = json.loads(data)
-                manifest["version"] = 1
-                for entry in manifest["layers"]:
-                    del entry["uid"]
-                manifest["panels"].pop("view", None)
-                data = json.dumps(manifest).encode()
-            dst.writestr(item, data)
+
+    def as_version_1(manifest):
+        manifest["version"] = 1
+        for entry in manifest["layers"]:
+            del entry["uid"]
+        manifest["panels"].pop("view", None)
+
+    _with_manifest(path, old, as_version_1)
     session = load_session(old)
     assert session.manifest["version"] == 2
     assert [entry["uid"] for entry in session.manifest["layers"]] == [f"L{i}" for i in range(len(demo_document.layers))]
