@@ -12,23 +12,57 @@ ellipsoid is the case α = β = 1.
 
 Dyads sticks (ball & sticks / bedpostX fibre orientations) are line segments
 centred on their voxel, one colour per stick number (:data:`app.model.STICK_COLOURS`).
+
+Tensor glyphs are built off the GUI thread (:class:`LatestTask`: one computation at a
+time per view, only the newest request's result delivered, stale ones dropped) and
+their number is bounded so that drawing them stays fast whatever the image size:
+
+* 3-D: at most :data:`MAX_GLYPHS_PER_PLANE` glyph cells per cursor plane; the
+  layer's "every n-th voxel" is a minimum, raised as needed
+  (:func:`glyph_step_3d`: a 128×128 plane at step 2 has 4096 cells, so step 3);
+  the glyphs' surface resolution drops when there are many (:func:`glyph_resolution`,
+  within :data:`GLYPH_TRIANGLES`). Where OpenGL is software-rendered (no GPU: a
+  remote X session, a virtual machine, a CI server) every triangle costs about
+  0.3 µs per frame on the CPU, so the bounds are lower
+  (:data:`MAX_GLYPHS_PER_PLANE_SOFTWARE`, :data:`GLYPH_TRIANGLES_SOFTWARE`): a
+  frame with glyphs then still takes ~50 ms instead of 250 ms.
+* 2-D: ellipses on voxels at least :data:`MIN_GLYPH_CELL_PX` screen pixels apart
+  and at most :data:`MAX_GLYPHS_2D` per view (:func:`glyph_step_2d`), drawn as one
+  path per colour (:func:`ellipse_paths`).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+
 import numpy as np
 import pyvista as pv
+from PySide6.QtCore import QByteArray, QDataStream, QIODevice, QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtGui import QPainterPath
 
 from app.model import STICK_COLOURS, Document, Layer
 from gpu import dti, sym3
 
 from .render import sample_layer
 
+log = logging.getLogger(__name__)
+
+MAX_GLYPHS_PER_PLANE = 2500  # 3-D: glyph cells per cursor plane (the step grows to stay below)
+MAX_GLYPHS_PER_PLANE_SOFTWARE = 600  # the same where OpenGL is software-rendered
+GLYPH_TRIANGLES = 1_500_000  # 3-D: triangles of all glyphs (the surface resolution drops to stay below)
+GLYPH_TRIANGLES_SOFTWARE = 60_000
+MIN_GLYPH_CELL_PX = 5  # 2-D: ellipses on voxels at least this many screen pixels apart
+MAX_GLYPHS_2D = 4000  # 2-D: at most this many ellipse cells per view
+COLOUR_LEVELS = 8  # 2-D: levels per colour channel (one path per colour); grey stays grey
+
 
 def _spow(x: np.ndarray, power: np.ndarray) -> np.ndarray:
     return np.sign(x) * np.abs(x) ** power
 
 
+@functools.lru_cache(maxsize=8)
 def _template(resolution: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Angles (θ around, φ from the pole) of a UV sphere's vertices and its triangles."""
     sphere = pv.Sphere(radius=1.0, theta_resolution=resolution, phi_resolution=resolution)
@@ -53,7 +87,10 @@ def glyph_mesh(
     """One PolyData of glyphs for world-frame tensors (G, 6) at world centres (G, 3).
 
     Each glyph's largest radius is ``size_mm`` × λ1 / max(λ1) (so relative sizes
-    show); points carry an ``rgb`` uint8 colour by main direction (|e1|) or FA.
+    show); points carry an ``rgb`` uint8 colour by main direction (|e1|) or FA, and the
+    surface's exact normals (Barr's superquadric normals: the same form with exponents
+    2 − α and 2 − β, divided by the radii), so it is smoothly shaded without a normals
+    filter.
     """
     tensors = np.asarray(tensors, dtype=np.float64)
     evals, evecs = sym3.eigh(np, tensors)
@@ -77,16 +114,25 @@ def glyph_mesh(
     radii = evals / lam_max * size_mm  # (G, 3)
     local = unit * radii[:, None, :]
     points = np.einsum("gij,gmj->gmi", evecs, local) + centres[:, None, :]
+    a2, b2 = 2.0 - alpha, 2.0 - beta
+    nx = np.stack([_spow(cf, b2), -_spow(st, a2) * _spow(sf, b2), _spow(ct, a2) * _spow(sf, b2)], -1)
+    nz = np.stack([_spow(ct, a2) * _spow(sf, b2), _spow(st, a2) * _spow(sf, b2), _spow(cf, b2)], -1)
+    normal_local = np.where(linear[:, :, None], nx, nz) / np.maximum(radii, 1e-6 * size_mm)[:, None, :]
+    normals = np.einsum("gij,gmj->gmi", evecs, normal_local)
+    normals /= np.maximum(np.linalg.norm(normals, axis=-1, keepdims=True), 1e-30)
     n_vertices = unit.shape[1]
     tri = faces[None, :, :] + (np.arange(len(tensors)) * n_vertices)[:, None, None]
     cells = np.concatenate([np.full((tri.shape[0] * tri.shape[1], 1), 3), tri.reshape(-1, 3)], axis=1)
     mesh = pv.PolyData(points.reshape(-1, 3), faces=cells.ravel())
+    mesh.point_data["Normals"] = normals.reshape(-1, 3).astype(np.float32)
+    mesh.point_data.active_normals_name = "Normals"
     if colour == "fa":
         fa = np.clip(dti.scalar_maps(np, evals, evecs)["fa"], 0, 1)
         rgb = np.stack([fa, fa, fa], 1)
     else:
         rgb = np.abs(evecs[:, :, 0])
     mesh.point_data["rgb"] = np.repeat((rgb * 255 + 0.5).astype(np.uint8), n_vertices, axis=0)
+    mesh.point_data.active_scalars_name = "rgb"  # a mesh swapped into an actor is coloured by it, not the normals
     return mesh
 
 
@@ -135,3 +181,317 @@ def stick_mesh(ends_world: np.ndarray, stick: np.ndarray) -> pv.PolyData:
     colours = (np.asarray(STICK_COLOURS) * 255 + 0.5).astype(np.uint8)
     mesh.point_data["rgb"] = np.repeat(colours[np.asarray(stick) % len(colours)], 2, axis=0)
     return mesh
+
+
+# ------------------------------------------------------------------ bounded glyph counts
+def glyph_step_3d(step: int, reference_shape, software: bool = False) -> int:
+    """The step (every n-th voxel) of the 3-D glyphs: the layer's, or more so that no cursor
+    plane has more than :data:`MAX_GLYPHS_PER_PLANE` glyph cells (``software``: OpenGL is
+    software-rendered, :data:`MAX_GLYPHS_PER_PLANE_SOFTWARE`)."""
+    a, b, c = (int(v) for v in reference_shape)
+    largest = max(a * b, a * c, b * c)
+    cap = MAX_GLYPHS_PER_PLANE_SOFTWARE if software else MAX_GLYPHS_PER_PLANE
+    return max(1, int(step), math.ceil(math.sqrt(largest / cap)))
+
+
+def glyph_step_2d(step: int, plane_shape, cell_px: float) -> int:
+    """The step of a slice view's ellipses: the layer's, or more so that they are at least
+    :data:`MIN_GLYPH_CELL_PX` pixels apart (``cell_px``: one voxel's size on the screen) and
+    at most :data:`MAX_GLYPHS_2D` per view."""
+    height, width = (int(v) for v in plane_shape[:2])
+    spacing = math.ceil(MIN_GLYPH_CELL_PX / max(float(cell_px), 1e-6))
+    count = math.ceil(math.sqrt(height * width / MAX_GLYPHS_2D))
+    return max(1, int(step), spacing, count)
+
+
+def glyph_resolution(count: int, software: bool = False) -> int:
+    """Surface resolution of ``count`` 3-D glyphs: 10 (160 triangles each) when all fit in
+    :data:`GLYPH_TRIANGLES` (``software``: :data:`GLYPH_TRIANGLES_SOFTWARE`), else 8 (96),
+    else 6 (48)."""
+    budget = GLYPH_TRIANGLES_SOFTWARE if software else GLYPH_TRIANGLES
+    for resolution in (10, 8):
+        if count * 2 * resolution * (resolution - 2) <= budget:
+            return resolution
+    return 6
+
+
+def plane_grid_voxels(reference_shape, cursor, step: int) -> np.ndarray:
+    """Every ``step``-th reference voxel (indices ≡ step // 2 mod step) of the three planes
+    through ``cursor``, each voxel once: (M, 3)."""
+    shape = np.asarray(reference_shape, dtype=np.int64)
+    cursor = np.asarray(cursor, dtype=np.int64)
+    offset = step // 2
+    blocks = []
+    for normal in range(3):
+        a, b = (axis for axis in range(3) if axis != normal)
+        ia = np.arange(offset, shape[a], step)
+        ib = np.arange(offset, shape[b], step)
+        grid = np.empty((len(ia), len(ib), 3), dtype=np.int64)
+        grid[..., a] = ia[:, None]
+        grid[..., b] = ib[None, :]
+        grid[..., normal] = cursor[normal]
+        blocks.append(grid.reshape(-1, 3))
+    return np.unique(np.concatenate(blocks), axis=0)
+
+
+def sample_volume(array: np.ndarray, affine: np.ndarray, reference_affine: np.ndarray, voxels: np.ndarray):
+    """Nearest-neighbour values of a volume (``array`` on ``affine``) at reference voxels (..., 3):
+    (values, inside). The same as :func:`widgets.render.sample_layer`, on plain arrays (workers)."""
+    shape3 = np.array(array.shape[:3])
+    if np.allclose(affine, reference_affine):
+        ijk = voxels
+    else:
+        to_layer = np.linalg.solve(affine, reference_affine)
+        ijk = np.rint(voxels @ to_layer[:3, :3].T + to_layer[:3, 3]).astype(np.int64)
+    inside = np.all((ijk >= 0) & (ijk < shape3), axis=-1)
+    safe = np.where(inside[..., None], ijk, 0)
+    return array[safe[..., 0], safe[..., 1], safe[..., 2]], inside
+
+
+def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
+    """A function that builds a tensor layer's 3-D glyph mesh (or None) from a snapshot of what it
+    needs, taken now on the GUI thread; run it on a worker. Returns (function, key): the key
+    changes whenever the mesh would. ``software``: OpenGL is software-rendered (fewer glyphs)."""
+    data, affine = layer.data.data, layer.data.affine.copy()
+    reference, shape, cursor = doc.reference_affine.copy(), tuple(doc.reference_shape), doc.cursor.copy()
+    step = glyph_step_3d(layer.glyph_step, shape, software)
+    display = (layer.glyph, float(layer.glyph_size), "fa" if layer.color_by == "fa" else "direction")
+    # The voxels a step's planes show depend on the cursor's position along each axis only.
+    key = (id(data), affine.tobytes(), reference.tobytes(), tuple(int(v) for v in cursor), step, display)
+
+    def build():
+        voxels = plane_grid_voxels(shape, cursor, step)
+        values, inside = sample_volume(data, affine, reference, voxels)
+        keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)  # fitted voxels only
+        if not keep.any():
+            return None
+        centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
+        world = tensors_to_world(values[keep].astype(np.float64), affine)
+        voxel_mm = float(np.sqrt((reference[:3, :3] ** 2).sum(0)).min())
+        return glyph_mesh(
+            world,
+            centres,
+            shape=display[0],
+            size_mm=0.5 * step * voxel_mm * display[1],
+            resolution=glyph_resolution(int(keep.sum()), software),
+            colour=display[2],
+        )
+
+    return build, key
+
+
+def ellipse_job(layer: Layer, doc: Document, geometry, step: int):
+    """A function that builds a tensor layer's in-plane ellipses on a slice (``geometry``: a
+    :class:`widgets.render.PlaneGeometry`) on the voxels whose in-plane indices are
+    ≡ step // 2 (mod ``step``), as :func:`ellipse_paths` in plane millimetres (x right from
+    the plane's left edge, y down from its top); and the key of that picture. The snapshot is
+    taken now (GUI thread); run the function on a worker."""
+    data, affine, reference = layer.data.data, layer.data.affine.copy(), doc.reference_affine.copy()
+    offset = step // 2
+    rows = np.flatnonzero(geometry.voxels[:, 0, geometry.v_axis] % step == offset)
+    cols = np.flatnonzero(geometry.voxels[0, :, geometry.h_axis] % step == offset)
+    voxels = geometry.voxels[np.ix_(rows, cols)]
+    grid_rows, grid_cols = np.meshgrid(rows, cols, indexing="ij")
+    info = (geometry.pixel_mm, geometry.screen_x_world, geometry.screen_up_world, 0.5 * step * min(geometry.pixel_mm))
+    display = (float(layer.glyph_size), float(layer.opacity), "fa" if layer.color_by == "fa" else "direction")
+    plane = (
+        geometry.voxels.shape,
+        tuple(int(v) for v in geometry.voxels[0, 0]),
+        tuple(int(v) for v in geometry.voxels[-1, -1]),
+    )
+    key = (id(data), affine.tobytes(), reference.tobytes(), plane, step, info, display)
+
+    def build():
+        return ellipses_for_plane(data, affine, reference, voxels, grid_rows, grid_cols, info, display)
+
+    return build, key
+
+
+def ellipse_paths(
+    tensors_world: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    *,
+    pixel_mm: tuple[float, float],
+    screen_x_world: tuple[int, int],
+    screen_up_world: tuple[int, int],
+    radius_mm: float,
+    opacity: float,
+    colour: str,
+    vertices: int = 16,
+) -> list[tuple[tuple[int, int, int, int], QPainterPath]]:
+    """In-plane ellipses of world-frame tensors (G, 6) centred on plane pixels (``rows``,
+    ``cols``), in plane millimetres, grouped into one filled path per colour: [(rgba, path)].
+
+    Each ellipse is the tensor's 2×2 in-plane part (screen frame: x right, y down), its
+    largest semi-axis ``radius_mm`` × λ/λ1max of the layer's largest eigenvalue in view;
+    coloured by the main direction |e1| or grey by FA, quantised to :data:`COLOUR_LEVELS`
+    levels per channel."""
+    world = sym3.to_matrix(np, tensors_world)
+    (hx, hs), (vy, vs) = screen_x_world, screen_up_world
+    block = np.stack(
+        [
+            np.stack([world[:, hx, hx], -hs * vs * world[:, hx, vy]], -1),
+            np.stack([-hs * vs * world[:, vy, hx], world[:, vy, vy]], -1),
+        ],
+        -2,
+    )
+    lam, vec = np.linalg.eigh(block)  # ascending: column 1 is the larger axis
+    lam = np.maximum(lam, 0.0)
+    evals, evecs = np.linalg.eigh(world)
+    evals = np.maximum(evals, 0.0)
+    lam_max = max(float(evals[:, 2].max()), 1e-30)
+    scale = radius_mm / lam_max
+    t = np.linspace(0.0, 2.0 * np.pi, vertices, endpoint=False)
+    circle = np.stack([np.cos(t), np.sin(t)], -1)  # (K, 2)
+    # point = centre + a cos t · v_major + b sin t · v_minor (screen mm, y down)
+    major = vec[:, :, 1] * (lam[:, 1] * scale)[:, None]
+    minor = vec[:, :, 0] * (lam[:, 0] * scale)[:, None]
+    centre = np.stack([(cols + 0.5) * pixel_mm[1], (rows + 0.5) * pixel_mm[0]], -1)
+    polygons = centre[:, None, :] + circle[None, :, :1] * major[:, None, :] + circle[None, :, 1:] * minor[:, None, :]
+    if colour == "fa":
+        fa = np.clip(dti.scalar_maps(np, evals[:, ::-1], evecs[:, :, ::-1])["fa"], 0.0, 1.0)
+        rgb = np.stack([fa, fa, fa], 1)
+    else:
+        rgb = np.abs(evecs[:, :, 2])
+    levels = COLOUR_LEVELS - 1
+    quantised = np.rint(np.clip(rgb, 0.0, 1.0) * levels).astype(np.int64)
+    keys = (quantised[:, 0] * COLOUR_LEVELS + quantised[:, 1]) * COLOUR_LEVELS + quantised[:, 2]
+    alpha = round(255 * opacity)
+    out = []
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for group in np.split(order, bounds):
+        if group.size == 0:
+            continue
+        r, g, b = (round(255 * float(v) / levels) for v in quantised[group[0]])
+        out.append(((r, g, b, alpha), polygons_path(polygons[group])))
+    return out
+
+
+def polygons_path(polygons: np.ndarray) -> QPainterPath:
+    """One QPainterPath (winding fill) of closed polygons (G, K, 2), built from an array in
+    QPainterPath's QDataStream format (element count, (type, x, y) per element, the last
+    subpath's start, the fill rule) instead of a Python call per vertex."""
+    count, k = polygons.shape[:2]
+    path = QPainterPath()
+    if count == 0:
+        return path
+    elements = np.empty((count, k + 1), dtype=[("type", ">i4"), ("x", ">f8"), ("y", ">f8")])
+    elements["type"] = 1  # LineToElement
+    elements["type"][:, 0] = 0  # MoveToElement
+    elements["x"][:, :k], elements["y"][:, :k] = polygons[..., 0], polygons[..., 1]
+    elements["x"][:, k], elements["y"][:, k] = polygons[:, 0, 0], polygons[:, 0, 1]  # closed
+    total = count * (k + 1)
+    tail = np.array([total - (k + 1), 1], dtype=">i4")  # last subpath start, Qt::WindingFill
+    buffer = QByteArray(np.array([total], dtype=">i4").tobytes() + elements.tobytes() + tail.tobytes())
+    stream = QDataStream(buffer, QIODevice.OpenModeFlag.ReadOnly)  # keep ``buffer`` alive while reading
+    stream >> path
+    return path
+
+
+def ellipses_for_plane(data, affine, reference_affine, voxels, rows, cols, geometry_info, display):
+    """Worker part of the 2-D ellipses: sample, keep fitted voxels, build the coloured paths."""
+    values, inside = sample_volume(data, affine, reference_affine, voxels)
+    keep = inside & (values[..., 0] + values[..., 3] + values[..., 5] > 0)
+    if not keep.any():
+        return []
+    world = tensors_to_world(values[keep].astype(np.float64), affine)
+    pixel_mm, screen_x, screen_up, radius_mm = geometry_info
+    size, opacity, colour = display
+    return ellipse_paths(
+        world,
+        rows[keep],
+        cols[keep],
+        pixel_mm=pixel_mm,
+        screen_x_world=screen_x,
+        screen_up_world=screen_up,
+        radius_mm=radius_mm * size,
+        opacity=opacity,
+        colour=colour,
+    )
+
+
+# ------------------------------------------------------------------ off the GUI thread
+_POOL: QThreadPool | None = None
+
+
+def _pool() -> QThreadPool:
+    """The worker threads of all glyph builds (two: this is display work beside the jobs)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = QThreadPool()
+        _POOL.setMaxThreadCount(2)
+    return _POOL
+
+
+class _Build(QRunnable):
+    def __init__(self, done, generation: int, key, fn):
+        super().__init__()
+        self.done, self.generation, self.key, self.fn = done, generation, key, fn
+        self.setAutoDelete(True)
+
+    def run(self) -> None:
+        try:
+            outcome = (True, self.fn())
+        except Exception as exc:  # a failed build shows no glyphs; it must not reach the event loop
+            log.exception("building glyphs failed")
+            outcome = (False, exc)
+        try:
+            self.done.emit(self.generation, self.key, outcome)
+        except RuntimeError:  # the view went away meanwhile
+            pass
+
+
+class LatestTask(QObject):
+    """Builds something for a view on a worker thread, one build at a time, and hands the
+    newest request's result to ``deliver(key, result)`` on the GUI thread; a request made
+    while a build runs waits, and only the last one waiting is built (stepping through ten
+    slices quickly builds the first and the last). ``key`` names what a request would build:
+    a request for the key already built or being built does nothing."""
+
+    _done = Signal(int, object, object)
+
+    def __init__(self, deliver, parent: QObject | None = None):
+        super().__init__(parent)
+        self._deliver = deliver
+        self._generation = 0
+        self._running = False
+        self._waiting = None
+        self.wanted = None  # key of the newest request
+        self.delivered = None  # key of the result delivered last
+        self._done.connect(self._finished)
+
+    def request(self, key, fn) -> None:
+        if key == self.wanted:
+            return
+        self.wanted = key
+        self._generation += 1
+        self._waiting = (self._generation, key, fn)
+        if not self._running:
+            self._start()
+
+    def forget(self) -> None:
+        """Nothing is wanted any more (the layer was hidden): a running build's result is dropped."""
+        self._generation += 1
+        self._waiting = None
+        self.wanted = self.delivered = None
+
+    def ready(self) -> bool:
+        """Has the newest request's result been delivered (or was nothing requested)?"""
+        return not self._running and self._waiting is None and self.delivered == self.wanted
+
+    def _start(self) -> None:
+        generation, key, fn = self._waiting
+        self._waiting = None
+        self._running = True
+        _pool().start(_Build(self._done, generation, key, fn))
+
+    def _finished(self, generation: int, key, outcome) -> None:
+        self._running = False
+        if generation == self._generation:  # the newest request: deliver
+            ok, result = outcome
+            self.delivered = key
+            self._deliver(key, result if ok else None)
+        if self._waiting is not None:
+            self._start()

@@ -637,19 +637,34 @@ class MainWindow(QMainWindow):
             box.open()
 
     def wait_for_jobs(self, timeout_s: float = 120.0) -> bool:
-        """Process events until no job is queued or running (scripts, tests)."""
+        """Process events until no job is queued or running and the views show the document as
+        it is (their glyphs built: :meth:`display_ready`), for scripts and tests; False when
+        that took longer than ``timeout_s``."""
+        import time
+
         from PySide6.QtCore import QCoreApplication, QElapsedTimer
+
+        def idle() -> bool:
+            return not self.runner.active() and self.display_ready()
 
         clock = QElapsedTimer()
         clock.start()
         while clock.elapsed() < timeout_s * 1000:
             QCoreApplication.processEvents()
-            if not self.runner.active():
+            if idle():
                 QCoreApplication.processEvents()
-                if not self.runner.active():
+                if idle():
                     return True
-            self.runner.wait(0.02)
+            if self.runner.active():
+                self.runner.wait(0.02)
+            else:
+                time.sleep(0.005)  # glyphs being built on their worker threads
         return False
+
+    def display_ready(self) -> bool:
+        """Do the 3-D and slice views show the document as it is now (tensor glyphs, which are
+        built on worker threads, included)?"""
+        return self.view3d.glyphs_ready() and all(view.glyphs_ready() for view in self.views.values())
 
     # ----------------------------------------------------------- drag & drop
     def dragEnterEvent(self, event) -> None:

@@ -96,17 +96,14 @@ class LayerPanel(QWidget):
         self.glyph_size.setRange(0.1, 5.0)
         self.glyph_size.setSingleStep(0.1)
         # Scalar layers as overlays: values below the threshold let the layers beneath show through.
-        self.transparent = QCheckBox()
+        self.transparent = QCheckBox("Clear below")  # short: a wider label column would narrow the views
         self.transparent.setObjectName("transparent_below")
-        self.transparent.setToolTip("Values below the threshold let the layers beneath show through")
+        self.transparent.setToolTip("Transparent below: values under the threshold let the layers beneath show through")
         self.threshold = QDoubleSpinBox()
         self.threshold.setObjectName("transparent_threshold")
         self.threshold.setRange(-1e9, 1e9)
         self.threshold.setDecimals(4)
         self.threshold.setKeyboardTracking(False)
-        transparency = QHBoxLayout()
-        transparency.addWidget(self.transparent)
-        transparency.addWidget(self.threshold)
         up, down, remove = QPushButton("Up"), QPushButton("Down"), QPushButton("Remove")
         buttons = QHBoxLayout()
         for button in (up, down, remove):
@@ -117,7 +114,7 @@ class LayerPanel(QWidget):
         form.addRow("Colour by", self.color_by)
         form.addRow("Min", self.vmin)
         form.addRow("Max", self.vmax)
-        form.addRow("Transparent below", transparency)
+        form.addRow(self.transparent, self.threshold)
         form.addRow("ROI role", self.role)
         form.addRow("Fibers", self.tubes)
         form.addRow("Glyphs", self.glyph)

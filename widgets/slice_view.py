@@ -20,11 +20,10 @@ from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
 from app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
-from gpu import sym3
 
 from . import roi_tools
-from .glyphs import stick_segments, tensors_to_world
-from .render import composite, fibers_on_reference, plane_geometry, sample_layer
+from .glyphs import LatestTask, ellipse_job, glyph_step_2d, stick_segments
+from .render import composite, fibers_on_reference, plane_geometry
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
 
@@ -56,6 +55,8 @@ class SliceView(QWidget):
         self._image_cache: tuple | None = None
         self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._wl_start: tuple | None = None
+        self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its ellipse builds (workers)
+        self._ellipses: dict[int, list] = {}  # tensor layer -> the last built [(rgba, path)]
         document.connect(self._on_document)
 
     # ----------------------------------------------------------------- model
@@ -173,49 +174,60 @@ class SliceView(QWidget):
         index = int(self.document.cursor[geometry.normal_axis])
         painter.drawText(r, align.AlignTop | align.AlignLeft, f"{self.view} {index}")
 
-    def _draw_glyphs(self, painter: QPainter, geometry, target: QRectF) -> None:
-        """Tensor layers as ellipses: each tensor's in-plane 2x2 part, on every n-th voxel."""
-        doc = self.document
+    def _glyph_requests(self, geometry, target: QRectF) -> list:
+        """(layer, build, key) per visible tensor layer: its ellipses on this slice as it is now,
+        every n-th voxel (the layer's step, or more: see :func:`widgets.glyphs.glyph_step_2d`)."""
         height, width = geometry.voxels.shape[:2]
-        px_w, px_h = target.width() / width, target.height() / height
-        (hx, hs), (vy, vs) = geometry.screen_x_world, geometry.screen_up_world
-        for layer in doc.layers:
-            if layer.kind != "tensor" or not layer.visible:
+        cell_px = min(target.width() / width, target.height() / height)
+        requests = []
+        for layer in self.document.layers:
+            if layer.kind == "tensor" and layer.visible and layer.opacity > 0:
+                step = glyph_step_2d(layer.glyph_step, (height, width), cell_px)
+                requests.append((layer, *ellipse_job(layer, self.document, geometry, step)))
+        wanted = {id(layer) for layer, _build, _key in requests}
+        for key in [key for key in self._glyph_tasks if key not in wanted]:
+            self._glyph_tasks.pop(key).forget()
+            self._ellipses.pop(key, None)
+        for layer, build, key in requests:
+            task = self._glyph_tasks.get(id(layer))
+            if task is None:
+                task = LatestTask(lambda _key, paths, layer=layer: self._ellipses_built(layer, paths), self)
+                self._glyph_tasks[id(layer)] = task
+            task.request(key, build)  # nothing when that picture is built or being built
+        return requests
+
+    def _ellipses_built(self, layer, paths) -> None:
+        if id(layer) in self._glyph_tasks:
+            self._ellipses[id(layer)] = paths or []
+            self.update()
+
+    def glyphs_ready(self) -> bool:
+        """Do the ellipses drawn show the document as it is now (no build pending)? Asks for the
+        builds that are missing (scripts and tests wait on it)."""
+        geometry = self.geometry_now()
+        if geometry is not None:
+            self._glyph_requests(geometry, self._target_rect(geometry))
+        return all(task.ready() for task in self._glyph_tasks.values())
+
+    def _draw_glyphs(self, painter: QPainter, geometry, target: QRectF) -> None:
+        """Tensor layers as ellipses (each tensor's in-plane 2x2 part). They are built on a worker
+        thread (:class:`widgets.glyphs.LatestTask`) as one path per colour in plane millimetres;
+        painting only scales the last built paths onto the screen, so a slice step never waits
+        for them (until the new slice's arrive, the previous slice's are shown)."""
+        self._glyph_requests(geometry, target)
+        width = geometry.voxels.shape[1]
+        scale = target.width() / (width * geometry.pixel_mm[1])  # screen pixels per mm
+        for layer in self.document.layers:
+            paths = self._ellipses.get(id(layer)) if layer.kind == "tensor" else None
+            if not paths:
                 continue
-            step = max(1, int(layer.glyph_step))
-            voxels = geometry.voxels[step // 2 :: step, step // 2 :: step]
-            values, inside = sample_layer(layer, doc, voxels)
-            keep = inside & (values[..., 0] + values[..., 3] + values[..., 5] > 0)
-            if not keep.any():
-                continue
-            world = sym3.to_matrix(np, tensors_to_world(values[keep].astype(np.float64), layer.data.affine))
-            # Screen frame: x right, y down.
-            block = np.stack(
-                [
-                    np.stack([world[:, hx, hx], -hs * vs * world[:, hx, vy]], -1),
-                    np.stack([-hs * vs * world[:, vy, hx], world[:, vy, vy]], -1),
-                ],
-                -2,
-            )
-            lam, vec = np.linalg.eigh(block)
-            lam = np.maximum(lam, 0.0)
-            lam_max = max(float(np.maximum(values[keep][:, [0, 3, 5]], 0).max()), 1e-30)
-            radius = 0.5 * step * min(px_w, px_h) * layer.glyph_size / lam_max
-            rows, cols = np.nonzero(keep)
-            centre_x = target.left() + (cols * step + step // 2 + 0.5) * px_w
-            centre_y = target.top() + (rows * step + step // 2 + 0.5) * px_h
-            e1 = np.abs(np.linalg.eigh(world)[1][:, :, 2])
-            angle = np.degrees(np.arctan2(vec[:, 1, 1], vec[:, 0, 1]))
+            painter.save()
+            painter.translate(target.left(), target.top())
+            painter.scale(scale, scale)
             painter.setPen(Qt.PenStyle.NoPen)
-            for k in range(len(angle)):
-                painter.save()
-                painter.translate(centre_x[k], centre_y[k])
-                painter.rotate(angle[k])
-                r, g, b = (e1[k] * 255).astype(int)
-                painter.setBrush(QColor(int(r), int(g), int(b), int(255 * layer.opacity)))
-                a, c = lam[k, 1] * radius, lam[k, 0] * radius
-                painter.drawEllipse(QRectF(-a, -c, 2 * a, 2 * c))
-                painter.restore()
+            for rgba, path in paths:
+                painter.fillPath(path, QColor(*rgba))
+            painter.restore()
 
     def _draw_sticks(self, painter: QPainter, geometry, target: QRectF) -> None:
         """Dyads layers: each stick's in-plane projection on every n-th voxel (``glyph_step``, or

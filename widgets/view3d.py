@@ -4,7 +4,8 @@ One place owns the plotter (MNE's brain viewer pattern): actors are created once
 per layer and updated in place. Slice planes are coloured by the same
 compositing as the 2-D views (:func:`widgets.render.composite`); tensor and
 dyads layers are one glyph actor each on those planes, rebuilt when the cursor
-moves. Each
+moves (tensor glyphs on a worker thread, at most
+:data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane). Each
 tractogram is one line actor whose arrays are shared with the model, not copied
 per frame; while the camera moves, a fixed subset of streamlines is drawn
 (level of detail) and the full set when it stops.
@@ -27,8 +28,8 @@ from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 from app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer, normal_shape, shape_half_sizes
 
 from . import fiber_display
-from .glyphs import glyph_mesh, stick_mesh, stick_segments, tensors_to_world
-from .render import LUTS, composite, plane_geometry, sample_layer
+from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job
+from .render import LUTS, composite, plane_geometry
 
 NO_RENDER = {"render": False, "reset_camera": False}
 
@@ -39,7 +40,11 @@ class View3D(QWidget):
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)
         self.document = document
-        self.plotter = QtInteractor(self)
+        # No periodic redraw (pyvistaqt's default redraws the unchanged scene 5 times a second,
+        # twice each time: ~40 % of the GUI thread with software OpenGL); this view asks for a
+        # frame whenever the scene changes (request_render), and VTK's widgets draw their own.
+        self.plotter = QtInteractor(self, auto_update=False)
+        self.plotter.renderer.enable_depth_peeling()  # as pyvistaqt does with its redraw timer on
         self.plotter.set_background("black")
         # Depth offsets for geometry that coincides with other geometry (VTK keeps this for all its
         # mappers): dyads sticks lying in a slice plane are pulled in front of it (see _update_glyphs).
@@ -49,6 +54,7 @@ class View3D(QWidget):
         layout.addWidget(self.plotter.interactor)
         self._planes: dict[str, tuple] = {}
         self._glyphs: dict[int, object] = {}
+        self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its glyph builds (workers)
         self._roi_surfaces: dict[int, object] = {}
         self._layer_surfaces: dict[int, dict] = {}  # surfaces computed for a layer (set_layer_surface)
         self.shape_widget = None  # the 3-D handle on a shape ROI (vtkSphereWidget or vtkBoxWidget)
@@ -66,6 +72,9 @@ class View3D(QWidget):
         self._software_rendering: bool | None = None
         self._render_pending = False
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
+        self._frame_start = 0.0
+        self.plotter.ren_win.AddObserver("StartEvent", self._frame_started)
+        self.plotter.ren_win.AddObserver("EndEvent", self._frame_ended)
         self._lod_timer = QTimer(self)
         self._lod_timer.setSingleShot(True)
         self._lod_timer.setInterval(250)
@@ -117,12 +126,26 @@ class View3D(QWidget):
             QTimer.singleShot(0, self._render_now)
 
     def _render_now(self) -> None:
+        """Draw one frame: the widget's repaint renders the scene (``plotter.render()`` would
+        render it twice, once more in the repaint that shows it). :attr:`renders` records
+        every frame's (start, end)."""
         self._render_pending = False
-        if not self._camera_set and (self._planes or self._fibers):
+        if self.plotter.ren_win is None:  # closed meanwhile
+            return
+        planes_shown = any(actor.GetVisibility() for _grid, actor in self._planes.values())
+        if not self._camera_set and (planes_shown or self._fibers or self._glyphs):  # something to frame
             self.reset_camera()
-        start = time.perf_counter()
-        self.plotter.render()
-        self.renders.append((start, time.perf_counter()))
+        if self._software() and self.plotter.ren_win.GetMultiSamples():
+            # Software OpenGL draws every sample on the CPU: 4x multisampling makes each frame
+            # cost 2.5 times as much (75 instead of 30 ms with glyphs on a 400 px view).
+            self.plotter.ren_win.SetMultiSamples(0)
+        self.plotter.interactor.update()
+
+    def _frame_started(self, *_args) -> None:
+        self._frame_start = time.perf_counter()
+
+    def _frame_ended(self, *_args) -> None:
+        self.renders.append((self._frame_start, time.perf_counter()))
 
     def reset_camera(self) -> None:
         self._camera_set = True
@@ -337,33 +360,84 @@ class View3D(QWidget):
 
     # ---------------------------------------------------------------- glyphs
     def _update_glyphs(self) -> None:
-        """One actor per visible glyph layer: tensor glyphs (shaded surfaces) or dyads sticks (lines)."""
+        """One actor per visible glyph layer: dyads sticks (lines, cheap: built here) and tensor
+        glyphs (shaded surfaces built on a worker thread, see :class:`widgets.glyphs.LatestTask`;
+        until the new mesh arrives the actor shows the previous one)."""
         doc = self.document
         layers = [layer for layer in doc.layers if layer.kind in GLYPH_KINDS]
-        for key in [k for k in self._glyphs if k not in {id(layer) for layer in layers}]:
+        present = {id(layer) for layer in layers}
+        for key in [k for k in self._glyphs if k not in present]:
             self.plotter.remove_actor(self._glyphs.pop(key), render=False)
+        for key in [k for k in self._glyph_tasks if k not in present]:
+            self._glyph_tasks.pop(key).forget()
         for layer in layers:
+            shown = layer.visible and doc.reference_affine is not None
+            if layer.kind == "tensor":
+                if shown:
+                    self._request_tensor_glyphs(layer)
+                else:
+                    self._drop_tensor_glyphs(layer)
+                continue
             if actor := self._glyphs.pop(id(layer), None):
                 self.plotter.remove_actor(actor, render=False)  # the coalesced render follows
-            if not layer.visible or doc.reference_affine is None:
+            if not shown:
                 continue
-            mesh = self.glyphs_for(layer) if layer.kind == "tensor" else self.sticks_for(layer)
+            mesh = self.sticks_for(layer)
             if mesh is None:
                 continue
-            style = {"smooth_shading": True} if layer.kind == "tensor" else {"line_width": 3}
             actor = self.plotter.add_mesh(
                 mesh,
                 scalars="rgb",
                 rgb=True,
                 name=f"glyphs_{id(layer)}",
                 show_scalar_bar=False,
-                **style,
+                line_width=3,
                 **NO_RENDER,
             )
             actor.GetProperty().SetOpacity(layer.opacity)
-            if layer.kind == "dyads":  # in front of the plane they lie in, at their full width
-                actor.GetMapper().SetRelativeCoincidentTopologyLineOffsetParameters(-1, -50)
+            # In front of the plane they lie in, at their full width.
+            actor.GetMapper().SetRelativeCoincidentTopologyLineOffsetParameters(-1, -50)
             self._glyphs[id(layer)] = actor
+
+    def _request_tensor_glyphs(self, layer: Layer) -> None:
+        task = self._glyph_tasks.get(id(layer))
+        if task is None:
+            task = LatestTask(lambda _key, mesh, layer=layer: self._show_tensor_glyphs(layer, mesh), self)
+            self._glyph_tasks[id(layer)] = task
+        build, key = tensor_glyph_job(layer, self.document, self._software())
+        task.request(key, build)
+        actor = self._glyphs.get(id(layer))
+        if actor is not None:
+            actor.GetProperty().SetOpacity(layer.opacity)
+
+    def _drop_tensor_glyphs(self, layer: Layer) -> None:
+        if task := self._glyph_tasks.get(id(layer)):
+            task.forget()
+        if actor := self._glyphs.pop(id(layer), None):
+            self.plotter.remove_actor(actor, render=False)
+
+    def _show_tensor_glyphs(self, layer: Layer, mesh) -> None:
+        """A glyph mesh built on a worker arrives: into the layer's actor (made the first time)."""
+        if layer not in self.document.layers or not layer.visible:
+            return
+        actor = self._glyphs.get(id(layer))
+        if mesh is None:
+            if actor is not None:
+                self.plotter.remove_actor(self._glyphs.pop(id(layer)), render=False)
+        elif actor is None:
+            actor = self.plotter.add_mesh(
+                mesh, scalars="rgb", rgb=True, name=f"glyphs_{id(layer)}", show_scalar_bar=False, **NO_RENDER
+            )
+            actor.GetProperty().SetInterpolationToPhong()  # with the mesh's exact normals
+            actor.GetProperty().SetOpacity(layer.opacity)
+            self._glyphs[id(layer)] = actor
+        else:
+            actor.GetMapper().SetInputData(mesh)
+        self.request_render()
+
+    def glyphs_ready(self) -> bool:
+        """Do the 3-D glyphs show the document as it is now (no build pending)?"""
+        return all(task.ready() for task in self._glyph_tasks.values())
 
     def _plane_voxels(self, step: int) -> np.ndarray:
         """Every ``step``-th reference voxel of the three cursor planes, each once (M, 3)."""
@@ -380,27 +454,6 @@ class View3D(QWidget):
         if len(stick) == 0:
             return None
         return stick_mesh(ends @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3], stick)
-
-    def glyphs_for(self, layer: Layer):
-        """The glyph mesh of a tensor layer on the three cursor planes (None if empty)."""
-        doc = self.document
-        step = max(1, int(layer.glyph_step))
-        voxels = self._plane_voxels(step)
-        values, inside = sample_layer(layer, doc, voxels[:, None, :])
-        values, inside = values[:, 0], inside[:, 0]
-        keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)  # fitted voxels only
-        if not keep.any():
-            return None
-        centres = voxels[keep] @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3]
-        world = tensors_to_world(values[keep].astype(np.float64), layer.data.affine)
-        voxel_mm = float(np.sqrt((doc.reference_affine[:3, :3] ** 2).sum(0)).min())
-        return glyph_mesh(
-            world,
-            centres,
-            shape=layer.glyph,
-            size_mm=0.5 * step * voxel_mm * layer.glyph_size,
-            colour="fa" if layer.color_by == "fa" else "direction",
-        )
 
     # ---------------------------------------------------------------- fibers
     def _sync_fibers(self) -> None:

@@ -198,8 +198,9 @@ def test_glyphs_are_elongated_along_the_screen_axis_that_shows_x(window, qtbot):
         )
         doc.add_layer(layer)
         doc.set_cursor([4, 4, 1])
-        qtbot.wait(20)  # let the coalesced render (and its first-camera reset) run before we set the camera
         view = window.view3d
+        qtbot.waitUntil(view.glyphs_ready, timeout=10_000)  # built on a worker thread
+        qtbot.wait(20)  # let the coalesced render (and its first-camera reset) run before we set the camera
         view.plotter.view_xy()  # looking down z: screen x = world x, screen y = world y
         view.plotter.reset_camera()
         image = view.screenshot()
@@ -218,6 +219,7 @@ def test_glyphs_are_elongated_along_the_screen_axis_that_shows_x(window, qtbot):
         # The axial slice view draws the same glyphs as ellipses.
         axial = window.views["axial"]
         axial.show_crosshair = False
+        qtbot.waitUntil(axial.glyphs_ready, timeout=10_000)
         grabbed = axial.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
         grabbed.save(str(ARTIFACTS / f"glyphs_2d_{'x' if expect_wide else 'y'}.png"))
         pixels = np.frombuffer(grabbed.constBits(), np.uint8).reshape(grabbed.height(), grabbed.bytesPerLine()).copy()
