@@ -54,6 +54,8 @@ from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
 
 MAX_RECENT = 10
+SLAB_CHOICES_MM = (1.0, 2.0, 4.0, 10.0, 20.0)  # View > Fiber slab on slices
+DEFAULT_SLAB_MM = 4.0
 FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.trk *.tck *.trx);;All files (*)"
 
 
@@ -217,6 +219,7 @@ class MainWindow(QMainWindow):
         self._action(view_menu, "Next slice", lambda: self._focused_view().step(1), "Ctrl+Up")
         self._action(view_menu, "Previous slice", lambda: self._focused_view().step(-1), "Ctrl+Down")
         self._action(view_menu, "Radiological convention", self._toggle_radiological, checkable=True)
+        self._build_view_controls(view_menu)
         self._build_roi_tools(file_menu)
         track_menu = self.menuBar().addMenu("&Track")
         self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
@@ -471,6 +474,70 @@ class MainWindow(QMainWindow):
     def _reset_camera(self) -> None:
         self.view3d.reset_camera()
         self.view3d.request_render()
+
+    def _build_view_controls(self, view_menu) -> None:
+        """View menu: the 3-D camera along an axis (Ctrl+1..4), one view maximised (Alt+1..4,
+        Alt+0 or the same key again: all four), and the slab of fibers drawn on the slices."""
+        view_menu.addSeparator()
+        camera = view_menu.addMenu("3-D &camera")
+        views = (
+            ("axial", "&Axial (from above)"),
+            ("coronal", "&Coronal (from behind)"),
+            ("sagittal", "&Sagittal (from the left)"),
+            ("isometric", "&Isometric"),
+        )
+        for key, (name, text) in enumerate(views, start=1):
+            self._action(camera, text, lambda n=name: self.set_camera_view(n), f"Ctrl+{key}")
+        layout = view_menu.addMenu("&Maximise view")
+        for key, (name, text) in enumerate(
+            (("3d", "&3-D view"), ("axial", "&Axial"), ("coronal", "&Coronal"), ("sagittal", "&Sagittal")), start=1
+        ):
+            self._action(layout, text, lambda n=name: self.maximise_view(n), f"Alt+{key}")
+        self._action(layout, "All &four views", lambda: self.maximise_view(None), "Alt+0")
+        slab_menu = view_menu.addMenu("Fiber s&lab on slices")
+        group = QActionGroup(self)
+        self.slab_actions: dict[float | None, QAction] = {}
+        for mm in (*SLAB_CHOICES_MM, None):
+            text = "&All fibers (no slab)" if mm is None else f"{mm:g} mm"
+            action = self._action(slab_menu, text, lambda m=mm: self.set_fiber_slab(m), checkable=True)
+            group.addAction(action)
+            self.slab_actions[mm] = action
+        saved = settings().value("view/slab_mm", DEFAULT_SLAB_MM)
+        self.set_fiber_slab(None if saved in ("all", None) else float(saved))
+
+    def set_fiber_slab(self, mm: float | None) -> None:
+        """Draw on the slice views the fibers within ``mm`` around the slice (None: all of them,
+        projected); remembered for the next start."""
+        for view in self.views.values():
+            view.slab_mm = None if mm is None else float(mm)
+            view.update()
+        if mm in self.slab_actions:
+            self.slab_actions[mm].setChecked(True)
+        else:
+            for action in self.slab_actions.values():
+                action.setChecked(False)
+        settings().setValue("view/slab_mm", "all" if mm is None else float(mm))
+
+    def set_camera_view(self, name: str) -> None:
+        """Turn the 3-D camera to look along an axis (``axial``, ``coronal``, ``sagittal``) as the
+        slice views show it, mirrored with the radiological convention, or ``isometric``."""
+        self.view3d.view_from(name, radiological=self.views["axial"].radiological)
+
+    def maximise_view(self, name: str | None) -> None:
+        """Show one view (``3d``, ``axial``, ``coronal``, ``sagittal``) over the whole central area,
+        or all four (None, or the name of the view already maximised)."""
+        widgets = {"3d": self.view3d, **self.views}
+        if name is not None and name not in widgets:
+            raise ValueError(f"no view {name!r}: one of {', '.join(widgets)}")
+        alone = [key for key, widget in widgets.items() if not widget.isHidden()]
+        if name is None or alone == [name]:
+            for widget in widgets.values():
+                widget.show()
+            return
+        for key, widget in widgets.items():
+            widget.setVisible(key == name)
+        if name != "3d":
+            widgets[name].setFocus()  # its keys (slice stepping) work at once
 
     def _focused_view(self) -> SliceView:
         for view in self.views.values():
@@ -791,13 +858,14 @@ class MainWindow(QMainWindow):
         """Write the whole window, the 3-D view included, as PNG."""
         path = Path(path)
         image = self.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
-        rgb = np.ascontiguousarray(self.view3d.screenshot()[..., :3])
-        height, width = rgb.shape[:2]
-        view_image = QImage(rgb.data, width, height, 3 * width, QImage.Format.Format_RGB888)
-        origin = self.view3d.mapTo(self, self.view3d.rect().topLeft())
-        painter = QPainter(image)
-        painter.drawImage(origin, view_image.scaled(self.view3d.size()))
-        painter.end()
+        if self.view3d.isVisible():  # not when another view is maximised
+            rgb = np.ascontiguousarray(self.view3d.screenshot()[..., :3])
+            height, width = rgb.shape[:2]
+            view_image = QImage(rgb.data, width, height, 3 * width, QImage.Format.Format_RGB888)
+            origin = self.view3d.mapTo(self, self.view3d.rect().topLeft())
+            painter = QPainter(image)
+            painter.drawImage(origin, view_image.scaled(self.view3d.size()))
+            painter.end()
         from .report import save_image
 
         return save_image(image, path)

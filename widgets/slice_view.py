@@ -9,7 +9,8 @@ shape, a drag that starts inside the active shape moves it in the slice's plane,
 and a Shift+drag resizes it around its centre (a sphere's radius, a box's
 half-sizes in the slice's two directions, follow the mouse). Over the composited
 image: tensor layers as ellipses, dyads layers as sticks (their in-plane part),
-and tractograms as the segments within a slab of ``slab_mm`` around the slice.
+and tractograms as the segments within a slab of ``slab_mm`` around the slice
+(None: every segment, projected onto it; View > Fiber slab on slices).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class SliceView(QWidget):
         self._drag_shape = None
         self.view = view
         self.radiological = False
-        self.slab_mm = 4.0
+        self.slab_mm: float | None = 4.0  # thickness of the slab of fibers drawn; None: all fibers
         self.show_crosshair = True
         self.setMinimumSize(160, 160)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -259,7 +260,8 @@ class SliceView(QWidget):
         painter.restore()
 
     def _draw_fibers(self, painter: QPainter, geometry, target: QRectF) -> None:
-        """Segments of visible tractograms within the slab, coloured by direction."""
+        """Segments of visible tractograms within the slab (both ends within ``slab_mm`` / 2 of
+        the slice; all of them when ``slab_mm`` is None), coloured as in 3-D."""
         doc = self.document
         height, width = geometry.voxels.shape[:2]
         axis = geometry.normal_axis
@@ -268,7 +270,10 @@ class SliceView(QWidget):
             if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
                 continue
             pts, point_colours, offsets, stream_of_point = fibers_on_reference(layer, doc.reference_affine)
-            near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
+            if self.slab_mm is None:
+                near = np.ones(len(pts), dtype=bool)
+            else:
+                near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
             seg = near[:-1] & near[1:]
             seg[offsets[1:-1] - 1] = False  # no segment joins two streamlines
             if layer.selection is not None:

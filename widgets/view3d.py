@@ -32,6 +32,13 @@ from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job
 from .render import LUTS, composite, plane_geometry
 
 NO_RENDER = {"render": False, "reset_camera": False}
+# The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
+# so that the screen shows what the slice view of that name shows (neurological convention).
+CAMERA_VIEWS = {
+    "axial": ((0.0, 0.0, -1.0), (0.0, 1.0, 0.0)),
+    "coronal": ((0.0, 1.0, 0.0), (0.0, 0.0, 1.0)),
+    "sagittal": ((1.0, 0.0, 0.0), (0.0, 0.0, 1.0)),
+}
 
 
 class View3D(QWidget):
@@ -151,6 +158,26 @@ class View3D(QWidget):
         self._camera_set = True
         self.plotter.renderer.view_isometric(render=False)
         self.plotter.renderer.reset_camera(render=False)
+
+    def view_from(self, view: str, radiological: bool = False) -> None:
+        """Look along a world axis as the slice view of that name shows it: ``axial`` from above
+        with anterior up, ``coronal`` from behind with superior up, ``sagittal`` from the
+        patient's left with superior up (so the patient's left is on the screen's left, as in
+        the neurological slice views; ``radiological`` looks at axial from below and coronal
+        from the front instead); ``isometric`` is the starting view. Everything shown fits."""
+        if view == "isometric":
+            self.reset_camera()
+        else:
+            direction, up = CAMERA_VIEWS[view]
+            if radiological and view != "sagittal":
+                direction = tuple(-v for v in direction)
+            camera = self.plotter.renderer.GetActiveCamera()
+            focal = np.asarray(camera.GetFocalPoint())
+            camera.SetPosition(*(focal - np.asarray(direction, dtype=float)))
+            camera.SetViewUp(*up)
+            self.plotter.renderer.reset_camera(render=False)
+            self._camera_set = True
+        self.request_render()
 
     # ---------------------------------------------------------------- planes
     def _update_planes(self) -> None:
@@ -586,7 +613,10 @@ class View3D(QWidget):
         self.plotter.render()
 
     def screenshot(self) -> np.ndarray:
-        """The rendered 3-D view as (H, W, 3) uint8."""
+        """The rendered 3-D view as (H, W, 3) uint8 (with the first camera placement, when the
+        frame that would make it is still pending)."""
+        if self._render_pending:
+            self._render_now()
         self.plotter.render()
         return self.plotter.screenshot(return_img=True)
 
