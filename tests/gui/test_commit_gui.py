@@ -7,14 +7,14 @@ from __future__ import annotations
 import nibabel as nib
 import numpy as np
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QContextMenuEvent
-from PySide6.QtWidgets import QApplication, QDockWidget
+from PySide6.QtWidgets import QDockWidget
 
 from app.io import load_dwi, load_tractogram
 from app.model import DWIVolume, Layer, RoiMask
 from app.pipelines.commit import COMMIT_OUTPUTS, commit_pipeline
 from gpu.commit import CommitParams
 from tests.conftest import ARTIFACTS
+from tests.gui.actions import choose_from_layer_menu
 from widgets.commit_panel import NRMSE_NAME, THRESHOLD_STEPS, WEIGHT
 from widgets.panels import FILTER_COMMIT
 
@@ -24,20 +24,6 @@ def open_like_a_user(win, *paths) -> None:
         win.open_paths([path])
         assert win.wait_for_jobs(120)
     assert win.errors == []
-
-
-def choose_from_layer_menu(win, qtbot, layer, text: str) -> None:
-    """Right-click a layer in the layer list and pick ``text`` (the context-menu event is sent
-    by hand: QTest's mouse events do not pass through the window system)."""
-    panel = win.layer_panel
-    viewport = panel.list.viewport()
-    pos = panel.list.visualItemRect(panel.item_for(layer)).center()
-    qtbot.mouseClick(viewport, Qt.MouseButton.RightButton, pos=pos)
-    QApplication.sendEvent(viewport, QContextMenuEvent(QContextMenuEvent.Reason.Mouse, pos, viewport.mapToGlobal(pos)))
-    qtbot.waitUntil(lambda: panel.menu is not None and panel.menu.isVisible(), timeout=3000)
-    menu = panel.menu
-    action = next(action for action in menu.actions() if action.text() == text)
-    qtbot.mouseClick(menu, Qt.MouseButton.LeftButton, pos=menu.actionGeometry(action).center())
 
 
 def type_into(qtbot, box, text: str) -> None:

@@ -6,11 +6,10 @@ import shutil
 import nibabel as nib
 import numpy as np
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QContextMenuEvent
-from PySide6.QtWidgets import QApplication
 
 from app.loaders import is_anatomical, load_layers
 from tests.conftest import ARTIFACTS
+from tests.gui.actions import choose_from_layer_menu
 from widgets.main_window import _format_value
 
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
@@ -32,19 +31,6 @@ def save(tmp_path, name: str, data: np.ndarray):
     path = tmp_path / name
     nib.save(nib.Nifti1Image(data, AFFINE), path)
     return path
-
-
-def choose_from_layer_menu(win, qtbot, layer, text: str) -> None:
-    """Right-click a layer in the layer list and pick ``text``."""
-    panel = win.layer_panel
-    viewport = panel.list.viewport()
-    pos = panel.list.visualItemRect(panel.item_for(layer)).center()
-    qtbot.mouseClick(viewport, Qt.MouseButton.RightButton, pos=pos)
-    QApplication.sendEvent(viewport, QContextMenuEvent(QContextMenuEvent.Reason.Mouse, pos, viewport.mapToGlobal(pos)))
-    qtbot.waitUntil(lambda: panel.menu is not None and panel.menu.isVisible(), timeout=3000)
-    menu = panel.menu
-    action = next(action for action in menu.actions() if action.text() == text)
-    qtbot.mouseClick(menu, Qt.MouseButton.LeftButton, pos=menu.actionGeometry(action).center())
 
 
 def test_integer_anatomy_opens_as_scalar_and_parcellations_as_labels(tmp_path, demo_dir):

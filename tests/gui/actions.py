@@ -1,0 +1,21 @@
+"""What a user does in the window, as functions the GUI tests share."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QContextMenuEvent
+from PySide6.QtWidgets import QApplication
+
+
+def choose_from_layer_menu(win, qtbot, layer, text: str) -> None:
+    """Right-click a layer in the layer list and pick ``text`` (the context-menu event is sent
+    by hand: QTest's mouse events do not pass through the window system)."""
+    panel = win.layer_panel
+    viewport = panel.list.viewport()
+    pos = panel.list.visualItemRect(panel.item_for(layer)).center()
+    qtbot.mouseClick(viewport, Qt.MouseButton.RightButton, pos=pos)
+    QApplication.sendEvent(viewport, QContextMenuEvent(QContextMenuEvent.Reason.Mouse, pos, viewport.mapToGlobal(pos)))
+    qtbot.waitUntil(lambda: panel.menu is not None and panel.menu.isVisible(), timeout=3000)
+    menu = panel.menu
+    action = next(action for action in menu.actions() if action.text() == text)
+    qtbot.mouseClick(menu, Qt.MouseButton.LeftButton, pos=menu.actionGeometry(action).center())
