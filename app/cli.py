@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.backend import DEVICES, BackendError, Cancelled, OutOfDeviceMemory, get_backend, gpu_status
-from gpu.commit import MODELS as COMMIT_MODELS
+from tractlens.gpu.backend import DEVICES, BackendError, Cancelled, OutOfDeviceMemory, get_backend, gpu_status
+from tractlens.gpu.commit import MODELS as COMMIT_MODELS
 
 from . import __version__
 from .errors import InputError
@@ -93,7 +93,7 @@ def cmd_demo_data(args) -> int:
 
 
 def cmd_fit_dti(args) -> int:
-    from gpu.dti import DTIFitParams
+    from tractlens.gpu.dti import DTIFitParams
 
     from .io import load_dwi
     from .pipelines.dti import fit_dti_pipeline, write_dti_outputs
@@ -129,7 +129,7 @@ def cmd_fit_dti(args) -> int:
 
 
 def cmd_commit(args) -> int:
-    from gpu.commit import CommitParams
+    from tractlens.gpu.commit import CommitParams
 
     from .pipelines.commit import commit_from_files, write_commit_outputs
 
@@ -173,7 +173,7 @@ def cmd_commit(args) -> int:
 
 
 def cmd_fit_ballstick(args) -> int:
-    from gpu.ballstick import BallStickParams
+    from tractlens.gpu.ballstick import BallStickParams
 
     from .io import load_dwi
     from .pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
@@ -397,7 +397,7 @@ def _load_field(args):
 
 
 def cmd_track_geodesic(args) -> int:
-    from gpu.geodesic import GeodesicParams, MetricParams
+    from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 
     from .io import save_tractogram
     from .pipelines.track import geodesic_pipeline, masks_on_field
@@ -456,7 +456,7 @@ def cmd_track_geodesic(args) -> int:
 
 
 def cmd_track_deterministic(args) -> int:
-    from gpu.deterministic import DeterministicParams
+    from tractlens.gpu.deterministic import DeterministicParams
 
     from .io import save_tractogram
     from .pipelines.track import deterministic_pipeline, masks_on_field
@@ -512,7 +512,7 @@ def cmd_track_deterministic(args) -> int:
 
 
 def cmd_track_probabilistic(args) -> int:
-    from gpu.probabilistic import ProbParams
+    from tractlens.gpu.probabilistic import ProbParams
 
     from .pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
 
-from gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
+from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 
 from .errors import InputError
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu import dti, sym3
+from tractlens.gpu import dti, sym3
 
 from .errors import InputError
 from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram

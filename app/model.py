@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .derived import DerivedCache
+
 if TYPE_CHECKING:
     from .io import DWI, BedpostSamples
 
@@ -545,6 +547,8 @@ class Document(Observable):
         self.reference_affine: np.ndarray | None = None
         self.reference_shape: tuple[int, int, int] | None = None
         self.cursor = np.zeros(3, dtype=int)
+        #: metrics, streamline indexes, sample fields... computed from the layers' data
+        self.derived = DerivedCache()
 
     def add_layer(self, layer: Layer, *, undoable: bool = False, index: int | None = None) -> Layer:
         """Put ``layer`` on top of the stack (or at ``index``); ``undoable``: an edit that

@@ -32,14 +32,14 @@ def _isolated_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def demo_dir(_isolated_cache) -> Path:
-    from app.demo import demo_path
+    from tractlens.app.demo import demo_path
 
     return demo_path()
 
 
 @pytest.fixture(scope="session")
 def demo_phantom():
-    from app.demo import make_phantom
+    from tractlens.app.demo import make_phantom
 
     return make_phantom()
 
@@ -48,8 +48,8 @@ def demo_phantom():
 def demo_bedpostx(demo_phantom, tmp_path_factory):
     """A bedpostX folder made from the demo phantom's true bundle directions (two strongest
     bundles per voxel, f = 0.6 × occupancy, 10 samples jittered by ~3°), FSL frame."""
-    from app.io.bedpostx import BedpostSamples, save_bedpostx
-    from gpu.ballstick import vectors_to_angles
+    from tractlens.app.io.bedpostx import BedpostSamples, save_bedpostx
+    from tractlens.gpu.ballstick import vectors_to_angles
 
     p = demo_phantom
     rng = np.random.default_rng(0)

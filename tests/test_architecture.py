@@ -9,28 +9,74 @@ import pytest
 from tests.conftest import installed_tool
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The repository's folders that are installed as subpackages of ``tractlens``.
+SUBPACKAGES = ("app", "gpu", "widgets", "resources")
 FORBIDDEN = {
-    "gpu": {"app", "widgets", "PySide6", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "nibabel", "trx"},
-    "app": {"widgets", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "PySide6.QtWidgets", "PySide6.QtGui"},
+    "gpu": {
+        "tractlens.app",
+        "tractlens.widgets",
+        "PySide6",
+        "vtk",
+        "vtkmodules",
+        "pyvista",
+        "pyvistaqt",
+        "nibabel",
+        "trx",
+    },
+    "app": {"tractlens.widgets", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "PySide6.QtWidgets", "PySide6.QtGui"},
 }
 
 
+def module_name(path: Path) -> str:
+    """The dotted name a file of the repository has once installed (``app/io/dwi.py`` ->
+    ``tractlens.app.io.dwi``; ``tests/x.py`` -> ``tests.x``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    if parts and parts[0] in SUBPACKAGES:
+        parts = ["tractlens", *parts]
+    return ".".join(parts)
+
+
 def imported_modules(path: Path):
+    """Absolute names of the modules a file imports (relative imports resolved)."""
     tree = ast.parse(path.read_text(), str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.module
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                yield node.module
+                continue
+            base = package.split(".")
+            base = base[: len(base) - (node.level - 1)]
+            yield ".".join([*base, node.module] if node.module else base)
+
+
+def python_files(*folders: str):
+    for folder in folders:
+        yield from (p for p in (ROOT / folder).rglob("*.py") if ".venv" not in p.parts)
 
 
 @pytest.mark.parametrize("package", FORBIDDEN)
 def test_dependencies_point_one_way(package):
     bad = []
-    for path in (ROOT / package).rglob("*.py"):
+    for path in python_files(package):
         for module in imported_modules(path):
             if any(module == f or module.startswith(f + ".") for f in FORBIDDEN[package]):
+                bad.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not bad, "\n".join(bad)
+
+
+def test_code_imports_tractlens_never_bare_app_or_gpu():
+    """Installed, the folders are ``tractlens.app`` etc.: a bare ``import app`` would pick up
+    whatever other distribution (or the user's working directory) owns a top-level ``app``."""
+    bad = []
+    for path in python_files(*SUBPACKAGES, "tractlens", "tests"):
+        for module in imported_modules(path):
+            if module.split(".")[0] in SUBPACKAGES:
                 bad.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not bad, "\n".join(bad)
 
@@ -55,7 +101,7 @@ def test_every_kernel_file_is_package_data():
     # tomllib is Python >= 3.11 and we support 3.10: read the one line by hand.
     text = (ROOT / "pyproject.toml").read_text()
     section = text.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
-    line = re.search(r"^gpu\s*=\s*\[(.*)\]", section, re.M)
+    line = re.search(r'^"tractlens\.gpu"\s*=\s*\[(.*)\]', section, re.M)
     assert line, "pyproject.toml has no package-data for gpu"
     patterns = re.findall(r'"([^"]+)"', line.group(1))
     kernels = [p for p in (ROOT / "gpu" / "kernels").iterdir() if p.is_file()]

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from gpu import backend as be
-from gpu.backend import Backend, BackendError, Cancelled, OutOfDeviceMemory, get_backend, run_batched
+from tractlens.gpu import backend as be
+from tractlens.gpu.backend import Backend, BackendError, Cancelled, OutOfDeviceMemory, get_backend, run_batched
 
 
 def test_cpu_backend_uses_numpy():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu.ballstick import (
+from tractlens.gpu.ballstick import (
     FLAG_NOT_FITTED,
     BallStickParams,
     angles_to_vectors,
@@ -156,7 +156,7 @@ def test_same_seed_same_samples_regardless_of_batching(device):
 
 
 def test_progress_and_cancel_between_batches(device):
-    from gpu.backend import Cancelled
+    from tractlens.gpu.backend import Cancelled
 
     rng = np.random.default_rng(6)
     bvals, bvecs = gradient_table(rng)
@@ -225,9 +225,9 @@ def test_unusable_settings_and_tables_are_refused(rng):
 
 @pytest.mark.gpu
 def test_lm_kernel_reaches_the_reference_optimum():
-    from gpu.backend import get_backend
-    from gpu.ballstick import _initial_x, lm_kernel
-    from gpu.dti import fit_dti
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.ballstick import _initial_x, lm_kernel
+    from tractlens.gpu.dti import fit_dti
 
     backend = get_backend("gpu")
     rng = np.random.default_rng(8)
@@ -252,8 +252,8 @@ def test_lm_kernel_reaches_the_reference_optimum():
 def test_mcmc_kernel_tracks_the_reference_step_by_step(rician):
     """Same start, same Philox streams: the first sweeps of the kernel (float32) and of the
     reference (float64) make the same accept/reject decisions in nearly every voxel."""
-    from gpu.backend import get_backend
-    from gpu.ballstick import mcmc_kernel
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.ballstick import mcmc_kernel
 
     backend = get_backend("gpu")
     rng = np.random.default_rng(9)
@@ -327,7 +327,7 @@ def test_gpu_and_numpy_posteriors_agree_over_repeats():
 def small_dwi(tmp_path_factory):
     """A 5x4x3 DWI on a neurological (det > 0) grid, one oblique fibre along voxel axes
     (1, 1, 0)/√2 in the left half and (0, 0, 1) in the right; FSL bvecs (x negated)."""
-    from app.io import save_gradients, save_volume
+    from tractlens.app.io import save_gradients, save_volume
 
     rng = np.random.default_rng(12)
     bvals, bvecs_voxel = gradient_table(rng)
@@ -346,9 +346,9 @@ def small_dwi(tmp_path_factory):
 
 
 def test_pipeline_writes_a_bedpostx_folder_that_reads_back(small_dwi, tmp_path):
-    from app.io import load_bedpostx, load_dwi
-    from app.io.bedpostx import BEDPOSTX_OUTPUTS
-    from app.pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
+    from tractlens.app.io import load_bedpostx, load_dwi
+    from tractlens.app.io.bedpostx import BEDPOSTX_OUTPUTS
+    from tractlens.app.pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
 
     folder, dirs = small_dwi
     dwi = load_dwi(folder / "dwi.nii.gz")
@@ -421,8 +421,8 @@ def test_fit_ballstick_command(small_dwi, tmp_path):
     ],
 )
 def test_fit_ballstick_bad_inputs(small_dwi, tmp_path, extra, expect):
-    from app.io import save_volume
     from tests.test_cli import _expect_input_error
+    from tractlens.app.io import save_volume
 
     folder, _ = small_dwi
     save_volume(np.zeros((5, 4, 3), np.uint8), np.diag([2.0, 2, 2, 1]), tmp_path / "empty.nii.gz")
@@ -461,8 +461,8 @@ def test_demo_phantom_bundles_and_crossing_on_the_gpu(demo_phantom):
     """The whole demo brain (31 k voxels, stick-zeppelin-ball signal, so the model is only
     approximate) at FSL's defaults, through the pipeline and the FSL-frame round trip:
     single-bundle voxels give their bundle's direction, the 90° crossing gives both."""
-    from app.io import DWI
-    from app.pipelines.ballstick import fit_ballstick_pipeline
+    from tractlens.app.io import DWI
+    from tractlens.app.pipelines.ballstick import fit_ballstick_pipeline
 
     p = demo_phantom
     dwi = DWI(data=p.dwi, affine=p.affine, bvals=p.bvals, bvecs=p.bvecs)

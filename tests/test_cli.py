@@ -11,8 +11,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from app.cli import main
 from tests.conftest import installed_tool
+from tractlens.app.cli import main
 
 
 def run_cli(*args, env=None):
@@ -153,7 +153,7 @@ def test_console_script_is_installed():
 
 
 def test_select_keeps_exactly_the_bundle_between_its_rois(demo_dir, tmp_path):
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     out = tmp_path / "arc.trx"
     result = run_cli(
@@ -220,7 +220,7 @@ def test_select_bad_inputs(demo_dir, tmp_path):
 def test_track_deterministic_from_fitted_tensors_and_from_the_dwi(fitted, demo_dir, tmp_path):
     """The same seeds from a tensor folder and from the DWI give the same streamlines; the
     file holds them in RAS mm with FA per point and length per streamline."""
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     tensor_dir, _summary, _stderr = fitted
     common = ["--seed", str(demo_dir / "roi_arc_seed.nii.gz"), "--seeds-per-voxel", "2", "--min-length", "10"]
@@ -296,7 +296,7 @@ def test_track_deterministic_bad_inputs(fitted, demo_dir, tmp_path, args, expect
 
 
 def test_track_geodesic_keeps_ranked_fibres_that_reach_the_target(fitted, demo_dir, tmp_path):
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     out = tmp_path / "geo.trx"
     result = run_cli(

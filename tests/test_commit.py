@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gpu.commit import (
+from tractlens.gpu.commit import (
     CommitParams,
     Problem,
     apply_a_numpy,
@@ -80,7 +80,7 @@ def test_cylinder_response_limits():
     """Van Gelderen's series: a thin cylinder is a stick (no signal loss across it); in the
     long-pulse regime (δ ≫ R²/D) it approaches Neuman's −(7/48) γ²G²δR⁴/D; the signal
     across falls with the radius and never exceeds 1; b = 0 gives 1."""
-    from gpu.commit import GAMMA, cylinder_perpendicular_log
+    from tractlens.gpu.commit import GAMMA, cylinder_perpendicular_log
 
     b = np.array([0.0, 1000.0, 3000.0])
     d = 1.7e-3
@@ -199,8 +199,8 @@ def _relative(a, b):
 def test_gpu_operator_equals_the_reference(n_dirs, model):
     """A x and Aᵀ y on the GPU within 1e-12 relative of the NumPy reference (float64 sums in
     another order), with an empty voxel row and a streamline without segments."""
-    from gpu.backend import get_backend
-    from gpu.commit import DeviceOperator
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.commit import DeviceOperator
 
     problem, *_ = small_problem(params=MODELS[model])
     rng = np.random.default_rng(2)
@@ -224,8 +224,8 @@ def test_gpu_operator_equals_the_reference(n_dirs, model):
 def test_fista_on_the_gpu_follows_the_cpu():
     import cupy as cp
 
-    from gpu.backend import get_backend
-    from gpu.commit import DeviceOperator
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.commit import DeviceOperator
 
     problem, *_ = small_problem(seed=3, n_fibers=60)
     rng = np.random.default_rng(4)
@@ -246,8 +246,8 @@ def demo_with_false_streamlines(demo_dir, tmp_path_factory):
     """The demo's true bundles plus a third as many straight lines through random brain voxels."""
     import nibabel as nib
 
-    from app.io import load_tractogram, save_tractogram
-    from app.model import Tractogram
+    from tractlens.app.io import load_tractogram, save_tractogram
+    from tractlens.app.model import Tractogram
 
     true = load_tractogram(demo_dir / "bundles.trk")
     rng = np.random.default_rng(0)
@@ -272,8 +272,8 @@ def test_commit_command_keeps_the_true_bundles_and_filters_false_streamlines(
 
     import nibabel as nib
 
-    from app.io import load_tractogram
     from tests.test_cli import run_cli
+    from tractlens.app.io import load_tractogram
 
     tract, n_true = demo_with_false_streamlines
     out = tmp_path / "commit"
@@ -333,7 +333,7 @@ def test_commit_command_bad_inputs(demo_dir, demo_with_false_streamlines, tmp_pa
 
 @pytest.mark.gpu
 def test_commit_pipeline_on_the_gpu_equals_the_cpu(demo_dir, demo_with_false_streamlines):
-    from app.pipelines.commit import commit_from_files
+    from tractlens.app.pipelines.commit import commit_from_files
 
     params = CommitParams(max_iter=200, tol=0.0)
     cpu, _ = commit_from_files(demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0], params=params, device="cpu")
@@ -345,7 +345,7 @@ def test_commit_pipeline_on_the_gpu_equals_the_cpu(demo_dir, demo_with_false_str
 
 @pytest.mark.gpu
 def test_segments_on_the_gpu_equal_the_cpu(rng):
-    from gpu.backend import get_backend
+    from tractlens.gpu.backend import get_backend
 
     shape = (30, 32, 28)
     points, offsets = random_streamlines(rng, 400, shape, points=60)
@@ -365,7 +365,7 @@ def test_segments_on_the_gpu_equal_the_cpu(rng):
 def test_blocked_operator_equals_the_whole(model):
     """Rows in blocks of at most 40 segments (some rows hold more: a block of their own): A x,
     Aᵀ y and the column norms equal the whole operator's."""
-    from gpu.commit import BlockedOperator, NumpyOperator, row_blocks
+    from tractlens.gpu.commit import BlockedOperator, NumpyOperator, row_blocks
 
     problem, *_ = small_problem(params=MODELS[model])
     blocks = row_blocks(problem, 40)
@@ -383,7 +383,7 @@ def test_blocked_operator_equals_the_whole(model):
 
 
 def test_commit_pipeline_in_blocks_equals_the_whole(demo_dir, demo_with_false_streamlines):
-    from app.pipelines.commit import commit_from_files
+    from tractlens.app.pipelines.commit import commit_from_files
 
     params = CommitParams(max_iter=60, tol=0.0)
     args = (demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0])
@@ -397,8 +397,8 @@ def test_commit_pipeline_in_blocks_equals_the_whole(demo_dir, demo_with_false_st
 
 def _synthetic_pipeline_inputs(n_streamlines=60_000, shape=(24, 24, 24), seed=7):
     """A DWI of random positive signal and random smooth streamlines (for sizes, not physics)."""
-    from app.io.dwi import DWI
-    from app.model import Tractogram
+    from tractlens.app.io.dwi import DWI
+    from tractlens.app.model import Tractogram
 
     rng = np.random.default_rng(seed)
     bvals, bvecs = scheme(rng)
@@ -416,8 +416,8 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
     of voxel rows, says so, and equals the resident operator's fit."""
     import cupy as cp
 
-    from app.pipelines.commit import commit_pipeline
-    from gpu.commit import fista_bytes
+    from tractlens.app.pipelines.commit import commit_pipeline
+    from tractlens.gpu.commit import fista_bytes
 
     dwi, tract = _synthetic_pipeline_inputs()
     params = CommitParams(max_iter=50, tol=0.0)
@@ -442,7 +442,7 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
 def test_blocked_operator_halves_its_blocks_when_out_of_memory():
     """A block operator that fails for more than 25 segments (as a device out of memory would):
     the blocks are halved until they fit, and the products are still exact."""
-    from gpu.commit import BlockedOperator, NumpyOperator
+    from tractlens.gpu.commit import BlockedOperator, NumpyOperator
 
     problem, *_ = small_problem()
 

@@ -24,7 +24,7 @@ def commit_inputs(demo_dir, tmp_path_factory):
     """Deterministic tracking from every third brain voxel (redundant streamlines, so that
     COMMIT sets many to 0) and peaks from our tensor fit: V1 as written (FSL's frame) for
     TractLens, in voxel axes for dmri-commit."""
-    from app.io.dwi import fsl_to_voxel_vectors
+    from tractlens.app.io.dwi import fsl_to_voxel_vectors
 
     work = tmp_path_factory.mktemp("commit_reference")
     mask = nib.load(demo_dir / "mask.nii.gz")
@@ -57,8 +57,8 @@ def _voxel_lengths_from_dictionary(folder, shape):
 
 
 def _our_voxel_lengths(tractogram, demo_dir):
-    from app.io import load_dwi, load_tractogram
-    from gpu.commit import segments
+    from tractlens.app.io import load_dwi, load_tractogram
+    from tractlens.gpu.commit import segments
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     tract = load_tractogram(tractogram, reference=(dwi.affine, dwi.shape3))

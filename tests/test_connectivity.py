@@ -14,13 +14,13 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from app.errors import InputError
-from app.io.lut import load_lut
-from app.model import Tractogram, Volume
-from app.pipelines import connectivity as pipe
-from gpu import connectivity as conn
-from gpu import tractometry as tm
 from tests.test_cli import run_cli
+from tractlens.app.errors import InputError
+from tractlens.app.io.lut import load_lut
+from tractlens.app.model import Tractogram, Volume
+from tractlens.app.pipelines import connectivity as pipe
+from tractlens.gpu import connectivity as conn
+from tractlens.gpu import tractometry as tm
 
 # ------------------------------------------------------------------ brute-force references
 
@@ -131,7 +131,7 @@ def test_streamline_lengths_in_mm():
 
 
 def _demo_tract(demo_dir, reference):
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     return load_tractogram(demo_dir / "bundles.trk", reference=reference)
 
@@ -399,7 +399,7 @@ def test_cli_connectome_profile_and_distance_on_the_demo(demo_dir, tmp_path):
                   "--margin", "5", "-o", str(tmp_path / "d.trk"), "--json")  # fmt: skip
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     tract = load_tractogram(tmp_path / "d.trk")
     per = tract.streamline_scalars[pipe.DISTANCE_STREAMLINE_SCALAR]

@@ -5,10 +5,10 @@ import json
 import nibabel as nib
 import numpy as np
 
-from app import demo
-from app.io import load_dwi
-from app.masking import brain_mask_from_b0
-from app.pipelines.dti import fit_dti_pipeline
+from tractlens.app import demo
+from tractlens.app.io import load_dwi
+from tractlens.app.masking import brain_mask_from_b0
+from tractlens.app.pipelines.dti import fit_dti_pipeline
 
 
 def test_phantom_is_reproducible(demo_phantom):
@@ -40,7 +40,7 @@ def test_files_are_written_with_rois_and_ground_truth(demo_dir):
     for name, info in manifest["rois"].items():
         roi = nib.load(demo_dir / name).get_fdata() > 0
         assert roi.sum() == info["voxels"] > 5 and not (roi & ~brain).any()
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     truth = load_tractogram(demo_dir / "bundles.trk")
     assert set(np.unique(truth.streamline_scalars["bundle"])) == {1, 2, 3, 4, 5}
@@ -78,7 +78,7 @@ def test_fit_recovers_bundle_directions_through_the_fsl_bvec_convention(demo_dir
 
 
 def test_pipeline_reports_and_writes_flags_for_bad_voxels(demo_dir, tmp_path):
-    from app.pipelines.dti import write_dti_outputs
+    from tractlens.app.pipelines.dti import write_dti_outputs
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     truth = nib.load(demo_dir / "mask.nii.gz").get_fdata() > 0

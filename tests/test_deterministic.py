@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from gpu import sym3
-from gpu.deterministic import DeterministicParams, track_all
-from gpu.seeding import seeds_in_mask
-from gpu.streamlines import (
+from tractlens.gpu import sym3
+from tractlens.gpu.deterministic import DeterministicParams, track_all
+from tractlens.gpu.seeding import seeds_in_mask
+from tractlens.gpu.streamlines import (
     LOW_FA,
     MAX_LENGTH,
     OUTSIDE_MASK,
@@ -108,7 +108,7 @@ def test_fa_threshold_stops_where_anisotropy_ends(device):
 
 
 def _fa_at(field, point):
-    from gpu.interpolate import trilinear
+    from tractlens.gpu.interpolate import trilinear
 
     tensor = trilinear(np, field, np.asarray(point, float)[None])
     return float(sym3.fractional_anisotropy_from_invariants(np, tensor)[0])
@@ -181,7 +181,7 @@ def test_nan_tensors_stop_tracking_like_empty_voxels(device):
 
 
 def _notes(field):
-    from gpu.deterministic import prepare_field
+    from tractlens.gpu.deterministic import prepare_field
 
     return prepare_field(field, VOXEL).notes
 
@@ -261,7 +261,7 @@ def test_principal_eigenvector_matches_the_full_solver():
 
 # ------------------------------------------------------------------------ engines
 def demo_tensor_field(demo_dir):
-    from app.pipelines.track import load_tensor_field
+    from tractlens.app.pipelines.track import load_tensor_field
 
     return load_tensor_field(dwi=demo_dir / "dwi.nii.gz", device="cpu")
 
@@ -310,7 +310,7 @@ def test_streamlines_seeded_in_a_demo_bundle_stay_in_it(demo_dir):
     import nibabel as nib
     from scipy import ndimage
 
-    from app.pipelines.track import deterministic_pipeline
+    from tractlens.app.pipelines.track import deterministic_pipeline
 
     field = demo_tensor_field(demo_dir)
     labels = np.asarray(nib.load(demo_dir / "labels.nii.gz").dataobj)
@@ -334,7 +334,7 @@ def test_streamlines_seeded_in_a_demo_bundle_stay_in_it(demo_dir):
 
 
 def test_tensor_field_notes_nan_and_non_positive_definite_voxels():
-    from app.pipelines.track import TensorField
+    from tractlens.app.pipelines.track import TensorField
 
     tensor = straight_field((10, 10, 4))
     tensor[1, 1, 1] = np.nan

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.io._atomic import SaveError, atomic_path
-from app.model import Document, Layer, RoiMask, Tractogram, Volume
-from app.session import load_session, save_session
+from tractlens.app.io._atomic import SaveError, atomic_path
+from tractlens.app.model import Document, Layer, RoiMask, Tractogram, Volume
+from tractlens.app.session import load_session, save_session
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 200_000  # bytes a child may write per file
@@ -32,21 +32,21 @@ CHILD = textwrap.dedent(
     import numpy as np
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
-    from app.errors import InputError
-    from app.model import Document, Layer, Tractogram, Volume
+    from tractlens.app.errors import InputError
+    from tractlens.app.model import Document, Layer, Tractogram, Volume
     rng = np.random.default_rng(0)
     target, what = sys.argv[1], sys.argv[2]
     try:
         if what == "session":
-            from app.session import save_session
+            from tractlens.app.session import save_session
             doc = Document()
             doc.add_layer(Layer("big", Volume("big", rng.normal(size=(64, 64, 40)).astype(np.float32), np.eye(4)), "scalar"))
             save_session(doc, target)
         elif what == "nifti":
-            from app.io import save_volume
+            from tractlens.app.io import save_volume
             save_volume(rng.normal(size=(64, 64, 40)).astype(np.float32), np.eye(4), target)
         elif what == "trk":
-            from app.io import save_tractogram
+            from tractlens.app.io import save_tractogram
             lines = [rng.normal(size=(200, 3)).astype(np.float32) + 20 for _ in range(400)]
             save_tractogram(Tractogram.from_list(lines, affine=np.eye(4), dimensions=(40, 40, 40)), target)
         print(json.dumps({{"ok": True}}))
@@ -125,7 +125,7 @@ def test_cli_reports_a_full_disk_as_bad_input_without_a_traceback(tmp_path, demo
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT}, {LIMIT}))
-        from app.cli import main
+        from tractlens.app.cli import main
         sys.exit(main(["fit-dti", {str(demo_dir / "dwi.nii.gz")!r}, "--device", "cpu", "-o", {str(tmp_path / "out")!r}]))
         """
     )
@@ -139,7 +139,7 @@ def test_cli_reports_a_full_disk_as_bad_input_without_a_traceback(tmp_path, demo
 def test_a_snapshot_is_not_changed_by_later_edits(tmp_path):
     """The window snapshots the document on the GUI thread and writes it on a worker: an ROI
     painted after the snapshot must not reach the file half-way."""
-    from app.session import snapshot, write_session
+    from tractlens.app.session import snapshot, write_session
 
     doc = Document()
     doc.add_layer(Layer("anat", Volume("anat", np.zeros((5, 4, 3), np.float32), np.eye(4)), "scalar"))

@@ -9,8 +9,8 @@ error of about 1e-4 of white-matter MD.
 import numpy as np
 import pytest
 
-from gpu import dti
-from gpu.dti import DTIFitParams, fit_dti
+from tractlens.gpu import dti
+from tractlens.gpu.dti import DTIFitParams, fit_dti
 
 TOL = {"float64": 1e-4, "float32": 1e-3}
 
@@ -38,7 +38,7 @@ def datasets(demo_phantom_module):
 
 @pytest.fixture(scope="module")
 def demo_phantom_module():
-    from app.demo import make_phantom
+    from tractlens.app.demo import make_phantom
 
     return make_phantom()
 
@@ -72,7 +72,7 @@ def test_fit_agrees_with_dipy(device, datasets, dataset, method, precision):
 
 def synthetic_field(rng, n=5000):
     """Known tensors (random orientations, WM-like eigenvalues) and their noise-free signals."""
-    from app.demo import gradient_table
+    from tractlens.app.demo import gradient_table
 
     bvals, bvecs = gradient_table(rng)
     evals = np.stack([rng.uniform(1.2e-3, 2.0e-3, n), rng.uniform(2e-4, 6e-4, n), rng.uniform(1e-4, 2e-4, n)], 1)
@@ -159,7 +159,7 @@ def test_gpu_and_cpu_give_the_same_maps(rng):
 
 def test_column_major_input_gives_the_same_fit(device, rng):
     """NIfTI gathers arrive column-major; batches of such input must fit identically."""
-    from app.pipelines.dti import masked_signal
+    from tractlens.app.pipelines.dti import masked_signal
 
     signal, bvals, bvecs, *_ = synthetic_field(rng, n=2000)
     volume = np.asfortranarray(signal.reshape(10, 20, 10, -1))
@@ -177,7 +177,7 @@ def test_column_major_input_gives_the_same_fit(device, rng):
 
 
 def test_cancel_stops_the_fit(device, rng):
-    from gpu.backend import Cancelled
+    from tractlens.gpu.backend import Cancelled
 
     signal, bvals, bvecs, *_ = synthetic_field(rng, n=1000)
     done = []

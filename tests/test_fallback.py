@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from app.pipelines import _fallback
-from gpu import deterministic, geodesic
-from gpu.backend import Backend, OutOfDeviceMemory, get_backend
+from tractlens.app.pipelines import _fallback
+from tractlens.gpu import deterministic, geodesic
+from tractlens.gpu.backend import Backend, OutOfDeviceMemory, get_backend
 
 
 class _Pool:
@@ -59,7 +59,7 @@ def _runs_out_after(original, good_batches: int, batch_items: int):
 
 @pytest.fixture(scope="module")
 def demo_field(demo_dir):
-    from app.pipelines.track import load_tensor_field
+    from tractlens.app.pipelines.track import load_tensor_field
 
     return load_tensor_field(dwi=demo_dir / "dwi.nii.gz", device="cpu")
 
@@ -71,7 +71,7 @@ def _arc_seed(demo_dir) -> np.ndarray:
 
 
 def test_deterministic_tracking_continues_on_the_cpu_where_the_gpu_stopped(demo_field, demo_dir, fake_gpu, monkeypatch):
-    from app.pipelines.track import deterministic_pipeline
+    from tractlens.app.pipelines.track import deterministic_pipeline
 
     seed = _arc_seed(demo_dir)
     options = {"seed_mask": seed, "seeds_per_voxel": 3, "params": deterministic.DeterministicParams()}
@@ -89,7 +89,7 @@ def test_deterministic_tracking_continues_on_the_cpu_where_the_gpu_stopped(demo_
 
 
 def test_geodesic_tracking_continues_on_the_cpu_where_the_gpu_stopped(demo_field, demo_dir, fake_gpu, monkeypatch):
-    from app.pipelines.track import geodesic_pipeline
+    from tractlens.app.pipelines.track import geodesic_pipeline
 
     options = {"seed_mask": _arc_seed(demo_dir), "directions": 12, "params": geodesic.GeodesicParams(max_steps=200)}
     reference = geodesic_pipeline(demo_field, device="cpu", **options)
@@ -116,8 +116,8 @@ def _prepare_then_fail(original):
 
 
 def test_tensor_fit_is_done_again_on_the_cpu(demo_dir, fake_gpu, monkeypatch):
-    import app.pipelines.dti as dti_pipeline
-    from app.io import load_dwi
+    import tractlens.app.pipelines.dti as dti_pipeline
+    from tractlens.app.io import load_dwi
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     reference = dti_pipeline.fit_dti_pipeline(dwi, device="cpu")
@@ -138,7 +138,7 @@ def test_tensor_fit_is_done_again_on_the_cpu(demo_dir, fake_gpu, monkeypatch):
 
 
 def test_probabilistic_run_starts_again_on_the_cpu(demo_bedpostx, demo_dir, fake_gpu, monkeypatch):
-    import app.pipelines.probabilistic as prob_pipeline
+    import tractlens.app.pipelines.probabilistic as prob_pipeline
 
     run = prob_pipeline.prepare_probabilistic(
         demo_bedpostx, seed=demo_dir / "roi_arc_seed.nii.gz", params=prob_pipeline.ProbParams(n_samples=20)
@@ -164,9 +164,9 @@ def test_probabilistic_run_starts_again_on_the_cpu(demo_bedpostx, demo_dir, fake
 
 
 def test_a_forced_gpu_reports_out_of_memory_instead_of_falling_back(demo_dir, fake_gpu, monkeypatch):
-    import app.pipelines.dti as dti_pipeline
-    from app.io import load_dwi
-    from app.jobs import describe_error
+    import tractlens.app.pipelines.dti as dti_pipeline
+    from tractlens.app.io import load_dwi
+    from tractlens.app.jobs import describe_error
 
     def fit(*args, device="auto", **kwargs):
         raise OutOfDeviceMemory("Stand-in GPU ran out of memory even for one item")
@@ -188,8 +188,8 @@ def test_gpu_tensor_fit_with_a_capped_pool_uses_smaller_batches_then_the_cpu(dem
     result; at 1 KiB nothing fits and the pipeline finishes on the CPU with a note."""
     import cupy as cp
 
-    from app.io import load_dwi
-    from app.pipelines.dti import fit_dti_pipeline
+    from tractlens.app.io import load_dwi
+    from tractlens.app.pipelines.dti import fit_dti_pipeline
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     free = fit_dti_pipeline(dwi, device="gpu")
@@ -217,7 +217,7 @@ def test_gpu_tensor_fit_with_a_capped_pool_uses_smaller_batches_then_the_cpu(dem
 def test_gpu_deterministic_tracking_with_a_capped_pool_finishes(demo_field, demo_dir):
     import cupy as cp
 
-    from app.pipelines.track import deterministic_pipeline
+    from tractlens.app.pipelines.track import deterministic_pipeline
 
     options = {"seed_mask": _arc_seed(demo_dir), "seeds_per_voxel": 3}
     free = deterministic_pipeline(demo_field, device="gpu", **options)

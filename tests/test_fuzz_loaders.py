@@ -36,8 +36,8 @@ from nibabel.nifti1 import header_dtype as NIFTI1_FIELDS
 from nibabel.nifti2 import header_dtype as NIFTI2_FIELDS
 from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
-from app.errors import InputError
 from tests.conftest import ARTIFACTS
+from tractlens.app.errors import InputError
 
 EXAMPLES = 1000  # per loader (bedpostX: BEDPOSTX_EXAMPLES)
 BEDPOSTX_EXAMPLES = 400
@@ -340,8 +340,8 @@ def _nifti_blob(array, *, nifti2=False, intent=None) -> bytes:
 
 @pytest.fixture(scope="module")
 def seeds(tmp_path_factory):
-    from app.io import save_tractogram
-    from app.model import Tractogram
+    from tractlens.app.io import save_tractogram
+    from tractlens.app.model import Tractogram
 
     rng = np.random.default_rng(7)
     brain = np.zeros(SHAPE, bool)
@@ -410,7 +410,7 @@ def _sane_volume(volume, ndim=(3, 4)) -> None:
 
 
 def test_fuzz_load_volume(seeds, tmp_path):
-    from app.io import load_volume
+    from tractlens.app.io import load_volume
 
     def target(example):
         volume = load_volume(write_nifti(tmp_path, "volume", example))
@@ -421,7 +421,7 @@ def test_fuzz_load_volume(seeds, tmp_path):
 
 
 def test_fuzz_load_mask(seeds, tmp_path):
-    from app.io import load_mask
+    from tractlens.app.io import load_mask
 
     def target(example):
         mask = load_mask(write_nifti(tmp_path, "mask", example))
@@ -432,8 +432,8 @@ def test_fuzz_load_mask(seeds, tmp_path):
 
 def test_fuzz_load_labels(seeds, tmp_path):
     """Half the examples are checked against the seed's grid (the reference Volume)."""
-    from app.io import load_labels
-    from app.model import Volume
+    from tractlens.app.io import load_labels
+    from tractlens.app.model import Volume
 
     reference = Volume("ref", np.zeros(SHAPE, np.float32), AFFINE)
 
@@ -452,7 +452,7 @@ def test_fuzz_load_labels(seeds, tmp_path):
 
 
 def _dwi_target(folder: Path):
-    from app.io import load_dwi
+    from tractlens.app.io import load_dwi
 
     def target(example):
         part, blob = example
@@ -501,7 +501,7 @@ def test_fuzz_load_dwi_bvec(seeds, tmp_path):
 
 def test_fuzz_read_bvals_bvecs(seeds, tmp_path):
     """The table readers alone, on either file's mutations (bvecs for 7 volumes)."""
-    from app.io.dwi import read_bvals, read_bvecs
+    from tractlens.app.io.dwi import read_bvals, read_bvecs
 
     def target(example):
         which, blob = example
@@ -533,7 +533,7 @@ def _sane_tractogram(tract) -> None:
 
 
 def test_fuzz_load_trk(seeds, tmp_path):
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     seed = seeds[".trk"]
     first_count = TRK_FIELDS.itemsize  # the first streamline's point count follows the header
@@ -579,7 +579,7 @@ def tck_mutations(draw, seed: bytes) -> bytes:
 
 
 def test_fuzz_load_tck(seeds, tmp_path):
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     def target(example):
         blob, with_reference = example
@@ -681,7 +681,7 @@ def zip_mutations(draw, blob: bytes, member_mutations: dict | None = None) -> by
 
 
 def test_fuzz_load_trx(seeds, tmp_path):
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     def target(blob):
         (tmp_path / "t.trx").write_bytes(blob)
@@ -706,7 +706,7 @@ def _temp_entries() -> set[str]:
 
 
 def test_fuzz_load_tensor(seeds, tmp_path):
-    from app.io import load_tensor
+    from tractlens.app.io import load_tensor
 
     def target(example):
         (blob, container), which = example
@@ -724,7 +724,7 @@ def test_fuzz_load_tensor(seeds, tmp_path):
 
 @pytest.fixture(scope="module")
 def bedpostx_seed(tmp_path_factory):
-    from app.io.bedpostx import BedpostSamples, save_bedpostx
+    from tractlens.app.io.bedpostx import BedpostSamples, save_bedpostx
 
     rng = np.random.default_rng(3)
     shape = (4, 4, 3)
@@ -737,7 +737,7 @@ def bedpostx_seed(tmp_path_factory):
 
 
 def test_fuzz_load_bedpostx(bedpostx_seed, tmp_path):
-    from app.io import load_bedpostx
+    from tractlens.app.io import load_bedpostx
 
     names = sorted(bedpostx_seed)
     folder = tmp_path / "subject.bedpostX"
@@ -763,8 +763,8 @@ def test_fuzz_load_bedpostx(bedpostx_seed, tmp_path):
 
 @pytest.fixture(scope="module")
 def session_seed(seeds, tmp_path_factory):
-    from app.model import Document, Layer, RoiMask, Volume
-    from app.session import save_session
+    from tractlens.app.model import Document, Layer, RoiMask, Volume
+    from tractlens.app.session import save_session
 
     doc = Document()
     doc.add_layer(
@@ -782,7 +782,7 @@ def session_seed(seeds, tmp_path_factory):
 
 
 def test_fuzz_load_session(session_seed, tmp_path):
-    from app.session import load_session
+    from tractlens.app.session import load_session
 
     members = _zip_members(session_seed)
     special = {"manifest.json": json_mutations}

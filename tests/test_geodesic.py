@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu import geodesic, sym3
-from gpu.geodesic import GeodesicParams, MetricParams, prepare_metric, track_all
+from tractlens.gpu import geodesic, sym3
+from tractlens.gpu.geodesic import GeodesicParams, MetricParams, prepare_metric, track_all
 
 SHAPE = (30, 30, 30)
 
@@ -115,7 +115,7 @@ def arc_field():
 
 
 def test_fibres_along_the_arc_reach_the_target_and_rank_highest(device):
-    from app.pipelines.track import TensorField, geodesic_pipeline
+    from tractlens.app.pipelines.track import TensorField, geodesic_pipeline
 
     field = TensorField.from_tensor(arc_field(), np.diag([2.0, 2.0, 2.0, 1.0]))
     seed = np.zeros(SHAPE, bool)

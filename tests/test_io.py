@@ -7,8 +7,8 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-from app.errors import InputError
-from app.io import (
+from tractlens.app.errors import InputError
+from tractlens.app.io import (
     fsl_to_voxel_vectors,
     load_bedpostx,
     load_dwi,
@@ -19,9 +19,9 @@ from app.io import (
     save_tractogram,
     save_volume,
 )
-from app.io._atomic import atomic_path
-from app.model import Tractogram, Volume
-from gpu import sym3
+from tractlens.app.io._atomic import atomic_path
+from tractlens.app.model import Tractogram, Volume
+from tractlens.gpu import sym3
 
 
 @pytest.fixture
@@ -280,7 +280,7 @@ def test_nifti2_and_uncompressed_dwi_load_the_same(tmp_path, dwi_copy):
 
 
 def test_label_volumes(tmp_path, demo_dir):
-    from app.io import load_labels
+    from tractlens.app.io import load_labels
 
     labels = load_labels(demo_dir / "labels.nii.gz")
     assert labels.dtype == np.int32 and set(np.unique(labels)) == {0, 1, 2, 3, 4, 5}
@@ -319,7 +319,7 @@ def _nifti_file(path, array, *, affine=None, fields=None, compress=None):
 
 
 def test_truncated_and_foreign_nifti_files(tmp_path):
-    from app.io import load_volume
+    from tractlens.app.io import load_volume
 
     noise = np.random.default_rng(0).random((8, 8, 6)).astype(np.float32)  # does not compress
     whole = _nifti_file(tmp_path / "whole.nii", noise)
@@ -337,7 +337,7 @@ def test_truncated_and_foreign_nifti_files(tmp_path):
 
 def test_absurd_dimensions_are_refused_before_reading(tmp_path):
     """A damaged header announcing 32767^3 voxels must not make the loader allocate 140 TB."""
-    from app.io import load_volume
+    from tractlens.app.io import load_volume
 
     _nifti_file(
         tmp_path / "huge.nii.gz", np.ones((8, 8, 6), np.float32), fields={"dim": {1: 32767, 2: 32767, 3: 32767}}
@@ -353,7 +353,7 @@ def test_absurd_dimensions_are_refused_before_reading(tmp_path):
 
 
 def test_singular_or_missing_geometry(tmp_path):
-    from app.io import load_volume
+    from tractlens.app.io import load_volume
 
     data = np.ones((8, 8, 6), np.float32)
     _nifti_file(tmp_path / "flat.nii", data, fields={"srow_z": {2: 0.0}})  # the sform says z has no extent
@@ -375,7 +375,7 @@ def test_singular_or_missing_geometry(tmp_path):
 
 
 def test_two_d_images_are_not_volumes(tmp_path):
-    from app.io import load_volume
+    from tractlens.app.io import load_volume
 
     _nifti_file(tmp_path / "slice.nii.gz", np.ones((8, 8), np.float32))
     with pytest.raises(InputError, match=r"slice\.nii\.gz: the volume must be a 3-D or 4-D image.*\(8, 8\)"):
@@ -385,7 +385,7 @@ def test_two_d_images_are_not_volumes(tmp_path):
 
 
 def test_nan_and_huge_values_in_masks_and_labels(tmp_path):
-    from app.io import load_labels, load_volume
+    from tractlens.app.io import load_labels, load_volume
 
     values = np.zeros((4, 4, 4), np.float32)
     values[1, 1, 1] = 1

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from app.model import RoiMask, Tractogram, Volume
+from tractlens.app.model import RoiMask, Tractogram, Volume
 
 
 def test_views_hear_about_changes():
@@ -36,7 +36,7 @@ def test_tractogram_is_a_validated_ragged_array():
 
 
 def test_a_volume_layer_takes_new_values_in_place_and_tells_the_views_once():
-    from app.model import Document, Layer
+    from tractlens.app.model import Document, Layer
 
     doc = Document()
     layer = doc.add_layer(Layer("paths", Volume("paths", np.zeros((4, 4, 2)), np.eye(4)), "scalar"))
@@ -59,7 +59,7 @@ def test_a_volume_layer_takes_new_values_in_place_and_tells_the_views_once():
 
 
 def _roi_document():
-    from app.model import Document, Layer
+    from tractlens.app.model import Document, Layer
 
     doc = Document()
     doc.add_layer(
@@ -76,7 +76,7 @@ def _state(doc):
 
 
 def test_every_roi_edit_is_undone_and_redone_exactly():
-    from app.model import Layer
+    from tractlens.app.model import Layer
 
     doc = _roi_document()
     roi = Layer("seed 1", RoiMask("seed 1", np.zeros((8, 8, 6)), doc.reference_affine), "roi")
@@ -105,7 +105,7 @@ def test_every_roi_edit_is_undone_and_redone_exactly():
 
 
 def test_a_layer_removed_for_good_takes_its_history_with_it():
-    from app.model import Layer
+    from tractlens.app.model import Layer
 
     doc = _roi_document()
     a = doc.add_layer(Layer("a", RoiMask("a", np.zeros((8, 8, 6)), doc.reference_affine), "roi"), undoable=True)
@@ -123,7 +123,7 @@ def test_a_layer_removed_for_good_takes_its_history_with_it():
 
 
 def test_rename_refuses_a_name_in_use_and_colours_are_checked():
-    from app.model import Layer
+    from tractlens.app.model import Layer
 
     doc = _roi_document()
     roi = doc.add_layer(Layer("seed 1", RoiMask("seed 1", np.zeros((8, 8, 6)), doc.reference_affine), "roi"))
@@ -153,8 +153,8 @@ def test_a_box_has_a_half_size_per_axis():
 
 
 def test_a_session_keeps_an_rois_name_and_colour(tmp_path):
-    from app.model import Layer
-    from app.session import load_session, save_session
+    from tractlens.app.model import Layer
+    from tractlens.app.session import load_session, save_session
 
     doc = _roi_document()
     roi = doc.add_layer(Layer("seed 1", RoiMask("seed 1", np.zeros((8, 8, 6)), doc.reference_affine), "roi"))

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gpu.probabilistic import ProbParams, SampleField, mask_bits, track_numpy
+from tractlens.gpu.probabilistic import ProbParams, SampleField, mask_bits, track_numpy
 
 SHAPE = (30, 12, 12)
 
@@ -39,8 +39,8 @@ def slab(x0, x1, y=slice(None)):
 
 def run(device, field_, bits, seeds, params, **kw):
     if device == "gpu":
-        from gpu.backend import get_backend
-        from gpu.probabilistic import track_kernel
+        from tractlens.gpu.backend import get_backend
+        from tractlens.gpu.probabilistic import track_kernel
 
         return track_kernel(get_backend("gpu"), field_, bits, seeds, params, **kw)
     return track_numpy(field_, bits, seeds, params, **kw)
@@ -98,8 +98,8 @@ def test_streamlines_are_counted_once_and_runs_repeat():
 @pytest.mark.gpu
 @pytest.mark.parametrize("options", [{}, {"modeuler": True}, {"randfib": 2, "loopcheck": True}])
 def test_kernel_takes_the_reference_steps(options):
-    from gpu.backend import get_backend
-    from gpu.probabilistic import track_kernel
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.probabilistic import track_kernel
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     bits = mask_bits(brain, exclude=slab(22, 23, y=slice(0, 3)), targets=[slab(26, 28)])
@@ -125,8 +125,8 @@ def test_kernel_runs_streamlines_too_long_for_its_sets_again(masks):
     and run again with a large set; the totals equal the reference's exactly, both when visits
     are counted as they happen (nothing can discard a streamline) and when they are counted at
     the end."""
-    from gpu.backend import get_backend
-    from gpu.probabilistic import track_kernel
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.probabilistic import track_kernel
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     extra = {} if masks == "none" else {"exclude": slab(22, 23, y=slice(0, 3)), "waypoints": [slab(12, 13)]}
@@ -145,8 +145,8 @@ def test_kernel_runs_streamlines_too_long_for_its_sets_again(masks):
 
 
 def test_batches_stream_running_totals_and_cancel(device):
-    from gpu.backend import Cancelled
-    from gpu.probabilistic import iter_track
+    from tractlens.gpu.backend import Cancelled
+    from tractlens.gpu.probabilistic import iter_track
 
     field_, brain, bundle = straight_bundle()
     bits = mask_bits(brain, targets=[slab(26, 28)])
@@ -249,7 +249,7 @@ def test_track_probabilistic_command_on_the_demo_bundles(demo_bedpostx, demo_dir
     second = json.loads(excluded.stdout)
     assert second["waytotal"] == summary["streamlines"] - summary["targets"]["roi_crossing_lr_target"]
     # --save-paths: 300 of the run's streamlines traced again, the kept ones saved (none enters the target)
-    from app.io import load_tractogram
+    from tractlens.app.io import load_tractogram
 
     tract = load_tractogram(saved)
     assert second["paths_traced"] == 300 and second["paths_saved"] == len(tract)
@@ -296,7 +296,7 @@ def test_demo_bundles_stay_in_their_bundle_through_crossing_and_kissing(
     """Seeded at one end of each demo bundle (the 90° crossing, the curved arc, the two arcs that
     touch and part): the path distribution stays in that bundle. Reports the share of visits in the
     bundle and the Dice of the voxels reached by ≥ 1 % of streamlines against the bundle mask."""
-    from app.pipelines.probabilistic import prepare_probabilistic
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic
 
     names = [b.name for b in demo_phantom.bundles]
     own = demo_phantom.occupancy[..., names.index(bundle)] > 0.1
@@ -322,9 +322,9 @@ def test_prepare_from_masks_in_memory_checks_them(demo_bedpostx, demo_dir):
     """The GUI's path: ROI masks already on the samples' grid; the loaded dyads layer keeps its samples."""
     import nibabel as nib
 
-    from app.errors import InputError
-    from app.loaders import load_layers
-    from app.pipelines.probabilistic import prepare_probabilistic, prepare_probabilistic_masks
+    from tractlens.app.errors import InputError
+    from tractlens.app.loaders import load_layers
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic, prepare_probabilistic_masks
 
     layers = load_layers(demo_bedpostx)
     dyads = next(layer for layer in layers if layer.kind == "dyads")
@@ -350,8 +350,8 @@ def test_prepare_from_masks_in_memory_checks_them(demo_bedpostx, demo_dir):
 def _demo_distribution(demo_bedpostx, demo_dir, n_samples, seed, device):
     import nibabel as nib
 
-    from app.io import load_bedpostx
-    from app.pipelines.probabilistic import prepare_probabilistic_masks
+    from tractlens.app.io import load_bedpostx
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic_masks
 
     mask = nib.load(demo_dir / "roi_crossing_lr_seed.nii.gz").get_fdata() > 0
     run_ = prepare_probabilistic_masks(
@@ -376,7 +376,7 @@ def test_repeated_runs_with_other_random_seeds_correlate(demo_bedpostx, demo_dir
 def test_saved_paths_are_the_streamlines_the_run_counted(device):
     """Tracing the run's streamlines again (same random streams) gives polylines whose voxels are
     exactly what the path distribution counted, and the same kept ones (waypoint AND)."""
-    from gpu.probabilistic import path_positions, trace_paths
+    from tractlens.gpu.probabilistic import path_positions, trace_paths
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     bits = mask_bits(brain, exclude=slab(22, 23, y=slice(0, 3)), waypoints=[slab(12, 13)])
@@ -414,8 +414,8 @@ def test_kernel_uses_fewer_threads_when_memory_is_short():
     not even the samples fit, a clear OutOfDeviceMemory."""
     import cupy as cp
 
-    from gpu.backend import OutOfDeviceMemory, get_backend
-    from gpu.probabilistic import track_kernel
+    from tractlens.gpu.backend import OutOfDeviceMemory, get_backend
+    from tractlens.gpu.probabilistic import track_kernel
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     bits = mask_bits(brain)

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gpu.select import region_bits, select_streamlines
+from tractlens.gpu.select import region_bits, select_streamlines
 
 
 def segment_hits_box(p, q, voxel):
@@ -132,7 +132,7 @@ def test_small_regions_use_the_bounding_box_shortcut_and_stay_exact(device, rng)
 
 
 def test_an_index_answers_repeated_selections_like_fresh_ones(device, rng):
-    from gpu.select import StreamlineIndex
+    from tractlens.gpu.select import StreamlineIndex
 
     _lines, points, offsets, masks = random_case(rng, n_streamlines=200)
     index = StreamlineIndex(points, offsets, device=device)

@@ -8,11 +8,11 @@ import zipfile
 import numpy as np
 import pytest
 
-from app.errors import InputError
-from app.loaders import load_layers
-from app.model import Document, Layer, RoiMask
-from app.pipelines.connectivity import compute_lesion_distance, with_distances
-from app.session import load_session, save_session
+from tractlens.app.errors import InputError
+from tractlens.app.loaders import load_layers
+from tractlens.app.model import Document, Layer, RoiMask
+from tractlens.app.pipelines.connectivity import compute_lesion_distance, with_distances
+from tractlens.app.session import load_session, save_session
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +138,7 @@ def test_a_version_1_session_is_migrated_when_read(demo_document, tmp_path):
 
 def test_session_folder_round_trip_rewrites_only_what_changed(demo_document, tmp_path):
     """The autosave's store: a folder session, exact, incremental, and readable at every moment."""
-    from app.session import SessionFolder, snapshot
+    from tractlens.app.session import SessionFolder, snapshot
 
     folder = SessionFolder(tmp_path / "store")
     assert folder.write(snapshot(demo_document))
@@ -164,8 +164,8 @@ def test_session_folder_round_trip_rewrites_only_what_changed(demo_document, tmp
 
 def test_a_write_interrupted_midway_leaves_the_previous_autosave_readable(demo_document, tmp_path, monkeypatch):
     """A crash while side files are written: the manifest on disk still names complete files."""
-    import app.session as session_module
-    from app.session import SessionFolder, snapshot
+    import tractlens.app.session as session_module
+    from tractlens.app.session import SessionFolder, snapshot
 
     folder = SessionFolder(tmp_path / "store")
     folder.write(snapshot(demo_document))
@@ -190,7 +190,7 @@ def test_a_write_interrupted_midway_leaves_the_previous_autosave_readable(demo_d
 
 def test_side_file_names_cannot_leave_the_session(tmp_path, demo_document):
     """A hand-made manifest naming ../ files is refused, not followed."""
-    from app.session import SessionFolder, snapshot
+    from tractlens.app.session import SessionFolder, snapshot
 
     SessionFolder(tmp_path / "store").write(snapshot(demo_document))
     manifest_path = tmp_path / "store" / "manifest.json"

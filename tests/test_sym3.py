@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from gpu import sym3
-from gpu.backend import get_backend
+from tractlens.gpu import sym3
+from tractlens.gpu.backend import get_backend
 
 
 def random_tensors(rng, evals):

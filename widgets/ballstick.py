@@ -30,12 +30,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.io._atomic import split_suffix
-from app.loaders import bedpostx_layers
-from app.model import Layer
-from app.pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
-from app.pipelines.select import resample_nearest
-from gpu.ballstick import BallStickParams
+from tractlens.app.io._atomic import split_suffix
+from tractlens.app.loaders import bedpostx_layers
+from tractlens.app.model import Layer
+from tractlens.app.pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
+from tractlens.app.pipelines.select import resample_nearest
+from tractlens.gpu.ballstick import BallStickParams
 
 from .params_form import ParamsForm
 

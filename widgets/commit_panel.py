@@ -60,10 +60,10 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.io.tractogram import TRACTOGRAM_SUFFIXES
-from app.model import Document, Layer, Tractogram, Volume
-from app.pipelines.commit import COMMIT_OUTPUTS, CommitResult, commit_pipeline, write_commit_outputs
-from gpu.commit import CommitParams
+from tractlens.app.io.tractogram import TRACTOGRAM_SUFFIXES
+from tractlens.app.model import Document, Layer, Tractogram, Volume
+from tractlens.app.pipelines.commit import COMMIT_OUTPUTS, CommitResult, commit_pipeline, write_commit_outputs
+from tractlens.gpu.commit import CommitParams
 
 from . import fiber_display
 from .job_panel import JobPanelBase

@@ -37,9 +37,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.io.lut import load_lut
-from app.model import Document, Layer
-from app.pipelines.connectivity import (
+from tractlens.app.io.lut import load_lut
+from tractlens.app.model import Document, Layer
+from tractlens.app.pipelines.connectivity import (
     WEIGHTS,
     ConnectivityMatrix,
     compute_connectome,
@@ -49,7 +49,7 @@ from app.pipelines.connectivity import (
     write_matrix_csv,
     write_text_atomic,
 )
-from gpu.connectivity import DEFAULT_RADIUS_MM
+from tractlens.gpu.connectivity import DEFAULT_RADIUS_MM
 
 from .job_panel import JobPanelBase
 from .render import LUTS

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.model import Layer
+from tractlens.app.model import Layer
 
 from .render import direction_colours
 

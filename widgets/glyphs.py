@@ -42,8 +42,8 @@ import pyvista as pv
 from PySide6.QtCore import QByteArray, QDataStream, QIODevice, QObject, QRunnable, QThreadPool, Signal
 from PySide6.QtGui import QPainterPath
 
-from app.model import STICK_COLOURS, Document, Layer
-from gpu import dti, sym3
+from tractlens.app.model import STICK_COLOURS, Document, Layer
+from tractlens.gpu import dti, sym3
 
 from .render import sample_layer
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QLabel, QPushButton, QWidget
 
-from app.model import Document
+from tractlens.app.model import Document
 
 
 class JobPanelBase(QWidget):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app import cli
+from tractlens.app import cli
 
 GUI_USAGE = (
     "tractlens [--demo | view FILE... | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
@@ -95,8 +95,8 @@ def _window(args):
 
 def run_report(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
-    from app.errors import InputError
-    from app.session import load_session
+    from tractlens.app.errors import InputError
+    from tractlens.app.session import load_session
 
     try:
         session = load_session(args.session)
@@ -134,7 +134,7 @@ def run_gui(argv: list[str]) -> int:
     if window is None:
         return cli.EXIT_INPUT
     if args.session:
-        from app.errors import InputError
+        from tractlens.app.errors import InputError
 
         from .session_io import open_window_session
 
@@ -163,7 +163,7 @@ def run_gui(argv: list[str]) -> int:
     if args.screenshot:
         window.view3d.request_render()
         app.processEvents()
-        from app.errors import InputError
+        from tractlens.app.errors import InputError
 
         try:
             path = window.save_screenshot(args.screenshot)

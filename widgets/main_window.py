@@ -31,14 +31,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.errors import InputError
-from app.io import save_volume
-from app.io._atomic import split_suffix
-from app.jobs import JobRunner
-from app.loaders import is_anatomical, load_layers, show_as
-from app.model import ROI_ROLES, Document, Layer, RoiMask, shape_half_sizes
-from app.pipelines.select import index_on_grid
-from app.recovery import DEFAULT_INTERVAL_S
+from tractlens.app.errors import InputError
+from tractlens.app.io import save_volume
+from tractlens.app.io._atomic import split_suffix
+from tractlens.app.jobs import JobRunner
+from tractlens.app.loaders import is_anatomical, load_layers, show_as
+from tractlens.app.model import ROI_ROLES, Document, Layer, RoiMask, shape_half_sizes
+from tractlens.app.pipelines.select import index_on_grid
+from tractlens.app.recovery import DEFAULT_INTERVAL_S
 
 from . import fiber_display
 from .ballstick import BallStickDialog, ballstick_job
@@ -421,8 +421,8 @@ class MainWindow(QMainWindow):
         """Load a mask as an ROI layer on the reference grid (resampled, with a notice, if needed);
         an undoable edit. A mask that lies outside the image is refused; an empty one is added
         with a warning (a blank to draw in). None when it was refused (the user is told why)."""
-        from app.io.nifti import load_3d, load_image
-        from app.pipelines.select import resample_nearest
+        from tractlens.app.io.nifti import load_3d, load_image
+        from tractlens.app.pipelines.select import resample_nearest
 
         path = Path(path)
         notices = []
@@ -564,7 +564,7 @@ class MainWindow(QMainWindow):
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
 
         def job(ctx):
-            from app.demo import demo_path
+            from tractlens.app.demo import demo_path
 
             ctx.progress(0, 1, "preparing the demo data")
             return demo_path()
@@ -875,7 +875,7 @@ class MainWindow(QMainWindow):
         """Write every layer, its display and provenance, and the window's settings to a
         ``.tractlens`` file: the document is copied now (so edits made while it is written do
         not reach the file half-way) and written on a worker; the job id."""
-        from app.session import write_session
+        from tractlens.app.session import write_session
 
         from .session_io import window_snapshot
 
@@ -889,7 +889,7 @@ class MainWindow(QMainWindow):
 
     def open_session(self, path: str | os.PathLike) -> int:
         """Read a session on a worker and put its layers in this window (replacing the current ones)."""
-        from app.session import load_session
+        from tractlens.app.session import load_session
 
         from .session_io import apply_session
 
@@ -986,7 +986,7 @@ class MainWindow(QMainWindow):
 
     def restore_autosave(self, orphan) -> int:
         """Open an autosave a crashed window left (on a worker), replacing this window's layers."""
-        from app.session import load_session
+        from tractlens.app.session import load_session
 
         from .session_io import apply_session
 

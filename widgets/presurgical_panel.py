@@ -32,8 +32,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.model import Document, Layer
-from app.pipelines.connectivity import (
+from tractlens.app.model import Document, Layer
+from tractlens.app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,
     DISTANCE_POINT_SCALAR,
     DistanceRow,
@@ -41,7 +41,7 @@ from app.pipelines.connectivity import (
     distance_row,
     with_distances,
 )
-from gpu.tractometry import RegionDistance
+from tractlens.gpu.tractometry import RegionDistance
 
 from . import fiber_display
 from .connectivity_panel import LayerCombo

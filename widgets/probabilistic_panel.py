@@ -50,17 +50,17 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.model import Document, Layer, Volume
-from app.pipelines.probabilistic import (
+from tractlens.app.model import Document, Layer, Volume
+from tractlens.app.pipelines.probabilistic import (
     ProbabilisticRun,
     prepare_probabilistic_masks,
     sample_field,
     write_probabilistic_outputs,
 )
-from app.pipelines.select import resample_nearest
-from gpu import probabilistic
-from gpu.backend import get_backend
-from gpu.probabilistic import ProbParams, ProbResult
+from tractlens.app.pipelines.select import resample_nearest
+from tractlens.gpu import probabilistic
+from tractlens.gpu.backend import get_backend
+from tractlens.gpu.probabilistic import ProbParams, ProbResult
 
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm

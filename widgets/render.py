@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import nibabel as nib
 import numpy as np
 
-from app.model import GLYPH_KINDS, Document, Layer
+from tractlens.app.model import GLYPH_KINDS, Document, Layer
 
 # For each view: (world axis shown horizontally, +1 if it increases to the right),
 # (world axis shown vertically, +1 if it increases upwards), world axis across.

@@ -21,10 +21,10 @@ from PySide6.QtCore import QMarginsF, QRectF, QSizeF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPageLayout, QPageSize, QPainter, QPdfWriter, QPen
 from PySide6.QtWidgets import QApplication
 
-from app import __version__
-from app.io._atomic import atomic_path
-from app.model import Document, Layer
-from app.pipelines.connectivity import (
+from tractlens.app import __version__
+from tractlens.app.io._atomic import atomic_path
+from tractlens.app.model import Document, Layer
+from tractlens.app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,
     DISTANCE_STREAMLINE_SCALAR,
     DistanceRow,

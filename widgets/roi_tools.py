@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from app.model import ROI_ROLES, Document, Layer, RoiMask
+from tractlens.app.model import ROI_ROLES, Document, Layer, RoiMask
 
 TOOLS = ("navigate", "brush", "eraser", "rectangle", "polygon", "fill", "sphere", "box")
 

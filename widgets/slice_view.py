@@ -20,7 +20,7 @@ from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-from app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
+from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
 from . import roi_tools
 from .glyphs import LatestTask, ellipse_job, glyph_step_2d, stick_segments

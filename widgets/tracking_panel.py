@@ -30,10 +30,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.model import Document, Layer, Tractogram
-from app.pipelines.select import resample_nearest
-from app.pipelines.track import INTERACTIVE_FIRST_BATCH, TensorField, deterministic_pipeline, geodesic_pipeline
-from gpu import deterministic, geodesic
+from tractlens.app.model import Document, Layer, Tractogram
+from tractlens.app.pipelines.select import resample_nearest
+from tractlens.app.pipelines.track import (
+    INTERACTIVE_FIRST_BATCH,
+    TensorField,
+    deterministic_pipeline,
+    geodesic_pipeline,
+)
+from tractlens.gpu import deterministic, geodesic
 
 from . import fiber_display
 from .job_panel import JobPanelBase
@@ -387,7 +392,7 @@ class GeodesicPanel(TrackingPanel):
 
             key = (id(volume), metric)
             if cache.get("key") != key:
-                from gpu.geodesic import prepare_metric
+                from tractlens.gpu.geodesic import prepare_metric
 
                 cache["field"] = prepare_metric(field_.tensor, field_.voxel_size, metric, device=self.device)
                 cache["key"] = key

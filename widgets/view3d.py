@@ -25,7 +25,7 @@ from pyvistaqt import QtInteractor
 from vtkmodules.vtkInteractionWidgets import vtkBoxWidget
 from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 
-from app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer, normal_shape, shape_half_sizes
+from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer, normal_shape, shape_half_sizes
 
 from . import fiber_display
 from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job

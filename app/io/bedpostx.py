@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.ballstick import dyadic_mean
+from tractlens.gpu.ballstick import dyadic_mean
 
 from ..errors import InputError
 from ..model import DyadsVolume

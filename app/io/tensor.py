@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu import sym3
+from tractlens.gpu import sym3
 
 from ..errors import InputError
 from ..model import Volume

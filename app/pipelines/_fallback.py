@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from gpu.backend import Backend, OutOfDeviceMemory, get_backend
+from tractlens.gpu.backend import Backend, OutOfDeviceMemory, get_backend
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.backend import get_backend
-from gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickParams, fit_ballstick
+from tractlens.gpu.backend import get_backend
+from tractlens.gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickParams, fit_ballstick
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu import commit
-from gpu.backend import get_backend
-from gpu.commit import CommitParams, Problem
+from tractlens.gpu import commit
+from tractlens.gpu.backend import get_backend
+from tractlens.gpu.commit import CommitParams, Problem
 
 from ..errors import InputError
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume

@@ -16,8 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.connectivity import DEFAULT_RADIUS_MM, Connectome, assign_endpoints, connectome, streamline_lengths_mm
-from gpu.tractometry import Profile, RegionDistance, profile, region_distance
+from tractlens.gpu.connectivity import (
+    DEFAULT_RADIUS_MM,
+    Connectome,
+    assign_endpoints,
+    connectome,
+    streamline_lengths_mm,
+)
+from tractlens.gpu.tractometry import Profile, RegionDistance, profile, region_distance
 
 from ..errors import InputError
 from ..io._atomic import write_text_atomic

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
+from tractlens.gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume

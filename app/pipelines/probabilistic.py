@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.ballstick import angles_to_vectors
-from gpu.probabilistic import (
+from tractlens.gpu.ballstick import angles_to_vectors
+from tractlens.gpu.probabilistic import (
     MAX_TARGETS,
     MAX_WAYPOINTS,
     ProbParams,

@@ -8,9 +8,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from gpu.select import StreamlineIndex
+from tractlens.gpu.select import StreamlineIndex
 
 from ..errors import InputError
+from ..grid import Grid
 from ..io.nifti import load_3d, load_image
 from ..model import Tractogram
 
@@ -19,13 +20,7 @@ log = logging.getLogger(__name__)
 
 def resample_nearest(mask: np.ndarray, affine: np.ndarray, ref_affine: np.ndarray, ref_shape) -> np.ndarray:
     """A mask on another grid, brought onto the reference grid by nearest neighbour."""
-    grid = np.stack(np.meshgrid(*[np.arange(n) for n in ref_shape], indexing="ij"), -1).reshape(-1, 3)
-    to_mask = np.linalg.solve(affine, ref_affine)
-    ijk = np.rint(grid @ to_mask[:3, :3].T + to_mask[:3, 3]).astype(np.int64)
-    inside = np.all((ijk >= 0) & (ijk < np.array(mask.shape)), axis=1)
-    out = np.zeros(len(grid), dtype=bool)
-    out[inside] = mask[tuple(ijk[inside].T)]
-    return out.reshape(ref_shape)
+    return Grid(ref_affine, ref_shape).resample_nearest(np.asarray(mask, dtype=bool), Grid(affine, mask.shape))
 
 
 def load_masks_on_reference(paths: Sequence[str | os.PathLike], what: str, ref_affine, ref_shape, notes: list[str]):
@@ -36,7 +31,7 @@ def load_masks_on_reference(paths: Sequence[str | os.PathLike], what: str, ref_a
         mask = (data != 0) & np.isfinite(data)
         if not mask.any():
             raise InputError(f"the {what} is empty (no non-zero voxel)", path=path, fix="Give a non-empty region")
-        if data.shape != tuple(ref_shape) or not np.allclose(img.affine, ref_affine, atol=1e-3):
+        if not Grid(ref_affine, ref_shape).matches((img.affine, data.shape)):
             mask = resample_nearest(mask, img.affine, ref_affine, ref_shape)
             notes.append(f"{path}: on another grid than the first mask; resampled (nearest neighbour)")
             if not mask.any():

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gpu import deterministic
-from gpu.backend import get_backend
-from gpu.interpolate import trilinear
-from gpu.seeding import check_points, seeds_in_mask
-from gpu.select import select_streamlines
-from gpu.streamlines import StreamlineBatch
+from tractlens.gpu import deterministic
+from tractlens.gpu.backend import get_backend
+from tractlens.gpu.interpolate import trilinear
+from tractlens.gpu.seeding import check_points, seeds_in_mask
+from tractlens.gpu.select import select_streamlines
+from tractlens.gpu.streamlines import StreamlineBatch
 
 from ..errors import InputError
 from ..io import load_dwi, load_tensor
@@ -64,7 +64,7 @@ class TensorField:
 
     @classmethod
     def from_tensor(cls, tensor: np.ndarray, affine: np.ndarray, source: str = "", notes=None) -> TensorField:
-        from gpu import sym3
+        from tractlens.gpu import sym3
 
         tensor = np.asarray(tensor, dtype=np.float32)
         finite = np.isfinite(tensor).all(axis=-1)
@@ -312,7 +312,7 @@ def geodesic_pipeline(
     pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
     makes the first batch (the first ``on_batch``) small, to show something at once.
     """
-    from gpu import geodesic, sym3
+    from tractlens.gpu import geodesic, sym3
 
     metric = metric or geodesic.MetricParams()
     params = params or geodesic.GeodesicParams()

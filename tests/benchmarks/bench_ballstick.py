@@ -31,7 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import gpu.ballstick as bs  # noqa: E402
+import tractlens.gpu.ballstick as bs  # noqa: E402
 
 HCP_VOXELS = 900_000
 

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu.commit import (  # noqa: E402
+from tractlens.gpu.commit import (  # noqa: E402
     N_ORIENTATIONS,
     CommitParams,
     Problem,
@@ -78,8 +78,8 @@ def bytes_touched(problem: Problem) -> dict:
 def time_gpu(problem: Problem, repeats: int = 5) -> dict:
     import cupy as cp
 
-    from gpu.backend import get_backend
-    from gpu.commit import DeviceOperator
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.commit import DeviceOperator
 
     backend = get_backend("gpu")
     op = DeviceOperator(backend, problem)
@@ -113,8 +113,8 @@ def time_fit(problem: Problem, iterations: int) -> dict:
     """FISTA on the GPU for a fixed number of iterations (tol 0), the power iteration included."""
     import cupy as cp
 
-    from gpu.backend import get_backend
-    from gpu.commit import DeviceOperator, fista
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.commit import DeviceOperator, fista
 
     backend = get_backend("gpu")
     t0 = time.perf_counter()
@@ -140,7 +140,7 @@ def time_fit(problem: Problem, iterations: int) -> dict:
 def time_segments(n_streamlines: int, points: int = 100, backend=None) -> dict:
     """Building segments (NumPy, one core) from random-walk streamlines of ``points`` points,
     0.5-voxel steps, on the HCP grid (145×174×145, all voxels in the mask)."""
-    from gpu.commit import segments
+    from tractlens.gpu.commit import segments
 
     rng = np.random.default_rng(3)
     shape = np.array([145, 174, 145])
@@ -182,8 +182,8 @@ def synthetic_files(folder: Path, n_streamlines: int, shape=(40, 40, 40), n_meas
     a mask (every voxel) and random peaks (voxel axes = world here): files for both tools."""
     import nibabel as nib
 
-    from app.io import save_tractogram
-    from app.model import Tractogram
+    from tractlens.app.io import save_tractogram
+    from tractlens.app.model import Tractogram
 
     rng = np.random.default_rng(4)
     folder.mkdir(parents=True, exist_ok=True)
@@ -218,7 +218,7 @@ def synthetic_files(folder: Path, n_streamlines: int, shape=(40, 40, 40), n_meas
 def time_pipeline(folder: Path, iterations: int, device: str) -> dict:
     """``tractlens commit``'s work on the files: load, segments, operator, FISTA (a fixed number
     of iterations, tol 0), outputs written; wall times of the parts."""
-    from app.pipelines.commit import commit_from_files, write_commit_outputs
+    from tractlens.app.pipelines.commit import commit_from_files, write_commit_outputs
 
     t0 = time.perf_counter()
     params = CommitParams(max_iter=iterations, tol=0.0)
@@ -306,7 +306,7 @@ def main() -> None:
         results["segments_numpy"] = time_segments(args.segment_streamlines)
         print(json.dumps(results["segments_numpy"]), flush=True)
         if args.gpu:
-            from gpu.backend import get_backend
+            from tractlens.gpu.backend import get_backend
 
             for n in (args.segment_streamlines, 4 * args.segment_streamlines):
                 results[f"segments_gpu_{n}"] = time_segments(n, backend=get_backend("gpu"))

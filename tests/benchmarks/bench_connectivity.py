@@ -31,9 +31,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu.connectivity import assign_endpoints, connectome, node_indices  # noqa: E402
-from gpu.tractometry import region_distance  # noqa: E402
 from tests.benchmarks.bench_render import synthetic_tractogram  # noqa: E402
+from tractlens.gpu.connectivity import assign_endpoints, connectome, node_indices  # noqa: E402
+from tractlens.gpu.tractometry import region_distance  # noqa: E402
 
 SHAPE = (100, 100, 100)
 

@@ -34,9 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu import sym3  # noqa: E402
-from gpu.deterministic import DeterministicParams, prepare_field, track, track_all  # noqa: E402
-from gpu.seeding import seeds_in_mask  # noqa: E402
+from tractlens.gpu import sym3  # noqa: E402
+from tractlens.gpu.deterministic import DeterministicParams, prepare_field, track, track_all  # noqa: E402
+from tractlens.gpu.seeding import seeds_in_mask  # noqa: E402
 
 SHAPE = (145, 174, 145)
 VOXEL_MM = 1.25
@@ -71,8 +71,8 @@ def hcp_like_field(seed: int = 0):
 def time_gpu(field, seeds, params, repeats: int = 2) -> dict:
     import cupy as cp
 
-    from gpu.backend import get_backend
-    from gpu.deterministic import _track_kernel
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.deterministic import _track_kernel
 
     backend = get_backend("gpu")
     list(track(field, seeds[:1000], params, device=backend))  # compile and warm up
@@ -96,7 +96,7 @@ def time_gpu(field, seeds, params, repeats: int = 2) -> dict:
     stop.synchronize()
     kernel_s = cp.cuda.get_elapsed_time(start, stop) / 1000
     steps = int(count.sum())
-    from gpu.deterministic import _compact
+    from tractlens.gpu.deterministic import _compact
 
     t0 = time.perf_counter()
     _compact(cp, buf, count, stops, valid, 0, params)  # filter, pack on the device, copy to the host

@@ -32,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu.dti import DTIFitParams, _Design, fit_batch, fit_dti  # noqa: E402
+from tractlens.gpu.dti import DTIFitParams, _Design, fit_batch, fit_dti  # noqa: E402
 
 HCP_SHAPE = (145, 174, 145)
 
@@ -108,7 +108,7 @@ def ellipsoid_mask(shape, target=800_000):
 def time_gpu(n: int, bvals, bvecs, repeats: int) -> dict:
     import cupy as cp
 
-    from gpu.backend import get_backend
+    from tractlens.gpu.backend import get_backend
 
     backend = get_backend("gpu")
     design = _Design.build(bvals, bvecs, 50.0)
@@ -202,7 +202,7 @@ def stage_breakdown(backend, n: int) -> dict:
     """Time the O(voxels) float64 stages alone: batched 7x7 Cholesky and 3x3 eigen + maps."""
     import cupy as cp
 
-    from gpu import dti, sym3
+    from tractlens.gpu import dti, sym3
 
     rs = cp.random.RandomState(3)
     a = rs.normal(size=(n, 7, 7))
@@ -227,8 +227,8 @@ def time_end_to_end(bvals, bvecs, workdir: Path) -> dict:
     import cupy as cp
     import nibabel as nib
 
-    from app.io import load_dwi, save_gradients
-    from app.pipelines.dti import fit_dti_pipeline, write_dti_outputs
+    from tractlens.app.io import load_dwi, save_gradients
+    from tractlens.app.pipelines.dti import fit_dti_pipeline, write_dti_outputs
 
     mask = ellipsoid_mask(HCP_SHAPE)
     n = int(mask.sum())

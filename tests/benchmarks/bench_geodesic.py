@@ -38,8 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu import geodesic  # noqa: E402
 from tests.benchmarks.bench_deterministic import VOXEL_MM, hcp_like_field  # noqa: E402
+from tractlens.gpu import geodesic  # noqa: E402
 
 DIRECTIONS = 100
 
@@ -62,7 +62,7 @@ def workloads(brain: np.ndarray, n: int, rng) -> dict:
 def kernel_row(fld, starts, dirs, params) -> dict:
     import cupy as cp
 
-    from gpu.backend import get_backend
+    from tractlens.gpu.backend import get_backend
 
     backend = get_backend("gpu")
     packed, region = geodesic.packed_field(backend, fld), backend.asarray(fld.region)
@@ -84,8 +84,8 @@ def kernel_row(fld, starts, dirs, params) -> dict:
 
 def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
     """Seed ROI → first batch of fibres with display arrays, as GeodesicPanel's job does it."""
-    from app.pipelines.track import INTERACTIVE_FIRST_BATCH, geodesic_pipeline
-    from widgets import fiber_display
+    from tractlens.app.pipelines.track import INTERACTIVE_FIRST_BATCH, geodesic_pipeline
+    from tractlens.widgets import fiber_display
 
     rng = np.random.default_rng(5)
     voxels = np.argwhere(brain)
@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--out")
     args = parser.parse_args()
-    from app.pipelines.track import TensorField
+    from tractlens.app.pipelines.track import TensorField
 
     tensor, _fa, brain = hcp_like_field()
     device = "gpu" if args.gpu else "cpu"

@@ -42,7 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu.probabilistic import ProbParams, SampleField, iter_track, mask_bits, upload_field  # noqa: E402
+from tractlens.gpu.probabilistic import ProbParams, SampleField, iter_track, mask_bits, upload_field  # noqa: E402
 
 SHAPE = (145, 174, 145)
 VOXEL_MM = 1.25
@@ -178,7 +178,7 @@ def main() -> None:
 
     two, ten = voxels[: len(voxels) // 50], voxels[: len(voxels) // 10]
     if args.gpu:
-        from gpu.backend import get_backend
+        from tractlens.gpu.backend import get_backend
 
         backend = get_backend("gpu")
         results["device"] = backend.device_name

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
-    from app.model import Tractogram
+    from tractlens.app.model import Tractogram
 
     rng = np.random.default_rng(seed)
     start = rng.uniform(0, 100, (n_streamlines, 1, 3)).astype(np.float32)
@@ -68,7 +68,7 @@ def bench_size(window, n: int, frames: int) -> dict:
     import pyvista as pv
     from PySide6.QtWidgets import QApplication
 
-    from app.model import Layer
+    from tractlens.app.model import Layer
 
     view = window.view3d
     plotter = view.plotter
@@ -76,7 +76,7 @@ def bench_size(window, n: int, frames: int) -> dict:
     app = QApplication.instance()
 
     # Ours: layer -> actor -> first frame.
-    from widgets import fiber_display
+    from tractlens.widgets import fiber_display
 
     t0 = time.perf_counter()
     layer = Layer(f"bench {n}", tract, "tractogram")
@@ -133,7 +133,7 @@ def main() -> None:
     _ensure_display()
     from PySide6.QtWidgets import QApplication
 
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
     window = MainWindow(device="cpu")

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gpu.select import StreamlineIndex, hits_kernel, region_bits, select_streamlines  # noqa: E402
+from tractlens.gpu.select import StreamlineIndex, hits_kernel, region_bits, select_streamlines  # noqa: E402
 
 
 def synthetic(n: int):
@@ -53,7 +53,7 @@ def main() -> None:
         if args.gpu:
             import cupy as cp
 
-            from gpu.backend import get_backend
+            from tractlens.gpu.backend import get_backend
 
             backend = get_backend("gpu")
             select_streamlines(points[:5000], offsets[:101], [roi], device="gpu")  # compile, warm up

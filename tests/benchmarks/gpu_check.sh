@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >"$OUT/
   || echo "editable install failed (see install.log); console-script test will fail"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import cupy, numpy; print('cupy', cupy.__version__, 'numpy', numpy.__version__)" | tee -a "$OUT/gpu.txt"
-python3 -m app.cli info | tee -a "$OUT/gpu.txt"
+python3 -m tractlens info | tee -a "$OUT/gpu.txt"
 python3 -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/gui 2>&1 | tee "$OUT/pytest_gpu.log" | tail -5
 # The whole suite with CuPy present takes ~10 min on the GPU machine, more than one device call
 # may run: SUITE=0 skips it (run it alone in a call of its own).

@@ -11,7 +11,7 @@ def _gui_environment(tmp_path, monkeypatch):
 
 @pytest.fixture
 def window(qtbot):
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     win = MainWindow(device="cpu")
     qtbot.addWidget(win)
@@ -39,7 +39,7 @@ def demo_window(window):
 @pytest.fixture
 def runner(qtbot):
     """A job runner that is shut down (jobs cancelled, workers joined) before it is destroyed."""
-    from app.jobs import JobRunner
+    from tractlens.app.jobs import JobRunner
 
     job_runner = JobRunner()
     yield job_runner

@@ -16,8 +16,8 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication
 
-from app.model import Layer, Volume
-from widgets.main_window import MainWindow
+from tractlens.app.model import Layer, Volume
+from tractlens.widgets.main_window import MainWindow
 
 
 def drag(view, voxels) -> None:

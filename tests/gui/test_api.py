@@ -6,7 +6,7 @@ from tests.conftest import ARTIFACTS
 
 
 def test_open_window_loads_in_order_and_saves_a_screenshot(qtbot, demo_dir, tmp_path):
-    from widgets.api import open_window
+    from tractlens.widgets.api import open_window
 
     window = open_window(demo_dir / "parcellation.nii.gz", demo_dir / "bundles.trk", device="cpu", size=(1200, 800))
     qtbot.addWidget(window)

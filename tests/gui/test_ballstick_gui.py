@@ -12,12 +12,12 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QContextMenuEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QApplication
 
-from app.errors import InputError
-from app.io.bedpostx import BedpostSamples, save_bedpostx
-from app.loaders import load_layers
-from app.model import Layer, RoiMask
 from tests.conftest import ARTIFACTS, installed_tool
-from widgets.panels import FIT_BALLSTICK
+from tractlens.app.errors import InputError
+from tractlens.app.io.bedpostx import BedpostSamples, save_bedpostx
+from tractlens.app.loaders import load_layers
+from tractlens.app.model import Layer, RoiMask
+from tractlens.widgets.panels import FIT_BALLSTICK
 
 SHAPE = (16, 16, 4)
 STICK_A = np.array([1.0, 1.0, 0.0]) / np.sqrt(2.0)  # voxel axes: up-right on the axial view
@@ -223,7 +223,7 @@ def test_sticks_follow_the_world_on_a_left_right_flipped_grid(window, tmp_path):
 def test_a_bedpostx_folder_opens_from_the_file_menu_and_the_command_line(
     window, bedpostx_folder, monkeypatch, tmp_path
 ):
-    from widgets import main_window
+    from tractlens.widgets import main_window
 
     monkeypatch.setattr(main_window.QFileDialog, "getExistingDirectory", lambda *_a, **_k: str(bedpostx_folder))
     file_menu = window.menuBar().actions()[0].menu()
@@ -233,7 +233,7 @@ def test_a_bedpostx_folder_opens_from_the_file_menu_and_the_command_line(
 
     out = tmp_path / "view.png"
     exe = installed_tool("tractlens")
-    cmd = [exe] if exe else [sys.executable, "-m", "widgets.launcher"]
+    cmd = [exe] if exe else [sys.executable, "-m", "tractlens.widgets.launcher"]
     args = ["view", str(bedpostx_folder), "--screenshot", str(out), "--size", "1200x800", "--exit", "--device", "cpu"]
     result = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -363,7 +363,7 @@ def test_cancelling_a_fit_leaves_the_document_unchanged(demo_window, qtbot):
 
 
 def test_a_failed_fit_reports_and_changes_nothing(demo_window, qtbot, monkeypatch):
-    from widgets import ballstick
+    from tractlens.widgets import ballstick
 
     def failing(*_args, **_kwargs):
         raise InputError("the series is unusable", fix="Check it")

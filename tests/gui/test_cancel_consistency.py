@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QCoreApplication, Qt
 
-from app.integrity import document_problems
-from app.model import Document, Layer, RoiMask, Tractogram, Volume
+from tractlens.app.integrity import document_problems
+from tractlens.app.model import Document, Layer, RoiMask, Tractogram, Volume
 
 DELAYS_S = (0.0, 0.05, 0.4)
 
@@ -74,7 +74,7 @@ def test_cancelling_every_job_of_the_window_keeps_the_document_consistent(
 ):
     """Tracking (deterministic, geodesic), COMMIT, ball & sticks, sessions: each cancelled at
     several moments on the demo."""
-    from widgets import tracking_panel
+    from tractlens.widgets import tracking_panel
 
     monkeypatch.setattr(tracking_panel, "GUI_BATCH", 200)  # many partial results to cancel between
     monkeypatch.setattr(tracking_panel, "PARTIAL_INTERVAL_S", 0.0)
@@ -111,7 +111,7 @@ def test_cancelling_every_job_of_the_window_keeps_the_document_consistent(
             for layer in added:
                 win.document.remove_layer(layer)
 
-    from gpu.ballstick import BallStickParams
+    from tractlens.gpu.ballstick import BallStickParams
 
     dwi = win.document.layer("dwi")
     params = BallStickParams(n_fibres=2, burnin=20, njumps=20, sample_every=5)

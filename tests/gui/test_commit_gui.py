@@ -9,14 +9,14 @@ import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget
 
-from app.io import load_dwi, load_tractogram
-from app.model import DWIVolume, Layer, RoiMask
-from app.pipelines.commit import COMMIT_OUTPUTS, commit_pipeline
-from gpu.commit import CommitParams
 from tests.conftest import ARTIFACTS
 from tests.gui.actions import choose_from_layer_menu
-from widgets.commit_panel import NRMSE_NAME, THRESHOLD_STEPS, WEIGHT
-from widgets.panels import FILTER_COMMIT
+from tractlens.app.io import load_dwi, load_tractogram
+from tractlens.app.model import DWIVolume, Layer, RoiMask
+from tractlens.app.pipelines.commit import COMMIT_OUTPUTS, commit_pipeline
+from tractlens.gpu.commit import CommitParams
+from tractlens.widgets.commit_panel import NRMSE_NAME, THRESHOLD_STEPS, WEIGHT
+from tractlens.widgets.panels import FILTER_COMMIT
 
 
 def open_like_a_user(win, *paths) -> None:
@@ -323,9 +323,9 @@ def test_save_outputs_writes_the_commit_files_and_asks_before_replacing(window, 
 
 def test_filtered_tractogram_keeps_the_format_it_was_read_in(tmp_path):
     """The COMMIT panel writes its filtered tractogram in the input's format (.tck in, .tck out)."""
-    from app.io import load_tractogram, save_tractogram
-    from app.model import Layer, Tractogram
-    from widgets.commit_panel import tractogram_suffix
+    from tractlens.app.io import load_tractogram, save_tractogram
+    from tractlens.app.model import Layer, Tractogram
+    from tractlens.widgets.commit_panel import tractogram_suffix
 
     rng = np.random.default_rng(0)
     tract = Tractogram.from_list([rng.uniform(0, 9, size=(4, 3))], affine=np.eye(4), dimensions=(10, 10, 10))

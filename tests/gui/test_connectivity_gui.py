@@ -12,16 +12,16 @@ import pyvista as pv
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget
 
-from app.pipelines.connectivity import (
+from tests.conftest import ARTIFACTS
+from tractlens.app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,
     DISTANCE_POINT_SCALAR,
     DISTANCE_STREAMLINE_SCALAR,
     compute_lesion_distance,
     compute_profile,
 )
-from tests.conftest import ARTIFACTS
-from widgets.connectivity_panel import ORDERS
-from widgets.render import LUTS
+from tractlens.widgets.connectivity_panel import ORDERS
+from tractlens.widgets.render import LUTS
 
 
 def open_like_a_user(win, *paths) -> None:
@@ -145,7 +145,7 @@ def test_connectome_heatmap_cells_select_streamlines(demo_window, demo_dir, qtbo
     qtbot.wait(200)  # the ROI-selection timer (40 ms) has had its chance
     np.testing.assert_array_equal(bundles.selection, selection)
     # ...and an ROI takes over: the streamlines through it, and without ROIs again, all
-    from app.model import Layer, RoiMask
+    from tractlens.app.model import Layer, RoiMask
 
     roi = RoiMask("through_arc", np.zeros(win.document.reference_shape, bool), win.document.reference_affine)
     roi.mask[labels == 5] = True  # arc_start

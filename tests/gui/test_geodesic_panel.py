@@ -25,7 +25,7 @@ def test_region_to_region_fibres_are_ranked_filtered_and_retracked_live(demo_win
     assert layer.color_by == "cm" and len(tract) > 20
     cm = tract.streamline_scalars["cm"]
     assert np.all(np.diff(cm) <= 1e-6)  # best first
-    from gpu.select import select_streamlines
+    from tractlens.gpu.select import select_streamlines
 
     assert select_streamlines(tract.points, tract.offsets, [target.data.mask], device="cpu").selected.all()
     assert "reached the target" in panel.status.text()

@@ -9,10 +9,10 @@ import pyvista as pv
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QImage
 
-from app.model import Layer, Volume
-from gpu import sym3
 from tests.conftest import ARTIFACTS
-from widgets.glyphs import COLOUR_LEVELS, MAX_GLYPHS_PER_PLANE, glyph_step_3d, tensor_glyph_job
+from tractlens.app.model import Layer, Volume
+from tractlens.gpu import sym3
+from tractlens.widgets.glyphs import COLOUR_LEVELS, MAX_GLYPHS_PER_PLANE, glyph_step_3d, tensor_glyph_job
 
 SHAPE = (128, 128, 70)
 AFFINE = np.diag([1.75, 1.75, 2.0, 1.0])

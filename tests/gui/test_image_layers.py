@@ -7,10 +7,10 @@ import nibabel as nib
 import numpy as np
 from PySide6.QtCore import Qt
 
-from app.loaders import is_anatomical, load_layers
 from tests.conftest import ARTIFACTS
 from tests.gui.actions import choose_from_layer_menu
-from widgets.main_window import _format_value
+from tractlens.app.loaders import is_anatomical, load_layers
+from tractlens.widgets.main_window import _format_value
 
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
 SHAPE = (48, 48, 30)

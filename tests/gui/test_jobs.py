@@ -6,10 +6,10 @@ import time
 import numpy as np
 from PySide6.QtCore import QElapsedTimer, QTimer
 
-from app.demo import gradient_table
-from app.errors import InputError
-from app.jobs import CANCELLED, DONE, FAILED
-from gpu.dti import fit_dti
+from tractlens.app.demo import gradient_table
+from tractlens.app.errors import InputError
+from tractlens.app.jobs import CANCELLED, DONE, FAILED
+from tractlens.gpu.dti import fit_dti
 
 
 def tensor_fitting_job(seconds: float):
@@ -101,8 +101,8 @@ def test_finished_jobs_let_go_of_their_results_and_the_history_is_bounded(qtbot,
     be a whole tractogram) nor an ever-growing job list."""
     import weakref
 
-    from app.jobs import KEEP_ENDED
-    from widgets.panels import JobPanel
+    from tractlens.app.jobs import KEEP_ENDED
+    from tractlens.widgets.panels import JobPanel
 
     class Result:
         pass

@@ -7,8 +7,8 @@ import nibabel as nib
 import numpy as np
 from PySide6.QtCore import QPoint, Qt
 
-from app.model import Layer, Volume
 from tests.conftest import ARTIFACTS, installed_tool
+from tractlens.app.model import Layer, Volume
 
 
 def non_blank(image: np.ndarray) -> bool:
@@ -143,7 +143,7 @@ def test_bad_file_reports_an_error_and_keeps_the_window(window, tmp_path):
 def test_scripted_screenshot_from_the_command_line(tmp_path):
     out = tmp_path / "shot.png"
     exe = installed_tool("tractlens")
-    cmd = [exe] if exe else [sys.executable, "-m", "widgets.launcher"]
+    cmd = [exe] if exe else [sys.executable, "-m", "tractlens.widgets.launcher"]
     result = subprocess.run(
         [*cmd, "--demo", "--screenshot", str(out), "--size", "1200x800", "--exit", "--device", "cpu"],
         capture_output=True,
@@ -175,7 +175,7 @@ def _blob_aspects(image: np.ndarray) -> np.ndarray:
 
 
 def test_glyphs_are_elongated_along_the_screen_axis_that_shows_x(window, qtbot):
-    from gpu import sym3
+    from tractlens.gpu import sym3
 
     shape = (9, 9, 3)
     evals = np.array([1.7e-3, 3e-4, 3e-4])
@@ -313,7 +313,7 @@ def test_drag_and_drop_opens_files(window, qtbot, demo_dir):
 
 
 def test_window_layout_and_recent_files_are_remembered(qtbot, demo_dir):
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     first = MainWindow(device="cpu")
     qtbot.addWidget(first)
@@ -336,7 +336,7 @@ def test_a_layout_saved_by_other_docks_is_not_restored(qtbot):
     is ignored and the default tabs are kept."""
     from PySide6.QtWidgets import QDockWidget
 
-    from widgets.main_window import MainWindow, settings
+    from tractlens.widgets.main_window import MainWindow, settings
 
     old = MainWindow(device="cpu")
     qtbot.addWidget(old)

@@ -11,10 +11,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from scipy import ndimage
 
-from app.model import Document, Layer, Volume
-from gpu.probabilistic import ProbParams
 from tests.conftest import ARTIFACTS
-from widgets.render import LUTS
+from tractlens.app.model import Document, Layer, Volume
+from tractlens.gpu.probabilistic import ProbParams
+from tractlens.widgets.render import LUTS
 
 SEED, TARGET = "roi_crossing_lr_seed", "roi_crossing_lr_target"
 
@@ -49,8 +49,8 @@ def save_rgb(image: np.ndarray, path) -> None:
 
 def expected_run(demo_bedpostx, demo_dir, params: ProbParams):
     """The same inputs through the pipeline, from the files (not from the window)."""
-    from app.loaders import load_layers
-    from app.pipelines.probabilistic import prepare_probabilistic_masks
+    from tractlens.app.loaders import load_layers
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic_masks
 
     samples = next(layer for layer in load_layers(demo_bedpostx) if layer.kind == "dyads").data.samples
 
@@ -69,7 +69,7 @@ def surface_values(mesh, paths: np.ndarray, affine: np.ndarray) -> np.ndarray:
 def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     bedpostx_window, demo_bedpostx, demo_dir, qtbot, monkeypatch, tmp_path
 ):
-    from widgets import probabilistic_panel as module
+    from tractlens.widgets import probabilistic_panel as module
 
     monkeypatch.setattr(module, "FIRST_BATCH", 100)  # 1500 streamlines in 10 batches: watch them add up
     monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
@@ -197,7 +197,7 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
 def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
     bedpostx_window, demo_bedpostx, demo_dir, qtbot, monkeypatch
 ):
-    from widgets import probabilistic_panel as module
+    from tractlens.widgets import probabilistic_panel as module
 
     monkeypatch.setattr(module, "FIRST_BATCH", 150)
     monkeypatch.setattr(module, "UPDATES", 1000)  # batches of 150 of the 15 000 streamlines
@@ -274,7 +274,7 @@ def test_track_refuses_without_samples_or_seed_and_shows_input_errors(window, de
 
 
 def test_scalar_layers_can_let_the_layers_beneath_show_through():
-    from widgets.render import colorize
+    from tractlens.widgets.render import colorize
 
     layer = Layer("p", Volume("p", np.zeros((2, 2, 1)), np.eye(4)), "scalar", colormap="hot", clim=(0, 10))
     values = np.array([[0.0, 0.5], [1.0, 10.0]])
@@ -290,7 +290,7 @@ def test_scalar_layers_can_let_the_layers_beneath_show_through():
     doc.add_layer(Layer("grey", Volume("grey", grey, np.eye(4)), "scalar", clim=(0, 1)))
     doc.add_layer(layer)
     layer.set_data(values[..., None])
-    from widgets.render import composite, plane_geometry
+    from tractlens.widgets.render import composite, plane_geometry
 
     doc.set_cursor((0, 0, 0))
     image = composite(doc, plane_geometry(doc, "axial"))

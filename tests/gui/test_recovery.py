@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.model import Layer, RoiMask, Volume
-from app.recovery import find_orphans, recovery_root
 from tests.conftest import ARTIFACTS
+from tractlens.app.model import Layer, RoiMask, Volume
+from tractlens.app.recovery import find_orphans, recovery_root
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def _kill_after_autosave(tmp_path) -> tuple[Path, Path]:
 
 
 def test_a_killed_window_s_rois_are_restored_exactly_by_the_next_one(qtbot, tmp_path):
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     expected_file, folder = _kill_after_autosave(tmp_path)
     assert folder.parent == recovery_root() and (folder / "manifest.json").is_file()
@@ -90,7 +90,7 @@ def test_a_killed_window_s_rois_are_restored_exactly_by_the_next_one(qtbot, tmp_
 def _orphan_of(qtbot, tmp_path) -> Path:
     """A dead window's autosave, made in this process: a window that autosaves, then 'crashes'
     (its lock is dropped and its folder left, as the kernel does for a killed process)."""
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     window = MainWindow(device="cpu", autosave_s=0)
     qtbot.addWidget(window)
@@ -110,8 +110,8 @@ def _orphan_of(qtbot, tmp_path) -> Path:
 
 
 def test_later_keeps_the_autosave_and_discard_deletes_it(qtbot, tmp_path, monkeypatch):
-    from widgets.main_window import MainWindow
-    from widgets.session_io import offer_recovery
+    from tractlens.widgets.main_window import MainWindow
+    from tractlens.widgets.session_io import offer_recovery
 
     folder = _orphan_of(qtbot, tmp_path)
     orphans = find_orphans()
@@ -140,7 +140,7 @@ def test_later_keeps_the_autosave_and_discard_deletes_it(qtbot, tmp_path, monkey
 
 
 def test_a_restore_that_fails_keeps_the_autosave(qtbot, tmp_path):
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     folder = _orphan_of(qtbot, tmp_path)
     (folder / "manifest.json").write_text("{not json")  # damaged on disk
@@ -156,7 +156,7 @@ def test_a_restore_that_fails_keeps_the_autosave(qtbot, tmp_path):
 
 @pytest.mark.parametrize("interval", [0.2])
 def test_autosave_writes_only_what_changed(qtbot, tmp_path, interval):
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     window = MainWindow(device="cpu", autosave_s=interval)
     qtbot.addWidget(window)
@@ -186,7 +186,7 @@ def test_autosave_writes_only_what_changed(qtbot, tmp_path, interval):
 def test_a_saved_session_keeps_the_view_settings(qtbot, tmp_path):
     """Save session in one window, open it in another: layers, cursor, radiological convention
     and the 3-D camera come back."""
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     first = MainWindow(device="cpu", autosave_s=0)
     qtbot.addWidget(first)

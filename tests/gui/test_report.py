@@ -11,8 +11,8 @@ import unicodedata
 import numpy as np
 import pytest
 
-from app.pipelines.connectivity import DISTANCE_STREAMLINE_SCALAR
 from tests.conftest import ARTIFACTS
+from tractlens.app.pipelines.connectivity import DISTANCE_STREAMLINE_SCALAR
 
 
 def _pdf_pages(path) -> int:
@@ -56,7 +56,7 @@ def measured_window(demo_window, qtbot, demo_dir):
 
 
 def test_export_report_pdf_and_png(measured_window, tmp_path):
-    from widgets.report import export_report
+    from tractlens.widgets.report import export_report
 
     window = measured_window
     files = export_report(window, tmp_path / "report.pdf")

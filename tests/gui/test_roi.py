@@ -4,8 +4,8 @@ import nibabel as nib
 import numpy as np
 from PySide6.QtCore import QPoint, Qt
 
-from app.model import Layer, Volume
 from tests.conftest import ARTIFACTS
+from tractlens.app.model import Layer, Volume
 
 
 def disc(centre, radius, h_axis, v_axis):
@@ -274,7 +274,7 @@ def test_polygon_tool_fills_the_closed_outline(window, qtbot):
 
 # ------------------------------------------------------------------ files
 def test_save_roi_adds_the_suffix_and_never_replaces_a_file_without_asking(window, tmp_path, monkeypatch):
-    import widgets.main_window as main_window
+    import tractlens.widgets.main_window as main_window
 
     window_with_image(window)
     doc = window.document
@@ -362,7 +362,7 @@ def keys(window, qtbot, redo=False):
 
 
 def test_every_roi_edit_is_undone_and_redone_exactly_with_the_keys(window, qtbot, tmp_path, monkeypatch):
-    import widgets.panels as panels
+    import tractlens.widgets.panels as panels
 
     window_with_image(window)
     doc = window.document

@@ -22,13 +22,13 @@ def bundle_fraction(tract, labels, label):
 
 
 def passes(tract, mask):
-    from gpu.select import select_streamlines
+    from tractlens.gpu.select import select_streamlines
 
     return select_streamlines(tract.points, tract.offsets, [mask], device="cpu").selected
 
 
 def test_tracking_from_a_seed_roi_grows_live_and_stays_in_the_bundle(demo_window, demo_dir, qtbot, monkeypatch):
-    from widgets import tracking_panel
+    from tractlens.widgets import tracking_panel
 
     monkeypatch.setattr(tracking_panel, "GUI_BATCH", 64)  # several batches: watch the result grow
     monkeypatch.setattr(tracking_panel, "PARTIAL_INTERVAL_S", 0.0)
@@ -111,7 +111,7 @@ def test_tracking_without_seeds_or_tensors_says_what_to_do(window, demo_window, 
 
 
 def test_whole_brain_tracking_can_be_cancelled_and_keeps_what_it_showed(demo_window, qtbot, monkeypatch):
-    from widgets import tracking_panel
+    from tractlens.widgets import tracking_panel
 
     monkeypatch.setattr(tracking_panel, "GUI_BATCH", 200)
     monkeypatch.setattr(tracking_panel, "PARTIAL_INTERVAL_S", 0.0)

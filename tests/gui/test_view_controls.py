@@ -5,8 +5,8 @@ import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
-from app.model import Layer, Tractogram, Volume
 from tests.conftest import ARTIFACTS
+from tractlens.app.model import Layer, Tractogram, Volume
 
 SHAPE = (40, 40, 30)
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
@@ -72,7 +72,7 @@ def test_the_fiber_slab_thickness_is_a_view_menu_choice_for_all_slice_views(wind
 
 
 def test_the_slab_choice_is_remembered(qtbot):
-    from widgets.main_window import MainWindow
+    from tractlens.widgets.main_window import MainWindow
 
     first = MainWindow(device="cpu")
     qtbot.addWidget(first)
