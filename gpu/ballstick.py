@@ -80,16 +80,32 @@ class BallStickParams:
     """
 
     n_fibres: int = field(
-        default=3, metadata=meta("Fibres per voxel", "sticks (fibre populations) per voxel", "", (1, 3))
+        default=3,
+        metadata=meta(
+            "Fibres per voxel",
+            "sticks (fibre populations) per voxel",
+            "",
+            (1, 3),
+            choices=(1, 2, 3),
+            flags=("--nfibres",),
+        ),
     )
     burnin: int = field(
-        default=1000, metadata=meta("Burn-in", "MCMC iterations before samples are recorded", "", (0, 10**6))
+        default=1000,
+        metadata=meta("Burn-in", "MCMC iterations before samples are recorded", "", (0, 10**6), flags=("--burnin",)),
     )
     njumps: int = field(
         default=1250, metadata=meta("Jumps", "MCMC iterations over which samples are recorded", "", (1, 10**6))
     )
     sample_every: int = field(
-        default=25, metadata=meta("Sample every", "record every n-th iteration (njumps / n samples)", "", (1, 10**6))
+        default=25,
+        metadata=meta(
+            "Sample every",
+            "record every n-th iteration (njumps / n samples)",
+            "",
+            (1, 10**6),
+            flags=("--sampleevery",),
+        ),
     )
     ard_weight: float = field(
         default=1.0,
@@ -97,18 +113,32 @@ class BallStickParams:
             "ARD weight", "weight of the prior that switches off unsupported sticks 2..n (0 = off)", "", (0.0, 10.0)
         ),
     )
-    rician: bool = field(default=False, metadata=meta("Rician noise", "Rician instead of Gaussian noise model"))
+    rician: bool = field(
+        default=False,
+        metadata=meta(
+            "Rician noise", "Rician instead of Gaussian noise model", cli_help="Rician noise model (default Gaussian)"
+        ),
+    )
     update_every: int = field(
-        default=40, metadata=meta("Adapt every", "burn-in iterations between proposal-width updates", "", (1, 10**6))
+        default=40,
+        metadata=meta("Adapt every", "burn-in iterations between proposal-width updates", "", (1, 10**6), cli=False),
     )
     lm_iterations: int = field(
-        default=200, metadata=meta("LM iterations", "cap on Levenberg–Marquardt iterations", "", (0, 10**4))
+        default=200, metadata=meta("LM iterations", "cap on Levenberg–Marquardt iterations", "", (0, 10**4), cli=False)
     )
     b0_threshold: float = field(
         default=50.0, metadata=meta("b=0 threshold", "b-values up to this count as b=0", "s/mm²", (0.0, 500.0))
     )
     seed: int = field(
-        default=0, metadata=meta("Random seed", "the same seed gives the same samples", "", (0, 2**31 - 1))
+        default=0,
+        metadata=meta(
+            "Random seed",
+            "the same seed gives the same samples",
+            "",
+            (0, 2**31 - 1),
+            flags=("--seed-rng",),
+            metavar="N",
+        ),
     )
 
     def __post_init__(self):

@@ -20,8 +20,28 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend, get_backend, iter_batched
+from .params import meta
 
-DEFAULT_RADIUS_MM = 4.0  # MRtrix tck2connectome's default radial search
+
+@dataclass(frozen=True)
+class EndpointParams:
+    """How streamline ends find their region."""
+
+    radius_mm: float = field(
+        default=4.0,  # MRtrix tck2connectome's default radial search
+        metadata=meta(
+            "Search radius",
+            "search this far from a streamline's end for a region (0: the end's voxel only)",
+            "mm",
+            (0.0, 50.0),
+            flags=("--radius",),
+            metavar="MM",
+            cli_help="endpoint search radius in mm",
+        ),
+    )
+
+
+DEFAULT_RADIUS_MM = EndpointParams.radius_mm
 _CHUNK_OFFSETS = 32  # offsets tried at once per end (a shell, or a part of one)
 
 

@@ -74,32 +74,73 @@ CHOICES = {"integrator": INTEGRATORS, "method": METHODS}
 class DeterministicParams:
     """Parameters of deterministic tracking (lengths in millimetres, angles in degrees)."""
 
-    step_mm: float = field(default=0.5, metadata=meta("Step", "step length", "mm", (0.05, 5.0)))
+    step_mm: float = field(
+        default=0.5,
+        metadata=meta(
+            "Step",
+            "step length",
+            "mm",
+            (0.05, 5.0),
+            flags=("--step", "--step-mm"),
+            cli_help="step length in mm (track geodesic's --step is in voxels)",
+        ),
+    )
     fa_threshold: float = field(
         default=0.15, metadata=meta("FA threshold", "stop where FA falls below this", "", (0.0, 0.99))
     )
     max_angle_deg: float = field(
-        default=45.0, metadata=meta("Max angle", "stop where one step turns more than this", "°", (1.0, 180.0))
+        default=45.0,
+        metadata=meta(
+            "Max angle",
+            "stop where one step turns more than this",
+            "°",
+            (1.0, 180.0),
+            flags=("--max-angle",),
+            cli_help="max turn per step in degrees",
+        ),
     )
     min_length_mm: float = field(
-        default=20.0, metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0))
+        default=20.0,
+        metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0), flags=("--min-length",)),
     )
     max_length_mm: float = field(
-        default=250.0, metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0))
+        default=250.0,
+        metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0), flags=("--max-length",)),
     )
     integrator: str = field(
-        default="euler", metadata=meta("Integrator", "Euler: one tensor per step; RK4: four, more accurate on curves")
+        default="euler",
+        metadata=meta(
+            "Integrator", "Euler: one tensor per step; RK4: four, more accurate on curves", choices=INTEGRATORS
+        ),
     )
     method: str = field(
         default="eigenvector",
-        metadata=meta("Direction", "follow e1, or deflect by the tensor (Weinstein tensorlines, through crossings)"),
+        metadata=meta(
+            "Direction",
+            "follow e1, or deflect by the tensor (Weinstein tensorlines, through crossings)",
+            choices=METHODS,
+            flags=("--method",),
+        ),
     )
     tensorline_puncture: float = field(
         default=0.2,
-        metadata=meta("Puncture", "tensorlines: weight w of the deflected incoming direction", "", (0.0, 1.0)),
+        metadata=meta(
+            "Puncture",
+            "tensorlines: weight w of the deflected incoming direction",
+            "",
+            (0.0, 1.0),
+            flags=("--puncture",),
+        ),
     )
     keep_truncated: bool = field(
-        default=True, metadata=meta("Keep truncated", "keep streamlines that reached the max length")
+        default=True,
+        metadata=meta(
+            "Keep truncated",
+            "keep streamlines that reached the max length",
+            flags=("--discard-truncated",),
+            negated=True,
+            cli_help="drop streamlines that reached --max-length instead of keeping them",
+        ),
     )
 
     def __post_init__(self) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, run_batched
+from .params import meta
 
 # Per-voxel flags (bit field) in DTIFit.flags; 0 means a clean fit.
 FLAG_NONFINITE_SIGNAL = 1  #: NaN or Inf among the voxel's signals; not fitted.
@@ -69,11 +70,31 @@ class DTIFitParams:
         NumPy run of it is the reference the kernel is tested against).
     """
 
-    method: str = "wls"
-    min_signal: float = MIN_SIGNAL
-    precision: str = "auto"
-    b0_threshold: float = 50.0
-    engine: str = "auto"
+    method: str = field(
+        default="wls",
+        metadata=meta("Method", "least-squares fit: weighted (recommended) or ordinary", choices=("wls", "ols")),
+    )
+    min_signal: float = field(
+        default=MIN_SIGNAL, metadata=meta("Minimum signal", "signals below this are raised to it", cli=False)
+    )
+    precision: str = field(
+        default="auto",
+        metadata=meta(
+            "Precision",
+            "precision of the products over all volumes",
+            choices=("auto", "float32", "float64"),
+            default_text="auto: float32 on GPU, float64 on CPU",
+        ),
+    )
+    b0_threshold: float = field(
+        default=50.0, metadata=meta("b=0 threshold", "b-values up to this count as b=0", "s/mm²", (0.0, 500.0))
+    )
+    engine: str = field(
+        default="auto",
+        metadata=meta(
+            "Engine", "the fused CUDA kernel or array operations", choices=("auto", "kernel", "arrays"), cli=False
+        ),
+    )
 
     def __post_init__(self):
         if self.method not in ("wls", "ols"):

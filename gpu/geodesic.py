@@ -78,14 +78,28 @@ class MetricParams:
     """How the tensor becomes the metric (pre-processing, seed 004 Algorithm 1)."""
 
     gain: float = field(
-        default=0.0, metadata=meta("Gain", "tensor scale factor; 0 = 1 / mean diffusivity", "", (0, 1e9))
+        default=0.0,
+        metadata=meta(
+            "Gain",
+            "tensor scale factor; 0 = 1 / mean diffusivity",
+            "",
+            (0, 1e9),
+            cli_help="tensor scale before inversion (0 = 1/mean MD)",
+        ),
     )
     sharpen_power: int = field(
         default=1,
-        metadata=meta("Sharpen power", "integer power p of the tensor where FA < the threshold (1 = off)", "", (1, 10)),
+        metadata=meta(
+            "Sharpen power",
+            "integer power p of the tensor where FA < the threshold (1 = off)",
+            "",
+            (1, 10),
+            metavar="P",
+        ),
     )
     sharpen_fa: float = field(
-        default=0.0, metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1))
+        default=0.0,
+        metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1), metavar="T"),
     )
 
     def __post_init__(self) -> None:
@@ -101,26 +115,70 @@ class MetricParams:
 class GeodesicParams:
     """Integration and stopping (step in voxels of the smallest voxel size; 0 turns a rule off)."""
 
-    step: float = field(default=0.1, metadata=meta("Step", "step length in voxels", "vox", (0.005, 2.0)))
-    integrator: str = field(default="rk2", metadata=meta("Integrator", "Euler, RK2 (midpoint) or RK4"))
-    max_steps: int = field(default=2000, metadata=meta("Max steps", "steps per fibre", "", (1, 100000)))
+    step: float = field(
+        default=0.1,
+        metadata=meta(
+            "Step",
+            "step length in voxels",
+            "vox",
+            (0.005, 2.0),
+            flags=("--step", "--step-vox"),
+            cli_help="step in voxels of the smallest voxel size (track deterministic's --step is in mm)",
+        ),
+    )
+    integrator: str = field(
+        default="rk2", metadata=meta("Integrator", "Euler, RK2 (midpoint) or RK4", choices=INTEGRATORS)
+    )
+    max_steps: int = field(default=2000, metadata=meta("Max steps", "steps per fibre", "", (1, 100000), metavar="N"))
     max_length_mm: float = field(
-        default=0.0, metadata=meta("Max length", "stop at this Euclidean length (0 = off)", "mm", (0, 10000))
+        default=0.0,
+        metadata=meta(
+            "Max length",
+            "stop at this Euclidean length (0 = off)",
+            "mm",
+            (0, 10000),
+            flags=("--max-length",),
+            metavar="MM",
+        ),
     )
     max_angle_deg: float = field(
-        default=0.0, metadata=meta("Max angle", "stop where a step turns more than this (0 = off)", "°", (0, 180))
+        default=0.0,
+        metadata=meta(
+            "Max angle",
+            "stop where a step turns more than this (0 = off)",
+            "°",
+            (0, 180),
+            flags=("--max-angle",),
+            metavar="DEG",
+        ),
     )
     fa_threshold: float = field(
-        default=0.0, metadata=meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99))
+        default=0.0,
+        metadata=meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99), metavar="T"),
     )
     normalize: bool = field(
-        default=True, metadata=meta("Unit speed", "rescale the velocity to unit length after every step")
+        default=True,
+        metadata=meta(
+            "Unit speed",
+            "rescale the velocity to unit length after every step",
+            flags=("--no-normalize",),
+            negated=True,
+            cli_help="do not rescale the velocity to unit length",
+        ),
     )
     store_every: int = field(
-        default=5, metadata=meta("Keep every", "keep every n-th point (the last one always)", "", (1, 1000))
+        default=5,
+        metadata=meta(
+            "Keep every",
+            "keep every n-th point (the last one always)",
+            "",
+            (1, 1000),
+            flags=("--keep-every",),
+            metavar="N",
+        ),
     )
     stop_at_target: bool = field(
-        default=True, metadata=meta("Stop at target", "end fibres where they enter the target")
+        default=True, metadata=meta("Stop at target", "end fibres where they enter the target", cli=False)
     )
 
     def __post_init__(self) -> None:

@@ -27,6 +27,20 @@ import numpy as np
 
 from .backend import Backend, get_backend, iter_batched
 from .interpolate import trilinear
+from .params import meta
+
+
+@dataclass(frozen=True)
+class ProfileParams:
+    """How an along-tract profile samples its bundle."""
+
+    n_points: int = field(
+        default=100,
+        metadata=meta(
+            "Points", "points along the bundle", "", (2, 1000), flags=("--points",), cli_help="points along the bundle"
+        ),
+    )
+
 
 # ---------------------------------------------------------------- resampling and orientation
 
@@ -112,7 +126,7 @@ def profile(
     points: np.ndarray,
     offsets: np.ndarray,
     scalar_map: np.ndarray,
-    n_points: int = 100,
+    n_points: int = ProfileParams.n_points,
     *,
     linear=None,
     reference: np.ndarray | None = None,

@@ -14,6 +14,8 @@ import argparse
 import sys
 
 from tractlens.app import cli
+from tractlens.app.cli.options import add_params, params_from_args
+from tractlens.app.params import ReportParams
 
 GUI_USAGE = (
     "tractlens [--demo | view FILE... | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
@@ -64,9 +66,7 @@ def _report_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("session", help="a session saved by File > Save session (.tractlens)")
     parser.add_argument("-o", "--output", required=True, help="report PDF")
-    parser.add_argument("--no-png", action="store_true", help="no PNG pages beside the PDF")
-    parser.add_argument("--margin", type=float, help="safety margin in mm (default: the session's)")
-    parser.add_argument("--size", default="1600x1000", help="window size WIDTHxHEIGHT (default 1600x1000)")
+    add_params(parser, ReportParams)
     parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     return parser
 
@@ -95,6 +95,8 @@ def _window(args):
 
 def run_report(argv: list[str]) -> int:
     args = _report_parser().parse_args(argv)
+    report = params_from_args(ReportParams, args)
+    args.size = report.size
     from tractlens.app.errors import InputError
     from tractlens.app.session import load_session
 
@@ -112,9 +114,9 @@ def run_report(argv: list[str]) -> int:
     apply_session(window, session)
     for _ in range(10):  # lay out and render once
         app.processEvents()
-    options = {} if args.margin is None else {"margin_mm": args.margin}
+    options = {} if report.margin_mm is None else {"margin_mm": report.margin_mm}
     try:
-        files = export_report(window, args.output, png=not args.no_png, **options)
+        files = export_report(window, args.output, png=report.png, **options)
     except (OSError, InputError) as exc:
         print(f"tractlens report: error: cannot write the report ({exc})", file=sys.stderr)
         return cli.EXIT_INPUT

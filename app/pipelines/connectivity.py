@@ -29,20 +29,14 @@ from ..errors import InputError
 from ..io._atomic import write_text_atomic
 from ..io.lut import LabelTable
 from ..model import Tractogram, Volume
+from ..params import WEIGHTS, ConnectomeParams, LesionDistanceParams, ProfileParams
 
-#: What a connectome cell holds (``--weight``).
-WEIGHTS = {
-    "count": "streamlines joining the two regions",
-    "length": "mean length of those streamlines (mm)",
-    "cm": "mean connectivity measure (CM) of those streamlines (geodesic tracking)",
-    "commit": "mean COMMIT weight of those streamlines",
-}
 CM_SCALAR, COMMIT_SCALAR = "cm", "commit_weight"
 DISTANCE_POINT_SCALAR = "lesion_dist_mm"  # per point: distance to the lesion
 DISTANCE_STREAMLINE_SCALAR = (
     "min_lesion_dist_mm"  # .trk names: 20 characters at most  # per streamline: its closest approach
 )
-DEFAULT_MARGIN_MM = 5.0
+DEFAULT_MARGIN_MM = LesionDistanceParams.margin_mm
 
 
 @dataclass
@@ -115,7 +109,7 @@ def compute_connectome(
     tractogram: Tractogram,
     labels: Volume,
     *,
-    weight: str = "count",
+    weight: str = ConnectomeParams.weight,
     lut: LabelTable | None = None,
     radius_mm: float = DEFAULT_RADIUS_MM,
     weights: np.ndarray | None = None,
@@ -207,7 +201,7 @@ def write_matrix_csv(matrix: ConnectivityMatrix, path: str | os.PathLike) -> Pat
 
 
 def compute_profile(
-    tractogram: Tractogram, scalar_map: Volume, n_points: int = 100, *, device: str = "auto"
+    tractogram: Tractogram, scalar_map: Volume, n_points: int = ProfileParams.n_points, *, device: str = "auto"
 ) -> Profile:
     """Along-tract profile of a 3-D map over a bundle, the bundle resampled to ``n_points``."""
     if len(tractogram) == 0:

@@ -28,6 +28,7 @@ from tractlens.gpu.streamlines import StreamlineBatch
 from ..errors import InputError
 from ..io import load_dwi, load_tensor
 from ..model import Tractogram, Volume
+from ..params import GeodesicSeedingParams, SeedingParams
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .select import load_masks_on_reference
 
@@ -145,9 +146,9 @@ def deterministic_pipeline(
     include: Sequence[np.ndarray] = (),
     exclude: Sequence[np.ndarray] = (),
     params: deterministic.DeterministicParams | None = None,
-    seeds_per_voxel: int = 1,
-    placement: str = "random",
-    rng_seed: int = 0,
+    seeds_per_voxel: int = SeedingParams.seeds_per_voxel,
+    placement: str = SeedingParams.placement,
+    rng_seed: int = SeedingParams.rng_seed,
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
@@ -287,12 +288,12 @@ def geodesic_pipeline(
     mask: np.ndarray | None = None,
     metric=None,
     params=None,
-    seeds_per_voxel: int = 1,
-    directions: int = 100,
-    cone_deg: float | None = None,
-    top_percent: float = 100.0,
-    placement: str = "random",
-    rng_seed: int = 0,
+    seeds_per_voxel: int = GeodesicSeedingParams.seeds_per_voxel,
+    directions: int = GeodesicSeedingParams.directions,
+    cone_deg: float | None = GeodesicSeedingParams.cone_deg,
+    top_percent: float = GeodesicSeedingParams.top_percent,
+    placement: str = GeodesicSeedingParams.placement,
+    rng_seed: int = GeodesicSeedingParams.rng_seed,
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,

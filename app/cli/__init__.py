@@ -1,0 +1,84 @@
+"""The ``tractlens`` command line.
+
+Subcommands call the same pipelines as the GUI. Progress goes to stderr,
+``--json`` prints a machine-readable summary on stdout, and bad input ends
+with a one-paragraph message and exit status 2 (no traceback; ``--debug``
+shows one). Exit status 1 means an internal error, 130 an interrupted run.
+
+The options that are parameters are generated from the parameter dataclasses
+(:mod:`.options`); one module per command group adds its subcommands:
+:mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.commit`,
+:mod:`.connectivity` (select, connectome, profile, distance) and :mod:`.track`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
+
+from .. import __version__
+from ..errors import InputError
+from . import commit, connectivity, fit, info, track
+from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
+
+__all__ = ["EXIT_INPUT", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "Progress", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tractlens",
+        description="GPU diffusion MRI tractography. Without a command, or with --demo or "
+        "'view FILE...', tractlens opens the main window (--screenshot PNG, --size WxH, --exit).",
+    )
+    parser.add_argument("--version", action="version", version=f"tractlens {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    common.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    info.add_parsers(sub, common)
+    fit.add_parsers(sub, common)
+    commit.add_parsers(sub, common)
+    connectivity.add_parsers(sub, common)
+    track.add_parsers(sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # the GUI launcher handles the no-command case
+        parser.print_help(sys.stderr)
+        return EXIT_INPUT
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="tractlens: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.func(args)
+    except (InputError, BackendError) as exc:
+        if args.debug:
+            raise
+        print(f"tractlens {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except OutOfDeviceMemory as exc:
+        if args.debug:
+            raise
+        print(f"tractlens {args.command}: error: {exc}. Try --device cpu or a smaller mask.", file=sys.stderr)
+        return EXIT_INPUT
+    except (KeyboardInterrupt, Cancelled):
+        print(f"tractlens {args.command}: interrupted; nothing half-written was left behind.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(
+            f"tractlens {args.command}: internal error: {type(exc).__name__}: {exc}. "
+            "Run again with --debug for the traceback and report it.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL

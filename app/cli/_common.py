@@ -1,0 +1,42 @@
+"""What every subcommand shares: exit codes, progress on stderr, the summary on stdout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+log = logging.getLogger("tractlens")
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Progress:
+    """Progress on stderr: a rewritten line on a terminal, a line per 10 % otherwise."""
+
+    def __init__(self, label: str, unit: str, quiet: bool = False):
+        self.label, self.unit, self.quiet = label, unit, quiet
+        self.tty = sys.stderr.isatty()
+        self.last_decile = -1
+        self.start = time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet or total <= 0:
+            return
+        fraction = done / total
+        decile = int(fraction * 10)
+        text = f"{self.label}: {fraction:6.1%} ({done}/{total} {self.unit}, {time.perf_counter() - self.start:.1f} s)"
+        if self.tty:
+            sys.stderr.write("\r" + text + ("\n" if done >= total else ""))
+            sys.stderr.flush()
+        elif decile != self.last_decile or done >= total:
+            self.last_decile = decile
+            print(text, file=sys.stderr, flush=True)
+
+
+def emit(args, summary: dict, human: str) -> None:
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print(human)

@@ -1,0 +1,120 @@
+"""Command-line options generated from parameter dataclasses.
+
+:func:`add_params` adds one option per field that has command-line flags (its metadata, from
+``gpu.params.meta``: flags and aliases, help, unit, choices, metavar, negation), with the
+dataclass default as the argparse default, shown in ``--help``. :func:`params_from_args`
+builds the dataclass back from the parsed arguments; its validation errors become
+:class:`InputError`. A default therefore exists once, in the dataclass (the DIPY workflows'
+idea, there from a function's signature).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from tractlens.gpu.params import cli_flags, default_of
+
+from ..errors import InputError
+
+
+def dest_of(params_type: type, name: str) -> str:
+    """The argparse destination of a field: the class and field name, so no two options of a
+    subcommand collide (``--method`` of deterministic tracking vs the ``track METHOD`` choice)."""
+    return f"{params_type.__name__}.{name}"
+
+
+def field_of_dest(dest: str) -> tuple[str, str] | None:
+    """``(class name, field name)`` of a destination made by :func:`dest_of`, else None."""
+    class_name, dot, name = dest.partition(".")
+    return (class_name, name) if dot and class_name.endswith("Params") else None
+
+
+def add_params(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    params_type: type,
+    *,
+    only: tuple[str, ...] | None = None,
+    exclude: tuple[str, ...] = (),
+) -> None:
+    """Add an option for each field of ``params_type`` with command-line flags (``only`` those
+    named, none of ``exclude``), in the dataclass's field order."""
+    for spec in dataclasses.fields(params_type):
+        flags = cli_flags(spec)
+        if not flags or (only is not None and spec.name not in only) or spec.name in exclude:
+            continue
+        parser.add_argument(*flags, **_argument(params_type, spec))
+
+
+def _argument(params_type: type, spec: dataclasses.Field) -> dict[str, Any]:
+    meta = spec.metadata
+    default = default_of(params_type, spec.name)
+    kwargs: dict[str, Any] = {"dest": dest_of(params_type, spec.name), "default": default}
+    if isinstance(default, bool):
+        if default != bool(meta.get("negated")):
+            raise TypeError(
+                f"{params_type.__name__}.{spec.name}: a flag can only change a bool from its default; "
+                "a True default needs a negated flag (meta(..., negated=True))"
+            )
+        kwargs["action"] = "store_false" if meta.get("negated") else "store_true"
+        kwargs["help"] = _escape(meta.get("cli_help") or meta["help"])
+        return kwargs
+    kwargs["type"] = _value_type(spec, default)
+    if meta.get("choices") is not None:
+        kwargs["choices"] = meta["choices"]
+    if meta.get("nargs"):
+        kwargs["nargs"] = meta["nargs"]
+    if meta.get("metavar"):
+        kwargs["metavar"] = meta["metavar"]
+    elif meta.get("choices") is None:
+        kwargs["metavar"] = cli_flags(spec)[0].lstrip("-").upper().replace("-", "_")
+    kwargs["help"] = _help(meta, default)
+    return kwargs
+
+
+def _value_type(spec: dataclasses.Field, default: Any) -> type:
+    if isinstance(default, (tuple, list)):
+        return type(default[0]) if default else float
+    if default is not None:
+        return type(default)
+    annotation = str(spec.type)  # postponed annotations are strings: "float | None"
+    for kind in (int, float, str):
+        if kind.__name__ in annotation:
+            return kind
+    raise TypeError(f"cannot tell the command-line type of {spec.name} ({annotation})")
+
+
+def _help(meta, default: Any) -> str:
+    text = meta.get("cli_help") or meta["help"]
+    unit = meta.get("unit", "")
+    if default is None:
+        shown = meta.get("default_text") or "none"
+    elif isinstance(default, (tuple, list)):
+        shown = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
+    elif isinstance(default, float):
+        shown = f"{default:g}"
+    else:
+        shown = str(default)
+    if unit and unit not in text and unit not in ("°", "%"):
+        text += f", {unit}"
+    return _escape(f"{text} (default {shown})")
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def params_from_args(params_type: type, args: argparse.Namespace, *, fix: str | None = None, **values: Any):
+    """The dataclass from the parsed options (fields without an option keep their default;
+    ``values`` override); a ValueError of its validation becomes an :class:`InputError`."""
+    for spec in dataclasses.fields(params_type):
+        dest = dest_of(params_type, spec.name)
+        if spec.name not in values and hasattr(args, dest):
+            value = getattr(args, dest)
+            values[spec.name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return params_type(**values)
+    except ValueError as exc:
+        command = " ".join(part for part in (getattr(args, "command", None), getattr(args, "method", None)) if part)
+        raise InputError(str(exc), fix=fix or f"Check the options (see tractlens {command} --help)") from exc

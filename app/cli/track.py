@@ -1,0 +1,302 @@
+"""``tractlens track deterministic|geodesic|probabilistic``: the three trackers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tractlens.gpu.backend import DEVICES, get_backend
+from tractlens.gpu.deterministic import DeterministicParams
+from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.probabilistic import ProbParams
+
+from ..errors import InputError
+from ..io.outputs import check_output_folder
+from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams
+from ._common import EXIT_OK, Progress, emit, log
+from .options import add_params, params_from_args
+
+
+def add_parsers(sub, common) -> None:
+    track = sub.add_parser(
+        "track", help="tractography: deterministic tensor tracking, geodesic ray tracing, probabilistic (probtrackx)"
+    )
+    methods = track.add_subparsers(dest="method", metavar="METHOD", required=True)
+    _add_deterministic(methods, common)
+    _add_geodesic(methods, common)
+    _add_probabilistic(methods, common)
+
+
+def _add_deterministic(methods, common) -> None:
+    p = methods.add_parser(
+        "deterministic",
+        parents=[common],
+        help="follow the main eigenvector of the tensor field from seeds",
+        description="Deterministic tensor tracking: trilinear tensor interpolation, main eigenvector with "
+        "sign continuity, Euler or RK4 steps in mm; stops on FA, angle, mask, stop regions and max length. "
+        "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng.",
+    )
+    _tensor_source_options(p)
+    seeding = p.add_mutually_exclusive_group(required=True)
+    seeding.add_argument("--seed", metavar="MASK", help="seed region (NIfTI mask)")
+    seeding.add_argument(
+        "--whole-brain", action="store_true", help="seed every voxel of the mask with FA ≥ --fa-threshold"
+    )
+    p.add_argument("--mask", help="tracking mask: streamlines stop on leaving it (default: the fitted voxels)")
+    p.add_argument("--stop", action="append", metavar="MASK", help="stop region: streamlines end inside it (repeat)")
+    p.add_argument(
+        "--include", action="append", metavar="MASK", help="waypoint/target: keep streamlines passing it (repeat: all)"
+    )
+    p.add_argument("--exclude", action="append", metavar="MASK", help="drop streamlines passing it (repeat)")
+    add_params(p, SeedingParams, exclude=("rng_seed",))
+    add_params(p, DeterministicParams)
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    add_params(p, SeedingParams, only=("rng_seed",))
+    p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
+    p.set_defaults(func=cmd_track_deterministic)
+
+
+def _add_geodesic(methods, common) -> None:
+    p = methods.add_parser(
+        "geodesic",
+        parents=[common],
+        help="geodesic ray tracing in the inverse-tensor metric, with the connectivity measure (CM)",
+        description="Shoots fibres in many directions from every seed point along geodesics of the metric "
+        "G = D^-1 (pre-processed: gain, positive-definite repair, optional sharpening). With --target only "
+        "fibres reaching it are kept, ranked by CM where they enter it; CM is stored per point and per "
+        "streamline. --step (alias --step-vox) is in voxels (of the smallest voxel size); stopping rules "
+        "given as 0 are off.",
+    )
+    _tensor_source_options(p)
+    p.add_argument("--seed", metavar="MASK", required=True, help="seed region (NIfTI mask)")
+    p.add_argument("--target", metavar="MASK", help="target region: keep only fibres reaching it, ranked by CM")
+    p.add_argument("--mask", help="tracking mask: fibres stop on leaving it")
+    add_params(p, GeodesicSeedingParams, exclude=("rng_seed", "top_percent"))
+    add_params(p, GeodesicParams)
+    add_params(p, MetricParams)
+    add_params(p, GeodesicSeedingParams, only=("top_percent",))
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    add_params(p, GeodesicSeedingParams, only=("rng_seed",))
+    p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
+    p.set_defaults(func=cmd_track_geodesic)
+
+
+def _add_probabilistic(methods, common) -> None:
+    p = methods.add_parser(
+        "probabilistic",
+        parents=[common],
+        help="probtrackx-style probabilistic tracking from a bedpostX folder",
+        description="From every seed voxel, --nsamples streamlines start at random points and run both ways; "
+        "each step draws a posterior sample of a neighbouring voxel (trilinear probabilities) and follows the "
+        "stick best aligned with the previous direction. Writes fdt_paths.nii.gz (each kept streamline counts "
+        "a voxel once), waytotal, seeds_to_{target}.nii.gz and matrix_seeds_to_all_targets.csv/.npy. "
+        "Defaults are probtrackx2's. Masks on another grid are resampled to the samples' (nearest neighbour).",
+    )
+    p.add_argument("--samples", required=True, metavar="BEDPOSTX_DIR", help="bedpostX folder (ours or FSL's)")
+    p.add_argument("--seed", required=True, metavar="MASK", help="seed mask: --nsamples streamlines per voxel")
+    p.add_argument("--target", action="extend", nargs="+", metavar="MASK", help="target masks (seeds_to_{target})")
+    p.add_argument("--waypoints", action="extend", nargs="+", metavar="MASK", help="waypoint masks to pass")
+    add_params(p, ProbParams, only=("waycond",))
+    p.add_argument("--exclude", metavar="MASK", help="exclusion mask: streamlines entering it are discarded")
+    p.add_argument("--stop", metavar="MASK", help="stop mask: streamlines end on entering it")
+    add_params(p, ProbParams, exclude=("waycond",))
+    p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    add_params(p, ProbOutputParams, only=("seed_matrix",))
+    p.add_argument(
+        "--save-paths",
+        metavar="F",
+        help="also save the kept streamlines as a tractogram (.trx, .trk or .tck), "
+        "traced again with the run's random numbers; at most --save-paths-max of them (the first samples of "
+        "every seed voxel alike)",
+    )
+    add_params(p, ProbOutputParams, only=("save_paths_max",))
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.set_defaults(func=cmd_track_probabilistic)
+
+
+def _tensor_source_options(p) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--tensor", metavar="DIR_OR_FILE", help="6-volume tensor NIfTI or dtifit/fit-dti folder")
+    source.add_argument("--dwi", help="4-D DWI NIfTI; tensors are fitted first (WLS)")
+    p.add_argument("--bval", help="FSL bval file (with --dwi; default: NAME.bval beside it)")
+    p.add_argument("--bvec", help="FSL bvec file (with --dwi; default: NAME.bvec beside it)")
+    p.add_argument(
+        "--tensor-order",
+        choices=("fsl", "dipy", "mrtrix"),
+        help="element order of a 6-volume tensor file whose header does not say it",
+    )
+
+
+def _check_track_inputs(args) -> None:
+    from ..io.tractogram import check_output_suffix
+
+    get_backend(args.device)
+    check_output_suffix(args.output)
+    if args.tensor and (args.bval or args.bvec):
+        raise InputError(
+            "--bval/--bvec belong to --dwi; a tensor input needs none", fix="Drop --bval/--bvec, or give --dwi"
+        )
+
+
+def _load_field(args):
+    from ..pipelines.track import load_tensor_field
+
+    return load_tensor_field(
+        tensor=args.tensor,
+        tensor_order=args.tensor_order,
+        dwi=args.dwi,
+        bval=args.bval,
+        bvec=args.bvec,
+        mask=args.mask,
+        device=args.device,
+        progress=Progress("fit-dti", "voxels", quiet=args.quiet),
+    )
+
+
+def _tracking_fix(args) -> str:
+    return f"Check the tracking options (see tractlens track {args.method} --help)"
+
+
+def cmd_track_geodesic(args) -> int:
+    from ..io import save_tractogram
+    from ..pipelines.track import geodesic_pipeline, masks_on_field
+
+    _check_track_inputs(args)
+    params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
+    metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
+    seeding = params_from_args(GeodesicSeedingParams, args, fix=_tracking_fix(args))
+    field = _load_field(args)
+    notes: list[str] = []
+    seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
+    target = masks_on_field([args.target], "target mask", field, notes)[0] if args.target else None
+    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
+    result = geodesic_pipeline(
+        field,
+        seed_mask=seed,
+        target=target,
+        mask=mask,
+        metric=metric,
+        params=params,
+        seeds_per_voxel=seeding.seeds_per_voxel,
+        directions=seeding.directions,
+        cone_deg=seeding.cone_deg,
+        top_percent=seeding.top_percent,
+        placement=seeding.placement,
+        rng_seed=seeding.rng_seed,
+        device=args.device,
+        progress=Progress("track", "fibres", quiet=args.quiet),
+    )
+    result.notes[:0] = notes
+    for note in result.notes:
+        log.warning("%s", note)
+    save_tractogram(result.tractogram, args.output)
+    prov = result.provenance
+    summary = {"output": str(args.output), **result.summary()}
+    reached = f", {prov['reached_target']} reached the target" if prov["reached_target"] is not None else ""
+    human = (
+        f"{prov['fibers']} fibres{reached}; {prov['streamlines']} written to {args.output} "
+        f"({prov['steps'] / 1e6:.1f} M steps on {prov['backend']} in {prov['tracking_s']:.2f} s)"
+    )
+    emit(args, summary, human)
+    return EXIT_OK
+
+
+def cmd_track_deterministic(args) -> int:
+    from ..io import save_tractogram
+    from ..pipelines.track import deterministic_pipeline, masks_on_field
+
+    _check_track_inputs(args)
+    params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
+    seeding = params_from_args(SeedingParams, args, fix=_tracking_fix(args))
+    field = _load_field(args)
+    notes: list[str] = []
+    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
+    seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
+    result = deterministic_pipeline(
+        field,
+        seed_mask=seed,
+        whole_brain=args.whole_brain,
+        mask=mask,
+        stop=masks_on_field(args.stop or [], "stop region", field, notes),
+        include=masks_on_field(args.include or [], "include region", field, notes),
+        exclude=masks_on_field(args.exclude or [], "exclude region", field, notes),
+        params=params,
+        seeds_per_voxel=seeding.seeds_per_voxel,
+        placement=seeding.placement,
+        rng_seed=seeding.rng_seed,
+        device=args.device,
+        progress=Progress("track", "seeds", quiet=args.quiet),
+        notes=notes,
+    )
+    for note in result.notes:
+        log.warning("%s", note)
+    save_tractogram(result.tractogram, args.output)
+    summary = {"output": str(args.output), **result.summary()}
+    prov = result.provenance
+    human = (
+        f"{prov['streamlines']} streamlines from {prov['seeds']} seeds on {prov['backend']} ({prov['device']}) "
+        f"in {prov['tracking_s']:.2f} s; written to {args.output}"
+    )
+    emit(args, summary, human)
+    return EXIT_OK
+
+
+def cmd_track_probabilistic(args) -> int:
+    from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
+
+    get_backend(args.device)
+    params = params_from_args(ProbParams, args, fix=_tracking_fix(args))
+    outputs = params_from_args(ProbOutputParams, args, fix=_tracking_fix(args))
+    if args.waypoints is None and params.waycond != "AND":
+        log.warning("--waycond has no effect without --waypoints")
+    check_output_folder(args.output)
+    if args.save_paths is not None:
+        from ..io.tractogram import check_output_suffix
+
+        check_output_suffix(args.save_paths)
+        if outputs.save_paths_max < 1:
+            raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
+    run = prepare_probabilistic(
+        args.samples,
+        args.seed,
+        targets=args.target or (),
+        waypoints=args.waypoints or (),
+        exclude=args.exclude,
+        stop=args.stop,
+        params=params,
+        seed_matrix=outputs.seed_matrix,
+    )
+    for note in run.notes:
+        log.warning("%s", note)
+    result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
+    files = write_probabilistic_outputs(run, result, args.output)
+    summary = {
+        "outdir": str(Path(args.output)),
+        "files": sorted(Path(f).name for f in files.values()),
+        **summarise(run, result),
+    }
+    if args.save_paths is not None:
+        from ..io import save_tractogram
+
+        tract, traced = run.paths_tractogram(
+            outputs.save_paths_max,
+            device=args.device,
+            progress=Progress("saving paths", "streamlines", quiet=args.quiet),
+        )
+        save_tractogram(tract, args.save_paths)
+        summary["paths_file"] = str(args.save_paths)
+        summary["paths_saved"] = len(tract)
+        summary["paths_traced"] = traced
+        if traced < result.streamlines:
+            log.warning(
+                "--save-paths: %d of the %d streamlines traced (the first samples of every seed voxel), %d kept and saved",
+                traced,
+                result.streamlines,
+                len(tract),
+            )
+    human = (
+        f"{result.streamlines} streamlines from {len(run.seeds)} seed voxels, {result.waytotal} kept, on "
+        f"{result.provenance['backend']} ({result.provenance['device']}) in {result.provenance['tracking_s']:.2f} s; "
+        f"written to {args.output}"
+    )
+    emit(args, summary, human)
+    return EXIT_OK

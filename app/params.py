@@ -1,0 +1,202 @@
+"""The parameters of the use cases that have no engine dataclass of their own: seeding,
+geodesic ranking, connectome, lesion distance, probabilistic outputs and the report.
+
+Each is a frozen dataclass whose field metadata (``gpu.params.meta``) carries the label,
+help, unit, limits, choices and command-line flags, like the engine's parameter classes
+(``gpu.dti.DTIFitParams``, ``gpu.deterministic.DeterministicParams``, ...). The GUI panels
+and the ``tractlens`` options take their defaults and ranges from here, so each is written
+once. :data:`PARAMS_TYPES` lists every parameter class, engine ones included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tractlens.gpu.ballstick import BallStickParams
+from tractlens.gpu.commit import CommitParams
+from tractlens.gpu.connectivity import EndpointParams
+from tractlens.gpu.deterministic import DeterministicParams
+from tractlens.gpu.dti import DTIFitParams
+from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.params import meta, same_as
+from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.tractometry import ProfileParams
+
+PLACEMENTS = ("random", "grid")
+
+#: What a connectome cell holds (``--weight``).
+WEIGHTS = {
+    "count": "streamlines joining the two regions",
+    "length": "mean length of those streamlines (mm)",
+    "cm": "mean connectivity measure (CM) of those streamlines (geodesic tracking)",
+    "commit": "mean COMMIT weight of those streamlines",
+}
+
+
+@dataclass(frozen=True)
+class SeedingParams:
+    """Where deterministic tracking starts: seeds per seed voxel, their placement, the random seed.
+
+    Four seeds per voxel: a seed ROI of a few dozen voxels gives a bundle dense enough to
+    judge at a glance (the panel's value since it exists); one per voxel looked sparse.
+    """
+
+    seeds_per_voxel: int = field(
+        default=4,
+        metadata=meta("Seeds per voxel", "seeds in every seed voxel", "", (1, 1000), metavar="K"),
+    )
+    placement: str = field(
+        default="random",
+        metadata=meta(
+            "Placement",
+            "random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)",
+            choices=PLACEMENTS,
+            flags=("--seed-placement",),
+            cli_help="random within the voxel, or an m×m×m grid (K must be a cube)",
+        ),
+    )
+    rng_seed: int = field(
+        default=0,
+        metadata=meta(
+            "Random seed",
+            "the same number gives the same seeds, and so the same streamlines",
+            "",
+            (0, 2**31 - 1),
+            flags=("--seed-rng",),
+            metavar="N",
+            cli_help="random seed for seed placement",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class GeodesicSeedingParams:
+    """Seed points of geodesic ray tracing, the fibres shot from each, and the share kept by CM."""
+
+    seeds_per_voxel: int = same_as(SeedingParams, "seeds_per_voxel", default=1, help="seed points in every seed voxel")
+    placement: str = same_as(SeedingParams, "placement", cli_help="within each voxel")
+    rng_seed: int = same_as(SeedingParams, "rng_seed", help="the same number gives the same seed points")
+    directions: int = field(
+        default=100,
+        metadata=meta("Directions per point", "fibres shot from every seed point", "", (1, 100000), metavar="N"),
+    )
+    cone_deg: float | None = field(
+        default=None,
+        metadata=meta(
+            "Cone",
+            "half-angle of the cone of initial directions around ±e1 (otherwise the whole sphere)",
+            "°",
+            (1.0, 90.0),
+            flags=("--cone",),
+            metavar="DEG",
+            cli_help="directions within this half-angle around ±e1",
+            default_text="whole sphere",
+        ),
+    )
+    top_percent: float = field(
+        default=100.0,
+        metadata=meta(
+            "Top",
+            "keep the fibres with the highest connectivity measure",
+            "%",
+            (1.0, 100.0),
+            metavar="P",
+            cli_help="keep the P % best by CM",
+        ),
+    )
+
+    #: the cone's initial value in the panel, where it is off until ticked
+    CONE_DEG_WHEN_ON = 30.0
+
+
+@dataclass(frozen=True)
+class ConnectomeParams:
+    """What a connectome cell holds and how far a streamline end looks for its region."""
+
+    weight: str = field(
+        default="count",
+        metadata=meta(
+            "Weight",
+            "the value of a cell: " + "; ".join(f"{k}: {v}" for k, v in WEIGHTS.items()),
+            choices=tuple(WEIGHTS),
+            cli_help="cell value: count, mean length in mm, mean cm, mean commit weight",
+        ),
+    )
+    radius_mm: float = same_as(EndpointParams, "radius_mm")
+
+
+@dataclass(frozen=True)
+class LesionDistanceParams:
+    """The presurgical safety margin: streamlines closer than this to the lesion are counted."""
+
+    margin_mm: float = field(
+        default=5.0,
+        metadata=meta(
+            "Safety margin",
+            "streamlines closer than this to the lesion are counted",
+            "mm",
+            (0.1, 100.0),
+            flags=("--margin",),
+            metavar="MM",
+            cli_help="safety margin in mm",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ProbOutputParams:
+    """What probabilistic tracking writes besides fdt_paths and the target matrices."""
+
+    seed_matrix: bool = field(
+        default=False,
+        metadata=meta(
+            "Seed x seed matrix",
+            "also count the seed x seed matrix (probtrackx's matrix1): matrix_seeds_to_seeds.npy/.csv",
+            flags=("--seed-matrix", "--omatrix1"),
+        ),
+    )
+    save_paths_max: int = field(
+        default=10_000,
+        metadata=meta("Paths saved", "streamlines traced for --save-paths", "", (1, 10**7), metavar="N"),
+    )
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    """The report of a session (``tractlens report``)."""
+
+    margin_mm: float | None = same_as(LesionDistanceParams, "margin_mm", default=None, default_text="the session's")
+    size: str = field(
+        default="1600x1000",
+        metadata=meta("Window size", "window size WIDTHxHEIGHT", metavar="SIZE"),
+    )
+    png: bool = field(
+        default=True,
+        metadata=meta(
+            "PNG pages",
+            "a PNG per page beside the PDF",
+            flags=("--no-png",),
+            negated=True,
+            cli_help="no PNG pages beside the PDF",
+        ),
+    )
+
+
+#: Every parameter class: the engine's and the use cases'.
+PARAMS_TYPES = (
+    DTIFitParams,
+    BallStickParams,
+    DeterministicParams,
+    SeedingParams,
+    GeodesicParams,
+    MetricParams,
+    GeodesicSeedingParams,
+    ProbParams,
+    ProbOutputParams,
+    CommitParams,
+    ConnectomeParams,
+    EndpointParams,
+    ProfileParams,
+    LesionDistanceParams,
+    ReportParams,
+)
