@@ -67,6 +67,7 @@ from tractlens.gpu.commit import CommitParams
 
 from . import fiber_display
 from .job_panel import JobPanelBase
+from .params_form import limits_of
 
 WEIGHT = "commit_weight"
 NRMSE_NAME = "fit NRMSE"
@@ -203,17 +204,17 @@ class CommitPanel(JobPanelBase):
         self.lambda_box = QDoubleSpinBox()
         self.lambda_box.setObjectName("commit_lambda")
         self.lambda_box.setDecimals(6)
-        self.lambda_box.setRange(0.0, 1e6)
+        self.lambda_box.setRange(*limits_of(CommitParams, "lambda_"))
         self.lambda_box.setSingleStep(0.001)
         self.lambda_box.setValue(defaults.lambda_)
         self.max_iter_box = QSpinBox()
         self.max_iter_box.setObjectName("commit_max_iter")
-        self.max_iter_box.setRange(1, 10**6)
+        self.max_iter_box.setRange(*(int(v) for v in limits_of(CommitParams, "max_iter")))
         self.max_iter_box.setValue(defaults.max_iter)
         self.tol_box = QDoubleSpinBox()
         self.tol_box.setObjectName("commit_tol")
         self.tol_box.setDecimals(6)
-        self.tol_box.setRange(0.0, 0.5)
+        self.tol_box.setRange(*limits_of(CommitParams, "tol"))
         self.tol_box.setSingleStep(1e-4)
         self.tol_box.setValue(defaults.tol)
         form = QFormLayout()

@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.io.lut import load_lut
 from tractlens.app.model import Document, Layer
+from tractlens.app.params import ConnectomeParams, ProfileParams
 from tractlens.app.pipelines.connectivity import (
     WEIGHTS,
     ConnectivityMatrix,
@@ -49,9 +50,9 @@ from tractlens.app.pipelines.connectivity import (
     write_matrix_csv,
     write_text_atomic,
 )
-from tractlens.gpu.connectivity import DEFAULT_RADIUS_MM
 
 from .job_panel import JobPanelBase
+from .params_form import limits_of, spin_for
 from .render import LUTS
 
 ORDERS = {"label": "label order", "name": "name (A–Z)", "strength": "strength (row sum)"}
@@ -529,10 +530,10 @@ class ConnectivityPanel(JobPanelBase):
             self.weight_box.setItemData(i, text, Qt.ItemDataRole.ToolTipRole)
         self.radius_box = QDoubleSpinBox()
         self.radius_box.setObjectName("connectivity_radius")
-        self.radius_box.setRange(0.0, 50.0)
+        self.radius_box.setRange(*limits_of(ConnectomeParams, "radius_mm"))
         self.radius_box.setDecimals(1)
         self.radius_box.setSuffix(" mm")
-        self.radius_box.setValue(DEFAULT_RADIUS_MM)
+        self.radius_box.setValue(ConnectomeParams.radius_mm)
         self.radius_box.setToolTip("Search this far from a streamline's end for a region (0: the end's voxel only)")
         self.lut_button = QPushButton("Lookup table…")
         self.lut_button.setToolTip("Names for the labels (FreeSurfer colour table or 'index name' lines)")
@@ -594,8 +595,7 @@ class ConnectivityPanel(JobPanelBase):
         self.map_box.setObjectName("profile_map")
         self.points_box = QSpinBox()
         self.points_box.setObjectName("profile_points")
-        self.points_box.setRange(2, 1000)
-        self.points_box.setValue(100)
+        spin_for(ProfileParams, "n_points", self.points_box)
         self.profile_button = QPushButton("Profile")
         self.profile_button.clicked.connect(self.compute_profile)
         self.profile_save_button = QPushButton("Save CSV…")

@@ -1,5 +1,6 @@
-"""A form generated from a parameter dataclass of the engine (label, tooltip, unit and
-limits come from each field's metadata; choices from the module's ``CHOICES``)."""
+"""A form generated from a parameter dataclass (label, tooltip, unit, limits and choices come
+from each field's metadata, ``gpu.params.meta``), and :func:`spin_for`, a spin box whose
+default and range are a dataclass field's, for panels that lay out a parameter by hand."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import dataclasses
 from typing import Any
 
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
+
+from tractlens.gpu.params import default_of, field_of
 
 
 class ParamsForm(QWidget):
@@ -22,9 +25,10 @@ class ParamsForm(QWidget):
         for spec in dataclasses.fields(params_type):
             meta = spec.metadata
             default = getattr(defaults, spec.name)
-            if choices and spec.name in choices:
+            options = (choices or {}).get(spec.name) or (meta.get("choices") if isinstance(default, str) else None)
+            if options:
                 editor = QComboBox()
-                editor.addItems(list(choices[spec.name]))
+                editor.addItems([str(option) for option in options])
                 editor.setCurrentText(default)
             elif isinstance(default, bool):
                 editor = QCheckBox()
@@ -37,8 +41,11 @@ class ParamsForm(QWidget):
             else:
                 editor = QDoubleSpinBox()
                 lo, hi = meta.get("limits") or (-1e9, 1e9)
+                decimals = 3 if hi <= 1.0 else 2
+                while decimals < 6 and any(round(v, decimals) != v for v in (lo, float(default))):
+                    decimals += 1  # the limits and the default are shown as they are, not rounded
+                editor.setDecimals(decimals)
                 editor.setRange(lo, hi)
-                editor.setDecimals(3 if hi <= 1.0 else 2)
                 editor.setSingleStep(0.05 if hi <= 1.0 else 0.5 if hi <= 10 else 5.0)
                 editor.setValue(float(default))
                 if meta.get("unit"):
@@ -76,3 +83,24 @@ class ParamsForm(QWidget):
                 editor.setValue(int(value))
             else:
                 editor.setValue(float(value))
+
+
+def limits_of(params_type: type, name: str) -> tuple[float, float] | None:
+    """The range a user interface offers for one field (its metadata's limits)."""
+    return field_of(params_type, name).metadata.get("limits")
+
+
+def spin_for(params_type: type, name: str, box: QSpinBox | QDoubleSpinBox | None = None):
+    """A spin box (or ``box``) with the range and the default of ``params_type.name``: a QSpinBox
+    for an int field, a QDoubleSpinBox otherwise. Decimals, suffix and tooltip are the caller's."""
+    default = default_of(params_type, name)
+    if box is None:
+        box = QSpinBox() if isinstance(default, int) else QDoubleSpinBox()
+    lo, hi = limits_of(params_type, name) or ((0, 10**9) if isinstance(box, QSpinBox) else (-1e9, 1e9))
+    if isinstance(box, QSpinBox):
+        box.setRange(int(lo), int(hi))
+        box.setValue(int(default))
+    else:
+        box.setRange(float(lo), float(hi))
+        box.setValue(float(default))
+    return box

@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from tractlens.app.model import Document, Layer
+from tractlens.app.params import LesionDistanceParams
 from tractlens.app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,
     DISTANCE_POINT_SCALAR,
@@ -46,6 +47,7 @@ from tractlens.gpu.tractometry import RegionDistance
 from . import fiber_display
 from .connectivity_panel import LayerCombo
 from .job_panel import JobPanelBase
+from .params_form import limits_of
 
 SAFETY_MAP = "safety"
 COLUMNS = ("tractogram", "streamlines", "closest (mm)", "within margin", "%")
@@ -88,7 +90,7 @@ class PresurgicalPanel(JobPanelBase):
         self.lesion_box.setToolTip("The lesion: the non-zero voxels of an ROI, labels or scalar layer")
         self.margin_box = QDoubleSpinBox()
         self.margin_box.setObjectName("presurgical_margin")
-        self.margin_box.setRange(0.1, 100.0)
+        self.margin_box.setRange(*limits_of(LesionDistanceParams, "margin_mm"))
         self.margin_box.setDecimals(1)
         self.margin_box.setSingleStep(0.5)
         self.margin_box.setSuffix(" mm")

@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from tractlens.app.model import Document, Layer, Tractogram
+from tractlens.app.params import PLACEMENTS, GeodesicSeedingParams, SeedingParams
 from tractlens.app.pipelines.select import resample_nearest
 from tractlens.app.pipelines.track import (
     INTERACTIVE_FIRST_BATCH,
@@ -42,7 +43,7 @@ from tractlens.gpu import deterministic, geodesic
 
 from . import fiber_display
 from .job_panel import JobPanelBase
-from .params_form import ParamsForm
+from .params_form import ParamsForm, default_of, limits_of
 
 PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
 GUI_BATCH = 20_000  # seeds per batch: the first fibres show within a fraction of a second
@@ -182,13 +183,18 @@ class DeterministicPanel(TrackingPanel):
         self.whole_brain = QCheckBox("whole brain (every voxel with FA ≥ threshold)")
         self.whole_brain.setObjectName("whole_brain")
         self.whole_brain.setToolTip("Seed everywhere instead of in the seed ROIs; waypoints and exclusions still apply")
-        self.seeds_per_voxel = _spin("seeds_per_voxel", 1, 1000, 4, "Seeds in every seed voxel")
+        self.seeds_per_voxel = _spin(
+            "seeds_per_voxel", *_range(SeedingParams, "seeds_per_voxel"), "Seeds in every seed voxel"
+        )
         self.placement = QComboBox()
         self.placement.setObjectName("seed_placement")
-        self.placement.addItems(["random", "grid"])
+        self.placement.addItems(list(PLACEMENTS))
+        self.placement.setCurrentText(SeedingParams.placement)
         self.placement.setToolTip("Random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)")
         self.rng_seed = _spin(
-            "seed_rng", 0, 2**31 - 1, 0, "The same number gives the same seeds, and so the same streamlines"
+            "seed_rng",
+            *_range(SeedingParams, "rng_seed"),
+            "The same number gives the same seeds, and so the same streamlines",
         )
         seeding.addRow(self.whole_brain)
         seeding.addRow("Seeds per voxel", self.seeds_per_voxel)
@@ -248,6 +254,12 @@ class DeterministicPanel(TrackingPanel):
         return text
 
 
+def _range(params_type: type, name: str) -> tuple[int, int, int]:
+    """A field's limits and default, for :func:`_spin`."""
+    lo, hi = limits_of(params_type, name)
+    return int(lo), int(hi), int(default_of(params_type, name))
+
+
 def _spin(name: str, lo: int, hi: int, value: int, tip: str) -> QSpinBox:
     box = QSpinBox()
     box.setObjectName(name)
@@ -288,23 +300,29 @@ class GeodesicPanel(TrackingPanel):
         self.form = ParamsForm(geodesic.GeodesicParams, geodesic.CHOICES)
         self.metric_form = ParamsForm(geodesic.MetricParams)
         seeding = QFormLayout()
-        self.seeds_per_voxel = _spin("geo_seeds_per_voxel", 1, 1000, 1, "Seed points in every seed voxel")
-        self.directions = _spin("directions", 1, 100000, 100, "Fibres shot from every seed point")
+        self.seeds_per_voxel = _spin(
+            "geo_seeds_per_voxel", *_range(GeodesicSeedingParams, "seeds_per_voxel"), "Seed points in every seed voxel"
+        )
+        self.directions = _spin(
+            "directions", *_range(GeodesicSeedingParams, "directions"), "Fibres shot from every seed point"
+        )
         self.use_cone = QCheckBox("within a cone around ±e1")
         self.use_cone.setObjectName("use_cone")
         self.cone = QDoubleSpinBox()
         self.cone.setObjectName("cone_deg")
-        self.cone.setRange(1.0, 90.0)
-        self.cone.setValue(30.0)
+        self.cone.setRange(*limits_of(GeodesicSeedingParams, "cone_deg"))
+        self.cone.setValue(GeodesicSeedingParams.CONE_DEG_WHEN_ON)  # the cone is off until ticked
         self.cone.setSuffix(" °")
         self.cone.setToolTip("Half-angle of the cone of initial directions (otherwise the whole sphere)")
-        self.rng_seed = _spin("geo_seed_rng", 0, 2**31 - 1, 0, "The same number gives the same seed points")
+        self.rng_seed = _spin(
+            "geo_seed_rng", *_range(GeodesicSeedingParams, "rng_seed"), "The same number gives the same seed points"
+        )
         self.top = QSlider(Qt.Orientation.Horizontal)
         self.top.setObjectName("top_percent")
-        self.top.setRange(1, 100)
-        self.top.setValue(100)
+        self.top.setRange(*(int(v) for v in limits_of(GeodesicSeedingParams, "top_percent")))
+        self.top.setValue(int(GeodesicSeedingParams.top_percent))
         self.top.setToolTip("Show the x % of fibres with the highest connectivity measure")
-        self.top_label = QLabel("top 100 %")
+        self.top_label = QLabel(f"top {self.top.value()} %")
         self.live = QCheckBox("live: re-track when the seed or target ROI changes")
         self.live.setObjectName("live_tracking")
         seeding.addRow("Seed points per voxel", self.seeds_per_voxel)

@@ -1,0 +1,158 @@
+"""Each parameter default exists once: every command-line option that is a dataclass field has
+the dataclass's default, every field with a flag is on its subcommand, and the pipelines'
+keyword defaults are the dataclasses' (the panels: tests/gui/test_params_panels.py)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+
+import pytest
+
+from tractlens.app.cli import build_parser
+from tractlens.app.cli.options import field_of_dest
+from tractlens.app.params import PARAMS_TYPES, GeodesicSeedingParams, SeedingParams
+from tractlens.gpu.params import cli_flags, default_of
+from tractlens.widgets.launcher import _report_parser
+
+TYPES = {cls.__name__: cls for cls in PARAMS_TYPES}
+FLAG_OWNERS: dict[str, list[tuple[type, str]]] = {}
+for _cls in PARAMS_TYPES:
+    for _spec in dataclasses.fields(_cls):
+        for _flag in cli_flags(_spec):
+            FLAG_OWNERS.setdefault(_flag, []).append((_cls, _spec.name))
+
+
+def _subcommands(parser: argparse.ArgumentParser, prefix: str = ""):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subcommands(sub, f"{prefix}{name} ")
+    if prefix:
+        yield prefix.strip(), parser
+
+
+SUBCOMMANDS = dict(_subcommands(build_parser())) | {"report": _report_parser()}
+
+
+def _options(parser):
+    return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_every_parameter_option_has_its_dataclass_default(command):
+    for action in _options(SUBCOMMANDS[command]):
+        owners = [o for flag in action.option_strings for o in FLAG_OWNERS.get(flag, [])]
+        mapped = field_of_dest(action.dest)
+        if mapped is None:
+            assert not owners, f"{command} {action.option_strings}: hand-written, but the flag is {owners}'s field"
+            continue
+        cls, name = TYPES[mapped[0]], mapped[1]
+        assert (cls, name) in owners, f"{command} {action.option_strings} is not {cls.__name__}.{name}'s flag"
+        default = default_of(cls, name)
+        spec = next(s for s in dataclasses.fields(cls) if s.name == name)
+        if isinstance(default, bool):  # a negated flag stores False; its default is the field's True
+            assert isinstance(
+                action, argparse._StoreFalseAction if spec.metadata["negated"] else argparse._StoreTrueAction
+            )
+        assert action.default == default, f"{command} {action.option_strings}: {action.default!r} != {default!r}"
+        if action.choices is not None:
+            assert tuple(action.choices) == tuple(spec.metadata["choices"])
+        if default is not None and not isinstance(default, bool):
+            assert "default" in (action.help or ""), f"{command} {action.option_strings}: help shows no default"
+
+
+def _params_types_of(parser) -> set[type]:
+    return {TYPES[m[0]] for a in _options(parser) if (m := field_of_dest(a.dest))}
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_every_field_with_a_flag_is_on_its_subcommand(command):
+    parser = SUBCOMMANDS[command]
+    dests = {a.dest: a for a in _options(parser)}
+    for cls in _params_types_of(parser):
+        for spec in dataclasses.fields(cls):
+            flags = cli_flags(spec)
+            if not flags:
+                continue
+            dest = f"{cls.__name__}.{spec.name}"
+            assert dest in dests, f"{command}: {cls.__name__}.{spec.name} ({flags[0]}) is missing"
+            assert set(flags) <= set(dests[dest].option_strings), (command, flags, dests[dest].option_strings)
+
+
+def test_the_commands_use_the_parameter_classes():
+    expected = {
+        "fit-dti": {"DTIFitParams"},
+        "fit-ballstick": {"BallStickParams"},
+        "commit": {"CommitParams"},
+        "connectome": {"ConnectomeParams"},
+        "profile": {"ProfileParams"},
+        "distance": {"LesionDistanceParams"},
+        "track deterministic": {"DeterministicParams", "SeedingParams"},
+        "track geodesic": {"GeodesicParams", "MetricParams", "GeodesicSeedingParams"},
+        "track probabilistic": {"ProbParams", "ProbOutputParams"},
+        "report": {"ReportParams"},
+    }
+    for command, names in expected.items():
+        assert {cls.__name__ for cls in _params_types_of(SUBCOMMANDS[command])} == names, command
+
+
+def test_step_aliases_name_their_unit():
+    det = SUBCOMMANDS["track deterministic"].parse_args(["--dwi", "d", "--seed", "s", "-o", "o", "--step-mm", "0.7"])
+    geo = SUBCOMMANDS["track geodesic"].parse_args(["--dwi", "d", "--seed", "s", "-o", "o", "--step-vox", "0.2"])
+    assert getattr(det, "DeterministicParams.step_mm") == 0.7 and getattr(geo, "GeodesicParams.step") == 0.2
+    assert "in mm" in _help_of("track deterministic", "--step") and "voxels" in _help_of("track geodesic", "--step")
+
+
+def _help_of(command, flag):
+    return next(a.help for a in _options(SUBCOMMANDS[command]) if flag in a.option_strings)
+
+
+def test_pipeline_keyword_defaults_are_the_dataclasses():
+    from tractlens.app.pipelines import connectivity, track
+    from tractlens.gpu import connectivity as gpu_connectivity
+    from tractlens.gpu import tractometry
+
+    cases = [
+        (track.deterministic_pipeline, SeedingParams, {"seeds_per_voxel": "seeds_per_voxel", "placement": "placement",
+                                                      "rng_seed": "rng_seed"}),
+        (track.geodesic_pipeline, GeodesicSeedingParams, {n: n for n in ("seeds_per_voxel", "directions", "cone_deg",
+                                                                           "top_percent", "placement", "rng_seed")}),
+        (connectivity.compute_connectome, TYPES["ConnectomeParams"], {"weight": "weight", "radius_mm": "radius_mm"}),
+        (connectivity.compute_profile, TYPES["ProfileParams"], {"n_points": "n_points"}),
+        (gpu_connectivity.assign_endpoints, TYPES["EndpointParams"], {"radius_mm": "radius_mm"}),
+        (tractometry.profile, TYPES["ProfileParams"], {"n_points": "n_points"}),
+    ]  # fmt: skip
+    for function, cls, names in cases:
+        signature = inspect.signature(function)
+        for argument, name in names.items():
+            assert signature.parameters[argument].default == default_of(cls, name), (function.__name__, argument)
+    assert connectivity.DEFAULT_MARGIN_MM == default_of(TYPES["LesionDistanceParams"], "margin_mm")
+    assert gpu_connectivity.DEFAULT_RADIUS_MM == default_of(TYPES["EndpointParams"], "radius_mm")
+
+
+def test_limits_hold_the_default_and_choices_hold_it_too():
+    for cls in PARAMS_TYPES:
+        for spec in dataclasses.fields(cls):
+            default, meta = default_of(cls, spec.name), spec.metadata
+            assert meta.get("label") and meta.get("help"), f"{cls.__name__}.{spec.name} lacks a label or help"
+            if meta.get("limits") and isinstance(default, (int, float)) and not isinstance(default, bool):
+                lo, hi = meta["limits"]
+                assert lo <= default <= hi, f"{cls.__name__}.{spec.name}: {default} outside {meta['limits']}"
+            if meta.get("choices") is not None:
+                assert default in meta["choices"], f"{cls.__name__}.{spec.name}"
+            cls(**{spec.name: default})  # the default passes the validation
+
+
+def test_a_bad_value_is_an_input_error_with_a_fix():
+    from tractlens.app.cli.options import params_from_args
+    from tractlens.app.errors import InputError
+    from tractlens.gpu.deterministic import DeterministicParams
+
+    args = SUBCOMMANDS["track deterministic"].parse_args(
+        ["--dwi", "d", "--seed", "s", "-o", "o", "--fa-threshold", "2"]
+    )
+    with pytest.raises(InputError, match="FA threshold") as raised:
+        params_from_args(DeterministicParams, args, fix="Check it")
+    assert raised.value.fix == "Check it"
