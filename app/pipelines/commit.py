@@ -26,6 +26,7 @@ from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit import CommitParams, Problem
 
 from ..errors import InputError
+from ..grid import Grid
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
@@ -130,7 +131,7 @@ def peaks_compartments(
             path=path,
             fix="Compute the peaks on the DWI's grid (e.g. MRtrix sh2peaks)",
         )
-    if not np.allclose(img.affine, affine, atol=1e-3):
+    if not Grid(affine, rows.shape).same_placement((img.affine, rows.shape)):
         notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
     peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
     inside = rows >= 0
