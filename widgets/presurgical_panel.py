@@ -44,8 +44,8 @@ from tractlens.app.pipelines.connectivity import (
 )
 
 from . import fiber_display
-from .connectivity_panel import LayerCombo
 from .job_panel import JobPanelBase
+from .layer_combo import LayerCombo
 
 SAFETY_MAP = "safety"
 COLUMNS = ("tractogram", "streamlines", "closest (mm)", "within margin", "%")
