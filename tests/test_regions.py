@@ -180,3 +180,13 @@ def test_geodesic_tracking_keeps_only_fibres_through_every_waypoint():
     assert select_streamlines(tract.points, tract.offsets, [waypoint], device="cpu").selected.all()
     assert kept.provenance["streamlines_removed_by_rois"] == len(free.tractogram) - len(tract)
     assert len(tract.streamline_scalars["cm"]) == len(tract)
+
+
+def test_affines_match_with_the_one_grid_tolerance():
+    """The loaders' and views' same-placement test is Grid's: within TOLERANCE, not beyond."""
+    near, far = AFFINE.copy(), AFFINE.copy()
+    near[1, 3] += 0.9 * Grid.TOLERANCE
+    far[1, 3] += 1.1 * Grid.TOLERANCE
+    assert Grid.affines_match(AFFINE, near)
+    assert not Grid.affines_match(AFFINE, far)
+    assert Grid(AFFINE, SHAPE).same_placement((far, (3, 3, 3))) is False

@@ -100,7 +100,7 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
                 )
             if shape[:3] != mask.shape:
                 raise InputError(f"samples have grid {shape[:3]} but the mask has {mask.shape}", path=path, fix=RERUN)
-            if not Grid(mask_img.affine, mask.shape).same_placement((img.affine, mask.shape)):
+            if not Grid.affines_match(img.affine, mask_img.affine):
                 raise InputError(
                     "samples and nodif_brain_mask are on different grids (affines differ)", path=path, fix=RERUN
                 )

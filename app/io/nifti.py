@@ -281,7 +281,7 @@ def check_same_grid(affine, shape, reference: Volume, path, what: str) -> None:
             path=path,
             fix="Resample it to the diffusion data's grid (e.g. flirt -applyxfm or mrgrid)",
         )
-    if not Grid.of(reference).same_placement((affine, ref_shape)):
+    if not Grid.affines_match(affine, reference.affine):
         raise InputError(
             f"the {what} is on the same number of voxels but a different position or orientation "
             "than the data (affines differ)",

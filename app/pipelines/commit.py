@@ -146,7 +146,7 @@ def peaks_compartments(
             path=path,
             fix="Compute the peaks on the DWI's grid (e.g. MRtrix sh2peaks)",
         )
-    if not Grid(affine, rows.shape).same_placement((img.affine, rows.shape)):
+    if not Grid.affines_match(img.affine, affine):
         notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
     peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
     inside = rows >= 0
