@@ -57,8 +57,13 @@ class Grid:
 
     def same_placement(self, other: Any) -> bool:
         """The same affine within :attr:`TOLERANCE`, whatever the shapes (a cropped or padded copy)."""
-        other = Grid.of(other)
-        return bool(np.allclose(self.affine, other.affine, rtol=0, atol=self.TOLERANCE))
+        return Grid.affines_match(self.affine, Grid.of(other).affine)
+
+    @staticmethod
+    def affines_match(a: np.ndarray, b: np.ndarray) -> bool:
+        """Two voxel-to-RAS affines equal within :attr:`TOLERANCE` (e.g. a layer drawn on the
+        reference grid without resampling)."""
+        return bool(np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=0, atol=Grid.TOLERANCE))
 
     @property
     def voxel_sizes(self) -> np.ndarray:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .grid import Grid
 from .model import LAYER_KINDS, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
 
 
@@ -79,7 +80,7 @@ def _roi_problems(name: str, layer: Layer, document: Document) -> list[str]:
         out.append(f"{name}: the mask is {roi.mask.dtype} of shape {roi.mask.shape}")
     if document.reference_shape is not None and roi.mask.shape != tuple(document.reference_shape):
         out.append(f"{name}: the mask is {roi.mask.shape} on a {tuple(document.reference_shape)} grid")
-    if document.reference_affine is not None and not np.allclose(roi.affine, document.reference_affine, atol=1e-6):
+    if document.reference_affine is not None and not Grid.affines_match(roi.affine, document.reference_affine):
         out.append(f"{name}: the ROI is not on the reference grid")
     return out
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -30,12 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tractlens.app.io._atomic import split_suffix
+from tractlens.app.grid import Grid
+from tractlens.app.io import split_suffix
 from tractlens.app.loaders import bedpostx_layers
 from tractlens.app.model import Layer
-from tractlens.app.pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
-from tractlens.app.pipelines.select import resample_nearest
-from tractlens.gpu.ballstick import BallStickParams
+from tractlens.app.pipelines.ballstick import BallStickParams, fit_ballstick_pipeline, write_ballstick_outputs
 
 from .params_form import ParamsForm
 
@@ -146,8 +144,7 @@ def ballstick_job(dwi, params: BallStickParams, folder: Path | None, device: str
         mask = None
         if roi is not None:
             mask, affine = roi
-            if mask.shape != dwi.shape3 or not np.allclose(affine, dwi.affine, atol=1e-4):
-                mask = resample_nearest(mask, affine, dwi.affine, dwi.shape3)
+            mask = Grid.of(dwi).resample_nearest(mask, Grid(affine, mask.shape))
         result = fit_ballstick_pipeline(
             dwi, mask=mask, params=params, device=device, progress=ctx.progress, cancelled=ctx.cancelled
         )

@@ -39,8 +39,6 @@ tractogram records a .tck/.trx ``source`` file.
 from __future__ import annotations
 
 import dataclasses
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,86 +58,57 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from tractlens.app.io.tractogram import TRACTOGRAM_SUFFIXES
-from tractlens.app.model import Document, Layer, Tractogram, Volume
-from tractlens.app.pipelines.commit import COMMIT_OUTPUTS, CommitResult, commit_pipeline, write_commit_outputs
-from tractlens.gpu.commit import CommitParams
+from tractlens.app.grid import Grid
+from tractlens.app.model import Document, Layer
+from tractlens.app.pipelines.commit import (
+    CommitParams,
+    CommitResult,
+    existing_outputs,
+    output_names,
+    write_commit_outputs,
+)
+from tractlens.app.pipelines.commit import tractogram_suffix as _suffix_of
 
 from . import fiber_display
+from .commit_results import (
+    NRMSE_CLIM,
+    NRMSE_NAME,
+    WEIGHT,
+    CommitOutcome,
+    commit_job,
+    snapshot_tractogram,
+    weighted_layer,
+)
 from .job_panel import JobPanelBase
 from .params_form import limits_of
 
-WEIGHT = "commit_weight"
-NRMSE_NAME = "fit NRMSE"
-NRMSE_CLIM = (0.0, 0.5)
 THRESHOLD_STEPS = 200  # slider positions above "all shown"
 NO_MASK = "(none: every voxel the streamlines pass)"
 PEAKS_FILTER = "NIfTI (*.nii *.nii.gz);;All files (*)"
 COMBO_CHARS = 12  # combo boxes size to this many characters, not to their longest item
-
-
-def output_names(suffix: str) -> list[str]:
-    """The files :func:`write_commit_outputs` writes for a tractogram in ``suffix`` format."""
-    return [name.format(ext=suffix) for name in COMMIT_OUTPUTS]
-
-
-def existing_outputs(folder: Path) -> list[str]:
-    """The COMMIT output files (the filtered tractogram in any format) already in ``folder``."""
-    names = {name.format(ext=suffix) for name in COMMIT_OUTPUTS for suffix in TRACTOGRAM_SUFFIXES}
-    return sorted(name for name in names if (folder / name).exists())
+# Re-exported: scripts and tests name the panel's layers and outputs through this module.
+__all__ = [
+    "NRMSE_CLIM",
+    "NRMSE_NAME",
+    "THRESHOLD_STEPS",
+    "WEIGHT",
+    "CommitPanel",
+    "existing_outputs",
+    "output_names",
+    "tractogram_suffix",
+    "weighted_layer",
+]
 
 
 def tractogram_suffix(layer: Layer | None) -> str:
     """The format to write a layer's filtered tractogram in: .tck or .trx when the layer's
     tractogram (or the layer) records that it was read from such a file, otherwise .trk."""
-    for owner in (getattr(layer, "data", None), layer):
-        source = str(getattr(owner, "source", "") or "")
-        for suffix in (".tck", ".trx"):
-            if source.lower().endswith(suffix):
-                return suffix
-    return ".trk"
+    return _suffix_of(getattr(layer, "data", None), layer)
 
 
 def same_grid(a, b) -> bool:
     """Whether two volumes (anything with ``shape3`` and ``affine``) share their voxel grid."""
-    return tuple(a.shape3) == tuple(b.shape3) and np.allclose(a.affine, b.affine, atol=1e-4)
-
-
-@dataclass
-class CommitOutcome:
-    """What a finished job hands to the GUI thread (everything built on the worker)."""
-
-    token: int
-    source: Layer  # the tractogram layer that was filtered
-    layer: Layer  # every streamline, with commit_weight
-    nrmse: Layer
-    weights: np.ndarray
-    summary: dict
-    notes: list[str]
-    seconds: float
-    result: CommitResult  # the fit itself (what Save outputs… writes)
-
-
-def snapshot_tractogram(tract: Tractogram) -> Tractogram:
-    """A copy of a tractogram's arrays (the job must not see later edits of the layer)."""
-    return Tractogram(
-        tract.points.copy(),
-        tract.offsets.copy(),
-        tract.affine.copy(),
-        tract.dimensions,
-        {k: np.array(v, copy=True) for k, v in tract.point_scalars.items()},
-        {k: np.array(v, copy=True) for k, v in tract.streamline_scalars.items()},
-        name=tract.name,
-    )
-
-
-def weighted_layer(name: str, tractogram: Tractogram, top: float) -> Layer:
-    """A tractogram layer coloured by ``commit_weight`` over 0 … ``top``, display arrays
-    prepared (call it on a worker)."""
-    layer = Layer(name, tractogram, "tractogram", colormap="viridis", color_by=WEIGHT)
-    layer.clim = (0.0, top if top > 0 else 1.0)
-    fiber_display.prepare(layer)
-    return layer
+    return Grid.of(a).matches(b)
 
 
 def _field_meta(name: str) -> dict:
@@ -431,67 +400,8 @@ class CommitPanel(JobPanelBase):
             token=token,
         )
 
-    def _job(
-        self,
-        dwi,
-        tract: Tractogram,
-        source: Layer,
-        params: CommitParams,
-        token: int,
-        *,
-        mask: np.ndarray | None = None,
-        peaks: Path | None = None,
-    ):
-        device, name = self.device, f"{source.name} (COMMIT)"
-
-        def job(ctx):
-            start = time.perf_counter()
-            ctx.progress(0, params.max_iter, "COMMIT: building the model")
-            result = commit_pipeline(
-                dwi,
-                tract,
-                mask=mask,
-                peaks=None if peaks is None else str(peaks),
-                params=params,
-                device=device,
-                progress=lambda it, n: ctx.progress(it, n, "COMMIT: fitting"),
-                cancelled=ctx.cancelled,
-            )
-            ctx.check()
-            weights = np.asarray(result.weights, dtype=np.float64)
-            weighted = Tractogram(
-                tract.points,
-                tract.offsets,
-                tract.affine,
-                tract.dimensions,
-                dict(tract.point_scalars),
-                {**tract.streamline_scalars, WEIGHT: weights},
-                name=name,
-            )
-            layer = weighted_layer(name, weighted, float(weights.max()) if len(weights) else 1.0)
-            nrmse = result.maps()["fit_NRMSE"]
-            nrmse_layer = Layer(
-                NRMSE_NAME,
-                Volume(NRMSE_NAME, nrmse, result.affine),
-                "scalar",
-                colormap="hot",
-                clim=NRMSE_CLIM,
-                visible=False,
-            )
-            summary = result.summary()
-            return CommitOutcome(
-                token,
-                source,
-                layer,
-                nrmse_layer,
-                weights,
-                summary,
-                list(result.notes),
-                time.perf_counter() - start,
-                result,
-            )
-
-        return job
+    def _job(self, dwi, tract, source: Layer, params: CommitParams, token: int, *, mask=None, peaks=None):
+        return commit_job(dwi, tract, source, params, token, self.device, mask=mask, peaks=peaks)
 
     # ------------------------------------------------------------- results
     def _progress_text(self, job) -> str:

@@ -42,8 +42,15 @@ import pyvista as pv
 from PySide6.QtCore import QByteArray, QDataStream, QIODevice, QObject, QRunnable, QThreadPool, Signal
 from PySide6.QtGui import QPainterPath
 
+from tractlens.app.display_data import (
+    affine_rotation,
+    fractional_anisotropy,
+    tensor_eigen,
+    tensor_matrices,
+    tensors_to_world,
+)
+from tractlens.app.grid import Grid
 from tractlens.app.model import STICK_COLOURS, Document, Layer
-from tractlens.gpu import dti, sym3
 
 from .render import sample_layer
 
@@ -93,7 +100,7 @@ def glyph_mesh(
     filter.
     """
     tensors = np.asarray(tensors, dtype=np.float64)
-    evals, evecs = sym3.eigh(np, tensors)
+    evals, evecs = tensor_eigen(tensors)
     evals = np.maximum(evals, 0.0)
     theta, phi, faces = _template(resolution)
     lam_max = max(float(evals[:, 0].max()), 1e-30) if len(evals) else 1.0
@@ -127,24 +134,13 @@ def glyph_mesh(
     mesh.point_data["Normals"] = normals.reshape(-1, 3).astype(np.float32)
     mesh.point_data.active_normals_name = "Normals"
     if colour == "fa":
-        fa = np.clip(dti.scalar_maps(np, evals, evecs)["fa"], 0, 1)
+        fa = fractional_anisotropy(evals, evecs)
         rgb = np.stack([fa, fa, fa], 1)
     else:
         rgb = np.abs(evecs[:, :, 0])
     mesh.point_data["rgb"] = np.repeat((rgb * 255 + 0.5).astype(np.uint8), n_vertices, axis=0)
     mesh.point_data.active_scalars_name = "rgb"  # a mesh swapped into an actor is coloured by it, not the normals
     return mesh
-
-
-def affine_rotation(affine: np.ndarray) -> np.ndarray:
-    """The rotation (or reflection) of an affine, without its voxel sizes and shear (polar factor)."""
-    u, _s, vt = np.linalg.svd(np.asarray(affine)[:3, :3])
-    return u @ vt
-
-
-def tensors_to_world(tensors: np.ndarray, affine: np.ndarray) -> np.ndarray:
-    """Voxel-axis tensors -> world (RAS) frame: R D Rᵀ with R the affine's rotation."""
-    return sym3.rotate(np, tensors, affine_rotation(affine))
 
 
 def stick_segments(
@@ -238,7 +234,7 @@ def sample_volume(array: np.ndarray, affine: np.ndarray, reference_affine: np.nd
     """Nearest-neighbour values of a volume (``array`` on ``affine``) at reference voxels (..., 3):
     (values, inside). The same as :func:`widgets.render.sample_layer`, on plain arrays (workers)."""
     shape3 = np.array(array.shape[:3])
-    if np.allclose(affine, reference_affine):
+    if Grid.affines_match(affine, reference_affine):
         ijk = voxels
     else:
         to_layer = np.linalg.solve(affine, reference_affine)
@@ -327,7 +323,7 @@ def ellipse_paths(
     largest semi-axis ``radius_mm`` × λ/λ1max of the layer's largest eigenvalue in view;
     coloured by the main direction |e1| or grey by FA, quantised to :data:`COLOUR_LEVELS`
     levels per channel."""
-    world = sym3.to_matrix(np, tensors_world)
+    world = tensor_matrices(tensors_world)
     (hx, hs), (vy, vs) = screen_x_world, screen_up_world
     block = np.stack(
         [
@@ -350,7 +346,7 @@ def ellipse_paths(
     centre = np.stack([(cols + 0.5) * pixel_mm[1], (rows + 0.5) * pixel_mm[0]], -1)
     polygons = centre[:, None, :] + circle[None, :, :1] * major[:, None, :] + circle[None, :, 1:] * minor[:, None, :]
     if colour == "fa":
-        fa = np.clip(dti.scalar_maps(np, evals[:, ::-1], evecs[:, :, ::-1])["fa"], 0.0, 1.0)
+        fa = fractional_anisotropy(evals[:, ::-1], evecs[:, :, ::-1])
         rgb = np.stack([fa, fa, fa], 1)
     else:
         rgb = np.abs(evecs[:, :, 2])

@@ -38,15 +38,15 @@ from tractlens.app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,
     DISTANCE_POINT_SCALAR,
     DistanceRow,
+    RegionDistance,
     compute_lesion_distance,
     distance_row,
     with_distances,
 )
-from tractlens.gpu.tractometry import RegionDistance
 
 from . import fiber_display
-from .connectivity_panel import LayerCombo
 from .job_panel import JobPanelBase
+from .layer_combo import LayerCombo
 from .params_form import limits_of
 
 SAFETY_MAP = "safety"

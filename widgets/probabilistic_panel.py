@@ -3,10 +3,11 @@ distribution filling in on the slices and as an isosurface in 3-D.
 
 The panel holds no algorithm. Track takes the last ``dyads`` layer that keeps its posterior
 samples (a bedpostX folder opened, or a ball & sticks fit) and a snapshot (copies) of the
-visible ROI layers by role: the seed ROIs together are the seed region, each target ROI is a
-named target (the layer's name), each waypoint ROI a waypoint mask, the exclusion and stop
-ROIs together the exclusion and stop masks. On a worker the masks are brought to the
-samples' grid, :func:`app.pipelines.probabilistic.prepare_probabilistic_masks` checks them
+visible ROI layers (:func:`app.regions.roi_snapshot`). On a worker :mod:`app.regions` brings
+them onto the samples' grid in their roles (the seed ROIs together are the seed region, each
+target ROI a named target (the layer's name), each waypoint ROI a waypoint mask, the
+exclusion and stop ROIs together the exclusion and stop masks),
+:func:`app.pipelines.probabilistic.prepare_from_regions` checks them
 (its :class:`~app.errors.InputError` messages are shown as they are) and
 :meth:`~app.pipelines.probabilistic.ProbabilisticRun.run` tracks batch by batch. Each running
 total reaches the GUI (at most four a second) and updates the result layer in place:
@@ -31,9 +32,7 @@ clear; set 5000 for the numbers to report.
 from __future__ import annotations
 
 import math
-import threading
 import time
-import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -53,14 +52,14 @@ from PySide6.QtWidgets import (
 from tractlens.app.model import Document, Layer, Volume
 from tractlens.app.pipelines.probabilistic import (
     ProbabilisticRun,
-    prepare_probabilistic_masks,
-    sample_field,
+    ProbParams,
+    ProbResult,
+    max_batch_streamlines,
+    prepare_from_regions,
+    sample_field_of,
     write_probabilistic_outputs,
 )
-from tractlens.app.pipelines.select import resample_nearest
-from tractlens.gpu import probabilistic
-from tractlens.gpu.backend import get_backend
-from tractlens.gpu.probabilistic import ProbParams, ProbResult
+from tractlens.app.regions import RoiCopy, regions_on_grid, roi_snapshot
 
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm
@@ -139,10 +138,10 @@ class Shown:
     iso: IsoInput
 
 
-def batch_size(total: int, n_voxels: int, on_gpu: bool) -> int:
+def batch_size(total: int, n_voxels: int, device: str) -> int:
     """Streamlines per batch: about a tenth of the run, at least :data:`FIRST_BATCH`, never more
-    than the engine's own batch (GPU) or its visited-voxel bitmap allows (NumPy)."""
-    cap = probabilistic.GPU_BATCH if on_gpu else max(1, probabilistic.NUMPY_BITMAP_BYTES // max(1, n_voxels))
+    than the engine allows on ``device`` (:func:`app.pipelines.probabilistic.max_batch_streamlines`)."""
+    cap = max_batch_streamlines(n_voxels, device)
     return max(1, min(cap, max(FIRST_BATCH, math.ceil(total / UPDATES))))
 
 
@@ -166,8 +165,6 @@ class ProbabilisticPanel(JobPanelBase):
         self.updates = 0
         self.iso_level: float | None = None
         self._percent = ISO_PERCENT  # read by workers (a float: no widget off the GUI thread)
-        self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._fields_lock = threading.Lock()
 
         self.form = ParamsForm(ProbParams, {"waycond": ("AND", "OR")})
         self.form.set_values(n_samples=GUI_N_SAMPLES)
@@ -219,23 +216,9 @@ class ProbabilisticPanel(JobPanelBase):
         found = [layer for layer in found if getattr(layer.data, "samples", None) is not None]
         return found[-1] if found else None
 
-    def _roi_snapshot(self) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
-        """(name, role, mask copy, affine copy) of every visible, non-empty ROI layer."""
-        return [
-            (layer.name, layer.data.role, layer.data.mask.copy(), layer.data.affine.copy())
-            for layer in self.document.layers
-            if layer.kind == "roi" and layer.visible and layer.data.mask.any()
-        ]
-
-    def _field(self, volume):
-        """A dyads volume's samples as the engine's field, made once per volume (the costly part)."""
-        with self._fields_lock:
-            cached = self._fields.get(volume)
-        if cached is None:
-            cached = sample_field(volume.samples)
-            with self._fields_lock:
-                self._fields[volume] = cached
-        return cached
+    def _roi_snapshot(self) -> list[RoiCopy]:
+        """Copies of every visible, non-empty ROI layer (:func:`app.regions.roi_snapshot`)."""
+        return roi_snapshot(self.document)
 
     # --------------------------------------------------------------- actions
     def track(self) -> int | None:
@@ -247,7 +230,7 @@ class ProbabilisticPanel(JobPanelBase):
                 "probabilistic tracking samples their fibre orientations."
             )
         rois = self._roi_snapshot()
-        if not any(role == "seed" for _, role, _, _ in rois):
+        if not any(roi.role == "seed" for roi in rois):
             return self._refuse("Paint or open a seed ROI (role seed): streamlines start in every seed voxel.")
         try:
             params = self.form.value()
@@ -271,31 +254,11 @@ class ProbabilisticPanel(JobPanelBase):
         def job(ctx):
             ctx.progress(0, 1, "preparing the samples")
             grid = (samples.affine, tuple(samples.mask.shape))
-
-            def on_grid(mask, affine):
-                if mask.shape == grid[1] and np.allclose(affine, grid[0], atol=1e-4):
-                    return mask
-                return resample_nearest(mask, affine, *grid)
-
-            def union(role):
-                masks = [on_grid(mask, affine) for _, r, mask, affine in rois if r == role]
-                return np.logical_or.reduce(masks) if masks else None
-
-            seed_names = ", ".join(name for name, role, _, _ in rois if role == "seed")
-            run = prepare_probabilistic_masks(
-                samples,
-                union("seed"),
-                targets=[(name, on_grid(mask, affine)) for name, role, mask, affine in rois if role == "target"],
-                waypoints=[on_grid(mask, affine) for _, role, mask, affine in rois if role == "waypoint"],
-                exclude=union("exclusion"),
-                stop=union("stop"),
-                params=params,
-                seed_name=f"seed ROI {seed_names}",
-                field_=self._field(volume),
-            )
+            regions = regions_on_grid(rois, "probabilistic", grid)
+            run = prepare_from_regions(samples, regions, params=params, field_=sample_field_of(self.document, volume))
             ctx.check()
             total = len(run.seeds) * params.n_samples
-            batch = batch_size(total, int(np.prod(grid[1])), get_backend(device).is_gpu)
+            batch = batch_size(total, int(np.prod(grid[1])), device)
             layer = None
             last = 0.0
             for result in run.run(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import nibabel as nib
 import numpy as np
 
+from tractlens.app.grid import Grid
 from tractlens.app.model import GLYPH_KINDS, Document, Layer
 
 # For each view: (world axis shown horizontally, +1 if it increases to the right),
@@ -118,7 +119,7 @@ def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.nd
     """Nearest-neighbour values of a volume layer at reference voxels; (values, inside mask)."""
     vol = layer.data
     array = vol.mask if layer.kind == "roi" else vol.data
-    if vol.shape3 == tuple(doc.reference_shape) and np.allclose(vol.affine, doc.reference_affine):
+    if Grid.of(vol).matches((doc.reference_affine, doc.reference_shape)):
         ijk = voxels
     else:
         to_layer = np.linalg.solve(vol.affine, doc.reference_affine)
@@ -304,7 +305,7 @@ def fibers_on_reference(layer: Layer, reference_affine: np.ndarray):
         tract = layer.data
         to_ref = np.linalg.solve(reference_affine, tract.affine)
         points = tract.points if level.index is None else tract.points[level.index]
-        if not np.allclose(to_ref, np.eye(4)):
+        if not Grid.affines_match(tract.affine, reference_affine):
             to_ref = to_ref.astype(np.float32)
             points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
         ids = np.arange(len(tract)) if level.streamlines is None else level.streamlines

@@ -22,7 +22,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPageLayout, QPa
 from PySide6.QtWidgets import QApplication
 
 from tractlens.app import __version__
-from tractlens.app.io._atomic import atomic_path
+from tractlens.app.io import atomic_path
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.connectivity import (
     DEFAULT_MARGIN_MM,

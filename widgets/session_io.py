@@ -16,10 +16,9 @@ import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QMessageBox
 
-from tractlens.app.pipelines.connectivity import DISTANCE_POINT_SCALAR, DISTANCE_STREAMLINE_SCALAR
+from tractlens.app.pipelines.connectivity import DISTANCE_POINT_SCALAR, DISTANCE_STREAMLINE_SCALAR, RegionDistance
 from tractlens.app.recovery import AutoSaver, Orphan, RecoveryStore, find_orphans
 from tractlens.app.session import DocumentSnapshot, Session, load_session, snapshot
-from tractlens.gpu.tractometry import RegionDistance
 
 log = logging.getLogger(__name__)
 RESTORE_CHOICES = ("ask", "yes", "no")

@@ -20,6 +20,7 @@ from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
+from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
 from . import roi_tools
@@ -358,7 +359,7 @@ class SliceView(QWidget):
             self.notice.emit("Flood fill needs a scalar map: open an image (it fills the top visible one)")
             return
         volume = layer.data
-        if volume.shape3 != roi.data.shape3 or not np.allclose(volume.affine, roi.data.affine, atol=1e-3):
+        if not Grid.of(volume).matches(Grid(roi.data.affine, roi.data.mask.shape)):
             self.notice.emit(
                 f"Flood fill did nothing: {layer.name} (the top visible scalar map) is on another grid "
                 f"than {roi.name}; show a map on the ROI's grid on top"

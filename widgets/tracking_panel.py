@@ -1,8 +1,9 @@
 """The Deterministic tracking panel: parameters, seeding, Track / Cancel, live results.
 
 The panel holds no algorithm. Track takes a snapshot of the tensor layer and of the
-ROIs by role (seed; target and waypoint must be passed; exclusion avoided; stop
-ends streamlines), and runs :func:`app.pipelines.track.deterministic_pipeline` on
+ROIs (:func:`app.regions.roi_snapshot`), brings them into their roles on the tensor grid
+(:mod:`app.regions`: seed; every target and waypoint passed; exclusion avoided; stop
+ends streamlines), and runs :func:`app.pipelines.track.deterministic_from_regions` on
 a worker. Batches of streamlines arrive while the rest is computed and replace the
 panel's result layer, so the fibres grow on screen; a cancelled run keeps what it
 had shown.
@@ -10,9 +11,7 @@ had shown.
 
 from __future__ import annotations
 
-import threading
 import time
-import weakref
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
@@ -32,14 +31,18 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.model import Document, Layer, Tractogram
 from tractlens.app.params import PLACEMENTS, GeodesicSeedingParams, SeedingParams
-from tractlens.app.pipelines.select import resample_nearest
 from tractlens.app.pipelines.track import (
     INTERACTIVE_FIRST_BATCH,
-    TensorField,
-    deterministic_pipeline,
-    geodesic_pipeline,
+    DeterministicParams,
+    GeodesicParams,
+    MetricParams,
+    deterministic_from_regions,
+    geodesic_from_regions,
+    geodesic_metric_of,
+    tensor_field_of,
+    tracking_choices,
 )
-from tractlens.gpu import deterministic, geodesic
+from tractlens.app.regions import regions_on_grid, roi_snapshot
 
 from . import fiber_display
 from .job_panel import JobPanelBase
@@ -62,8 +65,6 @@ class TrackingPanel(JobPanelBase):
         super().__init__(document, runner, device=device, report=report, parent=parent)
         self.result_layer: Layer | None = None
         self.summary: dict | None = None
-        self._fields: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._fields_lock = threading.Lock()
         self.track_button = QPushButton("Track")
         self.track_button.clicked.connect(self.track)
         self.status.setText("Paint a seed ROI, then Track.")
@@ -93,10 +94,9 @@ class TrackingPanel(JobPanelBase):
         tensor = self.tensor_layer()
         if tensor is None:
             return self._refuse("Open a DWI series or a tensor file first: tracking follows its tensors.")
-        rois = {role: [mask.copy() for mask in masks] for role, masks in doc.roi_masks_by_role().items()}
-        reference = (doc.reference_affine.copy(), doc.reference_shape)
+        rois = roi_snapshot(doc)
         try:
-            work = self._job(tensor.data, rois, reference)
+            work = self._job(tensor.data, rois)
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
         if isinstance(work, str):
@@ -106,7 +106,7 @@ class TrackingPanel(JobPanelBase):
         self.status.setText("Tracking…")
         return self._start(self.job_title, work, on_partial=self._show, on_done=self._done, token=token)
 
-    def _job(self, volume, rois, reference):
+    def _job(self, volume, rois):
         raise NotImplementedError
 
     def _streaming(self, ctx, name: str):
@@ -160,15 +160,9 @@ class TrackingPanel(JobPanelBase):
         if self.result_layer is not None:
             self.finished.emit(self.result_layer)
 
-    def _tensor_field(self, volume) -> TensorField:
-        """The tracking view of a tensor layer (FA, fitted voxels), computed once per volume."""
-        with self._fields_lock:
-            cached = self._fields.get(volume)
-        if cached is None:
-            cached = TensorField.from_tensor(volume.data, volume.affine, volume.source or volume.name)
-            with self._fields_lock:
-                self._fields[volume] = cached
-        return cached
+    def _tensor_field(self, volume):
+        """The tracking view of a tensor layer (FA, fitted voxels), kept by the document."""
+        return tensor_field_of(self.document, volume)
 
 
 class DeterministicPanel(TrackingPanel):
@@ -178,7 +172,7 @@ class DeterministicPanel(TrackingPanel):
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
         super().__init__(document, runner, device=device, report=report, parent=parent)
-        self.form = ParamsForm(deterministic.DeterministicParams, deterministic.CHOICES)
+        self.form = ParamsForm(DeterministicParams, tracking_choices("deterministic"))
         seeding = QFormLayout()
         self.whole_brain = QCheckBox("whole brain (every voxel with FA ≥ threshold)")
         self.whole_brain.setObjectName("whole_brain")
@@ -206,10 +200,10 @@ class DeterministicPanel(TrackingPanel):
         self.status.setText("Paint a seed ROI (or tick whole brain), then Track.")
         self._layout(self.form, seeding)
 
-    def _job(self, volume, rois, reference):
+    def _job(self, volume, rois):
         params = self.form.value()
         whole = self.whole_brain.isChecked()
-        if not whole and not rois["seed"]:
+        if not whole and not any(roi.role == "seed" for roi in rois):
             return "Paint or open a seed ROI, or tick whole brain."
         options = {
             "seeds_per_voxel": self.seeds_per_voxel.value(),
@@ -220,17 +214,11 @@ class DeterministicPanel(TrackingPanel):
 
         def job(ctx):
             field_ = self._tensor_field(volume)
-
-            def on_grid(masks):
-                return [_to_grid(mask, reference, field_) for mask in masks]
-
-            result = deterministic_pipeline(
+            regions = regions_on_grid(rois, "deterministic", field_)
+            result = deterministic_from_regions(
                 field_,
-                seed_mask=np.logical_or.reduce(on_grid(rois["seed"])) if not whole else None,
+                regions,
                 whole_brain=whole,
-                stop=on_grid(rois["stop"]),
-                include=on_grid(rois["target"] + rois["waypoint"]),
-                exclude=on_grid(rois["exclusion"]),
                 params=params,
                 device=self.device,
                 progress=ctx.progress,
@@ -269,14 +257,6 @@ def _spin(name: str, lo: int, hi: int, value: int, tip: str) -> QSpinBox:
     return box
 
 
-def _to_grid(mask: np.ndarray, reference, field_: TensorField) -> np.ndarray:
-    """An ROI on the document's reference grid, on the tensor grid."""
-    affine, shape = reference
-    if tuple(shape) == field_.shape and np.allclose(affine, field_.affine, atol=1e-4):
-        return mask
-    return resample_nearest(mask, affine, field_.affine, field_.shape)
-
-
 def _result_layer(name: str, tractogram) -> Layer:
     layer = Layer(name, tractogram, "tractogram")
     fiber_display.prepare(layer)  # O(points) display work on the worker, not the GUI thread
@@ -297,8 +277,8 @@ class GeodesicPanel(TrackingPanel):
 
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
         super().__init__(document, runner, device=device, report=report, parent=parent)
-        self.form = ParamsForm(geodesic.GeodesicParams, geodesic.CHOICES)
-        self.metric_form = ParamsForm(geodesic.MetricParams)
+        self.form = ParamsForm(GeodesicParams, tracking_choices("geodesic"))
+        self.metric_form = ParamsForm(MetricParams)
         seeding = QFormLayout()
         self.seeds_per_voxel = _spin(
             "geo_seeds_per_voxel", *_range(GeodesicSeedingParams, "seeds_per_voxel"), "Seed points in every seed voxel"
@@ -336,7 +316,6 @@ class GeodesicPanel(TrackingPanel):
         self.status.setObjectName("geodesic_status")
         self._layout(self.form, self.metric_form, seeding)
         self.ranked = None  # every kept fibre, best CM first
-        self._metric_cache: dict = {}
         self._live_timer = QTimer(self)
         self._live_timer.setSingleShot(True)
         self._live_timer.setInterval(self.LIVE_INTERVAL_MS)
@@ -387,10 +366,10 @@ class GeodesicPanel(TrackingPanel):
             self.edit_time = None
 
     # ------------------------------------------------------------------- job
-    def _job(self, volume, rois, reference):
+    def _job(self, volume, rois):
         params = self.form.value()
         metric = self.metric_form.value()
-        if not rois["seed"]:
+        if not any(roi.role == "seed" for roi in rois):
             return "Paint or open a seed ROI (and a target ROI to rank fibres by connectivity)."
         options = {
             "seeds_per_voxel": self.seeds_per_voxel.value(),
@@ -399,26 +378,13 @@ class GeodesicPanel(TrackingPanel):
             "rng_seed": self.rng_seed.value(),
         }
         name = "geodesic"
-        cache = self._metric_cache
 
         def job(ctx):
             field_ = self._tensor_field(volume)
-
-            def union(masks):
-                grid = [_to_grid(mask, reference, field_) for mask in masks]
-                return np.logical_or.reduce(grid) if grid else None
-
-            key = (id(volume), metric)
-            if cache.get("key") != key:
-                from tractlens.gpu.geodesic import prepare_metric
-
-                cache["field"] = prepare_metric(field_.tensor, field_.voxel_size, metric, device=self.device)
-                cache["key"] = key
-            result = geodesic_pipeline(
+            regions = regions_on_grid(rois, "geodesic", field_)
+            result = geodesic_from_regions(
                 field_,
-                seed_mask=union(rois["seed"]),
-                target=union(rois["target"]),
-                mask=field_.mask if not rois["exclusion"] else field_.mask & ~union(rois["exclusion"]),
+                regions,
                 metric=metric,
                 params=params,
                 device=self.device,
@@ -428,7 +394,7 @@ class GeodesicPanel(TrackingPanel):
                 max_batch=GUI_BATCH,
                 first_batch=INTERACTIVE_FIRST_BATCH,
                 name=name,
-                metric_field=cache["field"],
+                metric_field=geodesic_metric_of(self.document, volume, metric, self.device),
                 **options,
             )
             return self._result_layer(name, result.tractogram), result

@@ -18,6 +18,7 @@ import numpy as np
 from tractlens.gpu.ballstick import dyadic_mean
 
 from ..errors import InputError
+from ..grid import Grid
 from ..model import DyadsVolume
 from .dwi import fsl_to_voxel_vectors, save_gradients
 from .nifti import load_image, read_array, read_raw, save_volume
@@ -99,7 +100,7 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
                 )
             if shape[:3] != mask.shape:
                 raise InputError(f"samples have grid {shape[:3]} but the mask has {mask.shape}", path=path, fix=RERUN)
-            if not np.allclose(img.affine, mask_img.affine, atol=1e-3):
+            if not Grid.affines_match(img.affine, mask_img.affine):
                 raise InputError(
                     "samples and nodif_brain_mask are on different grids (affines differ)", path=path, fix=RERUN
                 )

@@ -11,6 +11,7 @@ import nibabel as nib
 import numpy as np
 
 from ..errors import InputError
+from ..grid import Grid
 from ..model import Volume
 from ._atomic import atomic_path
 
@@ -280,7 +281,7 @@ def check_same_grid(affine, shape, reference: Volume, path, what: str) -> None:
             path=path,
             fix="Resample it to the diffusion data's grid (e.g. flirt -applyxfm or mrgrid)",
         )
-    if not np.allclose(affine, reference.affine, atol=1e-3):
+    if not Grid.affines_match(affine, reference.affine):
         raise InputError(
             f"the {what} is on the same number of voxels but a different position or orientation "
             "than the data (affines differ)",

@@ -25,7 +25,23 @@ from tractlens.gpu import commit
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit import CommitParams, Problem
 
+__all__ = [
+    "COMMIT_OUTPUTS",
+    "WEIGHT_SCALAR",
+    "CommitParams",
+    "CommitResult",
+    "commit_from_files",
+    "commit_pipeline",
+    "existing_outputs",
+    "output_names",
+    "peaks_compartments",
+    "tractogram_suffix",
+    "weighted_tractogram",
+    "write_commit_outputs",
+]
+
 from ..errors import InputError
+from ..grid import Grid
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
@@ -130,7 +146,7 @@ def peaks_compartments(
             path=path,
             fix="Compute the peaks on the DWI's grid (e.g. MRtrix sh2peaks)",
         )
-    if not np.allclose(img.affine, affine, atol=1e-3):
+    if not Grid.affines_match(img.affine, affine):
         notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
     peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
     inside = rows >= 0
@@ -258,6 +274,48 @@ def _commit_pipeline(
     }
     return CommitResult(
         problem, problem.split(x)[0].sum(0), x, y, model, rows, dwi.affine, tractogram, fit, params, provenance, notes
+    )
+
+
+#: The per-streamline scalar that holds the COMMIT weights on a weighted tractogram.
+WEIGHT_SCALAR = "commit_weight"
+
+
+def output_names(suffix: str) -> list[str]:
+    """The files :func:`write_commit_outputs` writes for a tractogram in ``suffix`` format."""
+    return [name.format(ext=suffix) for name in COMMIT_OUTPUTS]
+
+
+def existing_outputs(folder: str | os.PathLike) -> list[str]:
+    """The COMMIT output files (the filtered tractogram in any format) already in ``folder``."""
+    from ..io.tractogram import TRACTOGRAM_SUFFIXES
+
+    folder = Path(folder)
+    names = {name.format(ext=suffix) for name in COMMIT_OUTPUTS for suffix in TRACTOGRAM_SUFFIXES}
+    return sorted(name for name in names if (folder / name).exists())
+
+
+def tractogram_suffix(*owners) -> str:
+    """The format to write a filtered tractogram in: .tck or .trx when one of ``owners`` (a
+    tractogram, a layer) records a ``source`` file of that format, otherwise .trk."""
+    for owner in owners:
+        source = str(getattr(owner, "source", "") or "")
+        for suffix in (".tck", ".trx"):
+            if source.lower().endswith(suffix):
+                return suffix
+    return ".trk"
+
+
+def weighted_tractogram(tract: Tractogram, weights: np.ndarray, name: str) -> Tractogram:
+    """``tract`` (its arrays shared) with the COMMIT ``weights`` as :data:`WEIGHT_SCALAR`."""
+    return Tractogram(
+        tract.points,
+        tract.offsets,
+        tract.affine,
+        tract.dimensions,
+        dict(tract.point_scalars),
+        {**tract.streamline_scalars, WEIGHT_SCALAR: np.asarray(weights, dtype=np.float64)},
+        name=name,
     )
 
 

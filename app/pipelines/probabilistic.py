@@ -1,7 +1,10 @@
 """Use case: probabilistic tractography from a bedpostX folder, probtrackx style.
 
-Shared by ``tractlens track probabilistic`` and Python scripts. Masks on another
-grid than the samples are resampled to it (nearest neighbour) with a notice.
+Shared by ``tractlens track probabilistic``, the GUI's probabilistic panel and Python
+scripts. Masks on another grid than the samples are resampled to it (nearest neighbour)
+with a notice. The ROI roles mean what :mod:`app.regions` says: each target is a
+classification target of its own (``seeds_to_{target}``), the waypoints are passed as
+``waycond`` says, exclusion and stop are unions (:func:`prepare_from_regions`).
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.gpu.backend import get_backend
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.probabilistic import (
+    GPU_BATCH,
     MAX_TARGETS,
     MAX_WAYPOINTS,
+    NUMPY_BITMAP_BYTES,
     ProbParams,
     ProbResult,
     SampleField,
@@ -34,6 +40,7 @@ from ..io import BedpostSamples, load_bedpostx, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..model import Tractogram
+from ..regions import Regions
 from ._fallback import batches_with_cpu_fallback
 from .select import load_masks_on_reference
 
@@ -48,6 +55,36 @@ PROB_OUTPUTS = {
     "matrix_seeds_to_seeds.csv": "the same, non-zero entries only: i_a, j_a, k_a, i_b, j_b, k_b, count",
     "probtrackx.json": "summary: parameters, masks, counts, timings, device",
 }
+
+
+__all__ = [
+    "PROB_OUTPUTS",
+    "ProbParams",
+    "ProbResult",
+    "ProbabilisticRun",
+    "max_batch_streamlines",
+    "prepare_from_regions",
+    "prepare_probabilistic",
+    "prepare_probabilistic_masks",
+    "sample_field",
+    "sample_field_of",
+    "summarise",
+    "write_probabilistic_outputs",
+]
+
+
+def sample_field_of(document, volume) -> SampleField:
+    """The engine's field of a dyads volume's posterior samples (``volume.samples``), made once
+    per volume and kept in ``document.derived`` while the volume lives (it is the costly part)."""
+    return document.derived.get(volume, "sample_field", None, lambda: sample_field(volume.samples))
+
+
+def max_batch_streamlines(n_voxels: int, device: str = "auto") -> int:
+    """The most streamlines one batch may hold on ``device``: the engine's own batch on a GPU,
+    what its visited-voxel bitmap allows over ``n_voxels`` voxels with NumPy."""
+    if get_backend(device).is_gpu:
+        return GPU_BATCH
+    return max(1, NUMPY_BITMAP_BYTES // max(1, n_voxels))
 
 
 def sample_field(samples: BedpostSamples) -> SampleField:
@@ -241,6 +278,37 @@ def prepare_probabilistic_masks(
             raise InputError(str(exc), path=seed_name) from None
     field_ = field_ or sample_field(samples)
     return ProbabilisticRun(samples, field_, bits, seeds, names, len(waypoints), params, notes, seed_matrix)
+
+
+def prepare_from_regions(
+    samples: BedpostSamples,
+    regions: Regions,
+    *,
+    params: ProbParams | None = None,
+    field_: SampleField | None = None,
+    seed_matrix: bool = False,
+) -> ProbabilisticRun:
+    """:func:`prepare_probabilistic_masks` with a document's ROIs in their roles
+    (:mod:`app.regions`, on the samples' grid): the seed union, one named target per target
+    ROI, one waypoint mask per waypoint ROI, the exclusion and stop unions."""
+    if regions.seed is None:
+        raise InputError(
+            "no seed ROI lies on the samples' grid" + (": " + " ".join(regions.notes) if regions.notes else ""),
+            fix="Paint or open a seed ROI inside the image",
+        )
+    return prepare_probabilistic_masks(
+        samples,
+        regions.seed,
+        targets=[(region.name, region.mask) for region in regions.targets],
+        waypoints=[region.mask for region in regions.waypoints],
+        exclude=regions.exclusion,
+        stop=regions.stop,
+        params=params,
+        notes=list(regions.notes),
+        seed_name=f"seed ROI {', '.join(regions.seed_names)}",
+        field_=field_,
+        seed_matrix=seed_matrix,
+    )
 
 
 def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdir: str | os.PathLike) -> dict[str, str]:

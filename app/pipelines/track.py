@@ -6,6 +6,13 @@ fly), seeds (a mask, points, or the whole white matter) and ROIs in their roles:
 a mask bounds tracking, stop regions end streamlines, waypoints and targets must
 be passed (all of them), exclusion regions must not be. Streamlines come back in
 batches while they are computed (``on_batch``) and as one tractogram at the end.
+
+The roles mean what :mod:`app.regions` says: the command line's repeated ``--include``
+masks are the GUI's target and waypoint ROIs (each one passed, AND), its ``--exclude`` and
+``--stop`` masks the exclusion and stop ROIs (unions). :func:`deterministic_from_regions`
+and :func:`geodesic_from_regions` run a method on a document's :class:`~app.regions.Regions`;
+:func:`tensor_field_of` and :func:`geodesic_metric_of` keep the derived fields in the
+document's cache (``document.derived``) so that a re-run does not recompute them.
 """
 
 from __future__ import annotations
@@ -20,17 +27,38 @@ import numpy as np
 
 from tractlens.gpu import deterministic
 from tractlens.gpu.backend import get_backend
+from tractlens.gpu.deterministic import DeterministicParams
+from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import check_points, seeds_in_mask
 from tractlens.gpu.select import select_streamlines
 from tractlens.gpu.streamlines import StreamlineBatch
 
 from ..errors import InputError
+from ..grid import Grid
 from ..io import load_dwi, load_tensor
 from ..model import Tractogram, Volume
 from ..params import GeodesicSeedingParams, SeedingParams
+from ..regions import Regions
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .select import load_masks_on_reference
+
+__all__ = [
+    "INTERACTIVE_FIRST_BATCH",
+    "DeterministicParams",
+    "GeodesicParams",
+    "MetricParams",
+    "TensorField",
+    "TrackResult",
+    "deterministic_from_regions",
+    "deterministic_pipeline",
+    "geodesic_from_regions",
+    "geodesic_metric_of",
+    "geodesic_pipeline",
+    "masks_on_field",
+    "tensor_field_of",
+    "tracking_choices",
+]
 
 log = logging.getLogger(__name__)
 # Fibres in the first batch of an interactive run (the GUI, live re-tracking): a small
@@ -115,8 +143,51 @@ def load_tensor_field(
 
 
 def masks_on_field(paths: Sequence[str | os.PathLike], what: str, field_: TensorField, notes: list[str]):
-    """Masks from files, checked and brought onto the tensor grid (nearest neighbour)."""
-    return load_masks_on_reference(list(paths), what, field_.affine, field_.shape, notes)
+    """Masks from files, checked and brought onto the tensor grid (nearest neighbour). Repeated
+    masks of one role keep the meaning of :mod:`app.regions`: each include mask is passed (AND),
+    the stop and exclude masks act as their union."""
+    grid = Grid.of(field_)
+    return load_masks_on_reference(list(paths), what, grid.affine, grid.shape, notes)
+
+
+def tracking_choices(method: str) -> dict[str, tuple[str, ...]]:
+    """The fixed choices of a method's parameters (for forms and option lists)."""
+    from tractlens.gpu import geodesic
+
+    return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic.CHOICES}[method])
+
+
+def _seeded(regions: Regions) -> None:
+    if regions.seed is None:
+        raise InputError(
+            "no seed ROI lies on the tensor grid" + (": " + " ".join(regions.notes) if regions.notes else ""),
+            fix="Paint or open a seed ROI inside the image",
+        )
+
+
+def tensor_field_of(document, volume: Volume) -> TensorField:
+    """The tracking view (FA, fitted voxels) of a tensor layer's volume, computed once per
+    volume and kept in ``document.derived`` while the volume lives."""
+    return document.derived.get(
+        volume,
+        "tensor_field",
+        None,
+        lambda: TensorField.from_tensor(volume.data, volume.affine, volume.source or volume.name),
+    )
+
+
+def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "auto"):
+    """The pre-processed geodesic metric (:func:`gpu.geodesic.prepare_metric`) of a tensor
+    layer's volume for ``metric``, kept in ``document.derived`` (live re-tracking reuses it)."""
+    from tractlens.gpu import geodesic
+
+    metric = metric or geodesic.MetricParams()
+
+    def compute():
+        field_ = tensor_field_of(document, volume)
+        return geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=device)
+
+    return document.derived.get(volume, "geodesic_metric", (metric, device), compute)
 
 
 @dataclass
@@ -286,6 +357,7 @@ def geodesic_pipeline(
     seed_mask: np.ndarray,
     target: np.ndarray | None = None,
     mask: np.ndarray | None = None,
+    include: Sequence[np.ndarray] = (),
     metric=None,
     params=None,
     seeds_per_voxel: int = GeodesicSeedingParams.seeds_per_voxel,
@@ -309,6 +381,8 @@ def geodesic_pipeline(
     ``cone_deg``, within that half-angle around ± the main eigenvector there. With a
     ``target`` only the fibres that reach it are kept, ranked by their CM where they
     first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
+    ``include`` masks (waypoints; each of several targets) must all be passed: other fibres
+    are dropped batch by batch, before ranking and before ``on_batch`` sees them.
     ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``) skips the
     pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
     makes the first batch (the first ``on_batch``) small, to show something at once.
@@ -321,7 +395,9 @@ def geodesic_pipeline(
     get_backend(device)  # an unusable device (gpu forced, none there) is refused before any work
     shape = field_.shape
     try:
-        for name_, volume in (("seed region", seed_mask), ("target", target), ("tracking mask", mask)):
+        regions = [("seed region", seed_mask), ("target", target), ("tracking mask", mask)]
+        regions += [(f"region to pass {i + 1}", m) for i, m in enumerate(include)]
+        for name_, volume in regions:
             if volume is None:
                 continue
             if np.asarray(volume).shape != shape:
@@ -367,7 +443,12 @@ def geodesic_pipeline(
             part.fiber = part.fiber + first
             yield part
 
+    removed = 0
     for batch in batches_with_cpu_fallback(start, lambda b: b.provenance["fibers"], device, notes, "geodesic tracking"):
+        if len(batch) and include:
+            selection = select_streamlines(batch.points, batch.offsets, list(include), [], device=used[-1])
+            removed += int((~selection.selected).sum())
+            batch = _keep_fibres(batch, selection.selected)
         batches.append(batch)
         if on_batch is not None and len(batch):
             on_batch(_geodesic_tractogram(batch, field_, name, target is not None))
@@ -391,7 +472,8 @@ def geodesic_pipeline(
         "directions": directions,
         "cone_deg": cone_deg,
         "fibers": len(starts),
-        "reached_target": len(result) if (result is not None and target is not None) else None,
+        "reached_target": len(result) + removed if (result is not None and target is not None) else None,
+        "streamlines_removed_by_rois": removed,
         "streamlines": len(tractogram),
         "top_percent": top_percent,
         "steps": steps,
@@ -403,6 +485,58 @@ def geodesic_pipeline(
     if target is not None and len(result) == 0:
         notes.append("no fibre reached the target; try more directions, a wider cone or more steps")
     return TrackResult(tractogram, provenance, notes)
+
+
+def _keep_fibres(batch, keep: np.ndarray):
+    """The fibres of a geodesic batch where ``keep`` is True."""
+    keep = np.asarray(keep, dtype=bool)
+    lengths = np.diff(batch.offsets)
+    per_point = np.repeat(keep, lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(batch.offsets.dtype)
+    fields = {name: getattr(batch, name)[keep] for name in ("fiber", "cm_end", "reached", "cm_target", "stop", "steps")}
+    return type(batch)(
+        points=batch.points[per_point], offsets=offsets, cm=batch.cm[per_point], provenance=batch.provenance, **fields
+    )
+
+
+def deterministic_from_regions(
+    field_: TensorField, regions: Regions, *, whole_brain: bool = False, **options
+) -> TrackResult:
+    """Deterministic tracking with a document's ROIs in their roles (:mod:`app.regions`): seeds
+    in the seed union (or the whole brain), every target and waypoint passed, the exclusion
+    union avoided, the stop union ending streamlines. ``options`` go to
+    :func:`deterministic_pipeline`."""
+    if not whole_brain:
+        _seeded(regions)
+    return deterministic_pipeline(
+        field_,
+        seed_mask=None if whole_brain else regions.seed,
+        whole_brain=whole_brain,
+        stop=[] if regions.stop is None else [regions.stop],
+        include=regions.must_pass,
+        exclude=[] if regions.exclusion is None else [regions.exclusion],
+        notes=list(regions.notes) + list(options.pop("notes", None) or []),
+        **options,
+    )
+
+
+def geodesic_from_regions(field_: TensorField, regions: Regions, **options) -> TrackResult:
+    """Geodesic tracking with a document's ROIs in their roles (:mod:`app.regions`): fibres shot
+    from the seed union, ranked where they first reach a target (the targets' union), kept when
+    they pass every target and waypoint; the exclusion union is taken out of the tracking mask
+    (the fitted voxels). Geodesic fibres run to the edge of the mask: stop ROIs are not used.
+    ``options`` go to :func:`geodesic_pipeline`."""
+    _seeded(regions)
+    mask = field_.mask if regions.exclusion is None else field_.mask & ~regions.exclusion
+    # One target alone is passed by every fibre that reaches it: no selection needed.
+    include = regions.must_pass if len(regions.targets) > 1 or regions.waypoints else []
+    result = geodesic_pipeline(
+        field_, seed_mask=regions.seed, target=regions.target_union, mask=mask, include=include, **options
+    )
+    result.notes[:0] = regions.notes
+    if regions.stop is not None:
+        result.notes.append("geodesic tracking does not use stop ROIs")
+    return result
 
 
 def _geodesic_tractogram(batch, field_: TensorField, name: str, ranked_at_target: bool) -> Tractogram:

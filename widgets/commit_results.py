@@ -1,0 +1,112 @@
+"""What a COMMIT run hands to the panel: the job that runs :func:`app.pipelines.commit.commit_pipeline`
+on a worker and builds the result layers there (the weighted tractogram, the fit's NRMSE map),
+and the snapshot the job works on. The panel (:mod:`widgets.commit_panel`) only shows them."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tractlens.app.model import Layer, Tractogram, Volume
+from tractlens.app.pipelines.commit import (
+    WEIGHT_SCALAR,
+    CommitParams,
+    CommitResult,
+    commit_pipeline,
+    weighted_tractogram,
+)
+
+from . import fiber_display
+
+WEIGHT = WEIGHT_SCALAR
+NRMSE_NAME = "fit NRMSE"
+NRMSE_CLIM = (0.0, 0.5)
+
+
+@dataclass
+class CommitOutcome:
+    """What a finished job hands to the GUI thread (everything built on the worker)."""
+
+    token: int
+    source: Layer  # the tractogram layer that was filtered
+    layer: Layer  # every streamline, with commit_weight
+    nrmse: Layer
+    weights: np.ndarray
+    summary: dict
+    notes: list[str]
+    seconds: float
+    result: CommitResult  # the fit itself (what Save outputs… writes)
+
+
+def snapshot_tractogram(tract: Tractogram) -> Tractogram:
+    """A copy of a tractogram's arrays (the job must not see later edits of the layer)."""
+    return Tractogram(
+        tract.points.copy(),
+        tract.offsets.copy(),
+        tract.affine.copy(),
+        tract.dimensions,
+        {k: np.array(v, copy=True) for k, v in tract.point_scalars.items()},
+        {k: np.array(v, copy=True) for k, v in tract.streamline_scalars.items()},
+        name=tract.name,
+    )
+
+
+def weighted_layer(name: str, tractogram: Tractogram, top: float) -> Layer:
+    """A tractogram layer coloured by ``commit_weight`` over 0 … ``top``, display arrays
+    prepared (call it on a worker)."""
+    layer = Layer(name, tractogram, "tractogram", colormap="viridis", color_by=WEIGHT)
+    layer.clim = (0.0, top if top > 0 else 1.0)
+    fiber_display.prepare(layer)
+    return layer
+
+
+def commit_job(
+    dwi,
+    tract: Tractogram,
+    source: Layer,
+    params: CommitParams,
+    token: int,
+    device: str,
+    *,
+    mask: np.ndarray | None = None,
+    peaks: Path | None = None,
+):
+    """The work of one COMMIT run for :meth:`app.jobs.JobRunner.submit`: the fit, then the
+    result layers, all on the worker; returns a :class:`CommitOutcome`."""
+    name = f"{source.name} (COMMIT)"
+
+    def job(ctx):
+        start = time.perf_counter()
+        ctx.progress(0, params.max_iter, "COMMIT: building the model")
+        result = commit_pipeline(
+            dwi,
+            tract,
+            mask=mask,
+            peaks=None if peaks is None else str(peaks),
+            params=params,
+            device=device,
+            progress=lambda it, n: ctx.progress(it, n, "COMMIT: fitting"),
+            cancelled=ctx.cancelled,
+        )
+        ctx.check()
+        weights = np.asarray(result.weights, dtype=np.float64)
+        layer = weighted_layer(
+            name, weighted_tractogram(tract, weights, name), float(weights.max()) if len(weights) else 1.0
+        )
+        nrmse_layer = Layer(
+            NRMSE_NAME,
+            Volume(NRMSE_NAME, result.maps()["fit_NRMSE"], result.affine),
+            "scalar",
+            colormap="hot",
+            clim=NRMSE_CLIM,
+            visible=False,
+        )
+        return CommitOutcome(
+            token, source, layer, nrmse_layer, weights, result.summary(), list(result.notes),
+            time.perf_counter() - start, result,
+        )  # fmt: skip
+
+    return job
