@@ -323,6 +323,9 @@ class MainWindow(QMainWindow):
         slice views show it, mirrored with the radiological convention, or ``isometric``."""
         self.view_controls.set_camera_view(name)
 
+    def _toggle_radiological(self) -> None:
+        self.view_controls.toggle_radiological()
+
     def maximise_view(self, name: str | None) -> None:
         """Show one view (``3d``, ``axial``, ``coronal``, ``sagittal``) over the whole central area,
         or all four (None, or the name of the view already maximised)."""
