@@ -4,6 +4,7 @@ the autosave. They need a Qt application for signals and the job runner's queued
 no widget is made."""
 
 import gc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tractlens.app.model import Document, Layer, RoiMask, Tractogram, Volume
 from tractlens.app.selection import STREAMLINE_INDEX, RoiSelection, select_fibres, streamline_index
 from tractlens.app.session import snapshot
 
+ROOT = Path(__file__).resolve().parents[1]
 SHAPE = (20, 20, 10)
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
 
@@ -285,3 +287,34 @@ def test_a_restored_autosave_is_deleted_once_the_window_autosaved_again(qtbot, r
     assert [layer.name for layer in doc.layers] == ["FA", "fibres"]
     assert not orphan.folder.exists()  # the restored work is in this window's own autosave now
     sessions.close()
+
+
+# ------------------------------------------------------------------ the shell's lanes
+SHELL_MODULES = [
+    "widgets/main_window.py",
+    "widgets/view3d.py",
+    "widgets/shape_handles.py",
+    "widgets/fiber_actors.py",
+    *sorted(f"widgets/controllers/{p.name}" for p in (ROOT / "widgets" / "controllers").glob("*.py")),
+]
+SPLIT_MODULES = ["app/model.py", "app/observable.py", "app/volumes.py", "app/tractogram.py", "app/layers.py"]
+SPLIT_MODULES += ["app/document.py", "app/loaders.py", "app/selection.py"]
+
+
+@pytest.mark.parametrize("module", SHELL_MODULES)
+def test_the_window_reaches_the_engine_only_through_app_and_no_private_module(module):
+    from tests.test_architecture import imported_modules
+
+    bad = [
+        name
+        for name in imported_modules(ROOT / module)
+        if name.startswith("tractlens.gpu") or (name.startswith("tractlens.app") and "._" in name)
+    ]
+    assert not bad, f"{module} imports {bad}"
+
+
+@pytest.mark.parametrize("module", SHELL_MODULES + SPLIT_MODULES)
+def test_no_module_of_the_shell_or_the_model_is_a_god_module(module):
+    text = (ROOT / module).read_text()
+    assert len(text.splitlines()) <= 600
+    assert text.lstrip().startswith('"""'), f"{module} says what it is for"
