@@ -33,6 +33,10 @@ when its values are whole numbers ≥ 0 and one of these holds, in this order:
 
 Anything else is a scalar image; the layer menu's "Show as scalar / labels"
 switches when the guess is wrong.
+
+An ROI file (File > Open ROI) is read by :func:`load_roi_file`: any non-zero voxel is inside,
+the mask is brought onto the document's grid (nearest neighbour) and refused when none of it
+lies in the image.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -48,11 +52,11 @@ import numpy as np
 from tractlens.gpu import dti, sym3
 
 from .errors import InputError
-from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram
-from .io._atomic import split_suffix
+from .grid import Grid
+from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram, split_suffix
 from .io.bedpostx import dyad_volume
-from .io.nifti import NIFTI_SUFFIXES, load_image, read_array
-from .model import DWIVolume, Layer, Volume
+from .io.nifti import NIFTI_SUFFIXES, load_3d, load_image, read_array
+from .model import ROI_ROLES, DWIVolume, Layer, RoiMask, Volume
 
 log = logging.getLogger(__name__)
 
@@ -283,3 +287,48 @@ def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:
     for layer in fitted:
         layer.provenance = {"computed": "diffusion tensor fit", "file": str(path.resolve()), **result.summary()}
     return [series, *fitted]
+
+
+def unique_name(name: str, taken: Iterable[str]) -> str:
+    """``name``, or ``name (2)``, ``name (3)``, ... when one of ``taken`` has it already."""
+    taken = set(taken)
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name} ({number})"
+    return candidate
+
+
+def load_roi_file(
+    path: str | os.PathLike, reference: Grid | None, *, role: str = "seed", taken: Iterable[str] = ()
+) -> tuple[RoiMask, list[str]]:
+    """A NIfTI mask as an ROI on the ``reference`` grid (None: its own grid, the first image of
+    a document) and the notices to show the user: a mask on another grid is resampled
+    (nearest neighbour), an empty one is kept as a blank to draw in. Every non-zero, finite
+    voxel is inside. The ROI is named after the file, made unique among ``taken``.
+
+    Raises :class:`InputError` when the file cannot be read or when the mask lies outside the
+    image (none of its voxels lands on the reference grid)."""
+    if role not in ROI_ROLES:
+        raise ValueError(f"unknown ROI role {role!r}: one of {', '.join(ROI_ROLES)}")
+    path = Path(path)
+    img = load_image(path, "ROI")
+    data = np.asarray(load_3d(path, None, "ROI"))
+    mask = (data != 0) & np.isfinite(data)
+    empty = not mask.any()
+    own = Grid(img.affine, mask.shape)
+    notices = []
+    grid = own if reference is None else Grid.of(reference)
+    if not grid.matches(own):
+        mask = grid.resample_nearest(mask, own)
+        if not empty and not mask.any():
+            raise InputError(
+                "the ROI lies outside the image: none of its voxels is inside the volume",
+                path=path,
+                fix="Check that it belongs to this subject and space (its affine)",
+            )
+        notices.append(f"{path.name} was on another grid: resampled (nearest neighbour)")
+    if empty:
+        notices.append(f"{path.name} is empty (no non-zero voxel): added as an empty ROI")
+    name = unique_name(_stem(path), taken)
+    return RoiMask(name, mask, np.array(grid.affine), role=role), notices

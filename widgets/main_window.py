@@ -2,60 +2,54 @@
 
 Widgets hold no algorithm: they edit the :class:`~app.model.Document` and start
 jobs on the :class:`~app.jobs.JobRunner`; loading and fitting run on worker
-threads and their layers arrive by signal.
+threads and their layers arrive by signal. The window is a shell: it builds the
+views, docks, menus and tool bars and wires them to its controllers
+(:mod:`widgets.controllers`: files, ROI files, the fibre selection, sessions and
+autosave, screenshots and reports), which hold the use cases.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from PySide6.QtCore import QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QActionGroup, QImage, QKeySequence, QPainter
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
-    QComboBox,
     QDockWidget,
-    QDoubleSpinBox,
     QFileDialog,
     QGridLayout,
     QLabel,
     QMainWindow,
     QMessageBox,
     QProgressBar,
-    QSpinBox,
     QTabBar,
     QWidget,
 )
 
-from tractlens.app.errors import InputError
-from tractlens.app.io import save_volume
-from tractlens.app.io._atomic import split_suffix
 from tractlens.app.jobs import JobRunner
-from tractlens.app.loaders import is_anatomical, load_layers, show_as
-from tractlens.app.model import ROI_ROLES, Document, Layer, RoiMask, shape_half_sizes
-from tractlens.app.pipelines.select import index_on_grid
-from tractlens.app.recovery import DEFAULT_INTERVAL_S
+from tractlens.app.model import Document, Layer
 
-from . import fiber_display
-from .ballstick import BallStickDialog, ballstick_job
+from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
+from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
+from .controllers.menus import add_action
+from .controllers.roi_toolbar import RoiToolbar
+from .controllers.settings import settings
+from .controllers.view_menu import ViewControls
 from .panels import JobPanel, LayerPanel
 from .presurgical_panel import PresurgicalPanel
 from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
-from .session_io import WindowAutosave, offer_recovery
+from .session_io import WindowAutosave, apply_session, offer_recovery, window_snapshot
 from .slice_view import SliceView
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
 
 MAX_RECENT = 10
-SLAB_CHOICES_MM = (1.0, 2.0, 4.0, 10.0, 20.0)  # View > Fiber slab on slices
-DEFAULT_SLAB_MM = 4.0
 FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.trk *.tck *.trx);;All files (*)"
 
 
@@ -63,14 +57,6 @@ FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.trk *.tck *.trx);;All fi
 # whenever docks are added, removed or regrouped (a stale layout would scatter the new ones).
 # Layouts saved before it existed carry version 0.
 LAYOUT_VERSION = 1
-
-
-def settings() -> QSettings:
-    """Application settings; ``TRACTLENS_CONFIG_DIR`` puts them elsewhere (tests, kiosks)."""
-    folder = os.environ.get("TRACTLENS_CONFIG_DIR")
-    if folder:
-        return QSettings(str(Path(folder) / "tractlens.ini"), QSettings.Format.IniFormat)
-    return QSettings("TractLens", "TractLens")
 
 
 class MainWindow(QMainWindow):
@@ -90,6 +76,29 @@ class MainWindow(QMainWindow):
         self.document = Document()
         self.runner = JobRunner(parent=self)
         self.errors: list[str] = []
+        self.files = FileController(
+            self.document, self.runner, device=device, open_session=self.open_session, parent=self
+        )
+        self.files.loaded.connect(self._file_loaded)
+        self.files.layer_replaced.connect(self.select_layer)
+        self.rois = RoiController(
+            self.document,
+            role=lambda: self.roi_tools.role,
+            ask_overwrite=lambda path: ask_overwrite(self, path),  # looked up when asked: tests replace it
+            parent=self,
+        )
+        self.sessions = SessionController(
+            self.runner,
+            snapshot=lambda: window_snapshot(self),
+            apply=lambda session: apply_session(self, session),
+            make_autosave=lambda interval_s: WindowAutosave(self, interval_s),
+            parent=self,
+        )
+        self.sessions.opened.connect(self._file_loaded)
+        self.reports = ReportController(self)
+        for controller in (self.files, self.rois, self.sessions):
+            controller.message.connect(self._show_message)
+            controller.error.connect(self.report_error)
 
         self.view3d = View3D(self.document)
         self.roi_tools = RoiTools(self.document, lambda: self.layer_panel.selected_layer())
@@ -105,27 +114,27 @@ class MainWindow(QMainWindow):
         grid.addWidget(self.views["coronal"], 1, 0)
         grid.addWidget(self.views["sagittal"], 1, 1)
         self.setCentralWidget(central)
+        self.view_controls = ViewControls(self, self.view3d, self.views)
+        self.roi_toolbar = RoiToolbar(self)
 
         self.layer_panel = LayerPanel(self.document)
         self.layer_panel.fit_ballstick_requested.connect(self.fit_ballstick_dialog)
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.layer_panel.show_as_requested.connect(self.show_layer_as)
-        self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
-        self.runner.job_cancelled.connect(self._open_cancelled)
         self.ballstick_dialog: BallStickDialog | None = None
         self.job_panel = JobPanel(self.runner)
         self.deterministic_panel = DeterministicPanel(
-            self.document, self.runner, device=device, report=self._report_error
+            self.document, self.runner, device=device, report=self.report_error
         )
-        self.geodesic_panel = GeodesicPanel(self.document, self.runner, device=device, report=self._report_error)
+        self.geodesic_panel = GeodesicPanel(self.document, self.runner, device=device, report=self.report_error)
         self.probabilistic_panel = ProbabilisticPanel(
-            self.document, self.runner, device=device, report=self._report_error, view3d=self.view3d
+            self.document, self.runner, device=device, report=self.report_error, view3d=self.view3d
         )
-        self.commit_panel = CommitPanel(self.document, self.runner, device=device, report=self._report_error)
+        self.commit_panel = CommitPanel(self.document, self.runner, device=device, report=self.report_error)
         self.connectivity_panel = ConnectivityPanel(
-            self.document, self.runner, device=device, report=self._report_error, probabilistic=self.probabilistic_panel
+            self.document, self.runner, device=device, report=self.report_error, probabilistic=self.probabilistic_panel
         )
-        self.presurgical_panel = PresurgicalPanel(self.document, self.runner, device=device, report=self._report_error)
+        self.presurgical_panel = PresurgicalPanel(self.document, self.runner, device=device, report=self.report_error)
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
@@ -171,28 +180,19 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.hover_label, 1)
         for view in self.views.values():
             view.hovered.connect(self.update_hover_label)
-            view.shape_created.connect(self._shape_created)
+            view.shape_created.connect(self.roi_toolbar.shape_created)
             view.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
-        self.view3d.plane_clicked.connect(self._place_shape_3d)
+        self.view3d.plane_clicked.connect(self.roi_toolbar.place_shape_3d)
         self.statusBar().addPermanentWidget(self.busy)
 
         self._build_menus()
-        # A throttle, not a debounce: the first edit starts it and later ones do not restart it,
-        # so a continuous drag updates the selection every 40 ms instead of only when it stops.
-        self._selection_timer = QTimer(self)
-        self._selection_timer.setSingleShot(True)
-        self._selection_timer.setInterval(40)
-        self._selection_timer.timeout.connect(self.update_fiber_selection)
-        self._selection_job: int | None = None
-        self._selection_stale = False  # edited while a selection was being computed: run again
-        self._roi_selection = False  # the tractograms' selections come from the ROIs
-        self._fiber_indexes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._index_lock = threading.Lock()
+        self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
+        self.selection.error.connect(self.report_error)
         self.document.connect(self._on_document)
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())
         self._restore_layout()
-        self._start_autosave(autosave_s)
+        self.sessions.start_autosave(autosave_s)
         QTimer.singleShot(0, lambda: offer_recovery(self, restore))
 
     # ------------------------------------------------------------------ menus
@@ -206,21 +206,19 @@ class MainWindow(QMainWindow):
         self.recent_menu = file_menu.addMenu("Open &recent")
         self._fill_recent()
         file_menu.addSeparator()
-        toolbar.addAction(self._action(file_menu, "Save &screenshot…", self._screenshot_dialog, "Ctrl+Shift+S"))
-        self._action(file_menu, "Export &report…", self._report_dialog, "Ctrl+Shift+E")
+        toolbar.addAction(self._action(file_menu, "Save &screenshot…", self.reports.screenshot_dialog, "Ctrl+Shift+S"))
+        self._action(file_menu, "Export &report…", self.reports.report_dialog, "Ctrl+Shift+E")
         file_menu.addSeparator()
         self._action(file_menu, "Open s&ession…", self._open_session_dialog, "Ctrl+Shift+O")
         self._action(file_menu, "Save sess&ion…", self._save_session_dialog, "Ctrl+Shift+W")
         self._action(file_menu, "&Autosave interval…", self._autosave_dialog)
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
-        view_menu = self.menuBar().addMenu("&View")
-        toolbar.addAction(self._action(view_menu, "&Reset 3-D camera", self._reset_camera, "Ctrl+R"))
-        self._action(view_menu, "Next slice", lambda: self._focused_view().step(1), "Ctrl+Up")
-        self._action(view_menu, "Previous slice", lambda: self._focused_view().step(-1), "Ctrl+Down")
-        self._action(view_menu, "Radiological convention", self._toggle_radiological, checkable=True)
-        self._build_view_controls(view_menu)
-        self._build_roi_tools(file_menu)
+        self.view_controls.build(self.menuBar().addMenu("&View"), toolbar)
+        self.slab_actions = self.view_controls.slab_actions
+        self.roi_toolbar.build(file_menu)
+        self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
+        self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
         track_menu = self.menuBar().addMenu("&Track")
         self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
         self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
@@ -270,141 +268,26 @@ class MainWindow(QMainWindow):
         dock.raise_()
         return self.commit_panel
 
-    def _build_roi_tools(self, file_menu) -> None:
-        edit_menu = self.menuBar().addMenu("&Edit")
-        self._action(edit_menu, "&Undo", self.document.undo, QKeySequence.StandardKey.Undo)
-        self._action(edit_menu, "&Redo", self.document.redo, "Ctrl+Shift+Z")
-        file_menu.addSeparator()
-        self._action(file_menu, "Open R&OI…", self.open_roi_dialog)
-        self._action(file_menu, "Sa&ve ROI…", self.save_roi_dialog)
-        bar = self.addToolBar("ROI")
-        bar.setObjectName("toolbar_roi")
-        self.role_box = QComboBox()
-        self.role_box.addItems(ROI_ROLES)
-        self.role_box.currentTextChanged.connect(lambda role: setattr(self.roi_tools, "role", role))
-        bar.addWidget(self.role_box)
-        bar.addAction(self._action(edit_menu, "New ROI", self.new_roi, "Ctrl+N"))
-        group = QActionGroup(self)
-        self.tool_actions = {}
-        for tool, key in (
-            ("navigate", "N"),
-            ("brush", "B"),
-            ("eraser", "E"),
-            ("rectangle", "R"),
-            ("polygon", "P"),
-            ("fill", "F"),
-            ("sphere", "S"),
-            ("box", "X"),
-        ):
-            action = self._action(edit_menu, tool.capitalize(), lambda t=tool: self.set_tool(t), key, checkable=True)
-            group.addAction(action)
-            bar.addAction(action)
-            self.tool_actions[tool] = action
-        self.tool_actions["navigate"].setChecked(True)
-        self.radius_box = QSpinBox()
-        self.radius_box.setRange(0, 20)
-        self.radius_box.setValue(self.roi_tools.radius)
-        self.radius_box.setPrefix("radius ")
-        self.radius_box.valueChanged.connect(self._radius_changed)
-        bar.addWidget(self.radius_box)
-        self.threshold_box = QDoubleSpinBox()
-        self.threshold_box.setRange(-1e6, 1e6)
-        self.threshold_box.setDecimals(3)
-        self.threshold_box.setSingleStep(0.05)
-        self.threshold_box.setValue(self.roi_tools.threshold)
-        self.threshold_box.setPrefix("fill > ")
-        self.threshold_box.valueChanged.connect(lambda t: setattr(self.roi_tools, "threshold", float(t)))
-        bar.addWidget(self.threshold_box)
-
-    def _radius_changed(self, radius: int) -> None:
-        """The radius box sets the brush and shape size, and resizes the active shape ROI when
-        its tool is chosen (with the box tool, a box; another tool's size leaves it alone)."""
-        self.roi_tools.radius = int(radius)
-        layer = self.roi_tools.active_roi()
-        shape = layer.data.shape if layer is not None else None
-        if shape is not None and shape["kind"] == self.roi_tools.tool and shape["radius"] != radius:
-            self.document.set_roi_shape(layer, dict(shape, radius=int(radius)))
-
-    def attach_shape_widget(self, layer) -> None:
-        """Put the 3-D handle on a shape ROI: moving or resizing it there is one undoable edit
-        per interaction (a sphere handle on a sphere, a box handle on a box)."""
-
-        def changed(shape: dict) -> None:
-            if layer in self.document.layers:
-                self.document.set_roi_shape(layer, shape)
-
-        self.view3d.show_shape_widget(layer, changed)
+    def new_roi(self):
+        """An empty ROI of the chosen role, selected, with the brush ready (None: no image yet)."""
+        return self.roi_toolbar.new_roi()
 
     def set_tool(self, tool: str) -> None:
-        self.roi_tools.tool = tool
-        self.tool_actions[tool].setChecked(True)
-        self.view3d.pick_planes = tool in ("sphere", "box")  # a click on a 3-D plane places one
+        self.roi_toolbar.set_tool(tool)
 
-    def _follow_shape(self, layer) -> None:
-        """A shape ROI moved or resized (on a slice, in 3-D, by undo): the 3-D handle goes with it
-        (onto it, if it was on another ROI) and the radius box shows its size."""
-        if self.view3d.shape_layer is not layer or not self.view3d.handle_fits(layer):
-            self.attach_shape_widget(layer)
-        else:
-            self.view3d.follow_shape(layer)
-        if layer is self.roi_tools.active_roi():
-            radius = round(float(np.max(shape_half_sizes(layer.data.shape))))
-            self.roi_tools.radius = radius
-            self.radius_box.blockSignals(True)  # showing the size is no edit
-            self.radius_box.setValue(radius)
-            self.radius_box.blockSignals(False)
-
-    def _shape_created(self, layer) -> None:
-        self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(layer))
-        self.attach_shape_widget(layer)
-
-    def _place_shape_3d(self, ijk) -> None:
-        """A click on a cursor plane in the 3-D view with the sphere or box tool: a new shape ROI there."""
-        tool = self.roi_tools.tool
-        if tool not in ("sphere", "box"):
-            return
-        try:
-            layer = self.roi_tools.new_roi(shape={"kind": tool, "centre": ijk, "radius": self.roi_tools.radius})
-        except ValueError as exc:
-            self._report_error(str(exc), "")
-            return
-        self._shape_created(layer)
-
-    def new_roi(self):
-        try:
-            layer = self.roi_tools.new_roi()
-        except ValueError as exc:
-            self._report_error(str(exc), "")
-            return None
-        self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(layer))
-        if self.roi_tools.tool == "navigate":
-            self.set_tool("brush")
-        return layer
+    def attach_shape_widget(self, layer) -> None:
+        """Put the 3-D handle on a shape ROI (:meth:`RoiToolbar.attach_shape_widget`)."""
+        self.roi_toolbar.attach_shape_widget(layer)
 
     def save_roi(self, layer, path, *, overwrite: bool = False) -> Path | None:
-        """Write an ROI as a uint8 NIfTI mask on its grid (FSL, MRtrix and DIPY read it).
-
-        A name without .nii or .nii.gz gets .nii.gz. An existing file is replaced only when
-        the user says so (:func:`ask_overwrite`) or ``overwrite`` is given; the written path,
-        or None when nothing was written (declined, or an error the user was shown)."""
-        path = Path(path)
-        if not path.name.lower().endswith((".nii", ".nii.gz")):
-            path = path.with_name(path.name + ".nii.gz")
-        if path.exists() and not overwrite and not ask_overwrite(self, path):
-            self.statusBar().showMessage(f"ROI not saved: {path.name} exists and was not replaced", 15000)
-            return None
-        try:
-            written = save_volume(layer.data.mask.astype(np.uint8), layer.data.affine, path)
-        except InputError as exc:  # SaveError: disk full, no permission, ...
-            self._report_error(f"The ROI could not be saved: {exc}", "")
-            return None
-        self.statusBar().showMessage(f"ROI {layer.name} saved to {written}", 8000)
-        return written
+        """Write an ROI as a uint8 NIfTI mask (see :meth:`RoiController.save_roi`); an existing file
+        is replaced only when the user says so (:func:`ask_overwrite`) or ``overwrite`` is given."""
+        return self.rois.save_roi(layer, path, overwrite=overwrite)
 
     def save_roi_dialog(self) -> None:
         layer = self.roi_tools.active_roi()
         if layer is None:
-            self._report_error("there is no ROI to save: draw one first (New ROI)", "")
+            self.report_error("there is no ROI to save: draw one first (New ROI)", "")
             return
         # save_roi asks before replacing a file (after adding a missing suffix, which changes the name).
         path, _ = QFileDialog.getSaveFileName(
@@ -418,44 +301,9 @@ class MainWindow(QMainWindow):
             self.save_roi(layer, path)
 
     def open_roi(self, path, role: str | None = None):
-        """Load a mask as an ROI layer on the reference grid (resampled, with a notice, if needed);
-        an undoable edit. A mask that lies outside the image is refused; an empty one is added
-        with a warning (a blank to draw in). None when it was refused (the user is told why)."""
-        from tractlens.app.io.nifti import load_3d, load_image
-        from tractlens.app.pipelines.select import resample_nearest
-
-        path = Path(path)
-        notices = []
-        try:
-            img = load_image(path, "ROI")
-            data = np.asarray(load_3d(path, None, "ROI"))
-            mask = (data != 0) & np.isfinite(data)
-            empty = not mask.any()
-            doc = self.document
-            if doc.reference_affine is None:
-                affine, shape = img.affine, mask.shape
-            else:
-                affine, shape = doc.reference_affine, doc.reference_shape
-                if mask.shape != tuple(shape) or not np.allclose(img.affine, affine, atol=1e-3):
-                    mask = resample_nearest(mask, img.affine, affine, shape)
-                    if not empty and not mask.any():
-                        raise InputError(
-                            "the ROI lies outside the image: none of its voxels is inside the volume",
-                            path=path,
-                            fix="Check that it belongs to this subject and space (its affine)",
-                        )
-                    notices.append(f"{path.name} was on another grid: resampled (nearest neighbour)")
-            if empty:
-                notices.append(f"{path.name} is empty (no non-zero voxel): added as an empty ROI")
-            name = self.roi_tools.unique_name(split_suffix(path)[0])
-            roi = RoiMask(name, mask, affine, role=role or self.roi_tools.role)
-        except InputError as exc:
-            self._report_error(str(exc), "")
-            return None
-        layer = self.document.add_layer(Layer(roi.name, roi, "roi"), undoable=True)
-        if notices:
-            self.statusBar().showMessage("; ".join(notices), 15000)
-        return layer
+        """Load a mask as an ROI layer on the reference grid (see :meth:`RoiController.open_roi`);
+        None when it was refused (the user is told why)."""
+        return self.rois.open_roi(path, role)
 
     def open_roi_dialog(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Open ROI", "", "NIfTI (*.nii.gz *.nii)")
@@ -463,92 +311,25 @@ class MainWindow(QMainWindow):
             self.open_roi(path)
 
     def _action(self, menu, text, slot, shortcut=None, checkable=False) -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))
-        action.setCheckable(checkable)
-        action.triggered.connect(lambda *_: slot())
-        menu.addAction(action)
-        return action
-
-    def _reset_camera(self) -> None:
-        self.view3d.reset_camera()
-        self.view3d.request_render()
-
-    def _build_view_controls(self, view_menu) -> None:
-        """View menu: the 3-D camera along an axis (Ctrl+1..4), one view maximised (Alt+1..4,
-        Alt+0 or the same key again: all four), and the slab of fibers drawn on the slices."""
-        view_menu.addSeparator()
-        camera = view_menu.addMenu("3-D &camera")
-        views = (
-            ("axial", "&Axial (from above)"),
-            ("coronal", "&Coronal (from behind)"),
-            ("sagittal", "&Sagittal (from the left)"),
-            ("isometric", "&Isometric"),
-        )
-        for key, (name, text) in enumerate(views, start=1):
-            self._action(camera, text, lambda n=name: self.set_camera_view(n), f"Ctrl+{key}")
-        layout = view_menu.addMenu("&Maximise view")
-        for key, (name, text) in enumerate(
-            (("3d", "&3-D view"), ("axial", "&Axial"), ("coronal", "&Coronal"), ("sagittal", "&Sagittal")), start=1
-        ):
-            self._action(layout, text, lambda n=name: self.maximise_view(n), f"Alt+{key}")
-        self._action(layout, "All &four views", lambda: self.maximise_view(None), "Alt+0")
-        slab_menu = view_menu.addMenu("Fiber s&lab on slices")
-        group = QActionGroup(self)
-        self.slab_actions: dict[float | None, QAction] = {}
-        for mm in (*SLAB_CHOICES_MM, None):
-            text = "&All fibers (no slab)" if mm is None else f"{mm:g} mm"
-            action = self._action(slab_menu, text, lambda m=mm: self.set_fiber_slab(m), checkable=True)
-            group.addAction(action)
-            self.slab_actions[mm] = action
-        saved = settings().value("view/slab_mm", DEFAULT_SLAB_MM)
-        self.set_fiber_slab(None if saved in ("all", None) else float(saved))
+        return add_action(self, menu, text, slot, shortcut, checkable)
 
     def set_fiber_slab(self, mm: float | None) -> None:
         """Draw on the slice views the fibers within ``mm`` around the slice (None: all of them,
         projected); remembered for the next start."""
-        for view in self.views.values():
-            view.slab_mm = None if mm is None else float(mm)
-            view.update()
-        if mm in self.slab_actions:
-            self.slab_actions[mm].setChecked(True)
-        else:
-            for action in self.slab_actions.values():
-                action.setChecked(False)
-        settings().setValue("view/slab_mm", "all" if mm is None else float(mm))
+        self.view_controls.set_fiber_slab(mm)
 
     def set_camera_view(self, name: str) -> None:
         """Turn the 3-D camera to look along an axis (``axial``, ``coronal``, ``sagittal``) as the
         slice views show it, mirrored with the radiological convention, or ``isometric``."""
-        self.view3d.view_from(name, radiological=self.views["axial"].radiological)
+        self.view_controls.set_camera_view(name)
+
+    def _toggle_radiological(self) -> None:
+        self.view_controls.toggle_radiological()
 
     def maximise_view(self, name: str | None) -> None:
         """Show one view (``3d``, ``axial``, ``coronal``, ``sagittal``) over the whole central area,
         or all four (None, or the name of the view already maximised)."""
-        widgets = {"3d": self.view3d, **self.views}
-        if name is not None and name not in widgets:
-            raise ValueError(f"no view {name!r}: one of {', '.join(widgets)}")
-        alone = [key for key, widget in widgets.items() if not widget.isHidden()]
-        if name is None or alone == [name]:
-            for widget in widgets.values():
-                widget.show()
-            return
-        for key, widget in widgets.items():
-            widget.setVisible(key == name)
-        if name != "3d":
-            widgets[name].setFocus()  # its keys (slice stepping) work at once
-
-    def _focused_view(self) -> SliceView:
-        for view in self.views.values():
-            if view.hasFocus():
-                return view
-        return self.views["axial"]
-
-    def _toggle_radiological(self) -> None:
-        for view in self.views.values():
-            view.radiological = not view.radiological
-            view.update()
+        self.view_controls.maximise_view(name)
 
     # -------------------------------------------------------------- opening
     def open_dialog(self) -> None:
@@ -560,103 +341,26 @@ class MainWindow(QMainWindow):
         if folder:
             self.open_paths([folder])
 
-    def open_demo(self) -> None:
+    def open_demo(self) -> int:
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
+        return self.files.open_demo()
 
-        def job(ctx):
-            from tractlens.app.demo import demo_path
+    def open_paths(self, paths: Iterable[str | os.PathLike]) -> list[int]:
+        """Open each file on a worker thread, stacked in the order given (see
+        :meth:`FileController.open_paths`); a ``.tractlens`` path opens as a session."""
+        return self.files.open_paths(paths)
 
-            ctx.progress(0, 1, "preparing the demo data")
-            return demo_path()
-
-        self.runner.submit(
-            "demo data",
-            job,
-            on_done=lambda folder: self.open_paths([folder / "dwi.nii.gz", folder / "bundles.trk"]),
-            on_error=self._report_error,
-        )
-
-    def open_paths(self, paths: Iterable[str | os.PathLike]) -> None:
-        """Open each file on a worker thread; its layers are added when ready.
-
-        The files of one call stack in the order given, the first at the bottom (as FSLeyes
-        stacks its command line), whichever finishes loading first. An anatomical image
-        (:func:`app.loaders.is_anatomical`: a T1 stored as integers, or named so) opened into a
-        document that already shows images goes under them, so the maps stay on top of it."""
-        image_kinds = ("scalar", "dwi", "rgb", "labels")
-        call = {"slots": [], "under": [layer for layer in self.document.layers if layer.kind in image_kinds]}
-        for path in paths:
-            path = Path(path)
-            if path.suffix.lower() == ".tractlens":  # a session (recent files, drag and drop)
-                self.open_session(path)
-                continue
-            reference = None
-            if self.document.reference_affine is not None:
-                reference = (self.document.reference_affine, self.document.reference_shape)
-
-            def job(ctx, path=path, reference=reference):
-                layers = load_layers(
-                    path, reference=reference, device=self.device, progress=ctx.progress, cancelled=ctx.cancelled
-                )
-                for layer in layers:
-                    if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
-                        ctx.progress(0, 1, "preparing the display")
-                        fiber_display.prepare(layer)
-                return layers
-
-            slot = len(call["slots"])
-            call["slots"].append({"path": path, "layers": None, "state": "loading"})
-
-            def failed(message, details, call=call, slot=slot) -> None:
-                self._report_error(message, details)
-                self._opened(call, slot, None)
-
-            job_id = self.runner.submit(
-                f"open {path.name}",
-                job,
-                on_done=lambda layers, call=call, slot=slot: self._opened(call, slot, layers),
-                on_error=failed,
-            )
-            self._opening[job_id] = (call, slot)
-
-    def _open_cancelled(self, job_id: int) -> None:
-        if job_id in self._opening:
-            self._opened(*self._opening[job_id], None)
-
-    def _opened(self, call: dict, slot: int, layers) -> None:
-        """A file of an :meth:`open_paths` call is loaded (``layers``) or not (None): add the
-        layers of every file up to the first still loading, in the call's order."""
-        entry = call["slots"][slot]
-        entry["layers"], entry["state"] = layers, "loaded" if layers is not None else "failed"
-        self._opening = {k: v for k, v in self._opening.items() if not (v[0] is call and v[1] == slot)}
-        for entry in call["slots"]:
-            if entry["state"] == "loading":
-                return
-            if entry["state"] == "loaded":
-                self._add_layers(entry["path"], entry["layers"], under=call["under"])
-            entry["state"] = "added"
-
-    def _add_layers(self, path: Path, layers, under: list[Layer] = ()) -> None:
-        for layer in layers:
-            self.document.add_layer(layer)
-            below = [self.document.layers.index(old) for old in under if old in self.document.layers]
-            if below and is_anatomical(layer):
-                self.document.move_layer(layer, min(below))
+    def _file_loaded(self, path: Path) -> None:
         self._remember_recent(path)
         self.loaded.emit(str(path))
 
+    def select_layer(self, layer: Layer) -> None:
+        """Make ``layer`` the layer panel's current one (the ROI tools draw into it)."""
+        self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(layer))
+
     def show_layer_as(self, layer: Layer, kind: str) -> int:
-        """The layer menu's "Show as labels / scalar": the image converted on a worker
-        (:func:`app.loaders.show_as`) and put in the layer's place; the job id."""
-
-        def done(new: Layer) -> None:
-            if layer in self.document.layers:
-                self.document.replace_layer(layer, new)
-                self.layer_panel.list.setCurrentItem(self.layer_panel.item_for(new))
-
-        return self.runner.submit(
-            f"show {layer.name} as {kind}", lambda ctx: show_as(layer, kind), on_done=done, on_error=self._report_error
-        )
+        """The layer menu's "Show as labels / scalar" (:meth:`FileController.show_layer_as`)."""
+        return self.files.show_layer_as(layer, kind)
 
     # -------------------------------------------------------- model fitting
     def fit_ballstick_dialog(self, layer: Layer) -> BallStickDialog:
@@ -671,30 +375,14 @@ class MainWindow(QMainWindow):
         return dialog
 
     def fit_ballstick(self, layer: Layer, params, folder: Path | None = None, roi: Layer | None = None) -> int:
-        """Fit ball & sticks to a DWI layer's series on a worker, in the brain or inside ``roi`` (as
-        it is now); the dyads and mean f1 layers are added when it is done (a cancelled or failed
-        fit adds nothing). Returns the job id."""
-        region = None if roi is None else (roi.data.mask.copy(), roi.data.affine.copy())
+        """Fit ball & sticks to a DWI layer on a worker (:meth:`FileController.fit_ballstick`)."""
+        return self.files.fit_ballstick(layer, params, folder, roi)
 
-        def done(outcome) -> None:
-            layers, result = outcome
-            for new in layers:
-                new.provenance = {"computed": "ball & sticks (bedpostX)", "dwi": layer.name, **result.fit.provenance}
-                self.document.add_layer(new)
-            seconds = result.fit.provenance.get("total_s")
-            text = f"Ball & sticks: {int(result.samples.mask.sum())} voxels fitted"
-            text += f" in {seconds:.1f} s" if seconds is not None else ""
-            text += f"; saved to {folder}" if folder is not None else ""
-            self.statusBar().showMessage("; ".join([text, *result.warnings]), 15000)
+    def _show_message(self, text: str, milliseconds: int) -> None:
+        self.statusBar().showMessage(text, milliseconds)
 
-        return self.runner.submit(
-            f"ball & sticks ({layer.name})",
-            ballstick_job(layer.data.dwi, params, folder, self.device, region),
-            on_done=done,
-            on_error=self._report_error,
-        )
-
-    def _report_error(self, message: str, details: str) -> None:
+    def report_error(self, message: str, details: str) -> None:
+        """Tell the user: the status bar, :attr:`errors`, and a dialog unless ``TRACTLENS_NO_DIALOGS``."""
         self.errors.append(message)
         self.statusBar().showMessage(message, 15000)
         if not os.environ.get("TRACTLENS_NO_DIALOGS"):
@@ -746,89 +434,19 @@ class MainWindow(QMainWindow):
         if event in ("cursor", "layers", "display"):
             self.update_position_label()
         layer = info.get("layer")
-        roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
         if event == "roi" and layer is not None and layer.data.shape is not None:
-            self._follow_shape(layer)
+            self.roi_toolbar.follow_shape(layer)
         if event == "layers" and self.view3d.shape_layer not in self.document.layers:
             self.view3d.show_shape_widget(None, None)  # its ROI was deleted (or its creation undone)
-        if (roi_changed or event == "layers") and not self._selection_timer.isActive():
-            self._selection_timer.start()
 
-    def _fiber_index(self, layer: Layer, reference: np.ndarray):
-        """The layer's streamlines resident on the compute device (built once, on a worker)."""
-        key = reference.tobytes()
-        with self._index_lock:
-            cached = self._fiber_indexes.get(layer)
-        if cached is None or cached[0] != key:
-            cached = (key, index_on_grid(layer.data, reference, self.device))
-            with self._index_lock:
-                self._fiber_indexes[layer] = cached
-        return cached[1]
+    @property
+    def _selection_timer(self):
+        """The fibre selection's throttle (:class:`FibreSelection`)."""
+        return self.selection.timer
 
-    def update_fiber_selection(self) -> None:
-        """Show the streamlines that pass the ROIs (seed, target, waypoint: all; exclusion: none),
-        computed on a worker from a snapshot of the masks. One run at a time: edits made while
-        one runs start another when it is done (cancelling it instead would starve the
-        selection while an ROI is dragged or painted, if a run takes longer than the edits'
-        pace)."""
-        doc = self.document
-        tracts = [layer for layer in doc.layers if layer.kind == "tractogram"]
-        include, exclude = doc.roi_sets()
-        if not tracts:
-            return
-        if not include and not exclude:
-            # Without ROIs only a selection the ROIs made is cleared: one chosen another way (a
-            # connectivity cell) stays through unrelated changes (a file opened, a result added).
-            if self._selection_job is not None:  # its result is stale now
-                self.runner.cancel(self._selection_job)
-                self._selection_job, self._selection_stale = None, False
-            if self._roi_selection:
-                for layer in tracts:
-                    layer.set_selection(None)
-                self._roi_selection = False
-            return
-        self._roi_selection = True
-        job_now = self.runner.jobs.get(self._selection_job) if self._selection_job is not None else None
-        if job_now is not None and job_now in self.runner.active() and not job_now.cancel_event.is_set():
-            self._selection_stale = True  # selected again with the masks of then, when it is done
-            return
-        include = [mask.copy() for mask in include]
-        exclude = [mask.copy() for mask in exclude]
-        reference = doc.reference_affine.copy()
-        # Exclusion only: everything inside the volume that avoids it.
-        everywhere = [np.ones(doc.reference_shape, dtype=bool)] if not include else []
-
-        def job(ctx):
-            out = {}
-            for layer in tracts:
-                ctx.check()
-                index = self._fiber_index(layer, reference)
-                result = index.select(include or everywhere, exclude, cancelled=ctx.cancelled)
-                out[id(layer)] = (layer, result.selected)
-            return out
-
-        this = {}
-
-        def done(result):
-            if this["id"] != self._selection_job:  # cancelled after it had finished: stale
-                return
-            for layer, selected in result.values():
-                if layer in doc.layers:
-                    layer.set_selection(selected)
-            finished()
-
-        def failed(message, details):
-            if this["id"] == self._selection_job:
-                finished()
-            self._report_error(message, details)
-
-        def finished():
-            self._selection_job = None
-            if self._selection_stale:
-                self._selection_stale = False
-                self.update_fiber_selection()
-
-        this["id"] = self._selection_job = self.runner.submit("select fibers", job, on_done=done, on_error=failed)
+    def update_fiber_selection(self) -> int | None:
+        """Show the streamlines that pass the ROIs (:meth:`FibreSelection.update`)."""
+        return self.selection.update()
 
     def update_position_label(self) -> None:
         doc = self.document
@@ -853,70 +471,24 @@ class MainWindow(QMainWindow):
     def _update_busy(self) -> None:
         self.busy.setVisible(bool(self.runner.active()))
 
-    # ----------------------------------------------------------- screenshots
+    # ------------------------------------------------- screenshots, reports
     def save_screenshot(self, path: str | os.PathLike) -> Path:
         """Write the whole window, the 3-D view included, as PNG."""
-        path = Path(path)
-        image = self.grab().toImage().convertToFormat(QImage.Format.Format_RGB888)
-        if self.view3d.isVisible():  # not when another view is maximised
-            rgb = np.ascontiguousarray(self.view3d.screenshot()[..., :3])
-            height, width = rgb.shape[:2]
-            view_image = QImage(rgb.data, width, height, 3 * width, QImage.Format.Format_RGB888)
-            origin = self.view3d.mapTo(self, self.view3d.rect().topLeft())
-            painter = QPainter(image)
-            painter.drawImage(origin, view_image.scaled(self.view3d.size()))
-            painter.end()
-        from .report import save_image
-
-        return save_image(image, path)
-
-    # -------------------------------------------------------- sessions, report
-    def save_session(self, path: str | os.PathLike) -> int:
-        """Write every layer, its display and provenance, and the window's settings to a
-        ``.tractlens`` file: the document is copied now (so edits made while it is written do
-        not reach the file half-way) and written on a worker; the job id."""
-        from tractlens.app.session import write_session
-
-        from .session_io import window_snapshot
-
-        snap = window_snapshot(self)
-        return self.runner.submit(
-            f"save session {Path(path).name}",
-            lambda ctx: write_session(snap, path),
-            on_done=lambda written: self.statusBar().showMessage(f"Session saved to {written}", 8000),
-            on_error=self._report_error,
-        )
-
-    def open_session(self, path: str | os.PathLike) -> int:
-        """Read a session on a worker and put its layers in this window (replacing the current ones)."""
-        from tractlens.app.session import load_session
-
-        from .session_io import apply_session
-
-        def done(session) -> None:
-            apply_session(self, session)
-            self._remember_recent(Path(path))
-            self.loaded.emit(str(path))
-
-        return self.runner.submit(
-            f"open session {Path(path).name}", lambda ctx: load_session(path), on_done=done, on_error=self._report_error
-        )
+        return self.reports.save_screenshot(path)
 
     def export_report(self, path: str | os.PathLike, **options) -> list[Path]:
         """The planning report as PDF (and PNG pages) — see :mod:`widgets.report`."""
-        from .report import export_report
+        return self.reports.export_report(path, **options)
 
-        return export_report(self, path, **options)
+    # ------------------------------------------------------ sessions, autosave
+    def save_session(self, path: str | os.PathLike) -> int:
+        """Write every layer, its display and provenance, and the window's settings to a
+        ``.tractlens`` file on a worker (:meth:`SessionController.save_session`); the job id."""
+        return self.sessions.save_session(path)
 
-    def _report_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export report", "report.pdf", "PDF (*.pdf)")
-        if path:
-            try:
-                files = self.export_report(path)
-            except (OSError, InputError) as exc:  # InputError: SaveError, e.g. the disk is full
-                self._report_error(f"The report could not be written: {exc}", "")
-                return
-            self.statusBar().showMessage("Report written: " + ", ".join(f.name for f in files), 8000)
+    def open_session(self, path: str | os.PathLike) -> int:
+        """Read a session on a worker and put its layers in this window (replacing the current ones)."""
+        return self.sessions.open_session(path)
 
     def _open_session_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open session", "", "TractLens session (*.tractlens)")
@@ -930,34 +502,18 @@ class MainWindow(QMainWindow):
         if path:
             self.save_session(path)
 
-    def _screenshot_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save screenshot", "tractlens.png", "PNG (*.png)")
-        if path:
-            try:
-                self.save_screenshot(path)
-            except (OSError, InputError) as exc:
-                self._report_error(f"The screenshot could not be written: {exc}", "")
+    @property
+    def autosave(self) -> WindowAutosave | None:
+        """The window's autosave (None: its folder could not be written)."""
+        return self.sessions.autosave
 
-    # ------------------------------------------------------ autosave, recovery
-    def _start_autosave(self, interval_s: float | None) -> None:
-        self._restoring = None  # the orphaned autosave being restored, deleted once autosaved again
-        self._autosave_error = ""
-        if interval_s is None:
-            interval_s = float(settings().value("autosave/interval_s", DEFAULT_INTERVAL_S))
-        try:
-            self.autosave: WindowAutosave | None = WindowAutosave(self, interval_s)
-        except OSError as exc:
-            self.autosave = None
-            self.statusBar().showMessage(f"Autosave is off: its folder cannot be written ({exc})", 15000)
-            return
-        self.autosave.saved.connect(self._autosaved)
-        self.autosave.failed.connect(self._autosave_failed)
+    @autosave.setter
+    def autosave(self, value: WindowAutosave | None) -> None:
+        self.sessions.autosave = value
 
     def set_autosave_interval(self, seconds: float) -> None:
         """Autosave every ``seconds`` (0: off); remembered for the next start."""
-        settings().setValue("autosave/interval_s", float(seconds))
-        if self.autosave is not None:
-            self.autosave.set_interval(seconds)
+        self.sessions.set_autosave_interval(seconds)
 
     def _autosave_dialog(self) -> None:
         from PySide6.QtWidgets import QInputDialog
@@ -969,40 +525,9 @@ class MainWindow(QMainWindow):
         if ok:
             self.set_autosave_interval(seconds)
 
-    def _autosaved(self) -> None:
-        self._autosave_error = ""
-        if self._restoring is not None:  # the restored work is safe in our own autosave now
-            restored = self._restoring.describe()
-            self._restoring.discard()
-            self._restoring = None
-            self.statusBar().showMessage(f"Restored the {restored}", 15000)
-            return
-        self.statusBar().showMessage("Autosaved", 2000)
-
-    def _autosave_failed(self, message: str) -> None:
-        if message != self._autosave_error:  # say it once, not at every tick
-            self._autosave_error = message
-            self._report_error(f"Autosave failed (it is tried again): {message}", "")
-
     def restore_autosave(self, orphan) -> int:
         """Open an autosave a crashed window left (on a worker), replacing this window's layers."""
-        from tractlens.app.session import load_session
-
-        from .session_io import apply_session
-
-        def done(session) -> None:
-            apply_session(self, session)
-            self._restoring = orphan
-            self.statusBar().showMessage(f"Restored the {orphan.describe()}", 15000)
-            if self.autosave is not None:
-                self.autosave.save_now()
-
-        def failed(message: str, details: str) -> None:
-            orphan.release()  # kept: another start may offer it again
-            self._report_error(f"The autosave could not be restored: {message}", details)
-
-        return self.runner.submit("restore autosave", lambda ctx: load_session(orphan.folder), on_done=done,
-                                  on_error=failed)  # fmt: skip
+        return self.sessions.restore_autosave(orphan)
 
     # ------------------------------------------------------ settings, recent
     def _restore_layout(self) -> None:
@@ -1033,12 +558,7 @@ class MainWindow(QMainWindow):
         store.setValue("window/geometry", self.saveGeometry())
         store.setValue("window/state", self.saveState(LAYOUT_VERSION))
         self.runner.shutdown(10.0)
-        if self._restoring is not None:  # restored but not yet autosaved again: offer it next time
-            self._restoring.release()
-            self._restoring = None
-        if self.autosave is not None:
-            self.autosave.close()  # a clean exit: nothing to recover
-            self.autosave = None
+        self.sessions.close()  # a clean exit: nothing to recover
         self.view3d.close_plotter()
         super().closeEvent(event)
 

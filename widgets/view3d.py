@@ -14,7 +14,6 @@ per frame; while the camera moves, a fixed subset of streamlines is drawn
 from __future__ import annotations
 
 import collections
-import itertools
 import time
 
 import numpy as np
@@ -22,14 +21,15 @@ import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
-from vtkmodules.vtkInteractionWidgets import vtkBoxWidget
 from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 
-from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer, normal_shape, shape_half_sizes
+from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
 from . import fiber_display
+from .fiber_actors import lookup_table, show_mesh
 from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job
-from .render import LUTS, composite, plane_geometry
+from .render import composite, plane_geometry
+from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 
 NO_RENDER = {"render": False, "reset_camera": False}
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
@@ -277,73 +277,28 @@ class View3D(QWidget):
             self.plotter.remove_actor(self._layer_surfaces.pop(key)["actor"], render=False)
 
     def show_shape_widget(self, layer: Layer | None, on_change) -> None:
-        """A handle on a shape ROI in 3-D: a sphere handle on a sphere (drag it to move it,
-        right-drag to resize), a box handle on a box (drag its centre or a face; the box's
-        half-sizes per axis follow). ``on_change(shape)`` gets the shape, in voxels of the
-        ROI's grid, when an interaction ends (one edit per interaction). None: no handle."""
+        """A handle on a shape ROI in 3-D (see :func:`widgets.shape_handles.new_shape_widget`):
+        ``on_change(shape)`` gets the shape when an interaction ends. None: no handle."""
         self._clear_shape_widget()
         if layer is None or layer.data.shape is None:
             return
-        shape, affine = layer.data.shape, layer.data.affine
-        if shape["kind"] == "box":
-            widget = vtkBoxWidget()
-            widget.SetInteractor(self.plotter.iren.interactor)
-            widget.SetCurrentRenderer(self.plotter.renderer)
-            widget.SetPlaceFactor(1.0)  # exactly the bounds given
-            widget.SetRotationEnabled(False)  # the box stays aligned with the voxel axes
-            widget.GetOutlineProperty().SetColor(*layer.color_rgb())
-            widget.PlaceWidget(box_handle_bounds(shape, affine))
-            widget.On()
-
-            def box_moved(box, _event):
-                poly = pv.PolyData()
-                box.GetPolyData(poly)
-                on_change(box_from_bounds(poly.bounds, layer.data.affine, layer.data.shape or shape))
-
-            widget.AddObserver("EndInteractionEvent", box_moved)
-        else:
-            centre, radius_mm = sphere_handle(shape, affine)
-
-            def sphere_moved(centre_world, sphere):
-                current = layer.data.shape or shape
-                on_change(sphere_from_handle(centre_world, sphere.GetRadius(), layer.data.affine, current))
-
-            widget = self.plotter.add_sphere_widget(
-                sphere_moved,
-                center=tuple(centre),
-                radius=radius_mm,
-                color=layer.color_rgb(),
-                style="wireframe",
-                pass_widget=True,
-                test_callback=False,  # the handle must not edit the ROI by merely appearing
-            )
-        self.shape_widget, self.shape_layer = widget, layer
+        self.shape_widget = new_shape_widget(self.plotter, layer, on_change)
+        self.shape_layer = layer
         self.request_render()
 
     def handle_fits(self, layer: Layer) -> bool:
         """Is the handle shown the kind for ``layer``'s shape (a box handle on a box)?"""
-        shape = layer.data.shape
-        return shape is not None and isinstance(self.shape_widget, vtkBoxWidget) == (shape["kind"] == "box")
+        return handle_fits(self.shape_widget, layer)
 
     def follow_shape(self, layer: Layer) -> None:
         """Put the handle where its shape ROI is now (moved or resized on a slice, or undone)."""
-        widget = self.shape_widget
-        if widget is None or layer is not self.shape_layer or layer.data.shape is None:
+        if self.shape_widget is None or layer is not self.shape_layer or layer.data.shape is None:
             return
-        shape, affine = layer.data.shape, layer.data.affine
-        if isinstance(widget, vtkBoxWidget):
-            widget.PlaceWidget(box_handle_bounds(shape, affine))
-        else:
-            centre, radius_mm = sphere_handle(shape, affine)
-            widget.SetCenter(*centre)
-            widget.SetRadius(radius_mm)
+        place_shape_widget(self.shape_widget, layer)
         self.request_render()
 
     def _clear_shape_widget(self) -> None:
-        if isinstance(self.shape_widget, vtkBoxWidget):
-            self.shape_widget.Off()
-        elif self.shape_widget is not None:
-            self.plotter.clear_sphere_widgets()
+        remove_shape_widget(self.plotter, self.shape_widget)
         self.shape_widget = self.shape_layer = None
 
     # -------------------------------------------------------- placing shapes
@@ -503,7 +458,7 @@ class View3D(QWidget):
         self._build_meshes(entry)
         entry["shown"] = "coarse"
         entry["colour"] = (new.color_by, new.colormap, new.clim)
-        mapper = _show_mesh(entry, entry["coarse"])
+        mapper = show_mesh(entry, entry["coarse"])
         if new.color_by != "direction":
             mapper.SetScalarRange(*new.clim)  # the colour bar shares the lookup table
             mapper.GetLookupTable().SetTableRange(*new.clim)
@@ -569,7 +524,7 @@ class View3D(QWidget):
             actor = self.plotter.add_mesh(
                 mesh,
                 scalars=layer.color_by,
-                cmap=_lookup_table(layer.colormap, layer.clim),
+                cmap=lookup_table(layer.colormap, layer.clim),
                 clim=layer.clim,
                 name=name,
                 line_width=1,
@@ -602,7 +557,7 @@ class View3D(QWidget):
     def _set_detail(self, which: str) -> None:
         for entry in self._fibers.values():
             entry["shown"] = which
-            _show_mesh(entry, entry[which])
+            show_mesh(entry, entry[which])
 
     def _coarse_detail(self, *_args) -> None:
         self._lod_timer.stop()
@@ -622,70 +577,3 @@ class View3D(QWidget):
 
     def close_plotter(self) -> None:
         self.plotter.close()
-
-
-def _show_mesh(entry: dict, mesh: pv.PolyData):
-    """Give the tractogram's actor another level-of-detail mesh, coloured by the same array
-    (each mesh has its own active scalars: without this the other level would show its first
-    array, the direction colours)."""
-    name = entry["colour"][0]
-    if name in mesh.point_data:
-        mesh.set_active_scalars(name)
-    mapper = entry["actor"].GetMapper()
-    mapper.SetInputData(mesh)
-    return mapper
-
-
-def _lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
-    """The 2-D views' colour map as a VTK lookup table over ``clim``, so both views agree."""
-    rgb = LUTS.get(name, LUTS["viridis"])
-    rgba = np.concatenate([rgb, np.ones((len(rgb), 1))], axis=1)
-    lut = pv.LookupTable(values=(rgba * 255).astype(np.uint8))
-    lut.scalar_range = clim
-    return lut
-
-
-# ------------------------------------------------------------- shape handles
-# A shape ROI lives in voxels of its grid, the handles in world millimetres: the conversions
-# go through the ROI's affine, axis by axis, so anisotropic voxels keep their proportions. A
-# handle's edit snaps to whole voxels (a sphere's centre and radius, a box's faces to voxel
-# boundaries), so a shape edited in 3-D is a set of voxels the slice tools could have made.
-def box_handle_bounds(shape: dict, affine: np.ndarray) -> np.ndarray:
-    """World bounds (xmin, xmax, ymin, ymax, zmin, zmax) of a box ROI's voxels (their outer
-    faces: half-size + half a voxel either side of the centre, along each voxel axis)."""
-    half = shape_half_sizes(shape) + 0.5
-    corners = np.asarray(shape["centre"], dtype=float) + np.array(list(itertools.product(*zip(-half, half))))
-    world = corners @ affine[:3, :3].T + affine[:3, 3]
-    return np.column_stack([world.min(0), world.max(0)]).ravel()
-
-
-def box_from_bounds(bounds, affine: np.ndarray, shape: dict) -> dict:
-    """The box ROI of the voxels whose centres the handle's world ``bounds`` hold (faces snapped
-    to voxel boundaries; the inverse of :func:`box_handle_bounds`). The half-sizes may differ
-    per axis; an even number of voxels along an axis puts the centre between two voxels."""
-    lo, hi = np.asarray(bounds, dtype=float).reshape(3, 2).T
-    corners = np.array(list(itertools.product(*zip(lo, hi))))
-    voxels = np.linalg.solve(affine, np.column_stack([corners, np.ones(8)]).T)[:3].T
-    first = np.floor(voxels.min(0) + 0.5 + 0.5)  # outer face -> first voxel inside (centre at +0.5)
-    last = np.maximum(np.ceil(voxels.max(0) - 0.5 - 0.5), first)
-    return normal_shape(dict(shape, centre=(first + last) / 2, radius=(last - first) / 2))
-
-
-def sphere_handle(shape: dict, affine: np.ndarray) -> tuple[np.ndarray, float]:
-    """World centre and radius (mm) of a sphere ROI's handle. A sphere of r voxels is an
-    ellipsoid in millimetres when the voxels are anisotropic: the handle is the sphere around
-    it, r × the largest voxel size (at least half a voxel, so a 1-voxel ROI has one)."""
-    centre = affine[:3, :3] @ np.asarray(shape["centre"], dtype=float) + affine[:3, 3]
-    return centre, max(float(shape["radius"]), 0.5) * _largest_voxel(affine)
-
-
-def sphere_from_handle(centre_world, radius_mm: float, affine: np.ndarray, shape: dict) -> dict:
-    """The sphere ROI of a handle at ``centre_world`` with ``radius_mm``, snapped to whole voxels
-    (the inverse of :func:`sphere_handle`)."""
-    centre = np.linalg.solve(affine[:3, :3], np.asarray(centre_world, dtype=float) - affine[:3, 3])
-    radius = np.floor(float(radius_mm) / _largest_voxel(affine) + 0.5)
-    return normal_shape(dict(shape, kind="sphere", centre=np.floor(centre + 0.5), radius=radius))
-
-
-def _largest_voxel(affine: np.ndarray) -> float:
-    return float(np.sqrt((affine[:3, :3] ** 2).sum(0)).max())

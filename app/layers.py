@@ -1,0 +1,231 @@
+"""A layer: one thing shown in the views (a volume, an ROI, a tractogram) with its display
+properties (visibility, opacity, colour map and range, glyphs, fibre colouring and selection)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .observable import Observable
+from .volumes import Volume
+
+LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads")
+SCALAR_KINDS = ("scalar", "dwi")  # drawn through a colour map and a display range
+GLYPH_KINDS = ("tensor", "dyads")  # drawn as glyphs on the cursor's slice planes, not as pixels
+ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, exclusion red
+    "seed": (0.1, 0.9, 0.2),
+    "target": (0.2, 0.5, 1.0),
+    "exclusion": (1.0, 0.15, 0.15),
+    "waypoint": (1.0, 0.85, 0.1),
+    "stop": (0.8, 0.3, 1.0),
+}
+STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction first; a 4th is red again)
+    (1.0, 0.2, 0.2),
+    (0.2, 1.0, 0.2),
+    (0.3, 0.55, 1.0),
+)
+GLYPH_SHAPES = ("superquadric", "ellipsoid")
+COLORMAPS = ("gray", "hot", "viridis", "cool-warm", "safety")  # safety: red→yellow up to mid-range, then green
+RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile)
+
+
+def hex_colour(value) -> str | None:
+    """``"#rrggbb"`` (lower case) from such a string or an RGB triple of 0..1 floats; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if len(text) == 7 and text[0] == "#" and all(c in "0123456789abcdef" for c in text[1:]):
+            return text
+        raise ValueError(f"a colour is written #rrggbb, not {value!r}")
+    rgb = np.asarray(value, dtype=float)
+    if rgb.shape != (3,) or np.any(rgb < 0) or np.any(rgb > 1):
+        raise ValueError(f"a colour is three values between 0 and 1, not {value!r}")
+    return "#" + "".join(f"{round(float(c) * 255):02x}" for c in rgb)
+
+
+class Layer(Observable):
+    """A thing shown in the views, with its display properties.
+
+    ``data`` is a :class:`Volume` (kinds ``scalar``, ``rgb``, ``labels``,
+    ``tensor``, ``dyads``), a :class:`DWIVolume` (kind ``dwi``: a diffusion
+    series, drawn like a scalar layer as its mean b=0 image), a :class:`RoiMask`
+    (kind ``roi``) or a :class:`Tractogram` (kind ``tractogram``).
+
+    A ``dyads`` volume holds fibre orientations, (X, Y, Z, n_sticks, 4) with per
+    stick ``[vx, vy, vz, f]``: a unit direction in voxel axes and its volume
+    fraction (all zero where no stick is shown), sticks ordered by fraction. It
+    is drawn on the cursor's slice planes as one line per stick, centred on the
+    voxel, coloured by stick number (:data:`STICK_COLOURS`: 1 red, 2 green,
+    3 blue) and f × ``glyph_step`` × ``glyph_size`` voxels long (the slice views
+    draw its in-plane projection). Its value at a point is the fractions.
+
+    Display properties: ``visible``, ``opacity`` (0..1), ``colormap`` and
+    ``clim`` (scalar and dwi layers), ``color_by`` (tractograms: ``"direction"``
+    or the name of a point/streamline scalar; tensors: ``"direction"`` or
+    ``"fa"``), ``tubes`` (tractograms drawn as shaded tubes instead of lines),
+    and for the glyph kinds (tensor, dyads), shown on the cursor's slice planes,
+    ``glyph`` (tensor shape), ``glyph_step`` (every n-th voxel; default 2 for
+    tensors, 1 for dyads) and ``glyph_size`` (1 = the largest glyph fills its
+    grid cell); ``transparent_below`` (scalar layers: values below it let the
+    layers beneath show through, e.g. an overlay that is empty almost
+    everywhere; None: every value is drawn); ``color`` (ROIs: ``"#rrggbb"``, None: the
+    colour of the ROI's role, see :meth:`color_rgb`). Changing one emits ``display``
+    with the names that changed; :meth:`set_data` replaces a volume layer's
+    values (same grid) and emits ``display`` with ``"data"`` among them.
+    """
+
+    _DISPLAY = (
+        "visible",
+        "opacity",
+        "colormap",
+        "clim",
+        "color_by",
+        "name",
+        "glyph",
+        "glyph_step",
+        "glyph_size",
+        "tubes",
+        "transparent_below",
+        "color",
+    )
+
+    def __init__(self, name: str, data, kind: str, **display):
+        super().__init__()
+        if kind not in LAYER_KINDS:
+            raise ValueError(f"unknown layer kind {kind!r}")
+        self.name = name
+        self.data = data
+        self.kind = kind
+        self.visible = True
+        self.opacity = 1.0
+        self.colormap = "viridis" if kind == "tractogram" else "gray"
+        self.clim = self._default_clim()
+        self.color_by = "direction"
+        self.glyph = "superquadric"
+        self.glyph_step = 1 if kind == "dyads" else 2
+        self.glyph_size = 1.0
+        self.tubes = False
+        self.transparent_below: float | None = None
+        self.color: str | None = None  # ROIs: "#rrggbb", None = the role's colour
+        self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
+        # Where the layer came from: {"file": path} for a loaded file; for a computed result its
+        # method, parameters, inputs, backend, device and timings (reports and sessions show it)
+        self.provenance: dict = {}
+        for key, value in display.items():
+            if key not in self._DISPLAY:
+                raise ValueError(f"unknown display property {key!r}")
+            setattr(self, key, value)
+
+    def _default_clim(self) -> tuple[float, float]:
+        if self.kind == "roi":
+            self.opacity = 0.6
+        if self.kind not in SCALAR_KINDS:
+            return (0.0, 1.0)
+        values = np.asarray(self.data.data)
+        finite = values[np.isfinite(values)]
+        nonzero = finite[finite != 0]
+        if nonzero.size == 0:
+            return (0.0, 1.0)
+        lo, hi = np.percentile(nonzero, [0.5, 99.5])
+        lo = min(0.0, float(lo))
+        return (lo, float(hi) if hi > lo else lo + 1.0)
+
+    def set(self, **changes) -> None:
+        """Change display properties and notify the views once."""
+        changed = self._apply(changes)
+        if changed:
+            self.emit("display", changed=changed)
+
+    def set_data(self, values: np.ndarray, **changes) -> None:
+        """Replace a volume layer's values in place (the same grid: a result that fills in while
+        its job runs) and change display properties with them (e.g. ``clim``); the views hear one
+        ``display`` event whose ``changed`` starts with ``"data"``."""
+        if not isinstance(self.data, Volume):
+            raise ValueError(f"a {self.kind} layer holds no volume whose values could be replaced")
+        for key in changes:  # check before anything changes
+            if key not in self._DISPLAY:
+                raise ValueError(f"unknown display property {key!r}")
+        self.data.data = values  # refuses another grid
+        self.emit("display", changed=["data", *self._apply(changes)])
+
+    def _apply(self, changes: dict) -> list[str]:
+        """Set display properties; the names of those that changed."""
+        changed = []
+        for key, value in changes.items():
+            if key not in self._DISPLAY:
+                raise ValueError(f"unknown display property {key!r}")
+            if key == "opacity":
+                value = float(min(1.0, max(0.0, value)))
+            if key == "clim":
+                value = (float(value[0]), float(value[1]))
+            if key == "transparent_below" and value is not None:
+                value = float(value)
+            if key == "color":
+                value = hex_colour(value)
+            if getattr(self, key) != value:
+                setattr(self, key, value)
+                changed.append(key)
+        if "color_by" in changed and "clim" not in changes and self.kind == "tractogram":
+            self.clim = self.scalar_range(self.color_by)
+            changed.append("clim")
+        return changed
+
+    def color_rgb(self) -> tuple[float, float, float]:
+        """The colour an ROI is drawn in (RGB 0..1): its own ``color``, else its role's."""
+        if self.color:
+            return tuple(int(self.color[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+        if self.kind == "roi":
+            return ROLE_COLOURS[self.data.role]
+        return (1.0, 1.0, 1.0)
+
+    def set_selection(self, selected: np.ndarray | None) -> None:
+        """Show only these streamlines (bool per streamline), or all with None."""
+        if selected is not None:
+            selected = np.asarray(selected, dtype=bool)
+            if selected.shape != (len(self.data),):
+                raise ValueError("a selection needs one flag per streamline")
+        if selected is None and self.selection is None:
+            return
+        if selected is not None and self.selection is not None and np.array_equal(selected, self.selection):
+            return
+        self.selection = selected
+        self.emit("display", changed=["selection"])
+
+    def scalar_range(self, name: str) -> tuple[float, float]:
+        """Robust display range (1st-99th percentile) of a tractogram's point or streamline scalar."""
+        tract = self.data
+        values = tract.point_scalars.get(name, tract.streamline_scalars.get(name))
+        if values is None or len(values) == 0:
+            return (0.0, 1.0)
+        values = np.asarray(values)
+        if len(values) > RANGE_SAMPLE:  # a regular sample: the same range, in a millisecond
+            values = values[:: len(values) // RANGE_SAMPLE]
+        lo, hi = np.percentile(values.astype(np.float64), [1, 99])
+        return (float(lo), float(hi) if hi > lo else float(lo) + 1.0)
+
+    def point_values(self, name: str) -> np.ndarray:
+        """A tractogram scalar per point (streamline scalars repeated along each streamline)."""
+        tract = self.data
+        if name in tract.point_scalars:
+            return np.asarray(tract.point_scalars[name], dtype=np.float64).reshape(len(tract.points), -1)[:, 0]
+        if name in tract.streamline_scalars:
+            per = np.asarray(tract.streamline_scalars[name], dtype=np.float64).reshape(len(tract), -1)[:, 0]
+            return np.repeat(per, tract.lengths)
+        raise KeyError(f"{self.name} has no scalar {name!r}")
+
+    def value_at_world(self, world: np.ndarray):
+        """The layer's value at a world point (nearest voxel), or None outside it."""
+        if self.kind in ("tractogram",):
+            return None
+        if self.kind == "roi":
+            vol = Volume(self.name, self.data.mask, self.data.affine)
+            ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
+            inside = np.all(ijk >= 0) and np.all(ijk < vol.shape3)
+            return int(vol.data[tuple(ijk)]) if inside else None
+        vol = self.data
+        ijk = np.rint(np.linalg.solve(vol.affine, np.append(world, 1.0))[:3]).astype(int)
+        if np.any(ijk < 0) or np.any(ijk >= vol.shape3):
+            return None
+        if self.kind == "dyads":
+            return vol.data[tuple(ijk)][:, 3]  # the sticks' fractions
+        return vol.data[tuple(ijk)]

@@ -1,0 +1,126 @@
+"""Streamlines as one ragged array (points plus offsets, the trx-python / ArraySequence layout),
+in voxel coordinates of a grid, with per-point and per-streamline scalars."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .observable import Observable
+
+
+@dataclass
+class Tractogram(Observable):
+    """Streamlines as one ragged array: ``points`` (P, 3) and ``offsets`` (S + 1,).
+
+    Streamline ``i`` is ``points[offsets[i]:offsets[i + 1]]``, in voxel index
+    coordinates of the grid described by ``affine`` (voxel -> RAS mm) and
+    ``dimensions``. ``point_scalars`` hold (P,) or (P, k) arrays,
+    ``streamline_scalars`` (S,) or (S, k) arrays.
+    """
+
+    points: np.ndarray
+    offsets: np.ndarray
+    affine: np.ndarray = field(default_factory=lambda: np.eye(4))
+    dimensions: tuple[int, int, int] = (1, 1, 1)
+    point_scalars: dict[str, np.ndarray] = field(default_factory=dict)
+    streamline_scalars: dict[str, np.ndarray] = field(default_factory=dict)
+    name: str = "tractogram"
+    source: str = ""  # the file it was read from ("" when computed)
+
+    def __post_init__(self) -> None:
+        Observable.__init__(self)
+        self.points = np.asarray(self.points, dtype=np.float32).reshape(-1, 3)
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        self.affine = np.asarray(self.affine, dtype=np.float64)
+        self.dimensions = tuple(int(d) for d in self.dimensions)
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets[0] != 0:
+            raise ValueError("offsets must start at 0")
+        if self.offsets[-1] != len(self.points) or np.any(np.diff(self.offsets) < 0):
+            raise ValueError("offsets must be non-decreasing and end at the number of points")
+        for key, values in self.point_scalars.items():
+            if len(values) != len(self.points):
+                raise ValueError(f"point scalar {key!r} has {len(values)} values for {len(self.points)} points")
+        for key, values in self.streamline_scalars.items():
+            if len(values) != len(self):
+                raise ValueError(f"streamline scalar {key!r} has {len(values)} values for {len(self)} streamlines")
+
+    @classmethod
+    def from_list(cls, streamlines, **kwargs) -> Tractogram:
+        lengths = [len(s) for s in streamlines]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        points = (
+            np.concatenate([np.asarray(s, np.float32).reshape(-1, 3) for s in streamlines])
+            if streamlines
+            else np.zeros((0, 3), np.float32)
+        )
+        return cls(points, offsets, **kwargs)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.points[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Number of points per streamline."""
+        return np.diff(self.offsets)
+
+    def points_on(self, affine: np.ndarray, dtype=np.float64) -> np.ndarray:
+        """The points in voxel coordinates of another grid (``affine``: its voxel -> RAS mm)."""
+        to_grid = np.linalg.solve(affine, self.affine)
+        return (self.points.astype(np.float64) @ to_grid[:3, :3].T + to_grid[:3, 3]).astype(dtype, copy=False)
+
+    def subset(self, keep: np.ndarray, name: str | None = None) -> Tractogram:
+        """The streamlines where ``keep`` (bool mask or indices) holds, scalars included."""
+        index = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep, dtype=np.int64)
+        lengths = self.lengths[index]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        owner = np.repeat(index, lengths)
+        within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], lengths)
+        point_index = self.offsets[owner] + within
+        return Tractogram(
+            self.points[point_index],
+            offsets,
+            self.affine,
+            self.dimensions,
+            {k: np.asarray(v)[point_index] for k, v in self.point_scalars.items()},
+            {k: np.asarray(v)[index] for k, v in self.streamline_scalars.items()},
+            name=name or self.name,
+        )
+
+    @classmethod
+    def concatenate(cls, tracts: list[Tractogram], name: str | None = None) -> Tractogram:
+        """Streamlines of several tractograms on one grid, one after another (shared scalars kept)."""
+        if not tracts:
+            raise ValueError("nothing to concatenate")
+        first = tracts[0]
+        starts = np.cumsum([0] + [len(t.points) for t in tracts[:-1]])
+        offsets = np.concatenate([[0]] + [t.offsets[1:] + s for t, s in zip(tracts, starts)]).astype(np.int64)
+        point_keys = set.intersection(*(set(t.point_scalars) for t in tracts))
+        stream_keys = set.intersection(*(set(t.streamline_scalars) for t in tracts))
+        return cls(
+            np.concatenate([t.points for t in tracts]),
+            offsets,
+            first.affine,
+            first.dimensions,
+            {k: np.concatenate([np.asarray(t.point_scalars[k]) for t in tracts]) for k in point_keys},
+            {k: np.concatenate([np.asarray(t.streamline_scalars[k]) for t in tracts]) for k in stream_keys},
+            name=name or first.name,
+        )
+
+    def points_world(self) -> np.ndarray:
+        """All points in RAS mm (float32, like the points)."""
+        rotation = self.affine[:3, :3].T.astype(np.float32)
+        return self.points @ rotation + self.affine[:3, 3].astype(np.float32)
+
+    def __eq__(self, other) -> bool:  # dataclass eq would compare arrays ambiguously
+        return self is other
+
+    __hash__ = object.__hash__

@@ -1,0 +1,180 @@
+"""Opening files in the window: images, tractograms, folders and the demo, each loaded on a worker
+and stacked in the order asked; an image shown as labels or scalar; a DWI series fitted with
+ball & sticks.
+
+What a file becomes is :mod:`tractlens.app.loaders`' business; this controller runs the loading
+jobs and puts the layers into the document. It holds no widget: the window hears of it through
+:attr:`FileController.loaded`, :attr:`FileController.message` and :attr:`FileController.error`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from tractlens.app.jobs import JobRunner
+from tractlens.app.loaders import is_anatomical, load_layers, show_as
+from tractlens.app.model import Document, Layer
+
+from .. import fiber_display
+from ..ballstick import ballstick_job
+
+IMAGE_KINDS = ("scalar", "dwi", "rgb", "labels")
+SESSION_SUFFIX = ".tractlens"
+
+
+class FileController(QObject):
+    """Loads files into ``document`` on ``runner``'s workers. ``open_session(path)`` opens a
+    ``.tractlens`` path met among the files (a recent file, a drop)."""
+
+    loaded = Signal(object)  # the Path of a file whose layers were added
+    layer_replaced = Signal(object)  # the new Layer that took an old one's place (show as)
+    message = Signal(str, int)  # status text, milliseconds
+    error = Signal(str, str)  # message, details
+
+    def __init__(
+        self,
+        document: Document,
+        runner: JobRunner,
+        *,
+        device: str = "auto",
+        open_session: Callable[[Path], object] | None = None,
+        parent: QObject | None = None,
+    ):
+        super().__init__(parent)
+        self.document = document
+        self.runner = runner
+        self.device = device
+        self.open_session = open_session
+        self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
+        runner.job_cancelled.connect(self._cancelled)
+
+    def open_paths(self, paths: Iterable[str | os.PathLike]) -> list[int]:
+        """Open each file on a worker thread; its layers are added when ready (the job ids).
+
+        The files of one call stack in the order given, the first at the bottom (as FSLeyes
+        stacks its command line), whichever finishes loading first. An anatomical image
+        (:func:`app.loaders.is_anatomical`: a T1 stored as integers, or named so) opened into a
+        document that already shows images goes under them, so the maps stay on top of it."""
+        call = {"slots": [], "under": [layer for layer in self.document.layers if layer.kind in IMAGE_KINDS]}
+        jobs = []
+        for path in paths:
+            path = Path(path)
+            if path.suffix.lower() == SESSION_SUFFIX and self.open_session is not None:
+                self.open_session(path)
+                continue
+            reference = None
+            if self.document.reference_affine is not None:
+                reference = (self.document.reference_affine, self.document.reference_shape)
+            slot = len(call["slots"])
+            call["slots"].append({"path": path, "layers": None, "state": "loading"})
+
+            def failed(message, details, call=call, slot=slot) -> None:
+                self.error.emit(message, details)
+                self._opened(call, slot, None)
+
+            job_id = self.runner.submit(
+                f"open {path.name}",
+                self._load_job(path, reference),
+                on_done=lambda layers, call=call, slot=slot: self._opened(call, slot, layers),
+                on_error=failed,
+            )
+            self._opening[job_id] = (call, slot)
+            jobs.append(job_id)
+        return jobs
+
+    def _load_job(self, path: Path, reference):
+        device = self.device
+
+        def job(ctx):
+            layers = load_layers(
+                path, reference=reference, device=device, progress=ctx.progress, cancelled=ctx.cancelled
+            )
+            for layer in layers:
+                if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
+                    ctx.progress(0, 1, "preparing the display")
+                    fiber_display.prepare(layer)
+            return layers
+
+        return job
+
+    def open_demo(self) -> int:
+        """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
+
+        def job(ctx):
+            from tractlens.app.demo import demo_path
+
+            ctx.progress(0, 1, "preparing the demo data")
+            return demo_path()
+
+        return self.runner.submit(
+            "demo data",
+            job,
+            on_done=lambda folder: self.open_paths([folder / "dwi.nii.gz", folder / "bundles.trk"]),
+            on_error=self.error.emit,
+        )
+
+    def _cancelled(self, job_id: int) -> None:
+        if job_id in self._opening:
+            self._opened(*self._opening[job_id], None)
+
+    def _opened(self, call: dict, slot: int, layers) -> None:
+        """A file of an :meth:`open_paths` call is loaded (``layers``) or not (None): add the
+        layers of every file up to the first still loading, in the call's order."""
+        entry = call["slots"][slot]
+        entry["layers"], entry["state"] = layers, "loaded" if layers is not None else "failed"
+        self._opening = {k: v for k, v in self._opening.items() if not (v[0] is call and v[1] == slot)}
+        for entry in call["slots"]:
+            if entry["state"] == "loading":
+                return
+            if entry["state"] == "loaded":
+                self._add_layers(entry["path"], entry["layers"], under=call["under"])
+            entry["state"] = "added"
+
+    def _add_layers(self, path: Path, layers, under: list[Layer] = ()) -> None:
+        for layer in layers:
+            self.document.add_layer(layer)
+            below = [self.document.layers.index(old) for old in under if old in self.document.layers]
+            if below and is_anatomical(layer):
+                self.document.move_layer(layer, min(below))
+        self.loaded.emit(path)
+
+    def show_layer_as(self, layer: Layer, kind: str) -> int:
+        """The layer menu's "Show as labels / scalar": the image converted on a worker
+        (:func:`app.loaders.show_as`) and put in the layer's place; the job id."""
+
+        def done(new: Layer) -> None:
+            if layer in self.document.layers:
+                self.document.replace_layer(layer, new)
+                self.layer_replaced.emit(new)
+
+        return self.runner.submit(
+            f"show {layer.name} as {kind}", lambda ctx: show_as(layer, kind), on_done=done, on_error=self.error.emit
+        )
+
+    def fit_ballstick(self, layer: Layer, params, folder: Path | None = None, roi: Layer | None = None) -> int:
+        """Fit ball & sticks to a DWI layer's series on a worker, in the brain or inside ``roi`` (as
+        it is now); the dyads and mean f1 layers are added when it is done (a cancelled or failed
+        fit adds nothing). Returns the job id."""
+        region = None if roi is None else (roi.data.mask.copy(), roi.data.affine.copy())
+
+        def done(outcome) -> None:
+            layers, result = outcome
+            for new in layers:
+                new.provenance = {"computed": "ball & sticks (bedpostX)", "dwi": layer.name, **result.fit.provenance}
+                self.document.add_layer(new)
+            seconds = result.fit.provenance.get("total_s")
+            text = f"Ball & sticks: {int(result.samples.mask.sum())} voxels fitted"
+            text += f" in {seconds:.1f} s" if seconds is not None else ""
+            text += f"; saved to {folder}" if folder is not None else ""
+            self.message.emit("; ".join([text, *result.warnings]), 15000)
+
+        return self.runner.submit(
+            f"ball & sticks ({layer.name})",
+            ballstick_job(layer.data.dwi, params, folder, self.device, region),
+            on_done=done,
+            on_error=self.error.emit,
+        )

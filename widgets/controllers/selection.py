@@ -1,0 +1,105 @@
+"""The fibre selection by ROIs while they are drawn: a throttle on the document's ROI edits and
+one selection job at a time on the :class:`~tractlens.app.jobs.JobRunner`.
+
+What is selected is :mod:`tractlens.app.selection`'s business (the ROI snapshot, the streamline
+index in ``document.derived``); this controller only decides when to run it. It holds no widget.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from tractlens.app.jobs import JobRunner
+from tractlens.app.model import Document
+from tractlens.app.selection import RoiSelection, has_selecting_rois, select_fibres
+
+THROTTLE_MS = 40
+
+
+class FibreSelection(QObject):
+    """Shows on every tractogram the streamlines that pass the ROIs (seed, target, waypoint: all;
+    exclusion: none), updated as ROIs are edited.
+
+    A throttle, not a debounce: the first edit starts :attr:`timer` and later ones do not restart
+    it, so a continuous drag updates the selection every :data:`THROTTLE_MS` instead of only when
+    it stops. One run at a time: edits made while one runs start another when it is done
+    (cancelling it instead would starve the selection while an ROI is dragged or painted, if a run
+    takes longer than the edits' pace)."""
+
+    error = Signal(str, str)  # message, details
+
+    def __init__(self, document: Document, runner: JobRunner, *, device: str = "auto", parent: QObject | None = None):
+        super().__init__(parent)
+        self.document = document
+        self.runner = runner
+        self.device = device
+        self.timer = QTimer(self)
+        self.timer.setSingleShot(True)
+        self.timer.setInterval(THROTTLE_MS)
+        self.timer.timeout.connect(self.update)
+        self.job: int | None = None
+        self._stale = False  # edited while a selection was being computed: run again
+        self._from_rois = False  # the tractograms' selections come from the ROIs
+        document.connect(self._on_document)
+
+    def _on_document(self, _source, event, **info) -> None:
+        layer = info.get("layer")
+        roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
+        if (roi_changed or event == "layers") and not self.timer.isActive():
+            self.timer.start()
+
+    def update(self) -> int | None:
+        """Select now (on a worker, from a snapshot of the masks); the job id, or None when
+        nothing was started."""
+        doc = self.document
+        if not any(layer.kind == "tractogram" for layer in doc.layers):
+            return None
+        if not has_selecting_rois(doc):
+            self._clear()
+            return None
+        self._from_rois = True
+        running = self.runner.jobs.get(self.job) if self.job is not None else None
+        if running is not None and running in self.runner.active() and not running.cancel_event.is_set():
+            self._stale = True  # selected again with the masks of then, when it is done
+            return None
+        request = RoiSelection.of(doc)
+        device = self.device
+
+        def job(ctx):
+            return select_fibres(doc, request, device=device, cancelled=ctx.cancelled, check=ctx.check)
+
+        this = {}
+
+        def done(result) -> None:
+            if this["id"] != self.job:  # cancelled after it had finished: stale
+                return
+            for layer, selected in result:
+                if layer in doc.layers:
+                    layer.set_selection(selected)
+            self._finished()
+
+        def failed(message: str, details: str) -> None:
+            if this["id"] == self.job:
+                self._finished()
+            self.error.emit(message, details)
+
+        this["id"] = self.job = self.runner.submit("select fibers", job, on_done=done, on_error=failed)
+        return self.job
+
+    def _clear(self) -> None:
+        """No ROIs: only a selection the ROIs made is cleared; one chosen another way (a
+        connectivity cell) stays through unrelated changes (a file opened, a result added)."""
+        if self.job is not None:  # its result is stale now
+            self.runner.cancel(self.job)
+            self.job, self._stale = None, False
+        if self._from_rois:
+            for layer in self.document.layers:
+                if layer.kind == "tractogram":
+                    layer.set_selection(None)
+            self._from_rois = False
+
+    def _finished(self) -> None:
+        self.job = None
+        if self._stale:
+            self._stale = False
+            self.update()
