@@ -5,7 +5,9 @@ Each is a frozen dataclass whose field metadata (``gpu.params.meta``) carries th
 help, unit, limits, choices and command-line flags, like the engine's parameter classes
 (``gpu.dti.DTIFitParams``, ``gpu.deterministic.DeterministicParams``, ...). The GUI panels
 and the ``tractlens`` options take their defaults and ranges from here, so each is written
-once. :data:`PARAMS_TYPES` lists every parameter class, engine ones included.
+once. :data:`PARAMS_TYPES` lists every parameter class, engine ones included; ``field_of``
+and ``default_of`` (the metadata readers) are re-exported here for the widgets, which reach
+the engine only through ``app``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from tractlens.gpu.connectivity import EndpointParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.params import default_of as default_of
+from tractlens.gpu.params import field_of as field_of
 from tractlens.gpu.params import meta, same_as
 from tractlens.gpu.probabilistic import ProbParams
 from tractlens.gpu.tractometry import ProfileParams
@@ -37,12 +41,15 @@ WEIGHTS = {
 class SeedingParams:
     """Where deterministic tracking starts: seeds per seed voxel, their placement, the random seed.
 
-    Four seeds per voxel: a seed ROI of a few dozen voxels gives a bundle dense enough to
-    judge at a glance (the panel's value since it exists); one per voxel looked sparse.
+    One seed per voxel, as the command line and the pipeline always had (and DIPY's
+    ``seeds_from_mask``): scripts keep their results, and a whole-brain run stays at one
+    streamline per white-matter voxel (~1 M at HCP size; four would need four times the
+    memory). The panel, which offered 4, now starts at 1 too; a small seed ROI is made
+    denser by raising it.
     """
 
     seeds_per_voxel: int = field(
-        default=4,
+        default=1,
         metadata=meta("Seeds per voxel", "seeds in every seed voxel", "", (1, 1000), metavar="K"),
     )
     placement: str = field(

@@ -3,11 +3,14 @@
 The roles (:data:`app.model.ROI_ROLES`) mean the same to every panel and to the command line:
 
 - **seed**: the union of the visible, non-empty seed ROIs; streamlines start there.
-- **target** and **waypoint**: each ROI is one region that a kept streamline must pass.
-  Deterministic and geodesic tracking keep the streamlines that pass *all* of them (AND, as
-  the command line's repeated ``--include`` and MRtrix's repeated ``-include``); geodesic
-  tracking also ranks its fibres where they first reach a target. Probabilistic tracking
-  (probtrackx) keeps them apart: every target is a classification target with its own
+- **waypoint**: each ROI is one region that a kept streamline must pass; deterministic and
+  geodesic tracking keep the streamlines that pass *all* of them (AND, as the command line's
+  repeated ``--include`` and MRtrix's repeated ``-include``).
+- **target**: deterministic tracking treats each target as a waypoint (AND). Geodesic tracking
+  shoots fibres *to* a target: the targets together are the end region, a fibre is kept when
+  it reaches one of them and ranked by its connectivity measure where it first does (a fibre
+  ends in the first target it enters, so "all targets" would keep almost nothing). Probabilistic
+  tracking (probtrackx) keeps them apart: every target is a classification target with its own
   ``seeds_to_{target}`` map, named after the ROI, and the waypoints are its waypoint masks
   (``--waycond`` AND/OR).
 - **exclusion**: the union; a streamline that enters it is dropped (geodesic: it is taken
@@ -74,7 +77,7 @@ class Regions:
     @property
     def must_pass(self) -> list[np.ndarray]:
         """Every target and waypoint mask: the regions a kept streamline passes, all of them
-        (deterministic and geodesic tracking)."""
+        (deterministic tracking)."""
         return [region.mask for region in (*self.targets, *self.waypoints)]
 
     @property

@@ -71,13 +71,6 @@ def test_dependencies_point_one_way(package):
 
 
 #: Known breaches of the widgets rule below, in files being split elsewhere (to be fixed at merge).
-WIDGET_IMPORT_EXCEPTIONS = {
-    # main_window.py is being split in another branch; its split_suffix import moves to the
-    # public tractlens.app.io at merge, and this exception goes with it.
-    "widgets/main_window.py imports tractlens.app.io._atomic",
-}
-
-
 def _private(name: str) -> bool:
     """``_atomic`` is private; ``__version__`` (a dunder) is not."""
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
@@ -116,8 +109,7 @@ def test_widgets_reach_the_engine_only_through_app_public_modules():
     for path in python_files("widgets"):
         package = module_name(path).rpartition(".")[0] if path.name != "__init__.py" else module_name(path)
         bad += [f"{path.relative_to(ROOT)} imports {m}" for m in widget_import_breaches(path.read_text(), package)]
-    unexpected = sorted(set(bad) - WIDGET_IMPORT_EXCEPTIONS)
-    assert not unexpected, "\n".join(unexpected)
+    assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,12 @@ AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
 @pytest.fixture(autouse=True)
 def _config(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACTLENS_CONFIG_DIR", str(tmp_path / "config"))
+    yield
+    # A controller and the document it observes form a reference cycle. Collect it here, on the
+    # GUI thread: left to a later collection that happens to run on a job's worker thread, the
+    # controller's QTimer would be deleted from the wrong thread and a later timer event would
+    # touch freed memory (a segmentation fault in QTimerInfoList::activateTimers).
+    gc.collect()
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def test_roles_unions_and_separate_targets_and_waypoints():
     assert [r.name for r in regions.waypoints] == ["via"] and np.array_equal(regions.waypoints[0].mask, w)
     assert np.array_equal(regions.exclusion, ex1 | ex2)
     assert np.array_equal(regions.stop, st)
-    # Deterministic and geodesic: every target and every waypoint is passed (AND), never merged.
+    # Deterministic: every target and every waypoint is passed (AND), never merged.
     must = regions_for(doc, "deterministic", (AFFINE, SHAPE)).must_pass
     assert len(must) == 3
     assert [m.sum() for m in must] == [t1.sum(), t2.sum(), w.sum()]
@@ -190,3 +190,26 @@ def test_affines_match_with_the_one_grid_tolerance():
     assert Grid.affines_match(AFFINE, near)
     assert not Grid.affines_match(AFFINE, far)
     assert Grid(AFFINE, SHAPE).same_placement((far, (3, 3, 3))) is False
+
+
+def test_geodesic_fibres_reach_any_target_and_each_is_ranked_where_it_first_does():
+    """Targets at both ends of a straight bundle: a fibre ends in the first target it enters, so
+    the fibres to either target are kept (requiring both would keep none)."""
+    from tractlens.app.pipelines.track import TensorField, geodesic_from_regions
+
+    shape = (24, 8, 8)
+    tensor = np.zeros((*shape, 6), np.float32)
+    tensor[..., 0], tensor[..., 3], tensor[..., 5] = 1.7e-3, 0.3e-3, 0.3e-3
+    field_ = TensorField.from_tensor(tensor, np.eye(4))
+    seed = box((11, 3, 3), (13, 5, 5), shape)
+    left, right = box((2, 0, 0), (3, 8, 8), shape), box((20, 0, 0), (21, 8, 8), shape)
+    rois = [RoiCopy("s", "seed", seed, np.eye(4)), RoiCopy("left", "target", left, np.eye(4))]
+    to_left = geodesic_from_regions(field_, regions_on_grid(rois, "geodesic", field_), directions=40, device="cpu")
+    rois.append(RoiCopy("right", "target", right, np.eye(4)))
+    to_either = geodesic_from_regions(field_, regions_on_grid(rois, "geodesic", field_), directions=40, device="cpu")
+    assert 0 < len(to_left.tractogram) < len(to_either.tractogram)
+    ends = to_either.tractogram.points[to_either.tractogram.offsets[1:] - 1]
+    end_voxels = np.rint(ends).astype(int)
+    in_target = (left | right)[tuple(end_voxels.T)]
+    assert in_target.all()
+    assert (ends[:, 0] < 12).any() and (ends[:, 0] > 12).any()  # both targets reached

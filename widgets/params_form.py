@@ -9,7 +9,7 @@ from typing import Any
 
 from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
 
-from tractlens.gpu.params import default_of, field_of
+from tractlens.app.params import default_of, field_of
 
 
 class ParamsForm(QWidget):

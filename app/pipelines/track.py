@@ -522,14 +522,13 @@ def deterministic_from_regions(
 
 def geodesic_from_regions(field_: TensorField, regions: Regions, **options) -> TrackResult:
     """Geodesic tracking with a document's ROIs in their roles (:mod:`app.regions`): fibres shot
-    from the seed union, ranked where they first reach a target (the targets' union), kept when
-    they pass every target and waypoint; the exclusion union is taken out of the tracking mask
-    (the fitted voxels). Geodesic fibres run to the edge of the mask: stop ROIs are not used.
-    ``options`` go to :func:`geodesic_pipeline`."""
+    from the seed union to the targets' union (kept when they reach any target, ranked where
+    they first do), and kept only when they pass every waypoint; the exclusion union is taken
+    out of the tracking mask (the fitted voxels). Geodesic fibres run to the edge of the mask:
+    stop ROIs are not used. ``options`` go to :func:`geodesic_pipeline`."""
     _seeded(regions)
     mask = field_.mask if regions.exclusion is None else field_.mask & ~regions.exclusion
-    # One target alone is passed by every fibre that reaches it: no selection needed.
-    include = regions.must_pass if len(regions.targets) > 1 or regions.waypoints else []
+    include = [region.mask for region in regions.waypoints]
     result = geodesic_pipeline(
         field_, seed_mask=regions.seed, target=regions.target_union, mask=mask, include=include, **options
     )

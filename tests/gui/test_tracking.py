@@ -39,6 +39,7 @@ def test_tracking_from_a_seed_roi_grows_live_and_stays_in_the_bundle(demo_window
     win.runner.job_partial.connect(lambda _id, layer: sizes.append(len(layer.data)))
     panel.form.editors["integrator"].setCurrentText("rk4")
     panel.form.editors["min_length_mm"].setValue(10.0)
+    panel.seeds_per_voxel.setValue(4)  # a denser bundle than the default one seed per voxel
     click(qtbot, panel.track_button)
     assert win.wait_for_jobs(120)
     assert win.errors == []
