@@ -55,6 +55,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, Cancelled, get_backend, run_batched
+from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 
 #: Per-voxel flags in :attr:`BallStickFit.flags` (0 = fitted).
@@ -666,12 +667,7 @@ def fit_ballstick(
 
     params = params or BallStickParams()
     backend = get_backend(device)
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "numpy"
-    if engine not in ("kernel", "numpy"):
-        raise ValueError(f"unknown engine {engine!r}: use 'kernel' or 'numpy'")
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend; use engine='numpy' on the CPU")
+    engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="ball & sticks")
     signal = np.asarray(signal)
     bvals = np.asarray(bvals, dtype=np.float64)
     bvecs = np.array(bvecs, dtype=np.float64)

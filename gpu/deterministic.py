@@ -44,6 +44,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
+from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import (
@@ -59,7 +60,7 @@ from .streamlines import (
 
 INTEGRATORS = ("euler", "rk4")
 METHODS = ("eigenvector", "tensorline")
-ENGINES = ("auto", "kernel", "arrays")
+ENGINES = engine_names((KERNEL, ARRAYS))
 # Region codes of the tracking map.
 OUTSIDE, TRACK, STOP = 0, 1, 2
 # The seed's eigenvector sign is fixed by this reference direction, so both engines
@@ -363,12 +364,7 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend; use engine='arrays' on the CPU")
+    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="deterministic tracking")
     tf = tensor if isinstance(tensor, TrackingField) else prepare_field(tensor, voxel_size, mask, stop)
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     field = backend.asarray(tf.tensor8)

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, run_batched
+from .engines import ARRAYS, KERNEL, choose_engine
 
 # Per-voxel flags (bit field) in DTIFit.flags; 0 means a clean fit.
 FLAG_NONFINITE_SIGNAL = 1  #: NaN or Inf among the voxel's signals; not fitted.
@@ -215,17 +216,16 @@ def _cholesky_solve(xp, normal, rhs):
     return x, failed
 
 
+def _engine(params: DTIFitParams, backend: Backend) -> str:
+    return choose_engine(params.engine, backend, available=(KERNEL, ARRAYS), method="the tensor fit")
+
+
 def fit_batch(backend: Backend, signal, design: _Design, params: DTIFitParams, dtype) -> dict:
     """Fit one batch already on ``backend``'s device: ``signal`` is (N, K).
 
     Returns a dict of device arrays (see :class:`DTIFit` for the fields).
     """
-    engine = params.engine
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine == "kernel":
-        if not backend.is_gpu:
-            raise ValueError("the 'kernel' engine needs the GPU backend; use engine='arrays' on the CPU")
+    if _engine(params, backend) == KERNEL:
         return _fit_batch_kernel(backend, signal, design, params, dtype)
     return _fit_batch_arrays(backend, signal, design, params, dtype)
 
@@ -395,7 +395,7 @@ def fit_dti(
     fit = DTIFit(**out)
     fit.provenance = {
         "method": params.method,
-        "engine": params.engine if params.engine != "auto" else ("kernel" if backend.is_gpu else "arrays"),
+        "engine": _engine(params, backend),
         "precision": np.dtype(dtype).name,
         "min_signal": params.min_signal,
         "backend": backend.name,

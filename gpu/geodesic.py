@@ -62,6 +62,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
+from .engines import ARRAYS, KERNEL, choose_engine
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import MAX_LENGTH, OUTSIDE_MASK, OUTSIDE_VOLUME, SHARP_ANGLE, pack_rows
@@ -551,12 +552,7 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine not in ("kernel", "arrays"):
-        raise ValueError(f"unknown engine {engine!r}")
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend; use engine='arrays' on the CPU")
+    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="geodesic tracking")
     starts = np.asarray(starts, np.float64).reshape(-1, 3)
     directions = np.asarray(directions, np.float64).reshape(-1, 3)
     if len(starts) != len(directions):

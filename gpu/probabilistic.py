@@ -49,6 +49,7 @@ import numpy as np
 
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
 from .ballstick import _seed_key, philox4x32
+from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 
 BIT_BRAIN, BIT_EXCLUDE, BIT_STOP = 1, 2, 4
@@ -800,10 +801,7 @@ def iter_track(
     same samples again without copying them (gigabytes for a whole brain). ``seed_matrix``:
     also count the seed × seed matrix (:class:`ProbResult`)."""
     backend = get_backend(device)
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "numpy"
-    if engine not in ("kernel", "numpy") or (engine == "kernel" and not backend.is_gpu):
-        raise ValueError("engine must be 'kernel' (on the GPU) or 'numpy'")
+    engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="probabilistic tracking")
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     total = len(seeds) * params.n_samples
     n_vox = int(np.prod(field_.shape))
