@@ -56,6 +56,7 @@ from .streamlines import (
     STOP_REGION,
     StreamlineBatch,
     pack_rows,
+    stop_code_defines,
 )
 
 INTEGRATORS = ("euler", "rk4")
@@ -63,6 +64,12 @@ METHODS = ("eigenvector", "tensorline")
 ENGINES = engine_names((KERNEL, ARRAYS))
 # Region codes of the tracking map.
 OUTSIDE, TRACK, STOP = 0, 1, 2
+#: What kernels/deterministic.cu receives at compile time: its stop and region codes.
+KERNEL_DEFINES = (
+    *stop_code_defines("MAX_LENGTH", "OUTSIDE_VOLUME", "OUTSIDE_MASK", "LOW_FA", "SHARP_ANGLE", "STOP_REGION"),
+    ("REGION_OUTSIDE", OUTSIDE),
+    ("REGION_STOP", STOP),
+)
 # The seed's eigenvector sign is fixed by this reference direction, so both engines
 # start every streamline the same way round.
 SIGN_REFERENCE = np.array([3.0, 2.0, 1.0]) / math.sqrt(14.0)
@@ -272,7 +279,7 @@ def _track_arrays(xp, field, region, scale, seeds, params: DeterministicParams, 
 
 # ----------------------------------------------------------------------------- CUDA kernel
 def _kernel():
-    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"))
+    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"), KERNEL_DEFINES)
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, params: DeterministicParams):

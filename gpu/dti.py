@@ -50,6 +50,13 @@ FLAG_NAMES = {
     FLAG_FIT_FAILED: "fit failed",
     FLAG_NOT_POSITIVE_DEFINITE: "not positive definite",
 }
+#: What kernels/dti_fit.cu receives at compile time: the flag bits.
+KERNEL_DEFINES = (
+    ("FLAG_NONFINITE_SIGNAL", FLAG_NONFINITE_SIGNAL),
+    ("FLAG_NO_SIGNAL", FLAG_NO_SIGNAL),
+    ("FLAG_FIT_FAILED", FLAG_FIT_FAILED),
+    ("FLAG_NOT_POSITIVE_DEFINITE", FLAG_NOT_POSITIVE_DEFINITE),
+)
 
 #: DIPY's default floor on the signal before the logarithm.
 MIN_SIGNAL = 1e-4
@@ -231,7 +238,7 @@ def fit_batch(backend: Backend, signal, design: _Design, params: DTIFitParams, d
 
 
 def _cuda_function(name: str):
-    return cuda.function("dti_fit.cu", name, ("sym3.cuh",))
+    return cuda.function("dti_fit.cu", name, ("sym3.cuh",), KERNEL_DEFINES)
 
 
 def _fit_batch_kernel(backend: Backend, signal, design: _Design, params: DTIFitParams, dtype) -> dict:
