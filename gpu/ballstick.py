@@ -55,6 +55,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, Cancelled, get_backend, run_batched
+from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 
 #: Per-voxel flags in :attr:`BallStickFit.flags` (0 = fitted).
@@ -593,10 +594,17 @@ MCMC_BLOCK = 256
 
 
 def _kernel_defines(params: BallStickParams, m: int, mcmc: bool) -> tuple:
-    defines = [("NFIB", params.n_fibres)]
-    if mcmc:
-        defines += [("PER_LANE", -(-m // 32)), ("RICIAN", int(params.rician))]
-    return tuple(defines)
+    """Sticks per voxel, measurements per lane (held in registers: MCMC only) and the noise
+    model (MCMC only); the least-squares kernel gets fixed values, so it is compiled once per
+    number of sticks."""
+    per_lane, rician = (-(-m // 32), int(params.rician)) if mcmc else (1, 0)
+    return (("NFIB", params.n_fibres), ("PER_LANE", per_lane), ("RICIAN", rician))
+
+
+def _kernel(name: str, params: BallStickParams, m: int):
+    """``ballstick_lm`` or ``ballstick_mcmc`` for ``m`` measurements."""
+    defines = _kernel_defines(params, m, name == "ballstick_mcmc")
+    return cuda.function("ballstick.cu", name, ("philox.cuh",), defines=defines)
 
 
 def lm_kernel(backend: Backend, y, b, g, x0, params: BallStickParams):
@@ -608,7 +616,7 @@ def lm_kernel(backend: Backend, y, b, g, x0, params: BallStickParams):
     cost = cp.empty(n)
     if n == 0:
         return x_out, cost
-    kernel = cuda.function("ballstick.cu", "ballstick_lm", ("philox.cuh",), defines=_kernel_defines(params, m, False))
+    kernel = _kernel("ballstick_lm", params, m)
     per_warp = 8 * (npl * (npl + 1) // 2 + 2 * npl + (m * (npl + 1) + 1) // 2)
     warps = 2 if 2 * per_warp <= 48 * 1024 else 1
     if warps * per_warp > 48 * 1024:
@@ -643,7 +651,7 @@ def mcmc_kernel(backend: Backend, y, b, g, start, voxel0: int, params: BallStick
     rate = cp.zeros((n, P), dtype=cp.float32)
     if n == 0:
         return samples, rate
-    kernel = cuda.function("ballstick.cu", "ballstick_mcmc", ("philox.cuh",), defines=_kernel_defines(params, m, True))
+    kernel = _kernel("ballstick_mcmc", params, m)
     key0, key1 = _seed_key(params.seed)
     warps = MCMC_BLOCK // 32
     kernel(
@@ -696,12 +704,7 @@ def fit_ballstick(
 
     params = params or BallStickParams()
     backend = get_backend(device)
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "numpy"
-    if engine not in ("kernel", "numpy"):
-        raise ValueError(f"unknown engine {engine!r}: use 'kernel' or 'numpy'")
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend; use engine='numpy' on the CPU")
+    engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="ball & sticks")
     signal = np.asarray(signal)
     bvals = np.asarray(bvals, dtype=np.float64)
     bvecs = np.array(bvecs, dtype=np.float64)

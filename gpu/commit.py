@@ -1,5 +1,6 @@
 """COMMIT: Convex Optimization Modeling for Microstructure Informed Tractography
-(Daducci et al. 2015; ``shared/docs/algorithms.md`` §5, seed 000).
+(Daducci et al. 2015, IEEE TMI 34(1): the linear model y = A x, x ≥ 0, solved as a
+non-negative least-squares problem).
 
 The measured signal of every voxel in a mask, normalised by the voxel's mean b=0
 signal, is modelled as ``y = A x`` with ``x ≥ 0`` and three groups of columns:
@@ -17,15 +18,15 @@ Models (diffusivities in mm²/s):
 
 - ``stick-zeppelin-ball`` (COMMIT 2's defaults): IC a stick (d_par = 1.7e-3), EC a
   zeppelin (d_par, d_perp = 0.51e-3), ISO balls (d_iso = 1.7e-3 and 3.0e-3).
-- ``cylinder-zeppelin-ball`` (the seed's benchmark model): IC one response per axon radius
+- ``cylinder-zeppelin-ball`` (the cylinder model of Daducci et al. 2015): IC one response per axon radius
   (default 1, 2, 4 and 8 µm), each a cylinder: free diffusion d_par along the axis times
   the restricted signal across it (Van Gelderen et al. 1994, the pulsed-gradient
   spin-echo series; needs the pulse duration δ and separation Δ, which NIfTI/FSL files do
   not carry); EC and ISO as above. A streamline then has one column per radius, and its
   weight is their sum (as COMMIT's ``stat_coeffs='sum'``).
 
-The seed's appendix (A.4) prints the cylinder series with Y(x) = exp(+dβ²x); the
-exponent is negative (Van Gelderen), or the series diverges.
+The cylinder series is sometimes printed with Y(x) = exp(+dβ²x); the exponent is
+negative (Van Gelderen et al. 1994), or the series diverges.
 
 Streamlines become segments (:func:`segments`): every polyline segment is split exactly
 where it crosses a voxel boundary, pieces outside the mask are dropped, and pieces of
@@ -620,6 +621,26 @@ def fista(
 
 
 # ------------------------------------------------------------------------------ on the GPU
+KERNEL_NAMES = ("commit_a", "commit_at_rows", "commit_at_fibers", "commit_ic_norms")
+
+
+def kernel_defines(n_meas: int, n_ic: int, n_orient: int) -> tuple[tuple[str, int], ...]:
+    """What kernels/commit.cu receives at compile time: measurements per lane (up to
+    32 · MPL measurements), IC responses per streamline and orientations per look-up table."""
+    mpl = max(1, -(-n_meas // 32))
+    if mpl > 32:
+        raise ValueError(f"{n_meas} measurements: at most 1024 are supported")
+    return (("MPL", mpl), ("NIC", int(n_ic)), ("NORIENT", int(n_orient)))
+
+
+def kernels(problem: Problem) -> tuple:
+    """The four kernels of :class:`DeviceOperator` (:data:`KERNEL_NAMES`), compiled for ``problem``."""
+    from . import cuda
+
+    defines = kernel_defines(problem.n_meas, problem.n_ic, problem.lut_ic.shape[1])
+    return tuple(cuda.function("commit.cu", name, (), defines) for name in KERNEL_NAMES)
+
+
 class DeviceOperator:
     """A and Aᵀ as CUDA kernels on a :class:`Problem` copied to the device once
     (``gpu/kernels/commit.cu``): segments sorted by voxel row for A·x, a permutation listing
@@ -629,19 +650,10 @@ class DeviceOperator:
     BLOCK = 128
 
     def __init__(self, backend, problem: Problem):
-        from . import cuda
-
         cp = self.cp = backend.xp
         self.backend, self.problem = backend, problem
         seg = problem.segments
-        m = problem.n_meas
-        mpl = max(1, -(-m // 32))
-        if mpl > 32:
-            raise ValueError(f"{m} measurements: at most 1024 are supported")
-        defines = (("MPL", mpl), ("NIC", problem.n_ic), ("NORIENT", problem.lut_ic.shape[1]))
-        self._a = cuda.function("commit.cu", "commit_a", (), defines)
-        self._at_rows = cuda.function("commit.cu", "commit_at_rows", (), defines)
-        self._at_fibers = cuda.function("commit.cu", "commit_at_fibers", (), defines)
+        self._a, self._at_rows, self._at_fibers, self._norms = kernels(problem)
 
         def starts(keys, n):  # where each of 0..n begins in sorted keys (device arrays)
             return cp.searchsorted(keys, cp.arange(n + 1, dtype=keys.dtype)).astype(cp.int64)
@@ -661,7 +673,6 @@ class DeviceOperator:
             cp.asarray(np.ascontiguousarray(t, dtype=np.float32))
             for t in (problem.lut_ic, problem.lut_ec, problem.lut_iso)
         )
-        self._norms = cuda.function("commit.cu", "commit_ic_norms", (), defines)
         self.seg_value = cp.empty(len(seg) * problem.n_ic, dtype=cp.float64)
         props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
         self.grid_rows = max(1, min(-(-problem.n_rows * 32 // self.BLOCK), props["multiProcessorCount"] * 64))

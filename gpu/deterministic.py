@@ -44,6 +44,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
+from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import (
@@ -55,13 +56,20 @@ from .streamlines import (
     STOP_REGION,
     StreamlineBatch,
     pack_rows,
+    stop_code_defines,
 )
 
 INTEGRATORS = ("euler", "rk4")
 METHODS = ("eigenvector", "tensorline")
-ENGINES = ("auto", "kernel", "arrays")
+ENGINES = engine_names((KERNEL, ARRAYS))
 # Region codes of the tracking map.
 OUTSIDE, TRACK, STOP = 0, 1, 2
+#: What kernels/deterministic.cu receives at compile time: its stop and region codes.
+KERNEL_DEFINES = (
+    *stop_code_defines("MAX_LENGTH", "OUTSIDE_VOLUME", "OUTSIDE_MASK", "LOW_FA", "SHARP_ANGLE", "STOP_REGION"),
+    ("REGION_OUTSIDE", OUTSIDE),
+    ("REGION_STOP", STOP),
+)
 # The seed's eigenvector sign is fixed by this reference direction, so both engines
 # start every streamline the same way round.
 SIGN_REFERENCE = np.array([3.0, 2.0, 1.0]) / math.sqrt(14.0)
@@ -312,7 +320,7 @@ def _track_arrays(xp, field, region, scale, seeds, params: DeterministicParams, 
 
 # ----------------------------------------------------------------------------- CUDA kernel
 def _kernel():
-    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"))
+    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"), KERNEL_DEFINES)
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, params: DeterministicParams):
@@ -404,12 +412,7 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend; use engine='arrays' on the CPU")
+    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="deterministic tracking")
     tf = tensor if isinstance(tensor, TrackingField) else prepare_field(tensor, voxel_size, mask, stop)
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     field = backend.asarray(tf.tensor8)

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, run_batched
+from .engines import ARRAYS, KERNEL, choose_engine
 from .params import meta
 
 # Per-voxel flags (bit field) in DTIFit.flags; 0 means a clean fit.
@@ -50,6 +51,13 @@ FLAG_NAMES = {
     FLAG_FIT_FAILED: "fit failed",
     FLAG_NOT_POSITIVE_DEFINITE: "not positive definite",
 }
+#: What kernels/dti_fit.cu receives at compile time: the flag bits.
+KERNEL_DEFINES = (
+    ("FLAG_NONFINITE_SIGNAL", FLAG_NONFINITE_SIGNAL),
+    ("FLAG_NO_SIGNAL", FLAG_NO_SIGNAL),
+    ("FLAG_FIT_FAILED", FLAG_FIT_FAILED),
+    ("FLAG_NOT_POSITIVE_DEFINITE", FLAG_NOT_POSITIVE_DEFINITE),
+)
 
 #: DIPY's default floor on the signal before the logarithm.
 MIN_SIGNAL = 1e-4
@@ -236,23 +244,22 @@ def _cholesky_solve(xp, normal, rhs):
     return x, failed
 
 
+def _engine(params: DTIFitParams, backend: Backend) -> str:
+    return choose_engine(params.engine, backend, available=(KERNEL, ARRAYS), method="the tensor fit")
+
+
 def fit_batch(backend: Backend, signal, design: _Design, params: DTIFitParams, dtype) -> dict:
     """Fit one batch already on ``backend``'s device: ``signal`` is (N, K).
 
     Returns a dict of device arrays (see :class:`DTIFit` for the fields).
     """
-    engine = params.engine
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine == "kernel":
-        if not backend.is_gpu:
-            raise ValueError("the 'kernel' engine needs the GPU backend; use engine='arrays' on the CPU")
+    if _engine(params, backend) == KERNEL:
         return _fit_batch_kernel(backend, signal, design, params, dtype)
     return _fit_batch_arrays(backend, signal, design, params, dtype)
 
 
 def _cuda_function(name: str):
-    return cuda.function("dti_fit.cu", name, ("sym3.cuh",))
+    return cuda.function("dti_fit.cu", name, ("sym3.cuh",), KERNEL_DEFINES)
 
 
 def _fit_batch_kernel(backend: Backend, signal, design: _Design, params: DTIFitParams, dtype) -> dict:
@@ -416,7 +423,7 @@ def fit_dti(
     fit = DTIFit(**out)
     fit.provenance = {
         "method": params.method,
-        "engine": params.engine if params.engine != "auto" else ("kernel" if backend.is_gpu else "arrays"),
+        "engine": _engine(params, backend),
         "precision": np.dtype(dtype).name,
         "min_signal": params.min_signal,
         "backend": backend.name,

@@ -1,10 +1,13 @@
-"""Geodesic ray tracing in the metric of the inverse diffusion tensor (seeds 002, 004).
+"""Geodesic ray tracing in the metric of the inverse diffusion tensor (Sepasian et al. 2012,
+"A ray tracing method for geodesic based tractography in diffusion tensor images"; the
+metric adapted as in Fuster et al., "A novel Riemannian metric for geodesic tractography
+in DTI"; the connectivity measure of Astola, Florack & ter Haar Romeny 2007).
 
 Coordinates are millimetres along the voxel axes (``x_mm = x_voxel · voxel_size``),
 so the tensor (in the voxel-axis frame, mm²/s) is the metric's inverse as it is.
 
-Pre-processing, per voxel, in this order (``prepare_metric``; seed 004 Algorithm 1,
-with its missing else-branch restored):
+Pre-processing, per voxel, in this order (``prepare_metric``; every voxel takes exactly
+one branch of step 3):
 
 1. ``B = A · gain`` (default gain: 1 / mean diffusivity of the tensors given, so MD ≈ 1);
 2. ``B`` singular or not positive definite (Sylvester) → identity, counted. Voxels with
@@ -62,15 +65,35 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
+from .engines import ARRAYS, KERNEL, choose_engine
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
-from .streamlines import MAX_LENGTH, OUTSIDE_MASK, OUTSIDE_VOLUME, SHARP_ANGLE, pack_rows
+from .streamlines import (
+    LOW_FA,
+    MAX_LENGTH,
+    MAX_STEPS,
+    OUTSIDE_MASK,
+    OUTSIDE_VOLUME,
+    REACHED_TARGET,
+    SHARP_ANGLE,
+    pack_rows,
+    stop_code_defines,
+)
 
 INTEGRATORS = ("euler", "rk2", "rk4")
 CHOICES = {"integrator": INTEGRATORS}
-MAX_STEPS, LOW_FA, REACHED_TARGET = 7, 4, 8  # stop codes beyond gpu.streamlines' (4 is its LOW_FA)
-STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}
+STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}  # the codes only geodesic uses
 TRACK, TARGET = 1, 2  # bits of the region map
+PACKED_CHUNKS = 4  # 16-byte chunks per voxel of the kernel's field (packed_field)
+#: What kernels/geodesic.cu receives at compile time.
+KERNEL_DEFINES = (
+    *stop_code_defines(
+        "MAX_LENGTH", "OUTSIDE_VOLUME", "OUTSIDE_MASK", "LOW_FA", "SHARP_ANGLE", "MAX_STEPS", "REACHED_TARGET"
+    ),
+    ("TRACK_BIT", TRACK),
+    ("TARGET_BIT", TARGET),
+    ("CHUNKS", PACKED_CHUNKS),
+)
 
 
 @dataclass(frozen=True)
@@ -327,7 +350,7 @@ def packed_field(backend: Backend, fld: GeodesicField):
     if key not in fld.packed:
         xp = backend.xp
         data = backend.asarray(fld.data).reshape(-1, 24)
-        words = xp.zeros((len(data), 16), xp.uint32)
+        words = xp.zeros((len(data), 4 * PACKED_CHUNKS), xp.uint32)
         words[:, :6] = xp.ascontiguousarray(data[:, :6]).view(xp.uint32)
         halves = (data[:, 6:] * np.float32(fld.derivative_scale)).astype(xp.float16)
         words[:, 6:15] = xp.ascontiguousarray(halves).view(xp.uint32)
@@ -609,12 +632,7 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "arrays"
-    if engine not in ("kernel", "arrays"):
-        raise ValueError(f"unknown engine {engine!r}")
-    if engine == "kernel" and not backend.is_gpu:
-        raise ValueError("the 'kernel' engine needs the GPU backend; use engine='arrays' on the CPU")
+    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="geodesic tracking")
     starts = np.asarray(starts, np.float64).reshape(-1, 3)
     directions = np.asarray(directions, np.float64).reshape(-1, 3)
     if len(starts) != len(directions):
@@ -675,7 +693,11 @@ def top_fraction(cm: np.ndarray, percent: float, xp=np) -> np.ndarray:
 
 
 KERNEL_BLOCK = 32  # threads per block: small blocks pack the shared-memory cell caches tightly
-CELL_CACHE_BYTES = 8 * 64  # per thread: the 8 voxels of its cell
+CELL_CACHE_BYTES = 8 * 16 * PACKED_CHUNKS  # per thread: the 8 voxels of its cell
+
+
+def _kernel():
+    return cuda.function("geodesic.cu", "geodesic_trace", ("sym3.cuh", "tracking.cuh"), KERNEL_DEFINES)
 
 
 def _track_kernel(backend, fld, field_dev, region, starts, directions, params: GeodesicParams):
@@ -697,7 +719,7 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
     cos_max = math.cos(math.radians(params.max_angle_deg)) if params.max_angle_deg > 0 else -2.0
     vs = fld.voxel_size
     counter = cp.zeros(1, cp.int32)
-    kernel = cuda.function("geodesic.cu", "geodesic_trace", ("sym3.cuh", "tracking.cuh"))
+    kernel = _kernel()
     # Persistent threads: enough blocks to fill every multiprocessor (the extra ones find
     # no work left and return at once).
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]

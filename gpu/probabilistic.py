@@ -1,5 +1,5 @@
 """Probabilistic tractography from ball & sticks posterior samples, probtrackx style
-(Behrens et al. 2007; Hernández et al. 2013; ``shared/docs/algorithms.md`` §3).
+(Behrens et al. 2007, probtrackx; Hernández et al. 2013, on the GPU).
 
 Every seed voxel sends ``n_samples`` streamlines from uniform random points in it.
 Each streamline is tracked in two halves from its start point, the second starting
@@ -49,6 +49,7 @@ import numpy as np
 
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
 from .ballstick import _seed_key, philox4x32
+from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 
 BIT_BRAIN, BIT_EXCLUDE, BIT_STOP = 1, 2, 4
@@ -57,6 +58,30 @@ TARGET_SHIFT, MAX_TARGETS = 11, 21
 
 # Stream purposes (Philox counter word 1, with the half in bit 8).
 P_STEP, P_START, P_EULER, P_RANDFIB = 0, 1, 2, 3
+
+
+def kernel_defines(seed_matrix: bool = False) -> tuple[tuple[str, int], ...]:
+    """What kernels/probabilistic.cu receives at compile time: the mask bits, the stream
+    purposes, and whether the seed × seed matrix is counted (it costs registers)."""
+    return (
+        ("BIT_BRAIN", BIT_BRAIN),
+        ("BIT_EXCLUDE", BIT_EXCLUDE),
+        ("BIT_STOP", BIT_STOP),
+        ("TARGET_SHIFT", TARGET_SHIFT),
+        ("P_STEP", P_STEP),
+        ("P_START", P_START),
+        ("P_EULER", P_EULER),
+        ("P_RANDFIB", P_RANDFIB),
+        ("SEED_MATRIX", int(seed_matrix)),
+    )
+
+
+def kernel_function(seed_matrix: bool = False):
+    """The compiled ``prob_track`` kernel."""
+    from . import cuda
+
+    return cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",), kernel_defines(seed_matrix))
+
 
 STOP_REASONS = ("steps", "mask", "curvature", "stop mask", "loop", "excluded")
 
@@ -465,14 +490,10 @@ class KernelTracker:
         threads: int | None = None,
         seed_matrix: bool = False,
     ):
-        from . import cuda
-
         cp = self.cp = backend.xp
         self.backend, self.field, self.params = backend, field_, params
         self.n_seeds, self.n_targets = len(seeds), n_targets
-        self.kernel = cuda.function(
-            "probabilistic.cu", "prob_track", ("philox.cuh",), (("SEED_MATRIX", int(seed_matrix)),)
-        )
+        self.kernel = kernel_function(seed_matrix)
         try:
             self.arrays = device_field or upload_field(backend, field_)
         except Exception as exc:
@@ -834,10 +855,7 @@ def iter_track(
     same samples again without copying them (gigabytes for a whole brain). ``seed_matrix``:
     also count the seed × seed matrix (:class:`ProbResult`)."""
     backend = get_backend(device)
-    if engine == "auto":
-        engine = "kernel" if backend.is_gpu else "numpy"
-    if engine not in ("kernel", "numpy") or (engine == "kernel" and not backend.is_gpu):
-        raise ValueError("engine must be 'kernel' (on the GPU) or 'numpy'")
+    engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="probabilistic tracking")
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     total = len(seeds) * params.n_samples
     n_vox = int(np.prod(field_.shape))

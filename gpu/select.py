@@ -27,6 +27,7 @@ import numpy as np
 
 from . import cuda
 from .backend import Backend, get_backend, run_batched
+from .engines import ARRAYS, KERNEL, choose_engine
 from .streamlines import repeat_counts
 
 MAX_REGIONS = 32
@@ -228,10 +229,7 @@ class StreamlineIndex:
         bits_host = region_bits([*include, *exclude])
         t0 = time.perf_counter()
         bits = backend.asarray(bits_host)
-        if engine == "auto":
-            engine = "kernel" if backend.is_gpu else "arrays"
-        if engine == "kernel" and not backend.is_gpu:
-            raise ValueError("the 'kernel' engine needs the GPU backend")
+        engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="fiber selection")
         if engine == "kernel":
             out = backend.to_host(
                 hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams)

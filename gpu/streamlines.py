@@ -10,17 +10,35 @@ import numpy as np
 
 from . import cuda
 
-# Why a streamline end stopped (one code per end).
+# Why a streamline end stopped (one code per end), for the deterministic and geodesic
+# trackers alike; the kernels receive these values as defines (stop_code_defines).
+MAX_LENGTH, OUTSIDE_VOLUME, OUTSIDE_MASK, LOW_FA, SHARP_ANGLE, STOP_REGION, MAX_STEPS, REACHED_TARGET = range(1, 9)
+STOP_CODES = {
+    "MAX_LENGTH": MAX_LENGTH,
+    "OUTSIDE_VOLUME": OUTSIDE_VOLUME,
+    "OUTSIDE_MASK": OUTSIDE_MASK,
+    "LOW_FA": LOW_FA,
+    "SHARP_ANGLE": SHARP_ANGLE,
+    "STOP_REGION": STOP_REGION,
+    "MAX_STEPS": MAX_STEPS,
+    "REACHED_TARGET": REACHED_TARGET,
+}
 STOP_REASONS = {
     0: "none",
-    1: "max length",
-    2: "left the volume",
-    3: "left the mask",
-    4: "FA below threshold",
-    5: "angle above maximum",
-    6: "entered a stop region",
+    MAX_LENGTH: "max length",
+    OUTSIDE_VOLUME: "left the volume",
+    OUTSIDE_MASK: "left the mask",
+    LOW_FA: "FA below threshold",
+    SHARP_ANGLE: "angle above maximum",
+    STOP_REGION: "entered a stop region",
+    MAX_STEPS: "max steps",
+    REACHED_TARGET: "reached the target",
 }
-MAX_LENGTH, OUTSIDE_VOLUME, OUTSIDE_MASK, LOW_FA, SHARP_ANGLE, STOP_REGION = range(1, 7)
+
+
+def stop_code_defines(*names: str) -> tuple[tuple[str, int], ...]:
+    """The stop codes ``names`` as ``(NAME, value)`` compile-time defines for a tracking kernel."""
+    return tuple((name, STOP_CODES[name]) for name in names)
 
 
 @dataclass
@@ -105,6 +123,10 @@ def repeat_counts(xp, values, counts):
     return values[owner]
 
 
+def _pack_rows_kernel():
+    return cuda.function("streamlines.cu", "pack_rows")
+
+
 def pack_rows(xp, buf, rows, first, counts):
     """Points ``buf[rows[i], first[i] : first[i] + counts[i]]`` of an ``(N, W, C)`` (or ``(N, W)``)
     float32 buffer, packed one streamline after another: ``(points (P, C) or (P,), offsets (S + 1,))``."""
@@ -119,7 +141,7 @@ def pack_rows(xp, buf, rows, first, counts):
     if n:
         threads = 256
         blocks = (n * 32 + threads - 1) // threads
-        cuda.function("streamlines.cu", "pack_rows")(
+        _pack_rows_kernel()(
             (blocks,),
             (threads,),
             (

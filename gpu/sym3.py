@@ -50,7 +50,7 @@ def determinant(tensor):
 
 
 def fractional_anisotropy_from_invariants(xp, tensor):
-    """FA = sqrt(1 - I2/I4) without eigenvalues (seed 004 §4.3, corrected: no extra root).
+    """FA = sqrt(1 - I2/I4) without eigenvalues (Basser & Pierpaoli 1996's FA in invariants).
 
     I1 = trace, I2 = sum of the principal 2x2 minors, I4 = I1² - 2 I2 = ‖D‖²_F.
     Equal to the eigenvalue formula for any symmetric tensor; 0 where D = 0.
@@ -246,7 +246,7 @@ def flip_x_frame(tensor):
     """Change of frame that negates the x axis: the xy and xz components change sign.
 
     Used between FSL's bvec frame and voxel axes when the affine has a positive
-    determinant (algorithms.md, conventions). Its own inverse.
+    determinant (FSL's bvecs are given in a radiological voxel frame). Its own inverse.
     """
     out = tensor.copy()
     out[..., XY] = -out[..., XY]

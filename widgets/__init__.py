@@ -1,4 +1,5 @@
-"""TractLens Qt user interface (main window, views, tools, panels).
+"""TractLens Qt user interface: the main window, its 3-D and slice views, ROI tools and panels.
 
-The main window arrives with issue 3; the engine and the command line work without it.
+Widgets edit the document of ``tractlens.app`` and start its jobs; they hold no algorithm.
+The engine and the command line work without this package (and without a display).
 """

@@ -6,20 +6,23 @@
 //
 // Compile-time constants (set by gpu/ballstick.py):
 //   NFIB      sticks per voxel (1..3)
-//   PER_LANE  measurements per lane, ceil(M / 32) (MCMC only: held in registers)
-//   RICIAN    1 for Rician noise (adds the precision tau), 0 for Gaussian
+//   PER_LANE  measurements per lane, ceil(M / 32) (MCMC only: held in registers; 1 for LM)
+//   RICIAN    1 for Rician noise (adds the precision tau), 0 for Gaussian (0 for LM)
 //
 // Internal units: signal / S0 of the tensor fit, b / max(b), d * max(b).
 // philox4x32_10 comes from philox.cuh (prepended by gpu/cuda.py).
 
-#define FULL_MASK 0xffffffffu
-#define NPL (2 + 3 * NFIB)  // parameters of the least-squares fit
-#ifndef RICIAN
-#define RICIAN 0
+#ifndef NFIB
+#error "NFIB is a compile-time constant defined by gpu/ballstick.py"
 #endif
 #ifndef PER_LANE
-#define PER_LANE 1
+#error "PER_LANE is a compile-time constant defined by gpu/ballstick.py"
 #endif
+#ifndef RICIAN
+#error "RICIAN is a compile-time constant defined by gpu/ballstick.py"
+#endif
+#define FULL_MASK 0xffffffffu
+#define NPL (2 + 3 * NFIB)  // parameters of the least-squares fit
 #define NP (NPL + RICIAN)  // parameters of the MCMC
 
 __device__ __forceinline__ float warp_sum(float v) {

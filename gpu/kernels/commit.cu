@@ -4,18 +4,21 @@
 // A^T y: the same warps compute, per segment, length * <LUT_IC[o], y[row]> (a warp
 // reduction per segment) and the EC and ISO entries of their row; a second kernel sums
 // the segment values per streamline through the streamline-sorted permutation.
-// (The seed's printed kernels added offsets twice, reduced without a barrier, assumed a
-// block of exactly n_s threads and skipped empty voxels wrongly; these do none of that:
-// any number of measurements up to 32 * MPL, any row may be empty.)
+// Any number of measurements up to 32 * MPL and any block size work, and any row may be
+// empty; offsets are added once and every reduction is a warp shuffle.
 
+// Compile-time constants, passed by gpu/commit.py (kernel_defines):
+//   MPL      measurements per lane: up to 32 * MPL measurements
+//   NIC      IC responses per streamline (columns j * n_fibers + f; LUT_IC (NIC, NORIENT, M))
+//   NORIENT  orientations per look-up table
 #ifndef MPL
-#define MPL 4  // measurements per lane: up to 32 * MPL measurements
+#error "MPL is a compile-time constant defined by gpu/commit.py"
 #endif
 #ifndef NIC
-#define NIC 1  // IC responses per streamline (columns j * n_fibers + f; LUT_IC (NIC, NORIENT, M))
+#error "NIC is a compile-time constant defined by gpu/commit.py"
 #endif
 #ifndef NORIENT
-#define NORIENT 32761  // orientations per look-up table
+#error "NORIENT is a compile-time constant defined by gpu/commit.py"
 #endif
 
 __device__ __forceinline__ double warp_sum(double v) {

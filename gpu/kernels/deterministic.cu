@@ -5,14 +5,31 @@ typedef double real;  // the precision of sym3.cuh and tracking.cuh here (see gp
 // tracks forward, then backward with the rest of the length budget, writing points
 // into its row of `buf` (seed at index m, forward at m + k, backward at m - k).
 
-#define MAX_LENGTH 1
-#define OUTSIDE_VOLUME 2
-#define OUTSIDE_MASK 3
-#define LOW_FA 4
-#define SHARP_ANGLE 5
-#define STOP_REGION 6
-#define REGION_OUTSIDE 0
-#define REGION_STOP 2
+// Stop codes (gpu/streamlines.py) and region codes, passed by gpu/deterministic.py.
+#ifndef MAX_LENGTH
+#error "MAX_LENGTH is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef OUTSIDE_VOLUME
+#error "OUTSIDE_VOLUME is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef OUTSIDE_MASK
+#error "OUTSIDE_MASK is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef LOW_FA
+#error "LOW_FA is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef SHARP_ANGLE
+#error "SHARP_ANGLE is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef STOP_REGION
+#error "STOP_REGION is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef REGION_OUTSIDE
+#error "REGION_OUTSIDE is a compile-time constant defined by gpu/deterministic.py"
+#endif
+#ifndef REGION_STOP
+#error "REGION_STOP is a compile-time constant defined by gpu/deterministic.py"
+#endif
 
 struct Tracker {
     const float4* field;

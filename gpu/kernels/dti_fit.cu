@@ -16,10 +16,19 @@ typedef double real;  // the eigensolver of sym3.cuh (prepended by gpu/cuda.py) 
 // exp run in the input precision T, like the array path.
 
 #define FULL_MASK 0xffffffffu
-#define FLAG_NONFINITE_SIGNAL 1
-#define FLAG_NO_SIGNAL 2
-#define FLAG_FIT_FAILED 4
-#define FLAG_NOT_POSITIVE_DEFINITE 8
+// The flag bits of DTIFit.flags, passed by gpu/dti.py.
+#ifndef FLAG_NONFINITE_SIGNAL
+#error "FLAG_NONFINITE_SIGNAL is a compile-time constant defined by gpu/dti.py"
+#endif
+#ifndef FLAG_NO_SIGNAL
+#error "FLAG_NO_SIGNAL is a compile-time constant defined by gpu/dti.py"
+#endif
+#ifndef FLAG_FIT_FAILED
+#error "FLAG_FIT_FAILED is a compile-time constant defined by gpu/dti.py"
+#endif
+#ifndef FLAG_NOT_POSITIVE_DEFINITE
+#error "FLAG_NOT_POSITIVE_DEFINITE is a compile-time constant defined by gpu/dti.py"
+#endif
 
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll

@@ -18,16 +18,38 @@ typedef float real;  // the precision of sym3.cuh and tracking.cuh here (see gpu
 // - the metric of the connectivity measure is taken where RK2 and RK4 evaluate their
 //   second stage (x + h/2 v), which costs no extra lookup.
 
-#define OUTSIDE_VOLUME 2
-#define OUTSIDE_MASK 3
-#define LOW_FA 4
-#define SHARP_ANGLE 5
-#define MAX_LENGTH 1
-#define MAX_STEPS 7
-#define REACHED_TARGET 8
-#define TRACK_BIT 1
-#define TARGET_BIT 2
-#define CHUNKS 4  // 16-byte chunks per voxel
+// Stop codes (gpu/streamlines.py), region bits and CHUNKS, the 16-byte chunks per voxel of
+// the field, passed by gpu/geodesic.py.
+#ifndef OUTSIDE_VOLUME
+#error "OUTSIDE_VOLUME is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef OUTSIDE_MASK
+#error "OUTSIDE_MASK is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef LOW_FA
+#error "LOW_FA is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef SHARP_ANGLE
+#error "SHARP_ANGLE is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef MAX_LENGTH
+#error "MAX_LENGTH is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef MAX_STEPS
+#error "MAX_STEPS is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef REACHED_TARGET
+#error "REACHED_TARGET is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef TRACK_BIT
+#error "TRACK_BIT is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef TARGET_BIT
+#error "TARGET_BIT is a compile-time constant defined by gpu/geodesic.py"
+#endif
+#ifndef CHUNKS
+#error "CHUNKS is a compile-time constant defined by gpu/geodesic.py"
+#endif
 
 extern __shared__ uint4 cell_cache[];  // [corner * CHUNKS + chunk][thread of the block]
 

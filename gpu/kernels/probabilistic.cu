@@ -25,17 +25,35 @@
 // read on the device) runs those again with a table large enough for any streamline and
 // `rank_from` = the voxels already added (immediate) or 0.
 
+// Mask bits, random stream purposes and SEED_MATRIX (1: count the seed x seed matrix),
+// passed by gpu/probabilistic.py (kernel_defines).
 #ifndef SEED_MATRIX
-#define SEED_MATRIX 0
+#error "SEED_MATRIX is a compile-time constant defined by gpu/probabilistic.py"
 #endif
-#define BIT_BRAIN 1u
-#define BIT_EXCLUDE 2u
-#define BIT_STOP 4u
-#define TARGET_SHIFT 11
-#define P_STEP 0u
-#define P_START 1u
-#define P_EULER 2u
-#define P_RANDFIB 3u
+#ifndef BIT_BRAIN
+#error "BIT_BRAIN is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef BIT_EXCLUDE
+#error "BIT_EXCLUDE is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef BIT_STOP
+#error "BIT_STOP is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef TARGET_SHIFT
+#error "TARGET_SHIFT is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef P_STEP
+#error "P_STEP is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef P_START
+#error "P_START is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef P_EULER
+#error "P_EULER is a compile-time constant defined by gpu/probabilistic.py"
+#endif
+#ifndef P_RANDFIB
+#error "P_RANDFIB is a compile-time constant defined by gpu/probabilistic.py"
+#endif
 
 typedef unsigned long long u64;
 
