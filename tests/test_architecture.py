@@ -202,3 +202,21 @@ def test_input_errors_name_the_file_and_the_fix(module):
         if missing:
             lacking.append(f"{module}:{call.lineno} lacks {', '.join(k + '=' for k in missing)}")
     assert not lacking, "\n".join(lacking)
+
+
+def test_every_subpackage_folder_is_installed():
+    """pyproject.toml lists the packages by hand (the package-dir mapping needs it): a new
+    folder with an ``__init__.py`` that is not listed is missing from the wheel, and the
+    installed ``tractlens`` fails to import it."""
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text.split("[tool.setuptools]", 1)[1].split("\n[", 1)[0]
+    listed = set(re.findall(r'"(tractlens[\w.]*)"', block.split("packages", 1)[1]))
+    on_disk = {
+        module_name(init.parent / "__init__.py")
+        for folder in (*SUBPACKAGES, "tractlens")
+        for init in (ROOT / folder).rglob("__init__.py")
+        if ".venv" not in init.parts
+    }
+    assert listed == on_disk, f"missing: {sorted(on_disk - listed)}; not a folder: {sorted(listed - on_disk)}"

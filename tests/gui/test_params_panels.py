@@ -57,7 +57,11 @@ def test_generated_forms_take_defaults_limits_and_choices_from_the_dataclasses(q
 
 def test_spin_for_gives_a_fields_range_and_default(qtbot):
     box = spin_for(SeedingParams, "seeds_per_voxel")
-    assert isinstance(box, QSpinBox) and (box.minimum(), box.maximum(), box.value()) == (1, 1000, 4)
+    assert isinstance(box, QSpinBox) and (box.minimum(), box.maximum(), box.value()) == (
+        1,
+        1000,
+        SeedingParams.seeds_per_voxel,
+    )
     box = spin_for(LesionDistanceParams, "margin_mm")
     assert isinstance(box, QDoubleSpinBox) and box.value() == 5.0
 

@@ -68,6 +68,7 @@ def test_target_exclusion_and_stop_rois_apply(demo_window, demo_dir, qtbot):
     win.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
     target = win.open_roi(demo_dir / "roi_arc_target.nii.gz", role="target")
     panel.form.editors["min_length_mm"].setValue(5.0)
+    panel.seeds_per_voxel.setValue(4)  # enough streamlines to judge each role
     click(qtbot, panel.track_button)
     assert win.wait_for_jobs(120)
     kept = panel.result_layer.data

@@ -18,7 +18,7 @@ from tractlens.app.model import Document, Layer, RoiMask, Tractogram, Volume
 from tractlens.app.selection import STREAMLINE_INDEX, RoiSelection, select_fibres, streamline_index
 from tractlens.app.session import snapshot
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE = (20, 20, 10)
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
 
