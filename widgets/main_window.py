@@ -36,7 +36,7 @@ from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
-from .controllers.menus import add_action
+from .controllers.menus import add_action, app_icon
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
@@ -71,6 +71,7 @@ class MainWindow(QMainWindow):
         ``no``: keep it for later), see :func:`widgets.session_io.offer_recovery`."""
         super().__init__()
         self.setWindowTitle("TractLens")
+        self.setWindowIcon(app_icon())
         self.setAcceptDrops(True)
         self.device = device
         self.document = Document()
@@ -200,17 +201,23 @@ class MainWindow(QMainWindow):
         file_menu = self.menuBar().addMenu("&File")
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("toolbar_main")
-        toolbar.addAction(self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open))
-        self._action(file_menu, "Open &folder (dtifit, bedpostX)…", self.open_folder_dialog)
-        toolbar.addAction(self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D"))
+        toolbar.addAction(
+            self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open, icon_name="open")
+        )
+        self._action(file_menu, "Open &folder (dtifit, bedpostX)…", self.open_folder_dialog, icon_name="open-folder")
+        toolbar.addAction(self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D", icon_name="demo"))
         self.recent_menu = file_menu.addMenu("Open &recent")
         self._fill_recent()
         file_menu.addSeparator()
-        toolbar.addAction(self._action(file_menu, "Save &screenshot…", self.reports.screenshot_dialog, "Ctrl+Shift+S"))
-        self._action(file_menu, "Export &report…", self.reports.report_dialog, "Ctrl+Shift+E")
+        toolbar.addAction(
+            self._action(
+                file_menu, "Save &screenshot…", self.reports.screenshot_dialog, "Ctrl+Shift+S", icon_name="screenshot"
+            )
+        )
+        self._action(file_menu, "Export &report…", self.reports.report_dialog, "Ctrl+Shift+E", icon_name="report")
         file_menu.addSeparator()
-        self._action(file_menu, "Open s&ession…", self._open_session_dialog, "Ctrl+Shift+O")
-        self._action(file_menu, "Save sess&ion…", self._save_session_dialog, "Ctrl+Shift+W")
+        self._action(file_menu, "Open s&ession…", self._open_session_dialog, "Ctrl+Shift+O", icon_name="open-session")
+        self._action(file_menu, "Save sess&ion…", self._save_session_dialog, "Ctrl+Shift+W", icon_name="save-session")
         self._action(file_menu, "&Autosave interval…", self._autosave_dialog)
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
@@ -220,7 +227,7 @@ class MainWindow(QMainWindow):
         self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
         self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
         track_menu = self.menuBar().addMenu("&Track")
-        self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T")
+        self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T", icon_name="track")
         self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
         self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
         filter_menu = self.menuBar().addMenu("F&ilter")
@@ -229,7 +236,9 @@ class MainWindow(QMainWindow):
         self._action(analysis_menu, "Connectivity &matrix…", lambda: self.show_dock("dock_connectivity"))
         self._action(analysis_menu, "&Distance to lesion…", lambda: self.show_dock("dock_presurgical"))
         jobs_menu = self.menuBar().addMenu("&Jobs")
-        toolbar.addAction(self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+."))
+        toolbar.addAction(
+            self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+.", icon_name="cancel")
+        )
 
     def track_probabilistic(self) -> int | None:
         """Track menu: show the Probabilistic tracking panel and track with its settings."""
@@ -310,8 +319,8 @@ class MainWindow(QMainWindow):
         for path in paths:
             self.open_roi(path)
 
-    def _action(self, menu, text, slot, shortcut=None, checkable=False) -> QAction:
-        return add_action(self, menu, text, slot, shortcut, checkable)
+    def _action(self, menu, text, slot, shortcut=None, checkable=False, icon_name=None) -> QAction:
+        return add_action(self, menu, text, slot, shortcut, checkable, icon_name)
 
     def set_fiber_slab(self, mm: float | None) -> None:
         """Draw on the slice views the fibers within ``mm`` around the slice (None: all of them,

@@ -39,8 +39,8 @@ class RoiToolbar:
     def build(self, file_menu) -> None:
         window, tools = self.window, self.roi_tools
         edit_menu = window.menuBar().addMenu("&Edit")
-        add_action(window, edit_menu, "&Undo", self.document.undo, QKeySequence.StandardKey.Undo)
-        add_action(window, edit_menu, "&Redo", self.document.redo, "Ctrl+Shift+Z")
+        add_action(window, edit_menu, "&Undo", self.document.undo, QKeySequence.StandardKey.Undo, icon_name="undo")
+        add_action(window, edit_menu, "&Redo", self.document.redo, "Ctrl+Shift+Z", icon_name="redo")
         file_menu.addSeparator()
         add_action(window, file_menu, "Open R&OI…", window.open_roi_dialog)
         add_action(window, file_menu, "Sa&ve ROI…", window.save_roi_dialog)
@@ -50,10 +50,12 @@ class RoiToolbar:
         self.role_box.addItems(ROI_ROLES)
         self.role_box.currentTextChanged.connect(lambda role: setattr(tools, "role", role))
         bar.addWidget(self.role_box)
-        bar.addAction(add_action(window, edit_menu, "New ROI", self.new_roi, "Ctrl+N"))
+        bar.addAction(add_action(window, edit_menu, "New ROI", self.new_roi, "Ctrl+N", icon_name="new-roi"))
         group = QActionGroup(window)
         for tool, key in TOOLS:
-            action = add_action(window, edit_menu, tool.capitalize(), lambda t=tool: self.set_tool(t), key, True)
+            action = add_action(
+                window, edit_menu, tool.capitalize(), lambda t=tool: self.set_tool(t), key, True, icon_name=tool
+            )
             group.addAction(action)
             bar.addAction(action)
             self.tool_actions[tool] = action

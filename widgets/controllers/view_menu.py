@@ -25,7 +25,9 @@ class ViewControls:
 
     def build(self, view_menu, toolbar) -> None:
         window = self.window
-        toolbar.addAction(add_action(window, view_menu, "&Reset 3-D camera", self.reset_camera, "Ctrl+R"))
+        toolbar.addAction(
+            add_action(window, view_menu, "&Reset 3-D camera", self.reset_camera, "Ctrl+R", icon_name="reset-camera")
+        )
         add_action(window, view_menu, "Next slice", lambda: self.focused_view().step(1), "Ctrl+Up")
         add_action(window, view_menu, "Previous slice", lambda: self.focused_view().step(-1), "Ctrl+Down")
         add_action(window, view_menu, "Radiological convention", self.toggle_radiological, checkable=True)
