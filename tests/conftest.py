@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._private_home import PrivateHome
+
 ARTIFACTS = Path(__file__).parent / "_artifacts"
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -76,6 +78,7 @@ def rng():
 
 def pytest_configure(config):
     ARTIFACTS.mkdir(exist_ok=True)
+    config._tractlens_home = PrivateHome()  # before any test (or subprocess) can write anything
     _ensure_display()
 
 
@@ -109,3 +112,16 @@ def installed_tool(name: str) -> str | None:
     is not activated), else on PATH."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else shutil.which(name)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if it left anything in the user's real configuration, cache, state or data
+    folders (the tests all ran with private ones)."""
+    home = getattr(session.config, "_tractlens_home", None)
+    if home is None:
+        return
+    leaks = home.leaks()
+    home.close()
+    if leaks:
+        sys.stderr.write("\nThe tests wrote into the user's real folders:\n  " + "\n  ".join(leaks) + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

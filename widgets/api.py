@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Iterable
 
+from . import dialogs
 from .main_window import MainWindow
 
 
@@ -30,17 +31,24 @@ def open_window(
     wait: bool = True,
     timeout_s: float = 600.0,
     autosave_s: float | None = 0,
+    interactive: bool = False,
 ) -> MainWindow:
     """A shown main window (making the QApplication when there is none) with ``paths`` opened
     in that order (the first at the bottom of the layer stack) and, with ``demo``, the demo
     phantom. With ``wait`` it returns once everything is loaded and drawn
     (:meth:`MainWindow.wait_for_jobs`; a :class:`TimeoutError` after ``timeout_s``).
-    ``autosave_s``: seconds between autosaves, 0 (the default here) for none."""
+    ``autosave_s``: seconds between autosaves, 0 (the default here) for none. A script never
+    waits for a click: unless ``interactive`` (a person will use the window, e.g. in a
+    notebook), no dialog is shown (:mod:`widgets.dialogs`: each returns its scripted answer)
+    and an earlier crash's autosave is kept for the next interactive start, with a line on
+    stderr."""
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("TractLens")
-    window = MainWindow(device=device, autosave_s=autosave_s, restore="no")
+    if not interactive:
+        dialogs.set_scripted(True)
+    window = MainWindow(device=device, autosave_s=autosave_s, restore="ask" if interactive else "no")
     window.resize(*size)
     window.show()
     if demo:

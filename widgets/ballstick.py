@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
     QDialogButtonBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
@@ -35,6 +34,7 @@ from tractlens.app.loaders import bedpostx_layers
 from tractlens.app.model import Layer
 from tractlens.app.pipelines.ballstick import BallStickParams, fit_ballstick_pipeline, write_ballstick_outputs
 
+from . import dialogs
 from .params_form import ParamsForm
 
 BRAIN = "brain (mask from the b=0 images)"
@@ -111,7 +111,7 @@ class BallStickDialog(QDialog):
         self.samples.setText(f"{self.njumps.value() // self.sample_every.value()} samples per parameter")
 
     def _browse(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "The bedpostX folder to write", self.folder_edit.text())
+        folder = dialogs.folder(self, "The bedpostX folder to write", self.folder_edit.text())
         if folder:
             self.folder_edit.setText(folder)
             self.save.setChecked(True)

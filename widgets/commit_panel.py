@@ -46,12 +46,10 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QMessageBox,
     QPushButton,
     QSlider,
     QSpinBox,
@@ -69,7 +67,7 @@ from tractlens.app.pipelines.commit import (
 )
 from tractlens.app.pipelines.commit import tractogram_suffix as _suffix_of
 
-from . import fiber_display
+from . import dialogs, fiber_display
 from .commit_results import (
     NRMSE_CLIM,
     NRMSE_NAME,
@@ -343,8 +341,7 @@ class CommitPanel(JobPanelBase):
 
     def _ask_peaks_file(self) -> str:
         """The peaks file the user picks ("" if none); tests override it to skip the dialog."""
-        path, _ = QFileDialog.getOpenFileName(self, "Peaks file (X, Y, Z, 3K directions)", "", PEAKS_FILTER)
-        return path
+        return dialogs.open_file(self, "Peaks file (X, Y, Z, 3K directions)", PEAKS_FILTER) or ""
 
     def params(self) -> CommitParams:
         """The form's settings (raises ValueError with the engine's message)."""
@@ -456,19 +453,14 @@ class CommitPanel(JobPanelBase):
 
     def _ask_folder(self) -> str:
         """The folder the user picks for the outputs ("" if none); tests override it."""
-        return QFileDialog.getExistingDirectory(self, "Folder for the COMMIT outputs")
+        return dialogs.folder(self, "Folder for the COMMIT outputs") or ""
 
     def _confirm_overwrite(self, folder: Path, existing: list[str]) -> bool:
         """Whether to replace the COMMIT files already in ``folder``; tests override it."""
         shown = ", ".join(existing[:4]) + (f" and {len(existing) - 4} more" if len(existing) > 4 else "")
-        answer = QMessageBox.question(
-            self,
-            "Replace the COMMIT outputs?",
-            f"{folder} already holds COMMIT outputs ({shown}). Replace them?",
-            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
-            QMessageBox.StandardButton.No,
+        return dialogs.question(
+            self, "Replace the COMMIT outputs?", f"{folder} already holds COMMIT outputs ({shown}). Replace them?"
         )
-        return answer == QMessageBox.StandardButton.Yes
 
     def save_outputs(self, folder, *, confirm: bool = True) -> int | None:
         """Write the last result (:func:`write_commit_outputs`: weights, filtered tractogram in the

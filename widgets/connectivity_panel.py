@@ -15,7 +15,6 @@ has a selection) over a scalar map. CSV files are written on workers.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,6 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QPushButton,
@@ -49,6 +47,7 @@ from tractlens.app.pipelines.connectivity import (
     write_text_atomic,
 )
 
+from . import dialogs
 from .connectivity_plots import ORDERS, HeatMap, ProfilePlot
 from .job_panel import JobPanelBase
 from .layer_combo import LayerCombo
@@ -334,10 +333,7 @@ class ConnectivityPanel(JobPanelBase):
 
     def _ask_save_path(self, title: str, name: str) -> str:
         """The file the user picks ("" if none); tests pass a path instead."""
-        if os.environ.get("TRACTLENS_NO_DIALOGS"):
-            return ""
-        path, _ = QFileDialog.getSaveFileName(self, title, name, CSV_FILTER)
-        return path
+        return dialogs.save_file(self, title, name, CSV_FILTER) or ""
 
     def save_csv(self, path=None) -> int | None:
         """Write the shown matrix as CSV (on a worker); asks for the file when ``path`` is None."""
@@ -366,9 +362,7 @@ class ConnectivityPanel(JobPanelBase):
         self.report(message, details)
 
     def _lut_clicked(self) -> None:
-        if os.environ.get("TRACTLENS_NO_DIALOGS"):
-            return
-        path, _ = QFileDialog.getOpenFileName(self, "Lookup table for the labels", "", LUT_FILTER)
+        path = dialogs.open_file(self, "Lookup table for the labels", LUT_FILTER)
         if path:
             self.load_lookup_table(path)
 

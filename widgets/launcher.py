@@ -42,8 +42,9 @@ def _gui_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--restore",
         choices=("ask", "yes", "no"),
-        default="ask",
-        help="after a crash, restore the autosaved work: ask (default), yes, or no (keep it for a later start)",
+        default=None,
+        help="after a crash, restore the autosaved work: ask (default), yes, or no (keep it for a later start); "
+        "with --exit or --screenshot nobody is asked: the default is then no",
     )
     return parser
 
@@ -71,16 +72,27 @@ def _report_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _window(args):
-    """A QApplication and a shown main window of the requested size (None, status on a bad size)."""
+def _window(args, *, scripted: bool):
+    """A QApplication and a shown main window of the requested size (None, status on a bad size).
+
+    ``scripted``: a run nobody watches (``--exit``, ``--screenshot``, ``report``): no dialog is
+    shown (:mod:`widgets.dialogs`), an earlier crash's autosave is kept for the next interactive
+    start (one line on stderr says so), and nothing is autosaved unless ``--autosave`` asks."""
     from PySide6.QtWidgets import QApplication
 
+    from . import dialogs
+    from .controllers.menus import app_icon
     from .main_window import MainWindow
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("TractLens")
+    app.setWindowIcon(app_icon())
+    if scripted:
+        dialogs.set_scripted(True)
+    autosave = getattr(args, "autosave", None)
+    restore = getattr(args, "restore", None) or ("no" if scripted else "ask")
     window = MainWindow(
-        device=args.device, autosave_s=getattr(args, "autosave", None), restore=getattr(args, "restore", "no")
+        device=args.device, autosave_s=0 if scripted and autosave is None else autosave, restore=restore
     )
     if args.size:
         try:
@@ -105,7 +117,7 @@ def run_report(argv: list[str]) -> int:
     except InputError as exc:
         print(f"tractlens report: error: {exc}", file=sys.stderr)
         return cli.EXIT_INPUT
-    app, window = _window(args)
+    app, window = _window(args, scripted=True)
     if window is None:
         return cli.EXIT_INPUT
     from .report import export_report
@@ -132,7 +144,7 @@ def run_gui(argv: list[str]) -> int:
     if argv and argv[0] == "view":
         argv = argv[1:]
     args = _gui_parser().parse_args(argv)
-    app, window = _window(args)
+    app, window = _window(args, scripted=bool(args.exit or args.screenshot))
     if window is None:
         return cli.EXIT_INPUT
     if args.session:

@@ -19,11 +19,9 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QDockWidget,
-    QFileDialog,
     QGridLayout,
     QLabel,
     QMainWindow,
-    QMessageBox,
     QProgressBar,
     QTabBar,
     QWidget,
@@ -32,6 +30,7 @@ from PySide6.QtWidgets import (
 from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document, Layer
 
+from . import dialogs
 from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
@@ -299,12 +298,8 @@ class MainWindow(QMainWindow):
             self.report_error("there is no ROI to save: draw one first (New ROI)", "")
             return
         # save_roi asks before replacing a file (after adding a missing suffix, which changes the name).
-        path, _ = QFileDialog.getSaveFileName(
-            self,
-            "Save ROI",
-            f"{layer.name}.nii.gz",
-            "NIfTI (*.nii.gz *.nii)",
-            options=QFileDialog.Option.DontConfirmOverwrite,
+        path = dialogs.save_file(
+            self, "Save ROI", f"{layer.name}.nii.gz", "NIfTI (*.nii.gz *.nii)", confirm_overwrite=False
         )
         if path:
             self.save_roi(layer, path)
@@ -315,8 +310,7 @@ class MainWindow(QMainWindow):
         return self.rois.open_roi(path, role)
 
     def open_roi_dialog(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Open ROI", "", "NIfTI (*.nii.gz *.nii)")
-        for path in paths:
+        for path in dialogs.open_files(self, "Open ROI", "NIfTI (*.nii.gz *.nii)"):
             self.open_roi(path)
 
     def _action(self, menu, text, slot, shortcut=None, checkable=False, icon_name=None) -> QAction:
@@ -342,11 +336,12 @@ class MainWindow(QMainWindow):
 
     # -------------------------------------------------------------- opening
     def open_dialog(self) -> None:
-        paths, _ = QFileDialog.getOpenFileNames(self, "Open", "", FILE_FILTER)
-        self.open_paths(paths)
+        paths = dialogs.open_files(self, "Open", FILE_FILTER)
+        if paths:
+            self.open_paths(paths)
 
     def open_folder_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Open a dtifit or bedpostX folder")
+        folder = dialogs.folder(self, "Open a dtifit or bedpostX folder")
         if folder:
             self.open_paths([folder])
 
@@ -391,14 +386,11 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(text, milliseconds)
 
     def report_error(self, message: str, details: str) -> None:
-        """Tell the user: the status bar, :attr:`errors`, and a dialog unless ``TRACTLENS_NO_DIALOGS``."""
+        """Tell the user: the status bar, :attr:`errors`, and a (non-blocking) box when dialogs
+        may be shown (:func:`dialogs.interactive`)."""
         self.errors.append(message)
         self.statusBar().showMessage(message, 15000)
-        if not os.environ.get("TRACTLENS_NO_DIALOGS"):
-            box = QMessageBox(QMessageBox.Icon.Warning, "TractLens", message, parent=self)
-            if details:
-                box.setDetailedText(details)
-            box.open()
+        dialogs.notify(self, "TractLens", message, details)
 
     def wait_for_jobs(self, timeout_s: float = 120.0) -> bool:
         """Process events until no job is queued or running and the views show the document as
@@ -500,14 +492,12 @@ class MainWindow(QMainWindow):
         return self.sessions.open_session(path)
 
     def _open_session_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open session", "", "TractLens session (*.tractlens)")
+        path = dialogs.open_file(self, "Open session", "TractLens session (*.tractlens)")
         if path:
             self.open_session(path)
 
     def _save_session_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Save session", "session.tractlens", "TractLens session (*.tractlens)"
-        )
+        path = dialogs.save_file(self, "Save session", "session.tractlens", "TractLens session (*.tractlens)")
         if path:
             self.save_session(path)
 
@@ -525,13 +515,9 @@ class MainWindow(QMainWindow):
         self.sessions.set_autosave_interval(seconds)
 
     def _autosave_dialog(self) -> None:
-        from PySide6.QtWidgets import QInputDialog
-
         current = int(self.autosave.interval_s) if self.autosave is not None else 0
-        seconds, ok = QInputDialog.getInt(
-            self, "Autosave", "Autosave every (seconds, 0 = off):", current, 0, 24 * 3600, 5
-        )
-        if ok:
+        seconds = dialogs.integer(self, "Autosave", "Autosave every (seconds, 0 = off):", current, 0, 24 * 3600)
+        if seconds is not None:
             self.set_autosave_interval(seconds)
 
     def restore_autosave(self, orphan) -> int:
@@ -573,15 +559,8 @@ class MainWindow(QMainWindow):
 
 
 def ask_overwrite(parent, path: Path) -> bool:
-    """Ask whether to replace an existing file (tests replace this function). With
-    ``TRACTLENS_NO_DIALOGS`` set nobody can be asked: the answer is no."""
-    if os.environ.get("TRACTLENS_NO_DIALOGS"):
-        return False
-    buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
-    answer = QMessageBox.question(
-        parent, "Replace file?", f"{path} already exists. Replace it?", buttons, QMessageBox.StandardButton.No
-    )
-    return answer == QMessageBox.StandardButton.Yes
+    """Ask whether to replace an existing file; when nobody can be asked the answer is no."""
+    return dialogs.question(parent, "Replace file?", f"{path} already exists. Replace it?", default=False)
 
 
 def _format_value(value) -> str:

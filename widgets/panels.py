@@ -8,12 +8,10 @@ from PySide6.QtCore import QPoint, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
     QCheckBox,
-    QColorDialog,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
-    QInputDialog,
     QListWidget,
     QListWidgetItem,
     QMenu,
@@ -30,6 +28,8 @@ from PySide6.QtWidgets import (
 from tractlens.app.jobs import RUNNING, JobRunner
 from tractlens.app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
 
+from . import dialogs
+
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 FILTER_COMMIT = "Filter with COMMIT…"
 SHOW_AS = {"scalar": "Show as labels", "labels": "Show as scalar"}  # the menu entry per layer kind
@@ -40,14 +40,13 @@ ROLE_COLOUR = "Colour of its role"
 
 def ask_name(parent: QWidget, current: str) -> str | None:
     """Ask for a layer's new name (tests replace this function); None: cancelled."""
-    text, ok = QInputDialog.getText(parent, "Rename", "Name:", text=current)
-    return text if ok else None
+    return dialogs.text(parent, "Rename", "Name:", current)
 
 
 def ask_colour(parent: QWidget, current: tuple[float, float, float]) -> tuple[float, float, float] | None:
     """Ask for a colour, RGB 0..1 (tests replace this function); None: cancelled."""
-    colour = QColorDialog.getColor(QColor.fromRgbF(*current), parent, "ROI colour")
-    return (colour.redF(), colour.greenF(), colour.blueF()) if colour.isValid() else None
+    colour = dialogs.colour(parent, "ROI colour", QColor.fromRgbF(*current))
+    return None if colour is None else (colour.redF(), colour.greenF(), colour.blueF())
 
 
 class LayerPanel(QWidget):

@@ -41,7 +41,6 @@ import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QHBoxLayout,
     QLabel,
@@ -61,6 +60,7 @@ from tractlens.app.pipelines.probabilistic import (
 )
 from tractlens.app.regions import RoiCopy, regions_on_grid, roi_snapshot
 
+from . import dialogs
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm
 
@@ -383,7 +383,7 @@ class ProbabilisticPanel(JobPanelBase):
 
     # ------------------------------------------------------------------ save
     def _save_dialog(self) -> None:
-        folder = QFileDialog.getExistingDirectory(self, "Folder for the probtrackx outputs")
+        folder = dialogs.folder(self, "Folder for the probtrackx outputs")
         if folder:
             self.save_outputs(folder)
 

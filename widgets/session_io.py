@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import numpy as np
 from PySide6.QtCore import QObject, QTimer, Signal
-from PySide6.QtWidgets import QMessageBox
 
 from tractlens.app.pipelines.connectivity import DISTANCE_POINT_SCALAR, DISTANCE_STREAMLINE_SCALAR, RegionDistance
 from tractlens.app.recovery import AutoSaver, Orphan, RecoveryStore, find_orphans
 from tractlens.app.session import DocumentSnapshot, Session, load_session, snapshot
+
+from . import dialogs
 
 log = logging.getLogger(__name__)
 RESTORE_CHOICES = ("ask", "yes", "no")
@@ -155,8 +157,9 @@ class WindowAutosave(QObject):
 def offer_recovery(window, policy: str = "ask") -> Orphan | None:
     """After an unclean exit, offer to restore the newest autosave left behind.
 
-    ``policy``: ``ask`` shows a dialog (Restore / Discard / Later; with ``TRACTLENS_NO_DIALOGS``
-    it only says so in the status bar and keeps the autosave), ``yes`` restores, ``no`` keeps
+    ``policy``: ``ask`` shows a dialog (Restore / Discard / Later) when dialogs may be shown
+    (:func:`dialogs.interactive`); in a scripted run it keeps the autosave for the next
+    interactive start and says so on stderr and in the status bar, ``yes`` restores, ``no`` keeps
     it for a later start. A restored autosave is deleted once this window has autosaved the
     restored document itself, so a second crash in between loses nothing. Returns the orphan
     being restored, else None.
@@ -171,29 +174,26 @@ def offer_recovery(window, policy: str = "ask") -> Orphan | None:
         orphan.release()  # offered at a later start
     choice = policy
     if policy == "ask":
-        if os.environ.get("TRACTLENS_NO_DIALOGS"):
-            choice = "no"
-        else:
-            box = QMessageBox(
-                QMessageBox.Icon.Question,
+        if dialogs.interactive() or dialogs.has_answer("choice"):
+            choice = dialogs.choice(
+                window,
                 "Restore work?",
                 "TractLens did not shut down cleanly last time. Restore the work it autosaved?\n\n" + newest.describe(),
-                parent=window,
+                [("yes", "Restore"), ("discard", "Discard"), ("no", "Later")],
+                default="no",
             )
-            restore = box.addButton("Restore", QMessageBox.ButtonRole.AcceptRole)
-            discard = box.addButton("Discard", QMessageBox.ButtonRole.DestructiveRole)
-            box.addButton("Later", QMessageBox.ButtonRole.RejectRole)
-            box.exec()
-            clicked = box.clickedButton()
-            choice = "yes" if clicked is restore else ("discard" if clicked is discard else "no")
+        else:
+            choice = "no"
     if choice == "discard":
         newest.discard()
         return None
     if choice == "no":
-        window.statusBar().showMessage(
-            f"An autosave from an earlier session is kept ({newest.describe()}); it is offered again at the next start.",
-            15000,
+        kept = (
+            f"An autosave from an earlier session is kept ({newest.describe()}); it is offered again at the next start."
         )
+        window.statusBar().showMessage(kept, 15000)
+        if not dialogs.interactive():  # a scripted run: say it where its output is read
+            print(f"tractlens: {kept} ({newest.folder})", file=sys.stderr)
         newest.release()
         return None
     window.restore_autosave(newest)

@@ -5,8 +5,12 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _gui_environment(tmp_path, monkeypatch):
+    from tractlens.widgets import dialogs
+
     monkeypatch.setenv("TRACTLENS_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("TRACTLENS_NO_DIALOGS", "1")
+    yield
+    dialogs.set_scripted(False)  # open_window() marks the process scripted: not for the next test
 
 
 @pytest.fixture

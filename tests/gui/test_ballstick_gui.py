@@ -223,11 +223,11 @@ def test_sticks_follow_the_world_on_a_left_right_flipped_grid(window, tmp_path):
 def test_a_bedpostx_folder_opens_from_the_file_menu_and_the_command_line(
     window, bedpostx_folder, monkeypatch, tmp_path
 ):
-    from tractlens.widgets import main_window
+    from tractlens.widgets import dialogs
 
-    monkeypatch.setattr(main_window.QFileDialog, "getExistingDirectory", lambda *_a, **_k: str(bedpostx_folder))
     file_menu = window.menuBar().actions()[0].menu()
-    next(action for action in file_menu.actions() if action.text().startswith("Open &folder")).trigger()
+    with dialogs.answers(folder=[bedpostx_folder]):  # the folder the user picks
+        next(action for action in file_menu.actions() if action.text().startswith("Open &folder")).trigger()
     assert window.wait_for_jobs(60)
     assert [layer.kind for layer in window.document.layers] == ["scalar", "dyads"]
 

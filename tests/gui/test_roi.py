@@ -275,6 +275,7 @@ def test_polygon_tool_fills_the_closed_outline(window, qtbot):
 # ------------------------------------------------------------------ files
 def test_save_roi_adds_the_suffix_and_never_replaces_a_file_without_asking(window, tmp_path, monkeypatch):
     import tractlens.widgets.main_window as main_window
+    from tractlens.widgets import dialogs
 
     window_with_image(window)
     doc = window.document
@@ -282,8 +283,8 @@ def test_save_roi_adds_the_suffix_and_never_replaces_a_file_without_asking(windo
     doc.paint(layer, np.array([[3, 4, 5], [10, 11, 6]]), True)
     first = layer.data.mask.copy()
     # A name typed without a suffix, through the dialog: written as .nii.gz.
-    monkeypatch.setattr(main_window.QFileDialog, "getSaveFileName", lambda *a, **k: (str(tmp_path / "seed"), ""))
-    window.save_roi_dialog()
+    with dialogs.answers(save_file=[tmp_path / "seed"]):
+        window.save_roi_dialog()
     path = tmp_path / "seed.nii.gz"
     assert path.exists() and not (tmp_path / "seed").exists() and window.errors == []
     np.testing.assert_array_equal(np.asarray(nib.load(path).dataobj) > 0, first)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtGui import QImage, QPainter
-from PySide6.QtWidgets import QFileDialog
 
 from tractlens.app.errors import InputError
+
+from .. import dialogs
 
 
 class ReportController:
@@ -44,7 +45,7 @@ class ReportController:
         return export_report(self.window, path, **options)
 
     def report_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.window, "Export report", "report.pdf", "PDF (*.pdf)")
+        path = dialogs.save_file(self.window, "Export report", "report.pdf", "PDF (*.pdf)")
         if path:
             try:
                 files = self.window.export_report(path)
@@ -54,7 +55,7 @@ class ReportController:
             self.window.statusBar().showMessage("Report written: " + ", ".join(f.name for f in files), 8000)
 
     def screenshot_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.window, "Save screenshot", "tractlens.png", "PNG (*.png)")
+        path = dialogs.save_file(self.window, "Save screenshot", "tractlens.png", "PNG (*.png)")
         if path:
             try:
                 self.window.save_screenshot(path)

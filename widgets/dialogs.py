@@ -1,0 +1,193 @@
+"""Every modal dialog of the window goes through this module, so that a run nobody watches
+never waits for a click.
+
+Dialogs are shown only when the application is *interactive*. It is not when
+``TRACTLENS_NO_DIALOGS`` is set, nor in a scripted run (:func:`set_scripted`: ``tractlens
+--exit`` / ``--screenshot``, ``tractlens report``, ``tractlens.open_window`` from a script or
+a notebook). Then each dialog returns its *scripted answer* at once: the next answer queued for
+that kind of dialog with :func:`answers` (tests and scripts that need a particular one), else its
+safe default — no file or folder (the action is cancelled), the non-destructive choice for a
+question, no input. A message that would have needed an OK goes to the status bar and the
+window's error list only (the caller does that), never to a modal box.
+
+The kinds: ``open_file``, ``open_files``, ``save_file``, ``folder``, ``question``, ``choice``,
+``integer``, ``text``, ``colour``; :func:`answers` takes them as keywords::
+
+    with dialogs.answers(save_file=["/tmp/seed.nii.gz"], question=[True]):
+        window.save_roi_dialog()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import defaultdict, deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QColorDialog, QFileDialog, QInputDialog, QMessageBox
+
+KINDS = ("open_file", "open_files", "save_file", "folder", "question", "choice", "integer", "text", "colour")
+
+_scripted = False
+_queued: dict[str, deque] = defaultdict(deque)
+_NOT_QUEUED = object()
+
+
+def set_scripted(scripted: bool = True) -> None:
+    """Mark this process as a scripted run (no dialog will be shown from now on)."""
+    global _scripted
+    _scripted = bool(scripted)
+
+
+def interactive() -> bool:
+    """True when a dialog may be shown: not scripted and ``TRACTLENS_NO_DIALOGS`` not set."""
+    return not _scripted and not os.environ.get("TRACTLENS_NO_DIALOGS")
+
+
+def has_answer(kind: str) -> bool:
+    """Whether a scripted answer is queued for ``kind``."""
+    return bool(_queued[kind])
+
+
+@contextlib.contextmanager
+def answers(**queued: Sequence[Any]) -> Iterator[None]:
+    """Queue scripted answers by dialog kind for the block (first in, first used); whatever is
+    left unused is dropped at the end. While answers are queued for a kind, its dialogs are
+    answered from the queue even in an interactive session."""
+    unknown = sorted(set(queued) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown dialog kinds {unknown}: one of {', '.join(KINDS)}")
+    for kind, values in queued.items():
+        _queued[kind].extend(values)
+    try:
+        yield
+    finally:
+        for kind in queued:
+            _queued[kind].clear()
+
+
+def _scripted_answer(kind: str, default: Any) -> Any:
+    """The queued answer for ``kind``; else ``default`` when no dialog may be shown; else
+    :data:`_NOT_QUEUED` (show the dialog)."""
+    if _queued[kind]:
+        return _queued[kind].popleft()
+    return default if not interactive() else _NOT_QUEUED
+
+
+def open_file(parent, title: str, file_filter: str = "", start: str = "") -> str | None:
+    """A file to open, or None (cancelled)."""
+    answer = _scripted_answer("open_file", None)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else str(answer)
+    path, _ = QFileDialog.getOpenFileName(parent, title, start, file_filter)
+    return path or None
+
+
+def open_files(parent, title: str, file_filter: str = "", start: str = "") -> list[str]:
+    """Files to open (empty: cancelled)."""
+    answer = _scripted_answer("open_files", [])
+    if answer is not _NOT_QUEUED:
+        return [str(p) for p in answer]
+    paths, _ = QFileDialog.getOpenFileNames(parent, title, start, file_filter)
+    return list(paths)
+
+
+def save_file(parent, title: str, suggested: str = "", file_filter: str = "", *, confirm_overwrite: bool = True):
+    """A file to write, or None. ``confirm_overwrite=False``: the caller asks itself (with
+    :func:`question`), e.g. after adding a suffix."""
+    answer = _scripted_answer("save_file", None)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else str(answer)
+    options = QFileDialog.Option(0) if confirm_overwrite else QFileDialog.Option.DontConfirmOverwrite
+    path, _ = QFileDialog.getSaveFileName(parent, title, suggested, file_filter, options=options)
+    return path or None
+
+
+def folder(parent, title: str, start: str = "") -> str | None:
+    """A folder, or None."""
+    answer = _scripted_answer("folder", None)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else str(answer)
+    path = QFileDialog.getExistingDirectory(parent, title, start)
+    return path or None
+
+
+def question(parent, title: str, text: str, *, default: bool = False) -> bool:
+    """Yes or No; scripted: ``default``, which callers make the non-destructive answer."""
+    answer = _scripted_answer("question", default)
+    if answer is not _NOT_QUEUED:
+        return bool(answer)
+    buttons = QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No
+    preset = QMessageBox.StandardButton.Yes if default else QMessageBox.StandardButton.No
+    return QMessageBox.question(parent, title, text, buttons, preset) == QMessageBox.StandardButton.Yes
+
+
+def choice(parent, title: str, text: str, options: Sequence[tuple[str, str]], *, default: str) -> str:
+    """One of ``options`` ((key, button text), the first the accepting one); the key of the
+    button pressed, ``default`` when the box is closed or nobody can be asked."""
+    keys = [key for key, _ in options]
+    if default not in keys:
+        raise ValueError(f"default {default!r} is not among {keys}")
+    answer = _scripted_answer("choice", default)
+    if answer is not _NOT_QUEUED:
+        if answer not in keys:
+            raise ValueError(f"scripted answer {answer!r} is not among {keys}")
+        return answer
+    box = QMessageBox(QMessageBox.Icon.Question, title, text, parent=parent)
+    roles = [QMessageBox.ButtonRole.AcceptRole, QMessageBox.ButtonRole.DestructiveRole]
+    buttons = {}
+    for i, (key, label) in enumerate(options):
+        role = roles[i] if i < len(roles) else QMessageBox.ButtonRole.RejectRole
+        buttons[key] = box.addButton(label, role)
+    box.exec()
+    clicked = box.clickedButton()
+    return next((key for key, button in buttons.items() if button is clicked), default)
+
+
+def integer(parent, title: str, label: str, value: int, minimum: int, maximum: int) -> int | None:
+    """An integer, or None."""
+    answer = _scripted_answer("integer", None)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else int(answer)
+    number, ok = QInputDialog.getInt(parent, title, label, value, minimum, maximum)
+    return number if ok else None
+
+
+def text(parent, title: str, label: str, current: str = "") -> str | None:
+    """A line of text, or None."""
+    answer = _scripted_answer("text", None)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else str(answer)
+    entered, ok = QInputDialog.getText(parent, title, label, text=current)
+    return entered if ok else None
+
+
+def colour(parent, title: str, current: QColor) -> QColor | None:
+    """A colour, or None."""
+    answer = _scripted_answer("colour", None)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else QColor(answer)
+    chosen = QColorDialog.getColor(current, parent, title)
+    return chosen if chosen.isValid() else None
+
+
+def notify(parent, title: str, text: str, details: str = "") -> None:
+    """A warning box that does not block (``open``, window-modal); nothing when nobody can be asked."""
+    if not interactive():
+        return
+    box = QMessageBox(QMessageBox.Icon.Warning, title, text, parent=parent)
+    if details:
+        box.setDetailedText(details)
+    box.open()
+
+
+def message(parent, title: str, text: str, details: str = "") -> None:
+    """A warning box with OK (and the details, folded); nothing when nobody can be asked."""
+    if not interactive():
+        return
+    box = QMessageBox(QMessageBox.Icon.Warning, title, text, parent=parent)
+    if details:
+        box.setDetailedText(details)
+    box.exec()
