@@ -236,6 +236,8 @@ def decide_device(
     crossover — its start-up not yet paid, or too little work to repay it — the CPU.
     ``state`` is this process's :func:`gpu_state` unless given.
     """
+    if not isinstance(requested, str):  # a resolved backend: obeyed
+        return DeviceChoice(requested.name, f"{requested.name}: requested", requested)
     requested = (requested or AUTO).lower()
     if requested in ("cpu", "gpu"):
         return DeviceChoice(requested, f"{requested}: requested", requested)
