@@ -194,6 +194,19 @@ def get_backend(device: str | Backend = "auto") -> Backend:
     return _cpu_backend()
 
 
+def check_device(device: str | Backend) -> None:
+    """Refuse an unusable request before any work: an unknown name, or ``"gpu"`` with no GPU
+    (:class:`BackendError`). ``"auto"`` and ``"cpu"`` are not probed, so CuPy is not imported
+    for work the device chooser may give to the CPU."""
+    if isinstance(device, Backend):
+        return
+    name = (device or "auto").lower()
+    if name not in DEVICES:
+        raise BackendError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if name == "gpu":
+        get_backend(name)
+
+
 def _cpu_backend() -> Backend:
     import platform
 

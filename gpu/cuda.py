@@ -14,14 +14,28 @@ each one it needs with::
 
 so a missing define stops compilation, and :func:`function` refuses, before compiling,
 a call that does not pass every such name (:func:`required_defines`).
+
+Compiling is slow the first time (NVRTC, about a second a build) and fast afterwards: CuPy
+keeps every compiled build in its on-disk cache (``CUPY_CACHE_DIR``, by default
+``~/.cupy/kernel_cache``, :func:`cache_dir`), keyed by source, options and GPU, so we pass
+the same text and options each time and never move it. When the first build of a process
+takes longer than :data:`SLOW_COMPILE_S` (nothing was cached) the logger says so once, while
+it happens. :func:`loaded_files` tells which kernels this process already holds (the
+device chooser counts their start-up as paid).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import operator
+import os
 import re
+import threading
+import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 KERNEL_DIR = Path(__file__).parent / "kernels"
 
@@ -57,6 +71,50 @@ def check_defines(file: str, headers: tuple[str, ...], defines: tuple[tuple[str,
             raise ValueError(f"the define {key}={value!r} for kernels/{file} must be an integer") from None
 
 
+#: Seconds a compile may take before the log says that kernels are being compiled.
+SLOW_COMPILE_S = 0.5
+#: The message, logged at INFO once per process (the CLI prints it on stderr).
+COMPILING_MESSAGE = "compiling GPU kernels (first use only)…"
+
+_loaded: dict[str, float] = {}  # kernel file -> seconds its builds took in this process
+_announce = threading.Lock()
+_announced = False
+
+
+def cache_dir() -> Path:
+    """Where CuPy keeps compiled kernels between processes (``CUPY_CACHE_DIR`` or its default)."""
+    return Path(os.environ.get("CUPY_CACHE_DIR") or Path.home() / ".cupy" / "kernel_cache")
+
+
+def loaded_files() -> frozenset[str]:
+    """The kernel files of which at least one build was compiled (or loaded) in this process."""
+    return frozenset(_loaded)
+
+
+def _say_compiling() -> None:
+    global _announced
+    with _announce:
+        if not _announced:
+            _announced = True
+            log.info("%s", COMPILING_MESSAGE)
+
+
+def _timed_build(file: str, build):
+    """``build()``, saying :data:`COMPILING_MESSAGE` if it is still running after
+    :data:`SLOW_COMPILE_S` (a cached build loads in milliseconds and says nothing)."""
+    timer = None if _announced else threading.Timer(SLOW_COMPILE_S, _say_compiling)
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    start = time.perf_counter()
+    try:
+        return build()
+    finally:
+        if timer is not None:
+            timer.cancel()
+        _loaded[file] = _loaded.get(file, 0.0) + time.perf_counter() - start
+
+
 @functools.cache
 def function(file: str, name: str, headers: tuple[str, ...] = (), defines: tuple[tuple[str, int], ...] = ()):
     """The ``extern "C"`` kernel ``name`` of ``kernels/<file>`` (compiled on first use).
@@ -69,4 +127,4 @@ def function(file: str, name: str, headers: tuple[str, ...] = (), defines: tuple
 
     options = ("--std=c++17", *(f"-D{key}={operator.index(value)}" for key, value in defines))
     module = cupy.RawModule(code=source(file, headers), options=options)
-    return module.get_function(name)
+    return _timed_build(file, lambda: module.get_function(name))

@@ -11,10 +11,17 @@ A method is computed by one of these engines:
     (ball & sticks, probabilistic tracking).
 
 ``"auto"`` picks the kernel on the GPU backend and the method's CPU engine otherwise.
+
+Which *device* ``device="auto"`` means is decided here too, by measured cost
+(:func:`decide_device`): the GPU pays a start-up (importing CuPy, compiling or loading its
+kernels) that small jobs never earn back, so below a per-method crossover they run on the CPU.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 KERNEL, ARRAYS, NUMPY = "kernel", "arrays", "numpy"
@@ -70,3 +77,194 @@ def choose_engine(
         hint = f"; use engine={cpu_engines[0]!r} or 'auto' on the CPU" if cpu_engines else ""
         raise ValueError(f"the 'kernel' engine needs the GPU backend (CuPy and a CUDA device) for {method}{hint}")
     return requested
+
+
+# ------------------------------------------------------------------ which device ``auto`` uses
+@dataclass(frozen=True)
+class MethodCost:
+    """What one run of a method costs, in seconds, as a function of its work size ``n``.
+
+    CPU: ``cpu_s_per_unit · n``. GPU: start-up (see :meth:`CostModel.gpu_seconds`) +
+    ``gpu_overhead_s`` (allocations, launches, the copies' latency) + ``gpu_s_per_unit · n``
+    (computing and moving the data over the bus).
+    """
+
+    unit: str
+    cpu_s_per_unit: float
+    gpu_s_per_unit: float
+    gpu_overhead_s: float = 0.05
+    compile_s: float = 2.0  # NVRTC, nothing in CuPy's disk cache
+    load_s: float = 0.2  # the same builds from the disk cache
+    kernel_files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What the start-up of a GPU run still costs in this process.
+
+    available : a GPU can (presumably) be used; ``reason`` says why not when it cannot.
+    imported : CuPy is imported and the device initialised in this process.
+    loaded : kernel files already compiled or loaded in this process (:func:`gpu.cuda.loaded_files`).
+    warmed : the warm-up (:func:`gpu.warmup.compile_all`) ran in this process.
+    cached : CuPy's disk cache holds compiled kernels (a previous run or ``info --compile``).
+    """
+
+    available: bool = True
+    reason: str = ""
+    imported: bool = False
+    loaded: frozenset[str] = frozenset()
+    warmed: bool = False
+    cached: bool = True
+
+    def kernels_ready(self, cost: MethodCost) -> bool:
+        if not self.imported:
+            return False
+        return self.warmed or set(cost.kernel_files) <= self.loaded
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Per-method costs and the one-off price of starting CuPy (import + CUDA context)."""
+
+    methods: Mapping[str, MethodCost]
+    import_s: float = 1.6
+
+    def cpu_seconds(self, method: str, n: float) -> float:
+        return self.methods[method].cpu_s_per_unit * n
+
+    def startup_seconds(self, method: str, state: GpuState) -> float:
+        """What the GPU pays before computing: importing CuPy, then compiling or loading kernels."""
+        cost = self.methods[method]
+        seconds = 0.0 if state.imported else self.import_s
+        if not state.kernels_ready(cost):
+            seconds += cost.load_s if state.cached else cost.compile_s
+        return seconds
+
+    def gpu_seconds(self, method: str, n: float, state: GpuState) -> float:
+        cost = self.methods[method]
+        return self.startup_seconds(method, state) + cost.gpu_overhead_s + cost.gpu_s_per_unit * n
+
+    def crossover(self, method: str, state: GpuState) -> float:
+        """The work size above which the GPU is the faster (``inf``: never)."""
+        cost = self.methods[method]
+        gain = cost.cpu_s_per_unit - cost.gpu_s_per_unit
+        if gain <= 0:
+            return math.inf
+        return (self.startup_seconds(method, state) + cost.gpu_overhead_s) / gain
+
+
+# PROVISIONAL: estimates from the issue's H100 timings (CuPy import 1.6 s, first compile ~2 s,
+# 96×96×64×65 DWI: fit-dti 1.7 s CPU / 2.1 s GPU warm, deterministic 1.3 s / 1.7 s), set on
+# the CPU's side (they favour the CPU for small jobs). Replace them with the constants that
+# tests/benchmarks/bench_crossover.py fits and prints (results/crossover_<gpu>.json).
+DEFAULT_COSTS = CostModel(
+    methods={
+        "fit-dti": MethodCost("voxels × measurements", 5e-8, 5e-9, kernel_files=("dti_fit.cu",)),
+        "fit-ballstick": MethodCost("voxels × measurements × iterations", 2e-8, 5e-11, kernel_files=("ballstick.cu",)),
+        "deterministic": MethodCost(
+            "seeds × max steps", 1e-8, 5e-10, kernel_files=("deterministic.cu", "streamlines.cu")
+        ),
+        "geodesic": MethodCost("fibres × max steps", 2e-8, 5e-10, kernel_files=("geodesic.cu", "streamlines.cu")),
+        "probabilistic": MethodCost("streamlines × max steps", 5e-8, 1e-10, kernel_files=("probabilistic.cu",)),
+        "commit": MethodCost("segments × iterations", 2e-8, 1e-9, kernel_files=("commit.cu",)),
+        "select": MethodCost("streamline points", 2e-8, 2e-9, kernel_files=("select.cu",)),
+        "connectome": MethodCost("streamlines", 2e-6, 2e-7, compile_s=0.5, load_s=0.1),
+        "profile": MethodCost("streamline points", 1e-7, 1e-8, compile_s=0.5, load_s=0.1),
+        "distance": MethodCost("streamline points", 2e-7, 2e-8, compile_s=0.5, load_s=0.1),
+    }
+)
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The device a run uses and why (``reason`` goes into the result's provenance)."""
+
+    device: str  # "cpu" or "gpu"
+    reason: str
+    requested: str = AUTO
+
+    @property
+    def argument(self) -> str:
+        """What to pass on as ``device=``: ``"cpu"`` when the CPU was chosen, else the request
+        (``"auto"`` stays ``"auto"``, so a GPU out of memory still falls back to the CPU)."""
+        return "cpu" if self.device == "cpu" else self.requested
+
+
+def gpu_state() -> GpuState:
+    """The start-up state of this process, found without importing CuPy."""
+    import importlib.util
+    import os
+    import sys
+
+    from . import backend, cuda, warmup
+
+    if os.environ.get("TRACTLENS_DISABLE_GPU"):
+        return GpuState(available=False, reason="disabled by TRACTLENS_DISABLE_GPU")
+    probed = backend.gpu_status.cache_info().currsize > 0
+    if probed:
+        ok, detail = backend.gpu_status()
+        if not ok:
+            return GpuState(available=False, reason=detail)
+    elif "cupy" not in sys.modules and importlib.util.find_spec("cupy") is None:
+        return GpuState(available=False, reason="CuPy is not installed")
+    try:
+        cached = any(os.scandir(cuda.cache_dir()))
+    except OSError:
+        cached = False
+    return GpuState(available=True, imported=probed, loaded=cuda.loaded_files(), warmed=warmup.warmed(), cached=cached)
+
+
+def _amount(n: float) -> str:
+    for scale, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def decide_device(
+    method: str,
+    work_size: float | None,
+    *,
+    requested: str = AUTO,
+    cost_model: CostModel | None = None,
+    state: GpuState | None = None,
+) -> DeviceChoice:
+    """The device for ``method`` on ``work_size`` units of work, and why.
+
+    ``"cpu"`` and ``"gpu"`` are obeyed. ``"auto"`` takes the CPU when no GPU can be used,
+    else the cheaper of the two by ``cost_model`` (:data:`DEFAULT_COSTS`): below the GPU's
+    crossover — its start-up not yet paid, or too little work to repay it — the CPU.
+    ``state`` is this process's :func:`gpu_state` unless given.
+    """
+    if not isinstance(requested, str):  # a resolved backend: obeyed
+        return DeviceChoice(requested.name, f"{requested.name}: requested", requested)
+    requested = (requested or AUTO).lower()
+    if requested in ("cpu", "gpu"):
+        return DeviceChoice(requested, f"{requested}: requested", requested)
+    model = DEFAULT_COSTS if cost_model is None else cost_model
+    state = gpu_state() if state is None else state
+    if not state.available:
+        return DeviceChoice("cpu", f"cpu: no usable GPU ({state.reason})", requested)
+    if work_size is None or method not in model.methods:
+        return DeviceChoice("gpu", f"gpu: no cost model for {method}; the GPU when there is one", requested)
+    unit = model.methods[method].unit
+    cpu_s, gpu_s = model.cpu_seconds(method, work_size), model.gpu_seconds(method, work_size, state)
+    when = "warm" if model.startup_seconds(method, state) == 0 else "cold"
+    crossover = model.crossover(method, state)
+    limit = "never" if math.isinf(crossover) else f"~{_amount(crossover)} {when}"
+    size = f"{_amount(work_size)} {unit}"
+    if gpu_s < cpu_s:
+        return DeviceChoice("gpu", f"gpu: {size}, above the GPU crossover ({limit})", requested)
+    return DeviceChoice("cpu", f"cpu: {size}, below the GPU crossover ({limit})", requested)
+
+
+def choose_device(
+    method: str,
+    work_size: float | None,
+    *,
+    requested: str = AUTO,
+    cost_model: CostModel | None = None,
+    state: GpuState | None = None,
+) -> str:
+    """``"cpu"`` or ``"gpu"``: :func:`decide_device`'s device."""
+    return decide_device(method, work_size, requested=requested, cost_model=cost_model, state=state).device

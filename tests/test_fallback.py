@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tractlens.app.pipelines import _fallback
-from tractlens.gpu import deterministic, geodesic
+from tractlens.gpu import deterministic, engines, geodesic
 from tractlens.gpu.backend import Backend, OutOfDeviceMemory, get_backend
 
 
@@ -38,6 +38,9 @@ def fake_gpu(monkeypatch):
         return real(device)
 
     monkeypatch.setattr(_fallback, "get_backend", resolve)
+    # ``auto``'s device choice sees a ready GPU and no cost model: the GPU, as before the rule.
+    monkeypatch.setattr(engines, "gpu_state", lambda: engines.GpuState(imported=True, warmed=True))
+    monkeypatch.setattr(engines, "DEFAULT_COSTS", engines.CostModel(methods={}))
     return FAKE_GPU
 
 

@@ -14,7 +14,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
@@ -29,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document, Layer
+from tractlens.app.pipelines.warmup import submit_gpu_warmup
 
 from . import dialogs
 from .ballstick import BallStickDialog
@@ -45,6 +45,7 @@ from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
 from .session_io import WindowAutosave, apply_session, offer_recovery, window_snapshot
 from .slice_view import SliceView
+from .status_text import format_value as _format_value
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
 
@@ -194,6 +195,7 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self.sessions.start_autosave(autosave_s)
         QTimer.singleShot(0, lambda: offer_recovery(self, restore))
+        self.warmup_job = submit_gpu_warmup(self.runner, device)  # compiles GPU kernels off the GUI thread
 
     # ------------------------------------------------------------------ menus
     def _build_menus(self) -> None:
@@ -561,17 +563,3 @@ class MainWindow(QMainWindow):
 def ask_overwrite(parent, path: Path) -> bool:
     """Ask whether to replace an existing file; when nobody can be asked the answer is no."""
     return dialogs.question(parent, "Replace file?", f"{path} already exists. Replace it?", default=False)
-
-
-def _format_value(value) -> str:
-    """A layer's value in the status bar: ``3 (crossing_ap_start)`` for a named label,
-    ``FA 0.62 λ1 1.7e-03`` for a tensor, numbers with 4 significant digits."""
-    if isinstance(value, dict):
-        if "label" in value:
-            return f"{value['label']}" + (f" ({value['name']})" if "name" in value else "")
-        return " ".join(f"{key} {_format_value(number)}" for key, number in value.items())
-    array = np.asarray(value)
-    if array.ndim == 0:
-        number = float(array)
-        return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.3e}"
-    return "(" + ", ".join(f"{float(v):.3g}" for v in array.ravel()) + ")"

@@ -47,6 +47,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after set-up)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
+def _say_when_compiling(quiet: bool) -> None:
+    """The engine's 'compiling GPU kernels (first use only)…' as one plain line on stderr
+    (nothing with ``--quiet``)."""
+    logger = logging.getLogger("tractlens.gpu.cuda")
+    handler = next((h for h in logger.handlers if getattr(h, "tractlens_cli", False)), None)
+    if handler is None:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("tractlens: %(message)s"))
+        handler.tractlens_cli = True
+        logger.addHandler(handler)
+    handler.setLevel(logging.CRITICAL + 1 if quiet else logging.INFO)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -58,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         format="tractlens: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    _say_when_compiling(args.quiet)
     try:
         return args.func(args)
     except (InputError, BackendError) as exc:

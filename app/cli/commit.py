@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tractlens.gpu.backend import DEVICES, get_backend
+from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.commit import CommitParams
 
 from ..io.outputs import check_output_folder
@@ -46,7 +46,7 @@ def add_parsers(sub, common) -> None:
 def cmd_commit(args) -> int:
     from ..pipelines.commit import commit_from_files, write_commit_outputs
 
-    get_backend(args.device)
+    check_device(args.device)
     params = params_from_args(CommitParams, args, fix="Check the COMMIT options (see tractlens commit --help)")
     out = check_output_folder(args.output)
     result, suffix = commit_from_files(

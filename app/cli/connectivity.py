@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu.backend import DEVICES, get_backend
+from tractlens.gpu.backend import DEVICES, check_device
 
 from ..errors import InputError
 from ..io.outputs import check_output_file
@@ -88,7 +88,7 @@ def cmd_select(args) -> int:
     from ..io.tractogram import check_output_suffix
     from ..pipelines.select import select_pipeline
 
-    get_backend(args.device)
+    check_device(args.device)
     if not args.include:
         raise InputError("at least one --include mask is needed", fix="Give the region fibers must pass")
     check_output_suffix(args.output)
@@ -126,7 +126,7 @@ def cmd_connectome(args) -> int:
     from ..pipelines.connectivity import compute_connectome, write_matrix_csv
 
     params = params_from_args(ConnectomeParams, args)
-    get_backend(args.device)
+    check_device(args.device)
     check_output_file(args.output, "matrix CSV")
     labels_img = load_image(args.labels, "label volume")
     labels = Volume("labels", load_labels(args.labels), labels_img.affine, kind="labels", source=str(args.labels))
@@ -182,7 +182,7 @@ def cmd_profile(args) -> int:
     from ..pipelines.connectivity import compute_profile, profile_csv_text, write_text_atomic
 
     params = params_from_args(ProfileParams, args)
-    get_backend(args.device)
+    check_device(args.device)
     check_output_file(args.output, "profile CSV")
     volume = load_volume(args.map)
     tract = load_tractogram(args.tractogram, reference=args.map)
@@ -211,7 +211,7 @@ def cmd_distance(args) -> int:
     from ..pipelines.connectivity import compute_lesion_distance, distance_row, with_distances
 
     params = params_from_args(LesionDistanceParams, args)
-    get_backend(args.device)
+    check_device(args.device)
     if args.output:
         from ..io.tractogram import check_output_suffix
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tractlens.gpu.backend import DEVICES, get_backend
+from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.dti import DTIFitParams
 
@@ -56,7 +56,7 @@ def cmd_fit_dti(args) -> int:
     from ..io import load_dwi
     from ..pipelines.dti import fit_dti_pipeline, write_dti_outputs
 
-    get_backend(args.device)  # fail early and clearly when --device gpu has no GPU
+    check_device(args.device)  # fail early and clearly when --device gpu has no GPU
     params = params_from_args(DTIFitParams, args, fix="Check the fit options (see tractlens fit-dti --help)")
     check_output_folder(args.output)  # before the fit, not after it
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
@@ -90,7 +90,7 @@ def cmd_fit_ballstick(args) -> int:
     from ..io import load_dwi
     from ..pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
 
-    get_backend(args.device)  # fail early and clearly when --device gpu has no GPU
+    check_device(args.device)  # fail early and clearly when --device gpu has no GPU
     params = params_from_args(BallStickParams, args, fix="Check the MCMC options (see tractlens fit-ballstick --help)")
     check_output_folder(args.output)
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)

@@ -1,10 +1,15 @@
-"""``tractlens info`` and ``tractlens demo-data``: the installation, and the built-in phantom."""
+"""``tractlens info`` and ``tractlens demo-data``: the installation, and the built-in phantom.
+
+``tractlens info --compile`` compiles every GPU kernel now (for installers and first runs), so
+no later command pays for it: CuPy keeps them in its on-disk cache, which ``info`` names."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 from tractlens.gpu.backend import get_backend, gpu_status
+from tractlens.gpu.cuda import cache_dir
 
 from .. import __version__
 from ._common import EXIT_OK, emit
@@ -12,6 +17,11 @@ from ._common import EXIT_OK, emit
 
 def add_parsers(sub, common) -> None:
     p = sub.add_parser("info", parents=[common], help="version, backend, GPU name and memory (or why none)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile every GPU kernel now (first use only; kept in CuPy's kernel cache)",
+    )
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("demo-data", parents=[common], help="write the built-in demo phantom to a folder")
@@ -37,8 +47,34 @@ def cmd_info(args) -> int:
     import numpy
 
     summary["numpy"] = numpy.__version__
-    emit(args, summary, f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}")
+    summary["kernel_cache_dir"] = str(cache_dir())
+    human = f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}\nkernel cache: {cache_dir()}"
+    if args.compile:
+        summary.update(_compile(ok, detail, args.quiet))
+        human += "\n" + summary.pop("_human")
+    emit(args, summary, human)
     return EXIT_OK
+
+
+def _compile(gpu_ok: bool, reason: str, quiet: bool) -> dict:
+    """Compile every kernel of :func:`gpu.warmup.catalogue`: the summary's fields (and its text)."""
+    if not gpu_ok:
+        return {"compiled": [], "compile_s": 0.0, "_human": f"nothing to compile: no usable GPU ({reason})"}
+    from tractlens.gpu.warmup import compile_all
+
+    def progress(done: int, total: int, label: str) -> None:
+        if not quiet:
+            print(f"compiled {done}/{total}: {label}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    builds = compile_all(progress)
+    total_s = time.perf_counter() - start
+    lines = [f"  {b.build.label:<40} {b.build.method:<14} {b.seconds:7.2f} s" for b in builds]
+    return {
+        "compiled": [{"kernel": b.build.label, "method": b.build.method, "seconds": b.seconds} for b in builds],
+        "compile_s": total_s,
+        "_human": "\n".join([f"compiled {len(builds)} GPU kernels in {total_s:.1f} s:", *lines]),
+    }
 
 
 def cmd_demo_data(args) -> int:

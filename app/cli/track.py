@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tractlens.gpu.backend import DEVICES, get_backend
+from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.probabilistic import ProbParams
@@ -129,7 +129,7 @@ def _tensor_source_options(p) -> None:
 def _check_track_inputs(args) -> None:
     from ..io.tractogram import check_output_suffix
 
-    get_backend(args.device)
+    check_device(args.device)
     check_output_suffix(args.output)
     if args.tensor and (args.bval or args.bvec):
         raise InputError(
@@ -243,7 +243,7 @@ def cmd_track_deterministic(args) -> int:
 def cmd_track_probabilistic(args) -> int:
     from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
 
-    get_backend(args.device)
+    check_device(args.device)
     params = params_from_args(ProbParams, args, fix=_tracking_fix(args))
     outputs = params_from_args(ProbOutputParams, args, fix=_tracking_fix(args))
     if args.waypoints is None and params.waycond != "AND":

@@ -19,6 +19,7 @@ import numpy as np
 
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickParams, fit_ballstick
+from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors
@@ -99,6 +100,9 @@ def fit_ballstick_pipeline(
             path=dwi.path,
             fix="Use fewer sticks (--nfibres) or a series with more directions",
         )
+    iterations = params.burnin + params.njumps
+    choice = decide_device("fit-ballstick", int(mask.sum()) * len(dwi.bvals) * iterations, requested=device)
+    device = choice.argument
     if not get_backend(device).is_gpu:
         rate = float(np.interp(len(dwi.bvals), list(CPU_VOXELS_PER_S), list(CPU_VOXELS_PER_S.values())))
         expected = mask.sum() / rate * (params.burnin + params.njumps) / 2250
@@ -123,6 +127,7 @@ def fit_ballstick_pipeline(
     except ValueError as exc:  # the engine's word on an unusable gradient table
         raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
+    fit.provenance["device_choice"] = choice.reason
     for name, count in fit.flag_counts().items():
         warnings.append(f"{count} voxel(s) flagged '{name}'")
 

@@ -24,6 +24,7 @@ import numpy as np
 from tractlens.gpu import commit
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit import CommitParams, Problem
+from tractlens.gpu.engines import decide_device
 
 __all__ = [
     "COMMIT_OUTPUTS",
@@ -180,6 +181,9 @@ def commit_pipeline(
     the GPU when the problem does not fit in its free memory; on the CPU when even the
     smallest blocks do not fit and ``device`` is ``"auto"``)."""
     fallback: list[str] = []
+    max_iter = (params or CommitParams()).max_iter
+    choice = decide_device("commit", len(tractogram.points) * max_iter, requested=device)  # segments ≈ points
+    device = choice.argument
     result = run_with_cpu_fallback(
         lambda backend: _commit_pipeline(
             dwi, tractogram, mask, peaks, peaks_frame, params, backend, progress, cancelled, max_block_segments
@@ -189,6 +193,7 @@ def commit_pipeline(
         "COMMIT filtering",
     )
     result.notes[:0] = fallback
+    result.provenance["device_choice"] = choice.reason
     return result
 
 

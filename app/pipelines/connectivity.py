@@ -23,6 +23,7 @@ from tractlens.gpu.connectivity import (
     connectome,
     streamline_lengths_mm,
 )
+from tractlens.gpu.engines import decide_device
 from tractlens.gpu.tractometry import Profile, RegionDistance, profile, region_distance
 
 from ..errors import InputError
@@ -125,6 +126,8 @@ def compute_connectome(
     values = streamline_weights(tractogram, weight, weights)
     nodes = label_nodes(labels.data)
     points = tractogram.points_on(labels.affine)
+    choice = decide_device("connectome", len(tractogram), requested=device)
+    device = choice.argument
     assignment = assign_endpoints(
         points,
         tractogram.offsets,
@@ -140,6 +143,7 @@ def compute_connectome(
     matrix = result.counts.astype(np.float64) if weight == "count" else result.mean
     provenance = {
         **result.provenance,
+        "device_choice": choice.reason,
         "weight": weight,
         "streamlines": len(tractogram),
         "assigned": result.assigned,
@@ -220,7 +224,11 @@ def compute_profile(
     if empty.any():
         tractogram = tractogram.subset(~empty)
     points = tractogram.points_on(scalar_map.affine)
-    result = profile(points, tractogram.offsets, data, n_points, linear=scalar_map.affine[:3, :3], device=device)
+    choice = decide_device("profile", len(points), requested=device)
+    result = profile(
+        points, tractogram.offsets, data, n_points, linear=scalar_map.affine[:3, :3], device=choice.argument
+    )
+    result.provenance["device_choice"] = choice.reason
     if not np.isfinite(result.mean).any():
         raise InputError(
             "the bundle lies outside the map (no sample inside it)",
@@ -274,15 +282,18 @@ def compute_lesion_distance(
     if not lesion.any():
         raise InputError("the lesion mask is empty", fix="Draw or load the lesion first")
     points = tractogram.points_on(lesion_affine)
-    return region_distance(
+    choice = decide_device("distance", len(points), requested=device)
+    distance = region_distance(
         points,
         tractogram.offsets,
         lesion,
         lesion_affine[:3, :3],
-        device=device,
+        device=choice.argument,
         progress=progress,
         cancelled=cancelled,
     )
+    distance.provenance["device_choice"] = choice.reason
+    return distance
 
 
 def with_distances(tractogram: Tractogram, distance: RegionDistance) -> Tractogram:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tractlens.gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
+from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume
@@ -164,6 +165,8 @@ def fit_dti_pipeline(
     mask, mask_source = choose_mask(dwi, mask, mask_path)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
+    choice = decide_device("fit-dti", signal.size, requested=device)
+    device = choice.argument
     try:
         fit = run_with_cpu_fallback(
             lambda backend: fit_dti(
@@ -180,6 +183,7 @@ def fit_dti_pipeline(
             fix="A tensor fit needs a b=0 volume and at least 6 non-collinear directions; check the bval/bvec files",
         ) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
+    fit.provenance["device_choice"] = choice.reason
     no_signal = int(np.count_nonzero(fit.flags & FLAG_NO_SIGNAL))
     if no_signal:
         warnings.append(f"{no_signal} voxel(s) in the mask have no signal at b=0 and were not fitted")

@@ -20,6 +20,7 @@ import numpy as np
 
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.ballstick import angles_to_vectors
+from tractlens.gpu.engines import decide_device
 from tractlens.gpu.probabilistic import (
     GPU_BATCH,
     MAX_TARGETS,
@@ -131,6 +132,8 @@ class ProbabilisticRun:
         for the smallest batch and ``device`` is ``"auto"``, the run starts again on the CPU
         (running totals cannot be carried from one engine's streams to the other's batches
         mid-way; the CPU totals restart from zero) and a note says so in ``notes``."""
+        work = len(self.seeds) * self.params.n_samples * self.params.n_steps
+        choice = decide_device("probabilistic", work, requested=device)
 
         def start(backend, _first: int):
             return iter_track(
@@ -147,7 +150,11 @@ class ProbabilisticRun:
                 seed_matrix=self.seed_matrix,
             )
 
-        return batches_with_cpu_fallback(start, lambda _totals: 0, device, self.notes, "probabilistic tracking")
+        for totals in batches_with_cpu_fallback(
+            start, lambda _totals: 0, choice.argument, self.notes, "probabilistic tracking"
+        ):
+            totals.provenance["device_choice"] = choice.reason
+            yield totals
 
     def paths_tractogram(
         self,

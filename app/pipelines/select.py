@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tractlens.gpu.engines import decide_device
 from tractlens.gpu.select import StreamlineIndex
 
 from ..errors import InputError
@@ -57,7 +58,11 @@ def select_pipeline(
     notes: list[str] = []
     inc = load_masks_on_reference(include, "include mask", ref_affine, ref_shape, notes)
     exc = load_masks_on_reference(exclude, "exclude mask", ref_affine, ref_shape, notes)
-    selection = select_on_grid(tractogram, ref_affine, inc, exc, device=device, progress=progress, cancelled=cancelled)
+    choice = decide_device("select", len(tractogram.points), requested=device)
+    selection = select_on_grid(
+        tractogram, ref_affine, inc, exc, device=choice.argument, progress=progress, cancelled=cancelled
+    )
+    selection.provenance["device_choice"] = choice.reason
     return tractogram.subset(selection.selected), selection, notes
 
 

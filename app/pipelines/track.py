@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from tractlens.gpu import deterministic
-from tractlens.gpu.backend import get_backend
+from tractlens.gpu.backend import check_device
 from tractlens.gpu.deterministic import DeterministicParams
+from tractlens.gpu.engines import decide_device
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import check_points, seeds_in_mask
@@ -239,7 +240,7 @@ def deterministic_pipeline(
     notes = list(field_.notes) + list(notes or [])
     if field_.not_positive_definite:
         notes.append("deterministic tracking follows their main eigenvector where FA is above the threshold")
-    get_backend(device)  # an unusable device (gpu forced, none there) is refused before any work
+    check_device(device)  # an unusable device (gpu forced, none there) is refused before any work
     shape = field_.shape
     if sum(x is not None and x is not False for x in (seed_mask, seed_points, whole_brain or None)) != 1:
         raise InputError("give exactly one of: a seed mask, seed points, or whole-brain seeding")
@@ -271,6 +272,8 @@ def deterministic_pipeline(
     if mask is not None and seed_mask is not None and not (seed_mask & mask).any():
         notes.append("the seed region lies entirely outside the tracking mask: no streamline can start")
     stop_union = np.logical_or.reduce([np.asarray(s, bool) for s in stop]) if len(stop) else None
+    choice = decide_device("deterministic", len(seeds) * params.max_length_mm / params.step_mm, requested=device)
+    device = choice.argument
     track_mask = mask if mask is not None else field_.mask
     tf = deterministic.prepare_field(field_.tensor, field_.voxel_size, track_mask, stop_union)
 
@@ -315,6 +318,7 @@ def deterministic_pipeline(
         "rng_seed": rng_seed,
         "backend": " then ".join(b.name for b in used),
         "device": " then ".join(b.device_name for b in used),
+        "device_choice": choice.reason,
         "seeds": len(seeds),
         "streamlines_tracked": counts["tracked"],
         "streamlines_removed_by_rois": counts["filtered_out"],
@@ -392,7 +396,7 @@ def geodesic_pipeline(
     metric = metric or geodesic.MetricParams()
     params = params or geodesic.GeodesicParams()
     notes = list(field_.notes)
-    get_backend(device)  # an unusable device (gpu forced, none there) is refused before any work
+    check_device(device)  # an unusable device (gpu forced, none there) is refused before any work
     shape = field_.shape
     try:
         regions = [("seed region", seed_mask), ("target", target), ("tracking mask", mask)]
@@ -415,6 +419,8 @@ def geodesic_pipeline(
             dirs = geodesic.cone_directions(np.stack(e1, -1), directions, cone_deg)
         else:
             dirs = np.broadcast_to(geodesic.fibonacci_directions(directions), (len(positions), directions, 3))
+        choice = decide_device("geodesic", len(positions) * directions * params.max_steps, requested=device)
+        device = choice.argument
         if metric_field is None:
             metric_field = run_with_cpu_fallback(
                 lambda bk: geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=bk),
@@ -468,6 +474,7 @@ def geodesic_pipeline(
         "metric": {**asdict(metric), "gain_used": fld.gain, "repaired_voxels": fld.repaired},
         "backend": " then ".join(b.name for b in used),
         "device": " then ".join(b.device_name for b in used),
+        "device_choice": choice.reason,
         "seed_points": len(positions),
         "directions": directions,
         "cone_deg": cone_deg,

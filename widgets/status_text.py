@@ -1,0 +1,19 @@
+"""How the status bar writes a layer's value under the cursor."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def format_value(value) -> str:
+    """A layer's value in the status bar: ``3 (crossing_ap_start)`` for a named label,
+    ``FA 0.62 λ1 1.7e-03`` for a tensor, numbers with 4 significant digits."""
+    if isinstance(value, dict):
+        if "label" in value:
+            return f"{value['label']}" + (f" ({value['name']})" if "name" in value else "")
+        return " ".join(f"{key} {format_value(number)}" for key, number in value.items())
+    array = np.asarray(value)
+    if array.ndim == 0:
+        number = float(array)
+        return f"{number:.4g}" if abs(number) >= 1e-3 or number == 0 else f"{number:.3e}"
+    return "(" + ", ".join(f"{float(v):.3g}" for v in array.ravel()) + ")"
