@@ -231,13 +231,20 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work)
     only = set(args.only or ("commit", "tensor", "tracking", "selection"))
+    from importlib.metadata import version
+
     import dipy
     import scipy
 
     results = {
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "environment": {key: os.environ.get(key) for key in ENV_KEYS},
-        "versions": {"numpy": np.__version__, "scipy": scipy.__version__, "dipy": dipy.__version__},
+        "versions": {
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+            "dipy": dipy.__version__,
+            "dmri-commit": version("dmri-commit"),
+        },
         "repeats": args.repeats,
         "rows": [],
     }
