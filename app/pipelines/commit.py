@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu import commit
+from tractlens.gpu import commit, commit_sparse
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit import CommitParams, Problem
 from tractlens.gpu.engines import decide_device
@@ -248,8 +248,8 @@ def _commit_pipeline(
         op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
         op = commit.BlockedOperator(problem, commit.NumpyOperator, max_block_segments)
-    else:
-        op = commit.NumpyOperator(problem)
+    else:  # SciPy sparse products (the chunked reference when they do not fit in memory)
+        op = commit_sparse.cpu_operator(problem, notes=notes)
     xp = backend.xp
     scale = op.column_norms()
     a, at = op.a, op.at

@@ -1,0 +1,129 @@
+"""COMMIT's operator on the CPU as SciPy sparse products (the CPU engine of :mod:`gpu.commit`).
+
+The IC block of A factors through the distinct (voxel, orientation) pairs that the segments
+fall on: ``A_IC = B · S`` with
+
+- ``S`` (pairs × streamlines), the summed segment lengths of each streamline on each pair
+  (as many non-zeros as segments), and
+- ``B`` (voxels · M × pairs), the look-up table row of each pair's orientation in its voxel's
+  measurements (M non-zeros a pair).
+
+A streamline bundle puts many segments on one pair (parallel streamlines, 1° orientations), so
+``B`` is several times smaller than the segments × M products that the reference
+(:func:`gpu.commit.apply_a_numpy`) gathers, and both products run in SciPy's compiled sparse
+mat-vec (``A x = B (S x)``, ``Aᵀ y = Sᵀ (Bᵀ y)``). The EC and ISO columns of A are further
+columns of ``B`` (so no small dense product calls the BLAS, whose threads cost more than they
+save at these sizes on a busy machine). Everything is float64, as the reference; the
+sums run in another order (results agree to about 1e-15 relative).
+
+Only ``Bᵀ`` is stored (a CSR matrix whose rows are the pairs, built without sorting); ``B`` is
+its transpose view (CSC), whose mat-vec SciPy runs as fast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .commit import N_ORIENTATIONS, Problem
+
+__all__ = ["SparseOperator", "cpu_operator", "orientation_pairs", "sparse_operator_bytes"]
+
+#: Peak bytes per stored non-zero of Bᵀ while it is built and kept (values, column indices,
+#: the float64 table rows gathered for it).
+BYTES_PER_NONZERO = 24
+
+
+def orientation_pairs(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (voxel row, orientation) pairs of the segments, sorted by row: (row,
+    orientation, pair of each segment)."""
+    seg = problem.segments
+    key = seg.row.astype(np.int64) * N_ORIENTATIONS + seg.orient
+    pairs, pair_of_segment = np.unique(key, return_inverse=True)
+    return (pairs // N_ORIENTATIONS).astype(np.int64), pairs % N_ORIENTATIONS, pair_of_segment.ravel()
+
+
+def sparse_operator_bytes(problem: Problem, n_pairs: int | None = None) -> int:
+    """Host bytes a :class:`SparseOperator` for ``problem`` needs at its peak (``n_pairs``: the
+    distinct (voxel, orientation) pairs; at most one per segment when not given)."""
+    n_pairs = len(problem.segments) if n_pairs is None else n_pairs
+    nonzeros = (problem.n_ic * n_pairs + problem.n_ec + problem.n_rows * problem.n_iso) * problem.n_meas
+    return BYTES_PER_NONZERO * nonzeros + 32 * len(problem.segments)
+
+
+class SparseOperator:
+    """A and Aᵀ of a :class:`~gpu.commit.Problem` as SciPy sparse products (module docstring),
+    with the interface of :class:`~gpu.commit.NumpyOperator`: flat float64 vectors, x
+    (n_cols,) and y (n_rows · M,)."""
+
+    def __init__(self, problem: Problem, pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+        from scipy import sparse
+
+        self.problem = p = problem
+        seg = p.segments
+        pair_row, pair_orient, pair_of_segment = orientation_pairs(p) if pairs is None else pairs
+        self.n_pairs = n_pairs = len(pair_row)
+        self.s = sparse.csr_matrix(
+            (seg.length.astype(np.float64), (pair_of_segment, seg.fiber)), shape=(n_pairs, p.n_fibers)
+        )
+        m = p.n_meas
+        n_b = p.n_ic * n_pairs + p.n_ec + p.n_rows * p.n_iso  # rows of Bᵀ: A's columns after S
+        index = np.int32 if max(p.n_rows * m, n_b * m) < np.iinfo(np.int32).max else np.int64
+        meas = np.arange(m, dtype=index)
+        voxel_of_row = np.concatenate(
+            [np.tile(pair_row, p.n_ic), p.ec_row, np.repeat(np.arange(p.n_rows), p.n_iso)]
+        ).astype(index)
+        columns = (voxel_of_row[:, None] * m + meas).ravel()
+        values = np.concatenate(
+            [p.lut_ic[j][pair_orient].astype(np.float64) for j in range(p.n_ic)]
+            + [p.lut_ec[p.ec_orient].astype(np.float64), np.tile(p.lut_iso.astype(np.float64), (p.n_rows, 1))]
+        ).ravel()
+        indptr = np.arange(n_b + 1, dtype=index) * m
+        self.bt = sparse.csr_matrix((values, columns, indptr), shape=(n_b, p.n_rows * m))
+
+    def a(self, x) -> np.ndarray:
+        """A x, flat (n_rows · M,) float64."""
+        p = self.problem
+        x = np.asarray(x, dtype=np.float64)
+        on_pairs = self.s @ x[: p.n_ic_cols].reshape(p.n_ic, p.n_fibers).T  # (n_pairs, n_ic)
+        return self.bt.T @ np.concatenate([on_pairs.T.ravel(), x[p.n_ic_cols :]])
+
+    def at(self, y) -> np.ndarray:
+        """Aᵀ y, (n_cols,) float64."""
+        p = self.problem
+        on_b = self.bt @ np.asarray(y, dtype=np.float64).ravel()
+        split = p.n_ic * self.n_pairs
+        ic = self.s.T @ on_b[:split].reshape(p.n_ic, self.n_pairs).T  # (n_fibers, n_ic)
+        return np.concatenate([ic.T.ravel(), on_b[split:]])
+
+    def column_norms(self) -> np.ndarray:
+        """‖A e_j‖ for every column, exact: for IC response j, ‖B_j S e_f‖² = (Sᵀ G_j S)_ff with
+        ``G_j = B_jᵀ B_j``, non-zero only between pairs of one voxel."""
+        p = self.problem
+        ic = np.empty((p.n_ic, p.n_fibers))
+        for j in range(p.n_ic):
+            bt_j = self.bt[j * self.n_pairs : (j + 1) * self.n_pairs]
+            gram = bt_j @ bt_j.T
+            ic[j] = np.asarray(self.s.multiply(gram @ self.s).sum(axis=0)).ravel()
+        rest = np.asarray(self.bt[p.n_ic * self.n_pairs :].multiply(self.bt[p.n_ic * self.n_pairs :]).sum(axis=1))
+        return np.sqrt(np.concatenate([np.maximum(ic.ravel(), 0.0), rest.ravel()]))
+
+
+def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes: int | None = None):
+    """The CPU operator for ``problem``: a :class:`SparseOperator` when it fits in half of the
+    host's available memory (``available_bytes``; MemAvailable when not given), else the
+    chunked NumPy reference (:class:`~gpu.commit.NumpyOperator`, bounded memory, many times
+    slower), with a note saying so."""
+    from .backend import _host_available_bytes
+    from .commit import NumpyOperator
+
+    pairs = orientation_pairs(problem)
+    needed = sparse_operator_bytes(problem, len(pairs[0]))
+    available = _host_available_bytes() if available_bytes is None else available_bytes
+    if needed <= available // 2:
+        return SparseOperator(problem, pairs)
+    if notes is not None:
+        notes.append(
+            f"the sparse CPU operator would need {needed / 2**30:.1f} GiB of the {available / 2**30:.1f} GiB "
+            "available: A and Aᵀ run in the chunked NumPy reference instead (slower)"
+        )
+    return NumpyOperator(problem)
