@@ -153,16 +153,33 @@ class CostModel:
         return (self.startup_seconds(method, state) + cost.gpu_overhead_s) / gain
 
 
-# PROVISIONAL: estimates from the H100 timings (CuPy import 1.6 s, first compile ~2 s,
-# 96×96×64×65 DWI: fit-dti 1.7 s CPU / 2.1 s GPU warm, deterministic 1.3 s / 1.7 s), set on
-# the CPU's side (they favour the CPU for small jobs). Replace them with the constants that
-# tests/benchmarks/bench_crossover.py fits and prints (results/crossover_<gpu>.json).
+# fit-dti and deterministic: fitted by tests/benchmarks/bench_crossover.py on an NVIDIA H100 80GB
+# HBM3 with 16 CPU cores (results/crossover_h100_inprocess.json): least-squares lines through
+# in-process CPU and GPU times at 1 k-1 M voxels (65 measurements) and 100-30 k seeds, with
+# CuPy's import (1.53 s), cold compiles and cached loads measured in fresh processes. The other
+# methods are PROVISIONAL estimates set on the CPU's side (they favour the CPU for small jobs)
+# until the benchmark measures them too.
 DEFAULT_COSTS = CostModel(
+    import_s=1.53,
     methods={
-        "fit-dti": MethodCost("voxels × measurements", 5e-8, 5e-9, kernel_files=("dti_fit.cu",)),
+        "fit-dti": MethodCost(
+            "voxels × measurements",
+            6.41e-8,
+            3.25e-9,
+            gpu_overhead_s=0.0012,
+            compile_s=2.58,
+            load_s=0.029,
+            kernel_files=("dti_fit.cu",),
+        ),
         "fit-ballstick": MethodCost("voxels × measurements × iterations", 2e-8, 5e-11, kernel_files=("ballstick.cu",)),
         "deterministic": MethodCost(
-            "seeds × max steps", 1e-8, 5e-10, kernel_files=("deterministic.cu", "streamlines.cu")
+            "seeds × max steps",
+            1.35e-6,
+            3.95e-9,
+            gpu_overhead_s=0.056,
+            compile_s=2.25,
+            load_s=0.026,
+            kernel_files=("deterministic.cu", "streamlines.cu"),
         ),
         "geodesic": MethodCost("fibres × max steps", 2e-8, 5e-10, kernel_files=("geodesic.cu", "streamlines.cu")),
         "probabilistic": MethodCost("streamlines × max steps", 5e-8, 1e-10, kernel_files=("probabilistic.cu",)),
@@ -171,7 +188,7 @@ DEFAULT_COSTS = CostModel(
         "connectome": MethodCost("streamlines", 2e-6, 2e-7, compile_s=0.5, load_s=0.1),
         "profile": MethodCost("streamline points", 1e-7, 1e-8, compile_s=0.5, load_s=0.1),
         "distance": MethodCost("streamline points", 2e-7, 2e-8, compile_s=0.5, load_s=0.1),
-    }
+    },
 )
 
 
