@@ -9,6 +9,7 @@ with private XDG folders, leaving nothing in the user's real ones.
 from __future__ import annotations
 
 import ast
+import gc
 import os
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def test_every_dialog_of_the_window_answers_at_once_in_a_scripted_run(window, qt
     """Trigger every menu action that would open a dialog, with dialogs allowed by the environment
     but the run scripted: none may show a modal window (a watchdog closes any and fails)."""
     from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QAction
     from PySide6.QtWidgets import QApplication, QMenu
 
     from tractlens.widgets import dialogs
@@ -118,11 +120,12 @@ def test_every_dialog_of_the_window_answers_at_once_in_a_scripted_run(window, qt
     window.document.add_layer(Layer("FA", Volume("FA", np.ones((8, 8, 6), np.float32), np.eye(4)), "scalar"))
     window.new_roi()
     before = [layer.name for layer in window.document.layers]
+    gc.collect()  # stale wrappers of deleted Qt objects (earlier tests) must not alias the actions
     asking = [
         action
         for menu in window.menuBar().findChildren(QMenu)
         for action in menu.actions()
-        if action.text().endswith("…") and action.isEnabled()
+        if isinstance(action, QAction) and action.text().endswith("…") and action.isEnabled()
     ]
     assert len(asking) >= 8  # open, folder, screenshot, report, sessions, autosave, ROI open/save...
     for action in asking:
