@@ -52,26 +52,29 @@ def _dwi_options(p) -> None:
     p.add_argument("--mask", help="brain mask NIfTI on the same grid (default: computed from b=0)")
 
 
-def cmd_fit_dti(args) -> int:
+def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: str) -> int:
+    """The body every fit command shares: check the device and the output folder before any
+    work, load the DWI, fit with progress on stderr, pass the warnings on, write, summarise.
+    ``describe(params, fit_provenance)`` names the model in the one-line summary, ``written``
+    what the output folder holds."""
     from ..io import load_dwi
-    from ..pipelines.dti import fit_dti_pipeline, write_dti_outputs
 
     check_device(args.device)  # fail early and clearly when --device gpu has no GPU
-    params = params_from_args(DTIFitParams, args, fix="Check the fit options (see tractlens fit-dti --help)")
+    params = params_from_args(params_type, args, fix=fix)
     check_output_folder(args.output)  # before the fit, not after it
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
     for warning in dwi.warnings:
         log.warning("%s", warning)
-    result = fit_dti_pipeline(
+    result = pipeline(
         dwi,
         mask_path=args.mask,
         params=params,
         device=args.device,
-        progress=Progress("fit-dti", "voxels", quiet=args.quiet),
+        progress=Progress(args.command, "voxels", quiet=args.quiet),
     )
     for warning in result.warnings[len(dwi.warnings) :]:
         log.warning("%s", warning)
-    files = write_dti_outputs(result, args.output)
+    files = write(result, args.output)
     summary = {
         "outdir": str(Path(args.output)),
         "files": sorted(Path(f).name for f in files.values()),
@@ -79,42 +82,36 @@ def cmd_fit_dti(args) -> int:
     }
     fit = result.fit.provenance
     human = (
-        f"fitted {summary['voxels_fitted']} voxels ({fit['method'].upper()}, {fit['precision']}) on "
-        f"{fit['backend']} ({fit['device']}) in {fit['total_s']:.2f} s; maps written to {args.output}"
+        f"fitted {summary['voxels_fitted']} voxels ({describe(params, fit)}) on "
+        f"{fit['backend']} ({fit['device']}) in {fit['total_s']:.2f} s; {written} written to {args.output}"
     )
     emit(args, summary, human)
     return EXIT_OK
+
+
+def cmd_fit_dti(args) -> int:
+    from ..pipelines.dti import fit_dti_pipeline, write_dti_outputs
+
+    return _run_fit(
+        args,
+        DTIFitParams,
+        "Check the fit options (see tractlens fit-dti --help)",
+        fit_dti_pipeline,
+        write_dti_outputs,
+        lambda params, fit: f"{fit['method'].upper()}, {fit['precision']}",
+        "maps",
+    )
 
 
 def cmd_fit_ballstick(args) -> int:
-    from ..io import load_dwi
     from ..pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
 
-    check_device(args.device)  # fail early and clearly when --device gpu has no GPU
-    params = params_from_args(BallStickParams, args, fix="Check the MCMC options (see tractlens fit-ballstick --help)")
-    check_output_folder(args.output)
-    dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
-    for warning in dwi.warnings:
-        log.warning("%s", warning)
-    result = fit_ballstick_pipeline(
-        dwi,
-        mask_path=args.mask,
-        params=params,
-        device=args.device,
-        progress=Progress("fit-ballstick", "voxels", quiet=args.quiet),
+    return _run_fit(
+        args,
+        BallStickParams,
+        "Check the MCMC options (see tractlens fit-ballstick --help)",
+        fit_ballstick_pipeline,
+        write_ballstick_outputs,
+        lambda params, fit: f"{params.n_fibres} sticks, {params.n_samples} samples",
+        "bedpostX folder",
     )
-    for warning in result.warnings[len(dwi.warnings) :]:
-        log.warning("%s", warning)
-    files = write_ballstick_outputs(result, args.output)
-    summary = {
-        "outdir": str(Path(args.output)),
-        "files": sorted(Path(f).name for f in files.values()),
-        **result.summary(),
-    }
-    fit = result.fit.provenance
-    human = (
-        f"fitted {summary['voxels_fitted']} voxels ({params.n_fibres} sticks, {params.n_samples} samples) on "
-        f"{fit['backend']} ({fit['device']}) in {fit['total_s']:.2f} s; bedpostX folder written to {args.output}"
-    )
-    emit(args, summary, human)
-    return EXIT_OK
