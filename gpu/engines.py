@@ -96,6 +96,9 @@ class MethodCost:
     compile_s: float = 2.0  # NVRTC, nothing in CuPy's disk cache
     load_s: float = 0.2  # the same builds from the disk cache
     kernel_files: tuple[str, ...] = ()
+    #: what the first run in a fresh process costs beyond importing CuPy and the kernels (the
+    #: pipeline's other device steps, pools, the field's upload), fitted to whole commands
+    first_use_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ class CostModel:
     def startup_seconds(self, method: str, state: GpuState) -> float:
         """What the GPU pays before computing: importing CuPy, then compiling or loading kernels."""
         cost = self.methods[method]
-        seconds = 0.0 if state.imported else self.import_s
+        seconds = 0.0 if state.imported else self.import_s + cost.first_use_s
         if not state.kernels_ready(cost):
             seconds += cost.load_s if state.cached else cost.compile_s
         return seconds
@@ -153,41 +156,88 @@ class CostModel:
         return (self.startup_seconds(method, state) + cost.gpu_overhead_s) / gain
 
 
-# fit-dti and deterministic: fitted by tests/benchmarks/bench_crossover.py on an NVIDIA H100 80GB
-# HBM3 with 16 CPU cores (results/crossover_h100_inprocess.json): least-squares lines through
-# in-process CPU and GPU times at 1 k-1 M voxels (65 measurements) and 100-30 k seeds, with
-# CuPy's import (1.53 s), cold compiles and cached loads measured in fresh processes. The other
-# methods are PROVISIONAL estimates set on the CPU's side (they favour the CPU for small jobs)
-# until the benchmark measures them too.
+# Fitted by tests/benchmarks/bench_crossover.py on an NVIDIA H100 80GB HBM3 with 16 CPU cores
+# (results/crossover_h100_methods.json, crossover_h100_commands.json): per method, least-squares
+# lines through in-process CPU and GPU times over two to three decades of work, the kernels'
+# cold compiles and cached loads and CuPy's import (0.91-0.98 s this round, 1.53 s in an earlier
+# one) in fresh processes. fit-dti and deterministic are fitted to whole ``tractlens`` commands
+# too: cpu - gpu over four volumes (fit-dti) and two (deterministic) gives the per-unit gain and
+# the GPU's effective start-up of a command; for deterministic tracking that start-up is 3.6 s
+# with the kernels cached (the tensor fit and field upload of the GPU pipeline: ``first_use_s``)
+# and the whole-brain gain per seed × max step is half the in-process one (streamlines stop
+# early on real data), so its constants are the command's. connectome, profile and distance are
+# array code compiled by CuPy on first use: their compile/load times are estimates.
 DEFAULT_COSTS = CostModel(
-    import_s=1.53,
+    import_s=0.95,
     methods={
         "fit-dti": MethodCost(
             "voxels × measurements",
-            6.41e-8,
-            3.25e-9,
-            gpu_overhead_s=0.0012,
-            compile_s=2.58,
-            load_s=0.029,
+            4.12e-8,
+            2.13e-9,
+            gpu_overhead_s=0.0036,
+            compile_s=1.62,
+            load_s=0.016,
             kernel_files=("dti_fit.cu",),
         ),
-        "fit-ballstick": MethodCost("voxels × measurements × iterations", 2e-8, 5e-11, kernel_files=("ballstick.cu",)),
+        "fit-ballstick": MethodCost(
+            "voxels × measurements × iterations",
+            7.03e-7,
+            3.08e-10,
+            gpu_overhead_s=0.007,
+            compile_s=5.03,
+            load_s=0.026,
+            kernel_files=("ballstick.cu",),
+        ),
         "deterministic": MethodCost(
             "seeds × max steps",
-            1.35e-6,
-            3.95e-9,
-            gpu_overhead_s=0.056,
-            compile_s=2.25,
-            load_s=0.026,
+            4.14e-7,
+            2.68e-9,
+            gpu_overhead_s=0.040,
+            compile_s=1.78,
+            load_s=0.014,
             kernel_files=("deterministic.cu", "streamlines.cu"),
+            first_use_s=2.7,
         ),
-        "geodesic": MethodCost("fibres × max steps", 2e-8, 5e-10, kernel_files=("geodesic.cu", "streamlines.cu")),
-        "probabilistic": MethodCost("streamlines × max steps", 5e-8, 1e-10, kernel_files=("probabilistic.cu",)),
-        "commit": MethodCost("segments × iterations", 2e-8, 1e-9, kernel_files=("commit.cu",)),
-        "select": MethodCost("streamline points", 2e-8, 2e-9, kernel_files=("select.cu",)),
-        "connectome": MethodCost("streamlines", 2e-6, 2e-7, compile_s=0.5, load_s=0.1),
-        "profile": MethodCost("streamline points", 1e-7, 1e-8, compile_s=0.5, load_s=0.1),
-        "distance": MethodCost("streamline points", 2e-7, 2e-8, compile_s=0.5, load_s=0.1),
+        "geodesic": MethodCost(
+            "fibres × max steps",
+            3.48e-6,
+            3.25e-10,
+            gpu_overhead_s=0.0046,
+            compile_s=0.86,
+            load_s=0.013,
+            kernel_files=("geodesic.cu", "streamlines.cu"),
+        ),
+        "probabilistic": MethodCost(
+            "streamlines × max steps",
+            1.3e-5,
+            7.6e-10,
+            gpu_overhead_s=0.016,
+            compile_s=1.25,
+            load_s=0.026,
+            kernel_files=("probabilistic.cu",),
+        ),
+        "commit": MethodCost(
+            "segments × iterations",
+            5.01e-7,
+            7.41e-9,
+            gpu_overhead_s=0.177,
+            compile_s=0.25,
+            load_s=0.014,
+            kernel_files=("commit.cu",),
+        ),
+        "select": MethodCost(
+            "streamline points",
+            2.03e-7,
+            2.15e-9,
+            gpu_overhead_s=0.003,
+            compile_s=0.12,
+            load_s=0.001,
+            kernel_files=("select.cu",),
+        ),
+        "connectome": MethodCost("streamlines", 9.92e-6, 1.74e-7, gpu_overhead_s=0.0089, compile_s=0.5, load_s=0.1),
+        # the GPU profile is no faster than the CPU's (3.4e-7 s a point on both): the CPU unless huge
+        "profile": MethodCost("streamline points", 3.4e-7, 3.35e-7, gpu_overhead_s=0.0, compile_s=0.5, load_s=0.1),
+        "distance": MethodCost("streamline points", 3.2e-6, 6.16e-8, gpu_overhead_s=0.007, compile_s=0.5, load_s=0.1),
     },
 )
 

@@ -105,3 +105,27 @@ def test_gpu_state_without_cupy_is_unavailable_and_does_not_import_it(monkeypatc
         assert "CuPy" in state.reason
     monkeypatch.setenv("TRACTLENS_DISABLE_GPU", "1")
     assert engines.gpu_state().available is False
+
+
+def test_a_fresh_process_pays_the_methods_first_use_once():
+    model = CostModel(
+        methods={
+            "track": MethodCost(
+                "seeds",
+                1e-6,
+                1e-8,
+                compile_s=2.0,
+                load_s=0.5,
+                kernel_files=("track.cu",),
+                first_use_s=3.0,
+                gpu_overhead_s=0.0,
+            )
+        },
+        import_s=1.0,
+    )
+    assert model.startup_seconds("track", CACHED) == pytest.approx(1.0 + 3.0 + 0.5)
+    assert model.startup_seconds("track", COLD) == pytest.approx(1.0 + 3.0 + 2.0)
+    imported = GpuState(imported=True, cached=True)  # CuPy and the pipeline already ran here
+    assert model.startup_seconds("track", imported) == pytest.approx(0.5)
+    assert choose_device("track", 4.0e6, cost_model=model, state=CACHED) == "cpu"  # 4 s CPU vs 4.54 s GPU
+    assert choose_device("track", 4.0e6, cost_model=model, state=imported) == "gpu"

@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).parent / "results"
 PYTHON = sys.executable
 sys.path.insert(0, str(ROOT))
+from tests.benchmarks.crossover_methods import GROUPS  # noqa: E402
+
 METHODS = ("fit-dti", "deterministic")
 #: Whole-command volumes: demo-sized up to the issue's 96×96×64 and HCP's 145×174×145 grid.
 VOLUMES = {"small": (32, 32, 20), "demo": (64, 64, 40), "issue": (96, 96, 64), "hcp": (145, 174, 145)}
@@ -109,8 +111,10 @@ def write_volume(folder: Path, shape, rng) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     bvals, bvecs = gradients(rng)
     data = np.zeros((*shape, len(bvals)), np.float32)
-    for z in range(shape[2]):  # slab by slab: the HCP grid would need GBs at once
-        data[:, :, z] = dwi_signal(tensor_field(shape, rng)[:, :, z], bvals, bvecs, rng)
+    tensors = tensor_field(shape, rng)  # once: per slab it made writing the HCP grid quadratic in Z
+    for z in range(shape[2]):  # slab by slab: the HCP grid's float64 signal would need GBs at once
+        data[:, :, z] = dwi_signal(tensors[:, :, z], bvals, bvecs, rng)
+    del tensors
     nib.save(nib.Nifti1Image(data, np.diag([2.0, 2.0, 2.0, 1.0])), folder / "dwi.nii")
     np.savetxt(folder / "dwi.bval", bvals[None], fmt="%g")
     np.savetxt(folder / "dwi.bvec", bvecs.T, fmt="%.6f")
@@ -224,14 +228,28 @@ def command(method: str, files: dict, device: str, out: Path) -> list[str]:
             "--whole-brain", "-o", str(out / "t.trk"), "--device", device, "--json", "--quiet"]  # fmt: skip
 
 
-def whole_commands(methods, volumes, work: Path, rng) -> list[dict]:
+def work_units(method: str, summary: dict | None) -> float | None:
+    """The size the command passed to ``decide_device``, from its ``--json`` summary."""
+    if not summary:
+        return None
+    if method == "fit-dti":
+        return float(summary["voxels_fitted"] * summary["volumes"])
+    steps = summary["parameters"]["max_length_mm"] / summary["parameters"]["step_mm"]
+    return float(summary["seeds"] * steps)
+
+
+def whole_commands(methods, volumes, work: Path, rng, det_volumes=("small", "demo")) -> list[dict]:
     rows = []
     filled = tempfile.mkdtemp(prefix="cupy-cache-filled-")
     run_timed(["-m", "tractlens", "info", "--compile", "--quiet"], filled)
     for label, shape in volumes.items():
         log(f"writing the {label} volume {shape}")
+        t = time.perf_counter()
         files = write_volume(work / label, shape, rng)
+        log(f"  written in {time.perf_counter() - t:.1f} s")
         for method in methods:
+            if method == "deterministic" and label not in det_volumes:
+                continue  # the CPU would track for many minutes
             row = {"method": method, "volume": label, "shape": list(shape)}
             for mode, device, cache in (
                 ("cpu", "cpu", filled),
@@ -245,6 +263,8 @@ def whole_commands(methods, volumes, work: Path, rng) -> list[dict]:
                 try:
                     seconds, summary, stderr = run_timed(command(method, files, device, out), cache or cold)
                     row[f"{mode}_s"] = seconds
+                    if mode == "cpu":
+                        row["units"] = work_units(method, summary)
                     if mode == "auto" and summary:
                         row["auto_choice"] = summary.get("device_choice")
                     if mode == "gpu_cold":
@@ -278,6 +298,28 @@ def constants(startup_s, compile_cold, compile_cached, inprocess) -> dict:
     return {"import_s": startup_s, "methods": out}
 
 
+def command_fit(commands: list[dict], startup_s, compile_cold, compile_cached) -> dict:
+    """Per method, a line through the whole commands' time differences: ``cpu - gpu`` ≈
+    ``gain · units - start``; ``start`` is the GPU's effective start-up in a command (what the
+    model should charge), ``gain`` the per-unit advantage of the whole GPU pipeline."""
+    out = {}
+    for method in sorted({r["method"] for r in commands}):
+        rows = [r for r in commands if r["method"] == method and r.get("units") and "cpu_s" in r]
+        fit = {}
+        for mode in ("gpu_cached", "gpu_cold"):
+            pts = [(r["units"], r["cpu_s"] - r[f"{mode}_s"]) for r in rows if f"{mode}_s" in r]
+            if len(pts) < 2:
+                continue
+            gain, intercept = np.polyfit(*np.asarray(pts, float).T, 1)
+            fit[mode] = {
+                "gain_s_per_unit": float(gain),
+                "start_s": float(-intercept),
+                "crossover": float(-intercept / gain) if gain > 0 else float("inf"),
+            }
+        out[method] = fit
+    return out
+
+
 def crossover(c: dict, method: str, startup: float) -> float:
     m = c["methods"][method]
     gain = m["cpu_s_per_unit"] - m["gpu_s_per_unit"]
@@ -293,7 +335,9 @@ def markdown(c: dict, commands: list[dict], gpu_name: str) -> str:
         "| method | unit | crossover cold | crossover cached | crossover warm |",
         "|---|---|---|---|---|",
     ]
-    units = {"fit-dti": "voxels × measurements", "deterministic": "seeds × max steps"}
+    from tractlens.gpu.engines import DEFAULT_COSTS
+
+    units = {name: cost.unit for name, cost in DEFAULT_COSTS.methods.items()}
     for method, m in c["methods"].items():
         cold = crossover(c, method, c["import_s"] + m["compile_s"])
         cached = crossover(c, method, c["import_s"] + m["load_s"])
@@ -308,6 +352,20 @@ def markdown(c: dict, commands: list[dict], gpu_name: str) -> str:
         cells = [f"{r.get(k, float('nan')):.2f}" for k in ("cpu_s", "gpu_cold_s", "gpu_cached_s", "auto_s")]
         choice = (r.get("auto_choice") or "").replace("|", "/")
         lines.append(f"| {r['method']} | {r['volume']} {tuple(r['shape'])} | {' | '.join(cells)} | {choice} |")
+    fits = c.get("commands") or {}
+    if fits:
+        lines += [
+            "",
+            "Whole commands, a line through cpu − gpu: the GPU's effective start-up and the crossover.",
+            "",
+            "| method | mode | gain (s per unit) | effective start-up (s) | crossover (units) |",
+            "|---|---|---|---|---|",
+        ]
+        for method, modes in fits.items():
+            for mode, f in modes.items():
+                lines.append(
+                    f"| {method} | {mode} | {f['gain_s_per_unit']:.3g} | {f['start_s']:.2f} | {f['crossover']:.3g} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -329,6 +387,11 @@ def main() -> int:
     parser.add_argument("--no-commands", action="store_true", help="in-process measurements only")
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats, no HCP volume")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--groups", nargs="*", default=[], choices=list(GROUPS),
+        help="in-process rows of the other methods too (crossover_methods.py)",
+    )  # fmt: skip
+    parser.add_argument("--det-volumes", nargs="+", default=["small", "demo"], choices=list(VOLUMES))
     parser.add_argument("--tag", default="", help="suffix of the result files (runs split over several calls)")
     args = parser.parse_args()
     if "PySide6" in sys.modules:
@@ -360,12 +423,19 @@ def main() -> int:
     if "deterministic" in args.methods:
         sizes = [100, 1_000, 10_000] + ([] if args.quick else [30_000])
         inprocess += inprocess_deterministic(sizes, repeats, rng)
+    for group in args.groups:
+        fn, sizes, quick_sizes = GROUPS[group]
+        try:
+            inprocess += fn(quick_sizes if args.quick else sizes, repeats, log)
+        except Exception as exc:  # one method's failure must not lose the others' rows
+            log(f"  {group} failed: {type(exc).__name__}: {exc}")
     c = constants(startup, compile_cold, compile_cached, inprocess)
 
     commands = []
     if not args.no_commands:
         with tempfile.TemporaryDirectory(prefix="bench-crossover-") as work:
-            commands = whole_commands(args.methods, volumes, Path(work), rng)
+            commands = whole_commands(args.methods, volumes, Path(work), rng, args.det_volumes)
+    c["commands"] = command_fit(commands, startup, compile_cold, compile_cached)
 
     slug = re.sub(r"[^a-z0-9]+", "_", gpu_name.lower()).strip("_")
     slug = "h100" if "h100" in slug else slug
