@@ -8,7 +8,7 @@ import numpy as np
 
 from tractlens.app.model import ROI_ROLES, Document, Layer, RoiMask
 
-TOOLS = ("navigate", "brush", "eraser", "rectangle", "polygon", "fill", "sphere", "box")
+TOOLS = ("navigate", "brush", "eraser", "rectangle", "polygon", "fill", "sphere", "box", "ruler")
 
 
 class RoiTools:
