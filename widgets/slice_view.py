@@ -25,7 +25,7 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
-from . import roi_tools
+from . import roi_outlines, roi_tools
 from .glyphs import LatestTask, ellipse_job, glyph_step_2d, stick_segments
 from .render import composite, fibers_on_reference, plane_geometry
 from .slice_navigation import SliceNavigation
@@ -117,6 +117,7 @@ class SliceView(QWidget):
         qimage = QImage(np.ascontiguousarray(image).data, width, height, 3 * width, QImage.Format.Format_RGB888)
         target = self._target_rect(geometry)
         painter.drawImage(target, qimage)
+        self._draw_roi_outlines(painter, geometry, target)
         self._draw_glyphs(painter, geometry, target)
         self._draw_sticks(painter, geometry, target)
         self._draw_fibers(painter, geometry, target)
@@ -128,6 +129,13 @@ class SliceView(QWidget):
             self._draw_polygon(painter, geometry, target)
         self.navigation.paint(painter, geometry, target)
         self._draw_labels(painter, geometry)
+
+    def _draw_roi_outlines(self, painter: QPainter, geometry, target: QRectF) -> None:
+        """ROI edges over their fill (:mod:`widgets.roi_outlines`), found once per composited image."""
+        if getattr(self, "_outlines_of", None) is not self._image_cache:
+            self._outlines = roi_outlines.roi_outlines(self.document, geometry)
+            self._outlines_of = self._image_cache
+        roi_outlines.draw_outlines(painter, self._outlines, geometry, target)
 
     def _draw_crosshair(self, painter: QPainter, geometry, target: QRectF) -> None:
         row, col = geometry.cursor_pixel
@@ -294,6 +302,9 @@ class SliceView(QWidget):
             sx, sy = target.width() / width, target.height() / height
             x0, y0 = target.left() + (cols0 + 0.5) * sx, target.top() + (rows0 + 0.5) * sy
             x1, y1 = target.left() + (cols1 + 0.5) * sx, target.top() + (rows1 + 0.5) * sy
+            # A dark halo under the fibres: red, green or blue fibres stay visible on colour FA.
+            painter.setPen(QPen(QColor(0, 0, 0, int(170 * layer.opacity)), 3.0))
+            painter.drawLines([QLineF(*line) for line in np.column_stack([x0, y0, x1, y1]).tolist()])
             colours = point_colours[idx] / 255.0
             buckets = np.rint(colours * 4).astype(int)  # 125 colours: one drawLines call each
             keys = buckets[:, 0] * 25 + buckets[:, 1] * 5 + buckets[:, 2]
