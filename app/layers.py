@@ -18,6 +18,17 @@ ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, ex
     "waypoint": (1.0, 0.85, 0.1),
     "stop": (0.8, 0.3, 1.0),
 }
+# One colour per ROI: each role has a family of hues that stay apart from the other roles' and
+# from each other, the role's colour first (the first seed is green as before, the second seed a
+# teal, the third a lime...). The views draw ROIs as outlines with a dark halo over a translucent
+# fill, so that even a green seed on the green of colour FA keeps its edge.
+ROLE_PALETTES = {
+    "seed": ("#1ae633", "#00d9c0", "#b8ff3d", "#2e9c5a", "#7dffb0"),
+    "target": ("#3380ff", "#00bfff", "#8f7bff", "#2040c0", "#9cc9ff"),
+    "exclusion": ("#ff2626", "#ff7a45", "#d01e8a", "#ff6fae", "#a01010"),
+    "waypoint": ("#ffd91a", "#ffa000", "#f5f08a", "#c9a000", "#ffc66e"),
+    "stop": ("#cc4cff", "#ff66f0", "#8f5fd0", "#eab0ff", "#a02cc0"),
+}
 STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction first; a 4th is red again)
     (1.0, 0.2, 0.2),
     (0.2, 1.0, 0.2),
@@ -41,6 +52,20 @@ def hex_colour(value) -> str | None:
     if rgb.shape != (3,) or np.any(rgb < 0) or np.any(rgb > 1):
         raise ValueError(f"a colour is three values between 0 and 1, not {value!r}")
     return "#" + "".join(f"{round(float(c) * 255):02x}" for c in rgb)
+
+
+def next_roi_colour(layers, role: str) -> str:
+    """The colour (``"#rrggbb"``) for a new ROI of ``role`` beside ``layers``: the first of the
+    role's palette (:data:`ROLE_PALETTES`) that no other ROI is drawn in, so that no two ROIs
+    share a colour until a role has more ROIs than its palette has colours (then they repeat
+    in order)."""
+    palette = ROLE_PALETTES[role]
+    used = {hex_colour(layer.color_rgb()) for layer in layers if layer.kind == "roi"}
+    free = [colour for colour in palette if colour not in used]
+    if free:
+        return free[0]
+    same_role = sum(1 for layer in layers if layer.kind == "roi" and layer.data.role == role)
+    return palette[same_role % len(palette)]
 
 
 class Layer(Observable):
@@ -171,9 +196,15 @@ class Layer(Observable):
         return changed
 
     def color_rgb(self) -> tuple[float, float, float]:
-        """The colour an ROI is drawn in (RGB 0..1): its own ``color``, else its role's."""
+        """The colour an ROI is drawn in (RGB 0..1): its own ``color``, else its role's. A colour
+        given from another role's palette (:func:`next_roi_colour`; the role changed since) is
+        drawn as the same entry of this role's palette, so that a seed turned exclusion turns red."""
+        if self.color and self.kind == "roi" and self.color not in ROLE_PALETTES[self.data.role]:
+            for palette in ROLE_PALETTES.values():
+                if self.color in palette:
+                    return _rgb(ROLE_PALETTES[self.data.role][palette.index(self.color)])
         if self.color:
-            return tuple(int(self.color[i : i + 2], 16) / 255.0 for i in (1, 3, 5))
+            return _rgb(self.color)
         if self.kind == "roi":
             return ROLE_COLOURS[self.data.role]
         return (1.0, 1.0, 1.0)
@@ -229,3 +260,8 @@ class Layer(Observable):
         if self.kind == "dyads":
             return vol.data[tuple(ijk)][:, 3]  # the sticks' fractions
         return vol.data[tuple(ijk)]
+
+
+def _rgb(colour: str) -> tuple[float, float, float]:
+    """``"#rrggbb"`` as RGB 0..1."""
+    return tuple(int(colour[i : i + 2], 16) / 255.0 for i in (1, 3, 5))

@@ -1,4 +1,10 @@
-"""What the panels that run one long job at a time share (Tracking, Probabilistic, COMMIT).
+"""The Jobs dock (:class:`JobPanel`: the list of jobs), and what the panels that run one long job
+at a time share (:class:`JobPanelBase`: Tracking, Probabilistic, COMMIT).
+
+The job list keeps one row per interactive job kind (:data:`COALESCED`: the fibre selection runs
+at every brush stroke and would flood the list), the latest run's; a failure's whole message is
+the row's tool tip and, wrapped, the detail line under the list.
+
 
 A job panel starts its work on the document's :class:`app.jobs.JobRunner` and keeps the id of
 the run in flight (``job_id``, None when none is) and a token that grows with every start, so
@@ -18,9 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtWidgets import QLabel, QPushButton, QWidget
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
+from tractlens.app.jobs import FAILED, RUNNING, JobRunner
 from tractlens.app.model import Document
+
+#: Quick jobs started by interaction, many times a minute: one row each, the latest run.
+COALESCED = ("select fibers",)
 
 
 class JobPanelBase(QWidget):
@@ -123,3 +134,96 @@ class JobPanelBase(QWidget):
         """The status line while the run reports progress (``job.done`` of ``job.total``); None:
         leave it as it is."""
         return None
+
+
+class JobPanel(QWidget):
+    """One row per job: name, progress bar, state; Cancel stops the selected running job; the
+    selected job's full state or error, wrapped, under the list."""
+
+    def __init__(self, runner: JobRunner, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.runner = runner
+        self.tree = QTreeWidget()
+        self.tree.setObjectName("job_list")
+        self.tree.setHeaderLabels(["Job", "Progress", "State"])
+        self.tree.setRootIsDecorated(False)
+        self.detail = QLabel("")
+        self.detail.setObjectName("job_detail")
+        self.detail.setWordWrap(True)
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setObjectName("cancel_job")
+        self.cancel_button.clicked.connect(self._cancel_selected)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.tree)
+        layout.addWidget(self.detail)
+        layout.addWidget(self.cancel_button)
+        self._items: dict[int, tuple[QTreeWidgetItem, QProgressBar]] = {}
+        self._row_of_kind: dict[str, int] = {}  # coalesced job name -> the job id its row shows
+        self.tree.currentItemChanged.connect(lambda *_: self._show_detail())
+        runner.job_added.connect(self._added)
+        runner.job_changed.connect(self._changed)
+        runner.job_removed.connect(self._removed)
+
+    def _added(self, job_id: int) -> None:
+        job = self.runner.jobs[job_id]
+        previous = self._row_of_kind.get(job.name) if job.name in COALESCED else None
+        if previous is not None and previous in self._items:
+            item, bar = self._items.pop(previous)  # the row now shows the newer run
+            item.setText(2, job.state)
+        else:
+            item = QTreeWidgetItem([job.name, "", job.state])
+            bar = QProgressBar()
+            self.tree.addTopLevelItem(item)
+            self.tree.setItemWidget(item, 1, bar)
+        if job.name in COALESCED:
+            self._row_of_kind[job.name] = job_id
+        item.setData(0, Qt.ItemDataRole.UserRole, job_id)
+        bar.setRange(0, 0)  # busy until the first progress report
+        self.tree.setCurrentItem(item)
+        self._items[job_id] = (item, bar)
+        self._show_detail()
+
+    def _changed(self, job_id: int) -> None:
+        if job_id not in self._items:
+            return  # a coalesced run whose row shows a newer one
+        job = self.runner.jobs[job_id]
+        item, bar = self._items[job_id]
+        if job.total > 0:
+            bar.setRange(0, 1000)
+            bar.setValue(int(1000 * job.done / job.total))
+        state = job.error or job.message or job.state
+        text = state if job.state == RUNNING else f"{job.state}: {state}" if job.error else job.state
+        item.setText(2, text.splitlines()[0] if text else text)
+        tip = f"{job.name}: {text}" + (f"\n\n{job.details}" if job.details else "")
+        for column in range(3):
+            item.setToolTip(column, tip)
+        if self.tree.currentItem() is item:
+            self._show_detail()
+
+    def _removed(self, job_id: int) -> None:
+        entry = self._items.pop(job_id, None)
+        if entry is None:
+            return  # its row was taken over by a newer run of the same kind
+        item, _bar = entry
+        for name, shown in list(self._row_of_kind.items()):
+            if shown == job_id:
+                del self._row_of_kind[name]
+        self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
+        self._show_detail()
+
+    def _show_detail(self) -> None:
+        """The selected job's whole state (a failure's full message), wrapped."""
+        item = self.tree.currentItem()
+        job = self.runner.jobs.get(item.data(0, Qt.ItemDataRole.UserRole)) if item is not None else None
+        if job is None:
+            self.detail.setText("")
+        elif job.state == FAILED:
+            self.detail.setText(f"{job.name} failed: {job.error}")
+        else:
+            self.detail.setText(f"{job.name}: {job.message or job.state}")
+
+    def _cancel_selected(self) -> None:
+        item = self.tree.currentItem()
+        if item is not None:
+            self.runner.cancel(item.data(0, Qt.ItemDataRole.UserRole))

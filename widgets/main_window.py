@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QProgressBar,
-    QTabBar,
     QWidget,
 )
 
@@ -39,6 +38,7 @@ from .controllers.menus import add_action, app_icon
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
+from .dock_tabs import fit_dock_tabs
 from .panels import JobPanel, LayerPanel
 from .presurgical_panel import PresurgicalPanel
 from .probabilistic_panel import ProbabilisticPanel
@@ -166,7 +166,7 @@ class MainWindow(QMainWindow):
             self.tabifyDockWidget(
                 self.findChild(QDockWidget, f"dock_{first}"), self.findChild(QDockWidget, f"dock_{second}")
             )
-        self._keep_tracking_docks_width()
+        fit_dock_tabs(self)  # short titles on vertical tabs, never cut
         self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
 
         self.position_label = QLabel()
@@ -245,18 +245,6 @@ class MainWindow(QMainWindow):
         """Track menu: show the Probabilistic tracking panel and track with its settings."""
         self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()
         return self.probabilistic_panel.track()
-
-    def _keep_tracking_docks_width(self) -> None:
-        """The tracking docks' tab bar asks for room for every tab title; without a hint the
-        COMMIT, Connectivity and Presurgical tabs would widen the dock area (and shrink the
-        views) by their titles' widths."""
-        dock = self.findChild(QDockWidget, "dock_commit_filtering")
-        added = ("COMMIT filtering", "Connectivity", "Presurgical")
-        for bar in self.findChildren(QTabBar):
-            titles = [bar.tabText(i) for i in range(bar.count())]
-            if dock.windowTitle() in titles:
-                extra = sum(bar.tabSizeHint(titles.index(t)).width() for t in added if t in titles)
-                self.resizeDocks([dock], [bar.sizeHint().width() - extra], Qt.Orientation.Horizontal)
 
     def show_dock(self, name: str) -> QDockWidget:
         """Analysis menu: show and raise a dock (``dock_connectivity``, ``dock_presurgical``)."""

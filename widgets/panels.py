@@ -15,20 +15,17 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMenu,
-    QProgressBar,
     QPushButton,
     QSlider,
     QSpinBox,
-    QTreeWidget,
-    QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from tractlens.app.jobs import RUNNING, JobRunner
 from tractlens.app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
 
 from . import dialogs
+from .job_panel import JobPanel as JobPanel  # the Jobs dock; here for older imports
 
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 FILTER_COMMIT = "Filter with COMMIT…"
@@ -330,54 +327,3 @@ class LayerPanel(QWidget):
         bar = getattr(window, "statusBar", None)
         if callable(bar):
             bar().showMessage(text, 10000)
-
-
-class JobPanel(QWidget):
-    """One row per job: name, progress bar, state; Cancel stops the selected running job."""
-
-    def __init__(self, runner: JobRunner, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.runner = runner
-        self.tree = QTreeWidget()
-        self.tree.setObjectName("job_list")
-        self.tree.setHeaderLabels(["Job", "Progress", "State"])
-        self.cancel_button = QPushButton("Cancel")
-        self.cancel_button.setObjectName("cancel_job")
-        self.cancel_button.clicked.connect(self._cancel_selected)
-        layout = QVBoxLayout(self)
-        layout.addWidget(self.tree)
-        layout.addWidget(self.cancel_button)
-        self._items: dict[int, tuple[QTreeWidgetItem, QProgressBar]] = {}
-        runner.job_added.connect(self._added)
-        runner.job_changed.connect(self._changed)
-        runner.job_removed.connect(self._removed)
-
-    def _added(self, job_id: int) -> None:
-        job = self.runner.jobs[job_id]
-        item = QTreeWidgetItem([job.name, "", job.state])
-        item.setData(0, Qt.ItemDataRole.UserRole, job_id)
-        bar = QProgressBar()
-        bar.setRange(0, 0)  # busy until the first progress report
-        self.tree.addTopLevelItem(item)
-        self.tree.setItemWidget(item, 1, bar)
-        self.tree.setCurrentItem(item)
-        self._items[job_id] = (item, bar)
-
-    def _changed(self, job_id: int) -> None:
-        job = self.runner.jobs[job_id]
-        item, bar = self._items[job_id]
-        if job.total > 0:
-            bar.setRange(0, 1000)
-            bar.setValue(int(1000 * job.done / job.total))
-        state = job.error or job.message or job.state
-        item.setText(2, state if job.state == RUNNING else f"{job.state}: {state}" if job.error else job.state)
-        item.setToolTip(2, job.details or state)
-
-    def _removed(self, job_id: int) -> None:
-        item, _bar = self._items.pop(job_id)
-        self.tree.takeTopLevelItem(self.tree.indexOfTopLevelItem(item))
-
-    def _cancel_selected(self) -> None:
-        item = self.tree.currentItem()
-        if item is not None:
-            self.runner.cancel(item.data(0, Qt.ItemDataRole.UserRole))

@@ -6,9 +6,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tractlens.app.layers import next_roi_colour
 from tractlens.app.model import ROI_ROLES, Document, Layer, RoiMask
 
-TOOLS = ("navigate", "brush", "eraser", "rectangle", "polygon", "fill", "sphere", "box")
+TOOLS = ("navigate", "brush", "eraser", "rectangle", "polygon", "fill", "sphere", "box", "ruler")
 
 
 class RoiTools:
@@ -47,7 +48,8 @@ class RoiTools:
         mask = RoiMask(name, np.zeros(doc.reference_shape, dtype=bool), doc.reference_affine, role=role)
         if shape is not None:
             mask.apply_shape(shape)
-        return doc.add_layer(Layer(name, mask, "roi"), undoable=True)
+        colour = next_roi_colour(doc.layers, role)  # one colour per ROI (seeds differ from each other)
+        return doc.add_layer(Layer(name, mask, "roi", color=colour), undoable=True)
 
     def unique_name(self, name: str) -> str:
         """``name``, or ``name (2)``, ``name (3)``, ... when a layer has it already."""

@@ -10,7 +10,9 @@ and a Shift+drag resizes it around its centre (a sphere's radius, a box's
 half-sizes in the slice's two directions, follow the mouse). Over the composited
 image: tensor layers as ellipses, dyads layers as sticks (their in-plane part),
 and tractograms as the segments within a slab of ``slab_mm`` around the slice
-(None: every segment, projected onto it; View > Fiber slab on slices).
+(None: every segment, projected onto it; View > Fiber slab on slices). Ctrl+wheel or a
+pinch zooms, a middle, Shift or Space drag pans, ``0`` resets; the ruler tool measures in mm
+(see :mod:`widgets.slice_navigation`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
-from . import roi_tools
+from . import roi_outlines, roi_tools
 from .glyphs import LatestTask, ellipse_job, glyph_step_2d, stick_segments
 from .render import composite, fibers_on_reference, plane_geometry
+from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
 
@@ -35,9 +38,11 @@ class SliceView(QWidget):
     hovered = Signal(object)  # reference voxel under the mouse (or None), without moving the cursor
     shape_created = Signal(object)  # a new shape ROI layer was placed
     notice = Signal(str)  # something the user should read (e.g. why a flood fill filled nothing)
+    measured = Signal(object)  # a ruler measurement was completed (tractlens.app.measure.Measurement)
 
     def __init__(self, document: Document, view: str, parent: QWidget | None = None, tools=None):
         super().__init__(parent)
+        self.navigation = SliceNavigation(self)  # zoom, pan and the ruler (first: event() uses it)
         self.document = document
         self.tools = tools  # shared RoiTools (brush/eraser state); None: navigation only
         self._last_paint = None
@@ -97,7 +102,7 @@ class SliceView(QWidget):
         mm_h, mm_w = height * geometry.pixel_mm[0], width * geometry.pixel_mm[1]
         scale = min(self.width() / mm_w, self.height() / mm_h)
         w, h = mm_w * scale, mm_h * scale
-        return QRectF((self.width() - w) / 2, (self.height() - h) / 2, w, h)
+        return self.navigation.target_rect(QRectF((self.width() - w) / 2, (self.height() - h) / 2, w, h))
 
     def paintEvent(self, _event) -> None:
         painter = QPainter(self)
@@ -112,6 +117,7 @@ class SliceView(QWidget):
         qimage = QImage(np.ascontiguousarray(image).data, width, height, 3 * width, QImage.Format.Format_RGB888)
         target = self._target_rect(geometry)
         painter.drawImage(target, qimage)
+        self._draw_roi_outlines(painter, geometry, target)
         self._draw_glyphs(painter, geometry, target)
         self._draw_sticks(painter, geometry, target)
         self._draw_fibers(painter, geometry, target)
@@ -121,7 +127,15 @@ class SliceView(QWidget):
             self._draw_rubber_band(painter, geometry, target)
         if self._polygon:
             self._draw_polygon(painter, geometry, target)
+        self.navigation.paint(painter, geometry, target)
         self._draw_labels(painter, geometry)
+
+    def _draw_roi_outlines(self, painter: QPainter, geometry, target: QRectF) -> None:
+        """ROI edges over their fill (:mod:`widgets.roi_outlines`), found once per composited image."""
+        if getattr(self, "_outlines_of", None) is not self._image_cache:
+            self._outlines = roi_outlines.roi_outlines(self.document, geometry)
+            self._outlines_of = self._image_cache
+        roi_outlines.draw_outlines(painter, self._outlines, geometry, target)
 
     def _draw_crosshair(self, painter: QPainter, geometry, target: QRectF) -> None:
         row, col = geometry.cursor_pixel
@@ -288,6 +302,9 @@ class SliceView(QWidget):
             sx, sy = target.width() / width, target.height() / height
             x0, y0 = target.left() + (cols0 + 0.5) * sx, target.top() + (rows0 + 0.5) * sy
             x1, y1 = target.left() + (cols1 + 0.5) * sx, target.top() + (rows1 + 0.5) * sy
+            # A dark halo under the fibres: red, green or blue fibres stay visible on colour FA.
+            painter.setPen(QPen(QColor(0, 0, 0, int(170 * layer.opacity)), 3.0))
+            painter.drawLines([QLineF(*line) for line in np.column_stack([x0, y0, x1, y1]).tolist()])
             colours = point_colours[idx] / 255.0
             buckets = np.rint(colours * 4).astype(int)  # 125 colours: one drawLines call each
             keys = buckets[:, 0] * 25 + buckets[:, 1] * 5 + buckets[:, 2]
@@ -433,6 +450,8 @@ class SliceView(QWidget):
         self._last_paint = np.asarray(ijk)
 
     def mousePressEvent(self, event) -> None:
+        if self.navigation.press(event):  # a pan or a ruler click
+            return
         if event.button() == Qt.MouseButton.LeftButton and self._painting():
             self._last_paint = None
             tool = self.tools.tool
@@ -458,6 +477,8 @@ class SliceView(QWidget):
         self._move_cursor(event.position())
 
     def mouseMoveEvent(self, event) -> None:
+        if self.navigation.move(event):  # a pan
+            return
         if self._wl_start is not None:
             start, layer, (lo, hi) = self._wl_start
             delta = event.position() - start
@@ -499,6 +520,8 @@ class SliceView(QWidget):
         self.update()
 
     def mouseReleaseEvent(self, event) -> None:
+        if self.navigation.release(event):  # the end of a pan
+            return
         self._wl_start = None
         self._last_paint = None
         self._drag_shape = None
@@ -530,6 +553,8 @@ class SliceView(QWidget):
         self.document.set_cursor(ijk)
 
     def wheelEvent(self, event) -> None:
+        if self.navigation.wheel(event):  # Ctrl+wheel zooms
+            return
         self.step(1 if event.angleDelta().y() > 0 else -1)
 
     def keyPressEvent(self, event) -> None:
@@ -543,5 +568,14 @@ class SliceView(QWidget):
         elif key == Qt.Key.Key_Escape and self._polygon:
             self._polygon = []
             self.update()
-        else:
+        elif not self.navigation.key_press(event):  # 0: reset zoom; Space: pan; Esc: ruler
             super().keyPressEvent(event)
+
+    def keyReleaseEvent(self, event) -> None:
+        if not self.navigation.key_release(event):
+            super().keyReleaseEvent(event)
+
+    def event(self, event) -> bool:
+        if self.navigation.event(event):  # a touchpad pinch zooms
+            return True
+        return super().event(event)

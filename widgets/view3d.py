@@ -30,6 +30,7 @@ from .fiber_actors import lookup_table, show_mesh
 from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job
 from .render import composite, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
+from .view3d_overlays import add_orientation_marker, layout_colour_bars
 
 NO_RENDER = {"render": False, "reset_camera": False}
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
@@ -59,6 +60,7 @@ class View3D(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.plotter.interactor)
+        self.orientation_marker = add_orientation_marker(self.plotter)  # R/L, A/P, S/I
         self._planes: dict[str, tuple] = {}
         self._glyphs: dict[int, object] = {}
         self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its glyph builds (workers)
@@ -446,6 +448,14 @@ class View3D(QWidget):
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = self._build_fibers(layer)
+        self.layout_colour_bars()
+
+    def layout_colour_bars(self) -> None:
+        """The tractograms' colour bars side by side in the layers' order (never on top of each other)."""
+        bars = self.plotter.scalar_bars
+        fibers = [self._fibers[id(layer)] for layer in self.document.layers if id(layer) in self._fibers]
+        titles = [entry.get("bar_title") for entry in fibers]
+        layout_colour_bars([bars[title] for title in dict.fromkeys(titles) if title in bars.keys()])
 
     def _reuse_fibers(self, old: Layer, new: Layer) -> None:
         """A tractogram replaced by another (a tracking result growing): the new meshes go into
@@ -533,6 +543,7 @@ class View3D(QWidget):
             )
             entry["bar_title"] = f"{layer.name}: {layer.color_by}"
         entry["actor"] = actor
+        self.layout_colour_bars()
         self._apply_line_style(entry)
 
     def _apply_line_style(self, entry: dict) -> None:

@@ -10,6 +10,7 @@ from PySide6.QtGui import QActionGroup, QKeySequence
 from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QSpinBox
 
 from tractlens.app.model import ROI_ROLES, shape_half_sizes
+from tractlens.resources import TOOLBAR_ICONS
 
 from .menus import add_action
 
@@ -22,6 +23,7 @@ TOOLS = (
     ("fill", "F"),
     ("sphere", "S"),
     ("box", "X"),
+    ("ruler", "M"),  # measure a distance in mm on a slice (not an ROI tool: it draws nothing into ROIs)
 )
 SHAPE_TOOLS = ("sphere", "box")
 
@@ -54,7 +56,13 @@ class RoiToolbar:
         group = QActionGroup(window)
         for tool, key in TOOLS:
             action = add_action(
-                window, edit_menu, tool.capitalize(), lambda t=tool: self.set_tool(t), key, True, icon_name=tool
+                window,
+                edit_menu,
+                tool.capitalize(),
+                lambda t=tool: self.set_tool(t),
+                key,
+                True,
+                icon_name=tool if tool in TOOLBAR_ICONS else None,  # the ruler shows its name
             )
             group.addAction(action)
             bar.addAction(action)

@@ -21,6 +21,7 @@ from PySide6.QtCore import QObject, Signal
 from tractlens.app.errors import InputError
 from tractlens.app.grid import Grid
 from tractlens.app.io import save_volume
+from tractlens.app.layers import next_roi_colour
 from tractlens.app.loaders import load_roi_file
 from tractlens.app.model import Document, Layer
 
@@ -60,7 +61,7 @@ class RoiController(QObject):
         except InputError as exc:
             self.error.emit(str(exc), "")
             return None
-        layer = doc.add_layer(Layer(roi.name, roi, "roi"), undoable=True)
+        layer = doc.add_layer(Layer(roi.name, roi, "roi", color=next_roi_colour(doc.layers, roi.role)), undoable=True)
         if notices:
             self.message.emit("; ".join(notices), 15000)
         return layer

@@ -31,6 +31,8 @@ class ViewControls:
         add_action(window, view_menu, "Next slice", lambda: self.focused_view().step(1), "Ctrl+Up")
         add_action(window, view_menu, "Previous slice", lambda: self.focused_view().step(-1), "Ctrl+Down")
         add_action(window, view_menu, "Radiological convention", self.toggle_radiological, checkable=True)
+        # Ctrl+0, as in other viewers; 0 alone resets the focused slice view (see widgets.slice_navigation)
+        add_action(window, view_menu, "Reset slice &zoom", self.reset_slice_zoom, "Ctrl+0")
         self._build_view_controls(view_menu)
 
     def _build_view_controls(self, view_menu) -> None:
@@ -62,6 +64,11 @@ class ViewControls:
             self.slab_actions[mm] = action
         saved = settings().value(SLAB_KEY, DEFAULT_SLAB_MM)
         self.set_fiber_slab(None if saved in ("all", None) else float(saved))
+
+    def reset_slice_zoom(self) -> None:
+        """Every slice view back to the whole slice, centred (zoom 1, no pan)."""
+        for view in self.views.values():
+            view.navigation.reset()
 
     def reset_camera(self) -> None:
         self.view3d.reset_camera()

@@ -1,0 +1,47 @@
+"""The dock tabs of the main window, legible: the six method panels share one tab group on the
+right, with short titles on vertical tabs along the window's right edge, never elided.
+
+Six titles side by side need more width than the dock has, so Qt cut them to "Geode…",
+"C…", "P…"; along the edge they take height, of which a window has enough for all six, and
+the views keep their width. The full title is each tab's tool tip.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtWidgets import QDockWidget, QTabBar, QTabWidget
+
+SHORT_TITLES = {  # dock object name -> its tab's title
+    "dock_deterministic_tracking": "Deterministic",
+    "dock_geodesic_tracking": "Geodesic",
+    "dock_probabilistic_tracking": "Probabilistic",
+    "dock_commit_filtering": "COMMIT",
+    "dock_connectivity": "Connectivity",
+    "dock_presurgical": "Presurgical",
+}
+
+
+def fit_dock_tabs(window) -> None:
+    """Short titles, vertical tabs on the right dock area, no elision (again whenever a dock
+    moves: Qt makes new tab bars then)."""
+    full_titles = {}
+    for dock in window.findChildren(QDockWidget):
+        short = SHORT_TITLES.get(dock.objectName())
+        if short is not None:
+            full_titles[short] = dock.windowTitle()
+            dock.setWindowTitle(short)
+        dock.dockLocationChanged.connect(lambda *_: QTimer.singleShot(0, lambda: _unelide(window, full_titles)))
+    window.setTabPosition(Qt.DockWidgetArea.RightDockWidgetArea, QTabWidget.TabPosition.East)
+    _unelide(window, full_titles)
+
+
+def _unelide(window, full_titles: dict) -> None:
+    for bar in dock_tab_bars(window):
+        bar.setElideMode(Qt.TextElideMode.ElideNone)
+        for index in range(bar.count()):
+            bar.setTabToolTip(index, full_titles.get(bar.tabText(index), bar.tabText(index)))
+
+
+def dock_tab_bars(window) -> list[QTabBar]:
+    """The tab bars of the window's tabbed docks (not those inside panels)."""
+    return [bar for bar in window.findChildren(QTabBar) if bar.parent() is window]
