@@ -91,7 +91,7 @@ def dwi_without_gradients(demo_dir, tmp_path):
 
 
 def test_a_dwi_without_gradient_files_says_how_to_give_them(dwi_without_gradients, demo_dir):
-    dwi, bval, bvec = dwi_without_gradients
+    dwi, _bval, _bvec = dwi_without_gradients
     assert needs_gradient_files(dwi)
     assert not needs_gradient_files(demo_dir / "dwi.nii.gz")  # found beside it
     assert not needs_gradient_files(demo_dir / "lesion.nii.gz")  # not a series

@@ -92,7 +92,7 @@ def test_save_session_asks_once_then_saves_to_the_same_file(window, qtbot, tmp_p
     assert window.wait_for_jobs(30) and other.exists()
 
 
-def QAction_named(window, text):  # noqa: N802 - reads as what it finds
+def QAction_named(window, text):
     return next(a for _, a in window_actions(window) if plain(a.text()) == text)
 
 
