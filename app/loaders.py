@@ -55,6 +55,7 @@ from .errors import InputError
 from .grid import Grid
 from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram, split_suffix
 from .io.bedpostx import dyad_volume
+from .io.dwi import find_gradient_files
 from .io.nifti import NIFTI_SUFFIXES, load_3d, load_image, read_array
 from .model import ROI_ROLES, DWIVolume, Layer, RoiMask, Volume
 
@@ -125,15 +126,19 @@ def load_layers(
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    gradients: tuple[str | os.PathLike, str | os.PathLike] | None = None,
 ) -> list[Layer]:
-    """Open ``path`` as layers (see module docstring); raises :class:`InputError`."""
-    layers = _load_layers(path, reference, tensor_order, device, progress, cancelled)
+    """Open ``path`` as layers (see module docstring); raises :class:`InputError`.
+
+    ``gradients``: the (bval, bvec) files of a diffusion series that has none beside it (see
+    :func:`needs_gradient_files`); ignored for other files."""
+    layers = _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients)
     for layer in layers:
         layer.provenance.setdefault("file", str(Path(path).resolve()))
     return layers
 
 
-def _load_layers(path, reference, tensor_order, device, progress, cancelled) -> list[Layer]:
+def _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients=None) -> list[Layer]:
     path = Path(path)
     if not path.exists():
         raise InputError("not found", path=path)
@@ -156,8 +161,8 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled) -> 
         )
     img = load_image(path)
     shape = img.shape
-    if len(shape) == 4 and shape[3] >= 7:  # enough volumes for a tensor: a diffusion series
-        return _dwi_layers(path, device, progress, cancelled)
+    if is_diffusion_shape(shape):
+        return _dwi_layers(path, device, progress, cancelled, gradients)
     if len(shape) in (4, 5) and shape[-1] == 6:
         return layers_from_tensor(load_tensor(path, tensor_order), _stem(path))
     data = read_array(img, path)
@@ -276,10 +281,44 @@ def show_as(layer: Layer, kind: str) -> Layer:
     return new
 
 
-def _dwi_layers(path: Path, device, progress, cancelled) -> list[Layer]:
+def is_diffusion_shape(shape) -> bool:
+    """A 4-D image with enough volumes for a tensor (7) is opened as a diffusion series."""
+    return len(shape) == 4 and shape[3] >= 7
+
+
+def needs_gradient_files(path: str | os.PathLike) -> bool:
+    """Is ``path`` a diffusion series without ``.bval``/``.bvec`` beside it (see
+    :func:`app.io.dwi.find_gradient_files`)? Then the window asks for them and ``tractlens view``
+    takes ``--bval``/``--bvec``. Reads the header only; False for anything unreadable (the
+    loader says what is wrong with it)."""
+    path = Path(path)
+    if not path.is_file() or not path.name.lower().endswith(NIFTI_SUFFIXES):
+        return False
+    try:
+        shape = load_image(path).shape
+    except InputError:
+        return False
+    return is_diffusion_shape(shape) and find_gradient_files(path) == (None, None)
+
+
+class GradientFilesMissing(InputError):
+    """A diffusion series opened without its b-values and b-vectors (none beside it, none given)."""
+
+
+def _dwi_layers(path: Path, device, progress, cancelled, gradients=None) -> list[Layer]:
     from .pipelines.dti import fit_dti_pipeline
 
-    dwi = load_dwi(path)
+    bval, bvec = gradients if gradients is not None else (None, None)
+    if gradients is None and find_gradient_files(path) == (None, None):
+        stem = _stem(path)
+        raise GradientFilesMissing(
+            f"no b-values/b-vectors beside this diffusion series (looked for {stem}.bval and {stem}.bvec, "
+            "and bvals/bvecs)",
+            path=path,
+            fix="Choose them when the window asks (File ▸ Open), or give them: "
+            "tractlens view DWI --bval FILE --bvec FILE",
+        )
+    dwi = load_dwi(path, bval, bvec)
     result = fit_dti_pipeline(dwi, device=device, progress=progress, cancelled=cancelled)
     maps = (result.map(name) for name in ("fa", "md", "rgb"))
     series = Layer(_stem(path), DWIVolume(_stem(path), dwi), "dwi", visible=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tractlens.app.estimates import JobEstimate, ballstick_estimate
 from tractlens.app.grid import Grid
 from tractlens.app.io import split_suffix
 from tractlens.app.loaders import bedpostx_layers
@@ -50,8 +52,9 @@ class BallStickDialog(QDialog):
     :attr:`folder` (None: not saved) hold them and ``accepted`` is emitted.
     """
 
-    def __init__(self, layer: Layer, rois: list[Layer], parent: QWidget | None = None):
+    def __init__(self, layer: Layer, rois: list[Layer], parent: QWidget | None = None, device: str = "auto"):
         super().__init__(parent)
+        self.device = device
         self.setWindowTitle(f"Ball & sticks: {layer.name}")
         self.setObjectName("ballstick_dialog")
         self.dwi = layer.data.dwi
@@ -69,6 +72,9 @@ class BallStickDialog(QDialog):
         self.n_fibres, self.burnin, self.njumps = editors["n_fibres"], editors["burnin"], editors["njumps"]
         self.sample_every = editors["sample_every"]
         self.samples = QLabel()
+        self.estimate_label = QLabel()
+        self.estimate_label.setObjectName("bs_estimate")
+        self.estimate_label.setWordWrap(True)
         self.save = QCheckBox("Save a bedpostX folder to")
         self.save.setObjectName("bs_save")
         stem = split_suffix(Path(self.dwi.path))[0] if self.dwi.path else "dwi"
@@ -90,6 +96,7 @@ class BallStickDialog(QDialog):
         form.addRow("Fit inside", self.region)
         form.addRow(self.form)
         form.addRow("", self.samples)
+        form.addRow("", self.estimate_label)
         form.addRow(self.save, where)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.fit_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
@@ -103,12 +110,27 @@ class BallStickDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(self.message)
         layout.addWidget(buttons)
-        for box in (self.njumps, self.sample_every):
+        for box in (self.njumps, self.sample_every, self.burnin):
             box.valueChanged.connect(self._count_samples)
+        self.region.currentIndexChanged.connect(self._count_samples)
+        self._brain_voxels: int | None = None
         self._count_samples()
 
     def _count_samples(self) -> None:
         self.samples.setText(f"{self.njumps.value() // self.sample_every.value()} samples per parameter")
+        estimate = self.estimate()
+        self.estimate_label.setText(f"Expected: {estimate.text}" if estimate.text else "")
+
+    def estimate(self) -> JobEstimate:
+        """How long the fit will take as set now (:func:`app.estimates.ballstick_estimate`)."""
+        index = self.region.currentIndex()
+        if index > 0:
+            voxels = self.rois[index - 1].data.voxel_count
+        else:
+            if self._brain_voxels is None:
+                self._brain_voxels = brain_voxels_upper_bound(self.dwi)
+            voxels = self._brain_voxels
+        return ballstick_estimate(voxels, len(self.dwi.bvals), self.burnin.value(), self.njumps.value(), self.device)
 
     def _browse(self) -> None:
         folder = dialogs.folder(self, "The bedpostX folder to write", self.folder_edit.text())
@@ -126,10 +148,21 @@ class BallStickDialog(QDialog):
         if self.save.isChecked() and not folder:
             self.message.setText("Choose the folder to save to, or untick saving.")
             return
+        estimate = self.estimate()
+        if estimate.long and not dialogs.confirm_long_job(self, estimate):
+            self.message.setText(f"Not started: it would take {estimate.text}. Fit inside an ROI for a quick look.")
+            return
         self.params = params
         self.roi = self.rois[self.region.currentIndex() - 1] if self.region.currentIndex() > 0 else None
         self.folder = Path(folder) if self.save.isChecked() else None
         super().accept()
+
+
+def brain_voxels_upper_bound(dwi) -> int:
+    """Voxels with signal in every b=0 volume: at least the brain mask the fit will compute
+    (that one is found on the worker, with filters too slow for the GUI thread)."""
+    b0 = dwi.data[..., dwi.b0_mask]
+    return int(np.count_nonzero((np.nan_to_num(b0) > 0).all(axis=-1)))
 
 
 def ballstick_job(dwi, params: BallStickParams, folder: Path | None, device: str, roi=None):

@@ -56,6 +56,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from tractlens.app.estimates import commit_estimate
 from tractlens.app.grid import Grid
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.commit import (
@@ -383,6 +384,10 @@ class CommitPanel(JobPanelBase):
             params = self.params()
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
+        estimate = commit_estimate(len(source.data.points), params.max_iter, self.device)
+        if estimate.long and not dialogs.confirm_long_job(self, estimate):
+            self.status.setText(f"Not started: it would take {estimate.text}.")
+            return None
         token = self._next_token()
         dwi = dwi_layer.data.dwi  # read only by the pipeline
         tract = snapshot_tractogram(source.data)
@@ -391,7 +396,7 @@ class CommitPanel(JobPanelBase):
         within = "" if mask_layer is None else f" within {mask_layer.name}"
         self.status.setText(f"Preparing COMMIT for {source.name} ({len(tract):,} streamlines){within}…")
         return self._start(
-            f"COMMIT ({source.name})",
+            f"COMMIT ({source.name})" + (f", {estimate.text}" if estimate.long else ""),
             self._job(dwi, tract, source, params, token, mask=mask, peaks=peaks),
             on_done=self._done,
             token=token,

@@ -25,6 +25,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QColorDialog, QFileDialog, QInputDialog, QMessageBox
 
@@ -171,6 +172,38 @@ def colour(parent, title: str, current: QColor) -> QColor | None:
         return None if answer is None else QColor(answer)
     chosen = QColorDialog.getColor(current, parent, title)
     return chosen if chosen.isValid() else None
+
+
+def gradient_files(parent, dwi_path) -> tuple[str, str] | None:
+    """The b-value and b-vector files of a diffusion series that has none beside it: two
+    ``open_file`` dialogs (scripted: two ``open_file`` answers); None when either is cancelled."""
+    from pathlib import Path
+
+    dwi_path = Path(dwi_path)
+    start = str(dwi_path.parent)
+    bval = open_file(parent, f"b-values of {dwi_path.name}", "b-values (*.bval *.bvals bvals);;All files (*)", start)
+    if bval is None:
+        return None
+    bvec = open_file(parent, f"b-vectors of {dwi_path.name}", "b-vectors (*.bvec *.bvecs bvecs);;All files (*)", start)
+    return None if bvec is None else (bval, bvec)
+
+
+def confirm_long_job(parent, estimate) -> bool:
+    """Ask before a long job (an :class:`~tractlens.app.estimates.JobEstimate`) starts; a scripted
+    run proceeds (its estimate goes to the job list and the status bar)."""
+    text = f"{estimate.announcement()}\n\nStart it now?"
+    return question(parent, "A long job on the CPU", text, default=True)
+
+
+def information(parent, title: str, text: str, *, rich: bool = False):
+    """An information box that does not block (``open``); None when nobody can be asked, else the box."""
+    if not interactive():
+        return None
+    box = QMessageBox(QMessageBox.Icon.Information, title, text, parent=parent)
+    if rich:
+        box.setTextFormat(Qt.TextFormat.RichText)
+    box.open()
+    return box
 
 
 def notify(parent, title: str, text: str, details: str = "") -> None:

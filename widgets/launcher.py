@@ -1,7 +1,7 @@
 """The ``tractlens`` console script: the GUI for ``--demo`` and ``view``, else the CLI.
 
 tractlens --demo [--screenshot out.png] [--size 1600x1000] [--exit]
-tractlens view FILE... [--tensor-order ...] [--screenshot out.png] [--size WxH] [--exit]
+tractlens view FILE... [--bval F --bvec F] [--tensor-order ...] [--screenshot out.png] [--size WxH] [--exit]
 tractlens --session FILE.tractlens [--screenshot out.png] [--exit]
 tractlens report SESSION -o report.pdf [--no-png] [--margin MM] [--size WxH]
 tractlens                      (the empty main window)
@@ -18,7 +18,7 @@ from tractlens.app.cli.options import add_params, params_from_args
 from tractlens.app.params import ReportParams
 
 GUI_USAGE = (
-    "tractlens [--demo | view FILE... | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
+    "tractlens [--demo | view FILE... [--bval F --bvec F] | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
     "[--autosave SECONDS] [--restore ask|yes|no]"
 )
 
@@ -28,6 +28,8 @@ def _gui_parser() -> argparse.ArgumentParser:
     parser.add_argument("--demo", action="store_true", help="open the built-in demo phantom")
     parser.add_argument("--session", help="reopen a saved session (.tractlens)")
     parser.add_argument("files", nargs="*", help="files to open (with the 'view' command)")
+    parser.add_argument("--bval", help="FSL bval file of a diffusion series opened with 'view' (default: beside it)")
+    parser.add_argument("--bvec", help="FSL bvec file of a diffusion series opened with 'view' (default: beside it)")
     parser.add_argument("--screenshot", help="write a PNG of the window once everything is loaded")
     parser.add_argument("--size", default=None, help="window size WIDTHxHEIGHT, e.g. 1600x1000")
     parser.add_argument("--exit", action="store_true", help="quit after loading (and the screenshot)")
@@ -143,7 +145,12 @@ def run_gui(argv: list[str]) -> int:
         return run_report(argv[1:])
     if argv and argv[0] == "view":
         argv = argv[1:]
-    args = _gui_parser().parse_args(argv)
+    parser = _gui_parser()
+    args = parser.parse_args(argv)
+    if (args.bval is None) != (args.bvec is None) or (args.bval and not args.files):
+        parser.error(
+            "--bval and --bvec go together, with the diffusion series to view: tractlens view DWI --bval F --bvec F"
+        )
     app, window = _window(args, scripted=bool(args.exit or args.screenshot))
     if window is None:
         return cli.EXIT_INPUT
@@ -161,7 +168,8 @@ def run_gui(argv: list[str]) -> int:
     if args.demo:
         window.open_demo()
     if args.files:
-        window.open_paths(args.files)
+        gradients = (args.bval, args.bvec) if args.bval else None
+        window.files.open_paths(args.files, gradients=gradients)
     if not (args.screenshot or args.exit):
         return app.exec()
     if not window.wait_for_jobs(args.timeout):

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QDockWidget,
     QGridLayout,
@@ -34,7 +34,8 @@ from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
-from .controllers.menus import add_action, app_icon
+from .controllers.help import build_help_menu
+from .controllers.menus import add_action, app_icon, build_file_menu, move_before
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
@@ -202,29 +203,13 @@ class MainWindow(QMainWindow):
         file_menu = self.menuBar().addMenu("&File")
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("toolbar_main")
-        toolbar.addAction(
-            self._action(file_menu, "&Open…", self.open_dialog, QKeySequence.StandardKey.Open, icon_name="open")
-        )
-        self._action(file_menu, "Open &folder (dtifit, bedpostX)…", self.open_folder_dialog, icon_name="open-folder")
-        toolbar.addAction(self._action(file_menu, "Open &demo", self.open_demo, "Ctrl+D", icon_name="demo"))
-        self.recent_menu = file_menu.addMenu("Open &recent")
+        self.recent_menu = build_file_menu(self, file_menu, toolbar)
         self._fill_recent()
-        file_menu.addSeparator()
-        toolbar.addAction(
-            self._action(
-                file_menu, "Save &screenshot…", self.reports.screenshot_dialog, "Ctrl+Shift+S", icon_name="screenshot"
-            )
-        )
-        self._action(file_menu, "Export &report…", self.reports.report_dialog, "Ctrl+Shift+E", icon_name="report")
-        file_menu.addSeparator()
-        self._action(file_menu, "Open s&ession…", self._open_session_dialog, "Ctrl+Shift+O", icon_name="open-session")
-        self._action(file_menu, "Save sess&ion…", self._save_session_dialog, "Ctrl+Shift+W", icon_name="save-session")
-        self._action(file_menu, "&Autosave interval…", self._autosave_dialog)
-        file_menu.addSeparator()
-        self._action(file_menu, "&Quit", self.close, QKeySequence.StandardKey.Quit)
         self.view_controls.build(self.menuBar().addMenu("&View"), toolbar)
         self.slab_actions = self.view_controls.slab_actions
+        added = len(file_menu.actions())
         self.roi_toolbar.build(file_menu)
+        move_before(file_menu, file_menu.actions()[added:], self.recent_menu.menuAction())  # ROIs before sessions
         self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
         self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
         track_menu = self.menuBar().addMenu("&Track")
@@ -240,6 +225,7 @@ class MainWindow(QMainWindow):
         toolbar.addAction(
             self._action(jobs_menu, "Cancel all jobs", self.runner.cancel_all, "Ctrl+.", icon_name="cancel")
         )
+        build_help_menu(self)
 
     def track_probabilistic(self) -> int | None:
         """Track menu: show the Probabilistic tracking panel and track with its settings."""
@@ -362,7 +348,7 @@ class MainWindow(QMainWindow):
         rois = [roi for roi in self.document.layers if roi.kind == "roi"]
         if self.ballstick_dialog is not None:
             self.ballstick_dialog.deleteLater()  # the previous one, closed or not
-        dialog = BallStickDialog(layer, rois, self)
+        dialog = BallStickDialog(layer, rois, self, device=self.device)
         dialog.accepted.connect(lambda: self.fit_ballstick(layer, dialog.params, dialog.folder, dialog.roi))
         self.ballstick_dialog = dialog
         dialog.open()
@@ -482,14 +468,10 @@ class MainWindow(QMainWindow):
         return self.sessions.open_session(path)
 
     def _open_session_dialog(self) -> None:
-        path = dialogs.open_file(self, "Open session", "TractLens session (*.tractlens)")
-        if path:
-            self.open_session(path)
+        self.sessions.open_session_dialog(self)
 
     def _save_session_dialog(self) -> None:
-        path = dialogs.save_file(self, "Save session", "session.tractlens", "TractLens session (*.tractlens)")
-        if path:
-            self.save_session(path)
+        self.sessions.save_session_as_dialog(self)
 
     @property
     def autosave(self) -> WindowAutosave | None:

@@ -48,6 +48,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from tractlens.app.estimates import JobEstimate, grid_diagonal_mm, probabilistic_estimate
 from tractlens.app.model import Document, Layer, Volume
 from tractlens.app.pipelines.probabilistic import (
     ProbabilisticRun,
@@ -236,17 +237,31 @@ class ProbabilisticPanel(JobPanelBase):
             params = self.form.value()
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
+        estimate = self.estimate(layer, rois, params)
+        if estimate.long and not dialogs.confirm_long_job(self, estimate):
+            self.status.setText(f"Not started: it would take {estimate.text}. Use a smaller seed or fewer samples.")
+            return None
         token = self._next_token()
         self.updates = 0
         self.track_button.setText("Re-track")
-        self.status.setText("Preparing the samples and masks…")
+        self.status.setText(
+            f"Started: {estimate.announcement()}" if estimate.long else "Preparing the samples and masks…"
+        )
         return self._start(
-            "probabilistic tracking",
+            "probabilistic tracking" + (f", {estimate.text}" if estimate.long else ""),
             self._job(layer.data, rois, params, token),
             on_partial=self._show,
             on_done=self._done,
             token=token,
         )
+
+    def estimate(self, layer: Layer, rois: list[RoiCopy], params: ProbParams) -> JobEstimate:
+        """How long tracking from the seed ROIs will take (:func:`app.estimates.probabilistic_estimate`;
+        seed voxels counted on the ROIs' own grids)."""
+        samples = layer.data.samples
+        seeds = sum(int(np.count_nonzero(roi.mask)) for roi in rois if roi.role == "seed")
+        diagonal = grid_diagonal_mm(samples.affine, samples.mask.shape)
+        return probabilistic_estimate(seeds * params.n_samples, params.n_steps, params.step_mm, diagonal, self.device)
 
     def _job(self, volume, rois, params: ProbParams, token: int):
         device, samples = self.device, volume.samples

@@ -22,6 +22,7 @@ from tractlens.gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickPara
 from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
+from ..estimates import ANNOUNCE_S, BALLSTICK_CPU_VOXELS_PER_S, ballstick_estimate
 from ..io import DWI, fsl_to_voxel_vectors
 from ..io._atomic import write_text_atomic
 from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_bedpostx
@@ -31,10 +32,9 @@ from .dti import choose_mask, masked_signal
 
 log = logging.getLogger(__name__)
 
-#: Voxels per second of the NumPy engine at FSL's defaults on one core, 60 and 288
-#: measurements (tests/benchmarks/bench_ballstick.py): used to warn before a long CPU run.
-CPU_VOXELS_PER_S = {60: 10.8, 288: 4.0}
-CPU_WARN_S = 120.0
+#: Voxels per second of the NumPy engine (see :mod:`app.estimates`): used to warn before a long CPU run.
+CPU_VOXELS_PER_S = BALLSTICK_CPU_VOXELS_PER_S
+CPU_WARN_S = ANNOUNCE_S
 
 
 @dataclass
@@ -104,12 +104,11 @@ def fit_ballstick_pipeline(
     choice = decide_device("fit-ballstick", int(mask.sum()) * len(dwi.bvals) * iterations, requested=device)
     device = choice.argument
     if not get_backend(device).is_gpu:
-        rate = float(np.interp(len(dwi.bvals), list(CPU_VOXELS_PER_S), list(CPU_VOXELS_PER_S.values())))
-        expected = mask.sum() / rate * (params.burnin + params.njumps) / 2250
-        if expected > CPU_WARN_S:
+        estimate = ballstick_estimate(int(mask.sum()), len(dwi.bvals), params.burnin, params.njumps, "cpu")
+        if estimate.seconds > CPU_WARN_S:
             note = (
-                f"no GPU: fitting {int(mask.sum())} voxels with the NumPy engine will take about "
-                f"{expected / 3600:.1f} h; a GPU takes seconds (or give a smaller mask)"
+                f"no GPU: fitting {int(mask.sum())} voxels with the NumPy engine will take "
+                f"{estimate.text}; a GPU takes seconds (or give a smaller mask)"
             )
             log.warning("%s", note)
     t0 = time.perf_counter()

@@ -14,13 +14,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
+from PySide6.QtWidgets import QWidget
 
+from tractlens.app.estimates import ballstick_estimate
 from tractlens.app.jobs import JobRunner
-from tractlens.app.loaders import is_anatomical, load_layers, show_as
+from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
 from tractlens.app.model import Document, Layer
 
-from .. import fiber_display
-from ..ballstick import ballstick_job
+from .. import dialogs, fiber_display
+from ..ballstick import ballstick_job, brain_voxels_upper_bound
 
 IMAGE_KINDS = ("scalar", "dwi", "rgb", "labels")
 SESSION_SUFFIX = ".tractlens"
@@ -52,8 +54,13 @@ class FileController(QObject):
         self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
         runner.job_cancelled.connect(self._cancelled)
 
-    def open_paths(self, paths: Iterable[str | os.PathLike]) -> list[int]:
+    def open_paths(self, paths: Iterable[str | os.PathLike], *, gradients: tuple[str, str] | None = None) -> list[int]:
         """Open each file on a worker thread; its layers are added when ready (the job ids).
+
+        A diffusion series without ``.bval``/``.bvec`` beside it takes ``gradients`` (bval, bvec:
+        ``tractlens view DWI --bval F --bvec F``), else the user chooses them
+        (:func:`dialogs.gradient_files`); none chosen: it is not opened and the user is told why
+        (a scripted run without queued answers says so at once, it never waits).
 
         The files of one call stack in the order given, the first at the bottom (as FSLeyes
         stacks its command line), whichever finishes loading first. An anatomical image
@@ -69,6 +76,12 @@ class FileController(QObject):
             reference = None
             if self.document.reference_affine is not None:
                 reference = (self.document.reference_affine, self.document.reference_shape)
+            chosen = gradients
+            if chosen is None and needs_gradient_files(path):
+                chosen = self.choose_gradients(path)
+                if chosen is None:
+                    self.error.emit(_no_gradients(path), "")
+                    continue
             slot = len(call["slots"])
             call["slots"].append({"path": path, "layers": None, "state": "loading"})
 
@@ -78,7 +91,7 @@ class FileController(QObject):
 
             job_id = self.runner.submit(
                 f"open {path.name}",
-                self._load_job(path, reference),
+                self._load_job(path, reference, chosen),
                 on_done=lambda layers, call=call, slot=slot: self._opened(call, slot, layers),
                 on_error=failed,
             )
@@ -86,12 +99,22 @@ class FileController(QObject):
             jobs.append(job_id)
         return jobs
 
-    def _load_job(self, path: Path, reference):
+    def choose_gradients(self, path: Path) -> tuple[str, str] | None:
+        """Ask for the b-value and b-vector files of the diffusion series ``path`` (None: cancelled)."""
+        parent = self.parent() if isinstance(self.parent(), QWidget) else None
+        return dialogs.gradient_files(parent, path)
+
+    def _load_job(self, path: Path, reference, gradients=None):
         device = self.device
 
         def job(ctx):
             layers = load_layers(
-                path, reference=reference, device=device, progress=ctx.progress, cancelled=ctx.cancelled
+                path,
+                reference=reference,
+                device=device,
+                progress=ctx.progress,
+                cancelled=ctx.cancelled,
+                gradients=gradients,
             )
             for layer in layers:
                 if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
@@ -160,6 +183,12 @@ class FileController(QObject):
         it is now); the dyads and mean f1 layers are added when it is done (a cancelled or failed
         fit adds nothing). Returns the job id."""
         region = None if roi is None else (roi.data.mask.copy(), roi.data.affine.copy())
+        dwi = layer.data.dwi
+        voxels = roi.data.voxel_count if roi is not None else brain_voxels_upper_bound(dwi)
+        estimate = ballstick_estimate(voxels, len(dwi.bvals), params.burnin, params.njumps, self.device)
+        name = f"ball & sticks ({layer.name})" + (f", {estimate.text}" if estimate.long else "")
+        if estimate.long:  # asked in the dialog; said again where the job shows (scripted runs too)
+            self.message.emit(f"Started: {estimate.announcement()}", 30000)
 
         def done(outcome) -> None:
             layers, result = outcome
@@ -173,8 +202,16 @@ class FileController(QObject):
             self.message.emit("; ".join([text, *result.warnings]), 15000)
 
         return self.runner.submit(
-            f"ball & sticks ({layer.name})",
+            name,
             ballstick_job(layer.data.dwi, params, folder, self.device, region),
             on_done=done,
             on_error=self.error.emit,
         )
+
+
+def _no_gradients(path: Path) -> str:
+    return (
+        f"{path}: not opened: this diffusion series has no .bval/.bvec beside it and none were chosen. "
+        "Open it again and choose its b-value and b-vector files, or run "
+        "tractlens view DWI --bval FILE --bvec FILE"
+    )

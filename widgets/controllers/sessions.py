@@ -20,6 +20,7 @@ from tractlens.app.jobs import JobRunner
 from tractlens.app.recovery import DEFAULT_INTERVAL_S
 from tractlens.app.session import load_session, write_session
 
+from .. import dialogs
 from .settings import settings
 
 INTERVAL_KEY = "autosave/interval_s"
@@ -51,6 +52,7 @@ class SessionController(QObject):
         self.make_autosave = make_autosave
         self.autosave = None
         self.restoring = None  # the orphaned autosave being restored, deleted once autosaved again
+        self.current_path: Path | None = None  # where File ▸ Save session writes without asking
         self._autosave_error = ""
 
     # -------------------------------------------------------------- sessions
@@ -58,18 +60,41 @@ class SessionController(QObject):
         """Write the document (copied now, so edits made while it is written do not reach the
         file half-way) to a ``.tractlens`` file on a worker; the job id."""
         snap = self.snapshot()
+
+        def done(written) -> None:
+            self.current_path = Path(written)
+            self.message.emit(f"Session saved to {written}", 8000)
+
         return self.runner.submit(
             f"save session {Path(path).name}",
             lambda ctx: write_session(snap, path),
-            on_done=lambda written: self.message.emit(f"Session saved to {written}", 8000),
+            on_done=done,
             on_error=self.error.emit,
         )
+
+    def save_session_dialog(self, parent) -> int | None:
+        """File ▸ Save session (Ctrl+S): to the session last saved or opened, else as Save as."""
+        if self.current_path is not None:
+            return self.save_session(self.current_path)
+        return self.save_session_as_dialog(parent)
+
+    def save_session_as_dialog(self, parent) -> int | None:
+        """File ▸ Save session as… (Ctrl+Shift+S): ask where; the job id (None: cancelled)."""
+        suggested = str(self.current_path) if self.current_path is not None else "session.tractlens"
+        path = dialogs.save_file(parent, "Save session", suggested, "TractLens session (*.tractlens)")
+        return self.save_session(path) if path else None
+
+    def open_session_dialog(self, parent) -> int | None:
+        """File ▸ Open session…: ask which; the job id (None: cancelled)."""
+        path = dialogs.open_file(parent, "Open session", "TractLens session (*.tractlens)")
+        return self.open_session(path) if path else None
 
     def open_session(self, path: str | os.PathLike) -> int:
         """Read a session on a worker and put it on screen (replacing the current layers)."""
 
         def done(session) -> None:
             self.apply(session)
+            self.current_path = Path(path)
             self.opened.emit(Path(path))
 
         return self.runner.submit(
