@@ -135,7 +135,8 @@ def load_tensor_field(
     if tensor is not None:
         with phase("read"):
             volume = load_tensor(tensor, tensor_order)
-        return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
+        with phase("compute"):  # eigenvalues and FA of every voxel
+            return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
     from .dti import fit_dti_pipeline
 
     with phase("read"):

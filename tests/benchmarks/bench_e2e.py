@@ -254,25 +254,23 @@ def write_bedpostx(spec: SubjectSpec, mask: np.ndarray, folder: Path, workers: i
     flat_index = np.ravel_multi_index(np.nonzero(mask), spec.shape, order="F")
     n_grid = int(np.prod(spec.shape))
 
-    def fibre(i: int) -> None:
-        streams = {
-            key: _StreamedVolume(out / f"merged_{key}{i + 1}samples.nii.gz", spec, (*spec.shape, spec.n_samples))
-            for key in ("th", "ph", "f")
-        }
+    def merged(job: tuple[int, str]) -> None:
+        """One file: θ, φ or f of stick i, sample after sample (θ and φ draw the same jitter)."""
+        i, key = job
+        stream = _StreamedVolume(out / f"merged_{key}{i + 1}samples.nii.gz", spec, (*spec.shape, spec.n_samples))
+        flat = np.zeros(n_grid, np.float32)
         for s in range(spec.n_samples):
             rng = np.random.default_rng([spec.seed, 3, i, s])
-            v = directions[:, i] + rng.normal(scale=0.05, size=directions[:, i].shape).astype(np.float32)
-            theta, phi = vectors_to_angles(np, v)
-            f = fractions[:, i] * (1 + 0.05 * rng.standard_normal(len(v), dtype=np.float32))
-            for key, values in (("th", theta), ("ph", phi), ("f", np.clip(f, 0, 1))):
-                flat = np.zeros(n_grid, np.float32)
-                flat[flat_index] = values
-                streams[key].write(flat)
-        for stream in streams.values():
-            stream.close()
+            jitter = rng.normal(scale=0.05, size=directions[:, i].shape).astype(np.float32)
+            theta, phi = vectors_to_angles(np, directions[:, i] + jitter)
+            f = fractions[:, i] * (1 + 0.05 * rng.standard_normal(len(jitter), dtype=np.float32))
+            flat[flat_index] = {"th": theta, "ph": phi, "f": np.clip(f, 0, 1)}[key]
+            stream.write(flat)
+        stream.close()
 
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, directions.shape[1]))) as pool:
-        list(pool.map(fibre, range(directions.shape[1])))
+    jobs = [(i, key) for i in range(directions.shape[1]) for key in ("th", "ph", "f")]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as pool:
+        list(pool.map(merged, jobs))  # gzip dominates, and zlib releases the GIL: one file a thread
     _save_mask(spec, mask, out / "nodif_brain_mask.nii.gz")
     return out
 
@@ -306,7 +304,8 @@ def make_subject(spec: SubjectSpec, folder: Path, scales, workers: int) -> dict:
     """Make what is missing of the subject in ``folder``; returns its manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     manifest_path = folder / "subject.json"
-    wanted = json.loads(json.dumps({"version": SUBJECT_VERSION, **asdict(spec)}))
+    identity = {k: v for k, v in asdict(spec).items() if k != "gzip"}  # dwi.nii and dwi.nii.gz may coexist
+    wanted = json.loads(json.dumps({"version": SUBJECT_VERSION, **identity}))
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if {k: manifest.get(k) for k in wanted} != wanted:  # another subject, or none: make it all again
         manifest = {**wanted, "made_s": {}}
@@ -315,8 +314,9 @@ def make_subject(spec: SubjectSpec, folder: Path, scales, workers: int) -> dict:
         for stale in folder.glob("*.nii*"):
             stale.unlink()
     mask = brain_mask(spec)
-    manifest["brain_voxels"] = int(mask.sum())
     dwi = folder / ("dwi.nii.gz" if spec.gzip else "dwi.nii")
+    manifest.update(brain_voxels=int(mask.sum()), dwi=dwi.name)
+    manifest_path.write_text(json.dumps(manifest, indent=2))  # a call cut short resumes from here
     steps = [
         ("dwi", dwi, lambda: write_dwi(spec, mask, folder, workers)),
         (
@@ -338,8 +338,7 @@ def make_subject(spec: SubjectSpec, folder: Path, scales, workers: int) -> dict:
         make()
         manifest["made_s"][name] = round(time.perf_counter() - start, 2)
         log(f"made {name} in {manifest['made_s'][name]:.1f} s")
-    manifest["dwi"] = dwi.name
-    manifest_path.write_text(json.dumps(manifest, indent=2))
+        manifest_path.write_text(json.dumps(manifest, indent=2))
     return manifest
 
 
@@ -692,6 +691,8 @@ def main(argv=None) -> int:
             out.mkdir(parents=True)  # the tractogram's folder
         log(f"{name} at scale {scale:g}: {' '.join(argv)}")
         row = run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
+        if row["exit_status"] != 0:
+            shutil.rmtree(out, ignore_errors=True)  # no half output for a later command to take
         row.update(command=name, scale=scale, **describe(name, row))
         key = f"{name}@{scale:g}"
         results["runs"][key] = row
