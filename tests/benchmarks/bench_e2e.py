@@ -584,6 +584,7 @@ def markdown(results: dict) -> str:
     lines = [
         f"Whole commands on the synthetic subject ({results['subject_summary']}), results `{results['device']}`, "
         f"`--device {results['device_argument']}`; made by tests/benchmarks/bench_e2e.py. "
+        "GPU work: the engine's own seconds as the command's summary gives them (on the device it ran on); "
         "read / compute / write: the command's own phases (exclusive); other: start-up, imports, checks. "
         "Peak host: the process tree's RSS; peak device: nvidia-smi (CuPy pool high-water mark).",
         "",
