@@ -21,6 +21,7 @@ from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 
 from .. import __version__
 from ..errors import InputError
+from ..timing import recorder, write_timings
 from . import commit, connectivity, fit, info, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
 
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     _say_when_compiling(args.quiet)
+    recorder().reset()  # timings of this command only (read by --json and $TRACTLENS_TIMINGS)
     try:
         return args.func(args)
     except (InputError, BackendError) as exc:
@@ -110,3 +112,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_INTERNAL
+    finally:
+        _write_timings(args)
+
+
+def _write_timings(args) -> None:
+    """The command's read/compute/write split to ``$TRACTLENS_TIMINGS``, when that names a file."""
+    command = " ".join(filter(None, (args.command, getattr(args, "method", None))))
+    try:
+        write_timings(extra={"command": command})
+    except OSError as exc:
+        logging.getLogger("tractlens").warning("could not write the timings: %s", exc)

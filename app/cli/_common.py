@@ -37,6 +37,9 @@ class Progress:
 
 def emit(args, summary: dict, human: str) -> None:
     if args.json:
+        from ..timing import timings
+
+        summary = {**summary, "timings": timings()}  # read / compute / write seconds, memory peaks
         print(json.dumps(summary, indent=2, default=str))
     else:
         print(human)

@@ -9,6 +9,7 @@ from tractlens.gpu.commit import CommitParams
 
 from ..io.outputs import check_output_folder
 from ..pipelines.commit import PEAKS_FRAMES
+from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log
 from .options import add_params, params_from_args
 
@@ -49,21 +50,23 @@ def cmd_commit(args) -> int:
     check_device(args.device)
     params = params_from_args(CommitParams, args, fix="Check the COMMIT options (see tractlens commit --help)")
     out = check_output_folder(args.output)
-    result, suffix = commit_from_files(
-        args.dwi,
-        args.tractogram,
-        bval=args.bval,
-        bvec=args.bvec,
-        mask=args.mask,
-        peaks=args.peaks,
-        peaks_frame=args.peaks_frame,
-        params=params,
-        device=args.device,
-        progress=Progress("commit", "iterations", quiet=args.quiet),
-    )
+    with phase("compute"):  # reading the inputs is its own phase inside
+        result, suffix = commit_from_files(
+            args.dwi,
+            args.tractogram,
+            bval=args.bval,
+            bvec=args.bvec,
+            mask=args.mask,
+            peaks=args.peaks,
+            peaks_frame=args.peaks_frame,
+            params=params,
+            device=args.device,
+            progress=Progress("commit", "iterations", quiet=args.quiet),
+        )
     for note in result.notes:
         log.warning("%s", note)
-    files = write_commit_outputs(result, out, suffix)
+    with phase("write"):
+        files = write_commit_outputs(result, out, suffix)
     summary = {"outdir": str(out), "files": sorted(Path(f).name for f in files.values()), **result.summary()}
     human = (
         f"{summary['kept']} of {summary['streamlines']} streamlines kept (weight > 0), "

@@ -9,6 +9,7 @@ from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.dti import DTIFitParams
 
 from ..io.outputs import check_output_folder
+from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log
 from .options import add_params, params_from_args
 
@@ -62,19 +63,22 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
     check_device(args.device)  # fail early and clearly when --device gpu has no GPU
     params = params_from_args(params_type, args, fix=fix)
     check_output_folder(args.output)  # before the fit, not after it
-    dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
+    with phase("read"):
+        dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
     for warning in dwi.warnings:
         log.warning("%s", warning)
-    result = pipeline(
-        dwi,
-        mask_path=args.mask,
-        params=params,
-        device=args.device,
-        progress=Progress(args.command, "voxels", quiet=args.quiet),
-    )
+    with phase("compute"):
+        result = pipeline(
+            dwi,
+            mask_path=args.mask,
+            params=params,
+            device=args.device,
+            progress=Progress(args.command, "voxels", quiet=args.quiet),
+        )
     for warning in result.warnings[len(dwi.warnings) :]:
         log.warning("%s", warning)
-    files = write(result, args.output)
+    with phase("write"):
+        files = write(result, args.output)
     summary = {
         "outdir": str(Path(args.output)),
         "files": sorted(Path(f).name for f in files.values()),

@@ -12,6 +12,7 @@ from tractlens.gpu.probabilistic import ProbParams
 from ..errors import InputError
 from ..io.outputs import check_output_folder
 from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams
+from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log
 from .options import add_params, params_from_args
 
@@ -164,31 +165,34 @@ def cmd_track_geodesic(args) -> int:
     params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(GeodesicSeedingParams, args, fix=_tracking_fix(args))
-    field = _load_field(args)
+    with phase("read"):  # a --dwi is fitted first: that part counts as compute
+        field = _load_field(args)
     notes: list[str] = []
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
     target = masks_on_field([args.target], "target mask", field, notes)[0] if args.target else None
     mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
-    result = geodesic_pipeline(
-        field,
-        seed_mask=seed,
-        target=target,
-        mask=mask,
-        metric=metric,
-        params=params,
-        seeds_per_voxel=seeding.seeds_per_voxel,
-        directions=seeding.directions,
-        cone_deg=seeding.cone_deg,
-        top_percent=seeding.top_percent,
-        placement=seeding.placement,
-        rng_seed=seeding.rng_seed,
-        device=args.device,
-        progress=Progress("track", "fibres", quiet=args.quiet),
-    )
+    with phase("compute"):
+        result = geodesic_pipeline(
+            field,
+            seed_mask=seed,
+            target=target,
+            mask=mask,
+            metric=metric,
+            params=params,
+            seeds_per_voxel=seeding.seeds_per_voxel,
+            directions=seeding.directions,
+            cone_deg=seeding.cone_deg,
+            top_percent=seeding.top_percent,
+            placement=seeding.placement,
+            rng_seed=seeding.rng_seed,
+            device=args.device,
+            progress=Progress("track", "fibres", quiet=args.quiet),
+        )
     result.notes[:0] = notes
     for note in result.notes:
         log.warning("%s", note)
-    save_tractogram(result.tractogram, args.output)
+    with phase("write"):
+        save_tractogram(result.tractogram, args.output)
     prov = result.provenance
     summary = {"output": str(args.output), **result.summary()}
     reached = f", {prov['reached_target']} reached the target" if prov["reached_target"] is not None else ""
@@ -207,29 +211,32 @@ def cmd_track_deterministic(args) -> int:
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(SeedingParams, args, fix=_tracking_fix(args))
-    field = _load_field(args)
+    with phase("read"):  # a --dwi is fitted first: that part counts as compute
+        field = _load_field(args)
     notes: list[str] = []
     mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
-    result = deterministic_pipeline(
-        field,
-        seed_mask=seed,
-        whole_brain=args.whole_brain,
-        mask=mask,
-        stop=masks_on_field(args.stop or [], "stop region", field, notes),
-        include=masks_on_field(args.include or [], "include region", field, notes),
-        exclude=masks_on_field(args.exclude or [], "exclude region", field, notes),
-        params=params,
-        seeds_per_voxel=seeding.seeds_per_voxel,
-        placement=seeding.placement,
-        rng_seed=seeding.rng_seed,
-        device=args.device,
-        progress=Progress("track", "seeds", quiet=args.quiet),
-        notes=notes,
-    )
+    with phase("compute"):  # the region masks read inside count as read
+        result = deterministic_pipeline(
+            field,
+            seed_mask=seed,
+            whole_brain=args.whole_brain,
+            mask=mask,
+            stop=masks_on_field(args.stop or [], "stop region", field, notes),
+            include=masks_on_field(args.include or [], "include region", field, notes),
+            exclude=masks_on_field(args.exclude or [], "exclude region", field, notes),
+            params=params,
+            seeds_per_voxel=seeding.seeds_per_voxel,
+            placement=seeding.placement,
+            rng_seed=seeding.rng_seed,
+            device=args.device,
+            progress=Progress("track", "seeds", quiet=args.quiet),
+            notes=notes,
+        )
     for note in result.notes:
         log.warning("%s", note)
-    save_tractogram(result.tractogram, args.output)
+    with phase("write"):
+        save_tractogram(result.tractogram, args.output)
     summary = {"output": str(args.output), **result.summary()}
     prov = result.provenance
     human = (
@@ -255,20 +262,23 @@ def cmd_track_probabilistic(args) -> int:
         check_output_suffix(args.save_paths)
         if outputs.save_paths_max < 1:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
-    run = prepare_probabilistic(
-        args.samples,
-        args.seed,
-        targets=args.target or (),
-        waypoints=args.waypoints or (),
-        exclude=args.exclude,
-        stop=args.stop,
-        params=params,
-        seed_matrix=outputs.seed_matrix,
-    )
+    with phase("compute"):  # the bedpostX folder and masks read inside count as read
+        run = prepare_probabilistic(
+            args.samples,
+            args.seed,
+            targets=args.target or (),
+            waypoints=args.waypoints or (),
+            exclude=args.exclude,
+            stop=args.stop,
+            params=params,
+            seed_matrix=outputs.seed_matrix,
+        )
     for note in run.notes:
         log.warning("%s", note)
-    result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
-    files = write_probabilistic_outputs(run, result, args.output)
+    with phase("compute"):
+        result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
+    with phase("write"):
+        files = write_probabilistic_outputs(run, result, args.output)
     summary = {
         "outdir": str(Path(args.output)),
         "files": sorted(Path(f).name for f in files.values()),
@@ -277,12 +287,14 @@ def cmd_track_probabilistic(args) -> int:
     if args.save_paths is not None:
         from ..io import save_tractogram
 
-        tract, traced = run.paths_tractogram(
-            outputs.save_paths_max,
-            device=args.device,
-            progress=Progress("saving paths", "streamlines", quiet=args.quiet),
-        )
-        save_tractogram(tract, args.save_paths)
+        with phase("compute"):
+            tract, traced = run.paths_tractogram(
+                outputs.save_paths_max,
+                device=args.device,
+                progress=Progress("saving paths", "streamlines", quiet=args.quiet),
+            )
+        with phase("write"):
+            save_tractogram(tract, args.save_paths)
         summary["paths_file"] = str(args.save_paths)
         summary["paths_saved"] = len(tract)
         summary["paths_traced"] = traced

@@ -47,6 +47,7 @@ from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
 from ..model import Tractogram
+from ..timing import phase
 from ._fallback import run_with_cpu_fallback
 from .select import load_masks_on_reference
 
@@ -139,8 +140,9 @@ def peaks_compartments(
     if frame not in PEAKS_FRAMES:
         raise InputError(f"unknown peaks frame {frame!r}: one of {', '.join(PEAKS_FRAMES)}")
 
-    img = load_image(path, "peaks file")
-    data = np.asarray(img.dataobj, dtype=np.float64)
+    with phase("read"):
+        img = load_image(path, "peaks file")
+        data = np.asarray(img.dataobj, dtype=np.float64)
     if data.ndim != 4 or data.shape[3] % 3 or data.shape[:3] != rows.shape:
         raise InputError(
             f"a peaks file must be (X, Y, Z, 3K) on the DWI's grid {rows.shape}, got {data.shape}",
@@ -362,8 +364,9 @@ def commit_from_files(
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
     returns the result and the tractogram's suffix (for the filtered output)."""
-    dwi = load_dwi(dwi_path, bval, bvec)
-    tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
+    with phase("read"):
+        dwi = load_dwi(dwi_path, bval, bvec)
+        tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
     notes: list[str] = []
     mask_array = None
     if mask is not None:

@@ -24,6 +24,7 @@ from ..io._atomic import save_error, write_text_atomic
 from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
 from ..model import Volume
+from ..timing import phase
 from ._fallback import run_with_cpu_fallback
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,8 @@ def masked_signal(data: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def resolve_mask(dwi: DWI, mask_path: str | os.PathLike | None) -> tuple[np.ndarray, str]:
     """The user's mask (checked against the DWI grid) or one computed from b=0."""
     if mask_path is not None:
-        return load_mask(mask_path, dwi.as_volume(), what="mask"), str(mask_path)
+        with phase("read"):
+            return load_mask(mask_path, dwi.as_volume(), what="mask"), str(mask_path)
     mask = brain_mask_from_b0(dwi.mean_b0())
     if not mask.any():
         raise InputError(

@@ -42,6 +42,7 @@ from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..model import Tractogram
 from ..regions import Regions
+from ..timing import phase
 from ._fallback import batches_with_cpu_fallback
 from .select import load_masks_on_reference
 
@@ -207,7 +208,8 @@ def prepare_probabilistic(
     seed_matrix: bool = False,
 ) -> ProbabilisticRun:
     """Load the bedpostX folder and the mask files, check them, and build the engine's inputs."""
-    samples = load_bedpostx(samples_dir)
+    with phase("read"):
+        samples = load_bedpostx(samples_dir)
     if len(targets) > MAX_TARGETS or len(waypoints) > MAX_WAYPOINTS:
         raise InputError(f"at most {MAX_TARGETS} targets and {MAX_WAYPOINTS} waypoint masks")
     notes: list[str] = []

@@ -15,6 +15,7 @@ from ..errors import InputError
 from ..grid import Grid
 from ..io.nifti import load_3d, load_image
 from ..model import Tractogram
+from ..timing import phase
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,9 @@ def resample_nearest(mask: np.ndarray, affine: np.ndarray, ref_affine: np.ndarra
 def load_masks_on_reference(paths: Sequence[str | os.PathLike], what: str, ref_affine, ref_shape, notes: list[str]):
     masks = []
     for path in paths:
-        img = load_image(path, what)
-        data = np.asarray(load_3d(path, None, what))
+        with phase("read"):
+            img = load_image(path, what)
+            data = np.asarray(load_3d(path, None, what))
         mask = (data != 0) & np.isfinite(data)
         if not mask.any():
             raise InputError(f"the {what} is empty (no non-zero voxel)", path=path, fix="Give a non-empty region")

@@ -41,6 +41,7 @@ from ..io import load_dwi, load_tensor
 from ..model import Tractogram, Volume
 from ..params import GeodesicSeedingParams, SeedingParams
 from ..regions import Regions
+from ..timing import phase
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .select import load_masks_on_reference
 
@@ -132,12 +133,16 @@ def load_tensor_field(
     if (tensor is None) == (dwi is None):
         raise InputError("give either a tensor (file or dtifit folder) or a DWI series, not both or neither")
     if tensor is not None:
-        volume = load_tensor(tensor, tensor_order)
-        return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
+        with phase("read"):
+            volume = load_tensor(tensor, tensor_order)
+        with phase("compute"):  # eigenvalues and FA of every voxel
+            return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
     from .dti import fit_dti_pipeline
 
-    series = load_dwi(dwi, bval, bvec)
-    result = fit_dti_pipeline(series, mask_path=mask, device=device, progress=progress, cancelled=cancelled)
+    with phase("read"):
+        series = load_dwi(dwi, bval, bvec)
+    with phase("compute"):  # tensors fitted before tracking
+        result = fit_dti_pipeline(series, mask_path=mask, device=device, progress=progress, cancelled=cancelled)
     out = TensorField.from_tensor(result.map("tensor"), result.affine, f"{dwi} (tensors fitted, WLS)", result.warnings)
     out.mask &= result.mask
     return out

@@ -1,0 +1,114 @@
+"""The whole-command benchmark (tests/benchmarks/bench_e2e.py) runs end to end on the CPU, and
+its synthetic subject is the same bytes for the same seed (any number of threads)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "benchmarks" / "bench_e2e.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_e2e", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_e2e"] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("bench_e2e", None)
+
+
+def tiny(bench, **changes):
+    """A subject of a few hundred voxels: 2 b=0 + 2 shells × 4 directions, 3 samples."""
+    spec = bench.SubjectSpec(
+        shape=(10, 12, 10), shells=(1000.0, 2000.0), per_shell=4, n_b0=2, semi_axes=(4.0, 5.0, 4.0), seed_side=2
+    )
+    return replace(spec, n_samples=3, **changes)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != "subject.json"
+    }
+
+
+def test_the_subject_is_the_same_bytes_for_the_same_seed(bench, tmp_path):
+    spec = tiny(bench)
+    bench.make_subject(spec, tmp_path / "a", [1.0, 0.5], workers=1)
+    bench.make_subject(spec, tmp_path / "b", [1.0, 0.5], workers=3)
+    first = digests(tmp_path / "a")
+    assert {"dwi.nii", "dwi.bval", "dwi.bvec", "mask.nii.gz", "seed.nii.gz", "mask_s0.5.nii.gz"} <= set(first)
+    assert "bedpostx/merged_th3samples.nii.gz" in first
+    assert first == digests(tmp_path / "b")
+    bench.make_subject(replace(spec, seed=spec.seed + 1), tmp_path / "c", [1.0], workers=1)
+    other = digests(tmp_path / "c")
+    assert other["dwi.nii"] != first["dwi.nii"]  # the seed matters
+
+
+def test_the_subject_reads_back_as_tractlens_inputs(bench, tmp_path):
+    from tractlens.app.io import load_bedpostx, load_dwi
+
+    spec = tiny(bench)
+    manifest = bench.make_subject(spec, tmp_path, [1.0, 0.5], workers=2)
+    dwi = load_dwi(tmp_path / "dwi.nii")
+    mask = bench.brain_mask(spec)
+    assert dwi.data.shape == (*spec.shape, spec.n_volumes)
+    assert np.count_nonzero(dwi.bvals == 0) == spec.n_b0
+    assert np.allclose(np.linalg.norm(dwi.bvecs[dwi.bvals > 0], axis=1), 1.0, atol=1e-6)
+    assert manifest["brain_voxels"] == int(mask.sum())
+    b0 = dwi.data[..., dwi.bvals == 0].mean(axis=-1)
+    assert np.median(b0[mask]) == pytest.approx(bench.S0, rel=0.1)  # Rician noise at SNR 25
+    assert np.median(b0[~mask]) < 0.1 * bench.S0
+    samples = load_bedpostx(tmp_path / "bedpostx")
+    assert samples.theta.shape == (*spec.shape, 3, spec.n_samples)
+    assert np.array_equal(samples.mask, mask)
+    f = samples.f[mask].mean(axis=-1)  # (n, 3): sorted, largest first, 0.7 at most in all
+    assert np.all(np.diff(f, axis=1) <= 0.05)  # the sample noise: 5 % of a fraction
+    assert np.all(f.sum(axis=1) < 0.8) and f[:, 0].min() > 0.2
+    half = np.asarray(nib.load(tmp_path / "mask_s0.5.nii.gz").dataobj) > 0
+    assert not (half & ~mask).any() and 0.35 < half.sum() / mask.sum() < 0.65
+
+
+def test_the_hcp_subject_has_the_issue_size(bench):
+    spec = bench.SubjectSpec()
+    assert spec.n_volumes == 288 and spec.shape == (145, 174, 145) and spec.voxel_mm == 1.25
+    assert 4 / 3 * np.pi * np.prod(spec.semi_axes) == pytest.approx(1.02e6, rel=0.01)
+    assert (bench.seed_roi(spec) & bench.brain_mask(spec)).sum() == 216  # all inside the brain
+
+
+def test_quick_fit_dti_runs_end_to_end_and_reports_every_field(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRACTLENS_TIMINGS", None)
+    results = tmp_path / "results"
+    argv = [sys.executable, str(SCRIPT), "--quick", "--commands", "fit-dti", "--device", "cpu"]
+    argv += ["--outdir", str(tmp_path / "e2e"), "--results", str(results), "--tag", "check", "--workers", "2"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = json.loads((results / "e2e_check.json").read_text())
+    row = out["runs"]["fit-dti@1"]
+    assert row["exit_status"] == 0 and not row["timed_out"]
+    for key in ("wall_s", "host_peak_bytes", "read_s", "compute_s", "write_s", "gpu_work_s", "units"):
+        assert isinstance(row[key], int | float) and row[key] > 0, key
+    assert row["units"] == out["subject"]["brain_voxels"]
+    assert row["read_s"] + row["compute_s"] + row["write_s"] < row["wall_s"]
+    assert row["host_peak_bytes"] > 20e6  # an interpreter with NumPy at least
+    assert "device_peak_smi_bytes" in row and "device_pool_peak_bytes" in row
+    table = (results / "e2e_check.md").read_text()
+    assert "| fit-dti | 1 |" in table
+    assert (tmp_path / "e2e" / "runs" / "fit-dti_s1" / "FA.nii.gz").exists()
