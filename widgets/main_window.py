@@ -189,6 +189,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
         self.selection.error.connect(self.report_error)
+        self.selection.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
         self.document.connect(self._on_document)
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())
@@ -469,7 +470,10 @@ class MainWindow(QMainWindow):
             self.hover_label.setText("")
             return
         values = "  ".join(f"{name} {_format_value(v)}" for name, v in self.document.values_at(ijk))
-        self.hover_label.setText(f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}")
+        lesion = self.presurgical_panel.cursor_distance_text(ijk)  # the distance to the chosen lesion
+        self.hover_label.setText(
+            f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}" + (f"  {lesion}" * bool(lesion))
+        )
 
     def _update_busy(self) -> None:
         self.busy.setVisible(bool(self.runner.active()))

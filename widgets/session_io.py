@@ -31,7 +31,11 @@ def panel_state(window) -> dict:
     state = {}
     presurgical = getattr(window, "presurgical_panel", None)
     if presurgical is not None:
-        state["presurgical"] = {"margin_mm": float(presurgical.margin_mm), "lesion": presurgical.lesion_name}
+        state["presurgical"] = {
+            "margin_mm": float(presurgical.margin_mm),
+            "lesion": presurgical.lesion_name,
+            **presurgical.lesion_choice_state(),
+        }
     views = getattr(window, "views", None)
     view = {}
     if views:
@@ -90,6 +94,7 @@ def apply_session(window, session: Session) -> None:
     if presurgical is not None and state:
         presurgical.lesion_name = str(state.get("lesion", ""))
         presurgical.margin_box.setValue(float(state.get("margin_mm", presurgical.margin_mm)))
+        presurgical.restore_lesion_choice(state)
         # tractograms saved with their distances come back measured: table and colours without recomputing
         presurgical.measured, presurgical.distances = {}, {}
         for layer in doc.layers:
