@@ -45,6 +45,7 @@ from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
 from .session_io import WindowAutosave, apply_session, offer_recovery, window_snapshot
 from .slice_view import SliceView
+from .statistics_panel import StatisticsPanel
 from .status_text import format_value as _format_value
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
@@ -136,6 +137,7 @@ class MainWindow(QMainWindow):
             self.document, self.runner, device=device, report=self.report_error, probabilistic=self.probabilistic_panel
         )
         self.presurgical_panel = PresurgicalPanel(self.document, self.runner, device=device, report=self.report_error)
+        self.statistics_panel = StatisticsPanel(self.document, self.runner, report=self.report_error)
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
@@ -145,6 +147,7 @@ class MainWindow(QMainWindow):
             ("COMMIT filtering", self.commit_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Connectivity", self.connectivity_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Presurgical", self.presurgical_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("Statistics", self.statistics_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
