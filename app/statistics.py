@@ -60,7 +60,8 @@ class Quantity:
         """The value in words: ``"42.1 ± 3.0 mm"``, ``"none"`` (never "nan" or "inf")."""
         if self.value is None:
             return "none"
-        number = f"{self.value:,.0f}" if float(self.value).is_integer() and self.sd is None else f"{self.value:.4g}"
+        exact = float(self.value).is_integer() and self.sd is None
+        number = f"{self.value:,.0f}" if exact or abs(self.value) >= 1000 else f"{self.value:.4g}"
         sd = f" ± {self.sd:.3g}" if self.sd is not None else ""
         return f"{number}{sd} {self.unit}".strip()
 

@@ -36,6 +36,9 @@ def panel_state(window) -> dict:
             "lesion": presurgical.lesion_name,
             **presurgical.lesion_choice_state(),
         }
+    reports = getattr(window, "reports", None)
+    if reports is not None and reports.session_state():
+        state["report"] = reports.session_state()
     views = getattr(window, "views", None)
     view = {}
     if views:
@@ -89,6 +92,8 @@ def apply_session(window, session: Session) -> None:
     if restored.reference_shape is not None:
         doc.cursor = np.array(restored.cursor)
         doc.emit("cursor")
+    if getattr(window, "reports", None) is not None:
+        window.reports.restore_session_state(session.panels.get("report"))
     presurgical = getattr(window, "presurgical_panel", None)
     state = session.panels.get("presurgical")
     if presurgical is not None and state:

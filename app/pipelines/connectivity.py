@@ -438,7 +438,7 @@ def distance_rows(
         return [row]
     selection = np.asarray(selection, dtype=bool)
     shown = f"{int(selection.sum()):,} of {total:,} shown (selection by {selection_by or 'a selection'})"
-    row.shown = f"all streamlines, {shown}"
+    row.shown = f"all streamlines ({int(selection.sum()):,} of {total:,} shown)"
     selected = distance_row(f"{name} (selected)", per_streamline[selection], margin_mm)
     selected.shown = shown
     return [row, selected]
