@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from tractlens.app.io._atomic import write_text_atomic
+from tractlens.app.io import write_text_atomic
 from tractlens.app.model import Document
 from tractlens.app.statistics import StatisticsTable, layer_statistics, statistics_csv_text
 
