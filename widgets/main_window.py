@@ -172,6 +172,13 @@ class MainWindow(QMainWindow):
         self._keep_tracking_docks_width()
         self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
 
+        jobs_dock, statistics_dock = (
+            self.findChild(QDockWidget, "dock_jobs"),
+            self.findChild(QDockWidget, "dock_statistics"),
+        )
+        self.tabifyDockWidget(jobs_dock, statistics_dock)  # a tab beside Jobs: the window keeps its minimum height
+        jobs_dock.raise_()
+
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
         self.busy = QProgressBar()

@@ -42,12 +42,14 @@ class StatisticsPanel(JobPanelBase):
         self.statistics: StatisticsTable | None = None
         self.layer_box = LayerCombo(document, ("tractogram", "roi"), show_kind=True)
         self.layer_box.setObjectName("statistics_layer")
+        self.layer_box.setMinimumContentsLength(8)
         self.layer_box.setToolTip("The tractogram (its shown streamlines) or ROI to measure")
         self.layer_box.activated.connect(lambda _i: self.refresh())
         self.refresh_button = QPushButton("Refresh")
         self.refresh_button.setObjectName("statistics_refresh")
         self.refresh_button.clicked.connect(self.refresh)
-        self.export_button = QPushButton("Export CSV…")
+        self.export_button = QPushButton("CSV…")
+        self.export_button.setToolTip("Export the table as CSV")
         self.export_button.setObjectName("statistics_export")
         self.export_button.clicked.connect(lambda: self.export_csv())
         self.note = QLabel("")
@@ -59,12 +61,14 @@ class StatisticsPanel(JobPanelBase):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.horizontalHeader().setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
-        buttons = QHBoxLayout()
-        for button in (self.refresh_button, self.export_button, self.cancel_button):
+        self.table.setMinimumHeight(24)  # a tab beside Jobs: small enough not to raise the window's minimum height
+        buttons = QHBoxLayout()  # one row: the chooser and the buttons
+        buttons.addWidget(self.layer_box, 1)
+        for button in (self.refresh_button, self.export_button):  # (cancelled from the job list: a short job)
             buttons.addWidget(button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(self.layer_box)
+        layout.setSpacing(2)
         layout.addLayout(buttons)
         layout.addWidget(self.note)
         layout.addWidget(self.table, 1)
