@@ -17,6 +17,7 @@ ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, ex
     "exclusion": (1.0, 0.15, 0.15),
     "waypoint": (1.0, 0.85, 0.1),
     "stop": (0.8, 0.3, 1.0),
+    "lesion": (1.0, 0.55, 0.0),
 }
 # One colour per ROI: each role has a family of hues that stay apart from the other roles' and
 # from each other, the role's colour first (the first seed is green as before, the second seed a
@@ -133,6 +134,7 @@ class Layer(Observable):
         self.transparent_below: float | None = None
         self.color: str | None = None  # ROIs: "#rrggbb", None = the role's colour
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
+        self.selection_by: str | None = None  # what made the selection ("ROI target", "connectivity cell")
         # Where the layer came from: {"file": path} for a loaded file; for a computed result its
         # method, parameters, inputs, backend, device and timings (reports and sessions show it)
         self.provenance: dict = {}
@@ -209,15 +211,19 @@ class Layer(Observable):
             return ROLE_COLOURS[self.data.role]
         return (1.0, 1.0, 1.0)
 
-    def set_selection(self, selected: np.ndarray | None) -> None:
-        """Show only these streamlines (bool per streamline), or all with None."""
+    def set_selection(self, selected: np.ndarray | None, by: str | None = None) -> None:
+        """Show only these streamlines (bool per streamline), or all with None; ``by`` says what
+        selected them (e.g. ``"ROI target"``), for every count the views show."""
         if selected is not None:
             selected = np.asarray(selected, dtype=bool)
             if selected.shape != (len(self.data),):
                 raise ValueError("a selection needs one flag per streamline")
+        by = None if selected is None else by
+        same_by, self.selection_by = by == self.selection_by, by
         if selected is None and self.selection is None:
             return
-        if selected is not None and self.selection is not None and np.array_equal(selected, self.selection):
+        same = selected is not None and self.selection is not None and np.array_equal(selected, self.selection)
+        if same and same_by:
             return
         self.selection = selected
         self.emit("display", changed=["selection"])

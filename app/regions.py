@@ -16,6 +16,7 @@ The roles (:data:`app.model.ROI_ROLES`) mean the same to every panel and to the 
 - **exclusion**: the union; a streamline that enters it is dropped (geodesic: it is taken
   out of the tracking mask, so no fibre enters it).
 - **stop**: the union; streamlines end where they enter it (probabilistic: ``--stop``).
+- **lesion**: no part in tracking; the Presurgical panel measures distances to it.
 
 Hidden and empty ROIs take no part. An ROI on another grid than the method's (the tensor or
 samples grid) is brought onto it by nearest neighbour, with a note; one that lies outside
@@ -105,7 +106,7 @@ def regions_on_grid(rois: list[RoiCopy], method: str, grid: Any) -> Regions:
     regions = Regions(method, grid)
     by_role: dict[str, list[Region]] = {"seed": [], "target": [], "waypoint": [], "exclusion": [], "stop": []}
     for roi in rois:
-        if not roi.mask.any():
+        if not roi.mask.any() or roi.role not in by_role:  # a lesion takes no part in tracking
             continue
         source = Grid(roi.affine, roi.mask.shape)
         mask = np.asarray(roi.mask, dtype=bool)

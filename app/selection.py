@@ -6,6 +6,11 @@ The tractograms' points on the reference grid (a :class:`~tractlens.gpu.select.S
 resident on the compute device) are derived data: the document's
 :class:`~tractlens.app.derived.DerivedCache` keeps one per tractogram, grid and device, so an ROI
 edit re-selects without rebuilding it and removing the tractogram frees it.
+
+What is shown is explicit state of a tractogram layer (``layer.selection``, and
+``layer.selection_by``: what made it); :func:`shown_of` reads it for every count the window and
+the report print ("12 of 92 shown (selection by ROIs seed, target)"), so no count includes fibres
+the user cannot see, and :func:`empty_selection_notice` says why a selection shows none.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ class RoiSelection:
     include: tuple[np.ndarray, ...]
     exclude: tuple[np.ndarray, ...]
     reference_affine: np.ndarray
+    roi_names: tuple[str, ...] = ()
+
+    @property
+    def by(self) -> str:
+        """What the selection is made by, in words: ``"ROI target"``, ``"ROIs seed, target"``."""
+        names = self.roi_names
+        return f"ROI{'s' if len(names) != 1 else ''} {', '.join(names)}" if names else "ROIs"
 
     @classmethod
     def of(cls, document: Document) -> RoiSelection | None:
@@ -46,7 +58,74 @@ class RoiSelection:
             tuple(mask.copy() for mask in include),
             tuple(mask.copy() for mask in exclude),
             document.reference_affine.copy(),
+            tuple(selecting_roi_names(document)),
         )
+
+
+def selecting_roi_names(document: Document) -> list[str]:
+    """Names of the visible, non-empty ROIs that select fibres (as :meth:`Document.roi_sets`)."""
+    return [
+        layer.name
+        for layer in document.layers
+        if layer.kind == "roi"
+        and layer.visible
+        and layer.data.role in ("seed", "target", "waypoint", "exclusion")
+        and layer.data.mask.any()
+    ]
+
+
+@dataclass(frozen=True)
+class Shown:
+    """How many of a tractogram's streamlines the views show, and what selected them."""
+
+    shown: int
+    total: int
+    by: str | None = None  # None: no selection, every streamline is shown
+
+    @property
+    def selected(self) -> bool:
+        return self.by is not None or self.shown != self.total
+
+    @property
+    def hides(self) -> bool:
+        """Some streamlines are not shown."""
+        return self.shown < self.total
+
+    @property
+    def text(self) -> str:
+        """``"12 of 92 shown (selection by ROI target)"``, ``"all 92 shown"``."""
+        by = f" (selection by {self.by or 'a selection'})" if self.selected else ""
+        if not self.hides:
+            return f"all {self.total:,} shown{by}"
+        return f"{self.shown:,} of {self.total:,} shown{by}"
+
+
+def shown_of(layer: Layer) -> Shown:
+    """The streamlines of a tractogram layer the views show (its selection; all without one)."""
+    total = len(layer.data)
+    if layer.selection is None or len(layer.selection) != total:
+        return Shown(total, total)
+    return Shown(int(np.count_nonzero(layer.selection)), total, layer.selection_by or "a selection")
+
+
+def shown_mask(layer: Layer) -> np.ndarray:
+    """Bool per streamline: shown in the views."""
+    total = len(layer.data)
+    if layer.selection is None or len(layer.selection) != total:
+        return np.ones(total, dtype=bool)
+    return np.asarray(layer.selection, dtype=bool)
+
+
+def empty_selection_notice(layer: Layer) -> str | None:
+    """Why a tractogram shows nothing although it has streamlines (None when it shows some)."""
+    shown = shown_of(layer)
+    if shown.shown or not shown.total or not shown.selected:
+        return None
+    return (
+        f"{layer.name}: none of its {shown.total:,} streamlines is shown: none passes every visible seed, "
+        f"target and waypoint ROI while avoiding the exclusion ROIs (selection by {shown.by}). "
+        "Hide an ROI (layer list) to show them again."
+    )
 
 
 def has_selecting_rois(document: Document) -> bool:
@@ -72,7 +151,8 @@ def select_fibres(
     cancelled: Callable[[], bool] | None = None,
     check: Callable[[], None] | None = None,
 ) -> list[tuple[Layer, np.ndarray]]:
-    """(layer, selected: bool per streamline) for every tractogram of ``request``. ``check`` is
+    """(layer, selected: bool per streamline) for every tractogram of ``request`` (show them with
+    ``layer.set_selection(selected, by=request.by)``). ``check`` is
     called before each tractogram (a job's ``ctx.check`` raises when it was cancelled);
     ``cancelled`` is polled during a selection."""
     out = []

@@ -16,7 +16,7 @@ from .observable import Observable
 if TYPE_CHECKING:
     from .io import DWI, BedpostSamples
 
-ROI_ROLES = ("seed", "target", "exclusion", "waypoint", "stop")
+ROI_ROLES = ("seed", "target", "exclusion", "waypoint", "stop", "lesion")  # lesion: measured against, never tracked
 
 
 class Volume(Observable):

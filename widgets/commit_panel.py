@@ -75,6 +75,7 @@ from .commit_results import (
     WEIGHT,
     CommitOutcome,
     commit_job,
+    shown_label,
     snapshot_tractogram,
     weighted_layer,
 )
@@ -258,6 +259,8 @@ class CommitPanel(JobPanelBase):
         elif event == "display" and "name" in info.get("changed", ()):
             self._refresh_tracts()
             self._refresh_masks()
+        if event == "display" and "selection" in info.get("changed", ()) and info.get("layer") is self.result_layer:
+            self._label_threshold()
 
     def _refresh_tracts(self) -> None:
         tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
@@ -511,14 +514,8 @@ class CommitPanel(JobPanelBase):
         return np.ones(len(self.weights), bool) if threshold is None else self.weights > threshold
 
     def _label_threshold(self) -> None:
-        threshold, mask = self.threshold_value(), self.visible_mask()
-        if mask is None:
-            self.threshold_label.setText("all shown")
-            return
-        if threshold is None:
-            self.threshold_label.setText(f"all {len(mask):,} shown")
-        else:
-            self.threshold_label.setText(f"weight ≤ {threshold:.4g} hidden: {int(mask.sum()):,} of {len(mask):,} shown")
+        shown = self.result_layer if self.result_layer in self.document.layers else None
+        self.threshold_label.setText(shown_label(self.threshold_value(), self.visible_mask(), shown))
 
     def _threshold_changed(self, _value: int) -> None:
         self._label_threshold()

@@ -18,6 +18,7 @@ from tractlens.app.pipelines.commit import (
     commit_pipeline,
     weighted_tractogram,
 )
+from tractlens.app.selection import shown_of
 
 from . import fiber_display
 
@@ -110,3 +111,18 @@ def commit_job(
         )  # fmt: skip
 
     return job
+
+
+def shown_label(threshold: float | None, mask: np.ndarray | None, shown_layer: Layer | None) -> str:
+    """The panel's "shown" line: what the weight threshold keeps and, when the ROI (or a
+    connectivity) selection hides some of those, what the views really show."""
+    if mask is None:
+        return "all shown"
+    selection = shown_of(shown_layer) if shown_layer is not None else None
+    selected = selection is not None and selection.hides
+    verb = "kept" if selected else "shown"
+    if threshold is None:
+        text = f"all {len(mask):,} {verb}" + (" by weight" if selected else "")
+    else:
+        text = f"weight ≤ {threshold:.4g} hidden: {int(mask.sum()):,} of {len(mask):,} {verb}"
+    return f"{text}; {selection.text}" if selected else text

@@ -30,6 +30,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QColorDialog, QFileDialog, QInputDialog, QMessageBox
 
 KINDS = ("open_file", "open_files", "save_file", "folder", "question", "choice", "integer", "text", "colour")
+KINDS += ("fields",)  # a form of labelled text fields (the report's patient and scan fields)
 
 _scripted = False
 _queued: dict[str, deque] = defaultdict(deque)
@@ -224,3 +225,29 @@ def message(parent, title: str, text: str, details: str = "") -> None:
     if details:
         box.setDetailedText(details)
     box.exec()
+
+
+def fields(parent, title: str, values: Sequence[tuple[str, str, str]]) -> dict[str, str] | None:
+    """A form of text fields, ``values`` (key, label, current); the edited values by key, or None
+    when cancelled. Scripted: the queued answer (a dict of changes, or None), else the values as
+    they are (the form's OK)."""
+    current = {key: value for key, _label, value in values}
+    answer = _scripted_answer("fields", current)
+    if answer is not _NOT_QUEUED:
+        return None if answer is None else {**current, **{k: str(v) for k, v in dict(answer).items()}}
+    from PySide6.QtWidgets import QDialog, QDialogButtonBox, QFormLayout, QLineEdit
+
+    dialog = QDialog(parent)
+    dialog.setWindowTitle(title)
+    form = QFormLayout(dialog)
+    edits = {}
+    for key, label, value in values:
+        edits[key] = QLineEdit(value)
+        form.addRow(label, edits[key])
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+    buttons.accepted.connect(dialog.accept)
+    buttons.rejected.connect(dialog.reject)
+    form.addRow(buttons)
+    if dialog.exec() != QDialog.DialogCode.Accepted:
+        return None
+    return {key: edit.text().strip() for key, edit in edits.items()}

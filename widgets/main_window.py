@@ -46,6 +46,7 @@ from .probabilistic_panel import ProbabilisticPanel
 from .roi_tools import RoiTools
 from .session_io import WindowAutosave, apply_session, offer_recovery, window_snapshot
 from .slice_view import SliceView
+from .statistics_panel import StatisticsPanel
 from .status_text import format_value as _format_value
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
@@ -137,6 +138,7 @@ class MainWindow(QMainWindow):
             self.document, self.runner, device=device, report=self.report_error, probabilistic=self.probabilistic_panel
         )
         self.presurgical_panel = PresurgicalPanel(self.document, self.runner, device=device, report=self.report_error)
+        self.statistics_panel = StatisticsPanel(self.document, self.runner, report=self.report_error)
         for title, widget, area in (
             ("Layers", self.layer_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
             ("Jobs", self.job_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
@@ -146,6 +148,7 @@ class MainWindow(QMainWindow):
             ("COMMIT filtering", self.commit_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Connectivity", self.connectivity_panel, Qt.DockWidgetArea.RightDockWidgetArea),
             ("Presurgical", self.presurgical_panel, Qt.DockWidgetArea.RightDockWidgetArea),
+            ("Statistics", self.statistics_panel, Qt.DockWidgetArea.LeftDockWidgetArea),
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
@@ -170,6 +173,13 @@ class MainWindow(QMainWindow):
         fit_dock_tabs(self)  # short titles on vertical tabs, never cut
         self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
 
+        jobs_dock, statistics_dock = (
+            self.findChild(QDockWidget, "dock_jobs"),
+            self.findChild(QDockWidget, "dock_statistics"),
+        )
+        self.tabifyDockWidget(jobs_dock, statistics_dock)  # a tab beside Jobs: the window keeps its minimum height
+        jobs_dock.raise_()
+
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
         self.busy = QProgressBar()
@@ -190,6 +200,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
         self.selection.error.connect(self.report_error)
+        self.selection.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
         self.document.connect(self._on_document)
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())
@@ -443,7 +454,10 @@ class MainWindow(QMainWindow):
             self.hover_label.setText("")
             return
         values = "  ".join(f"{name} {_format_value(v)}" for name, v in self.document.values_at(ijk))
-        self.hover_label.setText(f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}")
+        lesion = self.presurgical_panel.cursor_distance_text(ijk)  # the distance to the chosen lesion
+        self.hover_label.setText(
+            f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}" + (f"  {lesion}" * bool(lesion))
+        )
 
     def _update_busy(self) -> None:
         self.busy.setVisible(bool(self.runner.active()))

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 from tractlens.app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
+from tractlens.app.selection import shown_of
 
 from . import dialogs
 from .job_panel import JobPanel as JobPanel  # the Jobs dock; here for older imports
@@ -181,6 +182,8 @@ class LayerPanel(QWidget):
         self._updating = True
         item.setCheckState(Qt.CheckState.Checked if layer.visible else Qt.CheckState.Unchecked)
         item.setText(f"{layer.name}  [{layer.kind}]")
+        if layer.kind == "tractogram":  # what the views show of it, never a count of hidden fibres
+            item.setText(f"{layer.name}  [tractogram · {shown_of(layer).text}]")
         if layer.kind == "roi":  # a swatch of the colour it is drawn in
             swatch = QPixmap(12, 12)
             swatch.fill(QColor.fromRgbF(*layer.color_rgb()))

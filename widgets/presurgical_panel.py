@@ -1,8 +1,12 @@
 """The Presurgical panel: how close each tractogram's streamlines come to a lesion.
 
 The panel holds no algorithm: "Measure" runs, in one job, :func:`compute_lesion_distance` for
-every visible tractogram layer against the chosen lesion (an ROI, labels or scalar layer; its
-non-zero voxels are the lesion). Each measured layer is replaced (same name, display settings
+every visible tractogram layer against the chosen lesion. The lesion is chosen explicitly: the
+panel picks one by itself only when a layer is marked as lesion (an ROI in the role "lesion", or
+a layer named so); else the user picks an ROI or label map (non-zero voxels). A scalar map (FA,
+MD…) is offered only when "Scalar map ≥" is ticked, and then its voxels at or above that
+threshold are the lesion. A lesion removed from the document clears the choice, and the panel
+says so; it never falls back to another layer. Each measured layer is replaced (same name, display settings
 and selection) by a layer whose tractogram is :func:`with_distances`' copy (arrays shared)
 carrying the per-point distance :data:`DISTANCE_POINT_SCALAR` and the per-streamline closest
 approach :data:`DISTANCE_STREAMLINE_SCALAR`, coloured by the point distance with the "safety"
@@ -22,6 +26,7 @@ import numpy as np
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QCheckBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
@@ -40,7 +45,11 @@ from tractlens.app.pipelines.connectivity import (
     DistanceRow,
     RegionDistance,
     compute_lesion_distance,
-    distance_row,
+    default_lesion,
+    distance_rows,
+    distance_to_lesion_mm,
+    lesion_choices,
+    lesion_mask_of,
     with_distances,
 )
 
@@ -50,18 +59,53 @@ from .layer_combo import LayerCombo
 from .params_form import limits_of
 
 SAFETY_MAP = "safety"
-COLUMNS = ("tractogram", "streamlines", "closest (mm)", "within margin", "%")
+COLUMNS = ("tractogram", "streamlines", "closest (mm)", "within margin", "%", "shown")
+NO_LESION = "(choose the lesion)"
 
 
-def lesion_mask(layer: Layer) -> np.ndarray:
-    """The lesion as a bool mask: an ROI's voxels, or a labels/scalar image's finite non-zero
-    voxels."""
-    if layer.kind == "roi":
-        return np.asarray(layer.data.mask, dtype=bool)
-    data = np.asarray(layer.data.data)
-    if data.ndim == 4 and data.shape[3] == 1:
-        data = data[..., 0]
-    return (data != 0) & np.isfinite(data)
+def lesion_mask(layer: Layer, threshold: float | None = None) -> np.ndarray:
+    """The lesion as a bool mask (:func:`~app.pipelines.connectivity.lesion_mask_of`)."""
+    return lesion_mask_of(layer, threshold)
+
+
+class LesionCombo(LayerCombo):
+    """The lesion chooser: ROIs and label maps (scalar maps when :attr:`scalar_maps`), a choice
+    made only by the user or by a layer marked as lesion, never a fallback to another layer."""
+
+    def __init__(self, document: Document, parent=None):
+        self.scalar_maps = False
+        self.lost: str | None = None  # the name of a chosen lesion that was removed
+        super().__init__(document, ("roi", "labels", "scalar"), show_kind=True, parent=parent)
+
+    def refresh(self) -> None:
+        layers = lesion_choices(self.document.layers, scalar_maps=self.scalar_maps)
+        if self._chosen is not None and self._chosen not in layers:
+            if self._chosen not in self.document.layers:
+                self.lost = self._chosen.name
+            self._chosen = None
+        if self._chosen is None and self.lost is None:
+            self._chosen = default_lesion(layers)
+        self.layers = layers
+        self.blockSignals(True)
+        self.clear()
+        for layer in layers:
+            self.addItem(f"{layer.name}  [{layer.kind}]")
+        self.setCurrentIndex(layers.index(self._chosen) if self._chosen is not None else -1)
+        self.setPlaceholderText(NO_LESION)
+        self.blockSignals(False)
+
+    def _picked(self, index: int) -> None:
+        super()._picked(index)
+        self.lost = None
+
+    def choose(self, layer: Layer) -> None:
+        self.lost = None
+        if layer.kind == "scalar":
+            self.scalar_maps = True
+        super().choose(layer)
+
+    def layer(self) -> Layer | None:
+        return self._chosen if self._chosen in self.layers else None
 
 
 class PresurgicalPanel(JobPanelBase):
@@ -80,14 +124,23 @@ class PresurgicalPanel(JobPanelBase):
         self.measured: dict[str, Layer] = {}
         self.rows: list[DistanceRow] = []
         self.lesion_name = ""
-        self.lesion_box = LayerCombo(
-            document,
-            ("roi", "labels", "scalar"),
-            prefer=lambda layer: "lesion" in layer.name.lower(),
-            show_kind=True,
-        )
+        self.lesion_box = LesionCombo(document)
         self.lesion_box.setObjectName("presurgical_lesion")
-        self.lesion_box.setToolTip("The lesion: the non-zero voxels of an ROI, labels or scalar layer")
+        self.lesion_box.setToolTip(
+            "The lesion: an ROI's voxels or a label map's non-zero voxels. Chosen by itself only when a "
+            "layer is marked as lesion (ROI role 'lesion', or named so)"
+        )
+        self.lesion_box.activated.connect(lambda _i: self._lesion_changed())
+        self.scalar_box = QCheckBox("Scalar map ≥")
+        self.scalar_box.setObjectName("presurgical_scalar_lesion")
+        self.scalar_box.setToolTip("Offer scalar maps too: their voxels at or above the threshold are the lesion")
+        self.scalar_box.toggled.connect(self._scalar_toggled)
+        self.threshold_box = QDoubleSpinBox()
+        self.threshold_box.setObjectName("presurgical_threshold")
+        self.threshold_box.setRange(-1e9, 1e9)
+        self.threshold_box.setDecimals(3)
+        self.threshold_box.setValue(0.5)
+        self.threshold_box.setEnabled(False)
         self.margin_box = QDoubleSpinBox()
         self.margin_box.setObjectName("presurgical_margin")
         self.margin_box.setRange(*limits_of(LesionDistanceParams, "margin_mm"))
@@ -114,6 +167,10 @@ class PresurgicalPanel(JobPanelBase):
 
         form = QFormLayout()
         form.addRow("Lesion", self.lesion_box)
+        threshold_row = QHBoxLayout()
+        threshold_row.addWidget(self.scalar_box)
+        threshold_row.addWidget(self.threshold_box, 1)
+        form.addRow("", threshold_row)
         form.addRow("Margin", self.margin_box)
         buttons = QHBoxLayout()
         buttons.addWidget(self.measure_button)
@@ -139,11 +196,23 @@ class PresurgicalPanel(JobPanelBase):
         if event == "layers":
             if "replaced" in info:
                 self.lesion_box.follow(*info["replaced"])
+            lost_before = self.lesion_box.lost
             self.lesion_box.refresh()
+            if self.lesion_box.lost is not None and self.lesion_box.lost != lost_before:
+                self.status.setText(
+                    f"The lesion {self.lesion_box.lost} was removed: no lesion is chosen now. Choose the lesion "
+                    "again before measuring."
+                )
             if self.measured:
                 self.refresh_table()
         elif event == "display":
             layer = info.get("layer")
+            if (
+                layer is not None
+                and layer.kind in ("roi", "scalar")
+                and {"role", "name"} & set(info.get("changed", ()))
+            ):
+                self.lesion_box.refresh()  # marked as lesion (or no longer)
             if layer is not None and "selection" in info.get("changed", ()) and layer in self.measured.values():
                 self.refresh_table()
 
@@ -152,7 +221,10 @@ class PresurgicalPanel(JobPanelBase):
         """Measure every visible tractogram's distance to the chosen lesion (one job); the job id."""
         lesion = self.lesion_box.layer()
         if lesion is None:
-            return self._refuse("Open or draw the lesion first (an ROI, a labels or a scalar image).")
+            return self._refuse(
+                "Choose the lesion first: an ROI (its role 'lesion' picks it by itself) or a label map; a scalar "
+                "map only with 'Scalar map ≥' and a threshold."
+            )
         tracts = [layer for layer in self.document.layers if layer.kind == "tractogram" and layer.visible]
         if not tracts:
             return self._refuse("Show or open a tractogram first: its streamlines are measured.")
@@ -160,7 +232,9 @@ class PresurgicalPanel(JobPanelBase):
         lesion_name = lesion.name
         token = self._next_token()
         self.status.setText(f"Distance of {len(tracts)} tractogram(s) to {lesion.name}…")
-        mask = lesion_mask(lesion).copy()  # a snapshot: the lesion may be edited while the job runs
+        mask = lesion_mask(lesion, self.lesion_threshold(lesion)).copy()  # a snapshot: it may be edited meanwhile
+        if not mask.any():
+            return self._refuse(f"The lesion {lesion.name} has no voxel: draw it, or lower the threshold.")
 
         def job(ctx):
             out = []
@@ -211,7 +285,7 @@ class PresurgicalPanel(JobPanelBase):
             self.measured[new.name] = new
             doc.replace_layer(old, new)
         self.refresh_table()
-        if self.rows:
+        if self.rows and any(np.isfinite(row.min_mm) for row in self.rows):
             closest = min(self.rows, key=lambda row: row.min_mm)
             self.status.setText(
                 f"Distance to {lesion_name}: {len(self.measured)} tractogram(s); closest {closest.name} at "
@@ -239,18 +313,17 @@ class PresurgicalPanel(JobPanelBase):
             if layer not in self.document.layers:
                 continue
             per_streamline = self.distances[name].per_streamline
-            rows.append(distance_row(name, per_streamline, self.margin_mm))
-            if layer.selection is not None and len(layer.selection) == len(per_streamline):
-                rows.append(distance_row(f"{name} (selected)", per_streamline[layer.selection], self.margin_mm))
+            rows += distance_rows(name, per_streamline, self.margin_mm, layer.selection, layer.selection_by)
         self.rows = rows
         self.table.setRowCount(len(rows))
         for r, row in enumerate(rows):
             cells = (
                 row.name,
                 f"{row.streamlines:,}",
-                f"{row.min_mm:.2f}" if np.isfinite(row.min_mm) else "–",
+                f"{row.min_mm:.2f}" if np.isfinite(row.min_mm) else "none",
                 f"{row.within_margin:,}",
                 f"{row.percent_within:.1f}",
+                row.shown,
             )
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
@@ -258,3 +331,48 @@ class PresurgicalPanel(JobPanelBase):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
         return rows
+
+    # ---------------------------------------------------------------- lesion
+    def lesion_threshold(self, layer: Layer | None = None) -> float | None:
+        """The threshold of a scalar-map lesion (None for ROIs and label maps)."""
+        layer = layer if layer is not None else self.lesion_box.layer()
+        return float(self.threshold_box.value()) if layer is not None and layer.kind == "scalar" else None
+
+    def _scalar_toggled(self, on: bool) -> None:
+        self.threshold_box.setEnabled(on)
+        self.lesion_box.scalar_maps = on
+        self.lesion_box.refresh()
+
+    def _lesion_changed(self) -> None:
+        lesion = self.lesion_box.layer()
+        if lesion is not None:
+            self.status.setText(f"Lesion: {lesion.name}. Measure to see how close the fibres come.")
+
+    def cursor_distance_text(self, ijk) -> str:
+        """The distance from a reference voxel (the mouse) to the chosen lesion, for the status line."""
+        lesion, doc = self.lesion_box.layer(), self.document
+        if lesion is None or doc.reference_affine is None or ijk is None:
+            return ""
+        world = doc.reference_affine[:3, :3] @ np.asarray(ijk, dtype=float) + doc.reference_affine[:3, 3]
+        distance = distance_to_lesion_mm(doc, lesion, world, self.lesion_threshold(lesion))
+        if distance is None:
+            return ""
+        return f"to {lesion.name} {distance:.1f} mm" if distance > 0 else f"in {lesion.name}"
+
+    def lesion_choice_state(self) -> dict:
+        """The lesion choice for a session: the chosen layer's name, scalar maps offered, threshold."""
+        lesion = self.lesion_box.layer()
+        return {
+            "chosen": lesion.name if lesion is not None else "",
+            "scalar_maps": self.scalar_box.isChecked(),
+            "threshold": float(self.threshold_box.value()),
+        }
+
+    def restore_lesion_choice(self, state: dict) -> None:
+        """Choose the lesion a session saved (by name; nothing when it is not there)."""
+        self.threshold_box.setValue(float(state.get("threshold", self.threshold_box.value())))
+        self.scalar_box.setChecked(bool(state.get("scalar_maps", False)))
+        name = str(state.get("chosen", ""))
+        layer = next((layer for layer in self.document.layers if layer.name == name), None)
+        if layer is not None and layer in lesion_choices(self.document.layers, scalar_maps=self.lesion_box.scalar_maps):
+            self.lesion_box.choose(layer)

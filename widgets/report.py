@@ -1,10 +1,12 @@
 """The report for the planning meeting: a PDF (and PNG) of the views, the distance table and the
 provenance of every result shown.
 
-Page one: the 3-D view and the three planes at the cursor, the distance to the lesion of every
-tractogram (and of its ROI selection) with the safety margin, the connectivity matrix when one
-is shown; then the parameters and provenance of every visible layer, continued on further pages
-only when they do not fit. The same drawing code paints the PDF (vector text, QPdfWriter) and
+Page one: the patient, study and scan (:mod:`tractlens.app.report_data`: from the NIfTI's
+sidecar, edited by the user), the 3-D view and the three planes at the cursor, the distance to
+the lesion of every tractogram (and of what its selection shows) with the safety margin, the
+statistics of the tractograms and ROIs, the connectivity matrix when one is shown; then the
+parameters of every visible layer in words, continued on further pages only when they do not
+fit. Text is at least 9 pt at A4. The same drawing code paints the PDF (vector text, QPdfWriter) and
 the PNG pages (QImage), so both show the same thing.
 """
 
@@ -24,17 +26,16 @@ from PySide6.QtWidgets import QApplication
 from tractlens.app import __version__
 from tractlens.app.io import atomic_path
 from tractlens.app.model import Document, Layer
-from tractlens.app.pipelines.connectivity import (
-    DEFAULT_MARGIN_MM,
-    DISTANCE_STREAMLINE_SCALAR,
-    DistanceRow,
-    distance_row,
-)
+from tractlens.app.pipelines.connectivity import DEFAULT_MARGIN_MM, DISTANCE_STREAMLINE_SCALAR, DistanceRow
+from tractlens.app.pipelines.connectivity import distance_rows as tract_distance_rows
+from tractlens.app.report_data import ScanInfo, document_scan_info, parameters_in_words
+from tractlens.app.statistics import StatisticsTable, layer_statistics
 
 DPI = 150
 PAGE_PX = (1240, 1754)  # A4 at 150 dpi
 MARGIN_PX = 70
 WARN = QColor(200, 30, 30)
+MIN_PT = 9  # the smallest text, legible on a printed A4 page
 
 
 @dataclass
@@ -49,10 +50,12 @@ class ReportContent:
     rows: list[DistanceRow]
     extra_images: list[tuple[str, QImage]] = field(default_factory=list)
     provenance: list[tuple[str, list[str]]] = field(default_factory=list)
+    scan: ScanInfo = field(default_factory=ScanInfo)
+    statistics: list[StatisticsTable] = field(default_factory=list)
 
 
 def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
-    """A row per tractogram carrying distances to the lesion, and one for its ROI selection."""
+    """A row per tractogram carrying distances to the lesion, and one for what its selection shows."""
     rows = []
     for layer in document.layers:
         if layer.kind != "tractogram":
@@ -61,32 +64,27 @@ def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
         if per is None:
             continue
         per = np.asarray(per, dtype=np.float64).reshape(len(layer.data), -1)[:, 0]
-        rows.append(distance_row(layer.name, per, margin_mm))
-        if layer.selection is not None and not layer.selection.all():
-            rows.append(distance_row(f"{layer.name} (selected)", per[layer.selection], margin_mm))
+        rows += tract_distance_rows(layer.name, per, margin_mm, layer.selection, layer.selection_by)
     return rows
 
 
-def _flatten(value, prefix: str = "") -> list[str]:
-    if isinstance(value, dict):
-        out = []
-        for key, item in value.items():
-            out += _flatten(item, f"{prefix}{key}.")
-        return out
-    if isinstance(value, float):
-        text = f"{value:.4g}"
-    elif isinstance(value, list | tuple) and len(value) > 8:
-        text = f"[{', '.join(str(v) for v in value[:8])}, … ({len(value)} values)]"
-    else:
-        text = str(value)
-    return [f"{prefix[:-1]}: {text}"]
-
-
 def provenance_lines(layer: Layer) -> list[str]:
-    lines = _flatten(layer.provenance) if layer.provenance else ["(no provenance recorded)"]
+    """A layer's parameters and provenance in words (no internal keys, no "inf")."""
+    lines = parameters_in_words(layer.provenance) if layer.provenance else []
     if layer.kind == "tractogram":
-        lines.insert(0, f"streamlines: {len(layer.data)}, points: {len(layer.data.points)}")
-    return lines
+        from tractlens.app.selection import shown_of
+
+        lines.insert(0, f"{len(layer.data):,} streamlines, {shown_of(layer).text}")
+    return lines or ["(no provenance recorded)"]
+
+
+def report_statistics(document: Document) -> list[StatisticsTable]:
+    """The statistics of every tractogram and of every visible, non-empty ROI."""
+    out = []
+    for layer in document.layers:
+        if layer.kind == "tractogram" or (layer.kind == "roi" and layer.visible and layer.data.mask.any()):
+            out.append(layer_statistics(document, layer))
+    return out
 
 
 def _qimage(rgb: np.ndarray) -> QImage:
@@ -95,9 +93,15 @@ def _qimage(rgb: np.ndarray) -> QImage:
     return QImage(rgb.data, width, height, 3 * width, QImage.Format.Format_RGB888).copy()
 
 
-def gather(window, *, margin_mm: float | None = None, lesion: str | None = None) -> ReportContent:
-    """The report's content from a main window (its document, views and panels)."""
+def gather(
+    window, *, margin_mm: float | None = None, lesion: str | None = None, scan: ScanInfo | None = None
+) -> ReportContent:
+    """The report's content from a main window (its document, views and panels); ``scan``: the
+    patient and scan fields (else those the user edited, else the sidecar's)."""
     doc = window.document
+    if scan is None:
+        reports = getattr(window, "reports", None)
+        scan = getattr(reports, "scan_info", None) or document_scan_info(doc)
     presurgical = getattr(window, "presurgical_panel", None)
     if margin_mm is None:
         margin_mm = float(getattr(presurgical, "margin_mm", DEFAULT_MARGIN_MM))
@@ -147,6 +151,8 @@ def gather(window, *, margin_mm: float | None = None, lesion: str | None = None)
         distance_rows(doc, margin_mm),
         extra,
         provenance,
+        scan,
+        report_statistics(doc),
     )
 
 
@@ -268,7 +274,7 @@ class _Flow:
                     painter.setPen(QPen(QColor(90, 90, 90)))
                     painter.drawRect(QRectF(x, self.y, cell_w, cell_h))
                     font = QFont("DejaVu Sans", 1)
-                    font.setPixelSize(round(8 * DPI / 72))
+                    font.setPixelSize(round(MIN_PT * DPI / 72))
                     painter.setFont(font)
                     painter.setPen(QPen(QColor(20, 20, 20)))
                     painter.drawText(
@@ -276,29 +282,46 @@ class _Flow:
                     )
             self.y += cell_h + 30
 
-    def table(self, header: list[str], rows: list[tuple[list[str], bool]], widths: list[float]) -> None:
-        size = 9
+    def table(
+        self, header: list[str] | None, rows: list[tuple[list[str], bool]], widths: list[float], *, align_left=False
+    ) -> None:
+        """A table whose cells wrap (a row grows to its tallest cell); ``header`` None: none."""
         font = QFont("DejaVu Sans", 1)
-        font.setPixelSize(round(size * DPI / 72))
-        line = QFontMetricsF(font).height() + 8
+        font.setPixelSize(round(MIN_PT * DPI / 72))
+        strong = QFont(font)
+        strong.setBold(True)
         total = sum(widths)
         columns = [w / total * self.width for w in widths]
-        for index, (cells, warn) in enumerate([(header, False), *rows]):
+        wrap = int(Qt.TextFlag.TextWordWrap)
+        lines = ([(header, False)] if header is not None else []) + list(rows)
+        for index, (cells, warn) in enumerate(lines):
+            is_header = header is not None and index == 0
+            metrics = QFontMetricsF(strong if is_header or warn else font)
+            line = 8 + max(
+                [metrics.height()]
+                + [metrics.boundingRect(QRectF(0, 0, w - 12, 10_000), wrap, c).height() for c, w in zip(cells, columns)]
+            )
             self.need(line)
             x = MARGIN_PX
             for painter in self.pages.painters():
-                if index == 0:
+                if is_header:
                     painter.fillRect(QRectF(MARGIN_PX, self.y, self.width, line), QColor(225, 228, 235))
                 elif warn:
                     painter.fillRect(QRectF(MARGIN_PX, self.y, self.width, line), QColor(252, 225, 225))
             for cell, width in zip(cells, columns):
                 for painter in self.pages.painters():
                     bold = QFont(font)
-                    bold.setBold(index == 0 or warn)
+                    bold.setBold(is_header or warn)
                     painter.setFont(bold)
                     painter.setPen(QPen(WARN if warn else QColor(20, 20, 20)))
-                    align = int(Qt.AlignmentFlag.AlignVCenter) | (
-                        int(Qt.AlignmentFlag.AlignLeft) if x == MARGIN_PX else int(Qt.AlignmentFlag.AlignRight)
+                    align = (
+                        wrap
+                        | int(Qt.AlignmentFlag.AlignVCenter)
+                        | (
+                            int(Qt.AlignmentFlag.AlignLeft)
+                            if x == MARGIN_PX or align_left or width > 0.25 * self.width
+                            else int(Qt.AlignmentFlag.AlignRight)
+                        )
                     )
                     painter.drawText(QRectF(x + 6, self.y, width - 12, line), align, cell)
                 x += width
@@ -309,46 +332,86 @@ class _Flow:
         self.y += 10
 
 
+def _scan_block(flow: _Flow, scan: ScanInfo) -> None:
+    """Patient, study and scan fields as a two-pair-per-row table."""
+    pairs = scan.lines()
+    rows = []
+    for i in range(0, len(pairs), 2):
+        cells = [*pairs[i], *(pairs[i + 1] if i + 1 < len(pairs) else ("", ""))]
+        rows.append((cells, False))
+    flow.table(None, rows, [1.3, 2.7, 1.3, 2.7], align_left=True)
+
+
+def _statistics_rows(tables: list[StatisticsTable]) -> list[tuple[list[str], bool]]:
+    rows = []
+    for table in tables:
+        by = {q.name: q for q in table.quantities}
+        if table.kind == "tractogram":
+            count = f"{by['streamlines shown'].text} of {by['streamlines in total'].text}"
+            size = by["length mean"].text, by["volume of voxels visited"].text
+        else:
+            count, size = f"{by['voxels'].text} voxels", ("", by["volume"].text)
+        maps = " · ".join(
+            f"{q.name.rsplit(' ', 2)[0]} {q.text}"
+            for q in table.quantities
+            if q.name.endswith(("along mean", "inside mean"))
+        )
+        rows.append(([table.subject, count, *size, maps or "none"], False))
+    return rows
+
+
 def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QImage]:
     """Paint the report; returns the page images (empty unless ``png``)."""
     pages = _Pages(pdf_path, png)
     flow = _Flow(pages)
-    flow.text(content.title, 20, bold=True)
+    flow.text(content.title, 18, bold=True)
     for line in content.subtitle:
-        flow.text(line, 8, colour=QColor(80, 80, 80))
-    flow.y += 10
-    flow.images(content.images)
+        flow.text(line, MIN_PT, colour=QColor(80, 80, 80))
+    flow.y += 4
+    _scan_block(flow, content.scan)
+    flow.images(content.images, aspect=0.56)
     lesion = f" '{content.lesion}'" if content.lesion else ""
-    flow.text(f"Distance to the lesion{lesion} · safety margin {content.margin_mm:g} mm", 12, bold=True)
+    flow.text(f"Distance to the lesion{lesion} · safety margin {content.margin_mm:g} mm", 11, bold=True)
     if content.rows:
         rows = [
             (
-                [r.name, str(r.streamlines), f"{r.min_mm:.1f}", str(r.within_margin), f"{r.percent_within:.1f} %"],
+                [
+                    r.name,
+                    str(r.streamlines),
+                    r.closest_text,
+                    str(r.within_margin),
+                    f"{r.percent_within:.1f} %",
+                    r.shown,
+                ],
                 r.within_margin > 0,
             )
             for r in content.rows
         ]
         flow.table(
-            ["bundle / selection", "streamlines", "closest (mm)", "within margin", "share"],
+            ["bundle / selection", "streamlines", "closest (mm)", "within margin", "share", "shown"],
             rows,
-            [4, 1.4, 1.6, 1.6, 1.2],
+            [2.8, 1.7, 1.5, 1.5, 1.1, 3.2],
         )
         flow.text(
             "Distance from each fiber to the nearest lesion voxel (each voxel taken as the ellipsoid inscribed in it), "
             "fibers sampled every quarter voxel; rows in red come within the margin.",
-            7,
+            MIN_PT,
             colour=QColor(90, 90, 90),
         )
     else:
-        flow.text("No distances measured (Analysis ▸ Distance to lesion).", 9, colour=QColor(90, 90, 90))
+        flow.text("No distances measured (Analysis ▸ Distance to lesion).", MIN_PT, colour=QColor(90, 90, 90))
+    if content.statistics:
+        flow.text("Statistics (of the streamlines shown)", 11, bold=True)
+        flow.table(
+            ["tractogram / ROI", "streamlines", "length (mm)", "volume", "maps (mean ± sd)"],
+            _statistics_rows(content.statistics),
+            [2.6, 1.6, 1.8, 1.6, 4.4],
+        )
     if content.extra_images:
-        flow.y += 8
         flow.images(content.extra_images, columns=2, aspect=0.8)
-    flow.y += 8
-    flow.text("Results and provenance", 12, bold=True)
+    flow.text("Results and provenance", 11, bold=True)
     for title, lines in content.provenance:
-        flow.text(title, 8, bold=True)
-        flow.text(" · ".join(lines), 7, indent=18, colour=QColor(60, 60, 60))
+        flow.text(f"{title}: " + " · ".join(lines), MIN_PT, colour=QColor(60, 60, 60))
     pages.finish()
     return pages.images
 

@@ -31,7 +31,14 @@ def panel_state(window) -> dict:
     state = {}
     presurgical = getattr(window, "presurgical_panel", None)
     if presurgical is not None:
-        state["presurgical"] = {"margin_mm": float(presurgical.margin_mm), "lesion": presurgical.lesion_name}
+        state["presurgical"] = {
+            "margin_mm": float(presurgical.margin_mm),
+            "lesion": presurgical.lesion_name,
+            **presurgical.lesion_choice_state(),
+        }
+    reports = getattr(window, "reports", None)
+    if reports is not None and reports.session_state():
+        state["report"] = reports.session_state()
     views = getattr(window, "views", None)
     view = {}
     if views:
@@ -85,11 +92,14 @@ def apply_session(window, session: Session) -> None:
     if restored.reference_shape is not None:
         doc.cursor = np.array(restored.cursor)
         doc.emit("cursor")
+    if getattr(window, "reports", None) is not None:
+        window.reports.restore_session_state(session.panels.get("report"))
     presurgical = getattr(window, "presurgical_panel", None)
     state = session.panels.get("presurgical")
     if presurgical is not None and state:
         presurgical.lesion_name = str(state.get("lesion", ""))
         presurgical.margin_box.setValue(float(state.get("margin_mm", presurgical.margin_mm)))
+        presurgical.restore_lesion_choice(state)
         # tractograms saved with their distances come back measured: table and colours without recomputing
         presurgical.measured, presurgical.distances = {}, {}
         for layer in doc.layers:

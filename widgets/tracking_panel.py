@@ -43,6 +43,7 @@ from tractlens.app.pipelines.track import (
     tracking_choices,
 )
 from tractlens.app.regions import regions_on_grid, roi_snapshot
+from tractlens.app.selection import shown_of
 
 from . import fiber_display
 from .job_panel import JobPanelBase
@@ -68,6 +69,8 @@ class TrackingPanel(JobPanelBase):
         self.track_button = QPushButton("Track")
         self.track_button.clicked.connect(self.track)
         self.status.setText("Paint a seed ROI, then Track.")
+        self._summary_line = ""  # the last run's summary; what is shown of it follows the selection
+        document.connect(self._selection_changed)
 
     def _layout(self, *parts) -> None:
         buttons = QHBoxLayout()
@@ -127,6 +130,7 @@ class TrackingPanel(JobPanelBase):
         return _result_layer(name, tractogram)
 
     def _show(self, layer: Layer) -> None:
+        self._summary_line = ""
         if self.result_layer is not None and self.result_layer in self.document.layers:
             layer.set(
                 visible=self.result_layer.visible,
@@ -148,8 +152,20 @@ class TrackingPanel(JobPanelBase):
         text = self._summary_text(result.provenance)
         if result.notes:
             text += " " + " ".join(result.notes)
-        self.status.setText(text)
+        self._summary_line = text
+        self.status.setText(self._with_shown(text))
         self.finished.emit(layer)
+
+    def _with_shown(self, text: str) -> str:
+        layer = self.result_layer
+        if layer is None or layer not in self.document.layers or not shown_of(layer).hides:
+            return text
+        return f"{text} Now {shown_of(layer).text}."
+
+    def _selection_changed(self, _source, event, **info) -> None:
+        if event == "display" and info.get("layer") is self.result_layer and self._summary_line:
+            if "selection" in info.get("changed", ()):
+                self.status.setText(self._with_shown(self._summary_line))
 
     def _summary_text(self, prov: dict) -> str:
         raise NotImplementedError

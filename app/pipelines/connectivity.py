@@ -266,6 +266,80 @@ def profile_csv_text(result: Profile, affine: np.ndarray, map_name: str = "value
 # ------------------------------------------------------------------ distance to a lesion
 
 
+LESION_KINDS = ("roi", "labels")  # offered as lesions; a scalar map only when asked for, with a threshold
+
+
+def is_marked_lesion(layer) -> bool:
+    """A layer the user marked as the lesion: an ROI in the role ``lesion``, or a layer named so."""
+    if layer.kind == "roi" and layer.data.role == "lesion":
+        return True
+    return layer.kind in (*LESION_KINDS, "scalar") and "lesion" in layer.name.lower()
+
+
+def lesion_choices(layers, *, scalar_maps: bool = False) -> list:
+    """The layers a lesion may be chosen from: ROIs and label maps, scalar maps (FA, MD…, whose
+    non-zero voxels are the whole brain) only when ``scalar_maps`` (they are then thresholded)."""
+    kinds = (*LESION_KINDS, "scalar") if scalar_maps else LESION_KINDS
+    return [layer for layer in layers if layer.kind in kinds or (layer.kind == "scalar" and is_marked_lesion(layer))]
+
+
+def default_lesion(layers):
+    """The lesion chosen without asking: the newest layer marked as lesion (:func:`is_marked_lesion`),
+    else None: never the newest ROI or map, which may be a seed or FA."""
+    marked = [layer for layer in layers if is_marked_lesion(layer)]
+    return marked[-1] if marked else None
+
+
+def lesion_mask_of(layer, threshold: float | None = None) -> np.ndarray:
+    """The lesion as a bool mask: an ROI's voxels, a label map's non-zero voxels, or a scalar
+    map's voxels at or above ``threshold`` (its finite non-zero voxels without one)."""
+    if layer.kind == "roi":
+        return np.asarray(layer.data.mask, dtype=bool)
+    data = np.asarray(layer.data.data)
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    finite = np.isfinite(data)
+    if layer.kind == "scalar" and threshold is not None:
+        return finite & (data >= threshold)
+    return finite & (data != 0)
+
+
+LESION_DISTANCE_MAP = "lesion_distance_mm"  # the DerivedCache kind
+
+
+def lesion_distance_map(document, layer, threshold: float | None = None) -> np.ndarray:
+    """Distance (mm) from every voxel of the lesion layer's grid to the nearest lesion voxel
+    centre (0 inside; Euclidean distance transform with the voxel sizes), computed once per
+    lesion mask in ``document.derived`` (an ROI edited in place is measured again)."""
+    from scipy import ndimage
+
+    if layer.kind == "roi":  # edited in place: the mask's content is the key
+        key = ("roi", hash(np.packbits(layer.data.mask).tobytes()))
+    else:  # volumes are replaced, never edited in place
+        key = ("volume", id(layer.data.data), threshold)
+
+    def compute() -> np.ndarray:
+        mask = lesion_mask_of(layer, threshold)
+        if not mask.any():
+            return np.full(mask.shape, np.inf, dtype=np.float32)
+        sizes = np.linalg.norm(np.asarray(layer.data.affine, dtype=np.float64)[:3, :3], axis=0)
+        return ndimage.distance_transform_edt(~mask, sampling=sizes).astype(np.float32)
+
+    return document.derived.get(layer.data, LESION_DISTANCE_MAP, key, compute)
+
+
+def distance_to_lesion_mm(document, layer, world_mm, threshold: float | None = None) -> float | None:
+    """Distance (mm) from a RAS point to the lesion (nearest voxel of its grid); None outside
+    the lesion's grid or for an empty lesion."""
+    distances = lesion_distance_map(document, layer, threshold)
+    affine = np.asarray(layer.data.affine, dtype=np.float64)
+    ijk = np.rint(np.linalg.solve(affine, np.append(np.asarray(world_mm, dtype=np.float64), 1.0))[:3]).astype(int)
+    if np.any(ijk < 0) or np.any(ijk >= distances.shape[:3]):
+        return None
+    value = float(distances[tuple(ijk)])
+    return value if np.isfinite(value) else None
+
+
 def compute_lesion_distance(
     tractogram: Tractogram,
     lesion: np.ndarray,
@@ -318,6 +392,12 @@ class DistanceRow:
     streamlines: int
     min_mm: float
     within_margin: int
+    shown: str = ""  # what the views show of the tractogram ("0 of 92 shown (selection by ROI target)")
+
+    @property
+    def closest_text(self) -> str:
+        """The closest approach in words: never "inf" (no streamline in the row)."""
+        return f"{self.min_mm:.1f}" if np.isfinite(self.min_mm) else "none (no streamline)"
 
     @property
     def percent_within(self) -> float:
@@ -330,6 +410,7 @@ class DistanceRow:
             "min_mm": self.min_mm,
             "within_margin": self.within_margin,
             "percent_within": self.percent_within,
+            "shown": self.shown,
         }
 
 
@@ -337,3 +418,27 @@ def distance_row(name: str, per_streamline: np.ndarray, margin_mm: float) -> Dis
     per_streamline = np.asarray(per_streamline, dtype=np.float64)
     closest = float(per_streamline.min()) if len(per_streamline) else float("inf")
     return DistanceRow(name, len(per_streamline), closest, int((per_streamline <= margin_mm).sum()))
+
+
+def distance_rows(
+    name: str,
+    per_streamline: np.ndarray,
+    margin_mm: float,
+    selection: np.ndarray | None = None,
+    selection_by: str | None = None,
+) -> list[DistanceRow]:
+    """The table's rows for one tractogram: every streamline, and with a selection (ROIs, a
+    connectivity cell) a row ``"<name> (selected)"`` over the shown ones; both say how many are
+    shown, so no count silently includes fibres the user cannot see."""
+    per_streamline = np.asarray(per_streamline, dtype=np.float64)
+    total = len(per_streamline)
+    row = distance_row(name, per_streamline, margin_mm)
+    if selection is None or len(selection) != total:
+        row.shown = f"all {total:,} shown"
+        return [row]
+    selection = np.asarray(selection, dtype=bool)
+    shown = f"{int(selection.sum()):,} of {total:,} shown (selection by {selection_by or 'a selection'})"
+    row.shown = f"all streamlines ({int(selection.sum()):,} of {total:,} shown)"
+    selected = distance_row(f"{name} (selected)", per_streamline[selection], margin_mm)
+    selected.shown = shown
+    return [row, selected]

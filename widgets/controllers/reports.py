@@ -12,6 +12,7 @@ import numpy as np
 from PySide6.QtGui import QImage, QPainter
 
 from tractlens.app.errors import InputError
+from tractlens.app.report_data import FIELD_LABELS, ScanInfo, document_scan_info
 
 from .. import dialogs
 
@@ -21,6 +22,27 @@ class ReportController:
 
     def __init__(self, window):
         self.window = window
+        #: the patient and scan fields as the user last confirmed them (kept in the session);
+        #: None: not edited yet, read from the data's sidecar
+        self.scan_info: ScanInfo | None = None
+
+    def edit_scan_info(self) -> ScanInfo | None:
+        """Show the patient, study and scan fields (from the sidecar, or as last edited) for
+        editing; the confirmed fields (also kept for the session), or None when cancelled."""
+        info = self.scan_info or document_scan_info(self.window.document)
+        values = [(name, label, getattr(info, name)) for name, label in FIELD_LABELS]
+        edited = dialogs.fields(self.window, "Report: patient and scan", values)
+        if edited is None:
+            return None
+        self.scan_info = ScanInfo.from_dict({**info.as_dict(), **edited})
+        return self.scan_info
+
+    def session_state(self) -> dict:
+        return {"scan": self.scan_info.as_dict()} if self.scan_info is not None else {}
+
+    def restore_session_state(self, state: dict | None) -> None:
+        scan = (state or {}).get("scan")
+        self.scan_info = ScanInfo.from_dict(scan) if isinstance(scan, dict) else None
 
     def save_screenshot(self, path: str | os.PathLike) -> Path:
         """Write the whole window, the 3-D view included, as PNG."""
@@ -46,7 +68,7 @@ class ReportController:
 
     def report_dialog(self) -> None:
         path = dialogs.save_file(self.window, "Export report", "report.pdf", "PDF (*.pdf)")
-        if path:
+        if path and self.edit_scan_info() is not None:
             try:
                 files = self.window.export_report(path)
             except (OSError, InputError) as exc:  # InputError: SaveError, e.g. the disk is full

@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document
-from tractlens.app.selection import RoiSelection, has_selecting_rois, select_fibres
+from tractlens.app.selection import RoiSelection, empty_selection_notice, has_selecting_rois, select_fibres
 
 THROTTLE_MS = 40
 
@@ -27,6 +27,7 @@ class FibreSelection(QObject):
     takes longer than the edits' pace)."""
 
     error = Signal(str, str)  # message, details
+    notice = Signal(str)  # what the user should read: a selection that shows no streamline, and why
 
     def __init__(self, document: Document, runner: JobRunner, *, device: str = "auto", parent: QObject | None = None):
         super().__init__(parent)
@@ -73,10 +74,15 @@ class FibreSelection(QObject):
         def done(result) -> None:
             if this["id"] != self.job:  # cancelled after it had finished: stale
                 return
+            notices = []
             for layer, selected in result:
                 if layer in doc.layers:
-                    layer.set_selection(selected)
+                    layer.set_selection(selected, by=request.by)
+                    notices.append(empty_selection_notice(layer))
             self._finished()
+            text = " ".join(n for n in notices if n)
+            if text:
+                self.notice.emit(text)
 
         def failed(message: str, details: str) -> None:
             if this["id"] == self.job:

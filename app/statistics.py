@@ -1,0 +1,239 @@
+"""Tract and ROI statistics: the numbers a clinician reads off a bundle or a region.
+
+For a tractogram (its shown streamlines only, see :func:`~tractlens.app.selection.shown_mask`):
+streamlines shown and in total, length mean ± sd (mm, summed segment lengths), the volume of
+the voxels its points visit (mm³, on the tractogram's grid), and the mean ± sd of every open
+scalar map sampled at its points (nearest voxel or trilinear). For an ROI: its voxel count,
+volume (mm³) and the mean ± sd of every scalar map inside it. The pure functions take arrays
+and volumes; :func:`layer_statistics` is the use case over a document's layer (the
+statistics panel, the report), :func:`file_statistics` the one over files (``tractlens stats``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tractlens.gpu.connectivity import streamline_lengths_mm
+from tractlens.gpu.params import meta
+
+from .errors import InputError
+from .model import Tractogram, Volume
+
+SAMPLINGS = ("nearest", "trilinear")
+
+
+@dataclass(frozen=True)
+class StatisticsParams:
+    """How scalar maps are sampled along streamlines and in regions."""
+
+    sampling: str = field(
+        default="nearest",
+        metadata=meta(
+            "Map sampling",
+            "a scalar map's value at a streamline point: the nearest voxel's, or trilinear between voxels",
+            choices=SAMPLINGS,
+            flags=("--sampling",),
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {self.sampling!r}")
+
+
+@dataclass
+class Quantity:
+    """One line of a statistics table: a value (a mean with its sd) or None when there is none."""
+
+    name: str
+    value: float | None
+    unit: str = ""
+    sd: float | None = None
+
+    @property
+    def text(self) -> str:
+        """The value in words: ``"42.1 ± 3.0 mm"``, ``"none"`` (never "nan" or "inf")."""
+        if self.value is None:
+            return "none"
+        exact = float(self.value).is_integer() and self.sd is None
+        number = f"{self.value:,.0f}" if exact or abs(self.value) >= 1000 else f"{self.value:.4g}"
+        sd = f" ± {self.sd:.3g}" if self.sd is not None else ""
+        return f"{number}{sd} {self.unit}".strip()
+
+
+@dataclass
+class StatisticsTable:
+    """The statistics of one tractogram or ROI (``subject``), line by line."""
+
+    subject: str
+    kind: str  # "tractogram" or "roi"
+    quantities: list[Quantity] = field(default_factory=list)
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "subject": self.subject,
+            "kind": self.kind,
+            "note": self.note,
+            "quantities": [{"name": q.name, "value": q.value, "sd": q.sd, "unit": q.unit} for q in self.quantities],
+        }
+
+
+def _finite_or_none(value) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None
+
+
+def _mean_sd(name: str, values: np.ndarray, unit: str = "") -> Quantity:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return Quantity(f"{name} mean", None, unit)
+    return Quantity(f"{name} mean", float(values.mean()), unit, float(values.std(ddof=1)) if values.size > 1 else 0.0)
+
+
+def _map_data(volume: Volume) -> np.ndarray:
+    data = np.asarray(volume.data)
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise InputError(f"{volume.name} is not a 3-D scalar map (shape {data.shape})", path=volume.source or None)
+    return data
+
+
+def sample_map(volume: Volume, points_ijk: np.ndarray, sampling: str = "nearest") -> np.ndarray:
+    """A scalar map's values at points given in its voxel coordinates (NaN outside it)."""
+    data = _map_data(volume)
+    points = np.asarray(points_ijk, dtype=np.float64).reshape(-1, 3)
+    inside = np.all((points >= -0.5) & (points <= np.array(data.shape) - 0.5), axis=1)
+    out = np.full(len(points), np.nan)
+    if sampling == "trilinear":
+        from scipy import ndimage
+
+        out[inside] = ndimage.map_coordinates(data.astype(np.float64), points[inside].T, order=1, mode="nearest")
+    else:
+        index = np.clip(np.rint(points[inside]).astype(np.int64), 0, np.array(data.shape) - 1)
+        out[inside] = data[tuple(index.T)]
+    return out
+
+
+def tract_statistics(
+    tractogram: Tractogram,
+    shown: np.ndarray | None = None,
+    maps: dict[str, Volume] | None = None,
+    *,
+    name: str = "",
+    params: StatisticsParams | None = None,
+    by: str | None = None,
+) -> StatisticsTable:
+    """Statistics of a tractogram's shown streamlines (``shown``: bool per streamline; None: all)."""
+    params = params or StatisticsParams()
+    total = len(tractogram)
+    shown = np.ones(total, dtype=bool) if shown is None else np.asarray(shown, dtype=bool)
+    part = tractogram if shown.all() else tractogram.subset(shown)
+    count = len(part)
+    table = StatisticsTable(name or tractogram.name, "tractogram")
+    table.quantities.append(Quantity("streamlines shown", float(count)))
+    table.quantities.append(Quantity("streamlines in total", float(total)))
+    if count < total:
+        table.note = (
+            f"{count:,} of {total:,} streamlines shown (selection by {by or 'a selection'}): statistics of those"
+        )
+    lengths = (
+        streamline_lengths_mm(part.points, part.offsets, part.affine[:3, :3]) if count else np.zeros(0, np.float64)
+    )
+    table.quantities.append(_mean_sd("length", lengths, "mm"))
+    if len(part.points):
+        voxels = np.unique(np.rint(part.points).astype(np.int64), axis=0)
+        voxel_mm3 = abs(float(np.linalg.det(part.affine[:3, :3])))
+        table.quantities.append(Quantity("volume of voxels visited", len(voxels) * voxel_mm3, "mm³"))
+    else:
+        table.quantities.append(Quantity("volume of voxels visited", None, "mm³"))
+    for map_name, volume in (maps or {}).items():
+        values = sample_map(volume, part.points_on(volume.affine), params.sampling) if len(part.points) else []
+        table.quantities.append(_mean_sd(f"{map_name} along", np.asarray(values)))
+    return table
+
+
+def roi_statistics(
+    mask: np.ndarray, affine: np.ndarray, maps: dict[str, Volume] | None = None, *, name: str = "ROI"
+) -> StatisticsTable:
+    """Statistics of a region: voxels, volume (mm³) and every map's mean ± sd inside it (each
+    ROI voxel centre looked up in the map, nearest voxel)."""
+    mask = np.asarray(mask, dtype=bool)
+    affine = np.asarray(affine, dtype=np.float64)
+    voxels = np.argwhere(mask)
+    table = StatisticsTable(name, "roi")
+    table.quantities.append(Quantity("voxels", float(len(voxels))))
+    table.quantities.append(Quantity("volume", len(voxels) * abs(float(np.linalg.det(affine[:3, :3]))), "mm³"))
+    if not len(voxels):
+        table.note = "the ROI is empty"
+    world = voxels @ affine[:3, :3].T + affine[:3, 3]
+    for map_name, volume in (maps or {}).items():
+        ijk = (world - volume.affine[:3, 3]) @ np.linalg.inv(volume.affine[:3, :3]).T if len(world) else world
+        table.quantities.append(_mean_sd(f"{map_name} inside", sample_map(volume, ijk)))
+    return table
+
+
+def open_scalar_maps(document) -> dict[str, Volume]:
+    """Every 3-D scalar map open in the document (FA, MD…), by layer name."""
+    out = {}
+    for layer in document.layers:
+        if layer.kind == "scalar":
+            data = np.asarray(layer.data.data)
+            if data.ndim == 3 or (data.ndim == 4 and data.shape[3] == 1):
+                out[layer.name] = layer.data
+    return out
+
+
+def layer_statistics(document, layer, params: StatisticsParams | None = None) -> StatisticsTable:
+    """The statistics of a tractogram layer (its shown streamlines) or an ROI layer, with every
+    open scalar map."""
+    from .selection import shown_mask, shown_of
+
+    maps = open_scalar_maps(document)
+    if layer.kind == "tractogram":
+        return tract_statistics(
+            layer.data, shown_mask(layer), maps, name=layer.name, params=params, by=shown_of(layer).by
+        )
+    if layer.kind == "roi":
+        return roi_statistics(layer.data.mask, layer.data.affine, maps, name=layer.name)
+    raise InputError(f"{layer.name} is a {layer.kind} layer: statistics are of a tractogram or an ROI")
+
+
+def statistics_csv_text(tables: list[StatisticsTable]) -> str:
+    """One row per quantity: ``subject, kind, quantity, value, sd, unit`` (empty cells: none)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["subject", "kind", "quantity", "value", "sd", "unit"])
+    for table in tables:
+        for q in table.quantities:
+            cells = ("" if v is None else f"{v:.6g}" for v in (q.value, q.sd))
+            writer.writerow([table.subject, table.kind, q.name, *cells, q.unit])
+    return out.getvalue()
+
+
+def statistics_json_text(tables: list[StatisticsTable]) -> str:
+    return json.dumps([table.as_dict() for table in tables], indent=2)
+
+
+def file_statistics(
+    tractogram: Tractogram | None,
+    roi: tuple[str, np.ndarray, np.ndarray] | None,
+    maps: dict[str, Volume],
+    params: StatisticsParams | None = None,
+) -> list[StatisticsTable]:
+    """``tractlens stats``: the tractogram's and the ROI's (name, mask, affine) tables."""
+    if tractogram is None and roi is None:
+        raise InputError("nothing to measure", fix="Give a tractogram, an --roi mask, or both")
+    tables = []
+    if tractogram is not None:
+        tables.append(tract_statistics(tractogram, None, maps, params=params))
+    if roi is not None:
+        tables.append(roi_statistics(roi[1], roi[2], maps, name=roi[0]))
+    return tables

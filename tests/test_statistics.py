@@ -1,0 +1,119 @@
+"""Tract and ROI statistics (app.statistics) and `tractlens stats`, against values worked out by hand."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import nibabel as nib
+import numpy as np
+import pytest
+
+from tractlens.app.cli import main
+from tractlens.app.model import Document, Layer, RoiMask, Tractogram, Volume
+from tractlens.app.statistics import (
+    StatisticsParams,
+    layer_statistics,
+    roi_statistics,
+    statistics_csv_text,
+    tract_statistics,
+)
+
+AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])  # 2 mm voxels: 8 mm³ each
+
+
+def _tract() -> Tractogram:
+    """Two straight streamlines along x: 10 and 20 voxels long (20 and 40 mm)."""
+    a = np.column_stack([np.arange(0, 11), np.full(11, 1), np.full(11, 1)])
+    b = np.column_stack([np.arange(0, 21), np.full(21, 3), np.full(21, 1)])
+    return Tractogram.from_list([a, b], affine=AFFINE, dimensions=(30, 10, 10), name="two")
+
+
+def _ramp() -> Volume:
+    """A map whose value is the voxel's x index."""
+    data = np.broadcast_to(np.arange(30, dtype=np.float32)[:, None, None], (30, 10, 10)).copy()
+    return Volume("ramp", data, AFFINE)
+
+
+def _q(table, name):
+    return next(q for q in table.quantities if q.name == name)
+
+
+def test_tract_statistics_by_hand():
+    table = tract_statistics(_tract(), None, {"ramp": _ramp()})
+    assert _q(table, "streamlines shown").value == 2 and _q(table, "streamlines in total").value == 2
+    length = _q(table, "length mean")
+    assert length.value == pytest.approx(30.0) and length.sd == pytest.approx(np.std([20, 40], ddof=1))
+    assert _q(table, "volume of voxels visited").value == pytest.approx((11 + 21) * 8.0)
+    values = np.concatenate([np.arange(11), np.arange(21)])
+    ramp = _q(table, "ramp along mean")
+    assert ramp.value == pytest.approx(values.mean()) and ramp.sd == pytest.approx(values.std(ddof=1))
+    assert _q(table, "length mean").text == f"30 ± {np.std([20, 40], ddof=1):.3g} mm"
+
+
+def test_only_the_shown_streamlines_are_measured_and_an_empty_selection_prints_none():
+    table = tract_statistics(_tract(), np.array([False, True]), {"ramp": _ramp()}, by="ROI x")
+    assert _q(table, "streamlines shown").value == 1 and _q(table, "streamlines in total").value == 2
+    assert _q(table, "length mean").value == pytest.approx(40.0)
+    assert "1 of 2 streamlines shown (selection by ROI x)" in table.note
+    empty = tract_statistics(_tract(), np.array([False, False]), {"ramp": _ramp()})
+    assert _q(empty, "length mean").value is None and _q(empty, "length mean").text == "none"
+    assert _q(empty, "ramp along mean").text == "none"
+    text = statistics_csv_text([empty])
+    assert "nan" not in text.lower() and "inf" not in text.lower()
+
+
+def test_trilinear_sampling_between_voxels():
+    tract = Tractogram.from_list([np.array([[0.5, 1, 1], [2.5, 1, 1]])], affine=AFFINE, dimensions=(30, 10, 10))
+    nearest = tract_statistics(tract, None, {"ramp": _ramp()})
+    trilinear = tract_statistics(tract, None, {"ramp": _ramp()}, params=StatisticsParams("trilinear"))
+    assert _q(trilinear, "ramp along mean").value == pytest.approx(1.5)
+    assert _q(nearest, "ramp along mean").value == pytest.approx(1.0)  # rint: 0 and 2
+    with pytest.raises(ValueError):
+        StatisticsParams("cubic")
+
+
+def test_roi_statistics_by_hand():
+    mask = np.zeros((30, 10, 10), bool)
+    mask[4:7, 2, 2] = True
+    table = roi_statistics(mask, AFFINE, {"ramp": _ramp()}, name="box")
+    assert _q(table, "voxels").value == 3 and _q(table, "volume").value == pytest.approx(24.0)
+    assert _q(table, "ramp inside mean").value == pytest.approx(5.0) and _q(table, "ramp inside mean").sd == 1.0
+    empty = roi_statistics(np.zeros((30, 10, 10), bool), AFFINE, {"ramp": _ramp()})
+    assert empty.note == "the ROI is empty" and _q(empty, "ramp inside mean").value is None
+
+
+def test_layer_statistics_use_the_layer_selection_and_every_open_scalar_map():
+    doc = Document()
+    doc.add_layer(Layer("ramp", _ramp(), "scalar"))
+    tract = doc.add_layer(Layer("two", _tract(), "tractogram"))
+    tract.set_selection(np.array([True, False]), by="ROI seed")
+    table = layer_statistics(doc, tract)
+    assert _q(table, "streamlines shown").value == 1 and "selection by ROI seed" in table.note
+    assert _q(table, "ramp along mean").value == pytest.approx(5.0)
+    mask = np.zeros((30, 10, 10), bool)
+    mask[0, 0, 0] = True
+    roi = doc.add_layer(Layer("r", RoiMask("r", mask, AFFINE), "roi"))
+    assert _q(layer_statistics(doc, roi), "voxels").value == 1
+
+
+def test_stats_command_writes_csv_and_json(tmp_path, capsys):
+    from tractlens.app.io import save_tractogram
+
+    save_tractogram(_tract(), tmp_path / "two.trk")
+    nib.save(nib.Nifti1Image(_ramp().data, AFFINE), tmp_path / "ramp.nii.gz")
+    mask = np.zeros((30, 10, 10), np.uint8)
+    mask[4:7, 2, 2] = 1
+    nib.save(nib.Nifti1Image(mask, AFFINE), tmp_path / "box.nii.gz")
+    args = [str(tmp_path / "two.trk"), "--roi", str(tmp_path / "box.nii.gz"), "--map", str(tmp_path / "ramp.nii.gz")]
+    assert main(["stats", *args, "-o", str(tmp_path / "s.csv"), "--quiet"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    by = {(r["subject"], r["quantity"]): r for r in rows}
+    assert float(by[("two.trk", "length mean")]["value"]) == pytest.approx(30.0, rel=1e-4)
+    assert float(by[("box", "ramp inside mean")]["value"]) == pytest.approx(5.0)
+    assert main(["stats", "--roi", str(tmp_path / "box.nii.gz"), "-o", str(tmp_path / "s.json"), "--json"]) == 0
+    tables = json.loads((tmp_path / "s.json").read_text())
+    assert tables[0]["kind"] == "roi" and tables[0]["quantities"][0]["value"] == 3
+    assert main(["stats", "-o", str(tmp_path / "none.csv")]) == 2  # nothing to measure
+    assert main(["stats", "--roi", str(tmp_path / "box.nii.gz"), "-o", str(tmp_path / "s.txt")]) == 2
+    assert "nothing to measure" in capsys.readouterr().err
