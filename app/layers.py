@@ -122,6 +122,7 @@ class Layer(Observable):
         if self.kind not in SCALAR_KINDS:
             return (0.0, 1.0)
         values = np.asarray(self.data.data)
+        values = values.view(np.uint8) if values.dtype == bool else values  # percentiles need numbers
         finite = values[np.isfinite(values)]
         nonzero = finite[finite != 0]
         if nonzero.size == 0:

@@ -171,6 +171,7 @@ class _Part:
     key: tuple
     write: Callable[[Path], None]
     keep_alive: tuple = ()  # the arrays whose ids the key holds (so no other array takes an id)
+    dtype: str | None = None  # the layer's own dtype, where the file holds the values in another one
 
 
 def _digest(array: np.ndarray) -> str:
@@ -183,11 +184,44 @@ def _by_identity(*arrays) -> tuple:
     return tuple((id(a), np.shape(a), str(np.asarray(a).dtype)) for a in arrays)
 
 
+#: dtypes NIfTI-1 holds as they are (nibabel refuses bool and float16, and int64 without an explicit type)
+_NIFTI_NATIVE = frozenset(
+    np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.float32, np.float64)
+)
+
+
+def _nifti_storable(array: np.ndarray) -> np.ndarray | None:
+    """``array`` in a dtype NIfTI-1 holds exactly (cast back on reading), or None when no such
+    dtype holds all its values (64-bit integers beyond 32 bits, complex): those go to ``.npy``."""
+    dtype = array.dtype
+    if dtype in _NIFTI_NATIVE:
+        return array
+    if dtype == bool:
+        return array.view(np.uint8)
+    if dtype == np.float16:
+        return array.astype(np.float32)
+    if dtype.kind in "iu":
+        lo, hi = (int(array.min()), int(array.max())) if array.size else (0, 0)
+        for candidate in (np.int32, np.uint32):
+            info = np.iinfo(candidate)
+            if info.min <= lo and hi <= info.max:
+                return array.astype(candidate)
+    return None
+
+
 def _nifti_part(role: str, array, affine, nifti_suffix: str, key: tuple | None = None) -> _Part:
+    """A volume as NIfTI when its values fit a NIfTI-1 type exactly, else as ``.npy`` (the grid is
+    the manifest's affine either way); ``dtype`` records the layer's own type to restore it."""
     array = np.asarray(array)
     affine = np.asarray(affine, dtype=np.float64)
     key = key if key is not None else ("nifti", *_by_identity(array), affine.tobytes())
-    return _Part(role, nifti_suffix, key, lambda path: save_volume(array, affine, path), (array,))
+    stored = _nifti_storable(array)
+    dtype = None if stored is array else array.dtype.str
+    if stored is None:
+        part = _npy_part(role, array, key)
+        part.dtype = dtype
+        return part
+    return _Part(role, nifti_suffix, key, lambda path: save_volume(stored, affine, path), (array,), dtype)
 
 
 def _npy_part(role: str, array, key: tuple | None = None) -> _Part:
@@ -269,6 +303,11 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
     return entry, parts
 
 
+def _record_dtype(entry: dict, part: _Part) -> None:
+    if part.dtype is not None:
+        entry.setdefault("dtypes", {})[part.role] = part.dtype
+
+
 def _manifest(snap: DocumentSnapshot, layers: list[dict]) -> dict:
     return {
         "format": FORMAT,
@@ -314,6 +353,7 @@ def _write_archive(snap: DocumentSnapshot, path: Path) -> None:
                 name = f"{index:02d}_{part.role}{part.suffix}"
                 part.write(folder / name)
                 entry["files"][part.role] = name
+                _record_dtype(entry, part)
             entries.append(entry)
         (Path(tmp) / MANIFEST).write_text(json.dumps(_manifest(snap, entries), indent=1))
         with atomic_path(path) as target:
@@ -362,6 +402,7 @@ class SessionFolder:
                     self._files[full_key] = (name, part.keep_alive)
                 files[full_key] = self._files[full_key]
                 entry["files"][part.role] = files[full_key][0]
+                _record_dtype(entry, part)
             entries.append(entry)
         manifest = _manifest(snap, entries)
         manifest.update(extra or {})
@@ -420,9 +461,19 @@ def _member(folder: Path, name) -> Path:
     return folder / name
 
 
-def _load_nifti(folder: Path, name: str) -> np.ndarray:
-    path = _member(folder, name)  # header checked before the data is read (a damaged one could ask for GiB)
-    return read_raw(load_image(path, "session side file"), path, "session side file")
+def _load_nifti(folder: Path, name: str, dtype: str | None = None) -> np.ndarray:
+    """A volume side file (NIfTI, or ``.npy`` for values no NIfTI-1 type holds), in ``dtype`` when given."""
+    path = _member(folder, name)
+    if path.suffix == ".npy":
+        array = np.load(path, allow_pickle=False)
+    else:  # header checked before the data is read (a damaged one could ask for GiB)
+        array = read_raw(load_image(path, "session side file"), path, "session side file")
+    if dtype is None:
+        return array
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biufc":
+        raise ValueError(f"a side file has an invalid type {dtype}")
+    return np.asarray(array).astype(dtype, copy=False)
 
 
 def _restore_layer(entry: dict, folder: Path) -> Layer:
@@ -451,7 +502,8 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
     else:
         affine = np.asarray(entry["affine"], dtype=np.float64)
         info = entry["volume"]
-        data = _load_nifti(folder, files["data"])
+        dtypes = entry.get("dtypes") or {}
+        data = _load_nifti(folder, files["data"], dtypes.get("data"))
         if "signal" in files:
             from .io.dwi import DWI
 
