@@ -196,7 +196,7 @@ def _nifti_storable(array: np.ndarray) -> np.ndarray | None:
     dtype = array.dtype
     if dtype in _NIFTI_NATIVE:
         return array
-    if dtype == bool:
+    if dtype.kind == "b":
         return array.view(np.uint8)
     if dtype == np.float16:
         return array.astype(np.float32)
