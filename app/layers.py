@@ -207,11 +207,15 @@ class Layer(Observable):
     def point_values(self, name: str) -> np.ndarray:
         """A tractogram scalar per point (streamline scalars repeated along each streamline)."""
         tract = self.data
+
+        def first_column(values, rows: int) -> np.ndarray:  # reshape(0, -1) is ambiguous: 0 rows, 0 values
+            values = np.asarray(values, dtype=np.float64)
+            return values.reshape(rows, -1)[:, 0] if rows else np.zeros(0)
+
         if name in tract.point_scalars:
-            return np.asarray(tract.point_scalars[name], dtype=np.float64).reshape(len(tract.points), -1)[:, 0]
+            return first_column(tract.point_scalars[name], len(tract.points))
         if name in tract.streamline_scalars:
-            per = np.asarray(tract.streamline_scalars[name], dtype=np.float64).reshape(len(tract), -1)[:, 0]
-            return np.repeat(per, tract.lengths)
+            return np.repeat(first_column(tract.streamline_scalars[name], len(tract)), tract.lengths)
         raise KeyError(f"{self.name} has no scalar {name!r}")
 
     def value_at_world(self, world: np.ndarray):
