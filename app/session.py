@@ -259,6 +259,10 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         entry["grid"] = {"affine": data.affine.tolist(), "dimensions": list(data.dimensions)}
         entry["tract_name"] = data.name
         entry["tract_source"] = data.source
+        entry["scalars"] = {  # TRX writes no array of a 0-streamline tractogram: its scalars' names come from here
+            kind: {key: [np.asarray(v).dtype.str, list(np.shape(v)[1:])] for key, v in values.items()}
+            for kind, values in (("point", data.point_scalars), ("streamline", data.streamline_scalars))
+        }
         if layer.selection is not None:
             parts.append(_npy_part("selection", layer.selection, ("selection", _digest(layer.selection))))
         return entry, parts
@@ -476,6 +480,13 @@ def _load_nifti(folder: Path, name: str, dtype: str | None = None) -> np.ndarray
     return np.asarray(array).astype(dtype, copy=False)
 
 
+def _empty_scalars(tract: Tractogram, scalars: dict) -> None:
+    """The scalars of an empty tractogram, as 0-length arrays of their own dtype and columns."""
+    for kind, target in (("point", tract.point_scalars), ("streamline", tract.streamline_scalars)):
+        for key, (dtype, columns) in dict(scalars.get(kind) or {}).items():
+            target.setdefault(str(key), np.zeros((0, *(int(c) for c in columns)), np.dtype(dtype)))
+
+
 def _restore_layer(entry: dict, folder: Path) -> Layer:
     kind, files = entry["kind"], entry["files"]
     if kind == "tractogram":
@@ -483,6 +494,8 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         tract = load_tractogram(_member(folder, files["tractogram"]), grid=grid)
         tract.name = entry.get("tract_name", tract.name)
         tract.source = entry.get("tract_source", "")
+        if len(tract) == 0:
+            _empty_scalars(tract, entry.get("scalars") or {})
         layer = Layer(entry["name"], tract, "tractogram")
         if "selection" in files:
             layer.selection = np.load(_member(folder, files["selection"]), allow_pickle=False).astype(bool)

@@ -342,6 +342,9 @@ class ProbabilisticPanel(JobPanelBase):
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
             f"{prov.get('tracking_s', 0.0):.2f} s on {prov.get('backend', '?')} ({prov.get('device', '?')})."
         )
+        if shown.result.streamlines and not shown.result.waytotal:  # an empty result: its cause first
+            rule = "passed every waypoint region" if shown.run.n_waypoints else "avoided the exclusion region and loops"
+            text = f"0 streamlines kept: none of the {shown.result.streamlines:,} {rule}. " + text
         if shown.run.notes:
             text += " " + " ".join(shown.run.notes)
         self.status.setText(text)

@@ -145,9 +145,13 @@ class TrackingPanel(JobPanelBase):
         self._show(layer)
         self._job_ended()
         self.summary = result.summary()
-        text = self._summary_text(result.provenance)
-        if result.notes:
-            text += " " + " ".join(result.notes)
+        reason = result.provenance.get("empty_reason")
+        if reason:  # an empty result is an ordinary one: its cause first, in the panel's words
+            empty = f"0 streamlines: {reason}"
+            notes = [note for note in result.notes if note != empty]
+            text = " ".join([empty + ".", *notes])
+        else:
+            text = " ".join([self._summary_text(result.provenance), *result.notes])
         self.status.setText(text)
         self.finished.emit(layer)
 
