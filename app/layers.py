@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .observable import Observable
+from .tractogram import first_column
 from .volumes import Volume
 
 LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads")
@@ -207,11 +208,6 @@ class Layer(Observable):
     def point_values(self, name: str) -> np.ndarray:
         """A tractogram scalar per point (streamline scalars repeated along each streamline)."""
         tract = self.data
-
-        def first_column(values, rows: int) -> np.ndarray:  # reshape(0, -1) is ambiguous: 0 rows, 0 values
-            values = np.asarray(values, dtype=np.float64)
-            return values.reshape(rows, -1)[:, 0] if rows else np.zeros(0)
-
         if name in tract.point_scalars:
             return first_column(tract.point_scalars[name], len(tract.points))
         if name in tract.streamline_scalars:

@@ -30,6 +30,7 @@ from tractlens.app.pipelines.connectivity import (
     DistanceRow,
     distance_row,
 )
+from tractlens.app.tractogram import first_column
 
 DPI = 150
 PAGE_PX = (1240, 1754)  # A4 at 150 dpi
@@ -60,7 +61,7 @@ def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
         per = layer.data.streamline_scalars.get(DISTANCE_STREAMLINE_SCALAR)
         if per is None:
             continue
-        per = np.asarray(per, dtype=np.float64).reshape(len(layer.data), -1)[:, 0]
+        per = first_column(per, len(layer.data))
         rows.append(distance_row(layer.name, per, margin_mm))
         if layer.selection is not None and not layer.selection.all():
             rows.append(distance_row(f"{layer.name} (selected)", per[layer.selection], margin_mm))
@@ -323,7 +324,13 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
     if content.rows:
         rows = [
             (
-                [r.name, str(r.streamlines), f"{r.min_mm:.1f}", str(r.within_margin), f"{r.percent_within:.1f} %"],
+                [
+                    r.name,
+                    str(r.streamlines),
+                    f"{r.min_mm:.1f}" if np.isfinite(r.min_mm) else "–",
+                    str(r.within_margin),
+                    f"{r.percent_within:.1f} %",
+                ],
                 r.within_margin > 0,
             )
             for r in content.rows

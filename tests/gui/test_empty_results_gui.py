@@ -160,3 +160,36 @@ def test_probabilistic_tracking_through_a_waypoint_nothing_reaches(window, demo_
     win.save_session(tmp_path / "paths")  # an all-zero integer layer saves (issue 22, defect 1)
     assert win.wait_for_jobs(60) and win.errors == []
     assert (tmp_path / "paths.tractlens").exists()
+
+
+@pytest.mark.parametrize("suffix", [".trk", ".tck", ".trx"])
+def test_the_window_opens_a_zero_streamline_file(demo_window, tmp_path, suffix):
+    """Defect 3: a 0-streamline file nibabel reads was refused as damaged."""
+    from tractlens.app.io.tractogram import save_tractogram
+
+    win, doc = demo_window, demo_window.document
+    empty = Tractogram(np.zeros((0, 3)), np.zeros(1, np.int64), doc.reference_affine, doc.reference_shape)
+    path = save_tractogram(empty, tmp_path / f"none{suffix}")
+    win.open_paths([path])
+    assert win.wait_for_jobs(60)
+    assert win.errors == []
+    assert len(doc.layer("none").data) == 0
+
+
+def test_the_report_of_a_measured_empty_tractogram_says_0_not_inf(demo_window, demo_dir, qtbot, tmp_path):
+    import re
+    import subprocess
+
+    from tractlens.widgets.report import export_report
+
+    win = demo_window
+    add_empty_tractogram(win)
+    win.open_paths([demo_dir / "lesion.nii.gz"])
+    assert win.wait_for_jobs(60)
+    win.presurgical_panel.measure()
+    assert win.wait_for_jobs(60) and win.errors == []
+    pdf = export_report(win, tmp_path / "report.pdf")[0]
+    text = subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout
+    assert "nothing" in text  # its row is in the table
+    assert not re.search(r"\binf\b", text), "a tractogram of 0 streamlines has no closest approach"
+    assert "inf" not in win.presurgical_panel.status.text()
