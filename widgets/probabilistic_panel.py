@@ -63,6 +63,7 @@ from tractlens.app.regions import RoiCopy, regions_on_grid, roi_snapshot
 from . import dialogs
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm
+from .tracking_panel import no_seed_message
 
 RESULT_NAME = "probabilistic paths"
 PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
@@ -231,7 +232,11 @@ class ProbabilisticPanel(JobPanelBase):
             )
         rois = self._roi_snapshot()
         if not any(roi.role == "seed" for roi in rois):
-            return self._refuse("Paint or open a seed ROI (role seed): streamlines start in every seed voxel.")
+            return self._refuse(
+                no_seed_message(
+                    self.document, "Paint or open a seed ROI (role seed): streamlines start in every seed voxel."
+                )
+            )
         try:
             params = self.form.value()
         except ValueError as exc:

@@ -193,3 +193,20 @@ def test_the_report_of_a_measured_empty_tractogram_says_0_not_inf(demo_window, d
     assert "nothing" in text  # its row is in the table
     assert not re.search(r"\binf\b", text), "a tractogram of 0 streamlines has no closest approach"
     assert "inf" not in win.presurgical_panel.status.text()
+
+
+@pytest.mark.parametrize("panel_name", ["deterministic", "geodesic", "probabilistic"])
+def test_an_empty_seed_roi_is_refused_in_words(window, demo_dir, demo_bedpostx, qtbot, panel_name):
+    """A seed ROI painted and then erased: every tracking panel says so, nothing is computed."""
+    win, doc = window, window.document
+    win.open_paths([demo_bedpostx if panel_name == "probabilistic" else demo_dir / "dwi.nii.gz"])
+    assert win.wait_for_jobs(120) and win.errors == []
+    empty = np.zeros(doc.reference_shape, bool)
+    doc.add_layer(Layer("seed", RoiMask("seed", empty, doc.reference_affine, role="seed"), "roi"))
+    panel = getattr(win, f"{panel_name}_panel")
+    layers_before = [layer.name for layer in doc.layers]
+    click(qtbot, panel.track_button)
+    assert win.wait_for_jobs(120)
+    no_internal_error(win)
+    assert "empty" in panel.status.text().lower(), panel.status.text()
+    assert [layer.name for layer in doc.layers] == layers_before
