@@ -53,6 +53,7 @@ from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
 from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
+from .session_arrays import in_layer_dtype, nifti_storable, restore_empty_scalars, scalar_types
 
 FORMAT = "tractlens-session"
 VERSION = 2
@@ -184,38 +185,13 @@ def _by_identity(*arrays) -> tuple:
     return tuple((id(a), np.shape(a), str(np.asarray(a).dtype)) for a in arrays)
 
 
-#: dtypes NIfTI-1 holds as they are (nibabel refuses bool and float16, and int64 without an explicit type)
-_NIFTI_NATIVE = frozenset(
-    np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint32, np.float32, np.float64)
-)
-
-
-def _nifti_storable(array: np.ndarray) -> np.ndarray | None:
-    """``array`` in a dtype NIfTI-1 holds exactly (cast back on reading), or None when no such
-    dtype holds all its values (64-bit integers beyond 32 bits, complex): those go to ``.npy``."""
-    dtype = array.dtype
-    if dtype in _NIFTI_NATIVE:
-        return array
-    if dtype.kind == "b":
-        return array.view(np.uint8)
-    if dtype == np.float16:
-        return array.astype(np.float32)
-    if dtype.kind in "iu":
-        lo, hi = (int(array.min()), int(array.max())) if array.size else (0, 0)
-        for candidate in (np.int32, np.uint32):
-            info = np.iinfo(candidate)
-            if info.min <= lo and hi <= info.max:
-                return array.astype(candidate)
-    return None
-
-
 def _nifti_part(role: str, array, affine, nifti_suffix: str, key: tuple | None = None) -> _Part:
     """A volume as NIfTI when its values fit a NIfTI-1 type exactly, else as ``.npy`` (the grid is
     the manifest's affine either way); ``dtype`` records the layer's own type to restore it."""
     array = np.asarray(array)
     affine = np.asarray(affine, dtype=np.float64)
     key = key if key is not None else ("nifti", *_by_identity(array), affine.tobytes())
-    stored = _nifti_storable(array)
+    stored = nifti_storable(array)
     dtype = None if stored is array else array.dtype.str
     if stored is None:
         part = _npy_part(role, array, key)
@@ -259,10 +235,7 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         entry["grid"] = {"affine": data.affine.tolist(), "dimensions": list(data.dimensions)}
         entry["tract_name"] = data.name
         entry["tract_source"] = data.source
-        entry["scalars"] = {  # TRX writes no array of a 0-streamline tractogram: its scalars' names come from here
-            kind: {key: [np.asarray(v).dtype.str, list(np.shape(v)[1:])] for key, v in values.items()}
-            for kind, values in (("point", data.point_scalars), ("streamline", data.streamline_scalars))
-        }
+        entry["scalars"] = scalar_types(data)  # TRX writes no array of a 0-streamline tractogram
         if layer.selection is not None:
             parts.append(_npy_part("selection", layer.selection, ("selection", _digest(layer.selection))))
         return entry, parts
@@ -472,19 +445,7 @@ def _load_nifti(folder: Path, name: str, dtype: str | None = None) -> np.ndarray
         array = np.load(path, allow_pickle=False)
     else:  # header checked before the data is read (a damaged one could ask for GiB)
         array = read_raw(load_image(path, "session side file"), path, "session side file")
-    if dtype is None:
-        return array
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "biufc":
-        raise ValueError(f"a side file has an invalid type {dtype}")
-    return np.asarray(array).astype(dtype, copy=False)
-
-
-def _empty_scalars(tract: Tractogram, scalars: dict) -> None:
-    """The scalars of an empty tractogram, as 0-length arrays of their own dtype and columns."""
-    for kind, target in (("point", tract.point_scalars), ("streamline", tract.streamline_scalars)):
-        for key, (dtype, columns) in dict(scalars.get(kind) or {}).items():
-            target.setdefault(str(key), np.zeros((0, *(int(c) for c in columns)), np.dtype(dtype)))
+    return array if dtype is None else in_layer_dtype(array, dtype)
 
 
 def _restore_layer(entry: dict, folder: Path) -> Layer:
@@ -495,7 +456,7 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         tract.name = entry.get("tract_name", tract.name)
         tract.source = entry.get("tract_source", "")
         if len(tract) == 0:
-            _empty_scalars(tract, entry.get("scalars") or {})
+            restore_empty_scalars(tract, entry.get("scalars") or {})
         layer = Layer(entry["name"], tract, "tractogram")
         if "selection" in files:
             layer.selection = np.load(_member(folder, files["selection"]), allow_pickle=False).astype(bool)
