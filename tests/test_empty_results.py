@@ -99,6 +99,17 @@ def test_a_session_keeps_an_empty_tractogram_layer(tmp_path):
     np.testing.assert_array_equal(reopened.data.affine, GRID[0])
 
 
+def test_an_empty_tractogram_layer_is_a_consistent_document():
+    from tractlens.app.integrity import document_problems
+
+    doc = Document()
+    layer = doc.add_layer(Layer("nothing", empty_tractogram(), "tractogram"))
+    layer.set_selection(np.zeros(0, bool))
+    assert document_problems(doc) == []
+    np.testing.assert_array_equal(layer.point_values("fa"), np.zeros(0))  # the display's per-point values
+    np.testing.assert_array_equal(layer.point_values("length_mm"), np.zeros(0))
+
+
 # --------------------------------------------------------------------------- tracking
 @pytest.fixture(scope="module")
 def demo_field(demo_dir):
