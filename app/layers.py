@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .observable import Observable
+from .tractogram import first_column
 from .volumes import Volume
 
 LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads")
@@ -149,6 +150,7 @@ class Layer(Observable):
         if self.kind not in SCALAR_KINDS:
             return (0.0, 1.0)
         values = np.asarray(self.data.data)
+        values = values.view(np.uint8) if values.dtype == bool else values  # percentiles need numbers
         finite = values[np.isfinite(values)]
         nonzero = finite[finite != 0]
         if nonzero.size == 0:
@@ -244,10 +246,9 @@ class Layer(Observable):
         """A tractogram scalar per point (streamline scalars repeated along each streamline)."""
         tract = self.data
         if name in tract.point_scalars:
-            return np.asarray(tract.point_scalars[name], dtype=np.float64).reshape(len(tract.points), -1)[:, 0]
+            return first_column(tract.point_scalars[name], len(tract.points))
         if name in tract.streamline_scalars:
-            per = np.asarray(tract.streamline_scalars[name], dtype=np.float64).reshape(len(tract), -1)[:, 0]
-            return np.repeat(per, tract.lengths)
+            return np.repeat(first_column(tract.streamline_scalars[name], len(tract)), tract.lengths)
         raise KeyError(f"{self.name} has no scalar {name!r}")
 
     def value_at_world(self, world: np.ndarray):

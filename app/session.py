@@ -53,6 +53,7 @@ from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
 from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
+from .session_arrays import in_layer_dtype, nifti_storable, restore_empty_scalars, scalar_types
 
 FORMAT = "tractlens-session"
 VERSION = 2
@@ -171,6 +172,7 @@ class _Part:
     key: tuple
     write: Callable[[Path], None]
     keep_alive: tuple = ()  # the arrays whose ids the key holds (so no other array takes an id)
+    dtype: str | None = None  # the layer's own dtype, where the file holds the values in another one
 
 
 def _digest(array: np.ndarray) -> str:
@@ -184,10 +186,18 @@ def _by_identity(*arrays) -> tuple:
 
 
 def _nifti_part(role: str, array, affine, nifti_suffix: str, key: tuple | None = None) -> _Part:
+    """A volume as NIfTI when its values fit a NIfTI-1 type exactly, else as ``.npy`` (the grid is
+    the manifest's affine either way); ``dtype`` records the layer's own type to restore it."""
     array = np.asarray(array)
     affine = np.asarray(affine, dtype=np.float64)
     key = key if key is not None else ("nifti", *_by_identity(array), affine.tobytes())
-    return _Part(role, nifti_suffix, key, lambda path: save_volume(array, affine, path), (array,))
+    stored = nifti_storable(array)
+    dtype = None if stored is array else array.dtype.str
+    if stored is None:
+        part = _npy_part(role, array, key)
+        part.dtype = dtype
+        return part
+    return _Part(role, nifti_suffix, key, lambda path: save_volume(stored, affine, path), (array,), dtype)
 
 
 def _npy_part(role: str, array, key: tuple | None = None) -> _Part:
@@ -225,6 +235,7 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         entry["grid"] = {"affine": data.affine.tolist(), "dimensions": list(data.dimensions)}
         entry["tract_name"] = data.name
         entry["tract_source"] = data.source
+        entry["scalars"] = scalar_types(data)  # TRX writes no array of a 0-streamline tractogram
         if layer.selection is not None:
             parts.append(_npy_part("selection", layer.selection, ("selection", _digest(layer.selection))))
         return entry, parts
@@ -267,6 +278,11 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         )
         entry["samples_path"] = samples.path
     return entry, parts
+
+
+def _record_dtype(entry: dict, part: _Part) -> None:
+    if part.dtype is not None:
+        entry.setdefault("dtypes", {})[part.role] = part.dtype
 
 
 def _manifest(snap: DocumentSnapshot, layers: list[dict]) -> dict:
@@ -314,6 +330,7 @@ def _write_archive(snap: DocumentSnapshot, path: Path) -> None:
                 name = f"{index:02d}_{part.role}{part.suffix}"
                 part.write(folder / name)
                 entry["files"][part.role] = name
+                _record_dtype(entry, part)
             entries.append(entry)
         (Path(tmp) / MANIFEST).write_text(json.dumps(_manifest(snap, entries), indent=1))
         with atomic_path(path) as target:
@@ -362,6 +379,7 @@ class SessionFolder:
                     self._files[full_key] = (name, part.keep_alive)
                 files[full_key] = self._files[full_key]
                 entry["files"][part.role] = files[full_key][0]
+                _record_dtype(entry, part)
             entries.append(entry)
         manifest = _manifest(snap, entries)
         manifest.update(extra or {})
@@ -420,9 +438,14 @@ def _member(folder: Path, name) -> Path:
     return folder / name
 
 
-def _load_nifti(folder: Path, name: str) -> np.ndarray:
-    path = _member(folder, name)  # header checked before the data is read (a damaged one could ask for GiB)
-    return read_raw(load_image(path, "session side file"), path, "session side file")
+def _load_nifti(folder: Path, name: str, dtype: str | None = None) -> np.ndarray:
+    """A volume side file (NIfTI, or ``.npy`` for values no NIfTI-1 type holds), in ``dtype`` when given."""
+    path = _member(folder, name)
+    if path.suffix == ".npy":
+        array = np.load(path, allow_pickle=False)
+    else:  # header checked before the data is read (a damaged one could ask for GiB)
+        array = read_raw(load_image(path, "session side file"), path, "session side file")
+    return array if dtype is None else in_layer_dtype(array, dtype)
 
 
 def _restore_layer(entry: dict, folder: Path) -> Layer:
@@ -432,6 +455,8 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         tract = load_tractogram(_member(folder, files["tractogram"]), grid=grid)
         tract.name = entry.get("tract_name", tract.name)
         tract.source = entry.get("tract_source", "")
+        if len(tract) == 0:
+            restore_empty_scalars(tract, entry.get("scalars") or {})
         layer = Layer(entry["name"], tract, "tractogram")
         if "selection" in files:
             layer.selection = np.load(_member(folder, files["selection"]), allow_pickle=False).astype(bool)
@@ -451,7 +476,8 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
     else:
         affine = np.asarray(entry["affine"], dtype=np.float64)
         info = entry["volume"]
-        data = _load_nifti(folder, files["data"])
+        dtypes = entry.get("dtypes") or {}
+        data = _load_nifti(folder, files["data"], dtypes.get("data"))
         if "signal" in files:
             from .io.dwi import DWI
 

@@ -10,6 +10,15 @@ import numpy as np
 from .observable import Observable
 
 
+def first_column(values, rows: int) -> np.ndarray:
+    """The first column of a per-point or per-streamline scalar ((rows,) or (rows, k)) as float64.
+
+    ``reshape(rows, -1)`` cannot tell the width of 0 values, so an empty tractogram (an
+    ordinary result) needs its own case."""
+    values = np.asarray(values, dtype=np.float64)
+    return values.reshape(rows, -1)[:, 0] if rows else np.zeros(0)
+
+
 @dataclass
 class Tractogram(Observable):
     """Streamlines as one ragged array: ``points`` (P, 3) and ``offsets`` (S + 1,).

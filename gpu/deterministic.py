@@ -375,12 +375,19 @@ def _compact(xp, buf, count, stop, valid, seed_offset: int, params: Deterministi
     kept = xp.flatnonzero(keep)
     points, offsets = pack_rows(xp, buf, kept, m - back[kept], n_points[kept])
     to_host = xp.asnumpy if xp is not np else np.asarray
+    # what each filter left, so an empty result can say which one emptied it
+    filters = {
+        "started": int(valid.sum()),
+        "left_seed": int((valid & (n_points > 1)).sum()),
+        "long_enough": int((valid & (length >= params.min_length_mm - 1e-6)).sum()),
+    }
     return StreamlineBatch(
         to_host(points),
         to_host(offsets),
         to_host(kept) + seed_offset,
         to_host(stop[kept]),
         to_host(back[kept]),
+        filters,
     )
 
 
@@ -431,6 +438,7 @@ def track(
         batch = _compact(xp, *result, a, params)
         backend.synchronize()
         batch.provenance = {
+            **batch.provenance,
             "seeds": b - a,
             "streamlines": len(batch),
             "seconds": time.perf_counter() - t0,

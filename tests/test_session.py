@@ -199,3 +199,36 @@ def test_side_file_names_cannot_leave_the_session(tmp_path, demo_document):
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(InputError, match="damaged"):
         load_session(tmp_path / "store")
+
+
+@pytest.mark.parametrize("suffix", ["file", "folder"])
+def test_integer_and_boolean_layers_round_trip_with_their_dtype(tmp_path, suffix):
+    """Issue 22, defect 1: a "probabilistic paths" layer (int64 counts) made Save session and
+    every autosave fail. Each integer/bool dtype must be written and come back equal, same dtype."""
+    from tractlens.app.model import Volume
+    from tractlens.app.session import SessionFolder, snapshot
+
+    shape, affine = (6, 5, 4), np.diag([2.0, 2.0, 2.5, 1.0])
+    rng = np.random.default_rng(22)
+    arrays = {
+        "probabilistic paths": rng.integers(0, 5000, shape).astype(np.int64),
+        "big counts": np.full(shape, 2**40, np.int64),  # beyond int32: still exact
+        "uint64": rng.integers(0, 2**62, shape, dtype=np.uint64),
+        "bool": rng.random(shape) > 0.5,
+        "uint8": rng.integers(0, 255, shape).astype(np.uint8),
+        "int16": rng.integers(-3000, 3000, shape).astype(np.int16),
+        "float16": rng.random(shape).astype(np.float16),
+    }
+    doc = Document()
+    for name, array in arrays.items():
+        doc.add_layer(Layer(name, Volume(name, array, affine, kind="scalar"), "scalar"))
+    if suffix == "file":
+        path = save_session(doc, tmp_path / "ints")
+    else:
+        path = tmp_path / "autosave"
+        assert SessionFolder(path).write(snapshot(doc))
+    reopened = load_session(path).document
+    for name, array in arrays.items():
+        back = reopened.layer(name).data.data
+        assert back.dtype == array.dtype, name
+        np.testing.assert_array_equal(back, array, err_msg=name)

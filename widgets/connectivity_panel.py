@@ -213,6 +213,8 @@ class ConnectivityPanel(JobPanelBase):
         tract_layer, labels_layer = self.tract_box.layer(), self.labels_box.layer()
         if tract_layer is None:
             return self._refuse("Open or track a tractogram first: the matrix counts its streamlines.")
+        if len(tract_layer.data) == 0:
+            return self._refuse(f"{tract_layer.name} holds 0 streamlines: no connection to count.")
         if labels_layer is None:
             return self._refuse("Open a parcellation (a labels image) first: its regions are the matrix's rows.")
         weight = self.weight_box.currentText()
@@ -390,6 +392,8 @@ class ConnectivityPanel(JobPanelBase):
         bundle, scalar = self.bundle_box.layer(), self.map_box.layer()
         if bundle is None:
             return self._refuse("Open or track a tractogram first: the profile follows its streamlines.")
+        if len(bundle.data) == 0:
+            return self._refuse(f"{bundle.name} holds 0 streamlines: there is no course to profile.")
         if scalar is None:
             return self._refuse("Open a scalar map (FA, MD, …) first: the profile samples it.")
         selection = None if bundle.selection is None else bundle.selection.copy()

@@ -9,6 +9,28 @@ import pyvista as pv
 from .render import LUTS
 
 
+def fiber_mesh(points: np.ndarray, offsets: np.ndarray, connectivity: np.ndarray, point_data: dict) -> pv.PolyData:
+    """Polylines over ``points`` with per-point arrays. VTK arrays cannot be empty, so a
+    tractogram without points (0 streamlines: an ordinary result) gets one placeholder point
+    and no line: its actor exists, takes colourings like any other and draws nothing (the
+    view keeps it hidden, see :func:`draws_nothing`)."""
+    if len(points) == 0:
+        mesh = pv.PolyData(np.zeros((1, 3), np.float32))
+        for key, values in point_data.items():
+            values = np.asarray(values)
+            mesh.point_data[key] = np.zeros((1, *values.shape[1:]), values.dtype)
+        return mesh
+    mesh = pv.PolyData(points, lines=pv.CellArray.from_arrays(offsets, connectivity))
+    for key, values in point_data.items():
+        mesh.point_data[key] = values
+    return mesh
+
+
+def draws_nothing(layer) -> bool:
+    """A tractogram without points: its actor stays hidden (out of the camera's bounds too)."""
+    return len(layer.data.points) == 0
+
+
 def show_mesh(entry: dict, mesh: pv.PolyData):
     """Give the tractogram's actor another level-of-detail mesh, coloured by the same array
     (each mesh has its own active scalars: without this the other level would show its first

@@ -287,9 +287,14 @@ class PresurgicalPanel(JobPanelBase):
         self.refresh_table()
         if self.rows and any(np.isfinite(row.min_mm) for row in self.rows):
             closest = min(self.rows, key=lambda row: row.min_mm)
+            where = (  # a tractogram of 0 streamlines has no closest approach
+                f"closest {closest.name} at {closest.min_mm:.1f} mm"
+                if np.isfinite(closest.min_mm)
+                else "no streamline to measure (0 streamlines)"
+            )
             self.status.setText(
-                f"Distance to {lesion_name}: {len(self.measured)} tractogram(s); closest {closest.name} at "
-                f"{closest.min_mm:.1f} mm. Coloured red within the {self.margin_mm:g} mm margin, green beyond."
+                f"Distance to {lesion_name}: {len(self.measured)} tractogram(s); {where}. "
+                f"Coloured red within the {self.margin_mm:g} mm margin, green beyond."
             )
 
     def _cancelled(self) -> None:

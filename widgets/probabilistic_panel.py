@@ -64,6 +64,7 @@ from tractlens.app.regions import RoiCopy, regions_on_grid, roi_snapshot
 from . import dialogs
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm
+from .tracking_panel import no_seed_message
 
 RESULT_NAME = "probabilistic paths"
 PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
@@ -232,7 +233,11 @@ class ProbabilisticPanel(JobPanelBase):
             )
         rois = self._roi_snapshot()
         if not any(roi.role == "seed" for roi in rois):
-            return self._refuse("Paint or open a seed ROI (role seed): streamlines start in every seed voxel.")
+            return self._refuse(
+                no_seed_message(
+                    self.document, "Paint or open a seed ROI (role seed): streamlines start in every seed voxel."
+                )
+            )
         try:
             params = self.form.value()
         except ValueError as exc:
@@ -357,6 +362,9 @@ class ProbabilisticPanel(JobPanelBase):
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
             f"{prov.get('tracking_s', 0.0):.2f} s on {prov.get('backend', '?')} ({prov.get('device', '?')})."
         )
+        if shown.result.streamlines and not shown.result.waytotal:  # an empty result: its cause first
+            rule = "passed every waypoint region" if shown.run.n_waypoints else "avoided the exclusion region and loops"
+            text = f"0 streamlines kept: none of the {shown.result.streamlines:,} {rule}. " + text
         if shown.run.notes:
             text += " " + " ".join(shown.run.notes)
         self.status.setText(text)

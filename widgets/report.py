@@ -30,6 +30,7 @@ from tractlens.app.pipelines.connectivity import DEFAULT_MARGIN_MM, DISTANCE_STR
 from tractlens.app.pipelines.connectivity import distance_rows as tract_distance_rows
 from tractlens.app.report_data import ScanInfo, document_scan_info, parameters_in_words
 from tractlens.app.statistics import StatisticsTable, layer_statistics
+from tractlens.app.tractogram import first_column
 
 DPI = 150
 PAGE_PX = (1240, 1754)  # A4 at 150 dpi
@@ -63,7 +64,7 @@ def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
         per = layer.data.streamline_scalars.get(DISTANCE_STREAMLINE_SCALAR)
         if per is None:
             continue
-        per = np.asarray(per, dtype=np.float64).reshape(len(layer.data), -1)[:, 0]
+        per = first_column(per, len(layer.data))
         rows += tract_distance_rows(layer.name, per, margin_mm, layer.selection, layer.selection_by)
     return rows
 

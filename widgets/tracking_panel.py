@@ -112,6 +112,9 @@ class TrackingPanel(JobPanelBase):
     def _job(self, volume, rois):
         raise NotImplementedError
 
+    def _no_seed(self, otherwise: str) -> str:
+        return no_seed_message(self.document, otherwise)
+
     def _streaming(self, ctx, name: str):
         """An ``on_batch`` callback that hands the growing result to the GUI, throttled."""
         shown = {"batches": [], "last": 0.0}
@@ -149,9 +152,13 @@ class TrackingPanel(JobPanelBase):
         self._show(layer)
         self._job_ended()
         self.summary = result.summary()
-        text = self._summary_text(result.provenance)
-        if result.notes:
-            text += " " + " ".join(result.notes)
+        reason = result.provenance.get("empty_reason")
+        if reason:  # an empty result is an ordinary one: its cause first, in the panel's words
+            empty = f"0 streamlines: {reason}"
+            notes = [note for note in result.notes if note != empty]
+            text = " ".join([empty + ".", *notes])
+        else:
+            text = " ".join([self._summary_text(result.provenance), *result.notes])
         self._summary_line = text
         self.status.setText(self._with_shown(text))
         self.finished.emit(layer)
@@ -220,7 +227,7 @@ class DeterministicPanel(TrackingPanel):
         params = self.form.value()
         whole = self.whole_brain.isChecked()
         if not whole and not any(roi.role == "seed" for roi in rois):
-            return "Paint or open a seed ROI, or tick whole brain."
+            return self._no_seed("Paint or open a seed ROI, or tick whole brain.")
         options = {
             "seeds_per_voxel": self.seeds_per_voxel.value(),
             "placement": self.placement.currentText(),
@@ -256,6 +263,15 @@ class DeterministicPanel(TrackingPanel):
         if prov["streamlines_removed_by_rois"]:
             text += f" {prov['streamlines_removed_by_rois']} removed by target/waypoint/exclusion ROIs."
         return text
+
+
+def no_seed_message(document: Document, otherwise: str) -> str:
+    """Why a tracking panel has no seed: seed ROIs that are all empty (painted, then erased) are
+    named; with none at all, ``otherwise``."""
+    seeds = [layer.name for layer in document.layers if layer.kind == "roi" and layer.data.role == "seed"]
+    if not seeds:
+        return otherwise
+    return f"The seed ROI {', '.join(seeds)} is empty: paint into it, or open a seed ROI."
 
 
 def _range(params_type: type, name: str) -> tuple[int, int, int]:
@@ -386,7 +402,7 @@ class GeodesicPanel(TrackingPanel):
         params = self.form.value()
         metric = self.metric_form.value()
         if not any(roi.role == "seed" for roi in rois):
-            return "Paint or open a seed ROI (and a target ROI to rank fibres by connectivity)."
+            return self._no_seed("Paint or open a seed ROI (and a target ROI to rank fibres by connectivity).")
         options = {
             "seeds_per_voxel": self.seeds_per_voxel.value(),
             "directions": self.directions.value(),

@@ -26,7 +26,7 @@ from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
 from . import fiber_display
-from .fiber_actors import lookup_table, show_mesh
+from .fiber_actors import draws_nothing, fiber_mesh, lookup_table, show_mesh
 from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job
 from .render import composite, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
@@ -495,18 +495,13 @@ class View3D(QWidget):
         if layer.selection is not None:
             full = arrays.levels["full"]
             offsets, connectivity = fiber_display.selected_cells(full.offsets, layer.selection)
-            mesh = pv.PolyData(full.points, lines=pv.CellArray.from_arrays(offsets, connectivity))
-            for key, values in full.point_data.items():
-                mesh.point_data[key] = values
+            mesh = fiber_mesh(full.points, offsets, connectivity, full.point_data)
             entry["coarse"] = entry["settled"] = mesh
             return
         settled = "software" if self._software() else "full"
         for name, level in (("coarse", "coarse"), ("settled", settled)):
             cells = arrays.levels[level]
-            mesh = pv.PolyData(cells.points, lines=pv.CellArray.from_arrays(cells.offsets, cells.connectivity))
-            for key, values in cells.point_data.items():
-                mesh.point_data[key] = values
-            entry[name] = mesh
+            entry[name] = fiber_mesh(cells.points, cells.offsets, cells.connectivity, cells.point_data)
 
     def _software(self) -> bool:
         """Is OpenGL software-rendered here (then the settled detail is capped)?"""
@@ -548,7 +543,7 @@ class View3D(QWidget):
 
     def _apply_line_style(self, entry: dict) -> None:
         layer, prop = entry["layer"], entry["actor"].GetProperty()
-        entry["actor"].SetVisibility(layer.visible)
+        entry["actor"].SetVisibility(layer.visible and not draws_nothing(layer))
         prop.SetOpacity(layer.opacity)
         prop.SetRenderLinesAsTubes(bool(layer.tubes))  # shaded tubes in the shader: no extra geometry
         prop.SetLineWidth(3.0 if layer.tubes else 1.0)

@@ -7,6 +7,8 @@ import logging
 import sys
 import time
 
+from ..errors import InputError
+
 log = logging.getLogger("tractlens")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -33,6 +35,17 @@ class Progress:
         elif decile != self.last_decile or done >= total:
             self.last_decile = decile
             print(text, file=sys.stderr, flush=True)
+
+
+def require_streamlines(tract, path, needs: str) -> None:
+    """Refuse a tractogram without streamlines (a valid file: a target nothing reached) for a
+    command that computes from them, naming the file (exit status 2, like any unusable input)."""
+    if len(tract) == 0:
+        raise InputError(
+            f"the tractogram holds 0 streamlines: {needs} needs at least one",
+            path=path,
+            fix="Track again with other regions or parameters, or give another tractogram",
+        )
 
 
 def emit(args, summary: dict, human: str) -> None:

@@ -12,7 +12,7 @@ from tractlens.gpu.backend import DEVICES, check_device
 from ..errors import InputError
 from ..io.outputs import check_output_file
 from ..params import ConnectomeParams, LesionDistanceParams, ProfileParams
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import EXIT_OK, Progress, emit, log, require_streamlines
 from .options import add_params, params_from_args
 
 
@@ -114,7 +114,8 @@ def cmd_select(args) -> int:
         "notes": notes,
         **selection.provenance,
     }
-    emit(args, summary, f"kept {len(selected)} of {len(tract)} streamlines; written to {args.output}")
+    empty = " (the input holds no streamlines)" if len(tract) == 0 else ""
+    emit(args, summary, f"kept {len(selected)} of {len(tract)} streamlines{empty}; written to {args.output}")
     return EXIT_OK
 
 
@@ -133,6 +134,7 @@ def cmd_connectome(args) -> int:
     lut = load_lut(args.lut) if args.lut else None
     weights = _read_weights(args.streamline_weights) if args.streamline_weights else None
     tract = load_tractogram(args.tractogram, reference=args.labels)
+    require_streamlines(tract, args.tractogram, "a connectome")
     result = compute_connectome(
         tract,
         labels,
@@ -186,6 +188,7 @@ def cmd_profile(args) -> int:
     check_output_file(args.output, "profile CSV")
     volume = load_volume(args.map)
     tract = load_tractogram(args.tractogram, reference=args.map)
+    require_streamlines(tract, args.tractogram, "an along-tract profile")
     result = compute_profile(tract, volume, params.n_points, device=args.device)
     map_name = volume.name
     write_text_atomic(profile_csv_text(result, volume.affine, map_name), args.output)
@@ -227,10 +230,13 @@ def cmd_distance(args) -> int:
         save_tractogram(with_distances(tract, distance), args.output)
     summary = {"input": str(args.tractogram), "lesion": str(args.lesion), "margin_mm": params.margin_mm,
                "output": args.output, **row.as_dict(), **distance.provenance}  # fmt: skip
-    emit(
-        args,
-        summary,
-        f"closest approach {row.min_mm:.1f} mm; {row.within_margin} of {row.streamlines} streamlines "
-        f"({row.percent_within:.1f} %) within {params.margin_mm:g} mm of the lesion",
-    )
+    if row.streamlines == 0:  # an ordinary result: nothing comes near the lesion (no "inf" closest approach)
+        summary["min_mm"] = None
+        human = f"the tractogram holds 0 streamlines: none within {params.margin_mm:g} mm of the lesion"
+    else:
+        human = (
+            f"closest approach {row.min_mm:.1f} mm; {row.within_margin} of {row.streamlines} streamlines "
+            f"({row.percent_within:.1f} %) within {params.margin_mm:g} mm of the lesion"
+        )
+    emit(args, summary, human)
     return EXIT_OK

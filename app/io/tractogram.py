@@ -248,6 +248,10 @@ def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamlin
     fix = _DAMAGED[path.suffix.lower()]
     lengths = np.asarray(lengths)
     points_mm = np.asarray(points_mm)
+    if points_mm.size == 0 and lengths.size == 0:
+        # 0 streamlines is an ordinary result (a target nothing reached); the libraries give
+        # its points as a flat (0,) array
+        points_mm, lengths = np.zeros((0, 3), np.float64), np.zeros(0, np.int64)
     if points_mm.ndim != 2 or points_mm.shape[1:] != (3,) or lengths.ndim != 1:
         raise InputError(f"the points have shape {points_mm.shape}, not (N, 3)", path=path, fix=fix)
     if (lengths < 0).any() or int(lengths.sum(dtype=np.int64)) != len(points_mm):

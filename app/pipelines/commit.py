@@ -367,6 +367,12 @@ def commit_from_files(
     with phase("read"):
         dwi = load_dwi(dwi_path, bval, bvec)
         tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
+    if len(tract) == 0:  # said before the fit's set-up, naming the file
+        raise InputError(
+            "the tractogram holds 0 streamlines: COMMIT needs at least one",
+            path=tractogram_path,
+            fix="Track again with other regions or parameters, or give another tractogram",
+        )
     notes: list[str] = []
     mask_array = None
     if mask is not None:

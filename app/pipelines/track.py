@@ -44,6 +44,7 @@ from ..regions import Regions
 from ..timing import phase
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .select import load_masks_on_reference
+from .track_reasons import empty_result_reason, geodesic_empty_reason
 
 __all__ = [
     "INTERACTIVE_FIRST_BATCH",
@@ -283,7 +284,7 @@ def deterministic_pipeline(
     tf = deterministic.prepare_field(field_.tensor, field_.voxel_size, track_mask, stop_union)
 
     kept: list[StreamlineBatch] = []
-    counts = {"tracked": 0, "filtered_out": 0}
+    counts = {"started": 0, "left_seed": 0, "long_enough": 0, "tracked": 0, "reached": 0, "filtered_out": 0}
     t0 = time.perf_counter()
     first_batch_s = None
     used: list = []  # the backends that ran (the GPU, then the CPU if it ran out of memory)
@@ -302,8 +303,12 @@ def deterministic_pipeline(
     batches = batches_with_cpu_fallback(start, lambda b: b.provenance["seeds"], device, notes, "deterministic tracking")
     for batch in batches:
         counts["tracked"] += len(batch)
+        for key in ("started", "left_seed", "long_enough"):
+            counts[key] += int(batch.provenance.get(key, 0))
         if len(batch) and (include or exclude):
             selection = select_streamlines(batch.points, batch.offsets, list(include), list(exclude), device=used[-1])
+            all_included = np.uint32((1 << len(include)) - 1)
+            counts["reached"] += int(((selection.bits & all_included) == all_included).sum())
             counts["filtered_out"] += int((~selection.selected).sum())
             batch = batch.subset(selection.selected)
         kept.append(batch)
@@ -336,7 +341,9 @@ def deterministic_pipeline(
         "tensor": field_.source,
     }
     if len(result) == 0:
-        notes.append("no streamline passed the stopping rules and length limits; try a lower --min-length")
+        counts["seeds"] = len(seeds)
+        provenance["empty_reason"] = empty_result_reason(counts, params, n_include=len(include))
+        notes.append(f"0 streamlines: {provenance['empty_reason']}")
     return TrackResult(tractogram, provenance, notes)
 
 
@@ -494,8 +501,9 @@ def geodesic_pipeline(
         "rng_seed": rng_seed,
         "tensor": field_.source,
     }
-    if target is not None and len(result) == 0:
-        notes.append("no fibre reached the target; try more directions, a wider cone or more steps")
+    if len(tractogram) == 0:
+        provenance["empty_reason"] = geodesic_empty_reason(provenance)
+        notes.append(f"0 streamlines: {provenance['empty_reason']}")
     return TrackResult(tractogram, provenance, notes)
 
 

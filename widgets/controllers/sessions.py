@@ -11,6 +11,7 @@ window gives it, so it holds no widget and runs without a screen.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,17 +126,23 @@ class SessionController(QObject):
             self.autosave.set_interval(seconds)
 
     def _autosaved(self) -> None:
-        self._autosave_error = ""
+        recovered, self._autosave_error = bool(self._autosave_error), ""
         if self.restoring is not None:  # the restored work is safe in our own autosave now
             restored = self.restoring.describe()
             self.restoring.discard()
             self.restoring = None
             self.message.emit(f"Restored the {restored}", 15000)
             return
-        self.message.emit("Autosaved", 2000)
+        # after failures, a lasting line replaces the one that said autosave was failing
+        self.message.emit(
+            "Autosaved again: the work is safe" if recovered else "Autosaved", 8000 if recovered else 2000
+        )
 
     def _autosave_failed(self, message: str) -> None:
-        if message != self._autosave_error:  # say it once, not at every tick
+        # A line in the status bar that stays until an autosave succeeds (renewed at every failed
+        # tick, so another message cannot hide it for good); the error box once per cause.
+        self.message.emit(f"Autosave is failing ({time.strftime('%H:%M:%S')}), it is tried again: {message}", 0)
+        if message != self._autosave_error:
             self._autosave_error = message
             self.error.emit(f"Autosave failed (it is tried again): {message}", "")
 
