@@ -36,7 +36,7 @@ from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
 from ..model import Tractogram
 from ._atomic import atomic_path, save_error
-from .tractogram import _suffix, check_output_suffix, nib_tractogram_mm, trk_header, trx_reference
+from .tractogram import _suffix, check_output_suffix, log, nib_tractogram_mm, trk_header, trx_reference
 
 __all__ = ["POSITION_DTYPES", "TractogramWriter", "open_tractogram_writer"]
 
@@ -96,6 +96,10 @@ class TractogramWriter:
         names = (tuple(part.point_scalars), tuple(part.streamline_scalars)) if self.keep_scalars else ((), ())
         if self._names is None:
             self._names = names
+            if self.suffix == ".tck" and (part.point_scalars or part.streamline_scalars):
+                log.warning(
+                    "%s: .tck cannot store per-point or per-streamline scalars; they are not written", self.path
+                )
         elif names != self._names:
             raise ValueError(f"{self.path}: every part must have the scalars {self._names}, got {names}")
         if len(part) == 0:
