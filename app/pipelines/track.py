@@ -301,6 +301,7 @@ def deterministic_pipeline(
         ):  # fmt: skip
             part.seed_index = part.seed_index + first
             yield part
+            del part  # not held while the next batch is tracked
 
     batches = batches_with_cpu_fallback(start, lambda b: b.provenance["seeds"], device, notes, "deterministic tracking")
     for batch in batches:
@@ -322,7 +323,7 @@ def deterministic_pipeline(
                 parts.append(part)
             if on_batch is not None and len(part):
                 on_batch(part)
-        del batch
+        del batch, piece, part  # not held while the next batch is tracked
     track_s = time.perf_counter() - t0
     tractogram = None if sink is not None else join_parts(parts, to_tractogram(StreamlineBatch.empty(), field_, name))
     del parts
