@@ -93,6 +93,8 @@ class TractogramWriter:
         """Write the streamlines of ``part`` (voxel coordinates of this writer's grid)."""
         if not self._open:
             raise ValueError(f"{self.path}: the writer is closed")
+        if not np.array_equal(part.affine, self.affine):
+            raise ValueError(f"{self.path}: a part on another grid (its affine differs from the writer's)")
         names = (tuple(part.point_scalars), tuple(part.streamline_scalars)) if self.keep_scalars else ((), ())
         if self._names is None:
             self._names = names
