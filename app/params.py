@@ -1,5 +1,5 @@
 """The parameters of the use cases that have no engine dataclass of their own: seeding,
-geodesic ranking, connectome, lesion distance, probabilistic outputs and the report.
+geodesic ranking, connectome, lesion distance, probabilistic outputs, written tractograms and the report.
 
 Each is a frozen dataclass whose field metadata (``gpu.params.meta``) carries the label,
 help, unit, limits, choices and command-line flags, like the engine's parameter classes
@@ -169,6 +169,22 @@ class ProbOutputParams:
 
 
 @dataclass(frozen=True)
+class TractogramOutputParams:
+    """How a tracking command writes its tractogram."""
+
+    positions_dtype: str = field(
+        default="float32",
+        metadata=meta(
+            "Positions",
+            "number type of the written points: float16 halves a .trx file (about 0.01 mm at 100 mm); "
+            ".trk and .tck hold float32",
+            choices=("float32", "float16"),
+            flags=("--dtype",),
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class ReportParams:
     """The report of a session (``tractlens report``)."""
 
@@ -200,6 +216,7 @@ PARAMS_TYPES = (
     GeodesicSeedingParams,
     ProbParams,
     ProbOutputParams,
+    TractogramOutputParams,
     CommitParams,
     ConnectomeParams,
     EndpointParams,

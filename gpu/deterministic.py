@@ -76,6 +76,11 @@ SIGN_REFERENCE = np.array([3.0, 2.0, 1.0]) / math.sqrt(14.0)
 
 
 CHOICES = {"integrator": INTEGRATORS, "method": METHODS}
+#: Most seeds of one GPU batch. A whole brain would fit one batch of a large GPU; its points all
+#: come to the host at once (HCP: 235 M points, 2.8 GB). Batches of 2^18 seeds (~60 M points,
+#: 0.7 GB) bound that and cost a few more kernel launches; every seed is tracked alone, so the
+#: streamlines do not depend on the batching.
+GPU_MAX_BATCH = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -427,6 +432,8 @@ def track(
     scale = 1.0 / tf.voxel_size
     if max_batch is None and not backend.is_gpu:
         max_batch = 4096  # the arrays engine walks all live streamlines step by step: keep them in cache
+    elif max_batch is None:
+        max_batch = GPU_MAX_BATCH
 
     def work(a: int, b: int) -> StreamlineBatch:
         t0 = time.perf_counter()

@@ -3,7 +3,7 @@ engines produce them batch by batch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,6 +112,35 @@ class StreamlineBatch:
         """How many streamline ends stopped for each reason."""
         codes, counts = np.unique(self.stop, return_counts=True)
         return {STOP_REASONS[int(c)]: int(n) for c, n in zip(codes, counts)}
+
+    def pieces(self, max_points: int) -> Iterator[StreamlineBatch]:
+        """Consecutive runs of whole streamlines of at most ``max_points`` points each (a longer
+        streamline is a piece of its own), as views of this batch's arrays: a GPU batch can
+        hold a whole brain, and host work on it (scalars, writing) goes piece by piece."""
+        total = len(self)
+        if total == 0 or int(self.offsets[-1] - self.offsets[0]) <= max_points:
+            yield self
+            return
+        first = 0
+        while first < total:
+            base = self.offsets[first]
+            last = int(np.searchsorted(self.offsets, base + max_points, side="right")) - 1
+            last = min(max(last, first + 1), total)
+            yield StreamlineBatch(
+                self.points[base : self.offsets[last]],
+                self.offsets[first : last + 1] - base,
+                self.seed_index[first:last],
+                self.stop[first:last],
+                self.seed_point[first:last],
+                self.provenance,
+            )
+            first = last
+
+
+def stop_reason_totals(counts: np.ndarray) -> dict[str, int]:
+    """:meth:`StreamlineBatch.reason_counts` from per-code counts (``np.bincount`` of the stop
+    codes, summed over batches), in the same order: by code, the codes that occur."""
+    return {STOP_REASONS[int(c)]: int(counts[c]) for c in np.flatnonzero(counts)}
 
 
 def repeat_counts(xp, values, counts):

@@ -89,7 +89,7 @@ def test_the_commands_use_the_parameter_classes():
         "connectome": {"ConnectomeParams"},
         "profile": {"ProfileParams"},
         "distance": {"LesionDistanceParams"},
-        "track deterministic": {"DeterministicParams", "SeedingParams"},
+        "track deterministic": {"DeterministicParams", "SeedingParams", "TractogramOutputParams"},
         "track geodesic": {"GeodesicParams", "MetricParams", "GeodesicSeedingParams"},
         "track probabilistic": {"ProbParams", "ProbOutputParams"},
         "report": {"ReportParams"},

@@ -11,7 +11,7 @@ from tractlens.gpu.probabilistic import ProbParams
 
 from ..errors import InputError
 from ..io.outputs import check_output_folder
-from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams
+from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams, TractogramOutputParams
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log
 from .options import add_params, params_from_args
@@ -52,7 +52,10 @@ def _add_deterministic(methods, common) -> None:
     add_params(p, DeterministicParams)
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
     add_params(p, SeedingParams, only=("rng_seed",))
-    p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")
+    p.add_argument(
+        "-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx), written while tracking"
+    )
+    add_params(p, TractogramOutputParams)
     p.set_defaults(func=cmd_track_deterministic)
 
 
@@ -205,26 +208,47 @@ def cmd_track_geodesic(args) -> int:
 
 
 def cmd_track_deterministic(args) -> int:
-    from ..io import save_tractogram
+    """Tracks and writes at once: each batch of streamlines is appended to the output file
+    (:mod:`app.io.tractogram_stream`), so a whole-brain run never holds its tractogram."""
+    from ..io.tractogram_stream import open_tractogram_writer
     from ..pipelines.track import deterministic_pipeline, masks_on_field
 
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(SeedingParams, args, fix=_tracking_fix(args))
+    output = params_from_args(TractogramOutputParams, args, fix=_tracking_fix(args))
+    if output.positions_dtype != "float32" and Path(args.output).suffix.lower() != ".trx":
+        raise InputError(
+            f"--dtype {output.positions_dtype} is for .trx output; .trk and .tck hold float32",
+            fix="Write a .trx file, or drop --dtype",
+        )
     with phase("read"):  # a --dwi is fitted first: that part counts as compute
         field = _load_field(args)
-    notes: list[str] = []
-    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
-    seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
-    with phase("compute"):  # the region masks read inside count as read
+        notes: list[str] = []
+        mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
+        seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
+        stop = masks_on_field(args.stop or [], "stop region", field, notes)
+        include = masks_on_field(args.include or [], "include region", field, notes)
+        exclude = masks_on_field(args.exclude or [], "exclude region", field, notes)
+    with (
+        open_tractogram_writer(
+            args.output, field.affine, field.shape, positions_dtype=output.positions_dtype
+        ) as writer,
+        phase("compute"),
+    ):  # the file is removed unless tracking ends well (an error, Ctrl-C); its parts count as write
+
+        def sink(part) -> None:
+            with phase("write"):
+                writer.append(part)
+
         result = deterministic_pipeline(
             field,
             seed_mask=seed,
             whole_brain=args.whole_brain,
             mask=mask,
-            stop=masks_on_field(args.stop or [], "stop region", field, notes),
-            include=masks_on_field(args.include or [], "include region", field, notes),
-            exclude=masks_on_field(args.exclude or [], "exclude region", field, notes),
+            stop=stop,
+            include=include,
+            exclude=exclude,
             params=params,
             seeds_per_voxel=seeding.seeds_per_voxel,
             placement=seeding.placement,
@@ -232,11 +256,12 @@ def cmd_track_deterministic(args) -> int:
             device=args.device,
             progress=Progress("track", "seeds", quiet=args.quiet),
             notes=notes,
+            sink=sink,
         )
+        with phase("write"):  # .trx: the folder zipped into the file
+            writer.close()
     for note in result.notes:
         log.warning("%s", note)
-    with phase("write"):
-        save_tractogram(result.tractogram, args.output)
     summary = {"output": str(args.output), **result.summary()}
     prov = result.provenance
     human = (

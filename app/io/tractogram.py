@@ -284,34 +284,68 @@ def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool, exact: bool = Fa
         points_mm = tractogram.points.astype(np.float64) @ tractogram.affine[:3, :3].T + tractogram.affine[:3, 3]
     else:
         points_mm = tractogram.points_world().astype(np.float32)
+    return nib_tractogram_mm(
+        points_mm,
+        tractogram.offsets,
+        tractogram.point_scalars if keep_scalars else {},
+        tractogram.streamline_scalars if keep_scalars else {},
+        exact,
+    )
+
+
+def nib_tractogram_mm(points_mm, offsets, point_scalars: dict, streamline_scalars: dict, exact: bool = False):
+    """A nibabel Tractogram over ``points_mm`` (RAS mm) without copying them; scalars as float32
+    (in their own dtypes with ``exact``), (n,) columns as (n, 1)."""
+    offsets = np.asarray(offsets, dtype=np.int64)
     seq = ArraySequence()
     seq._data = points_mm
-    seq._offsets = tractogram.offsets[:-1].copy()
-    seq._lengths = tractogram.lengths.copy()
+    seq._offsets = offsets[:-1].copy()
+    seq._lengths = np.diff(offsets)
     data_per_point = {}
     data_per_streamline = {}
-    if keep_scalars:
-        for key, values in tractogram.point_scalars.items():
-            arr = np.asarray(values, dtype=None if exact else np.float32)
-            arr = arr[:, None] if arr.ndim == 1 else arr
-            per = ArraySequence()
-            per._data = arr
-            per._offsets = seq._offsets.copy()
-            per._lengths = seq._lengths.copy()
-            data_per_point[key] = per
-        for key, values in tractogram.streamline_scalars.items():
-            arr = np.asarray(values, dtype=None if exact else np.float32)
-            data_per_streamline[key] = arr[:, None] if arr.ndim == 1 else arr
+    for key, values in point_scalars.items():
+        arr = np.asarray(values, dtype=None if exact else np.float32)
+        arr = arr[:, None] if arr.ndim == 1 else arr
+        per = ArraySequence()
+        per._data = arr
+        per._offsets = seq._offsets.copy()
+        per._lengths = seq._lengths.copy()
+        data_per_point[key] = per
+    for key, values in streamline_scalars.items():
+        arr = np.asarray(values, dtype=None if exact else np.float32)
+        data_per_streamline[key] = arr[:, None] if arr.ndim == 1 else arr
     return NibTractogram(
         seq, data_per_streamline=data_per_streamline, data_per_point=data_per_point, affine_to_rasmm=np.eye(4)
     )
+
+
+def trk_header(affine: np.ndarray, dimensions) -> dict:
+    """The .trk header fields of a grid (voxel -> RAS mm ``affine``, ``dimensions``)."""
+    return {
+        Field.VOXEL_TO_RASMM: affine,
+        Field.DIMENSIONS: np.array(dimensions, dtype=np.int16),
+        Field.VOXEL_SIZES: np.sqrt((affine[:3, :3] ** 2).sum(0)).astype(np.float32),
+        Field.VOXEL_ORDER: "".join(nib.aff2axcodes(affine)),
+    }
+
+
+def trx_reference(affine: np.ndarray, dimensions) -> nib.Nifti1Header:
+    """The NIfTI header trx-python takes a .trx file's grid from."""
+    header = nib.Nifti1Header()
+    header.set_data_shape(dimensions)
+    header.set_qform(affine, code=1)
+    header.set_sform(affine, code=1)
+    header.set_zooms(np.sqrt((affine[:3, :3] ** 2).sum(0)))
+    return header
 
 
 def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: bool = False) -> Path:
     """Write .trk/.tck/.trx (format from the suffix), atomically, in RAS mm.
 
     ``exact`` (.trx only): positions as float64 and scalars in their own dtypes, so that
-    reading the file back gives the same arrays bit for bit (sessions use it)."""
+    reading the file back gives the same arrays bit for bit (sessions use it). To write
+    streamlines as they are computed, without holding them all, see
+    :mod:`app.io.tractogram_stream` (the same bytes)."""
     path = Path(path)
     suffix = _suffix(path)
     if exact and suffix != ".trx":
@@ -324,13 +358,7 @@ def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: b
         if suffix == ".trx":
             _save_trx(nib_tract, tractogram, tmp, exact)
         elif suffix == ".trk":
-            header = {
-                Field.VOXEL_TO_RASMM: tractogram.affine,
-                Field.DIMENSIONS: np.array(tractogram.dimensions, dtype=np.int16),
-                Field.VOXEL_SIZES: np.sqrt((tractogram.affine[:3, :3] ** 2).sum(0)).astype(np.float32),
-                Field.VOXEL_ORDER: "".join(nib.aff2axcodes(tractogram.affine)),
-            }
-            nib.streamlines.save(nib_tract, str(tmp), header=header)
+            nib.streamlines.save(nib_tract, str(tmp), header=trk_header(tractogram.affine, tractogram.dimensions))
         else:
             nib.streamlines.save(nib_tract, str(tmp))
     return path
@@ -340,11 +368,7 @@ def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path, exact
     from trx.trx_file_memmap import TrxFile
     from trx.trx_file_memmap import save as trx_save
 
-    header = nib.Nifti1Header()
-    header.set_data_shape(tractogram.dimensions)
-    header.set_qform(tractogram.affine, code=1)
-    header.set_sform(tractogram.affine, code=1)
-    header.set_zooms(np.sqrt((tractogram.affine[:3, :3] ** 2).sum(0)))
+    header = trx_reference(tractogram.affine, tractogram.dimensions)
     dtypes = None
     if exact:
         dtypes = {

@@ -33,7 +33,7 @@ from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import check_points, seeds_in_mask
 from tractlens.gpu.select import select_streamlines
-from tractlens.gpu.streamlines import StreamlineBatch
+from tractlens.gpu.streamlines import STOP_REASONS, StreamlineBatch, stop_reason_totals
 
 from ..errors import InputError
 from ..grid import Grid
@@ -44,6 +44,7 @@ from ..regions import Regions
 from ..timing import phase
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .select import load_masks_on_reference
+from .track_parts import PIECE_POINTS, PathLength, deterministic_part, join_parts
 from .track_reasons import empty_result_reason, geodesic_empty_reason
 
 __all__ = [
@@ -199,7 +200,7 @@ def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "aut
 
 @dataclass
 class TrackResult:
-    tractogram: Tractogram
+    tractogram: Tractogram | None  # None when the streamlines went to a sink
     provenance: dict
     notes: list[str]
 
@@ -234,6 +235,7 @@ def deterministic_pipeline(
     notes: list[str] | None = None,
     name: str = "deterministic",
     max_batch: int | None = None,
+    sink: Callable[[Tractogram], None] | None = None,
 ) -> TrackResult:
     """Deterministic tracking on ``field_`` (see :mod:`gpu.deterministic` for the rules).
 
@@ -241,6 +243,10 @@ def deterministic_pipeline(
     ``whole_brain`` chooses the seeds. ``include`` masks (waypoints, targets) must all be
     passed and ``exclude`` masks avoided; streamlines failing that are dropped batch by
     batch, before ``on_batch`` sees them.
+
+    The streamlines come as tractogram parts of bounded size (:mod:`app.pipelines.track_parts`);
+    with ``sink`` (e.g. :meth:`app.io.tractogram_stream.TractogramWriter.append`) each part goes
+    there and none is kept (``result.tractogram`` is None), else they are joined at the end.
     """
     params = params or deterministic.DeterministicParams()
     notes = list(field_.notes) + list(notes or [])
@@ -283,8 +289,11 @@ def deterministic_pipeline(
     track_mask = mask if mask is not None else field_.mask
     tf = deterministic.prepare_field(field_.tensor, field_.voxel_size, track_mask, stop_union)
 
-    kept: list[StreamlineBatch] = []
+    parts: list[Tractogram] = []  # kept when there is no sink
+    path_length = PathLength(field_.affine)
+    stop_counts = np.zeros(len(STOP_REASONS), np.int64)
     counts = {"started": 0, "left_seed": 0, "long_enough": 0, "tracked": 0, "reached": 0, "filtered_out": 0}
+    counts.update(streamlines=0, points=0)
     t0 = time.perf_counter()
     first_batch_s = None
     used: list = []  # the backends that ran (the GPU, then the CPU if it ran out of memory)
@@ -299,6 +308,7 @@ def deterministic_pipeline(
         ):  # fmt: skip
             part.seed_index = part.seed_index + first
             yield part
+            del part  # not held while the next batch is tracked
 
     batches = batches_with_cpu_fallback(start, lambda b: b.provenance["seeds"], device, notes, "deterministic tracking")
     for batch in batches:
@@ -311,14 +321,23 @@ def deterministic_pipeline(
             counts["reached"] += int(((selection.bits & all_included) == all_included).sum())
             counts["filtered_out"] += int((~selection.selected).sum())
             batch = batch.subset(selection.selected)
-        kept.append(batch)
         if first_batch_s is None:
             first_batch_s = time.perf_counter() - t0
-        if on_batch is not None and len(batch):
-            on_batch(to_tractogram(batch, field_, name))
+        stop_counts += np.bincount(batch.stop.ravel(), minlength=len(stop_counts))
+        for piece in batch.pieces(PIECE_POINTS):  # a GPU batch can be a whole brain: bounded host work
+            part = deterministic_part(piece, field_.fa, field_.affine, field_.shape, name, path_length)
+            counts["streamlines"] += len(part)
+            counts["points"] += len(part.points)
+            if sink is not None and len(part):
+                sink(part)
+            elif sink is None:
+                parts.append(part)
+            if on_batch is not None and len(part):
+                on_batch(part)
+        del batch, piece, part  # not held while the next batch is tracked
     track_s = time.perf_counter() - t0
-    result = StreamlineBatch.concatenate(kept)
-    tractogram = to_tractogram(result, field_, name)
+    tractogram = None if sink is not None else join_parts(parts, to_tractogram(StreamlineBatch.empty(), field_, name))
+    del parts
     provenance = {
         "method": "deterministic",
         "parameters": asdict(params),
@@ -332,15 +351,15 @@ def deterministic_pipeline(
         "seeds": len(seeds),
         "streamlines_tracked": counts["tracked"],
         "streamlines_removed_by_rois": counts["filtered_out"],
-        "streamlines": len(result),
-        "points": len(result.points),
+        "streamlines": counts["streamlines"],
+        "points": counts["points"],
         "tracking_s": track_s,
         "first_batch_s": first_batch_s,
         "seeds_per_s": len(seeds) / track_s if track_s > 0 else None,
-        "stop_reasons": result.reason_counts(),
+        "stop_reasons": stop_reason_totals(stop_counts),
         "tensor": field_.source,
     }
-    if len(result) == 0:
+    if counts["streamlines"] == 0:
         counts["seeds"] = len(seeds)
         provenance["empty_reason"] = empty_result_reason(counts, params, n_include=len(include))
         notes.append(f"0 streamlines: {provenance['empty_reason']}")
