@@ -206,6 +206,28 @@ class ReportParams:
 
 
 #: Every parameter class: the engine's and the use cases'.
+SAMPLINGS = ("nearest", "trilinear")
+
+
+@dataclass(frozen=True)
+class StatisticsParams:
+    """How scalar maps are sampled along streamlines and in regions."""
+
+    sampling: str = field(
+        default="nearest",
+        metadata=meta(
+            "Map sampling",
+            "a scalar map's value at a streamline point: the nearest voxel's, or trilinear between voxels",
+            choices=SAMPLINGS,
+            flags=("--sampling",),
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {self.sampling!r}")
+
+
 PARAMS_TYPES = (
     DTIFitParams,
     BallStickParams,
@@ -223,4 +245,5 @@ PARAMS_TYPES = (
     ProfileParams,
     LesionDistanceParams,
     ReportParams,
+    StatisticsParams,
 )

@@ -19,31 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tractlens.gpu.connectivity import streamline_lengths_mm
-from tractlens.gpu.params import meta
 
 from .errors import InputError
 from .model import Tractogram, Volume
-
-SAMPLINGS = ("nearest", "trilinear")
-
-
-@dataclass(frozen=True)
-class StatisticsParams:
-    """How scalar maps are sampled along streamlines and in regions."""
-
-    sampling: str = field(
-        default="nearest",
-        metadata=meta(
-            "Map sampling",
-            "a scalar map's value at a streamline point: the nearest voxel's, or trilinear between voxels",
-            choices=SAMPLINGS,
-            flags=("--sampling",),
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        if self.sampling not in SAMPLINGS:
-            raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {self.sampling!r}")
+from .params import StatisticsParams
 
 
 @dataclass
