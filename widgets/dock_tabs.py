@@ -9,7 +9,7 @@ the views keep their width. The full title is each tab's tool tip.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QDockWidget, QTabBar, QTabWidget
+from PySide6.QtWidgets import QDockWidget, QFrame, QScrollArea, QTabBar, QTabWidget, QWidget
 
 SHORT_TITLES = {  # dock object name -> its tab's title
     "dock_deterministic_tracking": "Deterministic",
@@ -19,6 +19,18 @@ SHORT_TITLES = {  # dock object name -> its tab's title
     "dock_connectivity": "Connectivity",
     "dock_presurgical": "Presurgical",
 }
+
+
+def scrollable(panel: QWidget) -> QScrollArea:
+    """``panel`` in a frameless scroll area: a tall method panel scrolls instead of setting the
+    window's minimum height (the geodesic form alone needs ~570 px; a laptop screen has ~700)."""
+    area = QScrollArea()
+    area.setObjectName(f"scroll_{panel.objectName() or type(panel).__name__}")
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    area.setWidget(panel)
+    return area
 
 
 def fit_dock_tabs(window) -> None:

@@ -39,7 +39,7 @@ from .controllers.menus import add_action, app_icon, build_file_menu, move_befor
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
-from .dock_tabs import fit_dock_tabs
+from .dock_tabs import fit_dock_tabs, scrollable
 from .panels import JobPanel, LayerPanel
 from .presurgical_panel import PresurgicalPanel
 from .probabilistic_panel import ProbabilisticPanel
@@ -152,7 +152,7 @@ class MainWindow(QMainWindow):
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
-            dock.setWidget(widget)
+            dock.setWidget(scrollable(widget) if widget is not self.job_panel else widget)
             self.addDockWidget(area, dock)
         self.tabifyDockWidget(
             self.findChild(QDockWidget, "dock_deterministic_tracking"),
