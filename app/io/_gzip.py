@@ -35,11 +35,11 @@ _ISAL_LEVEL = {0: 0, 1: 1, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2, 7: 3, 8: 3, 9: 3}
 def _isal():
     """The ``isal`` modules, or None when the package is not installed (or broken)."""
     try:
-        from isal import igzip, igzip_threaded
+        from isal import igzip_threaded, isal_zlib
     except Exception as exc:  # ImportError, or a wheel built for another CPU
         log.debug("python-isal not usable (%s): gzip through the standard library", exc)
         return None
-    return igzip, igzip_threaded
+    return isal_zlib, igzip_threaded
 
 
 def fast_gzip_enabled() -> bool:
@@ -88,6 +88,98 @@ class _PositionedWriter(io.RawIOBase):
                 self._stream.close()
 
 
+class _InflatingReader(io.RawIOBase):
+    """A gzip file read front to back through ISA-L's inflate, in large blocks.
+
+    Seeks forward by inflating and dropping, backward by starting again (nibabel reads the
+    header, then seeks to the data once). Concatenated gzip members are read in turn; a
+    truncated file gives the data before the cut, then :class:`EOFError` (as ``gzip`` does)."""
+
+    BLOCK = 1 << 20
+
+    def __init__(self, filename, isal_zlib):
+        super().__init__()
+        self._zlib = isal_zlib
+        self._file = open(filename, "rb")
+        self._start()
+
+    def _start(self) -> None:
+        self._file.seek(0)
+        self._inflate = self._zlib.decompressobj(31)  # 16 + 15: a gzip header and trailer
+        self._pending = b""
+        self._position = 0
+        self._finished = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def _more(self) -> bytes:
+        """The next inflated bytes; b"" at the end of the last member."""
+        while not self._finished:
+            if self._inflate.eof:
+                rest = self._inflate.unused_data
+                if not rest:
+                    rest = self._file.read(self.BLOCK)
+                if not rest.strip(b"\0"):  # end of file (or zero padding after the last member)
+                    self._finished = True
+                    return b""
+                self._inflate = self._zlib.decompressobj(31)
+            else:
+                rest = self._inflate.unconsumed_tail or self._file.read(self.BLOCK)
+                if not rest:
+                    raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+            out = self._inflate.decompress(rest, 4 * self.BLOCK)
+            if out:
+                return out
+        return b""
+
+    def readinto(self, buffer) -> int:
+        """Fill ``buffer`` whole (short only at the end of the data, or before a cut in it)."""
+        view = memoryview(buffer).cast("B")
+        filled = 0
+        while filled < len(view):
+            if not self._pending:
+                try:
+                    self._pending = self._more()
+                except EOFError:
+                    if filled:
+                        break  # the bytes before the cut now, the error on the next read
+                    raise
+                if not self._pending:
+                    break
+            n = min(len(view) - filled, len(self._pending))
+            view[filled : filled + n] = self._pending[:n]
+            self._pending = self._pending[n:]
+            filled += n
+        self._position += filled
+        return filled
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = {io.SEEK_SET: offset, io.SEEK_CUR: self._position + offset}.get(whence)
+        if target is None or target < 0:  # UnsupportedOperation: nibabel then reads instead of mapping
+            raise io.UnsupportedOperation("a gzip stream can only seek from its start or its current position")
+        if target < self._position:
+            self._start()
+        while self._position < target:
+            chunk = self.read(min(target - self._position, 4 * self.BLOCK))
+            if not chunk:
+                break
+        return self._position
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                super().close()
+            finally:
+                self._file.close()
+
+
 def _threads() -> int:
     try:
         cores = len(os.sched_getaffinity(0))
@@ -101,15 +193,15 @@ def gzip_open(
 ) -> io.IOBase:
     """Open a gzip file as nibabel's ``gzip_open`` does (same arguments), through ISA-L when it can.
 
-    Reading gives a seekable file (``isal.igzip``); writing compresses on up to
+    Reading inflates in large blocks (seeking forward only cheaply); writing compresses on up to
     :data:`MAX_WRITE_THREADS` threads, with a zero modification time like nibabel's
     deterministic writer. Without ISA-L this is nibabel's own opener."""
     modules = _isal() if fast_gzip_enabled() else None
     if modules is None or mode not in ("rb", "wb", "r", "w"):
         return nibabel_gzip_open(filename, mode, compresslevel=compresslevel, mtime=mtime, keep_open=keep_open)
-    igzip, igzip_threaded = modules
+    isal_zlib, igzip_threaded = modules
     if "r" in mode:
-        return igzip.open(filename, "rb")
+        return _InflatingReader(filename, isal_zlib)
     level = _ISAL_LEVEL.get(int(compresslevel), 1)
     return _PositionedWriter(igzip_threaded.open(filename, "wb", compresslevel=level, threads=_threads()))
 
