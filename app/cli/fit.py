@@ -9,7 +9,7 @@ from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.dti import DTIFitParams
 
 from ..io.outputs import check_output_folder
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
 
@@ -62,6 +62,7 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
     check_device(args.device)  # fail early and clearly when --device gpu has no GPU
     params = params_from_args(params_type, args, fix=fix)
     check_output_folder(args.output)  # before the fit, not after it
+    warm_up_gpu_in_background(args, args.command)
     dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
     for warning in dwi.warnings:
         log.warning("%s", warning)

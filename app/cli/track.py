@@ -12,7 +12,7 @@ from tractlens.gpu.probabilistic import ProbParams
 from ..errors import InputError
 from ..io.outputs import check_output_folder
 from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
 
@@ -164,6 +164,7 @@ def cmd_track_geodesic(args) -> int:
     params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(GeodesicSeedingParams, args, fix=_tracking_fix(args))
+    warm_up_gpu_in_background(args, "geodesic")
     field = _load_field(args)
     notes: list[str] = []
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
@@ -207,6 +208,7 @@ def cmd_track_deterministic(args) -> int:
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(SeedingParams, args, fix=_tracking_fix(args))
+    warm_up_gpu_in_background(args, "deterministic")
     field = _load_field(args)
     notes: list[str] = []
     mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
@@ -255,6 +257,7 @@ def cmd_track_probabilistic(args) -> int:
         check_output_suffix(args.save_paths)
         if outputs.save_paths_max < 1:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
+    warm_up_gpu_in_background(args, "probabilistic")
     run = prepare_probabilistic(
         args.samples,
         args.seed,

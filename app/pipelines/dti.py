@@ -26,6 +26,7 @@ from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
 from ..model import Volume
 from ._fallback import run_with_cpu_fallback
+from .warmup import join_background_warmup
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def fit_dti_pipeline(
     mask, mask_source = choose_mask(dwi, mask, mask_path)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
+    join_background_warmup()  # the device choice sees the start-up paid in the background
     choice = decide_device("fit-dti", signal.size, requested=device)
     device = choice.argument
     try:
