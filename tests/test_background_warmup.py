@@ -90,7 +90,8 @@ def test_a_forced_gpu_that_cannot_be_used_fails_as_before_without_a_warm_up(even
     assert code != 0 and events == []
 
 
-def test_the_background_warm_up_compiles_only_the_commands_kernels_and_keeps_its_error():
+def test_the_background_warm_up_compiles_only_the_commands_kernels_and_keeps_its_error(monkeypatch):
+    monkeypatch.setattr(warmup, "_warmed", False)  # as in a fresh process
     compiled = []
     handle = pipeline.BackgroundWarmup(
         WARMUP_METHODS["probabilistic"],
