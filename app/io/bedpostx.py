@@ -157,11 +157,18 @@ def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, P
     arrays = [np.empty((*mask.shape, len(fibres), n_samples), dtype=np.float32) for _ in range(3)]
     for index, (img, path) in enumerate(images):
         data = read_array(img, path, what="bedpostX samples")
-        target = arrays[index % 3][..., index // 3, :]
-        target[...] = data.reshape(target.shape)
+        _fill_finite(arrays[index % 3][..., index // 3, :], data.reshape((*mask.shape, n_samples), order="F"))
         del data
-        np.nan_to_num(target, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
     return BedpostSamples(*arrays, mask=mask, affine=mask_img.affine.copy(), path=str(folder))
+
+
+def _fill_finite(target: np.ndarray, data: np.ndarray) -> None:
+    """``target[...] = data`` with NaN and ±Inf as 0, a slice at a time: the file's column-major
+    volume goes into the samples' voxel-major array, and whole-volume strided copies thrash the cache."""
+    for z in range(data.shape[2]):
+        slab = target[:, :, z]
+        slab[...] = data[:, :, z]
+        np.copyto(slab, 0.0, where=~np.isfinite(slab))
 
 
 def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> DyadsVolume:
