@@ -263,3 +263,24 @@ def test_the_cache_can_be_turned_off(tmp_path, rng, cache_dir, count_reads, monk
     load_bedpostx(folder, cache=True)
     load_bedpostx(folder)
     assert len(count_reads) == 18 and not cache_dir.exists()
+
+
+def test_probabilistic_tracking_from_the_mapped_cache_is_the_same(
+    demo_bedpostx, demo_dir, tmp_path, cache_dir, count_reads, monkeypatch
+):
+    import shutil
+
+    from tractlens.app.pipelines.probabilistic import ProbParams, prepare_probabilistic
+
+    folder = tmp_path / "demo.bedpostX"
+    shutil.copytree(demo_bedpostx, folder)
+    _age(folder)
+    results = []
+    for cache in ("0", "1", "1"):  # read without the cache; read and cache; map
+        monkeypatch.setenv("TRACTLENS_BEDPOSTX_CACHE", cache)
+        run = prepare_probabilistic(folder, demo_dir / "roi_arc_seed.nii.gz", params=ProbParams(n_samples=10))
+        results.append(run.track(device="cpu"))
+    assert len(count_reads) == 2 * 6 and bedpostx_cache.entry_dir(folder).exists()  # the third read nothing
+    assert results[0].waytotal > 0
+    for result in results[1:]:
+        assert np.array_equal(result.paths, results[0].paths) and result.waytotal == results[0].waytotal
