@@ -284,3 +284,17 @@ def test_probabilistic_tracking_from_the_mapped_cache_is_the_same(
     assert results[0].waytotal > 0
     for result in results[1:]:
         assert np.array_equal(result.paths, results[0].paths) and result.waytotal == results[0].waytotal
+
+
+def test_dyads_computed_in_blocks_are_those_of_the_whole_mask(rng, monkeypatch):
+    from tractlens.gpu.ballstick import dyadic_mean
+
+    shape = (7, 6, 5)
+    mask = rng.random(shape) > 0.4
+    theta, phi = (rng.uniform(0, 3, (*shape, 3, 9)).astype(np.float32) for _ in range(2))
+    samples = bedpostx.BedpostSamples(theta, phi, np.zeros_like(theta), mask, AFFINE)
+    monkeypatch.setattr(bedpostx, "DYAD_BLOCK_VOXELS", 17)
+    dyads, dispersion = samples.dyads()
+    whole, whole_dispersion = dyadic_mean(theta[mask], phi[mask])
+    assert np.array_equal(dyads[mask], whole.astype(np.float32)) and not dyads[~mask].any()
+    assert np.array_equal(dispersion[mask], whole_dispersion.astype(np.float32))

@@ -28,6 +28,8 @@ RERUN = (
     "if files are damaged, run bedpostx or tractlens fit-ballstick again"
 )
 
+#: Voxels whose mean dyads are computed at a time (bounds the float64 temporaries).
+DYAD_BLOCK_VOXELS = 32768
 #: Fractions below this are not drawn as dyads (FSL's ``dyads{i}_thr0.05`` convention).
 DYAD_F_THRESHOLD = 0.05
 
@@ -56,10 +58,11 @@ class BedpostSamples:
         zero outside the mask (see :func:`gpu.ballstick.dyadic_mean`)."""
         dyads = np.zeros((*self.mask.shape, self.n_fibres, 3), dtype=np.float32)
         dispersion = np.zeros((*self.mask.shape, self.n_fibres), dtype=np.float32)
-        if self.mask.any():
-            d, disp = dyadic_mean(self.theta[self.mask], self.phi[self.mask])
-            dyads[self.mask] = d
-            dispersion[self.mask] = disp
+        inside = np.flatnonzero(self.mask)
+        # Voxel by voxel, so in blocks: the float64 sample vectors of a whole brain are gigabytes.
+        for start in range(0, inside.size, DYAD_BLOCK_VOXELS):
+            block = np.unravel_index(inside[start : start + DYAD_BLOCK_VOXELS], self.mask.shape)
+            dyads[block], dispersion[block] = dyadic_mean(self.theta[block], self.phi[block])
         return dyads, dispersion
 
 

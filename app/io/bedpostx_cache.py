@@ -76,7 +76,10 @@ def load_entry(folder: Path, sources: list[Path]) -> dict[str, np.ndarray] | Non
         manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
         if manifest.get("format") != FORMAT_VERSION or manifest.get("sources") != fingerprint(sources):
             return None
-        arrays = {name: np.load(entry / f"{name}.npy", mmap_mode="c", allow_pickle=False) for name in ARRAYS}
+        # plain arrays over the maps (copy-on-write: a caller that writes into them changes no file)
+        arrays = {
+            name: np.asarray(np.load(entry / f"{name}.npy", mmap_mode="c", allow_pickle=False)) for name in ARRAYS
+        }
         affine = np.asarray(manifest["affine"], dtype=np.float64)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # no entry, or a damaged one: read the folder (and write it again)
