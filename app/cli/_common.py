@@ -56,3 +56,26 @@ def emit(args, summary: dict, human: str) -> None:
         print(json.dumps(summary, indent=2, default=str))
     else:
         print(human)
+
+
+#: The kernels (method names of :func:`gpu.warmup.catalogue`) each GPU command compiles.
+WARMUP_METHODS = {
+    "fit-dti": ("fit-dti",),
+    "fit-ballstick": ("fit-ballstick",),
+    "deterministic": ("deterministic", "tracking", "select"),
+    "geodesic": ("geodesic", "tracking"),
+    "probabilistic": ("probabilistic", "tracking"),
+    "commit": ("commit",),
+}
+
+
+def warm_up_gpu_in_background(args, command: str):
+    """Import CuPy and compile ``command``'s kernels on a thread while the files are read
+    (:func:`app.pipelines.warmup.start_background_warmup`); the pipelines wait for it before
+    their first GPU work. Nothing with ``--device cpu`` or where CuPy is not installed."""
+    from ..pipelines.warmup import start_background_warmup
+
+    methods = WARMUP_METHODS[command]
+    if command in ("deterministic", "geodesic") and getattr(args, "dwi", None):
+        methods += ("fit-dti",)  # tensors are fitted first
+    return start_background_warmup(methods, getattr(args, "device", "auto"))

@@ -10,7 +10,7 @@ from tractlens.gpu.commit import CommitParams
 from ..io.outputs import check_output_folder
 from ..pipelines.commit import PEAKS_FRAMES
 from ..timing import phase
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
 
@@ -50,6 +50,7 @@ def cmd_commit(args) -> int:
     check_device(args.device)
     params = params_from_args(CommitParams, args, fix="Check the COMMIT options (see tractlens commit --help)")
     out = check_output_folder(args.output)
+    warm_up_gpu_in_background(args, "commit")
     with phase("compute"):  # reading the inputs is its own phase inside
         result, suffix = commit_from_files(
             args.dwi,

@@ -10,7 +10,7 @@ from tractlens.gpu.dti import DTIFitParams
 
 from ..io.outputs import check_output_folder
 from ..timing import phase
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
 
@@ -63,6 +63,7 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
     check_device(args.device)  # fail early and clearly when --device gpu has no GPU
     params = params_from_args(params_type, args, fix=fix)
     check_output_folder(args.output)  # before the fit, not after it
+    warm_up_gpu_in_background(args, args.command)
     with phase("read"):
         dwi = load_dwi(args.dwi, args.bval, args.bvec, b0_threshold=params.b0_threshold)
     for warning in dwi.warnings:

@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..io.outputs import check_output_folder
 from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams, TractogramOutputParams
 from ..timing import phase
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
 
@@ -168,6 +168,7 @@ def cmd_track_geodesic(args) -> int:
     params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(GeodesicSeedingParams, args, fix=_tracking_fix(args))
+    warm_up_gpu_in_background(args, "geodesic")
     with phase("read"):  # a --dwi is fitted first: that part counts as compute
         field = _load_field(args)
     notes: list[str] = []
@@ -222,6 +223,7 @@ def cmd_track_deterministic(args) -> int:
             f"--dtype {output.positions_dtype} is for .trx output; .trk and .tck hold float32",
             fix="Write a .trx file, or drop --dtype",
         )
+    warm_up_gpu_in_background(args, "deterministic")
     with phase("read"):  # a --dwi is fitted first: that part counts as compute
         field = _load_field(args)
         notes: list[str] = []
@@ -287,6 +289,7 @@ def cmd_track_probabilistic(args) -> int:
         check_output_suffix(args.save_paths)
         if outputs.save_paths_max < 1:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
+    warm_up_gpu_in_background(args, "probabilistic")
     with phase("compute"):  # the bedpostX folder and masks read inside count as read
         run = prepare_probabilistic(
             args.samples,

@@ -28,6 +28,8 @@ RERUN = (
     "if files are damaged, run bedpostx or tractlens fit-ballstick again"
 )
 
+#: Voxels whose mean dyads are computed at a time (bounds the float64 temporaries).
+DYAD_BLOCK_VOXELS = 32768
 #: Fractions below this are not drawn as dyads (FSL's ``dyads{i}_thr0.05`` convention).
 DYAD_F_THRESHOLD = 0.05
 
@@ -56,10 +58,11 @@ class BedpostSamples:
         zero outside the mask (see :func:`gpu.ballstick.dyadic_mean`)."""
         dyads = np.zeros((*self.mask.shape, self.n_fibres, 3), dtype=np.float32)
         dispersion = np.zeros((*self.mask.shape, self.n_fibres), dtype=np.float32)
-        if self.mask.any():
-            d, disp = dyadic_mean(self.theta[self.mask], self.phi[self.mask])
-            dyads[self.mask] = d
-            dispersion[self.mask] = disp
+        inside = np.flatnonzero(self.mask)
+        # Voxel by voxel, so in blocks: the float64 sample vectors of a whole brain are gigabytes.
+        for start in range(0, inside.size, DYAD_BLOCK_VOXELS):
+            block = np.unravel_index(inside[start : start + DYAD_BLOCK_VOXELS], self.mask.shape)
+            dyads[block], dispersion[block] = dyadic_mean(self.theta[block], self.phi[block])
         return dyads, dispersion
 
 
@@ -71,27 +74,70 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
-    """Read a bedpostX output folder; raise :class:`InputError` naming what is missing or inconsistent."""
-    folder = Path(folder)
+def _source_files(folder: Path) -> tuple[Path, list[tuple[Path, Path, Path]]]:
+    """The mask and, per fibre, the θ, φ and f sample files; :class:`InputError` when one is missing."""
     if not folder.is_dir():
         raise InputError("not a folder", path=folder, fix="Give the bedpostX output folder (e.g. subject.bedpostX)")
     mask_path = _find(folder, "nodif_brain_mask")
     if mask_path is None:
         raise InputError("no nodif_brain_mask in this folder: not a bedpostX output", path=folder, fix=RERUN)
+    fibres = []
+    while _find(folder, f"merged_th{len(fibres) + 1}samples") is not None:
+        paths = []
+        for name in ("th", "ph", "f"):
+            path = _find(folder, f"merged_{name}{len(fibres) + 1}samples")
+            if path is None:
+                raise InputError(f"merged_{name}{len(fibres) + 1}samples is missing", path=folder, fix=RERUN)
+            paths.append(path)
+        fibres.append(tuple(paths))
+    if not fibres:
+        raise InputError("no merged_th1samples in this folder: not a bedpostX output", path=folder, fix=RERUN)
+    return mask_path, fibres
+
+
+def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSamples:
+    """Read a bedpostX output folder; raise :class:`InputError` naming what is missing or inconsistent.
+
+    With ``cache`` (and :func:`~app.io.bedpostx_cache.cache_enabled`) the first read keeps the
+    arrays in the user's cache folder and later reads map them (:mod:`app.io.bedpostx_cache`),
+    as long as no file of the folder changed."""
+    from . import bedpostx_cache
+
+    folder = Path(folder)
+    mask_path, fibres = _source_files(folder)
+    sources = [mask_path, *(path for paths in fibres for path in paths)]
+    use_cache = cache and bedpostx_cache.cache_enabled()
+    if use_cache:
+        cached = bedpostx_cache.load_entry(folder, sources)
+        if cached is not None:
+            return BedpostSamples(
+                theta=cached["theta"],
+                phi=cached["phi"],
+                f=cached["f"],
+                mask=cached["mask"],
+                affine=cached["affine"],
+                path=str(folder),
+            )
+        prints = bedpostx_cache.fingerprint(sources)
+    samples = _read_folder(folder, mask_path, fibres)
+    if use_cache and bedpostx_cache.settled(sources):
+        arrays = {"theta": samples.theta, "phi": samples.phi, "f": samples.f, "mask": samples.mask}
+        bedpostx_cache.write_entry(folder, sources, {**arrays, "affine": samples.affine}, prints)
+    return samples
+
+
+def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, Path]]) -> BedpostSamples:
+    """Check every header, then read each file once into one (X, Y, Z, n_fibres, n_samples) array
+    per parameter (no per-file copies kept and stacked)."""
     mask_img = load_image(mask_path, "bedpostX mask")
     if len(mask_img.shape) != 3:
         raise InputError(f"nodif_brain_mask must be 3-D, it has shape {mask_img.shape}", path=mask_path, fix=RERUN)
     raw = read_raw(mask_img, mask_path, "bedpostX mask")
     mask = (raw != 0) & np.isfinite(raw)
-    thetas, phis, fs = [], [], []
-    fibre = 1
-    while _find(folder, f"merged_th{fibre}samples") is not None:
-        parts = []
-        for name in ("th", "ph", "f"):
-            path = _find(folder, f"merged_{name}{fibre}samples")
-            if path is None:
-                raise InputError(f"merged_{name}{fibre}samples is missing", path=folder, fix=RERUN)
+    images = []
+    for fibre, paths in enumerate(fibres, start=1):
+        shapes = []
+        for path in paths:
             img = load_image(path, "bedpostX samples")
             shape = tuple(img.shape)
             if len(shape) not in (3, 4):
@@ -104,28 +150,28 @@ def load_bedpostx(folder: str | os.PathLike) -> BedpostSamples:
                 raise InputError(
                     "samples and nodif_brain_mask are on different grids (affines differ)", path=path, fix=RERUN
                 )
-            data = read_array(img, path, what="bedpostX samples")
-            if data.ndim == 3:
-                data = data[..., None]
-            parts.append(np.nan_to_num(data, nan=0.0, posinf=0.0, neginf=0.0))
-        if len({p.shape for p in parts}) != 1:
+            shapes.append(shape if len(shape) == 4 else (*shape, 1))
+            images.append((img, path))
+        if len(set(shapes)) != 1:
             raise InputError(f"theta, phi and f samples of fibre {fibre} differ in shape", path=folder, fix=RERUN)
-        thetas.append(parts[0])
-        phis.append(parts[1])
-        fs.append(parts[2])
-        fibre += 1
-    if not thetas:
-        raise InputError("no merged_th1samples in this folder: not a bedpostX output", path=folder, fix=RERUN)
-    if len({t.shape for t in thetas}) != 1:
+    if len({tuple(img.shape[3:4]) or (1,) for img, _ in images}) != 1:
         raise InputError("fibre populations have different numbers of samples", path=folder, fix=RERUN)
-    return BedpostSamples(
-        theta=np.stack(thetas, axis=3),
-        phi=np.stack(phis, axis=3),
-        f=np.stack(fs, axis=3),
-        mask=mask,
-        affine=mask_img.affine.copy(),
-        path=str(folder),
-    )
+    n_samples = int(images[0][0].shape[3]) if len(images[0][0].shape) == 4 else 1
+    arrays = [np.empty((*mask.shape, len(fibres), n_samples), dtype=np.float32) for _ in range(3)]
+    for index, (img, path) in enumerate(images):
+        data = read_array(img, path, what="bedpostX samples")
+        _fill_finite(arrays[index % 3][..., index // 3, :], data.reshape((*mask.shape, n_samples), order="F"))
+        del data
+    return BedpostSamples(*arrays, mask=mask, affine=mask_img.affine.copy(), path=str(folder))
+
+
+def _fill_finite(target: np.ndarray, data: np.ndarray) -> None:
+    """``target[...] = data`` with NaN and ±Inf as 0, a slice at a time: the file's column-major
+    volume goes into the samples' voxel-major array, and whole-volume strided copies thrash the cache."""
+    for z in range(data.shape[2]):
+        slab = target[:, :, z]
+        slab[...] = data[:, :, z]
+        np.copyto(slab, 0.0, where=~np.isfinite(slab))
 
 
 def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> DyadsVolume:

@@ -302,9 +302,12 @@ def load_dwi(
 
 
 def _report_bad_voxels(data: np.ndarray, warnings: list[str]) -> None:
-    nonfinite = ~np.isfinite(data).all(axis=-1)
-    if nonfinite.any():
-        warnings.append(f"{int(nonfinite.sum())} voxel(s) contain NaN or Inf; they are left out of the fit and flagged")
+    # A slice at a time: a whole-volume boolean temporary is a quarter of the data's size.
+    count = 0
+    for z in range(data.shape[2]):
+        count += int(np.count_nonzero(~np.isfinite(data[:, :, z]).all(axis=-1)))
+    if count:
+        warnings.append(f"{count} voxel(s) contain NaN or Inf; they are left out of the fit and flagged")
 
 
 def save_gradients(bvals: np.ndarray, bvecs_voxel: np.ndarray, affine: np.ndarray, bval_path, bvec_path) -> None:

@@ -13,7 +13,10 @@ import numpy as np
 from ..errors import InputError
 from ..grid import Grid
 from ..model import Volume
+from . import _gzip
 from ._atomic import atomic_path
+
+_gzip.install()  # .nii.gz through ISA-L when python-isal is installed (the fast-io extra)
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 #: deflate expands at most ~1032:1, so a .nii.gz cannot hold more than this times its size.
@@ -189,10 +192,49 @@ def _read(img, path, what: str, fn) -> np.ndarray:
         ) from None
 
 
+#: Bytes of stored data converted at a time by :func:`read_array` (bounds its temporaries).
+CONVERT_CHUNK_BYTES = 64 * 2**20
+
+
 def read_array(img, path, dtype=np.float32, what: str = "image") -> np.ndarray:
-    """The image's data, scaled, as float32 (or float64); values that overflow become ±inf."""
-    wanted = np.float32 if dtype == np.float32 else np.float64
-    return _read(img, path, what, lambda: np.asarray(img.get_fdata(dtype=wanted), dtype=dtype))
+    """The image's data, scaled, as float32 (or float64); values that overflow become ±inf.
+
+    The values are nibabel's ``get_fdata`` values, read without its temporaries: an
+    uncompressed ``.nii`` already stored in the wanted type without scaling is returned as a
+    (copy-on-write) memory map of the file, no copy at all; otherwise the stored data (a memory
+    map, or the decompressed bytes of a ``.nii.gz``) are scaled and converted a slab of the last
+    axis at a time into one array in the file's (column-major) order."""
+    wanted = np.dtype(np.float32 if dtype == np.float32 else np.float64)
+    proxy = img.dataobj
+    if not hasattr(proxy, "get_unscaled") or not hasattr(proxy, "slope"):
+        return _read(img, path, what, lambda: np.asarray(img.get_fdata(dtype=wanted), dtype=dtype))
+    return _read(img, path, what, lambda: np.asarray(_scaled(proxy, wanted), dtype=dtype))
+
+
+def _scaled(proxy, wanted: np.dtype) -> np.ndarray:
+    """``np.asanyarray(proxy, dtype=wanted)`` (nibabel's scaling, bit for bit) slab by slab."""
+    from nibabel.volumeutils import apply_read_scaling
+
+    raw = proxy.get_unscaled()
+    shape = tuple(proxy.shape)
+    raw = raw.reshape(shape, order="F") if raw.shape != shape else raw
+    slope, inter = np.asanyarray(proxy.slope), np.asanyarray(proxy.inter)
+    if np.can_cast(slope, wanted):
+        slope = slope.astype(wanted)
+    if np.can_cast(inter, wanted):
+        inter = inter.astype(wanted)
+    unscaled = (slope, inter) == (1, 0)
+    if unscaled and raw.dtype == wanted:
+        return np.asarray(raw)  # a memory map stays one: no copy of the file
+    if raw.ndim == 0 or not shape:
+        return np.asarray(apply_read_scaling(raw, slope, inter), dtype=wanted)
+    out = np.empty(shape, dtype=wanted, order="F")
+    per_slab = max(1, math.prod(shape[:-1]) * max(raw.dtype.itemsize, wanted.itemsize))
+    step = max(1, CONVERT_CHUNK_BYTES // per_slab)
+    for start in range(0, shape[-1], step):
+        part = apply_read_scaling(raw[..., start : start + step], slope, inter)
+        out[..., start : start + step] = part.astype(np.promote_types(part.dtype, wanted), copy=False)
+    return out
 
 
 def read_raw(img, path, what: str = "image") -> np.ndarray:
@@ -295,7 +337,7 @@ def save_volume(data: np.ndarray, affine: np.ndarray, path: str | os.PathLike, *
     path = Path(path)
     array = np.asarray(data)
     if dtype is not None:
-        array = array.astype(dtype)
+        array = array.astype(dtype, copy=False)  # float32 maps are written as they are, not copied
     img = nib.Nifti1Image(array, affine)
     img.header.set_xyzt_units("mm", "sec")
     img.set_qform(affine, code=1)

@@ -20,6 +20,8 @@ from typing import TypeVar
 
 from tractlens.gpu.backend import Backend, OutOfDeviceMemory, get_backend
 
+from .warmup import join_background_warmup
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -43,6 +45,7 @@ def _note(backend: Backend, what: str, exc: BaseException, done: int | None = No
 def run_with_cpu_fallback(run: Callable[[Backend], T], device, notes: list[str], what: str) -> T:
     """``run(backend)`` on ``device``; on the CPU again (a note added to ``notes``) when the GPU
     runs out of memory and ``device`` is ``"auto"``."""
+    join_background_warmup()  # CuPy imported and kernels compiled once, not raced
     backend = get_backend(device)
     try:
         return run(backend)
@@ -64,6 +67,7 @@ def batches_with_cpu_fallback(
     """The batches of ``start(backend, first_item)``; if the GPU runs out of memory (and
     ``device`` is ``"auto"``), the rest — from the first item not yet delivered — from
     ``start(cpu_backend, done)``. ``items_in(batch)`` is the number of items a batch covers."""
+    join_background_warmup()
     backend = get_backend(device)
     done = 0
     try:

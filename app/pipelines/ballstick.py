@@ -29,6 +29,7 @@ from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_be
 from ..model import Volume
 from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
+from .warmup import join_background_warmup
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def fit_ballstick_pipeline(
             fix="Use fewer sticks (--nfibres) or a series with more directions",
         )
     iterations = params.burnin + params.njumps
+    join_background_warmup()  # the device choice sees the start-up paid in the background
     choice = decide_device("fit-ballstick", int(mask.sum()) * len(dwi.bvals) * iterations, requested=device)
     device = choice.argument
     if not get_backend(device).is_gpu:

@@ -19,13 +19,15 @@ from tractlens.gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
 from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
-from ..io import DWI, fsl_to_voxel_vectors, load_mask, save_tensor, save_volume
+from ..io import DWI, load_mask, save_tensor, save_volume
 from ..io._atomic import save_error, write_text_atomic
+from ..io.dwi import x_flip_needed
 from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
 from ..model import Volume
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
+from .warmup import join_background_warmup
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,7 @@ def fit_dti_pipeline(
     mask, mask_source = choose_mask(dwi, mask, mask_path)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
+    join_background_warmup()  # the device choice sees the start-up paid in the background
     choice = decide_device("fit-dti", signal.size, requested=device)
     device = choice.argument
     try:
@@ -195,6 +198,14 @@ def fit_dti_pipeline(
     return DTIResult(dwi.affine, mask, fit, dwi.shape3, mask_source, warnings)
 
 
+def _v1_fsl_frame(v1: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """V1 in FSL's bvec frame, in place and in float32 (the same values as
+    :func:`~app.io.dwi.fsl_to_voxel_vectors`, without a float64 volume)."""
+    if x_flip_needed(affine):
+        np.negative(v1[..., 0], out=v1[..., 0])
+    return v1
+
+
 def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str, str]:
     """Write the maps listed in :data:`DTI_OUTPUTS` into ``outdir`` (atomic per file)."""
     out = check_output_folder(outdir)
@@ -208,7 +219,7 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str,
         for name in ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0")
     ]
     jobs += [
-        (save_volume, fsl_to_voxel_vectors(result.map("v1"), aff), aff, out / "V1.nii.gz", np.float32),
+        (save_volume, _v1_fsl_frame(result.map("v1"), aff), aff, out / "V1.nii.gz", np.float32),
         (save_volume, result.mask, aff, out / "mask.nii.gz", np.uint8),
         (save_volume, result.map("flags"), aff, out / "flags.nii.gz", np.uint8),
     ]

@@ -45,6 +45,7 @@ from ..regions import Regions
 from ..timing import phase
 from ._fallback import batches_with_cpu_fallback
 from .select import load_masks_on_reference
+from .warmup import join_background_warmup
 
 #: Files written by :func:`write_probabilistic_outputs` ({target}: the target file's stem).
 PROB_OUTPUTS = {
@@ -221,17 +222,16 @@ def prepare_probabilistic(
     names = [split_suffix(Path(t))[0] for t in targets]
     if len(set(names)) != len(names):
         raise InputError("two target masks have the same file name; their outputs would collide")
+    seed_mask = masks([seed], "seed mask")[0]
+    regions = {
+        "targets": list(zip(names, masks(targets, "target mask"), strict=True)),
+        "waypoints": masks(waypoints, "waypoint mask"),
+        "exclude": masks([exclude], "exclusion mask")[0] if exclude else None,
+        "stop": masks([stop], "stop mask")[0] if stop else None,
+    }
+    join_background_warmup()  # the files are read: the GPU start-up (if any) is waited for here
     return prepare_probabilistic_masks(
-        samples,
-        masks([seed], "seed mask")[0],
-        targets=list(zip(names, masks(targets, "target mask"), strict=True)),
-        waypoints=masks(waypoints, "waypoint mask"),
-        exclude=masks([exclude], "exclusion mask")[0] if exclude else None,
-        stop=masks([stop], "stop mask")[0] if stop else None,
-        params=params,
-        notes=notes,
-        seed_name=str(seed),
-        seed_matrix=seed_matrix,
+        samples, seed_mask, **regions, params=params, notes=notes, seed_name=str(seed), seed_matrix=seed_matrix
     )
 
 

@@ -33,8 +33,10 @@ def warm_up_gpu(
     *,
     compile: Callable | None = None,
     gpu_status: Callable[[], tuple[bool, str]] | None = None,
+    methods: tuple[str, ...] | None = None,
 ) -> dict:
-    """Import CuPy, check the device, and compile every kernel (:func:`gpu.warmup.compile_all`).
+    """Import CuPy, check the device, and compile every kernel (:func:`gpu.warmup.compile_all`),
+    or only those of ``methods`` (names of :func:`gpu.warmup.catalogue`'s builds).
 
     Returns ``{"gpu": bool, "reason": str, "compiled": n, "seconds": s, "cancelled": bool}``;
     a GPU that cannot be used is a result (``gpu`` false), not an error. ``compile`` and
@@ -50,6 +52,9 @@ def warm_up_gpu(
         return {"gpu": False, "reason": detail, "compiled": 0, "seconds": 0.0, "cancelled": False}
     start = time.perf_counter()
     builds = warmup.catalogue()
+    if methods is not None:  # a part only: compiled as the engine would, not counted as a whole warm-up
+        builds = tuple(build for build in builds if build.method in methods)
+        compile = compile or warmup.KernelBuild.compile
     done = warmup.compile_all(progress, cancelled, builds=builds, compile=compile)
     seconds = time.perf_counter() - start
     log.info("GPU warm-up: %d of %d kernels ready in %.1f s", len(done), len(builds), seconds)
@@ -79,3 +84,71 @@ def submit_gpu_warmup(runner, device: str = "auto", *, warm_up: Callable = warm_
             return {"gpu": False, "reason": str(exc), "compiled": 0, "seconds": 0.0, "cancelled": False}
 
     return runner.submit(WARMUP_TITLE, job)
+
+
+class BackgroundWarmup:
+    """:func:`warm_up_gpu` for some methods on a thread of its own, while the command reads its files.
+
+    :meth:`join` waits for it (the pipelines call :func:`join_background_warmup` before their
+    first GPU work, so CuPy is imported and the kernels compiled once, not raced). A failure
+    in the thread is kept in :attr:`error` and logged, never raised here: the computation then
+    meets the same condition where it always did and reports it, or falls back to the CPU, by
+    the usual rules. At exit a warm-up still running is cancelled between kernels."""
+
+    def __init__(self, methods: tuple[str, ...], *, warm_up: Callable | None = None):
+        import threading
+
+        self.methods = tuple(methods)
+        self.result: dict | None = None
+        self.error: BaseException | None = None
+        self.joined = False
+        self._cancel = threading.Event()
+        self._warm_up = warm_up or warm_up_gpu
+        self._thread = threading.Thread(target=self._run, name="tractlens-gpu-warmup", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result = self._warm_up(cancelled=self._cancel.is_set, methods=self.methods)
+        except BaseException as exc:  # kept for the log; the computation meets it again itself
+            self.error = exc
+
+    def start(self) -> BackgroundWarmup:
+        import atexit
+
+        self._thread.start()
+        atexit.register(self.cancel)
+        return self
+
+    def cancel(self) -> None:
+        self._cancel.set()
+        self._thread.join()
+
+    def join(self) -> dict | None:
+        """Wait for the warm-up; its result (None when it failed)."""
+        if self._thread.is_alive() or not self.joined:
+            self._thread.join()
+            self.joined = True
+            if self.error is not None:
+                log.info("GPU warm-up failed (%s); the GPU is set up when it is first used", self.error)
+        return self.result
+
+
+_background: list[BackgroundWarmup] = []
+
+
+def start_background_warmup(
+    methods: tuple[str, ...], device: str = "auto", *, warm_up: Callable | None = None
+) -> BackgroundWarmup | None:
+    """Start a :class:`BackgroundWarmup` for ``methods`` when ``device`` may run on a GPU here
+    (:func:`gpu_may_be_used`: not ``cpu``, CuPy installed); otherwise nothing (None)."""
+    if not gpu_may_be_used(device):
+        return None
+    handle = BackgroundWarmup(methods, warm_up=warm_up or warm_up_gpu).start()
+    _background.append(handle)
+    return handle
+
+
+def join_background_warmup() -> None:
+    """Wait for every warm-up started by :func:`start_background_warmup` (none: returns at once)."""
+    while _background:
+        _background.pop(0).join()

@@ -1,0 +1,143 @@
+"""A bedpostX folder read once, kept as uncompressed arrays that later runs memory-map.
+
+Reading a bedpostX folder means inflating gigabytes of ``.nii.gz`` samples on one core (a
+minute for an HCP subject). The first read therefore writes what it read — θ, φ, f as
+(X, Y, Z, n_fibres, n_samples) float32 and the mask — as ``.npy`` files under the user's
+cache folder (``$TRACTLENS_CACHE`` or ``$XDG_CACHE_HOME/tractlens``, ``bedpostx/``); the next
+run maps them (``numpy.load(mmap_mode="c")``), which costs what the disk or the page cache
+gives, and nothing of the data it does not touch.
+
+An entry is valid while every source file has the size and modification time it had when
+the entry was written, and the entry's :data:`FORMAT_VERSION` is this one. Entries are
+written into a temporary folder and renamed into place, so a crash never leaves half of one.
+Files modified in the last :data:`SETTLE_S` seconds are not cached (as git does for racily
+clean files: a file rewritten within one clock tick keeps its time). A cache that cannot be
+written (read-only, disk full) is one warning line; the data are then read directly.
+``TRACTLENS_BEDPOSTX_CACHE=0`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ._atomic import _REASONS
+
+log = logging.getLogger(__name__)
+
+#: Bumped whenever what is stored (or how it is read) changes: older entries are ignored.
+FORMAT_VERSION = 1
+#: Sources modified less than this many seconds before a read are not cached.
+SETTLE_S = 2.0
+ARRAYS = ("theta", "phi", "f", "mask")
+
+
+def cache_root() -> Path:
+    """``$TRACTLENS_CACHE/bedpostx`` (or under ``$XDG_CACHE_HOME/tractlens``, ``~/.cache/tractlens``)."""
+    root = os.environ.get("TRACTLENS_CACHE")
+    if root:
+        return Path(root) / "bedpostx"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tractlens" / "bedpostx"
+
+
+def cache_enabled() -> bool:
+    return os.environ.get("TRACTLENS_BEDPOSTX_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def entry_dir(folder: Path) -> Path:
+    """The entry of a bedpostX folder: one per absolute folder path."""
+    key = hashlib.sha256(str(folder.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return cache_root() / f"{key}-v{FORMAT_VERSION}"
+
+
+def fingerprint(sources: list[Path]) -> list[dict]:
+    """Name, size and modification time (ns) of every source file, in order."""
+    prints = []
+    for path in sources:
+        stat = path.stat()
+        prints.append({"name": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    return prints
+
+
+def load_entry(folder: Path, sources: list[Path]) -> dict[str, np.ndarray] | None:
+    """The cached arrays of ``folder`` mapped from disk, or None when there is no valid entry."""
+    entry = entry_dir(folder)
+    try:
+        manifest = json.loads((entry / "manifest.json").read_text(encoding="utf-8"))
+        if manifest.get("format") != FORMAT_VERSION or manifest.get("sources") != fingerprint(sources):
+            return None
+        # plain arrays over the maps (copy-on-write: a caller that writes into them changes no file)
+        arrays = {
+            name: np.asarray(np.load(entry / f"{name}.npy", mmap_mode="c", allow_pickle=False)) for name in ARRAYS
+        }
+        affine = np.asarray(manifest["affine"], dtype=np.float64)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no entry, or a damaged one: read the folder (and write it again)
+    shapes = {name: tuple(a.shape) for name, a in arrays.items()}
+    if shapes != {name: tuple(s) for name, s in manifest.get("shapes", {}).items()}:
+        return None
+    arrays["affine"] = affine
+    return arrays
+
+
+def settled(sources: list[Path], now: float | None = None) -> bool:
+    """Whether no source was modified in the last :data:`SETTLE_S` seconds."""
+    now = time.time() if now is None else now
+    return all(now - path.stat().st_mtime >= SETTLE_S for path in sources)
+
+
+def write_entry(folder: Path, sources: list[Path], arrays: dict[str, np.ndarray], prints: list[dict]) -> Path | None:
+    """Write ``arrays`` (theta, phi, f, mask, affine) as ``folder``'s entry; ``prints`` is the
+    :func:`fingerprint` taken before the files were read (a file changed meanwhile is not cached).
+
+    Returns the entry, or None with one warning line when it cannot be written."""
+    entry = entry_dir(folder)
+    tmp = entry.with_name(f".{entry.name}.tmp-{secrets.token_hex(4)}")
+    try:
+        if fingerprint(sources) != prints:
+            log.info("%s changed while it was read; not cached", folder)
+            return None
+        needed = sum(int(arrays[name].nbytes) for name in ARRAYS)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(entry.parent).free
+        if needed + (256 << 20) > free:
+            raise OSError(28, f"needs {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+        tmp.mkdir()
+        for name in ARRAYS:
+            np.save(tmp / f"{name}.npy", np.asarray(arrays[name]), allow_pickle=False)
+        manifest = {
+            "format": FORMAT_VERSION,
+            "folder": str(folder.resolve()),
+            "sources": prints,
+            "shapes": {name: list(arrays[name].shape) for name in ARRAYS},
+            "affine": np.asarray(arrays["affine"], dtype=np.float64).tolist(),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)  # a stale entry of this folder
+        os.replace(tmp, entry)
+    except OSError as exc:
+        reason = _REASONS.get(exc.errno, exc.strerror or str(exc))
+        log.warning(
+            "could not cache the bedpostX folder %s in %s (%s); it is read directly each time", folder, entry, reason
+        )
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    size = sum(int(arrays[name].nbytes) for name in ARRAYS) / 2**30
+    log.warning(
+        "bedpostX folder %s cached in %s (%.1f GiB); later runs map it instead of reading it", folder, entry, size
+    )
+    return entry
