@@ -4,11 +4,13 @@ the warm-up and the GPU probe are stand-ins."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import threading
 
 import pytest
 
+from tractlens.app.cli import _common as common
 from tractlens.app.cli import main
 from tractlens.app.cli._common import WARMUP_METHODS
 from tractlens.app.pipelines import warmup as pipeline
@@ -23,6 +25,7 @@ def events(monkeypatch):
     read = threading.Event()
     monkeypatch.setattr(pipeline, "gpu_may_be_used", lambda device: device.lower() != "cpu")
     monkeypatch.setattr(pipeline, "_background", [])
+    monkeypatch.setattr(common, "AUTO_WARMUP_MIN_BYTES", 0)  # the demo is small: warm up all the same
 
     def stand_in(progress=None, cancelled=None, *, methods=None, **kwargs):
         log.append(f"warm-up started {','.join(methods)} on {threading.current_thread().name}")
@@ -66,6 +69,7 @@ def test_nothing_is_started_for_the_cpu(events, demo_dir, tmp_path):
 
 
 def test_a_failing_warm_up_is_not_raised_and_the_fit_runs_as_without_it(monkeypatch, demo_dir, tmp_path, caplog):
+    monkeypatch.setattr(common, "AUTO_WARMUP_MIN_BYTES", 0)
     monkeypatch.setattr(pipeline, "gpu_may_be_used", lambda device: True)
     monkeypatch.setattr(pipeline, "_background", [])
     seen = []
@@ -132,6 +136,28 @@ def test_track_and_commit_start_their_warm_up_before_reading(argv, methods, monk
     monkeypatch.setattr(pipeline, "gpu_may_be_used", lambda device: True)
     monkeypatch.setattr(pipeline, "_background", [])
     monkeypatch.setattr(pipeline, "warm_up_gpu", lambda **kw: started.append(kw["methods"]))
+    monkeypatch.setattr(common, "AUTO_WARMUP_MIN_BYTES", 0)
     assert main(argv) != 0  # the inputs do not exist: an input error, after the warm-up started
     expected = (*methods, "fit-dti") if "--dwi" in argv and argv[0] == "track" else methods
     assert started == [expected]
+
+
+def test_auto_warms_up_only_for_inputs_large_enough_to_go_to_the_gpu(monkeypatch, demo_dir, tmp_path):
+    started = []
+    monkeypatch.setattr(pipeline, "gpu_may_be_used", lambda device: True)
+    monkeypatch.setattr(pipeline, "_background", [])
+    monkeypatch.setattr(pipeline, "warm_up_gpu", lambda **kw: started.append(kw["methods"]))
+    dwi = demo_dir / "dwi.nii.gz"
+    assert dwi.stat().st_size < common.AUTO_WARMUP_MIN_BYTES  # the demo: the CPU's by the cost model
+    args = argparse.Namespace(dwi=str(dwi), device="auto")
+    assert common.warm_up_gpu_in_background(args, "fit-dti") is None and started == []
+    pipeline.join_background_warmup()
+    args.device = "gpu"  # asked for: warmed up whatever the size
+    assert common.warm_up_gpu_in_background(args, "fit-dti") is not None
+    pipeline.join_background_warmup()
+    assert started == [("fit-dti",)]
+    monkeypatch.setattr(common, "AUTO_WARMUP_MIN_BYTES", dwi.stat().st_size)  # large enough now
+    args.device = "auto"
+    assert common.warm_up_gpu_in_background(args, "fit-dti") is not None
+    pipeline.join_background_warmup()
+    assert started == [("fit-dti",), ("fit-dti",)]

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from ..errors import InputError
 
@@ -69,13 +70,39 @@ WARMUP_METHODS = {
 }
 
 
+#: With ``--device auto``, the warm-up starts only when the inputs are at least this large: a
+#: smaller job stays on the CPU by the cost model (the crossovers are ~100 MB of float32 DWI for
+#: the tensor fit), and importing CuPy beside it would only slow it down.
+AUTO_WARMUP_MIN_BYTES = 32 * 2**20
+
+
+def input_bytes(args) -> int:
+    """The size of the command's main inputs on disk (a folder: its files); 0 when unknown."""
+    total = 0
+    for name in ("dwi", "tensor", "tractogram", "samples"):
+        path = getattr(args, name, None)
+        if not path:
+            continue
+        path = Path(path)
+        try:
+            files = [f for f in path.iterdir() if f.is_file()] if path.is_dir() else [path]
+            total += sum(f.stat().st_size for f in files)
+        except OSError:
+            continue
+    return total
+
+
 def warm_up_gpu_in_background(args, command: str):
     """Import CuPy and compile ``command``'s kernels on a thread while the files are read
     (:func:`app.pipelines.warmup.start_background_warmup`); the pipelines wait for it before
-    their first GPU work. Nothing with ``--device cpu`` or where CuPy is not installed."""
+    their first GPU work. Nothing with ``--device cpu``, where CuPy is not installed, or with
+    ``auto`` on inputs smaller than :data:`AUTO_WARMUP_MIN_BYTES`."""
     from ..pipelines.warmup import start_background_warmup
 
+    device = getattr(args, "device", "auto") or "auto"
+    if device.lower() == "auto" and input_bytes(args) < AUTO_WARMUP_MIN_BYTES:
+        return None
     methods = WARMUP_METHODS[command]
     if command in ("deterministic", "geodesic") and getattr(args, "dwi", None):
         methods += ("fit-dti",)  # tensors are fitted first
-    return start_background_warmup(methods, getattr(args, "device", "auto"))
+    return start_background_warmup(methods, device)
