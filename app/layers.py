@@ -30,6 +30,7 @@ ROLE_PALETTES = {
     "exclusion": ("#ff2626", "#ff7a45", "#d01e8a", "#ff6fae", "#a01010"),
     "waypoint": ("#ffd91a", "#ffa000", "#f5f08a", "#c9a000", "#ffc66e"),
     "stop": ("#cc4cff", "#ff66f0", "#8f5fd0", "#eab0ff", "#a02cc0"),
+    "lesion": ("#ff8c00", "#d2691e", "#ff9f5a", "#b35900", "#ffb27f"),
 }
 STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction first; a 4th is red again)
     (1.0, 0.2, 0.2),

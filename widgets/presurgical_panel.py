@@ -161,9 +161,9 @@ class PresurgicalPanel(JobPanelBase):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for column in range(1, len(COLUMNS)):
+        for column in range(len(COLUMNS)):  # every column as wide as its text; the table scrolls sideways
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        header.setStretchLastSection(True)
 
         form = QFormLayout()
         form.addRow("Lesion", self.lesion_box)

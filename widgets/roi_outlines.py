@@ -20,6 +20,7 @@ ROLE_LINES = {  # the role of an ROI by its outline's style
     "waypoint": Qt.PenStyle.DotLine,
     "exclusion": Qt.PenStyle.DashDotLine,
     "stop": Qt.PenStyle.DashDotDotLine,
+    "lesion": Qt.PenStyle.SolidLine,  # orange, solid: the region to keep away from
 }
 HALO = QColor(0, 0, 0, 220)
 

@@ -433,10 +433,11 @@ def distance_rows(
     per_streamline = np.asarray(per_streamline, dtype=np.float64)
     total = len(per_streamline)
     row = distance_row(name, per_streamline, margin_mm)
-    if selection is None or len(selection) != total:
+    if selection is not None and len(selection) == total:
+        selection = np.asarray(selection, dtype=bool)
+    if selection is None or len(selection) != total or selection.all():  # nothing hidden: one row
         row.shown = f"all {total:,} shown"
         return [row]
-    selection = np.asarray(selection, dtype=bool)
     shown = f"{int(selection.sum()):,} of {total:,} shown (selection by {selection_by or 'a selection'})"
     row.shown = f"all streamlines ({int(selection.sum()):,} of {total:,} shown)"
     selected = distance_row(f"{name} (selected)", per_streamline[selection], margin_mm)

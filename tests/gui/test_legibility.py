@@ -151,3 +151,12 @@ def test_rois_and_fibres_stay_distinguishable_on_the_demo_maps(demo_window, qtbo
         assert drawn > 10, layer.name  # its outline colour is on screen
     demo_window.save_screenshot(ARTIFACTS / f"legibility_{background.replace(' ', '_')}.png")
     axial.grab().save(str(ARTIFACTS / f"legibility_axial_{background.replace(' ', '_')}.png"))
+
+
+def test_every_roi_role_has_a_palette_and_an_outline_style():
+    from tractlens.app.layers import ROLE_COLOURS, ROLE_PALETTES
+    from tractlens.app.volumes import ROI_ROLES
+    from tractlens.widgets.roi_outlines import ROLE_LINES
+
+    for role in ROI_ROLES:  # a role added without its colours broke every paint of such an ROI
+        assert role in ROLE_COLOURS and role in ROLE_PALETTES and role in ROLE_LINES, role
