@@ -27,7 +27,9 @@
 #      fontconfig/freetype/glib/dbus libraries Qt's xcb plugin needs, and the closure of their
 #      dependencies (`apt-cache depends --recurse --no-recommends ...`), ~67 MB.
 #   5. Spread them over git-ignored folders of < 60 MiB each (build/gg1, build/gg2, ...), plus a
-#      copy of the source tree (build/ggsrc, `git archive HEAD`).
+#      copy of the source tree (build/ggsrc, `git archive HEAD`). They must lie in the checkout
+#      that the device call sends (a helper's worktree is not sent: its branch travels as
+#      build/ggsrc), and the run below starts from build/ggsrc.
 #
 # On the GPU machine, one call per folder, back to back, each carrying its folder:
 #   mkdir -p /tmp/gg/in && cp -r build/ggN/. /tmp/gg/in/
@@ -37,7 +39,9 @@
 # machine lacks is unpacked into /, never over an existing file), starts Xvfb, checks GLX with
 # the NVIDIA vendor library (`__GLX_VENDOR_LIBRARY_NAME=nvidia`: hardware OpenGL, as the machine
 # notes say works) and falls back to Mesa's llvmpipe if that fails, then runs the test REPEAT
-# times (default 3) with -s and prints the latency lines. GL=mesa forces llvmpipe.
+# times (default 3) with -s and prints the latency lines. GL=mesa forces llvmpipe. Results of
+# 2026-11-24: tests/benchmarks/results/gui_on_gpu_h100.log. The figure counts from the second of
+# two back-to-back ROI edits, so it includes live mode's coalescing wait (LIVE_INTERVAL_MS, 60 ms).
 set -u
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
