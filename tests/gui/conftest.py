@@ -14,10 +14,16 @@ def _gui_environment(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def window(qtbot):
+def window_device() -> str:
+    """The compute device of :func:`window`: the CPU; a test parametrises it to run on the GPU."""
+    return "cpu"
+
+
+@pytest.fixture
+def window(qtbot, window_device):
     from tractlens.widgets.main_window import MainWindow
 
-    win = MainWindow(device="cpu")
+    win = MainWindow(device=window_device)
     qtbot.addWidget(win)
     win.resize(1400, 900)
     win.show()

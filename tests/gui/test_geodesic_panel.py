@@ -5,12 +5,25 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from PySide6.QtCore import Qt
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, DEVICES
+
+ENGINE = {"cpu": "NumPy engine", "gpu": "GPU engine"}
+WAIT = {"cpu": "the worker still tracking the rest holds the GIL", "gpu": "the worker waits on the GPU for the rest"}
 
 
-def test_region_to_region_fibres_are_ranked_filtered_and_retracked_live(demo_window, demo_dir, qtbot):
+def _gl_renderer(win) -> str:
+    """The OpenGL renderer string VTK reports for the 3-D view (llvmpipe, an NVIDIA GPU, ...)."""
+    info = win.view3d.plotter.ren_win.ReportCapabilities() or ""
+    return next((line.split(":", 1)[1].strip() for line in info.splitlines() if "renderer string" in line), "unknown")
+
+
+# ``window_device`` is the window's compute device: the CPU (NumPy) by default; the ``gpu``
+# variant (pytest -m gpu, on a machine with CUDA, Qt and a display) runs the same path on CuPy.
+@pytest.mark.parametrize("window_device", DEVICES)
+def test_region_to_region_fibres_are_ranked_filtered_and_retracked_live(demo_window, demo_dir, qtbot, window_device):
     win = demo_window
     panel = win.geodesic_panel
     seed = win.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
@@ -63,8 +76,8 @@ def test_region_to_region_fibres_are_ranked_filtered_and_retracked_live(demo_win
     drawn = panel.latency_s + (end - shown)
     first = len(panel.result_layer.data) if panel.job_id is None else None
     print(
-        f"live re-track (NumPy engine, llvmpipe): first fibres drawn {drawn * 1000:.0f} ms after the edit: "
-        f"{panel.latency_s * 1000:.0f} ms to the document (of which {panel.show_s * 1000:.0f} ms on the GUI "
-        f"thread: actors), {(start - shown) * 1000:.0f} ms until the render (the worker still tracking the "
-        f"rest holds the GIL), {(end - start) * 1000:.0f} ms drawing; {first} streamlines in the end"
+        f"live re-track ({ENGINE[window_device]}, {_gl_renderer(win)}): first fibres drawn "
+        f"{drawn * 1000:.0f} ms after the edit: {panel.latency_s * 1000:.0f} ms to the document (of which "
+        f"{panel.show_s * 1000:.0f} ms on the GUI thread: actors), {(start - shown) * 1000:.0f} ms until the "
+        f"render ({WAIT[window_device]}), {(end - start) * 1000:.0f} ms drawing; {first} streamlines in the end"
     )
