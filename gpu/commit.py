@@ -229,7 +229,9 @@ def lookup_tables(bvals: np.ndarray, bvecs: np.ndarray, params: CommitParams) ->
 @dataclass
 class Segments:
     """Streamline pieces inside the mask, merged per (streamline, voxel, orientation) and sorted
-    by voxel row: ``row`` (mask voxel number), ``fiber``, ``length`` (mm), ``orient``."""
+    by voxel row, then streamline and orientation: ``row`` (mask voxel number) and ``fiber``
+    int32, ``length`` (mm) float64, ``orient`` (look-up table index) uint16; the operator's own
+    arrays, nothing per streamline."""
 
     row: np.ndarray
     fiber: np.ndarray
@@ -309,10 +311,63 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
     )
 
 
-#: Points per chunk when cutting streamlines into segments (bounds the working memory:
-#: about 1 kB per point at the peak; smaller when the device has less free).
+#: Points per chunk when cutting streamlines into segments (bounds the working memory: about
+#: 0.6 kB per point at the peak on the host, 1 kB on the device; smaller when the device has
+#: less free). The host's chunk is smaller: its working memory adds to the segments kept.
 SEGMENT_CHUNK_POINTS = 4_000_000
+HOST_SEGMENT_CHUNK_POINTS = 1_000_000
 SEGMENT_BYTES_PER_POINT = 1024
+#: Host bytes each kept segment costs (row, fiber int32; length float64; orientation uint16).
+SEGMENT_BYTES = 4 + 4 + 8 + 2
+
+
+def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
+    """Points ``lo … hi − 1`` as float64 voxel coordinates (``to_voxel``: a 4×4 affine from the
+    points' frame, or None when they are voxel coordinates already); the same arithmetic as
+    :meth:`Tractogram.points_on`, one chunk at a time."""
+    chunk = np.asarray(points[lo:hi], dtype=np.float64)
+    if to_voxel is None:
+        return chunk
+    return chunk @ to_voxel[:3, :3].T + to_voxel[:3, 3]
+
+
+def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
+    """A chunk's merged pieces of at least ``min_length_mm`` as compact host arrays (fiber
+    numbered from ``first``)."""
+    keep = xp.flatnonzero(length >= min_length_mm)
+    return (
+        host((row[keep]).astype(xp.int32)),
+        host((fiber[keep] + first).astype(xp.int32)),
+        host(length[keep].astype(xp.float64)),
+        host(orient[keep].astype(xp.uint16)),
+    )
+
+
+def _sort_by_row(parts: list, n_rows: int, counts: np.ndarray, n_fibers: int) -> Segments:
+    """The chunks' segments (each chunk ordered by fiber, then row and orientation; chunks in
+    fiber order) in one set of arrays ordered by row, then fiber and orientation: a stable
+    counting sort by row, each chunk scattered into preallocated arrays and freed in turn."""
+    total = int(counts.sum())
+    out = Segments(
+        np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total), np.empty(total, np.uint16), n_fibers
+    )
+    cursor = np.cumsum(counts) - counts  # where each row's next segment goes
+    parts.reverse()
+    while parts:
+        row, fiber, length, orient = parts.pop()
+        if not len(row):
+            continue
+        order = np.argsort(row, kind="stable")
+        row_sorted = row[order]
+        group_start = np.flatnonzero(np.r_[True, row_sorted[1:] != row_sorted[:-1]])
+        sizes = np.diff(np.r_[group_start, len(row_sorted)])
+        rank = np.arange(len(row_sorted)) - np.repeat(group_start, sizes)
+        target = cursor[row_sorted] + rank
+        cursor[row_sorted[group_start]] += sizes
+        out.row[target], out.fiber[target] = row_sorted, fiber[order]
+        out.length[target], out.orient[target] = length[order], orient[order]
+        del row, fiber, length, orient, order, row_sorted, rank, target
+    return out
 
 
 def segments(
@@ -323,53 +378,51 @@ def segments(
     *,
     min_length_mm: float = 1e-3,
     backend=None,
-    chunk_points: int = SEGMENT_CHUNK_POINTS,
+    chunk_points: int | None = None,
+    to_voxel: np.ndarray | None = None,
 ) -> Segments:
-    """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers;
-    streamline i is ``points[offsets[i]:offsets[i + 1]]``) exactly at voxel boundaries.
-    ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On ``backend`` (a GPU
-    backend: the same array operations in CuPy) when given; streamlines go in chunks of
-    about ``chunk_points`` points."""
+    """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers, or
+    in another frame that ``to_voxel`` (4×4) maps to them; streamline i is
+    ``points[offsets[i]:offsets[i + 1]]``; any array that slices, e.g. a memory map) exactly at
+    voxel boundaries. ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On
+    ``backend`` (a GPU backend: the same array operations in CuPy) when given; streamlines go in
+    chunks of about ``chunk_points`` points, and only the compact segments are kept
+    (:data:`SEGMENT_BYTES` a segment; no copy of the points)."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
+    if chunk_points is None:
+        chunk_points = HOST_SEGMENT_CHUNK_POINTS if xp is np else SEGMENT_CHUNK_POINTS
     if xp is not np:  # the working memory must fit in what the device has free
         chunk_points = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
     offsets = np.asarray(offsets, dtype=np.int64)
+    to_voxel = None if to_voxel is None else np.asarray(to_voxel, dtype=np.float64)
     n_fibers = len(offsets) - 1
     n_rows = int(rows.max()) + 1 if rows.size else 0
     rows_flat = xp.asarray(np.ascontiguousarray(rows, dtype=np.int64).ravel())
     shape = xp.asarray(np.array(rows.shape, dtype=np.int64))
     vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
+    host = (lambda a: a) if xp is np else backend.to_host
     parts = []
+    counts = np.zeros(n_rows, dtype=np.int64)
     first = 0
     while first < n_fibers:  # whole streamlines per chunk
         last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
         last = min(max(last, first + 1), n_fibers)
         lo, hi = offsets[first], offsets[last]
         try:
-            chunk_points_ = xp.asarray(np.asarray(points[lo:hi], dtype=np.float64))
-            fiber, row, orient, length = _chunk_segments(
-                xp, chunk_points_, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
-            )
+            chunk = xp.asarray(_voxel_points(points, lo, hi, to_voxel))
+            part = _chunk_segments(xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows)
+            part = _compact(xp, host, *part, first, min_length_mm)
         except Exception as exc:  # out of device memory: retry with half the points
             if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
                 raise
             backend.free_cached_memory()
             chunk_points = max(1, (hi - lo) // 2)
             continue
-        parts.append((fiber + first, row, orient, length))
+        del chunk
+        counts += np.bincount(part[0], minlength=n_rows)
+        parts.append(part)
         first = last
-    fiber, row, orient, length = (xp.concatenate([part[i] for part in parts]) for i in range(4))
-    keep = xp.flatnonzero(length >= min_length_mm)
-    fiber, row, orient, length = fiber[keep], row[keep], orient[keep], length[keep]
-    order = xp.lexsort(xp.stack([fiber, row]))  # by row, then fiber
-    host = (lambda a: a) if xp is np else backend.to_host
-    return Segments(
-        host(row[order].astype(xp.int32)),
-        host(fiber[order].astype(xp.int32)),
-        host(length[order]),
-        host(orient[order].astype(xp.int32)),
-        n_fibers,
-    )
+    return _sort_by_row(parts, n_rows, counts, n_fibers)
 
 
 # ------------------------------------------------------------------------------- the problem
