@@ -482,6 +482,9 @@ class Problem:
         return x[:a].reshape(self.n_ic, self.n_fibers), x[a:b], x[b:].reshape(self.n_rows, self.n_iso)
 
 
+CHUNK = 1 << 18  # segments per step of the NumPy reference and of row-sorted passes (bounded memory)
+
+
 def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments (row, orientation), one per distinct pair, sorted by row (as
     :class:`Problem` needs)."""
@@ -489,13 +492,34 @@ def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np
     return (key // N_ORIENTATIONS).astype(np.int32), (key % N_ORIENTATIONS).astype(np.int32)
 
 
+def row_chunks(row: np.ndarray, size: int | None = None):
+    """Slices of about ``size`` (default :data:`CHUNK`) of row-sorted ``row`` that never split a row."""
+    size = CHUNK if size is None else size
+    start, n = 0, len(row)
+    while start < n:
+        stop = min(start + size, n)
+        if stop < n:  # extend to the end of the row it stops in
+            stop = int(np.searchsorted(row, row[stop - 1], side="right"))
+        yield slice(start, stop)
+        start = stop
+
+
 def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments where no peaks file is given: one per (voxel, orientation) among the
-    segments there."""
-    return ec_compartments(seg.row, seg.orient)
+    segments there (row by row in chunks: no per-segment int64 key of the whole)."""
+    pairs = [ec_compartments(seg.row[part], seg.orient[part]) for part in row_chunks(seg.row)]
+    if not pairs:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
 
 
-CHUNK = 1 << 18  # segments per step of the NumPy reference (bounded memory)
+def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarray:
+    """Σ length × weight of the segment's streamline, per voxel row (in chunks of whole rows: the
+    same sums, in the same order, as one ``bincount``)."""
+    out = np.zeros(n_rows)
+    for part in row_chunks(seg.row):
+        out += np.bincount(seg.row[part], weights=seg.length[part] * fiber_weight[seg.fiber[part]], minlength=n_rows)
+    return out
 
 
 def _add_sorted(y: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:

@@ -95,7 +95,7 @@ class CommitResult:
         p = self.problem
         ic_x, ec_x, iso_x = p.split(self.x)
         seg = p.segments
-        ic = np.bincount(seg.row, weights=seg.length * ic_x.sum(0)[seg.fiber], minlength=p.n_rows)
+        ic = commit.ic_per_row(seg, ic_x.sum(0), p.n_rows)
         ec = np.bincount(p.ec_row, weights=ec_x, minlength=p.n_rows)
         iso = iso_x.sum(1)
         return {
@@ -206,7 +206,6 @@ def _commit_pipeline(
         raise InputError("the tractogram has no streamlines", fix="Give a non-empty tractogram")
     shape = dwi.shape3
     b0 = dwi.mean_b0()
-    points = tractogram.points_on(dwi.affine)
     mask = np.ones(shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     finite = np.isfinite(dwi.data).all(axis=-1)
     usable = mask & finite & (b0 > 0)
@@ -219,11 +218,19 @@ def _commit_pipeline(
     backend = get_backend(device)
     voxel_size = np.sqrt((dwi.affine[:3, :3] ** 2).sum(0))
     seg = commit.segments(
-        points, tractogram.offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, backend=backend
+        tractogram.points,
+        tractogram.offsets,
+        rows,
+        voxel_size,
+        min_length_mm=params.min_segment_mm,
+        backend=backend,
+        to_voxel=np.linalg.solve(dwi.affine, tractogram.affine),  # per chunk: no copy of the points
     )
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
-    missing = len(tractogram) - len(np.unique(seg.fiber))
+    has_segment = np.zeros(len(tractogram), dtype=bool)
+    has_segment[seg.fiber] = True
+    missing = len(tractogram) - int(has_segment.sum())
     if missing:
         notes.append(f"{missing} streamline(s) have no segment in the mask: weight 0")
     # Fit the voxels the streamlines pass through (as dmri-commit does): a voxel without
@@ -231,8 +238,9 @@ def _commit_pipeline(
     # only dilute the stopping test.
     traversed = np.zeros(int(usable.sum()), dtype=bool)
     traversed[seg.row] = True
-    renumber = np.cumsum(traversed) - 1
-    seg.row = renumber[seg.row].astype(np.int32)  # order kept: the map is increasing
+    renumber = (np.cumsum(traversed) - 1).astype(np.int32)
+    for start in range(0, len(seg), commit.CHUNK):  # in place (order kept: the map is increasing)
+        seg.row[start : start + commit.CHUNK] = renumber[seg.row[start : start + commit.CHUNK]]
     usable[usable] = traversed
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
