@@ -315,7 +315,7 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
 #: 0.6 kB per point at the peak on the host, 1 kB on the device; smaller when the device has
 #: less free). The host's chunk is smaller: its working memory adds to the segments kept.
 SEGMENT_CHUNK_POINTS = 4_000_000
-HOST_SEGMENT_CHUNK_POINTS = 1_000_000
+HOST_SEGMENT_CHUNK_POINTS = 1 << 18
 SEGMENT_BYTES_PER_POINT = 1024
 #: Host bytes each kept segment costs (row, fiber int32; length float64; orientation uint16).
 SEGMENT_BYTES = 4 + 4 + 8 + 2

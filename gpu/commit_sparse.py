@@ -42,6 +42,8 @@ __all__ = [
 BYTES_PER_NONZERO = 24
 #: Bytes per segment of S (int32 streamline index, float64 length) and of its building.
 BYTES_PER_SEGMENT = 16
+#: (voxel, orientation) pairs per block of the column norms (bounds their working memory).
+NORM_BLOCK_PAIRS = 1 << 14
 
 
 def orientation_pairs(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,6 +113,7 @@ class SparseOperator:
         self.problem = p = problem
         pairs = pair_structure(p) if pairs is None else pairs
         self.n_pairs = n_pairs = len(pairs)
+        self.pair_row = pairs.row
         self.s = sparse.csr_matrix((pairs.length, pairs.fiber, pairs.indptr), shape=(n_pairs, p.n_fibers), copy=False)
         m = p.n_meas
         n_b = p.n_ic * n_pairs + p.n_ec + p.n_rows * p.n_iso  # rows of Bᵀ: A's columns after S
@@ -151,15 +154,24 @@ class SparseOperator:
 
     def column_norms(self) -> np.ndarray:
         """‖A e_j‖ for every column, exact: for IC response j, ‖B_j S e_f‖² = (Sᵀ G_j S)_ff with
-        ``G_j = B_jᵀ B_j``, non-zero only between pairs of one voxel."""
+        ``G_j = B_jᵀ B_j``, non-zero only between pairs of one voxel; so it is taken over blocks of
+        whole voxels (:data:`NORM_BLOCK_PAIRS` pairs), each block's terms added to the streamline's
+        sum in pair order (the sums of one whole product, in its order)."""
         p = self.problem
-        ic = np.empty((p.n_ic, p.n_fibers))
+        ic = np.zeros((p.n_ic, p.n_fibers))
+        pair_row = self.pair_row
         for j in range(p.n_ic):
-            bt_j = self.bt[j * self.n_pairs : (j + 1) * self.n_pairs]
-            gram = bt_j @ bt_j.T
-            ic[j] = np.asarray(self.s.multiply(gram @ self.s).sum(axis=0)).ravel()
-        rest = np.asarray(self.bt[p.n_ic * self.n_pairs :].multiply(self.bt[p.n_ic * self.n_pairs :]).sum(axis=1))
-        return np.sqrt(np.concatenate([np.maximum(ic.ravel(), 0.0), rest.ravel()]))
+            for block in row_chunks(pair_row, NORM_BLOCK_PAIRS):
+                bt_j = self.bt[j * self.n_pairs + block.start : j * self.n_pairs + block.stop]
+                s_block = self.s[block]
+                terms = s_block.multiply((bt_j @ bt_j.T) @ s_block).tocsr()
+                np.add.at(ic[j], terms.indices, terms.data)
+        rest = np.empty(self.bt.shape[0] - p.n_ic * self.n_pairs)
+        first = p.n_ic * self.n_pairs
+        for s in range(0, len(rest), NORM_BLOCK_PAIRS):  # EC and ISO columns: one row of Bᵀ each
+            part = self.bt[first + s : first + min(s + NORM_BLOCK_PAIRS, len(rest))]
+            rest[s : s + NORM_BLOCK_PAIRS] = np.asarray(part.multiply(part).sum(axis=1)).ravel()
+        return np.sqrt(np.concatenate([np.maximum(ic.ravel(), 0.0), rest]))
 
 
 def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes: int | None = None):
