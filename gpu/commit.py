@@ -735,17 +735,18 @@ class DeviceOperator:
         def starts(keys, n):  # where each of 0..n begins in sorted keys (device arrays)
             return cp.searchsorted(keys, cp.arange(n + 1, dtype=keys.dtype)).astype(cp.int64)
 
-        row = cp.asarray(seg.row.astype(np.int32))
-        fiber = cp.asarray(seg.fiber.astype(np.int32))
+        # The compact host arrays go up as they are and are widened on the device: no host copies.
+        row = cp.asarray(seg.row).astype(cp.int32, copy=False)
+        fiber = cp.asarray(seg.fiber).astype(cp.int32, copy=False)
         self.row_start = starts(row, problem.n_rows)
-        self.ec_start = starts(cp.asarray(problem.ec_row.astype(np.int32)), problem.n_rows)
+        self.ec_start = starts(cp.asarray(problem.ec_row).astype(cp.int32, copy=False), problem.n_rows)
         # Segments listed by streamline, rows ascending within each (the norms kernel groups by row).
         self.order = cp.argsort(fiber.astype(cp.int64) * max(problem.n_rows, 1) + row).astype(cp.int64)
         self.fiber_start = starts(fiber[self.order], problem.n_fibers)
         self.seg_row, self.seg_fiber = row, fiber
-        self.seg_len = cp.asarray(seg.length.astype(np.float64))
-        self.seg_orient = cp.asarray(seg.orient.astype(np.int32))
-        self.ec_orient = cp.asarray(problem.ec_orient.astype(np.int32))
+        self.seg_len = cp.asarray(seg.length).astype(cp.float64, copy=False)
+        self.seg_orient = cp.asarray(seg.orient).astype(cp.int32)
+        self.ec_orient = cp.asarray(problem.ec_orient).astype(cp.int32, copy=False)
         self.luts = tuple(
             cp.asarray(np.ascontiguousarray(t, dtype=np.float32))
             for t in (problem.lut_ic, problem.lut_ec, problem.lut_iso)

@@ -43,7 +43,7 @@ BYTES_PER_NONZERO = 24
 #: Bytes per segment of S (int32 streamline index, float64 length) and of its building.
 BYTES_PER_SEGMENT = 16
 #: (voxel, orientation) pairs per block of the column norms (bounds their working memory).
-NORM_BLOCK_PAIRS = 1 << 14
+NORM_BLOCK_PAIRS = 1 << 12
 
 
 def orientation_pairs(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
