@@ -333,8 +333,11 @@ def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
 
 def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
     """A chunk's merged pieces of at least ``min_length_mm`` as compact host arrays (fiber
-    numbered from ``first``)."""
+    numbered from ``first``), re-sorted by row where they are (on the device for a GPU), stably:
+    the key row · n + position is unique, so any sort keeps the order within a row."""
     keep = xp.flatnonzero(length >= min_length_mm)
+    if len(keep):
+        keep = keep[xp.argsort(row[keep] * len(keep) + xp.arange(len(keep)))]
     return (
         host((row[keep]).astype(xp.int32)),
         host((fiber[keep] + first).astype(xp.int32)),
@@ -344,7 +347,7 @@ def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: fl
 
 
 def _sort_by_row(parts: list, n_rows: int, counts: np.ndarray, n_fibers: int) -> Segments:
-    """The chunks' segments (each chunk ordered by fiber, then row and orientation; chunks in
+    """The chunks' segments (each chunk ordered by row, then fiber and orientation; chunks in
     fiber order) in one set of arrays ordered by row, then fiber and orientation: a stable
     counting sort by row, each chunk scattered into preallocated arrays and freed in turn."""
     total = int(counts.sum())
@@ -357,16 +360,12 @@ def _sort_by_row(parts: list, n_rows: int, counts: np.ndarray, n_fibers: int) ->
         row, fiber, length, orient = parts.pop()
         if not len(row):
             continue
-        order = np.argsort(row, kind="stable")
-        row_sorted = row[order]
-        group_start = np.flatnonzero(np.r_[True, row_sorted[1:] != row_sorted[:-1]])
-        sizes = np.diff(np.r_[group_start, len(row_sorted)])
-        rank = np.arange(len(row_sorted)) - np.repeat(group_start, sizes)
-        target = cursor[row_sorted] + rank
-        cursor[row_sorted[group_start]] += sizes
-        out.row[target], out.fiber[target] = row_sorted, fiber[order]
-        out.length[target], out.orient[target] = length[order], orient[order]
-        del row, fiber, length, orient, order, row_sorted, rank, target
+        group_start = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+        sizes = np.diff(np.r_[group_start, len(row)])
+        target = cursor[row] + (np.arange(len(row)) - np.repeat(group_start, sizes))
+        cursor[row[group_start]] += sizes
+        out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
+        del row, fiber, length, orient, target
     return out
 
 

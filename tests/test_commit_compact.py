@@ -148,3 +148,33 @@ def test_commit_host_memory_grows_at_most_60_bytes_per_segment():
     assert large["segments"] > 1.9 * small["segments"] > 1.6e6
     slope = (large["traced_peak_bytes"] - small["traced_peak_bytes"]) / (large["segments"] - small["segments"])
     assert slope <= 60, f"{slope:.1f} bytes per segment"
+
+
+def test_kept_streamlines_equal_the_subset():
+    """The filtered tractogram through a point mask: the same streamlines and scalars as
+    Tractogram.subset (which goes through int64 point indices)."""
+    from tractlens.app.model import Tractogram
+    from tractlens.app.pipelines.commit import kept_streamlines
+
+    rng = np.random.default_rng(2)
+    points, offsets = random_streamlines(rng, 30, (8, 8, 8), points=12)
+    offsets = np.r_[offsets[:10], offsets[10:] + 3]  # uneven lengths
+    points = np.concatenate([points, rng.random((3, 3))]).astype(np.float32)
+    n_points = len(points)
+    tract = Tractogram(
+        points,
+        offsets.astype(np.int64),
+        np.eye(4),
+        (8, 8, 8),
+        {"fa": rng.random(n_points).astype(np.float32), "rgb": rng.random((n_points, 3))},
+        {"id": np.arange(30.0)},
+        name="t",
+    )
+    keep = rng.random(30) > 0.4
+    got, want = kept_streamlines(tract, keep), tract.subset(np.flatnonzero(keep))
+    np.testing.assert_array_equal(got.points, want.points)
+    np.testing.assert_array_equal(got.offsets, want.offsets)
+    for name in ("fa", "rgb"):
+        np.testing.assert_array_equal(got.point_scalars[name], want.point_scalars[name])
+    np.testing.assert_array_equal(got.streamline_scalars["id"], want.streamline_scalars["id"])
+    assert len(kept_streamlines(tract, np.zeros(30, bool))) == 0

@@ -34,6 +34,7 @@ __all__ = [
     "commit_from_files",
     "commit_pipeline",
     "existing_outputs",
+    "kept_streamlines",
     "output_names",
     "peaks_compartments",
     "tractogram_suffix",
@@ -332,6 +333,24 @@ def weighted_tractogram(tract: Tractogram, weights: np.ndarray, name: str) -> Tr
     )
 
 
+def kept_streamlines(tract: Tractogram, keep: np.ndarray) -> Tractogram:
+    """``tract.subset(keep)`` for a boolean ``keep`` per streamline, through a boolean mask of
+    the points (one byte a point) rather than int64 point indices: only the kept points are
+    copied (a whole-brain tractogram has hundreds of millions)."""
+    keep = np.asarray(keep, dtype=bool)
+    lengths = tract.lengths
+    point_keep = np.repeat(keep, lengths)
+    return Tractogram(
+        tract.points[point_keep],
+        np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64),
+        tract.affine,
+        tract.dimensions,
+        {k: np.asarray(v)[point_keep] for k, v in tract.point_scalars.items()},
+        {k: np.asarray(v)[keep] for k, v in tract.streamline_scalars.items()},
+        name=tract.name,
+    )
+
+
 def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tractogram_suffix: str = ".trk") -> dict:
     """Write :data:`COMMIT_OUTPUTS` into ``outdir`` (atomic per file)."""
     out = Path(outdir)
@@ -342,8 +361,8 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
     with atomic_path(out / "streamline_weights.txt") as tmp:
         np.savetxt(tmp, result.weights, fmt="%.9g")
     files["streamline_weights.txt"] = out / "streamline_weights.txt"
-    keep = np.flatnonzero(result.weights > 0)
-    filtered = result.tractogram.subset(keep)
+    keep = result.weights > 0
+    filtered = kept_streamlines(result.tractogram, keep)
     filtered.streamline_scalars["commit_weight"] = result.weights[keep].astype(np.float32)
     name = f"tractogram_filtered{tractogram_suffix}"
     files[name] = save_tractogram(filtered, out / name)
