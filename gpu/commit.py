@@ -346,27 +346,26 @@ def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: fl
     )
 
 
-def _sort_by_row(parts: list, n_rows: int, counts: np.ndarray, n_fibers: int) -> Segments:
-    """The chunks' segments (each chunk ordered by row, then fiber and orientation; chunks in
-    fiber order) in one set of arrays ordered by row, then fiber and orientation: a stable
-    counting sort by row, each chunk scattered into preallocated arrays and freed in turn."""
+def _empty_segments(counts: np.ndarray, n_fibers: int) -> tuple[Segments, np.ndarray]:
+    """Preallocated segments for ``counts`` per row, and where each row's first one goes."""
     total = int(counts.sum())
     out = Segments(
         np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total), np.empty(total, np.uint16), n_fibers
     )
-    cursor = np.cumsum(counts) - counts  # where each row's next segment goes
-    parts.reverse()
-    while parts:
-        row, fiber, length, orient = parts.pop()
-        if not len(row):
-            continue
-        group_start = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
-        sizes = np.diff(np.r_[group_start, len(row)])
-        target = cursor[row] + (np.arange(len(row)) - np.repeat(group_start, sizes))
-        cursor[row[group_start]] += sizes
-        out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
-        del row, fiber, length, orient, target
-    return out
+    return out, np.cumsum(counts) - counts
+
+
+def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
+    """One chunk's segments (ordered by row, then fiber and orientation; chunks come in fiber
+    order) into their places in ``out``: a stable counting sort by row, ``cursor`` advanced."""
+    row, fiber, length, orient = part
+    if not len(row):
+        return
+    group_start = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+    sizes = np.diff(np.r_[group_start, len(row)])
+    target = cursor[row] + (np.arange(len(row)) - np.repeat(group_start, sizes))
+    cursor[row[group_start]] += sizes
+    out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
 
 
 def segments(
@@ -379,6 +378,7 @@ def segments(
     backend=None,
     chunk_points: int | None = None,
     to_voxel: np.ndarray | None = None,
+    two_pass: bool | None = None,
 ) -> Segments:
     """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers, or
     in another frame that ``to_voxel`` (4×4) maps to them; streamline i is
@@ -386,8 +386,12 @@ def segments(
     voxel boundaries. ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On
     ``backend`` (a GPU backend: the same array operations in CuPy) when given; streamlines go in
     chunks of about ``chunk_points`` points, and only the compact segments are kept
-    (:data:`SEGMENT_BYTES` a segment; no copy of the points)."""
+    (:data:`SEGMENT_BYTES` a segment; no copy of the points). The counting sort by row needs the
+    count per row first: ``two_pass`` (default: on a GPU, where cutting is cheap) cuts the
+    streamlines twice, counting and then scattering, so the host holds the segments once;
+    otherwise the chunks' segments are kept until all are counted (twice the memory a while)."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
+    two_pass = xp is not np if two_pass is None else two_pass
     if chunk_points is None:
         chunk_points = HOST_SEGMENT_CHUNK_POINTS if xp is np else SEGMENT_CHUNK_POINTS
     if xp is not np:  # the working memory must fit in what the device has free
@@ -400,28 +404,46 @@ def segments(
     shape = xp.asarray(np.array(rows.shape, dtype=np.int64))
     vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
     host = (lambda a: a) if xp is np else backend.to_host
-    parts = []
+
+    def chunks():  # (compact host arrays) of whole streamlines, in fiber order
+        nonlocal chunk_points
+        first = 0
+        while first < n_fibers:
+            last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
+            last = min(max(last, first + 1), n_fibers)
+            lo, hi = offsets[first], offsets[last]
+            try:
+                chunk = xp.asarray(_voxel_points(points, lo, hi, to_voxel))
+                part = _chunk_segments(
+                    xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
+                )
+                part = _compact(xp, host, *part, first, min_length_mm)
+            except Exception as exc:  # out of device memory: retry with half the points
+                if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
+                    raise
+                backend.free_cached_memory()
+                chunk_points = max(1, (hi - lo) // 2)
+                continue
+            del chunk
+            yield part
+            first = last
+
     counts = np.zeros(n_rows, dtype=np.int64)
-    first = 0
-    while first < n_fibers:  # whole streamlines per chunk
-        last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
-        last = min(max(last, first + 1), n_fibers)
-        lo, hi = offsets[first], offsets[last]
-        try:
-            chunk = xp.asarray(_voxel_points(points, lo, hi, to_voxel))
-            part = _chunk_segments(xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows)
-            part = _compact(xp, host, *part, first, min_length_mm)
-        except Exception as exc:  # out of device memory: retry with half the points
-            if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
-                raise
-            backend.free_cached_memory()
-            chunk_points = max(1, (hi - lo) // 2)
-            continue
-        del chunk
+    parts = []
+    for part in chunks():
         counts += np.bincount(part[0], minlength=n_rows)
-        parts.append(part)
-        first = last
-    return _sort_by_row(parts, n_rows, counts, n_fibers)
+        if not two_pass:
+            parts.append(part)
+        del part
+    out, cursor = _empty_segments(counts, n_fibers)
+    if two_pass:
+        for part in chunks():
+            _scatter_by_row(out, cursor, part)
+    else:
+        parts.reverse()
+        while parts:  # each chunk freed once scattered
+            _scatter_by_row(out, cursor, parts.pop())
+    return out
 
 
 # ------------------------------------------------------------------------------- the problem

@@ -47,14 +47,15 @@ def _grid_with_holes(shape, seed):
     return rows
 
 
+@pytest.mark.parametrize("two_pass", [False, True])
 @pytest.mark.parametrize("chunk_points", [37, 500, 10**6])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_segments_in_chunks_equal_the_whole_construction(chunk_points, seed):
+def test_segments_in_chunks_equal_the_whole_construction(chunk_points, seed, two_pass):
     rng = np.random.default_rng(seed)
     shape = (9, 8, 10)
     points, offsets = random_streamlines(rng, 120, shape, points=25)
     rows = _grid_with_holes(shape, seed)
-    seg = segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=chunk_points)
+    seg = segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=chunk_points, two_pass=two_pass)
     row, fiber, length, orient = _segments_in_one_piece(points, offsets, rows, (2.0, 2.0, 2.5))
     assert len(seg) == len(row) > 1000
     np.testing.assert_array_equal(seg.row, row)
@@ -136,7 +137,6 @@ def test_orientations_fit_in_uint16():
     assert N_ORIENTATIONS - 1 <= np.iinfo(np.uint16).max
 
 
-@pytest.mark.slow
 def test_commit_host_memory_grows_at_most_60_bytes_per_segment():
     """tracemalloc peak of the CPU pipeline (tractogram included) at two sizes of bundle-like
     streamlines on one grid: the slope between them is at most 60 bytes per segment."""
