@@ -71,7 +71,7 @@ class CommitResult:
     problem: Problem
     weights: np.ndarray  # (n_streamlines,): the sum of each streamline's IC columns
     x: np.ndarray  # all columns
-    y: np.ndarray  # (n_rows, M) measured (normalised)
+    y: np.ndarray  # (n_rows, M) measured (normalised), in the DWI's precision (float32 for float32 data)
     model: np.ndarray  # (n_rows, M) A x
     rows: np.ndarray  # (X, Y, Z) row of each voxel, -1 outside the mask
     affine: np.ndarray
@@ -89,9 +89,10 @@ class CommitResult:
 
     def maps(self) -> dict[str, np.ndarray]:
         """fit_RMSE, fit_NRMSE and the IC / EC / ISO compartment maps as volumes."""
-        residual = self.model - self.y
+        y = np.asarray(self.y, dtype=np.float64)
+        residual = self.model - y
         rmse = np.sqrt((residual**2).mean(1))
-        norm = np.sqrt((self.y**2).mean(1))
+        norm = np.sqrt((y**2).mean(1))
         nrmse = np.where(norm > 0, rmse / np.where(norm > 0, norm, 1.0), 0.0)
         p = self.problem
         ic_x, ec_x, iso_x = p.split(self.x)
@@ -198,6 +199,27 @@ def commit_pipeline(
     return result
 
 
+def _finite_voxels(data: np.ndarray) -> np.ndarray:
+    """Voxels whose every measurement is finite, slab by slab (no 4-D boolean temporary)."""
+    out = np.empty(data.shape[:3], dtype=bool)
+    for i in range(data.shape[0]):
+        out[i] = np.isfinite(data[i]).all(axis=-1)
+    return out
+
+
+def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """``data[usable] / b0[usable]`` (n, M), slab by slab into one array, in the data's precision:
+    the values the float64 fit takes exactly, at half the memory of a float64 copy."""
+    out = np.empty((int(usable.sum()), data.shape[-1]), dtype=np.result_type(data.dtype, b0.dtype))
+    start = 0
+    for i in range(data.shape[0]):
+        inside = usable[i]
+        n = int(inside.sum())
+        out[start : start + n] = data[i][inside] / b0[i][inside, None]
+        start += n
+    return out
+
+
 def _commit_pipeline(
     dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments
 ) -> CommitResult:
@@ -208,8 +230,7 @@ def _commit_pipeline(
     shape = dwi.shape3
     b0 = dwi.mean_b0()
     mask = np.ones(shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    finite = np.isfinite(dwi.data).all(axis=-1)
-    usable = mask & finite & (b0 > 0)
+    usable = mask & _finite_voxels(dwi.data) & (b0 > 0)
     if (dropped := int((mask & ~usable).sum())) > 0:
         notes.append(f"{dropped} mask voxel(s) without usable signal (NaN/Inf or no b=0 signal) left out")
     if not usable.any():
@@ -252,7 +273,7 @@ def _commit_pipeline(
         ec_row, ec_orient = commit.ec_from_segments(seg)
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
-    y = (dwi.data[usable] / b0[usable, None]).astype(np.float64)
+    y = _normalised_signal(dwi.data, b0, usable)
     if backend.is_gpu:
         op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
@@ -265,7 +286,7 @@ def _commit_pipeline(
     fit = commit.fista(
         a,
         at,
-        xp.asarray(y),
+        xp.asarray(y).astype(xp.float64, copy=False),  # widened on the device: exact (float32 values)
         problem.n_cols,
         scale=scale,
         lambda_=params.lambda_,
