@@ -229,7 +229,9 @@ def lookup_tables(bvals: np.ndarray, bvecs: np.ndarray, params: CommitParams) ->
 @dataclass
 class Segments:
     """Streamline pieces inside the mask, merged per (streamline, voxel, orientation) and sorted
-    by voxel row: ``row`` (mask voxel number), ``fiber``, ``length`` (mm), ``orient``."""
+    by voxel row, then streamline and orientation: ``row`` (mask voxel number) and ``fiber``
+    int32, ``length`` (mm) float64, ``orient`` (look-up table index) uint16; the operator's own
+    arrays, nothing per streamline."""
 
     row: np.ndarray
     fiber: np.ndarray
@@ -309,10 +311,61 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
     )
 
 
-#: Points per chunk when cutting streamlines into segments (bounds the working memory:
-#: about 1 kB per point at the peak; smaller when the device has less free).
+#: Points per chunk when cutting streamlines into segments (bounds the working memory: about
+#: 0.6 kB per point at the peak on the host, 1 kB on the device; smaller when the device has
+#: less free). The host's chunk is smaller: its working memory adds to the segments kept.
 SEGMENT_CHUNK_POINTS = 4_000_000
+HOST_SEGMENT_CHUNK_POINTS = 1 << 18
 SEGMENT_BYTES_PER_POINT = 1024
+#: Host bytes each kept segment costs (row, fiber int32; length float64; orientation uint16).
+SEGMENT_BYTES = 4 + 4 + 8 + 2
+
+
+def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
+    """Points ``lo … hi − 1`` as float64 voxel coordinates (``to_voxel``: a 4×4 affine from the
+    points' frame, or None when they are voxel coordinates already); the same arithmetic as
+    :meth:`Tractogram.points_on`, one chunk at a time."""
+    chunk = np.asarray(points[lo:hi], dtype=np.float64)
+    if to_voxel is None:
+        return chunk
+    return chunk @ to_voxel[:3, :3].T + to_voxel[:3, 3]
+
+
+def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
+    """A chunk's merged pieces of at least ``min_length_mm`` as compact host arrays (fiber
+    numbered from ``first``), re-sorted by row where they are (on the device for a GPU), stably:
+    the key row · n + position is unique, so any sort keeps the order within a row."""
+    keep = xp.flatnonzero(length >= min_length_mm)
+    if len(keep):
+        keep = keep[xp.argsort(row[keep] * len(keep) + xp.arange(len(keep)))]
+    return (
+        host((row[keep]).astype(xp.int32)),
+        host((fiber[keep] + first).astype(xp.int32)),
+        host(length[keep].astype(xp.float64)),
+        host(orient[keep].astype(xp.uint16)),
+    )
+
+
+def _empty_segments(counts: np.ndarray, n_fibers: int) -> tuple[Segments, np.ndarray]:
+    """Preallocated segments for ``counts`` per row, and where each row's first one goes."""
+    total = int(counts.sum())
+    out = Segments(
+        np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total), np.empty(total, np.uint16), n_fibers
+    )
+    return out, np.cumsum(counts) - counts
+
+
+def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
+    """One chunk's segments (ordered by row, then fiber and orientation; chunks come in fiber
+    order) into their places in ``out``: a stable counting sort by row, ``cursor`` advanced."""
+    row, fiber, length, orient = part
+    if not len(row):
+        return
+    group_start = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
+    sizes = np.diff(np.r_[group_start, len(row)])
+    target = cursor[row] + (np.arange(len(row)) - np.repeat(group_start, sizes))
+    cursor[row[group_start]] += sizes
+    out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
 
 
 def segments(
@@ -323,53 +376,74 @@ def segments(
     *,
     min_length_mm: float = 1e-3,
     backend=None,
-    chunk_points: int = SEGMENT_CHUNK_POINTS,
+    chunk_points: int | None = None,
+    to_voxel: np.ndarray | None = None,
+    two_pass: bool | None = None,
 ) -> Segments:
-    """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers;
-    streamline i is ``points[offsets[i]:offsets[i + 1]]``) exactly at voxel boundaries.
-    ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On ``backend`` (a GPU
-    backend: the same array operations in CuPy) when given; streamlines go in chunks of
-    about ``chunk_points`` points."""
+    """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers, or
+    in another frame that ``to_voxel`` (4×4) maps to them; streamline i is
+    ``points[offsets[i]:offsets[i + 1]]``; any array that slices, e.g. a memory map) exactly at
+    voxel boundaries. ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On
+    ``backend`` (a GPU backend: the same array operations in CuPy) when given; streamlines go in
+    chunks of about ``chunk_points`` points, and only the compact segments are kept
+    (:data:`SEGMENT_BYTES` a segment; no copy of the points). The counting sort by row needs the
+    count per row first: ``two_pass`` (default: on a GPU, where cutting is cheap) cuts the
+    streamlines twice, counting and then scattering, so the host holds the segments once;
+    otherwise the chunks' segments are kept until all are counted (twice the memory a while)."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
+    two_pass = xp is not np if two_pass is None else two_pass
+    if chunk_points is None:
+        chunk_points = HOST_SEGMENT_CHUNK_POINTS if xp is np else SEGMENT_CHUNK_POINTS
     if xp is not np:  # the working memory must fit in what the device has free
         chunk_points = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
     offsets = np.asarray(offsets, dtype=np.int64)
+    to_voxel = None if to_voxel is None else np.asarray(to_voxel, dtype=np.float64)
     n_fibers = len(offsets) - 1
     n_rows = int(rows.max()) + 1 if rows.size else 0
     rows_flat = xp.asarray(np.ascontiguousarray(rows, dtype=np.int64).ravel())
     shape = xp.asarray(np.array(rows.shape, dtype=np.int64))
     vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
-    parts = []
-    first = 0
-    while first < n_fibers:  # whole streamlines per chunk
-        last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
-        last = min(max(last, first + 1), n_fibers)
-        lo, hi = offsets[first], offsets[last]
-        try:
-            chunk_points_ = xp.asarray(np.asarray(points[lo:hi], dtype=np.float64))
-            fiber, row, orient, length = _chunk_segments(
-                xp, chunk_points_, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
-            )
-        except Exception as exc:  # out of device memory: retry with half the points
-            if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
-                raise
-            backend.free_cached_memory()
-            chunk_points = max(1, (hi - lo) // 2)
-            continue
-        parts.append((fiber + first, row, orient, length))
-        first = last
-    fiber, row, orient, length = (xp.concatenate([part[i] for part in parts]) for i in range(4))
-    keep = xp.flatnonzero(length >= min_length_mm)
-    fiber, row, orient, length = fiber[keep], row[keep], orient[keep], length[keep]
-    order = xp.lexsort(xp.stack([fiber, row]))  # by row, then fiber
     host = (lambda a: a) if xp is np else backend.to_host
-    return Segments(
-        host(row[order].astype(xp.int32)),
-        host(fiber[order].astype(xp.int32)),
-        host(length[order]),
-        host(orient[order].astype(xp.int32)),
-        n_fibers,
-    )
+
+    def chunks():  # (compact host arrays) of whole streamlines, in fiber order
+        nonlocal chunk_points
+        first = 0
+        while first < n_fibers:
+            last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
+            last = min(max(last, first + 1), n_fibers)
+            lo, hi = offsets[first], offsets[last]
+            try:
+                chunk = xp.asarray(_voxel_points(points, lo, hi, to_voxel))
+                part = _chunk_segments(
+                    xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
+                )
+                part = _compact(xp, host, *part, first, min_length_mm)
+            except Exception as exc:  # out of device memory: retry with half the points
+                if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
+                    raise
+                backend.free_cached_memory()
+                chunk_points = max(1, (hi - lo) // 2)
+                continue
+            del chunk
+            yield part
+            first = last
+
+    counts = np.zeros(n_rows, dtype=np.int64)
+    parts = []
+    for part in chunks():
+        counts += np.bincount(part[0], minlength=n_rows)
+        if not two_pass:
+            parts.append(part)
+        del part
+    out, cursor = _empty_segments(counts, n_fibers)
+    if two_pass:
+        for part in chunks():
+            _scatter_by_row(out, cursor, part)
+    else:
+        parts.reverse()
+        while parts:  # each chunk freed once scattered
+            _scatter_by_row(out, cursor, parts.pop())
+    return out
 
 
 # ------------------------------------------------------------------------------- the problem
@@ -429,6 +503,9 @@ class Problem:
         return x[:a].reshape(self.n_ic, self.n_fibers), x[a:b], x[b:].reshape(self.n_rows, self.n_iso)
 
 
+CHUNK = 1 << 18  # segments per step of the NumPy reference and of row-sorted passes (bounded memory)
+
+
 def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments (row, orientation), one per distinct pair, sorted by row (as
     :class:`Problem` needs)."""
@@ -436,13 +513,34 @@ def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np
     return (key // N_ORIENTATIONS).astype(np.int32), (key % N_ORIENTATIONS).astype(np.int32)
 
 
+def row_chunks(row: np.ndarray, size: int | None = None):
+    """Slices of about ``size`` (default :data:`CHUNK`) of row-sorted ``row`` that never split a row."""
+    size = CHUNK if size is None else size
+    start, n = 0, len(row)
+    while start < n:
+        stop = min(start + size, n)
+        if stop < n:  # extend to the end of the row it stops in
+            stop = int(np.searchsorted(row, row[stop - 1], side="right"))
+        yield slice(start, stop)
+        start = stop
+
+
 def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments where no peaks file is given: one per (voxel, orientation) among the
-    segments there."""
-    return ec_compartments(seg.row, seg.orient)
+    segments there (row by row in chunks: no per-segment int64 key of the whole)."""
+    pairs = [ec_compartments(seg.row[part], seg.orient[part]) for part in row_chunks(seg.row)]
+    if not pairs:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
 
 
-CHUNK = 1 << 18  # segments per step of the NumPy reference (bounded memory)
+def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarray:
+    """Σ length × weight of the segment's streamline, per voxel row (in chunks of whole rows: the
+    same sums, in the same order, as one ``bincount``)."""
+    out = np.zeros(n_rows)
+    for part in row_chunks(seg.row):
+        out += np.bincount(seg.row[part], weights=seg.length[part] * fiber_weight[seg.fiber[part]], minlength=n_rows)
+    return out
 
 
 def _add_sorted(y: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
@@ -658,17 +756,18 @@ class DeviceOperator:
         def starts(keys, n):  # where each of 0..n begins in sorted keys (device arrays)
             return cp.searchsorted(keys, cp.arange(n + 1, dtype=keys.dtype)).astype(cp.int64)
 
-        row = cp.asarray(seg.row.astype(np.int32))
-        fiber = cp.asarray(seg.fiber.astype(np.int32))
+        # The compact host arrays go up as they are and are widened on the device: no host copies.
+        row = cp.asarray(seg.row).astype(cp.int32, copy=False)
+        fiber = cp.asarray(seg.fiber).astype(cp.int32, copy=False)
         self.row_start = starts(row, problem.n_rows)
-        self.ec_start = starts(cp.asarray(problem.ec_row.astype(np.int32)), problem.n_rows)
+        self.ec_start = starts(cp.asarray(problem.ec_row).astype(cp.int32, copy=False), problem.n_rows)
         # Segments listed by streamline, rows ascending within each (the norms kernel groups by row).
         self.order = cp.argsort(fiber.astype(cp.int64) * max(problem.n_rows, 1) + row).astype(cp.int64)
         self.fiber_start = starts(fiber[self.order], problem.n_fibers)
         self.seg_row, self.seg_fiber = row, fiber
-        self.seg_len = cp.asarray(seg.length.astype(np.float64))
-        self.seg_orient = cp.asarray(seg.orient.astype(np.int32))
-        self.ec_orient = cp.asarray(problem.ec_orient.astype(np.int32))
+        self.seg_len = cp.asarray(seg.length).astype(cp.float64, copy=False)
+        self.seg_orient = cp.asarray(seg.orient).astype(cp.int32)
+        self.ec_orient = cp.asarray(problem.ec_orient).astype(cp.int32, copy=False)
         self.luts = tuple(
             cp.asarray(np.ascontiguousarray(t, dtype=np.float32))
             for t in (problem.lut_ic, problem.lut_ec, problem.lut_iso)

@@ -22,15 +22,28 @@ its transpose view (CSC), whose mat-vec SciPy runs as fast.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .commit import N_ORIENTATIONS, Problem
+from .commit import CHUNK, N_ORIENTATIONS, Problem, row_chunks
 
-__all__ = ["SparseOperator", "cpu_operator", "orientation_pairs", "sparse_operator_bytes"]
+__all__ = [
+    "OrientationPairs",
+    "SparseOperator",
+    "cpu_operator",
+    "orientation_pairs",
+    "pair_structure",
+    "sparse_operator_bytes",
+]
 
 #: Peak bytes per stored non-zero of Bᵀ while it is built and kept (values, column indices,
 #: the float64 table rows gathered for it).
 BYTES_PER_NONZERO = 24
+#: Bytes per segment of S (int32 streamline index, float64 length) and of its building.
+BYTES_PER_SEGMENT = 16
+#: (voxel, orientation) pairs per block of the column norms (bounds their working memory).
+NORM_BLOCK_PAIRS = 1 << 12
 
 
 def orientation_pairs(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -42,12 +55,51 @@ def orientation_pairs(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndar
     return (pairs // N_ORIENTATIONS).astype(np.int64), pairs % N_ORIENTATIONS, pair_of_segment.ravel()
 
 
+@dataclass
+class OrientationPairs:
+    """The distinct (voxel row, orientation) pairs, sorted, and S (pairs × streamlines) as CSR
+    arrays: each pair's segments by streamline, their summed lengths."""
+
+    row: np.ndarray  # (n_pairs,) int32
+    orient: np.ndarray  # (n_pairs,) int32
+    indptr: np.ndarray  # (n_pairs + 1,)
+    fiber: np.ndarray  # (n_segments,) int32
+    length: np.ndarray  # (n_segments,) float64
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+
+def pair_structure(problem: Problem) -> OrientationPairs:
+    """:class:`OrientationPairs` of ``problem``'s segments (sorted by row): each chunk of whole
+    rows re-sorted stably by orientation and written into S's preallocated arrays, so no
+    per-segment int64 key, inverse or COO triplet of the whole exists."""
+    seg = problem.segments
+    n = len(seg)
+    index = np.int32 if n < np.iinfo(np.int32).max else np.int64
+    fiber, length = np.empty(n, dtype=index), np.empty(n)
+    pair_rows, pair_orients, pair_sizes = [], [], []
+    for part in row_chunks(seg.row):
+        key = seg.row[part].astype(np.int64) * N_ORIENTATIONS + seg.orient[part]
+        order = np.argsort(key, kind="stable")  # within a pair, streamlines stay ascending
+        key = key[order]
+        fiber[part], length[part] = seg.fiber[part][order], seg.length[part][order]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        pair_rows.append((key[starts] // N_ORIENTATIONS).astype(np.int32))
+        pair_orients.append((key[starts] % N_ORIENTATIONS).astype(np.int32))
+        pair_sizes.append(np.diff(np.r_[starts, len(key)]))
+    if not pair_rows:
+        return OrientationPairs(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(1, index), fiber, length)
+    indptr = np.r_[0, np.cumsum(np.concatenate(pair_sizes))].astype(index)
+    return OrientationPairs(np.concatenate(pair_rows), np.concatenate(pair_orients), indptr, fiber, length)
+
+
 def sparse_operator_bytes(problem: Problem, n_pairs: int | None = None) -> int:
     """Host bytes a :class:`SparseOperator` for ``problem`` needs at its peak (``n_pairs``: the
     distinct (voxel, orientation) pairs; at most one per segment when not given)."""
     n_pairs = len(problem.segments) if n_pairs is None else n_pairs
     nonzeros = (problem.n_ic * n_pairs + problem.n_ec + problem.n_rows * problem.n_iso) * problem.n_meas
-    return BYTES_PER_NONZERO * nonzeros + 32 * len(problem.segments)
+    return BYTES_PER_NONZERO * nonzeros + BYTES_PER_SEGMENT * len(problem.segments)
 
 
 class SparseOperator:
@@ -55,30 +107,35 @@ class SparseOperator:
     with the interface of :class:`~gpu.commit.NumpyOperator`: flat float64 vectors, x
     (n_cols,) and y (n_rows · M,)."""
 
-    def __init__(self, problem: Problem, pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None):
+    def __init__(self, problem: Problem, pairs: OrientationPairs | None = None):
         from scipy import sparse
 
         self.problem = p = problem
-        seg = p.segments
-        pair_row, pair_orient, pair_of_segment = orientation_pairs(p) if pairs is None else pairs
-        self.n_pairs = n_pairs = len(pair_row)
-        self.s = sparse.csr_matrix(
-            (seg.length.astype(np.float64), (pair_of_segment, seg.fiber)), shape=(n_pairs, p.n_fibers)
-        )
+        pairs = pair_structure(p) if pairs is None else pairs
+        self.n_pairs = n_pairs = len(pairs)
+        self.pair_row = pairs.row
+        self.s = sparse.csr_matrix((pairs.length, pairs.fiber, pairs.indptr), shape=(n_pairs, p.n_fibers), copy=False)
         m = p.n_meas
         n_b = p.n_ic * n_pairs + p.n_ec + p.n_rows * p.n_iso  # rows of Bᵀ: A's columns after S
         index = np.int32 if max(p.n_rows * m, n_b * m) < np.iinfo(np.int32).max else np.int64
         meas = np.arange(m, dtype=index)
         voxel_of_row = np.concatenate(
-            [np.tile(pair_row, p.n_ic), p.ec_row, np.repeat(np.arange(p.n_rows), p.n_iso)]
+            [np.tile(pairs.row, p.n_ic), p.ec_row, np.repeat(np.arange(p.n_rows), p.n_iso)]
         ).astype(index)
         columns = (voxel_of_row[:, None] * m + meas).ravel()
-        values = np.concatenate(
-            [p.lut_ic[j][pair_orient].astype(np.float64) for j in range(p.n_ic)]
-            + [p.lut_ec[p.ec_orient].astype(np.float64), np.tile(p.lut_iso.astype(np.float64), (p.n_rows, 1))]
-        ).ravel()
+        del voxel_of_row
+        values = np.empty((n_b, m))  # filled in chunks: no float32 gather or list of the whole
+        for j in range(p.n_ic):
+            for s in range(0, n_pairs, CHUNK):
+                stop = min(s + CHUNK, n_pairs)
+                values[j * n_pairs + s : j * n_pairs + stop] = p.lut_ic[j][pairs.orient[s:stop]]
+        e0 = p.n_ic * n_pairs
+        for s in range(0, p.n_ec, CHUNK):
+            stop = min(s + CHUNK, p.n_ec)
+            values[e0 + s : e0 + stop] = p.lut_ec[p.ec_orient[s:stop]]
+        values[e0 + p.n_ec :] = np.tile(p.lut_iso.astype(np.float64), (p.n_rows, 1))
         indptr = np.arange(n_b + 1, dtype=index) * m
-        self.bt = sparse.csr_matrix((values, columns, indptr), shape=(n_b, p.n_rows * m))
+        self.bt = sparse.csr_matrix((values.ravel(), columns, indptr), shape=(n_b, p.n_rows * m), copy=False)
 
     def a(self, x) -> np.ndarray:
         """A x, flat (n_rows · M,) float64."""
@@ -97,15 +154,24 @@ class SparseOperator:
 
     def column_norms(self) -> np.ndarray:
         """‖A e_j‖ for every column, exact: for IC response j, ‖B_j S e_f‖² = (Sᵀ G_j S)_ff with
-        ``G_j = B_jᵀ B_j``, non-zero only between pairs of one voxel."""
+        ``G_j = B_jᵀ B_j``, non-zero only between pairs of one voxel; so it is taken over blocks of
+        whole voxels (:data:`NORM_BLOCK_PAIRS` pairs), each block's terms added to the streamline's
+        sum in pair order (the sums of one whole product, in its order)."""
         p = self.problem
-        ic = np.empty((p.n_ic, p.n_fibers))
+        ic = np.zeros((p.n_ic, p.n_fibers))
+        pair_row = self.pair_row
         for j in range(p.n_ic):
-            bt_j = self.bt[j * self.n_pairs : (j + 1) * self.n_pairs]
-            gram = bt_j @ bt_j.T
-            ic[j] = np.asarray(self.s.multiply(gram @ self.s).sum(axis=0)).ravel()
-        rest = np.asarray(self.bt[p.n_ic * self.n_pairs :].multiply(self.bt[p.n_ic * self.n_pairs :]).sum(axis=1))
-        return np.sqrt(np.concatenate([np.maximum(ic.ravel(), 0.0), rest.ravel()]))
+            for block in row_chunks(pair_row, NORM_BLOCK_PAIRS):
+                bt_j = self.bt[j * self.n_pairs + block.start : j * self.n_pairs + block.stop]
+                s_block = self.s[block]
+                terms = s_block.multiply((bt_j @ bt_j.T) @ s_block).tocsr()
+                np.add.at(ic[j], terms.indices, terms.data)
+        rest = np.empty(self.bt.shape[0] - p.n_ic * self.n_pairs)
+        first = p.n_ic * self.n_pairs
+        for s in range(0, len(rest), NORM_BLOCK_PAIRS):  # EC and ISO columns: one row of Bᵀ each
+            part = self.bt[first + s : first + min(s + NORM_BLOCK_PAIRS, len(rest))]
+            rest[s : s + NORM_BLOCK_PAIRS] = np.asarray(part.multiply(part).sum(axis=1)).ravel()
+        return np.sqrt(np.concatenate([np.maximum(ic.ravel(), 0.0), rest]))
 
 
 def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes: int | None = None):
@@ -116,8 +182,8 @@ def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes
     from .backend import _host_available_bytes
     from .commit import NumpyOperator
 
-    pairs = orientation_pairs(problem)
-    needed = sparse_operator_bytes(problem, len(pairs[0]))
+    pairs = pair_structure(problem)
+    needed = sparse_operator_bytes(problem, len(pairs))
     available = _host_available_bytes() if available_bytes is None else available_bytes
     if needed <= available // 2:
         return SparseOperator(problem, pairs)
@@ -126,4 +192,5 @@ def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes
             f"the sparse CPU operator would need {needed / 2**30:.1f} GiB of the {available / 2**30:.1f} GiB "
             "available: A and Aᵀ run in the chunked NumPy reference instead (slower)"
         )
+    del pairs
     return NumpyOperator(problem)

@@ -34,6 +34,7 @@ __all__ = [
     "commit_from_files",
     "commit_pipeline",
     "existing_outputs",
+    "kept_streamlines",
     "output_names",
     "peaks_compartments",
     "tractogram_suffix",
@@ -71,7 +72,7 @@ class CommitResult:
     problem: Problem
     weights: np.ndarray  # (n_streamlines,): the sum of each streamline's IC columns
     x: np.ndarray  # all columns
-    y: np.ndarray  # (n_rows, M) measured (normalised)
+    y: np.ndarray  # (n_rows, M) measured (normalised), in the DWI's precision (float32 for float32 data)
     model: np.ndarray  # (n_rows, M) A x
     rows: np.ndarray  # (X, Y, Z) row of each voxel, -1 outside the mask
     affine: np.ndarray
@@ -89,14 +90,15 @@ class CommitResult:
 
     def maps(self) -> dict[str, np.ndarray]:
         """fit_RMSE, fit_NRMSE and the IC / EC / ISO compartment maps as volumes."""
-        residual = self.model - self.y
+        y = np.asarray(self.y, dtype=np.float64)
+        residual = self.model - y
         rmse = np.sqrt((residual**2).mean(1))
-        norm = np.sqrt((self.y**2).mean(1))
+        norm = np.sqrt((y**2).mean(1))
         nrmse = np.where(norm > 0, rmse / np.where(norm > 0, norm, 1.0), 0.0)
         p = self.problem
         ic_x, ec_x, iso_x = p.split(self.x)
         seg = p.segments
-        ic = np.bincount(seg.row, weights=seg.length * ic_x.sum(0)[seg.fiber], minlength=p.n_rows)
+        ic = commit.ic_per_row(seg, ic_x.sum(0), p.n_rows)
         ec = np.bincount(p.ec_row, weights=ec_x, minlength=p.n_rows)
         iso = iso_x.sum(1)
         return {
@@ -199,6 +201,27 @@ def commit_pipeline(
     return result
 
 
+def _finite_voxels(data: np.ndarray) -> np.ndarray:
+    """Voxels whose every measurement is finite, slab by slab (no 4-D boolean temporary)."""
+    out = np.empty(data.shape[:3], dtype=bool)
+    for i in range(data.shape[0]):
+        out[i] = np.isfinite(data[i]).all(axis=-1)
+    return out
+
+
+def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """``data[usable] / b0[usable]`` (n, M), slab by slab into one array, in the data's precision:
+    the values the float64 fit takes exactly, at half the memory of a float64 copy."""
+    out = np.empty((int(usable.sum()), data.shape[-1]), dtype=np.result_type(data.dtype, b0.dtype))
+    start = 0
+    for i in range(data.shape[0]):
+        inside = usable[i]
+        n = int(inside.sum())
+        out[start : start + n] = data[i][inside] / b0[i][inside, None]
+        start += n
+    return out
+
+
 def _commit_pipeline(
     dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments
 ) -> CommitResult:
@@ -208,10 +231,8 @@ def _commit_pipeline(
         raise InputError("the tractogram has no streamlines", fix="Give a non-empty tractogram")
     shape = dwi.shape3
     b0 = dwi.mean_b0()
-    points = tractogram.points_on(dwi.affine)
     mask = np.ones(shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    finite = np.isfinite(dwi.data).all(axis=-1)
-    usable = mask & finite & (b0 > 0)
+    usable = mask & _finite_voxels(dwi.data) & (b0 > 0)
     if (dropped := int((mask & ~usable).sum())) > 0:
         notes.append(f"{dropped} mask voxel(s) without usable signal (NaN/Inf or no b=0 signal) left out")
     if not usable.any():
@@ -221,11 +242,19 @@ def _commit_pipeline(
     backend = get_backend(device)
     voxel_size = np.sqrt((dwi.affine[:3, :3] ** 2).sum(0))
     seg = commit.segments(
-        points, tractogram.offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, backend=backend
+        tractogram.points,
+        tractogram.offsets,
+        rows,
+        voxel_size,
+        min_length_mm=params.min_segment_mm,
+        backend=backend,
+        to_voxel=np.linalg.solve(dwi.affine, tractogram.affine),  # per chunk: no copy of the points
     )
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
-    missing = len(tractogram) - len(np.unique(seg.fiber))
+    has_segment = np.zeros(len(tractogram), dtype=bool)
+    has_segment[seg.fiber] = True
+    missing = len(tractogram) - int(has_segment.sum())
     if missing:
         notes.append(f"{missing} streamline(s) have no segment in the mask: weight 0")
     # Fit the voxels the streamlines pass through (as dmri-commit does): a voxel without
@@ -233,8 +262,9 @@ def _commit_pipeline(
     # only dilute the stopping test.
     traversed = np.zeros(int(usable.sum()), dtype=bool)
     traversed[seg.row] = True
-    renumber = np.cumsum(traversed) - 1
-    seg.row = renumber[seg.row].astype(np.int32)  # order kept: the map is increasing
+    renumber = (np.cumsum(traversed) - 1).astype(np.int32)
+    for start in range(0, len(seg), commit.CHUNK):  # in place (order kept: the map is increasing)
+        seg.row[start : start + commit.CHUNK] = renumber[seg.row[start : start + commit.CHUNK]]
     usable[usable] = traversed
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
@@ -245,7 +275,7 @@ def _commit_pipeline(
         ec_row, ec_orient = commit.ec_from_segments(seg)
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
-    y = (dwi.data[usable] / b0[usable, None]).astype(np.float64)
+    y = _normalised_signal(dwi.data, b0, usable)
     if backend.is_gpu:
         op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
@@ -258,7 +288,7 @@ def _commit_pipeline(
     fit = commit.fista(
         a,
         at,
-        xp.asarray(y),
+        xp.asarray(y).astype(xp.float64, copy=False),  # widened on the device: exact (float32 values)
         problem.n_cols,
         scale=scale,
         lambda_=params.lambda_,
@@ -326,6 +356,24 @@ def weighted_tractogram(tract: Tractogram, weights: np.ndarray, name: str) -> Tr
     )
 
 
+def kept_streamlines(tract: Tractogram, keep: np.ndarray) -> Tractogram:
+    """``tract.subset(keep)`` for a boolean ``keep`` per streamline, through a boolean mask of
+    the points (one byte a point) rather than int64 point indices: only the kept points are
+    copied (a whole-brain tractogram has hundreds of millions)."""
+    keep = np.asarray(keep, dtype=bool)
+    lengths = tract.lengths
+    point_keep = np.repeat(keep, lengths)
+    return Tractogram(
+        tract.points[point_keep],
+        np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64),
+        tract.affine,
+        tract.dimensions,
+        {k: np.asarray(v)[point_keep] for k, v in tract.point_scalars.items()},
+        {k: np.asarray(v)[keep] for k, v in tract.streamline_scalars.items()},
+        name=tract.name,
+    )
+
+
 def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tractogram_suffix: str = ".trk") -> dict:
     """Write :data:`COMMIT_OUTPUTS` into ``outdir`` (atomic per file)."""
     out = Path(outdir)
@@ -336,8 +384,8 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
     with atomic_path(out / "streamline_weights.txt") as tmp:
         np.savetxt(tmp, result.weights, fmt="%.9g")
     files["streamline_weights.txt"] = out / "streamline_weights.txt"
-    keep = np.flatnonzero(result.weights > 0)
-    filtered = result.tractogram.subset(keep)
+    keep = result.weights > 0
+    filtered = kept_streamlines(result.tractogram, keep)
     filtered.streamline_scalars["commit_weight"] = result.weights[keep].astype(np.float32)
     name = f"tractogram_filtered{tractogram_suffix}"
     files[name] = save_tractogram(filtered, out / name)

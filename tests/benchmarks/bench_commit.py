@@ -2,12 +2,14 @@
 
     python tests/benchmarks/bench_commit.py [--gpu] [--segments 1e5 1e6 1e7 4.7e7]
         [--numpy-segments 1e6] [--measurements 60] [--cylinders] [--end-to-end N]
-        [--dmri-commit N] [--out results.json]
+        [--dmri-commit N] [--memory N1 N2 [--gpu]] [--out results.json]
 
 ``--end-to-end N`` times the whole pipeline (files read, segments, operator, 2000 FISTA
 iterations, outputs written) on N random-walk streamlines of 90 points in a 40³ grid;
 ``--dmri-commit N`` runs dmri-commit (all CPU cores) and ours (GPU) on the same files for
-200 iterations.
+200 iterations. ``--memory N1 N2`` measures the host memory of the pipeline (tracemalloc peak
+and peak RSS, each size in a fresh process) on N bundle-like streamlines (straight lines and
+arcs in a 32³ grid) and the bytes per segment between the sizes.
 
 Synthetic problems shaped like seed 000's (64 309 voxels, 399 758 streamlines and
 47 M segments at full size: ~730 segments per voxel): segment rows sorted, streamlines
@@ -244,6 +246,99 @@ def time_pipeline(folder: Path, iterations: int, device: str) -> dict:
     }
 
 
+def bundle_inputs(n_streamlines: int, shape=(32, 32, 32), n_meas: int = 60, seed: int = 0):
+    """A random-signal DWI (2 mm voxels) and ``n_streamlines`` bundle-like streamlines in voxel
+    coordinates, 0.5-voxel steps: half straight lines along one direction from random starts,
+    half circular arcs in axial planes (few orientations per voxel, as in bundles). In memory:
+    (DWI, Tractogram), points float32 as a loaded file has them."""
+    from tractlens.app.io.dwi import DWI
+    from tractlens.app.model import Tractogram
+
+    rng = np.random.default_rng(seed)
+    lim = np.array(shape, dtype=np.float64) - 1.0
+    step = 0.5
+    n_points = int(0.8 * min(shape) / step)
+    arc = np.arange(n_points) * step
+    n_straight = n_streamlines // 2
+    n_arcs = n_streamlines - n_straight
+    direction = np.array([1.0, 0.2, 0.1]) / np.linalg.norm([1.0, 0.2, 0.1])
+    start = np.c_[rng.uniform(0.5, 0.15 * lim[0], n_straight), rng.uniform(0.5, 0.6 * lim[1], n_straight)]
+    start = np.c_[start, rng.uniform(0.5, 0.8 * lim[2], n_straight)]
+    straight = (start[:, None, :] + arc[None, :, None] * direction).astype(np.float32)
+    radius = rng.uniform(0.3, 0.45, n_arcs) * min(shape[:2])
+    angle = rng.uniform(0, 2 * np.pi, n_arcs)[:, None] + arc[None, :] / radius[:, None]
+    centre = lim[:2] / 2
+    curved = np.empty((n_arcs, n_points, 3), dtype=np.float32)
+    curved[..., 0] = centre[0] + radius[:, None] * np.cos(angle)
+    curved[..., 1] = centre[1] + radius[:, None] * np.sin(angle)
+    curved[..., 2] = rng.uniform(0.5, lim[2] - 0.5, n_arcs)[:, None]
+    points = np.clip(np.concatenate([straight, curved]).reshape(-1, 3), 0, lim.astype(np.float32))
+    del straight, curved, angle
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    n_b0 = max(1, n_meas // 15)
+    bvals = np.r_[np.zeros(n_b0), np.where(np.arange(n_meas - n_b0) % 2, 2000.0, 1000.0)]
+    g = rng.normal(size=(n_meas, 3))
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    g[:n_b0] = 0
+    data = rng.uniform(0.3, 1.0, (*shape, n_meas)).astype(np.float32)
+    data[..., :n_b0] = 1.0
+    offsets = np.arange(n_streamlines + 1, dtype=np.int64) * n_points
+    tract = Tractogram(points, offsets, affine, shape, {}, {}, name="bundles")
+    return DWI(data, affine, bvals, g), tract
+
+
+def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu", shape=(32, 32, 32)) -> dict:
+    """Host memory of :func:`commit_pipeline` on :func:`bundle_inputs`: the tracemalloc peak
+    above what existed before the streamlines were made (the tractogram's points included, as a
+    command holds them), the process's peak RSS, the segments and the wall time."""
+    import resource
+    import tracemalloc
+
+    from tractlens.app.pipelines.commit import commit_pipeline
+
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    dwi, tract = bundle_inputs(n_streamlines, shape)
+    dwi_bytes = dwi.data.nbytes
+    tracemalloc.reset_peak()
+    t0 = time.perf_counter()
+    result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=iterations, tol=0.0), device=device)
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return {
+        "streamlines": n_streamlines,
+        "points": len(tract.points),
+        "segments": len(result.problem.segments),
+        "traced_peak_bytes": peak - dwi_bytes,
+        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "seconds": round(seconds, 2),
+        "notes": result.notes,
+    }
+
+
+def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu") -> dict:
+    """:func:`pipeline_memory` at each size in a fresh process (so that the peak RSS is its own),
+    and the bytes per segment between the smallest and the largest (traced and RSS)."""
+    import subprocess
+
+    rows = []
+    for n in sizes:
+        cmd = [sys.executable, __file__, "--memory-one", str(n), "--memory-iterations", str(iterations)]
+        cmd += ["--gpu"] if device == "gpu" else []
+        done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    lo, hi = rows[0], rows[-1]
+    d_seg = hi["segments"] - lo["segments"]
+    return {
+        "device": device,
+        "rows": rows,
+        "traced_bytes_per_segment": round((hi["traced_peak_bytes"] - lo["traced_peak_bytes"]) / d_seg, 1),
+        "rss_bytes_per_segment": round((hi["max_rss_bytes"] - lo["max_rss_bytes"]) / d_seg, 1),
+    }
+
+
 def compare_with_dmri_commit(n_streamlines: int, iterations: int, folder: Path, device: str = "gpu") -> dict:
     """dmri-commit (CPU, all cores) and TractLens (GPU) on the same files, same iterations."""
     import os
@@ -287,10 +382,22 @@ def main() -> None:
     parser.add_argument(
         "--dmri-commit", type=int, default=0, metavar="N", help="dmri-commit (CPU) vs ours (GPU) on N streamlines"
     )
+    parser.add_argument(
+        "--memory", type=int, nargs="+", metavar="N", help="host memory of the pipeline on N bundle streamlines (each)"
+    )
+    parser.add_argument("--memory-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-iterations", type=int, default=3)
     parser.add_argument("--work", default="/tmp/bench_commit", help="folder for the synthetic files")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.memory_one:
+        print(json.dumps(pipeline_memory(args.memory_one, args.memory_iterations, "gpu" if args.gpu else "cpu")))
+        return
     results = {"measurements": args.measurements, "rows": []}
+    if args.memory:
+        results["memory"] = memory_slope(args.memory, args.memory_iterations, "gpu" if args.gpu else "cpu")
+        print(json.dumps({k: v for k, v in results["memory"].items() if k != "rows"}), flush=True)
+        args.segments = []
     if args.dmri_commit:
         results["dmri_commit"] = compare_with_dmri_commit(
             args.dmri_commit, 200, Path(args.work) / "reference", "gpu" if args.gpu else "cpu"
