@@ -623,9 +623,24 @@ def column_norms(problem: Problem) -> np.ndarray:
             vectors = seg.length[members, None] * problem.lut_ic[j, seg.orient[members]]
             summed = np.add.reduceat(vectors, b[:-1] - b[0], axis=0)
             np.add.at(ic[j], seg.fiber[members[b[:-1] - b[0]]], (summed**2).sum(1))
-    ec = (problem.lut_ec[problem.ec_orient].astype(np.float64) ** 2).sum(1)
+    ec = ec_column_norms2(problem)
     iso = np.tile((problem.lut_iso.astype(np.float64) ** 2).sum(1), problem.n_rows)
     return np.sqrt(np.concatenate([ic.ravel(), ec, iso]))
+
+
+#: EC columns whose responses are gathered at a time (bounds the host memory of their norms)
+EC_NORM_BLOCK = 1 << 15
+
+
+def ec_column_norms2(problem: Problem) -> np.ndarray:
+    """‖A e_j‖² of the EC columns, a block of columns at a time. (Gathering every column's
+    response at once held n_ec × M float64 on the host: 60-80 GB for a whole-brain tractogram;
+    blocks give the same numbers.)"""
+    out = np.empty(len(problem.ec_orient), dtype=np.float64)
+    for start in range(0, len(out), EC_NORM_BLOCK):
+        part = slice(start, start + EC_NORM_BLOCK)
+        out[part] = (problem.lut_ec[problem.ec_orient[part]].astype(np.float64) ** 2).sum(1)
+    return out
 
 
 # ---------------------------------------------------------------------------------- FISTA
@@ -786,7 +801,7 @@ class DeviceOperator:
         norm2 = cp.empty(p.n_ic_cols, dtype=cp.float64)
         args = (self.order, self.fiber_start, np.int32(p.n_fibers), np.int32(p.n_meas), self.seg_row, self.seg_len)
         self._norms((self.grid_fibers_warps,), (self.BLOCK,), (*args, self.seg_orient, self.luts[0], norm2))
-        ec = (p.lut_ec[p.ec_orient].astype(np.float64) ** 2).sum(1)
+        ec = ec_column_norms2(p)
         iso = np.tile((p.lut_iso.astype(np.float64) ** 2).sum(1), p.n_rows)
         return np.sqrt(np.concatenate([self.backend.to_host(norm2), ec, iso]))
 

@@ -178,3 +178,24 @@ def test_kept_streamlines_equal_the_subset():
         np.testing.assert_array_equal(got.point_scalars[name], want.point_scalars[name])
     np.testing.assert_array_equal(got.streamline_scalars["id"], want.streamline_scalars["id"])
     assert len(kept_streamlines(tract, np.zeros(30, bool))) == 0
+
+
+def test_ec_column_norms_equal_the_gathered_ones_without_holding_them(monkeypatch):
+    import tracemalloc
+
+    from tests.benchmarks.bench_commit import synthetic_problem
+    from tractlens.gpu.commit import ec_column_norms2
+
+    monkeypatch.setattr(commit, "EC_NORM_BLOCK", 500)
+
+    problem = synthetic_problem(400_000, 120)
+    gathered = (problem.lut_ec[problem.ec_orient].astype(np.float64) ** 2).sum(1)  # the old way
+    held = len(problem.ec_orient) * problem.n_meas * 8
+    tracemalloc.start()
+    try:
+        norms = ec_column_norms2(problem)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(norms, gathered)  # the same numbers, bit for bit
+    assert peak < held / 5, (peak, held)  # a block of columns at a time, not n_ec × M
