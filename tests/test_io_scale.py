@@ -63,3 +63,33 @@ def test_a_damaged_file_among_many_is_named_and_leaves_no_cache_entry(tmp_path, 
         load_bedpostx(folder)
     assert "merged_ph2samples" in str(err.value)
     assert not cache_dir.exists() or not any(cache_dir.iterdir())
+
+
+def test_bedpostx_written_from_masked_samples_is_the_grid_writers_folder(tmp_path, rng, monkeypatch):
+    from tractlens.app.io.bedpostx import BedpostSamples, save_bedpostx, save_bedpostx_masked
+
+    monkeypatch.setattr(bedpostx, "WRITE_SLAB_BYTES", 7 * 6 * 5 * 4 * 2)  # two samples a slab: several slabs
+    monkeypatch.setattr(bedpostx, "DYAD_BLOCK_VOXELS", 13)
+    shape, fibres, samples = (7, 6, 5), 2, 9
+    mask = rng.random(shape) > 0.4
+    n = int(mask.sum())
+    theta, phi = rng.uniform(0, np.pi, (n, fibres, samples)), rng.uniform(-np.pi, np.pi, (n, fibres, samples))
+    f = rng.uniform(0, 0.5, (n, fibres, samples))
+    s0, d = rng.uniform(100, 200, (n, samples)), rng.uniform(1e-4, 3e-3, (n, samples))
+    theta, phi, f, s0, d = (a.astype(np.float32) for a in (theta, phi, f, s0, d))
+
+    def grid(values):
+        out = np.zeros(shape + values.shape[1:], dtype=np.float32)
+        out[mask] = values
+        return out
+
+    bvals, bvecs = np.array([0.0, 1000.0]), np.array([[0.0, 0, 0], [1, 0, 0]])
+    grid_samples = BedpostSamples(grid(theta), grid(phi), grid(f), mask, AFFINE)
+    old = save_bedpostx(tmp_path / "grid", grid_samples, s0=grid(s0), d=grid(d), bvals=bvals, bvecs=bvecs)
+    new = save_bedpostx_masked(tmp_path / "masked", mask, AFFINE, theta, phi, f, s0=s0, d=d, bvals=bvals, bvecs=bvecs)
+    assert sorted(old) == sorted(new) and len(new) == 8 * fibres + 6
+    for name in old:
+        a, b = (tmp_path / "grid" / name).read_bytes(), (tmp_path / "masked" / name).read_bytes()
+        if name.endswith(".gz"):
+            a, b = gzip.decompress(a), gzip.decompress(b)
+        assert a == b, name  # header and data, byte for byte

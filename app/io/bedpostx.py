@@ -22,7 +22,7 @@ from ..errors import InputError
 from ..grid import Grid
 from ..model import DyadsVolume
 from .dwi import fsl_to_voxel_vectors, save_gradients
-from .nifti import load_image, read_array, read_raw, save_volume
+from .nifti import load_image, read_array, read_raw, save_volume, save_volume_slabs
 
 RERUN = (
     "Give a complete bedpostX output folder (merged_th/ph/f{i}samples and nodif_brain_mask on one grid); "
@@ -262,6 +262,16 @@ BEDPOSTX_OUTPUTS = {
 }
 
 
+def _bedpostx_folder(folder: str | os.PathLike) -> Path:
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise InputError(
+            "the output path exists and is not a folder", path=out, fix="Give a folder name, or move the file away"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def save_bedpostx(
     folder: str | os.PathLike,
     samples: BedpostSamples,
@@ -278,12 +288,7 @@ def save_bedpostx(
     :class:`~app.io.DWI` holds them) are written in FSL format when given. Every
     file is written atomically; gzip runs on several threads.
     """
-    out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise InputError(
-            "the output path exists and is not a folder", path=out, fix="Give a folder name, or move the file away"
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    out = _bedpostx_folder(folder)
     aff = samples.affine
     dyads, dispersion = samples.dyads()
     jobs: list[tuple[np.ndarray, str, type]] = []
@@ -308,5 +313,85 @@ def save_bedpostx(
     written = [name for _, name, _ in jobs]
     if bvals is not None and bvecs is not None:
         save_gradients(bvals, bvecs, aff, out / "bvals", out / "bvecs")
+        written += ["bvals", "bvecs"]
+    return {name: str(out / name) for name in written}
+
+
+#: Bytes of one slab of samples (a few volumes) scattered and compressed at a time per file.
+WRITE_SLAB_BYTES = 64 << 20
+
+
+def _on_grid(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = np.zeros(mask.shape + values.shape[1:], dtype=np.float32)
+    out[mask] = values
+    return out
+
+
+def _sample_slabs(mask: np.ndarray, flat_index: np.ndarray, values: np.ndarray):
+    """The (X, Y, Z, k) slabs of a merged samples file from the masked (N, S) ``values``: a few
+    samples at a time scattered into zeroed volumes, in the file's column-major order."""
+    n_samples = values.shape[1]
+    step = max(1, WRITE_SLAB_BYTES // (4 * mask.size))
+    for start in range(0, n_samples, step):
+        part = np.ascontiguousarray(values[:, start : start + step].T)  # (k, N): read once, in order
+        out = np.zeros((part.shape[0], mask.size), dtype=np.float32)
+        out[:, flat_index] = part
+        yield out.reshape(part.shape[0], *mask.shape[::-1]).T  # a column-major (X, Y, Z, k) view
+
+
+def save_bedpostx_masked(
+    folder: str | os.PathLike,
+    mask: np.ndarray,
+    affine: np.ndarray,
+    theta: np.ndarray,
+    phi: np.ndarray,
+    f: np.ndarray,
+    *,
+    s0: np.ndarray | None = None,
+    d: np.ndarray | None = None,
+    bvals: np.ndarray | None = None,
+    bvecs: np.ndarray | None = None,
+) -> dict[str, str]:
+    """:func:`save_bedpostx` from the samples of the voxels in ``mask`` only: θ, φ, f as
+    (N, n_fibres, n_samples) and ``s0``/``d`` as (N, n_samples), in ``mask``'s (C) voxel order.
+
+    The same files, value for value, without the (X, Y, Z, n_fibres, n_samples) arrays: each
+    merged file is scattered into its grid a few volumes at a time and compressed as it goes
+    (:func:`~app.io.nifti.save_volume_slabs`), several files at once."""
+    out = _bedpostx_folder(folder)
+    mask = np.asarray(mask, dtype=bool)
+    shape = (*mask.shape, theta.shape[2])
+    flat_index = np.ravel_multi_index(np.nonzero(mask), mask.shape, order="F")
+    dyads = np.empty((*theta.shape[:2], 3), dtype=np.float32)
+    dispersion = np.empty(theta.shape[:2], dtype=np.float32)
+    for start in range(0, theta.shape[0], DYAD_BLOCK_VOXELS):
+        block = slice(start, start + DYAD_BLOCK_VOXELS)
+        dyads[block], dispersion[block] = dyadic_mean(theta[block], phi[block])
+    small: list[tuple[np.ndarray, str, type]] = []
+    merged: list[tuple[np.ndarray, str]] = []
+    for i in range(theta.shape[1]):
+        n = i + 1
+        for key, values in (("th", theta), ("ph", phi), ("f", f)):
+            merged.append((values[:, i, :], f"merged_{key}{n}samples.nii.gz"))
+            small.append((_on_grid(mask, values[:, i, :].mean(axis=-1)), f"mean_{key}{n}samples.nii.gz", np.float32))
+        small.append((_on_grid(mask, dyads[:, i, :]), f"dyads{n}.nii.gz", np.float32))
+        small.append((_on_grid(mask, dispersion[:, i]), f"dyads{n}_dispersion.nii.gz", np.float32))
+    small.append((_on_grid(mask, f.mean(axis=-1).sum(axis=-1)), "mean_fsumsamples.nii.gz", np.float32))
+    if s0 is not None:
+        small.append((_on_grid(mask, s0.mean(axis=-1)), "mean_S0samples.nii.gz", np.float32))
+    if d is not None:
+        small.append((_on_grid(mask, d.mean(axis=-1)), "mean_dsamples.nii.gz", np.float32))
+    small.append((mask, "nodif_brain_mask.nii.gz", np.uint8))
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        futures = [
+            pool.submit(save_volume_slabs, shape, affine, out / name, _sample_slabs(mask, flat_index, values))
+            for values, name in merged
+        ]
+        futures += [pool.submit(save_volume, data, affine, out / name, dtype=dtype) for data, name, dtype in small]
+        for future in futures:
+            future.result()
+    written = [name for _, name in merged] + [name for _, name, _ in small]
+    if bvals is not None and bvecs is not None:
+        save_gradients(bvals, bvecs, affine, out / "bvals", out / "bvecs")
         written += ["bvals", "bvecs"]
     return {name: str(out / name) for name in written}
