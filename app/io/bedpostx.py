@@ -362,31 +362,37 @@ def save_bedpostx_masked(
     mask = np.asarray(mask, dtype=bool)
     shape = (*mask.shape, theta.shape[2])
     flat_index = np.ravel_multi_index(np.nonzero(mask), mask.shape, order="F")
-    dyads = np.empty((*theta.shape[:2], 3), dtype=np.float32)
-    dispersion = np.empty(theta.shape[:2], dtype=np.float32)
-    for start in range(0, theta.shape[0], DYAD_BLOCK_VOXELS):
-        block = slice(start, start + DYAD_BLOCK_VOXELS)
-        dyads[block], dispersion[block] = dyadic_mean(theta[block], phi[block])
-    small: list[tuple[np.ndarray, str, type]] = []
-    merged: list[tuple[np.ndarray, str]] = []
-    for i in range(theta.shape[1]):
-        n = i + 1
-        for key, values in (("th", theta), ("ph", phi), ("f", f)):
-            merged.append((values[:, i, :], f"merged_{key}{n}samples.nii.gz"))
-            small.append((_on_grid(mask, values[:, i, :].mean(axis=-1)), f"mean_{key}{n}samples.nii.gz", np.float32))
-        small.append((_on_grid(mask, dyads[:, i, :]), f"dyads{n}.nii.gz", np.float32))
-        small.append((_on_grid(mask, dispersion[:, i]), f"dyads{n}_dispersion.nii.gz", np.float32))
-    small.append((_on_grid(mask, f.mean(axis=-1).sum(axis=-1)), "mean_fsumsamples.nii.gz", np.float32))
-    if s0 is not None:
-        small.append((_on_grid(mask, s0.mean(axis=-1)), "mean_S0samples.nii.gz", np.float32))
-    if d is not None:
-        small.append((_on_grid(mask, d.mean(axis=-1)), "mean_dsamples.nii.gz", np.float32))
-    small.append((mask, "nodif_brain_mask.nii.gz", np.uint8))
+    merged = [
+        (values[:, i, :], f"merged_{key}{i + 1}samples.nii.gz")
+        for i in range(theta.shape[1])
+        for key, values in (("th", theta), ("ph", phi), ("f", f))
+    ]
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         futures = [
             pool.submit(save_volume_slabs, shape, affine, out / name, _sample_slabs(mask, flat_index, values))
             for values, name in merged
         ]
+        # the mean dyads (float64, per sample) are computed here while the pool compresses the samples
+        dyads = np.empty((*theta.shape[:2], 3), dtype=np.float32)
+        dispersion = np.empty(theta.shape[:2], dtype=np.float32)
+        for start in range(0, theta.shape[0], DYAD_BLOCK_VOXELS):
+            block = slice(start, start + DYAD_BLOCK_VOXELS)
+            dyads[block], dispersion[block] = dyadic_mean(theta[block], phi[block])
+        small: list[tuple[np.ndarray, str, type]] = []
+        for i in range(theta.shape[1]):
+            n = i + 1
+            for key, values in (("th", theta), ("ph", phi), ("f", f)):
+                small.append(
+                    (_on_grid(mask, values[:, i, :].mean(axis=-1)), f"mean_{key}{n}samples.nii.gz", np.float32)
+                )
+            small.append((_on_grid(mask, dyads[:, i, :]), f"dyads{n}.nii.gz", np.float32))
+            small.append((_on_grid(mask, dispersion[:, i]), f"dyads{n}_dispersion.nii.gz", np.float32))
+        small.append((_on_grid(mask, f.mean(axis=-1).sum(axis=-1)), "mean_fsumsamples.nii.gz", np.float32))
+        if s0 is not None:
+            small.append((_on_grid(mask, s0.mean(axis=-1)), "mean_S0samples.nii.gz", np.float32))
+        if d is not None:
+            small.append((_on_grid(mask, d.mean(axis=-1)), "mean_dsamples.nii.gz", np.float32))
+        small.append((mask, "nodif_brain_mask.nii.gz", np.uint8))
         futures += [pool.submit(save_volume, data, affine, out / name, dtype=dtype) for data, name, dtype in small]
         for future in futures:
             future.result()
