@@ -8,6 +8,7 @@ FSL's voxel frame, like bvecs.
 
 from __future__ import annotations
 
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from ..errors import InputError
 from ..grid import Grid
 from ..model import DyadsVolume
 from .dwi import fsl_to_voxel_vectors, save_gradients
-from .nifti import load_image, read_array, read_raw, save_volume
+from .nifti import load_image, read_array, read_raw, save_volume, save_volume_slabs
 
 RERUN = (
     "Give a complete bedpostX output folder (merged_th/ph/f{i}samples and nodif_brain_mask on one grid); "
@@ -119,21 +120,36 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
                 path=str(folder),
             )
         prints = bedpostx_cache.fingerprint(sources)
-    samples = _read_folder(folder, mask_path, fibres)
+    writer = None
     if use_cache and bedpostx_cache.settled(sources):
-        arrays = {"theta": samples.theta, "phi": samples.phi, "f": samples.f, "mask": samples.mask}
-        bedpostx_cache.write_entry(folder, sources, {**arrays, "affine": samples.affine}, prints)
+        writer = bedpostx_cache.EntryWriter(folder, sources, prints)
+    try:
+        samples = _read_folder(folder, mask_path, fibres, writer)
+        if writer is not None:
+            writer.commit(samples.affine)
+    finally:
+        if writer is not None:
+            writer.abandon()  # after an error while reading: no half entry left behind
     return samples
 
 
-def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, Path]]) -> BedpostSamples:
-    """Check every header, then read each file once into one (X, Y, Z, n_fibres, n_samples) array
-    per parameter (no per-file copies kept and stacked)."""
-    mask_img = load_image(mask_path, "bedpostX mask")
-    if len(mask_img.shape) != 3:
-        raise InputError(f"nodif_brain_mask must be 3-D, it has shape {mask_img.shape}", path=mask_path, fix=RERUN)
-    raw = read_raw(mask_img, mask_path, "bedpostX mask")
-    mask = (raw != 0) & np.isfinite(raw)
+#: Decompressed bytes of sample files held at once while a folder is read (bounds the readers).
+READ_MEMORY_BYTES = 4 << 30
+#: Most files read at once (each inflates on its own core; the copies share the memory bus).
+MAX_READ_THREADS = 8
+
+
+def _read_threads(n_files: int, file_bytes: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    by_memory = max(1, READ_MEMORY_BYTES // max(1, file_bytes))
+    return max(1, min(MAX_READ_THREADS, cores, n_files, by_memory))
+
+
+def _check_images(folder: Path, mask_img, mask: np.ndarray, fibres) -> list[tuple[object, Path]]:
+    """Every sample file's header checked against the mask (grid, affine, shape); in file order."""
     images = []
     for fibre, paths in enumerate(fibres, start=1):
         shapes = []
@@ -156,22 +172,60 @@ def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, P
             raise InputError(f"theta, phi and f samples of fibre {fibre} differ in shape", path=folder, fix=RERUN)
     if len({tuple(img.shape[3:4]) or (1,) for img, _ in images}) != 1:
         raise InputError("fibre populations have different numbers of samples", path=folder, fix=RERUN)
+    return images
+
+
+def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, Path]], writer=None) -> BedpostSamples:
+    """Check every header, then read each file once into one (X, Y, Z, n_fibres, n_samples) array
+    per parameter (no per-file copies kept and stacked).
+
+    Files are inflated and converted on several threads at once (ISA-L and NumPy's copies
+    release the GIL), θ files first, then φ, then f; with a cache ``writer``
+    (:class:`~app.io.bedpostx_cache.EntryWriter`) each parameter's array is written to the cache
+    as soon as its last file is in, while the next parameter's files are still being read."""
+    mask_img = load_image(mask_path, "bedpostX mask")
+    if len(mask_img.shape) != 3:
+        raise InputError(f"nodif_brain_mask must be 3-D, it has shape {mask_img.shape}", path=mask_path, fix=RERUN)
+    raw = read_raw(mask_img, mask_path, "bedpostX mask")
+    mask = (raw != 0) & np.isfinite(raw)
+    images = _check_images(folder, mask_img, mask, fibres)
     n_samples = int(images[0][0].shape[3]) if len(images[0][0].shape) == 4 else 1
     arrays = [np.empty((*mask.shape, len(fibres), n_samples), dtype=np.float32) for _ in range(3)]
-    for index, (img, path) in enumerate(images):
+    names = ("theta", "phi", "f")
+    if writer is not None and writer.begin(sum(a.nbytes for a in arrays) + mask.nbytes):
+        writer.save("mask", mask)
+
+    def read_one(index: int) -> None:
+        img, path = images[index]
         data = read_array(img, path, what="bedpostX samples")
         _fill_finite(arrays[index % 3][..., index // 3, :], data.reshape((*mask.shape, n_samples), order="F"))
-        del data
+
+    order = sorted(range(len(images)), key=lambda index: (index % 3, index // 3))  # θ of every fibre, then φ, f
+    threads = _read_threads(len(images), math.prod(mask.shape) * n_samples * 4)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        futures = {index: pool.submit(read_one, index) for index in order}
+        saves = []
+        for parameter in range(3):
+            for index in order:
+                if index % 3 == parameter:
+                    futures[index].result()  # the first error (a damaged file) is raised here
+            if writer is not None:
+                saves.append(pool.submit(writer.save, names[parameter], arrays[parameter]))
+        for future in saves:
+            future.result()
     return BedpostSamples(*arrays, mask=mask, affine=mask_img.affine.copy(), path=str(folder))
 
 
 def _fill_finite(target: np.ndarray, data: np.ndarray) -> None:
     """``target[...] = data`` with NaN and ±Inf as 0, a slice at a time: the file's column-major
-    volume goes into the samples' voxel-major array, and whole-volume strided copies thrash the cache."""
+    volume goes into the samples' voxel-major array, and whole-volume strided copies thrash the cache.
+    Each slice is first gathered sample-minor into a small buffer (read in order, cleaned there),
+    then copied over in one pass (written in order)."""
+    buffer = np.empty(data.shape[:2] + data.shape[3:], dtype=target.dtype)
     for z in range(data.shape[2]):
-        slab = target[:, :, z]
-        slab[...] = data[:, :, z]
-        np.copyto(slab, 0.0, where=~np.isfinite(slab))
+        np.copyto(buffer, data[:, :, z], casting="unsafe")
+        np.copyto(buffer, 0.0, where=~np.isfinite(buffer))
+        target[:, :, z] = buffer
 
 
 def dyad_volume(samples: BedpostSamples, name: str = "dyads") -> DyadsVolume:
@@ -208,6 +262,16 @@ BEDPOSTX_OUTPUTS = {
 }
 
 
+def _bedpostx_folder(folder: str | os.PathLike) -> Path:
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise InputError(
+            "the output path exists and is not a folder", path=out, fix="Give a folder name, or move the file away"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def save_bedpostx(
     folder: str | os.PathLike,
     samples: BedpostSamples,
@@ -224,12 +288,7 @@ def save_bedpostx(
     :class:`~app.io.DWI` holds them) are written in FSL format when given. Every
     file is written atomically; gzip runs on several threads.
     """
-    out = Path(folder)
-    if out.exists() and not out.is_dir():
-        raise InputError(
-            "the output path exists and is not a folder", path=out, fix="Give a folder name, or move the file away"
-        )
-    out.mkdir(parents=True, exist_ok=True)
+    out = _bedpostx_folder(folder)
     aff = samples.affine
     dyads, dispersion = samples.dyads()
     jobs: list[tuple[np.ndarray, str, type]] = []
@@ -254,5 +313,91 @@ def save_bedpostx(
     written = [name for _, name, _ in jobs]
     if bvals is not None and bvecs is not None:
         save_gradients(bvals, bvecs, aff, out / "bvals", out / "bvecs")
+        written += ["bvals", "bvecs"]
+    return {name: str(out / name) for name in written}
+
+
+#: Bytes of one slab of samples (a few volumes) scattered and compressed at a time per file.
+WRITE_SLAB_BYTES = 64 << 20
+
+
+def _on_grid(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+    out = np.zeros(mask.shape + values.shape[1:], dtype=np.float32)
+    out[mask] = values
+    return out
+
+
+def _sample_slabs(mask: np.ndarray, flat_index: np.ndarray, values: np.ndarray):
+    """The (X, Y, Z, k) slabs of a merged samples file from the masked (N, S) ``values``: a few
+    samples at a time scattered into zeroed volumes, in the file's column-major order."""
+    n_samples = values.shape[1]
+    step = max(1, WRITE_SLAB_BYTES // (4 * mask.size))
+    for start in range(0, n_samples, step):
+        part = np.ascontiguousarray(values[:, start : start + step].T)  # (k, N): read once, in order
+        out = np.zeros((part.shape[0], mask.size), dtype=np.float32)
+        out[:, flat_index] = part
+        yield out.reshape(part.shape[0], *mask.shape[::-1]).T  # a column-major (X, Y, Z, k) view
+
+
+def save_bedpostx_masked(
+    folder: str | os.PathLike,
+    mask: np.ndarray,
+    affine: np.ndarray,
+    theta: np.ndarray,
+    phi: np.ndarray,
+    f: np.ndarray,
+    *,
+    s0: np.ndarray | None = None,
+    d: np.ndarray | None = None,
+    bvals: np.ndarray | None = None,
+    bvecs: np.ndarray | None = None,
+) -> dict[str, str]:
+    """:func:`save_bedpostx` from the samples of the voxels in ``mask`` only: θ, φ, f as
+    (N, n_fibres, n_samples) and ``s0``/``d`` as (N, n_samples), in ``mask``'s (C) voxel order.
+
+    The same files, value for value, without the (X, Y, Z, n_fibres, n_samples) arrays: each
+    merged file is scattered into its grid a few volumes at a time and compressed as it goes
+    (:func:`~app.io.nifti.save_volume_slabs`), several files at once."""
+    out = _bedpostx_folder(folder)
+    mask = np.asarray(mask, dtype=bool)
+    shape = (*mask.shape, theta.shape[2])
+    flat_index = np.ravel_multi_index(np.nonzero(mask), mask.shape, order="F")
+    merged = [
+        (values[:, i, :], f"merged_{key}{i + 1}samples.nii.gz")
+        for i in range(theta.shape[1])
+        for key, values in (("th", theta), ("ph", phi), ("f", f))
+    ]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        futures = [
+            pool.submit(save_volume_slabs, shape, affine, out / name, _sample_slabs(mask, flat_index, values))
+            for values, name in merged
+        ]
+        # the mean dyads (float64, per sample) are computed here while the pool compresses the samples
+        dyads = np.empty((*theta.shape[:2], 3), dtype=np.float32)
+        dispersion = np.empty(theta.shape[:2], dtype=np.float32)
+        for start in range(0, theta.shape[0], DYAD_BLOCK_VOXELS):
+            block = slice(start, start + DYAD_BLOCK_VOXELS)
+            dyads[block], dispersion[block] = dyadic_mean(theta[block], phi[block])
+        small: list[tuple[np.ndarray, str, type]] = []
+        for i in range(theta.shape[1]):
+            n = i + 1
+            for key, values in (("th", theta), ("ph", phi), ("f", f)):
+                small.append(
+                    (_on_grid(mask, values[:, i, :].mean(axis=-1)), f"mean_{key}{n}samples.nii.gz", np.float32)
+                )
+            small.append((_on_grid(mask, dyads[:, i, :]), f"dyads{n}.nii.gz", np.float32))
+            small.append((_on_grid(mask, dispersion[:, i]), f"dyads{n}_dispersion.nii.gz", np.float32))
+        small.append((_on_grid(mask, f.mean(axis=-1).sum(axis=-1)), "mean_fsumsamples.nii.gz", np.float32))
+        if s0 is not None:
+            small.append((_on_grid(mask, s0.mean(axis=-1)), "mean_S0samples.nii.gz", np.float32))
+        if d is not None:
+            small.append((_on_grid(mask, d.mean(axis=-1)), "mean_dsamples.nii.gz", np.float32))
+        small.append((mask, "nodif_brain_mask.nii.gz", np.uint8))
+        futures += [pool.submit(save_volume, data, affine, out / name, dtype=dtype) for data, name, dtype in small]
+        for future in futures:
+            future.result()
+    written = [name for _, name in merged] + [name for _, name, _ in small]
+    if bvals is not None and bvecs is not None:
+        save_gradients(bvals, bvecs, affine, out / "bvals", out / "bvecs")
         written += ["bvals", "bvecs"]
     return {name: str(out / name) for name in written}

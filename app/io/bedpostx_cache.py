@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -96,48 +97,105 @@ def settled(sources: list[Path], now: float | None = None) -> bool:
     return all(now - path.stat().st_mtime >= SETTLE_S for path in sources)
 
 
+class EntryWriter:
+    """An entry written array by array (each as soon as it is complete, possibly on other threads),
+    then published at once by :meth:`commit`; nothing is visible to readers before that.
+
+    Every failure (no space, no permission) is kept and reported by :meth:`commit` as one warning;
+    the temporary folder is then removed, so a failed write never leaves half an entry."""
+
+    def __init__(self, folder: Path, sources: list[Path], prints: list[dict]):
+        self.folder, self.sources, self.prints = folder, sources, prints
+        self.entry = entry_dir(folder)
+        self.tmp = self.entry.with_name(f".{self.entry.name}.tmp-{secrets.token_hex(4)}")
+        self.error: OSError | None = None
+        self.saved: dict[str, tuple[int, ...]] = {}
+        self._created = False
+        self._lock = threading.Lock()
+
+    def begin(self, needed: int) -> bool:
+        """Make the temporary folder when ``needed`` bytes fit on the disk; False (error kept) if not."""
+        try:
+            self.entry.parent.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(self.entry.parent).free
+            if needed + (256 << 20) > free:
+                raise OSError(28, f"needs {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
+            self.tmp.mkdir()
+            self._created = True
+        except OSError as exc:
+            self.error = exc
+        return self.error is None
+
+    def save(self, name: str, array: np.ndarray) -> None:
+        """Write one array of the entry (thread-safe; after a failure, nothing more is written)."""
+        if self.error is not None or not self._created:
+            return
+        try:
+            np.save(self.tmp / f"{name}.npy", np.asarray(array), allow_pickle=False)
+        except OSError as exc:
+            with self._lock:
+                self.error = self.error or exc
+            return
+        with self._lock:
+            self.saved[name] = tuple(array.shape)
+
+    def commit(self, affine: np.ndarray) -> Path | None:
+        """Publish the entry (all of :data:`ARRAYS` saved, sources unchanged since ``prints``);
+        returns it, or None with one warning line (or one info line when a source changed)."""
+        try:
+            if self.error is not None:
+                raise self.error
+            if fingerprint(self.sources) != self.prints:
+                log.info("%s changed while it was read; not cached", self.folder)
+                return None
+            manifest = {
+                "format": FORMAT_VERSION,
+                "folder": str(self.folder.resolve()),
+                "sources": self.prints,
+                "shapes": {name: list(self.saved[name]) for name in ARRAYS},
+                "affine": np.asarray(affine, dtype=np.float64).tolist(),
+            }
+            (self.tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+            if self.entry.exists():
+                shutil.rmtree(self.entry, ignore_errors=True)  # a stale entry of this folder
+            os.replace(self.tmp, self.entry)
+        except OSError as exc:
+            reason = _REASONS.get(exc.errno, exc.strerror or str(exc))
+            log.warning(
+                "could not cache the bedpostX folder %s in %s (%s); it is read directly each time",
+                self.folder,
+                self.entry,
+                reason,
+            )
+            return None
+        finally:
+            self.abandon()
+        size = sum(int(np.prod(shape)) * (1 if name == "mask" else 4) for name, shape in self.saved.items())
+        log.warning(
+            "bedpostX folder %s cached in %s (%.1f GiB); later runs map it instead of reading it",
+            self.folder,
+            self.entry,
+            size / 2**30,
+        )
+        return self.entry
+
+    def abandon(self) -> None:
+        """Remove the temporary folder (nothing once it was published)."""
+        with contextlib.suppress(OSError):
+            if self.tmp.exists():
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def write_entry(folder: Path, sources: list[Path], arrays: dict[str, np.ndarray], prints: list[dict]) -> Path | None:
     """Write ``arrays`` (theta, phi, f, mask, affine) as ``folder``'s entry; ``prints`` is the
     :func:`fingerprint` taken before the files were read (a file changed meanwhile is not cached).
 
     Returns the entry, or None with one warning line when it cannot be written."""
-    entry = entry_dir(folder)
-    tmp = entry.with_name(f".{entry.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        if fingerprint(sources) != prints:
-            log.info("%s changed while it was read; not cached", folder)
-            return None
-        needed = sum(int(arrays[name].nbytes) for name in ARRAYS)
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(entry.parent).free
-        if needed + (256 << 20) > free:
-            raise OSError(28, f"needs {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
-        tmp.mkdir()
-        for name in ARRAYS:
-            np.save(tmp / f"{name}.npy", np.asarray(arrays[name]), allow_pickle=False)
-        manifest = {
-            "format": FORMAT_VERSION,
-            "folder": str(folder.resolve()),
-            "sources": prints,
-            "shapes": {name: list(arrays[name].shape) for name in ARRAYS},
-            "affine": np.asarray(arrays["affine"], dtype=np.float64).tolist(),
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-        if entry.exists():
-            shutil.rmtree(entry, ignore_errors=True)  # a stale entry of this folder
-        os.replace(tmp, entry)
-    except OSError as exc:
-        reason = _REASONS.get(exc.errno, exc.strerror or str(exc))
-        log.warning(
-            "could not cache the bedpostX folder %s in %s (%s); it is read directly each time", folder, entry, reason
-        )
+    writer = EntryWriter(folder, sources, prints)
+    if fingerprint(sources) != prints:
+        log.info("%s changed while it was read; not cached", folder)
         return None
-    finally:
-        with contextlib.suppress(OSError):
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    size = sum(int(arrays[name].nbytes) for name in ARRAYS) / 2**30
-    log.warning(
-        "bedpostX folder %s cached in %s (%.1f GiB); later runs map it instead of reading it", folder, entry, size
-    )
-    return entry
+    if writer.begin(sum(int(arrays[name].nbytes) for name in ARRAYS)):
+        for name in ARRAYS:
+            writer.save(name, arrays[name])
+    return writer.commit(arrays["affine"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import nibabel as nib
@@ -332,18 +333,66 @@ def check_same_grid(affine, shape, reference: Volume, path, what: str) -> None:
         )
 
 
+def _nifti_image(data, affine: np.ndarray, intent=None) -> nib.Nifti1Image:
+    img = nib.Nifti1Image(data, affine)
+    img.header.set_xyzt_units("mm", "sec")
+    img.set_qform(affine, code=1)
+    img.set_sform(affine, code=1)
+    if intent is not None:
+        img.header.set_intent(intent)
+    return img
+
+
 def save_volume(data: np.ndarray, affine: np.ndarray, path: str | os.PathLike, *, dtype=None, intent=None) -> Path:
     """Write ``data`` as NIfTI-1 atomically; the suffix (.nii/.nii.gz) picks compression."""
     path = Path(path)
     array = np.asarray(data)
     if dtype is not None:
         array = array.astype(dtype, copy=False)  # float32 maps are written as they are, not copied
-    img = nib.Nifti1Image(array, affine)
-    img.header.set_xyzt_units("mm", "sec")
-    img.set_qform(affine, code=1)
-    img.set_sform(affine, code=1)
-    if intent is not None:
-        img.header.set_intent(intent)
+    img = _nifti_image(array, affine, intent)
     with atomic_path(path) as tmp:
         nib.save(img, tmp)
+    return path
+
+
+def save_volume_slabs(
+    shape: tuple[int, ...],
+    affine: np.ndarray,
+    path: str | os.PathLike,
+    slabs: Iterable[np.ndarray],
+    *,
+    dtype=np.float32,
+    intent=None,
+) -> Path:
+    """Write a NIfTI-1 image of ``shape`` whose data come as slabs of its last axis, in order:
+    the same file as :func:`save_volume` of the whole array, without the whole array in memory.
+
+    Each slab is an array of ``shape[:-1] + (k,)`` (any layout); it is written in the file's
+    column-major order as it comes. The header is nibabel's, made as ``nib.save`` makes it
+    (``to_file_map``: same scaling decision, offset and extensions) for an array of this shape
+    and type."""
+    from nibabel.arraywriters import get_slope_inter, make_array_writer
+    from nibabel.volumeutils import seek_tell
+
+    path = Path(path)
+    dtype = np.dtype(dtype)
+    template = np.broadcast_to(np.zeros((), dtype), shape)  # no memory: only shape and type
+    img = _nifti_image(template, affine, intent)
+    img.update_header()
+    header = img.header
+    writer = make_array_writer(template, dtype, header.has_data_slope, header.has_data_intercept)
+    header.set_slope_inter(*get_slope_inter(writer))
+    done = 0
+    with atomic_path(path) as tmp:
+        with nib.openers.ImageOpener(tmp, "wb") as stream:
+            header.write_to(stream)
+            seek_tell(stream, header.get_data_offset(), write0=True)
+            for slab in slabs:
+                slab = np.asarray(slab, dtype=dtype)
+                if slab.shape[:-1] != tuple(shape[:-1]) or done + slab.shape[-1] > shape[-1]:
+                    raise ValueError(f"slab of shape {slab.shape} does not continue an image of shape {shape}")
+                stream.write(np.asfortranarray(slab).T.tobytes() if not slab.flags.f_contiguous else slab.T.data)
+                done += slab.shape[-1]
+        if done != shape[-1]:
+            raise ValueError(f"{done} of the {shape[-1]} slabs of {path.name} were given")
     return path

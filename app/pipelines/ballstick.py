@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..errors import InputError
 from ..estimates import ANNOUNCE_S, BALLSTICK_CPU_VOXELS_PER_S, ballstick_estimate
 from ..io import DWI, fsl_to_voxel_vectors
 from ..io._atomic import write_text_atomic
-from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_bedpostx
+from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_bedpostx_masked
 from ..model import Volume
 from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
@@ -40,23 +41,48 @@ CPU_WARN_S = ANNOUNCE_S
 
 @dataclass
 class BallStickResult:
-    """Samples on the DWI grid (host arrays) plus the fit's provenance and notes."""
+    """The fit's samples of the voxels in ``mask`` (host arrays, FSL frame) plus its provenance
+    and notes. The samples stay masked until written (:func:`write_ballstick_outputs` streams
+    them into the bedpostX files); :attr:`samples`, :attr:`s0` and :attr:`d` are the grid arrays,
+    made on first use (for the GUI's layers and scripts)."""
 
-    samples: BedpostSamples  # θ, φ, f: (X, Y, Z, n_fibres, n_samples), FSL frame
-    s0: np.ndarray  # (X, Y, Z, n_samples)
-    d: np.ndarray  # (X, Y, Z, n_samples), mm²/s
+    mask: np.ndarray
+    affine: np.ndarray
     fit: BallStickFit
     bvals: np.ndarray
     bvecs: np.ndarray  # voxel axes, as DWI holds them
     mask_source: str
     warnings: list[str] = field(default_factory=list)
+    path: str = ""
+
+    def _grid(self, values: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.mask.shape + values.shape[1:], dtype=np.float32)
+        out[self.mask] = values
+        return out
+
+    @cached_property
+    def samples(self) -> BedpostSamples:
+        """θ, φ, f as (X, Y, Z, n_fibres, n_samples), FSL frame."""
+        fit = self.fit
+        theta, phi, f = self._grid(fit.theta), self._grid(fit.phi), self._grid(fit.f)
+        return BedpostSamples(theta=theta, phi=phi, f=f, mask=self.mask, affine=self.affine, path=self.path)
+
+    @cached_property
+    def s0(self) -> np.ndarray:
+        """(X, Y, Z, n_samples)."""
+        return self._grid(self.fit.s0)
+
+    @cached_property
+    def d(self) -> np.ndarray:
+        """(X, Y, Z, n_samples), mm²/s."""
+        return self._grid(self.fit.d)
 
     def dyads(self) -> Volume:
         """Mean stick directions and fractions as a ``dyads`` display volume (voxel axes)."""
         return dyad_volume(self.samples, "dyads")
 
     def mean_f(self, stick: int = 0) -> np.ndarray:
-        return self.samples.f[..., stick, :].mean(axis=-1)
+        return self._grid(self.fit.f[:, stick, :].mean(axis=-1))
 
     def summary(self) -> dict:
         fit = self.fit
@@ -68,9 +94,9 @@ class BallStickResult:
                 means[f"f{i + 1}_mean"] = float(fmean[:, i].mean())
             means["d_mean"] = float(fit.d[ok].mean())
         return {
-            "voxels_fitted": int(self.samples.mask.sum()),
+            "voxels_fitted": int(self.mask.sum()),
             "mask": self.mask_source,
-            "samples": self.samples.n_samples,
+            "samples": int(self.fit.theta.shape[2]),
             "flags": fit.flag_counts(),
             "acceptance_mean": [float(a) for a in fit.acceptance[ok].mean(axis=0)] if ok.any() else None,
             **means,
@@ -132,20 +158,24 @@ def fit_ballstick_pipeline(
     for name, count in fit.flag_counts().items():
         warnings.append(f"{count} voxel(s) flagged '{name}'")
 
-    def grid(values: np.ndarray) -> np.ndarray:
-        out = np.zeros(dwi.shape3 + values.shape[1:], dtype=np.float32)
-        out[mask] = values
-        return out
-
-    samples = BedpostSamples(
-        theta=grid(fit.theta), phi=grid(fit.phi), f=grid(fit.f), mask=mask, affine=dwi.affine.copy(), path=dwi.path
-    )
-    return BallStickResult(samples, grid(fit.s0), grid(fit.d), fit, dwi.bvals, dwi.bvecs, mask_source, warnings)
+    return BallStickResult(mask, dwi.affine.copy(), fit, dwi.bvals, dwi.bvecs, mask_source, warnings, path=dwi.path)
 
 
 def write_ballstick_outputs(result: BallStickResult, outdir: str | os.PathLike) -> dict[str, str]:
     """Write the bedpostX folder (:data:`app.io.bedpostx.BEDPOSTX_OUTPUTS`) and ``fit_ballstick.json``."""
-    files = save_bedpostx(outdir, result.samples, s0=result.s0, d=result.d, bvals=result.bvals, bvecs=result.bvecs)
+    fit = result.fit
+    files = save_bedpostx_masked(
+        outdir,
+        result.mask,
+        result.affine,
+        fit.theta,
+        fit.phi,
+        fit.f,
+        s0=fit.s0,
+        d=fit.d,
+        bvals=result.bvals,
+        bvecs=result.bvecs,
+    )
     summary = Path(outdir) / "fit_ballstick.json"
     write_text_atomic(json.dumps(result.summary(), indent=2, default=str), summary)
     files["fit_ballstick.json"] = str(summary)
