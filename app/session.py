@@ -128,6 +128,7 @@ def snapshot_layer(layer: Layer) -> Layer:
     twin._session_uid = layer_uid(layer)
     twin.provenance = copy.deepcopy(layer.provenance)
     twin.selection = None if layer.selection is None else np.array(layer.selection, dtype=bool)
+    twin.selection_by = layer.selection_by
     data = _detached(layer.data)
     if isinstance(data, RoiMask):
         data.mask = np.array(layer.data.mask, dtype=bool)
@@ -238,6 +239,7 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         entry["scalars"] = scalar_types(data)  # TRX writes no array of a 0-streamline tractogram
         if layer.selection is not None:
             parts.append(_npy_part("selection", layer.selection, ("selection", _digest(layer.selection))))
+            entry["selection_by"] = layer.selection_by  # what made it, said with every count
         return entry, parts
     if layer.kind == "roi":
         mask = data.mask.astype(np.uint8)
@@ -462,6 +464,7 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
             layer.selection = np.load(_member(folder, files["selection"]), allow_pickle=False).astype(bool)
             if layer.selection.shape != (len(tract),):
                 raise ValueError("the selection does not match the tractogram")
+            layer.selection_by = entry.get("selection_by")
     elif kind == "roi":
         role = entry.get("role", "seed")
         if role not in ROI_ROLES:

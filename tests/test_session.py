@@ -232,3 +232,14 @@ def test_integer_and_boolean_layers_round_trip_with_their_dtype(tmp_path, suffix
         back = reopened.layer(name).data.data
         assert back.dtype == array.dtype, name
         np.testing.assert_array_equal(back, array, err_msg=name)
+
+
+def test_a_selection_comes_back_with_what_made_it(demo_document, tmp_path):
+    layer = next(layer for layer in demo_document.layers if layer.kind == "tractogram")
+    keep = np.zeros(len(layer.data), dtype=bool)
+    keep[::3] = True
+    layer.set_selection(keep, by="ROIs seed, target")
+    doc = load_session(save_session(demo_document, tmp_path / "selected")).document
+    back = doc.layer(layer.name)
+    np.testing.assert_array_equal(back.selection, keep)
+    assert back.selection_by == "ROIs seed, target"  # not "a selection" after reopening
