@@ -255,6 +255,8 @@ class PathLength:
         if shift:
             points = xp.concatenate([xp.asarray(self.last_point)[None], points])
         rotation = xp.asarray(self.rotation)
+        if xp is not np:  # NumPy multiplies float32 by float64 as float64: the same, said outright
+            points = points.astype(np.float64)
         segments = xp.linalg.norm(xp.diff(_times(xp, points, rotation), axis=0), axis=1)
         cumulative = xp.cumsum(xp.concatenate([xp.full(1, self.total), segments]))
         lengths = cumulative[offsets[1:] - 1 + shift] - cumulative[offsets[:-1] + shift]
@@ -289,6 +291,8 @@ class StreamlineScalars:
         for first, last in piece_bounds(host_offsets, piece_points):
             base, end = int(host_offsets[first]), int(host_offsets[last])
             piece = points[base:end]
-            fa[base:end] = sample_volume(xp, volume, piece)
-            lengths[first:last] = self.path_length.lengths(piece, offsets[first : last + 1] - base, xp)
+            fa[base:end] = sample_volume(xp, volume, piece).astype(np.float32)
+            lengths[first:last] = self.path_length.lengths(piece, offsets[first : last + 1] - base, xp).astype(
+                np.float32
+            )
         return {"fa": fa}, {"length_mm": lengths}

@@ -27,7 +27,9 @@ import contextlib
 import io
 import json
 import os
+import queue
 import shutil
+import threading
 import warnings
 import zipfile
 from pathlib import Path
@@ -40,10 +42,12 @@ from ..model import Tractogram
 from ._atomic import atomic_path, save_error
 from .tractogram import _suffix, check_output_suffix, log, nib_tractogram_mm, trk_header, trx_reference
 
-__all__ = ["POSITION_DTYPES", "TractogramWriter", "open_tractogram_writer"]
+__all__ = ["POSITION_DTYPES", "QUEUED_PARTS", "TractogramWriter", "open_tractogram_writer"]
 
 #: Position dtypes of a written tractogram: float32 everywhere, float16 in .trx only.
 POSITION_DTYPES = ("float32", "float16")
+#: Parts waiting for the thread of a background writer (each at most a piece of a batch).
+QUEUED_PARTS = 2
 # Block size of copying the arrays that grew beside a .trx into it.
 _COPY_BLOCK = 16 << 20
 # The affine is applied as one matrix product per part; a product of a single row takes
@@ -67,10 +71,26 @@ class TractogramWriter:
 
     Use as a context manager (closed on success, aborted on an exception) or call
     :meth:`close` / :meth:`abort` yourself. ``streamlines`` and ``points`` count what was
-    appended.
+    written.
+
+    With ``background=True`` a thread of the writer writes the parts while the caller computes
+    the next ones (the arrays' work and the file's writes release the GIL): :meth:`append`
+    checks the part and queues it, waiting only while :data:`QUEUED_PARTS` parts are queued,
+    so memory stays bounded. A failure of the thread comes out of the next :meth:`append` or
+    of :meth:`close`, as it would have come out of the append that met it, and the file is
+    dropped.
     """
 
-    def __init__(self, path, affine, dimensions, *, keep_scalars: bool = True, positions_dtype: str = "float32"):
+    def __init__(
+        self,
+        path,
+        affine,
+        dimensions,
+        *,
+        keep_scalars: bool = True,
+        positions_dtype: str = "float32",
+        background: bool = False,
+    ):
         self.path = check_output_suffix(path)
         self.suffix = _suffix(self.path)
         if positions_dtype not in POSITION_DTYPES:
@@ -87,11 +107,17 @@ class TractogramWriter:
         self._stack = contextlib.ExitStack()
         self._tmp = self._stack.enter_context(atomic_path(self.path))
         self._open = True
+        self._worker: threading.Thread | None = None
+        self._failure: BaseException | None = None
         try:
             self._format = (_TrxParts if self.suffix == ".trx" else _NibabelParts)(self)
         except BaseException:
             self.abort()
             raise
+        if background:
+            self._queue: queue.Queue = queue.Queue(QUEUED_PARTS)
+            self._worker = threading.Thread(target=self._write_queued, name="tractogram writer", daemon=True)
+            self._worker.start()
 
     def append(self, part: Tractogram) -> None:
         """Write the streamlines of ``part`` (voxel coordinates of this writer's grid)."""
@@ -110,21 +136,53 @@ class TractogramWriter:
             raise ValueError(f"{self.path}: every part must have the scalars {self._names}, got {names}")
         if len(part) == 0:
             return
+        if self._worker is not None:
+            self._raise_failure()
+            self._queue.put(part)
+            return
         try:
-            self._format.append(part)
-        except OSError as exc:
-            self.abort()
-            raise save_error(exc, self.path) from exc
-        except BaseException:
-            self.abort()
-            raise
+            self._write(part)
+        except BaseException as exc:
+            self._failed(exc)
+
+    def _write(self, part: Tractogram) -> None:
+        self._format.append(part)
         self.streamlines += len(part)
         self.points += len(part.points)
 
+    def _write_queued(self) -> None:
+        """The thread of ``background=True``: the queued parts, in order, until ``None``."""
+        while (part := self._queue.get()) is not None:
+            if self._failure is None and self._open:
+                try:
+                    self._write(part)
+                except BaseException as exc:  # given to the caller by its next append or close
+                    self._failure = exc
+            del part
+
+    def _stop_worker(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            self._failed(self._failure)
+
+    def _failed(self, exc: BaseException):
+        """Drop the file and raise ``exc`` (a failure to write as a :class:`SaveError`)."""
+        self.abort()
+        if isinstance(exc, OSError):
+            raise save_error(exc, self.path) from exc
+        raise exc
+
     def close(self) -> Path:
-        """Finish the file and move it to its name."""
+        """Finish the file (after the queued parts) and move it to its name."""
         if not self._open:
             return self.path
+        self._stop_worker()
+        self._raise_failure()
         try:
             self._format.finish()
         except OSError as exc:
@@ -141,7 +199,8 @@ class TractogramWriter:
         """Drop what was written; the target (and any previous file there) is left as it was."""
         if not self._open:
             return
-        self._open = False
+        self._open = False  # the thread drops what is still queued
+        self._stop_worker()
         with contextlib.suppress(Exception):
             self._format.discard()
         # leaving atomic_path by an exception removes its temporary file
@@ -168,10 +227,14 @@ def open_tractogram_writer(
     *,
     keep_scalars: bool = True,
     positions_dtype: str = "float32",
+    background: bool = False,
 ) -> TractogramWriter:
     """A :class:`TractogramWriter` for ``path`` (format from the suffix) on the grid
-    (``affine`` voxel -> RAS mm, ``dimensions``) of the parts to come."""
-    return TractogramWriter(path, affine, dimensions, keep_scalars=keep_scalars, positions_dtype=positions_dtype)
+    (``affine`` voxel -> RAS mm, ``dimensions``) of the parts to come; ``background``: written
+    by a thread while the caller goes on."""
+    return TractogramWriter(
+        path, affine, dimensions, keep_scalars=keep_scalars, positions_dtype=positions_dtype, background=background
+    )
 
 
 class _NibabelParts:

@@ -15,8 +15,9 @@ default all of them on a GPU, 20 000 on the CPU), it times (best of ``--repeats`
   does for CPU batches (:func:`app.pipelines.track_parts.deterministic_part`);
 - ``write_trx``: appending the parts to a ``.trx`` and closing it (:mod:`app.io.tractogram_stream`),
   against ``disk``: the same number of bytes written with plain large writes and flushed;
-- ``pipeline``: :func:`app.pipelines.track.deterministic_pipeline` writing to a ``.trx``, as
-  ``track deterministic --whole-brain`` runs it (without start-up and reading).
+- ``pipeline``: :func:`app.pipelines.track.deterministic_pipeline` writing to a ``.trx`` through
+  a background writer, as ``track deterministic --whole-brain`` runs it (without start-up and
+  reading).
 
 Not part of the test run; takes about a minute on the GPU machine (1.15 M seeds, ~170 M points).
 """
@@ -132,8 +133,8 @@ def main() -> None:
 
     rows["disk"], _ = best(args.repeats, disk)
 
-    def pipeline():
-        with open_tractogram_writer(target, field_.affine, field_.shape) as writer:
+    def pipeline():  # the writer's thread writes while the next batch is tracked, as in the command
+        with open_tractogram_writer(target, field_.affine, field_.shape, background=True) as writer:
             deterministic_pipeline(field_, seed_points=seeds, params=params, device=backend, sink=writer.append)
 
     rows["pipeline"], _ = best(args.repeats, pipeline)
