@@ -251,12 +251,12 @@ class PathLength:
         """Lengths ``(S,)`` float64 of the streamlines ``offsets`` (on ``xp``) over ``points``."""
         if len(offsets) == 1:
             return xp.zeros(0)
-        shift = 0 if self.last_point is None else 1
-        if shift:
-            points = xp.concatenate([xp.asarray(self.last_point)[None], points])
-        rotation = xp.asarray(self.rotation)
         if xp is not np:  # NumPy multiplies float32 by float64 as float64: the same, said outright
             points = points.astype(np.float64)
+        shift = 0 if self.last_point is None else 1
+        if shift:
+            points = xp.concatenate([xp.asarray(self.last_point, dtype=points.dtype)[None], points])
+        rotation = xp.asarray(self.rotation)
         segments = xp.linalg.norm(xp.diff(_times(xp, points, rotation), axis=0), axis=1)
         cumulative = xp.cumsum(xp.concatenate([xp.full(1, self.total), segments]))
         lengths = cumulative[offsets[1:] - 1 + shift] - cumulative[offsets[:-1] + shift]
