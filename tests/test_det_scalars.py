@@ -123,3 +123,23 @@ def test_subset_pieces_and_concatenate_carry_the_scalars():
     joined = StreamlineBatch.concatenate(pieces)
     consistent(joined)
     np.testing.assert_array_equal(joined.point_scalars["fa"], batch.point_scalars["fa"])
+
+
+@pytest.mark.gpu
+def test_scalars_on_the_gpu_match_the_host_on_the_same_points():
+    """On CuPy (the GPU pipeline): FA per point and lengths of the GPU's own streamlines equal
+    what the host computes from them, within float rounding (summation order on the device)."""
+    field_ = _curving_field(40)
+    gpu = deterministic_pipeline(field_, whole_brain=True, params=PARAMS, device="gpu", max_batch=500).tractogram
+    assert len(gpu) > 1000
+    host = deterministic_part(
+        StreamlineBatch(gpu.points, gpu.offsets, np.zeros(len(gpu)), np.zeros((len(gpu), 2)), np.zeros(len(gpu))),
+        field_.fa,
+        field_.affine,
+        field_.shape,
+        "d",
+        PathLength(field_.affine),
+    )
+    np.testing.assert_allclose(gpu.point_scalars["fa"], host.point_scalars["fa"], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(gpu.streamline_scalars["length_mm"], host.streamline_scalars["length_mm"], rtol=1e-5)
+    assert gpu.streamline_scalars["length_mm"].max() > 10
