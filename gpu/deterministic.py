@@ -31,6 +31,8 @@ Two engines compute this: array operations over all live streamlines of a batch
 in float64 from a float32 tensor field and return float32 points: the kernel is a
 few per cent of the end-to-end time (gathering and copying the points dominate), so
 double precision costs nothing visible and keeps the two engines within 1e-5 voxel.
+What the caller needs at every point (FA, lengths: ``track(scalars=...)``) is computed
+on the device too, before the copy, so that the host only writes.
 """
 
 from __future__ import annotations

@@ -10,10 +10,13 @@ the same scalar names in every part) and writes it at once:
   at close, so the file has the same bytes as :func:`~app.io.tractogram.save_tractogram`
   of the whole.
 - ``.trx``: trx-python's uncompressed layout (``positions.3.float32``, ``offsets.uint32``,
-  ``dpv/``, ``dps/``, ``header.json``): the positions are written straight into their zip
-  member, the other arrays grow beside it and are copied in at close; the members are byte
-  for byte those of ``save_tractogram``. Positions
-  may be float16 (``positions_dtype``), which halves the file (about 0.01 mm error at 100 mm).
+  ``dpv/``, ``dps/``, ``header.json``, ZIP_STORED members): the positions are written straight
+  into their member of the zip, the other arrays grow beside it and are copied in at close; the
+  members are byte for byte those of ``save_tractogram``. Positions may be float16
+  (``positions_dtype``), which halves the file (about 0.01 mm error at 100 mm).
+
+With ``background=True`` the parts are written by the writer's own thread while the caller
+computes the next ones (``track deterministic`` does so).
 
 Writes are atomic (:func:`~app.io._atomic.atomic_path`): the file appears under its name at
 :meth:`TractogramWriter.close`; a failure or a cancel (leaving the ``with`` block by an
