@@ -21,7 +21,7 @@ from tractlens.app.io._atomic import SaveError
 from tractlens.app.io.tractogram_stream import open_tractogram_writer
 from tractlens.app.pipelines.track import deterministic_pipeline
 
-from .test_tractogram_stream import _curving_field, _random_tractogram, _same_file, _stream, _traced_peak
+from .test_tractogram_stream import AFFINE, _curving_field, _random_tractogram, _same_file, _stream, _traced_peak
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -134,3 +134,15 @@ def test_host_memory_per_output_point_with_the_writers_thread(tmp_path):
     slope = (large_peak - small_peak) / (large_points - small_points)
     print(f"background writer: {slope:.1f} bytes per output point")
     assert slope <= 10, f"{slope:.1f} bytes per point"
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 1000, (1 << 20) + 7, 3 << 20])
+def test_world_positions_of_a_part_are_those_of_the_whole(n):
+    """The writer's affine (the shift added as one flat sum, in blocks) gives the bits of
+    ``Tractogram.points_world``, for parts shorter and longer than its block."""
+    from tractlens.app.io.tractogram_stream import points_world_float32
+    from tractlens.app.model import Tractogram
+
+    rng = np.random.default_rng(n)
+    whole = Tractogram((rng.random((n + 40, 3)) * 100).astype(np.float32), [0, n + 40], AFFINE, (120, 140, 110))
+    np.testing.assert_array_equal(points_world_float32(whole.points[:n], AFFINE), whole.points_world()[:n])

@@ -66,7 +66,28 @@ def points_world_float32(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
         padded = np.zeros((_MIN_ROWS, 3), np.float32)
         padded[: len(points)] = points
         return (padded @ rotation + shift)[: len(points)]
-    return points @ rotation + shift
+    out = points @ rotation
+    _add_rows(out, shift)
+    return out
+
+
+#: Rows of the shift repeated once, for :func:`_add_rows` (12 MB).
+_TILE_ROWS = 1 << 20
+_tiles: dict[bytes, np.ndarray] = {}
+
+
+def _add_rows(out: np.ndarray, shift: np.ndarray) -> None:
+    """``out += shift`` for ``(N, 3)`` float32 ``out``, as one flat sum with the shift repeated:
+    the same additions, without NumPy's per-row loop over 3 values (twice as fast)."""
+    tile = _tiles.get(shift.tobytes())
+    if tile is None:
+        tile = np.tile(shift, _TILE_ROWS)
+        _tiles.clear()  # one grid at a time
+        _tiles[shift.tobytes()] = tile
+    flat = out.reshape(-1)
+    for start in range(0, len(flat), len(tile)):
+        part = flat[start : start + len(tile)]
+        part += tile[: len(part)]
 
 
 class TractogramWriter:
