@@ -146,3 +146,38 @@ def test_world_positions_of_a_part_are_those_of_the_whole(n):
     rng = np.random.default_rng(n)
     whole = Tractogram((rng.random((n + 40, 3)) * 100).astype(np.float32), [0, n + 40], AFFINE, (120, 140, 110))
     np.testing.assert_array_equal(points_world_float32(whole.points[:n], AFFINE), whole.points_world()[:n])
+
+
+def test_append_waits_while_the_queued_points_fill_the_budget(tmp_path, monkeypatch):
+    """Parts of 10 points with room for 25 queued: the third waits until the thread has
+    written the first; nothing is lost."""
+    from tractlens.app.model import Tractogram
+
+    gate = threading.Event()
+    real = tractogram_stream._TrxParts.append
+
+    def gated(self, part):
+        gate.wait(10)
+        real(self, part)
+
+    monkeypatch.setattr(tractogram_stream._TrxParts, "append", gated)
+    rng = np.random.default_rng(0)
+    parts = [Tractogram(rng.random((10, 3)).astype(np.float32), [0, 10], AFFINE, (120, 140, 110)) for _ in range(4)]
+    appended = []
+    with open_tractogram_writer(
+        tmp_path / "a.trx", AFFINE, (120, 140, 110), background=True, queued_points=25
+    ) as writer:
+
+        def feed():
+            for part in parts:
+                writer.append(part)
+                appended.append(1)
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        feeder.join(0.5)
+        assert len(appended) == 2 and feeder.is_alive()  # 20 points queued, the third part waits
+        gate.set()
+        feeder.join(10)
+        assert len(appended) == 4
+    assert writer.points == 40 and writer.streamlines == 4

@@ -45,12 +45,14 @@ from ..model import Tractogram
 from ._atomic import atomic_path, save_error
 from .tractogram import _suffix, check_output_suffix, log, nib_tractogram_mm, trk_header, trx_reference
 
-__all__ = ["POSITION_DTYPES", "QUEUED_PARTS", "TractogramWriter", "open_tractogram_writer"]
+__all__ = ["POSITION_DTYPES", "QUEUED_POINTS", "TractogramWriter", "open_tractogram_writer"]
 
 #: Position dtypes of a written tractogram: float32 everywhere, float16 in .trx only.
 POSITION_DTYPES = ("float32", "float16")
-#: Parts waiting for the thread of a background writer (each at most a piece of a batch).
-QUEUED_PARTS = 2
+#: Points a background writer may have queued before :meth:`TractogramWriter.append` waits: about
+#: one GPU batch (2^18 seeds), whose pieces (views of its arrays) are written while the next batch
+#: is tracked; 64 M points are 1 GB of float32 positions and FA.
+QUEUED_POINTS = 1 << 26
 # Block size of copying the arrays that grew beside a .trx into it.
 _COPY_BLOCK = 16 << 20
 # The affine is applied as one matrix product per part; a product of a single row takes
@@ -99,8 +101,8 @@ class TractogramWriter:
 
     With ``background=True`` a thread of the writer writes the parts while the caller computes
     the next ones (the arrays' work and the file's writes release the GIL): :meth:`append`
-    checks the part and queues it, waiting only while :data:`QUEUED_PARTS` parts are queued,
-    so memory stays bounded. A failure of the thread comes out of the next :meth:`append` or
+    checks the part and queues it, waiting only while ``queued_points`` (:data:`QUEUED_POINTS`)
+    points are queued, so memory stays bounded. A failure of the thread comes out of the next :meth:`append` or
     of :meth:`close`, as it would have come out of the append that met it, and the file is
     dropped.
     """
@@ -114,6 +116,7 @@ class TractogramWriter:
         keep_scalars: bool = True,
         positions_dtype: str = "float32",
         background: bool = False,
+        queued_points: int = QUEUED_POINTS,
     ):
         self.path = check_output_suffix(path)
         self.suffix = _suffix(self.path)
@@ -139,7 +142,9 @@ class TractogramWriter:
             self.abort()
             raise
         if background:
-            self._queue: queue.Queue = queue.Queue(QUEUED_PARTS)
+            self._queue: queue.Queue = queue.Queue()  # bounded by the points queued
+            self._room = threading.Condition()
+            self._queued_points, self._max_queued = 0, int(queued_points)
             self._worker = threading.Thread(target=self._write_queued, name="tractogram writer", daemon=True)
             self._worker.start()
 
@@ -161,8 +166,7 @@ class TractogramWriter:
         if len(part) == 0:
             return
         if self._worker is not None:
-            self._raise_failure()
-            self._queue.put(part)
+            self._queue_part(part)
             return
         try:
             self._write(part)
@@ -174,6 +178,19 @@ class TractogramWriter:
         self.streamlines += len(part)
         self.points += len(part.points)
 
+    def _queue_part(self, part: Tractogram) -> None:
+        """Queue ``part`` for the thread once there is room for its points (always when none are)."""
+        n = len(part.points)
+        with self._room:
+            self._room.wait_for(
+                lambda: (
+                    self._failure is not None or not self._queued_points or self._queued_points + n <= self._max_queued
+                )
+            )
+            self._queued_points += n
+        self._raise_failure()
+        self._queue.put(part)
+
     def _write_queued(self) -> None:
         """The thread of ``background=True``: the queued parts, in order, until ``None``."""
         while (part := self._queue.get()) is not None:
@@ -182,6 +199,9 @@ class TractogramWriter:
                     self._write(part)
                 except BaseException as exc:  # given to the caller by its next append or close
                     self._failure = exc
+            with self._room:
+                self._queued_points -= len(part.points)
+                self._room.notify_all()
             del part
 
     def _stop_worker(self) -> None:
@@ -252,12 +272,19 @@ def open_tractogram_writer(
     keep_scalars: bool = True,
     positions_dtype: str = "float32",
     background: bool = False,
+    queued_points: int = QUEUED_POINTS,
 ) -> TractogramWriter:
     """A :class:`TractogramWriter` for ``path`` (format from the suffix) on the grid
     (``affine`` voxel -> RAS mm, ``dimensions``) of the parts to come; ``background``: written
-    by a thread while the caller goes on."""
+    by a thread while the caller goes on (at most ``queued_points`` points queued)."""
     return TractogramWriter(
-        path, affine, dimensions, keep_scalars=keep_scalars, positions_dtype=positions_dtype, background=background
+        path,
+        affine,
+        dimensions,
+        keep_scalars=keep_scalars,
+        positions_dtype=positions_dtype,
+        background=background,
+        queued_points=queued_points,
     )
 
 
