@@ -12,7 +12,8 @@ default all of them on a GPU, 20 000 on the CPU), it times (best of ``--repeats`
 - ``track_with_scalars``: the same with FA per point and lengths computed by the tracker
   (:class:`gpu.streamlines.StreamlineScalars`: on a GPU before the copy);
 - ``host_scalars``: FA per point and lengths on the host, piece by piece, as the pipeline
-  does for CPU batches (:func:`app.pipelines.track_parts.deterministic_part`);
+  does for CPU batches (:func:`app.pipelines.track_parts.deterministic_part`; on a GPU over the
+  first batches up to ``--host-points``, 20 M by default: what the device now does instead);
 - ``write_trx``: appending the parts to a ``.trx`` and closing it (:mod:`app.io.tractogram_stream`),
   against ``disk``: the same number of bytes written with plain large writes and flushed;
 - ``pipeline``: :func:`app.pipelines.track.deterministic_pipeline` writing to a ``.trx`` through
@@ -64,10 +65,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--host-points", type=int, default=None, help="points of the host-scalars stage (default: all; 20 M on a GPU)"
+    )
     parser.add_argument("--folder", default=tempfile.gettempdir(), help="where the .trx files are written")
     parser.add_argument("--out", default=None, help="JSON file of the results")
     args = parser.parse_args()
     backend = get_backend(args.device)
+    if args.host_points is None and backend.is_gpu:
+        args.host_points = 20_000_000
 
     tensor, _fa, brain = hcp_like_field()
     affine = np.diag([-VOXEL_MM, VOXEL_MM, VOXEL_MM, 1.0])
@@ -91,10 +97,11 @@ def main() -> None:
         from tractlens.gpu.streamlines import StreamlineScalars
     except ImportError:  # before the tracker computed them
         StreamlineScalars = None
+    scalar_batches = None
     if StreamlineScalars is not None:
         scalars = StreamlineScalars(field_.fa, field_.affine)  # compile CuPy's kernels of its array code
         list(deterministic.track(tf, seeds[:1000], params, device=backend, scalars=scalars))
-        rows["track_with_scalars"], _ = best(
+        rows["track_with_scalars"], scalar_batches = best(
             args.repeats,
             lambda: list(
                 deterministic.track(
@@ -103,20 +110,34 @@ def main() -> None:
             ),
         )
 
-    def host_parts():
+    def parts_of(chosen, plain: bool):
+        """Tractogram parts as the pipeline makes them (``plain``: FA and lengths on the host)."""
         path_length = PathLength(field_.affine)
         return [
             deterministic_part(piece, field_.fa, field_.affine, field_.shape, "d", path_length)
-            for batch in batches
-            for piece in StreamlineBatch(
-                batch.points, batch.offsets, batch.seed_index, batch.stop, batch.seed_point
+            for batch in chosen
+            for piece in (
+                StreamlineBatch(batch.points, batch.offsets, batch.seed_index, batch.stop, batch.seed_point)
+                if plain
+                else batch
             ).pieces(PIECE_POINTS)
         ]
 
-    # the host stages take seconds per 100 M points: timed once on a GPU (whole brain), so the
-    # whole benchmark stays within about a minute and a half there
+    # The host's scalars take seconds per 10 M points: on a GPU (whole brain) they are timed on
+    # the first batches up to --host-points, the host stages once, so the whole benchmark stays
+    # within a minute and a half there.
     host_repeats = 1 if backend.is_gpu else args.repeats
-    rows["host_scalars"], parts = best(host_repeats, host_parts)
+    some, some_points = [], 0
+    for batch in batches:
+        if some_points >= (args.host_points or points):
+            break
+        some.append(batch)
+        some_points += len(batch.points)
+    rows["host_scalars"], parts = best(host_repeats, lambda: parts_of(some, plain=True))
+    rows_points = {"host_scalars": some_points}
+    if scalar_batches is not None:  # the parts the GPU pipeline writes: its scalars, wrapped
+        parts = parts_of(scalar_batches, plain=False)
+        scalar_batches = None
     target = Path(args.folder) / f"bench_det_stages_{os.getpid()}.trx"
 
     def write():
@@ -143,7 +164,7 @@ def main() -> None:
         with open_tractogram_writer(target, field_.affine, field_.shape, background=True) as writer:
             deterministic_pipeline(field_, seed_points=seeds, params=params, device=backend, sink=writer.append)
 
-    parts = batches = None  # not held while the pipeline runs
+    parts = batches = some = None  # not held while the pipeline runs
     rows["pipeline"], _ = best(host_repeats, pipeline)
     target.unlink(missing_ok=True)
     result = {
@@ -153,12 +174,14 @@ def main() -> None:
         "points": points,
         "trx_bytes": size,
         "seconds": {k: round(v, 3) for k, v in rows.items()},
-        "ns_per_point": {k: round(v / max(points, 1) * 1e9, 2) for k, v in rows.items()},
+        "host_scalars_points": some_points,
+        "ns_per_point": {k: round(v / max(rows_points.get(k, points), 1) * 1e9, 2) for k, v in rows.items()},
         "trx_gb_per_s": round(size / rows["write_trx"] / 1e9, 2),
         "disk_gb_per_s": round(size / rows["disk"] / 1e9, 2),
     }
     for key, value in rows.items():
-        print(f"{key:>20}: {value:8.3f} s  {value / max(points, 1) * 1e9:7.2f} ns/point", flush=True)
+        per_point = value / max(rows_points.get(key, points), 1) * 1e9
+        print(f"{key:>20}: {value:8.3f} s  {per_point:7.2f} ns/point", flush=True)
     print(json.dumps(result, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
