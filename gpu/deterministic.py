@@ -31,6 +31,8 @@ Two engines compute this: array operations over all live streamlines of a batch
 in float64 from a float32 tensor field and return float32 points: the kernel is a
 few per cent of the end-to-end time (gathering and copying the points dominate), so
 double precision costs nothing visible and keeps the two engines within 1e-5 voxel.
+What the caller needs at every point (FA, lengths: ``track(scalars=...)``) is computed
+on the device too, before the copy, so that the host only writes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from .streamlines import (
     SHARP_ANGLE,
     STOP_REGION,
     StreamlineBatch,
+    StreamlineScalars,
     pack_rows,
     stop_code_defines,
 )
@@ -368,8 +371,10 @@ def _track_kernel(backend: Backend, field, region, scale, seeds, params: Determi
 
 
 # ----------------------------------------------------------------------------- driver
-def _compact(xp, buf, count, stop, valid, seed_offset: int, params: DeterministicParams) -> StreamlineBatch:
-    """Keep the streamlines that pass the length filters, joined into ragged arrays on the host."""
+def _compact(xp, buf, count, stop, valid, seed_offset: int, params: DeterministicParams,
+             scalars: StreamlineScalars | None = None) -> StreamlineBatch:  # fmt: skip
+    """Keep the streamlines that pass the length filters, joined into ragged arrays on the host;
+    with ``scalars``, their values computed where the points are, before the copy."""
     m = params.max_steps
     back, fwd = count[:, 0].astype(np.int64), count[:, 1].astype(np.int64)
     n_points = back + fwd + 1
@@ -380,6 +385,10 @@ def _compact(xp, buf, count, stop, valid, seed_offset: int, params: Deterministi
     kept = xp.flatnonzero(keep)
     points, offsets = pack_rows(xp, buf, kept, m - back[kept], n_points[kept])
     to_host = xp.asnumpy if xp is not np else np.asarray
+    host_offsets = to_host(offsets)
+    point_scalars, streamline_scalars = {}, {}
+    if scalars is not None:
+        point_scalars, streamline_scalars = scalars.compute(xp, points, offsets, host_offsets)
     # what each filter left, so an empty result can say which one emptied it
     filters = {
         "started": int(valid.sum()),
@@ -388,11 +397,13 @@ def _compact(xp, buf, count, stop, valid, seed_offset: int, params: Deterministi
     }
     return StreamlineBatch(
         to_host(points),
-        to_host(offsets),
+        host_offsets,
         to_host(kept) + seed_offset,
         to_host(stop[kept]),
         to_host(back[kept]),
         filters,
+        {k: to_host(v) for k, v in point_scalars.items()},
+        {k: to_host(v) for k, v in streamline_scalars.items()},
     )
 
 
@@ -414,6 +425,7 @@ def track(
     max_batch: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    scalars: StreamlineScalars | None = None,
 ) -> Iterator[StreamlineBatch]:
     """Track from ``seeds`` (``(N, 3)`` voxel coordinates), yielding batches of streamlines.
 
@@ -421,6 +433,10 @@ def track(
     Each yielded :class:`StreamlineBatch` holds the kept streamlines of one batch of
     seeds, in voxel coordinates, with ``provenance`` (timings, counts, backend).
     Cancelling between batches raises :class:`gpu.backend.Cancelled`.
+
+    ``scalars`` (:class:`~gpu.streamlines.StreamlineScalars`): FA per point and length per
+    streamline computed on the backend before the points are copied to the host (on a GPU the
+    host then only writes them), in each batch's ``point_scalars``/``streamline_scalars``.
     """
     backend = get_backend(device)
     xp = backend.xp
@@ -442,7 +458,7 @@ def track(
             result = _track_kernel(backend, field, region, scale, chunk, params)
         else:
             result = _track_arrays(xp, field, region, xp.asarray(scale), chunk, params, np.float64)
-        batch = _compact(xp, *result, a, params)
+        batch = _compact(xp, *result, a, params, scalars)
         backend.synchronize()
         batch.provenance = {
             **batch.provenance,

@@ -8,6 +8,8 @@ is what the CUDA kernels in ``kernels/tracking.cuh`` do.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def inside_volume(xp, points, shape):
     """``(N,)`` bool: the points (``(N, 3)`` voxel coordinates) lie inside a grid of ``shape``."""
@@ -41,23 +43,30 @@ def trilinear(xp, field, points):
     i0 = base.astype(xp.int64)
     i1 = xp.minimum(i0 + 1, xp.asarray([n - 1 for n in shape], dtype=xp.int64))
     fx, fy, fz = frac[:, 0:1], frac[:, 1:2], frac[:, 2:3]
+    out = None
     if field.flags.c_contiguous:
         # One gather by flat voxel number per corner, several times faster than three index
-        # arrays; the same values and the same sum, in the same order.
+        # arrays; the same values and the same sum, in the same order. The weights of x and y
+        # are multiplied once per pair (the same product), the corners' float32 values widened
+        # by the product itself, and the sum grows in place: fewer temporaries, the same bits.
         flat = field.reshape(-1, *field.shape[3:])
         sy, sx = shape[2], shape[1] * shape[2]
         xs = ((i0[:, 0] * sx, 1.0 - fx), (i1[:, 0] * sx, fx))
         ys = ((i0[:, 1] * sy, 1.0 - fy), (i1[:, 1] * sy, fy))
         zs = ((i0[:, 2], 1.0 - fz), (i1[:, 2], fz))
-        out = None
+        # a field of a wider type than the points is narrowed first, as the docstring says
+        narrow = np.result_type(field.dtype, points.dtype) != points.dtype
         for cx, wx in xs:
             for cy, wy in ys:
-                row = cx + cy
+                row, wxy = cx + cy, wx * wy
                 for cz, wz in zs:
-                    term = (wx * wy * wz) * xp.take(flat, row + cz, axis=0).astype(points.dtype)
-                    out = term if out is None else out + term
+                    corner = xp.take(flat, row + cz, axis=0)
+                    term = (wxy * wz) * (corner.astype(points.dtype) if narrow else corner)
+                    if out is None:
+                        out = term
+                    else:
+                        out += term
         return out
-    out = None
     for cx, wx in ((i0[:, 0], 1.0 - fx), (i1[:, 0], fx)):
         for cy, wy in ((i0[:, 1], 1.0 - fy), (i1[:, 1], fy)):
             for cz, wz in ((i0[:, 2], 1.0 - fz), (i1[:, 2], fz)):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cuda
+from .interpolate import trilinear
 
 # Why a streamline end stopped (one code per end), for the deterministic and geodesic
 # trackers alike; the kernels receive these values as defines (stop_code_defines).
@@ -48,7 +49,9 @@ class StreamlineBatch:
     ``points`` (P, 3) float32; ``offsets`` (S + 1,) int64; ``seed_index`` (S,) the index of
     each streamline's seed in the seed array; ``stop`` (S, 2) uint8 reasons for the
     backward and the forward end (:data:`STOP_REASONS`); ``seed_point`` (S,) index of the
-    seed within the streamline.
+    seed within the streamline. ``point_scalars`` ((P,) each) and ``streamline_scalars``
+    ((S,) each) hold values computed where the points were made (:class:`StreamlineScalars`),
+    carried along by :meth:`subset` and :meth:`pieces`.
     """
 
     points: np.ndarray
@@ -57,6 +60,8 @@ class StreamlineBatch:
     stop: np.ndarray
     seed_point: np.ndarray
     provenance: dict = field(default_factory=dict)
+    point_scalars: dict = field(default_factory=dict)
+    streamline_scalars: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -91,6 +96,8 @@ class StreamlineBatch:
             np.concatenate([b.seed_index for b in batches]),
             np.concatenate([b.stop for b in batches]),
             np.concatenate([b.seed_point for b in batches]),
+            point_scalars=_joined([b.point_scalars for b in batches]),
+            streamline_scalars=_joined([b.streamline_scalars for b in batches]),
         )
 
     def subset(self, keep: np.ndarray) -> StreamlineBatch:
@@ -106,6 +113,8 @@ class StreamlineBatch:
             self.stop[keep],
             self.seed_point[keep],
             self.provenance,
+            {k: v[index] for k, v in self.point_scalars.items()},
+            {k: v[keep] for k, v in self.streamline_scalars.items()},
         )
 
     def reason_counts(self) -> dict[str, int]:
@@ -117,24 +126,40 @@ class StreamlineBatch:
         """Consecutive runs of whole streamlines of at most ``max_points`` points each (a longer
         streamline is a piece of its own), as views of this batch's arrays: a GPU batch can
         hold a whole brain, and host work on it (scalars, writing) goes piece by piece."""
-        total = len(self)
-        if total == 0 or int(self.offsets[-1] - self.offsets[0]) <= max_points:
+        if len(self) == 0 or int(self.offsets[-1] - self.offsets[0]) <= max_points:
             yield self
             return
-        first = 0
-        while first < total:
-            base = self.offsets[first]
-            last = int(np.searchsorted(self.offsets, base + max_points, side="right")) - 1
-            last = min(max(last, first + 1), total)
+        for first, last in piece_bounds(self.offsets, max_points):
+            base, end = self.offsets[first], self.offsets[last]
             yield StreamlineBatch(
-                self.points[base : self.offsets[last]],
+                self.points[base:end],
                 self.offsets[first : last + 1] - base,
                 self.seed_index[first:last],
                 self.stop[first:last],
                 self.seed_point[first:last],
                 self.provenance,
+                {k: v[base:end] for k, v in self.point_scalars.items()},
+                {k: v[first:last] for k, v in self.streamline_scalars.items()},
             )
-            first = last
+
+
+def _joined(dicts: list[dict]) -> dict:
+    """The scalars the batches all have, concatenated."""
+    names = set.intersection(*(set(d) for d in dicts)) if dicts else set()
+    return {k: np.concatenate([d[k] for d in dicts]) for k in dicts[0] if k in names} if names else {}
+
+
+def piece_bounds(offsets: np.ndarray, max_points: int) -> Iterator[tuple[int, int]]:
+    """``(first, last)`` streamline ranges of consecutive runs of at most ``max_points`` points
+    (a longer streamline is a run of its own), over host ``offsets`` (S + 1,)."""
+    total = len(offsets) - 1
+    first = 0
+    while first < total:
+        base = offsets[first]
+        last = int(np.searchsorted(offsets, base + max_points, side="right")) - 1
+        last = min(max(last, first + 1), total)
+        yield first, last
+        first = last
 
 
 def stop_reason_totals(counts: np.ndarray) -> dict[str, int]:
@@ -185,3 +210,89 @@ def pack_rows(xp, buf, rows, first, counts):
             ),
         )
     return out, offsets
+
+
+# ----------------------------------------------------------------------------- per-point scalars
+#: Points per piece of scalar work on a GPU: about 0.5 GB of float64 temporaries there.
+DEVICE_PIECE_POINTS = 1 << 22
+# One matrix product per piece; a product of a single row takes another BLAS path whose last
+# bit can differ from the same row in a larger product, so short pieces are padded.
+_MIN_ROWS = 16
+
+
+def _times(xp, points, matrix):
+    """``points @ matrix`` with the values a product over more rows would give."""
+    if 0 < len(points) < _MIN_ROWS:
+        padded = xp.zeros((_MIN_ROWS, points.shape[1]), points.dtype)
+        padded[: len(points)] = points
+        return (padded @ matrix)[: len(points)]
+    return points @ matrix
+
+
+def sample_volume(xp, volume, points):
+    """Trilinear values ``(P,)`` float64 of a 3-D ``volume`` at ``(P, 3)`` voxel coordinates."""
+    if len(points) == 0:
+        return xp.zeros(0)
+    return trilinear(xp, volume[..., None], points.astype(np.float64))[:, 0]
+
+
+class PathLength:
+    """Streamline lengths in mm, part after part, as if over all parts joined: the segments
+    between consecutive points (across streamline boundaries too) summed in one running
+    cumulative sum (float64), a streamline's length the difference at its ends. The same
+    code on the host (NumPy) and the device (CuPy): ``xp`` is that of the points."""
+
+    def __init__(self, affine):
+        self.rotation = np.asarray(affine, dtype=np.float64)[:3, :3].T
+        self.last_point = None  # (3,) on the side of the last points
+        self.total = 0.0
+
+    def lengths(self, points, offsets, xp=np):
+        """Lengths ``(S,)`` float64 of the streamlines ``offsets`` (on ``xp``) over ``points``."""
+        if len(offsets) == 1:
+            return xp.zeros(0)
+        if xp is not np:  # NumPy multiplies float32 by float64 as float64: the same, said outright
+            points = points.astype(np.float64)
+        shift = 0 if self.last_point is None else 1
+        if shift:
+            points = xp.concatenate([xp.asarray(self.last_point, dtype=points.dtype)[None], points])
+        rotation = xp.asarray(self.rotation)
+        segments = xp.linalg.norm(xp.diff(_times(xp, points, rotation), axis=0), axis=1)
+        cumulative = xp.cumsum(xp.concatenate([xp.full(1, self.total), segments]))
+        lengths = cumulative[offsets[1:] - 1 + shift] - cumulative[offsets[:-1] + shift]
+        self.last_point = points[-1].copy()
+        self.total = float(cumulative[-1])
+        return lengths
+
+
+@dataclass
+class StreamlineScalars:
+    """What a tracker computes at its points before they leave the device: ``fa`` trilinear
+    of ``fa_volume`` at every point, ``length_mm`` per streamline (:class:`PathLength` over
+    the grid's ``affine``, continued from batch to batch); float32 both."""
+
+    fa_volume: np.ndarray
+    affine: np.ndarray
+    path_length: PathLength | None = None
+
+    def __post_init__(self) -> None:
+        self.path_length = self.path_length or PathLength(self.affine)
+        self._on: tuple | None = None  # (xp, volume there)
+
+    def compute(self, xp, points, offsets, host_offsets=None, piece_points=DEVICE_PIECE_POINTS) -> tuple[dict, dict]:
+        """``({"fa": (P,)}, {"length_mm": (S,)})`` float32 on ``xp``, piece by piece (bounded
+        temporaries): the values :func:`sample_volume` and :meth:`PathLength.lengths` give."""
+        if self._on is None or self._on[0] is not xp:
+            self._on = (xp, xp.asarray(self.fa_volume))
+        volume = self._on[1]
+        host_offsets = np.asarray(offsets) if host_offsets is None else host_offsets
+        fa = xp.empty(len(points), np.float32)
+        lengths = xp.empty(len(host_offsets) - 1, np.float32)
+        for first, last in piece_bounds(host_offsets, piece_points):
+            base, end = int(host_offsets[first]), int(host_offsets[last])
+            piece = points[base:end]
+            fa[base:end] = sample_volume(xp, volume, piece).astype(np.float32)
+            lengths[first:last] = self.path_length.lengths(piece, offsets[first : last + 1] - base, xp).astype(
+                np.float32
+            )
+        return {"fa": fa}, {"length_mm": lengths}

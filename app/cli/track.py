@@ -233,8 +233,8 @@ def cmd_track_deterministic(args) -> int:
         include = masks_on_field(args.include or [], "include region", field, notes)
         exclude = masks_on_field(args.exclude or [], "exclude region", field, notes)
     with (
-        open_tractogram_writer(
-            args.output, field.affine, field.shape, positions_dtype=output.positions_dtype
+        open_tractogram_writer(  # written by a thread while the next batch is tracked
+            args.output, field.affine, field.shape, positions_dtype=output.positions_dtype, background=True
         ) as writer,
         phase("compute"),
     ):  # the file is removed unless tracking ends well (an error, Ctrl-C); its parts count as write

@@ -10,9 +10,13 @@ the same scalar names in every part) and writes it at once:
   at close, so the file has the same bytes as :func:`~app.io.tractogram.save_tractogram`
   of the whole.
 - ``.trx``: trx-python's uncompressed layout (``positions.3.float32``, ``offsets.uint32``,
-  ``dpv/``, ``dps/``, ``header.json``) grows on disk in a folder beside the target, then
-  trx-python zips it; the members are byte for byte those of ``save_tractogram``. Positions
-  may be float16 (``positions_dtype``), which halves the file (about 0.01 mm error at 100 mm).
+  ``dpv/``, ``dps/``, ``header.json``, ZIP_STORED members): the positions are written straight
+  into their member of the zip, the other arrays grow beside it and are copied in at close; the
+  members are byte for byte those of ``save_tractogram``. Positions may be float16
+  (``positions_dtype``), which halves the file (about 0.01 mm error at 100 mm).
+
+With ``background=True`` the parts are written by the writer's own thread while the caller
+computes the next ones (``track deterministic`` does so).
 
 Writes are atomic (:func:`~app.io._atomic.atomic_path`): the file appears under its name at
 :meth:`TractogramWriter.close`; a failure or a cancel (leaving the ``with`` block by an
@@ -26,8 +30,11 @@ import contextlib
 import io
 import json
 import os
+import queue
 import shutil
+import threading
 import warnings
+import zipfile
 from pathlib import Path
 
 import nibabel as nib
@@ -38,10 +45,16 @@ from ..model import Tractogram
 from ._atomic import atomic_path, save_error
 from .tractogram import _suffix, check_output_suffix, log, nib_tractogram_mm, trk_header, trx_reference
 
-__all__ = ["POSITION_DTYPES", "TractogramWriter", "open_tractogram_writer"]
+__all__ = ["POSITION_DTYPES", "QUEUED_POINTS", "TractogramWriter", "open_tractogram_writer"]
 
 #: Position dtypes of a written tractogram: float32 everywhere, float16 in .trx only.
 POSITION_DTYPES = ("float32", "float16")
+#: Points a background writer may have queued before :meth:`TractogramWriter.append` waits: about
+#: one GPU batch (2^18 seeds), whose pieces (views of its arrays) are written while the next batch
+#: is tracked; 64 M points are 1 GB of float32 positions and FA.
+QUEUED_POINTS = 1 << 26
+# Block size of copying the arrays that grew beside a .trx into it.
+_COPY_BLOCK = 16 << 20
 # The affine is applied as one matrix product per part; a product of a single row takes
 # another BLAS path whose last bit can differ, so short parts are padded to this many rows.
 _MIN_ROWS = 16
@@ -55,7 +68,28 @@ def points_world_float32(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
         padded = np.zeros((_MIN_ROWS, 3), np.float32)
         padded[: len(points)] = points
         return (padded @ rotation + shift)[: len(points)]
-    return points @ rotation + shift
+    out = points @ rotation
+    _add_rows(out, shift)
+    return out
+
+
+#: Rows of the shift repeated once, for :func:`_add_rows` (12 MB).
+_TILE_ROWS = 1 << 20
+_tiles: dict[bytes, np.ndarray] = {}
+
+
+def _add_rows(out: np.ndarray, shift: np.ndarray) -> None:
+    """``out += shift`` for ``(N, 3)`` float32 ``out``, as one flat sum with the shift repeated:
+    the same additions, without NumPy's per-row loop over 3 values (twice as fast)."""
+    tile = _tiles.get(shift.tobytes())
+    if tile is None:
+        tile = np.tile(shift, _TILE_ROWS)
+        _tiles.clear()  # one grid at a time
+        _tiles[shift.tobytes()] = tile
+    flat = out.reshape(-1)
+    for start in range(0, len(flat), len(tile)):
+        part = flat[start : start + len(tile)]
+        part += tile[: len(part)]
 
 
 class TractogramWriter:
@@ -63,10 +97,27 @@ class TractogramWriter:
 
     Use as a context manager (closed on success, aborted on an exception) or call
     :meth:`close` / :meth:`abort` yourself. ``streamlines`` and ``points`` count what was
-    appended.
+    written.
+
+    With ``background=True`` a thread of the writer writes the parts while the caller computes
+    the next ones (the arrays' work and the file's writes release the GIL): :meth:`append`
+    checks the part and queues it, waiting only while ``queued_points`` (:data:`QUEUED_POINTS`)
+    points are queued, so memory stays bounded. A failure of the thread comes out of the next :meth:`append` or
+    of :meth:`close`, as it would have come out of the append that met it, and the file is
+    dropped.
     """
 
-    def __init__(self, path, affine, dimensions, *, keep_scalars: bool = True, positions_dtype: str = "float32"):
+    def __init__(
+        self,
+        path,
+        affine,
+        dimensions,
+        *,
+        keep_scalars: bool = True,
+        positions_dtype: str = "float32",
+        background: bool = False,
+        queued_points: int = QUEUED_POINTS,
+    ):
         self.path = check_output_suffix(path)
         self.suffix = _suffix(self.path)
         if positions_dtype not in POSITION_DTYPES:
@@ -83,11 +134,19 @@ class TractogramWriter:
         self._stack = contextlib.ExitStack()
         self._tmp = self._stack.enter_context(atomic_path(self.path))
         self._open = True
+        self._worker: threading.Thread | None = None
+        self._failure: BaseException | None = None
         try:
             self._format = (_TrxParts if self.suffix == ".trx" else _NibabelParts)(self)
         except BaseException:
             self.abort()
             raise
+        if background:
+            self._queue: queue.Queue = queue.Queue()  # bounded by the points queued
+            self._room = threading.Condition()
+            self._queued_points, self._max_queued = 0, int(queued_points)
+            self._worker = threading.Thread(target=self._write_queued, name="tractogram writer", daemon=True)
+            self._worker.start()
 
     def append(self, part: Tractogram) -> None:
         """Write the streamlines of ``part`` (voxel coordinates of this writer's grid)."""
@@ -106,21 +165,68 @@ class TractogramWriter:
             raise ValueError(f"{self.path}: every part must have the scalars {self._names}, got {names}")
         if len(part) == 0:
             return
+        if self._worker is not None:
+            self._queue_part(part)
+            return
         try:
-            self._format.append(part)
-        except OSError as exc:
-            self.abort()
-            raise save_error(exc, self.path) from exc
-        except BaseException:
-            self.abort()
-            raise
+            self._write(part)
+        except BaseException as exc:
+            self._failed(exc)
+
+    def _write(self, part: Tractogram) -> None:
+        self._format.append(part)
         self.streamlines += len(part)
         self.points += len(part.points)
 
+    def _queue_part(self, part: Tractogram) -> None:
+        """Queue ``part`` for the thread once there is room for its points (always when none are)."""
+        n = len(part.points)
+        with self._room:
+            self._room.wait_for(
+                lambda: (
+                    self._failure is not None or not self._queued_points or self._queued_points + n <= self._max_queued
+                )
+            )
+            self._queued_points += n
+        self._raise_failure()
+        self._queue.put(part)
+
+    def _write_queued(self) -> None:
+        """The thread of ``background=True``: the queued parts, in order, until ``None``."""
+        while (part := self._queue.get()) is not None:
+            if self._failure is None and self._open:
+                try:
+                    self._write(part)
+                except BaseException as exc:  # given to the caller by its next append or close
+                    self._failure = exc
+            with self._room:
+                self._queued_points -= len(part.points)
+                self._room.notify_all()
+            del part
+
+    def _stop_worker(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            self._failed(self._failure)
+
+    def _failed(self, exc: BaseException):
+        """Drop the file and raise ``exc`` (a failure to write as a :class:`SaveError`)."""
+        self.abort()
+        if isinstance(exc, OSError):
+            raise save_error(exc, self.path) from exc
+        raise exc
+
     def close(self) -> Path:
-        """Finish the file and move it to its name."""
+        """Finish the file (after the queued parts) and move it to its name."""
         if not self._open:
             return self.path
+        self._stop_worker()
+        self._raise_failure()
         try:
             self._format.finish()
         except OSError as exc:
@@ -137,7 +243,8 @@ class TractogramWriter:
         """Drop what was written; the target (and any previous file there) is left as it was."""
         if not self._open:
             return
-        self._open = False
+        self._open = False  # the thread drops what is still queued
+        self._stop_worker()
         with contextlib.suppress(Exception):
             self._format.discard()
         # leaving atomic_path by an exception removes its temporary file
@@ -164,10 +271,21 @@ def open_tractogram_writer(
     *,
     keep_scalars: bool = True,
     positions_dtype: str = "float32",
+    background: bool = False,
+    queued_points: int = QUEUED_POINTS,
 ) -> TractogramWriter:
     """A :class:`TractogramWriter` for ``path`` (format from the suffix) on the grid
-    (``affine`` voxel -> RAS mm, ``dimensions``) of the parts to come."""
-    return TractogramWriter(path, affine, dimensions, keep_scalars=keep_scalars, positions_dtype=positions_dtype)
+    (``affine`` voxel -> RAS mm, ``dimensions``) of the parts to come; ``background``: written
+    by a thread while the caller goes on (at most ``queued_points`` points queued)."""
+    return TractogramWriter(
+        path,
+        affine,
+        dimensions,
+        keep_scalars=keep_scalars,
+        positions_dtype=positions_dtype,
+        background=background,
+        queued_points=queued_points,
+    )
 
 
 class _NibabelParts:
@@ -236,7 +354,13 @@ class _NibabelParts:
 
 
 class _TrxParts:
-    """.trx: trx-python's uncompressed layout grown on disk, zipped at close."""
+    """.trx: trx-python's uncompressed layout (ZIP_STORED members) written as it grows.
+
+    The positions, most of the bytes, go straight into their member of the final zip (one
+    write per part, its CRC computed on the way); the other arrays, which must follow as
+    members of their own, grow in files beside it and are copied in at close in large blocks.
+    So the positions are written once, at the disk's speed, instead of to a folder and again
+    into the zip in small blocks (trx-python's ``zip_from_folder``)."""
 
     def __init__(self, writer: TractogramWriter):
         from trx.utils import get_reference_info_wrapper
@@ -247,6 +371,8 @@ class _TrxParts:
         affine, dimensions, _, _ = get_reference_info_wrapper(trx_reference(writer.affine, writer.dimensions))
         self.header = {"DIMENSIONS": dimensions, "VOXEL_TO_RASMM": affine}
         self.files: dict[str, io.BufferedWriter] = {}
+        self.zip = zipfile.ZipFile(writer.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
+        self.positions = None  # the open member; none in an empty tractogram (as trx-python)
 
     def _file(self, name: str):
         handle = self.files.get(name)
@@ -264,12 +390,14 @@ class _TrxParts:
 
     def append(self, part: Tractogram) -> None:
         writer = self.writer
-        positions = points_world_float32(part.points, writer.affine).astype(writer.positions_dtype, copy=False)
-        little = positions.dtype.newbyteorder("<")
-        self._file(f"positions.3.{positions.dtype.name}").write(positions.astype(little, copy=False).data)
         starts = part.offsets[:-1] + writer.points
         if starts[-1] > np.iinfo(np.uint32).max:
             raise ValueError(f"{writer.path}: more than 2^32 points do not fit trx-python's uint32 offsets")
+        positions = points_world_float32(part.points, writer.affine).astype(writer.positions_dtype, copy=False)
+        positions = positions.astype(positions.dtype.newbyteorder("<"), copy=False)
+        if self.positions is None:
+            self.positions = self.zip.open(f"positions.3.{positions.dtype.name}", "w", force_zip64=True)
+        self.positions.write(np.ascontiguousarray(positions).data)
         self._file("offsets.uint32").write(starts.astype("<u4").data)
         if writer.keep_scalars:
             for kind, scalars in (("dpv", part.point_scalars), ("dps", part.streamline_scalars)):
@@ -278,27 +406,32 @@ class _TrxParts:
                     self._file(self._name(kind, key, values)).write(values.data)
 
     def finish(self) -> None:
-        from trx.trx_file_memmap import zip_from_folder
-
         writer = self.writer
         if writer.streamlines:
             self._file("offsets.uint32").write(np.array([writer.points], "<u4").data)
+        if self.positions is not None:
+            self.positions.close()
         for handle in self.files.values():
             handle.close()
-        if not writer.streamlines:  # trx-python writes no arrays for an empty tractogram
-            for name in list(self.files):
-                (self.folder / name).unlink()
+        if writer.streamlines:  # trx-python writes no arrays for an empty tractogram
+            for name in self.files:
+                with open(self.folder / name, "rb") as source, self.zip.open(name, "w", force_zip64=True) as member:
+                    shutil.copyfileobj(source, member, _COPY_BLOCK)
         header = {
             "DIMENSIONS": self.header["DIMENSIONS"].tolist(),
             "VOXEL_TO_RASMM": self.header["VOXEL_TO_RASMM"].tolist(),
             "NB_VERTICES": writer.points,
             "NB_STREAMLINES": writer.streamlines,
         }
-        (self.folder / "header.json").write_text(json.dumps(header))
-        zip_from_folder(str(self.folder), str(writer.tmp))
+        self.zip.writestr("header.json", json.dumps(header))
+        self.zip.close()
         shutil.rmtree(self.folder)
 
     def discard(self) -> None:
-        for handle in self.files.values():
-            handle.close()
+        for handle in (self.positions, *self.files.values()):
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    handle.close()
+        with contextlib.suppress(Exception):
+            self.zip.close()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -33,7 +33,7 @@ from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import check_points, seeds_in_mask
 from tractlens.gpu.select import select_streamlines
-from tractlens.gpu.streamlines import STOP_REASONS, StreamlineBatch, stop_reason_totals
+from tractlens.gpu.streamlines import STOP_REASONS, StreamlineBatch, StreamlineScalars, stop_reason_totals
 
 from ..errors import InputError
 from ..grid import Grid
@@ -302,9 +302,11 @@ def deterministic_pipeline(
         """The batches over seeds[first:], numbered as seeds of the whole run."""
         used.append(engine_backend)
         shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
+        # on a GPU, FA per point and lengths are computed there, before the copy to the host
+        scalars = StreamlineScalars(field_.fa, field_.affine) if engine_backend.is_gpu else None
         for part in deterministic.track(
             tf, seeds[first:], params, device=engine_backend, progress=shifted, cancelled=cancelled,
-            max_batch=max_batch,
+            max_batch=max_batch, scalars=scalars,
         ):  # fmt: skip
             part.seed_index = part.seed_index + first
             yield part
