@@ -217,10 +217,19 @@ def test_gpu_tensor_fit_with_a_capped_pool_uses_smaller_batches_then_the_cpu(dem
 
 
 @pytest.mark.gpu
-def test_gpu_deterministic_tracking_with_a_capped_pool_finishes(demo_field, demo_dir):
+def test_gpu_deterministic_tracking_with_a_capped_pool_finishes(demo_field, demo_dir, monkeypatch):
+    import dataclasses
+
     import cupy as cp
 
     from tractlens.app.pipelines.track import deterministic_pipeline
+    from tractlens.gpu import engines
+
+    # 'auto' must pick the GPU for this small job (the measured costs give it to the CPU), so
+    # that what is tested is the fall-back when the GPU runs out of memory
+    costs = dict(engines.DEFAULT_COSTS.methods)
+    costs["deterministic"] = dataclasses.replace(costs["deterministic"], cpu_s_per_unit=1.0)
+    monkeypatch.setattr(engines, "DEFAULT_COSTS", dataclasses.replace(engines.DEFAULT_COSTS, methods=costs))
 
     options = {"seed_mask": _arc_seed(demo_dir), "seeds_per_voxel": 3}
     free = deterministic_pipeline(demo_field, device="gpu", **options)
