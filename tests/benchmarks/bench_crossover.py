@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).parent / "results"
 PYTHON = sys.executable
 sys.path.insert(0, str(ROOT))
-from tests.benchmarks.crossover_methods import GROUPS  # noqa: E402
+from tests.benchmarks.crossover_methods import GROUPS, median_time  # noqa: E402
 
 METHODS = ("fit-dti", "deterministic")
 #: Whole-command volumes: demo-sized up to the issue's 96×96×64 and HCP's 145×174×145 grid.
@@ -158,18 +158,6 @@ def measure_compile(cache: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- in process, warm
-def median_time(fn, repeats: int, sync=None) -> float:
-    fn()  # warm: kernels compiled, pools filled
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def inprocess_dti(sizes, repeats, rng) -> list[dict]:
     from tractlens.gpu.backend import get_backend
     from tractlens.gpu.dti import fit_dti

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 
-def _median(fn, repeats: int, sync=None) -> float:
+def median_time(fn, repeats: int, sync=None) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` after one untimed (warming) call."""
     fn()
     times = []
     for _ in range(repeats):
@@ -55,8 +56,8 @@ def ballstick(sizes, repeats, log) -> list[dict]:
     rows = []
     for n in sizes:
         signal = voxels(n, bvals, bvecs)
-        cpu = _median(lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device="cpu"), 1)
-        gpu_s = _median(
+        cpu = median_time(lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device="cpu"), 1)
+        gpu_s = median_time(
             lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device=gpu), repeats, gpu.synchronize
         )
         rows.append(_row("fit-ballstick", n * len(bvals) * iterations, cpu, gpu_s, log, voxels=n))
@@ -78,8 +79,8 @@ def geodesic(sizes, repeats, log) -> list[dict]:
     rows = []
     for n in sizes:
         starts, dirs = workloads(brain, n, rng)["seeds×directions"]
-        cpu = _median(lambda s=starts, d=dirs: geo.track_all(fld_cpu, s, d, params, device="cpu"), 1)
-        gpu_s = _median(
+        cpu = median_time(lambda s=starts, d=dirs: geo.track_all(fld_cpu, s, d, params, device="cpu"), 1)
+        gpu_s = median_time(
             lambda s=starts, d=dirs: geo.track_all(fld_gpu, s, d, params, device=gpu), repeats, gpu.synchronize
         )
         rows.append(_row("geodesic", n * params.max_steps, cpu, gpu_s, log, fibres=n))
@@ -106,8 +107,8 @@ def probabilistic(sizes, repeats, log) -> list[dict]:
         def run(device, resident_field=None, seeds=seeds, params=params):
             return deque(iter_track(field_, bits, seeds, params, device=device, device_field=resident_field), maxlen=1)
 
-        cpu = _median(lambda: run("cpu"), 1)
-        gpu_s = _median(lambda: run(gpu, resident), repeats, gpu.synchronize)
+        cpu = median_time(lambda: run("cpu"), 1)
+        gpu_s = median_time(lambda: run(gpu, resident), repeats, gpu.synchronize)
         rows.append(_row("probabilistic", len(seeds) * params.n_samples * params.n_steps, cpu, gpu_s, log))
     return rows
 
@@ -156,8 +157,8 @@ def streamline_methods(sizes, repeats, log) -> list[dict]:
         }
         for method, (units, fn) in cases.items():
             try:
-                cpu = _median(lambda fn=fn: fn("cpu"), 1 if n > 100_000 else repeats)
-                gpu_s = _median(lambda fn=fn: fn(gpu), repeats, gpu.synchronize)
+                cpu = median_time(lambda fn=fn: fn("cpu"), 1 if n > 100_000 else repeats)
+                gpu_s = median_time(lambda fn=fn: fn(gpu), repeats, gpu.synchronize)
             except TypeError as exc:  # a signature this benchmark does not know: say so, go on
                 log(f"  {method}: skipped ({exc})")
                 continue
