@@ -68,7 +68,7 @@ COMMIT_OUTPUTS = {
 
 
 #: Bytes of float64 signal per block of voxel rows when the fit's error maps are computed.
-MAP_BLOCK_BYTES = 16 << 20
+MAP_BLOCK_BYTES = 4 << 20
 #: Input points per part when a filtered tractogram is written (12 MB of float32 positions).
 WRITE_PART_POINTS = 1 << 20
 
