@@ -536,10 +536,15 @@ def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
 
 def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarray:
     """Σ length × weight of the segment's streamline, per voxel row (in chunks of whole rows: the
-    same sums, in the same order, as one ``bincount``)."""
+    same sums, in the same order, as one ``bincount``). Each chunk adds only to its own rows: a
+    chunk never splits a row, so every row is one chunk's sum, as when each chunk's ``bincount``
+    of all rows was added (0 + s is s), without an ``n_rows`` temporary per chunk."""
     out = np.zeros(n_rows)
     for part in row_chunks(seg.row):
-        out += np.bincount(seg.row[part], weights=seg.length[part] * fiber_weight[seg.fiber[part]], minlength=n_rows)
+        rows = seg.row[part]
+        first, last = int(rows[0]), int(rows[-1]) + 1
+        weights = seg.length[part] * fiber_weight[seg.fiber[part]]
+        out[first:last] += np.bincount(rows - first, weights=weights, minlength=last - first)
     return out
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "tractogram_suffix",
     "weighted_tractogram",
     "write_commit_outputs",
+    "write_kept_streamlines",
 ]
 
 from ..errors import InputError
@@ -47,6 +48,7 @@ from ..grid import Grid
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
+from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
@@ -63,6 +65,12 @@ COMMIT_OUTPUTS = {
     "compartment_ISO.nii.gz": "per voxel, the isotropic share of the b=0 signal",
     "commit.json": "summary: parameters, sizes, iterations, objective, timings, device",
 }
+
+
+#: Bytes of float64 signal per block of voxel rows when the fit's error maps are computed.
+MAP_BLOCK_BYTES = 4 << 20
+#: Input points per part when a filtered tractogram is written (12 MB of float32 positions).
+WRITE_PART_POINTS = 1 << 20
 
 
 @dataclass
@@ -88,13 +96,25 @@ class CommitResult:
         out[inside] = per_row[self.rows[inside]]
         return out
 
+    def fit_errors(self, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """RMSE and NRMSE per voxel row, ``block_rows`` rows at a time (default: about
+        :data:`MAP_BLOCK_BYTES` of float64 signal): no (n_rows, M) temporary. Each row's mean is
+        the same reduction over its own measurements as over all rows at once, so bit for bit."""
+        n_rows, n_meas = self.y.shape
+        step = block_rows or max(1, MAP_BLOCK_BYTES // (8 * max(n_meas, 1)))
+        rmse, norm = np.empty(n_rows), np.empty(n_rows)
+        for start in range(0, n_rows, step):
+            block = slice(start, start + step)
+            y = np.asarray(self.y[block], dtype=np.float64)
+            residual = self.model[block] - y
+            rmse[block] = np.sqrt((residual**2).mean(1))
+            norm[block] = np.sqrt((y**2).mean(1))
+        nrmse = np.where(norm > 0, rmse / np.where(norm > 0, norm, 1.0), 0.0)
+        return rmse, nrmse
+
     def maps(self) -> dict[str, np.ndarray]:
         """fit_RMSE, fit_NRMSE and the IC / EC / ISO compartment maps as volumes."""
-        y = np.asarray(self.y, dtype=np.float64)
-        residual = self.model - y
-        rmse = np.sqrt((residual**2).mean(1))
-        norm = np.sqrt((y**2).mean(1))
-        nrmse = np.where(norm > 0, rmse / np.where(norm > 0, norm, 1.0), 0.0)
+        rmse, nrmse = self.fit_errors()
         p = self.problem
         ic_x, ec_x, iso_x = p.split(self.x)
         seg = p.segments
@@ -374,6 +394,69 @@ def kept_streamlines(tract: Tractogram, keep: np.ndarray) -> Tractogram:
     )
 
 
+def write_kept_streamlines(
+    tract: Tractogram,
+    keep: np.ndarray,
+    weights: np.ndarray,
+    path: str | os.PathLike,
+    *,
+    part_points: int | None = None,
+) -> Path:
+    """Write the streamlines of ``tract`` where ``keep`` holds, each with its value of ``weights``
+    (one per streamline of ``tract``) as the float32 scalar :data:`WEIGHT_SCALAR`: the bytes of
+    ``save_tractogram`` of :func:`kept_streamlines` with those weights, written through the
+    streaming writer in parts of about ``part_points`` input points (:data:`WRITE_PART_POINTS`),
+    so neither a copy of the kept points nor their world coordinates are ever held whole."""
+    keep = np.asarray(keep, dtype=bool)
+    weights = np.asarray(weights)
+    if not keep.any():  # the empty file, as save_tractogram writes it (nothing to hold)
+        empty = kept_streamlines(tract, keep)
+        empty.streamline_scalars[WEIGHT_SCALAR] = weights[keep].astype(np.float32)
+        return save_tractogram(empty, path)
+    step = part_points or WRITE_PART_POINTS
+    # the writer's thread writes a part while the next is gathered; two parts queued at most
+    with open_tractogram_writer(path, tract.affine, tract.dimensions, background=True, queued_points=2 * step) as out:
+        for first, last in _streamline_parts(tract.offsets, step):
+            out.append(_kept_part(tract, keep, weights, first, last))
+    return out.path
+
+
+def _streamline_parts(offsets: np.ndarray, points_per_part: int):
+    """(first, last) streamline ranges of at most ``points_per_part`` points (or one streamline)."""
+    n = len(offsets) - 1
+    first = 0
+    while first < n:
+        last = int(np.searchsorted(offsets, offsets[first] + points_per_part, side="right")) - 1
+        last = min(max(last, first + 1), n)
+        yield first, last
+        first = last
+
+
+def _kept_part(tract: Tractogram, keep: np.ndarray, weights: np.ndarray, first: int, last: int) -> Tractogram:
+    """Streamlines ``first:last`` of ``tract`` where ``keep`` holds, with their weights (views
+    of ``tract``'s arrays when all are kept)."""
+    chosen = keep[first:last]
+    start, stop = int(tract.offsets[first]), int(tract.offsets[last])
+    lengths = np.diff(tract.offsets[first : last + 1])
+    point_keep = None if chosen.all() else np.repeat(chosen, lengths)
+
+    def kept_points(values) -> np.ndarray:
+        values = np.asarray(values)[start:stop]
+        return values if point_keep is None else values[point_keep]
+
+    per_streamline = {k: np.asarray(v)[first:last][chosen] for k, v in tract.streamline_scalars.items()}
+    per_streamline[WEIGHT_SCALAR] = weights[first:last][chosen].astype(np.float32)
+    return Tractogram(
+        kept_points(tract.points),
+        np.concatenate([[0], np.cumsum(lengths[chosen])]).astype(np.int64),
+        tract.affine,
+        tract.dimensions,
+        {k: kept_points(v) for k, v in tract.point_scalars.items()},
+        per_streamline,
+        name=tract.name,
+    )
+
+
 def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tractogram_suffix: str = ".trk") -> dict:
     """Write :data:`COMMIT_OUTPUTS` into ``outdir`` (atomic per file)."""
     out = Path(outdir)
@@ -384,11 +467,8 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
     with atomic_path(out / "streamline_weights.txt") as tmp:
         np.savetxt(tmp, result.weights, fmt="%.9g")
     files["streamline_weights.txt"] = out / "streamline_weights.txt"
-    keep = result.weights > 0
-    filtered = kept_streamlines(result.tractogram, keep)
-    filtered.streamline_scalars["commit_weight"] = result.weights[keep].astype(np.float32)
     name = f"tractogram_filtered{tractogram_suffix}"
-    files[name] = save_tractogram(filtered, out / name)
+    files[name] = write_kept_streamlines(result.tractogram, result.weights > 0, result.weights, out / name)
     for key, volume in result.maps().items():
         files[f"{key}.nii.gz"] = save_volume(volume, result.affine, out / f"{key}.nii.gz")
     files["commit.json"] = write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "commit.json")
