@@ -15,7 +15,6 @@ It is a convenience for well-behaved data; for surgery planning a checked mask
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage
 
 
 def otsu_threshold(values: np.ndarray, bins: int = 256) -> float:
@@ -37,6 +36,8 @@ def otsu_threshold(values: np.ndarray, bins: int = 256) -> float:
 
 def brain_mask_from_b0(mean_b0: np.ndarray, median_passes: int = 2) -> np.ndarray:
     """Boolean brain mask from the mean b=0 image (see module docstring)."""
+    from scipy import ndimage  # here, not at import: fit-dti with --mask never needs it (0.2 s to import)
+
     image = np.nan_to_num(np.asarray(mean_b0, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     for _ in range(median_passes):
         image = ndimage.median_filter(image, size=3)

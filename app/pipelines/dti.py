@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tractlens.gpu import sym3
 from tractlens.gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
 from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
-from ..io import DWI, load_mask, save_tensor, save_volume
+from ..io import DWI, load_mask, save_volume
 from ..io._atomic import save_error, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..io.outputs import check_output_folder
@@ -110,15 +111,28 @@ def masked_signal(data: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
     NIfTI data arrive column-major (each volume contiguous); gathering volume by
     volume with flat indices reads memory in order, several times faster than
-    ``data[mask]`` there. The result is then column-major too, which the engine
-    transfers and transposes on the device.
+    ``data[mask]`` there, and the volumes are gathered by a pool of threads (``np.take``
+    releases the GIL; on a memory-mapped file the pages are read in parallel too). The
+    result is gathered once, straight into its final (K, N) array, and returned as its
+    column-major (N, K) view, which the engine sends to the device as it is and
+    transposes there.
     """
     if not data.flags.f_contiguous or data.ndim != 4:
         return data[mask]
     index = np.ravel_multi_index(np.nonzero(mask), mask.shape, order="F")
     out = np.empty((data.shape[3], index.size), dtype=data.dtype)
-    for k in range(data.shape[3]):
+
+    def gather(k: int) -> None:
         np.take(data[..., k].ravel(order="F"), index, out=out[k])
+
+    workers = min(8, os.cpu_count() or 1, data.shape[3])
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for _ in pool.map(gather, range(data.shape[3])):
+                pass
+    else:
+        for k in range(data.shape[3]):
+            gather(k)
     return out.T
 
 
@@ -206,6 +220,18 @@ def _v1_fsl_frame(v1: np.ndarray, affine: np.ndarray) -> np.ndarray:
     return v1
 
 
+def _tensor_fsl_frame(tensor: np.ndarray, affine: np.ndarray) -> np.ndarray:
+    """The float32 tensor volume in FSL's order and frame, in place: the same bytes as
+    :func:`~app.io.tensor.save_tensor` (``order="fsl"``) writes from it, without its three
+    float64 copies of the whole grid. FSL's order is the internal one; the frame change
+    negates xy and xz over the whole grid, as there (so zeros outside the mask become -0.0,
+    as they do there), and negation commutes with the cast to float32."""
+    if x_flip_needed(affine):
+        for component in (sym3.XY, sym3.XZ):
+            np.negative(tensor[..., component], out=tensor[..., component])
+    return tensor
+
+
 def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str, str]:
     """Write the maps listed in :data:`DTI_OUTPUTS` into ``outdir`` (atomic per file)."""
     out = check_output_folder(outdir)
@@ -214,20 +240,26 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str,
     except OSError as exc:
         raise save_error(exc, out) from None
     aff = result.affine
-    jobs = [
-        (save_volume, result.map(name), aff, out / f"{name.upper()}.nii.gz", np.float32)
-        for name in ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0")
-    ]
+    # Each map is scattered from the masked voxels in the worker that writes it, so that only
+    # the volumes being compressed are in memory at once, not all 24.
+    jobs = [(lambda name=name: result.map(name), f"{name.upper()}.nii.gz", np.float32) for name in _SCALAR_MAPS]
     jobs += [
-        (save_volume, _v1_fsl_frame(result.map("v1"), aff), aff, out / "V1.nii.gz", np.float32),
-        (save_volume, result.mask, aff, out / "mask.nii.gz", np.uint8),
-        (save_volume, result.map("flags"), aff, out / "flags.nii.gz", np.uint8),
+        (lambda: _v1_fsl_frame(result.map("v1"), aff), "V1.nii.gz", np.float32),
+        (lambda: result.mask, "mask.nii.gz", np.uint8),
+        (lambda: result.map("flags"), "flags.nii.gz", np.uint8),
+        (lambda: _tensor_fsl_frame(result.map("tensor"), aff), "tensor.nii.gz", np.float32),
     ]
+
+    def write(job) -> None:
+        make, name, dtype = job
+        save_volume(make(), aff, out / name, dtype=dtype)
+
     # gzip compression dominates writing and zlib releases the GIL: compress files in parallel.
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        futures = [pool.submit(fn, data, affine, path, dtype=dtype) for fn, data, affine, path, dtype in jobs]
-        futures.append(pool.submit(save_tensor, result.map("tensor"), aff, out / "tensor.nii.gz", order="fsl"))
-        for future in futures:
-            future.result()
+        for _ in pool.map(write, jobs):
+            pass
     write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "fit_dti.json")
     return {name: str(out / name) for name in DTI_OUTPUTS}
+
+
+_SCALAR_MAPS = ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0")
