@@ -238,9 +238,31 @@ class Segments:
     length: np.ndarray
     orient: np.ndarray
     n_fibers: int
+    #: Where each segment sits, listed by streamline (rows ascending within one): what the
+    #: device operator's Aᵀ and norms need; known when the segments were built on the device
+    #: (no sort of a per-segment key then), None otherwise.
+    by_fiber: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.row)
+
+    @property
+    def on_device(self) -> bool:
+        return array_module(self.row) is not np
+
+
+def array_module(a):
+    """numpy, or cupy for a CuPy array (decided by the array's type: no CuPy import otherwise)."""
+    if type(a).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _host(a) -> np.ndarray:
+    """A NumPy array of ``a`` (a copy from the device for a CuPy array)."""
+    return a.get() if array_module(a) is not np else np.asarray(a)
 
 
 def _repeat_index(xp, counts):
@@ -379,6 +401,7 @@ def segments(
     chunk_points: int | None = None,
     to_voxel: np.ndarray | None = None,
     two_pass: bool | None = None,
+    on_device: bool = False,
 ) -> Segments:
     """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers, or
     in another frame that ``to_voxel`` (4×4) maps to them; streamline i is
@@ -389,8 +412,12 @@ def segments(
     (:data:`SEGMENT_BYTES` a segment; no copy of the points). The counting sort by row needs the
     count per row first: ``two_pass`` (default: on a GPU, where cutting is cheap) cuts the
     streamlines twice, counting and then scattering, so the host holds the segments once;
-    otherwise the chunks' segments are kept until all are counted (twice the memory a while)."""
+    otherwise the chunks' segments are kept until all are counted (twice the memory a while).
+    ``on_device`` (a GPU backend only): the segments stay on the device, nothing per segment
+    on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
+    if on_device and backend is not None and backend.is_gpu:
+        return _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, chunk_points, to_voxel)
     two_pass = xp is not np if two_pass is None else two_pass
     if chunk_points is None:
         chunk_points = HOST_SEGMENT_CHUNK_POINTS if xp is np else SEGMENT_CHUNK_POINTS
@@ -446,6 +473,126 @@ def segments(
     return out
 
 
+def _device_voxel_points(xp, points, lo: int, hi: int, to_voxel):
+    """Points ``lo … hi − 1`` as float64 voxel coordinates on the device: sent in their own
+    precision (float32: a third of the bytes of float64) and transformed there."""
+    chunk = xp.asarray(np.ascontiguousarray(points[lo:hi])).astype(xp.float64)
+    if to_voxel is None:
+        return chunk
+    m = xp.asarray(to_voxel)
+    return chunk @ m[:3, :3].T + m[:3, 3]
+
+
+#: Device bytes each segment holds while the device-resident segments are built (the chunks'
+#: compact arrays, the row-sorted copy and the listing by streamline)
+DEVICE_BUILD_BYTES_PER_SEGMENT = 2 * SEGMENT_BYTES + 8
+
+
+def _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, chunk_points, to_voxel) -> Segments:
+    """:func:`segments` kept on the device: each chunk's merged pieces (ordered by streamline,
+    row, orientation, as ``unique`` gives them) are counted per row; then each chunk is placed
+    by a stable counting sort by row, and where each of its segments went is, read in chunk
+    order, the listing by streamline (:attr:`Segments.by_fiber`) without a sort of the whole.
+    The chunks stay on the device between the two steps when they fit (else they are cut again)."""
+    xp = backend.xp
+    if chunk_points is None:
+        chunk_points = SEGMENT_CHUNK_POINTS
+    offsets = np.asarray(offsets, dtype=np.int64)
+    to_voxel = None if to_voxel is None else np.asarray(to_voxel, dtype=np.float64)
+    n_fibers = len(offsets) - 1
+    n_rows = int(rows.max()) + 1 if rows.size else 0
+    rows_flat = xp.asarray(np.ascontiguousarray(rows, dtype=np.int64).ravel())
+    shape = xp.asarray(np.array(rows.shape, dtype=np.int64))
+    vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
+
+    def cut(first: int, last: int):
+        lo, hi = int(offsets[first]), int(offsets[last])
+        chunk = _device_voxel_points(xp, points, lo, hi, to_voxel)
+        fiber, row, orient, length = _chunk_segments(
+            xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
+        )
+        del chunk
+        keep = xp.flatnonzero(length >= min_length_mm)
+        return (
+            row[keep].astype(xp.int32),
+            (fiber[keep] + first).astype(xp.int32),
+            length[keep],
+            orient[keep].astype(xp.uint16),
+        )
+
+    def ranges():
+        nonlocal chunk_points
+        limit = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
+        first = 0
+        while first < n_fibers:
+            last = int(np.searchsorted(offsets, offsets[first] + max(limit, 2), side="right")) - 1
+            yield first, min(max(last, first + 1), n_fibers)
+            first = min(max(last, first + 1), n_fibers)
+
+    def parts():
+        for first, last in ranges():
+            while True:
+                try:
+                    yield cut(first, last)
+                    break
+                except Exception as exc:  # out of device memory: this range in two halves
+                    if not backend.is_out_of_memory(exc) or last - first == 1:
+                        raise
+                    backend.free_cached_memory()
+                    middle = (first + last) // 2
+                    yield from (cut(a, b) for a, b in ((first, middle), (middle, last)))
+                    break
+
+    counts = xp.zeros(n_rows, dtype=xp.int64)
+    kept: list | None = []
+    held = 0
+    for part in parts():
+        counts += xp.bincount(part[0], minlength=n_rows)
+        if kept is not None:
+            held += len(part[0]) * SEGMENT_BYTES
+            if 3 * held > backend.free_memory_bytes():  # keeping them would crowd the rest out: cut again
+                kept = None
+            else:
+                kept.append(part)
+        del part
+    total = int(counts.sum())
+    out = Segments(
+        xp.empty(total, xp.int32),
+        xp.empty(total, xp.int32),
+        xp.empty(total, xp.float64),
+        xp.empty(total, xp.uint16),
+        n_fibers,
+        xp.empty(total, xp.int64),
+    )
+    cursor = xp.cumsum(counts) - counts
+    base = 0
+    source = parts() if kept is None else _drain(kept)
+    for row, fiber, length, orient in source:
+        n = len(row)
+        if n:
+            # by row; the unique key row · n + position keeps the order within a row (any sort)
+            by_row = xp.argsort(row.astype(xp.int64) * n + xp.arange(n))
+            row_sorted = row[by_row]
+            first = xp.concatenate([xp.ones(1, dtype=bool), row_sorted[1:] != row_sorted[:-1]])
+            starts = xp.flatnonzero(first)
+            sizes = xp.diff(xp.concatenate([starts, xp.asarray([n])]))
+            rank = xp.arange(n) - starts[xp.cumsum(first) - 1]
+            target = cursor[row_sorted] + rank
+            cursor[row_sorted[starts]] += sizes
+            out.row[target], out.fiber[target] = row_sorted, fiber[by_row]
+            out.length[target], out.orient[target] = length[by_row], orient[by_row]
+            out.by_fiber[base + by_row] = target
+        base += n
+    return out
+
+
+def _drain(items: list):
+    """Yield and drop the items of ``items`` from the front (each freed once used)."""
+    items.reverse()
+    while items:
+        yield items.pop()
+
+
 # ------------------------------------------------------------------------------- the problem
 @dataclass
 class Problem:
@@ -466,8 +613,10 @@ class Problem:
     def __post_init__(self):
         if self.lut_ic.ndim == 2:  # one IC response
             self.lut_ic = self.lut_ic[None]
-        if np.any(np.diff(self.segments.row) < 0) or np.any(np.diff(self.ec_row) < 0):
-            raise ValueError("segments and EC compartments must be sorted by voxel row")
+        for rows in (self.segments.row, self.ec_row):
+            xp = array_module(rows)
+            if len(rows) > 1 and bool(xp.any(rows[1:] < rows[:-1])):
+                raise ValueError("segments and EC compartments must be sorted by voxel row")
 
     @property
     def n_meas(self) -> int:
@@ -504,6 +653,7 @@ class Problem:
 
 
 CHUNK = 1 << 18  # segments per step of the NumPy reference and of row-sorted passes (bounded memory)
+DEVICE_CHUNK = 1 << 26  # segments per step of row-sorted passes over segments on the device
 
 
 def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -514,20 +664,31 @@ def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np
 
 
 def row_chunks(row: np.ndarray, size: int | None = None):
-    """Slices of about ``size`` (default :data:`CHUNK`) of row-sorted ``row`` that never split a row."""
+    """Slices of about ``size`` (default :data:`CHUNK`) of row-sorted ``row`` that never split a
+    row (``row`` on the host or the device)."""
     size = CHUNK if size is None else size
+    xp = array_module(row)
     start, n = 0, len(row)
     while start < n:
         stop = min(start + size, n)
         if stop < n:  # extend to the end of the row it stops in
-            stop = int(np.searchsorted(row, row[stop - 1], side="right"))
+            stop = int(xp.searchsorted(row, row[stop - 1 : stop], side="right")[0])
         yield slice(start, stop)
         start = stop
 
 
 def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments where no peaks file is given: one per (voxel, orientation) among the
-    segments there (row by row in chunks: no per-segment int64 key of the whole)."""
+    segments there (row by row in chunks: no per-segment int64 key of the whole), host arrays.
+    Segments on the device are reduced there, in chunks of many rows, and only the distinct
+    pairs come to the host."""
+    if seg.on_device:
+        xp = array_module(seg.row)
+        keys = []
+        for part in row_chunks(seg.row, DEVICE_CHUNK):
+            keys.append(_host(xp.unique(seg.row[part].astype(xp.int64) * N_ORIENTATIONS + seg.orient[part])))
+        key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+        return (key // N_ORIENTATIONS).astype(np.int32), (key % N_ORIENTATIONS).astype(np.int32)
     pairs = [ec_compartments(seg.row[part], seg.orient[part]) for part in row_chunks(seg.row)]
     if not pairs:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
@@ -540,10 +701,10 @@ def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarr
     chunk never splits a row, so every row is one chunk's sum, as when each chunk's ``bincount``
     of all rows was added (0 + s is s), without an ``n_rows`` temporary per chunk."""
     out = np.zeros(n_rows)
-    for part in row_chunks(seg.row):
-        rows = seg.row[part]
+    for part in row_chunks(seg.row):  # device segments come to the host a chunk at a time
+        rows = _host(seg.row[part])
         first, last = int(rows[0]), int(rows[-1]) + 1
-        weights = seg.length[part] * fiber_weight[seg.fiber[part]]
+        weights = _host(seg.length[part]) * fiber_weight[_host(seg.fiber[part])]
         out[first:last] += np.bincount(rows - first, weights=weights, minlength=last - first)
     return out
 
@@ -633,19 +794,23 @@ def column_norms(problem: Problem) -> np.ndarray:
     return np.sqrt(np.concatenate([ic.ravel(), ec, iso]))
 
 
-#: EC columns whose responses are gathered at a time (bounds the host memory of their norms)
-EC_NORM_BLOCK = 1 << 15
+#: Orientations of the EC table squared and summed at a time
+EC_NORM_ROWS = 512
 
 
 def ec_column_norms2(problem: Problem) -> np.ndarray:
-    """‖A e_j‖² of the EC columns, a block of columns at a time. (Gathering every column's
-    response at once held n_ec × M float64 on the host: 60-80 GB for a whole-brain tractogram;
-    blocks give the same numbers.)"""
-    out = np.empty(len(problem.ec_orient), dtype=np.float64)
-    for start in range(0, len(out), EC_NORM_BLOCK):
-        part = slice(start, start + EC_NORM_BLOCK)
-        out[part] = (problem.lut_ec[problem.ec_orient[part]].astype(np.float64) ** 2).sum(1)
-    return out
+    """‖A e_j‖² of the EC columns: each column is its orientation's row of the EC table, so the
+    squared norm is that row's, computed once per orientation and looked up (the same sum of
+    the same row in the same order as per column, bit for bit; gathering each column's response
+    cost n_ec × M float64 of traffic: half a minute for a whole-brain tractogram)."""
+    table = np.asarray(problem.lut_ec)
+    per_orientation = np.empty(len(table))
+    for start in range(0, len(table), EC_NORM_ROWS):  # a few MB of float64 at a time
+        per_orientation[start : start + EC_NORM_ROWS] = (
+            table[start : start + EC_NORM_ROWS].astype(np.float64) ** 2
+        ).sum(1)
+    orient = problem.ec_orient
+    return per_orientation[orient if isinstance(orient, np.ndarray) else _host(orient)]
 
 
 # ---------------------------------------------------------------------------------- FISTA
@@ -776,13 +941,17 @@ class DeviceOperator:
         def starts(keys, n):  # where each of 0..n begins in sorted keys (device arrays)
             return cp.searchsorted(keys, cp.arange(n + 1, dtype=keys.dtype)).astype(cp.int64)
 
-        # The compact host arrays go up as they are and are widened on the device: no host copies.
+        # The compact host arrays go up as they are and are widened on the device: no host copies
+        # (segments built on the device are used where they are).
         row = cp.asarray(seg.row).astype(cp.int32, copy=False)
         fiber = cp.asarray(seg.fiber).astype(cp.int32, copy=False)
         self.row_start = starts(row, problem.n_rows)
         self.ec_start = starts(cp.asarray(problem.ec_row).astype(cp.int32, copy=False), problem.n_rows)
         # Segments listed by streamline, rows ascending within each (the norms kernel groups by row).
-        self.order = cp.argsort(fiber.astype(cp.int64) * max(problem.n_rows, 1) + row).astype(cp.int64)
+        if seg.by_fiber is not None:
+            self.order = cp.asarray(seg.by_fiber).astype(cp.int64, copy=False)
+        else:
+            self.order = cp.argsort(fiber.astype(cp.int64) * max(problem.n_rows, 1) + row).astype(cp.int64)
         self.fiber_start = starts(fiber[self.order], problem.n_fibers)
         self.seg_row, self.seg_fiber = row, fiber
         self.seg_len = cp.asarray(seg.length).astype(cp.float64, copy=False)
@@ -839,12 +1008,17 @@ class DeviceOperator:
 #: Device bytes per segment while a :class:`DeviceOperator` exists and is being built (its
 #: arrays, the per-segment values and the sort's temporaries), for planning blocks.
 DEVICE_BYTES_PER_SEGMENT = 96
+#: What a :class:`DeviceOperator` adds per segment to segments already on the device with their
+#: listing by streamline (per-segment values, orientations widened, a gathered streamline index)
+RESIDENT_EXTRA_BYTES_PER_SEGMENT = 24
 
 
 def row_blocks(problem: Problem, max_segments: int) -> list[tuple[int, int]]:
     """Contiguous voxel-row ranges holding at most ``max_segments`` segments each (a row with
     more is a block of its own)."""
-    starts = np.searchsorted(problem.segments.row, np.arange(problem.n_rows + 1))
+    row = problem.segments.row
+    xp = array_module(row)
+    starts = _host(xp.searchsorted(row, xp.arange(problem.n_rows + 1, dtype=row.dtype)))
     blocks, r0 = [], 0
     while r0 < problem.n_rows:
         r1 = int(np.searchsorted(starts, starts[r0] + max(1, max_segments), side="right")) - 1
@@ -858,7 +1032,8 @@ def sub_problem(problem: Problem, r0: int, r1: int) -> tuple[Problem, int, int]:
     """The rows ``r0 … r1 − 1`` of A as a problem of their own (all streamlines' IC columns, the
     EC and ISO columns of those rows), and the range of its EC compartments in the whole."""
     seg = problem.segments
-    s0, s1 = np.searchsorted(seg.row, [r0, r1])
+    xp = array_module(seg.row)
+    s0, s1 = (int(v) for v in _host(xp.searchsorted(seg.row, xp.asarray([r0, r1], dtype=seg.row.dtype))))
     e0, e1 = (int(v) for v in np.searchsorted(problem.ec_row, [r0, r1]))
     part = Segments(
         (seg.row[s0:s1] - r0).astype(np.int32), seg.fiber[s0:s1], seg.length[s0:s1], seg.orient[s0:s1], seg.n_fibers
@@ -999,6 +1174,8 @@ def device_operator(backend, problem: Problem, *, max_segments: int | None = Non
     says so. Out of device memory while building the resident one also falls back to blocks."""
     n_seg = max(1, len(problem.segments))
     per_segment = DEVICE_BYTES_PER_SEGMENT * problem.n_ic
+    if problem.segments.on_device and problem.segments.by_fiber is not None:
+        per_segment = RESIDENT_EXTRA_BYTES_PER_SEGMENT * problem.n_ic  # the segments are there already
 
     def budget() -> int:  # segments that fit in half of what FISTA leaves free
         return max(1, (backend.free_memory_bytes() - fista_bytes(problem)) // 2 // per_segment)

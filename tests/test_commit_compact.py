@@ -180,13 +180,11 @@ def test_kept_streamlines_equal_the_subset():
     assert len(kept_streamlines(tract, np.zeros(30, bool))) == 0
 
 
-def test_ec_column_norms_equal_the_gathered_ones_without_holding_them(monkeypatch):
+def test_ec_column_norms_equal_the_gathered_ones_without_holding_them():
     import tracemalloc
 
     from tests.benchmarks.bench_commit import synthetic_problem
     from tractlens.gpu.commit import ec_column_norms2
-
-    monkeypatch.setattr(commit, "EC_NORM_BLOCK", 500)
 
     problem = synthetic_problem(400_000, 120)
     gathered = (problem.lut_ec[problem.ec_orient].astype(np.float64) ** 2).sum(1)  # the old way

@@ -48,6 +48,9 @@ class DWI:
     bvec_path: str = ""
     warnings: list[str] = field(default_factory=list)
     b0_threshold: float = B0_THRESHOLD
+    #: voxels with a NaN or Inf in some volume, as counted when the file was read (None: not
+    #: counted); 0 lets a pipeline skip its own scan of the whole series
+    nonfinite_voxels: int | None = None
 
     @property
     def shape3(self) -> tuple[int, int, int]:
@@ -287,7 +290,7 @@ def load_dwi(
         )
     bvecs = check_gradients(bvals, bvecs, bvec_path, warnings, b0_threshold)
     data = read_array(img, path, what="diffusion data")
-    _report_bad_voxels(data, warnings)
+    nonfinite = _report_bad_voxels(data, warnings)
     affine = img.affine.copy()
     return DWI(
         data=data,
@@ -299,6 +302,7 @@ def load_dwi(
         bvec_path=str(bvec_path),
         warnings=warnings,
         b0_threshold=b0_threshold,
+        nonfinite_voxels=nonfinite,
     )
 
 
@@ -319,10 +323,11 @@ def count_nonfinite_voxels(data: np.ndarray) -> int:
         return sum(pool.map(count, range(data.shape[2])))
 
 
-def _report_bad_voxels(data: np.ndarray, warnings: list[str]) -> None:
+def _report_bad_voxels(data: np.ndarray, warnings: list[str]) -> int:
     count = count_nonfinite_voxels(data)
     if count:
         warnings.append(f"{count} voxel(s) contain NaN or Inf; they are left out of the fit and flagged")
+    return count
 
 
 def save_gradients(bvals: np.ndarray, bvecs_voxel: np.ndarray, affine: np.ndarray, bval_path, bvec_path) -> None:

@@ -24,6 +24,7 @@ from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 from ..errors import InputError
 from ..model import Tractogram, Volume
 from ._atomic import atomic_path
+from ._pages import release_pages
 from .nifti import check_affine, load_image, reason
 from .outputs import check_output_file
 
@@ -95,7 +96,7 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if suffix == ".trx":
-                arrays = _read_trx(path, grid)
+                return _read_trx(path, grid)  # converted while its memory maps are open
             else:
                 if suffix == ".trk":
                     _check_trk(path)
@@ -204,13 +205,16 @@ def _read_trx(path: Path, grid):
     try:
         if grid is None:
             grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
-        # copies: the arrays are memory maps of files that close() removes
-        return (
-            np.array(trx.streamlines._data),
+        # The positions stay memory maps: converting them to voxels reads them a chunk at a
+        # time (the scalars are copied by the conversion); everything is read before close(),
+        # which removes the files of a compressed .trx.
+        return _tractogram_from_mm(
+            trx.streamlines._data,
             np.array(trx.streamlines._lengths),
             grid,
-            {k: np.array(v._data) for k, v in trx.data_per_vertex.items()},
-            {k: np.array(v) for k, v in trx.data_per_streamline.items()},
+            {k: v._data for k, v in trx.data_per_vertex.items()},
+            dict(trx.data_per_streamline.items()),
+            path,
         )
     finally:
         trx.close()
@@ -242,12 +246,37 @@ def _check_grid(grid, path: Path) -> tuple[np.ndarray, tuple[int, int, int]]:
     return affine, tuple(int(d) for d in dims)
 
 
+#: Points converted to voxel coordinates at a time when a tractogram is read (48 MB of float64)
+LOAD_CHUNK_POINTS = 1 << 21
+#: Chunks read from a memory-mapped file between releases of its pages (see :mod:`._pages`)
+RELEASE_EVERY_CHUNKS = 8
+
+
+def _to_voxels(points_mm, to_voxel: np.ndarray) -> np.ndarray | None:
+    """``points_mm`` (P, 3) (any float type; a memory map is read a chunk at a time) through
+    ``to_voxel`` in float64, stored as float32: the values of converting all at once and casting,
+    without the whole float64 copies (72 bytes a point at the peak; now the output's 12 and a
+    chunk). None when a converted point is NaN or infinite in float32."""
+    out = np.empty((len(points_mm), 3), dtype=np.float32)
+    with np.errstate(all="ignore"):
+        for k, lo in enumerate(range(0, len(points_mm), LOAD_CHUNK_POINTS)):
+            hi = min(lo + LOAD_CHUNK_POINTS, len(points_mm))
+            part = out[lo:hi]
+            part[:] = nib.affines.apply_affine(to_voxel, np.asarray(points_mm[lo:hi], dtype=np.float64))
+            if not np.isfinite(part).all():
+                return None
+            if k % RELEASE_EVERY_CHUNKS == RELEASE_EVERY_CHUNKS - 1:
+                release_pages(points_mm)
+    release_pages(points_mm)
+    return out
+
+
 def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamline: dict, path: Path):
     """Streamlines in RAS mm (as the libraries give them) -> a Tractogram in voxel coordinates."""
     affine, dims = _check_grid(grid, path)
     fix = _DAMAGED[path.suffix.lower()]
     lengths = np.asarray(lengths)
-    points_mm = np.asarray(points_mm)
+    points_mm = np.asanyarray(points_mm)  # a memory map stays one
     if points_mm.size == 0 and lengths.size == 0:
         # 0 streamlines is an ordinary result (a target nothing reached); the libraries give
         # its points as a flat (0,) array
@@ -256,10 +285,8 @@ def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamlin
         raise InputError(f"the points have shape {points_mm.shape}, not (N, 3)", path=path, fix=fix)
     if (lengths < 0).any() or int(lengths.sum(dtype=np.int64)) != len(points_mm):
         raise InputError("the streamline lengths do not add up to the number of points", path=path, fix=fix)
-    with np.errstate(all="ignore"):
-        points = nib.affines.apply_affine(np.linalg.inv(affine), points_mm.astype(np.float64))
-        finite = np.isfinite(points.astype(np.float32)).all()
-    if not finite:
+    points = _to_voxels(points_mm, np.linalg.inv(affine))
+    if points is None:
         raise InputError(
             "some streamline points are NaN or infinite (or too far away for the grid)", path=path, fix=fix
         )

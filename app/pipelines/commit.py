@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -69,8 +70,28 @@ COMMIT_OUTPUTS = {
 
 #: Bytes of float64 signal per block of voxel rows when the fit's error maps are computed.
 MAP_BLOCK_BYTES = 4 << 20
+#: A x larger than this stays on the GPU that computed it (its error maps made there)
+MODEL_HOST_BYTES = 512 << 20
 #: Input points per part when a filtered tractogram is written (12 MB of float32 positions).
 WRITE_PART_POINTS = 1 << 20
+
+
+def fit_errors(y, model, block_rows: int | None = None, xp=np) -> tuple:
+    """RMSE and NRMSE per row of measured ``y`` and modelled ``model`` (n_rows, M), ``block_rows``
+    rows at a time (default: about :data:`MAP_BLOCK_BYTES` of float64 signal), in ``xp``."""
+    n_rows, n_meas = y.shape
+    step = block_rows or max(1, MAP_BLOCK_BYTES // (8 * max(n_meas, 1)))
+    if xp is not np:
+        step *= 64  # device memory is fast and the blocks many
+    rmse, norm = xp.empty(n_rows), xp.empty(n_rows)
+    for start in range(0, n_rows, step):
+        block = slice(start, start + step)
+        measured = xp.asarray(y[block], dtype=xp.float64)
+        residual = model[block] - measured
+        rmse[block] = xp.sqrt((residual**2).mean(1))
+        norm[block] = xp.sqrt((measured**2).mean(1))
+    nrmse = xp.where(norm > 0, rmse / xp.where(norm > 0, norm, 1.0), 0.0)
+    return rmse, nrmse
 
 
 @dataclass
@@ -81,7 +102,9 @@ class CommitResult:
     weights: np.ndarray  # (n_streamlines,): the sum of each streamline's IC columns
     x: np.ndarray  # all columns
     y: np.ndarray  # (n_rows, M) measured (normalised), in the DWI's precision (float32 for float32 data)
-    model: np.ndarray  # (n_rows, M) A x
+    #: (n_rows, M) A x; None when the fit ran on a GPU and A x is larger than
+    #: :data:`MODEL_HOST_BYTES`: the error maps were made on the device (``errors``) instead
+    model: np.ndarray | None
     rows: np.ndarray  # (X, Y, Z) row of each voxel, -1 outside the mask
     affine: np.ndarray
     tractogram: Tractogram
@@ -89,6 +112,7 @@ class CommitResult:
     params: CommitParams
     provenance: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    errors: tuple[np.ndarray, np.ndarray] | None = None  # (RMSE, NRMSE) per row, when model is None
 
     def volume(self, per_row: np.ndarray) -> np.ndarray:
         out = np.zeros(self.rows.shape, dtype=np.float32)
@@ -99,18 +123,11 @@ class CommitResult:
     def fit_errors(self, block_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """RMSE and NRMSE per voxel row, ``block_rows`` rows at a time (default: about
         :data:`MAP_BLOCK_BYTES` of float64 signal): no (n_rows, M) temporary. Each row's mean is
-        the same reduction over its own measurements as over all rows at once, so bit for bit."""
-        n_rows, n_meas = self.y.shape
-        step = block_rows or max(1, MAP_BLOCK_BYTES // (8 * max(n_meas, 1)))
-        rmse, norm = np.empty(n_rows), np.empty(n_rows)
-        for start in range(0, n_rows, step):
-            block = slice(start, start + step)
-            y = np.asarray(self.y[block], dtype=np.float64)
-            residual = self.model[block] - y
-            rmse[block] = np.sqrt((residual**2).mean(1))
-            norm[block] = np.sqrt((y**2).mean(1))
-        nrmse = np.where(norm > 0, rmse / np.where(norm > 0, norm, 1.0), 0.0)
-        return rmse, nrmse
+        the same reduction over its own measurements as over all rows at once, so bit for bit.
+        Without a host model, the errors the fit made on the device."""
+        if self.model is None:
+            return self.errors
+        return fit_errors(self.y, self.model, block_rows)
 
     def maps(self) -> dict[str, np.ndarray]:
         """fit_RMSE, fit_NRMSE and the IC / EC / ISO compartment maps as volumes."""
@@ -221,6 +238,15 @@ def commit_pipeline(
     return result
 
 
+def _segments_fit_on_device(backend, tractogram) -> bool:
+    """Whether the segments can be built and kept on the device (GPU backends): room for about
+    1.5 segments per point while they are built, with a third of the device left for the fit."""
+    if not backend.is_gpu:
+        return False
+    need = 1.5 * len(tractogram.points) * commit.DEVICE_BUILD_BYTES_PER_SEGMENT
+    return need < 0.66 * backend.free_memory_bytes()
+
+
 def _finite_voxels(data: np.ndarray) -> np.ndarray:
     """Voxels whose every measurement is finite, slab by slab (no 4-D boolean temporary)."""
     out = np.empty(data.shape[:3], dtype=bool)
@@ -252,7 +278,8 @@ def _commit_pipeline(
     shape = dwi.shape3
     b0 = dwi.mean_b0()
     mask = np.ones(shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    usable = mask & _finite_voxels(dwi.data) & (b0 > 0)
+    finite = _finite_voxels(dwi.data) if getattr(dwi, "nonfinite_voxels", None) != 0 else True  # counted at reading
+    usable = mask & finite & (b0 > 0)
     if (dropped := int((mask & ~usable).sum())) > 0:
         notes.append(f"{dropped} mask voxel(s) without usable signal (NaN/Inf or no b=0 signal) left out")
     if not usable.any():
@@ -261,6 +288,7 @@ def _commit_pipeline(
     rows[usable] = np.arange(int(usable.sum()))
     backend = get_backend(device)
     voxel_size = np.sqrt((dwi.affine[:3, :3] ** 2).sum(0))
+    started = time.perf_counter()
     seg = commit.segments(
         tractogram.points,
         tractogram.offsets,
@@ -269,23 +297,29 @@ def _commit_pipeline(
         min_length_mm=params.min_segment_mm,
         backend=backend,
         to_voxel=np.linalg.solve(dwi.affine, tractogram.affine),  # per chunk: no copy of the points
+        on_device=_segments_fit_on_device(backend, tractogram),
     )
+    segments_s = time.perf_counter() - started
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
-    has_segment = np.zeros(len(tractogram), dtype=bool)
+    xp = commit.array_module(seg.row)  # the segments stay where they were made
+    has_segment = xp.zeros(len(tractogram), dtype=bool)
     has_segment[seg.fiber] = True
     missing = len(tractogram) - int(has_segment.sum())
+    del has_segment
     if missing:
         notes.append(f"{missing} streamline(s) have no segment in the mask: weight 0")
     # Fit the voxels the streamlines pass through (as dmri-commit does): a voxel without
     # segments has nothing for the streamlines to explain, and its isotropic-only fit would
     # only dilute the stopping test.
-    traversed = np.zeros(int(usable.sum()), dtype=bool)
+    traversed = xp.zeros(int(usable.sum()), dtype=bool)
     traversed[seg.row] = True
-    renumber = (np.cumsum(traversed) - 1).astype(np.int32)
-    for start in range(0, len(seg), commit.CHUNK):  # in place (order kept: the map is increasing)
-        seg.row[start : start + commit.CHUNK] = renumber[seg.row[start : start + commit.CHUNK]]
-    usable[usable] = traversed
+    renumber = (xp.cumsum(traversed) - 1).astype(xp.int32)
+    step = commit.CHUNK if xp is np else commit.DEVICE_CHUNK
+    for start in range(0, len(seg), step):  # in place (order kept: the map is increasing)
+        seg.row[start : start + step] = renumber[seg.row[start : start + step]]
+    del renumber
+    usable[usable] = commit._host(traversed)
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
     tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
@@ -305,10 +339,11 @@ def _commit_pipeline(
     xp = backend.xp
     scale = op.column_norms()
     a, at = op.a, op.at
+    y_fit = xp.asarray(y).astype(xp.float64, copy=False)  # widened on the device: exact (float32 values)
     fit = commit.fista(
         a,
         at,
-        xp.asarray(y).astype(xp.float64, copy=False),  # widened on the device: exact (float32 values)
+        y_fit,
         problem.n_cols,
         scale=scale,
         lambda_=params.lambda_,
@@ -321,16 +356,37 @@ def _commit_pipeline(
     )
     x = backend.to_host(fit.x)
     fit.x = x
-    model = backend.to_host(a(xp.asarray(x))).reshape(y.shape)
+    model_fit = a(xp.asarray(x))
+    errors = None
+    if backend.is_gpu and model_fit.nbytes > MODEL_HOST_BYTES:  # the error maps made where A x is
+        errors = fit_errors(y_fit.reshape(y.shape), model_fit.reshape(y.shape), xp=xp)
+        errors, model = tuple(backend.to_host(e) for e in errors), None
+    else:
+        model = backend.to_host(model_fit).reshape(y.shape)
+    del model_fit, y_fit
     provenance = {
         "backend": backend.name,
         "device": backend.device_name,
         "fit_s": round(fit.seconds, 3),
+        "segments_s": round(segments_s, 3),
+        "segments_on": "device" if seg.on_device else "host",
         "lipschitz": fit.lipschitz,
         "operator_blocks": len(op) if isinstance(op, commit.BlockedOperator) else 1,
     }
     return CommitResult(
-        problem, problem.split(x)[0].sum(0), x, y, model, rows, dwi.affine, tractogram, fit, params, provenance, notes
+        problem,
+        problem.split(x)[0].sum(0),
+        x,
+        y,
+        model,
+        rows,
+        dwi.affine,
+        tractogram,
+        fit,
+        params,
+        provenance,
+        notes,
+        errors,
     )
 
 

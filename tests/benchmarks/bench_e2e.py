@@ -354,12 +354,15 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _rss_bytes(pid: int) -> int:
+def _rss_bytes(pid: int) -> tuple[int, int]:
+    """(resident, resident less file-backed pages: the anonymous memory the process made)."""
     try:
         with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            fields = fh.read().split()
+        page = os.sysconf("SC_PAGE_SIZE")
+        return int(fields[1]) * page, (int(fields[1]) - int(fields[2])) * page
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0, 0
 
 
 class TreeMemory(threading.Thread):
@@ -367,7 +370,7 @@ class TreeMemory(threading.Thread):
 
     def __init__(self, pid: int, interval_s: float = 0.05):
         super().__init__(daemon=True)
-        self.pid, self.interval_s, self.peak = pid, interval_s, 0
+        self.pid, self.interval_s, self.peak, self.peak_anon = pid, interval_s, 0, 0
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -377,7 +380,9 @@ class TreeMemory(threading.Thread):
                 pid = stack.pop()
                 pids.append(pid)
                 stack.extend(_children(pid))
-            self.peak = max(self.peak, sum(_rss_bytes(p) for p in pids))
+            sizes = [_rss_bytes(p) for p in pids]
+            self.peak = max(self.peak, sum(s[0] for s in sizes))
+            self.peak_anon = max(self.peak_anon, sum(s[1] for s in sizes))
             self.done.wait(self.interval_s)
 
 
@@ -451,6 +456,7 @@ def run_measured(argv: list[str], env: dict, logs: Path, timeout_s: float) -> di
         "timed_out": timed_out,
         "wall_s": round(wall, 3),
         "host_peak_tree_bytes": tree.peak,
+        "host_peak_anon_bytes": tree.peak_anon,  # without pages of mapped files (the page cache's)
         "host_maxrss_bytes": usage.ru_maxrss * 1024,  # KiB on Linux
         "device_peak_smi_bytes": device_smi,
         "device_pool_peak_bytes": (timings or {}).get("device_pool_peak_bytes"),
@@ -586,7 +592,8 @@ def markdown(results: dict) -> str:
         f"`--device {results['device_argument']}`; made by tests/benchmarks/bench_e2e.py. "
         "GPU work: the engine's own seconds as the command's summary gives them (on the device it ran on); "
         "read / compute / write: the command's own phases (exclusive); other: start-up, imports, checks. "
-        "Peak host: the process tree's RSS; peak device: nvidia-smi (CuPy pool high-water mark).",
+        "Peak host: the process tree's RSS (in brackets: without the pages of memory-mapped files, "
+        "which the page cache holds and can drop); peak device: nvidia-smi (CuPy pool high-water mark).",
         "",
         "| command | scale | whole | GPU work | read | compute | write | other | peak host | peak device (pool) "
         "| output | host bytes per unit (slope) |",
@@ -609,9 +616,10 @@ def markdown(results: dict) -> str:
             f" ({_gb(r['device_pool_peak_bytes'])})" if r["device_pool_peak_bytes"] else ""
         )
         units = f"{r['units']:,.0f} {r['unit']}" if r["units"] else "–"
+        anon = f" ({_gb(r['host_peak_anon_bytes'])})" if r.get("host_peak_anon_bytes") else ""
         lines.append(
             f"| {r['command']} | {r['scale']:g} | {_s(r['wall_s'])} | {_s(r['gpu_work_s'])} | {_s(r['read_s'])} "
-            f"| {_s(r['compute_s'])} | {_s(r['write_s'])} | {_s(r['other_s'])} | {_gb(r['host_peak_bytes'])} "
+            f"| {_s(r['compute_s'])} | {_s(r['write_s'])} | {_s(r['other_s'])} | {_gb(r['host_peak_bytes'])}{anon} "
             f"| {device} | {units} | {per} |"
         )
     return "\n".join(lines) + "\n"

@@ -4,7 +4,9 @@ the main thread's innermost project frames, to find which step holds the memory.
     python tests/benchmarks/memory_trace.py [--every 0.5] -- commit --dwi D --tractogram T -o OUT
 
 Prints one line per sample where the RSS grew by more than 0.5 GB since the last line, and the
-peak with the stack at that moment. Linux only (reads /proc/self/statm).
+peak with the stack at that moment; at the end, where the main thread spent its time (the share
+of samples per innermost project frame, and per project function anywhere on the stack), a
+sampling profile of the whole command. Linux only (reads /proc/self/statm).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def main() -> int:
         argv = argv[1:]
     main_id = threading.get_ident()
     peak = [0.0, ""]
+    inner: dict[str, int] = {}
+    anywhere: dict[str, int] = {}
     done = threading.Event()
     t0 = time.perf_counter()
 
@@ -47,6 +51,10 @@ def main() -> int:
             now = rss_gb()
             frame = sys._current_frames().get(main_id)
             here = where(frame) if frame is not None else "?"
+            frames = here.split(" > ")
+            inner[frames[-1]] = inner.get(frames[-1], 0) + 1
+            for name in {f.rsplit(":", 2)[0] + ":" + f.rsplit(":", 1)[-1] for f in frames}:
+                anywhere[name] = anywhere.get(name, 0) + 1
             if now > peak[0]:
                 peak[:] = [now, here]
             if now - last > 0.5 or last - now > 2.0:
@@ -61,6 +69,11 @@ def main() -> int:
     finally:
         done.set()
         print(f"peak rss {peak[0]:.2f} GB at {peak[1]}", file=sys.stderr, flush=True)
+        for title, counts in (("innermost frame", inner), ("on the stack", anywhere)):
+            total = max(1, sum(inner.values()))
+            print(f"time by {title} ({total} samples of {every} s):", file=sys.stderr)
+            for name, n in sorted(counts.items(), key=lambda kv: -kv[1])[:25]:
+                print(f"  {n * every:7.1f} s {100 * n / total:5.1f} %  {name}", file=sys.stderr)
     return code
 
 

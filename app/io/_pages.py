@@ -1,0 +1,34 @@
+"""Memory-mapped files read in passes: their pages leave the process's resident set once read.
+
+Reading a memory map brings the file's pages into the process's resident set, and they stay
+there until the map is closed: a 4 GB tractogram read once to convert it counts 4 GB of
+resident memory on top of the converted copy. The page cache keeps the pages (reading again
+maps them back, no disk access), so dropping them from this process costs nothing but shows the
+memory the process really needs. Only shared or read-only maps are released: a copy-on-write
+map may hold changes that only this process has, which ``MADV_DONTNEED`` would throw away.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+__all__ = ["release_pages"]
+
+
+def release_pages(array) -> bool:
+    """Drop the pages of the memory map under ``array`` (a ``numpy.memmap`` opened ``"r"`` or
+    ``"r+"``, or a view of one) from the resident set; returns whether it did. Anything else
+    (an ordinary array, a copy-on-write map, a platform without ``madvise``) is left alone."""
+    mapping = getattr(array, "_mmap", None)
+    if not isinstance(array, np.memmap) or mapping is None or getattr(array, "mode", "c") not in ("r", "r+"):
+        return False
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if advice is None or not hasattr(mapping, "madvise"):
+        return False
+    try:
+        mapping.madvise(advice)
+    except (OSError, ValueError):  # closed, or refused: the pages just stay
+        return False
+    return True
