@@ -654,6 +654,7 @@ class Problem:
 
 CHUNK = 1 << 18  # segments per step of the NumPy reference and of row-sorted passes (bounded memory)
 DEVICE_CHUNK = 1 << 26  # segments per step of row-sorted passes over segments on the device
+HOST_PASS_CHUNK = 1 << 23  # segments brought from the device to the host at a time (about 130 MB)
 
 
 def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -701,7 +702,8 @@ def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarr
     chunk never splits a row, so every row is one chunk's sum, as when each chunk's ``bincount``
     of all rows was added (0 + s is s), without an ``n_rows`` temporary per chunk."""
     out = np.zeros(n_rows)
-    for part in row_chunks(seg.row):  # device segments come to the host a chunk at a time
+    size = HOST_PASS_CHUNK if seg.on_device else CHUNK
+    for part in row_chunks(seg.row, size):  # device segments come to the host a chunk at a time
         rows = _host(seg.row[part])
         first, last = int(rows[0]), int(rows[-1]) + 1
         weights = _host(seg.length[part]) * fiber_weight[_host(seg.fiber[part])]

@@ -13,6 +13,7 @@ import mmap
 import os
 import struct
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -248,6 +249,8 @@ def _check_grid(grid, path: Path) -> tuple[np.ndarray, tuple[int, int, int]]:
 
 #: Points converted to voxel coordinates at a time when a tractogram is read (48 MB of float64)
 LOAD_CHUNK_POINTS = 1 << 21
+#: Threads converting chunks of points
+LOAD_THREADS = 8
 #: Chunks read from a memory-mapped file between releases of its pages (see :mod:`._pages`)
 RELEASE_EVERY_CHUNKS = 8
 
@@ -256,19 +259,29 @@ def _to_voxels(points_mm, to_voxel: np.ndarray) -> np.ndarray | None:
     """``points_mm`` (P, 3) (any float type; a memory map is read a chunk at a time) through
     ``to_voxel`` in float64, stored as float32: the values of converting all at once and casting,
     without the whole float64 copies (72 bytes a point at the peak; now the output's 12 and a
-    chunk). None when a converted point is NaN or infinite in float32."""
+    chunk per thread). Chunks are converted by a pool of threads (NumPy releases the GIL; on a
+    memory map this also reads the file in parallel). None when a converted point is NaN or
+    infinite in float32."""
     out = np.empty((len(points_mm), 3), dtype=np.float32)
-    with np.errstate(all="ignore"):
-        for k, lo in enumerate(range(0, len(points_mm), LOAD_CHUNK_POINTS)):
-            hi = min(lo + LOAD_CHUNK_POINTS, len(points_mm))
-            part = out[lo:hi]
-            part[:] = nib.affines.apply_affine(to_voxel, np.asarray(points_mm[lo:hi], dtype=np.float64))
-            if not np.isfinite(part).all():
-                return None
-            if k % RELEASE_EVERY_CHUNKS == RELEASE_EVERY_CHUNKS - 1:
-                release_pages(points_mm)
+    starts = range(0, len(points_mm), LOAD_CHUNK_POINTS)
+
+    def convert(k_lo) -> bool:
+        k, lo = k_lo
+        part = out[lo : lo + LOAD_CHUNK_POINTS]
+        with np.errstate(all="ignore"):
+            part[:] = nib.affines.apply_affine(to_voxel, np.asarray(points_mm[lo : lo + LOAD_CHUNK_POINTS], np.float64))
+        if k % RELEASE_EVERY_CHUNKS == RELEASE_EVERY_CHUNKS - 1:
+            release_pages(points_mm)
+        return bool(np.isfinite(part).all())
+
+    workers = min(LOAD_THREADS, os.cpu_count() or 1, len(starts))
+    if workers <= 1:
+        finite = all(convert(item) for item in enumerate(starts))
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            finite = all(list(pool.map(convert, enumerate(starts))))
     release_pages(points_mm)
-    return out
+    return out if finite else None
 
 
 def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamline: dict, path: Path):
