@@ -71,3 +71,27 @@ def test_release_pages_only_for_shared_or_read_only_maps(tmp_path):
         assert float(mapped[::1024].sum()) == total  # the values are still there
         del mapped
     assert release_pages(np.zeros(10)) is False
+
+
+def test_file_region_reads_what_the_map_holds(tmp_path):
+    """A memory map at an unaligned offset, and a view of it, are read back through pread equal."""
+    import os
+
+    from tractlens.app.io._pages import file_region, read_rows
+
+    path = tmp_path / "p.bin"
+    data = np.random.default_rng(0).random((5000, 3)).astype(np.float32)
+    with open(path, "wb") as f:
+        f.write(b"x" * 12345)
+        f.write(data.tobytes())
+    mapped = np.memmap(path, dtype=np.float32, mode="r+", offset=12345, shape=(5000, 3))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for view in (mapped, mapped[1234:], mapped[4999:]):
+            name, position = file_region(view)
+            assert name == str(path)
+            np.testing.assert_array_equal(read_rows(fd, position, np.float32, view.shape), view)
+    finally:
+        os.close(fd)
+    assert file_region(mapped[:, :2]) is None  # not contiguous
+    assert file_region(np.zeros((3, 3))) is None

@@ -14,7 +14,7 @@ import mmap
 
 import numpy as np
 
-__all__ = ["release_pages"]
+__all__ = ["file_region", "read_rows", "release_pages"]
 
 
 def release_pages(array) -> bool:
@@ -32,3 +32,42 @@ def release_pages(array) -> bool:
     except (OSError, ValueError):  # closed, or refused: the pages just stay
         return False
     return True
+
+
+def file_region(array) -> tuple[str, int] | None:
+    """(file name, byte position) of the first byte of ``array`` when it is a C-contiguous memory
+    map of a file (or a view of one), so that it can be read with ``pread`` instead of through
+    page faults on the map; None otherwise."""
+    mapping = getattr(array, "_mmap", None)
+    name = getattr(array, "filename", None)
+    if not isinstance(array, np.memmap) or mapping is None or not name or not array.flags.c_contiguous:
+        return None
+    try:
+        whole = np.frombuffer(mapping, dtype=np.uint8)
+    except (TypeError, ValueError):
+        return None
+    try:
+        base_address = whole.ctypes.data
+        map_start = array.offset - array.offset % mmap.ALLOCATIONGRANULARITY  # where numpy mapped from
+        within = array.ctypes.data - base_address
+        if not 0 <= within <= len(whole) - array.nbytes:
+            return None
+        return str(name), map_start + within
+    finally:
+        del whole
+
+
+def read_rows(fd: int, position: int, dtype, shape) -> np.ndarray:
+    """``shape`` items of ``dtype`` read with ``os.preadv`` from ``position`` of the open file
+    ``fd`` (thread-safe: no shared file position; the GIL is released while reading)."""
+    import os
+
+    out = np.empty(shape, dtype=dtype)
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], position + done)
+        if got <= 0:
+            raise OSError(f"the file ended {len(view) - done} bytes early")
+        done += got
+    return out

@@ -497,8 +497,8 @@ def _kept_part(tract: Tractogram, keep: np.ndarray, weights: np.ndarray, first: 
     point_keep = None if chosen.all() else np.repeat(chosen, lengths)
 
     def kept_points(values) -> np.ndarray:
-        values = np.asarray(values)[start:stop]
-        return values if point_keep is None else values[point_keep]
+        values = np.asarray(values[start:stop])
+        return values if point_keep is None else np.compress(point_keep, values, axis=0)  # 4× a boolean index
 
     per_streamline = {k: np.asarray(v)[first:last][chosen] for k, v in tract.streamline_scalars.items()}
     per_streamline[WEIGHT_SCALAR] = weights[first:last][chosen].astype(np.float32)
