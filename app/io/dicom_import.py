@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SUBJECT = "sub-01"
-#: What dcm2niix is told: gzip, BIDS sidecar (anonymised: no name or birth date in it), no crop.
-DCM2NIIX_FLAGS = ["-z", "y", "-b", "y", "-ba", "y", "-x", "n", "-v", "0"]
+#: What dcm2niix is told: gzip, BIDS sidecar with the patient fields (the presurgical report
+#: prints them, :mod:`app.report_data`), no crop.
+DCM2NIIX_FLAGS = ["-z", "y", "-b", "y", "-ba", "n", "-x", "n", "-v", "0"]
 BIDS_SUFFIX = [
     (re.compile(r"flair", re.IGNORECASE), "FLAIR"),
     (re.compile(r"t1|mprage|spgr|bravo|tfe", re.IGNORECASE), "T1w"),
@@ -232,7 +233,9 @@ def layer_sources(folder: str | os.PathLike, series: str | None = None) -> list[
     listed = list_series(folder)
     if series is not None:
         chosen = choose(listed, series, folder)
-        wanted = [chosen, *(s for s in listed if s.kind == "anat" and s is not chosen)] if chosen.kind == "dwi" else [chosen]
+        wanted = (
+            [chosen, *(s for s in listed if s.kind == "anat" and s is not chosen)] if chosen.kind == "dwi" else [chosen]
+        )
     else:
         if sum(s.kind == "dwi" for s in listed) > 1:
             choose(listed, None, folder, kind="dwi")  # raises, listing them

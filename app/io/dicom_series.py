@@ -37,8 +37,9 @@ def require(module: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise InputError(f"DICOM support needs the Python package {module!r}, which is not installed",
-                         fix=INSTALL_HINT) from None
+        raise InputError(
+            f"DICOM support needs the Python package {module!r}, which is not installed", fix=INSTALL_HINT
+        ) from None
 
 
 @dataclass
@@ -134,8 +135,7 @@ def list_series(folder: str | os.PathLike) -> list[DicomSeries]:
         raise InputError(
             "no DICOM files in this folder (none with the DICOM preamble, looked recursively)",
             path=folder,
-            fix="Give the folder copied from the CD or PACS export (the one with the image files), "
-            "or a NIfTI file",
+            fix="Give the folder copied from the CD or PACS export (the one with the image files), or a NIfTI file",
         )
     pydicom = require("pydicom")
     groups: dict[str, list] = {}
@@ -150,8 +150,9 @@ def list_series(folder: str | os.PathLike) -> list[DicomSeries]:
     series = [_describe(uid, members) for uid, members in groups.items()]
     series = [s for s in series if s.slices > 0]
     if not series:
-        raise InputError("the DICOM files in this folder hold no images", path=folder,
-                         fix="Give the folder of an MR series")
+        raise InputError(
+            "the DICOM files in this folder hold no images", path=folder, fix="Give the folder of an MR series"
+        )
     series.sort(key=lambda s: (s.number is None, s.number or 0, s.description))
     for s in series:
         check_complete(s, folder)
@@ -269,8 +270,11 @@ def choose(series: list[DicomSeries], choice: str | None, folder: Path, *, kind:
     what = {"dwi": "diffusion series", "anat": "image series", None: "series"}[kind]
     if not candidates:
         listed = "; ".join(s.label for s in series)
-        raise InputError(f"no {what} in this folder (series here: {listed})", path=folder,
-                         fix="Give a folder that holds the series you want")
+        raise InputError(
+            f"no {what} in this folder (series here: {listed})",
+            path=folder,
+            fix="Give a folder that holds the series you want",
+        )
     raise SeveralSeries(
         f"several {what}: " + "; ".join(s.label for s in candidates),
         path=folder,
