@@ -244,7 +244,7 @@ def export_dicom(
             written[kind] = writers[kind](reference, structures, staging, deidentify=params.deidentify)
             if progress is not None:
                 progress(i + 1, len(params.kinds))
-        for kind, paths in written.items():
+        for paths in written.values():
             clash = outdir / paths[0].relative_to(staging).parts[0]
             if clash.exists():
                 raise InputError(f"{clash} exists already", path=outdir,
