@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("pydicom", reason="the dicom extra is part of the test extra")  # noqa: not silent: -ra lists it
 pytest.importorskip("dcm2niix")
 
-from tests.dicom_synth import gradient_table, make_affine, tensor_signal, write_series  # noqa: E402
-from tractlens.app.cli import main  # noqa: E402
-from tractlens.app.errors import InputError  # noqa: E402
-from tractlens.app.io import load_dwi  # noqa: E402
-from tractlens.app.io.dicom_import import import_dicom  # noqa: E402
-from tractlens.app.io.dicom_series import SeveralSeries, list_series  # noqa: E402
+from tests.dicom_synth import gradient_table, make_affine, tensor_signal, write_series
+from tractlens.app.cli import main
+from tractlens.app.errors import InputError
+from tractlens.app.io import load_dwi
+from tractlens.app.io.dicom_import import import_dicom
+from tractlens.app.io.dicom_series import SeveralSeries, list_series
 
 SHAPE = (10, 9, 6)
 ORIENTATIONS = {

@@ -53,7 +53,7 @@ def deidentify(ds) -> None:
         if keyword in ds:
             delattr(ds, keyword)
     ds.PatientIdentityRemoved = "YES"
-    ds.DeidentificationMethod = "TractLens export --deidentify: patient identifiers removed, UIDs kept"
+    ds.DeidentificationMethod = "TractLens: patient identifiers removed, UIDs kept"
 
 
 def _new_series(ds, reference, description: str, number_offset: int) -> None:
