@@ -159,6 +159,7 @@ def _dicom_layers(folder: Path, series, reference, device, progress, cancelled) 
                 "study_instance_uid": conv.series.study_uid,
                 "frame_of_reference_uid": conv.series.frame_uid,
                 "series": conv.series.label,
+                "nifti": str(conv.nifti),
             }
             layers.append(layer)
     return layers
