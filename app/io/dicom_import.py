@@ -74,11 +74,12 @@ class ConvertedSeries:
         return {**self.series.as_dict(), "kind": self.kind, "files": [str(p) for p in self.files()]}
 
 
-def _dcm2niix_binary() -> str:
-    module = require("dcm2niix")
+def _dcm2niix_binary(folder: Path) -> str:
+    module = require("dcm2niix", folder)
     binary = getattr(module, "bin", None)
     if not binary or not Path(binary).exists():
-        raise InputError("the dcm2niix package is installed without its converter program", fix=INSTALL_HINT)
+        raise InputError("the dcm2niix package is installed without its converter program", path=folder,
+                         fix=INSTALL_HINT)  # fmt: skip
     return binary
 
 
@@ -86,7 +87,7 @@ def _run_dcm2niix(series: DicomSeries, outdir: Path) -> list[Path]:
     """Convert one series' files (linked into a private folder, so nothing else is converted)."""
     import subprocess
 
-    binary = _dcm2niix_binary()
+    binary = _dcm2niix_binary(series.files[0].parent)
     with tempfile.TemporaryDirectory(prefix="tractlens-dicom-") as staging:
         for i, path in enumerate(series.files):
             link = Path(staging) / f"{i:06d}.dcm"

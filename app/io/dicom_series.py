@@ -30,15 +30,16 @@ MAX_PROBE_BYTES = 2**31
 GAP_FACTOR = 1.5
 
 
-def require(module: str):
-    """Import one of the optional DICOM libraries, or say how to install it."""
+def require(module: str, path: str | os.PathLike | None = None):
+    """Import one of the optional DICOM libraries, or say how to install it (naming the folder
+    that needed it, when known)."""
     import importlib
 
     try:
         return importlib.import_module(module)
     except ImportError:
         raise InputError(
-            f"DICOM support needs the Python package {module!r}, which is not installed", fix=INSTALL_HINT
+            f"DICOM support needs the Python package {module!r}, which is not installed", path=path, fix=INSTALL_HINT
         ) from None
 
 
@@ -137,7 +138,7 @@ def list_series(folder: str | os.PathLike) -> list[DicomSeries]:
             path=folder,
             fix="Give the folder copied from the CD or PACS export (the one with the image files), or a NIfTI file",
         )
-    pydicom = require("pydicom")
+    pydicom = require("pydicom", folder)
     groups: dict[str, list] = {}
     for path in files:
         try:

@@ -40,7 +40,7 @@ def cd(tmp_path, monkeypatch):
     write_series(folder / "S2", t1, affine, description="T1w MPRAGE", series_number=2, study_uid=STUDY,
                  frame_uid=FRAME)  # fmt: skip
     centre = affine[:3, :3] @ np.array([12.0, 12.0, 4.0]) + affine[:3, 3]
-    lines = [np.stack([centre + [t, 2.0 * s, 2.0 * z] for t in np.linspace(-14, 14, 30)]) for s in (-1, 0, 1)
+    lines = [np.stack([centre + np.array([t, 2.0 * s, 2.0 * z]) for t in np.linspace(-14, 14, 30)]) for s in (-1, 0, 1)
              for z in (-1, 0)]  # fmt: skip
     save(Tractogram([line.astype(np.float32) for line in lines], affine_to_rasmm=np.eye(4)), str(tmp_path / "cc.tck"))
     return folder
