@@ -127,14 +127,41 @@ def load_layers(
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     gradients: tuple[str | os.PathLike, str | os.PathLike] | None = None,
+    dicom_series: str | None = None,
 ) -> list[Layer]:
     """Open ``path`` as layers (see module docstring); raises :class:`InputError`.
 
     ``gradients``: the (bval, bvec) files of a diffusion series that has none beside it (see
-    :func:`needs_gradient_files`); ignored for other files."""
+    :func:`needs_gradient_files`); ignored for other files. A DICOM folder opens its diffusion
+    series and every image series, converted (:func:`app.io.dicom_import.layer_sources`);
+    ``dicom_series`` picks the diffusion series when there are several."""
+    from .io.dicom_series import is_dicom_folder
+
+    if is_dicom_folder(path):
+        return _dicom_layers(Path(path), dicom_series, reference, device, progress, cancelled)
     layers = _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients)
     for layer in layers:
         layer.provenance.setdefault("file", str(Path(path).resolve()))
+    return layers
+
+
+def _dicom_layers(folder: Path, series, reference, device, progress, cancelled) -> list[Layer]:
+    from .io.dicom_import import layer_sources
+
+    layers: list[Layer] = []
+    for conv in layer_sources(folder, series):
+        gradients = (conv.bval, conv.bvec) if conv.kind == "dwi" else None
+        for layer in _load_layers(conv.nifti, reference, None, device, progress, cancelled, gradients):
+            layer.name = layer.name.replace("series", conv.series.description or "series", 1)
+            layer.provenance.setdefault("file", str(folder.resolve()))
+            layer.provenance["dicom"] = {
+                "series_instance_uid": conv.series.uid,
+                "study_instance_uid": conv.series.study_uid,
+                "frame_of_reference_uid": conv.series.frame_uid,
+                "series": conv.series.label,
+                "nifti": str(conv.nifti),
+            }
+            layers.append(layer)
     return layers
 
 

@@ -228,6 +228,56 @@ class StatisticsParams:
             raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)}, not {self.sampling!r}")
 
 
+#: What ``export-dicom`` writes (``--as``): a Segmentation, an RT Structure Set, a coloured series.
+DICOM_EXPORTS = ("seg", "rtstruct", "overlay")
+
+
+@dataclass(frozen=True)
+class DicomExportParams:
+    """What the export for neuronavigation and PACS writes, and how a bundle becomes a volume."""
+
+    formats: str = field(
+        default="seg,rtstruct,overlay",
+        metadata=meta(
+            "DICOM objects",
+            "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
+            "series with the bundles burned in, not for diagnosis)",
+            flags=("--as",),
+            metavar="LIST",
+        ),
+    )
+    dilate_mm: float = field(
+        default=0.0,
+        metadata=meta(
+            "Dilate bundles",
+            "grow each bundle's volume (the voxels its streamlines pass through) by this distance",
+            "mm",
+            (0.0, 20.0),
+            flags=("--dilate",),
+            metavar="MM",
+        ),
+    )
+    deidentify: bool = field(
+        default=False,
+        metadata=meta(
+            "De-identify",
+            "remove the patient's name, ID, birth date and the other identifiers (UIDs of the source stay)",
+            flags=("--deidentify",),
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.kinds if f not in DICOM_EXPORTS]
+        if unknown or not self.kinds:
+            raise ValueError(f"--as takes a comma-separated list of {', '.join(DICOM_EXPORTS)}, not {self.formats!r}")
+        if not 0.0 <= self.dilate_mm <= 20.0:
+            raise ValueError(f"the dilation must be between 0 and 20 mm, not {self.dilate_mm:g}")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(part.strip().lower() for part in self.formats.split(",") if part.strip())
+
+
 PARAMS_TYPES = (
     DTIFitParams,
     BallStickParams,
@@ -246,4 +296,5 @@ PARAMS_TYPES = (
     LesionDistanceParams,
     ReportParams,
     StatisticsParams,
+    DicomExportParams,
 )

@@ -113,6 +113,9 @@ def document_scan_info(document) -> ScanInfo:
     """The fields of the first layer loaded from a file with a sidecar (empty fields otherwise)."""
     for layer in document.layers:
         source = layer.provenance.get("file") if isinstance(layer.provenance, dict) else None
+        dicom = layer.provenance.get("dicom") if isinstance(layer.provenance, dict) else None
+        if isinstance(dicom, dict) and dicom.get("nifti"):
+            source = dicom["nifti"]  # converted from a DICOM folder: dcm2niix's sidecar is beside it
         if source:
             info = read_scan_info(source)
             if info is not None:
@@ -190,6 +193,9 @@ def parameters_in_words(provenance: dict) -> list[str]:
         elif key not in ("parameters", "params"):
             flat[key] = value
     for key, value in flat.items():
+        if key == "dicom_export" and isinstance(value, dict):
+            out.append(export_in_words(value))
+            continue
         if _internal(key) or isinstance(value, dict) or value is None or value in ("", [], ()):
             continue
         if key == "file":
@@ -208,3 +214,14 @@ def parameters_in_words(provenance: dict) -> list[str]:
             text += unit if unit.startswith("°") else f" {unit}"
         out.append(f"{words} {text}")
     return out
+
+
+def export_in_words(export: dict) -> str:
+    """What an export for navigation wrote (:meth:`app.io.dicom_export.ExportResult.as_dict`), in
+    one phrase: "exported for navigation as SEG, RTSTRUCT, overlay on "T1w" (de-identified) to …"."""
+    kinds = ", ".join(kind.upper() if kind != "overlay" else "coloured series" for kind in export.get("files", {}))
+    reference = export.get("reference", {}).get("series_description") or "the reference series"
+    text = f'exported for navigation as {kinds or "nothing"} on "{reference}"'
+    if export.get("deidentified"):
+        text += " (de-identified)"
+    return text + f" to {export.get('outdir', '')}"

@@ -11,7 +11,7 @@ question, no input. A message that would have needed an OK goes to the status ba
 window's error list only (the caller does that), never to a modal box.
 
 The kinds: ``open_file``, ``open_files``, ``save_file``, ``folder``, ``question``, ``choice``,
-``integer``, ``text``, ``colour``; :func:`answers` takes them as keywords::
+``integer``, ``text``, ``colour``, ``fields``, ``series``; :func:`answers` takes them as keywords::
 
     with dialogs.answers(save_file=["/tmp/seed.nii.gz"], question=[True]):
         window.save_roi_dialog()
@@ -31,6 +31,7 @@ from PySide6.QtWidgets import QColorDialog, QFileDialog, QInputDialog, QMessageB
 
 KINDS = ("open_file", "open_files", "save_file", "folder", "question", "choice", "integer", "text", "colour")
 KINDS += ("fields",)  # a form of labelled text fields (the report's patient and scan fields)
+KINDS += ("series",)  # which DICOM series to open (several diffusion series in one folder)
 
 _scripted = False
 _queued: dict[str, deque] = defaultdict(deque)
@@ -187,6 +188,20 @@ def gradient_files(parent, dwi_path) -> tuple[str, str] | None:
         return None
     bvec = open_file(parent, f"b-vectors of {dwi_path.name}", "b-vectors (*.bvec *.bvecs bvecs);;All files (*)", start)
     return None if bvec is None else (bval, bvec)
+
+
+def series(parent, title: str, text: str, options: Sequence[tuple[str, str]]) -> str | None:
+    """One of ``options`` ((key, label): a DICOM series' number and how it is named), chosen from a
+    list; None when cancelled or nobody can be asked (scripted answer: a key, or None)."""
+    keys = [key for key, _ in options]
+    answer = _scripted_answer("series", None)
+    if answer is not _NOT_QUEUED:
+        if answer is not None and str(answer) not in keys:
+            raise ValueError(f"scripted answer {answer!r} is not among {keys}")
+        return None if answer is None else str(answer)
+    labels = [label for _, label in options]
+    chosen, ok = QInputDialog.getItem(parent, title, text, labels, 0, False)
+    return keys[labels.index(chosen)] if ok and chosen in labels else None
 
 
 def confirm_long_job(parent, estimate) -> bool:

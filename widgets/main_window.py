@@ -34,6 +34,7 @@ from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
+from .controllers.dicom import DicomController
 from .controllers.help import build_help_menu
 from .controllers.menus import add_action, app_icon, build_file_menu, move_before
 from .controllers.roi_toolbar import RoiToolbar
@@ -99,7 +100,9 @@ class MainWindow(QMainWindow):
         )
         self.sessions.opened.connect(self._file_loaded)
         self.reports = ReportController(self)
-        for controller in (self.files, self.rois, self.sessions):
+        self.dicom = DicomController(self.document, self.runner, device=device, parent=self)
+        self.dicom.loaded.connect(self._file_loaded)
+        for controller in (self.files, self.rois, self.sessions, self.dicom):
             controller.message.connect(self._show_message)
             controller.error.connect(self.report_error)
 
@@ -221,6 +224,10 @@ class MainWindow(QMainWindow):
         added = len(file_menu.actions())
         self.roi_toolbar.build(file_menu)
         move_before(file_menu, file_menu.actions()[added:], self.recent_menu.menuAction())  # ROIs before sessions
+        dicom_open = self._action(file_menu, "Open D&ICOM folder…", self.dicom.open_folder_dialog)
+        move_before(file_menu, [dicom_open], self.recent_menu.menuAction())
+        report = next(a for a in file_menu.actions() if a.text() == "Export &report…")
+        move_before(file_menu, [self._action(file_menu, "Export for na&vigation…", self.dicom.export_dialog)], report)
         self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
         self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
         track_menu = self.menuBar().addMenu("&Track")
@@ -415,7 +422,10 @@ class MainWindow(QMainWindow):
             event.acceptProposedAction()
 
     def dropEvent(self, event) -> None:
-        self.open_paths(url.toLocalFile() for url in event.mimeData().urls() if url.isLocalFile())
+        paths = [url.toLocalFile() for url in event.mimeData().urls() if url.isLocalFile()]
+        for folder in [p for p in paths if self.dicom.handles(p)]:  # a CD or PACS export: its series
+            self.dicom.open_folder(folder)
+        self.open_paths(p for p in paths if not self.dicom.handles(p))
 
     # ---------------------------------------------------------------- status
     def _on_document(self, _source, event, **info) -> None:

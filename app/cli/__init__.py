@@ -8,7 +8,8 @@ shows one). Exit status 1 means an internal error, 130 an interrupted run.
 The options that are parameters are generated from the parameter dataclasses
 (:mod:`.options`); one module per command group adds its subcommands:
 :mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.commit`,
-:mod:`.connectivity` (select, connectome, profile, distance), :mod:`.track` and :mod:`.stats`.
+:mod:`.connectivity` (select, connectome, profile, distance), :mod:`.track`, :mod:`.stats` and
+:mod:`.dicom` (import-dicom, export-dicom).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 from .. import __version__
 from ..errors import InputError
 from ..timing import recorder, write_timings
-from . import commit, connectivity, fit, info, stats, track
+from . import commit, connectivity, dicom, fit, info, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
 
 __all__ = ["EXIT_INPUT", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "Progress", "build_parser", "main"]
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     connectivity.add_parsers(sub, common)
     track.add_parsers(sub, common)
     stats.add_parsers(sub, common)
+    dicom.add_parsers(sub, common)
     return parser
 
 

@@ -244,6 +244,12 @@ def load_dwi(
     signal at b=0 are loaded too and flagged by the fit, not here.
     """
     path = check_exists(path, "diffusion data")
+    if path.is_dir():  # a DICOM folder: its diffusion series, converted (cached)
+        from .dicom_import import dicom_input
+
+        dicom = dicom_input(path, kind="dwi")
+        if dicom is not None:
+            path, bval, bvec = dicom.nifti, bval or dicom.bval, bvec or dicom.bvec
     img = load_image(path, "diffusion data")
     shape = img.shape
     if len(shape) == 3 or (len(shape) == 4 and shape[3] == 1):

@@ -63,6 +63,12 @@ def load_image(path: str | os.PathLike, what: str = "image") -> nib.Nifti1Image:
     The header is checked (:func:`check_header`) before any data is read, so a damaged
     header never makes a reader allocate or read what the file cannot hold."""
     path = check_exists(path, what)
+    if path.is_dir():  # a DICOM folder (or series folder): its image, converted (cached)
+        from .dicom_import import dicom_input
+
+        dicom = dicom_input(path, kind=None)
+        if dicom is not None:
+            return load_image(dicom.nifti, what)
     if path.is_dir():
         raise InputError(
             f"expected a NIfTI file for the {what} but this is a folder",

@@ -1,0 +1,258 @@
+"""Bundles exported as DICOM objects on a reference series, for neuronavigation and PACS.
+
+``export_dicom`` writes, in the patient's own study and on the grid of a reference series
+(usually the T1 the navigation system plans on):
+
+* a Segmentation (SEG, through highdicom) with one segment per bundle (and the lesion);
+* an RT Structure Set (RTSTRUCT) with each bundle's outline on every slice it crosses;
+* a derived series for PACS viewers: the reference images with the bundles burned in in colour,
+  "not for diagnosis" in its series description.
+
+The objects are built in :mod:`.dicom_objects`. A bundle's volume is the set of reference voxels
+its streamlines pass through (each segment sampled at a quarter of the smallest voxel size),
+optionally grown by ``--dilate`` millimetres (a Euclidean distance on the reference grid), so the
+navigation system shows a solid object. Every object refers to the source study, series and
+frame of reference; ``--deidentify`` empties the patient's identifiers (the UIDs stay, so the
+objects still belong to that study). Everything is written into a temporary folder and moved into
+place when all are complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..params import DicomExportParams
+from .dicom_series import choose, list_series, require
+
+log = logging.getLogger(__name__)
+
+LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+@dataclass
+class ReferenceSeries:
+    """A classic single-frame series read whole: its datasets by slice position and its grid.
+
+    Voxel (i, j, k) is column i, row j of the k-th slice; ``affine`` maps it to RAS+ mm."""
+
+    folder: Path
+    datasets: list
+    affine: np.ndarray
+    shape: tuple[int, int, int]
+
+    @property
+    def first(self):
+        return self.datasets[0]
+
+    @property
+    def frame_uid(self) -> str:
+        return str(self.first.get("FrameOfReferenceUID", ""))
+
+    def pixels(self) -> np.ndarray:
+        """(columns, rows, slices) float32 in the stored values' units (rescale applied)."""
+        slices = []
+        for ds in self.datasets:
+            values = ds.pixel_array.astype(np.float32)
+            values = values * float(ds.get("RescaleSlope", 1) or 1) + float(ds.get("RescaleIntercept", 0) or 0)
+            slices.append(values.T)
+        return np.stack(slices, axis=-1)
+
+
+def read_reference(folder: str | os.PathLike, series: str | None = None) -> ReferenceSeries:
+    """The reference series of ``folder`` (its only one, or its only image series, or ``series``)."""
+    folder = Path(folder)
+    listed = list_series(folder)
+    chosen = choose(listed, series, folder, kind=None if series is not None or len(listed) == 1 else "anat")
+    if chosen.multiframe or chosen.volumes > 1:
+        raise InputError(
+            f"series {chosen.label} cannot be a reference: it is a multi-frame or multi-volume series",
+            path=folder,
+            fix="Give a classic 3-D series (one file per slice), e.g. the T1 the navigation system plans on",
+        )
+    pydicom = require("pydicom")
+    datasets = [pydicom.dcmread(path) for path in chosen.files]
+    orientation = np.asarray([float(v) for v in datasets[0].ImageOrientationPatient])
+    normal = np.cross(orientation[:3], orientation[3:])
+    datasets.sort(key=lambda ds: float(np.asarray([float(v) for v in ds.ImagePositionPatient]) @ normal))
+    first = np.asarray([float(v) for v in datasets[0].ImagePositionPatient])
+    last = np.asarray([float(v) for v in datasets[-1].ImagePositionPatient])
+    step = (
+        (last - first) / (len(datasets) - 1)
+        if len(datasets) > 1
+        else normal * float(datasets[0].get("SpacingBetweenSlices", datasets[0].get("SliceThickness", 1.0)) or 1.0)
+    )
+    row_spacing, col_spacing = (float(v) for v in datasets[0].PixelSpacing)
+    lps = np.eye(4)
+    lps[:3, 0] = orientation[:3] * col_spacing
+    lps[:3, 1] = orientation[3:] * row_spacing
+    lps[:3, 2] = step
+    lps[:3, 3] = first
+    shape = (int(datasets[0].Columns), int(datasets[0].Rows), len(datasets))
+    return ReferenceSeries(folder, datasets, LPS @ lps, shape)
+
+
+def bundle_mask(points_mm: list[np.ndarray] | np.ndarray, offsets, affine, shape, dilate_mm: float = 0.0) -> np.ndarray:
+    """The voxels of the grid (``affine``, ``shape``) that streamlines pass through.
+
+    ``points_mm`` (P, 3) RAS+ mm and ``offsets`` (S + 1,) as in :class:`app.tractogram.Tractogram`.
+    Every segment is sampled at a quarter of the smallest voxel size, so a streamline crossing a
+    voxel between two of its points still marks it; ``dilate_mm`` grows the set by a distance."""
+    points = np.asarray(points_mm, dtype=np.float64).reshape(-1, 3)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    inverse = np.linalg.inv(np.asarray(affine, dtype=np.float64))
+    voxels = points @ inverse[:3, :3].T + inverse[:3, 3]
+    mask = np.zeros(shape, dtype=bool)
+    if len(voxels) == 0:
+        return mask
+    same_line = np.ones(len(voxels), dtype=bool)
+    same_line[offsets[1:-1] - 1] = False  # no segment from a streamline's end to the next one's start
+    same_line[-1] = False
+    starts = np.flatnonzero(same_line[:-1]) if len(voxels) > 1 else np.zeros(0, dtype=np.int64)
+    samples = [voxels]
+    if len(starts):
+        delta = voxels[starts + 1] - voxels[starts]
+        counts = np.maximum(1, np.ceil(np.abs(delta).max(axis=1) / 0.25).astype(np.int64))
+        which = np.repeat(np.arange(len(starts)), counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        fraction = (within / np.repeat(counts, counts))[:, None]
+        samples.append(voxels[starts][which] + fraction * delta[which])
+    index = np.rint(np.concatenate(samples)).astype(np.int64)
+    inside = np.all((index >= 0) & (index < np.asarray(shape)), axis=1)
+    index = index[inside]
+    mask[index[:, 0], index[:, 1], index[:, 2]] = True
+    return dilate(mask, affine, dilate_mm)
+
+
+def dilate(mask: np.ndarray, affine, distance_mm: float) -> np.ndarray:
+    """``mask`` grown by ``distance_mm`` (Euclidean, with the grid's voxel sizes)."""
+    if distance_mm <= 0 or not mask.any():
+        return mask
+    from scipy.ndimage import distance_transform_edt
+
+    sizes = np.linalg.norm(np.asarray(affine)[:3, :3], axis=0)
+    return distance_transform_edt(~mask, sampling=sizes) <= distance_mm
+
+
+@dataclass
+class Structure:
+    """One exported object's content: a name, a mask on the reference grid, a colour (0..255)."""
+
+    name: str
+    mask: np.ndarray
+    color: tuple[int, int, int]
+    kind: str = "bundle"  # or "lesion"
+
+
+#: Bundle colours (Okabe–Ito, told apart with colour vision deficiency), then repeated.
+PALETTE = ((230, 159, 0), (86, 180, 233), (0, 158, 115), (240, 228, 66), (0, 114, 178), (204, 121, 167))
+LESION_COLOR = (213, 94, 0)
+
+
+@dataclass
+class ExportResult:
+    outdir: Path
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    structures: list[dict] = field(default_factory=list)
+    reference: dict = field(default_factory=dict)
+    deidentified: bool = False
+
+    def as_dict(self) -> dict:
+        return {
+            "outdir": str(self.outdir),
+            "files": {kind: [str(p) for p in paths] for kind, paths in self.files.items()},
+            "structures": self.structures,
+            "reference": self.reference,
+            "deidentified": self.deidentified,
+        }
+
+
+def check_frame_of_reference(reference: ReferenceSeries, dwi_frame_uid: str | None, dwi_source: str = "") -> None:
+    """Refuse a reference series in another frame of reference than the diffusion data: their
+    millimetres are not the same, so the bundles would land in the wrong place."""
+    if dwi_frame_uid and reference.frame_uid and dwi_frame_uid != reference.frame_uid:
+        raise InputError(
+            f"the reference series is in another frame of reference ({reference.frame_uid}) than the "
+            f"diffusion data{f' ({dwi_source})' if dwi_source else ''} ({dwi_frame_uid}): the bundles "
+            "would be placed wrongly",
+            path=reference.folder,
+            fix="Choose a reference series of the same session (same frame of reference as the DWI), "
+            "or register the images first",
+        )
+
+
+def structures_on_reference(reference: ReferenceSeries, bundles: list, lesion=None, dilate_mm: float = 0.0):
+    """:class:`Structure` of each bundle ((name, points_mm, offsets)) and of the lesion
+    ((name, mask, affine), resampled nearest neighbour) on the reference grid."""
+    from ..grid import Grid
+
+    structures = []
+    for i, (name, points_mm, offsets) in enumerate(bundles):
+        mask = bundle_mask(points_mm, offsets, reference.affine, reference.shape, dilate_mm)
+        structures.append(Structure(name, mask, PALETTE[i % len(PALETTE)]))
+    if lesion is not None:
+        name, mask, affine = lesion
+        grid = Grid(reference.affine, reference.shape)
+        resampled = grid.resample_nearest(np.asarray(mask, dtype=bool), Grid(affine, np.asarray(mask).shape))
+        structures.append(Structure(name, np.asarray(resampled, dtype=bool), LESION_COLOR, "lesion"))
+    empty = [s.name for s in structures if not s.mask.any()]
+    if len(empty) == len(structures):
+        raise InputError(
+            "no bundle (nor the lesion) passes through the reference series' volume",
+            path=reference.folder,
+            fix="Give the reference series of this patient's session that covers the bundles",
+        )
+    for name in empty:
+        log.warning("%s lies outside the reference series and is left out", name)
+    return [s for s in structures if s.mask.any()]
+
+
+def export_dicom(
+    reference: ReferenceSeries,
+    structures: list[Structure],
+    outdir: str | os.PathLike,
+    params: DicomExportParams,
+    progress=None,
+) -> ExportResult:
+    """Write the objects ``params.kinds`` asks for into ``outdir`` (all or nothing)."""
+    from . import dicom_objects as objects
+
+    outdir = Path(outdir)
+    result = ExportResult(outdir, deidentified=params.deidentify)
+    result.structures = [{"name": s.name, "kind": s.kind, "voxels": int(s.mask.sum())} for s in structures]
+    first = reference.first
+    result.reference = {
+        "folder": str(reference.folder),
+        "study_instance_uid": str(first.StudyInstanceUID),
+        "series_instance_uid": str(first.SeriesInstanceUID),
+        "frame_of_reference_uid": reference.frame_uid,
+        "series_description": str(first.get("SeriesDescription", "")),
+    }
+    outdir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-dicom-", dir=outdir))
+    writers = {"seg": objects.write_seg, "rtstruct": objects.write_rtstruct, "overlay": objects.write_overlay}
+    try:
+        written = {}
+        for i, kind in enumerate(params.kinds):
+            written[kind] = writers[kind](reference, structures, staging, deidentify=params.deidentify)
+            if progress is not None:
+                progress(i + 1, len(params.kinds))
+        for paths in written.values():
+            clash = outdir / paths[0].relative_to(staging).parts[0]
+            if clash.exists():
+                raise InputError(f"{clash} exists already", path=outdir,
+                                 fix="Give an empty output folder (-o), or move the earlier export away")  # fmt: skip
+        for kind, paths in written.items():
+            top = paths[0].relative_to(staging).parts[0]
+            os.replace(staging / top, outdir / top)
+            result.files[kind] = [outdir / p.relative_to(staging) for p in paths]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return result

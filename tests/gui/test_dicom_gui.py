@@ -1,0 +1,104 @@
+"""The window and DICOM: a CD folder dropped on it opens (the series chooser asks which of two
+diffusion series), and File ▸ Export for navigation… writes SEG, RTSTRUCT and the coloured
+series in a background job; the screenshots are kept in tests/_artifacts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtGui import QDropEvent, QImage
+
+pydicom = pytest.importorskip("pydicom")
+pytest.importorskip("highdicom")
+pytest.importorskip("dcm2niix")
+
+from nibabel.streamlines import Tractogram, save  # noqa: E402
+
+from tests.conftest import ARTIFACTS  # noqa: E402
+from tests.dicom_synth import gradient_table, make_affine, tensor_signal, write_series  # noqa: E402
+from tractlens.app.report_data import parameters_in_words  # noqa: E402
+from tractlens.widgets import dialogs  # noqa: E402
+
+SHAPE = (24, 24, 8)
+STUDY, FRAME = "1.2.826.0.1.3680043.8.498.2001", "1.2.826.0.1.3680043.8.498.2002"
+
+
+@pytest.fixture
+def cd(tmp_path, monkeypatch):
+    """A patient CD: two diffusion series and a T1 of one session (one frame of reference)."""
+    monkeypatch.setenv("TRACTLENS_CACHE", str(tmp_path / "cache"))
+    affine = make_affine(spacing=(2.0, 2.0, 2.0))
+    bvals, bvecs = gradient_table(12)
+    signal = tensor_signal(SHAPE, bvals, bvecs, affine)
+    folder = tmp_path / "CD"
+    for number, description in ((5, "ep2d_diff_b1000"), (6, "ep2d_diff_b1000_repeat")):
+        write_series(folder / f"S{number}", signal, affine, bvals=bvals, bvecs_world=bvecs, series_number=number,
+                     description=description, study_uid=STUDY, frame_uid=FRAME)  # fmt: skip
+    ii, jj, kk = np.indices(SHAPE)
+    t1 = 300 + 500 * np.exp(-((ii - 12) ** 2 + (jj - 12) ** 2) / 60.0) + 20 * kk
+    write_series(folder / "S2", t1, affine, description="T1w MPRAGE", series_number=2, study_uid=STUDY,
+                 frame_uid=FRAME)  # fmt: skip
+    centre = affine[:3, :3] @ np.array([12.0, 12.0, 4.0]) + affine[:3, 3]
+    lines = [np.stack([centre + np.array([t, 2.0 * s, 2.0 * z]) for t in np.linspace(-14, 14, 30)]) for s in (-1, 0, 1)
+             for z in (-1, 0)]  # fmt: skip
+    save(Tractogram([line.astype(np.float32) for line in lines], affine_to_rasmm=np.eye(4)), str(tmp_path / "cc.tck"))
+    return folder
+
+
+def _drop(window, path):
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(path))])
+    event = QDropEvent(QPointF(50, 50), Qt.DropAction.CopyAction, mime, Qt.MouseButton.LeftButton,
+                       Qt.KeyboardModifier.NoModifier)  # fmt: skip
+    window.dropEvent(event)
+
+
+def _action(window, text):
+    for menu_action in window.menuBar().actions():
+        for action in menu_action.menu().actions():
+            if action.text() == text:
+                return action
+    raise AssertionError(f"no menu item {text!r}")
+
+
+def test_drop_a_dicom_folder_choose_the_series_and_export_for_navigation(window, cd, tmp_path, qtbot):
+    assert _action(window, "Open D&ICOM folder…") is not None
+    with dialogs.answers(series=["6"]):
+        _drop(window, cd)
+        assert window.wait_for_jobs(120)
+        assert window.wait_for_jobs(120)  # the listing job starts the conversion job
+    assert window.errors == []
+    names = [layer.name for layer in window.document.layers]
+    assert "ep2d_diff_b1000_repeat" in names and "FA" in names and "T1w MPRAGE" in names
+    dwi = next(layer for layer in window.document.layers if layer.kind == "dwi")
+    assert dwi.provenance["dicom"]["frame_of_reference_uid"] == FRAME
+    window.open_paths([tmp_path / "cc.tck"])
+    assert window.wait_for_jobs(60) and window.errors == []
+
+    out = tmp_path / "navigation"
+    with dialogs.answers(folder=[str(cd / "S2"), str(out)]):
+        _action(window, "Export for na&vigation…").trigger()
+        assert window.wait_for_jobs(120)
+    assert window.errors == []
+    seg = pydicom.dcmread(next((out / "SEG").glob("*.dcm")))
+    assert seg.Modality == "SEG" and seg.FrameOfReferenceUID == FRAME and seg.StudyInstanceUID == STUDY
+    assert seg.SegmentSequence[0].SegmentLabel == "cc"
+    assert (out / "RTSTRUCT").is_dir() and len(list((out / "OVERLAY").glob("*.dcm"))) == SHAPE[2]
+    tract = next(layer for layer in window.document.layers if layer.kind == "tractogram")
+    assert any("exported for navigation" in phrase for phrase in parameters_in_words(tract.provenance))
+
+    window.save_screenshot(ARTIFACTS / "dicom_window.png")
+    middle = pydicom.dcmread(sorted((out / "OVERLAY").glob("*.dcm"))[SHAPE[2] // 2])
+    rgb = np.ascontiguousarray(middle.pixel_array)
+    image = QImage(rgb.data, rgb.shape[1], rgb.shape[0], 3 * rgb.shape[1], QImage.Format.Format_RGB888)
+    image.scaled(rgb.shape[1] * 12, rgb.shape[0] * 12).save(str(ARTIFACTS / "dicom_overlay_slice.png"))
+    assert "not for diagnosis" in middle.SeriesDescription
+    assert (rgb.max(axis=-1).astype(int) - rgb.min(axis=-1) > 10).sum() > 20  # the bundle is drawn in colour
+
+
+def test_several_diffusion_series_and_no_choice_opens_nothing_and_says_why(window, cd):
+    _drop(window, cd)  # scripted: the chooser answers None
+    assert window.wait_for_jobs(60)
+    assert window.document.layers == []
+    assert any("several diffusion series" in error for error in map(str, window.errors))
