@@ -50,3 +50,12 @@ def geodesic_empty_reason(provenance: dict) -> str:
     if provenance.get("streamlines_removed_by_rois"):
         return f"all {provenance['streamlines_removed_by_rois']} fibres missed a waypoint region"
     return f"none of the {provenance['fibers']} fibres could be traced: move the seed region or lower the threshold"
+
+
+def two_point_empty_reason(provenance: dict) -> str:
+    """Why two-point ray tracing joined no seed–target pair, with what to try."""
+    return (
+        f"none of the {provenance['pairs']} seed–target pairs was joined within {provenance['tolerance_mm']:.2g} mm "
+        f"(median miss {provenance['median_miss_mm'] or float('nan'):.3g} mm): raise the mask tolerance, "
+        "the steps or the directions sampled, or try another metric"
+    )
