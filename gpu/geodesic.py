@@ -445,14 +445,14 @@ def cone_directions(axes: np.ndarray, n: int, half_angle_deg: float) -> np.ndarr
         raise ValueError(f"the cone half-angle must be in (0, 90] degrees, got {half_angle_deg}")
     if n < 2:
         raise ValueError("a cone needs at least two directions (one each way)")
-    half = n // 2
+    half = (n + 1) // 2  # an odd n gives +axis the extra one
     i = np.arange(half) + 0.5
     cos_max = math.cos(math.radians(half_angle_deg))
     z = 1.0 - (1.0 - cos_max) * i / half  # uniform in solid angle over the cap
     phi = math.pi * (1.0 + math.sqrt(5.0)) * i
     r = np.sqrt(np.clip(1.0 - z * z, 0.0, None))
     cap = np.stack([r * np.cos(phi), r * np.sin(phi), z], -1)  # around +z
-    cap = np.concatenate([cap, -cap[: n - half]])
+    cap = np.concatenate([cap, -cap[: n // 2]])
     axes = np.asarray(axes, np.float64)
     axes = axes / np.linalg.norm(axes, axis=1, keepdims=True)
     helper = np.where(np.abs(axes[:, :1]) < 0.9, np.array([[1.0, 0, 0]]), np.array([[0, 1.0, 0]]))

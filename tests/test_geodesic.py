@@ -215,7 +215,9 @@ def test_stopping_rules(device):
     out = track_all(fld, start, direction, GeodesicParams(step=0.5), device=device)
     assert out.stop[0] == geodesic.REACHED_TARGET and out[0][-1, 0] == pytest.approx(17.5)
     assert out.reached[0] == 5 and out.cm_target[0] == pytest.approx(1.0)
-    out = track_all(fld, start, direction, GeodesicParams(step=0.5, stop_at_target=False, mask_tolerance_mm=0), device=device)
+    out = track_all(
+        fld, start, direction, GeodesicParams(step=0.5, stop_at_target=False, mask_tolerance_mm=0), device=device
+    )
     assert out.stop[0] == 3 and out[0][-1, 0] < 19.5  # then the mask
 
 
