@@ -14,8 +14,9 @@ one branch of step 3):
    an all-zero tensor (outside the fitted region) become identity too but are not
    counted as repaired;
 3. ``FA(B) < sharpen_fa`` → ``C = B^p`` (integer power ``sharpen_power``), else ``C = B``;
-4. the metric (``metric``, :mod:`gpu.geodesic_metrics`): ``G = C⁻¹`` (``inverse``) or
-   ``G = adj(C) = det(C)·C⁻¹`` (``adjugate``, the default), times ``det(C)^k`` more with
+4. the metric (``metric``, :mod:`gpu.geodesic_metrics`): ``G = C⁻¹`` (``inverse``),
+   ``G = adj(C) = det(C)·C⁻¹`` (``adjugate``) or ``G = e^{2φ} C⁻¹`` with the adaptive
+   conformal factor ``φ`` (``adaptive``, the default), times ``det(C)^k`` more with
    ``conformal_power`` k (determinants relative to their median); the tracker is given
    ``G⁻¹`` and the derivatives of ``G``, whichever metric it is.
 
@@ -107,12 +108,13 @@ class MetricParams:
     :mod:`gpu.geodesic_metrics`)."""
 
     metric: str = field(
-        default="adjugate",
+        default="adaptive",
         metadata=meta(
             "Metric",
-            "inverse tensor D⁻¹, or its adjugate det(D)·D⁻¹ (Fuster et al. 2016), which keeps geodesics "
-            "inside curved bundles",
+            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), or D⁻¹ with the "
+            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011)",
             choices=METRICS,
+            cli_help="inverse, adjugate, or adaptive (D⁻¹ with a conformal factor fitted to the bundles' curves)",
         ),
     )
     gain: float = field(

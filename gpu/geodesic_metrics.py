@@ -17,9 +17,20 @@ and the derivatives of ``G``: the geodesic equation and the kernel are the same 
   Sharpening, when asked for, applies to ``D`` before the adjugate is taken (the paper's
   sharpened adjugate ``adj(D^p)``).
 
-``conformal_power`` ``k`` multiplies either metric by ``(det D / median)^k`` more (Hao,
-Whitaker & Fletcher, IPMI 2011, adapt the conformal factor of ``D⁻¹`` to the data; this is the
-family's simplest member, with the adjugate as ``k = 1`` of the inverse).
+- ``adaptive`` (the default): ``G = e^{2φ} D⁻¹`` with the conformal factor fitted to the data
+  (Hao, Whitaker & Fletcher, "Adaptive Riemannian metrics for improved geodesic tracking of
+  white matter", IPMI 2011): ``φ`` makes the curves of the main eigenvector as nearly geodesics
+  as a smooth field can (:func:`adaptive_conformal_factor`). Geodesics of ``D⁻¹`` and of its
+  adjugate run nearly straight through a bundle of alike tensors and leave a curved one after a
+  few voxels; those of the adaptive metric bend with it (measured in
+  ``tests/benchmarks/geodesic_validation.py``; the README has the table).
+
+``conformal_power`` ``k`` multiplies the metric by ``(det D / median)^k`` more (the adjugate is
+``k = 1`` of the inverse).
+
+The fitted factor is computed by conjugate gradients over the whole grid with array
+operations (NumPy or CuPy), once per tensor field and metric (the pipelines cache it); the
+tracker and its CUDA kernel see only ``G⁻¹`` and ``∂G``, whichever metric made them.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_u_fibre_shortcuts_across_the_isotropic_gap_are_filtered_out(device):
     tensor, shape = u_fibre_field()
     target = np.zeros(shape, bool)
     target[20:25, 28:34, :] = True  # top of the right stem
-    fld = prepare_metric(tensor, (1.5, 1.5, 1.5), target=target, device=device)
+    fld = prepare_metric(tensor, (1.5, 1.5, 1.5), MetricParams(metric="inverse"), target=target, device=device)
     seeds = np.array([[x, y, 3.0] for x in (7.0, 8.0, 9.0) for y in (30.0, 31.0)])  # top of the left stem
     angle = np.arange(720) * 2 * np.pi / 720
     circle = np.stack([np.cos(angle), np.sin(angle), np.zeros_like(angle)], -1)

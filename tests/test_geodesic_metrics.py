@@ -173,3 +173,29 @@ def test_a_run_that_finds_nothing_says_how_fibres_ended_and_what_to_try():
     reason = result.provenance["empty_reason"]
     assert len(result.tractogram) == 0
     assert "90 left the mask" in reason and "mask tolerance (now 1 mm)" in reason, reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("metric", ["adjugate", "adaptive"])
+def test_kernel_matches_the_reference_with_a_mask_tolerance(metric):
+    """The kernel's excursions out of the mask (tolerance 3 mm, a mask with holes) and the metrics
+    made on the host: the reference's stop reasons, step counts, end points and excursions."""
+    rng = np.random.default_rng(11)
+    mask = rng.uniform(size=SHAPE) > 0.08  # scattered holes of one voxel
+    mask[:, :, :3] = False
+    fld = prepare_metric(arc_field(), (2.0, 1.5, 1.0), MetricParams(metric=metric), mask=mask, device="cpu")
+    n = 20_000
+    starts = rng.uniform(-0.4, 29.4, (n, 3))
+    dirs = rng.normal(size=(n, 3))
+    params = GeodesicParams(step=0.25, max_steps=150, store_every=7, mask_tolerance_mm=3.0)
+    ref = track_all(fld, starts, dirs, params, device="cpu")
+    gpu = track_all(fld, starts, dirs, params, device="gpu")
+    np.testing.assert_array_equal(ref.fiber, gpu.fiber)
+    assert (ref.excursion > 0).sum() > 1000  # the rule is exercised
+    same = (ref.stop == gpu.stop) & (ref.steps == gpu.steps)
+    assert same.mean() > 0.99, same.mean()
+    ends = np.array([np.abs(ref[i][-1] - gpu[i][-1]).max() for i in np.flatnonzero(same)])
+    assert np.quantile(ends, 0.99) < 1e-3, np.quantile(ends, 0.99)
+    np.testing.assert_allclose(gpu.excursion[same], ref.excursion[same], rtol=1e-4, atol=1e-4)
+    differ = np.abs(gpu.provenance["stop_counts"] - ref.provenance["stop_counts"]).sum()
+    assert gpu.provenance["stop_counts"].sum() == n and differ <= 0.02 * n, differ
