@@ -260,11 +260,9 @@ def score_bundle(setting, shapes, k, tensor, mask, metric, options: dict, device
     tract, prov = result.tractogram, result.provenance
     cm = tract.streamline_scalars["cm"] if len(tract) else np.zeros(0)
     inside = np.array([inside_bundle(shape, tract[i]) for i in range(len(tract))], bool)
-    pairs = prov.get("pairs")
-    if pairs:  # two-point: a seed point is connected when any of its pairs hit
-        connected = len(np.unique(tract.streamline_scalars["seed_point"])) / prov["seed_points"] if len(tract) else 0.0
-    else:
-        connected = len(np.unique(tract.streamline_scalars["seed_point"])) / prov["seed_points"] if len(tract) else 0.0
+    # a seed point is connected when one of its fibres (two-point: one of its pairs) reached the target
+    seed_points = tract.streamline_scalars["seed_point"] if len(tract) else np.zeros(0)
+    connected = len(np.unique(seed_points)) / prov["seed_points"]
     top = np.argsort(-cm, kind="stable")[: max(1, math.ceil(0.2 * len(cm)))] if len(cm) else np.zeros(0, int)
     return {
         "setting": setting.label,
