@@ -84,8 +84,16 @@ class GeodesicSeedingParams:
     placement: str = same_as(SeedingParams, "placement", cli_help="within each voxel")
     rng_seed: int = same_as(SeedingParams, "rng_seed", help="the same number gives the same seed points")
     directions: int = field(
-        default=100,
-        metadata=meta("Directions per point", "fibres shot from every seed point", "", (1, 100000), metavar="N"),
+        default=0,
+        metadata=meta(
+            "Directions per point",
+            "fibres shot from every seed point (0 = sized for the engine: about 260 000 fibres per seed "
+            "region on a GPU, 4 000 on the CPU)",
+            "",
+            (0, 100000),
+            metavar="N",
+            cli_help="fibres per seed point (0 = sized for the engine)",
+        ),
     )
     cone_deg: float | None = field(
         default=None,
@@ -109,6 +117,26 @@ class GeodesicSeedingParams:
             (1.0, 100.0),
             metavar="P",
             cli_help="keep the P % best by CM",
+        ),
+    )
+
+    two_point: bool = field(
+        default=False,
+        metadata=meta(
+            "Two-point",
+            "join every seed point to points of the target by refining the initial direction until the "
+            "geodesic hits them (shooting; seed 004 §3.4.2): a CM for every seed–target pair",
+            flags=("--two-point",),
+        ),
+    )
+    target_points: int = field(
+        default=16,
+        metadata=meta(
+            "Target points",
+            "points of the target region each seed point is joined to (two-point ray tracing)",
+            "",
+            (1, 1000),
+            metavar="N",
         ),
     )
 

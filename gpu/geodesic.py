@@ -14,7 +14,11 @@ one branch of step 3):
    an all-zero tensor (outside the fitted region) become identity too but are not
    counted as repaired;
 3. ``FA(B) < sharpen_fa`` → ``C = B^p`` (integer power ``sharpen_power``), else ``C = B``;
-4. ``G = C⁻¹``.
+4. the metric (``metric``, :mod:`gpu.geodesic_metrics`): ``G = C⁻¹`` (``inverse``),
+   ``G = adj(C) = det(C)·C⁻¹`` (``adjugate``) or ``G = e^{2φ} C⁻¹`` with the adaptive
+   conformal factor ``φ`` (``adaptive``, the default), times ``det(C)^k`` more with
+   ``conformal_power`` k (determinants relative to their median); the tracker is given
+   ``G⁻¹`` and the derivatives of ``G``, whichever metric it is.
 
 Derivatives of ``G`` per axis in mm: central differences inside, one-sided on the
 borders. The field holds 24 values per voxel — ``C`` and ``∂G/∂x``, ``∂G/∂y``,
@@ -66,6 +70,7 @@ import numpy as np
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .engines import ARRAYS, KERNEL, choose_engine
+from .geodesic_metrics import METRICS, adaptive_conformal_factor, conformal_exponent, metric_inverse
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import (
@@ -81,9 +86,10 @@ from .streamlines import (
 )
 
 INTEGRATORS = ("euler", "rk2", "rk4")
-CHOICES = {"integrator": INTEGRATORS}
+CHOICES = {"integrator": INTEGRATORS, "metric": METRICS}
 STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}  # the codes only geodesic uses
 TRACK, TARGET = 1, 2  # bits of the region map
+STOP_CODE_SLOTS = 16  # length of the per-code counts (the codes are small integers)
 PACKED_CHUNKS = 4  # 16-byte chunks per voxel of the kernel's field (packed_field)
 #: What kernels/geodesic.cu receives at compile time.
 KERNEL_DEFINES = (
@@ -98,8 +104,19 @@ KERNEL_DEFINES = (
 
 @dataclass(frozen=True)
 class MetricParams:
-    """How the tensor becomes the metric (pre-processing, seed 004 Algorithm 1)."""
+    """How the tensor becomes the metric (pre-processing, seed 004 Algorithm 1; the metrics in
+    :mod:`gpu.geodesic_metrics`)."""
 
+    metric: str = field(
+        default="adaptive",
+        metadata=meta(
+            "Metric",
+            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), or D⁻¹ with the "
+            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011)",
+            choices=METRICS,
+            cli_help="inverse, adjugate, or adaptive (D⁻¹ with a conformal factor fitted to the bundles' curves)",
+        ),
+    )
     gain: float = field(
         default=0.0,
         metadata=meta(
@@ -125,7 +142,22 @@ class MetricParams:
         metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1), metavar="T"),
     )
 
+    conformal_power: float = field(
+        default=0.0,
+        metadata=meta(
+            "Conformal power",
+            "multiply the metric by (det D / median det)^k more (0 = off)",
+            "",
+            (0, 4),
+            metavar="K",
+        ),
+    )
+
     def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise ValueError(f"the metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if not (0 <= self.conformal_power <= 4 and math.isfinite(self.conformal_power)):
+            raise ValueError(f"the conformal power must be in [0, 4], got {self.conformal_power}")
         if not (self.gain >= 0 and math.isfinite(self.gain)):
             raise ValueError(f"gain must be ≥ 0 (0 = automatic), got {self.gain}")
         if int(self.sharpen_power) != self.sharpen_power or self.sharpen_power < 1:
@@ -203,6 +235,17 @@ class GeodesicParams:
     stop_at_target: bool = field(
         default=True, metadata=meta("Stop at target", "end fibres where they enter the target", cli=False)
     )
+    mask_tolerance_mm: float = field(
+        default=4.0,
+        metadata=meta(
+            "Mask tolerance",
+            "a fibre may run this far outside the tracking mask before it ends (0 = it ends at the edge)",
+            "mm",
+            (0, 100),
+            flags=("--mask-tolerance",),
+            metavar="MM",
+        ),
+    )
 
     def __post_init__(self) -> None:
         checks = [
@@ -213,6 +256,7 @@ class GeodesicParams:
             (0 <= self.max_angle_deg <= 180, "max angle must be in [0, 180] degrees (0 = off)"),
             (0 <= self.fa_threshold < 1, "FA threshold must be in [0, 1)"),
             (int(self.store_every) == self.store_every and self.store_every >= 1, "keep-every must be ≥ 1"),
+            (0 <= self.mask_tolerance_mm < math.inf, "the mask tolerance must be ≥ 0 mm"),
         ]
         for ok, message in checks:
             if not ok:
@@ -320,6 +364,15 @@ def prepare_metric(
             power = power @ matrix
         b[low] = sym3.from_matrix(xp, power)
         sharpened = int(low.sum())
+    b, _reference = metric_inverse(xp, b, good & present, conformal_exponent(params.metric, params.conformal_power))
+    if params.metric == "adaptive":
+        weight = xp.where(good & present, sym3.fractional_anisotropy_from_invariants(xp, b) ** 2, 0.0)
+        phi, info = adaptive_conformal_factor(xp, b, weight, voxel_size)
+        b = b * xp.exp(-2.0 * phi)[..., None]
+        notes.append(
+            f"adaptive metric: conformal factor from {info['iterations']} conjugate-gradient iterations, "
+            f"{info['curvature_explained']:.0%} of the eigenvector curves' geodesic curvature explained"
+        )
     g = _inverse(xp, b)
     derivatives = xp.zeros((*shape, 18))
     for axis in range(3):
@@ -394,14 +447,14 @@ def cone_directions(axes: np.ndarray, n: int, half_angle_deg: float) -> np.ndarr
         raise ValueError(f"the cone half-angle must be in (0, 90] degrees, got {half_angle_deg}")
     if n < 2:
         raise ValueError("a cone needs at least two directions (one each way)")
-    half = n // 2
+    half = (n + 1) // 2  # an odd n gives +axis the extra one
     i = np.arange(half) + 0.5
     cos_max = math.cos(math.radians(half_angle_deg))
     z = 1.0 - (1.0 - cos_max) * i / half  # uniform in solid angle over the cap
     phi = math.pi * (1.0 + math.sqrt(5.0)) * i
     r = np.sqrt(np.clip(1.0 - z * z, 0.0, None))
     cap = np.stack([r * np.cos(phi), r * np.sin(phi), z], -1)  # around +z
-    cap = np.concatenate([cap, -cap[: n - half]])
+    cap = np.concatenate([cap, -cap[: n // 2]])
     axes = np.asarray(axes, np.float64)
     axes = axes / np.linalg.norm(axes, axis=1, keepdims=True)
     helper = np.where(np.abs(axes[:, :1]) < 0.9, np.array([[1.0, 0, 0]]), np.array([[0, 1.0, 0]]))
@@ -453,6 +506,9 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
     valid = inside & (code & TRACK != 0)
     euclid = xp.zeros(n)
     geo = xp.zeros(n)
+    outside = xp.zeros(n)  # distance run since the last point inside the mask (mm)
+    excursion = xp.zeros(n)  # the longest run outside the mask that came back inside
+    tolerance = float(params.mask_tolerance_mm)
     prev = v.copy()
     steps = xp.zeros(n, np.int64)
     cos_max = math.cos(math.radians(params.max_angle_deg)) if params.max_angle_deg > 0 else -2.0
@@ -493,10 +549,12 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         q_vox = x_new / scale
         ins = inside_volume(xp, q_vox, shape)
         code = lookup(xp, region, q_vox)
-        live = drop(~ins, OUTSIDE_VOLUME)
-        live &= drop(live & (code & TRACK == 0), OUTSIDE_MASK)
         dx = x_new - xi
         seg = xp.sqrt(xp.sum(dx * dx, axis=1))
+        out_mask = (code & TRACK) == 0
+        run_out = xp.where(out_mask, outside[idx] + seg, 0.0)
+        live = drop(~ins, OUTSIDE_VOLUME)
+        live &= drop(live & out_mask & ((run_out > tolerance) | (tolerance <= 0)), OUTSIDE_MASK)
         turn = xp.sum(dx * prev[idx], axis=1) / xp.where(seg > 0, seg, 1.0)
         live &= drop(live & (turn < cos_max), SHARP_ANGLE)
         vi = vi[live]
@@ -505,6 +563,10 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         else:
             c_mid = c_mid[live]
         idx, xi, x_new, v_new, dx, seg, code = (t[live] for t in (idx, xi, x_new, v_new, dx, seg, code))
+        run_out = run_out[live]
+        back = (run_out == 0) & (outside[idx] > 0)  # came back inside: the excursion is over
+        excursion[idx[back]] = xp.maximum(excursion[idx[back]], outside[idx[back]])
+        outside[idx] = run_out
         g_mid = _inverse(xp, c_mid)
         gdx = xp.stack(sym3._apply(sym3.components(g_mid), tuple(dx.T)), -1)
         euclid[idx] += seg
@@ -539,7 +601,7 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
     cms[missing, stored[missing]] = (euclid[missing] / xp.where(geo[missing] > 0, geo[missing], 1.0)).astype(np.float32)
     stored[missing] += 1
     cm_end = cms[xp.arange(n), stored - 1]
-    return points, cms, stored, stop, valid, steps, reached, cm_target, cm_end
+    return points, cms, stored, stop, valid, steps, reached, cm_target, cm_end, excursion.astype(np.float32)
 
 
 def _ended_with_store(stop, params):
@@ -552,7 +614,9 @@ def _ended_with_store(stop, params):
 class GeodesicBatch:
     """Fibres of one batch (voxel coordinates): ``points``/``offsets`` ragged, ``cm`` per point,
     ``fiber`` (index into the starts × directions list), ``cm_end``, ``reached`` (step at
-    which the target was first entered, −1 never), ``cm_target``, ``stop`` reason, ``steps``."""
+    which the target was first entered, −1 never), ``cm_target``, ``stop`` reason, ``steps``,
+    ``excursion`` (mm: the longest run outside the mask the fibre came back from, 0 none).
+    ``provenance["stop_counts"]`` counts the stop codes of every fibre traced, kept or not."""
 
     points: np.ndarray
     offsets: np.ndarray
@@ -563,7 +627,10 @@ class GeodesicBatch:
     cm_target: np.ndarray
     stop: np.ndarray
     steps: np.ndarray
+    excursion: np.ndarray
     provenance: dict = field(default_factory=dict)
+
+    FIBRE_FIELDS = ("fiber", "cm_end", "reached", "cm_target", "stop", "steps", "excursion")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -577,14 +644,13 @@ class GeodesicBatch:
         starts = np.cumsum([0] + [len(b.points) for b in batches[:-1]])
         offsets = np.concatenate([np.zeros(1, np.int64)] + [b.offsets[1:] + s for b, s in zip(batches, starts)])
         cat = {
-            name: np.concatenate([getattr(b, name) for b in batches])
-            for name in ("points", "cm", "fiber", "cm_end", "reached", "cm_target", "stop", "steps")
+            name: np.concatenate([getattr(b, name) for b in batches]) for name in ("points", "cm", *cls.FIBRE_FIELDS)
         }
         return cls(offsets=offsets, **cat)
 
 
 def _compact(xp, out, fiber_offset: int, only_reaching: bool) -> GeodesicBatch:
-    points, cms, stored, stop, valid, steps, reached, cm_target, cm_end = out
+    points, cms, stored, stop, valid, steps, reached, cm_target, cm_end, excursion = out
     keep = valid & (stored >= 2)
     if only_reaching:
         keep &= reached >= 0
@@ -604,6 +670,7 @@ def _compact(xp, out, fiber_offset: int, only_reaching: bool) -> GeodesicBatch:
         host(cm_target[kept]),
         host(stop[kept]),
         host(steps[kept]),
+        host(excursion[kept]),
     )
 
 
@@ -651,8 +718,14 @@ def track(
             out = _track_arrays(xp, fld, field_dev.astype(np.float64), region, s, d, params)
         batch = _compact(xp, out, a, only_reaching)
         steps = int(out[5].sum())
+        stop_counts = backend.to_host(xp.bincount(out[3].astype(xp.int64), minlength=STOP_CODE_SLOTS))
+        excursions = out[9][out[9] > 0]
         backend.synchronize()
-        batch.provenance = {"fibers": b - a, "kept": len(batch), "steps": steps, "seconds": time.perf_counter() - t0}
+        batch.provenance = {
+            "fibers": b - a, "kept": len(batch), "steps": steps, "seconds": time.perf_counter() - t0,
+            "stop_counts": stop_counts, "excursions": int(excursions.size),
+            "longest_excursion_mm": float(excursions.max()) if int(excursions.size) else 0.0,
+        }  # fmt: skip
         return batch
 
     yield from iter_batched(
@@ -678,8 +751,23 @@ def track_all(fld, starts, directions, params: GeodesicParams = GeodesicParams()
         "steps": steps,
         "seconds": seconds,
         "steps_per_s": steps / seconds if seconds > 0 else None,
+        **ending_totals(batches),
     }
     return out
+
+
+def ending_totals(batches) -> dict:
+    """How the fibres of a run ended, over every batch: ``stop_counts`` (per stop code, every
+    fibre traced, kept or not), ``excursions`` (fibres that left the mask and came back) and
+    ``longest_excursion_mm``."""
+    counts = np.zeros(STOP_CODE_SLOTS, np.int64)
+    for b in batches:
+        counts += np.asarray(b.provenance.get("stop_counts", 0))
+    return {
+        "stop_counts": counts,
+        "excursions": sum(int(b.provenance.get("excursions", 0)) for b in batches),
+        "longest_excursion_mm": max([float(b.provenance.get("longest_excursion_mm", 0.0)) for b in batches] + [0.0]),
+    }
 
 
 def top_fraction(cm: np.ndarray, percent: float, xp=np) -> np.ndarray:
@@ -715,6 +803,7 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
         "reached": cp.empty(n, cp.int64),
         "cm_target": cp.empty(n, cp.float32),
         "cm_end": cp.empty(n, cp.float32),
+        "excursion": cp.empty(n, cp.float32),
     }
     cos_max = math.cos(math.radians(params.max_angle_deg)) if params.max_angle_deg > 0 else -2.0
     vs = fld.voxel_size
@@ -746,6 +835,7 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
             np.float32(params.max_length_mm),
             np.float32(cos_max),
             np.float32(params.fa_threshold),
+            np.float32(params.mask_tolerance_mm),
             np.int32(params.normalize),
             np.int32(params.store_every),
             np.int32(params.stop_at_target),
@@ -760,10 +850,11 @@ def _track_kernel(backend, fld, field_dev, region, starts, directions, params: G
             out["reached"],
             out["cm_target"],
             out["cm_end"],
+            out["excursion"],
         ),
         shared_mem=CELL_CACHE_BYTES * KERNEL_BLOCK,
     )
     return (
         points, cms, out["stored"], out["stop"], out["valid"].astype(bool), out["steps"], out["reached"],
-        out["cm_target"], out["cm_end"],
+        out["cm_target"], out["cm_end"], out["excursion"],
     )  # fmt: skip

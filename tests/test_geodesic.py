@@ -60,7 +60,8 @@ def test_preprocessing_repairs_counts_and_sharpens():
     tensor[2, 2, 2] = 0.0  # outside the fit: identity, not counted
     tensor[3, 3, 3] = np.nan
     tensor[4, 4, 4] = sym3.from_matrix(np, np.diag([8e-4, 7e-4, 7e-4]))  # low FA: sharpened
-    fld = prepare_metric(tensor, (1.0, 1.0, 1.0), MetricParams(gain=1000.0, sharpen_power=3, sharpen_fa=0.2))
+    inverse = MetricParams(metric="inverse", gain=1000.0, sharpen_power=3, sharpen_fa=0.2)  # seed 004, Algorithm 1
+    fld = prepare_metric(tensor, (1.0, 1.0, 1.0), inverse)
     assert fld.repaired == 1 and fld.sharpened == 1
     np.testing.assert_allclose(fld.data[1, 1, 1, :6], [1, 0, 0, 1, 0, 1])
     np.testing.assert_allclose(fld.data[2, 2, 2, :6], [1, 0, 0, 1, 0, 1])
@@ -77,7 +78,7 @@ def test_metric_derivatives_central_inside_one_sided_on_borders():
     diffusivity = 1.0 / (1.0 + 0.1 * x) ** 1  # G_xx = 1 + 0.1 x (linear): exact differences
     tensor[..., 0] = diffusivity[:, None, None]
     tensor[..., 3] = tensor[..., 5] = 1.0
-    fld = prepare_metric(tensor, (2.0, 1.0, 1.0), MetricParams(gain=1.0))
+    fld = prepare_metric(tensor, (2.0, 1.0, 1.0), MetricParams(metric="inverse", gain=1.0))
     # dG_xx/dx in mm, borders included; stored at float16 precision (2^-11 relative)
     np.testing.assert_allclose(fld.data[..., 6], 0.1 / 2.0, rtol=2.0**-11)
     np.testing.assert_allclose(fld.data[..., 12:24], 0.0, atol=1e-7)
@@ -96,7 +97,7 @@ def test_derivatives_keep_float16_precision_at_any_scale():
         tensor = np.zeros((*SHAPE, 6))
         tensor[..., 0] = (1.0 / (1.0 + slope * x))[:, None, None]  # G_xx = 1 + slope x
         tensor[..., 3] = tensor[..., 5] = 1.0
-        fld = prepare_metric(tensor, (1.0, 1.0, 1.0), MetricParams(gain=1.0))
+        fld = prepare_metric(tensor, (1.0, 1.0, 1.0), MetricParams(metric="inverse", gain=1.0))
         scaled = fld.data[..., 6:].astype(np.float64) * fld.derivative_scale
         np.testing.assert_array_equal(scaled, scaled.astype(np.float16).astype(np.float64))
         assert 2.0**14 <= np.abs(scaled).max() < 2.0**15
@@ -165,7 +166,7 @@ def test_u_fibre_shortcuts_across_the_isotropic_gap_are_filtered_out(device):
     tensor, shape = u_fibre_field()
     target = np.zeros(shape, bool)
     target[20:25, 28:34, :] = True  # top of the right stem
-    fld = prepare_metric(tensor, (1.5, 1.5, 1.5), target=target, device=device)
+    fld = prepare_metric(tensor, (1.5, 1.5, 1.5), MetricParams(metric="inverse"), target=target, device=device)
     seeds = np.array([[x, y, 3.0] for x in (7.0, 8.0, 9.0) for y in (30.0, 31.0)])  # top of the left stem
     angle = np.arange(720) * 2 * np.pi / 720
     circle = np.stack([np.cos(angle), np.sin(angle), np.zeros_like(angle)], -1)
@@ -214,7 +215,9 @@ def test_stopping_rules(device):
     out = track_all(fld, start, direction, GeodesicParams(step=0.5), device=device)
     assert out.stop[0] == geodesic.REACHED_TARGET and out[0][-1, 0] == pytest.approx(17.5)
     assert out.reached[0] == 5 and out.cm_target[0] == pytest.approx(1.0)
-    out = track_all(fld, start, direction, GeodesicParams(step=0.5, stop_at_target=False), device=device)
+    out = track_all(
+        fld, start, direction, GeodesicParams(step=0.5, stop_at_target=False, mask_tolerance_mm=0), device=device
+    )
     assert out.stop[0] == 3 and out[0][-1, 0] < 19.5  # then the mask
 
 

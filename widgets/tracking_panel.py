@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 )
 
 from tractlens.app.model import Document, Layer, Tractogram
-from tractlens.app.params import PLACEMENTS, GeodesicSeedingParams, SeedingParams
+from tractlens.app.params import PLACEMENTS, GeodesicSeedingParams, SeedingParams, field_of
 from tractlens.app.pipelines.track import (
     INTERACTIVE_FIRST_BATCH,
     DeterministicParams,
@@ -316,8 +316,16 @@ class GeodesicPanel(TrackingPanel):
             "geo_seeds_per_voxel", *_range(GeodesicSeedingParams, "seeds_per_voxel"), "Seed points in every seed voxel"
         )
         self.directions = _spin(
-            "directions", *_range(GeodesicSeedingParams, "directions"), "Fibres shot from every seed point"
+            "directions",
+            *_range(GeodesicSeedingParams, "directions"),
+            field_of(GeodesicSeedingParams, "directions").metadata["help"],
         )
+        self.directions.setSpecialValueText("auto")  # 0: sized for the engine
+        two_point = field_of(GeodesicSeedingParams, "two_point").metadata
+        self.two_point = QCheckBox(two_point["label"])
+        self.two_point.setObjectName("two_point")
+        self.two_point.setToolTip(two_point["help"])
+        self.two_point.setChecked(bool(default_of(GeodesicSeedingParams, "two_point")))
         self.use_cone = QCheckBox("within a cone around ±e1")
         self.use_cone.setObjectName("use_cone")
         self.cone = QDoubleSpinBox()
@@ -340,6 +348,7 @@ class GeodesicPanel(TrackingPanel):
         seeding.addRow("Seed points per voxel", self.seeds_per_voxel)
         seeding.addRow("Directions per point", self.directions)
         seeding.addRow(self.use_cone, self.cone)
+        seeding.addRow(self.two_point)
         seeding.addRow("Random seed", self.rng_seed)
         seeding.addRow(self.top_label, self.top)
         seeding.addRow(self.live)
@@ -408,6 +417,7 @@ class GeodesicPanel(TrackingPanel):
             "directions": self.directions.value(),
             "cone_deg": self.cone.value() if self.use_cone.isChecked() else None,
             "rng_seed": self.rng_seed.value(),
+            "two_point": self.two_point.isChecked(),
         }
         name = "geodesic"
 

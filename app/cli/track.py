@@ -189,6 +189,8 @@ def cmd_track_geodesic(args) -> int:
             top_percent=seeding.top_percent,
             placement=seeding.placement,
             rng_seed=seeding.rng_seed,
+            two_point=seeding.two_point,
+            target_points=seeding.target_points,
             device=args.device,
             progress=Progress("track", "fibres", quiet=args.quiet),
         )
@@ -199,13 +201,31 @@ def cmd_track_geodesic(args) -> int:
         save_tractogram(result.tractogram, args.output)
     prov = result.provenance
     summary = {"output": str(args.output), **result.summary()}
-    reached = f", {prov['reached_target']} reached the target" if prov["reached_target"] is not None else ""
-    human = (
-        f"{prov['fibers']} fibres{reached}; {prov['streamlines']} written to {args.output} "
-        f"({prov['steps'] / 1e6:.1f} M steps on {prov['backend']} in {prov['tracking_s']:.2f} s)"
-    )
+    human = _geodesic_summary(prov, args.output)
     emit(args, summary, human)
     return EXIT_OK
+
+
+def _geodesic_summary(prov: dict, output) -> str:
+    """One line on what a geodesic run did: fibres (or pairs), how they ended, what was written."""
+    if "pairs" in prov:
+        return (
+            f"{prov['pairs']} seed–target pairs, {prov['pairs_joined']} joined "
+            f"({prov['seed_points_joined']} of {prov['seed_points']} seed points); {prov['streamlines']} written to "
+            f"{output} ({prov['tracking_s']:.2f} s on {prov['backend']})"
+        )
+    reached = f", {prov['reached_target']} reached the target" if prov["reached_target"] is not None else ""
+    endings = ", ".join(f"{n} {reason}" for reason, n in (prov.get("stop_reasons") or {}).items())
+    excursions = (
+        f"; {prov['mask_excursions']} came back after leaving the mask (up to {prov['longest_mask_excursion_mm']:g} mm)"
+        if prov.get("mask_excursions")
+        else ""
+    )
+    return (
+        f"{prov['fibers']} fibres{reached}; {prov['streamlines']} written to {output} "
+        f"({prov['steps'] / 1e6:.1f} M steps on {prov['backend']} in {prov['tracking_s']:.2f} s); "
+        f"ended: {endings or 'none'}{excursions}"
+    )
 
 
 def cmd_track_deterministic(args) -> int:

@@ -39,13 +39,13 @@ from ..errors import InputError
 from ..grid import Grid
 from ..io import load_dwi, load_tensor
 from ..model import Tractogram, Volume
-from ..params import GeodesicSeedingParams, SeedingParams
+from ..params import SeedingParams
 from ..regions import Regions
 from ..timing import phase
-from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
+from ._fallback import batches_with_cpu_fallback
 from .select import load_masks_on_reference
 from .track_parts import PIECE_POINTS, PathLength, deterministic_part, join_parts
-from .track_reasons import empty_result_reason, geodesic_empty_reason
+from .track_reasons import empty_result_reason
 
 __all__ = [
     "INTERACTIVE_FIRST_BATCH",
@@ -56,9 +56,7 @@ __all__ = [
     "TrackResult",
     "deterministic_from_regions",
     "deterministic_pipeline",
-    "geodesic_from_regions",
     "geodesic_metric_of",
-    "geodesic_pipeline",
     "masks_on_field",
     "tensor_field_of",
     "tracking_choices",
@@ -388,158 +386,6 @@ def to_tractogram(batch: StreamlineBatch, field_: TensorField, name: str) -> Tra
     )
 
 
-def geodesic_pipeline(
-    field_: TensorField,
-    *,
-    seed_mask: np.ndarray,
-    target: np.ndarray | None = None,
-    mask: np.ndarray | None = None,
-    include: Sequence[np.ndarray] = (),
-    metric=None,
-    params=None,
-    seeds_per_voxel: int = GeodesicSeedingParams.seeds_per_voxel,
-    directions: int = GeodesicSeedingParams.directions,
-    cone_deg: float | None = GeodesicSeedingParams.cone_deg,
-    top_percent: float = GeodesicSeedingParams.top_percent,
-    placement: str = GeodesicSeedingParams.placement,
-    rng_seed: int = GeodesicSeedingParams.rng_seed,
-    device: str = "auto",
-    progress: Callable[[int, int], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
-    on_batch: Callable[[Tractogram], None] | None = None,
-    max_batch: int | None = None,
-    first_batch: int | None = None,
-    name: str = "geodesic",
-    metric_field=None,
-) -> TrackResult:
-    """Geodesic ray tracing from a seed region (see :mod:`gpu.geodesic`).
-
-    Every seed point shoots ``directions`` fibres: uniform on the sphere, or, with
-    ``cone_deg``, within that half-angle around ± the main eigenvector there. With a
-    ``target`` only the fibres that reach it are kept, ranked by their CM where they
-    first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
-    ``include`` masks (waypoints; each of several targets) must all be passed: other fibres
-    are dropped batch by batch, before ranking and before ``on_batch`` sees them.
-    ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``) skips the
-    pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
-    makes the first batch (the first ``on_batch``) small, to show something at once.
-    """
-    from tractlens.gpu import geodesic, sym3
-
-    metric = metric or geodesic.MetricParams()
-    params = params or geodesic.GeodesicParams()
-    notes = list(field_.notes)
-    check_device(device)  # an unusable device (gpu forced, none there) is refused before any work
-    shape = field_.shape
-    try:
-        regions = [("seed region", seed_mask), ("target", target), ("tracking mask", mask)]
-        regions += [(f"region to pass {i + 1}", m) for i, m in enumerate(include)]
-        for name_, volume in regions:
-            if volume is None:
-                continue
-            if np.asarray(volume).shape != shape:
-                raise InputError(f"the {name_} has shape {np.asarray(volume).shape}, the tensor field {shape}")
-            if not np.asarray(volume).any():
-                raise InputError(f"the {name_} is empty", fix="Give or paint a region with at least one voxel")
-        if not 0 < top_percent <= 100:
-            raise InputError(f"--top-percent must be in (0, 100], got {top_percent}")
-        if directions < 1:
-            raise InputError(f"at least one direction per seed is needed, got {directions}")
-        positions = seeds_in_mask(seed_mask, seeds_per_voxel, placement=placement, rng_seed=rng_seed)
-        if cone_deg is not None:
-            tensors = trilinear(np, field_.tensor.astype(np.float64), positions)
-            _lams, e1 = sym3.principal(np, tensors)
-            dirs = geodesic.cone_directions(np.stack(e1, -1), directions, cone_deg)
-        else:
-            dirs = np.broadcast_to(geodesic.fibonacci_directions(directions), (len(positions), directions, 3))
-        choice = decide_device("geodesic", len(positions) * directions * params.max_steps, requested=device)
-        device = choice.argument
-        if metric_field is None:
-            metric_field = run_with_cpu_fallback(
-                lambda bk: geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=bk),
-                device,
-                notes,
-                "the geodesic metric",
-            )
-        fld = geodesic.with_regions(metric_field, mask, target)
-    except ValueError as exc:
-        raise InputError(str(exc)) from exc
-    notes += fld.notes
-    starts = np.repeat(positions, directions, axis=0)
-    dirs = np.ascontiguousarray(dirs.reshape(-1, 3))
-    t0 = time.perf_counter()
-    batches = []
-    used: list = []
-
-    def start(engine_backend, first: int):
-        """The batches over fibres first..., numbered as fibres of the whole run."""
-        used.append(engine_backend)
-        shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
-        for part in geodesic.track(
-            fld, starts[first:], dirs[first:], params, only_reaching=target is not None, device=engine_backend,
-            progress=shifted, cancelled=cancelled, max_batch=max_batch, first_batch=first_batch if not first else None,
-        ):  # fmt: skip
-            part.fiber = part.fiber + first
-            yield part
-
-    removed = 0
-    for batch in batches_with_cpu_fallback(start, lambda b: b.provenance["fibers"], device, notes, "geodesic tracking"):
-        if len(batch) and include:
-            selection = select_streamlines(batch.points, batch.offsets, list(include), [], device=used[-1])
-            removed += int((~selection.selected).sum())
-            batch = _keep_fibres(batch, selection.selected)
-        batches.append(batch)
-        if on_batch is not None and len(batch):
-            on_batch(_geodesic_tractogram(batch, field_, name, target is not None))
-    seconds = time.perf_counter() - t0
-    result = geodesic.GeodesicBatch.concatenate(batches) if batches else None
-    steps = sum(b.provenance["steps"] for b in batches)
-    tractogram = _geodesic_tractogram(result, field_, name, target is not None)
-    ranked = tractogram.streamline_scalars["cm"]
-    order = np.zeros(0, np.int64)
-    if len(ranked):  # ranked on the device when there is one
-        ranker = used[-1]
-        order = ranker.to_host(geodesic.top_fraction(ranker.asarray(ranked), top_percent, xp=ranker.xp))
-    tractogram = tractogram.subset(order)
-    provenance = {
-        "method": "geodesic",
-        "parameters": asdict(params),
-        "metric": {**asdict(metric), "gain_used": fld.gain, "repaired_voxels": fld.repaired},
-        "backend": " then ".join(b.name for b in used),
-        "device": " then ".join(b.device_name for b in used),
-        "device_choice": choice.reason,
-        "seed_points": len(positions),
-        "directions": directions,
-        "cone_deg": cone_deg,
-        "fibers": len(starts),
-        "reached_target": len(result) + removed if (result is not None and target is not None) else None,
-        "streamlines_removed_by_rois": removed,
-        "streamlines": len(tractogram),
-        "top_percent": top_percent,
-        "steps": steps,
-        "tracking_s": seconds,
-        "steps_per_s": steps / seconds if seconds > 0 else None,
-        "rng_seed": rng_seed,
-        "tensor": field_.source,
-    }
-    if len(tractogram) == 0:
-        provenance["empty_reason"] = geodesic_empty_reason(provenance)
-        notes.append(f"0 streamlines: {provenance['empty_reason']}")
-    return TrackResult(tractogram, provenance, notes)
-
-
-def _keep_fibres(batch, keep: np.ndarray):
-    """The fibres of a geodesic batch where ``keep`` is True."""
-    keep = np.asarray(keep, dtype=bool)
-    lengths = np.diff(batch.offsets)
-    per_point = np.repeat(keep, lengths)
-    offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(batch.offsets.dtype)
-    fields = {name: getattr(batch, name)[keep] for name in ("fiber", "cm_end", "reached", "cm_target", "stop", "steps")}
-    return type(batch)(
-        points=batch.points[per_point], offsets=offsets, cm=batch.cm[per_point], provenance=batch.provenance, **fields
-    )
-
-
 def deterministic_from_regions(
     field_: TensorField, regions: Regions, *, whole_brain: bool = False, **options
 ) -> TrackResult:
@@ -561,36 +407,10 @@ def deterministic_from_regions(
     )
 
 
-def geodesic_from_regions(field_: TensorField, regions: Regions, **options) -> TrackResult:
-    """Geodesic tracking with a document's ROIs in their roles (:mod:`app.regions`): fibres shot
-    from the seed union to the targets' union (kept when they reach any target, ranked where
-    they first do), and kept only when they pass every waypoint; the exclusion union is taken
-    out of the tracking mask (the fitted voxels). Geodesic fibres run to the edge of the mask:
-    stop ROIs are not used. ``options`` go to :func:`geodesic_pipeline`."""
-    _seeded(regions)
-    mask = field_.mask if regions.exclusion is None else field_.mask & ~regions.exclusion
-    include = [region.mask for region in regions.waypoints]
-    result = geodesic_pipeline(
-        field_, seed_mask=regions.seed, target=regions.target_union, mask=mask, include=include, **options
-    )
-    result.notes[:0] = regions.notes
-    if regions.stop is not None:
-        result.notes.append("geodesic tracking does not use stop ROIs")
-    return result
+def __getattr__(name: str):
+    """Geodesic tracking lives in :mod:`.track_geodesic`; its use cases are reachable here too."""
+    if name in ("geodesic_pipeline", "geodesic_from_regions"):
+        from . import track_geodesic
 
-
-def _geodesic_tractogram(batch, field_: TensorField, name: str, ranked_at_target: bool) -> Tractogram:
-    if batch is None:
-        return Tractogram(np.zeros((0, 3)), np.zeros(1, np.int64), affine=field_.affine, dimensions=field_.shape,
-                          point_scalars={"cm": np.zeros(0, np.float32)},
-                          streamline_scalars={"cm": np.zeros(0, np.float32)}, name=name)  # fmt: skip
-    cm = batch.cm_target if ranked_at_target else batch.cm_end
-    return Tractogram(
-        batch.points,
-        batch.offsets,
-        affine=field_.affine,
-        dimensions=field_.shape,
-        point_scalars={"cm": batch.cm.astype(np.float32)},
-        streamline_scalars={"cm": cm.astype(np.float32), "cm_end": batch.cm_end.astype(np.float32)},
-        name=name,
-    )
+        return getattr(track_geodesic, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,12 +41,35 @@ def empty_result_reason(counts: dict, params: deterministic.DeterministicParams,
 
 
 def geodesic_empty_reason(provenance: dict) -> str:
-    """Why geodesic tracking kept no fibre, from its provenance's counts."""
+    """Why geodesic tracking kept no fibre, from its provenance's counts: how the fibres ended
+    (``stop_reasons``) and what to try for the most common ending."""
+    endings = provenance.get("stop_reasons") or {}
+    where = "; ".join(f"{n} {reason}" for reason, n in sorted(endings.items(), key=lambda kv: -kv[1]))
+    ended = f" (how they ended: {where})" if where else ""
+    tries = {
+        "left the mask": f"raise the mask tolerance (now {provenance.get('mask_tolerance_mm', 0):g} mm), "
+        "use the adaptive metric, or widen the tracking mask",
+        "max steps": "raise the maximum steps or the step length",
+        "left the volume": "use a tracking mask or a cone of directions around ±e1",
+        "FA below threshold": "lower the FA threshold",
+        "angle above maximum": "raise the maximum angle",
+        "max length": "raise the maximum length",
+    }
+    common = max(endings, key=endings.get) if endings else None
+    advice = tries.get(common, "try more directions, a wider cone, more steps or two-point ray tracing")
     if provenance.get("reached_target") == 0:
-        return (
-            f"none of the {provenance['fibers']} fibres reached the target region: "
-            "try more directions, a wider cone or more steps"
-        )
+        return f"none of the {provenance['fibers']} fibres reached the target region{ended}: {advice}"
     if provenance.get("streamlines_removed_by_rois"):
         return f"all {provenance['streamlines_removed_by_rois']} fibres missed a waypoint region"
-    return f"none of the {provenance['fibers']} fibres could be traced: move the seed region or lower the threshold"
+    return (
+        f"none of the {provenance['fibers']} fibres could be traced{ended}: move the seed region or lower the threshold"
+    )
+
+
+def two_point_empty_reason(provenance: dict) -> str:
+    """Why two-point ray tracing joined no seed–target pair, with what to try."""
+    return (
+        f"none of the {provenance['pairs']} seed–target pairs was joined within {provenance['tolerance_mm']:.2g} mm "
+        f"(median miss {provenance['median_miss_mm'] or float('nan'):.3g} mm): raise the mask tolerance, "
+        "the steps or the directions sampled, or try another metric"
+    )

@@ -164,7 +164,7 @@ struct Settings {
     const float* starts;
     const float* dirs;
     R3 vs;
-    real h, max_length, cos_max, fa_threshold;
+    real h, max_length, cos_max, fa_threshold, mask_tolerance;
     int integrator, max_steps, normalize, every, stop_at_target, slots;
 };
 
@@ -172,6 +172,7 @@ struct Settings {
 struct Ray {
     R3 x, v, prev;
     real euclid, geolen, cm, cm_target;
+    real outside, excursion;  // mm run since the last point inside the mask; longest such run that came back
     long long steps, stored, reached;
     unsigned char reason;
     bool last_stored;
@@ -197,6 +198,7 @@ struct Ray {
         steps = 0; reached = -1;
         cm_target = __int_as_float(0x7fc00000); cm = 0.0f;
         euclid = 0.0f; geolen = 0.0f;
+        outside = 0.0f; excursion = 0.0f;
         reason = 0;
         last_stored = true;
         geo.ci = -1;  // another fibre: the cached cell is no longer known to be near
@@ -237,14 +239,18 @@ struct Ray {
         }
         if (s.normalize) v_new = unit3r(v_new, v);
         R3 q = geo.to_voxel(x_new);
-        if (!inside_volume(q, geo.g)) { reason = OUTSIDE_VOLUME; return false; }
-        unsigned char code = s.region[nearest_voxel(q, geo.g)];
-        if ((code & TRACK_BIT) == 0) { reason = OUTSIDE_MASK; return false; }
         R3 dx = add3r(x_new, scale3r(x, -1.0f));
         real seg = sqrtf(dot3r(dx, dx));
+        if (!inside_volume(q, geo.g)) { reason = OUTSIDE_VOLUME; return false; }
+        unsigned char code = s.region[nearest_voxel(q, geo.g)];
+        bool out_mask = (code & TRACK_BIT) == 0;
+        real run_out = out_mask ? outside + seg : 0.0f;
+        if (out_mask && (run_out > s.mask_tolerance || s.mask_tolerance <= 0.0f)) { reason = OUTSIDE_MASK; return false; }
         real turn = dot3r(dx, prev) / (seg > 0.0f ? seg : 1.0f);
         if (turn < s.cos_max) { reason = SHARP_ANGLE; return false; }
         if (s.integrator == 0) geo.tensor(add3r(x, scale3r(v, 0.5f * h)), cmid);  // Euler has no midpoint stage
+        if (run_out == 0.0f && outside > 0.0f) excursion = fmaxf(excursion, outside);  // came back inside
+        outside = run_out;
         real gm[6];
         inverse(cmid, gm);
         euclid += seg;
@@ -271,7 +277,7 @@ struct Ray {
     // Write the fibre's results (valid: it started inside).
     __device__ void finish(int i, bool valid, Geo& geo, long long* stored_out, unsigned char* stop_out,
                            unsigned char* valid_out, long long* steps_out, long long* reached_out,
-                           float* cm_target_out, float* cm_end_out) {
+                           float* cm_target_out, float* cm_end_out, float* excursion_out) {
         if (valid && !last_stored) store(geo.to_voxel(x), cm);  // the last accepted point
         stored_out[i] = stored;
         stop_out[i] = reason;
@@ -280,6 +286,7 @@ struct Ray {
         reached_out[i] = reached;
         cm_target_out[i] = cm_target;
         cm_end_out[i] = cm_row[stored - 1];
+        excursion_out[i] = excursion;
     }
 };
 
@@ -289,10 +296,10 @@ extern "C" __global__ void geodesic_trace(
     const uint4* __restrict__ field, const unsigned char* __restrict__ region, int nx, int ny, int nz,
     const float* __restrict__ starts, const float* __restrict__ dirs, int n, float vsx, float vsy, float vsz,
     float inv_scale, float h, int integrator, int max_steps, float max_length, float cos_max, float fa_threshold,
-    int normalize, int every, int stop_at_target, int slots, int* __restrict__ next, float* __restrict__ points,
+    float mask_tolerance, int normalize, int every, int stop_at_target, int slots, int* __restrict__ next, float* __restrict__ points,
     float* __restrict__ cms, long long* __restrict__ stored_out, unsigned char* __restrict__ stop_out,
     unsigned char* __restrict__ valid_out, long long* __restrict__ steps_out, long long* __restrict__ reached_out,
-    float* __restrict__ cm_target_out, float* __restrict__ cm_end_out) {
+    float* __restrict__ cm_target_out, float* __restrict__ cm_end_out, float* __restrict__ excursion_out) {
     Geo geo;
     geo.field = field;
     geo.g.nx = nx; geo.g.ny = ny; geo.g.nz = nz;
@@ -305,6 +312,7 @@ extern "C" __global__ void geodesic_trace(
     s.region = region; s.starts = starts; s.dirs = dirs;
     s.vs = r3(vsx, vsy, vsz);
     s.h = h; s.max_length = max_length; s.cos_max = cos_max; s.fa_threshold = fa_threshold;
+    s.mask_tolerance = mask_tolerance;
     s.integrator = integrator; s.max_steps = max_steps; s.normalize = normalize; s.every = every;
     s.stop_at_target = stop_at_target; s.slots = slots;
     Ray ray;
@@ -315,7 +323,7 @@ extern "C" __global__ void geodesic_trace(
     while (true) {
         if (!live) {
             if (i >= 0) ray.finish(i, valid, geo, stored_out, stop_out, valid_out, steps_out, reached_out,
-                                   cm_target_out, cm_end_out);
+                                   cm_target_out, cm_end_out, excursion_out);
             i = atomicAdd(next, 1);
             if (i >= n) break;
             valid = ray.start(i, s, geo, points, cms);

@@ -1,0 +1,270 @@
+"""Use case: geodesic ray tracing from a seed region to a target (see :mod:`gpu.geodesic`).
+
+Shared by ``tractlens track geodesic``, the Geodesic panel and Python scripts (reached through
+:mod:`app.pipelines.track` too). Fibres are shot from every seed point, in a number of
+directions sized for the engine when not given (:func:`directions_for`), kept when they reach
+the target and ranked by their connectivity measure; with ``two_point`` the initial direction
+of every seed–target pair is refined until its geodesic hits the target point
+(:mod:`gpu.geodesic_shooting`). The summary counts how every fibre ended, and a run that keeps
+nothing says why and what to try (:mod:`.track_reasons`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+
+import numpy as np
+
+from tractlens.gpu.backend import check_device
+from tractlens.gpu.engines import decide_device
+from tractlens.gpu.interpolate import trilinear
+from tractlens.gpu.seeding import seeds_in_mask
+from tractlens.gpu.select import select_streamlines
+
+from ..errors import InputError
+from ..model import Tractogram
+from ..params import GeodesicSeedingParams
+from ..regions import Regions
+from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
+from .track import TensorField, TrackResult, _seeded
+from .track_reasons import geodesic_empty_reason
+
+#: Fibres a seed region gets when the directions per point are left to the engine
+#: (``directions=0``): on a GPU 2¹⁸ (the kernel traces them in tens of milliseconds), on the
+#: CPU 2¹² (a few seconds of the NumPy engine), spread over the seed points.
+GPU_FIBRES, CPU_FIBRES = 1 << 18, 1 << 12
+#: Directions per seed point when sized for the engine: at least, at most.
+MIN_DIRECTIONS, MAX_DIRECTIONS = 16, 20_000
+
+
+def directions_for(seed_points: int, on_gpu: bool) -> int:
+    """Directions per seed point so that the seed region gets about :data:`GPU_FIBRES` (GPU) or
+    :data:`CPU_FIBRES` (CPU) fibres, within [:data:`MIN_DIRECTIONS`, :data:`MAX_DIRECTIONS`]."""
+    budget = GPU_FIBRES if on_gpu else CPU_FIBRES
+    return int(min(MAX_DIRECTIONS, max(MIN_DIRECTIONS, budget // max(seed_points, 1))))
+
+
+def ending_summary(totals: dict, params) -> dict:
+    """How the fibres ended, for the provenance: fibres per stop reason (by name), and the
+    excursions out of the tracking mask that the mask tolerance let fibres come back from."""
+    from tractlens.gpu.streamlines import stop_reason_totals
+
+    return {
+        "stop_reasons": stop_reason_totals(totals["stop_counts"]),
+        "mask_tolerance_mm": params.mask_tolerance_mm,
+        "mask_excursions": totals["excursions"],
+        "longest_mask_excursion_mm": round(totals["longest_excursion_mm"], 3),
+    }
+
+
+def geodesic_pipeline(
+    field_: TensorField,
+    *,
+    seed_mask: np.ndarray,
+    target: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    include: Sequence[np.ndarray] = (),
+    metric=None,
+    params=None,
+    seeds_per_voxel: int = GeodesicSeedingParams.seeds_per_voxel,
+    directions: int = GeodesicSeedingParams.directions,
+    cone_deg: float | None = GeodesicSeedingParams.cone_deg,
+    top_percent: float = GeodesicSeedingParams.top_percent,
+    placement: str = GeodesicSeedingParams.placement,
+    rng_seed: int = GeodesicSeedingParams.rng_seed,
+    device: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    on_batch: Callable[[Tractogram], None] | None = None,
+    max_batch: int | None = None,
+    first_batch: int | None = None,
+    name: str = "geodesic",
+    metric_field=None,
+    two_point: bool = GeodesicSeedingParams.two_point,
+    target_points: int = GeodesicSeedingParams.target_points,
+) -> TrackResult:
+    """Geodesic ray tracing from a seed region (see :mod:`gpu.geodesic`).
+
+    Every seed point shoots ``directions`` fibres (0: as many as :func:`directions_for` sizes
+    for the engine that runs): uniform on the sphere, or, with
+    ``cone_deg``, within that half-angle around ± the main eigenvector there. With a
+    ``target`` only the fibres that reach it are kept, ranked by their CM where they
+    first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
+    ``include`` masks (waypoints; each of several targets) must all be passed: other fibres
+    are dropped batch by batch, before ranking and before ``on_batch`` sees them.
+    ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``) skips the
+    pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
+    makes the first batch (the first ``on_batch``) small, to show something at once.
+    With ``two_point`` (a target is needed) every pair of a seed point and one of
+    ``target_points`` points of the target is joined by shooting (:func:`two_point_pipeline`).
+    """
+    from tractlens.gpu import geodesic, sym3
+
+    metric = metric or geodesic.MetricParams()
+    params = params or geodesic.GeodesicParams()
+    notes = list(field_.notes)
+    check_device(device)  # an unusable device (gpu forced, none there) is refused before any work
+    shape = field_.shape
+    try:
+        regions = [("seed region", seed_mask), ("target", target), ("tracking mask", mask)]
+        regions += [(f"region to pass {i + 1}", m) for i, m in enumerate(include)]
+        for name_, volume in regions:
+            if volume is None:
+                continue
+            if np.asarray(volume).shape != shape:
+                raise InputError(f"the {name_} has shape {np.asarray(volume).shape}, the tensor field {shape}")
+            if not np.asarray(volume).any():
+                raise InputError(f"the {name_} is empty", fix="Give or paint a region with at least one voxel")
+        if not 0 < top_percent <= 100:
+            raise InputError(f"--top-percent must be in (0, 100], got {top_percent}")
+        if directions < 0:
+            raise InputError(f"the directions per seed point must be ≥ 1 (0 = sized for the engine), got {directions}")
+        if two_point and target is None:
+            raise InputError("two-point ray tracing needs a target region", fix="Give or paint a target ROI")
+        positions = seeds_in_mask(seed_mask, seeds_per_voxel, placement=placement, rng_seed=rng_seed)
+        choice = None
+        if not directions:
+            choice = decide_device("geodesic", len(positions) * GPU_FIBRES * params.max_steps, requested=device)
+            directions = directions_for(len(positions), choice.device == "gpu")
+        if cone_deg is not None:
+            tensors = trilinear(np, field_.tensor.astype(np.float64), positions)
+            _lams, e1 = sym3.principal(np, tensors)
+            dirs = geodesic.cone_directions(np.stack(e1, -1), directions, cone_deg)
+        else:
+            dirs = np.broadcast_to(geodesic.fibonacci_directions(directions), (len(positions), directions, 3))
+        if choice is None:
+            choice = decide_device("geodesic", len(positions) * directions * params.max_steps, requested=device)
+        device = choice.argument
+        if metric_field is None:
+            metric_field = run_with_cpu_fallback(
+                lambda bk: geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=bk),
+                device,
+                notes,
+                "the geodesic metric",
+            )
+        fld = geodesic.with_regions(metric_field, mask, target)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    notes += fld.notes
+    if two_point:
+        from .track_two_point import two_point_pipeline
+
+        return two_point_pipeline(
+            field_, fld, positions, dirs, target, params, metric, target_points=target_points, device=device,
+            choice=choice, notes=notes, top_percent=top_percent, name=name, progress=progress, cancelled=cancelled,
+        )  # fmt: skip
+    starts = np.repeat(positions, directions, axis=0)
+    dirs = np.ascontiguousarray(dirs.reshape(-1, 3))
+    t0 = time.perf_counter()
+    batches = []
+    used: list = []
+
+    def start(engine_backend, first: int):
+        """The batches over fibres first..., numbered as fibres of the whole run."""
+        used.append(engine_backend)
+        shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
+        for part in geodesic.track(
+            fld, starts[first:], dirs[first:], params, only_reaching=target is not None, device=engine_backend,
+            progress=shifted, cancelled=cancelled, max_batch=max_batch, first_batch=first_batch if not first else None,
+        ):  # fmt: skip
+            part.fiber = part.fiber + first
+            yield part
+
+    removed = 0
+    for batch in batches_with_cpu_fallback(start, lambda b: b.provenance["fibers"], device, notes, "geodesic tracking"):
+        if len(batch) and include:
+            selection = select_streamlines(batch.points, batch.offsets, list(include), [], device=used[-1])
+            removed += int((~selection.selected).sum())
+            batch = _keep_fibres(batch, selection.selected)
+        batches.append(batch)
+        if on_batch is not None and len(batch):
+            on_batch(_geodesic_tractogram(batch, field_, name, target is not None, directions))
+    seconds = time.perf_counter() - t0
+    result = geodesic.GeodesicBatch.concatenate(batches) if batches else None
+    steps = sum(b.provenance["steps"] for b in batches)
+    tractogram = _geodesic_tractogram(result, field_, name, target is not None, directions)
+    ranked = tractogram.streamline_scalars["cm"]
+    order = np.zeros(0, np.int64)
+    if len(ranked):  # ranked on the device when there is one
+        ranker = used[-1]
+        order = ranker.to_host(geodesic.top_fraction(ranker.asarray(ranked), top_percent, xp=ranker.xp))
+    tractogram = tractogram.subset(order)
+    provenance = {
+        "method": "geodesic",
+        "parameters": asdict(params),
+        "metric": {**asdict(metric), "gain_used": fld.gain, "repaired_voxels": fld.repaired},
+        "backend": " then ".join(b.name for b in used),
+        "device": " then ".join(b.device_name for b in used),
+        "device_choice": choice.reason,
+        "seed_points": len(positions),
+        "directions": directions,
+        "cone_deg": cone_deg,
+        "fibers": len(starts),
+        "reached_target": len(result) + removed if (result is not None and target is not None) else None,
+        "streamlines_removed_by_rois": removed,
+        "streamlines": len(tractogram),
+        "top_percent": top_percent,
+        "steps": steps,
+        "tracking_s": seconds,
+        "steps_per_s": steps / seconds if seconds > 0 else None,
+        "rng_seed": rng_seed,
+        "tensor": field_.source,
+        **ending_summary(geodesic.ending_totals(batches), params),
+    }
+    if len(tractogram) == 0:
+        provenance["empty_reason"] = geodesic_empty_reason(provenance)
+        notes.append(f"0 streamlines: {provenance['empty_reason']}")
+    return TrackResult(tractogram, provenance, notes)
+
+
+def _keep_fibres(batch, keep: np.ndarray):
+    """The fibres of a geodesic batch where ``keep`` is True."""
+    keep = np.asarray(keep, dtype=bool)
+    lengths = np.diff(batch.offsets)
+    per_point = np.repeat(keep, lengths)
+    offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(batch.offsets.dtype)
+    fields = {name: getattr(batch, name)[keep] for name in batch.FIBRE_FIELDS}
+    return type(batch)(
+        points=batch.points[per_point], offsets=offsets, cm=batch.cm[per_point], provenance=batch.provenance, **fields
+    )
+
+
+def geodesic_from_regions(field_: TensorField, regions: Regions, **options) -> TrackResult:
+    """Geodesic tracking with a document's ROIs in their roles (:mod:`app.regions`): fibres shot
+    from the seed union to the targets' union (kept when they reach any target, ranked where
+    they first do), and kept only when they pass every waypoint; the exclusion union is taken
+    out of the tracking mask (the fitted voxels). Geodesic fibres run to the edge of the mask:
+    stop ROIs are not used. ``options`` go to :func:`geodesic_pipeline`."""
+    _seeded(regions)
+    mask = field_.mask if regions.exclusion is None else field_.mask & ~regions.exclusion
+    include = [region.mask for region in regions.waypoints]
+    result = geodesic_pipeline(
+        field_, seed_mask=regions.seed, target=regions.target_union, mask=mask, include=include, **options
+    )
+    result.notes[:0] = regions.notes
+    if regions.stop is not None:
+        result.notes.append("geodesic tracking does not use stop ROIs")
+    return result
+
+
+def _geodesic_tractogram(batch, field_: TensorField, name: str, ranked_at_target: bool, directions: int) -> Tractogram:
+    if batch is None:
+        return Tractogram(np.zeros((0, 3)), np.zeros(1, np.int64), affine=field_.affine, dimensions=field_.shape,
+                          point_scalars={"cm": np.zeros(0, np.float32)},
+                          streamline_scalars={"cm": np.zeros(0, np.float32)}, name=name)  # fmt: skip
+    cm = batch.cm_target if ranked_at_target else batch.cm_end
+    return Tractogram(
+        batch.points,
+        batch.offsets,
+        affine=field_.affine,
+        dimensions=field_.shape,
+        point_scalars={"cm": batch.cm.astype(np.float32)},
+        streamline_scalars={
+            "cm": cm.astype(np.float32),
+            "cm_end": batch.cm_end.astype(np.float32),
+            "seed_point": (batch.fiber // max(directions, 1)).astype(np.float32),
+        },
+        name=name,
+    )
