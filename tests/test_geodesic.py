@@ -231,8 +231,9 @@ def test_bad_parameters(bad):
 @pytest.mark.parametrize("integrator", ["euler", "rk2", "rk4"])
 def test_kernel_matches_the_numpy_reference(integrator):
     """float32 kernel vs float64 reference on a curved field, 1000 steps: endpoints within 1e-3
-    voxel, CM within 1e-4 relative."""
-    fld = prepare_metric(arc_field(), (2.0, 2.0, 2.0), device="cpu")
+    voxel, CM within 1e-4 relative, in the metric this bound was set for (D⁻¹; the conformal
+    metrics' kernel is held to the reference in test_geodesic_metrics)."""
+    fld = prepare_metric(arc_field(), (2.0, 2.0, 2.0), MetricParams(metric="inverse"), device="cpu")
     starts = np.tile([[24.0, 15.0, 15.0]], (64, 1))
     dirs = geodesic.fibonacci_directions(64)
     params = GeodesicParams(step=0.1, max_steps=1000, integrator=integrator, store_every=1)
