@@ -343,14 +343,24 @@ SEGMENT_BYTES_PER_POINT = 1024
 SEGMENT_BYTES = 4 + 4 + 8 + 2
 
 
+class NonFinitePoints(ValueError):
+    """Streamline points that are NaN or infinite (on the grid), met while cutting segments."""
+
+
+def _finite(xp, chunk, lo: int):
+    if not bool(xp.isfinite(chunk).all()):
+        raise NonFinitePoints(f"streamline points from number {lo} on include NaN or infinite coordinates")
+    return chunk
+
+
 def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
     """Points ``lo … hi − 1`` as float64 voxel coordinates (``to_voxel``: a 4×4 affine from the
     points' frame, or None when they are voxel coordinates already); the same arithmetic as
     :meth:`Tractogram.points_on`, one chunk at a time."""
     chunk = np.asarray(points[lo:hi], dtype=np.float64)
     if to_voxel is None:
-        return chunk
-    return chunk @ to_voxel[:3, :3].T + to_voxel[:3, 3]
+        return _finite(np, chunk, lo)
+    return _finite(np, chunk @ to_voxel[:3, :3].T + to_voxel[:3, 3], lo)
 
 
 def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
@@ -478,9 +488,9 @@ def _device_voxel_points(xp, points, lo: int, hi: int, to_voxel):
     precision (float32: a third of the bytes of float64) and transformed there."""
     chunk = xp.asarray(np.ascontiguousarray(points[lo:hi])).astype(xp.float64)
     if to_voxel is None:
-        return chunk
+        return _finite(xp, chunk, lo)
     m = xp.asarray(to_voxel)
-    return chunk @ m[:3, :3].T + m[:3, 3]
+    return _finite(xp, chunk @ m[:3, :3].T + m[:3, 3], lo)
 
 
 #: Device bytes each segment holds while the device-resident segments are built (the chunks'

@@ -119,7 +119,12 @@ def test_synthetic_trx_outputs_are_the_bytes_of_the_whole_copies(tmp_path, monke
     tract = load_tractogram(folder / "tracts.tck", reference=(nib.load(dwi).affine, (12, 12, 12)))
     save_tractogram(tract, folder / "tracts.trx")
     result, suffix = commit_from_files(
-        dwi, folder / "tracts.trx", mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20), device="cpu"
+        dwi,
+        folder / "tracts.trx",
+        mask=folder / "mask.nii.gz",
+        params=CommitParams(max_iter=20),
+        device="cpu",
+        mapped=False,  # read into voxel coordinates, as the whole copies are made from
     )
     assert suffix == ".trx"
     _write_whole(result, tmp_path / "whole", suffix)
@@ -175,3 +180,63 @@ def test_maps_hold_blocks_of_rows_not_the_signal(large_result, monkeypatch):
     peak = _peak_bytes(large_result.maps)
     print(f"\nmaps: peak {peak / 1e6:.2f} MB; model {large_result.model.nbytes / 1e6:.1f} MB")
     assert peak < 0.25 * large_result.model.nbytes
+
+
+def test_a_trx_used_as_stored_writes_its_own_positions_and_fits_as_when_converted(tmp_path):
+    """An uncompressed .trx is cut into segments from its millimetres and the kept streamlines
+    are written with the very bytes of the input (positions and per-point scalars); the fit
+    equals the one on the tractogram converted to voxels up to float32 rounding of the points."""
+    from tractlens.app.io.tractogram_mapped import MappedTractogram
+
+    folder = synthetic_files(tmp_path / "in", 300, shape=(12, 12, 12), n_meas=20, points=40)
+    dwi = folder / "dwi.nii"
+    tract = load_tractogram(folder / "tracts.tck", reference=(nib.load(dwi).affine, (12, 12, 12)))
+    tract.point_scalars["fa"] = np.random.default_rng(0).uniform(0, 1, len(tract.points)).astype(np.float32)
+    save_tractogram(tract, folder / "tracts.trx")
+    args = (dwi, folder / "tracts.trx")
+    kwargs = dict(mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20), device="cpu")
+    mapped, _ = commit_from_files(*args, **kwargs)
+    converted, _ = commit_from_files(*args, **kwargs, mapped=False)
+    assert isinstance(mapped.tractogram, MappedTractogram)
+    # a point on a voxel boundary may fall on the other side after the other rounding: compare
+    # what does not depend on that, each streamline's length inside the mask
+    per_fiber = [
+        np.bincount(r.problem.segments.fiber, r.problem.segments.length, minlength=300) for r in (mapped, converted)
+    ]
+    np.testing.assert_allclose(*per_fiber, rtol=1e-5)
+    # the pieces that moved across a boundary change the fit a little (1.5e-4 here)
+    np.testing.assert_allclose(mapped.weights, converted.weights, rtol=1e-3, atol=1e-6)
+    mapped.weights[::3] = 0.0
+    write_commit_outputs(mapped, tmp_path / "out", ".trx")
+    keep = mapped.weights > 0
+    with (
+        zipfile.ZipFile(folder / "tracts.trx") as a,
+        zipfile.ZipFile(tmp_path / "out" / "tractogram_filtered.trx") as b,
+    ):
+        source = np.frombuffer(a.read("positions.3.float32"), "<f4").reshape(-1, 3)
+        written = np.frombuffer(b.read("positions.3.float32"), "<f4").reshape(-1, 3)
+        fa_in = np.frombuffer(a.read("dpv/fa.float32"), "<f4")
+        fa_out = np.frombuffer(b.read("dpv/fa.float32"), "<f4")
+    point_keep = np.repeat(keep, mapped.tractogram.lengths)
+    np.testing.assert_array_equal(written, source[point_keep])  # the input's own bytes
+    np.testing.assert_array_equal(fa_out, fa_in[point_keep])
+    back = load_tractogram(tmp_path / "out" / "tractogram_filtered.trx")
+    assert len(back) == int(keep.sum())
+    np.testing.assert_allclose(back.streamline_scalars["commit_weight"], mapped.weights[keep].astype(np.float32))
+
+
+def test_a_trx_with_a_nan_point_is_refused_naming_the_file(tmp_path):
+    from tractlens.app.errors import InputError
+
+    folder = synthetic_files(tmp_path / "in", 50, shape=(12, 12, 12), n_meas=20, points=40)
+    dwi = folder / "dwi.nii"
+    tract = load_tractogram(folder / "tracts.tck", reference=(nib.load(dwi).affine, (12, 12, 12)))
+    save_tractogram(tract, folder / "tracts.trx")
+    with zipfile.ZipFile(folder / "tracts.trx") as z:
+        info = z.getinfo("positions.3.float32")
+    with open(folder / "tracts.trx", "r+b") as f:  # the first point's x, in place
+        f.seek(info.header_offset + 30 + len(info.filename) + len(info.extra))
+        f.write(np.float32(np.nan).tobytes())
+    with pytest.raises(InputError, match="NaN or infinite") as caught:
+        commit_from_files(dwi, folder / "tracts.trx", params=CommitParams(max_iter=2), device="cpu")
+    assert str(folder / "tracts.trx") in str(caught.value)

@@ -117,8 +117,10 @@ class TractogramWriter:
         positions_dtype: str = "float32",
         background: bool = False,
         queued_points: int = QUEUED_POINTS,
+        points_in_mm: bool = False,
     ):
         self.path = check_output_suffix(path)
+        self.points_in_mm = points_in_mm
         self.suffix = _suffix(self.path)
         if positions_dtype not in POSITION_DTYPES:
             raise ValueError(f"positions_dtype must be one of {', '.join(POSITION_DTYPES)}, got {positions_dtype!r}")
@@ -148,8 +150,15 @@ class TractogramWriter:
             self._worker = threading.Thread(target=self._write_queued, name="tractogram writer", daemon=True)
             self._worker.start()
 
+    def world(self, points) -> np.ndarray:
+        """A part's points as float32 RAS mm for the file."""
+        if self.points_in_mm:
+            return np.asarray(points, dtype=np.float32)
+        return points_world_float32(points, self.affine)
+
     def append(self, part: Tractogram) -> None:
-        """Write the streamlines of ``part`` (voxel coordinates of this writer's grid)."""
+        """Write the streamlines of ``part`` (voxel coordinates of this writer's grid, or RAS mm for
+        a writer opened with ``points_in_mm``)."""
         if not self._open:
             raise ValueError(f"{self.path}: the writer is closed")
         if not np.array_equal(part.affine, self.affine):
@@ -273,10 +282,13 @@ def open_tractogram_writer(
     positions_dtype: str = "float32",
     background: bool = False,
     queued_points: int = QUEUED_POINTS,
+    points_in_mm: bool = False,
 ) -> TractogramWriter:
     """A :class:`TractogramWriter` for ``path`` (format from the suffix) on the grid
     (``affine`` voxel -> RAS mm, ``dimensions``) of the parts to come; ``background``: written
-    by a thread while the caller goes on (at most ``queued_points`` points queued)."""
+    by a thread while the caller goes on (at most ``queued_points`` points queued);
+    ``points_in_mm``: the parts' points are RAS mm already (a tractogram read as it is stored,
+    :mod:`.tractogram_mapped`), written as they are."""
     return TractogramWriter(
         path,
         affine,
@@ -285,6 +297,7 @@ def open_tractogram_writer(
         positions_dtype=positions_dtype,
         background=background,
         queued_points=queued_points,
+        points_in_mm=points_in_mm,
     )
 
 
@@ -318,7 +331,7 @@ class _NibabelParts:
     def append(self, part: Tractogram) -> None:
         keep = self.writer.keep_scalars
         data = self._encode(
-            points_world_float32(part.points, self.writer.affine),
+            self.writer.world(part.points),
             part.offsets,
             part.point_scalars if keep else {},
             part.streamline_scalars if keep else {},
@@ -393,7 +406,7 @@ class _TrxParts:
         starts = part.offsets[:-1] + writer.points
         if starts[-1] > np.iinfo(np.uint32).max:
             raise ValueError(f"{writer.path}: more than 2^32 points do not fit trx-python's uint32 offsets")
-        positions = points_world_float32(part.points, writer.affine).astype(writer.positions_dtype, copy=False)
+        positions = writer.world(part.points).astype(writer.positions_dtype, copy=False)
         positions = positions.astype(positions.dtype.newbyteorder("<"), copy=False)
         if self.positions is None:
             self.positions = self.zip.open(f"positions.3.{positions.dtype.name}", "w", force_zip64=True)

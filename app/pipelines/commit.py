@@ -49,6 +49,7 @@ from ..grid import Grid
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import DWI
+from ..io.tractogram_mapped import open_trx_mm
 from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
 from ..timing import phase
@@ -289,16 +290,24 @@ def _commit_pipeline(
     backend = get_backend(device)
     voxel_size = np.sqrt((dwi.affine[:3, :3] ** 2).sum(0))
     started = time.perf_counter()
-    seg = commit.segments(
-        tractogram.points,
-        tractogram.offsets,
-        rows,
-        voxel_size,
-        min_length_mm=params.min_segment_mm,
-        backend=backend,
-        to_voxel=np.linalg.solve(dwi.affine, tractogram.affine),  # per chunk: no copy of the points
-        on_device=_segments_fit_on_device(backend, tractogram),
-    )
+    if getattr(tractogram, "frame", "voxel") == "mm":  # as the file stores them (tractogram_mapped)
+        to_voxel = np.linalg.inv(dwi.affine)
+    else:
+        to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
+    try:
+        seg = commit.segments(
+            tractogram.points,
+            tractogram.offsets,
+            rows,
+            voxel_size,
+            min_length_mm=params.min_segment_mm,
+            backend=backend,
+            to_voxel=to_voxel,  # per chunk: no copy of the points
+            on_device=_segments_fit_on_device(backend, tractogram),
+        )
+    except commit.NonFinitePoints as exc:
+        raise InputError(str(exc), path=getattr(tractogram, "source", None) or None,
+                         fix="The file is damaged; write it again") from None  # fmt: skip
     segments_s = time.perf_counter() - started
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
@@ -471,7 +480,10 @@ def write_kept_streamlines(
         return save_tractogram(empty, path)
     step = part_points or WRITE_PART_POINTS
     # the writer's thread writes a part while the next is gathered; two parts queued at most
-    with open_tractogram_writer(path, tract.affine, tract.dimensions, background=True, queued_points=2 * step) as out:
+    in_mm = getattr(tract, "frame", "voxel") == "mm"  # points as the file stored them: written as they are
+    with open_tractogram_writer(
+        path, tract.affine, tract.dimensions, background=True, queued_points=2 * step, points_in_mm=in_mm
+    ) as out:
         for first, last in _streamline_parts(tract.offsets, step):
             out.append(_kept_part(tract, keep, weights, first, last))
     return out.path
@@ -545,12 +557,18 @@ def commit_from_files(
     progress=None,
     cancelled=None,
     max_block_segments: int | None = None,
+    mapped: bool = True,
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
-    returns the result and the tractogram's suffix (for the filtered output)."""
+    returns the result and the tractogram's suffix (for the filtered output). ``mapped``: an
+    uncompressed .trx is read as stored (:mod:`app.io.tractogram_mapped`) rather than into
+    voxel coordinates; the streamlines written back are then its own bytes."""
     with phase("read"):
         dwi = load_dwi(dwi_path, bval, bvec)
-        tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
+        # an uncompressed .trx is used as stored (mapped millimetres: no conversion, no copy)
+        tract = open_trx_mm(tractogram_path) if mapped else None
+        if tract is None:
+            tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
     if len(tract) == 0:  # said before the fit's set-up, naming the file
         raise InputError(
             "the tractogram holds 0 streamlines: COMMIT needs at least one",
