@@ -664,7 +664,6 @@ class Problem:
 
 CHUNK = 1 << 18  # segments per step of the NumPy reference and of row-sorted passes (bounded memory)
 DEVICE_CHUNK = 1 << 26  # segments per step of row-sorted passes over segments on the device
-HOST_PASS_CHUNK = 1 << 23  # segments brought from the device to the host at a time (about 130 MB)
 
 
 def ec_compartments(row: np.ndarray, orient: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -711,14 +710,38 @@ def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarr
     same sums, in the same order, as one ``bincount``). Each chunk adds only to its own rows: a
     chunk never splits a row, so every row is one chunk's sum, as when each chunk's ``bincount``
     of all rows was added (0 + s is s), without an ``n_rows`` temporary per chunk."""
+    if seg.on_device:
+        return _device_ic_per_row(seg, fiber_weight, n_rows)
     out = np.zeros(n_rows)
-    size = HOST_PASS_CHUNK if seg.on_device else CHUNK
-    for part in row_chunks(seg.row, size):  # device segments come to the host a chunk at a time
+    for part in row_chunks(seg.row):
         rows = _host(seg.row[part])
         first, last = int(rows[0]), int(rows[-1]) + 1
         weights = _host(seg.length[part]) * fiber_weight[_host(seg.fiber[part])]
         out[first:last] += np.bincount(rows - first, weights=weights, minlength=last - first)
     return out
+
+
+#: One thread per voxel row adds its segments' length × weight in their order, from 0: the
+#: additions ``bincount`` makes, in the same order (the product rounded on its own: no FMA).
+_ROW_SUMS = (
+    "raw int64 start, raw float64 length, raw int32 fiber, raw float64 weight",
+    "float64 out",
+    "double s = 0.0; for (long long k = start[i]; k < start[i + 1]; ++k) s += __dmul_rn(length[k], weight[fiber[k]]);"
+    " out = s;",
+    "tractlens_commit_ic_per_row",
+)
+
+
+def _device_ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarray:
+    """:func:`ic_per_row` of segments on the device, computed there, bit for bit the host's."""
+    xp = array_module(seg.row)
+    start = xp.searchsorted(seg.row, xp.arange(n_rows + 1, dtype=seg.row.dtype)).astype(xp.int64)
+    out = xp.empty(n_rows, dtype=xp.float64)
+    if n_rows:
+        kernel = xp.ElementwiseKernel(*_ROW_SUMS)
+        weight = xp.asarray(np.asarray(fiber_weight, dtype=np.float64))
+        kernel(start, seg.length, seg.fiber.astype(xp.int32, copy=False), weight, out)
+    return _host(out)
 
 
 def _add_sorted(y: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:

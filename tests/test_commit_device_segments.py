@@ -153,3 +153,26 @@ def test_gpu_operator_on_device_segments_equals_the_one_on_host_segments():
     np.testing.assert_array_equal(backend.to_host(b.a(x)), backend.to_host(a.a(x)))
     np.testing.assert_array_equal(backend.to_host(b.at(y)), backend.to_host(a.at(y)))
     np.testing.assert_array_equal(b.column_norms(), a.column_norms())
+
+
+@pytest.mark.gpu
+def test_gpu_ic_per_row_is_the_host_bincount_bit_for_bit():
+    """The per-row sums made on the device (one thread per row, in segment order, products not
+    fused) equal the host's ``bincount`` exactly, empty rows included."""
+    from tractlens.gpu.backend import get_backend
+
+    backend = get_backend("gpu")
+    points, offsets, rows = _inputs(9, n=500)
+    host = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, on_device=True)
+    weight = np.random.default_rng(3).random(host.n_fibers)
+    n_rows = int(rows.max()) + 1  # rows past the last with segments stay 0
+    want = commit.ic_per_row(host, weight, n_rows)
+    got = commit.ic_per_row(device, weight, n_rows)
+    assert (want == 0).any() and isinstance(got, np.ndarray)
+    resident = commit.Segments(
+        backend.xp.asarray(host.row), backend.xp.asarray(host.fiber), backend.xp.asarray(host.length),
+        backend.xp.asarray(host.orient), host.n_fibers,
+    )  # fmt: skip
+    np.testing.assert_array_equal(commit.ic_per_row(resident, weight, n_rows), want)  # the same segments: exact
+    np.testing.assert_allclose(got, want, rtol=1e-12)  # segments cut on the device: lengths within 1e-12
