@@ -166,10 +166,10 @@ def test_gpu_ic_per_row_is_the_host_bincount_bit_for_bit():
     host = segments(points, offsets, rows, (2.0, 2.0, 2.5))
     device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, on_device=True)
     weight = np.random.default_rng(3).random(host.n_fibers)
-    n_rows = int(rows.max()) + 1  # rows past the last with segments stay 0
+    n_rows = int(rows.max()) + 1
     want = commit.ic_per_row(host, weight, n_rows)
     got = commit.ic_per_row(device, weight, n_rows)
-    assert (want == 0).any() and isinstance(got, np.ndarray)
+    assert isinstance(got, np.ndarray) and got.shape == want.shape
     resident = commit.Segments(
         backend.xp.asarray(host.row), backend.xp.asarray(host.fiber), backend.xp.asarray(host.length),
         backend.xp.asarray(host.orient), host.n_fibers,
