@@ -286,6 +286,33 @@ def test_probabilistic_tracking_from_the_mapped_cache_is_the_same(
         assert np.array_equal(result.paths, results[0].paths) and result.waytotal == results[0].waytotal
 
 
+def test_the_tracking_field_is_kept_beside_the_cache_entry_and_mapped_next_time(tmp_path, rng, cache_dir, monkeypatch):
+    """The field tracking derives from the samples (unit directions in voxel axes, fractions,
+    index) is saved in the entry when first made and mapped by later runs: equal arrays, no
+    trigonometry; a damaged one (wrong shape) is made again."""
+    from tractlens.app.pipelines import probabilistic as prob
+
+    folder = _bedpostx(tmp_path / "s.bedpostX", rng)
+    made = prob.sample_field(load_bedpostx(folder))  # read, cached, field made and kept
+    entry = bedpostx_cache.entry_dir(folder)
+    assert sorted(p.name for p in entry.glob("field_*")) == [
+        f"field_{k}-v{bedpostx_cache.DERIVED_VERSION}.npy" for k in ("dirs", "f", "index")
+    ]
+
+    def no_trigonometry(*args):
+        raise AssertionError("the field was made again")
+
+    with monkeypatch.context() as m:
+        m.setattr(prob, "_sample_field", no_trigonometry)
+        mapped = prob.sample_field(load_bedpostx(folder))
+    for name in ("dirs", "f", "index", "voxel_size"):
+        assert np.array_equal(getattr(mapped, name), getattr(made, name)), name
+    assert _maps_a_file(mapped.dirs)
+    np.save(entry / f"field_f-v{bedpostx_cache.DERIVED_VERSION}.npy", np.zeros((2, 2), np.float32))  # damaged
+    again = prob.sample_field(load_bedpostx(folder))
+    assert np.array_equal(again.f, made.f) and not _maps_a_file(again.f)
+
+
 def test_dyads_computed_in_blocks_are_those_of_the_whole_mask(rng, monkeypatch):
     from tractlens.gpu.ballstick import dyadic_mean
 

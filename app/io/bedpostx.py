@@ -45,6 +45,9 @@ class BedpostSamples:
     mask: np.ndarray
     affine: np.ndarray
     path: str = ""
+    #: the cache entry these samples were mapped from or written to (None: not cached), where
+    #: what tracking derives from them is kept too (:func:`~app.io.bedpostx_cache.save_derived`)
+    cache_entry: Path | None = None
 
     @property
     def n_fibres(self) -> int:
@@ -118,6 +121,7 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
                 mask=cached["mask"],
                 affine=cached["affine"],
                 path=str(folder),
+                cache_entry=bedpostx_cache.entry_dir(folder),
             )
         prints = bedpostx_cache.fingerprint(sources)
     writer = None
@@ -126,7 +130,7 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
     try:
         samples = _read_folder(folder, mask_path, fibres, writer)
         if writer is not None:
-            writer.commit(samples.affine)
+            samples.cache_entry = writer.commit(samples.affine)
     finally:
         if writer is not None:
             writer.abandon()  # after an error while reading: no half entry left behind

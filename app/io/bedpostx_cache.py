@@ -40,6 +40,15 @@ FORMAT_VERSION = 1
 #: Sources modified less than this many seconds before a read are not cached.
 SETTLE_S = 2.0
 ARRAYS = ("theta", "phi", "f", "mask")
+#: What tracking derives from the samples (the engine's field: unit stick directions in voxel
+#: axes, fractions, the voxel index), kept beside an entry once made (see :func:`save_derived`)
+DERIVED = ("field_dirs", "field_f", "field_index")
+#: Bumped whenever how the derived arrays are made changes (their files carry it in the name)
+DERIVED_VERSION = 1
+
+
+def _derived_file(entry: Path, name: str) -> Path:
+    return entry / f"{name}-v{DERIVED_VERSION}.npy"
 
 
 def cache_root() -> Path:
@@ -199,3 +208,37 @@ def write_entry(folder: Path, sources: list[Path], arrays: dict[str, np.ndarray]
         for name in ARRAYS:
             writer.save(name, arrays[name])
     return writer.commit(arrays["affine"])
+
+
+def load_derived(entry: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray] | None:
+    """The derived arrays kept in ``entry`` (mapped, copy-on-write), or None when any is missing
+    or damaged (or, with ``shapes``, of other shapes)."""
+    try:
+        arrays = {name: np.load(_derived_file(entry, name), mmap_mode="c", allow_pickle=False) for name in DERIVED}
+    except (OSError, ValueError):
+        return None
+    if shapes is not None and any(tuple(arrays[k].shape) != tuple(v) for k, v in shapes.items()):
+        return None
+    return {name: np.asarray(a) for name, a in arrays.items()}
+
+
+def save_derived(entry: Path, arrays: dict[str, np.ndarray]) -> bool:
+    """Keep derived arrays in an existing entry: each written under a temporary name and renamed,
+    so a reader sees all of one or none (a reader needs all of :data:`DERIVED`). A failure is one
+    info line: the arrays are made again next time."""
+    if not (entry / "manifest.json").exists():
+        return False
+    written = []
+    try:
+        for name in DERIVED:
+            tmp = entry / f".{name}.tmp-{secrets.token_hex(4)}.npy"
+            np.save(tmp, np.asarray(arrays[name]), allow_pickle=False)
+            written.append((tmp, _derived_file(entry, name)))
+        for tmp, final in written:
+            os.replace(tmp, final)
+    except OSError as exc:
+        for tmp, _ in written:
+            tmp.unlink(missing_ok=True)
+        log.info("could not keep the tracking field beside %s (%s)", entry, exc)
+        return False
+    return True

@@ -91,14 +91,36 @@ def max_batch_streamlines(n_voxels: int, device: str = "auto") -> int:
 
 
 def sample_field(samples: BedpostSamples) -> SampleField:
-    """bedpostX samples (FSL frame) as the engine's field: stick directions in voxel axes."""
+    """bedpostX samples (FSL frame) as the engine's field: stick directions in voxel axes.
+    Samples from the bedpostX cache keep their field beside them once made (the same arrays,
+    mapped: a later run skips the trigonometry and reordering of every sample)."""
+    from ..io import bedpostx_cache
+
+    voxel_size = np.sqrt((samples.affine[:3, :3] ** 2).sum(axis=0))
+    entry = getattr(samples, "cache_entry", None)
+    n, n_fibres, n_samples = int(samples.mask.sum()), samples.n_fibres, samples.n_samples
+    shapes = {
+        "field_dirs": (n, n_samples, n_fibres, 3),
+        "field_f": (n, n_samples, n_fibres),
+        "field_index": samples.mask.shape,
+    }
+    if entry is not None and (kept := bedpostx_cache.load_derived(entry, shapes)) is not None:
+        return SampleField(kept["field_dirs"], kept["field_f"], kept["field_index"], voxel_size)
+    field_ = _sample_field(samples, voxel_size)
+    if entry is not None:
+        bedpostx_cache.save_derived(
+            entry, {"field_dirs": field_.dirs, "field_f": field_.f, "field_index": field_.index}
+        )
+    return field_
+
+
+def _sample_field(samples: BedpostSamples, voxel_size: np.ndarray) -> SampleField:
     mask = samples.mask
     dirs = angles_to_vectors(np, samples.theta[mask], samples.phi[mask]).astype(np.float32)  # (n, L, S, 3)
     if x_flip_needed(samples.affine):
         dirs[..., 0] *= -1.0
     index = np.full(mask.shape, -1, dtype=np.int32)
     index[mask] = np.arange(int(mask.sum()), dtype=np.int32)
-    voxel_size = np.sqrt((samples.affine[:3, :3] ** 2).sum(axis=0))
     return SampleField(
         np.ascontiguousarray(dirs.transpose(0, 2, 1, 3)),
         np.ascontiguousarray(samples.f[mask].transpose(0, 2, 1), dtype=np.float32),
