@@ -617,8 +617,9 @@ def markdown(results: dict) -> str:
         )
         units = f"{r['units']:,.0f} {r['unit']}" if r["units"] else "–"
         anon = f" ({_gb(r['host_peak_anon_bytes'])})" if r.get("host_peak_anon_bytes") else ""
+        first = f" (first run {_s(r['first_run']['wall_s'])})" if r.get("first_run") else ""
         lines.append(
-            f"| {r['command']} | {r['scale']:g} | {_s(r['wall_s'])} | {_s(r['gpu_work_s'])} | {_s(r['read_s'])} "
+            f"| {r['command']} | {r['scale']:g} | {_s(r['wall_s'])}{first} | {_s(r['gpu_work_s'])} | {_s(r['read_s'])} "
             f"| {_s(r['compute_s'])} | {_s(r['write_s'])} | {_s(r['other_s'])} | {_gb(r['host_peak_bytes'])}{anon} "
             f"| {device} | {units} | {per} |"
         )
@@ -648,6 +649,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"), help="the commands' --device")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="threads making the subject")
     p.add_argument("--timeout", type=float, default=580.0, help="seconds a command may run")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each command; the table gives the last, and the first's wall time beside it "
+        "(2: what a first use costs, compiling kernels and building caches, against a later run)",
+    )
     p.add_argument("--results", type=Path, default=RESULTS, help="folder of e2e_<gpu>.json/.md")
     p.add_argument("--tag", help="name of the results (default: the GPU's, e.g. h100; cpu without one)")
     return p.parse_args(argv)
@@ -699,7 +707,15 @@ def main(argv=None) -> int:
         if argv[0] == "track":
             out.mkdir(parents=True)  # the tractogram's folder
         log(f"{name} at scale {scale:g}: {' '.join(argv)}")
+        first = None
+        for _ in range(args.repeat - 1):  # earlier runs: what a first use costs (compiling, caches)
+            first = first or run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
+            shutil.rmtree(out, ignore_errors=True)
+            if argv[0] == "track":
+                out.mkdir(parents=True)
         row = run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
+        if first is not None:
+            row["first_run"] = {k: first[k] for k in ("wall_s", "exit_status", "host_peak_bytes")}
         if row["exit_status"] != 0:
             shutil.rmtree(out, ignore_errors=True)  # no half output for a later command to take
         row.update(command=name, scale=scale, **describe(name, row))
