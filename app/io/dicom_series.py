@@ -281,8 +281,8 @@ def choose(series: list[DicomSeries], choice: str | None, folder: Path, *, kind:
     raise SeveralSeries(
         f"several {what}: " + "; ".join(s.label for s in candidates),
         path=folder,
-        fix="Choose one: --series NUMBER (tractlens import-dicom DIR --series NUMBER -o OUTDIR), "
-        "or give that series' own folder",
+        fix="Choose one with --series NUMBER (tractlens view DIR --series NUMBER, or tractlens import-dicom DIR "
+        "--series NUMBER -o OUTDIR), or give that series' own folder",
         candidates=candidates,
     )
 

@@ -102,3 +102,28 @@ def test_several_diffusion_series_and_no_choice_opens_nothing_and_says_why(windo
     assert window.wait_for_jobs(60)
     assert window.document.layers == []
     assert any("several diffusion series" in error for error in map(str, window.errors))
+
+
+def test_view_a_folder_with_several_diffusion_series_names_series_and_opens_the_one_chosen(cd, capsys, monkeypatch):
+    from tractlens.widgets import launcher
+
+    monkeypatch.setattr(dialogs, "_scripted", dialogs._scripted)  # the launcher marks the run scripted
+    opened = []
+    make_window = launcher._window
+
+    def keep(args, *, scripted):
+        app, window = make_window(args, scripted=scripted)
+        opened.append(window)
+        return app, window
+
+    monkeypatch.setattr(launcher, "_window", keep)
+    assert launcher.run_gui(["view", str(cd), "--exit", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "several diffusion series" in err and "tractlens view DIR --series NUMBER" in err
+    assert opened[-1].document.layers == []
+    assert launcher.run_gui(["view", str(cd), "--series", "6", "--exit", "--device", "cpu"]) == 0
+    names = [layer.name for layer in opened[-1].document.layers]
+    assert "ep2d_diff_b1000_repeat" in names and "ep2d_diff_b1000" not in names and "T1w MPRAGE" in names
+    with pytest.raises(SystemExit):
+        launcher.run_gui(["view", str(cd / "S2" / "missing.nii.gz"), "--series", "6", "--exit"])
+    assert "--series chooses a series of a DICOM folder" in capsys.readouterr().err
