@@ -266,13 +266,16 @@ class DicomExportParams:
 
     formats: str = field(
         default="seg,rtstruct,overlay",
-        metadata=meta(
-            "DICOM objects",
-            "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
-            "series with the bundles burned in, not for diagnosis)",
-            flags=("--as",),
-            metavar="LIST",
-        ),
+        metadata={
+            **meta(
+                "DICOM objects",
+                "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
+                "series with the bundles burned in, not for diagnosis)",
+                flags=("--as",),
+                metavar="LIST",
+            ),
+            "several": DICOM_EXPORTS,  # any of them, comma-separated: a check box each in a form
+        },
     )
     dilate_mm: float = field(
         default=0.0,

@@ -77,10 +77,11 @@ def test_drop_a_dicom_folder_choose_the_series_and_export_for_navigation(window,
     assert window.wait_for_jobs(60) and window.errors == []
 
     out = tmp_path / "navigation"
-    with dialogs.answers(folder=[str(cd / "S2"), str(out)]):
+    with dialogs.answers(navigation_export=[{"outdir": str(out)}]):  # onto the T1 opened: the default
         _action(window, "Export for na&vigation…").trigger()
         assert window.wait_for_jobs(120)
     assert window.errors == []
+    assert window.job_panel.detail.text() == "export for navigation: done"
     seg = pydicom.dcmread(next((out / "SEG").glob("*.dcm")))
     assert seg.Modality == "SEG" and seg.FrameOfReferenceUID == FRAME and seg.StudyInstanceUID == STUDY
     assert seg.SegmentSequence[0].SegmentLabel == "cc"
@@ -127,3 +128,47 @@ def test_view_a_folder_with_several_diffusion_series_names_series_and_opens_the_
     with pytest.raises(SystemExit):
         launcher.run_gui(["view", str(cd / "S2" / "missing.nii.gz"), "--series", "6", "--exit"])
     assert "--series chooses a series of a DICOM folder" in capsys.readouterr().err
+
+
+def test_export_dialog_is_the_params_form_with_de_identification_off_and_said_so(qtbot, tmp_path):
+    """File ▸ Export for navigation…'s form: the objects, dilation and de-identification come from
+    DicomExportParams; a bad entry is said in the dialog, which stays open with what was entered."""
+    from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox
+
+    from tractlens.app.params import DicomExportParams
+
+    reference = tmp_path / "T1"
+    reference.mkdir()
+    defaults = {"formats": DicomExportParams().formats, "dilate_mm": 0.0, "deidentify": False,
+                "reference": str(reference), "reference_series": "1.2.3", "outdir": "",
+                "bundles": ["CST left"], "lesion": "lesion"}  # fmt: skip
+    dialog = dialogs._NavigationExportDialog(None, defaults, [("CST left", True), ("AF left", False)],
+                                             ["lesion"], 'series 2 "T1w MPRAGE"')  # fmt: skip
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    editors = dialog.form.editors
+    boxes = {name: box.isChecked() for name, box in editors["formats"].boxes.items()}
+    assert boxes == {"seg": True, "rtstruct": True, "overlay": True}
+    assert isinstance(editors["dilate_mm"], QDoubleSpinBox) and editors["dilate_mm"].suffix() == " mm"
+    assert isinstance(editors["deidentify"], QCheckBox) and not editors["deidentify"].isChecked()
+    assert dialog.deidentify_note.isVisible() and "OFF" in dialog.deidentify_note.text()
+    dialog.grab().save(str(ARTIFACTS / "dicom_export_dialog.png"))
+
+    for box in editors["formats"].boxes.values():
+        box.setChecked(False)
+    dialog.accept()
+    assert dialog.isVisible() and dialog.choice is None and "at least one DICOM object" in dialog.problem.text()
+    editors["formats"].boxes["seg"].setChecked(True)
+    editors["deidentify"].setChecked(True)
+    assert "ON" in dialog.deidentify_note.text()
+    editors["dilate_mm"].setValue(1.5)
+    dialog.accept()
+    assert dialog.isVisible() and "folder to write" in dialog.problem.text()
+    dialog.outdir.setText(str(tmp_path / "out"))
+    dialog.accept()
+    assert not dialog.isVisible()
+    choice = dialog.choice
+    assert choice["params"] == DicomExportParams(formats="seg", dilate_mm=1.5, deidentify=True)
+    assert choice["bundles"] == ["CST left"] and choice["lesion"] == "lesion"
+    assert choice["reference"] == str(reference) and choice["reference_series"] == "1.2.3"
