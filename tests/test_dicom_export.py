@@ -183,3 +183,30 @@ def test_export_into_a_folder_with_an_earlier_export_keeps_it_and_writes_nothing
     assert "exists already" in capsys.readouterr().err
     assert sorted(p.stat().st_mtime_ns for p in (case["dir"] / "out").rglob("*")) == first
     assert not (case["dir"] / "out" / "RTSTRUCT").exists()
+
+
+def test_report_section_lists_each_object_with_its_uids_the_reference_de_identification_and_dilation(case, capsys):
+    from types import SimpleNamespace
+
+    from tractlens.app.report_data import export_rows, export_summary, navigation_exports
+
+    assert _export(case, "--dilate", "2", "--deidentify") == 0
+    summary = json.loads(capsys.readouterr().out)
+    layers = [SimpleNamespace(provenance={"dicom_export": summary}) for _ in range(2)]  # two bundles, one export
+    layers.append(SimpleNamespace(provenance={"file": "t1.nii.gz"}))
+    exports = navigation_exports(SimpleNamespace(layers=layers))
+    assert exports == [summary]
+    line = export_summary(summary)
+    assert '"T1w MPRAGE"' in line and case["uids"]["series"] in line
+    assert "de-identified: yes" in line and "dilation 2 mm" in line and str(case["dir"] / "out") in line
+    rows = export_rows(summary)
+    assert [row[0] for row in rows] == ["Segmentation (SEG)", "RT Structure Set (RTSTRUCT)",
+                                        "coloured series (overlay, not for diagnosis)"]  # fmt: skip
+    for row, kind in zip(rows, ("seg", "rtstruct")):
+        written = pydicom.dcmread(summary["files"][kind][0])
+        assert row[1] == str(next((case["dir"] / "out").rglob(f"*{kind}.dcm")).relative_to(case["dir"] / "out"))
+        assert row[2] == written.SeriesInstanceUID and row[3] == written.SOPInstanceUID
+    overlay = [pydicom.dcmread(p) for p in summary["files"]["overlay"]]
+    assert rows[2][1] == f"OVERLAY/ ({SHAPE[2]} files)" and rows[2][2] == overlay[0].SeriesInstanceUID
+    assert rows[2][3].startswith(f"{SHAPE[2]} instances: {overlay[0].SOPInstanceUID} …")
+    assert rows[2][3].endswith(overlay[-1].SOPInstanceUID)

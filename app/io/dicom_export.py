@@ -158,20 +158,43 @@ LESION_COLOR = (213, 94, 0)
 
 @dataclass
 class ExportResult:
+    """What an export wrote: the files by kind, each object's UIDs (``objects``: kind, file,
+    series_instance_uid, sop_instance_uids), the structures, the reference series, whether the
+    patient's identifiers were removed and the dilation."""
+
     outdir: Path
     files: dict[str, list[Path]] = field(default_factory=dict)
     structures: list[dict] = field(default_factory=list)
     reference: dict = field(default_factory=dict)
     deidentified: bool = False
+    dilate_mm: float = 0.0
+    objects: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
             "outdir": str(self.outdir),
             "files": {kind: [str(p) for p in paths] for kind, paths in self.files.items()},
+            "objects": self.objects,
             "structures": self.structures,
             "reference": self.reference,
             "deidentified": self.deidentified,
+            "dilate_mm": self.dilate_mm,
         }
+
+
+def _object_record(kind: str, paths: list[Path], placed: list[Path]) -> dict:
+    """An object's kind, file (its folder when it is a series of files) and UIDs, read back from
+    what was written."""
+    pydicom = require("pydicom")
+    headers = [pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", "SOPInstanceUID"])
+               for p in paths]  # fmt: skip
+    return {
+        "kind": kind,
+        "file": str(placed[0] if len(placed) == 1 else placed[0].parent),
+        "instances": len(paths),
+        "series_instance_uid": str(headers[0].SeriesInstanceUID),
+        "sop_instance_uids": [str(h.SOPInstanceUID) for h in headers],
+    }
 
 
 def check_frame_of_reference(reference: ReferenceSeries, dwi_frame_uid: str | None, dwi_source: str = "") -> None:
@@ -225,7 +248,7 @@ def export_dicom(
     from . import dicom_objects as objects
 
     outdir = Path(outdir)
-    result = ExportResult(outdir, deidentified=params.deidentify)
+    result = ExportResult(outdir, deidentified=params.deidentify, dilate_mm=float(params.dilate_mm))
     result.structures = [{"name": s.name, "kind": s.kind, "voxels": int(s.mask.sum())} for s in structures]
     first = reference.first
     result.reference = {
@@ -250,9 +273,11 @@ def export_dicom(
                 raise InputError(f"{clash} exists already", path=outdir,
                                  fix="Give an empty output folder (-o), or move the earlier export away")  # fmt: skip
         for kind, paths in written.items():
+            result.files[kind] = [outdir / p.relative_to(staging) for p in paths]
+            result.objects.append(_object_record(kind, paths, result.files[kind]))
+        for paths in written.values():
             top = paths[0].relative_to(staging).parts[0]
             os.replace(staging / top, outdir / top)
-            result.files[kind] = [outdir / p.relative_to(staging) for p in paths]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result

@@ -97,6 +97,30 @@ def test_drop_a_dicom_folder_choose_the_series_and_export_for_navigation(window,
     assert "not for diagnosis" in middle.SeriesDescription
     assert (rgb.max(axis=-1).astype(int) - rgb.min(axis=-1) > 10).sum() > 20  # the bundle is drawn in colour
 
+    # nobody to ask and no answer queued: nothing is written; a bad answer is one clear error
+    _action(window, "Export for na&vigation…").trigger()
+    with dialogs.answers(navigation_export=[{"outdir": ""}]):
+        _action(window, "Export for na&vigation…").trigger()
+    assert window.wait_for_jobs(60) and len(window.errors) == 1 and "folder to write" in str(window.errors[0])
+    window.errors.clear()
+    # another reference folder (its only series), SEG only, dilated, de-identified
+    second = tmp_path / "navigation-2"
+    answer = {"outdir": str(second), "reference": str(cd / "S2"), "formats": "seg", "dilate_mm": 2.0,
+              "deidentify": True}  # fmt: skip
+    with dialogs.answers(navigation_export=[answer]):
+        _action(window, "Export for na&vigation…").trigger()
+        assert window.wait_for_jobs(120)
+    assert window.errors == [] and sorted(p.name for p in second.iterdir()) == ["SEG"]
+    seg2 = pydicom.dcmread(next((second / "SEG").glob("*.dcm")))
+    assert not str(seg2.PatientName) and seg2.PatientIdentityRemoved == "YES"
+
+    from tractlens.widgets.report import gather
+
+    exports = gather(window).exports
+    assert [e["outdir"] for e in exports] == [str(second)] and exports[0]["dilate_mm"] == 2.0
+    written = window.export_report(ARTIFACTS / "dicom_report.pdf")
+    assert written[0].suffix == ".pdf" and written[1].suffix == ".png"  # look at the section in the PNG
+
 
 def test_several_diffusion_series_and_no_choice_opens_nothing_and_says_why(window, cd):
     _drop(window, cd)  # scripted: the chooser answers None
