@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..params import DicomExportParams
+from ..params import DicomExportParams, DicomImportParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
 
@@ -34,17 +34,7 @@ def add_parsers(sub, common) -> None:
         metavar="SERIES",
         help="the series to convert (its number, description or UID): needed when several diffusion series",
     )
-    p.add_argument(
-        "--subject",
-        metavar="LABEL",
-        help="BIDS subject label (letters and digits; default: the patient ID without other characters, else 01)",
-    )
-    p.add_argument(
-        "--deidentify",
-        action="store_true",
-        help="leave the patient's name, ID, birth date and the other identifiers out of the JSON sidecars "
-        "(the subject is then sub-01 unless --subject names it)",
-    )
+    add_params(p, DicomImportParams)
     p.add_argument("--list", action="store_true", help="only list the series, convert nothing")
     p.set_defaults(func=cmd_import_dicom)
 
@@ -81,8 +71,9 @@ def cmd_import_dicom(args) -> int:
         return EXIT_OK
     check_output_folder(args.output)
     progress = Progress("import-dicom", "series", args.quiet)
-    converted = import_dicom(args.dicom_dir, args.output, series=args.series, subject=args.subject,
-                             deidentify=args.deidentify, progress=progress)  # fmt: skip
+    options = params_from_args(DicomImportParams, args)
+    converted = import_dicom(args.dicom_dir, args.output, series=args.series, subject=options.subject or None,
+                             deidentify=options.deidentify, progress=progress)  # fmt: skip
     lines = [f"{len(listed)} series in {args.dicom_dir}:", found, f"converted into {args.output}:"]
     lines += [f"  {c.series.label} -> {c.nifti}" for c in converted]
     summary = {"found": [s.as_dict() for s in listed], "converted": [c.as_dict() for c in converted]}

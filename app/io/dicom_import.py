@@ -269,11 +269,13 @@ def subject_label(series: list[DicomSeries], subject: str | None = None, *, deid
     """The BIDS subject label (without ``sub-``) of an import: ``subject`` when given (letters
     and digits only), else ``01`` when de-identified, else the patient ID reduced to letters and
     digits, else ``01``. Series of several patients without ``subject``: :class:`InputError`."""
+    folder = series[0].files[0].parent if series and series[0].files else None
     if subject is not None:
         label = str(subject).strip().removeprefix("sub-")
         if not label or not label.isascii() or not label.isalnum():
             raise InputError(
                 f"--subject {subject!r} is not a BIDS subject label",
+                path=folder,
                 fix="Give letters and digits only, e.g. --subject 042 or --subject P042",
             )
         return label
@@ -283,7 +285,7 @@ def subject_label(series: list[DicomSeries], subject: str | None = None, *, deid
     if len(labels) > 1:
         raise InputError(
             f"the series belong to several patients (IDs {', '.join(labels)})",
-            path=series[0].files[0].parent if series and series[0].files else None,
+            path=folder,
             fix="Import one patient at a time (--series NUMBER), or name the subject with --subject LABEL",
         )
     return labels[0] if labels else DEFAULT_SUBJECT
