@@ -222,6 +222,7 @@ class JobRunner(QObject):
     def _on_finished(self, job_id: int, result: object) -> None:
         job = self.jobs[job_id]
         job.state, job.result = DONE, result
+        job.message = ""  # the step it was at is over: a finished job is just done
         job.done = job.total = max(job.total, 1)
         self.job_changed.emit(job_id)
         callback = self._callbacks.pop(job_id)["done"]

@@ -266,13 +266,16 @@ class DicomExportParams:
 
     formats: str = field(
         default="seg,rtstruct,overlay",
-        metadata=meta(
-            "DICOM objects",
-            "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
-            "series with the bundles burned in, not for diagnosis)",
-            flags=("--as",),
-            metavar="LIST",
-        ),
+        metadata={
+            **meta(
+                "DICOM objects",
+                "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
+                "series with the bundles burned in, not for diagnosis)",
+                flags=("--as",),
+                metavar="LIST",
+            ),
+            "several": DICOM_EXPORTS,  # any of them, comma-separated: a check box each in a form
+        },
     )
     dilate_mm: float = field(
         default=0.0,
@@ -306,6 +309,27 @@ class DicomExportParams:
         return tuple(part.strip().lower() for part in self.formats.split(",") if part.strip())
 
 
+@dataclass(frozen=True)
+class DicomImportParams:
+    """How ``import-dicom`` names the subject and whether it keeps the patient's identifiers."""
+
+    subject: str = field(
+        default="",
+        metadata=meta(
+            "Subject",
+            "BIDS subject label, letters and digits (empty: the patient ID without other characters, else 01)",
+            flags=("--subject",),
+            metavar="LABEL",
+        ),
+    )
+    deidentify: bool = same_as(
+        DicomExportParams,
+        "deidentify",
+        help="leave the patient's name, ID, birth date and the other identifiers out of the JSON sidecars "
+        "(the subject is then 01 unless --subject names it)",
+    )
+
+
 PARAMS_TYPES = (
     DTIFitParams,
     BallStickParams,
@@ -325,4 +349,5 @@ PARAMS_TYPES = (
     ReportParams,
     StatisticsParams,
     DicomExportParams,
+    DicomImportParams,
 )

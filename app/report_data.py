@@ -225,3 +225,71 @@ def export_in_words(export: dict) -> str:
     if export.get("deidentified"):
         text += " (de-identified)"
     return text + f" to {export.get('outdir', '')}"
+
+
+# ------------------------------------------------------------------ exported for navigation
+
+#: The objects of an export for navigation in words.
+EXPORT_KINDS = {
+    "seg": "Segmentation (SEG)",
+    "rtstruct": "RT Structure Set (RTSTRUCT)",
+    "overlay": "coloured series (overlay, not for diagnosis)",
+}
+
+
+def navigation_exports(document) -> list[dict]:
+    """Every export for navigation recorded on the document's layers (each bundle keeps the
+    :meth:`app.io.dicom_export.ExportResult.as_dict` of its latest one), each export once."""
+    seen, out = set(), []
+    for layer in document.layers:
+        export = layer.provenance.get("dicom_export") if isinstance(layer.provenance, dict) else None
+        if not isinstance(export, dict):
+            continue
+        key = (export.get("outdir"), tuple(o.get("series_instance_uid") for o in export.get("objects", [])))
+        if key not in seen:
+            seen.add(key)
+            out.append(export)
+    return out
+
+
+def export_summary(export: dict) -> str:
+    """One line on an export: the reference series (description and UID), de-identified or not,
+    the dilation and the folder."""
+    reference = export.get("reference", {})
+    description = reference.get("series_description") or "no description"
+    identified = "yes (patient identifiers removed)" if export.get("deidentified") else "no (patient identifiers kept)"
+    dilation = export.get("dilate_mm")
+    dilation_text = "not recorded" if dilation is None else f"{float(dilation):g} mm"
+    return (
+        f'Onto the reference series "{description}" (series UID {reference.get("series_instance_uid") or "unknown"})'
+        f" · de-identified: {identified} · dilation {dilation_text} · in {export.get('outdir', '')}"
+    )
+
+
+def export_rows(export: dict) -> list[list[str]]:
+    """A row per object written: kind, file (relative to the export folder), series instance UID,
+    SOP instance UID (the first and last, with the count, for a series of images)."""
+    outdir = Path(str(export.get("outdir", "")))
+    rows = []
+    objects = export.get("objects") or [
+        {"kind": kind, "file": files[0] if len(files) == 1 else str(Path(files[0]).parent), "instances": len(files)}
+        for kind, files in export.get("files", {}).items()
+        if files
+    ]  # exports recorded before the UIDs were
+    for obj in objects:
+        path = Path(str(obj.get("file", "")))
+        try:
+            shown = str(path.relative_to(outdir))
+        except ValueError:
+            shown = str(path)
+        if obj.get("instances", 1) > 1:
+            shown += f"/ ({obj['instances']} files)"
+        sops = obj.get("sop_instance_uids") or []
+        sop_text = sops[0] if len(sops) == 1 else f"{len(sops)} instances: {sops[0]} … {sops[-1]}" if sops else ""
+        rows.append([
+            EXPORT_KINDS.get(obj.get("kind"), str(obj.get("kind"))),
+            shown,
+            obj.get("series_instance_uid") or "not recorded",
+            sop_text or "not recorded",
+        ])  # fmt: skip
+    return rows

@@ -183,3 +183,80 @@ def test_export_into_a_folder_with_an_earlier_export_keeps_it_and_writes_nothing
     assert "exists already" in capsys.readouterr().err
     assert sorted(p.stat().st_mtime_ns for p in (case["dir"] / "out").rglob("*")) == first
     assert not (case["dir"] / "out" / "RTSTRUCT").exists()
+
+
+def test_report_section_lists_each_object_with_its_uids_the_reference_de_identification_and_dilation(case, capsys):
+    from types import SimpleNamespace
+
+    from tractlens.app.report_data import export_rows, export_summary, navigation_exports
+
+    assert _export(case, "--dilate", "2", "--deidentify") == 0
+    summary = json.loads(capsys.readouterr().out)
+    layers = [SimpleNamespace(provenance={"dicom_export": summary}) for _ in range(2)]  # two bundles, one export
+    layers.append(SimpleNamespace(provenance={"file": "t1.nii.gz"}))
+    exports = navigation_exports(SimpleNamespace(layers=layers))
+    assert exports == [summary]
+    line = export_summary(summary)
+    assert '"T1w MPRAGE"' in line and case["uids"]["series"] in line
+    assert "de-identified: yes" in line and "dilation 2 mm" in line and str(case["dir"] / "out") in line
+    rows = export_rows(summary)
+    assert [row[0] for row in rows] == ["Segmentation (SEG)", "RT Structure Set (RTSTRUCT)",
+                                        "coloured series (overlay, not for diagnosis)"]  # fmt: skip
+    for row, kind in zip(rows, ("seg", "rtstruct")):
+        written = pydicom.dcmread(summary["files"][kind][0])
+        assert row[1] == str(next((case["dir"] / "out").rglob(f"*{kind}.dcm")).relative_to(case["dir"] / "out"))
+        assert row[2] == written.SeriesInstanceUID and row[3] == written.SOPInstanceUID
+    overlay = [pydicom.dcmread(p) for p in summary["files"]["overlay"]]
+    assert rows[2][1] == f"OVERLAY/ ({SHAPE[2]} files)" and rows[2][2] == overlay[0].SeriesInstanceUID
+    assert rows[2][3].startswith(f"{SHAPE[2]} instances: {overlay[0].SOPInstanceUID} …")
+    assert rows[2][3].endswith(overlay[-1].SOPInstanceUID)
+
+
+def test_enhanced_multiframe_reference_exports_seg_rtstruct_and_overlay_on_its_frames(case, capsys):
+    """The T1 as one Enhanced MR image (highdicom's legacy converter): SEG frames follow the
+    source frames, contours and overlay images name their frame and lie on its plane."""
+    legacy = sorted(_sorted_reference(case), key=lambda ds: -int(ds.InstanceNumber))
+    enhanced = hd.legacy.LegacyConvertedEnhancedMRImage(
+        legacy_datasets=legacy, series_instance_uid=hd.UID(), series_number=7, sop_instance_uid=hd.UID(),
+        instance_number=1,
+    )  # fmt: skip
+    folder = case["dir"] / "T1mf"
+    folder.mkdir()
+    enhanced.save_as(folder / "mf.dcm")
+    case = {**case, "reference": folder}
+    assert _export(case) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["reference"]["series_instance_uid"] == enhanced.SeriesInstanceUID
+    source = pydicom.dcmread(folder / "mf.dcm")
+    frames = source.PerFrameFunctionalGroupsSequence
+    lps_to_voxel = np.linalg.inv(np.diag([-1.0, -1.0, 1.0, 1.0]) @ AFFINE)
+    positions = [[*f.PlanePositionSequence[0].ImagePositionPatient, 1.0] for f in frames]
+    k_of_frame = [int(np.rint(lps_to_voxel[2] @ np.asarray(p, float))) for p in positions]  # the slice of each frame
+    assert sorted(k_of_frame) == list(range(SHAPE[2]))
+    seg = hd.seg.segread(summary["files"]["seg"][0])
+    numbers = list(range(1, len(frames) + 1))
+    pixels = seg.get_pixels_by_source_frame(source_sop_instance_uid=source.SOPInstanceUID,
+                                            source_frame_numbers=numbers, segment_numbers=[1, 2, 3])  # fmt: skip
+    for n, name in enumerate(("line", "tube", "lesion")):
+        back = np.zeros(SHAPE, bool)
+        for f in range(len(frames)):
+            back[:, :, k_of_frame[f]] = pixels[f, ..., n].T.astype(bool)
+        np.testing.assert_array_equal(back, case["expected"][name])
+    rtstruct = pydicom.dcmread(summary["files"]["rtstruct"][0])
+    for number, name in {roi.ROINumber: roi.ROIName for roi in rtstruct.StructureSetROISequence}.items():
+        truth, back = case["expected"][name], _rasterise(rtstruct, number, case)
+        border = ndimage.binary_dilation(truth) & ~ndimage.binary_erosion(truth)
+        assert not np.any((back ^ truth) & ~border), name
+    for item in rtstruct.ROIContourSequence[0].ContourSequence:
+        image = item.ContourImageSequence[0]
+        assert image.ReferencedSOPInstanceUID == source.SOPInstanceUID and 1 <= image.ReferencedFrameNumber <= SHAPE[2]
+    overlay = [pydicom.dcmread(p) for p in summary["files"]["overlay"]]
+    assert sorted(ds.SourceImageSequence[0].ReferencedFrameNumber for ds in overlay) == numbers
+    by_frame = {ds.SourceImageSequence[0].ReferencedFrameNumber: ds for ds in overlay}
+    for f in numbers:
+        position = frames[f - 1].PlanePositionSequence[0].ImagePositionPatient
+        np.testing.assert_allclose(by_frame[f].ImagePositionPatient, position, atol=1e-4)
+        rgb = by_frame[f].pixel_array.transpose(1, 0, 2)
+        coloured = (rgb.max(axis=-1).astype(int) - rgb.min(axis=-1)) > 10
+        union = case["expected"]["line"] | case["expected"]["tube"] | case["expected"]["lesion"]
+        np.testing.assert_array_equal(coloured, union[:, :, k_of_frame[f - 1]])

@@ -60,7 +60,7 @@ def test_imported_dwi_equals_the_original_in_voxels_geometry_and_world_gradients
     signal, bvals, bvecs = _dwi_truth(affine)
     write_series(tmp_path / "dicom", signal, affine, bvals=bvals, bvecs_world=bvecs, description="ep2d_diff")
     assert main(["import-dicom", str(tmp_path / "dicom"), "-o", str(tmp_path / "out"), "--quiet"]) == 0
-    nifti = tmp_path / "out" / "dwi" / "sub-01_dwi.nii.gz"
+    nifti = tmp_path / "out" / "sub-PID12345" / "dwi" / "sub-PID12345_dwi.nii.gz"  # the patient ID, alphanumeric
     img = nib.load(nifti)
     index = _voxel_map(img.affine, affine)
     data = np.asarray(img.dataobj)
@@ -72,7 +72,7 @@ def test_imported_dwi_equals_the_original_in_voxels_geometry_and_world_gradients
     world = _world_directions(dwi)
     dw = bvals > 0
     np.testing.assert_allclose(np.abs(np.sum(world[dw] * bvecs[dw], axis=1)), 1.0, atol=1e-4)
-    sidecar = json.loads((tmp_path / "out" / "dwi" / "sub-01_dwi.json").read_text())
+    sidecar = json.loads((nifti.parent / "sub-PID12345_dwi.json").read_text())
     assert sidecar["FrameOfReferenceUID"] and sidecar["SeriesDescription"] == "ep2d_diff"
 
 
@@ -199,3 +199,69 @@ def test_bad_dicom_input_is_one_clear_error_and_nothing_written(tmp_path, proble
     assert expected in str(caught.value) and caught.value.fix
     assert not list((tmp_path / "out").rglob("*.nii.gz")) if (tmp_path / "out").exists() else True
     assert not [p for p in (tmp_path / "out").rglob("*")] if (tmp_path / "out").exists() else True
+
+
+def _t1_and_dwi(folder, *, patient_id="PID-12345", second_patient=None):
+    affine = make_affine()
+    signal, bvals, bvecs = _dwi_truth(affine)
+    write_series(folder, signal, affine, bvals=bvals, bvecs_world=bvecs, series_number=3, patient_id=patient_id)
+    write_series(folder, signal[..., 0], affine, series_number=4, description="T1w",
+                 patient_id=second_patient or patient_id)  # fmt: skip
+
+
+def _imported(out):
+    return sorted(str(p.relative_to(out)) for p in out.rglob("*.nii.gz"))
+
+
+@pytest.mark.parametrize(
+    ("patient_id", "options", "subject"),
+    [
+        ("PID-12345", [], "PID12345"),  # the patient ID, letters and digits only
+        ("PID-12345", ["--subject", "P042"], "P042"),
+        ("PID-12345", ["--subject", "sub-7"], "7"),
+        ("", [], "01"),  # no patient ID
+        ("-_. ", [], "01"),  # nothing alphanumeric in it
+        ("PID-12345", ["--deidentify"], "01"),
+        ("PID-12345", ["--deidentify", "--subject", "A1"], "A1"),
+    ],
+)
+def test_import_names_the_subject_after_the_patient_id_or_the_subject_given(tmp_path, patient_id, options, subject):
+    _t1_and_dwi(tmp_path / "cd", patient_id=patient_id)
+    out = tmp_path / "out"
+    assert main(["import-dicom", str(tmp_path / "cd"), "-o", str(out), "--quiet", *options]) == 0
+    assert _imported(out) == [
+        f"sub-{subject}/anat/sub-{subject}_T1w.nii.gz",
+        f"sub-{subject}/dwi/sub-{subject}_dwi.nii.gz",
+    ]
+
+
+def test_deidentified_import_leaves_the_patient_fields_out_of_every_file(tmp_path):
+    import gzip
+
+    _t1_and_dwi(tmp_path / "cd")
+    out = tmp_path / "kept"
+    assert main(["import-dicom", str(tmp_path / "cd"), "-o", str(out), "--quiet"]) == 0
+    kept = json.loads((out / "sub-PID12345" / "dwi" / "sub-PID12345_dwi.json").read_text())
+    assert kept["PatientID"] == "PID-12345" and "Doe" in kept["PatientName"]  # the report prints them
+    out = tmp_path / "anonymous"
+    assert main(["import-dicom", str(tmp_path / "cd"), "-o", str(out), "--quiet", "--deidentify"]) == 0
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) == 6  # T1 .nii.gz + .json, DWI .nii.gz + .bval + .bvec + .json
+    for path in files:
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        assert b"Doe" not in raw and b"PID" not in raw and b"19700101" not in raw, path.name
+    sidecar = json.loads((out / "sub-01" / "dwi" / "sub-01_dwi.json").read_text())
+    assert not {"PatientName", "PatientID", "PatientBirthDate"} & set(sidecar)
+    assert sidecar["FrameOfReferenceUID"] and sidecar["SeriesInstanceUID"]  # an export still refers back
+
+
+def test_bad_subject_label_and_several_patients_are_refused_and_nothing_written(tmp_path, capsys):
+    _t1_and_dwi(tmp_path / "cd")
+    out = tmp_path / "out"
+    assert main(["import-dicom", str(tmp_path / "cd"), "-o", str(out), "--quiet", "--subject", "P-42"]) == 2
+    assert "not a BIDS subject label" in capsys.readouterr().err
+    _t1_and_dwi(tmp_path / "two", second_patient="OTHER-1")
+    assert main(["import-dicom", str(tmp_path / "two"), "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "several patients" in err and "OTHER1" in err and "--subject" in err
+    assert not out.exists() or not list(out.rglob("*.nii.gz"))

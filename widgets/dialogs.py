@@ -11,7 +11,8 @@ question, no input. A message that would have needed an OK goes to the status ba
 window's error list only (the caller does that), never to a modal box.
 
 The kinds: ``open_file``, ``open_files``, ``save_file``, ``folder``, ``question``, ``choice``,
-``integer``, ``text``, ``colour``, ``fields``, ``series``; :func:`answers` takes them as keywords::
+``integer``, ``text``, ``colour``, ``fields``, ``series``, ``navigation_export``; :func:`answers`
+takes them as keywords::
 
     with dialogs.answers(save_file=["/tmp/seed.nii.gz"], question=[True]):
         window.save_roi_dialog()
@@ -27,11 +28,30 @@ from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QColorDialog, QFileDialog, QInputDialog, QMessageBox
+from PySide6.QtWidgets import (
+    QColorDialog,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 KINDS = ("open_file", "open_files", "save_file", "folder", "question", "choice", "integer", "text", "colour")
 KINDS += ("fields",)  # a form of labelled text fields (the report's patient and scan fields)
 KINDS += ("series",)  # which DICOM series to open (several diffusion series in one folder)
+KINDS += ("navigation_export",)  # what File > Export for navigation writes, onto what, where
 
 _scripted = False
 _queued: dict[str, deque] = defaultdict(deque)
@@ -266,3 +286,197 @@ def fields(parent, title: str, values: Sequence[tuple[str, str, str]]) -> dict[s
     if dialog.exec() != QDialog.DialogCode.Accepted:
         return None
     return {key: edit.text().strip() for key, edit in edits.items()}
+
+
+# ------------------------------------------------------------------ export for navigation
+
+NAVIGATION_KEYS = ("reference", "reference_series", "outdir", "bundles", "lesion")
+DEIDENTIFY_OFF = (
+    "De-identification is OFF: the objects carry the patient's name, ID and birth date, as the "
+    "navigation system and PACS need them to file the objects with this patient."
+)
+DEIDENTIFY_ON = (
+    "De-identification is ON: the patient's name, ID, birth date and the other identifiers are removed "
+    "(the study, series and frame-of-reference UIDs stay). For teaching or research copies."
+)
+
+
+def _navigation_choice(values: dict, bundle_names: Sequence[str], lesions: Sequence[str]) -> dict:
+    """The export chosen (``params``, a ``DicomExportParams``, and :data:`NAVIGATION_KEYS`), or a
+    ValueError saying what to change."""
+    from pathlib import Path
+
+    from tractlens.app.params import DicomExportParams
+
+    unknown = sorted(set(values) - set(NAVIGATION_KEYS) - {"formats", "dilate_mm", "deidentify"})
+    if unknown:
+        raise ValueError(f"unknown export settings {unknown}")
+    if not str(values["formats"]).strip(" ,"):
+        raise ValueError("choose at least one DICOM object to write (SEG, RTSTRUCT or the coloured overlay)")
+    params = DicomExportParams(
+        formats=str(values["formats"]), dilate_mm=float(values["dilate_mm"]), deidentify=bool(values["deidentify"])
+    )
+    reference = str(values.get("reference") or "").strip()
+    if not reference:
+        raise ValueError("choose the reference series (the DICOM folder of the series to export onto, e.g. the T1)")
+    if not Path(reference).is_dir():
+        raise ValueError(f"the reference series folder {reference} does not exist")
+    outdir = str(values.get("outdir") or "").strip()
+    if not outdir:
+        raise ValueError("choose the folder to write the DICOM objects into")
+    bundles = [str(name) for name in values.get("bundles") or []]
+    if not bundles:
+        raise ValueError("choose at least one bundle to export")
+    missing = [name for name in bundles if name not in bundle_names]
+    lesion = values.get("lesion") or None
+    if missing or (lesion is not None and lesion not in lesions):
+        raise ValueError(f"no such bundle or lesion: {', '.join(missing) or lesion}")
+    series = values.get("reference_series") or None
+    return {"params": params, "reference": reference, "reference_series": series, "outdir": outdir,
+            "bundles": bundles, "lesion": lesion}  # fmt: skip
+
+
+def navigation_export(
+    parent,
+    *,
+    bundles: Sequence[tuple[str, bool]],
+    lesions: Sequence[str],
+    lesion: str | None = None,
+    reference: str = "",
+    reference_series: str | None = None,
+    reference_label: str = "",
+    outdir: str = "",
+) -> dict | None:
+    """File ▸ Export for navigation…: which objects (SEG, RTSTRUCT, overlay), the dilation and
+    de-identification (the form of ``DicomExportParams``), the reference series (``reference``, a
+    DICOM folder, and ``reference_series`` in it, described by ``reference_label``), the bundles
+    (``bundles``: (name, checked)), the lesion (one of ``lesions`` or None) and the output folder.
+
+    Returns the choice (see :func:`_navigation_choice`) or None when cancelled. Scripted: the queued
+    answer, a dict of changes over these defaults (``formats``, ``dilate_mm``, ``deidentify``,
+    ``reference``, ``reference_series``, ``outdir``, ``bundles``, ``lesion``) or None; unqueued,
+    None (nothing is written without being asked). A bad scripted answer raises ValueError."""
+    from tractlens.app.params import DicomExportParams
+
+    names = [name for name, _ in bundles]
+    defaults = {**{k: getattr(DicomExportParams(), k) for k in ("formats", "dilate_mm", "deidentify")},
+                "reference": reference, "reference_series": reference_series, "outdir": outdir,
+                "bundles": [name for name, checked in bundles if checked], "lesion": lesion}  # fmt: skip
+    answer = _scripted_answer("navigation_export", None)
+    if answer is not _NOT_QUEUED:
+        if answer is None:
+            return None
+        changes = dict(answer)
+        if "reference" in changes and "reference_series" not in changes:
+            changes["reference_series"] = None  # another folder: its own (only) image series
+        return _navigation_choice({**defaults, **changes}, names, lesions)
+    dialog = _NavigationExportDialog(parent, defaults, bundles, lesions, reference_label)
+    return dialog.choice if dialog.exec() == QDialog.DialogCode.Accepted else None
+
+
+class _NavigationExportDialog(QDialog):
+    """The form of :func:`navigation_export`; ``choice`` is set when Export is pressed on valid entries."""
+
+    def __init__(self, parent, defaults: dict, bundles, lesions, reference_label: str):
+        super().__init__(parent)
+        self.setObjectName("navigation_export")
+        self.setWindowTitle("Export for navigation")
+        self.setMinimumWidth(560)
+        self.names, self.lesions, self.choice = [n for n, _ in bundles], list(lesions), None
+        self.reference_series = defaults["reference_series"]
+        layout = QVBoxLayout(self)
+        intro = QLabel("The bundles (and the lesion) as DICOM objects on the grid of a reference series, "
+                       "in the patient's study, for the neuronavigation system and PACS.")  # fmt: skip
+        intro.setWordWrap(True)
+        layout.addWidget(intro)
+        objects = QGroupBox("Objects")
+        box = QVBoxLayout(objects)
+        from tractlens.app.params import DicomExportParams
+
+        from .params_form import ParamsForm
+
+        self.form = ParamsForm(DicomExportParams)
+        self.form.set_values(**{k: defaults[k] for k in ("formats", "dilate_mm", "deidentify")})
+        box.addWidget(self.form)
+        self.deidentify_note = QLabel()
+        self.deidentify_note.setObjectName("deidentify_note")
+        self.deidentify_note.setWordWrap(True)
+        box.addWidget(self.deidentify_note)
+        self.form.editors["deidentify"].toggled.connect(self._show_deidentify)
+        self._show_deidentify(bool(defaults["deidentify"]))
+        layout.addWidget(objects)
+        where = QFormLayout()
+        self.reference = self._folder_row(where, "Reference series", defaults["reference"], "reference")
+        self.reference_label = QLabel(reference_label or "its only image series")
+        self.reference_label.setWordWrap(True)
+        where.addRow("", self.reference_label)
+        self.reference.textEdited.connect(self._reference_changed)
+        self.bundles = QListWidget()
+        self.bundles.setObjectName("navigation_bundles")
+        for name, checked in bundles:
+            item = QListWidgetItem(name)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Checked if checked else Qt.CheckState.Unchecked)
+            self.bundles.addItem(item)
+        self.bundles.setMaximumHeight(110)
+        where.addRow("Bundles", self.bundles)
+        self.lesion = QComboBox()
+        self.lesion.setObjectName("navigation_lesion")
+        self.lesion.addItems(["none", *self.lesions])
+        self.lesion.setCurrentText(defaults["lesion"] or "none")
+        where.addRow("Lesion", self.lesion)
+        self.outdir = self._folder_row(where, "Output folder", defaults["outdir"], "outdir")
+        layout.addLayout(where)
+        self.problem = QLabel("")
+        self.problem.setObjectName("navigation_problem")
+        self.problem.setWordWrap(True)
+        self.problem.setStyleSheet("color: #b01e1e;")
+        layout.addWidget(self.problem)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Export")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout.addWidget(buttons)
+
+    def _folder_row(self, form, label: str, value: str, name: str) -> QLineEdit:
+        edit = QLineEdit(value or "")
+        edit.setObjectName(f"navigation_{name}")
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(lambda: self._browse(edit, label))
+        row = QWidget()
+        line = QHBoxLayout(row)
+        line.setContentsMargins(0, 0, 0, 0)
+        line.addWidget(edit, 1)
+        line.addWidget(browse)
+        form.addRow(label, row)
+        return edit
+
+    def _browse(self, edit: QLineEdit, label: str) -> None:
+        chosen = folder(self, label, edit.text())
+        if chosen:
+            edit.setText(chosen)
+            if edit is self.reference:
+                self._reference_changed()
+
+    def _reference_changed(self, *_args) -> None:
+        self.reference_series = None
+        self.reference_label.setText("its only image series (or the only series in it)")
+
+    def _show_deidentify(self, on: bool) -> None:
+        self.deidentify_note.setText(DEIDENTIFY_ON if on else DEIDENTIFY_OFF)
+        self.deidentify_note.setStyleSheet("font-weight: bold;" + ("" if on else " color: #8a4b00;"))
+
+    def values(self) -> dict:
+        bundles = [self.bundles.item(i) for i in range(self.bundles.count())]
+        return {**self.form.values(), "reference": self.reference.text(), "outdir": self.outdir.text(),
+                "reference_series": self.reference_series,
+                "bundles": [item.text() for item in bundles if item.checkState() == Qt.CheckState.Checked],
+                "lesion": None if self.lesion.currentText() == "none" else self.lesion.currentText()}  # fmt: skip
+
+    def accept(self) -> None:
+        try:  # a bad entry is said here and the dialog stays open with everything as entered
+            self.choice = _navigation_choice(self.values(), self.names, self.lesions)
+        except ValueError as exc:
+            self.problem.setText(str(exc))
+            return
+        super().accept()

@@ -2,6 +2,7 @@
 
 tractlens --demo [--screenshot out.png] [--size 1600x1000] [--exit]
 tractlens view FILE... [--bval F --bvec F] [--tensor-order ...] [--screenshot out.png] [--size WxH] [--exit]
+tractlens view DICOM_DIR [--series N] [--screenshot out.png] [--exit]
 tractlens --session FILE.tractlens [--screenshot out.png] [--exit]
 tractlens report SESSION -o report.pdf [--no-png] [--margin MM] [--size WxH]
 tractlens                      (the empty main window)
@@ -12,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from tractlens.app import cli
 from tractlens.app.cli.options import add_params, params_from_args
 from tractlens.app.params import ReportParams
 
 GUI_USAGE = (
-    "tractlens [--demo | view FILE... [--bval F --bvec F] | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
+    "tractlens [--demo | view FILE... [--bval F --bvec F] [--series N] | --session FILE] [--screenshot PNG] [--size WxH] [--exit] [--device DEV] "
     "[--autosave SECONDS] [--restore ask|yes|no]"
 )
 
@@ -30,6 +32,12 @@ def _gui_parser() -> argparse.ArgumentParser:
     parser.add_argument("files", nargs="*", help="files to open (with the 'view' command)")
     parser.add_argument("--bval", help="FSL bval file of a diffusion series opened with 'view' (default: beside it)")
     parser.add_argument("--bvec", help="FSL bvec file of a diffusion series opened with 'view' (default: beside it)")
+    parser.add_argument(
+        "--series",
+        metavar="N",
+        help="the diffusion series of a DICOM folder opened with 'view' (its number, description or UID): "
+        "needed when the folder holds several",
+    )
     parser.add_argument("--screenshot", help="write a PNG of the window once everything is loaded")
     parser.add_argument("--size", default=None, help="window size WIDTHxHEIGHT, e.g. 1600x1000")
     parser.add_argument("--exit", action="store_true", help="quit after loading (and the screenshot)")
@@ -151,6 +159,8 @@ def run_gui(argv: list[str]) -> int:
         parser.error(
             "--bval and --bvec go together, with the diffusion series to view: tractlens view DWI --bval F --bvec F"
         )
+    if args.series is not None and not any(Path(path).is_dir() for path in args.files):
+        parser.error("--series chooses a series of a DICOM folder: tractlens view DICOM_DIR --series N")
     app, window = _window(args, scripted=bool(args.exit or args.screenshot))
     if window is None:
         return cli.EXIT_INPUT
@@ -168,8 +178,11 @@ def run_gui(argv: list[str]) -> int:
     if args.demo:
         window.open_demo()
     if args.files:
+        dicom = [path for path in args.files if window.dicom.handles(path)]
+        for folder in dicom:  # its series, converted; several diffusion series need --series
+            window.dicom.load(Path(folder), args.series)
         gradients = (args.bval, args.bvec) if args.bval else None
-        window.files.open_paths(args.files, gradients=gradients)
+        window.files.open_paths([path for path in args.files if path not in dicom], gradients=gradients)
     if not (args.screenshot or args.exit):
         return app.exec()
     if not window.wait_for_jobs(args.timeout):

@@ -1,5 +1,6 @@
 """A form generated from a parameter dataclass (label, tooltip, unit, limits and choices come
-from each field's metadata, ``gpu.params.meta``), and :func:`spin_for`, a spin box whose
+from each field's metadata, ``gpu.params.meta``; a str field whose metadata names ``several``
+choices holds any of them, comma-separated, and gets a check box each), and :func:`spin_for`, a spin box whose
 default and range are a dataclass field's, for panels that lay out a parameter by hand."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QSpinBox, QWidget
 
 from tractlens.app.params import default_of, field_of
 
@@ -26,7 +27,9 @@ class ParamsForm(QWidget):
             meta = spec.metadata
             default = getattr(defaults, spec.name)
             options = (choices or {}).get(spec.name) or (meta.get("choices") if isinstance(default, str) else None)
-            if options:
+            if meta.get("several"):
+                editor = _Several(meta["several"], default)
+            elif options:
                 editor = QComboBox()
                 editor.addItems([str(option) for option in options])
                 editor.setCurrentText(default)
@@ -58,7 +61,9 @@ class ParamsForm(QWidget):
     def values(self) -> dict[str, Any]:
         out = {}
         for name, editor in self.editors.items():
-            if isinstance(editor, QComboBox):
+            if isinstance(editor, _Several):
+                out[name] = editor.text()
+            elif isinstance(editor, QComboBox):
                 out[name] = editor.currentText()
             elif isinstance(editor, QCheckBox):
                 out[name] = editor.isChecked()
@@ -75,7 +80,9 @@ class ParamsForm(QWidget):
     def set_values(self, **values) -> None:
         for name, value in values.items():
             editor = self.editors[name]
-            if isinstance(editor, QComboBox):
+            if isinstance(editor, _Several):
+                editor.set_text(value)
+            elif isinstance(editor, QComboBox):
                 editor.setCurrentText(value)
             elif isinstance(editor, QCheckBox):
                 editor.setChecked(bool(value))
@@ -83,6 +90,29 @@ class ParamsForm(QWidget):
                 editor.setValue(int(value))
             else:
                 editor.setValue(float(value))
+
+
+class _Several(QWidget):
+    """Any of ``choices``, a check box each; the value is the checked ones, comma-separated."""
+
+    def __init__(self, choices, value: str):
+        super().__init__()
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.boxes = {str(choice): QCheckBox(str(choice)) for choice in choices}
+        for choice, box in self.boxes.items():
+            box.setObjectName(f"choice_{choice}")
+            layout.addWidget(box)
+        layout.addStretch(1)
+        self.set_text(value)
+
+    def text(self) -> str:
+        return ",".join(choice for choice, box in self.boxes.items() if box.isChecked())
+
+    def set_text(self, value: str) -> None:
+        chosen = {part.strip().lower() for part in str(value).split(",")}
+        for choice, box in self.boxes.items():
+            box.setChecked(choice.lower() in chosen)
 
 
 def limits_of(params_type: type, name: str) -> tuple[float, float] | None:

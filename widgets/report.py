@@ -28,7 +28,14 @@ from tractlens.app.io import atomic_path
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.connectivity import DEFAULT_MARGIN_MM, DISTANCE_STREAMLINE_SCALAR, DistanceRow
 from tractlens.app.pipelines.connectivity import distance_rows as tract_distance_rows
-from tractlens.app.report_data import ScanInfo, document_scan_info, parameters_in_words
+from tractlens.app.report_data import (
+    ScanInfo,
+    document_scan_info,
+    export_rows,
+    export_summary,
+    navigation_exports,
+    parameters_in_words,
+)
 from tractlens.app.statistics import StatisticsTable, layer_statistics
 from tractlens.app.tractogram import first_column
 
@@ -53,6 +60,7 @@ class ReportContent:
     provenance: list[tuple[str, list[str]]] = field(default_factory=list)
     scan: ScanInfo = field(default_factory=ScanInfo)
     statistics: list[StatisticsTable] = field(default_factory=list)
+    exports: list[dict] = field(default_factory=list)  # exports for navigation (ExportResult.as_dict)
 
 
 def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
@@ -154,6 +162,7 @@ def gather(
         provenance,
         scan,
         report_statistics(doc),
+        navigation_exports(doc),
     )
 
 
@@ -410,6 +419,14 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
         )
     if content.extra_images:
         flow.images(content.extra_images, columns=2, aspect=0.8)
+    if content.exports:
+        flow.text("Exported for navigation", 11, bold=True)
+        for export in content.exports:
+            flow.text(export_summary(export), MIN_PT, colour=QColor(60, 60, 60))
+            # UIDs have no spaces: zero-width spaces between their characters let a cell wrap them
+            rows = [([*row[:2], *("\u200b".join(uid) for uid in row[2:])], False) for row in export_rows(export)]
+            flow.table(["object", "file", "series instance UID", "SOP instance UID"], rows, [2.2, 2.4, 3.0, 3.6],
+                       align_left=True)  # fmt: skip
     flow.text("Results and provenance", 11, bold=True)
     for title, lines in content.provenance:
         flow.text(f"{title}: " + " · ".join(lines), MIN_PT, colour=QColor(60, 60, 60))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..params import DicomExportParams
+from ..params import DicomExportParams, DicomImportParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
 
@@ -22,8 +22,10 @@ def add_parsers(sub, common) -> None:
         parents=[common],
         help="convert a DICOM folder (CD, PACS export) into BIDS-named NIfTI with gradient files",
         description="Lists the series found (number, description, kind, slices) and converts them with "
-        "dcm2niix: the diffusion series to sub-01/dwi/sub-01_dwi.nii.gz with .bval/.bvec/.json, the "
-        "others to sub-01/anat/. Every command also accepts a DICOM folder where it takes a NIfTI.",
+        "dcm2niix: the diffusion series to sub-LABEL/dwi/sub-LABEL_dwi.nii.gz with .bval/.bvec/.json, the "
+        "others to sub-LABEL/anat/. LABEL is the patient ID in letters and digits (--subject overrides "
+        "it; 01 when there is none or with --deidentify). Every command also accepts a DICOM folder "
+        "where it takes a NIfTI.",
     )
     p.add_argument("dicom_dir", metavar="DICOM_DIR", help="folder of DICOM files (searched recursively)")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="folder to write into")
@@ -32,6 +34,7 @@ def add_parsers(sub, common) -> None:
         metavar="SERIES",
         help="the series to convert (its number, description or UID): needed when several diffusion series",
     )
+    add_params(p, DicomImportParams)
     p.add_argument("--list", action="store_true", help="only list the series, convert nothing")
     p.set_defaults(func=cmd_import_dicom)
 
@@ -68,7 +71,9 @@ def cmd_import_dicom(args) -> int:
         return EXIT_OK
     check_output_folder(args.output)
     progress = Progress("import-dicom", "series", args.quiet)
-    converted = import_dicom(args.dicom_dir, args.output, series=args.series, progress=progress)
+    options = params_from_args(DicomImportParams, args)
+    converted = import_dicom(args.dicom_dir, args.output, series=args.series, subject=options.subject or None,
+                             deidentify=options.deidentify, progress=progress)  # fmt: skip
     lines = [f"{len(listed)} series in {args.dicom_dir}:", found, f"converted into {args.output}:"]
     lines += [f"  {c.series.label} -> {c.nifti}" for c in converted]
     summary = {"found": [s.as_dict() for s in listed], "converted": [c.as_dict() for c in converted]}

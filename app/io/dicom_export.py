@@ -39,7 +39,8 @@ LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
 @dataclass
 class ReferenceSeries:
-    """A classic single-frame series read whole: its datasets by slice position and its grid.
+    """A series read whole: a classic one (its datasets by slice position) or an enhanced
+    multi-frame image (one dataset; ``frames``: the 0-based frame of each slice), and its grid.
 
     Voxel (i, j, k) is column i, row j of the k-th slice; ``affine`` maps it to RAS+ mm."""
 
@@ -47,6 +48,22 @@ class ReferenceSeries:
     datasets: list
     affine: np.ndarray
     shape: tuple[int, int, int]
+    frames: list[int] | None = None
+
+    def slice_source(self, k: int):
+        """The dataset that holds slice ``k``."""
+        return self.datasets[0] if self.frames is not None else self.datasets[k]
+
+    def slice_frame(self, k: int) -> int | None:
+        """The 1-based frame number of slice ``k`` in a multi-frame image (None for a classic series)."""
+        return None if self.frames is None else self.frames[k] + 1
+
+    def slice_geometry(self, k: int) -> dict:
+        """Slice ``k``'s plane: ImagePositionPatient, ImageOrientationPatient, PixelSpacing, SliceThickness."""
+        if self.frames is None:
+            ds = self.datasets[k]
+            return {key: ds.data_element(key).value for key in GEOMETRY if key in ds}
+        return _frame_geometry(self.datasets[0], self.frames[k])
 
     @property
     def first(self):
@@ -58,6 +75,9 @@ class ReferenceSeries:
 
     def pixels(self) -> np.ndarray:
         """(columns, rows, slices) float32 in the stored values' units (rescale applied)."""
+        if self.frames is not None:
+            values = self.first.pixel_array.astype(np.float32).reshape(-1, self.shape[1], self.shape[0])
+            return values[self.frames].transpose(2, 1, 0)
         slices = []
         for ds in self.datasets:
             values = ds.pixel_array.astype(np.float32)
@@ -71,13 +91,17 @@ def read_reference(folder: str | os.PathLike, series: str | None = None) -> Refe
     folder = Path(folder)
     listed = list_series(folder)
     chosen = choose(listed, series, folder, kind=None if series is not None or len(listed) == 1 else "anat")
+    pydicom = require("pydicom")
+    if chosen.multiframe and len(chosen.files) == 1 and chosen.kind == "anat":
+        return _read_enhanced(folder, pydicom.dcmread(chosen.files[0]), chosen.label)
     if chosen.multiframe or chosen.volumes > 1:
         raise InputError(
-            f"series {chosen.label} cannot be a reference: it is a multi-frame or multi-volume series",
+            f"series {chosen.label} cannot be a reference: it is a diffusion, multi-volume or multi-file "
+            "multi-frame series",
             path=folder,
-            fix="Give a classic 3-D series (one file per slice), e.g. the T1 the navigation system plans on",
+            fix="Give a 3-D image series (one file per slice, or one enhanced multi-frame file), e.g. the T1 "
+            "the navigation system plans on",
         )
-    pydicom = require("pydicom")
     datasets = [pydicom.dcmread(path) for path in chosen.files]
     orientation = np.asarray([float(v) for v in datasets[0].ImageOrientationPatient])
     normal = np.cross(orientation[:3], orientation[3:])
@@ -97,6 +121,58 @@ def read_reference(folder: str | os.PathLike, series: str | None = None) -> Refe
     lps[:3, 3] = first
     shape = (int(datasets[0].Columns), int(datasets[0].Rows), len(datasets))
     return ReferenceSeries(folder, datasets, LPS @ lps, shape)
+
+
+GEOMETRY = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "SliceThickness")
+
+
+def _frame_geometry(ds, frame: int) -> dict:
+    """A frame's plane from an enhanced image's functional groups (per-frame, else shared)."""
+
+    def group(name: str):
+        for groups in (ds.PerFrameFunctionalGroupsSequence[frame], ds.get("SharedFunctionalGroupsSequence", [None])[0]):
+            if groups is not None and name in groups:
+                return groups[name].value[0]
+        return None
+
+    position, orientation, measures = (group(n) for n in ("PlanePositionSequence", "PlaneOrientationSequence",
+                                                           "PixelMeasuresSequence"))  # fmt: skip
+    if position is None or orientation is None or measures is None:
+        return {}
+    out = {"ImagePositionPatient": position.ImagePositionPatient,
+           "ImageOrientationPatient": orientation.ImageOrientationPatient, "PixelSpacing": measures.PixelSpacing}  # fmt: skip
+    if "SliceThickness" in measures:
+        out["SliceThickness"] = measures.SliceThickness
+    return out
+
+
+def _read_enhanced(folder: Path, ds, label: str) -> ReferenceSeries:
+    """An enhanced (multi-frame) image as a reference: its frames ordered along the slice normal."""
+    count = int(ds.get("NumberOfFrames", 1))
+    geometry = [_frame_geometry(ds, f) for f in range(count)]
+    if not all(geometry) or len({tuple(float(v) for v in g["ImageOrientationPatient"]) for g in geometry}) != 1:
+        raise InputError(
+            f"series {label} cannot be a reference: its frames lack a plane position or are not all parallel",
+            path=folder,
+            fix="Give a 3-D image series of parallel slices, e.g. the T1 the navigation system plans on",
+        )
+    orientation = np.asarray([float(v) for v in geometry[0]["ImageOrientationPatient"]])
+    normal = np.cross(orientation[:3], orientation[3:])
+    positions = [np.asarray([float(v) for v in g["ImagePositionPatient"]]) for g in geometry]
+    order = sorted(range(count), key=lambda f: float(positions[f] @ normal))
+    first, last = positions[order[0]], positions[order[-1]]
+    thickness = float(geometry[0].get("SliceThickness", 1.0) or 1.0)
+    step = (last - first) / (count - 1) if count > 1 else normal * thickness
+    row_spacing, col_spacing = (float(v) for v in geometry[0]["PixelSpacing"])
+    lps = np.eye(4)
+    lps[:3, 0], lps[:3, 1], lps[:3, 2], lps[:3, 3] = (
+        orientation[:3] * col_spacing,
+        orientation[3:] * row_spacing,
+        step,
+        first,
+    )
+    shape = (int(ds.Columns), int(ds.Rows), count)
+    return ReferenceSeries(folder, [ds], LPS @ lps, shape, frames=order)
 
 
 def bundle_mask(points_mm: list[np.ndarray] | np.ndarray, offsets, affine, shape, dilate_mm: float = 0.0) -> np.ndarray:
@@ -158,20 +234,43 @@ LESION_COLOR = (213, 94, 0)
 
 @dataclass
 class ExportResult:
+    """What an export wrote: the files by kind, each object's UIDs (``objects``: kind, file,
+    series_instance_uid, sop_instance_uids), the structures, the reference series, whether the
+    patient's identifiers were removed and the dilation."""
+
     outdir: Path
     files: dict[str, list[Path]] = field(default_factory=dict)
     structures: list[dict] = field(default_factory=list)
     reference: dict = field(default_factory=dict)
     deidentified: bool = False
+    dilate_mm: float = 0.0
+    objects: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {
             "outdir": str(self.outdir),
             "files": {kind: [str(p) for p in paths] for kind, paths in self.files.items()},
+            "objects": self.objects,
             "structures": self.structures,
             "reference": self.reference,
             "deidentified": self.deidentified,
+            "dilate_mm": self.dilate_mm,
         }
+
+
+def _object_record(kind: str, paths: list[Path], placed: list[Path]) -> dict:
+    """An object's kind, file (its folder when it is a series of files) and UIDs, read back from
+    what was written."""
+    pydicom = require("pydicom")
+    headers = [pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SeriesInstanceUID", "SOPInstanceUID"])
+               for p in paths]  # fmt: skip
+    return {
+        "kind": kind,
+        "file": str(placed[0] if len(placed) == 1 else placed[0].parent),
+        "instances": len(paths),
+        "series_instance_uid": str(headers[0].SeriesInstanceUID),
+        "sop_instance_uids": [str(h.SOPInstanceUID) for h in headers],
+    }
 
 
 def check_frame_of_reference(reference: ReferenceSeries, dwi_frame_uid: str | None, dwi_source: str = "") -> None:
@@ -225,7 +324,7 @@ def export_dicom(
     from . import dicom_objects as objects
 
     outdir = Path(outdir)
-    result = ExportResult(outdir, deidentified=params.deidentify)
+    result = ExportResult(outdir, deidentified=params.deidentify, dilate_mm=float(params.dilate_mm))
     result.structures = [{"name": s.name, "kind": s.kind, "voxels": int(s.mask.sum())} for s in structures]
     first = reference.first
     result.reference = {
@@ -250,9 +349,11 @@ def export_dicom(
                 raise InputError(f"{clash} exists already", path=outdir,
                                  fix="Give an empty output folder (-o), or move the earlier export away")  # fmt: skip
         for kind, paths in written.items():
+            result.files[kind] = [outdir / p.relative_to(staging) for p in paths]
+            result.objects.append(_object_record(kind, paths, result.files[kind]))
+        for paths in written.values():
             top = paths[0].relative_to(staging).parts[0]
             os.replace(staging / top, outdir / top)
-            result.files[kind] = [outdir / p.relative_to(staging) for p in paths]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return result

@@ -7,10 +7,13 @@ geometry and the gradient tables of every vendor (Siemens CSA, GE, Philips, and 
 BIDS JSON sidecar; TractLens adds the source's study, series and frame-of-reference UIDs to
 that sidecar so that an export can refer back to them (:mod:`.dicom_export`).
 
-Imported files are named the BIDS way: ``sub-01/dwi/sub-01_dwi.nii.gz``,
-``sub-01/anat/sub-01_T1w.nii.gz`` (``_run-N`` when a kind occurs twice; ``_acq-DESCRIPTION_MR``
-for a contrast BIDS has no name for). Everything is converted into a temporary folder first
-and moved into place only when every series converted, so a failure leaves nothing behind.
+Imported files are named the BIDS way: ``sub-LABEL/dwi/sub-LABEL_dwi.nii.gz``,
+``sub-LABEL/anat/sub-LABEL_T1w.nii.gz`` (``_run-N`` when a kind occurs twice;
+``_acq-DESCRIPTION_MR`` for a contrast BIDS has no name for). LABEL is the patient ID with
+everything but letters and digits removed (BIDS labels are alphanumeric), the ``subject`` given,
+or ``01`` when there is neither or when the import is de-identified (then dcm2niix also leaves
+the patient fields out of the JSON sidecars). Everything is converted into a temporary folder
+first and moved into place only when every series converted, so a failure leaves nothing behind.
 
 The cache (``$TRACTLENS_CACHE/dicom`` or ``$XDG_CACHE_HOME/tractlens/dicom``, as the bedpostX
 cache, :mod:`.bedpostx_cache`) holds one entry per folder and series; it is valid while every
@@ -41,9 +44,10 @@ from .dicom_series import INSTALL_HINT, DicomSeries, choose, list_series, requir
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-SUBJECT = "sub-01"
+#: The subject label when the patient ID gives none (or identifiers are not wanted).
+DEFAULT_SUBJECT = "01"
 #: What dcm2niix is told: gzip, BIDS sidecar with the patient fields (the presurgical report
-#: prints them, :mod:`app.report_data`), no crop.
+#: prints them, :mod:`app.report_data`), no crop. De-identified: ``-ba y`` (no patient fields).
 DCM2NIIX_FLAGS = ["-z", "y", "-b", "y", "-ba", "n", "-x", "n", "-v", "0"]
 BIDS_SUFFIX = [
     (re.compile(r"flair", re.IGNORECASE), "FLAIR"),
@@ -83,7 +87,7 @@ def _dcm2niix_binary(folder: Path) -> str:
     return binary
 
 
-def _run_dcm2niix(series: DicomSeries, outdir: Path) -> list[Path]:
+def _run_dcm2niix(series: DicomSeries, outdir: Path, deidentify: bool = False) -> list[Path]:
     """Convert one series' files (linked into a private folder, so nothing else is converted)."""
     import subprocess
 
@@ -95,8 +99,11 @@ def _run_dcm2niix(series: DicomSeries, outdir: Path) -> list[Path]:
                 os.symlink(path.resolve(), link)
             except OSError:  # no symbolic links here (some Windows set-ups): copy
                 shutil.copy2(path, link)
+        flags = list(DCM2NIIX_FLAGS)
+        if deidentify:
+            flags[flags.index("-ba") + 1] = "y"
         result = subprocess.run(
-            [binary, *DCM2NIIX_FLAGS, "-f", "series", "-o", str(outdir), staging],
+            [binary, *flags, "-f", "series", "-o", str(outdir), staging],
             capture_output=True,
             text=True,
             check=False,
@@ -112,11 +119,11 @@ def _run_dcm2niix(series: DicomSeries, outdir: Path) -> list[Path]:
     return images
 
 
-def convert_series(series: DicomSeries, outdir: Path) -> ConvertedSeries:
+def convert_series(series: DicomSeries, outdir: Path, *, deidentify: bool = False) -> ConvertedSeries:
     """Convert ``series`` into ``outdir`` (named ``series.*``), check its gradient table and
-    write the source UIDs into its sidecar."""
+    write the source UIDs into its sidecar (``deidentify``: without the patient fields)."""
     outdir.mkdir(parents=True, exist_ok=True)
-    nifti = _run_dcm2niix(series, outdir)[0]
+    nifti = _run_dcm2niix(series, outdir, deidentify)[0]
     stem = nifti.name[: -len(".nii.gz")]
     bval, bvec, sidecar = (outdir / f"{stem}{ext}" for ext in (".bval", ".bvec", ".json"))
     bval = bval if bval.exists() and bvec.exists() else None
@@ -258,19 +265,47 @@ def dicom_input(path: str | os.PathLike, *, kind: str | None) -> ConvertedSeries
 # --- import into a folder ----------------------------------------------------------------------
 
 
-def bids_name(series: DicomSeries, kind: str, taken: set[str]) -> tuple[str, str]:
-    """(datatype folder, file stem) for a converted series: ``dwi``/``sub-01_dwi``, ``anat``/``sub-01_T1w``."""
+def subject_label(series: list[DicomSeries], subject: str | None = None, *, deidentify: bool = False) -> str:
+    """The BIDS subject label (without ``sub-``) of an import: ``subject`` when given (letters
+    and digits only), else ``01`` when de-identified, else the patient ID reduced to letters and
+    digits, else ``01``. Series of several patients without ``subject``: :class:`InputError`."""
+    folder = series[0].files[0].parent if series and series[0].files else None
+    if subject is not None:
+        label = str(subject).strip().removeprefix("sub-")
+        if not label or not label.isascii() or not label.isalnum():
+            raise InputError(
+                f"--subject {subject!r} is not a BIDS subject label",
+                path=folder,
+                fix="Give letters and digits only, e.g. --subject 042 or --subject P042",
+            )
+        return label
+    if deidentify:
+        return DEFAULT_SUBJECT
+    labels = sorted({re.sub(r"[^A-Za-z0-9]", "", s.patient_id) for s in series} - {""})
+    if len(labels) > 1:
+        raise InputError(
+            f"the series belong to several patients (IDs {', '.join(labels)})",
+            path=folder,
+            fix="Import one patient at a time (--series NUMBER), or name the subject with --subject LABEL",
+        )
+    return labels[0] if labels else DEFAULT_SUBJECT
+
+
+def bids_name(series: DicomSeries, kind: str, taken: set[str], subject: str = DEFAULT_SUBJECT) -> tuple[str, str]:
+    """(folder, file stem) for a converted series: ``sub-01/dwi``/``sub-01_dwi``,
+    ``sub-01/anat``/``sub-01_T1w``…"""
+    entity = f"sub-{subject}"
     if kind == "dwi":
-        datatype, stem = "dwi", f"{SUBJECT}_dwi"
+        datatype, stem = "dwi", f"{entity}_dwi"
     else:
         datatype = "anat"
         text = f"{series.description}"
         suffix = next((name for pattern, name in BIDS_SUFFIX if pattern.search(text)), None)
         if suffix is None:
             acq = re.sub(r"[^A-Za-z0-9]", "", series.description) or f"series{series.number or 0}"
-            stem = f"{SUBJECT}_acq-{acq}_MR"
+            stem = f"{entity}_acq-{acq}_MR"
         else:
-            stem = f"{SUBJECT}_{suffix}"
+            stem = f"{entity}_{suffix}"
     if f"{datatype}/{stem}" in taken:
         entity, _, rest = stem.rpartition("_")
         run = 2
@@ -278,16 +313,23 @@ def bids_name(series: DicomSeries, kind: str, taken: set[str]) -> tuple[str, str
             run += 1
         stem = f"{entity}_run-{run}_{rest}"
     taken.add(f"{datatype}/{stem}")
-    return datatype, stem
+    return f"sub-{subject}/{datatype}", stem
 
 
 def import_dicom(
-    folder: str | os.PathLike, outdir: str | os.PathLike, *, series: str | None = None, progress=None, cancelled=None
+    folder: str | os.PathLike,
+    outdir: str | os.PathLike,
+    *,
+    series: str | None = None,
+    subject: str | None = None,
+    deidentify: bool = False,
+    progress=None,
+    cancelled=None,
 ) -> list[ConvertedSeries]:
     """Convert the series of ``folder`` into ``outdir`` with BIDS names: every image series, and
     the one diffusion series (``series`` chooses among several: :class:`SeveralSeries` if not
-    given). With ``series`` naming an image series, only that one. Nothing is written unless all
-    convert."""
+    given). With ``series`` naming an image series, only that one. ``subject`` and
+    ``deidentify``: see :func:`subject_label`. Nothing is written unless all convert."""
     folder, outdir = Path(folder), Path(outdir)
     listed = list_series(folder)
     if series is not None:
@@ -297,6 +339,7 @@ def import_dicom(
         if len(dwi) > 1:
             choose(listed, None, folder, kind="dwi")  # raises, listing them
         wanted = listed
+    label = subject_label(wanted, subject, deidentify=deidentify)
     outdir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".import-dicom-", dir=outdir))
     results, taken = [], set()
@@ -306,8 +349,8 @@ def import_dicom(
                 from tractlens.gpu.backend import Cancelled
 
                 raise Cancelled()
-            converted_here = convert_series(s, staging / f"{i:03d}")
-            datatype, stem = bids_name(s, converted_here.kind, taken)
+            converted_here = convert_series(s, staging / f"{i:03d}", deidentify=deidentify)
+            datatype, stem = bids_name(s, converted_here.kind, taken, label)
             results.append((converted_here, datatype, stem))
             if progress is not None:
                 progress(i + 1, len(wanted))

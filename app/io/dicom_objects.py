@@ -84,10 +84,12 @@ def _dataset():
     return Dataset()
 
 
-def _ref(source):
+def _ref(source, frame: int | None = None):
     item = _dataset()
     item.ReferencedSOPClassUID = source.SOPClassUID
     item.ReferencedSOPInstanceUID = source.SOPInstanceUID
+    if frame is not None:  # one frame of an enhanced (multi-frame) image
+        item.ReferencedFrameNumber = frame
     return item
 
 
@@ -113,6 +115,10 @@ def write_seg(reference, structures, folder: Path, *, deidentify: bool = False) 
     from pydicom.sr.codedict import codes
 
     masks = np.stack([s.mask.transpose(2, 1, 0) for s in structures], axis=-1).astype(np.uint8)  # (k, rows, cols, n)
+    if reference.frames is not None:  # one multi-frame source: the SEG's frames follow its frames
+        by_frame = np.zeros_like(masks)
+        by_frame[reference.frames] = masks
+        masks = by_frame
     descriptions = [
         hd.seg.SegmentDescription(
             segment_number=i + 1,
@@ -192,7 +198,7 @@ def write_rtstruct(reference, structures, folder: Path, *, deidentify: bool = Fa
     ds.StructureSetName = "bundles"
     ds.StructureSetDate, ds.StructureSetTime = ds.SeriesDate, ds.SeriesTime
     ds.ApprovalStatus = "UNAPPROVED"
-    contour_images = [_ref(d) for d in reference.datasets]
+    contour_images = [_ref(reference.slice_source(k), reference.slice_frame(k)) for k in range(reference.shape[2])]
     series_item = _dataset()
     series_item.SeriesInstanceUID = reference.first.SeriesInstanceUID
     series_item.ContourImageSequence = contour_images
@@ -222,7 +228,7 @@ def write_rtstruct(reference, structures, folder: Path, *, deidentify: bool = Fa
                 voxel = np.column_stack([line, np.full(len(line), k), np.ones(len(line))])
                 points = voxel @ lps.T
                 contour = _dataset()
-                contour.ContourImageSequence = [_ref(reference.datasets[k])]
+                contour.ContourImageSequence = [_ref(reference.slice_source(k), reference.slice_frame(k))]
                 contour.ContourGeometricType = "CLOSED_PLANAR"
                 contour.NumberOfContourPoints = len(points)
                 contour.ContourData = [f"{v:.3f}" for v in points[:, :3].ravel()]
@@ -267,7 +273,8 @@ def write_overlay(reference, structures, folder: Path, *, deidentify: bool = Fal
     _new_series(template, reference, description.strip()[:64], 1002)
     series_uid = template.SeriesInstanceUID
     paths = []
-    for k, source in enumerate(reference.datasets):
+    for k in range(reference.shape[2]):
+        source, frame = reference.slice_source(k), reference.slice_frame(k)
         ds = _dataset()
         ds.update(template)
         ds.SeriesInstanceUID = series_uid
@@ -278,12 +285,12 @@ def write_overlay(reference, structures, folder: Path, *, deidentify: bool = Fal
         ds.InstanceNumber = k + 1
         ds.BurnedInAnnotation = "NO"
         ds.DerivationDescription = f"bundles drawn in colour over the source image; {NOT_FOR_DIAGNOSIS}"
-        ds.SourceImageSequence = [_ref(source)]
-        ds.ReferencedSeriesSequence[0].ReferencedInstanceSequence = [_ref(source)]
-        for keyword in ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "SliceThickness",
-                        "SliceLocation"):  # fmt: skip
-            if keyword in source:
-                setattr(ds, keyword, source.data_element(keyword).value)
+        ds.SourceImageSequence = [_ref(source, frame)]
+        ds.ReferencedSeriesSequence[0].ReferencedInstanceSequence = [_ref(source, frame)]
+        for keyword, value in reference.slice_geometry(k).items():
+            setattr(ds, keyword, value)
+        if frame is None and "SliceLocation" in source:
+            ds.SliceLocation = source.SliceLocation
         ds.Rows, ds.Columns = int(source.Rows), int(source.Columns)
         ds.SamplesPerPixel, ds.PhotometricInterpretation, ds.PlanarConfiguration = 3, "RGB", 0
         ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0

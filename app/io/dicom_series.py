@@ -55,6 +55,7 @@ class DicomSeries:
     files: list[Path] = field(default_factory=list)
     study_uid: str = ""
     frame_uid: str = ""
+    patient_id: str = ""
     slices: int = 0
     volumes: int = 1
     bvalues: tuple[float, ...] = ()
@@ -179,6 +180,7 @@ def _describe(uid: str, members: list) -> DicomSeries:
         files=[p for p, _ in members],
         study_uid=str(first.get("StudyInstanceUID", "")),
         frame_uid=str(first.get("FrameOfReferenceUID", "")),
+        patient_id=str(first.get("PatientID", "") or "").strip(),
         bvalues=tuple(bvalues),
         multiframe=multiframe,
     )
@@ -279,8 +281,8 @@ def choose(series: list[DicomSeries], choice: str | None, folder: Path, *, kind:
     raise SeveralSeries(
         f"several {what}: " + "; ".join(s.label for s in candidates),
         path=folder,
-        fix="Choose one: --series NUMBER (tractlens import-dicom DIR --series NUMBER -o OUTDIR), "
-        "or give that series' own folder",
+        fix="Choose one with --series NUMBER (tractlens view DIR --series NUMBER, or tractlens import-dicom DIR "
+        "--series NUMBER -o OUTDIR), or give that series' own folder",
         candidates=candidates,
     )
 

@@ -77,10 +77,11 @@ def test_drop_a_dicom_folder_choose_the_series_and_export_for_navigation(window,
     assert window.wait_for_jobs(60) and window.errors == []
 
     out = tmp_path / "navigation"
-    with dialogs.answers(folder=[str(cd / "S2"), str(out)]):
+    with dialogs.answers(navigation_export=[{"outdir": str(out)}]):  # onto the T1 opened: the default
         _action(window, "Export for na&vigation…").trigger()
         assert window.wait_for_jobs(120)
     assert window.errors == []
+    assert window.job_panel.detail.text() == "export for navigation: done"
     seg = pydicom.dcmread(next((out / "SEG").glob("*.dcm")))
     assert seg.Modality == "SEG" and seg.FrameOfReferenceUID == FRAME and seg.StudyInstanceUID == STUDY
     assert seg.SegmentSequence[0].SegmentLabel == "cc"
@@ -96,9 +97,102 @@ def test_drop_a_dicom_folder_choose_the_series_and_export_for_navigation(window,
     assert "not for diagnosis" in middle.SeriesDescription
     assert (rgb.max(axis=-1).astype(int) - rgb.min(axis=-1) > 10).sum() > 20  # the bundle is drawn in colour
 
+    # nobody to ask and no answer queued: nothing is written; a bad answer is one clear error
+    _action(window, "Export for na&vigation…").trigger()
+    with dialogs.answers(navigation_export=[{"outdir": ""}]):
+        _action(window, "Export for na&vigation…").trigger()
+    assert window.wait_for_jobs(60) and len(window.errors) == 1 and "folder to write" in str(window.errors[0])
+    window.errors.clear()
+    # another reference folder (its only series), SEG only, dilated, de-identified
+    second = tmp_path / "navigation-2"
+    answer = {"outdir": str(second), "reference": str(cd / "S2"), "formats": "seg", "dilate_mm": 2.0,
+              "deidentify": True}  # fmt: skip
+    with dialogs.answers(navigation_export=[answer]):
+        _action(window, "Export for na&vigation…").trigger()
+        assert window.wait_for_jobs(120)
+    assert window.errors == [] and sorted(p.name for p in second.iterdir()) == ["SEG"]
+    seg2 = pydicom.dcmread(next((second / "SEG").glob("*.dcm")))
+    assert not str(seg2.PatientName) and seg2.PatientIdentityRemoved == "YES"
+
+    from tractlens.widgets.report import gather
+
+    exports = gather(window).exports
+    assert [e["outdir"] for e in exports] == [str(second)] and exports[0]["dilate_mm"] == 2.0
+    written = window.export_report(ARTIFACTS / "dicom_report.pdf")
+    assert written[0].suffix == ".pdf" and written[1].suffix == ".png"  # look at the section in the PNG
+
 
 def test_several_diffusion_series_and_no_choice_opens_nothing_and_says_why(window, cd):
     _drop(window, cd)  # scripted: the chooser answers None
     assert window.wait_for_jobs(60)
     assert window.document.layers == []
     assert any("several diffusion series" in error for error in map(str, window.errors))
+
+
+def test_view_a_folder_with_several_diffusion_series_names_series_and_opens_the_one_chosen(cd, capsys, monkeypatch):
+    from tractlens.widgets import launcher
+
+    monkeypatch.setattr(dialogs, "_scripted", dialogs._scripted)  # the launcher marks the run scripted
+    opened = []
+    make_window = launcher._window
+
+    def keep(args, *, scripted):
+        app, window = make_window(args, scripted=scripted)
+        opened.append(window)
+        return app, window
+
+    monkeypatch.setattr(launcher, "_window", keep)
+    assert launcher.run_gui(["view", str(cd), "--exit", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "several diffusion series" in err and "tractlens view DIR --series NUMBER" in err
+    assert opened[-1].document.layers == []
+    assert launcher.run_gui(["view", str(cd), "--series", "6", "--exit", "--device", "cpu"]) == 0
+    names = [layer.name for layer in opened[-1].document.layers]
+    assert "ep2d_diff_b1000_repeat" in names and "ep2d_diff_b1000" not in names and "T1w MPRAGE" in names
+    with pytest.raises(SystemExit):
+        launcher.run_gui(["view", str(cd / "S2" / "missing.nii.gz"), "--series", "6", "--exit"])
+    assert "--series chooses a series of a DICOM folder" in capsys.readouterr().err
+
+
+def test_export_dialog_is_the_params_form_with_de_identification_off_and_said_so(qtbot, tmp_path):
+    """File ▸ Export for navigation…'s form: the objects, dilation and de-identification come from
+    DicomExportParams; a bad entry is said in the dialog, which stays open with what was entered."""
+    from PySide6.QtWidgets import QCheckBox, QDoubleSpinBox
+
+    from tractlens.app.params import DicomExportParams
+
+    reference = tmp_path / "T1"
+    reference.mkdir()
+    defaults = {"formats": DicomExportParams().formats, "dilate_mm": 0.0, "deidentify": False,
+                "reference": str(reference), "reference_series": "1.2.3", "outdir": "",
+                "bundles": ["CST left"], "lesion": "lesion"}  # fmt: skip
+    dialog = dialogs._NavigationExportDialog(None, defaults, [("CST left", True), ("AF left", False)],
+                                             ["lesion"], 'series 2 "T1w MPRAGE"')  # fmt: skip
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    editors = dialog.form.editors
+    boxes = {name: box.isChecked() for name, box in editors["formats"].boxes.items()}
+    assert boxes == {"seg": True, "rtstruct": True, "overlay": True}
+    assert isinstance(editors["dilate_mm"], QDoubleSpinBox) and editors["dilate_mm"].suffix() == " mm"
+    assert isinstance(editors["deidentify"], QCheckBox) and not editors["deidentify"].isChecked()
+    assert dialog.deidentify_note.isVisible() and "OFF" in dialog.deidentify_note.text()
+    dialog.grab().save(str(ARTIFACTS / "dicom_export_dialog.png"))
+
+    for box in editors["formats"].boxes.values():
+        box.setChecked(False)
+    dialog.accept()
+    assert dialog.isVisible() and dialog.choice is None and "at least one DICOM object" in dialog.problem.text()
+    editors["formats"].boxes["seg"].setChecked(True)
+    editors["deidentify"].setChecked(True)
+    assert "ON" in dialog.deidentify_note.text()
+    editors["dilate_mm"].setValue(1.5)
+    dialog.accept()
+    assert dialog.isVisible() and "folder to write" in dialog.problem.text()
+    dialog.outdir.setText(str(tmp_path / "out"))
+    dialog.accept()
+    assert not dialog.isVisible()
+    choice = dialog.choice
+    assert choice["params"] == DicomExportParams(formats="seg", dilate_mm=1.5, deidentify=True)
+    assert choice["bundles"] == ["CST left"] and choice["lesion"] == "lesion"
+    assert choice["reference"] == str(reference) and choice["reference_series"] == "1.2.3"

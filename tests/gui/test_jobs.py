@@ -129,3 +129,25 @@ def test_finished_jobs_let_go_of_their_results_and_the_history_is_bounded(qtbot,
 
     gc.collect()
     assert all(ref() is None for ref in refs)  # nothing else holds them
+
+
+def test_a_finished_job_shows_done_not_its_last_progress_message(qtbot, runner):
+    """The job list's detail line and state column say what a job is doing while it runs and
+    that it is done when it is: the last progress message ("reading the reference series")
+    must not stay as if it were still at that step."""
+    from tractlens.widgets.job_panel import JobPanel
+
+    panel = JobPanel(runner)
+    qtbot.addWidget(panel)
+
+    def job(ctx):
+        ctx.progress(0, 2, "reading the reference series")
+        ctx.progress(1, 2)
+        return "ok"
+
+    with qtbot.waitSignal(runner.job_finished, timeout=5000):
+        job_id = runner.submit("export for navigation", job)
+    assert runner.jobs[job_id].state == DONE
+    assert panel.detail.text() == "export for navigation: done"
+    item = panel.tree.topLevelItem(0)
+    assert item.text(2) == "done" and "reading" not in item.toolTip(2)

@@ -108,35 +108,82 @@ class DicomController(QObject):
         self.loaded.emit(folder)
 
     # ---------------------------------------------------------------- export
-    def export_dialog(self) -> int | None:
-        """Ask for the reference series and the output folder, then export the visible bundles."""
-        parent = self._parent()
-        reference = dialogs.folder(parent, "Reference series for navigation (its DICOM folder, e.g. the T1)")
-        if not reference:
-            return None
-        outdir = dialogs.folder(parent, "Folder to write the DICOM objects into")
-        if not outdir:
-            return None
-        return self.export(reference, outdir)
+    def default_reference(self) -> tuple[str, str | None, str]:
+        """(folder, series UID, how the series is named) of the anatomy opened from DICOM, the
+        reference a navigation export goes onto unless the user picks another; empty without one."""
+        for layer in self.document.layers:
+            dicom = layer.provenance.get("dicom") if isinstance(layer.provenance, dict) else None
+            if (
+                isinstance(dicom, dict)
+                and layer.kind != "dwi"
+                and is_anatomical(layer)
+                and layer.provenance.get("file")
+            ):
+                return str(layer.provenance["file"]), dicom.get("series_instance_uid"), dicom.get("series", "")
+        return "", None, ""
 
-    def export(self, reference: str | os.PathLike, outdir: str | os.PathLike, params: DicomExportParams | None = None):
-        """Export every visible tractogram layer (and the marked lesion) onto ``reference`` in a job."""
+    def export_dialog(self) -> int | None:
+        """Ask what to export, onto which reference series and where (:func:`dialogs.navigation_export`,
+        scripted in a run nobody watches), then export in a job."""
+        from tractlens.app.pipelines.connectivity import default_lesion, is_marked_lesion
+
+        tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
+        if not tracts:
+            self.error.emit("Nothing to export: no tractogram. Track or open bundles first.", "")
+            return None
+        marked = default_lesion(self.document.layers)
+        reference, series, label = self.default_reference()
+        try:
+            choice = dialogs.navigation_export(
+                self._parent(),
+                bundles=[(layer.name, layer.visible) for layer in tracts],
+                lesions=[layer.name for layer in self.document.layers if is_marked_lesion(layer)],
+                lesion=marked.name if marked is not None else None,
+                reference=reference,
+                reference_series=series,
+                reference_label=f"series {label}" if label else "",
+            )
+        except ValueError as exc:  # a scripted answer that cannot be exported
+            self.error.emit(f"Export for navigation: {exc}", "")
+            return None
+        if choice is None:
+            return None
+        return self.export(choice["reference"], choice["outdir"], choice["params"],
+                           reference_series=choice["reference_series"], bundles=choice["bundles"],
+                           lesion=choice["lesion"])  # fmt: skip
+
+    def export(
+        self,
+        reference: str | os.PathLike,
+        outdir: str | os.PathLike,
+        params: DicomExportParams | None = None,
+        *,
+        reference_series: str | None = None,
+        bundles: list[str] | None = None,
+        lesion: str | bool | None = True,
+    ) -> int | None:
+        """Export tractogram layers (``bundles`` by name; default: the visible ones) and the lesion
+        (a layer's name, None for none, True for the one marked) onto ``reference`` in a job."""
         from tractlens.app.pipelines.connectivity import default_lesion, lesion_mask_of
 
         params = params or DicomExportParams()
-        bundles = [layer for layer in self.document.layers if layer.kind == "tractogram" and layer.visible]
-        if not bundles:
+        tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
+        chosen = [layer for layer in tracts if (layer.name in bundles if bundles is not None else layer.visible)]
+        if not chosen:
             self.error.emit("Nothing to export: no visible tractogram. Track or open bundles first.", "")
             return None
         inputs = []
-        for layer in bundles:
+        for layer in chosen:
             tract = layer.data
             points_mm = tract.points @ tract.affine[:3, :3].T + tract.affine[:3, 3]
             inputs.append((layer.name, points_mm, tract.offsets.copy()))
-        lesion_layer = default_lesion(self.document.layers)
-        lesion = None
+        if lesion is True:
+            lesion_layer = default_lesion(self.document.layers)
+        else:
+            lesion_layer = next((layer for layer in self.document.layers if lesion and layer.name == lesion), None)
+        lesion_input = None
         if lesion_layer is not None:
-            lesion = (lesion_layer.name, lesion_mask_of(lesion_layer).copy(), lesion_layer.data.affine.copy())
+            lesion_input = (lesion_layer.name, lesion_mask_of(lesion_layer).copy(), lesion_layer.data.affine.copy())
         frames = [layer.provenance.get("dicom", {}) for layer in self.document.layers if layer.kind == "dwi"]
         dwi_frame = next((f.get("frame_of_reference_uid") for f in frames if f.get("frame_of_reference_uid")), None)
 
@@ -149,14 +196,15 @@ class DicomController(QObject):
             )
 
             ctx.progress(0, 1, "reading the reference series")
-            ref = read_reference(reference)
+            ref = read_reference(reference, reference_series)
             check_frame_of_reference(ref, dwi_frame, "the diffusion series open")
-            structures = structures_on_reference(ref, inputs, lesion, params.dilate_mm)
+            ctx.progress(0, 1, "bundles onto the reference grid")
+            structures = structures_on_reference(ref, inputs, lesion_input, params.dilate_mm)
             ctx.check()
             return export_dicom(ref, structures, outdir, params, progress=ctx.progress).as_dict()
 
         def done(summary) -> None:
-            for layer in bundles:
+            for layer in chosen:
                 layer.provenance["dicom_export"] = summary  # the report lists it with the bundle
             kinds = ", ".join(summary["files"])
             self.message.emit(f"Exported for navigation ({kinds}) to {summary['outdir']}", 15000)
