@@ -95,3 +95,33 @@ def test_file_region_reads_what_the_map_holds(tmp_path):
         os.close(fd)
     assert file_region(mapped[:, :2]) is None  # not contiguous
     assert file_region(np.zeros((3, 3))) is None
+
+
+def test_pread_rows_read_what_the_map_holds_without_mapping_it(tmp_path):
+    from tractlens.app.io._pages import PreadRows
+
+    path = tmp_path / "p.bin"
+    data = np.random.default_rng(1).random((3000, 3)).astype(np.float32)
+    with open(path, "wb") as f:
+        f.write(b"y" * 777)
+        f.write(data.tobytes())
+    mapped = np.memmap(path, dtype=np.float32, mode="r+", offset=777, shape=(3000, 3))
+    rows = PreadRows.over(mapped)
+    assert isinstance(rows, PreadRows) and len(rows) == 3000 and rows.shape == (3000, 3)
+    for lo, hi in ((0, 3000), (5, 17), (2990, 5000), (40, 40)):
+        np.testing.assert_array_equal(rows[lo:hi], data[lo:hi])
+    np.testing.assert_array_equal(np.asarray(rows), data)
+    column = np.memmap(path, dtype=np.float32, mode="r", offset=777, shape=(9000,))
+    np.testing.assert_array_equal(PreadRows.over(column)[100:200], data.ravel()[100:200])
+    plain = np.zeros((4, 3))
+    assert PreadRows.over(plain) is plain  # not a map: the array itself
+    with pytest.raises(TypeError):
+        rows[::2]
+
+
+def test_a_view_of_a_read_only_map_is_released_through_its_base(tmp_path):
+    path = tmp_path / "v.bin"
+    np.arange(1 << 16, dtype=np.float32).tofile(path)
+    view = np.asarray(np.memmap(path, dtype=np.float32, mode="r"))  # what a reader hands out
+    assert not isinstance(view, np.memmap)
+    assert release_pages(view) is True

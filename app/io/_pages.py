@@ -11,18 +11,30 @@ map may hold changes that only this process has, which ``MADV_DONTNEED`` would t
 from __future__ import annotations
 
 import mmap
+import os
 
 import numpy as np
 
-__all__ = ["file_region", "read_rows", "release_pages"]
+__all__ = ["PreadRows", "file_region", "read_rows", "release_pages"]
+
+
+def _memmap_of(array):
+    """The ``numpy.memmap`` under ``array`` (itself, or the base of a view), or None."""
+    seen = 0
+    while array is not None and seen < 8:
+        if isinstance(array, np.memmap) and getattr(array, "_mmap", None) is not None:
+            return array
+        array, seen = getattr(array, "base", None), seen + 1
+    return None
 
 
 def release_pages(array) -> bool:
     """Drop the pages of the memory map under ``array`` (a ``numpy.memmap`` opened ``"r"`` or
     ``"r+"``, or a view of one) from the resident set; returns whether it did. Anything else
     (an ordinary array, a copy-on-write map, a platform without ``madvise``) is left alone."""
-    mapping = getattr(array, "_mmap", None)
-    if not isinstance(array, np.memmap) or mapping is None or getattr(array, "mode", "c") not in ("r", "r+"):
+    mapped = _memmap_of(array)
+    mapping = getattr(mapped, "_mmap", None)
+    if mapped is None or mapping is None or getattr(mapped, "mode", "c") not in ("r", "r+"):
         return False
     advice = getattr(mmap, "MADV_DONTNEED", None)
     if advice is None or not hasattr(mapping, "madvise"):
@@ -38,9 +50,10 @@ def file_region(array) -> tuple[str, int] | None:
     """(file name, byte position) of the first byte of ``array`` when it is a C-contiguous memory
     map of a file (or a view of one), so that it can be read with ``pread`` instead of through
     page faults on the map; None otherwise."""
-    mapping = getattr(array, "_mmap", None)
-    name = getattr(array, "filename", None)
-    if not isinstance(array, np.memmap) or mapping is None or not name or not array.flags.c_contiguous:
+    mapped = _memmap_of(array)
+    mapping = getattr(mapped, "_mmap", None)
+    name = getattr(mapped, "filename", None)
+    if mapped is None or mapping is None or not name or not array.flags.c_contiguous:
         return None
     try:
         whole = np.frombuffer(mapping, dtype=np.uint8)
@@ -48,7 +61,7 @@ def file_region(array) -> tuple[str, int] | None:
         return None
     try:
         base_address = whole.ctypes.data
-        map_start = array.offset - array.offset % mmap.ALLOCATIONGRANULARITY  # where numpy mapped from
+        map_start = mapped.offset - mapped.offset % mmap.ALLOCATIONGRANULARITY  # where numpy mapped from
         within = array.ctypes.data - base_address
         if not 0 <= within <= len(whole) - array.nbytes:
             return None
@@ -60,10 +73,10 @@ def file_region(array) -> tuple[str, int] | None:
 def read_rows(fd: int, position: int, dtype, shape) -> np.ndarray:
     """``shape`` items of ``dtype`` read with ``os.preadv`` from ``position`` of the open file
     ``fd`` (thread-safe: no shared file position; the GIL is released while reading)."""
-    import os
-
     out = np.empty(shape, dtype=dtype)
-    view = memoryview(out).cast("B")
+    if out.size == 0:
+        return out
+    view = memoryview(out.reshape(-1).view(np.uint8))
     done = 0
     while done < len(view):
         got = os.preadv(fd, [view[done:]], position + done)
@@ -71,3 +84,43 @@ def read_rows(fd: int, position: int, dtype, shape) -> np.ndarray:
             raise OSError(f"the file ended {len(view) - done} bytes early")
         done += got
     return out
+
+
+class PreadRows:
+    """Rows of a C-contiguous memory-mapped array read with ``pread`` on demand: ``rows[lo:hi]``
+    is a new array, read from the file without faulting the map's pages in (so they never
+    count in this process's resident memory). ``len``, ``shape``, ``dtype`` and ``ndim`` as the
+    array's. Made by :meth:`over`, which returns the array itself when it is not such a map."""
+
+    def __init__(self, array: np.ndarray, name: str, position: int):
+        self.shape, self.dtype, self.ndim = tuple(array.shape), array.dtype, array.ndim
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self.name, self.position = name, position
+        self.fd = os.open(name, os.O_RDONLY)
+
+    @classmethod
+    def over(cls, array):
+        region = file_region(array) if array.ndim >= 1 and len(array) else None
+        return array if region is None else cls(array, *region)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key) -> np.ndarray:
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("rows are read by contiguous slices only")
+        lo, hi, _ = key.indices(self.shape[0])
+        hi = max(lo, hi)
+        return read_rows(self.fd, self.position + lo * self.row_bytes, self.dtype, (hi - lo, *self.shape[1:]))
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self[:]
+        return whole if dtype is None else whole.astype(dtype)
+
+    def __del__(self):
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import InputError
 from ..model import Volume
 from ._atomic import atomic_path, split_suffix
+from ._pages import release_pages
 from .nifti import check_exists, load_image, read_array, reason
 
 log = logging.getLogger(__name__)
@@ -232,6 +233,7 @@ def load_dwi(
     bvec: str | os.PathLike | None = None,
     *,
     b0_threshold: float = B0_THRESHOLD,
+    read_only: bool = False,
 ) -> DWI:
     """Load and validate a DWI series.
 
@@ -241,7 +243,9 @@ def load_dwi(
     number of volumes, no b=0 volume (b <= ``b0_threshold``), non-unit or zero
     b-vectors, and a damaged header or data (see :func:`~app.io.nifti.check_header`).
     Voxels holding NaN/Inf are loaded and counted in ``warnings``; voxels without
-    signal at b=0 are loaded too and flagged by the fit, not here.
+    signal at b=0 are loaded too and flagged by the fit, not here. ``read_only``: an
+    uncompressed file is mapped read-only (its pages can then leave the resident set once
+    read, :func:`~app.io._pages.release_pages`); writing into ``data`` raises.
     """
     path = check_exists(path, "diffusion data")
     if path.is_dir():  # a DICOM folder: its diffusion series, converted (cached)
@@ -250,7 +254,7 @@ def load_dwi(
         dicom = dicom_input(path, kind="dwi")
         if dicom is not None:
             path, bval, bvec = dicom.nifti, bval or dicom.bval, bvec or dicom.bvec
-    img = load_image(path, "diffusion data")
+    img = load_image(path, "diffusion data", mmap="r" if read_only else "c")
     shape = img.shape
     if len(shape) == 3 or (len(shape) == 4 and shape[3] == 1):
         raise InputError(
@@ -297,6 +301,8 @@ def load_dwi(
     bvecs = check_gradients(bvals, bvecs, bvec_path, warnings, b0_threshold)
     data = read_array(img, path, what="diffusion data")
     nonfinite = _report_bad_voxels(data, warnings)
+    if read_only:
+        release_pages(data)  # scanned: the pages go back to the page cache
     affine = img.affine.copy()
     return DWI(
         data=data,

@@ -57,18 +57,20 @@ def check_exists(path: str | os.PathLike, what: str) -> Path:
     return path
 
 
-def load_image(path: str | os.PathLike, what: str = "image") -> nib.Nifti1Image:
+def load_image(path: str | os.PathLike, what: str = "image", *, mmap: str = "c") -> nib.Nifti1Image:
     """Open a NIfTI image lazily, turning nibabel's errors into :class:`InputError`.
 
     The header is checked (:func:`check_header`) before any data is read, so a damaged
-    header never makes a reader allocate or read what the file cannot hold."""
+    header never makes a reader allocate or read what the file cannot hold. ``mmap``: how an
+    uncompressed file's data are mapped ("c" copy-on-write, nibabel's default; "r" read-only,
+    for readers that never write into the array and release its pages once read)."""
     path = check_exists(path, what)
     if path.is_dir():  # a DICOM folder (or series folder): its image, converted (cached)
         from .dicom_import import dicom_input
 
         dicom = dicom_input(path, kind=None)
         if dicom is not None:
-            return load_image(dicom.nifti, what)
+            return load_image(dicom.nifti, what, mmap=mmap)
     if path.is_dir():
         raise InputError(
             f"expected a NIfTI file for the {what} but this is a folder",
@@ -85,7 +87,7 @@ def load_image(path: str | os.PathLike, what: str = "image") -> nib.Nifti1Image:
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            img = nib.load(path)
+            img = nib.load(path, mmap=mmap)
     except Exception as exc:  # nibabel raises many types for corrupt files
         raise InputError(
             f"could not be read as NIfTI ({reason(exc)})",

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ._pages import PreadRows
 
 __all__ = ["MappedTractogram", "open_trx_mm"]
 
@@ -101,6 +102,9 @@ def open_trx_mm(path: str | os.PathLike) -> MappedTractogram | None:
         if len(values) != len(lengths):
             raise InputError(f"the file is inconsistent: streamline scalar {key!r} has {len(values)} values "
                              f"for {len(lengths)} streamlines", path=path, fix=fix)  # fmt: skip
+    # read by pread in the chunks asked for: the map's pages never join the resident memory
+    points = PreadRows.over(points)
+    per_point = {k: PreadRows.over(v) for k, v in per_point.items()}
     return MappedTractogram(
         points, offsets, affine, dims, per_point, per_streamline, name=path.name.split(".")[0], source=str(path)
     )

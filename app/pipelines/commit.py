@@ -54,6 +54,7 @@ from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
+from .commit_inputs import _finite_voxels, _normalised_signal, _segments_fit_on_device
 from .select import load_masks_on_reference
 
 #: Files written by :func:`write_commit_outputs` ({ext}: the input tractogram's format).
@@ -239,36 +240,6 @@ def commit_pipeline(
     return result
 
 
-def _segments_fit_on_device(backend, tractogram) -> bool:
-    """Whether the segments can be built and kept on the device (GPU backends): room for about
-    1.5 segments per point while they are built, with a third of the device left for the fit."""
-    if not backend.is_gpu:
-        return False
-    need = 1.5 * len(tractogram.points) * commit.DEVICE_BUILD_BYTES_PER_SEGMENT
-    return need < 0.66 * backend.free_memory_bytes()
-
-
-def _finite_voxels(data: np.ndarray) -> np.ndarray:
-    """Voxels whose every measurement is finite, slab by slab (no 4-D boolean temporary)."""
-    out = np.empty(data.shape[:3], dtype=bool)
-    for i in range(data.shape[0]):
-        out[i] = np.isfinite(data[i]).all(axis=-1)
-    return out
-
-
-def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> np.ndarray:
-    """``data[usable] / b0[usable]`` (n, M), slab by slab into one array, in the data's precision:
-    the values the float64 fit takes exactly, at half the memory of a float64 copy."""
-    out = np.empty((int(usable.sum()), data.shape[-1]), dtype=np.result_type(data.dtype, b0.dtype))
-    start = 0
-    for i in range(data.shape[0]):
-        inside = usable[i]
-        n = int(inside.sum())
-        out[start : start + n] = data[i][inside] / b0[i][inside, None]
-        start += n
-    return out
-
-
 def _commit_pipeline(
     dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments
 ) -> CommitResult:
@@ -338,7 +309,7 @@ def _commit_pipeline(
         ec_row, ec_orient = commit.ec_from_segments(seg)
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
-    y = _normalised_signal(dwi.data, b0, usable)
+    y = _normalised_signal(dwi.data, b0, usable)  # a read-only mapped series' pages given back
     if backend.is_gpu:
         op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
@@ -564,7 +535,7 @@ def commit_from_files(
     uncompressed .trx is read as stored (:mod:`app.io.tractogram_mapped`) rather than into
     voxel coordinates; the streamlines written back are then its own bytes."""
     with phase("read"):
-        dwi = load_dwi(dwi_path, bval, bvec)
+        dwi = load_dwi(dwi_path, bval, bvec, read_only=True)  # its pages released once read
         # an uncompressed .trx is used as stored (mapped millimetres: no conversion, no copy)
         tract = open_trx_mm(tractogram_path) if mapped else None
         if tract is None:

@@ -1,0 +1,58 @@
+"""COMMIT's inputs on the DWI's grid: which voxels have usable signal, the signal of those the
+streamlines pass through (normalised by b=0, read in slabs), and whether the segments go on the
+device."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tractlens.gpu import commit
+
+from ..io._pages import release_pages
+
+
+def _segments_fit_on_device(backend, tractogram) -> bool:
+    """Whether the segments can be built and kept on the device (GPU backends): room for about
+    1.5 segments per point while they are built, with a third of the device left for the fit."""
+    if not backend.is_gpu:
+        return False
+    need = 1.5 * len(tractogram.points) * commit.DEVICE_BUILD_BYTES_PER_SEGMENT
+    return need < 0.66 * backend.free_memory_bytes()
+
+
+def _finite_voxels(data: np.ndarray) -> np.ndarray:
+    """Voxels whose every measurement is finite, slab by slab (no 4-D boolean temporary)."""
+    out = np.empty(data.shape[:3], dtype=bool)
+    for i in range(data.shape[0]):
+        out[i] = np.isfinite(data[i]).all(axis=-1)
+    return out
+
+
+#: Slabs (of the last spatial axis) read between releases of a mapped series' pages
+RELEASE_EVERY_SLABS = 16
+
+
+def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """``data[usable] / b0[usable]`` (n, M) in the rows' (C) order, in the data's precision: the
+    values the float64 fit takes exactly, at half the memory of a float64 copy. Read a slab of
+    the last spatial axis at a time (contiguous in the file's column-major order) by a pool of
+    threads; a read-only mapped series gives its pages back every few slabs."""
+    out = np.empty((int(usable.sum()), data.shape[-1]), dtype=np.result_type(data.dtype, b0.dtype))
+    row_of = np.full(usable.shape, -1, dtype=np.int64)
+    row_of[usable] = np.arange(len(out))
+
+    def slab(k: int) -> None:
+        inside = usable[:, :, k]
+        if inside.any():
+            out[row_of[:, :, k][inside]] = data[:, :, k][inside] / b0[:, :, k][inside, None]
+        if k % RELEASE_EVERY_SLABS == RELEASE_EVERY_SLABS - 1:
+            release_pages(data)
+
+    workers = min(8, os.cpu_count() or 1, max(1, data.shape[2]))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(slab, range(data.shape[2])))
+    release_pages(data)
+    return out
