@@ -70,7 +70,13 @@ import numpy as np
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .engines import ARRAYS, KERNEL, choose_engine
-from .geodesic_metrics import METRICS, adaptive_conformal_factor, conformal_exponent, metric_inverse
+from .geodesic_metrics import (
+    METRIC_CHOICES,
+    adaptive_conformal_factor,
+    conformal_exponent,
+    metric_for,
+    metric_inverse,
+)
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import (
@@ -86,7 +92,7 @@ from .streamlines import (
 )
 
 INTEGRATORS = ("euler", "rk2", "rk4")
-CHOICES = {"integrator": INTEGRATORS, "metric": METRICS}
+CHOICES = {"integrator": INTEGRATORS, "metric": METRIC_CHOICES}
 STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}  # the codes only geodesic uses
 TRACK, TARGET = 1, 2  # bits of the region map
 STOP_CODE_SLOTS = 16  # length of the per-code counts (the codes are small integers)
@@ -113,13 +119,14 @@ class MetricParams:
     :mod:`gpu.geodesic_metrics`)."""
 
     metric: str = field(
-        default="adaptive",
+        default="auto",
         metadata=meta(
             "Metric",
-            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), or D⁻¹ with the "
-            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011)",
-            choices=METRICS,
-            cli_help="inverse, adjugate, or adaptive (D⁻¹ with a conformal factor fitted to the bundles' curves)",
+            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), D⁻¹ with the "
+            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011), or auto: "
+            "the one measured best for the method (rays: adaptive; two-point: inverse; eikonal: det(D)²·D⁻¹)",
+            choices=METRIC_CHOICES,
+            cli_help="auto (best measured per method), inverse, adjugate, or adaptive",
         ),
     )
     gain: float = field(
@@ -159,8 +166,8 @@ class MetricParams:
     )
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"the metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if self.metric not in METRIC_CHOICES:
+            raise ValueError(f"the metric must be one of {', '.join(METRIC_CHOICES)}, got {self.metric!r}")
         if not (0 <= self.conformal_power <= 4 and math.isfinite(self.conformal_power)):
             raise ValueError(f"the conformal power must be in [0, 4], got {self.conformal_power}")
         if not (self.gain >= 0 and math.isfinite(self.gain)):
@@ -287,6 +294,8 @@ class GeodesicField:
     derivative_scale: float = 1.0
     # The kernel's packed copy per device (shared by the fields with_regions makes).
     packed: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the metric parameters it was made with (``auto`` resolved)
+    metric_params: MetricParams | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -336,6 +345,7 @@ def prepare_metric(
     :class:`gpu.backend.Cancelled`."""
     backend = get_backend(device)
     xp = backend.xp
+    params = metric_for(params, "rays")  # auto, when the method is not known: ray tracing's metric
     tensor = np.asarray(tensor)
     if tensor.ndim != 4 or tensor.shape[-1] != 6:
         raise ValueError(f"a tensor field must be (X, Y, Z, 6), got shape {tensor.shape}")
@@ -394,8 +404,9 @@ def prepare_metric(
     data[..., :6] = b
     data[..., 6:] = (derivatives * scale).astype(xp.float16).astype(xp.float32) / np.float32(scale)
     bare = GeodesicField(
-        backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes, scale
-    )
+        backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes, scale,
+        metric_params=params,
+    )  # fmt: skip
     return with_regions(bare, mask, target)
 
 
@@ -435,7 +446,7 @@ def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
         region[np.asarray(target) != 0] |= TARGET
     return GeodesicField(
         fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes),
-        fld.derivative_scale, fld.packed,
+        fld.derivative_scale, fld.packed, fld.metric_params,
     )  # fmt: skip
 
 

@@ -152,7 +152,7 @@ def test_pipeline_sizes_directions_and_reports_how_fibres_ended():
     from tractlens.app.pipelines.track_geodesic import directions_for
 
     field_, seed, target = _straight_bundle()
-    result = geodesic_pipeline(field_, seed_mask=seed, target=target, cone_deg=20, device="cpu")
+    result = geodesic_pipeline(field_, seed_mask=seed, target=target, cone_deg=20, device="cpu", method="rays")
     prov = result.provenance
     assert prov["directions"] == directions_for(9, on_gpu=False) and prov["fibers"] == 9 * prov["directions"]
     assert sum(prov["stop_reasons"].values()) == prov["fibers"]
@@ -169,7 +169,7 @@ def test_a_run_that_finds_nothing_says_how_fibres_ended_and_what_to_try():
     mask[2:9, 1:8, 1:8] = True  # ends long before the target, inside the volume
     params = GeodesicParams(mask_tolerance_mm=1.0)
     result = geodesic_pipeline(field_, seed_mask=seed, target=target, mask=mask, directions=10, params=params,
-                               device="cpu")  # fmt: skip
+                               device="cpu", method="rays")  # fmt: skip
     reason = result.provenance["empty_reason"]
     assert len(result.tractogram) == 0
     assert "90 left the mask" in reason and "mask tolerance (now 1 mm)" in reason, reason
