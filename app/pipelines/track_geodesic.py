@@ -118,7 +118,6 @@ def geodesic_pipeline(
     ``target_points`` points of the target is joined by shooting (:func:`two_point_pipeline`).
     """
     from tractlens.gpu import geodesic, sym3
-
     from tractlens.gpu.geodesic_metrics import metric_for
 
     params = params or geodesic.GeodesicParams()
