@@ -20,21 +20,21 @@ def test_neighbourhoods_hold_every_direction_once():
         assert len(both) == 2 * count  # no direction given twice, no ± pair twice
 
 
-def test_a_straight_path_in_a_constant_field_has_the_closed_form_length_and_cm():
+def test_a_straight_path_in_a_constant_field_has_the_closed_form_length_and_cm(device):
     """D = diag(λ1, λ2, λ2) along x, gain 1: a step of 1 mm along x costs 1/sqrt(λ1), so the
     distance to a target 10 voxels along x is 10/sqrt(λ1) and CM = sqrt(λ1)."""
     d = np.diag([2.0, 0.5, 0.5])
     fld = prepare_metric(constant(d), (1.0, 1.0, 1.0), MetricParams(metric="inverse", gain=1.0), device="cpu")
     target = np.zeros(fld.shape, bool)
     target[25, 15, 15] = True
-    result = connect(fld, np.array([[15.0, 15.0, 15.0]]), target, device="cpu")
+    result = connect(fld, np.array([[15.0, 15.0, 15.0]]), target, device=device)  # edges on CuPy too
     assert result.connected.all() and len(result) == 1
     assert result.distance_mm[0] == pytest.approx(10 / np.sqrt(2.0), rel=1e-5)
     assert result.cm[0] == pytest.approx(np.sqrt(2.0), rel=1e-4)
     np.testing.assert_allclose(result[0][:, 1:], 15.0, atol=1e-6)  # straight along x
 
 
-def test_the_path_follows_a_curved_bundle_where_rays_run_straight():
+def test_the_path_follows_a_curved_bundle_where_rays_run_straight(device):
     """arc_field: fibres on a ring of radius 7.5..10.5 around (15, 15). From one end of a
     quarter of the ring to the other, the minimal geodesic (adjugate metric, the mask the ring)
     stays on the ring, though the chord between the ends is shorter."""
@@ -48,7 +48,7 @@ def test_the_path_follows_a_curved_bundle_where_rays_run_straight():
     target = np.zeros_like(ring)
     target[15, 24:26, 14:17] = True  # the ring at angle 90°
     seeds = np.array([[24.0, 15.0, 15.0], [24.5, 15.0, 15.0]])  # the ring at angle 0°
-    result = connect(fld, seeds, target, device="cpu")
+    result = connect(fld, seeds, target, device=device)
     assert result.connected.all()
     for i in range(len(result)):
         p = result[i]
