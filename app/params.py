@@ -76,6 +76,9 @@ class SeedingParams:
     )
 
 
+GEODESIC_METHODS = ("auto", "rays", "eikonal")
+
+
 @dataclass(frozen=True)
 class GeodesicSeedingParams:
     """Seed points of geodesic ray tracing, the fibres shot from each, and the share kept by CM."""
@@ -137,6 +140,30 @@ class GeodesicSeedingParams:
             "",
             (1, 1000),
             metavar="N",
+        ),
+    )
+
+    method: str = field(
+        default="auto",
+        metadata=meta(
+            "Method",
+            "how seed points are joined to the target: rays (shoot fibres, keep those that reach it), eikonal "
+            "(the minimal geodesic from every seed point, from the metric's distance map to the target), or auto "
+            "(eikonal with a target, rays without)",
+            choices=GEODESIC_METHODS,
+            cli_help="rays, eikonal (minimal geodesic of every seed point to the target), or auto",
+        ),
+    )
+
+    neighbourhood: int = field(
+        default=1,
+        metadata=meta(
+            "Neighbourhood",
+            "eikonal: the graph's steps reach this many voxels (1: 26 neighbours; 2: 98 directions, paths bend "
+            "at finer angles, about 4x the work)",
+            "vox",
+            (1, 2),
+            metavar="R",
         ),
     )
 

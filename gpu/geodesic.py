@@ -70,7 +70,13 @@ import numpy as np
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .engines import ARRAYS, KERNEL, choose_engine
-from .geodesic_metrics import METRICS, adaptive_conformal_factor, conformal_exponent, metric_inverse
+from .geodesic_metrics import (
+    METRIC_CHOICES,
+    adaptive_conformal_factor,
+    conformal_exponent,
+    metric_for,
+    metric_inverse,
+)
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import (
@@ -86,7 +92,7 @@ from .streamlines import (
 )
 
 INTEGRATORS = ("euler", "rk2", "rk4")
-CHOICES = {"integrator": INTEGRATORS, "metric": METRICS}
+CHOICES = {"integrator": INTEGRATORS, "metric": METRIC_CHOICES}
 STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}  # the codes only geodesic uses
 TRACK, TARGET = 1, 2  # bits of the region map
 STOP_CODE_SLOTS = 16  # length of the per-code counts (the codes are small integers)
@@ -99,7 +105,12 @@ KERNEL_DEFINES = (
     ("TRACK_BIT", TRACK),
     ("TARGET_BIT", TARGET),
     ("CHUNKS", PACKED_CHUNKS),
+    ("TOLERANCE_SLACK_MICROSTEPS", 1000),
 )
+#: A run outside the mask ends a fibre when it exceeds the tolerance by more than this many
+#: steps: a tolerance that is a whole number of steps (3 mm of 0.25 mm steps) is then met by
+#: both engines alike, instead of float32 and float64 rounding of the summed segments deciding.
+TOLERANCE_SLACK = dict(KERNEL_DEFINES)["TOLERANCE_SLACK_MICROSTEPS"] * 1e-6
 
 
 @dataclass(frozen=True)
@@ -108,13 +119,14 @@ class MetricParams:
     :mod:`gpu.geodesic_metrics`)."""
 
     metric: str = field(
-        default="adaptive",
+        default="auto",
         metadata=meta(
             "Metric",
-            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), or D⁻¹ with the "
-            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011)",
-            choices=METRICS,
-            cli_help="inverse, adjugate, or adaptive (D⁻¹ with a conformal factor fitted to the bundles' curves)",
+            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), D⁻¹ with the "
+            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011), or auto: "
+            "the one measured best for the method (rays: adaptive; two-point: inverse; eikonal: det(D)²·D⁻¹)",
+            choices=METRIC_CHOICES,
+            cli_help="auto (best measured per method), inverse, adjugate, or adaptive",
         ),
     )
     gain: float = field(
@@ -154,8 +166,8 @@ class MetricParams:
     )
 
     def __post_init__(self) -> None:
-        if self.metric not in METRICS:
-            raise ValueError(f"the metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if self.metric not in METRIC_CHOICES:
+            raise ValueError(f"the metric must be one of {', '.join(METRIC_CHOICES)}, got {self.metric!r}")
         if not (0 <= self.conformal_power <= 4 and math.isfinite(self.conformal_power)):
             raise ValueError(f"the conformal power must be in [0, 4], got {self.conformal_power}")
         if not (self.gain >= 0 and math.isfinite(self.gain)):
@@ -282,6 +294,8 @@ class GeodesicField:
     derivative_scale: float = 1.0
     # The kernel's packed copy per device (shared by the fields with_regions makes).
     packed: dict = field(default_factory=dict, repr=False, compare=False)
+    #: the metric parameters it was made with (``auto`` resolved)
+    metric_params: MetricParams | None = None
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -321,10 +335,17 @@ def prepare_metric(
     target=None,
     device: str | Backend = "auto",
     det_epsilon: float = 1e-9,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> GeodesicField:
-    """Pre-process the tensors, invert, differentiate; pack the field the trackers read."""
+    """Pre-process the tensors, invert, differentiate; pack the field the trackers read.
+
+    ``progress``/``cancelled`` reach the adaptive metric's conjugate gradients (the one long
+    step: about 13 s on two CPU cores for 590 000 voxels); a cancelled run raises
+    :class:`gpu.backend.Cancelled`."""
     backend = get_backend(device)
     xp = backend.xp
+    params = metric_for(params, "rays")  # auto, when the method is not known: ray tracing's metric
     tensor = np.asarray(tensor)
     if tensor.ndim != 4 or tensor.shape[-1] != 6:
         raise ValueError(f"a tensor field must be (X, Y, Z, 6), got shape {tensor.shape}")
@@ -367,7 +388,7 @@ def prepare_metric(
     b, _reference = metric_inverse(xp, b, good & present, conformal_exponent(params.metric, params.conformal_power))
     if params.metric == "adaptive":
         weight = xp.where(good & present, sym3.fractional_anisotropy_from_invariants(xp, b) ** 2, 0.0)
-        phi, info = adaptive_conformal_factor(xp, b, weight, voxel_size)
+        phi, info = adaptive_conformal_factor(xp, b, weight, voxel_size, progress=progress, cancelled=cancelled)
         b = b * xp.exp(-2.0 * phi)[..., None]
         notes.append(
             f"adaptive metric: conformal factor from {info['iterations']} conjugate-gradient iterations, "
@@ -383,8 +404,9 @@ def prepare_metric(
     data[..., :6] = b
     data[..., 6:] = (derivatives * scale).astype(xp.float16).astype(xp.float32) / np.float32(scale)
     bare = GeodesicField(
-        backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes, scale
-    )
+        backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes, scale,
+        metric_params=params,
+    )  # fmt: skip
     return with_regions(bare, mask, target)
 
 
@@ -424,7 +446,7 @@ def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
         region[np.asarray(target) != 0] |= TARGET
     return GeodesicField(
         fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes),
-        fld.derivative_scale, fld.packed,
+        fld.derivative_scale, fld.packed, fld.metric_params,
     )  # fmt: skip
 
 
@@ -554,7 +576,7 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         out_mask = (code & TRACK) == 0
         run_out = xp.where(out_mask, outside[idx] + seg, 0.0)
         live = drop(~ins, OUTSIDE_VOLUME)
-        live &= drop(live & out_mask & ((run_out > tolerance) | (tolerance <= 0)), OUTSIDE_MASK)
+        live &= drop(live & out_mask & ((run_out > tolerance + TOLERANCE_SLACK * h) | (tolerance <= 0)), OUTSIDE_MASK)
         turn = xp.sum(dx * prev[idx], axis=1) / xp.where(seg > 0, seg, 1.0)
         live &= drop(live & (turn < cos_max), SHARP_ANGLE)
         vi = vi[live]

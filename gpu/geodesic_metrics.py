@@ -40,7 +40,28 @@ import math
 from . import sym3
 
 METRICS = ("inverse", "adjugate", "adaptive")
+#: ``auto`` picks per way of joining seed points to targets (:func:`metric_for`).
+METRIC_CHOICES = ("auto", *METRICS)
+#: What ``auto`` is, per method (measured in ``tests/benchmarks/geodesic_validation.py``; the
+#: README has the table): the metric and the extra power of ``det(D)`` over it.
+AUTO_METRICS = {"rays": ("adaptive", 0.0), "two-point": ("inverse", 0.0), "eikonal": ("adjugate", 1.0)}
 MAX_PHI = 5.0
+SLAB_VOXELS = 32  # planes per slab of the curvature field
+PROGRESS_EVERY = 10  # conjugate-gradient iterations between progress calls
+
+
+def metric_for(params, method: str = "rays"):
+    """``params`` with ``metric="auto"`` made concrete for ``method`` (``rays``, ``two-point`` or
+    ``eikonal``, :data:`AUTO_METRICS`): ray tracing follows curved bundles best in the adaptive
+    metric, shooting in ``D⁻¹``, and the distance map separates true from false connections
+    best in ``det(D)² D⁻¹`` (the adjugate with one more power of the determinant). A metric
+    named explicitly is kept as it is."""
+    from dataclasses import replace
+
+    if params.metric != "auto":
+        return params
+    metric, power = AUTO_METRICS[method]
+    return replace(params, metric=metric, conformal_power=min(4.0, params.conformal_power + power))
 
 
 def conformal_exponent(metric: str, conformal_power: float) -> float:  # adaptive: on the inverse
@@ -140,8 +161,25 @@ def geodesic_curvature(xp, c, voxel_size):
     return k_cov, free
 
 
+def curvature_in_slabs(xp, c, voxel_size, slab: int = SLAB_VOXELS):
+    """:func:`geodesic_curvature` computed ``slab`` planes (along the first axis) at a time, each
+    with one plane of halo on either side (the central differences reach one voxel): the same
+    values, with the temporaries (about 60 volumes of float64) sized to a slab, not the grid."""
+    n = c.shape[0]
+    if n <= slab + 2:
+        return geodesic_curvature(xp, c, voxel_size)
+    k_cov = xp.empty((*c.shape[:3], 3), dtype=c.dtype)
+    free = xp.empty_like(k_cov)
+    for a in range(0, n, slab):
+        b = min(n, a + slab)
+        lo, hi = max(0, a - 1), min(n, b + 1)
+        k_part, f_part = geodesic_curvature(xp, c[lo:hi], voxel_size)
+        k_cov[a:b], free[a:b] = k_part[a - lo : b - lo], f_part[a - lo : b - lo]
+    return k_cov, free
+
+
 def adaptive_conformal_factor(xp, c, weight, voxel_size, smoothness: float = 0.05, iterations: int = 400,
-                              tolerance: float = 1e-6):  # fmt: skip
+                              tolerance: float = 1e-6, progress=None, cancelled=None):  # fmt: skip
     """The conformal factor ``e^{2φ}`` that makes the main-eigenvector curves of ``g = c⁻¹`` as
     nearly geodesics as a smooth ``φ`` can (Hao, Whitaker & Fletcher, "Adaptive Riemannian
     metrics for improved geodesic tracking of white matter", IPMI 2011).
@@ -151,8 +189,15 @@ def adaptive_conformal_factor(xp, c, weight, voxel_size, smoothness: float = 0.0
     least-squares solution of that, weighted by ``weight`` (FA² of the fitted voxels: where the
     direction is known), plus ``smoothness`` × ``|∇φ|²`` over the whole grid (which also carries
     ``φ`` smoothly into the voxels without weight); conjugate gradients on the normal equations,
-    matrix-free, on the array module given (NumPy or CuPy). Returns ``(φ, info)``."""
-    k_cov, free = geodesic_curvature(xp, c, voxel_size)
+    matrix-free, on the array module given (NumPy or CuPy). Returns ``(φ, info)``.
+
+    ``progress(iteration, iterations)`` is called every few iterations; ``cancelled()`` is
+    checked every iteration and raises :class:`gpu.backend.Cancelled` when true. The curvature
+    field is made slab by slab (:func:`curvature_in_slabs`), so that a whole-brain grid needs
+    only the conjugate-gradient vectors at full size (about 12 volumes of float64)."""
+    from .backend import Cancelled
+
+    k_cov, free = curvature_in_slabs(xp, c, voxel_size)
     h = [float(v) for v in voxel_size]
 
     def project(v):
@@ -181,7 +226,11 @@ def adaptive_conformal_factor(xp, c, weight, voxel_size, smoothness: float = 0.0
     target = tolerance**2 * max(float(xp.sum(rhs * rhs)), 1e-300)
     done = 0
     for iteration in range(1, iterations + 1):
+        if cancelled is not None and cancelled():
+            raise Cancelled()
         done = iteration
+        if progress is not None and iteration % PROGRESS_EVERY == 0:
+            progress(iteration, iterations)
         ap = normal(p)
         alpha = rr / max(float(xp.sum(p * ap)), 1e-300)
         phi += alpha * p

@@ -302,7 +302,7 @@ def test_track_geodesic_keeps_ranked_fibres_that_reach_the_target(fitted, demo_d
     result = run_cli(
         "track", "geodesic", "--tensor", str(fitted[0]), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
         "--target", str(demo_dir / "roi_arc_target.nii.gz"), "--directions", "60", "--top-percent", "20",
-        "--device", "cpu", "--json", "-o", str(out),
+        "--method", "rays", "--device", "cpu", "--json", "-o", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -313,6 +313,22 @@ def test_track_geodesic_keeps_ranked_fibres_that_reach_the_target(fitted, demo_d
     cm = tract.streamline_scalars["cm"].ravel()
     assert len(tract) == summary["streamlines"] and np.all(np.diff(cm) <= 1e-6)
     assert len(tract.point_scalars["cm"]) == len(tract.points)
+
+
+def test_track_geodesic_joins_every_seed_point_to_the_target_by_default(fitted, demo_dir, tmp_path):
+    from tractlens.app.io import load_tractogram
+
+    out = tmp_path / "geo.trk"
+    result = run_cli(
+        "track", "geodesic", "--tensor", str(fitted[0]), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
+        "--target", str(demo_dir / "roi_arc_target.nii.gz"), "--device", "cpu", "--json", "-o", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["method"] == "geodesic eikonal" and summary["metric"]["metric"] == "adjugate"
+    assert summary["seed_points_joined"] == summary["seed_points"] == summary["streamlines"] == 40
+    tract = load_tractogram(out)
+    assert len(tract) == 40 and np.all(np.diff(tract.streamline_scalars["cm"].ravel()) <= 1e-6)
 
 
 @pytest.mark.parametrize(

@@ -167,7 +167,7 @@ def test_geodesic_tracking_to_a_target_nothing_reaches_says_so(demo_field, demo_
     seed = _mask(demo_dir, "roi_crossing_lr_seed")
     target = np.zeros_like(seed)
     target[0, 0, 0] = True  # a corner outside the fitted voxels: no fibre gets there
-    result = geodesic_pipeline(demo_field, seed_mask=seed, target=target, directions=8, device="cpu")
+    result = geodesic_pipeline(demo_field, seed_mask=seed, target=target, directions=8, device="cpu", method="rays")
     assert len(result.tractogram) == 0 and result.provenance["reached_target"] == 0
     assert "reached the target region" in result.provenance["empty_reason"]
 

@@ -152,7 +152,7 @@ def test_pipeline_sizes_directions_and_reports_how_fibres_ended():
     from tractlens.app.pipelines.track_geodesic import directions_for
 
     field_, seed, target = _straight_bundle()
-    result = geodesic_pipeline(field_, seed_mask=seed, target=target, cone_deg=20, device="cpu")
+    result = geodesic_pipeline(field_, seed_mask=seed, target=target, cone_deg=20, device="cpu", method="rays")
     prov = result.provenance
     assert prov["directions"] == directions_for(9, on_gpu=False) and prov["fibers"] == 9 * prov["directions"]
     assert sum(prov["stop_reasons"].values()) == prov["fibers"]
@@ -169,27 +169,14 @@ def test_a_run_that_finds_nothing_says_how_fibres_ended_and_what_to_try():
     mask[2:9, 1:8, 1:8] = True  # ends long before the target, inside the volume
     params = GeodesicParams(mask_tolerance_mm=1.0)
     result = geodesic_pipeline(field_, seed_mask=seed, target=target, mask=mask, directions=10, params=params,
-                               device="cpu")  # fmt: skip
+                               device="cpu", method="rays")  # fmt: skip
     reason = result.provenance["empty_reason"]
     assert len(result.tractogram) == 0
     assert "90 left the mask" in reason and "mask tolerance (now 1 mm)" in reason, reason
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(
-    "metric",
-    [
-        pytest.param(
-            "adjugate",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="measured on the H100: the float32 kernel ends 4 % of adjugate-metric fibres at another "
-                "step or for another reason than the float64 reference (open in issue 23)",
-            ),
-        ),
-        "adaptive",
-    ],
-)
+@pytest.mark.parametrize("metric", ["adjugate", "adaptive", "inverse"])
 def test_kernel_matches_the_reference_with_a_mask_tolerance(metric):
     """The kernel's excursions out of the mask (tolerance 3 mm, a mask with holes) and the metrics
     made on the host: the reference's stop reasons, step counts, end points and excursions."""
@@ -217,3 +204,46 @@ def test_kernel_matches_the_reference_with_a_mask_tolerance(metric):
     assert (gap[off] <= params.step + 1e-3).all(), gap[off]
     differ = np.abs(gpu.provenance["stop_counts"] - ref.provenance["stop_counts"]).sum()
     assert gpu.provenance["stop_counts"].sum() == n and differ <= 0.02 * n, differ
+
+
+class _Float32Arrays:
+    """NumPy with every float array made float32: the arrays engine then rounds as the kernel does."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def _narrow(dtype):
+        return np.float32 if dtype in (np.float64, float) else dtype
+
+    def asarray(self, a, dtype=None):
+        out = np.asarray(a) if dtype is None else np.asarray(a, dtype=self._narrow(dtype))
+        return out.astype(np.float32) if out.dtype == np.float64 else out
+
+    def zeros(self, shape, dtype=float):
+        return np.zeros(shape, self._narrow(dtype))
+
+    def full(self, shape, value, dtype=None):
+        return np.full(shape, value, None if dtype is None else self._narrow(dtype))
+
+
+@pytest.mark.parametrize("metric", ["adjugate", "inverse"])
+def test_a_tolerance_of_whole_steps_ends_fibres_alike_in_float32_and_float64(metric):
+    """3 mm of 0.25 mm steps: the segments outside the mask sum to 3 mm up to rounding, so without
+    slack float32 and float64 disagreed on 4 % of the adjugate's fibres (the kernel's mismatch
+    measured on the H100); both engines allow a thousandth of a step."""
+    rng = np.random.default_rng(11)
+    mask = rng.uniform(size=SHAPE) > 0.08
+    mask[:, :, :3] = False
+    fld = prepare_metric(arc_field(), (2.0, 1.5, 1.0), MetricParams(metric=metric), mask=mask, device="cpu")
+    n = 6000
+    starts, dirs = rng.uniform(-0.4, 29.4, (n, 3)), rng.normal(size=(n, 3))
+    params = GeodesicParams(step=0.25, max_steps=150, store_every=7, mask_tolerance_mm=3.0)
+    ref = geodesic._track_arrays(np, fld, fld.data.astype(np.float64), fld.region, starts, dirs, params)
+    f32 = _Float32Arrays()
+    low = geodesic._track_arrays(f32, fld, fld.data, fld.region, starts.astype(np.float32), dirs.astype(np.float32),
+                                 params)  # fmt: skip
+    valid = ref[4]
+    same = (ref[3] == low[3]) & (ref[5] == low[5])
+    assert (ref[9][valid] > 0).sum() > 300  # excursions happen
+    assert same[valid].mean() > 0.998, same[valid].mean()

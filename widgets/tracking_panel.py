@@ -326,6 +326,12 @@ class GeodesicPanel(TrackingPanel):
         self.two_point.setObjectName("two_point")
         self.two_point.setToolTip(two_point["help"])
         self.two_point.setChecked(bool(default_of(GeodesicSeedingParams, "two_point")))
+        method = field_of(GeodesicSeedingParams, "method").metadata
+        self.method = QComboBox()
+        self.method.setObjectName("geodesic_method")
+        self.method.addItems(list(method["choices"]))
+        self.method.setCurrentText(default_of(GeodesicSeedingParams, "method"))
+        self.method.setToolTip(method["help"])
         self.use_cone = QCheckBox("within a cone around ±e1")
         self.use_cone.setObjectName("use_cone")
         self.cone = QDoubleSpinBox()
@@ -348,6 +354,7 @@ class GeodesicPanel(TrackingPanel):
         seeding.addRow("Seed points per voxel", self.seeds_per_voxel)
         seeding.addRow("Directions per point", self.directions)
         seeding.addRow(self.use_cone, self.cone)
+        seeding.addRow("Method", self.method)
         seeding.addRow(self.two_point)
         seeding.addRow("Random seed", self.rng_seed)
         seeding.addRow(self.top_label, self.top)
@@ -418,6 +425,7 @@ class GeodesicPanel(TrackingPanel):
             "cone_deg": self.cone.value() if self.use_cone.isChecked() else None,
             "rng_seed": self.rng_seed.value(),
             "two_point": self.two_point.isChecked(),
+            "method": self.method.currentText(),
         }
         name = "geodesic"
 

@@ -191,6 +191,7 @@ def cmd_track_geodesic(args) -> int:
             rng_seed=seeding.rng_seed,
             two_point=seeding.two_point,
             target_points=seeding.target_points,
+            method=seeding.method,
             device=args.device,
             progress=Progress("track", "fibres", quiet=args.quiet),
         )

@@ -25,6 +25,7 @@ from tractlens.gpu.select import select_streamlines
 
 from ..errors import InputError
 from ..model import Tractogram
+from ..params import GEODESIC_METHODS as METHODS
 from ..params import GeodesicSeedingParams
 from ..regions import Regions
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
@@ -44,6 +45,20 @@ def directions_for(seed_points: int, on_gpu: bool) -> int:
     :data:`CPU_FIBRES` (CPU) fibres, within [:data:`MIN_DIRECTIONS`, :data:`MAX_DIRECTIONS`]."""
     budget = GPU_FIBRES if on_gpu else CPU_FIBRES
     return int(min(MAX_DIRECTIONS, max(MIN_DIRECTIONS, budget // max(seed_points, 1))))
+
+
+def resolve_method(method: str, has_target: bool, two_point: bool) -> str:
+    """``rays`` or ``eikonal`` for a run: ``auto`` is the distance map (``eikonal``) from a seed
+    region to a target, ray tracing otherwise (no target, or ``two_point`` asked for)."""
+    if method not in METHODS:
+        raise InputError(f"the method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "eikonal" and not has_target:
+        raise InputError("the eikonal method joins seed points to a target region", fix="Give or paint a target ROI")
+    if method == "eikonal" and two_point:
+        raise InputError("--two-point is a form of ray tracing: use it with --method rays (or auto)")
+    if method == "auto":
+        return "eikonal" if has_target and not two_point else "rays"
+    return method
 
 
 def ending_summary(totals: dict, params) -> dict:
@@ -84,6 +99,8 @@ def geodesic_pipeline(
     metric_field=None,
     two_point: bool = GeodesicSeedingParams.two_point,
     target_points: int = GeodesicSeedingParams.target_points,
+    method: str = GeodesicSeedingParams.method,
+    neighbourhood: int = GeodesicSeedingParams.neighbourhood,
 ) -> TrackResult:
     """Geodesic ray tracing from a seed region (see :mod:`gpu.geodesic`).
 
@@ -101,8 +118,8 @@ def geodesic_pipeline(
     ``target_points`` points of the target is joined by shooting (:func:`two_point_pipeline`).
     """
     from tractlens.gpu import geodesic, sym3
+    from tractlens.gpu.geodesic_metrics import metric_for
 
-    metric = metric or geodesic.MetricParams()
     params = params or geodesic.GeodesicParams()
     notes = list(field_.notes)
     check_device(device)  # an unusable device (gpu forced, none there) is refused before any work
@@ -123,12 +140,21 @@ def geodesic_pipeline(
             raise InputError(f"the directions per seed point must be ≥ 1 (0 = sized for the engine), got {directions}")
         if two_point and target is None:
             raise InputError("two-point ray tracing needs a target region", fix="Give or paint a target ROI")
+        method = resolve_method(method, target is not None, two_point)
+        metric = metric_for(metric or geodesic.MetricParams(), "two-point" if two_point else method)
+        if metric_field is not None and metric_field.metric_params not in (None, metric):
+            metric_field = None  # made for another metric (auto resolves per method): made again
         positions = seeds_in_mask(seed_mask, seeds_per_voxel, placement=placement, rng_seed=rng_seed)
         choice = None
-        if not directions:
+        if method == "eikonal":
+            choice = decide_device("geodesic", len(positions) * GPU_FIBRES, requested=device)
+            directions = directions or 1
+        elif not directions:
             choice = decide_device("geodesic", len(positions) * GPU_FIBRES * params.max_steps, requested=device)
             directions = directions_for(len(positions), choice.device == "gpu")
-        if cone_deg is not None:
+        if method == "eikonal":
+            dirs = np.zeros((len(positions), 0, 3))
+        elif cone_deg is not None:
             tensors = trilinear(np, field_.tensor.astype(np.float64), positions)
             _lams, e1 = sym3.principal(np, tensors)
             dirs = geodesic.cone_directions(np.stack(e1, -1), directions, cone_deg)
@@ -139,7 +165,9 @@ def geodesic_pipeline(
         device = choice.argument
         if metric_field is None:
             metric_field = run_with_cpu_fallback(
-                lambda bk: geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=bk),
+                lambda bk: geodesic.prepare_metric(
+                    field_.tensor, field_.voxel_size, metric, device=bk, progress=progress, cancelled=cancelled
+                ),
                 device,
                 notes,
                 "the geodesic metric",
@@ -148,6 +176,14 @@ def geodesic_pipeline(
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     notes += fld.notes
+    if method == "eikonal":
+        from .track_two_point import eikonal_pipeline
+
+        return eikonal_pipeline(
+            field_, fld, positions, target, params, metric, device=device, choice=choice, notes=notes,
+            top_percent=top_percent, name=name, radius=neighbourhood, progress=progress, cancelled=cancelled,
+            on_batch=on_batch,
+        )  # fmt: skip
     if two_point:
         from .track_two_point import two_point_pipeline
 

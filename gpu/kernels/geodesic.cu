@@ -23,6 +23,9 @@ typedef float real;  // the precision of sym3.cuh and tracking.cuh here (see gpu
 #ifndef OUTSIDE_VOLUME
 #error "OUTSIDE_VOLUME is a compile-time constant defined by gpu/geodesic.py"
 #endif
+#ifndef TOLERANCE_SLACK_MICROSTEPS
+#error "TOLERANCE_SLACK_MICROSTEPS is a compile-time constant defined by gpu/geodesic.py"
+#endif
 #ifndef OUTSIDE_MASK
 #error "OUTSIDE_MASK is a compile-time constant defined by gpu/geodesic.py"
 #endif
@@ -245,7 +248,12 @@ struct Ray {
         unsigned char code = s.region[nearest_voxel(q, geo.g)];
         bool out_mask = (code & TRACK_BIT) == 0;
         real run_out = out_mask ? outside + seg : 0.0f;
-        if (out_mask && (run_out > s.mask_tolerance || s.mask_tolerance <= 0.0f)) { reason = OUTSIDE_MASK; return false; }
+        // a thousandth of a step of slack: a tolerance that is a whole number of steps is met alike by
+        // float32 and float64 sums of the segments (gpu/geodesic.py TOLERANCE_SLACK)
+        if (out_mask && (run_out > s.mask_tolerance + (TOLERANCE_SLACK_MICROSTEPS * 1e-6f) * s.h || s.mask_tolerance <= 0.0f)) {
+            reason = OUTSIDE_MASK;
+            return false;
+        }
         real turn = dot3r(dx, prev) / (seg > 0.0f ? seg : 1.0f);
         if (turn < s.cos_max) { reason = SHARP_ANGLE; return false; }
         if (s.integrator == 0) geo.tensor(add3r(x, scale3r(v, 0.5f * h)), cmid);  // Euler has no midpoint stage

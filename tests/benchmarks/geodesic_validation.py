@@ -363,6 +363,13 @@ def main(argv=None) -> int:
     parser.add_argument("--metrics", nargs="+", default=["adjugate", "inverse"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--two-point", action="store_true")
+    parser.add_argument("--method", default=None, help="rays, eikonal or auto (the pipeline's default when not given)")
+    parser.add_argument(
+        "--mask-dilation",
+        type=int,
+        default=0,
+        help="grow the tight mask by this many voxels (a white-matter mask broader than the bundle)",
+    )
     parser.add_argument("--only", nargs="*", type=int, help="indices of the settings to run")
     parser.add_argument("--option", nargs="*", default=[], help="name=value for the pipeline or its parameters")
     parser.add_argument("--out", default=str(ROOT / "tests/benchmarks/results/geodesic_validation"))
@@ -370,12 +377,18 @@ def main(argv=None) -> int:
     options = {k: parse_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     if args.two_point:
         options["two_point"] = True
+    if args.method:
+        options["method"] = args.method
     settings = full_settings() if args.full else QUICK
     if args.only:
         settings = [settings[i] for i in args.only]
     rows = []
     for setting in settings:
         shapes, tensor, _fractions, mask = phantom(setting)
+        if args.mask_dilation:
+            from scipy.ndimage import binary_dilation
+
+            mask = binary_dilation(mask, iterations=args.mask_dilation)
         for k in range(len(shapes)):
             for metric in args.metrics:
                 row = score_bundle(setting, shapes, k, tensor, mask, metric, options, args.device)
@@ -384,7 +397,13 @@ def main(argv=None) -> int:
                                                                  "top20_inside", "auc", "true", "false", "seconds")}),
                       flush=True)  # fmt: skip
     summary = summarise(rows)
-    report = {"options": options, "device": args.device, "summary": summary, "rows": rows}
+    report = {
+        "options": options,
+        "mask_dilation": args.mask_dilation,
+        "device": args.device,
+        "summary": summary,
+        "rows": rows,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))

@@ -66,6 +66,7 @@ def test_geodesic_tracking_to_a_target_nothing_reaches(demo_window, demo_dir, qt
     corner[0, 0, 0] = True  # outside the brain: no fibre gets there
     doc.add_layer(Layer("corner", RoiMask("corner", corner, doc.reference_affine, role="target"), "roi"))
     panel.directions.setValue(8)
+    panel.method.setCurrentText("rays")
     click(qtbot, panel.track_button)
     assert win.wait_for_jobs(120)
     assert win.errors == []
@@ -74,6 +75,11 @@ def test_geodesic_tracking_to_a_target_nothing_reaches(demo_window, demo_dir, qt
     assert "reached the target region" in panel.status.text()
     panel.top.setValue(50)  # the top-x % slider over nothing
     assert win.wait_for_jobs(30) and win.errors == []
+    panel.method.setCurrentText("eikonal")  # no path of mask voxels to the corner: said so
+    click(qtbot, panel.track_button)
+    assert win.wait_for_jobs(120) and win.errors == []
+    assert len(panel.result_layer.data) == 0
+    assert panel.status.text().startswith("0 streamlines: the tracking mask does not join"), panel.status.text()
 
 
 PANELS = ["presurgical", "connectivity", "profile", "commit", "selection", "session", "report"]
