@@ -103,7 +103,7 @@ class Response:
 
 
 def select_single_fibre(
-    fa: np.ndarray, fa_threshold: float = 0.7, min_voxels: int = 100, fallback_voxels: int = 300
+    fa: np.ndarray, fa_threshold: float = 0.7, min_voxels: int = 20, fallback_voxels: int = 300
 ) -> tuple[np.ndarray, str]:
     """Indices of single-fibre voxels among ``fa`` (N,), and how they were chosen."""
     fa = np.nan_to_num(np.asarray(fa, dtype=np.float64), nan=0.0)
