@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from tractlens.gpu.csd_response import Response
-from tractlens.gpu.sh import degrees_orders, lmax_of, n_coefficients, rotation_matrix
+from tractlens.gpu.sh import degrees_orders, lmax_of, rotation_matrix
 
 from ..errors import InputError
 from ._atomic import atomic_path, write_text_atomic
@@ -78,7 +78,7 @@ def load_fod(path: str | os.PathLike, basis: str = "auto") -> tuple[np.ndarray, 
     """An fODF image as (X, Y, Z, C) float32 coefficients in MRtrix's basis and the world
     frame, its affine, lmax, and the basis it was read as."""
     if basis not in BASES:
-        raise InputError(f"unknown SH basis {basis!r}", fix=f"Use one of {', '.join(BASES)}")
+        raise InputError(f"unknown SH basis {basis!r}", path=path, fix=f"Use one of {', '.join(BASES)}")
     img = load_image(path, "fODF image")
     if len(img.shape) != 4:
         raise InputError(
@@ -157,7 +157,13 @@ def read_response(path: str | os.PathLike, tissue: str = "wm", bvalues: np.ndarr
             )
         shells = list(bvalues)
     if len(shells) != len(rows):
-        raise InputError(f"{len(rows)} rows for {len(shells)} shells in the '# Shells:' line", path=path)
-    if width > n_coefficients(0) and (width - 1) * 2 > 16:
-        raise InputError(f"{width} coefficients per row is more than lmax 16", path=path)
+        raise InputError(
+            f"{len(rows)} rows for {len(shells)} shells in the '# Shells:' line",
+            path=path,
+            fix="Give one row per shell listed",
+        )
+    if (width - 1) * 2 > 16:
+        raise InputError(
+            f"{width} coefficients per row is more than lmax 16", path=path, fix="Give zonal coefficients up to lmax 16"
+        )
     return Response(tissue, np.asarray(shells, dtype=np.float64), zonal)
