@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.commit import CommitParams
 from tractlens.gpu.connectivity import EndpointParams
+from tractlens.gpu.csd import CSDParams
+from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
@@ -359,6 +361,8 @@ class DicomImportParams:
 
 PARAMS_TYPES = (
     DTIFitParams,
+    CSDParams,
+    PeakParams,
     BallStickParams,
     DeterministicParams,
     SeedingParams,

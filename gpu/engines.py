@@ -234,6 +234,10 @@ DEFAULT_COSTS = CostModel(
             load_s=0.001,
             kernel_files=("select.cu",),
         ),
+        # PROVISIONAL, not measured on a GPU yet: the CPU rate is bench_csd.py's MSMT fit of 500
+        # voxels x 288 volumes on a shared 2-core machine (1.3e-5 s); the GPU rate is assumed 50x
+        # faster until tests/benchmarks/bench_csd.py runs on the H100.
+        "fit-csd": MethodCost("voxels × measurements", 1.3e-5, 2.6e-7, gpu_overhead_s=0.05, compile_s=1.0, load_s=0.1),
         "connectome": MethodCost("streamlines", 9.92e-6, 1.74e-7, gpu_overhead_s=0.0089, compile_s=0.5, load_s=0.1),
         # the GPU profile is no faster than the CPU's (3.4e-7 s a point on both): the CPU unless huge
         "profile": MethodCost("streamline points", 3.4e-7, 3.35e-7, gpu_overhead_s=0.0, compile_s=0.5, load_s=0.1),

@@ -90,7 +90,7 @@ def test_a_gpu_never_faster_per_unit_never_wins():
 
 def test_every_pipeline_method_has_a_default_cost():
     expected = {"fit-dti", "fit-ballstick", "deterministic", "geodesic", "probabilistic", "commit", "select"}
-    expected |= {"connectome", "profile", "distance"}
+    expected |= {"connectome", "profile", "distance", "fit-csd"}
     assert set(engines.DEFAULT_COSTS.methods) == expected
     for cost in engines.DEFAULT_COSTS.methods.values():
         assert cost.cpu_s_per_unit > cost.gpu_s_per_unit > 0
