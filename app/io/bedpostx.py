@@ -138,9 +138,9 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
 
 
 #: Decompressed bytes of sample files held at once while a folder is read (bounds the readers).
-READ_MEMORY_BYTES = 4 << 30
+READ_MEMORY_BYTES = 8 << 30
 #: Most files read at once (each inflates on its own core; the copies share the memory bus).
-MAX_READ_THREADS = 8
+MAX_READ_THREADS = 16  # an HCP folder has 9 files: all at once (a second round doubles the time)
 
 
 def _read_threads(n_files: int, file_bytes: int) -> int:
@@ -148,7 +148,11 @@ def _read_threads(n_files: int, file_bytes: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    by_memory = max(1, READ_MEMORY_BYTES // max(1, file_bytes))
+    from tractlens.gpu.backend import get_backend
+
+    available = get_backend("cpu").free_memory_bytes()  # the host's available memory
+    budget = min(READ_MEMORY_BYTES, available // 3)  # beside the arrays being filled
+    by_memory = max(1, budget // max(1, file_bytes))
     return max(1, min(MAX_READ_THREADS, cores, n_files, by_memory))
 
 
