@@ -114,3 +114,14 @@ def test_the_curvature_field_in_slabs_equals_the_whole_grid():
     slabs = curvature_in_slabs(np, c, (2.0, 1.5, 1.0), slab=4)
     for a, b in zip(whole, slabs, strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
+
+
+def test_auto_traces_rays_while_an_roi_is_edited_live():
+    """A live re-track must answer in about 100 ms: ``auto`` then takes rays, not the distance
+    map (which builds its graph of the mask every run); a run that is not live takes the map."""
+    from tractlens.app.pipelines.track_geodesic import resolve_method
+
+    assert resolve_method("auto", has_target=True, two_point=False) == "eikonal"
+    assert resolve_method("auto", has_target=True, two_point=False, live=True) == "rays"
+    assert resolve_method("eikonal", has_target=True, two_point=False, live=True) == "eikonal"  # asked for
+    assert resolve_method("auto", has_target=False, two_point=False) == "rays"

@@ -426,6 +426,7 @@ class GeodesicPanel(TrackingPanel):
             "rng_seed": self.rng_seed.value(),
             "two_point": self.two_point.isChecked(),
             "method": self.method.currentText(),
+            "live": self.live.isChecked(),  # auto then traces rays (the distance map takes seconds)
         }
         name = "geodesic"
 
