@@ -531,7 +531,6 @@ def _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, 
         )
 
     def ranges():
-        nonlocal chunk_points
         limit = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
         first = 0
         while first < n_fibers:
@@ -539,19 +538,22 @@ def _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, 
             yield first, min(max(last, first + 1), n_fibers)
             first = min(max(last, first + 1), n_fibers)
 
+    def cut_or_halve(first: int, last: int):
+        try:
+            part = cut(first, last)
+        except Exception as exc:  # out of device memory: this range in two halves, and so on
+            if not backend.is_out_of_memory(exc) or last - first == 1:
+                raise
+            backend.free_cached_memory()
+            middle = (first + last) // 2
+            yield from cut_or_halve(first, middle)
+            yield from cut_or_halve(middle, last)
+            return
+        yield part
+
     def parts():
         for first, last in ranges():
-            while True:
-                try:
-                    yield cut(first, last)
-                    break
-                except Exception as exc:  # out of device memory: this range in two halves
-                    if not backend.is_out_of_memory(exc) or last - first == 1:
-                        raise
-                    backend.free_cached_memory()
-                    middle = (first + last) // 2
-                    yield from (cut(a, b) for a, b in ((first, middle), (middle, last)))
-                    break
+            yield from cut_or_halve(first, last)
 
     counts = xp.zeros(n_rows, dtype=xp.int64)
     kept: list | None = []

@@ -176,3 +176,33 @@ def test_gpu_ic_per_row_is_the_host_bincount_bit_for_bit():
     )  # fmt: skip
     np.testing.assert_array_equal(commit.ic_per_row(resident, weight, n_rows), want)  # the same segments: exact
     np.testing.assert_allclose(got, want, rtol=1e-12)  # segments cut on the device: lengths within 1e-12
+
+
+def test_device_segments_halve_a_chunk_that_runs_out_of_memory():
+    """A chunk that does not fit is cut in halves (and those again) until it does: the same
+    segments as in one piece."""
+    points, offsets, rows = _inputs(4, n=120)
+
+    class Cramped(NumpyAsDevice):
+        def __init__(self):
+            super().__init__()
+            self.refused = 0
+
+    backend = Cramped()
+    real = commit._chunk_segments
+
+    def tight(xp, chunk, *args):
+        if len(chunk) > 300:  # more than ~12 streamlines at once: "out of memory"
+            backend.refused += 1
+            raise MemoryError("device full")
+        return real(xp, chunk, *args)
+
+    want = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    import unittest.mock
+
+    with unittest.mock.patch.object(commit, "_chunk_segments", tight):
+        got = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, chunk_points=10**6, on_device=True)
+    assert backend.refused > 3
+    for name in ("row", "fiber", "length", "orient"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    np.testing.assert_array_equal(got.by_fiber, _by_fiber_reference(want))
