@@ -421,6 +421,12 @@ def _pool() -> QThreadPool:
     return _POOL
 
 
+def wait_for_builds(timeout_ms: int = 10_000) -> bool:
+    """Wait until no glyph build runs (a window waits before it finalises its render window: a
+    build still making VTK meshes, or delivering them, must not meet a destroyed view)."""
+    return True if _POOL is None else bool(_POOL.waitForDone(timeout_ms))
+
+
 class _Build(QRunnable):
     def __init__(self, done, generation: int, key, fn):
         super().__init__()

@@ -29,7 +29,7 @@ from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.warmup import submit_gpu_warmup
 
-from . import dialogs
+from . import dialogs, glyphs
 from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
@@ -550,6 +550,7 @@ class MainWindow(QMainWindow):
         store.setValue("window/state", self.saveState(LAYOUT_VERSION))
         self.runner.shutdown(10.0)
         self.sessions.close()  # a clean exit: nothing to recover
+        glyphs.wait_for_builds()  # no glyph build may outlive the render window
         self.view3d.close_plotter()
         super().closeEvent(event)
 
