@@ -541,8 +541,11 @@ class MainWindow(QMainWindow):
     def _fill_recent(self) -> None:
         self.recent_menu.clear()
         for item in settings().value("recent") or []:
-            action = self.recent_menu.addAction(item)
+            # made here, not taken from addAction's return: a wrapper Shiboken looks up by the
+            # C++ address can be a stale one of a destroyed object (a CI run got a QSurface)
+            action = QAction(item, self.recent_menu)
             action.triggered.connect(lambda *_, p=item: self.open_paths([p]))
+            self.recent_menu.addAction(action)
 
     def closeEvent(self, event) -> None:
         store = settings()
