@@ -288,3 +288,14 @@ def iter_batched(
 
 class Cancelled(Exception):
     """The user cancelled a running computation; partial results stay valid."""
+
+
+def flag_counts(flags: np.ndarray, names: dict[int, str]) -> dict[str, int]:
+    """How many voxels of a fit carry each flag bit of ``names`` (bit -> name), by name, in the
+    order of ``names`` and only for the flags that occur."""
+    counts = {}
+    for bit, name in names.items():
+        n = int(np.count_nonzero(flags & bit))
+        if n:
+            counts[name] = n
+    return counts

@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import cuda, sym3
-from .backend import Backend, Cancelled, get_backend, run_batched
+from .backend import Backend, Cancelled, flag_counts, get_backend, run_batched
 from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 
@@ -531,11 +531,8 @@ class BallStickFit:
     provenance: dict = field(default_factory=dict)
 
     def flag_counts(self) -> dict[str, int]:
-        return {
-            name: int(np.count_nonzero(self.flags & bit))
-            for bit, name in FLAG_NAMES.items()
-            if (self.flags & bit).any()
-        }
+        """How many voxels carry each flag, by name (only flags that occur)."""
+        return flag_counts(self.flags, FLAG_NAMES)
 
     def dyads(self) -> tuple[np.ndarray, np.ndarray]:
         """Mean directions (N, L, 3) and dispersions (N, L) (:func:`dyadic_mean`)."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import Backend, get_backend, run_batched
+from .backend import Backend, flag_counts, get_backend, run_batched
 from .csd_peaks import PeakParams, find_peaks
 from .csd_response import Response, Shells, find_shells, response_rows
 from .params import meta
@@ -244,11 +244,8 @@ class CSDFit:
     provenance: dict = field(default_factory=dict)
 
     def flag_counts(self) -> dict[str, int]:
-        return {
-            name: int(np.count_nonzero(self.flags & bit))
-            for bit, name in FLAG_NAMES.items()
-            if (self.flags & bit).any()
-        }
+        """How many voxels carry each flag, by name (only flags that occur)."""
+        return flag_counts(self.flags, FLAG_NAMES)
 
 
 def signal_fractions(model: CSDModel, sh: np.ndarray, tissues: np.ndarray, shell: int | None = None) -> np.ndarray:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cuda, sym3
-from .backend import Backend, get_backend, run_batched
+from .backend import Backend, flag_counts, get_backend, run_batched
 from .engines import ARRAYS, KERNEL, choose_engine
 from .params import meta
 
@@ -143,12 +143,7 @@ class DTIFit:
 
     def flag_counts(self) -> dict[str, int]:
         """How many voxels carry each flag, by name (only flags that occur)."""
-        counts = {}
-        for bit, name in FLAG_NAMES.items():
-            n = int(np.count_nonzero(self.flags & bit))
-            if n:
-                counts[name] = n
-        return counts
+        return flag_counts(self.flags, FLAG_NAMES)
 
 
 def design_matrix(bvals: np.ndarray, bvecs: np.ndarray) -> np.ndarray:
