@@ -117,10 +117,14 @@ class PreadRows:
         whole = self[:]
         return whole if dtype is None else whole.astype(dtype)
 
-    def __del__(self):
-        fd = getattr(self, "fd", None)
+    def close(self) -> None:
+        """Close the file (done by itself when the object goes)."""
+        fd, self.fd = getattr(self, "fd", None), None
         if fd is not None:
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+    def __del__(self):
+        self.close()

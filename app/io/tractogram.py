@@ -25,7 +25,7 @@ from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 from ..errors import InputError
 from ..model import Tractogram, Volume
 from ._atomic import atomic_path
-from ._pages import file_region, read_rows, release_pages
+from ._pages import PreadRows, release_pages
 from .nifti import check_affine, load_image, reason
 from .outputs import check_output_file
 
@@ -264,22 +264,15 @@ def _to_voxels(points_mm, to_voxel: np.ndarray) -> np.ndarray | None:
     infinite in float32."""
     out = np.empty((len(points_mm), 3), dtype=np.float32)
     starts = range(0, len(points_mm), LOAD_CHUNK_POINTS)
-    region = file_region(points_mm)  # a memory-mapped file is read with pread: no page faults
-    fd = os.open(region[0], os.O_RDONLY) if region is not None else None
-    row_bytes = points_mm.dtype.itemsize * 3
-
-    def chunk(lo: int) -> np.ndarray:
-        if fd is None:
-            return np.asarray(points_mm[lo : lo + LOAD_CHUNK_POINTS], np.float64)
-        n = min(LOAD_CHUNK_POINTS, len(points_mm) - lo)
-        return read_rows(fd, region[1] + lo * row_bytes, points_mm.dtype, (n, 3)).astype(np.float64)
+    source = PreadRows.over(points_mm)  # a memory-mapped file is read with pread: no page faults
+    mapped = source is points_mm  # an array in memory, or a map pread cannot read
 
     def convert(k_lo) -> bool:
         k, lo = k_lo
         part = out[lo : lo + LOAD_CHUNK_POINTS]
         with np.errstate(all="ignore"):
-            part[:] = nib.affines.apply_affine(to_voxel, chunk(lo))
-        if fd is None and k % RELEASE_EVERY_CHUNKS == RELEASE_EVERY_CHUNKS - 1:
+            part[:] = nib.affines.apply_affine(to_voxel, np.asarray(source[lo : lo + LOAD_CHUNK_POINTS], np.float64))
+        if mapped and k % RELEASE_EVERY_CHUNKS == RELEASE_EVERY_CHUNKS - 1:
             release_pages(points_mm)
         return bool(np.isfinite(part).all())
 
@@ -291,8 +284,8 @@ def _to_voxels(points_mm, to_voxel: np.ndarray) -> np.ndarray | None:
             with ThreadPoolExecutor(max_workers=workers) as pool:
                 finite = all(list(pool.map(convert, enumerate(starts))))
     finally:
-        if fd is not None:
-            os.close(fd)
+        if not mapped:
+            source.close()
     release_pages(points_mm)
     return out if finite else None
 
