@@ -66,9 +66,11 @@ def solve_batch(
     shared: SharedQP,
     max_iterations: int,
     tolerance: float = DEFAULT_TOLERANCE,
+    passive: object | None = None,
 ):
     """Solve min ½ xᵀHx − qᵀx s.t. Gx ≥ 0 for each row q of ``linear`` (n, P) on ``xp``.
 
+    ``passive`` (n, M) optionally starts each voxel from a guess of its active set.
     Returns (x (n, P), multipliers λ (n, M), iterations, converged (n,) bool): x = H⁻¹(q + Gᵀλ),
     λ ≥ 0, λ = 0 where Gx > 0. ``iterations`` counts the batched solves; voxels still
     working after ``max_iterations`` are returned as they stand (feasible for the dual, maybe
@@ -76,25 +78,32 @@ def solve_batch(
     """
     linear = xp.asarray(linear, dtype=xp.float64)
     n = linear.shape[0]
-    n_constraints = shared.constraint.shape[0]
+    m, p = shared.constraint.shape
     G = xp.asarray(shared.constraint)
-    gain_t = xp.asarray(shared.gain.T)  # (M, P)
-    Q = xp.asarray(shared.dual_hessian)
+    # one padding constraint (index M) with a zero row: the slots a voxel does not use point at
+    # it, gather zeros and get a unit diagonal and a zero right-hand side
+    ridge = 1e-13 * float(np.trace(shared.dual_hessian)) / m  # regular despite near-dependent rows
+    Q = np.zeros((m + 1, m + 1))
+    Q[:m, :m] = shared.dual_hessian + ridge * np.eye(m)
+    Q = xp.asarray(Q.ravel())
+    gain_t = xp.zeros((m + 1, p))
+    gain_t[:m] = xp.asarray(shared.gain.T)
+    edge = xp.asarray(1.0 / np.sqrt(np.diag(shared.dual_hessian)))[None, :]  # steepest edge (H metric)
     x_free = linear @ xp.asarray(shared.hessian_inverse)  # unconstrained optimum (H symmetric)
-    slack_free = x_free @ G.T  # (n, M): the dual's linear term, G H⁻¹ q
+    out_x, out_lam = x_free.copy(), xp.zeros((n, m + 1))
+    # the working voxels' state, compacted as voxels finish
+    rows = xp.arange(n)
+    slack_free = xp.concatenate([x_free @ G.T, xp.zeros((n, 1))], axis=1)  # G H⁻¹ q, the dual's linear term
     threshold = tolerance * xp.maximum(xp.linalg.norm(x_free, axis=1), 1e-300)
-    edge = 1.0 / xp.sqrt(xp.asarray(np.diag(shared.dual_hessian)))[None, :]  # steepest edge in the H metric
-    # a tiny ridge keeps the gathered systems regular when constraints are nearly dependent
-    ridge = 1e-13 * float(np.trace(shared.dual_hessian)) / n_constraints
-    multipliers = xp.zeros((n, n_constraints))
-    passive = xp.zeros((n, n_constraints), dtype=bool)
-    x = x_free.copy()
-    working = xp.arange(n)
+    lam = xp.zeros((n, m + 1))
+    active = xp.zeros((n, m + 1), dtype=bool)
+    if passive is not None:
+        active[:, :m] = xp.asarray(passive, dtype=bool)
+    free = x_free
     iterations = 0
-    while working.size and iterations < max_iterations:
+    while rows.size and iterations < max_iterations:
         iterations += 1
-        trial, index, valid = _solve_passive(xp, passive[working], slack_free[working], Q, ridge)
-        lam = multipliers[working]
+        trial, index, valid = _solve_passive(xp, active, slack_free, Q, m)
         current = xp.take_along_axis(lam, index, axis=1)
         feasible = ((trial > 0) | ~valid).all(axis=1)
         # infeasible: move from λ towards the trial point until the first multiplier reaches 0
@@ -103,50 +112,46 @@ def solve_batch(
         first = ratio.min(axis=1)
         step = xp.where(feasible, 1.0, xp.clip(first, 0.0, 1.0))
         new = current + step[:, None] * (trial - current)
-        new = xp.where(valid, new, 0.0)
         # the blocking multiplier leaves even when rounding keeps it a hair above zero
         dropped = ~feasible[:, None] & valid & ((new <= 0) | (ratio <= first[:, None]))
-        rows = xp.arange(working.size)[:, None]
-        lam[:] = 0.0
-        lam[rows, index] = xp.where(valid & ~dropped, xp.maximum(new, 0.0), 0.0)
-        still = passive[working]
-        # clear the dropped constraints (index entries of invalid slots are harmless: not passive)
-        drop_mask = xp.zeros_like(still)
-        drop_mask[rows, index] = dropped
-        still &= ~drop_mask
-        xw = x_free[working] + lam @ gain_t
-        slack = xw @ G.T
-        violated = xp.where(still, xp.inf, slack)
+        slot_rows = xp.arange(rows.size)[:, None]
+        lam = xp.zeros_like(lam)
+        lam[slot_rows, index] = xp.where(valid & ~dropped, xp.maximum(new, 0.0), 0.0)
+        active[slot_rows, index] &= ~dropped  # padded slots all write column M, never active
+        x = free + lam @ gain_t
+        violated = xp.where(active[:, :m], xp.inf, x @ G.T)
         worst = (violated * edge).argmin(axis=1)
-        worst_value = violated[xp.arange(working.size), worst]
-        add = feasible & (worst_value < -threshold[working])
+        add = feasible & (violated[slot_rows[:, 0], worst] < -threshold)
+        active[xp.flatnonzero(add), worst[add]] = True
         done = feasible & ~add
-        still[xp.flatnonzero(add), worst[add]] = True
-        passive[working] = still
-        multipliers[working] = lam
-        x[working] = xw
-        working = working[~done]
+        out_x[rows] = x
+        out_lam[rows] = lam
+        keep = ~done
+        if not bool(keep.all()):
+            rows, free, slack_free, threshold, lam, active = (
+                a[keep] for a in (rows, free, slack_free, threshold, lam, active)
+            )
     converged = xp.ones(n, dtype=bool)
-    converged[working] = False
-    return x, multipliers, iterations, converged
+    converged[rows] = False
+    return out_x, out_lam[:, :m], iterations, converged
 
 
-def _solve_passive(xp, passive, slack_free, Q, ridge):
+def _solve_passive(xp, passive, slack_free, Q, m):
     """Each voxel's Q_PP λ_P = −(G H⁻¹ q)_P, padded to the largest passive set of the batch.
 
-    Returns (λ_P (n, k), the constraint index of each slot (n, k), valid slots (n, k)).
+    ``Q`` is the flattened (M+1)² padded matrix. Returns (λ_P (n, k), the constraint index of
+    each slot (n, k): M on unused slots, valid slots (n, k)).
     """
-    n = passive.shape[0]
     counts = passive.sum(axis=1)
-    k = max(1, int(counts.max()) if n else 0)  # one padded slot at least: reductions need it
-    # passive constraints first, in index order (a stable sort of the complement)
+    k = max(1, int(counts.max()) if passive.shape[0] else 0)  # one slot at least: reductions need it
+    # passive constraints first (a stable sort of the complement), then the padding constraint
     index = xp.argsort((~passive).astype(xp.int8), axis=1, kind="stable")[:, :k]
     valid = xp.arange(k)[None, :] < counts[:, None]
-    system = Q[index[:, :, None], index[:, None, :]]
-    pair = valid[:, :, None] & valid[:, None, :]
-    eye = xp.eye(k, dtype=bool)[None]
-    system = xp.where(pair, system, 0.0) + xp.where(eye, xp.where(valid[:, :, None], ridge, 1.0), 0.0)
-    rhs = xp.where(valid, -xp.take_along_axis(slack_free, index, axis=1), 0.0)
+    index = xp.where(valid, index, m)
+    system = Q[index[:, :, None] * (m + 1) + index[:, None, :]]
+    diagonal = xp.arange(k)
+    system[:, diagonal, diagonal] += ~valid
+    rhs = -xp.take_along_axis(slack_free, index, axis=1)
     trial = xp.linalg.solve(system, rhs[:, :, None])[:, :, 0]
     return trial, index, valid
 
