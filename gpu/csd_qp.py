@@ -121,9 +121,10 @@ def solve_batch(
         x = free + lam @ gain_t
         violated = xp.where(active[:, :m], xp.inf, x @ G.T)
         worst = (violated * edge).argmin(axis=1)
-        add = feasible & (violated[slot_rows[:, 0], worst] < -threshold)
+        # after a step that moved, the next constraint enters at once (LH would re-solve first)
+        add = (feasible | (step > 0)) & (violated[slot_rows[:, 0], worst] < -threshold)
         active[xp.flatnonzero(add), worst[add]] = True
-        done = feasible & ~add
+        done = feasible & ~(violated[slot_rows[:, 0], worst] < -threshold)
         out_x[rows] = x
         out_lam[rows] = lam
         keep = ~done
