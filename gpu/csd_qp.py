@@ -145,8 +145,8 @@ def _solve_passive(xp, passive, slack_free, Q, m):
     """
     counts = passive.sum(axis=1)
     k = max(1, int(counts.max()) if passive.shape[0] else 0)  # one slot at least: reductions need it
-    # passive constraints first (a stable sort of the complement), then the padding constraint
-    index = xp.argsort((~passive).astype(xp.int8), axis=1, kind="stable")[:, :k]
+    # passive constraints first (their order does not matter), then the padding constraint
+    index = xp.argsort((~passive).astype(xp.int8), axis=1)[:, :k]
     valid = xp.arange(k)[None, :] < counts[:, None]
     index = xp.where(valid, index, m)
     system = Q[index[:, :, None] * (m + 1) + index[:, None, :]]

