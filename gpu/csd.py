@@ -375,6 +375,7 @@ def fit_csd(
         per_voxel += 8 * (4 * unknowns * unknowns + 6 * m)
     per_voxel = max(per_voxel, 8 * 1200 * 3 + 2000)  # the peak search's dense sphere
     stats = {"transfer_s": 0.0, "compute_s": 0.0, "peaks_s": 0.0, "batches": 0, "max_iterations_used": 0}
+    stats["not_converged_per_batch"] = []  # voxels each batch left at the iteration limit
     volumes = model.volumes
     shared = shared_program(model) if model.msmt else None
 
@@ -414,6 +415,7 @@ def fit_csd(
         stats["peaks_s"] += t3 - t2
         stats["batches"] += 1
         stats["max_iterations_used"] = max(stats["max_iterations_used"], int(iterations))
+        stats["not_converged_per_batch"].append(int((finite & ~converged).sum()))
 
     run_batched(backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels)
     fit = CSDFit(**out)

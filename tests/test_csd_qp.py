@@ -112,10 +112,14 @@ def test_the_iteration_limit_is_reported_per_voxel(msmt_problem):
 def test_fit_flags_voxels_at_the_limit_and_converges_by_default(msmt_problem):
     model, *_, signals = msmt_problem
     signal = signals[:8]
-    tight = fit_csd(signal, model, CSDParams(msmt=True, msmt_max_iterations=2), device="cpu")
-    assert tight.flag_counts().get("not converged", 0) > 0
+    tight = fit_csd(signal, model, CSDParams(msmt=True, msmt_max_iterations=2), device="cpu", batch_voxels=3)
+    at_limit = tight.flag_counts().get("not converged", 0)
+    assert at_limit > 0
+    assert len(tight.provenance["not_converged_per_batch"]) == 3  # 8 voxels in batches of 3
+    assert sum(tight.provenance["not_converged_per_batch"]) == at_limit
     full = fit_csd(signal, model, CSDParams(msmt=True), device="cpu")
     assert "not converged" not in full.flag_counts()
+    assert full.provenance["not_converged_per_batch"] == [0]
     assert full.provenance["solver"].startswith("exact active set")
 
 
