@@ -21,7 +21,7 @@ batched solve. A voxel whose solution is positive adds its most violated constra
 (steepest edge: the violation over √Q_jj, its length in the H metric); one whose solution is
 not steps back to the boundary and drops the constraints that reach zero — and, where that
 step moved, adds the most violated constraint at once instead of re-solving first (18 % fewer
-solves on HCP-like voxels; after a step that did not move it re-solves, so it cannot cycle).
+solves on HCP-like voxels; after a step that did not move it re-solves first, as Lawson–Hanson).
 It stops when no constraint is violated by more than ``tolerance`` × ‖x‖, where the KKT
 conditions (stationarity, primal and dual feasibility, complementarity) hold to rounding.
 Everything is float64 on the array module given (``numpy`` or ``cupy``).
