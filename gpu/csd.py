@@ -15,10 +15,8 @@ in MRtrix3's basis (:mod:`gpu.sh`) and the frame of the gradient directions give
 * Multi-shell multi-tissue CSD (Jeurissen et al. 2014, NeuroImage 103:411): every shell (b=0
   included) is fitted at once with a WM fODF (lmax) and isotropic GM and CSF compartments,
   subject to the WM fODF ≥ 0 on 300 hemisphere directions and GM, CSF ≥ 0 — a quadratic
-  program. Solved here by Tournier's penalised iteration with τ = 0 on the joint system,
-  batched like the single-shell solver (see :func:`_msmt_batch` for what was tried and how
-  close it comes to the exact program: ~2 %). MRtrix solves it exactly (ICLS); an exact
-  batched solver is future work. Both solvers compute in float64 on either backend.
+  program, solved exactly (as MRtrix's ICLS) by a batched active-set method on its dual
+  (:mod:`gpu.csd_qp`). Both solvers compute in float64 on either backend.
 
 Tissue compartments are the l=0 coefficients of isotropic ODFs (MRtrix ``dwi2fod msmt_csd``
 writes the same for GM and CSF): a voxel's tissue signal fraction follows from them and the
@@ -36,6 +34,7 @@ import numpy as np
 
 from .backend import Backend, flag_counts, get_backend, run_batched
 from .csd_peaks import PeakParams, find_peaks
+from .csd_qp import SharedQP, solve_batch
 from .csd_response import Response, Shells, find_shells, response_rows
 from .params import meta
 from .sh import Y00, degrees_orders, expand_per_coefficient, fibonacci_hemisphere, n_coefficients, sh_basis
@@ -46,8 +45,6 @@ FLAG_NAMES = {FLAG_NONFINITE_SIGNAL: "non-finite signal", FLAG_NOT_CONVERGED: "n
 
 #: DIPY scales λ by √(its 362 regularisation directions); kept so λ = 1 means the same.
 _DIPY_REGULARISATION_DIRECTIONS = 362.0
-#: Weight of the multi-tissue non-negativity penalty, relative to the data term's scale.
-MSMT_PENALTY = 10.0
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,18 @@ class CSDParams:
         ),
     )
     max_iterations: int = field(
-        default=50, metadata=meta("Iterations", "most iterations of the constrained solvers", "", (1, 1000), cli=False)
+        default=50,
+        metadata=meta("Iterations", "most iterations of the single-shell solver", "", (1, 1000), cli=False),
+    )
+    msmt_max_iterations: int = field(
+        default=2000,
+        metadata=meta(
+            "Active-set changes",
+            "most active-set changes of the exact multi-tissue solver",
+            "",
+            (10, 100000),
+            cli=False,
+        ),
     )
     constraint_directions: int = field(
         default=300,
@@ -116,7 +124,7 @@ class CSDParams:
             raise ValueError(f"lmax must be an even order from 2 to 12, got {self.lmax}")
         if self.regularisation < 0 or not 0 <= self.threshold <= 1:
             raise ValueError("λ must be ≥ 0 and τ in [0, 1]")
-        if self.max_iterations < 1:
+        if self.max_iterations < 1 or self.msmt_max_iterations < 1:
             raise ValueError("the iteration limit must be ≥ 1")
         if self.constraint_directions < 60:
             raise ValueError("at least 60 constraint directions are needed")
@@ -308,43 +316,18 @@ def constraint_matrix(model: CSDModel) -> np.ndarray:
     return G / np.linalg.norm(G, axis=1, keepdims=True)
 
 
-def _msmt_batch(xp, signal, model: CSDModel, params: CSDParams):
-    """min ‖A x - S‖² with G x ≥ 0 for a batch (n, K), by Tournier's penalised iteration.
+def shared_program(model: CSDModel) -> SharedQP:
+    """The multi-tissue program's voxel-independent matrices (H = AᵀA, G), factored once."""
+    return SharedQP.from_matrices(model.design.T @ model.design, constraint_matrix(model))
 
-    The constraint rows g_k (normalised) where G x < 0 are penalised with weight μ =
-    :data:`MSMT_PENALTY` × the mean diagonal of AᵀA and the batch is solved again until no
-    voxel's set changes (τ = 0: the constraints are the non-negativity itself). Stiffer
-    penalties, exact active-set updates and a shared-factorisation ADMM were tried on the
-    synthetic crossings of the tests: the first two oscillate, ADMM needs thousands of
-    iterations for 1 %; this converges in ~15-25 iterations to within ~2 % of the exact
-    quadratic program, with negative lobes below ~0.2 % of the fODF's norm.
+
+def _msmt_batch(xp, signal, model: CSDModel, params: CSDParams, shared: SharedQP | None = None):
+    """min ‖A x - S‖² with G x ≥ 0 for a batch (n, K), exactly (:func:`gpu.csd_qp.solve_batch`).
+
     Returns (x (n, P), iterations, converged).
     """
-    A = xp.asarray(model.design)
-    G_host = constraint_matrix(model)
-    n_unknowns = A.shape[1]
-    H_host = model.design.T @ model.design
-    scale = float(np.trace(H_host)) / n_unknowns
-    H = xp.asarray(H_host + np.eye(n_unknowns) * 1e-10 * scale)
-    outer = xp.asarray((G_host[:, :, None] * G_host[:, None, :]).reshape(G_host.shape[0], -1) * (MSMT_PENALTY * scale))
-    G = xp.asarray(G_host)
-    rhs = signal @ A  # (n, P)
-    x = rhs @ xp.linalg.inv(H)
-    negative = (x @ G.T) < 0
-    active = xp.arange(signal.shape[0])
-    iterations = 0
-    while active.size and iterations < params.max_iterations:
-        iterations += 1
-        w = negative[active].astype(xp.float64)
-        normal = (w @ outer).reshape(-1, n_unknowns, n_unknowns) + H
-        solution = xp.linalg.solve(normal, rhs[active][:, :, None])[:, :, 0]
-        x[active] = solution
-        now = (solution @ G.T) < 0
-        changed = (now != negative[active]).any(axis=1)
-        negative[active] = now
-        active = active[changed]
-    converged = xp.ones(signal.shape[0], dtype=bool)
-    converged[active] = False
+    shared = shared or shared_program(model)
+    x, _, iterations, converged = solve_batch(xp, signal @ xp.asarray(model.design), shared, params.msmt_max_iterations)
     return x, iterations, converged
 
 
@@ -385,9 +368,13 @@ def fit_csd(
     unknowns = n_sh + n_iso
     # the normal matrices and their factorisation, the active sets, amplitudes, the signal
     per_voxel = 8 * (3 * unknowns * unknowns + 3 * m + 4 * unknowns) + signal.shape[1] * 12
+    if model.msmt:  # the active-set solver: gathered systems and their masks, λ, slacks, sets
+        per_voxel += 8 * (4 * unknowns * unknowns + 6 * m)
     per_voxel = max(per_voxel, 8 * 1200 * 3 + 2000)  # the peak search's dense sphere
     stats = {"transfer_s": 0.0, "compute_s": 0.0, "peaks_s": 0.0, "batches": 0, "max_iterations_used": 0}
+    stats["not_converged_per_batch"] = []  # voxels each batch left at the iteration limit
     volumes = model.volumes
+    shared = shared_program(model) if model.msmt else None
 
     def process(start: int, stop: int) -> None:
         t0 = time.perf_counter()
@@ -397,7 +384,7 @@ def fit_csd(
         finite = xp.isfinite(batch).all(axis=1)
         batch = xp.where(finite[:, None], batch, 0).astype(xp.float64)
         if model.msmt:
-            x, iterations, converged = _msmt_batch(xp, batch, model, params)
+            x, iterations, converged = _msmt_batch(xp, batch, model, params, shared)
             sh, iso = x[:, :n_sh], x[:, n_sh:]
         else:
             sh, iterations, converged = _ssst_batch(xp, batch, model, params)
@@ -425,12 +412,13 @@ def fit_csd(
         stats["peaks_s"] += t3 - t2
         stats["batches"] += 1
         stats["max_iterations_used"] = max(stats["max_iterations_used"], int(iterations))
+        stats["not_converged_per_batch"].append(int((finite & ~converged).sum()))
 
     run_batched(backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels)
     fit = CSDFit(**out)
     fit.provenance = {
         "method": "msmt-csd (Jeurissen 2014)" if model.msmt else "csd (Tournier 2007)",
-        "solver": "batched active set" if model.msmt else "iterative constrained least squares",
+        "solver": "exact active set (dual Lawson-Hanson)" if model.msmt else "iterative constrained least squares",
         "lmax": model.lmax,
         "tissues": list(model.tissues),
         "shell_used": model.shell_used,
