@@ -296,6 +296,9 @@ class GeodesicField:
     packed: dict = field(default_factory=dict, repr=False, compare=False)
     #: the metric parameters it was made with (``auto`` resolved)
     metric_params: MetricParams | None = None
+    # The distance method's graphs and distance maps (:mod:`gpu.geodesic_eikonal`), shared by
+    # the fields with_regions makes, so that an ROI edit reuses what it does not change.
+    graphs: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -446,7 +449,7 @@ def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
         region[np.asarray(target) != 0] |= TARGET
     return GeodesicField(
         fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes),
-        fld.derivative_scale, fld.packed, fld.metric_params,
+        fld.derivative_scale, fld.packed, fld.metric_params, fld.graphs,
     )  # fmt: skip
 
 

@@ -25,10 +25,18 @@ operations (NumPy or CuPy); Dijkstra runs on the host.
 The tracking region is the voxels with the ``TRACK`` bit of the field's region map (the
 mask), plus the seed and target voxels; the ray tracer's mask tolerance does not apply (a path
 never leaves the region).
+
+The graph of the mask and the distance map from a target are kept with the field
+(``GeodesicField.graphs``, shared by the fields :func:`gpu.geodesic.with_regions` makes): an
+edit of the seed region inside the mask reuses both and only reads the paths back; a new target
+reuses the graph and solves Dijkstra again. Seed or target voxels outside the mask add their
+own edges, found on a crop around them (the edges of the crop with them less the edges of the
+crop without them), so the graph solved is exactly the one a full build would give.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -42,6 +50,8 @@ from .backend import Backend, get_backend
 
 #: Passes of the (¼, ½, ¼) smoothing over every path (its end points stay where they are).
 SMOOTHING_PASSES = 3
+#: Graphs and distance maps kept per field (the oldest go first).
+GRAPHS_KEPT, DISTANCES_KEPT = 2, 4
 
 
 @dataclass
@@ -95,11 +105,15 @@ def metric_graph(
     radius: int = 1,
     cancelled: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    flat=None,
 ):
     """The edges of the voxel graph: ``(rows, cols, weights)`` (host arrays; flat voxel numbers)
-    between the ``nodes`` (a 3-D bool array), weighted by the metric length of the step."""
+    between the ``nodes`` (a 3-D bool array), weighted by the metric length of the step.
+    ``flat`` numbers the voxels (default: their flat index in ``nodes``; a crop passes its
+    voxels' numbers in the whole volume)."""
     shape = nodes.shape
-    flat = xp.arange(int(np.prod(shape)), dtype=xp.int64).reshape(shape)
+    if flat is None:
+        flat = xp.arange(int(np.prod(shape)), dtype=xp.int64).reshape(shape)
     rows, cols, weights = [], [], []
     offsets = half_offsets(radius)
     for n, o in enumerate(offsets):
@@ -174,13 +188,9 @@ def connect(
     """The minimal geodesic from every seed point (``(P, 3)`` voxel coordinates) to the
     ``target`` region, in the metric of ``fld`` (:func:`gpu.geodesic.prepare_metric`), within
     its tracking region. Returns ``None`` when cancelled."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import dijkstra
-
-    from .geodesic import TRACK, _inverse
+    from .geodesic import TRACK
 
     backend = get_backend(device)
-    xp = backend.xp
     t0 = time.perf_counter()
     seeds = np.asarray(seeds, np.float64).reshape(-1, 3)
     shape = fld.shape
@@ -189,17 +199,11 @@ def connect(
     nodes = (fld.region & TRACK) != 0
     nodes = nodes | target
     nodes[tuple(seed_voxels.T)] = True
-    g = _inverse(xp, backend.asarray(fld.data[..., :6]).astype(xp.float64))
-    edges = metric_graph(xp, g, backend.asarray(nodes), fld.voxel_size, radius, cancelled, progress=None)
-    if edges is None:
+    solved = _distances(fld, backend, nodes, target, radius, cancelled)
+    if solved is None:
         return None
-    rows, cols, weights = edges
-    size = int(np.prod(shape))
-    graph = coo_matrix((weights, (rows, cols)), shape=(size, size)).tocsr()
-    t_graph = time.perf_counter() - t0
-    sources = np.flatnonzero(target.ravel())
-    distance, predecessor, _ = dijkstra(graph, directed=False, indices=sources, min_only=True,
-                                        return_predecessors=True)  # fmt: skip
+    distance, predecessor, info = solved
+    t_graph = info.pop("graph_s")
     if cancelled is not None and cancelled():
         return None
     start = np.ravel_multi_index(tuple(seed_voxels.T), shape)
@@ -233,9 +237,112 @@ def connect(
             "method": "eikonal",
             "neighbourhood_radius": radius,
             "graph_nodes": int(nodes.sum()),
-            "graph_edges": len(weights),
             "graph_s": t_graph,
+            **info,
             "seconds": time.perf_counter() - t0,
             "backend": backend.name,
         },
     )
+
+
+def _digest(mask) -> str:
+    m = np.ascontiguousarray(np.asarray(mask, bool))
+    return hashlib.blake2b(np.packbits(m).tobytes() + repr(m.shape).encode(), digest_size=16).hexdigest()
+
+
+def _remember(store: dict, key: tuple, value, keep: int) -> None:
+    """``store[key] = value``, dropping the oldest entries of the same kind beyond ``keep``."""
+    same = [k for k in store if k[0] == key[0]]
+    while len(same) >= keep:
+        store.pop(same.pop(0), None)
+    store[key] = value
+
+
+def _edges(backend, fld, nodes, radius, cancelled, box=None):
+    """:func:`metric_graph` over the whole volume, or over ``box`` (slices) with whole-volume
+    voxel numbers."""
+    xp = backend.xp
+    box = box or tuple(slice(0, n) for n in nodes.shape)
+    flat = np.arange(nodes.size, dtype=np.int64).reshape(nodes.shape)[box]
+    from .geodesic import _inverse
+
+    g = _inverse(xp, backend.asarray(fld.data[(*box, slice(0, 6))]).astype(xp.float64))
+    return metric_graph(
+        xp, g, backend.asarray(nodes[box]), fld.voxel_size, radius, cancelled, flat=backend.asarray(flat)
+    )
+
+
+def _extra_edges(backend, fld, base, nodes, groups, radius, cancelled):
+    """The edges of the graph on ``nodes`` that the graph on ``base`` (a subset) lacks: those
+    with an end, or (longer steps) a voxel crossed, among the extra voxels. Found on a crop
+    around each group of extra voxels: its edges with them less its edges without them."""
+    keys, weights = [], []
+    size = nodes.size
+    for group in groups:
+        where = np.argwhere(group)
+        if not len(where):
+            continue
+        lo = np.maximum(where.min(0) - radius, 0)
+        hi = np.minimum(where.max(0) + radius + 1, nodes.shape)
+        box = tuple(slice(int(a), int(b)) for a, b in zip(lo, hi, strict=True))
+        with_extra = _edges(backend, fld, nodes, radius, cancelled, box)
+        without = _edges(backend, fld, base, radius, cancelled, box)
+        if with_extra is None or without is None:
+            return None
+        key = with_extra[0] * size + with_extra[1]
+        new = ~np.isin(key, without[0] * size + without[1])
+        keys.append(key[new])
+        weights.append(with_extra[2][new])
+    if not keys:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    key, first = np.unique(np.concatenate(keys), return_index=True)  # a pair two crops both found
+    return key // size, key % size, np.concatenate(weights)[first]
+
+
+def _distances(fld, backend, nodes, target, radius, cancelled):
+    """Dijkstra's distances and predecessors from ``target`` over the graph of ``nodes`` (the
+    mask's voxels with the seed and target voxels), from ``fld.graphs`` where they are kept."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    from .geodesic import TRACK
+
+    t0 = time.perf_counter()
+    base = (fld.region & TRACK) != 0
+    graph_key = ("graph", backend.name, _digest(base), radius)
+    graph_cached = graph_key in fld.graphs
+    if not graph_cached:
+        edges = _edges(backend, fld, base, radius, cancelled)
+        if edges is None:
+            return None
+        size = base.size
+        _remember(fld.graphs, graph_key, coo_matrix((edges[2], edges[:2]), shape=(size, size)).tocsr(), GRAPHS_KEPT)
+    graph = fld.graphs[graph_key]
+    extra = nodes & ~base
+    dist_key = ("distances", graph_key, _digest(extra), _digest(target))
+    distances_cached = dist_key in fld.graphs
+    extra_edges = 0
+    if not distances_cached:
+        if extra.any():
+            groups = (extra & target, extra & ~target)
+            rows, cols, weights = _extra_edges(backend, fld, base, nodes, groups, radius, cancelled) or (None,) * 3
+            if rows is None:
+                return None
+            extra_edges = len(rows)
+            graph = graph + coo_matrix((weights, (rows, cols)), shape=graph.shape).tocsr()
+        t_graph = time.perf_counter() - t0
+        sources = np.flatnonzero(target.ravel())
+        distance, predecessor, _ = dijkstra(graph, directed=False, indices=sources, min_only=True,
+                                            return_predecessors=True)  # fmt: skip
+        _remember(fld.graphs, dist_key, (distance, predecessor, extra_edges, graph.nnz), DISTANCES_KEPT)
+    else:
+        t_graph = time.perf_counter() - t0
+    distance, predecessor, extra_edges, nnz = fld.graphs[dist_key]
+    info = {
+        "graph_s": t_graph,
+        "graph_edges": int(nnz),
+        "graph_cached": graph_cached,
+        "distances_cached": distances_cached,
+        "extra_edges": int(extra_edges),
+    }
+    return distance, predecessor, info

@@ -116,12 +116,114 @@ def test_the_curvature_field_in_slabs_equals_the_whole_grid():
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
 
 
-def test_auto_traces_rays_while_an_roi_is_edited_live():
-    """A live re-track must answer in about 100 ms: ``auto`` then takes rays, not the distance
-    map (which builds its graph of the mask every run); a run that is not live takes the map."""
+def test_auto_takes_the_distance_map_with_a_target_and_rays_without():
     from tractlens.app.pipelines.track_geodesic import resolve_method
 
     assert resolve_method("auto", has_target=True, two_point=False) == "eikonal"
-    assert resolve_method("auto", has_target=True, two_point=False, live=True) == "rays"
-    assert resolve_method("eikonal", has_target=True, two_point=False, live=True) == "eikonal"  # asked for
+    assert resolve_method("auto", has_target=True, two_point=True) == "rays"
+    assert resolve_method("rays", has_target=True, two_point=False) == "rays"  # asked for
     assert resolve_method("auto", has_target=False, two_point=False) == "rays"
+
+
+def _noisy_field(seed: int = 3):
+    """A bent bundle with noise, a mask with a hole, so that paths, graphs and extra edges are
+    not trivial."""
+    rng = np.random.default_rng(seed)
+    tensor = arc_field() * (1.0 + 0.2 * rng.random((*arc_field().shape[:3], 1)))
+    mask = np.ones(tensor.shape[:3], bool)
+    mask[:, :, :4] = False
+    mask[12:18, 12:18, :] = False  # the ring's inside
+    return tensor, mask
+
+
+def _fresh_and_reused(radius, edits):
+    """connect on one field through a series of (seeds, target) edits, against connect on a
+    new field (nothing kept) for each: identical results, and what was reused."""
+    tensor, mask = _noisy_field()
+    params = MetricParams(metric="adjugate", conformal_power=1.0)
+    kept = prepare_metric(tensor, (2.0, 2.0, 2.0), params, mask=mask, device="cpu")
+    reuse = []
+    for seeds, target in edits:
+        fresh = prepare_metric(tensor, (2.0, 2.0, 2.0), params, mask=mask, device="cpu")
+        a = connect(kept, seeds, target, radius=radius, device="cpu")
+        b = connect(fresh, seeds, target, radius=radius, device="cpu")
+        assert a.provenance["graph_edges"] == b.provenance["graph_edges"]
+        np.testing.assert_array_equal(a.connected, b.connected)
+        np.testing.assert_array_equal(a.distance_mm, b.distance_mm)
+        np.testing.assert_array_equal(a.points, b.points)
+        np.testing.assert_array_equal(a.cm, b.cm)
+        reuse.append((a.provenance["graph_cached"], a.provenance["distances_cached"], a.provenance["extra_edges"],
+                      int(a.connected.sum())))  # fmt: skip
+    return reuse
+
+
+@pytest.mark.parametrize("radius", [1, 2])
+def test_graph_and_distances_are_reused_across_roi_edits_with_the_same_result(radius):
+    """A seed moved inside the mask reuses the distance map; a new target reuses the graph;
+    seeds and targets outside the mask add their own edges (for radius 2 also the longer
+    steps across them) and still give exactly what a graph built from scratch gives."""
+    _tensor, mask = _noisy_field()
+    target = np.zeros(mask.shape, bool)
+    target[15, 24:26, 14:17] = True
+    other_target = np.zeros(mask.shape, bool)
+    other_target[6:8, 15, 14:17] = True
+    outside_target = np.zeros(mask.shape, bool)
+    outside_target[12:14, 14:16, 15] = True  # in the hole of the mask, at its rim
+    inside = np.array([[24.0, 15.0, 15.0], [24.5, 15.0, 15.0]])
+    moved = np.array([[23.0, 16.0, 15.0], [22.0, 17.0, 16.0]])
+    # in the hole, at its rim and one further in (joined through the other), and below the mask
+    out = np.array([[12.0, 13.0, 15.0], [13.0, 13.0, 15.0], [24.0, 15.0, 3.0]])
+    reuse = _fresh_and_reused(
+        radius,
+        [(inside, target), (moved, target), (moved, other_target), (out, other_target), (inside, outside_target)],
+    )
+    assert [r[:2] for r in reuse] == [
+        (False, False),
+        (True, True),  # the seed moved inside the mask: only the paths are read again
+        (True, False),  # a new target: Dijkstra again on the same graph
+        (True, False),
+        (True, False),
+    ]
+    assert reuse[0][2] == reuse[1][2] == reuse[2][2] == 0
+    assert reuse[3][2] > 0 and reuse[4][2] > 0  # voxels outside the mask brought edges of their own
+    assert reuse[3][3] == 3 and reuse[4][3] == 2  # and join through them
+
+
+def test_kept_graphs_are_bounded():
+    from tractlens.gpu import geodesic_eikonal
+
+    tensor, mask = _noisy_field()
+    fld = prepare_metric(tensor, (2.0, 2.0, 2.0), MetricParams(metric="adjugate"), mask=mask, device="cpu")
+    for i in range(geodesic_eikonal.DISTANCES_KEPT + 3):
+        target = np.zeros(mask.shape, bool)
+        target[15, 24:26, 14 + i % 3] = True
+        target[5 + i, 15, 15] = True
+        connect(fld, np.array([[24.0, 15.0, 15.0]]), target, device="cpu")
+    kinds = [k[0] for k in fld.graphs]
+    assert kinds.count("graph") == 1 and kinds.count("distances") == geodesic_eikonal.DISTANCES_KEPT
+
+
+def test_a_live_edit_of_the_seed_reuses_the_metric_graph_and_distances_through_the_pipeline():
+    """The window passes the metric field as a function of the resolved metric (kept per metric
+    in the document): a second run after the seed region moved reads only the paths back."""
+    from tractlens.app.pipelines.track import geodesic_pipeline
+
+    from .test_geodesic_metrics import _straight_bundle
+
+    field_, seed, target = _straight_bundle()
+    made = {}
+
+    def metric_field(metric):
+        if metric not in made:
+            made[metric] = prepare_metric(field_.tensor, field_.voxel_size, metric, device="cpu")
+        return made[metric]
+
+    first = geodesic_pipeline(field_, seed_mask=seed, target=target, device="cpu", metric_field=metric_field)
+    moved = np.roll(seed, 1, axis=1) & field_.mask
+    second = geodesic_pipeline(field_, seed_mask=moved, target=target, device="cpu", metric_field=metric_field)
+    fresh = geodesic_pipeline(field_, seed_mask=moved, target=target, device="cpu")
+    assert len(made) == 1  # the distance map's metric, made once
+    assert (first.provenance["graph_cached"], first.provenance["distances_cached"]) == (False, False)
+    assert (second.provenance["graph_cached"], second.provenance["distances_cached"]) == (True, True)
+    np.testing.assert_array_equal(second.tractogram.points, fresh.tractogram.points)
+    np.testing.assert_array_equal(second.tractogram.streamline_scalars["cm"], fresh.tractogram.streamline_scalars["cm"])

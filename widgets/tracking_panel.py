@@ -426,7 +426,6 @@ class GeodesicPanel(TrackingPanel):
             "rng_seed": self.rng_seed.value(),
             "two_point": self.two_point.isChecked(),
             "method": self.method.currentText(),
-            "live": self.live.isChecked(),  # auto then traces rays (the distance map takes seconds)
         }
         name = "geodesic"
 
@@ -445,7 +444,8 @@ class GeodesicPanel(TrackingPanel):
                 max_batch=GUI_BATCH,
                 first_batch=INTERACTIVE_FIRST_BATCH,
                 name=name,
-                metric_field=geodesic_metric_of(self.document, volume, metric, self.device),
+                # per metric as the method resolves it (auto differs for rays and the distance map)
+                metric_field=lambda resolved: geodesic_metric_of(self.document, volume, resolved, self.device),
                 **options,
             )
             return self._result_layer(name, result.tractogram), result

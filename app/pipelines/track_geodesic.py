@@ -47,11 +47,12 @@ def directions_for(seed_points: int, on_gpu: bool) -> int:
     return int(min(MAX_DIRECTIONS, max(MIN_DIRECTIONS, budget // max(seed_points, 1))))
 
 
-def resolve_method(method: str, has_target: bool, two_point: bool, live: bool = False) -> str:
+def resolve_method(method: str, has_target: bool, two_point: bool) -> str:
     """``rays`` or ``eikonal`` for a run: ``auto`` is the distance map (``eikonal``) from a seed
-    region to a target, ray tracing otherwise (no target, ``two_point`` asked for, or a ``live``
-    re-track while an ROI is edited: the distance map builds its graph of the mask on every
-    run, seconds at brain size, where live tracking answers in about 100 ms)."""
+    region to a target, ray tracing otherwise (no target, or ``two_point`` asked for). A live
+    re-track takes the distance map too: its graph of the mask and its distances from the
+    target are kept with the metric field (:mod:`gpu.geodesic_eikonal`), so an edit of the seed
+    region only reads the paths back, and a new target solves Dijkstra on the kept graph."""
     if method not in METHODS:
         raise InputError(f"the method must be one of {', '.join(METHODS)}, got {method!r}")
     if method == "eikonal" and not has_target:
@@ -59,7 +60,7 @@ def resolve_method(method: str, has_target: bool, two_point: bool, live: bool = 
     if method == "eikonal" and two_point:
         raise InputError("--two-point is a form of ray tracing: use it with --method rays (or auto)")
     if method == "auto":
-        return "eikonal" if has_target and not two_point and not live else "rays"
+        return "eikonal" if has_target and not two_point else "rays"
     return method
 
 
@@ -103,7 +104,6 @@ def geodesic_pipeline(
     target_points: int = GeodesicSeedingParams.target_points,
     method: str = GeodesicSeedingParams.method,
     neighbourhood: int = GeodesicSeedingParams.neighbourhood,
-    live: bool = False,
 ) -> TrackResult:
     """Geodesic ray tracing from a seed region (see :mod:`gpu.geodesic`).
 
@@ -114,7 +114,8 @@ def geodesic_pipeline(
     first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
     ``include`` masks (waypoints; each of several targets) must all be passed: other fibres
     are dropped batch by batch, before ranking and before ``on_batch`` sees them.
-    ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``) skips the
+    ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``, or a function
+    of the metric parameters, ``auto`` resolved for the method, that returns it) skips the
     pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
     makes the first batch (the first ``on_batch``) small, to show something at once.
     With ``two_point`` (a target is needed) every pair of a seed point and one of
@@ -143,8 +144,10 @@ def geodesic_pipeline(
             raise InputError(f"the directions per seed point must be ≥ 1 (0 = sized for the engine), got {directions}")
         if two_point and target is None:
             raise InputError("two-point ray tracing needs a target region", fix="Give or paint a target ROI")
-        method = resolve_method(method, target is not None, two_point, live)
+        method = resolve_method(method, target is not None, two_point)
         metric = metric_for(metric or geodesic.MetricParams(), "two-point" if two_point else method)
+        if callable(metric_field):
+            metric_field = metric_field(metric)
         if metric_field is not None and metric_field.metric_params not in (None, metric):
             metric_field = None  # made for another metric (auto resolves per method): made again
         positions = seeds_in_mask(seed_mask, seeds_per_voxel, placement=placement, rng_seed=rng_seed)

@@ -100,6 +100,10 @@ def two_point_pipeline(field_, fld, positions, dirs, target, params, metric, *, 
     return TrackResult(tractogram, provenance, notes)
 
 
+#: What the distance map's provenance tells of its graph (built or reused).
+GRAPH_KEYS = ("graph_nodes", "graph_edges", "graph_s", "graph_cached", "distances_cached")
+
+
 def eikonal_pipeline(field_, fld, positions, target, params, metric, *, device, choice, notes: list,
                      top_percent: float, name: str, radius: int = 1, progress=None, cancelled=None,
                      on_batch=None):  # fmt: skip
@@ -167,7 +171,7 @@ def eikonal_pipeline(field_, fld, positions, target, params, metric, *, device, 
         "steps_per_s": None,
         "cancelled": result is None,
         "tensor": field_.source,
-        **({} if result is None else {k: result.provenance[k] for k in ("graph_nodes", "graph_edges", "graph_s")}),
+        **({} if result is None else {k: result.provenance[k] for k in GRAPH_KEYS}),
     }
     if len(tractogram) == 0 and result is not None:
         provenance["empty_reason"] = (
