@@ -9,6 +9,7 @@ a batch-size helper, so the numerical code above it is written once against
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -41,11 +42,20 @@ class Backend:
     name : ``"cpu"`` or ``"gpu"``.
     xp : the array module (``numpy`` or ``cupy``).
     device_name : human-readable device, e.g. ``"NVIDIA H100 80GB HBM3"``.
+    device_id : the CUDA device (0 unless :func:`gpu_backends` made it for another GPU).
     """
 
     name: str
     xp: Any
     device_name: str
+    device_id: int = 0
+
+    def activate(self):
+        """A context in which this backend's GPU is CUDA's current device (arrays, kernels and
+        memory queries then go to it); nothing on the CPU. Threads each keep their own."""
+        if self.is_gpu:
+            return self.xp.cuda.Device(self.device_id)
+        return contextlib.nullcontext()
 
     @property
     def is_gpu(self) -> bool:
@@ -192,6 +202,35 @@ def get_backend(device: str | Backend = "auto") -> Backend:
         )
     log.info("no usable GPU (%s); computing on the CPU", detail)
     return _cpu_backend()
+
+
+def gpu_count() -> int:
+    """How many CUDA devices there are (0 without a usable GPU)."""
+    ok, _detail = gpu_status()
+    if not ok:
+        return 0
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
+
+
+def gpu_backends(n: int | None = None) -> list[Backend]:
+    """One backend per GPU, the first ``n`` (all when None); each names its device, as
+    ``NVIDIA H200 (GPU 1)``, so caches kept per device stay apart. Refuses more than there are."""
+    count = gpu_count()
+    n = count if n is None else int(n)
+    if n < 1 or n > count:
+        ok, detail = gpu_status()
+        why = f"{count} GPU(s) here" if ok else detail
+        raise BackendError(f"{n} GPU(s) asked for, {why}")
+    import cupy
+
+    backends = []
+    for i in range(n):
+        props = cupy.cuda.runtime.getDeviceProperties(i)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        backends.append(Backend("gpu", cupy, f"{name} (GPU {i})" if count > 1 else name, device_id=i))
+    return backends
 
 
 def check_device(device: str | Backend) -> None:
