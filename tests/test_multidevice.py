@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from tractlens.gpu.backend import BackendError, get_backend, gpu_backends, gpu_count
@@ -72,3 +73,66 @@ def test_each_share_runs_on_its_own_device():
     out = run_split(backends, 100, work)
     assert [d for d, _ in out] == [b.device_id for b in backends][: len(out)]
     assert sum(s for _, s in out) == sum(range(100))
+
+
+def _split_case():
+    from tractlens.gpu.probabilistic import ProbParams, mask_bits
+
+    from .test_probabilistic import slab, straight_bundle
+
+    field_, brain, bundle = straight_bundle(noise=0.3)
+    bits = mask_bits(brain, targets=[slab(26, 28)], waypoints=[slab(20, 21)])
+    seeds = np.argwhere(bundle & slab(3, 5))
+    return field_, bits, seeds, ProbParams(n_samples=37, n_steps=300)
+
+
+def _assert_same(a, b):
+    np.testing.assert_array_equal(a.paths, b.paths)
+    np.testing.assert_array_equal(a.seed_targets, b.seed_targets)
+    np.testing.assert_array_equal(a.seed_matrix, b.seed_matrix)
+    assert (a.waytotal, a.streamlines, a.steps) == (b.waytotal, b.streamlines, b.steps)
+
+
+def test_probabilistic_tracking_split_over_three_shares_equals_one_run():
+    """Three shares on the CPU (the code path of three GPUs): the same totals to the last count,
+    with ranges that do not fall on batch or seed boundaries."""
+    from tractlens.gpu.probabilistic import track_numpy
+    from tractlens.gpu.probabilistic_split import track_split
+
+    field_, bits, seeds, params = _split_case()
+    whole = track_numpy(field_, bits, seeds, params, 1, 1, seed_matrix=True)
+    seen = []
+    cpu = get_backend("cpu")
+    split = track_split(field_, bits, seeds, params, [cpu, cpu, cpu], n_targets=1, n_waypoints=1,
+                        seed_matrix=True, batch_streamlines=50, progress=lambda d, t: seen.append((d, t)))  # fmt: skip
+    _assert_same(split, whole)
+    assert whole.waytotal > 0 and whole.seed_targets.sum() > 0
+    assert [d["streamlines"] for d in split.provenance["devices"]] == [c for _, c in split_range(len(seeds) * 37, 3)]
+    assert seen[-1] == (len(seeds) * 37,) * 2 and len(seen) > 3
+
+
+def test_a_cancelled_split_run_raises_cancelled():
+    from tractlens.gpu.backend import Cancelled
+    from tractlens.gpu.probabilistic_split import track_split
+
+    field_, bits, seeds, params = _split_case()
+    cpu = get_backend("cpu")
+    calls = []
+    with pytest.raises(Cancelled):
+        track_split(field_, bits, seeds, params, [cpu, cpu], n_targets=1, n_waypoints=1, batch_streamlines=20,
+                    cancelled=lambda: calls.append(1) or len(calls) > 3)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shares", ["two on one GPU", "every GPU"])
+def test_probabilistic_kernel_split_equals_one_gpu_run(shares):
+    from tractlens.gpu.probabilistic import track_kernel
+    from tractlens.gpu.probabilistic_split import track_split
+
+    field_, bits, seeds, params = _split_case()
+    gpu = get_backend("gpu")
+    whole = track_kernel(gpu, field_, bits, seeds, params, 1, 1, seed_matrix=True)
+    backends = [gpu, gpu] if shares == "two on one GPU" else gpu_backends()
+    split = track_split(field_, bits, seeds, params, backends, n_targets=1, n_waypoints=1, seed_matrix=True,
+                        batch_streamlines=64)  # fmt: skip
+    _assert_same(split, whole)
