@@ -169,20 +169,18 @@ def interior_point_guess(xp, x_free, shared: SharedQP, max_iterations: int, work
         primal_residual = x @ G.T - s
         mu = (s * lam).mean(axis=1)
         weight = lam / s
-        factor = xp.linalg.cholesky((weight @ outer).reshape(-1, p, p) + H)
+        try:
+            factor = xp.linalg.cholesky((weight @ outer).reshape(-1, p, p) + H)
+        except np.linalg.LinAlgError:  # rounding broke positive definiteness (NumPy raises)
+            break  # the guess so far is only a start; the active-set stage is exact from any start
+        factor_t = xp.ascontiguousarray(xp.swapaxes(factor, 1, 2))  # rows for the back substitution
 
-        def direction(complementarity):
-            """Newton step whose complementarity rows aim at s∘λ + Δ = ``complementarity`` + s∘λ."""
-            rhs = ((complementarity - lam * primal_residual) / s) @ G - dual_residual
-            dx = _cholesky_solve(xp, factor, rhs)
-            ds = dx @ G.T + primal_residual
-            return dx, ds, (complementarity - lam * ds) / s
-
-        dx, ds, dlam = direction(-s * lam)  # predictor (affine scaling)
+        system = (xp, G, factor, factor_t, s, lam, primal_residual, dual_residual)
+        dx, ds, dlam = _newton_direction(system, -s * lam)  # predictor (affine scaling)
         alpha = xp.minimum(_step_to_boundary(xp, s, ds), _step_to_boundary(xp, lam, dlam))
         mu_affine = ((s + alpha[:, None] * ds) * (lam + alpha[:, None] * dlam)).mean(axis=1)
         centring = (mu_affine / mu) ** 3
-        dx, ds, dlam = direction((centring * mu)[:, None] - s * lam - ds * dlam)  # corrector
+        dx, ds, dlam = _newton_direction(system, (centring * mu)[:, None] - s * lam - ds * dlam)  # corrector
         alpha = _INTERIOR_STEP * xp.minimum(_step_to_boundary(xp, s, ds), _step_to_boundary(xp, lam, dlam))
         x, s, lam = x + alpha[:, None] * dx, s + alpha[:, None] * ds, lam + alpha[:, None] * dlam
         mu = (s * lam).mean(axis=1)
@@ -193,6 +191,16 @@ def interior_point_guess(xp, x_free, shared: SharedQP, max_iterations: int, work
     return guess * (h * size)[:, None], iterations
 
 
+def _newton_direction(system, complementarity):
+    """The step (dx, ds, dλ) of the linearised KKT system whose complementarity rows read
+    λ ds + s dλ = ``complementarity``: dx from the factored normal matrix, then ds, dλ."""
+    xp, G, factor, factor_t, s, lam, primal_residual, dual_residual = system
+    rhs = ((complementarity - lam * primal_residual) / s) @ G - dual_residual
+    dx = _cholesky_solve(xp, factor, factor_t, rhs)
+    ds = dx @ G.T + primal_residual
+    return dx, ds, (complementarity - lam * ds) / s
+
+
 def _step_to_boundary(xp, value, change):
     """Per voxel, the largest α ≤ 1 with value + α change ≥ 0 (value > 0)."""
     shrinking = change < 0
@@ -200,15 +208,19 @@ def _step_to_boundary(xp, value, change):
     return xp.minimum(ratio.min(axis=1), 1.0)
 
 
-def _cholesky_solve(xp, factor, rhs):
-    """Solve L Lᵀ x = b for a batch: L (n, P, P) lower triangular, b (n, P); two substitutions."""
+def _cholesky_solve(xp, factor, factor_t, rhs):
+    """Solve L Lᵀ x = b for a batch: L (n, P, P) lower triangular and Lᵀ, b (n, P).
+
+    Forward then back substitution, one row of the batch's factors at a time (memory-bound,
+    2P small steps; batched triangular solves are not common to NumPy and CuPy).
+    """
     p = factor.shape[1]
     y = xp.empty_like(rhs)
     for j in range(p):
         y[:, j] = (rhs[:, j] - (factor[:, j, :j] * y[:, :j]).sum(axis=1)) / factor[:, j, j]
     x = xp.empty_like(rhs)
     for j in range(p - 1, -1, -1):
-        x[:, j] = (y[:, j] - (factor[:, j + 1 :, j] * x[:, j + 1 :]).sum(axis=1)) / factor[:, j, j]
+        x[:, j] = (y[:, j] - (factor_t[:, j, j + 1 :] * x[:, j + 1 :]).sum(axis=1)) / factor[:, j, j]
     return x
 
 
