@@ -154,7 +154,14 @@ def interior_point_guess(xp, x_free, shared: SharedQP, max_iterations: int, work
     h = float(np.trace(hessian)) / p
     H = xp.asarray(hessian / h)
     G = xp.asarray(shared.constraint)
-    outer = xp.asarray((shared.constraint[:, :, None] * shared.constraint[:, None, :]).reshape(m, p * p))
+    # G's rows' outer products, upper triangles only (half the GEMM), and where each of the P²
+    # entries of the normal matrix finds its value among them
+    upper_i, upper_j = np.triu_indices(p)
+    outer = xp.asarray(shared.constraint[:, upper_i] * shared.constraint[:, upper_j])
+    hessian_upper = xp.asarray(hessian[upper_i, upper_j] / h)
+    position = np.zeros((p, p), dtype=np.int64)
+    position[upper_i, upper_j] = position[upper_j, upper_i] = np.arange(upper_i.size)
+    position = xp.asarray(position.ravel())
     x = x_free / size[:, None]
     q = x @ H  # q̂ = Ĥ x̂_free
     s = xp.maximum(x @ G.T, 0.0) + _INTERIOR_START[0]
@@ -170,7 +177,7 @@ def interior_point_guess(xp, x_free, shared: SharedQP, max_iterations: int, work
         mu = (s * lam).mean(axis=1)
         weight = lam / s
         try:
-            factor = xp.linalg.cholesky((weight @ outer).reshape(-1, p, p) + H)
+            factor = xp.linalg.cholesky(xp.take(weight @ outer + hessian_upper, position, axis=1).reshape(-1, p, p))
         except np.linalg.LinAlgError:  # rounding broke positive definiteness (NumPy raises)
             break  # the guess so far is only a start; the active-set stage is exact from any start
         factor_t = xp.ascontiguousarray(xp.swapaxes(factor, 1, 2))  # rows for the back substitution

@@ -71,7 +71,7 @@ def work_counts(work, voxels: int, m: int, p: int) -> dict:
     }
     gemm = {
         "unconstrained": lambda k: 2.0 * p * p + 2 * m * p,
-        "interior": lambda k: 2.0 * m * p * p + 7 * 2 * m * p,  # Gᵀ diag(λ/s) G; x Gᵀ, λ G, ...
+        "interior": lambda k: m * p * (p + 1.0) + 7 * 2 * m * p,  # Gᵀ diag(λ/s) G (upper half); x Gᵀ, λ G, ...
         "active set": lambda k: 2.0 * 2 * m * p + k * k,  # λ H⁻¹Gᵀ, x Gᵀ; gather of Q_PP
     }
     stages = {}
