@@ -220,6 +220,29 @@ def test_any_non_negative_start_ends_at_the_optimum(msmt_problem):
     assert np.abs(x - x_plain).max() <= 1e-8 * np.abs(x_plain).max()
 
 
+def test_a_failed_factorisation_ends_the_interior_point_not_the_fit(msmt_problem, monkeypatch):
+    """NumPy raises when rounding makes a normal matrix indefinite; the interior point then
+    stops where it is and the active-set stage still ends at the optimum."""
+    model, H, G, q, _ = msmt_problem
+    shared = shared_program(model)
+    x_plain, *_ = solve_batch(np, q, shared, 2000, interior_iterations=0)
+    cholesky, calls = np.linalg.cholesky, []
+
+    def failing_on_the_fourth(a):
+        calls.append(1)
+        if len(calls) == 4:
+            raise np.linalg.LinAlgError("Matrix is not positive definite")
+        return cholesky(a)
+
+    monkeypatch.setattr(np.linalg, "cholesky", failing_on_the_fourth)
+    work = []
+    x, lam, _, converged = solve_batch(np, q, shared, 2000, work=work)
+    assert len(calls) == 4 and sum(stage == "interior" for stage, *_ in work) == 4
+    assert converged.all()
+    _assert_kkt(x, lam, q, H, G)
+    assert np.abs(x - x_plain).max() <= 1e-8 * np.abs(x_plain).max()
+
+
 @pytest.mark.gpu
 def test_gpu_solver_matches_numpy(msmt_problem):
     """The same solver on CuPy: KKT to the same limit, x within 1e-7 of NumPy's (the optimum is
