@@ -16,7 +16,7 @@ every voxel; only q differs. The solver runs in three stages, each batched over 
    H + Gᵀ diag(λ/s) G once (one batched GEMM over the voxels builds them, one batched
    Cholesky factors them) and solves it for the predictor and the corrector. A voxel leaves
    after ``interior_iterations`` or as soon as its mean complementarity sᵀλ/M falls below
-   1e-12 (12.4 iterations on average on the benchmark's phantom); its guessed active set is
+   1e-12 (12.5 iterations on average on the benchmark's phantom); its guessed active set is
    {i : λ_i > s_i}, and its multipliers there are where the next stage starts.
 3. The exact answer: the Lawson–Hanson active-set method (Lawson & Hanson 1974, ch. 23) on
    the dual, started from that guess. With x(λ) = H⁻¹(q + Gᵀλ) the dual is the
@@ -28,14 +28,14 @@ every voxel; only q differs. The solver runs in three stages, each batched over 
    Every voxel keeps its own passive set (the active constraints of the primal); one
    iteration solves each voxel's Q_PP λ_P = −(G H⁻¹ q)_P — the Schur complement of the KKT
    system on its active constraints, gathered from the shared Q and padded to the batch's
-   largest set — as one batched solve. Guessed constraints whose multipliers come out
-   non-positive leave together (a step of length zero from λ = 0); then a voxel whose
-   solution is positive adds its most violated constraint (steepest edge: the violation over
-   √Q_jj, its length in the H metric); one whose solution is not steps back to the boundary
-   and drops the constraints that reach zero — and, where that step moved, adds the most
-   violated constraint at once. Once a passive set's solution is positive the method is
-   Lawson–Hanson's, so it ends after finitely many changes whatever the guess; with the
-   interior point's guess it usually ends after the first or second solve.
+   largest set — as one batched solve. A voxel whose solution is positive takes it and adds
+   its most violated constraint (steepest edge: the violation over √Q_jj, its length in the H
+   metric); one whose solution is not moves from its multipliers towards it until the first
+   reaches zero and drops the constraints that reach zero — and, where that step moved, adds
+   the most violated constraint at once. Lawson–Hanson needs only a dual-feasible start
+   (λ ≥ 0, the passive set its support), which the interior point's multipliers are, so it
+   ends after finitely many changes whatever the guess; from the interior point's it usually
+   ends after the first or second solve (1.3 a voxel on the benchmark's phantom).
 
 A voxel stops when no constraint is violated by more than ``tolerance`` × ‖x‖, where the KKT
 conditions (stationarity, primal and dual feasibility, complementarity) hold to rounding: the
@@ -130,7 +130,7 @@ def solve_batch(
         iterations += steps
     out_x, out_lam = x_free.copy(), xp.zeros((n, m))
     if rows.size and iterations < max_iterations:
-        state = (linear[rows], x_free[rows], slack_free[rows], threshold[rows])
+        state = (x_free[rows], slack_free[rows], threshold[rows])
         x, lam, left, used = _active_set(xp, shared, state, guess, max_iterations - iterations, work)
         iterations += used
         out_x[rows], out_lam[rows] = x, lam
@@ -236,10 +236,10 @@ def _cholesky_solve(xp, factor, factor_t, rhs):
 def _active_set(xp, shared: SharedQP, state, start, max_iterations: int, work: list | None):
     """Lawson–Hanson on the dual from the multipliers ``start`` (n, M) ≥ 0, their support passive.
 
-    ``state`` is (q, H⁻¹q, G H⁻¹q, threshold) of the voxels. Returns (x, λ, the voxels still
+    ``state`` is (H⁻¹q, G H⁻¹q, threshold) of the voxels. Returns (x, λ, the voxels still
     working (indices into the batch), iterations).
     """
-    _, free, slack_free, threshold = state
+    free, slack_free, threshold = state
     n = free.shape[0]
     m, p = shared.constraint.shape
     G = xp.asarray(shared.constraint)
