@@ -15,8 +15,8 @@ in MRtrix3's basis (:mod:`gpu.sh`) and the frame of the gradient directions give
 * Multi-shell multi-tissue CSD (Jeurissen et al. 2014, NeuroImage 103:411): every shell (b=0
   included) is fitted at once with a WM fODF (lmax) and isotropic GM and CSF compartments,
   subject to the WM fODF ≥ 0 on 300 hemisphere directions and GM, CSF ≥ 0 — a quadratic
-  program, solved exactly (as MRtrix's ICLS) by a batched active-set method on its dual
-  (:mod:`gpu.csd_qp`). Both solvers compute in float64 on either backend.
+  program, solved exactly (as MRtrix's ICLS) by a batched active-set method on its dual,
+  started from an interior point's guess (:mod:`gpu.csd_qp`). Both solvers compute in float64 on either backend.
 
 Tissue compartments are the l=0 coefficients of isotropic ODFs (MRtrix ``dwi2fod msmt_csd``
 writes the same for GM and CSF): a voxel's tissue signal fraction follows from them and the
@@ -84,8 +84,8 @@ class CSDParams:
     msmt_max_iterations: int = field(
         default=2000,
         metadata=meta(
-            "Active-set changes",
-            "most active-set changes of the exact multi-tissue solver",
+            "Solver steps",
+            "most batched solves (interior point, active-set changes) of the exact multi-tissue solver",
             "",
             (10, 100000),
             cli=False,
@@ -368,8 +368,8 @@ def fit_csd(
     unknowns = n_sh + n_iso
     # the normal matrices and their factorisation, the active sets, amplitudes, the signal
     per_voxel = 8 * (3 * unknowns * unknowns + 3 * m + 4 * unknowns) + signal.shape[1] * 12
-    if model.msmt:  # the active-set solver: gathered systems and their masks, λ, slacks, sets
-        per_voxel += 8 * (4 * unknowns * unknowns + 6 * m)
+    if model.msmt:  # the interior point's normal matrices, factors, steps; the active set's systems
+        per_voxel += 8 * (4 * unknowns * unknowns + 14 * m)
     per_voxel = max(per_voxel, 8 * 1200 * 3 + 2000)  # the peak search's dense sphere
     stats = {"transfer_s": 0.0, "compute_s": 0.0, "peaks_s": 0.0, "batches": 0, "max_iterations_used": 0}
     stats["not_converged_per_batch"] = []  # voxels each batch left at the iteration limit
@@ -418,7 +418,9 @@ def fit_csd(
     fit = CSDFit(**out)
     fit.provenance = {
         "method": "msmt-csd (Jeurissen 2014)" if model.msmt else "csd (Tournier 2007)",
-        "solver": "exact active set (dual Lawson-Hanson)" if model.msmt else "iterative constrained least squares",
+        "solver": "exact active set (dual Lawson-Hanson from an interior point's start)"
+        if model.msmt
+        else "iterative constrained least squares",
         "lmax": model.lmax,
         "tissues": list(model.tissues),
         "shell_used": model.shell_used,

@@ -1,5 +1,6 @@
 """The exact multi-tissue CSD solver (gpu.csd_qp): KKT conditions, agreement with SciPy's
-SLSQP and NNLS, iteration limits flagged, the fit's multi-tissue results at the optimum."""
+SLSQP and NNLS, iteration limits flagged, the fit's multi-tissue results at the optimum, the
+interior-point start (same optimum as the plain active set, few active-set changes after it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from scipy.optimize import minimize, nnls
 from tests.csd_synth import add_rician_noise, best_match_angles, crossing, gradient_table, unit, voxel_signal
 from tests.test_csd import _responses
 from tractlens.gpu.csd import CSDParams, build_model, constraint_matrix, fit_csd, shared_program
-from tractlens.gpu.csd_qp import SharedQP, kkt_residuals, solve_batch
+from tractlens.gpu.csd_qp import SharedQP, interior_point_guess, kkt_residuals, solve_batch
 
 KKT_LIMIT = 1e-8
 
@@ -135,6 +136,111 @@ def test_multi_tissue_fit_is_the_exact_optimum(msmt_problem):
     assert np.abs(got - x).max() <= 1e-6 * np.abs(x).max()
     amplitudes = got @ G.T
     assert amplitudes.min() >= -1e-6 * np.linalg.norm(got, axis=1).max()
+
+
+def _stage_counts(work):
+    """Per stage: (batched steps, voxel-solves) from solve_batch's ``work`` entries."""
+    counts = {}
+    for stage, voxels, _ in work:
+        steps, solves = counts.get(stage, (0, 0))
+        counts[stage] = (steps + 1, solves + voxels)
+    return counts
+
+
+def test_interior_point_start_reaches_the_plain_active_sets_optimum(msmt_problem):
+    """The default (interior point, then Lawson-Hanson) and Lawson-Hanson from an empty set
+    reach the same optimum (unique: H is positive definite) and the same active constraints."""
+    model, H, G, q, _ = msmt_problem
+    shared = shared_program(model)
+    x_plain, lam_plain, _, converged_plain = solve_batch(np, q, shared, 2000, interior_iterations=0)
+    x, lam, _, converged = solve_batch(np, q, shared, 2000)
+    assert converged.all() and converged_plain.all()
+    _assert_kkt(x, lam, q, H, G)
+    assert np.abs(x - x_plain).max() <= 1e-8 * np.abs(x_plain).max()
+    np.testing.assert_array_equal(lam > 0, lam_plain > 0)
+
+
+def test_interior_point_start_leaves_few_active_set_changes(msmt_problem):
+    """From the interior point's multipliers the active set needs about one solve a voxel (the
+    empty start needs one per constraint that enters or leaves, ~40 here); the interior point
+    stops each voxel at its own complementarity, before its iteration limit."""
+    model, _, _, q, _ = msmt_problem
+    shared = shared_program(model)
+    n = len(q)
+    plain, started = [], []
+    solve_batch(np, q, shared, 2000, interior_iterations=0, work=plain)
+    _, _, iterations, _ = solve_batch(np, q, shared, 2000, work=started)
+    plain, started = _stage_counts(plain), _stage_counts(started)
+    assert plain["active set"][1] / n >= 20
+    interior_steps, interior_solves = started["interior"]
+    assert interior_solves / n < interior_steps <= 20  # voxels leave at their own convergence
+    assert started["active set"][1] / n <= 2.0
+    assert started["active set"][0] <= 8
+    assert iterations == 1 + interior_steps + started["active set"][0]
+
+
+def test_interior_point_guess_is_the_active_set_on_most_voxels(msmt_problem):
+    model, _, _, q, _ = msmt_problem
+    shared = shared_program(model)
+    _, lam, _, _ = solve_batch(np, q, shared, 2000)
+    guess, iterations = interior_point_guess(np, q @ shared.hessian_inverse, shared, 20)
+    assert iterations <= 20 and (guess >= 0).all()
+    agree = ((guess > 0) == (lam > 0)).all(axis=1)
+    assert agree.mean() >= 0.7  # 82 % here; the others differ by one or two near-degenerate constraints
+    # where the sets agree, the interior point's multipliers are close to the exact ones
+    error = np.abs(guess - lam)[agree].max(axis=1) / np.abs(lam[agree]).max(axis=1)
+    assert np.median(error) <= 1e-3
+
+
+@pytest.mark.parametrize("interior_iterations", [1, 3, 6])
+def test_a_poor_interior_point_start_still_ends_at_the_optimum(msmt_problem, interior_iterations):
+    """Stopped early, the interior point's guess is wrong on most voxels; the active-set stage
+    (Lawson-Hanson from a dual-feasible start) still ends exactly."""
+    model, H, G, q, _ = msmt_problem
+    shared = shared_program(model)
+    x_plain, *_ = solve_batch(np, q, shared, 2000, interior_iterations=0)
+    x, lam, _, converged = solve_batch(np, q, shared, 2000, interior_iterations=interior_iterations)
+    assert converged.all()
+    _assert_kkt(x, lam, q, H, G)
+    assert np.abs(x - x_plain).max() <= 1e-8 * np.abs(x_plain).max()
+
+
+def test_any_non_negative_start_ends_at_the_optimum(msmt_problem):
+    """Random multipliers on random constraint sets (many more than the 47 unknowns allow
+    to be active) are a dual-feasible start; Lawson-Hanson still ends at the optimum."""
+    model, H, G, q, _ = msmt_problem
+    shared = shared_program(model)
+    rng = np.random.default_rng(4)
+    start = rng.uniform(0, 1, (len(q), G.shape[0])) * (rng.uniform(size=(len(q), G.shape[0])) < 0.3)
+    start *= np.linalg.norm(q, axis=1, keepdims=True) / 1e3
+    x_plain, *_ = solve_batch(np, q, shared, 2000, interior_iterations=0)
+    x, lam, _, converged = solve_batch(np, q, shared, 5000, start=start)
+    assert converged.all()
+    _assert_kkt(x, lam, q, H, G)
+    assert np.abs(x - x_plain).max() <= 1e-8 * np.abs(x_plain).max()
+
+
+def test_a_failed_factorisation_ends_the_interior_point_not_the_fit(msmt_problem, monkeypatch):
+    """NumPy raises when rounding makes a normal matrix indefinite; the interior point then
+    stops where it is and the active-set stage still ends at the optimum."""
+    model, H, G, q, _ = msmt_problem
+    shared = shared_program(model)
+    x_plain, *_ = solve_batch(np, q, shared, 2000, interior_iterations=0)
+    cholesky, calls = np.linalg.cholesky, []
+
+    def failing_on_the_fourth(a):
+        calls.append(1)
+        if len(calls) == 4:
+            raise np.linalg.LinAlgError("Matrix is not positive definite")
+        return cholesky(a)
+
+    monkeypatch.setattr(np.linalg, "cholesky", failing_on_the_fourth)
+    work = []
+    x, lam, _, converged = solve_batch(np, q, shared, 2000, work=work)
+    assert len(calls) == 4 and sum(stage == "interior" for stage, *_ in work) == 4
+    assert converged.all()
+    _assert_kkt(x, lam, q, H, G)
+    assert np.abs(x - x_plain).max() <= 1e-8 * np.abs(x_plain).max()
 
 
 @pytest.mark.gpu

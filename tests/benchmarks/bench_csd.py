@@ -6,9 +6,15 @@ fractions (tests/csd_synth.py). TractLens fits every voxel; DIPY's single-shell
 ``ConstrainedSphericalDeconvModel`` (its MSMT needs cvxpy, not installed) fits a sample on
 all CPU cores (``engine="ray"`` is not used: ``parallel=True`` with its default engine) and
 is reported as a per-voxel rate and the ratio to TractLens on the whole brain. The MSMT
-solver's exactness is checked on a sample (the largest KKT residual, gpu/csd_qp.py).
+solver's exactness is checked on a sample (the largest KKT residual, gpu/csd_qp.py), and its
+work is counted there for the default solver (interior-point start) and for the plain
+Lawson-Hanson active set (``interior_iterations=0``, the former solver): batched steps (rounds
+of kernel launches), batched factorisations and solves per voxel, their floating-point work
+(Cholesky P³/3 and LU 2k³/3 on the k × k systems the batch is padded to) and the GEMM work
+around them, with the CPU time of each on that sample — the counts from which the GPU's
+speed-up can be predicted.
 
-    python tests/benchmarks/bench_csd.py [--quick] [--voxels N] [--json OUT]
+    python tests/benchmarks/bench_csd.py [--quick] [--voxels N] [--sample N] [--json OUT]
 """
 
 from __future__ import annotations
@@ -55,6 +61,35 @@ def responses(bvals, bvecs):
     return {"wm": wm, "gm": gm, "csf": csf}
 
 
+def work_counts(work, voxels: int, m: int, p: int) -> dict:
+    """Per stage of gpu.csd_qp.solve_batch: batched steps, and per voxel its batched solves,
+    their factorisation flops and the GEMM flops around them (kernels that scale with voxels)."""
+    factorisation = {
+        "unconstrained": lambda k: 0.0,  # one GEMM with the shared H⁻¹
+        "interior": lambda k: k**3 / 3 + 4 * k * k,  # Cholesky, two pairs of substitutions
+        "active set": lambda k: 2 * k**3 / 3 + 2 * k * k,  # LU and one solve of the padded system
+    }
+    gemm = {
+        "unconstrained": lambda k: 2.0 * p * p + 2 * m * p,
+        "interior": lambda k: m * p * (p + 1.0) + 7 * 2 * m * p,  # Gᵀ diag(λ/s) G (upper half); x Gᵀ, λ G, ...
+        "active set": lambda k: 2.0 * 2 * m * p + k * k,  # λ H⁻¹Gᵀ, x Gᵀ; gather of Q_PP
+    }
+    stages = {}
+    for stage, count, size in work:
+        entry = stages.setdefault(
+            stage, {"batched_steps": 0, "solves": 0.0, "factorisation_flops": 0.0, "gemm_flops": 0.0}
+        )
+        entry["batched_steps"] += 1
+        entry["solves"] += count / voxels
+        entry["factorisation_flops"] += count * factorisation[stage](size) / voxels
+        entry["gemm_flops"] += count * gemm[stage](size) / voxels
+    total = {
+        key: sum(entry[key] for entry in stages.values())
+        for key in ("batched_steps", "solves", "factorisation_flops", "gemm_flops")
+    }
+    return {"per_voxel_by_stage": stages, "total": total}
+
+
 def timed(fn):
     t0 = time.perf_counter()
     value = fn()
@@ -66,6 +101,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="20 k voxels, 2 k for DIPY")
     parser.add_argument("--voxels", type=int, default=None, help="voxels for TractLens (default 900 k)")
     parser.add_argument("--dipy-voxels", type=int, default=None, help="voxels for DIPY (default 20 k)")
+    parser.add_argument("--sample", type=int, default=1000, help="voxels for exactness and work counts")
+    parser.add_argument("--skip-fit", action="store_true", help="only the solver's sample (no fit, no DIPY)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     n = args.voxels or (20_000 if args.quick else 900_000)
@@ -75,7 +112,7 @@ def main() -> None:
     params = CSDParams(msmt=True)
     model = build_model(bvals, bvecs, responses(bvals, bvecs), params)
     results = {"voxels": n, "volumes": len(bvals), "cpu_cores": os.cpu_count()}
-    for device in ("gpu", "cpu"):
+    for device in () if args.skip_fit else ("gpu", "cpu"):
         size = n if device == "gpu" else min(n, n_dipy)
         try:
             fit_csd(signal[:256], model, params, device=device)  # start-up (CuPy, cuBLAS) outside the timing
@@ -93,15 +130,31 @@ def main() -> None:
             "max_iterations_used": fit.provenance["max_iterations_used"],
             "not_converged": fit.flag_counts().get("not converged", 0),
         }
-    sample = signal[: min(n, 1000), model.volumes].astype(np.float64) @ model.design
-    x, lam, _, converged = solve_batch(np, sample, shared_program(model), params.msmt_max_iterations)
-    residuals = kkt_residuals(x, lam, sample, model.design.T @ model.design, constraint_matrix(model))
-    results["exactness"] = {
-        "voxels": len(sample),
-        "not_converged": int((~converged).sum()),
-        "active_constraints_mean": float((lam > 0).sum(axis=1).mean()),
-        **{f"kkt_{name}_max": float(values.max()) for name, values in residuals.items()},
+    sample = signal[: min(n, args.sample), model.volumes].astype(np.float64) @ model.design
+    shared = shared_program(model)
+    for name, interior in (("exactness", None), ("exactness_plain_active_set", 0)):
+        work = []
+        options = {} if interior is None else {"interior_iterations": interior}
+        (x, lam, _, converged), seconds = timed(
+            lambda o=options, w=work: solve_batch(np, sample, shared, params.msmt_max_iterations, work=w, **o)
+        )
+        residuals = kkt_residuals(x, lam, sample, model.design.T @ model.design, constraint_matrix(model))
+        results[name] = {
+            "voxels": len(sample),
+            "cpu_seconds": seconds,
+            "cpu_voxels_per_s": len(sample) / seconds,
+            "not_converged": int((~converged).sum()),
+            "active_constraints_mean": float((lam > 0).sum(axis=1).mean()),
+            **{f"kkt_{key}_max": float(values.max()) for key, values in residuals.items()},
+            "work": work_counts(work, len(sample), *shared.constraint.shape),
+        }
+    results["work_ratio_plain_over_default"] = {
+        key: results["exactness_plain_active_set"]["work"]["total"][key] / results["exactness"]["work"]["total"][key]
+        for key in results["exactness"]["work"]["total"]
     }
+    if args.skip_fit:
+        print(json.dumps(results, indent=2))
+        return
     try:
         from dipy.core.gradients import gradient_table as dipy_table
         from dipy.reconst.csdeconv import ConstrainedSphericalDeconvModel
