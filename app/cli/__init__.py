@@ -22,6 +22,7 @@ from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 
 from .. import __version__
 from ..errors import InputError
+from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
 from . import commit, connectivity, csd, dicom, fit, info, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     _say_when_compiling(args.quiet)
     recorder().reset()  # timings of this command only (read by --json and $TRACTLENS_TIMINGS)
     try:
-        return args.func(args)
+        with cli_invocation(argv, args):  # the command line and inputs in every JSON summary
+            return args.func(args)
     except (InputError, BackendError) as exc:
         if args.debug:
             raise
