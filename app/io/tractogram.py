@@ -99,9 +99,10 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
             if suffix == ".trx":
                 return _read_trx(path, grid)  # converted while its memory maps are open
             else:
-                if suffix == ".trk":
-                    _check_trk(path)
+                old_style = suffix == ".trk" and _check_trk(path)
                 arrays = _read_nibabel(path, grid)
+                if old_style:
+                    arrays = _place_old_trk(path, arrays, grid if grid is not None else reference)
     except InputError:
         raise
     except MemoryError:
@@ -132,12 +133,12 @@ def _read_nibabel(path: Path, grid):
     )
 
 
-def _check_trk(path: Path) -> None:
+def _check_trk(path: Path) -> bool:
     """Walk a .trk file's records before nibabel reads them: counts must be sane and fit the file.
 
     nibabel reads each streamline's announced point count in one go, so a damaged count
     (negative, or 2^31) would make it request gigabytes; a damaged n_count or scalar count
-    makes it misread everything after."""
+    makes it misread everything after. True for an old-style file (see :func:`_place_old_trk`)."""
     size = path.stat().st_size
     fix = _DAMAGED[".trk"]
     if size < TRK_FIELDS.itemsize:
@@ -197,6 +198,57 @@ def _check_trk(path: Path) -> None:
                 path=path,
                 fix=fix,
             )
+    # TrackVis version 1 has no voxel-to-RAS matrix (those bytes are reserved); in version 2 a
+    # matrix whose last element is 0 was never recorded. nibabel takes the identity for both.
+    return int(header["version"]) == 1 or float(header["voxel_to_rasmm"][3][3]) == 0.0
+
+
+def _place_old_trk(path: Path, arrays, reference):
+    """An old-style .trk (no voxel-to-RAS matrix) placed on ``reference``'s grid, with a warning.
+
+    nibabel reads such a file as if its matrix were the identity, which puts the streamlines in
+    voxel indices at the scanner's origin: wrong for every real image, so a silent read would make
+    masks and labels miss every streamline. Without a reference it is refused; the reference must
+    be the grid of the header (its dimensions and voxel sizes) and its affine becomes the matrix:
+    the points are mapped from nibabel's identity placement to that of the reference affine,
+    through TrackVis's voxel-mm convention (:func:`nibabel.streamlines.trk.get_affine_trackvis_to_rasmm`)."""
+    from nibabel.streamlines.trk import get_affine_trackvis_to_rasmm
+
+    header = nib.streamlines.load(str(path), lazy_load=True).header  # as nibabel read it (identity matrix)
+    dims = tuple(int(d) for d in header[Field.DIMENSIONS])
+    sizes = np.asarray(header[Field.VOXEL_SIZES], dtype=np.float64)
+    described = f"grid {dims} of {'x'.join(f'{v:g}' for v in sizes)} mm voxels"
+    fix = (
+        "Place it on the image its streamlines were tracked on: give that image as the reference "
+        "(--reference IMAGE; on the command line the command's image, e.g. --include, --labels, --map, must be on "
+        f"that grid: {described}), or write the file again with its voxel-to-RAS matrix "
+        "(e.g. DIPY: load_tractogram(FILE, IMAGE) then save_tractogram)"
+    )
+    what = "an old-style .trk: its header has no voxel-to-RAS matrix (TrackVis version 1, or the matrix is all zeros)"
+    if reference is None:
+        raise InputError(f"{what}, so where its streamlines lie is unknown", path=path, fix=fix)
+    affine, ref_dims = _reference_grid(reference)
+    ref_sizes = np.sqrt((np.asarray(affine)[:3, :3] ** 2).sum(0))
+    if tuple(ref_dims) != dims or not np.allclose(ref_sizes, sizes, rtol=1e-3, atol=1e-4):
+        raise InputError(
+            f"{what}, and the reference is not on the {described} it was tracked on "
+            f"(the reference: {tuple(ref_dims)} of {'x'.join(f'{v:g}' for v in ref_sizes)} mm)",
+            path=path,
+            fix=fix,
+        )
+    identity = get_affine_trackvis_to_rasmm(header).astype(np.float64)
+    placed = get_affine_trackvis_to_rasmm({**header, Field.VOXEL_TO_RASMM: np.asarray(affine, np.float32)})
+    points_mm, lengths, _grid, per_point, per_streamline = arrays
+    transform = placed.astype(np.float64) @ np.linalg.inv(identity)
+    points_mm = nib.affines.apply_affine(transform, np.asarray(points_mm, dtype=np.float64))
+    log.warning(
+        "%s is %s; its streamlines were placed on the reference grid %s (affine of the reference). "
+        "Check that this is the image they were tracked on.",
+        path,
+        what,
+        tuple(ref_dims),
+    )
+    return points_mm, lengths, (affine, ref_dims), per_point, per_streamline
 
 
 def _read_trx(path: Path, grid):
