@@ -272,3 +272,55 @@ def test_select_on_an_old_style_trk_is_never_silent(tmp_path, capsys, caplog):
     captured = capsys.readouterr()
     assert code == 0 and "old-style" in caplog.text
     assert '"selected": 156' in captured.out
+
+
+# --- --avoid, probtrackx's name of --exclude -------------------------------------------------------
+
+
+def _subcommands(parser, path=()):
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subcommands(sub, (*path, name))
+
+
+def test_avoid_is_an_alias_of_exclude_on_every_command_that_has_it():
+    from tractlens.app.cli import build_parser
+
+    with_exclude = [(path, p) for path, p in _subcommands(build_parser()) if "--exclude" in p._option_string_actions]
+    names = {" ".join(path) for path, _ in with_exclude}
+    assert {"select", "track deterministic", "track probabilistic"} <= names
+    for path, p in with_exclude:
+        assert p._option_string_actions.get("--avoid") is p._option_string_actions["--exclude"], path
+        assert "--avoid" in p.format_help(), path
+
+
+def test_avoid_parses_as_exclude():
+    from tractlens.app.cli import build_parser
+
+    parser = build_parser()
+    common = ["select", "t.trk", "--include", "a.nii.gz", "-o", "o.trk"]
+    by_exclude = parser.parse_args([*common, "--exclude", "x.nii.gz", "--exclude", "y.nii.gz"])
+    by_avoid = parser.parse_args([*common, "--avoid", "x.nii.gz", "--exclude", "y.nii.gz"])
+    assert vars(by_avoid) == vars(by_exclude) and by_avoid.exclude == ["x.nii.gz", "y.nii.gz"]
+    prob = ["track", "probabilistic", "--samples", "s", "--seed", "m", "-o", "o"]
+    assert parser.parse_args([*prob, "--avoid", "csf.nii.gz"]).exclude == "csf.nii.gz"
+
+
+def test_generated_options_take_their_aliases_too():
+    import argparse
+    from dataclasses import dataclass, field
+
+    from tractlens.app.cli.options import add_params, dest_of
+    from tractlens.gpu.params import meta
+
+    @dataclass
+    class _MaskParams:
+        exclude: str = field(default="", metadata=meta("Exclusion", "exclusion mask", flags=("--exclude",)))
+
+    parser = argparse.ArgumentParser()
+    add_params(parser, _MaskParams)
+    assert getattr(parser.parse_args(["--avoid", "m.nii"]), dest_of(_MaskParams, "exclude")) == "m.nii"

@@ -26,6 +26,7 @@ from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
 from . import commit, connectivity, csd, dicom, fit, info, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
+from .options import add_option_aliases
 
 __all__ = ["EXIT_INPUT", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "Progress", "build_parser", "main"]
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_parsers(sub, common)
     stats.add_parsers(sub, common)
     dicom.add_parsers(sub, common)
+    add_option_aliases(parser)  # other tools' names (--avoid for --exclude) on every command that has the option
     return parser
 
 
