@@ -324,3 +324,86 @@ def test_generated_options_take_their_aliases_too():
     parser = argparse.ArgumentParser()
     add_params(parser, _MaskParams)
     assert getattr(parser.parse_args(["--avoid", "m.nii"]), dest_of(_MaskParams, "exclude")) == "m.nii"
+
+
+# --- .tsf and weights beside a .tck --------------------------------------------------------------
+
+
+def _tract_with_scalars(rng, n=30):
+    from tractlens.app.model import Tractogram
+
+    lines = [rng.uniform(0, 15, size=(int(k), 3)) for k in rng.integers(1, 20, size=n)]
+    total = sum(len(line) for line in lines)
+    return Tractogram.from_list(
+        lines,
+        affine=LAS,
+        dimensions=GRID,
+        point_scalars={"fa": rng.uniform(size=total).astype(np.float32)},
+        streamline_scalars={"length_mm": rng.uniform(10, 100, size=n)},
+    )
+
+
+def _mrtrix_header(path):
+    raw = path.read_bytes()
+    head = raw[: raw.index(b"\nEND\n")].decode().splitlines()
+    fields = dict(line.split(": ", 1) for line in head[1:])
+    return head[0], fields, raw
+
+
+def test_tck_scalars_are_written_as_mrtrix_tsf_and_weights_files(tmp_path):
+    from tractlens.app.io import save_tractogram
+
+    tract = _tract_with_scalars(np.random.default_rng(8))
+    save_tractogram(tract, tmp_path / "bundle.tck")
+    magic, fields, raw = _mrtrix_header(tmp_path / "bundle_fa.tsf")
+    _, tck_fields, _ = _mrtrix_header(tmp_path / "bundle.tck")
+    assert magic == "mrtrix track scalars" and fields["datatype"] == "Float32LE"
+    assert int(fields["count"]) == len(tract) == int(tck_fields["count"])
+    assert fields["timestamp"] == tck_fields["timestamp"]  # MRtrix pairs the files by it
+    offset = int(fields["file"].split()[1])
+    assert raw[offset - 4 : offset] == b"END\n"
+    data = np.frombuffer(raw[offset:], "<f4")
+    expected = []
+    for i in range(len(tract)):
+        expected += [*tract.point_scalars["fa"][tract.offsets[i] : tract.offsets[i + 1]], np.nan]
+    np.testing.assert_array_equal(data, np.array([*expected, np.inf], np.float32))  # NaN between, Inf at the end
+    weights = (tmp_path / "bundle_length_mm.txt").read_text().splitlines()
+    assert len(weights) == len(tract)
+    np.testing.assert_allclose([float(w) for w in weights], tract.streamline_scalars["length_mm"], rtol=1e-8)
+
+
+def test_tck_with_its_side_files_reads_back_every_scalar(tmp_path, caplog):
+    from tractlens.app.io import load_tractogram, save_tractogram
+    from tractlens.app.io.tractogram_tsf import read_tsf
+
+    rng = np.random.default_rng(9)
+    tract = _tract_with_scalars(rng)
+    save_tractogram(tract, tmp_path / "a.tck")
+    back = load_tractogram(tmp_path / "a.tck", reference=(LAS, GRID))
+    np.testing.assert_array_equal(back.point_scalars["fa"], tract.point_scalars["fa"])
+    np.testing.assert_allclose(back.streamline_scalars["length_mm"], tract.streamline_scalars["length_mm"], rtol=1e-8)
+    values, fields = read_tsf(tmp_path / "a_fa.tsf", tract.offsets)
+    assert fields["datatype"] == "Float32LE" and int(fields["count"]) == len(tract)
+    np.testing.assert_array_equal(values, tract.point_scalars["fa"])
+    # a .tsf of other streamlines (another timestamp) is not taken for this tractogram
+    other = _tract_with_scalars(rng, n=len(tract))
+    save_tractogram(other, tmp_path / "b.tck")
+    (tmp_path / "a_fa.tsf").write_bytes((tmp_path / "b_fa.tsf").read_bytes())
+    with caplog.at_level("WARNING"):
+        again = load_tractogram(tmp_path / "a.tck", reference=(LAS, GRID))
+    assert "fa" not in again.point_scalars and "another tractogram" in caplog.text
+
+
+def test_streamed_tck_side_files_are_those_of_the_whole(tmp_path):
+    from tractlens.app.io import save_tractogram
+    from tractlens.app.io.tractogram_stream import open_tractogram_writer
+
+    tract = _tract_with_scalars(np.random.default_rng(10), n=40)
+    save_tractogram(tract, tmp_path / "whole.tck")
+    with open_tractogram_writer(tmp_path / "part.tck", LAS, GRID, background=True) as writer:
+        for lo, hi in [(0, 1), (1, 1), (1, 17), (17, 40)]:
+            writer.append(tract.subset(np.isin(np.arange(len(tract)), np.arange(lo, hi))))
+    assert (tmp_path / "whole.tck").read_bytes() == (tmp_path / "part.tck").read_bytes()
+    for name in ("fa.tsf", "length_mm.txt"):
+        assert (tmp_path / f"whole_{name}").read_bytes() == (tmp_path / f"part_{name}").read_bytes(), name
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporaries

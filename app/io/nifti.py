@@ -173,7 +173,7 @@ def check_header(img, path: str | os.PathLike, what: str = "image") -> None:
         )
     if compressed and offset + nbytes > MAX_GZIP_RATIO * size + 4096:
         raise InputError(
-            f"the header announces {shape} {dtype} values ({_gib(nbytes)}), more than a {size}-byte {path.suffix} "
+            f"the header announces {shape} {dtype} values ({_gib(nbytes)}), more than a {size}-byte {'.mgz' if path.suffix.lower() == '.mgz' else '.nii.gz'} "
             "can hold: the header (or the file) is damaged",
             path=path,
             fix="Copy or export the file again",

@@ -3,7 +3,8 @@
 In memory a :class:`~app.model.Tractogram` holds points in voxel index
 coordinates of a reference grid; the files hold RAS+ millimetres (nibabel and
 trx convert). Per-point and per-streamline scalars are kept where the format
-allows: .trk and .trx keep both; .tck keeps neither (a warning says so).
+allows: .trk and .trx keep both; a .tck keeps them beside it as MRtrix does, a ``.tsf`` file per
+per-point scalar and a text file per per-streamline one (:mod:`.tractogram_tsf`), read back with it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ from ._atomic import atomic_path
 from ._pages import PreadRows, release_pages
 from .nifti import check_affine, load_image, reason
 from .outputs import check_output_file
+from .tractogram_tsf import (
+    content_timestamp,
+    points_crc,
+    read_mrtrix_header,
+    read_sidecars,
+    sidecar_paths,
+    write_streamline_values,
+    write_tsf,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +111,8 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
             else:
                 old_style = suffix == ".trk" and _check_trk(path)
                 arrays = _read_nibabel(path, grid)
+                if suffix == ".tck":
+                    arrays = _with_sidecars(path, arrays)
                 if old_style:
                     arrays = _place_old_trk(path, arrays, grid if grid is not None else reference)
     except InputError:
@@ -131,6 +143,15 @@ def _read_nibabel(path: Path, grid):
         {k: v.get_data() for k, v in tract.data_per_point.items()},
         dict(tract.data_per_streamline.items()),
     )
+
+
+def _with_sidecars(path: Path, arrays):
+    """A .tck's arrays with the scalars of its side files (``.tsf`` of the same timestamp, ``.txt``)."""
+    points_mm, lengths, grid, per_point, per_streamline = arrays
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+    timestamp = read_mrtrix_header(path, b"mrtrix tracks")[0].get("timestamp")
+    point, streamline = read_sidecars(path, offsets, timestamp)
+    return points_mm, lengths, grid, {**point, **per_point}, {**streamline, **per_streamline}
 
 
 def _check_trk(path: Path) -> bool:
@@ -448,9 +469,6 @@ def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: b
     suffix = _suffix(path)
     if exact and suffix != ".trx":
         raise ValueError("exact tractograms are written as .trx")
-    has_scalars = bool(tractogram.point_scalars or tractogram.streamline_scalars)
-    if suffix == ".tck" and has_scalars:
-        log.warning("%s: .tck cannot store per-point or per-streamline scalars; they are not written", path)
     nib_tract = _nib_tractogram(tractogram, keep_scalars=suffix != ".tck", exact=exact)
     with atomic_path(path) as tmp:
         if suffix == ".trx":
@@ -458,8 +476,34 @@ def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: b
         elif suffix == ".trk":
             nib.streamlines.save(nib_tract, str(tmp), header=trk_header(tractogram.affine, tractogram.dimensions))
         else:
-            nib.streamlines.save(nib_tract, str(tmp))
+            timestamp = content_timestamp(len(tractogram), points_crc(nib_tract.streamlines._data))
+            nib.streamlines.save(nib_tract, str(tmp), header={"timestamp": timestamp})
+    if suffix == ".tck" and len(tractogram):  # as the streamed writer: no side files for no streamlines
+        write_tck_sidecars(path, tractogram, timestamp)
     return path
+
+
+def tck_scalar_columns(scalars: dict) -> dict[str, np.ndarray]:
+    """Scalars as single columns for the side files: a (n, k) one becomes NAME0..NAME{k-1}."""
+    columns = {}
+    for name, values in scalars.items():
+        values = np.asarray(values)
+        if values.ndim == 2 and values.shape[1] != 1:
+            columns.update({f"{name}{j}": values[:, j] for j in range(values.shape[1])})
+        else:
+            columns[name] = values.reshape(len(values))
+    return columns
+
+
+def write_tck_sidecars(path: Path, tractogram: Tractogram, timestamp: str) -> list[Path]:
+    """The scalars of ``tractogram`` beside its .tck ``path``: a .tsf per per-point scalar (with the
+    .tck's ``timestamp``), a text file per per-streamline one."""
+    point = tck_scalar_columns(tractogram.point_scalars)
+    streamline = tck_scalar_columns(tractogram.streamline_scalars)
+    paths = sidecar_paths(path, point, streamline)
+    written = [write_tsf(paths[name], values, tractogram.offsets, timestamp) for name, values in point.items()]
+    written += [write_streamline_values(paths[name], values) for name, values in streamline.items()]
+    return written
 
 
 def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path, exact: bool = False) -> None:
