@@ -102,7 +102,7 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
 def cmd_fit_dti(args) -> int:
     from ..pipelines.dti import check_prefix, fit_dti_pipeline, write_dti_outputs
 
-    check_prefix(args.prefix)  # before the fit, not after it
+    check_prefix(args.prefix, args.output)  # before the fit, not after it
     return _run_fit(
         args,
         DTIFitParams,

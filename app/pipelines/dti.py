@@ -63,11 +63,12 @@ def dti_file_name(name: str, prefix: str = DTI_PREFIX) -> str:
     return f"{prefix}_{name}.nii.gz"
 
 
-def check_prefix(prefix: str) -> str:
-    """A usable file-name prefix (dtifit's ``--out`` basename): not empty, no folder in it."""
+def check_prefix(prefix: str, folder: str | os.PathLike | None = None) -> str:
+    """A usable file-name prefix (dtifit's ``--out`` basename) for ``folder``: not empty, no folder in it."""
     if not prefix or prefix.strip() != prefix or any(c in prefix for c in "/\\") or prefix in (".", ".."):
         raise InputError(
             f"the output prefix {prefix!r} is not a file-name prefix",
+            path=folder,
             fix="Give a plain name such as dti (files become dti_FA.nii.gz, ...); the folder goes in -o",
         )
     return prefix
@@ -284,7 +285,7 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike, prefix: str 
 
     Only the dtifit names are written (the names of earlier versions, ``FA.nii.gz``..., are
     still read, by :func:`~app.io.tensor.load_tensor`): both would double the folder's size."""
-    prefix = check_prefix(prefix)
+    prefix = check_prefix(prefix, outdir)
     out = check_output_folder(outdir)
     try:
         out.mkdir(parents=True, exist_ok=True)
