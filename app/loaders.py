@@ -56,7 +56,7 @@ from .grid import Grid
 from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram, split_suffix
 from .io.bedpostx import dyad_volume
 from .io.dwi import find_gradient_files
-from .io.nifti import NIFTI_SUFFIXES, load_3d, load_image, read_array
+from .io.nifti import IMAGE_SUFFIXES, NIFTI_SUFFIXES, load_3d, load_image, read_array
 from .model import ROI_ROLES, DWIVolume, Layer, RoiMask, Volume
 
 log = logging.getLogger(__name__)
@@ -180,11 +180,11 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
             samples = load_bedpostx(path)
             return bedpostx_layers(dyad_volume(samples), samples.f[..., 0, :].mean(axis=-1), _stem(path))
         return layers_from_tensor(load_tensor(path), _stem(path))
-    if not path.name.lower().endswith(NIFTI_SUFFIXES):
+    if not path.name.lower().endswith(IMAGE_SUFFIXES):
         raise InputError(
             "cannot open this kind of file",
             path=path,
-            fix="TractLens opens NIfTI images (.nii, .nii.gz), dtifit and bedpostX folders and .trk/.tck/.trx tractograms",
+            fix="TractLens opens NIfTI images (.nii, .nii.gz), FreeSurfer .mgz/.mgh, dtifit and bedpostX folders and .trk/.tck/.trx tractograms",
         )
     img = load_image(path)
     shape = img.shape
@@ -319,7 +319,7 @@ def needs_gradient_files(path: str | os.PathLike) -> bool:
     takes ``--bval``/``--bvec``. Reads the header only; False for anything unreadable (the
     loader says what is wrong with it)."""
     path = Path(path)
-    if not path.is_file() or not path.name.lower().endswith(NIFTI_SUFFIXES):
+    if not path.is_file() or not path.name.lower().endswith(IMAGE_SUFFIXES):
         return False
     try:
         shape = load_image(path).shape

@@ -83,7 +83,7 @@ def test_a_failing_warm_up_is_not_raised_and_the_fit_runs_as_without_it(monkeypa
         code = main(["fit-dti", str(demo_dir / "dwi.nii.gz"), "-o", str(tmp_path / "a"), "--quiet", "--json"])
     assert code == 0 and seen == [("fit-dti",)]
     assert "GPU warm-up failed (CUDA driver version is insufficient" in caplog.text
-    assert (tmp_path / "a" / "FA.nii.gz").exists()
+    assert (tmp_path / "a" / "dti_FA.nii.gz").exists()
 
 
 def test_a_forced_gpu_that_cannot_be_used_fails_as_before_without_a_warm_up(events, demo_dir, tmp_path, monkeypatch):

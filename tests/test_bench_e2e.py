@@ -111,4 +111,4 @@ def test_quick_fit_dti_runs_end_to_end_and_reports_every_field(tmp_path):
     assert "device_peak_smi_bytes" in row and "device_pool_peak_bytes" in row
     table = (results / "e2e_check.md").read_text()
     assert "| fit-dti | 1 |" in table
-    assert (tmp_path / "e2e" / "runs" / "fit-dti_s1" / "FA.nii.gz").exists()
+    assert (tmp_path / "e2e" / "runs" / "fit-dti_s1" / "dti_FA.nii.gz").exists()

@@ -46,8 +46,8 @@ def fitted(demo_dir, tmp_path_factory):
 def test_fit_dti_writes_every_documented_map(fitted):
     out, summary, stderr = fitted
     expected = {"FA", "MD", "AD", "RD", "RGB", "tensor", "V1", "L1", "L2", "L3", "mask"}
-    assert expected <= {f.split(".")[0] for f in summary["files"]}
-    shapes = {name: nib.load(out / f"{name}.nii.gz").shape for name in expected}
+    assert {f"dti_{name}" for name in expected} <= {f.split(".")[0] for f in summary["files"]}
+    shapes = {name: nib.load(out / f"dti_{name}.nii.gz").shape for name in expected}
     assert shapes["FA"] == (56, 56, 24) and shapes["tensor"] == (56, 56, 24, 6)
     assert shapes["RGB"] == shapes["V1"] == (56, 56, 24, 3)
     assert summary["backend"] == "cpu" and summary["voxels_fitted"] > 30_000
@@ -65,14 +65,14 @@ def test_fit_dti_files_match_dipy_in_fsl_conventions(fitted, demo_dir):
     out, _, _ = fitted
     data = nib.load(demo_dir / "dwi.nii.gz").get_fdata()
     bvals, bvecs = read_bvals_bvecs(str(demo_dir / "dwi.bval"), str(demo_dir / "dwi.bvec"))
-    mask = nib.load(out / "mask.nii.gz").get_fdata() > 0
+    mask = nib.load(out / "dti_mask.nii.gz").get_fdata() > 0
     ref = TensorModel(gradient_table(bvals, bvecs=bvecs)).fit(data, mask=mask)
-    fa = nib.load(out / "FA.nii.gz").get_fdata()
+    fa = nib.load(out / "dti_FA.nii.gz").get_fdata()
     assert np.abs(fa - ref.fa)[mask].max() < 1e-4  # float32 files
     lower = ref.lower_triangular()[mask]  # DIPY: xx, xy, yy, xz, yz, zz
-    tensor = nib.load(out / "tensor.nii.gz").get_fdata()[mask]  # FSL: xx, xy, xz, yy, yz, zz
+    tensor = nib.load(out / "dti_tensor.nii.gz").get_fdata()[mask]  # FSL: xx, xy, xz, yy, yz, zz
     np.testing.assert_allclose(tensor, lower[:, [0, 1, 3, 2, 4, 5]], atol=1e-8)
-    v1 = nib.load(out / "V1.nii.gz").get_fdata()[mask]
+    v1 = nib.load(out / "dti_V1.nii.gz").get_fdata()[mask]
     aniso = ref.fa[mask] > 0.3
     cos = np.abs((v1 * ref.evecs[mask][:, :, 0]).sum(-1))[aniso]
     assert np.percentile(cos, 1) > 0.999
@@ -390,13 +390,13 @@ def test_track_geodesic_repairs_nan_and_non_positive_definite_tensors(fitted, de
 
     folder = tmp_path / "dti"
     shutil.copytree(fitted[0], folder)
-    tensor_img = nib.load(folder / "tensor.nii.gz")
+    tensor_img = nib.load(folder / "dti_tensor.nii.gz")
     tensor = np.asarray(tensor_img.dataobj, dtype=np.float32).copy()
     seed = np.argwhere(nib.load(demo_dir / "roi_arc_seed.nii.gz").get_fdata() > 0)
     broken = seed[:: max(1, len(seed) // 6)][:6]
     tensor[tuple(broken[:3].T)] = [1e-3, 0, 0, -1e-3, 0, 1e-3]  # FSL order: yy < 0, not positive definite
     tensor[tuple(broken[3:].T)] = np.nan
-    nib.save(nib.Nifti1Image(tensor, tensor_img.affine, tensor_img.header), folder / "tensor.nii.gz")
+    nib.save(nib.Nifti1Image(tensor, tensor_img.affine, tensor_img.header), folder / "dti_tensor.nii.gz")
     result = run_cli(
         "track", "geodesic", "--tensor", str(folder), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
         "--directions", "20", "--device", "cpu", "--json", "-o", str(tmp_path / "g.trk"),
@@ -451,7 +451,7 @@ def test_bad_gradient_tables_exit_2_naming_the_file(dwi_files, tmp_path):
 
 
 def test_six_volume_tensor_needs_its_order(fitted, demo_dir, tmp_path):
-    tensor = fitted[0] / "tensor.nii.gz"
+    tensor = fitted[0] / "dti_tensor.nii.gz"
     _one_paragraph_error(
         "track", "deterministic", "--tensor", str(tensor), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
         "-o", str(tmp_path / "t.trk"), "--device", "cpu",

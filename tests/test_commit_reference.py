@@ -42,7 +42,7 @@ def commit_inputs(demo_dir, tmp_path_factory):
     result = run_cli("fit-dti", dwi, "--mask", str(demo_dir / "mask.nii.gz"), "--device", "cpu", "--quiet",
                      "-o", str(work / "dti"))  # fmt: skip
     assert result.returncode == 0, result.stderr
-    v1 = nib.load(work / "dti" / "V1.nii.gz")
+    v1 = nib.load(work / "dti" / "dti_V1.nii.gz")
     voxel_axes = fsl_to_voxel_vectors(np.asarray(v1.dataobj), v1.affine).astype(np.float32)
     nib.save(nib.Nifti1Image(voxel_axes, v1.affine), work / "peaks_voxel.nii.gz")
     return work
@@ -72,7 +72,7 @@ def test_weights_agree_with_dmri_commit(demo_dir, commit_inputs, tmp_path):
     out = tmp_path / "ours"
     result = run_cli(
         "commit", "--dwi", str(demo_dir / "dwi.nii.gz"), "--tractogram", str(work / "tracts.tck"),
-        "--mask", str(demo_dir / "mask.nii.gz"), "--peaks", str(work / "dti" / "V1.nii.gz"),
+        "--mask", str(demo_dir / "mask.nii.gz"), "--peaks", str(work / "dti" / "dti_V1.nii.gz"),
         "--peaks-frame", "fsl", "--tol", "1e-7", "--max-iter", "5000", "--device", "cpu", "--json", "-o", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -88,7 +88,7 @@ def test_pipeline_reports_and_writes_flags_for_bad_voxels(demo_dir, tmp_path):
     assert any("no signal at b=0" in w for w in result.warnings)
     assert any("non-finite signal" in w for w in result.warnings)
     write_dti_outputs(result, tmp_path)
-    flags = nib.load(tmp_path / "flags.nii.gz").get_fdata()
+    flags = nib.load(tmp_path / "dti_flags.nii.gz").get_fdata()
     assert flags[28, 28, 12] == 1 and flags[28, 29, 12] == 2
-    fa = nib.load(tmp_path / "FA.nii.gz").get_fdata()
+    fa = nib.load(tmp_path / "dti_FA.nii.gz").get_fdata()
     assert fa[28, 28, 12] == 0 and np.isfinite(fa).all()

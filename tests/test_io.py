@@ -223,12 +223,10 @@ def test_tractogram_round_trip_keeps_points_and_scalars(tmp_path, rng, suffix):
     np.testing.assert_array_equal(back.lengths, [5, 1, 17, 3])
     np.testing.assert_allclose(back.points, tract.points, atol=2e-4)
     np.testing.assert_allclose(back.affine, aff, atol=1e-5)
-    if suffix == ".tck":
-        assert back.point_scalars == {} and back.streamline_scalars == {}
-    else:
-        np.testing.assert_allclose(back.point_scalars["fa"], tract.point_scalars["fa"], atol=1e-6)
-        np.testing.assert_allclose(back.streamline_scalars["cm"], [0.1, 0.2, 0.3, 0.4], atol=1e-6)
-        assert back.dimensions == (20, 20, 20)
+    # .tck: the scalars come back from their MRtrix side files (.tsf, .txt; issue 27), no longer dropped
+    np.testing.assert_allclose(back.point_scalars["fa"], tract.point_scalars["fa"], atol=1e-6)
+    np.testing.assert_allclose(back.streamline_scalars["cm"], [0.1, 0.2, 0.3, 0.4], atol=1e-6)
+    assert back.dimensions == (20, 20, 20)
 
 
 def test_tractogram_errors(tmp_path):

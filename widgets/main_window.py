@@ -53,7 +53,7 @@ from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
 
 MAX_RECENT = 10
-FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.trk *.tck *.trx);;All files (*)"
+FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.mgz *.mgh *.trk *.tck *.trx);;All files (*)"
 
 
 # The docks' layout saved at exit is restored only by a window with the same docks: bump this
@@ -304,7 +304,7 @@ class MainWindow(QMainWindow):
         return self.rois.open_roi(path, role)
 
     def open_roi_dialog(self) -> None:
-        for path in dialogs.open_files(self, "Open ROI", "NIfTI (*.nii.gz *.nii)"):
+        for path in dialogs.open_files(self, "Open ROI", "Images (*.nii.gz *.nii *.mgz *.mgh)"):
             self.open_roi(path)
 
     def _action(self, menu, text, slot, shortcut=None, checkable=False, icon_name=None) -> QAction:

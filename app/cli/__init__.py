@@ -22,9 +22,11 @@ from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 
 from .. import __version__
 from ..errors import InputError
+from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
 from . import commit, connectivity, csd, dicom, fit, info, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
+from .options import add_option_aliases
 
 __all__ = ["EXIT_INPUT", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "Progress", "build_parser", "main"]
 
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_parsers(sub, common)
     stats.add_parsers(sub, common)
     dicom.add_parsers(sub, common)
+    add_option_aliases(parser)  # other tools' names (--avoid for --exclude) on every command that has the option
     return parser
 
 
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     _say_when_compiling(args.quiet)
     recorder().reset()  # timings of this command only (read by --json and $TRACTLENS_TIMINGS)
     try:
-        return args.func(args)
+        with cli_invocation(argv, args):  # the command line and inputs in every JSON summary
+            return args.func(args)
     except (InputError, BackendError) as exc:
         if args.debug:
             raise

@@ -50,10 +50,14 @@ def require_streamlines(tract, path, needs: str) -> None:
 
 
 def emit(args, summary: dict, human: str) -> None:
+    """The command's summary on stdout: as JSON with ``--json`` (with its provenance: inputs,
+    version, command line; see :mod:`app.provenance`), else the one-line ``human`` text."""
     if args.json:
+        from ..provenance import with_provenance
         from ..timing import timings
 
-        summary = {**summary, "timings": timings()}  # read / compute / write seconds, memory peaks
+        # read / compute / write seconds, memory peaks
+        summary = with_provenance({**summary, "timings": timings()})
         print(json.dumps(summary, indent=2, default=str))
     else:
         print(human)

@@ -42,7 +42,11 @@ def add_parsers(sub, common) -> None:
         "pandas.read_csv(PATH, index_col=0).",
     )
     p.add_argument("tractogram", help=".trk, .tck or .trx")
-    p.add_argument("--labels", required=True, help="label volume (parcellation) NIfTI; 0 = no region")
+    p.add_argument(
+        "--labels",
+        required=True,
+        help="label volume (parcellation): NIfTI or FreeSurfer .mgz (aparc+aseg.mgz); 0 = no region",
+    )
     p.add_argument("--lut", help="lookup table with the region names (FreeSurfer/MRtrix LUT or BIDS dseg.tsv)")
     add_params(p, ConnectomeParams, only=("weight",))
     p.add_argument("--streamline-weights", metavar="FILE",
@@ -61,7 +65,7 @@ def add_parsers(sub, common) -> None:
         "has point, position (0..1), mean, sd, n and the mean course in RAS mm.",
     )
     p.add_argument("tractogram", help="the bundle: .trk, .tck or .trx")
-    p.add_argument("--map", required=True, help="3-D scalar NIfTI (e.g. FA.nii.gz)")
+    p.add_argument("--map", required=True, help="3-D scalar NIfTI (e.g. dti_FA.nii.gz of fit-dti)")
     add_params(p, ProfileParams)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("-o", "--output", required=True, help="profile CSV")

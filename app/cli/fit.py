@@ -18,8 +18,10 @@ def add_parsers(sub, common) -> None:
     p = sub.add_parser(
         "fit-dti",
         parents=[common],
-        help="fit diffusion tensors; write FA, MD, AD, RD, RGB, tensor, V1, L1-L3, mask",
-        description="Fit diffusion tensors (WLS by default) and write the maps as NIfTI. "
+        help="fit diffusion tensors; write dtifit-named maps (dti_FA, dti_MD, dti_MO, dti_V1-V3, dti_L1-L3, ...)",
+        description="Fit diffusion tensors (WLS by default) and write the maps as NIfTI, named as FSL's dtifit "
+        "names them (PREFIX_FA.nii.gz, PREFIX_V1.nii.gz, PREFIX_tensor.nii.gz, ...), so fslpy and FSLeyes "
+        "recognise the folder; AD, RD, RGB, mask and flags are written under the same prefix. "
         "Without --mask, a brain mask is computed from the mean b=0 image "
         "(3x3x3 median filter twice, Otsu threshold, largest connected component, holes filled).",
     )
@@ -27,6 +29,9 @@ def add_parsers(sub, common) -> None:
     add_params(p, DTIFitParams)
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
     p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument(
+        "--prefix", default="dti", help="file-name prefix of the maps, as dtifit's --out basename (default: dti)"
+    )
     p.set_defaults(func=cmd_fit_dti)
 
     p = sub.add_parser(
@@ -95,14 +100,15 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
 
 
 def cmd_fit_dti(args) -> int:
-    from ..pipelines.dti import fit_dti_pipeline, write_dti_outputs
+    from ..pipelines.dti import check_prefix, fit_dti_pipeline, write_dti_outputs
 
+    check_prefix(args.prefix, args.output)  # before the fit, not after it
     return _run_fit(
         args,
         DTIFitParams,
         "Check the fit options (see tractlens fit-dti --help)",
         fit_dti_pipeline,
-        write_dti_outputs,
+        lambda result, outdir: write_dti_outputs(result, outdir, prefix=args.prefix),
         lambda params, fit: f"{fit['method'].upper()}, {fit['precision']}",
         "maps",
     )

@@ -6,6 +6,11 @@ dataclass default as the argparse default, shown in ``--help``. :func:`params_fr
 builds the dataclass back from the parsed arguments; its validation errors become
 :class:`InputError`. A default therefore exists once, in the dataclass (the DIPY workflows'
 idea, there from a function's signature).
+
+Other tools' names of TractLens options (:data:`OPTION_ALIASES`, e.g. probtrackx's ``--avoid`` for
+``--exclude``) are accepted wherever the option exists: :func:`add_params` adds them to generated
+options, :func:`add_option_aliases` to every other option of the finished parser, so no command
+registers an alias of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +22,42 @@ from typing import Any
 from tractlens.gpu.params import cli_flags, default_of
 
 from ..errors import InputError
+
+#: Aliases accepted wherever an option exists: ``{option: (alias, ...)}``.
+OPTION_ALIASES: dict[str, tuple[str, ...]] = {
+    "--exclude": ("--avoid",),  # FSL probtrackx2's name of the exclusion mask
+}
+
+
+def with_aliases(flags: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``flags`` and their :data:`OPTION_ALIASES` (each once, in order)."""
+    out = list(flags)
+    for flag in flags:
+        out += [alias for alias in OPTION_ALIASES.get(flag, ()) if alias not in out]
+    return tuple(out)
+
+
+def add_option_aliases(parser: argparse.ArgumentParser) -> None:
+    """Give every option of ``parser`` and of its subcommands (recursively) its
+    :data:`OPTION_ALIASES`, unless a subcommand already uses the alias for another option."""
+    seen: set[int] = set()
+
+    def visit(p: argparse.ArgumentParser) -> None:
+        if id(p) in seen:
+            return
+        seen.add(id(p))
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    visit(sub)
+                continue
+            for flag in list(action.option_strings):
+                for alias in OPTION_ALIASES.get(flag, ()):
+                    if alias not in p._option_string_actions:
+                        action.option_strings.append(alias)
+                        p._option_string_actions[alias] = action
+
+    visit(parser)
 
 
 def dest_of(params_type: type, name: str) -> str:
@@ -44,7 +85,7 @@ def add_params(
         flags = cli_flags(spec)
         if not flags or (only is not None and spec.name not in only) or spec.name in exclude:
             continue
-        parser.add_argument(*flags, **_argument(params_type, spec))
+        parser.add_argument(*with_aliases(flags), **_argument(params_type, spec))
 
 
 def _argument(params_type: type, spec: dataclasses.Field) -> dict[str, Any]:

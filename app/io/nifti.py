@@ -1,4 +1,8 @@
-"""NIfTI volumes, masks and label maps through nibabel (NIfTI-1 and -2, .nii/.nii.gz)."""
+"""NIfTI volumes, masks and label maps through nibabel (NIfTI-1 and -2, .nii/.nii.gz).
+
+FreeSurfer's MGH images (``.mgz``/``.mgh``: ``aparc+aseg.mgz``, ``T1.mgz``...) are read wherever a
+NIfTI is, with nibabel's voxel-to-RAS affine (the scanner one, not FreeSurfer's tkr); outputs are
+always NIfTI."""
 
 from __future__ import annotations
 
@@ -20,6 +24,10 @@ from ._atomic import atomic_path
 _gzip.install()  # .nii.gz through ISA-L when python-isal is installed (the fast-io extra)
 
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
+#: FreeSurfer's MGH format, compressed (.mgz) or not (.mgh).
+MGH_SUFFIXES = (".mgz", ".mgh")
+#: Every image file TractLens reads.
+IMAGE_SUFFIXES = NIFTI_SUFFIXES + MGH_SUFFIXES
 #: deflate expands at most ~1032:1, so a .nii.gz cannot hold more than this times its size.
 MAX_GZIP_RATIO = 1100
 REEXPORT = "The file is damaged or was not written as NIfTI; export it again from the tool that made it"
@@ -58,7 +66,7 @@ def check_exists(path: str | os.PathLike, what: str) -> Path:
 
 
 def load_image(path: str | os.PathLike, what: str = "image", *, mmap: str = "c") -> nib.Nifti1Image:
-    """Open a NIfTI image lazily, turning nibabel's errors into :class:`InputError`.
+    """Open a NIfTI (or FreeSurfer MGH) image lazily, turning nibabel's errors into :class:`InputError`.
 
     The header is checked (:func:`check_header`) before any data is read, so a damaged
     header never makes a reader allocate or read what the file cannot hold. ``mmap``: how an
@@ -78,12 +86,14 @@ def load_image(path: str | os.PathLike, what: str = "image", *, mmap: str = "c")
             fix="Give the .nii or .nii.gz file inside it",
         )
     lower = path.name.lower()
-    if not lower.endswith(NIFTI_SUFFIXES):
+    if not lower.endswith(IMAGE_SUFFIXES):
         raise InputError(
-            f"not a NIfTI file (the {what} must end in .nii or .nii.gz)",
+            f"not a NIfTI file (the {what} must end in .nii or .nii.gz; FreeSurfer's .mgz and .mgh are read too)",
             path=path,
             fix="Convert it first, e.g. with dcm2niix for DICOM or mrconvert for .mif",
         )
+    if lower.endswith(MGH_SUFFIXES):
+        return _load_mgh(path, what, mmap)
     try:
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -100,6 +110,21 @@ def load_image(path: str | os.PathLike, what: str = "image", *, mmap: str = "c")
             path=path,
             fix="Convert it to NIfTI (e.g. with mrconvert or fslchfiletype)",
         )
+    check_header(img, path, what)
+    return img
+
+
+def _load_mgh(path: Path, what: str, mmap: str) -> nib.MGHImage:
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            img = nib.MGHImage.from_filename(str(path), mmap=mmap if path.suffix.lower() == ".mgh" else False)
+    except Exception as exc:
+        raise InputError(
+            f"could not be read as a FreeSurfer MGH image ({reason(exc)})",
+            path=path,
+            fix="The file may be truncated or damaged; copy it again, or convert it with mri_convert to .nii.gz",
+        ) from None
     check_header(img, path, what)
     return img
 
@@ -136,7 +161,7 @@ def check_header(img, path: str | os.PathLike, what: str = "image") -> None:
     voxels = math.prod(shape)
     nbytes = voxels * dtype.itemsize
     size = path.stat().st_size
-    compressed = path.name.lower().endswith(".gz")
+    compressed = path.name.lower().endswith((".gz", ".mgz"))
     if offset < 0:
         raise InputError(f"the {what}'s header has a negative data offset ({offset})", path=path, fix=REEXPORT)
     if not compressed and offset + nbytes > size:
@@ -148,7 +173,7 @@ def check_header(img, path: str | os.PathLike, what: str = "image") -> None:
         )
     if compressed and offset + nbytes > MAX_GZIP_RATIO * size + 4096:
         raise InputError(
-            f"the header announces {shape} {dtype} values ({_gib(nbytes)}), more than a {size}-byte .nii.gz "
+            f"the header announces {shape} {dtype} values ({_gib(nbytes)}), more than a {size}-byte {'.mgz' if path.suffix.lower() == '.mgz' else '.nii.gz'} "
             "can hold: the header (or the file) is damaged",
             path=path,
             fix="Copy or export the file again",
@@ -267,7 +292,7 @@ def _spatial_shape(img, path, what: str, allowed: tuple[int, ...]) -> tuple[int,
 
 
 def load_volume(path: str | os.PathLike, *, name: str | None = None, kind: str = "scalar") -> Volume:
-    """Load a 3-D (or 4-D) NIfTI volume as a :class:`Volume` in its voxel space."""
+    """Load a 3-D (or 4-D) NIfTI (or MGH) volume as a :class:`Volume` in its voxel space."""
     img = load_image(path, "volume")
     shape = _spatial_shape(img, path, "volume", (3, 4))
     data = read_array(img, path, what="volume").reshape(shape)

@@ -87,7 +87,8 @@ def load_tensor(path: str | os.PathLike, order: str | None = None) -> Volume:
 
     ``path`` is a 6-volume NIfTI file (``order`` required unless the header's
     intent says SYMMATRIX) or an FSL dtifit output folder (``*_tensor`` or
-    ``*_V1..3`` with ``*_L1..3``; also TractLens's own fit-dti folder).
+    ``*_V1..3`` with ``*_L1..3``; also TractLens's own fit-dti folder: ``dti_*`` as dtifit
+    names the files, or the unprefixed ``tensor``, ``V1``... that earlier versions wrote).
     """
     path = Path(path)
     if not path.exists():

@@ -3,7 +3,8 @@
 In memory a :class:`~app.model.Tractogram` holds points in voxel index
 coordinates of a reference grid; the files hold RAS+ millimetres (nibabel and
 trx convert). Per-point and per-streamline scalars are kept where the format
-allows: .trk and .trx keep both; .tck keeps neither (a warning says so).
+allows: .trk and .trx keep both; a .tck keeps them beside it as MRtrix does, a ``.tsf`` file per
+per-point scalar and a text file per per-streamline one (:mod:`.tractogram_tsf`), read back with it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ from ._atomic import atomic_path
 from ._pages import PreadRows, release_pages
 from .nifti import check_affine, load_image, reason
 from .outputs import check_output_file
+from .tractogram_tsf import (
+    content_timestamp,
+    points_crc,
+    read_mrtrix_header,
+    read_sidecars,
+    sidecar_paths,
+    write_streamline_values,
+    write_tsf,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +109,12 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
             if suffix == ".trx":
                 return _read_trx(path, grid)  # converted while its memory maps are open
             else:
-                if suffix == ".trk":
-                    _check_trk(path)
+                old_style = suffix == ".trk" and _check_trk(path)
                 arrays = _read_nibabel(path, grid)
+                if suffix == ".tck":
+                    arrays = _with_sidecars(path, arrays)
+                if old_style:
+                    arrays = _place_old_trk(path, arrays, grid if grid is not None else reference)
     except InputError:
         raise
     except MemoryError:
@@ -132,12 +145,21 @@ def _read_nibabel(path: Path, grid):
     )
 
 
-def _check_trk(path: Path) -> None:
+def _with_sidecars(path: Path, arrays):
+    """A .tck's arrays with the scalars of its side files (``.tsf`` of the same timestamp, ``.txt``)."""
+    points_mm, lengths, grid, per_point, per_streamline = arrays
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+    timestamp = read_mrtrix_header(path, b"mrtrix tracks")[0].get("timestamp")
+    point, streamline = read_sidecars(path, offsets, timestamp)
+    return points_mm, lengths, grid, {**point, **per_point}, {**streamline, **per_streamline}
+
+
+def _check_trk(path: Path) -> bool:
     """Walk a .trk file's records before nibabel reads them: counts must be sane and fit the file.
 
     nibabel reads each streamline's announced point count in one go, so a damaged count
     (negative, or 2^31) would make it request gigabytes; a damaged n_count or scalar count
-    makes it misread everything after."""
+    makes it misread everything after. True for an old-style file (see :func:`_place_old_trk`)."""
     size = path.stat().st_size
     fix = _DAMAGED[".trk"]
     if size < TRK_FIELDS.itemsize:
@@ -197,6 +219,57 @@ def _check_trk(path: Path) -> None:
                 path=path,
                 fix=fix,
             )
+    # TrackVis version 1 has no voxel-to-RAS matrix (those bytes are reserved); in version 2 a
+    # matrix whose last element is 0 was never recorded. nibabel takes the identity for both.
+    return int(header["version"]) == 1 or float(header["voxel_to_rasmm"][3][3]) == 0.0
+
+
+def _place_old_trk(path: Path, arrays, reference):
+    """An old-style .trk (no voxel-to-RAS matrix) placed on ``reference``'s grid, with a warning.
+
+    nibabel reads such a file as if its matrix were the identity, which puts the streamlines in
+    voxel indices at the scanner's origin: wrong for every real image, so a silent read would make
+    masks and labels miss every streamline. Without a reference it is refused; the reference must
+    be the grid of the header (its dimensions and voxel sizes) and its affine becomes the matrix:
+    the points are mapped from nibabel's identity placement to that of the reference affine,
+    through TrackVis's voxel-mm convention (:func:`nibabel.streamlines.trk.get_affine_trackvis_to_rasmm`)."""
+    from nibabel.streamlines.trk import get_affine_trackvis_to_rasmm
+
+    header = nib.streamlines.load(str(path), lazy_load=True).header  # as nibabel read it (identity matrix)
+    dims = tuple(int(d) for d in header[Field.DIMENSIONS])
+    sizes = np.asarray(header[Field.VOXEL_SIZES], dtype=np.float64)
+    described = f"grid {dims} of {'x'.join(f'{v:g}' for v in sizes)} mm voxels"
+    fix = (
+        "Place it on the image its streamlines were tracked on: give that image as the reference "
+        "(--reference IMAGE; on the command line the command's image, e.g. --include, --labels, --map, must be on "
+        f"that grid: {described}), or write the file again with its voxel-to-RAS matrix "
+        "(e.g. DIPY: load_tractogram(FILE, IMAGE) then save_tractogram)"
+    )
+    what = "an old-style .trk: its header has no voxel-to-RAS matrix (TrackVis version 1, or the matrix is all zeros)"
+    if reference is None:
+        raise InputError(f"{what}, so where its streamlines lie is unknown", path=path, fix=fix)
+    affine, ref_dims = _reference_grid(reference)
+    ref_sizes = np.sqrt((np.asarray(affine)[:3, :3] ** 2).sum(0))
+    if tuple(ref_dims) != dims or not np.allclose(ref_sizes, sizes, rtol=1e-3, atol=1e-4):
+        raise InputError(
+            f"{what}, and the reference is not on the {described} it was tracked on "
+            f"(the reference: {tuple(ref_dims)} of {'x'.join(f'{v:g}' for v in ref_sizes)} mm)",
+            path=path,
+            fix=fix,
+        )
+    identity = get_affine_trackvis_to_rasmm(header).astype(np.float64)
+    placed = get_affine_trackvis_to_rasmm({**header, Field.VOXEL_TO_RASMM: np.asarray(affine, np.float32)})
+    points_mm, lengths, _grid, per_point, per_streamline = arrays
+    transform = placed.astype(np.float64) @ np.linalg.inv(identity)
+    points_mm = nib.affines.apply_affine(transform, np.asarray(points_mm, dtype=np.float64))
+    log.warning(
+        "%s is %s; its streamlines were placed on the reference grid %s (affine of the reference). "
+        "Check that this is the image they were tracked on.",
+        path,
+        what,
+        tuple(ref_dims),
+    )
+    return points_mm, lengths, (affine, ref_dims), per_point, per_streamline
 
 
 def _read_trx(path: Path, grid):
@@ -396,9 +469,6 @@ def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: b
     suffix = _suffix(path)
     if exact and suffix != ".trx":
         raise ValueError("exact tractograms are written as .trx")
-    has_scalars = bool(tractogram.point_scalars or tractogram.streamline_scalars)
-    if suffix == ".tck" and has_scalars:
-        log.warning("%s: .tck cannot store per-point or per-streamline scalars; they are not written", path)
     nib_tract = _nib_tractogram(tractogram, keep_scalars=suffix != ".tck", exact=exact)
     with atomic_path(path) as tmp:
         if suffix == ".trx":
@@ -406,8 +476,34 @@ def save_tractogram(tractogram: Tractogram, path: str | os.PathLike, *, exact: b
         elif suffix == ".trk":
             nib.streamlines.save(nib_tract, str(tmp), header=trk_header(tractogram.affine, tractogram.dimensions))
         else:
-            nib.streamlines.save(nib_tract, str(tmp))
+            timestamp = content_timestamp(len(tractogram), points_crc(nib_tract.streamlines._data))
+            nib.streamlines.save(nib_tract, str(tmp), header={"timestamp": timestamp})
+    if suffix == ".tck" and len(tractogram):  # as the streamed writer: no side files for no streamlines
+        write_tck_sidecars(path, tractogram, timestamp)
     return path
+
+
+def tck_scalar_columns(scalars: dict) -> dict[str, np.ndarray]:
+    """Scalars as single columns for the side files: a (n, k) one becomes NAME0..NAME{k-1}."""
+    columns = {}
+    for name, values in scalars.items():
+        values = np.asarray(values)
+        if values.ndim == 2 and values.shape[1] != 1:
+            columns.update({f"{name}{j}": values[:, j] for j in range(values.shape[1])})
+        else:
+            columns[name] = values.reshape(len(values))
+    return columns
+
+
+def write_tck_sidecars(path: Path, tractogram: Tractogram, timestamp: str) -> list[Path]:
+    """The scalars of ``tractogram`` beside its .tck ``path``: a .tsf per per-point scalar (with the
+    .tck's ``timestamp``), a text file per per-streamline one."""
+    point = tck_scalar_columns(tractogram.point_scalars)
+    streamline = tck_scalar_columns(tractogram.streamline_scalars)
+    paths = sidecar_paths(path, point, streamline)
+    written = [write_tsf(paths[name], values, tractogram.offsets, timestamp) for name, values in point.items()]
+    written += [write_streamline_values(paths[name], values) for name, values in streamline.items()]
+    return written
 
 
 def _save_trx(nib_tract: NibTractogram, tractogram: Tractogram, tmp: Path, exact: bool = False) -> None:

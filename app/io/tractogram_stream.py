@@ -6,9 +6,10 @@ the end needs a server's memory. :func:`open_tractogram_writer` gives a writer t
 the same scalar names in every part) and writes it at once:
 
 - ``.trk`` and ``.tck``: each part goes through nibabel's own writer into a buffer; its
-  streamline records are appended to the file and the header (streamline count) is written
-  at close, so the file has the same bytes as :func:`~app.io.tractogram.save_tractogram`
-  of the whole.
+  streamline records are appended to the file and the header (streamline count; a .tck's
+  content timestamp) is written at close, so the file has the same bytes as
+  :func:`~app.io.tractogram.save_tractogram` of the whole. A .tck's scalars grow in their side
+  files (``.tsf`` per point, text per streamline; :mod:`.tractogram_tsf`) beside it.
 - ``.trx``: trx-python's uncompressed layout (``positions.3.float32``, ``offsets.uint32``,
   ``dpv/``, ``dps/``, ``header.json``, ZIP_STORED members): the positions are written straight
   into their member of the zip, the other arrays grow beside it and are copied in at close; the
@@ -43,7 +44,15 @@ from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
 from ..model import Tractogram
 from ._atomic import atomic_path, save_error
-from .tractogram import _suffix, check_output_suffix, log, nib_tractogram_mm, trk_header, trx_reference
+from .tractogram import (
+    _suffix,
+    check_output_suffix,
+    nib_tractogram_mm,
+    tck_scalar_columns,
+    trk_header,
+    trx_reference,
+)
+from .tractogram_tsf import EMPTY_TIMESTAMP, content_timestamp, points_crc, sidecar_paths, tsf_body, tsf_header
 
 __all__ = ["POSITION_DTYPES", "QUEUED_POINTS", "TractogramWriter", "open_tractogram_writer"]
 
@@ -128,7 +137,7 @@ class TractogramWriter:
             raise ValueError(f"{self.suffix} files hold float32 positions; float16 is for .trx")
         self.affine = np.asarray(affine, dtype=np.float64)
         self.dimensions = tuple(int(d) for d in dimensions)
-        self.keep_scalars = keep_scalars and self.suffix != ".tck"
+        self.keep_scalars = keep_scalars
         self.positions_dtype = np.dtype(positions_dtype)
         self.streamlines = 0
         self.points = 0
@@ -166,10 +175,6 @@ class TractogramWriter:
         names = (tuple(part.point_scalars), tuple(part.streamline_scalars)) if self.keep_scalars else ((), ())
         if self._names is None:
             self._names = names
-            if self.suffix == ".tck" and (part.point_scalars or part.streamline_scalars):
-                log.warning(
-                    "%s: .tck cannot store per-point or per-streamline scalars; they are not written", self.path
-                )
         elif names != self._names:
             raise ValueError(f"{self.path}: every part must have the scalars {self._names}, got {names}")
         if len(part) == 0:
@@ -307,7 +312,10 @@ class _NibabelParts:
     def __init__(self, writer: TractogramWriter):
         self.writer = writer
         self.trk = writer.suffix == ".trk"
-        self.kwargs = {"header": trk_header(writer.affine, writer.dimensions)} if self.trk else {}
+        header = trk_header(writer.affine, writer.dimensions) if self.trk else {"timestamp": EMPTY_TIMESTAMP}
+        self.kwargs = {"header": header}
+        self.crc = 0  # .tck: of the positions, for the content timestamp
+        self.sidecars: dict[str, tuple] = {}  # .tck: name -> (open file, kind) of the scalars' side files
         self.empty = self._encode(np.zeros((0, 3), np.float32), np.zeros(1, np.int64), {}, {})
         # .tck: header, records, then an end marker (a row of inf); .trk: header, records
         self.header_size = TRK_FIELDS.itemsize if self.trk else len(self.empty) - self._tail
@@ -329,19 +337,57 @@ class _NibabelParts:
         return buffer.getvalue()
 
     def append(self, part: Tractogram) -> None:
-        keep = self.writer.keep_scalars
+        keep = self.writer.keep_scalars and self.trk
+        world = self.writer.world(part.points)
         data = self._encode(
-            self.writer.world(part.points),
+            world,
             part.offsets,
             part.point_scalars if keep else {},
             part.streamline_scalars if keep else {},
         )
+        if not self.trk:
+            self.crc = points_crc(world, self.crc)
+            if self.writer.keep_scalars:
+                self._append_sidecars(part)
         if self.writer.streamlines == 0 and self.trk:
             self.header = data[: self.header_size]  # the scalar and property names of the parts
         self.file.write(memoryview(data)[self.header_size : len(data) - self._tail])
 
+    def _append_sidecars(self, part: Tractogram) -> None:
+        """A part's scalars appended to their .tsf / text files (opened at the first part)."""
+        point = tck_scalar_columns(part.point_scalars)
+        streamline = tck_scalar_columns(part.streamline_scalars)
+        if not self.sidecars:
+            for name, path in sidecar_paths(self.writer.path, point, streamline).items():
+                tmp = self.writer._stack.enter_context(atomic_path(path))
+                handle = self.writer._stack.enter_context(open(tmp, "wb"))
+                kind = "tsf" if name in point else "txt"
+                if kind == "tsf":
+                    handle.write(tsf_header(0, EMPTY_TIMESTAMP))  # placeholder, rewritten at close
+                self.sidecars[name] = (handle, kind)
+        offsets = np.asarray(part.offsets) - part.offsets[0]
+        for name, values in point.items():
+            self.sidecars[name][0].write(tsf_body(values, offsets, last=False))
+        for name, values in streamline.items():
+            self.sidecars[name][0].write(b"".join(b"%.9g\n" % v for v in np.asarray(values, np.float64)))
+
+    def _finish_sidecars(self, count: int, timestamp: str) -> None:
+        for handle, kind in self.sidecars.values():
+            if kind == "tsf":
+                handle.write(np.array([np.inf], "<f4").tobytes())
+                handle.seek(0)
+                handle.write(tsf_header(count, timestamp))
+            handle.flush()
+
     def finish(self) -> None:
         count = self.writer.streamlines
+        if not self.trk:
+            timestamp = content_timestamp(count, self.crc)
+            self._finish_sidecars(count, timestamp)
+            if count:
+                self.header = self.header.replace(
+                    b"timestamp: " + EMPTY_TIMESTAMP.encode(), b"timestamp: " + timestamp.encode()
+                )
         if count == 0:
             self.file.seek(0)
             self.file.truncate()

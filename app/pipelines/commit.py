@@ -13,7 +13,6 @@ a positive-determinant affine, as FSL's bvecs).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -47,11 +46,12 @@ __all__ = [
 from ..errors import InputError
 from ..grid import Grid
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
-from ..io._atomic import atomic_path, split_suffix, write_text_atomic
+from ..io._atomic import atomic_path, split_suffix
 from ..io.dwi import DWI
 from ..io.tractogram_mapped import open_trx_mm
 from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
+from ..provenance import write_json_summary
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
 from .commit_inputs import _finite_voxels, _normalised_signal, _segments_fit_on_device
@@ -510,7 +510,12 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
     files[name] = write_kept_streamlines(result.tractogram, result.weights > 0, result.weights, out / name)
     for key, volume in result.maps().items():
         files[f"{key}.nii.gz"] = save_volume(volume, result.affine, out / f"{key}.nii.gz")
-    files["commit.json"] = write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "commit.json")
+    files["commit.json"] = write_json_summary(
+        result.summary(),
+        out / "commit.json",
+        inputs=[result.tractogram.source or None],
+        call=("tractlens.write_commit_outputs", "<result>", outdir),
+    )
     return {k: str(v) for k, v in files.items()}
 
 

@@ -9,7 +9,6 @@ needed to find single-fibre and tissue voxels being fitted on b=0 and the lowest
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -33,9 +32,10 @@ from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..io import DWI, save_volume
-from ..io._atomic import save_error, write_text_atomic
+from ..io._atomic import save_error
 from ..io.fod import read_response, save_fod, world_rotation, write_response
 from ..io.outputs import check_output_folder
+from ..provenance import write_json_summary
 from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
 
@@ -256,5 +256,5 @@ def write_csd_outputs(result: CSDResult, outdir: str | os.PathLike) -> dict[str,
             save_volume(result.tissue(tissue), aff, out / f"{tissue}.nii.gz", dtype=np.float32)
             write_response(result.model.responses[tissue], out / f"response_{tissue}.txt")
         names.update(MSMT_OUTPUTS)
-    write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "fit_csd.json")
+    write_json_summary(result.summary(), out / "fit_csd.json", call=("tractlens.write_csd_outputs", "<result>", outdir))
     return {name: str(out / name) for name in names}

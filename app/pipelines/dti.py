@@ -5,7 +5,6 @@ Shared by the ``tractlens fit-dti`` command, the GUI and Python scripts.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -21,33 +20,62 @@ from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..io import DWI, load_mask, save_volume
-from ..io._atomic import save_error, write_text_atomic
+from ..io._atomic import save_error
 from ..io.dwi import x_flip_needed
 from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
 from ..model import Volume
+from ..provenance import write_json_summary
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
 from .warmup import join_background_warmup
 
 log = logging.getLogger(__name__)
 
-#: Files written by :func:`write_dti_outputs`, with what each holds.
-DTI_OUTPUTS = {
-    "FA.nii.gz": "fractional anisotropy, 0..1",
-    "MD.nii.gz": "mean diffusivity, mm²/s",
-    "AD.nii.gz": "axial diffusivity λ1, mm²/s",
-    "RD.nii.gz": "radial diffusivity (λ2+λ3)/2, mm²/s",
-    "RGB.nii.gz": "colour FA |e1|·FA, 3 volumes (R, G, B) in 0..1",
-    "tensor.nii.gz": "tensor, 6 volumes in FSL order xx, xy, xz, yy, yz, zz, FSL bvec frame, mm²/s",
-    "V1.nii.gz": "main eigenvector e1, 3 volumes, FSL bvec frame (as dtifit)",
-    "L1.nii.gz": "largest eigenvalue, mm²/s",
-    "L2.nii.gz": "middle eigenvalue, mm²/s",
-    "L3.nii.gz": "smallest eigenvalue, mm²/s",
-    "mask.nii.gz": "voxels fitted (given or computed brain mask)",
-    "S0.nii.gz": "fitted b=0 signal",
-    "flags.nii.gz": "per-voxel fit flags: 1 non-finite signal, 2 no b=0 signal, 4 fit failed, 8 not positive definite",
+#: The file-name prefix of the maps, as dtifit's ``--out`` basename (``dti`` is FSL's habit).
+DTI_PREFIX = "dti"
+
+#: Maps written by :func:`write_dti_outputs` (``PREFIX_NAME.nii.gz``), with what each holds. The
+#: names are dtifit's, so that fslpy and FSLeyes recognise the folder; AD, RD, RGB, mask and flags
+#: are TractLens's additions under the same prefix.
+DTI_MAPS = {
+    "FA": "fractional anisotropy, 0..1",
+    "MD": "mean diffusivity, mm²/s",
+    "MO": "mode of anisotropy, -1 (planar) .. 1 (linear), as dtifit",
+    "AD": "axial diffusivity λ1, mm²/s",
+    "RD": "radial diffusivity (λ2+λ3)/2, mm²/s",
+    "RGB": "colour FA |e1|·FA, 3 volumes (R, G, B) in 0..1",
+    "tensor": "tensor, 6 volumes in FSL order xx, xy, xz, yy, yz, zz, FSL bvec frame, mm²/s",
+    "V1": "main eigenvector e1, 3 volumes, FSL bvec frame (as dtifit)",
+    "V2": "second eigenvector e2, 3 volumes, FSL bvec frame",
+    "V3": "third eigenvector e3, 3 volumes, FSL bvec frame",
+    "L1": "largest eigenvalue, mm²/s",
+    "L2": "middle eigenvalue, mm²/s",
+    "L3": "smallest eigenvalue, mm²/s",
+    "mask": "voxels fitted (given or computed brain mask)",
+    "S0": "fitted b=0 signal",
+    "flags": "per-voxel fit flags: 1 non-finite signal, 2 no b=0 signal, 4 fit failed, 8 not positive definite",
 }
+
+
+def dti_file_name(name: str, prefix: str = DTI_PREFIX) -> str:
+    """The file of map ``name`` (a key of :data:`DTI_MAPS`): ``dti_FA.nii.gz`` by default."""
+    return f"{prefix}_{name}.nii.gz"
+
+
+def check_prefix(prefix: str, folder: str | os.PathLike | None = None) -> str:
+    """A usable file-name prefix (dtifit's ``--out`` basename) for ``folder``: not empty, no folder in it."""
+    if not prefix or prefix.strip() != prefix or any(c in prefix for c in "/\\") or prefix in (".", ".."):
+        raise InputError(
+            f"the output prefix {prefix!r} is not a file-name prefix",
+            path=folder,
+            fix="Give a plain name such as dti (files become dti_FA.nii.gz, ...); the folder goes in -o",
+        )
+    return prefix
+
+
+#: The default files, with what each holds (``fit_dti.json`` beside them).
+DTI_OUTPUTS = {dti_file_name(name): text for name, text in DTI_MAPS.items()}
 
 
 @dataclass
@@ -60,6 +88,8 @@ class DTIResult:
     shape: tuple[int, int, int]
     mask_source: str
     warnings: list[str] = field(default_factory=list)
+    #: The files the fit read (DWI, gradients, mask), for the summary's provenance.
+    inputs: list[str] = field(default_factory=list)
 
     def _scatter(self, values: np.ndarray) -> np.ndarray:
         out = np.zeros(self.shape + values.shape[1:], dtype=np.float32)
@@ -68,7 +98,7 @@ class DTIResult:
 
     def map(self, name: str) -> np.ndarray:
         """A map as a full (X, Y, Z[, k]) float32 array; name is fa, md, ad, rd, rgb, s0, flags,
-        tensor (internal order, voxel axes), v1, l1, l2, l3."""
+        tensor (internal order, voxel axes), v1, v2, v3, l1, l2, l3, mo."""
         fit = self.fit
         source = {
             "fa": fit.fa,
@@ -80,6 +110,9 @@ class DTIResult:
             "flags": fit.flags,
             "tensor": fit.tensor,
             "v1": fit.evecs[:, :, 0],
+            "v2": fit.evecs[:, :, 1],
+            "v3": fit.evecs[:, :, 2],
+            "mo": mode_of_anisotropy(fit.evals),
             "l1": fit.evals[:, 0],
             "l2": fit.evals[:, 1],
             "l3": fit.evals[:, 2],
@@ -104,6 +137,19 @@ class DTIResult:
             "warnings": self.warnings,
             **self.fit.provenance,
         }
+
+
+def mode_of_anisotropy(evals: np.ndarray) -> np.ndarray:
+    """dtifit's MO from eigenvalues (N, 3): the mode of the deviatoric tensor (Ennis & Kindlmann,
+    MRM 2006), ``3·√6·det(Ã/‖Ã‖)`` with ``Ã = D - MD·I``, i.e. ``3√6·ẽ1ẽ2ẽ3/‖ẽ‖³`` for
+    ``ẽi = λi - MD``; -1 planar, 0 orthotropic, 1 linear; 0 where the tensor is isotropic."""
+    evals = np.asarray(evals, dtype=np.float64)  # the fit's host arrays; float64: a cube of small numbers
+    dev = evals - evals.mean(axis=1, keepdims=True)
+    norm = np.sqrt((dev * dev).sum(axis=1))
+    product = dev[:, 0] * dev[:, 1] * dev[:, 2]
+    safe = np.where(norm > 0, norm, 1.0)
+    mode = np.where(norm > 0, 3.0 * np.sqrt(6.0) * product / safe**3, 0.0)
+    return np.clip(mode, -1.0, 1.0).astype(np.float32)
 
 
 def masked_signal(data: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -208,8 +254,9 @@ def fit_dti_pipeline(
         warnings.append(f"{no_signal} voxel(s) in the mask have no signal at b=0 and were not fitted")
     failed = {k: v for k, v in fit.flag_counts().items() if k != "no signal at b=0"}
     for name, count in failed.items():
-        warnings.append(f"{count} voxel(s) flagged '{name}' (see flags.nii.gz)")
-    return DTIResult(dwi.affine, mask, fit, dwi.shape3, mask_source, warnings)
+        warnings.append(f"{count} voxel(s) flagged '{name}' (see {dti_file_name('flags')})")
+    inputs = [str(p) for p in (dwi.path, dwi.bval_path, dwi.bvec_path, mask_path) if p]
+    return DTIResult(dwi.affine, mask, fit, dwi.shape3, mask_source, warnings, inputs)
 
 
 def _v1_fsl_frame(v1: np.ndarray, affine: np.ndarray) -> np.ndarray:
@@ -232,8 +279,13 @@ def _tensor_fsl_frame(tensor: np.ndarray, affine: np.ndarray) -> np.ndarray:
     return tensor
 
 
-def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str, str]:
-    """Write the maps listed in :data:`DTI_OUTPUTS` into ``outdir`` (atomic per file)."""
+def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike, prefix: str = DTI_PREFIX) -> dict[str, str]:
+    """Write the maps of :data:`DTI_MAPS` into ``outdir`` as dtifit names them
+    (``PREFIX_FA.nii.gz``, ...; atomic per file) and ``fit_dti.json`` beside them.
+
+    Only the dtifit names are written (the names of earlier versions, ``FA.nii.gz``..., are
+    still read, by :func:`~app.io.tensor.load_tensor`): both would double the folder's size."""
+    prefix = check_prefix(prefix, outdir)
     out = check_output_folder(outdir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -241,25 +293,28 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike) -> dict[str,
         raise save_error(exc, out) from None
     aff = result.affine
     # Each map is scattered from the masked voxels in the worker that writes it, so that only
-    # the volumes being compressed are in memory at once, not all 24.
-    jobs = [(lambda name=name: result.map(name), f"{name.upper()}.nii.gz", np.float32) for name in _SCALAR_MAPS]
+    # the volumes being compressed are in memory at once, not all of them.
+    jobs = [(lambda name=name: result.map(name.lower()), name, np.float32) for name in _SCALAR_MAPS]
+    jobs += [(lambda name=name: _v1_fsl_frame(result.map(name.lower()), aff), name, np.float32) for name in _VECTORS]
     jobs += [
-        (lambda: _v1_fsl_frame(result.map("v1"), aff), "V1.nii.gz", np.float32),
-        (lambda: result.mask, "mask.nii.gz", np.uint8),
-        (lambda: result.map("flags"), "flags.nii.gz", np.uint8),
-        (lambda: _tensor_fsl_frame(result.map("tensor"), aff), "tensor.nii.gz", np.float32),
+        (lambda: result.mask, "mask", np.uint8),
+        (lambda: result.map("flags"), "flags", np.uint8),
+        (lambda: _tensor_fsl_frame(result.map("tensor"), aff), "tensor", np.float32),
     ]
 
     def write(job) -> None:
         make, name, dtype = job
-        save_volume(make(), aff, out / name, dtype=dtype)
+        save_volume(make(), aff, out / dti_file_name(name, prefix), dtype=dtype)
 
     # gzip compression dominates writing and zlib releases the GIL: compress files in parallel.
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         for _ in pool.map(write, jobs):
             pass
-    write_text_atomic(json.dumps(result.summary(), indent=2, default=str), out / "fit_dti.json")
-    return {name: str(out / name) for name in DTI_OUTPUTS}
+    summary = {**result.summary(), "prefix": prefix}
+    call = ("tractlens.write_dti_outputs", "<result>", outdir, {"prefix": prefix})
+    write_json_summary(summary, out / "fit_dti.json", inputs=result.inputs, call=call)
+    return {name: str(out / dti_file_name(name, prefix)) for name in DTI_MAPS}
 
 
-_SCALAR_MAPS = ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0")
+_SCALAR_MAPS = ("FA", "MD", "MO", "AD", "RD", "RGB", "L1", "L2", "L3", "S0")
+_VECTORS = ("V1", "V2", "V3")
