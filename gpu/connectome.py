@@ -1,0 +1,520 @@
+"""probtrackx2's connectome modes (``--omatrix2``, ``--omatrix3``, ``--network``) counted from
+the streamlines of probabilistic tracking, on the GPU or with NumPy, the same code for both.
+
+Definitions (FSL's probtrackx2, ``Counter::update_matrix2_row``, ``update_matrix3``, network
+mode; Behrens et al. 2007; Hernández-Fernández 2019, ch. 6 of the thesis on probtrackx2_gpu):
+
+- matrix2 (seed × target2): a kept streamline of seed voxel r adds one to (r, c) for every
+  low-resolution target2 voxel c it visits, once per streamline however often it passes.
+- matrix3 (target3 × target3): a kept streamline adds one to (a, b), a < b, for every pair of
+  distinct target3 voxels it visits (both halves; FSL stores the upper triangle, as here);
+  with lrtarget3 (target3 × lrtarget3) to (a, c) for every target3 voxel a and lrtarget3
+  voxel c it visits. Streamlines shorter than ``distthresh3`` are left out of matrix3 only.
+- network: every mask of a list is seeded; a streamline of mask i is kept only if it reaches
+  another mask of the list, and adds one to (i, j) for each other mask j it reaches.
+- ``distthresh``: streamlines shorter than this (both halves, mm) are discarded everywhere.
+- ``pd``: each count is weighted by a path length; ``ompl``: the mean path length is kept
+  beside the counts. The length is the distance along the streamline: from the seed to the
+  voxel's first entry (matrix2, network, path distribution) or between the two voxels'
+  first entries (matrix3). FSL's matrix2 code increments its distance once per newly counted
+  low-resolution voxel instead; we use the length along the path, which is what ``--pd``
+  documents.
+
+How it is counted: streamlines are traced in chunks with the run's random streams (the
+path steps of :func:`gpu.probabilistic.track_numpy` ``record`` or of the CUDA kernel's
+trace: same streamline ids, so the same streamlines as a plain run); each chunk becomes
+the list of (streamline, voxel) first visits, from which every mode emits (row, column,
+value) entries on the device. Entries are reduced by key (sort, segment sums) whenever the
+device buffer holds :attr:`SparseAccumulator.capacity` of them, and the reduced chunk is
+spilled to host memory and merged there; no dense seed × target matrix exists anywhere.
+Counts are integers summed in float64 (exact below 2**53), so NumPy and CuPy give the same
+counts bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .backend import Cancelled, get_backend
+from .probabilistic import (
+    BIT_EXCLUDE,
+    NUMPY_BITMAP_BYTES,
+    WAYPOINT_SHIFT,
+    KernelTracker,
+    ProbParams,
+    SampleField,
+    streamline_ids,
+    track_numpy,
+)
+
+
+@dataclass
+class ConnectomeSpec:
+    """What to count, as voxel lookups on the samples' grid (host arrays).
+
+    matrix2_columns : (X, Y, Z) int64, each voxel's target2 column (0-based), −1 outside.
+    matrix3_nodes : (X, Y, Z) int64, each target3 voxel's node number, −1 outside.
+    matrix3_columns : (X, Y, Z) int64, each voxel's lrtarget3 column, −1 outside (or None).
+    network_masks : (M, X, Y, Z) bool, the seed masks of network mode.
+    seed_mask_of_seed : (n_seeds,) int64, the network mask each seed voxel was seeded from.
+    """
+
+    matrix2_columns: np.ndarray | None = None
+    n_matrix2_columns: int = 0
+    matrix3_nodes: np.ndarray | None = None
+    n_matrix3_nodes: int = 0
+    matrix3_columns: np.ndarray | None = None
+    n_matrix3_columns: int = 0
+    network_masks: np.ndarray | None = None
+    seed_mask_of_seed: np.ndarray | None = None
+
+
+@dataclass
+class SparseCounts:
+    """A sparse matrix as coordinates (0-based), with counts and, when asked, summed lengths."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    counts: np.ndarray  # int64
+    lengths_mm: np.ndarray | None  # float64 sums of path lengths (pd / ompl)
+    shape: tuple[int, int]
+
+    @property
+    def nnz(self) -> int:
+        return len(self.rows)
+
+    def to_scipy(self, values: str = "counts"):
+        """A ``scipy.sparse.coo_matrix`` of ``counts``, ``lengths`` (the sums) or ``mean_lengths``."""
+        import scipy.sparse
+
+        data = {
+            "counts": lambda: self.counts,
+            "lengths": lambda: self.lengths_mm,
+            "mean_lengths": lambda: self.lengths_mm / np.maximum(self.counts, 1),
+        }[values]()
+        return scipy.sparse.coo_matrix((data, (self.rows, self.cols)), shape=self.shape)
+
+    def dense(self) -> np.ndarray:
+        out = np.zeros(self.shape, dtype=np.int64)
+        np.add.at(out, (self.rows, self.cols), self.counts)
+        return out
+
+
+@dataclass
+class ConnectomeResult:
+    """What a connectome run adds up (host arrays)."""
+
+    paths: np.ndarray  # (X, Y, Z) int64 kept streamlines visiting each voxel
+    paths_lengths_mm: np.ndarray | None  # (X, Y, Z) float64 summed seed distances (pd / ompl)
+    waytotal: np.ndarray  # (M,) kept streamlines per seed mask (one entry without network mode)
+    streamlines: int
+    matrix2: SparseCounts | None = None
+    matrix3: SparseCounts | None = None
+    network: SparseCounts | None = None
+    provenance: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- reduction
+
+
+def reduce_by_key(xp, keys, values):
+    """(unique keys, (U, k) float64 sums of ``values`` (E, k) per key), keys sorted."""
+    if len(keys) == 0:
+        return keys, values.reshape(0, values.shape[1])
+    order = xp.argsort(keys)
+    k = keys[order]
+    new = xp.concatenate([xp.ones(1, dtype=bool), k[1:] != k[:-1]])
+    segment = xp.cumsum(new) - 1
+    unique = k[new]
+    v = values[order]
+    sums = xp.stack([xp.bincount(segment, weights=v[:, i], minlength=len(unique)) for i in range(v.shape[1])], 1)
+    return unique, sums
+
+
+class SparseAccumulator:
+    """Sums (row, col, values) entries into a sparse matrix without a dense one: entries
+    wait in a device buffer; at ``capacity`` they are reduced by key and the result is
+    spilled to host memory, where spilled chunks are merged once they hold more than
+    ``capacity`` entries again."""
+
+    def __init__(self, backend, shape: tuple[int, int], n_values: int, capacity: int):
+        self.backend, self.xp = backend, backend.xp
+        self.shape, self.n_values, self.capacity = (int(shape[0]), int(shape[1])), n_values, max(1, int(capacity))
+        self._pending: list = []
+        self._pending_n = 0
+        self._host_keys: list[np.ndarray] = []
+        self._host_sums: list[np.ndarray] = []
+        self._host_n = 0
+        self.spills = 0
+        self.peak_host_entries = 0
+
+    def add(self, rows, cols, values) -> None:
+        if len(rows) == 0:
+            return
+        keys = rows.astype(self.xp.int64) * self.shape[1] + cols.astype(self.xp.int64)
+        self._pending.append((keys, values.reshape(len(keys), self.n_values).astype(self.xp.float64)))
+        self._pending_n += len(keys)
+        if self._pending_n >= self.capacity:
+            self._spill()
+
+    def _spill(self) -> None:
+        if not self._pending:
+            return
+        xp = self.xp
+        keys = xp.concatenate([k for k, _ in self._pending])
+        values = xp.concatenate([v for _, v in self._pending])
+        self._pending, self._pending_n = [], 0
+        unique, sums = reduce_by_key(xp, keys, values)
+        self._host_keys.append(self.backend.to_host(unique))
+        self._host_sums.append(self.backend.to_host(sums))
+        self._host_n += len(unique)
+        self.spills += 1
+        self.peak_host_entries = max(self.peak_host_entries, self._host_n)
+        if self._host_n > max(self.capacity, 2 * self._merged_n()):
+            self._merge_host()
+
+    def _merged_n(self) -> int:
+        return len(self._host_keys[0]) if self._host_keys else 0
+
+    def _merge_host(self) -> None:
+        keys, sums = reduce_by_key(np, np.concatenate(self._host_keys), np.concatenate(self._host_sums))
+        self._host_keys, self._host_sums, self._host_n = [keys], [sums], len(keys)
+
+    def result(self, with_lengths: bool) -> SparseCounts:
+        self._spill()
+        if self._host_keys:
+            self._merge_host()
+        keys = self._host_keys[0] if self._host_keys else np.zeros(0, np.int64)
+        sums = self._host_sums[0] if self._host_sums else np.zeros((0, self.n_values))
+        rows, cols = np.divmod(keys, self.shape[1])
+        counts = np.rint(sums[:, 0]).astype(np.int64)
+        return SparseCounts(rows, cols, counts, sums[:, 1].copy() if with_lengths else None, self.shape)
+
+
+# --------------------------------------------------------------------------- visits
+
+
+@dataclass
+class Visits:
+    """The first visit of each (streamline, voxel) of a chunk (device arrays), sorted by
+    streamline then voxel: ``distance_mm`` is signed (the second half negative) so that the
+    length between two visits is the absolute difference; ``order`` is the tracking order."""
+
+    stream: object
+    voxel: object
+    distance_mm: object
+    order: object
+    length_mm: object  # (n,) each streamline's length, both halves
+    n: int
+
+
+def visits_from_trace(xp, trace, shape, step_mm: float) -> Visits:
+    """The voxels each streamline visits, from its recorded steps ``trace`` (n, 2, T, ≥3:
+    x, y, z per step of each half; a stopped half repeats its last position). A voxel is
+    visited where a position lies in it (rounded), as the tracker counts it: the start, and
+    each step that moved."""
+    n, _, T = trace.shape[:3]
+    P = trace[..., :3]
+    shape_a = xp.asarray(np.array(shape, dtype=np.int64))
+    moved = xp.any(P[:, :, 1:] != P[:, :, :-1], axis=3)  # (n, 2, T - 1)
+    moves = xp.cumsum(moved, axis=2, dtype=xp.int32)
+    length = (moves[:, :, -1].sum(1) if T > 1 else xp.zeros(n, xp.int32)).astype(xp.float64) * step_mm
+    s1, h1, t1 = xp.nonzero(moved)
+    stream = xp.concatenate([xp.arange(n, dtype=xp.int64), s1.astype(xp.int64)])
+    half = xp.concatenate([xp.zeros(n, dtype=xp.int64), h1.astype(xp.int64)])
+    t = xp.concatenate([xp.zeros(n, dtype=xp.int64), t1.astype(xp.int64) + 1])
+    travelled = xp.concatenate([xp.zeros(n, dtype=xp.float64), moves[s1, h1, t1].astype(xp.float64)])
+    distance = travelled * step_mm * (1.0 - 2.0 * half)
+    order = half * T + t
+    v = xp.rint(P[stream, half, t]).astype(xp.int64)
+    inside = xp.all((v >= 0) & (v < shape_a), axis=1)
+    flat = (v[:, 0] * int(shape[1]) + v[:, 1]) * int(shape[2]) + v[:, 2]
+    stream, flat, distance, order = stream[inside], flat[inside], distance[inside], order[inside]
+    # The first visit of each (streamline, voxel): one sort on a combined key.
+    n_vox = int(np.prod(shape))
+    if n * n_vox * 2 * T >= 2**62:
+        raise ValueError("too many streamlines in one chunk for this grid; use smaller chunks")
+    key = (stream * n_vox + flat) * (2 * T) + order
+    idx = xp.argsort(key)
+    pair = key[idx] // (2 * T)
+    first = xp.concatenate([xp.ones(min(1, len(pair)), dtype=bool), pair[1:] != pair[:-1]])
+    idx = idx[first]
+    return Visits(stream[idx], flat[idx], distance[idx], order[idx], length, n)
+
+
+def _repeat(xp, counts):
+    """(source index, rank within its repeat) of ``np.repeat(arange(len(counts)), counts)``,
+    without array-valued repeats (CuPy lacks them)."""
+    ends = xp.cumsum(counts)
+    total = int(ends[-1]) if len(ends) else 0
+    k = xp.arange(total, dtype=xp.int64)
+    src = xp.searchsorted(ends, k, side="right")
+    return src, k - (ends - counts)[src]
+
+
+def _first_per_key(xp, key_hi, order, *columns):
+    """Keep, per ``key_hi`` value, the entry of least ``order`` (columns filtered alike),
+    sorted by ``key_hi``."""
+    if len(key_hi) == 0:
+        return columns
+    span = int(order.max()) + 1
+    idx = xp.argsort(key_hi * span + order)  # one key: CuPy's lexsort takes no int64 pairs
+    k = key_hi[idx]
+    first = xp.concatenate([xp.ones(1, dtype=bool), k[1:] != k[:-1]])
+    idx = idx[first]
+    return tuple(c[idx] for c in columns)
+
+
+def _groups(xp, stream):
+    """(start of its group, group size) of each entry of entries sorted by ``stream``."""
+    new = xp.concatenate([xp.ones(min(1, len(stream)), dtype=bool), stream[1:] != stream[:-1]])
+    starts = xp.flatnonzero(new)
+    group = xp.cumsum(new) - 1
+    sizes = xp.diff(xp.concatenate([starts, xp.asarray([len(stream)], dtype=starts.dtype)]))
+    return starts[group], sizes[group]
+
+
+# --------------------------------------------------------------------------- the modes
+
+
+def _values(xp, lengths):
+    return xp.stack([xp.ones(len(lengths), dtype=xp.float64), xp.abs(lengths)], 1)
+
+
+def emit_matrix2(xp, acc: SparseAccumulator, visits: Visits, entry_kept, columns, seed_of):
+    """Seed voxel × target2 column, once per streamline and column."""
+    col = columns[visits.voxel]
+    sel = entry_kept & (col >= 0)
+    s, c, d, o = visits.stream[sel], col[sel], visits.distance_mm[sel], visits.order[sel]
+    s, c, d = _first_per_key(xp, s * acc.shape[1] + c, o, s, c, d)
+    acc.add(seed_of[s], c, _values(xp, d))
+
+
+def emit_matrix3(xp, acc: SparseAccumulator, visits: Visits, entry_kept, nodes, columns=None, most: int = 1 << 24):
+    """Every pair of distinct target3 voxels a streamline visits (a < b), or with
+    ``columns`` (lrtarget3) every target3 voxel × lrtarget3 column; in pieces of at most
+    ``most`` pairs."""
+    node = nodes[visits.voxel]
+    sel = entry_kept & (node >= 0)
+    s, a, da = visits.stream[sel], node[sel], visits.distance_mm[sel]  # sorted by streamline
+    if columns is None:
+        start, size = _groups(xp, s)
+        rank = xp.arange(len(s), dtype=xp.int64) - start
+        partners = size - 1 - rank  # the later entries of its streamline
+        other_node, other_d, other_start = a, da, None
+    else:
+        col = columns[visits.voxel]
+        csel = entry_kept & (col >= 0)
+        cs, cc, cd, co = visits.stream[csel], col[csel], visits.distance_mm[csel], visits.order[csel]
+        cs, cc, cd = _first_per_key(xp, cs * acc.shape[1] + cc, co, cs, cc, cd)  # sorted by streamline
+        first = xp.searchsorted(cs, s, side="left")
+        partners = xp.searchsorted(cs, s, side="right") - first
+        other_node, other_d, other_start = cc, cd, first
+    _emit_pairs(xp, acc, a, da, partners, other_node, other_d, other_start, columns is None, most)
+
+
+def _emit_pairs(xp, acc, a, da, partners, other_node, other_d, other_start, triangle: bool, most: int):
+    ends = xp.cumsum(partners)
+    total = int(ends[-1]) if len(ends) else 0
+    for lo in range(0, total, most):
+        k = xp.arange(lo, min(total, lo + most), dtype=xp.int64)
+        src = xp.searchsorted(ends, k, side="right")
+        within = k - (ends - partners)[src]
+        partner = src + 1 + within if triangle else other_start[src] + within
+        x, y = a[src], other_node[partner]
+        rows, cols = (xp.minimum(x, y), xp.maximum(x, y)) if triangle else (x, y)
+        acc.add(rows, cols, _values(xp, da[src] - other_d[partner]))
+
+
+def network_reached(xp, visits: Visits, entry_kept, membership, own_mask, n_masks: int):
+    """(streamline, mask, |distance| at first entry) of every other network mask each kept
+    streamline enters; ``membership``: (indptr over voxels, mask numbers), CSR."""
+    indptr, masks = membership
+    sel = entry_kept
+    s, v, d, o = visits.stream[sel], visits.voxel[sel], visits.distance_mm[sel], visits.order[sel]
+    src, rank = _repeat(xp, indptr[v + 1] - indptr[v])
+    m = masks[indptr[v[src]] + rank]
+    s, d, o = s[src], d[src], o[src]
+    other = m != own_mask[s]
+    s, m, d, o = s[other], m[other], d[other], o[other]
+    return _first_per_key(xp, s * n_masks + m, o, s, m, xp.abs(d))
+
+
+def membership_csr(masks: np.ndarray):
+    """(indptr over flat voxels, mask numbers): which masks hold each voxel."""
+    m = masks.shape[0]
+    per_voxel = masks.reshape(m, -1).T  # (n_vox, m)
+    vox, mask = np.nonzero(per_voxel)
+    indptr = np.zeros(per_voxel.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(vox, minlength=per_voxel.shape[0]), out=indptr[1:])
+    return indptr, mask.astype(np.int64)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count):
+    _, halves = track_numpy(field_, bits, seeds, params, 0, n_waypoints, first, count, record=True)
+    T = max(h.shape[1] for h in halves)
+    padded = [np.concatenate([h, np.repeat(h[:, -1:], T - h.shape[1], axis=1)], axis=1) for h in halves]
+    return np.stack(padded, 1)
+
+
+def trace_bytes_per_streamline(params: ProbParams) -> int:
+    """Device bytes one streamline of a chunk needs: its trace (float64 x, y, z, alive per
+    step of both halves) and about as much again for the visits taken from it."""
+    return 2 * (params.n_steps + 1) * 4 * 8 * 2
+
+
+def plan_chunk(backend, field_: SampleField, params: ProbParams, total: int) -> int:
+    """Streamlines per chunk: a quarter of the free device memory for the traces on a GPU,
+    the NumPy tracker's visit bitmap on the CPU."""
+    if backend.is_gpu:
+        most = backend.free_memory_bytes() // 4 // trace_bytes_per_streamline(params)
+    else:
+        most = NUMPY_BITMAP_BYTES // int(np.prod(field_.shape))
+    return int(max(1, min(total, most, 1 << 20)))
+
+
+def plan_capacity(backend, n_values: int = 2) -> int:
+    """Entries the device buffer holds before a reduction: an eighth of the free memory at
+    ~(key, values, sort and segment temporaries) bytes each."""
+    per_entry = 8 * (6 + 3 * n_values)
+    return int(max(1 << 16, min(1 << 28, backend.free_memory_bytes() // 8 // per_entry)))
+
+
+def track_connectome(
+    field_: SampleField,
+    bits: np.ndarray,
+    seeds: np.ndarray,
+    params: ProbParams,
+    spec: ConnectomeSpec,
+    *,
+    distthresh: float,
+    distthresh3: float,
+    lengths: bool,
+    n_waypoints: int = 0,
+    device="auto",
+    chunk: int | None = None,
+    capacity: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> ConnectomeResult:
+    """Track every streamline of every seed voxel (the run's random streams) and count the
+    connectome modes ``spec`` asks for. ``distthresh`` (mm): discard shorter streamlines;
+    ``distthresh3`` (mm): leave shorter ones out of matrix3; ``lengths``: also sum the path
+    lengths (``pd``, ``ompl``). The options' defaults are ``app.params.ProbOutputParams``'s.
+    ``chunk``: streamlines traced at once (planned from
+    free memory by default); ``capacity``: entries buffered on the device per reduction."""
+    if not (distthresh >= 0 and distthresh3 >= 0):
+        raise ValueError("distance thresholds are lengths: give values of at least 0 mm")
+    backend = get_backend(device)
+    xp = backend.xp
+    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
+    n_seeds, total = len(seeds), len(seeds) * params.n_samples
+    shape = field_.shape
+    n_vox = int(np.prod(shape))
+    chunk = chunk or plan_chunk(backend, field_, params, total)
+    capacity = capacity or plan_capacity(backend)
+    dev = backend.asarray
+    bits_flat = dev(np.asarray(bits, dtype=np.uint32).reshape(-1))
+    acc2 = acc3 = accn = None
+    if spec.matrix2_columns is not None:
+        columns2 = dev(spec.matrix2_columns.reshape(-1).astype(np.int64))
+        acc2 = SparseAccumulator(backend, (n_seeds, spec.n_matrix2_columns), 2, capacity)
+    if spec.matrix3_nodes is not None:
+        nodes3 = dev(spec.matrix3_nodes.reshape(-1).astype(np.int64))
+        lr3 = None if spec.matrix3_columns is None else dev(spec.matrix3_columns.reshape(-1).astype(np.int64))
+        width = spec.n_matrix3_nodes if lr3 is None else spec.n_matrix3_columns
+        acc3 = SparseAccumulator(backend, (spec.n_matrix3_nodes, width), 2, capacity)
+    n_masks = 1
+    if spec.network_masks is not None:
+        n_masks = len(spec.network_masks)
+        membership = tuple(dev(a) for a in membership_csr(np.asarray(spec.network_masks, dtype=bool)))
+        mask_of_seed = dev(np.asarray(spec.seed_mask_of_seed, dtype=np.int64))
+        accn = SparseAccumulator(backend, (n_masks, n_masks), 2, capacity)
+    paths = xp.zeros(n_vox, dtype=xp.int64)
+    paths_len = xp.zeros(n_vox, dtype=xp.float64) if lengths else None
+    waytotal = xp.zeros(n_masks, dtype=xp.int64)
+    tracker = None
+    t0 = time.perf_counter()
+    for first in range(0, total, chunk):
+        if cancelled is not None and cancelled():
+            raise Cancelled()
+        count = min(chunk, total - first)
+        if backend.is_gpu:
+            if tracker is None:
+                tracker = KernelTracker(backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk)
+            trace = xp.zeros((count, 2, params.n_steps + 1, 4))
+            tracker.launch(first, count, trace)
+        else:
+            trace = _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count)
+        visits = visits_from_trace(xp, trace, shape, params.step_mm)
+        del trace
+        _, seed_np = streamline_ids(first, count, n_seeds, params.n_samples)
+        seed_of = dev(seed_np.astype(np.int64))
+        kept = _kept(xp, visits, bits_flat, n_waypoints, params.waycond, distthresh)
+        entry_kept = kept[visits.stream]
+        if accn is not None:
+            own = mask_of_seed[seed_of]
+            s, m, d = network_reached(xp, visits, entry_kept, membership, own, n_masks)
+            kept &= xp.bincount(s, minlength=count) > 0
+            accn.add(own[s], m, _values(xp, d))
+            entry_kept = kept[visits.stream]
+            waytotal += xp.bincount(own[kept], minlength=n_masks)
+        else:
+            waytotal += kept.sum()
+        v = visits.voxel[entry_kept]
+        paths += xp.bincount(v, minlength=n_vox)
+        if lengths:
+            paths_len += xp.bincount(v, weights=xp.abs(visits.distance_mm[entry_kept]), minlength=n_vox)
+        if acc2 is not None:
+            emit_matrix2(xp, acc2, visits, entry_kept, columns2, seed_of)
+        if acc3 is not None:
+            long_enough = entry_kept & (visits.length_mm[visits.stream] >= distthresh3)
+            emit_matrix3(xp, acc3, visits, long_enough, nodes3, lr3)
+        if progress is not None:
+            progress(first + count, total)
+    elapsed = time.perf_counter() - t0
+    result = ConnectomeResult(
+        backend.to_host(paths).reshape(shape),
+        None if paths_len is None else backend.to_host(paths_len).reshape(shape),
+        backend.to_host(waytotal),
+        total,
+        acc2.result(lengths) if acc2 else None,
+        acc3.result(lengths) if acc3 else None,
+        accn.result(lengths) if accn else None,
+    )
+    result.provenance = {
+        "params": asdict(params),
+        "distthresh_mm": distthresh,
+        "distthresh3_mm": distthresh3,
+        "backend": backend.name,
+        "device": backend.device_name,
+        "engine": "kernel trace" if backend.is_gpu else "numpy",
+        "chunk_streamlines": chunk,
+        "reduce_capacity_entries": capacity,
+        "spills": sum(a.spills for a in (acc2, acc3, accn) if a is not None),
+        "tracking_s": elapsed,
+        "streamlines_per_s": total / elapsed if elapsed > 0 else None,
+    }
+    return result
+
+
+def _kept(xp, visits: Visits, bits_flat, n_waypoints, waycond, distthresh):
+    """Kept streamlines: no exclusion voxel, the waypoint condition, at least ``distthresh`` long."""
+    n = visits.n
+    b = bits_flat[visits.voxel]
+    excluded = xp.bincount(visits.stream[(b & BIT_EXCLUDE) != 0], minlength=n) > 0
+    kept = ~excluded & (visits.length_mm >= distthresh)
+    if n_waypoints:
+        met = xp.zeros(n, dtype=xp.int64)
+        for i in range(n_waypoints):
+            hit = xp.bincount(visits.stream[((b >> (WAYPOINT_SHIFT + i)) & 1) != 0], minlength=n) > 0
+            met += hit
+        kept &= (met == n_waypoints) if waycond == "AND" else (met > 0)
+    return kept
