@@ -33,6 +33,7 @@ counts bit for bit.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,10 +44,12 @@ from .backend import Cancelled, get_backend
 from .probabilistic import (
     BIT_EXCLUDE,
     NUMPY_BITMAP_BYTES,
+    SET_SLOTS,
     WAYPOINT_SHIFT,
     KernelTracker,
     ProbParams,
     SampleField,
+    set_sizes,
     streamline_ids,
     track_numpy,
 )
@@ -121,6 +124,13 @@ class ConnectomeResult:
 # --------------------------------------------------------------------------- reduction
 
 
+def _bincount(xp, x, minlength: int, weights=None):
+    """``xp.bincount`` that also takes an empty ``x`` (zeros of ``minlength``)."""
+    if len(x) == 0:
+        return xp.zeros(minlength, dtype=xp.int64 if weights is None else xp.float64)
+    return xp.bincount(x, weights=weights, minlength=minlength)
+
+
 def reduce_by_key(xp, keys, values):
     """(unique keys, (U, k) float64 sums of ``values`` (E, k) per key), keys sorted."""
     if len(keys) == 0:
@@ -131,37 +141,66 @@ def reduce_by_key(xp, keys, values):
     segment = xp.cumsum(new) - 1
     unique = k[new]
     v = values[order]
-    sums = xp.stack([xp.bincount(segment, weights=v[:, i], minlength=len(unique)) for i in range(v.shape[1])], 1)
+    sums = xp.stack([_bincount(xp, segment, len(unique), v[:, i]) for i in range(v.shape[1])], 1)
     return unique, sums
 
 
-class SparseAccumulator:
-    """Sums (row, col, values) entries into a sparse matrix without a dense one: entries
-    wait in a device buffer; at ``capacity`` they are reduced by key and the result is
-    spilled to host memory, where spilled chunks are merged once they hold more than
-    ``capacity`` entries again."""
+def merge_sorted(xp, keys_a, sums_a, keys_b, sums_b):
+    """Two key-sorted, key-unique (keys, sums) as one: B's keys found in A add to A's sums,
+    the others are placed among A's in order (a merge by ``searchsorted``, no re-sort of A)."""
+    if len(keys_a) == 0:
+        return keys_b, sums_b
+    if len(keys_b) == 0:
+        return keys_a, sums_a
+    at = xp.minimum(xp.searchsorted(keys_a, keys_b), len(keys_a) - 1)
+    found = keys_a[at] == keys_b
+    sums_a = sums_a.copy()
+    sums_a[at[found]] += sums_b[found]  # keys are unique in B: no two updates of one row
+    new_keys, new_sums = keys_b[~found], sums_b[~found]
+    if len(new_keys) == 0:
+        return keys_a, sums_a
+    n = len(keys_a) + len(new_keys)
+    place_a = xp.arange(len(keys_a), dtype=xp.int64) + xp.searchsorted(new_keys, keys_a)
+    place_b = xp.arange(len(new_keys), dtype=xp.int64) + xp.searchsorted(keys_a, new_keys)
+    keys = xp.empty(n, dtype=keys_a.dtype)
+    sums = xp.empty((n, sums_a.shape[1]), dtype=sums_a.dtype)
+    keys[place_a], sums[place_a] = keys_a, sums_a
+    keys[place_b], sums[place_b] = new_keys, new_sums
+    return keys, sums
 
-    def __init__(self, backend, shape: tuple[int, int], n_values: int, capacity: int):
+
+class SparseAccumulator:
+    """Sums (row, col, values) entries into a sparse matrix without a dense one.
+
+    Entries wait in a device buffer; at ``capacity`` they are reduced by key (sort, segment
+    sums) and merged into the device-resident total (key-sorted). When that total outgrows
+    ``device_entries`` it is spilled to host memory as a sorted chunk and the device total
+    starts again. :meth:`result` merges the host chunks range by range of keys on the
+    device (each range small enough for it), so the host never sorts.
+    """
+
+    def __init__(self, backend, shape, n_values: int, capacity: int, device_entries: int | None = None):
         self.backend, self.xp = backend, backend.xp
         self.shape, self.n_values, self.capacity = (int(shape[0]), int(shape[1])), n_values, max(1, int(capacity))
+        self.device_entries = max(self.capacity, int(device_entries or 4 * self.capacity))
         self._pending: list = []
         self._pending_n = 0
-        self._host_keys: list[np.ndarray] = []
-        self._host_sums: list[np.ndarray] = []
-        self._host_n = 0
-        self.spills = 0
-        self.peak_host_entries = 0
+        self._keys = self.xp.zeros(0, dtype=self.xp.int64)
+        self._sums = self.xp.zeros((0, n_values), dtype=self.xp.float64)
+        self._host: list[tuple[np.ndarray, np.ndarray]] = []
+        self.reductions = self.spills = 0
 
     def add(self, rows, cols, values) -> None:
+        """Entries (device arrays); ``values`` (E, n_values)."""
         if len(rows) == 0:
             return
         keys = rows.astype(self.xp.int64) * self.shape[1] + cols.astype(self.xp.int64)
-        self._pending.append((keys, values.reshape(len(keys), self.n_values).astype(self.xp.float64)))
+        self._pending.append((keys, values.reshape(len(keys), -1)[:, : self.n_values].astype(self.xp.float64)))
         self._pending_n += len(keys)
         if self._pending_n >= self.capacity:
-            self._spill()
+            self._reduce()
 
-    def _spill(self) -> None:
+    def _reduce(self) -> None:
         if not self._pending:
             return
         xp = self.xp
@@ -169,30 +208,49 @@ class SparseAccumulator:
         values = xp.concatenate([v for _, v in self._pending])
         self._pending, self._pending_n = [], 0
         unique, sums = reduce_by_key(xp, keys, values)
-        self._host_keys.append(self.backend.to_host(unique))
-        self._host_sums.append(self.backend.to_host(sums))
-        self._host_n += len(unique)
-        self.spills += 1
-        self.peak_host_entries = max(self.peak_host_entries, self._host_n)
-        if self._host_n > max(self.capacity, 2 * self._merged_n()):
-            self._merge_host()
+        del keys, values
+        self._keys, self._sums = merge_sorted(xp, self._keys, self._sums, unique, sums)
+        self.reductions += 1
+        if len(self._keys) > self.device_entries:
+            self._spill()
 
-    def _merged_n(self) -> int:
-        return len(self._host_keys[0]) if self._host_keys else 0
+    def _spill(self) -> None:
+        if len(self._keys):
+            self._host.append((self.backend.to_host(self._keys), self.backend.to_host(self._sums)))
+            self._keys = self.xp.zeros(0, dtype=self.xp.int64)
+            self._sums = self.xp.zeros((0, self.n_values), dtype=self.xp.float64)
+            self.spills += 1
 
-    def _merge_host(self) -> None:
-        keys, sums = reduce_by_key(np, np.concatenate(self._host_keys), np.concatenate(self._host_sums))
-        self._host_keys, self._host_sums, self._host_n = [keys], [sums], len(keys)
-
-    def result(self, with_lengths: bool) -> SparseCounts:
+    def _merged(self) -> tuple[np.ndarray, np.ndarray]:
+        self._reduce()
+        if not self._host:
+            return self.backend.to_host(self._keys), self.backend.to_host(self._sums)
         self._spill()
-        if self._host_keys:
-            self._merge_host()
-        keys = self._host_keys[0] if self._host_keys else np.zeros(0, np.int64)
-        sums = self._host_sums[0] if self._host_sums else np.zeros((0, self.n_values))
+        chunks, xp = self._host, self.xp
+        biggest = max(chunks, key=lambda c: len(c[0]))[0]
+        step = max(1, self.device_entries // (2 * len(chunks)))
+        splits = [int(k) for k in biggest[step::step]]
+        bounds = [None, *splits, None]
+        keys_out, sums_out = [], []
+        for lo, hi in itertools.pairwise(bounds):
+            part_k, part_s = [], []
+            for k, v in chunks:
+                a = 0 if lo is None else int(np.searchsorted(k, lo))
+                b = len(k) if hi is None else int(np.searchsorted(k, hi))
+                part_k.append(k[a:b])
+                part_s.append(v[a:b])
+            unique, sums = reduce_by_key(xp, xp.asarray(np.concatenate(part_k)), xp.asarray(np.concatenate(part_s)))
+            keys_out.append(self.backend.to_host(unique))
+            sums_out.append(self.backend.to_host(sums))
+        self._host = []
+        return np.concatenate(keys_out), np.concatenate(sums_out)
+
+    def result(self) -> SparseCounts:
+        """The totals (host), row-major sorted: counts, and the summed lengths when kept."""
+        keys, sums = self._merged()
         rows, cols = np.divmod(keys, self.shape[1])
         counts = np.rint(sums[:, 0]).astype(np.int64)
-        return SparseCounts(rows, cols, counts, sums[:, 1].copy() if with_lengths else None, self.shape)
+        return SparseCounts(rows, cols, counts, sums[:, 1].copy() if self.n_values > 1 else None, self.shape)
 
 
 # --------------------------------------------------------------------------- visits
@@ -365,26 +423,36 @@ def _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count):
 
 
 def trace_bytes_per_streamline(params: ProbParams) -> int:
-    """Device bytes one streamline of a chunk needs: its trace (float64 x, y, z, alive per
-    step of both halves) and about as much again for the visits taken from it."""
-    return 2 * (params.n_steps + 1) * 4 * 8 * 2
+    """Device bytes one streamline of a chunk needs at most: its trace (float64 x, y, z,
+    alive per step of both halves), the step flags and counts taken from it, and a tracking
+    thread's visited-voxel sets (the trace launch's and the tracker's own)."""
+    rows = 2 * (params.n_steps + 1)
+    _, _, full = set_sizes(params)
+    return rows * 4 * 8 + rows * (1 + 4 + 8) + full * 8 + SET_SLOTS * 8
 
 
 def plan_chunk(backend, field_: SampleField, params: ProbParams, total: int) -> int:
-    """Streamlines per chunk: a quarter of the free device memory for the traces on a GPU,
-    the NumPy tracker's visit bitmap on the CPU."""
+    """Streamlines per chunk: 40 % of the free device memory on a GPU (the rest for the
+    reductions and the allocator), the NumPy tracker's visit bitmap on the CPU."""
     if backend.is_gpu:
-        most = backend.free_memory_bytes() // 4 // trace_bytes_per_streamline(params)
+        most = int(backend.free_memory_bytes() * 0.4) // trace_bytes_per_streamline(params)
     else:
         most = NUMPY_BITMAP_BYTES // int(np.prod(field_.shape))
-    return int(max(1, min(total, most, 1 << 20)))
+    return int(max(1, min(total, most, 1 << 18)))
 
 
-def plan_capacity(backend, n_values: int = 2) -> int:
-    """Entries the device buffer holds before a reduction: an eighth of the free memory at
+def plan_capacity(backend, n_values: int = 1) -> int:
+    """Entries the device buffer holds before a reduction: 8 % of the free memory at
     ~(key, values, sort and segment temporaries) bytes each."""
     per_entry = 8 * (6 + 3 * n_values)
-    return int(max(1 << 16, min(1 << 28, backend.free_memory_bytes() // 8 // per_entry)))
+    return int(max(1 << 16, min(1 << 28, int(backend.free_memory_bytes() * 0.08) // per_entry)))
+
+
+def plan_device_entries(backend, n_values: int = 1) -> int:
+    """Reduced entries a matrix keeps on the device: 25 % of the free memory, each entry
+    (key and values) counted three times for the merge's temporaries. A whole-brain dense
+    connectome's non-zeros should fit (spilling to the host is the fallback)."""
+    return int(max(1 << 16, int(backend.free_memory_bytes() * 0.25) // (3 * 8 * (1 + n_values))))
 
 
 def track_connectome(
@@ -401,6 +469,7 @@ def track_connectome(
     device="auto",
     chunk: int | None = None,
     capacity: int | None = None,
+    device_entries: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> ConnectomeResult:
@@ -409,7 +478,9 @@ def track_connectome(
     ``distthresh3`` (mm): leave shorter ones out of matrix3; ``lengths``: also sum the path
     lengths (``pd``, ``ompl``). The options' defaults are ``app.params.ProbOutputParams``'s.
     ``chunk``: streamlines traced at once (planned from
-    free memory by default); ``capacity``: entries buffered on the device per reduction."""
+    free memory by default); ``capacity``: entries buffered on the device per reduction;
+    ``device_entries``: the most reduced entries a matrix keeps on the device before they
+    are spilled to host memory (planned from free memory by default)."""
     if not (distthresh >= 0 and distthresh3 >= 0):
         raise ValueError("distance thresholds are lengths: give values of at least 0 mm")
     backend = get_backend(device)
@@ -419,28 +490,31 @@ def track_connectome(
     shape = field_.shape
     n_vox = int(np.prod(shape))
     chunk = chunk or plan_chunk(backend, field_, params, total)
-    capacity = capacity or plan_capacity(backend)
+    n_values = 2 if lengths else 1
+    capacity = capacity or plan_capacity(backend, n_values)
+    device_entries = device_entries or plan_device_entries(backend, n_values)
     dev = backend.asarray
     bits_flat = dev(np.asarray(bits, dtype=np.uint32).reshape(-1))
     acc2 = acc3 = accn = None
     if spec.matrix2_columns is not None:
         columns2 = dev(spec.matrix2_columns.reshape(-1).astype(np.int64))
-        acc2 = SparseAccumulator(backend, (n_seeds, spec.n_matrix2_columns), 2, capacity)
+        acc2 = SparseAccumulator(backend, (n_seeds, spec.n_matrix2_columns), n_values, capacity, device_entries)
     if spec.matrix3_nodes is not None:
         nodes3 = dev(spec.matrix3_nodes.reshape(-1).astype(np.int64))
         lr3 = None if spec.matrix3_columns is None else dev(spec.matrix3_columns.reshape(-1).astype(np.int64))
         width = spec.n_matrix3_nodes if lr3 is None else spec.n_matrix3_columns
-        acc3 = SparseAccumulator(backend, (spec.n_matrix3_nodes, width), 2, capacity)
+        acc3 = SparseAccumulator(backend, (spec.n_matrix3_nodes, width), n_values, capacity, device_entries)
     n_masks = 1
     if spec.network_masks is not None:
         n_masks = len(spec.network_masks)
         membership = tuple(dev(a) for a in membership_csr(np.asarray(spec.network_masks, dtype=bool)))
         mask_of_seed = dev(np.asarray(spec.seed_mask_of_seed, dtype=np.int64))
-        accn = SparseAccumulator(backend, (n_masks, n_masks), 2, capacity)
+        accn = SparseAccumulator(backend, (n_masks, n_masks), n_values, capacity, device_entries)
     paths = xp.zeros(n_vox, dtype=xp.int64)
     paths_len = xp.zeros(n_vox, dtype=xp.float64) if lengths else None
     waytotal = xp.zeros(n_masks, dtype=xp.int64)
     tracker = None
+    peak_device = 0
     t0 = time.perf_counter()
     for first in range(0, total, chunk):
         if cancelled is not None and cancelled():
@@ -462,21 +536,23 @@ def track_connectome(
         if accn is not None:
             own = mask_of_seed[seed_of]
             s, m, d = network_reached(xp, visits, entry_kept, membership, own, n_masks)
-            kept &= xp.bincount(s, minlength=count) > 0
+            kept &= _bincount(xp, s, count) > 0
             accn.add(own[s], m, _values(xp, d))
             entry_kept = kept[visits.stream]
-            waytotal += xp.bincount(own[kept], minlength=n_masks)
+            waytotal += _bincount(xp, own[kept], n_masks)
         else:
             waytotal += kept.sum()
         v = visits.voxel[entry_kept]
-        paths += xp.bincount(v, minlength=n_vox)
+        paths += _bincount(xp, v, n_vox)
         if lengths:
-            paths_len += xp.bincount(v, weights=xp.abs(visits.distance_mm[entry_kept]), minlength=n_vox)
+            paths_len += _bincount(xp, v, n_vox, xp.abs(visits.distance_mm[entry_kept]))
         if acc2 is not None:
             emit_matrix2(xp, acc2, visits, entry_kept, columns2, seed_of)
         if acc3 is not None:
             long_enough = entry_kept & (visits.length_mm[visits.stream] >= distthresh3)
             emit_matrix3(xp, acc3, visits, long_enough, nodes3, lr3)
+        if backend.is_gpu:
+            peak_device = max(peak_device, int(xp.get_default_memory_pool().total_bytes()))
         if progress is not None:
             progress(first + count, total)
     elapsed = time.perf_counter() - t0
@@ -485,9 +561,9 @@ def track_connectome(
         None if paths_len is None else backend.to_host(paths_len).reshape(shape),
         backend.to_host(waytotal),
         total,
-        acc2.result(lengths) if acc2 else None,
-        acc3.result(lengths) if acc3 else None,
-        accn.result(lengths) if accn else None,
+        acc2.result() if acc2 else None,
+        acc3.result() if acc3 else None,
+        accn.result() if accn else None,
     )
     result.provenance = {
         "params": asdict(params),
@@ -498,7 +574,10 @@ def track_connectome(
         "engine": "kernel trace" if backend.is_gpu else "numpy",
         "chunk_streamlines": chunk,
         "reduce_capacity_entries": capacity,
+        "device_entries": device_entries,
+        "reductions": sum(a.reductions for a in (acc2, acc3, accn) if a is not None),
         "spills": sum(a.spills for a in (acc2, acc3, accn) if a is not None),
+        "peak_device_pool_bytes": peak_device,
         "tracking_s": elapsed,
         "streamlines_per_s": total / elapsed if elapsed > 0 else None,
     }
@@ -509,12 +588,12 @@ def _kept(xp, visits: Visits, bits_flat, n_waypoints, waycond, distthresh):
     """Kept streamlines: no exclusion voxel, the waypoint condition, at least ``distthresh`` long."""
     n = visits.n
     b = bits_flat[visits.voxel]
-    excluded = xp.bincount(visits.stream[(b & BIT_EXCLUDE) != 0], minlength=n) > 0
+    excluded = _bincount(xp, visits.stream[(b & BIT_EXCLUDE) != 0], n) > 0
     kept = ~excluded & (visits.length_mm >= distthresh)
     if n_waypoints:
         met = xp.zeros(n, dtype=xp.int64)
         for i in range(n_waypoints):
-            hit = xp.bincount(visits.stream[((b >> (WAYPOINT_SHIFT + i)) & 1) != 0], minlength=n) > 0
+            hit = _bincount(xp, visits.stream[((b >> (WAYPOINT_SHIFT + i)) & 1) != 0], n) > 0
             met += hit
         kept &= (met == n_waypoints) if waycond == "AND" else (met > 0)
     return kept

@@ -148,7 +148,7 @@ def test_matrix3_counts_every_pair_of_mask_voxels_a_streamline_joins(device, low
         spec.matrix3_columns, spec.n_matrix3_columns = lr, 2
     result = track_connectome(
         field_, bits, seeds, PARAMS, spec, distthresh=0.0, distthresh3=30.0, lengths=True, device=device, chunk=29,
-        capacity=64,  # many spills and merges
+        capacity=64, device_entries=100,  # many reductions, spills to the host and range merges
     )  # fmt: skip
     visits, lengths = brute_visits(traced(device, field_, bits, seeds, PARAMS), PARAMS.step_mm)
     kept = brute_kept(visits, lengths, bits)
@@ -227,9 +227,35 @@ def test_counts_do_not_depend_on_chunks_or_buffer_size():
     spec = ConnectomeSpec(matrix3_nodes=numbered(mask3), n_matrix3_nodes=int(mask3.sum()))
     kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False, device="cpu")
     a = track_connectome(field_, bits, seeds, PARAMS, spec, chunk=len(seeds) * PARAMS.n_samples, **kw)
-    b = track_connectome(field_, bits, seeds, PARAMS, spec, chunk=13, capacity=16, **kw)
+    b = track_connectome(field_, bits, seeds, PARAMS, spec, chunk=13, capacity=16, device_entries=40, **kw)
     assert b.provenance["spills"] > a.provenance["spills"]
     assert np.array_equal(a.matrix3.dense(), b.matrix3.dense()) and np.array_equal(a.paths, b.paths)
+
+
+@pytest.mark.parametrize("capacity, device_entries", [(10**6, 10**6), (50, 50), (7, 300)])
+def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entries):
+    """Spilled or not, merged on the device or range by range: the same sums as np.add.at."""
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.connectome import SparseAccumulator
+
+    backend = get_backend(device)
+    rng = np.random.default_rng(5)
+    shape = (40, 70)
+    acc = SparseAccumulator(backend, shape, 2, capacity, device_entries)
+    dense = np.zeros((*shape, 2))
+    for _ in range(30):
+        n = int(rng.integers(0, 60))
+        rows, cols = rng.integers(0, shape[0], n), rng.integers(0, shape[1], n)
+        values = np.stack([np.ones(n), rng.random(n)], 1)
+        np.add.at(dense, (rows, cols), values)
+        acc.add(backend.asarray(rows), backend.asarray(cols), backend.asarray(values))
+    result = acc.result()
+    assert np.array_equal(result.dense(), dense[..., 0].astype(np.int64))
+    assert np.allclose(result.to_scipy("lengths").toarray(), dense[..., 1], atol=1e-12)
+    keys = result.rows * shape[1] + result.cols
+    assert (np.diff(keys) > 0).all() and (result.counts > 0).all()
+    if device_entries < 100:
+        assert acc.spills > 1
 
 
 # --------------------------------------------------------------------------- files and CLI
