@@ -220,6 +220,7 @@ class SparseAccumulator:
             self._keys = self.xp.zeros(0, dtype=self.xp.int64)
             self._sums = self.xp.zeros((0, self.n_values), dtype=self.xp.float64)
             self.spills += 1
+            self.backend.free_cached_memory()  # the next total grows again: no fragments left behind
 
     def _merged(self) -> tuple[np.ndarray, np.ndarray]:
         self._reduce()
@@ -432,10 +433,10 @@ def trace_bytes_per_streamline(params: ProbParams) -> int:
 
 
 def plan_chunk(backend, field_: SampleField, params: ProbParams, total: int) -> int:
-    """Streamlines per chunk: 40 % of the free device memory on a GPU (the rest for the
-    reductions and the allocator), the NumPy tracker's visit bitmap on the CPU."""
+    """Streamlines per chunk: 30 % of the free device memory on a GPU (the rest for the
+    reductions, the matrix and the allocator), the NumPy tracker's visit bitmap on the CPU."""
     if backend.is_gpu:
-        most = int(backend.free_memory_bytes() * 0.4) // trace_bytes_per_streamline(params)
+        most = int(backend.free_memory_bytes() * 0.3) // trace_bytes_per_streamline(params)
     else:
         most = NUMPY_BITMAP_BYTES // int(np.prod(field_.shape))
     return int(max(1, min(total, most, 1 << 18)))
@@ -449,10 +450,11 @@ def plan_capacity(backend, n_values: int = 1) -> int:
 
 
 def plan_device_entries(backend, n_values: int = 1) -> int:
-    """Reduced entries a matrix keeps on the device: 25 % of the free memory, each entry
-    (key and values) counted three times for the merge's temporaries. A whole-brain dense
-    connectome's non-zeros should fit (spilling to the host is the fallback)."""
-    return int(max(1 << 16, int(backend.free_memory_bytes() * 0.25) // (3 * 8 * (1 + n_values))))
+    """Reduced entries a matrix keeps on the device: 35 % of the free memory, each entry
+    (key and values) counted three times for the merge's temporaries (about 450 M entries
+    of counts on an 80 GB GPU). A whole-brain dense connectome's non-zeros should fit;
+    spilling to the host is the fallback."""
+    return int(max(1 << 16, int(backend.free_memory_bytes() * 0.35) // (3 * 8 * (1 + n_values))))
 
 
 def track_connectome(
@@ -516,19 +518,30 @@ def track_connectome(
     tracker = None
     peak_device = 0
     t0 = time.perf_counter()
-    for first in range(0, total, chunk):
+    notes: list[str] = []
+    first = 0
+    while first < total:
         if cancelled is not None and cancelled():
             raise Cancelled()
         count = min(chunk, total - first)
-        if backend.is_gpu:
-            if tracker is None:
-                tracker = KernelTracker(backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk)
-            trace = xp.zeros((count, 2, params.n_steps + 1, 4))
-            tracker.launch(first, count, trace)
-        else:
-            trace = _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count)
-        visits = visits_from_trace(xp, trace, shape, params.step_mm)
-        del trace
+        try:  # nothing is counted before the visits exist: a chunk that does not fit is retried smaller
+            if backend.is_gpu:
+                if tracker is None:
+                    tracker = KernelTracker(backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk)
+                trace = xp.zeros((count, 2, params.n_steps + 1, 4))
+                tracker.launch(first, count, trace)
+            else:
+                trace = _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count)
+            visits = visits_from_trace(xp, trace, shape, params.step_mm)
+            del trace
+        except Exception as exc:
+            if not backend.is_out_of_memory(exc) or count <= 1:
+                raise
+            trace = None
+            backend.free_cached_memory()
+            chunk = max(1, count // 2)
+            notes.append(f"out of device memory for {count} streamlines at once; chunks of {chunk} from then on")
+            continue
         _, seed_np = streamline_ids(first, count, n_seeds, params.n_samples)
         seed_of = dev(seed_np.astype(np.int64))
         kept = _kept(xp, visits, bits_flat, n_waypoints, params.waycond, distthresh)
@@ -553,8 +566,9 @@ def track_connectome(
             emit_matrix3(xp, acc3, visits, long_enough, nodes3, lr3)
         if backend.is_gpu:
             peak_device = max(peak_device, int(xp.get_default_memory_pool().total_bytes()))
+        first += count
         if progress is not None:
-            progress(first + count, total)
+            progress(first, total)
     elapsed = time.perf_counter() - t0
     result = ConnectomeResult(
         backend.to_host(paths).reshape(shape),
@@ -580,6 +594,7 @@ def track_connectome(
         "peak_device_pool_bytes": peak_device,
         "tracking_s": elapsed,
         "streamlines_per_s": total / elapsed if elapsed > 0 else None,
+        "notes": notes,
     }
     return result
 

@@ -232,6 +232,28 @@ def test_counts_do_not_depend_on_chunks_or_buffer_size():
     assert np.array_equal(a.matrix3.dense(), b.matrix3.dense()) and np.array_equal(a.paths, b.paths)
 
 
+def test_a_chunk_out_of_memory_is_retried_smaller_and_counts_the_same(monkeypatch):
+    import tractlens.gpu.connectome as engine
+
+    field_, brain, bundle, seeds = phantom()
+    bits = mask_bits(brain)
+    mask3 = bundle & np.isin(np.arange(SHAPE[0]), [3, 26])[:, None, None]
+    spec = ConnectomeSpec(matrix3_nodes=numbered(mask3), n_matrix3_nodes=int(mask3.sum()))
+    kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False, device="cpu", chunk=64)
+    before = track_connectome(field_, bits, seeds, PARAMS, spec, **kw)
+    real = engine.visits_from_trace
+
+    def tight(xp, trace, *args):
+        if len(trace) > 20:
+            raise MemoryError("simulated: the chunk does not fit")
+        return real(xp, trace, *args)
+
+    monkeypatch.setattr(engine, "visits_from_trace", tight)
+    after = track_connectome(field_, bits, seeds, PARAMS, spec, **kw)
+    assert after.provenance["notes"] and "chunks of 16" in after.provenance["notes"][-1]
+    assert np.array_equal(after.matrix3.dense(), before.matrix3.dense()) and np.array_equal(after.paths, before.paths)
+
+
 @pytest.mark.parametrize("capacity, device_entries", [(10**6, 10**6), (50, 50), (7, 300)])
 def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entries):
     """Spilled or not, merged on the device or range by range: the same sums as np.add.at."""
