@@ -55,9 +55,15 @@ def read_fdt_matrix(path: str | os.PathLike):
     try:
         table = np.loadtxt(path, ndmin=2)
     except (OSError, ValueError) as exc:
-        raise InputError(f"not an FSL sparse matrix (row col value lines): {exc}", path=path) from None
+        raise InputError(
+            f"not an FSL sparse matrix (row col value lines): {exc}", path=path, fix="Give an fdt_matrix*.dot file"
+        ) from None
     if table.shape[1] != 3:
-        raise InputError(f"an FSL sparse matrix has 3 columns, this file {table.shape[1]}", path=path)
+        raise InputError(
+            f"an FSL sparse matrix has 3 columns, this file {table.shape[1]}",
+            path=path,
+            fix="Give an fdt_matrix*.dot file (row col value per line)",
+        )
     shape = None
     if len(table) and table[-1, 2] == 0:
         shape, table = (int(table[-1, 0]), int(table[-1, 1])), table[:-1]
