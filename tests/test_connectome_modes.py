@@ -280,6 +280,39 @@ def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entri
         assert acc.spills > 1
 
 
+@pytest.mark.gpu
+def test_the_gpu_counts_what_numpy_counts_bit_for_bit():
+    """Same random streams, same steps (float64 positions), same integer counts."""
+    field_, brain, bundle, seeds = phantom()
+    bits = mask_bits(brain)
+    mask3 = bundle & np.isin(np.arange(SHAPE[0]), [2, 3, 14, 25, 26])[:, None, None]
+    columns = np.full(SHAPE, -1, dtype=np.int64)
+    columns[1:-1] = (np.arange(1, SHAPE[0] - 1) // 3)[:, None, None]
+    spec = ConnectomeSpec(
+        matrix2_columns=columns,
+        n_matrix2_columns=int(columns.max()) + 1,
+        matrix3_nodes=numbered(mask3),
+        n_matrix3_nodes=int(mask3.sum()),
+    )
+    kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False)
+    cpu = track_connectome(field_, bits, seeds, PARAMS, spec, device="cpu", **kw)
+    gpu = track_connectome(field_, bits, seeds, PARAMS, spec, device="gpu", chunk=100, **kw)
+    for name in ("matrix2", "matrix3"):
+        a, b = getattr(cpu, name), getattr(gpu, name)
+        assert np.array_equal(a.rows, b.rows) and np.array_equal(a.cols, b.cols) and np.array_equal(a.counts, b.counts)
+    assert np.array_equal(cpu.paths, gpu.paths) and np.array_equal(cpu.waytotal, gpu.waytotal)
+
+
+def test_a_file_that_is_no_fsl_matrix_is_named(tmp_path):
+    from tractlens.app.errors import InputError
+    from tractlens.app.io.fsl_matrix import read_fdt_matrix
+
+    bad = tmp_path / "fdt_matrix2.dot"
+    bad.write_text("1 2\n3 4\n")
+    with pytest.raises(InputError, match="3 columns"):
+        read_fdt_matrix(bad)
+
+
 # --------------------------------------------------------------------------- files and CLI
 
 

@@ -22,8 +22,9 @@ the GPU, tracking with the kernel's step traces, visits, pair emission, reductio
 matrix brought to the host), streamlines/s, the matrix's non-zeros and total count, peak
 device memory (CuPy's pool) and peak host memory (the process's maximum resident set, the
 field's construction included), and the ratio to the published 2.95 h, scaled to 913 M
-streamlines. ``--max-s`` stops a run that would not finish in time and reports the rate so
-far (``"completed": false``).
+streamlines. ``--budget-s`` stops a run that would not finish in time and reports the rate so
+far (``"completed": false``): the default keeps the whole run (field, warm-up, tracking)
+within 8.5 minutes.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ def boundary_layer(brain: np.ndarray) -> np.ndarray:
     return brain & ~ndimage.binary_erosion(brain, np.ones((3, 3, 3), bool))
 
 
-def run(shape, streamlines: float, device: str, n_samples_field: int, max_s: float, quiet: bool) -> dict:
-    t_build = time.perf_counter()
+def run(shape, streamlines: float, device: str, n_samples_field: int, budget_s: float, quiet: bool) -> dict:
+    t_build = started = time.perf_counter()
     field_, brain = synthetic_field(shape, n_samples_field)
     layer = boundary_layer(brain)
     seeds = np.ascontiguousarray(np.argwhere(layer))
@@ -113,7 +114,7 @@ def run(shape, streamlines: float, device: str, n_samples_field: int, max_s: flo
             print(f"\r{count / 1e6:.1f} / {total / 1e6:.1f} M streamlines, ETA {eta:.0f} s", end="", file=sys.stderr)
 
     def over_time():
-        return time.perf_counter() - t0 > max_s
+        return time.perf_counter() - started > budget_s
 
     row = {
         "device": backend.device_name,
@@ -123,6 +124,7 @@ def run(shape, streamlines: float, device: str, n_samples_field: int, max_s: flo
         "samples_per_voxel": per_voxel,
         "streamlines_planned": len(seeds) * per_voxel,
         "field_build_s": round(built, 1),
+        "warm_up_s": round(t0 - started - built, 1),
         "params": "probtrackx defaults (0.5 mm, 2000 steps, cthr 0.2, fibthresh 0.01)",
     }
     try:
@@ -169,7 +171,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small grid with NumPy: finishes in seconds")
     parser.add_argument("--streamlines", type=float, default=5e8, help="at least this many (default 5e8)")
     parser.add_argument("--device", default=None, help="gpu (default) or cpu (--quick: cpu)")
-    parser.add_argument("--max-s", type=float, default=480.0, help="stop after this long and report the rate")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=510.0,
+        help="stop tracking when the run has taken this long (s), report the rate",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON only")
     parser.add_argument("--out", help="also write the JSON here")
     args = parser.parse_args(argv)
@@ -177,7 +184,7 @@ def main(argv=None) -> int:
         shape, streamlines, device, n_field = QUICK_SHAPE, min(args.streamlines, 3000), args.device or "cpu", 10
     else:
         shape, streamlines, device, n_field = HCP_SHAPE, args.streamlines, args.device or "gpu", 50
-    row = run(shape, streamlines, device, n_field, args.max_s, quiet=args.json)
+    row = run(shape, streamlines, device, n_field, args.budget_s, quiet=args.json)
     text = json.dumps(row, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")
