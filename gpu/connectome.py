@@ -457,6 +457,102 @@ def plan_device_entries(backend, n_values: int = 1) -> int:
     return int(max(1 << 16, int(backend.free_memory_bytes() * 0.35) // (3 * 8 * (1 + n_values))))
 
 
+#: Visit-list slots per streamline of a chunk (mean distinct voxels of an HCP-sized run: ~250;
+#: a chunk whose streamlines visit more runs again with room for all).
+LIST_SLOTS = 512
+
+
+class _VisitSource:
+    """Each chunk's first visits and kept streamlines: from the NumPy tracker's steps, the CUDA
+    kernel's step traces, or the kernel's visit lists (kept streamlines only, no lengths)."""
+
+    CHECK_STREAMLINES = 16384  # the visit list's first chunk, checked against traces
+
+    def __init__(self, backend, field_, bits, seeds, params, n_waypoints, listed, notes):
+        self.backend, self.xp = backend, backend.xp
+        self.field, self.bits, self.seeds, self.params = field_, bits, seeds, params
+        self.n_waypoints, self.listed, self.notes = n_waypoints, listed, notes
+        self.checked = not listed
+        self.tracker = None
+        self.max_batch = 1
+        self.engine = ("kernel visit list" if listed else "kernel trace") if backend.is_gpu else "numpy"
+
+    def plan_chunk(self, total: int) -> int:
+        if not self.listed:
+            return plan_chunk(self.backend, self.field, self.params, total)
+        per_streamline = LIST_SLOTS * 12 + 250 * 64 + SET_SLOTS * 12
+        most = int(self.backend.free_memory_bytes() * 0.3) // per_streamline
+        return int(max(1, min(total, most, 1 << 20)))
+
+    def most_at_once(self) -> int:
+        return self.CHECK_STREAMLINES if not self.checked else 1 << 62
+
+    def visits(self, first: int, count: int, bits_flat, distthresh: float):
+        xp, params = self.xp, self.params
+        if not self.backend.is_gpu:
+            trace = _trace_numpy(self.field, self.bits, self.seeds, params, self.n_waypoints, first, count)
+            visits = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
+            return visits, _kept(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
+        if self.tracker is None:
+            self.tracker = KernelTracker(
+                self.backend, self.field, self.bits, self.seeds, params, 0, self.n_waypoints,
+                max_batch=max(count, self.max_batch), visit_list=self.listed,
+            )  # fmt: skip
+        if not self.listed:
+            trace = xp.zeros((count, 2, params.n_steps + 1, 4))
+            self.tracker.launch(first, count, trace)
+            visits = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
+            return visits, _kept(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
+        trace = None if self.checked else xp.zeros((count, 2, params.n_steps + 1, 4))
+        visits = self._listed(first, count, trace)
+        kept = _bincount(xp, visits.stream, count) > 0
+        if trace is not None:
+            self.checked = True
+            traced = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
+            traced_kept = _kept(xp, traced, bits_flat, self.n_waypoints, params.waycond, distthresh)
+            if not _same_visits(xp, visits, kept, traced, traced_kept, int(np.prod(self.field.shape))):
+                self.notes.append("the kernel's visit lists differed from its traces; the run used the traces")
+                self.listed, self.engine, self.tracker = False, "kernel trace", None
+                return traced, traced_kept
+        return visits, kept
+
+    def _listed(self, first: int, count: int, trace) -> Visits:
+        """The kept streamlines' voxels as the kernel lists them (its id and voxel per visit)."""
+        xp, tracker = self.xp, self.tracker
+        if tracker.visit_buffers is None or len(tracker.visit_buffers[0]) < count * LIST_SLOTS:
+            self._buffers(count * LIST_SLOTS)
+        while True:
+            tracker.visit_buffers[2].fill(0)
+            tracker.launch(first, count, trace)
+            n = int(tracker.visit_buffers[2][0])
+            if n <= len(tracker.visit_buffers[0]):
+                break
+            self._buffers(int(n * 1.1) + 1)  # the same streamlines again, with room for all their visits
+        sid = tracker.visit_buffers[0][:n].astype(xp.int64)
+        n_samples, n_seeds = self.params.n_samples, len(self.seeds)
+        stream = (sid % n_samples) * n_seeds + sid // n_samples - first  # run position in the chunk
+        zeros = xp.zeros(n, dtype=xp.float64)
+        voxel = tracker.visit_buffers[1][:n].astype(xp.int64)
+        return Visits(stream, voxel, zeros, xp.zeros(n, dtype=xp.int64), xp.zeros(count, dtype=xp.float64), count)
+
+    def _buffers(self, capacity: int) -> None:
+        xp = self.xp
+        self.tracker.visit_buffers = None  # the old ones go before the new ones come
+        self.tracker.set_visit_buffers(
+            xp.empty(capacity, dtype=xp.uint64), xp.empty(capacity, dtype=xp.int32), xp.zeros(1, dtype=xp.uint64)
+        )
+
+
+def _same_visits(xp, listed: Visits, kept, traced: Visits, traced_kept, n_vox: int) -> bool:
+    """Whether the visit lists name the same kept streamlines and voxels as the traces."""
+    if not bool((kept == traced_kept).all()):
+        return False
+    on = traced_kept[traced.stream]
+    a = xp.sort(listed.stream * n_vox + listed.voxel)
+    b = xp.sort(traced.stream[on] * n_vox + traced.voxel[on])
+    return len(a) == len(b) and bool((a == b).all())
+
+
 def track_connectome(
     field_: SampleField,
     bits: np.ndarray,
@@ -472,6 +568,7 @@ def track_connectome(
     chunk: int | None = None,
     capacity: int | None = None,
     device_entries: int | None = None,
+    gpu_visits: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> ConnectomeResult:
@@ -482,7 +579,12 @@ def track_connectome(
     ``chunk``: streamlines traced at once (planned from
     free memory by default); ``capacity``: entries buffered on the device per reduction;
     ``device_entries``: the most reduced entries a matrix keeps on the device before they
-    are spilled to host memory (planned from free memory by default)."""
+    are spilled to host memory (planned from free memory by default). ``gpu_visits``: how
+    the GPU gives each chunk's visits — ``"list"``: the kernel lists each kept
+    streamline's voxels (fast; no path lengths, so not with ``lengths`` or the thresholds),
+    ``"trace"``: from its step traces, ``"auto"``: the list where it can. The list's first
+    chunk is checked against the traces of the same streamlines; on a difference the run
+    goes on with the traces and a note says so."""
     if not (distthresh >= 0 and distthresh3 >= 0):
         raise ValueError("distance thresholds are lengths: give values of at least 0 mm")
     backend = get_backend(device)
@@ -491,7 +593,16 @@ def track_connectome(
     n_seeds, total = len(seeds), len(seeds) * params.n_samples
     shape = field_.shape
     n_vox = int(np.prod(shape))
-    chunk = chunk or plan_chunk(backend, field_, params, total)
+    if gpu_visits not in ("auto", "list", "trace"):
+        raise ValueError("gpu_visits is auto, list or trace")
+    can_list = not lengths and distthresh == 0 and distthresh3 == 0
+    if gpu_visits == "list" and not can_list:
+        raise ValueError("the kernel's visit lists carry no path lengths: use gpu_visits='trace' with them")
+    listed = backend.is_gpu and gpu_visits != "trace" and can_list
+    notes_source: list[str] = []
+    source = _VisitSource(backend, field_, bits, seeds, params, n_waypoints, listed, notes_source)
+    chunk = chunk or source.plan_chunk(total)
+    source.max_batch = chunk
     n_values = 2 if lengths else 1
     capacity = capacity or plan_capacity(backend, n_values)
     device_entries = device_entries or plan_device_entries(backend, n_values)
@@ -515,7 +626,6 @@ def track_connectome(
     paths = xp.zeros(n_vox, dtype=xp.int64)
     paths_len = xp.zeros(n_vox, dtype=xp.float64) if lengths else None
     waytotal = xp.zeros(n_masks, dtype=xp.int64)
-    tracker = None
     peak_device = 0
     t0 = time.perf_counter()
     notes: list[str] = []
@@ -523,28 +633,18 @@ def track_connectome(
     while first < total:
         if cancelled is not None and cancelled():
             raise Cancelled()
-        count = min(chunk, total - first)
+        count = min(chunk, total - first, source.most_at_once())
         try:  # nothing is counted before the visits exist: a chunk that does not fit is retried smaller
-            if backend.is_gpu:
-                if tracker is None:
-                    tracker = KernelTracker(backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk)
-                trace = xp.zeros((count, 2, params.n_steps + 1, 4))
-                tracker.launch(first, count, trace)
-            else:
-                trace = _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count)
-            visits = visits_from_trace(xp, trace, shape, params.step_mm)
-            del trace
+            visits, kept = source.visits(first, count, bits_flat, distthresh)
         except Exception as exc:
             if not backend.is_out_of_memory(exc) or count <= 1:
                 raise
-            trace = None
             backend.free_cached_memory()
             chunk = max(1, count // 2)
             notes.append(f"out of device memory for {count} streamlines at once; chunks of {chunk} from then on")
             continue
         _, seed_np = streamline_ids(first, count, n_seeds, params.n_samples)
         seed_of = dev(seed_np.astype(np.int64))
-        kept = _kept(xp, visits, bits_flat, n_waypoints, params.waycond, distthresh)
         entry_kept = kept[visits.stream]
         if accn is not None:
             own = mask_of_seed[seed_of]
@@ -585,7 +685,7 @@ def track_connectome(
         "distthresh3_mm": distthresh3,
         "backend": backend.name,
         "device": backend.device_name,
-        "engine": "kernel trace" if backend.is_gpu else "numpy",
+        "engine": source.engine,
         "chunk_streamlines": chunk,
         "reduce_capacity_entries": capacity,
         "device_entries": device_entries,
@@ -594,7 +694,7 @@ def track_connectome(
         "peak_device_pool_bytes": peak_device,
         "tracking_s": elapsed,
         "streamlines_per_s": total / elapsed if elapsed > 0 else None,
-        "notes": notes,
+        "notes": notes_source + notes,
     }
     return result
 
