@@ -664,7 +664,7 @@ def track_connectome(
         if acc3 is not None:
             long_enough = entry_kept & (visits.length_mm[visits.stream] >= distthresh3)
             emit_matrix3(xp, acc3, visits, long_enough, nodes3, lr3)
-        if backend.is_gpu:
+        if hasattr(xp, "get_default_memory_pool"):  # CuPy: what its pool holds
             peak_device = max(peak_device, int(xp.get_default_memory_pool().total_bytes()))
         first += count
         if progress is not None:

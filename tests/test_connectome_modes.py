@@ -281,7 +281,8 @@ def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entri
 
 
 @pytest.mark.gpu
-def test_the_gpu_counts_what_numpy_counts_bit_for_bit():
+@pytest.mark.parametrize("gpu_visits", ["list", "trace"])
+def test_the_gpu_counts_what_numpy_counts_bit_for_bit(gpu_visits):
     """Same random streams, same steps (float64 positions), same integer counts."""
     field_, brain, bundle, seeds = phantom()
     bits = mask_bits(brain)
@@ -296,11 +297,109 @@ def test_the_gpu_counts_what_numpy_counts_bit_for_bit():
     )
     kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False)
     cpu = track_connectome(field_, bits, seeds, PARAMS, spec, device="cpu", **kw)
-    gpu = track_connectome(field_, bits, seeds, PARAMS, spec, device="gpu", chunk=100, **kw)
+    gpu = track_connectome(field_, bits, seeds, PARAMS, spec, device="gpu", chunk=100, gpu_visits=gpu_visits, **kw)
+    assert gpu.provenance["engine"] == f"kernel {'visit list' if gpu_visits == 'list' else 'trace'}"
+    assert not gpu.provenance["notes"]  # the visit list agreed with the traces on the first chunk
     for name in ("matrix2", "matrix3"):
         a, b = getattr(cpu, name), getattr(gpu, name)
         assert np.array_equal(a.rows, b.rows) and np.array_equal(a.cols, b.cols) and np.array_equal(a.counts, b.counts)
     assert np.array_equal(cpu.paths, gpu.paths) and np.array_equal(cpu.waytotal, gpu.waytotal)
+
+
+class ListingTracker:
+    """Stands in for the CUDA kernel's visit-list build (no GPU here): the NumPy tracker's
+    streamlines, and what the kernel promises for them — each kept streamline's distinct
+    voxels in one contiguous block with its id, blocks and voxels in any order."""
+
+    lie = False  # a wrong voxel in the list: the check against the traces must catch it
+
+    def __init__(self, backend, field_, bits, seeds, params, n_targets, n_waypoints, *, max_batch, visit_list):
+        self.args, self.visit_list = (field_, bits, seeds, params, n_waypoints), visit_list
+        self.visit_buffers = None
+        self.launches = 0
+
+    def set_visit_buffers(self, sid, voxel, count):
+        self.visit_buffers = (sid, voxel, count)
+
+    def launch(self, first, count, trace=None):
+        from tractlens.gpu.connectome import _kept, _trace_numpy, visits_from_trace
+
+        field_, bits, seeds, params, n_waypoints = self.args
+        self.launches += 1
+        steps = _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count)
+        if trace is not None:
+            trace[:] = np.concatenate([steps, np.repeat(steps[:, :, -1:], trace.shape[2] - steps.shape[2], 2)], 2)
+        if not self.visit_list:  # the trace build (after a failed check)
+            return
+        visits = visits_from_trace(np, steps, field_.shape, params.step_mm)
+        kept = _kept(np, visits, bits.reshape(-1), n_waypoints, params.waycond, 0.0)
+        ids, _ = streamline_ids(first, count, len(seeds), params.n_samples)
+        rng = np.random.default_rng(first)
+        sid, voxel, counter = self.visit_buffers
+        n = 0
+        for i in rng.permutation(count):
+            if kept[i]:
+                mine = rng.permutation(visits.voxel[visits.stream == i])
+                if self.lie:
+                    mine[0] += 1
+                room = max(0, min(len(mine), len(sid) - n))
+                sid[n : n + room], voxel[n : n + room] = ids[i], mine[:room]
+                n += len(mine)
+        counter[0] = n
+
+
+def test_the_gpu_visit_lists_count_what_the_traces_count(monkeypatch):
+    """The host side of the kernel's visit lists (ids to run positions, blocks in any order,
+    a buffer too small run again, the first chunk checked against traces) on the CPU."""
+    import tractlens.gpu.connectome as engine
+    from tractlens.gpu.backend import Backend
+
+    class Listing(Backend):  # the GPU code path, with NumPy arrays
+        def to_host(self, array):
+            return np.asarray(array)
+
+        def free_memory_bytes(self):
+            return 2**30
+
+        def is_out_of_memory(self, exc):
+            return isinstance(exc, MemoryError)
+
+        def free_cached_memory(self):
+            pass
+
+    gpu_like = Listing("gpu", np, "visit-list stand-in")
+    monkeypatch.setattr(engine, "KernelTracker", ListingTracker)
+    monkeypatch.setattr(engine, "LIST_SLOTS", 4)  # far too few: every chunk runs again with room
+    field_, brain, bundle, _ = phantom()
+    masks = np.stack([bundle & np.isin(np.arange(SHAPE[0]), [x])[:, None, None] for x in (5, 15, 25)])
+    per_mask = [np.argwhere(m)[::3] for m in masks]
+    seeds = np.concatenate(per_mask)
+    columns = np.full(SHAPE, -1, dtype=np.int64)
+    columns[1:-1] = (np.arange(1, SHAPE[0] - 1) // 3)[:, None, None]
+    mask3 = bundle & np.isin(np.arange(SHAPE[0]), [2, 3, 14, 25, 26])[:, None, None]
+    spec = ConnectomeSpec(
+        matrix2_columns=columns,
+        n_matrix2_columns=int(columns.max()) + 1,
+        matrix3_nodes=numbered(mask3),
+        n_matrix3_nodes=int(mask3.sum()),
+        network_masks=masks,
+        seed_mask_of_seed=np.repeat(np.arange(3), [len(p) for p in per_mask]),
+    )
+    bits = mask_bits(brain, exclude=np.isin(np.arange(SHAPE[0]), [27])[:, None, None] & bundle)
+    kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False, chunk=50)
+    reference = track_connectome(field_, bits, seeds, PARAMS, spec, device="cpu", **kw)
+    monkeypatch.setattr(engine._VisitSource, "CHECK_STREAMLINES", 20)
+    for lie in (False, True):
+        monkeypatch.setattr(ListingTracker, "lie", lie)
+        listed = track_connectome(field_, bits, seeds, PARAMS, spec, device=gpu_like, gpu_visits="auto", **kw)
+        assert listed.provenance["engine"] == ("kernel trace" if lie else "kernel visit list")
+        assert bool(listed.provenance["notes"]) == lie
+        for name in ("matrix2", "matrix3", "network"):
+            assert np.array_equal(getattr(listed, name).dense(), getattr(reference, name).dense()), (lie, name)
+        assert np.array_equal(listed.paths, reference.paths) and np.array_equal(listed.waytotal, reference.waytotal)
+    with pytest.raises(ValueError, match="no path lengths"):
+        track_connectome(field_, bits, seeds, PARAMS, spec, device=gpu_like, gpu_visits="list", lengths=True,
+                         distthresh=0.0, distthresh3=0.0)  # fmt: skip
 
 
 def test_a_file_that_is_no_fsl_matrix_is_named(tmp_path):
