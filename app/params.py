@@ -209,7 +209,8 @@ class LesionDistanceParams:
 
 @dataclass(frozen=True)
 class ProbOutputParams:
-    """What probabilistic tracking writes besides fdt_paths and the target matrices."""
+    """What probabilistic tracking writes besides fdt_paths and the target matrices, and
+    probtrackx2's connectome modes with their options."""
 
     seed_matrix: bool = field(
         default=False,

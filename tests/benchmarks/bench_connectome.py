@@ -18,8 +18,8 @@ leave the brain, so each joins the layer near its seed and where it leaves: matr
 every pair of layer voxels a streamline visits (FSL's definition, upper triangle).
 
 Reported: wall time of :func:`gpu.connectome.track_connectome` end to end (samples copied to
-the GPU, tracking with the kernel's step traces, visits, pair emission, reductions, the
-matrix brought to the host), streamlines/s, the matrix's non-zeros and total count, peak
+the GPU, tracking with the kernel's visit lists — the first chunk checked against its step
+traces —, pair emission, reductions, the matrix brought to the host), streamlines/s, the matrix's non-zeros and total count, peak
 device memory (CuPy's pool) and peak host memory (the process's maximum resident set, the
 field's construction included), and the ratio to the published 2.95 h, scaled to 913 M
 streamlines. ``--budget-s`` stops a run that would not finish in time and reports the rate so
@@ -151,6 +151,8 @@ def run(shape, streamlines: float, device: str, n_samples_field: int, budget_s: 
         "reductions": result.provenance["reductions"],
         "spills_to_host": result.provenance["spills"],
         "chunk_streamlines": result.provenance["chunk_streamlines"],
+        "engine": result.provenance["engine"],
+        "notes": result.provenance["notes"],
     }
     return _compare(row)
 
