@@ -20,11 +20,13 @@ mode; Behrens et al. 2007; Hernández-Fernández 2019, ch. 6 of the thesis on pr
   low-resolution voxel instead; we use the length along the path, which is what ``--pd``
   documents.
 
-How it is counted: streamlines are traced in chunks with the run's random streams (the
-path steps of :func:`gpu.probabilistic.track_numpy` ``record`` or of the CUDA kernel's
-trace: same streamline ids, so the same streamlines as a plain run); each chunk becomes
-the list of (streamline, voxel) first visits, from which every mode emits (row, column,
-value) entries on the device. Entries are reduced by key (sort, segment sums) whenever the
+How it is counted: streamlines are tracked in chunks with the run's random streams (same
+streamline ids, so the same streamlines as a plain run); each chunk becomes the list of
+(streamline, voxel) first visits — on the GPU from the kernel's visit lists (its
+``VISIT_LIST`` build: each kept streamline appends its distinct voxels to a device
+buffer; no lengths), or, where lengths are needed, from its step traces; with NumPy from
+:func:`gpu.probabilistic.track_numpy`'s recorded steps — from which every mode emits
+(row, column, value) entries on the device. Entries are reduced by key (sort, segment sums) whenever the
 device buffer holds :attr:`SparseAccumulator.capacity` of them, and the reduced chunk is
 spilled to host memory and merged there; no dense seed × target matrix exists anywhere.
 Counts are integers summed in float64 (exact below 2**53), so NumPy and CuPy give the same
