@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .backend import Cancelled, get_backend
+from .backend import Cancelled, OutOfDeviceMemory, get_backend
 from .probabilistic import (
     BIT_EXCLUDE,
     NUMPY_BITMAP_BYTES,
@@ -639,8 +639,8 @@ def track_connectome(
         try:  # nothing is counted before the visits exist: a chunk that does not fit is retried smaller
             visits, kept = source.visits(first, count, bits_flat, distthresh)
         except Exception as exc:
-            if not backend.is_out_of_memory(exc) or count <= 1:
-                raise
+            if not backend.is_out_of_memory(exc) or isinstance(exc, OutOfDeviceMemory) or count <= 1:
+                raise  # OutOfDeviceMemory: the samples themselves do not fit, smaller chunks will not help
             backend.free_cached_memory()
             chunk = max(1, count // 2)
             notes.append(f"out of device memory for {count} streamlines at once; chunks of {chunk} from then on")
