@@ -190,7 +190,7 @@ class SparseAccumulator:
         self._keys = self.xp.zeros(0, dtype=self.xp.int64)
         self._sums = self.xp.zeros((0, n_values), dtype=self.xp.float64)
         self._host: list[tuple[np.ndarray, np.ndarray]] = []
-        self.reductions = self.spills = 0
+        self.reductions = self.spills = self.host_merges = 0
 
     def add(self, rows, cols, values) -> None:
         """Entries (device arrays); ``values`` (E, n_values)."""
@@ -223,17 +223,29 @@ class SparseAccumulator:
             self._sums = self.xp.zeros((0, self.n_values), dtype=self.xp.float64)
             self.spills += 1
             self.backend.free_cached_memory()  # the next total grows again: no fragments left behind
+            held = sum(k.nbytes + v.nbytes for k, v in self._host)
+            if len(self._host) > 1 and held > 0.3 * get_backend("cpu").free_memory_bytes():
+                self._host = [self._merge_host_chunks()]  # spilled chunks repeat keys: keep the host bounded
+                self.host_merges += 1
 
     def _merged(self) -> tuple[np.ndarray, np.ndarray]:
         self._reduce()
         if not self._host:
             return self.backend.to_host(self._keys), self.backend.to_host(self._sums)
         self._spill()
+        merged = self._merge_host_chunks()
+        self._host = []
+        return merged
+
+    def _merge_host_chunks(self) -> tuple[np.ndarray, np.ndarray]:
+        """The host chunks summed, key range by key range on the device: the ranges are cut
+        at keys sampled from every chunk, so each holds about ``device_entries`` / 2 entries."""
         chunks, xp = self._host, self.xp
-        biggest = max(chunks, key=lambda c: len(c[0]))[0]
-        step = max(1, self.device_entries // (2 * len(chunks)))
-        splits = [int(k) for k in biggest[step::step]]
-        bounds = [None, *splits, None]
+        if len(chunks) == 1:
+            return chunks[0]
+        step = max(1, self.device_entries // (4 * len(chunks)))
+        samples = np.unique(np.concatenate([k[step::step] for k, _ in chunks]))
+        bounds = [None, *(int(k) for k in samples[len(chunks) :: len(chunks)]), None]
         keys_out, sums_out = [], []
         for lo, hi in itertools.pairwise(bounds):
             part_k, part_s = [], []
@@ -245,7 +257,6 @@ class SparseAccumulator:
             unique, sums = reduce_by_key(xp, xp.asarray(np.concatenate(part_k)), xp.asarray(np.concatenate(part_s)))
             keys_out.append(self.backend.to_host(unique))
             sums_out.append(self.backend.to_host(sums))
-        self._host = []
         return np.concatenate(keys_out), np.concatenate(sums_out)
 
     def result(self) -> SparseCounts:

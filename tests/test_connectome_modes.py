@@ -254,13 +254,20 @@ def test_a_chunk_out_of_memory_is_retried_smaller_and_counts_the_same(monkeypatc
     assert np.array_equal(after.matrix3.dense(), before.matrix3.dense()) and np.array_equal(after.paths, before.paths)
 
 
-@pytest.mark.parametrize("capacity, device_entries", [(10**6, 10**6), (50, 50), (7, 300)])
-def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entries):
-    """Spilled or not, merged on the device or range by range: the same sums as np.add.at."""
+@pytest.mark.parametrize(
+    "capacity, device_entries, host_tight", [(10**6, 10**6, False), (50, 50, False), (7, 300, False), (20, 40, True)]
+)
+def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entries, host_tight, monkeypatch):
+    """Spilled or not, merged on the device or range by range (also while spilling, when the
+    host is short of memory): the same sums as np.add.at."""
+    import tractlens.gpu.connectome as engine
     from tractlens.gpu.backend import get_backend
     from tractlens.gpu.connectome import SparseAccumulator
 
     backend = get_backend(device)
+    if host_tight:
+        tight = type("Host", (), {"free_memory_bytes": lambda self: 0})()
+        monkeypatch.setattr(engine, "get_backend", lambda name: tight)
     rng = np.random.default_rng(5)
     shape = (40, 70)
     acc = SparseAccumulator(backend, shape, 2, capacity, device_entries)
@@ -278,6 +285,8 @@ def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entri
     assert (np.diff(keys) > 0).all() and (result.counts > 0).all()
     if device_entries < 100:
         assert acc.spills > 1
+    if host_tight:
+        assert acc.host_merges > 0 and acc.host_merges == acc.spills - 1  # merged on every spill after the first
 
 
 @pytest.mark.gpu
