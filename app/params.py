@@ -209,7 +209,8 @@ class LesionDistanceParams:
 
 @dataclass(frozen=True)
 class ProbOutputParams:
-    """What probabilistic tracking writes besides fdt_paths and the target matrices."""
+    """What probabilistic tracking writes besides fdt_paths and the target matrices, and
+    probtrackx2's connectome modes with their options."""
 
     seed_matrix: bool = field(
         default=False,
@@ -223,6 +224,41 @@ class ProbOutputParams:
         default=10_000,
         metadata=meta("Paths saved", "streamlines traced for --save-paths", "", (1, 10**7), metavar="N"),
     )
+    # probtrackx2's connectome modes (app.pipelines.connectome_modes; FSL's flags and defaults).
+    omatrix2: bool = field(
+        default=False, metadata=meta("Matrix2", "seed x low-resolution --target2 voxels: fdt_matrix2.dot")
+    )
+    omatrix3: bool = field(
+        default=False, metadata=meta("Matrix3", "--target3 x --target3 (or --lrtarget3) voxels: fdt_matrix3.dot")
+    )
+    network: bool = field(
+        default=False,
+        metadata=meta("Network", "--seed is a text file listing masks; each seeded, counted to the others"),
+    )
+    distthresh: float = field(
+        default=0.0, metadata=meta("Distance threshold", "discard streamlines shorter than this", "mm", (0.0, 1e4))
+    )
+    distthresh3: float = field(
+        default=0.0,
+        metadata=meta("Matrix3 distance threshold", "leave shorter streamlines out of matrix3", "mm", (0.0, 1e4)),
+    )
+    pd: bool = field(default=False, metadata=meta("Distance-corrected", "weight counts by the path length"))
+    ompl: bool = field(
+        default=False, metadata=meta("Mean path length", "also write mean path lengths (fdt_paths_lengths, *_lengths)")
+    )
+    matrix_format: str = field(
+        default="dot",
+        metadata=meta(
+            "Matrix format",
+            "dot: FSL's sparse text; npz: SciPy sparse; both",
+            choices=("dot", "npz", "both"),
+            cli_help="connectome matrix files",
+        ),
+    )
+
+    def __post_init__(self):
+        if not (self.distthresh >= 0 and self.distthresh3 >= 0):
+            raise ValueError("--distthresh and --distthresh3 are lengths: give values of at least 0 mm")
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,10 @@ TARGET_SHIFT, MAX_TARGETS = 11, 21
 P_STEP, P_START, P_EULER, P_RANDFIB = 0, 1, 2, 3
 
 
-def kernel_defines(seed_matrix: bool = False) -> tuple[tuple[str, int], ...]:
+def kernel_defines(seed_matrix: bool = False, visit_list: bool = False) -> tuple[tuple[str, int], ...]:
     """What kernels/probabilistic.cu receives at compile time: the mask bits, the stream
-    purposes, and whether the seed × seed matrix is counted (it costs registers)."""
+    purposes, whether the seed × seed matrix is counted (it costs registers) and whether
+    kept streamlines list their voxels (the connectome modes, :mod:`gpu.connectome`)."""
     return (
         ("BIT_BRAIN", BIT_BRAIN),
         ("BIT_EXCLUDE", BIT_EXCLUDE),
@@ -73,14 +74,15 @@ def kernel_defines(seed_matrix: bool = False) -> tuple[tuple[str, int], ...]:
         ("P_EULER", P_EULER),
         ("P_RANDFIB", P_RANDFIB),
         ("SEED_MATRIX", int(seed_matrix)),
+        ("VISIT_LIST", int(visit_list)),
     )
 
 
-def kernel_function(seed_matrix: bool = False):
+def kernel_function(seed_matrix: bool = False, visit_list: bool = False):
     """The compiled ``prob_track`` kernel."""
     from . import cuda
 
-    return cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",), kernel_defines(seed_matrix))
+    return cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",), kernel_defines(seed_matrix, visit_list))
 
 
 STOP_REASONS = ("steps", "mask", "curvature", "stop mask", "loop", "excluded")
@@ -489,11 +491,13 @@ class KernelTracker:
         set_slots: int = SET_SLOTS,
         threads: int | None = None,
         seed_matrix: bool = False,
+        visit_list: bool = False,
     ):
         cp = self.cp = backend.xp
         self.backend, self.field, self.params = backend, field_, params
         self.n_seeds, self.n_targets = len(seeds), n_targets
-        self.kernel = kernel_function(seed_matrix)
+        self.kernel = kernel_function(seed_matrix, visit_list)
+        self.visit_list, self.visit_buffers = visit_list, None
         try:
             self.arrays = device_field or upload_field(backend, field_)
         except Exception as exc:
@@ -521,8 +525,9 @@ class KernelTracker:
         self.totals = (self.paths, self.seed_targets, self.counters, self.rerun_counters)
         self.totals += (self.seed_matrix,) if seed_matrix else ()
         self.waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
-        # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen.
-        self.immediate = self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
+        # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen. A visit
+        # list needs the member lists, which only the counting at the end keeps.
+        self.immediate = not visit_list and self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
         self.slots, self.limit, self.full = set_sizes(params, set_slots)
         budget = backend.free_memory_bytes() // 4  # the sets take at most a quarter of the free memory
         resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)
@@ -601,7 +606,21 @@ class KernelTracker:
             null if self.seed_number is None else self.seed_number,
             null if self.seed_matrix is None else self.seed_matrix,
             null if trace is None else trace,
+            *self._visit_args(),
         )
+
+    def set_visit_buffers(self, sid, voxel, count) -> None:
+        """Where a ``visit_list`` tracker's kept streamlines append (id, voxel) pairs: device
+        arrays (capacity,) uint64 and int32, and a (1,) uint64 counter the caller zeroes."""
+        self.visit_buffers = (sid, voxel, count)
+
+    def _visit_args(self) -> tuple:
+        if not self.visit_list:
+            return ()
+        if self.visit_buffers is None:
+            raise ValueError("a visit-list tracker needs set_visit_buffers before a launch")
+        sid, voxel, count = self.visit_buffers
+        return sid, voxel, count, np.int64(len(sid))
 
     def launch(self, first: int, count: int, trace=None, ids=None) -> None:
         """Queue run positions ``first .. first + count`` (at most ``max_batch``), or the

@@ -113,8 +113,24 @@ def _add_probabilistic(methods, common) -> None:
         "every seed voxel alike)",
     )
     add_params(p, ProbOutputParams, only=("save_paths_max",))
+    _add_connectome_modes(p)
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.set_defaults(func=cmd_track_probabilistic)
+
+
+def _add_connectome_modes(p) -> None:
+    """probtrackx2's connectome modes (app.pipelines.connectome_modes), FSL's flags."""
+    g = p.add_argument_group(
+        "connectome modes (probtrackx2)",
+        "FSL's matrices in its sparse text format (row col value, 1-based, last line: size), with "
+        "coords_for_fdt_matrix* and probtrackx.log",
+    )
+    add_params(g, ProbOutputParams, only=("omatrix2",))
+    g.add_argument("--target2", metavar="MASK", help="matrix2 columns: a (low-resolution) mask on its own grid")
+    add_params(g, ProbOutputParams, only=("omatrix3",))
+    g.add_argument("--target3", metavar="MASK", help="matrix3 rows and columns: the voxels of this mask")
+    g.add_argument("--lrtarget3", metavar="MASK", help="matrix3 columns instead: a mask on its own grid")
+    add_params(g, ProbOutputParams, only=("network", "distthresh", "distthresh3", "pd", "ompl", "matrix_format"))
 
 
 def _tensor_source_options(p) -> None:
@@ -310,6 +326,10 @@ def cmd_track_probabilistic(args) -> int:
         check_output_suffix(args.save_paths)
         if outputs.save_paths_max < 1:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
+    from ..pipelines.connectome_modes import wants_connectome
+
+    if wants_connectome(outputs, args.target2, args.target3, args.lrtarget3):
+        return _track_connectome(args, params, outputs)
     warm_up_gpu_in_background(args, "probabilistic")
     with phase("compute"):  # the bedpostX folder and masks read inside count as read
         run = prepare_probabilistic(
@@ -357,6 +377,56 @@ def cmd_track_probabilistic(args) -> int:
     human = (
         f"{result.streamlines} streamlines from {len(run.seeds)} seed voxels, {result.waytotal} kept, on "
         f"{result.provenance['backend']} ({result.provenance['device']}) in {result.provenance['tracking_s']:.2f} s; "
+        f"written to {args.output}"
+    )
+    emit(args, summary, human)
+    return EXIT_OK
+
+
+def _track_connectome(args, params, outputs) -> int:
+    """The connectome modes: their own run and files (FSL's), with probtrackx.log."""
+    import sys
+
+    from ..pipelines.connectome_modes import prepare_connectome, summarise_connectome, write_connectome_outputs
+
+    for flag, given in (
+        ("--target", args.target),
+        ("--seed-matrix", outputs.seed_matrix),
+        ("--save-paths", args.save_paths),
+    ):
+        if given:
+            raise InputError(
+                f"{flag} cannot be combined with the connectome modes (--omatrix2/3, --network, --pd, --ompl, "
+                "--distthresh)",
+                fix=f"Run {flag} in a separate tractlens track probabilistic call",
+            )
+    warm_up_gpu_in_background(args, "probabilistic")
+    with phase("compute"):
+        run = prepare_connectome(
+            args.samples,
+            args.seed,
+            options=outputs,
+            target2=args.target2,
+            target3=args.target3,
+            lrtarget3=args.lrtarget3,
+            waypoints=args.waypoints or (),
+            exclude=args.exclude,
+            stop=args.stop,
+            params=params,
+        )
+    for note in run.prob.notes:
+        log.warning("%s", note)
+    with phase("compute"):
+        result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
+    with phase("write"):
+        files = write_connectome_outputs(run, result, args.output, argv=["tractlens", *sys.argv[1:]])
+    summary = {"outdir": str(Path(args.output)), "files": sorted(Path(f).name for f in files.values())}
+    summary |= summarise_connectome(run, result)
+    matrices = ", ".join(f"{name} {m['nonzeros']} non-zeros" for name, m in summary["matrices"].items())
+    prov = result.provenance
+    human = (
+        f"{result.streamlines} streamlines from {len(run.prob.seeds)} seed voxels, {int(result.waytotal.sum())} kept"
+        f"{'; ' + matrices if matrices else ''}; on {prov['backend']} ({prov['device']}) in {prov['tracking_s']:.2f} s; "
         f"written to {args.output}"
     )
     emit(args, summary, human)

@@ -30,6 +30,12 @@
 #ifndef SEED_MATRIX
 #error "SEED_MATRIX is a compile-time constant defined by gpu/probabilistic.py"
 #endif
+// VISIT_LIST (1: every kept streamline appends its distinct voxels, with its id, to
+// visit_sid / visit_voxel for the connectome modes of gpu/connectome.py; needs the member
+// lists, so the host runs it with immediate = 0).
+#ifndef VISIT_LIST
+#error "VISIT_LIST is a compile-time constant defined by gpu/probabilistic.py"
+#endif
 #ifndef BIT_BRAIN
 #error "BIT_BRAIN is a compile-time constant defined by gpu/probabilistic.py"
 #endif
@@ -166,7 +172,15 @@ extern "C" __global__ void prob_track(
     long long overflow_capacity,
     const int* __restrict__ seed_number,    // optional: per grid voxel its seed voxel number, -1 if none
     unsigned int* __restrict__ seed_matrix,  // with seed_number: (n_seeds, n_seeds) seed x seed counts
-    double* __restrict__ trace)  // optional (n, 2, n_steps + 1, 4): x, y, z, alive
+    double* __restrict__ trace  // optional (n, 2, n_steps + 1, 4): x, y, z, alive
+#if VISIT_LIST
+    ,
+    u64* __restrict__ visit_sid,    // (visit_capacity,) the streamline id of each visit
+    int* __restrict__ visit_voxel,  // (visit_capacity,) its voxel; a streamline's visits are contiguous
+    u64* __restrict__ visit_count,  // visits appended (may exceed visit_capacity: the host runs again)
+    long long visit_capacity
+#endif
+    )
 {
     const Params P = {nx, ny, nz, S, L, n_steps, randfib, loopcheck, modeuler,
                       step_x, step_y, step_z, cthr, fibthresh, k0, k1};
@@ -315,6 +329,16 @@ extern "C" __global__ void prob_track(
         if (!kept) continue;
         if (!immediate)
             for (int i = rank_from; i < size; ++i) visit(paths, seed_number, seed_matrix, n_seeds, seed_no, list[i]);
+#if VISIT_LIST
+        {
+            u64 base = atomicAdd(visit_count, (u64)size);
+            for (int i = 0; i < size; ++i) {
+                if (base + i >= (u64)visit_capacity) break;
+                visit_sid[base + i] = sid;
+                visit_voxel[base + i] = list[i];
+            }
+        }
+#endif
         atomicAdd(counters, 1ull);
         for (int t = 0; t < n_targets; ++t)
             if ((hits >> (TARGET_SHIFT + t)) & 1u) atomicAdd(seed_targets + seed_no * n_targets + t, 1ull);
