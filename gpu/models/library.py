@@ -66,7 +66,7 @@ def noddi_watson(d_par: float = 1.7e-3, d_iso: float = 3.0e-3) -> Model:
         b_range=NODDI_B_RANGE,
         min_shells=2,
         description=f"NODDI-Watson, d_par {d_par:g}, d_iso {d_iso:g} mm²/s",
-        extra={"d_par": d_par, "d_iso": d_iso},
+        extra={"d_par": d_par, "d_iso": d_iso, "map_names": {"v_ic": "NDI", "odi": "ODI", "v_iso": "FWF"}},
     )
 
 
@@ -113,7 +113,11 @@ def noddi_bingham(d_par: float = 1.7e-3, d_iso: float = 3.0e-3) -> Model:
         b_range=NODDI_B_RANGE,
         min_shells=2,
         description=f"NODDI-Bingham, d_par {d_par:g}, d_iso {d_iso:g} mm²/s",
-        extra={"d_par": d_par, "d_iso": d_iso},
+        extra={
+            "d_par": d_par,
+            "d_iso": d_iso,
+            "map_names": {"v_ic": "NDI", "odi_p": "ODI_primary", "v_iso": "FWF", "ratio": "ODI_ratio"},
+        },
     )
 
 
