@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import sys
+import dataclasses
 
 from tractlens.gpu.backend import DEVICES
 from tractlens.gpu.models import ModelFitParams
+from tractlens.gpu.params import cli_flags
 
 from .fit import _dwi_options, _run_fit
-from .options import add_params
+from .options import add_params, dest_of
 
 
 def add_parsers(sub, common) -> None:
@@ -35,7 +36,7 @@ def add_parsers(sub, common) -> None:
 def cmd_fit_model(args) -> int:
     from ..pipelines.fit_model import fit_model_pipeline, write_fit_model_outputs
 
-    command_line = ["tractlens", *sys.argv[1:]] if sys.argv and sys.argv[0] else None
+    command_line = canonical_command_line(args)
     return _run_fit(
         args,
         ModelFitParams,
@@ -45,3 +46,17 @@ def cmd_fit_model(args) -> int:
         lambda params, fit: f"{fit['model']}, {params.method.upper()}",
         "maps",
     )
+
+
+def canonical_command_line(args) -> list[str]:
+    """The command as it would be typed to repeat this run: every option with the value used
+    (the defaults included, so a later change of a default cannot change what it means)."""
+    line = ["tractlens", "fit-model", args.model, args.dwi]
+    for flag, value in (("--bval", args.bval), ("--bvec", args.bvec), ("--mask", args.mask)):
+        if value:
+            line += [flag, value]
+    for spec in dataclasses.fields(ModelFitParams):
+        dest = dest_of(ModelFitParams, spec.name)
+        if hasattr(args, dest):
+            line += [cli_flags(spec)[0], str(getattr(args, dest))]
+    return [*line, "--device", args.device, "-o", args.output]

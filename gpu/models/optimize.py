@@ -260,8 +260,9 @@ def metropolis(
         for i in range(p):
             normal, log_u = draws(xp, voxels, it * p + i, seed)
             proposal = values.copy()
-            proposal[:, i] = values[:, i] + normal * widths[:, i]
-            inside = (proposal[:, i] > lower[i]) & (proposal[:, i] < upper[i])
+            moved = values[:, i] + normal * widths[:, i]
+            inside = (moved > lower[i]) & (moved < upper[i])
+            proposal[:, i] = xp.where(inside, moved, values[:, i])  # out of bounds: rejected, not evaluated
             new_energy = _energy(xp, model, acq, y, proposal)
             accept = inside & (log_u < energy - new_energy)
             values[:, i] = xp.where(accept, proposal[:, i], values[:, i])
