@@ -138,7 +138,7 @@ def levenberg_marquardt(xp, model: Model, acq, y, values0, iterations: int, canc
         jac = _jacobian(xp, model, acq, za, sa)
         jtj = xp.einsum("nmp,nmq->npq", jac, jac)
         jtr = xp.einsum("nmp,nm->np", jac, ya - sa)
-        diag = xp.einsum("npp->np", jtj)
+        diag = xp.diagonal(jtj, axis1=1, axis2=2)
         system = jtj + (la[:, None] * diag + 1e-12)[:, :, None] * eye
         ok = xp.isfinite(system).all(axis=(1, 2)) & xp.isfinite(jtr).all(axis=1)
         system = xp.where(ok[:, None, None], system, eye)
