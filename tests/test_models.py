@@ -323,6 +323,7 @@ def run_amico_noddi(folder, signal, bvals, bvecs):
     return {k: nib.load(folder / "out" / f"fit_{k}.nii.gz").get_fdata().reshape(-1) for k in ("NDI", "ODI", "FWF")}
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # DIPY's SH basis, inside AMICO
 def test_noddi_watson_agrees_with_amico(watson_voxels, tmp_path):
     pytest.importorskip("amico")
     bvals, bvecs, truth, signal = watson_voxels
