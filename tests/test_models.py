@@ -246,19 +246,39 @@ def one_stick_voxels():
     return bvals, bvecs, signal, d, f, unit(theta, phi)
 
 
-def test_ball_sticks_lm_through_the_toolbox_equals_the_dedicated_fit(one_stick_voxels):
+def test_ball_sticks_lm_through_the_toolbox_equals_the_dedicated_fit(one_stick_voxels, device):
+    """Same model, same data, both least squares to convergence: the same optimum. On the GPU the
+    dedicated fit is the CUDA kernel (float32 signals), hence the looser tolerance there."""
     from tractlens.gpu.ballstick import BallStickParams, fit_ballstick
 
     bvals, bvecs, signal, _d, _f, _v = one_stick_voxels
     dedicated = fit_ballstick(
-        signal, bvals, bvecs, BallStickParams(n_fibres=1, burnin=0, njumps=1, sample_every=1), device="cpu"
+        signal, bvals, bvecs, BallStickParams(n_fibres=1, burnin=0, njumps=1, sample_every=1), device=device
     )
-    toolbox = fit_model(ball_sticks(1), signal, bvals, bvecs, ModelFitParams(lm_iterations=200), device="cpu")
+    toolbox = fit_model(ball_sticks(1), signal, bvals, bvecs, ModelFitParams(lm_iterations=200), device=device)
     start = dedicated.start  # the dedicated LM's result: S0, d, θ, φ, f
-    np.testing.assert_allclose(toolbox.values["d"], start[:, 1], rtol=1e-4)
-    np.testing.assert_allclose(toolbox.values["f1"], start[:, 4], atol=1e-4)
-    np.testing.assert_allclose(toolbox.values["s0"], start[:, 0], rtol=1e-4)
-    assert angle_deg(toolbox.directions[:, 0], unit(start[:, 2], start[:, 3])).max() < 0.05
+    tol = 1e-4 if device == "cpu" else 2e-3
+    np.testing.assert_allclose(toolbox.values["d"], start[:, 1], rtol=tol)
+    np.testing.assert_allclose(toolbox.values["f1"], start[:, 4], atol=tol)
+    np.testing.assert_allclose(toolbox.values["s0"], start[:, 0], rtol=tol)
+    assert angle_deg(toolbox.directions[:, 0], unit(start[:, 2], start[:, 3])).max() < (
+        0.05 if device == "cpu" else 0.5
+    )
+
+
+def test_voxels_without_usable_signal_are_flagged_and_zero(watson_voxels):
+    from tractlens.gpu.models import FLAG_NOT_FITTED
+
+    bvals, bvecs, _truth, signal = watson_voxels
+    signal = signal[:6].copy()
+    signal[1] = 0.0  # background
+    signal[3, 5] = np.nan  # a corrupt volume
+    fit = fit_model(noddi_watson(), signal, bvals, bvecs, device="cpu")
+    assert fit.flags.tolist() == [0, FLAG_NOT_FITTED, 0, FLAG_NOT_FITTED, 0, 0]
+    for bad in (1, 3):
+        assert fit.derived["NDI"][bad] == 0 and fit.values["s0"][bad] == 0 and fit.residual[bad] == 0
+    assert np.isfinite(fit.derived["NDI"]).all() and (fit.derived["NDI"][[0, 2, 4, 5]] > 0).all()
+    assert fit.flag_counts() == {"not fitted (bad signal)": 2}
 
 
 def test_ball_sticks_mcmc_through_the_toolbox_agrees_with_the_dedicated_fit(one_stick_voxels):

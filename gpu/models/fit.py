@@ -255,10 +255,14 @@ def fit_model(
 
 
 def _assemble(model, values, stds, directions, residual, flags) -> ModelFit:
-    names = [p.name for p in all_parameters(model)]
+    parameters = all_parameters(model)
+    names = [p.name for p in parameters]
     by_name = {name: values[:, i].copy() for i, name in enumerate(names)}
-    derived = model.derived(by_name, np) if model.derived is not None else {}
     bad = flags & FLAG_NOT_FITTED != 0
+    # unfitted voxels hold zeros, which may lie on a bound (ODI 0: κ infinite): derive from the
+    # parameters' starting values there, then zero the maps
+    inside = {p.name: np.where(bad, p.default_start(), by_name[p.name]) for p in parameters}
+    derived = model.derived(inside, np) if model.derived is not None else {}
     derived = {k: np.where(bad, 0.0, np.asarray(v, dtype=np.float64)) for k, v in derived.items()}
     std = None if stds is None else {name: stds[:, i].copy() for i, name in enumerate(names)}
     return ModelFit(by_name, std, derived, directions, residual, flags)
