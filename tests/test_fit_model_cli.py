@@ -153,3 +153,15 @@ def test_the_readme_user_model_example_runs(noddi_dwi, tmp_path, monkeypatch):
     assert result.model.name == "ball-zeppelin"
     f = nib.load(tmp_path / "ball_zeppelin" / "f.nii.gz").get_fdata()
     assert f.shape == SHAPE and 0 < f.min() and f.max() < 1
+
+
+def test_a_long_cpu_fit_is_announced():
+    from tractlens.app.pipelines.fit_model import cpu_time_note
+    from tractlens.gpu.models import Model
+
+    assert cpu_time_note(noddi_watson(), 2000, 288, "lm") is None
+    note = cpu_time_note(noddi_watson(), 900_000, 288, "lm")
+    assert note.startswith("no GPU") and "min" in note
+    assert "min" in cpu_time_note(noddi_watson(), 2000, 288, "mcmc")  # MCMC: ~10 times the LM's cost
+    custom = Model("mine", noddi_watson().parameters, noddi_watson().signal)
+    assert cpu_time_note(custom, 900_000, 288, "lm") is None

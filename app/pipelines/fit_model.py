@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tractlens import __version__
+from tractlens.gpu.backend import get_backend
 from tractlens.gpu.models import MODELS, Model, ModelFit, ModelFitParams, fit_model, shells
 
 from ..errors import InputError
@@ -42,6 +43,26 @@ from .dti import choose_mask, masked_signal
 log = logging.getLogger(__name__)
 
 MODEL_NAMES = tuple(MODELS)
+
+#: Seconds per voxel of the NumPy path, measured on 2 cores with 288 measurements
+#: (tests/benchmarks/results/models_cpu_2cores.json); used to warn before a long CPU run.
+CPU_S_PER_VOXEL = {"noddi-watson": 0.007, "noddi-bingham": 0.1, "ball-sticks": 0.004}
+CPU_WARN_S = 120.0
+
+
+def cpu_time_note(model: Model, voxels: int, measurements: int, method: str) -> str | None:
+    """A warning when the NumPy path will take minutes (None when it will not, or for a model
+    of the user's, whose cost is unknown)."""
+    per_voxel = CPU_S_PER_VOXEL.get(model.name)
+    if per_voxel is None:
+        return None
+    seconds = per_voxel * voxels * measurements / 288 * (10 if method == "mcmc" else 1)
+    if seconds < CPU_WARN_S:
+        return None
+    return (
+        f"no GPU: fitting {model.name} to {voxels} voxels on the CPU will take about {seconds / 60:.0f} min "
+        "(a GPU takes seconds; or give a smaller mask)"
+    )
 
 
 def resolve_model(model: str | Model, params: ModelFitParams) -> Model:
@@ -179,6 +200,11 @@ def fit_model_pipeline(
     check_acquisition(chosen, dwi.bvals, params.b0_threshold, dwi.bval_path or dwi.path)
     warnings = list(dwi.warnings)
     mask, mask_source = choose_mask(dwi, mask, mask_path)
+    if not get_backend(device).is_gpu:
+        note = cpu_time_note(chosen, int(mask.sum()), len(dwi.bvals), params.method)
+        if note:
+            log.warning("%s", note)
+            warnings.append(note)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
     try:
