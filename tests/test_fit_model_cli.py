@@ -165,3 +165,14 @@ def test_a_long_cpu_fit_is_announced():
     assert "min" in cpu_time_note(noddi_watson(), 2000, 288, "mcmc")  # MCMC: ~10 times the LM's cost
     custom = Model("mine", noddi_watson().parameters, noddi_watson().signal)
     assert cpu_time_note(custom, 900_000, 288, "lm") is None
+
+
+def test_ball_sticks_writes_its_fractions_and_both_orientations(noddi_dwi, tmp_path):
+    dwi, _truth = noddi_dwi
+    out = tmp_path / "bs"
+    assert main(["fit-model", "ball-sticks", str(dwi), "--device", "cpu", "-o", str(out), "--quiet"]) == EXIT_OK
+    for name in ("d", "f1", "f2", "dir", "dir2", "S0", "residual"):
+        assert (out / f"{name}.nii.gz").exists(), name
+    assert not (out / "NDI.nii.gz").exists()  # NODDI's maps belong to NODDI
+    d = nib.load(out / "d.nii.gz").get_fdata()
+    assert 1e-4 < np.median(d) < 3e-3  # mm²/s
