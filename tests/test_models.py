@@ -301,13 +301,13 @@ def test_ball_sticks_mcmc_through_the_toolbox_agrees_with_the_dedicated_fit(one_
     assert np.median(angle_deg(toolbox.directions[:, 0], dirs[:, 0])) < 2.0
 
 
-def test_mcmc_reproduces_with_its_seed_whatever_the_batches(one_stick_voxels):
+def test_mcmc_reproduces_with_its_seed_whatever_the_batches(one_stick_voxels, device):
     bvals, bvecs, signal, *_ = one_stick_voxels
     params = ModelFitParams(method="mcmc", burnin=40, njumps=40, sample_every=4, seed=5)
-    whole = fit_model(ball_sticks(1), signal[:8], bvals, bvecs, params, device="cpu")
-    split = fit_model(ball_sticks(1), signal[:8], bvals, bvecs, params, device="cpu", batch_voxels=3)
+    whole = fit_model(ball_sticks(1), signal[:8], bvals, bvecs, params, device=device)
+    split = fit_model(ball_sticks(1), signal[:8], bvals, bvecs, params, device=device, batch_voxels=3)
     other = fit_model(
-        ball_sticks(1), signal[:8], bvals, bvecs, ModelFitParams(**{**params.__dict__, "seed": 6}), device="cpu"
+        ball_sticks(1), signal[:8], bvals, bvecs, ModelFitParams(**{**params.__dict__, "seed": 6}), device=device
     )
     np.testing.assert_allclose(whole.values["d"], split.values["d"], rtol=1e-9)  # BLAS rounding differs by batch size
     np.testing.assert_allclose(whole.std["f1"], split.std["f1"], rtol=1e-9)
