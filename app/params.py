@@ -22,6 +22,7 @@ from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import default_of as default_of
 from tractlens.gpu.params import field_of as field_of
 from tractlens.gpu.params import meta, same_as
@@ -400,6 +401,7 @@ PARAMS_TYPES = (
     CSDParams,
     PeakParams,
     BallStickParams,
+    ModelFitParams,
     DeterministicParams,
     SeedingParams,
     GeodesicParams,

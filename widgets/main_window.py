@@ -41,6 +41,7 @@ from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
 from .dock_tabs import fit_dock_tabs, scrollable
+from .model_dialog import open_model_dialog
 from .panels import JobPanel, LayerPanel
 from .presurgical_panel import PresurgicalPanel
 from .probabilistic_panel import ProbabilisticPanel
@@ -125,9 +126,11 @@ class MainWindow(QMainWindow):
 
         self.layer_panel = LayerPanel(self.document)
         self.layer_panel.fit_ballstick_requested.connect(self.fit_ballstick_dialog)
+        self.layer_panel.fit_model_requested.connect(lambda layer: open_model_dialog(self, layer))
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.layer_panel.show_as_requested.connect(self.show_layer_as)
         self.ballstick_dialog: BallStickDialog | None = None
+        self.model_dialog = None  # the microstructure model dialog (widgets.model_dialog)
         self.job_panel = JobPanel(self.runner)
         self.deterministic_panel = DeterministicPanel(
             self.document, self.runner, device=device, report=self.report_error

@@ -29,6 +29,7 @@ from . import dialogs
 from .job_panel import JobPanel as JobPanel  # the Jobs dock; here for older imports
 
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
+FIT_MODEL = "Fit microstructure model…"  # NODDI and the model toolbox (widgets.model_dialog)
 FILTER_COMMIT = "Filter with COMMIT…"
 SHOW_AS = {"scalar": "Show as labels", "labels": "Show as scalar"}  # the menu entry per layer kind
 RENAME = "Rename…"
@@ -59,6 +60,7 @@ class LayerPanel(QWidget):
     """
 
     fit_ballstick_requested = Signal(object)  # the dwi layer to fit
+    fit_model_requested = Signal(object)  # the dwi layer to fit a microstructure model to
     commit_requested = Signal(object)  # the tractogram layer to filter
     show_as_requested = Signal(object, str)  # a scalar or labels layer, and the kind to show it as
 
@@ -271,6 +273,7 @@ class LayerPanel(QWidget):
         if layer.kind == "dwi":
             fit = self.menu.addAction(FIT_BALLSTICK)
             fit.triggered.connect(lambda *_: self.fit_ballstick_requested.emit(layer))
+            self.menu.addAction(FIT_MODEL).triggered.connect(lambda *_: self.fit_model_requested.emit(layer))
             self.menu.addSeparator()
         if layer.kind == "tractogram":
             commit = self.menu.addAction(FILTER_COMMIT)

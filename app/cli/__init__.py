@@ -7,7 +7,7 @@ shows one). Exit status 1 means an internal error, 130 an interrupted run.
 
 The options that are parameters are generated from the parameter dataclasses
 (:mod:`.options`); one module per command group adds its subcommands:
-:mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.csd` (fit-csd), :mod:`.commit`,
+:mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.model` (fit-model), :mod:`.csd` (fit-csd), :mod:`.commit`,
 :mod:`.connectivity` (select, connectome, profile, distance), :mod:`.track`, :mod:`.stats` and
 :mod:`.dicom` (import-dicom, export-dicom).
 """
@@ -24,7 +24,7 @@ from .. import __version__
 from ..errors import InputError
 from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
-from . import commit, connectivity, csd, dicom, fit, info, stats, track
+from . import commit, connectivity, csd, dicom, fit, info, model, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
 from .options import add_option_aliases
 
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info.add_parsers(sub, common)
     fit.add_parsers(sub, common)
+    model.add_parsers(sub, common)
     csd.add_parsers(sub, common)
     commit.add_parsers(sub, common)
     connectivity.add_parsers(sub, common)

@@ -67,6 +67,7 @@ def emit(args, summary: dict, human: str) -> None:
 WARMUP_METHODS = {
     "fit-dti": ("fit-dti",),
     "fit-ballstick": ("fit-ballstick",),
+    "fit-model": (),  # array code, no kernels to compile: the warm-up only imports CuPy
     "deterministic": ("deterministic", "tracking", "select"),
     "geodesic": ("geodesic", "tracking"),
     "probabilistic": ("probabilistic", "tracking"),
