@@ -265,11 +265,11 @@ def prepare_field(sh, voxel_size, *, rotation=None, mask=None, stop=None, device
 # ----------------------------------------------------------------------------- random draws
 def _uniforms(step, word1, sid, key, xp=np):
     """Three uniforms in (0, 1) per streamline from Philox (counter: ``step``, ``word1``, the
-    streamline id ``sid``): 24-bit values, so float32 and float64 engines read the same numbers."""
+    streamline id ``sid``): 23-bit values, so float32 and float64 engines read the same numbers."""
     s = np.asarray(sid, dtype=np.uint64)
     counter = (np.asarray(step, np.uint64), np.asarray(word1, np.uint64), s & np.uint64(0xFFFFFFFF), s >> np.uint64(32))
     r = philox4x32(counter, key)
-    return [xp.asarray(((x >> np.uint32(8)).astype(np.float64) + 0.5) * 2.0**-24) for x in r[:3]]
+    return [xp.asarray(((x >> np.uint32(9)).astype(np.float64) + 0.5) * 2.0**-23) for x in r[:3]]
 
 
 def _frame(xp, v):
@@ -419,6 +419,9 @@ def _track_kernel(backend: Backend, field, region, scale, seeds, first_id: int, 
             np.int32(getattr(params, "max_trials", 0)),
             np.uint32(key[0]),
             np.uint32(key[1]),
+            np.float32(SECANT_RAD),
+            np.float32(MAX_NEWTON_RAD),
+            np.float32(ENVELOPE_MARGIN),
             directions,
             buf,
             count,
