@@ -460,7 +460,7 @@ def track(
         raise ValueError("the random seed must be a non-negative 63-bit integer")
     key = _seed_key(int(rng_seed))
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
-    poly = backend.asarray(field.poly)
+    poly = backend.asarray(field.poly.get() if hasattr(field.poly, "get") and not backend.is_gpu else field.poly)
     region = backend.asarray(field.region)
     scale = 1.0 / field.voxel_size
     if max_batch is None:
