@@ -298,9 +298,7 @@ def draw_in_cone(xp, coefficients, v, envelope, cos_max, params: FodProbabilisti
         cos_t = 1.0 - u1 * (1.0 - cos_max)
         sin_t = xp.sqrt(xp.maximum(1.0 - cos_t * cos_t, 0.0))
         phi = 2.0 * math.pi * u2
-        cand = cos_t[:, None] * v[at] + sin_t[:, None] * (
-            xp.cos(phi)[:, None] * t1[at] + xp.sin(phi)[:, None] * t2[at]
-        )
+        cand = cos_t[:, None] * v[at] + sin_t[:, None] * (xp.cos(phi)[:, None] * t1[at] + xp.sin(phi)[:, None] * t2[at])
         a = amplitude(xp, coefficients[at], cand)
         ok = (a >= params.cutoff) & (u3 * bound[at] < xp.maximum(a, 0.0) ** params.power)
         chosen[at[ok]] = cand[ok]
