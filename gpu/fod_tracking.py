@@ -66,7 +66,7 @@ from .deterministic import OUTSIDE, STOP, TRACK, _compact, batch_bytes
 from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .fod_params import FodDeterministicParams, FodProbabilisticParams
 from .interpolate import inside_volume, lookup, trilinear
-from .sh import fibonacci_hemisphere, n_coefficients, rotation_matrix, sh_basis
+from .sh import fibonacci_hemisphere, n_coefficients, sh_basis
 from .streamlines import (
     LOW_FA,
     MAX_LENGTH,
@@ -104,6 +104,7 @@ KERNEL_DEFINES = (
 GPU_MAX_BATCH = 1 << 18  # as gpu.deterministic: bounds the points that come to the host at once
 
 FodParams = FodDeterministicParams | FodProbabilisticParams
+DEFAULT_PARAMS = FodDeterministicParams()
 
 
 def sh_to_monomials(lmax: int, rotation=None) -> np.ndarray:
@@ -434,7 +435,7 @@ def _track_kernel(backend: Backend, field, region, scale, seeds, first_id: int, 
 def track(
     field: FodField,
     seeds,
-    params: FodParams = FodDeterministicParams(),
+    params: FodParams = DEFAULT_PARAMS,
     *,
     rng_seed: int = 0,
     first_id: int = 0,
@@ -484,7 +485,7 @@ def track(
     )  # fmt: skip
 
 
-def track_all(field: FodField, seeds, params: FodParams = FodDeterministicParams(), **kwargs) -> StreamlineBatch:
+def track_all(field: FodField, seeds, params: FodParams = DEFAULT_PARAMS, **kwargs) -> StreamlineBatch:
     """All batches of :func:`track` joined, with provenance (parameters, backend, timing)."""
     backend = get_backend(kwargs.pop("device", "auto"))
     t0 = time.perf_counter()

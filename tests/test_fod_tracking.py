@@ -107,7 +107,7 @@ def test_nearest_peak_climbs_to_the_lobe_it_starts_near(angle):
         angles = np.degrees(np.arccos(np.minimum(np.abs(found @ truth), 1.0)))
         assert angles.max() < 1.0, angles
         np.testing.assert_allclose(amp, values[near].max(), rtol=1e-3)
-    direction, amp = largest_peak(np, poly[:1])
+    _direction, amp = largest_peak(np, poly[:1])
     assert amp[0] == pytest.approx(values.max(), rel=1e-3)
 
 
@@ -277,8 +277,8 @@ def test_whole_brain_seeding_takes_the_voxels_above_the_cutoff():
 
 
 def test_rois_batches_and_cancel_work_as_for_tensor_tracking():
-    from tractlens.gpu.backend import Cancelled
     from tractlens.app.pipelines.track_fod import fod_tracking_pipeline
+    from tractlens.gpu.backend import Cancelled
 
     volume, in_a, in_b = phantom_volume()
     seed = np.zeros(volume.shape, bool)
