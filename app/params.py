@@ -21,6 +21,7 @@ from tractlens.gpu.csd import CSDParams
 from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
+from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.params import default_of as default_of
 from tractlens.gpu.params import field_of as field_of
@@ -365,6 +366,8 @@ PARAMS_TYPES = (
     PeakParams,
     BallStickParams,
     DeterministicParams,
+    FodDeterministicParams,
+    FodProbabilisticParams,
     SeedingParams,
     GeodesicParams,
     MetricParams,

@@ -38,12 +38,13 @@ def _cutoff_field():
 class FodDeterministicParams:
     """Deterministic fODF tracking (SD_STREAM): lengths in millimetres, angles in degrees."""
 
-    step_mm: float = same_as(DeterministicParams, "step_mm")
+    # On the command line (``track deterministic --fod``) these are that command's own options.
+    step_mm: float = same_as(DeterministicParams, "step_mm", cli=False)
     cutoff: float = _cutoff_field()
-    max_angle_deg: float = same_as(DeterministicParams, "max_angle_deg")
-    min_length_mm: float = same_as(DeterministicParams, "min_length_mm")
-    max_length_mm: float = same_as(DeterministicParams, "max_length_mm")
-    keep_truncated: bool = same_as(DeterministicParams, "keep_truncated")
+    max_angle_deg: float = same_as(DeterministicParams, "max_angle_deg", cli=False)
+    min_length_mm: float = same_as(DeterministicParams, "min_length_mm", cli=False)
+    max_length_mm: float = same_as(DeterministicParams, "max_length_mm", cli=False)
+    keep_truncated: bool = same_as(DeterministicParams, "keep_truncated", cli=False)
 
     def __post_init__(self) -> None:
         _check_common(self)
