@@ -240,15 +240,17 @@ def prepare_field(sh, voxel_size, *, rotation=None, mask=None, stop=None, device
     matrix = np.zeros((n_coefficients(lmax), FIELD_STRIDE), np.float32)
     matrix[:, :N_MONOMIALS] = sh_to_monomials(lmax, rotation).T
     flat = sh.reshape(-1, sh.shape[-1])
-    finite = np.isfinite(flat).all(axis=1)
-    if not finite.all():
-        notes.append(f"{int((~finite).sum())} voxels with NaN or infinite fODF coefficients were treated as empty")
-        flat = np.where(finite[:, None], flat, 0.0)
     poly = xp.empty((flat.shape[0], FIELD_STRIDE), np.float32)
     m = xp.asarray(matrix)
-    chunk = 1 << 20
-    for a in range(0, flat.shape[0], chunk):
-        poly[a : a + chunk] = xp.asarray(flat[a : a + chunk], dtype=np.float32) @ m
+    chunk, nonfinite = 1 << 20, 0
+    for a in range(0, flat.shape[0], chunk):  # checked and converted where the field will live
+        part = xp.array(flat[a : a + chunk], dtype=np.float32)  # a copy: the caller's array stays
+        bad = ~xp.isfinite(part).all(axis=1)
+        part[bad] = 0.0
+        nonfinite += int(bad.sum())
+        poly[a : a + chunk] = part @ m
+    if nonfinite:
+        notes.append(f"{nonfinite} voxels with NaN or infinite fODF coefficients were treated as empty")
     region = np.full(shape, TRACK, np.uint8)
     for name, volume, code in (("mask", mask, OUTSIDE), ("stop region", stop, STOP)):
         if volume is None:
@@ -289,7 +291,7 @@ def draw_in_cone(xp, coefficients, v, envelope, cos_max, params: FodProbabilisti
     chosen = v.copy()
     accepted = xp.zeros(n, bool)
     t1, t2 = _frame(xp, v)
-    bound = envelope**params.power
+    bound = xp.maximum(envelope, 0.0) ** params.power
     pending = np.arange(n)
     for trial in range(params.max_trials):
         if not len(pending):
@@ -366,14 +368,14 @@ def _track_arrays(xp, field, region, scale, seeds, sids, params: FodParams, key)
             coef = trilinear(xp, field, q)
             peak, a = nearest_peak(xp, coef, d)
             live = _drop(stop, idx, end, a < params.cutoff, LOW_FA)
+            idx, q, d, steps, coef, peak, a = (x[live] for x in (idx, q, d, steps, coef, peak, a))
             if probabilistic:
-                host = _host(idx)
                 e, ok = draw_in_cone(xp, coef, d, ENVELOPE_MARGIN * a, cos_max, params, _host(steps).astype(np.uint64),
-                                     (P_STEP << 24) | (end << 16), sids[host], key)  # fmt: skip
-                live &= _drop(stop, idx, end, live & ~ok, SHARP_ANGLE)
+                                     (P_STEP << 24) | (end << 16), sids[_host(idx)], key)  # fmt: skip
+                live = _drop(stop, idx, end, ~ok, SHARP_ANGLE)
             else:
                 e = peak
-                live &= _drop(stop, idx, end, live & (_dot(xp, e, d) < cos_max), SHARP_ANGLE)
+                live = _drop(stop, idx, end, _dot(xp, e, d) < cos_max, SHARP_ANGLE)
             idx, p, d, steps = idx[live], q[live], e[live], steps[live]
     return buf, count, stop, valid
 

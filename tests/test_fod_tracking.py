@@ -363,3 +363,13 @@ def test_bad_fod_input_is_refused_with_exit_status_2(tmp_path, capsys):
     assert main(["track", "deterministic", "--fod", str(tmp_path), "--bval", "x", "--seed", str(seed), "-o", out]) == 2
     assert "--bval" in capsys.readouterr().err
     assert not (tmp_path / "t.trk").exists()
+
+
+def test_nonfinite_coefficients_are_emptied_and_counted_not_changed_in_the_input():
+    fod = np.tile(lobe([1, 0, 0]).astype(np.float32), (10, 6, 3, 1))
+    fod[7, 3, 1, 4] = np.nan
+    field = prepare_field(fod, (1.0, 1.0, 1.0))
+    assert field.notes == ["1 voxels with NaN or infinite fODF coefficients were treated as empty"]
+    assert np.isnan(fod[7, 3, 1, 4]) and not field.poly[7, 3, 1].any()
+    out = track_all(field, np.array([[2.0, 3.0, 1.0]]), FodDeterministicParams(min_length_mm=0), device="cpu")
+    assert set(out.stop[0].tolist()) == {OUTSIDE_VOLUME, LOW_FA} and out[0][:, 0].max() <= 7.0

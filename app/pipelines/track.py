@@ -238,7 +238,7 @@ class TrackingEngine:
 TENSOR_ENGINE = TrackingEngine(
     "deterministic",
     lambda f, mask, stop: deterministic.prepare_field(f.tensor, f.voxel_size, mask, stop),
-    deterministic.track,
+    lambda *args, **kwargs: deterministic.track(*args, **kwargs),  # looked up at each run
     _tensor_seed_region,
 )
 

@@ -88,7 +88,7 @@ class FodVolume:
         clean = np.where(finite[..., None], sh, 0.0)
         if (~finite).any():
             notes.append(f"{int((~finite).sum())} voxels have NaN or infinite fODF coefficients: treated as empty")
-        power = (clean.astype(np.float64) ** 2).sum(axis=-1)
+        power = np.einsum("...c,...c->...", clean, clean, dtype=np.float64)
         mask = power > 0
         gfa = np.sqrt(np.clip(1.0 - clean[..., 0].astype(np.float64) ** 2 / np.where(mask, power, 1.0), 0.0, 1.0))
         return cls(clean, np.asarray(affine, np.float64), lmax, source, mask, (gfa * mask).astype(np.float32), notes)
