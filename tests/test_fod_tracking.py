@@ -291,6 +291,31 @@ def test_rois_batches_and_cancel_work_as_for_tensor_tracking():
         fod_tracking_pipeline(volume, seed_mask=seed, device="cpu", cancelled=lambda: True)
 
 
+def test_document_rois_in_their_roles_drive_fod_tracking():
+    """A seed ROI in bundle A and an exclusion ROI on bundle A beyond the crossing: the
+    deterministic streamlines all pass it and are dropped; the probabilistic ones from a seed
+    ROI with a target on B's arm: none reach it (they stay in A)."""
+    from tractlens.app.pipelines.track_fod import fod_from_regions
+    from tractlens.app.regions import RoiCopy, regions_on_grid
+
+    volume, in_a, in_b = phantom_volume()
+    seed = np.zeros(volume.shape, bool)
+    seed[2:5, 17:23] = True
+    far_a = in_a & (np.arange(40)[:, None, None] > 30)
+    far_b = in_b & (np.arange(40)[None, :, None] > 30)
+
+    def run(role, mask, params):
+        rois = [RoiCopy("s", "seed", seed, volume.affine), RoiCopy("r", role, mask, volume.affine)]
+        regions = regions_on_grid(rois, "deterministic", volume)
+        return fod_from_regions(volume, regions, params=params, device="cpu", rng_seed=3).provenance
+
+    excluded = run("exclusion", far_a, FodDeterministicParams())
+    assert excluded["streamlines"] == 0 and excluded["streamlines_removed_by_rois"] == int(seed.sum())
+    assert excluded["method"] == "fod-deterministic"
+    targeted = run("target", far_b, FodProbabilisticParams())
+    assert targeted["streamlines_tracked"] >= 0.7 * seed.sum() and targeted["streamlines"] <= 0.1 * seed.sum()
+
+
 # ------------------------------------------------------------------------ command line
 def _dwi_crossing(tmp_path, angle=90.0, shape=(28, 28, 3)):
     """A DWI series of two bundles crossing at ``angle`` (tests/csd_synth's forward model, SNR 50)
