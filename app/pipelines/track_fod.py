@@ -85,7 +85,7 @@ class FodVolume:
             )
         notes = list(notes or [])
         finite = np.isfinite(sh).all(axis=-1)
-        clean = np.where(finite[..., None], sh, 0.0)
+        clean = sh if finite.all() else np.where(finite[..., None], sh, np.float32(0.0))  # no copy when clean
         if (~finite).any():
             notes.append(f"{int((~finite).sum())} voxels have NaN or infinite fODF coefficients: treated as empty")
         power = np.einsum("...c,...c->...", clean, clean, dtype=np.float64)

@@ -17,7 +17,9 @@ Rows, per method (same field and parameters: 0.5 mm steps, cut-off 0.1, 45° det
 - ``gpu``: ``gpu.fod_tracking.track`` with the CUDA kernel, end to end: the fODF converted on
   the device (``prepare_s``, once), seeds on the host in, kept streamlines on the host out
   (``track_s``); ``streamlines_per_s`` = seeds / (prepare_s + track_s), also ``kept_per_s``;
-- ``numpy``: the NumPy reference on ``--cpu-seeds`` of the same seeds; ``gpu_over_numpy``.
+- ``numpy``: the NumPy reference on ``--cpu-seeds`` of the same seeds; ``gpu_over_numpy``;
+- ``pipeline_gpu``: :func:`app.pipelines.track_fod.fod_tracking_pipeline` with whole-brain
+  seeding (one seed per voxel), as ``tractlens track ... --whole-brain`` runs it without the disk.
 ``--small`` runs a 48×58×48 grid (a smoke run of the script, on the CPU when there is no GPU).
 """
 
@@ -139,6 +141,29 @@ def time_gpu(fod, seeds, params, repeats: int = 2) -> dict:
     }
 
 
+def time_pipeline(fod, params, device: str) -> dict:
+    """``track ... --whole-brain`` without the disk: the fODF volume read into the use case
+    (generalized FA, fitted voxels), whole-brain seeding (one seed per voxel reaching the
+    cut-off), tracking, ROI-free filtering and the tractogram parts handed to a sink."""
+    from tractlens.app.pipelines.track_fod import FodVolume, fod_tracking_pipeline
+
+    t0 = time.perf_counter()
+    volume = FodVolume.from_sh(fod, np.diag([VOXEL_MM, VOXEL_MM, VOXEL_MM, 1.0]), "benchmark")
+    volume_s = time.perf_counter() - t0
+    result = fod_tracking_pipeline(volume, whole_brain=True, params=params, device=device, sink=lambda part: None)
+    total = time.perf_counter() - t0
+    prov = result.provenance
+    return {
+        "seeds": prov["seeds"],
+        "streamlines": prov["streamlines"],
+        "volume_s": round(volume_s, 3),
+        "tracking_s": round(prov["tracking_s"], 3),
+        "end_to_end_s": round(total, 3),
+        "streamlines_per_s": round(prov["seeds"] / total),
+        "backend": prov["backend"],
+    }
+
+
 def time_numpy(fod, seeds, params) -> dict:
     t0 = time.perf_counter()
     field = prepare_field(fod, (VOXEL_MM,) * 3, device="cpu")
@@ -189,8 +214,11 @@ def main(argv=None) -> dict:
         if has_gpu:
             row["gpu"] = time_gpu(fod, seeds, params)
             row["gpu_over_numpy"] = round(row["gpu"]["streamlines_per_s"] / row["numpy"]["streamlines_per_s"], 1)
+            row["pipeline_gpu"] = time_pipeline(fod, params, "gpu")
         else:
             row["gpu"] = f"not run: {reason}"
+            if args.small:  # the use case's path on the CPU, to check the script
+                row["pipeline_cpu"] = time_pipeline(fod, params, "cpu")
         results["methods"][name] = row
     text = json.dumps(results, indent=2, default=str)
     if args.out:
