@@ -277,6 +277,8 @@ def deterministic_pipeline(
     The streamlines come as tractogram parts of bounded size (:mod:`app.pipelines.track_parts`);
     with ``sink`` (e.g. :meth:`app.io.tractogram_stream.TractogramWriter.append`) each part goes
     there and none is kept (``result.tractogram`` is None), else they are joined at the end.
+    ``engine`` (:class:`TrackingEngine`) is the tracker: the tensor's, or an fODF tracker of
+    :mod:`.track_fod` (``field_`` then an fODF volume and ``params`` its parameters).
     """
     params = params or deterministic.DeterministicParams()
     notes = list(field_.notes) + list(notes or [])
