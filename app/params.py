@@ -21,6 +21,7 @@ from tractlens.gpu.csd import CSDParams
 from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
+from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import default_of as default_of
@@ -403,6 +404,8 @@ PARAMS_TYPES = (
     BallStickParams,
     ModelFitParams,
     DeterministicParams,
+    FodDeterministicParams,
+    FodProbabilisticParams,
     SeedingParams,
     GeodesicParams,
     MetricParams,

@@ -9,11 +9,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from tractlens.gpu import ballstick, commit, cuda, deterministic, dti, geodesic, probabilistic, select, streamlines
+from tractlens.gpu import (
+    ballstick,
+    commit,
+    cuda,
+    deterministic,
+    dti,
+    fod_tracking,
+    geodesic,
+    probabilistic,
+    select,
+    streamlines,
+)
 
 # Each wrapper's way to its kernels (pure Python up to cuda.function).
 GETTERS = {
     "deterministic": lambda: deterministic._kernel(),
+    "fod tracking": lambda: fod_tracking._kernel(),
     "geodesic": lambda: geodesic._kernel(),
     "dti float32": lambda: dti._cuda_function("dti_fit_float32"),
     "dti float64": lambda: dti._cuda_function("dti_fit_float64"),

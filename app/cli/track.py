@@ -1,4 +1,5 @@
-"""``tractlens track deterministic|geodesic|probabilistic``: the three trackers."""
+"""``tractlens track deterministic|geodesic|probabilistic``: the three trackers (``deterministic --fod``
+and ``fod-probabilistic``, tracking on fODFs, are in :mod:`.track_fod`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ def add_parsers(sub, common) -> None:
     _add_deterministic(methods, common)
     _add_geodesic(methods, common)
     _add_probabilistic(methods, common)
+    from .track_fod import add_fod_probabilistic
+
+    add_fod_probabilistic(methods, common)
 
 
 def _add_deterministic(methods, common) -> None:
@@ -34,9 +38,12 @@ def _add_deterministic(methods, common) -> None:
         help="follow the main eigenvector of the tensor field from seeds",
         description="Deterministic tensor tracking: trilinear tensor interpolation, main eigenvector with "
         "sign continuity, Euler or RK4 steps in mm; stops on FA, angle, mask, stop regions and max length. "
-        "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng.",
+        "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng. "
+        "With --fod it follows the fODF peak nearest the incoming direction instead (MRtrix's SD_STREAM).",
     )
-    _tensor_source_options(p)
+    from .track_fod import add_fod_source
+
+    add_fod_source(p, _tensor_source_options(p))
     seeding = p.add_mutually_exclusive_group(required=True)
     seeding.add_argument("--seed", metavar="MASK", help="seed region (NIfTI mask)")
     seeding.add_argument(
@@ -144,6 +151,7 @@ def _tensor_source_options(p) -> None:
         choices=("fsl", "dipy", "mrtrix"),
         help="element order of a 6-volume tensor file whose header does not say it",
     )
+    return source
 
 
 def _check_track_inputs(args) -> None:
@@ -251,6 +259,10 @@ def cmd_track_deterministic(args) -> int:
     from ..io.tractogram_stream import open_tractogram_writer
     from ..pipelines.track import deterministic_pipeline, masks_on_field
 
+    if getattr(args, "fod", None):
+        from .track_fod import cmd_track_deterministic_fod
+
+        return cmd_track_deterministic_fod(args)
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(SeedingParams, args, fix=_tracking_fix(args))

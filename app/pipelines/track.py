@@ -212,6 +212,37 @@ def whole_brain_seeds(field_: TensorField, mask: np.ndarray | None, fa_threshold
     return region & (field_.fa >= fa_threshold)
 
 
+def _tensor_seed_region(field_: TensorField, mask: np.ndarray | None, params) -> np.ndarray:
+    seed_mask = whole_brain_seeds(field_, mask, params.fa_threshold)
+    if not seed_mask.any():
+        raise InputError(
+            f"no voxel has FA ≥ {params.fa_threshold} inside the mask: nothing to seed",
+            fix="Lower --fa-threshold or check the tensor input",
+        )
+    return seed_mask
+
+
+@dataclass(frozen=True)
+class TrackingEngine:
+    """What :func:`deterministic_pipeline` tracks with: the tensor tracker by default; the fODF
+    trackers (:mod:`.track_fod`) bring their own. ``prepare(field_, track_mask, stop_union)``
+    gives what ``track`` (:func:`gpu.deterministic.track`'s signature) reads;
+    ``seed_region(field_, mask, params)`` the whole-brain seed mask."""
+
+    method: str
+    prepare: Callable
+    track: Callable
+    seed_region: Callable
+
+
+TENSOR_ENGINE = TrackingEngine(
+    "deterministic",
+    lambda f, mask, stop: deterministic.prepare_field(f.tensor, f.voxel_size, mask, stop),
+    lambda *args, **kwargs: deterministic.track(*args, **kwargs),  # looked up at each run
+    _tensor_seed_region,
+)
+
+
 def deterministic_pipeline(
     field_: TensorField,
     *,
@@ -234,6 +265,7 @@ def deterministic_pipeline(
     name: str = "deterministic",
     max_batch: int | None = None,
     sink: Callable[[Tractogram], None] | None = None,
+    engine: TrackingEngine = TENSOR_ENGINE,
 ) -> TrackResult:
     """Deterministic tracking on ``field_`` (see :mod:`gpu.deterministic` for the rules).
 
@@ -245,6 +277,8 @@ def deterministic_pipeline(
     The streamlines come as tractogram parts of bounded size (:mod:`app.pipelines.track_parts`);
     with ``sink`` (e.g. :meth:`app.io.tractogram_stream.TractogramWriter.append`) each part goes
     there and none is kept (``result.tractogram`` is None), else they are joined at the end.
+    ``engine`` (:class:`TrackingEngine`) is the tracker: the tensor's, or an fODF tracker of
+    :mod:`.track_fod` (``field_`` then an fODF volume and ``params`` its parameters).
     """
     params = params or deterministic.DeterministicParams()
     notes = list(field_.notes) + list(notes or [])
@@ -262,12 +296,7 @@ def deterministic_pipeline(
             raise InputError("the tracking mask is empty", fix="Give a mask with at least one voxel")
     try:
         if whole_brain:
-            seed_mask = whole_brain_seeds(field_, mask, params.fa_threshold)
-            if not seed_mask.any():
-                raise InputError(
-                    f"no voxel has FA ≥ {params.fa_threshold} inside the mask: nothing to seed",
-                    fix="Lower --fa-threshold or check the tensor input",
-                )
+            seed_mask = engine.seed_region(field_, mask, params)
         if seed_mask is not None:
             seed_mask = np.asarray(seed_mask, dtype=bool)
             if seed_mask.shape != shape:
@@ -282,10 +311,10 @@ def deterministic_pipeline(
     if mask is not None and seed_mask is not None and not (seed_mask & mask).any():
         notes.append("the seed region lies entirely outside the tracking mask: no streamline can start")
     stop_union = np.logical_or.reduce([np.asarray(s, bool) for s in stop]) if len(stop) else None
-    choice = decide_device("deterministic", len(seeds) * params.max_length_mm / params.step_mm, requested=device)
+    choice = decide_device(engine.method, len(seeds) * params.max_length_mm / params.step_mm, requested=device)
     device = choice.argument
     track_mask = mask if mask is not None else field_.mask
-    tf = deterministic.prepare_field(field_.tensor, field_.voxel_size, track_mask, stop_union)
+    tf = engine.prepare(field_, track_mask, stop_union)
 
     parts: list[Tractogram] = []  # kept when there is no sink
     path_length = PathLength(field_.affine)
@@ -302,7 +331,7 @@ def deterministic_pipeline(
         shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
         # on a GPU, FA per point and lengths are computed there, before the copy to the host
         scalars = StreamlineScalars(field_.fa, field_.affine) if engine_backend.is_gpu else None
-        for part in deterministic.track(
+        for part in engine.track(
             tf, seeds[first:], params, device=engine_backend, progress=shifted, cancelled=cancelled,
             max_batch=max_batch, scalars=scalars,
         ):  # fmt: skip
@@ -339,7 +368,7 @@ def deterministic_pipeline(
     tractogram = None if sink is not None else join_parts(parts, to_tractogram(StreamlineBatch.empty(), field_, name))
     del parts
     provenance = {
-        "method": "deterministic",
+        "method": engine.method,
         "parameters": asdict(params),
         "seeding": "whole brain" if whole_brain else ("mask" if seed_points is None else "points"),
         "seeds_per_voxel": seeds_per_voxel if seed_points is None else None,

@@ -20,6 +20,11 @@ def empty_result_reason(counts: dict, params: deterministic.DeterministicParams,
             "move the seed region or widen the mask"
         )
     if counts["left_seed"] == 0:
+        if not hasattr(params, "fa_threshold"):  # the fODF trackers: an amplitude cut-off
+            return (
+                f"none left the seed (fODF amplitude below the cut-off {params.cutoff} or the first step left the "
+                "mask): lower the cut-off or move the seed region"
+            )
         return (
             f"none left the seed (FA below {params.fa_threshold} or the first step left the mask): "
             "lower the FA threshold or move the seed region"
