@@ -49,6 +49,7 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
+from .fod_layers import fod_session_entry, restore_fod_volume
 from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
 from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
@@ -252,6 +253,9 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         return entry, parts
     entry["affine"] = data.affine.tolist()
     entry["volume"] = {"name": data.name, "kind": data.kind, "source": data.source}
+    if (fod := fod_session_entry(layer)) is not None:  # an fODF file: its path, not 650 MB again
+        entry["fod"] = fod
+        return entry, parts
     if data.lut is not None:
         entry["volume"]["lut"] = {
             "names": {str(k): v for k, v in data.lut.names.items()},
@@ -480,8 +484,10 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         affine = np.asarray(entry["affine"], dtype=np.float64)
         info = entry["volume"]
         dtypes = entry.get("dtypes") or {}
-        data = _load_nifti(folder, files["data"], dtypes.get("data"))
-        if "signal" in files:
+        data = None if "fod" in entry else _load_nifti(folder, files["data"], dtypes.get("data"))
+        if "fod" in entry:
+            volume = restore_fod_volume(entry["fod"], info["name"])
+        elif "signal" in files:
             from .io.dwi import DWI
 
             dwi = DWI(
