@@ -99,7 +99,7 @@ class Layer(Observable):
     ``"fa"``), ``tubes`` (tractograms drawn as shaded tubes instead of lines),
     and for the glyph kinds (tensor, dyads), shown on the cursor's slice planes,
     ``glyph`` (tensor shape), ``glyph_step`` (every n-th voxel; default 2 for
-    tensors, 1 for dyads) and ``glyph_size`` (1 = the largest glyph fills its
+    tensors, 1 for dyads and fODFs) and ``glyph_size`` (1 = the largest glyph fills its
     grid cell); ``transparent_below`` (scalar layers: values below it let the
     layers beneath show through, e.g. an overlay that is empty almost
     everywhere; None: every value is drawn); ``color`` (ROIs: ``"#rrggbb"``, None: the
@@ -137,7 +137,7 @@ class Layer(Observable):
         self.clim = self._default_clim()
         self.color_by = "direction"
         self.glyph = "superquadric"
-        self.glyph_step = 1 if kind == "dyads" else 2
+        self.glyph_step = 1 if kind in ("dyads", "fod") else 2
         self.glyph_size = 1.0
         self.tubes = False
         self.transparent_below: float | None = None

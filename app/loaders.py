@@ -189,7 +189,7 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
         raise InputError(
             "cannot open this kind of file",
             path=path,
-            fix="TractLens opens NIfTI images (.nii, .nii.gz), dtifit and bedpostX folders and .trk/.tck/.trx tractograms",
+            fix="TractLens opens NIfTI images (.nii, .nii.gz), dtifit, bedpostX and fit-csd folders and .trk/.tck/.trx tractograms",
         )
     img = load_image(path)
     shape = img.shape
