@@ -30,9 +30,7 @@ from PySide6.QtWidgets import (
 from tractlens.app.fod_layers import csd_result_layers
 from tractlens.app.io import split_suffix
 from tractlens.app.model import Layer
-from tractlens.app.pipelines.csd import fit_csd_pipeline, write_csd_outputs
-from tractlens.gpu.csd import CSDParams
-from tractlens.gpu.csd_peaks import PeakParams
+from tractlens.app.pipelines.csd import CSDParams, PeakParams, fit_csd_pipeline, write_csd_outputs
 
 from . import dialogs
 from .params_form import ParamsForm
