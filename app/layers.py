@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tractlens.gpu.sh import Y00
+
 from .observable import Observable
 from .tractogram import first_column
 from .volumes import Volume
@@ -277,6 +279,8 @@ class Layer(Observable):
             return None
         if self.kind == "dyads":
             return vol.data[tuple(ijk)][:, 3]  # the sticks' fractions
+        if self.kind == "fod":  # the mean amplitude (l=0 term), not the 45 coefficients
+            return float(vol.data[tuple(ijk)][0]) * Y00
         return vol.data[tuple(ijk)]
 
 

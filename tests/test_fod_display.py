@@ -212,3 +212,14 @@ def test_the_tracking_door_passes_what_the_tracker_takes(tmp_path, monkeypatch):
     fod, regions, whole, params, progress = calls[0]
     assert isinstance(fod, tuple) and fod[0].shape == (2, 2, 2, 6)  # no file: the coefficients
     assert (regions, whole, params, progress) == ("regions", True, "p", None)
+
+
+def test_the_value_under_the_cursor_is_the_mean_amplitude():
+    sh = np.zeros((2, 2, 2, 15), np.float32)
+    sh[1, 1, 1, 0] = 2.0
+    sh[1, 1, 1, 3] = 5.0  # an l=2 term: no part of the mean
+    layer = fod_layer("f", sh, np.eye(4))
+    vertices, _ = icosphere(3)
+    mean = fod_amplitudes(sh[1, 1, 1][None], vertices).mean()
+    assert layer.value_at_world(np.array([1.0, 1.0, 1.0])) == pytest.approx(mean, rel=0.02)
+    assert layer.value_at_world(np.array([0.0, 0.0, 0.0])) == 0.0
