@@ -17,6 +17,7 @@ from tests.test_fod_display import PHANTOM_SHAPE, fit_csd_folder, phantom_dwi
 from tractlens.app.io.dwi import save_gradients
 from tractlens.widgets.csd_dialog import FIT_CSD
 from tractlens.widgets.direction_field import NOT_AVAILABLE
+from tractlens.widgets.fod_glyphs import SCALING_TEXT
 
 Z = 1  # the phantom's middle axial slice
 X_BUNDLE, CROSSING, Y_BUNDLE = (1, 2), (3, 4), (6, 7)  # voxel x of each region (every y)
@@ -74,7 +75,8 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
 
     # Relative sizes from the layer's menu: the crossing's lobes (half the density each) shrink.
     crossing_red = sum(colours["red"][y0:y1, x0:x1].sum() for x0, x1, y0, y1 in cells(axial, region(CROSSING)))
-    layer.set(fod_scaling="global")
+    choose_from_layer_menu(window, qtbot, layer, SCALING_TEXT["global"])
+    assert layer.fod_scaling == "global"
     assert window.wait_for_jobs(30)
     relative = stick_pixels(grab(axial))["red"]
     shrunk = sum(relative[y0:y1, x0:x1].sum() for x0, x1, y0, y1 in cells(axial, region(CROSSING)))
@@ -136,19 +138,24 @@ def write_phantom_dwi(folder):
     return folder / "dwi.nii.gz"
 
 
-def open_csd_dialog(win, qtbot):
-    """Right-click the DWI layer and choose Fit CSD…, as a user would (see
-    :func:`tests.gui.test_ballstick_gui.open_fit_dialog` for why the context-menu event is sent)."""
+def choose_from_layer_menu(win, qtbot, layer, text: str) -> None:
+    """Right-click ``layer`` in the layer list and click the menu item ``text``, as a user would
+    (see :func:`tests.gui.test_ballstick_gui.open_fit_dialog` for why the context-menu event is sent)."""
     panel = win.layer_panel
     viewport = panel.list.viewport()
-    dwi = next(layer for layer in win.document.layers if layer.kind == "dwi")
-    pos = panel.list.visualItemRect(panel.item_for(dwi)).center()
+    pos = panel.list.visualItemRect(panel.item_for(layer)).center()
     event = QContextMenuEvent(QContextMenuEvent.Reason.Mouse, pos, viewport.mapToGlobal(pos))
     QApplication.sendEvent(viewport, event)
     qtbot.waitUntil(lambda: panel.menu is not None and panel.menu.isVisible(), timeout=3000)
     menu = panel.menu
-    action = next(action for action in menu.actions() if action.text() == FIT_CSD)
+    action = next(action for action in menu.actions() if action.text() == text)
     qtbot.mouseClick(menu, Qt.MouseButton.LeftButton, pos=menu.actionGeometry(action).center())
+
+
+def open_csd_dialog(win, qtbot):
+    """Right-click the DWI layer and choose Fit CSD…."""
+    dwi = next(layer for layer in win.document.layers if layer.kind == "dwi")
+    choose_from_layer_menu(win, qtbot, dwi, FIT_CSD)
     qtbot.waitUntil(lambda: getattr(win, "csd_dialog", None) is not None and win.csd_dialog.isVisible(), timeout=3000)
     return win.csd_dialog
 
