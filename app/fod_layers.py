@@ -149,8 +149,19 @@ def fod_session_entry(layer: Layer) -> dict | None:
     return {"path": source, "basis": layer.provenance.get("basis", "auto")}
 
 
+class FodFileMissing(InputError):
+    """A session's fODF layer refers to a file that is no longer there."""
+
+
 def restore_fod_volume(info: dict, name: str) -> Volume:
-    """The fODF volume of a session entry written by :func:`fod_session_entry` (read again)."""
+    """The fODF volume of a session entry written by :func:`fod_session_entry` (read again);
+    :class:`FodFileMissing` when the file has gone."""
+    if not Path(info["path"]).is_file():
+        raise FodFileMissing(
+            f"the fODF layer {name!r} is kept as its file, which is no longer there",
+            path=info["path"],
+            fix="Put the file back where it was, or open the fODF again and save the session",
+        )
     sh, affine, _lmax, _basis = load_fod(info["path"], info.get("basis", "auto"))
     return Volume(name, sh, affine, kind="fod", source=info["path"])
 

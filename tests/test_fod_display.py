@@ -19,7 +19,7 @@ from tractlens.app.fod_display import (
     icosphere,
     sphere_level,
 )
-from tractlens.app.fod_layers import fod_layer, is_fod_path, track_on_fod
+from tractlens.app.fod_layers import csd_result_layers, fod_layer, is_fod_path, track_on_fod
 from tractlens.app.io import DWI
 from tractlens.app.io.fod import save_fod
 from tractlens.app.loaders import load_layers, needs_gradient_files
@@ -223,3 +223,45 @@ def test_the_value_under_the_cursor_is_the_mean_amplitude():
     mean = fod_amplitudes(sh[1, 1, 1][None], vertices).mean()
     assert layer.value_at_world(np.array([1.0, 1.0, 1.0])) == pytest.approx(mean, rel=0.02)
     assert layer.value_at_world(np.array([0.0, 0.0, 0.0])) == 0.0
+
+
+def test_a_session_whose_fod_file_has_gone_says_so(tmp_path):
+    sh = np.zeros((4, 4, 3, 15), np.float32)
+    sh[..., 0] = 1.0
+    save_fod(sh, np.eye(4), tmp_path / "fod.nii.gz")
+    doc = Document()
+    for layer in load_layers(tmp_path / "fod.nii.gz"):
+        doc.add_layer(layer)
+    saved = save_session(doc, tmp_path / "s.tractlens")
+    (tmp_path / "fod.nii.gz").unlink()
+    with pytest.raises(Exception, match="no longer there") as caught:
+        load_session(saved)
+    assert "damaged" not in str(caught.value) and "fod.nii.gz" in str(caught.value)
+
+
+def test_a_multi_tissue_fit_adds_gm_and_csf_maps_under_the_fod():
+    shape, affine = (3, 3, 2), np.eye(4)
+
+    class Fit:  # what csd_result_layers reads of app.pipelines.csd.CSDResult
+        class model:
+            msmt = True
+
+        def fod(self):
+            return np.ones((*shape, 15), np.float32)
+
+        def peaks(self):
+            return np.zeros((*shape, 9), np.float32)
+
+        def tissue(self, name):
+            return np.full(shape, 0.3 if name == "gm" else 0.7, np.float32)
+
+    result = Fit()
+    result.affine = affine
+    layers = csd_result_layers(result, "CSD")
+    assert [(layer.name, layer.kind, layer.visible) for layer in layers] == [
+        ("CSD GM", "scalar", False),
+        ("CSD CSF", "scalar", False),
+        ("CSD peaks", "dyads", False),
+        ("CSD fODF", "fod", True),
+    ]
+    assert layers[1].data.data[0, 0, 0] == pytest.approx(0.7)

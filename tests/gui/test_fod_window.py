@@ -3,15 +3,17 @@ the DWI layer's menu (to completion, and cancelled), the fODF choice of the trac
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import nibabel as nib
 import numpy as np
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
-from PySide6.QtGui import QContextMenuEvent, QDropEvent
+from PySide6.QtGui import QContextMenuEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QApplication
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, installed_tool
 from tests.gui.test_ballstick_gui import cells, grab, offsets_in_cells, principal_angle, save_rgb, stick_pixels
 from tests.test_fod_display import PHANTOM_SHAPE, fit_csd_folder, phantom_dwi
 from tractlens.app.io.dwi import save_gradients
@@ -107,9 +109,14 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
 
 
 def test_the_tracking_panel_lists_fodf_layers(window, tmp_path):
+    from tractlens.widgets import dialogs
+
     fit_csd_folder(tmp_path / "csd")
-    window.open_paths([tmp_path / "csd" / "fod.nii.gz"])
+    file_menu = window.menuBar().actions()[0].menu()
+    with dialogs.answers(open_files=[[tmp_path / "csd" / "fod.nii.gz"]]):  # File ▸ Open…, the file picked
+        next(action for action in file_menu.actions() if action.text() == "&Open…").trigger()
     assert window.wait_for_jobs(60)
+    assert [layer.kind for layer in window.document.layers] == ["scalar", "fod"]
     choice = window.deterministic_panel.field_choice
     texts = [choice.itemText(i) for i in range(choice.count())]
     assert texts == ["fODF (fODF)"]
@@ -204,3 +211,17 @@ def test_cancelling_a_csd_fit_leaves_the_document_unchanged(demo_window, qtbot):
     assert job.state == "cancelled"
     assert win.document.layers == before
     assert win.errors == []
+
+
+def test_the_launcher_opens_a_fit_csd_folder(tmp_path):
+    fit_csd_folder(tmp_path / "csd")
+    out = tmp_path / "view.png"
+    exe = installed_tool("tractlens")
+    cmd = [exe] if exe else [sys.executable, "-m", "tractlens.widgets.launcher"]
+    args = ["view", str(tmp_path / "csd"), "--screenshot", str(out), "--size", "1200x800", "--exit", "--device", "cpu"]
+    result = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    image = QImage(str(out)).convertToFormat(QImage.Format.Format_RGB888)
+    pixels = np.frombuffer(image.constBits(), np.uint8).reshape(image.height(), image.bytesPerLine())
+    colours = stick_pixels(pixels[:, : 3 * image.width()].reshape(image.height(), image.width(), 3))
+    assert colours["red"].sum() > 500 and colours["green"].sum() > 500
