@@ -7,9 +7,10 @@ What opens as fODFs (:func:`app.loaders.load_layers` asks :func:`is_fod_path` fi
   as sticks (a ``dyads`` layer, hidden), GM and CSF maps of a multi-tissue fit (hidden), and
   the fODF's l=0 term as a grey background (the mean amplitude, MRtrix's "AFD total");
 * a 4-D NIfTI whose volume count is that of an even-order SH series (15, 28, 45, 66, ...)
-  and whose header names its basis (TractLens, MRtrix) or whose name says fODF (``fod``,
-  ``fodf``, ``odf``, ``wmfod``) without b-values beside it; an fODF image that does not
-  state its basis is refused by :func:`app.io.fod.load_fod` with what to do.
+  written by ``fit-csd``, or without b-values beside it (a diffusion series of 45 volumes
+  stays one) whose header names its basis (MRtrix, DIPY's descoteaux) or whose name says
+  fODF (``fod``, ``fodf``, ``odf``, ``wmfod``); an fODF image that does not state its basis
+  is refused by :func:`app.io.fod.load_fod` with what to do.
 
 Coefficients are read through :func:`app.io.fod.load_fod`: MRtrix's basis, world frame.
 A session keeps an fODF layer opened from a file as that file's path and basis (fODFs are
@@ -65,9 +66,11 @@ def is_fod_path(path: str | os.PathLike) -> bool:
     except ValueError:
         return False
     description = bytes(img.header.get("descrip", b"")).split(b"\0")[0].decode("latin-1").lower()
-    if "fod" in description or "mrtrix" in description or "descoteaux" in description:
+    if "tractlens fod" in description:
         return True
-    return bool(FOD_NAME.search(_stem(path))) and find_gradient_files(path) == (None, None)
+    if find_gradient_files(path) != (None, None):  # a series of 45 volumes with its gradients
+        return False
+    return "mrtrix" in description or "descoteaux" in description or bool(FOD_NAME.search(_stem(path)))
 
 
 def fod_layer(name: str, sh: np.ndarray, affine: np.ndarray, *, source: str = "", basis: str = "mrtrix") -> Layer:

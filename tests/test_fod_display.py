@@ -265,3 +265,15 @@ def test_a_multi_tissue_fit_adds_gm_and_csf_maps_under_the_fod():
         ("CSD fODF", "fod", True),
     ]
     assert layers[1].data.data[0, 0, 0] == pytest.approx(0.7)
+
+
+def test_a_45_volume_diffusion_series_with_its_gradients_stays_a_series(tmp_path):
+    import nibabel as nib
+
+    img = nib.Nifti1Image(np.ones((4, 4, 4, 45), np.float32), np.eye(4))
+    img.header["descrip"] = b"MRtrix version: 3.0.4"
+    nib.save(img, tmp_path / "fod_like.nii.gz")
+    assert is_fod_path(tmp_path / "fod_like.nii.gz")  # MRtrix-written, SH count, no gradients: an fODF
+    (tmp_path / "fod_like.bval").write_text(" ".join(["0"] * 5 + ["1000"] * 40) + "\n")
+    (tmp_path / "fod_like.bvec").write_text("\n".join(" ".join(["1"] * 45) for _ in range(3)) + "\n")
+    assert not is_fod_path(tmp_path / "fod_like.nii.gz")
