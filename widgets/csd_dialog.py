@@ -86,8 +86,9 @@ class CsdDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         x, y, z = self.dwi.shape3
-        shells = sorted({round(float(b), -2) for b in self.dwi.bvals if b > self.dwi.b0_threshold})
-        text = f"{x}×{y}×{z} voxels, {len(self.dwi.bvals)} volumes, shells b = {', '.join(f'{b:g}' for b in shells)}"
+        self.shells = sorted({round(float(b), -2) for b in self.dwi.bvals if b > self.dwi.b0_threshold})
+        shells = ", ".join(f"{b:g}" for b in self.shells)
+        text = f"{x}×{y}×{z} voxels, {len(self.dwi.bvals)} volumes, shells b = {shells}"
         layout.addWidget(QLabel(text))
         layout.addLayout(form)
         layout.addWidget(self.message)
@@ -104,6 +105,12 @@ class CsdDialog(QDialog):
             params, peak_params = self.form.value(), self.peak_form.value()
         except ValueError as exc:
             self.message.setText(f"Check the settings: {exc}.")
+            return
+        if params.msmt and len(self.shells) < 2:
+            self.message.setText(
+                "Multi-shell multi-tissue CSD needs two or more shells above b=0; this series has one. "
+                "Untick it for single-shell CSD."
+            )
             return
         folder = self.folder_edit.text().strip()
         if self.save.isChecked() and not folder:

@@ -171,8 +171,13 @@ def test_fit_csd_from_the_dwi_menu_adds_the_fodf_and_peaks(window, qtbot, tmp_pa
     window.open_paths([write_phantom_dwi(tmp_path / "data")])
     assert window.wait_for_jobs(60)
     doc = window.document
-    before = len(doc.layers)
+    before, jobs_before = len(doc.layers), len(window.runner.jobs)
     dialog = open_csd_dialog(window, qtbot)
+    qtbot.keyClick(dialog.form.editors["msmt"], Qt.Key.Key_Space)  # tick it: one shell, refused here
+    qtbot.mouseClick(dialog.fit_button, Qt.MouseButton.LeftButton)
+    assert dialog.isVisible() and "two or more shells" in dialog.message.text()
+    assert len(window.runner.jobs) == jobs_before
+    qtbot.keyClick(dialog.form.editors["msmt"], Qt.Key.Key_Space)
     lmax = dialog.form.editors["lmax"]
     lmax.selectAll()
     qtbot.keyClicks(lmax, "6")
