@@ -36,6 +36,9 @@ from . import dialogs
 from .params_form import ParamsForm
 
 FIT_CSD = "Fit CSD…"
+# Voxels per batch of a fit started here: Cancel is heard between batches, and the CPU fits
+# 200-750 voxels/s (README), so a batch takes seconds, not the minutes of a whole brain.
+CANCEL_BATCH_VOXELS = 2000
 
 
 class CsdDialog(QDialog):
@@ -127,7 +130,13 @@ def csd_job(dwi, params: CSDParams, peak_params: PeakParams, folder: Path | None
     def job(ctx):
         ctx.progress(0, 1, "fitting fODFs (CSD)")
         result = fit_csd_pipeline(
-            dwi, params=params, peak_params=peak_params, device=device, progress=ctx.progress, cancelled=ctx.cancelled
+            dwi,
+            params=params,
+            peak_params=peak_params,
+            device=device,
+            progress=ctx.progress,
+            cancelled=ctx.cancelled,
+            batch_voxels=CANCEL_BATCH_VOXELS,
         )
         ctx.check()
         if folder is not None:
