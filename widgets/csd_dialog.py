@@ -139,10 +139,14 @@ def csd_job(dwi, params: CSDParams, peak_params: PeakParams, folder: Path | None
             batch_voxels=CANCEL_BATCH_VOXELS,
         )
         ctx.check()
+        layers = csd_result_layers(result, name)
         if folder is not None:
             ctx.progress(1, 1, f"writing {folder.name}")
-            write_csd_outputs(result, folder)
-        return csd_result_layers(result, name), result
+            written = write_csd_outputs(result, folder)
+            for layer in layers:  # a session then keeps the fODF as this file (app.fod_layers)
+                if layer.kind == "fod":
+                    layer.data.source = written["fod.nii.gz"]
+        return layers, result
 
     return job
 

@@ -198,6 +198,7 @@ def test_fit_csd_from_the_dwi_menu_adds_the_fodf_and_peaks(window, qtbot, tmp_pa
     sticks = peaks.data.data[PAD + 3, PAD + 4, Z]  # the crossing: one peak along x, one along y
     assert sorted(int(np.argmax(np.abs(s[:3]))) for s in sticks[:2]) == [0, 1]
     assert (tmp_path / "out" / "fod.nii.gz").exists()
+    assert fod.data.source == str(tmp_path / "out" / "fod.nii.gz")  # what a session keeps of it
     assert "CSD:" in window.statusBar().currentMessage()
 
 
