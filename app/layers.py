@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from tractlens.gpu.sh import Y00
+
 from .observable import Observable
 from .tractogram import first_column
 from .volumes import Volume
 
-LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads")
+LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads", "fod")
 SCALAR_KINDS = ("scalar", "dwi")  # drawn through a colour map and a display range
-GLYPH_KINDS = ("tensor", "dyads")  # drawn as glyphs on the cursor's slice planes, not as pixels
+GLYPH_KINDS = ("tensor", "dyads", "fod")  # drawn as glyphs on the cursor's slice planes, not as pixels
 ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, exclusion red
     "seed": (0.1, 0.9, 0.2),
     "target": (0.2, 0.5, 1.0),
@@ -38,6 +40,7 @@ STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction fir
     (0.3, 0.55, 1.0),
 )
 GLYPH_SHAPES = ("superquadric", "ellipsoid")
+FOD_SCALINGS = ("voxel", "global")  # fODF glyphs: min-max per voxel, or relative sizes (app.fod_display)
 COLORMAPS = ("gray", "hot", "viridis", "cool-warm", "safety")  # safety: red→yellow up to mid-range, then green
 RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile)
 
@@ -87,13 +90,18 @@ class Layer(Observable):
     3 blue) and f × ``glyph_step`` × ``glyph_size`` voxels long (the slice views
     draw its in-plane projection). Its value at a point is the fractions.
 
+    An ``fod`` volume holds fODFs, (X, Y, Z, C) spherical-harmonic coefficients in MRtrix's
+    basis and the world frame (:mod:`app.io.fod`), drawn as SH surfaces on the cursor's
+    planes (:mod:`app.fod_display`) sized by ``fod_scaling``: ``"voxel"`` (min-max per
+    voxel) or ``"global"`` (relative amplitudes).
+
     Display properties: ``visible``, ``opacity`` (0..1), ``colormap`` and
     ``clim`` (scalar and dwi layers), ``color_by`` (tractograms: ``"direction"``
     or the name of a point/streamline scalar; tensors: ``"direction"`` or
     ``"fa"``), ``tubes`` (tractograms drawn as shaded tubes instead of lines),
     and for the glyph kinds (tensor, dyads), shown on the cursor's slice planes,
     ``glyph`` (tensor shape), ``glyph_step`` (every n-th voxel; default 2 for
-    tensors, 1 for dyads) and ``glyph_size`` (1 = the largest glyph fills its
+    tensors, 1 for dyads and fODFs) and ``glyph_size`` (1 = the largest glyph fills its
     grid cell); ``transparent_below`` (scalar layers: values below it let the
     layers beneath show through, e.g. an overlay that is empty almost
     everywhere; None: every value is drawn); ``color`` (ROIs: ``"#rrggbb"``, None: the
@@ -115,6 +123,7 @@ class Layer(Observable):
         "tubes",
         "transparent_below",
         "color",
+        "fod_scaling",
     )
 
     def __init__(self, name: str, data, kind: str, **display):
@@ -130,11 +139,12 @@ class Layer(Observable):
         self.clim = self._default_clim()
         self.color_by = "direction"
         self.glyph = "superquadric"
-        self.glyph_step = 1 if kind == "dyads" else 2
+        self.glyph_step = 1 if kind in ("dyads", "fod") else 2
         self.glyph_size = 1.0
         self.tubes = False
         self.transparent_below: float | None = None
         self.color: str | None = None  # ROIs: "#rrggbb", None = the role's colour
+        self.fod_scaling = "voxel"  # fod layers: glyph radii min-max per voxel, or "global"
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
         self.selection_by: str | None = None  # what made the selection ("ROI target", "connectivity cell")
         # Where the layer came from: {"file": path} for a loaded file; for a computed result its
@@ -192,6 +202,8 @@ class Layer(Observable):
                 value = float(value)
             if key == "color":
                 value = hex_colour(value)
+            if key == "fod_scaling" and value not in FOD_SCALINGS:
+                raise ValueError(f"fODF scaling is one of {', '.join(FOD_SCALINGS)}, not {value!r}")
             if getattr(self, key) != value:
                 setattr(self, key, value)
                 changed.append(key)
@@ -267,6 +279,8 @@ class Layer(Observable):
             return None
         if self.kind == "dyads":
             return vol.data[tuple(ijk)][:, 3]  # the sticks' fractions
+        if self.kind == "fod":  # the mean amplitude (l=0 term), not the 45 coefficients
+            return float(vol.data[tuple(ijk)][0]) * Y00
         return vol.data[tuple(ijk)]
 
 

@@ -7,6 +7,7 @@ What a path becomes:
 * a 4-D NIfTI with gradient files beside it: a DWI series, kept as a hidden
   ``dwi`` layer (its mean b=0 image; model fits start from it) and fitted on
   load (WLS, on the GPU when present) into FA, colour FA and MD layers;
+* a ``fit-csd`` folder or an fODF image: an ``fod`` layer (:mod:`app.fod_layers`);
 * a bedpostX folder (one holding ``merged_th1samples``), or one of its
   ``merged_*samples`` files: a ``dyads`` layer (the sticks) over a
   "mean f1" layer;
@@ -175,6 +176,10 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
         return [Layer(_stem(path), tract, "tractogram")]
     if BEDPOSTX_SAMPLES.match(path.name) and _is_bedpostx(path.parent):
         path = path.parent  # a sample file stands for its folder
+    from .fod_layers import is_fod_path, load_fod_layers
+
+    if is_fod_path(path):  # a fit-csd folder or an fODF image (app.fod_layers)
+        return load_fod_layers(path)
     if path.is_dir():
         if _is_bedpostx(path):
             samples = load_bedpostx(path)
@@ -184,7 +189,7 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
         raise InputError(
             "cannot open this kind of file",
             path=path,
-            fix="TractLens opens NIfTI images (.nii, .nii.gz), FreeSurfer .mgz/.mgh, dtifit and bedpostX folders and .trk/.tck/.trx tractograms",
+            fix="TractLens opens NIfTI images (.nii, .nii.gz), FreeSurfer .mgz/.mgh, dtifit, bedpostX and fit-csd folders and .trk/.tck/.trx tractograms",
         )
     img = load_image(path)
     shape = img.shape
@@ -321,8 +326,12 @@ def needs_gradient_files(path: str | os.PathLike) -> bool:
     path = Path(path)
     if not path.is_file() or not path.name.lower().endswith(IMAGE_SUFFIXES):
         return False
+    from .fod_layers import is_fod_path
+
     try:
         shape = load_image(path).shape
+        if is_fod_path(path):  # SH coefficients, not a diffusion series
+            return False
     except InputError:
         return False
     return is_diffusion_shape(shape) and find_gradient_files(path) == (None, None)

@@ -9,7 +9,8 @@ files compress themselves) holding
   radiological convention);
 * ``layers/*.nii.gz`` — volumes, ROI masks, label volumes (NIfTI-1, the exact values and the
   layer's affine; FSL, MRtrix and DIPY open them), the diffusion series of a ``dwi`` layer
-  with its b-values and b-vectors, and the posterior samples of a ``dyads`` layer;
+  with its b-values and b-vectors, and the posterior samples of a ``dyads`` layer (an fODF
+  layer read from a file keeps only that file's path, :func:`app.fod_layers.fod_session_entry`);
 * ``layers/*.trx`` — tractograms with every per-point and per-streamline scalar (positions
   as float64 mm, so the voxel coordinates come back bit for bit with the manifest's affine);
   ``*_selection.npy`` the streamlines shown.
@@ -49,6 +50,7 @@ import numpy as np
 
 from . import __version__
 from .errors import InputError
+from .fod_layers import FodFileMissing, fod_session_entry, restore_fod_volume
 from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
 from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
@@ -252,6 +254,9 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         return entry, parts
     entry["affine"] = data.affine.tolist()
     entry["volume"] = {"name": data.name, "kind": data.kind, "source": data.source}
+    if (fod := fod_session_entry(layer)) is not None:  # an fODF file: its path, not 650 MB again
+        entry["fod"] = fod
+        return entry, parts
     if data.lut is not None:
         entry["volume"]["lut"] = {
             "names": {str(k): v for k, v in data.lut.names.items()},
@@ -480,8 +485,10 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         affine = np.asarray(entry["affine"], dtype=np.float64)
         info = entry["volume"]
         dtypes = entry.get("dtypes") or {}
-        data = _load_nifti(folder, files["data"], dtypes.get("data"))
-        if "signal" in files:
+        data = None if "fod" in entry else _load_nifti(folder, files["data"], dtypes.get("data"))
+        if "fod" in entry:
+            volume = restore_fod_volume(entry["fod"], info["name"])
+        elif "signal" in files:
             from .io.dwi import DWI
 
             dwi = DWI(
@@ -538,6 +545,8 @@ def _document(manifest: dict, layers_dir: Path, path: Path) -> Document:
             document.add_layer(layer)
         if reference:
             document.set_cursor(manifest.get("cursor", document.cursor))
+    except FodFileMissing:  # not the session's fault: the fODF file it refers to has gone
+        raise
     except InputError as exc:  # a side file's error names a file in a temporary folder: name the session
         side = f" ({Path(exc.path).name})" if exc.path else ""
         raise InputError(f"the session is damaged{side}: {exc.problem}", path=path, fix=DAMAGED) from None

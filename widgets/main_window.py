@@ -40,6 +40,7 @@ from .controllers.menus import add_action, app_icon, build_file_menu, move_befor
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
+from .csd_dialog import open_csd_dialog
 from .dock_tabs import fit_dock_tabs, scrollable
 from .model_dialog import open_model_dialog
 from .panels import JobPanel, LayerPanel
@@ -127,6 +128,7 @@ class MainWindow(QMainWindow):
         self.layer_panel = LayerPanel(self.document)
         self.layer_panel.fit_ballstick_requested.connect(self.fit_ballstick_dialog)
         self.layer_panel.fit_model_requested.connect(lambda layer: open_model_dialog(self, layer))
+        self.layer_panel.fit_csd_requested.connect(lambda layer: open_csd_dialog(self, layer))
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.layer_panel.show_as_requested.connect(self.show_layer_as)
         self.ballstick_dialog: BallStickDialog | None = None

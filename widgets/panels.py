@@ -26,6 +26,8 @@ from tractlens.app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES,
 from tractlens.app.selection import shown_of
 
 from . import dialogs
+from .csd_dialog import FIT_CSD
+from .fod_glyphs import add_fod_menu
 from .job_panel import JobPanel as JobPanel  # the Jobs dock; here for older imports
 
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
@@ -53,7 +55,8 @@ class LayerPanel(QWidget):
 
     A right click on a layer opens its menu (:attr:`menu`, shown without blocking):
     for a ``dwi`` layer "Fit ball & sticks (bedpostX)…", which emits
-    :attr:`fit_ballstick_requested` with the layer; for a ``tractogram`` layer "Filter with
+    :attr:`fit_ballstick_requested` with the layer, and "Fit CSD…" (:attr:`fit_csd_requested`);
+    for an ``fod`` layer the glyphs' scaling; for a ``tractogram`` layer "Filter with
     COMMIT…", which emits :attr:`commit_requested` with the layer; for an ``roi`` layer
     "Rename…" (also a double click), "Colour…" and "Colour of its role" (undoable edits, like
     removing an ROI); for every layer "Remove". ROIs show their colour beside their name.
@@ -61,6 +64,7 @@ class LayerPanel(QWidget):
 
     fit_ballstick_requested = Signal(object)  # the dwi layer to fit
     fit_model_requested = Signal(object)  # the dwi layer to fit a microstructure model to
+    fit_csd_requested = Signal(object)  # the dwi layer to fit fODFs to (widgets.csd_dialog)
     commit_requested = Signal(object)  # the tractogram layer to filter
     show_as_requested = Signal(object, str)  # a scalar or labels layer, and the kind to show it as
 
@@ -274,7 +278,10 @@ class LayerPanel(QWidget):
             fit = self.menu.addAction(FIT_BALLSTICK)
             fit.triggered.connect(lambda *_: self.fit_ballstick_requested.emit(layer))
             self.menu.addAction(FIT_MODEL).triggered.connect(lambda *_: self.fit_model_requested.emit(layer))
+            self.menu.addAction(FIT_CSD).triggered.connect(lambda *_: self.fit_csd_requested.emit(layer))
             self.menu.addSeparator()
+        if layer.kind == "fod":
+            add_fod_menu(self.menu, layer)
         if layer.kind == "tractogram":
             commit = self.menu.addAction(FILTER_COMMIT)
             commit.triggered.connect(lambda *_: self.commit_requested.emit(layer))

@@ -8,7 +8,8 @@ level). With an ROI tool the left button edits the ROI instead (see
 shape, a drag that starts inside the active shape moves it in the slice's plane,
 and a Shift+drag resizes it around its centre (a sphere's radius, a box's
 half-sizes in the slice's two directions, follow the mouse). Over the composited
-image: tensor layers as ellipses, dyads layers as sticks (their in-plane part),
+image: tensor layers as ellipses, fODF layers as their in-plane sections (widgets.fod_glyphs),
+dyads layers as sticks (their in-plane part),
 and tractograms as the segments within a slab of ``slab_mm`` around the slice
 (None: every segment, projected onto it; View > Fiber slab on slices). Ctrl+wheel or a
 pinch zooms, a middle, Shift or Space drag pans, ``0`` resets; the ruler tool measures in mm
@@ -26,7 +27,8 @@ from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
 from . import roi_outlines, roi_tools
-from .glyphs import LatestTask, ellipse_job, glyph_step_2d, stick_segments
+from .fod_glyphs import slice_glyph_job
+from .glyphs import LatestTask, stick_segments
 from .render import composite, fibers_on_reference, plane_geometry
 from .slice_navigation import SliceNavigation
 
@@ -197,9 +199,8 @@ class SliceView(QWidget):
         cell_px = min(target.width() / width, target.height() / height)
         requests = []
         for layer in self.document.layers:
-            if layer.kind == "tensor" and layer.visible and layer.opacity > 0:
-                step = glyph_step_2d(layer.glyph_step, (height, width), cell_px)
-                requests.append((layer, *ellipse_job(layer, self.document, geometry, step)))
+            if layer.kind in ("tensor", "fod") and layer.visible and layer.opacity > 0:
+                requests.append((layer, *slice_glyph_job(layer, self.document, geometry, (height, width), cell_px)))
         wanted = {id(layer) for layer, _build, _key in requests}
         for key in [key for key in self._glyph_tasks if key not in wanted]:
             self._glyph_tasks.pop(key).forget()
@@ -234,7 +235,7 @@ class SliceView(QWidget):
         width = geometry.voxels.shape[1]
         scale = target.width() / (width * geometry.pixel_mm[1])  # screen pixels per mm
         for layer in self.document.layers:
-            paths = self._ellipses.get(id(layer)) if layer.kind == "tensor" else None
+            paths = self._ellipses.get(id(layer)) if layer.kind in ("tensor", "fod") else None
             if not paths:
                 continue
             painter.save()

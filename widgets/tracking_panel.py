@@ -1,6 +1,7 @@
 """The Deterministic tracking panel: parameters, seeding, Track / Cancel, live results.
 
-The panel holds no algorithm. Track takes a snapshot of the tensor layer and of the
+The panel holds no algorithm. Track takes a snapshot of the direction field chosen (a tensor
+layer, or an fODF layer tracked through :func:`app.fod_layers.track_on_fod`) and of the
 ROIs (:func:`app.regions.roi_snapshot`), brings them into their roles on the tensor grid
 (:mod:`app.regions`: seed; every target and waypoint passed; exclusion avoided; stop
 ends streamlines), and runs :func:`app.pipelines.track.deterministic_from_regions` on
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tractlens.app.fod_layers import fod_tracking_available, track_on_fod
 from tractlens.app.model import Document, Layer, Tractogram
 from tractlens.app.params import PLACEMENTS, GeodesicSeedingParams, SeedingParams, field_of
 from tractlens.app.pipelines.track import (
@@ -46,6 +48,7 @@ from tractlens.app.regions import regions_on_grid, roi_snapshot
 from tractlens.app.selection import shown_of
 
 from . import fiber_display
+from .direction_field import NOT_AVAILABLE, DirectionFieldChoice
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm, default_of, limits_of
 
@@ -213,6 +216,8 @@ class DeterministicPanel(TrackingPanel):
             *_range(SeedingParams, "rng_seed"),
             "The same number gives the same seeds, and so the same streamlines",
         )
+        self.field_choice = DirectionFieldChoice(document)
+        seeding.addRow("Direction field", self.field_choice)
         seeding.addRow(self.whole_brain)
         seeding.addRow("Seeds per voxel", self.seeds_per_voxel)
         seeding.addRow("Placement", self.placement)
@@ -222,6 +227,10 @@ class DeterministicPanel(TrackingPanel):
         self.status.setObjectName("tracking_status")
         self.status.setText("Paint a seed ROI (or tick whole brain), then Track.")
         self._layout(self.form, seeding)
+
+    def tensor_layer(self) -> Layer | None:
+        """The direction field chosen (a tensor or an fODF layer; by default the newest tensors)."""
+        return self.field_choice.layer()
 
     def _job(self, volume, rois):
         params = self.form.value()
@@ -234,12 +243,39 @@ class DeterministicPanel(TrackingPanel):
             "rng_seed": self.rng_seed.value(),
         }
         name = "deterministic"
+        if volume.kind == "fod":
+            return self._fod_job(volume, rois, whole, params, options, name)
 
         def job(ctx):
             field_ = self._tensor_field(volume)
             regions = regions_on_grid(rois, "deterministic", field_)
             result = deterministic_from_regions(
                 field_,
+                regions,
+                whole_brain=whole,
+                params=params,
+                device=self.device,
+                progress=ctx.progress,
+                cancelled=ctx.cancelled,
+                on_batch=self._streaming(ctx, name),
+                max_batch=GUI_BATCH,
+                name=name,
+                **options,
+            )
+            return _result_layer(name, result.tractogram), result
+
+        return job
+
+    def _fod_job(self, volume, rois, whole: bool, params, options: dict, name: str):
+        """Tracking on an fODF layer: through the one door to the fODF tracker
+        (:func:`app.fod_layers.track_on_fod`), with the same ROIs, seeding and live display."""
+        if not fod_tracking_available():
+            return f"{NOT_AVAILABLE}: choose a tensor layer as the direction field."
+
+        def job(ctx):
+            regions = regions_on_grid(rois, "deterministic", volume)
+            result = track_on_fod(
+                volume,
                 regions,
                 whole_brain=whole,
                 params=params,

@@ -2,7 +2,7 @@
 
 One place owns the plotter (MNE's brain viewer pattern): actors are created once
 per layer and updated in place. Slice planes are coloured by the same
-compositing as the 2-D views (:func:`widgets.render.composite`); tensor and
+compositing as the 2-D views (:func:`widgets.render.composite`); tensor, fODF and
 dyads layers are one glyph actor each on those planes, rebuilt when the cursor
 moves (tensor glyphs on a worker thread, at most
 :data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane). Each
@@ -27,7 +27,8 @@ from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
 from . import fiber_display
 from .fiber_actors import draws_nothing, fiber_mesh, lookup_table, show_mesh
-from .glyphs import LatestTask, stick_mesh, stick_segments, tensor_glyph_job
+from .fod_glyphs import volume_glyph_job
+from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import composite, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 from .view3d_overlays import add_orientation_marker, layout_colour_bars
@@ -356,7 +357,7 @@ class View3D(QWidget):
             self._glyph_tasks.pop(key).forget()
         for layer in layers:
             shown = layer.visible and doc.reference_affine is not None
-            if layer.kind == "tensor":
+            if layer.kind in ("tensor", "fod"):
                 if shown:
                     self._request_tensor_glyphs(layer)
                 else:
@@ -388,7 +389,7 @@ class View3D(QWidget):
         if task is None:
             task = LatestTask(lambda _key, mesh, layer=layer: self._show_tensor_glyphs(layer, mesh), self)
             self._glyph_tasks[id(layer)] = task
-        build, key = tensor_glyph_job(layer, self.document, self._software())
+        build, key = volume_glyph_job(layer, self.document, self._software())
         task.request(key, build)
         actor = self._glyphs.get(id(layer))
         if actor is not None:

@@ -183,8 +183,11 @@ def fit_csd_pipeline(
     device: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    batch_voxels: int | None = None,
 ) -> CSDResult:
-    """Fit fODFs (and GM/CSF for MSMT) inside the mask of a loaded DWI."""
+    """Fit fODFs (and GM/CSF for MSMT) inside the mask of a loaded DWI. ``batch_voxels``: most
+    voxels per batch (None: as many as memory allows); ``cancelled`` is polled between batches,
+    so the window keeps them small enough for Cancel to answer within seconds."""
     params = params or CSDParams(b0_threshold=dwi.b0_threshold)
     warnings = list(dwi.warnings)
     mask, mask_source = choose_mask(dwi, mask, mask_path)
@@ -220,7 +223,14 @@ def fit_csd_pipeline(
         ) from exc
     fit = run_with_cpu_fallback(
         lambda backend: fit_csd(
-            signal, model, params, peak_params, device=backend, progress=progress, cancelled=cancelled
+            signal,
+            model,
+            params,
+            peak_params,
+            device=backend,
+            progress=progress,
+            cancelled=cancelled,
+            batch_voxels=batch_voxels,
         ),
         choice.argument,
         warnings,

@@ -1,6 +1,6 @@
 """Opening files in the window: images, tractograms, folders and the demo, each loaded on a worker
 and stacked in the order asked; an image shown as labels or scalar; a DWI series fitted with
-ball & sticks.
+ball & sticks or CSD.
 
 What a file becomes is :mod:`tractlens.app.loaders`' business; this controller runs the loading
 jobs and puts the layers into the document. It holds no widget: the window hears of it through
@@ -23,6 +23,7 @@ from tractlens.app.model import Document, Layer
 
 from .. import dialogs, fiber_display
 from ..ballstick import ballstick_job, brain_voxels_upper_bound
+from ..csd_dialog import csd_job
 
 IMAGE_KINDS = ("scalar", "dwi", "rgb", "labels")
 SESSION_SUFFIX = ".tractlens"
@@ -207,6 +208,25 @@ class FileController(QObject):
             on_done=done,
             on_error=self.error.emit,
         )
+
+    def fit_csd(self, layer: Layer, params, peak_params=None, folder: Path | None = None) -> int:
+        """Fit fODFs by CSD to a DWI layer's series on a worker (:mod:`widgets.csd_dialog`); the
+        fODF, peaks (and GM/CSF) layers are added when it is done, nothing after a cancel or a
+        failure. Returns the job id."""
+        name = f"CSD ({layer.name})"
+
+        def done(outcome) -> None:
+            layers, result = outcome
+            for new in layers:
+                new.provenance = {**new.provenance, "computed": "CSD", "dwi": layer.name, **result.fit.provenance}
+                self.document.add_layer(new)
+            seconds = result.fit.provenance.get("total_s")
+            text = f"CSD: {int(result.mask.sum())} voxels fitted" + (f" in {seconds:.1f} s" if seconds else "")
+            text += f"; saved to {folder}" if folder is not None else ""
+            self.message.emit("; ".join([text, *result.warnings]), 15000)
+
+        job = csd_job(layer.data.dwi, params, peak_params, folder, self.device, "CSD")
+        return self.runner.submit(name, job, on_done=done, on_error=self.error.emit)
 
 
 def _no_gradients(path: Path) -> str:

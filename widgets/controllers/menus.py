@@ -49,7 +49,9 @@ def build_file_menu(window, menu, toolbar):
     toolbar.addAction(
         add_action(window, menu, "&Open…", window.open_dialog, QKeySequence.StandardKey.Open, icon_name="open")
     )
-    add_action(window, menu, "Open &folder (dtifit, bedpostX)…", window.open_folder_dialog, icon_name="open-folder")
+    add_action(
+        window, menu, "Open &folder (dtifit, bedpostX, fit-csd)…", window.open_folder_dialog, icon_name="open-folder"
+    )
     toolbar.addAction(add_action(window, menu, "Open &demo", window.open_demo, "Ctrl+D", icon_name="demo"))
     recent = menu.addMenu("Open &recent")
     menu.addSeparator()

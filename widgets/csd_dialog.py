@@ -1,0 +1,164 @@
+"""Constrained spherical deconvolution from the GUI: the parameter dialog and the background job.
+
+The DWI layer's menu ("Fit CSD…") opens :class:`CsdDialog`, whose forms are generated from
+:class:`gpu.csd.CSDParams` and :class:`gpu.csd_peaks.PeakParams` (:class:`widgets.params_form.ParamsForm`:
+the same defaults, limits and help as ``tractlens fit-csd``); on "Fit" the window runs
+:func:`csd_job` on the job runner (:meth:`widgets.controllers.files.FileController.fit_csd`):
+:func:`app.pipelines.csd.fit_csd_pipeline` with progress per batch of voxels and cooperative
+cancel, optionally writing the ``fit-csd`` folder. The layers to add (the fODF, its peaks as
+sticks, GM and CSF maps of a multi-tissue fit: :func:`app.fod_layers.csd_result_layers`)
+reach the document only when the job has finished, so a cancelled or failed fit changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from tractlens.app.fod_layers import csd_result_layers
+from tractlens.app.io import split_suffix
+from tractlens.app.model import Layer
+from tractlens.app.pipelines.csd import CSDParams, PeakParams, fit_csd_pipeline, write_csd_outputs
+
+from . import dialogs
+from .params_form import ParamsForm
+
+FIT_CSD = "Fit CSD…"
+# Voxels per batch of a fit started here: Cancel is heard between batches, and the CPU fits
+# 200-750 voxels/s (README), so a batch takes seconds, not the minutes of a whole brain.
+CANCEL_BATCH_VOXELS = 2000
+
+
+class CsdDialog(QDialog):
+    """CSD settings for one DWI layer and, optionally, the folder to write the ``fit-csd``
+    outputs to. Non-blocking (:meth:`open`); on Fit the settings are validated by building the
+    parameter dataclasses (a refusal is shown in the dialog, which stays open), then
+    :attr:`params`, :attr:`peak_params` and :attr:`folder` (None: not saved) hold them and
+    ``accepted`` is emitted."""
+
+    def __init__(self, layer: Layer, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setWindowTitle(f"Constrained spherical deconvolution: {layer.name}")
+        self.setObjectName("csd_dialog")
+        self.dwi = layer.data.dwi
+        self.params: CSDParams | None = None
+        self.peak_params: PeakParams | None = None
+        self.folder: Path | None = None
+        self.form = ParamsForm(CSDParams)
+        self.form.set_values(b0_threshold=self.dwi.b0_threshold)
+        self.peak_form = ParamsForm(PeakParams)
+        self.save = QCheckBox("Save the fit-csd folder to")
+        self.save.setObjectName("csd_save")
+        stem = split_suffix(Path(self.dwi.path))[0] if self.dwi.path else "dwi"
+        where = Path(self.dwi.path).parent if self.dwi.path else Path()
+        self.folder_edit = QLineEdit(str(where / f"{stem}_csd"))
+        self.folder_edit.setObjectName("csd_folder")
+        self.folder_edit.setEnabled(False)
+        self.save.toggled.connect(self.folder_edit.setEnabled)
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self._browse)
+        row = QHBoxLayout()
+        row.addWidget(self.folder_edit, 1)
+        row.addWidget(browse)
+        self.message = QLabel()
+        self.message.setObjectName("csd_message")
+        self.message.setWordWrap(True)
+        self.message.setStyleSheet("color: #e06060")
+        form = QFormLayout()
+        form.addRow(self.form)
+        form.addRow(QLabel("Peaks"))
+        form.addRow(self.peak_form)
+        form.addRow(self.save, row)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.fit_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
+        self.fit_button.setText("Fit")
+        self.fit_button.setObjectName("csd_fit")
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        x, y, z = self.dwi.shape3
+        self.shells = sorted({round(float(b), -2) for b in self.dwi.bvals if b > self.dwi.b0_threshold})
+        shells = ", ".join(f"{b:g}" for b in self.shells)
+        text = f"{x}×{y}×{z} voxels, {len(self.dwi.bvals)} volumes, shells b = {shells}"
+        layout.addWidget(QLabel(text))
+        layout.addLayout(form)
+        layout.addWidget(self.message)
+        layout.addWidget(buttons)
+
+    def _browse(self) -> None:
+        folder = dialogs.folder(self, "The folder to write the CSD fit to", self.folder_edit.text())
+        if folder:
+            self.folder_edit.setText(folder)
+            self.save.setChecked(True)
+
+    def accept(self) -> None:
+        try:
+            params, peak_params = self.form.value(), self.peak_form.value()
+        except ValueError as exc:
+            self.message.setText(f"Check the settings: {exc}.")
+            return
+        if params.msmt and len(self.shells) < 2:
+            self.message.setText(
+                "Multi-shell multi-tissue CSD needs two or more shells above b=0; this series has one. "
+                "Untick it for single-shell CSD."
+            )
+            return
+        folder = self.folder_edit.text().strip()
+        if self.save.isChecked() and not folder:
+            self.message.setText("Choose the folder to save to, or untick saving.")
+            return
+        self.params, self.peak_params = params, peak_params
+        self.folder = Path(folder) if self.save.isChecked() else None
+        super().accept()
+
+
+def csd_job(dwi, params: CSDParams, peak_params: PeakParams, folder: Path | None, device: str, name: str):
+    """The work of one fit, for :meth:`app.jobs.JobRunner.submit`: returns (layers to add, result)."""
+
+    def job(ctx):
+        ctx.progress(0, 1, "fitting fODFs (CSD)")
+        result = fit_csd_pipeline(
+            dwi,
+            params=params,
+            peak_params=peak_params,
+            device=device,
+            progress=ctx.progress,
+            cancelled=ctx.cancelled,
+            batch_voxels=CANCEL_BATCH_VOXELS,
+        )
+        ctx.check()
+        layers = csd_result_layers(result, name)
+        if folder is not None:
+            ctx.progress(1, 1, f"writing {folder.name}")
+            written = write_csd_outputs(result, folder)
+            for layer in layers:  # a session then keeps the fODF as this file (app.fod_layers)
+                if layer.kind == "fod":
+                    layer.data.source = written["fod.nii.gz"]
+        return layers, result
+
+    return job
+
+
+def open_csd_dialog(window, layer: Layer) -> CsdDialog:
+    """Ask for the CSD settings of a DWI layer (non-blocking); Fit starts the job on the window's
+    file controller. The dialog is kept as ``window.csd_dialog`` (scripts and tests drive it)."""
+    previous = getattr(window, "csd_dialog", None)
+    if previous is not None:
+        previous.deleteLater()  # the previous one, closed or not
+    dialog = CsdDialog(layer, window)
+    dialog.accepted.connect(lambda: window.files.fit_csd(layer, dialog.params, dialog.peak_params, dialog.folder))
+    window.csd_dialog = dialog
+    dialog.open()
+    return dialog

@@ -1,0 +1,72 @@
+"""The tracking panels' choice of direction field: a tensor layer or an fODF layer.
+
+Lists the document's ``tensor`` and ``fod`` layers, newest last, and follows the document: a
+layer the user picked stays chosen while others come and go; otherwise (or once it is removed)
+the newest tensor layer is, what the panel tracked before fODFs existed. fODF layers are listed
+but cannot be chosen, with the tooltip :data:`NOT_AVAILABLE`, when the fODF tracker is not
+installed (:func:`app.fod_layers.fod_tracking_available`).
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QComboBox
+
+from tractlens.app.fod_layers import fod_tracking_available
+from tractlens.app.model import Document, Layer
+
+NOT_AVAILABLE = "fODF tracking not available"
+FIELD_KINDS = ("tensor", "fod")
+
+
+class DirectionFieldChoice(QComboBox):
+    """A combo box of the direction fields open in ``document``; :meth:`layer` is the chosen one."""
+
+    def __init__(self, document: Document, parent=None):
+        super().__init__(parent)
+        self.document = document
+        self.setObjectName("direction_field")
+        self.setToolTip("What tracking follows: a tensor layer's main direction, or an fODF layer's peaks")
+        self._fod_ok = fod_tracking_available()
+        self._layers: list[Layer] = []
+        self._chosen: Layer | None = None  # picked by the user; None: the newest tensor layer
+        self.activated.connect(lambda index: setattr(self, "_chosen", self._layers[index]))
+        document.connect(self._on_document)
+        self.refresh()
+
+    def _on_document(self, _source, event, **info) -> None:
+        if event == "layers" or (event == "display" and "name" in info.get("changed", ())):
+            self.refresh()
+
+    def refresh(self) -> None:
+        layers = [layer for layer in self.document.layers if layer.kind in FIELD_KINDS]
+        chosen = self._chosen
+        if chosen not in layers:  # the newest tensor layer, as before fODFs
+            tensors = [layer for layer in layers if layer.kind == "tensor"]
+            chosen = tensors[-1] if tensors else None
+        self.blockSignals(True)
+        self.clear()
+        self._layers = layers
+        for index, layer in enumerate(layers):
+            self.addItem(f"{layer.name} ({'fODF' if layer.kind == 'fod' else 'tensors'})")
+            if layer.kind == "fod" and not self._fod_ok:
+                item = self.model().item(index)
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
+                item.setToolTip(NOT_AVAILABLE)
+        self.setCurrentIndex(layers.index(chosen) if chosen in layers else -1)
+        self.blockSignals(False)
+
+    def layer(self) -> Layer | None:
+        index = self.currentIndex()
+        return self._layers[index] if 0 <= index < len(self._layers) else None
+
+    def choose(self, layer: Layer) -> bool:
+        """Choose ``layer`` (scripts and tests); False when it is not listed or not enabled."""
+        if layer not in self._layers:
+            return False
+        item = self.model().item(self._layers.index(layer))
+        if not item.flags() & Qt.ItemFlag.ItemIsEnabled:
+            return False
+        self._chosen = layer
+        self.setCurrentIndex(self._layers.index(layer))
+        return True

@@ -1,0 +1,173 @@
+"""fODF glyphs on the slice planes: spherical-harmonic surfaces in 3-D, their in-plane sections
+on the slices, built off the GUI thread with the tensor glyphs' machinery.
+
+The geometry (SH evaluated on a sphere mesh, radii, colours by direction) is
+:mod:`app.fod_display`'s; here it becomes VTK meshes and Qt paths. The counts are bounded as
+the tensor glyphs' are (:mod:`widgets.glyphs`): in 3-D the same cells per cursor plane
+(:func:`widgets.glyphs.glyph_step_3d`) with a sphere as fine as the triangle budget allows
+(:func:`app.fod_display.sphere_level`); in 2-D every n-th voxel with cells at least
+:data:`MIN_FOD_CELL_PX` pixels apart (lobes smaller than that cannot be read) and at most
+:data:`widgets.glyphs.MAX_GLYPHS_2D` per view. Builds run on the glyph workers
+(:class:`widgets.glyphs.LatestTask`: the newest request wins, stale ones are dropped, so
+stepping through slices never waits).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyvista as pv
+
+from tractlens.app.fod_display import fitted, fod_sections, fod_surfaces, sphere_level
+from tractlens.app.model import Document, Layer
+
+from .glyphs import (
+    COLOUR_LEVELS,
+    GLYPH_TRIANGLES,
+    GLYPH_TRIANGLES_SOFTWARE,
+    ellipse_job,
+    glyph_step_2d,
+    glyph_step_3d,
+    plane_grid_voxels,
+    polygons_path,
+    sample_volume,
+    tensor_glyph_job,
+)
+
+MIN_FOD_CELL_PX = 14  # 2-D: fODF sections on voxels at least this many screen pixels apart
+SECTION_VERTICES = 32  # 2-D: points around one section
+
+
+def _voxel_mm(reference: np.ndarray) -> float:
+    return float(np.sqrt((reference[:3, :3] ** 2).sum(0)).min())
+
+
+def fod_mesh(points: np.ndarray, triangles: np.ndarray, rgb: np.ndarray) -> pv.PolyData:
+    """One shaded PolyData of glyph surfaces (``rgb`` per point, normals computed)."""
+    cells = np.concatenate([np.full((len(triangles), 1), 3), triangles], axis=1)
+    mesh = pv.PolyData(points, faces=cells.ravel())
+    mesh.point_data["rgb"] = rgb
+    mesh = mesh.compute_normals(cell_normals=False, split_vertices=False, consistent_normals=False)
+    mesh.point_data.active_scalars_name = "rgb"
+    return mesh
+
+
+def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
+    """A function that builds an fODF layer's 3-D glyph mesh (or None) from a snapshot taken now
+    (GUI thread), and the key of that mesh; run the function on a worker."""
+    data, affine = layer.data.data, layer.data.affine.copy()
+    reference, shape, cursor = doc.reference_affine.copy(), tuple(doc.reference_shape), doc.cursor.copy()
+    step = glyph_step_3d(layer.glyph_step, shape, software)
+    display = (float(layer.glyph_size), layer.fod_scaling)
+    key = ("fod", id(data), affine.tobytes(), reference.tobytes(), tuple(int(v) for v in cursor), step, display)
+    budget = GLYPH_TRIANGLES_SOFTWARE if software else GLYPH_TRIANGLES
+
+    def build():
+        voxels = plane_grid_voxels(shape, cursor, step)
+        values, inside = sample_volume(data, affine, reference, voxels)
+        keep = inside & fitted(values)
+        if not keep.any():
+            return None
+        centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
+        points, triangles, rgb = fod_surfaces(
+            values[keep],
+            centres,
+            size_mm=0.5 * step * _voxel_mm(reference) * display[0],
+            scaling=display[1],
+            subdivisions=sphere_level(int(keep.sum()), budget),
+        )
+        return fod_mesh(points, triangles, rgb)
+
+    return build, key
+
+
+def fod_section_job(layer: Layer, doc: Document, geometry, step: int):
+    """A function that builds an fODF layer's in-plane sections on a slice (``geometry``: a
+    :class:`widgets.render.PlaneGeometry`) on the voxels whose in-plane indices are
+    ≡ step // 2 (mod ``step``), as [(rgba, path)] in plane millimetres like
+    :func:`widgets.glyphs.ellipse_paths`; and the key of that picture."""
+    data, affine, reference = layer.data.data, layer.data.affine.copy(), doc.reference_affine.copy()
+    offset = step // 2
+    rows = np.flatnonzero(geometry.voxels[:, 0, geometry.v_axis] % step == offset)
+    cols = np.flatnonzero(geometry.voxels[0, :, geometry.h_axis] % step == offset)
+    voxels = geometry.voxels[np.ix_(rows, cols)]
+    grid_rows, grid_cols = np.meshgrid(rows, cols, indexing="ij")
+    info = (geometry.pixel_mm, geometry.screen_x_world, geometry.screen_up_world, 0.5 * step * min(geometry.pixel_mm))
+    display = (float(layer.glyph_size), float(layer.opacity), layer.fod_scaling)
+    plane = (
+        geometry.voxels.shape,
+        tuple(int(v) for v in geometry.voxels[0, 0]),
+        tuple(int(v) for v in geometry.voxels[-1, -1]),
+    )
+    key = ("fod", id(data), affine.tobytes(), reference.tobytes(), plane, step, info, display)
+
+    def build():
+        values, inside = sample_volume(data, affine, reference, voxels)
+        keep = inside & fitted(values)
+        if not keep.any():
+            return []
+        return section_paths(values[keep], grid_rows[keep], grid_cols[keep], info, display)
+
+    return build, key
+
+
+def section_paths(sh, rows, cols, info, display, vertices: int = SECTION_VERTICES) -> list:
+    """The sections of fODFs (G, C) centred on plane pixels (``rows``, ``cols``) as filled
+    triangles (centre and two neighbouring section points), each coloured by its direction
+    quantised to :data:`widgets.glyphs.COLOUR_LEVELS` levels per channel, one path per colour."""
+    pixel_mm, screen_x, screen_up, radius_mm = info
+    size, opacity, scaling = display
+    radii, world = fod_sections(sh, screen_x, screen_up, scaling=scaling, vertices=vertices)
+    t = np.linspace(0.0, 2.0 * np.pi, vertices, endpoint=False)
+    unit = np.stack([np.cos(t), -np.sin(t)], -1)  # screen, y down
+    centre = np.stack([(cols + 0.5) * pixel_mm[1], (rows + 0.5) * pixel_mm[0]], -1)  # (G, 2)
+    ring = centre[:, None, :] + (radii * radius_mm * size)[:, :, None] * unit[None]  # (G, K, 2)
+    following = np.roll(ring, -1, axis=1)
+    triangles = np.stack([np.broadcast_to(centre[:, None, :], ring.shape), ring, following], axis=2)
+    middle = world + np.roll(world, -1, axis=0)  # the direction between two section points
+    rgb = np.abs(middle) / np.maximum(np.abs(middle).max(axis=1, keepdims=True), 1e-12)
+    levels = COLOUR_LEVELS - 1
+    quantised = np.rint(rgb * levels).astype(np.int64)  # (K, 3): the same for every glyph
+    keys = (quantised[:, 0] * COLOUR_LEVELS + quantised[:, 1]) * COLOUR_LEVELS + quantised[:, 2]
+    alpha = round(255 * opacity)
+    out = []
+    for key in np.unique(keys):
+        segment = np.flatnonzero(keys == key)
+        r, g, b = (round(255 * float(v) / levels) for v in quantised[segment[0]])
+        out.append(((r, g, b, alpha), polygons_path(triangles[:, segment].reshape(-1, 3, 2))))
+    return out
+
+
+def fod_step_2d(step: int, plane_shape, cell_px: float) -> int:
+    """The step of a slice view's fODF sections: :func:`widgets.glyphs.glyph_step_2d`, and cells
+    at least :data:`MIN_FOD_CELL_PX` pixels apart."""
+    return max(glyph_step_2d(step, plane_shape, cell_px), math.ceil(MIN_FOD_CELL_PX / max(float(cell_px), 1e-6)))
+
+
+# ------------------------------------------------------------------ one door per view
+def slice_glyph_job(layer: Layer, doc: Document, geometry, plane_shape, cell_px: float):
+    """The 2-D glyph build of a tensor (ellipses) or fODF (sections) layer: (build, key)."""
+    if layer.kind == "fod":
+        return fod_section_job(layer, doc, geometry, fod_step_2d(layer.glyph_step, plane_shape, cell_px))
+    return ellipse_job(layer, doc, geometry, glyph_step_2d(layer.glyph_step, plane_shape, cell_px))
+
+
+def volume_glyph_job(layer: Layer, doc: Document, software: bool = False):
+    """The 3-D glyph build of a tensor (superquadrics) or fODF (SH surfaces) layer: (build, key)."""
+    if layer.kind == "fod":
+        return fod_glyph_job(layer, doc, software)
+    return tensor_glyph_job(layer, doc, software)
+
+
+SCALING_TEXT = {"voxel": "fODF glyphs: scale each voxel (min-max)", "global": "fODF glyphs: relative sizes"}
+
+
+def add_fod_menu(menu, layer: Layer) -> None:
+    """The fODF layer menu's scaling choice (:data:`app.model.FOD_SCALINGS`), one checked."""
+    for scaling, text in SCALING_TEXT.items():
+        action = menu.addAction(text)
+        action.setCheckable(True)
+        action.setChecked(layer.fod_scaling == scaling)
+        action.triggered.connect(lambda *_, scaling=scaling: layer.set(fod_scaling=scaling))
+    menu.addSeparator()
