@@ -3,7 +3,8 @@
 A folder holds, per fibre population i = 1, 2, ...: ``merged_th{i}samples``,
 ``merged_ph{i}samples`` and ``merged_f{i}samples`` (4-D, last axis the posterior
 samples) and ``nodif_brain_mask``. Directions (sinθcosφ, sinθsinφ, cosθ) are in
-FSL's voxel frame, like bvecs.
+FSL's voxel frame, like bvecs. As probtrackx's ``--samples``, a folder may also be given by
+its files' base name, ``DIR/merged`` (:func:`split_samples_path`).
 """
 
 from __future__ import annotations
@@ -78,25 +79,62 @@ def _find(folder: Path, stem: str) -> Path | None:
     return None
 
 
-def _source_files(folder: Path) -> tuple[Path, list[tuple[Path, Path, Path]]]:
+#: The base name of the sample files bedpostx writes (probtrackx's ``--samples DIR/merged``).
+SAMPLES_BASE = "merged"
+
+
+def split_samples_path(path: str | os.PathLike) -> tuple[Path, str]:
+    """The folder and the sample files' base name of a bedpostX folder given either as the folder
+    or, as probtrackx takes it, as ``DIR/BASE`` with ``DIR/BASE_th1samples.nii.gz`` beside
+    (``DIR/merged`` for bedpostx's output). Anything else comes back as a folder, for the loader
+    to refuse with its own message."""
+    path = Path(path)
+    if not path.is_dir() and path.name and path.parent.is_dir():
+        if _find(path.parent, f"{path.name}_th1samples") is not None:
+            return path.parent, path.name
+    return path, SAMPLES_BASE
+
+
+def is_samples_base(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a bedpostX folder's ``DIR/merged`` base name (not a folder itself)."""
+    return split_samples_path(path)[0] != Path(path)
+
+
+def _source_files(folder: Path, base: str = SAMPLES_BASE) -> tuple[Path, list[tuple[Path, Path, Path]]]:
     """The mask and, per fibre, the θ, φ and f sample files; :class:`InputError` when one is missing."""
     if not folder.is_dir():
-        raise InputError("not a folder", path=folder, fix="Give the bedpostX output folder (e.g. subject.bedpostX)")
+        raise InputError(
+            "not a folder",
+            path=folder,
+            fix="Give the bedpostX output folder (e.g. subject.bedpostX) or its base name (subject.bedpostX/merged)",
+        )
     mask_path = _find(folder, "nodif_brain_mask")
     if mask_path is None:
         raise InputError("no nodif_brain_mask in this folder: not a bedpostX output", path=folder, fix=RERUN)
     fibres = []
-    while _find(folder, f"merged_th{len(fibres) + 1}samples") is not None:
+    while _find(folder, f"{base}_th{len(fibres) + 1}samples") is not None:
         paths = []
         for name in ("th", "ph", "f"):
-            path = _find(folder, f"merged_{name}{len(fibres) + 1}samples")
+            path = _find(folder, f"{base}_{name}{len(fibres) + 1}samples")
             if path is None:
-                raise InputError(f"merged_{name}{len(fibres) + 1}samples is missing", path=folder, fix=RERUN)
+                raise InputError(f"{base}_{name}{len(fibres) + 1}samples is missing", path=folder, fix=RERUN)
             paths.append(path)
         fibres.append(tuple(paths))
     if not fibres:
-        raise InputError("no merged_th1samples in this folder: not a bedpostX output", path=folder, fix=RERUN)
+        raise InputError(f"no {base}_th1samples in this folder: not a bedpostX output", path=folder, fix=RERUN)
     return mask_path, fibres
+
+
+def source_files(folder: str | os.PathLike) -> list[Path]:
+    """The files a read of ``folder`` (or ``DIR/merged``) depends on, in the order the cache fingerprints them."""
+    folder, base = split_samples_path(folder)
+    mask_path, fibres = _source_files(folder, base)
+    return [mask_path, *(path for paths in fibres for path in paths)]
+
+
+def _cache_key(folder: Path, base: str) -> Path:
+    """The path a cache entry is named after: the folder, or ``DIR/BASE`` for another base name."""
+    return folder if base == SAMPLES_BASE else folder / base
 
 
 def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSamples:
@@ -107,12 +145,13 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
     as long as no file of the folder changed."""
     from . import bedpostx_cache
 
-    folder = Path(folder)
-    mask_path, fibres = _source_files(folder)
+    folder, base = split_samples_path(folder)
+    mask_path, fibres = _source_files(folder, base)
     sources = [mask_path, *(path for paths in fibres for path in paths)]
+    key = _cache_key(folder, base)
     use_cache = cache and bedpostx_cache.cache_enabled()
     if use_cache:
-        cached = bedpostx_cache.load_entry(folder, sources)
+        cached = bedpostx_cache.load_entry(key, sources)
         if cached is not None:
             return BedpostSamples(
                 theta=cached["theta"],
@@ -121,12 +160,12 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
                 mask=cached["mask"],
                 affine=cached["affine"],
                 path=str(folder),
-                cache_entry=bedpostx_cache.entry_dir(folder),
+                cache_entry=bedpostx_cache.entry_dir(key),
             )
         prints = bedpostx_cache.fingerprint(sources)
     writer = None
     if use_cache and bedpostx_cache.settled(sources):
-        writer = bedpostx_cache.EntryWriter(folder, sources, prints)
+        writer = bedpostx_cache.EntryWriter(key, sources, prints)
     try:
         samples = _read_folder(folder, mask_path, fibres, writer)
         if writer is not None:
@@ -270,6 +309,12 @@ BEDPOSTX_OUTPUTS = {
 }
 
 
+#: Files written besides :data:`BEDPOSTX_OUTPUTS` by a model-2 fit (FSL's names).
+BEDPOSTX_MODEL2_OUTPUTS = {
+    "mean_d_stdsamples.nii.gz": "mean standard deviation of the gamma-distributed diffusivities, mm²/s (model 2)",
+}
+
+
 def _bedpostx_folder(folder: str | os.PathLike) -> Path:
     out = Path(folder)
     if out.exists() and not out.is_dir():
@@ -357,11 +402,13 @@ def save_bedpostx_masked(
     *,
     s0: np.ndarray | None = None,
     d: np.ndarray | None = None,
+    d_std: np.ndarray | None = None,
     bvals: np.ndarray | None = None,
     bvecs: np.ndarray | None = None,
 ) -> dict[str, str]:
     """:func:`save_bedpostx` from the samples of the voxels in ``mask`` only: θ, φ, f as
-    (N, n_fibres, n_samples) and ``s0``/``d`` as (N, n_samples), in ``mask``'s (C) voxel order.
+    (N, n_fibres, n_samples) and ``s0``/``d``/``d_std`` as (N, n_samples), in ``mask``'s (C)
+    voxel order (``d_std``, model 2's, gives ``mean_d_stdsamples``).
 
     The same files, value for value, without the (X, Y, Z, n_fibres, n_samples) arrays: each
     merged file is scattered into its grid a few volumes at a time and compressed as it goes
@@ -400,6 +447,8 @@ def save_bedpostx_masked(
             small.append((_on_grid(mask, s0.mean(axis=-1)), "mean_S0samples.nii.gz", np.float32))
         if d is not None:
             small.append((_on_grid(mask, d.mean(axis=-1)), "mean_dsamples.nii.gz", np.float32))
+        if d_std is not None:
+            small.append((_on_grid(mask, d_std.mean(axis=-1)), "mean_d_stdsamples.nii.gz", np.float32))
         small.append((mask, "nodif_brain_mask.nii.gz", np.uint8))
         futures += [pool.submit(save_volume, data, affine, out / name, dtype=dtype) for data, name, dtype in small]
         for future in futures:

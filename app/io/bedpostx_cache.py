@@ -14,6 +14,9 @@ Files modified in the last :data:`SETTLE_S` seconds are not cached (as git does 
 clean files: a file rewritten within one clock tick keeps its time). A cache that cannot be
 written (read-only, disk full) is one warning line; the data are then read directly.
 ``TRACTLENS_BEDPOSTX_CACHE=0`` turns the cache off.
+
+A fit that writes a bedpostX folder has the samples already: it writes the entry too
+(:func:`write_entry_masked`), so even the first tracking run maps them.
 """
 
 from __future__ import annotations
@@ -135,6 +138,28 @@ class EntryWriter:
             self.error = exc
         return self.error is None
 
+    def save_scattered(self, name: str, mask: np.ndarray, values: np.ndarray, block: int = 1 << 16) -> None:
+        """Write one (X, Y, Z, ...) array of the entry from the values of the voxels in ``mask`` only
+        ((N, ...), ``mask``'s C order): the file is made at full size (zeros, sparse where the file
+        system allows) and filled a block of voxels at a time, so the grid array is never in memory."""
+        if self.error is not None or not self._created:
+            return
+        shape = (*mask.shape, *values.shape[1:])
+        try:
+            out = np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=values.dtype, shape=shape)
+            flat = out.reshape(mask.size, *values.shape[1:])
+            inside = np.flatnonzero(mask)
+            for start in range(0, inside.size, block):
+                flat[inside[start : start + block]] = values[start : start + block]
+            out.flush()
+            del flat, out
+        except OSError as exc:
+            with self._lock:
+                self.error = self.error or exc
+            return
+        with self._lock:
+            self.saved[name] = shape
+
     def save(self, name: str, array: np.ndarray) -> None:
         """Write one array of the entry (thread-safe; after a failure, nothing more is written)."""
         if self.error is not None or not self._created:
@@ -208,6 +233,29 @@ def write_entry(folder: Path, sources: list[Path], arrays: dict[str, np.ndarray]
         for name in ARRAYS:
             writer.save(name, arrays[name])
     return writer.commit(arrays["affine"])
+
+
+def write_entry_masked(
+    folder: Path,
+    sources: list[Path],
+    mask: np.ndarray,
+    affine: np.ndarray,
+    samples: dict[str, np.ndarray],
+) -> Path | None:
+    """The entry of a folder just written from the masked samples ``samples`` (theta, phi, f as
+    (N, n_fibres, n_samples) float32 in ``mask``'s C order), with ``affine`` as the written mask's
+    header gives it, so that a later read maps exactly what reading the files would give.
+
+    ``sources`` are fingerprinted now: the writer has just renamed them into place, so the
+    settling rule for files that may still be being written does not apply."""
+    prints = fingerprint(sources)
+    writer = EntryWriter(folder, sources, prints)
+    mask = np.asarray(mask, dtype=bool)
+    if writer.begin(sum(mask.size * int(np.prod(samples[name].shape[1:])) * 4 for name in ARRAYS[:3]) + mask.size):
+        for name in ARRAYS[:3]:
+            writer.save_scattered(name, mask, np.asarray(samples[name], dtype=np.float32))
+        writer.save("mask", mask)
+    return writer.commit(affine)
 
 
 def load_derived(entry: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray] | None:
