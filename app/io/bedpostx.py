@@ -23,7 +23,7 @@ from ..errors import InputError
 from ..grid import Grid
 from ..model import DyadsVolume
 from .dwi import fsl_to_voxel_vectors, save_gradients
-from .nifti import load_image, read_array, read_raw, save_volume, save_volume_slabs
+from .nifti import _read, load_image, read_array, read_raw, save_volume, save_volume_slabs
 
 RERUN = (
     "Give a complete bedpostX output folder (merged_th/ph/f{i}samples and nodif_brain_mask on one grid); "
@@ -169,7 +169,13 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
     try:
         samples = _read_folder(folder, mask_path, fibres, writer)
         if writer is not None:
+            in_entry = writer.error is None  # the arrays are maps of the entry's files
             samples.cache_entry = writer.commit(samples.affine)
+            names = ("theta", "phi", "f")
+            if samples.cache_entry is not None:  # the published files, copy-on-write as a later run maps them
+                samples.theta, samples.phi, samples.f = (writer.published(name) for name in names)
+            elif in_entry:  # not published (a source changed, or the rename failed): keep private copies
+                samples.theta, samples.phi, samples.f = (np.array(getattr(samples, n)) for n in names)
     finally:
         if writer is not None:
             writer.abandon()  # after an error while reading: no half entry left behind
@@ -227,9 +233,11 @@ def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, P
     per parameter (no per-file copies kept and stacked).
 
     Files are inflated and converted on several threads at once (ISA-L and NumPy's copies
-    release the GIL), θ files first, then φ, then f; with a cache ``writer``
-    (:class:`~app.io.bedpostx_cache.EntryWriter`) each parameter's array is written to the cache
-    as soon as its last file is in, while the next parameter's files are still being read."""
+    release the GIL), θ files first, then φ, then f, each a few volumes at a time
+    (:func:`_read_samples_into`). With a cache ``writer``
+    (:class:`~app.io.bedpostx_cache.EntryWriter`) the three arrays are maps of the entry's files
+    (:meth:`~app.io.bedpostx_cache.EntryWriter.create`): what is read lands in the cache as it
+    is read, with no copy and no write afterwards (the kernel writes the pages back)."""
     mask_img = load_image(mask_path, "bedpostX mask")
     if len(mask_img.shape) != 3:
         raise InputError(f"nodif_brain_mask must be 3-D, it has shape {mask_img.shape}", path=mask_path, fix=RERUN)
@@ -237,30 +245,78 @@ def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, P
     mask = (raw != 0) & np.isfinite(raw)
     images = _check_images(folder, mask_img, mask, fibres)
     n_samples = int(images[0][0].shape[3]) if len(images[0][0].shape) == 4 else 1
-    arrays = [np.empty((*mask.shape, len(fibres), n_samples), dtype=np.float32) for _ in range(3)]
+    shape = (*mask.shape, len(fibres), n_samples)
     names = ("theta", "phi", "f")
-    if writer is not None and writer.begin(sum(a.nbytes for a in arrays) + mask.nbytes):
+    arrays = None
+    if writer is not None and writer.begin(3 * math.prod(shape) * 4 + mask.nbytes):
         writer.save("mask", mask)
+        arrays = [writer.create(name, shape) for name in names]
+    if arrays is None or any(a is None for a in arrays):
+        arrays = [np.empty(shape, dtype=np.float32) for _ in range(3)]
 
     def read_one(index: int) -> None:
         img, path = images[index]
-        data = read_array(img, path, what="bedpostX samples")
-        _fill_finite(arrays[index % 3][..., index // 3, :], data.reshape((*mask.shape, n_samples), order="F"))
+        _read_samples_into(img, path, arrays[index % 3][..., index // 3, :])
 
     order = sorted(range(len(images)), key=lambda index: (index % 3, index // 3))  # θ of every fibre, then φ, f
-    threads = _read_threads(len(images), math.prod(mask.shape) * n_samples * 4)
+    threads = _read_threads(len(images), READ_CHUNK_BYTES)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        futures = {index: pool.submit(read_one, index) for index in order}
-        saves = []
-        for parameter in range(3):
-            for index in order:
-                if index % 3 == parameter:
-                    futures[index].result()  # the first error (a damaged file) is raised here
-            if writer is not None:
-                saves.append(pool.submit(writer.save, names[parameter], arrays[parameter]))
-        for future in saves:
-            future.result()
+        for future in [pool.submit(read_one, index) for index in order]:
+            future.result()  # the first error (a damaged file) is raised here
     return BedpostSamples(*arrays, mask=mask, affine=mask_img.affine.copy(), path=str(folder))
+
+
+#: Decompressed bytes of one sample file a reader holds at a time (whole volumes, at least one).
+READ_CHUNK_BYTES = 128 << 20
+
+
+def _plain_float32(img) -> int | None:
+    """The data offset of an image whose stored values are the values (native float32, no scaling,
+    column-major), so its bytes can be inflated straight into place; None for any other."""
+    proxy = img.dataobj
+    try:
+        dtype, order, offset = np.dtype(proxy.dtype), proxy.order, int(proxy.offset)
+        slope, inter = float(proxy.slope), float(proxy.inter)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    if dtype != np.dtype(np.float32) or order != "F" or (slope, inter) != (1.0, 0.0):
+        return None
+    return offset
+
+
+def _read_samples_into(img, path: Path, target: np.ndarray) -> None:
+    """``target[...] = `` the file's samples (X, Y, Z, n_samples), NaN and ±Inf as 0.
+
+    A plain float32 file is inflated a few whole volumes at a time into one reused buffer and
+    scattered from there into the voxel-major target (:func:`_fill_finite`): no file-sized
+    temporary, so the pages faulted in are the target's only. Other files (scaled, other types)
+    go through :func:`~app.io.nifti.read_array`, as nibabel reads them. Any failure is an
+    :class:`InputError` naming the file."""
+    offset = _plain_float32(img)
+    if offset is None:
+        data = read_array(img, path, what="bedpostX samples")
+        _fill_finite(target, data.reshape(target.shape, order="F"))
+        return
+    _read(img, path, "bedpostX samples", lambda: _inflate_into(path, offset, target))
+
+
+def _inflate_into(path: Path, offset: int, target: np.ndarray) -> None:
+    from nibabel.openers import ImageOpener
+
+    shape = target.shape
+    volume = math.prod(shape[:3])
+    step = max(1, min(shape[3], READ_CHUNK_BYTES // max(1, 4 * volume)))
+    flat = np.empty(volume * step, dtype=np.float32)
+    buffer = flat.reshape((*shape[:3], step), order="F")  # column-major: k volumes are flat[: volume * k]
+    with ImageOpener(str(path), "rb") as fh:
+        fh.seek(offset)
+        for start in range(0, shape[3], step):
+            k = min(step, shape[3] - start)
+            view = memoryview(flat[: volume * k]).cast("B")
+            got = fh.readinto(view)
+            if got != view.nbytes:
+                raise EOFError(f"the file ends after {start * volume * 4 + got} bytes of samples")
+            _fill_finite(target[..., start : start + k], buffer[..., :k])
 
 
 def _fill_finite(target: np.ndarray, data: np.ndarray) -> None:

@@ -138,27 +138,46 @@ class EntryWriter:
             self.error = exc
         return self.error is None
 
+    def create(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray | None:
+        """A writable map of one array's ``.npy`` file in the entry being written, its blocks
+        reserved on the disk (no SIGBUS when the disk fills while pages are written), for a reader
+        to fill in place: no second copy of the array and no write of it afterwards (the kernel
+        writes the dirty pages back when it likes). None, with the error kept, when it cannot be made.
+        The shape is recorded as saved: the caller fills it completely or abandons the entry."""
+        if self.error is not None or not self._created:
+            return None
+        path = self.tmp / f"{name}.npy"
+        try:
+            out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+            if hasattr(os, "posix_fallocate") and out.nbytes:
+                with open(path, "r+b") as fh:
+                    os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+        except OSError as exc:
+            with self._lock:
+                self.error = self.error or exc
+            return None
+        with self._lock:
+            self.saved[name] = tuple(shape)
+        return out
+
+    def published(self, name: str) -> np.ndarray:
+        """One array of the published entry, mapped copy-on-write (as :func:`load_entry` maps it)."""
+        return np.asarray(np.load(self.entry / f"{name}.npy", mmap_mode="c", allow_pickle=False))
+
     def save_scattered(self, name: str, mask: np.ndarray, values: np.ndarray, block: int = 1 << 16) -> None:
         """Write one (X, Y, Z, ...) array of the entry from the values of the voxels in ``mask`` only
         ((N, ...), ``mask``'s C order): the file is made at full size (zeros, sparse where the file
         system allows) and filled a block of voxels at a time, so the grid array is never in memory."""
         if self.error is not None or not self._created:
             return
-        shape = (*mask.shape, *values.shape[1:])
-        try:
-            out = np.lib.format.open_memmap(self.tmp / f"{name}.npy", mode="w+", dtype=values.dtype, shape=shape)
-            flat = out.reshape(mask.size, *values.shape[1:])
-            inside = np.flatnonzero(mask)
-            for start in range(0, inside.size, block):
-                flat[inside[start : start + block]] = values[start : start + block]
-            out.flush()
-            del flat, out
-        except OSError as exc:
-            with self._lock:
-                self.error = self.error or exc
+        out = self.create(name, (*mask.shape, *values.shape[1:]), values.dtype)
+        if out is None:
             return
-        with self._lock:
-            self.saved[name] = shape
+        flat = out.reshape(mask.size, *values.shape[1:])
+        inside = np.flatnonzero(mask)
+        for start in range(0, inside.size, block):
+            flat[inside[start : start + block]] = values[start : start + block]
+        del flat, out
 
     def save(self, name: str, array: np.ndarray) -> None:
         """Write one array of the entry (thread-safe; after a failure, nothing more is written)."""
