@@ -88,7 +88,9 @@ if sys.argv[3] == "1":
     total = sum(float(a.sum(dtype="float64")) for a in (s.theta, s.phi, s.f))
 t3 = time.perf_counter()
 import resource
+use = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"import_s": t1 - t0, "read_s": t2 - t1, "touch_s": t3 - t2,
+                  "cpu_s": use.ru_utime + use.ru_stime, "module": __import__("tractlens").__file__,
                   "cached": s.cache_entry is not None,
                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 """
@@ -98,6 +100,7 @@ def run_child(folder: Path, cache: bool, touch: bool, env: dict) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(folder), "1" if cache else "0", "1" if touch else "0"],
         env=env,
+        cwd=folder.parent,  # not the checkout: its tractlens/ would come first on the path
         capture_output=True,
         text=True,
         check=True,
@@ -135,6 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=2, help="runs of each measurement (the median is reported)")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile of one read (cache off)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--tree", default=None, help="run the reads with the tractlens of this checkout (PYTHONPATH)")
     args = ap.parse_args(argv)
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_bedpostx_"))
@@ -148,7 +152,10 @@ def main(argv=None) -> int:
 
     cache_dir = work / "cache"
     env = {**os.environ, "TRACTLENS_CACHE": str(cache_dir), "TRACTLENS_BEDPOSTX_CACHE": "1"}
+    if args.tree:  # another checkout's code (e.g. the previous version, for a before/after)
+        env["PYTHONPATH"] = str(Path(args.tree).resolve())
     results: dict[str, list[float]] = {"first_read_s": [], "read_no_cache_s": [], "cached_read_s": []}
+    cpu: dict[str, list[float]] = {"first_read": [], "no_cache": []}
     touch: list[float] = []
     peaks: dict[str, float] = {}
     for _ in range(args.repeat):
@@ -163,6 +170,9 @@ def main(argv=None) -> int:
         touch.append(cached["touch_s"])
         plain = run_child(folder, False, False, {**env, "TRACTLENS_BEDPOSTX_CACHE": "0"})
         results["read_no_cache_s"].append(plain["read_s"])
+        cpu["first_read"].append(first["cpu_s"])
+        cpu["no_cache"].append(plain["cpu_s"])
+        module = first["module"]
         peaks = {"first_read": first["peak_rss_gb"], "no_cache": plain["peak_rss_gb"]}
     from tractlens.app.io import _gzip
     from tractlens.app.io.bedpostx import _read_threads
@@ -174,6 +184,8 @@ def main(argv=None) -> int:
         "runs": results,
         "cached_touch_s": float(np.median(touch)),
         "peak_rss_gb": peaks,
+        "process_cpu_s": {k: float(np.median(v)) for k, v in cpu.items()},
+        "code": module,
         "isal": _gzip.fast_gzip_enabled(),
         "threads": _read_threads(9, info["array_bytes"] // 9),
         "cores": len(os.sched_getaffinity(0)),
