@@ -390,7 +390,9 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
     prop[1] = d * 0.1f;
 #pragma unroll
     for (int p = 2; p < NPL; ++p) prop[p] = 0.2f;
-    if (MODEL2) prop[IDSTD] = dstd * 0.1f;
+#if MODEL2
+    prop[IDSTD] = dstd * 0.1f;
+#endif
     if (RICIAN) prop[NP - 1] = tau * 0.5f;
 #pragma unroll
     for (int p = 0; p < NP; ++p) { acc[p] = 0; rej[p] = 0; }
