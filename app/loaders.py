@@ -55,7 +55,7 @@ from tractlens.gpu import dti, sym3
 from .errors import InputError
 from .grid import Grid
 from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram, split_suffix
-from .io.bedpostx import dyad_volume
+from .io.bedpostx import SAMPLES_BASE, dyad_volume
 from .io.dwi import find_gradient_files
 from .io.nifti import IMAGE_SUFFIXES, NIFTI_SUFFIXES, load_3d, load_image, read_array
 from .model import ROI_ROLES, DWIVolume, Layer, RoiMask, Volume
@@ -168,6 +168,8 @@ def _dicom_layers(folder: Path, series, reference, device, progress, cancelled) 
 
 def _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients=None) -> list[Layer]:
     path = Path(path)
+    if not path.exists() and path.name == SAMPLES_BASE and _is_bedpostx(path.parent):
+        path = path.parent  # probtrackx's DIR/merged names the bedpostX folder
     if not path.exists():
         raise InputError("not found", path=path)
     suffix = path.suffix.lower()

@@ -5,6 +5,17 @@ Signal model for measurement m (b-value b_m, unit gradient g_m), L sticks:
     S_m = S0 [ (1 − Σ f_i) exp(−b_m d) + Σ f_i exp(−b_m d (g_mᵀ v_i)²) ],
     v_i = (sin θ_i cos φ_i, sin θ_i sin φ_i, cos θ_i)
 
+(model 1), or, with ``model=2`` (FSL's default; Jbabdi et al. 2012, MRM 68:1846, the
+multi-shell extension Hernández 2017 §4.6.1 names), the diffusivity of every compartment
+gamma-distributed with mean d and standard deviation d_std, so each exponential becomes the
+gamma's Laplace transform:
+
+    S_m = S0 [ (1 − Σ f_i) (1 + b_m d_std²/d)^(−d²/d_std²)
+               + Σ f_i (1 + b_m d_std² (g_mᵀ v_i)²/d)^(−d²/d_std²) ],
+
+as FSL's ``fibre.h`` evaluates it (``exp(log(d / (d + b c² σ²)) d²/σ²)``; here through
+``log1p``, which keeps float32 exact as d_std → 0, where the model becomes model 1).
+
 in the frame of the gradient vectors given (the app passes FSL's bvec frame, so
 θ and φ follow FSL's conventions and the output can replace FSL's).
 
@@ -26,13 +37,21 @@ Per voxel, as FSL's xfibres:
      as FSL: ``(M/2) log(SS/2)`` with SS the sum of squared residuals;
    * Rician noise (``rician``): an extra precision parameter τ = 1/σ² with
      ``−M log τ + τ/2 Σ (y² + S²) − Σ log I0(τ y S)``;
+   * model 2: d in (0, 0.005] mm²/s (FSL's UPPERDIFF) and d_std in (0, 0.01] mm²/s with
+     the prior 1/d_std (energy ``log d_std``), as FSL's ``compute_d_prior`` and
+     ``compute_d_std_prior``; the chain proposes d_std right after the sticks;
    * priors: S0, d, τ > 0 (flat); θ_i, φ_i uniform on the sphere
      (``−log |sin θ_i|``); f_i in (0, 1) with Σ f ≤ 1, and the ARD (shrinkage)
      prior ``ard_weight · log f_i`` on sticks 2..L.
 
    After the burn-in, every ``sample_every``-th of ``njumps`` iterations is
    recorded: ``njumps // sample_every`` samples per parameter. The sticks are
-   then numbered by mean fraction, largest first (as FSL's output).
+   then numbered by mean fraction, largest first (as FSL's output), and the angles
+   put in θ ∈ [0, π], φ ∈ (−π, π] (:func:`wrap_angles`; the directions stay the same).
+
+Model 2 starts its chain from the model-1 Levenberg–Marquardt result with d_std = d/10
+(nearly model 1, so the start fits as well as that result); FSL runs a second
+Levenberg–Marquardt on model 2 first (its ``PVM_multi``), which we leave to the burn-in.
 
 FSL keeps adapting the proposal widths while it records samples; we adapt during
 the burn-in only, so the recorded chain is a proper Metropolis chain.
@@ -70,6 +89,7 @@ class BallStickParams:
     """Parameters of the fit; defaults are FSL bedpostx's.
 
     n_fibres : sticks per voxel (1..3).
+    model : 1 (one diffusivity d) or 2 (gamma-distributed diffusivities, mean d, std d_std).
     burnin, njumps, sample_every : MCMC iterations before recording, iterations
         recorded over, and the thinning (``njumps // sample_every`` samples).
     ard_weight : weight of the ARD prior on the fractions of sticks 2..n (0 = off).
@@ -108,6 +128,17 @@ class BallStickParams:
             flags=("--sampleevery",),
         ),
     )
+    model: int = field(
+        default=2,
+        metadata=meta(
+            "Model",
+            "1: sticks with one diffusivity; 2: gamma-distributed diffusivities, for multi-shell data (FSL's default)",
+            "",
+            (1, 2),
+            choices=(1, 2),
+            flags=("--model",),
+        ),
+    )
     ard_weight: float = field(
         default=1.0,
         metadata=meta(
@@ -143,6 +174,8 @@ class BallStickParams:
     )
 
     def __post_init__(self):
+        if self.model not in (1, 2):
+            raise ValueError(f"model must be 1 or 2, got {self.model}")
         if not 1 <= self.n_fibres <= 3:
             raise ValueError(f"n_fibres must be 1, 2 or 3, got {self.n_fibres}")
         if self.burnin < 0 or self.njumps < 1 or self.sample_every < 1:
@@ -162,8 +195,18 @@ class BallStickParams:
 
     @property
     def n_params(self) -> int:
-        """Parameters per voxel in the MCMC: S0, d, (θ, φ, f) per stick [, τ]."""
-        return 2 + 3 * self.n_fibres + int(self.rician)
+        """Parameters per voxel in the MCMC: S0, d, (θ, φ, f) per stick [, d_std] [, τ]."""
+        return 2 + 3 * self.n_fibres + int(self.model == 2) + int(self.rician)
+
+    @property
+    def d_std_index(self) -> int | None:
+        """Where d_std sits in the MCMC's parameter vector (None for model 1)."""
+        return 2 + 3 * self.n_fibres if self.model == 2 else None
+
+
+#: Model 2's bounds on d and d_std, mm²/s (FSL's ``UPPERDIFF`` and ``compute_d_std_prior``).
+MODEL2_D_MAX = 0.005
+MODEL2_D_STD_MAX = 0.01
 
 
 def angles_to_vectors(xp, theta, phi):
@@ -180,17 +223,53 @@ def vectors_to_angles(xp, v):
     return theta, phi
 
 
-def ball_stick_signal(bvals, bvecs, s0, d, theta, phi, f):
-    """The model's signal (N, M) for N voxels: s0, d (N,), theta, phi, f (N, L); float64, NumPy."""
+def wrap_angles(theta, phi, xp=np):
+    """θ into [0, π] and φ into (−π, π], the same directions (the chain's angles roam freely).
+
+    Angles already in range are returned bit for bit; others are folded in float64:
+    θ mod 2π, then θ > π becomes 2π − θ with φ + π (the same unit vector)."""
+    theta, phi = xp.asarray(theta), xp.asarray(phi)
+    th = theta.astype(xp.float64) % (2 * np.pi)
+    flip = th > np.pi
+    th = xp.where(flip, 2 * np.pi - th, th)
+    ph = phi.astype(xp.float64) + xp.where(flip, np.pi, 0.0)
+    ph = ph - 2 * np.pi * xp.ceil((ph - np.pi) / (2 * np.pi))
+    th_in = (theta >= 0) & (theta <= np.pi)
+    ph_in = (phi > -np.pi) & (phi <= np.pi) & th_in
+    return (
+        xp.where(th_in, theta, th.astype(theta.dtype)),
+        xp.where(ph_in, phi, ph.astype(phi.dtype)),
+    )
+
+
+def compartment_signal(b_cos2, d, d_std=None):
+    """exp(−b c² d) (model 1), or the gamma model's (1 + b c² d_std²/d)^(−d²/d_std²) (model 2);
+    ``b_cos2`` is b (g·v)² (b for the ball), broadcast with ``d`` and ``d_std``."""
+    if d_std is None:
+        return np.exp(-b_cos2 * d)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = d / d_std
+        return np.exp(-(ratio * ratio) * np.log1p(b_cos2 * d_std * d_std / d))
+
+
+def ball_stick_signal(bvals, bvecs, s0, d, theta, phi, f, d_std=None):
+    """The model's signal (N, M) for N voxels: s0, d (N,), theta, phi, f (N, L); float64, NumPy.
+
+    With ``d_std`` (N,), model 2 (gamma-distributed diffusivities, mean d, std d_std)."""
     b = np.asarray(bvals, dtype=np.float64)
     g = np.asarray(bvecs, dtype=np.float64)
     s0, d = np.asarray(s0, np.float64), np.asarray(d, np.float64)
     v = angles_to_vectors(np, np.asarray(theta, np.float64), np.asarray(phi, np.float64))  # (N, L, 3)
     f = np.asarray(f, np.float64)
     cos2 = np.einsum("nlk,mk->nlm", v, g) ** 2
-    bd = b[None, :] * d[:, None]
-    ball = np.exp(-bd)
-    sticks = np.exp(-bd[:, None, :] * cos2)
+    if d_std is None:
+        bd = b[None, :] * d[:, None]
+        ball = np.exp(-bd)
+        sticks = np.exp(-bd[:, None, :] * cos2)
+    else:
+        sd = np.asarray(d_std, np.float64)
+        ball = compartment_signal(b[None, :], d[:, None], sd[:, None])
+        sticks = compartment_signal(b[None, None, :] * cos2, d[:, None, None], sd[:, None, None])
     return s0[:, None] * ((1.0 - f.sum(axis=1))[:, None] * ball + (f[:, :, None] * sticks).sum(axis=1))
 
 
@@ -289,21 +368,34 @@ class _State:
     ph: np.ndarray
     f: np.ndarray
     tau: np.ndarray  # (N,) (Rician only)
+    dstd: np.ndarray | None = None  # (N,) (model 2 only)
 
     def copy(self) -> _State:
-        return _State(*(a.copy() for a in (self.s0, self.d, self.th, self.ph, self.f, self.tau)))
+        arrays = (self.s0, self.d, self.th, self.ph, self.f, self.tau)
+        return _State(*(a.copy() for a in arrays), None if self.dstd is None else self.dstd.copy())
 
     def vector(self, rician: bool) -> np.ndarray:
-        """(N, P) in the order S0, d, (θ, φ, f) per stick [, τ]."""
+        """(N, P) in the order S0, d, (θ, φ, f) per stick [, d_std] [, τ]."""
         sticks = np.stack([self.th, self.ph, self.f], axis=2).reshape(len(self.s0), -1)
-        cols = [self.s0[:, None], self.d[:, None], sticks] + ([self.tau[:, None]] if rician else [])
+        cols = [self.s0[:, None], self.d[:, None], sticks]
+        cols += [self.dstd[:, None]] if self.dstd is not None else []
+        cols += [self.tau[:, None]] if rician else []
         return np.concatenate(cols, axis=1)
 
 
-def _stick_terms(b, g, d, th, ph):
-    """exp(−b d (g·v)²) for each stick: (N, L, M)."""
+def _stick_terms(b, g, d, th, ph, dstd=None):
+    """exp(−b d (g·v)²) (model 1) or its gamma counterpart (model 2) for each stick: (N, L, M)."""
     c = np.einsum("nlk,mk->nlm", angles_to_vectors(np, th, ph), g)
-    return np.exp(-b[None, None, :] * d[:, None, None] * c * c)
+    if dstd is None:
+        return np.exp(-b[None, None, :] * d[:, None, None] * c * c)
+    return compartment_signal(b[None, None, :] * c * c, d[:, None, None], dstd[:, None, None])
+
+
+def _ball_term(b, d, dstd=None):
+    """exp(−b d) (model 1) or its gamma counterpart (model 2): (N, M)."""
+    if dstd is None:
+        return np.exp(-b[None, :] * d[:, None])
+    return compartment_signal(b[None, :], d[:, None], dstd[:, None])
 
 
 def _energy(y, b, st: _State, ball, sticks, params: BallStickParams):
@@ -317,23 +409,37 @@ def _energy(y, b, st: _State, ball, sticks, params: BallStickParams):
     prior = -np.log(np.maximum(np.abs(np.sin(st.th)), 1e-30)).sum(axis=1)
     if params.ard_weight and st.f.shape[1] > 1:
         prior = prior + params.ard_weight * np.log(np.maximum(st.f[:, 1:], 1e-30)).sum(axis=1)
+    if st.dstd is not None:
+        prior = prior + np.log(np.maximum(st.dstd, 1e-30))
     return lik + prior
 
 
-def _proposal_order(n_fibres: int, rician: bool) -> list[tuple[str, int]]:
+def _proposal_order(n_fibres: int, rician: bool, model: int = 1) -> list[tuple[str, int]]:
     order = [("s0", -1), ("d", -1)]
     for i in range(n_fibres):
         order += [("th", i), ("ph", i), ("f", i)]
-    return order + ([("tau", -1)] if rician else [])
+    return order + ([("dstd", -1)] if model == 2 else []) + ([("tau", -1)] if rician else [])
 
 
-def mcmc_numpy(y, b, g, init: np.ndarray, voxels: np.ndarray, params: BallStickParams, cancelled=None):
+def mcmc_numpy(
+    y,
+    b,
+    g,
+    init: np.ndarray,
+    voxels: np.ndarray,
+    params: BallStickParams,
+    cancelled=None,
+    *,
+    d_max: float = np.inf,
+    d_std_max: float = np.inf,
+):
     """The MCMC of the module docstring on N voxels, vectorised; the reference for the kernel.
 
     ``y`` (N, M) normalised signal, ``b`` (M,) scaled b-values, ``g`` (M, 3), ``init``
     (N, P) starting values (:meth:`_State.vector` order), ``voxels`` (N,) global voxel
-    numbers (the random streams). Returns samples (N, P, n_samples) and the acceptance
-    rate of each parameter over the recorded iterations (N, P).
+    numbers (the random streams). ``d_max``, ``d_std_max``: model 2's bounds in the fit's
+    internal units (mm²/s × the b-value scale). Returns samples (N, P, n_samples) and the
+    acceptance rate of each parameter over the recorded iterations (N, P).
     """
     y = np.asarray(y, np.float64)
     n, L = len(y), params.n_fibres
@@ -345,14 +451,18 @@ def mcmc_numpy(y, b, g, init: np.ndarray, voxels: np.ndarray, params: BallStickP
         init[:, 3 : 3 + 3 * L : 3].copy(),
         init[:, 4 : 4 + 3 * L : 3].copy(),
         init[:, -1].copy() if params.rician else np.ones(n),
+        init[:, params.d_std_index].copy() if params.model == 2 else None,
     )
-    ball = np.exp(-b[None, :] * st.d[:, None])
-    sticks = _stick_terms(b, g, st.d, st.th, st.ph)
+    model2 = params.model == 2
+    ball = _ball_term(b, st.d, st.dstd)
+    sticks = _stick_terms(b, g, st.d, st.th, st.ph, st.dstd)
     energy = _energy(y, b, st, ball, sticks, params)
-    order = _proposal_order(L, params.rician)
+    order = _proposal_order(L, params.rician, params.model)
     prop = np.empty((n, P))
     for p, (name, _) in enumerate(order):
         prop[:, p] = {"s0": st.s0 / 10, "d": st.d / 10, "tau": st.tau / 2}.get(name, 0.2)
+        if name == "dstd":
+            prop[:, p] = st.dstd / 10
     acc = np.zeros((n, P))
     rej = np.zeros((n, P))
     samples = np.zeros((n, P, params.n_samples), dtype=np.float32)
@@ -370,15 +480,18 @@ def mcmc_numpy(y, b, g, init: np.ndarray, voxels: np.ndarray, params: BallStickP
             else:
                 setattr(new, name, getattr(st, name) + step)
             new_ball, new_sticks = ball, sticks
-            if name == "d":
-                new_ball = np.exp(-b[None, :] * new.d[:, None])
-                new_sticks = _stick_terms(b, g, new.d, new.th, new.ph)
+            if name in ("d", "dstd"):
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    new_ball = _ball_term(b, new.d, new.dstd)
+                    new_sticks = _stick_terms(b, g, new.d, new.th, new.ph, new.dstd)
             elif name in ("th", "ph"):
                 new_sticks = sticks.copy()
-                new_sticks[:, i] = _stick_terms(b, g, new.d, new.th[:, i : i + 1], new.ph[:, i : i + 1])[:, 0]
+                one = _stick_terms(b, g, new.d, new.th[:, i : i + 1], new.ph[:, i : i + 1], new.dstd)
+                new_sticks[:, i] = one[:, 0]
             valid = {
                 "s0": new.s0 > 0,
-                "d": new.d > 0,
+                "d": (new.d > 0) & (new.d <= d_max) if model2 else new.d > 0,
+                "dstd": (new.dstd > 0) & (new.dstd <= d_std_max) if model2 else None,
                 "tau": new.tau > 0,
                 "f": (new.f[:, i] > 0) & (new.f[:, i] < 1) & (new.f.sum(axis=1) <= 1),
             }.get(name, np.ones(n, dtype=bool))
@@ -388,11 +501,13 @@ def mcmc_numpy(y, b, g, init: np.ndarray, voxels: np.ndarray, params: BallStickP
             st.s0 = np.where(accept, new.s0, st.s0)
             st.d = np.where(accept, new.d, st.d)
             st.tau = np.where(accept, new.tau, st.tau)
+            if model2:
+                st.dstd = np.where(accept, new.dstd, st.dstd)
             for key_name in ("th", "ph", "f"):
                 setattr(st, key_name, np.where(accept[:, None], getattr(new, key_name), getattr(st, key_name)))
-            if name == "d":
+            if name in ("d", "dstd"):
                 ball = np.where(accept[:, None], new_ball, ball)
-            if name in ("d", "th", "ph"):
+            if name in ("d", "dstd", "th", "ph"):
                 sticks = np.where(accept[:, None, None], new_sticks, sticks)
             energy = np.where(accept, new_energy, energy)
             acc[:, p] += accept
@@ -517,6 +632,7 @@ class BallStickFit:
     acceptance : (N, P) acceptance rate of each parameter over the recorded iterations.
     flags : (N,) uint8 (FLAG_*).
     provenance : parameters, engine, backend, device and timings.
+    d_std : (N, S) std of the diffusivities, mm²/s (model 2 only, else None).
     """
 
     theta: np.ndarray
@@ -529,6 +645,7 @@ class BallStickFit:
     acceptance: np.ndarray
     flags: np.ndarray
     provenance: dict = field(default_factory=dict)
+    d_std: np.ndarray | None = None
 
     def flag_counts(self) -> dict[str, int]:
         """How many voxels carry each flag, by name (only flags that occur)."""
@@ -560,6 +677,10 @@ def _initial_x(xp, dti_fit, n_fibres: int, b_scale: float):
     return x
 
 
+#: Model 2's chain starts at d_std = this × d (nearly model 1: it fits as the model-1 LM did).
+MODEL2_START_SPREAD = 0.1
+
+
 def mcmc_start(xp, x, x_init, cost, m: int, params: BallStickParams):
     """The MCMC's starting vector (N, P) from the LM result ``x``, sticks sorted by fraction.
 
@@ -581,6 +702,8 @@ def mcmc_start(xp, x, x_init, cost, m: int, params: BallStickParams):
     start[:, 2 : 2 + 3 * L : 3] = th
     start[:, 3 : 3 + 3 * L : 3] = ph
     start[:, 4 : 4 + 3 * L : 3] = f
+    if params.model == 2:
+        start[:, params.d_std_index] = start[:, 1] * MODEL2_START_SPREAD
     if params.rician:
         start[:, -1] = m / xp.maximum(xp.where(bad, m * 1e-3, cost), 1e-12)
     return start, bad
@@ -591,11 +714,11 @@ MCMC_BLOCK = 256
 
 
 def _kernel_defines(params: BallStickParams, m: int, mcmc: bool) -> tuple:
-    """Sticks per voxel, measurements per lane (held in registers: MCMC only) and the noise
-    model (MCMC only); the least-squares kernel gets fixed values, so it is compiled once per
-    number of sticks."""
-    per_lane, rician = (-(-m // 32), int(params.rician)) if mcmc else (1, 0)
-    return (("NFIB", params.n_fibres), ("PER_LANE", per_lane), ("RICIAN", rician))
+    """Sticks per voxel, measurements per lane (held in registers: MCMC only), the noise
+    model and the diffusivity model (MCMC only); the least-squares kernel gets fixed values, so
+    it is compiled once per number of sticks."""
+    per_lane, rician, model2 = (-(-m // 32), int(params.rician), int(params.model == 2)) if mcmc else (1, 0, 0)
+    return (("NFIB", params.n_fibres), ("PER_LANE", per_lane), ("RICIAN", rician), ("MODEL2", model2))
 
 
 def _kernel(name: str, params: BallStickParams, m: int):
@@ -639,7 +762,18 @@ def lm_kernel(backend: Backend, y, b, g, x0, params: BallStickParams):
     return x_out, cost
 
 
-def mcmc_kernel(backend: Backend, y, b, g, start, voxel0: int, params: BallStickParams):
+def mcmc_kernel(
+    backend: Backend,
+    y,
+    b,
+    g,
+    start,
+    voxel0: int,
+    params: BallStickParams,
+    *,
+    d_max: float = np.inf,
+    d_std_max: float = np.inf,
+):
     """:func:`mcmc_numpy` as the CUDA kernel ``ballstick_mcmc``; voxels are ``voxel0 + arange(N)``."""
     cp = backend.xp
     n, m = y.shape
@@ -670,6 +804,8 @@ def mcmc_kernel(backend: Backend, y, b, g, start, voxel0: int, params: BallStick
             np.int32(S),
             np.int32(params.update_every),
             np.float32(params.ard_weight),
+            np.float32(min(d_max, 3.0e38)),
+            np.float32(min(d_std_max, 3.0e38)),
             samples,
             rate,
         ),
@@ -726,6 +862,7 @@ def fit_ballstick(
     fitted = np.flatnonzero(flags == 0)
     b_scale = float(bvals.max())
     b = bvals / b_scale
+    bounds = {"d_max": MODEL2_D_MAX * b_scale, "d_std_max": MODEL2_D_STD_MAX * b_scale}
     L, P, S = params.n_fibres, params.n_params, params.n_samples
     out_samples = np.zeros((n, P, S), dtype=np.float32)
     out_rate = np.zeros((n, P), dtype=np.float32)
@@ -749,7 +886,7 @@ def fit_ballstick(
             start_vec, fallback = mcmc_start(xp, x, x_init, cost, m, params)
             host.synchronize()
             t_c = time.perf_counter()
-            samples, rate = mcmc_kernel(host, y, b, bvecs, start_vec, start, params)
+            samples, rate = mcmc_kernel(host, y, b, bvecs, start_vec, start, params, **bounds)
             host.synchronize()
             t_d = time.perf_counter()
             samples, rate = host.to_host(samples), host.to_host(rate)
@@ -761,7 +898,7 @@ def fit_ballstick(
             start_vec, fallback = mcmc_start(np, x, x_init, cost, m, params)
             t_c = time.perf_counter()
             streams = np.arange(start, stop, dtype=np.uint64)
-            samples, rate = mcmc_numpy(y_host, b, bvecs, start_vec, streams, params, cancelled=cancelled)
+            samples, rate = mcmc_numpy(y_host, b, bvecs, start_vec, streams, params, cancelled=cancelled, **bounds)
             t_d = time.perf_counter()
         out_samples[idx] = samples
         out_rate[idx] = rate
@@ -783,6 +920,11 @@ def fit_ballstick(
     out_samples[:, 1] /= b_scale
     out_start[:, 0] *= scale
     out_start[:, 1] /= b_scale
+    d_std = None
+    if params.model == 2:
+        out_samples[:, params.d_std_index] /= b_scale
+        out_start[:, params.d_std_index] /= b_scale
+        d_std = out_samples[:, params.d_std_index].copy()
     tau = None
     if params.rician:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -797,9 +939,10 @@ def fit_ballstick(
     sticks = np.take_along_axis(sticks, order[:, :, None, None], axis=1)
     rate = out_rate[:, 2 : 2 + 3 * L].reshape(n, L, 3)
     out_rate[:, 2 : 2 + 3 * L] = np.take_along_axis(rate, order[:, :, None], axis=1).reshape(n, 3 * L)
+    theta, phi = wrap_angles(np.ascontiguousarray(sticks[:, :, 0]), np.ascontiguousarray(sticks[:, :, 1]))
     fit = BallStickFit(
-        theta=np.ascontiguousarray(sticks[:, :, 0]),
-        phi=np.ascontiguousarray(sticks[:, :, 1]),
+        theta=theta,
+        phi=phi,
         f=np.ascontiguousarray(sticks[:, :, 2]),
         s0=out_samples[:, 0].copy(),
         d=out_samples[:, 1].copy(),
@@ -807,6 +950,7 @@ def fit_ballstick(
         start=out_start,
         acceptance=out_rate,
         flags=flags,
+        d_std=d_std,
     )
     fit.provenance = {
         "params": asdict(params),

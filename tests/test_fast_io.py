@@ -154,13 +154,13 @@ def _read_as_before(folder):
 @pytest.fixture
 def count_reads(monkeypatch):
     calls = []
-    real = bedpostx.read_array
+    real = bedpostx._read_samples_into  # every sample file read goes through it
 
     def counted(*args, **kwargs):
         calls.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(bedpostx, "read_array", counted)
+    monkeypatch.setattr(bedpostx, "_read_samples_into", counted)
     return calls
 
 
@@ -186,7 +186,8 @@ def test_bedpostx_cache_is_built_then_mapped_without_reading_the_folder(tmp_path
         second = load_bedpostx(folder)
     assert len(count_reads) == 6  # nothing read again
     assert not [r for r in caplog.records if "cached in" in r.getMessage()]
-    assert _maps_a_file(second.theta) and not _maps_a_file(first.theta)
+    # the first read fills the entry's files in place and returns them mapped, as the second maps them
+    assert _maps_a_file(second.theta) and _maps_a_file(first.theta)
     for samples in (first, second):
         for got, want in zip((samples.theta, samples.phi, samples.f), expected):
             assert got.dtype == np.float32 and np.array_equal(got, want)
@@ -237,20 +238,20 @@ def test_an_unwritable_cache_falls_back_to_reading_with_one_warning(tmp_path, rn
 
 def test_a_full_disk_leaves_no_partial_cache_entry(tmp_path, rng, cache_dir, count_reads, monkeypatch, caplog):
     folder = _bedpostx(tmp_path / "s.bedpostX", rng)
-    real_save = np.save
+    real_create = bedpostx_cache.np.lib.format.open_memmap  # the entry's arrays are made with it
 
     def full(path, *args, **kwargs):
         if str(path).endswith("phi.npy"):
             raise OSError(28, "No space left on device")
-        return real_save(path, *args, **kwargs)
+        return real_create(path, *args, **kwargs)
 
-    monkeypatch.setattr(bedpostx_cache.np, "save", full)
+    monkeypatch.setattr(bedpostx_cache.np.lib.format, "open_memmap", full)
     with caplog.at_level(logging.WARNING):
         samples = load_bedpostx(folder)
     assert "the disk is full" in caplog.text
     assert samples.theta.shape == (6, 5, 4, 2, 7)
     assert not cache_dir.exists() or not any(cache_dir.iterdir())
-    monkeypatch.setattr(bedpostx_cache.np, "save", real_save)
+    monkeypatch.setattr(bedpostx_cache.np.lib.format, "open_memmap", real_create)
     load_bedpostx(folder)
     load_bedpostx(folder)
     assert len(count_reads) == 12  # cached on the second read, mapped on the third

@@ -150,4 +150,9 @@ def test_the_least_squares_kernel_is_compiled_once_per_stick_count():
     """LM ignores the MCMC's constants: fixed values, so other measurement counts reuse it."""
     params = ballstick.BallStickParams(rician=True)
     assert ballstick._kernel_defines(params, 65, False) == ballstick._kernel_defines(params, 300, False)
-    assert dict(ballstick._kernel_defines(params, 65, True)) == {"NFIB": params.n_fibres, "PER_LANE": 3, "RICIAN": 1}
+    assert dict(ballstick._kernel_defines(params, 65, True)) == {
+        "NFIB": params.n_fibres,
+        "PER_LANE": 3,
+        "RICIAN": 1,
+        "MODEL2": 1,
+    }

@@ -102,7 +102,12 @@ def _add_probabilistic(methods, common) -> None:
         "a voxel once), waytotal, seeds_to_{target}.nii.gz and matrix_seeds_to_all_targets.csv/.npy. "
         "Defaults are probtrackx2's. Masks on another grid are resampled to the samples' (nearest neighbour).",
     )
-    p.add_argument("--samples", required=True, metavar="BEDPOSTX_DIR", help="bedpostX folder (ours or FSL's)")
+    p.add_argument(
+        "--samples",
+        required=True,
+        metavar="BEDPOSTX_DIR",
+        help="bedpostX folder (ours or FSL's), or FSL's base name DIR/merged",
+    )
     p.add_argument("--seed", required=True, metavar="MASK", help="seed mask: --nsamples streamlines per voxel")
     p.add_argument("--target", action="extend", nargs="+", metavar="MASK", help="target masks (seeds_to_{target})")
     p.add_argument("--waypoints", action="extend", nargs="+", metavar="MASK", help="waypoint masks to pass")

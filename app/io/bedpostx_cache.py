@@ -14,6 +14,9 @@ Files modified in the last :data:`SETTLE_S` seconds are not cached (as git does 
 clean files: a file rewritten within one clock tick keeps its time). A cache that cannot be
 written (read-only, disk full) is one warning line; the data are then read directly.
 ``TRACTLENS_BEDPOSTX_CACHE=0`` turns the cache off.
+
+A fit that writes a bedpostX folder has the samples already: it writes the entry too
+(:func:`write_entry_masked`), so even the first tracking run maps them.
 """
 
 from __future__ import annotations
@@ -135,6 +138,47 @@ class EntryWriter:
             self.error = exc
         return self.error is None
 
+    def create(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray | None:
+        """A writable map of one array's ``.npy`` file in the entry being written, its blocks
+        reserved on the disk (no SIGBUS when the disk fills while pages are written), for a reader
+        to fill in place: no second copy of the array and no write of it afterwards (the kernel
+        writes the dirty pages back when it likes). None, with the error kept, when it cannot be made.
+        The shape is recorded as saved: the caller fills it completely or abandons the entry."""
+        if self.error is not None or not self._created:
+            return None
+        path = self.tmp / f"{name}.npy"
+        try:
+            out = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+            if hasattr(os, "posix_fallocate") and out.nbytes:
+                with open(path, "r+b") as fh:
+                    os.posix_fallocate(fh.fileno(), 0, os.fstat(fh.fileno()).st_size)
+        except OSError as exc:
+            with self._lock:
+                self.error = self.error or exc
+            return None
+        with self._lock:
+            self.saved[name] = tuple(shape)
+        return out
+
+    def published(self, name: str) -> np.ndarray:
+        """One array of the published entry, mapped copy-on-write (as :func:`load_entry` maps it)."""
+        return np.asarray(np.load(self.entry / f"{name}.npy", mmap_mode="c", allow_pickle=False))
+
+    def save_scattered(self, name: str, mask: np.ndarray, values: np.ndarray, block: int = 1 << 16) -> None:
+        """Write one (X, Y, Z, ...) array of the entry from the values of the voxels in ``mask`` only
+        ((N, ...), ``mask``'s C order): the file is made at full size (zeros, sparse where the file
+        system allows) and filled a block of voxels at a time, so the grid array is never in memory."""
+        if self.error is not None or not self._created:
+            return
+        out = self.create(name, (*mask.shape, *values.shape[1:]), values.dtype)
+        if out is None:
+            return
+        flat = out.reshape(mask.size, *values.shape[1:])
+        inside = np.flatnonzero(mask)
+        for start in range(0, inside.size, block):
+            flat[inside[start : start + block]] = values[start : start + block]
+        del flat, out
+
     def save(self, name: str, array: np.ndarray) -> None:
         """Write one array of the entry (thread-safe; after a failure, nothing more is written)."""
         if self.error is not None or not self._created:
@@ -208,6 +252,29 @@ def write_entry(folder: Path, sources: list[Path], arrays: dict[str, np.ndarray]
         for name in ARRAYS:
             writer.save(name, arrays[name])
     return writer.commit(arrays["affine"])
+
+
+def write_entry_masked(
+    folder: Path,
+    sources: list[Path],
+    mask: np.ndarray,
+    affine: np.ndarray,
+    samples: dict[str, np.ndarray],
+) -> Path | None:
+    """The entry of a folder just written from the masked samples ``samples`` (theta, phi, f as
+    (N, n_fibres, n_samples) float32 in ``mask``'s C order), with ``affine`` as the written mask's
+    header gives it, so that a later read maps exactly what reading the files would give.
+
+    ``sources`` are fingerprinted now: the writer has just renamed them into place, so the
+    settling rule for files that may still be being written does not apply."""
+    prints = fingerprint(sources)
+    writer = EntryWriter(folder, sources, prints)
+    mask = np.asarray(mask, dtype=bool)
+    if writer.begin(sum(mask.size * int(np.prod(samples[name].shape[1:])) * 4 for name in ARRAYS[:3]) + mask.size):
+        for name in ARRAYS[:3]:
+            writer.save_scattered(name, mask, np.asarray(samples[name], dtype=np.float32))
+        writer.save("mask", mask)
+    return writer.commit(affine)
 
 
 def load_derived(entry: Path, shapes: dict[str, tuple[int, ...]] | None = None) -> dict[str, np.ndarray] | None:

@@ -24,9 +24,17 @@ from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..estimates import ANNOUNCE_S, BALLSTICK_CPU_VOXELS_PER_S, ballstick_estimate
-from ..io import DWI, fsl_to_voxel_vectors
+from ..io import DWI, bedpostx_cache, fsl_to_voxel_vectors
 from ..io._atomic import write_text_atomic
-from ..io.bedpostx import BEDPOSTX_OUTPUTS, BedpostSamples, dyad_volume, save_bedpostx_masked
+from ..io.bedpostx import (
+    BEDPOSTX_MODEL2_OUTPUTS,
+    BEDPOSTX_OUTPUTS,
+    BedpostSamples,
+    dyad_volume,
+    save_bedpostx_masked,
+    source_files,
+)
+from ..io.nifti import load_image
 from ..model import Volume
 from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
@@ -93,6 +101,8 @@ class BallStickResult:
             for i in range(fmean.shape[1]):
                 means[f"f{i + 1}_mean"] = float(fmean[:, i].mean())
             means["d_mean"] = float(fit.d[ok].mean())
+            if fit.d_std is not None:
+                means["d_std_mean"] = float(fit.d_std[ok].mean())
         return {
             "voxels_fitted": int(self.mask.sum()),
             "mask": self.mask_source,
@@ -161,8 +171,15 @@ def fit_ballstick_pipeline(
     return BallStickResult(mask, dwi.affine.copy(), fit, dwi.bvals, dwi.bvecs, mask_source, warnings, path=dwi.path)
 
 
-def write_ballstick_outputs(result: BallStickResult, outdir: str | os.PathLike) -> dict[str, str]:
-    """Write the bedpostX folder (:data:`app.io.bedpostx.BEDPOSTX_OUTPUTS`) and ``fit_ballstick.json``."""
+def write_ballstick_outputs(
+    result: BallStickResult, outdir: str | os.PathLike, *, cache: bool = True
+) -> dict[str, str]:
+    """Write the bedpostX folder (:data:`app.io.bedpostx.BEDPOSTX_OUTPUTS`, and for model 2
+    :data:`~app.io.bedpostx.BEDPOSTX_MODEL2_OUTPUTS`) and ``fit_ballstick.json``.
+
+    With ``cache`` (and the bedpostX cache enabled) the folder's cache entry is written from the
+    samples in hand, so the first ``track probabilistic`` on it maps them instead of inflating
+    the files (:func:`app.io.bedpostx_cache.write_entry_masked`)."""
     fit = result.fit
     files = save_bedpostx_masked(
         outdir,
@@ -173,16 +190,23 @@ def write_ballstick_outputs(result: BallStickResult, outdir: str | os.PathLike) 
         fit.f,
         s0=fit.s0,
         d=fit.d,
+        d_std=fit.d_std,
         bvals=result.bvals,
         bvecs=result.bvecs,
     )
     summary = Path(outdir) / "fit_ballstick.json"
     write_text_atomic(json.dumps(result.summary(), indent=2, default=str), summary)
     files["fit_ballstick.json"] = str(summary)
+    if cache and bedpostx_cache.cache_enabled():
+        sources = source_files(outdir)
+        affine = load_image(sources[0], "bedpostX mask").affine  # as a read of the folder gives it
+        samples = {"theta": fit.theta, "phi": fit.phi, "f": fit.f}
+        bedpostx_cache.write_entry_masked(Path(outdir), sources, result.mask, affine, samples)
     return files
 
 
 __all__ = [
+    "BEDPOSTX_MODEL2_OUTPUTS",
     "BEDPOSTX_OUTPUTS",
     "BallStickParams",
     "BallStickResult",

@@ -8,6 +8,8 @@
 //   NFIB      sticks per voxel (1..3)
 //   PER_LANE  measurements per lane, ceil(M / 32) (MCMC only: held in registers; 1 for LM)
 //   RICIAN    1 for Rician noise (adds the precision tau), 0 for Gaussian (0 for LM)
+//   MODEL2    1 for model 2 (gamma-distributed diffusivities: adds d_std after the sticks), 0 for
+//             model 1 (0 for LM: the least-squares fit is model 1's)
 //
 // Internal units: signal / S0 of the tensor fit, b / max(b), d * max(b).
 // philox4x32_10 comes from philox.cuh (prepended by gpu/cuda.py).
@@ -21,9 +23,13 @@
 #ifndef RICIAN
 #error "RICIAN is a compile-time constant defined by gpu/ballstick.py"
 #endif
+#ifndef MODEL2
+#error "MODEL2 is a compile-time constant defined by gpu/ballstick.py"
+#endif
 #define FULL_MASK 0xffffffffu
 #define NPL (2 + 3 * NFIB)  // parameters of the least-squares fit
-#define NP (NPL + RICIAN)  // parameters of the MCMC
+#define NP (NPL + MODEL2 + RICIAN)  // parameters of the MCMC: ..., sticks, [d_std,] [tau]
+#define IDSTD NPL  // where d_std sits (model 2)
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -278,11 +284,36 @@ __device__ __forceinline__ float residual_term(float y, float s, float tau) {
 
 __device__ __forceinline__ float theta_prior(float th) { return -logf(fmaxf(fabsf(sinf(th)), 1e-30f)); }
 
+// Model 2: the gamma model's (1 + b c^2 s^2 / d)^(-d^2 / s^2) (compartment_signal in gpu/ballstick.py).
+__device__ __forceinline__ float gamma_term(float bc2, float d, float dstd) {
+    float r = d / dstd;
+    return __expf(-(r * r) * log1pf(bc2 * dstd * dstd / d));
+}
+
+// The ball's signal at b-value b (model 1: exp(-b d)).
+__device__ __forceinline__ float ball_term(float b, float d, float dstd) {
+#if MODEL2
+    return gamma_term(b, d, dstd);
+#else
+    return __expf(-(b * d));
+#endif
+}
+
+// A stick's signal at b-value b with c = g.v (model 1: exp(-b d c^2)).
+__device__ __forceinline__ float stick_term(float b, float c, float d, float dstd) {
+#if MODEL2
+    return gamma_term(b * c * c, d, dstd);
+#else
+    float bd = b * d;
+    return __expf(-bd * c * c);
+#endif
+}
+
 extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
     const float* __restrict__ y_all, const float* __restrict__ bvals, const float* __restrict__ bvecs,
     const float* __restrict__ init, long long n, int m, unsigned long long voxel0, unsigned int key0,
     unsigned int key1, int burnin, int njumps, int sample_every, int n_samples, int update_every, float ard_weight,
-    float* __restrict__ samples, float* __restrict__ acceptance) {
+    float d_max, float d_std_max, float* __restrict__ samples, float* __restrict__ acceptance) {
     __shared__ float sb[32 * PER_LANE], sgx[32 * PER_LANE], sgy[32 * PER_LANE], sgz[32 * PER_LANE];
     for (int k = threadIdx.x; k < 32 * PER_LANE; k += blockDim.x) {
         bool in = k < m;
@@ -316,18 +347,19 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
         vx[i] = st * cp; vy[i] = st * sp; vz[i] = ct;
     }
     float tau = RICIAN ? x0[NP - 1] : 1.f;
+    float dstd = MODEL2 ? x0[IDSTD] : 0.f;
 
-    // Cached exponentials: ball exp(-b d) and sticks exp(-b d (g.v_i)^2) per measurement.
+    // Cached compartment signals: ball exp(-b d) and sticks exp(-b d (g.v_i)^2) per measurement
+    // (or model 2's gamma counterparts).
     float e0[PER_LANE], E[NFIB][PER_LANE];
 #pragma unroll
     for (int j = 0; j < PER_LANE; ++j) {
         int k = lane + 32 * j;
-        float bd = sb[k] * d;
-        e0[j] = __expf(-bd);
+        e0[j] = ball_term(sb[k], d, dstd);
 #pragma unroll
         for (int i = 0; i < NFIB; ++i) {
             float c = sgx[k] * vx[i] + sgy[k] * vy[i] + sgz[k] * vz[i];
-            E[i][j] = __expf(-bd * c * c);
+            E[i][j] = stick_term(sb[k], c, d, dstd);
         }
     }
 
@@ -337,6 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
         prior += theta_prior(th[i]);
         if (i > 0 && ard_weight > 0.f) prior += ard_weight * logf(f[i]);
     }
+    if (MODEL2) prior += logf(dstd);  // FSL's 1/d_std prior
     float lik;
     {
         float sum = 0.f;
@@ -357,6 +390,9 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
     prop[1] = d * 0.1f;
 #pragma unroll
     for (int p = 2; p < NPL; ++p) prop[p] = 0.2f;
+#if MODEL2
+    prop[IDSTD] = dstd * 0.1f;
+#endif
     if (RICIAN) prop[NP - 1] = tau * 0.5f;
 #pragma unroll
     for (int p = 0; p < NP; ++p) { acc[p] = 0; rej[p] = 0; }
@@ -370,15 +406,23 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
             float normal = sqrtf(-2.f * logf(unit_open(r.x))) * cospif(2.f * unit_open(r.y));
             float log_u = logf(unit_open(r.z));
             float step = normal * prop[p];
-            // Which parameter: 0 S0, 1 d, 2.. (theta, phi, f) per stick, NP-1 tau (Rician).
+            // Which parameter: 0 S0, 1 d, 2.. (theta, phi, f) per stick, IDSTD d_std (model 2),
+            // NP-1 tau (Rician).
             int stick = (p - 2) / 3, what = (p - 2) % 3;  // what: 0 theta, 1 phi, 2 f
             bool is_stick = p >= 2 && p < NPL;
-            float s0n = s0, dn = d, taun = tau, fn = 0.f, thn = 0.f, phn = 0.f;
+            bool is_dstd = MODEL2 && p == IDSTD;
+            bool all_terms = p == 1 || is_dstd;  // every compartment's signal changes
+            float s0n = s0, dn = d, dstdn = dstd, taun = tau, fn = 0.f, thn = 0.f, phn = 0.f;
             float nvx = 0.f, nvy = 0.f, nvz = 0.f;
             bool valid = true;
             float prior_new = prior;
             if (p == 0) { s0n = s0 + step; valid = s0n > 0.f; }
-            else if (p == 1) { dn = d + step; valid = dn > 0.f; }
+            else if (p == 1) { dn = d + step; valid = dn > 0.f && (!MODEL2 || dn <= d_max); }
+            else if (is_dstd) {
+                dstdn = dstd + step;
+                valid = dstdn > 0.f && dstdn <= d_std_max;
+                if (valid) prior_new += logf(dstdn) - logf(dstd);
+            }
             else if (RICIAN && p == NP - 1) { taun = tau + step; valid = taun > 0.f; }
             else if (is_stick && what == 2) {
                 fn = f[stick] + step;
@@ -401,13 +445,12 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
                 for (int j = 0; j < PER_LANE; ++j) {
                     int k = lane + 32 * j;
                     float mix;
-                    if (p == 1) {
-                        float bd = sb[k] * dn;
-                        mix = (1.f - fsum) * __expf(-bd);
+                    if (all_terms) {
+                        mix = (1.f - fsum) * ball_term(sb[k], dn, dstdn);
 #pragma unroll
                         for (int i = 0; i < NFIB; ++i) {
                             float c = sgx[k] * vx[i] + sgy[k] * vy[i] + sgz[k] * vz[i];
-                            mix += f[i] * __expf(-bd * c * c);
+                            mix += f[i] * stick_term(sb[k], c, dn, dstdn);
                         }
                     } else {
                         mix = (1.f - fsumn) * e0[j];
@@ -418,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
                                 if (what == 2) fi = fn;
                                 else {
                                     float c = sgx[k] * nvx + sgy[k] * nvy + sgz[k] * nvz;
-                                    ei = __expf(-sb[k] * d * c * c);
+                                    ei = stick_term(sb[k], c, d, dstd);
                                 }
                             }
                             mix += fi * ei;
@@ -435,20 +478,20 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
                 acc[p]++;
                 if (p == 0) s0 = s0n;
                 else if (p == 1) d = dn;
+                else if (is_dstd) dstd = dstdn;
                 else if (RICIAN && p == NP - 1) tau = taun;
                 else if (what == 2) { fsum += fn - f[stick]; f[stick] = fn; }
                 else { th[stick] = thn; ph[stick] = phn; vx[stick] = nvx; vy[stick] = nvy; vz[stick] = nvz; }
-                if (p == 1 || (is_stick && what != 2)) {  // refresh the cached exponentials
+                if (all_terms || (is_stick && what != 2)) {  // refresh the cached compartment signals
 #pragma unroll
                     for (int j = 0; j < PER_LANE; ++j) {
                         int k = lane + 32 * j;
-                        float bd = sb[k] * d;
-                        if (p == 1) e0[j] = __expf(-bd);
+                        if (all_terms) e0[j] = ball_term(sb[k], d, dstd);
 #pragma unroll
                         for (int i = 0; i < NFIB; ++i) {
-                            if (p == 1 || i == stick) {
+                            if (all_terms || i == stick) {
                                 float c = sgx[k] * vx[i] + sgy[k] * vy[i] + sgz[k] * vz[i];
-                                E[i][j] = __expf(-bd * c * c);
+                                E[i][j] = stick_term(sb[k], c, d, dstd);
                             }
                         }
                     }
@@ -482,6 +525,7 @@ extern "C" __global__ void __launch_bounds__(256) ballstick_mcmc(
                     out[(3 + 3 * i) * n_samples] = ph[i];
                     out[(4 + 3 * i) * n_samples] = f[i];
                 }
+                if (MODEL2) out[IDSTD * n_samples] = dstd;
                 if (RICIAN) out[(NP - 1) * n_samples] = tau;
             }
         }
