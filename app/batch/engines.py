@@ -131,6 +131,7 @@ def _jobqueue_arguments(cluster: str, config_path, gpus: int | None) -> ClusterC
     if missing:
         raise InputError(f"{cluster} cluster config must give {' and '.join(missing)}", path=config_path,
                          fix="e.g. cores = 8 and memory = \"32GB\" (per job)")  # fmt: skip
+    settings.setdefault("scheduler_options", {"dashboard_address": ":0"})  # not 8787: another run may hold it
     settings.setdefault("python", sys.executable)  # the workers run this installation's Python
     settings.setdefault("processes", 1)
     settings.setdefault("worker_extra_args", ["--nthreads", "1"] if settings["processes"] == 1 else [])
@@ -147,8 +148,8 @@ def _jobqueue_keys(cluster: str) -> set[str]:
 
     cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[cluster])
     names = set(inspect.signature(cls.job_cls.__init__).parameters) | set(inspect.signature(Job.__init__).parameters)
-    names |= {"n_workers", "shared_temp_directory", "silence_logs", "name", "dashboard_address", "host",
-              "scheduler_options", "interface", "protocol"}  # fmt: skip
+    names |= {"n_workers", "shared_temp_directory", "silence_logs", "name", "host", "scheduler_options", "interface",
+              "protocol"}  # fmt: skip
     return names - {"self", "scheduler", "base_class_kwargs", "config_name"}
 
 

@@ -46,6 +46,13 @@ def _file_inputs(name: str, options: dict) -> dict[str, str]:
     return found
 
 
+def _aliases(name: str, inputs: dict[str, Path], options: dict) -> dict[str, str]:
+    """Inputs the step must see under the single-subject command's file name."""
+    if name == "profile" and "map" not in options:
+        return {str(inputs["fa"]): "FA.nii.gz"}  # fit-dti's name: the CSV's columns are FA_mean, FA_sd
+    return {}
+
+
 def build_plan(
     series: list[Series],
     steps: list[str],
@@ -101,6 +108,7 @@ def build_plan(
                     options=options,
                     staging=str(staging),
                     generated_by=tuple(generated_by),
+                    aliases=_aliases(name, inputs, options),
                 )
             )
             waits.append(sorted(set(upstream)))

@@ -50,6 +50,9 @@ class StepJob:
     options: dict = field(default_factory=dict)  # the step's config options for this subject
     staging: str = ""  # this run's staging folder
     generated_by: tuple[str, ...] = ()  # the batch command line
+    #: input path → the name the single-subject command would see it under (the profile's FA map
+    #: is ``FA.nii.gz`` there, and the CSV's columns are named after the map's file)
+    aliases: dict = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -107,7 +110,12 @@ def _run_command(job: StepJob, stage: Path) -> dict:
     from ..cli._common import relay_progress
 
     out = str(_output_path(job, stage))
-    argv = [out if word == OUTPUT else word for word in job.argv] + ["--json"]
+    named = {}
+    for path, alias in job.aliases.items():
+        (stage / "inputs").mkdir(exist_ok=True)
+        os.symlink(path, stage / "inputs" / alias)
+        named[path] = str(stage / "inputs" / alias)
+    argv = [out if word == OUTPUT else named.get(word, word) for word in job.argv] + ["--json"]
     args = build_parser().parse_args(argv)
     stdout = io.StringIO()
     try:

@@ -8,7 +8,6 @@ failed or could not run (the summary says which and why), 2 for unusable options
 
 from __future__ import annotations
 
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -70,7 +69,7 @@ def cmd_batch(args) -> int:
     from ..batch.engines import cluster_arguments, connect, workers_without_main
     from ..batch.naming import command_line, write_dataset_description
     from ..batch.plan import build_plan
-    from ..batch.runner import CohortProgress, run_plan, summarise
+    from ..batch.runner import CohortProgress, remove_staging, run_plan, summarise
     from ..batch.steps import parse_steps
 
     _check_options(args)
@@ -97,8 +96,7 @@ def cmd_batch(args) -> int:
             client.close()
             if cluster is not None:
                 cluster.close()
-            shutil.rmtree(staging, ignore_errors=True)
-            _remove_if_empty(staging.parent)
+            remove_staging(staging)
     engine = args.scheduler or choice.description
     summary = {"bids_dir": str(bids_dir), "derivatives": str(derivatives), "pipeline": steps,
                "subjects": len(series), **summarise(results, wall_s=time.perf_counter() - start, engine=engine)}  # fmt: skip
@@ -111,10 +109,3 @@ def cmd_batch(args) -> int:
     )
     emit(args, summary, human)
     return EXIT_SOME_FAILED if counts["failed"] or counts["not-run"] else EXIT_OK
-
-
-def _remove_if_empty(folder: Path) -> None:
-    try:
-        folder.rmdir()
-    except OSError:
-        pass  # another run's staging is in there, or it is gone already
