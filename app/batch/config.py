@@ -40,7 +40,8 @@ def load_config(path: str | Path | None, steps: list[str]) -> dict[str, dict]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise InputError(f"cannot read the config ({exc.strerror or exc})", path=path) from None
+        raise InputError(f"cannot read the config ({exc.strerror or exc})", path=path,
+                         fix="Give a readable TOML file to --config") from None  # fmt: skip
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"not valid TOML ({exc})", path=path, fix="Check the file's syntax") from None
     unknown = [name for name in data if name not in STEPS]
@@ -53,7 +54,9 @@ def load_config(path: str | Path | None, steps: list[str]) -> dict[str, dict]:
     config = {name: {} for name in steps}
     for name, table in data.items():
         if not isinstance(table, dict):
-            raise InputError(f"{name} must be a table ([{name}]), not a value", path=path)
+            raise InputError(
+                f"{name} must be a table, not a value", path=path, fix=f"Write [{name}] and its options below it"
+            )
         config[name] = {key: _resolve(name, key, value, path.parent) for key, value in table.items()}
         _check_keys(name, config[name], path)
         _check_values(name, config[name], path)
@@ -65,7 +68,10 @@ def _resolve(name: str, key: str, value, base: Path):
     if key in STEPS[name].file_keys and key != "peaks-frame":
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str) for v in values):
-            raise InputError(f"[{name}] {key} must be a path (a string, or a list of them)")
+            raise InputError(
+                f"[{name}] {key} must be a path",
+                fix='Give a string (or a list of them), e.g. "masks/sub-{subject}_seed.nii.gz"',
+            )
         resolved = [v if Path(v).is_absolute() else str(base / v) for v in values]
         return resolved if isinstance(value, list) else resolved[0]
     return value
@@ -89,15 +95,17 @@ def _check_values(name: str, table: dict, path: Path) -> None:
     for key, value in table.items():
         action = option_action(name, key) if key != "device" else None
         if action is not None and action.nargs == 0 and not isinstance(value, bool):
-            raise InputError(f"[{name}] {key} is a switch: true or false, not {value!r}", path=path)
+            raise InputError(
+                f"[{name}] {key} is a switch, not {value!r}", path=path, fix=f"Write {key} = true (or false)"
+            )
     try:
         words = options_argv(name, {k: v for k, v in table.items() if k != "device"})
         step_parameters(name, [*STEPS[name].command, *_placeholders(name), *words, "-o", "out"])
     except InputError as exc:
-        raise InputError(f"[{name}]: {exc}", path=path) from None
+        raise InputError(f"[{name}]: {exc.problem}", path=path, fix=exc.fix) from None
     device = table.get("device")
     if device is not None and device not in ("auto", "cpu", "gpu"):
-        raise InputError(f"[{name}] device must be auto, cpu or gpu, not {device!r}", path=path)
+        raise InputError(f"[{name}] device {device!r} is not a device", path=path, fix="Write auto, cpu or gpu")
 
 
 def _placeholders(name: str) -> list[str]:
@@ -121,7 +129,9 @@ def subject_options(options: dict, name: str, series: Series) -> dict:
         try:
             return value.format(**fields)
         except (KeyError, IndexError, ValueError) as exc:
-            raise InputError(f"[{name}] cannot fill in {value!r} ({exc}); use {{subject}} and {{session}}") from None
+            raise InputError(
+                f"[{name}] cannot fill in {value!r} ({exc})", fix="Use only {subject} and {session} in braces"
+            ) from None
 
     out = {}
     for key, value in options.items():

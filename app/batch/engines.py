@@ -63,7 +63,7 @@ def cluster_arguments(
         return _jobqueue_arguments(cluster, cluster_config, gpus)
     if gpus is not None:
         if gpus < 1:
-            raise InputError("--gpus must be at least 1")
+            raise InputError("--gpus must be at least 1", fix="Give how many GPUs to use, e.g. 1")
         kwargs = {
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus)),
             "n_workers": gpus,
@@ -74,7 +74,7 @@ def cluster_arguments(
         return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV))
     count = workers or max(1, (os.cpu_count() or 2) // 2)
     if count < 1:
-        raise InputError("--workers must be at least 1")
+        raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
     kwargs = {
         "n_workers": count,
         "threads_per_worker": 1,
@@ -92,7 +92,8 @@ def read_cluster_config(path: str | Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"cannot read the cluster config ({exc.strerror or exc})", path=path) from None
+        raise InputError(f"cannot read the cluster config ({exc.strerror or exc})", path=path,
+                         fix="Give a readable TOML or YAML file to --cluster-config") from None  # fmt: skip
     try:
         if path.suffix.lower() == ".toml":
             from .config import tomllib
@@ -103,9 +104,14 @@ def read_cluster_config(path: str | Path) -> dict:
 
             data = yaml.safe_load(text) or {}
     except Exception as exc:  # the parsers' own error types
-        raise InputError(f"cannot parse the cluster config ({exc})", path=path) from None
+        raise InputError(f"cannot parse the cluster config ({exc})", path=path,
+                         fix="Check its syntax (.toml is read as TOML, anything else as YAML)") from None  # fmt: skip
     if not isinstance(data, dict):
-        raise InputError("the cluster config must be a table of settings", path=path)
+        raise InputError(
+            "the cluster config must be a table of settings",
+            path=path,
+            fix="Write one setting per line, e.g. cores = 8",
+        )
     return data
 
 
@@ -118,7 +124,7 @@ def _jobqueue_arguments(cluster: str, config_path, gpus: int | None) -> ClusterC
     settings = {str(key).replace("-", "_"): value for key, value in data.items()}
     jobs = settings.pop("jobs", 1)
     if not isinstance(jobs, int) or jobs < 1:
-        raise InputError(f"jobs must be a whole number ≥ 1, not {jobs!r}", path=config_path)
+        raise InputError(f"jobs must be a whole number ≥ 1, not {jobs!r}", path=config_path, fix="e.g. jobs = 4")
     valid = _jobqueue_keys(cluster)
     unknown = sorted(set(settings) - valid)
     if unknown:
@@ -173,7 +179,10 @@ def start_cluster(choice: ClusterChoice):
     try:
         cluster = cls(**choice.kwargs)
     except TypeError as exc:
-        raise InputError(f"{choice.name} refuses its settings: {exc}") from None
+        raise InputError(
+            f"{choice.name} refuses its settings: {exc}",
+            fix="Check --cluster-config against dask-jobqueue's documentation",
+        ) from None
     if choice.jobs:
         cluster.scale(jobs=choice.jobs)
     return cluster

@@ -122,7 +122,7 @@ def _run_command(job: StepJob, stage: Path) -> dict:
         with relay_progress(_progress_sender(job)), contextlib.redirect_stdout(stdout):
             args.func(args)
     except (BackendError, OutOfDeviceMemory) as exc:
-        raise InputError(str(exc)) from None
+        raise InputError(str(exc), fix='Try [step] device = "cpu" in the config') from None
     text = stdout.getvalue().replace(json.dumps(out)[1:-1], json.dumps(_final_output(job))[1:-1])
     try:  # the summary names the final output, not the staging folder
         return json.loads(text)

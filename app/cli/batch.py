@@ -58,9 +58,11 @@ def _check_options(args) -> None:
             fix="Drop --workers/--gpus, or --scheduler",
         )
     if args.workers is not None and args.gpus is not None:
-        raise InputError("--gpus makes one worker per GPU: give --workers or --gpus, not both")
+        raise InputError(
+            "--gpus makes one worker per GPU: give --workers or --gpus, not both", fix="Drop one of the two"
+        )
     if args.workers is not None and args.workers < 1:
-        raise InputError("--workers must be at least 1")
+        raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
 
 
 def cmd_batch(args) -> int:
