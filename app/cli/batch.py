@@ -92,6 +92,7 @@ def cmd_batch(args) -> int:
     progress = CohortProgress(len(series), len(steps), quiet=args.quiet)
     with workers_without_main():
         client, cluster = connect(args.scheduler, choice)
+        started = time.perf_counter() - start  # the cluster's start (worker processes, imports)
         try:
             results = run_plan(plan, client, progress=progress)
         finally:
@@ -101,7 +102,8 @@ def cmd_batch(args) -> int:
             remove_staging(staging)
     engine = args.scheduler or choice.description
     summary = {"bids_dir": str(bids_dir), "derivatives": str(derivatives), "pipeline": steps,
-               "subjects": len(series), **summarise(results, wall_s=time.perf_counter() - start, engine=engine)}  # fmt: skip
+               "subjects": len(series), "cluster_start_s": round(started, 3),
+               **summarise(results, wall_s=time.perf_counter() - start, engine=engine)}  # fmt: skip
     counts = summary["counts"]
     failures = "".join(f"\n  {f['subject']} {f['step']}: {f['reason']}" for f in summary["failed"])
     human = (
