@@ -306,27 +306,32 @@ def test_unknown_participant_lists_the_ones_there(cohort):
         find_series(bids, ["sub-07"])
 
 
-def test_slurm_job_script_from_the_cluster_config(tmp_path):
+def readme_slurm_config() -> str:
+    """The worked SLURM config of the README's Cohorts section."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    cohorts = text[text.index("## Cohorts") :]
+    start = cohorts.index("```yaml\n# slurm.yaml") + len("```yaml\n")
+    return cohorts[start : cohorts.index("```", start)]
+
+
+def test_slurm_job_script_from_the_readme_config(tmp_path):
     """dask-jobqueue's job script for the README's worked SLURM config (no SLURM here: the
     script is generated, not submitted)."""
-    config = tmp_path / "slurm.yaml"
-    config.write_text(
-        "jobqueue:\n  slurm:\n    queue: gpu\n    account: neuro\n    cores: 8\n    memory: 32GB\n"
-        "    walltime: '02:00:00'\n    jobs: 4\n    job-extra-directives: ['--gres=gpu:1']\n"
-    )
-    choice = cluster_arguments(cluster="slurm", cluster_config=config, gpus=1)
-    assert choice.name == "SLURMCluster" and choice.jobs == 4 and choice.device == "gpu"
-    from dask_jobqueue import SLURMCluster
-
-    with SLURMCluster(**choice.kwargs) as cluster:
-        script = cluster.job_script()
-    for line in ("#SBATCH -p gpu", "#SBATCH -A neuro", "#SBATCH --cpus-per-task=8", "#SBATCH -t 02:00:00",
-                 "#SBATCH --gres=gpu:1", "export NCCL_NVLS_ENABLE=0"):  # fmt: skip
-        assert line in script, script
-    assert "--nthreads 1" in script and "--memory-limit" in script
     import sys
 
-    assert sys.executable in script
+    from dask_jobqueue import SLURMCluster
+
+    config = tmp_path / "slurm.yaml"
+    config.write_text(readme_slurm_config())
+    choice = cluster_arguments(cluster="slurm", cluster_config=config, gpus=1)
+    assert choice.name == "SLURMCluster" and choice.jobs == 10 and choice.device == "gpu"
+    with SLURMCluster(**choice.kwargs) as cluster:
+        script = cluster.job_script()
+    for line in ("#SBATCH -p gpu", "#SBATCH -A neuro", "#SBATCH --cpus-per-task=8", "#SBATCH -t 04:00:00",
+                 "#SBATCH --gres=gpu:1", "module load cuda/12.4", "export NCCL_NVLS_ENABLE=0"):  # fmt: skip
+        assert line in script, script
+    assert f"{sys.executable} -m distributed.cli.dask_worker" in script
+    assert "--nthreads 1" in script and "--memory-limit" in script and "--local-directory $TMPDIR" in script
 
 
 def test_cluster_config_with_an_unknown_setting_is_refused(tmp_path):
