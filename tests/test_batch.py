@@ -360,4 +360,4 @@ def test_two_subjects_through_local_cuda_cluster(demo_dir, tmp_path, capsys):
     record = json.loads(
         sidecar_of(derivatives / "sub-02/dwi/sub-02_space-dwi_desc-deterministic_tractography.trx").read_text()
     )
-    assert record["Summary"]["backend"] == "cupy"
+    assert record["Summary"]["backend"] == "gpu" and "--device" in record["Command"]

@@ -108,6 +108,7 @@ def _run_command(job: StepJob, stage: Path) -> dict:
 
     from ..cli import build_parser
     from ..cli._common import relay_progress
+    from ..timing import recorder
 
     out = str(_output_path(job, stage))
     named = {}
@@ -117,6 +118,7 @@ def _run_command(job: StepJob, stage: Path) -> dict:
         named[path] = str(stage / "inputs" / alias)
     argv = [out if word == OUTPUT else named.get(word, word) for word in job.argv] + ["--json"]
     args = build_parser().parse_args(argv)
+    recorder().reset()  # this step's read/compute/write split in its summary, not the worker's earlier steps'
     stdout = io.StringIO()
     try:
         with relay_progress(_progress_sender(job)), contextlib.redirect_stdout(stdout):
