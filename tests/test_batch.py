@@ -342,7 +342,8 @@ def test_cluster_config_with_an_unknown_setting_is_refused(tmp_path):
     assert "walltime" in str(info.value)
 
 
-def test_gpus_build_one_cuda_worker_per_gpu_with_nvls_off():
+def test_gpus_build_one_cuda_worker_per_gpu_with_nvls_off(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     choice = cluster_arguments(gpus=2)
     assert (choice.module, choice.name) == ("dask_cuda", "LocalCUDACluster")
     assert choice.kwargs["CUDA_VISIBLE_DEVICES"] == "0,1" and choice.kwargs["n_workers"] == 2
@@ -361,3 +362,39 @@ def test_two_subjects_through_local_cuda_cluster(demo_dir, tmp_path, capsys):
         sidecar_of(derivatives / "sub-02/dwi/sub-02_space-dwi_desc-deterministic_tractography.trx").read_text()
     )
     assert record["Summary"]["backend"] == "gpu" and "--device" in record["Command"]
+
+
+def test_gpus_take_the_devices_this_process_may_use(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    assert cluster_arguments(gpus=2).kwargs["CUDA_VISIBLE_DEVICES"] == "3,5"
+    with pytest.raises(InputError, match="shows 3"):
+        cluster_arguments(gpus=4)
+
+
+def test_cohort_progress_writes_a_line_per_finished_step_with_the_running_ones():
+    import io
+
+    from tractlens.app.batch.runner import CohortProgress
+
+    stream = io.StringIO()
+    progress = CohortProgress(subjects=3, steps=2, stream=stream)
+    progress.step_progress("track-deterministic/sub-02", "track", 45, 100)
+    progress.finished("fit-dti/sub-01", "done")
+    progress.finished("fit-dti/sub-03", "failed")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2  # not a terminal: one line per finished subject-step, nothing per progress report
+    assert lines[0].startswith("cohort: 1/6 (3 subjects × 2 steps) 1 done")
+    assert "track-deterministic/sub-02 track 45%" in lines[0]
+    assert "2/6" in lines[1] and "1 done, 1 failed" in lines[1]
+
+
+def test_bad_config_value_ends_with_exit_status_2_before_any_cluster(cohort, tmp_path, capsys):
+    bids, _, _ = cohort
+    config = tmp_path / "params.toml"
+    config.write_text("[track-deterministic]\nmax-angle = -5\n")
+    code = main(["batch", str(bids), "-o", str(tmp_path / "d"), "--pipeline", "fit-dti,track-deterministic",
+                 "--config", str(config), "--workers", "1"])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "params.toml" in err and "[track-deterministic]" in err
+    assert not (tmp_path / "d").exists()  # nothing written

@@ -64,8 +64,14 @@ def cluster_arguments(
     if gpus is not None:
         if gpus < 1:
             raise InputError("--gpus must be at least 1", fix="Give how many GPUs to use, e.g. 1")
-        kwargs = {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(gpus)),
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if visible and len(visible) < gpus:
+            raise InputError(
+                f"--gpus {gpus}, but CUDA_VISIBLE_DEVICES shows {len(visible)} ({','.join(visible)})",
+                fix="Ask for fewer GPUs, or widen CUDA_VISIBLE_DEVICES",
+            )
+        kwargs = {  # the first N of the devices this process may use
+            "CUDA_VISIBLE_DEVICES": ",".join(visible[:gpus] if visible else (str(i) for i in range(gpus))),
             "n_workers": gpus,
             "threads_per_worker": 1,
             "dashboard_address": ":0",
