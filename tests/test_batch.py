@@ -398,3 +398,16 @@ def test_bad_config_value_ends_with_exit_status_2_before_any_cluster(cohort, tmp
     err = capsys.readouterr().err
     assert "params.toml" in err and "[track-deterministic]" in err
     assert not (tmp_path / "d").exists()  # nothing written
+
+
+def test_gradients_at_the_dataset_level_serve_every_subject(demo_dir, tmp_path):
+    """BIDS inheritance: one dwi.bval/dwi.bvec at the top level, found through pybids."""
+    bids = make_bids(tmp_path / "bids", demo_dir, subjects=("01", "02"))
+    for subject in ("01", "02"):
+        for ext in ("bval", "bvec"):
+            (bids / f"sub-{subject}" / "dwi" / f"sub-{subject}_dwi.{ext}").unlink()
+    shutil.copy(demo_dir / "dwi.bval", bids / "dwi.bval")
+    shutil.copy(demo_dir / "dwi.bvec", bids / "dwi.bvec")
+    series = find_series(bids)
+    assert [s.subject for s in series] == ["01", "02"]
+    assert all(s.bval == bids / "dwi.bval" and s.bvec == bids / "dwi.bvec" for s in series)

@@ -3,9 +3,9 @@
 pybids (the BIDS reference library) is used rather than a walk of ``sub-*/[ses-*/]dwi``
 because it applies the inheritance principle (a ``dwi.bval`` at the dataset's top level
 serves every subject), knows the entities and their order, and reads derivatives too. It is
-imported here only (0.4 s) and indexes a dataset in well under a second per hundred
-subjects without validation (``validate=False``: a dataset that the validator would
-question still runs; a series missing its gradients is reported per subject).
+imported here only (0.2-0.4 s) and indexes 300 subjects in about 3 s on 2 busy cores without
+validation (``validate=False``: a dataset that the validator would question still runs; a
+series missing its gradients is reported per subject).
 """
 
 from __future__ import annotations
@@ -107,6 +107,11 @@ def find_series(
 
 
 def _gradient(layout, path: str, getter: str) -> Path | None:
+    """The series' own ``.bval``/``.bvec`` beside it; else pybids' inheritance lookup (a
+    dataset-level file), which costs ~50 ms a query: 300 subjects would wait half a minute."""
+    beside = Path(path.removesuffix(".gz").removesuffix(".nii") + (".bval" if getter == "get_bval" else ".bvec"))
+    if beside.is_file():
+        return beside
     try:
         found = getattr(layout, getter)(path)
     except Exception:  # none found: pybids raises; the fit then names what is missing
