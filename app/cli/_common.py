@@ -6,6 +6,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import InputError
@@ -13,6 +15,23 @@ from ..errors import InputError
 log = logging.getLogger("tractlens")
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+#: Where every :class:`Progress` also reports ``(label, done, total)``, when set (``tractlens batch``
+#: passes its workers' step progress on to the cohort display): see :func:`relay_progress`.
+_progress_relay: Callable[[str, int, int], None] | None = None
+
+
+@contextmanager
+def relay_progress(callback: Callable[[str, int, int], None]) -> Iterator[None]:
+    """Within the block, every :class:`Progress` also calls ``callback(label, done, total)``, even
+    when quiet. Process-wide, not per thread: the pipelines report from their own worker threads."""
+    global _progress_relay
+    previous, _progress_relay = _progress_relay, callback
+    try:
+        yield
+    finally:
+        _progress_relay = previous
 
 
 class Progress:
@@ -25,6 +44,8 @@ class Progress:
         self.start = time.perf_counter()
 
     def __call__(self, done: int, total: int) -> None:
+        if _progress_relay is not None:
+            _progress_relay(self.label, done, total)
         if self.quiet or total <= 0:
             return
         fraction = done / total

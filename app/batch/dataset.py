@@ -1,0 +1,135 @@
+"""The subjects of a BIDS dataset: each DWI series with its gradient files, through pybids.
+
+pybids (the BIDS reference library) is used rather than a walk of ``sub-*/[ses-*/]dwi``
+because it applies the inheritance principle (a ``dwi.bval`` at the dataset's top level
+serves every subject), knows the entities and their order, and reads derivatives too. It is
+imported here only (0.2-0.4 s) and indexes 300 subjects in about 3 s on 2 busy cores without
+validation (``validate=False``: a dataset that the validator would question still runs; a
+series missing its gradients is reported per subject).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class Series:
+    """One DWI series of a subject (and session): the image and its FSL gradient files."""
+
+    subject: str
+    session: str | None
+    dwi: Path
+    bval: Path | None
+    bvec: Path | None
+
+    @property
+    def name(self) -> str:
+        return f"sub-{self.subject}" + (f"_ses-{self.session}" if self.session else "")
+
+
+def _layout(bids_dir: Path):
+    try:
+        from bids import BIDSLayout
+    except ImportError as exc:
+        raise InputError(
+            f"pybids is not installed ({exc})", fix="Install the cohort extra: pip install 'tractlens[batch]'"
+        ) from None
+    if not (bids_dir / "dataset_description.json").is_file():
+        raise InputError(
+            "not a BIDS dataset (no dataset_description.json at its top level)",
+            path=bids_dir,
+            fix="Give the dataset's top folder, the one holding dataset_description.json and the sub-* folders",
+        )
+    try:
+        return BIDSLayout(str(bids_dir), validate=False, derivatives=False)
+    except Exception as exc:  # pybids raises its own types (BIDSValidationError, ValueError, ...)
+        raise InputError(f"pybids cannot read this dataset: {exc}", path=bids_dir,
+                         fix="Check the dataset with the BIDS validator") from None  # fmt: skip
+
+
+def _strip(labels: list[str] | None, entity: str) -> list[str] | None:
+    """Labels as BIDS apps take them: ``01`` or ``sub-01`` alike."""
+    if not labels:
+        return None
+    return [label.removeprefix(f"{entity}-") for label in labels]
+
+
+def find_series(
+    bids_dir: str | Path,
+    participant_labels: list[str] | None = None,
+    session_labels: list[str] | None = None,
+) -> list[Series]:
+    """Every DWI series (``sub-*/[ses-*/]dwi/*_dwi.nii[.gz]``) of the chosen participants and
+    sessions, sorted by subject and session. A label asked for but absent is an error naming
+    the labels there are."""
+    bids_dir = Path(bids_dir)
+    layout = _layout(bids_dir)
+    participants = _strip(participant_labels, "sub")
+    sessions = _strip(session_labels, "ses")
+    known = set(layout.get_subjects())
+    missing = sorted(set(participants or ()) - known)
+    if missing:
+        raise InputError(
+            f"no participant {', '.join(missing)} in this dataset",
+            path=bids_dir,
+            fix=f"Choose among: {', '.join(sorted(known)) or 'none (no sub-* folders)'}",
+        )
+    query = {"suffix": "dwi", "extension": [".nii.gz", ".nii"], "datatype": "dwi"}
+    if participants:
+        query["subject"] = participants
+    if sessions:
+        query["session"] = sessions
+    found = []
+    for image in layout.get(**query):
+        entities = image.get_entities()
+        found.append(
+            Series(
+                subject=entities["subject"],
+                session=entities.get("session"),
+                dwi=Path(image.path),
+                bval=_gradient(layout, image.path, "get_bval"),
+                bvec=_gradient(layout, image.path, "get_bvec"),
+            )
+        )
+    if not found:
+        raise InputError(
+            "no DWI series found (sub-*/[ses-*/]dwi/*_dwi.nii.gz)"
+            + (" for the chosen participants and sessions" if participants or sessions else ""),
+            path=bids_dir,
+            fix="Check --participant-label/--session-label, or the dataset's layout",
+        )
+    _refuse_duplicates(found)
+    return sorted(found, key=lambda s: (s.subject, s.session or ""))
+
+
+def _gradient(layout, path: str, getter: str) -> Path | None:
+    """The series' own ``.bval``/``.bvec`` beside it; else pybids' inheritance lookup (a
+    dataset-level file), which costs ~50 ms a query: 300 subjects would wait half a minute."""
+    beside = Path(path.removesuffix(".gz").removesuffix(".nii") + (".bval" if getter == "get_bval" else ".bvec"))
+    if beside.is_file():
+        return beside
+    try:
+        found = getattr(layout, getter)(path)
+    except Exception:  # none found: pybids raises; the fit then names what is missing
+        return None
+    return Path(found) if found else None
+
+
+def _refuse_duplicates(found: list[Series]) -> None:
+    """Two series of one subject and session (runs, acquisitions) would write the same
+    derivatives: refused with the files named, until runs are supported."""
+    seen: dict[tuple[str, str | None], Path] = {}
+    for series in found:
+        key = (series.subject, series.session)
+        if key in seen:
+            raise InputError(
+                f"{series.name} has more than one DWI series ({seen[key].name}, {series.dwi.name}); "
+                "a cohort run takes one per subject and session",
+                path=series.dwi.parent,
+                fix="Leave out the extra runs (or give --session-label) and run them separately",
+            )
+        seen[key] = series.dwi

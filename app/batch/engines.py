@@ -1,0 +1,242 @@
+"""The Dask cluster a cohort runs on, chosen from the command line.
+
+* default: a ``distributed.LocalCluster`` of ``--workers`` processes, one thread each (the
+  pipelines use their own threads; Dask's nanny keeps BLAS at one thread per process);
+* ``--gpus N``: dask-cuda's ``LocalCUDACluster``, one worker per GPU, each pinned to its device
+  (``CUDA_VISIBLE_DEVICES`` rotated per worker), with ``NCCL_NVLS_ENABLE=0`` in the workers'
+  environment (NVLink multicast off);
+* ``--cluster slurm|pbs|sge --cluster-config F``: dask-jobqueue's cluster of that scheduler,
+  its arguments from ``F`` (TOML or YAML), scaled to ``jobs`` batch jobs;
+* ``--scheduler ADDRESS``: an existing scheduler (``tcp://host:8786``) and its workers.
+
+:func:`cluster_arguments` says what would be built (class and keyword arguments) without
+building it, so each choice is testable on a machine without GPUs or a batch system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+
+JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}
+GPU_WORKER_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+@dataclass
+class ClusterChoice:
+    """What to build: ``module.name(**kwargs)``, then ``scale(jobs=...)`` for a batch system."""
+
+    module: str
+    name: str
+    kwargs: dict = field(default_factory=dict)
+    jobs: int | None = None
+    device: str = "cpu"  # the --device the steps run with
+    #: set in this process before the cluster starts; local worker processes inherit it
+    #: (LocalCUDACluster replaces a worker ``env`` of its own with CUDA_VISIBLE_DEVICES)
+    environ: dict = field(default_factory=dict)
+
+    @property
+    def description(self) -> str:
+        workers = self.kwargs.get("n_workers")
+        return (
+            f"{self.name}" + (f" ({workers} workers)" if workers else "") + (f", {self.jobs} jobs" if self.jobs else "")
+        )
+
+
+def cluster_arguments(
+    *,
+    workers: int | None = None,
+    gpus: int | None = None,
+    cluster: str | None = None,
+    cluster_config: str | Path | None = None,
+) -> ClusterChoice:
+    """The cluster the options ask for (without ``--scheduler``, which needs none)."""
+    if cluster is not None:
+        return _jobqueue_arguments(cluster, cluster_config, gpus)
+    if gpus is not None:
+        if gpus < 1:
+            raise InputError("--gpus must be at least 1", fix="Give how many GPUs to use, e.g. 1")
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if visible and len(visible) < gpus:
+            raise InputError(
+                f"--gpus {gpus}, but CUDA_VISIBLE_DEVICES shows {len(visible)} ({','.join(visible)})",
+                fix="Ask for fewer GPUs, or widen CUDA_VISIBLE_DEVICES",
+            )
+        kwargs = {  # the first N of the devices this process may use
+            "CUDA_VISIBLE_DEVICES": ",".join(visible[:gpus] if visible else (str(i) for i in range(gpus))),
+            "n_workers": gpus,
+            "threads_per_worker": 1,
+            "dashboard_address": ":0",
+            "silence_logs": logging.ERROR,
+        }
+        return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV))
+    count = workers or max(1, (os.cpu_count() or 2) // 2)
+    if count < 1:
+        raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
+    kwargs = {
+        "n_workers": count,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": ":0",  # Dask's dashboard on a free port (not 8787, which another run may hold)
+        "silence_logs": logging.ERROR,
+    }
+    return ClusterChoice("distributed", "LocalCluster", kwargs, device="cpu")
+
+
+def read_cluster_config(path: str | Path) -> dict:
+    """A cluster config (TOML, or YAML as dask-jobqueue's own ``jobqueue.yaml``): flat keys, or
+    ``jobqueue: {slurm: {...}}``; dashes or underscores alike."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot read the cluster config ({exc.strerror or exc})", path=path,
+                         fix="Give a readable TOML or YAML file to --cluster-config") from None  # fmt: skip
+    try:
+        if path.suffix.lower() == ".toml":
+            from .config import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # the parsers' own error types
+        raise InputError(f"cannot parse the cluster config ({exc})", path=path,
+                         fix="Check its syntax (.toml is read as TOML, anything else as YAML)") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise InputError(
+            "the cluster config must be a table of settings",
+            path=path,
+            fix="Write one setting per line, e.g. cores = 8",
+        )
+    return data
+
+
+def _jobqueue_arguments(cluster: str, config_path, gpus: int | None) -> ClusterChoice:
+    if cluster not in JOBQUEUE_CLASSES:
+        raise InputError(f"unknown --cluster {cluster!r}", fix=f"Choose among: {', '.join(JOBQUEUE_CLASSES)}")
+    data = read_cluster_config(config_path) if config_path else {}
+    if "jobqueue" in data:
+        data = (data["jobqueue"] or {}).get(cluster, {})
+    settings = {str(key).replace("-", "_"): value for key, value in data.items()}
+    jobs = settings.pop("jobs", 1)
+    if not isinstance(jobs, int) or jobs < 1:
+        raise InputError(f"jobs must be a whole number ≥ 1, not {jobs!r}", path=config_path, fix="e.g. jobs = 4")
+    valid = _jobqueue_keys(cluster)
+    unknown = sorted(set(settings) - valid)
+    if unknown:
+        raise InputError(
+            f"{cluster} cluster config: unknown setting {', '.join(unknown)}",
+            path=config_path,
+            fix=f"Valid settings: jobs, {', '.join(sorted(valid))}",
+        )
+    missing = [key for key in ("cores", "memory") if key not in settings]
+    if missing:
+        raise InputError(f"{cluster} cluster config must give {' and '.join(missing)}", path=config_path,
+                         fix="e.g. cores = 8 and memory = \"32GB\" (per job)")  # fmt: skip
+    settings.setdefault("scheduler_options", {"dashboard_address": ":0"})  # not 8787: another run may hold it
+    settings.setdefault("python", sys.executable)  # the workers run this installation's Python
+    settings.setdefault("processes", 1)
+    settings.setdefault("worker_extra_args", ["--nthreads", "1"] if settings["processes"] == 1 else [])
+    if gpus:
+        prologue = list(settings.get("job_script_prologue") or [])
+        settings["job_script_prologue"] = [*prologue, *(f"export {k}={v}" for k, v in GPU_WORKER_ENV.items())]
+    return ClusterChoice("dask_jobqueue", JOBQUEUE_CLASSES[cluster], settings, jobs=jobs,
+                         device="gpu" if gpus else "auto")  # fmt: skip
+
+
+def _jobqueue_keys(cluster: str) -> set[str]:
+    import dask_jobqueue
+    from dask_jobqueue.core import Job
+
+    cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[cluster])
+    names = set(inspect.signature(cls.job_cls.__init__).parameters) | set(inspect.signature(Job.__init__).parameters)
+    names |= {"n_workers", "shared_temp_directory", "silence_logs", "name", "host", "scheduler_options", "interface",
+              "protocol"}  # fmt: skip
+    return names - {"self", "scheduler", "base_class_kwargs", "config_name"}
+
+
+def import_cluster_class(choice: ClusterChoice):
+    import importlib
+
+    try:
+        module = importlib.import_module(choice.module)
+    except ImportError as exc:
+        extra = "batch-gpu" if choice.module == "dask_cuda" else "batch"
+        raise InputError(
+            f"{choice.module} is not installed ({exc})", fix=f"Install it: pip install 'tractlens[{extra}]'"
+        ) from None
+    return getattr(module, choice.name)
+
+
+def start_cluster(choice: ClusterChoice):
+    """Build the cluster; with a batch system, ask for its jobs."""
+    os.environ.update(choice.environ)
+    cls = import_cluster_class(choice)
+    try:
+        cluster = cls(**choice.kwargs)
+    except TypeError as exc:
+        raise InputError(
+            f"{choice.name} refuses its settings: {exc}",
+            fix="Check --cluster-config against dask-jobqueue's documentation",
+        ) from None
+    if choice.jobs:
+        cluster.scale(jobs=choice.jobs)
+    return cluster
+
+
+def connect(address: str | None, choice: ClusterChoice | None):
+    """``(client, cluster)``: a client of the scheduler at ``address``, or of a new cluster."""
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise InputError(f"dask.distributed is not installed ({exc})",
+                         fix="Install the cohort extra: pip install 'tractlens[batch]'") from None  # fmt: skip
+    if address is not None:
+        try:
+            return Client(address, timeout="30s"), None
+        except OSError as exc:
+            raise InputError(f"cannot reach the Dask scheduler at {address} ({exc})",
+                             fix="Check the address (tcp://host:8786) and that the scheduler runs") from None  # fmt: skip
+    cluster = start_cluster(choice)
+    return Client(cluster), cluster
+
+
+@contextlib.contextmanager
+def workers_without_main() -> Iterator[None]:
+    """Local worker processes are spawned, and a spawned process first imports the parent's main
+    script unless it can tell it is a module's ``__main__``. A console script without an
+    ``if __name__ == "__main__"`` guard would then run ``tractlens batch`` again in every worker.
+    The workers need nothing from the script (tasks are functions of :mod:`tractlens`), so its
+    path is hidden from multiprocessing while the cluster lives (workers restarted after a crash
+    included). Dask's own INFO logging stays out of the command's stderr."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is not None and getattr(main, "__spec__", None) is None:
+        del main.__file__
+    import distributed  # noqa: F401  (its loggers exist from here on)
+
+    quiet = [
+        logging.getLogger(name)
+        for name in ["distributed", *logging.root.manager.loggerDict]
+        if name.split(".")[0] in ("distributed", "dask_jobqueue", "dask_cuda")
+    ]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(max(logger.level, logging.WARNING))
+    try:
+        yield
+    finally:
+        if path is not None and not hasattr(main, "__file__"):
+            main.__file__ = path
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)

@@ -1,0 +1,178 @@
+"""Submit a cohort's task graph to Dask, show its progress, and collect what happened.
+
+Every job is one ``client.submit`` with the jobs it reads from as arguments, so Dask runs a
+subject's steps in order and different subjects side by side. Input problems come back as
+results (a failed subject does not stop the others; its later steps are "not run"); other
+errors are retried by Dask (``retries``), and a task whose worker dies is rerun by the scheduler
+on another one (up to ``distributed.scheduler.allowed-failures`` deaths). On Ctrl+C every
+future is cancelled and the caller closes the cluster.
+
+Progress: one line on stderr for the cohort (subject-steps done of subjects × steps) followed by
+the step progress of the running tasks, which the workers send as Dask events.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from .plan import Plan
+from .task import PROGRESS_TOPIC, run_step
+
+STATUSES = ("done", "skipped", "failed", "not-run")
+
+
+class CohortProgress:
+    """The cohort's progress line on stderr: rewritten on a terminal, one line per finished
+    subject-step otherwise. Thread-safe: step progress arrives on the client's event thread."""
+
+    def __init__(self, subjects: int, steps: int, quiet: bool = False, stream=None):
+        self.total, self.shape = subjects * steps, (subjects, steps)
+        self.counts = dict.fromkeys(STATUSES, 0)
+        self.running: dict[str, tuple[str, int, int]] = {}
+        self.quiet, self.stream = quiet, stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self.lock = threading.Lock()
+
+    def step_progress(self, key: str, label: str, done: int, total: int) -> None:
+        with self.lock:
+            self.running[key] = (label, done, total)
+        if self.tty:
+            self.draw()
+
+    def finished(self, key: str, status: str) -> None:
+        with self.lock:
+            self.counts[status] += 1
+            self.running.pop(key, None)
+        self.draw(line=True)
+
+    def text(self) -> str:
+        with self.lock:
+            finished = sum(self.counts.values())
+            counts = ", ".join(f"{n} {status}" for status, n in self.counts.items() if n)
+            running = "; ".join(
+                f"{key} {label} {done / total:.0%}"
+                for key, (label, done, total) in list(self.running.items())[:3]
+                if total
+            )
+        head = (
+            f"cohort: {finished}/{self.total} ({self.shape[0]} subjects × {self.shape[1]} steps) "
+            f"{counts or 'starting'}, {time.perf_counter() - self.start:.1f} s"
+        )
+        return head + (f" | {running}" if running else "")
+
+    def draw(self, line: bool = False) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.stream.write("\r\033[K" + self.text())
+            if sum(self.counts.values()) >= self.total:
+                self.stream.write("\n")
+        elif line:
+            self.stream.write(self.text() + "\n")
+        self.stream.flush()
+
+
+def _reason(exc: BaseException) -> str:
+    name = type(exc).__name__
+    if name == "KilledWorker":
+        return "the workers running it died repeatedly (out of memory, or killed); see the workers' logs"
+    return f"{name}: {exc}"
+
+
+def run_plan(
+    plan: Plan,
+    client,
+    *,
+    retries: int = 2,
+    progress: CohortProgress | None = None,
+    on_event: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Run every job of ``plan`` on ``client``; one result per job, in the plan's order. ``on_event``
+    sees each step-progress event (``{"key", "label", "done", "total", "pid"}``: the worker process)."""
+    from distributed import wait
+
+    progress = progress or CohortProgress(len(plan.series), len(plan.steps), quiet=True)
+
+    def handle(event) -> None:
+        message = event[1] if isinstance(event, tuple) else event
+        progress.step_progress(message["key"], message["label"], message["done"], message["total"])
+        if on_event is not None:
+            on_event(message)
+
+    client.subscribe_topic(PROGRESS_TOPIC, handle)
+    token = uuid.uuid4().hex[:8]
+    futures = []
+    for i, job in enumerate(plan.jobs):
+        upstream = [futures[j] for j in plan.waits_for[i]]
+        key = f"tractlens-{job.step}-{job.subject}-{token}"
+        futures.append(client.submit(run_step, job, *upstream, key=key, retries=retries, pure=False))
+    index = {future.key: i for i, future in enumerate(futures)}
+    results: list[dict | None] = [None] * len(futures)
+    pending = set(futures)
+    try:
+        while pending:
+            try:
+                done, pending = wait(pending, timeout=0.5, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                progress.draw()
+                continue
+            for future in sorted(done, key=lambda f: index[f.key]):
+                i = index[future.key]
+                results[i] = _collect(plan, i, future, results)
+                progress.finished(plan.jobs[i].key, results[i]["status"])
+    except BaseException:  # Ctrl+C above all: nothing more starts; the caller closes the cluster
+        client.cancel(futures, force=True)
+        raise
+    finally:
+        client.unsubscribe_topic(PROGRESS_TOPIC)
+    return results
+
+
+def _collect(plan: Plan, i: int, future, results: list) -> dict:
+    job = plan.jobs[i]
+    if future.status == "finished":
+        return future.result()
+    upstream = [results[j] for j in plan.waits_for[i] if results[j] is not None]
+    blocked = [u for u in upstream if u["status"] in ("failed", "not-run")]
+    if blocked:
+        return {"step": job.step, "subject": job.subject, "status": "not-run",
+                "reason": f"{blocked[0]['step']} did not complete for this subject", "seconds": 0.0}  # fmt: skip
+    if future.status == "cancelled":
+        return {"step": job.step, "subject": job.subject, "status": "not-run", "reason": "cancelled", "seconds": 0.0}
+    return {"step": job.step, "subject": job.subject, "status": "failed",
+            "reason": _reason(future.exception()), "seconds": 0.0}  # fmt: skip
+
+
+def summarise(results: list[dict], *, wall_s: float, engine: str) -> dict:
+    """The ``--json`` summary: each status's subject-steps, the failures with their reasons,
+    the time per step (sum over subjects) and the run's wall time."""
+    summary: dict = {status.replace("-", "_"): [] for status in STATUSES}
+    step_seconds: dict[str, float] = {}
+    for r in results:
+        entry = {k: v for k, v in r.items() if k != "status"}
+        summary[r["status"].replace("-", "_")].append(entry)
+        if r["status"] == "done":
+            step_seconds[r["step"]] = round(step_seconds.get(r["step"], 0.0) + r["seconds"], 3)
+    summary["counts"] = {status: len(summary[status.replace("-", "_")]) for status in STATUSES}
+    summary["step_seconds"] = step_seconds
+    summary["wall_s"] = round(wall_s, 3)
+    summary["engine"] = engine
+    return json.loads(json.dumps(summary, default=str))
+
+
+def remove_staging(staging: Path) -> None:
+    """This run's staging folder (what a killed or cancelled task left there), and the
+    ``.staging`` folder above it when no other run uses it."""
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.parent.rmdir()
+    except OSError:
+        pass  # another run's staging is in there, or it is gone already

@@ -1,0 +1,260 @@
+"""The steps of a cohort run: the single-subject commands, their inputs, outputs and names.
+
+A step is one ``tractlens`` subcommand (:class:`StepSpec`): the command words, the parameter
+dataclasses whose flags a config file may set, the per-subject files it may be given
+(``seed``, ``labels``, ...), the earlier steps whose outputs it reads, and how the files it
+writes are named in the derivatives. :func:`step_argv` builds a subject's command line
+exactly as a user would type it, so a cohort's outputs are those of the single-subject
+commands; :func:`step_parameters` reads the parameters back from that command line through
+the same parser and dataclasses (the provenance, and the skip test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from tractlens.gpu.ballstick import BallStickParams
+from tractlens.gpu.commit import CommitParams
+from tractlens.gpu.deterministic import DeterministicParams
+from tractlens.gpu.dti import DTIFitParams
+from tractlens.gpu.params import cli_flags
+from tractlens.gpu.probabilistic import ProbParams
+
+from ..errors import InputError
+from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams
+from .dataset import Series
+from .naming import alphanumeric
+
+#: The placeholder for the output path (``-o``) in a step's command line: the task puts its
+#: staging folder there.
+OUTPUT = "{staging}"
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step: a ``tractlens`` subcommand run per subject."""
+
+    name: str
+    command: tuple[str, ...]
+    params: tuple[type, ...]
+    file_keys: tuple[str, ...]  # per-subject file options a config may give (templates)
+    needs: tuple[str, ...]  # steps whose outputs this one reads
+    folder_output: bool  # -o is a folder whose files are renamed one by one
+    #: ``(prefix, options) -> {key: derivative name}`` of the outputs later steps read (for a
+    #: file-output step: the one file)
+    primary: Callable[[str, dict], dict[str, str]]
+    #: ``(native name, prefix, options) -> derivative name`` for the other files of a folder
+    #: output (None: not kept, e.g. the command's own summary JSON, folded into the sidecars)
+    rename: Callable[[str, str, dict], str | None] | None = None
+    #: ``(series, inputs, options) -> argv`` after the command words, without ``-o``
+    arguments: Callable[[Series, dict[str, Path], dict], list[str]] = lambda s, i, o: []
+
+    @property
+    def config_keys(self) -> tuple[str, ...]:
+        """The keys a config's ``[step]`` table may hold: the dataclasses' flag names, the file
+        options and ``device``."""
+        keys = [flag.lstrip("-") for t in self.params for f in dataclasses.fields(t) for flag in cli_flags(f)]
+        return (*keys, *self.file_keys, "device")
+
+
+_TENSOR_MAPS = ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0", "v1", "tensor", "flags")
+
+
+def _dti_primary(prefix: str, options: dict) -> dict[str, str]:
+    names = {m: f"{prefix}_space-dwi_model-tensor_param-{m}_dwimap.nii.gz" for m in _TENSOR_MAPS}
+    return {**names, "mask": f"{prefix}_space-dwi_desc-brain_mask.nii.gz"}
+
+
+def _dti_rename(native: str, prefix: str, options: dict) -> str | None:
+    if native.endswith(".json"):
+        return None
+    key = native.removesuffix(".nii.gz").lower()
+    return _dti_primary(prefix, options).get(key)
+
+
+def _dwi_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    argv = [str(series.dwi)]
+    for flag, path in (("--bval", series.bval), ("--bvec", series.bvec)):
+        if path is not None:
+            argv += [flag, str(path)]
+    return argv
+
+
+def _tracking_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    argv = ["--tensor", str(inputs["tensor"]), "--tensor-order", "fsl"]  # fit-dti writes FSL's order
+    return argv if "seed" in options else [*argv, "--whole-brain"]
+
+
+def _probabilistic_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    argv = ["--samples", str(inputs["samples"])]
+    if "seed" not in options:  # the whole brain: the fit's brain mask
+        argv += ["--seed", str(inputs["samples"] / "nodif_brain_mask.nii.gz")]
+    return argv
+
+
+def _commit_primary(prefix: str, options: dict) -> dict[str, str]:
+    return {
+        "weights": f"{prefix}_space-dwi_desc-commit_weights.txt",
+        "filtered": f"{prefix}_space-dwi_desc-commitfiltered_tractography.trx",
+    }
+
+
+def _commit_rename(native: str, prefix: str, options: dict) -> str | None:
+    if native == "streamline_weights.txt":
+        return _commit_primary(prefix, options)["weights"]
+    if native.startswith("tractogram_filtered"):
+        return _commit_primary(prefix, options)["filtered"]
+    if native.endswith(".nii.gz"):
+        return f"{prefix}_space-dwi_model-commit_param-{alphanumeric(native.removesuffix('.nii.gz'))}_dwimap.nii.gz"
+    return None  # commit.json: folded into the sidecars
+
+
+def _commit_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    argv = ["--dwi", str(series.dwi), "--tractogram", str(inputs["tractogram"])]
+    for flag, path in (("--bval", series.bval), ("--bvec", series.bvec)):
+        if path is not None:
+            argv += [flag, str(path)]
+    return argv
+
+
+def _connectome_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    argv = [str(inputs["tractogram"])]
+    if options.get("weight") == "commit" and "streamline-weights" not in options and "weights" in inputs:
+        argv += ["--streamline-weights", str(inputs["weights"])]
+    return argv
+
+
+def _profile_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    argv = [str(inputs["tractogram"])]
+    return argv if "map" in options else [*argv, "--map", str(inputs["fa"])]
+
+
+STEPS: dict[str, StepSpec] = {
+    spec.name: spec
+    for spec in (
+        StepSpec("fit-dti", ("fit-dti",), (DTIFitParams,), ("mask",), (), True,
+                 _dti_primary, _dti_rename, _dwi_arguments),
+        StepSpec("fit-ballstick", ("fit-ballstick",), (BallStickParams,), ("mask",), (), False,
+                 lambda p, o: {"samples": f"{p}_space-dwi_model-ballstick_desc-bedpostx_dwimap"},
+                 None, _dwi_arguments),
+        StepSpec("track-deterministic", ("track", "deterministic"),
+                 (SeedingParams, DeterministicParams, TractogramOutputParams),
+                 ("seed", "mask", "stop", "include", "exclude"), ("fit-dti",), False,
+                 lambda p, o: {"tractogram": f"{p}_space-dwi_desc-deterministic_tractography.trx"},
+                 None, _tracking_arguments),
+        StepSpec("track-probabilistic", ("track", "probabilistic"), (ProbParams, ProbOutputParams),
+                 ("seed", "target", "waypoints", "exclude", "stop"), ("fit-ballstick",), False,
+                 lambda p, o: {"paths": f"{p}_space-dwi_desc-probabilistic_probtrackx"},
+                 None, _probabilistic_arguments),
+        StepSpec("commit", ("commit",), (CommitParams,), ("mask", "peaks", "peaks-frame"),
+                 ("track-deterministic",), True, _commit_primary, _commit_rename, _commit_arguments),
+        StepSpec("connectome", ("connectome",), (ConnectomeParams,), ("labels", "lut", "streamline-weights"),
+                 ("track-deterministic",), False,
+                 lambda p, o: {"matrix": f"{p}_space-dwi_meas-{o.get('weight', 'count')}_desc-deterministic_connectome.csv"},
+                 None, _connectome_arguments),
+        StepSpec("profile", ("profile",), (ProfileParams,), ("map",), ("track-deterministic", "fit-dti"), False,
+                 lambda p, o: {"profile": f"{p}_space-dwi_param-{_map_name(o)}_desc-deterministic_profile.csv"},
+                 None, _profile_arguments),
+    )
+}  # fmt: skip
+
+#: What each step reads from the steps it needs: ``{input key: (step, output key)}``.
+READS: dict[str, dict[str, tuple[str, str]]] = {
+    "track-deterministic": {"tensor": ("fit-dti", "tensor")},
+    "track-probabilistic": {"samples": ("fit-ballstick", "samples")},
+    "commit": {"tractogram": ("track-deterministic", "tractogram")},
+    "connectome": {"tractogram": ("track-deterministic", "tractogram"), "weights": ("commit", "weights")},
+    "profile": {"tractogram": ("track-deterministic", "tractogram"), "fa": ("fit-dti", "fa")},
+}
+
+#: Inputs a step reads only when present (the COMMIT weights of a ``--weight commit`` connectome).
+OPTIONAL_READS = {("connectome", "weights")}
+
+
+def _map_name(options: dict) -> str:
+    given = options.get("map")
+    return alphanumeric(Path(given).name.split(".")[0]) if given else "fa"
+
+
+def parse_steps(text: str) -> list[str]:
+    """``fit-dti,track-deterministic`` → the steps in the order the catalogue runs them."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in STEPS]
+    if unknown or not names:
+        raise InputError(
+            f"unknown pipeline step {', '.join(unknown)}" if unknown else "--pipeline names no step",
+            fix=f"Choose among: {', '.join(STEPS)} (comma-separated)",
+        )
+    order = list(STEPS)
+    return sorted(dict.fromkeys(names), key=order.index)
+
+
+@cache
+def step_parser(name: str) -> argparse.ArgumentParser:
+    """The subcommand's own parser (options generated from the dataclasses)."""
+    from ..cli import build_parser
+
+    parser = build_parser()
+    for word in STEPS[name].command:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return parser
+
+
+def option_action(name: str, key: str) -> argparse.Action:
+    for action in step_parser(name)._actions:
+        if f"--{key}" in action.option_strings:
+            return action
+    raise KeyError(key)
+
+
+def options_argv(name: str, options: dict) -> list[str]:
+    """A step's config options as command-line words (``fa-threshold = 0.2`` → ``--fa-threshold 0.2``;
+    ``true`` → the bare flag; a list → several values, or the flag repeated for a repeatable one)."""
+    argv: list[str] = []
+    for key, value in options.items():
+        action = option_action(name, key)
+        flag = f"--{key}"
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif isinstance(value, list):
+            if isinstance(action, argparse._AppendAction):
+                for item in value:
+                    argv += [flag, str(item)]
+            else:
+                argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def step_argv(name: str, series: Series, inputs: dict[str, Path], options: dict, device: str) -> list[str]:
+    """The full command line of a step for one subject, with :data:`OUTPUT` as ``-o``."""
+    spec = STEPS[name]
+    given = {k: v for k, v in options.items() if k != "device"}
+    device = options.get("device", device)
+    return [*spec.command, *spec.arguments(series, inputs, given), *options_argv(name, given),
+            "--device", device, "--quiet", "-o", OUTPUT]  # fmt: skip
+
+
+def step_parameters(name: str, argv: list[str]) -> dict:
+    """The parameters a command line sets, read through the subcommand's parser and dataclasses:
+    ``{class name: {field: value}}``. Bad values raise the commands' own :class:`InputError`."""
+    from ..cli.options import params_from_args
+
+    parser = step_parser(name)
+    words = argv[len(STEPS[name].command) :]
+    try:
+        args = parser.parse_args(words)
+    except SystemExit:
+        raise InputError(
+            f"the options of {name} are not valid: {' '.join(words)}",
+            fix=f"See tractlens {' '.join(STEPS[name].command)} --help",
+        ) from None
+    args.command = " ".join(STEPS[name].command)
+    return {t.__name__: dataclasses.asdict(params_from_args(t, args)) for t in STEPS[name].params}

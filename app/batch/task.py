@@ -1,0 +1,210 @@
+"""One subject-step on a Dask worker: skip it if done, else run the command into a staging
+folder, then rename its outputs into place and write their sidecars.
+
+The command runs in the worker process through the ``tractlens`` parser, exactly as typed
+(:func:`.steps.step_argv`), with its ``--json`` summary captured for the sidecars and its
+progress passed to the cohort display as Dask events (topic :data:`PROGRESS_TOPIC`). Outputs
+appear under their final names only by rename, one complete file (or folder) at a time, and
+the sidecars come last: a worker killed at any point leaves either the previous outputs, or
+outputs without sidecars (which the next run redoes), never half a file.
+
+A problem with a subject's input (:class:`InputError`, as the command reports it) is returned
+as a failure, not raised: Dask would retry it for nothing. Anything else is raised, so Dask
+retries it (``retries``), and a lost worker's task is run again elsewhere by the scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .. import __version__
+from ..errors import InputError
+from .naming import sidecar_of
+from .provenance import fingerprint, is_done, normalised, previous_outputs
+from .steps import OUTPUT, STEPS, step_parameters
+
+PROGRESS_TOPIC = "tractlens-batch-progress"
+_PROGRESS_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class StepJob:
+    """Everything a worker needs to run one step for one subject (plain data: it is pickled)."""
+
+    step: str
+    subject: str  # ``sub-01[_ses-pre]``: the name in reports
+    argv: tuple[str, ...]  # with :data:`.steps.OUTPUT` as the output
+    inputs: dict[str, str]  # role → path, all fingerprinted
+    folder: str  # where the outputs go
+    primary: tuple[str, ...]  # the outputs later steps read; the first holds the step's record
+    options: dict = field(default_factory=dict)  # the step's config options for this subject
+    staging: str = ""  # this run's staging folder
+    generated_by: tuple[str, ...] = ()  # the batch command line
+    #: input path → the name the single-subject command would see it under (the profile's FA map
+    #: is ``FA.nii.gz`` there, and the CSV's columns are named after the map's file)
+    aliases: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.step}/{self.subject}"
+
+
+def result(job: StepJob, status: str, start: float, **extra) -> dict:
+    return {"step": job.step, "subject": job.subject, "status": status,
+            "seconds": round(time.perf_counter() - start, 3), **extra}  # fmt: skip
+
+
+def run_step(job: StepJob, *upstream: dict) -> dict:
+    """Run ``job`` unless an upstream step did not succeed or its outputs are up to date.
+    Returns ``{"step", "subject", "status": done|skipped|failed|not-run, "seconds", ...}``."""
+    start = time.perf_counter()
+    blocked = [u for u in upstream if u["status"] in ("failed", "not-run")]
+    if blocked:
+        return result(job, "not-run", start, reason=f"{blocked[0]['step']} did not complete for this subject")
+    try:
+        inputs = {role: fingerprint(Path(path)) for role, path in job.inputs.items()}
+    except FileNotFoundError as exc:
+        return result(job, "failed", start, reason=f"input not found: {exc.filename}")
+    try:
+        parameters = step_parameters(job.step, list(job.argv))
+    except InputError as exc:
+        return result(job, "failed", start, reason=str(exc))
+    primary = Path(job.folder) / job.primary[0]
+    if is_done(primary, inputs, parameters):
+        return result(job, "skipped", start)
+    stage = Path(job.staging) / f"{job.subject}_{job.step}_{uuid.uuid4().hex[:8]}"
+    try:
+        stage.mkdir(parents=True)
+        try:
+            summary = _run_command(job, stage)
+        except InputError as exc:
+            return result(job, "failed", start, reason=str(exc))
+        seconds = time.perf_counter() - start
+        record = {"Inputs": inputs, "Parameters": parameters, "Summary": summary, "ComputeSeconds": round(seconds, 3)}
+        written = _move_into_place(job, stage, record)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return result(job, "done", start, outputs=written)
+
+
+def _output_path(job: StepJob, stage: Path) -> Path:
+    return stage / ("out" if STEPS[job.step].folder_output else job.primary[0])
+
+
+def _run_command(job: StepJob, stage: Path) -> dict:
+    """The command in this process, as typed; its ``--json`` summary back. Its errors are the
+    commands' own (InputError, and the engine's, which name what to do)."""
+    from tractlens.gpu.backend import BackendError, OutOfDeviceMemory
+
+    from ..cli import build_parser
+    from ..cli._common import relay_progress
+    from ..timing import recorder
+
+    out = str(_output_path(job, stage))
+    named = {}
+    for path, alias in job.aliases.items():
+        (stage / "inputs").mkdir(exist_ok=True)
+        os.symlink(path, stage / "inputs" / alias)
+        named[path] = str(stage / "inputs" / alias)
+    argv = [out if word == OUTPUT else named.get(word, word) for word in job.argv] + ["--json"]
+    args = build_parser().parse_args(argv)
+    recorder().reset()  # this step's read/compute/write split in its summary, not the worker's earlier steps'
+    stdout = io.StringIO()
+    try:
+        with relay_progress(_progress_sender(job)), contextlib.redirect_stdout(stdout):
+            args.func(args)
+    except (BackendError, OutOfDeviceMemory) as exc:
+        raise InputError(str(exc), fix='Try [step] device = "cpu" in the config') from None
+    text = stdout.getvalue().replace(json.dumps(out)[1:-1], json.dumps(_final_output(job))[1:-1])
+    try:  # the summary names the final output, not the staging folder
+        return json.loads(text)
+    except ValueError:
+        return {}
+
+
+def _progress_sender(job: StepJob):
+    """``(label, done, total)`` → a Dask event for the client's display, at most every 0.5 s."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return lambda label, done, total: None
+    last = [0.0]
+
+    def send(label: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] < _PROGRESS_EVERY_S and done < total:
+            return
+        last[0] = now
+        worker.log_event(
+            PROGRESS_TOPIC, {"key": job.key, "label": label, "done": done, "total": total, "pid": os.getpid()}
+        )
+
+    return send
+
+
+def _final_output(job: StepJob) -> str:
+    """What ``-o`` names once the outputs are in place (for the sidecar's command line)."""
+    return job.folder if STEPS[job.step].folder_output else str(Path(job.folder) / job.primary[0])
+
+
+def _staged_outputs(job: StepJob, stage: Path) -> dict[str, Path]:
+    """Final name → staged path of every output the command wrote."""
+    spec = STEPS[job.step]
+    made = _output_path(job, stage)
+    if not spec.folder_output:
+        return {job.primary[0]: made}
+    prefix = job.subject
+    named = {}
+    for entry in sorted(made.iterdir()):
+        name = spec.rename(entry.name, prefix, job.options)
+        if name is not None:
+            named[name] = entry
+    missing = [name for name in job.primary if name not in named]
+    if missing:
+        raise RuntimeError(f"{job.step} wrote no {', '.join(missing)}")
+    return named
+
+
+def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
+    """Rename the staged outputs over the old ones (first dropping the old sidecars, so an
+    interrupted move reads as not done), then write every output's sidecar."""
+    folder = Path(job.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    staged = _staged_outputs(job, stage)
+    primary = folder / job.primary[0]
+    for old in {*previous_outputs(primary), *(folder / name for name in staged)}:
+        sidecar_of(old).unlink(missing_ok=True)
+    for name, path in staged.items():
+        target = folder / name
+        if target.is_dir():  # a folder output: the old one aside, then the new one in
+            shutil.move(str(target), str(stage / f"old-{name}"))
+        os.replace(path, target)
+    names = list(staged)
+    sidecar = {
+        "Step": job.step,
+        "Command": ["tractlens", *(_final_output(job) if w == OUTPUT else w for w in job.argv)],
+        **record,
+        "StepOutputs": names,
+        "Version": __version__,
+        "Host": socket.gethostname(),
+        "Created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "GeneratedBy": list(job.generated_by),
+    }
+    text = json.dumps(normalised(sidecar), indent=2)
+    from ..io._atomic import write_text_atomic
+
+    for name in sorted(names, key=lambda n: n == job.primary[0]):  # the step's record last
+        write_text_atomic(text, sidecar_of(folder / name))
+    return names

@@ -1,0 +1,115 @@
+"""``tractlens batch``: the single-subject pipelines over a BIDS dataset, on Dask.
+
+Dask, dask-jobqueue and pybids are the ``batch`` extra, imported only when the command runs.
+Exit status 0 when every subject-step was done or skipped, :data:`EXIT_SOME_FAILED` when any
+failed or could not run (the summary says which and why), 2 for unusable options or dataset,
+130 on Ctrl+C (the cluster closed, the staging folder removed: no half-written output).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from ..errors import InputError
+from ._common import EXIT_OK, emit
+
+#: Some subject-steps failed or could not run; the others were done.
+EXIT_SOME_FAILED = 3
+
+
+def add_parsers(sub, common) -> None:
+    from ..batch.steps import STEPS
+
+    p = sub.add_parser(
+        "batch",
+        parents=[common],
+        help="run pipeline steps over every subject of a BIDS dataset, on Dask (local processes, GPUs, a cluster)",
+        description="Runs the single-subject commands (the same parameters and outputs) for every DWI series of "
+        "a BIDS dataset and writes BIDS derivatives, each output with a JSON sidecar of its provenance. A step "
+        "whose outputs are there with the same inputs and parameters is skipped, so a second run does only what "
+        "is missing. Parameters come from --config, a TOML file with a table per step whose keys are the "
+        "step's flags without dashes. Exit status 3 when any subject-step failed (the others are done).",
+    )
+    p.add_argument("bids_dir", metavar="BIDS_DIR", help="the BIDS dataset (holds dataset_description.json)")
+    p.add_argument("-o", "--output", required=True, metavar="DERIVATIVES_DIR", help="derivatives folder")
+    p.add_argument("--pipeline", required=True, metavar="STEP[,STEP...]", help=f"steps: {', '.join(STEPS)}")
+    p.add_argument("--participant-label", nargs="+", metavar="LABEL", help="only these participants (01 or sub-01)")
+    p.add_argument("--session-label", nargs="+", metavar="LABEL", help="only these sessions")
+    p.add_argument("--config", metavar="PARAMS.toml", help="parameters: [step] tables, keys = the step's flag names")
+    p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: half the CPU cores)")
+    p.add_argument("--gpus", type=int, metavar="N", help="one worker per GPU through dask-cuda (LocalCUDACluster)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786")
+    where.add_argument(
+        "--cluster", choices=("slurm", "pbs", "sge"), help="submit workers as batch jobs (dask-jobqueue)"
+    )
+    p.add_argument("--cluster-config", metavar="F", help="the batch jobs' settings (TOML or YAML; see the README)")
+    p.set_defaults(func=cmd_batch)
+
+
+def _check_options(args) -> None:
+    if args.cluster_config and not args.cluster:
+        raise InputError("--cluster-config belongs to --cluster", fix="Add --cluster slurm|pbs|sge")
+    if args.scheduler and (args.workers or args.gpus):
+        raise InputError(
+            "--workers/--gpus make a local cluster; with --scheduler the scheduler's workers run the steps",
+            fix="Drop --workers/--gpus, or --scheduler",
+        )
+    if args.workers is not None and args.gpus is not None:
+        raise InputError(
+            "--gpus makes one worker per GPU: give --workers or --gpus, not both", fix="Drop one of the two"
+        )
+    if args.workers is not None and args.workers < 1:
+        raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
+
+
+def cmd_batch(args) -> int:
+    from ..batch.config import load_config
+    from ..batch.dataset import find_series
+    from ..batch.engines import cluster_arguments, connect, workers_without_main
+    from ..batch.naming import command_line, write_dataset_description
+    from ..batch.plan import build_plan
+    from ..batch.runner import CohortProgress, remove_staging, run_plan, summarise
+    from ..batch.steps import parse_steps
+
+    _check_options(args)
+    steps = parse_steps(args.pipeline)
+    config = load_config(args.config, steps)
+    bids_dir, derivatives = Path(args.bids_dir), Path(args.output).absolute()
+    series = find_series(bids_dir, args.participant_label, args.session_label)
+    choice = None
+    if args.scheduler is None:
+        choice = cluster_arguments(
+            workers=args.workers, gpus=args.gpus, cluster=args.cluster, cluster_config=args.cluster_config
+        )
+    staging = derivatives / ".staging" / uuid.uuid4().hex[:12]
+    plan = build_plan(series, steps, config, derivatives, device=choice.device if choice else "auto",
+                      staging=staging, generated_by=command_line())  # fmt: skip
+    write_dataset_description(derivatives, bids_dir, command_line())
+    start = time.perf_counter()
+    progress = CohortProgress(len(series), len(steps), quiet=args.quiet)
+    with workers_without_main():
+        client, cluster = connect(args.scheduler, choice)
+        started = time.perf_counter() - start  # the cluster's start (worker processes, imports)
+        try:
+            results = run_plan(plan, client, progress=progress)
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+            remove_staging(staging)
+    engine = args.scheduler or choice.description
+    summary = {"bids_dir": str(bids_dir), "derivatives": str(derivatives), "pipeline": steps,
+               "subjects": len(series), "cluster_start_s": round(started, 3),
+               **summarise(results, wall_s=time.perf_counter() - start, engine=engine)}  # fmt: skip
+    counts = summary["counts"]
+    failures = "".join(f"\n  {f['subject']} {f['step']}: {f['reason']}" for f in summary["failed"])
+    human = (
+        f"{len(series)} subjects × {len(steps)} steps: {counts['done']} done, {counts['skipped']} skipped, "
+        f"{counts['failed']} failed, {counts['not-run']} not run, in {summary['wall_s']:.1f} s on {engine}; "
+        f"derivatives in {derivatives}{failures}"
+    )
+    emit(args, summary, human)
+    return EXIT_SOME_FAILED if counts["failed"] or counts["not-run"] else EXIT_OK

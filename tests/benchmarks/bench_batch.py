@@ -1,0 +1,254 @@
+"""Benchmark: subjects per hour of ``tractlens batch --pipeline fit-dti,track-deterministic,connectome``
+on HCP-sized synthetic subjects, one GPU against the machine's CPU cores, and what Dask adds.
+
+    python tests/benchmarks/bench_batch.py --outdir /scratch/batch --subjects 8 --json
+    python tests/benchmarks/bench_batch.py --quick --outdir /tmp/batch-quick        # a small check, anywhere
+
+The subject is bench_e2e.py's (145×174×145 voxels of 1.25 mm, 288 volumes, float32 ``dwi.nii``,
+three crossing bundles; made once into ``--outdir`` and reused), with a parcellation of the brain
+into blocks of a 4×4×4 grid for the connectome. The BIDS dataset links every ``sub-NN`` to that one
+subject (the same bytes; the page cache holds them after the first read, as it would a fast
+file system's), so ``--subjects N`` costs no disk.
+
+Measured, each engine in a fresh process as a user runs it:
+
+* ``plain``: the three single-subject commands one after the other, each its own process, on the
+  engine's device: seconds per subject.
+* ``batch``: ``tractlens batch`` over N subjects — ``--gpus 1`` (skipped without a GPU) and
+  ``--workers W`` on the CPU (W = ``--cpu-workers``, default the cores, at most one per 12 GB of
+  memory: a subject's fit holds ~5 GB) — wall time, subjects per hour, and the per-subject
+  overhead: worker-seconds per subject in the batch (wall × workers / N) minus the plain
+  commands' seconds per subject, also as a percentage of the latter (issue 28's target: < 5 %);
+  and the same once the cluster is up (its start, a one-off per run, taken out).
+  The plain commands each pay an interpreter start and imports that a batch worker pays once,
+  so the overhead can come out negative.
+
+Results: ``<results>/batch_<gpu>[_quick].json`` and ``.md``; ``--json`` prints the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+
+import bench_e2e  # noqa: E402  (the HCP-sized subject maker)
+
+PIPELINE = "fit-dti,track-deterministic,connectome"
+GRID = 4  # the parcellation: blocks of a GRID×GRID×GRID grid over the volume, inside the brain
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def make_subject(spec, folder: Path, workers: int) -> Path:
+    """The DWI (bench_e2e's), its bval/bvec and a block parcellation, made once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = folder / "subject.json"
+    wanted = {"spec": asdict(spec), "grid": GRID}
+    if manifest.exists() and json.loads(manifest.read_text()) == json.loads(json.dumps(wanted)):
+        return folder
+    mask = bench_e2e.brain_mask(spec)
+    start = time.perf_counter()
+    bench_e2e.write_dwi(spec, mask, folder, workers)
+    blocks = np.indices(spec.shape) * GRID // np.array(spec.shape)[:, None, None, None]
+    labels = np.where(mask, 1 + blocks[0] * GRID * GRID + blocks[1] * GRID + blocks[2], 0).astype(np.int16)
+    import nibabel as nib
+
+    nib.save(nib.Nifti1Image(labels, bench_e2e.affine(spec)), folder / "labels.nii.gz")
+    manifest.write_text(json.dumps(wanted))
+    log(f"made the subject in {time.perf_counter() - start:.1f} s")
+    return folder
+
+
+def make_bids(subject: Path, root: Path, n: int) -> Path:
+    """``root/sub-01..N/dwi/sub-NN_dwi.{nii,bval,bvec}`` linking to the one subject."""
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    (root / "dataset_description.json").write_text(json.dumps({"Name": "bench", "BIDSVersion": "1.9.0"}))
+    dwi = next(subject.glob("dwi.nii*"))
+    ext = "nii.gz" if dwi.name.endswith(".gz") else "nii"
+    for i in range(1, n + 1):
+        folder = root / f"sub-{i:02d}" / "dwi"
+        folder.mkdir(parents=True)
+        for source, suffix in ((dwi, ext), (subject / "dwi.bval", "bval"), (subject / "dwi.bvec", "bvec")):
+            (folder / f"sub-{i:02d}_dwi.{suffix}").symlink_to(source)
+    return root
+
+
+def cli(argv: list[str], env: dict, timeout_s: float) -> tuple[float, dict | None, str]:
+    """Run ``python -m tractlens.app.cli ARGV --json --quiet``: wall seconds, summary, stderr tail."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tractlens.app.cli", *argv, "--json", "--quiet"],
+                          capture_output=True, text=True, env=env, timeout=timeout_s, cwd=ROOT)  # fmt: skip
+    wall = time.perf_counter() - start
+    try:
+        summary = json.loads(done.stdout)
+    except ValueError:
+        summary = None
+    if done.returncode not in (0,):
+        log(f"  exit {done.returncode}: {' '.join(argv[:3])} ...\n{done.stderr[-1500:]}")
+    return wall, summary, done.stderr[-1500:]
+
+
+def plain_commands(subject: Path, out: Path, device: str, env: dict, timeout_s: float) -> dict:
+    """The three commands as a user types them for one subject: seconds each and in all."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    dwi = next(subject.glob("dwi.nii*"))
+    steps = {
+        "fit-dti": ["fit-dti", str(dwi), "-o", str(out / "dti"), "--device", device],
+        "track-deterministic": ["track", "deterministic", "--tensor", str(out / "dti" / "tensor.nii.gz"),
+                                "--tensor-order", "fsl", "--whole-brain", "-o", str(out / "det.trx"),
+                                "--device", device],
+        "connectome": ["connectome", str(out / "det.trx"), "--labels", str(subject / "labels.nii.gz"),
+                       "-o", str(out / "matrix.csv"), "--device", device],
+    }  # fmt: skip
+    seconds = {}
+    for name, argv in steps.items():
+        seconds[name] = round(cli(argv, env, timeout_s)[0], 3)
+        log(f"  plain {name} on {device}: {seconds[name]:.1f} s")
+    return {"seconds": seconds, "per_subject_s": round(sum(seconds.values()), 3)}
+
+
+def batch_run(bids: Path, out: Path, config: Path, engine: list[str], env: dict, timeout_s: float) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    argv = ["batch", str(bids), "-o", str(out), "--pipeline", PIPELINE, "--config", str(config), *engine]
+    wall, summary, stderr = cli(argv, env, timeout_s)
+    row = {"argv": ["tractlens", *argv], "wall_s": round(wall, 3)}
+    if summary is None:
+        return {**row, "error": stderr}
+    row.update(counts=summary["counts"], step_seconds=summary["step_seconds"], failed=summary["failed"],
+               cluster_start_s=summary["cluster_start_s"], batch_wall_s=summary["wall_s"])  # fmt: skip
+    return row
+
+
+def has_gpu() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError:
+        log("a GPU but no dask-cuda: pip install 'tractlens[batch-gpu]'; the GPU run is skipped")
+        return False
+    return True
+
+
+def default_cpu_workers() -> int:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(os.cpu_count() or 1, int(memory // (12 * 2**30))))
+
+
+def summarise_engine(name: str, plain: dict, batch: dict, subjects: int, workers: int) -> dict:
+    if "error" in batch:
+        return {"engine": name, "plain": plain, "batch": batch}
+    per_worker_subject = batch["wall_s"] * workers / subjects
+    overhead = per_worker_subject - plain["per_subject_s"]
+    running = (batch["batch_wall_s"] - batch["cluster_start_s"]) * workers / subjects  # once the workers are up
+    return {
+        "engine": name,
+        "workers": workers,
+        "plain": plain,
+        "batch": batch,
+        "subjects_per_hour": round(subjects * 3600 / batch["wall_s"], 2),
+        "worker_seconds_per_subject": round(per_worker_subject, 3),
+        "overhead_per_subject_s": round(overhead, 3),
+        "overhead_percent": round(100 * overhead / plain["per_subject_s"], 2),
+        "cluster_start_s": batch["cluster_start_s"],
+        "overhead_after_start_s": round(running - plain["per_subject_s"], 3),
+        "overhead_after_start_percent": round(100 * (running - plain["per_subject_s"]) / plain["per_subject_s"], 2),
+    }
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"# tractlens batch: {PIPELINE} ({results['subject_summary']})",
+        "",
+        f"{results['subjects']} subjects per run, on {results['device']}.",
+        "",
+        "| engine | workers | batch wall (s) | cluster start (s) | subjects/hour | plain s/subject "
+        "| batch worker-s/subject | overhead | overhead once started |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["engines"]:
+        if "subjects_per_hour" not in row:
+            lines.append(f"| {row['engine']} | | failed | | | | | | |")
+            continue
+        lines.append(
+            f"| {row['engine']} | {row['workers']} | {row['batch']['wall_s']:.1f} | {row['cluster_start_s']:.1f} | "
+            f"{row['subjects_per_hour']:.1f} | {row['plain']['per_subject_s']:.1f} | "
+            f"{row['worker_seconds_per_subject']:.1f} | "
+            f"{row['overhead_per_subject_s']:+.1f} s ({row['overhead_percent']:+.1f} %) | "
+            f"{row['overhead_after_start_s']:+.1f} s ({row['overhead_after_start_percent']:+.1f} %) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--outdir", type=Path, default=Path("/tmp/tractlens-batch-bench"), help="subject and outputs")
+    p.add_argument("--subjects", type=int, help="subjects per batch run (default 8; --quick: 3)")
+    p.add_argument("--quick", action="store_true", help="bench_e2e's small subject (24×28×24), for checking the script")
+    p.add_argument("--cpu-workers", type=int, help="worker processes of the CPU run (default: cores, ≤ 1 per 12 GB)")
+    p.add_argument("--no-gpu", action="store_true", help="the CPU engine only")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds one batch run may take")
+    p.add_argument("--results", type=Path, default=HERE / "results", help="folder of batch_<gpu>.json/.md")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    spec = bench_e2e.QUICK if args.quick else bench_e2e.SubjectSpec()
+    subjects = args.subjects or (3 if args.quick else 8)
+    subject = make_subject(spec, args.outdir / "subject", os.cpu_count() or 1)
+    bids = make_bids(subject, args.outdir / "bids", subjects)
+    config = args.outdir / "params.toml"
+    config.write_text(f'[connectome]\nlabels = "{subject / "labels.nii.gz"}"\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    engines = []
+    if not args.no_gpu and has_gpu():
+        engines.append(("gpu", "gpu", ["--gpus", "1"], 1))
+    cpu_workers = args.cpu_workers or (2 if args.quick else default_cpu_workers())
+    engines.append(("cpu", "cpu", ["--workers", str(cpu_workers)], cpu_workers))
+    rows = []
+    for name, device, engine, workers in engines:
+        log(f"{name}: the plain commands, then tractlens batch {' '.join(engine)} over {subjects} subjects")
+        plain = plain_commands(subject, args.outdir / f"plain_{name}", device, env, args.timeout)
+        batch = batch_run(bids, args.outdir / f"derivatives_{name}", config, engine, env, args.timeout)
+        rows.append(summarise_engine(name, plain, batch, subjects, workers))
+        log(f"  batch on {name}: {batch.get('wall_s')} s, {rows[-1].get('subjects_per_hour')} subjects/hour")
+    tag = bench_e2e.gpu_tag() + ("_quick" if args.quick else "")
+    results = {
+        "device": tag,
+        "pipeline": PIPELINE,
+        "subjects": subjects,
+        "subject_summary": f"{'×'.join(map(str, spec.shape))} voxels, {spec.n_volumes} volumes",
+        "cpu_count": os.cpu_count(),
+        "engines": rows,
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    target = args.results / f"batch_{tag}"
+    target.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    target.with_suffix(".md").write_text(markdown(results))
+    print(json.dumps(results, indent=2) if args.json else markdown(results))
+    failed = any("subjects_per_hour" not in row or row["batch"]["counts"]["done"] != 3 * subjects for row in rows)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
