@@ -134,16 +134,18 @@ def test_outputs_equal_the_single_subject_commands(first_run, cohort, demo_dir, 
     labels, lut = demo_dir / "parcellation.nii.gz", demo_dir / "parcellation.txt"
     assert main(["connectome", str(trx), "--labels", str(labels), "--lut", str(lut), "-o", str(tmp_path / "c.csv"),
                  "--device", "cpu", "--quiet"]) == 0  # fmt: skip
-    assert main(["profile", str(trx), "--map", str(dti / "FA.nii.gz"), "-o", str(tmp_path / "p.csv"), "--quiet"]) == 0
+    assert (
+        main(["profile", str(trx), "--map", str(dti / "dti_FA.nii.gz"), "-o", str(tmp_path / "p.csv"), "--quiet"]) == 0
+    )
     folder = derivatives / "sub-01" / "dwi"
     for native, param in (("FA", "fa"), ("MD", "md"), ("tensor", "tensor"), ("V1", "v1"), ("RGB", "rgb")):
         ours = nib.load(folder / f"sub-01_space-dwi_model-tensor_param-{param}_dwimap.nii.gz")
-        theirs = nib.load(dti / f"{native}.nii.gz")
+        theirs = nib.load(dti / f"dti_{native}.nii.gz")
         np.testing.assert_array_equal(ours.get_fdata(), theirs.get_fdata())
         np.testing.assert_array_equal(ours.affine, theirs.affine)
     np.testing.assert_array_equal(
         nib.load(folder / "sub-01_space-dwi_desc-brain_mask.nii.gz").get_fdata(),
-        nib.load(dti / "mask.nii.gz").get_fdata(),
+        nib.load(dti / "dti_mask.nii.gz").get_fdata(),
     )
     ours = load_tractogram(folder / "sub-01_space-dwi_desc-deterministic_tractography.trx")
     theirs = load_tractogram(trx)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..pipelines.dti import dti_file_name
 from .config import subject_options
 from .dataset import Series
 from .naming import entity_prefix, subject_folder
@@ -49,7 +50,7 @@ def _file_inputs(name: str, options: dict) -> dict[str, str]:
 def _aliases(name: str, inputs: dict[str, Path], options: dict) -> dict[str, str]:
     """Inputs the step must see under the single-subject command's file name."""
     if name == "profile" and "map" not in options:
-        return {str(inputs["fa"]): "FA.nii.gz"}  # fit-dti's name: the CSV's columns are FA_mean, FA_sd
+        return {str(inputs["fa"]): dti_file_name("FA")}  # fit-dti's name: the CSV's columns are dti_FA_mean, ...
     return {}
 
 

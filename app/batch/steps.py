@@ -27,6 +27,7 @@ from tractlens.gpu.probabilistic import ProbParams
 
 from ..errors import InputError
 from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams
+from ..pipelines.dti import DTI_MAPS, DTI_PREFIX
 from .dataset import Series
 from .naming import alphanumeric
 
@@ -62,7 +63,8 @@ class StepSpec:
         return (*keys, *self.file_keys, "device")
 
 
-_TENSOR_MAPS = ("fa", "md", "ad", "rd", "rgb", "l1", "l2", "l3", "s0", "v1", "tensor", "flags")
+#: fit-dti's maps (dtifit's names, ``dti_FA.nii.gz``...), each a ``param-`` of the tensor model
+_TENSOR_MAPS = tuple(name.lower() for name in DTI_MAPS if name != "mask")
 
 
 def _dti_primary(prefix: str, options: dict) -> dict[str, str]:
@@ -73,7 +75,7 @@ def _dti_primary(prefix: str, options: dict) -> dict[str, str]:
 def _dti_rename(native: str, prefix: str, options: dict) -> str | None:
     if native.endswith(".json"):
         return None
-    key = native.removesuffix(".nii.gz").lower()
+    key = native.removesuffix(".nii.gz").removeprefix(f"{DTI_PREFIX}_").lower()
     return _dti_primary(prefix, options).get(key)
 
 

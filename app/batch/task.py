@@ -51,7 +51,7 @@ class StepJob:
     staging: str = ""  # this run's staging folder
     generated_by: tuple[str, ...] = ()  # the batch command line
     #: input path → the name the single-subject command would see it under (the profile's FA map
-    #: is ``FA.nii.gz`` there, and the CSV's columns are named after the map's file)
+    #: is ``dti_FA.nii.gz`` there, and the CSV's columns are named after the map's file)
     aliases: dict = field(default_factory=dict)
 
     @property
