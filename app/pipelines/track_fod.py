@@ -17,7 +17,7 @@ where the fODF's largest amplitude reaches the cut-off.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -191,3 +191,21 @@ def fod_from_regions(volume: FodVolume, regions: Regions, *, whole_brain: bool =
     )  # fmt: skip
     result.provenance["fod"] = result.provenance.pop("tensor", volume.source)
     return result
+
+
+def track_fod_deterministic(source, regions: Regions, *, params=None, basis: str = "auto", **options) -> TrackResult:
+    """The window's door to fODF tracking: deterministic (SD_STREAM) tracking on ``source`` — an
+    fODF file or fit-csd folder, or ``(coefficients, affine)`` of a fit made in the window — with
+    a document's ROIs in their roles. ``params`` may be the tensor tracker's
+    :class:`DeterministicParams` (the panel's form): its step, angle, lengths and truncation
+    carry over, the amplitude cut-off keeps its default. The other ``options`` are
+    :func:`fod_from_regions`'s."""
+    if isinstance(source, (str, os.PathLike)):
+        volume = load_fod_volume(source, basis)
+    else:
+        coefficients, affine = source
+        volume = FodVolume.from_sh(np.asarray(coefficients), np.asarray(affine), "fODF layer")
+    if params is not None and not isinstance(params, (FodDeterministicParams, FodProbabilisticParams)):
+        shared = {f.name for f in fields(FodDeterministicParams)} & {f.name for f in fields(params)}
+        params = FodDeterministicParams(**{name: getattr(params, name) for name in shared})
+    return fod_from_regions(volume, regions, params=params, **options)

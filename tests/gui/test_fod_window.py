@@ -18,7 +18,6 @@ from tests.gui.test_ballstick_gui import cells, grab, offsets_in_cells, principa
 from tests.test_fod_display import PHANTOM_SHAPE, fit_csd_folder, phantom_dwi
 from tractlens.app.io.dwi import save_gradients
 from tractlens.widgets.csd_dialog import FIT_CSD
-from tractlens.widgets.direction_field import NOT_AVAILABLE
 from tractlens.widgets.fod_glyphs import SCALING_TEXT
 
 Z = 1  # the phantom's middle axial slice
@@ -120,14 +119,30 @@ def test_the_tracking_panel_lists_fodf_layers(window, tmp_path):
     choice = window.deterministic_panel.field_choice
     texts = [choice.itemText(i) for i in range(choice.count())]
     assert texts == ["fODF (fODF)"]
-    from tractlens.app.fod_layers import fod_tracking_available
+    assert choice.model().item(0).isEnabled()
+    assert choice.choose(window.document.layer("fODF"))
 
-    item = choice.model().item(0)
-    if fod_tracking_available():
-        assert choice.choose(window.document.layer("fODF"))
-    else:
-        assert not item.isEnabled() and item.toolTip() == NOT_AVAILABLE
-        assert choice.layer() is None  # nothing to track on: the panel says what to open
+
+def test_track_on_an_fodf_layer_from_the_deterministic_panel(window, tmp_path, qtbot):
+    """Whole-brain deterministic tracking with the fODF layer as the direction field: the
+    streamlines come from the fODF tracker (its provenance says so) and appear as a layer."""
+    from tractlens.widgets import dialogs
+
+    fit_csd_folder(tmp_path / "csd")
+    file_menu = window.menuBar().actions()[0].menu()
+    with dialogs.answers(open_files=[[tmp_path / "csd"]]):  # a fit-csd folder: fODF, peaks, tissues
+        next(action for action in file_menu.actions() if action.text() == "&Open…").trigger()
+    assert window.wait_for_jobs(60)
+    panel = window.deterministic_panel
+    assert panel.field_choice.choose(next(layer for layer in window.document.layers if layer.kind == "fod"))
+    panel.whole_brain.setChecked(True)
+    panel.form.editors["min_length_mm"].setValue(4.0)  # the phantom is a few voxels across
+    qtbot.mouseClick(panel.track_button, Qt.MouseButton.LeftButton)
+    assert window.wait_for_jobs(180)
+    assert window.errors == []
+    summary = panel.summary
+    assert summary is not None and "fod" in summary and summary["streamlines"] > 0, summary.get("empty_reason")
+    assert len(panel.result_layer.data) == summary["streamlines"]
 
 
 PAD = 3  # background voxels around the phantom: the automatic brain mask needs some
