@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ballstick, commit, cuda, deterministic, dti, geodesic, probabilistic
+from . import ballstick, commit, cuda, deterministic, dti, fod_tracking, geodesic, probabilistic
 
 #: Measurements assumed for the data-dependent defines (64 directions + b=0).
 DEFAULT_MEASUREMENTS = 65
@@ -65,9 +65,16 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
         KernelBuild("tracking", "streamlines.cu", "pack_rows"),
         *(
             KernelBuild(
-                "probabilistic", "probabilistic.cu", "prob_track", ("philox.cuh",), probabilistic.kernel_defines(m)
+                "probabilistic", "probabilistic.cu", "prob_track", ("philox.cuh",), probabilistic.kernel_defines(m, v)
             )
-            for m in (False, True)
+            for m, v in ((False, False), (True, False), (False, True))  # plain, --seed-matrix, connectome modes
+        ),
+        KernelBuild(
+            "fod-tracking",
+            "fod_tracking.cu",
+            "track_fod",
+            ("sym3.cuh", "tracking.cuh", "philox.cuh"),
+            fod_tracking.KERNEL_DEFINES,
         ),
         *(
             KernelBuild(

@@ -23,6 +23,8 @@ AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
 NOT_RUN = {
     "import-dicom": "needs a DICOM series; its summary goes through the same emit (test_no_command_prints_json_itself)",
     "export-dicom": "needs a DICOM series; its summary goes through the same emit (test_no_command_prints_json_itself)",
+    "fit-model": "needs a multi-shell series; its summary goes through the same emit (test_fit_model_cli.py runs it)",
+    "batch": "needs a BIDS dataset and a Dask cluster; its summary goes through the same emit (test_batch.py)",
 }
 
 
@@ -113,6 +115,23 @@ def _commands(f: Path) -> list[tuple[str, list[str], list[Path]]]:
                 str(f / "det.trk"),
             ],
             [f / "dti", f / "seed.nii.gz"],
+        ),
+        (
+            "track fod-probabilistic",
+            [
+                "track",
+                "fod-probabilistic",
+                "--fod",
+                str(f / "csd"),
+                "--seed",
+                seed,
+                "--min-length",
+                "2",
+                *cpu,
+                "-o",
+                str(f / "fod.trk"),
+            ],  # fmt: skip
+            [f / "csd", f / "seed.nii.gz"],
         ),
         (
             "track geodesic",
