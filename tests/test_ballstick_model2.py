@@ -102,8 +102,8 @@ def test_model2_chain_is_reproducible_and_independent_of_batching():
 def test_model_option_is_validated():
     with pytest.raises(ValueError, match="model must be 1 or 2"):
         BallStickParams(model=3)
-    assert BallStickParams().model == 2  # FSL bedpostx's default
-    assert BallStickParams(rician=True).n_params == 2 + 9 + 1 + 1
+    assert BallStickParams().model == 1  # earlier versions' results; FSL's 2 is asked for with --model 2
+    assert BallStickParams(rician=True, model=2).n_params == 2 + 9 + 1 + 1
 
 
 def test_angles_are_wrapped_into_fsl_ranges_with_the_same_directions():
@@ -224,7 +224,7 @@ def test_fit_ballstick_model2_command_writes_mean_d_stdsamples(gamma_dwi, tmp_pa
 
     args = ["fit-ballstick", str(gamma_dwi / "dwi.nii.gz"), "--mask", str(gamma_dwi / "mask.nii.gz")]
     args += ["--nfibres", "1", "--burnin", "200", "--njumps", "200", "--sampleevery", "10", "--device", "cpu"]
-    result = run_cli(*args, "-o", str(tmp_path / "m2"), "--json")
+    result = run_cli(*args, "--model", "2", "-o", str(tmp_path / "m2"), "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["params"]["model"] == 2 and "mean_d_stdsamples.nii.gz" in summary["files"]
@@ -240,3 +240,20 @@ def test_fit_ballstick_model2_command_writes_mean_d_stdsamples(gamma_dwi, tmp_pa
     assert not (tmp_path / "m1" / "mean_d_stdsamples.nii.gz").exists()
     bad = run_cli(*args, "--model", "3", "-o", str(tmp_path / "m3"))
     assert bad.returncode != 0 and "model" in bad.stderr
+
+
+def test_multi_shell_data_fitted_with_model_1_get_a_note():
+    from tractlens.app.io.dwi import DWI
+    from tractlens.app.pipelines.ballstick import fit_ballstick_pipeline
+
+    rng = np.random.default_rng(0)
+    for shells, noted in (((1000.0, 2000.0), True), ((1000.0,), False)):
+        bvals = np.concatenate([[0.0, 0.0], np.repeat(shells, 12)])
+        bvecs = rng.normal(size=(len(bvals), 3))
+        bvecs /= np.linalg.norm(bvecs, axis=1, keepdims=True)
+        bvecs[bvals == 0] = 0
+        data = np.exp(-bvals * 1e-3)[None, None, None, :] * 100 * (1 + 0.01 * rng.random((2, 2, 1, len(bvals))))
+        dwi = DWI(data.astype(np.float32), np.eye(4), bvals, bvecs)
+        params = BallStickParams(n_fibres=1, burnin=2, njumps=4, sample_every=2)
+        result = fit_ballstick_pipeline(dwi, mask=np.ones((2, 2, 1), bool), params=params, device="cpu")
+        assert any("--model 2" in w for w in result.warnings) == noted
