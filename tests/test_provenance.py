@@ -130,7 +130,7 @@ def _commands(f: Path) -> list[tuple[str, list[str], list[Path]]]:
                 *cpu,
                 "-o",
                 str(f / "fod.trk"),
-            ],  # fmt: skip
+            ],
             [f / "csd", f / "seed.nii.gz"],
         ),
         (
@@ -229,13 +229,15 @@ def test_every_subcommands_json_carries_inputs_version_and_command_line(data, ca
         outputs = {str(Path(a).absolute()) for a in argv[argv.index("-o") + 1 :][:1]} if "-o" in argv else set()
         assert not outputs & {entry["path"] for entry in summary["inputs"]}, name  # outputs are not inputs
     # the summaries written beside the outputs carry the same
-    for name, file in [
-        ("fit-dti", "dti/fit_dti.json"),
-        ("fit-csd", "csd/fit_csd.json"),
-        ("commit", "commit/commit.json"),
+    for name, file, listed in [
+        ("fit-dti", "dti/fit_dti.json", None),
+        ("fit-csd", "csd/fit_csd.json", None),
+        ("commit", "commit/commit.json", None),
+        ("fit-ballstick", "bpx/fit_ballstick.json", [data / "dwi.nii.gz"]),  # the series it was fitted to
+        ("track probabilistic", "prob/probtrackx.json", [data / "bpx"]),  # the samples tracked
     ]:
         argv = next(a for n, a, _ in commands if n == name)
-        inputs = next(i for n, _, i in commands if n == name)
+        inputs = listed or next(i for n, _, i in commands if n == name)
         written = json.loads((data / file).read_text())
         _check_provenance(written, ["tractlens", *argv, "--json", "--quiet"], inputs)
 

@@ -240,10 +240,10 @@ def _place_old_trk(path: Path, arrays, reference):
     sizes = np.asarray(header[Field.VOXEL_SIZES], dtype=np.float64)
     described = f"grid {dims} of {'x'.join(f'{v:g}' for v in sizes)} mm voxels"
     fix = (
-        "Place it on the image its streamlines were tracked on: give that image as the reference "
-        "(--reference IMAGE; on the command line the command's image, e.g. --include, --labels, --map, must be on "
-        f"that grid: {described}), or write the file again with its voxel-to-RAS matrix "
-        "(e.g. DIPY: load_tractogram(FILE, IMAGE) then save_tractogram)"
+        "Place it on the image its streamlines were tracked on: commands that take an image (--include, "
+        f"--labels, --map, --lesion) use theirs when it has the file's {described}; in the window, open that "
+        "image first; from Python, load_tractogram(FILE, reference=IMAGE). Or write the file again with its "
+        "voxel-to-RAS matrix (e.g. DIPY: load_tractogram(FILE, IMAGE) then save_tractogram)"
     )
     what = "an old-style .trk: its header has no voxel-to-RAS matrix (TrackVis version 1, or the matrix is all zeros)"
     if reference is None:

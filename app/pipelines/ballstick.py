@@ -7,7 +7,6 @@ bedpostx would write and probtrackx reads it unchanged.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -25,7 +24,6 @@ from tractlens.gpu.engines import decide_device
 from ..errors import InputError
 from ..estimates import ANNOUNCE_S, BALLSTICK_CPU_VOXELS_PER_S, ballstick_estimate
 from ..io import DWI, bedpostx_cache, fsl_to_voxel_vectors
-from ..io._atomic import write_text_atomic
 from ..io.bedpostx import (
     BEDPOSTX_MODEL2_OUTPUTS,
     BEDPOSTX_OUTPUTS,
@@ -36,6 +34,7 @@ from ..io.bedpostx import (
 )
 from ..io.nifti import load_image
 from ..model import Volume
+from ..provenance import write_json_summary
 from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
 from .warmup import join_background_warmup
@@ -202,7 +201,8 @@ def write_ballstick_outputs(
         bvecs=result.bvecs,
     )
     summary = Path(outdir) / "fit_ballstick.json"
-    write_text_atomic(json.dumps(result.summary(), indent=2, default=str), summary)
+    write_json_summary(result.summary(), summary, inputs=(result.path,),
+                       call=("tractlens.write_ballstick_outputs", "<result>", outdir))  # fmt: skip
     files["fit_ballstick.json"] = str(summary)
     if cache and bedpostx_cache.cache_enabled():
         sources = source_files(outdir)

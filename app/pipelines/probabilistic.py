@@ -9,7 +9,6 @@ classification target of its own (``seeds_to_{target}``), the waypoints are pass
 
 from __future__ import annotations
 
-import json
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ from ..io import BedpostSamples, load_bedpostx, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..model import Tractogram
+from ..provenance import write_json_summary
 from ..regions import Regions
 from ..timing import phase
 from ._fallback import batches_with_cpu_fallback
@@ -374,7 +374,8 @@ def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdi
         files["matrix_seeds_to_seeds.npy"] = out / "matrix_seeds_to_seeds.npy"
         files["matrix_seeds_to_seeds.csv"] = out / "matrix_seeds_to_seeds.csv"
     summary = summarise(run, result)
-    files["probtrackx.json"] = write_text_atomic(json.dumps(summary, indent=2, default=str), out / "probtrackx.json")
+    files["probtrackx.json"] = write_json_summary(summary, out / "probtrackx.json", inputs=(run.samples.path or None,),
+                                                  call=("tractlens.write_probabilistic_outputs", "<result>", str(out)))  # fmt: skip
     return {name: str(path) for name, path in files.items()}
 
 
