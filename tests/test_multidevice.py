@@ -136,3 +136,18 @@ def test_probabilistic_kernel_split_equals_one_gpu_run(shares):
     split = track_split(field_, bits, seeds, params, backends, n_targets=1, n_waypoints=1, seed_matrix=True,
                         batch_streamlines=64)  # fmt: skip
     _assert_same(split, whole)
+
+
+def test_a_probabilistic_run_shared_out_gives_the_counts_of_one_run(demo_bedpostx, demo_dir):
+    """The pipeline's --gpus path (ProbabilisticRun.track_on_gpus), its shares on the CPU here:
+    the totals and the summary's device line as for real GPUs."""
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic
+    from tractlens.gpu.probabilistic import ProbParams
+
+    run = prepare_probabilistic(demo_bedpostx, demo_dir / "roi_arc_seed.nii.gz", params=ProbParams(n_samples=30))
+    one = run.track(device="cpu")
+    cpu = get_backend("cpu")
+    shared = run.track_on_gpus(2, backends=[cpu, cpu])
+    np.testing.assert_array_equal(shared.paths, one.paths)
+    assert (shared.waytotal, shared.streamlines, shared.steps) == (one.waytotal, one.streamlines, one.steps)
+    assert shared.provenance["gpus"] == 2 and shared.provenance["device"].startswith("2 × ")

@@ -268,6 +268,8 @@ def test_track_probabilistic_command_on_the_demo_bundles(demo_bedpostx, demo_dir
         (["--cthr", "2"], "cthr is a cosine"),
         (["--seed", "OUTSIDE"], "no seed voxel lies inside the bedpostX brain mask"),
         (["--samples", "NOTBPX"], "not a bedpostX output"),
+        (["--gpus", "0"], "--gpus must be at least 1"),
+        (["--gpus", "64"], "64 GPU"),
     ],
 )
 def test_track_probabilistic_bad_inputs(demo_bedpostx, demo_dir, tmp_path, extra, expect):

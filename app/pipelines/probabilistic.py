@@ -10,6 +10,7 @@ classification target of its own (``seeds_to_{target}``), the waypoints are pass
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -214,9 +215,48 @@ class ProbabilisticRun:
         )
         return tract, len(positions)
 
-    def track(self, **options) -> ProbResult:
-        """The final totals of :meth:`run` (same options)."""
+    def track(self, *, gpus: int = 1, **options) -> ProbResult:
+        """The final totals of :meth:`run` (same options); with ``gpus`` > 1 the run is shared
+        out over that many GPUs (:meth:`track_on_gpus`)."""
+        if gpus > 1:
+            options.pop("device", None)
+            options.pop("batch_streamlines", None)
+            return self.track_on_gpus(gpus, **options)
         return deque(self.run(**options), maxlen=1)[0]  # the seed mask is never empty
+
+    def track_on_gpus(
+        self,
+        gpus: int,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        backends=None,
+    ) -> ProbResult:
+        """The run split over the first ``gpus`` GPUs of this host (:mod:`gpu.probabilistic_split`):
+        one contiguous range of streamlines each, totals summed on the host; the same counts as
+        on one GPU. ``backends`` replaces the GPUs (tests share one device, or the CPU, out)."""
+        from tractlens.gpu.backend import BackendError, gpu_backends
+        from tractlens.gpu.probabilistic_split import track_split
+
+        try:
+            backends = backends or gpu_backends(gpus)
+        except BackendError as exc:
+            raise InputError(str(exc), fix="Give --gpus at most the number of GPUs here (tractlens info)") from None
+        t0 = time.perf_counter()
+        result = track_split(
+            self.field, self.bits, self.seeds, self.params, backends, n_targets=len(self.targets),
+            n_waypoints=self.n_waypoints, seed_matrix=self.seed_matrix, progress=progress, cancelled=cancelled,
+        )  # fmt: skip
+        seconds = time.perf_counter() - t0
+        names = sorted({b.device_name for b in backends})
+        result.provenance.update(
+            backend=backends[0].name,
+            device=f"{len(backends)} × " + ", ".join(names),
+            gpus=len(backends),
+            tracking_s=seconds,
+            streamlines_per_s=result.streamlines / seconds if seconds > 0 else None,
+        )
+        return result
 
 
 def prepare_probabilistic(
