@@ -593,4 +593,7 @@ def load_session(path: str | os.PathLike) -> Session:
         except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
             raise InputError(f"the session file is damaged ({reason(exc)})", path=path, fix=DAMAGED) from None
         document = _document(manifest, layers_dir, path)
-    return Session(document, dict(manifest.get("panels") or {}), manifest, path)
+    panels = manifest.get("panels") or {}
+    if not isinstance(panels, dict):
+        raise InputError("the session file is damaged (its panel settings are not a table)", path=path, fix=DAMAGED)
+    return Session(document, panels, manifest, path)

@@ -255,10 +255,31 @@ def test_interrupted_run_cancels_and_leaves_no_staging(demo_dir, tmp_path, clien
                  "--scheduler", client.scheduler.address, "--quiet"])  # fmt: skip
     assert code == 130
     assert "interrupted" in capsys.readouterr().err
-    _wait_until_idle(client)
+    # A task that had started runs to its end on the external scheduler (the scheduler forgets a
+    # cancelled task at once, its worker thread does not): wait until its files have settled.
+    _wait_until_settled(client, derivatives, timeout_s=300)
     assert not any(".staging" in p.parts for p in derivatives.rglob("*") if p.is_file())
     for output in (p for p in derivatives.glob("sub-*/dwi/*") if not p.name.endswith(".json")):
         assert sidecar_of(output).exists() or not output.exists()
+
+
+def _wait_until_settled(client, folder, timeout_s: float) -> None:
+    """Until nothing is processing and the files under ``folder`` have stopped changing for 2 s."""
+    import time
+
+    def snapshot():
+        return sorted((str(p), p.stat().st_size) for p in folder.rglob("*") if p.is_file())
+
+    end = time.monotonic() + timeout_s
+    last, since = None, time.monotonic()
+    while time.monotonic() < end:
+        now = snapshot()
+        if now != last or any(client.processing().values()):
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= 2.0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"files still changing after {timeout_s} s")
 
 
 def _wait_until_idle(client, timeout_s: float = 60) -> None:

@@ -114,6 +114,10 @@ def test_damaged_and_foreign_sessions_give_clear_errors(demo_document, tmp_path)
     truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(InputError):
         load_session(truncated)
+    odd = tmp_path / "odd.tractlens"  # a manifest whose panel settings are a number (found by fuzzing)
+    _with_manifest(path, odd, lambda manifest: manifest.update(panels=1.5))
+    with pytest.raises(InputError, match="panel settings"):
+        load_session(odd)
 
 
 def test_a_version_1_session_is_migrated_when_read(demo_document, tmp_path):

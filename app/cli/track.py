@@ -372,7 +372,9 @@ def cmd_track_probabilistic(args) -> int:
         log.warning("%s", note)
     with phase("compute"):
         if args.gpus < 1:
-            raise InputError(f"--gpus must be at least 1, got {args.gpus}")
+            raise InputError(
+                f"--gpus must be at least 1, got {args.gpus}", fix="Give how many GPUs to use, e.g. --gpus 2"
+            )
         result = run.track(
             device=args.device, gpus=args.gpus, progress=Progress("probabilistic", "streamlines", quiet=args.quiet)
         )
@@ -447,11 +449,7 @@ def _track_connectome(args, params, outputs) -> int:
     for note in run.prob.notes:
         log.warning("%s", note)
     with phase("compute"):
-        if args.gpus < 1:
-            raise InputError(f"--gpus must be at least 1, got {args.gpus}")
-        result = run.track(
-            device=args.device, gpus=args.gpus, progress=Progress("probabilistic", "streamlines", quiet=args.quiet)
-        )
+        result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
     with phase("write"):
         files = write_connectome_outputs(run, result, args.output, argv=["tractlens", *sys.argv[1:]])
     summary = {"outdir": str(Path(args.output)), "files": sorted(Path(f).name for f in files.values())}
