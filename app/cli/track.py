@@ -268,7 +268,6 @@ def _geodesic_summary(prov: dict, output) -> str:
 def cmd_track_deterministic(args) -> int:
     """Tracks and writes at once: each batch of streamlines is appended to the output file
     (:mod:`app.io.tractogram_stream`), so a whole-brain run never holds its tractogram."""
-    from ..io.tractogram_stream import open_tractogram_writer
     from ..pipelines.track import deterministic_pipeline, masks_on_field
 
     if getattr(args, "fod", None):
@@ -293,26 +292,34 @@ def cmd_track_deterministic(args) -> int:
         stop = masks_on_field(args.stop or [], "stop region", field, notes)
         include = masks_on_field(args.include or [], "include region", field, notes)
         exclude = masks_on_field(args.exclude or [], "exclude region", field, notes)
+    result = track_to_file(
+        args, deterministic_pipeline, field, output, seeding, notes,
+        seed_mask=seed, mask=mask, stop=stop, include=include, exclude=exclude, params=params,
+    )  # fmt: skip
+    return report_tracking(args, result)
+
+
+def track_to_file(args, pipeline, grid, output, seeding, notes: list, **regions):
+    """Run a tracking ``pipeline`` (tensor or fODF) with the command's seeding on ``grid``,
+    its streamlines written to ``args.output`` while it tracks (by a thread, while the next batch
+    is tracked). The file is removed unless tracking ends well (an error, Ctrl-C); its parts
+    count as write."""
+    from ..io.tractogram_stream import open_tractogram_writer
+
     with (
-        open_tractogram_writer(  # written by a thread while the next batch is tracked
-            args.output, field.affine, field.shape, positions_dtype=output.positions_dtype, background=True
+        open_tractogram_writer(
+            args.output, grid.affine, grid.shape, positions_dtype=output.positions_dtype, background=True
         ) as writer,
         phase("compute"),
-    ):  # the file is removed unless tracking ends well (an error, Ctrl-C); its parts count as write
+    ):
 
         def sink(part) -> None:
             with phase("write"):
                 writer.append(part)
 
-        result = deterministic_pipeline(
-            field,
-            seed_mask=seed,
+        result = pipeline(
+            grid,
             whole_brain=args.whole_brain,
-            mask=mask,
-            stop=stop,
-            include=include,
-            exclude=exclude,
-            params=params,
             seeds_per_voxel=seeding.seeds_per_voxel,
             placement=seeding.placement,
             rng_seed=seeding.rng_seed,
@@ -320,18 +327,24 @@ def cmd_track_deterministic(args) -> int:
             progress=Progress("track", "seeds", quiet=args.quiet),
             notes=notes,
             sink=sink,
+            **regions,
         )
         with phase("write"):  # .trx: the folder zipped into the file
             writer.close()
+    return result
+
+
+def report_tracking(args, result) -> int:
+    """The run's notes as warnings, its summary on stdout (``--json``) or a line on stderr."""
     for note in result.notes:
         log.warning("%s", note)
-    summary = {"output": str(args.output), **result.summary()}
     prov = result.provenance
+    method = f" ({prov['method']})" if "fod" in prov else ""
     human = (
-        f"{prov['streamlines']} streamlines from {prov['seeds']} seeds on {prov['backend']} ({prov['device']}) "
-        f"in {prov['tracking_s']:.2f} s; written to {args.output}"
+        f"{prov['streamlines']} streamlines{method} from {prov['seeds']} seeds on {prov['backend']} "
+        f"({prov['device']}) in {prov['tracking_s']:.2f} s; written to {args.output}"
     )
-    emit(args, summary, human)
+    emit(args, {"output": str(args.output), **result.summary()}, human)
     return EXIT_OK
 
 

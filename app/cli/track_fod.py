@@ -15,7 +15,7 @@ from ..errors import InputError
 from ..io.fod import BASES
 from ..params import SeedingParams, TractogramOutputParams
 from ..timing import phase
-from ._common import EXIT_OK, Progress, emit, log
+from ._common import log
 from .options import add_params, params_from_args
 
 FOD_HELP = "fODF: a fit-csd output folder (its fod.nii.gz) or an fODF image of MRtrix3 or DIPY"
@@ -105,9 +105,9 @@ def cmd_track_fod_probabilistic(args) -> int:
 def _track_fod_to_file(args, params) -> int:
     """Track and write at once, batch by batch (as ``track deterministic``)."""
     from ..io.tractogram import check_output_suffix
-    from ..io.tractogram_stream import open_tractogram_writer
     from ..pipelines.track import masks_on_field
     from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
+    from .track import report_tracking, track_to_file
 
     check_device(args.device)
     check_output_suffix(args.output)
@@ -126,42 +126,8 @@ def _track_fod_to_file(args, params) -> int:
         stop = masks_on_field(args.stop or [], "stop region", volume, notes)
         include = masks_on_field(args.include or [], "include region", volume, notes)
         exclude = masks_on_field(args.exclude or [], "exclude region", volume, notes)
-    with (
-        open_tractogram_writer(
-            args.output, volume.affine, volume.shape, positions_dtype=output.positions_dtype, background=True
-        ) as writer,
-        phase("compute"),
-    ):  # the file is removed unless tracking ends well
-
-        def sink(part) -> None:
-            with phase("write"):
-                writer.append(part)
-
-        result = fod_tracking_pipeline(
-            volume,
-            params=params,
-            seed_mask=seed,
-            whole_brain=args.whole_brain,
-            mask=mask,
-            stop=stop,
-            include=include,
-            exclude=exclude,
-            seeds_per_voxel=seeding.seeds_per_voxel,
-            placement=seeding.placement,
-            rng_seed=seeding.rng_seed,
-            device=args.device,
-            progress=Progress("track", "seeds", quiet=args.quiet),
-            notes=notes,
-            sink=sink,
-        )
-        with phase("write"):
-            writer.close()
-    for note in result.notes:
-        log.warning("%s", note)
-    prov = result.provenance
-    human = (
-        f"{prov['streamlines']} streamlines ({prov['method']}) from {prov['seeds']} seeds on {prov['backend']} "
-        f"({prov['device']}) in {prov['tracking_s']:.2f} s; written to {args.output}"
-    )
-    emit(args, {"output": str(args.output), **result.summary()}, human)
-    return EXIT_OK
+    result = track_to_file(
+        args, fod_tracking_pipeline, volume, output, seeding, notes,
+        seed_mask=seed, mask=mask, stop=stop, include=include, exclude=exclude, params=params,
+    )  # fmt: skip
+    return report_tracking(args, result)
