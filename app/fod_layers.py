@@ -19,7 +19,6 @@ large: 650 MB for a 1.25 mm brain at lmax 8); one computed in the window keeps i
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 from pathlib import Path
@@ -170,26 +169,12 @@ def restore_fod_volume(info: dict, name: str) -> Volume:
 
 
 # ------------------------------------------------------------------ tracking
-# ADAPTER to fODF tracking (app.pipelines.track_fod, written beside this module): the one place
-# that knows how the tracker is called. The tracking panel calls track_on_fod() and nothing else.
-def fod_tracking_available() -> bool:
-    """Is the fODF tracker (:func:`app.pipelines.track_fod.track_fod_deterministic`) installed?"""
-    try:
-        from .pipelines import track_fod
-    except ImportError:
-        return False
-    return hasattr(track_fod, "track_fod_deterministic")
-
-
 def track_on_fod(volume: Volume, regions, **options):
     """Deterministic tracking on an fODF volume with a document's ROIs in their roles: the
     file's path (or (coefficients, affine) for a fit made in the window) and the regions go
-    to ``track_fod_deterministic`` with those ``options`` it takes (whole_brain, params,
-    device, progress, cancelled, on_batch, seeding...). Returns its result (``.tractogram``)."""
+    to :func:`app.pipelines.track_fod.track_fod_deterministic` with ``options`` (whole_brain,
+    params, device, progress, cancelled, on_batch, seeding...). Returns its result."""
     from .pipelines.track_fod import track_fod_deterministic
 
     source = volume.source if volume.source and Path(volume.source).is_file() else (volume.data, volume.affine)
-    accepted = inspect.signature(track_fod_deterministic).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        options = {key: value for key, value in options.items() if key in accepted}
     return track_fod_deterministic(source, regions, **options)

@@ -199,7 +199,7 @@ def test_a_session_keeps_an_fod_file_as_its_path_and_a_computed_fod_as_data(tmp_
 def test_the_tracking_door_passes_what_the_tracker_takes(tmp_path, monkeypatch):
     calls = []
 
-    def track_fod_deterministic(fod, regions, *, whole_brain=False, params=None, progress=None):
+    def track_fod_deterministic(fod, regions, *, whole_brain=False, params=None, progress=None, **options):
         calls.append((fod, regions, whole_brain, params, progress))
         return "result"
 

@@ -2,20 +2,15 @@
 
 Lists the document's ``tensor`` and ``fod`` layers, newest last, and follows the document: a
 layer the user picked stays chosen while others come and go; otherwise (or once it is removed)
-the newest tensor layer is, what the panel tracked before fODFs existed. fODF layers are listed
-but cannot be chosen, with the tooltip :data:`NOT_AVAILABLE`, when the fODF tracker is not
-installed (:func:`app.fod_layers.fod_tracking_available`).
+the newest tensor layer is, what the panel tracked before fODFs existed.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox
 
-from tractlens.app.fod_layers import fod_tracking_available
 from tractlens.app.model import Document, Layer
 
-NOT_AVAILABLE = "fODF tracking not available"
 FIELD_KINDS = ("tensor", "fod")
 
 
@@ -27,7 +22,6 @@ class DirectionFieldChoice(QComboBox):
         self.document = document
         self.setObjectName("direction_field")
         self.setToolTip("What tracking follows: a tensor layer's main direction, or an fODF layer's peaks")
-        self._fod_ok = fod_tracking_available()
         self._layers: list[Layer] = []
         self._chosen: Layer | None = None  # picked by the user; None: the newest tensor layer
         self.activated.connect(lambda index: setattr(self, "_chosen", self._layers[index]))
@@ -47,12 +41,8 @@ class DirectionFieldChoice(QComboBox):
         self.blockSignals(True)
         self.clear()
         self._layers = layers
-        for index, layer in enumerate(layers):
+        for layer in layers:
             self.addItem(f"{layer.name} ({'fODF' if layer.kind == 'fod' else 'tensors'})")
-            if layer.kind == "fod" and not self._fod_ok:
-                item = self.model().item(index)
-                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled)
-                item.setToolTip(NOT_AVAILABLE)
         self.setCurrentIndex(layers.index(chosen) if chosen in layers else -1)
         self.blockSignals(False)
 
@@ -61,11 +51,8 @@ class DirectionFieldChoice(QComboBox):
         return self._layers[index] if 0 <= index < len(self._layers) else None
 
     def choose(self, layer: Layer) -> bool:
-        """Choose ``layer`` (scripts and tests); False when it is not listed or not enabled."""
+        """Choose ``layer`` (scripts and tests); False when it is not listed."""
         if layer not in self._layers:
-            return False
-        item = self.model().item(self._layers.index(layer))
-        if not item.flags() & Qt.ItemFlag.ItemIsEnabled:
             return False
         self._chosen = layer
         self.setCurrentIndex(self._layers.index(layer))

@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tractlens.app.fod_layers import fod_tracking_available, track_on_fod
+from tractlens.app.fod_layers import track_on_fod
 from tractlens.app.model import Document, Layer, Tractogram
 from tractlens.app.params import PLACEMENTS, GeodesicSeedingParams, SeedingParams, field_of
 from tractlens.app.pipelines.track import (
@@ -48,7 +48,7 @@ from tractlens.app.regions import regions_on_grid, roi_snapshot
 from tractlens.app.selection import shown_of
 
 from . import fiber_display
-from .direction_field import NOT_AVAILABLE, DirectionFieldChoice
+from .direction_field import DirectionFieldChoice
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm, default_of, limits_of
 
@@ -243,40 +243,15 @@ class DeterministicPanel(TrackingPanel):
             "rng_seed": self.rng_seed.value(),
         }
         name = "deterministic"
-        if volume.kind == "fod":
-            return self._fod_job(volume, rois, whole, params, options, name)
 
         def job(ctx):
-            field_ = self._tensor_field(volume)
-            regions = regions_on_grid(rois, "deterministic", field_)
-            result = deterministic_from_regions(
-                field_,
-                regions,
-                whole_brain=whole,
-                params=params,
-                device=self.device,
-                progress=ctx.progress,
-                cancelled=ctx.cancelled,
-                on_batch=self._streaming(ctx, name),
-                max_batch=GUI_BATCH,
-                name=name,
-                **options,
-            )
-            return _result_layer(name, result.tractogram), result
-
-        return job
-
-    def _fod_job(self, volume, rois, whole: bool, params, options: dict, name: str):
-        """Tracking on an fODF layer: through the one door to the fODF tracker
-        (:func:`app.fod_layers.track_on_fod`), with the same ROIs, seeding and live display."""
-        if not fod_tracking_available():
-            return f"{NOT_AVAILABLE}: choose a tensor layer as the direction field."
-
-        def job(ctx):
-            regions = regions_on_grid(rois, "deterministic", volume)
-            result = track_on_fod(
-                volume,
-                regions,
+            if volume.kind == "fod":  # the fODF tracker, on the layer's own grid
+                grid, track = volume, track_on_fod
+            else:
+                grid, track = self._tensor_field(volume), deterministic_from_regions
+            result = track(
+                grid,
+                regions_on_grid(rois, "deterministic", grid),
                 whole_brain=whole,
                 params=params,
                 device=self.device,
