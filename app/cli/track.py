@@ -268,7 +268,7 @@ def _geodesic_summary(prov: dict, output) -> str:
 def cmd_track_deterministic(args) -> int:
     """Tracks and writes at once: each batch of streamlines is appended to the output file
     (:mod:`app.io.tractogram_stream`), so a whole-brain run never holds its tractogram."""
-    from ..pipelines.track import deterministic_pipeline, masks_on_field
+    from ..pipelines.track import deterministic_pipeline
 
     if getattr(args, "fod", None):
         from .track_fod import cmd_track_deterministic_fod
@@ -277,26 +277,39 @@ def cmd_track_deterministic(args) -> int:
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(SeedingParams, args, fix=_tracking_fix(args))
-    output = params_from_args(TractogramOutputParams, args, fix=_tracking_fix(args))
+    output = tractogram_output(args, _tracking_fix(args))
+    warm_up_gpu_in_background(args, "deterministic")
+    with phase("read"):  # a --dwi is fitted first: that part counts as compute
+        field = _load_field(args)
+        notes: list[str] = []
+        regions = regions_from_args(args, field, notes)
+    result = track_to_file(args, deterministic_pipeline, field, output, seeding, notes, params=params, **regions)
+    return report_tracking(args, result)
+
+
+def tractogram_output(args, fix: str) -> TractogramOutputParams:
+    """The output options of a tracking command, checked against the output's format."""
+    output = params_from_args(TractogramOutputParams, args, fix=fix)
     if output.positions_dtype != "float32" and Path(args.output).suffix.lower() != ".trx":
         raise InputError(
             f"--dtype {output.positions_dtype} is for .trx output; .trk and .tck hold float32",
             fix="Write a .trx file, or drop --dtype",
         )
-    warm_up_gpu_in_background(args, "deterministic")
-    with phase("read"):  # a --dwi is fitted first: that part counts as compute
-        field = _load_field(args)
-        notes: list[str] = []
-        mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
-        seed = masks_on_field([args.seed], "seed mask", field, notes)[0] if args.seed else None
-        stop = masks_on_field(args.stop or [], "stop region", field, notes)
-        include = masks_on_field(args.include or [], "include region", field, notes)
-        exclude = masks_on_field(args.exclude or [], "exclude region", field, notes)
-    result = track_to_file(
-        args, deterministic_pipeline, field, output, seeding, notes,
-        seed_mask=seed, mask=mask, stop=stop, include=include, exclude=exclude, params=params,
-    )  # fmt: skip
-    return report_tracking(args, result)
+    return output
+
+
+def regions_from_args(args, grid, notes: list) -> dict:
+    """The seed, tracking mask, stop, include and exclude regions of a tracking command, read
+    and brought onto ``grid`` (a tensor field or an fODF volume)."""
+    from ..pipelines.track import masks_on_field
+
+    return {
+        "mask": masks_on_field([args.mask], "tracking mask", grid, notes)[0] if args.mask else None,
+        "seed_mask": masks_on_field([args.seed], "seed mask", grid, notes)[0] if args.seed else None,
+        "stop": masks_on_field(args.stop or [], "stop region", grid, notes),
+        "include": masks_on_field(args.include or [], "include region", grid, notes),
+        "exclude": masks_on_field(args.exclude or [], "exclude region", grid, notes),
+    }
 
 
 def track_to_file(args, pipeline, grid, output, seeding, notes: list, **regions):

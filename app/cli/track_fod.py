@@ -4,8 +4,6 @@ fODFs (:mod:`app.pipelines.track_fod`), with the seeding, regions and streamed o
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
@@ -105,29 +103,16 @@ def cmd_track_fod_probabilistic(args) -> int:
 def _track_fod_to_file(args, params) -> int:
     """Track and write at once, batch by batch (as ``track deterministic``)."""
     from ..io.tractogram import check_output_suffix
-    from ..pipelines.track import masks_on_field
     from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
-    from .track import report_tracking, track_to_file
+    from .track import regions_from_args, report_tracking, track_to_file, tractogram_output
 
     check_device(args.device)
     check_output_suffix(args.output)
     seeding = params_from_args(SeedingParams, args, fix=_fix(args))
-    output = params_from_args(TractogramOutputParams, args, fix=_fix(args))
-    if output.positions_dtype != "float32" and Path(args.output).suffix.lower() != ".trx":
-        raise InputError(
-            f"--dtype {output.positions_dtype} is for .trx output; .trk and .tck hold float32",
-            fix="Write a .trx file, or drop --dtype",
-        )
+    output = tractogram_output(args, _fix(args))
     with phase("read"):
         volume = load_fod_volume(args.fod, args.basis)
         notes: list[str] = []
-        mask = masks_on_field([args.mask], "tracking mask", volume, notes)[0] if args.mask else None
-        seed = masks_on_field([args.seed], "seed mask", volume, notes)[0] if args.seed else None
-        stop = masks_on_field(args.stop or [], "stop region", volume, notes)
-        include = masks_on_field(args.include or [], "include region", volume, notes)
-        exclude = masks_on_field(args.exclude or [], "exclude region", volume, notes)
-    result = track_to_file(
-        args, fod_tracking_pipeline, volume, output, seeding, notes,
-        seed_mask=seed, mask=mask, stop=stop, include=include, exclude=exclude, params=params,
-    )  # fmt: skip
+        regions = regions_from_args(args, volume, notes)
+    result = track_to_file(args, fod_tracking_pipeline, volume, output, seeding, notes, params=params, **regions)
     return report_tracking(args, result)
