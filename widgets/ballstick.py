@@ -16,30 +16,23 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
-    QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
 from tractlens.app.estimates import JobEstimate, ballstick_estimate
 from tractlens.app.grid import Grid
-from tractlens.app.io import split_suffix
 from tractlens.app.loaders import bedpostx_layers
 from tractlens.app.model import Layer
 from tractlens.app.pipelines.ballstick import BallStickParams, fit_ballstick_pipeline, write_ballstick_outputs
 
 from . import dialogs
+from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
 from .params_form import ParamsForm
-
-BRAIN = "brain (mask from the b=0 images)"
 
 
 class BallStickDialog(QDialog):
@@ -62,9 +55,7 @@ class BallStickDialog(QDialog):
         self.params: BallStickParams | None = None
         self.roi: Layer | None = None
         self.folder: Path | None = None
-        self.region = QComboBox()
-        self.region.setObjectName("bs_region")
-        self.region.addItems([BRAIN, *(f"ROI {roi.name} ({roi.data.voxel_count} voxels)" for roi in self.rois)])
+        self.region = region_choice(self.rois, "bs_region")
         self.region.setToolTip("Fit every brain voxel, or only an ROI's (much faster on the CPU)")
         self.form = ParamsForm(BallStickParams)
         self.form.set_values(b0_threshold=self.dwi.b0_threshold)
@@ -75,23 +66,15 @@ class BallStickDialog(QDialog):
         self.estimate_label = QLabel()
         self.estimate_label.setObjectName("bs_estimate")
         self.estimate_label.setWordWrap(True)
-        self.save = QCheckBox("Save a bedpostX folder to")
-        self.save.setObjectName("bs_save")
-        stem = split_suffix(Path(self.dwi.path))[0] if self.dwi.path else "dwi"
-        folder = Path(self.dwi.path).parent / f"{stem}.bedpostX" if self.dwi.path else Path(f"{stem}.bedpostX")
-        self.folder_edit = QLineEdit(str(folder))
-        self.folder_edit.setObjectName("bs_folder")
-        self.folder_edit.setEnabled(False)
-        self.save.toggled.connect(self.folder_edit.setEnabled)
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        where = QHBoxLayout()
-        where.addWidget(self.folder_edit, 1)
-        where.addWidget(browse)
-        self.message = QLabel()
-        self.message.setObjectName("bs_message")
-        self.message.setWordWrap(True)
-        self.message.setStyleSheet("color: #e06060")
+        saving = SaveFolder(
+            self,
+            "Save a bedpostX folder to",
+            default_folder(self.dwi, ".bedpostX"),
+            "bs",
+            "The bedpostX folder to write",
+        )
+        self.save, self.folder_edit, where = saving.check, saving.edit, saving.row
+        self.message = message_label("bs_message")
         form = QFormLayout()
         form.addRow("Fit inside", self.region)
         form.addRow(self.form)
@@ -131,12 +114,6 @@ class BallStickDialog(QDialog):
                 self._brain_voxels = brain_voxels_upper_bound(self.dwi)
             voxels = self._brain_voxels
         return ballstick_estimate(voxels, len(self.dwi.bvals), self.burnin.value(), self.njumps.value(), self.device)
-
-    def _browse(self) -> None:
-        folder = dialogs.folder(self, "The bedpostX folder to write", self.folder_edit.text())
-        if folder:
-            self.folder_edit.setText(folder)
-            self.save.setChecked(True)
 
     def accept(self) -> None:
         try:

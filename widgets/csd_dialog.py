@@ -15,24 +15,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtWidgets import (
-    QCheckBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
-    QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
 from tractlens.app.fod_layers import csd_result_layers
-from tractlens.app.io import split_suffix
 from tractlens.app.model import Layer
 from tractlens.app.pipelines.csd import CSDParams, PeakParams, fit_csd_pipeline, write_csd_outputs
 
-from . import dialogs
+from .fit_dialog_parts import SaveFolder, default_folder, message_label
 from .params_form import ParamsForm
 
 FIT_CSD = "Fit CSD…"
@@ -59,23 +54,15 @@ class CsdDialog(QDialog):
         self.form = ParamsForm(CSDParams)
         self.form.set_values(b0_threshold=self.dwi.b0_threshold)
         self.peak_form = ParamsForm(PeakParams)
-        self.save = QCheckBox("Save the fit-csd folder to")
-        self.save.setObjectName("csd_save")
-        stem = split_suffix(Path(self.dwi.path))[0] if self.dwi.path else "dwi"
-        where = Path(self.dwi.path).parent if self.dwi.path else Path()
-        self.folder_edit = QLineEdit(str(where / f"{stem}_csd"))
-        self.folder_edit.setObjectName("csd_folder")
-        self.folder_edit.setEnabled(False)
-        self.save.toggled.connect(self.folder_edit.setEnabled)
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        row = QHBoxLayout()
-        row.addWidget(self.folder_edit, 1)
-        row.addWidget(browse)
-        self.message = QLabel()
-        self.message.setObjectName("csd_message")
-        self.message.setWordWrap(True)
-        self.message.setStyleSheet("color: #e06060")
+        saving = SaveFolder(
+            self,
+            "Save the fit-csd folder to",
+            default_folder(self.dwi, "_csd"),
+            "csd",
+            "The folder to write the CSD fit to",
+        )
+        self.save, self.folder_edit, row = saving.check, saving.edit, saving.row
+        self.message = message_label("csd_message")
         form = QFormLayout()
         form.addRow(self.form)
         form.addRow(QLabel("Peaks"))
@@ -96,12 +83,6 @@ class CsdDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(self.message)
         layout.addWidget(buttons)
-
-    def _browse(self) -> None:
-        folder = dialogs.folder(self, "The folder to write the CSD fit to", self.folder_edit.text())
-        if folder:
-            self.folder_edit.setText(folder)
-            self.save.setChecked(True)
 
     def accept(self) -> None:
         try:

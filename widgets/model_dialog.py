@@ -15,21 +15,16 @@ from pathlib import Path
 
 import numpy as np
 from PySide6.QtWidgets import (
-    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
-    QHBoxLayout,
     QLabel,
-    QLineEdit,
-    QPushButton,
     QVBoxLayout,
     QWidget,
 )
 
 from tractlens.app.grid import Grid
-from tractlens.app.io import split_suffix
 from tractlens.app.model import Layer, Volume
 from tractlens.app.pipelines.dti import choose_mask
 from tractlens.app.pipelines.fit_model import (
@@ -40,10 +35,9 @@ from tractlens.app.pipelines.fit_model import (
     write_fit_model_outputs,
 )
 
-from . import dialogs
+from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
 from .params_form import ParamsForm
 
-BRAIN = "brain (mask from the b=0 images)"
 #: Maps shown as layers while the fit runs (those the model has), the first one visible.
 SHOWN_MAPS = ("NDI", "ODI", "FWF", "ODI_primary", "ODI_secondary", "DAI")
 
@@ -67,28 +61,14 @@ class ModelFitDialog(QDialog):
         self.model = QComboBox()
         self.model.setObjectName("model_name")
         self.model.addItems(MODEL_NAMES)
-        self.region = QComboBox()
-        self.region.setObjectName("model_region")
-        self.region.addItems([BRAIN, *(f"ROI {roi.name} ({roi.data.voxel_count} voxels)" for roi in self.rois)])
+        self.region = region_choice(self.rois, "model_region")
         self.form = ParamsForm(ModelFitParams)
         self.form.set_values(b0_threshold=self.dwi.b0_threshold)
-        self.save = QCheckBox("Save the maps to")
-        self.save.setObjectName("model_save")
-        stem = split_suffix(Path(self.dwi.path))[0] if self.dwi.path else "dwi"
-        folder = Path(self.dwi.path).parent / f"{stem}_model" if self.dwi.path else Path(f"{stem}_model")
-        self.folder_edit = QLineEdit(str(folder))
-        self.folder_edit.setObjectName("model_folder")
-        self.folder_edit.setEnabled(False)
-        self.save.toggled.connect(self.folder_edit.setEnabled)
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        where = QHBoxLayout()
-        where.addWidget(self.folder_edit, 1)
-        where.addWidget(browse)
-        self.message = QLabel()
-        self.message.setObjectName("model_message")
-        self.message.setWordWrap(True)
-        self.message.setStyleSheet("color: #e06060")
+        saving = SaveFolder(
+            self, "Save the maps to", default_folder(self.dwi, "_model"), "model", "The folder to write the maps to"
+        )
+        self.save, self.folder_edit, where = saving.check, saving.edit, saving.row
+        self.message = message_label("model_message")
         form = QFormLayout()
         form.addRow("Model", self.model)
         form.addRow("Fit inside", self.region)
@@ -106,12 +86,6 @@ class ModelFitDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(self.message)
         layout.addWidget(buttons)
-
-    def _browse(self) -> None:
-        folder = dialogs.folder(self, "The folder to write the maps to", self.folder_edit.text())
-        if folder:
-            self.folder_edit.setText(folder)
-            self.save.setChecked(True)
 
     def accept(self) -> None:
         from tractlens.app.errors import InputError
