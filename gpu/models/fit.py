@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..backend import Backend, flag_counts, get_backend, run_batched
-from ..params import meta
+from ..ballstick import BallStickParams
+from ..params import meta, same_as
 from .declare import Acquisition, Model, all_parameters
 from .optimize import grid_search, levenberg_marquardt, metropolis, predict, tensor_orientations
 
@@ -56,24 +57,10 @@ class ModelFitParams:
     sample_every: int = field(
         default=10, metadata=meta("Sample every", "record every n-th MCMC iteration", "", (1, 10**6))
     )
-    update_every: int = field(
-        default=40,
-        metadata=meta("Adapt every", "burn-in iterations between proposal-width updates", "", (1, 10**6), cli=False),
-    )
-    b0_threshold: float = field(
-        default=50.0, metadata=meta("b=0 threshold", "b-values up to this count as b=0", "s/mm²", (0.0, 500.0))
-    )
-    seed: int = field(
-        default=0,
-        metadata=meta(
-            "Random seed",
-            "the same seed gives the same samples",
-            "",
-            (0, 2**31 - 1),
-            flags=("--seed-rng",),
-            metavar="N",
-        ),
-    )
+    # the same as the ball & sticks fit's (its chain adapts and seeds as this one does)
+    update_every: int = same_as(BallStickParams, "update_every")
+    b0_threshold: float = same_as(BallStickParams, "b0_threshold")
+    seed: int = same_as(BallStickParams, "seed")
 
     def __post_init__(self):
         if self.method not in METHODS:
