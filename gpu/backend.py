@@ -68,7 +68,9 @@ class Backend:
     def to_host(self, array) -> np.ndarray:
         """Bring an array back to host memory as a NumPy array."""
         if self.is_gpu:
-            return self.xp.asnumpy(array)
+            from .transfer import to_host
+
+            return to_host(array)
         return np.asarray(array)
 
     def synchronize(self) -> None:

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import cuda, sym3
+from . import cuda, sym3, transfer
 from .backend import Backend, get_backend, iter_batched
 from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .interpolate import inside_volume, lookup, trilinear
@@ -384,7 +384,7 @@ def _compact(xp, buf, count, stop, valid, seed_offset: int, params: Deterministi
         keep &= ~(stop == MAX_LENGTH).any(axis=1)
     kept = xp.flatnonzero(keep)
     points, offsets = pack_rows(xp, buf, kept, m - back[kept], n_points[kept])
-    to_host = xp.asnumpy if xp is not np else np.asarray
+    to_host = transfer.to_host  # large arrays through pinned buffers (gpu.transfer)
     host_offsets = to_host(offsets)
     point_scalars, streamline_scalars = {}, {}
     if scalars is not None:

@@ -200,6 +200,71 @@ def largest_peak(xp, coefficients):
     return nearest_peak(xp, coefficients, dirs[best], PEAK_ITERATIONS + 2)
 
 
+# ----------------------------------------------------------------------------- the volume on a device
+@dataclass
+class FodSummary:
+    """What a tracking run needs to know of an fODF volume before it tracks, computed where the
+    volume goes to be tracked (:func:`summarise`): the voxels where it is defined (any coefficient
+    non-zero), its generalized FA there (Tuch 2004), the voxels with NaN or infinite coefficients
+    (emptied), and on a GPU the cleaned coefficients (X, Y, Z, C), kept there for the field."""
+
+    mask: np.ndarray  # (X, Y, Z) bool, host
+    gfa: np.ndarray  # (X, Y, Z) float32, host; 0 outside the mask
+    nonfinite: int
+    coefficients: object = None  # the device copy; None on the CPU
+
+
+def summarise(sh, device: str | Backend = "cpu", chunk: int = 1 << 20) -> FodSummary:
+    """:class:`FodSummary` of ``sh`` (X, Y, Z, C) float32 on ``device``, a chunk of voxels at a
+    time: one upload serves the summary, the seed amplitudes (:func:`largest_amplitudes`) and the
+    field (:func:`prepare_field` takes the device copy). Sums of squares in float64, as the host's
+    ``einsum`` (the generalized FA may differ from it in the last float32 bit: another summation order)."""
+    backend = get_backend(device)
+    xp = backend.xp
+    sh = np.asarray(sh)
+    shape, c = sh.shape[:3], sh.shape[-1]
+    flat = sh.reshape(-1, c)
+    n = flat.shape[0]
+    kept = xp.empty((n, c), np.float32) if backend.is_gpu else None
+    mask = np.empty(n, bool)
+    gfa = np.empty(n, np.float32)
+    nonfinite = 0
+    for a in range(0, n, chunk):
+        part = xp.asarray(flat[a : a + chunk], dtype=np.float32)
+        finite = xp.isfinite(part).all(axis=1)
+        bad = int((~finite).sum())
+        if bad:
+            nonfinite += bad
+            part = xp.where(finite[:, None], part, np.float32(0.0))
+        wide = part.astype(np.float64)
+        power = (wide * wide).sum(axis=1)
+        inside = power > 0
+        g = xp.sqrt(xp.clip(1.0 - wide[:, 0] ** 2 / xp.where(inside, power, 1.0), 0.0, 1.0))
+        mask[a : a + chunk] = backend.to_host(inside)
+        gfa[a : a + chunk] = backend.to_host((g * inside).astype(np.float32))
+        if kept is not None:
+            kept[a : a + chunk] = part
+    coefficients = None if kept is None else kept.reshape(*shape, c)
+    return FodSummary(mask.reshape(shape), gfa.reshape(shape), nonfinite, coefficients)
+
+
+def largest_amplitudes(coefficients, voxels: np.ndarray, lmax: int, device: str | Backend = "cpu",
+                       chunk: int = 1 << 18) -> np.ndarray:  # fmt: skip
+    """The largest amplitude on :data:`SEED_DIRECTIONS` of the fODF (SH ``coefficients``
+    (X, Y, Z, C), on the host or on ``device``) in the flat voxel indices ``voxels``: (V,) float32
+    on the host, where whole-brain seeding compares it with the cut-off."""
+    backend = get_backend(device)
+    xp = backend.xp
+    basis = xp.asarray(sh_basis(np, SEED_DIRECTIONS, lmax).astype(np.float32).T)  # (C, D)
+    flat = coefficients.reshape(-1, coefficients.shape[-1])
+    out = np.empty(len(voxels), np.float32)
+    for a in range(0, len(voxels), chunk):
+        at = voxels[a : a + chunk]
+        rows = flat[xp.asarray(at)] if hasattr(flat, "__cuda_array_interface__") else flat[at]
+        out[a : a + chunk] = backend.to_host((xp.asarray(rows, dtype=np.float32) @ basis).max(axis=1))
+    return out
+
+
 # ----------------------------------------------------------------------------- the field
 @dataclass
 class FodField:
@@ -226,7 +291,10 @@ def prepare_field(sh, voxel_size, *, rotation=None, mask=None, stop=None, device
     The conversion runs on ``device`` and the field stays there."""
     backend = get_backend(device)
     xp = backend.xp
-    sh = np.asarray(sh)
+    on_device = hasattr(sh, "__cuda_array_interface__")  # e.g. :func:`summarise`'s copy, converted where it is
+    if on_device and not backend.is_gpu:
+        sh, on_device = sh.get(), False
+    sh = sh if on_device else np.asarray(sh)
     if sh.ndim != 4:
         raise ValueError(f"an fODF field must be (X, Y, Z, C), got shape {sh.shape}")
     from .sh import lmax_of

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import threading
 import time
 
 import nibabel as nib
@@ -92,16 +93,60 @@ def test_streamed_path_is_taken_for_plain_float32_only(tmp_path, rng, monkeypatc
     assert calls == []
 
 
-def test_arrays_read_into_the_cache_are_copy_on_write(tmp_path, rng):
-    """The first read returns the entry's arrays mapped as a later run maps them: writing into
-    them changes neither the cache nor the next read."""
+def test_the_entry_is_written_behind_the_first_read_and_later_maps_are_copy_on_write(tmp_path, rng):
+    """The first read returns its arrays at once (read-only: the entry is being written from
+    them) and publishes the entry behind it; a later read maps the entry copy-on-write: writing
+    into those arrays changes neither the cache nor the next read."""
     folder = _write_folder(tmp_path / "s.bedpostX", rng)
     first = load_bedpostx(folder)
-    before = first.theta.copy()
-    first.theta[...] = 123.0
+    assert first.pending_cache is not None
+    with pytest.raises(ValueError, match="read-only"):
+        first.theta[...] = 123.0
+    entry = first.pending_cache.wait(timeout=60)
+    assert entry == bedpostx_cache.entry_dir(folder) and first.cache_entry == entry
+    mapped = load_bedpostx(folder)
+    assert mapped.cache_entry == entry and mapped.pending_cache is None
+    before = mapped.theta.copy()
+    np.testing.assert_array_equal(before, first.theta)
+    mapped.theta[...] = 123.0
     again = load_bedpostx(folder)
-    assert again.cache_entry is not None
     np.testing.assert_array_equal(again.theta, before)
+
+
+def test_a_second_read_in_the_process_waits_for_the_entry_written_behind(tmp_path, rng, monkeypatch):
+    """While the entry of a first read is being written, a second read of the folder waits for
+    it and maps it (it does not inflate the files again)."""
+    folder = _write_folder(tmp_path / "s.bedpostX", rng)
+    gate = threading.Event()
+    real_save = bedpostx_cache.EntryWriter.save
+
+    def slow_save(self, name, array):
+        gate.wait(30)
+        real_save(self, name, array)
+
+    monkeypatch.setattr(bedpostx_cache.EntryWriter, "save", slow_save)
+    first = load_bedpostx(folder)
+    assert not first.pending_cache.done
+    calls = []
+    monkeypatch.setattr(bedpostx, "_read_folder", lambda *a: calls.append(a))
+    threading.Timer(0.3, gate.set).start()
+    second = load_bedpostx(folder)
+    assert calls == [] and second.cache_entry == bedpostx_cache.entry_dir(folder)
+    np.testing.assert_array_equal(second.f, first.f)
+
+
+def test_a_killed_writers_temporary_folder_is_removed_by_the_next_writer(tmp_path, rng):
+    folder = _write_folder(tmp_path / "s.bedpostX", rng)
+    entry = bedpostx_cache.entry_dir(folder)
+    stale = entry.with_name(f".{entry.name}.tmp-dead0000")
+    fresh = entry.with_name(f".{entry.name}.tmp-busy0000")  # another process writing right now
+    for path in (stale, fresh):
+        path.mkdir(parents=True)
+        (path / "theta.npy").write_bytes(b"half")
+    old = time.time() - 2 * bedpostx_cache.STALE_TMP_S
+    os.utime(stale, (old, old))
+    load_bedpostx(folder).pending_cache.wait(timeout=60)
+    assert not stale.exists() and fresh.exists() and (entry / "manifest.json").exists()
 
 
 def test_a_truncated_samples_file_is_an_input_error_and_leaves_no_entry(tmp_path, rng):
@@ -117,3 +162,18 @@ def test_a_truncated_samples_file_is_an_input_error_and_leaves_no_entry(tmp_path
     entry = bedpostx_cache.entry_dir(folder)
     assert not entry.exists()
     assert not any(p.name.startswith(f".{entry.name}.tmp") for p in entry.parent.iterdir())
+
+
+def test_a_process_that_exits_right_after_the_first_read_still_publishes_the_entry(tmp_path, rng):
+    """The entry is written behind the read by non-daemon threads: a command that ends as soon as
+    it has read (the interpreter shutting down) finishes the entry first."""
+    import subprocess
+    import sys
+
+    folder = _write_folder(tmp_path / "s.bedpostX", rng)
+    cache = tmp_path / "own-cache"
+    code = "import sys; from tractlens.app.io import load_bedpostx; load_bedpostx(sys.argv[1])"
+    env = {**os.environ, "TRACTLENS_CACHE": str(cache), "TRACTLENS_BEDPOSTX_CACHE": "1"}
+    subprocess.run([sys.executable, "-c", code, str(folder)], env=env, check=True, timeout=120)
+    entries = [p for p in (cache / "bedpostx").iterdir()]
+    assert len(entries) == 1 and (entries[0] / "manifest.json").exists(), entries

@@ -176,6 +176,7 @@ def test_bedpostx_cache_is_built_then_mapped_without_reading_the_folder(tmp_path
     expected = _read_as_before(folder)
     with caplog.at_level(logging.INFO):
         first = load_bedpostx(folder)
+        assert first.pending_cache.wait(timeout=60) is not None  # written behind the read
     assert len(count_reads) == 6
     built = [r for r in caplog.records if "cached in" in r.getMessage()]
     assert len(built) == 1 and built[0].levelno == logging.WARNING
@@ -186,8 +187,8 @@ def test_bedpostx_cache_is_built_then_mapped_without_reading_the_folder(tmp_path
         second = load_bedpostx(folder)
     assert len(count_reads) == 6  # nothing read again
     assert not [r for r in caplog.records if "cached in" in r.getMessage()]
-    # the first read fills the entry's files in place and returns them mapped, as the second maps them
-    assert _maps_a_file(second.theta) and _maps_a_file(first.theta)
+    # the first read returns its own arrays (read-only while they are written); the second maps the entry
+    assert _maps_a_file(second.theta) and not _maps_a_file(first.theta) and not first.theta.flags.writeable
     for samples in (first, second):
         for got, want in zip((samples.theta, samples.phi, samples.f), expected):
             assert got.dtype == np.float32 and np.array_equal(got, want)
@@ -231,6 +232,7 @@ def test_an_unwritable_cache_falls_back_to_reading_with_one_warning(tmp_path, rn
     monkeypatch.setenv("TRACTLENS_CACHE", str(tmp_path / "a-file"))
     with caplog.at_level(logging.WARNING):
         samples = load_bedpostx(folder)
+        assert samples.pending_cache.wait(timeout=60) is None
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "could not cache the bedpostX folder" in warnings[0].getMessage()
     assert np.array_equal(samples.theta, expected[0]) and len(count_reads) == 6
@@ -238,20 +240,21 @@ def test_an_unwritable_cache_falls_back_to_reading_with_one_warning(tmp_path, rn
 
 def test_a_full_disk_leaves_no_partial_cache_entry(tmp_path, rng, cache_dir, count_reads, monkeypatch, caplog):
     folder = _bedpostx(tmp_path / "s.bedpostX", rng)
-    real_create = bedpostx_cache.np.lib.format.open_memmap  # the entry's arrays are made with it
+    real_save = bedpostx_cache.np.save  # the entry's arrays are written with it
 
     def full(path, *args, **kwargs):
         if str(path).endswith("phi.npy"):
             raise OSError(28, "No space left on device")
-        return real_create(path, *args, **kwargs)
+        return real_save(path, *args, **kwargs)
 
-    monkeypatch.setattr(bedpostx_cache.np.lib.format, "open_memmap", full)
+    monkeypatch.setattr(bedpostx_cache.np, "save", full)
     with caplog.at_level(logging.WARNING):
         samples = load_bedpostx(folder)
-    assert "the disk is full" in caplog.text
+        assert samples.pending_cache.wait(timeout=60) is None
+    assert "the disk is full" in caplog.text and samples.cache_entry is None
     assert samples.theta.shape == (6, 5, 4, 2, 7)
     assert not cache_dir.exists() or not any(cache_dir.iterdir())
-    monkeypatch.setattr(bedpostx_cache.np.lib.format, "open_memmap", real_create)
+    monkeypatch.setattr(bedpostx_cache.np, "save", real_save)
     load_bedpostx(folder)
     load_bedpostx(folder)
     assert len(count_reads) == 12  # cached on the second read, mapped on the third
@@ -294,7 +297,8 @@ def test_the_tracking_field_is_kept_beside_the_cache_entry_and_mapped_next_time(
     from tractlens.app.pipelines import probabilistic as prob
 
     folder = _bedpostx(tmp_path / "s.bedpostX", rng)
-    made = prob.sample_field(load_bedpostx(folder))  # read, cached, field made and kept
+    made = prob.sample_field(load_bedpostx(folder))  # read, field made, both kept once the entry is written
+    bedpostx_cache.wait_for_writes(timeout=60)
     entry = bedpostx_cache.entry_dir(folder)
     assert sorted(p.name for p in entry.glob("field_*")) == [
         f"field_{k}-v{bedpostx_cache.DERIVED_VERSION}.npy" for k in ("dirs", "f", "index")

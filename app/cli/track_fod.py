@@ -111,7 +111,7 @@ def _track_fod_to_file(args, params) -> int:
     seeding = params_from_args(SeedingParams, args, fix=_fix(args))
     output = tractogram_output(args, _fix(args))
     with phase("read"):
-        volume = load_fod_volume(args.fod, args.basis)
+        volume = load_fod_volume(args.fod, args.basis, args.device)
         notes: list[str] = []
         regions = regions_from_args(args, volume, notes)
     result = track_to_file(args, fod_tracking_pipeline, volume, output, seeding, notes, params=params, **regions)

@@ -50,6 +50,9 @@ class BedpostSamples:
     #: the cache entry these samples were mapped from or written to (None: not cached), where
     #: what tracking derives from them is kept too (:func:`~app.io.bedpostx_cache.save_derived`)
     cache_entry: Path | None = None
+    #: the entry a first read is writing behind it (:class:`~app.io.bedpostx_cache.PendingEntry`):
+    #: ``cache_entry`` is set once it is published; meanwhile θ, φ and f are read-only
+    pending_cache: object | None = None
 
     @property
     def n_fibres(self) -> int:
@@ -152,6 +155,7 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
     key = _cache_key(folder, base)
     use_cache = cache and bedpostx_cache.cache_enabled()
     if use_cache:
+        bedpostx_cache.wait_for_entry(key)  # this process is writing it behind an earlier read
         cached = bedpostx_cache.load_entry(key, sources)
         if cached is not None:
             return BedpostSamples(
@@ -164,22 +168,13 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
                 cache_entry=bedpostx_cache.entry_dir(key),
             )
         prints = bedpostx_cache.fingerprint(sources)
-    writer = None
+    samples = _read_folder(folder, mask_path, fibres)
     if use_cache and bedpostx_cache.settled(sources):
+        # the entry is written behind: this read returns as soon as the arrays are in memory
         writer = bedpostx_cache.EntryWriter(key, sources, prints)
-    try:
-        samples = _read_folder(folder, mask_path, fibres, writer)
-        if writer is not None:
-            in_entry = writer.error is None  # the arrays are maps of the entry's files
-            samples.cache_entry = writer.commit(samples.affine)
-            names = ("theta", "phi", "f")
-            if samples.cache_entry is not None:  # the published files, copy-on-write as a later run maps them
-                samples.theta, samples.phi, samples.f = (writer.published(name) for name in names)
-            elif in_entry:  # not published (a source changed, or the rename failed): keep private copies
-                samples.theta, samples.phi, samples.f = (np.array(getattr(samples, n)) for n in names)
-    finally:
-        if writer is not None:
-            writer.abandon()  # after an error while reading: no half entry left behind
+        arrays = {"theta": samples.theta, "phi": samples.phi, "f": samples.f, "mask": samples.mask}
+        samples.pending_cache = writer.write_behind(arrays, samples.affine)
+        samples.pending_cache.when_ready(lambda entry: setattr(samples, "cache_entry", entry))
     return samples
 
 
@@ -229,16 +224,14 @@ def _check_images(folder: Path, mask_img, mask: np.ndarray, fibres) -> list[tupl
     return images
 
 
-def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, Path]], writer=None) -> BedpostSamples:
+def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, Path]]) -> BedpostSamples:
     """Check every header, then read each file once into one (X, Y, Z, n_fibres, n_samples) array
     per parameter (no per-file copies kept and stacked).
 
     Files are inflated and converted on several threads at once (ISA-L and NumPy's copies
     release the GIL), θ files first, then φ, then f, each a few volumes at a time
-    (:func:`_read_samples_into`). With a cache ``writer``
-    (:class:`~app.io.bedpostx_cache.EntryWriter`) the three arrays are maps of the entry's files
-    (:meth:`~app.io.bedpostx_cache.EntryWriter.create`): what is read lands in the cache as it
-    is read, with no copy and no write afterwards (the kernel writes the pages back)."""
+    (:func:`_read_samples_into`), into arrays backed by huge pages where Linux offers them.
+    """
     mask_img = load_image(mask_path, "bedpostX mask")
     if len(mask_img.shape) != 3:
         raise InputError(f"nodif_brain_mask must be 3-D, it has shape {mask_img.shape}", path=mask_path, fix=RERUN)
@@ -247,13 +240,7 @@ def _read_folder(folder: Path, mask_path: Path, fibres: list[tuple[Path, Path, P
     images = _check_images(folder, mask_img, mask, fibres)
     n_samples = int(images[0][0].shape[3]) if len(images[0][0].shape) == 4 else 1
     shape = (*mask.shape, len(fibres), n_samples)
-    names = ("theta", "phi", "f")
-    arrays = None
-    if writer is not None and writer.begin(3 * math.prod(shape) * 4 + mask.nbytes):
-        writer.save("mask", mask)
-        arrays = [writer.create(name, shape) for name in names]
-    if arrays is None or any(a is None for a in arrays):
-        arrays = [_advise_huge_pages(np.empty(shape, dtype=np.float32)) for _ in range(3)]
+    arrays = [_advise_huge_pages(np.empty(shape, dtype=np.float32)) for _ in range(3)]
 
     def read_one(index: int) -> None:
         img, path = images[index]

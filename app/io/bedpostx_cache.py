@@ -109,6 +109,85 @@ def settled(sources: list[Path], now: float | None = None) -> bool:
     return all(now - path.stat().st_mtime >= SETTLE_S for path in sources)
 
 
+#: A temporary entry folder older than this is a killed writer's: the next writer of the entry removes it.
+STALE_TMP_S = 3600.0
+
+
+def _remove_stale_temporaries(entry: Path, now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    with contextlib.suppress(OSError):
+        for path in entry.parent.glob(f".{entry.name}.tmp-*"):
+            with contextlib.suppress(OSError):
+                if now - path.stat().st_mtime > STALE_TMP_S:
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+#: Entries being written behind reads in this process, by entry folder.
+_PENDING: dict[Path, PendingEntry] = {}
+_PENDING_LOCK = threading.Lock()
+
+
+def wait_for_entry(folder: Path, timeout: float | None = None) -> None:
+    """Wait while this process writes ``folder``'s entry behind a read (a second read then maps
+    it instead of reading the files again)."""
+    with _PENDING_LOCK:
+        pending = _PENDING.get(entry_dir(folder))
+    if pending is not None:
+        pending.wait(timeout)
+
+
+def wait_for_writes(timeout: float | None = None) -> None:
+    """Wait until every entry this process writes behind a read is published (or has failed)."""
+    with _PENDING_LOCK:
+        pending = list(_PENDING.values())
+    for entry in pending:
+        entry.wait(timeout)
+
+
+class PendingEntry:
+    """An entry being written behind a read (:meth:`EntryWriter.write_behind`): :meth:`wait`
+    gives the published entry (or None when it could not be written); :meth:`when_ready` runs
+    a function with it once it is published (at once when it already is; never when it fails)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._entry: Path | None = None
+        self._callbacks: list = []
+
+    def wait(self, timeout: float | None = None) -> Path | None:
+        self._done.wait(timeout)
+        return self._entry
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def when_ready(self, callback) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        if self._entry is not None:
+            callback(self._entry)
+
+    def _finish(self, entry: Path | None) -> None:
+        """Run the callbacks (those added meanwhile too), then let waiters go: a waiter sees
+        what the callbacks did (e.g. the samples' ``cache_entry`` set)."""
+        while True:
+            with self._lock:
+                self._entry = entry
+                callbacks, self._callbacks = self._callbacks, []
+                if not callbacks:
+                    self._done.set()
+                    return
+            for callback in callbacks if entry is not None else ():
+                try:
+                    callback(entry)
+                except Exception:  # a callback's failure (e.g. derived arrays not kept) stays its own
+                    log.exception("after caching %s", entry)
+
+
 class EntryWriter:
     """An entry written array by array (each as soon as it is complete, possibly on other threads),
     then published at once by :meth:`commit`; nothing is visible to readers before that.
@@ -129,6 +208,7 @@ class EntryWriter:
         """Make the temporary folder when ``needed`` bytes fit on the disk; False (error kept) if not."""
         try:
             self.entry.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temporaries(self.entry)
             free = shutil.disk_usage(self.entry.parent).free
             if needed + (256 << 20) > free:
                 raise OSError(28, f"needs {needed / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free")
@@ -231,6 +311,42 @@ class EntryWriter:
             size / 2**30,
         )
         return self.entry
+
+    def write_behind(self, arrays: dict[str, np.ndarray], affine: np.ndarray) -> PendingEntry:
+        """Write ``arrays`` (all of :data:`ARRAYS`) and :meth:`commit` on a thread of their own,
+        the three sample arrays at once, while the caller goes on with them (a tracking run uploads
+        and tracks meanwhile). The thread is not a daemon: the interpreter finishes the entry before
+        it exits, and a process killed first leaves only a temporary folder, which a later writer
+        removes (:meth:`begin`). The caller must not write into the arrays (they are made read-only)."""
+        for name in ARRAYS[:3]:
+            arrays[name].flags.writeable = False
+        pending = PendingEntry()
+        with _PENDING_LOCK:
+            _PENDING[self.entry] = pending
+        # every thread is started here, by the caller: a thread the interpreter is already waiting
+        # for at exit may not start new ones (a pool's submit then fails)
+        savers = []
+        if self.begin(sum(int(arrays[name].nbytes) for name in ARRAYS)):
+            savers = [threading.Thread(target=self.save, args=(name, arrays[name]), name=f"tractlens-cache-{name}",
+                                       daemon=False) for name in ARRAYS]  # fmt: skip
+            for saver in savers:
+                saver.start()
+
+        def publish() -> None:
+            entry = None
+            try:
+                for saver in savers:
+                    saver.join()
+                entry = self.commit(affine)  # also the one warning line when it could not be written
+            finally:
+                self.abandon()
+                with _PENDING_LOCK:
+                    if _PENDING.get(self.entry) is pending:
+                        del _PENDING[self.entry]
+                pending._finish(entry)
+
+        threading.Thread(target=publish, name="tractlens-bedpostx-cache", daemon=False).start()
+        return pending
 
     def abandon(self) -> None:
         """Remove the temporary folder (nothing once it was published)."""

@@ -108,10 +108,12 @@ def sample_field(samples: BedpostSamples) -> SampleField:
     if entry is not None and (kept := bedpostx_cache.load_derived(entry, shapes)) is not None:
         return SampleField(kept["field_dirs"], kept["field_f"], kept["field_index"], voxel_size)
     field_ = _sample_field(samples, voxel_size)
+    derived = {"field_dirs": field_.dirs, "field_f": field_.f, "field_index": field_.index}
+    pending = getattr(samples, "pending_cache", None)
     if entry is not None:
-        bedpostx_cache.save_derived(
-            entry, {"field_dirs": field_.dirs, "field_f": field_.f, "field_index": field_.index}
-        )
+        bedpostx_cache.save_derived(entry, derived)
+    elif pending is not None:  # a first read: kept beside the entry once it is written behind the read
+        pending.when_ready(lambda published: bedpostx_cache.save_derived(published, derived))
     return field_
 
 

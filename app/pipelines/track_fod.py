@@ -58,6 +58,9 @@ class FodVolume:
     fa: np.ndarray  # generalized FA, the per-point scalar of the streamlines
     notes: list[str] = field(default_factory=list)
     not_positive_definite: int = 0  # a tensor notion: none here (deterministic_pipeline reads it)
+    #: the coefficients uploaded by :meth:`from_sh` on a GPU, for the seed amplitudes and the
+    #: field of the run that follows; given up once the field is made (:func:`fod_engine`)
+    device_sh: object = field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -68,7 +71,12 @@ class FodVolume:
         return np.sqrt((self.affine[:3, :3] ** 2).sum(axis=0))
 
     @classmethod
-    def from_sh(cls, sh: np.ndarray, affine: np.ndarray, source: str = "", notes=None) -> FodVolume:
+    def from_sh(
+        cls, sh: np.ndarray, affine: np.ndarray, source: str = "", notes=None, device: str = "cpu"
+    ) -> FodVolume:
+        """The volume of coefficients ``sh``; with ``device`` a GPU (or ``"auto"`` and a GPU there)
+        and a whole-brain grid, its mask and generalized FA are computed there and the upload
+        is kept for the tracking run (:attr:`device_sh`)."""
         sh = np.asarray(sh, dtype=np.float32)
         if sh.ndim != 4:
             raise InputError(f"an fODF is 4-D (X, Y, Z, coefficients), got shape {sh.shape}")
@@ -84,6 +92,16 @@ class FodVolume:
                 fix="Fit the CSD with --lmax 8 or lower",
             )
         notes = list(notes or [])
+        backend = _summary_backend(device, sh)
+        if backend is not None:
+            summary = fod_tracking.summarise(sh, backend)
+            clean = sh
+            if summary.nonfinite:
+                notes.append(f"{summary.nonfinite} voxels have NaN or infinite fODF coefficients: treated as empty")
+                clean = np.where(np.isfinite(sh).all(axis=-1)[..., None], sh, np.float32(0.0))
+            volume = cls(clean, np.asarray(affine, np.float64), lmax, source, summary.mask, summary.gfa, notes)
+            volume.device_sh = summary.coefficients
+            return volume
         finite = np.isfinite(sh).all(axis=-1)
         clean = sh if finite.all() else np.where(finite[..., None], sh, np.float32(0.0))  # no copy when clean
         if (~finite).any():
@@ -95,10 +113,14 @@ class FodVolume:
 
     def largest_amplitude(self, region: np.ndarray) -> np.ndarray:
         """The fODF's largest amplitude on :data:`gpu.fod_tracking.SEED_DIRECTIONS` in the
-        voxels of ``region`` (0 elsewhere), by chunks of voxels."""
+        voxels of ``region`` (0 elsewhere), by chunks of voxels (on the GPU when the
+        coefficients are there)."""
         out = np.zeros(self.shape, np.float32)
-        basis = sh_basis(np, fod_tracking.SEED_DIRECTIONS, self.lmax).astype(np.float32)  # (D, C)
         voxels = np.flatnonzero(region)
+        if self.device_sh is not None:
+            out.reshape(-1)[voxels] = fod_tracking.largest_amplitudes(self.device_sh, voxels, self.lmax, "gpu")
+            return out
+        basis = sh_basis(np, fod_tracking.SEED_DIRECTIONS, self.lmax).astype(np.float32)  # (D, C)
         flat = self.sh.reshape(-1, self.sh.shape[-1])
         for a in range(0, len(voxels), 1 << 18):
             chunk = voxels[a : a + (1 << 18)]
@@ -106,7 +128,25 @@ class FodVolume:
         return out
 
 
-def load_fod_volume(path: str | os.PathLike, basis: str = "auto") -> FodVolume:
+#: Grids of at least this many voxels are summarised on the GPU when one is used (whole-brain
+#: grids: the upload then serves the tracking run too); smaller ones on the host.
+DEVICE_SUMMARY_VOXELS = 1 << 20
+
+
+def _summary_backend(device: str, sh: np.ndarray):
+    """The GPU backend to summarise ``sh`` on, or None for the host."""
+    if str(device).lower() == "cpu" or int(np.prod(sh.shape[:3])) < DEVICE_SUMMARY_VOXELS:
+        return None
+    from tractlens.gpu.backend import get_backend
+
+    try:
+        backend = get_backend(device)
+    except (RuntimeError, ValueError):  # a GPU asked for and none there: the pipeline says so itself
+        return None
+    return backend if backend.is_gpu else None
+
+
+def load_fod_volume(path: str | os.PathLike, basis: str = "auto", device: str = "cpu") -> FodVolume:
     """An fODF from ``fit-csd``'s output folder (its ``fod.nii.gz``) or an fODF image."""
     path = Path(path)
     if path.is_dir():
@@ -118,7 +158,7 @@ def load_fod_volume(path: str | os.PathLike, basis: str = "auto") -> FodVolume:
             )
         path = path / FOD_FILE
     sh, affine, _lmax, basis_read = load_fod(path, basis)
-    return FodVolume.from_sh(sh, affine, f"{path} ({basis_read} basis)")
+    return FodVolume.from_sh(sh, affine, f"{path} ({basis_read} basis)", device=device)
 
 
 def _seed_region(volume: FodVolume, mask: np.ndarray | None, params) -> np.ndarray:
@@ -140,10 +180,11 @@ def fod_engine(params, rng_seed: int = 0, device: str = "auto") -> TrackingEngin
 
     def prepare(volume: FodVolume, mask, stop):
         where = "cpu" if str(device).lower() == "cpu" else "auto"
+        sh = volume.device_sh if volume.device_sh is not None and where != "cpu" else volume.sh
+        volume.device_sh = None  # the field is made from it: the device memory goes to tracking
         try:
             return fod_tracking.prepare_field(
-                volume.sh, volume.voxel_size, rotation=world_rotation(volume.affine), mask=mask, stop=stop,
-                device=where,
+                sh, volume.voxel_size, rotation=world_rotation(volume.affine), mask=mask, stop=stop, device=where,
             )  # fmt: skip
         except ValueError as exc:
             raise InputError(str(exc)) from exc
@@ -200,11 +241,12 @@ def track_fod_deterministic(source, regions: Regions, *, params=None, basis: str
     :class:`DeterministicParams` (the panel's form): its step, angle, lengths and truncation
     carry over, the amplitude cut-off keeps its default. The other ``options`` are
     :func:`fod_from_regions`'s."""
+    device = options.get("device", "auto")
     if isinstance(source, (str, os.PathLike)):
-        volume = load_fod_volume(source, basis)
+        volume = load_fod_volume(source, basis, device)
     else:
         coefficients, affine = source
-        volume = FodVolume.from_sh(np.asarray(coefficients), np.asarray(affine), "fODF layer")
+        volume = FodVolume.from_sh(np.asarray(coefficients), np.asarray(affine), "fODF layer", device=device)
     if params is not None and not isinstance(params, (FodDeterministicParams, FodProbabilisticParams)):
         shared = {f.name for f in fields(FodDeterministicParams)} & {f.name for f in fields(params)}
         params = FodDeterministicParams(**{name: getattr(params, name) for name in shared})

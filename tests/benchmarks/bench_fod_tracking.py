@@ -148,7 +148,7 @@ def time_pipeline(fod, params, device: str) -> dict:
     from tractlens.app.pipelines.track_fod import FodVolume, fod_tracking_pipeline
 
     t0 = time.perf_counter()
-    volume = FodVolume.from_sh(fod, np.diag([VOXEL_MM, VOXEL_MM, VOXEL_MM, 1.0]), "benchmark")
+    volume = FodVolume.from_sh(fod, np.diag([VOXEL_MM, VOXEL_MM, VOXEL_MM, 1.0]), "benchmark", device=device)
     volume_s = time.perf_counter() - t0
     result = fod_tracking_pipeline(volume, whole_brain=True, params=params, device=device, sink=lambda part: None)
     total = time.perf_counter() - t0
@@ -162,6 +162,15 @@ def time_pipeline(fod, params, device: str) -> dict:
         "streamlines_per_s": round(prov["seeds"] / total),
         "backend": prov["backend"],
     }
+
+
+def time_pipeline_warm(fod, params, device: str, repeats: int = 2) -> dict:
+    """:func:`time_pipeline` once cold (the first run in the process compiles the kernels it
+    uses and makes the pinned buffers: a one-off per process, reported as ``first_run_s``), then
+    the best of ``repeats`` warm runs."""
+    cold = time_pipeline(fod, params, device)
+    best = min((time_pipeline(fod, params, device) for _ in range(repeats)), key=lambda r: r["end_to_end_s"])
+    return {**best, "first_run_s": cold["end_to_end_s"], "warm_runs": repeats}
 
 
 def time_numpy(fod, seeds, params) -> dict:
@@ -214,7 +223,7 @@ def main(argv=None) -> dict:
         if has_gpu:
             row["gpu"] = time_gpu(fod, seeds, params)
             row["gpu_over_numpy"] = round(row["gpu"]["streamlines_per_s"] / row["numpy"]["streamlines_per_s"], 1)
-            row["pipeline_gpu"] = time_pipeline(fod, params, "gpu")
+            row["pipeline_gpu"] = time_pipeline_warm(fod, params, "gpu")
         else:
             row["gpu"] = f"not run: {reason}"
             if args.small:  # the use case's path on the CPU, to check the script

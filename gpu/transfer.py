@@ -1,0 +1,92 @@
+"""Large device → host copies through pinned staging buffers.
+
+A plain ``cupy.asnumpy`` of a large array copies into pageable host memory, which the driver
+stages through a small pinned buffer of its own, one piece after the other: about 3 GB/s
+measured on the H100 machine for a whole-brain batch of streamline points (1.75 GB in 0.6 s).
+:func:`to_host` pipelines the copy instead: the device copies piece ``i + 1`` into one of two
+pinned buffers (:data:`STAGE_BYTES` each, made once per device) while host threads copy piece
+``i`` out of the other into the result. The result is an ordinary NumPy array with the same
+bytes as ``cupy.asnumpy`` gives; small arrays take ``asnumpy`` itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+#: Bytes of each of the two pinned staging buffers of a device.
+STAGE_BYTES = 32 << 20
+#: Arrays smaller than this are copied by ``cupy.asnumpy`` (nothing to pipeline).
+STAGED_MIN_BYTES = 64 << 20
+#: Host threads copying each staged piece into the result (NumPy's copies release the GIL).
+COPY_THREADS = 4
+
+_stages: dict[int, tuple] = {}  # device id -> (lock, stream, (buffer, buffer))
+_stages_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def _staging(cupy, device_id: int):
+    global _pool
+    with _stages_lock:
+        if device_id not in _stages:
+            with cupy.cuda.Device(device_id):
+                buffers = tuple(
+                    np.frombuffer(cupy.cuda.alloc_pinned_memory(STAGE_BYTES), np.uint8, STAGE_BYTES) for _ in range(2)
+                )
+                _stages[device_id] = (threading.Lock(), cupy.cuda.Stream(non_blocking=True), buffers)
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="tractlens-d2h")
+        return _stages[device_id]
+
+
+def _copy(destination: np.ndarray, source: np.ndarray) -> None:
+    """``destination[:] = source`` (1-D bytes) in :data:`COPY_THREADS` parts at once."""
+    n = source.size
+    if n < (4 << 20):
+        destination[:] = source
+        return
+    bounds = np.linspace(0, n, COPY_THREADS + 1).astype(np.int64)
+    parts = [_pool.submit(np.copyto, destination[a:b], source[a:b]) for a, b in itertools.pairwise(bounds)]
+    for part in parts:
+        part.result()
+
+
+def to_host(array) -> np.ndarray:
+    """``array`` (NumPy or CuPy) as a NumPy array: large device arrays through the pinned staging
+    buffers, pipelined; anything else as ``cupy.asnumpy``/``numpy.asarray`` give it."""
+    if not hasattr(array, "__cuda_array_interface__"):
+        return np.asarray(array)
+    if array.nbytes < STAGED_MIN_BYTES:
+        return array.get()
+    import cupy
+
+    device_id = int(array.device.id)
+    lock, stream, buffers = _staging(cupy, device_id)
+    with cupy.cuda.Device(device_id), lock:
+        source = cupy.ascontiguousarray(array)
+        out = np.empty(source.shape, source.dtype)
+        source_bytes = source.reshape(-1).view(np.uint8)
+        out_bytes = out.reshape(-1).view(np.uint8)
+        n = int(source_bytes.size)
+        starts = list(range(0, n, STAGE_BYTES))
+        stream.wait_event(cupy.cuda.get_current_stream().record())  # the array is complete first
+        events = [None, None]
+
+        def issue(i: int) -> None:
+            a = starts[i]
+            b = min(n, a + STAGE_BYTES)
+            source_bytes[a:b].get(stream=stream, out=buffers[i % 2][: b - a])
+            events[i % 2] = stream.record()
+
+        issue(0)
+        for i, a in enumerate(starts):
+            if i + 1 < len(starts):
+                issue(i + 1)  # into the other buffer, whose piece (i - 1) was copied out last round
+            events[i % 2].synchronize()
+            b = min(n, a + STAGE_BYTES)
+            _copy(out_bytes[a:b], buffers[i % 2][: b - a])
+        return out
