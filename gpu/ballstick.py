@@ -226,12 +226,28 @@ def vectors_to_angles(xp, v):
     return theta, phi
 
 
-def wrap_angles(theta, phi, xp=np):
+#: Angles wrapped at a time (:func:`wrap_angles`): bounds its float64 temporaries to ~100 MB.
+WRAP_BLOCK = 1 << 22
+
+
+def wrap_angles(theta, phi, xp=np, block: int = WRAP_BLOCK):
     """θ into [0, π] and φ into (−π, π], the same directions (the chain's angles roam freely).
 
     Angles already in range are returned bit for bit; others are folded in float64:
-    θ mod 2π, then θ > π becomes 2π − θ with φ + π (the same unit vector)."""
+    θ mod 2π, then θ > π becomes 2π − θ with φ + π (the same unit vector). ``block`` angles at
+    a time: a whole brain's samples (150 M angles) would otherwise take gigabytes of float64
+    temporaries, more than the samples themselves."""
     theta, phi = xp.asarray(theta), xp.asarray(phi)
+    if theta.size <= block:
+        return _wrap_block(theta, phi, xp)
+    out_theta, out_phi = xp.empty_like(theta), xp.empty_like(phi)
+    flat = (theta.reshape(-1), phi.reshape(-1), out_theta.reshape(-1), out_phi.reshape(-1))
+    for a in range(0, theta.size, block):
+        flat[2][a : a + block], flat[3][a : a + block] = _wrap_block(flat[0][a : a + block], flat[1][a : a + block], xp)
+    return out_theta, out_phi
+
+
+def _wrap_block(theta, phi, xp):
     th = theta.astype(xp.float64) % (2 * np.pi)
     flip = th > np.pi
     th = xp.where(flip, 2 * np.pi - th, th)

@@ -121,6 +121,12 @@ def test_angles_are_wrapped_into_fsl_ranges_with_the_same_directions():
     assert inside.any()
     np.testing.assert_array_equal(th[inside], theta[inside])  # in range: bit for bit
     np.testing.assert_array_equal(ph[inside], phi[inside])
+    # a block of angles at a time (bounded temporaries) gives the same values, any shape
+    shaped = theta.reshape(40, 2, 50), phi.reshape(40, 2, 50)
+    th_blocks, ph_blocks = wrap_angles(*shaped, block=333)
+    assert th_blocks.shape == (40, 2, 50) and th_blocks.dtype == np.float32
+    np.testing.assert_array_equal(th_blocks.reshape(-1), th)
+    np.testing.assert_array_equal(ph_blocks.reshape(-1), ph)
 
 
 def test_fitted_angles_are_in_fsl_ranges_and_the_dyads_are_unchanged():

@@ -112,15 +112,17 @@ def plain_commands(subject: Path, out: Path, device: str, env: dict, timeout_s: 
     dwi = next(subject.glob("dwi.nii*"))
     steps = {
         "fit-dti": ["fit-dti", str(dwi), "-o", str(out / "dti"), "--device", device],
-        "track-deterministic": ["track", "deterministic", "--tensor", str(out / "dti" / "tensor.nii.gz"),
-                                "--tensor-order", "fsl", "--whole-brain", "-o", str(out / "det.trx"),
-                                "--device", device],
+        "track-deterministic": ["track", "deterministic", "--tensor", str(out / "dti"),  # fit-dti's dtifit folder
+                                "--whole-brain", "-o", str(out / "det.trx"), "--device", device],
         "connectome": ["connectome", str(out / "det.trx"), "--labels", str(subject / "labels.nii.gz"),
                        "-o", str(out / "matrix.csv"), "--device", device],
     }  # fmt: skip
     seconds = {}
     for name, argv in steps.items():
-        seconds[name] = round(cli(argv, env, timeout_s)[0], 3)
+        wall, summary, stderr = cli(argv, env, timeout_s)
+        if summary is None:  # a failed command times nothing: no comparison is made from it
+            raise RuntimeError(f"the plain command {name} failed on {device}:\n{stderr}")
+        seconds[name] = round(wall, 3)
         log(f"  plain {name} on {device}: {seconds[name]:.1f} s")
     return {"seconds": seconds, "per_subject_s": round(sum(seconds.values()), 3)}
 
@@ -205,6 +207,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="bench_e2e's small subject (24×28×24), for checking the script")
     p.add_argument("--cpu-workers", type=int, help="worker processes of the CPU run (default: cores, ≤ 1 per 12 GB)")
     p.add_argument("--no-gpu", action="store_true", help="the CPU engine only")
+    p.add_argument("--no-cpu", action="store_true",
+                   help="the GPU engine only (a CPU run of HCP-sized subjects takes tens of minutes)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one batch run may take")
     p.add_argument("--results", type=Path, default=HERE / "results", help="folder of batch_<gpu>.json/.md")
@@ -224,7 +228,8 @@ def main(argv=None) -> int:
     if not args.no_gpu and has_gpu():
         engines.append(("gpu", "gpu", ["--gpus", "1"], 1))
     cpu_workers = args.cpu_workers or (2 if args.quick else default_cpu_workers())
-    engines.append(("cpu", "cpu", ["--workers", str(cpu_workers)], cpu_workers))
+    if not args.no_cpu:
+        engines.append(("cpu", "cpu", ["--workers", str(cpu_workers)], cpu_workers))
     rows = []
     for name, device, engine, workers in engines:
         log(f"{name}: the plain commands, then tractlens batch {' '.join(engine)} over {subjects} subjects")
