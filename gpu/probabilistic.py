@@ -790,9 +790,9 @@ def upload_field(backend, field_: SampleField) -> tuple:
 
 
 def _pinned_like(a):
-    import cupyx
+    from .transfer import empty_pinned
 
-    return cupyx.empty_pinned(a.shape, dtype=a.dtype)
+    return empty_pinned(a.shape, a.dtype)
 
 
 def track_kernel(

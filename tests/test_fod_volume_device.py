@@ -102,3 +102,23 @@ def test_staged_copies_give_the_bytes_asnumpy_gives(shape, dtype):
 def test_host_arrays_pass_through_the_copy():
     a = np.arange(10.0)
     assert transfer.to_host(a) is a
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, dtype", [((3, 4), np.float32), ((0,), np.uint32), ((1000, 3), np.int16)])
+def test_pinned_arrays_are_numpy_arrays_of_the_shape_asked(shape, dtype):
+    out = transfer.empty_pinned(shape, dtype)
+    assert isinstance(out, np.ndarray) and out.shape == shape and out.dtype == dtype
+    out[...] = 7
+    assert (out == 7).all()
+
+
+@pytest.mark.gpu
+def test_pinned_arrays_do_not_import_cupyx():
+    """``import cupyx`` imports cupyx.scipy: 0.3 s of a command's start."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tractlens.gpu.transfer import empty_pinned; empty_pinned((4,), 'f4'); "
+            "assert 'cupyx.scipy' not in sys.modules, 'cupyx.scipy imported'")  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
