@@ -786,7 +786,12 @@ def trace_paths(
 
 def upload_field(backend, field_: SampleField) -> tuple:
     """The field's arrays (dirs, f, index) on the device, for :func:`iter_track`'s ``device_field``."""
-    return tuple(backend.xp.ascontiguousarray(backend.xp.asarray(a)) for a in (field_.dirs, field_.f, field_.index))
+    if not backend.is_gpu:
+        return tuple(np.ascontiguousarray(a) for a in (field_.dirs, field_.f, field_.index))
+    from .transfer import to_device
+
+    with backend.activate():
+        return tuple(to_device(a) for a in (field_.dirs, field_.f, field_.index))
 
 
 def _pinned_like(a):

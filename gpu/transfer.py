@@ -1,4 +1,4 @@
-"""Large device → host copies through pinned staging buffers.
+"""Large device ↔ host copies through pinned staging buffers.
 
 A plain ``cupy.asnumpy`` of a large array copies into pageable host memory, which the driver
 stages through a small pinned buffer of its own, one piece after the other: about 3 GB/s
@@ -89,6 +89,39 @@ def to_host(array) -> np.ndarray:
             events[i % 2].synchronize()
             b = min(n, a + STAGE_BYTES)
             _copy(out_bytes[a:b], buffers[i % 2][: b - a])
+        return out
+
+
+def to_device(array):
+    """``array`` (host) as a CuPy array on the current device: a large one through the pinned
+    staging buffers, host threads copying piece ``i + 1`` in while the device takes piece ``i``.
+    A memory-mapped array (the bedpostX cache) is read by those threads, so its pages are faulted
+    in on several cores at once, not by one ``cudaMemcpy`` from pageable memory (2.4 GB of
+    sample field: 1.9 s on the H100 machine that way)."""
+    import cupy
+
+    source = np.asarray(array)
+    if source.nbytes < STAGED_MIN_BYTES:
+        return cupy.asarray(source)
+    source = np.ascontiguousarray(source)
+    device_id = int(cupy.cuda.Device().id)
+    lock, stream, buffers = _staging(cupy, device_id)
+    with lock:
+        out = cupy.empty(source.shape, source.dtype)
+        source_bytes = source.reshape(-1).view(np.uint8)
+        out_bytes = out.reshape(-1).view(np.uint8)
+        n = int(source_bytes.size)
+        stream.wait_event(cupy.cuda.get_current_stream().record())  # ``out`` is allocated first
+        events = [None, None]
+        for i, a in enumerate(range(0, n, STAGE_BYTES)):
+            b = min(n, a + STAGE_BYTES)
+            stage = buffers[i % 2]
+            if events[i % 2] is not None:
+                events[i % 2].synchronize()  # the device has taken this buffer's previous piece
+            _copy(stage[: b - a], source_bytes[a:b])
+            out_bytes[a:b].set(stage[: b - a], stream=stream)
+            events[i % 2] = stream.record()
+        stream.synchronize()
         return out
 
 

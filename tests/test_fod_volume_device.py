@@ -122,3 +122,22 @@ def test_pinned_arrays_do_not_import_cupyx():
     code = ("import sys; from tractlens.gpu.transfer import empty_pinned; empty_pinned((4,), 'f4'); "
             "assert 'cupyx.scipy' not in sys.modules, 'cupyx.scipy imported'")  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((10,), np.float32), ((3 * (1 << 22) + 7, 3), np.float32), (((1 << 25) + 13,), np.float64)],
+    ids=["small", "points", "not-a-stage-multiple"],
+)
+def test_staged_uploads_give_the_array_asarray_gives(tmp_path, shape, dtype):
+    """From plain memory and from a memory-mapped file (the bedpostX cache's case)."""
+    import cupy
+
+    host = (np.random.default_rng(1).random(shape) * 1000).astype(dtype)
+    np.save(tmp_path / "a.npy", host)
+    mapped = np.load(tmp_path / "a.npy", mmap_mode="c")
+    for source in (host, mapped, host[::3]):
+        got = transfer.to_device(source)
+        assert isinstance(got, cupy.ndarray) and got.dtype == source.dtype and got.shape == source.shape
+        np.testing.assert_array_equal(got.get(), np.asarray(source))
