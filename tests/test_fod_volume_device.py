@@ -141,3 +141,26 @@ def test_staged_uploads_give_the_array_asarray_gives(tmp_path, shape, dtype):
         got = transfer.to_device(source)
         assert isinstance(got, cupy.ndarray) and got.dtype == source.dtype and got.shape == source.shape
         np.testing.assert_array_equal(got.get(), np.asarray(source))
+
+
+def test_a_summary_without_room_on_the_device_is_made_on_the_host(monkeypatch):
+    """Out of device memory while summarising: the host path's volume, no device copy."""
+    from tractlens.gpu.backend import Backend
+
+    fod, _, _ = dirty_phantom()
+    fake = Backend("gpu", np, "a full GPU")
+
+    class DeviceFull(MemoryError):
+        pass
+
+    def full(*args, **kwargs):
+        raise DeviceFull("out of memory allocating 660 MB")
+
+    monkeypatch.setattr(track_fod, "_summary_backend", lambda device, sh: fake)
+    monkeypatch.setattr(fod_tracking, "summarise", full)
+    monkeypatch.setattr(Backend, "free_cached_memory", lambda self: None)
+    volume = FodVolume.from_sh(fod, AFFINE, "phantom", device="gpu")
+    host = FodVolume.from_sh(fod, AFFINE, "phantom", device="cpu")
+    assert volume.device_sh is None and volume.notes == host.notes
+    np.testing.assert_array_equal(volume.fa, host.fa)
+    np.testing.assert_array_equal(volume.mask, host.mask)

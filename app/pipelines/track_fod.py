@@ -93,8 +93,15 @@ class FodVolume:
             )
         notes = list(notes or [])
         backend = _summary_backend(device, sh)
+        summary = None
         if backend is not None:
-            summary = fod_tracking.summarise(sh, backend)
+            try:
+                summary = fod_tracking.summarise(sh, backend)
+            except Exception as exc:  # no room on the device: the host does it, as it would without a GPU
+                if not backend.is_out_of_memory(exc):
+                    raise
+                backend.free_cached_memory()
+        if summary is not None:
             clean = sh
             if summary.nonfinite:
                 notes.append(f"{summary.nonfinite} voxels have NaN or infinite fODF coefficients: treated as empty")
