@@ -297,8 +297,9 @@ def test_the_tracking_field_is_kept_beside_the_cache_entry_and_mapped_next_time(
     from tractlens.app.pipelines import probabilistic as prob
 
     folder = _bedpostx(tmp_path / "s.bedpostX", rng)
-    made = prob.sample_field(load_bedpostx(folder))  # read, field made, both kept once the entry is written
-    bedpostx_cache.wait_for_writes(timeout=60)
+    first = load_bedpostx(folder)
+    made = prob.sample_field(first)  # read, field made, both kept once the entry is written
+    assert first.pending_cache.wait(timeout=60) is not None  # the field's callback ran before the wait ends
     entry = bedpostx_cache.entry_dir(folder)
     assert sorted(p.name for p in entry.glob("field_*")) == [
         f"field_{k}-v{bedpostx_cache.DERIVED_VERSION}.npy" for k in ("dirs", "f", "index")

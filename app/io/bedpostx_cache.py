@@ -136,14 +136,6 @@ def wait_for_entry(folder: Path, timeout: float | None = None) -> None:
         pending.wait(timeout)
 
 
-def wait_for_writes(timeout: float | None = None) -> None:
-    """Wait until every entry this process writes behind a read is published (or has failed)."""
-    with _PENDING_LOCK:
-        pending = list(_PENDING.values())
-    for entry in pending:
-        entry.wait(timeout)
-
-
 class PendingEntry:
     """An entry being written behind a read (:meth:`EntryWriter.write_behind`): :meth:`wait`
     gives the published entry (or None when it could not be written); :meth:`when_ready` runs
