@@ -31,6 +31,9 @@ TEMPLATE_WORDS = ("mni",)
 #: Below this share of the fixed image's foreground covered by the registered moving image, the
 #: registration is taken to have diverged (or the images show different anatomy).
 MIN_OVERLAP = 0.5
+#: Below this share of the fixed image's intensity entropy explained by the registered moving image
+#: (:func:`app.pipelines.register.shared_information`), the images are taken not to show the same anatomy.
+MIN_SHARED_INFORMATION = 0.08
 TRACTOGRAM_SUFFIXES = (".trk", ".tck", ".trx")
 
 
@@ -162,9 +165,9 @@ def register_images(
     )
     values = (
         f"mutual information {run.metric_before:.3f} before, {run.metric_after:.3f} after; the registered images "
-        f"overlap in {run.overlap:.0%} of the fixed image's foreground"
+        f"overlap in {run.overlap:.0%} of the fixed image's foreground and explain {run.shared:.0%} of its intensities"
     )
-    if run.overlap < MIN_OVERLAP or run.metric_after < run.metric_before - 1e-3:
+    if run.overlap < MIN_OVERLAP or run.shared < MIN_SHARED_INFORMATION or run.metric_after < run.metric_before - 1e-3:
         raise InputError(
             f"the registration of {mov.name} onto {fix.name} failed ({values}): the images do not overlap, show "
             "different anatomy, or the optimisation diverged; nothing was written",
@@ -206,6 +209,7 @@ def register_images(
         "mutual_information_before": round(run.metric_before, 5),
         "mutual_information_after": round(run.metric_after, 5),
         "overlap": round(run.overlap, 4),
+        "shared_information": round(run.shared, 4),
         "seconds": {"read": round(read_seconds, 3), **run.seconds},
         "description": registration.describe(),
     }
@@ -415,3 +419,30 @@ __all__ = [
     "register_images",
     "write_atlas",
 ]
+
+
+def side_of_grid(registration: Registration, grid: Grid, what: str = "image") -> str:
+    """'fixed' or 'moving': the side of ``registration`` whose image ``grid`` is (the same placement
+    within half a voxel; a DICOM series and its NIfTI conversion differ by rounding)."""
+    for side in ("fixed", "moving"):
+        other = getattr(registration, side)
+        tolerance = 0.5 * float(np.min(other.voxel_sizes))
+        if other.shape == grid.shape and np.allclose(other.affine, grid.affine, rtol=0, atol=tolerance):
+            return side
+    raise InputError(
+        f"the {what} is neither image of the registration ({registration.describe()})",
+        fix="Give the registration made between the diffusion data and this series (tractlens register)",
+    )
+
+
+def points_onto(registration: Registration, target_side: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The map that carries RAS points of the other side onto ``target_side``."""
+    return registration.fixed_to_moving if target_side == "moving" else registration.moving_to_fixed
+
+
+def mask_onto(
+    registration: Registration, mask: np.ndarray, mask_grid: Grid, target: Grid, target_side: str
+) -> np.ndarray:
+    """A mask of the other side drawn on ``target`` (nearest neighbour)."""
+    pull = registration.moving_to_fixed if target_side == "moving" else registration.fixed_to_moving
+    return resample(np.asarray(mask, bool), mask_grid, target, pull, "nearest")
