@@ -421,13 +421,20 @@ __all__ = [
 ]
 
 
+def _corners(g: Grid) -> np.ndarray:
+    ijk = np.array([[i, j, k] for i in (0, g.shape[0] - 1) for j in (0, g.shape[1] - 1) for k in (0, g.shape[2] - 1)])
+    corners = ijk @ g.affine[:3, :3].T + g.affine[:3, 3]
+    return corners[np.lexsort(np.round(corners, 1).T)]
+
+
 def side_of_grid(registration: Registration, grid: Grid, what: str = "image") -> str:
-    """'fixed' or 'moving': the side of ``registration`` whose image ``grid`` is (the same placement
-    within half a voxel; a DICOM series and its NIfTI conversion differ by rounding)."""
+    """'fixed' or 'moving': the side of ``registration`` whose image ``grid`` covers (the same voxel
+    centres' box within half a voxel, whatever the order of the axes: a DICOM series and its NIfTI
+    conversion store the same voxels in other orders)."""
     for side in ("fixed", "moving"):
         other = getattr(registration, side)
         tolerance = 0.5 * float(np.min(other.voxel_sizes))
-        if other.shape == grid.shape and np.allclose(other.affine, grid.affine, rtol=0, atol=tolerance):
+        if sorted(other.shape) == sorted(grid.shape) and np.allclose(_corners(other), _corners(grid), atol=tolerance):
             return side
     raise InputError(
         f"the {what} is neither image of the registration ({registration.describe()})",

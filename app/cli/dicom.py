@@ -141,9 +141,12 @@ def cmd_export_dicom(args) -> int:
     if args.lesion:
         lesion = (Path(args.lesion).name.split(".")[0] or "lesion", load_mask(args.lesion, what="lesion mask"),
                   load_image(args.lesion).affine)  # fmt: skip
-        if registration is not None:
+        lesion_grid = Grid(lesion[2], np.asarray(lesion[1]).shape)
+        if registration is not None and not lesion_grid.same_placement(getattr(registration, target_side)):
+            # a lesion drawn on the diffusion side goes through the registration; one drawn on the
+            # reference series' own grid is already in place
             grid = Grid(reference.affine, reference.shape)
-            moved = mask_onto(registration, lesion[1], Grid(lesion[2], np.asarray(lesion[1]).shape), grid, target_side)
+            moved = mask_onto(registration, lesion[1], lesion_grid, grid, target_side)
             lesion = (lesion[0], moved, reference.affine)
     structures = structures_on_reference(reference, bundles, lesion, params.dilate_mm)
     result = export_dicom(reference, structures, args.output, params, Progress("export-dicom", "objects", args.quiet))
