@@ -377,6 +377,7 @@ def atlas_region_mask(name: str, registration, reference_grid: Grid, values) -> 
 def write_atlas(name: str, registration, reference: str | os.PathLike, out: str | os.PathLike) -> dict:
     """``tractlens atlas NAME``: the atlas on the subject's grid and its lookup table (``labels.tsv``
     beside it, BIDS ``dseg.tsv`` style, or ``OUT`` with ``.tsv`` instead of ``.nii.gz``)."""
+    atlas_info(name)
     out = check_output_file(out, "atlas output")
     ref_img = load_image(reference, "reference image")
     grid = Grid(ref_img.affine, ref_img.shape[:3])

@@ -10,7 +10,6 @@ import pytest
 
 pydicom = pytest.importorskip("pydicom")
 hd = pytest.importorskip("highdicom")
-pytest.importorskip("nitransforms")
 
 from nibabel.streamlines import Tractogram, save  # noqa: E402
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 
 import nibabel as nib
+import nitransforms
+import nitransforms.io.itk
+import nitransforms.linear
+import nitransforms.manip
+import nitransforms.nonlinear
 import numpy as np
 import pytest
 import scipy.io
@@ -18,7 +23,6 @@ from tractlens.app.io.transforms import load_registration, save_registration
 from tractlens.app.pipelines.register import RegisterParams
 from tractlens.app.registration import Registration
 
-nitransforms = pytest.importorskip("nitransforms", reason="the anatomy extra is installed by the test extra")
 FAST = RegisterParams(spacing_mm=3.0, sampling=1.0, affine_iterations=(60, 30), syn_iterations=(20, 10))
 LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
