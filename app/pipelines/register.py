@@ -73,7 +73,7 @@ class RegisterParams:
         ),
     )
     sampling: float = field(
-        default=0.25,
+        default=0.1,
         metadata=meta(
             "Sampling",
             "share of the working grid's voxels the mutual information is computed on (1 = all)",
@@ -162,9 +162,9 @@ class RegistrationRun:
 def _dipy():
     try:
         from dipy.align import imaffine, imwarp, metrics, transforms
-    except ImportError:
+    except ImportError as exc:
         raise InputError(
-            "registration uses DIPY, which comes with the anatomy extra",
+            f"registration uses DIPY, which comes with the anatomy extra and could not be imported ({exc})",
             fix="Install it: pip install 'tractlens[anatomy]'",
         ) from None
     return imaffine, imwarp, metrics, transforms
