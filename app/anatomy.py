@@ -138,6 +138,7 @@ def register_images(
     fixed_mask: str | os.PathLike | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    device: str = "auto",
 ) -> RegisterResult:
     """Register ``moving`` onto ``fixed`` (paths, ``"mni"`` or model volumes) and, with ``out_dir``,
     write the registration folder (:mod:`app.io.transforms`). ``volume`` picks a volume of a 4-D
@@ -162,6 +163,7 @@ def register_images(
         fixed_mask=fmask,
         progress=progress,
         cancelled=cancelled,
+        device=device,
     )
     values = (
         f"mutual information {run.metric_before:.3f} before, {run.metric_after:.3f} after; the registered images "
@@ -211,6 +213,7 @@ def register_images(
         "overlap": round(run.overlap, 4),
         "shared_information": round(run.shared, 4),
         "seconds": {"read": round(read_seconds, 3), **run.seconds},
+        "engine": run.engine,
         "description": registration.describe(),
     }
     if out_dir is not None:
