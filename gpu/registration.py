@@ -47,6 +47,22 @@ def _cubic(t, xp):
     return value, slope
 
 
+#: Fixed-point scale of the GPU histogram: integer atomic additions give the same sums in any order,
+#: so a registration repeats bit for bit on the GPU as it does on the CPU.
+_FIXED_POINT = float(2**32)
+
+
+def _histogram(index, weights, size: int, xp):
+    """Sum of ``weights`` per ``index`` (float64), independent of the order of the additions."""
+    if xp.__name__ == "numpy":
+        return xp.bincount(index, weights=weights.astype(xp.float64), minlength=size)
+    import cupyx
+
+    counts = xp.zeros(size, dtype=xp.uint64)
+    cupyx.scatter_add(counts, index, xp.rint(weights.astype(xp.float64) * _FIXED_POINT).astype(xp.uint64))
+    return counts.astype(xp.float64) / _FIXED_POINT
+
+
 def _trilinear(volume, vox, xp):
     """Trilinear samples of ``volume`` at voxel coordinates (3, N); points outside give NaN."""
     shape = volume.shape
@@ -103,7 +119,14 @@ class MutualInformationRegistration:
         xp = self.xp
         sigma = 0.0 if factor == 1 else float(factor) / 2
         fixed_l, fixed_aff = _level_images(np.asarray(fixed, np.float32), fixed_affine, factor, sigma)
-        moving_l, moving_aff = _level_images(np.asarray(moving, np.float32), moving_affine, factor, sigma)
+        # the moving image subsampled (anti-aliased) by the whole number of its voxels in a level voxel:
+        # a 1 mm T1 meets 2 mm points as a smoothed 2 mm copy, a 2 mm image meets 3 mm points as it is
+        level_mm = float(np.mean(np.linalg.norm(fixed_aff[:3, :3], axis=0)))
+        moving_mm = float(np.mean(np.linalg.norm(np.asarray(moving_affine)[:3, :3], axis=0)))
+        ratio = level_mm / moving_mm
+        moving_factor = max(1, int(np.floor(ratio + 1e-6)))
+        moving_l, moving_aff = _level_images(np.asarray(moving, np.float32), np.asarray(moving_affine, float),
+                                             moving_factor, moving_factor / 2 if moving_factor > 1 else 0.0)  # fmt: skip
         fixed_bins, _, _ = _to_bins(fixed_l, self.bins, 0)
         moving_bins, _, _ = _to_bins(moving_l, self.bins, 2)
         mask = fixed_l > 0
@@ -149,7 +172,7 @@ class MutualInformationRegistration:
             w, dw = _cubic(values - column, xp)
             ok = (column >= 0) & (column < bins)
             index = level.fixed_bins * bins + xp.clip(column, 0, bins - 1)
-            joint += xp.bincount(index, weights=(w * weight * ok).astype(xp.float64), minlength=bins * bins)
+            joint += _histogram(index, w * weight * ok, bins * bins, xp)
             taps.append((index, dw * weight * ok))
         p = (joint / count).reshape(bins, bins)
         pf, pm = p.sum(1, keepdims=True), p.sum(0, keepdims=True)

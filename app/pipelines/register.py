@@ -299,7 +299,7 @@ def register_arrays(
         for name in ("rigid", "affine"):
             if name in stages:
                 t0 = time.perf_counter()
-                affine = register_affine(static, work.affine, moving, moving_grid.affine, affine, name,
+                affine = register_affine(static, work.affine, moving_full, moving_full_grid.affine, affine, name,
                                          iterations=params.affine_iterations, bins=params.bins, sampling=params.sampling,
                                          seed=params.rng_seed, backend=backend, cancelled=cancelled)  # fmt: skip
                 stage_done(name, t0)
