@@ -76,6 +76,7 @@ from . import cuda, sym3
 from .backend import Backend, Cancelled, flag_counts, get_backend, run_batched
 from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
+from .rng import normal_and_log_uniform, seed_key
 
 #: Per-voxel flags in :attr:`BallStickFit.flags` (0 = fitted).
 FLAG_NOT_FITTED = 1  #: non-finite signal or no b=0 signal: outputs are zero.
@@ -314,41 +315,6 @@ def dyadic_mean(theta, phi, xp=np):
 
 
 # --------------------------------------------------------------------------------------
-# Random numbers: Philox4x32-10 (Salmon et al. 2011), identical in kernels/ballstick.cu.
-
-PHILOX_M = (0xD2511F53, 0xCD9E8D57)
-PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-_MASK32 = np.uint64(0xFFFFFFFF)
-
-
-def philox4x32(counter, key):
-    """Philox4x32-10 of ``counter`` (4 uint32 arrays, broadcast) under ``key`` (2 uint32 ints)."""
-    c = [np.asarray(x, dtype=np.uint64) for x in counter]
-    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
-    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
-    for r in range(10):
-        if r:
-            k0 = (k0 + np.uint64(PHILOX_W[0])) & _MASK32
-            k1 = (k1 + np.uint64(PHILOX_W[1])) & _MASK32
-        p0 = m0 * c[0]
-        p1 = m1 * c[2]
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _MASK32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _MASK32]
-    return [x.astype(np.uint32) for x in c]
-
-
-def _seed_key(seed: int) -> tuple[int, int]:
-    return seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
-
-
-def _draws(voxels: np.ndarray, draw: int, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The proposal's standard normal and the log of the acceptance uniform, per voxel."""
-    v = voxels.astype(np.uint64)
-    r = philox4x32((np.uint64(draw), np.uint64(0), v & _MASK32, v >> np.uint64(32)), key)
-    u1, u2, u3 = ((x.astype(np.float64) + 0.5) * 2.0**-32 for x in r[:3])
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2), np.log(u3)
-
-
-# --------------------------------------------------------------------------------------
 # The model in the fit's internal units: signal / S0_dti, b / b_scale, d · b_scale.
 
 
@@ -485,13 +451,13 @@ def mcmc_numpy(
     acc = np.zeros((n, P))
     rej = np.zeros((n, P))
     samples = np.zeros((n, P, params.n_samples), dtype=np.float32)
-    key = _seed_key(params.seed)
+    key = seed_key(params.seed)
     total = params.burnin + params.njumps
     for it in range(total):
         if cancelled is not None and cancelled():
             raise Cancelled()
         for p, (name, i) in enumerate(order):
-            normal, log_u = _draws(voxels, it * P + p, key)
+            normal, log_u = normal_and_log_uniform(voxels, it * P + p, key)
             new = st.copy()
             step = normal * prop[:, p]
             if name in ("th", "ph", "f"):
@@ -802,7 +768,7 @@ def mcmc_kernel(
     if n == 0:
         return samples, rate
     kernel = _kernel("ballstick_mcmc", params, m)
-    key0, key1 = _seed_key(params.seed)
+    key0, key1 = seed_key(params.seed)
     warps = MCMC_BLOCK // 32
     kernel(
         ((n + warps - 1) // warps,),

@@ -61,11 +61,11 @@ import numpy as np
 
 from . import cuda
 from .backend import Backend, get_backend, iter_batched
-from .ballstick import _seed_key, philox4x32
 from .deterministic import OUTSIDE, STOP, TRACK, _compact, batch_bytes
 from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .fod_params import FodDeterministicParams, FodProbabilisticParams
 from .interpolate import inside_volume, lookup, trilinear
+from .rng import philox4x32, seed_key
 from .sh import fibonacci_hemisphere, n_coefficients, sh_basis
 from .streamlines import (
     LOW_FA,
@@ -527,7 +527,7 @@ def track(
     engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="fODF tracking")
     if not 0 <= rng_seed < 2**63:
         raise ValueError("the random seed must be a non-negative 63-bit integer")
-    key = _seed_key(int(rng_seed))
+    key = seed_key(int(rng_seed))
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     poly = backend.asarray(field.poly.get() if hasattr(field.poly, "get") and not backend.is_gpu else field.poly)
     region = backend.asarray(field.region)

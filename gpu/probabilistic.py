@@ -48,9 +48,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
-from .ballstick import _seed_key, philox4x32
 from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
+from .rng import philox4x32, seed_key
 
 BIT_BRAIN, BIT_EXCLUDE, BIT_STOP = 1, 2, 4
 WAYPOINT_SHIFT, MAX_WAYPOINTS = 3, 8
@@ -329,7 +329,7 @@ def track_numpy(
     all of ``seeds``), plus the step sequences (x, y, z, alive per step, per half) when
     ``record``. Visits are kept in a dense (streamlines × voxels) bitmap, so batches must
     be small on large grids (:func:`iter_track` sizes them)."""
-    key = _seed_key(params.seed)
+    key = seed_key(params.seed)
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
     n = len(seeds) * params.n_samples - first_id if count is None else count
@@ -570,7 +570,7 @@ class KernelTracker:
 
     def _args(self, count, n_device, ids, first, cap, limit, stamp_base, rank_from, tables, lists, counters, trace):
         p, cp = self.params, self.cp
-        key0, key1 = _seed_key(p.seed)
+        key0, key1 = seed_key(p.seed)
         null = np.uint64(0)
         return (
             *self.arrays,

@@ -16,9 +16,9 @@ from tractlens.gpu.ballstick import (
     fit_ballstick,
     lm_numpy,
     mcmc_numpy,
-    philox4x32,
     vectors_to_angles,
 )
+from tractlens.gpu.rng import philox4x32
 
 # These assertions were made for model 1 (one diffusivity), which they keep; model 2, the
 # default, has its own tests (test_ballstick_model2.py).
