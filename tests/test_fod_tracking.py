@@ -314,8 +314,8 @@ def run_on_the_host(lib, field, seeds, params, rng_seed):
     """What ``fod_tracking._track_kernel`` launches, run by the host build, then compacted alike."""
     import ctypes
 
-    from tractlens.gpu.deterministic import _compact
     from tractlens.gpu.rng import seed_key
+    from tractlens.gpu.tracking import compact
 
     n, m = len(seeds), params.max_steps
     buf = np.zeros((n, 2 * m + 1, 3), np.float32)
@@ -333,7 +333,7 @@ def run_on_the_host(lib, field, seeds, params, rng_seed):
         f(fod_tracking.SECANT_RAD), f(fod_tracking.MAX_NEWTON_RAD), f(fod_tracking.ENVELOPE_MARGIN),
         pointer(directions), pointer(buf), pointer(count), pointer(stop), pointer(valid),
     )  # fmt: skip
-    return _compact(np, buf, count, stop, valid.astype(bool), 0, params)
+    return compact(np, buf, count, stop, valid.astype(bool), 0, params)
 
 
 @pytest.mark.parametrize("probabilistic", [False, True], ids=["deterministic", "probabilistic"])

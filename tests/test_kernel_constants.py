@@ -20,6 +20,7 @@ from tractlens.gpu import (
     probabilistic,
     select,
     streamlines,
+    tracking,
 )
 
 # Each wrapper's way to its kernels (pure Python up to cuda.function).
@@ -134,7 +135,7 @@ def test_the_stop_codes_are_the_ones_python_reports():
     assert defines["MAX_STEPS"] == geodesic.MAX_STEPS == streamlines.MAX_STEPS
     assert defines["REACHED_TARGET"] == geodesic.REACHED_TARGET
     assert set(streamlines.STOP_REASONS) == {0, *streamlines.STOP_CODES.values()}
-    assert defines["REGION_STOP"] == deterministic.STOP and defines["TARGET_BIT"] == geodesic.TARGET
+    assert defines["REGION_STOP"] == tracking.STOP and defines["TARGET_BIT"] == geodesic.TARGET
     assert dict(dti.KERNEL_DEFINES)["FLAG_FIT_FAILED"] == dti.FLAG_FIT_FAILED
     assert dict(probabilistic.kernel_defines())["TARGET_SHIFT"] == probabilistic.TARGET_SHIFT
 
