@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .transfer import to_host
+
 log = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "gpu")
@@ -68,8 +70,6 @@ class Backend:
     def to_host(self, array) -> np.ndarray:
         """Bring an array back to host memory as a NumPy array."""
         if self.is_gpu:
-            from .transfer import to_host
-
             return to_host(array)
         return np.asarray(array)
 

@@ -74,6 +74,7 @@ import numpy as np
 
 from . import cuda, sym3
 from .backend import Backend, Cancelled, flag_counts, get_backend, run_batched
+from .dti import FLAG_FIT_FAILED, FLAG_NO_SIGNAL, FLAG_NONFINITE_SIGNAL, DTIFitParams, fit_dti
 from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 from .rng import normal_and_log_uniform, seed_key
@@ -818,7 +819,6 @@ def fit_ballstick(
     ``batch_voxels``); ``progress(done, total)`` after each, ``cancelled()`` polled
     between batches (and between iterations on the NumPy engine).
     """
-    from .dti import FLAG_FIT_FAILED, FLAG_NO_SIGNAL, FLAG_NONFINITE_SIGNAL, DTIFitParams, fit_dti
 
     params = params or BallStickParams()
     backend = get_backend(device)

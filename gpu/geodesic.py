@@ -307,20 +307,7 @@ class GeodesicField:
     def metric(self, points_vox: np.ndarray) -> np.ndarray:
         """G (6 components) at voxel coordinates (the inverse of the interpolated C)."""
         c = trilinear(np, self.data[..., :6], np.asarray(points_vox, np.float64))
-        return _inverse(np, c)
-
-
-def _inverse(xp, c):
-    """Inverse of symmetric 3x3 tensors (6 components) by cofactors."""
-    a, b, cc, d, e, f = (c[..., i] for i in range(6))
-    i00 = d * f - e * e
-    i01 = cc * e - b * f
-    i02 = b * e - cc * d
-    i11 = a * f - cc * cc
-    i12 = b * cc - a * e
-    i22 = a * d - b * b
-    det = a * i00 + b * i01 + cc * i02
-    return xp.stack([i00, i01, i02, i11, i12, i22], -1) / det[..., None]
+        return sym3.inverse(np, c)
 
 
 def _leading_minors_positive(xp, b):
@@ -397,7 +384,7 @@ def prepare_metric(
             f"adaptive metric: conformal factor from {info['iterations']} conjugate-gradient iterations, "
             f"{info['curvature_explained']:.0%} of the eigenvector curves' geodesic curvature explained"
         )
-    g = _inverse(xp, b)
+    g = sym3.inverse(xp, b)
     derivatives = xp.zeros((*shape, 18))
     for axis in range(3):
         if shape[axis] > 1:
@@ -592,7 +579,7 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         back = (run_out == 0) & (outside[idx] > 0)  # came back inside: the excursion is over
         excursion[idx[back]] = xp.maximum(excursion[idx[back]], outside[idx[back]])
         outside[idx] = run_out
-        g_mid = _inverse(xp, c_mid)
+        g_mid = sym3.inverse(xp, c_mid)
         gdx = xp.stack(sym3._apply(sym3.components(g_mid), tuple(dx.T)), -1)
         euclid[idx] += seg
         geo[idx] += xp.sqrt(xp.clip(xp.sum(dx * gdx, axis=1), 0.0, None))

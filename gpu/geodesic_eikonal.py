@@ -47,6 +47,7 @@ import numpy as np
 
 from . import sym3
 from .backend import Backend, get_backend
+from .geodesic import TRACK
 
 #: Passes of the (¼, ½, ¼) smoothing over every path (its end points stay where they are).
 SMOOTHING_PASSES = 3
@@ -188,8 +189,6 @@ def connect(
     """The minimal geodesic from every seed point (``(P, 3)`` voxel coordinates) to the
     ``target`` region, in the metric of ``fld`` (:func:`gpu.geodesic.prepare_metric`), within
     its tracking region. Returns ``None`` when cancelled."""
-    from .geodesic import TRACK
-
     backend = get_backend(device)
     t0 = time.perf_counter()
     seeds = np.asarray(seeds, np.float64).reshape(-1, 3)
@@ -264,9 +263,7 @@ def _edges(backend, fld, nodes, radius, cancelled, box=None):
     xp = backend.xp
     box = box or tuple(slice(0, n) for n in nodes.shape)
     flat = np.arange(nodes.size, dtype=np.int64).reshape(nodes.shape)[box]
-    from .geodesic import _inverse
-
-    g = _inverse(xp, backend.asarray(fld.data[(*box, slice(0, 6))]).astype(xp.float64))
+    g = sym3.inverse(xp, backend.asarray(fld.data[(*box, slice(0, 6))]).astype(xp.float64))
     return metric_graph(
         xp, g, backend.asarray(nodes[box]), fld.voxel_size, radius, cancelled, flat=backend.asarray(flat)
     )
@@ -304,8 +301,6 @@ def _distances(fld, backend, nodes, target, radius, cancelled):
     mask's voxels with the seed and target voxels), from ``fld.graphs`` where they are kept."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import dijkstra
-
-    from .geodesic import TRACK
 
     t0 = time.perf_counter()
     base = (fld.region & TRACK) != 0

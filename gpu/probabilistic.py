@@ -47,10 +47,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from . import cuda
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
 from .engines import KERNEL, NUMPY, choose_engine
 from .params import meta
 from .rng import philox4x32, seed_key
+from .transfer import empty_pinned, to_device
 
 BIT_BRAIN, BIT_EXCLUDE, BIT_STOP = 1, 2, 4
 WAYPOINT_SHIFT, MAX_WAYPOINTS = 3, 8
@@ -80,8 +82,6 @@ def kernel_defines(seed_matrix: bool = False, visit_list: bool = False) -> tuple
 
 def kernel_function(seed_matrix: bool = False, visit_list: bool = False):
     """The compiled ``prob_track`` kernel."""
-    from . import cuda
-
     return cuda.function("probabilistic.cu", "prob_track", ("philox.cuh",), kernel_defines(seed_matrix, visit_list))
 
 
@@ -788,15 +788,11 @@ def upload_field(backend, field_: SampleField) -> tuple:
     """The field's arrays (dirs, f, index) on the device, for :func:`iter_track`'s ``device_field``."""
     if not backend.is_gpu:
         return tuple(np.ascontiguousarray(a) for a in (field_.dirs, field_.f, field_.index))
-    from .transfer import to_device
-
     with backend.activate():
         return tuple(to_device(a) for a in (field_.dirs, field_.f, field_.index))
 
 
 def _pinned_like(a):
-    from .transfer import empty_pinned
-
     return empty_pinned(a.shape, a.dtype)
 
 

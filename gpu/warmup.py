@@ -22,9 +22,6 @@ from . import ballstick, commit, cuda, deterministic, dti, fod_tracking, geodesi
 #: Measurements assumed for the data-dependent defines (64 directions + b=0).
 DEFAULT_MEASUREMENTS = 65
 
-_warmed = False
-
-
 @dataclass(frozen=True)
 class KernelBuild:
     """One compilation: ``kernels/<file>``'s ``name`` with ``headers`` and ``defines``."""
@@ -106,7 +103,6 @@ def compile_all(
     ``compile`` replaces :meth:`KernelBuild.compile` (tests, without a GPU).
     Returns what was compiled and how long each took.
     """
-    global _warmed
     builds = catalogue() if builds is None else builds
     real = compile is None
     compile = compile or KernelBuild.compile
@@ -119,10 +115,7 @@ def compile_all(
         done.append(CompiledBuild(build, time.perf_counter() - start))
         if progress is not None:
             progress(len(done), len(builds), build.label)
-    _warmed = _warmed or real
+    if real:
+        cuda.mark_warmed()
     return done
 
-
-def warmed() -> bool:
-    """Whether :func:`compile_all` ran to the end in this process."""
-    return _warmed
