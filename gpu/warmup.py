@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ballstick, commit, cuda, deterministic, dti, fod_tracking, geodesic, probabilistic
+from . import ballstick, commit, commit_device, cuda, deterministic, dti, fod_tracking, geodesic, probabilistic
 
 #: Measurements assumed for the data-dependent defines (64 directions + b=0).
 DEFAULT_MEASUREMENTS = 65
+
 
 @dataclass(frozen=True)
 class KernelBuild:
@@ -84,8 +85,8 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
             for name in ("ballstick_lm", "ballstick_mcmc")
         ),
     ]
-    commit_defines = commit.kernel_defines(n_measurements, 1, commit.N_ORIENTATIONS)
-    builds += [KernelBuild("commit", "commit.cu", name, (), commit_defines) for name in commit.KERNEL_NAMES]
+    commit_defines = commit_device.kernel_defines(n_measurements, 1, commit.N_ORIENTATIONS)
+    builds += [KernelBuild("commit", "commit.cu", name, (), commit_defines) for name in commit_device.KERNEL_NAMES]
     return tuple(builds)
 
 
@@ -118,4 +119,3 @@ def compile_all(
     if real:
         cuda.mark_warmed()
     return done
-

@@ -11,7 +11,7 @@ import pytest
 
 from tractlens.gpu import (
     ballstick,
-    commit,
+    commit_device,
     cuda,
     deterministic,
     dti,
@@ -34,7 +34,9 @@ GETTERS = {
     "streamlines": lambda: streamlines._pack_rows_kernel(),
     "ballstick lm": lambda: ballstick._kernel("ballstick_lm", ballstick.BallStickParams(), 65),
     "ballstick mcmc": lambda: ballstick._kernel("ballstick_mcmc", ballstick.BallStickParams(rician=True), 65),
-    "commit": lambda: commit.kernels(SimpleNamespace(n_meas=90, n_ic=2, lut_ic=SimpleNamespace(shape=(2, 500, 90)))),
+    "commit": lambda: commit_device.kernels(
+        SimpleNamespace(n_meas=90, n_ic=2, lut_ic=SimpleNamespace(shape=(2, 500, 90)))
+    ),
     "probabilistic": lambda: probabilistic.kernel_function(False),
     "probabilistic seed matrix": lambda: probabilistic.kernel_function(True),
 }
