@@ -80,7 +80,7 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
                 "ballstick.cu",
                 name,
                 ("philox.cuh",),
-                ballstick._kernel_defines(bs, n_measurements, name == "ballstick_mcmc"),
+                ballstick.kernel_defines(bs, n_measurements, name == "ballstick_mcmc"),
             )
             for name in ("ballstick_lm", "ballstick_mcmc")
         ),

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tractlens.gpu import ballstick, deterministic, dti, geodesic, probabilistic, select
+from tractlens.gpu import ballstick_fit, deterministic, dti, geodesic, probabilistic, select
 from tractlens.gpu.engines import ARRAYS, KERNEL, NUMPY, choose_engine, engine_names
 
 CPU = SimpleNamespace(is_gpu=False)
@@ -88,7 +88,7 @@ def _probabilistic(engine):
 def _ballstick(engine):
     bvals = np.array([0.0] + [1000.0] * 12)
     bvecs = np.vstack([[0, 0, 0], np.eye(3).repeat(4, axis=0)])
-    return ballstick.fit_ballstick(np.ones((1, 13)), bvals, bvecs, device="cpu", engine=engine)
+    return ballstick_fit.fit_ballstick(np.ones((1, 13)), bvals, bvecs, device="cpu", engine=engine)
 
 
 def _select(engine):

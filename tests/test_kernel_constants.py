@@ -32,8 +32,8 @@ GETTERS = {
     "dti float64": lambda: dti._cuda_function("dti_fit_float64"),
     "select": lambda: select._kernel(),
     "streamlines": lambda: streamlines._pack_rows_kernel(),
-    "ballstick lm": lambda: ballstick._kernel("ballstick_lm", ballstick.BallStickParams(), 65),
-    "ballstick mcmc": lambda: ballstick._kernel("ballstick_mcmc", ballstick.BallStickParams(rician=True), 65),
+    "ballstick lm": lambda: ballstick.compiled_kernel("ballstick_lm", ballstick.BallStickParams(), 65),
+    "ballstick mcmc": lambda: ballstick.compiled_kernel("ballstick_mcmc", ballstick.BallStickParams(rician=True), 65),
     "commit": lambda: commit_device.kernels(
         SimpleNamespace(n_meas=90, n_ic=2, lut_ic=SimpleNamespace(shape=(2, 500, 90)))
     ),
@@ -152,8 +152,8 @@ def test_compiling_without_a_required_define_is_refused_before_the_compiler():
 def test_the_least_squares_kernel_is_compiled_once_per_stick_count():
     """LM ignores the MCMC's constants: fixed values, so other measurement counts reuse it."""
     params = ballstick.BallStickParams(rician=True)
-    assert ballstick._kernel_defines(params, 65, False) == ballstick._kernel_defines(params, 300, False)
-    assert dict(ballstick._kernel_defines(params, 65, True)) == {
+    assert ballstick.kernel_defines(params, 65, False) == ballstick.kernel_defines(params, 300, False)
+    assert dict(ballstick.kernel_defines(params, 65, True)) == {
         "NFIB": params.n_fibres,
         "PER_LANE": 3,
         "RICIAN": 1,

@@ -249,7 +249,8 @@ def one_stick_voxels():
 def test_ball_sticks_lm_through_the_toolbox_equals_the_dedicated_fit(one_stick_voxels, device):
     """Same model, same data, both least squares to convergence: the same optimum. On the GPU the
     dedicated fit is the CUDA kernel (float32 signals), hence the looser tolerance there."""
-    from tractlens.gpu.ballstick import BallStickParams, fit_ballstick
+    from tractlens.gpu.ballstick import BallStickParams
+    from tractlens.gpu.ballstick_fit import fit_ballstick
 
     bvals, bvecs, signal, _d, _f, _v = one_stick_voxels
     dedicated = fit_ballstick(
@@ -282,7 +283,8 @@ def test_voxels_without_usable_signal_are_flagged_and_zero(watson_voxels):
 
 
 def test_ball_sticks_mcmc_through_the_toolbox_agrees_with_the_dedicated_fit(one_stick_voxels):
-    from tractlens.gpu.ballstick import BallStickParams, fit_ballstick
+    from tractlens.gpu.ballstick import BallStickParams
+    from tractlens.gpu.ballstick_fit import fit_ballstick
 
     bvals, bvecs, signal, _d, _f, _v = one_stick_voxels
     signal = signal[:12]

@@ -45,6 +45,7 @@ def ballstick(sizes, repeats, log) -> list[dict]:
     """Ball & sticks on 65 measurements, short chains (units: voxels × measurements × iterations)."""
     from tests.benchmarks.bench_ballstick import voxels
     from tractlens.gpu import ballstick as bs
+    from tractlens.gpu import ballstick_fit
 
     rng = np.random.default_rng(5)
     g = rng.normal(size=(64, 3))
@@ -56,9 +57,9 @@ def ballstick(sizes, repeats, log) -> list[dict]:
     rows = []
     for n in sizes:
         signal = voxels(n, bvals, bvecs)
-        cpu = median_time(lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device="cpu"), 1)
+        cpu = median_time(lambda s=signal: ballstick_fit.fit_ballstick(s, bvals, bvecs, params, device="cpu"), 1)
         gpu_s = median_time(
-            lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device=gpu), repeats, gpu.synchronize
+            lambda s=signal: ballstick_fit.fit_ballstick(s, bvals, bvecs, params, device=gpu), repeats, gpu.synchronize
         )
         rows.append(_row("fit-ballstick", n * len(bvals) * iterations, cpu, gpu_s, log, voxels=n))
     return rows
