@@ -27,7 +27,7 @@ from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import default_of as default_of
 from tractlens.gpu.params import field_of as field_of
 from tractlens.gpu.params import meta, same_as
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.gpu.tractometry import ProfileParams
 
 PLACEMENTS = ("random", "grid")

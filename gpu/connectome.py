@@ -43,17 +43,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
-from .probabilistic import (
+from .probabilistic_kernel import SET_SLOTS, KernelTracker, set_sizes
+from .probabilistic_numpy import track_numpy
+from .probabilistic_params import (
     BIT_EXCLUDE,
     NUMPY_BITMAP_BYTES,
-    SET_SLOTS,
     WAYPOINT_SHIFT,
-    KernelTracker,
     ProbParams,
     SampleField,
-    set_sizes,
     streamline_ids,
-    track_numpy,
 )
 
 

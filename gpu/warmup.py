@@ -17,7 +17,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ballstick, commit, commit_device, cuda, deterministic, dti, fod_tracking, geodesic, probabilistic
+from . import (
+    ballstick,
+    commit,
+    commit_device,
+    cuda,
+    deterministic,
+    dti,
+    fod_tracking,
+    geodesic,
+    probabilistic_kernel,
+)
 
 #: Measurements assumed for the data-dependent defines (64 directions + b=0).
 DEFAULT_MEASUREMENTS = 65
@@ -63,7 +73,11 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
         KernelBuild("tracking", "streamlines.cu", "pack_rows"),
         *(
             KernelBuild(
-                "probabilistic", "probabilistic.cu", "prob_track", ("philox.cuh",), probabilistic.kernel_defines(m, v)
+                "probabilistic",
+                "probabilistic.cu",
+                "prob_track",
+                ("philox.cuh",),
+                probabilistic_kernel.kernel_defines(m, v),
             )
             for m, v in ((False, False), (True, False), (False, True))  # plain, --seed-matrix, connectome modes
         ),

@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_probabilistic import SHAPE, straight_bundle
 from tractlens.gpu.connectome import ConnectomeSpec, track_connectome
-from tractlens.gpu.probabilistic import BIT_EXCLUDE, WAYPOINT_SHIFT, ProbParams, mask_bits, streamline_ids
+from tractlens.gpu.probabilistic_params import BIT_EXCLUDE, WAYPOINT_SHIFT, ProbParams, mask_bits, streamline_ids
 
 PARAMS = ProbParams(n_samples=12, n_steps=120, seed=3)
 
@@ -25,7 +25,7 @@ def traced(device, field_, bits, seeds, params, n_waypoints=0):
     n = len(seeds) * params.n_samples
     if device == "gpu":
         from tractlens.gpu.backend import get_backend
-        from tractlens.gpu.probabilistic import track_kernel
+        from tractlens.gpu.probabilistic_kernel import track_kernel
 
         _, trace = track_kernel(get_backend("gpu"), field_, bits, seeds, params, 0, n_waypoints, trace=True)
         return trace

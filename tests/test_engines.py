@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tractlens.gpu import ballstick_fit, deterministic, dti, geodesic, probabilistic, select
+from tractlens.gpu import ballstick_fit, deterministic, dti, geodesic, probabilistic, probabilistic_params, select
 from tractlens.gpu.engines import ARRAYS, KERNEL, NUMPY, choose_engine, engine_names
 
 CPU = SimpleNamespace(is_gpu=False)
@@ -74,14 +74,14 @@ def _geodesic(engine):
 
 
 def _probabilistic(engine):
-    field_ = probabilistic.SampleField.from_grid(
+    field_ = probabilistic_params.SampleField.from_grid(
         np.tile([1.0, 0.0, 0.0], (2, 2, 2, 1, 2, 1)).astype(np.float32),
         np.full((2, 2, 2, 1, 2), 0.5, np.float32),
         np.ones((2, 2, 2), bool),
         (1.0, 1.0, 1.0),
     )
-    bits = probabilistic.mask_bits(np.ones((2, 2, 2), bool))
-    params = probabilistic.ProbParams(n_samples=2, n_steps=3)
+    bits = probabilistic_params.mask_bits(np.ones((2, 2, 2), bool))
+    params = probabilistic_params.ProbParams(n_samples=2, n_steps=3)
     return probabilistic.track(field_, bits, [[0, 0, 0]], params, device="cpu", engine=engine)
 
 

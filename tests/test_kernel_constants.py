@@ -17,7 +17,8 @@ from tractlens.gpu import (
     dti,
     fod_tracking,
     geodesic,
-    probabilistic,
+    probabilistic_kernel,
+    probabilistic_params,
     select,
     streamlines,
     tracking,
@@ -37,8 +38,8 @@ GETTERS = {
     "commit": lambda: commit_device.kernels(
         SimpleNamespace(n_meas=90, n_ic=2, lut_ic=SimpleNamespace(shape=(2, 500, 90)))
     ),
-    "probabilistic": lambda: probabilistic.kernel_function(False),
-    "probabilistic seed matrix": lambda: probabilistic.kernel_function(True),
+    "probabilistic": lambda: probabilistic_kernel.kernel_function(False),
+    "probabilistic seed matrix": lambda: probabilistic_kernel.kernel_function(True),
 }
 
 
@@ -139,7 +140,7 @@ def test_the_stop_codes_are_the_ones_python_reports():
     assert set(streamlines.STOP_REASONS) == {0, *streamlines.STOP_CODES.values()}
     assert defines["REGION_STOP"] == tracking.STOP and defines["TARGET_BIT"] == geodesic.TARGET
     assert dict(dti.KERNEL_DEFINES)["FLAG_FIT_FAILED"] == dti.FLAG_FIT_FAILED
-    assert dict(probabilistic.kernel_defines())["TARGET_SHIFT"] == probabilistic.TARGET_SHIFT
+    assert dict(probabilistic_kernel.kernel_defines())["TARGET_SHIFT"] == probabilistic_params.TARGET_SHIFT
 
 
 def test_compiling_without_a_required_define_is_refused_before_the_compiler():

@@ -23,7 +23,7 @@ from tractlens.gpu.commit import CommitParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.params import cli_flags
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 
 from ..errors import InputError
 from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams

@@ -93,7 +93,9 @@ def probabilistic(sizes, repeats, log) -> list[dict]:
     from collections import deque
 
     from tests.benchmarks.bench_probabilistic import hcp_like_samples
-    from tractlens.gpu.probabilistic import ProbParams, iter_track, mask_bits, upload_field
+    from tractlens.gpu.probabilistic import iter_track
+    from tractlens.gpu.probabilistic_kernel import upload_field
+    from tractlens.gpu.probabilistic_params import ProbParams, mask_bits
 
     field_, brain, _sticks, _f = hcp_like_samples()
     bits = mask_bits(brain)
