@@ -22,7 +22,7 @@ from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import default_of as default_of
 from tractlens.gpu.params import field_of as field_of

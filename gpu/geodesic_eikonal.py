@@ -27,7 +27,7 @@ mask), plus the seed and target voxels; the ray tracer's mask tolerance does not
 never leaves the region).
 
 The graph of the mask and the distance map from a target are kept with the field
-(``GeodesicField.graphs``, shared by the fields :func:`gpu.geodesic.with_regions` makes): an
+(``GeodesicField.graphs``, shared by the fields :func:`gpu.geodesic_field.with_regions` makes): an
 edit of the seed region inside the mask reuses both and only reads the paths back; a new target
 reuses the graph and solves Dijkstra again. Seed or target voxels outside the mask add their
 own edges, found on a crop around them (the edges of the crop with them less the edges of the
@@ -47,7 +47,7 @@ import numpy as np
 
 from . import sym3
 from .backend import Backend, get_backend
-from .geodesic import TRACK
+from .geodesic_field import TRACK
 
 #: Passes of the (¼, ½, ¼) smoothing over every path (its end points stay where they are).
 SMOOTHING_PASSES = 3
@@ -187,7 +187,7 @@ def connect(
     cancelled: Callable[[], bool] | None = None,
 ) -> EikonalResult | None:
     """The minimal geodesic from every seed point (``(P, 3)`` voxel coordinates) to the
-    ``target`` region, in the metric of ``fld`` (:func:`gpu.geodesic.prepare_metric`), within
+    ``target`` region, in the metric of ``fld`` (:func:`gpu.geodesic_field.prepare_metric`), within
     its tracking region. Returns ``None`` when cancelled."""
     backend = get_backend(device)
     t0 = time.perf_counter()

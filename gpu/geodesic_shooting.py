@@ -30,7 +30,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .backend import get_backend
-from .geodesic import track_all, with_regions
+from .geodesic import track_all
+from .geodesic_field import with_regions
 
 
 @dataclass

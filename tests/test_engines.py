@@ -5,7 +5,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tractlens.gpu import ballstick_fit, deterministic, dti, geodesic, probabilistic, probabilistic_params, select
+from tractlens.gpu import (
+    ballstick_fit,
+    deterministic,
+    dti,
+    geodesic,
+    geodesic_field,
+    probabilistic,
+    probabilistic_params,
+    select,
+)
 from tractlens.gpu.engines import ARRAYS, KERNEL, NUMPY, choose_engine, engine_names
 
 CPU = SimpleNamespace(is_gpu=False)
@@ -69,7 +78,7 @@ def _deterministic(engine):
 def _geodesic(engine):
     tensor = np.zeros((3, 3, 3, 6))
     tensor[..., [0, 3, 5]] = 1.0
-    fld = geodesic.prepare_metric(tensor, (1.0, 1.0, 1.0))
+    fld = geodesic_field.prepare_metric(tensor, (1.0, 1.0, 1.0))
     return list(geodesic.track(fld, [[1.0, 1.0, 1.0]], [[1.0, 0.0, 0.0]], device="cpu", engine=engine))
 
 

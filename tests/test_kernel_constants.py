@@ -17,6 +17,7 @@ from tractlens.gpu import (
     dti,
     fod_tracking,
     geodesic,
+    geodesic_field,
     probabilistic_kernel,
     probabilistic_params,
     select,
@@ -138,7 +139,7 @@ def test_the_stop_codes_are_the_ones_python_reports():
     assert defines["MAX_STEPS"] == geodesic.MAX_STEPS == streamlines.MAX_STEPS
     assert defines["REACHED_TARGET"] == geodesic.REACHED_TARGET
     assert set(streamlines.STOP_REASONS) == {0, *streamlines.STOP_CODES.values()}
-    assert defines["REGION_STOP"] == tracking.STOP and defines["TARGET_BIT"] == geodesic.TARGET
+    assert defines["REGION_STOP"] == tracking.STOP and defines["TARGET_BIT"] == geodesic_field.TARGET
     assert dict(dti.KERNEL_DEFINES)["FLAG_FIT_FAILED"] == dti.FLAG_FIT_FAILED
     assert dict(probabilistic_kernel.kernel_defines())["TARGET_SHIFT"] == probabilistic_params.TARGET_SHIFT
 

@@ -70,12 +70,13 @@ def geodesic(sizes, repeats, log) -> list[dict]:
     from tests.benchmarks.bench_deterministic import VOXEL_MM, hcp_like_field
     from tests.benchmarks.bench_geodesic import workloads
     from tractlens.gpu import geodesic as geo
+    from tractlens.gpu import geodesic_field, geodesic_params
 
     tensor, _fa, brain = hcp_like_field()
-    params = geo.GeodesicParams(max_steps=200)
+    params = geodesic_params.GeodesicParams(max_steps=200)
     gpu = _gpu()
-    fld_cpu = geo.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device="cpu")
-    fld_gpu = geo.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=gpu)
+    fld_cpu = geodesic_field.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device="cpu")
+    fld_gpu = geodesic_field.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=gpu)
     rng = np.random.default_rng(3)
     rows = []
     for n in sizes:
