@@ -109,12 +109,11 @@ class BallStickParams:
             "",
             (1, 3),
             choices=(1, 2, 3),
-            flags=("--nfibres",),
         ),
     )
     burnin: int = field(
         default=1000,
-        metadata=meta("Burn-in", "MCMC iterations before samples are recorded", "", (0, 10**6), flags=("--burnin",)),
+        metadata=meta("Burn-in", "MCMC iterations before samples are recorded", "", (0, 10**6)),
     )
     njumps: int = field(
         default=1250, metadata=meta("Jumps", "MCMC iterations over which samples are recorded", "", (1, 10**6))
@@ -126,7 +125,6 @@ class BallStickParams:
             "record every n-th iteration (njumps / n samples)",
             "",
             (1, 10**6),
-            flags=("--sampleevery",),
         ),
     )
     model: int = field(
@@ -140,7 +138,6 @@ class BallStickParams:
             "",
             (1, 2),
             choices=(1, 2),
-            flags=("--model",),
         ),
     )
     ard_weight: float = field(
@@ -151,16 +148,14 @@ class BallStickParams:
     )
     rician: bool = field(
         default=False,
-        metadata=meta(
-            "Rician noise", "Rician instead of Gaussian noise model", cli_help="Rician noise model (default Gaussian)"
-        ),
+        metadata=meta("Rician noise", "Rician instead of Gaussian noise model"),
     )
     update_every: int = field(
         default=40,
-        metadata=meta("Adapt every", "burn-in iterations between proposal-width updates", "", (1, 10**6), cli=False),
+        metadata=meta("Adapt every", "burn-in iterations between proposal-width updates", "", (1, 10**6)),
     )
     lm_iterations: int = field(
-        default=200, metadata=meta("LM iterations", "cap on Levenberg–Marquardt iterations", "", (0, 10**4), cli=False)
+        default=200, metadata=meta("LM iterations", "cap on Levenberg–Marquardt iterations", "", (0, 10**4))
     )
     b0_threshold: float = field(
         default=50.0, metadata=meta("b=0 threshold", "b-values up to this count as b=0", "s/mm²", (0.0, 500.0))
@@ -172,8 +167,6 @@ class BallStickParams:
             "the same seed gives the same samples",
             "",
             (0, 2**31 - 1),
-            flags=("--seed-rng",),
-            metavar="N",
         ),
     )
 

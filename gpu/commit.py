@@ -69,33 +69,19 @@ class CommitParams:
     model: str = field(
         default="stick-zeppelin-ball", metadata=meta("Model", "the forward model's compartments", choices=MODELS)
     )
-    d_par: float = field(
-        default=1.7e-3, metadata=meta("d∥", "axial diffusivity of stick and zeppelin", "mm²/s", cli=False)
-    )
-    d_perp: float = field(
-        default=0.51e-3, metadata=meta("d⊥", "radial diffusivity of the zeppelin", "mm²/s", cli=False)
-    )
-    d_iso: tuple[float, ...] = field(
-        default=(1.7e-3, 3.0e-3), metadata=meta("d iso", "ball diffusivities", "mm²/s", cli=False)
-    )
-    lambda_: float = field(
-        default=0.0, metadata=meta("λ", "ℓ1 weight on the streamline weights", "", (0.0, 1e6), flags=("--lambda",))
-    )
+    d_par: float = field(default=1.7e-3, metadata=meta("d∥", "axial diffusivity of stick and zeppelin", "mm²/s"))
+    d_perp: float = field(default=0.51e-3, metadata=meta("d⊥", "radial diffusivity of the zeppelin", "mm²/s"))
+    d_iso: tuple[float, ...] = field(default=(1.7e-3, 3.0e-3), metadata=meta("d iso", "ball diffusivities", "mm²/s"))
+    lambda_: float = field(default=0.0, metadata=meta("λ", "ℓ1 weight on the streamline weights", "", (0.0, 1e6)))
     max_iter: int = field(default=1000, metadata=meta("Iterations", "FISTA iterations at most", "", (1, 10**6)))
     tol: float = field(default=1e-3, metadata=meta("Tolerance", "stop when the objective changes less", "", (0.0, 0.5)))
-    min_segment_mm: float = field(
-        default=1e-3, metadata=meta("Shortest segment", "shorter pieces are dropped", "mm", cli=False)
-    )
+    min_segment_mm: float = field(default=1e-3, metadata=meta("Shortest segment", "shorter pieces are dropped", "mm"))
     radii_um: tuple[float, ...] = field(
         default=(1.0, 2.0, 4.0, 8.0),
         metadata=meta(
             "Axon radii",
             "one cylinder response per radius",
             "µm",
-            flags=("--radii",),
-            nargs="+",
-            metavar="UM",
-            cli_help="cylinder-zeppelin-ball: axon radii in µm, one response each",
         ),
     )
     small_delta_ms: float | None = field(
@@ -105,9 +91,6 @@ class CommitParams:
             "gradient pulse duration (cylinder model)",
             "ms",
             (0.0, 1000.0),
-            flags=("--small-delta",),
-            metavar="MS",
-            cli_help="cylinder-zeppelin-ball: pulse duration δ",
         ),
     )
     big_delta_ms: float | None = field(
@@ -117,9 +100,6 @@ class CommitParams:
             "gradient pulse separation (cylinder model)",
             "ms",
             (0.0, 1000.0),
-            flags=("--big-delta",),
-            metavar="MS",
-            cli_help="cylinder-zeppelin-ball: pulse separation Δ",
         ),
     )
 

@@ -76,8 +76,6 @@ class DeterministicParams:
             "step length",
             "mm",
             (0.05, 5.0),
-            flags=("--step", "--step-mm"),
-            cli_help="step length in mm (track geodesic's --step is in voxels)",
         ),
     )
     fa_threshold: float = field(
@@ -90,17 +88,15 @@ class DeterministicParams:
             "stop where one step turns more than this",
             "°",
             (1.0, 180.0),
-            flags=("--max-angle",),
-            cli_help="max turn per step in degrees",
         ),
     )
     min_length_mm: float = field(
         default=20.0,
-        metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0), flags=("--min-length",)),
+        metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0)),
     )
     max_length_mm: float = field(
         default=250.0,
-        metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0), flags=("--max-length",)),
+        metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0)),
     )
     integrator: str = field(
         default="euler",
@@ -114,7 +110,6 @@ class DeterministicParams:
             "Direction",
             "follow e1, or deflect by the tensor (Weinstein tensorlines, through crossings)",
             choices=METHODS,
-            flags=("--method",),
         ),
     )
     tensorline_puncture: float = field(
@@ -124,7 +119,6 @@ class DeterministicParams:
             "tensorlines: weight w of the deflected incoming direction",
             "",
             (0.0, 1.0),
-            flags=("--puncture",),
         ),
     )
     keep_truncated: bool = field(
@@ -132,9 +126,6 @@ class DeterministicParams:
         metadata=meta(
             "Keep truncated",
             "keep streamlines that reached the max length",
-            flags=("--discard-truncated",),
-            negated=True,
-            cli_help="drop streamlines that reached --max-length instead of keeping them",
         ),
     )
 

@@ -28,7 +28,6 @@ class MetricParams:
             "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011), or auto: "
             "the one measured best for the method (rays: adaptive; two-point: inverse; eikonal: det(D)²·D⁻¹)",
             choices=METRIC_CHOICES,
-            cli_help="auto (best measured per method), inverse, adjugate, or adaptive",
         ),
     )
     gain: float = field(
@@ -38,7 +37,6 @@ class MetricParams:
             "tensor scale factor; 0 = 1 / mean diffusivity",
             "",
             (0, 1e9),
-            cli_help="tensor scale before inversion (0 = 1/mean MD)",
         ),
     )
     sharpen_power: int = field(
@@ -48,12 +46,11 @@ class MetricParams:
             "integer power p of the tensor where FA < the threshold (1 = off)",
             "",
             (1, 10),
-            metavar="P",
         ),
     )
     sharpen_fa: float = field(
         default=0.0,
-        metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1), metavar="T"),
+        metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1)),
     )
 
     conformal_power: float = field(
@@ -63,7 +60,6 @@ class MetricParams:
             "multiply the metric by (det D / median det)^k more (0 = off)",
             "",
             (0, 4),
-            metavar="K",
         ),
     )
 
@@ -91,14 +87,12 @@ class GeodesicParams:
             "step length in voxels",
             "vox",
             (0.005, 2.0),
-            flags=("--step", "--step-vox"),
-            cli_help="step in voxels of the smallest voxel size (track deterministic's --step is in mm)",
         ),
     )
     integrator: str = field(
         default="rk2", metadata=meta("Integrator", "Euler, RK2 (midpoint) or RK4", choices=INTEGRATORS)
     )
-    max_steps: int = field(default=2000, metadata=meta("Max steps", "steps per fibre", "", (1, 100000), metavar="N"))
+    max_steps: int = field(default=2000, metadata=meta("Max steps", "steps per fibre", "", (1, 100000)))
     max_length_mm: float = field(
         default=0.0,
         metadata=meta(
@@ -106,8 +100,6 @@ class GeodesicParams:
             "stop at this Euclidean length (0 = off)",
             "mm",
             (0, 10000),
-            flags=("--max-length",),
-            metavar="MM",
         ),
     )
     max_angle_deg: float = field(
@@ -117,22 +109,17 @@ class GeodesicParams:
             "stop where a step turns more than this (0 = off)",
             "°",
             (0, 180),
-            flags=("--max-angle",),
-            metavar="DEG",
         ),
     )
     fa_threshold: float = field(
         default=0.0,
-        metadata=meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99), metavar="T"),
+        metadata=meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99)),
     )
     normalize: bool = field(
         default=True,
         metadata=meta(
             "Unit speed",
             "rescale the velocity to unit length after every step",
-            flags=("--no-normalize",),
-            negated=True,
-            cli_help="do not rescale the velocity to unit length",
         ),
     )
     store_every: int = field(
@@ -142,12 +129,10 @@ class GeodesicParams:
             "keep every n-th point (the last one always)",
             "",
             (1, 1000),
-            flags=("--keep-every",),
-            metavar="N",
         ),
     )
     stop_at_target: bool = field(
-        default=True, metadata=meta("Stop at target", "end fibres where they enter the target", cli=False)
+        default=True, metadata=meta("Stop at target", "end fibres where they enter the target")
     )
     mask_tolerance_mm: float = field(
         default=4.0,
@@ -156,8 +141,6 @@ class GeodesicParams:
             "a fibre may run this far outside the tracking mask before it ends (0 = it ends at the edge)",
             "mm",
             (0, 100),
-            flags=("--mask-tolerance",),
-            metavar="MM",
         ),
     )
 

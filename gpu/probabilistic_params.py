@@ -27,15 +27,9 @@ STOP_REASONS = ("steps", "mask", "curvature", "stop mask", "loop", "excluded")
 class ProbParams:
     """probtrackx's options (same defaults)."""
 
-    n_samples: int = field(
-        default=5000, metadata=meta("Samples", "streamlines per seed voxel", "", (1, 10**7), flags=("--nsamples",))
-    )
-    step_mm: float = field(
-        default=0.5, metadata=meta("Step", "step length", "mm", (0.01, 10.0), flags=("--steplength",))
-    )
-    n_steps: int = field(
-        default=2000, metadata=meta("Max steps", "max steps per half streamline", "", (1, 10**5), flags=("--nsteps",))
-    )
+    n_samples: int = field(default=5000, metadata=meta("Samples", "streamlines per seed voxel", "", (1, 10**7)))
+    step_mm: float = field(default=0.5, metadata=meta("Step", "step length", "mm", (0.01, 10.0)))
+    n_steps: int = field(default=2000, metadata=meta("Max steps", "max steps per half streamline", "", (1, 10**5)))
     cthr: float = field(
         default=0.2,
         metadata=meta(
@@ -43,7 +37,6 @@ class ProbParams:
             "stop where the cosine of a turn falls below",
             "",
             (-1.0, 1.0),
-            cli_help="curvature threshold, a cosine",
         ),
     )
     fibthresh: float = field(
@@ -58,13 +51,12 @@ class ProbParams:
             "",
             (0, 2),
             choices=(0, 1, 2),
-            cli_help="first step's stick",
         ),
     )
     loopcheck: bool = field(default=False, metadata=meta("Loop check", "stop a half that re-enters a voxel it left"))
     modeuler: bool = field(
         default=False,
-        metadata=meta("Modified Euler", "average the direction over the step", cli_help="modified Euler integration"),
+        metadata=meta("Modified Euler", "average the direction over the step"),
     )
     waycond: str = field(
         default="AND",
@@ -72,14 +64,11 @@ class ProbParams:
             "Waypoints",
             "AND: all waypoint masks, OR: any",
             choices=("AND", "OR"),
-            cli_help="pass all waypoints or any",
         ),
     )
     seed: int = field(
         default=0,
-        metadata=meta(
-            "Random seed", "the same seed gives the same result", "", (0, 2**31 - 1), flags=("--seed-rng",), metavar="N"
-        ),
+        metadata=meta("Random seed", "the same seed gives the same result", "", (0, 2**31 - 1)),
     )
 
     def __post_init__(self):
