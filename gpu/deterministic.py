@@ -57,6 +57,8 @@ METHODS = ("eigenvector", "tensorline")
 ENGINES = engine_names((KERNEL, ARRAYS))
 #: What kernels/deterministic.cu receives at compile time: its stop and region codes.
 KERNEL_DEFINES = tracking.KERNEL_DEFINES
+#: The headers it is compiled with.
+KERNEL_HEADERS = tracking.KERNEL_HEADERS
 # The seed's eigenvector sign is fixed by this reference direction, so both engines
 # start every streamline the same way round.
 SIGN_REFERENCE = np.array([3.0, 2.0, 1.0]) / math.sqrt(14.0)
@@ -257,7 +259,7 @@ def _track_arrays(xp, field, region, scale, seeds, params: DeterministicParams, 
 
 # ----------------------------------------------------------------------------- CUDA kernel
 def _kernel():
-    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"), KERNEL_DEFINES)
+    return cuda.function("deterministic.cu", "track_deterministic", KERNEL_HEADERS, KERNEL_DEFINES)
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, params: DeterministicParams):

@@ -90,6 +90,8 @@ KERNEL_DEFINES = (
     ("P_STEP", P_STEP),
 )
 
+KERNEL_HEADERS = (*tracking.KERNEL_HEADERS, "philox.cuh")
+
 FodParams = FodDeterministicParams | FodProbabilisticParams
 DEFAULT_PARAMS = FodDeterministicParams()
 
@@ -394,7 +396,7 @@ def _track_arrays(xp, field, region, scale, seeds, sids, params: FodParams, key)
 
 # ----------------------------------------------------------------------------- CUDA kernel
 def _kernel():
-    return cuda.function("fod_tracking.cu", "track_fod", ("sym3.cuh", "tracking.cuh", "philox.cuh"), KERNEL_DEFINES)
+    return cuda.function("fod_tracking.cu", "track_fod", KERNEL_HEADERS, KERNEL_DEFINES)
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, first_id: int, params: FodParams, key):

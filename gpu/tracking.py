@@ -47,6 +47,8 @@ KERNEL_DEFINES = (
     ("REGION_OUTSIDE", OUTSIDE),
     ("REGION_STOP", STOP),
 )
+#: The headers every tracking kernel is compiled with (``walk.cuh``: the rules of :func:`walk`).
+KERNEL_HEADERS = ("sym3.cuh", "tracking.cuh", "walk.cuh")
 #: Most seeds of one GPU batch. A whole brain would fit one batch of a large GPU; its points all
 #: come to the host at once (HCP: 235 M points, 2.8 GB). Batches of 2^18 seeds (~60 M points,
 #: 0.7 GB) bound that and cost a few more kernel launches; every seed is tracked alone, so the

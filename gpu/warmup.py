@@ -62,13 +62,19 @@ class CompiledBuild:
 
 def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, ...]:
     """Every kernel build the engine's methods use with their default parameters."""
-    tracking = ("sym3.cuh", "tracking.cuh")
+    geodesic_headers = ("sym3.cuh", "tracking.cuh")
     bs = ballstick.BallStickParams()
     builds = [
         KernelBuild("fit-dti", "dti_fit.cu", "dti_fit_float32", ("sym3.cuh",), dti.KERNEL_DEFINES),
         KernelBuild("fit-dti", "dti_fit.cu", "dti_fit_float64", ("sym3.cuh",), dti.KERNEL_DEFINES),
-        KernelBuild("deterministic", "deterministic.cu", "track_deterministic", tracking, deterministic.KERNEL_DEFINES),
-        KernelBuild("geodesic", "geodesic.cu", "geodesic_trace", tracking, geodesic.KERNEL_DEFINES),
+        KernelBuild(
+            "deterministic",
+            "deterministic.cu",
+            "track_deterministic",
+            deterministic.KERNEL_HEADERS,
+            deterministic.KERNEL_DEFINES,
+        ),
+        KernelBuild("geodesic", "geodesic.cu", "geodesic_trace", geodesic_headers, geodesic.KERNEL_DEFINES),
         KernelBuild("select", "select.cu", "streamline_region_bits"),
         KernelBuild("tracking", "streamlines.cu", "pack_rows"),
         *(
@@ -85,7 +91,7 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
             "fod-tracking",
             "fod_tracking.cu",
             "track_fod",
-            ("sym3.cuh", "tracking.cuh", "philox.cuh"),
+            fod_tracking.KERNEL_HEADERS,
             fod_tracking.KERNEL_DEFINES,
         ),
         *(

@@ -299,7 +299,7 @@ def kernel_on_the_host(tmp_path_factory):
 
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: the kernel's host build needs it")
-    source = cuda.source("fod_tracking.cu", ("sym3.cuh", "tracking.cuh", "philox.cuh"))
+    source = cuda.source("fod_tracking.cu", fod_tracking.KERNEL_HEADERS)
     first, _, rest = source.partition("\n")
     rest = rest.replace('extern "C" __global__ void track_fod', "void track_fod")
     folder = tmp_path_factory.mktemp("fod_kernel")

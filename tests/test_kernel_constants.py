@@ -146,7 +146,7 @@ def test_the_stop_codes_are_the_ones_python_reports():
 
 def test_compiling_without_a_required_define_is_refused_before_the_compiler():
     with pytest.raises(ValueError, match=r"deterministic.cu needs the compile-time constants .*LOW_FA"):
-        cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"), ())
+        cuda.function("deterministic.cu", "track_deterministic", deterministic.KERNEL_HEADERS, ())
     with pytest.raises(ValueError, match="must be an integer"):
         cuda.check_defines("select.cu", (), (("X", 1.5),))
 

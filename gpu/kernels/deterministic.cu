@@ -73,12 +73,7 @@ extern "C" __global__ void track_deterministic(
     const R3 half_h = r3(0.5 * hx, 0.5 * hy, 0.5 * hz);
     float* row = buf + (size_t)i * (size_t)(2 * m + 1) * 3;
     R3 p0 = r3(seeds[3 * i], seeds[3 * i + 1], seeds[3 * i + 2]);
-    row[3 * m] = p0.x; row[3 * m + 1] = p0.y; row[3 * m + 2] = p0.z;
-    count[2 * i] = 0;
-    count[2 * i + 1] = 0;
-    unsigned char seed_stop = 0;
-    if (!inside_volume(p0, tr.g)) seed_stop = OUTSIDE_VOLUME;
-    else if (region[nearest_voxel(p0, tr.g)] == REGION_OUTSIDE) seed_stop = OUTSIDE_MASK;
+    unsigned char seed_stop = start_row(row, m, p0, region, tr.g, count + 2 * i);
     valid[i] = seed_stop == 0;
     real fa;
     R3 d0 = tr.direction(p0, r3(0.8017837257372732, 0.5345224838248488, 0.2672612419124244), false, &fa);
@@ -106,13 +101,7 @@ extern "C" __global__ void track_deterministic(
                 v = unit3r(add3r(add3r(d, scale3r(k2, 2.0)), add3r(scale3r(k3, 2.0), k4)), d);
             }
             R3 q = add3r(p, mul3r(h, v));
-            if (!inside_volume(q, tr.g)) { reason = OUTSIDE_VOLUME; break; }
-            unsigned char code = region[nearest_voxel(q, tr.g)];
-            if (code == REGION_OUTSIDE) { reason = OUTSIDE_MASK; break; }
-            ++steps;
-            size_t at = (size_t)3 * (end == 1 ? m + steps : m - steps);
-            row[at] = q.x; row[at + 1] = q.y; row[at + 2] = q.z;
-            if (code == REGION_STOP) { reason = STOP_REGION; break; }
+            if ((reason = take_step(q, end, m, row, region, tr.g, &steps))) break;
             R3 e = tr.direction(q, v, tensorline, &fa);
             if (fa < fa_threshold) { reason = LOW_FA; break; }
             if (dot3r(e, v) < cos_max) { reason = SHARP_ANGLE; break; }

@@ -172,12 +172,7 @@ extern "C" __global__ void track_fod(
     const R3 h = r3(hx, hy, hz);
     float* row = buf + (size_t)i * (size_t)(2 * m + 1) * 3;
     R3 p0 = r3((float)seeds[3 * i], (float)seeds[3 * i + 1], (float)seeds[3 * i + 2]);
-    row[3 * m] = p0.x; row[3 * m + 1] = p0.y; row[3 * m + 2] = p0.z;
-    count[2 * i] = 0;
-    count[2 * i + 1] = 0;
-    unsigned char seed_stop = 0;
-    if (!inside_volume(p0, g)) seed_stop = OUTSIDE_VOLUME;
-    else if (region[nearest_voxel(p0, g)] == REGION_OUTSIDE) seed_stop = OUTSIDE_MASK;
+    unsigned char seed_stop = start_row(row, m, p0, region, g, count + 2 * i);
     valid[i] = seed_stop == 0;
     float c[48];
     float amp = 0.0f;
@@ -208,13 +203,7 @@ extern "C" __global__ void track_fod(
         while (true) {
             if (steps >= budget) { reason = MAX_LENGTH; break; }
             R3 q = add3r(p, mul3r(h, d));
-            if (!inside_volume(q, g)) { reason = OUTSIDE_VOLUME; break; }
-            unsigned char code = region[nearest_voxel(q, g)];
-            if (code == REGION_OUTSIDE) { reason = OUTSIDE_MASK; break; }
-            ++steps;
-            size_t at = (size_t)3 * (end == 1 ? m + steps : m - steps);
-            row[at] = q.x; row[at + 1] = q.y; row[at + 2] = q.z;
-            if (code == REGION_STOP) { reason = STOP_REGION; break; }
+            if ((reason = take_step(q, end, m, row, region, g, &steps))) break;
             trilinear_f4<12, 12>(field, g, q, c);
             R3 e = nearest_peak(c, d, PEAK_ITERATIONS, s, &amp);
             if (amp < cutoff) { reason = LOW_FA; break; }
