@@ -57,6 +57,32 @@ struct Tracker {
     }
 };
 
+// The tensor tracker's part of the walk (walk.cuh): RK4 or Euler steps along the main
+// eigenvector, stopping on low FA or a sharp turn.
+struct TensorStep {
+    const Tracker& tr;
+    R3 h, half_h;
+    bool rk4, tensorline;
+    real fa_threshold, cos_max;
+
+    __device__ R3 advance(R3 p, R3 d) const {
+        if (!rk4) return d;
+        real unused;
+        R3 k2 = tr.direction(add3r(p, mul3r(half_h, d)), d, tensorline, &unused);
+        R3 k3 = tr.direction(add3r(p, mul3r(half_h, k2)), d, tensorline, &unused);
+        R3 k4 = tr.direction(add3r(p, mul3r(h, k3)), d, tensorline, &unused);
+        return unit3r(add3r(add3r(d, scale3r(k2, 2.0)), add3r(scale3r(k3, 2.0), k4)), d);
+    }
+
+    __device__ unsigned char turn(R3 q, R3 v, int, int, R3* e) const {
+        real fa;
+        *e = tr.direction(q, v, tensorline, &fa);
+        if (fa < fa_threshold) return LOW_FA;
+        if (dot3r(*e, v) < cos_max) return SHARP_ANGLE;
+        return 0;
+    }
+};
+
 extern "C" __global__ void track_deterministic(
     const float4* __restrict__ field, const unsigned char* __restrict__ region, int nx, int ny, int nz,
     const real* __restrict__ seeds, int n, real hx, real hy, real hz, real fa_threshold, real cos_max,
@@ -83,33 +109,6 @@ extern "C" __global__ void track_deterministic(
         stop[2 * i + 1] = seed_stop;
         return;
     }
-    int forward_steps = 0;
-    for (int end = 1; end >= 0; --end) {
-        const int budget = end == 1 ? m : m - forward_steps;
-        R3 p = p0;
-        R3 d = end == 1 ? d0 : scale3r(d0, -1.0);
-        int steps = 0;
-        unsigned char reason = 0;
-        while (true) {
-            if (steps >= budget) { reason = MAX_LENGTH; break; }
-            R3 v = d;
-            if (rk4) {
-                real unused;
-                R3 k2 = tr.direction(add3r(p, mul3r(half_h, d)), d, tensorline, &unused);
-                R3 k3 = tr.direction(add3r(p, mul3r(half_h, k2)), d, tensorline, &unused);
-                R3 k4 = tr.direction(add3r(p, mul3r(h, k3)), d, tensorline, &unused);
-                v = unit3r(add3r(add3r(d, scale3r(k2, 2.0)), add3r(scale3r(k3, 2.0), k4)), d);
-            }
-            R3 q = add3r(p, mul3r(h, v));
-            if ((reason = take_step(q, end, m, row, region, tr.g, &steps))) break;
-            R3 e = tr.direction(q, v, tensorline, &fa);
-            if (fa < fa_threshold) { reason = LOW_FA; break; }
-            if (dot3r(e, v) < cos_max) { reason = SHARP_ANGLE; break; }
-            p = q;
-            d = e;
-        }
-        count[2 * i + end] = steps;
-        stop[2 * i + end] = reason;
-        if (end == 1) forward_steps = steps;
-    }
+    const TensorStep method = {tr, h, half_h, rk4 != 0, tensorline != 0, fa_threshold, cos_max};
+    walk_halves(method, p0, d0, h, m, row, region, tr.g, count + 2 * i, stop + 2 * i);
 }
