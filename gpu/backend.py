@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -249,8 +250,6 @@ def check_device(device: str | Backend) -> None:
 
 
 def _cpu_backend() -> Backend:
-    import platform
-
     return Backend("cpu", np, platform.processor() or platform.machine() or "CPU")
 
 

@@ -65,7 +65,7 @@ random numbers from Philox4x32-10 keyed by the seed, one stream per voxel
 
 This module holds the model (parameters, signal, angles, dyads) and the kernels' build; the
 steps have their own modules: :mod:`gpu.ballstick_lm` (Levenberg–Marquardt),
-:mod:`gpu.ballstick_mcmc` (the chain) and :mod:`gpu.ballstick_fit` (:func:`fit_ballstick`,
+:mod:`gpu.ballstick_mcmc` (the chain) and :mod:`gpu.ballstick_fit` (:func:`~gpu.ballstick_fit.fit_ballstick`,
 the whole fit over batches of voxels).
 """
 

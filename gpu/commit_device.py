@@ -78,7 +78,7 @@ class DeviceOperator:
         )
 
     def column_norms(self) -> np.ndarray:
-        """:func:`column_norms` with the IC columns computed on the device (host array)."""
+        """:func:`gpu.commit_operator.column_norms` with the IC columns computed on the device (host array)."""
         cp, p = self.cp, self.problem
         norm2 = cp.empty(p.n_ic_cols, dtype=cp.float64)
         args = (self.order, self.fiber_start, np.int32(p.n_fibers), np.int32(p.n_meas), self.seg_row, self.seg_len)

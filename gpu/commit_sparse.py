@@ -105,8 +105,8 @@ def sparse_operator_bytes(problem: Problem, n_pairs: int | None = None) -> int:
 
 
 class SparseOperator:
-    """A and Aᵀ of a :class:`~gpu.commit.Problem` as SciPy sparse products (module docstring),
-    with the interface of :class:`~gpu.commit.NumpyOperator`: flat float64 vectors, x
+    """A and Aᵀ of a :class:`~gpu.commit_operator.Problem` as SciPy sparse products (module docstring),
+    with the interface of :class:`~gpu.commit_operator.NumpyOperator`: flat float64 vectors, x
     (n_cols,) and y (n_rows · M,)."""
 
     def __init__(self, problem: Problem, pairs: OrientationPairs | None = None):
@@ -179,7 +179,7 @@ class SparseOperator:
 def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes: int | None = None):
     """The CPU operator for ``problem``: a :class:`SparseOperator` when it fits in half of the
     host's available memory (``available_bytes``; MemAvailable when not given), else the
-    chunked NumPy reference (:class:`~gpu.commit.NumpyOperator`, bounded memory, many times
+    chunked NumPy reference (:class:`~gpu.commit_operator.NumpyOperator`, bounded memory, many times
     slower), with a note saying so."""
     pairs = pair_structure(problem)
     needed = sparse_operator_bytes(problem, len(pairs))

@@ -36,6 +36,7 @@ tracker and its CUDA kernel see only ``G⁻¹`` and ``∂G``, whichever metric m
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from . import sym3
 from .backend import Cancelled
@@ -57,8 +58,6 @@ def metric_for(params, method: str = "rays"):
     metric, shooting in ``D⁻¹``, and the distance map separates true from false connections
     best in ``det(D)² D⁻¹`` (the adjugate with one more power of the determinant). A metric
     named explicitly is kept as it is."""
-    from dataclasses import replace
-
     if params.metric != "auto":
         return params
     metric, power = AUTO_METRICS[method]

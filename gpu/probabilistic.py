@@ -28,7 +28,7 @@ FSL's loop check compares directions on a coarse grid; ours stops a half that
 re-enters a voxel of the streamline it has already left, which uses the set of
 visited voxels the counting keeps anyway.
 
-Masks reach the engine as one uint32 volume of bits (:func:`mask_bits`).
+Masks reach the engine as one uint32 volume of bits (:func:`gpu.probabilistic_params.mask_bits`).
 Random numbers: Philox4x32-10 (:mod:`gpu.rng`), one stream per
 streamline (counter: draw, purpose and half, streamline id); the streamline id is
 ``seed voxel number × n_samples + k`` for sample k, so results do not depend on
@@ -170,7 +170,7 @@ def iter_track(
     says yes, the totals of every batch already computed are yielded (on the GPU the
     handed-out totals trail the queued batch by one) and then :class:`Cancelled` is
     raised. ``progress(done, total)`` comes with each yield. ``device_field``: the field's
-    arrays (dirs, f, index) already on the GPU (:func:`upload_field`), to track from the
+    arrays (dirs, f, index) already on the GPU (:func:`gpu.probabilistic_kernel.upload_field`), to track from the
     same samples again without copying them (gigabytes for a whole brain). ``seed_matrix``:
     also count the seed × seed matrix (:class:`ProbResult`)."""
     backend = get_backend(device)

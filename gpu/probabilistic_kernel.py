@@ -90,7 +90,7 @@ class KernelTracker:
     current stream without waiting: the first pass, then a second pass over the
     streamlines that outgrew their sets (its count is read on the device). The totals
     accumulate on the device; :meth:`result` reads them, :meth:`snapshot` copies them
-    asynchronously (see :func:`iter_track`).
+    asynchronously (see :func:`gpu.probabilistic.iter_track`).
     """
 
     BLOCK = 128
@@ -326,7 +326,7 @@ class KernelTracker:
 
 
 def upload_field(backend, field_: SampleField) -> tuple:
-    """The field's arrays (dirs, f, index) on the device, for :func:`iter_track`'s ``device_field``."""
+    """The field's arrays (dirs, f, index) on the device, for :func:`gpu.probabilistic.iter_track`'s ``device_field``."""
     if not backend.is_gpu:
         return tuple(np.ascontiguousarray(a) for a in (field_.dirs, field_.f, field_.index))
     with backend.activate():
@@ -354,7 +354,7 @@ def track_kernel(
     set_slots=SET_SLOTS,
     seed_matrix=False,
 ):
-    """:func:`track_numpy` as the CUDA kernel ``prob_track`` (one launch of a
+    """:func:`gpu.probabilistic_numpy.track_numpy` as the CUDA kernel ``prob_track`` (one launch of a
     :class:`KernelTracker`). ``device_field``: the field's arrays already on the device (dirs,
     f, index); ``set_slots``: the first pass's set size (:func:`set_sizes`). Returns
     :class:`ProbResult` (and the (n, 2, n_steps + 1, 4) trace when ``trace``)."""

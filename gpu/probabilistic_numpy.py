@@ -93,7 +93,7 @@ def track_numpy(
     :func:`streamline_ids`; ``seeds`` ijk (n, 3)) with the NumPy reference. Returns :class:`ProbResult` (seed × target rows for
     all of ``seeds``), plus the step sequences (x, y, z, alive per step, per half) when
     ``record``. Visits are kept in a dense (streamlines × voxels) bitmap, so batches must
-    be small on large grids (:func:`iter_track` sizes them)."""
+    be small on large grids (:func:`gpu.probabilistic.iter_track` sizes them)."""
     key = seed_key(params.seed)
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
