@@ -22,12 +22,12 @@ from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import default_of as default_of
 from tractlens.gpu.params import field_of as field_of
 from tractlens.gpu.params import meta, same_as
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.gpu.tractometry import ProfileParams
 
 PLACEMENTS = ("random", "grid")
@@ -54,7 +54,7 @@ class SeedingParams:
 
     seeds_per_voxel: int = field(
         default=1,
-        metadata=meta("Seeds per voxel", "seeds in every seed voxel", "", (1, 1000), metavar="K"),
+        metadata=meta("Seeds per voxel", "seeds in every seed voxel", "", (1, 1000)),
     )
     placement: str = field(
         default="random",
@@ -62,8 +62,6 @@ class SeedingParams:
             "Placement",
             "random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)",
             choices=PLACEMENTS,
-            flags=("--seed-placement",),
-            cli_help="random within the voxel, or an m×m×m grid (K must be a cube)",
         ),
     )
     rng_seed: int = field(
@@ -73,9 +71,6 @@ class SeedingParams:
             "the same number gives the same seeds, and so the same streamlines",
             "",
             (0, 2**31 - 1),
-            flags=("--seed-rng",),
-            metavar="N",
-            cli_help="random seed for seed placement",
         ),
     )
 
@@ -88,7 +83,7 @@ class GeodesicSeedingParams:
     """Seed points of geodesic ray tracing, the fibres shot from each, and the share kept by CM."""
 
     seeds_per_voxel: int = same_as(SeedingParams, "seeds_per_voxel", default=1, help="seed points in every seed voxel")
-    placement: str = same_as(SeedingParams, "placement", cli_help="within each voxel")
+    placement: str = same_as(SeedingParams, "placement")
     rng_seed: int = same_as(SeedingParams, "rng_seed", help="the same number gives the same seed points")
     directions: int = field(
         default=0,
@@ -98,8 +93,6 @@ class GeodesicSeedingParams:
             "region on a GPU, 4 000 on the CPU)",
             "",
             (0, 100000),
-            metavar="N",
-            cli_help="fibres per seed point (0 = sized for the engine)",
         ),
     )
     cone_deg: float | None = field(
@@ -109,10 +102,6 @@ class GeodesicSeedingParams:
             "half-angle of the cone of initial directions around ±e1 (otherwise the whole sphere)",
             "°",
             (1.0, 90.0),
-            flags=("--cone",),
-            metavar="DEG",
-            cli_help="directions within this half-angle around ±e1",
-            default_text="whole sphere",
         ),
     )
     top_percent: float = field(
@@ -122,8 +111,6 @@ class GeodesicSeedingParams:
             "keep the fibres with the highest connectivity measure",
             "%",
             (1.0, 100.0),
-            metavar="P",
-            cli_help="keep the P % best by CM",
         ),
     )
 
@@ -133,7 +120,6 @@ class GeodesicSeedingParams:
             "Two-point",
             "join every seed point to points of the target by refining the initial direction until the "
             "geodesic hits them (shooting; seed 004 §3.4.2): a CM for every seed–target pair",
-            flags=("--two-point",),
         ),
     )
     target_points: int = field(
@@ -143,7 +129,6 @@ class GeodesicSeedingParams:
             "points of the target region each seed point is joined to (two-point ray tracing)",
             "",
             (1, 1000),
-            metavar="N",
         ),
     )
 
@@ -155,7 +140,6 @@ class GeodesicSeedingParams:
             "(the minimal geodesic from every seed point, from the metric's distance map to the target), or auto "
             "(eikonal with a target, rays without)",
             choices=GEODESIC_METHODS,
-            cli_help="rays, eikonal (minimal geodesic of every seed point to the target), or auto",
         ),
     )
 
@@ -167,7 +151,6 @@ class GeodesicSeedingParams:
             "at finer angles, about 4x the work)",
             "vox",
             (1, 2),
-            metavar="R",
         ),
     )
 
@@ -185,7 +168,6 @@ class ConnectomeParams:
             "Weight",
             "the value of a cell: " + "; ".join(f"{k}: {v}" for k, v in WEIGHTS.items()),
             choices=tuple(WEIGHTS),
-            cli_help="cell value: count, mean length in mm, mean cm, mean commit weight",
         ),
     )
     radius_mm: float = same_as(EndpointParams, "radius_mm")
@@ -202,9 +184,6 @@ class LesionDistanceParams:
             "streamlines closer than this to the lesion are counted",
             "mm",
             (0.1, 100.0),
-            flags=("--margin",),
-            metavar="MM",
-            cli_help="safety margin in mm",
         ),
     )
 
@@ -219,12 +198,11 @@ class ProbOutputParams:
         metadata=meta(
             "Seed x seed matrix",
             "also count the seed x seed matrix (probtrackx's matrix1): matrix_seeds_to_seeds.npy/.csv",
-            flags=("--seed-matrix", "--omatrix1"),
         ),
     )
     save_paths_max: int = field(
         default=10_000,
-        metadata=meta("Paths saved", "streamlines traced for --save-paths", "", (1, 10**7), metavar="N"),
+        metadata=meta("Paths saved", "streamlines traced for --save-paths", "", (1, 10**7)),
     )
     # probtrackx2's connectome modes (app.pipelines.connectome_modes; FSL's flags and defaults).
     omatrix2: bool = field(
@@ -254,7 +232,6 @@ class ProbOutputParams:
             "Matrix format",
             "dot: FSL's sparse text; npz: SciPy sparse; both",
             choices=("dot", "npz", "both"),
-            cli_help="connectome matrix files",
         ),
     )
 
@@ -274,7 +251,6 @@ class TractogramOutputParams:
             "number type of the written points: float16 halves a .trx file (about 0.01 mm at 100 mm); "
             ".trk and .tck hold float32",
             choices=("float32", "float16"),
-            flags=("--dtype",),
         ),
     )
 
@@ -283,19 +259,16 @@ class TractogramOutputParams:
 class ReportParams:
     """The report of a session (``tractlens report``)."""
 
-    margin_mm: float | None = same_as(LesionDistanceParams, "margin_mm", default=None, default_text="the session's")
+    margin_mm: float | None = same_as(LesionDistanceParams, "margin_mm", default=None)
     size: str = field(
         default="1600x1000",
-        metadata=meta("Window size", "window size WIDTHxHEIGHT", metavar="SIZE"),
+        metadata=meta("Window size", "window size WIDTHxHEIGHT"),
     )
     png: bool = field(
         default=True,
         metadata=meta(
             "PNG pages",
             "a PNG per page beside the PDF",
-            flags=("--no-png",),
-            negated=True,
-            cli_help="no PNG pages beside the PDF",
         ),
     )
 
@@ -314,7 +287,6 @@ class StatisticsParams:
             "Map sampling",
             "a scalar map's value at a streamline point: the nearest voxel's, or trilinear between voxels",
             choices=SAMPLINGS,
-            flags=("--sampling",),
         ),
     )
 
@@ -338,8 +310,6 @@ class DicomExportParams:
                 "DICOM objects",
                 "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
                 "series with the bundles burned in, not for diagnosis)",
-                flags=("--as",),
-                metavar="LIST",
             ),
             "several": DICOM_EXPORTS,  # any of them, comma-separated: a check box each in a form
         },
@@ -351,8 +321,6 @@ class DicomExportParams:
             "grow each bundle's volume (the voxels its streamlines pass through) by this distance",
             "mm",
             (0.0, 20.0),
-            flags=("--dilate",),
-            metavar="MM",
         ),
     )
     deidentify: bool = field(
@@ -360,7 +328,6 @@ class DicomExportParams:
         metadata=meta(
             "De-identify",
             "remove the patient's name, ID, birth date and the other identifiers (UIDs of the source stay)",
-            flags=("--deidentify",),
         ),
     )
 
@@ -385,8 +352,6 @@ class DicomImportParams:
         metadata=meta(
             "Subject",
             "BIDS subject label, letters and digits (empty: the patient ID without other characters, else 01)",
-            flags=("--subject",),
-            metavar="LABEL",
         ),
     )
     deidentify: bool = same_as(

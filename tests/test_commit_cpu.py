@@ -6,15 +6,9 @@ import numpy as np
 import pytest
 
 from tests.test_commit import MODELS, scheme, small_problem
-from tractlens.gpu.commit import (
-    NumpyOperator,
-    Problem,
-    Segments,
-    apply_a_numpy,
-    apply_at_numpy,
-    column_norms,
-    lookup_tables,
-)
+from tractlens.gpu.commit import lookup_tables
+from tractlens.gpu.commit_operator import NumpyOperator, Problem, apply_a_numpy, apply_at_numpy, column_norms
+from tractlens.gpu.commit_segments import Segments
 from tractlens.gpu.commit_sparse import SparseOperator, cpu_operator, orientation_pairs, sparse_operator_bytes
 
 

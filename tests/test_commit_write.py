@@ -23,7 +23,7 @@ from tractlens.app.pipelines.commit import (
     write_commit_outputs,
     write_kept_streamlines,
 )
-from tractlens.gpu import commit as commit_engine
+from tractlens.gpu import commit_operator
 
 MAP_NAMES = ("fit_RMSE", "fit_NRMSE", "compartment_IC", "compartment_EC", "compartment_ISO")
 
@@ -87,7 +87,7 @@ def test_streamed_outputs_are_the_bytes_of_the_whole_copies(bundle_result, tmp_p
     # parts of a few streamlines and blocks of a few rows: many boundaries
     monkeypatch.setattr(commit_pipeline_module, "WRITE_PART_POINTS", 997)
     monkeypatch.setattr(commit_pipeline_module, "MAP_BLOCK_BYTES", 8 * result.problem.n_meas * 13)
-    monkeypatch.setattr(commit_engine, "CHUNK", 301)
+    monkeypatch.setattr(commit_operator, "CHUNK", 301)
     write_commit_outputs(result, tmp_path / "streamed", suffix)
     _assert_same_files(tmp_path / "whole", tmp_path / "streamed", suffix)
 
@@ -158,7 +158,7 @@ def test_write_stage_memory_does_not_grow_with_the_tractogram(large_result, tmp_
     written with all its streamlines and with a quarter of them."""
     monkeypatch.setattr(commit_pipeline_module, "WRITE_PART_POINTS", 1 << 14)
     monkeypatch.setattr(commit_pipeline_module, "MAP_BLOCK_BYTES", 1 << 16)
-    monkeypatch.setattr(commit_engine, "CHUNK", 1 << 12)
+    monkeypatch.setattr(commit_operator, "CHUNK", 1 << 12)
     whole = large_result
     n = len(whole.weights) // 4
     quarter = dataclasses.replace(whole, tractogram=whole.tractogram.subset(np.arange(n)), weights=whole.weights[:n])
@@ -176,7 +176,7 @@ def test_maps_hold_blocks_of_rows_not_the_signal(large_result, monkeypatch):
     """The maps' tracemalloc peak stays under a quarter of the (n_rows, M) float64 model (the
     full-array maps made four such arrays)."""
     monkeypatch.setattr(commit_pipeline_module, "MAP_BLOCK_BYTES", 1 << 16)
-    monkeypatch.setattr(commit_engine, "CHUNK", 1 << 12)
+    monkeypatch.setattr(commit_operator, "CHUNK", 1 << 12)
     peak = _peak_bytes(large_result.maps)
     print(f"\nmaps: peak {peak / 1e6:.2f} MB; model {large_result.model.nbytes / 1e6:.1f} MB")
     assert peak < 0.25 * large_result.model.nbytes

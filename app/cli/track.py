@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.deterministic import DeterministicParams
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
+from tractlens.gpu.probabilistic_params import ProbParams
 
 from ..errors import InputError
 from ..io.outputs import check_output_folder

@@ -21,7 +21,8 @@ import numpy as np
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.probabilistic import (
+from tractlens.gpu.probabilistic import iter_track, path_positions, trace_paths
+from tractlens.gpu.probabilistic_params import (
     GPU_BATCH,
     MAX_TARGETS,
     MAX_WAYPOINTS,
@@ -30,10 +31,7 @@ from tractlens.gpu.probabilistic import (
     ProbResult,
     SampleField,
     check_seed_matrix,
-    iter_track,
     mask_bits,
-    path_positions,
-    trace_paths,
 )
 
 from ..errors import InputError

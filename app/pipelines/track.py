@@ -29,7 +29,7 @@ from tractlens.gpu import deterministic
 from tractlens.gpu.backend import check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import check_points, seeds_in_mask
 from tractlens.gpu.select import select_streamlines
@@ -158,9 +158,9 @@ def masks_on_field(paths: Sequence[str | os.PathLike], what: str, field_: Tensor
 
 def tracking_choices(method: str) -> dict[str, tuple[str, ...]]:
     """The fixed choices of a method's parameters (for forms and option lists)."""
-    from tractlens.gpu import geodesic
+    from tractlens.gpu import geodesic_params
 
-    return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic.CHOICES}[method])
+    return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic_params.CHOICES}[method])
 
 
 def _seeded(regions: Regions) -> None:
@@ -183,15 +183,15 @@ def tensor_field_of(document, volume: Volume) -> TensorField:
 
 
 def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "auto"):
-    """The pre-processed geodesic metric (:func:`gpu.geodesic.prepare_metric`) of a tensor
+    """The pre-processed geodesic metric (:func:`gpu.geodesic_field.prepare_metric`) of a tensor
     layer's volume for ``metric``, kept in ``document.derived`` (live re-tracking reuses it)."""
-    from tractlens.gpu import geodesic
+    from tractlens.gpu import geodesic_field
 
-    metric = metric or geodesic.MetricParams()
+    metric = metric or MetricParams()
 
     def compute():
         field_ = tensor_field_of(document, volume)
-        return geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=device)
+        return geodesic_field.prepare_metric(field_.tensor, field_.voxel_size, metric, device=device)
 
     return document.derived.get(volume, "geodesic_metric", (metric, device), compute)
 

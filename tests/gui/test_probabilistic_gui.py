@@ -13,7 +13,7 @@ from scipy import ndimage
 
 from tests.conftest import ARTIFACTS
 from tractlens.app.model import Document, Layer, Volume
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.widgets.render import LUTS
 
 SEED, TARGET = "roi_crossing_lr_seed", "roi_crossing_lr_target"
