@@ -24,7 +24,8 @@ from .io.nifti import load_image, read_array, save_volume
 from .io.outputs import check_output_file, check_output_folder
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import Tractogram, Volume
-from .pipelines.register import RegisterParams, register_arrays
+from .params import RegisterParams
+from .pipelines.register import register_arrays
 from .registration import Registration, resample, resample_chain
 
 TEMPLATE_WORDS = ("mni",)

@@ -362,6 +362,107 @@ class DicomImportParams:
     )
 
 
+REGISTRATION_TYPES = ("rigid", "affine", "syn")
+REGISTRATION_METRICS = ("mi", "cc")
+
+
+@dataclass(frozen=True)
+class RegisterParams:
+    """How two images are registered."""
+
+    type: str = field(
+        default="affine",
+        metadata=meta(
+            "Transform",
+            "rigid; affine (rigid first); syn: affine, then a symmetric diffeomorphic warp",
+            choices=REGISTRATION_TYPES,
+        ),
+    )
+    metric: str = field(
+        default="mi",
+        metadata=meta(
+            "Metric",
+            "mi: for images of different contrasts (T1 ↔ b0 or FA, FLAIR ↔ T1): mutual information, and the "
+            "expectation-maximisation metric in SyN's nonlinear stage; cc: for the same contrast (T1 ↔ the MNI T1): "
+            "mutual information for the affine stages and cross-correlation in SyN's",
+            choices=REGISTRATION_METRICS,
+        ),
+    )
+    spacing_mm: float = field(
+        default=2.0,
+        metadata=meta(
+            "Working grid",
+            "the registration is optimised on a grid this coarse or coarser (the "
+            "coarser image's voxels); nonlinear fields are written on it",
+            "mm",
+            (0.5, 8.0),
+        ),
+    )
+    sampling: float = field(
+        default=0.1,
+        metadata=meta(
+            "Sampling",
+            "share of the working grid's voxels the mutual information is computed on (1 = all)",
+            "",
+            (0.01, 1.0),
+        ),
+    )
+    bins: int = field(
+        default=32,
+        metadata=meta("Histogram bins", "bins of the joint histogram of mutual information", "", (8, 256)),
+    )
+    affine_iterations: tuple[int, ...] = field(
+        default=(100, 50, 20),
+        metadata=meta(
+            "Affine iterations",
+            "iterations at each level, coarse (4×) to fine (1×)",
+            "",
+            (1, 10000),
+        ),
+    )
+    syn_iterations: tuple[int, ...] = field(
+        default=(20, 10, 5),
+        metadata=meta(
+            "SyN iterations",
+            "iterations of the nonlinear stage at each level, coarse to fine",
+            "",
+            (1, 1000),
+        ),
+    )
+    syn_radius: int = field(
+        default=3,
+        metadata=meta(
+            "CC radius",
+            "half-width of the cross-correlation window of the nonlinear stage",
+            "voxels",
+            (1, 8),
+        ),
+    )
+    rng_seed: int = field(
+        default=0,
+        metadata=meta(
+            "Random seed",
+            "the sampled points of mutual information; the same number gives the same transform",
+            "",
+            (0, 2**31 - 1),
+        ),
+    )
+
+    def __post_init__(self):
+        if self.type not in REGISTRATION_TYPES:
+            raise ValueError(f"type is one of {', '.join(REGISTRATION_TYPES)}, not {self.type!r}")
+        if self.metric not in REGISTRATION_METRICS:
+            raise ValueError(f"metric is one of {', '.join(REGISTRATION_METRICS)}, not {self.metric!r}")
+        if not 0 < self.sampling <= 1:
+            raise ValueError(f"sampling is a share in (0, 1], not {self.sampling}")
+        if not self.affine_iterations or min(self.affine_iterations) < 1:
+            raise ValueError("affine iterations need at least one level of at least 1 iteration")
+        if not self.syn_iterations or min(self.syn_iterations) < 1:
+            raise ValueError("SyN iterations need at least one level of at least 1 iteration")
+        if self.spacing_mm <= 0:
+            raise ValueError(f"the working grid spacing must be positive, not {self.spacing_mm}")
+
+
 PARAMS_TYPES = (
     DTIFitParams,
     CSDParams,
@@ -387,4 +488,5 @@ PARAMS_TYPES = (
     StatisticsParams,
     DicomExportParams,
     DicomImportParams,
+    RegisterParams,
 )

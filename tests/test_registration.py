@@ -20,7 +20,7 @@ from tractlens.app.cli import main
 from tractlens.app.errors import InputError
 from tractlens.app.grid import Grid
 from tractlens.app.io.transforms import load_registration, save_registration
-from tractlens.app.pipelines.register import RegisterParams
+from tractlens.app.params import RegisterParams
 from tractlens.app.registration import Registration
 
 FAST = RegisterParams(spacing_mm=3.0, sampling=1.0, affine_iterations=(60, 30), syn_iterations=(20, 10))

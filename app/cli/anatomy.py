@@ -9,7 +9,7 @@ from ..errors import InputError
 from ..grid import Grid
 from ..io.nifti import load_image
 from ..io.transforms import load_user_transforms
-from ..pipelines.register import RegisterParams
+from ..params import RegisterParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
 

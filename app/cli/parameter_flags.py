@@ -34,6 +34,7 @@ from ..params import (
     GeodesicSeedingParams,
     LesionDistanceParams,
     ProbOutputParams,
+    RegisterParams,
     ReportParams,
     SeedingParams,
     StatisticsParams,
@@ -243,6 +244,15 @@ OPTIONS: dict[type, dict[str, Option | None]] = {
         "formats": Option(flags=("--as",), metavar="LIST"),
         "dilate_mm": Option(flags=("--dilate",), metavar="MM"),
         "deidentify": Option(flags=("--deidentify",)),
+    },
+    RegisterParams: {
+        "spacing_mm": Option(flags=("--spacing",), metavar="MM"),
+        "sampling": Option(metavar="FRACTION"),
+        "bins": Option(metavar="N"),
+        "affine_iterations": Option(nargs="+", metavar="N"),
+        "syn_iterations": Option(nargs="+", metavar="N"),
+        "syn_radius": Option(metavar="N"),
+        "rng_seed": Option(flags=("--seed-rng",), metavar="N"),
     },
     DicomImportParams: {
         "subject": Option(flags=("--subject",), metavar="LABEL"),

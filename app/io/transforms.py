@@ -48,6 +48,7 @@ def _nitransforms():
     except ImportError:
         raise InputError(
             "transform files are read and written with nitransforms, which comes with the anatomy extra",
+            path=None,
             fix="Install it: pip install 'tractlens[anatomy]'",
         ) from None
     return linear, itk, fsl
@@ -125,7 +126,11 @@ def _read_field(path: Path, grid: Grid) -> np.ndarray:
     _, itk, _ = _nitransforms()
     img = load_image(path, "displacement field")
     if img.ndim != 5 or img.shape[3] != 1 or img.shape[4] != 3:
-        raise InputError(f"is not an ITK displacement field (shape {img.shape}, expected X×Y×Z×1×3)", path=path)
+        raise InputError(
+            f"is not an ITK displacement field (shape {img.shape}, expected X×Y×Z×1×3)",
+            path=path,
+            fix="Give the 1Warp.nii.gz or 1InverseWarp.nii.gz that ANTs or tractlens register wrote",
+        )
     if not grid.matches(Grid(img.affine, img.shape[:3])):
         raise InputError(
             "the displacement field is not on the registration's fixed grid",
@@ -150,7 +155,11 @@ def load_registration(folder: str | os.PathLike) -> Registration:
     except (OSError, ValueError) as exc:
         raise InputError(f"{SUMMARY_FILE} cannot be read ({exc})", path=folder, fix="Register again") from None
     if record.get("format") != FORMAT:
-        raise InputError(f"{SUMMARY_FILE} is not of this version of TractLens ({record.get('format')!r})", path=folder)
+        raise InputError(
+            f"{SUMMARY_FILE} is not of this version of TractLens ({record.get('format')!r})",
+            path=folder,
+            fix="Register again with this version",
+        )
     for name in (AFFINE_FILE, *GRID_FILES.values()):
         if not (folder / name).is_file():
             raise InputError(f"the registration folder lacks {name}", path=folder, fix="Register again")
@@ -210,14 +219,20 @@ def load_user_transforms(
     linear, itk, fsl = _nitransforms()
     paths = [check_exists(p, "transform") for p in transforms]
     if not paths or len(paths) > 2:
-        raise InputError("give one or two transforms: a displacement field, an affine, or the field then the affine")
+        raise InputError(
+            f"{len(paths)} transforms were given",
+            path=None,
+            fix="Give one or two with --transform: a displacement field, an affine, or the field then the affine",
+        )
     affine, warp, fixed, kind = np.eye(4), None, reference, "ants"
     for index, path in enumerate(paths):
         name = path.name.lower()
         if name.endswith((".nii", ".nii.gz")):
             if index != 0:
                 raise InputError(
-                    "the displacement field comes first, then the affine (antsApplyTransforms' order)", path=path
+                    "comes after the affine",
+                    path=path,
+                    fix="Give the displacement field first, then the affine (antsApplyTransforms' order)",
                 )
             img = load_image(path, "displacement field")
             if img.ndim == 5 and img.shape[3:] == (1, 3):
@@ -225,7 +240,11 @@ def load_user_transforms(
             elif img.ndim == 4 and img.shape[3] == 3:
                 warp, kind = np.asarray(fsl.FSLDisplacementsField.from_image(img).dataobj, dtype=np.float32), "fsl"
             else:
-                raise InputError(f"is not a displacement field ITK or FSL writes (shape {img.shape})", path=path)
+                raise InputError(
+                    f"is not a displacement field ITK or FSL writes (shape {img.shape})",
+                    path=path,
+                    fix="Give an ANTs warp (X×Y×Z×1×3) or an FNIRT field (X×Y×Z×3)",
+                )
             fixed = Grid(img.affine, img.shape[:3])
         elif name.endswith((".mat", ".txt")):
             try:
@@ -245,9 +264,17 @@ def load_user_transforms(
             except InputError:
                 raise
             except Exception as exc:
-                raise InputError(f"cannot be read as an ITK or FSL affine ({exc})", path=path) from None
+                raise InputError(
+                    f"cannot be read as an ITK or FSL affine ({exc})",
+                    path=path,
+                    fix="Give the .mat ANTs or FLIRT wrote (a FLIRT matrix with --flirt-ref and --flirt-in)",
+                ) from None
         else:
-            raise InputError("is not a transform file TractLens reads (.mat, .txt, .nii, .nii.gz)", path=path)
+            raise InputError(
+                "is not a transform file TractLens reads",
+                path=path,
+                fix="Give an ANTs/ITK or FLIRT .mat (.txt), or a displacement field .nii(.gz)",
+            )
     inverse = None
     if warp is not None:
         if inverse_warp is not None:

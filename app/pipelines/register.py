@@ -24,125 +24,17 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import ndimage
 
 from tractlens.gpu.backend import Cancelled
-from tractlens.gpu.params import meta
 
 from ..errors import InputError
 from ..grid import Grid
+from ..params import RegisterParams
 from ..registration import Registration, resample
-
-TYPES = ("rigid", "affine", "syn")
-METRICS = ("mi", "cc")
-
-
-@dataclass(frozen=True)
-class RegisterParams:
-    """How two images are registered."""
-
-    type: str = field(
-        default="affine",
-        metadata=meta(
-            "Transform", "rigid; affine (rigid first); syn: affine, then a symmetric diffeomorphic warp", choices=TYPES
-        ),
-    )
-    metric: str = field(
-        default="mi",
-        metadata=meta(
-            "Metric",
-            "mi: for images of different contrasts (T1 ↔ b0 or FA, FLAIR ↔ T1): mutual information, and the "
-            "expectation-maximisation metric in SyN's nonlinear stage; cc: for the same contrast (T1 ↔ the MNI T1): "
-            "mutual information for the affine stages and cross-correlation in SyN's",
-            choices=METRICS,
-        ),
-    )
-    spacing_mm: float = field(
-        default=2.0,
-        metadata=meta(
-            "Working grid",
-            "the registration is optimised on a grid this coarse or coarser (the "
-            "coarser image's voxels); nonlinear fields are written on it",
-            "mm",
-            (0.5, 8.0),
-            flags=("--spacing",),
-            metavar="MM",
-        ),
-    )
-    sampling: float = field(
-        default=0.1,
-        metadata=meta(
-            "Sampling",
-            "share of the working grid's voxels the mutual information is computed on (1 = all)",
-            "",
-            (0.01, 1.0),
-            metavar="FRACTION",
-        ),
-    )
-    bins: int = field(
-        default=32,
-        metadata=meta("Histogram bins", "bins of the joint histogram of mutual information", "", (8, 256), metavar="N"),
-    )
-    affine_iterations: tuple[int, ...] = field(
-        default=(100, 50, 20),
-        metadata=meta(
-            "Affine iterations",
-            "iterations at each level, coarse (4×) to fine (1×)",
-            "",
-            (1, 10000),
-            nargs="+",
-            metavar="N",
-        ),
-    )
-    syn_iterations: tuple[int, ...] = field(
-        default=(20, 10, 5),
-        metadata=meta(
-            "SyN iterations",
-            "iterations of the nonlinear stage at each level, coarse to fine",
-            "",
-            (1, 1000),
-            nargs="+",
-            metavar="N",
-        ),
-    )
-    syn_radius: int = field(
-        default=3,
-        metadata=meta(
-            "CC radius",
-            "half-width of the cross-correlation window of the nonlinear stage",
-            "voxels",
-            (1, 8),
-            metavar="N",
-        ),
-    )
-    rng_seed: int = field(
-        default=0,
-        metadata=meta(
-            "Random seed",
-            "the sampled points of mutual information; the same number gives the same transform",
-            "",
-            (0, 2**31 - 1),
-            flags=("--seed-rng",),
-            metavar="N",
-        ),
-    )
-
-    def __post_init__(self):
-        if self.type not in TYPES:
-            raise ValueError(f"type is one of {', '.join(TYPES)}, not {self.type!r}")
-        if self.metric not in METRICS:
-            raise ValueError(f"metric is one of {', '.join(METRICS)}, not {self.metric!r}")
-        if not 0 < self.sampling <= 1:
-            raise ValueError(f"sampling is a share in (0, 1], not {self.sampling}")
-        if not self.affine_iterations or min(self.affine_iterations) < 1:
-            raise ValueError("affine iterations need at least one level of at least 1 iteration")
-        if not self.syn_iterations or min(self.syn_iterations) < 1:
-            raise ValueError("SyN iterations need at least one level of at least 1 iteration")
-        if self.spacing_mm <= 0:
-            raise ValueError(f"the working grid spacing must be positive, not {self.spacing_mm}")
 
 
 @dataclass
@@ -235,7 +127,7 @@ def register_arrays(
     moving_grid: Grid,
     fixed: np.ndarray,
     fixed_grid: Grid,
-    params: RegisterParams = RegisterParams(),
+    params: RegisterParams | None = None,
     *,
     moving_mask: np.ndarray | None = None,
     fixed_mask: np.ndarray | None = None,
@@ -249,6 +141,7 @@ def register_arrays(
     summary says so): a CuPy implementation of the mutual-information stages was built and measured
     on the H100 machine, slower than DIPY on two CPU cores (3.0 against 2.2 s for the rigid stage of
     a 1 mm T1 onto a 2 mm b=0) and less accurate (0.48 against 0.27 mm), so it was not kept."""
+    params = params or RegisterParams()
     imaffine, imwarp, metrics, transforms = _dipy()
     check = cancelled or (lambda: False)
     stages = (
