@@ -4,6 +4,8 @@ cancel, re-track, refusals."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import nibabel as nib
 import numpy as np
 import pytest
@@ -71,10 +73,10 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
 ):
     from tractlens.widgets import probabilistic_panel as module
 
-    monkeypatch.setattr(module, "FIRST_BATCH", 100)  # 1500 streamlines in 10 batches: watch them add up
     monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
     win = bedpostx_window
     panel = win.probabilistic_panel
+    panel.first_pass, panel.later_pass = 100, 200  # 1500 streamlines: 100, then 200 a pass: watch them add up
     form = panel.form.editors
     type_into(qtbot, form["n_samples"], "20")
     type_into(qtbot, form["seed"], "7")
@@ -100,6 +102,8 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
         set_surface(layer, mesh, **style)
 
     monkeypatch.setattr(win.view3d, "set_layer_surface", spy)
+    # The level typed in is applied (its timer has fired, with nothing to draw yet) before Track.
+    qtbot.waitUntil(lambda: not panel._iso_timer.isActive(), timeout=5000)
     click(qtbot, panel.track_button)
     assert panel.job_id is not None
     assert win.wait_for_jobs(60)
@@ -116,14 +120,18 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     top = int(expected.paths.max())
     assert top > 0 and layer.clim == (0.0, float(top))
     total = 75 * 20
-    assert len(partials) >= 2, partials  # it filled in batch by batch
-    assert partials == sorted(partials) and partials[-1] < total and panel.updates == len(partials)
+    assert partials[0] == 100 and len(partials) >= 2, partials  # the coarse pass first, then pass by pass
+    assert all(b > a for a, b in pairwise(partials)) and partials[-1] < total
+    assert panel.updates == len(partials)
     # One layer (added with the first totals), its values replaced in place as the totals grew
     # (the later partials and the final result); the 3-D surface followed every step.
     assert len(updates) == len(partials) and all(item is layer for item, _ in updates)
     sums = [total_visits for _, total_visits in updates]
     assert sums == sorted(sums) and sums[0] < sums[-1] == int(expected.paths.sum())
-    assert len(levels) == len(partials) + 1 and levels == sorted(levels) and levels[0] < levels[-1]
+    # Every state shown got its surface (and possibly a redraw at the same level): the levels
+    # rise with the totals and end at 10 % of the final maximum.
+    assert len(levels) >= len(partials) + 1 and levels == sorted(levels) and levels[0] < levels[-1]
+    assert levels[-1] == pytest.approx(0.1 * int(expected.paths.max()))
     status = panel.status.text()
     assert "Done" in status and f"{total:,} of {total:,} streamlines" in status
     assert f"to {TARGET} {int(expected.seed_targets.sum()):,}" in status
@@ -199,11 +207,10 @@ def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
 ):
     from tractlens.widgets import probabilistic_panel as module
 
-    monkeypatch.setattr(module, "FIRST_BATCH", 150)
-    monkeypatch.setattr(module, "UPDATES", 1000)  # batches of 150 of the 15 000 streamlines
     monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
     win = bedpostx_window
     panel = win.probabilistic_panel
+    panel.first_pass = panel.later_pass = 150  # passes of 150 of the 15 000 streamlines
     type_into(qtbot, panel.form.editors["n_samples"], "200")
     click(qtbot, panel.track_button)
     qtbot.waitUntil(lambda: panel.updates >= 1, timeout=30000)
@@ -239,6 +246,71 @@ def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
     assert new is not layer and new.opacity == 0.7 and panel.result.streamlines == 75 * 4
     assert win.view3d.layer_surface(layer) is None and win.view3d.layer_surface(new) is not None
     assert panel.status.text().startswith("Done")
+
+
+def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_rois(
+    bedpostx_window, demo_bedpostx, demo_dir, qtbot
+):
+    """Strokes on the seed and target ROIs re-track by themselves: a coarse first pass drawn first,
+    then refined to the panel's samples; strokes during a run are gathered, the stale run is
+    cancelled, and what stays on screen is exactly the pipeline's result for the last ROIs."""
+    win = bedpostx_window
+    panel = win.probabilistic_panel
+    type_into(qtbot, panel.form.editors["n_samples"], "40")
+    panel.first_pass, panel.later_pass = 300, 600  # 3000 streamlines at most: coarse, then refined
+    seed = win.document.layer(SEED)
+    target = win.document.layer(TARGET)
+    firsts: list[int] = []
+    win.runner.job_partial.connect(
+        lambda job_id, shown: job_id == panel.job_id and shown.result.streamlines == 300 and firsts.append(job_id)
+    )
+    panel.live.setChecked(True)
+    voxels = np.argwhere(seed.data.mask)
+    win.document.paint(seed, voxels[:5], False)  # strokes: erase part of the seed…
+    started = panel.live_runs
+    assert started == 1 and panel.job_id is not None  # the first stroke tracks at once
+    win.document.paint(seed, voxels[5:10], False)
+    win.document.paint(target, np.argwhere(target.data.mask)[:3], False)  # …and of the target
+    qtbot.waitUntil(lambda: panel.job_id is None and panel._live_pending is None, timeout=60000)
+    assert win.wait_for_jobs(60)
+    assert win.errors == []
+    assert panel.live_runs == 2  # the strokes during the first run were gathered into one re-track
+    assert firsts, "the coarse first pass was drawn before the refined map"
+    assert panel.first_map_s is not None and panel.converged_s is not None
+    assert 0 < panel.first_map_s and 0 < panel.converged_s
+
+    # What is shown is the whole run on the ROIs as the last stroke left them.
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic_masks
+
+    run = panel.run
+    samples = run.samples
+    expected = prepare_probabilistic_masks(
+        samples, seed.data.mask, targets=[(TARGET, target.data.mask)], params=ProbParams(n_samples=40)
+    ).track(device="cpu")
+    assert len(run.seeds) == int(seed.data.mask.sum()) == 75 - 10
+    assert panel.result.streamlines == 65 * 40
+    assert np.array_equal(panel.result_layer.data.data, expected.paths)
+    assert np.array_equal(panel.result.seed_targets, expected.seed_targets)
+    assert f"waytotal {expected.waytotal:,}" in panel.status.text()
+    assert win.document.layer(module_result_name()) is panel.result_layer
+
+    # A stroke that leaves no seed voxel inside the brain is said on the status line, not in a dialog.
+    errors = len(win.errors)
+    panel.live.setChecked(False)
+    win.document.paint(seed, voxels, False)
+    roi_outside = np.array([[0, 0, 0]])
+    panel.live.setChecked(True)
+    win.document.paint(seed, roi_outside, True)
+    qtbot.waitUntil(lambda: panel.job_id is None, timeout=30000)
+    assert win.wait_for_jobs(30)
+    assert "Live:" in panel.status.text() and "brain mask" in panel.status.text()
+    assert len(win.errors) == errors
+
+
+def module_result_name() -> str:
+    from tractlens.widgets.probabilistic_panel import RESULT_NAME
+
+    return RESULT_NAME
 
 
 def test_track_refuses_without_samples_or_seed_and_shows_input_errors(window, demo_bedpostx, qtbot):
