@@ -210,6 +210,23 @@ class LesionDistanceParams:
 
 
 @dataclass(frozen=True)
+class EnvelopeParams:
+    """The confidence levels of a tract's uncertainty envelopes (:mod:`app.envelopes`)."""
+
+    levels: str = field(
+        default="50,90,95",
+        metadata=meta(
+            "Envelope levels",
+            "comma-separated percentages: each envelope is the smallest region holding that share of the "
+            "normalised visitation (strictly between 0 and 100)",
+            "%",
+            flags=("--levels",),
+            metavar="LIST",
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class ProbOutputParams:
     """What probabilistic tracking writes besides fdt_paths and the target matrices, and
     probtrackx2's connectome modes with their options."""
@@ -418,6 +435,7 @@ PARAMS_TYPES = (
     EndpointParams,
     ProfileParams,
     LesionDistanceParams,
+    EnvelopeParams,
     ReportParams,
     StatisticsParams,
     DicomExportParams,
