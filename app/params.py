@@ -341,7 +341,7 @@ class StatisticsParams:
 
 
 #: What ``export-dicom`` writes (``--as``): a Segmentation, an RT Structure Set, a coloured series.
-DICOM_EXPORTS = ("seg", "rtstruct", "overlay")
+DICOM_EXPORTS = ("seg", "rtstruct", "overlay", "tractography")
 
 
 @dataclass(frozen=True)
@@ -354,7 +354,8 @@ class DicomExportParams:
             **meta(
                 "DICOM objects",
                 "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
-                "series with the bundles burned in, not for diagnosis)",
+                "series with the bundles burned in, not for diagnosis), tractography (the streamlines as a "
+                "Tractography Results object, one track set per bundle)",
                 flags=("--as",),
                 metavar="LIST",
             ),
