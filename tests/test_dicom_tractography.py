@@ -15,10 +15,10 @@ import pytest
 pydicom = pytest.importorskip("pydicom")
 hd = pytest.importorskip("highdicom")
 
-from nibabel.streamlines import Tractogram, save  # noqa: E402
+from nibabel.streamlines import Tractogram  # noqa: E402
 
 from tests.dicom_synth import gradient_table, tensor_signal, write_series  # noqa: E402
-from tests.test_dicom_export import AFFINE, FRAME, SHAPE, STUDY, _mm, _sorted_reference, case  # noqa: E402, F401
+from tests.test_dicom_export import AFFINE, FRAME, SHAPE, STUDY, _mm, _sorted_reference, make_case  # noqa: E402
 from tractlens.app.cli import main  # noqa: E402
 from tractlens.app.io.dicom_export import PALETTE  # noqa: E402
 from tractlens.app.io.dicom_tractography import (  # noqa: E402
@@ -30,6 +30,17 @@ from tractlens.app.io.dicom_tractography import (  # noqa: E402
     read_tractography,
     rgb_to_dicom_lab,
 )
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACTLENS_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def case(tmp_path):
+    """The export tests' reference series, bundles and lesion (:func:`tests.test_dicom_export.make_case`)."""
+    return make_case(tmp_path)
 
 
 def _bundles(case):
