@@ -64,6 +64,10 @@ def test_the_first_pass_is_coarser_on_the_cpu_and_later_passes_a_tenth():
     first, later = pass_sizes(10**9, 10**5, "cpu")  # the NumPy engine's bitmap caps a pass
     assert first == FIRST_PASS_CPU and later == 256 * 2**20 // 10**5
     assert pass_sizes(10**9, 10**7, "cpu") == (26, 26)  # and the first one too
+    # A known rate sizes the CPU's first pass to about 0.1 s (within 64 .. 1000 streamlines).
+    assert pass_sizes(10**6, 1000, "cpu", rate=2000.0)[0] == 200
+    assert pass_sizes(10**6, 1000, "cpu", rate=10.0)[0] == 64
+    assert pass_sizes(10**6, 1000, "cpu", rate=1e6)[0] == FIRST_PASS_CPU
 
 
 def test_a_cancel_hands_out_the_passes_done_then_stops(demo_inputs):

@@ -176,6 +176,7 @@ class ProbabilisticPanel(JobPanelBase):
         self.converged_s: float | None = None  # last edit → the map of every sample on screen
         self.shown_at: float | None = None
         self.live_runs = 0
+        self._rate: float | None = None  # streamlines a second of the last run (sizes the CPU's first pass)
         self._first_shown = False
         self._live_pending: float | None = None
 
@@ -293,7 +294,7 @@ class ProbabilisticPanel(JobPanelBase):
         """The run as a job: :func:`app.pipelines.track_probabilistic.track_probabilistic`, each
         pass's totals handed to the GUI with what their surface needs."""
         document, device = self.document, self.device
-        first_pass, later_pass = self.first_pass, self.later_pass
+        first_pass, later_pass, rate = self.first_pass, self.later_pass, self._rate
 
         def job(ctx):
             ctx.progress(0, 1, "preparing the samples")
@@ -313,6 +314,7 @@ class ProbabilisticPanel(JobPanelBase):
                 first_pass=first_pass,
                 later_pass=later_pass,
                 interval_s=PARTIAL_INTERVAL_S,
+                rate=rate,
             ):
                 if layer is None:  # made here: a new layer measures its values, which is work
                     layer = _result_layer(update.result.paths, volume.samples.affine)
@@ -432,6 +434,7 @@ class ProbabilisticPanel(JobPanelBase):
         self._show(shown)
         self._job_ended()
         prov = shown.result.provenance
+        self._rate = prov.get("streamlines_per_s") or self._rate
         text = (
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
             f"{prov.get('tracking_s', 0.0):.2f} s on {prov.get('backend', '?')} ({prov.get('device', '?')})."

@@ -58,6 +58,11 @@ FIRST_PASS_CPU = 1_000
 #: The later passes each hold about this share of the run (a tenth), never fewer streamlines
 #: than the first pass.
 UPDATES = 10
+#: On the CPU, when the rate of an earlier run is known, the first pass holds what it tracks in
+#: about this long (at most :data:`FIRST_PASS_CPU`, at least :data:`MIN_FIRST_PASS`): a long,
+#: winding field tracks far fewer streamlines a second than a small phantom.
+FIRST_PASS_S = 0.1
+MIN_FIRST_PASS = 64
 
 
 @dataclass
@@ -97,17 +102,23 @@ class ProbUpdate:
         return self.result.streamlines >= self.total
 
 
-def pass_sizes(total: int, n_voxels: int, device: str = "auto", *, first_pass: int | None = None) -> tuple[int, int]:
+def pass_sizes(
+    total: int, n_voxels: int, device: str = "auto", *, first_pass: int | None = None, rate: float | None = None
+) -> tuple[int, int]:
     """(first pass, later passes) in streamlines for a run of ``total`` streamlines over a grid
     of ``n_voxels``: the first :data:`FIRST_PASS_GPU` or :data:`FIRST_PASS_CPU` (or
     ``first_pass``), the later ones about ``total / UPDATES`` but no smaller than the first, both
-    within what the engine takes in one batch on ``device``. ``first_pass=0``: no coarse pass,
+    within what the engine takes in one batch on ``device``. ``rate``: streamlines a second of an
+    earlier run on this device (the CPU's first pass is then sized to :data:`FIRST_PASS_S`).
+    ``first_pass=0``: no coarse pass,
     every pass as large as the engine takes (a run nobody watches fill in)."""
     gpu = get_backend(device).is_gpu
     cap = max_batch_streamlines(n_voxels, device)
     if first_pass == 0:  # no coarse look wanted (a scripted run): the engine's largest batches
         return max(1, min(cap, total)), max(1, min(cap, total))
     first = first_pass if first_pass is not None else (FIRST_PASS_GPU if gpu else FIRST_PASS_CPU)
+    if first_pass is None and not gpu and rate:
+        first = int(min(FIRST_PASS_CPU, max(MIN_FIRST_PASS, rate * FIRST_PASS_S)))
     first = max(1, min(cap, total, first))
     later = max(1, min(cap, max(first, math.ceil(total / UPDATES))))
     return first, later
@@ -123,12 +134,14 @@ def track_probabilistic(
     later_pass: int | None = None,
     interval_s: float = 0.0,
     gpus: int = 1,
+    rate: float | None = None,
 ) -> Iterator[ProbUpdate]:
     """Track, yielding a :class:`ProbUpdate` after the first pass, after later passes at most
     every ``interval_s`` seconds, and always after the last (``final``).
 
     ``first_pass`` / ``later_pass``: streamlines per pass (:func:`pass_sizes` when None; 0:
-    the engine's own batches, as the command line tracks).
+    the engine's own batches, as the command line tracks); ``rate``: streamlines a second of an
+    earlier run here (sizes the CPU's first pass).
     ``gpus`` > 1 shares the run out over that many GPUs (one update, the final one).
     ``progress(done, total)`` comes with every pass; ``cancelled()`` is polled between passes.
     Raises :class:`~app.errors.InputError` for inputs that cannot be tracked (no seed on the
@@ -142,7 +155,7 @@ def track_probabilistic(
         return
     # The device once, as the run will choose it (a small run may go to the CPU): passes sized for it.
     chosen = decide_device("probabilistic", total * run.params.n_steps, requested=device).argument
-    first, later = pass_sizes(total, int(np.prod(run.samples.mask.shape)), chosen, first_pass=first_pass)
+    first, later = pass_sizes(total, int(np.prod(run.samples.mask.shape)), chosen, first_pass=first_pass, rate=rate)
     later = later_pass or later
     device_field = None
     if isinstance(inputs, ProbInputs) and inputs.device_field is not None and get_backend(chosen).is_gpu:
