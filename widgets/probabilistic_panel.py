@@ -51,12 +51,15 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPushButton,
     QVBoxLayout,
 )
 
+from tractlens.app.envelopes import LEVEL_MEANING, envelopes
 from tractlens.app.estimates import JobEstimate, grid_diagonal_mm, probabilistic_estimate
 from tractlens.app.model import Document, Layer, Volume
+from tractlens.app.params import EnvelopeParams, default_of, field_of
 from tractlens.app.pipelines.probabilistic import (
     ProbabilisticRun,
     ProbParams,
@@ -69,6 +72,7 @@ from tractlens.app.pipelines.track_probabilistic import ProbInputs, ProbUpdate, 
 from tractlens.app.regions import RoiCopy, roi_snapshot
 
 from . import dialogs
+from .envelope_display import envelope_layers, show_envelopes
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm
 from .tracking_panel import no_seed_message
@@ -193,6 +197,16 @@ class ProbabilisticPanel(JobPanelBase):
         self.iso_label = QLabel("")
         self.iso_label.setObjectName("iso_level")
         self.iso_label.setWordWrap(True)
+        self.envelope_levels = QLineEdit(default_of(EnvelopeParams, "levels"))
+        self.envelope_levels.setObjectName("envelope_levels")
+        self.envelope_levels.setToolTip(field_of(EnvelopeParams, "levels").metadata["help"] + ". " + LEVEL_MEANING)
+        self.envelope_button = QPushButton("Show envelopes")
+        self.envelope_button.setObjectName("show_envelopes")
+        self.envelope_button.setToolTip("Nested regions where the tract lies at these levels: surfaces and outlines")
+        self.envelope_button.clicked.connect(self.make_envelopes)
+        self.envelope_label = QLabel("")
+        self.envelope_label.setObjectName("envelope_summary")
+        self.envelope_label.setWordWrap(True)
         self.live = QCheckBox("live: re-track at every stroke on a seed, target, waypoint or exclusion ROI")
         self.live.setObjectName("live_probabilistic")
         self.live.setToolTip(
@@ -203,6 +217,11 @@ class ProbabilisticPanel(JobPanelBase):
         display.addRow("Isosurface at % of max", self.iso_percent)
         display.addRow("", self.iso_label)
         display.addRow(self.live)
+        envelope_row = QHBoxLayout()
+        envelope_row.addWidget(self.envelope_levels)
+        envelope_row.addWidget(self.envelope_button)
+        display.addRow("Envelopes at %", envelope_row)
+        display.addRow("", self.envelope_label)
         self.track_button = QPushButton("Track")
         self.track_button.setObjectName("track_probabilistic")
         self.track_button.clicked.connect(self.track)
@@ -490,6 +509,32 @@ class ProbabilisticPanel(JobPanelBase):
                 self._set_surface(layer, outcome)
 
         return self.runner.submit("isosurface", job, on_done=done, on_error=self.report)
+
+    # ------------------------------------------------------------- envelopes
+    def make_envelopes(self) -> int | None:
+        """The uncertainty envelopes of what is shown, at the levels typed in (a worker computes
+        them and their surfaces' crops; the checks are :func:`app.envelopes.envelopes`')."""
+        if self.result is None or self.run is None:
+            return self._refuse("Track first: envelopes are made from the path distribution.")
+        paths, waytotal, affine = self.result.paths, self.result.waytotal, self.run.samples.affine
+        levels = self.envelope_levels.text()
+
+        def job(ctx):
+            found = envelopes(paths, affine, levels, waytotal=waytotal)
+            layers = envelope_layers(found, RESULT_NAME)
+            return layers, [isosurface_input(layer.data.data, 50.0) for layer in layers]
+
+        def done(out) -> None:
+            layers, crops = out
+            show_envelopes(self.document, layers, [isosurface(crop, affine) for crop in crops], self.view3d)
+            parts = [f"{layer.name[len('envelope ') :]}: {layer.provenance['volume_mm3']:,.0f} mm³" for layer in layers]
+            self.envelope_label.setText("; ".join(parts) + ". " + LEVEL_MEANING)
+
+        def failed(message: str, details: str) -> None:
+            self.status.setText(f"Envelopes: {message}")
+            self.report(message, details)
+
+        return self.runner.submit("uncertainty envelopes", job, on_done=done, on_error=failed)
 
     # ------------------------------------------------------------------ save
     def _save_dialog(self) -> None:

@@ -77,6 +77,12 @@ def main(argv=None) -> int:
     parser.add_argument("--burst-timeout-s", type=float, default=120.0, help="give up on the burst's convergence after")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    import os
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="tractlens-bench-")  # settings and autosaves: never the user's
+    for name in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME"):
+        os.environ[name] = os.path.join(private, name.lower())
 
     from PySide6.QtWidgets import QApplication
 

@@ -307,6 +307,45 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     assert len(win.errors) == errors
 
 
+def test_envelopes_are_nested_surfaces_in_3d_and_outlines_on_the_slices(bedpostx_window, qtbot):
+    from tractlens.app.envelopes import envelopes
+    from tractlens.widgets.envelope_display import is_envelope
+    from tractlens.widgets.roi_outlines import roi_outlines
+
+    win = bedpostx_window
+    panel = win.probabilistic_panel
+    type_into(qtbot, panel.form.editors["n_samples"], "20")
+    click(qtbot, panel.track_button)
+    assert win.wait_for_jobs(60) and win.errors == []
+    click(qtbot, panel.envelope_button)  # the default levels: 50, 90, 95 %
+    assert win.wait_for_jobs(30) and win.errors == []
+    layers = [layer for layer in win.document.layers if is_envelope(layer)]
+    assert [layer.name for layer in layers] == ["envelope 50 %", "envelope 90 %", "envelope 95 %"]
+    expected = envelopes(panel.result.paths, panel.run.samples.affine, (50, 90, 95))
+    masks = [layer.data.data.astype(bool) for layer in layers]
+    for mask, envelope in zip(masks, expected.envelopes):
+        assert np.array_equal(mask, envelope.mask)
+    assert not (masks[0] & ~masks[1]).any() and not (masks[1] & ~masks[2]).any()  # nested
+    opacities = []
+    for layer in layers:
+        actor, mesh = win.view3d.layer_surface(layer)
+        assert actor.GetVisibility() and mesh.n_points > 0
+        opacities.append(actor.GetProperty().GetOpacity())
+    assert opacities == sorted(opacities, reverse=True) and opacities[-1] < 1.0  # translucent, inner the most opaque
+    assert "smallest region" in panel.envelope_label.text()
+    peak = np.unravel_index(np.argmax(panel.result.paths), panel.result.paths.shape)
+    win.document.set_cursor(peak)
+    outlined = [layer for layer, _segments in roi_outlines(win.document, win.views["axial"].geometry_now())]
+    assert all(layer in outlined for layer in layers)  # every level outlined on the slice through the peak
+
+    # Bad levels: said, and the envelopes shown stay as they are.
+    panel.envelope_levels.setText("0, 50")
+    click(qtbot, panel.envelope_button)
+    assert win.wait_for_jobs(30)
+    assert "outside (0, 100)" in panel.status.text() and "outside (0, 100)" in win.errors[-1]
+    assert [layer for layer in win.document.layers if is_envelope(layer)] == layers
+
+
 def module_result_name() -> str:
     from tractlens.widgets.probabilistic_panel import RESULT_NAME
 
