@@ -150,6 +150,16 @@ def envelopes(
     return EnvelopeSet(found, np.asarray(affine, dtype=float), total, waytotal)
 
 
+def envelope_set_of_masks(levels, masks, affine: np.ndarray) -> EnvelopeSet:
+    """Envelopes already made (e.g. layers of a document): their levels and masks on ``affine``'s grid."""
+    voxel_mm3 = float(abs(np.linalg.det(np.asarray(affine, dtype=float)[:3, :3])))
+    found = []
+    for level, mask in zip(levels, masks, strict=True):
+        mask = np.asarray(mask, dtype=bool)
+        found.append(Envelope(float(level), mask, int(mask.sum()), int(mask.sum()) * voxel_mm3, float("nan"), 0))
+    return EnvelopeSet(found, np.asarray(affine, dtype=float), 0)
+
+
 def centres_mm(mask: np.ndarray, affine: np.ndarray) -> np.ndarray:
     """World coordinates (mm) of the centres of a mask's voxels."""
     ijk = np.argwhere(mask).astype(np.float64)

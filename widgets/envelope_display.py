@@ -12,6 +12,8 @@ mask (marching cubes over the crop around it, made on the GUI thread like the is
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tractlens.app.envelopes import LEVEL_MEANING, EnvelopeSet
@@ -64,3 +66,38 @@ def show_envelopes(document: Document, layers: list[Layer], surfaces: list, view
         if view3d is not None:
             opacity = INNER_OPACITY * (1.0 - 0.6 * i / max(1, count - 1))
             view3d.set_layer_surface(layer, surface, color=layer.provenance["envelope_colour"], opacity=opacity)
+
+
+@dataclass
+class EnvelopeRow:
+    """An envelope's line in the presurgical table and the report: its distance to the lesion
+    (nearest voxel centres, mm; 0 when they overlap) and whether it lies within the margin."""
+
+    name: str
+    level: float
+    min_mm: float
+    overlap_voxels: int
+    margin_mm: float
+
+    @property
+    def within_margin(self) -> bool:
+        return self.min_mm <= self.margin_mm
+
+    @property
+    def closest_text(self) -> str:
+        return f"0 (overlaps {self.overlap_voxels} voxels)" if self.overlap_voxels else f"{self.min_mm:.1f}"
+
+    def cells(self) -> tuple[str, ...]:
+        """Cells under the table's columns (tractogram, streamlines, closest, within margin, %, shown)."""
+        return (self.name, "–", self.closest_text, "yes" if self.within_margin else "no", "–", "uncertainty envelope")
+
+
+def envelope_rows(document: Document, margin_mm: float) -> list[EnvelopeRow]:
+    """A row per envelope layer whose distance to the lesion was measured, narrowest level first."""
+    rows = []
+    for layer in document.layers:
+        measured = (layer.provenance or {}).get("lesion distance") if is_envelope(layer) else None
+        if measured:
+            rows.append(EnvelopeRow(layer.name, float(layer.provenance["envelope_level"]), float(measured["min_mm"]),
+                                    int(measured["overlap_voxels"]), margin_mm))  # fmt: skip
+    return sorted(rows, key=lambda row: row.level)

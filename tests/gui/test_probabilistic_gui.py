@@ -307,7 +307,7 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     assert len(win.errors) == errors
 
 
-def test_envelopes_are_nested_surfaces_in_3d_and_outlines_on_the_slices(bedpostx_window, qtbot):
+def test_envelopes_are_nested_surfaces_in_3d_and_outlines_on_the_slices(bedpostx_window, qtbot, tmp_path):
     from tractlens.app.envelopes import envelopes
     from tractlens.widgets.envelope_display import is_envelope
     from tractlens.widgets.roi_outlines import roi_outlines
@@ -337,6 +337,35 @@ def test_envelopes_are_nested_surfaces_in_3d_and_outlines_on_the_slices(bedpostx
     win.document.set_cursor(peak)
     outlined = [layer for layer, _segments in roi_outlines(win.document, win.views["axial"].geometry_now())]
     assert all(layer in outlined for layer in layers)  # every level outlined on the slice through the peak
+
+    # The presurgical table and the report carry each level's distance to the lesion, and say
+    # what a level means.
+    from tractlens.app.envelopes import lesion_distances
+    from tractlens.widgets.report import gather, render
+
+    win.role_box.setCurrentText("lesion")
+    lesion = win.new_roi()
+    outside = np.argwhere(~masks[2] & panel.run.samples.mask)
+    far = outside[np.argmax(np.linalg.norm(outside - np.array(peak), axis=1))]
+    win.document.paint(lesion, far[None, :], True)
+    presurgical = win.presurgical_panel
+    presurgical.lesion_box.choose(lesion)
+    presurgical.measure()
+    assert win.wait_for_jobs(60) and win.errors == []
+    reference = lesion_distances(expected, lesion.data.mask, lesion.data.affine)
+    rows = presurgical.envelope_rows
+    assert [row.name for row in rows] == [layer.name for layer in layers]
+    for row, distance in zip(rows, reference):
+        assert row.min_mm == pytest.approx(distance.min_mm, abs=1e-3) and row.min_mm > 0
+    table = presurgical.table
+    texts = [table.item(r, 0).text() for r in range(table.rowCount())]
+    assert texts[-3:] == [layer.name for layer in layers]
+    assert table.item(table.rowCount() - 1, 2).text() == rows[-1].closest_text
+    assert presurgical.meaning.isVisibleTo(presurgical) and "smallest region" in presurgical.meaning.text()
+    content = gather(win)
+    assert [row.name for row in content.envelopes] == [layer.name for layer in layers]
+    pages = render(content, tmp_path / "report.pdf", png=True)  # the pages as images too
+    assert pages and (tmp_path / "report.pdf").stat().st_size > 1000
 
     # Bad levels: said, and the envelopes shown stay as they are.
     panel.envelope_levels.setText("0, 50")
