@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from scipy import ndimage
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, DEVICES
 from tractlens.app.model import Document, Layer, Volume
 from tractlens.gpu.probabilistic import ProbParams
 from tractlens.widgets.render import LUTS
@@ -248,8 +248,11 @@ def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
     assert panel.status.text().startswith("Done")
 
 
+# ``window_device``: the window's compute device, the CPU by default; the ``gpu`` variant (pytest -m gpu,
+# on a machine with CUDA, Qt and a display) runs the same strokes on CuPy, against the same engine.
+@pytest.mark.parametrize("window_device", DEVICES)
 def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_rois(
-    bedpostx_window, demo_bedpostx, demo_dir, qtbot
+    bedpostx_window, demo_bedpostx, demo_dir, qtbot, window_device
 ):
     """Strokes on the seed and target ROIs re-track by themselves: a coarse first pass drawn first,
     then refined to the panel's samples; strokes during a run are gathered, the stale run is
@@ -286,7 +289,7 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     samples = run.samples
     expected = prepare_probabilistic_masks(
         samples, seed.data.mask, targets=[(TARGET, target.data.mask)], params=ProbParams(n_samples=40)
-    ).track(device="cpu")
+    ).track(device=window_device)
     assert len(run.seeds) == int(seed.data.mask.sum()) == 75 - 10
     assert panel.result.streamlines == 65 * 40
     assert np.array_equal(panel.result_layer.data.data, expected.paths)
