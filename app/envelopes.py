@@ -24,6 +24,10 @@ In words, for a report: "the 95 % envelope is the smallest region that holds 95 
 visits of the probabilistic streamlines: the tract lies within it with 95 % of its sampled
 paths' weight; a wider envelope at a higher level".
 
+The visitation map may also come from streamlines (:func:`streamline_visitation`): a
+bootstrap of a deterministic or fODF run, repeated with perturbed seeds or posterior samples,
+each streamline counting once in every voxel it passes.
+
 Distance to a lesion (:func:`lesion_distances`): per level, the smallest distance in
 millimetres between the centre of a voxel of the envelope and the centre of a voxel of the
 lesion, in world coordinates (each on its own grid), 0 when the envelope overlaps the lesion.
@@ -158,6 +162,34 @@ def envelope_set_of_masks(levels, masks, affine: np.ndarray) -> EnvelopeSet:
         mask = np.asarray(mask, dtype=bool)
         found.append(Envelope(float(level), mask, int(mask.sum()), int(mask.sum()) * voxel_mm3, float("nan"), 0))
     return EnvelopeSet(found, np.asarray(affine, dtype=float), 0)
+
+
+def streamline_visitation(points_vox: np.ndarray, offsets: np.ndarray, shape) -> np.ndarray:
+    """A visitation map from streamlines (voxel coordinates of a grid of ``shape``): per voxel,
+    the streamlines passing through it, each counted once however often it passes, as probtrackx
+    counts. Each segment is sampled every quarter voxel (at least its two ends) and a sample falls
+    in the voxel whose centre is nearest. The streamlines of a bootstrap — a deterministic or
+    fODF run repeated with perturbed seeds or posterior samples — give the map whose envelopes
+    say where the tract lies across the repetitions."""
+    points = np.asarray(points_vox, dtype=np.float64).reshape(-1, 3)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    counts = np.diff(offsets)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    samples, owners = [points], [owner]
+    starts = np.flatnonzero(np.diff(owner) == 0)  # segment i joins points i and i + 1 of one streamline
+    if starts.size:
+        delta = points[starts + 1] - points[starts]
+        steps = np.maximum(1, np.ceil(np.abs(delta).max(axis=1) * 4)).astype(np.int64)
+        which = np.repeat(np.arange(starts.size), steps)
+        within = np.arange(int(steps.sum())) - np.repeat(np.cumsum(steps) - steps, steps)
+        samples.append(points[starts][which] + (within / steps[which])[:, None] * delta[which])
+        owners.append(owner[starts][which])
+    index = np.rint(np.concatenate(samples)).astype(np.int64)
+    owner = np.concatenate(owners)
+    inside = np.all((index >= 0) & (index < np.asarray(shape)), axis=1)
+    flat = np.ravel_multi_index(tuple(index[inside].T), tuple(shape))
+    pairs = np.unique(owner[inside] * int(np.prod(shape)) + flat)  # (streamline, voxel) once each
+    return np.bincount(pairs % int(np.prod(shape)), minlength=int(np.prod(shape))).reshape(shape)
 
 
 def centres_mm(mask: np.ndarray, affine: np.ndarray) -> np.ndarray:

@@ -64,6 +64,31 @@ def make_envelopes(prob_dir: str | os.PathLike, levels="50,90,95") -> EnvelopeSe
     return found
 
 
+def envelopes_of_tractograms(paths, levels="50,90,95", reference=None) -> EnvelopeSet:
+    """The envelopes of the streamlines of one or more tractograms (a bootstrap: a deterministic
+    or fODF run repeated with perturbed seeds or posterior samples, one file per repetition, or
+    one probabilistic fODF run) on the first file's grid (``reference`` for .tck files)."""
+    from ..envelopes import streamline_visitation
+    from ..io import load_tractogram
+
+    levels = parse_levels(levels)
+    visits, affine, shape, streamlines = None, None, None, 0
+    for path in paths:
+        tract = load_tractogram(path, reference=reference)
+        if affine is None:
+            affine, shape = np.asarray(tract.affine, dtype=float), tuple(int(n) for n in tract.dimensions)
+            if not all(n > 0 for n in shape):
+                raise InputError("the tractogram carries no grid", path=path,
+                                 fix="Give --reference IMAGE (the grid of the diffusion data)")  # fmt: skip
+            visits = np.zeros(shape, dtype=np.int64)
+        visits += streamline_visitation(tract.points_on(affine), tract.offsets, shape)
+        streamlines += len(tract)
+    found = envelopes(visits, affine, levels, waytotal=streamlines)
+    found.provenance = {"source": [str(p) for p in paths], "definition": DEFINITION,
+                        "visitation": "streamlines of the tractograms, each counted once per voxel it passes"}  # fmt: skip
+    return found
+
+
 def write_envelopes(found: EnvelopeSet, outdir: str | os.PathLike) -> dict[str, str]:
     """One uint8 mask per level and ``envelopes.json`` into ``outdir`` (all or nothing)."""
     out = Path(outdir)
@@ -80,9 +105,9 @@ def write_envelopes(found: EnvelopeSet, outdir: str | os.PathLike) -> dict[str, 
         for envelope in found.envelopes:
             save_volume(envelope.mask.astype(np.uint8), found.affine, staging / envelope_file(envelope.level))
         summary = {
-            "definition": DEFINITION,
             "meaning": LEVEL_MEANING,
             **found.provenance,
+            "definition": DEFINITION,
             "total_visits": found.total_visits,
             "waytotal": found.waytotal,
             "levels": [{**e.summary(), "file": envelope_file(e.level)} for e in found.envelopes],
