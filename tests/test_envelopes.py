@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from fractions import Fraction
+from itertools import pairwise
 
 import nibabel as nib
 import numpy as np
@@ -178,7 +179,7 @@ def brute_force_visitation(streamlines, shape) -> np.ndarray:
     visits = np.zeros(shape, dtype=int)
     for line in streamlines:
         voxels = set()
-        for a, b in zip(line[:-1], line[1:]):
+        for a, b in pairwise(line):
             n = max(1, int(np.ceil(np.abs(b - a).max() * 4)))
             for t in range(n + 1):
                 v = tuple(int(c) for c in np.rint(a + (b - a) * t / n))
@@ -194,7 +195,8 @@ def test_streamline_visitation_counts_each_streamline_once_per_voxel():
 
     rng = np.random.default_rng(3)
     shape = (12, 10, 8)
-    lines = [np.cumsum(rng.normal(0, 0.8, (int(rng.integers(2, 15)), 3)), axis=0) + [5, 5, 4] for _ in range(30)]
+    centre = np.array([5.0, 5.0, 4.0])
+    lines = [np.cumsum(rng.normal(0, 0.8, (int(rng.integers(2, 15)), 3)), axis=0) + centre for _ in range(30)]
     lines.append(np.array([[2.0, 2.0, 2.0], [2.1, 2.0, 2.0], [2.0, 2.1, 2.0]]))  # loops in one voxel: once
     offsets = np.concatenate([[0], np.cumsum([len(line) for line in lines])])
     visits = streamline_visitation(np.concatenate(lines), offsets, shape)
