@@ -43,7 +43,11 @@ def cmd_envelopes(args) -> int:
     params = params_from_args(EnvelopeParams, args)
     folders = [p for p in args.prob_dir if Path(p).is_dir()]
     if folders and len(args.prob_dir) > 1:
-        raise InputError("give one probabilistic output folder, or tractograms (not both)", path=folders[0])
+        raise InputError(
+            "give one probabilistic output folder, or tractograms (not both)",
+            path=folders[0],
+            fix="Run tractlens envelopes once per probabilistic folder",
+        )
     if folders:
         found = make_envelopes(folders[0], params.levels)
     else:

@@ -335,6 +335,7 @@ def write_tracts(reference: ReferenceSeries, structures: list[Structure], folder
     if not sets:
         raise InputError(
             "--as tractography writes streamlines: give at least one tractogram",
+            path=reference.folder,
             fix="Add the bundles' tractograms, or leave tractography out of --as",
         )
     return write_tractography(reference, sets, folder, deidentify=deidentify)

@@ -252,7 +252,11 @@ def read_tractography(path) -> list[TrackSet]:
     if str(ds.SOPClassUID) != TRACTOGRAPHY_RESULTS_STORAGE:
         from ..errors import InputError
 
-        raise InputError(f"not a Tractography Results object (SOP class {ds.SOPClassUID})", path=path)
+        raise InputError(
+            f"not a Tractography Results object (SOP class {ds.SOPClassUID})",
+            path=path,
+            fix="Give a file written by export-dicom --as tractography (or another Tractography Results writer)",
+        )
     out = []
     for item in ds.TrackSetSequence:
         lines = [(_floats(track.PointCoordinatesData).reshape(-1, 3) * RAS_TO_LPS) for track in item.TrackSequence]
