@@ -21,6 +21,9 @@ added to the seed, as a brush does), the script measures:
 A final burst of strokes 20 ms apart (a brush moving) gives ``burst_converged_ms``: last stroke of
 the burst → converged map. Targets (issue 40): first map ≤ 100 ms with ≥ 20,000 streamlines in
 the first pass, converged ≤ 1 s, on the H100.
+
+``--no-window`` times the use case alone (no Qt, no display: the GPU machine as it is): per
+stroke, the time to the first pass's totals on the host and to the converged totals.
 """
 
 from __future__ import annotations
@@ -76,7 +79,15 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--burst-timeout-s", type=float, default=120.0, help="give up on the burst's convergence after")
     parser.add_argument("--out", default=None)
+    parser.add_argument(
+        "--no-window",
+        action="store_true",
+        help="time the use case alone (app.pipelines.track_probabilistic, no Qt): stroke -> first pass's "
+        "totals on the host, and -> all samples; for a machine without the GUI stack",
+    )
     args = parser.parse_args(argv)
+    if args.no_window:
+        return headless(args)
     import os
     import tempfile
 
@@ -202,6 +213,69 @@ def main(argv=None) -> int:
         Path(args.out).write_text(text + "\n", encoding="utf-8")
     win.runner.shutdown(10)
     win.close()
+    return 0
+
+
+def headless(args) -> int:
+    """The use case's share of the latency: per stroke (the seed grown by a few voxels), the time
+    to the first pass's totals and to the last pass's, the field kept on the device as the
+    window keeps it."""
+    from tractlens.app.io import BedpostSamples
+    from tractlens.app.pipelines.track_probabilistic import ProbInputs, track_probabilistic
+    from tractlens.app.regions import RoiCopy
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.probabilistic import ProbParams, upload_field
+
+    field_, brain, _sticks, _f, voxel_mm = field_of_scale(args.scale)
+    shape, affine = brain.shape, np.diag([voxel_mm, voxel_mm, voxel_mm, 1.0])
+    empty = np.broadcast_to(np.zeros((), np.float32), (*shape, field_.n_fibres, field_.n_samples))
+    samples = BedpostSamples(empty, empty, empty, brain, affine)
+    on_device = {}
+
+    def device_field(device):
+        if device not in on_device:
+            on_device[device] = upload_field(get_backend(device), field_)
+        return on_device[device]
+
+    centre = np.array(shape) // 2
+    radius = (3 * args.seed_voxels / (4 * np.pi)) ** (1 / 3)
+    mask = np.zeros(shape, bool)
+    mask[tuple(sphere(centre, radius, shape).T)] = True
+    ring = sphere(centre, radius + 1.5, shape)
+    ring = ring[~mask[tuple(ring.T)]]
+    params = ProbParams(n_samples=args.samples)
+    rows = []
+    for stroke in range(args.strokes + 1):  # the first one warms up (kernel compiled, samples copied)
+        mask[tuple(ring[stroke * 4 : stroke * 4 + 4].T)] = True
+        rois = [RoiCopy("seed", "seed", mask.copy(), affine)]
+        t0 = time.perf_counter()
+        first = last = None
+        for update in track_probabilistic(
+            ProbInputs(samples, rois, params, field_=field_, device_field=device_field),
+            device=args.device,
+            first_pass=args.first_pass,
+        ):
+            first = first or (time.perf_counter() - t0, update.result.streamlines)
+            last = (time.perf_counter() - t0, update.result.streamlines, update.result.provenance.get("device"))
+        if stroke:
+            rows.append({"first_pass_ms": round(first[0] * 1000, 1), "first_pass_streamlines": first[1],
+                         "converged_ms": round(last[0] * 1000, 1), "streamlines": last[1], "device": last[2]})  # fmt: skip
+            print(json.dumps(rows[-1]), file=sys.stderr)
+    result = {
+        "mode": "use case only (no window)",
+        "device": args.device,
+        "grid": list(shape),
+        "brain_voxels": int(brain.sum()),
+        "seed_voxels": int(mask.sum()),
+        "samples_per_seed_voxel": args.samples,
+        "median_first_pass_ms": round(statistics.median(r["first_pass_ms"] for r in rows), 1),
+        "median_converged_ms": round(statistics.median(r["converged_ms"] for r in rows), 1),
+        "strokes": rows,
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
     return 0
 
 
