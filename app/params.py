@@ -189,6 +189,21 @@ class LesionDistanceParams:
 
 
 @dataclass(frozen=True)
+class EnvelopeParams:
+    """The confidence levels of a tract's uncertainty envelopes (:mod:`app.envelopes`)."""
+
+    levels: str = field(
+        default="50,90,95",
+        metadata=meta(
+            "Envelope levels",
+            "comma-separated percentages: each envelope is the smallest region holding that share of the "
+            "normalised visitation (strictly between 0 and 100)",
+            "%",
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class ProbOutputParams:
     """What probabilistic tracking writes besides fdt_paths and the target matrices, and
     probtrackx2's connectome modes with their options."""
@@ -296,7 +311,7 @@ class StatisticsParams:
 
 
 #: What ``export-dicom`` writes (``--as``): a Segmentation, an RT Structure Set, a coloured series.
-DICOM_EXPORTS = ("seg", "rtstruct", "overlay")
+DICOM_EXPORTS = ("seg", "rtstruct", "overlay", "tractography")
 
 
 @dataclass(frozen=True)
@@ -309,7 +324,8 @@ class DicomExportParams:
             **meta(
                 "DICOM objects",
                 "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
-                "series with the bundles burned in, not for diagnosis)",
+                "series with the bundles burned in, not for diagnosis), tractography (the streamlines as a "
+                "Tractography Results object, one track set per bundle)",
             ),
             "several": DICOM_EXPORTS,  # any of them, comma-separated: a check box each in a form
         },
@@ -484,9 +500,11 @@ PARAMS_TYPES = (
     EndpointParams,
     ProfileParams,
     LesionDistanceParams,
+    EnvelopeParams,
     ReportParams,
     StatisticsParams,
     DicomExportParams,
     DicomImportParams,
     RegisterParams,
+    EnvelopeParams,
 )

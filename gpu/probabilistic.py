@@ -162,6 +162,7 @@ def iter_track(
     batch_streamlines: int | None = None,
     device_field=None,
     seed_matrix: bool = False,
+    first_batch: int | None = None,
 ) -> Iterator[ProbResult]:
     """Track every streamline of every seed voxel in batches, yielding the running totals
     (a fresh :class:`ProbResult`) after each, so a viewer can show the path distribution
@@ -172,7 +173,9 @@ def iter_track(
     raised. ``progress(done, total)`` comes with each yield. ``device_field``: the field's
     arrays (dirs, f, index) already on the GPU (:func:`gpu.probabilistic_kernel.upload_field`), to track from the
     same samples again without copying them (gigabytes for a whole brain). ``seed_matrix``:
-    also count the seed × seed matrix (:class:`ProbResult`)."""
+    also count the seed × seed matrix (:class:`ProbResult`). ``first_batch``: the first batch's
+    size when it differs (a coarse first look before the larger batches that refine it; at most
+    ``batch_streamlines``)."""
     backend = get_backend(device)
     engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="probabilistic tracking")
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
@@ -197,7 +200,10 @@ def iter_track(
             progress(result.streamlines, total)
         return result
 
-    batches = [(start, min(batch, total - start)) for start in range(0, total, batch)]
+    first = min(batch, total, max(1, first_batch)) if first_batch else 0
+    batches = ([(0, first)] if first else []) + [
+        (start, min(batch, total - start)) for start in range(first, total, batch)
+    ]
     if engine == "numpy":
         paths = np.zeros(field_.shape, dtype=np.int64)
         seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)

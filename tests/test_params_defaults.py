@@ -90,6 +90,7 @@ def test_the_commands_use_the_parameter_classes():
         "connectome": {"ConnectomeParams"},
         "profile": {"ProfileParams"},
         "distance": {"LesionDistanceParams"},
+        "envelopes": {"EnvelopeParams"},
         "track deterministic": {
             "DeterministicParams",
             "FodDeterministicParams",

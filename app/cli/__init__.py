@@ -25,7 +25,7 @@ from .. import __version__
 from ..errors import InputError
 from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
-from . import anatomy, batch, commit, connectivity, csd, dicom, fit, info, model, stats, track
+from . import anatomy, batch, commit, connectivity, csd, dicom, envelopes, fit, info, model, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
 from .options import add_option_aliases
 
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     csd.add_parsers(sub, common)
     commit.add_parsers(sub, common)
     connectivity.add_parsers(sub, common)
+    envelopes.add_parsers(sub, common)
     track.add_parsers(sub, common)
     stats.add_parsers(sub, common)
     dicom.add_parsers(sub, common)

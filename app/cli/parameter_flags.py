@@ -31,6 +31,7 @@ from ..params import (
     ConnectomeParams,
     DicomExportParams,
     DicomImportParams,
+    EnvelopeParams,
     GeodesicSeedingParams,
     LesionDistanceParams,
     ProbOutputParams,
@@ -245,6 +246,7 @@ OPTIONS: dict[type, dict[str, Option | None]] = {
         "dilate_mm": Option(flags=("--dilate",), metavar="MM"),
         "deidentify": Option(flags=("--deidentify",)),
     },
+    EnvelopeParams: {"levels": Option(metavar="LIST")},
     RegisterParams: {
         "spacing_mm": Option(flags=("--spacing",), metavar="MM"),
         "sampling": Option(metavar="FRACTION"),
