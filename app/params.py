@@ -506,5 +506,4 @@ PARAMS_TYPES = (
     DicomExportParams,
     DicomImportParams,
     RegisterParams,
-    EnvelopeParams,
 )

@@ -86,7 +86,8 @@ def test_lesion_distances_match_brute_force_within_a_voxel(seed):
 
 def test_the_95_percent_envelope_holds_the_true_bundle_on_the_straight_phantom():
     from tests.test_probabilistic import SHAPE, straight_bundle
-    from tractlens.gpu.probabilistic import ProbParams, mask_bits, track
+    from tractlens.gpu.probabilistic import track
+    from tractlens.gpu.probabilistic_params import ProbParams, mask_bits
 
     field_, brain, bundle = straight_bundle()
     truth = bundle & brain
