@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu import commit, commit_sparse
+from tractlens.gpu import commit, commit_host
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit import CommitParams, Problem
 from tractlens.gpu.engines import decide_device
@@ -265,6 +265,8 @@ def _commit_pipeline(
         to_voxel = np.linalg.inv(dwi.affine)
     else:
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
+    if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
+        _check_host_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
     try:
         seg = commit.segments(
             tractogram.points,
@@ -314,8 +316,8 @@ def _commit_pipeline(
         op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
         op = commit.BlockedOperator(problem, commit.NumpyOperator, max_block_segments)
-    else:  # SciPy sparse products (the chunked reference when they do not fit in memory)
-        op = commit_sparse.cpu_operator(problem, notes=notes)
+    else:  # the segments in place, threads over voxel rows (gpu.commit_host)
+        op = commit_host.host_operator(problem, notes=notes)
     xp = backend.xp
     scale = op.column_norms()
     a, at = op.a, op.at
@@ -367,6 +369,23 @@ def _commit_pipeline(
         provenance,
         notes,
         errors,
+    )
+
+
+def _check_host_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks) -> None:
+    from ..io.nifti import load_image
+    from ..memory_guard import check_host_memory, commit_host_need
+
+    shape = None if peaks is None else load_image(peaks, "peaks file").shape
+    per_voxel = shape[3] // 3 if shape is not None and len(shape) == 4 else None
+    need = commit_host_need(
+        tractogram, rows, voxel_size, to_voxel, len(dwi.bvals), params,
+        signal_itemsize=np.dtype(dwi.data.dtype).itemsize, peaks_per_voxel=per_voxel,
+    )  # fmt: skip
+    check_host_memory(
+        need,
+        "Give a white-matter mask (fewer voxels), fewer streamlines (select or subsample the tractogram), "
+        "or run on a GPU (--device gpu)",
     )
 
 
