@@ -44,9 +44,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import cuda, sym3, transfer
+from . import cuda, deterministic_host, sym3, transfer
 from .backend import Backend, get_backend, iter_batched
-from .engines import ARRAYS, KERNEL, choose_engine, engine_names
+from .engines import ARRAYS, COMPILED, KERNEL, choose_engine, engine_names
+from .host import host_threads
 from .interpolate import inside_volume, lookup, trilinear
 from .params import meta
 from .streamlines import (
@@ -64,7 +65,7 @@ from .streamlines import (
 
 INTEGRATORS = ("euler", "rk4")
 METHODS = ("eigenvector", "tensorline")
-ENGINES = engine_names((KERNEL, ARRAYS))
+ENGINES = engine_names((KERNEL, COMPILED, ARRAYS))
 # Region codes of the tracking map.
 OUTSIDE, TRACK, STOP = 0, 1, 2
 #: What kernels/deterministic.cu receives at compile time: its stop and region codes.
@@ -440,13 +441,20 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="deterministic tracking")
+    requested, engine = engine, choose_engine(engine, backend, available=(KERNEL, COMPILED, ARRAYS),
+                                              method="deterministic tracking")  # fmt: skip
+    if engine == COMPILED and not deterministic_host.available():  # numba (the cpu extra) missing
+        if requested == COMPILED:
+            deterministic_host.require()
+        engine = ARRAYS
     tf = tensor if isinstance(tensor, TrackingField) else prepare_field(tensor, voxel_size, mask, stop)
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     field = backend.asarray(tf.tensor8)
     region = backend.asarray(tf.region)
     scale = 1.0 / tf.voxel_size
-    if max_batch is None and not backend.is_gpu:
+    if max_batch is None and engine == COMPILED:
+        max_batch = max(4096, 1024 * host_threads())  # every thread gets whole blocks of seeds
+    elif max_batch is None and not backend.is_gpu:
         max_batch = 4096  # the arrays engine walks all live streamlines step by step: keep them in cache
     elif max_batch is None:
         max_batch = GPU_MAX_BATCH
@@ -456,6 +464,8 @@ def track(
         chunk = backend.asarray(seeds[a:b])
         if engine == "kernel":
             result = _track_kernel(backend, field, region, scale, chunk, params)
+        elif engine == COMPILED:
+            result = deterministic_host.track_compiled(field, region, scale, chunk, params)
         else:
             result = _track_arrays(xp, field, region, xp.asarray(scale), chunk, params, np.float64)
         batch = _compact(xp, *result, a, params, scalars)
