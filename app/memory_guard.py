@@ -1,0 +1,135 @@
+"""Host memory a CPU job will need, estimated before it starts, and the refusal when the machine
+does not have it free: a clear error (the need, what is free, what to change) instead of a
+laptop swapping to a halt.
+
+Each estimate is the job's peak above what the process held when it started (its inputs
+already in memory): the largest of its phases, each the sum of the arrays alive then, from
+the sizes the engine documents (:data:`gpu.commit.SEGMENT_BYTES`, :func:`gpu.commit.fista_bytes`,
+…), plus :data:`RUNTIME_BYTES` for the compiled loops and allocator slack. What depends on
+the streamlines' geometry (segments per point, distinct (voxel, orientation) pairs) is
+measured on a sample of the job's own streamlines, with :data:`SAMPLE_MARGIN` on top.
+tests/test_memory_guard.py checks in a subprocess that a job's peak stays below its estimate.
+
+``TRACTLENS_MEMORY_GUARD=off`` runs a job whatever its estimate (at the user's risk).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from tractlens.gpu import commit
+from tractlens.gpu.backend import get_backend
+from tractlens.gpu.commit_host import host_operator_bytes
+
+from .errors import InputError
+
+__all__ = ["GUARD_ENV", "MemoryNeed", "check_host_memory", "commit_host_need", "host_free_bytes"]
+
+GUARD_ENV = "TRACTLENS_MEMORY_GUARD"
+#: Compiled loops (numba's compiler on a first call), thread stacks and allocator slack
+RUNTIME_BYTES = 192 << 20
+#: Streamlines cut to measure segments per point (evenly spaced through the tractogram)
+SAMPLE_STREAMLINES = 2000
+#: Head-room on what the sample measured (a sample sees less sharing of pairs than the whole)
+SAMPLE_MARGIN = 1.25
+#: Working memory of cutting one chunk of streamlines, per point (gpu.commit: ~0.6 kB at the peak)
+CUT_BYTES_PER_POINT = 640
+
+
+@dataclass
+class MemoryNeed:
+    """A job's estimated peak of host memory, and what it is made of (bytes)."""
+
+    job: str
+    total: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        biggest = sorted(self.parts.items(), key=lambda kv: -kv[1])[:3]
+        return ", ".join(f"{name} {_gib(size)}" for name, size in biggest)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.0f} MiB"
+
+
+def host_free_bytes() -> int:
+    """What new allocations can use without swapping (the kernel's MemAvailable)."""
+    return get_backend("cpu").free_memory_bytes()
+
+
+def check_host_memory(need: MemoryNeed, fix: str, *, free: int | None = None) -> None:
+    """Refuse the job (:class:`InputError`) when ``need`` exceeds the free host memory, saying
+    the need, what is free and ``fix`` (what to change). ``TRACTLENS_MEMORY_GUARD=off`` skips it."""
+    if os.environ.get(GUARD_ENV, "").lower() in ("off", "0", "no"):
+        return
+    free = host_free_bytes() if free is None else free
+    if need.total <= free:
+        return
+    raise InputError(
+        f"{need.job} on the CPU needs about {_gib(need.total)} of memory ({need.describe()}), "
+        f"but only {_gib(free)} is free: it was not started, rather than make the computer swap",
+        fix=f"{fix}; or close other programs; or set {GUARD_ENV}=off to run it anyway",
+    )
+
+
+def _sample(tractogram, n: int):
+    """Points and offsets of up to ``n`` streamlines evenly spaced through ``tractogram``."""
+    offsets = np.asarray(tractogram.offsets, dtype=np.int64)
+    total = len(offsets) - 1
+    pick = np.unique(np.linspace(0, total - 1, min(n, total)).astype(np.int64))
+    parts = [np.asarray(tractogram.points[offsets[i] : offsets[i + 1]]) for i in pick]
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    return np.concatenate(parts), np.r_[0, np.cumsum(lengths)]
+
+
+def commit_host_need(
+    tractogram,
+    rows: np.ndarray,
+    voxel_size,
+    to_voxel,
+    n_meas: int,
+    params: commit.CommitParams,
+    *,
+    signal_itemsize: int = 4,
+    peaks_per_voxel: int | None = None,
+) -> MemoryNeed:
+    """Peak host memory of COMMIT's CPU pipeline (:func:`app.pipelines.commit.commit_pipeline`)
+    on ``tractogram`` over the usable voxels ``rows`` (−1 elsewhere), before its segments exist.
+
+    Phases: cutting (the chunks' segments kept until all are counted, then scattered by row:
+    twice :data:`~gpu.commit.SEGMENT_BYTES` a segment, plus one chunk's working memory), and
+    the fit (the segments once, the look-up tables, the measured and modelled signal, FISTA's
+    vectors, the operator's per-thread accumulators)."""
+    n_points = len(tractogram.points)
+    n_fibers = len(tractogram)
+    points, offsets = _sample(tractogram, SAMPLE_STREAMLINES)
+    seg = commit.segments(points, offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, to_voxel=to_voxel)
+    per_point = len(seg) / max(1, len(points))
+    n_seg = int(SAMPLE_MARGIN * per_point * n_points) + 1000
+    n_rows = int((rows >= 0).sum())  # at most the usable voxels are fitted
+    if peaks_per_voxel is not None:
+        n_ec = n_rows * peaks_per_voxel
+    else:
+        pairs = len(commit.ec_from_segments(seg)[0]) if len(seg) else 0
+        n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
+    n_ic, n_iso = params.n_ic, len(params.d_iso)
+    sizes = SimpleNamespace(n_rows=n_rows, n_meas=n_meas, n_cols=n_ic * n_fibers + n_ec + n_rows * n_iso)
+    chunk = min(n_points, commit.HOST_SEGMENT_CHUNK_POINTS)
+    cutting = 2 * commit.SEGMENT_BYTES * n_seg + CUT_BYTES_PER_POINT * chunk
+    tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4 + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8
+    signal = n_rows * n_meas * (signal_itemsize + 8 + 8)  # measured, widened for the fit, modelled
+    fitting = {
+        "segments": commit.SEGMENT_BYTES * n_seg,
+        "look-up tables": tables,
+        "signal": signal,
+        "fit vectors": commit.fista_bytes(sizes) + 16 * n_ec,
+        "operator": host_operator_bytes(n_rows, n_fibers, n_ic, n_meas),
+    }
+    parts = {"segments while cut": cutting, **fitting, "runtime": RUNTIME_BYTES}
+    total = max(cutting, sum(fitting.values())) + RUNTIME_BYTES
+    return MemoryNeed("COMMIT", int(total), parts)
