@@ -1,7 +1,11 @@
 """Benchmark: TractLens's CPU engine against its CPU peer, same inputs, same process, same run.
 
-    python tests/benchmarks/bench_cpu_peers.py [--work /tmp/bench_cpu_peers] [--repeats 3]
-        [--out tests/benchmarks/results/cpu_peers.json]
+    python tests/benchmarks/bench_cpu_peers.py [--threads N] [--work /tmp/bench_cpu_peers] [--repeats 3]
+        [--tile 8] [--out tests/benchmarks/results/cpu_peers.json]
+
+``--threads N`` runs everything on N cores (the process's CPU affinity, set before NumPy is
+imported) and sizes every thread pool to N: ours (TRACTLENS_THREADS, numba, BLAS) and the
+peers' (dmri-commit's ``set_threads``/``n_threads``, DIPY's ``nbr_threads``, BLAS/OpenMP).
 
 Four methods, each timed for ours (``device="cpu"``) and for the peer on the same arrays or
 files, under the same environment (thread settings and BLAS variables are recorded in the
@@ -32,12 +36,36 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+THREAD_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "TRACTLENS_THREADS")
+
+
+def pin_threads(argv: list[str]) -> int | None:
+    """``--threads N``: this process on N cores (its affinity) and every thread pool sized N (BLAS,
+    OpenMP, numba, TractLens's CPU engines), set before NumPy is imported; the peers get N too."""
+    if "--threads" not in argv:
+        return None
+    n = int(argv[argv.index("--threads") + 1])
+    for key in THREAD_KEYS:
+        os.environ[key] = str(n)
+    cores = sorted(os.sched_getaffinity(0))
+    if n < len(cores):
+        os.sched_setaffinity(0, cores[:n])
+    return n
+
+
+THREADS = pin_threads(sys.argv)
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-ENV_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "MKL_NUM_THREADS")
+ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", *THREAD_KEYS)
+
+
+def cores() -> int:
+    """Cores this process may run on (and the peers' thread count)."""
+    return len(os.sched_getaffinity(0))
 
 
 def best_of(repeats: int, run) -> tuple[float, object]:
@@ -108,7 +136,8 @@ def bench_commit(inputs: dict, work: Path, repeats: int) -> dict:
     ours_s, (ours, _) = best_of(repeats, lambda: commit_from_files(demo / "dwi.nii.gz", work / "wb.tck", **args))
     files = (demo / "dwi.nii.gz", demo / "dwi.bval", demo / "dwi.bvec", work / "wb.tck", work / "dmri_commit")
     peer_s, peer = best_of(
-        repeats, lambda: run_dmri_commit(*files, mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz")
+        repeats,
+        lambda: run_dmri_commit(*files, mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", threads=cores()),
     )
     ours_fit = ours.fit.seconds / (ours.fit.iterations + 50)  # + the power iteration's 50 products
     return row(
@@ -149,19 +178,24 @@ def bench_tensor_fit(inputs: dict, repeats: int, tiles: int = 8) -> dict:
 
 
 def bench_tracking(inputs: dict, repeats: int) -> dict:
+    """Ours (``engine="auto"``: the compiled loop with numba, else the arrays engine) against
+    DIPY's threaded EuDX tracker (``dipy.tracking.tracker.eudx_tracking``, ``nbr_threads`` = the
+    cores) and its ``LocalTracking`` (one thread), on the same seeds."""
     from dipy.data import default_sphere
     from dipy.direction.peaks import PeaksAndMetrics
     from dipy.tracking.local_tracking import LocalTracking
     from dipy.tracking.stopping_criterion import ThresholdStoppingCriterion
     from dipy.tracking.streamline import Streamlines
+    from dipy.tracking.tracker import eudx_tracking
 
+    from tractlens.gpu import deterministic_host
     from tractlens.gpu.deterministic import DeterministicParams, track_all
 
     params = DeterministicParams(keep_truncated=True, min_length_mm=0.0)
     tensor, mask, seeds, vs = inputs["tensor"], inputs["mask"], inputs["seeds"], inputs["voxel_size"]
-    ours_s, ours = best_of(
-        repeats, lambda: track_all(tensor, seeds, params, voxel_size=vs, mask=mask, device="cpu", engine="arrays")
-    )
+    engine = "compiled" if deterministic_host.available() else "arrays"
+    track_all(tensor, seeds[:64], params, voxel_size=vs, mask=mask, device="cpu")  # numba's compilation (cached)
+    ours_s, ours = best_of(repeats, lambda: track_all(tensor, seeds, params, voxel_size=vs, mask=mask, device="cpu"))
     pam = PeaksAndMetrics()
     pam.peak_dirs = inputs["v1"][..., None, :].astype(np.float64)
     pam.peak_values = inputs["fa"][..., None]
@@ -171,23 +205,42 @@ def bench_tracking(inputs: dict, repeats: int) -> dict:
     affine = np.diag([*vs, 1.0])
     max_steps = int(params.max_length_mm / params.step_mm)
 
-    def peer():
+    def local():
         tracker = LocalTracking(
             pam, stopping, seeds * vs, affine, step_size=params.step_mm, max_cross=1, maxlen=max_steps, minlen=2
         )
         return Streamlines(tracker)
 
-    peer_s, peer_lines = best_of(repeats, peer)
+    def threaded():
+        lines = eudx_tracking(seeds * vs, stopping, affine, pam=pam, max_cross=1, min_len=2, max_len=max_steps,
+                              step_size=params.step_mm, voxel_size=vs, max_angle=params.max_angle_deg,
+                              nbr_threads=cores())  # fmt: skip
+        return Streamlines(lines)
+
+    local_s, local_lines = best_of(repeats, local)
+    threaded()  # its first call sets up
+    peer_s, peer_lines = best_of(repeats, threaded)
+    n_local, n_peer = int(local_lines.get_data().shape[0]), int(peer_lines.get_data().shape[0])
     return row(
         "Deterministic tracking (tensor, Euler 0.5 mm)",
         ours_s,
-        "DIPY LocalTracking, EuDX peaks of the same tensors",
+        f"DIPY eudx_tracking, nbr_threads={cores()}, EuDX peaks of the same tensors",
         peer_s,
+        engine=engine,
         seeds=len(seeds),
-        points={"ours": len(ours.points), "peer": int(peer_lines.get_data().shape[0])},
+        streamlines={"ours": len(ours), "peer": len(peer_lines), "local_tracking": len(local_lines)},
+        points={"ours": len(ours.points), "peer": n_peer, "local_tracking": n_local},
+        local_tracking_s=round(local_s, 3),
+        ratio_to_local_tracking=round(ours_s / local_s, 2),
+        us_per_seed={
+            "ours": round(ours_s / len(seeds) * 1e6, 2),
+            "peer": round(peer_s / len(seeds) * 1e6, 2),
+            "local_tracking": round(local_s / len(seeds) * 1e6, 2),
+        },
         us_per_point={
             "ours": round(ours_s / len(ours.points) * 1e6, 2),
-            "peer": round(peer_s / peer_lines.get_data().shape[0] * 1e6, 2),
+            "peer": round(peer_s / n_peer * 1e6, 2),
+            "local_tracking": round(local_s / n_local * 1e6, 2),
         },
     )
 
@@ -224,6 +277,7 @@ def bench_selection(repeats: int, n: int = 100_000) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, help="cores for ours and the peers (default: all this process may use)")
     parser.add_argument("--work", default="/tmp/bench_cpu_peers")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=("commit", "tensor", "tracking", "selection"))
@@ -238,6 +292,7 @@ def main() -> None:
 
     results = {
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "threads": {"requested": args.threads, "cores_used": cores()},
         "environment": {key: os.environ.get(key) for key in ENV_KEYS},
         "versions": {
             "numpy": np.__version__,
