@@ -27,11 +27,34 @@ from tractlens.gpu.commit_host import host_operator_bytes
 
 from .errors import InputError
 
-__all__ = ["GUARD_ENV", "MemoryNeed", "check_host_memory", "commit_host_need", "host_free_bytes"]
+__all__ = [
+    "GUARD_ENV",
+    "MemoryNeed",
+    "check_host_memory",
+    "commit_host_need",
+    "host_free_bytes",
+    "tracking_host_need",
+]
 
 GUARD_ENV = "TRACTLENS_MEMORY_GUARD"
-#: Compiled loops (numba's compiler on a first call), thread stacks and allocator slack
+#: Thread stacks, imports and allocator slack
 RUNTIME_BYTES = 192 << 20
+#: numba's compiler the first time a CPU engine's loops are used in a process (about 100 MB
+#: when they load from numba's disk cache; up to ~400 MB when they compile, once per install)
+COMPILE_BYTES = 448 << 20
+
+
+def runtime_bytes(loops_module: str) -> int:
+    """:data:`RUNTIME_BYTES`, plus :data:`COMPILE_BYTES` while the compiled loops of
+    ``gpu.<loops_module>`` are not yet loaded in this process (and numba is installed)."""
+    import sys
+
+    from tractlens.gpu.host import numba_module
+
+    loaded = f"tractlens.gpu.{loops_module}" in sys.modules
+    return RUNTIME_BYTES + (0 if loaded or numba_module() is None else COMPILE_BYTES)
+
+
 #: Streamlines cut to measure segments per point (evenly spaced through the tractogram)
 SAMPLE_STREAMLINES = 2000
 #: Head-room on what the sample measured (a sample sees less sharing of pairs than the whole)
@@ -130,6 +153,41 @@ def commit_host_need(
         "fit vectors": commit.fista_bytes(sizes) + 16 * n_ec,
         "operator": host_operator_bytes(n_rows, n_fibers, n_ic, n_meas),
     }
-    parts = {"segments while cut": cutting, **fitting, "runtime": RUNTIME_BYTES}
-    total = max(cutting, sum(fitting.values())) + RUNTIME_BYTES
+    runtime = runtime_bytes("commit_loops")
+    parts = {"segments while cut": cutting, **fitting, "runtime": runtime}
+    total = max(cutting, sum(fitting.values())) + runtime
     return MemoryNeed("COMMIT", int(total), parts)
+
+
+#: Host bytes per kept point of a tracking job that keeps its streamlines: float32 position and
+#: FA in the parts, then once more when the parts are joined
+TRACK_BYTES_PER_POINT = 2 * (12 + 4)
+#: ... and per kept streamline (offsets, length, seed index, stop codes, in parts and joined)
+TRACK_BYTES_PER_STREAMLINE = 2 * (8 + 4 + 8 + 2)
+#: Seeds tracked to measure points per seed (evenly spaced through the job's seeds)
+SAMPLE_SEEDS = 256
+
+
+def tracking_host_need(
+    points_per_seed: float,
+    n_seeds: int,
+    batch_seeds: int,
+    seed_bytes: int,
+    *,
+    kept: bool,
+    piece_points: int,
+    runtime: int | None = None,
+) -> MemoryNeed:
+    """Peak host memory of a tracking job on the CPU: one batch's working memory
+    (``batch_seeds`` × ``seed_bytes``) and the streamlines kept (``points_per_seed``, measured on
+    a sample, × the seeds) — or, when they go to a sink (a file), one piece of
+    ``piece_points`` points at a time. ``runtime``: :func:`runtime_bytes` taken before the
+    sample was tracked (default: now)."""
+    points = SAMPLE_MARGIN * points_per_seed * n_seeds
+    if kept:
+        output = TRACK_BYTES_PER_POINT * points + TRACK_BYTES_PER_STREAMLINE * n_seeds
+    else:
+        output = TRACK_BYTES_PER_POINT * min(points, piece_points)
+    runtime = runtime_bytes("deterministic_loops") if runtime is None else runtime
+    parts = {"tracking batch": int(batch_seeds * seed_bytes), "streamlines": int(output), "runtime": runtime}
+    return MemoryNeed("Tracking", int(sum(parts.values())), parts)

@@ -27,13 +27,12 @@ Sums are float64 in another order than the reference: results agree to about 1e-
 
 from __future__ import annotations
 
-import functools
 import itertools
 
 import numpy as np
 
 from . import commit
-from .host import host_threads, numba_module, run_parallel
+from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 
 __all__ = ["HostOperator", "host_operator", "host_operator_bytes"]
 
@@ -51,105 +50,13 @@ def host_operator_bytes(n_rows: int, n_fibers: int, n_ic: int, n_meas: int, thre
     return 8 * (2 * n_rows + 2) + threads * per_thread
 
 
-@functools.lru_cache(maxsize=1)
 def _kernels():
     """The compiled row loops (numba), or None without numba."""
-    numba = numba_module()
-    if numba is None:
+    if numba_module() is None:
         return None
-    jit = numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
+    from . import commit_loops
 
-    @jit
-    def a_rows(rows, row_start, fiber, length, orient, x_ic, lut_ic, ec_start, ec_orient, x_ec, lut_ec, x_iso,
-               lut_iso, y, weight, mark, touched):  # fmt: skip
-        n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
-        for r in rows:
-            yr = y[r]
-            yr[:] = 0.0
-            for j in range(n_iso):
-                w = x_iso[r, j]
-                for k in range(m):
-                    yr[k] += w * lut_iso[j, k]
-            for e in range(ec_start[r], ec_start[r + 1]):
-                w = x_ec[e]
-                o = ec_orient[e]
-                for k in range(m):
-                    yr[k] += w * lut_ec[o, k]
-            n_touched = 0
-            for s in range(row_start[r], row_start[r + 1]):
-                o = orient[s]
-                if mark[o] != r:
-                    mark[o] = r
-                    touched[n_touched] = o
-                    n_touched += 1
-                    for j in range(n_ic):
-                        weight[j, o] = 0.0
-                f = fiber[s]
-                for j in range(n_ic):
-                    weight[j, o] += length[s] * x_ic[j, f]
-            for t in range(n_touched):
-                o = touched[t]
-                for j in range(n_ic):
-                    w = weight[j, o]
-                    for k in range(m):
-                        yr[k] += w * lut_ic[j, o, k]
-
-    @jit
-    def at_rows(rows, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, y, out_ic,
-                out_ec, out_iso, dots, mark):  # fmt: skip
-        n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
-        for r in rows:
-            yr = y[r]
-            for j in range(n_iso):
-                s = 0.0
-                for k in range(m):
-                    s += lut_iso[j, k] * yr[k]
-                out_iso[r, j] = s
-            for e in range(ec_start[r], ec_start[r + 1]):
-                o = ec_orient[e]
-                s = 0.0
-                for k in range(m):
-                    s += lut_ec[o, k] * yr[k]
-                out_ec[e] = s
-            for s_ in range(row_start[r], row_start[r + 1]):
-                o = orient[s_]
-                if mark[o] != r:
-                    mark[o] = r
-                    for j in range(n_ic):
-                        s = 0.0
-                        for k in range(m):
-                            s += lut_ic[j, o, k] * yr[k]
-                        dots[j, o] = s
-                f = fiber[s_]
-                for j in range(n_ic):
-                    out_ic[j, f] += length[s_] * dots[j, o]
-
-    @jit
-    def norms_rows(rows, row_start, fiber, length, orient, lut_ic, out2, vector):
-        n_ic, m = lut_ic.shape[0], lut_ic.shape[2]
-        for r in rows:
-            s0, s1 = row_start[r], row_start[r + 1]
-            if s1 == s0:
-                continue
-            order = np.argsort(fiber[s0:s1], kind="mergesort")  # a row's streamlines together
-            g = 0
-            while g < s1 - s0:
-                f = fiber[s0 + order[g]]
-                vector[:, :] = 0.0
-                while g < s1 - s0 and fiber[s0 + order[g]] == f:
-                    s = s0 + order[g]
-                    o = orient[s]
-                    for j in range(n_ic):
-                        for k in range(m):
-                            vector[j, k] += length[s] * lut_ic[j, o, k]
-                    g += 1
-                for j in range(n_ic):
-                    total = 0.0
-                    for k in range(m):
-                        total += vector[j, k] * vector[j, k]
-                    out2[j, f] += total
-
-    return a_rows, at_rows, norms_rows
+    return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows
 
 
 def _balanced_blocks(row_start: np.ndarray, n_blocks: int) -> list[np.ndarray]:
@@ -179,9 +86,23 @@ class HostOperator:
         self.ec_start = np.searchsorted(p.ec_row, np.arange(p.n_rows + 1)).astype(np.int64)
         self.ec_orient = np.ascontiguousarray(p.ec_orient, dtype=np.int32)
         self.luts = tuple(np.ascontiguousarray(t, dtype=np.float32) for t in (p.lut_ic, p.lut_ec, p.lut_iso))
-        self.kernels = _kernels()
+        self.kernels = None if _kernels() is None else compile_or_uncached(_kernels, self._compile, "commit_loops")
         self.a_blocks = _balanced_blocks(self.row_start, self.threads * A_BLOCKS_PER_THREAD)
         self.t_blocks = _balanced_blocks(self.row_start, self.threads)  # one accumulator each
+
+    def _compile(self, kernels) -> None:
+        """Each loop called on no rows (compiled for these arrays' types, nothing computed)."""
+        p, none = self.problem, np.zeros(0, dtype=np.int64)
+        lut_ic, lut_ec, lut_iso = self.luts
+        ic, iso = np.zeros((p.n_ic, p.n_fibers)), np.zeros((p.n_rows, p.n_iso))
+        y, scratch = np.zeros((p.n_rows, p.n_meas)), np.zeros((p.n_ic, commit.N_ORIENTATIONS))
+        mark = np.zeros(commit.N_ORIENTATIONS, dtype=np.int64)
+        ec = np.zeros(p.n_ec)
+        kernels[0](none, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso, lut_iso, y,
+                   scratch, mark, mark.copy())  # fmt: skip
+        kernels[1](none, *self._segments(), lut_ic, self.ec_start, self.ec_orient, lut_ec, lut_iso, y, ic, ec, iso,
+                   scratch, mark)  # fmt: skip
+        kernels[2](none, *self._segments(), lut_ic, ic, np.zeros((p.n_ic, p.n_meas)))
 
     @property
     def compiled(self) -> bool:

@@ -58,6 +58,26 @@ def compiled_note() -> str | None:
     return f"the CPU engine ran without numba (slower): {NUMBA_HINT}"
 
 
+def compile_or_uncached(loops, first_call, module: str):
+    """``loops()`` (numba functions of ``gpu.<module>``) after ``first_call(loops())`` compiled
+    them (an empty call: nothing computed). numba writes what it compiles to a cache on disk;
+    when that write fails (a full disk, a file-size limit) the module's functions stop caching
+    and are compiled in memory, rather than failing the job."""
+    try:
+        first_call(loops())
+    except OSError as exc:
+        import importlib
+
+        from numba.core.caching import NullCache
+
+        log.warning("numba could not cache the CPU engine's compiled loops (%s): compiled without the cache", exc)
+        for value in vars(importlib.import_module(f"{__package__}.{module}")).values():
+            if hasattr(value, "_cache") and hasattr(value, "py_func"):  # a numba dispatcher
+                value._cache = NullCache()
+        first_call(loops())
+    return loops()
+
+
 def run_parallel(tasks, threads: int) -> list:
     """``[task() for task in tasks]``, on ``threads`` threads (inline for one): the tasks run
     compiled loops that release the GIL, or NumPy operations that mostly do."""

@@ -24,12 +24,8 @@ def engine(request, monkeypatch):
     else:
         monkeypatch.setenv("TRACTLENS_DISABLE_NUMBA", "1")
     host.numba_module.cache_clear()
-    from tractlens.gpu import commit_host
-
-    commit_host._kernels.cache_clear()
     yield request.param
     host.numba_module.cache_clear()
-    commit_host._kernels.cache_clear()
 
 
 @pytest.mark.parametrize("model", MODELS)

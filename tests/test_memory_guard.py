@@ -88,3 +88,57 @@ def test_a_commit_job_takes_no_more_host_memory_than_it_announced(streamlines, m
     out = json.loads(done.stdout.strip().splitlines()[-1])
     print(out)
     assert 0 < out["peak"] <= out["need"], out
+
+
+def _demo_field():
+    from tractlens.app.demo import demo_path
+    from tractlens.app.pipelines.track import load_tensor_field
+
+    return load_tensor_field(dwi=demo_path() / "dwi.nii.gz", device="cpu")
+
+
+def test_tracking_on_the_cpu_is_refused_before_it_starts_when_memory_is_short(monkeypatch):
+    from tractlens.app import memory_guard
+    from tractlens.app.pipelines.track import deterministic_pipeline
+
+    field = _demo_field()
+    monkeypatch.setattr(memory_guard, "host_free_bytes", lambda: 1 << 20)
+    batches = []
+    with pytest.raises(InputError, match=r"Tracking on the CPU needs about .* but only 1 MiB is free"):
+        deterministic_pipeline(field, whole_brain=True, device="cpu", on_batch=batches.append)
+    assert not batches
+
+
+TRACK_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, ".")
+    from tests.test_memory_guard import _demo_field
+    from tractlens.app import memory_guard
+    from tractlens.app.pipelines.track import deterministic_pipeline
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+    field = _demo_field()
+    needs = []
+    real = memory_guard.check_host_memory
+    memory_guard.check_host_memory = lambda need, fix, **k: needs.append(need) or real(need, fix, **k)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS")
+    result = deterministic_pipeline(field, whole_brain=True, seeds_per_voxel=int(sys.argv[1]), device="cpu")
+    print(json.dumps({"peak": status("VmHWM") - before, "need": needs[0].total, "parts": needs[0].parts,
+                      "points": len(result.tractogram.points)}))
+    """
+)
+
+
+def test_a_tracking_job_takes_no_more_host_memory_than_it_announced():
+    """Whole-brain tracking of the demo, 4 seeds per voxel, in a fresh process: its peak
+    resident memory above what the process held before is below its estimate."""
+    done = subprocess.run([sys.executable, "-c", TRACK_PEAK_SCRIPT, "4"], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print(out)
+    assert 0 < out["peak"] <= out["need"], out

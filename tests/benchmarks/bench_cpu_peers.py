@@ -61,11 +61,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", *THREAD_KEYS)
+METHODS = ("commit", "tensor", "tracking", "selection", "csd", "noddi")
 
 
 def cores() -> int:
     """Cores this process may run on (and the peers' thread count)."""
     return len(os.sched_getaffinity(0))
+
+
+def _version_or_none(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def best_of(repeats: int, run) -> tuple[float, object]:
@@ -275,16 +285,81 @@ def bench_selection(repeats: int, n: int = 100_000) -> dict:
     )
 
 
+def bench_csd(repeats: int, voxels: int) -> dict:
+    """Ours (MSMT-CSD, three shells, ``device="cpu"``) against DIPY's single-shell CSD (b=0 and
+    b=3000 only: its MSMT needs cvxpy) with ``engine="joblib"`` on all the cores, on the same
+    synthetic HCP-like voxels (tests/benchmarks/bench_csd.py): not the same problem, so the
+    ratio is per voxel of each tool's own CSD."""
+    import warnings
+
+    from dipy.core.gradients import gradient_table as dipy_table
+    from dipy.reconst.csdeconv import ConstrainedSphericalDeconvModel
+
+    from tests.benchmarks.bench_csd import phantom, responses
+    from tests.csd_synth import gradient_table
+    from tractlens.gpu.csd import CSDParams, build_model, fit_csd
+
+    bvals, bvecs = gradient_table((1000.0, 2000.0, 3000.0), 90, 18)
+    signal = phantom(voxels, bvals, bvecs)
+    params = CSDParams(msmt=True)
+    model = build_model(bvals, bvecs, responses(bvals, bvecs), params)
+    fit_csd(signal[:256], model, params, device="cpu")  # start-up outside the timing
+    ours_s, _ = best_of(repeats, lambda: fit_csd(signal, model, params, device="cpu"))
+    keep = (bvals < 50) | (np.abs(bvals - 3000) < 80)
+    gtab = dipy_table(bvals[keep], bvecs=np.where(bvals[keep, None] > 0, bvecs[keep], 0))
+    data = signal[:, keep].reshape(voxels, 1, 1, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peer_model = ConstrainedSphericalDeconvModel(gtab, (np.array([1.7e-3, 0.3e-3, 0.3e-3]), 100.0), sh_order_max=8)
+        peer_s, _ = best_of(repeats, lambda: peer_model.fit(data, engine="joblib", n_jobs=cores()))
+    return row(
+        "CSD (ours MSMT 3 shells; DIPY SSST b=3000)",
+        ours_s,
+        f"DIPY ConstrainedSphericalDeconvModel, joblib n_jobs={cores()}",
+        peer_s,
+        voxels=voxels,
+        volumes={"ours": len(bvals), "peer": int(keep.sum())},
+    )
+
+
+def bench_noddi(repeats: int, voxels: int) -> dict:
+    """Ours (NODDI-Watson of the model toolbox, ``device="cpu"``, the whole fit) against AMICO's
+    NODDI (``nthreads`` = the cores; its fit only, kernels generated beforehand) on the same
+    synthetic voxels at SNR 30 (tests/benchmarks/bench_models.py)."""
+    from tests.benchmarks.bench_models import acquisition, amico_fit, correlations, signals, truth
+    from tractlens.gpu.models import fit_model, noddi_watson
+
+    model = noddi_watson()
+    bvals, bvecs = acquisition()
+    signal = signals(model, truth("noddi-watson", voxels, seed=3), bvals, bvecs, seed=3)
+    ours_s, ours = best_of(repeats, lambda: fit_model(model, signal, bvals, bvecs, device="cpu"))
+    best, maps = float("inf"), None
+    for _ in range(repeats):
+        peer, maps = amico_fit(signal, bvals, bvecs, threads=cores())
+        best = min(best, peer["seconds"])
+    return row(
+        "NODDI-Watson",
+        ours_s,
+        f"AMICO NODDI, nthreads={cores()} (fit only)",
+        best,
+        voxels=voxels,
+        volumes=len(bvals),
+        r_ours_amico=correlations(ours.derived, maps),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, help="cores for ours and the peers (default: all this process may use)")
     parser.add_argument("--work", default="/tmp/bench_cpu_peers")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", nargs="+", choices=("commit", "tensor", "tracking", "selection"))
+    parser.add_argument("--only", nargs="+", choices=METHODS)
+    parser.add_argument("--csd-voxels", type=int, default=20_000, help="voxels of the CSD row")
+    parser.add_argument("--noddi-voxels", type=int, default=2_000, help="voxels of the NODDI row")
     parser.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "cpu_peers.json"))
     args = parser.parse_args()
     work = Path(args.work)
-    only = set(args.only or ("commit", "tensor", "tracking", "selection"))
+    only = set(args.only or METHODS)
     from importlib.metadata import version
 
     import dipy
@@ -299,6 +374,8 @@ def main() -> None:
             "scipy": scipy.__version__,
             "dipy": dipy.__version__,
             "dmri-commit": version("dmri-commit"),
+            "dmri-amico": version("dmri-amico"),
+            "numba": _version_or_none("numba"),
         },
         "repeats": args.repeats,
         "rows": [],
@@ -312,6 +389,10 @@ def main() -> None:
         results["rows"].append(bench_tracking(inputs, args.repeats))
     if "selection" in only:
         results["rows"].append(bench_selection(args.repeats))
+    if "csd" in only:
+        results["rows"].append(bench_csd(args.repeats, args.csd_voxels))
+    if "noddi" in only:
+        results["rows"].append(bench_noddi(args.repeats, args.noddi_voxels))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
 
