@@ -77,8 +77,9 @@ def test_norms_group_a_streamline_whose_segments_are_apart_in_its_row(engine):
 
 def test_operator_memory_has_nothing_per_segment():
     """What building the operator and its products allocate (tracemalloc's peak, the result
-    vectors included) does not grow with the segments: 10× the segments, the same bytes to
-    within 1 per added segment."""
+    vectors included) does not grow with the segments: 50× the segments, the same bytes to
+    within 1 per added segment (one thread: with several, how many scratch buffers are alive
+    at once depends on timing)."""
     import tracemalloc
 
     pytest.importorskip("numba", reason="the cpu extra (numba) is not installed")
@@ -88,7 +89,7 @@ def test_operator_memory_has_nothing_per_segment():
 
     def peak(p):
         tracemalloc.start()
-        op = HostOperator(p, threads=2)
+        op = HostOperator(p, threads=1)
         op.a(x), op.at(y), op.column_norms()
         out = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
@@ -98,8 +99,8 @@ def test_operator_memory_has_nothing_per_segment():
     small = peak(problem)
     seg = problem.segments
     problem.segments = Segments(
-        np.repeat(seg.row, 10), np.repeat(seg.fiber, 10), np.repeat(seg.length, 10), np.repeat(seg.orient, 10),
+        np.repeat(seg.row, 50), np.repeat(seg.fiber, 50), np.repeat(seg.length, 50), np.repeat(seg.orient, 50),
         seg.n_fibers,
     )  # fmt: skip
-    assert peak(problem) - small < 9 * len(seg)
+    assert peak(problem) - small < 49 * len(seg)
     assert host_operator_bytes(problem.n_rows, problem.n_fibers, problem.n_ic, problem.n_meas, 2) > 0

@@ -49,6 +49,7 @@ from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix
 from ..io.dwi import DWI
 from ..io.tractogram_mapped import open_trx_mm
+from ..io.tractogram_mapped_tck import open_tck_mm
 from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
 from ..provenance import write_json_summary
@@ -265,9 +266,9 @@ def _commit_pipeline(
         to_voxel = np.linalg.inv(dwi.affine)
     else:
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
-    if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
-        _check_host_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
     try:
+        if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
+            _check_host_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
         seg = commit.segments(
             tractogram.points,
             tractogram.offsets,
@@ -556,12 +557,16 @@ def commit_from_files(
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
     returns the result and the tractogram's suffix (for the filtered output). ``mapped``: an
-    uncompressed .trx is read as stored (:mod:`app.io.tractogram_mapped`) rather than into
-    voxel coordinates; the streamlines written back are then its own bytes."""
+    uncompressed .trx (:mod:`app.io.tractogram_mapped`) or a plain .tck
+    (:mod:`app.io.tractogram_mapped_tck`) is read as stored, in chunks, rather than into voxel
+    coordinates; the streamlines written back are then its own positions."""
     with phase("read"):
         dwi = load_dwi(dwi_path, bval, bvec, read_only=True)  # its pages released once read
-        # an uncompressed .trx is used as stored (mapped millimetres: no conversion, no copy)
+        # an uncompressed .trx or a plain .tck is used as stored (millimetres read in chunks: no
+        # conversion, no copy of the points)
         tract = open_trx_mm(tractogram_path) if mapped else None
+        if tract is None and mapped:
+            tract = open_tck_mm(tractogram_path, dwi.affine, dwi.shape3)
         if tract is None:
             tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
     if len(tract) == 0:  # said before the fit's set-up, naming the file
