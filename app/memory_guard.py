@@ -30,6 +30,7 @@ from .errors import InputError
 __all__ = [
     "GUARD_ENV",
     "MemoryNeed",
+    "check_commit_memory",
     "check_host_memory",
     "commit_host_need",
     "host_free_bytes",
@@ -191,3 +192,20 @@ def tracking_host_need(
     runtime = runtime_bytes("deterministic_loops") if runtime is None else runtime
     parts = {"tracking batch": int(batch_seeds * seed_bytes), "streamlines": int(output), "runtime": runtime}
     return MemoryNeed("Tracking", int(sum(parts.values())), parts)
+
+
+def check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks) -> None:
+    """:func:`commit_host_need` of a COMMIT job on the CPU, refused when it is not free."""
+    from .io.nifti import load_image
+
+    shape = None if peaks is None else load_image(peaks, "peaks file").shape
+    per_voxel = shape[3] // 3 if shape is not None and len(shape) == 4 else None
+    need = commit_host_need(
+        tractogram, rows, voxel_size, to_voxel, len(dwi.bvals), params,
+        signal_itemsize=np.dtype(dwi.data.dtype).itemsize, peaks_per_voxel=per_voxel,
+    )  # fmt: skip
+    check_host_memory(
+        need,
+        "Give a white-matter mask (fewer voxels), fewer streamlines (select or subsample the tractogram), "
+        "or run on a GPU (--device gpu)",
+    )

@@ -51,6 +51,7 @@ from ..io.dwi import DWI
 from ..io.tractogram_mapped import open_trx_mm
 from ..io.tractogram_mapped_tck import open_tck_mm
 from ..io.tractogram_stream import open_tractogram_writer
+from ..memory_guard import check_commit_memory
 from ..model import Tractogram
 from ..provenance import write_json_summary
 from ..timing import phase
@@ -268,7 +269,7 @@ def _commit_pipeline(
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
     try:
         if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
-            _check_host_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
+            check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
         seg = commit.segments(
             tractogram.points,
             tractogram.offsets,
@@ -370,23 +371,6 @@ def _commit_pipeline(
         provenance,
         notes,
         errors,
-    )
-
-
-def _check_host_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks) -> None:
-    from ..io.nifti import load_image
-    from ..memory_guard import check_host_memory, commit_host_need
-
-    shape = None if peaks is None else load_image(peaks, "peaks file").shape
-    per_voxel = shape[3] // 3 if shape is not None and len(shape) == 4 else None
-    need = commit_host_need(
-        tractogram, rows, voxel_size, to_voxel, len(dwi.bvals), params,
-        signal_itemsize=np.dtype(dwi.data.dtype).itemsize, peaks_per_voxel=per_voxel,
-    )  # fmt: skip
-    check_host_memory(
-        need,
-        "Give a white-matter mask (fewer voxels), fewer streamlines (select or subsample the tractogram), "
-        "or run on a GPU (--device gpu)",
     )
 
 
