@@ -1,27 +1,32 @@
 """Benchmark: TractLens's CPU engine against its CPU peer, same inputs, same process, same run.
 
-    python tests/benchmarks/bench_cpu_peers.py [--threads N] [--work /tmp/bench_cpu_peers] [--repeats 3]
-        [--tile 8] [--out tests/benchmarks/results/cpu_peers.json]
+    python tests/benchmarks/bench_cpu_peers.py [--threads N] [--device cpu] [--repeats 3]
+        [--only commit tensor tracking selection csd noddi] [--csd-voxels 20000]
+        [--noddi-voxels 2000] [--work /tmp/bench_cpu_peers] [--out tests/benchmarks/results/cpu_peers.json]
 
-``--threads N`` runs everything on N cores (the process's CPU affinity, set before NumPy is
-imported) and sizes every thread pool to N: ours (TRACTLENS_THREADS, numba, BLAS) and the
-peers' (dmri-commit's ``set_threads``/``n_threads``, DIPY's ``nbr_threads``, BLAS/OpenMP).
+Ours always runs on the CPU engine (``--device cpu``, the default and only choice: on a GPU
+machine this measures its CPUs). ``--threads N`` runs everything on N cores (the process's CPU
+affinity, set before NumPy is imported) and sizes every thread pool to N: ours
+(TRACTLENS_THREADS, numba, BLAS) and the peers' (dmri-commit's ``set_threads``/``n_threads``,
+DIPY's ``nbr_threads`` and joblib ``n_jobs``, AMICO's ``nthreads``, BLAS/OpenMP).
 
-Four methods, each timed for ours (``device="cpu"``) and for the peer on the same arrays or
-files, under the same environment (thread settings and BLAS variables are recorded in the
-output; nothing is changed between the two), best of ``--repeats`` wall times:
+Each method is timed for ours and for the peer on the same arrays or files, under the same
+environment (thread settings and BLAS variables are recorded in the output), best of
+``--repeats`` wall times:
 
 - COMMIT: ``commit_from_files`` (load, segments, operator, FISTA to tol 1e-3) vs dmri-commit
-  (trk2dictionary, kernels, operator, fit; all cores) on the demo phantom with a whole-brain
+  (trk2dictionary, kernels, operator, fit) on the demo phantom with a whole-brain
   deterministic tractogram and dtifit-style V1 peaks (tests/commit_reference.py aligns them);
 - tensor fit (WLS): ``gpu.dti.fit_dti`` vs DIPY ``TensorModel(fit_method="WLS")`` on the demo
-  DWI tiled to 8× its voxels;
+  DWI tiled to 8× its voxels (DIPY's threads: its BLAS);
 - deterministic tracking: ``gpu.deterministic.track_all`` (trilinear tensor, main
-  eigenvector, Euler, 0.5 mm, FA 0.15, 45°) vs DIPY ``LocalTracking`` with the same tensor
-  field's V1 as EuDX peaks (``PeaksAndMetrics``), FA threshold stopping, same step, seeds and
-  angle;
+  eigenvector, Euler, 0.5 mm, FA 0.15, 45°; the compiled engine with numba) vs DIPY's threaded
+  ``eudx_tracking`` and its ``LocalTracking`` (one thread) with the same tensor field's V1 as
+  EuDX peaks (``PeaksAndMetrics``), FA threshold stopping, same step, seeds and angle;
 - ROI selection: ``gpu.select.select_streamlines`` vs DIPY ``tracking.utils.target`` on 100 000
-  synthetic streamlines of 50 points and a 10³-voxel cube.
+  synthetic streamlines of 50 points and a 10³-voxel cube (DIPY: one thread);
+- CSD: ours MSMT (3 shells) vs DIPY's single-shell CSD with joblib (not the same problem);
+- NODDI-Watson: the model toolbox vs AMICO (its fit only).
 
 Ratio = ours / peer (below 1: ours is faster).
 """
@@ -141,7 +146,7 @@ def bench_commit(inputs: dict, work: Path, repeats: int) -> dict:
     from tractlens.app.pipelines.commit import commit_from_files
 
     demo = inputs["demo"]
-    args = dict(mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", peaks_frame="world")
+    args = dict(mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", peaks_frame="world", device="cpu")
     # (voxel axes = world axes here: the demo's affine is diagonal and positive)
     ours_s, (ours, _) = best_of(repeats, lambda: commit_from_files(demo / "dwi.nii.gz", work / "wb.tck", **args))
     files = (demo / "dwi.nii.gz", demo / "dwi.bval", demo / "dwi.bvec", work / "wb.tck", work / "dmri_commit")
@@ -351,6 +356,9 @@ def bench_noddi(repeats: int, voxels: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, help="cores for ours and the peers (default: all this process may use)")
+    parser.add_argument(
+        "--device", choices=("cpu",), default="cpu", help="ours runs on the CPU engine, also where a GPU is"
+    )
     parser.add_argument("--work", default="/tmp/bench_cpu_peers")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=METHODS)
