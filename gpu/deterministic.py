@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cuda, sym3, tracking
+from . import cuda, deterministic_host, sym3, tracking
 from .backend import Backend, get_backend
-from .engines import ARRAYS, KERNEL, choose_engine, engine_names
+from .engines import ARRAYS, COMPILED, KERNEL, choose_engine, engine_names
+from .host import host_threads
 from .interpolate import trilinear
 from .params import meta
 from .streamlines import LOW_FA, SHARP_ANGLE, StreamlineBatch, StreamlineScalars
@@ -54,7 +55,7 @@ from .tracking import drop
 
 INTEGRATORS = ("euler", "rk4")
 METHODS = ("eigenvector", "tensorline")
-ENGINES = engine_names((KERNEL, ARRAYS))
+ENGINES = engine_names((KERNEL, COMPILED, ARRAYS))
 #: What kernels/deterministic.cu receives at compile time: its stop and region codes.
 KERNEL_DEFINES = tracking.KERNEL_DEFINES
 #: The headers it is compiled with.
@@ -305,16 +306,25 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="deterministic tracking")
+    requested, engine = engine, choose_engine(engine, backend, available=(KERNEL, COMPILED, ARRAYS),
+                                              method="deterministic tracking")  # fmt: skip
+    if engine == COMPILED and not deterministic_host.available():  # numba (the cpu extra) missing
+        if requested == COMPILED:
+            deterministic_host.require()
+        engine = ARRAYS
     tf = tensor if isinstance(tensor, TrackingField) else prepare_field(tensor, voxel_size, mask, stop)
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     field = backend.asarray(tf.tensor8)
     region = backend.asarray(tf.region)
     scale = 1.0 / tf.voxel_size
+    if max_batch is None and engine == COMPILED:
+        max_batch = max(4096, 1024 * host_threads())  # every thread gets whole blocks of seeds
 
     def track_chunk(a: int, b: int, chunk):
         if engine == KERNEL:
             return _track_kernel(backend, field, region, scale, chunk, params)
+        if engine == COMPILED:
+            return deterministic_host.track_compiled(field, region, scale, chunk, params)
         return _track_arrays(xp, field, region, xp.asarray(scale), chunk, params, np.float64)
 
     yield from tracking.track_batches(

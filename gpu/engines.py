@@ -8,7 +8,9 @@ A method is computed by one of these engines:
     array operations written against the array module, so they run on NumPy or CuPy;
 ``"numpy"``
     a NumPy-only reference, for the methods whose CPU path cannot run on CuPy
-    (ball & sticks, probabilistic tracking).
+    (ball & sticks, probabilistic tracking);
+``"compiled"``
+    a loop compiled for the CPU (numba, the ``cpu`` extra), on threads (deterministic tracking).
 
 ``"auto"`` picks the kernel on the GPU backend and the method's CPU engine otherwise.
 
@@ -30,9 +32,9 @@ from typing import Protocol
 from . import cuda
 from .backend import gpu_status
 
-KERNEL, ARRAYS, NUMPY = "kernel", "arrays", "numpy"
+KERNEL, ARRAYS, NUMPY, COMPILED = "kernel", "arrays", "numpy", "compiled"
 AUTO = "auto"
-ENGINES = (KERNEL, ARRAYS, NUMPY)
+ENGINES = (KERNEL, ARRAYS, NUMPY, COMPILED)
 
 
 class _HasDevice(Protocol):

@@ -18,8 +18,8 @@ def grid(shape=(40, 44, 36), voxel_mm=3.0, origin=None) -> Grid:
 
 def anatomy(points_mm: np.ndarray) -> np.ndarray:
     """Intensity of the synthetic head at RAS points (N, 3): an ellipsoid 'brain' of bright 'white matter'
-    with dark 'ventricles', asymmetric blobs and a folded texture (gyri-like: it gives every region edges in
-every direction, so a deformation is visible everywhere, not only at the outline)."""
+        with dark 'ventricles', asymmetric blobs and a folded texture (gyri-like: it gives every region edges in
+    every direction, so a deformation is visible everywhere, not only at the outline)."""
     x, y, z = (points_mm / np.array([45.0, 55.0, 40.0])).T
     r2 = x**2 + y**2 + z**2
     brain = 1 / (1 + np.exp((r2 - 1) * 12))

@@ -65,7 +65,7 @@ def test_a_method_cannot_offer_an_engine_outside_the_vocabulary():
 
 def test_engine_names_lists_auto_first():
     assert engine_names() == ("auto", "kernel", "arrays")
-    assert deterministic.ENGINES == ("auto", "kernel", "arrays")
+    assert deterministic.ENGINES == ("auto", "kernel", "compiled", "arrays")
 
 
 # Every method resolves its engine through choose_engine: same messages everywhere.
@@ -115,7 +115,7 @@ def _dti(engine):
 @pytest.mark.parametrize(
     ("run", "cpu_engine"),
     [
-        (_deterministic, "arrays"),
+        (_deterministic, "compiled"),
         (_geodesic, "arrays"),
         (_probabilistic, "numpy"),
         (_ballstick, "numpy"),

@@ -54,13 +54,28 @@ def case(tmp_path):
 
 
 def test_bundles_and_lesion_land_on_the_series_of_another_frame_through_the_registration(case, capsys):
-    args = ["export-dicom", str(case / "line.tck"), "--lesion", str(case / "lesion_dwi.nii.gz"), "--reference",
-            str(case / "T1"), "--registration", str(case / "reg"), "-o", str(case / "out"), "--as", "seg", "--json"]
+    args = [
+        "export-dicom",
+        str(case / "line.tck"),
+        "--lesion",
+        str(case / "lesion_dwi.nii.gz"),
+        "--reference",
+        str(case / "T1"),
+        "--registration",
+        str(case / "reg"),
+        "-o",
+        str(case / "out"),
+        "--as",
+        "seg",
+        "--json",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert "rigid" in summary["registration"] and "T1" in summary["registration"]
     seg = hd.seg.segread(summary["files"]["seg"][0])
-    datasets = sorted((pydicom.dcmread(p) for p in sorted((case / "T1").iterdir())), key=lambda ds: int(ds.InstanceNumber))
+    datasets = sorted(
+        (pydicom.dcmread(p) for p in sorted((case / "T1").iterdir())), key=lambda ds: int(ds.InstanceNumber)
+    )
     pixels = seg.get_pixels_by_source_instance(source_sop_instance_uids=[ds.SOPInstanceUID for ds in datasets],
                                                segment_numbers=[1, 2])  # fmt: skip
     line = np.zeros(SHAPE, bool)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu import commit, commit_device, commit_operator, commit_segments, commit_solver, commit_sparse
+from tractlens.gpu import commit, commit_device, commit_host, commit_operator, commit_segments, commit_solver
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit import CommitParams
 from tractlens.gpu.commit_operator import Problem
@@ -50,7 +50,9 @@ from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix
 from ..io.dwi import DWI
 from ..io.tractogram_mapped import open_trx_mm
+from ..io.tractogram_mapped_tck import open_tck_mm
 from ..io.tractogram_stream import open_tractogram_writer
+from ..memory_guard import check_commit_memory
 from ..model import Tractogram
 from ..provenance import write_json_summary
 from ..timing import phase
@@ -267,6 +269,8 @@ def _commit_pipeline(
     else:
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
     try:
+        if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
+            check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
         seg = commit_segments.segments(
             tractogram.points,
             tractogram.offsets,
@@ -315,8 +319,8 @@ def _commit_pipeline(
         op = commit_device.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
         op = commit_device.BlockedOperator(problem, commit_operator.NumpyOperator, max_block_segments)
-    else:  # SciPy sparse products (the chunked reference when they do not fit in memory)
-        op = commit_sparse.cpu_operator(problem, notes=notes)
+    else:  # the segments in place, threads over voxel rows (gpu.commit_host)
+        op = commit_host.host_operator(problem, notes=notes)
     xp = backend.xp
     scale = op.column_norms()
     a, at = op.a, op.at
@@ -538,12 +542,16 @@ def commit_from_files(
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
     returns the result and the tractogram's suffix (for the filtered output). ``mapped``: an
-    uncompressed .trx is read as stored (:mod:`app.io.tractogram_mapped`) rather than into
-    voxel coordinates; the streamlines written back are then its own bytes."""
+    uncompressed .trx (:mod:`app.io.tractogram_mapped`) or a plain .tck
+    (:mod:`app.io.tractogram_mapped_tck`) is read as stored, in chunks, rather than into voxel
+    coordinates; the streamlines written back are then its own positions."""
     with phase("read"):
         dwi = load_dwi(dwi_path, bval, bvec, read_only=True)  # its pages released once read
-        # an uncompressed .trx is used as stored (mapped millimetres: no conversion, no copy)
+        # an uncompressed .trx or a plain .tck is used as stored (millimetres read in chunks: no
+        # conversion, no copy of the points)
         tract = open_trx_mm(tractogram_path) if mapped else None
+        if tract is None and mapped:
+            tract = open_tck_mm(tractogram_path, dwi.affine, dwi.shape3)
         if tract is None:
             tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
     if len(tract) == 0:  # said before the fit's set-up, naming the file

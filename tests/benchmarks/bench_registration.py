@@ -85,8 +85,10 @@ def linear_case(kind: str, folder: Path, template, affine) -> dict:
     """T1 (template, moving) onto a b=0-like 2 mm image (fixed) moved by a known transform."""
     truth = rotation(7, -5, 9, (6.0, -5.0, 4.0))  # fixed RAS -> moving RAS
     if kind == "affine":
-        truth = truth @ np.diag([1.06, 0.95, 1.03, 1.0]) @ np.array(
-            [[1, 0.04, 0, 0], [0, 1, -0.03, 0], [0.02, 0, 1, 0], [0, 0, 0, 1.0]]
+        truth = (
+            truth
+            @ np.diag([1.06, 0.95, 1.03, 1.0])
+            @ np.array([[1, 0.04, 0, 0], [0, 1, -0.03, 0], [0.02, 0, 1, 0], [0, 0, 0, 1.0]])
         )
     g = Grid(np.diag([2.0, 2, 2, 1]) @ np.eye(4) + np.array([[0, 0, 0, -90], [0, 0, 0, -126], [0, 0, 0, -72], [0, 0, 0, 0]]),
              (91, 109, 91))  # fmt: skip
