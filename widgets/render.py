@@ -236,8 +236,38 @@ def composite(doc: Document, geometry: PlaneGeometry) -> np.ndarray:
             continue
         values, inside = sample_layer(layer, doc, geometry.voxels)
         rgb, alpha = colorize(layer, values, inside)
+        if layer.alignment != "none" and layer.kind not in ("roi", "labels"):
+            rgb, alpha = alignment_view(layer, doc, geometry, values, rgb, alpha)
         out = out * (1 - alpha[..., None]) + rgb * alpha[..., None]
     return (np.clip(out, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+EDGE_COLOUR = (1.0, 0.15, 0.85)  # magenta: apart from grey anatomy and from the ROI colours
+EDGE_THRESHOLD = 0.12  # a gradient above this fraction of the display range (per pixel) is an edge
+
+
+def alignment_view(layer: Layer, doc: Document, geometry: PlaneGeometry, values, rgb, alpha):
+    """How an image layer is drawn to judge its alignment with the layers under it
+    (``layer.alignment``): half blended; in the alternate squares of a checkerboard
+    ``layer.checker_mm`` wide (in world mm, so the squares stay put across slices and views);
+    or only its edges (gradient above :data:`EDGE_THRESHOLD` of its display range), in
+    :data:`EDGE_COLOUR`."""
+    if layer.alignment == "blend":
+        return rgb, alpha * 0.5
+    if layer.alignment == "checkerboard":
+        world = geometry.voxels @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3]
+        squares = np.floor(world / float(layer.checker_mm)).astype(np.int64).sum(axis=-1)
+        return rgb, alpha * (squares % 2 == 0)
+    intensity = rgb.mean(axis=-1) if layer.kind == "rgb" else _scaled(layer, values)
+    rows, cols = np.gradient(np.where(alpha > 0, intensity, 0.0))
+    edges = np.hypot(rows, cols) > EDGE_THRESHOLD
+    colour = np.broadcast_to(np.array(EDGE_COLOUR), rgb.shape)
+    return colour, edges * (alpha > 0) * layer.opacity
+
+
+def _scaled(layer: Layer, values: np.ndarray) -> np.ndarray:
+    lo, hi = layer.clim
+    return np.clip((np.nan_to_num(values.astype(np.float64)) - lo) / (hi - lo if hi > lo else 1.0), 0.0, 1.0)
 
 
 def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -383,6 +383,7 @@ class SliceView(QWidget):
                 f"than {roi.name}; show a map on the ROI's grid on top"
             )
             return
+        ijk = roi_tools.nearest_on_roi(self.document, roi, ijk)  # the fill runs on the ROI's own grid
         value = float(np.nan_to_num(np.asarray(volume.data[tuple(ijk)], dtype=float).ravel()[0]))
         if not value > tools.threshold:
             self.notice.emit(
@@ -441,13 +442,9 @@ class SliceView(QWidget):
             start, end = self._last_paint.astype(float), np.asarray(ijk, dtype=float)
             steps = int(np.ceil(np.abs(end - start).max() * 2)) + 1
             centres = [np.rint(start + (end - start) * t) for t in np.linspace(0, 1, steps)]
-        r = int(self.tools.radius)
-        du, dv = np.mgrid[-r : r + 1, -r : r + 1]
-        disc = (du**2 + dv**2) <= r * r
-        offsets = np.zeros((int(disc.sum()), 3), dtype=np.int64)
-        offsets[:, h], offsets[:, v] = du[disc], dv[disc]
-        voxels = np.concatenate([np.asarray(c, dtype=np.int64) + offsets for c in centres])
-        self.document.paint(self.tools.active_roi(), voxels, self.tools.tool == "brush", merge_with_last=continuing)
+        roi = self.tools.active_roi()
+        voxels = roi_tools.stroke(self.document, roi, centres, self.tools.radius, h, v, geometry.normal_axis)
+        self.document.paint(roi, voxels, self.tools.tool == "brush", merge_with_last=continuing)
         self._last_paint = np.asarray(ijk)
 
     def mousePressEvent(self, event) -> None:
@@ -516,7 +513,8 @@ class SliceView(QWidget):
             geometry = self.geometry_now()
             ordered = [v for i, v in enumerate(self._polygon) if i == 0 or not np.array_equal(v, self._polygon[i - 1])]
             voxels = roi_tools.polygon(ordered, geometry.h_axis, geometry.v_axis)
-            self.document.paint(self.tools.active_roi(), voxels, True)
+            roi = self.tools.active_roi()
+            self.document.paint(roi, roi_tools.to_roi_grid(self.document, roi, voxels), True)
         self._polygon = []
         self.update()
 
@@ -529,7 +527,8 @@ class SliceView(QWidget):
         if self._rect_start is not None and self._painting():
             end = self.voxel_at(event.position().x(), event.position().y())
             end = self._rect_end if end is None else end
-            self.document.paint(self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end), True)
+            roi, box = self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end)
+            self.document.paint(roi, roi_tools.to_roi_grid(self.document, roi, box), True)
         self._rect_start = self._rect_end = None
         self.update()
 
