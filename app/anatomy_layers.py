@@ -175,6 +175,20 @@ def covering_voxels(roi_grid: Any, reference: Any, voxels: np.ndarray) -> np.nda
     return np.unique(out[keep], axis=0)
 
 
+def same_field_of_view(a: Any, b: Any, tolerance_voxels: float = 1.0) -> bool:
+    """Do two grids span the same box of space (their corners within ``tolerance_voxels`` of the
+    coarser one's voxels)? A registration's fixed grid may be its working grid over the fixed
+    image's field of view rather than the image's own grid."""
+    a, b = Grid.of(a), Grid.of(b)
+
+    def corners(grid: Grid) -> np.ndarray:
+        lo, hi = np.full(3, -0.5), np.array(grid.shape) - 0.5
+        return np.sort(grid.to_mm(np.array([lo, hi])), axis=0)
+
+    tolerance = tolerance_voxels * max(a.voxel_sizes.max(), b.voxel_sizes.max())
+    return bool(np.all(np.abs(corners(a) - corners(b)) <= tolerance))
+
+
 def template_registration(registrations) -> Any | None:
     """The newest registration of ``registrations`` whose one side is a template (MNI), or None."""
     for registration in reversed(list(registrations)):
@@ -188,10 +202,7 @@ def mni_coordinate(registration, world_mm) -> np.ndarray | None:
     ``registration``); None when ``registration`` has no template side."""
     if registration is None or not getattr(registration, "template", None):
         return None
-    points = np.asarray(world_mm, dtype=np.float64).reshape(1, 3)
-    if registration.template_side == "fixed":
-        return registration.moving_to_fixed(points)[0]
-    return registration.fixed_to_moving(points)[0]
+    return registration.to_template(np.asarray(world_mm, dtype=np.float64).reshape(1, 3))[0]
 
 
 def atlas_region_layer(atlas: str, registration, reference: Any, value: int, region: str, layers=()) -> Layer:

@@ -9,6 +9,7 @@ placed by one name its id in their provenance (:mod:`app.anatomy_layers`).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 FOLDER = "registrations"
@@ -24,11 +25,13 @@ def write_registrations(registrations: dict, folder: Path, written: dict | None 
     for registration_id, registration in registrations.items():
         target = Path(folder) / registration_id
         if written is None or written.get(registration_id) is not registration or not target.is_dir():
-            save_registration(registration, target, {"session": True})
+            save_registration(registration, target, {"kept_in_session": True})
             if written is not None:
                 written[registration_id] = registration
         files = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
-        entries.append({"id": registration_id, "describe": registration.describe(), "files": files})
+        entries.append(
+            {"id": registration_id, "folder": registration.folder, "describe": registration.describe(), "files": files}
+        )
     return entries
 
 
@@ -37,7 +40,12 @@ def read_registrations(entries, folder: Path) -> dict:
     :class:`InputError` when one is missing or damaged."""
     from .io.transforms import load_registration
 
-    return {str(entry["id"]): load_registration(Path(folder) / str(entry["id"])) for entry in entries or []}
+    out = {}
+    for entry in entries or []:
+        registration = load_registration(Path(folder) / str(entry["id"]))
+        # where the user made or opened it, not the temporary folder the session was unpacked to
+        out[str(entry["id"])] = dataclasses.replace(registration, folder=entry.get("folder"))
+    return out
 
 
 def archive_name(name: str) -> str | None:

@@ -83,14 +83,20 @@ def nearest_on_roi(document: Document, roi: Layer, ijk) -> np.ndarray:
     return np.rint(Grid.of(roi.data).to_voxels(world)[0]).astype(np.int64)
 
 
-def stroke(document: Document, roi: Layer, centres, radius: int, h: int, v: int, normal: int) -> np.ndarray:
-    """The voxels of ``roi`` a brush of ``radius`` reference voxels paints along ``centres``
-    (reference voxels on a slice whose axes are ``h``, ``v``, across ``normal``): a disc of
-    voxels per centre, or on an ROI of another grid those within the disc in mm, at the ROI's
-    own resolution (:func:`app.anatomy_layers.brush_voxels`)."""
+def stroke(document: Document, roi: Layer, start, end, radius: int, h: int, v: int, normal: int) -> np.ndarray:
+    """The voxels of ``roi`` a brush of ``radius`` reference voxels paints from ``start`` to ``end``
+    (fractional reference voxel coordinates on a slice whose axes are ``h``, ``v``, across
+    ``normal``): a disc of voxels on every voxel between them, or on an ROI of another grid
+    (an image's own) the voxels within the disc in mm around every point between them, at the
+    ROI's resolution (:func:`app.anatomy_layers.brush_voxels`)."""
+    start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
+    first, last = np.floor(start + 0.5), np.floor(end + 0.5)  # the voxels under the two points
+    steps = int(np.ceil(np.abs(last - first).max() * 2)) + 1
     if not on_reference(document, roi):
+        centres = [start + (end - start) * t for t in np.linspace(0, 1, max(steps, 2))]
         grid = (document.reference_affine, document.reference_shape)
-        return brush_voxels(Grid.of(roi.data), grid, np.asarray(centres, float), radius, normal)
+        return brush_voxels(Grid.of(roi.data), grid, np.array(centres), radius, normal)
+    centres = [np.rint(first + (last - first) * t) for t in np.linspace(0, 1, steps)]
     r = int(radius)
     du, dv = np.mgrid[-r : r + 1, -r : r + 1]
     disc = (du**2 + dv**2) <= r * r

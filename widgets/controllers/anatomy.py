@@ -22,6 +22,7 @@ from tractlens.app.anatomy_layers import (
     new_roi_on,
     placed_by,
     placed_layer,
+    same_field_of_view,
     template_registration,
 )
 from tractlens.app.grid import Grid
@@ -67,7 +68,7 @@ class AnatomyController:
         recent = next(a for a in file_menu.actions() if a.menu() is not None)  # "Open recent"
         opener = add_action(window, file_menu, "Open re&gistration…", self.open_registration_dialog)
         file_menu.insertAction(recent, opener)
-        window.statusBar().insertPermanentWidget(0, self.mni_label)
+        window.statusBar().addPermanentWidget(self.mni_label)  # stays while messages show
         window.layer_panel.layout().addWidget(self.alignment)
 
     # ----------------------------------------------------------- registering
@@ -100,7 +101,7 @@ class AnatomyController:
         return self._open_register_dialog(self.fixed_candidates(), None, "Register DWI to MNI")
 
     def _open_register_dialog(self, moving, fixed, title) -> RegisterDialog | None:
-        from tractlens.app.anatomy import RegisterParams
+        from tractlens.app.pipelines.register import RegisterParams
 
         if self.document.reference_affine is None or not moving or (fixed is not None and not fixed):
             self.window.report_error("Open the diffusion data and the image to register first (File ▸ Open…)", "")
@@ -204,7 +205,7 @@ class AnatomyController:
 
     def _layer_moved_by(self, registration, reference) -> Layer | None:
         """The open image ``registration`` moves onto the DWI grid's space (not yet placed)."""
-        if registration.template or reference is None or not registration.fixed.same_placement(reference):
+        if registration.template or reference is None or not same_field_of_view(registration.fixed, reference):
             return None
         for layer in self.document.layers:
             if layer.kind in ("scalar", "labels") and REGISTRATION_KEY not in layer.provenance:
