@@ -189,11 +189,20 @@ def same_field_of_view(a: Any, b: Any, tolerance_voxels: float = 1.0) -> bool:
     return bool(np.all(np.abs(corners(a) - corners(b)) <= tolerance))
 
 
-def template_registration(registrations) -> Any | None:
-    """The newest registration of ``registrations`` whose one side is a template (MNI), or None."""
+def subject_grid(registration) -> Grid:
+    """The grid of a template registration's subject side (the image that is not the template)."""
+    return registration.moving if registration.template_side == "fixed" else registration.fixed
+
+
+def template_registration(registrations, reference: Any = None) -> Any | None:
+    """The newest registration of ``registrations`` whose one side is a template (MNI), or None;
+    with ``reference``, only one whose subject side is that grid's space (made from the DWI, not
+    from a T1 in its own scanner space, which would place the atlas off by the head's motion
+    between the series)."""
     for registration in reversed(list(registrations)):
         if getattr(registration, "template", None):
-            return registration
+            if reference is None or same_field_of_view(subject_grid(registration), reference):
+                return registration
     return None
 
 

@@ -2,6 +2,7 @@
 drawn on the reference grid brought onto it, and every method's view of them on the DWI grid."""
 
 import numpy as np
+import pytest
 
 from tractlens.app.anatomy_layers import brush_voxels, covering_voxels, fine_grid, roi_on_grid
 from tractlens.app.grid import Grid
@@ -74,3 +75,92 @@ def test_fibre_selection_sees_an_roi_drawn_on_another_grid_on_the_reference_grid
     assert include[0].shape == coarse.shape
     assert {tuple(v) for v in np.argwhere(include[0]).tolist()} == {(i, j, 4) for i in (5, 6) for j in (5, 6)}
     assert doc.roi_masks_by_role()["seed"][0].shape == coarse.shape
+
+
+def _registration(fixed: Grid, moving: Grid, shift_mm, *, warp: bool = False, template: bool = False):
+    from tractlens.app.registration import Registration
+
+    affine = np.eye(4)
+    affine[:3, 3] = shift_mm  # fixed points -> moving points
+    fields = {}
+    if warp:  # a nonlinear registration whose field happens to be zero: the same answer by another path
+        fields = {
+            "warp": np.zeros((*fixed.shape, 3), np.float32),
+            "inverse_warp": np.zeros((*fixed.shape, 3), np.float32),
+        }
+    return Registration(
+        fixed,
+        moving,
+        affine,
+        kind="syn" if warp else "rigid",
+        fixed_name="mni" if template else "b0",
+        moving_name="T1w",
+        template="mni" if template else None,
+        template_side="fixed" if template else None,
+        **fields,
+    )
+
+
+def _blob_t1():
+    affine = np.eye(4)
+    affine[:3, 3] = -15.5
+    t1 = Grid(affine, (32, 32, 32))  # 1 mm
+    data = np.zeros(t1.shape, np.float32)
+    data[18:22, 10:14, 15:19] = 100.0  # centred at voxel (19.5, 11.5, 16.5): RAS (4, -4, 1)
+    return t1, data
+
+
+def test_an_image_placed_by_a_linear_registration_keeps_its_voxels_and_moves():
+    from tractlens.app.anatomy_layers import placed_layer
+
+    t1, data = _blob_t1()
+    dwi = _dwi_grid()
+    registration = _registration(dwi, t1, [2.0, -1.0, 3.0])
+    layer = Layer("T1w", Volume("T1w", data, t1.affine), "scalar", opacity=0.7)
+    placed = placed_layer(layer, registration, "R1", dwi)
+    assert placed.data.data is data and placed.opacity == 0.7
+    centre = Grid.of(placed.data).to_mm([[19.5, 11.5, 16.5]])[0]
+    np.testing.assert_allclose(centre, [4 - 2.0, -4 + 1.0, 1 - 3.0])  # moved back by the shift
+    assert placed.provenance["registration"]["id"] == "R1"
+    assert placed.provenance["registration"]["describe"] == registration.describe()
+
+
+def test_an_image_placed_by_a_nonlinear_registration_is_resampled_at_its_own_resolution():
+    from tractlens.app.anatomy_layers import placed_volume
+
+    t1, data = _blob_t1()
+    dwi = _dwi_grid()
+    registration = _registration(dwi, t1, [2.0, -1.0, 3.0], warp=True)
+    placed = placed_volume(Volume("T1w", data, t1.affine), registration, dwi)
+    grid = Grid.of(placed)
+    np.testing.assert_allclose(grid.voxel_sizes, 1.0)
+    assert grid.shape == (24, 24, 20)
+    weights = placed.data / placed.data.sum()
+    centre = (grid.to_mm(np.argwhere(np.ones(grid.shape, bool))) * weights.reshape(-1, 1)).sum(0)
+    np.testing.assert_allclose(centre, [2.0, -3.0, -2.0], atol=0.05)  # where the linear path puts it
+
+
+def test_placing_refuses_an_image_the_registration_does_not_move():
+    from tractlens.app.anatomy_layers import placed_volume
+
+    t1, data = _blob_t1()
+    registration = _registration(_dwi_grid(), t1, [0, 0, 0])
+    elsewhere = np.array(t1.affine)
+    elsewhere[0, 3] += 5.0  # another image: the same shape, placed 5 mm away
+    with pytest.raises(ValueError, match="not the image this registration moves"):
+        placed_volume(Volume("FLAIR", data, elsewhere), registration, _dwi_grid())
+
+
+def test_mni_coordinate_of_a_subject_point_and_the_newest_template_registration():
+    from tractlens.app.anatomy_layers import mni_coordinate, template_registration
+
+    dwi = _dwi_grid()
+    mni = Grid(
+        np.diag([2.0, 2.0, 2.0, 1.0]) @ np.array([[1, 0, 0, -45], [0, 1, 0, -63], [0, 0, 1, -36], [0, 0, 0, 1.0]]),
+        (91, 109, 91),
+    )
+    to_t1 = _registration(dwi, dwi, [1, 1, 1])
+    to_mni = _registration(mni, dwi, [-4.0, 3.0, -2.0], template=True)  # MNI point p is subject point p + shift
+    assert template_registration([to_t1]) is None and mni_coordinate(None, [0, 0, 0]) is None
+    assert template_registration([to_mni, to_t1]) is to_mni
+    np.testing.assert_allclose(mni_coordinate(to_mni, [10.0, 0.0, 5.0]), [14.0, -3.0, 7.0])

@@ -78,10 +78,15 @@ def test_a_1mm_t1_opens_beside_the_dwi_and_is_shown_registered(window, qtbot, tm
     assert placed is not t1 and placed.kind == "scalar"
     (registration_id,) = window.document.registrations
     registration = window.document.registrations[registration_id]
-    # The T1's own voxels, moved by the shift found: its head now lies where the b0's does.
+    # The T1's own voxels, moved by the shift found: its head now lies where the b0's does, within
+    # a millimetre (half a DWI voxel) on average over the head.
     expected = t1_affine()
     expected[:3, 3] -= SHIFT_MM
-    np.testing.assert_allclose(placed.data.affine, expected, atol=0.2)  # mm and scale, 1/5 of a T1 voxel
+    head = np.argwhere(np.asarray(t1.data.data) > 500)
+    error = np.linalg.norm(
+        Grid(placed.data.affine, t1.data.shape3).to_mm(head) - Grid(expected, (1, 1, 1)).to_mm(head), axis=1
+    )
+    assert error.mean() < 1.0, error.mean()
     assert placed.data.data is t1.data.data  # not resampled: its own 1 mm voxels
     record = placed.provenance["registration"]
     assert record["id"] == registration_id and record["kind"] == "rigid"
@@ -275,7 +280,7 @@ def test_sessions_keep_registrations_and_the_report_names_them(registered, qtbot
     from tractlens.widgets.report import provenance_lines
 
     window, _b0, t1 = registered
-    (registration_id, registration), = window.document.registrations.items()
+    ((registration_id, registration),) = window.document.registrations.items()
     lines = provenance_lines(t1)
     assert lines[0] == f"placed by registration {registration_id}: {registration.describe()}"
     assert not any("scanner affine" in line for line in lines)

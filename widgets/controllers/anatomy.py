@@ -220,9 +220,11 @@ class AnatomyController:
         ``tractlens register … mni`` folder opened)."""
         from tractlens.app.atlases import atlas_info, atlas_names, find_regions
 
-        if template_registration(self.document.registrations.values()) is None:
+        if self.template() is None:
+            other = template_registration(self.document.registrations.values())
+            why = "" if other is None else f" of the DWI ({other.describe()} was made from another image's space)"
             self.window.report_error(
-                "Atlas regions need a registration to the MNI template: Image ▸ Register DWI to MNI…, or "
+                f"Atlas regions need a registration to the MNI template{why}: Image ▸ Register DWI to MNI…, or "
                 "File ▸ Open registration… with a folder made by 'tractlens register DWI mni'",
                 "",
             )
@@ -239,7 +241,7 @@ class AnatomyController:
 
     def add_atlas_region(self, atlas: str, value: int, region: str) -> int:
         """Bring atlas region ``value`` to the DWI grid on a worker and add it as an ROI (undoable)."""
-        registration = template_registration(self.document.registrations.values())
+        registration = self.template()
         reference, layers = self._reference(), list(self.document.layers)
 
         def done(layer: Layer) -> None:
@@ -281,11 +283,18 @@ class AnatomyController:
     def mni_text(self) -> str:
         """``MNI (x, y, z) mm`` of the cursor, or "" without a template registration."""
         doc = self.document
-        registration = template_registration(doc.registrations.values())
-        if registration is None or doc.reference_affine is None:
+        registration = self.template()
+        if registration is None:
             return ""
         x, y, z = mni_coordinate(registration, doc.cursor_world())
         return f"MNI ({x:.1f}, {y:.1f}, {z:.1f}) mm"
+
+    def template(self):
+        """The newest template (MNI) registration of the DWI's space, or None."""
+        reference = self._reference()
+        if reference is None:
+            return None
+        return template_registration(self.document.registrations.values(), reference)
 
     def update_mni_label(self) -> None:
         self.mni_label.setText(self.mni_text())
