@@ -38,6 +38,7 @@ class RegisterDialog(QDialog):
         super().__init__(parent)
         self.setObjectName("register_dialog")
         self.setWindowTitle(title or "Register to DWI")
+        self.setMinimumWidth(440)
         self._moving, self._fixed = list(moving), list(fixed or [])
         self.params = self.moving_layer = self.fixed_layer = None
         self.moving_box = QComboBox()
@@ -69,20 +70,24 @@ class RegisterDialog(QDialog):
         if moving in self._moving:
             self.moving_box.setCurrentIndex(self._moving.index(moving))
 
+    def _say(self, text: str) -> None:
+        self.message.setText(text)
+        self.adjustSize()  # the message shows whole, however long
+
     def accept(self) -> None:
         try:
             params = self.form.value()
         except ValueError as exc:
-            self.message.setText(f"Check the settings: {exc}.")
+            self._say(f"Check the settings: {exc}.")
             return
         if not self._moving:
-            self.message.setText("Open the image to register first (File ▸ Open…).")
+            self._say("Open the image to register first (File ▸ Open…).")
             return
         self.params = params
         self.moving_layer = self._moving[self.moving_box.currentIndex()]
         self.fixed_layer = self._fixed[self.fixed_box.currentIndex()] if self._fixed else None
         if self.moving_layer is self.fixed_layer:
-            self.message.setText("Choose two different images.")
+            self._say("Choose two different images.")
             return
         super().accept()
 

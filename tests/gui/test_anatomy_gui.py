@@ -298,3 +298,31 @@ def test_sessions_keep_registrations_and_the_report_names_them(registered, qtbot
     layer = window.document.layer("T1w")
     assert layer.provenance["registration"]["id"] == registration_id
     np.testing.assert_allclose(layer.data.affine, t1.data.affine, atol=1e-9)
+
+
+def test_the_register_dialogs_offer_what_can_be_registered_and_refuse_an_image_onto_itself(window, qtbot, tmp_path):
+    b0_path, _t1_path = write_pair(tmp_path / "data")
+    trigger(window, "Image", "Register to DWI…")  # nothing open: told what to do, no dialog
+    assert window.errors and "Open the diffusion data" in window.errors[-1]
+    window.errors.clear()
+    window.open_paths([b0_path])
+    assert window.wait_for_jobs(60)
+    trigger(window, "Image", "Register DWI to MNI…")
+    dialog = window.anatomy.register_dialog
+    qtbot.waitUntil(dialog.isVisible, timeout=3000)
+    assert dialog.moving_box.currentText() == "dwi_b0"
+    assert dialog.fixed_box.currentText() == "MNI152 template" and not dialog.fixed_box.isEnabled()
+    assert dialog.form.editors["type"].currentText() == "affine"  # RegisterParams' default
+    dialog.reject()
+    trigger(window, "Image", "Register to DWI…")
+    dialog = window.anatomy.register_dialog
+    qtbot.waitUntil(dialog.isVisible, timeout=3000)
+    jobs = set(window.runner.jobs)
+    qtbot.mouseClick(dialog.ok_button, Qt.MouseButton.LeftButton)  # the b0 onto itself
+    assert dialog.isVisible() and "two different images" in dialog.message.text()
+    dialog.form.editors["affine_iterations"].setText("100 fifty")
+    dialog.moving_box.setCurrentIndex(0)
+    qtbot.mouseClick(dialog.ok_button, Qt.MouseButton.LeftButton)
+    assert dialog.isVisible() and "whole numbers" in dialog.message.text()
+    assert set(window.runner.jobs) == jobs and window.document.registrations == {}
+    dialog.grab().save(str(ARTIFACTS / "anatomy_register_dialog.png"))
