@@ -86,17 +86,21 @@ def placed_volume(volume: Volume, registration, reference: Any, *, interp: str =
     return out
 
 
-def placed_layer(layer: Layer, registration, registration_id: str, reference: Any) -> Layer:
-    """A new layer: ``layer`` shown registered (:func:`placed_volume`), with its display and
-    provenance, the provenance naming the registration (:func:`registration_record`). Put it in
-    the layer's place with :meth:`Document.replace_layer`."""
+def placed_layer(
+    layer: Layer, registration, registration_id: str, reference: Any, volume: Volume | None = None
+) -> Layer:
+    """A new layer: ``layer`` shown registered (:func:`placed_volume` of ``volume``, by default
+    the layer's own: the image as the scanner placed it), with its display and provenance, the
+    provenance naming the registration (:func:`registration_record`). Put it in the layer's
+    place with :meth:`Document.replace_layer`."""
+    volume = layer.data if volume is None else volume
     interp = "nearest" if layer.kind == "labels" else "linear"
-    volume = placed_volume(layer.data, registration, reference, interp=interp)
-    new = Layer(layer.name, volume, layer.kind)
+    placed = placed_volume(volume, registration, reference, interp=interp)
+    new = Layer(layer.name, placed, layer.kind)
     for key in Layer._DISPLAY:
         setattr(new, key, getattr(layer, key))
     new.provenance = dict(layer.provenance)
-    new.provenance["scanner_affine"] = np.asarray(layer.data.affine).tolist()
+    new.provenance["scanner_affine"] = np.asarray(volume.affine).tolist()
     new.provenance[REGISTRATION_KEY] = registration_record(registration, registration_id)
     return new
 

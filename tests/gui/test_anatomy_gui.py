@@ -16,6 +16,7 @@ from PySide6.QtCore import QPoint, Qt
 from tests.anatomy_synth import SHIFT_MM, t1_affine, write_pair
 from tests.conftest import ARTIFACTS
 from tractlens.app.grid import Grid
+from tractlens.app.integrity import document_problems
 from tractlens.app.model import Tractogram
 from tractlens.widgets import dialogs
 from tractlens.widgets.controllers.menus import plain, window_actions
@@ -105,6 +106,7 @@ def test_cancelling_a_registration_changes_nothing(window, qtbot, tmp_path):
     assert window.document.layer("T1w") is t1 and "registration" not in t1.provenance
     assert window.document.registrations == {}
     assert window.errors == []
+    assert document_problems(window.document) == []
 
 
 def test_alignment_is_judged_by_blend_checkerboard_and_edges(registered, qtbot):
@@ -212,6 +214,7 @@ def test_a_lesion_drawn_on_the_t1_measures_as_the_same_lesion_drawn_on_the_dwi_g
     assert np.all(np.isfinite(from_t1)) and len(from_t1) == 4
     np.testing.assert_allclose(from_t1, from_dwi, atol=2.0)  # one DWI voxel (2 mm)
     assert np.all(np.diff(from_t1) > 0)  # farther streamlines, larger distances
+    assert document_problems(doc) == []
 
 
 def template_folder(tmp_path: Path, window, shift=(4.0, -3.0, 2.0)) -> Path:
@@ -326,3 +329,24 @@ def test_the_register_dialogs_offer_what_can_be_registered_and_refuse_an_image_o
     assert dialog.isVisible() and "whole numbers" in dialog.message.text()
     assert set(window.runner.jobs) == jobs and window.document.registrations == {}
     dialog.grab().save(str(ARTIFACTS / "anatomy_register_dialog.png"))
+
+
+def test_a_registration_folder_opened_places_the_image_it_moves(window, qtbot, tmp_path):
+    from tractlens.app.anatomy import register_images
+    from tractlens.app.pipelines.register import RegisterParams
+
+    b0, t1 = open_pair(window, tmp_path)
+    folder = tmp_path / "t1_to_b0"
+    made = register_images(t1.data.source, b0.data.source, folder, RegisterParams(type="rigid"))  # tractlens register
+    with dialogs.answers(folder=[str(folder)]):
+        trigger(window, "File", "Open registration…")
+    assert window.wait_for_jobs(60)
+    assert window.errors == []
+    placed = window.document.layer("T1w")
+    assert placed is not t1 and placed.data.data is t1.data.data
+    np.testing.assert_allclose(
+        placed.data.affine, np.linalg.solve(made.registration.affine, t1.data.affine), atol=1e-5
+    )  # the folder's transform, as written and read back
+    (registration,) = window.document.registrations.values()
+    assert registration.folder == str(folder) and str(folder) in placed.provenance["registration"]["describe"]
+    assert window.anatomy.mni_label.text() == ""  # not a template registration

@@ -142,11 +142,7 @@ class AnatomyController:
             placed = None
             if fixed is not None:
                 ctx.progress(1, 1, f"placing {volume.name} on the DWI grid")
-                source = Layer(original.name, volume, original.kind)
-                source.provenance = dict(original.provenance)
-                placed = placed_layer(source, result.registration, registration_id, reference)
-                for key in Layer._DISPLAY:
-                    setattr(placed, key, getattr(original, key))
+                placed = placed_layer(original, result.registration, registration_id, reference, volume)
             return result, placed
 
         def done(outcome) -> None:
@@ -181,11 +177,16 @@ class AnatomyController:
 
         folder = Path(folder)
         reference, registration_id = self._reference(), self._new_id()
+        unplaced = [
+            layer
+            for layer in self.document.layers
+            if layer.kind in ("scalar", "labels") and REGISTRATION_KEY not in layer.provenance
+        ]
 
         def job(ctx):
             ctx.progress(0, 1, f"reading {folder.name}")
             registration = load_registration(folder)
-            layer = self._layer_moved_by(registration, reference)
+            layer = moved_by(registration, reference, unplaced)
             placed = None if layer is None else placed_layer(layer, registration, registration_id, reference)
             return registration, registration_id, layer, placed
 
@@ -202,17 +203,6 @@ class AnatomyController:
         return self.runner.submit(
             f"open registration {folder.name}", job, on_done=done, on_error=self.window.report_error
         )
-
-    def _layer_moved_by(self, registration, reference) -> Layer | None:
-        """The open image ``registration`` moves onto the DWI grid's space (not yet placed)."""
-        if registration.template or reference is None or not same_field_of_view(registration.fixed, reference):
-            return None
-        for layer in self.document.layers:
-            if layer.kind in ("scalar", "labels") and REGISTRATION_KEY not in layer.provenance:
-                grid = Grid.of(layer.data)
-                if grid.shape == registration.moving.shape and grid.same_placement(registration.moving):
-                    return layer
-        return None
 
     # ------------------------------------------------------------------ ROIs
     def atlas_region_dialog(self) -> AtlasRegionDialog | None:
@@ -353,3 +343,15 @@ class AlignmentControls(QWidget):
         layer = self._layer()
         if layer is not None and not self._updating and layer.kind in ("scalar", "dwi", "rgb"):
             layer.set(**changes)
+
+
+def moved_by(registration, reference: Grid | None, layers: list[Layer]) -> Layer | None:
+    """The image of ``layers`` that ``registration`` moves into the DWI's space (its moving grid,
+    its fixed side over the DWI grid's field of view), or None."""
+    if registration.template or reference is None or not same_field_of_view(registration.fixed, reference):
+        return None
+    for layer in layers:
+        grid = Grid.of(layer.data)
+        if grid.shape == registration.moving.shape and grid.same_placement(registration.moving):
+            return layer
+    return None
