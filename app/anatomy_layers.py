@@ -14,6 +14,7 @@ this module holds what the window does with their results, so that it holds no c
   within the brush's disc in mm and in the slice's slab, not one per screen pixel).
 * :func:`roi_on_grid` — an ROI brought onto a method's grid (nearest neighbour), which is how
   every method sees ROIs drawn on the anatomy (:mod:`app.regions`, :meth:`Document.roi_sets`).
+* :func:`as_scanned` — a placed image as the scanner placed it (registering it again starts there).
 * :func:`template_registration`, :func:`mni_coordinate`, :func:`atlas_region_layer`.
 """
 
@@ -23,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InputError
 from .grid import Grid
 from .layers import Layer, next_roi_colour
 from .volumes import RoiMask, Volume
@@ -65,22 +67,40 @@ def fine_grid(reference: Grid, voxel_mm: np.ndarray) -> Grid:
     return Grid(affine, shape)
 
 
+def overlaps(a: Any, b: Any) -> bool:
+    """Do two grids' fields of view share any space?"""
+
+    def box(grid: Grid) -> np.ndarray:
+        corners = np.array([[i, j, k] for i in (-0.5, grid.shape[0] - 0.5) for j in (-0.5, grid.shape[1] - 0.5)
+                            for k in (-0.5, grid.shape[2] - 0.5)])  # fmt: skip
+        mm = grid.to_mm(corners)
+        return np.array([mm.min(0), mm.max(0)])
+
+    first, second = box(Grid.of(a)), box(Grid.of(b))
+    return bool(np.all(first[0] < second[1]) and np.all(second[0] < first[1]))
+
+
 def placed_volume(volume: Volume, registration, reference: Any, *, interp: str = "linear") -> Volume:
-    """``volume`` (on ``registration``'s moving grid) in fixed space, at its own resolution (see
-    the module docstring). ``reference``: the fixed (diffusion) grid, for a nonlinear one."""
-    if not Grid.of(volume).same_placement(registration.moving) or tuple(volume.shape3) != registration.moving.shape:
-        raise ValueError(
-            f"{volume.name} is not the image this registration moves ({registration.moving_name}): "
-            "register it, or open the registration made for it"
+    """``volume`` (in ``registration``'s moving space: the moving image itself, or another image
+    of that space, e.g. an fMRI map in the T1's) in fixed space, at its own resolution (see the
+    module docstring). ``reference``: the fixed (diffusion) grid, for a nonlinear one. An image
+    that shares no space with the moving image is refused (ValueError)."""
+    grid = Grid.of(volume)
+    if not overlaps(grid, registration.moving):
+        raise InputError(
+            f"{volume.name} lies outside the space this registration moves ({registration.moving_name})",
+            fix="Register it, or choose the registration made for its series",
         )
     if registration.warp is None:  # exact: the same voxels, another placement
         affine = np.linalg.solve(np.asarray(registration.affine, np.float64), np.asarray(volume.affine, np.float64))
         out = Volume(volume.name, volume.data, affine, kind=volume.kind, source=volume.source)
     else:
-        grid = fine_grid(Grid.of(reference), Grid.of(volume).voxel_sizes)
-        data = registration.resample_to_fixed(np.asarray(volume.data), grid, interp=interp)
+        from .registration import resample
+
+        target = fine_grid(Grid.of(reference), grid.voxel_sizes)
+        data = resample(np.asarray(volume.data), grid, target, registration.fixed_to_moving, interp)
         out = Volume(
-            volume.name, np.asarray(data, dtype=np.float32), grid.affine, kind=volume.kind, source=volume.source
+            volume.name, np.asarray(data, dtype=np.float32), target.affine, kind=volume.kind, source=volume.source
         )
     out.lut = volume.lut
     return out
@@ -103,6 +123,23 @@ def placed_layer(
     new.provenance["scanner_affine"] = np.asarray(volume.affine).tolist()
     new.provenance[REGISTRATION_KEY] = registration_record(registration, registration_id)
     return new
+
+
+def as_scanned(layer: Layer) -> Volume:
+    """The image of ``layer`` as the scanner placed it: itself, or, for a layer placed by a
+    registration, the image before (kept while the window runs; after a session is reopened,
+    rebuilt from the scanner's affine the provenance keeps, for a linear placement)."""
+    kept = getattr(layer.data, "unplaced", None)
+    if kept is not None:
+        return kept
+    record = layer.provenance.get(REGISTRATION_KEY)
+    scanner = layer.provenance.get("scanner_affine")
+    if isinstance(record, dict) and record.get("kind") != "syn" and scanner is not None:
+        data = layer.data
+        volume = Volume(data.name, data.data, np.asarray(scanner, dtype=np.float64), kind=data.kind, source=data.source)
+        volume.lut = data.lut
+        return volume
+    return layer.data
 
 
 def new_roi_on(layer: Layer, name: str, role: str, layers=()) -> Layer:

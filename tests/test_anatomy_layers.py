@@ -140,14 +140,18 @@ def test_an_image_placed_by_a_nonlinear_registration_is_resampled_at_its_own_res
     np.testing.assert_allclose(centre, [2.0, -3.0, -2.0], atol=0.05)  # where the linear path puts it
 
 
-def test_placing_refuses_an_image_the_registration_does_not_move():
+def test_another_image_of_the_moving_space_is_placed_alike_and_one_elsewhere_is_refused():
     from tractlens.app.anatomy_layers import placed_volume
 
     t1, data = _blob_t1()
-    registration = _registration(_dwi_grid(), t1, [0, 0, 0])
+    registration = _registration(_dwi_grid(), t1, [2.0, -1.0, 3.0])
+    fmri_affine = np.diag([3.0, 3.0, 3.0, 1.0])  # an fMRI map on a 3 mm grid of the T1's space
+    fmri_affine[:3, 3] = [-12.0, -12.0, -12.0]
+    fmri = placed_volume(Volume("fMRI", np.ones((9, 9, 9), np.float32), fmri_affine), registration, _dwi_grid())
+    np.testing.assert_allclose(Grid.of(fmri).to_mm([[0, 0, 0]])[0], [-14.0, -11.0, -15.0])  # moved as the T1
     elsewhere = np.array(t1.affine)
-    elsewhere[0, 3] += 5.0  # another image: the same shape, placed 5 mm away
-    with pytest.raises(ValueError, match="not the image this registration moves"):
+    elsewhere[0, 3] += 500.0  # shares no space with the T1
+    with pytest.raises(ValueError, match="lies outside the space this registration moves"):
         placed_volume(Volume("FLAIR", data, elsewhere), registration, _dwi_grid())
 
 
@@ -164,3 +168,17 @@ def test_mni_coordinate_of_a_subject_point_and_the_newest_template_registration(
     assert template_registration([to_t1]) is None and mni_coordinate(None, [0, 0, 0]) is None
     assert template_registration([to_mni, to_t1]) is to_mni
     np.testing.assert_allclose(mni_coordinate(to_mni, [10.0, 0.0, 5.0]), [14.0, -3.0, 7.0])
+
+
+def test_a_placed_image_reopened_from_a_session_is_registered_again_from_the_scan():
+    from tractlens.app.anatomy_layers import as_scanned, placed_layer
+    from tractlens.app.session import snapshot_layer
+
+    t1, data = _blob_t1()
+    layer = Layer("T1w", Volume("T1w", data, t1.affine), "scalar")
+    placed = placed_layer(layer, _registration(_dwi_grid(), t1, [2.0, -1.0, 3.0]), "R1", _dwi_grid())
+    reopened = snapshot_layer(placed)  # what a session keeps: the placed voxels and the provenance
+    scan = as_scanned(reopened)
+    np.testing.assert_allclose(scan.affine, t1.affine)
+    assert scan.data is data
+    assert as_scanned(layer) is layer.data

@@ -350,3 +350,32 @@ def test_a_registration_folder_opened_places_the_image_it_moves(window, qtbot, t
     (registration,) = window.document.registrations.values()
     assert registration.folder == str(folder) and str(folder) in placed.provenance["registration"]["describe"]
     assert window.anatomy.mni_label.text() == ""  # not a template registration
+
+
+def test_an_fmri_map_of_the_t1_space_is_placed_with_the_t1_registration(registered, qtbot, tmp_path):
+    import nibabel as nib
+
+    window, b0, _t1 = registered
+    # a 3 mm activation map in the T1's scanner space: a blob on the bright nucleus, at (8, -9, -5) + the shift
+    affine = np.diag([3.0, 3.0, 3.0, 1.0])
+    affine[:3, 3] = -19.5
+    points = np.stack(np.meshgrid(*[np.arange(14)] * 3, indexing="ij"), -1) * 3.0 - 19.5
+    nucleus_in_t1_space = np.array([8.0, -9.0, -5.0]) + SHIFT_MM
+    zstat = 5 * np.exp(-((points - nucleus_in_t1_space) ** 2).sum(-1) / 18)
+    nib.save(nib.Nifti1Image(zstat.astype(np.float32), affine), tmp_path / "zstat1.nii.gz")
+    window.open_paths([tmp_path / "zstat1.nii.gz"])
+    assert window.wait_for_jobs(60)
+    fmri = window.document.layer("zstat1")
+    window.select_layer(fmri)
+    (registration_id,) = window.document.registrations
+    with dialogs.answers(choice=[registration_id]):
+        trigger(window, "Image", "Apply a registration to the selected image…")
+    assert window.wait_for_jobs(60)
+    assert window.errors == []
+    placed = window.document.layer("zstat1")
+    assert placed is not fmri and placed.provenance["registration"]["id"] == registration_id
+    peak = np.unravel_index(np.argmax(placed.data.data), placed.data.shape3)
+    np.testing.assert_allclose(Grid.of(placed.data).to_mm([peak])[0], [8, -9, -5], atol=1.5)  # on the nucleus
+    placed.set(colormap="hot", transparent_below=1.0)
+    window.document.set_cursor(Grid.of(b0.data).to_voxels([[8.0, -9.0, -5.0]])[0])  # the slices through the nucleus
+    window.save_screenshot(ARTIFACTS / "anatomy_fmri_placed.png")

@@ -1,4 +1,4 @@
-"""Anatomy in the window: Image ▸ Register to DWI… and Register to MNI…, File ▸ Open
+"""Anatomy in the window: Image ▸ Register to DWI…, Apply a registration… and Register to MNI…, File ▸ Open
 registration…, ROI ▸ Add atlas region… and New ROI on the selected image, the MNI coordinate of
 the cursor in the status bar, and the alignment controls under the layer form.
 
@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QW
 
 from tractlens.app.anatomy_layers import (
     REGISTRATION_KEY,
+    as_scanned,
     atlas_region_layer,
     mni_coordinate,
     new_roi_on,
@@ -61,6 +62,7 @@ class AnatomyController:
             bar.insertMenu(track, image_menu)
             bar.insertMenu(track, roi_menu)
         add_action(window, image_menu, "&Register to DWI…", self.register_to_dwi_dialog)
+        add_action(window, image_menu, "&Apply a registration to the selected image…", self.apply_registration_dialog)
         add_action(window, image_menu, "Register DWI to &MNI…", self.register_to_mni_dialog)
         add_action(window, roi_menu, "Add &atlas region…", self.atlas_region_dialog)
         add_action(window, roi_menu, "New ROI on the &selected image", self.new_roi_on_selected)
@@ -130,7 +132,7 @@ class AnatomyController:
         in its place. A cancelled or failed registration changes nothing. The job id."""
         from tractlens.app.anatomy import register_images
 
-        volume = getattr(moving.data, "unplaced", None) or moving.data  # re-registering starts from the scan
+        volume = as_scanned(moving)  # re-registering starts from the scan
         target = "mni" if fixed is None else fixed.data
         reference, registration_id = self._reference(), self._new_id()
         original = moving
@@ -202,6 +204,47 @@ class AnatomyController:
 
         return self.runner.submit(
             f"open registration {folder.name}", job, on_done=done, on_error=self.window.report_error
+        )
+
+    def apply_registration_dialog(self) -> int | None:
+        """Image ▸ Apply a registration to the selected image…: place another image of a registered
+        image's space (an fMRI map or a FLAIR in the T1's space) with that registration; the job id."""
+        layer = self.window.layer_panel.selected_layer()
+        reference = self._reference()
+        choices = [
+            (key, f"{key}: {registration.describe()}")
+            for key, registration in self.document.registrations.items()
+            if not registration.template and reference is not None and same_field_of_view(registration.fixed, reference)
+        ]
+        if layer is None or layer.kind not in ("scalar", "labels") or not choices:
+            self.window.report_error(
+                "Select the image to place (an fMRI map, a FLAIR in the T1's space) after registering an image of "
+                "its series (Image ▸ Register to DWI…, or File ▸ Open registration…)",
+                "",
+            )
+            return None
+        text = f"Place {layer.name} with which registration? (Its image and {layer.name} must share their space.)"
+        key = dialogs.choice(self.window, "Apply a registration", text, [*choices, ("", "Cancel")], default="")
+        return self.apply_registration(layer, key) if key else None
+
+    def apply_registration(self, layer: Layer, registration_id: str) -> int:
+        """Show ``layer`` placed by the document's registration ``registration_id`` (on a worker)."""
+        registration = self.document.registrations[registration_id]
+        reference = self._reference()
+        volume = as_scanned(layer)
+
+        def done(placed: Layer) -> None:
+            if layer in self.document.layers:
+                placed.data.unplaced = volume
+                self.document.replace_layer(layer, placed)
+                self.window.select_layer(placed)
+                self.window.statusBar().showMessage(f"{layer.name} placed by {registration.describe()}", 15000)
+
+        return self.runner.submit(
+            f"place {layer.name}",
+            lambda ctx: placed_layer(layer, registration, registration_id, reference, volume),
+            on_done=done,
+            on_error=self.window.report_error,
         )
 
     # ------------------------------------------------------------------ ROIs
