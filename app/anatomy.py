@@ -31,6 +31,9 @@ TEMPLATE_WORDS = ("mni",)
 #: Below this share of the fixed image's foreground covered by the registered moving image, the
 #: registration is taken to have diverged (or the images show different anatomy).
 MIN_OVERLAP = 0.5
+#: Below this share of the fixed image's intensity entropy explained by the registered moving image
+#: (:func:`app.pipelines.register.shared_information`), the images are taken not to show the same anatomy.
+MIN_SHARED_INFORMATION = 0.08
 TRACTOGRAM_SUFFIXES = (".trk", ".tck", ".trx")
 
 
@@ -162,9 +165,9 @@ def register_images(
     )
     values = (
         f"mutual information {run.metric_before:.3f} before, {run.metric_after:.3f} after; the registered images "
-        f"overlap in {run.overlap:.0%} of the fixed image's foreground"
+        f"overlap in {run.overlap:.0%} of the fixed image's foreground and explain {run.shared:.0%} of its intensities"
     )
-    if run.overlap < MIN_OVERLAP or run.metric_after < run.metric_before - 1e-3:
+    if run.overlap < MIN_OVERLAP or run.shared < MIN_SHARED_INFORMATION or run.metric_after < run.metric_before - 1e-3:
         raise InputError(
             f"the registration of {mov.name} onto {fix.name} failed ({values}): the images do not overlap, show "
             "different anatomy, or the optimisation diverged; nothing was written",
@@ -206,6 +209,7 @@ def register_images(
         "mutual_information_before": round(run.metric_before, 5),
         "mutual_information_after": round(run.metric_after, 5),
         "overlap": round(run.overlap, 4),
+        "shared_information": round(run.shared, 4),
         "seconds": {"read": round(read_seconds, 3), **run.seconds},
         "description": registration.describe(),
     }
@@ -373,6 +377,7 @@ def atlas_region_mask(name: str, registration, reference_grid: Grid, values) -> 
 def write_atlas(name: str, registration, reference: str | os.PathLike, out: str | os.PathLike) -> dict:
     """``tractlens atlas NAME``: the atlas on the subject's grid and its lookup table (``labels.tsv``
     beside it, BIDS ``dseg.tsv`` style, or ``OUT`` with ``.tsv`` instead of ``.nii.gz``)."""
+    atlas_info(name)
     out = check_output_file(out, "atlas output")
     ref_img = load_image(reference, "reference image")
     grid = Grid(ref_img.affine, ref_img.shape[:3])
@@ -415,3 +420,37 @@ __all__ = [
     "register_images",
     "write_atlas",
 ]
+
+
+def _corners(g: Grid) -> np.ndarray:
+    ijk = np.array([[i, j, k] for i in (0, g.shape[0] - 1) for j in (0, g.shape[1] - 1) for k in (0, g.shape[2] - 1)])
+    corners = ijk @ g.affine[:3, :3].T + g.affine[:3, 3]
+    return corners[np.lexsort(np.round(corners, 1).T)]
+
+
+def side_of_grid(registration: Registration, grid: Grid, what: str = "image") -> str:
+    """'fixed' or 'moving': the side of ``registration`` whose image ``grid`` covers (the same voxel
+    centres' box within half a voxel, whatever the order of the axes: a DICOM series and its NIfTI
+    conversion store the same voxels in other orders)."""
+    for side in ("fixed", "moving"):
+        other = getattr(registration, side)
+        tolerance = 0.5 * float(np.min(other.voxel_sizes))
+        if sorted(other.shape) == sorted(grid.shape) and np.allclose(_corners(other), _corners(grid), atol=tolerance):
+            return side
+    raise InputError(
+        f"the {what} is neither image of the registration ({registration.describe()})",
+        fix="Give the registration made between the diffusion data and this series (tractlens register)",
+    )
+
+
+def points_onto(registration: Registration, target_side: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The map that carries RAS points of the other side onto ``target_side``."""
+    return registration.fixed_to_moving if target_side == "moving" else registration.moving_to_fixed
+
+
+def mask_onto(
+    registration: Registration, mask: np.ndarray, mask_grid: Grid, target: Grid, target_side: str
+) -> np.ndarray:
+    """A mask of the other side drawn on ``target`` (nearest neighbour)."""
+    pull = registration.moving_to_fixed if target_side == "moving" else registration.fixed_to_moving
+    return resample(np.asarray(mask, bool), mask_grid, target, pull, "nearest")

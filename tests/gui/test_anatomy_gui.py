@@ -4,7 +4,7 @@ alignment judged by blend/checkerboard/edges, a lesion drawn on the T1 at its re
 measured against the tracts, atlas regions and the MNI coordinate through a template
 registration, and sessions and reports that keep the registrations.
 
-The images are small and synthetic (tests/anatomy_synth.py: a 24³ b0 and a 40³ T1 whose head
+The images are small and synthetic (tests/anatomy_window_synth.py: a 24³ b0 and a 40³ T1 whose head
 lies a known shift away), so a rigid registration takes a couple of seconds on the CPU."""
 
 from pathlib import Path
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPoint, Qt
 
-from tests.anatomy_synth import SHIFT_MM, t1_affine, write_pair
+from tests.anatomy_window_synth import SHIFT_MM, t1_affine, write_pair
 from tests.conftest import ARTIFACTS
 from tractlens.app.grid import Grid
 from tractlens.app.integrity import document_problems
