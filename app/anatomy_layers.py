@@ -151,7 +151,22 @@ def new_roi_on(layer: Layer, name: str, role: str, layers=()) -> Layer:
     roi.provenance = {"drawn_on": layer.name}
     if REGISTRATION_KEY in layer.provenance:
         roi.provenance[REGISTRATION_KEY] = dict(layer.provenance[REGISTRATION_KEY])
+        if layer.provenance[REGISTRATION_KEY].get("kind") != "syn" and "scanner_affine" in layer.provenance:
+            roi.provenance["scanner_affine"] = layer.provenance["scanner_affine"]  # the same voxels, unmoved
     return roi
+
+
+def roi_in_scanner_space(layer: Layer) -> tuple[np.ndarray, np.ndarray]:
+    """An ROI drawn on an image placed by a linear registration, as (mask, affine) in that
+    image's scanner space (e.g. the lesion drawn on the T1, for the T1's planning software):
+    the same voxels with the image's own affine. :class:`InputError` for any other ROI."""
+    scanner = layer.provenance.get("scanner_affine") if layer.kind == "roi" else None
+    if scanner is None:
+        raise InputError(
+            f"{layer.name} was not drawn on an image placed by a (linear) registration, so it has no other space",
+            fix="Save it with File ▸ Save ROI… (it lies in the diffusion data's space)",
+        )
+    return np.asarray(layer.data.mask), np.asarray(scanner, dtype=np.float64)
 
 
 def roi_on_grid(mask: np.ndarray, affine: np.ndarray, grid: Any) -> np.ndarray:

@@ -182,3 +182,20 @@ def test_a_placed_image_reopened_from_a_session_is_registered_again_from_the_sca
     np.testing.assert_allclose(scan.affine, t1.affine)
     assert scan.data is data
     assert as_scanned(layer) is layer.data
+
+
+def test_an_roi_drawn_on_a_placed_image_is_saved_in_that_image_s_scanner_space():
+    from tractlens.app.anatomy_layers import new_roi_on, placed_layer, roi_in_scanner_space
+    from tractlens.app.errors import InputError
+
+    t1, data = _blob_t1()
+    layer = Layer("T1w", Volume("T1w", data, t1.affine), "scalar")
+    placed = placed_layer(layer, _registration(_dwi_grid(), t1, [2.0, -1.0, 3.0]), "R1", _dwi_grid())
+    lesion = new_roi_on(placed, "lesion", "lesion")
+    lesion.data.mask[18:22, 10:14, 15:19] = True
+    mask, affine = roi_in_scanner_space(lesion)
+    np.testing.assert_allclose(affine, t1.affine)
+    assert mask.sum() == 64
+    plain = new_roi_on(layer, "seed", "seed")  # drawn on an image nothing registered: one space only
+    with pytest.raises(InputError, match="no other space"):
+        roi_in_scanner_space(plain)

@@ -197,6 +197,18 @@ def test_a_lesion_drawn_on_the_t1_measures_as_the_same_lesion_drawn_on_the_dwi_g
     assert set(np.rint(on_reference[:, 2]).astype(int)) == {z}  # in the slice painted on
     assert len(set(painted_t1[:, 2])) == 2  # both 1 mm slices of the 2 mm one
     window.save_screenshot(ARTIFACTS / "anatomy_lesion_on_t1.png")
+    # Saved in the T1's own space (for the planning software that holds the T1): the same voxels,
+    # where the scanner put the T1: the lesion lies the head's shift away from its place on the DWI.
+    import nibabel as nib
+
+    with dialogs.answers(save_file=[str(tmp_path / "lesion_t1.nii.gz")]):
+        trigger(window, "ROI", "Save ROI in its image's scanner space…")
+    saved = nib.load(tmp_path / "lesion_t1.nii.gz")
+    np.testing.assert_allclose(saved.affine, t1_affine(), atol=1e-5)
+    assert (np.asarray(saved.dataobj) > 0).sum() == on_t1.data.mask.sum()
+    in_t1_space = Grid(saved.affine, saved.shape).to_mm(np.argwhere(np.asarray(saved.dataobj) > 0)).mean(0)
+    in_dwi_space = Grid.of(on_t1.data).to_mm(painted_t1).mean(0)
+    np.testing.assert_allclose(in_t1_space - in_dwi_space, SHIFT_MM, atol=0.5)
     # The same strokes on the DWI grid.
     window.select_layer(b0)
     window.new_roi()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QWidget
 
 from tractlens.app.anatomy_layers import (
@@ -23,6 +24,7 @@ from tractlens.app.anatomy_layers import (
     new_roi_on,
     placed_by,
     placed_layer,
+    roi_in_scanner_space,
     same_field_of_view,
     template_registration,
 )
@@ -66,6 +68,7 @@ class AnatomyController:
         add_action(window, image_menu, "Register DWI to &MNI…", self.register_to_mni_dialog)
         add_action(window, roi_menu, "Add &atlas region…", self.atlas_region_dialog)
         add_action(window, roi_menu, "New ROI on the &selected image", self.new_roi_on_selected)
+        add_action(window, roi_menu, "Save ROI in its image's scanner &space…", self.save_roi_in_scanner_space_dialog)
         file_menu = bar.actions()[0].menu()
         recent = next(a for a in file_menu.actions() if a.menu() is not None)  # "Open recent"
         opener = add_action(window, file_menu, "Open re&gistration…", self.open_registration_dialog)
@@ -305,6 +308,31 @@ class AnatomyController:
         if tools.tool == "navigate":
             self.window.set_tool("brush")
         return roi
+
+    def save_roi_in_scanner_space_dialog(self) -> None:
+        roi = self.window.roi_tools.active_roi()
+        name = "ROI" if roi is None else roi.name
+        path = dialogs.save_file(
+            self.window, "Save ROI in its image's space", f"{name}.nii.gz", "NIfTI (*.nii.gz *.nii)"
+        )
+        if path and roi is not None:
+            self.save_roi_in_scanner_space(roi, path)
+
+    def save_roi_in_scanner_space(self, roi: Layer, path) -> Path | None:
+        """ROI ▸ Save ROI in its image's scanner space…: an ROI drawn on a registered T1 written
+        with the T1's own affine (:func:`app.anatomy_layers.roi_in_scanner_space`), e.g. for the
+        planning software that holds the T1; the path written, or None (the user is told why)."""
+        from tractlens.app.errors import InputError
+        from tractlens.app.io import save_volume
+
+        try:
+            mask, affine = roi_in_scanner_space(roi)
+            written = save_volume(mask.astype(np.uint8), affine, path)
+        except InputError as exc:
+            self.window.report_error(str(exc), "")
+            return None
+        self.window.statusBar().showMessage(f"ROI {roi.name} saved in its image's scanner space to {written}", 10000)
+        return written
 
     # ---------------------------------------------------------------- status
     def _on_document(self, _source, event, **info) -> None:
