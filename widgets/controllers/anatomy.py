@@ -1,6 +1,7 @@
-"""Anatomy in the window: Image ▸ Register to DWI…, Apply a registration… and Register to MNI…, File ▸ Open
-registration…, ROI ▸ Add atlas region… and New ROI on the selected image, the MNI coordinate of
-the cursor in the status bar, and the alignment controls under the layer form.
+"""Anatomy in the window: Image ▸ Register to DWI…, Apply a registration… and Register DWI to
+MNI…, File ▸ Open registration…, ROI ▸ Add atlas region…, New ROI on the selected image and Save
+ROI in its image's scanner space…, the MNI coordinate of the cursor in the status bar, and the
+alignment controls under the layer form.
 
 The work is :mod:`app.anatomy`'s (registration, atlas regions) and :mod:`app.anatomy_layers`'
 (an image placed through a registration, an atlas region as an ROI, the MNI coordinate); it runs
@@ -48,6 +49,7 @@ class AnatomyController:
         self.runner = window.runner
         self.register_dialog: RegisterDialog | None = None
         self.atlas_dialog: AtlasRegionDialog | None = None
+        self._issued = 0  # the last registration id handed out ("R3": 3)
         self.mni_label = QLabel()
         self.mni_label.setObjectName("mni")
         self.alignment = AlignmentControls(window)
@@ -125,7 +127,7 @@ class AnatomyController:
     def _new_id(self) -> str:
         """A registration id no registration of the document (nor a job still running) has."""
         numbers = [int(key[1:]) for key in self.document.registrations if key[1:].isdigit()]
-        self._issued = max(max(numbers, default=0), getattr(self, "_issued", 0)) + 1
+        self._issued = max(max(numbers, default=0), self._issued) + 1
         return f"R{self._issued}"
 
     def register(self, moving: Layer, fixed: Layer | None, params) -> int:
