@@ -70,7 +70,7 @@ class AnatomyController:
         add_action(window, image_menu, "Register DWI to &MNI…", self.register_to_mni_dialog)
         add_action(window, roi_menu, "Add &atlas region…", self.atlas_region_dialog)
         add_action(window, roi_menu, "New ROI on the &selected image", self.new_roi_on_selected)
-        add_action(window, roi_menu, "Save ROI in its image's scanner &space…", self.save_roi_in_scanner_space_dialog)
+        add_action(window, roi_menu, "Sa&ve ROI in its image's scanner space…", self.save_roi_in_scanner_space_dialog)
         file_menu = bar.actions()[0].menu()
         recent = next(a for a in file_menu.actions() if a.menu() is not None)  # "Open recent"
         opener = add_action(window, file_menu, "Open re&gistration…", self.open_registration_dialog)
