@@ -14,7 +14,8 @@ this module holds what the window does with their results, so that it holds no c
   within the brush's disc in mm and in the slice's slab, not one per screen pixel).
 * :func:`roi_on_grid` — an ROI brought onto a method's grid (nearest neighbour), which is how
   every method sees ROIs drawn on the anatomy (:mod:`app.regions`, :meth:`Document.roi_sets`).
-* :func:`as_scanned` — a placed image as the scanner placed it (registering it again starts there).
+* :func:`as_scanned` — a placed image as the scanner placed it (registering it again starts there);
+  :func:`roi_following` — an ROI drawn on an image, moved with it when it is placed.
 * :func:`template_registration`, :func:`mni_coordinate`, :func:`atlas_region_layer`.
 """
 
@@ -154,6 +155,35 @@ def new_roi_on(layer: Layer, name: str, role: str, layers=()) -> Layer:
         if layer.provenance[REGISTRATION_KEY].get("kind") != "syn" and "scanner_affine" in layer.provenance:
             roi.provenance["scanner_affine"] = layer.provenance["scanner_affine"]  # the same voxels, unmoved
     return roi
+
+
+def roi_following(roi: Layer, old: Layer, new: Layer, registration, reference: Any) -> Layer | None:
+    """An ROI drawn on image layer ``old`` (on its grid), placed as ``old`` was just placed as
+    ``new`` through ``registration``, so that a lesion drawn before the registration stays on the
+    anatomy it was drawn on: a new ROI layer for :meth:`Document.replace_layer` (same display;
+    moved without resampling by a linear registration, else resampled nearest-neighbour), or
+    None when ``roi`` was not drawn on ``old`` or its scan is not known."""
+    if roi.kind != "roi" or roi.provenance.get("drawn_on") != old.name:
+        return None
+    if not Grid.of(roi.data).matches(Grid.of(old.data)):
+        return None
+    scanner = roi.provenance.get("scanner_affine")
+    if scanner is None and REGISTRATION_KEY not in roi.provenance:
+        scanner = roi.data.affine  # drawn on the image as the scanner placed it
+    if scanner is None:
+        return None
+    scan = Volume(roi.name, roi.data.mask.astype(np.uint8), np.asarray(scanner, dtype=np.float64))
+    placed = placed_volume(scan, registration, reference, interp="nearest")
+    mask = RoiMask(roi.name, np.asarray(placed.data) > 0, placed.affine, role=roi.data.role)
+    out = Layer(roi.name, mask, "roi")
+    for key in Layer._DISPLAY:
+        setattr(out, key, getattr(roi, key))
+    out.provenance = dict(roi.provenance, drawn_on=new.name)
+    out.provenance[REGISTRATION_KEY] = dict(new.provenance[REGISTRATION_KEY])
+    out.provenance.pop("scanner_affine", None)
+    if registration.warp is None:
+        out.provenance["scanner_affine"] = np.asarray(scanner, dtype=np.float64).tolist()
+    return out
 
 
 def roi_in_scanner_space(layer: Layer) -> tuple[np.ndarray, np.ndarray]:

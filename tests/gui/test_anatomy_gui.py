@@ -391,3 +391,24 @@ def test_an_fmri_map_of_the_t1_space_is_placed_with_the_t1_registration(register
     placed.set(colormap="hot", transparent_below=1.0)
     window.document.set_cursor(Grid.of(b0.data).to_voxels([[8.0, -9.0, -5.0]])[0])  # the slices through the nucleus
     window.save_screenshot(ARTIFACTS / "anatomy_fmri_placed.png")
+
+
+def test_a_lesion_drawn_before_the_registration_moves_with_its_image(window, qtbot, tmp_path):
+    _b0, t1 = open_pair(window, tmp_path)
+    doc = window.document
+    window.role_box.setCurrentText("lesion")
+    window.select_layer(t1)
+    trigger(window, "ROI", "New ROI on the selected image")  # on the T1 as the scanner placed it
+    lesion = window.roi_tools.active_roi()
+    paint(qtbot, window.views["axial"], [(10, 10, 12), (13, 11, 12)])
+    drawn = lesion.data.mask.copy()
+    assert drawn.any()
+    register_rigid(window, qtbot, t1)
+    assert window.wait_for_jobs(120)
+    assert window.errors == []
+    placed, moved = doc.layer("T1w"), doc.layer(lesion.name)
+    assert moved is not lesion and moved.data.role == "lesion"
+    np.testing.assert_array_equal(moved.data.mask, drawn)  # the same T1 voxels...
+    np.testing.assert_allclose(moved.data.affine, placed.data.affine)  # ...where the T1 now is
+    assert moved.provenance["registration"] == placed.provenance["registration"]
+    assert document_problems(doc) == []

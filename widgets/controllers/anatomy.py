@@ -25,6 +25,7 @@ from tractlens.app.anatomy_layers import (
     new_roi_on,
     placed_by,
     placed_layer,
+    roi_following,
     roi_in_scanner_space,
     same_field_of_view,
     template_registration,
@@ -157,12 +158,22 @@ class AnatomyController:
             self.add_registration(result.registration, registration_id)
             if placed is not None and original in self.document.layers:
                 placed.data.unplaced = volume
-                self.document.replace_layer(original, placed)
-                self.window.select_layer(placed)
+                self._replace(original, placed, result.registration)
             self.window.statusBar().showMessage(f"Registered: {result.registration.describe()}", 15000)
 
         name = f"register {volume.name} → {'MNI' if fixed is None else fixed.name}"
         return self.runner.submit(name, job, on_done=done, on_error=self.window.report_error)
+
+    def _replace(self, old: Layer, placed: Layer, registration) -> None:
+        """Put the placed image in its layer's place, with the ROIs drawn on it moved along
+        (:func:`app.anatomy_layers.roi_following`), and select it."""
+        reference = self._reference()
+        for roi in list(self.document.layers):
+            moved = roi_following(roi, old, placed, registration, reference)
+            if moved is not None:
+                self.document.replace_layer(roi, moved)
+        self.document.replace_layer(old, placed)
+        self.window.select_layer(placed)
 
     def add_registration(self, registration, registration_id: str | None = None) -> str:
         """Keep ``registration`` in the document (sessions save it); its id."""
@@ -203,7 +214,7 @@ class AnatomyController:
             text = f"Registration opened: {registration.describe()}"
             if placed is not None and layer in self.document.layers:
                 placed.data.unplaced = layer.data
-                self.document.replace_layer(layer, placed)
+                self._replace(layer, placed, registration)
                 text += f"; {layer.name} is shown registered"
             self.window.statusBar().showMessage(text, 15000)
 
@@ -241,8 +252,7 @@ class AnatomyController:
         def done(placed: Layer) -> None:
             if layer in self.document.layers:
                 placed.data.unplaced = volume
-                self.document.replace_layer(layer, placed)
-                self.window.select_layer(placed)
+                self._replace(layer, placed, registration)
                 self.window.statusBar().showMessage(f"{layer.name} placed by {registration.describe()}", 15000)
 
         return self.runner.submit(
