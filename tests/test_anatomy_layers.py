@@ -199,3 +199,22 @@ def test_an_roi_drawn_on_a_placed_image_is_saved_in_that_image_s_scanner_space()
     plain = new_roi_on(layer, "seed", "seed")  # drawn on an image nothing registered: one space only
     with pytest.raises(InputError, match="no other space"):
         roi_in_scanner_space(plain)
+
+
+@pytest.mark.parametrize("nonlinear", [False, True])
+def test_an_roi_drawn_on_an_image_follows_it_when_it_is_placed(nonlinear):
+    from tractlens.app.anatomy_layers import new_roi_on, placed_layer, roi_following
+
+    t1, data = _blob_t1()
+    layer = Layer("T1w", Volume("T1w", data, t1.affine), "scalar")
+    lesion = new_roi_on(layer, "lesion", "lesion")
+    lesion.data.mask[18:22, 10:14, 15:19] = True  # on the blob: RAS (4, -4, 1) in the T1's scanner space
+    registration = _registration(_dwi_grid(), t1, [2.0, -1.0, 3.0], warp=nonlinear)
+    placed = placed_layer(layer, registration, "R1", _dwi_grid())
+    moved = roi_following(lesion, layer, placed, registration, _dwi_grid())
+    centre = Grid.of(moved.data).to_mm(np.argwhere(moved.data.mask)).mean(0)
+    np.testing.assert_allclose(centre, [2.0, -3.0, -2.0], atol=0.01)  # moved as the image was
+    assert abs(int(moved.data.mask.sum()) - 64) <= (0 if not nonlinear else 16)
+    assert moved.provenance["registration"]["id"] == "R1" and moved.data.role == "lesion"
+    other = new_roi_on(Layer("FA", Volume("FA", data, t1.affine), "scalar"), "seed", "seed")
+    assert roi_following(other, layer, placed, registration, _dwi_grid()) is None  # drawn on another image
