@@ -25,7 +25,7 @@ from .io.outputs import check_output_file, check_output_folder
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import Tractogram, Volume
 from .pipelines.register import RegisterParams, register_arrays
-from .registration import Registration, resample
+from .registration import Registration, resample, resample_chain
 
 TEMPLATE_WORDS = ("mni",)
 #: Below this share of the fixed image's foreground covered by the registered moving image, the
@@ -138,6 +138,7 @@ def register_images(
     fixed_mask: str | os.PathLike | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    device: str = "auto",
 ) -> RegisterResult:
     """Register ``moving`` onto ``fixed`` (paths, ``"mni"`` or model volumes) and, with ``out_dir``,
     write the registration folder (:mod:`app.io.transforms`). ``volume`` picks a volume of a 4-D
@@ -162,6 +163,7 @@ def register_images(
         fixed_mask=fmask,
         progress=progress,
         cancelled=cancelled,
+        device=device,
     )
     values = (
         f"mutual information {run.metric_before:.3f} before, {run.metric_after:.3f} after; the registered images "
@@ -211,6 +213,7 @@ def register_images(
         "overlap": round(run.overlap, 4),
         "shared_information": round(run.shared, 4),
         "seconds": {"read": round(read_seconds, 3), **run.seconds},
+        "engine": run.engine,
         "description": registration.describe(),
     }
     if out_dir is not None:
@@ -290,10 +293,9 @@ def apply_transform(
     grid = Grid(img.affine, img.shape[:3])
     _check_sides(registration, grid, source_side, input_path)
     chosen = _interpolation(interp, data, Path(input_path).name)
-    if inverse:
-        moved = resample(data, grid, ref_grid, registration.moving_to_fixed, chosen, cancelled=cancelled)
-    else:
-        moved = resample(data, grid, ref_grid, registration.fixed_to_moving, chosen, cancelled=cancelled)
+    towards = "moving" if inverse else "fixed"
+    chain = registration.pull_chain(grid, ref_grid, towards)
+    moved = resample_chain(data, grid, ref_grid, chain, chosen, cancelled=cancelled)
     save_volume(moved, ref_grid.affine, out, dtype=data.dtype if chosen == "nearest" else np.float32)
     return {
         "input": str(input_path),
@@ -452,5 +454,5 @@ def mask_onto(
     registration: Registration, mask: np.ndarray, mask_grid: Grid, target: Grid, target_side: str
 ) -> np.ndarray:
     """A mask of the other side drawn on ``target`` (nearest neighbour)."""
-    pull = registration.moving_to_fixed if target_side == "moving" else registration.fixed_to_moving
-    return resample(np.asarray(mask, bool), mask_grid, target, pull, "nearest")
+    chain = registration.pull_chain(mask_grid, target, target_side)
+    return resample_chain(np.asarray(mask, bool), mask_grid, target, chain, "nearest")

@@ -105,18 +105,41 @@ class Registration:
         return y
 
     # ----------------------------------------------------------------------------------- images
+    def pull_chain(self, source: Grid, reference: Grid, towards: str) -> VoxelChain:
+        """The map from ``reference`` voxels to ``source`` voxels, where ``reference`` lies in the
+        ``towards`` space ('fixed' or 'moving') and ``source`` in the other: composed affines, and the
+        displacement field sampled where it lives."""
+        to_ref = reference.affine
+        from_src = np.linalg.inv(source.affine)
+        if towards == "fixed":  # x (fixed) -> A (x + w(x))
+            field = self.warp
+            linear = from_src @ self.affine
+            at_field = np.linalg.inv(self.fixed.affine) @ to_ref
+            return VoxelChain(linear @ to_ref, field, at_field, linear[:3, :3])
+        if self.warp is not None and self.inverse_warp is None:
+            self.moving_to_fixed(np.zeros((1, 3)))  # raises the explanation
+        inverse = np.linalg.inv(self.affine)  # m (moving) -> y = A⁻¹ m -> y + w⁻¹(y)
+        at_field = np.linalg.inv(self.fixed.affine) @ inverse @ to_ref
+        return VoxelChain(from_src @ inverse @ to_ref, self.inverse_warp, at_field, from_src[:3, :3])
+
     def resample_to_fixed(
         self, data: np.ndarray, reference: Grid | None = None, interp: str = "linear", **kw
     ) -> np.ndarray:
         """``data`` on the moving grid, drawn on ``reference`` (a grid of the fixed space; the fixed
         image's by default). A 4-D array keeps its fourth axis."""
-        return resample(data, self.moving, reference or self.fixed, self.fixed_to_moving, interp, **kw)
+        reference = reference or self.fixed
+        return resample_chain(
+            data, self.moving, reference, self.pull_chain(self.moving, reference, "fixed"), interp, **kw
+        )
 
     def resample_to_moving(
         self, data: np.ndarray, reference: Grid | None = None, interp: str = "linear", **kw
     ) -> np.ndarray:
         """``data`` on the fixed grid, drawn on ``reference`` (a grid of the moving space)."""
-        return resample(data, self.fixed, reference or self.moving, self.moving_to_fixed, interp, **kw)
+        reference = reference or self.moving
+        return resample_chain(
+            data, self.fixed, reference, self.pull_chain(self.fixed, reference, "moving"), interp, **kw
+        )
 
     def inverted(self) -> Registration:
         """The same registration seen from the other side (fixed and moving swapped). Only for
@@ -156,11 +179,12 @@ class Registration:
         self, data: np.ndarray, template_grid: Grid, reference: Grid, interp: str = "nearest"
     ) -> np.ndarray:
         """An image on a template grid (an atlas), drawn on ``reference`` (a subject grid)."""
-        if self.template_side == "fixed":
-            return resample(data, template_grid, reference, self.moving_to_fixed, interp)
-        if self.template_side == "moving":
-            return resample(data, template_grid, reference, self.fixed_to_moving, interp)
-        raise ValueError("this registration does not involve a template")
+        if self.template_side not in ("fixed", "moving"):
+            raise ValueError("this registration does not involve a template")
+        towards = "moving" if self.template_side == "fixed" else "fixed"
+        return resample_chain(
+            data, template_grid, reference, self.pull_chain(template_grid, reference, towards), interp
+        )
 
     def describe(self) -> str:
         """One line for reports and layer properties."""
@@ -178,6 +202,80 @@ def _sample_field(field_: np.ndarray, grid: Grid, points: np.ndarray) -> np.ndar
     return np.stack(
         [ndimage.map_coordinates(field_[..., c], vox, order=1, mode="constant", cval=0.0) for c in range(3)], axis=1
     )
+
+
+@dataclass(frozen=True, eq=False)
+class VoxelChain:
+    """``source voxel = linear · r + step · field(at_field · r)`` for a reference voxel ``r``: the
+    whole path from a reference grid to a source grid in two affines and one field lookup."""
+
+    linear: np.ndarray  # 4x4: reference voxel -> source voxel (the affine part)
+    field: np.ndarray | None  # (X, Y, Z, 3) RAS mm displacement, or None
+    at_field: np.ndarray  # 4x4: reference voxel -> field voxel
+    step: np.ndarray  # 3x3: RAS mm displacement -> source voxels
+
+
+def resample_chain(
+    data: np.ndarray,
+    source: Grid,
+    reference: Grid,
+    chain: VoxelChain,
+    interp: str = "linear",
+    *,
+    cval: float = 0.0,
+    cancelled: Callable[[], bool] | None = None,
+) -> np.ndarray:
+    """Draw ``data`` (on ``source``) on ``reference`` through ``chain``. Without a field this is one
+    affine resampling (no coordinate arrays); with one, the field is sampled a slab at a time."""
+    if interp not in INTERPOLATIONS:
+        raise ValueError(f"interpolation is one of {INTERPOLATIONS}, got {interp!r}")
+    data = np.asarray(data)
+    if data.shape[:3] != source.shape:
+        raise ValueError(f"data of shape {data.shape[:3]} is not on the source grid {source.shape}")
+    order = 1 if interp == "linear" else 0
+    extra = data.shape[3:]
+    flat = data.reshape(*source.shape, -1)
+    out_dtype = data.dtype if order == 0 else np.result_type(data.dtype, np.float32)
+    out = np.empty((*reference.shape, flat.shape[3]), dtype=out_dtype)
+    for c in range(flat.shape[3]):
+        channel = flat[..., c] if order == 0 else flat[..., c].astype(np.float32, copy=False)
+        if chain.field is None:
+            ndimage.affine_transform(channel, chain.linear[:3, :3], offset=chain.linear[:3, 3], output_shape=reference.shape,
+                                     output=out[..., c], order=order, mode="constant", cval=cval, prefilter=False)  # fmt: skip
+            continue
+        nx, ny, nz = reference.shape
+        step = max(1, SLAB_VOXELS // (ny * nz))
+        for i0 in range(0, nx, step):
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            shape = (min(nx, i0 + step) - i0, ny, nz)
+            # the field where the slab's voxels land: an affine lookup, as the data's would be
+            at = chain.at_field
+            w = [
+                ndimage.affine_transform(chain.field[..., d], at[:3, :3], offset=at[:3, 3] + at[:3, 0] * i0,
+                                         output_shape=shape, order=1, mode="constant", cval=0.0)
+                for d in range(3)
+            ]  # fmt: skip
+            i, j, k = np.meshgrid(np.arange(i0, i0 + shape[0], dtype=np.float32), np.arange(ny, dtype=np.float32),
+                                  np.arange(nz, dtype=np.float32), indexing="ij", sparse=True)  # fmt: skip
+            m, q = chain.linear, chain.step
+            src = np.stack([
+                (m[d, 0] * i + m[d, 1] * j + m[d, 2] * k + m[d, 3] + q[d, 0] * w[0] + q[d, 1] * w[1] + q[d, 2] * w[2]).ravel()
+                for d in range(3)
+            ])  # fmt: skip
+            values = ndimage.map_coordinates(channel, src, order=order, mode="constant", cval=cval, prefilter=False)
+            out[i0 : i0 + shape[0], ..., c] = values.reshape(shape)
+    return out.reshape(*reference.shape, *extra)
+
+
+def affine_chain(source: Grid, reference: Grid, reference_to_source: np.ndarray | None = None) -> VoxelChain:
+    """The chain of an affine map (RAS -> RAS, the identity by default) between two grids."""
+    linear = (
+        np.linalg.inv(source.affine)
+        @ (np.eye(4) if reference_to_source is None else reference_to_source)
+        @ reference.affine
+    )
+    return VoxelChain(linear, None, np.eye(4), np.eye(3))
 
 
 def resample(

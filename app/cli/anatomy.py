@@ -92,8 +92,6 @@ def add_parsers(sub, common) -> None:
 
 def cmd_register(args) -> int:
     params = params_from_args(RegisterParams, args)
-    if args.device == "gpu":
-        raise InputError("registration has no GPU path yet: it runs on the CPU", fix="Use --device cpu or auto")
     progress = Progress("register", "stages", args.quiet)
     result = register_images(
         args.moving,
@@ -104,6 +102,7 @@ def cmd_register(args) -> int:
         moving_mask=args.moving_mask,
         fixed_mask=args.fixed_mask,
         progress=progress,
+        device=args.device,
     )
     summary = {"output": args.output, **result.summary}
     notes = [

@@ -157,6 +157,7 @@ class RegistrationRun:
     overlap: float
     shared: float
     seconds: dict[str, float]
+    engine: str = ""
 
 
 def _dipy():
@@ -240,8 +241,14 @@ def register_arrays(
     fixed_mask: np.ndarray | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    device: str = "auto",
 ) -> RegistrationRun:
-    """Register ``moving`` onto ``fixed`` (3-D float arrays on their grids) with ``params``."""
+    """Register ``moving`` onto ``fixed`` (3-D float arrays on their grids) with ``params``.
+
+    Every stage runs through DIPY on the CPU, whatever ``device`` says (the engine line of the
+    summary says so): a CuPy implementation of the mutual-information stages was built and measured
+    on the H100 machine, slower than DIPY on two CPU cores (3.0 against 2.2 s for the rigid stage of
+    a 1 mm T1 onto a 2 mm b=0) and less accurate (0.48 against 0.27 mm), so it was not kept."""
     imaffine, imwarp, metrics, transforms = _dipy()
     check = cancelled or (lambda: False)
     stages = (
@@ -279,46 +286,12 @@ def register_arrays(
             raise Cancelled()
 
     t0 = time.perf_counter()
-    centre = imaffine.transform_centers_of_mass(
-        static, np.array(work.affine), moving, np.array(moving_grid.affine)
-    ).affine
+    centre = centres_of_mass(static, work, moving, moving_grid)
     before = mutual_information(
         static, resample(moving, moving_grid, work, _affine_map(centre)), static_mask, params.bins
     )
     stage_done("centre", t0)
-    metric = imaffine.MutualInformationMetric(
-        nbins=params.bins, sampling_proportion=None if params.sampling >= 1 else params.sampling
-    )
-    levels = len(params.affine_iterations)
-    optimiser = imaffine.AffineRegistration(
-        metric=metric,
-        level_iters=list(params.affine_iterations),
-        sigmas=[float(2 ** (levels - 1 - i) - 1) for i in range(levels)],
-        factors=[2 ** (levels - 1 - i) for i in range(levels)],
-        verbosity=0,
-    )
-    affine = centre
-    state = np.random.get_state()  # noqa: NPY002 (DIPY samples with the legacy global generator)
-    try:
-        for name, transform in (("rigid", transforms.RigidTransform3D()), ("affine", transforms.AffineTransform3D())):
-            if name not in stages:
-                continue
-            t0 = time.perf_counter()
-            np.random.seed(params.rng_seed)  # noqa: NPY002 (DIPY's sampled points jitter with it)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                affine = optimiser.optimize(
-                    static,
-                    moving,
-                    transform,
-                    None,
-                    static_grid2world=np.array(work.affine),
-                    moving_grid2world=np.array(moving_grid.affine),
-                    starting_affine=affine,
-                ).affine
-            stage_done(name, t0)
-    finally:
-        np.random.set_state(state)  # noqa: NPY002
+    affine = _dipy_affine(imaffine, transforms, static, work, moving, moving_grid, centre, params, stages, stage_done)
     warp = inverse = None
     grid = fixed_grid
     if params.type == "syn":
@@ -336,7 +309,8 @@ def register_arrays(
         on_work if grid is work else resample(moving_full, moving_full_grid, fixed_grid, _affine_map(affine))
     )
     report(total, total)
-    return RegistrationRun(registration, moving_in_fixed, before, after, overlap, shared, seconds)
+    engine = "DIPY on the CPU" + (" (registration has no GPU path)" if device == "gpu" else "")
+    return RegistrationRun(registration, moving_in_fixed, before, after, overlap, shared, seconds, engine)
 
 
 def _smoothed(image: np.ndarray, grid: Grid, target: Grid) -> np.ndarray:
@@ -345,6 +319,53 @@ def _smoothed(image: np.ndarray, grid: Grid, target: Grid) -> np.ndarray:
     ratio = np.mean(target.voxel_sizes) / grid.voxel_sizes
     sigma = np.where(ratio > 1.01, 0.5 * ratio, 0.0)
     return ndimage.gaussian_filter(image, sigma) if sigma.any() else image
+
+
+def centres_of_mass(static: np.ndarray, work: Grid, moving: np.ndarray, moving_grid: Grid) -> np.ndarray:
+    """The translation that puts the moving image's centre of mass on the fixed one's (fixed -> moving)."""
+    out = np.eye(4)
+    centres = []
+    for image, grid in ((static, work), (moving, moving_grid)):
+        weights = np.clip(image, 0, None)
+        ijk = np.array(ndimage.center_of_mass(weights)) if weights.sum() > 0 else (np.array(image.shape) - 1) / 2
+        centres.append(grid.affine[:3, :3] @ ijk + grid.affine[:3, 3])
+    out[:3, 3] = centres[1] - centres[0]
+    return out
+
+
+def _dipy_affine(
+    imaffine, transforms, static, work: Grid, moving, moving_grid: Grid, start, params, stages, stage_done
+):
+    """The rigid and affine stages through DIPY's AffineRegistration (the CPU path)."""
+    metric = imaffine.MutualInformationMetric(
+        nbins=params.bins, sampling_proportion=None if params.sampling >= 1 else params.sampling
+    )
+    levels = len(params.affine_iterations)
+    optimiser = imaffine.AffineRegistration(
+        metric=metric,
+        level_iters=list(params.affine_iterations),
+        sigmas=[float(2 ** (levels - 1 - i) - 1) for i in range(levels)],
+        factors=[2 ** (levels - 1 - i) for i in range(levels)],
+        verbosity=0,
+    )
+    affine = start
+    state = np.random.get_state()  # noqa: NPY002 (DIPY samples with the legacy global generator)
+    try:
+        for name, transform in (("rigid", transforms.RigidTransform3D()), ("affine", transforms.AffineTransform3D())):
+            if name not in stages:
+                continue
+            t0 = time.perf_counter()
+            np.random.seed(params.rng_seed)  # noqa: NPY002 (DIPY's sampled points jitter with it)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                affine = optimiser.optimize(
+                    static, moving, transform, None, static_grid2world=np.array(work.affine),
+                    moving_grid2world=np.array(moving_grid.affine), starting_affine=affine,
+                ).affine  # fmt: skip
+            stage_done(name, t0)
+    finally:
+        np.random.set_state(state)  # noqa: NPY002
+    return affine
 
 
 def _affine_map(affine: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
