@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 
 from tests.anatomy_window_synth import SHIFT_MM, t1_affine, write_pair
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, DEVICES
 from tractlens.app.grid import Grid
 from tractlens.app.integrity import document_problems
 from tractlens.app.model import Tractogram
@@ -65,7 +65,10 @@ def registered(window, qtbot, tmp_path):
     return window, window.document.layer("dwi_b0"), window.document.layer("T1w")
 
 
-def test_a_1mm_t1_opens_beside_the_dwi_and_is_shown_registered(window, qtbot, tmp_path):
+# ``window_device``: the window's compute device, which the registration runs on (rigid and affine
+# stages on CuPy when it is the GPU: pytest -m gpu on a machine with CUDA); the same assertions.
+@pytest.mark.parametrize("window_device", DEVICES)
+def test_a_1mm_t1_opens_beside_the_dwi_and_is_shown_registered(window, qtbot, tmp_path, window_device):
     b0, t1 = open_pair(window, tmp_path)
     assert Grid.of(t1.data).voxel_sizes.tolist() == [1.0, 1.0, 1.0] and not Grid.of(t1.data).matches(Grid.of(b0.data))
     assert window.anatomy.alignment.placed.text() == "scanner coordinates"  # nothing registered it yet

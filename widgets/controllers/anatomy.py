@@ -141,11 +141,13 @@ class AnatomyController:
         volume = as_scanned(moving)  # re-registering starts from the scan
         target = "mni" if fixed is None else fixed.data
         reference, registration_id = self._reference(), self._new_id()
-        original = moving
+        original, device = moving, self.window.device  # the window's compute device (--device)
 
         def job(ctx):
             ctx.progress(0, 1, f"registering {volume.name}")
-            result = register_images(volume, target, params=params, progress=ctx.progress, cancelled=ctx.cancelled)
+            result = register_images(
+                volume, target, params=params, progress=ctx.progress, cancelled=ctx.cancelled, device=device
+            )
             ctx.check()
             placed = None
             if fixed is not None:
