@@ -174,6 +174,7 @@ WORDS = {
 
 #: Keys that are bookkeeping, not a parameter the reader can act on: never printed.
 INTERNAL = {"batches", "device_choice", "points", "first_batch_s", "seeds_per_s", "stop_reasons", "tensor", "device"}
+INTERNAL |= {"scanner_affine"}  # an image placed by a registration: where the scanner had put it
 
 
 def _internal(key: str) -> bool:
@@ -195,6 +196,10 @@ def parameters_in_words(provenance: dict) -> list[str]:
     for key, value in flat.items():
         if key == "dicom_export" and isinstance(value, dict):
             out.append(export_in_words(value))
+            continue
+        if key == "registration" and isinstance(value, dict):  # app.anatomy_layers.registration_record
+            named = f" {value['id']}" if value.get("id") else ""
+            out.insert(0, f"placed by registration{named}: {value.get('describe', value.get('kind', ''))}")
             continue
         if _internal(key) or isinstance(value, dict) or value is None or value in ("", [], ()):
             continue

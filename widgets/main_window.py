@@ -34,6 +34,7 @@ from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
+from .controllers.anatomy import AnatomyController
 from .controllers.dicom import DicomController
 from .controllers.help import build_help_menu
 from .controllers.menus import add_action, app_icon, build_file_menu, move_before
@@ -206,6 +207,8 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.busy)
 
         self._build_menus()
+        self.anatomy = AnatomyController(self)  # Image and ROI menus, MNI coordinate, alignment
+        self.anatomy.build()
         self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
         self.selection.error.connect(self.report_error)
         self.selection.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))

@@ -13,7 +13,7 @@ import numpy as np
 from PySide6.QtCore import QLineF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 
-from .render import sample_layer
+from .render import oversampled_voxels, sample_layer
 
 ROLE_LINES = {  # the role of an ROI by its outline's style
     "seed": Qt.PenStyle.SolidLine,
@@ -54,17 +54,19 @@ def outline_segments(mask: np.ndarray) -> np.ndarray:
     return segments.astype(np.float64)
 
 
-def roi_outlines(doc, geometry) -> list:
-    """(layer, segments) of each visible ROI with voxels on the slice, bottom to top."""
+def roi_outlines(doc, geometry, oversample: int = 1) -> list:
+    """(layer, segments) of each visible ROI with voxels on the slice, bottom to top, in the
+    plane's pixels; drawn at ``oversample`` sub-pixels a pixel (an ROI finer than the plane)."""
     out = []
+    voxels = oversampled_voxels(geometry, oversample)
     for layer in doc.layers:
         envelope = layer.kind == "labels" and "envelope_level" in (layer.provenance or {})  # outline only
         if not layer.visible or not (envelope or (layer.kind == "roi" and layer.opacity > 0)):
             continue
-        values, inside = sample_layer(layer, doc, geometry.voxels)
+        values, inside = sample_layer(layer, doc, voxels)
         mask = np.asarray(values, dtype=bool) & inside
         if mask.any():
-            out.append((layer, outline_segments(mask)))
+            out.append((layer, outline_segments(mask) / oversample))
     return out
 
 
