@@ -14,7 +14,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 
 from tests.anatomy_window_synth import SHIFT_MM, t1_affine, write_pair
-from tests.conftest import ARTIFACTS, DEVICES
+from tests.conftest import ARTIFACTS
 from tractlens.app.grid import Grid
 from tractlens.app.integrity import document_problems
 from tractlens.app.model import Tractogram
@@ -65,10 +65,7 @@ def registered(window, qtbot, tmp_path):
     return window, window.document.layer("dwi_b0"), window.document.layer("T1w")
 
 
-# ``window_device``: the window's compute device, which the registration runs on (rigid and affine
-# stages on CuPy when it is the GPU: pytest -m gpu on a machine with CUDA); the same assertions.
-@pytest.mark.parametrize("window_device", DEVICES)
-def test_a_1mm_t1_opens_beside_the_dwi_and_is_shown_registered(window, qtbot, tmp_path, window_device):
+def test_a_1mm_t1_opens_beside_the_dwi_and_is_shown_registered(window, qtbot, tmp_path):
     b0, t1 = open_pair(window, tmp_path)
     assert Grid.of(t1.data).voxel_sizes.tolist() == [1.0, 1.0, 1.0] and not Grid.of(t1.data).matches(Grid.of(b0.data))
     assert window.anatomy.alignment.placed.text() == "scanner coordinates"  # nothing registered it yet
@@ -348,7 +345,7 @@ def test_the_register_dialogs_offer_what_can_be_registered_and_refuse_an_image_o
 
 def test_a_registration_folder_opened_places_the_image_it_moves(window, qtbot, tmp_path):
     from tractlens.app.anatomy import register_images
-    from tractlens.app.pipelines.register import RegisterParams
+    from tractlens.app.params import RegisterParams
 
     b0, t1 = open_pair(window, tmp_path)
     folder = tmp_path / "t1_to_b0"

@@ -109,7 +109,7 @@ class AnatomyController:
         return self._open_register_dialog(self.fixed_candidates(), None, "Register DWI to MNI")
 
     def _open_register_dialog(self, moving, fixed, title) -> RegisterDialog | None:
-        from tractlens.app.pipelines.register import RegisterParams
+        from tractlens.app.params import RegisterParams
 
         if self.document.reference_affine is None or not moving or (fixed is not None and not fixed):
             self.window.report_error("Open the diffusion data and the image to register first (File ▸ Open…)", "")
