@@ -345,3 +345,94 @@ def test_tensor_field_notes_nan_and_non_positive_definite_voxels():
     assert not field.mask[1, 1, 1] and field.mask[2, 2, 2]
     assert np.isfinite(field.fa).all() and (field.fa <= 1).all()
     np.testing.assert_allclose(field.voxel_size, 2.0)
+
+
+# The CUDA source compiled for the host (a loop over threads; CUDA's intrinsics as plain
+# functions: the shims of test_fod_tracking), so the kernel's steps are checked without a GPU.
+HOST_DRIVER = """
+extern "C" void run_all(const float4* field, const unsigned char* region, int nx, int ny, int nz,
+    const double* seeds, int n, double hx, double hy, double hz, double fa_threshold, double cos_max, int m, int rk4,
+    int tensorline, double puncture, float* buf, int* count, unsigned char* stop, unsigned char* valid) {
+    blockDim.x = 1;
+    for (int i = 0; i < n; ++i) {
+        blockIdx.x = i;
+        track_deterministic(field, region, nx, ny, nz, seeds, n, hx, hy, hz, fa_threshold, cos_max, m, rk4,
+                            tensorline, puncture, buf, count, stop, valid);
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel_on_the_host(tmp_path_factory):
+    """kernels/deterministic.cu (with its headers) built by g++ as a shared library."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from tests.test_fod_tracking import HOST_SHIMS
+    from tractlens.gpu import cuda, deterministic
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: the kernel's host build needs it")
+    source = cuda.source("deterministic.cu", deterministic.KERNEL_HEADERS)
+    first, _, rest = source.partition("\n")
+    rest = rest.replace('extern "C" __global__ void track_deterministic', "void track_deterministic")
+    folder = tmp_path_factory.mktemp("deterministic_kernel")
+    (folder / "host.cpp").write_text(first + "\n" + HOST_SHIMS + rest + HOST_DRIVER)
+    defines = [f"-D{k}={v}" for k, v in deterministic.KERNEL_DEFINES]
+    subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-w", *defines, str(folder / "host.cpp"),
+                    "-o", str(folder / "libdet.so")], check=True)  # fmt: skip
+    return ctypes.CDLL(str(folder / "libdet.so"))
+
+
+def _run_on_the_host(lib, field, seeds, params):
+    """What ``deterministic._track_kernel`` launches (the same arguments), run by the host build,
+    then compacted as the engine does."""
+    import ctypes
+    import math
+
+    from tractlens.gpu.tracking import compact
+
+    n, m = len(seeds), params.max_steps
+    buf = np.zeros((n, 2 * m + 1, 3), np.float32)
+    count, stop, valid = np.zeros((n, 2), np.int32), np.zeros((n, 2), np.uint8), np.zeros(n, np.uint8)
+    arrays = [np.ascontiguousarray(a) for a in (field.tensor8, field.region, np.asarray(seeds, np.float64))]
+    h = params.step_mm / field.voxel_size
+    pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    d, i = ctypes.c_double, ctypes.c_int
+    lib.run_all(
+        pointer(arrays[0]), pointer(arrays[1]), *(i(s) for s in field.region.shape), pointer(arrays[2]), i(n),
+        *(d(x) for x in h), d(params.fa_threshold), d(math.cos(math.radians(params.max_angle_deg))), i(m),
+        i(params.integrator == "rk4"), i(params.method == "tensorline"), d(params.tensorline_puncture),
+        pointer(buf), pointer(count), pointer(stop), pointer(valid),
+    )  # fmt: skip
+    return compact(np, buf, count, stop, valid.astype(bool), 0, params)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"integrator": "rk4"}, {"method": "tensorline"}, {"integrator": "rk4", "method": "tensorline"}],
+    ids=["euler", "rk4", "tensorline", "tensorline-rk4"],
+)
+def test_kernel_source_built_for_the_host_reproduces_the_reference(kernel_on_the_host, options):
+    """The CUDA source's steps (in double, as on the GPU) against the NumPy reference on the
+    circular bundle with a stop slab and a mask edge: the same streamlines, stop
+    codes and seeds, points within 1e-5 voxel."""
+    from tractlens.gpu.deterministic import prepare_field
+
+    tensor = np.concatenate([circle_field(), circle_field()[:, :, :1]], axis=2)
+    mask = np.ones(tensor.shape[:3], bool)
+    mask[:, :8] = False
+    stop = np.zeros(tensor.shape[:3], bool)
+    stop[30:32] = True
+    field = prepare_field(tensor, (1.0, 1.2, 1.5), mask=mask, stop=stop)
+    seeds = np.random.default_rng(4).uniform([0, 0, 0], [39, 39, 5], size=(300, 3))
+    params = DeterministicParams(min_length_mm=0, step_mm=0.4, max_length_mm=40.0, **options)
+    host = _run_on_the_host(kernel_on_the_host, field, seeds, params)
+    ref = track_all(field, seeds, params, device="cpu", engine="arrays")
+    assert len(ref) > 150 and len(set(ref.stop.ravel().tolist())) >= 3  # several ways to end occur
+    np.testing.assert_array_equal(host.seed_index, ref.seed_index)
+    np.testing.assert_array_equal(host.counts, ref.counts)
+    np.testing.assert_array_equal(host.stop, ref.stop)
+    np.testing.assert_allclose(host.points, ref.points, atol=1e-5)

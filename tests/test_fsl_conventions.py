@@ -321,7 +321,7 @@ def test_generated_options_take_their_aliases_too():
 
     @dataclass
     class _MaskParams:
-        exclude: str = field(default="", metadata=meta("Exclusion", "exclusion mask", flags=("--exclude",)))
+        exclude: str = field(default="", metadata=meta("Exclusion", "exclusion mask"))
 
     parser = argparse.ArgumentParser()
     add_params(parser, _MaskParams)
