@@ -16,6 +16,7 @@ FORBIDDEN = {
         "tractlens.app",
         "tractlens.widgets",
         "PySide6",
+        "shiboken6",
         "vtk",
         "vtkmodules",
         "pyvista",
@@ -23,7 +24,8 @@ FORBIDDEN = {
         "nibabel",
         "trx",
     },
-    "app": {"tractlens.widgets", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "PySide6.QtWidgets", "PySide6.QtGui"},
+    # app is Qt-free: no PySide6 at all (QtCore included); the Qt job runner lives in widgets.
+    "app": {"tractlens.widgets", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "PySide6", "shiboken6"},
 }
 
 

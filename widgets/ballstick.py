@@ -143,7 +143,7 @@ def brain_voxels_upper_bound(dwi) -> int:
 
 
 def ballstick_job(dwi, params: BallStickParams, folder: Path | None, device: str, roi=None):
-    """The work of one fit, for :meth:`app.jobs.JobRunner.submit`: returns (layers to add, result).
+    """The work of one fit, for :meth:`widgets.jobs.JobRunner.submit`: returns (layers to add, result).
 
     ``roi``: None (the pipeline's brain mask from the b=0 images) or (mask, affine), a snapshot
     of an ROI, brought onto the DWI grid here, on the worker.

@@ -75,7 +75,7 @@ def commit_job(
     mask: np.ndarray | None = None,
     peaks: Path | None = None,
 ):
-    """The work of one COMMIT run for :meth:`app.jobs.JobRunner.submit`: the fit, then the
+    """The work of one COMMIT run for :meth:`widgets.jobs.JobRunner.submit`: the fit, then the
     result layers, all on the worker; returns a :class:`CommitOutcome`."""
     name = f"{source.name} (COMMIT)"
 

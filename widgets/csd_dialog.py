@@ -106,7 +106,7 @@ class CsdDialog(QDialog):
 
 
 def csd_job(dwi, params: CSDParams, peak_params: PeakParams, folder: Path | None, device: str, name: str):
-    """The work of one fit, for :meth:`app.jobs.JobRunner.submit`: returns (layers to add, result)."""
+    """The work of one fit, for :meth:`widgets.jobs.JobRunner.submit`: returns (layers to add, result)."""
 
     def job(ctx):
         ctx.progress(0, 1, "fitting fODFs (CSD)")

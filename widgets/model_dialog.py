@@ -111,7 +111,7 @@ class ModelFitDialog(QDialog):
 
 
 def fit_model_job(dwi, model_name: str, params: ModelFitParams, folder: Path | None, device: str, roi=None):
-    """The work of one fit for :meth:`app.jobs.JobRunner.submit`: partial results are
+    """The work of one fit for :meth:`widgets.jobs.JobRunner.submit`: partial results are
     ``{map name: (X, Y, Z) array}`` after each batch; returns the :class:`FitModelResult`.
     ``roi``: None (the brain mask from the b=0 images) or (mask, affine), resampled here."""
 

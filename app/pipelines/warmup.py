@@ -68,22 +68,20 @@ def warm_up_gpu(
 
 
 def submit_gpu_warmup(runner, device: str = "auto", *, warm_up: Callable = warm_up_gpu) -> int | None:
-    """Start :func:`warm_up_gpu` as a low-priority job on ``runner`` (an :class:`app.jobs.JobRunner`);
+    """Start :func:`warm_up_gpu` as a low-priority job on ``runner`` (the window's job runner, or
+    anything with its ``submit(name, fn, *, low_priority)``);
     ``None`` when no GPU may be used (:func:`gpu_may_be_used`). Failures are logged, never shown."""
     if not gpu_may_be_used(device):
         return None
 
     def job(ctx):
-        from PySide6.QtCore import QThread
-
-        QThread.currentThread().setPriority(QThread.Priority.LowestPriority)
         try:
             return warm_up(lambda done, total, label: ctx.progress(done, total, label), ctx.cancelled)
         except Exception as exc:  # a broken GPU must not trouble the user: the work falls to the CPU
             log.warning("GPU warm-up failed: %s", exc)
             return {"gpu": False, "reason": str(exc), "compiled": 0, "seconds": 0.0, "cancelled": False}
 
-    return runner.submit(WARMUP_TITLE, job)
+    return runner.submit(WARMUP_TITLE, job, low_priority=True)
 
 
 class BackgroundWarmup:

@@ -15,12 +15,12 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from tractlens.app.io.dicom_series import is_dicom_folder
-from tractlens.app.jobs import JobRunner
 from tractlens.app.loaders import is_anatomical, load_layers
 from tractlens.app.model import Document
 from tractlens.app.params import DicomExportParams
 
 from .. import dialogs
+from ..jobs import JobRunner
 
 
 class DicomController(QObject):

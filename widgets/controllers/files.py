@@ -17,13 +17,13 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
 from tractlens.app.estimates import ballstick_estimate
-from tractlens.app.jobs import JobRunner
 from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
 from tractlens.app.model import Document, Layer
 
 from .. import dialogs, fiber_display
 from ..ballstick import ballstick_job, brain_voxels_upper_bound
 from ..csd_dialog import csd_job
+from ..jobs import JobRunner
 
 IMAGE_KINDS = ("scalar", "dwi", "rgb", "labels")
 SESSION_SUFFIX = ".tractlens"
