@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .derived import DerivedCache
+from .fiber_arrays import FiberArrayCache
 from .layers import Layer, hex_colour
 from .observable import Observable
 from .volumes import ROI_ROLES, RoiMask
@@ -36,6 +37,7 @@ class Document(Observable):
         self.cursor = np.zeros(3, dtype=int)
         #: metrics, streamline indexes, sample fields... computed from the layers' data
         self.derived = DerivedCache()
+        self.fiber_arrays = FiberArrayCache()  # tractograms' display arrays, shared by the views
 
     def add_layer(self, layer: Layer, *, undoable: bool = False, index: int | None = None) -> Layer:
         """Put ``layer`` on top of the stack (or at ``index``); ``undoable``: an edit that

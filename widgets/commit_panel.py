@@ -68,7 +68,7 @@ from tractlens.app.pipelines.commit import (
 )
 from tractlens.app.pipelines.commit import tractogram_suffix as _suffix_of
 
-from . import dialogs, fiber_display
+from . import dialogs
 from .commit_results import (
     NRMSE_CLIM,
     NRMSE_NAME,
@@ -406,7 +406,17 @@ class CommitPanel(JobPanelBase):
         )
 
     def _job(self, dwi, tract, source: Layer, params: CommitParams, token: int, *, mask=None, peaks=None):
-        return commit_job(dwi, tract, source, params, token, self.device, mask=mask, peaks=peaks)
+        return commit_job(
+            dwi,
+            tract,
+            source,
+            params,
+            token,
+            self.device,
+            mask=mask,
+            peaks=peaks,
+            fiber_arrays=self.document.fiber_arrays,
+        )
 
     # ------------------------------------------------------------- results
     def _progress_text(self, job) -> str:
@@ -531,12 +541,12 @@ class CommitPanel(JobPanelBase):
         if mask.all():
             self._show_subset(token, full)
             return None
-        clim, name = full.clim, full.name
+        clim, name, fiber_arrays = full.clim, full.name, self.document.fiber_arrays
 
         def job(ctx):
             layer = Layer(name, full.data.subset(mask, name=name), "tractogram", colormap="viridis", color_by=WEIGHT)
             layer.clim = clim
-            fiber_display.prepare(layer)
+            fiber_arrays.prepare(layer)
             return layer
 
         return self.runner.submit(

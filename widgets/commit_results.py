@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.app.fiber_arrays import FiberArrayCache
 from tractlens.app.model import Layer, Tractogram, Volume
 from tractlens.app.pipelines.commit import (
     WEIGHT_SCALAR,
@@ -19,8 +20,6 @@ from tractlens.app.pipelines.commit import (
     weighted_tractogram,
 )
 from tractlens.app.selection import shown_of
-
-from . import fiber_display
 
 WEIGHT = WEIGHT_SCALAR
 NRMSE_NAME = "fit NRMSE"
@@ -55,12 +54,12 @@ def snapshot_tractogram(tract: Tractogram) -> Tractogram:
     )
 
 
-def weighted_layer(name: str, tractogram: Tractogram, top: float) -> Layer:
+def weighted_layer(name: str, tractogram: Tractogram, top: float, fiber_arrays: FiberArrayCache) -> Layer:
     """A tractogram layer coloured by ``commit_weight`` over 0 … ``top``, display arrays
     prepared (call it on a worker)."""
     layer = Layer(name, tractogram, "tractogram", colormap="viridis", color_by=WEIGHT)
     layer.clim = (0.0, top if top > 0 else 1.0)
-    fiber_display.prepare(layer)
+    fiber_arrays.prepare(layer)
     return layer
 
 
@@ -74,6 +73,7 @@ def commit_job(
     *,
     mask: np.ndarray | None = None,
     peaks: Path | None = None,
+    fiber_arrays: FiberArrayCache,
 ):
     """The work of one COMMIT run for :meth:`widgets.jobs.JobRunner.submit`: the fit, then the
     result layers, all on the worker; returns a :class:`CommitOutcome`."""
@@ -95,7 +95,10 @@ def commit_job(
         ctx.check()
         weights = np.asarray(result.weights, dtype=np.float64)
         layer = weighted_layer(
-            name, weighted_tractogram(tract, weights, name), float(weights.max()) if len(weights) else 1.0
+            name,
+            weighted_tractogram(tract, weights, name),
+            float(weights.max()) if len(weights) else 1.0,
+            fiber_arrays,
         )
         nrmse_layer = Layer(
             NRMSE_NAME,

@@ -53,7 +53,6 @@ from tractlens.app.pipelines.connectivity import (
     with_distances,
 )
 
-from . import fiber_display
 from .job_panel import JobPanelBase
 from .layer_combo import LayerCombo
 from .params_form import limits_of
@@ -236,6 +235,8 @@ class PresurgicalPanel(JobPanelBase):
         if not mask.any():
             return self._refuse(f"The lesion {lesion.name} has no voxel: draw it, or lower the threshold.")
 
+        fiber_arrays = self.document.fiber_arrays
+
         def job(ctx):
             out = []
             for i, layer in enumerate(tracts):
@@ -257,7 +258,7 @@ class PresurgicalPanel(JobPanelBase):
                     **layer.provenance,
                     "lesion distance": {"lesion": lesion_name, **distance.provenance},
                 }
-                fiber_display.prepare(new)  # display arrays off the GUI thread
+                fiber_arrays.prepare(new)  # display arrays off the GUI thread
                 out.append((layer, new, distance))
             ctx.check()
             return out

@@ -29,7 +29,7 @@ from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_hal
 from . import roi_outlines, roi_tools
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
-from .render import composite, fibers_on_reference, plane_geometry
+from .render import composite, plane_geometry
 from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
@@ -285,7 +285,7 @@ class SliceView(QWidget):
         for layer in doc.layers:
             if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
                 continue
-            pts, point_colours, offsets, stream_of_point = fibers_on_reference(layer, doc.reference_affine)
+            pts, point_colours, offsets, stream_of_point = doc.fiber_arrays.on_reference(layer, doc.reference_affine)
             if self.slab_mm is None:
                 near = np.ones(len(pts), dtype=bool)
             else:

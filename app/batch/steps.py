@@ -199,9 +199,9 @@ def parse_steps(text: str) -> list[str]:
 @cache
 def step_parser(name: str) -> argparse.ArgumentParser:
     """The subcommand's own parser (options generated from the dataclasses)."""
-    from ..cli import build_parser
+    from ..cli.parser import build_command_parser
 
-    parser = build_parser()
+    parser = build_command_parser()
     for word in STEPS[name].command:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[word]

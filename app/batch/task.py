@@ -106,8 +106,8 @@ def _run_command(job: StepJob, stage: Path) -> dict:
     commands' own (InputError, and the engine's, which name what to do)."""
     from tractlens.gpu.backend import BackendError, OutOfDeviceMemory
 
-    from ..cli import build_parser
     from ..cli._common import relay_progress
+    from ..cli.parser import build_command_parser
     from ..timing import recorder
 
     out = str(_output_path(job, stage))
@@ -117,7 +117,7 @@ def _run_command(job: StepJob, stage: Path) -> dict:
         os.symlink(path, stage / "inputs" / alias)
         named[path] = str(stage / "inputs" / alias)
     argv = [out if word == OUTPUT else named.get(word, word) for word in job.argv] + ["--json"]
-    args = build_parser().parse_args(argv)
+    args = build_command_parser().parse_args(argv)
     recorder().reset()  # this step's read/compute/write split in its summary, not the worker's earlier steps'
     stdout = io.StringIO()
     try:

@@ -104,7 +104,7 @@ def _track_fod_to_file(args, params) -> int:
     """Track and write at once, batch by batch (as ``track deterministic``)."""
     from ..io.tractogram import check_output_suffix
     from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
-    from .track import regions_from_args, report_tracking, track_to_file, tractogram_output
+    from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
 
     check_device(args.device)
     check_output_suffix(args.output)

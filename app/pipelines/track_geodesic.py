@@ -29,7 +29,7 @@ from ..params import GEODESIC_METHODS as METHODS
 from ..params import GeodesicSeedingParams
 from ..regions import Regions
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
-from .track import TensorField, TrackResult, _seeded
+from .tensor_field import TensorField, TrackResult, require_seed
 from .track_reasons import geodesic_empty_reason
 
 #: Fibres a seed region gets when the directions per point are left to the engine
@@ -279,7 +279,7 @@ def geodesic_from_regions(field_: TensorField, regions: Regions, **options) -> T
     they first do), and kept only when they pass every waypoint; the exclusion union is taken
     out of the tracking mask (the fitted voxels). Geodesic fibres run to the edge of the mask:
     stop ROIs are not used. ``options`` go to :func:`geodesic_pipeline`."""
-    _seeded(regions)
+    require_seed(regions)
     mask = field_.mask if regions.exclusion is None else field_.mask & ~regions.exclusion
     include = [region.mask for region in regions.waypoints]
     result = geodesic_pipeline(

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..model import Tractogram
 from ._fallback import run_with_cpu_fallback
+from .tensor_field import TrackResult
 
 
 def target_points_of(target: np.ndarray, count: int) -> np.ndarray:
@@ -33,7 +34,6 @@ def two_point_pipeline(field_, fld, positions, dirs, target, params, metric, *, 
     from tractlens.gpu import geodesic
     from tractlens.gpu.geodesic_shooting import shoot
 
-    from .track import TrackResult
     from .track_reasons import two_point_empty_reason
 
     targets = target_points_of(target, target_points)
@@ -113,7 +113,6 @@ def eikonal_pipeline(field_, fld, positions, target, params, metric, *, device, 
     from tractlens.gpu import geodesic
     from tractlens.gpu.geodesic_eikonal import connect
 
-    from .track import TrackResult
 
     t0 = time.perf_counter()
     used = []

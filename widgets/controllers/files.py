@@ -20,7 +20,7 @@ from tractlens.app.estimates import ballstick_estimate
 from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
 from tractlens.app.model import Document, Layer
 
-from .. import dialogs, fiber_display
+from .. import dialogs
 from ..ballstick import ballstick_job, brain_voxels_upper_bound
 from ..csd_dialog import csd_job
 from ..jobs import JobRunner
@@ -106,7 +106,7 @@ class FileController(QObject):
         return dialogs.gradient_files(parent, path)
 
     def _load_job(self, path: Path, reference, gradients=None):
-        device = self.device
+        device, fiber_arrays = self.device, self.document.fiber_arrays
 
         def job(ctx):
             layers = load_layers(
@@ -120,7 +120,7 @@ class FileController(QObject):
             for layer in layers:
                 if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
                     ctx.progress(0, 1, "preparing the display")
-                    fiber_display.prepare(layer)
+                    fiber_arrays.prepare(layer)
             return layers
 
         return job
