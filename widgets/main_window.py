@@ -11,6 +11,7 @@ autosave, screenshots and reports), which hold the use cases.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -395,7 +396,6 @@ class MainWindow(QMainWindow):
         """Process events until no job is queued or running and the views show the document as
         it is (their glyphs built: :meth:`display_ready`), for scripts and tests; False when
         that took longer than ``timeout_s``."""
-        import time
 
         from PySide6.QtCore import QCoreApplication, QElapsedTimer
 

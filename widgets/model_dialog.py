@@ -24,12 +24,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tractlens.app.errors import InputError
 from tractlens.app.grid import Grid
 from tractlens.app.model import Layer, Volume
 from tractlens.app.pipelines.dti import choose_mask
 from tractlens.app.pipelines.fit_model import (
     MODEL_NAMES,
     ModelFitParams,
+    check_acquisition,
     fit_model_pipeline,
     resolve_model,
     write_fit_model_outputs,
@@ -88,9 +90,6 @@ class ModelFitDialog(QDialog):
         layout.addWidget(buttons)
 
     def accept(self) -> None:
-        from tractlens.app.errors import InputError
-        from tractlens.app.pipelines.fit_model import check_acquisition
-
         try:
             params = self.form.value()
             check_acquisition(

@@ -25,6 +25,8 @@ from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.params import cli_flags
 from tractlens.gpu.probabilistic import ProbParams
 
+from ..cli.options import params_from_args
+from ..cli.parser import build_command_parser
 from ..errors import InputError
 from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams
 from ..pipelines.dti import DTI_MAPS, DTI_PREFIX
@@ -199,7 +201,6 @@ def parse_steps(text: str) -> list[str]:
 @cache
 def step_parser(name: str) -> argparse.ArgumentParser:
     """The subcommand's own parser (options generated from the dataclasses)."""
-    from ..cli.parser import build_command_parser
 
     parser = build_command_parser()
     for word in STEPS[name].command:
@@ -247,7 +248,6 @@ def step_argv(name: str, series: Series, inputs: dict[str, Path], options: dict,
 def step_parameters(name: str, argv: list[str]) -> dict:
     """The parameters a command line sets, read through the subcommand's parser and dataclasses:
     ``{class name: {field: value}}``. Bad values raise the commands' own :class:`InputError`."""
-    from ..cli.options import params_from_args
 
     parser = step_parser(name)
     words = argv[len(STEPS[name].command) :]

@@ -3,6 +3,7 @@ and ``fod-probabilistic``, tracking on fODFs, are in :mod:`.track_fod`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tractlens.gpu.backend import DEVICES, check_device
@@ -11,11 +12,22 @@ from tractlens.gpu.geodesic import GeodesicParams, MetricParams
 from tractlens.gpu.probabilistic import ProbParams
 
 from ..errors import InputError
+from ..io import save_tractogram
 from ..io.outputs import check_output_folder
+from ..io.tractogram import check_output_suffix
 from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams, TractogramOutputParams
+from ..pipelines.connectome_modes import (
+    prepare_connectome,
+    summarise_connectome,
+    wants_connectome,
+    write_connectome_outputs,
+)
+from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
+from ..pipelines.track import deterministic_pipeline, geodesic_pipeline, load_tensor_field, masks_on_field
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
+from .track_fod import add_fod_probabilistic, add_fod_source, cmd_track_deterministic_fod
 from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
 
 
@@ -27,7 +39,6 @@ def add_parsers(sub, common) -> None:
     _add_deterministic(methods, common)
     _add_geodesic(methods, common)
     _add_probabilistic(methods, common)
-    from .track_fod import add_fod_probabilistic
 
     add_fod_probabilistic(methods, common)
 
@@ -42,7 +53,6 @@ def _add_deterministic(methods, common) -> None:
         "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng. "
         "With --fod it follows the fODF peak nearest the incoming direction instead (MRtrix's SD_STREAM).",
     )
-    from .track_fod import add_fod_source
 
     add_fod_source(p, _tensor_source_options(p))
     seeding = p.add_mutually_exclusive_group(required=True)
@@ -168,8 +178,6 @@ def _tensor_source_options(p) -> None:
 
 
 def _check_track_inputs(args) -> None:
-    from ..io.tractogram import check_output_suffix
-
     check_device(args.device)
     check_output_suffix(args.output)
     if args.tensor and (args.bval or args.bvec):
@@ -179,8 +187,6 @@ def _check_track_inputs(args) -> None:
 
 
 def _load_field(args):
-    from ..pipelines.track import load_tensor_field
-
     return load_tensor_field(
         tensor=args.tensor,
         tensor_order=args.tensor_order,
@@ -198,9 +204,6 @@ def _tracking_fix(args) -> str:
 
 
 def cmd_track_geodesic(args) -> int:
-    from ..io import save_tractogram
-    from ..pipelines.track import geodesic_pipeline, masks_on_field
-
     _check_track_inputs(args)
     params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
@@ -269,11 +272,8 @@ def _geodesic_summary(prov: dict, output) -> str:
 def cmd_track_deterministic(args) -> int:
     """Tracks and writes at once: each batch of streamlines is appended to the output file
     (:mod:`app.io.tractogram_stream`), so a whole-brain run never holds its tractogram."""
-    from ..pipelines.track import deterministic_pipeline
 
     if getattr(args, "fod", None):
-        from .track_fod import cmd_track_deterministic_fod
-
         return cmd_track_deterministic_fod(args)
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
@@ -289,8 +289,6 @@ def cmd_track_deterministic(args) -> int:
 
 
 def cmd_track_probabilistic(args) -> int:
-    from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
-
     check_device(args.device)
     params = params_from_args(ProbParams, args, fix=_tracking_fix(args))
     outputs = params_from_args(ProbOutputParams, args, fix=_tracking_fix(args))
@@ -298,12 +296,9 @@ def cmd_track_probabilistic(args) -> int:
         log.warning("--waycond has no effect without --waypoints")
     check_output_folder(args.output)
     if args.save_paths is not None:
-        from ..io.tractogram import check_output_suffix
-
         check_output_suffix(args.save_paths)
         if outputs.save_paths_max < 1:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
-    from ..pipelines.connectome_modes import wants_connectome
 
     if wants_connectome(outputs, args.target2, args.target3, args.lrtarget3):
         if args.gpus > 1:
@@ -339,8 +334,6 @@ def cmd_track_probabilistic(args) -> int:
         **summarise(run, result),
     }
     if args.save_paths is not None:
-        from ..io import save_tractogram
-
         with phase("compute"):
             tract, traced = run.paths_tractogram(
                 outputs.save_paths_max,
@@ -370,9 +363,6 @@ def cmd_track_probabilistic(args) -> int:
 
 def _track_connectome(args, params, outputs) -> int:
     """The connectome modes: their own run and files (FSL's), with probtrackx.log."""
-    import sys
-
-    from ..pipelines.connectome_modes import prepare_connectome, summarise_connectome, write_connectome_outputs
 
     for flag, given in (
         ("--target", args.target),

@@ -11,10 +11,13 @@ from tractlens.gpu.params import default_of
 
 from ..errors import InputError
 from ..io.fod import BASES
+from ..io.tractogram import check_output_suffix
 from ..params import SeedingParams, TractogramOutputParams
+from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
 from ..timing import phase
 from ._common import log
 from .options import add_params, params_from_args
+from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
 
 FOD_HELP = "fODF: a fit-csd output folder (its fod.nii.gz) or an fODF image of MRtrix3 or DIPY"
 #: Options of ``track deterministic`` that only tensor tracking reads.
@@ -102,9 +105,6 @@ def cmd_track_fod_probabilistic(args) -> int:
 
 def _track_fod_to_file(args, params) -> int:
     """Track and write at once, batch by batch (as ``track deterministic``)."""
-    from ..io.tractogram import check_output_suffix
-    from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
-    from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
 
     check_device(args.device)
     check_output_suffix(args.output)

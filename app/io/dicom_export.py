@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..grid import Grid
 from ..params import DicomExportParams
+from . import dicom_objects as objects
 from .dicom_series import choose, list_series, require
 
 log = logging.getLogger(__name__)
@@ -290,7 +292,6 @@ def check_frame_of_reference(reference: ReferenceSeries, dwi_frame_uid: str | No
 def structures_on_reference(reference: ReferenceSeries, bundles: list, lesion=None, dilate_mm: float = 0.0):
     """:class:`Structure` of each bundle ((name, points_mm, offsets)) and of the lesion
     ((name, mask, affine), resampled nearest neighbour) on the reference grid."""
-    from ..grid import Grid
 
     structures = []
     for i, (name, points_mm, offsets) in enumerate(bundles):
@@ -321,7 +322,6 @@ def export_dicom(
     progress=None,
 ) -> ExportResult:
     """Write the objects ``params.kinds`` asks for into ``outdir`` (all or nothing)."""
-    from . import dicom_objects as objects
 
     outdir = Path(outdir)
     result = ExportResult(outdir, deidentified=params.deidentify, dilate_mm=float(params.dilate_mm))

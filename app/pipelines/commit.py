@@ -47,7 +47,9 @@ from ..errors import InputError
 from ..grid import Grid
 from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix
-from ..io.dwi import DWI
+from ..io.dwi import DWI, fsl_to_voxel_vectors
+from ..io.nifti import load_image
+from ..io.tractogram import TRACTOGRAM_SUFFIXES
 from ..io.tractogram_mapped import open_trx_mm
 from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
@@ -175,8 +177,6 @@ def peaks_compartments(
 ) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments (row, orientation) from a peaks file on the DWI grid (``frame``: one of
     :data:`PEAKS_FRAMES`)."""
-    from ..io.dwi import fsl_to_voxel_vectors
-    from ..io.nifti import load_image
 
     if frame not in PEAKS_FRAMES:
         raise InputError(f"unknown peaks frame {frame!r}: one of {', '.join(PEAKS_FRAMES)}")
@@ -381,7 +381,6 @@ def output_names(suffix: str) -> list[str]:
 
 def existing_outputs(folder: str | os.PathLike) -> list[str]:
     """The COMMIT output files (the filtered tractogram in any format) already in ``folder``."""
-    from ..io.tractogram import TRACTOGRAM_SUFFIXES
 
     folder = Path(folder)
     names = {name.format(ext=suffix) for name in COMMIT_OUTPUTS for suffix in TRACTOGRAM_SUFFIXES}

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tractlens.gpu import deterministic
+from tractlens.gpu import deterministic, geodesic
 from tractlens.gpu.backend import check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.engines import decide_device
@@ -43,6 +43,7 @@ from ..params import SeedingParams
 from ..regions import Regions
 from ..timing import phase
 from ._fallback import batches_with_cpu_fallback
+from .dti import fit_dti_pipeline
 from .select import load_masks_on_reference
 from .tensor_field import TensorField, TrackResult, require_seed
 from .track_geodesic import geodesic_from_regions, geodesic_pipeline
@@ -92,7 +93,6 @@ def load_tensor_field(
             volume = load_tensor(tensor, tensor_order)
         with phase("compute"):  # eigenvalues and FA of every voxel
             return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
-    from .dti import fit_dti_pipeline
 
     with phase("read"):
         series = load_dwi(dwi, bval, bvec)
@@ -113,7 +113,6 @@ def masks_on_field(paths: Sequence[str | os.PathLike], what: str, field_: Tensor
 
 def tracking_choices(method: str) -> dict[str, tuple[str, ...]]:
     """The fixed choices of a method's parameters (for forms and option lists)."""
-    from tractlens.gpu import geodesic
 
     return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic.CHOICES}[method])
 
@@ -132,7 +131,6 @@ def tensor_field_of(document, volume: Volume) -> TensorField:
 def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "auto"):
     """The pre-processed geodesic metric (:func:`gpu.geodesic.prepare_metric`) of a tensor
     layer's volume for ``metric``, kept in ``document.derived`` (live re-tracking reuses it)."""
-    from tractlens.gpu import geodesic
 
     metric = metric or geodesic.MetricParams()
 

@@ -9,10 +9,15 @@ CuPy is not installed or the device is ``cpu``.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
+
+from tractlens.gpu import backend, warmup
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,6 @@ def warm_up_gpu(
     a GPU that cannot be used is a result (``gpu`` false), not an error. ``compile`` and
     ``gpu_status`` replace the engine's (tests without a GPU).
     """
-    import time
-
-    from tractlens.gpu import backend, warmup
 
     ok, detail = (gpu_status or backend.gpu_status)()
     if not ok:
@@ -94,8 +96,6 @@ class BackgroundWarmup:
     the usual rules. At exit a warm-up still running is cancelled between kernels."""
 
     def __init__(self, methods: tuple[str, ...], *, warm_up: Callable | None = None):
-        import threading
-
         self.methods = tuple(methods)
         self.result: dict | None = None
         self.error: BaseException | None = None
@@ -111,8 +111,6 @@ class BackgroundWarmup:
             self.error = exc
 
     def start(self) -> BackgroundWarmup:
-        import atexit
-
         self._thread.start()
         atexit.register(self.cancel)
         return self

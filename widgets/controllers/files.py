@@ -16,6 +16,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
+from tractlens.app.demo import demo_path
 from tractlens.app.estimates import ballstick_estimate
 from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
 from tractlens.app.model import Document, Layer
@@ -129,8 +130,6 @@ class FileController(QObject):
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
 
         def job(ctx):
-            from tractlens.app.demo import demo_path
-
             ctx.progress(0, 1, "preparing the demo data")
             return demo_path()
 
