@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ... import __version__
+from .. import __version__
 from .dicom_series import require
 
 RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
