@@ -1,4 +1,4 @@
-"""What a COMMIT run hands to the panel: the job that runs :func:`app.pipelines.commit.commit_pipeline`
+"""What a COMMIT run hands to the panel: the job that runs :func:`app.usecases.commit.filter_with_commit`
 on a worker and builds the result layers there (the weighted tractogram, the fit's NRMSE map),
 and the snapshot the job works on. The panel (:mod:`widgets.commit_panel`) only shows them."""
 
@@ -16,10 +16,11 @@ from tractlens.app.pipelines.commit import (
     WEIGHT_SCALAR,
     CommitParams,
     CommitResult,
-    commit_pipeline,
     weighted_tractogram,
 )
+from tractlens.app.regions import RoiCopy
 from tractlens.app.selection import shown_of
+from tractlens.app.usecases.commit import filter_with_commit
 
 WEIGHT = WEIGHT_SCALAR
 NRMSE_NAME = "fit NRMSE"
@@ -71,7 +72,7 @@ def commit_job(
     token: int,
     device: str,
     *,
-    mask: np.ndarray | None = None,
+    mask: RoiCopy | None = None,
     peaks: Path | None = None,
     fiber_arrays: FiberArrayCache,
 ):
@@ -82,11 +83,13 @@ def commit_job(
     def job(ctx):
         start = time.perf_counter()
         ctx.progress(0, params.max_iter, "COMMIT: building the model")
-        result = commit_pipeline(
+        result = filter_with_commit(
             dwi,
             tract,
             mask=mask,
-            peaks=None if peaks is None else str(peaks),
+            mask_name=None if mask is None else mask.name,
+            peaks=peaks,
+            tractogram_name=source.name,
             params=params,
             device=device,
             progress=lambda it, n: ctx.progress(it, n, "COMMIT: fitting"),

@@ -23,10 +23,11 @@ from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
+from tractlens.app import roi_raster
 from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
-from . import roi_outlines, roi_tools
+from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
 from .render import composite, plane_geometry
@@ -390,7 +391,7 @@ class SliceView(QWidget):
                 f"{tools.threshold:.4g}; click inside the region or lower the threshold"
             )
             return
-        voxels = roi_tools.flood(volume.data, ijk, tools.threshold)
+        voxels = roi_raster.flood(volume.data, ijk, tools.threshold)
         changed = self.document.paint(roi, voxels, True)
         already = "" if changed else ", all in the ROI already"
         self.notice.emit(f"Flood fill: {len(voxels)} voxels of {layer.name} above {tools.threshold:.4g}{already}")
@@ -515,7 +516,7 @@ class SliceView(QWidget):
         if len(vertices) >= 3:
             geometry = self.geometry_now()
             ordered = [v for i, v in enumerate(self._polygon) if i == 0 or not np.array_equal(v, self._polygon[i - 1])]
-            voxels = roi_tools.polygon(ordered, geometry.h_axis, geometry.v_axis)
+            voxels = roi_raster.polygon(ordered, geometry.h_axis, geometry.v_axis)
             self.document.paint(self.tools.active_roi(), voxels, True)
         self._polygon = []
         self.update()
@@ -529,7 +530,7 @@ class SliceView(QWidget):
         if self._rect_start is not None and self._painting():
             end = self.voxel_at(event.position().x(), event.position().y())
             end = self._rect_end if end is None else end
-            self.document.paint(self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end), True)
+            self.document.paint(self.tools.active_roi(), roi_raster.rectangle(self._rect_start, end), True)
         self._rect_start = self._rect_end = None
         self.update()
 

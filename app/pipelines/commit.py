@@ -1,4 +1,5 @@
-"""Use case: COMMIT filtering of a tractogram (``tractlens commit``, Python scripts).
+"""COMMIT filtering of a tractogram: the fit and its outputs (the use case that checks the inputs
+and runs it for every caller is :mod:`app.usecases.commit`).
 
 The DWI signal of the voxels the tractogram passes through (within the mask, when one
 is given), divided by each voxel's mean b=0 signal, is fitted with the forward model of
@@ -31,7 +32,6 @@ __all__ = [
     "WEIGHT_SCALAR",
     "CommitParams",
     "CommitResult",
-    "commit_from_files",
     "commit_pipeline",
     "existing_outputs",
     "kept_streamlines",
@@ -45,19 +45,17 @@ __all__ = [
 
 from ..errors import InputError
 from ..grid import Grid
-from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
-from ..io._atomic import atomic_path, split_suffix
+from ..io import save_tractogram, save_volume
+from ..io._atomic import atomic_path
 from ..io.dwi import DWI, fsl_to_voxel_vectors
 from ..io.nifti import load_image
 from ..io.tractogram import TRACTOGRAM_SUFFIXES
-from ..io.tractogram_mapped import open_trx_mm
 from ..io.tractogram_stream import open_tractogram_writer
 from ..model import Tractogram
 from ..provenance import write_json_summary
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
 from .commit_inputs import _finite_voxels, _normalised_signal, _segments_fit_on_device
-from .select import load_masks_on_reference
 
 #: Files written by :func:`write_commit_outputs` ({ext}: the input tractogram's format).
 COMMIT_OUTPUTS = {
@@ -516,55 +514,3 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
         call=("tractlens.write_commit_outputs", "<result>", outdir),
     )
     return {k: str(v) for k, v in files.items()}
-
-
-def commit_from_files(
-    dwi_path,
-    tractogram_path,
-    *,
-    bval=None,
-    bvec=None,
-    mask=None,
-    peaks=None,
-    peaks_frame: str = "world",
-    params: CommitParams | None = None,
-    device: str = "auto",
-    progress=None,
-    cancelled=None,
-    max_block_segments: int | None = None,
-    mapped: bool = True,
-) -> tuple[CommitResult, str]:
-    """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
-    returns the result and the tractogram's suffix (for the filtered output). ``mapped``: an
-    uncompressed .trx is read as stored (:mod:`app.io.tractogram_mapped`) rather than into
-    voxel coordinates; the streamlines written back are then its own bytes."""
-    with phase("read"):
-        dwi = load_dwi(dwi_path, bval, bvec, read_only=True)  # its pages released once read
-        # an uncompressed .trx is used as stored (mapped millimetres: no conversion, no copy)
-        tract = open_trx_mm(tractogram_path) if mapped else None
-        if tract is None:
-            tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
-    if len(tract) == 0:  # said before the fit's set-up, naming the file
-        raise InputError(
-            "the tractogram holds 0 streamlines: COMMIT needs at least one",
-            path=tractogram_path,
-            fix="Track again with other regions or parameters, or give another tractogram",
-        )
-    notes: list[str] = []
-    mask_array = None
-    if mask is not None:
-        (mask_array,) = load_masks_on_reference([mask], "white-matter mask", dwi.affine, dwi.shape3, notes)
-    result = commit_pipeline(
-        dwi,
-        tract,
-        mask=mask_array,
-        peaks=peaks,
-        peaks_frame=peaks_frame,
-        params=params,
-        device=device,
-        progress=progress,
-        cancelled=cancelled,
-        max_block_segments=max_block_segments,
-    )
-    result.notes[:0] = notes + dwi.warnings
-    return result, split_suffix(Path(tractogram_path))[1].lower()
