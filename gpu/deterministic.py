@@ -98,7 +98,7 @@ class DeterministicParams:
             "mm",
             (0.05, 5.0),
             flags=("--step", "--step-mm"),
-            cli_help="step length in mm (track geodesic's --step is in voxels)",
+            cli_help="step length in mm (as track geodesic's --step)",
         ),
     )
     fa_threshold: float = field(

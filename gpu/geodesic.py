@@ -189,8 +189,8 @@ class GeodesicParams:
             "step length in voxels",
             "vox",
             (0.005, 2.0),
-            flags=("--step", "--step-vox"),
-            cli_help="step in voxels of the smallest voxel size (track deterministic's --step is in mm)",
+            flags=("--step-vox",),
+            cli_help="step in voxels of the smallest voxel size (--step gives it in mm)",
         ),
     )
     integrator: str = field(

@@ -9,6 +9,7 @@ from pathlib import Path
 from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.params import default_of
 from tractlens.gpu.probabilistic import ProbParams
 
 from ..errors import InputError
@@ -24,11 +25,15 @@ from ..pipelines.connectome_modes import (
 )
 from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
 from ..pipelines.track import deterministic_pipeline, geodesic_pipeline, load_tensor_field, masks_on_field
+from ..pipelines.track_geodesic import step_in_voxels
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 from .track_fod import add_fod_probabilistic, add_fod_source, cmd_track_deterministic_fod
 from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
+
+#: Where the parser keeps the geodesic ``--step`` in mm (GeodesicParams.step is in voxels).
+GEODESIC_STEP_MM = "geodesic_step_mm"
 
 
 def add_parsers(sub, common) -> None:
@@ -85,15 +90,25 @@ def _add_geodesic(methods, common) -> None:
         description="Shoots fibres in many directions from every seed point along geodesics of the metric "
         "G = D^-1 (pre-processed: gain, positive-definite repair, optional sharpening). With --target only "
         "fibres reaching it are kept, ranked by CM where they enter it; CM is stored per point and per "
-        "streamline. --step (alias --step-vox) is in voxels (of the smallest voxel size); stopping rules "
-        "given as 0 are off.",
+        "streamline. --step is in mm, like track deterministic's (--step-vox gives it in voxels of the "
+        "smallest voxel size instead); stopping rules given as 0 are off.",
     )
     _tensor_source_options(p)
     p.add_argument("--seed", metavar="MASK", required=True, help="seed region (NIfTI mask)")
     p.add_argument("--target", metavar="MASK", help="target region: keep only fibres reaching it, ranked by CM")
     p.add_argument("--mask", help="tracking mask: fibres stop on leaving it")
     add_params(p, GeodesicSeedingParams, exclude=("rng_seed", "top_percent"))
-    add_params(p, GeodesicParams)
+    step = p.add_mutually_exclusive_group()
+    step.add_argument(
+        "--step",
+        "--step-mm",
+        dest=GEODESIC_STEP_MM,
+        type=float,
+        metavar="MM",
+        help=f"step length in mm (default: {default_of(GeodesicParams, 'step'):g} voxel of the smallest voxel size)",
+    )
+    add_params(step, GeodesicParams, only=("step",))
+    add_params(p, GeodesicParams, exclude=("step",))
     add_params(p, MetricParams)
     add_params(p, GeodesicSeedingParams, only=("top_percent",))
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
@@ -203,14 +218,24 @@ def _tracking_fix(args) -> str:
     return f"Check the tracking options (see tractlens track {args.method} --help)"
 
 
+def geodesic_params(args, field_) -> GeodesicParams:
+    """The command's :class:`GeodesicParams`: ``--step`` in mm converted to voxels of the tensor
+    grid (:func:`step_in_voxels`), or ``--step-vox`` as given."""
+    values = {}
+    if getattr(args, GEODESIC_STEP_MM, None) is not None:
+        values["step"] = step_in_voxels(getattr(args, GEODESIC_STEP_MM), field_.voxel_size)
+    return params_from_args(GeodesicParams, args, fix=_tracking_fix(args), **values)
+
+
 def cmd_track_geodesic(args) -> int:
     _check_track_inputs(args)
-    params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
+    params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))  # checked before any reading
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(GeodesicSeedingParams, args, fix=_tracking_fix(args))
     warm_up_gpu_in_background(args, "geodesic")
     with phase("read"):  # a --dwi is fitted first: that part counts as compute
         field = _load_field(args)
+    params = geodesic_params(args, field)
     notes: list[str] = []
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
     target = masks_on_field([args.target], "target mask", field, notes)[0] if args.target else None

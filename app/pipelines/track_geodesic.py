@@ -68,6 +68,12 @@ def resolve_method(method: str, has_target: bool, two_point: bool) -> str:
     return method
 
 
+def step_in_voxels(step_mm: float, voxel_size) -> float:
+    """A step length in mm as :attr:`gpu.geodesic.GeodesicParams.step` takes it: in voxels of the
+    smallest voxel size (the one conversion of the geodesic ``--step``)."""
+    return float(step_mm) / float(np.min(voxel_size))
+
+
 def ending_summary(totals: dict, params) -> dict:
     """How the fibres ended, for the provenance: fibres per stop reason (by name), and the
     excursions out of the tracking mask that the mask tolerance let fibres come back from."""
