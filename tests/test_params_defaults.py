@@ -14,7 +14,7 @@ import pytest
 from tractlens.app.cli import build_parser
 from tractlens.app.cli.options import field_of_dest
 from tractlens.app.params import PARAMS_TYPES, GeodesicSeedingParams, SeedingParams
-from tractlens.gpu.params import cli_flags, default_of
+from tractlens.gpu.params import cli_flags, default_of, field_of
 from tractlens.widgets.launcher import _report_parser
 
 TYPES = {cls.__name__: cls for cls in PARAMS_TYPES}
@@ -202,3 +202,19 @@ def test_a_bad_value_is_an_input_error_with_a_fix():
     with pytest.raises(InputError, match="FA threshold") as raised:
         params_from_args(DeterministicParams, args, fix="Check it")
     assert raised.value.fix == "Check it"
+
+
+def test_gui_presets_are_declared_fields_within_their_limits():
+    """A window's starting value that differs from the default is declared in app.params (not a
+    panel's constant), names a real field, is a valid value of it, and differs from the default."""
+    from tractlens.app.params import GUI_PRESETS, gui_preset
+    from tractlens.gpu.probabilistic import ProbParams
+
+    for params_type, values in GUI_PRESETS.items():
+        for name, value in values.items():
+            assert value != default_of(params_type, name), (params_type.__name__, name)
+            params_type(**{name: value})  # the dataclass's own checks accept it
+            lo, hi = field_of(params_type, name).metadata["limits"]
+            assert lo <= value <= hi
+    assert gui_preset(ProbParams, "n_samples") == 1000 and default_of(ProbParams, "n_samples") == 5000
+    assert gui_preset(ProbParams, "step_mm") == default_of(ProbParams, "step_mm")  # no preset: the default
