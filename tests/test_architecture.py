@@ -373,3 +373,57 @@ def test_no_import_cycles_in_the_package():
 def test_the_cycle_check_finds_a_deferred_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "p": {"p.x"}, "p.x": {"p"}}
     assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+# ------------------------------------------------------------------ use cases live in app
+def pipeline_entry_points_imported(source: str, package: str = "tractlens.widgets") -> list[str]:
+    """The pipeline entry points a widget module imports: names ending in ``_pipeline`` taken from
+    ``tractlens.app.pipelines`` (the computations a use case chains: ``fit_csd_pipeline``,
+    ``commit_pipeline``, …), or a whole pipeline module whose entry points it could call."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+        if base == "tractlens.app.pipelines":
+            found += [f"{base}.{alias.name}" for alias in node.names]  # a pipeline module itself
+        elif base.startswith("tractlens.app.pipelines."):
+            found += [f"{base}.{alias.name}" for alias in node.names if alias.name.endswith("_pipeline")]
+    return found
+
+
+def test_widgets_hold_no_use_case():
+    """0 use-case functions in widgets, in the sense this can check: no widget imports a pipeline's
+    entry point (a ``*_pipeline`` function of ``app.pipelines``, or a pipeline module whole), so a
+    panel cannot chain checks, a pipeline and its result layers itself; it calls one function of
+    ``app`` per action (``app.usecases``: ``filter_with_commit``, ``fit_ballstick``, …, or a
+    pipeline's ``*_from_regions``/``compute_*`` function that is a whole action) and shows what
+    comes back. What it cannot see: a panel chaining several such app functions itself (the
+    probabilistic panel's regions → prepare → run today, which is being moved into app)."""
+    bad = []
+    for path in python_files("widgets"):
+        package = module_name(path).rpartition(".")[0] if path.name != "__init__.py" else module_name(path)
+        bad += [
+            f"{path.relative_to(ROOT)} imports {m}" for m in pipeline_entry_points_imported(path.read_text(), package)
+        ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        (
+            "from tractlens.app.pipelines.csd import CSDParams, fit_csd_pipeline",
+            ["tractlens.app.pipelines.csd.fit_csd_pipeline"],
+        ),
+        ("from ..app.pipelines.commit import commit_pipeline", ["tractlens.app.pipelines.commit.commit_pipeline"]),
+        ("from tractlens.app.pipelines import track", ["tractlens.app.pipelines.track"]),
+        ("from tractlens.app.pipelines.track import deterministic_from_regions", []),
+        ("from tractlens.app.usecases.commit import filter_with_commit", []),
+    ],
+)
+def test_the_use_case_rule_names_each_breach(source, found):
+    assert pipeline_entry_points_imported(source) == found

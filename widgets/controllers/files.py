@@ -20,10 +20,11 @@ from tractlens.app.demo import demo_path
 from tractlens.app.estimates import ballstick_estimate
 from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
 from tractlens.app.model import Document, Layer
+from tractlens.app.usecases import fits
 
 from .. import dialogs
-from ..ballstick import ballstick_job, brain_voxels_upper_bound
-from ..csd_dialog import csd_job
+from ..ballstick import brain_voxels_upper_bound
+from ..csd_dialog import CANCEL_BATCH_VOXELS
 from ..jobs import JobRunner
 
 IMAGE_KINDS = ("scalar", "dwi", "rgb", "labels")
@@ -203,7 +204,9 @@ class FileController(QObject):
 
         return self.runner.submit(
             name,
-            ballstick_job(layer.data.dwi, params, folder, self.device, region),
+            lambda ctx, device=self.device: fits.fit_ballstick(
+                dwi, params, folder=folder, device=device, roi=region, ctx=ctx
+            ),
             on_done=done,
             on_error=self.error.emit,
         )
@@ -224,7 +227,13 @@ class FileController(QObject):
             text += f"; saved to {folder}" if folder is not None else ""
             self.message.emit("; ".join([text, *result.warnings]), 15000)
 
-        job = csd_job(layer.data.dwi, params, peak_params, folder, self.device, "CSD")
+        dwi, device = layer.data.dwi, self.device
+
+        def job(ctx):
+            return fits.fit_csd(
+                dwi, params, peak_params, folder=folder, device=device, batch_voxels=CANCEL_BATCH_VOXELS, ctx=ctx
+            )
+
         return self.runner.submit(name, job, on_done=done, on_error=self.error.emit)
 
 
