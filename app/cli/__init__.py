@@ -9,7 +9,7 @@ The options that are parameters are generated from the parameter dataclasses
 (:mod:`.options`); one module per command group adds its subcommands:
 :mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.model` (fit-model), :mod:`.csd` (fit-csd), :mod:`.commit`,
 :mod:`.connectivity` (select, connectome, profile, distance), :mod:`.track`, :mod:`.stats`,
-:mod:`.dicom` (import-dicom, export-dicom) and
+:mod:`.dicom` (import-dicom, export-dicom), :mod:`.anatomy` (register, apply-transform, atlas) and
 :mod:`.batch` (the pipelines over a BIDS dataset, on Dask).
 """
 

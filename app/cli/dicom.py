@@ -12,6 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
+from ..anatomy import load_registration, mask_onto, points_onto, side_of_grid
+from ..grid import Grid
 from ..io import load_mask, load_tractogram
 from ..io.dicom_export import check_frame_of_reference, export_dicom, read_reference, structures_on_reference
 from ..io.dicom_import import import_dicom
@@ -62,6 +66,12 @@ def add_parsers(sub, common) -> None:
         help="the diffusion data the bundles come from (DICOM folder, or NIfTI imported by import-dicom): "
         "checks that the reference shares its frame of reference",
     )
+    p.add_argument(
+        "--registration",
+        metavar="DIR",
+        help="a registration between the diffusion data and the reference series (tractlens register): places "
+        "the bundles and the lesion on a reference of another frame of reference",
+    )
     add_params(p, DicomExportParams)
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="folder to write into")
     p.set_defaults(func=cmd_export_dicom)
@@ -108,21 +118,39 @@ def cmd_export_dicom(args) -> int:
     params = params_from_args(DicomExportParams, args)
     check_output_folder(args.output)
     reference = read_reference(args.reference)
-    check_frame_of_reference(reference, dwi_frame_of_reference(args.dwi), args.dwi or "")
+    registration = target_side = None
+    if args.registration:  # the registration bridges the two frames of reference
+        registration = load_registration(args.registration)
+        target_side = side_of_grid(registration, Grid(reference.affine, reference.shape), "reference series")
+    else:
+        check_frame_of_reference(reference, dwi_frame_of_reference(args.dwi), args.dwi or "")
     bundles = []
     for path in args.tractograms:
-        tract = load_tractogram(path, reference=(reference.affine, reference.shape))
+        tract = load_tractogram(path, reference=(reference.affine, reference.shape) if registration is None else None)
         require_streamlines(tract, path, "the export")
         points_mm = tract.points @ tract.affine[:3, :3].T + tract.affine[:3, 3]
+        if registration is not None:
+            points_mm = points_onto(registration, target_side)(points_mm)
         bundles.append((Path(path).name.split(".")[0], points_mm, tract.offsets))
     lesion = None
     if args.lesion:
         lesion = (Path(args.lesion).name.split(".")[0] or "lesion", load_mask(args.lesion, what="lesion mask"),
                   load_image(args.lesion).affine)  # fmt: skip
+        lesion_grid = Grid(lesion[2], np.asarray(lesion[1]).shape)
+        if registration is not None and not lesion_grid.same_placement(getattr(registration, target_side)):
+            # a lesion drawn on the diffusion side goes through the registration; one drawn on the
+            # reference series' own grid is already in place
+            grid = Grid(reference.affine, reference.shape)
+            moved = mask_onto(registration, lesion[1], lesion_grid, grid, target_side)
+            lesion = (lesion[0], moved, reference.affine)
     structures = structures_on_reference(reference, bundles, lesion, params.dilate_mm)
     result = export_dicom(reference, structures, args.output, params, Progress("export-dicom", "objects", args.quiet))
+    summary = result.as_dict()
     lines = [f"exported onto {reference.first.get('SeriesDescription', '')} ({args.reference}):"]
+    if registration is not None:
+        summary["registration"] = registration.describe()
+        lines.append(f"  placed through the registration {registration.describe()}")
     lines += [f"  {kind}: {len(paths)} file(s) in {paths[0].parent}" for kind, paths in result.files.items()]
     lines += [f"  {s['name']}: {s['voxels']} voxels" for s in result.structures]
-    emit(args, result.as_dict(), "\n".join(lines))
+    emit(args, summary, "\n".join(lines))
     return EXIT_OK

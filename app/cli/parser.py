@@ -1,4 +1,4 @@
-"""The parser of the single-subject commands (fit, track, commit, …): what ``tractlens batch``
+"""The parser of the single-subject commands (fit, track, commit, register, …): what ``tractlens batch``
 runs for each subject reads its command lines with it, and the ``tractlens`` program
 (:func:`tractlens.app.cli.build_parser`) adds ``batch`` to it."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from .anatomy import add_parsers as add_anatomy
 from .commit import add_parsers as add_commit
 from .connectivity import add_parsers as add_connectivity
 from .csd import add_parsers as add_csd
@@ -42,6 +43,7 @@ def command_parsers() -> tuple[argparse.ArgumentParser, argparse._SubParsersActi
     add_track(sub, common)
     add_stats(sub, common)
     add_dicom(sub, common)
+    add_anatomy(sub, common)
     return parser, sub, common
 
 

@@ -284,8 +284,8 @@ def check_frame_of_reference(reference: ReferenceSeries, dwi_frame_uid: str | No
             f"diffusion data{f' ({dwi_source})' if dwi_source else ''} ({dwi_frame_uid}): the bundles "
             "would be placed wrongly",
             path=reference.folder,
-            fix="Choose a reference series of the same session (same frame of reference as the DWI), "
-            "or register the images first",
+            fix="Choose a reference series of the same session (same frame of reference as the DWI), or register "
+            "the diffusion data and that series (tractlens register) and give the folder with --registration DIR",
         )
 
 
