@@ -24,7 +24,6 @@ from .io.dwi import load_dwi
 from .io.nifti import load_image, read_array, save_volume
 from .io.outputs import check_output_file, check_output_folder
 from .io.tractogram import load_tractogram, save_tractogram
-from .loaders import looks_like_labels
 from .model import Tractogram, Volume
 from .pipelines.register import RegisterParams, register_arrays
 from .registration import Registration, resample
@@ -314,6 +313,8 @@ def _interpolation(interp: str, data: np.ndarray, name: str) -> str:
         raise InputError(f"--interp is auto, linear or nearest, not {interp!r}")
     if interp != "auto":
         return interp
+    from .loaders import looks_like_labels  # the loaders pull in every pipeline: not at the commands' start
+
 
     integer = np.issubdtype(data.dtype, np.integer) or data.dtype == bool
     return "nearest" if (integer and looks_like_labels(np.asarray(data), name)) or data.dtype == bool else "linear"

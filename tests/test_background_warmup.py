@@ -34,10 +34,10 @@ def events(monkeypatch):
         return {"gpu": False, "reason": "stand-in", "compiled": 0, "seconds": 0.0, "cancelled": False}
 
     monkeypatch.setattr(pipeline, "warm_up_gpu", stand_in)
-    from tractlens.app.cli import fit as fit_command
+    from tractlens.app import io
     from tractlens.app.pipelines import dti
 
-    real_load, real_decide = fit_command.load_dwi, dti.decide_device
+    real_load, real_decide = io.load_dwi, dti.decide_device
 
     def load_dwi(*args, **kwargs):
         log.append("reading")
@@ -50,7 +50,7 @@ def events(monkeypatch):
         log.append("compute")
         return real_decide(*args, **kwargs)
 
-    monkeypatch.setattr(fit_command, "load_dwi", load_dwi)  # the reader the fit-dti command calls
+    monkeypatch.setattr(io, "load_dwi", load_dwi)
     monkeypatch.setattr(dti, "decide_device", decide_device)
     return log
 

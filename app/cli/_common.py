@@ -11,9 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import InputError
-from ..pipelines.warmup import start_background_warmup
-from ..provenance import with_provenance
-from ..timing import timings
 
 log = logging.getLogger("tractlens")
 
@@ -77,6 +74,9 @@ def emit(args, summary: dict, human: str) -> None:
     """The command's summary on stdout: as JSON with ``--json`` (with its provenance: inputs,
     version, command line; see :mod:`app.provenance`), else the one-line ``human`` text."""
     if args.json:
+        from ..provenance import with_provenance
+        from ..timing import timings
+
         # read / compute / write seconds, memory peaks
         summary = with_provenance({**summary, "timings": timings()})
         print(json.dumps(summary, indent=2, default=str))
@@ -123,6 +123,7 @@ def warm_up_gpu_in_background(args, command: str):
     (:func:`app.pipelines.warmup.start_background_warmup`); the pipelines wait for it before
     their first GPU work. Nothing with ``--device cpu``, where CuPy is not installed, or with
     ``auto`` on inputs smaller than :data:`AUTO_WARMUP_MIN_BYTES`."""
+    from ..pipelines.warmup import start_background_warmup
 
     device = getattr(args, "device", "auto") or "auto"
     if device.lower() == "auto" and input_bytes(args) < AUTO_WARMUP_MIN_BYTES:

@@ -10,24 +10,8 @@ import numpy as np
 from tractlens.gpu.backend import DEVICES, check_device
 
 from ..errors import InputError
-from ..io import load_labels, load_mask, load_tractogram, load_volume, save_tractogram
-from ..io.lut import load_lut
-from ..io.nifti import load_image
 from ..io.outputs import check_output_file
-from ..io.tractogram import check_output_suffix
-from ..model import Volume
 from ..params import ConnectomeParams, LesionDistanceParams, ProfileParams
-from ..pipelines.connectivity import (
-    compute_connectome,
-    compute_lesion_distance,
-    compute_profile,
-    distance_row,
-    profile_csv_text,
-    with_distances,
-    write_matrix_csv,
-    write_text_atomic,
-)
-from ..pipelines.select import select_pipeline
 from ._common import EXIT_OK, Progress, emit, log, require_streamlines
 from .options import add_params, params_from_args
 
@@ -104,6 +88,10 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_select(args) -> int:
+    from ..io import load_tractogram, save_tractogram
+    from ..io.tractogram import check_output_suffix
+    from ..pipelines.select import select_pipeline
+
     check_device(args.device)
     if not args.include:
         raise InputError("at least one --include mask is needed", fix="Give the region fibers must pass")
@@ -136,6 +124,12 @@ def cmd_select(args) -> int:
 
 
 def cmd_connectome(args) -> int:
+    from ..io import load_labels, load_tractogram
+    from ..io.lut import load_lut
+    from ..io.nifti import load_image
+    from ..model import Volume
+    from ..pipelines.connectivity import compute_connectome, write_matrix_csv
+
     params = params_from_args(ConnectomeParams, args)
     check_device(args.device)
     check_output_file(args.output, "matrix CSV")
@@ -190,6 +184,9 @@ def _read_weights(path) -> np.ndarray:
 
 
 def cmd_profile(args) -> int:
+    from ..io import load_tractogram, load_volume
+    from ..pipelines.connectivity import compute_profile, profile_csv_text, write_text_atomic
+
     params = params_from_args(ProfileParams, args)
     check_device(args.device)
     check_output_file(args.output, "profile CSV")
@@ -216,9 +213,15 @@ def cmd_profile(args) -> int:
 
 
 def cmd_distance(args) -> int:
+    from ..io import load_mask, load_tractogram, save_tractogram
+    from ..io.nifti import load_image
+    from ..pipelines.connectivity import compute_lesion_distance, distance_row, with_distances
+
     params = params_from_args(LesionDistanceParams, args)
     check_device(args.device)
     if args.output:
+        from ..io.tractogram import check_output_suffix
+
         check_output_suffix(args.output)
     lesion = load_mask(args.lesion, what="lesion mask")
     affine = load_image(args.lesion, "lesion mask").affine

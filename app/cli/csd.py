@@ -8,9 +8,7 @@ from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.csd import CSDParams
 from tractlens.gpu.csd_peaks import PeakParams
 
-from ..io import load_dwi
 from ..io.outputs import check_output_folder
-from ..pipelines.csd import fit_csd_pipeline, write_csd_outputs
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log
 from .options import add_params, params_from_args
@@ -41,6 +39,9 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_fit_csd(args) -> int:
+    from ..io import load_dwi
+    from ..pipelines.csd import fit_csd_pipeline, write_csd_outputs
+
     check_device(args.device)
     params = params_from_args(CSDParams, args, fix="Check the CSD options (see tractlens fit-csd --help)")
     peak_params = params_from_args(PeakParams, args, fix="Check the peak options (see tractlens fit-csd --help)")

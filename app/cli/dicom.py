@@ -9,22 +9,14 @@ coloured series on the reference series (:mod:`app.io.dicom_export`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from ..anatomy import load_registration, mask_onto, points_onto, side_of_grid
 from ..grid import Grid
-from ..io import load_mask, load_tractogram
-from ..io.dicom_export import check_frame_of_reference, export_dicom, read_reference, structures_on_reference
-from ..io.dicom_import import import_dicom
-from ..io.dicom_series import choose, is_dicom_folder, list_series
-from ..io.nifti import load_image
-from ..io.outputs import check_output_folder
 from ..params import DicomExportParams, DicomImportParams
-from ..report_data import sidecar_path
-from ._common import EXIT_OK, Progress, emit, require_streamlines
+from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
 
 
@@ -78,6 +70,10 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_import_dicom(args) -> int:
+    from ..io.dicom_import import import_dicom
+    from ..io.dicom_series import list_series
+    from ..io.outputs import check_output_folder
+
     listed = list_series(args.dicom_dir)
     found = "\n".join(f"  {s.label}" for s in listed)
     if args.list:
@@ -100,10 +96,13 @@ def dwi_frame_of_reference(path: str | None) -> str | None:
     or from the JSON sidecar import-dicom wrote beside a NIfTI; None when it cannot be told."""
     if not path:
         return None
+    from ..io.dicom_series import choose, is_dicom_folder, list_series
+    from ..report_data import sidecar_path
 
     if is_dicom_folder(path):
         listed = list_series(path)
         return choose(listed, None, Path(path), kind="dwi" if len(listed) > 1 else None).frame_uid
+    import json
 
     sidecar = sidecar_path(path)
     if sidecar is None:
@@ -115,6 +114,12 @@ def dwi_frame_of_reference(path: str | None) -> str | None:
 
 
 def cmd_export_dicom(args) -> int:
+    from ..io import load_mask, load_tractogram
+    from ..io.dicom_export import check_frame_of_reference, export_dicom, read_reference, structures_on_reference
+    from ..io.nifti import load_image
+    from ..io.outputs import check_output_folder
+    from ._common import require_streamlines
+
     params = params_from_args(DicomExportParams, args)
     check_output_folder(args.output)
     reference = read_reference(args.reference)

@@ -8,10 +8,7 @@ from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.dti import DTIFitParams
 
-from ..io import load_dwi
 from ..io.outputs import check_output_folder
-from ..pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
-from ..pipelines.dti import check_prefix, fit_dti_pipeline, write_dti_outputs
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
@@ -66,6 +63,7 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
     work, load the DWI, fit with progress on stderr, pass the warnings on, write, summarise.
     ``describe(params, fit_provenance)`` names the model in the one-line summary, ``written``
     what the output folder holds."""
+    from ..io import load_dwi
 
     check_device(args.device)  # fail early and clearly when --device gpu has no GPU
     params = params_from_args(params_type, args, fix=fix)
@@ -102,6 +100,8 @@ def _run_fit(args, params_type, fix: str, pipeline, write, describe, written: st
 
 
 def cmd_fit_dti(args) -> int:
+    from ..pipelines.dti import check_prefix, fit_dti_pipeline, write_dti_outputs
+
     check_prefix(args.prefix, args.output)  # before the fit, not after it
     return _run_fit(
         args,
@@ -115,6 +115,8 @@ def cmd_fit_dti(args) -> int:
 
 
 def cmd_fit_ballstick(args) -> int:
+    from ..pipelines.ballstick import fit_ballstick_pipeline, write_ballstick_outputs
+
     return _run_fit(
         args,
         BallStickParams,

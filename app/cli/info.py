@@ -10,10 +10,8 @@ import time
 
 from tractlens.gpu.backend import get_backend, gpu_status
 from tractlens.gpu.cuda import cache_dir
-from tractlens.gpu.warmup import compile_all
 
 from .. import __version__
-from ..demo import write_demo
 from ._common import EXIT_OK, emit
 
 
@@ -62,6 +60,7 @@ def _compile(gpu_ok: bool, reason: str, quiet: bool) -> dict:
     """Compile every kernel of :func:`gpu.warmup.catalogue`: the summary's fields (and its text)."""
     if not gpu_ok:
         return {"compiled": [], "compile_s": 0.0, "_human": f"nothing to compile: no usable GPU ({reason})"}
+    from tractlens.gpu.warmup import compile_all
 
     def progress(done: int, total: int, label: str) -> None:
         if not quiet:
@@ -79,6 +78,8 @@ def _compile(gpu_ok: bool, reason: str, quiet: bool) -> dict:
 
 
 def cmd_demo_data(args) -> int:
+    from ..demo import write_demo
+
     out = write_demo(args.outdir)
     files = sorted(p.name for p in out.iterdir())
     emit(args, {"outdir": str(out), "files": files}, f"demo dataset written to {out} ({len(files)} files)")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import dataclasses
 
 from tractlens.gpu.backend import DEVICES
-from tractlens.gpu.models import MODELS, ModelFitParams
+from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import cli_flags
 
-from ..pipelines.fit_model import fit_model_pipeline, write_fit_model_outputs
 from .fit import _dwi_options, _run_fit
 from .options import add_params, dest_of
 
 
 def add_parsers(sub, common) -> None:
+    from tractlens.gpu.models import MODELS
+
     p = sub.add_parser(
         "fit-model",
         parents=[common],
@@ -33,6 +34,8 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_fit_model(args) -> int:
+    from ..pipelines.fit_model import fit_model_pipeline, write_fit_model_outputs
+
     command_line = canonical_command_line(args)
     return _run_fit(
         args,

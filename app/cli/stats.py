@@ -6,11 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
-from ..io import load_mask, load_tractogram
-from ..io._atomic import write_text_atomic
-from ..io.nifti import load_image, load_volume
 from ..io.outputs import check_output_file
-from ..statistics import StatisticsParams, file_statistics, statistics_csv_text, statistics_json_text
+from ..statistics import StatisticsParams
 from ._common import EXIT_OK, emit
 from .options import add_params, params_from_args
 
@@ -35,6 +32,11 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_stats(args) -> int:
+    from ..io import load_mask, load_tractogram
+    from ..io._atomic import write_text_atomic
+    from ..io.nifti import load_image, load_volume
+    from ..statistics import file_statistics, statistics_csv_text, statistics_json_text
+
     params = params_from_args(StatisticsParams, args)
     output = Path(args.output)
     if output.suffix.lower() not in FORMATS:

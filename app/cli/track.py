@@ -3,7 +3,6 @@ and ``fod-probabilistic``, tracking on fODFs, are in :mod:`.track_fod`)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from tractlens.gpu.backend import DEVICES, check_device
@@ -13,19 +12,8 @@ from tractlens.gpu.params import default_of
 from tractlens.gpu.probabilistic import ProbParams
 
 from ..errors import InputError
-from ..io import save_tractogram
 from ..io.outputs import check_output_folder
-from ..io.tractogram import check_output_suffix
 from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams, TractogramOutputParams
-from ..pipelines.connectome_modes import (
-    prepare_connectome,
-    summarise_connectome,
-    wants_connectome,
-    write_connectome_outputs,
-)
-from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
-from ..pipelines.track import deterministic_pipeline, geodesic_pipeline, load_tensor_field, masks_on_field
-from ..pipelines.track_geodesic import step_in_voxels
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
@@ -44,7 +32,6 @@ def add_parsers(sub, common) -> None:
     _add_deterministic(methods, common)
     _add_geodesic(methods, common)
     _add_probabilistic(methods, common)
-
     add_fod_probabilistic(methods, common)
 
 
@@ -58,7 +45,6 @@ def _add_deterministic(methods, common) -> None:
         "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng. "
         "With --fod it follows the fODF peak nearest the incoming direction instead (MRtrix's SD_STREAM).",
     )
-
     add_fod_source(p, _tensor_source_options(p))
     seeding = p.add_mutually_exclusive_group(required=True)
     seeding.add_argument("--seed", metavar="MASK", help="seed region (NIfTI mask)")
@@ -193,6 +179,8 @@ def _tensor_source_options(p) -> None:
 
 
 def _check_track_inputs(args) -> None:
+    from ..io.tractogram import check_output_suffix
+
     check_device(args.device)
     check_output_suffix(args.output)
     if args.tensor and (args.bval or args.bvec):
@@ -202,6 +190,8 @@ def _check_track_inputs(args) -> None:
 
 
 def _load_field(args):
+    from ..pipelines.track import load_tensor_field
+
     return load_tensor_field(
         tensor=args.tensor,
         tensor_order=args.tensor_order,
@@ -221,6 +211,8 @@ def _tracking_fix(args) -> str:
 def geodesic_params(args, field_) -> GeodesicParams:
     """The command's :class:`GeodesicParams`: ``--step`` in mm converted to voxels of the tensor
     grid (:func:`step_in_voxels`), or ``--step-vox`` as given."""
+    from ..pipelines.track_geodesic import step_in_voxels
+
     values = {}
     if getattr(args, GEODESIC_STEP_MM, None) is not None:
         values["step"] = step_in_voxels(getattr(args, GEODESIC_STEP_MM), field_.voxel_size)
@@ -228,6 +220,9 @@ def geodesic_params(args, field_) -> GeodesicParams:
 
 
 def cmd_track_geodesic(args) -> int:
+    from ..io import save_tractogram
+    from ..pipelines.track import geodesic_pipeline, masks_on_field
+
     _check_track_inputs(args)
     params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))  # checked before any reading
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
@@ -297,6 +292,7 @@ def _geodesic_summary(prov: dict, output) -> str:
 def cmd_track_deterministic(args) -> int:
     """Tracks and writes at once: each batch of streamlines is appended to the output file
     (:mod:`app.io.tractogram_stream`), so a whole-brain run never holds its tractogram."""
+    from ..pipelines.track import deterministic_pipeline
 
     if getattr(args, "fod", None):
         return cmd_track_deterministic_fod(args)
@@ -314,6 +310,8 @@ def cmd_track_deterministic(args) -> int:
 
 
 def cmd_track_probabilistic(args) -> int:
+    from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
+
     check_device(args.device)
     params = params_from_args(ProbParams, args, fix=_tracking_fix(args))
     outputs = params_from_args(ProbOutputParams, args, fix=_tracking_fix(args))
@@ -321,9 +319,12 @@ def cmd_track_probabilistic(args) -> int:
         log.warning("--waycond has no effect without --waypoints")
     check_output_folder(args.output)
     if args.save_paths is not None:
+        from ..io.tractogram import check_output_suffix
+
         check_output_suffix(args.save_paths)
         if outputs.save_paths_max < 1:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
+    from ..pipelines.connectome_modes import wants_connectome
 
     if wants_connectome(outputs, args.target2, args.target3, args.lrtarget3):
         if args.gpus > 1:
@@ -359,6 +360,8 @@ def cmd_track_probabilistic(args) -> int:
         **summarise(run, result),
     }
     if args.save_paths is not None:
+        from ..io import save_tractogram
+
         with phase("compute"):
             tract, traced = run.paths_tractogram(
                 outputs.save_paths_max,
@@ -388,6 +391,9 @@ def cmd_track_probabilistic(args) -> int:
 
 def _track_connectome(args, params, outputs) -> int:
     """The connectome modes: their own run and files (FSL's), with probtrackx.log."""
+    import sys
+
+    from ..pipelines.connectome_modes import prepare_connectome, summarise_connectome, write_connectome_outputs
 
     for flag, given in (
         ("--target", args.target),

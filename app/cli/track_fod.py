@@ -11,9 +11,7 @@ from tractlens.gpu.params import default_of
 
 from ..errors import InputError
 from ..io.fod import BASES
-from ..io.tractogram import check_output_suffix
 from ..params import SeedingParams, TractogramOutputParams
-from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
 from ..timing import phase
 from ._common import log
 from .options import add_params, params_from_args
@@ -105,6 +103,8 @@ def cmd_track_fod_probabilistic(args) -> int:
 
 def _track_fod_to_file(args, params) -> int:
     """Track and write at once, batch by batch (as ``track deterministic``)."""
+    from ..io.tractogram import check_output_suffix
+    from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
 
     check_device(args.device)
     check_output_suffix(args.output)

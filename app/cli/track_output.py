@@ -1,15 +1,14 @@
 """What the tracking commands (:mod:`.track` for tensors, :mod:`.track_fod` for fODFs) share:
 the output options, the regions read onto the tracking grid, the streamlines written while they
-are tracked, and the summary."""
+are tracked, and the summary. Like every command module, it imports the pipelines and writers
+when a command runs, not with the parser that every ``tractlens`` command starts through."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..errors import InputError
-from ..io.tractogram_stream import open_tractogram_writer
 from ..params import TractogramOutputParams
-from ..pipelines.track import masks_on_field
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log
 from .options import params_from_args
@@ -29,6 +28,8 @@ def tractogram_output(args, fix: str) -> TractogramOutputParams:
 def regions_from_args(args, grid, notes: list) -> dict:
     """The seed, tracking mask, stop, include and exclude regions of a tracking command, read
     and brought onto ``grid`` (a tensor field or an fODF volume)."""
+    from ..pipelines.track import masks_on_field  # a command imports its pipeline when it runs
+
     return {
         "mask": masks_on_field([args.mask], "tracking mask", grid, notes)[0] if args.mask else None,
         "seed_mask": masks_on_field([args.seed], "seed mask", grid, notes)[0] if args.seed else None,
@@ -43,6 +44,8 @@ def track_to_file(args, pipeline, grid, output, seeding, notes: list, **regions)
     its streamlines written to ``args.output`` while it tracks (by a thread, while the next batch
     is tracked). The file is removed unless tracking ends well (an error, Ctrl-C); its parts
     count as write."""
+    from ..io.tractogram_stream import open_tractogram_writer
+
     with (
         open_tractogram_writer(
             args.output, grid.affine, grid.shape, positions_dtype=output.positions_dtype, background=True

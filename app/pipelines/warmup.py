@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tractlens.gpu import backend, warmup
+from tractlens.gpu import backend
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ def warm_up_gpu(
     a GPU that cannot be used is a result (``gpu`` false), not an error. ``compile`` and
     ``gpu_status`` replace the engine's (tests without a GPU).
     """
+    # The kernel catalogue imports every engine: only a warm-up needs it, not every command that
+    # imports this module (the pipelines wait for a background warm-up through it).
+    from tractlens.gpu import warmup
 
     ok, detail = (gpu_status or backend.gpu_status)()
     if not ok:
