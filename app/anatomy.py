@@ -20,6 +20,7 @@ from .atlases import atlas_info, load_atlas, load_template, write_lookup_table
 from .errors import InputError
 from .grid import Grid
 from .io import transforms as transform_files
+from .io.dwi import load_dwi
 from .io.nifti import load_image, read_array, save_volume
 from .io.outputs import check_output_file, check_output_folder
 from .io.tractogram import load_tractogram, save_tractogram
@@ -72,8 +73,6 @@ def load_for_registration(source, volume: int | None = None, what: str = "image"
     path = Path(source)
     img = load_image(path, what)
     if img.ndim == 4 and img.shape[3] > 1 and volume is None:
-        from .io.dwi import load_dwi
-
         try:
             dwi = load_dwi(path)
         except InputError:
@@ -314,7 +313,7 @@ def _interpolation(interp: str, data: np.ndarray, name: str) -> str:
         raise InputError(f"--interp is auto, linear or nearest, not {interp!r}")
     if interp != "auto":
         return interp
-    from .loaders import looks_like_labels
+    from .loaders import looks_like_labels  # the loaders pull in every pipeline: not at the commands' start
 
     integer = np.issubdtype(data.dtype, np.integer) or data.dtype == bool
     return "nearest" if (integer and looks_like_labels(np.asarray(data), name)) or data.dtype == bool else "linear"

@@ -16,6 +16,7 @@ import csv
 import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
+from importlib.metadata import version
 from pathlib import Path
 
 import nibabel as nib
@@ -189,7 +190,6 @@ def _maxprob(image, first: int, last: int) -> np.ndarray:
 
 
 def _cache_file(info: AtlasInfo) -> Path:
-    from importlib.metadata import version
 
     return cache_dir() / "atlases" / f"{info.name}-{PACKAGE}{version(PACKAGE)}-thr{MAXPROB_THRESHOLD}.nii"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from .derived import DerivedCache
+from .fiber_arrays import FiberArrayCache
+from .grid import Grid
 from .layers import Layer, hex_colour
 from .observable import Observable
 from .volumes import ROI_ROLES, RoiMask
@@ -39,6 +41,7 @@ class Document(Observable):
         #: registrations the user made or opened by id ("R1"...: app.registration.Registration), oldest first;
         #: a layer they placed names one in its provenance (app.anatomy_layers)
         self.registrations: dict = {}
+        self.fiber_arrays = FiberArrayCache()  # tractograms' display arrays, shared by the views
 
     def add_layer(self, layer: Layer, *, undoable: bool = False, index: int | None = None) -> Layer:
         """Put ``layer`` on top of the stack (or at ``index``); ``undoable``: an edit that
@@ -205,9 +208,10 @@ class Document(Observable):
     def roi_on_reference(self, layer: Layer) -> np.ndarray:
         """An ROI's mask on the reference grid: itself, or (an ROI drawn on an image of another
         grid, e.g. a registered T1) brought onto it by nearest neighbour."""
-        from .anatomy_layers import roi_on_grid
-
-        return roi_on_grid(layer.data.mask, layer.data.affine, (self.reference_affine, self.reference_shape))
+        grid = Grid(self.reference_affine, self.reference_shape)
+        return grid.resample_nearest(
+            np.asarray(layer.data.mask, dtype=bool), Grid(layer.data.affine, np.shape(layer.data.mask))
+        )
 
     def roi_sets(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Masks of the visible ROIs that select fibers (on the reference grid): (include: seed,

@@ -33,6 +33,7 @@ from .io.dwi import find_gradient_files
 from .io.fod import load_fod, world_rotation
 from .io.nifti import NIFTI_SUFFIXES, load_image, read_array
 from .model import Layer, Volume
+from .pipelines.track_fod import track_fod_deterministic
 
 FOD_NAME = re.compile(r"(^|[^a-z])(wm)?f?odf?([^a-z]|$)", re.IGNORECASE)
 FOD_FILE = "fod.nii.gz"
@@ -174,7 +175,6 @@ def track_on_fod(volume: Volume, regions, **options):
     file's path (or (coefficients, affine) for a fit made in the window) and the regions go
     to :func:`app.pipelines.track_fod.track_fod_deterministic` with ``options`` (whole_brain,
     params, device, progress, cancelled, on_batch, seeding...). Returns its result."""
-    from .pipelines.track_fod import track_fod_deterministic
 
     source = volume.source if volume.source and Path(volume.source).is_file() else (volume.data, volume.affine)
     return track_fod_deterministic(source, regions, **options)

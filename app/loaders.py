@@ -53,12 +53,17 @@ import numpy as np
 from tractlens.gpu import dti, sym3
 
 from .errors import InputError
+from .fod_layers import is_fod_path, load_fod_layers
 from .grid import Grid
 from .io import load_bedpostx, load_dwi, load_tensor, load_tractogram, split_suffix
 from .io.bedpostx import SAMPLES_BASE, dyad_volume
+from .io.dicom_import import layer_sources
+from .io.dicom_series import is_dicom_folder
 from .io.dwi import find_gradient_files
+from .io.lut import load_lut
 from .io.nifti import IMAGE_SUFFIXES, NIFTI_SUFFIXES, load_3d, load_image, read_array
 from .model import ROI_ROLES, DWIVolume, Layer, RoiMask, Volume
+from .pipelines.dti import fit_dti_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +141,6 @@ def load_layers(
     :func:`needs_gradient_files`); ignored for other files. A DICOM folder opens its diffusion
     series and every image series, converted (:func:`app.io.dicom_import.layer_sources`);
     ``dicom_series`` picks the diffusion series when there are several."""
-    from .io.dicom_series import is_dicom_folder
 
     if is_dicom_folder(path):
         return _dicom_layers(Path(path), dicom_series, reference, device, progress, cancelled)
@@ -147,8 +151,6 @@ def load_layers(
 
 
 def _dicom_layers(folder: Path, series, reference, device, progress, cancelled) -> list[Layer]:
-    from .io.dicom_import import layer_sources
-
     layers: list[Layer] = []
     for conv in layer_sources(folder, series):
         gradients = (conv.bval, conv.bvec) if conv.kind == "dwi" else None
@@ -178,7 +180,6 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
         return [Layer(_stem(path), tract, "tractogram")]
     if BEDPOSTX_SAMPLES.match(path.name) and _is_bedpostx(path.parent):
         path = path.parent  # a sample file stands for its folder
-    from .fod_layers import is_fod_path, load_fod_layers
 
     if is_fod_path(path):  # a fit-csd folder or an fODF image (app.fod_layers)
         return load_fod_layers(path)
@@ -226,7 +227,6 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
 def _sidecar_lut(path: Path):
     """The lookup table beside a label volume (``NAME.txt``, ``NAME_lut.txt``, ``NAME.tsv``: the
     BIDS dseg sidecar), or None. One that cannot be read is skipped with a warning, not fatal."""
-    from .io.lut import load_lut
 
     stem = _stem(path)
     for name in (f"{stem}.txt", f"{stem}_lut.txt", f"{stem}.tsv", f"{stem}_LUT.txt"):
@@ -328,7 +328,6 @@ def needs_gradient_files(path: str | os.PathLike) -> bool:
     path = Path(path)
     if not path.is_file() or not path.name.lower().endswith(IMAGE_SUFFIXES):
         return False
-    from .fod_layers import is_fod_path
 
     try:
         shape = load_image(path).shape
@@ -344,8 +343,6 @@ class GradientFilesMissing(InputError):
 
 
 def _dwi_layers(path: Path, device, progress, cancelled, gradients=None) -> list[Layer]:
-    from .pipelines.dti import fit_dti_pipeline
-
     bval, bvec = gradients if gradients is not None else (None, None)
     if gradients is None and find_gradient_files(path) == (None, None):
         stem = _stem(path)

@@ -507,3 +507,18 @@ PARAMS_TYPES = (
     DicomImportParams,
     RegisterParams,
 )
+
+
+#: The window's starting values where they differ from the defaults (which the command line and
+#: scripts use): ``{parameter class: {field: value}}``, declared here beside the defaults so that
+#: no panel keeps a number of its own. The probabilistic panel starts at 1000 samples per seed
+#: voxel, a first look back in seconds; probtrackx's (and ``tractlens track probabilistic``'s)
+#: 5000 is one edit away.
+GUI_PRESETS: dict[type, dict[str, object]] = {
+    ProbParams: {"n_samples": 1000},
+}
+
+
+def gui_preset(params_type: type, name: str):
+    """The value a panel's form starts with: its :data:`GUI_PRESETS` entry, else the default."""
+    return GUI_PRESETS.get(params_type, {}).get(name, default_of(params_type, name))

@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+from .io._atomic import write_text_atomic
+
 #: The keys :func:`provenance` adds to a summary.
 PROVENANCE_KEYS = ("version", "command_line", "inputs")
 #: Argument destinations that name outputs, never inputs (even when the file exists already).
@@ -100,7 +103,6 @@ def provenance(inputs: Iterable[str | os.PathLike | None] = (), call: str | tupl
     ``command_line``: the argv of the running ``tractlens`` command (a list), else ``call``, the
     Python call that made the result (text). ``inputs``: the command's input paths and ``inputs``
     (Nones and repeats dropped), each as :func:`describe_input` gives it."""
-    from . import __version__
 
     invocation = _current.get()
     paths = list(invocation.inputs) if invocation is not None else []
@@ -129,7 +131,6 @@ def write_json_summary(
     call: str | tuple | None = None,
 ) -> Path:
     """Write ``summary`` with its provenance as JSON, atomically."""
-    from .io._atomic import write_text_atomic
 
     text = json.dumps(with_provenance(summary, inputs, call), indent=2, default=str)
     return write_text_atomic(text, Path(path))

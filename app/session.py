@@ -52,6 +52,9 @@ from . import __version__
 from .errors import InputError
 from .fod_layers import FodFileMissing, fod_session_entry, restore_fod_volume
 from .io._atomic import SaveError, atomic_path, save_error, write_text_atomic
+from .io.bedpostx import BedpostSamples
+from .io.dwi import DWI
+from .io.lut import LabelTable
 from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
@@ -482,8 +485,6 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         if "fod" in entry:
             volume = restore_fod_volume(entry["fod"], info["name"])
         elif "signal" in files:
-            from .io.dwi import DWI
-
             dwi = DWI(
                 np.asarray(_load_nifti(folder, files["signal"]), dtype=np.float32),
                 affine,
@@ -495,8 +496,6 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
             )
             volume = DWIVolume(info["name"], dwi)
         elif "theta" in files:
-            from .io.bedpostx import BedpostSamples
-
             samples = BedpostSamples(
                 *(np.asarray(_load_nifti(folder, files[k]), dtype=np.float32) for k in ("theta", "phi", "f")),
                 _load_nifti(folder, files["samples_mask"]) != 0,
@@ -507,8 +506,6 @@ def _restore_layer(entry: dict, folder: Path) -> Layer:
         else:
             volume = Volume(info["name"], np.asarray(data), affine, kind=info["kind"], source=info.get("source", ""))
         if "lut" in info:
-            from .io.lut import LabelTable
-
             lut = info["lut"]
             volume.lut = LabelTable(
                 {int(k): v for k, v in lut["names"].items()},

@@ -23,6 +23,7 @@ from tractlens.gpu.connectivity import streamline_lengths_mm
 from .errors import InputError
 from .model import Tractogram, Volume
 from .params import StatisticsParams
+from .selection import shown_mask, shown_of
 
 
 @dataclass
@@ -173,7 +174,6 @@ def open_scalar_maps(document) -> dict[str, Volume]:
 def layer_statistics(document, layer, params: StatisticsParams | None = None) -> StatisticsTable:
     """The statistics of a tractogram layer (its shown streamlines) or an ROI layer, with every
     open scalar map."""
-    from .selection import shown_mask, shown_of
 
     maps = open_scalar_maps(document)
     if layer.kind == "tractogram":

@@ -7,14 +7,28 @@ affine that maps voxel indices to RAS+ millimetres.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .observable import Observable
 
-if TYPE_CHECKING:
-    from .io import DWI, BedpostSamples
+
+class DiffusionSeries(Protocol):
+    """What the model needs of a diffusion series (:class:`app.io.DWI` is one): the model holds
+    the series it shows and never imports the file formats that read it."""
+
+    affine: np.ndarray
+    path: str
+
+    def mean_b0(self) -> np.ndarray: ...
+
+
+class PosteriorSamples(Protocol):
+    """What the model needs of bedpostX samples (:class:`app.io.BedpostSamples` is one)."""
+
+    affine: np.ndarray
+
 
 ROI_ROLES = ("seed", "target", "exclusion", "waypoint", "stop", "lesion")  # lesion: measured against, never tracked
 
@@ -74,7 +88,7 @@ class DWIVolume(Volume):
     voxel axes), which model fits started from the layer (ball & sticks) use.
     """
 
-    def __init__(self, name: str, dwi: DWI):
+    def __init__(self, name: str, dwi: DiffusionSeries):
         super().__init__(name, dwi.mean_b0().astype(np.float32), dwi.affine, kind="dwi", source=dwi.path)
         self.dwi = dwi
 
@@ -84,7 +98,7 @@ class DyadsVolume(Volume):
     posterior samples they summarise (:class:`app.io.BedpostSamples`), which
     probabilistic tracking started from the layer uses."""
 
-    def __init__(self, name: str, data: np.ndarray, samples: BedpostSamples, *, source: str = ""):
+    def __init__(self, name: str, data: np.ndarray, samples: PosteriorSamples, *, source: str = ""):
         super().__init__(name, data, samples.affine, kind="dyads", source=source)
         self.samples = samples
 

@@ -1,6 +1,8 @@
 """The lanes of ../shared/docs/architecture.md hold, and the code passes ruff."""
 
 import ast
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +18,7 @@ FORBIDDEN = {
         "tractlens.app",
         "tractlens.widgets",
         "PySide6",
+        "shiboken6",
         "vtk",
         "vtkmodules",
         "pyvista",
@@ -23,7 +26,8 @@ FORBIDDEN = {
         "nibabel",
         "trx",
     },
-    "app": {"tractlens.widgets", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "PySide6.QtWidgets", "PySide6.QtGui"},
+    # app is Qt-free: no PySide6 at all (QtCore included); the Qt job runner lives in widgets.
+    "app": {"tractlens.widgets", "vtk", "vtkmodules", "pyvista", "pyvistaqt", "PySide6", "shiboken6"},
 }
 
 
@@ -231,3 +235,195 @@ def test_no_module_is_a_god_module(package):
         if (n := len(p.read_text().splitlines())) > 600
     ]
     assert not long, "\n".join(long)
+
+
+# ------------------------------------------------------------------ contracts and import cycles
+def installed_layout(target: Path) -> Path:
+    """The package's Python sources laid out as the wheel installs them (``tractlens/app``, …)
+    under ``target``: import-linter finds a package's modules in its folder, and in a checkout
+    ``app/``, ``gpu/`` and ``widgets/`` sit beside ``tractlens/``, not inside it."""
+    package = target / "tractlens"
+    package.mkdir(parents=True)
+    shutil.copy2(ROOT / "tractlens" / "__init__.py", package / "__init__.py")
+    for folder in ("app", "gpu", "widgets"):
+        for path in python_files(folder):
+            copy = package / path.relative_to(ROOT)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, copy)
+    return target
+
+
+def lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    tool = installed_tool("lint-imports")
+    assert tool, "import-linter is part of the test extra"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    return subprocess.run([tool, str(ROOT / "pyproject.toml")], capture_output=True, text=True, cwd=tree, env=env)
+
+
+def test_import_linter_contracts_hold(tmp_path):
+    """The lanes of pyproject.toml's [tool.importlinter]: widgets → app → gpu; app and gpu import
+    no Qt, VTK or pyvista; gpu no file formats, file I/O or argparse."""
+    out = lint_imports(installed_layout(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 kept, 0 broken" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(
+    "module, line, contract",
+    [
+        ("app/grid.py", "from tractlens.widgets import render", "widgets -> app -> gpu"),
+        ("gpu/sh.py", "from PySide6 import QtCore", "app and gpu know no Qt"),
+        ("gpu/sh.py", "import nibabel", "gpu reads and writes no files"),
+    ],
+)
+def test_import_linter_names_a_breach(tmp_path, module, line, contract):
+    """The contracts can fail: one import across a lane, added to a copy of the sources, breaks one."""
+    tree = installed_layout(tmp_path)
+    copy = tree / "tractlens" / module
+    copy.write_text(copy.read_text() + f"\n{line}  # noqa\n")
+    out = lint_imports(tree)
+    assert out.returncode != 0 and "1 broken" in out.stdout, out.stdout
+    broken = [line for line in out.stdout.splitlines() if line.endswith(" BROKEN")]
+    assert len(broken) == 1 and broken[0].startswith(contract), out.stdout
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module → the package's modules it imports, read from the sources: every import, at module
+    top or deferred inside a function (a deferred import is still a dependency); only what sits
+    under ``if TYPE_CHECKING:`` is left out (a type checker's, not the program's)."""
+    files = {module_name(p): p for folder in ("app", "gpu", "widgets", "tractlens") for p in python_files(folder)}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+            for n in ast.walk(node)
+        }
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if id(node) in typing_only or not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            for target in targets:
+                while target and target not in files:
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), leaving out those made
+    only of a package and its own submodules (an ``__init__`` that re-exports them)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+
+    def nested(component: list[str]) -> bool:
+        return all(
+            any(o != m and (o.startswith(m + ".") or m.startswith(o + ".")) for o in component) for m in component
+        )
+
+    return [c for c in found if not nested(c)]
+
+
+def test_no_import_cycles_in_the_package():
+    """No module imports one that imports it back, through any chain and counting deferred
+    imports: a cycle is a design bug, not something to hide inside a function."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_deferred_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "p": {"p.x"}, "p.x": {"p"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+
+
+# ------------------------------------------------------------------ use cases live in app
+def pipeline_entry_points_imported(source: str, package: str = "tractlens.widgets") -> list[str]:
+    """The pipeline entry points a widget module imports: names ending in ``_pipeline`` taken from
+    ``tractlens.app.pipelines`` (the computations a use case chains: ``fit_csd_pipeline``,
+    ``commit_pipeline``, …), or a whole pipeline module whose entry points it could call."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            base = ".".join([*parts[: len(parts) - node.level + 1], *([base] if base else [])])
+        if base == "tractlens.app.pipelines":
+            found += [f"{base}.{alias.name}" for alias in node.names]  # a pipeline module itself
+        elif base.startswith("tractlens.app.pipelines."):
+            found += [f"{base}.{alias.name}" for alias in node.names if alias.name.endswith("_pipeline")]
+    return found
+
+
+def test_widgets_hold_no_use_case():
+    """0 use-case functions in widgets, in the sense this can check: no widget imports a pipeline's
+    entry point (a ``*_pipeline`` function of ``app.pipelines``, or a pipeline module whole), so a
+    panel cannot chain checks, a pipeline and its result layers itself; it calls one function of
+    ``app`` per action (``app.usecases``: ``filter_with_commit``, ``fit_ballstick``, …, or a
+    pipeline's ``*_from_regions``/``compute_*`` function that is a whole action) and shows what
+    comes back. What it cannot see: a panel chaining several such app functions itself (the
+    probabilistic panel's regions → prepare → run today, which is being moved into app)."""
+    bad = []
+    for path in python_files("widgets"):
+        package = module_name(path).rpartition(".")[0] if path.name != "__init__.py" else module_name(path)
+        bad += [
+            f"{path.relative_to(ROOT)} imports {m}" for m in pipeline_entry_points_imported(path.read_text(), package)
+        ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        (
+            "from tractlens.app.pipelines.csd import CSDParams, fit_csd_pipeline",
+            ["tractlens.app.pipelines.csd.fit_csd_pipeline"],
+        ),
+        ("from ..app.pipelines.commit import commit_pipeline", ["tractlens.app.pipelines.commit.commit_pipeline"]),
+        ("from tractlens.app.pipelines import track", ["tractlens.app.pipelines.track"]),
+        ("from tractlens.app.pipelines.track import deterministic_from_regions", []),
+        ("from tractlens.app.usecases.commit import filter_with_commit", []),
+    ],
+)
+def test_the_use_case_rule_names_each_breach(source, found):
+    assert pipeline_entry_points_imported(source) == found

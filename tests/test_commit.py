@@ -330,7 +330,7 @@ def test_commit_command_bad_inputs(demo_dir, demo_with_false_streamlines, tmp_pa
 
 @pytest.mark.gpu
 def test_commit_pipeline_on_the_gpu_equals_the_cpu(demo_dir, demo_with_false_streamlines):
-    from tractlens.app.pipelines.commit import commit_from_files
+    from tractlens.app.usecases.commit import commit_from_files
 
     params = CommitParams(max_iter=200, tol=0.0)
     cpu, _ = commit_from_files(demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0], params=params, device="cpu")
@@ -381,7 +381,7 @@ def test_blocked_operator_equals_the_whole(model):
 
 
 def test_commit_pipeline_in_blocks_equals_the_whole(demo_dir, demo_with_false_streamlines):
-    from tractlens.app.pipelines.commit import commit_from_files
+    from tractlens.app.usecases.commit import commit_from_files
 
     params = CommitParams(max_iter=60, tol=0.0)
     args = (demo_dir / "dwi.nii.gz", demo_with_false_streamlines[0])

@@ -17,12 +17,12 @@ from tractlens.app.io import load_tractogram, save_tractogram, save_volume
 from tractlens.app.pipelines import commit as commit_pipeline_module
 from tractlens.app.pipelines.commit import (
     CommitParams,
-    commit_from_files,
     commit_pipeline,
     kept_streamlines,
     write_commit_outputs,
     write_kept_streamlines,
 )
+from tractlens.app.usecases.commit import commit_from_files
 from tractlens.gpu import commit_operator
 
 MAP_NAMES = ("fit_RMSE", "fit_NRMSE", "compartment_IC", "compartment_EC", "compartment_ISO")

@@ -3,13 +3,11 @@ door to fODF tracking."""
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
 
 from tests.csd_synth import gradient_table, voxel_signal
+from tractlens.app import fod_layers
 from tractlens.app.fod_display import (
     direction_colours,
     fod_amplitudes,
@@ -203,9 +201,7 @@ def test_the_tracking_door_passes_what_the_tracker_takes(tmp_path, monkeypatch):
         calls.append((fod, regions, whole_brain, params, progress))
         return "result"
 
-    module = types.ModuleType("tractlens.app.pipelines.track_fod")
-    module.track_fod_deterministic = track_fod_deterministic
-    monkeypatch.setitem(sys.modules, "tractlens.app.pipelines.track_fod", module)
+    monkeypatch.setattr(fod_layers, "track_fod_deterministic", track_fod_deterministic)  # the tracker it calls
     layer = fod_layer("f", np.ones((2, 2, 2, 6), np.float32), np.eye(4))
     out = track_on_fod(layer.data, "regions", whole_brain=True, params="p", cancelled=None, on_batch=None)
     assert out == "result"

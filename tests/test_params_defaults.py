@@ -8,13 +8,14 @@ import argparse
 import dataclasses
 import inspect
 
+import numpy as np
 import pytest
 
 from tractlens.app.cli import build_parser
 from tractlens.app.cli.options import field_of_dest
 from tractlens.app.cli.parameter_flags import OPTIONS, check_table, cli_flags, option_of
 from tractlens.app.params import PARAMS_TYPES, GeodesicSeedingParams, SeedingParams
-from tractlens.gpu.params import default_of
+from tractlens.gpu.params import default_of, field_of
 from tractlens.widgets.launcher import _report_parser
 
 TYPES = {cls.__name__: cls for cls in PARAMS_TYPES}
@@ -41,11 +42,19 @@ def _options(parser):
     return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
 
 
+#: Hand-written options that take a field in another unit, converted in one place: (command, dest).
+#: ``track geodesic --step`` is millimetres like ``track deterministic --step`` (DeterministicParams.step_mm);
+#: app.cli.track.geodesic_params converts it into GeodesicParams.step (voxels), whose own flag is --step-vox.
+CONVERTED = {("track geodesic", "geodesic_step_mm")}
+
+
 @pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
 def test_every_parameter_option_has_its_dataclass_default(command):
     for action in _options(SUBCOMMANDS[command]):
         owners = [o for flag in action.option_strings for o in FLAG_OWNERS.get(flag, [])]
         mapped = field_of_dest(action.dest)
+        if (command, action.dest) in CONVERTED:  # the same name and unit as the owners' field
+            continue
         if mapped is None:
             assert not owners, f"{command} {action.option_strings}: hand-written, but the flag is {owners}'s field"
             continue
@@ -110,7 +119,38 @@ def test_step_aliases_name_their_unit():
     det = SUBCOMMANDS["track deterministic"].parse_args(["--dwi", "d", "--seed", "s", "-o", "o", "--step-mm", "0.7"])
     geo = SUBCOMMANDS["track geodesic"].parse_args(["--dwi", "d", "--seed", "s", "-o", "o", "--step-vox", "0.2"])
     assert getattr(det, "DeterministicParams.step_mm") == 0.7 and getattr(geo, "GeodesicParams.step") == 0.2
-    assert "in mm" in _help_of("track deterministic", "--step") and "voxels" in _help_of("track geodesic", "--step")
+    # One option name, one unit: --step is millimetres in every tracking command.
+    assert "in mm" in _help_of("track deterministic", "--step") and "in mm" in _help_of("track geodesic", "--step")
+    assert "voxels" in _help_of("track geodesic", "--step-vox")
+
+
+GEODESIC = ["--dwi", "d", "--seed", "s", "-o", "o"]
+
+
+@pytest.mark.parametrize(
+    "argv, voxel_size, step_vox",
+    [
+        (["--step", "0.5"], (2.0, 2.0, 2.5), 0.25),  # mm over the smallest voxel size
+        (["--step-mm", "0.3"], (1.5, 1.0, 1.0), 0.3),
+        (["--step-vox", "0.2"], (2.0, 2.0, 2.0), 0.2),  # voxels, as given
+        ([], (2.0, 2.0, 2.0), 0.1),  # the dataclass's default, in voxels
+    ],
+)
+def test_geodesic_step_is_mm_and_step_vox_voxels(argv, voxel_size, step_vox):
+    from types import SimpleNamespace
+
+    from tractlens.app.cli.track import geodesic_params
+
+    args = SUBCOMMANDS["track geodesic"].parse_args([*GEODESIC, *argv])
+    args.method = "geodesic"
+    params = geodesic_params(args, SimpleNamespace(voxel_size=np.array(voxel_size)))
+    assert params.step == pytest.approx(step_vox, rel=1e-12)
+
+
+def test_geodesic_step_takes_one_unit_at_a_time(capsys):
+    with pytest.raises(SystemExit):
+        SUBCOMMANDS["track geodesic"].parse_args([*GEODESIC, "--step", "0.5", "--step-vox", "0.2"])
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def _help_of(command, flag):
@@ -180,3 +220,19 @@ def test_the_dataclasses_carry_what_a_parameter_is_not_how_the_command_line_spel
         for spec in dataclasses.fields(cls):
             assert {"label", "help", "unit", "limits", "choices"} <= set(spec.metadata), (cls.__name__, spec.name)
             assert not command_line & set(spec.metadata), (cls.__name__, spec.name)
+
+
+def test_gui_presets_are_declared_fields_within_their_limits():
+    """A window's starting value that differs from the default is declared in app.params (not a
+    panel's constant), names a real field, is a valid value of it, and differs from the default."""
+    from tractlens.app.params import GUI_PRESETS, gui_preset
+    from tractlens.gpu.probabilistic_params import ProbParams
+
+    for params_type, values in GUI_PRESETS.items():
+        for name, value in values.items():
+            assert value != default_of(params_type, name), (params_type.__name__, name)
+            params_type(**{name: value})  # the dataclass's own checks accept it
+            lo, hi = field_of(params_type, name).metadata["limits"]
+            assert lo <= value <= hi
+    assert gui_preset(ProbParams, "n_samples") == 1000 and default_of(ProbParams, "n_samples") == 5000
+    assert gui_preset(ProbParams, "step_mm") == default_of(ProbParams, "step_mm")  # no preset: the default

@@ -50,7 +50,7 @@ _API = {
     "deterministic_pipeline": "tractlens.app.pipelines.track",
     "geodesic_pipeline": "tractlens.app.pipelines.track",
     "prepare_probabilistic": "tractlens.app.pipelines.probabilistic",
-    "commit_from_files": "tractlens.app.pipelines.commit",
+    "commit_from_files": "tractlens.app.usecases.commit",
     "select_pipeline": "tractlens.app.pipelines.select",
     "compute_connectome": "tractlens.app.pipelines.connectivity",
     "compute_profile": "tractlens.app.pipelines.connectivity",

@@ -1,8 +1,8 @@
 """Ball & sticks from the GUI: the parameter dialog and the background job.
 
 The DWI layer's menu opens :class:`BallStickDialog` (FSL bedpostx's defaults);
-on "Fit" the main window runs :func:`ballstick_job` on the job runner. The job
-calls :func:`app.pipelines.ballstick.fit_ballstick_pipeline` (inside a brain
+on "Fit" the main window runs the use case :func:`app.usecases.fits.fit_ballstick` on the job
+runner. It calls :func:`app.pipelines.ballstick.fit_ballstick_pipeline` (inside a brain
 mask from the b=0 images, or inside an ROI for a quick look at one region;
 progress per batch of voxels; cooperative cancel), optionally writes the
 bedpostX folder, and returns the layers to add: the sticks (``dyads``) and the
@@ -25,10 +25,8 @@ from PySide6.QtWidgets import (
 )
 
 from tractlens.app.estimates import JobEstimate, ballstick_estimate
-from tractlens.app.grid import Grid
-from tractlens.app.loaders import bedpostx_layers
 from tractlens.app.model import Layer
-from tractlens.app.pipelines.ballstick import BallStickParams, fit_ballstick_pipeline, write_ballstick_outputs
+from tractlens.app.pipelines.ballstick import BallStickParams
 
 from . import dialogs
 from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
@@ -140,28 +138,3 @@ def brain_voxels_upper_bound(dwi) -> int:
     (that one is found on the worker, with filters too slow for the GUI thread)."""
     b0 = dwi.data[..., dwi.b0_mask]
     return int(np.count_nonzero((np.nan_to_num(b0) > 0).all(axis=-1)))
-
-
-def ballstick_job(dwi, params: BallStickParams, folder: Path | None, device: str, roi=None):
-    """The work of one fit, for :meth:`app.jobs.JobRunner.submit`: returns (layers to add, result).
-
-    ``roi``: None (the pipeline's brain mask from the b=0 images) or (mask, affine), a snapshot
-    of an ROI, brought onto the DWI grid here, on the worker.
-    """
-
-    def job(ctx):
-        ctx.progress(0, 1, "fitting ball & sticks")
-        mask = None
-        if roi is not None:
-            mask, affine = roi
-            mask = Grid.of(dwi).resample_nearest(mask, Grid(affine, mask.shape))
-        result = fit_ballstick_pipeline(
-            dwi, mask=mask, params=params, device=device, progress=ctx.progress, cancelled=ctx.cancelled
-        )
-        if folder is not None:
-            ctx.check()
-            ctx.progress(1, 1, f"writing {folder.name}")
-            write_ballstick_outputs(result, folder)
-        return bedpostx_layers(result.dyads(), result.mean_f(0), f1_visible=False), result
-
-    return job

@@ -6,11 +6,12 @@ The panel holds no algorithm. "Filter (COMMIT)" takes the last DWI series opened
 thread) of the chosen tractogram layer, and runs :func:`app.pipelines.commit.commit_pipeline`
 on a worker with the panel's λ, iterations and tolerance (COMMIT 2's defaults; the
 diffusivities and the model keep their defaults, as in ``tractlens commit`` without options).
-"Mask" restricts the fit to the voxels of an ROI layer on the DWI's grid (a copy of its voxels
-goes to the job; the combo lists the ROIs on that grid, and Filter refuses a chosen ROI that is
-not, rather than resampling it); "Peaks file" is an optional NIfTI of peak directions for the
-extra-cellular compartments (checked to exist before the job starts). The status line follows
-the FISTA iterations; a cancel (between iterations) adds nothing.
+"Mask" restricts the fit to the voxels of an ROI layer (a copy of its voxels goes to the job;
+an ROI on another grid than the DWI is resampled onto it, as ``tractlens commit`` does); "Peaks
+file" is an optional NIfTI of peak directions for the extra-cellular compartments. The inputs
+are checked by the use case (:func:`app.usecases.commit.check_commit_inputs`, before the job
+starts; the job runs :func:`app.usecases.commit.filter_with_commit`), with the command's
+messages. The status line follows the FISTA iterations; a cancel (between iterations) adds nothing.
 
 On completion two layers are added (nothing reaches the document before):
 
@@ -56,8 +57,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
+from tractlens.app.errors import InputError
 from tractlens.app.estimates import commit_estimate
-from tractlens.app.grid import Grid
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.commit import (
     CommitParams,
@@ -67,8 +68,10 @@ from tractlens.app.pipelines.commit import (
     write_commit_outputs,
 )
 from tractlens.app.pipelines.commit import tractogram_suffix as _suffix_of
+from tractlens.app.regions import RoiCopy
+from tractlens.app.usecases.commit import check_commit_inputs
 
-from . import dialogs, fiber_display
+from . import dialogs
 from .commit_results import (
     NRMSE_CLIM,
     NRMSE_NAME,
@@ -104,11 +107,6 @@ def tractogram_suffix(layer: Layer | None) -> str:
     """The format to write a layer's filtered tractogram in: .tck or .trx when the layer's
     tractogram (or the layer) records that it was read from such a file, otherwise .trk."""
     return _suffix_of(getattr(layer, "data", None), layer)
-
-
-def same_grid(a, b) -> bool:
-    """Whether two volumes (anything with ``shape3`` and ``affine``) share their voxel grid."""
-    return Grid.of(a).matches(b)
 
 
 def _field_meta(name: str) -> dict:
@@ -148,7 +146,8 @@ class CommitPanel(JobPanelBase):
         self.mask_box = QComboBox()
         self.mask_box.setObjectName("commit_mask")
         self.mask_box.setToolTip(
-            "Fit only the voxels of this ROI (on the DWI's grid) that the streamlines pass; none: every voxel they pass"
+            "Fit only the voxels of this ROI (resampled onto the DWI's grid if it is on another) that the "
+            "streamlines pass; none: every voxel they pass"
         )
         self.mask_box.activated.connect(self._mask_picked)
         for box in (self.tract_box, self.mask_box):  # long layer names must not widen the dock
@@ -294,18 +293,11 @@ class CommitPanel(JobPanelBase):
         return found[-1] if found else None
 
     def _refresh_masks(self) -> None:
-        """The mask combo: none, then every ROI layer on the DWI's grid (and the chosen mask even
-        if it no longer is, so that Filter says why it cannot be used instead of silently
-        fitting without it)."""
-        dwi = self.dwi_layer()
-        rois = [layer for layer in self.document.layers if layer.kind == "roi"]
-        if self._chosen_mask not in rois:
+        """The mask combo: none, then every ROI layer (one on another grid than the DWI is
+        resampled onto it by the use case)."""
+        masks = [layer for layer in self.document.layers if layer.kind == "roi"]
+        if self._chosen_mask not in masks:
             self._chosen_mask = None
-        masks = [
-            layer
-            for layer in rois
-            if layer is self._chosen_mask or (dwi is not None and same_grid(layer.data, dwi.data))
-        ]
         self._masks = [None, *masks]
         self.mask_box.blockSignals(True)
         self.mask_box.clear()
@@ -322,7 +314,7 @@ class CommitPanel(JobPanelBase):
 
     def choose_mask(self, layer: Layer | None) -> None:
         """Fit within ``layer`` (an ROI layer of the document), or in every voxel the streamlines
-        pass (None). An ROI on another grid than the DWI series is listed but Filter refuses it."""
+        pass (None)."""
         if layer is not None and (layer.kind != "roi" or layer not in self.document.layers):
             raise ValueError(f"{layer.name} is not an ROI layer of the document")
         self._chosen_mask = layer
@@ -358,31 +350,23 @@ class CommitPanel(JobPanelBase):
     # ------------------------------------------------------------- actions
     def filter(self) -> int | None:
         """Start COMMIT on the chosen tractogram and the last DWI series; the job id (None if refused)."""
-        dwi_layer = self.dwi_layer()
-        if dwi_layer is None:
-            return self._refuse("Open a DWI series first (File ▸ Open): COMMIT fits its signal.")
-        source = self.tractogram_layer()
-        if source is None:
-            return self._refuse("Open or track a tractogram first: COMMIT weighs its streamlines.")
-        if len(source.data) == 0:
-            return self._refuse(f"{source.name} has no streamlines to weigh.")
-        mask_layer = self.mask_layer()
-        if mask_layer is not None:
-            roi, dwi_grid = mask_layer.data, dwi_layer.data
-            if not same_grid(roi, dwi_grid):
-                return self._refuse(
-                    f"The mask {mask_layer.name} is on another grid ({'×'.join(map(str, roi.shape3))} voxels) "
-                    f"than the DWI series {dwi_layer.name} ({'×'.join(map(str, dwi_grid.shape3))}): COMMIT "
-                    "needs a mask on the DWI's grid. Choose another mask, or none."
-                )
-            if not roi.mask.any():
-                return self._refuse(f"The mask {mask_layer.name} is empty: paint it, or choose none.")
-        peaks = self.peaks_path()
-        if peaks is not None and not peaks.is_file():
-            return self._refuse(
-                f"The peaks file {peaks} does not exist: choose an existing NIfTI file (Browse…) or clear the "
-                "field to take the orientations from the streamlines."
+        dwi_layer, source, mask_layer, peaks = (
+            self.dwi_layer(),
+            self.tractogram_layer(),
+            self.mask_layer(),
+            self.peaks_path(),
+        )
+        try:
+            check_commit_inputs(
+                None if dwi_layer is None else dwi_layer.data.dwi,
+                None if source is None else source.data,
+                mask=None if mask_layer is None else mask_layer.data,
+                peaks=peaks,
+                tractogram_name=None if source is None else source.name,
+                mask_name=None if mask_layer is None else mask_layer.name,
             )
+        except InputError as exc:
+            return self._refuse(str(exc))
         try:
             params = self.params()
         except ValueError as exc:
@@ -394,7 +378,10 @@ class CommitPanel(JobPanelBase):
         token = self._next_token()
         dwi = dwi_layer.data.dwi  # read only by the pipeline
         tract = snapshot_tractogram(source.data)
-        mask = None if mask_layer is None else np.array(mask_layer.data.mask, dtype=bool, copy=True)
+        mask = None
+        if mask_layer is not None:  # a copy: the ROI may be edited while the job runs
+            roi = mask_layer.data
+            mask = RoiCopy(mask_layer.name, roi.role, np.array(roi.mask, dtype=bool, copy=True), roi.affine.copy())
         self._chosen = source  # stays chosen after the run adds its layer (the last tractogram)
         within = "" if mask_layer is None else f" within {mask_layer.name}"
         self.status.setText(f"Preparing COMMIT for {source.name} ({len(tract):,} streamlines){within}…")
@@ -406,7 +393,17 @@ class CommitPanel(JobPanelBase):
         )
 
     def _job(self, dwi, tract, source: Layer, params: CommitParams, token: int, *, mask=None, peaks=None):
-        return commit_job(dwi, tract, source, params, token, self.device, mask=mask, peaks=peaks)
+        return commit_job(
+            dwi,
+            tract,
+            source,
+            params,
+            token,
+            self.device,
+            mask=mask,
+            peaks=peaks,
+            fiber_arrays=self.document.fiber_arrays,
+        )
 
     # ------------------------------------------------------------- results
     def _progress_text(self, job) -> str:
@@ -531,12 +528,12 @@ class CommitPanel(JobPanelBase):
         if mask.all():
             self._show_subset(token, full)
             return None
-        clim, name = full.clim, full.name
+        clim, name, fiber_arrays = full.clim, full.name, self.document.fiber_arrays
 
         def job(ctx):
             layer = Layer(name, full.data.subset(mask, name=name), "tractogram", colormap="viridis", color_by=WEIGHT)
             layer.clim = clim
-            fiber_display.prepare(layer)
+            fiber_arrays.prepare(layer)
             return layer
 
         return self.runner.submit(

@@ -1,4 +1,4 @@
-"""What a COMMIT run hands to the panel: the job that runs :func:`app.pipelines.commit.commit_pipeline`
+"""What a COMMIT run hands to the panel: the job that runs :func:`app.usecases.commit.filter_with_commit`
 on a worker and builds the result layers there (the weighted tractogram, the fit's NRMSE map),
 and the snapshot the job works on. The panel (:mod:`widgets.commit_panel`) only shows them."""
 
@@ -10,17 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.app.fiber_arrays import FiberArrayCache
 from tractlens.app.model import Layer, Tractogram, Volume
 from tractlens.app.pipelines.commit import (
     WEIGHT_SCALAR,
     CommitParams,
     CommitResult,
-    commit_pipeline,
     weighted_tractogram,
 )
+from tractlens.app.regions import RoiCopy
 from tractlens.app.selection import shown_of
-
-from . import fiber_display
+from tractlens.app.usecases.commit import filter_with_commit
 
 WEIGHT = WEIGHT_SCALAR
 NRMSE_NAME = "fit NRMSE"
@@ -55,12 +55,12 @@ def snapshot_tractogram(tract: Tractogram) -> Tractogram:
     )
 
 
-def weighted_layer(name: str, tractogram: Tractogram, top: float) -> Layer:
+def weighted_layer(name: str, tractogram: Tractogram, top: float, fiber_arrays: FiberArrayCache) -> Layer:
     """A tractogram layer coloured by ``commit_weight`` over 0 … ``top``, display arrays
     prepared (call it on a worker)."""
     layer = Layer(name, tractogram, "tractogram", colormap="viridis", color_by=WEIGHT)
     layer.clim = (0.0, top if top > 0 else 1.0)
-    fiber_display.prepare(layer)
+    fiber_arrays.prepare(layer)
     return layer
 
 
@@ -72,21 +72,24 @@ def commit_job(
     token: int,
     device: str,
     *,
-    mask: np.ndarray | None = None,
+    mask: RoiCopy | None = None,
     peaks: Path | None = None,
+    fiber_arrays: FiberArrayCache,
 ):
-    """The work of one COMMIT run for :meth:`app.jobs.JobRunner.submit`: the fit, then the
+    """The work of one COMMIT run for :meth:`widgets.jobs.JobRunner.submit`: the fit, then the
     result layers, all on the worker; returns a :class:`CommitOutcome`."""
     name = f"{source.name} (COMMIT)"
 
     def job(ctx):
         start = time.perf_counter()
         ctx.progress(0, params.max_iter, "COMMIT: building the model")
-        result = commit_pipeline(
+        result = filter_with_commit(
             dwi,
             tract,
             mask=mask,
-            peaks=None if peaks is None else str(peaks),
+            mask_name=None if mask is None else mask.name,
+            peaks=peaks,
+            tractogram_name=source.name,
             params=params,
             device=device,
             progress=lambda it, n: ctx.progress(it, n, "COMMIT: fitting"),
@@ -95,7 +98,10 @@ def commit_job(
         ctx.check()
         weights = np.asarray(result.weights, dtype=np.float64)
         layer = weighted_layer(
-            name, weighted_tractogram(tract, weights, name), float(weights.max()) if len(weights) else 1.0
+            name,
+            weighted_tractogram(tract, weights, name),
+            float(weights.max()) if len(weights) else 1.0,
+            fiber_arrays,
         )
         nrmse_layer = Layer(
             NRMSE_NAME,

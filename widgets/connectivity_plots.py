@@ -13,11 +13,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tractlens.app.colormaps import LUTS
 from tractlens.app.pipelines.connectivity import (
     ConnectivityMatrix,
 )
-
-from .render import LUTS
 
 ORDERS = {"label": "label order", "name": "name (A–Z)", "strength": "strength (row sum)"}
 HEAT_LUT = "viridis"

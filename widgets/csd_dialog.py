@@ -1,9 +1,9 @@
-"""Constrained spherical deconvolution from the GUI: the parameter dialog and the background job.
+"""Constrained spherical deconvolution from the GUI: the parameter dialog (the job is a use case of app).
 
 The DWI layer's menu ("Fit CSD…") opens :class:`CsdDialog`, whose forms are generated from
 :class:`gpu.csd.CSDParams` and :class:`gpu.csd_peaks.PeakParams` (:class:`widgets.params_form.ParamsForm`:
 the same defaults, limits and help as ``tractlens fit-csd``); on "Fit" the window runs
-:func:`csd_job` on the job runner (:meth:`widgets.controllers.files.FileController.fit_csd`):
+the use case :func:`app.usecases.fits.fit_csd` on the job runner (:meth:`widgets.controllers.files.FileController.fit_csd`):
 :func:`app.pipelines.csd.fit_csd_pipeline` with progress per batch of voxels and cooperative
 cancel, optionally writing the ``fit-csd`` folder. The layers to add (the fODF, its peaks as
 sticks, GM and CSF maps of a multi-tissue fit: :func:`app.fod_layers.csd_result_layers`)
@@ -23,9 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tractlens.app.fod_layers import csd_result_layers
 from tractlens.app.model import Layer
-from tractlens.app.pipelines.csd import CSDParams, PeakParams, fit_csd_pipeline, write_csd_outputs
+from tractlens.app.pipelines.csd import CSDParams, PeakParams
 
 from .fit_dialog_parts import SaveFolder, default_folder, message_label
 from .params_form import ParamsForm
@@ -103,33 +102,6 @@ class CsdDialog(QDialog):
         self.params, self.peak_params = params, peak_params
         self.folder = Path(folder) if self.save.isChecked() else None
         super().accept()
-
-
-def csd_job(dwi, params: CSDParams, peak_params: PeakParams, folder: Path | None, device: str, name: str):
-    """The work of one fit, for :meth:`app.jobs.JobRunner.submit`: returns (layers to add, result)."""
-
-    def job(ctx):
-        ctx.progress(0, 1, "fitting fODFs (CSD)")
-        result = fit_csd_pipeline(
-            dwi,
-            params=params,
-            peak_params=peak_params,
-            device=device,
-            progress=ctx.progress,
-            cancelled=ctx.cancelled,
-            batch_voxels=CANCEL_BATCH_VOXELS,
-        )
-        ctx.check()
-        layers = csd_result_layers(result, name)
-        if folder is not None:
-            ctx.progress(1, 1, f"writing {folder.name}")
-            written = write_csd_outputs(result, folder)
-            for layer in layers:  # a session then keeps the fODF as this file (app.fod_layers)
-                if layer.kind == "fod":
-                    layer.data.source = written["fod.nii.gz"]
-        return layers, result
-
-    return job
 
 
 def open_csd_dialog(window, layer: Layer) -> CsdDialog:

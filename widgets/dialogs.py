@@ -24,6 +24,7 @@ import contextlib
 import os
 from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt
@@ -47,6 +48,10 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from tractlens.app.params import DicomExportParams
+
+from .params_form import ParamsForm
 
 KINDS = ("open_file", "open_files", "save_file", "folder", "question", "choice", "integer", "text", "colour")
 KINDS += ("fields",)  # a form of labelled text fields (the report's patient and scan fields)
@@ -199,7 +204,6 @@ def colour(parent, title: str, current: QColor) -> QColor | None:
 def gradient_files(parent, dwi_path) -> tuple[str, str] | None:
     """The b-value and b-vector files of a diffusion series that has none beside it: two
     ``open_file`` dialogs (scripted: two ``open_file`` answers); None when either is cancelled."""
-    from pathlib import Path
 
     dwi_path = Path(dwi_path)
     start = str(dwi_path.parent)
@@ -304,9 +308,6 @@ DEIDENTIFY_ON = (
 def _navigation_choice(values: dict, bundle_names: Sequence[str], lesions: Sequence[str]) -> dict:
     """The export chosen (``params``, a ``DicomExportParams``, and :data:`NAVIGATION_KEYS`), or a
     ValueError saying what to change."""
-    from pathlib import Path
-
-    from tractlens.app.params import DicomExportParams
 
     unknown = sorted(set(values) - set(NAVIGATION_KEYS) - {"formats", "dilate_mm", "deidentify"})
     if unknown:
@@ -356,7 +357,6 @@ def navigation_export(
     answer, a dict of changes over these defaults (``formats``, ``dilate_mm``, ``deidentify``,
     ``reference``, ``reference_series``, ``outdir``, ``bundles``, ``lesion``) or None; unqueued,
     None (nothing is written without being asked). A bad scripted answer raises ValueError."""
-    from tractlens.app.params import DicomExportParams
 
     names = [name for name, _ in bundles]
     defaults = {**{k: getattr(DicomExportParams(), k) for k in ("formats", "dilate_mm", "deidentify")},
@@ -391,9 +391,6 @@ class _NavigationExportDialog(QDialog):
         layout.addWidget(intro)
         objects = QGroupBox("Objects")
         box = QVBoxLayout(objects)
-        from tractlens.app.params import DicomExportParams
-
-        from .params_form import ParamsForm
 
         self.form = ParamsForm(DicomExportParams)
         self.form.set_values(**{k: defaults[k] for k in ("formats", "dilate_mm", "deidentify")})

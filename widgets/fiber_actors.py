@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pyvista as pv
 
-from .render import LUTS
+from tractlens.app.colormaps import LUTS
 
 
 def fiber_mesh(points: np.ndarray, offsets: np.ndarray, connectivity: np.ndarray, point_data: dict) -> pv.PolyData:

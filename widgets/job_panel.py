@@ -6,7 +6,7 @@ at every brush stroke and would flood the list), the latest run's; a failure's w
 the row's tool tip and, wrapped, the detail line under the list.
 
 
-A job panel starts its work on the document's :class:`app.jobs.JobRunner` and keeps the id of
+A job panel starts its work on the document's :class:`widgets.jobs.JobRunner` and keeps the id of
 the run in flight (``job_id``, None when none is) and a token that grows with every start, so
 that the results, failures and cancels of a run overtaken by a newer one are dropped. It has a
 Cancel button (enabled while a run is in flight), a status line and a ``report`` callback for
@@ -27,8 +27,9 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
-from tractlens.app.jobs import FAILED, RUNNING, JobRunner
 from tractlens.app.model import Document
+
+from .jobs import FAILED, RUNNING, JobRunner
 
 #: Quick jobs started by interaction, many times a minute: one row each, the latest run.
 COALESCED = ("select fibers",)

@@ -1,7 +1,7 @@
 """The TractLens main window: a 3-D view and three linked slice views, layers, jobs.
 
 Widgets hold no algorithm: they edit the :class:`~app.model.Document` and start
-jobs on the :class:`~app.jobs.JobRunner`; loading and fitting run on worker
+jobs on the :class:`~widgets.jobs.JobRunner`; loading and fitting run on worker
 threads and their layers arrive by signal. The window is a shell: it builds the
 views, docks, menus and tool bars and wires them to its controllers
 (:mod:`widgets.controllers`: files, ROI files, the fibre selection, sessions and
@@ -11,6 +11,7 @@ autosave, screenshots and reports), which hold the use cases.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -25,7 +26,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.warmup import submit_gpu_warmup
 
@@ -43,6 +43,7 @@ from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
 from .csd_dialog import open_csd_dialog
 from .dock_tabs import fit_dock_tabs, scrollable
+from .jobs import JobRunner
 from .model_dialog import open_model_dialog
 from .panels import JobPanel, LayerPanel
 from .presurgical_panel import PresurgicalPanel
@@ -398,7 +399,6 @@ class MainWindow(QMainWindow):
         """Process events until no job is queued or running and the views show the document as
         it is (their glyphs built: :meth:`display_ready`), for scripts and tests; False when
         that took longer than ``timeout_s``."""
-        import time
 
         from PySide6.QtCore import QCoreApplication, QElapsedTimer
 

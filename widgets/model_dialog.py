@@ -3,7 +3,7 @@
 A DWI layer's menu "Fit microstructure model…" opens :class:`ModelFitDialog` (the model, the
 fit's settings as a form generated from :class:`~gpu.models.ModelFitParams`, where to fit,
 optionally where to save the maps); on Fit, :func:`start_model_fit` runs
-:func:`fit_model_job` on the job runner. The maps (NDI, ODI, FWF; for Bingham also the
+the use case :func:`app.usecases.fits.fit_model` on the job runner. The maps (NDI, ODI, FWF; for Bingham also the
 dispersion indices) appear as layers after the first batch of voxels and fill in batch by
 batch; the mean orientation is added as sticks when the fit ends. A cancelled or failed fit
 takes its partial layers away again, so nothing half-computed stays in the document.
@@ -24,16 +24,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tractlens.app.grid import Grid
+from tractlens.app.errors import InputError
 from tractlens.app.model import Layer, Volume
-from tractlens.app.pipelines.dti import choose_mask
 from tractlens.app.pipelines.fit_model import (
     MODEL_NAMES,
     ModelFitParams,
-    fit_model_pipeline,
+    check_acquisition,
     resolve_model,
-    write_fit_model_outputs,
 )
+from tractlens.app.usecases.fits import fit_model
 
 from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
 from .params_form import ParamsForm
@@ -88,9 +87,6 @@ class ModelFitDialog(QDialog):
         layout.addWidget(buttons)
 
     def accept(self) -> None:
-        from tractlens.app.errors import InputError
-        from tractlens.app.pipelines.fit_model import check_acquisition
-
         try:
             params = self.form.value()
             check_acquisition(
@@ -108,47 +104,6 @@ class ModelFitDialog(QDialog):
         self.roi = self.rois[self.region.currentIndex() - 1] if self.region.currentIndex() > 0 else None
         self.folder = Path(folder) if self.save.isChecked() else None
         super().accept()
-
-
-def fit_model_job(dwi, model_name: str, params: ModelFitParams, folder: Path | None, device: str, roi=None):
-    """The work of one fit for :meth:`app.jobs.JobRunner.submit`: partial results are
-    ``{map name: (X, Y, Z) array}`` after each batch; returns the :class:`FitModelResult`.
-    ``roi``: None (the brain mask from the b=0 images) or (mask, affine), resampled here."""
-
-    def job(ctx):
-        ctx.progress(0, 1, f"fitting {model_name}")
-        mask = None
-        if roi is not None:
-            mask, affine = roi
-            mask = Grid.of(dwi).resample_nearest(mask, Grid(affine, mask.shape))
-        mask, _source = choose_mask(dwi, mask, None)
-        where = np.flatnonzero(mask.ravel())
-        maps: dict[str, np.ndarray] = {}
-
-        def on_batch(indices, partial) -> None:
-            for name, values in partial.derived.items():
-                if name in SHOWN_MAPS:
-                    volume = maps.setdefault(name, np.zeros(mask.shape, dtype=np.float32))
-                    volume.ravel()[where[indices]] = values
-            ctx.partial({name: volume.copy() for name, volume in maps.items()})
-
-        result = fit_model_pipeline(
-            dwi,
-            model_name,
-            mask=mask,
-            params=params,
-            device=device,
-            progress=ctx.progress,
-            cancelled=ctx.cancelled,
-            on_batch=on_batch,
-        )
-        if folder is not None:
-            ctx.check()
-            ctx.progress(1, 1, f"writing {folder.name}")
-            write_fit_model_outputs(result, folder, command_line=[f"window: {model_name} on {dwi.path}"])
-        return result
-
-    return job
 
 
 def orientation_layer(result, name: str) -> Layer:
@@ -204,7 +159,9 @@ def start_model_fit(window, layer: Layer, model_name: str, params: ModelFitParam
 
     job = runner.submit(
         f"{model_name} ({layer.name})",
-        fit_model_job(dwi, model_name, params, folder, files.device, region),
+        lambda ctx: fit_model(
+            dwi, model_name, params, folder=folder, device=files.device, roi=region, shown=SHOWN_MAPS, ctx=ctx
+        ),
         on_done=done,
         on_partial=partial,
         on_error=files.error.emit,

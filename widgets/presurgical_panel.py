@@ -55,7 +55,6 @@ from tractlens.app.pipelines.connectivity import (
     with_distances,
 )
 
-from . import fiber_display
 from .envelope_display import envelope_rows, is_envelope
 from .job_panel import JobPanelBase
 from .layer_combo import LayerCombo
@@ -249,6 +248,8 @@ class PresurgicalPanel(JobPanelBase):
         if not mask.any():
             return self._refuse(f"The lesion {lesion.name} has no voxel: draw it, or lower the threshold.")
 
+        fiber_arrays = self.document.fiber_arrays
+
         def job(ctx):
             out = []
             for i, layer in enumerate(tracts):
@@ -270,7 +271,7 @@ class PresurgicalPanel(JobPanelBase):
                     **layer.provenance,
                     "lesion distance": {"lesion": lesion_name, **distance.provenance},
                 }
-                fiber_display.prepare(new)  # display arrays off the GUI thread
+                fiber_arrays.prepare(new)  # display arrays off the GUI thread
                 out.append((layer, new, distance))
             ctx.check()
             if shells:  # the envelopes' distances (app.envelopes: nearest voxel centres)

@@ -13,12 +13,12 @@ and the edge labels say which side is which.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import nibabel as nib
 import numpy as np
 
+from tractlens.app.colormaps import LUTS
 from tractlens.app.grid import Grid
 from tractlens.app.model import GLYPH_KINDS, Document, Layer
 
@@ -173,44 +173,6 @@ def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.nd
     return values, inside
 
 
-def _lut(name: str) -> np.ndarray:
-    t = np.linspace(0.0, 1.0, 256)
-    if name == "hot":
-        rgb = np.stack([np.clip(3 * t, 0, 1), np.clip(3 * t - 1, 0, 1), np.clip(3 * t - 2, 0, 1)], 1)
-    elif name == "viridis":
-        anchors = np.array(
-            [
-                [0.267, 0.005, 0.329],
-                [0.229, 0.322, 0.546],
-                [0.128, 0.567, 0.551],
-                [0.369, 0.789, 0.383],
-                [0.993, 0.906, 0.144],
-            ]
-        )
-        x = np.linspace(0, 1, len(anchors))
-        rgb = np.stack([np.interp(t, x, anchors[:, c]) for c in range(3)], 1)
-    elif name == "cool-warm":
-        rgb = np.stack([t, 1 - np.abs(2 * t - 1) * 0.6, 1 - t], 1)
-    elif name == "safety":  # distance to a lesion over (0, 2 × margin): red, orange, yellow at the margin, then green
-        x = np.array([0.0, 0.25, 0.5, 0.5 + 1.0 / 255, 1.0])
-        anchors = np.array(
-            [
-                [0.85, 0.05, 0.05],
-                [1.0, 0.5, 0.0],
-                [1.0, 0.92, 0.1],
-                [0.55, 0.85, 0.25],
-                [0.1, 0.65, 0.3],
-            ]
-        )
-        rgb = np.stack([np.interp(t, x, anchors[:, c]) for c in range(3)], 1)
-    else:
-        rgb = np.stack([t, t, t], 1)
-    return rgb
-
-
-LUTS = {name: _lut(name) for name in ("gray", "hot", "viridis", "cool-warm", "safety")}
-
-
 def label_colours(labels: np.ndarray, lut=None) -> np.ndarray:
     """Colours (RGB 0..1) of integer labels: the lookup table's colour where ``lut`` (an
     :class:`app.io.lut.LabelTable`) has one, else distinct, reproducible golden-ratio hues."""
@@ -331,81 +293,3 @@ def thin_edges(image: np.ndarray, threshold: float) -> np.ndarray:
 def _scaled(layer: Layer, values: np.ndarray) -> np.ndarray:
     lo, hi = layer.clim
     return np.clip((np.nan_to_num(values.astype(np.float64)) - lo) / (hi - lo if hi > lo else 1.0), 0.0, 1.0)
-
-
-def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per-point RGB (uint8) from the local streamline direction |t|, the usual fiber colouring."""
-    tangent = np.zeros_like(points, dtype=np.float32)
-    if len(points) > 1:
-        diff = np.diff(points, axis=0).astype(np.float32)
-        tangent[:-1] += diff
-        tangent[1:] += diff
-        # No tangent across streamline boundaries.
-        starts = offsets[1:-1]
-        tangent[starts - 1] -= diff[starts - 1]
-        tangent[starts] -= diff[starts - 1]
-    norm = np.sqrt(np.einsum("ij,ij->i", tangent, tangent))
-    scale = np.float32(255.0) / np.where(norm > 0, norm, np.float32(1.0))
-    np.abs(tangent, out=tangent)
-    tangent *= scale[:, None]
-    tangent += np.float32(0.5)
-    return tangent.astype(np.uint8)
-
-
-def fiber_point_colours(layer: Layer) -> np.ndarray:
-    """Per-point RGB (uint8) of a tractogram layer: by world direction, or a scalar through the
-    layer's colour map and range."""
-    tract = layer.data
-    if layer.color_by == "direction":
-        return direction_colours(tract.points_world(), tract.offsets)
-    values = layer.point_values(layer.color_by)
-    lo, hi = layer.clim
-    index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
-    return (LUTS.get(layer.colormap, LUTS["viridis"])[index] * 255 + 0.5).astype(np.uint8)
-
-
-_POINTS_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_COLOUR_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def fiber_colours_cached(layer: Layer) -> np.ndarray:
-    """:func:`fiber_point_colours`, computed once per layer and colouring (views share it)."""
-    if layer.color_by == "direction":
-        from .fiber_display import prepare  # the prepared arrays already hold them
-
-        return prepare(layer).point_data["direction"]
-    key = (layer.color_by, layer.colormap, layer.clim)
-    cached = _COLOUR_CACHE.get(layer)
-    if cached is None or cached[0] != key:
-        cached = (key, fiber_point_colours(layer))
-        _COLOUR_CACHE[layer] = cached
-    return cached[1]
-
-
-def fibers_on_reference(layer: Layer, reference_affine: np.ndarray):
-    """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets,
-    streamline id of each point) for the slice views, cached per layer: the geometry until the
-    grid changes, the colours until the colouring does. Very large tractograms use their at-rest
-    level of detail (whole streamlines, at most a few million points) so that a slab search per
-    paint stays in milliseconds; the views draw a bounded number of segments anyway."""
-    from .fiber_display import prepare
-
-    level = prepare(layer).levels["software"]
-    grid_key = reference_affine.tobytes()
-    colour_key = (layer.color_by, layer.colormap, layer.clim)
-    cached = _POINTS_CACHE.get(layer)
-    if cached is None or cached["grid"] != grid_key:
-        tract = layer.data
-        to_ref = np.linalg.solve(reference_affine, tract.affine)
-        points = tract.points if level.index is None else tract.points[level.index]
-        if not Grid.affines_match(tract.affine, reference_affine):
-            to_ref = to_ref.astype(np.float32)
-            points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
-        ids = np.arange(len(tract)) if level.streamlines is None else level.streamlines
-        cached = {"grid": grid_key, "points": points, "streams": np.repeat(ids, np.diff(level.offsets))}
-        _POINTS_CACHE[layer] = cached
-    if cached.get("colour_key") != colour_key:
-        colours = fiber_colours_cached(layer)
-        cached["colours"] = colours if level.index is None else colours[level.index]
-        cached["colour_key"] = colour_key
-    return cached["points"], cached["colours"], level.offsets, cached["streams"]

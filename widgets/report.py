@@ -37,6 +37,7 @@ from tractlens.app.report_data import (
     navigation_exports,
     parameters_in_words,
 )
+from tractlens.app.selection import shown_of
 from tractlens.app.statistics import StatisticsTable, layer_statistics
 from tractlens.app.tractogram import first_column
 
@@ -85,8 +86,6 @@ def provenance_lines(layer: Layer) -> list[str]:
     """A layer's parameters and provenance in words (no internal keys, no "inf")."""
     lines = parameters_in_words(layer.provenance) if layer.provenance else []
     if layer.kind == "tractogram":
-        from tractlens.app.selection import shown_of
-
         lines.insert(0, f"{len(layer.data):,} streamlines, {shown_of(layer).text}")
     return lines or ["(no provenance recorded)"]
 

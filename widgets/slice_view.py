@@ -23,13 +23,14 @@ from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
+from tractlens.app import roi_raster
 from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
-from . import roi_outlines, roi_tools
+from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
-from .render import composite, display_oversample, fibers_on_reference, fractional_voxel, plane_geometry
+from .render import composite, display_oversample, fractional_voxel, plane_geometry
 from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
@@ -285,7 +286,7 @@ class SliceView(QWidget):
         for layer in doc.layers:
             if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
                 continue
-            pts, point_colours, offsets, stream_of_point = fibers_on_reference(layer, doc.reference_affine)
+            pts, point_colours, offsets, stream_of_point = doc.fiber_arrays.on_reference(layer, doc.reference_affine)
             if self.slab_mm is None:
                 near = np.ones(len(pts), dtype=bool)
             else:
@@ -385,7 +386,7 @@ class SliceView(QWidget):
                 f"than {roi.name}; show a map on the ROI's grid on top"
             )
             return
-        ijk = roi_tools.nearest_on_roi(self.document, roi, ijk)  # the fill runs on the ROI's own grid
+        ijk = roi_raster.nearest_on_roi(self.document, roi, ijk)  # the fill runs on the ROI's own grid
         value = float(np.nan_to_num(np.asarray(volume.data[tuple(ijk)], dtype=float).ravel()[0]))
         if not value > tools.threshold:
             self.notice.emit(
@@ -393,7 +394,7 @@ class SliceView(QWidget):
                 f"{tools.threshold:.4g}; click inside the region or lower the threshold"
             )
             return
-        voxels = roi_tools.flood(volume.data, ijk, tools.threshold)
+        voxels = roi_raster.flood(volume.data, ijk, tools.threshold)
         changed = self.document.paint(roi, voxels, True)
         already = "" if changed else ", all in the ROI already"
         self.notice.emit(f"Flood fill: {len(voxels)} voxels of {layer.name} above {tools.threshold:.4g}{already}")
@@ -440,7 +441,7 @@ class SliceView(QWidget):
         geometry = self.geometry_now()
         start = self._last_paint if continuing and self._last_paint is not None else point
         roi = self.tools.active_roi()
-        voxels = roi_tools.stroke(
+        voxels = roi_raster.stroke(
             self.document, roi, start, point, self.tools.radius, geometry.h_axis, geometry.v_axis, geometry.normal_axis
         )
         self.document.paint(roi, voxels, self.tools.tool == "brush", merge_with_last=continuing)
@@ -511,9 +512,9 @@ class SliceView(QWidget):
         if len(vertices) >= 3:
             geometry = self.geometry_now()
             ordered = [v for i, v in enumerate(self._polygon) if i == 0 or not np.array_equal(v, self._polygon[i - 1])]
-            voxels = roi_tools.polygon(ordered, geometry.h_axis, geometry.v_axis)
+            voxels = roi_raster.polygon(ordered, geometry.h_axis, geometry.v_axis)
             roi = self.tools.active_roi()
-            self.document.paint(roi, roi_tools.to_roi_grid(self.document, roi, voxels), True)
+            self.document.paint(roi, roi_raster.to_roi_grid(self.document, roi, voxels), True)
         self._polygon = []
         self.update()
 
@@ -526,8 +527,8 @@ class SliceView(QWidget):
         if self._rect_start is not None and self._painting():
             end = self.voxel_at(event.position().x(), event.position().y())
             end = self._rect_end if end is None else end
-            roi, box = self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end)
-            self.document.paint(roi, roi_tools.to_roi_grid(self.document, roi, box), True)
+            roi, box = self.tools.active_roi(), roi_raster.rectangle(self._rect_start, end)
+            self.document.paint(roi, roi_raster.to_roi_grid(self.document, roi, box), True)
         self._rect_start = self._rect_end = None
         self.update()
 

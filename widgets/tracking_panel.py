@@ -47,7 +47,6 @@ from tractlens.app.pipelines.track import (
 from tractlens.app.regions import regions_on_grid, roi_snapshot
 from tractlens.app.selection import shown_of
 
-from . import fiber_display
 from .direction_field import DirectionFieldChoice
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm, default_of, limits_of
@@ -133,7 +132,7 @@ class TrackingPanel(JobPanelBase):
 
     # -------------------------------------------------------------- results
     def _result_layer(self, name: str, tractogram) -> Layer:
-        return _result_layer(name, tractogram)
+        return _result_layer(name, tractogram, self.document.fiber_arrays)
 
     def _show(self, layer: Layer) -> None:
         self._summary_line = ""
@@ -262,7 +261,7 @@ class DeterministicPanel(TrackingPanel):
                 name=name,
                 **options,
             )
-            return _result_layer(name, result.tractogram), result
+            return self._result_layer(name, result.tractogram), result
 
         return job
 
@@ -300,9 +299,9 @@ def _spin(name: str, lo: int, hi: int, value: int, tip: str) -> QSpinBox:
     return box
 
 
-def _result_layer(name: str, tractogram) -> Layer:
+def _result_layer(name: str, tractogram, fiber_arrays) -> Layer:
     layer = Layer(name, tractogram, "tractogram")
-    fiber_display.prepare(layer)  # O(points) display work on the worker, not the GUI thread
+    fiber_arrays.prepare(layer)  # O(points) display work on the worker, not the GUI thread
     return layer
 
 
@@ -464,7 +463,7 @@ class GeodesicPanel(TrackingPanel):
         return job
 
     def _result_layer(self, name: str, tractogram) -> Layer:
-        return fiber_display.cm_layer(name, tractogram)
+        return self.document.fiber_arrays.cm_layer(name, tractogram)
 
     def _done(self, outcome) -> None:
         layer, _result = outcome

@@ -23,9 +23,9 @@ from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
 from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 
+from tractlens.app.fiber_arrays import selected_cells
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
-from . import fiber_display
 from .fiber_actors import draws_nothing, fiber_mesh, lookup_table, show_mesh
 from .fod_glyphs import volume_glyph_job
 from .glyphs import LatestTask, stick_mesh, stick_segments
@@ -491,11 +491,11 @@ class View3D(QWidget):
         """The light and settled meshes; with a selection, only the selected streamlines (over
         the shared full point array) at both levels."""
         layer = entry["layer"]
-        arrays = fiber_display.prepare(layer)  # normally done already by the loading job
+        arrays = self.document.fiber_arrays.prepare(layer)  # normally done already by the loading job
         entry["selection"] = layer.selection
         if layer.selection is not None:
             full = arrays.levels["full"]
-            offsets, connectivity = fiber_display.selected_cells(full.offsets, layer.selection)
+            offsets, connectivity = selected_cells(full.offsets, layer.selection)
             mesh = fiber_mesh(full.points, offsets, connectivity, full.point_data)
             entry["coarse"] = entry["settled"] = mesh
             return

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from .dataset import Series
-from .steps import STEPS, option_action, step_parameters
+from .steps import STEPS, option_action, options_argv, step_parameters
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,7 +90,6 @@ def _check_keys(name: str, table: dict, path: Path) -> None:
 
 def _check_values(name: str, table: dict, path: Path) -> None:
     """Each value through the command's own parser and dataclasses, with placeholder paths."""
-    from .steps import options_argv
 
     for key, value in table.items():
         action = option_action(name, key) if key != "device" else None

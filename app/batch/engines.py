@@ -16,6 +16,7 @@ building it, so each choice is testable on a machine without GPUs or a batch sys
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import logging
 import os
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from .config import tomllib
 
 JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}
 GPU_WORKER_ENV = {"NCCL_NVLS_ENABLE": "0"}
@@ -102,8 +104,6 @@ def read_cluster_config(path: str | Path) -> dict:
                          fix="Give a readable TOML or YAML file to --cluster-config") from None  # fmt: skip
     try:
         if path.suffix.lower() == ".toml":
-            from .config import tomllib
-
             data = tomllib.loads(text)
         else:
             import yaml
@@ -166,8 +166,6 @@ def _jobqueue_keys(cluster: str) -> set[str]:
 
 
 def import_cluster_class(choice: ClusterChoice):
-    import importlib
-
     try:
         module = importlib.import_module(choice.module)
     except ImportError as exc:

@@ -24,7 +24,9 @@ from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.probabilistic_params import ProbParams
 
+from ..cli.options import params_from_args
 from ..cli.parameter_flags import cli_flags
+from ..cli.parser import build_command_parser
 from ..errors import InputError
 from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams
 from ..pipelines.dti import DTI_MAPS, DTI_PREFIX
@@ -199,9 +201,8 @@ def parse_steps(text: str) -> list[str]:
 @cache
 def step_parser(name: str) -> argparse.ArgumentParser:
     """The subcommand's own parser (options generated from the dataclasses)."""
-    from ..cli import build_parser
 
-    parser = build_parser()
+    parser = build_command_parser()
     for word in STEPS[name].command:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         parser = sub.choices[word]
@@ -247,7 +248,6 @@ def step_argv(name: str, series: Series, inputs: dict[str, Path], options: dict,
 def step_parameters(name: str, argv: list[str]) -> dict:
     """The parameters a command line sets, read through the subcommand's parser and dataclasses:
     ``{class name: {field: value}}``. Bad values raise the commands' own :class:`InputError`."""
-    from ..cli.options import params_from_args
 
     parser = step_parser(name)
     words = argv[len(STEPS[name].command) :]

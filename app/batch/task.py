@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from tractlens.gpu.backend import BackendError, OutOfDeviceMemory
+
 from .. import __version__
+from ..cli._common import relay_progress
+from ..cli.parser import build_command_parser
 from ..errors import InputError
+from ..io._atomic import write_text_atomic
+from ..timing import recorder
 from .naming import sidecar_of
 from .provenance import fingerprint, is_done, normalised, previous_outputs
 from .steps import OUTPUT, STEPS, step_parameters
@@ -104,11 +110,6 @@ def _output_path(job: StepJob, stage: Path) -> Path:
 def _run_command(job: StepJob, stage: Path) -> dict:
     """The command in this process, as typed; its ``--json`` summary back. Its errors are the
     commands' own (InputError, and the engine's, which name what to do)."""
-    from tractlens.gpu.backend import BackendError, OutOfDeviceMemory
-
-    from ..cli import build_parser
-    from ..cli._common import relay_progress
-    from ..timing import recorder
 
     out = str(_output_path(job, stage))
     named = {}
@@ -117,7 +118,7 @@ def _run_command(job: StepJob, stage: Path) -> dict:
         os.symlink(path, stage / "inputs" / alias)
         named[path] = str(stage / "inputs" / alias)
     argv = [out if word == OUTPUT else named.get(word, word) for word in job.argv] + ["--json"]
-    args = build_parser().parse_args(argv)
+    args = build_command_parser().parse_args(argv)
     recorder().reset()  # this step's read/compute/write split in its summary, not the worker's earlier steps'
     stdout = io.StringIO()
     try:
@@ -203,7 +204,6 @@ def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
         "GeneratedBy": list(job.generated_by),
     }
     text = json.dumps(normalised(sidecar), indent=2)
-    from ..io._atomic import write_text_atomic
 
     for name in sorted(names, key=lambda n: n == job.primary[0]):  # the step's record last
         write_text_atomic(text, sidecar_of(folder / name))

@@ -21,40 +21,21 @@ import sys
 
 from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 
-from .. import __version__
 from ..errors import InputError
 from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
-from . import anatomy, batch, commit, connectivity, csd, dicom, envelopes, fit, info, model, stats, track
+from . import batch
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
 from .options import add_option_aliases
+from .parser import command_parsers
 
 __all__ = ["EXIT_INPUT", "EXIT_INTERNAL", "EXIT_INTERRUPTED", "EXIT_OK", "Progress", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tractlens",
-        description="GPU diffusion MRI tractography. Without a command, or with --demo or "
-        "'view FILE...', tractlens opens the main window (--screenshot PNG, --size WxH, --exit).",
-    )
-    parser.add_argument("--version", action="version", version=f"tractlens {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
-    common.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    common.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    info.add_parsers(sub, common)
-    fit.add_parsers(sub, common)
-    model.add_parsers(sub, common)
-    csd.add_parsers(sub, common)
-    commit.add_parsers(sub, common)
-    connectivity.add_parsers(sub, common)
-    envelopes.add_parsers(sub, common)
-    track.add_parsers(sub, common)
-    stats.add_parsers(sub, common)
-    dicom.add_parsers(sub, common)
-    anatomy.add_parsers(sub, common)
+    """The ``tractlens`` program: the single-subject commands (:func:`.parser.build_command_parser`)
+    and ``batch``, which runs them over a cohort."""
+    parser, sub, common = command_parsers()
     batch.add_parsers(sub, common)
     add_option_aliases(parser)  # other tools' names (--avoid for --exclude) on every command that has the option
     return parser

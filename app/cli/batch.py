@@ -20,6 +20,10 @@ EXIT_SOME_FAILED = 3
 
 
 def add_parsers(sub, common) -> None:
+    # app.batch is imported when the batch command is built or run, not with this module: it reads
+    # the single-subject commands through app.cli.parser, and importing any module of app.cli
+    # first runs app/cli/__init__.py, which imports this one. No module-level import cycle; a
+    # worker that unpickles app.batch.task first must not find app.batch half-imported.
     from ..batch.steps import STEPS
 
     p = sub.add_parser(

@@ -8,8 +8,9 @@ from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.commit import CommitParams
 
 from ..io.outputs import check_output_folder
-from ..pipelines.commit import PEAKS_FRAMES
+from ..pipelines.commit import PEAKS_FRAMES, write_commit_outputs
 from ..timing import phase
+from ..usecases.commit import commit_from_files
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
@@ -45,8 +46,6 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_commit(args) -> int:
-    from ..pipelines.commit import commit_from_files, write_commit_outputs
-
     check_device(args.device)
     params = params_from_args(CommitParams, args, fix="Check the COMMIT options (see tractlens commit --help)")
     out = check_output_folder(args.output)

@@ -94,9 +94,7 @@ OPTIONS: dict[type, dict[str, Option | None]] = {
         "seed": Option(flags=("--seed-rng",), metavar="N"),
     },
     DeterministicParams: {
-        "step_mm": Option(
-            flags=("--step", "--step-mm"), help="step length in mm (track geodesic's --step is in voxels)"
-        ),
+        "step_mm": Option(flags=("--step", "--step-mm"), help="step length in mm (as track geodesic's --step)"),
         "max_angle_deg": Option(flags=("--max-angle",), help="max turn per step in degrees"),
         "min_length_mm": Option(flags=("--min-length",)),
         "max_length_mm": Option(flags=("--max-length",)),
@@ -120,9 +118,7 @@ OPTIONS: dict[type, dict[str, Option | None]] = {
         "keep_truncated": None,
     },
     FodProbabilisticParams: {
-        "step_mm": Option(
-            flags=("--step", "--step-mm"), help="step length in mm (track geodesic's --step is in voxels)"
-        ),
+        "step_mm": Option(flags=("--step", "--step-mm"), help="step length in mm (as track geodesic's --step)"),
         "cutoff": Option(
             flags=("--cutoff",),
             help="fODF amplitude cut-off: streamlines end where the fODF falls below it (MRtrix's -cutoff)",
@@ -147,8 +143,8 @@ OPTIONS: dict[type, dict[str, Option | None]] = {
     },
     GeodesicParams: {
         "step": Option(
-            flags=("--step", "--step-vox"),
-            help="step in voxels of the smallest voxel size (track deterministic's --step is in mm)",
+            flags=("--step-vox",),
+            help="step in voxels of the smallest voxel size (--step gives it in mm)",
         ),
         "max_steps": Option(metavar="N"),
         "max_length_mm": Option(flags=("--max-length",), metavar="MM"),

@@ -9,6 +9,7 @@ from pathlib import Path
 from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
+from tractlens.gpu.params import default_of
 from tractlens.gpu.probabilistic_params import ProbParams
 
 from ..errors import InputError
@@ -17,6 +18,11 @@ from ..params import GeodesicSeedingParams, ProbOutputParams, SeedingParams, Tra
 from ..timing import phase
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
+from .track_fod import add_fod_probabilistic, add_fod_source, cmd_track_deterministic_fod
+from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
+
+#: Where the parser keeps the geodesic ``--step`` in mm (GeodesicParams.step is in voxels).
+GEODESIC_STEP_MM = "geodesic_step_mm"
 
 
 def add_parsers(sub, common) -> None:
@@ -27,8 +33,6 @@ def add_parsers(sub, common) -> None:
     _add_deterministic(methods, common)
     _add_geodesic(methods, common)
     _add_probabilistic(methods, common)
-    from .track_fod import add_fod_probabilistic
-
     add_fod_probabilistic(methods, common)
 
 
@@ -42,8 +46,6 @@ def _add_deterministic(methods, common) -> None:
         "Seeds are random (or on a grid) within each seed voxel, reproducible with --seed-rng. "
         "With --fod it follows the fODF peak nearest the incoming direction instead (MRtrix's SD_STREAM).",
     )
-    from .track_fod import add_fod_source
-
     add_fod_source(p, _tensor_source_options(p))
     seeding = p.add_mutually_exclusive_group(required=True)
     seeding.add_argument("--seed", metavar="MASK", help="seed region (NIfTI mask)")
@@ -75,15 +77,25 @@ def _add_geodesic(methods, common) -> None:
         description="Shoots fibres in many directions from every seed point along geodesics of the metric "
         "G = D^-1 (pre-processed: gain, positive-definite repair, optional sharpening). With --target only "
         "fibres reaching it are kept, ranked by CM where they enter it; CM is stored per point and per "
-        "streamline. --step (alias --step-vox) is in voxels (of the smallest voxel size); stopping rules "
-        "given as 0 are off.",
+        "streamline. --step is in mm, like track deterministic's (--step-vox gives it in voxels of the "
+        "smallest voxel size instead); stopping rules given as 0 are off.",
     )
     _tensor_source_options(p)
     p.add_argument("--seed", metavar="MASK", required=True, help="seed region (NIfTI mask)")
     p.add_argument("--target", metavar="MASK", help="target region: keep only fibres reaching it, ranked by CM")
     p.add_argument("--mask", help="tracking mask: fibres stop on leaving it")
     add_params(p, GeodesicSeedingParams, exclude=("rng_seed", "top_percent"))
-    add_params(p, GeodesicParams)
+    step = p.add_mutually_exclusive_group()
+    step.add_argument(
+        "--step",
+        "--step-mm",
+        dest=GEODESIC_STEP_MM,
+        type=float,
+        metavar="MM",
+        help=f"step length in mm (default: {default_of(GeodesicParams, 'step'):g} voxel of the smallest voxel size)",
+    )
+    add_params(step, GeodesicParams, only=("step",))
+    add_params(p, GeodesicParams, exclude=("step",))
     add_params(p, MetricParams)
     add_params(p, GeodesicSeedingParams, only=("top_percent",))
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
@@ -197,17 +209,29 @@ def _tracking_fix(args) -> str:
     return f"Check the tracking options (see tractlens track {args.method} --help)"
 
 
+def geodesic_params(args, field_) -> GeodesicParams:
+    """The command's :class:`GeodesicParams`: ``--step`` in mm converted to voxels of the tensor
+    grid (:func:`step_in_voxels`), or ``--step-vox`` as given."""
+    from ..pipelines.track_geodesic import step_in_voxels
+
+    values = {}
+    if getattr(args, GEODESIC_STEP_MM, None) is not None:
+        values["step"] = step_in_voxels(getattr(args, GEODESIC_STEP_MM), field_.voxel_size)
+    return params_from_args(GeodesicParams, args, fix=_tracking_fix(args), **values)
+
+
 def cmd_track_geodesic(args) -> int:
     from ..io import save_tractogram
     from ..pipelines.track import geodesic_pipeline, masks_on_field
 
     _check_track_inputs(args)
-    params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))
+    params = params_from_args(GeodesicParams, args, fix=_tracking_fix(args))  # checked before any reading
     metric = params_from_args(MetricParams, args, fix=_tracking_fix(args))
     seeding = params_from_args(GeodesicSeedingParams, args, fix=_tracking_fix(args))
     warm_up_gpu_in_background(args, "geodesic")
     with phase("read"):  # a --dwi is fitted first: that part counts as compute
         field = _load_field(args)
+    params = geodesic_params(args, field)
     notes: list[str] = []
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
     target = masks_on_field([args.target], "target mask", field, notes)[0] if args.target else None
@@ -272,8 +296,6 @@ def cmd_track_deterministic(args) -> int:
     from ..pipelines.track import deterministic_pipeline
 
     if getattr(args, "fod", None):
-        from .track_fod import cmd_track_deterministic_fod
-
         return cmd_track_deterministic_fod(args)
     _check_track_inputs(args)
     params = params_from_args(DeterministicParams, args, fix=_tracking_fix(args))
@@ -286,80 +308,6 @@ def cmd_track_deterministic(args) -> int:
         regions = regions_from_args(args, field, notes)
     result = track_to_file(args, deterministic_pipeline, field, output, seeding, notes, params=params, **regions)
     return report_tracking(args, result)
-
-
-def tractogram_output(args, fix: str) -> TractogramOutputParams:
-    """The output options of a tracking command, checked against the output's format."""
-    output = params_from_args(TractogramOutputParams, args, fix=fix)
-    if output.positions_dtype != "float32" and Path(args.output).suffix.lower() != ".trx":
-        raise InputError(
-            f"--dtype {output.positions_dtype} is for .trx output; .trk and .tck hold float32",
-            fix="Write a .trx file, or drop --dtype",
-        )
-    return output
-
-
-def regions_from_args(args, grid, notes: list) -> dict:
-    """The seed, tracking mask, stop, include and exclude regions of a tracking command, read
-    and brought onto ``grid`` (a tensor field or an fODF volume)."""
-    from ..pipelines.track import masks_on_field
-
-    return {
-        "mask": masks_on_field([args.mask], "tracking mask", grid, notes)[0] if args.mask else None,
-        "seed_mask": masks_on_field([args.seed], "seed mask", grid, notes)[0] if args.seed else None,
-        "stop": masks_on_field(args.stop or [], "stop region", grid, notes),
-        "include": masks_on_field(args.include or [], "include region", grid, notes),
-        "exclude": masks_on_field(args.exclude or [], "exclude region", grid, notes),
-    }
-
-
-def track_to_file(args, pipeline, grid, output, seeding, notes: list, **regions):
-    """Run a tracking ``pipeline`` (tensor or fODF) with the command's seeding on ``grid``,
-    its streamlines written to ``args.output`` while it tracks (by a thread, while the next batch
-    is tracked). The file is removed unless tracking ends well (an error, Ctrl-C); its parts
-    count as write."""
-    from ..io.tractogram_stream import open_tractogram_writer
-
-    with (
-        open_tractogram_writer(
-            args.output, grid.affine, grid.shape, positions_dtype=output.positions_dtype, background=True
-        ) as writer,
-        phase("compute"),
-    ):
-
-        def sink(part) -> None:
-            with phase("write"):
-                writer.append(part)
-
-        result = pipeline(
-            grid,
-            whole_brain=args.whole_brain,
-            seeds_per_voxel=seeding.seeds_per_voxel,
-            placement=seeding.placement,
-            rng_seed=seeding.rng_seed,
-            device=args.device,
-            progress=Progress("track", "seeds", quiet=args.quiet),
-            notes=notes,
-            sink=sink,
-            **regions,
-        )
-        with phase("write"):  # .trx: the folder zipped into the file
-            writer.close()
-    return result
-
-
-def report_tracking(args, result) -> int:
-    """The run's notes as warnings, its summary on stdout (``--json``) or a line on stderr."""
-    for note in result.notes:
-        log.warning("%s", note)
-    prov = result.provenance
-    method = f" ({prov['method']})" if "fod" in prov else ""
-    human = (
-        f"{prov['streamlines']} streamlines{method} from {prov['seeds']} seeds on {prov['backend']} "
-        f"({prov['device']}) in {prov['tracking_s']:.2f} s; written to {args.output}"
-    )
-    emit(args, {"output": str(args.output), **result.summary()}, human)
-    return EXIT_OK
 
 
 def cmd_track_probabilistic(args) -> int:

@@ -15,6 +15,7 @@ from ..params import SeedingParams, TractogramOutputParams
 from ..timing import phase
 from ._common import log
 from .options import add_params, params_from_args
+from .track_output import regions_from_args, report_tracking, track_to_file, tractogram_output
 
 FOD_HELP = "fODF: a fit-csd output folder (its fod.nii.gz) or an fODF image of MRtrix3 or DIPY"
 #: Options of ``track deterministic`` that only tensor tracking reads.
@@ -104,7 +105,6 @@ def _track_fod_to_file(args, params) -> int:
     """Track and write at once, batch by batch (as ``track deterministic``)."""
     from ..io.tractogram import check_output_suffix
     from ..pipelines.track_fod import fod_tracking_pipeline, load_fod_volume
-    from .track import regions_from_args, report_tracking, track_to_file, tractogram_output
 
     check_device(args.device)
     check_output_suffix(args.output)

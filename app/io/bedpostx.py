@@ -18,11 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.gpu.backend import get_backend
 from tractlens.gpu.ballstick import dyadic_mean
 
 from ..errors import InputError
 from ..grid import Grid
 from ..model import DyadsVolume
+from . import bedpostx_cache
 from .dwi import fsl_to_voxel_vectors, save_gradients
 from .nifti import _read, load_image, read_array, read_raw, save_volume, save_volume_slabs
 
@@ -147,7 +149,6 @@ def load_bedpostx(folder: str | os.PathLike, *, cache: bool = True) -> BedpostSa
     With ``cache`` (and :func:`~app.io.bedpostx_cache.cache_enabled`) the first read keeps the
     arrays in the user's cache folder and later reads map them (:mod:`app.io.bedpostx_cache`),
     as long as no file of the folder changed."""
-    from . import bedpostx_cache
 
     folder, base = split_samples_path(folder)
     mask_path, fibres = _source_files(folder, base)
@@ -189,7 +190,6 @@ def _read_threads(n_files: int, file_bytes: int) -> int:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    from tractlens.gpu.backend import get_backend
 
     available = get_backend("cpu").free_memory_bytes()  # the host's available memory
     budget = min(READ_MEMORY_BYTES, available // 3)  # beside the arrays being filled

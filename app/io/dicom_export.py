@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..grid import Grid
 from ..params import DicomExportParams
+from . import dicom_objects as objects
 from .dicom_series import choose, list_series, require
 
 log = logging.getLogger(__name__)
@@ -296,7 +298,6 @@ def structures_on_reference(
     """:class:`Structure` of each bundle ((name, points_mm, offsets)), of each envelope level
     ((name, mask, affine), named with its level, e.g. "CST envelope 95 %") and of the lesion
     ((name, mask, affine)); masks resampled nearest neighbour onto the reference grid."""
-    from ..grid import Grid
 
     grid = Grid(reference.affine, reference.shape)
 
@@ -349,7 +350,6 @@ def export_dicom(
     progress=None,
 ) -> ExportResult:
     """Write the objects ``params.kinds`` asks for into ``outdir`` (all or nothing)."""
-    from . import dicom_objects as objects
 
     outdir = Path(outdir)
     result = ExportResult(outdir, deidentified=params.deidentify, dilate_mm=float(params.dilate_mm))

@@ -31,15 +31,18 @@ import os
 import re
 import secrets
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from tractlens.gpu.backend import Cancelled
+
 from ..errors import InputError
 from .bedpostx_cache import fingerprint
-from .dicom_series import INSTALL_HINT, DicomSeries, choose, list_series, require
+from .dicom_series import INSTALL_HINT, DicomSeries, choose, is_dicom_folder, list_series, require
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,6 @@ def _dcm2niix_binary(folder: Path) -> str:
 
 def _run_dcm2niix(series: DicomSeries, outdir: Path, deidentify: bool = False) -> list[Path]:
     """Convert one series' files (linked into a private folder, so nothing else is converted)."""
-    import subprocess
 
     binary = _dcm2niix_binary(series.files[0].parent)
     with tempfile.TemporaryDirectory(prefix="tractlens-dicom-") as staging:
@@ -255,7 +257,6 @@ def dicom_input(path: str | os.PathLike, *, kind: str | None) -> ConvertedSeries
     """The hook of the NIfTI readers: a DICOM folder given where a file is expected, as the one
     converted series it holds (``kind`` "dwi" picks the diffusion series among others); None
     for anything that is not a DICOM folder."""
-    from .dicom_series import is_dicom_folder
 
     if not is_dicom_folder(path):
         return None
@@ -346,8 +347,6 @@ def import_dicom(
     try:
         for i, s in enumerate(wanted):
             if cancelled is not None and cancelled():
-                from tractlens.gpu.backend import Cancelled
-
                 raise Cancelled()
             converted_here = convert_series(s, staging / f"{i:03d}", deidentify=deidentify)
             datatype, stem = bids_name(s, converted_here.kind, taken, label)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import __version__
 from .dicom_series import require
 
 RTSTRUCT_STORAGE = "1.2.840.10008.5.1.4.1.1.481.3"
@@ -39,8 +40,6 @@ PATIENT_STUDY = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "
 
 
 def _version() -> str:
-    from ... import __version__
-
     return __version__
 
 

@@ -12,6 +12,7 @@ DTI, diffusion); the converter's gradient table has the last word (:mod:`.dicom_
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -33,7 +34,6 @@ GAP_FACTOR = 1.5
 def require(module: str, path: str | os.PathLike | None = None):
     """Import one of the optional DICOM libraries, or say how to install it (naming the folder
     that needed it, when known)."""
-    import importlib
 
     try:
         return importlib.import_module(module)

@@ -22,6 +22,7 @@ from ..errors import InputError
 from ..model import Volume
 from ._atomic import atomic_path, split_suffix
 from ._pages import release_pages
+from .dicom_import import dicom_input
 from .nifti import check_exists, load_image, read_array, reason
 
 log = logging.getLogger(__name__)
@@ -249,8 +250,6 @@ def load_dwi(
     """
     path = check_exists(path, "diffusion data")
     if path.is_dir():  # a DICOM folder: its diffusion series, converted (cached)
-        from .dicom_import import dicom_input
-
         dicom = dicom_input(path, kind="dwi")
         if dicom is not None:
             path, bval, bvec = dicom.nifti, bval or dicom.bval, bvec or dicom.bvec

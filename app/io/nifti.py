@@ -20,6 +20,7 @@ from ..grid import Grid
 from ..model import Volume
 from . import _gzip
 from ._atomic import atomic_path
+from .dicom_import import dicom_input
 
 _gzip.install()  # .nii.gz through ISA-L when python-isal is installed (the fast-io extra)
 
@@ -74,8 +75,6 @@ def load_image(path: str | os.PathLike, what: str = "image", *, mmap: str = "c")
     for readers that never write into the array and release its pages once read)."""
     path = check_exists(path, what)
     if path.is_dir():  # a DICOM folder (or series folder): its image, converted (cached)
-        from .dicom_import import dicom_input
-
         dicom = dicom_input(path, kind=None)
         if dicom is not None:
             return load_image(dicom.nifti, what, mmap=mmap)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import InputError
 from ._pages import PreadRows
+from .tractogram import _DAMAGED, _check_grid, _single_column, reason
 
 __all__ = ["MappedTractogram", "open_trx_mm"]
 
@@ -63,7 +64,6 @@ def open_trx_mm(path: str | os.PathLike) -> MappedTractogram | None:
     ``.trx`` (a compressed one is extracted to a temporary folder that closing removes: read it
     with :func:`load_tractogram`). Raises :class:`InputError` for a damaged file: a grid,
     lengths or scalars that do not fit its points."""
-    from .tractogram import _DAMAGED, _check_grid, _single_column, reason
 
     path = Path(path)
     if path.suffix.lower() != ".trx" or not path.is_file():

@@ -16,6 +16,7 @@ streamlines give the same bytes however they were written (at once or streamed p
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import zlib
@@ -157,7 +158,6 @@ def read_streamline_values(path: str | os.PathLike, count: int | None = None) ->
 def read_sidecars(tck: Path, offsets: np.ndarray, timestamp: str | None) -> tuple[dict, dict]:
     """The scalars beside ``tck`` that belong to it: ``NAME_*.tsf`` whose timestamp and count
     match (others are skipped), and ``NAME_*.txt`` with one value per streamline."""
-    import logging
 
     log = logging.getLogger(__name__)
     stem = tck.name[: -len(tck.suffix)]

@@ -1,4 +1,5 @@
-"""Use case: COMMIT filtering of a tractogram (``tractlens commit``, Python scripts).
+"""COMMIT filtering of a tractogram: the fit and its outputs (the use case that checks the inputs
+and runs it for every caller is :mod:`app.usecases.commit`).
 
 The DWI signal of the voxels the tractogram passes through (within the mask, when one
 is given), divided by each voxel's mean b=0 signal, is fitted with the forward model of
@@ -32,7 +33,6 @@ __all__ = [
     "WEIGHT_SCALAR",
     "CommitParams",
     "CommitResult",
-    "commit_from_files",
     "commit_pipeline",
     "existing_outputs",
     "kept_streamlines",
@@ -46,11 +46,11 @@ __all__ = [
 
 from ..errors import InputError
 from ..grid import Grid
-from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
-from ..io._atomic import atomic_path, split_suffix
-from ..io.dwi import DWI
-from ..io.tractogram_mapped import open_trx_mm
-from ..io.tractogram_mapped_tck import open_tck_mm
+from ..io import save_tractogram, save_volume
+from ..io._atomic import atomic_path
+from ..io.dwi import DWI, fsl_to_voxel_vectors
+from ..io.nifti import load_image
+from ..io.tractogram import TRACTOGRAM_SUFFIXES
 from ..io.tractogram_stream import open_tractogram_writer
 from ..memory_guard import check_commit_memory
 from ..model import Tractogram
@@ -58,7 +58,6 @@ from ..provenance import write_json_summary
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
 from .commit_inputs import _finite_voxels, _normalised_signal, _segments_fit_on_device
-from .select import load_masks_on_reference
 
 #: Files written by :func:`write_commit_outputs` ({ext}: the input tractogram's format).
 COMMIT_OUTPUTS = {
@@ -178,8 +177,6 @@ def peaks_compartments(
 ) -> tuple[np.ndarray, np.ndarray]:
     """EC compartments (row, orientation) from a peaks file on the DWI grid (``frame``: one of
     :data:`PEAKS_FRAMES`)."""
-    from ..io.dwi import fsl_to_voxel_vectors
-    from ..io.nifti import load_image
 
     if frame not in PEAKS_FRAMES:
         raise InputError(f"unknown peaks frame {frame!r}: one of {', '.join(PEAKS_FRAMES)}")
@@ -386,7 +383,6 @@ def output_names(suffix: str) -> list[str]:
 
 def existing_outputs(folder: str | os.PathLike) -> list[str]:
     """The COMMIT output files (the filtered tractogram in any format) already in ``folder``."""
-    from ..io.tractogram import TRACTOGRAM_SUFFIXES
 
     folder = Path(folder)
     names = {name.format(ext=suffix) for name in COMMIT_OUTPUTS for suffix in TRACTOGRAM_SUFFIXES}
@@ -522,59 +518,3 @@ def write_commit_outputs(result: CommitResult, outdir: str | os.PathLike, tracto
         call=("tractlens.write_commit_outputs", "<result>", outdir),
     )
     return {k: str(v) for k, v in files.items()}
-
-
-def commit_from_files(
-    dwi_path,
-    tractogram_path,
-    *,
-    bval=None,
-    bvec=None,
-    mask=None,
-    peaks=None,
-    peaks_frame: str = "world",
-    params: CommitParams | None = None,
-    device: str = "auto",
-    progress=None,
-    cancelled=None,
-    max_block_segments: int | None = None,
-    mapped: bool = True,
-) -> tuple[CommitResult, str]:
-    """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
-    returns the result and the tractogram's suffix (for the filtered output). ``mapped``: an
-    uncompressed .trx (:mod:`app.io.tractogram_mapped`) or a plain .tck
-    (:mod:`app.io.tractogram_mapped_tck`) is read as stored, in chunks, rather than into voxel
-    coordinates; the streamlines written back are then its own positions."""
-    with phase("read"):
-        dwi = load_dwi(dwi_path, bval, bvec, read_only=True)  # its pages released once read
-        # an uncompressed .trx or a plain .tck is used as stored (millimetres read in chunks: no
-        # conversion, no copy of the points)
-        tract = open_trx_mm(tractogram_path) if mapped else None
-        if tract is None and mapped:
-            tract = open_tck_mm(tractogram_path, dwi.affine, dwi.shape3)
-        if tract is None:
-            tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
-    if len(tract) == 0:  # said before the fit's set-up, naming the file
-        raise InputError(
-            "the tractogram holds 0 streamlines: COMMIT needs at least one",
-            path=tractogram_path,
-            fix="Track again with other regions or parameters, or give another tractogram",
-        )
-    notes: list[str] = []
-    mask_array = None
-    if mask is not None:
-        (mask_array,) = load_masks_on_reference([mask], "white-matter mask", dwi.affine, dwi.shape3, notes)
-    result = commit_pipeline(
-        dwi,
-        tract,
-        mask=mask_array,
-        peaks=peaks,
-        peaks_frame=peaks_frame,
-        params=params,
-        device=device,
-        progress=progress,
-        cancelled=cancelled,
-        max_block_segments=max_block_segments,
-    )
-    result.notes[:0] = notes + dwi.warnings
-    return result, split_suffix(Path(tractogram_path))[1].lower()

@@ -24,6 +24,7 @@ from tractlens.gpu.connectome_counts import SparseCounts
 
 from ..errors import InputError
 from ..io import load_bedpostx, save_volume
+from ..io._atomic import write_text_atomic
 from ..io.fsl_matrix import (
     fsl_voxel_order,
     write_ascii_matrix,
@@ -290,8 +291,6 @@ def write_connectome_outputs(
 
 
 def write_json(path: Path, summary: dict) -> Path:
-    from ..io._atomic import write_text_atomic
-
     return write_text_atomic(json.dumps(summary, indent=2, default=str), path)
 
 

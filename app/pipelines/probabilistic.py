@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu.backend import get_backend
+from tractlens.gpu.backend import BackendError, get_backend, gpu_backends
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.engines import decide_device
 from tractlens.gpu.probabilistic import iter_track, path_positions, trace_paths
@@ -34,9 +34,10 @@ from tractlens.gpu.probabilistic_params import (
     check_seed_matrix,
     mask_bits,
 )
+from tractlens.gpu.probabilistic_split import track_split
 
 from ..errors import InputError
-from ..io import BedpostSamples, load_bedpostx, save_volume
+from ..io import BedpostSamples, bedpostx_cache, load_bedpostx, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
 from ..model import Tractogram
@@ -114,7 +115,6 @@ def sample_field(samples: BedpostSamples) -> SampleField:
     """bedpostX samples (FSL frame) as the engine's field: stick directions in voxel axes.
     Samples from the bedpostX cache keep their field beside them once made (the same arrays,
     mapped: a later run skips the trigonometry and reordering of every sample)."""
-    from ..io import bedpostx_cache
 
     voxel_size = np.sqrt((samples.affine[:3, :3] ** 2).sum(axis=0))
     entry = getattr(samples, "cache_entry", None)
@@ -261,8 +261,6 @@ class ProbabilisticRun:
         """The run split over the first ``gpus`` GPUs of this host (:mod:`gpu.probabilistic_split`):
         one contiguous range of streamlines each, totals summed on the host; the same counts as
         on one GPU. ``backends`` replaces the GPUs (tests share one device, or the CPU, out)."""
-        from tractlens.gpu.backend import BackendError, gpu_backends
-        from tractlens.gpu.probabilistic_split import track_split
 
         try:
             backends = backends or gpu_backends(gpus)

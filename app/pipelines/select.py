@@ -25,21 +25,47 @@ def resample_nearest(mask: np.ndarray, affine: np.ndarray, ref_affine: np.ndarra
     return Grid(ref_affine, ref_shape).resample_nearest(np.asarray(mask, dtype=bool), Grid(affine, mask.shape))
 
 
-def load_masks_on_reference(paths: Sequence[str | os.PathLike], what: str, ref_affine, ref_shape, notes: list[str]):
+def mask_on_reference(
+    mask: np.ndarray,
+    affine: np.ndarray,
+    what: str,
+    name,
+    ref_affine,
+    ref_shape,
+    notes: list[str],
+    reference: str = "the first mask",
+) -> np.ndarray:
+    """One region (a boolean array on the grid of ``affine``) on the reference grid, by the one
+    grid rule of :class:`app.grid.Grid`: on the same grid, as it is; on another, resampled by
+    nearest neighbour (a note says so). An empty region, or one that lies outside the reference
+    grid, is refused. ``name`` names it in the messages (its file, or its layer)."""
+    mask = np.asarray(mask, dtype=bool)
+    if not mask.any():
+        raise InputError(f"the {what} is empty (no non-zero voxel)", path=name, fix="Give a non-empty region")
+    if not Grid(ref_affine, ref_shape).matches((affine, mask.shape)):
+        mask = resample_nearest(mask, affine, ref_affine, ref_shape)
+        notes.append(f"{name}: on another grid than {reference}; resampled (nearest neighbour)")
+        if not mask.any():
+            raise InputError(f"the {what} lies outside {reference}'s volume", path=name)
+    return mask
+
+
+def load_masks_on_reference(
+    paths: Sequence[str | os.PathLike],
+    what: str,
+    ref_affine,
+    ref_shape,
+    notes: list[str],
+    reference: str = "the first mask",
+):
+    """Masks from files (non-zero, finite voxels), each on the reference grid by :func:`mask_on_reference`."""
     masks = []
     for path in paths:
         with phase("read"):
             img = load_image(path, what)
             data = np.asarray(load_3d(path, None, what))
         mask = (data != 0) & np.isfinite(data)
-        if not mask.any():
-            raise InputError(f"the {what} is empty (no non-zero voxel)", path=path, fix="Give a non-empty region")
-        if not Grid(ref_affine, ref_shape).matches((img.affine, data.shape)):
-            mask = resample_nearest(mask, img.affine, ref_affine, ref_shape)
-            notes.append(f"{path}: on another grid than the first mask; resampled (nearest neighbour)")
-            if not mask.any():
-                raise InputError(f"the {what} lies outside the first mask's volume", path=path)
-        masks.append(mask)
+        masks.append(mask_on_reference(mask, img.affine, what, path, ref_affine, ref_shape, notes, reference))
     return masks
 
 

@@ -21,11 +21,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tractlens.gpu import deterministic, tracking
+from tractlens.gpu import deterministic, geodesic_field, geodesic_params, tracking
 from tractlens.gpu.backend import check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.engines import decide_device
@@ -43,7 +43,10 @@ from ..params import SeedingParams
 from ..regions import Regions
 from ..timing import phase
 from ._fallback import batches_with_cpu_fallback
+from .dti import fit_dti_pipeline
 from .select import load_masks_on_reference
+from .tensor_field import TensorField, TrackResult, require_seed
+from .track_geodesic import geodesic_from_regions, geodesic_pipeline
 from .track_parts import PIECE_POINTS, PathLength, deterministic_part, join_parts
 from .track_reasons import empty_result_reason
 
@@ -56,7 +59,9 @@ __all__ = [
     "TrackResult",
     "deterministic_from_regions",
     "deterministic_pipeline",
+    "geodesic_from_regions",
     "geodesic_metric_of",
+    "geodesic_pipeline",
     "masks_on_field",
     "tensor_field_of",
     "tracking_choices",
@@ -66,55 +71,6 @@ log = logging.getLogger(__name__)
 # Fibres in the first batch of an interactive run (the GUI, live re-tracking): a small
 # first batch is back on screen sooner; the rest streams in after it.
 INTERACTIVE_FIRST_BATCH = 2_000
-
-
-@dataclass
-class TensorField:
-    """A tensor field in voxel axes (order xx, xy, xz, yy, yz, zz) on a grid, with its FA and
-    the voxels where it was fitted (``mask``)."""
-
-    tensor: np.ndarray  # (X, Y, Z, 6) float32
-    affine: np.ndarray
-    fa: np.ndarray
-    mask: np.ndarray
-    source: str
-    notes: list[str] = field(default_factory=list)
-    not_positive_definite: int = 0  # fitted voxels whose smallest eigenvalue is ≤ 0
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return tuple(int(s) for s in self.tensor.shape[:3])
-
-    @property
-    def voxel_size(self) -> np.ndarray:
-        return np.sqrt((self.affine[:3, :3] ** 2).sum(axis=0))
-
-    @property
-    def volume(self) -> Volume:
-        return Volume("tensor", self.tensor, self.affine, kind="tensor", source=self.source)
-
-    @classmethod
-    def from_tensor(cls, tensor: np.ndarray, affine: np.ndarray, source: str = "", notes=None) -> TensorField:
-        from tractlens.gpu import sym3
-
-        tensor = np.asarray(tensor, dtype=np.float32)
-        finite = np.isfinite(tensor).all(axis=-1)
-        clean = np.where(finite[..., None], tensor, 0.0)
-        fa = np.clip(sym3.fractional_anisotropy_from_invariants(np, clean.astype(np.float64)), 0, 1)
-        mask = finite & (np.abs(clean).sum(axis=-1) > 0)
-        notes = list(notes or [])
-        if (~finite).any():
-            notes.append(f"{int((~finite).sum())} voxels have NaN or infinite tensors: treated as background")
-        evals = np.linalg.eigvalsh(_matrices(clean[mask]))
-        not_pd = int((evals[:, 0] <= 0).sum())
-        if not_pd:
-            notes.append(f"{not_pd} voxels have tensors that are not positive definite")
-        return cls(tensor, np.asarray(affine, dtype=np.float64), fa.astype(np.float32), mask, source, notes, not_pd)
-
-
-def _matrices(tensor: np.ndarray) -> np.ndarray:
-    a, b, c, d, e, f = (tensor[:, i].astype(np.float64) for i in range(6))
-    return np.stack([np.stack([a, b, c], -1), np.stack([b, d, e], -1), np.stack([c, e, f], -1)], -2)
 
 
 def load_tensor_field(
@@ -137,7 +93,6 @@ def load_tensor_field(
             volume = load_tensor(tensor, tensor_order)
         with phase("compute"):  # eigenvalues and FA of every voxel
             return TensorField.from_tensor(volume.data, volume.affine, str(tensor))
-    from .dti import fit_dti_pipeline
 
     with phase("read"):
         series = load_dwi(dwi, bval, bvec)
@@ -158,17 +113,8 @@ def masks_on_field(paths: Sequence[str | os.PathLike], what: str, field_: Tensor
 
 def tracking_choices(method: str) -> dict[str, tuple[str, ...]]:
     """The fixed choices of a method's parameters (for forms and option lists)."""
-    from tractlens.gpu import geodesic_params
 
     return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic_params.CHOICES}[method])
-
-
-def _seeded(regions: Regions) -> None:
-    if regions.seed is None:
-        raise InputError(
-            "no seed ROI lies on the tensor grid" + (": " + " ".join(regions.notes) if regions.notes else ""),
-            fix="Paint or open a seed ROI inside the image",
-        )
 
 
 def tensor_field_of(document, volume: Volume) -> TensorField:
@@ -185,7 +131,6 @@ def tensor_field_of(document, volume: Volume) -> TensorField:
 def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "auto"):
     """The pre-processed geodesic metric (:func:`gpu.geodesic_field.prepare_metric`) of a tensor
     layer's volume for ``metric``, kept in ``document.derived`` (live re-tracking reuses it)."""
-    from tractlens.gpu import geodesic_field
 
     metric = metric or MetricParams()
 
@@ -194,16 +139,6 @@ def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "aut
         return geodesic_field.prepare_metric(field_.tensor, field_.voxel_size, metric, device=device)
 
     return document.derived.get(volume, "geodesic_metric", (metric, device), compute)
-
-
-@dataclass
-class TrackResult:
-    tractogram: Tractogram | None  # None when the streamlines went to a sink
-    provenance: dict
-    notes: list[str]
-
-    def summary(self) -> dict:
-        return {**self.provenance, "notes": self.notes}
 
 
 def whole_brain_seeds(field_: TensorField, mask: np.ndarray | None, fa_threshold: float) -> np.ndarray:
@@ -445,7 +380,7 @@ def deterministic_from_regions(
     union avoided, the stop union ending streamlines. ``options`` go to
     :func:`deterministic_pipeline`."""
     if not whole_brain:
-        _seeded(regions)
+        require_seed(regions)
     return deterministic_pipeline(
         field_,
         seed_mask=None if whole_brain else regions.seed,
@@ -456,12 +391,3 @@ def deterministic_from_regions(
         notes=list(regions.notes) + list(options.pop("notes", None) or []),
         **options,
     )
-
-
-def __getattr__(name: str):
-    """Geodesic tracking lives in :mod:`.track_geodesic`; its use cases are reachable here too."""
-    if name in ("geodesic_pipeline", "geodesic_from_regions"):
-        from . import track_geodesic
-
-        return getattr(track_geodesic, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from tractlens.gpu import fod_tracking
+from tractlens.gpu.backend import get_backend
 from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
-from tractlens.gpu.sh import sh_basis
+from tractlens.gpu.sh import lmax_of, sh_basis
 
 from ..errors import InputError
 from ..io.fod import load_fod, world_rotation
@@ -80,7 +81,6 @@ class FodVolume:
         sh = np.asarray(sh, dtype=np.float32)
         if sh.ndim != 4:
             raise InputError(f"an fODF is 4-D (X, Y, Z, coefficients), got shape {sh.shape}")
-        from tractlens.gpu.sh import lmax_of
 
         try:
             lmax = lmax_of(int(sh.shape[-1]))
@@ -144,7 +144,6 @@ def _summary_backend(device: str, sh: np.ndarray):
     """The GPU backend to summarise ``sh`` on, or None for the host."""
     if str(device).lower() == "cpu" or int(np.prod(sh.shape[:3])) < DEVICE_SUMMARY_VOXELS:
         return None
-    from tractlens.gpu.backend import get_backend
 
     try:
         backend = get_backend(device)

@@ -17,11 +17,14 @@ from dataclasses import asdict
 
 import numpy as np
 
+from tractlens.gpu import geodesic, geodesic_field, geodesic_params, sym3
 from tractlens.gpu.backend import check_device
 from tractlens.gpu.engines import decide_device
+from tractlens.gpu.geodesic_metrics import metric_for
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import seeds_in_mask
 from tractlens.gpu.select import select_streamlines
+from tractlens.gpu.streamlines import stop_reason_totals
 
 from ..errors import InputError
 from ..model import Tractogram
@@ -29,8 +32,9 @@ from ..params import GEODESIC_METHODS as METHODS
 from ..params import GeodesicSeedingParams
 from ..regions import Regions
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
-from .track import TensorField, TrackResult, _seeded
+from .tensor_field import TensorField, TrackResult, require_seed
 from .track_reasons import geodesic_empty_reason
+from .track_two_point import eikonal_pipeline, two_point_pipeline
 
 #: Fibres a seed region gets when the directions per point are left to the engine
 #: (``directions=0``): on a GPU 2¹⁸ (the kernel traces them in tens of milliseconds), on the
@@ -64,10 +68,15 @@ def resolve_method(method: str, has_target: bool, two_point: bool) -> str:
     return method
 
 
+def step_in_voxels(step_mm: float, voxel_size) -> float:
+    """A step length in mm as :attr:`gpu.geodesic.GeodesicParams.step` takes it: in voxels of the
+    smallest voxel size (the one conversion of the geodesic ``--step``)."""
+    return float(step_mm) / float(np.min(voxel_size))
+
+
 def ending_summary(totals: dict, params) -> dict:
     """How the fibres ended, for the provenance: fibres per stop reason (by name), and the
     excursions out of the tracking mask that the mask tolerance let fibres come back from."""
-    from tractlens.gpu.streamlines import stop_reason_totals
 
     return {
         "stop_reasons": stop_reason_totals(totals["stop_counts"]),
@@ -121,8 +130,6 @@ def geodesic_pipeline(
     With ``two_point`` (a target is needed) every pair of a seed point and one of
     ``target_points`` points of the target is joined by shooting (:func:`two_point_pipeline`).
     """
-    from tractlens.gpu import geodesic, geodesic_field, geodesic_params, sym3
-    from tractlens.gpu.geodesic_metrics import metric_for
 
     params = params or geodesic_params.GeodesicParams()
     notes = list(field_.notes)
@@ -183,16 +190,12 @@ def geodesic_pipeline(
         raise InputError(str(exc)) from exc
     notes += fld.notes
     if method == "eikonal":
-        from .track_two_point import eikonal_pipeline
-
         return eikonal_pipeline(
             field_, fld, positions, target, params, metric, device=device, choice=choice, notes=notes,
             top_percent=top_percent, name=name, radius=neighbourhood, progress=progress, cancelled=cancelled,
             on_batch=on_batch,
         )  # fmt: skip
     if two_point:
-        from .track_two_point import two_point_pipeline
-
         return two_point_pipeline(
             field_, fld, positions, dirs, target, params, metric, target_points=target_points, device=device,
             choice=choice, notes=notes, top_percent=top_percent, name=name, progress=progress, cancelled=cancelled,
@@ -279,7 +282,7 @@ def geodesic_from_regions(field_: TensorField, regions: Regions, **options) -> T
     they first do), and kept only when they pass every waypoint; the exclusion union is taken
     out of the tracking mask (the fitted voxels). Geodesic fibres run to the edge of the mask:
     stop ROIs are not used. ``options`` go to :func:`geodesic_pipeline`."""
-    _seeded(regions)
+    require_seed(regions)
     mask = field_.mask if regions.exclusion is None else field_.mask & ~regions.exclusion
     include = [region.mask for region in regions.waypoints]
     result = geodesic_pipeline(

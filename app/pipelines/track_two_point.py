@@ -13,8 +13,14 @@ from dataclasses import asdict
 
 import numpy as np
 
+from tractlens.gpu import geodesic
+from tractlens.gpu.geodesic_eikonal import connect
+from tractlens.gpu.geodesic_shooting import shoot
+
 from ..model import Tractogram
 from ._fallback import run_with_cpu_fallback
+from .tensor_field import TrackResult
+from .track_reasons import two_point_empty_reason
 
 
 def target_points_of(target: np.ndarray, count: int) -> np.ndarray:
@@ -30,11 +36,6 @@ def two_point_pipeline(field_, fld, positions, dirs, target, params, metric, *, 
                        notes: list, top_percent: float, name: str, progress=None, cancelled=None):  # fmt: skip
     """Join every seed point (``positions``) to the target's points; ``dirs`` ``(P, K, 3)`` are
     the sampled initial directions of each seed point."""
-    from tractlens.gpu import geodesic
-    from tractlens.gpu.geodesic_shooting import shoot
-
-    from .track import TrackResult
-    from .track_reasons import two_point_empty_reason
 
     targets = target_points_of(target, target_points)
     t0 = time.perf_counter()
@@ -110,10 +111,6 @@ def eikonal_pipeline(field_, fld, positions, target, params, metric, *, device, 
     """Join every seed point (``positions``) to the target by the minimal geodesic of the metric
     (:func:`gpu.geodesic_eikonal.connect`): one path per seed point that the tracking region
     joins to the target, best CM first."""
-    from tractlens.gpu import geodesic
-    from tractlens.gpu.geodesic_eikonal import connect
-
-    from .track import TrackResult
 
     t0 = time.perf_counter()
     used = []

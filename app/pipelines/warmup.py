@@ -9,10 +9,15 @@ CuPy is not installed or the device is ``cpu``.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
+
+from tractlens.gpu import backend
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,9 @@ def warm_up_gpu(
     a GPU that cannot be used is a result (``gpu`` false), not an error. ``compile`` and
     ``gpu_status`` replace the engine's (tests without a GPU).
     """
-    import time
-
-    from tractlens.gpu import backend, warmup
+    # The kernel catalogue imports every engine: only a warm-up needs it, not every command that
+    # imports this module (the pipelines wait for a background warm-up through it).
+    from tractlens.gpu import warmup
 
     ok, detail = (gpu_status or backend.gpu_status)()
     if not ok:
@@ -68,22 +73,20 @@ def warm_up_gpu(
 
 
 def submit_gpu_warmup(runner, device: str = "auto", *, warm_up: Callable = warm_up_gpu) -> int | None:
-    """Start :func:`warm_up_gpu` as a low-priority job on ``runner`` (an :class:`app.jobs.JobRunner`);
+    """Start :func:`warm_up_gpu` as a low-priority job on ``runner`` (the window's job runner, or
+    anything with its ``submit(name, fn, *, low_priority)``);
     ``None`` when no GPU may be used (:func:`gpu_may_be_used`). Failures are logged, never shown."""
     if not gpu_may_be_used(device):
         return None
 
     def job(ctx):
-        from PySide6.QtCore import QThread
-
-        QThread.currentThread().setPriority(QThread.Priority.LowestPriority)
         try:
             return warm_up(lambda done, total, label: ctx.progress(done, total, label), ctx.cancelled)
         except Exception as exc:  # a broken GPU must not trouble the user: the work falls to the CPU
             log.warning("GPU warm-up failed: %s", exc)
             return {"gpu": False, "reason": str(exc), "compiled": 0, "seconds": 0.0, "cancelled": False}
 
-    return runner.submit(WARMUP_TITLE, job)
+    return runner.submit(WARMUP_TITLE, job, low_priority=True)
 
 
 class BackgroundWarmup:
@@ -96,8 +99,6 @@ class BackgroundWarmup:
     the usual rules. At exit a warm-up still running is cancelled between kernels."""
 
     def __init__(self, methods: tuple[str, ...], *, warm_up: Callable | None = None):
-        import threading
-
         self.methods = tuple(methods)
         self.result: dict | None = None
         self.error: BaseException | None = None
@@ -113,8 +114,6 @@ class BackgroundWarmup:
             self.error = exc
 
     def start(self) -> BackgroundWarmup:
-        import atexit
-
         self._thread.start()
         atexit.register(self.cancel)
         return self

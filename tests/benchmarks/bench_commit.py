@@ -214,7 +214,8 @@ def synthetic_files(folder: Path, n_streamlines: int, shape=(40, 40, 40), n_meas
 def time_pipeline(folder: Path, iterations: int, device: str) -> dict:
     """``tractlens commit``'s work on the files: load, segments, operator, FISTA (a fixed number
     of iterations, tol 0), outputs written; wall times of the parts."""
-    from tractlens.app.pipelines.commit import commit_from_files, write_commit_outputs
+    from tractlens.app.pipelines.commit import write_commit_outputs
+    from tractlens.app.usecases.commit import commit_from_files
 
     t0 = time.perf_counter()
     params = CommitParams(max_iter=iterations, tol=0.0)

@@ -143,7 +143,7 @@ def demo_inputs(work: Path) -> dict:
 
 def bench_commit(inputs: dict, work: Path, repeats: int) -> dict:
     from tests.commit_reference import run_dmri_commit
-    from tractlens.app.pipelines.commit import commit_from_files
+    from tractlens.app.usecases.commit import commit_from_files
 
     demo = inputs["demo"]
     args = dict(mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", peaks_frame="world", device="cpu")

@@ -17,7 +17,7 @@ Rows: the CUDA kernel alone (CUDA events, best of 3) for RK2 and RK4; end to end
 (``track_all``: packing and copying the kept fibres, every 5th point) up to 10⁶ fibres;
 our NumPy reference on ``--cpu-fibers`` fibres; and the live latency: a seed ROI of 100
 points × 100 directions × 500 steps (10⁴ fibres), from calling the pipeline with the
-cached metric to the first batch's display arrays ready (``fiber_display.prepare``), as
+cached metric to the first batch's display arrays ready (``FiberArrayCache.prepare``), as
 the Geodesic panel does on its worker (first batch of ``INTERACTIVE_FIRST_BATCH`` fibres,
 the rest streaming after it). The GUI's share (wrapping the arrays in VTK and
 drawing) is measured in tests/gui/test_geodesic_panel.py. The published figure to
@@ -84,13 +84,13 @@ def kernel_row(fld, starts, dirs, params) -> dict:
 
 def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
     """Seed ROI → first batch of fibres with display arrays, as GeodesicPanel's job does it."""
+    from tractlens.app.fiber_arrays import FiberArrayCache
     from tractlens.app.pipelines.track import INTERACTIVE_FIRST_BATCH, geodesic_pipeline
-    from tractlens.widgets import fiber_display
 
     rng = np.random.default_rng(5)
     voxels = np.argwhere(brain)
     params = geodesic_params.GeodesicParams(max_steps=500)
-    samples, first_fibres = [], 0
+    samples, first_fibres, fiber_arrays = [], 0, FiberArrayCache()
     for r in range(repeats + 1):  # the first run compiles
         seed = np.zeros(brain.shape, bool)
         seed[tuple(voxels[rng.integers(0, len(voxels), 100)].T)] = True
@@ -101,7 +101,7 @@ def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
         def on_batch(tract, first=first, t0=t0):
             if "s" not in first:
                 first["tracked_s"] = time.perf_counter() - t0
-                fiber_display.cm_layer("geodesic", tract)  # what GeodesicPanel's worker does
+                fiber_arrays.cm_layer("geodesic", tract)  # what GeodesicPanel's worker does
                 first["s"] = time.perf_counter() - t0
                 first["fibres"] = len(tract)
 

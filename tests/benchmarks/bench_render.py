@@ -76,11 +76,9 @@ def bench_size(window, n: int, frames: int) -> dict:
     app = QApplication.instance()
 
     # Ours: layer -> actor -> first frame.
-    from tractlens.widgets import fiber_display
-
     t0 = time.perf_counter()
     layer = Layer(f"bench {n}", tract, "tractogram")
-    fiber_display.prepare(layer)  # what the loading job does on its worker thread
+    window.document.fiber_arrays.prepare(layer)  # what the loading job does on its worker thread
     prepare_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     window.document.add_layer(layer)

@@ -49,7 +49,7 @@ def demo_window(window):
 @pytest.fixture
 def runner(qtbot):
     """A job runner that is shut down (jobs cancelled, workers joined) before it is destroyed."""
-    from tractlens.app.jobs import JobRunner
+    from tractlens.widgets.jobs import JobRunner
 
     job_runner = JobRunner()
     yield job_runner

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QObject
 
-from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document, Layer, Volume
 from tractlens.app.session import load_session, snapshot
+from tractlens.widgets.jobs import JobRunner
 
 SHAPE = (8, 7, 6)
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])

@@ -363,12 +363,12 @@ def test_cancelling_a_fit_leaves_the_document_unchanged(demo_window, qtbot):
 
 
 def test_a_failed_fit_reports_and_changes_nothing(demo_window, qtbot, monkeypatch):
-    from tractlens.widgets import ballstick
+    from tractlens.app.usecases import fits
 
     def failing(*_args, **_kwargs):
         raise InputError("the series is unusable", fix="Check it")
 
-    monkeypatch.setattr(ballstick, "fit_ballstick_pipeline", failing)
+    monkeypatch.setattr(fits, "fit_ballstick_pipeline", failing)
     win = demo_window
     before, jobs = list(win.document.layers), len(win.runner.jobs)
     dialog = open_fit_dialog(win, qtbot)

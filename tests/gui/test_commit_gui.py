@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QDockWidget
 
 from tests.conftest import ARTIFACTS
 from tests.gui.actions import choose_from_layer_menu
+from tractlens.app.grid import Grid
 from tractlens.app.io import load_dwi, load_tractogram
 from tractlens.app.model import DWIVolume, Layer, RoiMask
 from tractlens.app.pipelines.commit import COMMIT_OUTPUTS, commit_pipeline
@@ -173,12 +174,14 @@ def test_commit_within_a_mask_layer(window, demo_dir, qtbot):
     assert panel.mask_box.currentText().startswith("(none") and panel.mask_layer() is None
 
     roi = half_brain_roi(win, demo_dir)
-    elsewhere = Layer(
-        "coarse ROI", RoiMask("coarse ROI", np.ones((8, 8, 8), bool), np.diag([4.0, 4.0, 4.0, 1.0])), "roi"
-    )
+    # An ROI on a grid twice as coarse as the DWI's, over its left half (voxel index x < X / 2).
+    coarse_shape = tuple(-(-n // 2) for n in dwi.shape3)
+    coarse = np.zeros(coarse_shape, bool)
+    coarse[: coarse_shape[0] // 2] = True
+    elsewhere = Layer("coarse ROI", RoiMask("coarse ROI", coarse, dwi.affine @ np.diag([2.0, 2.0, 2.0, 1.0])), "roi")
     doc.add_layer(elsewhere)
     items = [panel.mask_box.itemText(i) for i in range(panel.mask_box.count())]
-    assert items[1:] == ["half brain"]  # the ROI on another grid is not offered
+    assert items[1:] == ["half brain", "coarse ROI"]  # every ROI: one on another grid is resampled
 
     pick_in_combo(qtbot, panel.mask_box, "half brain")
     assert panel.mask_layer() is roi
@@ -222,14 +225,19 @@ def test_commit_within_a_mask_layer(window, demo_dir, qtbot):
     qtbot.wait(200)
     win.save_screenshot(ARTIFACTS / "commit_mask_window.png")
 
-    # An ROI on another grid, chosen anyway (a script; or the DWI changed after the choice): refused.
+    # An ROI on another grid: resampled onto the DWI's (nearest neighbour), as tractlens commit does.
     panel.choose_mask(elsewhere)
     assert panel.mask_box.currentText() == "coarse ROI"
-    jobs = len(win.runner.jobs)
     qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
-    assert panel.job_id is None and len(win.runner.jobs) == jobs
-    assert "another grid" in panel.status.text() and "coarse ROI" in panel.status.text()
-    assert win.errors[-1] == panel.status.text()
+    assert panel.job_id is not None and "within coarse ROI" in panel.status.text()
+    assert win.wait_for_jobs(60)
+    assert win.errors == []
+    on_dwi_grid = Grid.of(dwi).resample_nearest(coarse, Grid.of(elsewhere.data))
+    assert 0 < on_dwi_grid.sum() < on_dwi_grid.size
+    expected = commit_pipeline(dwi, bundles.data, mask=on_dwi_grid, params=params, device="cpu")
+    np.testing.assert_allclose(panel.weights, expected.weights, rtol=0, atol=1e-10)
+    assert any("coarse ROI" in note and "resampled" in note for note in panel.result.notes)
+    assert "resampled" in panel.status.text()
 
 
 def write_peaks(path, dwi) -> None:
@@ -253,7 +261,7 @@ def test_peaks_file_refused_when_missing_and_passed_when_given(window, demo_dir,
     qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
     assert panel.job_id is None and len(win.runner.jobs) == jobs and win.runner.active() == []
     text = panel.status.text()
-    assert "peaks file" in text and str(missing) in text and "does not exist" in text
+    assert "peaks file" in text and str(missing) in text and "not found" in text  # tractlens commit's words
     assert win.errors == [text]
     assert not panel.cancel_button.isEnabled() and panel.result is None
 

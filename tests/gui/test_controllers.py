@@ -13,10 +13,10 @@ from PySide6.QtCore import QObject, Signal
 from tractlens.app.grid import Grid
 from tractlens.app.io import save_volume
 from tractlens.app.io.tractogram import save_tractogram
-from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document, Layer, RoiMask, Tractogram, Volume
 from tractlens.app.selection import STREAMLINE_INDEX, RoiSelection, select_fibres, streamline_index
 from tractlens.app.session import snapshot
+from tractlens.widgets.jobs import JobRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = (20, 20, 10)

@@ -4,7 +4,7 @@ import itertools
 
 import numpy as np
 
-from tractlens.widgets.fiber_display import subset
+from tractlens.app.fiber_arrays import subset
 
 
 def test_decimated_subset_keeps_whole_streamlines_with_their_ends(rng):

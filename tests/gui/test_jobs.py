@@ -8,8 +8,8 @@ from PySide6.QtCore import QElapsedTimer, QTimer
 
 from tractlens.app.demo import gradient_table
 from tractlens.app.errors import InputError
-from tractlens.app.jobs import CANCELLED, DONE, FAILED
 from tractlens.gpu.dti import fit_dti
+from tractlens.widgets.jobs import CANCELLED, DONE, FAILED
 
 
 def tensor_fitting_job(seconds: float):
@@ -101,7 +101,7 @@ def test_finished_jobs_let_go_of_their_results_and_the_history_is_bounded(qtbot,
     be a whole tractogram) nor an ever-growing job list."""
     import weakref
 
-    from tractlens.app.jobs import KEEP_ENDED
+    from tractlens.widgets.jobs import KEEP_ENDED
     from tractlens.widgets.panels import JobPanel
 
     class Result:

@@ -14,13 +14,20 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
-from tractlens.app.io.dicom_series import is_dicom_folder
-from tractlens.app.jobs import JobRunner
+from tractlens.app.io.dicom_export import (
+    check_frame_of_reference,
+    export_dicom,
+    read_reference,
+    structures_on_reference,
+)
+from tractlens.app.io.dicom_series import is_dicom_folder, list_series
 from tractlens.app.loaders import is_anatomical, load_layers
 from tractlens.app.model import Document
 from tractlens.app.params import DicomExportParams
+from tractlens.app.pipelines.connectivity import default_lesion, is_marked_lesion, lesion_mask_of
 
 from .. import dialogs
+from ..jobs import JobRunner
 
 
 class DicomController(QObject):
@@ -50,7 +57,6 @@ class DicomController(QObject):
     def open_folder(self, folder: str | os.PathLike) -> int:
         """List the folder's series on a worker, ask which diffusion series when there are several,
         then convert and load them (another job). Returns the listing job's id."""
-        from tractlens.app.io.dicom_series import list_series
 
         folder = Path(folder)
         return self.runner.submit(
@@ -125,7 +131,6 @@ class DicomController(QObject):
     def export_dialog(self) -> int | None:
         """Ask what to export, onto which reference series and where (:func:`dialogs.navigation_export`,
         scripted in a run nobody watches), then export in a job."""
-        from tractlens.app.pipelines.connectivity import default_lesion, is_marked_lesion
 
         tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
         if not tracts:
@@ -164,7 +169,6 @@ class DicomController(QObject):
     ) -> int | None:
         """Export tractogram layers (``bundles`` by name; default: the visible ones) and the lesion
         (a layer's name, None for none, True for the one marked) onto ``reference`` in a job."""
-        from tractlens.app.pipelines.connectivity import default_lesion, lesion_mask_of
 
         params = params or DicomExportParams()
         tracts = [layer for layer in self.document.layers if layer.kind == "tractogram"]
@@ -189,13 +193,6 @@ class DicomController(QObject):
         dwi_frame = next((f.get("frame_of_reference_uid") for f in frames if f.get("frame_of_reference_uid")), None)
 
         def job(ctx):
-            from tractlens.app.io.dicom_export import (
-                check_frame_of_reference,
-                export_dicom,
-                read_reference,
-                structures_on_reference,
-            )
-
             ctx.progress(0, 1, "reading the reference series")
             ref = read_reference(reference, reference_series)
             check_frame_of_reference(ref, dwi_frame, "the diffusion series open")

@@ -16,14 +16,16 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QWidget
 
+from tractlens.app.demo import demo_path
 from tractlens.app.estimates import ballstick_estimate
-from tractlens.app.jobs import JobRunner
 from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
 from tractlens.app.model import Document, Layer
+from tractlens.app.usecases import fits
 
-from .. import dialogs, fiber_display
-from ..ballstick import ballstick_job, brain_voxels_upper_bound
-from ..csd_dialog import csd_job
+from .. import dialogs
+from ..ballstick import brain_voxels_upper_bound
+from ..csd_dialog import CANCEL_BATCH_VOXELS
+from ..jobs import JobRunner
 
 IMAGE_KINDS = ("scalar", "dwi", "rgb", "labels")
 SESSION_SUFFIX = ".tractlens"
@@ -106,7 +108,7 @@ class FileController(QObject):
         return dialogs.gradient_files(parent, path)
 
     def _load_job(self, path: Path, reference, gradients=None):
-        device = self.device
+        device, fiber_arrays = self.device, self.document.fiber_arrays
 
         def job(ctx):
             layers = load_layers(
@@ -120,7 +122,7 @@ class FileController(QObject):
             for layer in layers:
                 if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
                     ctx.progress(0, 1, "preparing the display")
-                    fiber_display.prepare(layer)
+                    fiber_arrays.prepare(layer)
             return layers
 
         return job
@@ -129,8 +131,6 @@ class FileController(QObject):
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
 
         def job(ctx):
-            from tractlens.app.demo import demo_path
-
             ctx.progress(0, 1, "preparing the demo data")
             return demo_path()
 
@@ -204,7 +204,9 @@ class FileController(QObject):
 
         return self.runner.submit(
             name,
-            ballstick_job(layer.data.dwi, params, folder, self.device, region),
+            lambda ctx, device=self.device: fits.fit_ballstick(
+                dwi, params, folder=folder, device=device, roi=region, ctx=ctx
+            ),
             on_done=done,
             on_error=self.error.emit,
         )
@@ -225,7 +227,13 @@ class FileController(QObject):
             text += f"; saved to {folder}" if folder is not None else ""
             self.message.emit("; ".join([text, *result.warnings]), 15000)
 
-        job = csd_job(layer.data.dwi, params, peak_params, folder, self.device, "CSD")
+        dwi, device = layer.data.dwi, self.device
+
+        def job(ctx):
+            return fits.fit_csd(
+                dwi, params, peak_params, folder=folder, device=device, batch_voxels=CANCEL_BATCH_VOXELS, ctx=ctx
+            )
+
         return self.runner.submit(name, job, on_done=done, on_error=self.error.emit)
 
 

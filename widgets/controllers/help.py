@@ -4,6 +4,7 @@ never drift from the menus) and About TractLens."""
 from __future__ import annotations
 
 import html
+from importlib.metadata import PackageNotFoundError, version
 
 from PySide6.QtGui import QKeySequence
 
@@ -49,8 +50,6 @@ def show_shortcuts(window):
 
 
 def about_text() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         number = version("tractlens")
     except PackageNotFoundError:

@@ -15,6 +15,7 @@ from tractlens.app.errors import InputError
 from tractlens.app.report_data import FIELD_LABELS, ScanInfo, document_scan_info
 
 from .. import dialogs
+from ..report import export_report, save_image
 
 
 class ReportController:
@@ -56,13 +57,11 @@ class ReportController:
             painter = QPainter(image)
             painter.drawImage(origin, view_image.scaled(view3d.size()))
             painter.end()
-        from ..report import save_image
 
         return save_image(image, Path(path))
 
     def export_report(self, path: str | os.PathLike, **options) -> list[Path]:
         """The planning report as PDF (and PNG pages) — see :mod:`widgets.report`."""
-        from ..report import export_report
 
         return export_report(self.window, path, **options)
 

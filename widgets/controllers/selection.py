@@ -1,5 +1,5 @@
 """The fibre selection by ROIs while they are drawn: a throttle on the document's ROI edits and
-one selection job at a time on the :class:`~tractlens.app.jobs.JobRunner`.
+one selection job at a time on the :class:`~tractlens.widgets.jobs.JobRunner`.
 
 What is selected is :mod:`tractlens.app.selection`'s business (the ROI snapshot, the streamline
 index in ``document.derived``); this controller only decides when to run it. It holds no widget.
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from tractlens.app.jobs import JobRunner
 from tractlens.app.model import Document
 from tractlens.app.selection import RoiSelection, empty_selection_notice, has_selecting_rois, select_fibres
+
+from ..jobs import JobRunner
 
 THROTTLE_MS = 40
 

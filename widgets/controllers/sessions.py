@@ -17,11 +17,11 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from tractlens.app.jobs import JobRunner
 from tractlens.app.recovery import DEFAULT_INTERVAL_S
 from tractlens.app.session import load_session, write_session
 
 from .. import dialogs
+from ..jobs import JobRunner
 from .settings import settings
 
 INTERVAL_KEY = "autosave/interval_s"
