@@ -25,6 +25,9 @@ NOT_RUN = {
     "export-dicom": "needs a DICOM series; its summary goes through the same emit (test_no_command_prints_json_itself)",
     "fit-model": "needs a multi-shell series; its summary goes through the same emit (test_fit_model_cli.py runs it)",
     "batch": "needs a BIDS dataset and a Dask cluster; its summary goes through the same emit (test_batch.py)",
+    "register": "needs two images of one head (these tensors are alike everywhere and are refused as different "
+    "anatomy); its summary goes through the same emit (test_registration.py runs it)",
+    "apply-transform": "needs a registration folder; its summary goes through the same emit (test_registration.py)",
 }
 
 
@@ -167,6 +170,8 @@ def _commands(f: Path) -> list[tuple[str, list[str], list[Path]]]:
             ],
             [f / "bpx", f / "seed.nii.gz"],
         ),
+        ("envelopes", ["envelopes", str(f / "prob"), "-o", str(f / "envelopes")], [f / "prob"]),
+        ("atlas", ["atlas", "list"], []),
         ("select", ["select", str(f / "det.trk"), "--include", seed, *cpu, "-o", str(f / "sel.tck")], [f / "det.trk"]),
         (
             "connectome",
