@@ -18,11 +18,9 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QDockWidget,
-    QGridLayout,
     QLabel,
     QMainWindow,
     QProgressBar,
-    QWidget,
 )
 
 from tractlens.app.jobs import JobRunner
@@ -53,6 +51,7 @@ from .statistics_panel import StatisticsPanel
 from .status_text import format_value as _format_value
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
+from .window_layout import LEFT_DOCKS, RIGHT_DOCKS, DockProportions, central_views
 
 MAX_RECENT = 10
 FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.mgz *.mgh *.trk *.tck *.trx);;All files (*)"
@@ -113,15 +112,7 @@ class MainWindow(QMainWindow):
         self.views = {
             name: SliceView(self.document, name, tools=self.roi_tools) for name in ("axial", "coronal", "sagittal")
         }
-        central = QWidget()
-        grid = QGridLayout(central)
-        grid.setContentsMargins(2, 2, 2, 2)
-        grid.setSpacing(2)
-        grid.addWidget(self.view3d, 0, 0)
-        grid.addWidget(self.views["axial"], 0, 1)
-        grid.addWidget(self.views["coronal"], 1, 0)
-        grid.addWidget(self.views["sagittal"], 1, 1)
-        self.setCentralWidget(central)
+        self.setCentralWidget(central_views(self.view3d, self.views))  # four equal cells
         self.view_controls = ViewControls(self, self.view3d, self.views)
         self.roi_toolbar = RoiToolbar(self)
 
@@ -187,6 +178,7 @@ class MainWindow(QMainWindow):
         )
         self.tabifyDockWidget(jobs_dock, statistics_dock)  # a tab beside Jobs: the window keeps its minimum height
         jobs_dock.raise_()
+        self.proportions = DockProportions(self, LEFT_DOCKS, RIGHT_DOCKS)  # docks widen with the window
 
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
