@@ -105,7 +105,8 @@ class Layer(Observable):
     grid cell); ``transparent_below`` (scalar layers: values below it let the
     layers beneath show through, e.g. an overlay that is empty almost
     everywhere; None: every value is drawn); ``color`` (ROIs: ``"#rrggbb"``, None: the
-    colour of the ROI's role, see :meth:`color_rgb`). Changing one emits ``display``
+    colour of the ROI's role, see :meth:`color_rgb`); ``filter_by_rois`` (tractograms: show only
+    the streamlines that pass the ROIs, the user's choice per layer; off by default). Changing one emits ``display``
     with the names that changed; :meth:`set_data` replaces a volume layer's
     values (same grid) and emits ``display`` with ``"data"`` among them.
     """
@@ -124,6 +125,7 @@ class Layer(Observable):
         "transparent_below",
         "color",
         "fod_scaling",
+        "filter_by_rois",
     )
 
     def __init__(self, name: str, data, kind: str, **display):
@@ -145,6 +147,9 @@ class Layer(Observable):
         self.transparent_below: float | None = None
         self.color: str | None = None  # ROIs: "#rrggbb", None = the role's colour
         self.fod_scaling = "voxel"  # fod layers: glyph radii min-max per voxel, or "global"
+        # Tractograms: shown through the ROIs only when the user asks (layer menu "Filter by ROIs"):
+        # drawing an ROI must never hide a result, least of all one just computed.
+        self.filter_by_rois = False
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
         self.selection_by: str | None = None  # what made the selection ("ROI target", "connectivity cell")
         # Where the layer came from: {"file": path} for a loaded file; for a computed result its

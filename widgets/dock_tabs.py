@@ -30,6 +30,8 @@ def scrollable(panel: QWidget) -> QScrollArea:
     area.setFrameShape(QFrame.Shape.NoFrame)
     area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     area.setWidget(panel)
+    # Never narrower than the form: with no horizontal scroll bar, a narrower dock cut its right edge.
+    area.setMinimumWidth(panel.minimumSizeHint().width() + area.verticalScrollBar().sizeHint().width())
     return area
 
 

@@ -33,7 +33,9 @@ from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
 from .controllers.dicom import DicomController
+from .controllers.first_steps import FirstSteps
 from .controllers.help import build_help_menu
+from .controllers.layer_saving import save_layer_dialog
 from .controllers.menus import add_action, app_icon, build_file_menu, move_before
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
@@ -51,7 +53,7 @@ from .statistics_panel import StatisticsPanel
 from .status_text import format_value as _format_value
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
-from .window_layout import LEFT_DOCKS, RIGHT_DOCKS, DockProportions, central_views
+from .window_layout import LEFT_DOCKS, RIGHT_DOCKS, DockProportions, central_views, fit_dock_tables
 
 MAX_RECENT = 10
 FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.mgz *.mgh *.trk *.tck *.trx);;All files (*)"
@@ -122,6 +124,7 @@ class MainWindow(QMainWindow):
         self.layer_panel.fit_csd_requested.connect(lambda layer: open_csd_dialog(self, layer))
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.layer_panel.show_as_requested.connect(self.show_layer_as)
+        self.layer_panel.save_as_requested.connect(lambda layer: save_layer_dialog(self, layer))
         self.ballstick_dialog: BallStickDialog | None = None
         self.model_dialog = None  # the microstructure model dialog (widgets.model_dialog)
         self.job_panel = JobPanel(self.runner)
@@ -170,7 +173,7 @@ class MainWindow(QMainWindow):
                 self.findChild(QDockWidget, f"dock_{first}"), self.findChild(QDockWidget, f"dock_{second}")
             )
         fit_dock_tabs(self)  # short titles on vertical tabs, never cut
-        self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
+        self.findChild(QDockWidget, "dock_deterministic_tracking").raise_()  # it tracks at once on tensors
 
         jobs_dock, statistics_dock = (
             self.findChild(QDockWidget, "dock_jobs"),
@@ -179,6 +182,7 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(jobs_dock, statistics_dock)  # a tab beside Jobs: the window keeps its minimum height
         jobs_dock.raise_()
         self.proportions = DockProportions(self, LEFT_DOCKS, RIGHT_DOCKS)  # docks widen with the window
+        fit_dock_tables(self)  # names take the width, numbers fit: no sideways scroll bars
 
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
@@ -197,6 +201,9 @@ class MainWindow(QMainWindow):
         self.view3d.plane_clicked.connect(self.roi_toolbar.place_shape_3d)
         self.statusBar().addPermanentWidget(self.busy)
 
+        self.first_steps = FirstSteps(self)  # the hint, the demo's first screen, Track's feedback
+        for panel in (self.deterministic_panel, self.geodesic_panel):
+            panel.paint_seed_requested.connect(lambda: self.roi_toolbar.new_roi(role="seed"))
         self._build_menus()
         self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
         self.selection.error.connect(self.report_error)
@@ -228,8 +235,9 @@ class MainWindow(QMainWindow):
         self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
         self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
         track_menu = self.menuBar().addMenu("&Track")
-        self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T", icon_name="track")
-        self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
+        track = self.first_steps.track  # the method's panel in front, then Track there
+        self._action(track_menu, "&Deterministic (tensor)", lambda: track("deterministic"), "Ctrl+T", icon_name="track")
+        self._action(track_menu, "&Geodesic (ray tracing)", lambda: track("geodesic"), "Ctrl+G")
         self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
         filter_menu = self.menuBar().addMenu("F&ilter")
         self._action(filter_menu, "&COMMIT filtering…", self.show_commit_panel)
@@ -338,6 +346,7 @@ class MainWindow(QMainWindow):
 
     def open_demo(self) -> int:
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
+        self.first_steps.demo_requested()  # then the Deterministic panel in front, a map selected
         return self.files.open_demo()
 
     def open_paths(self, paths: Iterable[str | os.PathLike]) -> list[int]:

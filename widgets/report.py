@@ -24,6 +24,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPageLayout, QPa
 from PySide6.QtWidgets import QApplication
 
 from tractlens.app import __version__
+from tractlens.app.errors import InputError
 from tractlens.app.io import atomic_path
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.connectivity import DEFAULT_MARGIN_MM, DISTANCE_STREAMLINE_SCALAR, DistanceRow
@@ -34,7 +35,7 @@ from tractlens.app.report_data import (
     export_rows,
     export_summary,
     navigation_exports,
-    parameters_in_words,
+    parameter_rows,
 )
 from tractlens.app.statistics import StatisticsTable, layer_statistics
 from tractlens.app.tractogram import first_column
@@ -57,7 +58,7 @@ class ReportContent:
     lesion: str
     rows: list[DistanceRow]
     extra_images: list[tuple[str, QImage]] = field(default_factory=list)
-    provenance: list[tuple[str, list[str]]] = field(default_factory=list)
+    provenance: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)  # (setting, value) rows
     scan: ScanInfo = field(default_factory=ScanInfo)
     statistics: list[StatisticsTable] = field(default_factory=list)
     exports: list[dict] = field(default_factory=list)  # exports for navigation (ExportResult.as_dict)
@@ -77,14 +78,15 @@ def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
     return rows
 
 
-def provenance_lines(layer: Layer) -> list[str]:
-    """A layer's parameters and provenance in words (no internal keys, no "inf")."""
-    lines = parameters_in_words(layer.provenance) if layer.provenance else []
+def provenance_lines(layer: Layer) -> list[tuple[str, str]]:
+    """A layer's parameters and provenance as (setting, value) rows in words, with units (no
+    internal keys, no "inf")."""
+    lines = parameter_rows(layer.provenance) if layer.provenance else []
     if layer.kind == "tractogram":
         from tractlens.app.selection import shown_of
 
-        lines.insert(0, f"{len(layer.data):,} streamlines, {shown_of(layer).text}")
-    return lines or ["(no provenance recorded)"]
+        lines.insert(0, ("streamlines", f"{len(layer.data):,} ({shown_of(layer).text})"))
+    return lines or [("", "no provenance recorded")]
 
 
 def report_statistics(document: Document) -> list[StatisticsTable]:
@@ -148,8 +150,8 @@ def gather(
         if not (layer.visible or layer.kind == "tractogram"):
             continue
         lines = provenance_lines(layer)
-        key = "\n".join(lines)
-        provenance.append((f"{layer.name} ({layer.kind})", [f"as {seen[key]}"] if key in seen else lines))
+        key = repr(lines)
+        provenance.append((f"{layer.name} ({layer.kind})", [("", f"as {seen[key]}")] if key in seen else lines))
         seen.setdefault(key, layer.name)
     return ReportContent(
         "TractLens report",
@@ -428,8 +430,13 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
             flow.table(["object", "file", "series instance UID", "SOP instance UID"], rows, [2.2, 2.4, 3.0, 3.6],
                        align_left=True)  # fmt: skip
     flow.text("Results and provenance", 11, bold=True)
-    for title, lines in content.provenance:
-        flow.text(f"{title}: " + " · ".join(lines), MIN_PT, colour=QColor(60, 60, 60))
+    rows = []
+    for title, lines in content.provenance:  # one table: the result, then each setting in words
+        for index, line in enumerate(lines):
+            setting, value = line if isinstance(line, tuple) else ("", line)
+            rows.append(([title if index == 0 else "", setting, value], False))
+    if rows:
+        flow.table(["result", "setting", "value"], rows, [3.0, 3.6, 4.0], align_left=True)
     pages.finish()
     return pages.images
 
@@ -438,6 +445,8 @@ def export_report(window, path: str | os.PathLike, *, png: bool = True, **option
     """Write the report as PDF to ``path`` (and ``path``'s stem + ``.png``, ``-2.png``… per page).
 
     Returns the files written. The PDF is written beside the target and renamed over it."""
+    if not window.document.layers:  # a report of black panels helps nobody
+        raise InputError("there is nothing to report yet", fix="open data first (File ▸ Open, or File ▸ Open demo)")
     path = Path(path)
     if path.suffix.lower() != ".pdf":
         path = path.with_suffix(".pdf")
