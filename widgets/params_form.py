@@ -12,7 +12,6 @@ from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout,
 
 from tractlens.app.params import default_of, field_of
 
-
 UNIT_WORDS = {"vox": "voxels"}  # a unit as the panels spell it
 
 
