@@ -125,6 +125,9 @@ class MainWindow(QMainWindow):
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.layer_panel.show_as_requested.connect(self.show_layer_as)
         self.layer_panel.save_as_requested.connect(lambda layer: save_layer_dialog(self, layer))
+        self.layer_panel.list.currentRowChanged.connect(  # one colour bar: the selected layer's
+            lambda _row: self.view3d.show_colour_bar_of(self.layer_panel.selected_layer())
+        )
         self.ballstick_dialog: BallStickDialog | None = None
         self.model_dialog = None  # the microstructure model dialog (widgets.model_dialog)
         self.job_panel = JobPanel(self.runner)

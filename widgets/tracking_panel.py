@@ -330,12 +330,19 @@ class DeterministicPanel(TrackingPanel):
 
     def _summary_text(self, prov: dict) -> str:
         text = (
-            f"{prov['streamlines']} streamlines from {prov['seeds']} seeds in {prov['tracking_s']:.2f} s "
-            f"on {prov['backend']} ({prov['device']})."
+            f"{prov['streamlines']:,} streamlines from {prov['seeds']:,} seeds in {prov['tracking_s']:.2f} s "
+            f"{computed_on(prov)}."
         )
         if prov["streamlines_removed_by_rois"]:
-            text += f" {prov['streamlines_removed_by_rois']} removed by target/waypoint/exclusion ROIs."
+            text += f" {prov['streamlines_removed_by_rois']:,} removed by the target, waypoint and exclusion ROIs."
         return text
+
+
+def computed_on(prov: dict) -> str:
+    """Where a run was computed, in words: "on the CPU", "on the GPU (NVIDIA H100 80GB HBM3)"."""
+    if str(prov.get("backend", "")).lower() in ("cpu", "numpy", ""):
+        return "on the CPU"
+    return f"on the GPU ({prov['device']})" if prov.get("device") else "on the GPU"
 
 
 def no_seed_message(document: Document, otherwise: str) -> str:
@@ -420,7 +427,7 @@ class GeodesicPanel(TrackingPanel):
         self.top.setObjectName("top_percent")
         self.top.setRange(*(int(v) for v in limits_of(GeodesicSeedingParams, "top_percent")))
         self.top.setValue(int(GeodesicSeedingParams.top_percent))
-        self.top.setToolTip("Show the x % of fibres with the highest connectivity measure")
+        self.top.setToolTip("Show the x % of streamlines with the highest connectivity measure")
         self.top_label = QLabel(f"top {self.top.value()} %")
         self.live = QCheckBox("live: re-track when the seed or target ROI changes")
         self.live.setObjectName("live_tracking")
@@ -491,7 +498,7 @@ class GeodesicPanel(TrackingPanel):
         params = self.form.value()
         metric = self.metric_form.value()
         if not any(roi.role == "seed" for roi in rois):
-            return self._no_seed("Paint or open a seed ROI (and a target ROI to rank fibres by connectivity).")
+            return self._no_seed("Paint or open a seed ROI (and a target ROI to rank the streamlines by connectivity).")
         options = {
             "seeds_per_voxel": self.seeds_per_voxel.value(),
             "directions": self.directions.value(),
@@ -538,8 +545,8 @@ class GeodesicPanel(TrackingPanel):
     def _summary_text(self, prov: dict) -> str:
         reached = "" if prov["reached_target"] is None else f", {prov['reached_target']} reached the target"
         return (
-            f"{prov['fibers']} fibres{reached}; {prov['steps'] / 1e6:.1f} M steps in {prov['tracking_s']:.2f} s "
-            f"on {prov['backend']} ({prov['device']})."
+            f"{prov['fibers']:,} streamlines{reached}; {prov['steps'] / 1e6:.1f} million steps in "
+            f"{prov['tracking_s']:.2f} s {computed_on(prov)}."
         )
 
     # ---------------------------------------------------------------- top x %
@@ -558,7 +565,7 @@ class GeodesicPanel(TrackingPanel):
         def job(ctx):
             return self._result_layer("geodesic", ranked.subset(np.arange(count)))
 
-        self.runner.submit("top fibres", job, on_done=self._show_top, on_error=self.report)
+        self.runner.submit("top streamlines", job, on_done=self._show_top, on_error=self.report)
 
     def _show_top(self, layer: Layer) -> None:
         if self.ranked is not None and len(layer.data) <= len(self.ranked):
@@ -567,5 +574,5 @@ class GeodesicPanel(TrackingPanel):
                 layer.provenance = {**base, "shown_top_percent": self.top.value()}
             self._show(layer)
             self.status.setText(
-                f"Showing the top {self.top.value()} %: {len(layer.data)} of {len(self.ranked)} fibres."
+                f"Showing the top {self.top.value()} %: {len(layer.data):,} of {len(self.ranked):,} streamlines."
             )

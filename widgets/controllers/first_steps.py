@@ -117,7 +117,6 @@ class FirstSteps(QObject):
             self.centre_on(layer)
         text = f"{METHOD_WORDS.get(method, method)}: {count:,} streamline{'s' * (count != 1)} in layer {layer.name}"
         self.result_label.setText(text)
-        window.statusBar().showMessage(text, 10000)
 
     def centre_on(self, layer) -> None:
         """Put the cursor (and so the slices) at the middle of a tractogram's points."""
