@@ -87,7 +87,7 @@ def save_layer(layer: Layer, path: str | os.PathLike) -> Path:
     if layer.kind == "roi":
         return save_volume(volume.mask.astype(np.uint8), volume.affine, path)
     if layer.kind == "tensor":
-        return save_tensor(volume.data, volume.affine, path)
+        return save_tensor(volume.data, volume.affine, path, symmatrix=True)  # opens again without asking
     if layer.kind == "labels":
         return save_volume(np.asarray(volume.data, dtype=np.int32), volume.affine, path)
     return save_volume(np.asarray(volume.data, dtype=np.float32), volume.affine, path)
