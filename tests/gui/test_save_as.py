@@ -17,7 +17,7 @@ SHAPE = (20, 22, 8)
 
 def _tractogram() -> Tractogram:
     rng = np.random.default_rng(3)
-    lines = [np.cumsum(rng.normal(0.0, 1.5, size=(n, 3)), axis=0) + [0.0, 0.0, 5.0] for n in (5, 9, 7, 12)]
+    lines = [np.cumsum(rng.normal(0.0, 1.5, size=(n, 3)), axis=0) + np.array([0.0, 0.0, 5.0]) for n in (5, 9, 7, 12)]
     points = sum(len(line) for line in lines)
     return Tractogram.from_list(
         lines,
