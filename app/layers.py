@@ -162,7 +162,7 @@ class Layer(Observable):
 
     def _default_clim(self) -> tuple[float, float]:
         if self.kind == "roi":
-            self.opacity = 0.6
+            self.opacity = 0.45  # translucent: the map shows through, the outline marks the edge
         if self.kind not in SCALAR_KINDS:
             return (0.0, 1.0)
         values = np.asarray(self.data.data)

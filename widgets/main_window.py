@@ -51,6 +51,7 @@ from .session_io import WindowAutosave, apply_session, offer_recovery, window_sn
 from .slice_view import SliceView
 from .statistics_panel import StatisticsPanel
 from .status_text import format_value as _format_value
+from .status_text import with_unit
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
 from .window_layout import LEFT_DOCKS, RIGHT_DOCKS, DockProportions, central_views, fit_dock_tables
@@ -464,7 +465,7 @@ class MainWindow(QMainWindow):
         x, y, z = doc.cursor_world()
         parts = [f"voxel ({i}, {j}, {k})", f"RAS ({x:.1f}, {y:.1f}, {z:.1f}) mm"]
         for name, value in doc.values_at_cursor():
-            parts.append(f"{name} {_format_value(value)}")
+            parts.append(f"{name} {with_unit(name, _format_value(value))}")
         self.position_label.setText("   ".join(parts))
 
     def update_hover_label(self, ijk) -> None:
@@ -472,7 +473,7 @@ class MainWindow(QMainWindow):
         if ijk is None or self.document.reference_affine is None:
             self.hover_label.setText("")
             return
-        values = "  ".join(f"{name} {_format_value(v)}" for name, v in self.document.values_at(ijk))
+        values = "  ".join(f"{name} {with_unit(name, _format_value(v))}" for name, v in self.document.values_at(ijk))
         lesion = self.presurgical_panel.cursor_distance_text(ijk)  # the distance to the chosen lesion
         self.hover_label.setText(
             f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}" + (f"  {lesion}" * bool(lesion))

@@ -23,6 +23,7 @@ ROLE_LINES = {  # the role of an ROI by its outline's style
     "lesion": Qt.PenStyle.SolidLine,  # orange, solid: the region to keep away from
 }
 HALO = QColor(0, 0, 0, 220)
+HALO_PX, LINE_PX = 5.0, 2.5  # ITK-SNAP's look: a translucent fill inside a bold, contrasting edge
 
 
 def _runs(edges: np.ndarray) -> np.ndarray:
@@ -75,12 +76,12 @@ def draw_outlines(painter: QPainter, outlines: list, geometry, target: QRectF) -
         screen = segments * [sx, sy, sx, sy] + [target.left(), target.top(), target.left(), target.top()]
         lines = [QLineF(*row) for row in screen.tolist()]
         alpha = min(1.0, 0.4 + layer.opacity)  # the outline stays readable under a faint fill
-        halo = QPen(QColor(HALO.red(), HALO.green(), HALO.blue(), int(HALO.alpha() * alpha)), 3.5)
+        halo = QPen(QColor(HALO.red(), HALO.green(), HALO.blue(), int(HALO.alpha() * alpha)), HALO_PX)
         halo.setCapStyle(Qt.PenCapStyle.SquareCap)
         painter.setPen(halo)
         painter.drawLines(lines)
         r, g, b = (int(255 * c + 0.5) for c in layer.color_rgb())
-        pen = QPen(QColor(r, g, b, int(255 * alpha)), 1.8, ROLE_LINES.get(layer.data.role, Qt.PenStyle.SolidLine))
+        pen = QPen(QColor(r, g, b, int(255 * alpha)), LINE_PX, ROLE_LINES.get(layer.data.role, Qt.PenStyle.SolidLine))
         pen.setCapStyle(Qt.PenCapStyle.FlatCap)
         painter.setPen(pen)
         painter.drawLines(lines)

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-VIEW_MINIMUM_PX = 160
+VIEW_MINIMUM_PX = 120
 LEFT_SHARE = 0.2  # of the window's width, when first shown
 RIGHT_SHARE = 0.25
 LAYERS_SHARE = 0.6  # of the left column's height: the layer list over the jobs

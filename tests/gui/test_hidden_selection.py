@@ -14,7 +14,9 @@ def _track_with_hidden_target(win, demo_dir, qtbot):
     assert win.wait_for_jobs(60)
     qtbot.mouseClick(win.deterministic_panel.track_button, Qt.MouseButton.LeftButton)
     assert win.wait_for_jobs(120) and win.errors == []
-    return target, win.deterministic_panel.result_layer
+    result = win.deterministic_panel.result_layer
+    result.set(filter_by_rois=True)  # the user's choice (layer menu "Filter by ROIs"): never by itself
+    return target, result
 
 
 def test_showing_the_target_again_says_that_it_hides_every_fibre(demo_window, demo_dir, qtbot):
