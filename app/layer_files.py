@@ -53,10 +53,11 @@ def _suffix_of(path: Path) -> str:
 
 
 def layer_file_path(layer: Layer, path: str | os.PathLike) -> Path:
-    """``path`` with the layer's default suffix added when it has none of the layer's suffixes."""
+    """``path`` with the layer's default suffix added when it has none (another kind's suffix is
+    kept, and refused by :func:`save_layer`)."""
     path = Path(path)
     suffixes = save_suffixes(layer)
-    if suffixes and _suffix_of(path) not in suffixes:
+    if suffixes and not _suffix_of(path):
         path = path.with_name(path.name + suffixes[0])
     return path
 

@@ -243,3 +243,15 @@ def test_a_retrack_that_finds_nothing_asks_before_replacing_a_good_result(demo_w
         assert win.wait_for_jobs(120)
     assert win.document.layer("deterministic") is good and len(good.data) > 0
     assert "kept" in panel.status.text()
+
+
+def test_an_empty_window_writes_no_report_of_black_panels(window, qtbot, tmp_path):
+    from tractlens.app.errors import InputError
+    from tractlens.widgets import dialogs
+
+    with dialogs.answers(save_file=[tmp_path / "report.pdf"]):
+        window.reports.report_dialog()
+    assert window.errors and "nothing to report" in window.errors[-1]
+    with pytest.raises(InputError, match="nothing to report"):
+        window.export_report(tmp_path / "report.pdf")
+    assert list(tmp_path.iterdir()) == []
