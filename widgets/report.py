@@ -431,12 +431,13 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
                        align_left=True)  # fmt: skip
     flow.text("Results and provenance", 11, bold=True)
     rows = []
-    for title, lines in content.provenance:  # one table: the result, then each setting in words
-        for index, line in enumerate(lines):
-            setting, value = line if isinstance(line, tuple) else ("", line)
-            rows.append(([title if index == 0 else "", setting, value], False))
+    for title, lines in content.provenance:  # one table: the result, then its settings two by two
+        pairs = [line if isinstance(line, tuple) else ("", line) for line in lines]
+        for index in range(0, len(pairs), 2):
+            cells = [cell for pair in pairs[index : index + 2] for cell in pair]
+            rows.append(([title if index == 0 else "", *cells, *[""] * (4 - len(cells))], False))
     if rows:
-        flow.table(["result", "setting", "value"], rows, [3.0, 3.6, 4.0], align_left=True)
+        flow.table(["result", "setting", "value", "setting", "value"], rows, [2.4, 2.2, 2.0, 2.2, 2.0], align_left=True)
     pages.finish()
     return pages.images
 

@@ -46,7 +46,7 @@ def test_report_names_patient_and_scan_says_parameters_in_words_and_is_legible(d
     assert win.wait_for_jobs(120)
     win.document.layer("deterministic").set(filter_by_rois=True)  # the user's choice, per layer
     target.set(visible=True)  # a selection that shows no fibre: the report must say so, not print inf
-    qtbot.waitUntil(lambda: win.document.layer("deterministic").selection is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: "target" in (win.document.layer("deterministic").selection_by or ""), timeout=10_000)
     win.presurgical_panel.measure()
     assert win.wait_for_jobs(60) and win.errors == []
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import QDialog, QDialogButtonBox, QTextBrowser, QVBoxLayout
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence, QTextDocumentFragment
+from PySide6.QtWidgets import QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from .. import dialogs
 from .menus import add_action, plain, shortcut_text, window_actions
@@ -33,60 +34,83 @@ def shortcut_rows(window) -> list[tuple[str, str, str]]:
 
 #: What the mouse does on a slice view (not menu actions, so listed here): (gesture, effect).
 MOUSE_ROWS = (
-    ("Click", "move the cursor (navigate tool)"),
+    ("Click (slice)", "move the cursor (navigate tool)"),
     ("Wheel", "next or previous slice"),
     ("Ctrl+wheel", "zoom about the pointer"),
     ("Right-drag", "window/level of the map under it"),
     ("Space+drag, middle-drag", "pan (Shift+drag with the navigate tool)"),
     ("Drag", "paint with the brush, erase, draw a rectangle"),
     ("Double-click", "close a polygon"),
-    ("3-D view: drag, wheel", "turn the camera, zoom"),
+    ("Drag, wheel (3-D view)", "turn the camera, zoom"),
 )
 
 
-def _table(title: str, rows) -> str:
+def _table(title: str, rows, *, keys_first: bool = False) -> str:
+    """A titled two-column table; the keys (or gestures) in a fixed-width font."""
     cells = "".join(
-        f"<tr><td>{html.escape(what)}</td><td><tt>{html.escape(keys)}</tt></td></tr>" for what, keys in rows
+        f"<tr><td><tt>{html.escape(b)}</tt>&nbsp;&nbsp;</td><td>{html.escape(a)}</td></tr>"
+        if keys_first
+        else f"<tr><td>{html.escape(a)}&nbsp;&nbsp;</td><td><tt>{html.escape(b)}</tt></td></tr>"
+        for a, b in rows
     )
     return f"<p><b>{html.escape(title)}</b></p><table cellspacing='0' cellpadding='2'>{cells}</table>"
 
 
-def shortcuts_html(window) -> str:
-    """The shortcut list in two columns (menus grouped; the mouse last): short enough for an
-    800 px screen."""
+def shortcut_columns(window, count: int = 3) -> list[str]:
+    """The shortcut list as ``count`` HTML columns (menus grouped, in menu order; the mouse last),
+    each split where its share of the lines is: short enough for an 800 px screen."""
     groups: dict[str, list] = {}
     for menu, command, keys in shortcut_rows(window):
         groups.setdefault(menu, []).append((command, keys))
     blocks = [(_table(menu, rows), len(rows) + 2) for menu, rows in groups.items()]
-    blocks.append((_table("Mouse (slice views)", [(effect, gesture) for gesture, effect in MOUSE_ROWS]), 10))
-    half, columns, count = sum(n for _, n in blocks) / 2, [[], []], 0
-    for block, lines in blocks:  # in menu order, split where half the lines are
-        columns[0 if count < half else 1].append(block)
-        count += lines
-    cells = "".join(f"<td valign='top' style='padding-right:18px'>{''.join(c)}</td>" for c in columns)
-    return f"<table><tr>{cells}</tr></table>"
+    mouse = [(effect, gesture) for gesture, effect in MOUSE_ROWS]
+    blocks.append((_table("Mouse", mouse, keys_first=True), len(MOUSE_ROWS) + 2))
+    share, columns, lines_before = sum(n for _, n in blocks) / count, [[] for _ in range(count)], 0
+    for block, lines in blocks:
+        columns[min(count - 1, int(lines_before // share))].append(block)
+        lines_before += lines
+    return ["".join(column) for column in columns]
+
+
+def shortcuts_html(window) -> str:
+    """The whole list as one HTML text (its columns one after the other)."""
+    return "".join(shortcut_columns(window))
 
 
 class ShortcutsDialog(QDialog):
-    """Help ▸ Keyboard shortcuts: the two-column list, scrolling only on a screen under 800 px."""
+    """Help ▸ Keyboard shortcuts: three columns of keys and the mouse; scrolls only on a screen
+    too small for it."""
 
     def __init__(self, window):
         super().__init__(window)
         self.setWindowTitle("Keyboard shortcuts and mouse")
-        self.browser = QTextBrowser()
-        self.browser.setHtml(shortcuts_html(window))
-        self.browser.setFrameShape(QTextBrowser.Shape.NoFrame)
+        columns = QWidget()
+        row = QHBoxLayout(columns)
+        self.labels = []
+        for html_text in shortcut_columns(window):
+            label = QLabel(html_text)
+            label.setTextFormat(Qt.TextFormat.RichText)
+            label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+            row.addWidget(label)
+            self.labels.append(label)
+        self.area = QScrollArea()
+        self.area.setWidget(columns)
+        self.area.setWidgetResizable(True)
+        self.area.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.browser)
+        layout.addWidget(self.area)
         layout.addWidget(buttons)
-        document = self.browser.document()
-        document.setTextWidth(document.idealWidth())
-        width, height = int(document.idealWidth()) + 40, int(document.size().height()) + 80
+        natural = columns.sizeHint()
         screen = window.screen().availableGeometry() if window.screen() is not None else None
         limit = min(MAX_HEIGHT_PX, int(0.9 * screen.height())) if screen is not None else MAX_HEIGHT_PX
-        self.resize(width, min(height, limit))
+        self.area.setMinimumWidth(natural.width() + self.area.verticalScrollBar().sizeHint().width())
+        self.resize(natural.width() + 60, min(natural.height() + 70, limit))
+
+    def plain_text(self) -> str:
+        return "\n".join(QTextDocumentFragment.fromHtml(label.text()).toPlainText() for label in self.labels)
 
 
 MAX_HEIGHT_PX = 740  # an 800 px screen less its panel and title bar
