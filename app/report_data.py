@@ -170,6 +170,9 @@ WORDS = {
     "weight": ("matrix of", ""),
     "lesion": ("lesion", ""),
     "backend": ("computed on", ""),
+    "voxels_fitted": ("voxels fitted", ""),
+    "volumes": ("diffusion volumes", ""),
+    "mask": ("mask", ""),
     # probabilistic (probtrackx's names) and COMMIT's, in words
     "fibthresh": ("ignore sticks with a volume fraction below", ""),
     "randfib": ("stick chosen at random", ""),
@@ -192,7 +195,25 @@ WORDS = {
 }
 
 #: Keys that are bookkeeping, not a parameter the reader can act on: never printed.
-INTERNAL = {"batches", "device_choice", "points", "first_batch_s", "seeds_per_s", "stop_reasons", "tensor", "device"}
+INTERNAL = {
+    "batches",
+    "device_choice",
+    "points",
+    "first_batch_s",
+    "seeds_per_s",
+    "stop_reasons",
+    "tensor",
+    "device",
+    # how the arrays were computed, and summaries the maps themselves show: not settings
+    "engine",
+    "precision",
+    "min_signal",
+    "voxels",
+    "fa_mean",
+    "md_mean",
+    "stored_as",
+    "flags",
+}
 
 
 def _internal(key: str) -> bool:
@@ -202,12 +223,12 @@ def _internal(key: str) -> bool:
 def parameters_in_words(provenance: dict) -> list[str]:
     """A result's provenance as short phrases ("step 0.5 mm", "stop below FA 0.15"…): parameters
     first, then counts; internal keys (timings, batches, device choices) left out."""
-    return [f"{words} {value}" if words else value for words, value in parameter_rows(provenance)]
+    return [f"{words} {value}" if words not in ("", "made by") else value for words, value in parameter_rows(provenance)]
 
 
 def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
     """A result's provenance as (setting in words, value with its unit) rows, for the report's
-    table: ``("step", "0.5 mm")``; the method first (``("", "deterministic tracking")``)."""
+    table: ``("step", "0.5 mm")``; the method first (``("made by", "deterministic tracking")``)."""
     if not isinstance(provenance, dict):
         return []
     out: list[tuple[str, str]] = []
@@ -227,7 +248,7 @@ def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
             out.append(("file", Path(str(value)).name))
             continue
         if key == "computed":
-            out.insert(0, ("", str(value)))
+            out.insert(0, ("made by", str(value)))
             continue
         if key == "backend":
             out.append(("computed on", "the GPU" if str(value).lower() in ("cupy", "gpu", "cuda") else "the CPU"))

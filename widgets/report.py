@@ -126,8 +126,14 @@ def gather(
     window.view3d.request_render()
     QApplication.processEvents()
     images = [("3-D view", _qimage(window.view3d.screenshot()))]
+    hint = getattr(getattr(window, "first_steps", None), "hint", None)
+    hint_shown = hint is not None and hint.isVisible()
+    if hint_shown:  # a hint for the user at the screen, not for the report's reader
+        hint.hide()
     for name in ("axial", "coronal", "sagittal"):
         images.append((f"{name} (slice {_slice_index(doc, name)})", window.views[name].grab().toImage()))
+    if hint_shown:
+        hint.show()
     cursor_text = (
         f"voxel {tuple(int(v) for v in doc.cursor)}, RAS {tuple(round(float(v), 1) for v in doc.cursor_world())} mm"
     )
@@ -405,8 +411,8 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
             [2.8, 1.7, 1.5, 1.5, 1.1, 3.2],
         )
         flow.text(
-            "Distance from each fiber to the nearest lesion voxel (each voxel taken as the ellipsoid inscribed in it), "
-            "fibers sampled every quarter voxel; rows in red come within the margin.",
+            "Distance from each streamline to the nearest lesion voxel (each voxel taken as the ellipsoid inscribed in it), "
+            "streamlines sampled every quarter voxel; rows in red come within the margin.",
             MIN_PT,
             colour=QColor(90, 90, 90),
         )

@@ -21,7 +21,13 @@ CUBE_FACES = (("XPlus", "R"), ("XMinus", "L"), ("YPlus", "A"), ("YMinus", "P"), 
 BAR_TITLE_PT = 14  # the title and labels in points: legible, never the ~5 px of a squeezed bar
 BAR_LABEL_PT = 12
 #: What a colouring is called on its bar ("cm" read as centimetres).
-SCALAR_WORDS = {"cm": "connectivity measure (CM)", "weight": "COMMIT weight", "length": "length (mm)"}
+SCALAR_WORDS = {
+    "cm": "connectivity measure (CM)",
+    "weight": "COMMIT weight",
+    "length": "length (mm)",
+    "lesion_dist_mm": "distance to the lesion (mm)",
+    "min_lesion_dist_mm": "closest approach to the lesion (mm)",
+}
 
 
 def colour_bar_title(layer_name: str, color_by: str) -> str:

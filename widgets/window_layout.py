@@ -95,15 +95,14 @@ def fit_table_columns(table: QTableWidget | QTreeWidget) -> None:
 
 
 def fit_dock_tables(window) -> None:
-    """:func:`fit_table_columns` for every table and tree in the window's docks, then each dock's
-    scroll area at least as wide as its panel needs (it never scrolls sideways: it would cut)."""
+    """:func:`fit_table_columns` for every table and tree in the window's docks (their panels'
+    scroll areas follow the widths they need: :func:`widgets.dock_tabs.scrollable`)."""
     for dock in window.findChildren(QDockWidget):
         for table in dock.findChildren(QTableWidget) + dock.findChildren(QTreeWidget):
             fit_table_columns(table)
         area = dock.widget()
-        if isinstance(area, QScrollArea) and area.widget() is not None:
-            needed = area.widget().minimumSizeHint().width() + area.verticalScrollBar().sizeHint().width()
-            area.setMinimumWidth(max(area.minimumWidth(), needed))
+        if isinstance(area, QScrollArea) and area.widget() is not None:  # the columns changed its needs
+            area.widget().updateGeometry()
 
 
 def stray_tab_bars(window) -> list[QTabBar]:
