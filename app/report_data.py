@@ -223,7 +223,9 @@ def _internal(key: str) -> bool:
 def parameters_in_words(provenance: dict) -> list[str]:
     """A result's provenance as short phrases ("step 0.5 mm", "stop below FA 0.15"…): parameters
     first, then counts; internal keys (timings, batches, device choices) left out."""
-    return [f"{words} {value}" if words not in ("", "made by") else value for words, value in parameter_rows(provenance)]
+    return [
+        f"{words} {value}" if words not in ("", "made by") else value for words, value in parameter_rows(provenance)
+    ]
 
 
 def parameter_rows(provenance: dict) -> list[tuple[str, str]]:

@@ -67,7 +67,11 @@ def test_scalar_label_rgb_tensor_and_roi_layers_saved_as_nifti_open_again_equal(
     labels_data[2:8, 3:9, 1:4], labels_data[10:15, 10:18, 3:7] = 1, 7
     labels = doc.add_layer(Layer("atlas", Volume("atlas", labels_data, AFFINE, kind="labels"), "labels"))
     rgb = doc.add_layer(
-        Layer("colour FA", Volume("colour FA", rng.uniform(size=(*SHAPE, 3)).astype(np.float32), AFFINE, kind="rgb"), "rgb")
+        Layer(
+            "colour FA",
+            Volume("colour FA", rng.uniform(size=(*SHAPE, 3)).astype(np.float32), AFFINE, kind="rgb"),
+            "rgb",
+        )
     )
     d = np.zeros((*SHAPE, 6), np.float32)
     d[..., 0], d[..., 3], d[..., 5] = 1.7e-3, 0.3e-3, 0.3e-3  # xx, yy, zz: prolate along x
