@@ -158,7 +158,8 @@ class MainWindow(QMainWindow):
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
-            dock.setWidget(scrollable(widget) if widget is not self.job_panel else widget)
+            boxed = widget in (self.job_panel, self.statistics_panel)  # their tables scroll: one scroll bar
+            dock.setWidget(widget if boxed else scrollable(widget))
             self.addDockWidget(area, dock)
         self.tabifyDockWidget(
             self.findChild(QDockWidget, "dock_deterministic_tracking"),

@@ -17,13 +17,14 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, Qt, QTimer
 from PySide6.QtWidgets import (
     QDockWidget,
-    QGridLayout,
+    QHBoxLayout,
     QHeaderView,
     QScrollArea,
     QSizePolicy,
     QTabBar,
     QTableWidget,
     QTreeWidget,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -43,21 +44,22 @@ RIGHT_DOCKS = [
 
 
 def central_views(view3d: QWidget, views: dict[str, QWidget]) -> QWidget:
-    """The 3-D view and the axial, coronal and sagittal slices in a 2×2 grid of equal cells."""
+    """The 3-D view and the axial, coronal and sagittal slices in 2×2 equal cells."""
     central = QWidget()
     central.setObjectName("central_views")
-    grid = QGridLayout(central)
-    grid.setContentsMargins(2, 2, 2, 2)
-    grid.setSpacing(2)
-    for widget, (row, column) in zip(
-        (view3d, views["axial"], views["coronal"], views["sagittal"]), ((0, 0), (0, 1), (1, 0), (1, 1))
-    ):
-        widget.setMinimumSize(VIEW_MINIMUM_PX, VIEW_MINIMUM_PX)
-        widget.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
-        grid.addWidget(widget, row, column)
-    for index in (0, 1):
-        grid.setRowStretch(index, 1)
-        grid.setColumnStretch(index, 1)
+    # Two rows of two in box layouts, not a grid: a grid keeps the stretch of a row or column whose
+    # views are hidden, so a maximised view (View ▸ Maximise) got only half the area.
+    column = QVBoxLayout(central)
+    column.setContentsMargins(2, 2, 2, 2)
+    column.setSpacing(2)
+    for pair in ((view3d, views["axial"]), (views["coronal"], views["sagittal"])):
+        row = QHBoxLayout()
+        row.setSpacing(2)
+        for widget in pair:
+            widget.setMinimumSize(VIEW_MINIMUM_PX, VIEW_MINIMUM_PX)
+            widget.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
+            row.addWidget(widget, 1)
+        column.addLayout(row, 1)
     interactor = getattr(getattr(view3d, "plotter", None), "interactor", None)
     if interactor is not None:  # pyvistaqt's render widget asks for its window size (400×400)
         interactor.setMinimumSize(VIEW_MINIMUM_PX, VIEW_MINIMUM_PX)
