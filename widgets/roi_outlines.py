@@ -75,7 +75,7 @@ def draw_outlines(painter: QPainter, outlines: list, geometry, target: QRectF) -
     for layer, segments in outlines:
         screen = segments * [sx, sy, sx, sy] + [target.left(), target.top(), target.left(), target.top()]
         lines = [QLineF(*row) for row in screen.tolist()]
-        alpha = min(1.0, 0.4 + layer.opacity)  # the outline stays readable under a faint fill
+        alpha = min(1.0, 0.55 + layer.opacity)  # opaque at the default 0.45: readable over a faint fill
         halo = QPen(QColor(HALO.red(), HALO.green(), HALO.blue(), int(HALO.alpha() * alpha)), HALO_PX)
         halo.setCapStyle(Qt.PenCapStyle.SquareCap)
         painter.setPen(halo)
