@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCore import QObject, Qt
-from PySide6.QtWidgets import QDockWidget, QLabel
+from PySide6.QtWidgets import QBoxLayout, QDockWidget, QLabel, QPushButton
 
 HINT = "New ROI → paint a seed → Track (Ctrl+T)"
 PANEL_DOCKS = {  # tracking method -> its dock
@@ -51,6 +51,21 @@ class FirstSteps(QObject):
             ("geodesic", window.geodesic_panel),
         ):
             panel.finished.connect(lambda layer, m=method: self.show_result(m, layer))
+        self._paint_seed_button(window.probabilistic_panel)
+
+    def _paint_seed_button(self, panel) -> None:
+        """The Probabilistic panel says "paint a seed ROI" too: the same button at its top (added
+        here, so that the panel's own layout stays its own)."""
+        layout = panel.layout()
+        if not isinstance(layout, QBoxLayout):
+            return
+        button = QPushButton("Paint a seed ROI")
+        button.setObjectName("probabilistic_paint_seed")
+        button.setToolTip(
+            "A new seed ROI with the brush ready (New ROI, Ctrl+N): drag on a slice view to paint it, then Track"
+        )
+        button.clicked.connect(lambda: self.window.roi_toolbar.new_roi(role="seed"))
+        layout.insertWidget(0, button)
 
     # ------------------------------------------------------------ the demo
     def demo_requested(self) -> None:
