@@ -36,6 +36,9 @@ class Document(Observable):
         self.cursor = np.zeros(3, dtype=int)
         #: metrics, streamline indexes, sample fields... computed from the layers' data
         self.derived = DerivedCache()
+        #: registrations the user made or opened by id ("R1"...: app.registration.Registration), oldest first;
+        #: a layer they placed names one in its provenance (app.anatomy_layers)
+        self.registrations: dict = {}
 
     def add_layer(self, layer: Layer, *, undoable: bool = False, index: int | None = None) -> Layer:
         """Put ``layer`` on top of the stack (or at ``index``); ``undoable``: an edit that
@@ -199,15 +202,23 @@ class Document(Observable):
             layer.data.name = changes["name"]
         layer.set(**changes)
 
+    def roi_on_reference(self, layer: Layer) -> np.ndarray:
+        """An ROI's mask on the reference grid: itself, or (an ROI drawn on an image of another
+        grid, e.g. a registered T1) brought onto it by nearest neighbour."""
+        from .anatomy_layers import roi_on_grid
+
+        return roi_on_grid(layer.data.mask, layer.data.affine, (self.reference_affine, self.reference_shape))
+
     def roi_sets(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Masks of the visible ROIs that select fibers: (include: seed, target, waypoint; exclude)."""
+        """Masks of the visible ROIs that select fibers (on the reference grid): (include: seed,
+        target, waypoint; exclude)."""
         include, exclude = [], []
         for layer in self.layers:
             if layer.kind == "roi" and layer.visible and layer.data.mask.any():
                 if layer.data.role in ("seed", "target", "waypoint"):
-                    include.append(layer.data.mask)
+                    include.append(self.roi_on_reference(layer))
                 elif layer.data.role == "exclusion":
-                    exclude.append(layer.data.mask)
+                    exclude.append(self.roi_on_reference(layer))
         return include, exclude
 
     def image_layers_key(self) -> tuple:
@@ -220,7 +231,7 @@ class Document(Observable):
         out: dict[str, list[np.ndarray]] = {role: [] for role in ROI_ROLES}
         for layer in self.layers:
             if layer.kind == "roi" and layer.visible and layer.data.mask.any():
-                out[layer.data.role].append(layer.data.mask)
+                out[layer.data.role].append(self.roi_on_reference(layer))
         return out
 
     def undo(self) -> bool:

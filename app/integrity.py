@@ -3,9 +3,10 @@
 :func:`document_problems` lists every broken invariant in words; an empty list means the
 document is consistent: every layer is whole (arrays of the sizes its kind needs, ragged
 streamlines whose offsets add up, scalars and selections of the right length), ROIs lie on
-the reference grid, names are unique (layers are found by name), and the cursor is on the
-grid. Tests call it after cancelling jobs at arbitrary moments; it is cheap enough to call
-after every job in a debugging session.
+the reference grid (or, drawn on an image of another grid such as a registered T1, on that
+image's), names are unique (layers are found by name), and the cursor is on the grid. Tests
+call it after cancelling jobs at arbitrary moments; it is cheap enough to call after every job
+in a debugging session.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def _roi_problems(name: str, layer: Layer, document: Document) -> list[str]:
     out = []
     if roi.mask.dtype != bool or roi.mask.ndim != 3:
         out.append(f"{name}: the mask is {roi.mask.dtype} of shape {roi.mask.shape}")
+    if layer.provenance.get("drawn_on"):  # on an image's own grid (app.anatomy_layers.new_roi_on)
+        return out
     if document.reference_shape is not None and roi.mask.shape != tuple(document.reference_shape):
         out.append(f"{name}: the mask is {roi.mask.shape} on a {tuple(document.reference_shape)} grid")
     if document.reference_affine is not None and not Grid.affines_match(roi.affine, document.reference_affine):

@@ -41,6 +41,10 @@ STICK_COLOURS = (  # RGB 0..1 of dyads sticks 1, 2, 3 (largest mean fraction fir
 )
 GLYPH_SHAPES = ("superquadric", "ellipsoid")
 FOD_SCALINGS = ("voxel", "global")  # fODF glyphs: min-max per voxel, or relative sizes (app.fod_display)
+# How an image is drawn over the layers under it to judge their alignment (a registration):
+# as itself, half blended, in alternate squares of a checkerboard (``checker_mm`` wide), or
+# as its edges only.
+ALIGNMENT_MODES = ("none", "blend", "checkerboard", "edges")
 COLORMAPS = ("gray", "hot", "viridis", "cool-warm", "safety")  # safety: red→yellow up to mid-range, then green
 RANGE_SAMPLE = 100_000  # values enough for a display range (1st-99th percentile)
 
@@ -104,7 +108,9 @@ class Layer(Observable):
     tensors, 1 for dyads and fODFs) and ``glyph_size`` (1 = the largest glyph fills its
     grid cell); ``transparent_below`` (scalar layers: values below it let the
     layers beneath show through, e.g. an overlay that is empty almost
-    everywhere; None: every value is drawn); ``color`` (ROIs: ``"#rrggbb"``, None: the
+    everywhere; None: every value is drawn); ``alignment`` and ``checker_mm`` (image layers:
+    drawn over the layers beneath as a blend, a checkerboard of squares that wide, or edges,
+    to judge a registration, :data:`ALIGNMENT_MODES`); ``color`` (ROIs: ``"#rrggbb"``, None: the
     colour of the ROI's role, see :meth:`color_rgb`); ``filter_by_rois`` (tractograms: show only
     the streamlines that pass the ROIs, the user's choice per layer; off by default). Changing one emits ``display``
     with the names that changed; :meth:`set_data` replaces a volume layer's
@@ -125,6 +131,8 @@ class Layer(Observable):
         "transparent_below",
         "color",
         "fod_scaling",
+        "alignment",
+        "checker_mm",
         "filter_by_rois",
     )
 
@@ -147,6 +155,8 @@ class Layer(Observable):
         self.transparent_below: float | None = None
         self.color: str | None = None  # ROIs: "#rrggbb", None = the role's colour
         self.fod_scaling = "voxel"  # fod layers: glyph radii min-max per voxel, or "global"
+        self.alignment = "none"  # image layers: see ALIGNMENT_MODES
+        self.checker_mm = 10.0  # the checkerboard's square size (mm)
         # Tractograms: shown through the ROIs only when the user asks (layer menu "Filter by ROIs"):
         # drawing an ROI must never hide a result, least of all one just computed.
         self.filter_by_rois = False
@@ -207,6 +217,12 @@ class Layer(Observable):
                 value = float(value)
             if key == "color":
                 value = hex_colour(value)
+            if key == "alignment" and value not in ALIGNMENT_MODES:
+                raise ValueError(f"alignment is one of {', '.join(ALIGNMENT_MODES)}, not {value!r}")
+            if key == "checker_mm":
+                value = float(value)
+                if not value > 0:
+                    raise ValueError("the checkerboard's squares need a size above 0 mm")
             if key == "fod_scaling" and value not in FOD_SCALINGS:
                 raise ValueError(f"fODF scaling is one of {', '.join(FOD_SCALINGS)}, not {value!r}")
             if getattr(self, key) != value:

@@ -22,12 +22,12 @@ from tractlens.gpu.csd_peaks import PeakParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
 from tractlens.gpu.fod_params import FodDeterministicParams, FodProbabilisticParams
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.models import ModelFitParams
 from tractlens.gpu.params import default_of as default_of
 from tractlens.gpu.params import field_of as field_of
 from tractlens.gpu.params import meta, same_as
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.gpu.tractometry import ProfileParams
 
 PLACEMENTS = ("random", "grid")
@@ -54,7 +54,7 @@ class SeedingParams:
 
     seeds_per_voxel: int = field(
         default=1,
-        metadata=meta("Seeds per voxel", "seeds in every seed voxel", "", (1, 1000), metavar="K"),
+        metadata=meta("Seeds per voxel", "seeds in every seed voxel", "", (1, 1000)),
     )
     placement: str = field(
         default="random",
@@ -62,8 +62,6 @@ class SeedingParams:
             "Placement",
             "random within the voxel, or an m×m×m grid (seeds per voxel must be a cube)",
             choices=PLACEMENTS,
-            flags=("--seed-placement",),
-            cli_help="random within the voxel, or an m×m×m grid (K must be a cube)",
         ),
     )
     rng_seed: int = field(
@@ -73,9 +71,6 @@ class SeedingParams:
             "the same number gives the same seeds, and so the same streamlines",
             "",
             (0, 2**31 - 1),
-            flags=("--seed-rng",),
-            metavar="N",
-            cli_help="random seed for seed placement",
         ),
     )
 
@@ -88,7 +83,7 @@ class GeodesicSeedingParams:
     """Seed points of geodesic ray tracing, the fibres shot from each, and the share kept by CM."""
 
     seeds_per_voxel: int = same_as(SeedingParams, "seeds_per_voxel", default=1, help="seed points in every seed voxel")
-    placement: str = same_as(SeedingParams, "placement", cli_help="within each voxel")
+    placement: str = same_as(SeedingParams, "placement")
     rng_seed: int = same_as(SeedingParams, "rng_seed", help="the same number gives the same seed points")
     directions: int = field(
         default=0,
@@ -98,8 +93,6 @@ class GeodesicSeedingParams:
             "region on a GPU, 4 000 on the CPU)",
             "",
             (0, 100000),
-            metavar="N",
-            cli_help="fibres per seed point (0 = sized for the engine)",
         ),
     )
     cone_deg: float | None = field(
@@ -109,10 +102,6 @@ class GeodesicSeedingParams:
             "half-angle of the cone of initial directions around ±e1 (otherwise the whole sphere)",
             "°",
             (1.0, 90.0),
-            flags=("--cone",),
-            metavar="DEG",
-            cli_help="directions within this half-angle around ±e1",
-            default_text="whole sphere",
         ),
     )
     top_percent: float = field(
@@ -122,8 +111,6 @@ class GeodesicSeedingParams:
             "keep the fibres with the highest connectivity measure",
             "%",
             (1.0, 100.0),
-            metavar="P",
-            cli_help="keep the P % best by CM",
         ),
     )
 
@@ -133,7 +120,6 @@ class GeodesicSeedingParams:
             "Two-point",
             "join every seed point to points of the target by refining the initial direction until the "
             "geodesic hits them (shooting; seed 004 §3.4.2): a CM for every seed–target pair",
-            flags=("--two-point",),
         ),
     )
     target_points: int = field(
@@ -143,7 +129,6 @@ class GeodesicSeedingParams:
             "points of the target region each seed point is joined to (two-point ray tracing)",
             "",
             (1, 1000),
-            metavar="N",
         ),
     )
 
@@ -155,7 +140,6 @@ class GeodesicSeedingParams:
             "(the minimal geodesic from every seed point, from the metric's distance map to the target), or auto "
             "(eikonal with a target, rays without)",
             choices=GEODESIC_METHODS,
-            cli_help="rays, eikonal (minimal geodesic of every seed point to the target), or auto",
         ),
     )
 
@@ -167,7 +151,6 @@ class GeodesicSeedingParams:
             "at finer angles, about 4x the work)",
             "vox",
             (1, 2),
-            metavar="R",
         ),
     )
 
@@ -185,7 +168,6 @@ class ConnectomeParams:
             "Weight",
             "the value of a cell: " + "; ".join(f"{k}: {v}" for k, v in WEIGHTS.items()),
             choices=tuple(WEIGHTS),
-            cli_help="cell value: count, mean length in mm, mean cm, mean commit weight",
         ),
     )
     radius_mm: float = same_as(EndpointParams, "radius_mm")
@@ -202,9 +184,21 @@ class LesionDistanceParams:
             "streamlines closer than this to the lesion are counted",
             "mm",
             (0.1, 100.0),
-            flags=("--margin",),
-            metavar="MM",
-            cli_help="safety margin in mm",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class EnvelopeParams:
+    """The confidence levels of a tract's uncertainty envelopes (:mod:`app.envelopes`)."""
+
+    levels: str = field(
+        default="50,90,95",
+        metadata=meta(
+            "Envelope levels",
+            "comma-separated percentages: each envelope is the smallest region holding that share of the "
+            "normalised visitation (strictly between 0 and 100)",
+            "%",
         ),
     )
 
@@ -219,12 +213,11 @@ class ProbOutputParams:
         metadata=meta(
             "Seed x seed matrix",
             "also count the seed x seed matrix (probtrackx's matrix1): matrix_seeds_to_seeds.npy/.csv",
-            flags=("--seed-matrix", "--omatrix1"),
         ),
     )
     save_paths_max: int = field(
         default=10_000,
-        metadata=meta("Paths saved", "streamlines traced for --save-paths", "", (1, 10**7), metavar="N"),
+        metadata=meta("Paths saved", "streamlines traced for --save-paths", "", (1, 10**7)),
     )
     # probtrackx2's connectome modes (app.pipelines.connectome_modes; FSL's flags and defaults).
     omatrix2: bool = field(
@@ -254,7 +247,6 @@ class ProbOutputParams:
             "Matrix format",
             "dot: FSL's sparse text; npz: SciPy sparse; both",
             choices=("dot", "npz", "both"),
-            cli_help="connectome matrix files",
         ),
     )
 
@@ -274,7 +266,6 @@ class TractogramOutputParams:
             "number type of the written points: float16 halves a .trx file (about 0.01 mm at 100 mm); "
             ".trk and .tck hold float32",
             choices=("float32", "float16"),
-            flags=("--dtype",),
         ),
     )
 
@@ -283,19 +274,16 @@ class TractogramOutputParams:
 class ReportParams:
     """The report of a session (``tractlens report``)."""
 
-    margin_mm: float | None = same_as(LesionDistanceParams, "margin_mm", default=None, default_text="the session's")
+    margin_mm: float | None = same_as(LesionDistanceParams, "margin_mm", default=None)
     size: str = field(
         default="1600x1000",
-        metadata=meta("Window size", "window size WIDTHxHEIGHT", metavar="SIZE"),
+        metadata=meta("Window size", "window size WIDTHxHEIGHT"),
     )
     png: bool = field(
         default=True,
         metadata=meta(
             "PNG pages",
             "a PNG per page beside the PDF",
-            flags=("--no-png",),
-            negated=True,
-            cli_help="no PNG pages beside the PDF",
         ),
     )
 
@@ -314,7 +302,6 @@ class StatisticsParams:
             "Map sampling",
             "a scalar map's value at a streamline point: the nearest voxel's, or trilinear between voxels",
             choices=SAMPLINGS,
-            flags=("--sampling",),
         ),
     )
 
@@ -324,7 +311,7 @@ class StatisticsParams:
 
 
 #: What ``export-dicom`` writes (``--as``): a Segmentation, an RT Structure Set, a coloured series.
-DICOM_EXPORTS = ("seg", "rtstruct", "overlay")
+DICOM_EXPORTS = ("seg", "rtstruct", "overlay", "tractography")
 
 
 @dataclass(frozen=True)
@@ -337,9 +324,8 @@ class DicomExportParams:
             **meta(
                 "DICOM objects",
                 "comma-separated: seg (Segmentation), rtstruct (RT Structure Set), overlay (the reference "
-                "series with the bundles burned in, not for diagnosis)",
-                flags=("--as",),
-                metavar="LIST",
+                "series with the bundles burned in, not for diagnosis), tractography (the streamlines as a "
+                "Tractography Results object, one track set per bundle)",
             ),
             "several": DICOM_EXPORTS,  # any of them, comma-separated: a check box each in a form
         },
@@ -351,8 +337,6 @@ class DicomExportParams:
             "grow each bundle's volume (the voxels its streamlines pass through) by this distance",
             "mm",
             (0.0, 20.0),
-            flags=("--dilate",),
-            metavar="MM",
         ),
     )
     deidentify: bool = field(
@@ -360,7 +344,6 @@ class DicomExportParams:
         metadata=meta(
             "De-identify",
             "remove the patient's name, ID, birth date and the other identifiers (UIDs of the source stay)",
-            flags=("--deidentify",),
         ),
     )
 
@@ -385,8 +368,6 @@ class DicomImportParams:
         metadata=meta(
             "Subject",
             "BIDS subject label, letters and digits (empty: the patient ID without other characters, else 01)",
-            flags=("--subject",),
-            metavar="LABEL",
         ),
     )
     deidentify: bool = same_as(
@@ -395,6 +376,107 @@ class DicomImportParams:
         help="leave the patient's name, ID, birth date and the other identifiers out of the JSON sidecars "
         "(the subject is then 01 unless --subject names it)",
     )
+
+
+REGISTRATION_TYPES = ("rigid", "affine", "syn")
+REGISTRATION_METRICS = ("mi", "cc")
+
+
+@dataclass(frozen=True)
+class RegisterParams:
+    """How two images are registered."""
+
+    type: str = field(
+        default="affine",
+        metadata=meta(
+            "Transform",
+            "rigid; affine (rigid first); syn: affine, then a symmetric diffeomorphic warp",
+            choices=REGISTRATION_TYPES,
+        ),
+    )
+    metric: str = field(
+        default="mi",
+        metadata=meta(
+            "Metric",
+            "mi: for images of different contrasts (T1 ↔ b0 or FA, FLAIR ↔ T1): mutual information, and the "
+            "expectation-maximisation metric in SyN's nonlinear stage; cc: for the same contrast (T1 ↔ the MNI T1): "
+            "mutual information for the affine stages and cross-correlation in SyN's",
+            choices=REGISTRATION_METRICS,
+        ),
+    )
+    spacing_mm: float = field(
+        default=2.0,
+        metadata=meta(
+            "Working grid",
+            "the registration is optimised on a grid this coarse or coarser (the "
+            "coarser image's voxels); nonlinear fields are written on it",
+            "mm",
+            (0.5, 8.0),
+        ),
+    )
+    sampling: float = field(
+        default=0.1,
+        metadata=meta(
+            "Sampling",
+            "share of the working grid's voxels the mutual information is computed on (1 = all)",
+            "",
+            (0.01, 1.0),
+        ),
+    )
+    bins: int = field(
+        default=32,
+        metadata=meta("Histogram bins", "bins of the joint histogram of mutual information", "", (8, 256)),
+    )
+    affine_iterations: tuple[int, ...] = field(
+        default=(100, 50, 20),
+        metadata=meta(
+            "Affine iterations",
+            "iterations at each level, coarse (4×) to fine (1×)",
+            "",
+            (1, 10000),
+        ),
+    )
+    syn_iterations: tuple[int, ...] = field(
+        default=(20, 10, 5),
+        metadata=meta(
+            "SyN iterations",
+            "iterations of the nonlinear stage at each level, coarse to fine",
+            "",
+            (1, 1000),
+        ),
+    )
+    syn_radius: int = field(
+        default=3,
+        metadata=meta(
+            "CC radius",
+            "half-width of the cross-correlation window of the nonlinear stage",
+            "voxels",
+            (1, 8),
+        ),
+    )
+    rng_seed: int = field(
+        default=0,
+        metadata=meta(
+            "Random seed",
+            "the sampled points of mutual information; the same number gives the same transform",
+            "",
+            (0, 2**31 - 1),
+        ),
+    )
+
+    def __post_init__(self):
+        if self.type not in REGISTRATION_TYPES:
+            raise ValueError(f"type is one of {', '.join(REGISTRATION_TYPES)}, not {self.type!r}")
+        if self.metric not in REGISTRATION_METRICS:
+            raise ValueError(f"metric is one of {', '.join(REGISTRATION_METRICS)}, not {self.metric!r}")
+        if not 0 < self.sampling <= 1:
+            raise ValueError(f"sampling is a share in (0, 1], not {self.sampling}")
+        if not self.affine_iterations or min(self.affine_iterations) < 1:
+            raise ValueError("affine iterations need at least one level of at least 1 iteration")
+        if not self.syn_iterations or min(self.syn_iterations) < 1:
+            raise ValueError("SyN iterations need at least one level of at least 1 iteration")
+        if self.spacing_mm <= 0:
+            raise ValueError(f"the working grid spacing must be positive, not {self.spacing_mm}")
 
 
 PARAMS_TYPES = (
@@ -418,8 +500,10 @@ PARAMS_TYPES = (
     EndpointParams,
     ProfileParams,
     LesionDistanceParams,
+    EnvelopeParams,
     ReportParams,
     StatisticsParams,
     DicomExportParams,
     DicomImportParams,
+    RegisterParams,
 )

@@ -214,6 +214,7 @@ INTERNAL = {
     "stored_as",
     "flags",
 }
+INTERNAL |= {"scanner_affine"}  # an image placed by a registration: where the scanner had put it
 
 
 def _internal(key: str) -> bool:
@@ -243,6 +244,10 @@ def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
     for key, value in flat.items():
         if key == "dicom_export" and isinstance(value, dict):
             out.append(("", export_in_words(value)))
+            continue
+        if key == "registration" and isinstance(value, dict):  # app.anatomy_layers.registration_record
+            named = f" {value['id']}" if value.get("id") else ""
+            out.insert(0, (f"placed by registration{named}", str(value.get("describe", value.get("kind", "")))))
             continue
         if _internal(key) or isinstance(value, dict) or value is None or value in ("", [], ()):
             continue

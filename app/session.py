@@ -56,6 +56,9 @@ from .io.nifti import load_image, read_raw, reason, save_volume
 from .io.tractogram import load_tractogram, save_tractogram
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
 from .session_arrays import in_layer_dtype, nifti_storable, restore_empty_scalars, scalar_types
+from .session_arrays import jsonable as _jsonable
+from .session_registrations import FOLDER as REGISTRATIONS
+from .session_registrations import archive_name, read_registrations, write_registrations
 
 FORMAT = "tractlens-session"
 VERSION = 2
@@ -75,24 +78,6 @@ def _migrate_1_to_2(manifest: dict) -> dict:
 
 #: version -> function(manifest) -> manifest of version + 1
 MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _migrate_1_to_2}
-
-
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    if isinstance(value, float) and not np.isfinite(value):
-        return repr(value)
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return str(value)
 
 
 # ------------------------------------------------------------------ snapshots
@@ -151,6 +136,7 @@ class DocumentSnapshot:
     reference_shape: tuple[int, int, int] | None
     cursor: np.ndarray
     panels: dict = field(default_factory=dict)
+    registrations: dict = field(default_factory=dict)  # id -> Registration (frozen: shared)
 
 
 def snapshot(document: Document, panels: dict | None = None) -> DocumentSnapshot:
@@ -161,6 +147,7 @@ def snapshot(document: Document, panels: dict | None = None) -> DocumentSnapshot
         document.reference_shape,
         np.array(document.cursor),
         copy.deepcopy(_jsonable(panels or {})),
+        dict(document.registrations),
     )
 
 
@@ -292,8 +279,9 @@ def _record_dtype(entry: dict, part: _Part) -> None:
         entry.setdefault("dtypes", {})[part.role] = part.dtype
 
 
-def _manifest(snap: DocumentSnapshot, layers: list[dict]) -> dict:
+def _manifest(snap: DocumentSnapshot, layers: list[dict], registrations: list[dict]) -> dict:
     return {
+        "registrations": registrations,
         "format": FORMAT,
         "version": VERSION,
         "tractlens": __version__,
@@ -339,10 +327,13 @@ def _write_archive(snap: DocumentSnapshot, path: Path) -> None:
                 entry["files"][part.role] = name
                 _record_dtype(entry, part)
             entries.append(entry)
-        (Path(tmp) / MANIFEST).write_text(json.dumps(_manifest(snap, entries), indent=1))
+        registrations = write_registrations(snap.registrations, Path(tmp) / REGISTRATIONS)
+        (Path(tmp) / MANIFEST).write_text(json.dumps(_manifest(snap, entries, registrations), indent=1))
         with atomic_path(path) as target:
             with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
                 archive.write(Path(tmp) / MANIFEST, MANIFEST)
+                for item in sorted(p for p in (Path(tmp) / REGISTRATIONS).rglob("*") if p.is_file()):
+                    archive.write(item, item.relative_to(tmp).as_posix())
                 for item in sorted(folder.iterdir()):
                     archive.write(item, f"layers/{item.name}")
 
@@ -367,6 +358,7 @@ class SessionFolder:
         self.nifti_suffix = nifti_suffix
         self._files: dict[tuple, tuple[str, tuple]] = {}  # part key -> (file name, arrays kept alive)
         self._counter = 0
+        self._registrations: dict = {}  # id -> the registration written to registrations/ID
         self.last_state: str | None = None  # the manifest written last, without its time
 
     def write(self, snap: DocumentSnapshot, *, extra: dict | None = None) -> bool:
@@ -388,7 +380,8 @@ class SessionFolder:
                 entry["files"][part.role] = files[full_key][0]
                 _record_dtype(entry, part)
             entries.append(entry)
-        manifest = _manifest(snap, entries)
+        registrations = write_registrations(snap.registrations, self.folder / REGISTRATIONS, self._registrations)
+        manifest = _manifest(snap, entries, registrations)
         manifest.update(extra or {})
         state = json.dumps({k: v for k, v in manifest.items() if k not in ("saved", "autosaved")}, sort_keys=True)
         if state == self.last_state:
@@ -545,6 +538,7 @@ def _document(manifest: dict, layers_dir: Path, path: Path) -> Document:
             document.add_layer(layer)
         if reference:
             document.set_cursor(manifest.get("cursor", document.cursor))
+        document.registrations = read_registrations(manifest.get("registrations"), layers_dir.parent / REGISTRATIONS)
     except FodFileMissing:  # not the session's fault: the fODF file it refers to has gone
         raise
     except InputError as exc:  # a side file's error names a file in a temporary folder: name the session
@@ -585,6 +579,10 @@ def load_session(path: str | os.PathLike) -> Session:
         layers_dir.mkdir()
         try:
             for name in archive.namelist():
+                if (inner := archive_name(name)) is not None:  # a registration's folder file
+                    (Path(tmp) / REGISTRATIONS / inner).parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(name) as source, open(Path(tmp) / REGISTRATIONS / inner, "wb") as out:
+                        shutil.copyfileobj(source, out)
                 base = name[len("layers/") :] if name.startswith("layers/") else ""
                 if not base or Path(base).name != base or base in (".", ".."):
                     continue

@@ -8,6 +8,8 @@ tractogram, so the manifest keeps the scalars' names, dtypes and columns too.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from .tractogram import Tractogram
@@ -58,3 +60,22 @@ def restore_empty_scalars(tract: Tractogram, scalars: dict) -> None:
     for kind, target in (("point", tract.point_scalars), ("streamline", tract.streamline_scalars)):
         for key, (dtype, columns) in dict(scalars.get(kind) or {}).items():
             target.setdefault(str(key), np.zeros((0, *(int(c) for c in columns)), np.dtype(dtype)))
+
+
+def jsonable(value):
+    """``value`` with NumPy arrays and scalars, paths and non-finite floats made JSON values."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not np.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

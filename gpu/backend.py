@@ -13,11 +13,14 @@ import contextlib
 import functools
 import logging
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+
+from .transfer import to_host
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +71,6 @@ class Backend:
     def to_host(self, array) -> np.ndarray:
         """Bring an array back to host memory as a NumPy array."""
         if self.is_gpu:
-            from .transfer import to_host
-
             return to_host(array)
         return np.asarray(array)
 
@@ -249,8 +250,6 @@ def check_device(device: str | Backend) -> None:
 
 
 def _cpu_backend() -> Backend:
-    import platform
-
     return Backend("cpu", np, platform.processor() or platform.machine() or "CPU")
 
 

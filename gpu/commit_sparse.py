@@ -26,7 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .commit import CHUNK, N_ORIENTATIONS, Problem, row_chunks
+from .backend import get_backend
+from .commit import N_ORIENTATIONS
+from .commit_operator import CHUNK, NumpyOperator, Problem, row_chunks
 
 __all__ = [
     "OrientationPairs",
@@ -103,8 +105,8 @@ def sparse_operator_bytes(problem: Problem, n_pairs: int | None = None) -> int:
 
 
 class SparseOperator:
-    """A and Aᵀ of a :class:`~gpu.commit.Problem` as SciPy sparse products (module docstring),
-    with the interface of :class:`~gpu.commit.NumpyOperator`: flat float64 vectors, x
+    """A and Aᵀ of a :class:`~gpu.commit_operator.Problem` as SciPy sparse products (module docstring),
+    with the interface of :class:`~gpu.commit_operator.NumpyOperator`: flat float64 vectors, x
     (n_cols,) and y (n_rows · M,)."""
 
     def __init__(self, problem: Problem, pairs: OrientationPairs | None = None):
@@ -177,14 +179,11 @@ class SparseOperator:
 def cpu_operator(problem: Problem, *, notes: list | None = None, available_bytes: int | None = None):
     """The CPU operator for ``problem``: a :class:`SparseOperator` when it fits in half of the
     host's available memory (``available_bytes``; MemAvailable when not given), else the
-    chunked NumPy reference (:class:`~gpu.commit.NumpyOperator`, bounded memory, many times
+    chunked NumPy reference (:class:`~gpu.commit_operator.NumpyOperator`, bounded memory, many times
     slower), with a note saying so."""
-    from .backend import _host_available_bytes
-    from .commit import NumpyOperator
-
     pairs = pair_structure(problem)
     needed = sparse_operator_bytes(problem, len(pairs))
-    available = _host_available_bytes() if available_bytes is None else available_bytes
+    available = get_backend("cpu").free_memory_bytes() if available_bytes is None else available_bytes
     if needed <= available // 2:
         return SparseOperator(problem, pairs)
     if notes is not None:

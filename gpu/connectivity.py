@@ -34,9 +34,6 @@ class EndpointParams:
             "search this far from a streamline's end for a region (0: the end's voxel only)",
             "mm",
             (0.0, 50.0),
-            flags=("--radius",),
-            metavar="MM",
-            cli_help="endpoint search radius in mm",
         ),
     )
 

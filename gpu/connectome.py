@@ -25,17 +25,19 @@ streamline ids, so the same streamlines as a plain run); each chunk becomes the 
 (streamline, voxel) first visits — on the GPU from the kernel's visit lists (its
 ``VISIT_LIST`` build: each kept streamline appends its distinct voxels to a device
 buffer; no lengths), or, where lengths are needed, from its step traces; with NumPy from
-:func:`gpu.probabilistic.track_numpy`'s recorded steps — from which every mode emits
+:func:`gpu.probabilistic_numpy.track_numpy`'s recorded steps — from which every mode emits
 (row, column, value) entries on the device. Entries are reduced by key (sort, segment sums) whenever the
 device buffer holds :attr:`SparseAccumulator.capacity` of them, and the reduced chunk is
 spilled to host memory and merged there; no dense seed × target matrix exists anywhere.
 Counts are integers summed in float64 (exact below 2**53), so NumPy and CuPy give the same
 counts bit for bit.
+
+This module runs the count (:func:`track_connectome`); the modes' entries are made in
+:mod:`gpu.connectome_modes` and summed in :mod:`gpu.connectome_counts`.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,17 +45,24 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
-from .probabilistic import (
-    BIT_EXCLUDE,
+from .connectome_counts import SparseAccumulator, SparseCounts, bincount_or_zeros
+from .connectome_modes import (
+    Visits,
+    count_and_length,
+    emit_matrix2,
+    emit_matrix3,
+    kept_streamlines,
+    membership_csr,
+    network_reached,
+    visits_from_trace,
+)
+from .probabilistic_kernel import SET_SLOTS, KernelTracker, set_sizes
+from .probabilistic_numpy import track_numpy
+from .probabilistic_params import (
     NUMPY_BITMAP_BYTES,
-    SET_SLOTS,
-    WAYPOINT_SHIFT,
-    KernelTracker,
     ProbParams,
     SampleField,
-    set_sizes,
     streamline_ids,
-    track_numpy,
 )
 
 
@@ -79,37 +88,6 @@ class ConnectomeSpec:
 
 
 @dataclass
-class SparseCounts:
-    """A sparse matrix as coordinates (0-based), with counts and, when asked, summed lengths."""
-
-    rows: np.ndarray
-    cols: np.ndarray
-    counts: np.ndarray  # int64
-    lengths_mm: np.ndarray | None  # float64 sums of path lengths (pd / ompl)
-    shape: tuple[int, int]
-
-    @property
-    def nnz(self) -> int:
-        return len(self.rows)
-
-    def to_scipy(self, values: str = "counts"):
-        """A ``scipy.sparse.coo_matrix`` of ``counts``, ``lengths`` (the sums) or ``mean_lengths``."""
-        import scipy.sparse
-
-        data = {
-            "counts": lambda: self.counts,
-            "lengths": lambda: self.lengths_mm,
-            "mean_lengths": lambda: self.lengths_mm / np.maximum(self.counts, 1),
-        }[values]()
-        return scipy.sparse.coo_matrix((data, (self.rows, self.cols)), shape=self.shape)
-
-    def dense(self) -> np.ndarray:
-        out = np.zeros(self.shape, dtype=np.int64)
-        np.add.at(out, (self.rows, self.cols), self.counts)
-        return out
-
-
-@dataclass
 class ConnectomeResult:
     """What a connectome run adds up (host arrays)."""
 
@@ -126,304 +104,10 @@ class ConnectomeResult:
 # --------------------------------------------------------------------------- reduction
 
 
-def _bincount(xp, x, minlength: int, weights=None):
-    """``xp.bincount`` that also takes an empty ``x`` (zeros of ``minlength``)."""
-    if len(x) == 0:
-        return xp.zeros(minlength, dtype=xp.int64 if weights is None else xp.float64)
-    return xp.bincount(x, weights=weights, minlength=minlength)
-
-
-def reduce_by_key(xp, keys, values):
-    """(unique keys, (U, k) float64 sums of ``values`` (E, k) per key), keys sorted."""
-    if len(keys) == 0:
-        return keys, values.reshape(0, values.shape[1])
-    order = xp.argsort(keys)
-    k = keys[order]
-    new = xp.concatenate([xp.ones(1, dtype=bool), k[1:] != k[:-1]])
-    segment = xp.cumsum(new) - 1
-    unique = k[new]
-    v = values[order]
-    sums = xp.stack([_bincount(xp, segment, len(unique), v[:, i]) for i in range(v.shape[1])], 1)
-    return unique, sums
-
-
-def merge_sorted(xp, keys_a, sums_a, keys_b, sums_b):
-    """Two key-sorted, key-unique (keys, sums) as one: B's keys found in A add to A's sums,
-    the others are placed among A's in order (a merge by ``searchsorted``, no re-sort of A)."""
-    if len(keys_a) == 0:
-        return keys_b, sums_b
-    if len(keys_b) == 0:
-        return keys_a, sums_a
-    at = xp.minimum(xp.searchsorted(keys_a, keys_b), len(keys_a) - 1)
-    found = keys_a[at] == keys_b
-    sums_a = sums_a.copy()
-    sums_a[at[found]] += sums_b[found]  # keys are unique in B: no two updates of one row
-    new_keys, new_sums = keys_b[~found], sums_b[~found]
-    if len(new_keys) == 0:
-        return keys_a, sums_a
-    n = len(keys_a) + len(new_keys)
-    place_a = xp.arange(len(keys_a), dtype=xp.int64) + xp.searchsorted(new_keys, keys_a)
-    place_b = xp.arange(len(new_keys), dtype=xp.int64) + xp.searchsorted(keys_a, new_keys)
-    keys = xp.empty(n, dtype=keys_a.dtype)
-    sums = xp.empty((n, sums_a.shape[1]), dtype=sums_a.dtype)
-    keys[place_a], sums[place_a] = keys_a, sums_a
-    keys[place_b], sums[place_b] = new_keys, new_sums
-    return keys, sums
-
-
-class SparseAccumulator:
-    """Sums (row, col, values) entries into a sparse matrix without a dense one.
-
-    Entries wait in a device buffer; at ``capacity`` they are reduced by key (sort, segment
-    sums) and merged into the device-resident total (key-sorted). When that total outgrows
-    ``device_entries`` it is spilled to host memory as a sorted chunk and the device total
-    starts again. :meth:`result` merges the host chunks range by range of keys on the
-    device (each range small enough for it), so the host never sorts.
-    """
-
-    def __init__(self, backend, shape, n_values: int, capacity: int, device_entries: int | None = None):
-        self.backend, self.xp = backend, backend.xp
-        self.shape, self.n_values, self.capacity = (int(shape[0]), int(shape[1])), n_values, max(1, int(capacity))
-        self.device_entries = max(self.capacity, int(device_entries or 4 * self.capacity))
-        self._pending: list = []
-        self._pending_n = 0
-        self._keys = self.xp.zeros(0, dtype=self.xp.int64)
-        self._sums = self.xp.zeros((0, n_values), dtype=self.xp.float64)
-        self._host: list[tuple[np.ndarray, np.ndarray]] = []
-        self.reductions = self.spills = self.host_merges = 0
-
-    def add(self, rows, cols, values) -> None:
-        """Entries (device arrays); ``values`` (E, n_values)."""
-        if len(rows) == 0:
-            return
-        keys = rows.astype(self.xp.int64) * self.shape[1] + cols.astype(self.xp.int64)
-        self._pending.append((keys, values.reshape(len(keys), -1)[:, : self.n_values].astype(self.xp.float64)))
-        self._pending_n += len(keys)
-        if self._pending_n >= self.capacity:
-            self._reduce()
-
-    def _reduce(self) -> None:
-        if not self._pending:
-            return
-        xp = self.xp
-        keys = xp.concatenate([k for k, _ in self._pending])
-        values = xp.concatenate([v for _, v in self._pending])
-        self._pending, self._pending_n = [], 0
-        unique, sums = reduce_by_key(xp, keys, values)
-        del keys, values
-        self._keys, self._sums = merge_sorted(xp, self._keys, self._sums, unique, sums)
-        self.reductions += 1
-        if len(self._keys) > self.device_entries:
-            self._spill()
-
-    def _spill(self) -> None:
-        if len(self._keys):
-            self._host.append((self.backend.to_host(self._keys), self.backend.to_host(self._sums)))
-            self._keys = self.xp.zeros(0, dtype=self.xp.int64)
-            self._sums = self.xp.zeros((0, self.n_values), dtype=self.xp.float64)
-            self.spills += 1
-            self.backend.free_cached_memory()  # the next total grows again: no fragments left behind
-            held = sum(k.nbytes + v.nbytes for k, v in self._host)
-            if len(self._host) > 1 and held > 0.3 * get_backend("cpu").free_memory_bytes():
-                self._host = [self._merge_host_chunks()]  # spilled chunks repeat keys: keep the host bounded
-                self.host_merges += 1
-
-    def _merged(self) -> tuple[np.ndarray, np.ndarray]:
-        self._reduce()
-        if not self._host:
-            return self.backend.to_host(self._keys), self.backend.to_host(self._sums)
-        self._spill()
-        merged = self._merge_host_chunks()
-        self._host = []
-        return merged
-
-    def _merge_host_chunks(self) -> tuple[np.ndarray, np.ndarray]:
-        """The host chunks summed, key range by key range on the device: the ranges are cut
-        at keys sampled from every chunk, so each holds about ``device_entries`` / 2 entries."""
-        chunks, xp = self._host, self.xp
-        if len(chunks) == 1:
-            return chunks[0]
-        step = max(1, self.device_entries // (4 * len(chunks)))
-        samples = np.unique(np.concatenate([k[step::step] for k, _ in chunks]))
-        bounds = [None, *(int(k) for k in samples[len(chunks) :: len(chunks)]), None]
-        keys_out, sums_out = [], []
-        for lo, hi in itertools.pairwise(bounds):
-            part_k, part_s = [], []
-            for k, v in chunks:
-                a = 0 if lo is None else int(np.searchsorted(k, lo))
-                b = len(k) if hi is None else int(np.searchsorted(k, hi))
-                part_k.append(k[a:b])
-                part_s.append(v[a:b])
-            unique, sums = reduce_by_key(xp, xp.asarray(np.concatenate(part_k)), xp.asarray(np.concatenate(part_s)))
-            keys_out.append(self.backend.to_host(unique))
-            sums_out.append(self.backend.to_host(sums))
-        return np.concatenate(keys_out), np.concatenate(sums_out)
-
-    def result(self) -> SparseCounts:
-        """The totals (host), row-major sorted: counts, and the summed lengths when kept."""
-        keys, sums = self._merged()
-        rows, cols = np.divmod(keys, self.shape[1])
-        counts = np.rint(sums[:, 0]).astype(np.int64)
-        return SparseCounts(rows, cols, counts, sums[:, 1].copy() if self.n_values > 1 else None, self.shape)
-
-
 # --------------------------------------------------------------------------- visits
 
 
-@dataclass
-class Visits:
-    """The first visit of each (streamline, voxel) of a chunk (device arrays), sorted by
-    streamline then voxel: ``distance_mm`` is signed (the second half negative) so that the
-    length between two visits is the absolute difference; ``order`` is the tracking order."""
-
-    stream: object
-    voxel: object
-    distance_mm: object
-    order: object
-    length_mm: object  # (n,) each streamline's length, both halves
-    n: int
-
-
-def visits_from_trace(xp, trace, shape, step_mm: float) -> Visits:
-    """The voxels each streamline visits, from its recorded steps ``trace`` (n, 2, T, ≥3:
-    x, y, z per step of each half; a stopped half repeats its last position). A voxel is
-    visited where a position lies in it (rounded), as the tracker counts it: the start, and
-    each step that moved."""
-    n, _, T = trace.shape[:3]
-    P = trace[..., :3]
-    shape_a = xp.asarray(np.array(shape, dtype=np.int64))
-    moved = xp.any(P[:, :, 1:] != P[:, :, :-1], axis=3)  # (n, 2, T - 1)
-    moves = xp.cumsum(moved, axis=2, dtype=xp.int32)
-    length = (moves[:, :, -1].sum(1) if T > 1 else xp.zeros(n, xp.int32)).astype(xp.float64) * step_mm
-    s1, h1, t1 = xp.nonzero(moved)
-    stream = xp.concatenate([xp.arange(n, dtype=xp.int64), s1.astype(xp.int64)])
-    half = xp.concatenate([xp.zeros(n, dtype=xp.int64), h1.astype(xp.int64)])
-    t = xp.concatenate([xp.zeros(n, dtype=xp.int64), t1.astype(xp.int64) + 1])
-    travelled = xp.concatenate([xp.zeros(n, dtype=xp.float64), moves[s1, h1, t1].astype(xp.float64)])
-    distance = travelled * step_mm * (1.0 - 2.0 * half)
-    order = half * T + t
-    v = xp.rint(P[stream, half, t]).astype(xp.int64)
-    inside = xp.all((v >= 0) & (v < shape_a), axis=1)
-    flat = (v[:, 0] * int(shape[1]) + v[:, 1]) * int(shape[2]) + v[:, 2]
-    stream, flat, distance, order = stream[inside], flat[inside], distance[inside], order[inside]
-    # The first visit of each (streamline, voxel): one sort on a combined key.
-    n_vox = int(np.prod(shape))
-    if n * n_vox * 2 * T >= 2**62:
-        raise ValueError("too many streamlines in one chunk for this grid; use smaller chunks")
-    key = (stream * n_vox + flat) * (2 * T) + order
-    idx = xp.argsort(key)
-    pair = key[idx] // (2 * T)
-    first = xp.concatenate([xp.ones(min(1, len(pair)), dtype=bool), pair[1:] != pair[:-1]])
-    idx = idx[first]
-    return Visits(stream[idx], flat[idx], distance[idx], order[idx], length, n)
-
-
-def _repeat(xp, counts):
-    """(source index, rank within its repeat) of ``np.repeat(arange(len(counts)), counts)``,
-    without array-valued repeats (CuPy lacks them)."""
-    ends = xp.cumsum(counts)
-    total = int(ends[-1]) if len(ends) else 0
-    k = xp.arange(total, dtype=xp.int64)
-    src = xp.searchsorted(ends, k, side="right")
-    return src, k - (ends - counts)[src]
-
-
-def _first_per_key(xp, key_hi, order, *columns):
-    """Keep, per ``key_hi`` value, the entry of least ``order`` (columns filtered alike),
-    sorted by ``key_hi``."""
-    if len(key_hi) == 0:
-        return columns
-    span = int(order.max()) + 1
-    idx = xp.argsort(key_hi * span + order)  # one key: CuPy's lexsort takes no int64 pairs
-    k = key_hi[idx]
-    first = xp.concatenate([xp.ones(1, dtype=bool), k[1:] != k[:-1]])
-    idx = idx[first]
-    return tuple(c[idx] for c in columns)
-
-
-def _groups(xp, stream):
-    """(start of its group, group size) of each entry of entries sorted by ``stream``."""
-    new = xp.concatenate([xp.ones(min(1, len(stream)), dtype=bool), stream[1:] != stream[:-1]])
-    starts = xp.flatnonzero(new)
-    group = xp.cumsum(new) - 1
-    sizes = xp.diff(xp.concatenate([starts, xp.asarray([len(stream)], dtype=starts.dtype)]))
-    return starts[group], sizes[group]
-
-
 # --------------------------------------------------------------------------- the modes
-
-
-def _values(xp, lengths):
-    return xp.stack([xp.ones(len(lengths), dtype=xp.float64), xp.abs(lengths)], 1)
-
-
-def emit_matrix2(xp, acc: SparseAccumulator, visits: Visits, entry_kept, columns, seed_of):
-    """Seed voxel × target2 column, once per streamline and column."""
-    col = columns[visits.voxel]
-    sel = entry_kept & (col >= 0)
-    s, c, d, o = visits.stream[sel], col[sel], visits.distance_mm[sel], visits.order[sel]
-    s, c, d = _first_per_key(xp, s * acc.shape[1] + c, o, s, c, d)
-    acc.add(seed_of[s], c, _values(xp, d))
-
-
-def emit_matrix3(xp, acc: SparseAccumulator, visits: Visits, entry_kept, nodes, columns=None, most: int = 1 << 24):
-    """Every pair of distinct target3 voxels a streamline visits (a < b), or with
-    ``columns`` (lrtarget3) every target3 voxel × lrtarget3 column; in pieces of at most
-    ``most`` pairs."""
-    node = nodes[visits.voxel]
-    sel = entry_kept & (node >= 0)
-    s, a, da = visits.stream[sel], node[sel], visits.distance_mm[sel]  # sorted by streamline
-    if columns is None:
-        start, size = _groups(xp, s)
-        rank = xp.arange(len(s), dtype=xp.int64) - start
-        partners = size - 1 - rank  # the later entries of its streamline
-        other_node, other_d, other_start = a, da, None
-    else:
-        col = columns[visits.voxel]
-        csel = entry_kept & (col >= 0)
-        cs, cc, cd, co = visits.stream[csel], col[csel], visits.distance_mm[csel], visits.order[csel]
-        cs, cc, cd = _first_per_key(xp, cs * acc.shape[1] + cc, co, cs, cc, cd)  # sorted by streamline
-        first = xp.searchsorted(cs, s, side="left")
-        partners = xp.searchsorted(cs, s, side="right") - first
-        other_node, other_d, other_start = cc, cd, first
-    _emit_pairs(xp, acc, a, da, partners, other_node, other_d, other_start, columns is None, most)
-
-
-def _emit_pairs(xp, acc, a, da, partners, other_node, other_d, other_start, triangle: bool, most: int):
-    ends = xp.cumsum(partners)
-    total = int(ends[-1]) if len(ends) else 0
-    for lo in range(0, total, most):
-        k = xp.arange(lo, min(total, lo + most), dtype=xp.int64)
-        src = xp.searchsorted(ends, k, side="right")
-        within = k - (ends - partners)[src]
-        partner = src + 1 + within if triangle else other_start[src] + within
-        x, y = a[src], other_node[partner]
-        rows, cols = (xp.minimum(x, y), xp.maximum(x, y)) if triangle else (x, y)
-        acc.add(rows, cols, _values(xp, da[src] - other_d[partner]))
-
-
-def network_reached(xp, visits: Visits, entry_kept, membership, own_mask, n_masks: int):
-    """(streamline, mask, |distance| at first entry) of every other network mask each kept
-    streamline enters; ``membership``: (indptr over voxels, mask numbers), CSR."""
-    indptr, masks = membership
-    sel = entry_kept
-    s, v, d, o = visits.stream[sel], visits.voxel[sel], visits.distance_mm[sel], visits.order[sel]
-    src, rank = _repeat(xp, indptr[v + 1] - indptr[v])
-    m = masks[indptr[v[src]] + rank]
-    s, d, o = s[src], d[src], o[src]
-    other = m != own_mask[s]
-    s, m, d, o = s[other], m[other], d[other], o[other]
-    return _first_per_key(xp, s * n_masks + m, o, s, m, xp.abs(d))
-
-
-def membership_csr(masks: np.ndarray):
-    """(indptr over flat voxels, mask numbers): which masks hold each voxel."""
-    m = masks.shape[0]
-    per_voxel = masks.reshape(m, -1).T  # (n_vox, m)
-    vox, mask = np.nonzero(per_voxel)
-    indptr = np.zeros(per_voxel.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.bincount(vox, minlength=per_voxel.shape[0]), out=indptr[1:])
-    return indptr, mask.astype(np.int64)
 
 
 # --------------------------------------------------------------------------- the run
@@ -505,7 +189,7 @@ class _VisitSource:
         if not self.backend.is_gpu:
             trace = _trace_numpy(self.field, self.bits, self.seeds, params, self.n_waypoints, first, count)
             visits = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
-            return visits, _kept(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
+            return visits, kept_streamlines(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
         if self.tracker is None:
             self.tracker = KernelTracker(
                 self.backend, self.field, self.bits, self.seeds, params, 0, self.n_waypoints,
@@ -515,14 +199,14 @@ class _VisitSource:
             trace = xp.zeros((count, 2, params.n_steps + 1, 4))
             self.tracker.launch(first, count, trace)
             visits = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
-            return visits, _kept(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
+            return visits, kept_streamlines(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
         trace = None if self.checked else xp.zeros((count, 2, params.n_steps + 1, 4))
         visits = self._listed(first, count, trace)
-        kept = _bincount(xp, visits.stream, count) > 0
+        kept = bincount_or_zeros(xp, visits.stream, count) > 0
         if trace is not None:
             self.checked = True
             traced = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
-            traced_kept = _kept(xp, traced, bits_flat, self.n_waypoints, params.waycond, distthresh)
+            traced_kept = kept_streamlines(xp, traced, bits_flat, self.n_waypoints, params.waycond, distthresh)
             if not _same_visits(xp, visits, kept, traced, traced_kept, int(np.prod(self.field.shape))):
                 self.notes.append("the kernel's visit lists differed from its traces; the run used the traces")
                 self.listed, self.engine, self.tracker = False, "kernel trace", None
@@ -662,16 +346,16 @@ def track_connectome(
         if accn is not None:
             own = mask_of_seed[seed_of]
             s, m, d = network_reached(xp, visits, entry_kept, membership, own, n_masks)
-            kept &= _bincount(xp, s, count) > 0
-            accn.add(own[s], m, _values(xp, d))
+            kept &= bincount_or_zeros(xp, s, count) > 0
+            accn.add(own[s], m, count_and_length(xp, d))
             entry_kept = kept[visits.stream]
-            waytotal += _bincount(xp, own[kept], n_masks)
+            waytotal += bincount_or_zeros(xp, own[kept], n_masks)
         else:
             waytotal += kept.sum()
         v = visits.voxel[entry_kept]
-        paths += _bincount(xp, v, n_vox)
+        paths += bincount_or_zeros(xp, v, n_vox)
         if lengths:
-            paths_len += _bincount(xp, v, n_vox, xp.abs(visits.distance_mm[entry_kept]))
+            paths_len += bincount_or_zeros(xp, v, n_vox, xp.abs(visits.distance_mm[entry_kept]))
         if acc2 is not None:
             emit_matrix2(xp, acc2, visits, entry_kept, columns2, seed_of)
         if acc3 is not None:
@@ -710,18 +394,3 @@ def track_connectome(
         "notes": notes_source + notes,
     }
     return result
-
-
-def _kept(xp, visits: Visits, bits_flat, n_waypoints, waycond, distthresh):
-    """Kept streamlines: no exclusion voxel, the waypoint condition, at least ``distthresh`` long."""
-    n = visits.n
-    b = bits_flat[visits.voxel]
-    excluded = _bincount(xp, visits.stream[(b & BIT_EXCLUDE) != 0], n) > 0
-    kept = ~excluded & (visits.length_mm >= distthresh)
-    if n_waypoints:
-        met = xp.zeros(n, dtype=xp.int64)
-        for i in range(n_waypoints):
-            hit = _bincount(xp, visits.stream[((b >> (WAYPOINT_SHIFT + i)) & 1) != 0], n) > 0
-            met += hit
-        kept &= (met == n_waypoints) if waycond == "AND" else (met > 0)
-    return kept

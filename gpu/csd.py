@@ -63,9 +63,7 @@ class CSDParams:
     )
     regularisation: float = field(
         default=1.0,
-        metadata=meta(
-            "λ", "weight of the non-negativity penalty of single-shell CSD", "", (0.0, 100.0), flags=("--lambda",)
-        ),
+        metadata=meta("λ", "weight of the non-negativity penalty of single-shell CSD", "", (0.0, 100.0)),
     )
     threshold: float = field(
         default=0.1,
@@ -74,12 +72,11 @@ class CSDParams:
             "fODF amplitudes below this fraction of the mean are penalised (single shell)",
             "",
             (0.0, 1.0),
-            flags=("--tau",),
         ),
     )
     max_iterations: int = field(
         default=50,
-        metadata=meta("Iterations", "most iterations of the single-shell solver", "", (1, 1000), cli=False),
+        metadata=meta("Iterations", "most iterations of the single-shell solver", "", (1, 1000)),
     )
     msmt_max_iterations: int = field(
         default=2000,
@@ -88,33 +85,22 @@ class CSDParams:
             "most batched solves (interior point, active-set changes) of the exact multi-tissue solver",
             "",
             (10, 100000),
-            cli=False,
         ),
     )
     constraint_directions: int = field(
         default=300,
-        metadata=meta(
-            "Constraint directions", "hemisphere directions where the fODF must be ≥ 0", "", (60, 5000), cli=False
-        ),
+        metadata=meta("Constraint directions", "hemisphere directions where the fODF must be ≥ 0", "", (60, 5000)),
     )
     fa_threshold: float = field(
         default=0.7,
-        metadata=meta(
-            "Single-fibre FA", "voxels above this FA give the (WM) response", "", (0.3, 0.99), flags=("--response-fa",)
-        ),
+        metadata=meta("Single-fibre FA", "voxels above this FA give the (WM) response", "", (0.3, 0.99)),
     )
     gm_fa: float = field(
-        default=0.2, metadata=meta("GM FA below", "grey-matter response voxels: FA below", "", (0.0, 1.0), cli=False)
+        default=0.2, metadata=meta("GM FA below", "grey-matter response voxels: FA below", "", (0.0, 1.0))
     )
-    gm_md: float = field(
-        default=0.0011, metadata=meta("GM MD below", "grey-matter response voxels: MD below", "mm²/s", cli=False)
-    )
-    csf_fa: float = field(
-        default=0.1, metadata=meta("CSF FA below", "CSF response voxels: FA below", "", (0.0, 1.0), cli=False)
-    )
-    csf_md: float = field(
-        default=0.0025, metadata=meta("CSF MD above", "CSF response voxels: MD above", "mm²/s", cli=False)
-    )
+    gm_md: float = field(default=0.0011, metadata=meta("GM MD below", "grey-matter response voxels: MD below", "mm²/s"))
+    csf_fa: float = field(default=0.1, metadata=meta("CSF FA below", "CSF response voxels: FA below", "", (0.0, 1.0)))
+    csf_md: float = field(default=0.0025, metadata=meta("CSF MD above", "CSF response voxels: MD above", "mm²/s"))
     b0_threshold: float = field(
         default=50.0, metadata=meta("b=0 threshold", "b-values up to this count as b=0", "s/mm²", (0.0, 500.0))
     )

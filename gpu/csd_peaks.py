@@ -51,7 +51,6 @@ class PeakParams:
             "a peak is kept when it reaches this fraction of the voxel's largest peak",
             "",
             (0.0, 1.0),
-            flags=("--peak-threshold",),
         ),
     )
     min_separation_deg: float = field(
@@ -61,7 +60,6 @@ class PeakParams:
             "peaks closer than this angle are taken as one",
             "°",
             (0.0, 90.0),
-            flags=("--peak-separation",),
         ),
     )
 

@@ -79,6 +79,7 @@ COMPILING_MESSAGE = "compiling GPU kernels (first use only)…"
 _loaded: dict[str, float] = {}  # kernel file -> seconds its builds took in this process
 _announce = threading.Lock()
 _announced = False
+_warmed = False
 
 
 def cache_dir() -> Path:
@@ -89,6 +90,18 @@ def cache_dir() -> Path:
 def loaded_files() -> frozenset[str]:
     """The kernel files of which at least one build was compiled (or loaded) in this process."""
     return frozenset(_loaded)
+
+
+def mark_warmed() -> None:
+    """Record that every kernel build of the engine was compiled or loaded here
+    (:func:`gpu.warmup.compile_all` ran to the end)."""
+    global _warmed
+    _warmed = True
+
+
+def warmed() -> bool:
+    """Whether :func:`gpu.warmup.compile_all` ran to the end in this process."""
+    return _warmed
 
 
 def _say_compiling() -> None:

@@ -40,50 +40,32 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cuda, sym3, transfer
-from .backend import Backend, get_backend, iter_batched
-from .engines import ARRAYS, KERNEL, choose_engine, engine_names
-from .interpolate import inside_volume, lookup, trilinear
+from . import cuda, deterministic_host, sym3, tracking
+from .backend import Backend, get_backend
+from .engines import ARRAYS, COMPILED, KERNEL, choose_engine, engine_names
+from .host import host_threads
+from .interpolate import trilinear
 from .params import meta
-from .streamlines import (
-    LOW_FA,
-    MAX_LENGTH,
-    OUTSIDE_MASK,
-    OUTSIDE_VOLUME,
-    SHARP_ANGLE,
-    STOP_REGION,
-    StreamlineBatch,
-    StreamlineScalars,
-    pack_rows,
-    stop_code_defines,
-)
+from .streamlines import LOW_FA, SHARP_ANGLE, StreamlineBatch, StreamlineScalars
+from .tracking import drop
 
 INTEGRATORS = ("euler", "rk4")
 METHODS = ("eigenvector", "tensorline")
-ENGINES = engine_names((KERNEL, ARRAYS))
-# Region codes of the tracking map.
-OUTSIDE, TRACK, STOP = 0, 1, 2
+ENGINES = engine_names((KERNEL, COMPILED, ARRAYS))
 #: What kernels/deterministic.cu receives at compile time: its stop and region codes.
-KERNEL_DEFINES = (
-    *stop_code_defines("MAX_LENGTH", "OUTSIDE_VOLUME", "OUTSIDE_MASK", "LOW_FA", "SHARP_ANGLE", "STOP_REGION"),
-    ("REGION_OUTSIDE", OUTSIDE),
-    ("REGION_STOP", STOP),
-)
+KERNEL_DEFINES = tracking.KERNEL_DEFINES
+#: The headers it is compiled with.
+KERNEL_HEADERS = tracking.KERNEL_HEADERS
 # The seed's eigenvector sign is fixed by this reference direction, so both engines
 # start every streamline the same way round.
 SIGN_REFERENCE = np.array([3.0, 2.0, 1.0]) / math.sqrt(14.0)
 
 
 CHOICES = {"integrator": INTEGRATORS, "method": METHODS}
-#: Most seeds of one GPU batch. A whole brain would fit one batch of a large GPU; its points all
-#: come to the host at once (HCP: 235 M points, 2.8 GB). Batches of 2^18 seeds (~60 M points,
-#: 0.7 GB) bound that and cost a few more kernel launches; every seed is tracked alone, so the
-#: streamlines do not depend on the batching.
-GPU_MAX_BATCH = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -97,8 +79,6 @@ class DeterministicParams:
             "step length",
             "mm",
             (0.05, 5.0),
-            flags=("--step", "--step-mm"),
-            cli_help="step length in mm (track geodesic's --step is in voxels)",
         ),
     )
     fa_threshold: float = field(
@@ -111,17 +91,15 @@ class DeterministicParams:
             "stop where one step turns more than this",
             "°",
             (1.0, 180.0),
-            flags=("--max-angle",),
-            cli_help="max turn per step in degrees",
         ),
     )
     min_length_mm: float = field(
         default=20.0,
-        metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0), flags=("--min-length",)),
+        metadata=meta("Min length", "drop streamlines shorter than this", "mm", (0.0, 1000.0)),
     )
     max_length_mm: float = field(
         default=250.0,
-        metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0), flags=("--max-length",)),
+        metadata=meta("Max length", "end streamlines at this length", "mm", (1.0, 2000.0)),
     )
     integrator: str = field(
         default="euler",
@@ -135,7 +113,6 @@ class DeterministicParams:
             "Direction",
             "follow e1, or deflect by the tensor (Weinstein tensorlines, through crossings)",
             choices=METHODS,
-            flags=("--method",),
         ),
     )
     tensorline_puncture: float = field(
@@ -145,7 +122,6 @@ class DeterministicParams:
             "tensorlines: weight w of the deflected incoming direction",
             "",
             (0.0, 1.0),
-            flags=("--puncture",),
         ),
     )
     keep_truncated: bool = field(
@@ -153,9 +129,6 @@ class DeterministicParams:
         metadata=meta(
             "Keep truncated",
             "keep streamlines that reached the max length",
-            flags=("--discard-truncated",),
-            negated=True,
-            cli_help="drop streamlines that reached --max-length instead of keeping them",
         ),
     )
 
@@ -213,26 +186,14 @@ def prepare_field(tensor, voxel_size, mask=None, stop=None) -> TrackingField:
     if tensor.ndim != 4 or tensor.shape[-1] != 6:
         raise ValueError(f"a tensor field must be (X, Y, Z, 6), got shape {tensor.shape}")
     shape = tensor.shape[:3]
-    voxel_size = np.asarray(voxel_size, dtype=np.float64).reshape(3)
-    if not (np.isfinite(voxel_size).all() and (voxel_size > 0).all()):
-        raise ValueError(f"voxel sizes must be positive, got {voxel_size}")
+    voxel_size = tracking.checked_voxel_size(voxel_size)
     notes = []
     finite = np.isfinite(tensor).all(axis=-1)
     tensor8 = np.zeros((*shape, 8), np.float32)
     tensor8[..., :6] = np.where(finite[..., None], tensor, 0.0)
     if (~finite).any():
         notes.append(f"{int((~finite).sum())} voxels with NaN or infinite tensors were treated as empty")
-    region = np.full(shape, TRACK, np.uint8)
-    for name, volume, code in (("mask", mask, OUTSIDE), ("stop region", stop, STOP)):
-        if volume is None:
-            continue
-        volume = np.asarray(volume)
-        if volume.shape != shape:
-            raise ValueError(f"the {name} has shape {volume.shape}, the tensor field {shape}")
-        if code == OUTSIDE:
-            region[volume == 0] = OUTSIDE
-        else:
-            region[(volume != 0) & (region != OUTSIDE)] = STOP
+    region = tracking.region_map(shape, mask, stop, "tensor field")
     return TrackingField(tensor8, region, voxel_size, notes)
 
 
@@ -262,156 +223,61 @@ def _unit(xp, v, fallback):
     return xp.where(norm > 0, v / xp.where(norm > 0, norm, 1.0), fallback)
 
 
-def _drop(stop, idx, end: int, failed, reason: int):
-    """Record why the ``failed`` streamlines of ``idx`` stopped at ``end``; the mask of the others."""
-    stop[idx[failed], end] = reason
-    return ~failed
-
-
 def _track_arrays(xp, field, region, scale, seeds, params: DeterministicParams, dtype):
-    """Both halves of every seed's streamline: (buffer (N, 2M+1, 3), counts (N, 2), stop (N, 2))."""
-    n, m = len(seeds), params.max_steps
-    shape = region.shape
+    """Both halves of every seed's streamline (:func:`gpu.tracking.walk`'s buffers)."""
+    n = len(seeds)
     tensorline = params.method == "tensorline"
-    buf = xp.zeros((n, 2 * m + 1, 3), np.float32)
-    count = xp.zeros((n, 2), np.int32)
-    stop = xp.zeros((n, 2), np.uint8)
-    p0 = seeds.astype(dtype)
-    buf[:, m] = p0
-    inside = inside_volume(xp, p0, shape)
-    code = lookup(xp, region, p0)
-    stop[~inside] = OUTSIDE_VOLUME
-    stop[inside & (code == OUTSIDE)] = OUTSIDE_MASK
-    valid = inside & (code != OUTSIDE)
-    ref = xp.broadcast_to(xp.asarray(SIGN_REFERENCE, dtype=dtype), (n, 3))
-    d0, fa0 = _direction(xp, field, p0, ref, params, tensorline=False)
-    low = valid & (fa0 < params.fa_threshold)
-    stop[low] = LOW_FA
-    h = xp.asarray(scale * params.step_mm, dtype=dtype)  # one step along each axis, in voxels
     cos_max = math.cos(math.radians(params.max_angle_deg))
-    start = xp.flatnonzero(valid & ~low)
-    for end, sign in ((1, 1.0), (0, -1.0)):
-        budget = xp.full(n, m, np.int32) if end == 1 else m - count[:, 1]
-        idx = start
-        p, d = p0[idx], sign * d0[idx]
-        steps = xp.zeros(len(idx), np.int32)
-        while len(idx):
-            live = _drop(stop, idx, end, steps >= budget[idx], MAX_LENGTH)
-            idx, p, d, steps = idx[live], p[live], d[live], steps[live]
-            if params.integrator == "rk4":
+    h = xp.asarray(scale * params.step_mm, dtype=dtype)  # one step along each axis, in voxels
 
-                def at(x, d=d):
-                    return _direction(xp, field, x, d, params, tensorline)[0]
+    def start(p0, valid, stop):
+        ref = xp.broadcast_to(xp.asarray(SIGN_REFERENCE, dtype=dtype), (n, 3))
+        d0, fa0 = _direction(xp, field, p0, ref, params, tensorline=False)
+        low = valid & (fa0 < params.fa_threshold)
+        stop[low] = LOW_FA
+        return d0, xp.flatnonzero(valid & ~low)
 
-                k2 = at(p + 0.5 * h * d)
-                k3 = at(p + 0.5 * h * k2)
-                k4 = at(p + h * k3)
-                v = _unit(xp, d + 2.0 * k2 + 2.0 * k3 + k4, d)
-            else:
-                v = d
-            q = p + h * v
-            ins = inside_volume(xp, q, shape)
-            code = lookup(xp, region, q)
-            live = _drop(stop, idx, end, ~ins, OUTSIDE_VOLUME)
-            live &= _drop(stop, idx, end, ins & (code == OUTSIDE), OUTSIDE_MASK)
-            idx, q, v, code, steps = idx[live], q[live], v[live], code[live], steps[live] + 1
-            buf[idx, m + steps if end == 1 else m - steps] = q
-            count[idx, end] = steps
-            live = _drop(stop, idx, end, code == STOP, STOP_REGION)
-            idx, q, v, steps = idx[live], q[live], v[live], steps[live]
-            e, fa = _direction(xp, field, q, v, params, tensorline)
-            live = _drop(stop, idx, end, fa < params.fa_threshold, LOW_FA)
-            live &= _drop(stop, idx, end, live & (xp.sum(e * v, axis=1) < cos_max), SHARP_ANGLE)
-            idx, p, d, steps = idx[live], q[live], e[live], steps[live]
-    return buf, count, stop, valid
+    def advance(p, d):
+        if params.integrator != "rk4":
+            return d
+
+        def at(x):
+            return _direction(xp, field, x, d, params, tensorline)[0]
+
+        k2 = at(p + 0.5 * h * d)
+        k3 = at(p + 0.5 * h * k2)
+        k4 = at(p + h * k3)
+        return _unit(xp, d + 2.0 * k2 + 2.0 * k3 + k4, d)
+
+    def turn(stop, idx, q, v, steps, end):
+        e, fa = _direction(xp, field, q, v, params, tensorline)
+        live = drop(stop, idx, end, fa < params.fa_threshold, LOW_FA)
+        live &= drop(stop, idx, end, live & (xp.sum(e * v, axis=1) < cos_max), SHARP_ANGLE)
+        return idx[live], q[live], e[live], steps[live]
+
+    return tracking.walk(xp, region, seeds, params.max_steps, h, start=start, advance=advance, turn=turn, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------- CUDA kernel
 def _kernel():
-    return cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"), KERNEL_DEFINES)
+    return cuda.function("deterministic.cu", "track_deterministic", KERNEL_HEADERS, KERNEL_DEFINES)
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, params: DeterministicParams):
-    cp = backend.xp
-    n, m = len(seeds), params.max_steps
-    buf = cp.empty((n, 2 * m + 1, 3), cp.float32)
-    count = cp.zeros((n, 2), cp.int32)
-    stop = cp.zeros((n, 2), cp.uint8)
-    valid = cp.zeros(n, cp.uint8)
-    seeds64 = cp.ascontiguousarray(seeds, dtype=cp.float64)
     h = scale * params.step_mm
-    block = 128
-    _kernel()(
-        ((n + block - 1) // block,),
-        (block,),
-        (
-            field,
-            region,
-            np.int32(region.shape[0]),
-            np.int32(region.shape[1]),
-            np.int32(region.shape[2]),
-            seeds64,
-            np.int32(n),
-            np.float64(h[0]),
-            np.float64(h[1]),
-            np.float64(h[2]),
-            np.float64(params.fa_threshold),
-            np.float64(math.cos(math.radians(params.max_angle_deg))),
-            np.int32(m),
-            np.int32(params.integrator == "rk4"),
-            np.int32(params.method == "tensorline"),
-            np.float64(params.tensorline_puncture),
-            buf,
-            count,
-            stop,
-            valid,
-        ),
+    arguments = (
+        *(np.float64(x) for x in h),
+        np.float64(params.fa_threshold),
+        np.float64(math.cos(math.radians(params.max_angle_deg))),
+        np.int32(params.max_steps),
+        np.int32(params.integrator == "rk4"),
+        np.int32(params.method == "tensorline"),
+        np.float64(params.tensorline_puncture),
     )
-    return buf, count, stop, valid.astype(bool)
+    return tracking.launch(_kernel(), backend, field, region, seeds, params.max_steps, arguments)
 
 
 # ----------------------------------------------------------------------------- driver
-def _compact(xp, buf, count, stop, valid, seed_offset: int, params: DeterministicParams,
-             scalars: StreamlineScalars | None = None) -> StreamlineBatch:  # fmt: skip
-    """Keep the streamlines that pass the length filters, joined into ragged arrays on the host;
-    with ``scalars``, their values computed where the points are, before the copy."""
-    m = params.max_steps
-    back, fwd = count[:, 0].astype(np.int64), count[:, 1].astype(np.int64)
-    n_points = back + fwd + 1
-    length = (n_points - 1) * params.step_mm
-    keep = valid & (length >= params.min_length_mm - 1e-6)
-    if not params.keep_truncated:
-        keep &= ~(stop == MAX_LENGTH).any(axis=1)
-    kept = xp.flatnonzero(keep)
-    points, offsets = pack_rows(xp, buf, kept, m - back[kept], n_points[kept])
-    to_host = transfer.to_host  # large arrays through pinned buffers (gpu.transfer)
-    host_offsets = to_host(offsets)
-    point_scalars, streamline_scalars = {}, {}
-    if scalars is not None:
-        point_scalars, streamline_scalars = scalars.compute(xp, points, offsets, host_offsets)
-    # what each filter left, so an empty result can say which one emptied it
-    filters = {
-        "started": int(valid.sum()),
-        "left_seed": int((valid & (n_points > 1)).sum()),
-        "long_enough": int((valid & (length >= params.min_length_mm - 1e-6)).sum()),
-    }
-    return StreamlineBatch(
-        to_host(points),
-        host_offsets,
-        to_host(kept) + seed_offset,
-        to_host(stop[kept]),
-        to_host(back[kept]),
-        filters,
-        {k: to_host(v) for k, v in point_scalars.items()},
-        {k: to_host(v) for k, v in streamline_scalars.items()},
-    )
-
-
-def batch_bytes(params: DeterministicParams) -> int:
-    """Working memory of one seed: its point buffer, plus the gather of its points."""
-    return (2 * params.max_steps + 1) * 3 * 4 * 3 + 256
-
-
 def track(
     tensor,
     seeds,
@@ -440,44 +306,31 @@ def track(
     """
     backend = get_backend(device)
     xp = backend.xp
-    engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="deterministic tracking")
+    requested, engine = engine, choose_engine(engine, backend, available=(KERNEL, COMPILED, ARRAYS),
+                                              method="deterministic tracking")  # fmt: skip
+    if engine == COMPILED and not deterministic_host.available():  # numba (the cpu extra) missing
+        if requested == COMPILED:
+            deterministic_host.require()
+        engine = ARRAYS
     tf = tensor if isinstance(tensor, TrackingField) else prepare_field(tensor, voxel_size, mask, stop)
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     field = backend.asarray(tf.tensor8)
     region = backend.asarray(tf.region)
     scale = 1.0 / tf.voxel_size
-    if max_batch is None and not backend.is_gpu:
-        max_batch = 4096  # the arrays engine walks all live streamlines step by step: keep them in cache
-    elif max_batch is None:
-        max_batch = GPU_MAX_BATCH
+    if max_batch is None and engine == COMPILED:
+        max_batch = max(4096, 1024 * host_threads())  # every thread gets whole blocks of seeds
 
-    def work(a: int, b: int) -> StreamlineBatch:
-        t0 = time.perf_counter()
-        chunk = backend.asarray(seeds[a:b])
-        if engine == "kernel":
-            result = _track_kernel(backend, field, region, scale, chunk, params)
-        else:
-            result = _track_arrays(xp, field, region, xp.asarray(scale), chunk, params, np.float64)
-        batch = _compact(xp, *result, a, params, scalars)
-        backend.synchronize()
-        batch.provenance = {
-            **batch.provenance,
-            "seeds": b - a,
-            "streamlines": len(batch),
-            "seconds": time.perf_counter() - t0,
-        }
-        return batch
+    def track_chunk(a: int, b: int, chunk):
+        if engine == KERNEL:
+            return _track_kernel(backend, field, region, scale, chunk, params)
+        if engine == COMPILED:
+            return deterministic_host.track_compiled(field, region, scale, chunk, params)
+        return _track_arrays(xp, field, region, xp.asarray(scale), chunk, params, np.float64)
 
-    yield from iter_batched(
-        backend,
-        len(seeds),
-        batch_bytes(params),
-        work,
-        progress=progress,
-        cancelled=cancelled,
-        fraction=0.4,
-        maximum=max_batch,
-    )
+    yield from tracking.track_batches(
+        backend, seeds, params, track_chunk, max_batch=max_batch, progress=progress, cancelled=cancelled,
+        scalars=scalars,
+    )  # fmt: skip
 
 
 def track_all(tensor, seeds, params: DeterministicParams = DeterministicParams(), **kwargs) -> StreamlineBatch:
@@ -485,16 +338,4 @@ def track_all(tensor, seeds, params: DeterministicParams = DeterministicParams()
     backend = get_backend(kwargs.pop("device", "auto"))
     t0 = time.perf_counter()
     batches = list(track(tensor, seeds, params, device=backend, **kwargs))
-    out = StreamlineBatch.concatenate(batches)
-    out.provenance = {
-        "method": "deterministic",
-        "parameters": asdict(params),
-        "backend": backend.name,
-        "device": backend.device_name,
-        "seeds": len(np.asarray(seeds).reshape(-1, 3)),
-        "streamlines": len(out),
-        "points": len(out.points),
-        "seconds": time.perf_counter() - t0,
-        "stop_reasons": out.reason_counts(),
-    }
-    return out
+    return tracking.joined(batches, "deterministic", params, backend, seeds, t0)

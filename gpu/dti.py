@@ -83,7 +83,7 @@ class DTIFitParams:
         metadata=meta("Method", "least-squares fit: weighted (recommended) or ordinary", choices=("wls", "ols")),
     )
     min_signal: float = field(
-        default=MIN_SIGNAL, metadata=meta("Minimum signal", "signals below this are raised to it", cli=False)
+        default=MIN_SIGNAL, metadata=meta("Minimum signal", "signals below this are raised to it")
     )
     precision: str = field(
         default="auto",
@@ -91,7 +91,6 @@ class DTIFitParams:
             "Precision",
             "precision of the products over all volumes",
             choices=("auto", "float32", "float64"),
-            default_text="auto: float32 on GPU, float64 on CPU",
         ),
     )
     b0_threshold: float = field(
@@ -99,9 +98,7 @@ class DTIFitParams:
     )
     engine: str = field(
         default="auto",
-        metadata=meta(
-            "Engine", "the fused CUDA kernel or array operations", choices=("auto", "kernel", "arrays"), cli=False
-        ),
+        metadata=meta("Engine", "the fused CUDA kernel or array operations", choices=("auto", "kernel", "arrays")),
     )
 
     def __post_init__(self):

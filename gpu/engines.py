@@ -8,7 +8,9 @@ A method is computed by one of these engines:
     array operations written against the array module, so they run on NumPy or CuPy;
 ``"numpy"``
     a NumPy-only reference, for the methods whose CPU path cannot run on CuPy
-    (ball & sticks, probabilistic tracking).
+    (ball & sticks, probabilistic tracking);
+``"compiled"``
+    a loop compiled for the CPU (numba, the ``cpu`` extra), on threads (deterministic tracking).
 
 ``"auto"`` picks the kernel on the GPU backend and the method's CPU engine otherwise.
 
@@ -19,14 +21,20 @@ kernels) that small jobs never earn back, so below a per-method crossover they r
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-KERNEL, ARRAYS, NUMPY = "kernel", "arrays", "numpy"
+from . import cuda
+from .backend import gpu_status
+
+KERNEL, ARRAYS, NUMPY, COMPILED = "kernel", "arrays", "numpy", "compiled"
 AUTO = "auto"
-ENGINES = (KERNEL, ARRAYS, NUMPY)
+ENGINES = (KERNEL, ARRAYS, NUMPY, COMPILED)
 
 
 class _HasDevice(Protocol):
@@ -263,17 +271,11 @@ class DeviceChoice:
 
 def gpu_state() -> GpuState:
     """The start-up state of this process, found without importing CuPy."""
-    import importlib.util
-    import os
-    import sys
-
-    from . import backend, cuda, warmup
-
     if os.environ.get("TRACTLENS_DISABLE_GPU"):
         return GpuState(available=False, reason="disabled by TRACTLENS_DISABLE_GPU")
-    probed = backend.gpu_status.cache_info().currsize > 0
+    probed = gpu_status.cache_info().currsize > 0
     if probed:
-        ok, detail = backend.gpu_status()
+        ok, detail = gpu_status()
         if not ok:
             return GpuState(available=False, reason=detail)
     elif "cupy" not in sys.modules and importlib.util.find_spec("cupy") is None:
@@ -282,7 +284,7 @@ def gpu_state() -> GpuState:
         cached = any(os.scandir(cuda.cache_dir()))
     except OSError:
         cached = False
-    return GpuState(available=True, imported=probed, loaded=cuda.loaded_files(), warmed=warmup.warmed(), cached=cached)
+    return GpuState(available=True, imported=probed, loaded=cuda.loaded_files(), warmed=cuda.warmed(), cached=cached)
 
 
 def _amount(n: float) -> str:

@@ -4,8 +4,8 @@ Deterministic fODF tracking follows the fODF peak nearest the incoming direction
 ``SD_STREAM``); probabilistic fODF tracking draws each step's direction within a cone,
 with probability proportional to the fODF amplitude to a power (MRtrix3's ``iFOD1``). The
 fields shared with tensor tracking (step, lengths, max angle) repeat its definitions
-(:func:`gpu.params.same_as`), so a default exists once and ``track deterministic --fod``
-keeps the options of ``track deterministic``.
+(:func:`gpu.params.same_as`), so a default exists once and fODF tracking keeps the options
+of tensor tracking.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ def _cutoff_field():
             "stop where the fODF amplitude along the way falls below this",
             "",
             (0.0, 100.0),
-            flags=("--cutoff",),
-            cli_help="fODF amplitude cut-off: streamlines end where the fODF falls below it (MRtrix's -cutoff)",
         ),
     )
 
@@ -38,13 +36,13 @@ def _cutoff_field():
 class FodDeterministicParams:
     """Deterministic fODF tracking (SD_STREAM): lengths in millimetres, angles in degrees."""
 
-    # On the command line (``track deterministic --fod``) these are that command's own options.
-    step_mm: float = same_as(DeterministicParams, "step_mm", cli=False)
+    # tensor tracking's own fields (one definition, one option for both trackers)
+    step_mm: float = same_as(DeterministicParams, "step_mm")
     cutoff: float = _cutoff_field()
-    max_angle_deg: float = same_as(DeterministicParams, "max_angle_deg", cli=False)
-    min_length_mm: float = same_as(DeterministicParams, "min_length_mm", cli=False)
-    max_length_mm: float = same_as(DeterministicParams, "max_length_mm", cli=False)
-    keep_truncated: bool = same_as(DeterministicParams, "keep_truncated", cli=False)
+    max_angle_deg: float = same_as(DeterministicParams, "max_angle_deg")
+    min_length_mm: float = same_as(DeterministicParams, "min_length_mm")
+    max_length_mm: float = same_as(DeterministicParams, "max_length_mm")
+    keep_truncated: bool = same_as(DeterministicParams, "keep_truncated")
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -71,7 +69,6 @@ class FodProbabilisticParams:
             "directions are drawn with probability ∝ amplitude^power (higher: closer to the peaks)",
             "",
             (0.1, 20.0),
-            flags=("--power",),
         ),
     )
     max_trials: int = field(
@@ -81,7 +78,6 @@ class FodProbabilisticParams:
             "draws per step before the streamline ends for want of a direction above the cut-off",
             "",
             (1, 10000),
-            flags=("--max-trials",),
         ),
     )
     min_length_mm: float = same_as(DeterministicParams, "min_length_mm")

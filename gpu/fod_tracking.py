@@ -55,29 +55,19 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
-from . import cuda
-from .backend import Backend, get_backend, iter_batched
-from .ballstick import _seed_key, philox4x32
-from .deterministic import OUTSIDE, STOP, TRACK, _compact, batch_bytes
+from . import cuda, tracking
+from .backend import Backend, get_backend
 from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .fod_params import FodDeterministicParams, FodProbabilisticParams
-from .interpolate import inside_volume, lookup, trilinear
-from .sh import fibonacci_hemisphere, n_coefficients, sh_basis
-from .streamlines import (
-    LOW_FA,
-    MAX_LENGTH,
-    OUTSIDE_MASK,
-    OUTSIDE_VOLUME,
-    SHARP_ANGLE,
-    STOP_REGION,
-    StreamlineBatch,
-    StreamlineScalars,
-    stop_code_defines,
-)
+from .interpolate import trilinear
+from .rng import philox4x32, seed_key
+from .sh import fibonacci_hemisphere, lmax_of, n_coefficients, sh_basis
+from .streamlines import LOW_FA, SHARP_ANGLE, StreamlineBatch, StreamlineScalars
+from .tracking import drop
 
 ENGINES = engine_names((KERNEL, ARRAYS))
 DEGREE = 8
@@ -93,15 +83,14 @@ ENVELOPE_MARGIN = 1.2
 SEED_DIRECTIONS = fibonacci_hemisphere(64)
 P_SEED, P_STEP = 1, 2  # random stream purposes
 KERNEL_DEFINES = (
-    *stop_code_defines("MAX_LENGTH", "OUTSIDE_VOLUME", "OUTSIDE_MASK", "LOW_FA", "SHARP_ANGLE", "STOP_REGION"),
-    ("REGION_OUTSIDE", OUTSIDE),
-    ("REGION_STOP", STOP),
+    *tracking.KERNEL_DEFINES,
     ("N_SEED_DIRECTIONS", len(SEED_DIRECTIONS)),
     ("PEAK_ITERATIONS", PEAK_ITERATIONS),
     ("P_SEED", P_SEED),
     ("P_STEP", P_STEP),
 )
-GPU_MAX_BATCH = 1 << 18  # as gpu.deterministic: bounds the points that come to the host at once
+
+KERNEL_HEADERS = (*tracking.KERNEL_HEADERS, "philox.cuh")
 
 FodParams = FodDeterministicParams | FodProbabilisticParams
 DEFAULT_PARAMS = FodDeterministicParams()
@@ -297,13 +286,9 @@ def prepare_field(sh, voxel_size, *, rotation=None, mask=None, stop=None, device
     sh = sh if on_device else np.asarray(sh)
     if sh.ndim != 4:
         raise ValueError(f"an fODF field must be (X, Y, Z, C), got shape {sh.shape}")
-    from .sh import lmax_of
-
     lmax = lmax_of(int(sh.shape[-1]))
     shape = sh.shape[:3]
-    voxel_size = np.asarray(voxel_size, dtype=np.float64).reshape(3)
-    if not (np.isfinite(voxel_size).all() and (voxel_size > 0).all()):
-        raise ValueError(f"voxel sizes must be positive, got {voxel_size}")
+    voxel_size = tracking.checked_voxel_size(voxel_size)
     notes = []
     matrix = np.zeros((n_coefficients(lmax), FIELD_STRIDE), np.float32)
     matrix[:, :N_MONOMIALS] = sh_to_monomials(lmax, rotation).T
@@ -319,17 +304,7 @@ def prepare_field(sh, voxel_size, *, rotation=None, mask=None, stop=None, device
         poly[a : a + chunk] = part @ m
     if nonfinite:
         notes.append(f"{nonfinite} voxels with NaN or infinite fODF coefficients were treated as empty")
-    region = np.full(shape, TRACK, np.uint8)
-    for name, volume, code in (("mask", mask, OUTSIDE), ("stop region", stop, STOP)):
-        if volume is None:
-            continue
-        volume = np.asarray(volume)
-        if volume.shape != shape:
-            raise ValueError(f"the {name} has shape {volume.shape}, the fODF field {shape}")
-        if code == OUTSIDE:
-            region[volume == 0] = OUTSIDE
-        else:
-            region[(volume != 0) & (region != OUTSIDE)] = STOP
+    region = tracking.region_map(shape, mask, stop, "fODF field")
     return FodField(poly.reshape(*shape, FIELD_STRIDE), region, voxel_size, notes)
 
 
@@ -383,122 +358,66 @@ def _host(a):
 
 
 # ----------------------------------------------------------------------------- arrays engine
-def _drop(stop, idx, end: int, failed, reason: int):
-    stop[idx[failed], end] = reason
-    return ~failed
-
-
 def _track_arrays(xp, field, region, scale, seeds, sids, params: FodParams, key):
-    """Both halves of every seed's streamline: (buffer (N, 2M+1, 3), counts (N, 2), stop (N, 2), valid)."""
+    """Both halves of every seed's streamline (:func:`gpu.tracking.walk`'s buffers)."""
     probabilistic = isinstance(params, FodProbabilisticParams)
-    n, m = len(seeds), params.max_steps
-    shape = region.shape
-    buf = xp.zeros((n, 2 * m + 1, 3), np.float32)
-    count = xp.zeros((n, 2), np.int32)
-    stop = xp.zeros((n, 2), np.uint8)
-    p0 = seeds.astype(np.float64)
-    buf[:, m] = p0
-    inside = inside_volume(xp, p0, shape)
-    code = lookup(xp, region, p0)
-    stop[~inside] = OUTSIDE_VOLUME
-    stop[inside & (code == OUTSIDE)] = OUTSIDE_MASK
-    valid = inside & (code != OUTSIDE)
-    coef0 = trilinear(xp, field, p0)
-    d0, a0 = largest_peak(xp, coef0)
-    low = valid & (a0 < params.cutoff)
-    stop[low] = LOW_FA
     cos_max = math.cos(math.radians(params.max_angle_deg))
-    start = xp.flatnonzero(valid & ~low)
-    if probabilistic and len(start):
-        host = _host(start)
-        drawn, ok = draw_in_cone(xp, coef0[start], d0[start], ENVELOPE_MARGIN * a0[start], -1.0, params,
-                                 np.zeros(len(host), np.uint64), P_SEED << 24, sids[host], key)  # fmt: skip
-        d0[start] = xp.where(ok[:, None], drawn, d0[start])
+
+    def start(p0, valid, stop):
+        coef0 = trilinear(xp, field, p0)
+        d0, a0 = largest_peak(xp, coef0)
+        low = valid & (a0 < params.cutoff)
+        stop[low] = LOW_FA
+        begin = xp.flatnonzero(valid & ~low)
+        if probabilistic and len(begin):
+            host = _host(begin)
+            drawn, ok = draw_in_cone(xp, coef0[begin], d0[begin], ENVELOPE_MARGIN * a0[begin], -1.0, params,
+                                     np.zeros(len(host), np.uint64), P_SEED << 24, sids[host], key)  # fmt: skip
+            d0[begin] = xp.where(ok[:, None], drawn, d0[begin])
+        return d0, begin
+
+    def turn(stop, idx, q, d, steps, end):
+        coef = trilinear(xp, field, q)
+        peak, a = nearest_peak(xp, coef, d)
+        live = drop(stop, idx, end, a < params.cutoff, LOW_FA)
+        idx, q, d, steps, coef, peak, a = (x[live] for x in (idx, q, d, steps, coef, peak, a))
+        if probabilistic:
+            e, ok = draw_in_cone(xp, coef, d, ENVELOPE_MARGIN * a, cos_max, params, _host(steps).astype(np.uint64),
+                                 (P_STEP << 24) | (end << 16), sids[_host(idx)], key)  # fmt: skip
+            live = drop(stop, idx, end, ~ok, SHARP_ANGLE)
+        else:
+            e = peak
+            live = drop(stop, idx, end, _dot(xp, e, d) < cos_max, SHARP_ANGLE)
+        return idx[live], q[live], e[live], steps[live]
+
     h = xp.asarray(scale * params.step_mm, dtype=np.float64)
-    for end, sign in ((1, 1.0), (0, -1.0)):
-        budget = xp.full(n, m, np.int32) if end == 1 else m - count[:, 1]
-        idx = start
-        p, d = p0[idx], sign * d0[idx]
-        steps = xp.zeros(len(idx), np.int32)
-        while len(idx):
-            live = _drop(stop, idx, end, steps >= budget[idx], MAX_LENGTH)
-            idx, p, d, steps = idx[live], p[live], d[live], steps[live]
-            q = p + h * d
-            ins = inside_volume(xp, q, shape)
-            code = lookup(xp, region, q)
-            live = _drop(stop, idx, end, ~ins, OUTSIDE_VOLUME)
-            live &= _drop(stop, idx, end, ins & (code == OUTSIDE), OUTSIDE_MASK)
-            idx, q, d, code, steps = idx[live], q[live], d[live], code[live], steps[live] + 1
-            buf[idx, m + steps if end == 1 else m - steps] = q
-            count[idx, end] = steps
-            live = _drop(stop, idx, end, code == STOP, STOP_REGION)
-            idx, q, d, steps = idx[live], q[live], d[live], steps[live]
-            coef = trilinear(xp, field, q)
-            peak, a = nearest_peak(xp, coef, d)
-            live = _drop(stop, idx, end, a < params.cutoff, LOW_FA)
-            idx, q, d, steps, coef, peak, a = (x[live] for x in (idx, q, d, steps, coef, peak, a))
-            if probabilistic:
-                e, ok = draw_in_cone(xp, coef, d, ENVELOPE_MARGIN * a, cos_max, params, _host(steps).astype(np.uint64),
-                                     (P_STEP << 24) | (end << 16), sids[_host(idx)], key)  # fmt: skip
-                live = _drop(stop, idx, end, ~ok, SHARP_ANGLE)
-            else:
-                e = peak
-                live = _drop(stop, idx, end, _dot(xp, e, d) < cos_max, SHARP_ANGLE)
-            idx, p, d, steps = idx[live], q[live], e[live], steps[live]
-    return buf, count, stop, valid
+    return tracking.walk(xp, region, seeds, params.max_steps, h, start=start, turn=turn)
 
 
 # ----------------------------------------------------------------------------- CUDA kernel
 def _kernel():
-    return cuda.function("fod_tracking.cu", "track_fod", ("sym3.cuh", "tracking.cuh", "philox.cuh"), KERNEL_DEFINES)
+    return cuda.function("fod_tracking.cu", "track_fod", KERNEL_HEADERS, KERNEL_DEFINES)
 
 
 def _track_kernel(backend: Backend, field, region, scale, seeds, first_id: int, params: FodParams, key):
-    cp = backend.xp
-    probabilistic = isinstance(params, FodProbabilisticParams)
-    n, m = len(seeds), params.max_steps
-    buf = cp.empty((n, 2 * m + 1, 3), cp.float32)
-    count = cp.zeros((n, 2), cp.int32)
-    stop = cp.zeros((n, 2), cp.uint8)
-    valid = cp.zeros(n, cp.uint8)
-    seeds64 = cp.ascontiguousarray(seeds, dtype=cp.float64)
-    directions = cp.asarray(SEED_DIRECTIONS, dtype=cp.float32)
     h = scale * params.step_mm
-    block = 128
-    _kernel()(
-        ((n + block - 1) // block,),
-        (block,),
-        (
-            field,
-            region,
-            np.int32(region.shape[0]),
-            np.int32(region.shape[1]),
-            np.int32(region.shape[2]),
-            seeds64,
-            np.int32(n),
-            np.uint64(first_id),
-            np.float32(h[0]),
-            np.float32(h[1]),
-            np.float32(h[2]),
-            np.float32(params.cutoff),
-            np.float32(math.cos(math.radians(params.max_angle_deg))),
-            np.int32(m),
-            np.int32(probabilistic),
-            np.float32(getattr(params, "power", 1.0)),
-            np.int32(getattr(params, "max_trials", 0)),
-            np.uint32(key[0]),
-            np.uint32(key[1]),
-            np.float32(SECANT_RAD),
-            np.float32(MAX_NEWTON_RAD),
-            np.float32(ENVELOPE_MARGIN),
-            directions,
-            buf,
-            count,
-            stop,
-            valid,
-        ),
+    arguments = (
+        np.uint64(first_id),
+        *(np.float32(x) for x in h),
+        np.float32(params.cutoff),
+        np.float32(math.cos(math.radians(params.max_angle_deg))),
+        np.int32(params.max_steps),
+        np.int32(isinstance(params, FodProbabilisticParams)),
+        np.float32(getattr(params, "power", 1.0)),
+        np.int32(getattr(params, "max_trials", 0)),
+        np.uint32(key[0]),
+        np.uint32(key[1]),
+        np.float32(SECANT_RAD),
+        np.float32(MAX_NEWTON_RAD),
+        np.float32(ENVELOPE_MARGIN),
+        backend.xp.asarray(SEED_DIRECTIONS, dtype=np.float32),
     )
-    return buf, count, stop, valid.astype(bool)
+    return tracking.launch(_kernel(), backend, field, region, seeds, params.max_steps, arguments)
 
 
 # ----------------------------------------------------------------------------- driver
@@ -527,31 +446,21 @@ def track(
     engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="fODF tracking")
     if not 0 <= rng_seed < 2**63:
         raise ValueError("the random seed must be a non-negative 63-bit integer")
-    key = _seed_key(int(rng_seed))
+    key = seed_key(int(rng_seed))
     seeds = np.asarray(seeds, dtype=np.float64).reshape(-1, 3)
     poly = backend.asarray(field.poly.get() if hasattr(field.poly, "get") and not backend.is_gpu else field.poly)
     region = backend.asarray(field.region)
     scale = 1.0 / field.voxel_size
-    if max_batch is None:
-        max_batch = GPU_MAX_BATCH if backend.is_gpu else 4096
 
-    def work(a: int, b: int) -> StreamlineBatch:
-        t0 = time.perf_counter()
-        chunk = backend.asarray(seeds[a:b])
+    def track_chunk(a: int, b: int, chunk):
         if engine == KERNEL:
-            result = _track_kernel(backend, poly, region, scale, chunk, first_id + a, params, key)
-        else:
-            sids = np.arange(first_id + a, first_id + b, dtype=np.uint64)
-            result = _track_arrays(xp, poly, region, xp.asarray(scale), chunk, sids, params, key)
-        batch = _compact(xp, *result, a, params, scalars)
-        backend.synchronize()
-        batch.provenance = {**batch.provenance, "seeds": b - a, "streamlines": len(batch),
-                            "seconds": time.perf_counter() - t0}  # fmt: skip
-        return batch
+            return _track_kernel(backend, poly, region, scale, chunk, first_id + a, params, key)
+        sids = np.arange(first_id + a, first_id + b, dtype=np.uint64)
+        return _track_arrays(xp, poly, region, xp.asarray(scale), chunk, sids, params, key)
 
-    yield from iter_batched(
-        backend, len(seeds), batch_bytes(params), work, progress=progress, cancelled=cancelled,
-        fraction=0.4, maximum=max_batch,
+    yield from tracking.track_batches(
+        backend, seeds, params, track_chunk, max_batch=max_batch, progress=progress, cancelled=cancelled,
+        scalars=scalars,
     )  # fmt: skip
 
 
@@ -559,16 +468,6 @@ def track_all(field: FodField, seeds, params: FodParams = DEFAULT_PARAMS, **kwar
     """All batches of :func:`track` joined, with provenance (parameters, backend, timing)."""
     backend = get_backend(kwargs.pop("device", "auto"))
     t0 = time.perf_counter()
-    out = StreamlineBatch.concatenate(list(track(field, seeds, params, device=backend, **kwargs)))
-    out.provenance = {
-        "method": "fod-probabilistic" if isinstance(params, FodProbabilisticParams) else "fod-deterministic",
-        "parameters": asdict(params),
-        "backend": backend.name,
-        "device": backend.device_name,
-        "seeds": len(np.asarray(seeds).reshape(-1, 3)),
-        "streamlines": len(out),
-        "points": len(out.points),
-        "seconds": time.perf_counter() - t0,
-        "stop_reasons": out.reason_counts(),
-    }
-    return out
+    batches = list(track(field, seeds, params, device=backend, **kwargs))
+    method = "fod-probabilistic" if isinstance(params, FodProbabilisticParams) else "fod-deterministic"
+    return tracking.joined(batches, method, params, backend, seeds, t0)

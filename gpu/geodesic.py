@@ -6,7 +6,7 @@ in DTI"; the connectivity measure of Astola, Florack & ter Haar Romeny 2007).
 Coordinates are millimetres along the voxel axes (``x_mm = x_voxel · voxel_size``),
 so the tensor (in the voxel-axis frame, mm²/s) is the metric's inverse as it is.
 
-Pre-processing, per voxel, in this order (``prepare_metric``; every voxel takes exactly
+Pre-processing, per voxel, in this order (:func:`gpu.geodesic_field.prepare_metric`; every voxel takes exactly
 one branch of step 3):
 
 1. ``B = A · gain`` (default gain: 1 / mean diffusivity of the tensors given, so MD ≈ 1);
@@ -56,6 +56,11 @@ rule is off at 0.
 Engines: array operations over all live fibres (NumPy in float64, the reference;
 also runs on CuPy) and the CUDA kernel ``kernels/geodesic.cu`` (float32, one
 thread per fibre), the GPU default.
+
+This module traces (:func:`track`, :func:`track_all`); the parameters are in
+:mod:`gpu.geodesic_params`, the metric field in :mod:`gpu.geodesic_field`, the metrics in
+:mod:`gpu.geodesic_metrics`, two-point shooting in :mod:`gpu.geodesic_shooting` and the
+distance method in :mod:`gpu.geodesic_eikonal`.
 """
 
 from __future__ import annotations
@@ -70,15 +75,9 @@ import numpy as np
 from . import cuda, sym3
 from .backend import Backend, get_backend, iter_batched
 from .engines import ARRAYS, KERNEL, choose_engine
-from .geodesic_metrics import (
-    METRIC_CHOICES,
-    adaptive_conformal_factor,
-    conformal_exponent,
-    metric_for,
-    metric_inverse,
-)
+from .geodesic_field import PACKED_CHUNKS, TARGET, TRACK, GeodesicField, packed_field
+from .geodesic_params import INTEGRATORS, GeodesicParams
 from .interpolate import inside_volume, lookup, trilinear
-from .params import meta
 from .streamlines import (
     LOW_FA,
     MAX_LENGTH,
@@ -91,12 +90,8 @@ from .streamlines import (
     stop_code_defines,
 )
 
-INTEGRATORS = ("euler", "rk2", "rk4")
-CHOICES = {"integrator": INTEGRATORS, "metric": METRIC_CHOICES}
 STOP_NAMES = {MAX_STEPS: "max steps", REACHED_TARGET: "reached the target"}  # the codes only geodesic uses
-TRACK, TARGET = 1, 2  # bits of the region map
 STOP_CODE_SLOTS = 16  # length of the per-code counts (the codes are small integers)
-PACKED_CHUNKS = 4  # 16-byte chunks per voxel of the kernel's field (packed_field)
 #: What kernels/geodesic.cu receives at compile time.
 KERNEL_DEFINES = (
     *stop_code_defines(
@@ -111,346 +106,6 @@ KERNEL_DEFINES = (
 #: steps: a tolerance that is a whole number of steps (3 mm of 0.25 mm steps) is then met by
 #: both engines alike, instead of float32 and float64 rounding of the summed segments deciding.
 TOLERANCE_SLACK = dict(KERNEL_DEFINES)["TOLERANCE_SLACK_MICROSTEPS"] * 1e-6
-
-
-@dataclass(frozen=True)
-class MetricParams:
-    """How the tensor becomes the metric (pre-processing, seed 004 Algorithm 1; the metrics in
-    :mod:`gpu.geodesic_metrics`)."""
-
-    metric: str = field(
-        default="auto",
-        metadata=meta(
-            "Metric",
-            "inverse tensor D⁻¹ (seed 004), its adjugate det(D)·D⁻¹ (Fuster et al. 2016), D⁻¹ with the "
-            "adaptive conformal factor that makes geodesics follow curved bundles (Hao et al. 2011), or auto: "
-            "the one measured best for the method (rays: adaptive; two-point: inverse; eikonal: det(D)²·D⁻¹)",
-            choices=METRIC_CHOICES,
-            cli_help="auto (best measured per method), inverse, adjugate, or adaptive",
-        ),
-    )
-    gain: float = field(
-        default=0.0,
-        metadata=meta(
-            "Gain",
-            "tensor scale factor; 0 = 1 / mean diffusivity",
-            "",
-            (0, 1e9),
-            cli_help="tensor scale before inversion (0 = 1/mean MD)",
-        ),
-    )
-    sharpen_power: int = field(
-        default=1,
-        metadata=meta(
-            "Sharpen power",
-            "integer power p of the tensor where FA < the threshold (1 = off)",
-            "",
-            (1, 10),
-            metavar="P",
-        ),
-    )
-    sharpen_fa: float = field(
-        default=0.0,
-        metadata=meta("Sharpen below FA", "sharpen the tensors whose FA is below this", "", (0, 1), metavar="T"),
-    )
-
-    conformal_power: float = field(
-        default=0.0,
-        metadata=meta(
-            "Conformal power",
-            "multiply the metric by (det D / median det)^k more (0 = off)",
-            "",
-            (0, 4),
-            metavar="K",
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        if self.metric not in METRIC_CHOICES:
-            raise ValueError(f"the metric must be one of {', '.join(METRIC_CHOICES)}, got {self.metric!r}")
-        if not (0 <= self.conformal_power <= 4 and math.isfinite(self.conformal_power)):
-            raise ValueError(f"the conformal power must be in [0, 4], got {self.conformal_power}")
-        if not (self.gain >= 0 and math.isfinite(self.gain)):
-            raise ValueError(f"gain must be ≥ 0 (0 = automatic), got {self.gain}")
-        if int(self.sharpen_power) != self.sharpen_power or self.sharpen_power < 1:
-            raise ValueError(f"the sharpening power must be a positive integer, got {self.sharpen_power}")
-        if not 0 <= self.sharpen_fa <= 1:
-            raise ValueError(f"the sharpening FA threshold must be in [0, 1], got {self.sharpen_fa}")
-
-
-@dataclass(frozen=True)
-class GeodesicParams:
-    """Integration and stopping (step in voxels of the smallest voxel size; 0 turns a rule off)."""
-
-    step: float = field(
-        default=0.1,
-        metadata=meta(
-            "Step",
-            "step length in voxels",
-            "vox",
-            (0.005, 2.0),
-            flags=("--step", "--step-vox"),
-            cli_help="step in voxels of the smallest voxel size (track deterministic's --step is in mm)",
-        ),
-    )
-    integrator: str = field(
-        default="rk2", metadata=meta("Integrator", "Euler, RK2 (midpoint) or RK4", choices=INTEGRATORS)
-    )
-    max_steps: int = field(default=2000, metadata=meta("Max steps", "steps per fibre", "", (1, 100000), metavar="N"))
-    max_length_mm: float = field(
-        default=0.0,
-        metadata=meta(
-            "Max length",
-            "stop at this Euclidean length (0 = off)",
-            "mm",
-            (0, 10000),
-            flags=("--max-length",),
-            metavar="MM",
-        ),
-    )
-    max_angle_deg: float = field(
-        default=0.0,
-        metadata=meta(
-            "Max angle",
-            "stop where a step turns more than this (0 = off)",
-            "°",
-            (0, 180),
-            flags=("--max-angle",),
-            metavar="DEG",
-        ),
-    )
-    fa_threshold: float = field(
-        default=0.0,
-        metadata=meta("FA threshold", "stop where FA falls below this (0 = off)", "", (0, 0.99), metavar="T"),
-    )
-    normalize: bool = field(
-        default=True,
-        metadata=meta(
-            "Unit speed",
-            "rescale the velocity to unit length after every step",
-            flags=("--no-normalize",),
-            negated=True,
-            cli_help="do not rescale the velocity to unit length",
-        ),
-    )
-    store_every: int = field(
-        default=5,
-        metadata=meta(
-            "Keep every",
-            "keep every n-th point (the last one always)",
-            "",
-            (1, 1000),
-            flags=("--keep-every",),
-            metavar="N",
-        ),
-    )
-    stop_at_target: bool = field(
-        default=True, metadata=meta("Stop at target", "end fibres where they enter the target", cli=False)
-    )
-    mask_tolerance_mm: float = field(
-        default=4.0,
-        metadata=meta(
-            "Mask tolerance",
-            "a fibre may run this far outside the tracking mask before it ends (0 = it ends at the edge)",
-            "mm",
-            (0, 100),
-            flags=("--mask-tolerance",),
-            metavar="MM",
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        checks = [
-            (self.step > 0 and math.isfinite(self.step), f"step must be positive, got {self.step}"),
-            (self.integrator in INTEGRATORS, f"integrator must be one of {', '.join(INTEGRATORS)}"),
-            (int(self.max_steps) == self.max_steps and self.max_steps >= 1, "max steps must be a positive integer"),
-            (self.max_length_mm >= 0, "max length must be ≥ 0 (0 = off)"),
-            (0 <= self.max_angle_deg <= 180, "max angle must be in [0, 180] degrees (0 = off)"),
-            (0 <= self.fa_threshold < 1, "FA threshold must be in [0, 1)"),
-            (int(self.store_every) == self.store_every and self.store_every >= 1, "keep-every must be ≥ 1"),
-            (0 <= self.mask_tolerance_mm < math.inf, "the mask tolerance must be ≥ 0 mm"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def stored_points(self) -> int:
-        return int(self.max_steps) // int(self.store_every) + 2
-
-
-@dataclass
-class GeodesicField:
-    """``data`` (X, Y, Z, 24) float32: C, ∂G/∂x, ∂G/∂y, ∂G/∂z (mm; float16 values times
-    ``1 / derivative_scale``); ``region`` bits (1 track, 2 target)."""
-
-    data: np.ndarray
-    region: np.ndarray
-    voxel_size: np.ndarray
-    gain: float
-    repaired: int
-    sharpened: int
-    notes: list
-    derivative_scale: float = 1.0
-    # The kernel's packed copy per device (shared by the fields with_regions makes).
-    packed: dict = field(default_factory=dict, repr=False, compare=False)
-    #: the metric parameters it was made with (``auto`` resolved)
-    metric_params: MetricParams | None = None
-    # The distance method's graphs and distance maps (:mod:`gpu.geodesic_eikonal`), shared by
-    # the fields with_regions makes, so that an ROI edit reuses what it does not change.
-    graphs: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return self.region.shape
-
-    def metric(self, points_vox: np.ndarray) -> np.ndarray:
-        """G (6 components) at voxel coordinates (the inverse of the interpolated C)."""
-        c = trilinear(np, self.data[..., :6], np.asarray(points_vox, np.float64))
-        return _inverse(np, c)
-
-
-def _inverse(xp, c):
-    """Inverse of symmetric 3x3 tensors (6 components) by cofactors."""
-    a, b, cc, d, e, f = (c[..., i] for i in range(6))
-    i00 = d * f - e * e
-    i01 = cc * e - b * f
-    i02 = b * e - cc * d
-    i11 = a * f - cc * cc
-    i12 = b * cc - a * e
-    i22 = a * d - b * b
-    det = a * i00 + b * i01 + cc * i02
-    return xp.stack([i00, i01, i02, i11, i12, i22], -1) / det[..., None]
-
-
-def _leading_minors_positive(xp, b):
-    det = sym3.determinant(b)
-    minor2 = b[..., 0] * b[..., 3] - b[..., 1] ** 2
-    return (b[..., 0] > 0) & (minor2 > 0) & (det > 0), det
-
-
-def prepare_metric(
-    tensor,
-    voxel_size,
-    params: MetricParams = MetricParams(),
-    *,
-    mask=None,
-    target=None,
-    device: str | Backend = "auto",
-    det_epsilon: float = 1e-9,
-    progress: Callable[[int, int], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
-) -> GeodesicField:
-    """Pre-process the tensors, invert, differentiate; pack the field the trackers read.
-
-    ``progress``/``cancelled`` reach the adaptive metric's conjugate gradients (the one long
-    step: about 13 s on two CPU cores for 590 000 voxels); a cancelled run raises
-    :class:`gpu.backend.Cancelled`."""
-    backend = get_backend(device)
-    xp = backend.xp
-    params = metric_for(params, "rays")  # auto, when the method is not known: ray tracing's metric
-    tensor = np.asarray(tensor)
-    if tensor.ndim != 4 or tensor.shape[-1] != 6:
-        raise ValueError(f"a tensor field must be (X, Y, Z, 6), got shape {tensor.shape}")
-    shape = tensor.shape[:3]
-    voxel_size = np.asarray(voxel_size, np.float64).reshape(3)
-    if not ((voxel_size > 0).all() and np.isfinite(voxel_size).all()):
-        raise ValueError(f"voxel sizes must be positive, got {voxel_size}")
-    notes = []
-    a = xp.asarray(tensor, dtype=xp.float64)
-    finite = xp.isfinite(a).all(axis=-1)
-    a = xp.where(finite[..., None], a, 0.0)
-    present = finite & (xp.abs(a).sum(axis=-1) > 0)
-    if not bool(present.any()):
-        raise ValueError("the tensor field is empty (all zero or NaN)")
-    gain = params.gain
-    if gain == 0:
-        md = sym3.trace(a[present]) / 3.0
-        mean = float(md[md > 0].mean()) if bool((md > 0).any()) else 1.0
-        gain = 1.0 / mean
-    b = a * gain
-    positive, det = _leading_minors_positive(xp, b)
-    good = positive & (xp.abs(det) > det_epsilon)
-    identity = xp.asarray([1.0, 0, 0, 1.0, 0, 1.0])
-    b = xp.where(good[..., None], b, identity)
-    repaired = int((present & ~good).sum())
-    if repaired:
-        notes.append(f"{repaired} voxels had singular or non-positive-definite tensors: replaced by the identity")
-    if int((~finite).sum()):
-        notes.append(f"{int((~finite).sum())} voxels with NaN or infinite tensors were replaced by the identity")
-    sharpened = 0
-    if params.sharpen_power > 1 and params.sharpen_fa > 0:
-        # Only real tensors: the identity put in for empty or repaired voxels stays as it is.
-        low = good & present & (sym3.fractional_anisotropy_from_invariants(xp, b) < params.sharpen_fa)
-        matrix = sym3.to_matrix(xp, b[low])
-        power = matrix
-        for _ in range(int(params.sharpen_power) - 1):
-            power = power @ matrix
-        b[low] = sym3.from_matrix(xp, power)
-        sharpened = int(low.sum())
-    b, _reference = metric_inverse(xp, b, good & present, conformal_exponent(params.metric, params.conformal_power))
-    if params.metric == "adaptive":
-        weight = xp.where(good & present, sym3.fractional_anisotropy_from_invariants(xp, b) ** 2, 0.0)
-        phi, info = adaptive_conformal_factor(xp, b, weight, voxel_size, progress=progress, cancelled=cancelled)
-        b = b * xp.exp(-2.0 * phi)[..., None]
-        notes.append(
-            f"adaptive metric: conformal factor from {info['iterations']} conjugate-gradient iterations, "
-            f"{info['curvature_explained']:.0%} of the eigenvector curves' geodesic curvature explained"
-        )
-    g = _inverse(xp, b)
-    derivatives = xp.zeros((*shape, 18))
-    for axis in range(3):
-        if shape[axis] > 1:
-            derivatives[..., 6 * axis : 6 * (axis + 1)] = xp.gradient(g, float(voxel_size[axis]), axis=axis)
-    scale = derivative_scale(float(xp.abs(derivatives).max()))
-    data = xp.empty((*shape, 24), dtype=xp.float32)
-    data[..., :6] = b
-    data[..., 6:] = (derivatives * scale).astype(xp.float16).astype(xp.float32) / np.float32(scale)
-    bare = GeodesicField(
-        backend.to_host(data), np.zeros(shape, np.uint8), voxel_size, gain, repaired, sharpened, notes, scale,
-        metric_params=params,
-    )  # fmt: skip
-    return with_regions(bare, mask, target)
-
-
-def derivative_scale(largest: float) -> float:
-    """The power of two that brings the largest derivative magnitude into [2¹⁴, 2¹⁵) (float16's
-    largest finite value is 65504), so the float16 copies keep their relative precision."""
-    if not (largest > 0 and math.isfinite(largest)):
-        return 1.0
-    return 2.0 ** (14 - math.floor(math.log2(largest)))
-
-
-def packed_field(backend: Backend, fld: GeodesicField):
-    """The kernel's layout on the device: per voxel C as 6 float32, the 18 scaled
-    derivatives as float16, 4 bytes of padding (64 bytes). Made once per field and device."""
-    key = (backend.name, backend.device_name)
-    if key not in fld.packed:
-        xp = backend.xp
-        data = backend.asarray(fld.data).reshape(-1, 24)
-        words = xp.zeros((len(data), 4 * PACKED_CHUNKS), xp.uint32)
-        words[:, :6] = xp.ascontiguousarray(data[:, :6]).view(xp.uint32)
-        halves = (data[:, 6:] * np.float32(fld.derivative_scale)).astype(xp.float16)
-        words[:, 6:15] = xp.ascontiguousarray(halves).view(xp.uint32)
-        fld.packed.clear()
-        fld.packed[key] = words
-    return fld.packed[key]
-
-
-def with_regions(fld: GeodesicField, mask=None, target=None) -> GeodesicField:
-    """The same metric with another tracking mask and target (the expensive part is reused)."""
-    region = np.full(fld.shape, TRACK, np.uint8)
-    for name, volume in (("mask", mask), ("target", target)):
-        if volume is not None and np.asarray(volume).shape != fld.shape:
-            raise ValueError(f"the {name} has shape {np.asarray(volume).shape}, the tensor field {fld.shape}")
-    if mask is not None:
-        region[np.asarray(mask) == 0] = 0
-    if target is not None:
-        region[np.asarray(target) != 0] |= TARGET
-    return GeodesicField(
-        fld.data, region, fld.voxel_size, fld.gain, fld.repaired, fld.sharpened, list(fld.notes),
-        fld.derivative_scale, fld.packed, fld.metric_params, fld.graphs,
-    )  # fmt: skip
 
 
 # ------------------------------------------------------------------------------- directions
@@ -592,7 +247,7 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
         back = (run_out == 0) & (outside[idx] > 0)  # came back inside: the excursion is over
         excursion[idx[back]] = xp.maximum(excursion[idx[back]], outside[idx[back]])
         outside[idx] = run_out
-        g_mid = _inverse(xp, c_mid)
+        g_mid = sym3.inverse(xp, c_mid)
         gdx = xp.stack(sym3._apply(sym3.components(g_mid), tuple(dx.T)), -1)
         euclid[idx] += seg
         geo[idx] += xp.sqrt(xp.clip(xp.sum(dx * gdx, axis=1), 0.0, None))

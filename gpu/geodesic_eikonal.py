@@ -27,7 +27,7 @@ mask), plus the seed and target voxels; the ray tracer's mask tolerance does not
 never leaves the region).
 
 The graph of the mask and the distance map from a target are kept with the field
-(``GeodesicField.graphs``, shared by the fields :func:`gpu.geodesic.with_regions` makes): an
+(``GeodesicField.graphs``, shared by the fields :func:`gpu.geodesic_field.with_regions` makes): an
 edit of the seed region inside the mask reuses both and only reads the paths back; a new target
 reuses the graph and solves Dijkstra again. Seed or target voxels outside the mask add their
 own edges, found on a crop around them (the edges of the crop with them less the edges of the
@@ -47,6 +47,7 @@ import numpy as np
 
 from . import sym3
 from .backend import Backend, get_backend
+from .geodesic_field import TRACK
 
 #: Passes of the (¼, ½, ¼) smoothing over every path (its end points stay where they are).
 SMOOTHING_PASSES = 3
@@ -186,10 +187,8 @@ def connect(
     cancelled: Callable[[], bool] | None = None,
 ) -> EikonalResult | None:
     """The minimal geodesic from every seed point (``(P, 3)`` voxel coordinates) to the
-    ``target`` region, in the metric of ``fld`` (:func:`gpu.geodesic.prepare_metric`), within
+    ``target`` region, in the metric of ``fld`` (:func:`gpu.geodesic_field.prepare_metric`), within
     its tracking region. Returns ``None`` when cancelled."""
-    from .geodesic import TRACK
-
     backend = get_backend(device)
     t0 = time.perf_counter()
     seeds = np.asarray(seeds, np.float64).reshape(-1, 3)
@@ -264,9 +263,7 @@ def _edges(backend, fld, nodes, radius, cancelled, box=None):
     xp = backend.xp
     box = box or tuple(slice(0, n) for n in nodes.shape)
     flat = np.arange(nodes.size, dtype=np.int64).reshape(nodes.shape)[box]
-    from .geodesic import _inverse
-
-    g = _inverse(xp, backend.asarray(fld.data[(*box, slice(0, 6))]).astype(xp.float64))
+    g = sym3.inverse(xp, backend.asarray(fld.data[(*box, slice(0, 6))]).astype(xp.float64))
     return metric_graph(
         xp, g, backend.asarray(nodes[box]), fld.voxel_size, radius, cancelled, flat=backend.asarray(flat)
     )
@@ -304,8 +301,6 @@ def _distances(fld, backend, nodes, target, radius, cancelled):
     mask's voxels with the seed and target voxels), from ``fld.graphs`` where they are kept."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import dijkstra
-
-    from .geodesic import TRACK
 
     t0 = time.perf_counter()
     base = (fld.region & TRACK) != 0

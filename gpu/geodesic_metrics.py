@@ -36,8 +36,10 @@ tracker and its CUDA kernel see only ``G⁻¹`` and ``∂G``, whichever metric m
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from . import sym3
+from .backend import Cancelled
 
 METRICS = ("inverse", "adjugate", "adaptive")
 #: ``auto`` picks per way of joining seed points to targets (:func:`metric_for`).
@@ -56,8 +58,6 @@ def metric_for(params, method: str = "rays"):
     metric, shooting in ``D⁻¹``, and the distance map separates true from false connections
     best in ``det(D)² D⁻¹`` (the adjugate with one more power of the determinant). A metric
     named explicitly is kept as it is."""
-    from dataclasses import replace
-
     if params.metric != "auto":
         return params
     metric, power = AUTO_METRICS[method]
@@ -133,9 +133,7 @@ def geodesic_curvature(xp, c, voxel_size):
     (``T = e1 / |e1|_g``), per voxel, as a covector ``g κ`` with the direction ``g T`` that the
     conformal factor may leave free. The sign of ``e1`` does not matter: ``∂_T T`` is taken from
     the derivative of ``T Tᵀ`` (``(∂_T (T Tᵀ)) g T = ∂_T T`` up to a multiple of ``T``)."""
-    from .geodesic import _inverse  # the cofactor inverse used for the metric itself
-
-    g = _inverse(xp, c)
+    g = sym3.inverse(xp, c)  # the cofactor inverse used for the metric itself
     _lams, e1 = sym3.principal(xp, c)
     e = xp.stack(e1, -1)
     ge = xp.stack(sym3._apply(sym3.components(g), tuple(xp.moveaxis(e, -1, 0))), -1)
@@ -195,8 +193,6 @@ def adaptive_conformal_factor(xp, c, weight, voxel_size, smoothness: float = 0.0
     checked every iteration and raises :class:`gpu.backend.Cancelled` when true. The curvature
     field is made slab by slab (:func:`curvature_in_slabs`), so that a whole-brain grid needs
     only the conjugate-gradient vectors at full size (about 12 volumes of float64)."""
-    from .backend import Cancelled
-
     k_cov, free = curvature_in_slabs(xp, c, voxel_size)
     h = [float(v) for v in voxel_size]
 

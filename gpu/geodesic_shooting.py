@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .backend import get_backend
+from .geodesic import track_all
+from .geodesic_field import with_regions
 
 
 @dataclass
@@ -99,8 +101,6 @@ def _basis(d: np.ndarray):
 
 def _trace(fld, starts, directions, params, device):
     """Trace and return (batch, row of every fibre or −1 when it could not start)."""
-    from .geodesic import track_all
-
     batch = track_all(fld, starts, directions, params, device=device)
     rows = np.full(len(starts), -1, np.int64)
     rows[batch.fiber] = np.arange(len(batch))
@@ -158,8 +158,6 @@ def shoot(
     vs = np.asarray(fld.voxel_size, np.float64)
     tol = 0.5 * float(vs.min()) if tolerance_mm is None else float(tolerance_mm)
     params = replace(params, stop_at_target=False, store_every=1)
-    from .geodesic import with_regions
-
     free = with_regions(fld, fld.region & 1 if fld.region is not None else None, None)
     initial, _distance = best_sampled_directions(free, seeds, sampled_directions, targets, params, device=backend)
     p, q = len(seeds), len(targets)

@@ -1,9 +1,10 @@
 """What a user interface needs to offer a parameter: the metadata of a dataclass field.
 
 A parameter is defined once, as a field of a frozen dataclass whose metadata (from
-:func:`meta`) gives its label, help, unit, limits, choices and command-line flags. The
-GUI forms (``widgets.params_form``) and the ``tractlens`` options (``app.cli.options``)
-are generated from it, so a default or a range exists in one place.
+:func:`meta`) gives its label, documentation, unit, limits and choices: what the parameter
+is, not how a particular interface spells it. The GUI forms (``widgets.params_form``) and the
+``tractlens`` options (``app.cli.options``, with the flag names of
+``app.cli.parameter_flags``) are generated from it, so a default or a range exists in one place.
 """
 
 from __future__ import annotations
@@ -20,27 +21,10 @@ def meta(
     limits: tuple[float, float] | None = None,
     *,
     choices: Sequence[Any] | None = None,
-    flags: Sequence[str] = (),
-    cli: bool = True,
-    metavar: str | None = None,
-    negated: bool = False,
-    nargs: str | None = None,
-    cli_help: str | None = None,
-    default_text: str | None = None,
 ) -> dict:
-    """Field metadata: label, tooltip, unit and limits (the GUI's range), plus what the CLI needs.
+    """Field metadata: label, documentation (the tooltip), unit and limits (the GUI's range).
 
     choices : the allowed values (a combo box; argparse ``choices``).
-    flags : the command-line flags, the primary one first, then aliases
-        (``("--seed-matrix", "--omatrix1")``); empty: ``--`` + the field name with dashes.
-    cli : False for a field that is not on the command line.
-    metavar : the option's placeholder in ``--help`` (default: the primary flag's name).
-    negated : for a bool field that defaults to True, the flag sets it False
-        (``--no-normalize`` for ``normalize``, ``--discard-truncated`` for ``keep_truncated``).
-    nargs : argparse ``nargs`` for a tuple field (``"+"``).
-    cli_help : the command line's help where it must say more than the tooltip (e.g. the unit
-        of ``--step``, which differs between subcommands).
-    default_text : how ``--help`` names a default of None (``"whole sphere"``).
     """
     return {
         "label": label,
@@ -48,13 +32,6 @@ def meta(
         "unit": unit,
         "limits": limits,
         "choices": tuple(choices) if choices is not None else None,
-        "flags": tuple(flags),
-        "cli": cli,
-        "metavar": metavar,
-        "negated": negated,
-        "nargs": nargs,
-        "cli_help": cli_help,
-        "default_text": default_text,
     }
 
 
@@ -87,10 +64,3 @@ def same_as(params_type: type, name: str, **changes) -> Any:
         raise TypeError(f"unknown metadata keys: {', '.join(sorted(unknown))}")
     metadata.update(changes)
     return dataclasses.field(default=default, metadata=metadata)
-
-
-def cli_flags(spec: dataclasses.Field) -> tuple[str, ...]:
-    """The command-line flags of a field: its own, else ``--field-name``; () when it has none."""
-    if not spec.metadata.get("cli", True):
-        return ()
-    return tuple(spec.metadata.get("flags") or ()) or ("--" + spec.name.replace("_", "-"),)

@@ -17,15 +17,9 @@ import numpy as np
 
 from .backend import Backend, Cancelled
 from .multidevice import run_split
-from .probabilistic import (
-    GPU_BATCH,
-    NUMPY_BITMAP_BYTES,
-    KernelTracker,
-    ProbParams,
-    ProbResult,
-    SampleField,
-    track_numpy,
-)
+from .probabilistic_kernel import KernelTracker
+from .probabilistic_numpy import track_numpy
+from .probabilistic_params import GPU_BATCH, NUMPY_BITMAP_BYTES, ProbParams, ProbResult, SampleField
 
 
 def sum_results(parts: Sequence[ProbResult], shape, n_seeds: int, n_targets: int) -> ProbResult:

@@ -49,6 +49,19 @@ def determinant(tensor):
     return a * (d * f - e * e) - b * (b * f - c * e) + c * (b * e - c * d)
 
 
+def inverse(xp, c):
+    """Inverse of symmetric 3x3 tensors (6 components) by cofactors."""
+    a, b, cc, d, e, f = (c[..., i] for i in range(6))
+    i00 = d * f - e * e
+    i01 = cc * e - b * f
+    i02 = b * e - cc * d
+    i11 = a * f - cc * cc
+    i12 = b * cc - a * e
+    i22 = a * d - b * b
+    det = a * i00 + b * i01 + cc * i02
+    return xp.stack([i00, i01, i02, i11, i12, i22], -1) / det[..., None]
+
+
 def fractional_anisotropy_from_invariants(xp, tensor):
     """FA = sqrt(1 - I2/I4) without eigenvalues (Basser & Pierpaoli 1996's FA in invariants).
 

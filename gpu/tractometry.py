@@ -36,9 +36,7 @@ class ProfileParams:
 
     n_points: int = field(
         default=100,
-        metadata=meta(
-            "Points", "points along the bundle", "", (2, 1000), flags=("--points",), cli_help="points along the bundle"
-        ),
+        metadata=meta("Points", "points along the bundle", "", (2, 1000)),
     )
 
 

@@ -17,12 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ballstick, commit, cuda, deterministic, dti, fod_tracking, geodesic, probabilistic
+from . import (
+    ballstick,
+    commit,
+    commit_device,
+    cuda,
+    deterministic,
+    dti,
+    fod_tracking,
+    geodesic,
+    probabilistic_kernel,
+)
 
 #: Measurements assumed for the data-dependent defines (64 directions + b=0).
 DEFAULT_MEASUREMENTS = 65
-
-_warmed = False
 
 
 @dataclass(frozen=True)
@@ -54,18 +62,28 @@ class CompiledBuild:
 
 def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, ...]:
     """Every kernel build the engine's methods use with their default parameters."""
-    tracking = ("sym3.cuh", "tracking.cuh")
+    geodesic_headers = ("sym3.cuh", "tracking.cuh")
     bs = ballstick.BallStickParams()
     builds = [
         KernelBuild("fit-dti", "dti_fit.cu", "dti_fit_float32", ("sym3.cuh",), dti.KERNEL_DEFINES),
         KernelBuild("fit-dti", "dti_fit.cu", "dti_fit_float64", ("sym3.cuh",), dti.KERNEL_DEFINES),
-        KernelBuild("deterministic", "deterministic.cu", "track_deterministic", tracking, deterministic.KERNEL_DEFINES),
-        KernelBuild("geodesic", "geodesic.cu", "geodesic_trace", tracking, geodesic.KERNEL_DEFINES),
+        KernelBuild(
+            "deterministic",
+            "deterministic.cu",
+            "track_deterministic",
+            deterministic.KERNEL_HEADERS,
+            deterministic.KERNEL_DEFINES,
+        ),
+        KernelBuild("geodesic", "geodesic.cu", "geodesic_trace", geodesic_headers, geodesic.KERNEL_DEFINES),
         KernelBuild("select", "select.cu", "streamline_region_bits"),
         KernelBuild("tracking", "streamlines.cu", "pack_rows"),
         *(
             KernelBuild(
-                "probabilistic", "probabilistic.cu", "prob_track", ("philox.cuh",), probabilistic.kernel_defines(m, v)
+                "probabilistic",
+                "probabilistic.cu",
+                "prob_track",
+                ("philox.cuh",),
+                probabilistic_kernel.kernel_defines(m, v),
             )
             for m, v in ((False, False), (True, False), (False, True))  # plain, --seed-matrix, connectome modes
         ),
@@ -73,7 +91,7 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
             "fod-tracking",
             "fod_tracking.cu",
             "track_fod",
-            ("sym3.cuh", "tracking.cuh", "philox.cuh"),
+            fod_tracking.KERNEL_HEADERS,
             fod_tracking.KERNEL_DEFINES,
         ),
         *(
@@ -82,13 +100,13 @@ def catalogue(n_measurements: int = DEFAULT_MEASUREMENTS) -> tuple[KernelBuild, 
                 "ballstick.cu",
                 name,
                 ("philox.cuh",),
-                ballstick._kernel_defines(bs, n_measurements, name == "ballstick_mcmc"),
+                ballstick.kernel_defines(bs, n_measurements, name == "ballstick_mcmc"),
             )
             for name in ("ballstick_lm", "ballstick_mcmc")
         ),
     ]
-    commit_defines = commit.kernel_defines(n_measurements, 1, commit.N_ORIENTATIONS)
-    builds += [KernelBuild("commit", "commit.cu", name, (), commit_defines) for name in commit.KERNEL_NAMES]
+    commit_defines = commit_device.kernel_defines(n_measurements, 1, commit.N_ORIENTATIONS)
+    builds += [KernelBuild("commit", "commit.cu", name, (), commit_defines) for name in commit_device.KERNEL_NAMES]
     return tuple(builds)
 
 
@@ -106,7 +124,6 @@ def compile_all(
     ``compile`` replaces :meth:`KernelBuild.compile` (tests, without a GPU).
     Returns what was compiled and how long each took.
     """
-    global _warmed
     builds = catalogue() if builds is None else builds
     real = compile is None
     compile = compile or KernelBuild.compile
@@ -119,10 +136,6 @@ def compile_all(
         done.append(CompiledBuild(build, time.perf_counter() - start))
         if progress is not None:
             progress(len(done), len(builds), build.label)
-    _warmed = _warmed or real
+    if real:
+        cuda.mark_warmed()
     return done
-
-
-def warmed() -> bool:
-    """Whether :func:`compile_all` ran to the end in this process."""
-    return _warmed

@@ -14,7 +14,7 @@ from tractlens.app.cli import _common as common
 from tractlens.app.cli import main
 from tractlens.app.cli._common import WARMUP_METHODS
 from tractlens.app.pipelines import warmup as pipeline
-from tractlens.gpu import warmup
+from tractlens.gpu import cuda
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_a_forced_gpu_that_cannot_be_used_fails_as_before_without_a_warm_up(even
 
 
 def test_the_background_warm_up_compiles_only_the_commands_kernels_and_keeps_its_error(monkeypatch):
-    monkeypatch.setattr(warmup, "_warmed", False)  # as in a fresh process
+    monkeypatch.setattr(cuda, "_warmed", False)  # as in a fresh process
     compiled = []
     handle = pipeline.BackgroundWarmup(
         WARMUP_METHODS["probabilistic"],
@@ -103,7 +103,7 @@ def test_the_background_warm_up_compiles_only_the_commands_kernels_and_keeps_its
     ).start()
     result = handle.join()
     assert {b.method for b in compiled} == {"probabilistic", "tracking"} and result["compiled"] == len(compiled)
-    assert not warmup.warmed()  # a part of the catalogue is not a whole warm-up
+    assert not cuda.warmed()  # a part of the catalogue is not a whole warm-up
 
     def fail(**kw):
         raise OSError("nvrtc: cannot open libnvrtc.so")

@@ -9,16 +9,11 @@ import numpy as np
 import pytest
 
 from tractlens.gpu import ballstick
-from tractlens.gpu.ballstick import (
-    FLAG_NOT_FITTED,
-    angles_to_vectors,
-    ball_stick_signal,
-    fit_ballstick,
-    lm_numpy,
-    mcmc_numpy,
-    philox4x32,
-    vectors_to_angles,
-)
+from tractlens.gpu.ballstick import FLAG_NOT_FITTED, angles_to_vectors, ball_stick_signal, vectors_to_angles
+from tractlens.gpu.ballstick_fit import fit_ballstick
+from tractlens.gpu.ballstick_lm import lm_numpy
+from tractlens.gpu.ballstick_mcmc import mcmc_numpy
+from tractlens.gpu.rng import philox4x32
 
 # These assertions were made for model 1 (one diffusivity), which they keep; model 2, the
 # default, has its own tests (test_ballstick_model2.py).
@@ -232,7 +227,8 @@ def test_unusable_settings_and_tables_are_refused(rng):
 @pytest.mark.gpu
 def test_lm_kernel_reaches_the_reference_optimum():
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.ballstick import _initial_x, lm_kernel
+    from tractlens.gpu.ballstick_fit import initial_x
+    from tractlens.gpu.ballstick_lm import lm_kernel
     from tractlens.gpu.dti import fit_dti
 
     backend = get_backend("gpu")
@@ -243,7 +239,7 @@ def test_lm_kernel_reaches_the_reference_optimum():
     dti = fit_dti(signal, bvals, bvecs, device="cpu")
     y = signal / dti.s0[:, None]
     b = bvals / bvals.max()
-    x0 = _initial_x(np, dti, 2, bvals.max())
+    x0 = initial_x(np, dti, 2, bvals.max())
     _, cost_ref = lm_numpy(y, b, bvecs, x0, 2, 200)
     params = BallStickParams(n_fibres=2)
     _, cost = lm_kernel(backend, backend.asarray(y.astype(np.float32)), b, bvecs, backend.asarray(x0), params)
@@ -259,7 +255,7 @@ def test_mcmc_kernel_tracks_the_reference_step_by_step(rician):
     """Same start, same Philox streams: the first sweeps of the kernel (float32) and of the
     reference (float64) make the same accept/reject decisions in nearly every voxel."""
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.ballstick import mcmc_kernel
+    from tractlens.gpu.ballstick_mcmc import mcmc_kernel
 
     backend = get_backend("gpu")
     rng = np.random.default_rng(9)

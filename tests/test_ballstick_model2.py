@@ -13,11 +13,11 @@ from tractlens.gpu.ballstick import (
     angles_to_vectors,
     ball_stick_signal,
     compartment_signal,
-    fit_ballstick,
-    mcmc_numpy,
     vectors_to_angles,
     wrap_angles,
 )
+from tractlens.gpu.ballstick_fit import fit_ballstick
+from tractlens.gpu.ballstick_mcmc import mcmc_numpy
 
 MULTI_SHELL = ((1000, 30), (2000, 30), (3000, 30))
 SHORT = dict(burnin=300, njumps=500, sample_every=10)
@@ -132,23 +132,23 @@ def test_angles_are_wrapped_into_fsl_ranges_with_the_same_directions():
 def test_fitted_angles_are_in_fsl_ranges_and_the_dyads_are_unchanged():
     """The chain's angles roam past ±π; the fit hands them over wrapped, and the mean dyads
     (what probtrackx and the display use) are those of the unwrapped samples."""
-    from tractlens.gpu import ballstick
+    from tractlens.gpu import ballstick_fit
 
     rng = np.random.default_rng(6)
     signal, bvals, bvecs, _ = gamma_voxels(rng, 30, 1.0e-3, 0.3e-3, f=0.3)
     params = BallStickParams(n_fibres=2, model=1, burnin=50, njumps=200, sample_every=5, seed=2)
     raw = {}
-    original = ballstick.wrap_angles
+    original = ballstick_fit.wrap_angles
 
     def keep(theta, phi, xp=np):
         raw["theta"], raw["phi"] = theta.copy(), phi.copy()
         return original(theta, phi, xp)
 
-    ballstick.wrap_angles = keep
+    ballstick_fit.wrap_angles = keep
     try:
         fit = fit_ballstick(signal, bvals, bvecs, params, device="cpu")
     finally:
-        ballstick.wrap_angles = original
+        ballstick_fit.wrap_angles = original
     outside = (raw["theta"] < 0) | (raw["theta"] > np.pi) | (raw["phi"] <= -np.pi) | (raw["phi"] > np.pi)
     assert outside.any()  # the case this is about occurs
     assert ((fit.theta >= 0) & (fit.theta <= np.float32(np.pi))).all()
@@ -164,7 +164,7 @@ def test_fitted_angles_are_in_fsl_ranges_and_the_dyads_are_unchanged():
 @pytest.mark.gpu
 def test_model2_mcmc_kernel_tracks_the_reference_step_by_step():
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.ballstick import mcmc_kernel
+    from tractlens.gpu.ballstick_mcmc import mcmc_kernel
 
     backend = get_backend("gpu")
     rng = np.random.default_rng(9)

@@ -7,20 +7,17 @@ import itertools
 import numpy as np
 import pytest
 
-from tractlens.gpu.commit import (
-    CommitParams,
+from tractlens.gpu.commit import CommitParams, lookup_tables, orientation_directions, orientation_index
+from tractlens.gpu.commit_operator import (
     Problem,
     apply_a_numpy,
     apply_at_numpy,
     column_norms,
     ec_from_segments,
-    fista,
-    lookup_tables,
-    orientation_directions,
-    orientation_index,
-    segments,
     sparse_matrix,
 )
+from tractlens.gpu.commit_segments import segments
+from tractlens.gpu.commit_solver import fista
 
 
 def scheme(rng, n=30):
@@ -200,7 +197,7 @@ def test_gpu_operator_equals_the_reference(n_dirs, model):
     """A x and Aᵀ y on the GPU within 1e-12 relative of the NumPy reference (float64 sums in
     another order), with an empty voxel row and a streamline without segments."""
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.commit import DeviceOperator
+    from tractlens.gpu.commit_device import DeviceOperator
 
     problem, *_ = small_problem(params=MODELS[model])
     rng = np.random.default_rng(2)
@@ -225,7 +222,7 @@ def test_fista_on_the_gpu_follows_the_cpu():
     import cupy as cp
 
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.commit import DeviceOperator
+    from tractlens.gpu.commit_device import DeviceOperator
 
     problem, *_ = small_problem(seed=3, n_fibers=60)
     rng = np.random.default_rng(4)
@@ -365,7 +362,8 @@ def test_segments_on_the_gpu_equal_the_cpu(rng):
 def test_blocked_operator_equals_the_whole(model):
     """Rows in blocks of at most 40 segments (some rows hold more: a block of their own): A x,
     Aᵀ y and the column norms equal the whole operator's."""
-    from tractlens.gpu.commit import BlockedOperator, NumpyOperator, row_blocks
+    from tractlens.gpu.commit_device import BlockedOperator, row_blocks
+    from tractlens.gpu.commit_operator import NumpyOperator
 
     problem, *_ = small_problem(params=MODELS[model])
     blocks = row_blocks(problem, 40)
@@ -417,7 +415,7 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
     import cupy as cp
 
     from tractlens.app.pipelines.commit import commit_pipeline
-    from tractlens.gpu.commit import fista_bytes
+    from tractlens.gpu.commit_device import fista_bytes
 
     dwi, tract = _synthetic_pipeline_inputs()
     params = CommitParams(max_iter=50, tol=0.0)
@@ -442,7 +440,8 @@ def test_commit_pipeline_with_a_capped_memory_pool_runs_in_blocks():
 def test_blocked_operator_halves_its_blocks_when_out_of_memory():
     """A block operator that fails for more than 25 segments (as a device out of memory would):
     the blocks are halved until they fit, and the products are still exact."""
-    from tractlens.gpu.commit import BlockedOperator, NumpyOperator
+    from tractlens.gpu.commit_device import BlockedOperator
+    from tractlens.gpu.commit_operator import NumpyOperator
 
     problem, *_ = small_problem()
 

@@ -8,16 +8,10 @@ import pytest
 from scipy import sparse
 
 from tests.test_commit import MODELS, random_streamlines, small_problem
-from tractlens.gpu import commit
-from tractlens.gpu.commit import (
-    N_ORIENTATIONS,
-    _chunk_segments,
-    column_norms,
-    ec_compartments,
-    ec_from_segments,
-    ic_per_row,
-    segments,
-)
+from tractlens.gpu import commit_operator
+from tractlens.gpu.commit import N_ORIENTATIONS
+from tractlens.gpu.commit_operator import column_norms, ec_compartments, ec_from_segments, ic_per_row
+from tractlens.gpu.commit_segments import _chunk_segments, segments
 from tractlens.gpu.commit_sparse import SparseOperator, orientation_pairs, pair_structure
 
 
@@ -97,8 +91,8 @@ def test_row_passes_in_chunks_equal_the_whole(monkeypatch):
     weight = np.random.default_rng(0).random(seg.n_fibers)
     whole_ec = ec_compartments(seg.row, seg.orient)
     whole_ic = np.bincount(seg.row, weights=seg.length * weight[seg.fiber], minlength=problem.n_rows)
-    monkeypatch.setattr(commit, "CHUNK", 50)
-    assert len(list(commit.row_chunks(seg.row))) > 10
+    monkeypatch.setattr(commit_operator, "CHUNK", 50)
+    assert len(list(commit_operator.row_chunks(seg.row))) > 10
     for got, want in zip(ec_from_segments(seg), whole_ec, strict=True):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(ic_per_row(seg, weight, problem.n_rows), whole_ic)
@@ -111,7 +105,7 @@ def test_sparse_operator_from_compact_pairs_equals_the_coo_construction(model, m
     reference."""
     problem, *_ = small_problem(seed=5, n_fibers=70, params=MODELS[model])
     seg = problem.segments
-    monkeypatch.setattr(commit, "CHUNK", 64)
+    monkeypatch.setattr(commit_operator, "CHUNK", 64)
     pairs = pair_structure(problem)
     row, orient, pair_of_segment = orientation_pairs(problem)
     coo = sparse.csr_matrix((seg.length, (pair_of_segment, seg.fiber)), shape=(len(row), problem.n_fibers))
@@ -184,7 +178,7 @@ def test_ec_column_norms_equal_the_gathered_ones_without_holding_them():
     import tracemalloc
 
     from tests.benchmarks.bench_commit import synthetic_problem
-    from tractlens.gpu.commit import ec_column_norms2
+    from tractlens.gpu.commit_operator import ec_column_norms2
 
     problem = synthetic_problem(400_000, 120)
     gathered = (problem.lut_ec[problem.ec_orient].astype(np.float64) ** 2).sum(1)  # the old way

@@ -1,4 +1,5 @@
-"""COMMIT's CPU engine (gpu.commit_sparse): the SciPy sparse operator equals the NumPy reference."""
+"""COMMIT on the CPU: the SciPy sparse operator (gpu.commit_sparse) equals the NumPy reference, and the
+pipeline's CPU fit (gpu.commit_host) equals one made with the reference operator."""
 
 from __future__ import annotations
 
@@ -6,15 +7,9 @@ import numpy as np
 import pytest
 
 from tests.test_commit import MODELS, scheme, small_problem
-from tractlens.gpu.commit import (
-    NumpyOperator,
-    Problem,
-    Segments,
-    apply_a_numpy,
-    apply_at_numpy,
-    column_norms,
-    lookup_tables,
-)
+from tractlens.gpu.commit import lookup_tables
+from tractlens.gpu.commit_operator import NumpyOperator, Problem, apply_a_numpy, apply_at_numpy, column_norms
+from tractlens.gpu.commit_segments import Segments
 from tractlens.gpu.commit_sparse import SparseOperator, cpu_operator, orientation_pairs, sparse_operator_bytes
 
 
@@ -97,21 +92,23 @@ def test_cpu_operator_falls_back_to_the_reference_when_memory_is_short():
 
 
 def test_commit_pipeline_on_the_cpu_equals_the_reference_operator(demo_dir, monkeypatch):
-    """The CPU fit with the sparse operator and with the NumPy reference (forced by a host
-    that seems to have no memory): same weights and model to 1e-10."""
+    """The CPU fit with its compact operator (gpu.commit_host) and with the NumPy reference
+    operator put in its place: same weights and model to 1e-10."""
     from tractlens.app.io import load_dwi, load_tractogram
     from tractlens.app.pipelines.commit import commit_pipeline
-    from tractlens.gpu import backend
+    from tractlens.gpu import commit_host
     from tractlens.gpu.commit import CommitParams
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     tract = load_tractogram(demo_dir / "bundles.trk", reference=(dwi.affine, dwi.shape3))
     params = CommitParams(max_iter=40, tol=0.0)
+    used = []
+    real = commit_host.host_operator
+    monkeypatch.setattr(commit_host, "host_operator", lambda p, **k: used.append(1) or real(p, **k))
     fast = commit_pipeline(dwi, tract, params=params, device="cpu")
-    assert not any("chunked NumPy reference" in note for note in fast.notes)
-    monkeypatch.setattr(backend, "_host_available_bytes", lambda: 1024)
+    assert used
+    monkeypatch.setattr(commit_host, "host_operator", lambda p, **k: NumpyOperator(p))
     reference = commit_pipeline(dwi, tract, params=params, device="cpu")
-    assert any("chunked NumPy reference" in note for note in reference.notes)
     assert fast.fit.iterations == reference.fit.iterations == 40
     assert _relative(fast.weights, reference.weights) < 1e-10
     np.testing.assert_allclose(fast.model, reference.model, rtol=1e-10, atol=1e-14)

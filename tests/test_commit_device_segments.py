@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.test_commit import random_streamlines
-from tractlens.gpu import commit
-from tractlens.gpu.commit import segments
+from tractlens.gpu import commit_operator, commit_segments
+from tractlens.gpu.commit_segments import segments
 
 
 class NumpyAsDevice:
@@ -98,11 +98,13 @@ def test_row_passes_over_device_segments_equal_the_host_ones():
     points, offsets, rows = _inputs(5)
     host = segments(points, offsets, rows, (2.0, 2.0, 2.5))
     device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=NumpyAsDevice(), on_device=True)
-    for got, want in zip(commit.ec_from_segments(device), commit.ec_from_segments(host), strict=True):
+    for got, want in zip(commit_operator.ec_from_segments(device), commit_operator.ec_from_segments(host), strict=True):
         np.testing.assert_array_equal(got, want)
     weight = np.random.default_rng(0).random(host.n_fibers)
     n_rows = int(host.row.max()) + 1
-    np.testing.assert_array_equal(commit.ic_per_row(device, weight, n_rows), commit.ic_per_row(host, weight, n_rows))
+    np.testing.assert_array_equal(
+        commit_operator.ic_per_row(device, weight, n_rows), commit_operator.ic_per_row(host, weight, n_rows)
+    )
 
 
 # ---------------------------------------------------------------------------------- on CuPy
@@ -134,7 +136,9 @@ def test_gpu_operator_on_device_segments_equals_the_one_on_host_segments():
     given, no sort) equal those of the operator built from the same segments on the host."""
     from tests.test_commit import small_problem
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.commit import DeviceOperator, Problem, Segments
+    from tractlens.gpu.commit_device import DeviceOperator
+    from tractlens.gpu.commit_operator import Problem
+    from tractlens.gpu.commit_segments import Segments
 
     backend = get_backend("gpu")
     problem, *_ = small_problem(seed=5, n_fibers=80)
@@ -167,14 +171,16 @@ def test_gpu_ic_per_row_is_the_host_bincount_bit_for_bit():
     device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, on_device=True)
     weight = np.random.default_rng(3).random(host.n_fibers)
     n_rows = int(rows.max()) + 1
-    want = commit.ic_per_row(host, weight, n_rows)
-    got = commit.ic_per_row(device, weight, n_rows)
+    want = commit_operator.ic_per_row(host, weight, n_rows)
+    got = commit_operator.ic_per_row(device, weight, n_rows)
     assert isinstance(got, np.ndarray) and got.shape == want.shape
-    resident = commit.Segments(
+    resident = commit_segments.Segments(
         backend.xp.asarray(host.row), backend.xp.asarray(host.fiber), backend.xp.asarray(host.length),
         backend.xp.asarray(host.orient), host.n_fibers,
     )  # fmt: skip
-    np.testing.assert_array_equal(commit.ic_per_row(resident, weight, n_rows), want)  # the same segments: exact
+    np.testing.assert_array_equal(
+        commit_operator.ic_per_row(resident, weight, n_rows), want
+    )  # the same segments: exact
     np.testing.assert_allclose(got, want, rtol=1e-12)  # segments cut on the device: lengths within 1e-12
 
 
@@ -189,7 +195,7 @@ def test_device_segments_halve_a_chunk_that_runs_out_of_memory():
             self.refused = 0
 
     backend = Cramped()
-    real = commit._chunk_segments
+    real = commit_segments._chunk_segments
 
     def tight(xp, chunk, *args):
         if len(chunk) > 300:  # more than ~12 streamlines at once: "out of memory"
@@ -200,7 +206,7 @@ def test_device_segments_halve_a_chunk_that_runs_out_of_memory():
     want = segments(points, offsets, rows, (2.0, 2.0, 2.5))
     import unittest.mock
 
-    with unittest.mock.patch.object(commit, "_chunk_segments", tight):
+    with unittest.mock.patch.object(commit_segments, "_chunk_segments", tight):
         got = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, chunk_points=10**6, on_device=True)
     assert backend.refused > 3
     for name in ("row", "fiber", "length", "orient"):

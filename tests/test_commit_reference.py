@@ -58,7 +58,7 @@ def _voxel_lengths_from_dictionary(folder, shape):
 
 def _our_voxel_lengths(tractogram, demo_dir):
     from tractlens.app.io import load_dwi, load_tractogram
-    from tractlens.gpu.commit import segments
+    from tractlens.gpu.commit_segments import segments
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     tract = load_tractogram(tractogram, reference=(dwi.affine, dwi.shape3))

@@ -23,7 +23,7 @@ from tractlens.app.pipelines.commit import (
     write_commit_outputs,
     write_kept_streamlines,
 )
-from tractlens.gpu import commit as commit_engine
+from tractlens.gpu import commit_operator
 
 MAP_NAMES = ("fit_RMSE", "fit_NRMSE", "compartment_IC", "compartment_EC", "compartment_ISO")
 
@@ -87,7 +87,7 @@ def test_streamed_outputs_are_the_bytes_of_the_whole_copies(bundle_result, tmp_p
     # parts of a few streamlines and blocks of a few rows: many boundaries
     monkeypatch.setattr(commit_pipeline_module, "WRITE_PART_POINTS", 997)
     monkeypatch.setattr(commit_pipeline_module, "MAP_BLOCK_BYTES", 8 * result.problem.n_meas * 13)
-    monkeypatch.setattr(commit_engine, "CHUNK", 301)
+    monkeypatch.setattr(commit_operator, "CHUNK", 301)
     write_commit_outputs(result, tmp_path / "streamed", suffix)
     _assert_same_files(tmp_path / "whole", tmp_path / "streamed", suffix)
 
@@ -158,7 +158,7 @@ def test_write_stage_memory_does_not_grow_with_the_tractogram(large_result, tmp_
     written with all its streamlines and with a quarter of them."""
     monkeypatch.setattr(commit_pipeline_module, "WRITE_PART_POINTS", 1 << 14)
     monkeypatch.setattr(commit_pipeline_module, "MAP_BLOCK_BYTES", 1 << 16)
-    monkeypatch.setattr(commit_engine, "CHUNK", 1 << 12)
+    monkeypatch.setattr(commit_operator, "CHUNK", 1 << 12)
     whole = large_result
     n = len(whole.weights) // 4
     quarter = dataclasses.replace(whole, tractogram=whole.tractogram.subset(np.arange(n)), weights=whole.weights[:n])
@@ -176,7 +176,7 @@ def test_maps_hold_blocks_of_rows_not_the_signal(large_result, monkeypatch):
     """The maps' tracemalloc peak stays under a quarter of the (n_rows, M) float64 model (the
     full-array maps made four such arrays)."""
     monkeypatch.setattr(commit_pipeline_module, "MAP_BLOCK_BYTES", 1 << 16)
-    monkeypatch.setattr(commit_engine, "CHUNK", 1 << 12)
+    monkeypatch.setattr(commit_operator, "CHUNK", 1 << 12)
     peak = _peak_bytes(large_result.maps)
     print(f"\nmaps: peak {peak / 1e6:.2f} MB; model {large_result.model.nbytes / 1e6:.1f} MB")
     assert peak < 0.25 * large_result.model.nbytes
@@ -240,3 +240,35 @@ def test_a_trx_with_a_nan_point_is_refused_naming_the_file(tmp_path):
     with pytest.raises(InputError, match="NaN or infinite") as caught:
         commit_from_files(dwi, folder / "tracts.trx", params=CommitParams(max_iter=2), device="cpu")
     assert str(folder / "tracts.trx") in str(caught.value)
+
+
+def test_a_tck_read_in_chunks_fits_as_when_loaded_and_writes_its_own_positions(tmp_path, monkeypatch):
+    """A plain .tck is read in chunks as stored (offsets from its delimiters, points by pread,
+    chunks smaller than a streamline here): the same segments and fit as the tractogram loaded
+    whole into voxels, up to float32 rounding of the points; the kept streamlines are written
+    with the input's own positions."""
+    from tractlens.app.io import tractogram_mapped_tck
+    from tractlens.app.io.tractogram_mapped import MappedTractogram
+    from tractlens.gpu import commit_segments as commit  # where the host cutting reads its chunk size
+
+    folder = synthetic_files(tmp_path / "in", 300, shape=(12, 12, 12), n_meas=20, points=40)
+    dwi = folder / "dwi.nii"
+    monkeypatch.setattr(tractogram_mapped_tck, "SCAN_ROWS", 1000)  # the scan in many chunks
+    monkeypatch.setattr(commit, "HOST_SEGMENT_CHUNK_POINTS", 777)  # chunks that split streamlines' rows
+    kwargs = dict(mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20), device="cpu")
+    mapped, _ = commit_from_files(dwi, folder / "tracts.tck", **kwargs)
+    loaded, _ = commit_from_files(dwi, folder / "tracts.tck", **kwargs, mapped=False)
+    assert isinstance(mapped.tractogram, MappedTractogram)
+    np.testing.assert_array_equal(mapped.tractogram.offsets, loaded.tractogram.offsets)
+    per_fiber = [
+        np.bincount(r.problem.segments.fiber, r.problem.segments.length, minlength=300) for r in (mapped, loaded)
+    ]
+    np.testing.assert_allclose(*per_fiber, rtol=1e-5)
+    np.testing.assert_allclose(mapped.weights, loaded.weights, rtol=1e-3, atol=1e-6)
+    mapped.weights[::3] = 0.0
+    write_commit_outputs(mapped, tmp_path / "out", ".tck")
+    keep = mapped.weights > 0
+    source = nib.streamlines.load(str(folder / "tracts.tck")).streamlines
+    written = nib.streamlines.load(str(tmp_path / "out" / "tractogram_filtered.tck")).streamlines
+    assert len(written) == int(keep.sum())
+    np.testing.assert_array_equal(written.get_data(), np.concatenate([source[i] for i in np.flatnonzero(keep)]))

@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_probabilistic import SHAPE, straight_bundle
 from tractlens.gpu.connectome import ConnectomeSpec, track_connectome
-from tractlens.gpu.probabilistic import BIT_EXCLUDE, WAYPOINT_SHIFT, ProbParams, mask_bits, streamline_ids
+from tractlens.gpu.probabilistic_params import BIT_EXCLUDE, WAYPOINT_SHIFT, ProbParams, mask_bits, streamline_ids
 
 PARAMS = ProbParams(n_samples=12, n_steps=120, seed=3)
 
@@ -25,7 +25,7 @@ def traced(device, field_, bits, seeds, params, n_waypoints=0):
     n = len(seeds) * params.n_samples
     if device == "gpu":
         from tractlens.gpu.backend import get_backend
-        from tractlens.gpu.probabilistic import track_kernel
+        from tractlens.gpu.probabilistic_kernel import track_kernel
 
         _, trace = track_kernel(get_backend("gpu"), field_, bits, seeds, params, 0, n_waypoints, trace=True)
         return trace
@@ -260,14 +260,14 @@ def test_a_chunk_out_of_memory_is_retried_smaller_and_counts_the_same(monkeypatc
 def test_the_accumulator_sums_like_a_dense_matrix(device, capacity, device_entries, host_tight, monkeypatch):
     """Spilled or not, merged on the device or range by range (also while spilling, when the
     host is short of memory): the same sums as np.add.at."""
-    import tractlens.gpu.connectome as engine
+    import tractlens.gpu.connectome_counts as counts
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.connectome import SparseAccumulator
+    from tractlens.gpu.connectome_counts import SparseAccumulator
 
     backend = get_backend(device)
     if host_tight:
         tight = type("Host", (), {"free_memory_bytes": lambda self: 0})()
-        monkeypatch.setattr(engine, "get_backend", lambda name: tight)
+        monkeypatch.setattr(counts, "get_backend", lambda name: tight)
     rng = np.random.default_rng(5)
     shape = (40, 70)
     acc = SparseAccumulator(backend, shape, 2, capacity, device_entries)
@@ -331,7 +331,8 @@ class ListingTracker:
         self.visit_buffers = (sid, voxel, count)
 
     def launch(self, first, count, trace=None):
-        from tractlens.gpu.connectome import _kept, _trace_numpy, visits_from_trace
+        from tractlens.gpu.connectome import _trace_numpy
+        from tractlens.gpu.connectome_modes import kept_streamlines, visits_from_trace
 
         field_, bits, seeds, params, n_waypoints = self.args
         self.launches += 1
@@ -341,7 +342,7 @@ class ListingTracker:
         if not self.visit_list:  # the trace build (after a failed check)
             return
         visits = visits_from_trace(np, steps, field_.shape, params.step_mm)
-        kept = _kept(np, visits, bits.reshape(-1), n_waypoints, params.waycond, 0.0)
+        kept = kept_streamlines(np, visits, bits.reshape(-1), n_waypoints, params.waycond, 0.0)
         ids, _ = streamline_ids(first, count, len(seeds), params.n_samples)
         rng = np.random.default_rng(first)
         sid, voxel, counter = self.visit_buffers

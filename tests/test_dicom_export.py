@@ -37,6 +37,11 @@ def _mm(voxels):
 @pytest.fixture
 def case(tmp_path):
     """A reference T1 series, two bundles whose voxels are known, a lesion mask."""
+    return make_case(tmp_path)
+
+
+def make_case(tmp_path) -> dict:
+    """What :func:`case` gives (also for other test modules)."""
     t1 = (np.indices(SHAPE).sum(axis=0) * 20 + 100).astype(np.float32)
     reference = tmp_path / "T1"
     uids = write_series(reference, t1, AFFINE, description="T1w MPRAGE", series_number=2, study_uid=STUDY,

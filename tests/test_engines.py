@@ -5,7 +5,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tractlens.gpu import ballstick, deterministic, dti, geodesic, probabilistic, select
+from tractlens.gpu import (
+    ballstick_fit,
+    deterministic,
+    dti,
+    geodesic,
+    geodesic_field,
+    probabilistic,
+    probabilistic_params,
+    select,
+)
 from tractlens.gpu.engines import ARRAYS, KERNEL, NUMPY, choose_engine, engine_names
 
 CPU = SimpleNamespace(is_gpu=False)
@@ -56,7 +65,7 @@ def test_a_method_cannot_offer_an_engine_outside_the_vocabulary():
 
 def test_engine_names_lists_auto_first():
     assert engine_names() == ("auto", "kernel", "arrays")
-    assert deterministic.ENGINES == ("auto", "kernel", "arrays")
+    assert deterministic.ENGINES == ("auto", "kernel", "compiled", "arrays")
 
 
 # Every method resolves its engine through choose_engine: same messages everywhere.
@@ -69,26 +78,26 @@ def _deterministic(engine):
 def _geodesic(engine):
     tensor = np.zeros((3, 3, 3, 6))
     tensor[..., [0, 3, 5]] = 1.0
-    fld = geodesic.prepare_metric(tensor, (1.0, 1.0, 1.0))
+    fld = geodesic_field.prepare_metric(tensor, (1.0, 1.0, 1.0))
     return list(geodesic.track(fld, [[1.0, 1.0, 1.0]], [[1.0, 0.0, 0.0]], device="cpu", engine=engine))
 
 
 def _probabilistic(engine):
-    field_ = probabilistic.SampleField.from_grid(
+    field_ = probabilistic_params.SampleField.from_grid(
         np.tile([1.0, 0.0, 0.0], (2, 2, 2, 1, 2, 1)).astype(np.float32),
         np.full((2, 2, 2, 1, 2), 0.5, np.float32),
         np.ones((2, 2, 2), bool),
         (1.0, 1.0, 1.0),
     )
-    bits = probabilistic.mask_bits(np.ones((2, 2, 2), bool))
-    params = probabilistic.ProbParams(n_samples=2, n_steps=3)
+    bits = probabilistic_params.mask_bits(np.ones((2, 2, 2), bool))
+    params = probabilistic_params.ProbParams(n_samples=2, n_steps=3)
     return probabilistic.track(field_, bits, [[0, 0, 0]], params, device="cpu", engine=engine)
 
 
 def _ballstick(engine):
     bvals = np.array([0.0] + [1000.0] * 12)
     bvecs = np.vstack([[0, 0, 0], np.eye(3).repeat(4, axis=0)])
-    return ballstick.fit_ballstick(np.ones((1, 13)), bvals, bvecs, device="cpu", engine=engine)
+    return ballstick_fit.fit_ballstick(np.ones((1, 13)), bvals, bvecs, device="cpu", engine=engine)
 
 
 def _select(engine):
@@ -106,7 +115,7 @@ def _dti(engine):
 @pytest.mark.parametrize(
     ("run", "cpu_engine"),
     [
-        (_deterministic, "arrays"),
+        (_deterministic, "compiled"),
         (_geodesic, "arrays"),
         (_probabilistic, "numpy"),
         (_ballstick, "numpy"),

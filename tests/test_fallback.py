@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tractlens.app.pipelines import _fallback
-from tractlens.gpu import deterministic, engines, geodesic
+from tractlens.gpu import deterministic, engines, geodesic, geodesic_field, geodesic_params
 from tractlens.gpu.backend import Backend, OutOfDeviceMemory, get_backend
 
 
@@ -94,9 +94,13 @@ def test_deterministic_tracking_continues_on_the_cpu_where_the_gpu_stopped(demo_
 def test_geodesic_tracking_continues_on_the_cpu_where_the_gpu_stopped(demo_field, demo_dir, fake_gpu, monkeypatch):
     from tractlens.app.pipelines.track import geodesic_pipeline
 
-    options = {"seed_mask": _arc_seed(demo_dir), "directions": 12, "params": geodesic.GeodesicParams(max_steps=200)}
+    options = {
+        "seed_mask": _arc_seed(demo_dir),
+        "directions": 12,
+        "params": geodesic_params.GeodesicParams(max_steps=200),
+    }
     reference = geodesic_pipeline(demo_field, device="cpu", **options)
-    monkeypatch.setattr(geodesic, "prepare_metric", _prepare_then_fail(geodesic.prepare_metric))
+    monkeypatch.setattr(geodesic_field, "prepare_metric", _prepare_then_fail(geodesic_field.prepare_metric))
     monkeypatch.setattr(geodesic, "track", _runs_out_after(geodesic.track, 1, 100))
     result = geodesic_pipeline(demo_field, device="auto", **options)
     np.testing.assert_array_equal(

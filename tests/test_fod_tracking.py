@@ -299,7 +299,7 @@ def kernel_on_the_host(tmp_path_factory):
 
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: the kernel's host build needs it")
-    source = cuda.source("fod_tracking.cu", ("sym3.cuh", "tracking.cuh", "philox.cuh"))
+    source = cuda.source("fod_tracking.cu", fod_tracking.KERNEL_HEADERS)
     first, _, rest = source.partition("\n")
     rest = rest.replace('extern "C" __global__ void track_fod', "void track_fod")
     folder = tmp_path_factory.mktemp("fod_kernel")
@@ -314,15 +314,15 @@ def run_on_the_host(lib, field, seeds, params, rng_seed):
     """What ``fod_tracking._track_kernel`` launches, run by the host build, then compacted alike."""
     import ctypes
 
-    from tractlens.gpu.ballstick import _seed_key
-    from tractlens.gpu.deterministic import _compact
+    from tractlens.gpu.rng import seed_key
+    from tractlens.gpu.tracking import compact
 
     n, m = len(seeds), params.max_steps
     buf = np.zeros((n, 2 * m + 1, 3), np.float32)
     count, stop, valid = np.zeros((n, 2), np.int32), np.zeros((n, 2), np.uint8), np.zeros(n, np.uint8)
     arrays = [np.ascontiguousarray(a) for a in (field.poly, field.region, np.asarray(seeds, np.float64))]
     directions = np.ascontiguousarray(fod_tracking.SEED_DIRECTIONS, np.float32)
-    h, key = params.step_mm / field.voxel_size, _seed_key(rng_seed)
+    h, key = params.step_mm / field.voxel_size, seed_key(rng_seed)
     pointer = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
     f, i = ctypes.c_float, ctypes.c_int
     lib.run_all(
@@ -333,7 +333,7 @@ def run_on_the_host(lib, field, seeds, params, rng_seed):
         f(fod_tracking.SECANT_RAD), f(fod_tracking.MAX_NEWTON_RAD), f(fod_tracking.ENVELOPE_MARGIN),
         pointer(directions), pointer(buf), pointer(count), pointer(stop), pointer(valid),
     )  # fmt: skip
-    return _compact(np, buf, count, stop, valid.astype(bool), 0, params)
+    return compact(np, buf, count, stop, valid.astype(bool), 0, params)
 
 
 @pytest.mark.parametrize("probabilistic", [False, True], ids=["deterministic", "probabilistic"])

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tractlens.gpu import geodesic, sym3
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams, prepare_metric, track_all
+from tractlens.gpu import geodesic, geodesic_field, sym3
+from tractlens.gpu.geodesic import track_all
+from tractlens.gpu.geodesic_field import prepare_metric
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 
 SHAPE = (30, 30, 30)
 
@@ -89,9 +91,9 @@ def test_derivatives_keep_float16_precision_at_any_scale():
     65504); every stored derivative is a float16 value over that scale, within 2^-11 relative
     of the exact one, whatever the field's magnitude."""
     for largest in (3e-9, 0.05, 1.0, 7e4, 1e9):
-        scale = geodesic.derivative_scale(largest)
+        scale = geodesic_field.derivative_scale(largest)
         assert 2.0**14 <= largest * scale < 2.0**15 and np.log2(scale) == round(np.log2(scale))
-    assert geodesic.derivative_scale(0.0) == 1.0
+    assert geodesic_field.derivative_scale(0.0) == 1.0
     x = np.arange(SHAPE[0], dtype=float)
     for slope in (1e-6, 0.1, 300.0):
         tensor = np.zeros((*SHAPE, 6))

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from tractlens.gpu.backend import Cancelled
-from tractlens.gpu.geodesic import MetricParams, prepare_metric
 from tractlens.gpu.geodesic_eikonal import connect, half_offsets
+from tractlens.gpu.geodesic_field import prepare_metric
+from tractlens.gpu.geodesic_params import MetricParams
 
 from .test_geodesic import arc_field, constant
 

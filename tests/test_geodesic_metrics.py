@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from tractlens.gpu import geodesic, sym3
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams, prepare_metric, track_all
+from tractlens.gpu.geodesic import track_all
+from tractlens.gpu.geodesic_field import prepare_metric
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 
 from .test_geodesic import SHAPE, arc_field, constant
 

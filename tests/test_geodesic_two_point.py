@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tractlens.gpu import geodesic
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams, prepare_metric
+from tractlens.gpu.geodesic_field import prepare_metric
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.geodesic_shooting import best_sampled_directions, shoot
 
 from .test_geodesic import arc_field, constant

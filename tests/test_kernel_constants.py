@@ -11,15 +11,18 @@ import pytest
 
 from tractlens.gpu import (
     ballstick,
-    commit,
+    commit_device,
     cuda,
     deterministic,
     dti,
     fod_tracking,
     geodesic,
-    probabilistic,
+    geodesic_field,
+    probabilistic_kernel,
+    probabilistic_params,
     select,
     streamlines,
+    tracking,
 )
 
 # Each wrapper's way to its kernels (pure Python up to cuda.function).
@@ -31,11 +34,13 @@ GETTERS = {
     "dti float64": lambda: dti._cuda_function("dti_fit_float64"),
     "select": lambda: select._kernel(),
     "streamlines": lambda: streamlines._pack_rows_kernel(),
-    "ballstick lm": lambda: ballstick._kernel("ballstick_lm", ballstick.BallStickParams(), 65),
-    "ballstick mcmc": lambda: ballstick._kernel("ballstick_mcmc", ballstick.BallStickParams(rician=True), 65),
-    "commit": lambda: commit.kernels(SimpleNamespace(n_meas=90, n_ic=2, lut_ic=SimpleNamespace(shape=(2, 500, 90)))),
-    "probabilistic": lambda: probabilistic.kernel_function(False),
-    "probabilistic seed matrix": lambda: probabilistic.kernel_function(True),
+    "ballstick lm": lambda: ballstick.compiled_kernel("ballstick_lm", ballstick.BallStickParams(), 65),
+    "ballstick mcmc": lambda: ballstick.compiled_kernel("ballstick_mcmc", ballstick.BallStickParams(rician=True), 65),
+    "commit": lambda: commit_device.kernels(
+        SimpleNamespace(n_meas=90, n_ic=2, lut_ic=SimpleNamespace(shape=(2, 500, 90)))
+    ),
+    "probabilistic": lambda: probabilistic_kernel.kernel_function(False),
+    "probabilistic seed matrix": lambda: probabilistic_kernel.kernel_function(True),
 }
 
 
@@ -134,14 +139,14 @@ def test_the_stop_codes_are_the_ones_python_reports():
     assert defines["MAX_STEPS"] == geodesic.MAX_STEPS == streamlines.MAX_STEPS
     assert defines["REACHED_TARGET"] == geodesic.REACHED_TARGET
     assert set(streamlines.STOP_REASONS) == {0, *streamlines.STOP_CODES.values()}
-    assert defines["REGION_STOP"] == deterministic.STOP and defines["TARGET_BIT"] == geodesic.TARGET
+    assert defines["REGION_STOP"] == tracking.STOP and defines["TARGET_BIT"] == geodesic_field.TARGET
     assert dict(dti.KERNEL_DEFINES)["FLAG_FIT_FAILED"] == dti.FLAG_FIT_FAILED
-    assert dict(probabilistic.kernel_defines())["TARGET_SHIFT"] == probabilistic.TARGET_SHIFT
+    assert dict(probabilistic_kernel.kernel_defines())["TARGET_SHIFT"] == probabilistic_params.TARGET_SHIFT
 
 
 def test_compiling_without_a_required_define_is_refused_before_the_compiler():
     with pytest.raises(ValueError, match=r"deterministic.cu needs the compile-time constants .*LOW_FA"):
-        cuda.function("deterministic.cu", "track_deterministic", ("sym3.cuh", "tracking.cuh"), ())
+        cuda.function("deterministic.cu", "track_deterministic", deterministic.KERNEL_HEADERS, ())
     with pytest.raises(ValueError, match="must be an integer"):
         cuda.check_defines("select.cu", (), (("X", 1.5),))
 
@@ -149,8 +154,8 @@ def test_compiling_without_a_required_define_is_refused_before_the_compiler():
 def test_the_least_squares_kernel_is_compiled_once_per_stick_count():
     """LM ignores the MCMC's constants: fixed values, so other measurement counts reuse it."""
     params = ballstick.BallStickParams(rician=True)
-    assert ballstick._kernel_defines(params, 65, False) == ballstick._kernel_defines(params, 300, False)
-    assert dict(ballstick._kernel_defines(params, 65, True)) == {
+    assert ballstick.kernel_defines(params, 65, False) == ballstick.kernel_defines(params, 300, False)
+    assert dict(ballstick.kernel_defines(params, 65, True)) == {
         "NFIB": params.n_fibres,
         "PER_LANE": 3,
         "RICIAN": 1,

@@ -216,15 +216,15 @@ def test_fit_polls_cancel_and_stops():
         fit_model(noddi_watson(), signal, bvals, bvecs, device="cpu", cancelled=lambda: True)
 
 
-def test_philox_draws_are_the_ball_and_stick_fits_streams():
-    from tractlens.gpu.ballstick import _draws
-
+def test_philox_draws_key_the_stream_by_the_seeds_two_words():
+    """The seed's low word is the Philox key's first word, its high word the second: a seed
+    past 2^32 draws another stream, and its draws are standard normals and log-uniforms."""
     voxels = np.arange(0, 5000, 7, dtype=np.uint64)
-    for draw in (0, 3, 12345):
-        normal, log_u = draws(np, voxels, draw, seed=99)
-        ref_normal, ref_log_u = _draws(voxels, draw, (99, 0))
-        np.testing.assert_array_equal(normal, ref_normal)
-        np.testing.assert_array_equal(log_u, ref_log_u)
+    low, high = draws(np, voxels, 3, seed=99), draws(np, voxels, 3, seed=99 + 2**32)
+    assert not np.array_equal(low[0], high[0])
+    normal, log_u = draws(np, np.arange(200_000, dtype=np.uint64), 0, seed=99)
+    assert abs(normal.mean()) < 0.01 and abs(normal.std() - 1.0) < 0.01
+    assert (log_u < 0).all() and abs(np.exp(log_u).mean() - 0.5) < 0.01
 
 
 # --------------------------------------------------------------------------------------
@@ -249,7 +249,8 @@ def one_stick_voxels():
 def test_ball_sticks_lm_through_the_toolbox_equals_the_dedicated_fit(one_stick_voxels, device):
     """Same model, same data, both least squares to convergence: the same optimum. On the GPU the
     dedicated fit is the CUDA kernel (float32 signals), hence the looser tolerance there."""
-    from tractlens.gpu.ballstick import BallStickParams, fit_ballstick
+    from tractlens.gpu.ballstick import BallStickParams
+    from tractlens.gpu.ballstick_fit import fit_ballstick
 
     bvals, bvecs, signal, _d, _f, _v = one_stick_voxels
     dedicated = fit_ballstick(
@@ -282,7 +283,8 @@ def test_voxels_without_usable_signal_are_flagged_and_zero(watson_voxels):
 
 
 def test_ball_sticks_mcmc_through_the_toolbox_agrees_with_the_dedicated_fit(one_stick_voxels):
-    from tractlens.gpu.ballstick import BallStickParams, fit_ballstick
+    from tractlens.gpu.ballstick import BallStickParams
+    from tractlens.gpu.ballstick_fit import fit_ballstick
 
     bvals, bvecs, signal, _d, _f, _v = one_stick_voxels
     signal = signal[:12]

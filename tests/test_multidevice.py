@@ -76,7 +76,7 @@ def test_each_share_runs_on_its_own_device():
 
 
 def _split_case():
-    from tractlens.gpu.probabilistic import ProbParams, mask_bits
+    from tractlens.gpu.probabilistic_params import ProbParams, mask_bits
 
     from .test_probabilistic import slab, straight_bundle
 
@@ -96,7 +96,7 @@ def _assert_same(a, b):
 def test_probabilistic_tracking_split_over_three_shares_equals_one_run():
     """Three shares on the CPU (the code path of three GPUs): the same totals to the last count,
     with ranges that do not fall on batch or seed boundaries."""
-    from tractlens.gpu.probabilistic import track_numpy
+    from tractlens.gpu.probabilistic_numpy import track_numpy
     from tractlens.gpu.probabilistic_split import track_split
 
     field_, bits, seeds, params = _split_case()
@@ -126,7 +126,7 @@ def test_a_cancelled_split_run_raises_cancelled():
 @pytest.mark.gpu
 @pytest.mark.parametrize("shares", ["two on one GPU", "every GPU"])
 def test_probabilistic_kernel_split_equals_one_gpu_run(shares):
-    from tractlens.gpu.probabilistic import track_kernel
+    from tractlens.gpu.probabilistic_kernel import track_kernel
     from tractlens.gpu.probabilistic_split import track_split
 
     field_, bits, seeds, params = _split_case()
@@ -142,7 +142,7 @@ def test_a_probabilistic_run_shared_out_gives_the_counts_of_one_run(demo_bedpost
     """The pipeline's --gpus path (ProbabilisticRun.track_on_gpus), its shares on the CPU here:
     the totals and the summary's device line as for real GPUs."""
     from tractlens.app.pipelines.probabilistic import prepare_probabilistic
-    from tractlens.gpu.probabilistic import ProbParams
+    from tractlens.gpu.probabilistic_params import ProbParams
 
     run = prepare_probabilistic(demo_bedpostx, demo_dir / "roi_arc_seed.nii.gz", params=ProbParams(n_samples=30))
     one = run.track(device="cpu")

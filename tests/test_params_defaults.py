@@ -12,15 +12,16 @@ import pytest
 
 from tractlens.app.cli import build_parser
 from tractlens.app.cli.options import field_of_dest
+from tractlens.app.cli.parameter_flags import OPTIONS, check_table, cli_flags, option_of
 from tractlens.app.params import PARAMS_TYPES, GeodesicSeedingParams, SeedingParams
-from tractlens.gpu.params import cli_flags, default_of
+from tractlens.gpu.params import default_of
 from tractlens.widgets.launcher import _report_parser
 
 TYPES = {cls.__name__: cls for cls in PARAMS_TYPES}
 FLAG_OWNERS: dict[str, list[tuple[type, str]]] = {}
 for _cls in PARAMS_TYPES:
     for _spec in dataclasses.fields(_cls):
-        for _flag in cli_flags(_spec):
+        for _flag in cli_flags(_cls, _spec.name):
             FLAG_OWNERS.setdefault(_flag, []).append((_cls, _spec.name))
 
 
@@ -54,7 +55,7 @@ def test_every_parameter_option_has_its_dataclass_default(command):
         spec = next(s for s in dataclasses.fields(cls) if s.name == name)
         if isinstance(default, bool):  # a negated flag stores False; its default is the field's True
             assert isinstance(
-                action, argparse._StoreFalseAction if spec.metadata["negated"] else argparse._StoreTrueAction
+                action, argparse._StoreFalseAction if option_of(cls, name).negated else argparse._StoreTrueAction
             )
         assert action.default == default, f"{command} {action.option_strings}: {action.default!r} != {default!r}"
         if action.choices is not None:
@@ -73,7 +74,7 @@ def test_every_field_with_a_flag_is_on_its_subcommand(command):
     dests = {a.dest: a for a in _options(parser)}
     for cls in _params_types_of(parser):
         for spec in dataclasses.fields(cls):
-            flags = cli_flags(spec)
+            flags = cli_flags(cls, spec.name)
             if not flags:
                 continue
             dest = f"{cls.__name__}.{spec.name}"
@@ -89,6 +90,7 @@ def test_the_commands_use_the_parameter_classes():
         "connectome": {"ConnectomeParams"},
         "profile": {"ProfileParams"},
         "distance": {"LesionDistanceParams"},
+        "envelopes": {"EnvelopeParams"},
         "track deterministic": {
             "DeterministicParams",
             "FodDeterministicParams",
@@ -162,3 +164,19 @@ def test_a_bad_value_is_an_input_error_with_a_fix():
     with pytest.raises(InputError, match="FA threshold") as raised:
         params_from_args(DeterministicParams, args, fix="Check it")
     assert raised.value.fix == "Check it"
+
+
+def test_the_flag_table_names_only_fields_of_parameter_classes():
+    """A renamed or removed field cannot leave a stale command-line option behind."""
+    check_table()
+    assert set(OPTIONS) <= set(PARAMS_TYPES)
+
+
+def test_the_dataclasses_carry_what_a_parameter_is_not_how_the_command_line_spells_it():
+    """Flags, placeholders and command-line help live in app.cli.parameter_flags; the engine's
+    dataclasses keep label, documentation, unit, range and choices."""
+    command_line = {"flags", "cli", "metavar", "negated", "nargs", "cli_help", "default_text"}
+    for cls in PARAMS_TYPES:
+        for spec in dataclasses.fields(cls):
+            assert {"label", "help", "unit", "limits", "choices"} <= set(spec.metadata), (cls.__name__, spec.name)
+            assert not command_line & set(spec.metadata), (cls.__name__, spec.name)

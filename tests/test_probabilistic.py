@@ -8,7 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from tractlens.gpu.probabilistic import ProbParams, SampleField, mask_bits, track_numpy
+from tractlens.gpu.probabilistic_numpy import track_numpy
+from tractlens.gpu.probabilistic_params import ProbParams, SampleField, mask_bits
 
 SHAPE = (30, 12, 12)
 
@@ -40,7 +41,7 @@ def slab(x0, x1, y=slice(None)):
 def run(device, field_, bits, seeds, params, **kw):
     if device == "gpu":
         from tractlens.gpu.backend import get_backend
-        from tractlens.gpu.probabilistic import track_kernel
+        from tractlens.gpu.probabilistic_kernel import track_kernel
 
         return track_kernel(get_backend("gpu"), field_, bits, seeds, params, **kw)
     return track_numpy(field_, bits, seeds, params, **kw)
@@ -99,7 +100,7 @@ def test_streamlines_are_counted_once_and_runs_repeat():
 @pytest.mark.parametrize("options", [{}, {"modeuler": True}, {"randfib": 2, "loopcheck": True}])
 def test_kernel_takes_the_reference_steps(options):
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.probabilistic import track_kernel
+    from tractlens.gpu.probabilistic_kernel import track_kernel
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     bits = mask_bits(brain, exclude=slab(22, 23, y=slice(0, 3)), targets=[slab(26, 28)])
@@ -126,7 +127,7 @@ def test_kernel_runs_streamlines_too_long_for_its_sets_again(masks):
     are counted as they happen (nothing can discard a streamline) and when they are counted at
     the end."""
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.probabilistic import track_kernel
+    from tractlens.gpu.probabilistic_kernel import track_kernel
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     extra = {} if masks == "none" else {"exclude": slab(22, 23, y=slice(0, 3)), "waypoints": [slab(12, 13)]}
@@ -417,7 +418,7 @@ def test_kernel_uses_fewer_threads_when_memory_is_short():
     import cupy as cp
 
     from tractlens.gpu.backend import OutOfDeviceMemory, get_backend
-    from tractlens.gpu.probabilistic import track_kernel
+    from tractlens.gpu.probabilistic_kernel import track_kernel
 
     field_, brain, bundle = straight_bundle(noise=0.4)
     bits = mask_bits(brain)

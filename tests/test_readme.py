@@ -24,3 +24,11 @@ def test_no_paragraph_of_the_readme_appears_twice():
     counts = Counter(p for p in paragraphs if len(p) > 200)
     repeated = [p[:80] for p, n in counts.items() if n > 1]
     assert not repeated, f"paragraphs written more than once: {repeated}"
+
+
+def test_the_readme_states_every_atlas_with_its_licence_and_citation_as_the_code_does():
+    from tractlens.app.atlases import ATLASES
+
+    text = README.read_text(encoding="utf-8")
+    for atlas in ATLASES.values():
+        assert f"| `{atlas.name}`: {atlas.title} | {atlas.licence} | {atlas.citation} |" in text, atlas.name

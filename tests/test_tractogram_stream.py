@@ -235,6 +235,7 @@ def test_host_memory_per_output_point(tmp_path, streamed):
 def test_gpu_batches_are_bounded_so_their_points_fit_the_host(monkeypatch):
     """A large GPU would take a whole brain in one batch and send all its points to the host
     at once; batches stop at GPU_MAX_BATCH seeds unless the caller asks for a size."""
+    from tractlens.gpu import tracking
     from tractlens.gpu.backend import Backend
 
     asked = []
@@ -243,11 +244,11 @@ def test_gpu_batches_are_bounded_so_their_points_fit_the_host(monkeypatch):
         asked.append(options["maximum"])
         return iter(())
 
-    monkeypatch.setattr(deterministic, "iter_batched", batches)
+    monkeypatch.setattr(tracking, "iter_batched", batches)
     stand_in = Backend("gpu", np, "stand-in GPU")  # the engine is not run: only its batching is looked at
     field_ = _curving_field(8)
     seeds = np.zeros((10, 3))
     list(deterministic.track(field_.tensor, seeds, device=stand_in, engine="arrays"))
     list(deterministic.track(field_.tensor, seeds, device=stand_in, engine="arrays", max_batch=5))
-    assert asked == [deterministic.GPU_MAX_BATCH, 5]
-    assert deterministic.GPU_MAX_BATCH * 250 * 12 <= 1 << 30  # ≤ 1 GiB of float32 points at 250 points per seed
+    assert asked == [tracking.GPU_MAX_BATCH, 5]
+    assert tracking.GPU_MAX_BATCH * 250 * 12 <= 1 << 30  # ≤ 1 GiB of float32 points at 250 points per seed

@@ -31,7 +31,7 @@ def test_warm_up_compiles_every_build_in_order_and_reports_progress():
     assert compiled == list(builds)
     assert reports == [(i + 1, len(builds), b.label) for i, b in enumerate(builds)]
     assert result["gpu"] is True and result["compiled"] == len(builds) and result["cancelled"] is False
-    assert not warmup.warmed()  # a stand-in compile does not count as a warm process
+    assert not cuda.warmed()  # a stand-in compile does not count as a warm process
 
 
 def test_warm_up_stops_between_kernels_when_cancelled():

@@ -32,6 +32,7 @@ from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
+from .controllers.anatomy import AnatomyController
 from .controllers.dicom import DicomController
 from .controllers.first_steps import FirstSteps
 from .controllers.help import build_help_menu
@@ -210,6 +211,8 @@ class MainWindow(QMainWindow):
         for panel in (self.deterministic_panel, self.geodesic_panel):
             panel.paint_seed_requested.connect(lambda: self.roi_toolbar.new_roi(role="seed"))
         self._build_menus()
+        self.anatomy = AnatomyController(self)  # Image and ROI menus, MNI coordinate, alignment
+        self.anatomy.build()
         self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
         self.selection.error.connect(self.report_error)
         self.selection.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))

@@ -8,7 +8,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLineEdit,
+    QSpinBox,
+    QWidget,
+)
 
 from tractlens.app.params import default_of, field_of
 
@@ -31,6 +40,8 @@ class ParamsForm(QWidget):
             options = (choices or {}).get(spec.name) or (meta.get("choices") if isinstance(default, str) else None)
             if meta.get("several"):
                 editor = _Several(meta["several"], default)
+            elif isinstance(default, tuple):
+                editor = _Numbers(default)
             elif options:
                 editor = QComboBox()
                 editor.addItems([str(option) for option in options])
@@ -65,8 +76,8 @@ class ParamsForm(QWidget):
     def values(self) -> dict[str, Any]:
         out = {}
         for name, editor in self.editors.items():
-            if isinstance(editor, _Several):
-                out[name] = editor.text()
+            if isinstance(editor, _Several | _Numbers):
+                out[name] = editor.value() if isinstance(editor, _Numbers) else editor.text()
             elif isinstance(editor, QComboBox):
                 out[name] = editor.currentText()
             elif isinstance(editor, QCheckBox):
@@ -84,8 +95,8 @@ class ParamsForm(QWidget):
     def set_values(self, **values) -> None:
         for name, value in values.items():
             editor = self.editors[name]
-            if isinstance(editor, _Several):
-                editor.set_text(value)
+            if isinstance(editor, _Several | _Numbers):
+                editor.set_text(value if isinstance(editor, _Several) else " ".join(str(v) for v in value))
             elif isinstance(editor, QComboBox):
                 editor.setCurrentText(value)
             elif isinstance(editor, QCheckBox):
@@ -117,6 +128,20 @@ class _Several(QWidget):
         chosen = {part.strip().lower() for part in str(value).split(",")}
         for choice, box in self.boxes.items():
             box.setChecked(choice.lower() in chosen)
+
+
+class _Numbers(QLineEdit):
+    """A tuple of whole numbers (iterations per level: ``100 50 20``), typed with spaces between;
+    :meth:`value` raises ValueError for anything else."""
+
+    def __init__(self, value: tuple):
+        super().__init__(" ".join(str(v) for v in value))
+
+    def value(self) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in self.text().replace(",", " ").split())
+        except ValueError:
+            raise ValueError(f"{self.text()!r} is not whole numbers separated by spaces") from None
 
 
 def limits_of(params_type: type, name: str) -> tuple[float, float] | None:

@@ -31,12 +31,14 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QHeaderView,
+    QLabel,
     QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
 )
 
+from tractlens.app.envelopes import LEVEL_MEANING, envelope_set_of_masks, lesion_distances
 from tractlens.app.model import Document, Layer
 from tractlens.app.params import LesionDistanceParams
 from tractlens.app.pipelines.connectivity import (
@@ -54,6 +56,7 @@ from tractlens.app.pipelines.connectivity import (
 )
 
 from . import fiber_display
+from .envelope_display import envelope_rows, is_envelope
 from .job_panel import JobPanelBase
 from .layer_combo import LayerCombo
 from .params_form import limits_of
@@ -123,6 +126,7 @@ class PresurgicalPanel(JobPanelBase):
         self.distances: dict[str, RegionDistance] = {}
         self.measured: dict[str, Layer] = {}
         self.rows: list[DistanceRow] = []
+        self.envelope_rows: list = []  # the uncertainty envelopes' rows (widgets.envelope_display)
         self.lesion_name = ""
         self.lesion_box = LesionCombo(document)
         self.lesion_box.setObjectName("presurgical_lesion")
@@ -180,6 +184,11 @@ class PresurgicalPanel(JobPanelBase):
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.table, 1)
+        self.meaning = QLabel(LEVEL_MEANING)  # shown with envelope rows: what a level means
+        self.meaning.setObjectName("envelope_meaning")
+        self.meaning.setWordWrap(True)
+        self.meaning.setVisible(False)
+        layout.addWidget(self.meaning)
         layout.addWidget(self.status)
         document.connect(self._on_document)
 
@@ -226,8 +235,12 @@ class PresurgicalPanel(JobPanelBase):
                 "map only with 'Scalar map ≥' and a threshold."
             )
         tracts = [layer for layer in self.document.layers if layer.kind == "tractogram" and layer.visible]
-        if not tracts:
+        shells = [layer for layer in self.document.layers if is_envelope(layer) and layer.visible]
+        if not tracts and not shells:
             return self._refuse("Show or open a tractogram first: its streamlines are measured.")
+        shell_levels = [layer.provenance["envelope_level"] for layer in shells]
+        shell_masks = [layer.data.data.astype(bool) for layer in shells]  # copies: layers may change meanwhile
+        shell_affine = shells[0].data.affine.copy() if shells else None
         device, clim, affine = self.device, self.clim, lesion.data.affine.copy()
         lesion_name = lesion.name
         token = self._next_token()
@@ -260,7 +273,11 @@ class PresurgicalPanel(JobPanelBase):
                 fiber_display.prepare(new)  # display arrays off the GUI thread
                 out.append((layer, new, distance))
             ctx.check()
-            return out
+            if shells:  # the envelopes' distances (app.envelopes: nearest voxel centres)
+                found = envelope_set_of_masks(shell_levels, shell_masks, shell_affine)
+                shell_out = list(zip(shells, lesion_distances(found, mask, affine), strict=True))
+                return out, shell_out
+            return out, []
 
         return self._start(
             f"distance to {lesion_name}",
@@ -269,10 +286,13 @@ class PresurgicalPanel(JobPanelBase):
             token=token,
         )
 
-    def _done(self, token: int, out, lesion_name: str) -> None:
+    def _done(self, token: int, both, lesion_name: str) -> None:
         if token != self._token:
             return
         self._job_ended()
+        out, shells = both
+        for layer, distance in shells:
+            layer.provenance = {**layer.provenance, "lesion distance": {"lesion": lesion_name, **distance.as_dict()}}
         doc = self.document
         self.distances, self.measured, self.lesion_name = {}, {}, lesion_name
         clim = self.clim  # the margin may have changed while the job ran
@@ -285,6 +305,9 @@ class PresurgicalPanel(JobPanelBase):
             self.measured[new.name] = new
             doc.replace_layer(old, new)
         self.refresh_table()
+        if self.envelope_rows and not self.rows:
+            levels = ", ".join(f"{row.level:g} % {row.closest_text} mm" for row in self.envelope_rows)
+            self.status.setText(f"Distance to {lesion_name} of the uncertainty envelopes: {levels}.")
         if self.rows and any(np.isfinite(row.min_mm) for row in self.rows):
             closest = min(self.rows, key=lambda row: row.min_mm)
             where = (  # a tractogram of 0 streamlines has no closest approach
@@ -320,7 +343,9 @@ class PresurgicalPanel(JobPanelBase):
             per_streamline = self.distances[name].per_streamline
             rows += distance_rows(name, per_streamline, self.margin_mm, layer.selection, layer.selection_by)
         self.rows = rows
-        self.table.setRowCount(len(rows))
+        shells = envelope_rows(self.document, self.margin_mm)
+        self.envelope_rows = shells
+        self.table.setRowCount(len(rows) + len(shells))
         for r, row in enumerate(rows):
             cells = (
                 row.name,
@@ -335,6 +360,14 @@ class PresurgicalPanel(JobPanelBase):
                 if c:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
+        for r, row in enumerate(shells, start=len(rows)):
+            for c, text in enumerate(row.cells()):
+                item = QTableWidgetItem(text)
+                item.setToolTip(LEVEL_MEANING)
+                if c:
+                    item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.table.setItem(r, c, item)
+        self.meaning.setVisible(bool(shells))
         return rows
 
     # ---------------------------------------------------------------- lesion

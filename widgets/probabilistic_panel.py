@@ -3,21 +3,28 @@ distribution filling in on the slices and as an isosurface in 3-D.
 
 The panel holds no algorithm. Track takes the last ``dyads`` layer that keeps its posterior
 samples (a bedpostX folder opened, or a ball & sticks fit) and a snapshot (copies) of the
-visible ROI layers (:func:`app.regions.roi_snapshot`). On a worker :mod:`app.regions` brings
-them onto the samples' grid in their roles (the seed ROIs together are the seed region, each
-target ROI a named target (the layer's name), each waypoint ROI a waypoint mask, the
-exclusion and stop ROIs together the exclusion and stop masks),
-:func:`app.pipelines.probabilistic.prepare_from_regions` checks them
-(its :class:`~app.errors.InputError` messages are shown as they are) and
-:meth:`~app.pipelines.probabilistic.ProbabilisticRun.run` tracks batch by batch. Each running
-total reaches the GUI (at most four a second) and updates the result layer in place:
+visible ROI layers (:func:`app.regions.roi_snapshot`), and runs the use case
+:func:`app.pipelines.track_probabilistic.track_probabilistic` on a worker: it brings the ROIs
+onto the samples' grid in their roles, checks them (its :class:`~app.errors.InputError`
+messages are shown as they are) and tracks in passes, a coarse first one and larger ones that
+refine it. The first pass's totals reach the GUI at once, the later ones at most four a second,
+and update the result layer in place:
 "probabilistic paths", a scalar volume on the samples' grid, hot colour map over 0..max,
 transparent below 1 % of the maximum (at least one streamline) so the image beneath shows.
 The 3-D view shows the isosurface at the chosen percentage of the current maximum: the worker
 crops the distribution to the voxels that reach the level (NumPy, the O(grid) part) and the
 GUI thread runs marching cubes over that crop, because VTK filters must not run on a worker
 while the views render (that can deadlock). A cancel keeps the last totals shown; Track again
-replaces the layer. "Save outputs…" writes what is shown (fdt_paths, waytotal, seeds_to_…,
+replaces the layer.
+
+Live mode (the "live" switch, as the geodesic panel's): every stroke on a seed, target,
+waypoint, exclusion or stop ROI re-tracks. The stale run is cancelled; strokes that come while
+a run has not drawn its first pass yet are gathered into one re-track that starts as soon as it
+has (on the CPU a first pass takes longer than the mouse moves). The status line says the
+streamlines drawn so far and the waytotal; ``first_map_s`` (edit → first map) and
+``converged_s`` (last edit → the map of every sample) are kept for the latency benchmark.
+
+"Save outputs…" writes what is shown (fdt_paths, waytotal, seeds_to_…,
 the matrix) like the command line, on a worker.
 
 The engine runs sample k of every seed voxel before sample k + 1 (``gpu.probabilistic``), so
@@ -31,7 +38,6 @@ clear; set 5000 for the numbers to report.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,36 +46,40 @@ import numpy as np
 import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDoubleSpinBox,
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QPushButton,
     QVBoxLayout,
 )
 
+from tractlens.app.envelopes import LEVEL_MEANING, envelopes
 from tractlens.app.estimates import JobEstimate, grid_diagonal_mm, probabilistic_estimate
 from tractlens.app.model import Document, Layer, Volume
+from tractlens.app.params import EnvelopeParams, default_of, field_of
 from tractlens.app.pipelines.probabilistic import (
     ProbabilisticRun,
     ProbParams,
     ProbResult,
-    max_batch_streamlines,
-    prepare_from_regions,
+    device_field_of,
     sample_field_of,
     write_probabilistic_outputs,
 )
-from tractlens.app.regions import RoiCopy, regions_on_grid, roi_snapshot
+from tractlens.app.pipelines.track_probabilistic import ProbInputs, ProbUpdate, track_probabilistic
+from tractlens.app.regions import RoiCopy, roi_snapshot
 
 from . import dialogs
+from .envelope_display import envelope_layers, show_envelopes
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm
 from .tracking_panel import no_seed_message
 
 RESULT_NAME = "probabilistic paths"
-PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while tracking
-UPDATES = 10  # a batch is about a tenth of the run, so the distribution fills in on screen…
-FIRST_BATCH = 2_000  # …but at least this many streamlines (fewer would only cost overhead)
+PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while refining (the first pass: at once)
+LIVE_ROLES = ("seed", "target", "waypoint", "exclusion", "stop")  # strokes on these re-track in live mode
 GUI_N_SAMPLES = 1000  # a first look (see the module docstring); probtrackx's default is 5000
 ISO_PERCENT = 5.0  # default isosurface level, % of the maximum
 SLICE_FLOOR = 0.01  # slices: voxels below 1 % of the maximum are transparent (and at least 1 streamline)
@@ -140,13 +150,6 @@ class Shown:
     iso: IsoInput
 
 
-def batch_size(total: int, n_voxels: int, device: str) -> int:
-    """Streamlines per batch: about a tenth of the run, at least :data:`FIRST_BATCH`, never more
-    than the engine allows on ``device`` (:func:`app.pipelines.probabilistic.max_batch_streamlines`)."""
-    cap = max_batch_streamlines(n_voxels, device)
-    return max(1, min(cap, max(FIRST_BATCH, math.ceil(total / UPDATES))))
-
-
 class ProbabilisticPanel(JobPanelBase):
     """Parameters of probabilistic tracking, the isosurface level, and the buttons that run it.
 
@@ -167,6 +170,19 @@ class ProbabilisticPanel(JobPanelBase):
         self.updates = 0
         self.iso_level: float | None = None
         self._percent = ISO_PERCENT  # read by workers (a float: no widget off the GUI thread)
+        # Streamlines of the first and later passes (None: the use case's sizes for the device).
+        self.first_pass: int | None = None
+        self.later_pass: int | None = None
+        # Live mode: the edit being answered, the last edit, and what it took to draw the maps.
+        self.edit_time: float | None = None
+        self.last_edit_time: float | None = None
+        self.first_map_s: float | None = None  # edit → first map on screen
+        self.converged_s: float | None = None  # last edit → the map of every sample on screen
+        self.shown_at: float | None = None
+        self.live_runs = 0
+        self._rate: float | None = None  # streamlines a second of the last run (sizes the CPU's first pass)
+        self._first_shown = False
+        self._live_pending: float | None = None
 
         self.form = ParamsForm(ProbParams, {"waycond": ("AND", "OR")})
         self.form.set_values(n_samples=GUI_N_SAMPLES)
@@ -181,9 +197,31 @@ class ProbabilisticPanel(JobPanelBase):
         self.iso_label = QLabel("")
         self.iso_label.setObjectName("iso_level")
         self.iso_label.setWordWrap(True)
+        self.envelope_levels = QLineEdit(default_of(EnvelopeParams, "levels"))
+        self.envelope_levels.setObjectName("envelope_levels")
+        self.envelope_levels.setToolTip(field_of(EnvelopeParams, "levels").metadata["help"] + ". " + LEVEL_MEANING)
+        self.envelope_button = QPushButton("Show envelopes")
+        self.envelope_button.setObjectName("show_envelopes")
+        self.envelope_button.setToolTip("Nested regions where the tract lies at these levels: surfaces and outlines")
+        self.envelope_button.clicked.connect(self.make_envelopes)
+        self.envelope_label = QLabel("")
+        self.envelope_label.setObjectName("envelope_summary")
+        self.envelope_label.setWordWrap(True)
+        self.live = QCheckBox("live: re-track at every stroke on a seed, target, waypoint or exclusion ROI")
+        self.live.setObjectName("live_probabilistic")
+        self.live.setToolTip(
+            "A coarse map at once, then refined up to the samples per voxel while you pause; "
+            "a newer stroke cancels the older run"
+        )
         display = QFormLayout()
         display.addRow("Isosurface at % of max", self.iso_percent)
         display.addRow("", self.iso_label)
+        display.addRow(self.live)
+        envelope_row = QHBoxLayout()
+        envelope_row.addWidget(self.envelope_levels)
+        envelope_row.addWidget(self.envelope_button)
+        display.addRow("Envelopes at %", envelope_row)
+        display.addRow("", self.envelope_label)
         self.track_button = QPushButton("Track")
         self.track_button.setObjectName("track_probabilistic")
         self.track_button.clicked.connect(self.track)
@@ -210,6 +248,7 @@ class ProbabilisticPanel(JobPanelBase):
         self._iso_timer.setInterval(120)  # spin-box steps in a row: one surface
         self._iso_timer.timeout.connect(self.update_isosurface)
         self.iso_percent.valueChanged.connect(self._percent_changed)
+        document.connect(self._on_document)
 
     # ---------------------------------------------------------------- inputs
     def samples_layer(self) -> Layer | None:
@@ -243,11 +282,13 @@ class ProbabilisticPanel(JobPanelBase):
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
         estimate = self.estimate(layer, rois, params)
-        if estimate.long and not dialogs.confirm_long_job(self, estimate):
+        live = self.live.isChecked() and self.edit_time is not None
+        if estimate.long and not live and not dialogs.confirm_long_job(self, estimate):
             self.status.setText(f"Not started: it would take {estimate.text}. Use a smaller seed or fewer samples.")
             return None
         token = self._next_token()
         self.updates = 0
+        self._first_shown = False
         self.track_button.setText("Re-track")
         self.status.setText(
             f"Started: {estimate.announcement()}" if estimate.long else "Preparing the samples and masks…"
@@ -269,33 +310,78 @@ class ProbabilisticPanel(JobPanelBase):
         return probabilistic_estimate(seeds * params.n_samples, params.n_steps, params.step_mm, diagonal, self.device)
 
     def _job(self, volume, rois, params: ProbParams, token: int):
-        device, samples = self.device, volume.samples
+        """The run as a job: :func:`app.pipelines.track_probabilistic.track_probabilistic`, each
+        pass's totals handed to the GUI with what their surface needs."""
+        document, device = self.document, self.device
+        first_pass, later_pass, rate = self.first_pass, self.later_pass, self._rate
 
         def job(ctx):
             ctx.progress(0, 1, "preparing the samples")
-            grid = (samples.affine, tuple(samples.mask.shape))
-            regions = regions_on_grid(rois, "probabilistic", grid)
-            run = prepare_from_regions(samples, regions, params=params, field_=sample_field_of(self.document, volume))
-            ctx.check()
-            total = len(run.seeds) * params.n_samples
-            batch = batch_size(total, int(np.prod(grid[1])), device)
-            layer = None
-            last = 0.0
-            for result in run.run(
-                device=device, progress=ctx.progress, cancelled=ctx.cancelled, batch_streamlines=batch
+            inputs = ProbInputs(
+                volume.samples,
+                rois,
+                params,
+                field_=sample_field_of(document, volume),
+                device_field=lambda chosen: device_field_of(document, volume, chosen),
+            )
+            layer = shown = None
+            for update in track_probabilistic(
+                inputs,
+                device=device,
+                progress=ctx.progress,
+                cancelled=ctx.cancelled,
+                first_pass=first_pass,
+                later_pass=later_pass,
+                interval_s=PARTIAL_INTERVAL_S,
+                rate=rate,
             ):
                 if layer is None:  # made here: a new layer measures its values, which is work
-                    layer = _result_layer(result.paths, samples.affine)
-                now = time.perf_counter()
-                if result.streamlines < total and now - last >= PARTIAL_INTERVAL_S:
-                    last = now
-                    ctx.partial(self._shown(token, run, result, total, layer))
-            return self._shown(token, run, result, total, layer)
+                    layer = _result_layer(update.result.paths, volume.samples.affine)
+                shown = self._shown(token, update, layer)
+                if not update.final:
+                    ctx.partial(shown)
+            return shown
 
         return job
 
-    def _shown(self, token, run, result, total, layer) -> Shown:
-        return Shown(token, run, result, total, layer, isosurface_input(result.paths, self._percent))
+    def _shown(self, token: int, update: ProbUpdate, layer: Layer) -> Shown:
+        result = update.result
+        return Shown(token, update.run, result, update.total, layer, isosurface_input(result.paths, self._percent))
+
+    # ------------------------------------------------------------------ live
+    def _on_document(self, _source, event, **info) -> None:
+        """A stroke on a tracking ROI (or a role changed) re-tracks in live mode."""
+        layer = info.get("layer")
+        if not self.live.isChecked() or layer is None or layer.kind != "roi":
+            return
+        if event == "roi" or (event == "display" and "role" in info.get("changed", ())):
+            if layer.data.role in LIVE_ROLES:
+                self.live_edit()
+
+    def live_edit(self) -> None:
+        """An ROI changed: track again now, or — while the run in flight has not drawn its
+        first pass yet — as soon as it has (strokes come faster than a first pass on the CPU:
+        they are gathered, never queued; the stale run is cancelled when the next starts)."""
+        now = time.perf_counter()
+        self.last_edit_time = now
+        if self.job_id is not None and not self._first_shown:
+            self._live_pending = self._live_pending or now
+            return
+        self._live_track(now)
+
+    def _live_track(self, edit_time: float) -> None:
+        self._live_pending = None
+        if not self.document.roi_masks_by_role()["seed"]:
+            return
+        self.edit_time = edit_time
+        self.first_map_s = self.converged_s = None
+        self.live_runs += 1
+        self.track()
+
+    def _live_next(self) -> None:
+        """The run in flight drew its first pass (or ended): the edits gathered meanwhile go now."""
+        if self._live_pending is not None and self.live.isChecked():
+            self._live_track(self._live_pending)
 
     # --------------------------------------------------------------- display
     def _show(self, shown: Shown) -> None:
@@ -319,8 +405,17 @@ class ProbabilisticPanel(JobPanelBase):
             self._iso_timer.start()
         if result.streamlines < shown.total:
             self.updates += 1
-            self.status.setText(f"Tracking… {self._counts()}")
+            self.status.setText(f"{'Live: tracking' if self.live.isChecked() else 'Tracking'}… {self._counts()}")
         self.save_button.setEnabled(True)
+        now = time.perf_counter()
+        if self.edit_time is not None and self.first_map_s is None:
+            self.first_map_s = now - self.edit_time  # edit → the first map drawn
+        if result.streamlines >= shown.total and self.edit_time is not None:
+            self.converged_s = now - self.last_edit_time  # last edit → the converged map
+        self.shown_at = now
+        if not self._first_shown:
+            self._first_shown = True
+            QTimer.singleShot(0, self._live_next)  # after this run's own ending is handled
 
     def _set_surface(self, layer: Layer, iso: IsoInput) -> None:
         """The isosurface in 3-D: marching cubes over the worker's crop (VTK, so here, at most as
@@ -358,6 +453,7 @@ class ProbabilisticPanel(JobPanelBase):
         self._show(shown)
         self._job_ended()
         prov = shown.result.provenance
+        self._rate = prov.get("streamlines_per_s") or self._rate
         text = (
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
             f"{prov.get('tracking_s', 0.0):.2f} s on {prov.get('backend', '?')} ({prov.get('device', '?')})."
@@ -369,6 +465,16 @@ class ProbabilisticPanel(JobPanelBase):
             text += " " + " ".join(shown.run.notes)
         self.status.setText(text)
         self.finished.emit(shown.layer)
+        self.edit_time = None
+
+    def _failed(self, token: int, message: str, details: str) -> None:
+        if token == self._token and self.live.isChecked() and self.edit_time is not None:
+            self._job_ended()  # live: a stroke that leaves nothing to track is said, not shouted
+            self.status.setText(f"Live: {message}")
+            self.edit_time = None
+            QTimer.singleShot(0, self._live_next)
+            return
+        super()._failed(token, message, details)
 
     def _cancelled(self) -> None:
         if self.updates and self.result is not None:
@@ -403,6 +509,32 @@ class ProbabilisticPanel(JobPanelBase):
                 self._set_surface(layer, outcome)
 
         return self.runner.submit("isosurface", job, on_done=done, on_error=self.report)
+
+    # ------------------------------------------------------------- envelopes
+    def make_envelopes(self) -> int | None:
+        """The uncertainty envelopes of what is shown, at the levels typed in (a worker computes
+        them and their surfaces' crops; the checks are :func:`app.envelopes.envelopes`')."""
+        if self.result is None or self.run is None:
+            return self._refuse("Track first: envelopes are made from the path distribution.")
+        paths, waytotal, affine = self.result.paths, self.result.waytotal, self.run.samples.affine
+        levels = self.envelope_levels.text()
+
+        def job(ctx):
+            found = envelopes(paths, affine, levels, waytotal=waytotal)
+            layers = envelope_layers(found, RESULT_NAME)
+            return layers, [isosurface_input(layer.data.data, 50.0) for layer in layers]
+
+        def done(out) -> None:
+            layers, crops = out
+            show_envelopes(self.document, layers, [isosurface(crop, affine) for crop in crops], self.view3d)
+            parts = [f"{layer.name[len('envelope ') :]}: {layer.provenance['volume_mm3']:,.0f} mm³" for layer in layers]
+            self.envelope_label.setText("; ".join(parts) + ". " + LEVEL_MEANING)
+
+        def failed(message: str, details: str) -> None:
+            self.status.setText(f"Envelopes: {message}")
+            self.report(message, details)
+
+        return self.runner.submit("uncertainty envelopes", job, on_done=done, on_error=failed)
 
     # ------------------------------------------------------------------ save
     def _save_dialog(self) -> None:

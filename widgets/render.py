@@ -115,11 +115,54 @@ def plane_geometry(doc: Document, view: str, radiological: bool = False) -> Plan
     )
 
 
+def fractional_voxel(geometry: PlaneGeometry, row: float, col: float) -> np.ndarray:
+    """Fractional reference voxel coordinates of a point of the plane image given in pixels
+    (``row``, ``col``: pixel (r, c) spans [r, r+1] x [c, c+1])."""
+    voxel = geometry.voxels[int(row), int(col)].astype(np.float64)
+    voxel[geometry.h_axis] += (col - int(col) - 0.5) * (-1 if geometry.h_reversed else 1)
+    voxel[geometry.v_axis] += (row - int(row) - 0.5) * (-1 if geometry.v_reversed else 1)
+    return voxel
+
+
+MAX_OVERSAMPLE = 4
+
+
+def display_oversample(doc: Document) -> int:
+    """Screen pixels per reference voxel (each way) the slices are composited at: more than one
+    when a visible image or ROI has finer voxels than the reference grid (a 1 mm T1 or a lesion
+    drawn on it over 2 mm diffusion data), so that it shows at its own resolution; at most
+    :data:`MAX_OVERSAMPLE`."""
+    if doc.reference_affine is None:
+        return 1
+    reference = Grid(doc.reference_affine, doc.reference_shape).voxel_sizes.min()
+    finest = [
+        Grid.of(layer.data).voxel_sizes.min()
+        for layer in doc.layers
+        if layer.visible and layer.opacity > 0 and layer.kind not in ("tractogram", *GLYPH_KINDS)
+    ]
+    factor = int(np.ceil(reference / min(finest) - 0.05)) if finest else 1
+    return int(np.clip(factor, 1, MAX_OVERSAMPLE))
+
+
+def oversampled_voxels(geometry: PlaneGeometry, factor: int) -> np.ndarray:
+    """(H·f, W·f, 3) fractional reference voxel coordinates of the sub-pixels of the plane
+    (``factor`` f each way; the plane's own integer voxels when f is 1)."""
+    if factor == 1:
+        return geometry.voxels
+    offsets = (np.arange(factor) + 0.5) / factor - 0.5
+    voxels = np.repeat(np.repeat(geometry.voxels.astype(np.float64), factor, axis=0), factor, axis=1)
+    height, width = geometry.voxels.shape[:2]
+    voxels[..., geometry.h_axis] += np.tile(offsets, width)[None, :] * (-1 if geometry.h_reversed else 1)
+    voxels[..., geometry.v_axis] += np.tile(offsets, height)[:, None] * (-1 if geometry.v_reversed else 1)
+    return voxels
+
+
 def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest-neighbour values of a volume layer at reference voxels; (values, inside mask)."""
+    """Nearest-neighbour values of a volume layer at reference voxels (integer, or fractional:
+    sub-pixels); (values, inside mask)."""
     vol = layer.data
     array = vol.mask if layer.kind == "roi" else vol.data
-    if Grid.of(vol).matches((doc.reference_affine, doc.reference_shape)):
+    if voxels.dtype.kind in "iu" and Grid.of(vol).matches((doc.reference_affine, doc.reference_shape)):
         ijk = voxels
     else:
         to_layer = np.linalg.solve(vol.affine, doc.reference_affine)
@@ -226,18 +269,68 @@ def colorize(layer: Layer, values: np.ndarray, inside: np.ndarray) -> tuple[np.n
     return rgb, alpha
 
 
-def composite(doc: Document, geometry: PlaneGeometry) -> np.ndarray:
+def composite(doc: Document, geometry: PlaneGeometry, oversample: int = 1) -> np.ndarray:
     """(H, W, 3) uint8 image of the visible volume layers, bottom to top, over black
-    (glyph layers and tractograms are drawn over it by the views)."""
-    height, width = geometry.voxels.shape[:2]
+    (glyph layers and tractograms are drawn over it by the views); (H·f, W·f, 3) with
+    ``oversample`` f (:func:`display_oversample`)."""
+    voxels = oversampled_voxels(geometry, oversample)
+    height, width = voxels.shape[:2]
     out = np.zeros((height, width, 3))
     for layer in doc.layers:
         if not layer.visible or layer.kind in ("tractogram", *GLYPH_KINDS) or layer.opacity <= 0:
             continue
-        values, inside = sample_layer(layer, doc, geometry.voxels)
+        values, inside = sample_layer(layer, doc, voxels)
         rgb, alpha = colorize(layer, values, inside)
+        if layer.alignment != "none" and layer.kind not in ("roi", "labels"):
+            rgb, alpha = alignment_view(layer, doc, voxels, values, rgb, alpha)
         out = out * (1 - alpha[..., None]) + rgb * alpha[..., None]
     return (np.clip(out, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+EDGE_COLOUR = (1.0, 0.15, 0.85)  # magenta: apart from grey anatomy and from the ROI colours
+EDGE_THRESHOLD = 0.12  # a gradient above this fraction of the display range (per pixel) is an edge
+
+
+def alignment_view(layer: Layer, doc: Document, voxels: np.ndarray, values, rgb, alpha):
+    """How an image layer is drawn to judge its alignment with the layers under it
+    (``layer.alignment``): half blended; in the alternate squares of a checkerboard
+    ``layer.checker_mm`` wide (in world mm, so the squares stay put across slices and views);
+    or only its edges (gradient above :data:`EDGE_THRESHOLD` of its display range), in
+    :data:`EDGE_COLOUR`."""
+    if layer.alignment == "blend":
+        return rgb, alpha * 0.5
+    if layer.alignment == "checkerboard":
+        world = voxels @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3]
+        squares = np.floor(world / float(layer.checker_mm)).astype(np.int64).sum(axis=-1)
+        return rgb, alpha * (squares % 2 == 0)
+    intensity = rgb.mean(axis=-1) if layer.kind == "rgb" else _scaled(layer, values)
+    edges = thin_edges(np.where(alpha > 0, intensity, 0.0), EDGE_THRESHOLD)
+    colour = np.broadcast_to(np.array(EDGE_COLOUR), rgb.shape)
+    return colour, edges * (alpha > 0) * layer.opacity
+
+
+def thin_edges(image: np.ndarray, threshold: float) -> np.ndarray:
+    """Edges one pixel wide (Canny's non-maximum suppression, without its hysteresis): pixels
+    whose gradient magnitude is above ``threshold`` (per pixel) and not below their two
+    neighbours along the gradient's direction (rounded to 0, 45, 90 or 135°)."""
+    rows, cols = np.gradient(image)
+    magnitude = np.hypot(rows, cols)
+    padded = np.pad(magnitude, 1)
+    angle = np.rad2deg(np.arctan2(rows, cols)) % 180
+    sector = (np.rint(angle / 45).astype(int)) % 4  # 0: along columns, 1: 45°, 2: along rows, 3: 135°
+    steps = {0: (0, 1), 1: (1, 1), 2: (1, 0), 3: (1, -1)}
+    height, width = magnitude.shape
+    keep = magnitude > threshold
+    for number, (dr, dc) in steps.items():
+        ahead = padded[1 + dr : 1 + dr + height, 1 + dc : 1 + dc + width]
+        behind = padded[1 - dr : 1 - dr + height, 1 - dc : 1 - dc + width]
+        keep &= ~((sector == number) & ((magnitude < ahead) | (magnitude < behind)))
+    return keep
+
+
+def _scaled(layer: Layer, values: np.ndarray) -> np.ndarray:
+    lo, hi = layer.clim
+    return np.clip((np.nan_to_num(values.astype(np.float64)) - lo) / (hi - lo if hi > lo else 1.0), 0.0, 1.0)
 
 
 def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:

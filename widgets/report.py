@@ -24,6 +24,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetricsF, QImage, QPageLayout, QPa
 from PySide6.QtWidgets import QApplication
 
 from tractlens.app import __version__
+from tractlens.app.envelopes import LEVEL_MEANING
 from tractlens.app.errors import InputError
 from tractlens.app.io import atomic_path
 from tractlens.app.model import Document, Layer
@@ -39,6 +40,8 @@ from tractlens.app.report_data import (
 )
 from tractlens.app.statistics import StatisticsTable, layer_statistics
 from tractlens.app.tractogram import first_column
+
+from .envelope_display import envelope_rows
 
 DPI = 150
 PAGE_PX = (1240, 1754)  # A4 at 150 dpi
@@ -62,6 +65,7 @@ class ReportContent:
     scan: ScanInfo = field(default_factory=ScanInfo)
     statistics: list[StatisticsTable] = field(default_factory=list)
     exports: list[dict] = field(default_factory=list)  # exports for navigation (ExportResult.as_dict)
+    envelopes: list = field(default_factory=list)  # uncertainty envelopes' distances (EnvelopeRow)
 
 
 def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
@@ -171,6 +175,7 @@ def gather(
         scan,
         report_statistics(doc),
         navigation_exports(doc),
+        envelope_rows(doc, margin_mm),
     )
 
 
@@ -416,8 +421,22 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
             MIN_PT,
             colour=QColor(90, 90, 90),
         )
-    else:
+    elif not content.envelopes:
         flow.text("No distances measured (Analysis ▸ Distance to lesion).", MIN_PT, colour=QColor(90, 90, 90))
+    if content.envelopes:
+        flow.table(
+            ["uncertainty envelope", "level", "closest (mm)", "within margin"],
+            [
+                ([r.name, f"{r.level:g} %", r.closest_text, "yes" if r.within_margin else "no"], r.within_margin)
+                for r in content.envelopes
+            ],
+            [3.2, 1.2, 2.4, 1.6],
+        )
+        flow.text(
+            LEVEL_MEANING + " Distance: between the nearest voxel centres of the envelope and the lesion.",
+            MIN_PT,
+            colour=QColor(90, 90, 90),
+        )
     if content.statistics:
         flow.text("Statistics (of the streamlines shown)", 11, bold=True)
         flow.table(

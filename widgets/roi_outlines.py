@@ -1,5 +1,6 @@
 """ROI outlines on the slice views: each ROI's edge drawn in its colour over a dark halo, with a
-line style per role, above its translucent fill.
+line style per role, above its translucent fill; also the edges of a tract's uncertainty
+envelopes (:mod:`widgets.envelope_display`), solid in their level's colour, with no fill.
 
 A fill alone vanishes where the map beneath has the ROI's hue (a green seed on the green of
 colour FA, a blue target on its blue); the dark halo keeps the edge visible on any map, the
@@ -12,7 +13,7 @@ import numpy as np
 from PySide6.QtCore import QLineF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 
-from .render import sample_layer
+from .render import oversampled_voxels, sample_layer
 
 ROLE_LINES = {  # the role of an ROI by its outline's style
     "seed": Qt.PenStyle.SolidLine,
@@ -54,16 +55,19 @@ def outline_segments(mask: np.ndarray) -> np.ndarray:
     return segments.astype(np.float64)
 
 
-def roi_outlines(doc, geometry) -> list:
-    """(layer, segments) of each visible ROI with voxels on the slice, bottom to top."""
+def roi_outlines(doc, geometry, oversample: int = 1) -> list:
+    """(layer, segments) of each visible ROI with voxels on the slice, bottom to top, in the
+    plane's pixels; drawn at ``oversample`` sub-pixels a pixel (an ROI finer than the plane)."""
     out = []
+    voxels = oversampled_voxels(geometry, oversample)
     for layer in doc.layers:
-        if layer.kind != "roi" or not layer.visible or layer.opacity <= 0:
+        envelope = layer.kind == "labels" and "envelope_level" in (layer.provenance or {})  # outline only
+        if not layer.visible or not (envelope or (layer.kind == "roi" and layer.opacity > 0)):
             continue
-        values, inside = sample_layer(layer, doc, geometry.voxels)
+        values, inside = sample_layer(layer, doc, voxels)
         mask = np.asarray(values, dtype=bool) & inside
         if mask.any():
-            out.append((layer, outline_segments(mask)))
+            out.append((layer, outline_segments(mask) / oversample))
     return out
 
 
@@ -75,13 +79,16 @@ def draw_outlines(painter: QPainter, outlines: list, geometry, target: QRectF) -
     for layer, segments in outlines:
         screen = segments * [sx, sy, sx, sy] + [target.left(), target.top(), target.left(), target.top()]
         lines = [QLineF(*row) for row in screen.tolist()]
-        alpha = min(1.0, 0.55 + layer.opacity)  # opaque at the default 0.45: readable over a faint fill
+        envelope = layer.kind != "roi"  # an uncertainty envelope: its level's colour, solid, opaque
+        alpha = 1.0 if envelope else min(1.0, 0.55 + layer.opacity)  # opaque at the default 0.45 fill
         halo = QPen(QColor(HALO.red(), HALO.green(), HALO.blue(), int(HALO.alpha() * alpha)), HALO_PX)
         halo.setCapStyle(Qt.PenCapStyle.SquareCap)
         painter.setPen(halo)
         painter.drawLines(lines)
-        r, g, b = (int(255 * c + 0.5) for c in layer.color_rgb())
-        pen = QPen(QColor(r, g, b, int(255 * alpha)), LINE_PX, ROLE_LINES.get(layer.data.role, Qt.PenStyle.SolidLine))
+        colour = layer.provenance["envelope_colour"] if envelope else layer.color_rgb()
+        r, g, b = (int(255 * c + 0.5) for c in colour)
+        style = Qt.PenStyle.SolidLine if envelope else ROLE_LINES.get(layer.data.role, Qt.PenStyle.SolidLine)
+        pen = QPen(QColor(r, g, b, int(255 * alpha)), LINE_PX, style)
         pen.setCapStyle(Qt.PenCapStyle.FlatCap)
         painter.setPen(pen)
         painter.drawLines(lines)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from tractlens.app.anatomy_layers import brush_voxels, covering_voxels
+from tractlens.app.grid import Grid
 from tractlens.app.layers import next_roi_colour
 from tractlens.app.model import ROI_ROLES, Document, Layer, RoiMask
 
@@ -59,6 +61,48 @@ class RoiTools:
             number += 1
             candidate = f"{name} ({number})"
         return candidate
+
+
+def on_reference(document: Document, roi: Layer) -> bool:
+    """Is ``roi`` on the document's reference grid (the slices' voxels are its voxels)?"""
+    return Grid.of(roi.data).matches((document.reference_affine, document.reference_shape))
+
+
+def to_roi_grid(document: Document, roi: Layer, voxels) -> np.ndarray:
+    """Reference voxels drawn on a slice (a rectangle, a polygon) as the voxels of ``roi``: the
+    same, or those of an ROI on an image's own grid whose centres they hold
+    (:func:`app.anatomy_layers.covering_voxels`)."""
+    if on_reference(document, roi):
+        return np.asarray(voxels)
+    return covering_voxels(Grid.of(roi.data), (document.reference_affine, document.reference_shape), voxels)
+
+
+def nearest_on_roi(document: Document, roi: Layer, ijk) -> np.ndarray:
+    """The voxel of ``roi`` nearest to the centre of reference voxel ``ijk``."""
+    world = Grid(document.reference_affine, document.reference_shape).to_mm(np.array([ijk], dtype=float))
+    return np.rint(Grid.of(roi.data).to_voxels(world)[0]).astype(np.int64)
+
+
+def stroke(document: Document, roi: Layer, start, end, radius: int, h: int, v: int, normal: int) -> np.ndarray:
+    """The voxels of ``roi`` a brush of ``radius`` reference voxels paints from ``start`` to ``end``
+    (fractional reference voxel coordinates on a slice whose axes are ``h``, ``v``, across
+    ``normal``): a disc of voxels on every voxel between them, or on an ROI of another grid
+    (an image's own) the voxels within the disc in mm around every point between them, at the
+    ROI's resolution (:func:`app.anatomy_layers.brush_voxels`)."""
+    start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
+    first, last = np.floor(start + 0.5), np.floor(end + 0.5)  # the voxels under the two points
+    steps = int(np.ceil(np.abs(last - first).max() * 2)) + 1
+    if not on_reference(document, roi):
+        centres = [start + (end - start) * t for t in np.linspace(0, 1, max(steps, 2))]
+        grid = (document.reference_affine, document.reference_shape)
+        return brush_voxels(Grid.of(roi.data), grid, np.array(centres), radius, normal)
+    centres = [np.rint(first + (last - first) * t) for t in np.linspace(0, 1, steps)]
+    r = int(radius)
+    du, dv = np.mgrid[-r : r + 1, -r : r + 1]
+    disc = (du**2 + dv**2) <= r * r
+    offsets = np.zeros((int(disc.sum()), 3), dtype=np.int64)
+    offsets[:, h], offsets[:, v] = du[disc], dv[disc]
+    return np.concatenate([np.asarray(c, dtype=np.int64) + offsets for c in centres])
 
 
 def ball(centre, radius: int, shape) -> np.ndarray:

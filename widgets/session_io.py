@@ -86,6 +86,7 @@ def apply_session(window, session: Session) -> None:
     restored = session.document
     doc.reference_affine = None if restored.reference_affine is None else restored.reference_affine.copy()
     doc.reference_shape = restored.reference_shape
+    doc.registrations = dict(restored.registrations)  # before the layers: the MNI label reads them
     for layer in list(restored.layers):
         restored.remove_layer(layer)
         doc.add_layer(layer)

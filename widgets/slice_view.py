@@ -29,7 +29,7 @@ from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_hal
 from . import roi_outlines, roi_tools
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
-from .render import composite, fibers_on_reference, plane_geometry
+from .render import composite, display_oversample, fibers_on_reference, fractional_voxel, plane_geometry
 from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
@@ -95,7 +95,7 @@ class SliceView(QWidget):
         if geometry is None:
             return None
         if self._image_cache is None:  # reset by every document event
-            self._image_cache = composite(self.document, geometry)
+            self._image_cache = composite(self.document, geometry, display_oversample(self.document))
         return self._image_cache
 
     # --------------------------------------------------------------- drawing
@@ -135,7 +135,7 @@ class SliceView(QWidget):
     def _draw_roi_outlines(self, painter: QPainter, geometry, target: QRectF) -> None:
         """ROI edges over their fill (:mod:`widgets.roi_outlines`), found once per composited image."""
         if getattr(self, "_outlines_of", None) is not self._image_cache:
-            self._outlines = roi_outlines.roi_outlines(self.document, geometry)
+            self._outlines = roi_outlines.roi_outlines(self.document, geometry, display_oversample(self.document))
             self._outlines_of = self._image_cache
         roi_outlines.draw_outlines(painter, self._outlines, geometry, target)
 
@@ -317,18 +317,20 @@ class SliceView(QWidget):
                 painter.drawLines([QLineF(x0[k], y0[k], x1[k], y1[k]) for k in sel])
 
     # ------------------------------------------------------------ interaction
-    def voxel_at(self, x: float, y: float) -> np.ndarray | None:
-        """Reference voxel under widget pixel (x, y), or None outside the image."""
+    def voxel_at(self, x: float, y: float, exact: bool = False) -> np.ndarray | None:
+        """Reference voxel under widget pixel (x, y), or None outside the image; ``exact``: its
+        fractional voxel coordinates (where in the voxel the point is)."""
         geometry = self.geometry_now()
         if geometry is None:
             return None
         target = self._target_rect(geometry)
         height, width = geometry.voxels.shape[:2]
-        col = int((x - target.left()) / target.width() * width)
-        row = int((y - target.top()) / target.height() * height)
+        col_f = (x - target.left()) / target.width() * width
+        row_f = (y - target.top()) / target.height() * height
+        col, row = int(col_f), int(row_f)
         if not (0 <= col < width and 0 <= row < height):
             return None
-        return geometry.voxels[row, col]
+        return fractional_voxel(geometry, row_f, col_f) if exact else geometry.voxels[row, col]
 
     def widget_point_of_voxel(self, ijk) -> QPointF:
         """Centre of a reference voxel (projected on this plane) in widget coordinates."""
@@ -383,6 +385,7 @@ class SliceView(QWidget):
                 f"than {roi.name}; show a map on the ROI's grid on top"
             )
             return
+        ijk = roi_tools.nearest_on_roi(self.document, roi, ijk)  # the fill runs on the ROI's own grid
         value = float(np.nan_to_num(np.asarray(volume.data[tuple(ijk)], dtype=float).ravel()[0]))
         if not value > tools.threshold:
             self.notice.emit(
@@ -431,24 +434,17 @@ class SliceView(QWidget):
     def _paint_at(self, pos, continuing: bool) -> None:
         """Paint (or erase) a disc of the tools' radius in this plane; strokes are joined
         voxel to voxel so fast mouse moves leave no gaps; one stroke is one undo step."""
-        ijk = self.voxel_at(pos.x(), pos.y())
-        if ijk is None:
+        point = self.voxel_at(pos.x(), pos.y(), exact=True)
+        if point is None:
             return
         geometry = self.geometry_now()
-        h, v = geometry.h_axis, geometry.v_axis
-        centres = [np.asarray(ijk)]
-        if continuing and self._last_paint is not None:
-            start, end = self._last_paint.astype(float), np.asarray(ijk, dtype=float)
-            steps = int(np.ceil(np.abs(end - start).max() * 2)) + 1
-            centres = [np.rint(start + (end - start) * t) for t in np.linspace(0, 1, steps)]
-        r = int(self.tools.radius)
-        du, dv = np.mgrid[-r : r + 1, -r : r + 1]
-        disc = (du**2 + dv**2) <= r * r
-        offsets = np.zeros((int(disc.sum()), 3), dtype=np.int64)
-        offsets[:, h], offsets[:, v] = du[disc], dv[disc]
-        voxels = np.concatenate([np.asarray(c, dtype=np.int64) + offsets for c in centres])
-        self.document.paint(self.tools.active_roi(), voxels, self.tools.tool == "brush", merge_with_last=continuing)
-        self._last_paint = np.asarray(ijk)
+        start = self._last_paint if continuing and self._last_paint is not None else point
+        roi = self.tools.active_roi()
+        voxels = roi_tools.stroke(
+            self.document, roi, start, point, self.tools.radius, geometry.h_axis, geometry.v_axis, geometry.normal_axis
+        )
+        self.document.paint(roi, voxels, self.tools.tool == "brush", merge_with_last=continuing)
+        self._last_paint = point
 
     def mousePressEvent(self, event) -> None:
         if self.navigation.press(event):  # a pan or a ruler click
@@ -516,7 +512,8 @@ class SliceView(QWidget):
             geometry = self.geometry_now()
             ordered = [v for i, v in enumerate(self._polygon) if i == 0 or not np.array_equal(v, self._polygon[i - 1])]
             voxels = roi_tools.polygon(ordered, geometry.h_axis, geometry.v_axis)
-            self.document.paint(self.tools.active_roi(), voxels, True)
+            roi = self.tools.active_roi()
+            self.document.paint(roi, roi_tools.to_roi_grid(self.document, roi, voxels), True)
         self._polygon = []
         self.update()
 
@@ -529,7 +526,8 @@ class SliceView(QWidget):
         if self._rect_start is not None and self._painting():
             end = self.voxel_at(event.position().x(), event.position().y())
             end = self._rect_end if end is None else end
-            self.document.paint(self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end), True)
+            roi, box = self.tools.active_roi(), roi_tools.rectangle(self._rect_start, end)
+            self.document.paint(roi, roi_tools.to_roi_grid(self.document, roi, box), True)
         self._rect_start = self._rect_end = None
         self.update()
 

@@ -22,9 +22,9 @@ from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.commit import CommitParams
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.dti import DTIFitParams
-from tractlens.gpu.params import cli_flags
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 
+from ..cli.parameter_flags import cli_flags
 from ..errors import InputError
 from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams
 from ..pipelines.dti import DTI_MAPS, DTI_PREFIX
@@ -59,7 +59,7 @@ class StepSpec:
     def config_keys(self) -> tuple[str, ...]:
         """The keys a config's ``[step]`` table may hold: the dataclasses' flag names, the file
         options and ``device``."""
-        keys = [flag.lstrip("-") for t in self.params for f in dataclasses.fields(t) for flag in cli_flags(f)]
+        keys = [flag.lstrip("-") for t in self.params for f in dataclasses.fields(t) for flag in cli_flags(t, f.name)]
         return (*keys, *self.file_keys, "device")
 
 

@@ -9,7 +9,7 @@ The options that are parameters are generated from the parameter dataclasses
 (:mod:`.options`); one module per command group adds its subcommands:
 :mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.model` (fit-model), :mod:`.csd` (fit-csd), :mod:`.commit`,
 :mod:`.connectivity` (select, connectome, profile, distance), :mod:`.track`, :mod:`.stats`,
-:mod:`.dicom` (import-dicom, export-dicom) and
+:mod:`.dicom` (import-dicom, export-dicom), :mod:`.anatomy` (register, apply-transform, atlas) and
 :mod:`.batch` (the pipelines over a BIDS dataset, on Dask).
 """
 
@@ -25,7 +25,7 @@ from .. import __version__
 from ..errors import InputError
 from ..provenance import cli_invocation
 from ..timing import recorder, write_timings
-from . import batch, commit, connectivity, csd, dicom, fit, info, model, stats, track
+from . import anatomy, batch, commit, connectivity, csd, dicom, envelopes, fit, info, model, stats, track
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
 from .options import add_option_aliases
 
@@ -50,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     csd.add_parsers(sub, common)
     commit.add_parsers(sub, common)
     connectivity.add_parsers(sub, common)
+    envelopes.add_parsers(sub, common)
     track.add_parsers(sub, common)
     stats.add_parsers(sub, common)
     dicom.add_parsers(sub, common)
+    anatomy.add_parsers(sub, common)
     batch.add_parsers(sub, common)
     add_option_aliases(parser)  # other tools' names (--avoid for --exclude) on every command that has the option
     return parser

@@ -79,8 +79,13 @@ def add_parsers(sub, common) -> None:
         "inscribed in it; 0 inside), each segment sampled every quarter voxel. -o writes the tractogram with "
         "the per-point scalar lesion_dist_mm and the per-streamline min_lesion_dist_mm (.trk/.trx).",
     )
-    p.add_argument("tractogram", help=".trk, .tck or .trx")
+    p.add_argument("tractogram", nargs="?", help=".trk, .tck or .trx (or give --envelopes)")
     p.add_argument("--lesion", required=True, help="lesion (or any region) mask NIfTI")
+    p.add_argument(
+        "--envelopes",
+        metavar="DIR",
+        help="instead of a tractogram: a folder of tractlens envelopes; the lesion's distance to each level",
+    )
     add_params(p, LesionDistanceParams)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("-o", "--output", help="tractogram with the distances as scalars (.trk or .trx)")
@@ -217,6 +222,15 @@ def cmd_distance(args) -> int:
     from ..io.nifti import load_image
     from ..pipelines.connectivity import compute_lesion_distance, distance_row, with_distances
 
+    if (args.tractogram is None) == (args.envelopes is None):
+        raise InputError(
+            "give a tractogram or --envelopes DIR (one of them)",
+            fix="tractlens distance TRACTOGRAM --lesion MASK, or tractlens distance --envelopes DIR --lesion MASK",
+        )
+    if args.envelopes is not None:
+        from .envelopes import cmd_envelope_distance
+
+        return cmd_envelope_distance(args)
     params = params_from_args(LesionDistanceParams, args)
     check_device(args.device)
     if args.output:

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from ..anatomy import load_registration, mask_onto, points_onto, side_of_grid
+from ..errors import InputError
+from ..grid import Grid
 from ..params import DicomExportParams, DicomImportParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
@@ -45,7 +50,14 @@ def add_parsers(sub, common) -> None:
         description="Each bundle's volume is the reference voxels its streamlines pass through (--dilate "
         "grows it). The objects refer to the reference's study, series and frame of reference.",
     )
-    p.add_argument("tractograms", nargs="+", metavar="TRACTOGRAM", help=".trk, .tck or .trx, one per bundle")
+    p.add_argument("tractograms", nargs="*", metavar="TRACTOGRAM", help=".trk, .tck or .trx, one per bundle")
+    p.add_argument(
+        "--envelopes",
+        metavar="DIR",
+        action="append",
+        help="a folder of tractlens envelopes: each level becomes a SEG segment and an RTSTRUCT ROI named "
+        "with its level (repeat for several bundles)",
+    )
     p.add_argument("--lesion", metavar="MASK", help="lesion mask (NIfTI or DICOM folder), exported beside the bundles")
     p.add_argument("--reference", required=True, metavar="DICOM_SERIES_DIR", help="the series to export onto")
     p.add_argument(
@@ -53,6 +65,12 @@ def add_parsers(sub, common) -> None:
         metavar="DWI",
         help="the diffusion data the bundles come from (DICOM folder, or NIfTI imported by import-dicom): "
         "checks that the reference shares its frame of reference",
+    )
+    p.add_argument(
+        "--registration",
+        metavar="DIR",
+        help="a registration between the diffusion data and the reference series (tractlens register): places "
+        "the bundles and the lesion on a reference of another frame of reference",
     )
     add_params(p, DicomExportParams)
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="folder to write into")
@@ -103,6 +121,18 @@ def dwi_frame_of_reference(path: str | None) -> str | None:
         return None
 
 
+def envelope_structures(folders) -> list[tuple[str, object, object]]:
+    """(name with level, mask, affine) of every level of every envelopes folder."""
+    from ..pipelines.envelope_files import read_envelopes
+
+    out = []
+    for folder in folders:
+        found = read_envelopes(folder)
+        bundle = Path(folder).name or "tract"
+        out += [(f"{bundle} envelope {e.label}", e.mask, found.affine) for e in found.envelopes]
+    return out
+
+
 def cmd_export_dicom(args) -> int:
     from ..io import load_mask, load_tractogram
     from ..io.dicom_export import check_frame_of_reference, export_dicom, read_reference, structures_on_reference
@@ -113,21 +143,53 @@ def cmd_export_dicom(args) -> int:
     params = params_from_args(DicomExportParams, args)
     check_output_folder(args.output)
     reference = read_reference(args.reference)
-    check_frame_of_reference(reference, dwi_frame_of_reference(args.dwi), args.dwi or "")
+    registration = target_side = None
+    if args.registration:  # the registration bridges the two frames of reference
+        registration = load_registration(args.registration)
+        target_side = side_of_grid(registration, Grid(reference.affine, reference.shape), "reference series")
+    else:
+        check_frame_of_reference(reference, dwi_frame_of_reference(args.dwi), args.dwi or "")
     bundles = []
     for path in args.tractograms:
-        tract = load_tractogram(path, reference=(reference.affine, reference.shape))
+        tract = load_tractogram(path, reference=(reference.affine, reference.shape) if registration is None else None)
         require_streamlines(tract, path, "the export")
         points_mm = tract.points @ tract.affine[:3, :3].T + tract.affine[:3, 3]
-        bundles.append((Path(path).name.split(".")[0], points_mm, tract.offsets))
+        if registration is not None:
+            points_mm = points_onto(registration, target_side)(points_mm)
+        bundles.append((Path(path).name.split(".")[0], points_mm, tract.offsets, tract.point_scalars.get("fa")))
+    if not args.tractograms and not args.envelopes:
+        raise InputError("nothing to export", fix="Give one or more tractograms, or --envelopes DIR")
+
+    def onto_reference(mask, affine):
+        """A mask of the diffusion side through the registration; one on the reference's side as it is."""
+        mask_grid = Grid(affine, np.asarray(mask).shape)
+        if registration is None or mask_grid.same_placement(getattr(registration, target_side)):
+            return mask, affine
+        grid = Grid(reference.affine, reference.shape)
+        return mask_onto(registration, mask, mask_grid, grid, target_side), reference.affine
+
+    envelopes = [
+        (name, *onto_reference(mask, affine)) for name, mask, affine in envelope_structures(args.envelopes or ())
+    ]
     lesion = None
     if args.lesion:
         lesion = (Path(args.lesion).name.split(".")[0] or "lesion", load_mask(args.lesion, what="lesion mask"),
                   load_image(args.lesion).affine)  # fmt: skip
-    structures = structures_on_reference(reference, bundles, lesion, params.dilate_mm)
+        lesion_grid = Grid(lesion[2], np.asarray(lesion[1]).shape)
+        if registration is not None and not lesion_grid.same_placement(getattr(registration, target_side)):
+            # a lesion drawn on the diffusion side goes through the registration; one drawn on the
+            # reference series' own grid is already in place
+            grid = Grid(reference.affine, reference.shape)
+            moved = mask_onto(registration, lesion[1], lesion_grid, grid, target_side)
+            lesion = (lesion[0], moved, reference.affine)
+    structures = structures_on_reference(reference, bundles, lesion, params.dilate_mm, envelopes)
     result = export_dicom(reference, structures, args.output, params, Progress("export-dicom", "objects", args.quiet))
+    summary = result.as_dict()
     lines = [f"exported onto {reference.first.get('SeriesDescription', '')} ({args.reference}):"]
+    if registration is not None:
+        summary["registration"] = registration.describe()
+        lines.append(f"  placed through the registration {registration.describe()}")
     lines += [f"  {kind}: {len(paths)} file(s) in {paths[0].parent}" for kind, paths in result.files.items()]
     lines += [f"  {s['name']}: {s['voxels']} voxels" for s in result.structures]
-    emit(args, result.as_dict(), "\n".join(lines))
+    emit(args, summary, "\n".join(lines))
     return EXIT_OK

@@ -6,10 +6,10 @@ import dataclasses
 
 from tractlens.gpu.backend import DEVICES
 from tractlens.gpu.models import ModelFitParams
-from tractlens.gpu.params import cli_flags
 
 from .fit import _dwi_options, _run_fit
 from .options import add_params, dest_of
+from .parameter_flags import cli_flags
 
 
 def add_parsers(sub, common) -> None:
@@ -58,5 +58,5 @@ def canonical_command_line(args) -> list[str]:
     for spec in dataclasses.fields(ModelFitParams):
         dest = dest_of(ModelFitParams, spec.name)
         if hasattr(args, dest):
-            line += [cli_flags(spec)[0], str(getattr(args, dest))]
+            line += [cli_flags(ModelFitParams, spec.name)[0], str(getattr(args, dest))]
     return [*line, "--device", args.device, "-o", args.output]

@@ -1,8 +1,9 @@
 """Command-line options generated from parameter dataclasses.
 
-:func:`add_params` adds one option per field that has command-line flags (its metadata, from
-``gpu.params.meta``: flags and aliases, help, unit, choices, metavar, negation), with the
-dataclass default as the argparse default, shown in ``--help``. :func:`params_from_args`
+:func:`add_params` adds one option per field that is on the command line: the flags, help
+placeholder and negation of :mod:`app.cli.parameter_flags`, the documentation, unit and choices
+of the field's metadata (``gpu.params.meta``), and the dataclass default as the argparse
+default, shown in ``--help``. :func:`params_from_args`
 builds the dataclass back from the parsed arguments; its validation errors become
 :class:`InputError`. A default therefore exists once, in the dataclass (the DIPY workflows'
 idea, there from a function's signature).
@@ -19,9 +20,10 @@ import argparse
 import dataclasses
 from typing import Any
 
-from tractlens.gpu.params import cli_flags, default_of
+from tractlens.gpu.params import default_of
 
 from ..errors import InputError
+from .parameter_flags import Option, cli_flags, option_of
 
 #: Aliases accepted wherever an option exists: ``{option: (alias, ...)}``.
 OPTION_ALIASES: dict[str, tuple[str, ...]] = {
@@ -82,7 +84,7 @@ def add_params(
     """Add an option for each field of ``params_type`` with command-line flags (``only`` those
     named, none of ``exclude``), in the dataclass's field order."""
     for spec in dataclasses.fields(params_type):
-        flags = cli_flags(spec)
+        flags = cli_flags(params_type, spec.name)
         if not flags or (only is not None and spec.name not in only) or spec.name in exclude:
             continue
         parser.add_argument(*with_aliases(flags), **_argument(params_type, spec))
@@ -90,27 +92,28 @@ def add_params(
 
 def _argument(params_type: type, spec: dataclasses.Field) -> dict[str, Any]:
     meta = spec.metadata
+    option = option_of(params_type, spec.name)
     default = default_of(params_type, spec.name)
     kwargs: dict[str, Any] = {"dest": dest_of(params_type, spec.name), "default": default}
     if isinstance(default, bool):
-        if default != bool(meta.get("negated")):
+        if default != option.negated:
             raise TypeError(
                 f"{params_type.__name__}.{spec.name}: a flag can only change a bool from its default; "
-                "a True default needs a negated flag (meta(..., negated=True))"
+                "a True default needs a negated flag (Option(negated=True) in app.cli.parameter_flags)"
             )
-        kwargs["action"] = "store_false" if meta.get("negated") else "store_true"
-        kwargs["help"] = _escape(meta.get("cli_help") or meta["help"])
+        kwargs["action"] = "store_false" if option.negated else "store_true"
+        kwargs["help"] = _escape(option.help or meta["help"])
         return kwargs
     kwargs["type"] = _value_type(spec, default)
     if meta.get("choices") is not None:
         kwargs["choices"] = meta["choices"]
-    if meta.get("nargs"):
-        kwargs["nargs"] = meta["nargs"]
-    if meta.get("metavar"):
-        kwargs["metavar"] = meta["metavar"]
+    if option.nargs:
+        kwargs["nargs"] = option.nargs
+    if option.metavar:
+        kwargs["metavar"] = option.metavar
     elif meta.get("choices") is None:
-        kwargs["metavar"] = cli_flags(spec)[0].lstrip("-").upper().replace("-", "_")
-    kwargs["help"] = _help(meta, default)
+        kwargs["metavar"] = cli_flags(params_type, spec.name)[0].lstrip("-").upper().replace("-", "_")
+    kwargs["help"] = _help(meta, option, default)
     return kwargs
 
 
@@ -126,11 +129,11 @@ def _value_type(spec: dataclasses.Field, default: Any) -> type:
     raise TypeError(f"cannot tell the command-line type of {spec.name} ({annotation})")
 
 
-def _help(meta, default: Any) -> str:
-    text = meta.get("cli_help") or meta["help"]
+def _help(meta, option: Option, default: Any) -> str:
+    text = option.help or meta["help"]
     unit = meta.get("unit", "")
     if default is None:
-        shown = meta.get("default_text") or "none"
+        shown = option.default_text or "none"
     elif isinstance(default, (tuple, list)):
         shown = " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
     elif isinstance(default, float):

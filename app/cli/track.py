@@ -3,12 +3,13 @@ and ``fod-probabilistic``, tracking on fODFs, are in :mod:`.track_fod`)."""
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 from tractlens.gpu.backend import DEVICES, check_device
 from tractlens.gpu.deterministic import DeterministicParams
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
+from tractlens.gpu.probabilistic_params import ProbParams
 
 from ..errors import InputError
 from ..io.outputs import check_output_folder
@@ -363,6 +364,7 @@ def report_tracking(args, result) -> int:
 
 def cmd_track_probabilistic(args) -> int:
     from ..pipelines.probabilistic import prepare_probabilistic, summarise, write_probabilistic_outputs
+    from ..pipelines.track_probabilistic import track_probabilistic
 
     check_device(args.device)
     params = params_from_args(ProbParams, args, fix=_tracking_fix(args))
@@ -401,9 +403,14 @@ def cmd_track_probabilistic(args) -> int:
             raise InputError(
                 f"--gpus must be at least 1, got {args.gpus}", fix="Give how many GPUs to use, e.g. --gpus 2"
             )
-        result = run.track(
-            device=args.device, gpus=args.gpus, progress=Progress("probabilistic", "streamlines", quiet=args.quiet)
+        passes = track_probabilistic(
+            run,
+            device=args.device,
+            gpus=args.gpus,
+            first_pass=0,  # nobody watches it fill in: the engine's largest batches
+            progress=Progress("probabilistic", "streamlines", quiet=args.quiet),
         )
+        result = deque(passes, maxlen=1)[0].result
     with phase("write"):
         files = write_probabilistic_outputs(run, result, args.output)
     summary = {

@@ -224,12 +224,15 @@ class Structure:
     name: str
     mask: np.ndarray
     color: tuple[int, int, int]
-    kind: str = "bundle"  # or "lesion"
+    kind: str = "bundle"  # or "lesion", or "envelope" (a bundle's uncertainty envelope at a level)
+    tract: tuple | None = None  # a bundle's streamlines: (points RAS+ mm, offsets, per-point FA or None)
 
 
 #: Bundle colours (Okabe–Ito, told apart with colour vision deficiency), then repeated.
 PALETTE = ((230, 159, 0), (86, 180, 233), (0, 158, 115), (240, 228, 66), (0, 114, 178), (204, 121, 167))
 LESION_COLOR = (213, 94, 0)
+#: Envelope colours, innermost level first (the viridis ramp: dark to light as the level widens).
+ENVELOPE_COLORS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
 
 
 @dataclass
@@ -282,25 +285,36 @@ def check_frame_of_reference(reference: ReferenceSeries, dwi_frame_uid: str | No
             f"diffusion data{f' ({dwi_source})' if dwi_source else ''} ({dwi_frame_uid}): the bundles "
             "would be placed wrongly",
             path=reference.folder,
-            fix="Choose a reference series of the same session (same frame of reference as the DWI), "
-            "or register the images first",
+            fix="Choose a reference series of the same session (same frame of reference as the DWI), or register "
+            "the diffusion data and that series (tractlens register) and give the folder with --registration DIR",
         )
 
 
-def structures_on_reference(reference: ReferenceSeries, bundles: list, lesion=None, dilate_mm: float = 0.0):
-    """:class:`Structure` of each bundle ((name, points_mm, offsets)) and of the lesion
-    ((name, mask, affine), resampled nearest neighbour) on the reference grid."""
+def structures_on_reference(
+    reference: ReferenceSeries, bundles: list, lesion=None, dilate_mm: float = 0.0, envelopes=()
+):
+    """:class:`Structure` of each bundle ((name, points_mm, offsets)), of each envelope level
+    ((name, mask, affine), named with its level, e.g. "CST envelope 95 %") and of the lesion
+    ((name, mask, affine)); masks resampled nearest neighbour onto the reference grid."""
     from ..grid import Grid
 
+    grid = Grid(reference.affine, reference.shape)
+
+    def on_reference(mask, affine) -> np.ndarray:
+        resampled = grid.resample_nearest(np.asarray(mask, dtype=bool), Grid(affine, np.asarray(mask).shape))
+        return np.asarray(resampled, dtype=bool)
+
     structures = []
-    for i, (name, points_mm, offsets) in enumerate(bundles):
+    for i, (name, points_mm, offsets, *fa) in enumerate(bundles):
         mask = bundle_mask(points_mm, offsets, reference.affine, reference.shape, dilate_mm)
-        structures.append(Structure(name, mask, PALETTE[i % len(PALETTE)]))
+        tract = (np.asarray(points_mm, dtype=np.float32), np.asarray(offsets), fa[0] if fa else None)
+        structures.append(Structure(name, mask, PALETTE[i % len(PALETTE)], tract=tract))
+    for i, (name, mask, affine) in enumerate(envelopes):
+        color = ENVELOPE_COLORS[min(i, len(ENVELOPE_COLORS) - 1)]
+        structures.append(Structure(name, on_reference(mask, affine), color, "envelope"))
     if lesion is not None:
         name, mask, affine = lesion
-        grid = Grid(reference.affine, reference.shape)
-        resampled = grid.resample_nearest(np.asarray(mask, dtype=bool), Grid(affine, np.asarray(mask).shape))
-        structures.append(Structure(name, np.asarray(resampled, dtype=bool), LESION_COLOR, "lesion"))
+        structures.append(Structure(name, on_reference(mask, affine), LESION_COLOR, "lesion"))
     empty = [s.name for s in structures if not s.mask.any()]
     if len(empty) == len(structures):
         raise InputError(
@@ -311,6 +325,20 @@ def structures_on_reference(reference: ReferenceSeries, bundles: list, lesion=No
     for name in empty:
         log.warning("%s lies outside the reference series and is left out", name)
     return [s for s in structures if s.mask.any()]
+
+
+def write_tracts(reference: ReferenceSeries, structures: list[Structure], folder: Path, *, deidentify=False):
+    """The bundles' streamlines as one Tractography Results object (:mod:`.dicom_tractography`)."""
+    from .dicom_tractography import TrackSet, write_tractography
+
+    sets = [TrackSet(s.name, s.color, *s.tract) for s in structures if s.kind == "bundle" and s.tract is not None]
+    if not sets:
+        raise InputError(
+            "--as tractography writes streamlines: give at least one tractogram",
+            path=reference.folder,
+            fix="Add the bundles' tractograms, or leave tractography out of --as",
+        )
+    return write_tractography(reference, sets, folder, deidentify=deidentify)
 
 
 def export_dicom(
@@ -336,7 +364,8 @@ def export_dicom(
     }
     outdir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".export-dicom-", dir=outdir))
-    writers = {"seg": objects.write_seg, "rtstruct": objects.write_rtstruct, "overlay": objects.write_overlay}
+    writers = {"seg": objects.write_seg, "rtstruct": objects.write_rtstruct, "overlay": objects.write_overlay,
+               "tractography": write_tracts}  # fmt: skip
     try:
         written = {}
         for i, kind in enumerate(params.kinds):

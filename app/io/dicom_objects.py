@@ -109,6 +109,11 @@ def _save(ds, path: Path, sop_class: str) -> None:
     ds.save_as(path, enforce_file_format=True)
 
 
+def _tract(structure) -> bool:
+    """A bundle or one of its uncertainty envelopes (white matter to avoid), not the lesion."""
+    return structure.kind in ("bundle", "envelope")
+
+
 def write_seg(reference, structures, folder: Path, *, deidentify: bool = False) -> list[Path]:
     """One binary SEG with a segment per structure, frames on the reference slices."""
     hd = require("highdicom")
@@ -123,15 +128,15 @@ def write_seg(reference, structures, folder: Path, *, deidentify: bool = False) 
         hd.seg.SegmentDescription(
             segment_number=i + 1,
             segment_label=s.name[:64],
-            segmented_property_category=codes.SCT.Tissue
-            if s.kind == "bundle"
-            else codes.SCT.MorphologicallyAbnormalStructure,
-            segmented_property_type=codes.SCT.WhiteMatter if s.kind == "bundle" else codes.SCT.Lesion,
-            algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC if s.kind == "bundle" else "MANUAL",
+            segmented_property_category=codes.SCT.Tissue if _tract(s) else codes.SCT.MorphologicallyAbnormalStructure,
+            segmented_property_type=codes.SCT.WhiteMatter if _tract(s) else codes.SCT.Lesion,
+            algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC if _tract(s) else "MANUAL",
             algorithm_identification=hd.AlgorithmIdentificationSequence(
-                name="TractLens tractography", version=_version(), family=codes.cid7162.ArtificialIntelligence
+                name="TractLens tractography" + (" uncertainty envelope" if s.kind == "envelope" else ""),
+                version=_version(),
+                family=codes.cid7162.ArtificialIntelligence,
             )
-            if s.kind == "bundle"
+            if _tract(s)
             else None,
         )
         for i, s in enumerate(structures)
@@ -217,7 +222,7 @@ def write_rtstruct(reference, structures, folder: Path, *, deidentify: bool = Fa
         roi.ROINumber = number
         roi.ReferencedFrameOfReferenceUID = reference.frame_uid
         roi.ROIName = s.name[:64]
-        roi.ROIGenerationAlgorithm = "AUTOMATIC" if s.kind == "bundle" else "MANUAL"
+        roi.ROIGenerationAlgorithm = "AUTOMATIC" if _tract(s) else "MANUAL"
         rois.append(roi)
         item = _dataset()
         item.ROIDisplayColor = list(s.color)
@@ -237,7 +242,7 @@ def write_rtstruct(reference, structures, folder: Path, *, deidentify: bool = Fa
         observation = _dataset()
         observation.ObservationNumber = number
         observation.ReferencedROINumber = number
-        observation.RTROIInterpretedType = "AVOIDANCE" if s.kind == "bundle" else "GTV"
+        observation.RTROIInterpretedType = "AVOIDANCE" if _tract(s) else "GTV"
         observation.ROIInterpreter = ""
         observations.append(observation)
     ds.StructureSetROISequence = rois

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from tractlens.gpu.backend import get_backend
-from tractlens.gpu.ballstick import FLAG_NOT_FITTED, BallStickFit, BallStickParams, fit_ballstick
+from tractlens.gpu.ballstick import FLAG_NOT_FITTED, BallStickParams
+from tractlens.gpu.ballstick_fit import BallStickFit, fit_ballstick
 from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu import commit, commit_sparse
+from tractlens.gpu import commit, commit_device, commit_host, commit_operator, commit_segments, commit_solver
 from tractlens.gpu.backend import get_backend
-from tractlens.gpu.commit import CommitParams, Problem
+from tractlens.gpu.commit import CommitParams
+from tractlens.gpu.commit_operator import Problem
 from tractlens.gpu.engines import decide_device
 
 __all__ = [
@@ -49,7 +50,9 @@ from ..io import load_dwi, load_tractogram, save_tractogram, save_volume
 from ..io._atomic import atomic_path, split_suffix
 from ..io.dwi import DWI
 from ..io.tractogram_mapped import open_trx_mm
+from ..io.tractogram_mapped_tck import open_tck_mm
 from ..io.tractogram_stream import open_tractogram_writer
+from ..memory_guard import check_commit_memory
 from ..model import Tractogram
 from ..provenance import write_json_summary
 from ..timing import phase
@@ -110,7 +113,7 @@ class CommitResult:
     rows: np.ndarray  # (X, Y, Z) row of each voxel, -1 outside the mask
     affine: np.ndarray
     tractogram: Tractogram
-    fit: commit.FitResult
+    fit: commit_solver.FitResult
     params: CommitParams
     provenance: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -137,7 +140,7 @@ class CommitResult:
         p = self.problem
         ic_x, ec_x, iso_x = p.split(self.x)
         seg = p.segments
-        ic = commit.ic_per_row(seg, ic_x.sum(0), p.n_rows)
+        ic = commit_operator.ic_per_row(seg, ic_x.sum(0), p.n_rows)
         ec = np.bincount(p.ec_row, weights=ec_x, minlength=p.n_rows)
         iso = iso_x.sum(1)
         return {
@@ -203,7 +206,7 @@ def peaks_compartments(
     else:
         rotation = affine[:3, :3] / np.sqrt((affine[:3, :3] ** 2).sum(0))  # world -> voxel axes: R^T
         axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
-    return commit.ec_compartments(row_of[present], commit.orientation_index(axes))
+    return commit_operator.ec_compartments(row_of[present], commit.orientation_index(axes))
 
 
 def commit_pipeline(
@@ -266,7 +269,9 @@ def _commit_pipeline(
     else:
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
     try:
-        seg = commit.segments(
+        if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
+            check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
+        seg = commit_segments.segments(
             tractogram.points,
             tractogram.offsets,
             rows,
@@ -276,13 +281,13 @@ def _commit_pipeline(
             to_voxel=to_voxel,  # per chunk: no copy of the points
             on_device=_segments_fit_on_device(backend, tractogram),
         )
-    except commit.NonFinitePoints as exc:
+    except commit_segments.NonFinitePoints as exc:
         raise InputError(str(exc), path=getattr(tractogram, "source", None) or None,
                          fix="The file is damaged; write it again") from None  # fmt: skip
     segments_s = time.perf_counter() - started
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
-    xp = commit.array_module(seg.row)  # the segments stay where they were made
+    xp = commit_segments.array_module(seg.row)  # the segments stay where they were made
     has_segment = xp.zeros(len(tractogram), dtype=bool)
     has_segment[seg.fiber] = True
     missing = len(tractogram) - int(has_segment.sum())
@@ -295,32 +300,32 @@ def _commit_pipeline(
     traversed = xp.zeros(int(usable.sum()), dtype=bool)
     traversed[seg.row] = True
     renumber = (xp.cumsum(traversed) - 1).astype(xp.int32)
-    step = commit.CHUNK if xp is np else commit.DEVICE_CHUNK
+    step = commit_operator.CHUNK if xp is np else commit_operator.DEVICE_CHUNK
     for start in range(0, len(seg), step):  # in place (order kept: the map is increasing)
         seg.row[start : start + step] = renumber[seg.row[start : start + step]]
     del renumber
-    usable[usable] = commit._host(traversed)
+    usable[usable] = commit_segments.host_array(traversed)
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
     tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
     if peaks is not None:
         ec_row, ec_orient = peaks_compartments(peaks, rows, dwi.affine, notes, peaks_frame)
     else:
-        ec_row, ec_orient = commit.ec_from_segments(seg)
+        ec_row, ec_orient = commit_operator.ec_from_segments(seg)
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     y = _normalised_signal(dwi.data, b0, usable)  # a read-only mapped series' pages given back
     if backend.is_gpu:
-        op = commit.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
+        op = commit_device.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
-        op = commit.BlockedOperator(problem, commit.NumpyOperator, max_block_segments)
-    else:  # SciPy sparse products (the chunked reference when they do not fit in memory)
-        op = commit_sparse.cpu_operator(problem, notes=notes)
+        op = commit_device.BlockedOperator(problem, commit_operator.NumpyOperator, max_block_segments)
+    else:  # the segments in place, threads over voxel rows (gpu.commit_host)
+        op = commit_host.host_operator(problem, notes=notes)
     xp = backend.xp
     scale = op.column_norms()
     a, at = op.a, op.at
     y_fit = xp.asarray(y).astype(xp.float64, copy=False)  # widened on the device: exact (float32 values)
-    fit = commit.fista(
+    fit = commit_solver.fista(
         a,
         at,
         y_fit,
@@ -351,7 +356,7 @@ def _commit_pipeline(
         "segments_s": round(segments_s, 3),
         "segments_on": "device" if seg.on_device else "host",
         "lipschitz": fit.lipschitz,
-        "operator_blocks": len(op) if isinstance(op, commit.BlockedOperator) else 1,
+        "operator_blocks": len(op) if isinstance(op, commit_device.BlockedOperator) else 1,
     }
     return CommitResult(
         problem,
@@ -537,12 +542,16 @@ def commit_from_files(
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and fit;
     returns the result and the tractogram's suffix (for the filtered output). ``mapped``: an
-    uncompressed .trx is read as stored (:mod:`app.io.tractogram_mapped`) rather than into
-    voxel coordinates; the streamlines written back are then its own bytes."""
+    uncompressed .trx (:mod:`app.io.tractogram_mapped`) or a plain .tck
+    (:mod:`app.io.tractogram_mapped_tck`) is read as stored, in chunks, rather than into voxel
+    coordinates; the streamlines written back are then its own positions."""
     with phase("read"):
         dwi = load_dwi(dwi_path, bval, bvec, read_only=True)  # its pages released once read
-        # an uncompressed .trx is used as stored (mapped millimetres: no conversion, no copy)
+        # an uncompressed .trx or a plain .tck is used as stored (millimetres read in chunks: no
+        # conversion, no copy of the points)
         tract = open_trx_mm(tractogram_path) if mapped else None
+        if tract is None and mapped:
+            tract = open_tck_mm(tractogram_path, dwi.affine, dwi.shape3)
         if tract is None:
             tract = load_tractogram(tractogram_path, reference=(dwi.affine, dwi.shape3))
     if len(tract) == 0:  # said before the fit's set-up, naming the file

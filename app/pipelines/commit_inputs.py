@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tractlens.gpu import commit
+from tractlens.gpu import commit_segments
 
 from ..io._pages import release_pages
 
@@ -19,7 +19,7 @@ def _segments_fit_on_device(backend, tractogram) -> bool:
     1.5 segments per point while they are built, with a third of the device left for the fit."""
     if not backend.is_gpu:
         return False
-    need = 1.5 * len(tractogram.points) * commit.DEVICE_BUILD_BYTES_PER_SEGMENT
+    need = 1.5 * len(tractogram.points) * commit_segments.DEVICE_BUILD_BYTES_PER_SEGMENT
     return need < 0.66 * backend.free_memory_bytes()
 
 

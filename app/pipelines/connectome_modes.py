@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu.connectome import ConnectomeResult, ConnectomeSpec, SparseCounts, track_connectome
+from tractlens.gpu.connectome import ConnectomeResult, ConnectomeSpec, track_connectome
+from tractlens.gpu.connectome_counts import SparseCounts
 
 from ..errors import InputError
 from ..io import load_bedpostx, save_volume

@@ -21,7 +21,9 @@ import numpy as np
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.probabilistic import (
+from tractlens.gpu.probabilistic import iter_track, path_positions, trace_paths
+from tractlens.gpu.probabilistic_kernel import upload_field
+from tractlens.gpu.probabilistic_params import (
     GPU_BATCH,
     MAX_TARGETS,
     MAX_WAYPOINTS,
@@ -30,10 +32,7 @@ from tractlens.gpu.probabilistic import (
     ProbResult,
     SampleField,
     check_seed_matrix,
-    iter_track,
     mask_bits,
-    path_positions,
-    trace_paths,
 )
 
 from ..errors import InputError
@@ -66,6 +65,7 @@ __all__ = [
     "ProbParams",
     "ProbResult",
     "ProbabilisticRun",
+    "device_field_of",
     "max_batch_streamlines",
     "prepare_from_regions",
     "prepare_probabilistic",
@@ -81,6 +81,25 @@ def sample_field_of(document, volume) -> SampleField:
     """The engine's field of a dyads volume's posterior samples (``volume.samples``), made once
     per volume and kept in ``document.derived`` while the volume lives (it is the costly part)."""
     return document.derived.get(volume, "sample_field", None, lambda: sample_field(volume.samples))
+
+
+def device_field_of(document, volume, device: str) -> tuple | None:
+    """The field of a dyads volume's samples on the GPU of ``device`` (:func:`upload_field`),
+    copied once per volume and kept in ``document.derived`` while the volume lives, so that
+    re-tracking (the live mode's every stroke) copies no gigabytes; None when it does not fit
+    (each run then copies what it needs, or falls back to the CPU)."""
+    backend = get_backend(device)
+
+    def upload():
+        try:
+            return upload_field(backend, sample_field_of(document, volume))
+        except Exception as exc:
+            if not backend.is_out_of_memory(exc):
+                raise
+            backend.free_cached_memory()
+            return None
+
+    return document.derived.get(volume, "sample_field_device", backend.device_name, upload)
 
 
 def max_batch_streamlines(n_voxels: int, device: str = "auto") -> int:
@@ -153,9 +172,12 @@ class ProbabilisticRun:
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
         batch_streamlines: int | None = None,
+        first_batch: int | None = None,
+        device_field=None,
     ) -> Iterator[ProbResult]:
         """Running totals after each batch (see :func:`gpu.probabilistic.iter_track`;
-        ``batch_streamlines`` sets how often they come). If the GPU runs out of memory even
+        ``batch_streamlines`` sets how often they come, ``first_batch`` the size of a coarse
+        first one; ``device_field``: the field already on the GPU, used when the run is there). If the GPU runs out of memory even
         for the smallest batch and ``device`` is ``"auto"``, the run starts again on the CPU
         (running totals cannot be carried from one engine's streams to the other's batches
         mid-way; the CPU totals restart from zero) and a note says so in ``notes``."""
@@ -175,6 +197,8 @@ class ProbabilisticRun:
                 cancelled=cancelled,
                 batch_streamlines=batch_streamlines,
                 seed_matrix=self.seed_matrix,
+                first_batch=first_batch,
+                device_field=device_field if backend.is_gpu else None,
             )
 
         for totals in batches_with_cpu_fallback(

@@ -25,11 +25,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from tractlens.gpu import deterministic
+from tractlens.gpu import deterministic, tracking
 from tractlens.gpu.backend import check_device
 from tractlens.gpu.deterministic import DeterministicParams
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.interpolate import trilinear
 from tractlens.gpu.seeding import check_points, seeds_in_mask
 from tractlens.gpu.select import select_streamlines
@@ -158,9 +158,9 @@ def masks_on_field(paths: Sequence[str | os.PathLike], what: str, field_: Tensor
 
 def tracking_choices(method: str) -> dict[str, tuple[str, ...]]:
     """The fixed choices of a method's parameters (for forms and option lists)."""
-    from tractlens.gpu import geodesic
+    from tractlens.gpu import geodesic_params
 
-    return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic.CHOICES}[method])
+    return dict({"deterministic": deterministic.CHOICES, "geodesic": geodesic_params.CHOICES}[method])
 
 
 def _seeded(regions: Regions) -> None:
@@ -183,15 +183,15 @@ def tensor_field_of(document, volume: Volume) -> TensorField:
 
 
 def geodesic_metric_of(document, volume: Volume, metric=None, device: str = "auto"):
-    """The pre-processed geodesic metric (:func:`gpu.geodesic.prepare_metric`) of a tensor
+    """The pre-processed geodesic metric (:func:`gpu.geodesic_field.prepare_metric`) of a tensor
     layer's volume for ``metric``, kept in ``document.derived`` (live re-tracking reuses it)."""
-    from tractlens.gpu import geodesic
+    from tractlens.gpu import geodesic_field
 
-    metric = metric or geodesic.MetricParams()
+    metric = metric or MetricParams()
 
     def compute():
         field_ = tensor_field_of(document, volume)
-        return geodesic.prepare_metric(field_.tensor, field_.voxel_size, metric, device=device)
+        return geodesic_field.prepare_metric(field_.tensor, field_.voxel_size, metric, device=device)
 
     return document.derived.get(volume, "geodesic_metric", (metric, device), compute)
 
@@ -315,6 +315,8 @@ def deterministic_pipeline(
     device = choice.argument
     track_mask = mask if mask is not None else field_.mask
     tf = engine.prepare(field_, track_mask, stop_union)
+    if choice.argument == "cpu":  # refused before any work when the host cannot hold it (app.memory_guard)
+        _check_host_memory(engine, tf, seeds, params, max_batch, sink is None)
 
     parts: list[Tractogram] = []  # kept when there is no sink
     path_length = PathLength(field_.affine)
@@ -393,6 +395,26 @@ def deterministic_pipeline(
         provenance["empty_reason"] = empty_result_reason(counts, params, n_include=len(include))
         notes.append(f"0 streamlines: {provenance['empty_reason']}")
     return TrackResult(tractogram, provenance, notes)
+
+
+def _check_host_memory(engine: TrackingEngine, tf, seeds: np.ndarray, params, max_batch, kept: bool) -> None:
+    """Estimate the job's host memory from a sample of its seeds, tracked on the CPU, and refuse it
+    when that is not free."""
+    from tractlens.gpu.host import host_threads
+
+    from ..memory_guard import SAMPLE_SEEDS, check_host_memory, runtime_bytes, tracking_host_need
+
+    if not len(seeds):
+        return
+    runtime = runtime_bytes("deterministic_loops")  # before the sample loads the compiled loop
+    sample = seeds[np.unique(np.linspace(0, len(seeds) - 1, min(SAMPLE_SEEDS, len(seeds))).astype(np.int64))]
+    points = sum(len(b.points) for b in engine.track(tf, sample, params, device="cpu"))
+    batch = min(len(seeds), max_batch or max(4096, 1024 * host_threads()))
+    need = tracking_host_need(
+        points / len(sample), len(seeds), batch, tracking.batch_bytes(params), kept=kept, piece_points=PIECE_POINTS,
+        runtime=runtime,
+    )  # fmt: skip
+    check_host_memory(need, "Seed fewer voxels or fewer seeds per voxel, write the streamlines to a file, or use a GPU")
 
 
 def to_tractogram(batch: StreamlineBatch, field_: TensorField, name: str) -> Tractogram:

@@ -114,17 +114,17 @@ def geodesic_pipeline(
     first enter it; without, by the CM at their end. ``top_percent`` keeps the best.
     ``include`` masks (waypoints; each of several targets) must all be passed: other fibres
     are dropped batch by batch, before ranking and before ``on_batch`` sees them.
-    ``metric_field`` (from :func:`gpu.geodesic.prepare_metric` with ``metric``, or a function
+    ``metric_field`` (from :func:`gpu.geodesic_field.prepare_metric` with ``metric``, or a function
     of the metric parameters, ``auto`` resolved for the method, that returns it) skips the
     pre-processing when it is reused, e.g. while an ROI is edited live; ``first_batch``
     makes the first batch (the first ``on_batch``) small, to show something at once.
     With ``two_point`` (a target is needed) every pair of a seed point and one of
     ``target_points`` points of the target is joined by shooting (:func:`two_point_pipeline`).
     """
-    from tractlens.gpu import geodesic, sym3
+    from tractlens.gpu import geodesic, geodesic_field, geodesic_params, sym3
     from tractlens.gpu.geodesic_metrics import metric_for
 
-    params = params or geodesic.GeodesicParams()
+    params = params or geodesic_params.GeodesicParams()
     notes = list(field_.notes)
     check_device(device)  # an unusable device (gpu forced, none there) is refused before any work
     shape = field_.shape
@@ -145,7 +145,7 @@ def geodesic_pipeline(
         if two_point and target is None:
             raise InputError("two-point ray tracing needs a target region", fix="Give or paint a target ROI")
         method = resolve_method(method, target is not None, two_point)
-        metric = metric_for(metric or geodesic.MetricParams(), "two-point" if two_point else method)
+        metric = metric_for(metric or geodesic_params.MetricParams(), "two-point" if two_point else method)
         if callable(metric_field):
             metric_field = metric_field(metric)
         if metric_field is not None and metric_field.metric_params not in (None, metric):
@@ -171,14 +171,14 @@ def geodesic_pipeline(
         device = choice.argument
         if metric_field is None:
             metric_field = run_with_cpu_fallback(
-                lambda bk: geodesic.prepare_metric(
+                lambda bk: geodesic_field.prepare_metric(
                     field_.tensor, field_.voxel_size, metric, device=bk, progress=progress, cancelled=cancelled
                 ),
                 device,
                 notes,
                 "the geodesic metric",
             )
-        fld = geodesic.with_regions(metric_field, mask, target)
+        fld = geodesic_field.with_regions(metric_field, mask, target)
     except ValueError as exc:
         raise InputError(str(exc)) from exc
     notes += fld.notes

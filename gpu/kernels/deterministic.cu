@@ -57,6 +57,32 @@ struct Tracker {
     }
 };
 
+// The tensor tracker's part of the walk (walk.cuh): RK4 or Euler steps along the main
+// eigenvector, stopping on low FA or a sharp turn.
+struct TensorStep {
+    const Tracker& tr;
+    R3 h, half_h;
+    bool rk4, tensorline;
+    real fa_threshold, cos_max;
+
+    __device__ R3 advance(R3 p, R3 d) const {
+        if (!rk4) return d;
+        real unused;
+        R3 k2 = tr.direction(add3r(p, mul3r(half_h, d)), d, tensorline, &unused);
+        R3 k3 = tr.direction(add3r(p, mul3r(half_h, k2)), d, tensorline, &unused);
+        R3 k4 = tr.direction(add3r(p, mul3r(h, k3)), d, tensorline, &unused);
+        return unit3r(add3r(add3r(d, scale3r(k2, 2.0)), add3r(scale3r(k3, 2.0), k4)), d);
+    }
+
+    __device__ unsigned char turn(R3 q, R3 v, int, int, R3* e) const {
+        real fa;
+        *e = tr.direction(q, v, tensorline, &fa);
+        if (fa < fa_threshold) return LOW_FA;
+        if (dot3r(*e, v) < cos_max) return SHARP_ANGLE;
+        return 0;
+    }
+};
+
 extern "C" __global__ void track_deterministic(
     const float4* __restrict__ field, const unsigned char* __restrict__ region, int nx, int ny, int nz,
     const real* __restrict__ seeds, int n, real hx, real hy, real hz, real fa_threshold, real cos_max,
@@ -73,12 +99,7 @@ extern "C" __global__ void track_deterministic(
     const R3 half_h = r3(0.5 * hx, 0.5 * hy, 0.5 * hz);
     float* row = buf + (size_t)i * (size_t)(2 * m + 1) * 3;
     R3 p0 = r3(seeds[3 * i], seeds[3 * i + 1], seeds[3 * i + 2]);
-    row[3 * m] = p0.x; row[3 * m + 1] = p0.y; row[3 * m + 2] = p0.z;
-    count[2 * i] = 0;
-    count[2 * i + 1] = 0;
-    unsigned char seed_stop = 0;
-    if (!inside_volume(p0, tr.g)) seed_stop = OUTSIDE_VOLUME;
-    else if (region[nearest_voxel(p0, tr.g)] == REGION_OUTSIDE) seed_stop = OUTSIDE_MASK;
+    unsigned char seed_stop = start_row(row, m, p0, region, tr.g, count + 2 * i);
     valid[i] = seed_stop == 0;
     real fa;
     R3 d0 = tr.direction(p0, r3(0.8017837257372732, 0.5345224838248488, 0.2672612419124244), false, &fa);
@@ -88,39 +109,6 @@ extern "C" __global__ void track_deterministic(
         stop[2 * i + 1] = seed_stop;
         return;
     }
-    int forward_steps = 0;
-    for (int end = 1; end >= 0; --end) {
-        const int budget = end == 1 ? m : m - forward_steps;
-        R3 p = p0;
-        R3 d = end == 1 ? d0 : scale3r(d0, -1.0);
-        int steps = 0;
-        unsigned char reason = 0;
-        while (true) {
-            if (steps >= budget) { reason = MAX_LENGTH; break; }
-            R3 v = d;
-            if (rk4) {
-                real unused;
-                R3 k2 = tr.direction(add3r(p, mul3r(half_h, d)), d, tensorline, &unused);
-                R3 k3 = tr.direction(add3r(p, mul3r(half_h, k2)), d, tensorline, &unused);
-                R3 k4 = tr.direction(add3r(p, mul3r(h, k3)), d, tensorline, &unused);
-                v = unit3r(add3r(add3r(d, scale3r(k2, 2.0)), add3r(scale3r(k3, 2.0), k4)), d);
-            }
-            R3 q = add3r(p, mul3r(h, v));
-            if (!inside_volume(q, tr.g)) { reason = OUTSIDE_VOLUME; break; }
-            unsigned char code = region[nearest_voxel(q, tr.g)];
-            if (code == REGION_OUTSIDE) { reason = OUTSIDE_MASK; break; }
-            ++steps;
-            size_t at = (size_t)3 * (end == 1 ? m + steps : m - steps);
-            row[at] = q.x; row[at + 1] = q.y; row[at + 2] = q.z;
-            if (code == REGION_STOP) { reason = STOP_REGION; break; }
-            R3 e = tr.direction(q, v, tensorline, &fa);
-            if (fa < fa_threshold) { reason = LOW_FA; break; }
-            if (dot3r(e, v) < cos_max) { reason = SHARP_ANGLE; break; }
-            p = q;
-            d = e;
-        }
-        count[2 * i + end] = steps;
-        stop[2 * i + end] = reason;
-        if (end == 1) forward_steps = steps;
-    }
+    const TensorStep method = {tr, h, half_h, rk4 != 0, tensorline != 0, fa_threshold, cos_max};
+    walk_halves(method, p0, d0, h, m, row, region, tr.g, count + 2 * i, stop + 2 * i);
 }

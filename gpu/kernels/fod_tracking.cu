@@ -156,6 +156,38 @@ __device__ R3 draw_in_cone(const float c[48], R3 v, float envelope, float cos_ma
     return v;
 }
 
+// The fODF trackers' part of the walk (walk.cuh): Euler steps along the fODF peak nearest the
+// incoming direction (SD_STREAM) or a direction drawn in the cone (iFOD1), stopping where the
+// fODF falls below the cut-off, on a sharp turn or when no draw was accepted.
+struct FodStep {
+    const float4* field;
+    Grid g;
+    Shape s;
+    unsigned long long sid;
+    float cutoff, cos_max, power, envelope_margin;
+    int max_trials;
+    unsigned int k0, k1;
+    bool probabilistic;
+
+    __device__ R3 advance(R3, R3 d) const { return d; }
+
+    __device__ unsigned char turn(R3 q, R3 d, int end, int steps, R3* e) const {
+        float c[48], amp;
+        trilinear_f4<12, 12>(field, g, q, c);
+        *e = nearest_peak(c, d, PEAK_ITERATIONS, s, &amp);
+        if (amp < cutoff) return LOW_FA;
+        if (probabilistic) {
+            bool ok;
+            *e = draw_in_cone(c, d, envelope_margin * amp, cos_max, cutoff, power, max_trials, (unsigned int)steps,
+                              ((unsigned int)P_STEP << 24) | ((unsigned int)end << 16), sid, k0, k1, &ok);
+            if (!ok) return SHARP_ANGLE;
+        } else if (dot3r(*e, d) < cos_max) {
+            return SHARP_ANGLE;
+        }
+        return 0;
+    }
+};
+
 extern "C" __global__ void track_fod(
     const float4* __restrict__ field, const unsigned char* __restrict__ region, int nx, int ny, int nz,
     const double* __restrict__ seeds, int n, unsigned long long first_id, float hx, float hy, float hz,
@@ -172,12 +204,7 @@ extern "C" __global__ void track_fod(
     const R3 h = r3(hx, hy, hz);
     float* row = buf + (size_t)i * (size_t)(2 * m + 1) * 3;
     R3 p0 = r3((float)seeds[3 * i], (float)seeds[3 * i + 1], (float)seeds[3 * i + 2]);
-    row[3 * m] = p0.x; row[3 * m + 1] = p0.y; row[3 * m + 2] = p0.z;
-    count[2 * i] = 0;
-    count[2 * i + 1] = 0;
-    unsigned char seed_stop = 0;
-    if (!inside_volume(p0, g)) seed_stop = OUTSIDE_VOLUME;
-    else if (region[nearest_voxel(p0, g)] == REGION_OUTSIDE) seed_stop = OUTSIDE_MASK;
+    unsigned char seed_stop = start_row(row, m, p0, region, g, count + 2 * i);
     valid[i] = seed_stop == 0;
     float c[48];
     float amp = 0.0f;
@@ -198,41 +225,7 @@ extern "C" __global__ void track_fod(
                                 (unsigned int)P_SEED << 24, sid, k0, k1, &ok);
         if (ok) d0 = drawn;
     }
-    int forward_steps = 0;
-    for (int end = 1; end >= 0; --end) {
-        const int budget = end == 1 ? m : m - forward_steps;
-        R3 p = p0;
-        R3 d = end == 1 ? d0 : scale3r(d0, -1.0f);
-        int steps = 0;
-        unsigned char reason = 0;
-        while (true) {
-            if (steps >= budget) { reason = MAX_LENGTH; break; }
-            R3 q = add3r(p, mul3r(h, d));
-            if (!inside_volume(q, g)) { reason = OUTSIDE_VOLUME; break; }
-            unsigned char code = region[nearest_voxel(q, g)];
-            if (code == REGION_OUTSIDE) { reason = OUTSIDE_MASK; break; }
-            ++steps;
-            size_t at = (size_t)3 * (end == 1 ? m + steps : m - steps);
-            row[at] = q.x; row[at + 1] = q.y; row[at + 2] = q.z;
-            if (code == REGION_STOP) { reason = STOP_REGION; break; }
-            trilinear_f4<12, 12>(field, g, q, c);
-            R3 e = nearest_peak(c, d, PEAK_ITERATIONS, s, &amp);
-            if (amp < cutoff) { reason = LOW_FA; break; }
-            if (probabilistic) {
-                bool ok;
-                e = draw_in_cone(c, d, envelope_margin * amp, cos_max, cutoff, power, max_trials,
-                                 (unsigned int)steps, ((unsigned int)P_STEP << 24) | ((unsigned int)end << 16), sid,
-                                 k0, k1, &ok);
-                if (!ok) { reason = SHARP_ANGLE; break; }
-            } else if (dot3r(e, d) < cos_max) {
-                reason = SHARP_ANGLE;
-                break;
-            }
-            p = q;
-            d = e;
-        }
-        count[2 * i + end] = steps;
-        stop[2 * i + end] = reason;
-        if (end == 1) forward_steps = steps;
-    }
+    const FodStep method = {field, g, s, sid, cutoff, cos_max, power, envelope_margin, max_trials, k0, k1,
+                            probabilistic != 0};
+    walk_halves(method, p0, d0, h, m, row, region, g, count + 2 * i, stop + 2 * i);
 }

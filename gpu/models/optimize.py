@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..backend import Cancelled
+from ..rng import normal_and_log_uniform, seed_key
 from .declare import Model, all_parameters, as_columns, from_internal, to_internal
 
 LM_LAMBDA0 = 1e-3
@@ -160,35 +161,10 @@ def levenberg_marquardt(xp, model: Model, acq, y, values0, iterations: int, canc
 # --------------------------------------------------------------------------------------
 # MCMC
 
-PHILOX_M = (0xD2511F53, 0xCD9E8D57)
-PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-
-
-def philox4x32(xp, counter, key):
-    """Philox4x32-10 (Salmon et al. 2011) of ``counter`` (4 uint64 arrays holding uint32 values)
-    under ``key`` (two ints), on ``xp``; bit-identical to :func:`tractlens.gpu.ballstick.philox4x32`."""
-    mask = np.uint64(0xFFFFFFFF)
-    c = [xp.asarray(x, dtype=xp.uint64) for x in counter]
-    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
-    m0, m1 = np.uint64(PHILOX_M[0]), np.uint64(PHILOX_M[1])
-    for r in range(10):
-        if r:
-            k0 = np.uint64((int(k0) + PHILOX_W[0]) & 0xFFFFFFFF)
-            k1 = np.uint64((int(k1) + PHILOX_W[1]) & 0xFFFFFFFF)
-        p0 = m0 * c[0]
-        p1 = m1 * c[2]
-        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & mask, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & mask]
-    return c
-
 
 def draws(xp, voxels, draw: int, seed: int):
     """A standard normal and the log of a uniform per voxel, from the voxel's own stream."""
-    key = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)
-    v = voxels.astype(xp.uint64)
-    zero = xp.zeros_like(v)
-    r = philox4x32(xp, (zero + np.uint64(draw), zero, v & np.uint64(0xFFFFFFFF), v >> np.uint64(32)), key)
-    u1, u2, u3 = ((x.astype(xp.float64) + 0.5) * 2.0**-32 for x in r[:3])
-    return xp.sqrt(-2.0 * xp.log(u1)) * xp.cos(2.0 * np.pi * u2), xp.log(u3)
+    return normal_and_log_uniform(voxels, draw, seed_key(seed), xp)
 
 
 def _prior_energy(xp, model: Model, values):

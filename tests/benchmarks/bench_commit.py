@@ -34,16 +34,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tractlens.gpu.commit import (  # noqa: E402
-    N_ORIENTATIONS,
-    CommitParams,
-    Problem,
-    Segments,
-    apply_a_numpy,
-    apply_at_numpy,
-    ec_from_segments,
-    lookup_tables,
-)
+from tractlens.gpu.commit import N_ORIENTATIONS, CommitParams, lookup_tables  # noqa: E402
+from tractlens.gpu.commit_operator import Problem, apply_a_numpy, apply_at_numpy, ec_from_segments  # noqa: E402
+from tractlens.gpu.commit_segments import Segments  # noqa: E402
 
 SEED_VOXELS, SEED_FIBERS, SEED_SEGMENTS = 64_309, 399_758, 47_082_501
 
@@ -81,7 +74,7 @@ def time_gpu(problem: Problem, repeats: int = 5) -> dict:
     import cupy as cp
 
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.commit import DeviceOperator
+    from tractlens.gpu.commit_device import DeviceOperator
 
     backend = get_backend("gpu")
     op = DeviceOperator(backend, problem)
@@ -116,7 +109,8 @@ def time_fit(problem: Problem, iterations: int) -> dict:
     import cupy as cp
 
     from tractlens.gpu.backend import get_backend
-    from tractlens.gpu.commit import DeviceOperator, fista
+    from tractlens.gpu.commit_device import DeviceOperator
+    from tractlens.gpu.commit_solver import fista
 
     backend = get_backend("gpu")
     t0 = time.perf_counter()
@@ -142,7 +136,7 @@ def time_fit(problem: Problem, iterations: int) -> dict:
 def time_segments(n_streamlines: int, points: int = 100, backend=None) -> dict:
     """Building segments (NumPy, one core) from random-walk streamlines of ``points`` points,
     0.5-voxel steps, on the HCP grid (145×174×145, all voxels in the mask)."""
-    from tractlens.gpu.commit import segments
+    from tractlens.gpu.commit_segments import segments
 
     rng = np.random.default_rng(3)
     shape = np.array([145, 174, 145])

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from tractlens.gpu.backend import Cancelled, get_backend  # noqa: E402
 from tractlens.gpu.connectome import ConnectomeSpec, track_connectome  # noqa: E402
-from tractlens.gpu.probabilistic import ProbParams, SampleField, mask_bits  # noqa: E402
+from tractlens.gpu.probabilistic_params import ProbParams, SampleField, mask_bits  # noqa: E402
 
 PUBLISHED_S, PUBLISHED_STREAMLINES = 2.95 * 3600, 912.82e6  # K80, probtrackx2_gpu
 HCP_SHAPE, QUICK_SHAPE, VOXEL_MM = (145, 174, 145), (26, 30, 26), 1.25

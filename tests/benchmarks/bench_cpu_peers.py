@@ -1,23 +1,32 @@
 """Benchmark: TractLens's CPU engine against its CPU peer, same inputs, same process, same run.
 
-    python tests/benchmarks/bench_cpu_peers.py [--work /tmp/bench_cpu_peers] [--repeats 3]
-        [--out tests/benchmarks/results/cpu_peers.json]
+    python tests/benchmarks/bench_cpu_peers.py [--threads N] [--device cpu] [--repeats 3]
+        [--only commit tensor tracking selection csd noddi] [--csd-voxels 20000]
+        [--noddi-voxels 2000] [--work /tmp/bench_cpu_peers] [--out tests/benchmarks/results/cpu_peers.json]
 
-Four methods, each timed for ours (``device="cpu"``) and for the peer on the same arrays or
-files, under the same environment (thread settings and BLAS variables are recorded in the
-output; nothing is changed between the two), best of ``--repeats`` wall times:
+Ours always runs on the CPU engine (``--device cpu``, the default and only choice: on a GPU
+machine this measures its CPUs). ``--threads N`` runs everything on N cores (the process's CPU
+affinity, set before NumPy is imported) and sizes every thread pool to N: ours
+(TRACTLENS_THREADS, numba, BLAS) and the peers' (dmri-commit's ``set_threads``/``n_threads``,
+DIPY's ``nbr_threads`` and joblib ``n_jobs``, AMICO's ``nthreads``, BLAS/OpenMP).
+
+Each method is timed for ours and for the peer on the same arrays or files, under the same
+environment (thread settings and BLAS variables are recorded in the output), best of
+``--repeats`` wall times:
 
 - COMMIT: ``commit_from_files`` (load, segments, operator, FISTA to tol 1e-3) vs dmri-commit
-  (trk2dictionary, kernels, operator, fit; all cores) on the demo phantom with a whole-brain
+  (trk2dictionary, kernels, operator, fit) on the demo phantom with a whole-brain
   deterministic tractogram and dtifit-style V1 peaks (tests/commit_reference.py aligns them);
 - tensor fit (WLS): ``gpu.dti.fit_dti`` vs DIPY ``TensorModel(fit_method="WLS")`` on the demo
-  DWI tiled to 8× its voxels;
+  DWI tiled to 8× its voxels (DIPY's threads: its BLAS);
 - deterministic tracking: ``gpu.deterministic.track_all`` (trilinear tensor, main
-  eigenvector, Euler, 0.5 mm, FA 0.15, 45°) vs DIPY ``LocalTracking`` with the same tensor
-  field's V1 as EuDX peaks (``PeaksAndMetrics``), FA threshold stopping, same step, seeds and
-  angle;
+  eigenvector, Euler, 0.5 mm, FA 0.15, 45°; the compiled engine with numba) vs DIPY's threaded
+  ``eudx_tracking`` and its ``LocalTracking`` (one thread) with the same tensor field's V1 as
+  EuDX peaks (``PeaksAndMetrics``), FA threshold stopping, same step, seeds and angle;
 - ROI selection: ``gpu.select.select_streamlines`` vs DIPY ``tracking.utils.target`` on 100 000
-  synthetic streamlines of 50 points and a 10³-voxel cube.
+  synthetic streamlines of 50 points and a 10³-voxel cube (DIPY: one thread);
+- CSD: ours MSMT (3 shells) vs DIPY's single-shell CSD with joblib (not the same problem);
+- NODDI-Watson: the model toolbox vs AMICO (its fit only).
 
 Ratio = ours / peer (below 1: ours is faster).
 """
@@ -32,12 +41,46 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+THREAD_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "TRACTLENS_THREADS")
+
+
+def pin_threads(argv: list[str]) -> int | None:
+    """``--threads N``: this process on N cores (its affinity) and every thread pool sized N (BLAS,
+    OpenMP, numba, TractLens's CPU engines), set before NumPy is imported; the peers get N too."""
+    if "--threads" not in argv:
+        return None
+    n = int(argv[argv.index("--threads") + 1])
+    for key in THREAD_KEYS:
+        os.environ[key] = str(n)
+    cores = sorted(os.sched_getaffinity(0))
+    if n < len(cores):
+        os.sched_setaffinity(0, cores[:n])
+    return n
+
+
+THREADS = pin_threads(sys.argv)
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-ENV_KEYS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "MKL_NUM_THREADS")
+ENV_KEYS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", *THREAD_KEYS)
+METHODS = ("commit", "tensor", "tracking", "selection", "csd", "noddi")
+
+
+def cores() -> int:
+    """Cores this process may run on (and the peers' thread count)."""
+    return len(os.sched_getaffinity(0))
+
+
+def _version_or_none(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
 
 
 def best_of(repeats: int, run) -> tuple[float, object]:
@@ -103,12 +146,13 @@ def bench_commit(inputs: dict, work: Path, repeats: int) -> dict:
     from tractlens.app.pipelines.commit import commit_from_files
 
     demo = inputs["demo"]
-    args = dict(mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", peaks_frame="world")
+    args = dict(mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", peaks_frame="world", device="cpu")
     # (voxel axes = world axes here: the demo's affine is diagonal and positive)
     ours_s, (ours, _) = best_of(repeats, lambda: commit_from_files(demo / "dwi.nii.gz", work / "wb.tck", **args))
     files = (demo / "dwi.nii.gz", demo / "dwi.bval", demo / "dwi.bvec", work / "wb.tck", work / "dmri_commit")
     peer_s, peer = best_of(
-        repeats, lambda: run_dmri_commit(*files, mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz")
+        repeats,
+        lambda: run_dmri_commit(*files, mask=demo / "mask.nii.gz", peaks=work / "peaks_voxel.nii.gz", threads=cores()),
     )
     ours_fit = ours.fit.seconds / (ours.fit.iterations + 50)  # + the power iteration's 50 products
     return row(
@@ -149,19 +193,24 @@ def bench_tensor_fit(inputs: dict, repeats: int, tiles: int = 8) -> dict:
 
 
 def bench_tracking(inputs: dict, repeats: int) -> dict:
+    """Ours (``engine="auto"``: the compiled loop with numba, else the arrays engine) against
+    DIPY's threaded EuDX tracker (``dipy.tracking.tracker.eudx_tracking``, ``nbr_threads`` = the
+    cores) and its ``LocalTracking`` (one thread), on the same seeds."""
     from dipy.data import default_sphere
     from dipy.direction.peaks import PeaksAndMetrics
     from dipy.tracking.local_tracking import LocalTracking
     from dipy.tracking.stopping_criterion import ThresholdStoppingCriterion
     from dipy.tracking.streamline import Streamlines
+    from dipy.tracking.tracker import eudx_tracking
 
+    from tractlens.gpu import deterministic_host
     from tractlens.gpu.deterministic import DeterministicParams, track_all
 
     params = DeterministicParams(keep_truncated=True, min_length_mm=0.0)
     tensor, mask, seeds, vs = inputs["tensor"], inputs["mask"], inputs["seeds"], inputs["voxel_size"]
-    ours_s, ours = best_of(
-        repeats, lambda: track_all(tensor, seeds, params, voxel_size=vs, mask=mask, device="cpu", engine="arrays")
-    )
+    engine = "compiled" if deterministic_host.available() else "arrays"
+    track_all(tensor, seeds[:64], params, voxel_size=vs, mask=mask, device="cpu")  # numba's compilation (cached)
+    ours_s, ours = best_of(repeats, lambda: track_all(tensor, seeds, params, voxel_size=vs, mask=mask, device="cpu"))
     pam = PeaksAndMetrics()
     pam.peak_dirs = inputs["v1"][..., None, :].astype(np.float64)
     pam.peak_values = inputs["fa"][..., None]
@@ -171,23 +220,42 @@ def bench_tracking(inputs: dict, repeats: int) -> dict:
     affine = np.diag([*vs, 1.0])
     max_steps = int(params.max_length_mm / params.step_mm)
 
-    def peer():
+    def local():
         tracker = LocalTracking(
             pam, stopping, seeds * vs, affine, step_size=params.step_mm, max_cross=1, maxlen=max_steps, minlen=2
         )
         return Streamlines(tracker)
 
-    peer_s, peer_lines = best_of(repeats, peer)
+    def threaded():
+        lines = eudx_tracking(seeds * vs, stopping, affine, pam=pam, max_cross=1, min_len=2, max_len=max_steps,
+                              step_size=params.step_mm, voxel_size=vs, max_angle=params.max_angle_deg,
+                              nbr_threads=cores())  # fmt: skip
+        return Streamlines(lines)
+
+    local_s, local_lines = best_of(repeats, local)
+    threaded()  # its first call sets up
+    peer_s, peer_lines = best_of(repeats, threaded)
+    n_local, n_peer = int(local_lines.get_data().shape[0]), int(peer_lines.get_data().shape[0])
     return row(
         "Deterministic tracking (tensor, Euler 0.5 mm)",
         ours_s,
-        "DIPY LocalTracking, EuDX peaks of the same tensors",
+        f"DIPY eudx_tracking, nbr_threads={cores()}, EuDX peaks of the same tensors",
         peer_s,
+        engine=engine,
         seeds=len(seeds),
-        points={"ours": len(ours.points), "peer": int(peer_lines.get_data().shape[0])},
+        streamlines={"ours": len(ours), "peer": len(peer_lines), "local_tracking": len(local_lines)},
+        points={"ours": len(ours.points), "peer": n_peer, "local_tracking": n_local},
+        local_tracking_s=round(local_s, 3),
+        ratio_to_local_tracking=round(ours_s / local_s, 2),
+        us_per_seed={
+            "ours": round(ours_s / len(seeds) * 1e6, 2),
+            "peer": round(peer_s / len(seeds) * 1e6, 2),
+            "local_tracking": round(local_s / len(seeds) * 1e6, 2),
+        },
         us_per_point={
             "ours": round(ours_s / len(ours.points) * 1e6, 2),
-            "peer": round(peer_s / peer_lines.get_data().shape[0] * 1e6, 2),
+            "peer": round(peer_s / n_peer * 1e6, 2),
+            "local_tracking": round(local_s / n_local * 1e6, 2),
         },
     )
 
@@ -222,15 +290,84 @@ def bench_selection(repeats: int, n: int = 100_000) -> dict:
     )
 
 
+def bench_csd(repeats: int, voxels: int) -> dict:
+    """Ours (MSMT-CSD, three shells, ``device="cpu"``) against DIPY's single-shell CSD (b=0 and
+    b=3000 only: its MSMT needs cvxpy) with ``engine="joblib"`` on all the cores, on the same
+    synthetic HCP-like voxels (tests/benchmarks/bench_csd.py): not the same problem, so the
+    ratio is per voxel of each tool's own CSD."""
+    import warnings
+
+    from dipy.core.gradients import gradient_table as dipy_table
+    from dipy.reconst.csdeconv import ConstrainedSphericalDeconvModel
+
+    from tests.benchmarks.bench_csd import phantom, responses
+    from tests.csd_synth import gradient_table
+    from tractlens.gpu.csd import CSDParams, build_model, fit_csd
+
+    bvals, bvecs = gradient_table((1000.0, 2000.0, 3000.0), 90, 18)
+    signal = phantom(voxels, bvals, bvecs)
+    params = CSDParams(msmt=True)
+    model = build_model(bvals, bvecs, responses(bvals, bvecs), params)
+    fit_csd(signal[:256], model, params, device="cpu")  # start-up outside the timing
+    ours_s, _ = best_of(repeats, lambda: fit_csd(signal, model, params, device="cpu"))
+    keep = (bvals < 50) | (np.abs(bvals - 3000) < 80)
+    gtab = dipy_table(bvals[keep], bvecs=np.where(bvals[keep, None] > 0, bvecs[keep], 0))
+    data = signal[:, keep].reshape(voxels, 1, 1, -1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peer_model = ConstrainedSphericalDeconvModel(gtab, (np.array([1.7e-3, 0.3e-3, 0.3e-3]), 100.0), sh_order_max=8)
+        peer_s, _ = best_of(repeats, lambda: peer_model.fit(data, engine="joblib", n_jobs=cores()))
+    return row(
+        "CSD (ours MSMT 3 shells; DIPY SSST b=3000)",
+        ours_s,
+        f"DIPY ConstrainedSphericalDeconvModel, joblib n_jobs={cores()}",
+        peer_s,
+        voxels=voxels,
+        volumes={"ours": len(bvals), "peer": int(keep.sum())},
+    )
+
+
+def bench_noddi(repeats: int, voxels: int) -> dict:
+    """Ours (NODDI-Watson of the model toolbox, ``device="cpu"``, the whole fit) against AMICO's
+    NODDI (``nthreads`` = the cores; its fit only, kernels generated beforehand) on the same
+    synthetic voxels at SNR 30 (tests/benchmarks/bench_models.py)."""
+    from tests.benchmarks.bench_models import acquisition, amico_fit, correlations, signals, truth
+    from tractlens.gpu.models import fit_model, noddi_watson
+
+    model = noddi_watson()
+    bvals, bvecs = acquisition()
+    signal = signals(model, truth("noddi-watson", voxels, seed=3), bvals, bvecs, seed=3)
+    ours_s, ours = best_of(repeats, lambda: fit_model(model, signal, bvals, bvecs, device="cpu"))
+    best, maps = float("inf"), None
+    for _ in range(repeats):
+        peer, maps = amico_fit(signal, bvals, bvecs, threads=cores())
+        best = min(best, peer["seconds"])
+    return row(
+        "NODDI-Watson",
+        ours_s,
+        f"AMICO NODDI, nthreads={cores()} (fit only)",
+        best,
+        voxels=voxels,
+        volumes=len(bvals),
+        r_ours_amico=correlations(ours.derived, maps),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, help="cores for ours and the peers (default: all this process may use)")
+    parser.add_argument(
+        "--device", choices=("cpu",), default="cpu", help="ours runs on the CPU engine, also where a GPU is"
+    )
     parser.add_argument("--work", default="/tmp/bench_cpu_peers")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", nargs="+", choices=("commit", "tensor", "tracking", "selection"))
+    parser.add_argument("--only", nargs="+", choices=METHODS)
+    parser.add_argument("--csd-voxels", type=int, default=20_000, help="voxels of the CSD row")
+    parser.add_argument("--noddi-voxels", type=int, default=2_000, help="voxels of the NODDI row")
     parser.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "cpu_peers.json"))
     args = parser.parse_args()
     work = Path(args.work)
-    only = set(args.only or ("commit", "tensor", "tracking", "selection"))
+    only = set(args.only or METHODS)
     from importlib.metadata import version
 
     import dipy
@@ -238,12 +375,15 @@ def main() -> None:
 
     results = {
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "threads": {"requested": args.threads, "cores_used": cores()},
         "environment": {key: os.environ.get(key) for key in ENV_KEYS},
         "versions": {
             "numpy": np.__version__,
             "scipy": scipy.__version__,
             "dipy": dipy.__version__,
             "dmri-commit": version("dmri-commit"),
+            "dmri-amico": version("dmri-amico"),
+            "numba": _version_or_none("numba"),
         },
         "repeats": args.repeats,
         "rows": [],
@@ -257,6 +397,10 @@ def main() -> None:
         results["rows"].append(bench_tracking(inputs, args.repeats))
     if "selection" in only:
         results["rows"].append(bench_selection(args.repeats))
+    if "csd" in only:
+        results["rows"].append(bench_csd(args.repeats, args.csd_voxels))
+    if "noddi" in only:
+        results["rows"].append(bench_noddi(args.repeats, args.noddi_voxels))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))
 

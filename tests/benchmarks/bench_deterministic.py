@@ -96,10 +96,10 @@ def time_gpu(field, seeds, params, repeats: int = 2) -> dict:
     stop.synchronize()
     kernel_s = cp.cuda.get_elapsed_time(start, stop) / 1000
     steps = int(count.sum())
-    from tractlens.gpu.deterministic import _compact
+    from tractlens.gpu.tracking import compact
 
     t0 = time.perf_counter()
-    _compact(cp, buf, count, stops, valid, 0, params)  # filter, pack on the device, copy to the host
+    compact(cp, buf, count, stops, valid, 0, params)  # filter, pack on the device, copy to the host
     compact_s = time.perf_counter() - t0
     del buf
     return {

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.benchmarks.bench_deterministic import VOXEL_MM, hcp_like_field  # noqa: E402
-from tractlens.gpu import geodesic  # noqa: E402
+from tractlens.gpu import geodesic, geodesic_field, geodesic_params  # noqa: E402
 
 DIRECTIONS = 100
 
@@ -65,7 +65,7 @@ def kernel_row(fld, starts, dirs, params) -> dict:
     from tractlens.gpu.backend import get_backend
 
     backend = get_backend("gpu")
-    packed, region = geodesic.packed_field(backend, fld), backend.asarray(fld.region)
+    packed, region = geodesic_field.packed_field(backend, fld), backend.asarray(fld.region)
     s, d = cp.asarray(starts), cp.asarray(dirs)
     geodesic._track_kernel(backend, fld, packed, region, s[:256], d[:256], params)  # compile
     times = []
@@ -89,7 +89,7 @@ def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
 
     rng = np.random.default_rng(5)
     voxels = np.argwhere(brain)
-    params = geodesic.GeodesicParams(max_steps=500)
+    params = geodesic_params.GeodesicParams(max_steps=500)
     samples, first_fibres = [], 0
     for r in range(repeats + 1):  # the first run compiles
         seed = np.zeros(brain.shape, bool)
@@ -136,7 +136,7 @@ def main() -> None:
     tensor, _fa, brain = hcp_like_field()
     device = "gpu" if args.gpu else "cpu"
     t0 = time.perf_counter()
-    fld = geodesic.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=device)
+    fld = geodesic_field.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=device)
     prep_s = time.perf_counter() - t0
     results = {"shape": list(brain.shape), "prepare_s": round(prep_s, 3), "rows": []}
     print(f"metric prepared in {prep_s:.2f} s", flush=True)
@@ -147,7 +147,7 @@ def main() -> None:
 
     rng = np.random.default_rng(3)
     for integrator in ("rk2", "rk4"):
-        params = geodesic.GeodesicParams(integrator=integrator, max_steps=args.steps)
+        params = geodesic_params.GeodesicParams(integrator=integrator, max_steps=args.steps)
         sizes = list(args.fibers) + list(args.kernel_only)
         for n in sizes * bool(args.gpu):
             for order, (starts, dirs) in workloads(brain, n, rng).items():

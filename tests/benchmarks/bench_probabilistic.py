@@ -42,7 +42,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tractlens.gpu.probabilistic import ProbParams, SampleField, iter_track, mask_bits, upload_field  # noqa: E402
+from tractlens.gpu.probabilistic import iter_track  # noqa: E402
+from tractlens.gpu.probabilistic_kernel import upload_field  # noqa: E402
+from tractlens.gpu.probabilistic_params import ProbParams, SampleField, mask_bits  # noqa: E402
 
 SHAPE = (145, 174, 145)
 VOXEL_MM = 1.25

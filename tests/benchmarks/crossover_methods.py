@@ -45,6 +45,7 @@ def ballstick(sizes, repeats, log) -> list[dict]:
     """Ball & sticks on 65 measurements, short chains (units: voxels × measurements × iterations)."""
     from tests.benchmarks.bench_ballstick import voxels
     from tractlens.gpu import ballstick as bs
+    from tractlens.gpu import ballstick_fit
 
     rng = np.random.default_rng(5)
     g = rng.normal(size=(64, 3))
@@ -56,9 +57,9 @@ def ballstick(sizes, repeats, log) -> list[dict]:
     rows = []
     for n in sizes:
         signal = voxels(n, bvals, bvecs)
-        cpu = median_time(lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device="cpu"), 1)
+        cpu = median_time(lambda s=signal: ballstick_fit.fit_ballstick(s, bvals, bvecs, params, device="cpu"), 1)
         gpu_s = median_time(
-            lambda s=signal: bs.fit_ballstick(s, bvals, bvecs, params, device=gpu), repeats, gpu.synchronize
+            lambda s=signal: ballstick_fit.fit_ballstick(s, bvals, bvecs, params, device=gpu), repeats, gpu.synchronize
         )
         rows.append(_row("fit-ballstick", n * len(bvals) * iterations, cpu, gpu_s, log, voxels=n))
     return rows
@@ -69,12 +70,13 @@ def geodesic(sizes, repeats, log) -> list[dict]:
     from tests.benchmarks.bench_deterministic import VOXEL_MM, hcp_like_field
     from tests.benchmarks.bench_geodesic import workloads
     from tractlens.gpu import geodesic as geo
+    from tractlens.gpu import geodesic_field, geodesic_params
 
     tensor, _fa, brain = hcp_like_field()
-    params = geo.GeodesicParams(max_steps=200)
+    params = geodesic_params.GeodesicParams(max_steps=200)
     gpu = _gpu()
-    fld_cpu = geo.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device="cpu")
-    fld_gpu = geo.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=gpu)
+    fld_cpu = geodesic_field.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device="cpu")
+    fld_gpu = geodesic_field.prepare_metric(tensor, (VOXEL_MM,) * 3, mask=brain, device=gpu)
     rng = np.random.default_rng(3)
     rows = []
     for n in sizes:
@@ -92,7 +94,9 @@ def probabilistic(sizes, repeats, log) -> list[dict]:
     from collections import deque
 
     from tests.benchmarks.bench_probabilistic import hcp_like_samples
-    from tractlens.gpu.probabilistic import ProbParams, iter_track, mask_bits, upload_field
+    from tractlens.gpu.probabilistic import iter_track
+    from tractlens.gpu.probabilistic_kernel import upload_field
+    from tractlens.gpu.probabilistic_params import ProbParams, mask_bits
 
     field_, brain, _sticks, _f = hcp_like_samples()
     bits = mask_bits(brain)

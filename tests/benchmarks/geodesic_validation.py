@@ -239,7 +239,7 @@ def auc(true_scores: np.ndarray, false_scores: np.ndarray) -> float | None:
 # ------------------------------------------------------------------------------- scoring
 def score_bundle(setting, shapes, k, tensor, mask, metric, options: dict, device: str) -> dict:
     from tractlens.app.pipelines.track import TensorField, geodesic_pipeline
-    from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+    from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 
     shape = shapes[k]
     seed, target = end_regions(shape, mask)

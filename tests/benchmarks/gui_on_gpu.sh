@@ -107,3 +107,11 @@ for i in $runs; do
     tee -a "$OUT/pytest.log" | grep -E "live re-track|passed|failed|Error" | head -20
 done
 grep -h "live re-track" "$OUT/pytest.log" >"$OUT/latency.txt"
+
+# LIVE_PROB=1: also the live probabilistic benchmark (stroke -> first map, last stroke -> converged,
+# on the HCP-sized field; bench_live_probabilistic.py) and the gpu variant of its GUI test.
+if [ "${LIVE_PROB:-0}" = 1 ]; then
+  python3 -m pytest tests/gui/test_probabilistic_gui.py -m gpu -q -p no:cacheprovider 2>&1 | tail -3 | tee -a "$log"
+  python3 tests/benchmarks/bench_live_probabilistic.py --device gpu --out "$OUT/live_probabilistic_h100.json" \
+    2>"$OUT/live_probabilistic.log" | tail -12
+fi

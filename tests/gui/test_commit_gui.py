@@ -333,3 +333,24 @@ def test_filtered_tractogram_keeps_the_format_it_was_read_in(tmp_path):
         back = load_tractogram(save_tractogram(tract, tmp_path / f"t{suffix}"), reference=(np.eye(4), (10, 10, 10)))
         assert tractogram_suffix(Layer("t", back, "tractogram")) == suffix
     assert tractogram_suffix(Layer("t", tract, "tractogram")) == ".trk"  # computed: .trk
+
+
+def test_a_commit_run_without_the_host_memory_is_refused_as_the_jobs_error(window, demo_dir, qtbot, monkeypatch):
+    """The memory guard of the use case the panel's job calls: on a CPU with too little free
+    memory the run is refused before it starts, its message (the need, what is free, what to
+    change) shown as the job's error, and nothing is added."""
+    from tractlens.app import memory_guard
+
+    win, doc = window, window.document
+    open_like_a_user(win, demo_dir / "dwi.nii.gz", demo_dir / "bundles.trk")
+    panel = win.show_commit_panel(doc.layer("bundles"))
+    panel.device = "cpu"  # the guard is the CPU engine's
+    monkeypatch.setattr(memory_guard, "host_free_bytes", lambda: 1 << 20)
+    before = list(doc.layers)
+    qtbot.mouseClick(panel.filter_button, Qt.MouseButton.LeftButton)
+    assert win.wait_for_jobs(60)
+    assert len(win.errors) == 1
+    text = win.errors[0]
+    assert "COMMIT on the CPU needs about" in text and "only 1 MiB is free" in text and "white-matter mask" in text
+    assert text in panel.status.text()
+    assert list(doc.layers) == before and panel.result is None

@@ -173,7 +173,7 @@ def test_export_dialog_is_the_params_form_with_de_identification_off_and_said_so
     qtbot.waitExposed(dialog)
     editors = dialog.form.editors
     boxes = {name: box.isChecked() for name, box in editors["formats"].boxes.items()}
-    assert boxes == {"seg": True, "rtstruct": True, "overlay": True}
+    assert boxes == {"seg": True, "rtstruct": True, "overlay": True, "tractography": False}
     assert isinstance(editors["dilate_mm"], QDoubleSpinBox) and editors["dilate_mm"].suffix() == " mm"
     assert isinstance(editors["deidentify"], QCheckBox) and not editors["deidentify"].isChecked()
     assert dialog.deidentify_note.isVisible() and "OFF" in dialog.deidentify_note.text()

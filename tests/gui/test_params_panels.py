@@ -19,9 +19,9 @@ from tractlens.app.params import (
 from tractlens.gpu.ballstick import BallStickParams
 from tractlens.gpu.commit import CommitParams
 from tractlens.gpu.deterministic import DeterministicParams
-from tractlens.gpu.geodesic import GeodesicParams, MetricParams
+from tractlens.gpu.geodesic_params import GeodesicParams, MetricParams
 from tractlens.gpu.params import default_of, field_of
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.widgets.params_form import ParamsForm, spin_for
 
 

@@ -4,6 +4,8 @@ cancel, re-track, refusals."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import nibabel as nib
 import numpy as np
 import pytest
@@ -11,9 +13,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from scipy import ndimage
 
-from tests.conftest import ARTIFACTS
+from tests.conftest import ARTIFACTS, DEVICES
 from tractlens.app.model import Document, Layer, Volume
-from tractlens.gpu.probabilistic import ProbParams
+from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.widgets.render import LUTS
 
 SEED, TARGET = "roi_crossing_lr_seed", "roi_crossing_lr_target"
@@ -71,10 +73,10 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
 ):
     from tractlens.widgets import probabilistic_panel as module
 
-    monkeypatch.setattr(module, "FIRST_BATCH", 100)  # 1500 streamlines in 10 batches: watch them add up
     monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
     win = bedpostx_window
     panel = win.probabilistic_panel
+    panel.first_pass, panel.later_pass = 100, 200  # 1500 streamlines: 100, then 200 a pass: watch them add up
     form = panel.form.editors
     type_into(qtbot, form["n_samples"], "20")
     type_into(qtbot, form["seed"], "7")
@@ -100,6 +102,8 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
         set_surface(layer, mesh, **style)
 
     monkeypatch.setattr(win.view3d, "set_layer_surface", spy)
+    # The level typed in is applied (its timer has fired, with nothing to draw yet) before Track.
+    qtbot.waitUntil(lambda: not panel._iso_timer.isActive(), timeout=5000)
     click(qtbot, panel.track_button)
     assert panel.job_id is not None
     assert win.wait_for_jobs(60)
@@ -116,14 +120,18 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     top = int(expected.paths.max())
     assert top > 0 and layer.clim == (0.0, float(top))
     total = 75 * 20
-    assert len(partials) >= 2, partials  # it filled in batch by batch
-    assert partials == sorted(partials) and partials[-1] < total and panel.updates == len(partials)
+    assert partials[0] == 100 and len(partials) >= 2, partials  # the coarse pass first, then pass by pass
+    assert all(b > a for a, b in pairwise(partials)) and partials[-1] < total
+    assert panel.updates == len(partials)
     # One layer (added with the first totals), its values replaced in place as the totals grew
     # (the later partials and the final result); the 3-D surface followed every step.
     assert len(updates) == len(partials) and all(item is layer for item, _ in updates)
     sums = [total_visits for _, total_visits in updates]
     assert sums == sorted(sums) and sums[0] < sums[-1] == int(expected.paths.sum())
-    assert len(levels) == len(partials) + 1 and levels == sorted(levels) and levels[0] < levels[-1]
+    # Every state shown got its surface (and possibly a redraw at the same level): the levels
+    # rise with the totals and end at 10 % of the final maximum.
+    assert len(levels) >= len(partials) + 1 and levels == sorted(levels) and levels[0] < levels[-1]
+    assert levels[-1] == pytest.approx(0.1 * int(expected.paths.max()))
     status = panel.status.text()
     assert "Done" in status and f"{total:,} of {total:,} streamlines" in status
     assert f"to {TARGET} {int(expected.seed_targets.sum()):,}" in status
@@ -199,11 +207,10 @@ def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
 ):
     from tractlens.widgets import probabilistic_panel as module
 
-    monkeypatch.setattr(module, "FIRST_BATCH", 150)
-    monkeypatch.setattr(module, "UPDATES", 1000)  # batches of 150 of the 15 000 streamlines
     monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
     win = bedpostx_window
     panel = win.probabilistic_panel
+    panel.first_pass = panel.later_pass = 150  # passes of 150 of the 15 000 streamlines
     type_into(qtbot, panel.form.editors["n_samples"], "200")
     click(qtbot, panel.track_button)
     qtbot.waitUntil(lambda: panel.updates >= 1, timeout=30000)
@@ -239,6 +246,142 @@ def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
     assert new is not layer and new.opacity == 0.7 and panel.result.streamlines == 75 * 4
     assert win.view3d.layer_surface(layer) is None and win.view3d.layer_surface(new) is not None
     assert panel.status.text().startswith("Done")
+
+
+# ``window_device``: the window's compute device, the CPU by default; the ``gpu`` variant (pytest -m gpu,
+# on a machine with CUDA, Qt and a display) runs the same strokes on CuPy, against the same engine.
+@pytest.mark.parametrize("window_device", DEVICES)
+def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_rois(
+    bedpostx_window, demo_bedpostx, demo_dir, qtbot, window_device
+):
+    """Strokes on the seed and target ROIs re-track by themselves: a coarse first pass drawn first,
+    then refined to the panel's samples; strokes during a run are gathered, the stale run is
+    cancelled, and what stays on screen is exactly the pipeline's result for the last ROIs."""
+    win = bedpostx_window
+    panel = win.probabilistic_panel
+    type_into(qtbot, panel.form.editors["n_samples"], "40")
+    panel.first_pass, panel.later_pass = 300, 600  # 3000 streamlines at most: coarse, then refined
+    seed = win.document.layer(SEED)
+    target = win.document.layer(TARGET)
+    firsts: list[int] = []
+    win.runner.job_partial.connect(
+        lambda job_id, shown: job_id == panel.job_id and shown.result.streamlines == 300 and firsts.append(job_id)
+    )
+    panel.live.setChecked(True)
+    voxels = np.argwhere(seed.data.mask)
+    win.document.paint(seed, voxels[:5], False)  # strokes: erase part of the seed…
+    started = panel.live_runs
+    assert started == 1 and panel.job_id is not None  # the first stroke tracks at once
+    win.document.paint(seed, voxels[5:10], False)
+    win.document.paint(target, np.argwhere(target.data.mask)[:3], False)  # …and of the target
+    qtbot.waitUntil(lambda: panel.job_id is None and panel._live_pending is None, timeout=60000)
+    assert win.wait_for_jobs(60)
+    assert win.errors == []
+    assert panel.live_runs == 2  # the strokes during the first run were gathered into one re-track
+    assert firsts, "the coarse first pass was drawn before the refined map"
+    assert panel.first_map_s is not None and panel.converged_s is not None
+    assert 0 < panel.first_map_s and 0 < panel.converged_s
+
+    # What is shown is the whole run on the ROIs as the last stroke left them.
+    from tractlens.app.pipelines.probabilistic import prepare_probabilistic_masks
+
+    run = panel.run
+    samples = run.samples
+    expected = prepare_probabilistic_masks(
+        samples, seed.data.mask, targets=[(TARGET, target.data.mask)], params=ProbParams(n_samples=40)
+    ).track(device=window_device)
+    assert len(run.seeds) == int(seed.data.mask.sum()) == 75 - 10
+    assert panel.result.streamlines == 65 * 40
+    assert np.array_equal(panel.result_layer.data.data, expected.paths)
+    assert np.array_equal(panel.result.seed_targets, expected.seed_targets)
+    assert f"waytotal {expected.waytotal:,}" in panel.status.text()
+    assert win.document.layer(module_result_name()) is panel.result_layer
+
+    # A stroke that leaves no seed voxel inside the brain is said on the status line, not in a dialog.
+    errors = len(win.errors)
+    panel.live.setChecked(False)
+    win.document.paint(seed, voxels, False)
+    roi_outside = np.array([[0, 0, 0]])
+    panel.live.setChecked(True)
+    win.document.paint(seed, roi_outside, True)
+    qtbot.waitUntil(lambda: panel.job_id is None, timeout=30000)
+    assert win.wait_for_jobs(30)
+    assert "Live:" in panel.status.text() and "brain mask" in panel.status.text()
+    assert len(win.errors) == errors
+
+
+def test_envelopes_are_nested_surfaces_in_3d_and_outlines_on_the_slices(bedpostx_window, qtbot, tmp_path):
+    from tractlens.app.envelopes import envelopes
+    from tractlens.widgets.envelope_display import is_envelope
+    from tractlens.widgets.roi_outlines import roi_outlines
+
+    win = bedpostx_window
+    panel = win.probabilistic_panel
+    type_into(qtbot, panel.form.editors["n_samples"], "20")
+    click(qtbot, panel.track_button)
+    assert win.wait_for_jobs(60) and win.errors == []
+    click(qtbot, panel.envelope_button)  # the default levels: 50, 90, 95 %
+    assert win.wait_for_jobs(30) and win.errors == []
+    layers = [layer for layer in win.document.layers if is_envelope(layer)]
+    assert [layer.name for layer in layers] == ["envelope 50 %", "envelope 90 %", "envelope 95 %"]
+    expected = envelopes(panel.result.paths, panel.run.samples.affine, (50, 90, 95))
+    masks = [layer.data.data.astype(bool) for layer in layers]
+    for mask, envelope in zip(masks, expected.envelopes):
+        assert np.array_equal(mask, envelope.mask)
+    assert not (masks[0] & ~masks[1]).any() and not (masks[1] & ~masks[2]).any()  # nested
+    opacities = []
+    for layer in layers:
+        actor, mesh = win.view3d.layer_surface(layer)
+        assert actor.GetVisibility() and mesh.n_points > 0
+        opacities.append(actor.GetProperty().GetOpacity())
+    assert opacities == sorted(opacities, reverse=True) and opacities[-1] < 1.0  # translucent, inner the most opaque
+    assert "smallest region" in panel.envelope_label.text()
+    peak = np.unravel_index(np.argmax(panel.result.paths), panel.result.paths.shape)
+    win.document.set_cursor(peak)
+    outlined = [layer for layer, _segments in roi_outlines(win.document, win.views["axial"].geometry_now())]
+    assert all(layer in outlined for layer in layers)  # every level outlined on the slice through the peak
+
+    # The presurgical table and the report carry each level's distance to the lesion, and say
+    # what a level means.
+    from tractlens.app.envelopes import lesion_distances
+    from tractlens.widgets.report import gather, render
+
+    win.role_box.setCurrentText("lesion")
+    lesion = win.new_roi()
+    outside = np.argwhere(~masks[2] & panel.run.samples.mask)
+    far = outside[np.argmax(np.linalg.norm(outside - np.array(peak), axis=1))]
+    win.document.paint(lesion, far[None, :], True)
+    presurgical = win.presurgical_panel
+    presurgical.lesion_box.choose(lesion)
+    presurgical.measure()
+    assert win.wait_for_jobs(60) and win.errors == []
+    reference = lesion_distances(expected, lesion.data.mask, lesion.data.affine)
+    rows = presurgical.envelope_rows
+    assert [row.name for row in rows] == [layer.name for layer in layers]
+    for row, distance in zip(rows, reference):
+        assert row.min_mm == pytest.approx(distance.min_mm, abs=1e-3) and row.min_mm > 0
+    table = presurgical.table
+    texts = [table.item(r, 0).text() for r in range(table.rowCount())]
+    assert texts[-3:] == [layer.name for layer in layers]
+    assert table.item(table.rowCount() - 1, 2).text() == rows[-1].closest_text
+    assert presurgical.meaning.isVisibleTo(presurgical) and "smallest region" in presurgical.meaning.text()
+    content = gather(win)
+    assert [row.name for row in content.envelopes] == [layer.name for layer in layers]
+    pages = render(content, tmp_path / "report.pdf", png=True)  # the pages as images too
+    assert pages and (tmp_path / "report.pdf").stat().st_size > 1000
+
+    # Bad levels: said, and the envelopes shown stay as they are.
+    panel.envelope_levels.setText("0, 50")
+    click(qtbot, panel.envelope_button)
+    assert win.wait_for_jobs(30)
+    assert "outside (0, 100)" in panel.status.text() and "outside (0, 100)" in win.errors[-1]
+    assert [layer for layer in win.document.layers if is_envelope(layer)] == layers
+
+
+def module_result_name() -> str:
+    from tractlens.widgets.probabilistic_panel import RESULT_NAME
+
+    return RESULT_NAME
 
 
 def test_track_refuses_without_samples_or_seed_and_shows_input_errors(window, demo_bedpostx, qtbot):

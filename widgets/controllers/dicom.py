@@ -176,7 +176,8 @@ class DicomController(QObject):
         for layer in chosen:
             tract = layer.data
             points_mm = tract.points @ tract.affine[:3, :3].T + tract.affine[:3, 3]
-            inputs.append((layer.name, points_mm, tract.offsets.copy()))
+            fa = tract.point_scalars.get("fa")
+            inputs.append((layer.name, points_mm, tract.offsets.copy(), None if fa is None else fa.copy()))
         if lesion is True:
             lesion_layer = default_lesion(self.document.layers)
         else:

@@ -1,0 +1,459 @@
+"""Use cases of the patient's anatomy and the template: register two images, apply a registration,
+bring an atlas (or one of its regions) onto a subject's grid.
+
+Each is one function called alike by the window, the ``tractlens`` command line, batch and Python;
+the input checks and messages live here once. Long work takes ``progress(done, total)`` and
+``cancelled()`` callbacks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .atlases import atlas_info, load_atlas, load_template, write_lookup_table
+from .errors import InputError
+from .grid import Grid
+from .io import transforms as transform_files
+from .io.nifti import load_image, read_array, save_volume
+from .io.outputs import check_output_file, check_output_folder
+from .io.tractogram import load_tractogram, save_tractogram
+from .model import Tractogram, Volume
+from .params import RegisterParams
+from .pipelines.register import register_arrays
+from .registration import Registration, resample, resample_chain
+
+TEMPLATE_WORDS = ("mni",)
+#: Below this share of the fixed image's foreground covered by the registered moving image, the
+#: registration is taken to have diverged (or the images show different anatomy).
+MIN_OVERLAP = 0.5
+#: Below this share of the fixed image's intensity entropy explained by the registered moving image
+#: (:func:`app.pipelines.register.shared_information`), the images are taken not to show the same anatomy.
+MIN_SHARED_INFORMATION = 0.08
+TRACTOGRAM_SUFFIXES = (".trk", ".tck", ".trx")
+
+
+@dataclass
+class LoadedImage:
+    """A 3-D image ready to register, and what was done to get it (said to the user)."""
+
+    data: np.ndarray
+    grid: Grid
+    name: str
+    note: str = ""
+    template: str | None = None
+
+
+@dataclass
+class RegisterResult:
+    registration: Registration
+    moving_in_fixed: np.ndarray
+    summary: dict = field(default_factory=dict)
+
+
+def load_for_registration(source, volume: int | None = None, what: str = "image") -> LoadedImage:
+    """A path (NIfTI, MGZ, DICOM folder), the word ``mni``, or a model :class:`Volume`, as one 3-D image.
+
+    A 4-D image is a diffusion series when gradient files sit beside it: its mean b=0 is taken
+    (``note`` says so); ``volume`` picks one volume of any 4-D image instead."""
+    if isinstance(source, Volume):
+        data = np.asarray(source.data, np.float32)
+        return _three_d(data, Grid(source.affine, data.shape[:3]), source.name, volume, None, what)
+    if isinstance(source, str) and source.lower() in TEMPLATE_WORDS:
+        data, affine = load_template(source.lower())
+        return LoadedImage(
+            data, Grid(affine, data.shape), source.lower(), "the MNI152 template", template=source.lower()
+        )
+    path = Path(source)
+    img = load_image(path, what)
+    if img.ndim == 4 and img.shape[3] > 1 and volume is None:
+        from .io.dwi import load_dwi
+
+        try:
+            dwi = load_dwi(path)
+        except InputError:
+            raise InputError(
+                f"is a 4-D image of {img.shape[3]} volumes, and registration needs one",
+                path=path,
+                fix="Choose one with --volume N (0 is the first); a diffusion series with its .bval/.bvec "
+                "beside it is registered through its mean b=0 without --volume",
+            ) from None
+        data = dwi.mean_b0().astype(np.float32)
+        count = int(dwi.b0_mask.sum())
+        return LoadedImage(data, Grid(dwi.affine, data.shape), path.name, f"the mean of its {count} b=0 volumes")
+    data = read_array(img, path, np.float32, what)
+    return _three_d(data, Grid(img.affine, img.shape[:3]), path.name, volume, path, what)
+
+
+def _three_d(data, grid: Grid, name: str, volume, path, what: str) -> LoadedImage:
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim == 4:
+        if volume is None:
+            raise InputError(
+                f"the {what} is 4-D ({data.shape[3]} volumes) and registration needs one",
+                path=path,
+                fix="Choose one with --volume N",
+            )
+        if not 0 <= volume < data.shape[3]:
+            raise InputError(
+                f"--volume {volume} is outside the image's {data.shape[3]} volumes (0 to {data.shape[3] - 1})",
+                path=path,
+            )
+        return LoadedImage(np.ascontiguousarray(data[..., volume]), grid, name, f"volume {volume}")
+    if data.ndim != 3:
+        raise InputError(f"the {what} has {data.ndim} dimensions; registration takes a 3-D image", path=path)
+    if volume not in (None, 0):
+        raise InputError(f"--volume {volume} was given but the image is 3-D", path=path)
+    return LoadedImage(data, grid, name)
+
+
+def _mask(path, image: LoadedImage, what: str) -> np.ndarray | None:
+    if path is None:
+        return None
+    img = load_image(path, what)
+    data = np.asarray(img.dataobj)
+    if not Grid(img.affine, img.shape[:3]).matches(image.grid):
+        data = resample(data, Grid(img.affine, img.shape[:3]), image.grid, lambda p: p, "nearest")
+    mask = np.nan_to_num(data) > 0
+    if not mask.any():
+        raise InputError(
+            f"the {what} is empty where it meets its image", path=path, fix="Check that it belongs to that image"
+        )
+    return mask
+
+
+def register_images(
+    moving,
+    fixed,
+    out_dir: str | os.PathLike | None = None,
+    params: RegisterParams | None = None,
+    *,
+    volume: int | None = None,
+    moving_mask: str | os.PathLike | None = None,
+    fixed_mask: str | os.PathLike | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    device: str = "auto",
+) -> RegisterResult:
+    """Register ``moving`` onto ``fixed`` (paths, ``"mni"`` or model volumes) and, with ``out_dir``,
+    write the registration folder (:mod:`app.io.transforms`). ``volume`` picks a volume of a 4-D
+    moving image. Raises :class:`InputError` before writing anything when the registration diverged
+    or the images do not overlap."""
+    params = params or RegisterParams()
+    if out_dir is not None:
+        out_dir = check_output_folder(out_dir, "registration folder")
+    t0 = time.perf_counter()
+    mov = load_for_registration(moving, volume, "moving image")
+    fix = load_for_registration(fixed, None, "fixed image")
+    mmask = _mask(moving_mask, mov, "moving mask")
+    fmask = _mask(fixed_mask, fix, "fixed mask")
+    read_seconds = time.perf_counter() - t0
+    run = register_arrays(
+        mov.data,
+        mov.grid,
+        fix.data,
+        fix.grid,
+        params,
+        moving_mask=mmask,
+        fixed_mask=fmask,
+        progress=progress,
+        cancelled=cancelled,
+        device=device,
+    )
+    values = (
+        f"mutual information {run.metric_before:.3f} before, {run.metric_after:.3f} after; the registered images "
+        f"overlap in {run.overlap:.0%} of the fixed image's foreground and explain {run.shared:.0%} of its intensities"
+    )
+    if run.overlap < MIN_OVERLAP or run.shared < MIN_SHARED_INFORMATION or run.metric_after < run.metric_before - 1e-3:
+        raise InputError(
+            f"the registration of {mov.name} onto {fix.name} failed ({values}): the images do not overlap, show "
+            "different anatomy, or the optimisation diverged; nothing was written",
+            fix="Check that both images show the same head; give brain masks (--moving-mask/--fixed-mask), or start "
+            "from --type rigid",
+        )
+    template_side = "fixed" if fix.template else "moving" if mov.template else None
+    reg = run.registration
+    registration = Registration(
+        reg.fixed,
+        reg.moving,
+        reg.affine,
+        reg.warp,
+        reg.inverse_warp,
+        kind=reg.kind,
+        fixed_name=fix.name,
+        moving_name=mov.name,
+        template=fix.template or mov.template,
+        template_side=template_side,
+        metric=params.metric,
+        folder=str(out_dir) if out_dir is not None else None,
+    )
+    summary = {
+        "moving_image": {
+            "name": mov.name,
+            "used": mov.note or "the image",
+            "shape": list(mov.grid.shape),
+            "voxel_mm": [round(float(v), 4) for v in mov.grid.voxel_sizes],
+        },
+        "fixed_image": {
+            "name": fix.name,
+            "used": fix.note or "the image",
+            "shape": list(fix.grid.shape),
+            "voxel_mm": [round(float(v), 4) for v in fix.grid.voxel_sizes],
+        },
+        "type": params.type,
+        "metric": params.metric,
+        "parameters": {k: getattr(params, k) for k in params.__dataclass_fields__},
+        "mutual_information_before": round(run.metric_before, 5),
+        "mutual_information_after": round(run.metric_after, 5),
+        "overlap": round(run.overlap, 4),
+        "shared_information": round(run.shared, 4),
+        "seconds": {"read": round(read_seconds, 3), **run.seconds},
+        "engine": run.engine,
+        "description": registration.describe(),
+    }
+    if out_dir is not None:
+        t1 = time.perf_counter()
+        transform_files.save_registration(registration, out_dir, summary, run.moving_in_fixed)
+        summary["seconds"]["write"] = round(time.perf_counter() - t1, 3)
+    return RegisterResult(registration, run.moving_in_fixed, summary)
+
+
+def load_registration(source) -> Registration:
+    """A registration object as given: already loaded, or the folder of ``tractlens register``."""
+    return source if isinstance(source, Registration) else transform_files.load_registration(source)
+
+
+def _check_sides(registration: Registration, grid: Grid, side: str, path) -> None:
+    """Refuse an image that is not on the side's grid placement (a transform never applies to images it
+    does not belong to; a grid of the same space with other voxels is fine: resampling takes it)."""
+    expected = registration.moving if side == "moving" else registration.fixed
+    if registration.kind in ("fsl", "ants"):
+        return  # other tools' files carry no grid of their images beyond FLIRT's two
+    centre = grid.affine[:3, :3] @ ((np.array(grid.shape) - 1) / 2) + grid.affine[:3, 3]
+    lo = expected.affine[:3, 3]
+    corners = np.array(
+        [
+            [i, j, k]
+            for i in (0, expected.shape[0] - 1)
+            for j in (0, expected.shape[1] - 1)
+            for k in (0, expected.shape[2] - 1)
+        ]
+    )
+    pts = corners @ expected.affine[:3, :3].T + lo
+    margin = 0.25 * (pts.max(0) - pts.min(0))
+    if np.any(centre < pts.min(0) - margin) or np.any(centre > pts.max(0) + margin):
+        raise InputError(
+            f"is not in the {side} image's space of this registration ({registration.describe()}): its centre lies "
+            "outside that image's field of view",
+            path=path,
+            fix=f"Give an image of the {side} side, or use --inverse to map the other way",
+        )
+
+
+def apply_transform(
+    input_path: str | os.PathLike,
+    registration,
+    reference: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    inverse: bool = False,
+    interp: str = "auto",
+    cancelled: Callable[[], bool] | None = None,
+) -> dict:
+    """Bring an image, a label/ROI image or a tractogram from one side of a registration to the other,
+    onto ``reference``'s grid. Forward (default): from the moving space to the fixed space; ``inverse``:
+    from the fixed space to the moving space. Images are pulled through the transform, streamline
+    points pushed through its inverse; per-point and per-streamline scalars are kept."""
+    registration = load_registration(registration)
+    out = check_output_file(out, "output")
+    ref_img = load_image(reference, "reference image")
+    ref_grid = Grid(ref_img.affine, ref_img.shape[:3])
+    source_side, target_side = ("fixed", "moving") if inverse else ("moving", "fixed")
+    _check_sides(registration, ref_grid, target_side, reference)
+    if str(input_path).lower().endswith(TRACTOGRAM_SUFFIXES):
+        tract = load_tractogram(input_path, reference=None)
+        push = registration.fixed_to_moving if inverse else registration.moving_to_fixed
+        moved = moved_tractogram(tract, push, ref_grid)
+        save_tractogram(moved, out)
+        return {
+            "input": str(input_path),
+            "output": str(out),
+            "kind": "tractogram",
+            "streamlines": len(moved),
+            "direction": f"{source_side} → {target_side}",
+            "registration": registration.describe(),
+        }
+    img = load_image(input_path, "input image")
+    data = np.asarray(img.dataobj)
+    grid = Grid(img.affine, img.shape[:3])
+    _check_sides(registration, grid, source_side, input_path)
+    chosen = _interpolation(interp, data, Path(input_path).name)
+    towards = "moving" if inverse else "fixed"
+    chain = registration.pull_chain(grid, ref_grid, towards)
+    moved = resample_chain(data, grid, ref_grid, chain, chosen, cancelled=cancelled)
+    save_volume(moved, ref_grid.affine, out, dtype=data.dtype if chosen == "nearest" else np.float32)
+    return {
+        "input": str(input_path),
+        "output": str(out),
+        "kind": "labels" if chosen == "nearest" else "image",
+        "interpolation": chosen,
+        "shape": list(moved.shape),
+        "direction": f"{source_side} → {target_side}",
+        "registration": registration.describe(),
+    }
+
+
+def _interpolation(interp: str, data: np.ndarray, name: str) -> str:
+    if interp not in ("auto", "linear", "nearest"):
+        raise InputError(f"--interp is auto, linear or nearest, not {interp!r}")
+    if interp != "auto":
+        return interp
+    from .loaders import looks_like_labels
+
+    integer = np.issubdtype(data.dtype, np.integer) or data.dtype == bool
+    return "nearest" if (integer and looks_like_labels(np.asarray(data), name)) or data.dtype == bool else "linear"
+
+
+#: Points mapped per chunk (float64 copies of each chunk: ~120 MB).
+POINT_CHUNK = 5_000_000
+
+
+def moved_tractogram(tract: Tractogram, push: Callable[[np.ndarray], np.ndarray], reference: Grid) -> Tractogram:
+    """``tract`` with every point sent through ``push`` (RAS mm -> RAS mm) and expressed in voxel
+    coordinates of ``reference``; scalars kept. Works a chunk of points at a time."""
+    points = np.empty_like(tract.points)
+    to_ras = tract.affine
+    from_ras = np.linalg.inv(reference.affine)
+    for start in range(0, len(tract.points), POINT_CHUNK):
+        chunk = np.asarray(tract.points[start : start + POINT_CHUNK], np.float64)
+        ras = push(chunk @ to_ras[:3, :3].T + to_ras[:3, 3])
+        points[start : start + len(chunk)] = ras @ from_ras[:3, :3].T + from_ras[:3, 3]
+    return Tractogram(
+        points,
+        tract.offsets,
+        reference.affine,
+        reference.shape,
+        dict(tract.point_scalars),
+        dict(tract.streamline_scalars),
+        name=tract.name,
+    )
+
+
+def atlas_on_subject(name: str, registration, reference_grid: Grid) -> tuple[np.ndarray, tuple[tuple[int, str], ...]]:
+    """An atlas's labels drawn on ``reference_grid`` (a grid of the subject's side) through a template
+    registration (one whose fixed or moving image is the MNI template)."""
+    registration = load_registration(registration)
+    if registration.template is None:
+        raise InputError(
+            f"the registration {registration.describe()} does not involve the MNI template, and atlases live there",
+            fix="Register the subject to the template first: tractlens register IMAGE mni -o DIR",
+        )
+    atlas_info(name)
+    labels, affine, table = load_atlas(name)
+    on_subject = registration.template_to_subject(labels, Grid(affine, labels.shape), reference_grid, "nearest")
+    return on_subject.astype(np.int32), table
+
+
+def atlas_region_mask(name: str, registration, reference_grid: Grid, values) -> np.ndarray:
+    """A boolean mask of the atlas structures ``values`` on the subject grid (an ROI)."""
+    labels, table = atlas_on_subject(name, registration, reference_grid)
+    wanted = {int(v) for v in np.atleast_1d(values)}
+    unknown = wanted - {value for value, _ in table}
+    if unknown:
+        raise InputError(f"the atlas {name} has no structure numbered {sorted(unknown)}")
+    mask = np.isin(labels, list(wanted))
+    if not mask.any():
+        names = ", ".join(structure for value, structure in table if value in wanted)
+        raise InputError(
+            f"the region {names} of {name} falls outside the subject's grid",
+            fix="Check the registration and that the reference image covers that part of the brain",
+        )
+    return mask
+
+
+def write_atlas(name: str, registration, reference: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """``tractlens atlas NAME``: the atlas on the subject's grid and its lookup table (``labels.tsv``
+    beside it, BIDS ``dseg.tsv`` style, or ``OUT`` with ``.tsv`` instead of ``.nii.gz``)."""
+    atlas_info(name)
+    out = check_output_file(out, "atlas output")
+    ref_img = load_image(reference, "reference image")
+    grid = Grid(ref_img.affine, ref_img.shape[:3])
+    t0 = time.perf_counter()
+    labels, table = atlas_on_subject(name, registration, grid)
+    save_volume(labels, grid.affine, out, dtype=np.int32)
+    stem = out.name[: -len(".nii.gz")] if out.name.endswith(".nii.gz") else out.stem
+    tsv = write_lookup_table(table, out.with_name(stem + ".tsv"))
+    present = set(np.unique(labels).tolist()) - {0}
+    info = atlas_info(name)
+    return {
+        "atlas": name,
+        "title": info.title,
+        "output": str(out),
+        "lookup_table": str(tsv),
+        "structures": len(table),
+        "structures_on_grid": len(present),
+        "licence": info.licence,
+        "citation": info.citation,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def image_volume(path) -> Volume:
+    """A 3-D image file as a model volume (for the window's layers)."""
+    img = load_image(path, "image")
+    return Volume(Path(path).name, np.asarray(img.dataobj, np.float32), img.affine)
+
+
+__all__ = [
+    "RegisterParams",
+    "RegisterResult",
+    "apply_transform",
+    "atlas_on_subject",
+    "atlas_region_mask",
+    "image_volume",
+    "load_for_registration",
+    "load_registration",
+    "moved_tractogram",
+    "register_images",
+    "write_atlas",
+]
+
+
+def _corners(g: Grid) -> np.ndarray:
+    ijk = np.array([[i, j, k] for i in (0, g.shape[0] - 1) for j in (0, g.shape[1] - 1) for k in (0, g.shape[2] - 1)])
+    corners = ijk @ g.affine[:3, :3].T + g.affine[:3, 3]
+    return corners[np.lexsort(np.round(corners, 1).T)]
+
+
+def side_of_grid(registration: Registration, grid: Grid, what: str = "image") -> str:
+    """'fixed' or 'moving': the side of ``registration`` whose image ``grid`` covers (the same voxel
+    centres' box within half a voxel, whatever the order of the axes: a DICOM series and its NIfTI
+    conversion store the same voxels in other orders)."""
+    for side in ("fixed", "moving"):
+        other = getattr(registration, side)
+        tolerance = 0.5 * float(np.min(other.voxel_sizes))
+        if sorted(other.shape) == sorted(grid.shape) and np.allclose(_corners(other), _corners(grid), atol=tolerance):
+            return side
+    raise InputError(
+        f"the {what} is neither image of the registration ({registration.describe()})",
+        fix="Give the registration made between the diffusion data and this series (tractlens register)",
+    )
+
+
+def points_onto(registration: Registration, target_side: str) -> Callable[[np.ndarray], np.ndarray]:
+    """The map that carries RAS points of the other side onto ``target_side``."""
+    return registration.fixed_to_moving if target_side == "moving" else registration.moving_to_fixed
+
+
+def mask_onto(
+    registration: Registration, mask: np.ndarray, mask_grid: Grid, target: Grid, target_side: str
+) -> np.ndarray:
+    """A mask of the other side drawn on ``target`` (nearest neighbour)."""
+    chain = registration.pull_chain(mask_grid, target, target_side)
+    return resample_chain(np.asarray(mask, bool), mask_grid, target, chain, "nearest")

@@ -1,0 +1,168 @@
+"""``tractlens register``, ``apply-transform`` and ``atlas``: the patient's anatomy and the MNI template
+in the same space as the tracts (:mod:`app.anatomy`)."""
+
+from __future__ import annotations
+
+from ..anatomy import apply_transform, register_images, write_atlas
+from ..atlases import TEMPLATES, atlas_info, atlas_names
+from ..errors import InputError
+from ..grid import Grid
+from ..io.nifti import load_image
+from ..io.transforms import load_user_transforms
+from ..params import RegisterParams
+from ._common import EXIT_OK, Progress, emit
+from .options import add_params, params_from_args
+
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def add_parsers(sub, common) -> None:
+    p = sub.add_parser(
+        "register",
+        parents=[common],
+        help="register two images (T1/FLAIR/fMRI ↔ DWI, subject ↔ MNI): ITK/ANTs transforms",
+        description="Register MOVING onto FIXED: centres of mass, rigid, affine (mutual information) and for "
+        "--type syn a symmetric diffeomorphic warp. DIR receives 0GenericAffine.mat (and 1Warp.nii.gz, "
+        "1InverseWarp.nii.gz), which ANTs and nitransforms read, moving_in_fixed.nii.gz and registration.json. "
+        "MOVING and FIXED: NIfTI, MGZ or a DICOM folder; a 4-D diffusion series is registered through its mean "
+        "b=0 (--volume N for one volume); FIXED may be the word 'mni' (the MNI152 template).",
+    )
+    p.add_argument("moving", help="the image to bring onto FIXED")
+    p.add_argument("fixed", help="the image it is brought onto, or 'mni'")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="registration folder")
+    add_params(p, RegisterParams)
+    p.add_argument("--volume", type=int, metavar="N", help="the volume of a 4-D MOVING image to register (0 = first)")
+    p.add_argument("--moving-mask", metavar="NIFTI", help="only this part of MOVING drives the registration")
+    p.add_argument("--fixed-mask", metavar="NIFTI", help="only this part of FIXED drives the registration")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="registration runs on the CPU (DIPY); gpu is refused until a GPU path exists (default auto)",
+    )
+    p.set_defaults(func=cmd_register)
+
+    a = sub.add_parser(
+        "apply-transform",
+        parents=[common],
+        help="bring an image, labels or a tractogram through a registration onto a reference grid",
+        description="Images are resampled (linear), label and ROI images take the nearest label (--interp auto "
+        "tells them apart), tractograms' points are mapped through the inverse transform with their scalars kept. "
+        "Forward: from the registration's moving space to its fixed space; --inverse: the other way. Other tools' "
+        "transforms: --transform FILE (repeatable, in antsApplyTransforms order: a displacement field, then an "
+        "affine): ITK/ANTs .mat and 5-D warps, FSL FLIRT .mat (with --flirt-ref and --flirt-in) and FNIRT fields.",
+    )
+    a.add_argument("input", help="NIfTI/MGZ image, label or ROI image, or .trk/.tck/.trx")
+    source = a.add_mutually_exclusive_group(required=True)
+    source.add_argument("--registration", metavar="DIR", help="a folder of tractlens register")
+    source.add_argument("--transform", action="append", metavar="FILE", help="another tool's transform file")
+    a.add_argument(
+        "--inverse-warp",
+        metavar="NIFTI",
+        help="the inverse of --transform's displacement field (ITK), to map tractograms",
+    )
+    a.add_argument("--flirt-ref", metavar="NIFTI", help="FLIRT's -ref image, for a FLIRT .mat")
+    a.add_argument("--flirt-in", metavar="NIFTI", help="FLIRT's -in image, for a FLIRT .mat")
+    a.add_argument("--reference", required=True, metavar="IMAGE", help="the grid of the output (and its space)")
+    a.add_argument("-o", "--output", required=True, help="output image or tractogram")
+    a.add_argument("--inverse", action="store_true", help="from the fixed space to the moving space")
+    a.add_argument(
+        "--interp",
+        choices=("auto", "linear", "nearest"),
+        default="auto",
+        help="interpolation of images: auto takes nearest for label and ROI images (default auto)",
+    )
+    a.set_defaults(func=cmd_apply_transform)
+
+    t = sub.add_parser(
+        "atlas",
+        parents=[common],
+        help="an MNI atlas on the subject's grid (labels + lookup table); 'atlas list' lists them",
+        description="'tractlens atlas list' lists the atlases with their licence and citation. 'tractlens atlas "
+        "NAME --registration DIR --reference IMAGE -o labels.nii.gz' draws the atlas on IMAGE's grid through a "
+        "registration to the MNI template (tractlens register IMAGE mni -o DIR) and writes labels.tsv beside "
+        "the output; both serve as connectome --labels and as ROIs.",
+    )
+    t.add_argument("name", help="an atlas name, or 'list'")
+    t.add_argument("--registration", metavar="DIR", help="a registration of the subject to or from 'mni'")
+    t.add_argument("--reference", metavar="IMAGE", help="the subject's image whose grid the labels take")
+    t.add_argument("-o", "--output", help="labels NIfTI (the lookup table is written beside it as .tsv)")
+    t.set_defaults(func=cmd_atlas)
+
+
+def cmd_register(args) -> int:
+    params = params_from_args(RegisterParams, args)
+    progress = Progress("register", "stages", args.quiet)
+    result = register_images(
+        args.moving,
+        args.fixed,
+        args.output,
+        params,
+        volume=args.volume,
+        moving_mask=args.moving_mask,
+        fixed_mask=args.fixed_mask,
+        progress=progress,
+        device=args.device,
+    )
+    summary = {"output": args.output, **result.summary}
+    notes = [
+        f"{side}: {info['used']}"
+        for side, info in (("moving", summary["moving_image"]), ("fixed", summary["fixed_image"]))
+        if info["used"] != "the image"
+    ]
+    human = (
+        f"{result.registration.describe()}; mutual information {summary['mutual_information_before']:.3f} → "
+        f"{summary['mutual_information_after']:.3f}; {summary['seconds']['total']:.1f} s"
+        + (f" ({'; '.join(notes)})" if notes else "")
+    )
+    emit(args, summary, human)
+    return EXIT_OK
+
+
+def cmd_apply_transform(args) -> int:
+    if args.registration:
+        registration = args.registration
+    else:
+        ref = load_image(args.reference, "reference image")
+        registration = load_user_transforms(
+            args.transform,
+            Grid(ref.affine, ref.shape[:3]),
+            inverse_warp=args.inverse_warp,
+            flirt_ref=args.flirt_ref,
+            flirt_in=args.flirt_in,
+        )
+    summary = apply_transform(
+        args.input, registration, args.reference, args.output, inverse=args.inverse, interp=args.interp
+    )
+    emit(args, summary, f"{summary['kind']} {summary['direction']} written to {summary['output']}")
+    return EXIT_OK
+
+
+def cmd_atlas(args) -> int:
+    if args.name == "list":
+        rows = [
+            {"name": name, **{k: v for k, v in vars(atlas_info(name)).items() if k in ("title", "licence", "citation")}}
+            for name in atlas_names()
+        ]
+        templates = [{"name": name, "title": title, "citation": cite} for name, (_, title, cite) in TEMPLATES.items()]
+        human = "\n".join(f"{row['name']:28s} {row['title']}\n{'':28s} licence: {row['licence']}" for row in rows)
+        emit(args, {"atlases": rows, "templates": templates}, human)
+        return EXIT_OK
+    missing = [
+        flag
+        for flag, value in (("--registration", args.registration), ("--reference", args.reference), ("-o", args.output))
+        if not value
+    ]
+    if missing:
+        raise InputError(
+            f"tractlens atlas {args.name} needs {', '.join(missing)}",
+            fix="e.g. tractlens atlas aal --registration reg --reference fa.nii.gz -o aal.nii.gz",
+        )
+    summary = write_atlas(args.name, args.registration, args.reference, args.output)
+    emit(
+        args,
+        summary,
+        f"{summary['atlas']}: {summary['structures_on_grid']} of {summary['structures']} structures on "
+        f"the grid, written to {summary['output']} and {summary['lookup_table']}",
+    )
+    return EXIT_OK

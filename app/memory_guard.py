@@ -1,0 +1,213 @@
+"""Host memory a CPU job will need, estimated before it starts, and the refusal when the machine
+does not have it free: a clear error (the need, what is free, what to change) instead of a
+laptop swapping to a halt.
+
+Each estimate is the job's peak above what the process held when it started (its inputs
+already in memory): the largest of its phases, each the sum of the arrays alive then, from
+the sizes the engine documents (:data:`gpu.commit_segments.SEGMENT_BYTES`, :func:`gpu.commit_device.fista_bytes`,
+…), plus :data:`RUNTIME_BYTES` for the compiled loops and allocator slack. What depends on
+the streamlines' geometry (segments per point, distinct (voxel, orientation) pairs) is
+measured on a sample of the job's own streamlines, with :data:`SAMPLE_MARGIN` on top.
+tests/test_memory_guard.py checks in a subprocess that a job's peak stays below its estimate.
+
+``TRACTLENS_MEMORY_GUARD=off`` runs a job whatever its estimate (at the user's risk).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from tractlens.gpu import commit, commit_device, commit_operator, commit_segments
+from tractlens.gpu.backend import get_backend
+from tractlens.gpu.commit_host import host_operator_bytes
+
+from .errors import InputError
+
+__all__ = [
+    "GUARD_ENV",
+    "MemoryNeed",
+    "check_commit_memory",
+    "check_host_memory",
+    "commit_host_need",
+    "host_free_bytes",
+    "tracking_host_need",
+]
+
+GUARD_ENV = "TRACTLENS_MEMORY_GUARD"
+#: Thread stacks, imports and allocator slack
+RUNTIME_BYTES = 192 << 20
+#: numba's compiler the first time a CPU engine's loops are used in a process (about 100 MB
+#: when they load from numba's disk cache; up to ~400 MB when they compile, once per install)
+COMPILE_BYTES = 448 << 20
+
+
+def runtime_bytes(loops_module: str) -> int:
+    """:data:`RUNTIME_BYTES`, plus :data:`COMPILE_BYTES` while the compiled loops of
+    ``gpu.<loops_module>`` are not yet loaded in this process (and numba is installed)."""
+    import sys
+
+    from tractlens.gpu.host import numba_module
+
+    loaded = f"tractlens.gpu.{loops_module}" in sys.modules
+    return RUNTIME_BYTES + (0 if loaded or numba_module() is None else COMPILE_BYTES)
+
+
+#: Streamlines cut to measure segments per point (evenly spaced through the tractogram)
+SAMPLE_STREAMLINES = 2000
+#: Head-room on what the sample measured (a sample sees less sharing of pairs than the whole)
+SAMPLE_MARGIN = 1.25
+#: Working memory of cutting one chunk of streamlines, per point (gpu.commit: ~0.6 kB at the peak)
+CUT_BYTES_PER_POINT = 640
+
+
+@dataclass
+class MemoryNeed:
+    """A job's estimated peak of host memory, and what it is made of (bytes)."""
+
+    job: str
+    total: int
+    parts: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        biggest = sorted(self.parts.items(), key=lambda kv: -kv[1])[:3]
+        return ", ".join(f"{name} {_gib(size)}" for name, size in biggest)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.0f} MiB"
+
+
+def host_free_bytes() -> int:
+    """What new allocations can use without swapping (the kernel's MemAvailable)."""
+    return get_backend("cpu").free_memory_bytes()
+
+
+def check_host_memory(need: MemoryNeed, fix: str, *, free: int | None = None) -> None:
+    """Refuse the job (:class:`InputError`) when ``need`` exceeds the free host memory, saying
+    the need, what is free and ``fix`` (what to change). ``TRACTLENS_MEMORY_GUARD=off`` skips it."""
+    if os.environ.get(GUARD_ENV, "").lower() in ("off", "0", "no"):
+        return
+    free = host_free_bytes() if free is None else free
+    if need.total <= free:
+        return
+    raise InputError(
+        f"{need.job} on the CPU needs about {_gib(need.total)} of memory ({need.describe()}), "
+        f"but only {_gib(free)} is free: it was not started, rather than make the computer swap",
+        fix=f"{fix}; or close other programs; or set {GUARD_ENV}=off to run it anyway",
+    )
+
+
+def _sample(tractogram, n: int):
+    """Points and offsets of up to ``n`` streamlines evenly spaced through ``tractogram``."""
+    offsets = np.asarray(tractogram.offsets, dtype=np.int64)
+    total = len(offsets) - 1
+    pick = np.unique(np.linspace(0, total - 1, min(n, total)).astype(np.int64))
+    parts = [np.asarray(tractogram.points[offsets[i] : offsets[i + 1]]) for i in pick]
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    return np.concatenate(parts), np.r_[0, np.cumsum(lengths)]
+
+
+def commit_host_need(
+    tractogram,
+    rows: np.ndarray,
+    voxel_size,
+    to_voxel,
+    n_meas: int,
+    params: commit.CommitParams,
+    *,
+    signal_itemsize: int = 4,
+    peaks_per_voxel: int | None = None,
+) -> MemoryNeed:
+    """Peak host memory of COMMIT's CPU pipeline (:func:`app.pipelines.commit.commit_pipeline`)
+    on ``tractogram`` over the usable voxels ``rows`` (−1 elsewhere), before its segments exist.
+
+    Phases: cutting (the chunks' segments kept until all are counted, then scattered by row:
+    twice :data:`~gpu.commit_segments.SEGMENT_BYTES` a segment, plus one chunk's working memory), and
+    the fit (the segments once, the look-up tables, the measured and modelled signal, FISTA's
+    vectors, the operator's per-thread accumulators)."""
+    n_points = len(tractogram.points)
+    n_fibers = len(tractogram)
+    points, offsets = _sample(tractogram, SAMPLE_STREAMLINES)
+    seg = commit_segments.segments(
+        points, offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, to_voxel=to_voxel
+    )
+    per_point = len(seg) / max(1, len(points))
+    n_seg = int(SAMPLE_MARGIN * per_point * n_points) + 1000
+    n_rows = int((rows >= 0).sum())  # at most the usable voxels are fitted
+    if peaks_per_voxel is not None:
+        n_ec = n_rows * peaks_per_voxel
+    else:
+        pairs = len(commit_operator.ec_from_segments(seg)[0]) if len(seg) else 0
+        n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
+    n_ic, n_iso = params.n_ic, len(params.d_iso)
+    sizes = SimpleNamespace(n_rows=n_rows, n_meas=n_meas, n_cols=n_ic * n_fibers + n_ec + n_rows * n_iso)
+    chunk = min(n_points, commit_segments.HOST_SEGMENT_CHUNK_POINTS)
+    cutting = 2 * commit_segments.SEGMENT_BYTES * n_seg + CUT_BYTES_PER_POINT * chunk
+    tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4 + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8
+    signal = n_rows * n_meas * (signal_itemsize + 8 + 8)  # measured, widened for the fit, modelled
+    fitting = {
+        "segments": commit_segments.SEGMENT_BYTES * n_seg,
+        "look-up tables": tables,
+        "signal": signal,
+        "fit vectors": commit_device.fista_bytes(sizes) + 16 * n_ec,
+        "operator": host_operator_bytes(n_rows, n_fibers, n_ic, n_meas),
+    }
+    runtime = runtime_bytes("commit_loops")
+    parts = {"segments while cut": cutting, **fitting, "runtime": runtime}
+    total = max(cutting, sum(fitting.values())) + runtime
+    return MemoryNeed("COMMIT", int(total), parts)
+
+
+#: Host bytes per kept point of a tracking job that keeps its streamlines: float32 position and
+#: FA in the parts, then once more when the parts are joined
+TRACK_BYTES_PER_POINT = 2 * (12 + 4)
+#: ... and per kept streamline (offsets, length, seed index, stop codes, in parts and joined)
+TRACK_BYTES_PER_STREAMLINE = 2 * (8 + 4 + 8 + 2)
+#: Seeds tracked to measure points per seed (evenly spaced through the job's seeds)
+SAMPLE_SEEDS = 256
+
+
+def tracking_host_need(
+    points_per_seed: float,
+    n_seeds: int,
+    batch_seeds: int,
+    seed_bytes: int,
+    *,
+    kept: bool,
+    piece_points: int,
+    runtime: int | None = None,
+) -> MemoryNeed:
+    """Peak host memory of a tracking job on the CPU: one batch's working memory
+    (``batch_seeds`` × ``seed_bytes``) and the streamlines kept (``points_per_seed``, measured on
+    a sample, × the seeds) — or, when they go to a sink (a file), one piece of
+    ``piece_points`` points at a time. ``runtime``: :func:`runtime_bytes` taken before the
+    sample was tracked (default: now)."""
+    points = SAMPLE_MARGIN * points_per_seed * n_seeds
+    if kept:
+        output = TRACK_BYTES_PER_POINT * points + TRACK_BYTES_PER_STREAMLINE * n_seeds
+    else:
+        output = TRACK_BYTES_PER_POINT * min(points, piece_points)
+    runtime = runtime_bytes("deterministic_loops") if runtime is None else runtime
+    parts = {"tracking batch": int(batch_seeds * seed_bytes), "streamlines": int(output), "runtime": runtime}
+    return MemoryNeed("Tracking", int(sum(parts.values())), parts)
+
+
+def check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks) -> None:
+    """:func:`commit_host_need` of a COMMIT job on the CPU, refused when it is not free."""
+    from .io.nifti import load_image
+
+    shape = None if peaks is None else load_image(peaks, "peaks file").shape
+    per_voxel = shape[3] // 3 if shape is not None and len(shape) == 4 else None
+    need = commit_host_need(
+        tractogram, rows, voxel_size, to_voxel, len(dwi.bvals), params,
+        signal_itemsize=np.dtype(dwi.data.dtype).itemsize, peaks_per_voxel=per_voxel,
+    )  # fmt: skip
+    check_host_memory(
+        need,
+        "Give a white-matter mask (fewer voxels), fewer streamlines (select or subsample the tractogram), "
+        "or run on a GPU (--device gpu)",
+    )

@@ -1,0 +1,103 @@
+"""The compiled row loops of COMMIT's CPU operator (:mod:`gpu.commit_host`), in numba. Imported
+only when numba (the ``cpu`` extra) is installed. Module-level functions (not closures), so that
+numba's on-disk cache finds them again in the next process."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_jit = numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
+
+
+@_jit
+def a_rows(rows, row_start, fiber, length, orient, x_ic, lut_ic, ec_start, ec_orient, x_ec, lut_ec, x_iso,
+           lut_iso, y, weight, mark, touched):  # fmt: skip
+    n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
+    for r in rows:
+        yr = y[r]
+        yr[:] = 0.0
+        for j in range(n_iso):
+            w = x_iso[r, j]
+            for k in range(m):
+                yr[k] += w * lut_iso[j, k]
+        for e in range(ec_start[r], ec_start[r + 1]):
+            w = x_ec[e]
+            o = ec_orient[e]
+            for k in range(m):
+                yr[k] += w * lut_ec[o, k]
+        n_touched = 0
+        for s in range(row_start[r], row_start[r + 1]):
+            o = orient[s]
+            if mark[o] != r:
+                mark[o] = r
+                touched[n_touched] = o
+                n_touched += 1
+                for j in range(n_ic):
+                    weight[j, o] = 0.0
+            f = fiber[s]
+            for j in range(n_ic):
+                weight[j, o] += length[s] * x_ic[j, f]
+        for t in range(n_touched):
+            o = touched[t]
+            for j in range(n_ic):
+                w = weight[j, o]
+                for k in range(m):
+                    yr[k] += w * lut_ic[j, o, k]
+
+
+@_jit
+def at_rows(rows, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, y, out_ic,
+            out_ec, out_iso, dots, mark):  # fmt: skip
+    n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
+    for r in rows:
+        yr = y[r]
+        for j in range(n_iso):
+            s = 0.0
+            for k in range(m):
+                s += lut_iso[j, k] * yr[k]
+            out_iso[r, j] = s
+        for e in range(ec_start[r], ec_start[r + 1]):
+            o = ec_orient[e]
+            s = 0.0
+            for k in range(m):
+                s += lut_ec[o, k] * yr[k]
+            out_ec[e] = s
+        for s_ in range(row_start[r], row_start[r + 1]):
+            o = orient[s_]
+            if mark[o] != r:
+                mark[o] = r
+                for j in range(n_ic):
+                    s = 0.0
+                    for k in range(m):
+                        s += lut_ic[j, o, k] * yr[k]
+                    dots[j, o] = s
+            f = fiber[s_]
+            for j in range(n_ic):
+                out_ic[j, f] += length[s_] * dots[j, o]
+
+
+@_jit
+def norms_rows(rows, row_start, fiber, length, orient, lut_ic, out2, vector):
+    n_ic, m = lut_ic.shape[0], lut_ic.shape[2]
+    for r in rows:
+        s0, s1 = row_start[r], row_start[r + 1]
+        if s1 == s0:
+            continue
+        order = np.argsort(fiber[s0:s1], kind="mergesort")  # a row's streamlines together
+        g = 0
+        while g < s1 - s0:
+            f = fiber[s0 + order[g]]
+            vector[:, :] = 0.0
+            while g < s1 - s0 and fiber[s0 + order[g]] == f:
+                s = s0 + order[g]
+                o = orient[s]
+                for j in range(n_ic):
+                    for k in range(m):
+                        vector[j, k] += length[s] * lut_ic[j, o, k]
+                g += 1
+            for j in range(n_ic):
+                total = 0.0
+                for k in range(m):
+                    total += vector[j, k] * vector[j, k]
+                out2[j, f] += total

@@ -1,0 +1,93 @@
+"""The host CPU as a compute device: how many threads the CPU engines use, and the compiled
+loops (numba, the ``cpu`` extra) they run when it is installed.
+
+The CPU engines (:mod:`gpu.commit_host`, :mod:`gpu.deterministic_host`) split their work over
+threads that run compiled loops without the GIL. numba is optional: without it the same
+engines run NumPy array operations over the same blocks (correct, several times slower), and
+:func:`compiled_note` says so once per job.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+#: Environment variable that caps the CPU engines' threads (default: the cores this process may use)
+THREADS_ENV = "TRACTLENS_THREADS"
+#: The optional dependency that compiles the CPU engines' loops, and how to install it
+NUMBA_HINT = "pip install 'tractlens[cpu]' (numba) makes the CPU engines several times faster"
+
+
+def host_threads() -> int:
+    """Threads of the CPU engines: ``TRACTLENS_THREADS`` when set, else the cores this process
+    may run on (its affinity: ``taskset`` and container limits are honoured)."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        try:
+            return max(1, int(value))
+        except ValueError:
+            log.warning("%s=%r is not a number of threads: ignored", THREADS_ENV, value)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@functools.lru_cache(maxsize=1)
+def numba_module():
+    """numba, or None when it is not installed (the ``cpu`` extra) or disabled by
+    ``TRACTLENS_DISABLE_NUMBA`` (to run the NumPy fallback on purpose)."""
+    if os.environ.get("TRACTLENS_DISABLE_NUMBA"):
+        return None
+    try:
+        import numba
+    except ImportError:
+        log.info("numba is not installed: the CPU engines run NumPy loops (%s)", NUMBA_HINT)
+        return None
+    return numba
+
+
+def compiled_note() -> str | None:
+    """A note for a job's result when its CPU engine runs without compiled loops, else None."""
+    if numba_module() is not None:
+        return None
+    return f"the CPU engine ran without numba (slower): {NUMBA_HINT}"
+
+
+def compile_or_uncached(loops, first_call, module: str):
+    """``loops()`` (numba functions of ``gpu.<module>``) after ``first_call(loops())`` compiled
+    them (an empty call: nothing computed). numba writes what it compiles to a cache on disk;
+    when that write fails (a full disk, a file-size limit) the module's functions stop caching
+    and are compiled in memory, rather than failing the job."""
+    try:
+        first_call(loops())
+    except OSError as exc:
+        import importlib
+
+        from numba.core.caching import NullCache
+
+        log.warning("numba could not cache the CPU engine's compiled loops (%s): compiled without the cache", exc)
+        for value in vars(importlib.import_module(f"{__package__}.{module}")).values():
+            if hasattr(value, "_cache") and hasattr(value, "py_func"):  # a numba dispatcher
+                value._cache = NullCache()
+        first_call(loops())
+    return loops()
+
+
+def run_parallel(tasks, threads: int) -> list:
+    """``[task() for task in tasks]``, on ``threads`` threads (inline for one): the tasks run
+    compiled loops that release the GIL, or NumPy operations that mostly do."""
+    tasks = list(tasks)
+    if threads <= 1 or len(tasks) <= 1:
+        return [task() for task in tasks]
+    return list(_pool(threads).map(lambda task: task(), tasks))
+
+
+@functools.lru_cache(maxsize=4)
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One pool per thread count, kept (FISTA calls its products hundreds of times)."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tractlens-cpu")

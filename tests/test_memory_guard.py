@@ -1,0 +1,144 @@
+"""The memory guard (app.memory_guard): a CPU job announces its host memory before it starts,
+is refused with a clear message when it is not free, and never takes more than it announced."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tractlens.app.errors import InputError
+from tractlens.app.memory_guard import MemoryNeed, check_host_memory
+
+
+def test_a_need_above_what_is_free_is_refused_with_the_need_the_free_and_the_fix():
+    need = MemoryNeed("COMMIT", 3 << 30, {"segments": 2 << 30, "signal": 1 << 30})
+    with pytest.raises(InputError) as info:
+        check_host_memory(need, "Give a mask", free=1 << 30)
+    text = str(info.value)
+    assert "COMMIT on the CPU needs about 3.0 GiB" in text and "only 1.0 GiB is free" in text
+    assert "segments 2.0 GiB" in text and "Give a mask" in text and "not started" in text
+    check_host_memory(need, "Give a mask", free=4 << 30)  # enough: nothing said
+
+
+def test_the_guard_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("TRACTLENS_MEMORY_GUARD", "off")
+    check_host_memory(MemoryNeed("COMMIT", 1 << 40), "", free=1)
+
+
+def test_commit_on_the_cpu_is_refused_before_it_starts_when_memory_is_short(monkeypatch):
+    """The use case the window's job and the CLI call refuses the job before its work (only a
+    sample of streamlines was cut, for the estimate); the error is the job's error."""
+    from tests.benchmarks.bench_commit import bundle_inputs
+    from tractlens.app import memory_guard
+    from tractlens.app.pipelines.commit import commit_pipeline
+    from tractlens.gpu import commit_segments as commit  # the cutting both the guard and the pipeline call
+
+    dwi, tract = bundle_inputs(200, shape=(16, 16, 16), n_meas=20)
+    monkeypatch.setattr(memory_guard, "host_free_bytes", lambda: 1 << 20)
+    cut = []
+    real = commit.segments
+    monkeypatch.setattr(commit, "segments", lambda points, offsets, *a, **k: cut.append(len(offsets) - 1) or real(
+        points, offsets, *a, **k))  # fmt: skip
+    with pytest.raises(InputError, match=r"COMMIT on the CPU needs about .* but only 1 MiB is free"):
+        commit_pipeline(dwi, tract, device="cpu")
+    assert cut == [200]  # the estimate's sample (all 200 here), and nothing else
+
+
+PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, ".")
+    from tests.benchmarks.bench_commit import bundle_inputs
+    from tractlens.app import memory_guard
+    from tractlens.app.pipelines.commit import commit_pipeline
+    from tractlens.gpu.commit import CommitParams
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+    dwi, tract = bundle_inputs(int(sys.argv[1]), n_meas=int(sys.argv[2]))
+    needs = []
+    real = memory_guard.check_host_memory
+    memory_guard.check_host_memory = lambda need, fix, **k: needs.append(need) or real(need, fix, **k)
+    with open("/proc/self/clear_refs", "w") as f:  # the peak (VmHWM) from here on
+        f.write("5")
+    before = status("VmRSS")
+    result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5, tol=0.0), device="cpu")
+    print(json.dumps({"peak": status("VmHWM") - before, "need": needs[0].total, "parts": needs[0].parts,
+                      "segments": len(result.problem.segments)}))
+    """
+)
+
+
+@pytest.mark.parametrize(("streamlines", "measurements"), [(3000, 30), (12000, 60)])
+def test_a_commit_job_takes_no_more_host_memory_than_it_announced(streamlines, measurements):
+    """In a fresh process (numba's compilation included): the peak resident memory of the job
+    above what the process held before it (VmHWM, reset at the start) is below its estimate."""
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, str(streamlines), str(measurements)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print(out)
+    assert 0 < out["peak"] <= out["need"], out
+
+
+def _demo_field():
+    from tractlens.app.demo import demo_path
+    from tractlens.app.pipelines.track import load_tensor_field
+
+    return load_tensor_field(dwi=demo_path() / "dwi.nii.gz", device="cpu")
+
+
+def test_tracking_on_the_cpu_is_refused_before_it_starts_when_memory_is_short(monkeypatch):
+    from tractlens.app import memory_guard
+    from tractlens.app.pipelines.track import deterministic_pipeline
+
+    field = _demo_field()
+    monkeypatch.setattr(memory_guard, "host_free_bytes", lambda: 1 << 20)
+    batches = []
+    with pytest.raises(InputError, match=r"Tracking on the CPU needs about .* but only 1 MiB is free"):
+        deterministic_pipeline(field, whole_brain=True, device="cpu", on_batch=batches.append)
+    assert not batches
+
+
+TRACK_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, ".")
+    from tests.test_memory_guard import _demo_field
+    from tractlens.app import memory_guard
+    from tractlens.app.pipelines.track import deterministic_pipeline
+
+    def status(key):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+    field = _demo_field()
+    needs = []
+    real = memory_guard.check_host_memory
+    memory_guard.check_host_memory = lambda need, fix, **k: needs.append(need) or real(need, fix, **k)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = status("VmRSS")
+    result = deterministic_pipeline(field, whole_brain=True, seeds_per_voxel=int(sys.argv[1]), device="cpu")
+    print(json.dumps({"peak": status("VmHWM") - before, "need": needs[0].total, "parts": needs[0].parts,
+                      "points": len(result.tractogram.points)}))
+    """
+)
+
+
+def test_a_tracking_job_takes_no_more_host_memory_than_it_announced():
+    """Whole-brain tracking of the demo, 4 seeds per voxel, in a fresh process: its peak
+    resident memory above what the process held before is below its estimate."""
+    done = subprocess.run([sys.executable, "-c", TRACK_PEAK_SCRIPT, "4"], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print(out)
+    assert 0 < out["peak"] <= out["need"], out
