@@ -52,10 +52,11 @@ def _internal(widget: QWidget) -> bool:
 
 def on_screen(widget: QWidget) -> bool:
     """Visible and not moved off the window (Qt's place for the docks behind a tab)."""
-    if not widget.isVisible():
+    # QWidget's own methods: a panel may keep other things in attributes named "window" or "size"
+    if not QWidget.isVisible(widget):
         return False
-    window = widget.window()
-    return QRect(widget.mapTo(window, QPoint(0, 0)), widget.size()).intersects(window.rect())
+    window = QWidget.window(widget)
+    return QRect(QWidget.mapTo(widget, window, QPoint(0, 0)), QWidget.size(widget)).intersects(window.rect())
 
 
 def overlapping_siblings(window) -> list[tuple[str, str]]:
@@ -73,7 +74,7 @@ def overlapping_siblings(window) -> list[tuple[str, str]]:
         children = [c for c in children if c.objectName() != "first_steps_hint"]  # drawn on its view, on purpose
         for i, a in enumerate(children):
             for b in children[i + 1 :]:
-                if a.geometry().intersects(b.geometry()) and not _tabbed_together(window, a, b):
+                if QWidget.geometry(a).intersects(QWidget.geometry(b)) and not _tabbed_together(window, a, b):
                     found.append((_describe(a), _describe(b)))
     return found
 
