@@ -430,8 +430,11 @@ class GeodesicPanel(TrackingPanel):
         self.top.setValue(int(GeodesicSeedingParams.top_percent))
         self.top.setToolTip("Show the x % of streamlines with the highest connectivity measure")
         self.top_label = QLabel(f"top {self.top.value()} %")
-        self.live = QCheckBox("live: re-track when the seed or target ROI changes")
+        self.live = QCheckBox("live: re-track as the ROIs change")
         self.live.setObjectName("live_tracking")
+        self.live.setToolTip(
+            "Re-track when a seed, target or exclusion ROI changes (a newer edit cancels the older run)"
+        )
         seeding.addRow("Seed points per voxel", self.seeds_per_voxel)
         seeding.addRow("Directions per point", self.directions)
         seeding.addRow(self.use_cone, self.cone)

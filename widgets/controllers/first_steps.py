@@ -38,6 +38,8 @@ class FirstSteps(QObject):
         self.hint.setStyleSheet(
             "QLabel { background: rgba(20, 20, 20, 200); color: white; padding: 4px 8px; border-radius: 4px; }"
         )
+        self.hint.setWordWrap(True)  # a narrow view wraps it rather than cutting it
+        self.hint.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.hint.hide()
         view.installEventFilter(self)
         # The last run's count stays in the status bar (a permanent part: other messages pass over it).
@@ -96,6 +98,7 @@ class FirstSteps(QObject):
 
     def _place_hint(self) -> None:
         view = self.hint.parentWidget()
+        self.hint.setMaximumWidth(max(80, view.width() - 16))
         self.hint.adjustSize()
         self.hint.move(max(0, (view.width() - self.hint.width()) // 2), 24)
 
