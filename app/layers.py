@@ -111,7 +111,8 @@ class Layer(Observable):
     everywhere; None: every value is drawn); ``alignment`` and ``checker_mm`` (image layers:
     drawn over the layers beneath as a blend, a checkerboard of squares that wide, or edges,
     to judge a registration, :data:`ALIGNMENT_MODES`); ``color`` (ROIs: ``"#rrggbb"``, None: the
-    colour of the ROI's role, see :meth:`color_rgb`). Changing one emits ``display``
+    colour of the ROI's role, see :meth:`color_rgb`); ``filter_by_rois`` (tractograms: show only
+    the streamlines that pass the ROIs, the user's choice per layer; off by default). Changing one emits ``display``
     with the names that changed; :meth:`set_data` replaces a volume layer's
     values (same grid) and emits ``display`` with ``"data"`` among them.
     """
@@ -132,6 +133,7 @@ class Layer(Observable):
         "fod_scaling",
         "alignment",
         "checker_mm",
+        "filter_by_rois",
     )
 
     def __init__(self, name: str, data, kind: str, **display):
@@ -155,6 +157,9 @@ class Layer(Observable):
         self.fod_scaling = "voxel"  # fod layers: glyph radii min-max per voxel, or "global"
         self.alignment = "none"  # image layers: see ALIGNMENT_MODES
         self.checker_mm = 10.0  # the checkerboard's square size (mm)
+        # Tractograms: shown through the ROIs only when the user asks (layer menu "Filter by ROIs"):
+        # drawing an ROI must never hide a result, least of all one just computed.
+        self.filter_by_rois = False
         self.selection: np.ndarray | None = None  # tractograms: streamlines passing the ROIs, None = all
         self.selection_by: str | None = None  # what made the selection ("ROI target", "connectivity cell")
         # Where the layer came from: {"file": path} for a loaded file; for a computed result its
@@ -167,7 +172,7 @@ class Layer(Observable):
 
     def _default_clim(self) -> tuple[float, float]:
         if self.kind == "roi":
-            self.opacity = 0.6
+            self.opacity = 0.45  # translucent: the map shows through, the outline marks the edge
         if self.kind not in SCALAR_KINDS:
             return (0.0, 1.0)
         values = np.asarray(self.data.data)

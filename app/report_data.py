@@ -170,10 +170,50 @@ WORDS = {
     "weight": ("matrix of", ""),
     "lesion": ("lesion", ""),
     "backend": ("computed on", ""),
+    "voxels_fitted": ("voxels fitted", ""),
+    "volumes": ("diffusion volumes", ""),
+    "mask": ("mask", ""),
+    # probabilistic (probtrackx's names) and COMMIT's, in words
+    "fibthresh": ("ignore sticks with a volume fraction below", ""),
+    "randfib": ("stick chosen at random", ""),
+    "fibst": ("first stick", ""),
+    "nsteps": ("at most", "steps"),
+    "loopcheck": ("loop check", ""),
+    "modeuler": ("modified Euler integration", ""),
+    "lipschitz": ("FISTA step (Lipschitz constant)", ""),
+    "min_fa": ("stop below FA", ""),
+    "curvature_threshold": ("curvature threshold (cosine)", ""),
+    "tol": ("convergence tolerance", ""),
+    "iterations": ("iterations", ""),
+    "reached_target": ("reached the target", "streamlines"),
+    "fibers": ("streamlines", ""),
+    "steps": ("tracking steps", ""),
+    "streamlines_removed_by_rois": ("removed by the ROIs", "streamlines"),
+    "directions": ("directions per seed point", ""),
+    "top_percent": ("shown: top", "%"),
+    "shown_top_percent": ("shown: top", "%"),
 }
 
 #: Keys that are bookkeeping, not a parameter the reader can act on: never printed.
-INTERNAL = {"batches", "device_choice", "points", "first_batch_s", "seeds_per_s", "stop_reasons", "tensor", "device"}
+INTERNAL = {
+    "batches",
+    "device_choice",
+    "points",
+    "first_batch_s",
+    "seeds_per_s",
+    "stop_reasons",
+    "tensor",
+    "device",
+    # how the arrays were computed, and summaries the maps themselves show: not settings
+    "engine",
+    "precision",
+    "min_signal",
+    "voxels",
+    "fa_mean",
+    "md_mean",
+    "stored_as",
+    "flags",
+}
 INTERNAL |= {"scanner_affine"}  # an image placed by a registration: where the scanner had put it
 
 
@@ -184,9 +224,17 @@ def _internal(key: str) -> bool:
 def parameters_in_words(provenance: dict) -> list[str]:
     """A result's provenance as short phrases ("step 0.5 mm", "stop below FA 0.15"…): parameters
     first, then counts; internal keys (timings, batches, device choices) left out."""
+    return [
+        f"{words} {value}" if words not in ("", "made by") else value for words, value in parameter_rows(provenance)
+    ]
+
+
+def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
+    """A result's provenance as (setting in words, value with its unit) rows, for the report's
+    table: ``("step", "0.5 mm")``; the method first (``("made by", "deterministic tracking")``)."""
     if not isinstance(provenance, dict):
         return []
-    out: list[str] = []
+    out: list[tuple[str, str]] = []
     flat: dict = {}
     for key, value in provenance.items():
         if isinstance(value, dict) and key in ("parameters", "params"):
@@ -195,19 +243,22 @@ def parameters_in_words(provenance: dict) -> list[str]:
             flat[key] = value
     for key, value in flat.items():
         if key == "dicom_export" and isinstance(value, dict):
-            out.append(export_in_words(value))
+            out.append(("", export_in_words(value)))
             continue
         if key == "registration" and isinstance(value, dict):  # app.anatomy_layers.registration_record
             named = f" {value['id']}" if value.get("id") else ""
-            out.insert(0, f"placed by registration{named}: {value.get('describe', value.get('kind', ''))}")
+            out.insert(0, (f"placed by registration{named}", str(value.get("describe", value.get("kind", "")))))
             continue
         if _internal(key) or isinstance(value, dict) or value is None or value in ("", [], ()):
             continue
         if key == "file":
-            out.append(f"file {Path(str(value)).name}")
+            out.append(("file", Path(str(value)).name))
             continue
         if key == "computed":
-            out.insert(0, str(value))
+            out.insert(0, ("made by", str(value)))
+            continue
+        if key == "backend":
+            out.append(("computed on", "the GPU" if str(value).lower() in ("cupy", "gpu", "cuda") else "the CPU"))
             continue
         words, unit = WORDS.get(key, (key.replace("_", " "), ""))
         if key.endswith("_mm") and not unit:
@@ -217,7 +268,7 @@ def parameters_in_words(provenance: dict) -> list[str]:
             text = "none (no limit)"
         if unit and (text[:1].isdigit() or text[:1] == "-"):
             text += unit if unit.startswith("°") else f" {unit}"
-        out.append(f"{words} {text}")
+        out.append((words, text))
     return out
 
 

@@ -46,8 +46,9 @@ class RoiSelection:
 
     @classmethod
     def of(cls, document: Document) -> RoiSelection | None:
-        """The document's selection as it is now; None without tractograms or without ROIs."""
-        tracts = tuple(layer for layer in document.layers if layer.kind == "tractogram")
+        """The document's selection as it is now, for the tractograms the user filters by ROIs
+        (``layer.filter_by_rois``); None without such tractograms or without ROIs."""
+        tracts = filtered_tractograms(document)
         include, exclude = document.roi_sets()
         if not tracts or (not include and not exclude):
             return None
@@ -60,6 +61,16 @@ class RoiSelection:
             document.reference_affine.copy(),
             tuple(selecting_roi_names(document)),
         )
+
+
+def filtered_tractograms(document: Document) -> tuple[Layer, ...]:
+    """The tractogram layers the user chose to filter by the ROIs (layer menu "Filter by ROIs")."""
+    return tuple(layer for layer in document.layers if layer.kind == "tractogram" and layer.filter_by_rois)
+
+
+def selected_by_rois(layer: Layer) -> bool:
+    """Is what a tractogram layer shows a selection the ROIs made (not a connectivity cell's)?"""
+    return layer.selection is not None and (layer.selection_by or "").startswith("ROI")
 
 
 def selecting_roi_names(document: Document) -> list[str]:

@@ -33,15 +33,15 @@ class ProbParams:
     cthr: float = field(
         default=0.2,
         metadata=meta(
-            "Curvature threshold",
-            "stop where the cosine of a turn falls below",
+            "Max turn (cosine)",
+            "stop where the cosine of a turn falls below this: 0.2 allows turns up to 78°, 0.7 up to 45°",
             "",
             (-1.0, 1.0),
         ),
     )
     fibthresh: float = field(
         default=0.01,
-        metadata=meta("Fibre threshold", "sticks with a smaller fraction are not followed", "", (0.0, 1.0)),
+        metadata=meta("Stick threshold", "sticks with a smaller volume fraction are not followed", "", (0.0, 1.0)),
     )
     randfib: int = field(
         default=0,

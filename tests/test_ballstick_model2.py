@@ -262,4 +262,4 @@ def test_multi_shell_data_fitted_with_model_1_get_a_note():
         dwi = DWI(data.astype(np.float32), np.eye(4), bvals, bvecs)
         params = BallStickParams(n_fibres=1, burnin=2, njumps=4, sample_every=2)
         result = fit_ballstick_pipeline(dwi, mask=np.ones((2, 2, 1), bool), params=params, device="cpu")
-        assert any("--model 2" in w for w in result.warnings) == noted
+        assert any("model 2, FSL's default" in w for w in result.warnings) == noted

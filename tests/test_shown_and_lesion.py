@@ -38,7 +38,7 @@ def _roi(name: str, role: str, index) -> Layer:
 def _document_with_tracts(n: int = 10):
     doc = Document()
     doc.add_layer(Layer("FA", Volume("FA", np.full((20, 20, 20), 0.5, np.float32), AFFINE), "scalar"))
-    tract = doc.add_layer(Layer("tract", _lines(n), "tractogram"))
+    tract = doc.add_layer(Layer("tract", _lines(n), "tractogram", filter_by_rois=True))  # the user's choice
     return doc, tract
 
 
@@ -149,3 +149,13 @@ def test_distance_from_a_point_to_the_lesion_in_mm_is_cached():
     assert lesion_distance_map(doc, lesion) is first
     doc.paint(lesion, np.array([[10, 13, 10]]), True)  # edited in place: measured again
     assert distance_to_lesion_mm(doc, lesion, [20.0, 26.0, 20.0]) == 0.0
+
+
+def test_rois_select_only_the_tractograms_the_user_filters_by_them():
+    doc, tract = _document_with_tracts(10)
+    other = doc.add_layer(Layer("other", _lines(10), "tractogram"))  # filter_by_rois off: the default
+    doc.add_layer(_roi("seed", "seed", (slice(2, 4), slice(0, 20), slice(9, 12))))
+    request = RoiSelection.of(doc)
+    assert request.tracts == (tract,) and other not in request.tracts
+    tract.set(filter_by_rois=False)
+    assert RoiSelection.of(doc) is None  # no tractogram is filtered: nothing to select

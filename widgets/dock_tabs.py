@@ -8,7 +8,7 @@ the views keep their width. The full title is each tab's tool tip.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer
 from PySide6.QtWidgets import QDockWidget, QFrame, QScrollArea, QTabBar, QTabWidget, QWidget
 
 SHORT_TITLES = {  # dock object name -> its tab's title
@@ -30,7 +30,30 @@ def scrollable(panel: QWidget) -> QScrollArea:
     area.setFrameShape(QFrame.Shape.NoFrame)
     area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
     area.setWidget(panel)
+    # Never narrower than the form (with no horizontal scroll bar, a narrower dock cut its right
+    # edge), also when the form widens later (a combo box filled with layer names).
+    _FitWidth(area, panel)
     return area
+
+
+class _FitWidth(QObject):
+    """Keeps a scroll area at least as wide as its panel's minimum, as the panel's layout changes."""
+
+    def __init__(self, area: QScrollArea, panel: QWidget):
+        super().__init__(area)
+        self.area, self.panel = area, panel
+        panel.installEventFilter(self)
+        self.fit()
+
+    def fit(self) -> None:
+        needed = self.panel.minimumSizeHint().width() + self.area.verticalScrollBar().sizeHint().width()
+        if needed != self.area.minimumWidth():
+            self.area.setMinimumWidth(needed)
+
+    def eventFilter(self, watched, event) -> bool:
+        if watched is self.panel and event.type() == QEvent.Type.LayoutRequest:
+            QTimer.singleShot(0, self.fit)
+        return False
 
 
 def fit_dock_tabs(window) -> None:

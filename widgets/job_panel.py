@@ -32,7 +32,13 @@ from tractlens.app.model import Document
 from .jobs import FAILED, RUNNING, JobRunner
 
 #: Quick jobs started by interaction, many times a minute: one row each, the latest run.
-COALESCED = ("select fibers",)
+COALESCED = ("select streamlines", "statistics")
+
+
+def job_kind(name: str) -> str:
+    """The row a job shares with earlier runs: "statistics of FA" and "statistics of bundles" are
+    both the Statistics panel's, one row; other jobs are their own name."""
+    return "statistics" if name.startswith("statistics of ") else name
 
 
 class JobPanelBase(QWidget):
@@ -152,8 +158,9 @@ class JobPanel(QWidget):
         self.detail.setObjectName("job_detail")
         self.detail.setWordWrap(True)
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button = QPushButton("Cancel the selected job")
         self.cancel_button.setObjectName("cancel_job")
+        self.cancel_button.setEnabled(False)  # only while the selected job is queued or running
         self.cancel_button.clicked.connect(self._cancel_selected)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tree)
@@ -168,7 +175,8 @@ class JobPanel(QWidget):
 
     def _added(self, job_id: int) -> None:
         job = self.runner.jobs[job_id]
-        previous = self._row_of_kind.get(job.name) if job.name in COALESCED else None
+        kind = job_kind(job.name)
+        previous = self._row_of_kind.get(kind) if kind in COALESCED else None
         if previous is not None and previous in self._items:
             item, bar = self._items.pop(previous)  # the row now shows the newer run
             item.setText(2, job.state)
@@ -177,8 +185,10 @@ class JobPanel(QWidget):
             bar = QProgressBar()
             self.tree.addTopLevelItem(item)
             self.tree.setItemWidget(item, 1, bar)
-        if job.name in COALESCED:
-            self._row_of_kind[job.name] = job_id
+        item.setText(0, job.name)
+        item.setToolTip(0, job.name)
+        if kind in COALESCED:
+            self._row_of_kind[kind] = job_id
         item.setData(0, Qt.ItemDataRole.UserRole, job_id)
         bar.setRange(0, 0)  # busy until the first progress report
         self.tree.setCurrentItem(item)
@@ -217,6 +227,7 @@ class JobPanel(QWidget):
         """The selected job's whole state (a failure's full message), wrapped."""
         item = self.tree.currentItem()
         job = self.runner.jobs.get(item.data(0, Qt.ItemDataRole.UserRole)) if item is not None else None
+        self.cancel_button.setEnabled(job is not None and job.state in ("queued", RUNNING))
         if job is None:
             self.detail.setText("")
         elif job.state == FAILED:

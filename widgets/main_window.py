@@ -19,11 +19,9 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QDockWidget,
-    QGridLayout,
     QLabel,
     QMainWindow,
     QProgressBar,
-    QWidget,
 )
 
 from tractlens.app.model import Document, Layer
@@ -36,7 +34,9 @@ from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
 from .controllers.anatomy import AnatomyController
 from .controllers.dicom import DicomController
+from .controllers.first_steps import FirstSteps
 from .controllers.help import build_help_menu
+from .controllers.layer_saving import save_layer_dialog
 from .controllers.menus import add_action, app_icon, build_file_menu, move_before
 from .controllers.roi_toolbar import RoiToolbar
 from .controllers.settings import settings
@@ -53,8 +53,10 @@ from .session_io import WindowAutosave, apply_session, offer_recovery, window_sn
 from .slice_view import SliceView
 from .statistics_panel import StatisticsPanel
 from .status_text import format_value as _format_value
+from .status_text import with_unit
 from .tracking_panel import DeterministicPanel, GeodesicPanel
 from .view3d import View3D
+from .window_layout import LEFT_DOCKS, RIGHT_DOCKS, DockProportions, central_views, fit_dock_tables
 
 MAX_RECENT = 10
 FILE_FILTER = "Images and tractograms (*.nii *.nii.gz *.mgz *.mgh *.trk *.tck *.trx);;All files (*)"
@@ -115,15 +117,7 @@ class MainWindow(QMainWindow):
         self.views = {
             name: SliceView(self.document, name, tools=self.roi_tools) for name in ("axial", "coronal", "sagittal")
         }
-        central = QWidget()
-        grid = QGridLayout(central)
-        grid.setContentsMargins(2, 2, 2, 2)
-        grid.setSpacing(2)
-        grid.addWidget(self.view3d, 0, 0)
-        grid.addWidget(self.views["axial"], 0, 1)
-        grid.addWidget(self.views["coronal"], 1, 0)
-        grid.addWidget(self.views["sagittal"], 1, 1)
-        self.setCentralWidget(central)
+        self.setCentralWidget(central_views(self.view3d, self.views))  # four equal cells
         self.view_controls = ViewControls(self, self.view3d, self.views)
         self.roi_toolbar = RoiToolbar(self)
 
@@ -133,6 +127,10 @@ class MainWindow(QMainWindow):
         self.layer_panel.fit_csd_requested.connect(lambda layer: open_csd_dialog(self, layer))
         self.layer_panel.commit_requested.connect(self.show_commit_panel)
         self.layer_panel.show_as_requested.connect(self.show_layer_as)
+        self.layer_panel.save_as_requested.connect(lambda layer: save_layer_dialog(self, layer))
+        self.layer_panel.list.currentRowChanged.connect(  # one colour bar: the selected layer's
+            lambda _row: self.view3d.show_colour_bar_of(self.layer_panel.selected_layer())
+        )
         self.ballstick_dialog: BallStickDialog | None = None
         self.model_dialog = None  # the microstructure model dialog (widgets.model_dialog)
         self.job_panel = JobPanel(self.runner)
@@ -162,7 +160,8 @@ class MainWindow(QMainWindow):
         ):
             dock = QDockWidget(title, self)
             dock.setObjectName(f"dock_{title.lower().replace(' ', '_')}")
-            dock.setWidget(scrollable(widget) if widget is not self.job_panel else widget)
+            boxed = widget in (self.job_panel, self.statistics_panel)  # their tables scroll: one scroll bar
+            dock.setWidget(widget if boxed else scrollable(widget))
             self.addDockWidget(area, dock)
         self.tabifyDockWidget(
             self.findChild(QDockWidget, "dock_deterministic_tracking"),
@@ -181,7 +180,7 @@ class MainWindow(QMainWindow):
                 self.findChild(QDockWidget, f"dock_{first}"), self.findChild(QDockWidget, f"dock_{second}")
             )
         fit_dock_tabs(self)  # short titles on vertical tabs, never cut
-        self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()  # the tab shown first, as before
+        self.findChild(QDockWidget, "dock_deterministic_tracking").raise_()  # it tracks at once on tensors
 
         jobs_dock, statistics_dock = (
             self.findChild(QDockWidget, "dock_jobs"),
@@ -189,6 +188,8 @@ class MainWindow(QMainWindow):
         )
         self.tabifyDockWidget(jobs_dock, statistics_dock)  # a tab beside Jobs: the window keeps its minimum height
         jobs_dock.raise_()
+        self.proportions = DockProportions(self, LEFT_DOCKS, RIGHT_DOCKS)  # docks widen with the window
+        fit_dock_tables(self)  # names take the width, numbers fit: no sideways scroll bars
 
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
@@ -207,6 +208,9 @@ class MainWindow(QMainWindow):
         self.view3d.plane_clicked.connect(self.roi_toolbar.place_shape_3d)
         self.statusBar().addPermanentWidget(self.busy)
 
+        self.first_steps = FirstSteps(self)  # the hint, the demo's first screen, Track's feedback
+        for panel in (self.deterministic_panel, self.geodesic_panel):
+            panel.paint_seed_requested.connect(lambda: self.roi_toolbar.new_roi(role="seed"))
         self._build_menus()
         self.anatomy = AnatomyController(self)  # Image and ROI menus, MNI coordinate, alignment
         self.anatomy.build()
@@ -240,8 +244,9 @@ class MainWindow(QMainWindow):
         self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
         self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
         track_menu = self.menuBar().addMenu("&Track")
-        self._action(track_menu, "&Deterministic (tensor)", self.deterministic_panel.track, "Ctrl+T", icon_name="track")
-        self._action(track_menu, "&Geodesic (ray tracing)", self.geodesic_panel.track, "Ctrl+G")
+        track = self.first_steps.track  # the method's panel in front, then Track there
+        self._action(track_menu, "&Deterministic (tensor)", lambda: track("deterministic"), "Ctrl+T", icon_name="track")
+        self._action(track_menu, "&Geodesic (ray tracing)", lambda: track("geodesic"), "Ctrl+G")
         self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
         filter_menu = self.menuBar().addMenu("F&ilter")
         self._action(filter_menu, "&COMMIT filtering…", self.show_commit_panel)
@@ -350,6 +355,7 @@ class MainWindow(QMainWindow):
 
     def open_demo(self) -> int:
         """Load the built-in phantom: DTI maps (fitted on a worker) and its ground-truth bundles."""
+        self.first_steps.demo_requested()  # then the Deterministic panel in front, a map selected
         return self.files.open_demo()
 
     def open_paths(self, paths: Iterable[str | os.PathLike]) -> list[int]:
@@ -463,7 +469,7 @@ class MainWindow(QMainWindow):
         x, y, z = doc.cursor_world()
         parts = [f"voxel ({i}, {j}, {k})", f"RAS ({x:.1f}, {y:.1f}, {z:.1f}) mm"]
         for name, value in doc.values_at_cursor():
-            parts.append(f"{name} {_format_value(value)}")
+            parts.append(f"{name} {with_unit(name, _format_value(value))}")
         self.position_label.setText("   ".join(parts))
 
     def update_hover_label(self, ijk) -> None:
@@ -471,7 +477,7 @@ class MainWindow(QMainWindow):
         if ijk is None or self.document.reference_affine is None:
             self.hover_label.setText("")
             return
-        values = "  ".join(f"{name} {_format_value(v)}" for name, v in self.document.values_at(ijk))
+        values = "  ".join(f"{name} {with_unit(name, _format_value(v))}" for name, v in self.document.values_at(ijk))
         lesion = self.presurgical_panel.cursor_distance_text(ijk)  # the distance to the chosen lesion
         self.hover_label.setText(
             f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}" + (f"  {lesion}" * bool(lesion))

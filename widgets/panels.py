@@ -33,6 +33,8 @@ from .job_panel import JobPanel as JobPanel  # the Jobs dock; here for older imp
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 FIT_MODEL = "Fit microstructure model…"  # NODDI and the model toolbox (widgets.model_dialog)
 FILTER_COMMIT = "Filter with COMMIT…"
+FILTER_BY_ROIS = "Filter by ROIs"  # checkable: show only the streamlines that pass the ROIs
+SAVE_AS = "Save as…"
 SHOW_AS = {"scalar": "Show as labels", "labels": "Show as scalar"}  # the menu entry per layer kind
 RENAME = "Rename…"
 COLOUR = "Colour…"
@@ -48,6 +50,9 @@ def ask_colour(parent: QWidget, current: tuple[float, float, float]) -> tuple[fl
     """Ask for a colour, RGB 0..1 (tests replace this function); None: cancelled."""
     colour = dialogs.colour(parent, "ROI colour", QColor.fromRgbF(*current))
     return None if colour is None else (colour.redF(), colour.greenF(), colour.blueF())
+
+
+KIND_WORDS = {"dwi": "diffusion series", "rgb": "RGB", "fod": "fODF", "roi": "ROI"}  # else the kind itself
 
 
 class LayerPanel(QWidget):
@@ -67,6 +72,7 @@ class LayerPanel(QWidget):
     fit_csd_requested = Signal(object)  # the dwi layer to fit fODFs to (widgets.csd_dialog)
     commit_requested = Signal(object)  # the tractogram layer to filter
     show_as_requested = Signal(object, str)  # a scalar or labels layer, and the kind to show it as
+    save_as_requested = Signal(object)  # any layer: write it to a file (widgets.layer_files)
 
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)
@@ -119,12 +125,16 @@ class LayerPanel(QWidget):
         form.addRow("Max", self.vmax)
         form.addRow(self.transparent, self.threshold)
         form.addRow("ROI role", self.role)
-        form.addRow("Fibers", self.tubes)
+        form.addRow("Streamlines", self.tubes)
         form.addRow("Glyphs", self.glyph)
         form.addRow("Every n-th voxel", self.glyph_step)
         form.addRow("Glyph size", self.glyph_size)
+        self.form = form
+        self.list.setMinimumHeight(6 * self.list.fontMetrics().height() + 8)  # six rows, never 3½
+        self.list.setTextElideMode(Qt.TextElideMode.ElideMiddle)  # whole names in the tool tips
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.list)
+        layout.addWidget(self.list, 1)  # the list takes the height the form does not need
         layout.addLayout(buttons)
         layout.addLayout(form)
         self._updating = False
@@ -187,9 +197,14 @@ class LayerPanel(QWidget):
         item = item or self.item_for(layer)
         self._updating = True
         item.setCheckState(Qt.CheckState.Checked if layer.visible else Qt.CheckState.Unchecked)
-        item.setText(f"{layer.name}  [{layer.kind}]")
-        if layer.kind == "tractogram":  # what the views show of it, never a count of hidden fibres
-            item.setText(f"{layer.name}  [tractogram · {shown_of(layer).text}]")
+        item.setText(f"{layer.name}  ({KIND_WORDS.get(layer.kind, layer.kind)})")
+        if layer.kind == "tractogram":  # what the views show of it, never a count of hidden streamlines
+            shown = shown_of(layer)
+            count = f"{shown.total:,} streamlines" if not shown.selected else f"{shown.shown:,} of {shown.total:,}"
+            item.setText(f"{layer.name}  ({count})")
+            item.setToolTip(f"{layer.name}: tractogram, {shown.text}")
+        else:
+            item.setToolTip(f"{layer.name}: {KIND_WORDS.get(layer.kind, layer.kind)}")
         if layer.kind == "roi":  # a swatch of the colour it is drawn in
             swatch = QPixmap(12, 12)
             swatch.fill(QColor.fromRgbF(*layer.color_rgb()))
@@ -222,6 +237,20 @@ class LayerPanel(QWidget):
             below = layer.transparent_below
             self.threshold.setValue(lo + 0.05 * (hi - lo) if below is None else below)
         self.role.setEnabled(layer is not None and layer.kind == "roi")
+        kind = layer.kind if layer is not None else None
+        for widget, kinds in (  # only the rows that apply to the selected layer (FSLeyes' way)
+            (self.threshold, SCALAR_KINDS),
+            (self.role, ("roi",)),
+            (self.tubes, ("tractogram",)),
+            (self.glyph, ("tensor",)),
+            (self.glyph_step, GLYPH_KINDS),
+            (self.glyph_size, GLYPH_KINDS),
+            (self.color_by, ("tractogram", "tensor")),
+            (self.colormap, (*SCALAR_KINDS, "tractogram")),
+            (self.vmin, (*SCALAR_KINDS, "tractogram")),
+            (self.vmax, (*SCALAR_KINDS, "tractogram")),
+        ):
+            self.form.setRowVisible(widget, kind in kinds)
         if layer is not None and layer.kind == "roi":
             self.role.setCurrentText(layer.data.role)
         if layer is not None:
@@ -283,6 +312,11 @@ class LayerPanel(QWidget):
         if layer.kind == "fod":
             add_fod_menu(self.menu, layer)
         if layer.kind == "tractogram":
+            by_rois = self.menu.addAction(FILTER_BY_ROIS)
+            by_rois.setCheckable(True)
+            by_rois.setChecked(bool(layer.filter_by_rois))
+            by_rois.setToolTip("Show only the streamlines that pass this window's seed, target and waypoint ROIs")
+            by_rois.toggled.connect(lambda on: layer.set(filter_by_rois=bool(on)))
             commit = self.menu.addAction(FILTER_COMMIT)
             commit.triggered.connect(lambda *_: self.commit_requested.emit(layer))
             self.menu.addSeparator()
@@ -298,6 +332,7 @@ class LayerPanel(QWidget):
             show_as = self.menu.addAction(SHOW_AS[layer.kind])
             show_as.triggered.connect(lambda *_: self.show_as_requested.emit(layer, other))
             self.menu.addSeparator()
+        self.menu.addAction(SAVE_AS).triggered.connect(lambda *_: self.save_as_requested.emit(layer))
         self.menu.addAction("Remove").triggered.connect(lambda *_: self._remove(layer))
         self.menu.popup(self.list.viewport().mapToGlobal(pos))
 

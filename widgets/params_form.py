@@ -21,6 +21,8 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.params import default_of, field_of
 
+UNIT_WORDS = {"vox": "voxels"}  # a unit as the panels spell it
+
 
 class ParamsForm(QWidget):
     """Edits one frozen parameter dataclass; :meth:`value` builds (and so validates) it."""
@@ -63,7 +65,9 @@ class ParamsForm(QWidget):
                 editor.setSingleStep(0.05 if hi <= 1.0 else 0.5 if hi <= 10 else 5.0)
                 editor.setValue(float(default))
                 if meta.get("unit"):
-                    editor.setSuffix(f" {meta['unit']}")
+                    editor.setSuffix(f" {UNIT_WORDS.get(meta['unit'], meta['unit'])}")
+                if lo == 0 and "0 = off" in meta.get("help", ""):
+                    editor.setSpecialValueText("off")  # not "0.00 mm", which reads as a length
             editor.setObjectName(f"param_{spec.name}")
             editor.setToolTip(meta.get("help", ""))
             layout.addRow(meta.get("label", spec.name), editor)

@@ -385,7 +385,7 @@ class PresurgicalPanel(JobPanelBase):
     def _lesion_changed(self) -> None:
         lesion = self.lesion_box.layer()
         if lesion is not None:
-            self.status.setText(f"Lesion: {lesion.name}. Measure to see how close the fibres come.")
+            self.status.setText(f"Lesion: {lesion.name}. Measure to see how close the streamlines come.")
 
     def cursor_distance_text(self, ijk) -> str:
         """The distance from a reference voxel (the mouse) to the chosen lesion, for the status line."""

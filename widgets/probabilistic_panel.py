@@ -207,10 +207,10 @@ class ProbabilisticPanel(JobPanelBase):
         self.envelope_label = QLabel("")
         self.envelope_label.setObjectName("envelope_summary")
         self.envelope_label.setWordWrap(True)
-        self.live = QCheckBox("live: re-track at every stroke on a seed, target, waypoint or exclusion ROI")
+        self.live = QCheckBox("live: re-track as the ROIs change")  # short: the dock's width is shared
         self.live.setObjectName("live_probabilistic")
         self.live.setToolTip(
-            "A coarse map at once, then refined up to the samples per voxel while you pause; "
+            "Re-track at every stroke on a seed, target, waypoint or exclusion ROI. A coarse map at once, then refined up to the samples per voxel while you pause; "
             "a newer stroke cancels the older run"
         )
         display = QFormLayout()

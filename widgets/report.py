@@ -25,6 +25,7 @@ from PySide6.QtWidgets import QApplication
 
 from tractlens.app import __version__
 from tractlens.app.envelopes import LEVEL_MEANING
+from tractlens.app.errors import InputError
 from tractlens.app.io import atomic_path
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.connectivity import DEFAULT_MARGIN_MM, DISTANCE_STREAMLINE_SCALAR, DistanceRow
@@ -35,7 +36,7 @@ from tractlens.app.report_data import (
     export_rows,
     export_summary,
     navigation_exports,
-    parameters_in_words,
+    parameter_rows,
 )
 from tractlens.app.selection import shown_of
 from tractlens.app.statistics import StatisticsTable, layer_statistics
@@ -61,7 +62,7 @@ class ReportContent:
     lesion: str
     rows: list[DistanceRow]
     extra_images: list[tuple[str, QImage]] = field(default_factory=list)
-    provenance: list[tuple[str, list[str]]] = field(default_factory=list)
+    provenance: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)  # (setting, value) rows
     scan: ScanInfo = field(default_factory=ScanInfo)
     statistics: list[StatisticsTable] = field(default_factory=list)
     exports: list[dict] = field(default_factory=list)  # exports for navigation (ExportResult.as_dict)
@@ -82,12 +83,13 @@ def distance_rows(document: Document, margin_mm: float) -> list[DistanceRow]:
     return rows
 
 
-def provenance_lines(layer: Layer) -> list[str]:
-    """A layer's parameters and provenance in words (no internal keys, no "inf")."""
-    lines = parameters_in_words(layer.provenance) if layer.provenance else []
+def provenance_lines(layer: Layer) -> list[tuple[str, str]]:
+    """A layer's parameters and provenance as (setting, value) rows in words, with units (no
+    internal keys, no "inf")."""
+    lines = parameter_rows(layer.provenance) if layer.provenance else []
     if layer.kind == "tractogram":
-        lines.insert(0, f"{len(layer.data):,} streamlines, {shown_of(layer).text}")
-    return lines or ["(no provenance recorded)"]
+        lines.insert(0, ("streamlines", f"{len(layer.data):,} ({shown_of(layer).text})"))
+    return lines or [("", "no provenance recorded")]
 
 
 def report_statistics(document: Document) -> list[StatisticsTable]:
@@ -127,8 +129,14 @@ def gather(
     window.view3d.request_render()
     QApplication.processEvents()
     images = [("3-D view", _qimage(window.view3d.screenshot()))]
+    hint = getattr(getattr(window, "first_steps", None), "hint", None)
+    hint_shown = hint is not None and hint.isVisible()
+    if hint_shown:  # a hint for the user at the screen, not for the report's reader
+        hint.hide()
     for name in ("axial", "coronal", "sagittal"):
         images.append((f"{name} (slice {_slice_index(doc, name)})", window.views[name].grab().toImage()))
+    if hint_shown:
+        hint.show()
     cursor_text = (
         f"voxel {tuple(int(v) for v in doc.cursor)}, RAS {tuple(round(float(v), 1) for v in doc.cursor_world())} mm"
     )
@@ -151,8 +159,8 @@ def gather(
         if not (layer.visible or layer.kind == "tractogram"):
             continue
         lines = provenance_lines(layer)
-        key = "\n".join(lines)
-        provenance.append((f"{layer.name} ({layer.kind})", [f"as {seen[key]}"] if key in seen else lines))
+        key = repr(lines)
+        provenance.append((f"{layer.name} ({layer.kind})", [("", f"as {seen[key]}")] if key in seen else lines))
         seen.setdefault(key, layer.name)
     return ReportContent(
         "TractLens report",
@@ -407,8 +415,8 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
             [2.8, 1.7, 1.5, 1.5, 1.1, 3.2],
         )
         flow.text(
-            "Distance from each fiber to the nearest lesion voxel (each voxel taken as the ellipsoid inscribed in it), "
-            "fibers sampled every quarter voxel; rows in red come within the margin.",
+            "Distance from each streamline to the nearest lesion voxel (each voxel taken as the ellipsoid inscribed in it), "
+            "streamlines sampled every quarter voxel; rows in red come within the margin.",
             MIN_PT,
             colour=QColor(90, 90, 90),
         )
@@ -446,8 +454,14 @@ def render(content: ReportContent, pdf_path: Path | None, png: bool) -> list[QIm
             flow.table(["object", "file", "series instance UID", "SOP instance UID"], rows, [2.2, 2.4, 3.0, 3.6],
                        align_left=True)  # fmt: skip
     flow.text("Results and provenance", 11, bold=True)
-    for title, lines in content.provenance:
-        flow.text(f"{title}: " + " · ".join(lines), MIN_PT, colour=QColor(60, 60, 60))
+    rows = []
+    for title, lines in content.provenance:  # one table: the result, then its settings two by two
+        pairs = [line if isinstance(line, tuple) else ("", line) for line in lines]
+        for index in range(0, len(pairs), 2):
+            cells = [cell for pair in pairs[index : index + 2] for cell in pair]
+            rows.append(([title if index == 0 else "", *cells, *[""] * (4 - len(cells))], False))
+    if rows:
+        flow.table(["result", "setting", "value", "setting", "value"], rows, [2.4, 2.2, 2.0, 2.2, 2.0], align_left=True)
     pages.finish()
     return pages.images
 
@@ -456,6 +470,8 @@ def export_report(window, path: str | os.PathLike, *, png: bool = True, **option
     """Write the report as PDF to ``path`` (and ``path``'s stem + ``.png``, ``-2.png``… per page).
 
     Returns the files written. The PDF is written beside the target and renamed over it."""
+    if not window.document.layers:  # a report of black panels helps nobody
+        raise InputError("there is nothing to report yet", fix="open data first (File ▸ Open, or File ▸ Open demo)")
     path = Path(path)
     if path.suffix.lower() != ".pdf":
         path = path.with_suffix(".pdf")

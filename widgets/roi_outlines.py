@@ -24,6 +24,7 @@ ROLE_LINES = {  # the role of an ROI by its outline's style
     "lesion": Qt.PenStyle.SolidLine,  # orange, solid: the region to keep away from
 }
 HALO = QColor(0, 0, 0, 220)
+HALO_PX, LINE_PX = 5.0, 2.5  # ITK-SNAP's look: a translucent fill inside a bold, contrasting edge
 
 
 def _runs(edges: np.ndarray) -> np.ndarray:
@@ -79,15 +80,15 @@ def draw_outlines(painter: QPainter, outlines: list, geometry, target: QRectF) -
         screen = segments * [sx, sy, sx, sy] + [target.left(), target.top(), target.left(), target.top()]
         lines = [QLineF(*row) for row in screen.tolist()]
         envelope = layer.kind != "roi"  # an uncertainty envelope: its level's colour, solid, opaque
-        alpha = 1.0 if envelope else min(1.0, 0.4 + layer.opacity)  # readable under a faint fill
-        halo = QPen(QColor(HALO.red(), HALO.green(), HALO.blue(), int(HALO.alpha() * alpha)), 3.5)
+        alpha = 1.0 if envelope else min(1.0, 0.55 + layer.opacity)  # opaque at the default 0.45 fill
+        halo = QPen(QColor(HALO.red(), HALO.green(), HALO.blue(), int(HALO.alpha() * alpha)), HALO_PX)
         halo.setCapStyle(Qt.PenCapStyle.SquareCap)
         painter.setPen(halo)
         painter.drawLines(lines)
         colour = layer.provenance["envelope_colour"] if envelope else layer.color_rgb()
         r, g, b = (int(255 * c + 0.5) for c in colour)
         style = Qt.PenStyle.SolidLine if envelope else ROLE_LINES.get(layer.data.role, Qt.PenStyle.SolidLine)
-        pen = QPen(QColor(r, g, b, int(255 * alpha)), 1.8, style)
+        pen = QPen(QColor(r, g, b, int(255 * alpha)), LINE_PX, style)
         pen.setCapStyle(Qt.PenCapStyle.FlatCap)
         painter.setPen(pen)
         painter.drawLines(lines)

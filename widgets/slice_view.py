@@ -145,7 +145,7 @@ class SliceView(QWidget):
         height, width = geometry.voxels.shape[:2]
         x = target.left() + (col + 0.5) * target.width() / width
         y = target.top() + (row + 0.5) * target.height() / height
-        painter.setPen(QPen(QColor(0, 255, 0, 200), 1))
+        painter.setPen(QPen(QColor(255, 255, 255, 140), 1))  # neutral: never the green of a seed
         painter.drawLine(QPointF(target.left(), y), QPointF(target.right(), y))
         painter.drawLine(QPointF(x, target.top()), QPointF(x, target.bottom()))
 

@@ -73,14 +73,25 @@ class StatisticsPanel(JobPanelBase):
         layout.addWidget(self.note)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.status)
-        self.status.setText("Choose a tractogram or an ROI.")
         document.connect(self._on_document)
+        self._say_next()
+
+    def _say_next(self) -> None:
+        """Before a first result: what Refresh will measure, in words (never "Choose…" with one chosen)."""
+        if self.statistics is None and self.job_id is None:
+            layer = self.layer_box.layer()
+            self.status.setText(
+                "Open a tractogram or draw an ROI: its statistics are shown here."
+                if layer is None
+                else f"Refresh measures {layer.name}: streamlines, lengths in mm, volume in mm³, mean maps."
+            )
 
     def _on_document(self, _source, event, **info) -> None:
         if event == "layers":
             if "replaced" in info:
                 self.layer_box.follow(*info["replaced"])
             self.layer_box.refresh()
+            self._say_next()
         elif event == "display" and info.get("layer") is self.layer_box.layer():
             if "selection" in info.get("changed", ()):
                 self.refresh()

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+#: Units of the maps a fit makes, by layer name (the last word): a value without one reads as nothing.
+MAP_UNITS = {"MD": "mm²/s", "AD": "mm²/s", "RD": "mm²/s", "L1": "mm²/s", "L2": "mm²/s", "L3": "mm²/s"}
+
+
+def with_unit(name: str, text: str) -> str:
+    """``MD 0.0007 mm²/s``: a map's value with its unit, when the map has one."""
+    unit = MAP_UNITS.get(name.split()[-1] if name.split() else name)
+    return f"{text} {unit}" if unit else text
+
 
 def format_value(value) -> str:
     """A layer's value in the status bar: ``3 (crossing_ap_start)`` for a named label,

@@ -47,6 +47,7 @@ from tractlens.app.pipelines.track import (
 from tractlens.app.regions import regions_on_grid, roi_snapshot
 from tractlens.app.selection import shown_of
 
+from . import dialogs
 from .direction_field import DirectionFieldChoice
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm, default_of, limits_of
@@ -61,6 +62,7 @@ class TrackingPanel(JobPanelBase):
     their parameter widgets and :meth:`_job` (the work to run, or a refusal)."""
 
     finished = Signal(object)  # the result layer (also after a cancel, with what was shown)
+    paint_seed_requested = Signal()  # "Paint a seed ROI": a new seed ROI with the brush (the window's)
     job_title = "tracking"
     job_label = "Tracking"
 
@@ -69,16 +71,27 @@ class TrackingPanel(JobPanelBase):
         self.result_layer: Layer | None = None
         self.summary: dict | None = None
         self.track_button = QPushButton("Track")
+        self.track_button.setToolTip("Track with these settings from the seed ROIs (Track menu)")
         self.track_button.clicked.connect(self.track)
-        self.status.setText("Paint a seed ROI, then Track.")
+        self.paint_seed_button = QPushButton("Paint a seed ROI")
+        self.paint_seed_button.setToolTip(
+            "A new seed ROI with the brush ready (New ROI, Ctrl+N): drag on a slice view to paint it, then Track"
+        )
+        self.paint_seed_button.clicked.connect(self.paint_seed_requested.emit)
+        # Room for three lines of status from the start: a message never makes the form scroll.
+        self.status.setMinimumHeight(3 * self.status.fontMetrics().lineSpacing() + 4)
+        self.status.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self._summary_line = ""  # the last run's summary; what is shown of it follows the selection
+        self._next_step = True  # the status line says what to do next (until a run or a refusal)
         document.connect(self._selection_changed)
+        document.connect(self._rois_changed)
 
     def _layout(self, *parts) -> None:
         buttons = QHBoxLayout()
         buttons.addWidget(self.track_button)
         buttons.addWidget(self.cancel_button)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.paint_seed_button)
         for part in parts:
             if isinstance(part, QWidget):
                 layout.addWidget(part)
@@ -107,12 +120,35 @@ class TrackingPanel(JobPanelBase):
         if isinstance(work, str):
             return self._refuse(work)
         token = self._next_token()
+        self._next_step = False
         self.track_button.setText("Re-track")
         self.status.setText("Tracking…")
-        return self._start(self.job_title, work, on_partial=self._show, on_done=self._done, token=token)
+        return self._start(self.job_title, work, on_partial=self._show_partial, on_done=self._done, token=token)
 
     def _job(self, volume, rois):
         raise NotImplementedError
+
+    def next_step_text(self) -> str:
+        """What to do next, from the document's seed ROIs (the status line before the first run)."""
+        seeds = [
+            layer
+            for layer in self.document.layers
+            if layer.kind == "roi" and layer.data.role == "seed" and layer.visible
+        ]
+        painted = [layer for layer in seeds if layer.data.mask.any()]
+        if painted:
+            voxels = sum(int(layer.data.mask.sum()) for layer in painted)
+            names = ", ".join(layer.name for layer in painted)
+            return f"Seed ROI {names} ready ({voxels:,} voxels): press Track (Ctrl+T)."
+        if seeds:
+            return f"Seed ROI {seeds[-1].name} is empty: drag on a slice view to paint it, then Track."
+        return "Press “Paint a seed ROI”, drag on a slice view to paint it, then Track."
+
+    def _rois_changed(self, _source, event, **info) -> None:
+        layer = info.get("layer")
+        if event in ("layers", "roi") or (event == "display" and layer is not None and layer.kind == "roi"):
+            if self._next_step and self.job_id is None:
+                self.status.setText(self.next_step_text())
 
     def _no_seed(self, otherwise: str) -> str:
         return no_seed_message(self.document, otherwise)
@@ -134,6 +170,12 @@ class TrackingPanel(JobPanelBase):
     def _result_layer(self, name: str, tractogram) -> Layer:
         return _result_layer(name, tractogram, self.document.fiber_arrays)
 
+    def _show_partial(self, layer: Layer) -> None:
+        earlier = self.result_layer
+        if not len(layer.data) and earlier is not None and earlier in self.document.layers and len(earlier.data):
+            return  # an empty batch never hides a good result; the run's end asks (_replace_with)
+        self._show(layer)
+
     def _show(self, layer: Layer) -> None:
         self._summary_line = ""
         if self.result_layer is not None and self.result_layer in self.document.layers:
@@ -151,6 +193,13 @@ class TrackingPanel(JobPanelBase):
     def _done(self, outcome) -> None:
         layer, result = outcome
         layer.provenance = {"computed": f"{result.provenance.get('method', 'tensor')} tracking", **result.provenance}
+        if not self._replace_with(layer):
+            self._job_ended()
+            kept = len(self.result_layer.data)
+            reason = result.provenance.get("empty_reason") or "none passed the ROIs"
+            self.status.setText(f"0 streamlines ({reason}); the earlier result ({kept:,} streamlines) is kept.")
+            self.finished.emit(self.result_layer)
+            return
         self._show(layer)
         self._job_ended()
         self.summary = result.summary()
@@ -164,6 +213,18 @@ class TrackingPanel(JobPanelBase):
         self._summary_line = text
         self.status.setText(self._with_shown(text))
         self.finished.emit(layer)
+
+    def _replace_with(self, layer: Layer) -> bool:
+        """May an empty result replace a good earlier one? The user is asked (no: keep it)."""
+        earlier = self.result_layer
+        if len(layer.data) or earlier is None or earlier not in self.document.layers or not len(earlier.data):
+            return True
+        return dialogs.question(
+            self,
+            "Replace the earlier result?",
+            f"This run found no streamline. Replace {earlier.name} ({len(earlier.data):,} streamlines) with nothing?",
+            default=False,
+        )
 
     def _with_shown(self, text: str) -> str:
         layer = self.result_layer
@@ -199,9 +260,11 @@ class DeterministicPanel(TrackingPanel):
         super().__init__(document, runner, device=device, report=report, parent=parent)
         self.form = ParamsForm(DeterministicParams, tracking_choices("deterministic"))
         seeding = QFormLayout()
-        self.whole_brain = QCheckBox("whole brain (every voxel with FA ≥ threshold)")
+        self.whole_brain = QCheckBox("whole brain (FA ≥ threshold)")
         self.whole_brain.setObjectName("whole_brain")
-        self.whole_brain.setToolTip("Seed everywhere instead of in the seed ROIs; waypoints and exclusions still apply")
+        self.whole_brain.setToolTip(
+            "Seed in every voxel with FA ≥ the FA threshold instead of in the seed ROIs; waypoints and exclusions still apply"
+        )
         self.seeds_per_voxel = _spin(
             "seeds_per_voxel", *_range(SeedingParams, "seeds_per_voxel"), "Seeds in every seed voxel"
         )
@@ -222,9 +285,10 @@ class DeterministicPanel(TrackingPanel):
         seeding.addRow("Placement", self.placement)
         seeding.addRow("Random seed", self.rng_seed)
         self.track_button.setObjectName("track_deterministic")
+        self.track_button.setToolTip("Track from the seed ROIs with these settings (Ctrl+T)")
         self.cancel_button.setObjectName("cancel_tracking")
         self.status.setObjectName("tracking_status")
-        self.status.setText("Paint a seed ROI (or tick whole brain), then Track.")
+        self.status.setText(self.next_step_text())
         self._layout(self.form, seeding)
 
     def tensor_layer(self) -> Layer | None:
@@ -267,12 +331,19 @@ class DeterministicPanel(TrackingPanel):
 
     def _summary_text(self, prov: dict) -> str:
         text = (
-            f"{prov['streamlines']} streamlines from {prov['seeds']} seeds in {prov['tracking_s']:.2f} s "
-            f"on {prov['backend']} ({prov['device']})."
+            f"{prov['streamlines']:,} streamlines from {prov['seeds']:,} seeds in {prov['tracking_s']:.2f} s "
+            f"{computed_on(prov)}."
         )
         if prov["streamlines_removed_by_rois"]:
-            text += f" {prov['streamlines_removed_by_rois']} removed by target/waypoint/exclusion ROIs."
+            text += f" {prov['streamlines_removed_by_rois']:,} removed by the target, waypoint and exclusion ROIs."
         return text
+
+
+def computed_on(prov: dict) -> str:
+    """Where a run was computed, in words: "on the CPU", "on the GPU (NVIDIA H100 80GB HBM3)"."""
+    if str(prov.get("backend", "")).lower() in ("cpu", "numpy", ""):
+        return "on the CPU"
+    return f"on the GPU ({prov['device']})" if prov.get("device") else "on the GPU"
 
 
 def no_seed_message(document: Document, otherwise: str) -> str:
@@ -357,10 +428,13 @@ class GeodesicPanel(TrackingPanel):
         self.top.setObjectName("top_percent")
         self.top.setRange(*(int(v) for v in limits_of(GeodesicSeedingParams, "top_percent")))
         self.top.setValue(int(GeodesicSeedingParams.top_percent))
-        self.top.setToolTip("Show the x % of fibres with the highest connectivity measure")
+        self.top.setToolTip("Show the x % of streamlines with the highest connectivity measure")
         self.top_label = QLabel(f"top {self.top.value()} %")
-        self.live = QCheckBox("live: re-track when the seed or target ROI changes")
+        self.live = QCheckBox("live: re-track as the ROIs change")
         self.live.setObjectName("live_tracking")
+        self.live.setToolTip(
+            "Re-track when a seed, target or exclusion ROI changes (a newer edit cancels the older run)"
+        )
         seeding.addRow("Seed points per voxel", self.seeds_per_voxel)
         seeding.addRow("Directions per point", self.directions)
         seeding.addRow(self.use_cone, self.cone)
@@ -370,6 +444,7 @@ class GeodesicPanel(TrackingPanel):
         seeding.addRow(self.top_label, self.top)
         seeding.addRow(self.live)
         self.track_button.setObjectName("track_geodesic")
+        self.track_button.setToolTip("Track from the seed ROIs with these settings (Ctrl+G)")
         self.cancel_button.setObjectName("cancel_geodesic")
         self.status.setObjectName("geodesic_status")
         self._layout(self.form, self.metric_form, seeding)
@@ -428,7 +503,7 @@ class GeodesicPanel(TrackingPanel):
         params = self.form.value()
         metric = self.metric_form.value()
         if not any(roi.role == "seed" for roi in rois):
-            return self._no_seed("Paint or open a seed ROI (and a target ROI to rank fibres by connectivity).")
+            return self._no_seed("Paint or open a seed ROI (and a target ROI to rank the streamlines by connectivity).")
         options = {
             "seeds_per_voxel": self.seeds_per_voxel.value(),
             "directions": self.directions.value(),
@@ -475,8 +550,8 @@ class GeodesicPanel(TrackingPanel):
     def _summary_text(self, prov: dict) -> str:
         reached = "" if prov["reached_target"] is None else f", {prov['reached_target']} reached the target"
         return (
-            f"{prov['fibers']} fibres{reached}; {prov['steps'] / 1e6:.1f} M steps in {prov['tracking_s']:.2f} s "
-            f"on {prov['backend']} ({prov['device']})."
+            f"{prov['fibers']:,} streamlines{reached}; {prov['steps'] / 1e6:.1f} million steps in "
+            f"{prov['tracking_s']:.2f} s {computed_on(prov)}."
         )
 
     # ---------------------------------------------------------------- top x %
@@ -495,7 +570,7 @@ class GeodesicPanel(TrackingPanel):
         def job(ctx):
             return self._result_layer("geodesic", ranked.subset(np.arange(count)))
 
-        self.runner.submit("top fibres", job, on_done=self._show_top, on_error=self.report)
+        self.runner.submit("top streamlines", job, on_done=self._show_top, on_error=self.report)
 
     def _show_top(self, layer: Layer) -> None:
         if self.ranked is not None and len(layer.data) <= len(self.ranked):
@@ -504,5 +579,5 @@ class GeodesicPanel(TrackingPanel):
                 layer.provenance = {**base, "shown_top_percent": self.top.value()}
             self._show(layer)
             self.status.setText(
-                f"Showing the top {self.top.value()} %: {len(layer.data)} of {len(self.ranked)} fibres."
+                f"Showing the top {self.top.value()} %: {len(layer.data):,} of {len(self.ranked):,} streamlines."
             )

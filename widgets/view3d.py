@@ -31,7 +31,7 @@ from .fod_glyphs import volume_glyph_job
 from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import composite, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
-from .view3d_overlays import add_orientation_marker, layout_colour_bars
+from .view3d_overlays import add_orientation_marker, colour_bar_title, show_one_colour_bar
 
 NO_RENDER = {"render": False, "reset_camera": False}
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
@@ -452,11 +452,20 @@ class View3D(QWidget):
         self.layout_colour_bars()
 
     def layout_colour_bars(self) -> None:
-        """The tractograms' colour bars side by side in the layers' order (never on top of each other)."""
-        bars = self.plotter.scalar_bars
-        fibers = [self._fibers[id(layer)] for layer in self.document.layers if id(layer) in self._fibers]
-        titles = [entry.get("bar_title") for entry in fibers]
-        layout_colour_bars([bars[title] for title in dict.fromkeys(titles) if title in bars.keys()])
+        """One colour bar: the selected tractogram's (:meth:`show_colour_bar_of`), else the topmost
+        shown one's; none for hidden or empty layers."""
+        bars, shown = self.plotter.scalar_bars, []
+        for layer in reversed(self.document.layers):
+            entry = self._fibers.get(id(layer))
+            if entry is not None and entry.get("bar_title") and layer.visible and not draws_nothing(layer):
+                shown.insert(0 if layer is getattr(self, "bar_layer", None) else len(shown), entry["bar_title"])
+        show_one_colour_bar(bars, shown)
+
+    def show_colour_bar_of(self, layer) -> None:
+        """The selected layer's colour bar (when it has one), drawn at the next frame."""
+        self.bar_layer = layer
+        self.layout_colour_bars()
+        self.request_render()
 
     def _reuse_fibers(self, old: Layer, new: Layer) -> None:
         """A tractogram replaced by another (a tracking result growing): the new meshes go into
@@ -534,10 +543,10 @@ class View3D(QWidget):
                 clim=layer.clim,
                 name=name,
                 line_width=1,
-                scalar_bar_args={"title": f"{layer.name}: {layer.color_by}", "color": "white"},
+                scalar_bar_args={"title": colour_bar_title(layer.name, layer.color_by), "color": "white"},
                 **NO_RENDER,
             )
-            entry["bar_title"] = f"{layer.name}: {layer.color_by}"
+            entry["bar_title"] = colour_bar_title(layer.name, layer.color_by)
         entry["actor"] = actor
         self.layout_colour_bars()
         self._apply_line_style(entry)
@@ -560,6 +569,7 @@ class View3D(QWidget):
         elif entry["colour"] != (layer.color_by, layer.colormap, layer.clim):
             self._add_fiber_actor(entry)
         self._apply_line_style(entry)
+        self.layout_colour_bars()  # hidden or emptied: its bar goes
 
     def _set_detail(self, which: str) -> None:
         for entry in self._fibers.values():

@@ -180,9 +180,16 @@ def _sanitise(tensor: np.ndarray, path) -> np.ndarray:
     return tensor
 
 
-def save_tensor(tensor: np.ndarray, affine: np.ndarray, path, order: str = "fsl") -> Path:
-    """Write an internal tensor volume in a tool's order and frame (default FSL's, as dtifit)."""
+def save_tensor(tensor: np.ndarray, affine: np.ndarray, path, order: str = "fsl", *, symmatrix: bool = False) -> Path:
+    """Write an internal tensor volume in a tool's order and frame (default FSL's, as dtifit).
+
+    ``symmatrix``: NIfTI's own layout of a symmetric matrix, (X, Y, Z, 1, 6) in DIPY's order with
+    the SYMMATRIX intent, which says its order itself (:func:`load_tensor` needs no ``order``)."""
+    if symmatrix:
+        order = "dipy"
     file_tensor = to_file_frame(np.asarray(tensor, dtype=np.float64), order, affine)
     out = np.empty_like(file_tensor)
     out[..., list(_FILE_INDEX[order])] = file_tensor
+    if symmatrix:
+        return save_volume(out[:, :, :, None, :], affine, path, dtype=np.float32, intent=NIFTI_INTENT_SYMMATRIX)
     return save_volume(out, affine, path, dtype=np.float32)

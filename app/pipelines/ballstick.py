@@ -135,13 +135,13 @@ def fit_ballstick_pipeline(
             f"{dw} diffusion-weighted volumes cannot determine {params.n_fibres} sticks "
             f"({2 + 3 * params.n_fibres} parameters)",
             path=dwi.path,
-            fix="Use fewer sticks (--nfibres) or a series with more directions",
+            fix="Use fewer sticks per voxel or a series with more directions",
         )
     if params.model == 1:
         weighted = np.round(dwi.bvals[dwi.bvals > params.b0_threshold] / 100.0)  # shells 100 s/mm² apart
         if len(np.unique(weighted)) > 1:
             warnings.append(
-                "multi-shell data fitted with model 1 (one diffusivity); --model 2, FSL's default, models "
+                "multi-shell data fitted with model 1 (one diffusivity); model 2, FSL's default, models "
                 "the diffusivity spread across shells (fewer spurious crossings) and takes about 12 times as long"
             )
     iterations = params.burnin + params.njumps

@@ -144,8 +144,11 @@ def test_connectome_heatmap_cells_select_streamlines(demo_window, demo_dir, qtbo
     assert win.wait_for_jobs(30)
     qtbot.wait(200)  # the ROI-selection timer (40 ms) has had its chance
     np.testing.assert_array_equal(bundles.selection, selection)
-    # ...and an ROI takes over: the streamlines through it, and without ROIs again, all
+    # ...and, once the user filters the layer by ROIs, an ROI takes over: the streamlines through
+    # it, and without ROIs again, all
     from tractlens.app.model import Layer, RoiMask
+
+    bundles.set(filter_by_rois=True)  # the layer menu's "Filter by ROIs"
 
     roi = RoiMask("through_arc", np.zeros(win.document.reference_shape, bool), win.document.reference_affine)
     roi.mask[labels == 5] = True  # arc_start

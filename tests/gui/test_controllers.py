@@ -50,7 +50,7 @@ def three_fibres() -> Tractogram:
 def document_with_fibres() -> tuple[Document, Layer]:
     doc = Document()
     doc.add_layer(Layer("FA", Volume("FA", np.zeros(SHAPE, np.float32), AFFINE), "scalar"))
-    tracts = doc.add_layer(Layer("fibres", three_fibres(), "tractogram"))
+    tracts = doc.add_layer(Layer("fibres", three_fibres(), "tractogram", filter_by_rois=True))
     return doc, tracts
 
 

@@ -1,5 +1,5 @@
 """Dock tabs that are never cut ("Geode…", "C…", "P…") and a job list that neither fills with
-"select fibers" rows nor cuts an error to "failed: in"."""
+"select streamlines" rows nor cuts an error to "failed: in"."""
 
 from PySide6.QtCore import Qt
 
@@ -29,12 +29,12 @@ def test_interactive_selection_jobs_keep_one_row_and_other_jobs_keep_theirs(qtbo
 
     panel = JobPanel(runner)
     qtbot.addWidget(panel)
-    ids = [runner.submit("select fibers", lambda ctx: None) for _ in range(12)]
+    ids = [runner.submit("select streamlines", lambda ctx: None) for _ in range(12)]
     other = runner.submit("load FA.nii.gz", lambda ctx: None)
     assert runner.wait(10)
     qtbot.waitUntil(lambda: all(runner.jobs.get(i) is None or runner.jobs[i].state == "done" for i in ids))
     rows = [panel.tree.topLevelItem(i) for i in range(panel.tree.topLevelItemCount())]
-    assert [row.text(0) for row in rows] == ["select fibers", "load FA.nii.gz"]
+    assert [row.text(0) for row in rows] == ["select streamlines", "load FA.nii.gz"]
     assert rows[0].data(0, Qt.ItemDataRole.UserRole) == ids[-1]  # the latest run
     assert rows[1].data(0, Qt.ItemDataRole.UserRole) == other
     assert rows[0].text(2) == "done"

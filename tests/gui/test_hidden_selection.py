@@ -14,7 +14,9 @@ def _track_with_hidden_target(win, demo_dir, qtbot):
     assert win.wait_for_jobs(60)
     qtbot.mouseClick(win.deterministic_panel.track_button, Qt.MouseButton.LeftButton)
     assert win.wait_for_jobs(120) and win.errors == []
-    return target, win.deterministic_panel.result_layer
+    result = win.deterministic_panel.result_layer
+    result.set(filter_by_rois=True)  # the user's choice (layer menu "Filter by ROIs"): never by itself
+    return target, result
 
 
 def test_showing_the_target_again_says_that_it_hides_every_fibre(demo_window, demo_dir, qtbot):
@@ -28,19 +30,20 @@ def test_showing_the_target_again_says_that_it_hides_every_fibre(demo_window, de
     messages = []
     win.selection.notice.connect(messages.append)
     target.set(visible=True)  # as the user ticks it in the layer list
-    qtbot.waitUntil(lambda: result.selection is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: "target" in (result.selection_by or ""), timeout=10_000)
     assert win.wait_for_jobs(60)
     shown = int(result.selection.sum())
     assert shown == 0  # no fibre from this seed reaches this target: the situation
     expected = f"{shown} of {total} shown (selection by ROIs roi_crossing_lr_seed, roi_crossing_lr_target)"
     assert expected in panel.status.text()
-    assert expected in win.layer_panel.item_for(result).text()
+    assert expected in win.layer_panel.item_for(result).toolTip()  # the row says "0 of N", its tip why
     assert messages and "none of its" in messages[-1] and "Hide an ROI" in messages[-1]
     assert "none of its" in win.statusBar().currentMessage()
 
     target.set(visible=False)  # hidden again: every fibre shown, and said so
     qtbot.waitUntil(lambda: result.selection is not None and result.selection.all(), timeout=10_000)
-    assert f"all {total} shown (selection by ROI roi_crossing_lr_seed)" in win.layer_panel.item_for(result).text()
+    qtbot.waitUntil(lambda: "target" not in (result.selection_by or "target"), timeout=10_000)
+    assert f"all {total} shown (selection by ROI roi_crossing_lr_seed)" in win.layer_panel.item_for(result).toolTip()
     assert "Now" not in panel.status.text()
 
 
@@ -53,7 +56,7 @@ def test_distance_table_and_report_count_only_the_fibres_shown(demo_window, demo
     win.open_paths([demo_dir / "lesion.nii.gz"])
     assert win.wait_for_jobs(60)
     target.set(visible=True)
-    qtbot.waitUntil(lambda: win.document.layer("deterministic").selection is not None, timeout=10_000)
+    qtbot.waitUntil(lambda: "target" in (win.document.layer("deterministic").selection_by or ""), timeout=10_000)
     panel = win.presurgical_panel
     panel.measure()
     assert win.wait_for_jobs(60) and win.errors == []

@@ -21,37 +21,31 @@ def coloured_tractogram(name: str, y: float, n: int = 6) -> Layer:
     return Layer(name, tract, "tractogram")
 
 
-def bar_rectangles(view3d) -> list[tuple[float, float, float, float]]:
-    out = []
-    for bar in view3d.plotter.scalar_bars.values():
-        x, y = bar.GetPosition()
-        out.append((x, y, x + bar.GetWidth(), y + bar.GetHeight()))
-    return out
+def shown_bar_titles(view3d) -> list[str]:
+    bars = view3d.plotter.scalar_bars
+    return [title for title in bars.keys() if bars[title].GetVisibility()]
 
 
-def test_colour_bars_of_several_tractograms_lie_side_by_side_and_go_with_their_layer(window, qtbot):
+def test_one_labelled_colour_bar_for_the_selected_tractogram_none_for_hidden_or_empty_ones(window, qtbot):
     doc = window.document
     doc.add_layer(Layer("blank", Volume("blank", np.zeros(SHAPE, np.float32), AFFINE), "scalar"))
     layers = [doc.add_layer(coloured_tractogram(f"bundle {i}", 4 + 7 * i)) for i in range(3)]
     for layer in layers:
         layer.set(color_by="weight")
     view = window.view3d
-    rects = bar_rectangles(view)
-    assert len(rects) == 3  # one per coloured layer
-    # One row (stacked bars put each title onto the bar above it) of disjoint boxes.
-    assert len({round(rect[1], 6) for rect in rects}) == 1
-    for i, a in enumerate(rects):
-        assert 0 <= a[0] < a[2] <= 1 and 0 <= a[1] < a[3] <= 1  # inside the view
-        for b in rects[i + 1 :]:
-            overlap_x = min(a[2], b[2]) - max(a[0], b[0])
-            overlap_y = min(a[3], b[3]) - max(a[1], b[1])
-            assert overlap_x <= 0 or overlap_y <= 0, (a, b)  # never on top of each other
-    window.save_screenshot(ARTIFACTS / "colour_bars_side_by_side.png")
-    doc.remove_layer(layers[1])
-    assert len(bar_rectangles(view)) == 2
-    layers[0].set(color_by="direction")
-    (left,) = bar_rectangles(view)
-    assert left[0] == pytest.approx(0.02)  # the remaining bar moves into the first slot
+    assert len(shown_bar_titles(view)) == 1  # one bar, never four identical ones
+    window.select_layer(layers[0])
+    assert shown_bar_titles(view) == ["bundle 0: COMMIT weight"]  # the selected layer's, in words
+    (bar,) = [view.plotter.scalar_bars["bundle 0: COMMIT weight"]]
+    assert bar.GetTitleTextProperty().GetFontSize() >= 12 and bar.GetWidth() >= 0.4
+    window.save_screenshot(ARTIFACTS / "colour_bar_selected.png")
+    layers[0].set(visible=False)  # hidden: its bar goes, another shown layer's comes
+    assert shown_bar_titles(view) and "bundle 0" not in shown_bar_titles(view)[0]
+    for layer in layers[1:]:
+        layer.set(visible=False)
+    assert shown_bar_titles(view) == []
+    layers[2].set(visible=True, color_by="direction")  # coloured by direction: no bar
+    assert shown_bar_titles(view) == []
 
 
 def test_the_3d_view_has_an_anatomical_orientation_marker(window, qtbot):

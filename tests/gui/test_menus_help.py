@@ -9,6 +9,7 @@ import shutil
 import pytest
 from PySide6.QtGui import QAction, QKeySequence
 
+from tests.conftest import ARTIFACTS
 from tractlens.widgets import dialogs
 from tractlens.widgets.controllers.help import shortcut_rows, shortcuts_html
 from tractlens.widgets.controllers.menus import plain, window_actions
@@ -181,3 +182,18 @@ def test_a_long_ball_and_sticks_fit_is_announced_before_it_starts(demo_window, q
     assert "on the CPU" in window.statusBar().currentMessage()
     window.runner.cancel_all()
     assert window.wait_for_jobs(60)
+
+
+def test_the_shortcut_list_fits_an_800_px_screen_and_includes_the_mouse(window, qtbot):
+    from tractlens.widgets.controllers.help import ShortcutsDialog
+
+    dialog = ShortcutsDialog(window)
+    qtbot.addWidget(dialog)
+    dialog.show()
+    qtbot.waitExposed(dialog)
+    dialog.grab().save(str(ARTIFACTS / "shortcuts_dialog.png"))
+    assert dialog.height() <= 740  # an 800 px screen less its panel and title bar
+    assert not dialog.area.verticalScrollBar().isVisible()  # and nothing hidden below
+    text = dialog.plain_text()
+    for gesture in ("Wheel", "Right-drag", "Space+drag", "Ctrl+wheel"):
+        assert gesture in text, gesture

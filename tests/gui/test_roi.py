@@ -120,6 +120,7 @@ def test_mask_on_another_grid_is_resampled_with_a_notice(window, tmp_path):
 def test_fibers_are_selected_live_by_the_rois(demo_window, qtbot, demo_dir):
     doc = demo_window.document
     bundles = doc.layer("bundles")
+    bundles.set(filter_by_rois=True)  # the user's choice (layer menu "Filter by ROIs")
     bundle_id = bundles.data.streamline_scalars["bundle"]
     before = demo_window.view3d.screenshot()
     demo_window.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
@@ -144,6 +145,7 @@ def test_fibers_are_selected_live_by_the_rois(demo_window, qtbot, demo_dir):
 def test_painting_an_roi_selects_the_fibers_through_it(demo_window, qtbot):
     doc = demo_window.document
     bundles = doc.layer("bundles")
+    bundles.set(filter_by_rois=True)  # the user's choice (layer menu "Filter by ROIs")
     bundle_id = bundles.data.streamline_scalars["bundle"]
     doc.set_cursor([12, 28, 15])  # on the left-right bundle, away from the crossing
     demo_window.new_roi()
@@ -426,7 +428,7 @@ def test_every_roi_edit_is_undone_and_redone_exactly_with_the_keys(window, qtbot
     image = axial.image_array()
     row, col = axial.geometry_now().pixel_of(np.array([7.0, 7.0, z]))
     r, g, b = image[int(row), int(col)]
-    assert r > 120 and 50 < g < 110 and b < 40  # orange (x 0.6 opacity), not the waypoint's yellow
+    assert r > 100 and 40 < g < 80 and b < 40  # orange (x 0.45 opacity: translucent), not the waypoint's yellow
     window.save_screenshot(ARTIFACTS / "roi_renamed_coloured.png")
 
 
@@ -610,6 +612,7 @@ def test_flood_fill_says_why_it_filled_nothing(window, qtbot):
 def test_the_selection_follows_a_paint_stroke_before_the_mouse_is_released(demo_window, qtbot):
     doc = demo_window.document
     bundles = doc.layer("bundles")
+    bundles.set(filter_by_rois=True)  # the user's choice (layer menu "Filter by ROIs")
     bundle_id = bundles.data.streamline_scalars["bundle"]
     doc.set_cursor([12, 28, 15])  # on the left-right bundle, away from the crossing
     demo_window.new_roi()

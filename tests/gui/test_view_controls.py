@@ -56,16 +56,16 @@ def red_rows(window, doc) -> set[int]:
 def test_the_fiber_slab_thickness_is_a_view_menu_choice_for_all_slice_views(window, qtbot):
     doc = fibers_window(window)
     assert all(view.slab_mm == 4.0 for view in window.views.values())  # the default
-    assert view_action(window, "Fiber s&lab on slices", "4 mm").isChecked()
+    assert view_action(window, "Streamline s&lab on slices", "4 mm").isChecked()
     assert red_rows(window, doc) == {10}  # only the fiber in the slice; 6 mm is outside ±2 mm
-    view_action(window, "Fiber s&lab on slices", "20 mm").trigger()
+    view_action(window, "Streamline s&lab on slices", "20 mm").trigger()
     assert all(view.slab_mm == 20.0 for view in window.views.values())
     assert red_rows(window, doc) == {10, 20}  # ±10 mm: the second fiber too, the third still not
-    view_action(window, "Fiber s&lab on slices", "&All fibers (no slab)").trigger()
+    view_action(window, "Streamline s&lab on slices", "&All streamlines (no slab)").trigger()
     assert all(view.slab_mm is None for view in window.views.values())
     assert red_rows(window, doc) == {10, 20, 30}
     window.save_screenshot(ARTIFACTS / "fiber_slab_all.png")
-    view_action(window, "Fiber s&lab on slices", "1 mm").trigger()
+    view_action(window, "Streamline s&lab on slices", "1 mm").trigger()
     assert red_rows(window, doc) == {10}
     # The sagittal view (x = 20) cuts all three fibers: with a slab it shows the one in its slab.
     assert window.views["sagittal"].slab_mm == 1.0

@@ -66,6 +66,9 @@ class ReportController:
         return export_report(self.window, path, **options)
 
     def report_dialog(self) -> None:
+        if not self.window.document.layers:
+            self.window.report_error("There is nothing to report yet: open data first (File ▸ Open, or Open demo).", "")
+            return
         path = dialogs.save_file(self.window, "Export report", "report.pdf", "PDF (*.pdf)")
         if path and self.edit_scan_info() is not None:
             try:

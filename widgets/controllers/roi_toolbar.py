@@ -6,14 +6,26 @@ About widgets: it holds the window's tool bar and 3-D view; the drawing itself i
 from __future__ import annotations
 
 import numpy as np
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QActionGroup, QKeySequence
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QSpinBox
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QLabel, QSpinBox
 
 from tractlens.app.model import ROI_ROLES, shape_half_sizes
 from tractlens.resources import TOOLBAR_ICONS
 
 from .menus import add_action
 
+TOOL_TIPS = {  # what each tool does, for its tool tip (the key is added)
+    "navigate": "Navigate: click to move the cursor, wheel for the next slice, right-drag for window/level, Shift+drag to pan",
+    "brush": "Brush: drag on a slice to paint into the selected ROI",
+    "eraser": "Eraser: erase from the selected ROI",
+    "rectangle": "Rectangle: drag to fill a rectangle in the selected ROI",
+    "polygon": "Polygon: click the corners, double-click to fill",
+    "fill": "Fill: flood-fill the connected voxels above the fill threshold",
+    "sphere": "Sphere: click to place a spherical ROI, Shift+drag to size it (move and resize it in 3-D too)",
+    "box": "Box: click to place a box ROI, Shift+drag to size it (move and resize it in 3-D too)",
+    "ruler": "Ruler: two clicks on a slice measure the distance between them in mm (Esc removes it)",
+}
 TOOLS = (
     ("navigate", "N"),
     ("brush", "B"),
@@ -49,10 +61,18 @@ class RoiToolbar:
         bar = window.addToolBar("ROI")
         bar.setObjectName("toolbar_roi")
         self.role_box = QComboBox()
+        self.role_box.setObjectName("new_roi_role")
         self.role_box.addItems(ROI_ROLES)
+        self.role_box.setToolTip("The role of the next new ROI: seed, target, waypoint, exclusion, stop or lesion")
         self.role_box.currentTextChanged.connect(lambda role: setattr(tools, "role", role))
+        role_label = QLabel(" New ROI as ")
+        role_label.setBuddy(self.role_box)
+        bar.addWidget(role_label)
         bar.addWidget(self.role_box)
-        bar.addAction(add_action(window, edit_menu, "New ROI", self.new_roi, "Ctrl+N", icon_name="new-roi"))
+        self.new_roi_action = add_action(window, edit_menu, "New ROI", self.new_roi, "Ctrl+N", icon_name="new-roi")
+        self.new_roi_action.setToolTip("New ROI (Ctrl+N): an empty ROI of the role chosen, with the brush ready")
+        bar.addAction(self.new_roi_action)
+        bar.widgetForAction(self.new_roi_action).setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         group = QActionGroup(window)
         for tool, key in TOOLS:
             action = add_action(
@@ -64,6 +84,7 @@ class RoiToolbar:
                 True,
                 icon_name=tool if tool in TOOLBAR_ICONS else None,  # the ruler shows its name
             )
+            action.setToolTip(f"{TOOL_TIPS[tool]} ({key})")
             group.addAction(action)
             bar.addAction(action)
             self.tool_actions[tool] = action
@@ -72,6 +93,8 @@ class RoiToolbar:
         self.radius_box.setRange(0, 20)
         self.radius_box.setValue(tools.radius)
         self.radius_box.setPrefix("radius ")
+        self.radius_box.setSuffix(" voxels")
+        self.radius_box.setToolTip("Brush and shape radius, in voxels")
         self.radius_box.valueChanged.connect(self._radius_changed)
         bar.addWidget(self.radius_box)
         self.threshold_box = QDoubleSpinBox()
@@ -80,6 +103,7 @@ class RoiToolbar:
         self.threshold_box.setSingleStep(0.05)
         self.threshold_box.setValue(tools.threshold)
         self.threshold_box.setPrefix("fill > ")
+        self.threshold_box.setToolTip("Fill tool: the connected voxels above this value of the selected map")
         self.threshold_box.valueChanged.connect(lambda t: setattr(tools, "threshold", float(t)))
         bar.addWidget(self.threshold_box)
 
@@ -137,8 +161,11 @@ class RoiToolbar:
             return
         self.shape_created(layer)
 
-    def new_roi(self):
-        """An empty ROI of the chosen role, selected, with the brush ready (None: no image yet)."""
+    def new_roi(self, role: str | None = None):
+        """An empty ROI of the chosen role (or ``role``, which becomes the chosen one), selected,
+        with the brush ready (None: no image yet)."""
+        if role is not None:
+            self.role_box.setCurrentText(role)
         try:
             layer = self.roi_tools.new_roi()
         except ValueError as exc:
@@ -147,4 +174,7 @@ class RoiToolbar:
         self.window.select_layer(layer)
         if self.roi_tools.tool == "navigate":
             self.set_tool("brush")
+        self.window.statusBar().showMessage(
+            f"{layer.name} ({layer.data.role}): paint it on a slice view with the brush (B), then Track (Ctrl+T)", 0
+        )
         return layer

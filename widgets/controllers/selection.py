@@ -10,7 +10,14 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from tractlens.app.model import Document
-from tractlens.app.selection import RoiSelection, empty_selection_notice, has_selecting_rois, select_fibres
+from tractlens.app.selection import (
+    RoiSelection,
+    empty_selection_notice,
+    filtered_tractograms,
+    has_selecting_rois,
+    select_fibres,
+    selected_by_rois,
+)
 
 from ..jobs import JobRunner
 
@@ -18,8 +25,9 @@ THROTTLE_MS = 40
 
 
 class FibreSelection(QObject):
-    """Shows on every tractogram the streamlines that pass the ROIs (seed, target, waypoint: all;
-    exclusion: none), updated as ROIs are edited.
+    """Shows on every tractogram the user filters by ROIs (``layer.filter_by_rois``, the layer
+    menu's "Filter by ROIs") the streamlines that pass them (seed, target, waypoint: all;
+    exclusion: none), updated as ROIs are edited; the others show every streamline.
 
     A throttle, not a debounce: the first edit starts :attr:`timer` and later ones do not restart
     it, so a continuous drag updates the selection every :data:`THROTTLE_MS` instead of only when
@@ -47,6 +55,8 @@ class FibreSelection(QObject):
     def _on_document(self, _source, event, **info) -> None:
         layer = info.get("layer")
         roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
+        if event == "display" and "filter_by_rois" in info.get("changed", ()):
+            roi_changed = True
         if (roi_changed or event == "layers") and not self.timer.isActive():
             self.timer.start()
 
@@ -54,7 +64,10 @@ class FibreSelection(QObject):
         """Select now (on a worker, from a snapshot of the masks); the job id, or None when
         nothing was started."""
         doc = self.document
-        if not any(layer.kind == "tractogram" for layer in doc.layers):
+        for layer in doc.layers:  # the user stopped filtering it: every streamline again
+            if layer.kind == "tractogram" and not layer.filter_by_rois and selected_by_rois(layer):
+                layer.set_selection(None)
+        if not filtered_tractograms(doc):
             return None
         if not has_selecting_rois(doc):
             self._clear()
@@ -77,7 +90,7 @@ class FibreSelection(QObject):
                 return
             notices = []
             for layer, selected in result:
-                if layer in doc.layers:
+                if layer in doc.layers and layer.filter_by_rois:
                     layer.set_selection(selected, by=request.by)
                     notices.append(empty_selection_notice(layer))
             self._finished()
@@ -90,7 +103,7 @@ class FibreSelection(QObject):
                 self._finished()
             self.error.emit(message, details)
 
-        this["id"] = self.job = self.runner.submit("select fibers", job, on_done=done, on_error=failed)
+        this["id"] = self.job = self.runner.submit("select streamlines", job, on_done=done, on_error=failed)
         return self.job
 
     def _clear(self) -> None:
@@ -100,9 +113,8 @@ class FibreSelection(QObject):
             self.runner.cancel(self.job)
             self.job, self._stale = None, False
         if self._from_rois:
-            for layer in self.document.layers:
-                if layer.kind == "tractogram":
-                    layer.set_selection(None)
+            for layer in filtered_tractograms(self.document):
+                layer.set_selection(None)
             self._from_rois = False
 
     def _finished(self) -> None:

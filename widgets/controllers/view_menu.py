@@ -55,10 +55,10 @@ class ViewControls:
         ):
             add_action(window, layout, text, lambda n=name: self.maximise_view(n), f"Alt+{key}")
         add_action(window, layout, "All &four views", lambda: self.maximise_view(None), "Alt+0")
-        slab_menu = view_menu.addMenu("Fiber s&lab on slices")
+        slab_menu = view_menu.addMenu("Streamline s&lab on slices")
         group = QActionGroup(window)
         for mm in (*SLAB_CHOICES_MM, None):
-            text = "&All fibers (no slab)" if mm is None else f"{mm:g} mm"
+            text = "&All streamlines (no slab)" if mm is None else f"{mm:g} mm"
             action = add_action(window, slab_menu, text, lambda m=mm: self.set_fiber_slab(m), checkable=True)
             group.addAction(action)
             self.slab_actions[mm] = action
