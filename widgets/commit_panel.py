@@ -48,6 +48,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
+    QGridLayout,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -145,6 +146,9 @@ class CommitPanel(JobPanelBase):
         self.tract_box.activated.connect(self._picked)
         self.mask_box = QComboBox()
         self.mask_box.setObjectName("commit_mask")
+        for box in (self.tract_box, self.mask_box):  # long layer names elide instead of widening the dock
+            box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            box.setMinimumContentsLength(12)
         self.mask_box.setToolTip(
             "Fit only the voxels of this ROI (resampled onto the DWI's grid if it is on another) that the "
             "streamlines pass; none: every voxel they pass"
@@ -206,10 +210,10 @@ class CommitPanel(JobPanelBase):
         )
         self.save_button.setEnabled(False)
         self.save_button.clicked.connect(self._save_clicked)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.filter_button)
-        buttons.addWidget(self.cancel_button)
-        buttons.addWidget(self.save_button)
+        buttons = QGridLayout()  # two rows: the panel stays as narrow as the tracking panels it is tabbed with
+        buttons.addWidget(self.filter_button, 0, 0)
+        buttons.addWidget(self.cancel_button, 0, 1)
+        buttons.addWidget(self.save_button, 1, 0, 1, 2)
 
         self.threshold = QSlider(Qt.Orientation.Horizontal)
         self.threshold.setObjectName("commit_threshold")

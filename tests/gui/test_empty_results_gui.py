@@ -120,7 +120,7 @@ def test_an_empty_tractogram_layer_through_every_panel(demo_window, demo_dir, qt
         click(qtbot, panel.filter_button)
         assert win.wait_for_jobs(60)
         no_internal_error(win)
-        assert "no streamlines" in panel.status.text()
+        assert "holds 0 streamlines" in panel.status.text()  # the use case's message, as the command says it
         assert panel.result is None
     elif panel_name == "selection":
         win.open_roi(demo_dir / "roi_crossing_lr_target.nii.gz", role="target")

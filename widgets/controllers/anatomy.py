@@ -122,7 +122,7 @@ class AnatomyController:
             dialog.choose(selected)
         dialog.accepted.connect(lambda: self.register(dialog.moving_layer, dialog.fixed_layer, dialog.params))
         self.register_dialog = dialog
-        dialog.open()
+        _show(dialog)
         return dialog
 
     def _new_id(self) -> str:
@@ -286,7 +286,7 @@ class AnatomyController:
         dialog = AtlasRegionDialog(names, find_regions, titles, self.window)
         dialog.accepted.connect(lambda: self.add_atlas_region(dialog.atlas, dialog.value, dialog.region))
         self.atlas_dialog = dialog
-        dialog.open()
+        _show(dialog)
         return dialog
 
     def add_atlas_region(self, atlas: str, value: int, region: str) -> int:
@@ -440,3 +440,13 @@ def moved_by(registration, reference: Grid | None, layers: list[Layer]) -> Layer
         if grid.shape == registration.moving.shape and grid.same_placement(registration.moving):
             return layer
     return None
+
+
+def _show(dialog) -> None:
+    """Window-modal for a person; in a scripted run shown without modality, so that nothing waits
+    on it (the script drives it, or leaves it)."""
+    if dialogs.interactive():
+        dialog.open()
+    else:
+        dialog.setModal(False)
+        dialog.show()
