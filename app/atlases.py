@@ -235,23 +235,16 @@ def load_atlas(name: str) -> tuple[np.ndarray, np.ndarray, tuple[tuple[int, str]
 
 
 def side_of(structure: str) -> str | None:
-    """'left', 'right' or None, from the structure's name in any of the atlases' spellings."""
-    text = structure.replace("-", "_").replace(" ", "_")
-    low = text.lower()
-    if (
-        low.startswith(("left_", "ctx_lh_", "lh_"))
-        or low.endswith(("_l", "_left"))
-        or "_lh_" in low
-        or low.startswith("l_")
-    ):
-        return "left"
-    if (
-        low.startswith(("right_", "ctx_rh_", "rh_"))
-        or low.endswith(("_r", "_right"))
-        or "_rh_" in low
-        or low.startswith("r_")
-    ):
-        return "right"
+    """'left', 'right' or None, from the structure's name in any of the atlases' spellings
+    (``Left_…``, ``…_L``, ``ctx-lh-…``, ``Left-…``)."""
+    low = structure.replace("-", "_").replace(" ", "_").lower()
+    for side, word, short, hemisphere in (("left", "left", "l", "lh"), ("right", "right", "r", "rh")):
+        if (
+            low.startswith((f"{word}_", f"ctx_{hemisphere}_", f"{hemisphere}_", f"{short}_"))
+            or low.endswith((f"_{short}", f"_{word}"))
+            or f"_{hemisphere}_" in low
+        ):
+            return side
     return None
 
 

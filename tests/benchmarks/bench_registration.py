@@ -38,23 +38,11 @@ from scipy import ndimage
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests.anatomy_synth import rigid  # noqa: E402
 from tractlens.app.atlases import load_atlas, load_template  # noqa: E402
 from tractlens.app.grid import Grid  # noqa: E402
 from tractlens.app.io.transforms import load_registration  # noqa: E402
 from tractlens.app.registration import resample  # noqa: E402
-
-
-def rotation(rx, ry, rz, t) -> np.ndarray:
-    out = np.eye(4)
-    for axis, deg in enumerate((rx, ry, rz)):
-        c, s = np.cos(np.radians(deg)), np.sin(np.radians(deg))
-        i, j = [(1, 2), (0, 2), (0, 1)][axis]
-        r = np.eye(4)
-        r[i, i] = r[j, j] = c
-        r[i, j], r[j, i] = -s, s
-        out = r @ out
-    out[:3, 3] = t
-    return out
 
 
 def grid_points(g: Grid) -> np.ndarray:
@@ -83,7 +71,7 @@ EXTRA: list[str] = []  # more `tractlens register` options (--register-args)
 
 def linear_case(kind: str, folder: Path, template, affine) -> dict:
     """T1 (template, moving) onto a b=0-like 2 mm image (fixed) moved by a known transform."""
-    truth = rotation(7, -5, 9, (6.0, -5.0, 4.0))  # fixed RAS -> moving RAS
+    truth = rigid(7, -5, 9, (6.0, -5.0, 4.0))  # fixed RAS -> moving RAS
     if kind == "affine":
         truth = (
             truth
@@ -128,7 +116,7 @@ def warp_field(shape, affine, amplitude_mm: float, seed: int):
 
 def syn_case(folder: Path, template, affine) -> dict:
     src = Grid(affine, template.shape)
-    lin = rotation(4, -3, 5, (3.0, -2.0, 2.0)) @ np.diag([1.04, 0.97, 1.02, 1.0])
+    lin = rigid(4, -3, 5, (3.0, -2.0, 2.0)) @ np.diag([1.04, 0.97, 1.02, 1.0])
     warp = warp_field(template.shape, affine, 5.0, 7)
 
     def subject_to_mni(points):  # phi: a subject point -> the MNI point of the same anatomy
