@@ -1,0 +1,87 @@
+"""The window's first impression (issue 45), what was left: one unit per quantity in the
+tracking panels (the geodesic step in mm), messages in the window's words (no command-line
+flags), the same Track feedback for every tracking panel, units in the Statistics table and
+the first-steps hint as the first thing a newcomer reads. Each on the real window, with a
+screenshot in tests/_artifacts/first_impression_*.png."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from PySide6.QtWidgets import QDockWidget, QLabel
+
+from tests.conftest import ARTIFACTS
+from tests.gui.test_first_impression import on_screen, resize_to
+
+FLAG = re.compile(r"(?<![\w-])--[a-z]")  # a command-line flag: "--tensor-order", "--device"
+
+
+def test_probabilistic_track_brings_its_panel_forward_selects_centres_and_counts(
+    window, demo_bedpostx, demo_dir, qtbot
+):
+    win = window
+    win.open_paths([demo_bedpostx])
+    assert win.wait_for_jobs(60)
+    win.open_roi(demo_dir / "roi_crossing_lr_seed.nii.gz", role="seed")
+    assert win.wait_for_jobs(60)
+    panel = win.probabilistic_panel
+    panel.form.editors["n_samples"].setValue(20)
+    win.findChild(QDockWidget, "dock_deterministic_tracking").raise_()  # another panel in front
+    before = np.array(win.document.cursor, dtype=float)
+    menu = next(action for action in win.menuBar().actions() if action.text() == "&Track").menu()
+    next(action for action in menu.actions() if action.text() == "&Probabilistic (probtrackx)").trigger()
+    assert panel.job_id is not None
+    counted = win.statusBar().findChild(QLabel, "last_result")  # the permanent part of the status bar
+    qtbot.waitUntil(lambda: "Probabilistic tracking" in counted.text(), timeout=120_000)
+    assert win.wait_for_jobs(120) and win.errors == [], win.errors
+    result = panel.result_layer
+    kept = int(panel.result.waytotal)
+    assert kept > 0 and f"{kept:,} streamlines kept in layer {result.name}" in counted.text()
+    assert counted.isVisible()
+    assert on_screen(win.findChild(QDockWidget, "dock_probabilistic_tracking").widget())
+    assert win.layer_panel.selected_layer() is result
+    # centred: the cursor moved into the path distribution
+    cursor = np.array(win.document.cursor, dtype=float)
+    assert not np.allclose(cursor, before)
+    to_paths = np.linalg.solve(result.data.affine, win.document.reference_affine)
+    ijk = np.rint(to_paths[:3, :3] @ cursor + to_paths[:3, 3]).astype(int)
+    near = result.data.data[tuple(slice(max(0, c - 2), c + 3) for c in ijk)]
+    assert near.any()
+    win.save_screenshot(ARTIFACTS / "first_impression_probabilistic_tracked.png")
+
+
+def test_after_the_demo_the_status_bar_says_the_first_steps(demo_window, qtbot):
+    from tractlens.widgets.controllers.first_steps import HINT
+
+    win = demo_window
+    resize_to(win, qtbot, 1280, 800)
+    message = win.statusBar().currentMessage()
+    assert message == HINT, message
+    assert "lesion" not in message.lower()
+    assert win.errors == []
+    win.save_screenshot(ARTIFACTS / "first_impression_first_screen_status.png")
+
+
+def test_the_statistics_table_gives_diffusivities_their_unit(demo_window, demo_dir, qtbot):
+    win = demo_window
+    panel = win.statistics_panel
+    win.findChild(QDockWidget, "dock_statistics").raise_()
+    panel.layer_box.choose(win.document.layer("bundles"))
+    panel.refresh()
+    assert win.wait_for_jobs(60) and win.errors == []
+    qtbot.waitUntil(lambda: panel.statistics is not None, timeout=10_000)
+    rows = {panel.table.item(r, 0).text(): panel.table.item(r, 1).text() for r in range(panel.table.rowCount())}
+    assert rows["MD along mean"].endswith(" mm²/s") and "±" in rows["MD along mean"], rows
+    value = float(rows["MD along mean"].split()[0])
+    assert 1e-4 < value < 3e-3  # a white-matter MD in mm²/s (the unit is the values', not a label)
+    assert not rows["FA along mean"].endswith("/s")  # FA has no unit
+    win.save_screenshot(ARTIFACTS / "first_impression_statistics_units.png")
+
+    roi = win.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
+    panel.layer_box.choose(roi)
+    panel.refresh()
+    assert win.wait_for_jobs(60)
+    qtbot.waitUntil(lambda: panel.statistics is not None and panel.statistics.kind == "roi", timeout=10_000)
+    rows = {panel.table.item(r, 0).text(): panel.table.item(r, 1).text() for r in range(panel.table.rowCount())}
+    assert rows["MD inside mean"].endswith(" mm²/s"), rows
