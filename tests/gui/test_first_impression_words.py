@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QLabel
 
 from tests.conftest import ARTIFACTS
 from tests.gui.test_first_impression import on_screen, resize_to
+from tractlens.gpu.geodesic_params import GeodesicParams
 
 FLAG = re.compile(r"(?<![\w-])--[a-z]")  # a command-line flag: "--tensor-order", "--device"
 
@@ -85,3 +88,43 @@ def test_the_statistics_table_gives_diffusivities_their_unit(demo_window, demo_d
     qtbot.waitUntil(lambda: panel.statistics is not None and panel.statistics.kind == "roi", timeout=10_000)
     rows = {panel.table.item(r, 0).text(): panel.table.item(r, 1).text() for r in range(panel.table.rowCount())}
     assert rows["MD inside mean"].endswith(" mm²/s"), rows
+
+
+def test_the_geodesic_step_is_in_mm_like_the_other_panels_and_the_command_line(demo_window, demo_dir, qtbot):
+    from tractlens.app.cli.parser import build_command_parser
+    from tractlens.app.cli.track import geodesic_params
+    from tractlens.app.pipelines.track import tensor_field_of
+    from tractlens.gpu.params import default_of, field_of
+
+    win = demo_window
+    panel = win.geodesic_panel
+    step = panel.form.editors["step"]
+    others = (win.deterministic_panel.form.editors["step_mm"], win.probabilistic_panel.form.editors["step_mm"])
+    assert [box.suffix() for box in others] == [step.suffix()] * 2 == [" mm"] * 2
+    tensors = win.document.layer("tensors")
+    voxel_mm = float(np.min(tensors.data.voxel_size))
+    assert voxel_mm == pytest.approx(2.0)  # the demo's 2 mm voxels: mm and voxels differ
+    # the default is the dataclass's (voxels), shown in mm for these tensors; so are the limits
+    assert step.value() == pytest.approx(default_of(GeodesicParams, "step") * voxel_mm)
+    lo, hi = field_of(GeodesicParams, "step").metadata["limits"]
+    assert (step.minimum(), step.maximum()) == pytest.approx((lo * voxel_mm, hi * voxel_mm))
+
+    win.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
+    win.open_roi(demo_dir / "roi_arc_target.nii.gz", role="target")
+    assert win.wait_for_jobs(60)
+    assert step.value() == pytest.approx(default_of(GeodesicParams, "step") * voxel_mm)
+    panel.directions.setValue(30)
+    step.setValue(0.5)  # mm
+    win.open_roi(demo_dir / "lesion.nii.gz", role="lesion")  # a new layer keeps what was typed
+    assert win.wait_for_jobs(60) and step.value() == pytest.approx(0.5)
+    win.findChild(QDockWidget, "dock_geodesic_tracking").raise_()
+    qtbot.mouseClick(panel.track_button, Qt.MouseButton.LeftButton)
+    assert win.wait_for_jobs(180) and win.errors == [], win.errors
+    used = panel.result_layer.provenance["parameters"]["step"]
+    assert used == pytest.approx(0.5 / voxel_mm)  # voxels, as the engine takes it
+    # the same number as the command line's --step 0.5 on these tensors
+    args = build_command_parser().parse_args(
+        ["track", "geodesic", "--tensor", "t.nii.gz", "--seed", "s.nii.gz", "--step", "0.5", "-o", "o.trk"]
+    )
+    assert geodesic_params(args, tensor_field_of(win.document, tensors.data)).step == pytest.approx(used)
+    win.save_screenshot(ARTIFACTS / "first_impression_geodesic_step_mm.png")
