@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.warmup import submit_gpu_warmup
+from tractlens.app.window_words import window_words
 
 from . import dialogs, glyphs
 from .ballstick import BallStickDialog
@@ -395,7 +396,8 @@ class MainWindow(QMainWindow):
 
     def report_error(self, message: str, details: str) -> None:
         """Tell the user: the status bar, :attr:`errors`, and a (non-blocking) box when dialogs
-        may be shown (:func:`dialogs.interactive`)."""
+        may be shown (:func:`dialogs.interactive`); in the window's words (no command-line flags)."""
+        message = window_words(message)
         self.errors.append(message)
         self.statusBar().showMessage(message, 15000)
         dialogs.notify(self, "TractLens", message, details)

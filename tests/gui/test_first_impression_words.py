@@ -128,3 +128,41 @@ def test_the_geodesic_step_is_in_mm_like_the_other_panels_and_the_command_line(d
     )
     assert geodesic_params(args, tensor_field_of(win.document, tensors.data)).step == pytest.approx(used)
     win.save_screenshot(ARTIFACTS / "first_impression_geodesic_step_mm.png")
+
+
+def test_messages_in_the_window_name_no_command_line_flag(demo_window, demo_dir, qtbot, tmp_path):
+    import nibabel as nib
+
+    from tractlens.app.errors import InputError
+    from tractlens.app.io import load_tensor
+
+    win = demo_window
+    # A 6-volume tensor file that does not say its element order: the command line's message names
+    # --tensor-order (its tests hold it to that); the window's says it in words.
+    path = tmp_path / "tensor_of_unknown_order.nii.gz"
+    nib.save(nib.Nifti1Image(np.zeros((6, 6, 6, 6), np.float32), np.eye(4)), path)
+    try:
+        load_tensor(path)
+        raise AssertionError("an order-less tensor file was read")
+    except InputError as exc:
+        assert "--tensor-order fsl" in str(exc)
+    win.open_paths([path])
+    assert win.wait_for_jobs(60)
+    assert win.errors and "element order" in win.errors[-1], win.errors
+    assert "dtifit" in win.errors[-1] and not FLAG.search(win.errors[-1]), win.errors[-1]
+    shown = win.statusBar().currentMessage()
+    assert "element order" in shown and not FLAG.search(shown), shown
+    win.save_screenshot(ARTIFACTS / "first_impression_message_without_flags.png")
+
+    # A panel's status line too: two-point tracking with the eikonal method (a use-case error
+    # that names --two-point and --method on the command line).
+    panel = win.geodesic_panel
+    win.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
+    win.open_roi(demo_dir / "roi_arc_target.nii.gz", role="target")
+    assert win.wait_for_jobs(60)
+    panel.method.setCurrentText("eikonal")
+    panel.two_point.setChecked(True)
+    panel.track()
+    assert win.wait_for_jobs(60)
+    assert "ray tracing" in panel.status.text() and not FLAG.search(panel.status.text()), panel.status.text()
+    assert "“Two-point”" in panel.status.text() and not FLAG.search(win.errors[-1]), win.errors[-1]
