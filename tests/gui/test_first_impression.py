@@ -207,6 +207,7 @@ def test_a_newcomer_gets_from_the_demo_to_streamlines_with_labelled_controls(dem
     assert win.layer_panel.selected_layer() is result  # selected, and centred: the cursor is on it
     assert on_screen(dock(win, "dock_deterministic_tracking").widget())
     assert not hint.isVisible()  # the first tract exists: the hint has done its work
+    assert win.statusBar().currentMessage() != hint.text()  # in the status bar too
     entry = win.view3d._fibers[id(result)]
     assert entry["actor"].GetVisibility()  # on screen in 3-D
     assert doc.layer("bundles").selection is None and doc.layer("bundles").visible

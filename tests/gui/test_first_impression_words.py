@@ -41,6 +41,7 @@ def test_probabilistic_track_brings_its_panel_forward_selects_centres_and_counts
     result = panel.result_layer
     kept = int(panel.result.waytotal)
     assert kept > 0 and f"{kept:,} streamlines kept in layer {result.name}" in counted.text()
+    assert not win.first_steps.hint.isVisible() and "New ROI" not in win.statusBar().currentMessage()
     assert counted.isVisible()
     assert on_screen(win.findChild(QDockWidget, "dock_probabilistic_tracking").widget())
     assert win.layer_panel.selected_layer() is result
@@ -152,6 +153,11 @@ def test_messages_in_the_window_name_no_command_line_flag(demo_window, demo_dir,
     assert "dtifit" in win.errors[-1] and not FLAG.search(win.errors[-1]), win.errors[-1]
     shown = win.statusBar().currentMessage()
     assert "element order" in shown and not FLAG.search(shown), shown
+    failed = [j for j in win.runner.jobs.values() if j.error]  # the Jobs dock shows these
+    assert failed and all(not FLAG.search(j.error) for j in failed), [j.error for j in failed]
+    win.findChild(QDockWidget, "dock_jobs").raise_()
+    labels = [label.text() for label in win.findChildren(QLabel) if label.isVisible()]
+    assert any("element order" in text for text in labels) and not any(FLAG.search(t) for t in labels), labels
     win.save_screenshot(ARTIFACTS / "first_impression_message_without_flags.png")
 
     # A panel's status line too: two-point tracking with the eikonal method (a use-case error

@@ -96,6 +96,9 @@ class FirstSteps(QObject):
     def update_hint(self) -> None:
         has_data = self.window.document.reference_affine is not None
         self.hint.setVisible(has_data and not self.tracked)
+        status = self.window.statusBar()
+        if self.tracked and status.currentMessage() == HINT:  # its work is done there too
+            status.clearMessage()
         self._place_hint()
 
     def _place_hint(self) -> None:
