@@ -77,6 +77,13 @@ def _mean_sd(name: str, values: np.ndarray, unit: str = "") -> Quantity:
     return Quantity(f"{name} mean", float(values.mean()), unit, float(values.std(ddof=1)) if values.size > 1 else 0.0)
 
 
+def map_unit(map_name: str) -> str:
+    """The unit of a scalar map by its name (``MD``, ``dti_AD``: mm²/s; FA and others: none)."""
+    from .pipelines.dti import MAP_UNITS
+
+    return MAP_UNITS.get(map_name) or MAP_UNITS.get(map_name.rsplit("_", 1)[-1], "")
+
+
 def _map_data(volume: Volume) -> np.ndarray:
     data = np.asarray(volume.data)
     if data.ndim == 4 and data.shape[3] == 1:
@@ -136,7 +143,7 @@ def tract_statistics(
         table.quantities.append(Quantity("volume of voxels visited", None, "mm³"))
     for map_name, volume in (maps or {}).items():
         values = sample_map(volume, part.points_on(volume.affine), params.sampling) if len(part.points) else []
-        table.quantities.append(_mean_sd(f"{map_name} along", np.asarray(values)))
+        table.quantities.append(_mean_sd(f"{map_name} along", np.asarray(values), map_unit(map_name)))
     return table
 
 
@@ -156,7 +163,7 @@ def roi_statistics(
     world = voxels @ affine[:3, :3].T + affine[:3, 3]
     for map_name, volume in (maps or {}).items():
         ijk = (world - volume.affine[:3, 3]) @ np.linalg.inv(volume.affine[:3, :3]).T if len(world) else world
-        table.quantities.append(_mean_sd(f"{map_name} inside", sample_map(volume, ijk)))
+        table.quantities.append(_mean_sd(f"{map_name} inside", sample_map(volume, ijk), map_unit(map_name)))
     return table
 
 

@@ -117,3 +117,19 @@ def test_stats_command_writes_csv_and_json(tmp_path, capsys):
     assert main(["stats", "-o", str(tmp_path / "none.csv")]) == 2  # nothing to measure
     assert main(["stats", "--roi", str(tmp_path / "box.nii.gz"), "-o", str(tmp_path / "s.txt")]) == 2
     assert "nothing to measure" in capsys.readouterr().err
+
+
+def test_diffusivity_maps_carry_their_unit_into_the_table_and_the_csv():
+    from tractlens.app.statistics import map_unit, roi_statistics, statistics_csv_text
+
+    assert map_unit("MD") == map_unit("dti_RD") == map_unit("AD") == "mm²/s"
+    assert map_unit("FA") == "" and map_unit("visitation") == ""
+    affine = np.eye(4)
+    mask = np.zeros((4, 4, 4), bool)
+    mask[1:3, 1:3, 1:3] = True
+    md = Volume("MD", np.full((4, 4, 4), 7e-4, np.float32), affine)
+    table = roi_statistics(mask, affine, {"MD": md, "FA": Volume("FA", np.full((4, 4, 4), 0.5), affine)})
+    by_name = {q.name: q for q in table.quantities}
+    assert by_name["MD inside mean"].unit == "mm²/s" and by_name["MD inside mean"].text.endswith("mm²/s")
+    assert by_name["FA inside mean"].unit == ""
+    assert ",MD inside mean,0.0007" in statistics_csv_text([table]) and "mm²/s" in statistics_csv_text([table])

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.errors import InputError
 from tractlens.app.model import Layer
+from tractlens.app.window_words import window_words
 
 from .fit_dialog_parts import message_label
 from .params_form import ParamsForm
@@ -78,7 +79,7 @@ class RegisterDialog(QDialog):
         try:
             params = self.form.value()
         except ValueError as exc:
-            self._say(f"Check the settings: {exc}.")
+            self._say(window_words(f"Check the settings: {exc}."))
             return
         if not self._moving:
             self._say("Open the image to register first (File ▸ Open…).")
@@ -148,7 +149,7 @@ class AtlasRegionDialog(QDialog):
         try:
             found = self.find(atlas, self.search.text().strip(), self.side_box.currentData())
         except InputError as exc:  # the atlas package is missing or damaged: say so here
-            self.message.setText(str(exc))
+            self.message.setText(window_words(str(exc)))
             return
         self.message.setText("" if found else "No region of this atlas matches the search.")
         for value, name in found:

@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 from tractlens.app.estimates import JobEstimate, ballstick_estimate
 from tractlens.app.model import Layer
 from tractlens.app.pipelines.ballstick import BallStickParams
+from tractlens.app.window_words import window_words
 
 from . import dialogs
 from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
@@ -117,7 +118,7 @@ class BallStickDialog(QDialog):
         try:
             params = self.form.value()
         except ValueError as exc:
-            self.message.setText(f"Check the settings: {exc}.")
+            self.message.setText(window_words(f"Check the settings: {exc}."))
             return
         folder = self.folder_edit.text().strip()
         if self.save.isChecked() and not folder:

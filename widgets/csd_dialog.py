@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.model import Layer
 from tractlens.app.pipelines.csd import CSDParams, PeakParams
+from tractlens.app.window_words import window_words
 
 from .fit_dialog_parts import SaveFolder, default_folder, message_label
 from .params_form import ParamsForm
@@ -87,7 +88,7 @@ class CsdDialog(QDialog):
         try:
             params, peak_params = self.form.value(), self.peak_form.value()
         except ValueError as exc:
-            self.message.setText(f"Check the settings: {exc}.")
+            self.message.setText(window_words(f"Check the settings: {exc}."))
             return
         if params.msmt and len(self.shells) < 2:
             self.message.setText(

@@ -88,8 +88,8 @@ class EnvelopeRow:
         return f"0 (overlaps {self.overlap_voxels} voxels)" if self.overlap_voxels else f"{self.min_mm:.1f}"
 
     def cells(self) -> tuple[str, ...]:
-        """Cells under the table's columns (tractogram, streamlines, closest, within margin, %, shown)."""
-        return (self.name, "–", self.closest_text, "yes" if self.within_margin else "no", "–", "uncertainty envelope")
+        """Cells under the table's columns (tractogram, streamlines, closest, within margin)."""
+        return (self.name, "–", self.closest_text, "yes" if self.within_margin else "no")
 
 
 def envelope_rows(document: Document, margin_mm: float) -> list[EnvelopeRow]:

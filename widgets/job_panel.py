@@ -28,6 +28,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
 
 from tractlens.app.model import Document
+from tractlens.app.window_words import window_words
 
 from .jobs import FAILED, RUNNING, JobRunner
 
@@ -106,6 +107,7 @@ class JobPanelBase(QWidget):
 
     def _refuse(self, message: str) -> None:
         """Start nothing; say why on the status line and to the user. Returns None (no job id)."""
+        message = window_words(message)
         self.status.setText(message)
         self.report(message, "")
         return None
@@ -115,6 +117,7 @@ class JobPanelBase(QWidget):
         if token != self._token:
             return  # a run overtaken by a newer one
         self._job_ended()
+        message = window_words(message)
         self.status.setText(f"{self.job_label} failed: {message}")
         self.report(message, details)
 

@@ -22,6 +22,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QRunnable, QThread, QThreadPool, Signal
 
 from tractlens.app.jobs import Cancelled, JobContext, describe_error
+from tractlens.app.window_words import window_words
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class _Runnable(QRunnable):
         except Cancelled:
             job.signals.cancelled.emit(job.id)
         except BaseException as exc:  # every failure must reach the user, none the event loop
-            message, details = describe_error(exc)
+            message, details = window_words_of(exc)
             log.debug("job %s failed: %s\n%s", job.name, message, details)
             job.signals.failed.emit(job.id, message, details)
         else:
@@ -229,7 +230,7 @@ class JobRunner(QObject):
         try:
             callback(*args)
         except Exception as exc:
-            message, details = describe_error(exc)
+            message, details = window_words_of(exc)
             log.error("handling the result of %s failed: %s\n%s", job.name, message, details)
             job.state, job.error, job.details = FAILED, message, details
             self.job_changed.emit(job.id)
@@ -254,3 +255,9 @@ class JobRunner(QObject):
         self.job_changed.emit(job_id)
         self.job_cancelled.emit(job_id)
         self._forget_old()
+
+
+def window_words_of(exc: BaseException) -> tuple[str, str]:
+    """:func:`app.jobs.describe_error` in the window's words (no command-line flags)."""
+    message, details = describe_error(exc)
+    return window_words(message), details

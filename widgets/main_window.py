@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.warmup import submit_gpu_warmup
+from tractlens.app.window_words import window_words
 
 from . import dialogs, glyphs
 from .ballstick import BallStickDialog
@@ -247,7 +248,7 @@ class MainWindow(QMainWindow):
         track = self.first_steps.track  # the method's panel in front, then Track there
         self._action(track_menu, "&Deterministic (tensor)", lambda: track("deterministic"), "Ctrl+T", icon_name="track")
         self._action(track_menu, "&Geodesic (ray tracing)", lambda: track("geodesic"), "Ctrl+G")
-        self._action(track_menu, "&Probabilistic (probtrackx)", self.track_probabilistic, "Ctrl+Shift+P")
+        self._action(track_menu, "&Probabilistic (probtrackx)", lambda: track("probabilistic"), "Ctrl+Shift+P")
         filter_menu = self.menuBar().addMenu("F&ilter")
         self._action(filter_menu, "&COMMIT filtering…", self.show_commit_panel)
         analysis_menu = self.menuBar().addMenu("&Analysis")
@@ -261,8 +262,7 @@ class MainWindow(QMainWindow):
 
     def track_probabilistic(self) -> int | None:
         """Track menu: show the Probabilistic tracking panel and track with its settings."""
-        self.findChild(QDockWidget, "dock_probabilistic_tracking").raise_()
-        return self.probabilistic_panel.track()
+        return self.first_steps.track("probabilistic")
 
     def show_dock(self, name: str) -> QDockWidget:
         """Analysis menu: show and raise a dock (``dock_connectivity``, ``dock_presurgical``)."""
@@ -396,7 +396,8 @@ class MainWindow(QMainWindow):
 
     def report_error(self, message: str, details: str) -> None:
         """Tell the user: the status bar, :attr:`errors`, and a (non-blocking) box when dialogs
-        may be shown (:func:`dialogs.interactive`)."""
+        may be shown (:func:`dialogs.interactive`); in the window's words (no command-line flags)."""
+        message = window_words(message)
         self.errors.append(message)
         self.statusBar().showMessage(message, 15000)
         dialogs.notify(self, "TractLens", message, details)

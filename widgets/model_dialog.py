@@ -33,6 +33,7 @@ from tractlens.app.pipelines.fit_model import (
     resolve_model,
 )
 from tractlens.app.usecases.fits import fit_model
+from tractlens.app.window_words import window_words
 
 from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
 from .params_form import ParamsForm
@@ -93,7 +94,7 @@ class ModelFitDialog(QDialog):
                 resolve_model(self.model.currentText(), params), self.dwi.bvals, params.b0_threshold, self.dwi.path
             )
         except (ValueError, InputError) as exc:
-            self.message.setText(f"Cannot fit: {exc}")
+            self.message.setText(window_words(f"Cannot fit: {exc}"))
             return
         folder = self.folder_edit.text().strip()
         if self.save.isChecked() and not folder:

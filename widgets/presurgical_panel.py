@@ -61,7 +61,9 @@ from .layer_combo import LayerCombo
 from .params_form import limits_of
 
 SAFETY_MAP = "safety"
-COLUMNS = ("tractogram", "streamlines", "closest (mm)", "within margin", "%", "shown")
+# Four columns fit a dock at 1280 px: the share within the margin joins its count, and what each
+# row counts of its tractogram ("12 of 65 shown") is said under the table and in the row's tips.
+COLUMNS = ("tractogram", "streamlines", "closest (mm)", "within margin")
 NO_LESION = "(choose the lesion)"
 
 
@@ -188,6 +190,11 @@ class PresurgicalPanel(JobPanelBase):
         self.meaning.setWordWrap(True)
         self.meaning.setVisible(False)
         layout.addWidget(self.meaning)
+        self.shown_note = QLabel("")  # rows that count only the streamlines shown
+        self.shown_note.setObjectName("presurgical_shown")
+        self.shown_note.setWordWrap(True)
+        self.shown_note.setVisible(False)
+        layout.addWidget(self.shown_note)
         layout.addWidget(self.status)
         document.connect(self._on_document)
 
@@ -352,12 +359,11 @@ class PresurgicalPanel(JobPanelBase):
                 row.name,
                 f"{row.streamlines:,}",
                 f"{row.min_mm:.2f}" if np.isfinite(row.min_mm) else "none",
-                f"{row.within_margin:,}",
-                f"{row.percent_within:.1f}",
-                row.shown,
+                f"{row.within_margin:,} ({row.percent_within:.1f} %)",
             )
             for c, text in enumerate(cells):
                 item = QTableWidgetItem(text)
+                item.setToolTip(row.shown)
                 if c:
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
@@ -369,6 +375,9 @@ class PresurgicalPanel(JobPanelBase):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 self.table.setItem(r, c, item)
         self.meaning.setVisible(bool(shells))
+        partial = [f"{row.name}: {row.shown}" for row in rows if not row.shown.startswith("all ")]
+        self.shown_note.setText("; ".join(partial) + "." if partial else "")
+        self.shown_note.setVisible(bool(partial))
         return rows
 
     # ---------------------------------------------------------------- lesion

@@ -49,6 +49,7 @@ from tractlens.app.selection import shown_of
 
 from . import dialogs
 from .direction_field import DirectionFieldChoice
+from .geodesic_step import StepInMm
 from .job_panel import JobPanelBase
 from .params_form import ParamsForm, default_of, limits_of
 
@@ -391,6 +392,7 @@ class GeodesicPanel(TrackingPanel):
     def __init__(self, document: Document, runner, *, device: str = "auto", report=None, parent=None):
         super().__init__(document, runner, device=device, report=report, parent=parent)
         self.form = ParamsForm(GeodesicParams, tracking_choices("geodesic"))
+        self.step = StepInMm(self.form, self.tensor_layer)  # in mm, as the other panels' steps
         self.metric_form = ParamsForm(MetricParams)
         seeding = QFormLayout()
         self.seeds_per_voxel = _spin(
@@ -468,6 +470,8 @@ class GeodesicPanel(TrackingPanel):
     # ------------------------------------------------------------------ live
     def _on_document(self, _source, event, **info) -> None:
         layer = info.get("layer")
+        if event == "layers":
+            self.step.follow_tensors()
         if not self.live.isChecked() or layer is None or layer.kind != "roi":
             return
         if event == "roi" or (event == "display" and "role" in info.get("changed", ())):
@@ -500,7 +504,7 @@ class GeodesicPanel(TrackingPanel):
 
     # ------------------------------------------------------------------- job
     def _job(self, volume, rois):
-        params = self.form.value()
+        params = self.step.params()
         metric = self.metric_form.value()
         if not any(roi.role == "seed" for roi in rois):
             return self._no_seed("Paint or open a seed ROI (and a target ROI to rank the streamlines by connectivity).")

@@ -77,6 +77,12 @@ def check_prefix(prefix: str, folder: str | os.PathLike | None = None) -> str:
 #: The default files, with what each holds (``fit_dti.json`` beside them).
 DTI_OUTPUTS = {dti_file_name(name): text for name, text in DTI_MAPS.items()}
 
+#: The unit of the diffusivities (b-values in s/mm²), and the scalar maps that carry it.
+DIFFUSIVITY_UNIT = "mm²/s"
+MAP_UNITS = {
+    name: DIFFUSIVITY_UNIT for name, text in DTI_MAPS.items() if text.endswith(DIFFUSIVITY_UNIT) and name != "tensor"
+}
+
 
 @dataclass
 class DTIResult:

@@ -29,7 +29,7 @@ from tractlens.gpu.streamlines import stop_reason_totals
 from ..errors import InputError
 from ..model import Tractogram
 from ..params import GEODESIC_METHODS as METHODS
-from ..params import GeodesicSeedingParams
+from ..params import GeodesicSeedingParams, default_of, field_of
 from ..regions import Regions
 from ._fallback import batches_with_cpu_fallback, run_with_cpu_fallback
 from .tensor_field import TensorField, TrackResult, require_seed
@@ -72,6 +72,27 @@ def step_in_voxels(step_mm: float, voxel_size) -> float:
     """A step length in mm as :attr:`gpu.geodesic.GeodesicParams.step` takes it: in voxels of the
     smallest voxel size (the one conversion of the geodesic ``--step``)."""
     return float(step_mm) / float(np.min(voxel_size))
+
+
+def step_in_mm(step_voxels: float, voxel_size) -> float:
+    """A :attr:`GeodesicParams.step` (voxels of the smallest voxel size) in mm: the inverse of
+    :func:`step_in_voxels`."""
+    return float(step_voxels) * float(np.min(voxel_size))
+
+
+def step_mm_range(voxel_size) -> tuple[float, float, float]:
+    """(lowest, highest, default) step in mm on a grid of ``voxel_size``: the limits and the
+    default of :attr:`GeodesicParams.step` converted (the window's step box)."""
+    lo, hi = field_of(geodesic_params.GeodesicParams, "step").metadata["limits"]
+    default = default_of(geodesic_params.GeodesicParams, "step")
+    return step_in_mm(lo, voxel_size), step_in_mm(hi, voxel_size), step_in_mm(default, voxel_size)
+
+
+def geodesic_params_mm(values: dict, voxel_size) -> geodesic_params.GeodesicParams:
+    """:class:`GeodesicParams` from values whose ``step`` is in mm (the window's form, as the
+    command line's ``--step``), converted by :func:`step_in_voxels`; raises ValueError as the
+    dataclass does."""
+    return geodesic_params.GeodesicParams(**{**values, "step": step_in_voxels(values["step"], voxel_size)})
 
 
 def ending_summary(totals: dict, params) -> dict:

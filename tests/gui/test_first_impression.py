@@ -106,10 +106,12 @@ def dock_tables(widget: QDockWidget) -> list[QAbstractItemView]:
 
 
 @pytest.mark.parametrize(("width", "height"), SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
-def test_the_window_is_tidy_at_common_screen_sizes(demo_window, qtbot, width, height):
+def test_the_window_is_tidy_at_common_screen_sizes(demo_window, qtbot, demo_dir, width, height):
     win = demo_window
     resize_to(win, qtbot, width, height)
-    win.presurgical_panel.measure()  # its table filled with the demo bundles' rows
+    win.open_roi(demo_dir / "lesion.nii.gz", role="lesion")  # chosen by its role
+    assert win.wait_for_jobs(60)
+    assert win.presurgical_panel.measure() is not None  # its table filled with the demo bundles' rows
     win.statistics_panel.refresh()
     assert win.wait_for_jobs(120)
 
@@ -205,6 +207,7 @@ def test_a_newcomer_gets_from_the_demo_to_streamlines_with_labelled_controls(dem
     assert win.layer_panel.selected_layer() is result  # selected, and centred: the cursor is on it
     assert on_screen(dock(win, "dock_deterministic_tracking").widget())
     assert not hint.isVisible()  # the first tract exists: the hint has done its work
+    assert win.statusBar().currentMessage() != hint.text()  # in the status bar too
     entry = win.view3d._fibers[id(result)]
     assert entry["actor"].GetVisibility()  # on screen in 3-D
     assert doc.layer("bundles").selection is None and doc.layer("bundles").visible

@@ -29,7 +29,7 @@ def test_region_to_region_fibres_are_ranked_filtered_and_retracked_live(demo_win
     seed = win.open_roi(demo_dir / "roi_arc_seed.nii.gz", role="seed")
     target = win.open_roi(demo_dir / "roi_arc_target.nii.gz", role="target")
     panel.directions.setValue(30)
-    panel.form.editors["step"].setValue(0.25)
+    panel.form.editors["step"].setValue(0.5)  # mm: 0.25 of the demo's 2 mm voxels
     qtbot.mouseClick(panel.track_button, Qt.MouseButton.LeftButton)
     assert win.wait_for_jobs(180)
     assert win.errors == []

@@ -66,8 +66,9 @@ def test_distance_table_and_report_count_only_the_fibres_shown(demo_window, demo
     selected = rows["deterministic (selected)"]
     assert selected.streamlines == shown and f"{shown} of {total} shown" in selected.shown
     assert f"{shown} of {total} shown" in rows["deterministic"].shown
-    cells = [panel.table.item(r, 5).text() for r in range(panel.table.rowCount())]
-    assert any(f"{shown} of {total} shown" in cell for cell in cells)
+    tips = [panel.table.item(r, 0).toolTip() for r in range(panel.table.rowCount())]
+    assert any(f"{shown} of {total} shown" in tip for tip in tips)
+    assert f"{shown} of {total} shown" in panel.shown_note.text() and panel.shown_note.isVisibleTo(panel)
     report_rows = {row.name: row for row in distance_rows(win.document, panel.margin_mm)}
     assert report_rows["deterministic (selected)"].streamlines == shown  # also when it is 0
     assert shown == 0 and report_rows["deterministic (selected)"].closest_text.startswith("none")

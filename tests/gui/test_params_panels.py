@@ -74,7 +74,11 @@ def test_panels_start_at_the_dataclass_defaults_and_limits(window):
     _assert_editor(det.rng_seed, SeedingParams, "rng_seed")
 
     geo = window.geodesic_panel
-    _assert_form(geo.form, GeodesicParams)
+    _assert_form(geo.form, GeodesicParams, skip=("step",))  # in mm, as the other panels' steps
+    lo, hi = field_of(GeodesicParams, "step").metadata["limits"]
+    step = geo.form.editors["step"]  # no tensors open: shown for 1 mm voxels, so the same numbers
+    assert step.suffix() == " mm" and step.value() == pytest.approx(default_of(GeodesicParams, "step"))
+    assert (step.minimum(), step.maximum()) == pytest.approx((lo, hi))
     _assert_form(geo.metric_form, MetricParams)
     for name, box in (("seeds_per_voxel", geo.seeds_per_voxel), ("directions", geo.directions),
                       ("rng_seed", geo.rng_seed), ("top_percent", geo.top)):  # fmt: skip

@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtWidgets import QBoxLayout, QDockWidget, QLabel, QPushButton
+
+from tractlens.app.track_results import result_centre, result_count, result_text
 
 HINT = "New ROI → paint a seed → Track (Ctrl+T)"
 PANEL_DOCKS = {  # tracking method -> its dock
@@ -20,7 +21,6 @@ PANEL_DOCKS = {  # tracking method -> its dock
     "geodesic": "dock_geodesic_tracking",
     "probabilistic": "dock_probabilistic_tracking",
 }
-METHOD_WORDS = {"deterministic": "Deterministic tracking", "geodesic": "Geodesic tracking"}
 
 
 class FirstSteps(QObject):
@@ -51,6 +51,7 @@ class FirstSteps(QObject):
         for method, panel in (
             ("deterministic", window.deterministic_panel),
             ("geodesic", window.geodesic_panel),
+            ("probabilistic", window.probabilistic_panel),
         ):
             panel.finished.connect(lambda layer, m=method: self.show_result(m, layer))
         self._paint_seed_button(window.probabilistic_panel)
@@ -89,11 +90,15 @@ class FirstSteps(QObject):
             window.select_layer(chosen)
             window.layer_panel.list.scrollToItem(window.layer_panel.item_for(chosen))
         self.update_hint()
+        window.statusBar().showMessage(HINT)  # what a newcomer reads first, until another message
 
     # ------------------------------------------------------------ the hint
     def update_hint(self) -> None:
         has_data = self.window.document.reference_affine is not None
         self.hint.setVisible(has_data and not self.tracked)
+        status = self.window.statusBar()
+        if self.tracked and status.currentMessage() == HINT:  # its work is done there too
+            status.clearMessage()
         self._place_hint()
 
     def _place_hint(self) -> None:
@@ -118,8 +123,15 @@ class FirstSteps(QObject):
     def track(self, method: str) -> int | None:
         """The Track menu: the method's panel in front, then Track there."""
         self.raise_panel(method)
-        panel = {"deterministic": self.window.deterministic_panel, "geodesic": self.window.geodesic_panel}[method]
-        return panel.track()
+        return self.panel(method).track()
+
+    def panel(self, method: str):
+        window = self.window
+        return {
+            "deterministic": window.deterministic_panel,
+            "geodesic": window.geodesic_panel,
+            "probabilistic": window.probabilistic_panel,
+        }[method]
 
     def show_result(self, method: str, layer) -> None:
         """A tracking run ended: its panel in front, its layer selected and centred, its count said."""
@@ -127,18 +139,17 @@ class FirstSteps(QObject):
         self.raise_panel(method)
         if layer is None or layer not in window.document.layers:
             return
-        count = len(layer.data)
         window.select_layer(layer)
-        if count:
+        if result_count(layer):
             self.tracked = True
             self.update_hint()
             self.centre_on(layer)
-        text = f"{METHOD_WORDS.get(method, method)}: {count:,} streamline{'s' * (count != 1)} in layer {layer.name}"
-        self.result_label.setText(text)
+        self.result_label.setText(result_text(method, layer))
 
     def centre_on(self, layer) -> None:
-        """Put the cursor (and so the slices) at the middle of a tractogram's points."""
+        """Put the cursor (and so the slices) at the middle of the result (a tractogram's points,
+        a path distribution's voxels)."""
         doc = self.window.document
-        points = layer.data.points_on(doc.reference_affine)
-        if len(points):
-            doc.set_cursor(np.median(points, axis=0))
+        centre = result_centre(layer, doc.reference_affine)
+        if centre is not None:
+            doc.set_cursor(centre)

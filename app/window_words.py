@@ -1,0 +1,53 @@
+"""Messages in the window's words. The use cases word their errors for the command line
+(``--tensor-order fsl``, ``--device cpu``, ``--lmax 8``), and the command line's tests hold them
+to it; the window has no flags, so every message it shows passes through :func:`window_words`
+(one place): a known phrase becomes the window's wording, a parameter's flag becomes the label
+its form shows (“SH order”, “δ”), and any other flag loses its dashes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import cache
+
+#: Phrases with a flag that the window says otherwise (the longest first is tried first).
+PHRASES = {
+    "with --tensor-order fsl (dtifit, tractlens), dipy or mrtrix": (
+        "by opening the folder of its fit (dtifit or TractLens's DTI fit write FSL's order); a dipy or "
+        "MRtrix tensor file needs its order named on the tractlens command line"
+    ),
+    "Run with --device cpu (or auto) to compute on the CPU": "Start TractLens on the CPU (device cpu or auto)",
+    "run on a GPU (--device gpu)": "run on a GPU",
+    "--device cpu": "the CPU",
+    "--device gpu": "a GPU",
+    "--device": "the compute device",
+}
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+@cache
+def _labels() -> dict[str, str]:
+    """Every parameter's command-line flag -> the label its form shows."""
+    from .cli.parameter_flags import cli_flags
+    from .params import PARAMS_TYPES
+
+    labels: dict[str, str] = {}
+    for params_type in PARAMS_TYPES:
+        for spec in dataclasses.fields(params_type):
+            label = spec.metadata.get("label")
+            for flag in cli_flags(params_type, spec.name) if label else ():
+                labels.setdefault(flag, label)
+    return labels
+
+
+def window_words(message: str) -> str:
+    """``message`` as the window shows it: no command-line flag left (see the module)."""
+    for phrase in sorted(PHRASES, key=len, reverse=True):
+        message = message.replace(phrase, PHRASES[phrase])
+    labels = _labels()
+
+    def word(match: re.Match) -> str:
+        flag = match.group(0)
+        return f"“{labels[flag]}”" if flag in labels else f"“{match.group(1).replace('-', ' ')}”"
+
+    return FLAG.sub(word, message)
