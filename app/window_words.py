@@ -40,14 +40,28 @@ def _labels() -> dict[str, str]:
     return labels
 
 
+#: A command line the message suggests typing (``tractlens view DIR --series NUMBER``): it keeps its
+#: flags, in the window too, up to the next comma, semicolon or bracket.
+COMMAND = re.compile(r"\btractlens [a-z][\w-]*(?:[ \t]+[^\s,;()]+)*")
+
+
 def window_words(message: str) -> str:
-    """``message`` as the window shows it: no command-line flag left (see the module)."""
+    """``message`` as the window shows it: no command-line flag left (see the module), except in a
+    command line it suggests typing (:data:`COMMAND`)."""
+    parts, last = [], 0
+    for match in COMMAND.finditer(message):
+        parts += [_in_words(message[last : match.start()]), match.group(0)]
+        last = match.end()
+    return "".join([*parts, _in_words(message[last:])])
+
+
+def _in_words(text: str) -> str:
     for phrase in sorted(PHRASES, key=len, reverse=True):
-        message = message.replace(phrase, PHRASES[phrase])
+        text = text.replace(phrase, PHRASES[phrase])
     labels = _labels()
 
     def word(match: re.Match) -> str:
         flag = match.group(0)
         return f"“{labels[flag]}”" if flag in labels else f"“{match.group(1).replace('-', ' ')}”"
 
-    return FLAG.sub(word, message)
+    return FLAG.sub(word, text)

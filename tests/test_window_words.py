@@ -23,3 +23,14 @@ def test_known_phrases_parameter_flags_and_any_other_flag_become_words():
 def test_text_without_flags_is_left_as_it_is():
     for text in ("b = 1000 s/mm², 30 -- 60 directions", "left--right", "x -1 and --", ""):
         assert window_words(text) == text
+
+
+def test_a_command_line_the_message_suggests_keeps_its_flags():
+    text = "several diffusion series (run tractlens view DIR --series NUMBER, or tractlens import-dicom DIR --series 5 -o OUT)"
+    assert window_words(text) == text
+    mixed = window_words("Lower --fa-threshold, or run tractlens track deterministic --fa-threshold 0.1")
+    assert mixed == "Lower “FA threshold”, or run tractlens track deterministic --fa-threshold 0.1"
+    assert (
+        window_words("or run tractlens view DWI --bval FILE --bvec FILE")
+        == "or run tractlens view DWI --bval FILE --bvec FILE"
+    )
