@@ -115,6 +115,37 @@ def probabilistic(subject: Path, counts: list[int], nsamples: int) -> dict:
     return {"nsamples": nsamples, "rows": rows}
 
 
+def markdown(result: dict) -> str:
+    """The results as the tables of docs/multigpu.md."""
+    lines = [f"# Several GPUs: {result['gpus_here']} × {result['gpu'].upper()}", "", f"`{result['command']}`", ""]
+    if "prob" in result:
+        lines += ["| GPUs | whole command (s) | tracking (s) | speed-up | efficiency | merge (s) | same counts |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in result["prob"]["rows"]:
+            lines.append(f"| {r['gpus']} | {r['whole_s']} | {r['tracking_s']:.2f} | {r.get('speedup_tracking', '')} | "
+                         f"{r.get('efficiency_tracking', '')} | {r.get('merge_s') or ''} | {r['same_as_first']} |")  # fmt: skip
+        lines.append("")
+    if "omatrix3" in result:
+        o = result["omatrix3"]
+        lines += ["| omatrix3 | streamlines | s | streamlines/s |", "|---|---|---|---|",
+                  f"| 1 GPU | {o['one_gpu']['streamlines']:,} | {o['one_gpu']['s']} | {o['one_gpu']['streamlines_per_s']:,} |",
+                  f"| {o['n_gpus']['gpus']} GPUs | {o['n_gpus']['streamlines']:,} | {o['n_gpus']['s']} | "
+                  f"{o['n_gpus']['streamlines_per_s']:,} |", "",
+                  f"Identical counts 1 vs N: {o['check']['identical_1_vs_n']}; speed-up {o['speedup']} "
+                  f"(efficiency {o['efficiency']}).", ""]  # fmt: skip
+    if "commit" in result:
+        lines += ["| COMMIT | GPUs | segments | s per iteration | pool peak per device (GB) |", "|---|---|---|---|---|"]
+        for name, case in result["commit"].items():
+            for key in ("one_gpu", "n_gpus"):
+                if key in case:
+                    r = case[key]
+                    peaks = ", ".join(f"{v / 1e9:.1f}" for v in r["pool_peak_bytes_per_device"].values())
+                    gpus = 1 if key == "one_gpu" else case["gpus"]
+                    lines.append(f"| {name} | {gpus} | {case['segments']:,} | {r['s_per_iteration']} | {peaks} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 def gpu_model() -> tuple[str, int]:
     done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
     names = [n for n in done.stdout.splitlines() if n.strip()]
@@ -154,6 +185,10 @@ def main(argv=None) -> int:
     def save():
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2))
+        try:
+            out.with_suffix(".md").write_text(markdown(result))
+        except (KeyError, TypeError, ValueError) as exc:  # a part that failed half-way: the JSON says what
+            log(f"no table: {exc!r}")
 
     failed = False
     started = time.perf_counter()
