@@ -349,6 +349,35 @@ def run_split(
     return [f.result() for f in futures]
 
 
+def start_devices(n: int) -> threading.Thread | None:
+    """Create the CUDA contexts of GPUs 1 … n − 1 on background threads (GPU 0's is made by the
+    usual warm-up), so a shared run started while its files are read finds them ready (a context
+    takes a few hundred milliseconds; the driver serialises a thread that asks for one being
+    made). Nothing happens without a usable GPU; failures are left to the run, which names them."""
+    if n <= 1:
+        return None
+
+    def start() -> None:
+        try:
+            from .backend import gpu_count
+
+            count = gpu_count()
+            import cupy
+
+            def one(i: int) -> None:
+                with cupy.cuda.Device(i):
+                    cupy.zeros(1).sum()
+
+            with ThreadPoolExecutor(max(1, min(n, count) - 1), thread_name_prefix="tractlens-gpu-start") as pool:
+                list(pool.map(one, range(1, min(n, count))))
+        except Exception:  # the run itself reports what is wrong, naming the device
+            pass
+
+    thread = threading.Thread(target=start, name="tractlens-gpu-start", daemon=True)
+    thread.start()
+    return thread
+
+
 def memory_peaks(backends: Sequence[Backend]) -> dict[str, int]:
     """Each GPU's memory-pool peak so far (bytes CuPy's pool holds), by device label."""
     out = {}
@@ -371,4 +400,5 @@ __all__ = [
     "run_split",
     "simulated_backends",
     "split_range",
+    "start_devices",
 ]

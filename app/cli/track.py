@@ -331,6 +331,10 @@ def cmd_track_probabilistic(args) -> int:
 
     if args.gpus < 1:
         raise InputError(f"--gpus must be at least 1, got {args.gpus}", fix="Give how many GPUs to use, e.g. --gpus 2")
+    if args.gpus > 1 and args.device != "cpu":  # the other GPUs' contexts made while the files are read
+        from tractlens.gpu.multidevice import start_devices
+
+        start_devices(args.gpus)
     if wants_connectome(outputs, args.target2, args.target3, args.lrtarget3):
         return _track_connectome(args, params, outputs)
     warm_up_gpu_in_background(args, "probabilistic")
