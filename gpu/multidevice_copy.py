@@ -20,6 +20,10 @@ import numpy as np
 from .backend import Backend
 from .transfer import to_device
 
+#: Seconds a GPU waits for the first one's upload before copying from the host itself (a stuck
+#: device must not hold up the others).
+BROADCAST_WAIT_S = 120.0
+
 _peers: set[tuple[int, int]] = set()
 _peers_lock = threading.Lock()
 
@@ -68,7 +72,8 @@ def peer_copy(arrays: Sequence, source_device: int) -> tuple:
 class Broadcast:
     """Host arrays on every device that asks (:meth:`get`, from that device's thread): the first
     GPU to ask copies them from the host, the others wait and copy them from it. If that first
-    upload fails, the others copy from the host themselves. ``seconds``: per device label, the
+    upload fails (or takes longer than :data:`BROADCAST_WAIT_S`), the others copy from the host
+    themselves. ``seconds``: per device label, the
     time :meth:`get` took and how (``host`` or ``peer``)."""
 
     def __init__(self, arrays: Sequence[np.ndarray]):
@@ -91,8 +96,7 @@ class Broadcast:
                 return arrays
             finally:
                 self._ready.set()
-        self._ready.wait()
-        if self._source is None:
+        if not self._ready.wait(BROADCAST_WAIT_S) or self._source is None:  # stuck or failed: from the host
             return tuple(to_device(a) for a in self.host)
         return peer_copy(self._source[1], self._source[0])
 
