@@ -140,3 +140,13 @@ def test_the_command_with_gpus_writes_the_files_of_one_device(demo_bedpostx, dem
     assert one == sorted(p.name for p in (tmp_path / "three").iterdir()) and "fdt_matrix3.dot" in one
     for name in ("fdt_matrix3.dot", "fdt_paths.nii.gz", "waytotal", "coords_for_fdt_matrix3"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "three" / name).read_bytes(), name
+
+
+def test_more_gpus_than_there_are_is_refused_before_anything_is_written(demo_bedpostx, demo_dir, tmp_path):
+    from tests.test_cli import _expect_input_error
+    from tests.test_connectome_modes import _masks
+
+    seed, _, target3, _ = _masks(demo_dir, tmp_path)
+    _expect_input_error("track", "probabilistic", "--samples", str(demo_bedpostx), "--seed", str(seed), "--omatrix3",
+                        "--target3", str(target3), "--gpus", "64", "-o", str(tmp_path / "o"), match="64 GPU")  # fmt: skip
+    assert not (tmp_path / "o").exists()
