@@ -122,3 +122,59 @@ def test_gpus_with_the_cpu_device_is_refused(demo_dir, tmp_path, capsys):
     args = ["commit", "--dwi", str(demo_dir / "dwi.nii.gz"), "--tractogram", str(demo_dir / "bundles.trk")]
     assert main([*args, "--gpus", "2", "--device", "cpu", "-o", str(tmp_path / "o")]) == 2
     assert "--gpus with --device cpu" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_a_gpu_failing_during_the_fit_stops_the_command_with_its_name_and_no_files(demo_dir, tmp_path, monkeypatch,
+                                                                                     capsys):  # fmt: skip
+    from tractlens.app.cli import main
+    from tractlens.app.pipelines import commit as commit_pipeline
+    from tractlens.gpu import commit_multi
+
+    make = commit_multi.SplitOperator._make
+
+    class Lost:
+        def __init__(self, op):
+            self.op = op
+
+        def column_norms(self):
+            return self.op.column_norms()
+
+        def a(self, x):
+            raise RuntimeError("cudaErrorDevicesUnavailable: device lost (injected)")
+
+        at = a
+
+    def losing(self, backend, sub):
+        op = make(self, backend, sub)
+        return Lost(op) if backend.device_id == 1 else op
+
+    monkeypatch.setattr(commit_pipeline, "gpu_backends", lambda n: simulated_backends(n))
+    monkeypatch.setattr(commit_multi.SplitOperator, "_make", losing)
+    out = tmp_path / "o"
+    args = ["commit", "--dwi", str(demo_dir / "dwi.nii.gz"), "--tractogram", str(demo_dir / "bundles.trk")]
+    assert main([*args, "--gpus", "3", "--max-iter", "5", "-o", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "GPU 1 (simulated on the CPU): RuntimeError: cudaErrorDevicesUnavailable: device lost (injected) while" in err
+    )
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.gpu
+def test_the_commit_use_case_on_gpus_equals_one_gpu_within_float32(demo_dir, monkeypatch):
+    """``commit_from_files(gpus=2)``: every GPU when there are several, else two blocks on one."""
+    from tractlens.app.pipelines import commit as commit_pipeline
+    from tractlens.app.usecases.commit import commit_from_files
+    from tractlens.gpu.backend import gpu_count
+
+    files = (demo_dir / "dwi.nii.gz", demo_dir / "bundles.trk")
+    params = commit_pipeline.CommitParams(max_iter=50)
+    one, _ = commit_from_files(*files, params=params, device="gpu")
+    n = max(2, gpu_count())
+    if gpu_count() < 2:
+        gpu = get_backend("gpu")
+        monkeypatch.setattr(commit_pipeline, "gpu_backends", lambda k: [gpu] * k)
+    split, _ = commit_from_files(*files, params=params, gpus=n)
+    w1, wn = one.weights, split.weights
+    np.testing.assert_allclose(wn, w1, rtol=0, atol=FLOAT32 * np.abs(w1).max())
+    assert split.provenance["gpus"] == n and split.provenance["s_per_iteration"] > 0

@@ -134,3 +134,37 @@ def test_a_failed_shared_run_writes_no_output(tmp_path, monkeypatch, capsys, dem
     assert code == 2
     assert re.search(r"GPU [01] \(simulated on the CPU\): out of memory while tracking", capsys.readouterr().err)
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_failing_share_is_tracked_by_the_other(monkeypatch):
+    """Two shares of one GPU (or two GPUs), the second out of memory once its tracker is made
+    (its device memory taken, then lost): the survivor's kernel totals equal one run's to the
+    last count, and the note names the device."""
+    from tractlens.gpu import probabilistic_split
+    from tractlens.gpu.backend import get_backend, gpu_backends, gpu_count
+    from tractlens.gpu.probabilistic_kernel import track_kernel
+
+    from .test_multidevice import _assert_same, _split_case
+
+    field_, bits, seeds, params = _split_case()
+    gpu = get_backend("gpu")
+    whole = track_kernel(gpu, field_, bits, seeds, params, 1, 1, seed_matrix=True)
+    backends = gpu_backends(2) if gpu_count() > 1 else [gpu, gpu]
+    opened = []
+    lock = threading.Lock()
+    init = probabilistic_split._KernelShare.__init__
+
+    def failing(self, *a, **k):
+        init(self, *a, **k)
+        with lock:
+            opened.append(self)
+            second = len(opened) == 2
+        if second:
+            raise MemoryError("injected")
+
+    monkeypatch.setattr(probabilistic_split._KernelShare, "__init__", failing)
+    split = probabilistic_split.track_split(field_, bits, seeds, params, backends, n_targets=1, n_waypoints=1,
+                                            seed_matrix=True, batch_streamlines=64)  # fmt: skip
+    _assert_same(split, whole)
+    assert len(split.provenance["notes"]) == 1 and "out of memory while starting" in split.provenance["notes"][0]
