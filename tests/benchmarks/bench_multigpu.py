@@ -78,11 +78,11 @@ def digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def make_subject(subject: Path) -> None:
+def make_subject(subject: Path, quick: bool = False) -> None:
     if not (subject / "subject.json").is_file():
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), "--outdir", str(subject), "--make-only"],
-                       check=True, cwd=ROOT)  # fmt: skip
+        subprocess.run([sys.executable, str(HERE / "bench_e2e.py"), "--outdir", str(subject), "--make-only",
+                        *(["--quick"] if quick else [])], check=True, cwd=ROOT)  # fmt: skip
         log(f"subject made in {time.perf_counter() - t0:.0f} s")
 
 
@@ -173,8 +173,25 @@ def main(argv=None) -> int:
     p.add_argument("--commit-iterations", type=int, default=3, help="timed iterations (A x + Aᵀ y)")
     p.add_argument("--commit-fit-iterations", type=int, default=20, help="FISTA iterations of the comparison")
     p.add_argument("--out", type=Path)
+    p.add_argument("--smoke", action="store_true",
+                   help="a check of the script without a GPU: simulated GPUs on the CPU, bench_e2e's small subject, "
+                   "tiny sizes; omatrix3 and commit only")  # fmt: skip
     args = p.parse_args(argv)
-    model, n_here = gpu_model()
+    if args.smoke:
+        args.parts = ",".join(x for x in args.parts.split(",") if x != "prob")
+        args.subject = args.subject.with_name(args.subject.name + "-quick")
+        args.omatrix3_streamlines, args.omatrix3_one, args.omatrix3_check = 4000, 2000, 2000
+        args.commit_small_streamlines, args.commit_small_segments = 240, 6
+        args.commit_big_streamlines, args.commit_big_segments = 480, 8
+        args.commit_measurements, args.commit_fit_iterations = 20, 5
+    model, n_here = ("smoke", 2) if args.smoke else gpu_model()
+
+    def backends(n: int):
+        from tractlens.gpu.backend import gpu_backends
+        from tractlens.gpu.multidevice import simulated_backends
+
+        return simulated_backends(n) if args.smoke else gpu_backends(n)
+
     counts = [int(v) for v in args.gpus.split(",")] if args.gpus else [n for n in (1, 2, 4, 8) if n <= n_here]
     n_max = max(counts)
     out = args.out or HERE / "results" / f"multigpu_{model}x{n_here}.json"
@@ -196,24 +213,24 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             if part in ("prob", "omatrix3"):
-                make_subject(args.subject)
+                make_subject(args.subject, args.smoke)
             if part == "prob":
                 result["prob"] = probabilistic(args.subject, counts, args.nsamples)
             elif part == "omatrix3":
                 from multigpu_parts import omatrix3
 
-                result["omatrix3"] = omatrix3(args.subject, n_max, args.omatrix3_streamlines, args.omatrix3_one,
-                                              args.omatrix3_check, log)  # fmt: skip
+                result["omatrix3"] = omatrix3(args.subject, backends(n_max), args.omatrix3_streamlines,
+                                              args.omatrix3_one, args.omatrix3_check, log)  # fmt: skip
             elif part == "commit":
                 from multigpu_parts import commit_case
 
-                small = commit_case(n_max, int(args.commit_small_streamlines), args.commit_small_segments,
+                small = commit_case(backends(n_max), int(args.commit_small_streamlines), args.commit_small_segments,
                                     args.commit_measurements, args.commit_iterations, args.commit_fit_iterations,
                                     True, log)  # fmt: skip
                 result["commit"] = {"fits_one_gpu": small}
                 save()
                 big_n = int(args.commit_big_streamlines or (1e7 if n_max >= 4 else 2.5e6 * n_max))
-                result["commit"]["large"] = commit_case(n_max, big_n, args.commit_big_segments,
+                result["commit"]["large"] = commit_case(backends(n_max), big_n, args.commit_big_segments,
                                                         args.commit_measurements, args.commit_iterations, 0, False,
                                                         log)  # fmt: skip
             else:

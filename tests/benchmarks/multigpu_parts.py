@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 
-from tractlens.gpu.backend import gpu_backends
 from tractlens.gpu.connectome import ConnectomeSpec, track_connectome
 from tractlens.gpu.connectome_split import track_connectome_split
 from tractlens.gpu.multidevice import device_label
@@ -16,14 +15,14 @@ from tractlens.gpu.probabilistic_params import ProbParams, mask_bits
 
 
 def _free_all(backends) -> None:
-    for b in backends:
+    for b in (b for b in backends if b.is_gpu):
         with b.activate():
             b.xp.get_default_memory_pool().free_all_blocks()
 
 
 def _used_bytes(backends) -> dict:
     out = {}
-    for b in backends:
+    for b in (b for b in backends if b.is_gpu):
         with b.activate():
             free, total = b.xp.cuda.runtime.memGetInfo()
             out[device_label(b)] = int(total - free)
@@ -31,7 +30,7 @@ def _used_bytes(backends) -> dict:
 
 
 # ----------------------------------------------------------------------------- omatrix3
-def omatrix3(subject, n_gpus: int, streamlines: float, one_gpu_streamlines: float, check_streamlines: float,
+def omatrix3(subject, backends, streamlines: float, one_gpu_streamlines: float, check_streamlines: float,
              log) -> dict:  # fmt: skip
     """probtrackx's defaults, the bedpostX brain's outermost voxel layer as seeds and target3 (an
     HCP dense connectome's grey/white boundary, as bench_connectome.py). The same counts on 1
@@ -54,7 +53,7 @@ def omatrix3(subject, n_gpus: int, streamlines: float, one_gpu_streamlines: floa
     spec = ConnectomeSpec(matrix3_nodes=nodes, n_matrix3_nodes=len(seeds))
     bits = mask_bits(brain)
     kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False)
-    backends = gpu_backends(n_gpus)
+    n_gpus, first = len(backends), backends[0]
     row = {"boundary_voxels": len(seeds), "brain_voxels": int(brain.sum()), "load_s": round(time.perf_counter() - t0, 1),
            "params": "probtrackx defaults (0.5 mm, 2000 steps, cthr 0.2, fibthresh 0.01)"}  # fmt: skip
 
@@ -62,7 +61,7 @@ def omatrix3(subject, n_gpus: int, streamlines: float, one_gpu_streamlines: floa
         return ProbParams(n_samples=max(1, math.ceil(total / len(seeds))))
 
     t0 = time.perf_counter()  # kernels compiled and loaded on every device
-    track_connectome(field_, bits, seeds[:2000], ProbParams(n_samples=5), spec, device="gpu", **kw)
+    track_connectome(field_, bits, seeds[:2000], ProbParams(n_samples=5), spec, device=first, **kw)
     if n_gpus > 1:
         track_connectome_split(field_, bits, seeds[:2000], ProbParams(n_samples=5), spec, backends, **kw)
     _free_all(backends)
@@ -70,7 +69,7 @@ def omatrix3(subject, n_gpus: int, streamlines: float, one_gpu_streamlines: floa
     log(f"omatrix3: warm, {len(seeds)} seeds")
 
     p = params(check_streamlines)
-    a = track_connectome(field_, bits, seeds, p, spec, device="gpu", **kw)
+    a = track_connectome(field_, bits, seeds, p, spec, device=first, **kw)
     _free_all(backends)
     b = track_connectome_split(field_, bits, seeds, p, spec, backends, **kw)
     _free_all(backends)
@@ -83,7 +82,7 @@ def omatrix3(subject, n_gpus: int, streamlines: float, one_gpu_streamlines: floa
 
     p = params(one_gpu_streamlines)
     t0 = time.perf_counter()
-    one = track_connectome(field_, bits, seeds, p, spec, device="gpu", **kw)
+    one = track_connectome(field_, bits, seeds, p, spec, device=first, **kw)
     s1 = time.perf_counter() - t0
     row["one_gpu"] = {"streamlines": one.streamlines, "s": round(s1, 2), "streamlines_per_s": round(one.streamlines / s1),
                       "extrapolated_s_for_n_gpu_streamlines": None, "peak_pool_bytes": one.provenance["peak_device_pool_bytes"]}  # fmt: skip
@@ -144,19 +143,36 @@ _MAKE = (
 def _block(cp, n_fibers: int, groups: int, k_segments: int, k_first: int, luts):
     """A synthetic block on the current device, the segments ``k_first … k_first + k_segments − 1``
     of every streamline (the same numbers whatever the split): (Problem, n_rows)."""
-    from tractlens.gpu.commit_operator import Problem
-    from tractlens.gpu.commit_segments import Segments
 
     n = n_fibers * k_segments
+    row0 = k_first * groups
+    if cp is np:  # the same formulas with NumPy (a check of the script without a GPU)
+        i = np.arange(n, dtype=np.int64)
+        per, ig = n_fibers // groups, i + k_first * n_fibers
+        k, rem = ig // n_fibers, ig % n_fibers
+        g, q = rem // per, rem % per
+        h = (ig.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+        h ^= h >> np.uint64(31)
+        fj, kj = i // k_segments, i % k_segments
+        row, fiber = (k * groups + g - row0).astype(np.int32), (q * groups + g).astype(np.int32)
+        length = 0.3 + (h % np.uint64(1000)).astype(np.float64) * 0.0012
+        orient = ((h >> np.uint64(17)) % np.uint64(32761)).astype(np.uint16)
+        by_fiber = kj * n_fibers + (fj % groups) * per + fj // groups
+        return _assemble(row, fiber, length, orient, by_fiber, n_fibers, k_segments * groups, row0, luts)
     row = cp.empty(n, cp.int32)
     fiber = cp.empty(n, cp.int32)
     length = cp.empty(n, cp.float64)
     orient = cp.empty(n, cp.uint16)
     by_fiber = cp.empty(n, cp.int64)
-    row0 = k_first * groups
     cp.ElementwiseKernel(*_MAKE)(np.int64(n_fibers), np.int64(groups), np.int64(k_segments),
                                  np.int64(k_first * n_fibers), np.int64(row0), row, fiber, length, orient, by_fiber)  # fmt: skip
-    n_rows = k_segments * groups
+    return _assemble(row, fiber, length, orient, by_fiber, n_fibers, k_segments * groups, row0, luts)
+
+
+def _assemble(row, fiber, length, orient, by_fiber, n_fibers, n_rows, row0, luts):
+    from tractlens.gpu.commit_operator import Problem
+    from tractlens.gpu.commit_segments import Segments
+
     seg = Segments(row, fiber, length, orient, n_fibers, by_fiber=by_fiber)
     ec_row = np.arange(n_rows, dtype=np.int32)
     ec_orient = ((np.arange(row0, row0 + n_rows, dtype=np.int64) * 7919) % 32761).astype(np.int32)
@@ -194,11 +210,12 @@ def commit_problem(backends, n_fibers: int, segments_per_fiber: int, n_meas: int
 
 def _direct(backend, sub):
     from tractlens.gpu.commit_device import DeviceOperator
+    from tractlens.gpu.commit_operator import NumpyOperator
 
-    return DeviceOperator(backend, sub)
+    return DeviceOperator(backend, sub) if backend.is_gpu else NumpyOperator(sub)
 
 
-def commit_case(n_gpus: int, n_fibers: int, segments_per_fiber: int, n_meas: int, iterations: int,
+def commit_case(backends, n_fibers: int, segments_per_fiber: int, n_meas: int, iterations: int,
                 fit_iterations: int, compare_one: bool, log) -> dict:  # fmt: skip
     """Build the operator over ``n_gpus`` GPUs (one resident device operator each), time A x + Aᵀ y
     (one FISTA iteration's products) ``iterations`` times, peak memory per device; with
@@ -208,7 +225,7 @@ def commit_case(n_gpus: int, n_fibers: int, segments_per_fiber: int, n_meas: int
     from tractlens.gpu.commit_multi import SplitOperator
     from tractlens.gpu.commit_solver import fista
 
-    backends = gpu_backends(n_gpus)
+    n_gpus = len(backends)
     groups = max(1, n_fibers // 4000)  # about 4,000 segments per voxel row
     while n_fibers % groups:
         groups -= 1
@@ -238,7 +255,7 @@ def commit_case(n_gpus: int, n_fibers: int, segments_per_fiber: int, n_meas: int
             fit = fista(op.a, op.at, y, whole.n_cols, scale=op.column_norms(), n_penalised=whole.n_ic_cols,
                         max_iter=fit_iterations, tol=0.0, xp=cp)  # fmt: skip
             out["fista_s"] = round(time.perf_counter() - t0, 2)
-            weights = cp.asnumpy(fit.x[: whole.n_ic_cols])
+            weights = bs[0].to_host(fit.x[: whole.n_ic_cols])
         out["pool_peak_bytes_per_device"] = op.provenance()["device_pool_peak_bytes"]
         out["used_bytes_per_device"] = _used_bytes(bs)
         log(f"COMMIT {label}: {row['segments'] / 1e9:.2f} G segments, {per:.3f} s per iteration")
