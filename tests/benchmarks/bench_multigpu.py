@@ -89,7 +89,9 @@ def make_subject(subject: Path, quick: bool = False) -> None:
 def probabilistic(subject: Path, counts: list[int], nsamples: int) -> dict:
     base = ["track", "probabilistic", "--samples", str(subject / "bedpostx"), "--seed", str(subject / "mask.nii.gz"),
             "--nsamples", str(nsamples)]  # fmt: skip
-    warm, _ = run_cli([*base, "-o", str(subject / "prob_warmup")])
+    warm_base = [*base[:-1], "2"]  # the bedpostX cache and the kernel cache filled, few streamlines
+    warm, _ = run_cli([*warm_base, "-o", str(subject / "prob_warmup")])
+    run_cli([*warm_base, "--gpus", str(max(counts)), "-o", str(subject / "prob_warmup_n")])
     log(f"prob: warm-up run {warm:.1f} s")
     rows, reference = [], None
     for n in counts:

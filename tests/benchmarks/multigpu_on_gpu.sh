@@ -7,7 +7,7 @@
 #      500 M on N (1 GPU on 125 M), COMMIT (fits one GPU: 1 vs N; 10 M streamlines / 4 G segments
 #      on 4, 2.5 M per GPU on fewer) -> $OUT/multigpu_<gpu>x<N>.json (about 5 minutes on 4 GPUs);
 #   3. with BATCH=1 and the cohort wheels in .whlB/ (see below): bench_batch.py, batch --gpus 1,2,4.
-# PARTS=prob,omatrix3,commit picks benchmark parts; TESTS=0 skips the tests.
+# PARTS=prob,omatrix3,commit picks benchmark parts; TESTS=0 skips the tests, BENCH=0 the benchmark.
 # The machine has numpy, scipy, cupy and h5py: carry nibabel and trx-python (cp312) in .whl/, and for
 # BATCH=1 the cohort extra's wheels in .whlB/ (dask-cuda is not needed: without it batch --gpus N
 # runs a LocalCluster with one worker process pinned to each GPU):
@@ -34,7 +34,7 @@ if [ "${TESTS:-1}" != 0 ]; then
     tests/test_multidevice_failures.py tests/test_connectome_split.py tests/test_commit_multi.py 2>&1 \
     | tee "$OUT/pytest_multigpu.log" | tail -8
 fi
-timeout 480 python3 tests/benchmarks/bench_multigpu.py --parts "${PARTS:-prob,omatrix3,commit}" --out \
+[ "${BENCH:-1}" != 0 ] && timeout 480 python3 tests/benchmarks/bench_multigpu.py --parts "${PARTS:-prob,omatrix3,commit}" --out \
   "$OUT/multigpu_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE '[A-Z]+[0-9]{2,4}' | head -1 | tr A-Z a-z)x$(nvidia-smi -L | wc -l).json" \
   2>&1 | tee "$OUT/bench_multigpu.log" | grep -v '^ ' | tail -40
 if [ "${BATCH:-0}" = 1 ]; then
