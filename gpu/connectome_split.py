@@ -53,7 +53,12 @@ class _CounterShare:
         for acc in self.counter.accumulators:
             if acc is not None:
                 acc._reduce()  # each device's pending entries, at once on every device
+        # The tracker (visited-voxel sets, visit buffers) is not needed for the merge: its memory
+        # goes back, so the first GPU has room to merge the others' totals (a later chunk, after
+        # another device failed, makes a new one).
+        self.counter.source.tracker = None
         self.backend.synchronize()
+        self.backend.free_cached_memory()
         return self.counter
 
 
