@@ -5,7 +5,8 @@
    ``--nsamples`` streamlines (100: 102 M), each run a fresh process after a warm-up run (the
    bedpostX cache and the kernel cache filled): the whole command, its tracking time, each
    device's stages (start, upload, setup, compute, finish) and the merge, and whether every
-   output byte equals the 1-GPU run's.
+   output byte equals the 1-GPU run's; then the split run in this process for each count (1
+   included: its stages where the command uses no split).
 2. ``omatrix3``: the dense connectome (probtrackx defaults, the brain's outermost voxel layer as
    seeds and target3) on 1 GPU and on N, in this process: identical counts checked on
    ``--omatrix3-check`` streamlines, the 1-GPU rate on ``--omatrix3-one`` (its time for the
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
                    "tiny sizes; omatrix3 and commit only")  # fmt: skip
     args = p.parse_args(argv)
     if args.smoke:
-        args.parts = ",".join(x for x in args.parts.split(",") if x != "prob")
+        args.parts = ",".join(x for x in args.parts.split(",") if x != "prob")  # its commands need real GPUs
         args.subject = args.subject.with_name(args.subject.name + "-quick")
         args.omatrix3_streamlines, args.omatrix3_one, args.omatrix3_check = 4000, 2000, 2000
         args.commit_small_streamlines, args.commit_small_segments = 240, 6
@@ -218,6 +219,10 @@ def main(argv=None) -> int:
                 make_subject(args.subject, args.smoke)
             if part == "prob":
                 result["prob"] = probabilistic(args.subject, counts, args.nsamples)
+                save()
+                from multigpu_parts import prob_stages
+
+                result["prob"]["in_process"] = prob_stages(args.subject, counts, args.nsamples, backends, log)
             elif part == "omatrix3":
                 from multigpu_parts import omatrix3
 

@@ -272,3 +272,36 @@ def commit_case(backends, n_fibers: int, segments_per_fiber: int, n_meas: int, i
         row["within_float32"] = row["max_weight_difference_relative"] <= float(np.finfo(np.float32).eps)
         row["speedup_per_iteration"] = round(row["one_gpu"]["s_per_iteration"] / row["n_gpus"]["s_per_iteration"], 2)
     return row
+
+
+# ----------------------------------------------------------------------------- probabilistic stages
+def prob_stages(subject, counts, nsamples: int, backends_of, log) -> list[dict]:
+    """The split run in this process for every GPU count (1 included, which the command runs
+    without the split): each device's stages (start, upload, setup, compute, finish), the merge,
+    the tracking seconds, and whether the counts equal the first count's."""
+    from tractlens.app.io import load_bedpostx
+    from tractlens.app.pipelines.probabilistic import sample_field
+    from tractlens.gpu.probabilistic_split import track_split
+
+    samples = load_bedpostx(subject / "bedpostx")
+    field_ = sample_field(samples)
+    seeds = np.ascontiguousarray(np.argwhere(samples.mask))
+    bits = mask_bits(samples.mask)
+    params = ProbParams(n_samples=nsamples)
+    rows, first = [], None
+    for n in counts:
+        backends = backends_of(n)
+        t0 = time.perf_counter()
+        result = track_split(field_, bits, seeds, params, backends)
+        seconds = time.perf_counter() - t0
+        same = first is None or (np.array_equal(result.paths, first.paths) and result.waytotal == first.waytotal)
+        first = first or result
+        prov = result.provenance
+        rows.append({"gpus": n, "tracking_s": round(seconds, 3), "streamlines": result.streamlines,
+                     "merge_s": prov["merge_s"], "devices": prov["devices"], "same_as_first": bool(same)})  # fmt: skip
+        log(f"prob split in-process on {n} GPU(s): {seconds:.2f} s (merge {prov['merge_s']} s), same {same}")
+        _free_all(backends)
+    one = rows[0]["tracking_s"]
+    for row in rows:
+        row["efficiency"] = round(one / row["tracking_s"] / (row["gpus"] / rows[0]["gpus"]), 3)
+    return rows
