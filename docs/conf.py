@@ -17,7 +17,7 @@ import tractlens  # noqa: E402
 
 project = "TractLens"
 author = "The TractLens developers"
-copyright = "TractLens developers, BSD-3-Clause"  # noqa: A001
+copyright = "TractLens developers, BSD-3-Clause"
 version = release = tractlens.__version__
 
 extensions = [
@@ -48,7 +48,9 @@ numpydoc_xref_param_type = False
 
 html_theme = "pydata_sphinx_theme"
 html_title = f"TractLens {release}"
-html_logo = str(HERE.parent / "resources" / "tractlens.svg") if (HERE.parent / "resources" / "tractlens.svg").exists() else None
+html_logo = (
+    str(HERE.parent / "resources" / "tractlens.svg") if (HERE.parent / "resources" / "tractlens.svg").exists() else None
+)
 html_static_path = ["_static"]
 html_theme_options = {
     "navigation_with_keys": False,

@@ -17,9 +17,7 @@ README = ROOT / "README.md"
 GETTING_STARTED = ROOT / "docs" / "start" / "getting-started.md"
 ANATOMY = ROOT / "docs" / "guide" / "anatomy.md"
 
-DEMO_COMMAND = (
-    "bash packaging/install-deps.sh && python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/tractlens --demo"
-)
+DEMO_COMMAND = "bash packaging/install-deps.sh && python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/tractlens --demo"
 TEST_COMMAND = (
     'bash packaging/install-deps.sh && python3 -m venv .venv && .venv/bin/pip install -e ".[test]" '
     "&& .venv/bin/python -m pytest"

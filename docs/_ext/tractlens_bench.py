@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import ClassVar
 
 from docutils import nodes
 from sphinx.util import logging
@@ -22,7 +23,18 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "tests" / "benchmarks" / "results"
 BENCHMARKS = ROOT / "tests" / "benchmarks"
-DEVICE_KEYS = ("device", "device_name", "gpu", "machine", "backend", "cpu_cores", "cores", "cpus", "cpu_count", "threads")
+DEVICE_KEYS = (
+    "device",
+    "device_name",
+    "gpu",
+    "machine",
+    "backend",
+    "cpu_cores",
+    "cores",
+    "cpus",
+    "cpu_count",
+    "threads",
+)
 MAX_COLUMNS = 14
 MAX_CELL = 90
 
@@ -35,7 +47,9 @@ def read_results(path: Path) -> tuple[object, str | None]:
     except json.JSONDecodeError as exc:
         relaxed = re.sub(r",(\s*[}\]])", r"\1", text)
         try:
-            return json.loads(relaxed), f"not strict JSON ({exc.msg}, line {exc.lineno}): read without its trailing commas"
+            return json.loads(
+                relaxed
+            ), f"not strict JSON ({exc.msg}, line {exc.lineno}): read without its trailing commas"
         except json.JSONDecodeError:
             raise exc from None
 
@@ -156,7 +170,7 @@ class Benchmarks(SphinxDirective):
     """One section per ``tests/benchmarks/results/*.json`` whose name matches ``:pattern:`` and none of
     the comma-separated ``:exclude:`` patterns."""
 
-    option_spec = {"pattern": str, "exclude": str}
+    option_spec: ClassVar[dict] = {"pattern": str, "exclude": str}
 
     def run(self) -> list[nodes.Node]:
         pattern = self.options.get("pattern", "*.json")
@@ -177,7 +191,7 @@ class Benchmarks(SphinxDirective):
             recorded, script = command_of(path, data)
             facts = nodes.bullet_list()
 
-            def fact(label: str, text: str) -> None:
+            def fact(label: str, text: str, facts: nodes.bullet_list = facts) -> None:
                 item = nodes.list_item()
                 para = nodes.paragraph()
                 para += nodes.strong(text=label + ": ")
