@@ -240,3 +240,28 @@ def test_no_default_is_typed_by_hand_in_the_docs_or_the_readme():
     assert not found, (
         "defaults typed by hand (write {default}`COMMAND --option` or leave the value out):\n" + "\n".join(found)
     )
+
+
+# --- screenshots ---------------------------------------------------------------------------
+
+
+def test_every_image_the_docs_show_is_made_by_a_gui_test():
+    """Each picture of the pages and the README is listed in docs/screenshots.py with the GUI test
+    that saves it (which copies them again from a test run), and that test exists."""
+    sys.path.insert(0, str(DOCS))
+    import screenshots
+
+    shown = set()
+    for page in [*DOCS.rglob("*.md"), ROOT / "README.md"]:
+        if "_build" in page.parts:
+            continue
+        for target in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page.read_text(encoding="utf-8")):
+            image = (page.parent / target).resolve()
+            assert image.is_file(), f"{page.name}: {target}"
+            shown.add(image.relative_to(DOCS).as_posix())
+    assert shown == set(screenshots.SHOTS), shown ^ set(screenshots.SHOTS)
+    for artifact, test in screenshots.SHOTS.values():
+        path, _, name = test.partition("::")
+        source = (ROOT / path).read_text(encoding="utf-8")
+        assert f"def {name}(" in source, test
+        assert f'"{artifact}"' in source, f"{test} does not save {artifact}"
