@@ -32,6 +32,9 @@ extensions = [
 ]
 # Intersphinx would fetch inventories from the network at every build: not used (CI is offline).
 
+# Option names stay as typed: no "--" turned into an en dash.
+smartquotes = False
+
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "_ext"]

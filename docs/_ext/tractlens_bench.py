@@ -129,16 +129,28 @@ def _records_table(records: list[tuple[str | None, dict]]) -> nodes.table:
     return _table(header, rows)
 
 
+def _alike(records: list[dict]) -> bool:
+    """Whether mappings are records of one kind: most of their keys are shared."""
+    common = set.intersection(*(set(r) for r in records))
+    return len(common) >= max(1, min(len(r) for r in records) // 2)
+
+
+def _records(records: list[tuple[str | None, dict]]) -> list[nodes.Node]:
+    """One row per record with its scalar fields; the nested ones are named, not expanded (the
+    file has them)."""
+    out: list[nodes.Node] = [_records_table(records)]
+    nested = sorted({k for _name, r in records for k, v in r.items() if not _scalar(v)})
+    if nested:
+        out.append(nodes.paragraph(text="Also in each record of the file (not shown): " + ", ".join(nested) + "."))
+    return out
+
+
 def render(value: object, where: str, depth: int = 0) -> list[nodes.Node]:
     """Tables for ``value``; nested structures get a rubric naming their path."""
     out: list[nodes.Node] = []
     if isinstance(value, list):
         if value and all(isinstance(v, dict) for v in value):
-            out.append(_records_table([(None, v) for v in value]))
-            for i, v in enumerate(value):
-                for key, sub in v.items():
-                    if not _scalar(sub) and depth < 2:
-                        out.extend(_titled(sub, f"{where}[{i}].{key}", depth + 1))
+            out.extend(_records([(None, v) for v in value]))
         else:
             out.append(nodes.paragraph(text=_compact(value)))
         return out
@@ -149,10 +161,10 @@ def render(value: object, where: str, depth: int = 0) -> list[nodes.Node]:
     nested = [(k, v) for k, v in value.items() if not _scalar(v)]
     if flat:
         out.append(_table(["what", "value"], [[k, _compact(v)] for k, v in flat]))
-    records = [(k, v) for k, v in nested if isinstance(v, dict) and all(_scalar(x) for x in v.values())]
-    if len(records) >= 2:
-        out.append(_records_table(records))
-        nested = [(k, v) for k, v in nested if not any(k == r for r, _ in records)]
+    records = [(k, v) for k, v in nested if isinstance(v, dict) and v]
+    if len(records) >= 2 and _alike([v for _k, v in records]):  # records by name (runs): a row each
+        out.extend(_records(records))
+        nested = [(k, v) for k, v in nested if not isinstance(v, dict)]
     for key, sub in nested:
         path = f"{where}.{key}" if where else key
         if depth >= 3:

@@ -174,7 +174,7 @@ def _table(parser: argparse.ArgumentParser) -> nodes.table | None:
         extra = []
         if action.required and action.option_strings:
             extra.append("required")
-        if action.choices and action.option_strings:
+        if action.choices and action.option_strings and action.metavar:  # a placeholder hides the choices
             extra.append("one of " + ", ".join(map(str, action.choices)))
         meaning = _help(parser, action)
         if extra:
