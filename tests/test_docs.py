@@ -51,7 +51,7 @@ def test_the_docs_build_with_no_warning(tmp_path):
 
     section = cli[cli.index('id="cli-track-deterministic"') :]
     table = section[section.index("<table") :]
-    row = table[table.index("--fa-threshold") :][:600]
+    row = table[table.index('<span class="pre">--fa-threshold</span>') :][:600]  # its row's cells
     assert f">{DeterministicParams().fa_threshold}<" in row, row
     # Every results file has its generated section in the performance pages.
     performance = "".join(p.read_text(encoding="utf-8") for p in (out / "performance").glob("*.html"))
