@@ -53,6 +53,11 @@ def test_the_docs_build_with_no_warning(tmp_path):
     table = section[section.index("<table") :]
     row = table[table.index('<span class="pre">--fa-threshold</span>') :][:600]  # its row's cells
     assert f">{DeterministicParams().fa_threshold}<" in row, row
+    # A feature page another branch adds at the top of docs/ is in the navigation by itself.
+    index = (out / "index.html").read_text(encoding="utf-8")
+    for page in [*DOCS.glob("*.md"), *DOCS.glob("*.rst")]:
+        if page.stem != "index":
+            assert f'href="{page.stem}.html"' in index, page.name
     # Every results file has its generated section in the performance pages.
     performance = "".join(p.read_text(encoding="utf-8") for p in (out / "performance").glob("*.html"))
     for results in (ROOT / "tests" / "benchmarks" / "results").glob("*.json"):

@@ -1,4 +1,4 @@
-"""``.. tractlens-notes::``: a toctree of the feature pages at the top of ``docs/``.
+"""``tractlens-notes``: a toctree of the feature pages at the top of ``docs/``.
 
 Engineers add a short page named after their feature as ``docs/FEATURE.md``; the pages of the
 site itself live in folders (guide/, tutorials/, reference/, ...). This directive lists every
@@ -9,7 +9,7 @@ the index, and ``sphinx-build -W`` never fails on a page left out of every toctr
 from __future__ import annotations
 
 from docutils import nodes
-from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.util.docutils import SphinxDirective
 
 
@@ -18,10 +18,21 @@ class FeatureNotes(SphinxDirective):
         pages = sorted(name for name in self.env.found_docs if "/" not in name and name != self.env.docname)
         if not pages:
             return [nodes.paragraph(text="No feature notes yet.")]
-        lines = [".. toctree::", "   :maxdepth: 1", ""] + [f"   {name}" for name in pages]
-        container = nodes.container()
-        self.state.nested_parse(StringList(lines, source=self.env.docname), self.content_offset, container)
-        return container.children
+        # the node the toctree directive makes (built here: the page may be MyST or reST)
+        toc = addnodes.toctree()
+        toc["parent"] = self.env.docname
+        toc["entries"] = [(None, name) for name in pages]
+        toc["includefiles"] = pages
+        toc["maxdepth"] = 1
+        toc["caption"] = None
+        toc["glob"] = False
+        toc["hidden"] = False
+        toc["includehidden"] = False
+        toc["numbered"] = 0
+        toc["titlesonly"] = False
+        wrapper = nodes.compound(classes=["toctree-wrapper"])
+        wrapper += toc
+        return [wrapper]
 
 
 def setup(app):
