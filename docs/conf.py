@@ -23,9 +23,7 @@ version = release = tractlens.__version__
 extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
-    "sphinx.ext.autosummary",
     "numpydoc",
-    "sphinx.ext.doctest",
     "tractlens_cli",
     "tractlens_bench",
     "tractlens_notes",
@@ -44,7 +42,6 @@ myst_heading_anchors = 3
 # The Python API: autodoc + numpydoc, documented objects listed by hand in reference/api.md.
 autodoc_typehints = "none"  # numpydoc's Parameters section states types and units
 autodoc_default_options = {"members": False}
-autosummary_generate = False
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
