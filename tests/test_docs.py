@@ -216,7 +216,7 @@ def _same(a: str, b: str) -> bool:
 
 def typed_defaults() -> list[str]:
     """``--flag VALUE`` where VALUE is a number equal to the flag's default, or any value said to be
-    the default; and ``default N`` in prose. Generated pages hold no such text: they are made at
+    the default; and ``default N`` or ``N is the default`` in prose. Generated pages hold no such text: they are made at
     build time (the ``{default}`` role writes a default from the parser)."""
     defaults = _flag_defaults()
     pages = [*sorted(DOCS.rglob("*.md")), ROOT / "README.md"]
@@ -234,7 +234,9 @@ def typed_defaults() -> list[str]:
                     if (name, f"{flag} {value}") not in ALLOWED:
                         line = text[: match.start()].count("\n") + 1
                         found.append(f"{name}:{line}: {match.group(0)}")
-        for match in re.finditer(r"\bdefaults?\b:? ?\(?`?(-?\d[\d.,e-]*)", text):
+        for match in re.finditer(
+            r"\bdefaults?\b:? ?\(?`?(-?\d[\d.,e-]*)|\b\d[\d.]* (is|stays) the ([\w']+ ){0,2}default", text
+        ):
             line = text[: match.start()].count("\n") + 1
             found.append(f"{name}:{line}: {match.group(0)}")
     return found
