@@ -108,8 +108,23 @@ def test_each_documented_function_has_numpydoc_sections_and_its_example_runs(nam
 # --- the tutorials ---------------------------------------------------------------------------
 
 
+def fenced_blocks(path: Path) -> list[tuple[str, str]]:
+    """(language, text) of each fenced code block, read fence by fence (a closing fence never
+    opens the next block)."""
+    blocks, language, lines = [], None, []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if language is None and line.startswith("```"):
+            language, lines = line[3:].strip(), []
+        elif language is not None and line.startswith("```"):
+            blocks.append((language, "\n".join(lines) + "\n"))
+            language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
 def _code_blocks(path: Path, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", path.read_text(encoding="utf-8"), re.M | re.S)
+    return [text for lang, text in fenced_blocks(path) if lang == language]
 
 
 def tutorial_command_lines() -> list[tuple[str, str]]:
@@ -141,8 +156,33 @@ def test_the_tutorials_have_their_commands():
         assert needed in commands, needed
 
 
-@pytest.mark.parametrize(("page", "line"), tutorial_command_lines())
-def test_each_tutorial_command_line_parses(page, line, capsys):
+SYNOPSIS = re.compile(r"[\[\]|…{}()]|\.\.\.|\b[A-Z_]{3,}\b")  # a usage line, not a command to run
+
+
+def concrete_command_lines() -> list[tuple[str, str]]:
+    """Every ``tractlens`` line of a code block of any page that is a command someone would run
+    (not a synopsis with brackets, alternatives or placeholders), continuation lines joined."""
+    found = []
+    for page in sorted(DOCS.rglob("*.md")):
+        if "_build" in page.parts:
+            continue
+        for language, block in fenced_blocks(page):
+            if language not in ("bash", "console", ""):
+                continue
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.strip()
+                if line.startswith("tractlens ") and not SYNOPSIS.search(line):
+                    found.append((page.relative_to(DOCS).as_posix(), line))
+    return found
+
+
+def test_the_guide_has_command_lines_checked_too():
+    pages = {page for page, _ in concrete_command_lines()}
+    assert {"guide/cohorts.md", "guide/models.md", "tutorials/presurgical.md"} <= pages, pages
+
+
+@pytest.mark.parametrize(("page", "line"), concrete_command_lines())
+def test_each_command_line_of_the_docs_parses(page, line, capsys):
     argv = shlex.split(line)[1:]
     parser, args = _parser_for(argv)
     try:
