@@ -151,7 +151,7 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, list[str]]:
 def test_the_tutorials_have_their_commands():
     pages = {page for page, _ in tutorial_command_lines()}
     assert pages == {"presurgical.md", "cohort.md"}
-    commands = {shlex.split(line)[1] for _, line in tutorial_command_lines()}
+    commands = {shlex.split(line, comments=True)[1] for _, line in tutorial_command_lines()}
     for needed in ("import-dicom", "fit-dti", "track", "distance", "report", "export-dicom", "batch", "connectome"):
         assert needed in commands, needed
 
@@ -183,7 +183,7 @@ def test_the_guide_has_command_lines_checked_too():
 
 @pytest.mark.parametrize(("page", "line"), concrete_command_lines())
 def test_each_command_line_of_the_docs_parses(page, line, capsys):
-    argv = shlex.split(line)[1:]
+    argv = shlex.split(line, comments=True)[1:]
     parser, args = _parser_for(argv)
     try:
         parser.parse_args(args)
