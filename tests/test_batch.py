@@ -330,15 +330,14 @@ def test_unknown_participant_lists_the_ones_there(cohort):
 
 
 def readme_slurm_config() -> str:
-    """The worked SLURM config of the README's Cohorts section."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    cohorts = text[text.index("## Cohorts") :]
+    """The worked SLURM config of the user guide's Cohorts page (docs/guide/cohorts.md)."""
+    cohorts = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "cohorts.md").read_text(encoding="utf-8")
     start = cohorts.index("```yaml\n# slurm.yaml") + len("```yaml\n")
     return cohorts[start : cohorts.index("```", start)]
 
 
 def test_slurm_job_script_from_the_readme_config(tmp_path):
-    """dask-jobqueue's job script for the README's worked SLURM config (no SLURM here: the
+    """dask-jobqueue's job script for the docs' worked SLURM config (no SLURM here: the
     script is generated, not submitted)."""
     import sys
 
