@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .window_units import cosine_to_degrees
+from .window_words import compute_device
+
 #: The report's patient and scan fields: (attribute, label) in the order printed.
 FIELD_LABELS = (
     ("patient_name", "Patient"),
@@ -165,7 +168,6 @@ WORDS = {
     "lambda": ("regularisation λ", ""),
     "max_iter": ("at most", "iterations"),
     "nsamples": ("samples per seed", ""),
-    "cthr": ("curvature threshold", ""),
     "radius_mm": ("end-point search radius", "mm"),
     "weight": ("matrix of", ""),
     "lesion": ("lesion", ""),
@@ -257,8 +259,11 @@ def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
         if key == "computed":
             out.insert(0, ("made by", str(value)))
             continue
+        if key == "cthr" and isinstance(value, int | float):  # a cosine: in degrees, as the window edits it
+            out.append(("max angle", f"{cosine_to_degrees(value):.1f}° (probtrackx curvature threshold {value:g})"))
+            continue
         if key == "backend":
-            out.append(("computed on", "the GPU" if str(value).lower() in ("cupy", "gpu", "cuda") else "the CPU"))
+            out.append(("computed on", compute_device(flat)))
             continue
         words, unit = WORDS.get(key, (key.replace("_", " "), ""))
         if key.endswith("_mm") and not unit:

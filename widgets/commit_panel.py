@@ -71,6 +71,7 @@ from tractlens.app.pipelines.commit import (
 from tractlens.app.pipelines.commit import tractogram_suffix as _suffix_of
 from tractlens.app.regions import RoiCopy
 from tractlens.app.usecases.commit import check_commit_inputs
+from tractlens.app.window_words import computed_on
 
 from . import dialogs
 from .commit_results import (
@@ -444,7 +445,7 @@ class CommitPanel(JobPanelBase):
         text = (
             f"Done: kept {s['kept']:,} of {s['streamlines']:,} streamlines (weight > 0); "
             f"{s['iterations']} iterations (stopped: {s['stopped']}); fit {s.get('fit_s', 0.0):.2f} s, "
-            f"{outcome.seconds:.2f} s in all on {s.get('backend', '?')} ({s.get('device', '?')})."
+            f"{outcome.seconds:.2f} s in all {computed_on(s)}."
         )
         if outcome.notes:
             text += " " + " ".join(note.rstrip(".") + "." for note in outcome.notes)

@@ -46,6 +46,7 @@ from tractlens.app.pipelines.track import (
 )
 from tractlens.app.regions import regions_on_grid, roi_snapshot
 from tractlens.app.selection import shown_of
+from tractlens.app.window_words import computed_on
 
 from . import dialogs
 from .direction_field import DirectionFieldChoice
@@ -338,13 +339,6 @@ class DeterministicPanel(TrackingPanel):
         if prov["streamlines_removed_by_rois"]:
             text += f" {prov['streamlines_removed_by_rois']:,} removed by the target, waypoint and exclusion ROIs."
         return text
-
-
-def computed_on(prov: dict) -> str:
-    """Where a run was computed, in words: "on the CPU", "on the GPU (NVIDIA H100 80GB HBM3)"."""
-    if str(prov.get("backend", "")).lower() in ("cpu", "numpy", ""):
-        return "on the CPU"
-    return f"on the GPU ({prov['device']})" if prov.get("device") else "on the GPU"
 
 
 def no_seed_message(document: Document, otherwise: str) -> str:

@@ -74,7 +74,8 @@ def test_commit_weights_threshold_and_nrmse_map(window, demo_dir, qtbot):
     summary = expected.summary()
     text = panel.status.text()
     assert f"kept {summary['kept']} of {len(bundles.data)} streamlines" in text
-    assert f"{summary['iterations']} iterations" in text and f"on {summary['backend']} (" in text
+    assert f"{summary['iterations']} iterations" in text and "in all on the CPU." in text  # words, not "cpu (x86_64)"
+    assert f"({summary['device']})" not in text
 
     # Fibres coloured by weight (the original hidden): the screenshot to look at.
     bundles.set(visible=False)
