@@ -92,3 +92,10 @@ DEVICE_CHOICES = {"auto": "a GPU when one is usable, else the CPU", "cpu": "the 
 def device_choice(choice: str) -> str:
     """The ``--device`` choice in words (the report's header): ``auto`` -> "a GPU when one is usable, …"."""
     return DEVICE_CHOICES.get(str(choice).lower(), str(choice))
+
+
+def seconds(value: float) -> str:
+    """A run's time as the window writes it: ``1.25 s``; under 5 ms ``under 0.01 s``, not ``0.00 s``
+    (which reads as "nothing was measured")."""
+    value = float(value)
+    return "under 0.01 s" if value < 0.005 else f"{value:.2f} s"

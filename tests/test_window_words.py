@@ -53,3 +53,10 @@ def test_the_report_says_the_compute_device_in_the_same_words():
     rows = dict(parameter_rows({"backend": "gpu", "device": "NVIDIA H100 80GB HBM3", "step_mm": 0.5}))
     assert rows["computed on"] == "the GPU (NVIDIA H100 80GB HBM3)"
     assert dict(parameter_rows({"backend": "cpu", "device": "x86_64"}))["computed on"] == "the CPU"
+
+
+def test_a_run_time_under_five_milliseconds_is_not_written_as_zero():
+    from tractlens.app.window_words import seconds
+
+    assert seconds(0.001) == "under 0.01 s" and seconds(0.0) == "under 0.01 s"
+    assert seconds(0.005) == "0.01 s" and seconds(12.345) == "12.35 s"

@@ -73,7 +73,7 @@ from tractlens.app.pipelines.probabilistic import (
 )
 from tractlens.app.pipelines.track_probabilistic import ProbInputs, ProbUpdate, track_probabilistic
 from tractlens.app.regions import RoiCopy, roi_snapshot
-from tractlens.app.window_words import computed_on
+from tractlens.app.window_words import computed_on, seconds
 
 from . import dialogs
 from .envelope_display import envelope_layers, show_envelopes
@@ -193,7 +193,7 @@ class ProbabilisticPanel(JobPanelBase):
         self.iso_percent.setRange(0.1, 100.0)
         self.iso_percent.setDecimals(1)
         self.iso_percent.setSingleStep(1.0)
-        self.iso_percent.setSuffix(" %")
+        self.iso_percent.setSuffix(" % of max")
         self.iso_percent.setValue(ISO_PERCENT)
         self.iso_percent.setToolTip("The 3-D surface encloses the voxels visited by at least this share of the maximum")
         self.iso_label = QLabel("")
@@ -216,13 +216,13 @@ class ProbabilisticPanel(JobPanelBase):
             "a newer stroke cancels the older run"
         )
         display = QFormLayout()
-        display.addRow("Isosurface at % of max", self.iso_percent)
+        display.addRow("Isosurface at", self.iso_percent)
         display.addRow("", self.iso_label)
         display.addRow(self.live)
-        envelope_row = QHBoxLayout()
-        envelope_row.addWidget(self.envelope_levels)
-        envelope_row.addWidget(self.envelope_button)
-        display.addRow("Envelopes at %", envelope_row)
+        # the levels on a row of their own, the button under them: beside it at 1280 px the field
+        # was cut to ",90,95"
+        display.addRow("Envelopes at %", self.envelope_levels)
+        display.addRow("", self.envelope_button)
         display.addRow("", self.envelope_label)
         self.track_button = QPushButton("Track")
         self.track_button.setObjectName("track_probabilistic")
@@ -458,7 +458,7 @@ class ProbabilisticPanel(JobPanelBase):
         self._rate = prov.get("streamlines_per_s") or self._rate
         text = (
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
-            f"{prov.get('tracking_s', 0.0):.2f} s {computed_on(prov)}."
+            f"{seconds(prov.get('tracking_s', 0.0))} {computed_on(prov)}."
         )
         if shown.result.streamlines and not shown.result.waytotal:  # an empty result: its cause first
             rule = "passed every waypoint region" if shown.run.n_waypoints else "avoided the exclusion region and loops"

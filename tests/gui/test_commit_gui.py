@@ -172,7 +172,7 @@ def test_commit_within_a_mask_layer(window, demo_dir, qtbot):
     open_like_a_user(win, demo_dir / "dwi.nii.gz", demo_dir / "bundles.trk")
     bundles, dwi = doc.layer("bundles"), doc.layer("dwi").data.dwi
     panel = win.show_commit_panel(bundles)
-    assert panel.mask_box.currentText().startswith("(none") and panel.mask_layer() is None
+    assert panel.mask_box.currentText().startswith("none") and panel.mask_layer() is None
 
     roi = half_brain_roi(win, demo_dir)
     # An ROI on a grid twice as coarse as the DWI's, over its left half (voxel index x < X / 2).
