@@ -493,3 +493,42 @@ def test_the_3d_view_draws_a_1mm_t1_at_its_own_resolution_over_the_2mm_dwi(windo
     qtbot.waitUntil(lambda: tuple(view3d._planes["axial"][0].dimensions)[:2] in ((nx, ny), (ny, nx)), timeout=5000)
     assert len(view3d._planes) == 3
     window.save_screenshot(ARTIFACTS / "anatomy_3d_planes_at_the_t1_resolution.png")
+
+
+def test_a_t1_registered_to_mni_and_to_the_dwi_gives_the_mni_coordinate_and_atlas_regions(registered, qtbot, tmp_path):
+    """T1 → MNI (a folder of 'tractlens register T1 mni') and T1 → DWI (registered in the window)
+    are chained through the T1: the MNI coordinate of the cursor and the atlas regions work."""
+    from tractlens.app.atlases import load_template
+    from tractlens.app.io.transforms import save_registration
+    from tractlens.app.registration import ChainedRegistration, Registration
+
+    window, _b0, t1 = registered
+    doc = window.document
+    ((_key, t1_to_dwi),) = doc.registrations.items()
+    data, affine = load_template("mni")
+    to_t1 = np.eye(4)
+    to_t1[:3, 3] = (-4.0, 3.0, -2.0)  # MNI point -> T1 point: T1 + (4, -3, 2) = MNI
+    t1_scan = t1.data.unplaced if getattr(t1.data, "unplaced", None) is not None else t1.data
+    t1_to_mni = Registration(Grid(affine, data.shape), Grid(t1_scan.affine, t1_scan.data.shape[:3]), to_t1,
+                             kind="affine", fixed_name="mni", moving_name="T1w", template="mni",
+                             template_side="fixed")  # fmt: skip
+    folder = save_registration(t1_to_mni, tmp_path / "t1_to_mni", {"made_by": "test"})
+    with dialogs.answers(folder=[str(folder)]):
+        trigger(window, "File", "Open registration…")
+    assert window.wait_for_jobs(60) and window.errors == [], window.errors
+    template = window.anatomy.template()
+    assert isinstance(template, ChainedRegistration)
+    doc.set_cursor((10, 14, 12))
+    world = doc.cursor_world()
+    x, y, z = t1_to_mni.moving_to_fixed(t1_to_dwi.fixed_to_moving(world))[0]  # DWI → T1 → MNI, by hand
+    assert window.anatomy.mni_label.text() == f"MNI ({x:.1f}, {y:.1f}, {z:.1f}) mm"
+    trigger(window, "ROI", "Add atlas region…")  # no longer refused
+    dialog = window.anatomy.atlas_dialog
+    qtbot.waitUntil(dialog.isVisible, timeout=3000)
+    dialog.atlas_box.setCurrentIndex(dialog.atlas_box.findData("harvard-oxford-subcortical"))
+    qtbot.keyClicks(dialog.search, "thalamus")
+    dialog.side_box.setCurrentIndex(dialog.side_box.findData("left"))
+    qtbot.mouseClick(dialog.ok_button, Qt.MouseButton.LeftButton)
+    assert window.wait_for_jobs(60) and window.errors == [], window.errors
+    roi = doc.layer("Left_Thalamus")
+    assert roi.data.mask.sum() > 50 and "T1w" in roi.provenance["registration"]["describe"]
