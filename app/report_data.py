@@ -17,8 +17,11 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .window_units import cosine_to_degrees
+from .window_units import CHOICE_WORDS, cosine_to_degrees
 from .window_words import compute_device
+
+#: Numbered choices by name (:data:`app.window_units.CHOICE_WORDS`), by provenance key.
+_CHOICES = {name: words for (_params, name), words in CHOICE_WORDS.items()}
 
 #: The report's patient and scan fields: (attribute, label) in the order printed.
 FIELD_LABELS = (
@@ -177,7 +180,7 @@ WORDS = {
     "mask": ("mask", ""),
     # probabilistic (probtrackx's names) and COMMIT's, in words
     "fibthresh": ("ignore sticks with a volume fraction below", ""),
-    "randfib": ("stick chosen at random", ""),
+    "randfib": ("first step's stick", ""),
     "fibst": ("first stick", ""),
     "nsteps": ("at most", "steps"),
     "loopcheck": ("loop check", ""),
@@ -266,6 +269,10 @@ def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
             out.append(("computed on", compute_device(flat)))
             continue
         words, unit = WORDS.get(key, (key.replace("_", " "), ""))
+        named = _CHOICES.get(key, {})
+        if isinstance(value, int) and not isinstance(value, bool) and value in named:  # by name, as the window
+            out.append((words, named[value]))
+            continue
         if key.endswith("_mm") and not unit:
             words, unit = words.removesuffix(" mm"), "mm"
         text = value_text(value)

@@ -1,4 +1,5 @@
-"""Parameters the window shows in another unit than the engine and the command line take.
+"""Parameters the window shows in another unit or in other words than the engine and the command
+line take.
 
 probtrackx's curvature threshold (``ProbParams.cthr``, ``--cthr``) is the cosine of the sharpest
 turn allowed, while every other angle in the window is in degrees ("Max angle 45°" of
@@ -7,6 +8,9 @@ command line keeps probtrackx's option and numbers); a field whose metadata unit
 :data:`COSINE` is shown and edited in degrees, converted here and only here (the form
 generator, the GUI presets and the report all go through :func:`to_window` /
 :func:`from_window`).
+
+Numbered choices that stand for methods (probtrackx's ``--randfib 0|1|2``, bedpostX's ``--model
+1|2``) are offered by name, :data:`CHOICE_WORDS`; the value stays the number.
 
 The engine flips each new direction onto the previous one before the test (probtrackx does the
 same), so a turn is never sharper than 90°: a threshold of 90° or more never stops a streamline.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .params import field_of, gui_preset
+from .params import BallStickParams, ProbParams, field_of, gui_preset
 
 #: The metadata unit of a field that holds the cosine of an angle.
 COSINE = "cosine"
@@ -68,3 +72,15 @@ def window_limits(params_type: type, name: str) -> tuple[float, float] | None:
 def window_default(params_type: type, name: str) -> Any:
     """The value the window starts with (:func:`app.params.gui_preset`), in the window's unit."""
     return to_window(params_type, name, gui_preset(params_type, name))
+
+
+#: Numbered choices in words, for the window's forms: {(parameter class, field): {value: words}}.
+CHOICE_WORDS: dict[tuple[type, str], dict[Any, str]] = {
+    (ProbParams, "randfib"): {0: "stick 1", 1: "any stick, uniformly", 2: "by volume fraction"},
+    (BallStickParams, "model"): {1: "one diffusivity", 2: "diffusivity distribution (multi-shell)"},
+}
+
+
+def choice_words(params_type: type, name: str) -> dict[Any, str] | None:
+    """{value: words} of a numbered choice the window offers by name, or None."""
+    return CHOICE_WORDS.get((params_type, name))

@@ -80,3 +80,10 @@ def test_the_probabilistic_curvature_threshold_reads_in_degrees_like_the_other_a
 
     rows = dict(parameter_rows({"computed": "probabilistic tracking", "parameters": {"cthr": 0.2, "step_mm": 0.5}}))
     assert rows["max angle"] == "78.5° (probtrackx curvature threshold 0.2)" and "cthr" not in rows
+
+
+def test_numbered_choices_read_by_name_as_the_window_offers_them():
+    from tractlens.app.report_data import parameter_rows
+
+    rows = dict(parameter_rows({"parameters": {"randfib": 2, "n_samples": 1000}}))
+    assert rows["first step's stick"] == "by volume fraction"

@@ -24,7 +24,15 @@ from PySide6.QtWidgets import (
 )
 
 from tractlens.app.params import default_of, field_of, gui_preset
-from tractlens.app.window_units import DEGREES, from_window, to_window, window_default, window_limits, window_unit
+from tractlens.app.window_units import (
+    DEGREES,
+    choice_words,
+    from_window,
+    to_window,
+    window_default,
+    window_limits,
+    window_unit,
+)
 
 UNIT_WORDS = {"vox": "voxels"}  # a unit as the panels spell it
 
@@ -45,8 +53,14 @@ class ParamsForm(QWidget):
             meta = spec.metadata
             default = window_default(params_type, spec.name)
             options = (choices or {}).get(spec.name) or (meta.get("choices") if isinstance(default, str) else None)
+            words = choice_words(params_type, spec.name)
             if meta.get("several"):
                 editor = _Several(meta["several"], default)
+            elif words:  # a numbered choice, offered by name (its number is the data)
+                editor = QComboBox()
+                for value, text in words.items():
+                    editor.addItem(text, value)
+                editor.setCurrentIndex(editor.findData(default))
             elif isinstance(default, tuple):
                 editor = _Numbers(default)
             elif options:
@@ -88,7 +102,7 @@ class ParamsForm(QWidget):
             if isinstance(editor, _Several | _Numbers):
                 out[name] = editor.value() if isinstance(editor, _Numbers) else editor.text()
             elif isinstance(editor, QComboBox):
-                out[name] = editor.currentText()
+                out[name] = editor.currentText() if editor.currentData() is None else editor.currentData()
             elif isinstance(editor, QCheckBox):
                 out[name] = editor.isChecked()
             elif isinstance(editor, QSpinBox):
@@ -112,7 +126,8 @@ class ParamsForm(QWidget):
             if isinstance(editor, _Several | _Numbers):
                 editor.set_text(value if isinstance(editor, _Several) else " ".join(str(v) for v in value))
             elif isinstance(editor, QComboBox):
-                editor.setCurrentText(value)
+                index = editor.findData(value)
+                editor.setCurrentIndex(index) if index >= 0 else editor.setCurrentText(value)
             elif isinstance(editor, QCheckBox):
                 editor.setChecked(bool(value))
             elif isinstance(editor, QSpinBox):

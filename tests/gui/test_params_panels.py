@@ -32,7 +32,10 @@ def _assert_editor(editor, cls, name):
     limits, both in the window's unit (:mod:`app.window_units`: a cosine in degrees)."""
     default, meta = window_default(cls, name), field_of(cls, name).metadata
     where = f"{cls.__name__}.{name}"
-    if isinstance(editor, QComboBox):
+    if isinstance(editor, QComboBox) and editor.currentData() is not None:  # a numbered choice, by name
+        assert editor.currentData() == default, where
+        assert [editor.itemData(i) for i in range(editor.count())] == list(meta["choices"]), where
+    elif isinstance(editor, QComboBox):
         assert editor.currentText() == str(default), where
         assert [editor.itemText(i) for i in range(editor.count())] == [str(c) for c in meta["choices"]], where
     elif isinstance(editor, QCheckBox):
@@ -120,3 +123,20 @@ def test_the_probabilistic_curvature_threshold_is_edited_in_degrees_and_kept_as_
     assert box.value() == pytest.approx(45.6) and form.value().cthr == 0.7
     form.set_values(cthr=-1.0)
     assert box.value() == 180.0 and form.value().cthr == -1.0
+
+
+def test_numbered_choices_are_offered_by_name_and_keep_their_number(qtbot):
+    form = ParamsForm(ProbParams)
+    qtbot.addWidget(form)
+    box = form.editors["randfib"]
+    assert isinstance(box, QComboBox)
+    assert [box.itemText(i) for i in range(box.count())] == ["stick 1", "any stick, uniformly", "by volume fraction"]
+    assert box.currentText() == "stick 1" and form.value().randfib == default_of(ProbParams, "randfib") == 0
+    box.setCurrentIndex(2)
+    assert form.value().randfib == 2
+    form.set_values(randfib=1)
+    assert box.currentText() == "any stick, uniformly"
+    ballstick = ParamsForm(BallStickParams)
+    qtbot.addWidget(ballstick)
+    model = ballstick.editors["model"]
+    assert [model.itemData(i) for i in range(model.count())] == [1, 2] and model.currentData() == 1
