@@ -9,8 +9,8 @@ command line keeps probtrackx's option and numbers); a field whose metadata unit
 generator, the GUI presets and the report all go through :func:`to_window` /
 :func:`from_window`).
 
-Numbered choices that stand for methods (probtrackx's ``--randfib 0|1|2``, bedpostX's ``--model
-1|2``) are offered by name, :data:`CHOICE_WORDS`; the value stays the number.
+Choices that are codes (probtrackx's ``--randfib 0|1|2``, bedpostX's ``--model 1|2``, the
+registration's ``--metric mi|cc``) are offered by name, :data:`CHOICE_WORDS`; the value stays the code.
 
 The engine flips each new direction onto the previous one before the test (probtrackx does the
 same), so a turn is never sharper than 90°: a threshold of 90° or more never stops a streamline.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .params import BallStickParams, ProbParams, field_of, gui_preset
+from .params import BallStickParams, ProbParams, RegisterParams, field_of, gui_preset
 
 #: The metadata unit of a field that holds the cosine of an angle.
 COSINE = "cosine"
@@ -78,6 +78,10 @@ def window_default(params_type: type, name: str) -> Any:
 CHOICE_WORDS: dict[tuple[type, str], dict[Any, str]] = {
     (ProbParams, "randfib"): {0: "stick 1", 1: "any stick, uniformly", 2: "by volume fraction"},
     (BallStickParams, "model"): {1: "one diffusivity", 2: "diffusivity distribution (multi-shell)"},
+    (RegisterParams, "metric"): {
+        "mi": "mutual information (other contrast)",
+        "cc": "cross-correlation (same contrast)",
+    },
 }
 
 

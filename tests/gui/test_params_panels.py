@@ -140,3 +140,11 @@ def test_numbered_choices_are_offered_by_name_and_keep_their_number(qtbot):
     qtbot.addWidget(ballstick)
     model = ballstick.editors["model"]
     assert [model.itemData(i) for i in range(model.count())] == [1, 2] and model.currentData() == 1
+    from tractlens.app.params import RegisterParams
+
+    register = ParamsForm(RegisterParams)
+    qtbot.addWidget(register)
+    metric = register.editors["metric"]
+    assert metric.currentText().startswith("mutual information") and register.value().metric == "mi"
+    metric.setCurrentIndex(metric.findData("cc"))
+    assert register.value().metric == "cc"
