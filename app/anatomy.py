@@ -24,10 +24,10 @@ from .io.dwi import load_dwi
 from .io.nifti import load_image, read_array, save_volume
 from .io.outputs import check_output_file, check_output_folder
 from .io.tractogram import load_tractogram, save_tractogram
-from .model import Tractogram, Volume
+from .model import RoiMask, Tractogram, Volume
 from .params import RegisterParams
 from .pipelines.register import register_arrays
-from .registration import Registration, resample, resample_chain
+from .registration import ChainedRegistration, Registration, compose_registrations, resample
 
 TEMPLATE_WORDS = ("mni",)
 #: Below this share of the fixed image's foreground covered by the registered moving image, the
@@ -117,19 +117,36 @@ def _three_d(data, grid: Grid, name: str, volume, path, what: str) -> LoadedImag
     return LoadedImage(data, grid, name)
 
 
-def _mask(path, image: LoadedImage, what: str) -> np.ndarray | None:
-    if path is None:
+def _mask(source, image: LoadedImage, what: str) -> np.ndarray | None:
+    """A brain mask for one image of the registration, on that image's grid (placed by scanner
+    coordinates, nearest neighbour): a file, or an open layer's data (an ROI :class:`RoiMask`, or a
+    label or scalar :class:`Volume`: its voxels above 0)."""
+    if source is None:
         return None
-    img = load_image(path, what)
-    data = np.asarray(img.dataobj)
-    if not Grid(img.affine, img.shape[:3]).matches(image.grid):
-        data = resample(data, Grid(img.affine, img.shape[:3]), image.grid, lambda p: p, "nearest")
+    if isinstance(source, RoiMask):
+        data, affine, path = np.asarray(source.mask), source.affine, None
+        what = f"{what} ({source.name})"
+    elif isinstance(source, Volume):
+        data, affine, path = np.asarray(source.data), source.affine, source.source or None
+        what = f"{what} ({source.name})"
+        if data.ndim == 4:
+            raise InputError(f"the {what} is a 4-D image", fix="Choose a 3-D mask, an ROI or a label image")
+    else:
+        path = source
+        img = load_image(path, what)
+        data, affine = np.asarray(img.dataobj), img.affine
+    if not Grid(affine, data.shape[:3]).matches(image.grid):
+        data = resample(data, Grid(affine, data.shape[:3]), image.grid, lambda p: p, "nearest")
     mask = np.nan_to_num(data) > 0
     if not mask.any():
         raise InputError(
             f"the {what} is empty where it meets its image", path=path, fix="Check that it belongs to that image"
         )
     return mask
+
+
+def _mask_name(source) -> str:
+    return source.name if isinstance(source, RoiMask | Volume) else Path(source).name
 
 
 def register_images(
@@ -139,16 +156,17 @@ def register_images(
     params: RegisterParams | None = None,
     *,
     volume: int | None = None,
-    moving_mask: str | os.PathLike | None = None,
-    fixed_mask: str | os.PathLike | None = None,
+    moving_mask: str | os.PathLike | Volume | RoiMask | None = None,
+    fixed_mask: str | os.PathLike | Volume | RoiMask | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     device: str = "auto",
 ) -> RegisterResult:
     """Register ``moving`` onto ``fixed`` (paths, ``"mni"`` or model volumes) and, with ``out_dir``,
     write the registration folder (:mod:`app.io.transforms`). ``volume`` picks a volume of a 4-D
-    moving image. Raises :class:`InputError` before writing anything when the registration diverged
-    or the images do not overlap.
+    moving image. The masks (files, or an open ROI or image: the window's choice) restrict the
+    metric to the brain of each image. Raises :class:`InputError` before writing anything when the
+    registration diverged or the images do not overlap.
 
     The use case behind ``tractlens register`` and the window's registration dialog: centres of
     mass, rigid, affine (mutual information) and for ``syn`` a symmetric diffeomorphic warp, with
@@ -167,8 +185,8 @@ def register_images(
         iterations, random seed.
     volume : int, optional
         The volume of a 4-D moving image to use.
-    moving_mask, fixed_mask : str or os.PathLike, optional
-        Masks restricting the metric.
+    moving_mask, fixed_mask : str, os.PathLike, Volume or RoiMask, optional
+        Masks restricting the metric (a file, or an open image or ROI).
     progress, cancelled : callable, optional
         ``progress(done, total)`` and a cancellation check.
     device : {"auto", "cpu", "gpu"}
@@ -280,6 +298,10 @@ def register_images(
             "shape": list(fix.grid.shape),
             "voxel_mm": [round(float(v), 4) for v in fix.grid.voxel_sizes],
         },
+        "masks": {
+            side: None if mask is None else {"name": _mask_name(source), "voxels": int(mask.sum())}
+            for side, source, mask in (("moving", moving_mask, mmask), ("fixed", fixed_mask, fmask))
+        },
         "type": params.type,
         "metric": params.metric,
         "parameters": {k: getattr(params, k) for k in params.__dataclass_fields__},
@@ -298,9 +320,15 @@ def register_images(
     return RegisterResult(registration, run.moving_in_fixed, summary)
 
 
-def load_registration(source) -> Registration:
-    """A registration object as given: already loaded, or the folder of ``tractlens register``."""
-    return source if isinstance(source, Registration) else transform_files.load_registration(source)
+def load_registration(source) -> Registration | ChainedRegistration:
+    """A registration object as given: already loaded, the folder of ``tractlens register``, or a
+    list of these chained in the order given (:func:`app.registration.compose_registrations`:
+    T1 → DWI and T1 → MNI give DWI ↔ MNI through the T1)."""
+    if isinstance(source, list | tuple):
+        return compose_registrations([load_registration(one) for one in source])
+    if isinstance(source, Registration | ChainedRegistration):
+        return source
+    return transform_files.load_registration(source)
 
 
 def _check_sides(registration: Registration, grid: Grid, side: str, path) -> None:
@@ -369,8 +397,7 @@ def apply_transform(
     _check_sides(registration, grid, source_side, input_path)
     chosen = _interpolation(interp, data, Path(input_path).name)
     towards = "moving" if inverse else "fixed"
-    chain = registration.pull_chain(grid, ref_grid, towards)
-    moved = resample_chain(data, grid, ref_grid, chain, chosen, cancelled=cancelled)
+    moved = registration.pull(data, grid, ref_grid, towards, chosen, cancelled=cancelled)
     save_volume(moved, ref_grid.affine, out, dtype=data.dtype if chosen == "nearest" else np.float32)
     return {
         "input": str(input_path),
@@ -529,5 +556,4 @@ def mask_onto(
     registration: Registration, mask: np.ndarray, mask_grid: Grid, target: Grid, target_side: str
 ) -> np.ndarray:
     """A mask of the other side drawn on ``target`` (nearest neighbour)."""
-    chain = registration.pull_chain(mask_grid, target, target_side)
-    return resample_chain(np.asarray(mask, bool), mask_grid, target, chain, "nearest")
+    return registration.pull(np.asarray(mask, bool), mask_grid, target, target_side, "nearest")
