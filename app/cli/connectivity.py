@@ -11,7 +11,7 @@ from tractlens.gpu.backend import DEVICES, check_device
 
 from ..errors import InputError
 from ..io.outputs import check_output_file
-from ..params import ConnectomeParams, LesionDistanceParams, ProfileParams
+from ..params import ConnectomeParams, LesionDistanceParams, ProfileParams, ProfileTableParams
 from ._common import EXIT_OK, Progress, emit, log, require_streamlines
 from .options import add_params, params_from_args
 
@@ -76,8 +76,7 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--map", action="append", metavar="[NAME=]FILE",
                    help="3-D scalar NIfTI (e.g. FA=dti_FA.nii.gz of fit-dti); repeat for several metrics")  # fmt: skip
     p.add_argument("--fit", metavar="DIR", help="every 3-D map of a fit-dti or fit-model folder (FA, MD, NDI, ...)")
-    p.add_argument("--subject", help="the subject column (default: the sub-XX in the paths, else empty)")
-    p.add_argument("--session", help="the session column (default: the ses-XX in the paths, else empty)")
+    add_params(p, ProfileTableParams)
     add_params(p, ProfileParams)
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("-o", "--output", required=True, help="profile CSV (tidy form: .csv or .json)")

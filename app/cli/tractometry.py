@@ -8,8 +8,8 @@ from tractlens.gpu.backend import check_device
 
 from ..errors import InputError
 from ..io.outputs import check_output_file
-from ..params import ProfileParams
-from ._common import EXIT_OK, Progress, emit, log
+from ..params import ProfileParams, ProfileTableParams
+from ._common import EXIT_OK, Progress, emit
 from .options import params_from_args
 
 
@@ -25,7 +25,10 @@ def add_parsers(sub, common) -> None:
     )
     p.add_argument("table", metavar="COHORT.csv", help="tidy profile table")
     p.add_argument("-o", "--output", required=True, metavar="IMAGE", help="figure file (.png, .svg or .pdf)")
-    p.add_argument("--metric", help="the metric to draw (default: the first in the table)")
+    # not --metric: that flag is the registration's and geodesic tracking's similarity metric
+    p.add_argument(
+        "--measure", metavar="METRIC", help="the metric column's value to draw, e.g. FA (default: the first)"
+    )
     p.add_argument("--bundles", nargs="+", metavar="NAME", help="only these bundles (default all, in table order)")
     p.set_defaults(func=cmd_plot_profiles)
 
@@ -35,6 +38,7 @@ def cmd_profile_bundles(args) -> int:
     from ..tractometry_table import write_profiles
 
     params = params_from_args(ProfileParams, args)
+    table = params_from_args(ProfileTableParams, args)
     check_device(args.device)
     check_output_file(args.output, "profile table")
     names = [n for word in args.names or [] for n in word.split(",") if n]
@@ -44,15 +48,13 @@ def cmd_profile_bundles(args) -> int:
         fit=args.fit,
         names=names or None,
         params=params,
-        subject=args.subject,
-        session=args.session,
+        subject=table.subject,
+        session=table.session,
         device=args.device,
         progress=Progress("profile", "bundles", quiet=args.quiet),
     )
     write_profiles(result, args.output)
     missing = {name: b for name, b in result.bundles.items() if b["status"] != "ok" or b["streamlines"] == 0}
-    for name, record in missing.items():
-        log.warning("bundle %s: %s (%s): its rows have empty values", name, record["status"], record["message"])
     summary = {"input": str(args.bundles or args.tractogram), "output": str(args.output), **result.summary(),
                "rows": len(result.values) * result.n_points}  # fmt: skip
     profiled = len(result.bundles) - len(missing)
@@ -74,7 +76,7 @@ def cmd_plot_profiles(args) -> int:
     if suffix not in ("png", "svg", "pdf"):
         raise InputError("the figure must be a .png, .svg or .pdf file", path=args.output, fix="Name it FIGURE.png")
     check_output_file(args.output, "figure")
-    info = save_profiles_figure(args.table, args.output, metric=args.metric, bundles=args.bundles)
+    info = save_profiles_figure(args.table, args.output, metric=args.measure, bundles=args.bundles)
     emit(args, info, f"{info['metric']} profiles of {len(info['bundles'])} bundles, {info['subjects']} "
                      f"subject-sessions; written to {args.output}")  # fmt: skip
     return EXIT_OK
