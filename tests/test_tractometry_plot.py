@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("matplotlib", reason="matplotlib is in the test extra (the plot extra)")
-pandas = pytest.importorskip("pandas", reason="pandas is in the test extra (the plot extra)")
-
 from tractlens.app.cli import main
 from tractlens.app.errors import InputError
 from tractlens.app.tractometry_plot import BAND_GID, MEAN_GID, SUBJECT_GID, plot_profiles
 from tractlens.app.tractometry_table import tidy_csv_text
+
+pytest.importorskip("matplotlib", reason="matplotlib is in the test extra (the plot extra)")
+pandas = pytest.importorskip("pandas", reason="pandas is in the test extra (the plot extra)")
 
 K = 8
 
