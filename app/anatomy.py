@@ -36,6 +36,11 @@ MIN_OVERLAP = 0.5
 #: Below this share of the fixed image's intensity entropy explained by the registered moving image
 #: (:func:`app.pipelines.register.shared_information`), the images are taken not to show the same anatomy.
 MIN_SHARED_INFORMATION = 0.08
+#: A registration whose mutual information ends lower than it started by more than this share is taken
+#: to have diverged. Not zero: images already aligned (a T1 already in MNI space, a DWI series and its
+#: own b=0) start at the optimum, measured without interpolation, and lose some through the interpolation
+#: of the result and the warp's smoothing (3-6 % on the tests' phantoms and on the MNI template onto itself).
+MAX_METRIC_LOSS = 0.10
 TRACTOGRAM_SUFFIXES = (".trk", ".tck", ".trx")
 
 
@@ -169,7 +174,11 @@ def register_images(
         f"mutual information {run.metric_before:.3f} before, {run.metric_after:.3f} after; the registered images "
         f"overlap in {run.overlap:.0%} of the fixed image's foreground and explain {run.shared:.0%} of its intensities"
     )
-    if run.overlap < MIN_OVERLAP or run.shared < MIN_SHARED_INFORMATION or run.metric_after < run.metric_before - 1e-3:
+    if (
+        run.overlap < MIN_OVERLAP
+        or run.shared < MIN_SHARED_INFORMATION
+        or run.metric_after < run.metric_before * (1 - MAX_METRIC_LOSS) - 1e-3
+    ):
         raise InputError(
             f"the registration of {mov.name} onto {fix.name} failed ({values}): the images do not overlap, show "
             "different anatomy, or the optimisation diverged; nothing was written",
