@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tractlens.gpu.backend import Cancelled
+from tractlens.gpu.engines import decide_device
 from tractlens.gpu.tractometry import ProfileParams, node_weights, orient, resample, sample_map, weighted_profile
 
 from .errors import InputError
@@ -249,11 +250,14 @@ def profile_bundles(
         if nodes is not None:
             extents.append(nodes.reshape(-1, 3))
             weights = node_weights(nodes, params.weighting)
+            # the engine's crossover decides auto: samples of this bundle in all maps
+            choice = decide_device("profile", nodes.shape[0] * nodes.shape[1] * len(volumes), requested=device)
+            record["device"] = choice.reason
         for metric, volume in volumes.items():
             profile = np.full(params.n_points, np.nan)
             if nodes is not None:
                 values = sample_map(volume.grid.to_voxels(nodes.reshape(-1, 3)).reshape(nodes.shape),
-                                    volume.data, device)  # fmt: skip
+                                    volume.data, choice.argument)  # fmt: skip
                 profile = weighted_profile(values, weights)[0]
                 sampled_any[metric] |= bool(np.isfinite(values).any())
             result.values[(entry.name, metric)] = profile

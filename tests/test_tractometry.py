@@ -241,3 +241,16 @@ def test_bids_entities_and_cohort_concatenation(folder, tmp_path):
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(InputError, match="not a tidy profile table"):
         concatenate_profiles([bad], tmp_path / "c2.csv")
+
+
+@pytest.mark.gpu
+def test_gpu_profiles_equal_the_cpu_ones(folder, tmp_path):
+    """The same table on CuPy as on NumPy: the geometry is on the host, the trilinear samples in
+    float32 on either device (relative 1e-6), empty bundles empty on both."""
+    maps = {"FA": tmp_path / "FA.nii.gz", "MD": tmp_path / "MD.nii.gz"}
+    cpu = profile_bundles(folder, maps, params=ProfileParams(n_points=K), device="cpu")
+    gpu = profile_bundles(folder, maps, params=ProfileParams(n_points=K), device="gpu")
+    assert gpu.bundles["CST_L"]["device"].startswith("gpu")
+    for key, values in cpu.values.items():
+        np.testing.assert_allclose(gpu.values[key], values, rtol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(gpu.values[("CST_L", "FA")], _expected_linear(5.0, 30.0), atol=2e-6)
