@@ -100,6 +100,7 @@ def _fake_ballstick(derivatives: Path, bids: Path, subject: str) -> None:
     (folder / "marker.txt").write_text("stand-in samples")
 
 
+@pytest.mark.slow
 def test_batch_register_bundles_profiles_writes_one_cohort_table(tmp_path, client, stand_in, capsys):
     bids = make_cohort(tmp_path / "bids", LAMBDAS)
     derivatives = tmp_path / "derivatives"

@@ -56,6 +56,7 @@ def client():
     cluster.close()
 
 
+@pytest.mark.slow
 def test_batch_chain_writes_the_cohort_profiles_and_the_plot_draws_them(tmp_path, client, capsys):
     bids = make_cohort(tmp_path / "bids", LAMBDAS)
     derivatives = tmp_path / "derivatives"

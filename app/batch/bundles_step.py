@@ -58,6 +58,10 @@ def run_bundles_step(args: argparse.Namespace) -> int:
             f"the bundles step needs {BUNDLES_MODULE} ({exc})",
             fix="Install a TractLens with named bundles (tractlens bundles --list must work)",
         ) from None
+    from ..cli._common import Progress
+    from ..jobs import JobContext
+
+    progress = Progress("bundles", "steps", quiet=args.quiet)  # relayed to the cohort display by the batch
     result = module.run_bundles(
         registration=Path(args.registration),
         output=Path(args.output),
@@ -65,6 +69,7 @@ def run_bundles_step(args: argparse.Namespace) -> int:
         names=bundle_names_of(args.bundles),
         device=args.device,
         seed_rng=args.seed_rng,
+        context=JobContext(on_progress=lambda done, total, message: progress(done, total)),
     )
     print(json.dumps(_summary_of(result, Path(args.output)), default=str))
     return 0
