@@ -52,6 +52,34 @@ def test_the_steps_run_in_the_issue_s_order_and_register_is_syn_by_default(tmp_p
     assert f"FA={tmp_path / 'fa.nii.gz'}" in argv and STEPS["bundles"].needs == ("fit-ballstick", "register")
 
 
+def test_cohort_table_keeps_earlier_subjects_and_names_this_run_s_missing_ones(tmp_path):
+    from tractlens.app.batch.cohort import COHORT_TABLE, write_cohort_profiles
+    from tractlens.app.batch.naming import sidecar_of
+    from tractlens.app.batch.plan import Plan
+    from tractlens.app.batch.task import StepJob
+    from tractlens.app.tractometry_table import tidy_csv_text
+
+    derivatives = tmp_path / "deriv"
+    jobs = []
+    for subject, sidecar in (("01", True), ("02", True), ("03", True), ("04", False)):
+        folder = derivatives / f"sub-{subject}" / "dwi"
+        folder.mkdir(parents=True)
+        name = STEPS["profiles"].primary(f"sub-{subject}", {})["profiles"]
+        (folder / name).write_text(tidy_csv_text([(f"sub-{subject}", "", "CST_L", 0, "FA", 0.5)]))
+        if sidecar:
+            sidecar_of(folder / name).write_text("{}")
+        if subject in ("01", "02"):  # this run's subjects; 03 done by an earlier run, 04 left half-done
+            jobs.append(StepJob("profiles", f"sub-{subject}", (), {}, str(folder), (name,)))
+    results = [{"step": "profiles", "subject": "sub-01", "status": "done"},
+               {"step": "profiles", "subject": "sub-02", "status": "failed"}]  # fmt: skip
+    info = write_cohort_profiles(Plan(jobs, [[], []], ["profiles"], []), results, derivatives)
+    assert info["subjects"] == ["sub-01", "sub-03"] and info["missing"] == ["sub-02"]
+    assert [r[0] for r in read_profiles(derivatives / COHORT_TABLE)] == ["sub-01", "sub-03"]
+    sidecar = json.loads((derivatives / COHORT_TABLE).with_suffix(".json").read_text())
+    assert sidecar["WithoutProfiles"] == ["sub-02"]
+    assert write_cohort_profiles(Plan([], [], ["fit-dti"], []), [], derivatives) is None  # no profiles step
+
+
 @pytest.fixture
 def stand_in(monkeypatch):
     """``tractlens.app.bundles.run_bundles`` replaced by a stand-in (the module itself is made up
