@@ -43,7 +43,13 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--session-label", nargs="+", metavar="LABEL", help="only these sessions")
     p.add_argument("--config", metavar="PARAMS.toml", help="parameters: [step] tables, keys = the step's flag names")
     p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: half the CPU cores)")
-    p.add_argument("--gpus", type=int, metavar="N", help="one worker per GPU through dask-cuda (LocalCUDACluster)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="one worker per GPU: dask-cuda's LocalCUDACluster where installed, else a LocalCluster of one worker "
+        "process pinned to each GPU",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786")
     where.add_argument(

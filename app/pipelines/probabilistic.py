@@ -259,8 +259,10 @@ class ProbabilisticRun:
         backends=None,
     ) -> ProbResult:
         """The run split over the first ``gpus`` GPUs of this host (:mod:`gpu.probabilistic_split`):
-        one contiguous range of streamlines each, totals summed on the host; the same counts as
-        on one GPU. ``backends`` replaces the GPUs (tests share one device, or the CPU, out)."""
+        chunks of streamlines handed out as the GPUs ask, the totals added on the first GPU; the
+        same counts as on one GPU. A GPU that fails is named; its share is tracked on the
+        others (a note says so) or, with none left, the run stops with that message and nothing
+        is written. ``backends`` replaces the GPUs (tests share one device, or simulated GPUs)."""
 
         try:
             backends = backends or gpu_backends(gpus)
@@ -272,6 +274,7 @@ class ProbabilisticRun:
             n_waypoints=self.n_waypoints, seed_matrix=self.seed_matrix, progress=progress, cancelled=cancelled,
         )  # fmt: skip
         seconds = time.perf_counter() - t0
+        self.notes.extend(result.provenance.pop("notes", []))  # a device that failed, named
         names = sorted({b.device_name for b in backends})
         result.provenance.update(
             backend=backends[0].name,
