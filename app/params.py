@@ -378,6 +378,22 @@ class DicomImportParams:
     )
 
 
+@dataclass(frozen=True)
+class ProfileTableParams:
+    """Who the rows of a tidy profile table belong to (``tractlens profile --bundles``): the
+    subject and session columns, e.g. ``sub-01`` and ``ses-pre`` (None: the ``sub-XX`` and
+    ``ses-YY`` found in the paths of the bundles folder and maps, else empty)."""
+
+    subject: str | None = field(
+        default=None,
+        metadata=meta("Subject", "the subject column of every row (BIDS sub-XX keeps it text for pandas)"),
+    )
+    session: str | None = field(
+        default=None,
+        metadata=meta("Session", "the session column of every row (may be empty)"),
+    )
+
+
 REGISTRATION_TYPES = ("rigid", "affine", "syn")
 REGISTRATION_METRICS = ("mi", "cc")
 
@@ -499,6 +515,7 @@ PARAMS_TYPES = (
     ConnectomeParams,
     EndpointParams,
     ProfileParams,
+    ProfileTableParams,
     LesionDistanceParams,
     EnvelopeParams,
     ReportParams,

@@ -183,6 +183,12 @@ def _commands(f: Path) -> list[tuple[str, list[str], list[Path]]]:
             ["profile", str(f / "det.trk"), "--map", str(f / "dti" / "dti_FA.nii.gz"), *cpu, "-o", str(f / "p.csv")],
             [f / "det.trk", f / "dti" / "dti_FA.nii.gz"],
         ),
+        (  # the tidy form (a named map), then its figure
+            "profile",
+            ["profile", str(f / "det.trk"), "--map", f"FA={f / 'dti' / 'dti_FA.nii.gz'}", *cpu, "-o", str(f / "t.csv")],
+            [f / "det.trk", f / "dti" / "dti_FA.nii.gz"],
+        ),
+        ("plot-profiles", ["plot-profiles", str(f / "t.csv"), "-o", str(f / "t.png")], [f / "t.csv"]),
         ("distance", ["distance", str(f / "det.trk"), "--lesion", str(f / "lesion.nii.gz"), *cpu], [f / "det.trk"]),
         (
             "stats",

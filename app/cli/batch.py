@@ -76,6 +76,7 @@ def _check_options(args) -> None:
 
 
 def cmd_batch(args) -> int:
+    from ..batch.cohort import write_cohort_profiles
     from ..batch.config import load_config
     from ..batch.dataset import find_series
     from ..batch.engines import cluster_arguments, connect, workers_without_main
@@ -110,10 +111,13 @@ def cmd_batch(args) -> int:
             if cluster is not None:
                 cluster.close()
             remove_staging(staging)
+    cohort = write_cohort_profiles(plan, results, derivatives)  # the profiles step's group table
     engine = args.scheduler or choice.description
     summary = {"bids_dir": str(bids_dir), "derivatives": str(derivatives), "pipeline": steps,
                "subjects": len(series), "cluster_start_s": round(started, 3),
                **summarise(results, wall_s=time.perf_counter() - start, engine=engine)}  # fmt: skip
+    if cohort is not None:
+        summary["cohort_profiles"] = cohort
     counts = summary["counts"]
     failures = "".join(f"\n  {f['subject']} {f['step']}: {f['reason']}" for f in summary["failed"])
     human = (
@@ -121,5 +125,7 @@ def cmd_batch(args) -> int:
         f"{counts['failed']} failed, {counts['not-run']} not run, in {summary['wall_s']:.1f} s on {engine}; "
         f"derivatives in {derivatives}{failures}"
     )
+    if cohort is not None:
+        human += f"\ncohort profiles of {len(cohort['subjects'])} subject-sessions: {cohort['output']}"
     emit(args, summary, human)
     return EXIT_SOME_FAILED if counts["failed"] or counts["not-run"] else EXIT_OK

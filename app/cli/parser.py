@@ -19,6 +19,7 @@ from .model import add_parsers as add_model
 from .options import add_option_aliases
 from .stats import add_parsers as add_stats
 from .track import add_parsers as add_track
+from .tractometry import add_parsers as add_tractometry
 
 
 def command_parsers() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction, argparse.ArgumentParser]:
@@ -46,6 +47,7 @@ def command_parsers() -> tuple[argparse.ArgumentParser, argparse._SubParsersActi
     add_stats(sub, common)
     add_dicom(sub, common)
     add_anatomy(sub, common)
+    add_tractometry(sub, common)
     return parser, sub, common
 
 

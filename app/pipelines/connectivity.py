@@ -270,9 +270,15 @@ def write_matrix_csv(matrix: ConnectivityMatrix, path: str | os.PathLike) -> Pat
 
 
 def compute_profile(
-    tractogram: Tractogram, scalar_map: Volume, n_points: int = ProfileParams.n_points, *, device: str = "auto"
+    tractogram: Tractogram,
+    scalar_map: Volume,
+    n_points: int = ProfileParams.n_points,
+    *,
+    weighting: str = ProfileParams.weighting,
+    device: str = "auto",
 ) -> Profile:
-    """Along-tract profile of a 3-D map over a bundle, the bundle resampled to ``n_points``."""
+    """Along-tract profile of a 3-D map over a bundle, the bundle resampled to ``n_points``, its
+    streamlines averaged with ``weighting`` (see :class:`~tractlens.gpu.tractometry.ProfileParams`)."""
     if len(tractogram) == 0:
         raise InputError("the bundle has no streamlines", fix="Select or load the bundle first")
     if n_points < 2:
@@ -291,7 +297,13 @@ def compute_profile(
     points = tractogram.points_on(scalar_map.affine)
     choice = decide_device("profile", len(points), requested=device)
     result = profile(
-        points, tractogram.offsets, data, n_points, linear=scalar_map.affine[:3, :3], device=choice.argument
+        points,
+        tractogram.offsets,
+        data,
+        n_points,
+        linear=scalar_map.affine[:3, :3],
+        weighting=weighting,
+        device=choice.argument,
     )
     result.provenance["device_choice"] = choice.reason
     if not np.isfinite(result.mean).any():
