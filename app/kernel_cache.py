@@ -19,7 +19,8 @@ installation. A stamp file in the cache folder makes later processes skip the wo
 each file's own SHA-1 when it reads it, and an entry whose key does not match simply goes
 unused: the worst a wrong entry costs is a compilation, as without shipped kernels.
 
-``TRACTLENS_SHIPPED_KERNELS=0`` turns it off; so does ``CUPY_CACHE_IN_MEMORY=1`` (CuPy then
+``TRACTLENS_SHIPPED_KERNELS=0`` turns it off (``TRACTLENS_SHIPPED_KERNELS_DIR`` reads the builds from
+another folder); so does ``CUPY_CACHE_IN_MEMORY=1`` (CuPy then
 reads no files).
 """
 
@@ -34,11 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tractlens.gpu.cuda import cache_dir
+from tractlens.resources import RESOURCES
 
 log = logging.getLogger(__name__)
 
 #: The folder of the shipped builds (package data; read only).
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "resources" / "kernel_cache"
+SHIPPED_DIR = RESOURCES / "kernel_cache"
+#: Names another folder of builds (a builder checking a build before shipping it).
+ENV_SHIPPED = "TRACTLENS_SHIPPED_KERNELS_DIR"
 #: Each build's key templates and file names (gzip JSON), beside the compiled files.
 MANIFEST = "manifest.json.gz"
 #: The manifest layout this module reads.
@@ -80,6 +84,11 @@ class Runtime:
             arch=str(cupy.cuda.Device().compute_capability),
             cupy_core_dir=os.path.dirname(os.path.abspath(core.__file__)),
         )
+
+
+def shipped_dir() -> Path:
+    """The folder of the shipped builds (:data:`SHIPPED_DIR`, or the one :data:`ENV_SHIPPED` names)."""
+    return Path(os.environ.get(ENV_SHIPPED) or SHIPPED_DIR)
 
 
 def build_tag(cupy_version: str, nvrtc: tuple[int, int], arch: str) -> str:
@@ -144,7 +153,7 @@ def install(runtime: Runtime, *, shipped: Path | None = None, target: Path | Non
     Returns ``{"tag", "status", "installed", "present", "target"}``; status is ``installed``,
     ``already`` (a stamp says it was done), ``none`` (no build for this runtime), or ``off``.
     Files CuPy already has are left alone; writes are atomic (temp file and rename)."""
-    shipped = SHIPPED_DIR if shipped is None else Path(shipped)
+    shipped = shipped_dir() if shipped is None else Path(shipped)
     target = cache_dir() if target is None else Path(target)
     result = {"tag": runtime.tag, "status": "none", "installed": 0, "present": 0, "target": str(target)}
     if not enabled():
@@ -171,7 +180,7 @@ def install(runtime: Runtime, *, shipped: Path | None = None, target: Path | Non
 
 def shipped_tags(shipped: Path | None = None) -> list[str]:
     """The builds shipped with this installation (``tractlens info`` lists them)."""
-    shipped = SHIPPED_DIR if shipped is None else Path(shipped)
+    shipped = shipped_dir() if shipped is None else Path(shipped)
     if not shipped.is_dir():
         return []
     return sorted(p.name for p in shipped.iterdir() if (p / MANIFEST).is_file())

@@ -296,7 +296,11 @@ def main(argv=None) -> int:
     p.add_argument("--archs", default="", help="other compute capabilities than this GPU's, e.g. 80,86,89")
     p.add_argument("--measurements", default=DEFAULT_MEASUREMENTS, help="measurement counts of the kernel catalogue")
     p.add_argument("--work", type=Path, help="work folder (default: a temporary one, removed)")
-    p.add_argument("--skip-commands", action="store_true", help="only the kernel catalogue (no CuPy kernels)")
+    p.add_argument(
+        "--commands",
+        help="only these of the commands run on the subject (comma-separated labels: fit-dti, track-det, ...; "
+        "default all; 'none': the kernel catalogue only, without CuPy's own kernels)",
+    )
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="tractlens-kernels-"))
     record_dir, cache, logs = work / "records", work / "cache", work / "logs"
@@ -308,11 +312,13 @@ def main(argv=None) -> int:
     log(f"kernel catalogue for {args.measurements} measurements")
     for n in args.measurements.split(","):
         ok &= _run_captured(record_dir, cache, ["--catalogue", n.strip()], logs, f"catalogue_{n.strip()}")
-    if not args.skip_commands:
+    if args.commands != "none":
         log("the commands on a small subject (CuPy's own kernels)")
         _subject_dir, commands = _subject(work)
+        wanted = set(args.commands.split(",")) if args.commands else {label for label, _ in commands}
         for label, what in commands:
-            ok &= _run_captured(record_dir, cache, what, logs, label)
+            if label in wanted:
+                ok &= _run_captured(record_dir, cache, what, logs, label)
     others = [a.strip() for a in args.archs.split(",") if a.strip()]
     records = sorted(str(p) for p in record_dir.glob("*.json.gz"))
     replay_dir = work / "replay-records"

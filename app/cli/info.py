@@ -12,6 +12,7 @@ from tractlens.gpu.backend import get_backend, gpu_status
 from tractlens.gpu.cuda import cache_dir
 
 from .. import __version__
+from ..kernel_cache import last_result, shipped_tags
 from ._common import EXIT_OK, emit
 
 
@@ -48,7 +49,17 @@ def cmd_info(args) -> int:
 
     summary["numpy"] = numpy.__version__
     summary["kernel_cache_dir"] = str(cache_dir())
-    human = f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}\nkernel cache: {cache_dir()}"
+    summary["shipped_kernels"] = shipped_tags()  # compiled ahead of time (app/kernel_cache.py)
+    if last_result():
+        summary["shipped_kernels_here"] = last_result()
+    shipped = ", ".join(summary["shipped_kernels"]) or "none"
+    human = (
+        f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}\nkernel cache: {cache_dir()}"
+        f"\nshipped kernels: {shipped}"
+    )
+    if last_result():
+        done = last_result()
+        human += f" ({done['tag']} here: {done['status']}, {done['installed']} installed)"
     if args.compile:
         summary.update(_compile(ok, detail, args.quiet))
         human += "\n" + summary.pop("_human")
