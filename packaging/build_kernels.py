@@ -112,7 +112,7 @@ def _install_capture(record_dir: Path) -> None:
 
 def _captured(argv: list[str]) -> int:
     """``--capture DIR -- <what>``: record, then run a tractlens command, the kernel catalogue
-    (``--catalogue N``) or a replay for another architecture (``--replay ARCH RECORDS...``)."""
+    (``--catalogue N,M,...``) or a replay for another architecture (``--replay ARCH RECORDS...``)."""
     record_dir, what = Path(argv[0]), argv[1:]
     sys.path.insert(0, str(ROOT))
     _install_capture(record_dir)
@@ -122,7 +122,8 @@ def _captured(argv: list[str]) -> int:
         ok, detail = backend.gpu_status()
         if not ok:
             raise SystemExit(f"build_kernels.py: no usable GPU: {detail}")
-        warmup.compile_all(builds=warmup.catalogue(int(what[1])))
+        builds = {b: None for n in what[1].split(",") for b in warmup.catalogue(int(n))}  # in order, once each
+        warmup.compile_all(builds=tuple(builds))
         return 0
     if what[0] == "--replay":
         return _replay(what[1], [Path(p) for p in what[2:]])
@@ -310,8 +311,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     ok = True
     log(f"kernel catalogue for {args.measurements} measurements")
-    for n in args.measurements.split(","):
-        ok &= _run_captured(record_dir, cache, ["--catalogue", n.strip()], logs, f"catalogue_{n.strip()}")
+    counts = ",".join(n.strip() for n in args.measurements.split(",") if n.strip())
+    ok &= _run_captured(record_dir, cache, ["--catalogue", counts], logs, "catalogue")
     if args.commands != "none":
         log("the commands on a small subject (CuPy's own kernels)")
         _subject_dir, commands = _subject(work)

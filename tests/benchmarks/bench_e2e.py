@@ -41,11 +41,12 @@ and CuPy's pool high-water mark that the command reports); the split into read /
 write that the command records (:mod:`tractlens.app.timing`, through ``$TRACTLENS_TIMINGS``);
 the GPU work as the command's own summary gives it.
 
-``--cold`` measures what a first use on a fresh machine costs: before each command's first run,
-the kernel cache (``CUPY_CACHE_DIR``, ``--kernel-cache`` or ``<outdir>/cold/cupy``) and
-TractLens's own cache (``TRACTLENS_CACHE``: bedpostX folders, ...) are emptied, so that run starts
-with only the kernels shipped with TractLens (``app/kernel_cache.py``; ``--no-shipped-kernels``
-leaves those out too); the second run, warm, reuses what the first left. Each row then gives
+``--cold`` measures what the CUDA compiler costs a first use: before each command's first run the
+kernel cache (``CUPY_CACHE_DIR``: ``--kernel-cache``, or ``<outdir>/cold/cupy``) is emptied, so that
+run starts with only the kernels shipped with TractLens (``app/kernel_cache.py``;
+``--no-shipped-kernels`` leaves those out too); the second run, warm, reuses what the first left.
+``--cold-data`` also empties TractLens's own cache (``TRACTLENS_CACHE``, ``<outdir>/cold/tractlens``:
+the bedpostX folder's cache that a first read builds), as on a fresh machine. Each row then gives
 ``cold_s``, ``warm_s``, their ratio, and how many kernels the cold run compiled (files CuPy added
 to its cache beyond the shipped ones), and a table of them is printed at the end. Results merge into
 ``<results>/e2e_<gpu>.json`` and ``.md`` (``--quick``: ``e2e_<gpu>_quick``), so runs in parts add up.
@@ -479,8 +480,10 @@ def run_measured(argv: list[str], env: dict, logs: Path, timeout_s: float) -> di
 
 # ----------------------------------------------------------------------------- the commands
 def fresh_caches(env: dict) -> None:
-    """Empty the commands' kernel cache and TractLens cache, as on a fresh machine."""
+    """Empty the commands' kernel cache (and TractLens's cache when the run chose its folder)."""
     for key in ("CUPY_CACHE_DIR", "TRACTLENS_CACHE"):
+        if key not in env:
+            continue
         shutil.rmtree(env[key], ignore_errors=True)
         Path(env[key]).mkdir(parents=True)
 
@@ -701,8 +704,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--cold",
         action="store_true",
-        help="each command runs twice: first on a fresh machine's empty caches (kernel cache and TRACTLENS_CACHE, "
-        "with the shipped kernels only), then warm; prints cold/warm per command (implies --repeat 2)",
+        help="each command runs twice: first with an empty kernel cache (and the shipped kernels), then warm; "
+        "prints cold/warm per command (implies --repeat 2)",
+    )
+    p.add_argument(
+        "--cold-data", action="store_true", help="with --cold: TractLens's own cache is emptied too (a fresh machine)"
     )
     p.add_argument(
         "--kernel-cache", type=Path, help="CUPY_CACHE_DIR of the commands (--cold: default <outdir>/cold/cupy)"
@@ -753,7 +759,8 @@ def main(argv=None) -> int:
     if args.cold:
         args.repeat = max(args.repeat, 2)
         args.kernel_cache = args.kernel_cache or args.outdir / "cold" / "cupy"
-        env["TRACTLENS_CACHE"] = str(args.outdir / "cold" / "tractlens")
+        if args.cold_data:
+            env["TRACTLENS_CACHE"] = str(args.outdir / "cold" / "tractlens")
     if args.kernel_cache:
         env["CUPY_CACHE_DIR"] = str(args.kernel_cache)
     if args.no_shipped_kernels:
@@ -791,6 +798,7 @@ def main(argv=None) -> int:
                 cold_over_warm=first["wall_s"] / row["wall_s"],
                 kernels_compiled_cold=first["kernels_compiled"],
                 shipped_kernels=not args.no_shipped_kernels,
+                cold_data=args.cold_data,
             )
         if row["exit_status"] != 0:
             shutil.rmtree(out, ignore_errors=True)  # no half output for a later command to take
