@@ -78,10 +78,16 @@ class Runtime:
         from cupy._core import core  # the module whose folder CuPy's -I option names
 
         major, minor = cupy.cuda.nvrtc.getVersion()
+        try:  # the architecture CuPy compiles for: the GPU's, capped at what this NVRTC knows
+            from cupy.cuda.compiler import _get_arch
+
+            arch = str(_get_arch())
+        except (ImportError, AttributeError):
+            arch = str(cupy.cuda.Device().compute_capability)
         return cls(
             cupy_version=str(cupy.__version__),
             nvrtc=(int(major), int(minor)),
-            arch=str(cupy.cuda.Device().compute_capability),
+            arch=arch,
             cupy_core_dir=os.path.dirname(os.path.abspath(core.__file__)),
         )
 

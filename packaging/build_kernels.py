@@ -53,7 +53,7 @@ def log(text: str) -> None:
 
 
 # ----------------------------------------------------------------- inside each captured process
-def _install_capture(record_dir: Path) -> None:
+def _install_capture(record_dir: Path):
     """Wrap CuPy's compiler so that every compilation leaves its cache key (the text hashed into
     the file's name) and its call (replayed for other architectures) in ``record_dir``."""
     from cupy.cuda import compiler
@@ -68,9 +68,21 @@ def _install_capture(record_dir: Path) -> None:
     blocks: dict[str, str] = {}
     real_hash, real_compile = compiler._hash_hexdigest, compiler._compile_with_cache_cuda
 
+    def shrink(text: str) -> str:
+        """CuPy's headers (the long ``extra_source`` of every kernel of its own) as a marker."""
+        for bid, block in blocks.items():
+            text = text.replace(block, f"\x00tractlens:block:{bid}\x00")
+        return text
+
+    def plain(value):
+        """A call's argument as JSON keeps it (tuples as lists; a log stream as None)."""
+        if isinstance(value, tuple):
+            value = list(value)
+        return value if isinstance(value, (bool, int, type(None), list, str)) else None
+
     def hash_hexdigest(value):
         digest = real_hash(value)
-        keys[digest] = value.decode("utf-8") if isinstance(value, bytes) else value
+        keys[digest] = shrink(value.decode("utf-8") if isinstance(value, bytes) else value)
         return digest
 
     def compile_with_cache_cuda(source, options, arch, extra_source=None, backend="nvrtc", *args, **kwargs):
@@ -81,10 +93,10 @@ def _install_capture(record_dir: Path) -> None:
                 "source": source,
                 "options": list(options),
                 "arch": arch,
-                "extra_source": extra_source,
+                "extra_source": shrink(extra_source) if extra_source else extra_source,
                 "backend": backend,
-                "args": [a if isinstance(a, (bool, type(None), list, str)) else None for a in args],
-                "kwargs": {k: v for k, v in kwargs.items() if isinstance(v, (bool, type(None), list, str))},
+                "args": [plain(a) for a in args],
+                "kwargs": {k: plain(v) for k, v in kwargs.items()},
             }
         )
         return real_compile(source, options, arch, extra_source, backend, *args, **kwargs)
@@ -108,6 +120,7 @@ def _install_capture(record_dir: Path) -> None:
             json.dump(record, f)
 
     atexit.register(save)
+    return save
 
 
 def _captured(argv: list[str]) -> int:
@@ -142,12 +155,15 @@ def _replay(arch: str, records: list[Path]) -> int:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             record = json.load(f)
         for call in record["calls"]:
+            extra = call["extra_source"]
+            for bid, block in record["blocks"].items():
+                extra = extra.replace(f"\x00tractlens:block:{bid}\x00", block) if extra else extra
             try:
                 compiler._compile_with_cache_cuda(
                     call["source"],
                     tuple(call["options"]),
                     arch,
-                    call["extra_source"],
+                    extra,
                     call["backend"],
                     *call["args"],
                     **call["kwargs"],
@@ -251,9 +267,7 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
         if key is None:  # compiled by something the capture did not see (should not happen)
             missing += 1
             continue
-        arch = _ARCH.match(key).group(1)
-        for mark, text in blocks.items():
-            key = key.replace(text, f"\x00tractlens:block:{mark}\x00")
+        arch = _ARCH.match(key).group(1)  # the key's blocks are markers already (shrink)
         entry = {"file": file.name, "suffix": file.suffix, "key": kc.template(key, core_dir)}
         by_tag.setdefault(kc.build_tag(cupy_version, nvrtc, arch), []).append(entry)
     summary = {}

@@ -1,18 +1,20 @@
 """Shipped GPU kernels (app/kernel_cache.py, packaging/build_kernels.py) without a GPU: a build
 recorded on one machine is installed into another machine's CuPy cache under the names CuPy
 computes there, for its own CuPy/NVRTC/architecture only, into the folder CuPy reads (the user's
-CUPY_CACHE_DIR when set), never into the installation. The key texts below stand for CuPy's:
-an environment tuple that starts with the architecture, the -I option naming CuPy's headers by
-absolute path, the source, and CuPy's headers as one long block."""
+CUPY_CACHE_DIR when set), never into the installation. A stand-in of CuPy's compiler (its cache
+key and files, as CuPy 14 makes them) is what the build's capture wraps."""
 
 from __future__ import annotations
 
+import atexit
 import gzip
 import hashlib
 import importlib.util
 import json
 import logging
 import stat
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -34,14 +36,56 @@ def build_kernels():
     return module
 
 
-def key(core: str, arch: str, source: str, nvrtc: str = "(12, 9)") -> str:
-    """A cache key as CuPy writes it (the form matters only as far as these tests use it)."""
-    env = f"('{arch}', ('-I{core}/include', '-I{core}/include/cupy/_cccl/libcudacxx', '-ftz=true'), {nvrtc}, 'nvrtc')"
-    return f"{env} //ptx-of-empty {source} {HEADERS} 0a1b2c"
+class StandInCuPy:
+    """CuPy's compiler as far as its cache is concerned (cupy/cuda/compiler.py of CuPy 14): the key is
+    the environment (architecture, options with the -I of CuPy's headers by absolute path, NVRTC
+    version), the source, CuPy's headers, and its file is SHA-1(key).cubin holding SHA-1(payload) +
+    payload, written to CUPY_CACHE_DIR. ``compile`` is what CuPy's own kernels go through."""
+
+    def __init__(self, core_dir: str, cache: Path, arch: str):
+        self.core_dir, self.cache, self.arch = core_dir, cache, arch
+        self.compiler = types.ModuleType("cupy.cuda.compiler")
+        self.compiler._hash_hexdigest = lambda value: hashlib.sha1(value).hexdigest()
+        self.compiler._compile_with_cache_cuda = self._compile_with_cache_cuda
+        core = types.ModuleType("cupy._core.core")
+        core.__file__ = f"{core_dir}/core.cpython-312-x86_64-linux-gnu.so"
+        cupy = types.ModuleType("cupy")
+        cupy.__version__ = "14.2.0"
+        cupy.cuda = types.SimpleNamespace(
+            nvrtc=types.SimpleNamespace(getVersion=lambda: (12, 9)), compiler=self.compiler
+        )
+        self.modules = {
+            "cupy": cupy,
+            "cupy.cuda": cupy.cuda,
+            "cupy.cuda.compiler": self.compiler,
+            "cupy._core": types.SimpleNamespace(core=core),
+            "cupy._core.core": core,
+        }
+
+    def options(self) -> tuple:
+        return (f"-I{self.core_dir}/include", f"-I{self.core_dir}/include/cupy/_cccl/libcudacxx")
+
+    def _compile_with_cache_cuda(self, source, options, arch, extra_source=None, backend="nvrtc", *args):
+        env = (arch, (*options, "-ftz=true"), (12, 9), backend, f"-arch=sm_{arch}", "cubin")
+        key_src = f"{env} //ptx-of-empty {source} {extra_source} 0a1b2c".encode()
+        name = self.compiler._hash_hexdigest(key_src) + ".cubin"  # looked up in the module, as CuPy does
+        payload = f"cubin of {source[:20]} for sm_{arch}".encode()
+        (self.cache / name).write_bytes(hashlib.sha1(payload).hexdigest().encode() + payload)
+        return name
+
+    def compile(self, source: str, own: bool) -> str:
+        """A kernel: CuPy's own (its headers and -I options) or ours (a RawModule: options only)."""
+        options, extra = (self.options(), HEADERS) if own else (("--std=c++17",), None)
+        return self.compiler._compile_with_cache_cuda(source, options, self.arch, extra, "nvrtc", False, ("k",))
 
 
-def sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
+def cupy_name(core: str, arch: str, label: str) -> str:
+    """The file name CuPy at ``core`` computes for one of :data:`SOURCES` (the stand-in's formula, on any machine)."""
+    own = label == "elementwise"
+    options = (f"-I{core}/include", f"-I{core}/include/cupy/_cccl/libcudacxx") if own else ("--std=c++17",)
+    env = (arch, (*options, "-ftz=true"), (12, 9), "nvrtc", f"-arch=sm_{arch}", "cubin")
+    key_src = f"{env} //ptx-of-empty {SOURCES[label]} {HEADERS if own else None} 0a1b2c"
+    return hashlib.sha1(key_src.encode()).hexdigest() + ".cubin"
 
 
 SOURCES = {
@@ -51,38 +95,27 @@ SOURCES = {
 
 
 @pytest.fixture
-def shipped(tmp_path, build_kernels) -> Path:
-    """A build as build_kernels.py assembles it from what the captured processes recorded: two
-    kernels for sm_90 and one for sm_80, compiled on the build machine (BUILD_CORE)."""
+def shipped(tmp_path, build_kernels, monkeypatch) -> Path:
+    """A build as build_kernels.py makes it: the capture wraps the (stand-in) compiler of the
+    build machine (BUILD_CORE) while two kernels compile for sm_90 and, replayed, one for sm_80;
+    then assemble() writes the shipped folders."""
     records, cache, out = tmp_path / "records", tmp_path / "build-cache", tmp_path / "shipped"
     records.mkdir()
     cache.mkdir()
-    keys = {}
-    for arch, label in (("90", "elementwise"), ("90", "raw"), ("80", "raw")):
-        text = key(BUILD_CORE, arch, SOURCES[label])
-        keys[sha1(text)] = text
-        cubin = f"cubin {label} sm_{arch}".encode()
-        (cache / f"{sha1(text)}.cubin").write_bytes(sha1(cubin.decode()).encode() + cubin)  # CuPy's hash + payload
-    record = {
-        "cupy_version": "14.2.0",
-        "nvrtc": [12, 9],
-        "cupy_core_dir": BUILD_CORE,
-        "keys": keys,
-        "calls": [],
-        "blocks": {"b1": HEADERS},
-    }
-    with gzip.open(records / "1.json.gz", "wt") as f:
-        json.dump(record, f)
+    for arch, labels in (("90", ("elementwise", "raw")), ("80", ("raw",))):
+        stand_in = StandInCuPy(BUILD_CORE, cache, arch)
+        with monkeypatch.context() as m:
+            for name, module in stand_in.modules.items():
+                m.setitem(sys.modules, name, module)
+            save = build_kernels._install_capture(records)
+            atexit.unregister(save)
+            for label in labels:
+                stand_in.compile(SOURCES[label], own=label == "elementwise")
+            save()
     summary = build_kernels.assemble(records, cache, out)
-    assert summary == {
-        "cupy14.2.0-nvrtc12.9-sm80": {
-            "kernels": 1,
-            "bytes": pytest.approx(summary["cupy14.2.0-nvrtc12.9-sm80"]["bytes"]),
-        },
-        "cupy14.2.0-nvrtc12.9-sm90": {
-            "kernels": 2,
-            "bytes": pytest.approx(summary["cupy14.2.0-nvrtc12.9-sm90"]["bytes"]),
-        },
+    assert {tag: s["kernels"] for tag, s in summary.items()} == {
+        "cupy14.2.0-nvrtc12.9-sm80": 1,
+        "cupy14.2.0-nvrtc12.9-sm90": 2,
     }
     return out
 
@@ -104,11 +137,12 @@ def test_installed_kernels_carry_the_names_cupy_computes_on_the_users_machine(sh
     result = kc.install(user("90"), shipped=shipped, target=target)
     assert result["status"] == "installed" and result["installed"] == 2 and result["present"] == 0
     for label in ("elementwise", "raw"):
-        expected = target / f"{sha1(key(USER_CORE, '90', SOURCES[label]))}.cubin"  # CuPy's name there
-        payload = expected.read_bytes()
-        assert payload.endswith(f"cubin {label} sm_90".encode())
-        assert payload[:40] == sha1(payload[40:].decode()).encode()  # CuPy's own check passes
-    assert not any(p.name.startswith(sha1(key(BUILD_CORE, "90", SOURCES["raw"]))) for p in target.iterdir())
+        payload = (target / cupy_name(USER_CORE, "90", label)).read_bytes()  # under CuPy's name there
+        assert payload.endswith(f"cubin of {SOURCES[label][:20]} for sm_90".encode())
+        assert payload[:40] == hashlib.sha1(payload[40:]).hexdigest().encode()  # CuPy's own check passes
+    # CuPy's own kernel's key names its headers' folder: the build machine's name is not the user's
+    assert cupy_name(BUILD_CORE, "90", "elementwise") != cupy_name(USER_CORE, "90", "elementwise")
+    assert not (target / cupy_name(BUILD_CORE, "90", "elementwise")).exists()
 
 
 def test_another_cuda_cupy_or_architecture_gets_nothing(shipped, tmp_path):
@@ -142,7 +176,7 @@ def test_the_users_cache_folder_is_respected_and_the_installation_is_not_written
 def test_kernels_cupy_has_are_kept_and_a_second_process_only_sees_the_stamp(shipped, tmp_path):
     target = tmp_path / "user-cache"
     target.mkdir()
-    own = target / f"{sha1(key(USER_CORE, '90', SOURCES['raw']))}.cubin"
+    own = target / cupy_name(USER_CORE, "90", "raw")
     own.write_bytes(b"compiled here")
     result = kc.install(user(), shipped=shipped, target=target)
     assert result["installed"] == 1 and result["present"] == 1 and own.read_bytes() == b"compiled here"
