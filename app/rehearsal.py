@@ -41,10 +41,10 @@ def commands(demo: Path, work: Path, device: str = "gpu") -> list[tuple[str, lis
         ("fit-dti", ["fit-dti", dwi, "--mask", mask, "-o", dti, *d]),
         ("track deterministic", ["track", "deterministic", "--tensor", dti, "--whole-brain", "--mask", mask, "-o", det, *d]),
         ("commit", ["commit", "--dwi", dwi, "--tractogram", det, "-o", str(work / "commit"), *d]),
-        ("fit-ballstick", ["fit-ballstick", dwi, "--mask", mask, "-o", bs, *few, *d]),
+        ("fit-ballstick", ["fit-ballstick", dwi, "--mask", seed, "-o", bs, *few, *d]),  # a few voxels: kernels, not maps
         ("track probabilistic", ["track", "probabilistic", "--samples", bs, "--seed", seed, "--nsamples", "20", "-o", str(work / "prob"), *d]),
         ("track geodesic", ["track", "geodesic", "--tensor", dti, "--seed", seed, "-o", str(work / "geo.trk"), *d]),
-        ("fit-csd", ["fit-csd", dwi, "--mask", mask, "-o", csd, *d]),
+        ("fit-csd", ["fit-csd", dwi, "--mask", seed, "-o", csd, *d]),
         ("track fod-probabilistic", ["track", "fod-probabilistic", "--fod", csd, "--seed", seed, "-o", str(work / "fod.trk"), *d]),
     ]  # fmt: skip
 
