@@ -98,3 +98,32 @@ def test_without_the_shipped_build_the_same_run_compiles(built, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert not list(fresh.glob(".tractlens-shipped-*"))
     assert len([p for p in fresh.iterdir() if p.suffix == ".cubin"]) > 0
+
+
+def test_after_the_rehearsal_fit_dti_and_tracking_on_other_data_compile_nothing(built, tmp_path):
+    """Where no shipped build matches (turned off here), the rehearsal on the demo leaves CuPy's
+    cache holding what fit-dti and deterministic tracking compile on another subject (the
+    benchmark's small one: other shape, other number of volumes)."""
+    fresh = tmp_path / "fresh-cache"
+    env = {
+        **os.environ,
+        "CUPY_CACHE_DIR": str(fresh),
+        "TRACTLENS_SHIPPED_KERNELS": "0",
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    code = (
+        "import json; from tractlens.app import rehearsal; from tractlens.gpu import backend; "
+        "ok, gpu = backend.gpu_status(); assert ok, gpu; print(json.dumps(rehearsal.rehearse(gpu)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failed"] == [] and len(result["ran"]) == 8, result
+    before = {p.name for p in fresh.iterdir() if p.suffix == ".cubin"}
+    assert _fit(built["subject"], tmp_path / "dti", env, "gpu").returncode == 0
+    track = ["track", "deterministic", "--tensor", str(tmp_path / "dti"), "--whole-brain"]
+    track += ["--mask", str(built["subject"] / "mask.nii.gz"), "-o", str(tmp_path / "t.trk"), "--device", "gpu"]
+    done = subprocess.run([sys.executable, "-m", "tractlens.app.cli", *track], cwd=ROOT, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    new = {p.name for p in fresh.iterdir() if p.suffix == ".cubin"} - before
+    assert not new, f"{len(new)} kernels compiled after the rehearsal"
