@@ -31,6 +31,7 @@ RESULTS = ROOT / "tests" / "benchmarks" / "results" / "bundle_linux.json"
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.bundle,  # not in the default run (it would add 4-10 minutes to it): .ci/run runs it after the suite
     pytest.mark.skipif(sys.platform != "linux", reason="the bundle is built and tested on Linux only"),
 ]
 
