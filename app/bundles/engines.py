@@ -38,6 +38,13 @@ from ..pipelines.probabilistic import prepare_probabilistic_masks, sample_field
 from .masks import ProtocolMasks
 
 ENGINES = ("probabilistic", "fod", "deterministic")
+#: Provenance that changes from run to run (timings, free memory): kept out of bundles.json, so the same inputs
+#: give the same bytes; the run's returned summary has the times.
+TIMING_KEYS = ("tracking_s", "streamlines_per_s", "first_batch_s", "seeds_per_s", "device_choice")
+
+
+def _steady(provenance: dict) -> dict:
+    return {k: v for k, v in provenance.items() if k not in TIMING_KEYS and k != "params"}
 
 
 @dataclass
@@ -86,7 +93,7 @@ class ProbabilisticEngine(Engine):
 
     def track(self, masks, name, *, progress=None, cancelled=None) -> BundleTrack:
         run = prepare_probabilistic_masks(
-            self.samples, masks.seed, waypoints=masks.targets, exclude=masks.exclude, stop=masks.stop,
+            self.samples, masks.seed & self.brain, waypoints=masks.targets, exclude=masks.exclude, stop=masks.stop,
             params=self.params, seed_name=f"{name} seed region", field_=self.field,
         )  # fmt: skip
         result = run.track(device=self.device, progress=progress, cancelled=cancelled, device_field=self.device_field)
@@ -99,7 +106,7 @@ class ProbabilisticEngine(Engine):
             if len(tractogram) > keep:
                 tractogram = tractogram.subset(np.arange(keep))
         tractogram.name = name
-        provenance = {k: v for k, v in result.provenance.items() if k != "params"}
+        provenance = _steady(result.provenance)
         return BundleTrack(tractogram, result.paths.astype(np.float64), int(result.waytotal), int(result.streamlines),
                            list(run.notes), provenance)  # fmt: skip
 
@@ -154,7 +161,7 @@ class StreamlineEngine(Engine):
             if len(tractogram)
             else np.zeros(self.grid.shape)
         )
-        provenance = {k: result.provenance.get(k) for k in ("backend", "device", "tracking_s", "seeds", "empty_reason")}
+        provenance = _steady({k: result.provenance.get(k) for k in ("backend", "device", "seeds", "empty_reason")})
         tracked = int(result.provenance.get("streamlines_tracked", 0))
         return BundleTrack(tractogram, visitation, len(tractogram), tracked, list(result.notes), provenance)
 
