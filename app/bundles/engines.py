@@ -31,7 +31,7 @@ from tractlens.gpu.backend import get_backend
 from ..envelopes import streamline_visitation
 from ..errors import InputError
 from ..grid import Grid
-from ..io import load_bedpostx
+from ..io import BedpostSamples, load_bedpostx
 from ..model import Tractogram
 from ..params import BundleParams, DeterministicParams, FodProbabilisticParams, ProbParams
 from ..pipelines.probabilistic import prepare_probabilistic_masks, sample_field
@@ -78,11 +78,11 @@ class ProbabilisticEngine(Engine):
     name = "probabilistic"
 
     def __init__(self, path, params: ProbParams, bundle: BundleParams, device: str):
-        self.samples = load_bedpostx(path)
+        self.samples = path if isinstance(path, BedpostSamples) else load_bedpostx(path)
         self.params, self.bundle, self.device = params, bundle, device
         self.grid = Grid(self.samples.affine, self.samples.mask.shape)
         self.brain = np.asarray(self.samples.mask, dtype=bool)
-        self.reference = str(getattr(self.samples, "path", "") or path)
+        self.reference = str(getattr(self.samples, "path", "") or ("" if isinstance(path, BedpostSamples) else path))
         self.field = sample_field(self.samples)
         self.backend = get_backend(device)
         self.device_field = None
@@ -184,7 +184,7 @@ def open_engine(
             fix="Choose the data to track the bundles in",
         )
     kind, path = given[0]
-    if not os.path.exists(path):
+    if not isinstance(path, BedpostSamples) and not os.path.exists(path):
         raise InputError("does not exist", path=path, fix="Check the path")
     if kind == "probabilistic":
         return ProbabilisticEngine(path, prob_params, bundle, device)

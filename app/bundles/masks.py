@@ -1,6 +1,7 @@
-"""The protocol regions of :mod:`.protocols` (boxes and spheres in MNI mm) as masks on a subject grid.
+"""The protocol regions of :mod:`.protocols` (boxes and spheres in MNI mm) as masks on a subject grid,
+inside its brain mask (a region outside the brain takes no part in tracking).
 
-Every subject voxel is placed in MNI space through the registration (``Registration.to_template``:
+Every brain voxel is placed in MNI space through the registration (``Registration.to_template``:
 the affine and, for SyN, the inverse displacement field), so the regions follow the subject's
 anatomy however it was registered. A voxel joins a region when at least ``threshold`` of it lies
 inside: voxels well inside or well outside a shape (by half a voxel diagonal, with room for the
@@ -36,9 +37,10 @@ class ProtocolMasks:
 
 
 class SubjectInMni:
-    """The MNI coordinates of a subject grid's voxels, through ``registration``."""
+    """The MNI coordinates of a subject grid's voxels inside ``within`` (the brain: regions matter
+    nowhere else, and an HCP grid holds 3.7 M voxels for its 1 M of brain), through ``registration``."""
 
-    def __init__(self, registration: Registration, grid: Grid):
+    def __init__(self, registration: Registration, grid: Grid, within: np.ndarray | None = None):
         if registration.template != "mni" or registration.template_side not in ("fixed", "moving"):
             where = registration.folder or "the registration"
             raise InputError(
@@ -48,15 +50,17 @@ class SubjectInMni:
             )
         self.registration = registration
         self.grid = grid
-        ijk = np.indices(grid.shape, dtype=np.float64).reshape(3, -1).T
-        self.centres = self._to_mni(ijk)
+        within = np.ones(grid.shape, dtype=bool) if within is None else np.asarray(within, dtype=bool)
+        self.voxels = np.flatnonzero(within.ravel())  # flat indices of the voxels considered
+        self.ijk = np.stack(np.unravel_index(self.voxels, grid.shape), axis=1).astype(np.float64)
+        self.centres = self._to_mni(self.ijk)
         self.half_diagonal = 0.5 * float(np.linalg.norm(grid.voxel_sizes)) * STRETCH
 
     def _to_mni(self, ijk: np.ndarray) -> np.ndarray:
         return self.registration.to_template(self.grid.to_mm(ijk))
 
     def shape_fraction(self, shape: Shape) -> np.ndarray:
-        """Per voxel (flat), the share of it inside ``shape`` (0, 1 or k/8 on the edge)."""
+        """Per voxel considered, the share of it inside ``shape`` (0, 1 or k/8 on the edge)."""
         p = self.centres
         if shape.kind == "box":
             signed = np.max(np.maximum(np.asarray(shape.a) - p, p - np.asarray(shape.b)), axis=1)
@@ -65,8 +69,7 @@ class SubjectInMni:
         fraction = (signed <= -self.half_diagonal).astype(np.float32)
         edge = np.flatnonzero(np.abs(signed) < self.half_diagonal)
         if edge.size:
-            ijk = np.stack(np.unravel_index(edge, self.grid.shape), axis=1).astype(np.float64)
-            points = self._to_mni((ijk[:, None, :] + SUB_POINTS[None]).reshape(-1, 3))
+            points = self._to_mni((self.ijk[edge][:, None, :] + SUB_POINTS[None]).reshape(-1, 3))
             fraction[edge] = shape.contains(points).reshape(len(edge), len(SUB_POINTS)).mean(axis=1)
         return fraction
 
@@ -74,9 +77,11 @@ class SubjectInMni:
         """The union of the region's shapes on the grid (None for a region without shapes)."""
         if not region:
             return None
-        mask = np.zeros(self.grid.n_voxels, dtype=bool)
+        inside = np.zeros(len(self.voxels), dtype=bool)
         for shape in region:
-            mask |= self.shape_fraction(shape) >= threshold
+            inside |= self.shape_fraction(shape) >= threshold
+        mask = np.zeros(self.grid.n_voxels, dtype=bool)
+        mask[self.voxels[inside]] = True
         return mask.reshape(self.grid.shape)
 
 

@@ -154,48 +154,42 @@ def _dispersed(rng, v: np.ndarray, n_samples: int, dispersion_deg: float) -> np.
     return out / np.linalg.norm(out, axis=-1, keepdims=True)
 
 
-def bedpostx_arrays(phantom: Phantom, n_samples: int = 16, dispersion_deg: float = 6.0, seed: int = 0):
-    """(theta, phi, f) of bedpostX (X, Y, Z, 3, S) in FSL's frame, and the brain mask."""
+def masked_samples(phantom: Phantom, n_samples: int = 16, dispersion_deg: float = 6.0, seed: int = 0,
+                   chunk: int = 100_000):  # fmt: skip
+    """bedpostX samples of the brain's voxels (C order): (theta, phi, f) as (N, 3, S) float32 in
+    FSL's frame, made ``chunk`` voxels at a time (an HCP-sized brain holds a million)."""
     from ..io.dwi import x_flip_needed
 
     rng = np.random.default_rng(seed)
-    mask = phantom.brain
-    idx = np.flatnonzero(mask.ravel())
-    dirs = phantom.dirs.reshape(-1, 3, 3)[idx]
-    f = phantom.f.reshape(-1, 3)[idx]
+    idx = np.flatnonzero(phantom.brain.ravel())
     theta = np.zeros((len(idx), 3, n_samples), np.float32)
-    phi = np.zeros_like(theta)
-    fs = np.zeros_like(theta)
+    phi, fs = np.zeros_like(theta), np.zeros_like(theta)
     flip = x_flip_needed(phantom.affine)
-    for j in range(3):
-        has = f[:, j] > 0
-        v = _to_voxel_axes(phantom.grid, dirs[:, j])
-        samples = _dispersed(rng, v, n_samples, dispersion_deg)
-        random = rng.normal(size=samples.shape)  # isotropic voxels: a random direction per sample
-        random /= np.linalg.norm(random, axis=-1, keepdims=True)
-        samples = np.where(has[:, None, None], samples, random)
-        if flip:
-            samples[..., 0] *= -1
-        theta[:, j] = np.arccos(np.clip(samples[..., 2], -1, 1))
-        phi[:, j] = np.arctan2(samples[..., 1], samples[..., 0])
-        fs[:, j] = np.where(has, f[:, j], 0.02 if j == 0 else 0.0)[:, None]
-    shape = (*mask.shape, 3, n_samples)
-
-    def on_grid(values):
-        out = np.zeros(shape, np.float32)
-        out.reshape(-1, 3, n_samples)[idx] = values
-        return out
-
-    return on_grid(theta), on_grid(phi), on_grid(fs), mask
+    all_dirs, all_f = phantom.dirs.reshape(-1, 3, 3), phantom.f.reshape(-1, 3)
+    for start in range(0, len(idx), chunk):
+        rows = slice(start, start + chunk)
+        dirs, f = all_dirs[idx[rows]], all_f[idx[rows]]
+        for j in range(3):
+            has = f[:, j] > 0
+            samples = _dispersed(rng, _to_voxel_axes(phantom.grid, dirs[:, j]), n_samples, dispersion_deg)
+            random = rng.normal(size=samples.shape)  # isotropic voxels: a random direction per sample
+            random /= np.linalg.norm(random, axis=-1, keepdims=True)
+            samples = np.where(has[:, None, None], samples, random)
+            if flip:
+                samples[..., 0] *= -1
+            theta[rows, j] = np.arccos(np.clip(samples[..., 2], -1, 1))
+            phi[rows, j] = np.arctan2(samples[..., 1], samples[..., 0])
+            fs[rows, j] = np.where(has, f[:, j], 0.02 if j == 0 else 0.0)[:, None]
+    return theta, phi, fs
 
 
 def write_bedpostx(phantom: Phantom, folder: str | os.PathLike, n_samples: int = 16, dispersion_deg: float = 6.0,
                    seed: int = 0) -> Path:  # fmt: skip
     """The phantom as a bedpostX folder (3 fibres, ``n_samples`` posterior samples)."""
-    from ..io.bedpostx import BedpostSamples, save_bedpostx
+    from ..io.bedpostx import save_bedpostx_masked
 
-    theta, phi, f, mask = bedpostx_arrays(phantom, n_samples, dispersion_deg, seed)
-    save_bedpostx(folder, BedpostSamples(theta, phi, f, mask, phantom.affine))
+    theta, phi, f = masked_samples(phantom, n_samples, dispersion_deg, seed)
+    save_bedpostx_masked(folder, phantom.brain, phantom.affine, theta, phi, f)
     return Path(folder)
 
 

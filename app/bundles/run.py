@@ -123,7 +123,8 @@ def run_bundles(
 ) -> BundlesResult:
     """Track the named bundles ``names`` (None: all) of one subject and write OUTDIR.
 
-    Exactly one of ``samples`` (bedpostX folder: probabilistic engine), ``fod`` (fit-csd folder:
+    Exactly one of ``samples`` (bedpostX folder, or :class:`~app.io.BedpostSamples` already read:
+    probabilistic engine), ``fod`` (fit-csd folder:
     iFOD1 on the fODF) or ``tensor`` (dtifit / fit-dti folder: deterministic tensor tracking).
     ``registration``: a ``tractlens register … mni`` folder (subject ↔ MNI152). ``seed_rng``
     seeds every random draw (the probabilistic engine's streams, the seed points), so the same
@@ -145,7 +146,7 @@ def run_bundles(
     reg = load_registration(registration)
     engine = open_engine(samples=samples, fod=fod, tensor=tensor, prob_params=prob_params, fod_params=fod_params,
                          bundle=params, device=device, rng_seed=seed)  # fmt: skip
-    subject = SubjectInMni(reg, engine.grid)
+    subject = SubjectInMni(reg, engine.grid, engine.brain)
     protocols = load_protocols()
     staging = output.with_name(f".{output.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
