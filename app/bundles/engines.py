@@ -102,7 +102,9 @@ class ProbabilisticEngine(Engine):
         if result.waytotal:
             # the run's first streamlines, enough of them to hold about `keep` kept ones
             most = min(result.streamlines, math.ceil(keep * result.streamlines / result.waytotal * 1.2) + 64)
-            tractogram, _ = run.paths_tractogram(most, device=self.device, cancelled=cancelled)
+            tractogram, _ = run.paths_tractogram(
+                most, device=self.device, cancelled=cancelled, device_field=self.device_field
+            )
             if len(tractogram) > keep:
                 tractogram = tractogram.subset(np.arange(keep))
         tractogram.name = name

@@ -19,6 +19,7 @@ import shutil
 import time
 import zipfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,6 +183,23 @@ def run_bundles(
 
 
 def _track_all(chosen, engine, subject, params, version, folder: Path, context: JobContext) -> dict[str, BundleOutcome]:
+    """Track the bundles one after the other; each one's files are written on a thread while the
+    next is tracked (the GPU need not wait for the compression of a density or a .trx)."""
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle-writer") as writer:
+        written: list = []
+        outcomes = _track_each(chosen, engine, subject, params, version, folder, context, writer, written)
+        for future in written:
+            future.result()  # a failed write fails the run (the staging folder goes)
+    context.progress(len(chosen), len(chosen), "done")
+    return outcomes
+
+
+def _write_bundle(tractogram: Tractogram, density: np.ndarray, affine: np.ndarray, folder: Path, name: str) -> None:
+    _write_trx(tractogram, folder / f"{name}.trx")
+    save_volume(density, affine, folder / f"{name}_density.nii.gz", dtype=np.float32)
+
+
+def _track_each(chosen, engine, subject, params, version, folder, context, writer, written) -> dict[str, BundleOutcome]:
     outcomes: dict[str, BundleOutcome] = {}
     voxel_mm3 = float(abs(np.linalg.det(engine.grid.affine[:3, :3])))
     for number, name in enumerate(chosen):
@@ -217,12 +235,10 @@ def _track_all(chosen, engine, subject, params, version, folder: Path, context: 
         tractogram = track.tractogram if track is not None else Tractogram.from_list(
             [], affine=engine.grid.affine, dimensions=engine.grid.shape, name=name
         )  # fmt: skip
-        _write_trx(tractogram, folder / f"{name}.trx")
-        save_volume(density, engine.grid.affine, folder / f"{name}_density.nii.gz", dtype=np.float32)
+        written.append(writer.submit(_write_bundle, tractogram, density, engine.grid.affine, folder, name))
         if status != "ok":
             log.warning(message)
         record = _bundle_record(name, protocol, version, status, message, masks.voxels, track, round(volume_mm3, 3))
         kept = tractogram if status == "ok" else None
         outcomes[name] = BundleOutcome(name, status, message, record, kept, time.perf_counter() - started)
-    context.progress(len(chosen), len(chosen), "done")
     return outcomes
