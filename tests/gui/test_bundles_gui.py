@@ -79,7 +79,7 @@ def test_named_bundles_from_the_track_menu_become_coloured_layers(window, qtbot,
         assert layer.provenance["citation"].startswith("Warrington")
     assert (folder / "bundles" / "bundles.json").is_file()
     assert "3 of 3 tracked" in window.statusBar().currentMessage()
-    qtbot.wait(200)
+    qtbot.wait(1500)
     ARTIFACTS.mkdir(exist_ok=True)
     window.save_screenshot(ARTIFACTS / "bundles_layers.png")  # each bundle in its colour
 
