@@ -166,7 +166,7 @@ def run_bundles(
             "reference": engine.reference or None,
             "protocols_version": protocols.version,
             "protocols_adaptation": protocols.adaptation,
-            "inputs": engine.describe(),
+            "source": engine.describe(),
             "parameters": {k: getattr(params, k) for k in params.__dataclass_fields__},
             "bundles": {name: outcome.record for name, outcome in result.items()},
         }

@@ -79,7 +79,9 @@ def cmd_bundles(args) -> int:
         names=args.bundles, params=params, device=args.device, seed_rng=prob.seed, context=context,
         prob_params=prob, fod_params=fod,
     )  # fmt: skip
-    summary = {"output": str(result.output), **result.summary}
+    # bundles.json's own "version" (its format) is "format_version" here: "version" is the program's
+    summary = {"output": str(result.output), **result.summary, "format_version": result.summary["version"]}
+    del summary["version"]
     counts = {}
     for outcome in result.bundles.values():
         counts[outcome.status] = counts.get(outcome.status, 0) + 1
