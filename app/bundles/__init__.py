@@ -5,12 +5,14 @@ space, warped to a subject and tracked by name (``tractlens bundles``, Track ▸
 colour the bundles for the window and the tractometry that reads the output folder.
 """
 
+from ..params import BundleParams
 from .protocols import bundle_colour, bundle_names, load_protocols, protocol_of, protocols_version
 from .run import SUMMARY_FILE, BundleOutcome, BundlesResult, run_bundles
 
 __all__ = [
     "SUMMARY_FILE",
     "BundleOutcome",
+    "BundleParams",
     "BundlesResult",
     "bundle_colour",
     "bundle_names",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 import numpy as np
 
@@ -82,7 +83,10 @@ class ProbabilisticEngine(Engine):
         self.params, self.bundle, self.device = params, bundle, device
         self.grid = Grid(self.samples.affine, self.samples.mask.shape)
         self.brain = np.asarray(self.samples.mask, dtype=bool)
-        self.reference = str(getattr(self.samples, "path", "") or ("" if isinstance(path, BedpostSamples) else path))
+        folder = str(getattr(self.samples, "path", "") or ("" if isinstance(path, BedpostSamples) else path))
+        masks = sorted(Path(folder).glob("nodif_brain_mask.nii*")) if folder and Path(folder).is_dir() else []
+        self.reference = str(masks[0]) if masks else folder  # the samples' grid as an image
+        self.samples_path = folder
         self.field = sample_field(self.samples)
         self.backend = get_backend(device)
         self.device_field = None
@@ -114,7 +118,7 @@ class ProbabilisticEngine(Engine):
 
     def describe(self) -> dict:
         return {
-            "samples": self.reference,
+            "samples": self.samples_path,
             "parameters": {f.name: getattr(self.params, f.name) for f in fields(self.params)},
         }
 
