@@ -171,6 +171,34 @@ def test_same_seed_gives_the_same_files_bit_for_bit(phantom_dir, tmp_path):
     assert outputs[0]["FMI.trx"] != outputs[2]["FMI.trx"]
 
 
+def test_same_seed_gives_the_same_files_on_the_fod_engine(phantom_dir, tmp_path):
+    folder, phantom = phantom_dir
+    write_fod(phantom, tmp_path / "csd")
+    outputs = []
+    for run, seed in enumerate((4, 4, 9)):
+        out = tmp_path / f"out{run}"
+        run_bundles(registration=folder / "reg", output=out, fod=tmp_path / "csd", names=["CBD_R"], params=KEEP,
+                    fod_params=FodProbabilisticParams(step_mm=1.0), device="cpu", seed_rng=seed)  # fmt: skip
+        outputs.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+    assert outputs[0] == outputs[1]
+    assert outputs[0]["CBD_R.trx"] != outputs[2]["CBD_R.trx"]
+
+
+def test_a_cancelled_run_leaves_nothing_behind(phantom_dir, tmp_path):
+    from tractlens.app.jobs import Cancelled, JobContext
+
+    folder, _ = phantom_dir
+    seen = []
+    context = JobContext(
+        on_progress=lambda done, total, name: (seen.append((done, total, name)), done and context.cancel())
+    )
+    with pytest.raises(Cancelled):
+        run_bundles(registration=folder / "reg", output=tmp_path / "out", samples=folder / "bpx",
+                    names=["FMI", "FMA"], params=KEEP, prob_params=PROB, device="cpu", context=context)  # fmt: skip
+    assert seen[:2] == [(0, 2, "FMA"), (1, 2, "FMI")]  # per bundle, in the protocols' order; then the cancel
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_tensor_and_fod_engines_track_the_bundles_too(phantom_dir, tmp_path):
     folder, phantom = phantom_dir
     write_tensor(phantom, tmp_path / "dti")

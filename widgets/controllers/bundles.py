@@ -44,14 +44,18 @@ class BundlesController:
         document as a layer, and those that missed are named in the status bar. The job id."""
         from tractlens.app.bundles import run_bundles
         from tractlens.app.bundles.layers import bundle_layers, problems_text
+        from tractlens.app.params import ProbParams, gui_preset
 
         keyword, folder = dialog.source
         names, params, registration, output = dialog.names, dialog.params, dialog.registration, dialog.output
         device = self.window.device
 
+        # the Probabilistic panel's starting samples per seed voxel (app.params.GUI_PRESETS): a first look
+        prob = ProbParams(n_samples=gui_preset(ProbParams, "n_samples"))
+
         def job(ctx):
             return run_bundles(registration=registration, output=output, names=names, params=params, device=device,
-                               context=ctx, **{keyword: folder})  # fmt: skip
+                               context=ctx, prob_params=prob, **{keyword: folder})  # fmt: skip
 
         def done(result) -> None:
             layers = bundle_layers(result)
