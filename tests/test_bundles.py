@@ -281,3 +281,34 @@ def test_gpu_bundles_match_the_numpy_reference(phantom_dir, tmp_path):
         assert len(ta) == len(tb)
         np.testing.assert_array_equal(ta.offsets, tb.offsets)
         np.testing.assert_allclose(ta.points_world(), tb.points_world(), atol=1e-3)
+
+
+def test_regions_follow_the_registration_and_the_partial_volume_threshold():
+    """A subject 12 mm to the right of and 6 mm above MNI (an affine registration): a protocol sphere
+    lands where the transform sends its centre, and a stricter partial-volume threshold keeps fewer
+    of its edge voxels (each set inside the looser one)."""
+    from tractlens.app.bundles.masks import SubjectInMni
+    from tractlens.app.bundles.phantom import MNI_2MM
+    from tractlens.app.bundles.protocols import Shape
+    from tractlens.app.grid import Grid
+    from tractlens.app.registration import Registration
+
+    shift = np.array([12.0, 0.0, 6.0])
+    affine = np.eye(4)
+    affine[:3, 3] = shift  # fixed (MNI) x -> moving (subject) x + shift
+    subject = Grid(
+        np.diag([2.0, 2.0, 2.0, 1.0]) @ np.eye(4) + np.c_[np.zeros((4, 3)), [-80, -110, -60, 0]], (80, 100, 80)
+    )
+    reg = Registration(MNI_2MM, subject, affine, kind="affine", fixed_name="mni", moving_name="subject",
+                       template="mni", template_side="fixed")  # fmt: skip
+    placed = SubjectInMni(reg, subject)
+    sphere = (Shape("sphere", (-20.0, -30.0, 10.0), 7.0),)
+    masks = {t: placed.region_mask(sphere, t) for t in (0.01, 0.5, 1.0)}
+    centre = subject.to_mm(np.argwhere(masks[0.5])).mean(axis=0)
+    np.testing.assert_allclose(centre, np.array([-20.0, -30.0, 10.0]) + shift, atol=0.5)
+    volume = masks[0.5].sum() * 8.0
+    assert abs(volume - 4 / 3 * np.pi * 7.0**3) < 0.15 * 4 / 3 * np.pi * 7.0**3
+    assert masks[1.0].sum() < masks[0.5].sum() < masks[0.01].sum()
+    assert not (masks[1.0] & ~masks[0.5]).any() and not (masks[0.5] & ~masks[0.01]).any()
+    with pytest.raises(InputError, match="MNI template"):
+        SubjectInMni(Registration(MNI_2MM, subject, affine), subject)
