@@ -296,9 +296,9 @@ def test_regions_follow_the_registration_and_the_partial_volume_threshold():
     shift = np.array([12.0, 0.0, 6.0])
     affine = np.eye(4)
     affine[:3, 3] = shift  # fixed (MNI) x -> moving (subject) x + shift
-    subject = Grid(
-        np.diag([2.0, 2.0, 2.0, 1.0]) @ np.eye(4) + np.c_[np.zeros((4, 3)), [-80, -110, -60, 0]], (80, 100, 80)
-    )
+    grid_affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    grid_affine[:3, 3] = [-80.0, -110.0, -60.0]
+    subject = Grid(grid_affine, (80, 100, 80))
     reg = Registration(MNI_2MM, subject, affine, kind="affine", fixed_name="mni", moving_name="subject",
                        template="mni", template_side="fixed")  # fmt: skip
     placed = SubjectInMni(reg, subject)
