@@ -312,3 +312,22 @@ def test_regions_follow_the_registration_and_the_partial_volume_threshold():
     assert not (masks[1.0] & ~masks[0.5]).any() and not (masks[0.5] & ~masks[0.01]).any()
     with pytest.raises(InputError, match="MNI template"):
         SubjectInMni(Registration(MNI_2MM, subject, affine), subject)
+
+
+def test_a_stop_region_ends_the_streamlines_there(phantom_dir, tmp_path, monkeypatch):
+    """The shipped protocols define no stop region; the engines honour one: the forceps minor with
+    a stop slab at the midline, between its seed (left) and its target (right), reaches nothing."""
+    import dataclasses
+
+    from tractlens.app.bundles import run as bundles_run
+    from tractlens.app.bundles.protocols import Shape
+
+    folder, _ = phantom_dir
+    midline = (Shape("box", (-3.0, -120.0, -70.0), (3.0, 90.0, 90.0)),)
+    stopped = dataclasses.replace(protocol_of("FMI"), stop=midline)
+    monkeypatch.setattr(bundles_run, "protocol_of", lambda name: stopped)
+    run_bundles(registration=folder / "reg", output=tmp_path / "out", samples=folder / "bpx", names=["FMI"],
+                params=KEEP, prob_params=PROB, device="cpu")  # fmt: skip
+    record = json.loads((tmp_path / "out" / "bundles.json").read_text())["bundles"]["FMI"]
+    assert record["region_voxels"]["stop"] > 0 and record["protocol"]["regions"]["stop"]
+    assert record["status"] == "empty" and record["waytotal"] == 0 and record["tracked"] > 0
