@@ -93,6 +93,11 @@ def test_named_bundles_from_the_track_menu_become_coloured_layers(window, qtbot,
     assert {"CST_L", "CST_R", "FMA"} <= set(rows)
     closest = {name: float(panel.table.item(row, 2).text().split()[0]) for name, row in rows.items() if name in NAMES}
     assert closest["CST_L"] < closest["CST_R"] and closest["CST_L"] < 12.0  # the lesion lies beside the left CST
+    from tractlens.widgets.report import distance_rows
+
+    report_rows = {row.name: row for row in distance_rows(window.document, 5.0)}  # the report's distance table
+    assert {"CST_L", "CST_R", "FMA"} <= set(report_rows)
+    assert report_rows["CST_L"].min_mm == pytest.approx(closest["CST_L"], abs=0.01)
     window.select_layer(window.document.layer("CST_L"))
     qtbot.wait(200)
     window.save_screenshot(ARTIFACTS / "bundles_presurgical.png")
