@@ -101,3 +101,14 @@ def test_named_bundles_from_the_track_menu_become_coloured_layers(window, qtbot,
     window.select_layer(window.document.layer("CST_L"))
     qtbot.wait(200)
     window.save_screenshot(ARTIFACTS / "bundles_presurgical.png")
+
+
+def test_the_dialog_starts_from_the_open_samples(window, demo_bedpostx, qtbot):
+    """With bedpostX samples open (a dyads layer), the dialog offers their folder."""
+    window.open_paths([demo_bedpostx])
+    assert window.wait_for_jobs(60) and window.errors == []
+    (dyads,) = [layer for layer in window.document.layers if layer.kind == "dyads"]
+    dialog = window.bundles.open_dialog()
+    qtbot.waitUntil(dialog.isVisible, timeout=3000)
+    assert dialog.source_box.currentIndex() == 0  # bedpostX samples
+    assert dialog.source_field.text() == str(dyads.data.samples.path) != ""

@@ -27,13 +27,21 @@ class BundlesController:
         folders = [r.folder for r in self.document.registrations.values() if r.template == "mni" and r.folder]
         return folders[-1] if folders else ""
 
+    def _open_samples(self) -> tuple[str, str] | None:
+        """The bedpostX folder of an open dyads layer, if any (the dialog's first guess)."""
+        for layer in reversed(self.document.layers):
+            path = getattr(getattr(layer.data, "samples", None), "path", "") if layer.kind == "dyads" else ""
+            if path:
+                return ("samples", str(path))
+        return None
+
     def open_dialog(self) -> BundlesDialog:
         """The dialog (non-blocking); its OK starts the job."""
         from .anatomy import _show
 
         if self.dialog is not None:
             self.dialog.deleteLater()
-        dialog = BundlesDialog(self.window, registration=self._mni_registration_folder())
+        dialog = BundlesDialog(self.window, registration=self._mni_registration_folder(), source=self._open_samples())
         dialog.accepted.connect(lambda: self.track(dialog))
         self.dialog = dialog
         _show(dialog)
