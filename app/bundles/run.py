@@ -159,7 +159,11 @@ def run_bundles(
             "format": FORMAT,
             "version": VERSION,
             "engine": engine.name,
-            "device": device,
+            "device": next(
+                (o.record["tracking"].get("device") for o in result.values() if o.record["tracking"].get("device")),
+                device,
+            ),
+            "device_requested": device,
             "seed_rng": seed,
             "registration": str(registration),
             "registration_kind": reg.kind,
