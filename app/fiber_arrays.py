@@ -18,7 +18,7 @@ import numpy as np
 
 from .colormaps import LUTS
 from .grid import Grid
-from .layers import Layer
+from .layers import SOLID, Layer
 
 INTERACTIVE_POINTS = 60_000  # drawn while the camera moves: a streamline subset, every k-th point
 INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per point
@@ -129,6 +129,9 @@ def fiber_point_colours(layer: Layer) -> np.ndarray:
     tract = layer.data
     if layer.color_by == "direction":
         return direction_colours(tract.points_world(), tract.offsets)
+    if layer.color_by == SOLID:  # one colour (a named bundle's): the layer's ``color``
+        rgb = [int(layer.color[i : i + 2], 16) for i in (1, 3, 5)] if layer.color else [255, 255, 255]
+        return np.tile(np.asarray(rgb, dtype=np.uint8), (len(tract.points), 1))
     values = layer.point_values(layer.color_by)
     lo, hi = layer.clim
     index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
@@ -171,7 +174,7 @@ class FiberArrayCache:
         """:func:`fiber_point_colours`, computed once per layer and colouring (views share it)."""
         if layer.color_by == "direction":
             return self.prepare(layer).point_data["direction"]  # the prepared arrays already hold them
-        key = (layer.color_by, layer.colormap, layer.clim)
+        key = (layer.color_by, layer.colormap, layer.clim, layer.color)
         with self._lock:
             cached = self._colours.get(layer)
         if cached is None or cached[0] != key:
@@ -188,7 +191,7 @@ class FiberArrayCache:
         stays in milliseconds; the views draw a bounded number of segments anyway."""
         level = self.prepare(layer).levels["software"]
         grid_key = reference_affine.tobytes()
-        colour_key = (layer.color_by, layer.colormap, layer.clim)
+        colour_key = (layer.color_by, layer.colormap, layer.clim, layer.color)
         with self._lock:
             cached = self._on_grid.get(layer)
         if cached is None or cached["grid"] != grid_key:

@@ -43,6 +43,14 @@ def show_mesh(entry: dict, mesh: pv.PolyData):
     return mapper
 
 
+def solid_actor(plotter, mesh: pv.PolyData, colour: str | None, name: str, **options):
+    """A tractogram's actor in one colour (``color_by="solid"``: a named bundle's), the meshes'
+    direction colours not drawn."""
+    actor = plotter.add_mesh(mesh, color=colour or "white", name=name, show_scalar_bar=False, line_width=1, **options)
+    actor.GetMapper().ScalarVisibilityOff()
+    return actor
+
+
 def lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
     """The 2-D views' colour map as a VTK lookup table over ``clim``, so both views agree."""
     rgb = LUTS.get(name, LUTS["viridis"])

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tractlens.app.layers import SOLID
 from tractlens.app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
 from tractlens.app.selection import shown_of
 
@@ -255,7 +256,9 @@ class LayerPanel(QWidget):
             self.tubes.setChecked(bool(layer.tubes))
         if layer is not None:
             self.opacity.setValue(round(layer.opacity * 100))
-            scalar = layer.kind in SCALAR_KINDS or (layer.kind == "tractogram" and layer.color_by != "direction")
+            scalar = layer.kind in SCALAR_KINDS or (
+                layer.kind == "tractogram" and layer.color_by not in ("direction", SOLID)
+            )
             self.colormap.setEnabled(scalar)
             self.vmin.setEnabled(scalar)
             self.vmax.setEnabled(scalar)
@@ -264,7 +267,8 @@ class LayerPanel(QWidget):
             self.vmax.setValue(layer.clim[1])
             self.color_by.clear()
             if layer.kind == "tractogram":
-                self.color_by.addItems(["direction", *layer.data.streamline_scalars, *layer.data.point_scalars])
+                solid = [SOLID] if layer.color else []  # a named bundle's own colour
+                self.color_by.addItems(["direction", *solid, *layer.data.streamline_scalars, *layer.data.point_scalars])
             elif layer.kind == "tensor":
                 self.color_by.addItems(["direction", "fa"])
                 self.glyph.setCurrentText(layer.glyph)

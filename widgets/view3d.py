@@ -23,9 +23,10 @@ from pyvistaqt import QtInteractor
 from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 
 from tractlens.app.fiber_arrays import selected_cells
+from tractlens.app.layers import SOLID
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
-from .fiber_actors import draws_nothing, fiber_mesh, lookup_table, show_mesh
+from .fiber_actors import draws_nothing, fiber_mesh, lookup_table, show_mesh, solid_actor
 from .fod_glyphs import volume_glyph_job
 from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import composite, display_oversample, oversampled_voxels, plane_geometry
@@ -483,7 +484,7 @@ class View3D(QWidget):
         entry["shown"] = "coarse"
         entry["colour"] = (new.color_by, new.colormap, new.clim)
         mapper = show_mesh(entry, entry["coarse"])
-        if new.color_by != "direction":
+        if new.color_by not in ("direction", SOLID):
             mapper.SetScalarRange(*new.clim)  # the colour bar shares the lookup table
             mapper.GetLookupTable().SetTableRange(*new.clim)
         entry["colour"] = (new.color_by, new.colormap, new.clim)
@@ -539,6 +540,8 @@ class View3D(QWidget):
             actor = self.plotter.add_mesh(
                 mesh, scalars="direction", rgb=True, name=name, show_scalar_bar=False, line_width=1, **NO_RENDER
             )
+        elif layer.color_by == SOLID:  # a named bundle in its colour
+            actor = solid_actor(self.plotter, mesh, layer.color, name, **NO_RENDER)
         else:
             actor = self.plotter.add_mesh(
                 mesh,

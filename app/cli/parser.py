@@ -8,6 +8,7 @@ import argparse
 
 from .. import __version__
 from .anatomy import add_parsers as add_anatomy
+from .bundles import add_parsers as add_bundles
 from .commit import add_parsers as add_commit
 from .connectivity import add_parsers as add_connectivity
 from .csd import add_parsers as add_csd
@@ -48,6 +49,7 @@ def command_parsers() -> tuple[argparse.ArgumentParser, argparse._SubParsersActi
     add_dicom(sub, common)
     add_anatomy(sub, common)
     add_tractometry(sub, common)
+    add_bundles(sub, common)
     return parser, sub, common
 
 

@@ -214,10 +214,12 @@ class ProbabilisticRun:
         device: str = "auto",
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        device_field=None,
     ) -> tuple[Tractogram, int]:
         """The kept streamlines among ``most`` of the run's (all when there are fewer; else the
         first samples of every seed voxel alike), traced again with the run's random streams: (tractogram on the
-        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced)."""
+        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced). ``device_field``:
+        the samples already on the GPU (:func:`gpu.probabilistic_kernel.upload_field`)."""
         total = len(self.seeds) * self.params.n_samples
         positions = path_positions(total, most)
         lines, seed_of, kept = trace_paths(
@@ -230,6 +232,7 @@ class ProbabilisticRun:
             device=device,
             progress=progress,
             cancelled=cancelled,
+            device_field=device_field if get_backend(device).is_gpu else None,
         )
         chosen = [line for line, k in zip(lines, kept, strict=True) if k]
         tract = Tractogram.from_list(
