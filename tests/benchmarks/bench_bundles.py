@@ -76,6 +76,7 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="2.5 mm grid, 16 samples: a quick check, not HCP")
     parser.add_argument("--bundles", default="all")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--no-cpu", action="store_true", help="skip the CPU engine's bundle")
     args = parser.parse_args()
     os.environ.setdefault("TRACTLENS_BEDPOSTX_CACHE", "0")  # every read is a first read
     backend = get_backend(args.device)
@@ -122,6 +123,11 @@ def main() -> int:
             print(
                 f"all {len(names)} bundles: {total:.1f} s tracking (+ {report['read_samples_s']} s reading)", flush=True
             )
+            for name, row in report["all_bundles"].get("bundles", {}).items():
+                print(f"  {name}: {row.get('seconds')} s, {row.get('tracked')} tracked", flush=True)
+            _write(out, report)  # kept even if the CPU part below is cut short
+        if args.no_cpu:
+            return 0
         cpu = ProbParams(n_samples=args.cpu_nsamples)
         one = _run(folder, samples, [args.cpu_bundle], "cpu", cpu, "cpu_run")
         row = one["bundles"][args.cpu_bundle]
@@ -137,10 +143,14 @@ def main() -> int:
             "extrapolated at the measured rate",
         }
         print(f"CPU {args.cpu_bundle}: {row['seconds']:.1f} s for {row['tracked']} streamlines", flush=True)
+    _write(out, report)
+    return 0
+
+
+def _write(out: Path, report: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written {out}")
-    return 0
+    print(f"written {out}", flush=True)
 
 
 if __name__ == "__main__":
