@@ -100,6 +100,7 @@ def test_gpu_state_without_cupy_is_unavailable_and_does_not_import_it(monkeypatc
     import sys
 
     monkeypatch.delenv("TRACTLENS_DISABLE_GPU", raising=False)
+    engines.gpu_status.cache_clear()  # an earlier test's probe (with CuPy absent) would answer in its words
     state = engines.gpu_state()
     if "cupy" not in sys.modules and not state.available:
         assert "CuPy" in state.reason
