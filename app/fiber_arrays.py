@@ -50,10 +50,12 @@ def index_dtype(n: int):
 class Cells:
     """Polylines as index ranges over the full point array: streamline k of the level is
     ``connectivity[offsets[k]:offsets[k + 1]]`` (point indices), one of the tractogram's
-    streamlines ``streamlines[k]`` (None: all of them, in order)."""
+    streamlines ``streamlines[k]`` (None: all of them, in order). ``connectivity`` None: the
+    identity (every point in order, the level that draws everything): nothing is stored, the 3-D
+    view gives VTK an implicit array."""
 
     offsets: np.ndarray
-    connectivity: np.ndarray
+    connectivity: np.ndarray | None
     streamlines: np.ndarray | None = None
     total: int = 0  # streamlines of the tractogram (what "of N" counts)
 
@@ -63,7 +65,13 @@ class Cells:
 
     @property
     def n_points(self) -> int:
-        return len(self.connectivity)
+        return int(self.offsets[-1]) if self.connectivity is None else len(self.connectivity)
+
+    def point_index(self) -> np.ndarray:
+        """The connectivity as an array (made for the identity)."""
+        if self.connectivity is None:
+            return np.arange(self.n_points, dtype=self.offsets.dtype)
+        return self.connectivity
 
 
 @dataclass
@@ -108,9 +116,8 @@ def streamline_cells(
             n_keep = int(min(n_lines, max(1, max_points / mean_len)))
         pick = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False))
         chosen = chosen[pick]
-    elif ids is None:  # everything: the identity over the points, offsets as they are
-        dtype = index_dtype(n_points)
-        return Cells(offsets.astype(dtype), np.arange(n_points, dtype=dtype), None, total)
+    elif ids is None:  # everything: the identity over the points (not stored), offsets as they are
+        return Cells(offsets.astype(index_dtype(n_points)), None, None, total)
     starts, lengths = offsets[:-1][chosen], lengths_all[chosen]
     regular = (lengths + step - 1) // step
     needs_last = ((lengths - 1) % step != 0) & (lengths > 0)
@@ -134,7 +141,7 @@ def subset(
     if max_points is None or int(offsets[-1]) <= max_points:
         return None
     cells = streamline_cells(offsets, None, max_points, decimate)
-    return cells.connectivity.astype(np.int64), cells.offsets.astype(np.int64), cells.streamlines
+    return cells.point_index().astype(np.int64), cells.offsets.astype(np.int64), cells.streamlines
 
 
 def level_cells(offsets: np.ndarray, level: str, selected: np.ndarray | None = None) -> Cells:
@@ -148,7 +155,7 @@ def level_cells(offsets: np.ndarray, level: str, selected: np.ndarray | None = N
 def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(offsets, connectivity) of the selected streamlines over the full, shared point array."""
     cells = streamline_cells(offsets, np.flatnonzero(selected))
-    return cells.offsets.astype(np.int64), cells.connectivity.astype(np.int64)
+    return cells.offsets.astype(np.int64), cells.point_index().astype(np.int64)
 
 
 def direction_colours(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pyvista as pv
 from vtkmodules.util.numpy_support import numpy_to_vtk
-from vtkmodules.vtkCommonCore import vtkPoints
+from vtkmodules.vtkCommonCore import vtkAffineArray, vtkPoints
 from vtkmodules.vtkCommonDataModel import vtkCellArray, vtkPolyData
 from vtkmodules.vtkCommonMath import vtkMatrix4x4
 from vtkmodules.vtkRenderingCore import vtkActor, vtkPolyDataMapper
@@ -50,9 +50,18 @@ def vtk_array(values: np.ndarray, name: str | None = None):
 
 
 def cell_array(cells: Cells) -> vtkCellArray:
-    """Polylines from offsets + connectivity (both int32 or both int64), no copy and no loop."""
+    """Polylines from offsets + connectivity (both int32 or both int64), no copy and no loop; the
+    identity connectivity as VTK's implicit ``vtkAffineArray`` (VTK's cell array takes any array)."""
     out = vtkCellArray()
-    if not out.SetData(vtk_array(np.ascontiguousarray(cells.offsets)), vtk_array(cells.connectivity)):
+    offsets = np.ascontiguousarray(cells.offsets)
+    if cells.connectivity is None:  # every point in order: an implicit array, nothing stored
+        connectivity = vtkAffineArray[str(offsets.dtype)]()
+        connectivity.ConstructBackend(1, 0)
+        connectivity.SetNumberOfComponents(1)
+        connectivity.SetNumberOfTuples(cells.n_points)
+    else:
+        connectivity = vtk_array(cells.connectivity)
+    if not out.SetData(vtk_array(offsets), connectivity):
         raise ValueError("VTK refused the cell arrays")
     return out
 
