@@ -109,8 +109,10 @@ def test_scalars_for_colouring_are_float32_and_per_streamline_stays_per_streamli
 def test_points_on_the_selection_grid_without_a_float64_copy(rng, monkeypatch, same_grid):
     tract = curvy(rng)
     monkeypatch.setattr(select_pipeline, "GRID_CHUNK_POINTS", 101)
-    grid = tract.affine if same_grid else np.diag([2.0, 2.0, 2.0, 1.0]) @ np.array(
-        [[1, 0, 0, 3.0], [0, 1, 0, -1.0], [0, 0, 1, 2.0], [0, 0, 0, 1]]
+    grid = (
+        tract.affine
+        if same_grid
+        else np.diag([2.0, 2.0, 2.0, 1.0]) @ np.array([[1, 0, 0, 3.0], [0, 1, 0, -1.0], [0, 0, 1, 2.0], [0, 0, 0, 1]])
     )
     points = select_pipeline.points_on_grid(tract, grid)
     assert points.dtype == np.float32

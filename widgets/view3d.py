@@ -20,11 +20,12 @@ import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
-from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
+from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkGlyph3DMapper, vtkMapper
 
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
 from .fod_glyphs import volume_glyph_job
+from .glyph_instances import glyph_actor, is_instances, show_instances
 from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import composite, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
@@ -404,9 +405,21 @@ class View3D(FiberView, QWidget):
         if layer not in self.document.layers or not layer.visible:
             return
         actor = self._glyphs.get(id(layer))
+        if actor is not None and (
+            mesh is None or is_instances(mesh) != isinstance(actor.GetMapper(), vtkGlyph3DMapper)
+        ):
+            self.plotter.remove_actor(self._glyphs.pop(id(layer)), render=False)  # gone, or another kind
+            actor = None
         if mesh is None:
-            if actor is not None:
-                self.plotter.remove_actor(self._glyphs.pop(id(layer)), render=False)
+            pass
+        elif is_instances(mesh):  # tensor glyphs: per-glyph arrays drawn as instances of source meshes
+            if actor is None:
+                actor = glyph_actor(mesh)
+                self.plotter.add_actor(actor, name=f"glyphs_{id(layer)}", reset_camera=False, render=False)
+                self._glyphs[id(layer)] = actor
+            else:
+                show_instances(actor, mesh)
+            actor.GetProperty().SetOpacity(layer.opacity)
         elif actor is None:
             actor = self.plotter.add_mesh(
                 mesh, scalars="rgb", rgb=True, name=f"glyphs_{id(layer)}", show_scalar_bar=False, **NO_RENDER

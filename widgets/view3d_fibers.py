@@ -116,7 +116,9 @@ class FiberView:
             if self._moving:
                 text = f"showing {what} while moving"
             elif self._software():
-                text = f"{what} drawn at rest: software OpenGL draws at most {count_words(LEVELS['software'][0])} points"
+                text = (
+                    f"{what} drawn at rest: software OpenGL draws at most {count_words(LEVELS['software'][0])} points"
+                )
             else:
                 took = self._full_frame_s or 0.0
                 text = (
@@ -242,7 +244,8 @@ class FiberView:
         self.plotter.render()
         took = time.perf_counter() - start
         full = self._rest_level() == "full" and any(
-            entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None for entry in self._fibers.values()
+            entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None
+            for entry in self._fibers.values()
         )
         if full and self._fibers:
             self._full_frames += 1

@@ -282,7 +282,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--points", type=int, default=100)
-    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("TRACTLENS_BENCH_CACHE", "/tmp/tractlens-bench")))
+    parser.add_argument(
+        "--cache", type=Path, default=Path(os.environ.get("TRACTLENS_BENCH_CACHE", "/tmp/tractlens-bench"))
+    )
     parser.add_argument("--size", default="1600x1000")
     parser.add_argument("--frames", type=int, default=20)
     parser.add_argument("--device", default="auto")
