@@ -1,6 +1,8 @@
 """Display arrays of tractograms at whole-brain scale (issue 41): index ranges over one point
 array, direction colours without a float copy of all points, points on another grid in chunks."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,6 @@ from tractlens.app.fiber_arrays import (
     FiberArrayCache,
     direction_colours,
     level_cells,
-    streamline_cells,
 )
 from tractlens.app.model import Layer, Tractogram
 from tractlens.app.pipelines import select as select_pipeline
@@ -27,7 +28,7 @@ def curvy(rng, n=300, lengths=(2, 40), affine=None):
 def reference_colours(world, offsets):
     """The per-point direction colour, computed the plain way over all world points."""
     tangent = np.zeros_like(world, dtype=np.float64)
-    for a, b in zip(offsets[:-1], offsets[1:]):
+    for a, b in itertools.pairwise(offsets):
         line = world[a:b].astype(np.float64)
         if len(line) > 1:
             d = np.diff(line, axis=0)

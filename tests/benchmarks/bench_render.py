@@ -311,7 +311,7 @@ def main() -> None:
     kind = "nvidia" if "NVIDIA" in gl.upper() else "llvmpipe" if "llvmpipe" in gl else "other"
     out = args.out or ROOT / "tests" / "benchmarks" / "results" / f"render_{kind}.json"
     summary = {
-        "command": "python " + " ".join([str(Path(sys.argv[0]))] + sys.argv[1:]),
+        "command": "python " + " ".join([str(Path(sys.argv[0])), *sys.argv[1:]]),
         "gl_renderer": gl,
         "cpu_count": os.cpu_count(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

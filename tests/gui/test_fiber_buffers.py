@@ -32,7 +32,7 @@ def points_state(scene):
 
 
 def test_the_points_are_the_tractograms_float32_array_in_one_vertex_buffer(opened):
-    window, layer, scene = opened
+    _window, layer, scene = opened
     points = layer.data.points
     assert points.dtype == np.float32 and points.flags.c_contiguous
     drawn = vtk_to_numpy(scene.points.GetData())
@@ -75,7 +75,7 @@ def test_colour_changes_do_not_touch_the_points(opened, qtbot):
 
 
 def test_a_selection_changes_only_the_index_ranges(opened, qtbot):
-    window, layer, scene = opened
+    _window, layer, scene = opened
     before = points_state(scene)
     selected = np.zeros(len(layer.data), dtype=bool)
     selected[::7] = True
@@ -94,7 +94,7 @@ def test_a_selection_changes_only_the_index_ranges(opened, qtbot):
 
 
 def test_the_level_of_detail_while_moving_is_stated_on_screen(opened, qtbot):
-    window, layer, scene = opened
+    window, _layer, scene = opened
     view = window.view3d
     assert view.lod_text() == ""  # at rest: everything drawn, nothing to say
     view._coarse_detail()  # what a mouse press on the view does

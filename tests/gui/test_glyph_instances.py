@@ -75,7 +75,7 @@ def test_a_slice_step_changes_only_the_per_glyph_arrays(rng):
     actor = glyph_actor(tensor_instances(tensors, centres))
     mapper = actor.GetMapper()
     sources = [mapper.GetSource(k) for k in range(mapper.GetNumberOfInputConnections(1))]
-    moved = tensor_instances(tensors[::-1], centres + [0.0, 0.0, 1.25])
+    moved = tensor_instances(tensors[::-1], centres + np.array([0.0, 0.0, 1.25]))
     show_instances(actor, moved)
     assert mapper.GetInput() is moved  # the new per-glyph arrays
     assert [mapper.GetSource(k) for k in range(len(sources))] == sources  # the same source meshes
