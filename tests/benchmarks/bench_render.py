@@ -164,7 +164,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     from tractlens.widgets.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
-    window = MainWindow(device=device)
+    window = MainWindow(device=device, autosave_s=0)  # the autosave is measured apart, at the end
     width, height = (int(v) for v in size.split("x"))
     window.resize(width, height)
     window.show()
@@ -273,6 +273,20 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     file_mb = path.stat().st_size / 2**20
     row["rss_peak_over_file"] = round(row["rss_peak_mb"] / file_mb, 2)
     row["rss_added_over_file"] = round((row["rss_after_open_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
+    row["rss_peak_added_over_file"] = round((row["rss_peak_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
+
+    # What an autosave (or File > Save session) of this document costs: sessions keep tractograms
+    # exactly, as float64 .trx side files.
+    if os.environ.get("BENCH_SESSION_SAVE", "1") == "1":
+        import tempfile
+
+        from tractlens.app.session import save_session
+
+        with tempfile.TemporaryDirectory(dir=path.parent) as folder:
+            start = time.perf_counter()
+            save_session(doc, Path(folder) / "session")
+            row["session_save_s"] = round(time.perf_counter() - start, 1)
+        row["rss_peak_with_session_save_mb"] = round(rss_kb("VmHWM") / 1024)
     row["gl_renderer"] = view.gl_renderer
     window.close()
     return row
