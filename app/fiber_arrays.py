@@ -15,8 +15,10 @@ layer's arrays go with it.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +32,7 @@ INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per 
 SOFTWARE_SETTLED_POINTS = 2_000_000  # drawn at rest when OpenGL is software (llvmpipe): < 1 s frames
 HARDWARE_MOVING_POINTS = 40_000_000  # drawn while the camera moves with hardware OpenGL (whole streamlines)
 COLOUR_CHUNK_POINTS = 1 << 22  # direction colours are computed this many points at a time
+COLOUR_THREADS = min(8, os.cpu_count() or 1)  # ... by this many threads
 
 #: The levels of detail: name -> (point budget, decimate: every k-th point of each streamline).
 #: ``full`` draws everything; the view picks which level it shows at rest and while moving.
@@ -170,7 +173,8 @@ def direction_colours(
         out[:, 3] = 255
     breaks = np.asarray(offsets[1:-1], dtype=np.int64)  # first points of streamlines 1..
     turn = None if rotation is None else np.asarray(rotation, dtype=np.float32).T
-    for a in range(0, n, COLOUR_CHUNK_POINTS):
+
+    def chunk(a: int) -> None:  # NumPy releases the GIL: chunks in parallel threads
         b = min(n, a + COLOUR_CHUNK_POINTS)
         lo, hi = max(a - 1, 0), min(b + 1, n)
         part = np.asarray(points[lo:hi], dtype=np.float32)
@@ -189,6 +193,14 @@ def direction_colours(
         tangent *= scale[:, None]
         tangent += np.float32(0.5)
         out[a:b, :3] = tangent.astype(np.uint8)
+
+    starts = range(0, n, COLOUR_CHUNK_POINTS)
+    if len(starts) <= 1:
+        for a in starts:
+            chunk(a)
+        return out
+    with ThreadPoolExecutor(max_workers=min(COLOUR_THREADS, len(starts))) as pool:
+        list(pool.map(chunk, starts))
     return out
 
 
