@@ -233,13 +233,20 @@ def scalar_values(layer: Layer, name: str) -> tuple[np.ndarray, str]:
     raise KeyError(f"{layer.name} has no scalar {name!r}")
 
 
-def fiber_point_colours(layer: Layer) -> np.ndarray:
+def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     """Per-point RGB (uint8) of a tractogram layer: by world direction, or a scalar through the
-    layer's colour map and range (the slice views' colours)."""
+    layer's colour map and range (the slice views' colours); of the points of ``cells`` only
+    when given (a level of detail: nothing is computed for the points it leaves out)."""
     tract = layer.data
     if layer.color_by == "direction":
-        return direction_colours(tract.points, tract.offsets, np.asarray(tract.affine)[:3, :3])
-    values = layer.point_values(layer.color_by)
+        colours = direction_colours(tract.points, tract.offsets, np.asarray(tract.affine)[:3, :3])
+        return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+    if cells is None or cells.connectivity is None:
+        values = layer.point_values(layer.color_by)
+    else:
+        per, kind = scalar_values(layer, layer.color_by)
+        ids = np.arange(len(tract)) if cells.streamlines is None else cells.streamlines
+        values = per[cells.connectivity] if kind == "point" else np.repeat(per[ids], np.diff(cells.offsets))
     lo, hi = layer.clim
     index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
     return (LUTS.get(layer.colormap, LUTS["viridis"])[index] * 255 + 0.5).astype(np.uint8)
@@ -301,15 +308,17 @@ class FiberArrayCache:
             cached[name] = scalar_values(layer, name)
         return cached[name]
 
-    def colours(self, layer: Layer) -> np.ndarray:
-        """:func:`fiber_point_colours` (RGB), computed once per layer and colouring (views share it)."""
+    def colours(self, layer: Layer, cells: Cells | None = None) -> np.ndarray:
+        """:func:`fiber_point_colours` (RGB) of all points or of ``cells``', computed once per
+        layer, colouring and cells (views share it)."""
         if layer.color_by == "direction":
-            return self.prepare(layer).direction[:, :3]  # the prepared arrays already hold them
-        key = (layer.color_by, layer.colormap, layer.clim)
+            colours = self.prepare(layer).direction[:, :3]  # the prepared arrays already hold them
+            return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+        key = (layer.color_by, layer.colormap, layer.clim, id(cells))
         with self._lock:
             cached = self._colours.get(layer)
         if cached is None or cached[0] != key:
-            cached = (key, fiber_point_colours(layer))
+            cached = (key, fiber_point_colours(layer, cells))
             with self._lock:
                 self._colours[layer] = cached
         return cached[1]
@@ -338,9 +347,8 @@ class FiberArrayCache:
             cached = {"grid": grid_key, "points": points, "streams": np.repeat(ids, np.diff(level.offsets))}
             with self._lock:
                 self._on_grid[layer] = cached
-        if cached.get("colour_key") != colour_key:
-            colours = self.colours(layer)
-            cached["colours"] = colours if whole else colours[level.connectivity]
+        if cached.get("colour_key") != colour_key:  # of the level's points only
+            cached["colours"] = self.colours(layer, None if whole else level)
             cached["colour_key"] = colour_key
         return cached["points"], cached["colours"], level.offsets.astype(np.int64), cached["streams"]
 

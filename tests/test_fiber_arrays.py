@@ -121,3 +121,19 @@ def test_points_on_the_selection_grid_without_a_float64_copy(rng, monkeypatch, s
         assert points is tract.points
     else:
         np.testing.assert_allclose(points, tract.points_on(grid), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("color_by", ["direction", "w", "fa"])
+def test_the_slice_views_colours_of_a_capped_level_are_those_of_its_points(rng, monkeypatch, color_by):
+    tract = curvy(rng, n=2000)
+    tract.point_scalars["fa"] = rng.random(len(tract.points)).astype(np.float32)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (5000, False))  # slice views use this level
+    layer = Layer("t", tract, "tractogram", color_by=color_by, colormap="viridis")
+    layer.clim = (0.2, 0.8)
+    cache = FiberArrayCache()
+    points, colours, _offsets, streams = cache.on_reference(layer, tract.affine)
+    level = cache.prepare(layer).levels["software"]
+    assert level.streamlines is not None and len(colours) == len(points) == level.n_points
+    every = fiber_arrays.fiber_point_colours(layer)  # all points, then the level's
+    np.testing.assert_array_equal(colours, every[level.connectivity])
+    np.testing.assert_array_equal(streams, np.repeat(level.streamlines, np.diff(level.offsets)))
