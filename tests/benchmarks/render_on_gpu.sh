@@ -14,10 +14,12 @@
 # (or render_llvmpipe.json when NVIDIA GLX failed), the log in $OUT/render.log. COUNTS overrides
 # the sizes ("1000000" alone for a quick look), FRAMES the frames per rotation, DEVICE the
 # selection engine's device (auto: CuPy on the GPU). Expected device time: ~1 min to install,
-# ~1.5 min to write the files, ~3 min for the two sizes.
+# ~1.5 min to write the files, ~3 min for the two sizes (BENCH_SESSION_SAVE=1 adds a session
+# save per size: minutes at 10 M).
 set -u
 source "$(dirname "$0")/gui_env_on_gpu.sh"
 export TRACTLENS_BENCH_CACHE=/tmp/tractlens-bench
+export BENCH_SESSION_SAVE=${BENCH_SESSION_SAVE:-0}  # a session save of 10 M streamlines writes 24 GB: off here
 free -g | head -2 | tee -a "$log"
 df -h /tmp | tail -1 | tee -a "$log"
 python3 tests/benchmarks/bench_render.py --counts ${COUNTS:-1000000 10000000} --frames "${FRAMES:-20}" \
