@@ -75,6 +75,7 @@ class FiberActors:
             actor.SetMapper(vtkPolyDataMapper())
             actor.PickableOff()
         self.moving.VisibilityOff()
+        self.visible = True
         self.colouring: tuple | None = None
         self.set_arrays(arrays)
 
