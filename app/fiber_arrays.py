@@ -128,12 +128,17 @@ def streamline_cells(
     dtype = index_dtype(int(offsets[-1]))
     new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
     np.cumsum(counts, out=new_offsets[1:])
-    within = np.arange(int(new_offsets[-1]), dtype=np.int64) - np.repeat(new_offsets[:-1], counts)
-    connectivity = np.repeat(starts, counts) + within * step
+    # In the index type throughout (int32 below 2^31 points): no int64 temporaries per point.
+    connectivity = np.repeat((starts - new_offsets[:-1] * step).astype(dtype), counts)
+    within = np.arange(int(new_offsets[-1]), dtype=dtype)
+    if step != 1:
+        within *= step
+    connectivity += within
+    del within
     if needs_last.any():  # the decimated streamline's last point, where the step skipped it
         last_slot = new_offsets[1:][needs_last] - 1
         connectivity[last_slot] = (starts + lengths - 1)[needs_last]
-    return Cells(new_offsets.astype(dtype), connectivity.astype(dtype), chosen, total)
+    return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
 
 
 def subset(
@@ -204,16 +209,17 @@ def direction_colours(
     return out
 
 
-def fiber_arrays(layer: Layer) -> FiberArrays:
+def fiber_arrays(layer: Layer, skip=()) -> FiberArrays:
     """The display arrays of a tractogram layer: its points as they are, direction colours
-    (world directions) and the levels of detail."""
+    (world directions) and the levels of detail (but those in ``skip``: made when asked for)."""
     tract = layer.data
     points = np.asarray(tract.points)
     rotation = np.asarray(tract.affine, dtype=np.float64)[:3, :3]
     direction = direction_colours(points, tract.offsets, rotation, rgba=True)
     arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, direction)
     for name in LEVELS:
-        arrays.levels[name] = level_cells(tract.offsets, name)
+        if name not in skip:
+            arrays.levels[name] = level_cells(tract.offsets, name)
     return arrays
 
 
@@ -265,6 +271,9 @@ class FiberArrayCache:
         self._selections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._on_grid: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        #: Levels of detail not prepared ahead (the 3-D view says which it never draws here: the
+        #: hardware moving level with software OpenGL); made when asked for all the same.
+        self.skip_levels: frozenset[str] = frozenset()
 
     def prepare(self, layer: Layer) -> FiberArrays:
         """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
@@ -272,7 +281,7 @@ class FiberArrayCache:
             cached = self._arrays.get(layer)
         if cached is not None:
             return cached
-        arrays = fiber_arrays(layer)
+        arrays = fiber_arrays(layer, self.skip_levels)
         with self._lock:
             self._arrays[layer] = arrays
         return arrays
@@ -283,6 +292,10 @@ class FiberArrayCache:
         :meth:`prepare_selection` on its worker, the view then only reads)."""
         arrays = self.prepare(layer)
         if selected is None:
+            if level not in arrays.levels:  # skipped when prepared
+                cells = level_cells(arrays.offsets, level)
+                with self._lock:
+                    arrays.levels.setdefault(level, cells)
             return arrays.levels[level]
         with self._lock:
             cached = self._selections.get(layer)
@@ -330,7 +343,7 @@ class FiberArrayCache:
         detail of software OpenGL (whole streamlines, at most a few million points) so that a
         slab search per paint stays in milliseconds; the views draw a bounded number of segments
         anyway."""
-        level = self.prepare(layer).levels["software"]
+        level = self.cells(layer, "software")
         whole = level.streamlines is None
         grid_key = reference_affine.tobytes()
         colour_key = (layer.color_by, layer.colormap, layer.clim)

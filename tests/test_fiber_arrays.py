@@ -137,3 +137,16 @@ def test_the_slice_views_colours_of_a_capped_level_are_those_of_its_points(rng, 
     every = fiber_arrays.fiber_point_colours(layer)  # all points, then the level's
     np.testing.assert_array_equal(colours, every[level.connectivity])
     np.testing.assert_array_equal(streams, np.repeat(level.streamlines, np.diff(level.offsets)))
+
+
+def test_a_level_not_prepared_ahead_is_made_when_asked_for(rng, monkeypatch):
+    tract = curvy(rng, n=2000)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (5000, False))
+    cache = FiberArrayCache()
+    cache.skip_levels = frozenset({"moving"})  # what the 3-D view says with software OpenGL
+    layer = Layer("t", tract, "tractogram")
+    assert "moving" not in cache.prepare(layer).levels
+    cells = cache.cells(layer, "moving")
+    assert cache.cells(layer, "moving") is cells  # kept
+    expected = level_cells(tract.offsets, "moving")
+    np.testing.assert_array_equal(cells.connectivity, expected.connectivity)

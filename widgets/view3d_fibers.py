@@ -70,6 +70,8 @@ class FiberView:
         if getattr(self, "_software_rendering", None) is None:
             self.gl_renderer = gl_renderer(self.plotter.ren_win)
             self._software_rendering = any(name in self.gl_renderer for name in ("llvmpipe", "softpipe", "swrast"))
+            if self._software_rendering:  # the hardware moving level is never drawn here: not prepared ahead
+                self.document.fiber_arrays.skip_levels = frozenset({"moving"})
         return self._software_rendering
 
     # ------------------------------------------------------------- levels
