@@ -14,9 +14,11 @@ this module holds what the window does with their results, so that it holds no c
   within the brush's disc in mm and in the slice's slab, not one per screen pixel).
 * :func:`roi_on_grid` — an ROI brought onto a method's grid (nearest neighbour), which is how
   every method sees ROIs drawn on the anatomy (:mod:`app.regions`, :meth:`Document.roi_sets`).
-* :func:`as_scanned` — a placed image as the scanner placed it (registering it again starts there);
+* :func:`as_scanned` — a placed image as the scanner placed it (registering it again starts there),
+  and :func:`mask_as_scanned`, a layer chosen as a registration's brain mask, alike;
   :func:`roi_following` — an ROI drawn on an image, moved with it when it is placed.
-* :func:`template_registration`, :func:`mni_coordinate`, :func:`atlas_region_layer`.
+* :func:`template_registration` (a template registration of the DWI, or one of a T1 chained with
+  the T1's registration to the DWI), :func:`mni_coordinate`, :func:`atlas_region_layer`.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .grid import Grid
+from .grid import Grid, same_field_of_view
 from .layers import Layer, next_roi_colour
+from .registration import compose_registrations
 from .volumes import RoiMask, Volume
 
 REGISTRATION_KEY = "registration"  # the provenance entry of a layer placed by a registration
@@ -141,6 +144,18 @@ def as_scanned(layer: Layer) -> Volume:
         volume.lut = data.lut
         return volume
     return layer.data
+
+
+def mask_as_scanned(layer: Layer) -> RoiMask | Volume:
+    """A layer chosen as a brain mask of a registration (Image ▸ Register…), in the space its image
+    was scanned in, as :func:`app.anatomy.register_images` takes it: an ROI drawn on an image placed
+    by a linear registration with that image's scanner affine (its voxels unchanged), any other ROI
+    as it is (a copy: painting goes on while the registration runs), an image as scanned."""
+    if layer.kind != "roi":
+        return as_scanned(layer)
+    scanner = layer.provenance.get("scanner_affine")
+    affine = layer.data.affine if scanner is None else np.asarray(scanner, dtype=np.float64)
+    return RoiMask(layer.name, np.array(layer.data.mask, dtype=bool), affine, role=layer.data.role)
 
 
 def new_roi_on(layer: Layer, name: str, role: str, layers=()) -> Layer:
@@ -261,20 +276,6 @@ def covering_voxels(roi_grid: Any, reference: Any, voxels: np.ndarray) -> np.nda
     return np.unique(out[keep], axis=0)
 
 
-def same_field_of_view(a: Any, b: Any, tolerance_voxels: float = 1.0) -> bool:
-    """Do two grids span the same box of space (their corners within ``tolerance_voxels`` of the
-    coarser one's voxels)? A registration's fixed grid may be its working grid over the fixed
-    image's field of view rather than the image's own grid."""
-    a, b = Grid.of(a), Grid.of(b)
-
-    def corners(grid: Grid) -> np.ndarray:
-        lo, hi = np.full(3, -0.5), np.array(grid.shape) - 0.5
-        return np.sort(grid.to_mm(np.array([lo, hi])), axis=0)
-
-    tolerance = tolerance_voxels * max(a.voxel_sizes.max(), b.voxel_sizes.max())
-    return bool(np.all(np.abs(corners(a) - corners(b)) <= tolerance))
-
-
 def subject_grid(registration) -> Grid:
     """The grid of a template registration's subject side (the image that is not the template)."""
     return registration.moving if registration.template_side == "fixed" else registration.fixed
@@ -282,13 +283,30 @@ def subject_grid(registration) -> Grid:
 
 def template_registration(registrations, reference: Any = None) -> Any | None:
     """The newest registration of ``registrations`` whose one side is a template (MNI), or None;
-    with ``reference``, only one whose subject side is that grid's space (made from the DWI, not
-    from a T1 in its own scanner space, which would place the atlas off by the head's motion
-    between the series)."""
-    for registration in reversed(list(registrations)):
-        if getattr(registration, "template", None):
-            if reference is None or same_field_of_view(subject_grid(registration), reference):
-                return registration
+    with ``reference``, one whose subject side is that grid's space (made from the DWI, not from a
+    T1 in its own scanner space, which would place the atlas off by the head's motion between the
+    series) or, failing that, a chain (:func:`app.registration.compose_registrations`) of a
+    template registration of another image (the T1) and a registration of that image with the
+    DWI: MNI → T1 → DWI."""
+    registrations = list(registrations)
+    templates = [r for r in reversed(registrations) if getattr(r, "template", None)]
+    for registration in templates:
+        if reference is None or same_field_of_view(subject_grid(registration), reference):
+            return registration
+    for registration in templates:
+        subject = subject_grid(registration)
+        for bridge in reversed(registrations):
+            if getattr(bridge, "template", None):
+                continue
+            if any(
+                same_field_of_view(getattr(bridge, near), reference)
+                and same_field_of_view(getattr(bridge, far), subject)
+                for near, far in (("fixed", "moving"), ("moving", "fixed"))
+            ):
+                try:
+                    return compose_registrations([registration, bridge])  # data flows MNI → T1 → DWI
+                except InputError:
+                    continue  # the two meet at more than one image: not a chain to trust
     return None
 
 

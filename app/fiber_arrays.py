@@ -25,7 +25,7 @@ import numpy as np
 
 from .colormaps import LUTS
 from .grid import Grid
-from .layers import Layer
+from .layers import SOLID, Layer
 
 INTERACTIVE_POINTS = 60_000  # drawn while the camera moves with software OpenGL: a subset, every k-th point
 INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per point
@@ -247,6 +247,10 @@ def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     if layer.color_by == "direction":
         colours = direction_colours(tract.points, tract.offsets, np.asarray(tract.affine)[:3, :3])
         return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+    if layer.color_by == SOLID:  # one colour (a named bundle's): the layer's ``color``
+        rgb = [int(layer.color[i : i + 2], 16) for i in (1, 3, 5)] if layer.color else [255, 255, 255]
+        count = len(tract.points) if cells is None else cells.n_points
+        return np.tile(np.asarray(rgb, dtype=np.uint8), (count, 1))
     if cells is None or cells.connectivity is None:
         values = layer.point_values(layer.color_by)
     else:
@@ -327,7 +331,7 @@ class FiberArrayCache:
         if layer.color_by == "direction":
             colours = self.prepare(layer).direction[:, :3]  # the prepared arrays already hold them
             return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
-        key = (layer.color_by, layer.colormap, layer.clim, id(cells))
+        key = (layer.color_by, layer.colormap, layer.clim, layer.color, id(cells))
         with self._lock:
             cached = self._colours.get(layer)
         if cached is None or cached[0] != key:
@@ -346,7 +350,7 @@ class FiberArrayCache:
         level = self.cells(layer, "software")
         whole = level.streamlines is None
         grid_key = reference_affine.tobytes()
-        colour_key = (layer.color_by, layer.colormap, layer.clim)
+        colour_key = (layer.color_by, layer.colormap, layer.clim, layer.color)
         with self._lock:
             cached = self._on_grid.get(layer)
         if cached is None or cached["grid"] != grid_key:

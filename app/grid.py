@@ -107,3 +107,17 @@ class Grid:
             values[inside] = data[tuple(ijk[inside].T)]
             out[:, :, k] = values.reshape(self.shape[:2])
         return out
+
+
+def same_field_of_view(a: Any, b: Any, tolerance_voxels: float = 1.0) -> bool:
+    """Do two grids span the same box of space (their corners within ``tolerance_voxels`` of the
+    coarser one's voxels)? A registration's fixed grid may be its working grid over the fixed
+    image's field of view rather than the image's own grid."""
+    a, b = Grid.of(a), Grid.of(b)
+
+    def corners(grid: Grid) -> np.ndarray:
+        lo, hi = np.full(3, -0.5), np.array(grid.shape) - 0.5
+        return np.sort(grid.to_mm(np.array([lo, hi])), axis=0)
+
+    tolerance = tolerance_voxels * max(a.voxel_sizes.max(), b.voxel_sizes.max())
+    return bool(np.all(np.abs(corners(a) - corners(b)) <= tolerance))

@@ -12,7 +12,9 @@ from .tractogram import first_column
 from .volumes import Volume
 
 LAYER_KINDS = ("scalar", "rgb", "labels", "tensor", "tractogram", "roi", "dwi", "dyads", "fod")
-SCALAR_KINDS = ("scalar", "dwi")  # drawn through a colour map and a display range
+SCALAR_KINDS = ("scalar", "dwi")
+#: A tractogram's ``color_by`` that draws it in one colour, its ``color`` (a named bundle's).
+SOLID = "solid"  # drawn through a colour map and a display range
 GLYPH_KINDS = ("tensor", "dyads", "fod")  # drawn as glyphs on the cursor's slice planes, not as pixels
 ROLE_COLOURS = {  # RGB 0..1, the usual conventions: seed green, target blue, exclusion red
     "seed": (0.1, 0.9, 0.2),
@@ -100,8 +102,8 @@ class Layer(Observable):
     voxel) or ``"global"`` (relative amplitudes).
 
     Display properties: ``visible``, ``opacity`` (0..1), ``colormap`` and
-    ``clim`` (scalar and dwi layers), ``color_by`` (tractograms: ``"direction"``
-    or the name of a point/streamline scalar; tensors: ``"direction"`` or
+    ``clim`` (scalar and dwi layers), ``color_by`` (tractograms: ``"direction"``,
+    :data:`SOLID` (one colour, ``color``) or the name of a point/streamline scalar; tensors: ``"direction"`` or
     ``"fa"``), ``tubes`` (tractograms drawn as shaded tubes instead of lines),
     and for the glyph kinds (tensor, dyads), shown on the cursor's slice planes,
     ``glyph`` (tensor shape), ``glyph_step`` (every n-th voxel; default 2 for
@@ -111,7 +113,7 @@ class Layer(Observable):
     everywhere; None: every value is drawn); ``alignment`` and ``checker_mm`` (image layers:
     drawn over the layers beneath as a blend, a checkerboard of squares that wide, or edges,
     to judge a registration, :data:`ALIGNMENT_MODES`); ``color`` (ROIs: ``"#rrggbb"``, None: the
-    colour of the ROI's role, see :meth:`color_rgb`); ``filter_by_rois`` (tractograms: show only
+    colour of the ROI's role, see :meth:`color_rgb`; tractograms: the colour ``SOLID`` draws); ``filter_by_rois`` (tractograms: show only
     the streamlines that pass the ROIs, the user's choice per layer; off by default). Changing one emits ``display``
     with the names that changed; :meth:`set_data` replaces a volume layer's
     values (same grid) and emits ``display`` with ``"data"`` among them.

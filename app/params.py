@@ -378,6 +378,22 @@ class DicomImportParams:
     )
 
 
+@dataclass(frozen=True)
+class ProfileTableParams:
+    """Who the rows of a tidy profile table belong to (``tractlens profile --bundles``): the
+    subject and session columns, e.g. ``sub-01`` and ``ses-pre`` (None: the ``sub-XX`` and
+    ``ses-YY`` found in the paths of the bundles folder and maps, else empty)."""
+
+    subject: str | None = field(
+        default=None,
+        metadata=meta("Subject", "the subject column of every row (BIDS sub-XX keeps it text for pandas)"),
+    )
+    session: str | None = field(
+        default=None,
+        metadata=meta("Session", "the session column of every row (may be empty)"),
+    )
+
+
 REGISTRATION_TYPES = ("rigid", "affine", "syn")
 REGISTRATION_METRICS = ("mi", "cc")
 
@@ -479,6 +495,56 @@ class RegisterParams:
             raise ValueError(f"the working grid spacing must be positive, not {self.spacing_mm}")
 
 
+@dataclass(frozen=True)
+class BundleParams:
+    """Named-bundle tracking (``tractlens bundles``): how the MNI protocol regions become subject
+    masks, what is kept of each bundle and how its volume is measured. The engines' own
+    parameters (probabilistic: :class:`ProbParams`; fODF: :class:`FodProbabilisticParams`, whose
+    step, angle and lengths the tensor engine takes too) come beside it."""
+
+    region_threshold: float = field(
+        default=0.5,
+        metadata=meta(
+            "Region partial volume",
+            "a subject voxel joins a warped protocol region when at least this share of it lies inside "
+            "(sampled at 2 x 2 x 2 points; 0.5 is the nearest-neighbour rule for a voxel on the edge)",
+            "",
+            (0.01, 1.0),
+        ),
+    )
+    keep_streamlines: int = field(
+        default=2000,
+        metadata=meta(
+            "Streamlines kept",
+            "probabilistic engine: kept streamlines traced again and saved per bundle (NAME.trx), a sample of the "
+            "waytotal",
+            "",
+            (1, 10**7),
+        ),
+    )
+    seeds_per_voxel: int = field(
+        default=10,
+        metadata=meta("Seeds per voxel", "fODF and tensor engines: seeds in every seed voxel", "", (1, 1000)),
+    )
+    volume_threshold: float = field(
+        default=0.001,
+        metadata=meta(
+            "Volume threshold",
+            "the bundle volume counts voxels whose density (visits / waytotal) reaches this (XTRACT's 0.1 %)",
+            "",
+            (0.0, 1.0),
+        ),
+    )
+
+    def __post_init__(self):
+        if not 0 < self.region_threshold <= 1:
+            raise ValueError(f"the region partial volume is a share in (0, 1], not {self.region_threshold}")
+        if self.keep_streamlines < 1 or self.seeds_per_voxel < 1:
+            raise ValueError("keep_streamlines and seeds_per_voxel must be at least 1")
+        if not 0 <= self.volume_threshold <= 1:
+            raise ValueError(f"the volume threshold is a share in [0, 1], not {self.volume_threshold}")
+
+
 PARAMS_TYPES = (
     DTIFitParams,
     CSDParams,
@@ -499,6 +565,7 @@ PARAMS_TYPES = (
     ConnectomeParams,
     EndpointParams,
     ProfileParams,
+    ProfileTableParams,
     LesionDistanceParams,
     EnvelopeParams,
     ReportParams,
@@ -506,6 +573,7 @@ PARAMS_TYPES = (
     DicomExportParams,
     DicomImportParams,
     RegisterParams,
+    BundleParams,
 )
 
 

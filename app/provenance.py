@@ -47,12 +47,15 @@ def _is_output(dest: str) -> bool:
 
 
 def input_paths(args: Any) -> list[str]:
-    """The arguments of a parsed command line that name existing files or folders, outputs left out."""
+    """The arguments of a parsed command line that name existing files or folders, outputs left out
+    (``NAME=FILE`` words, as ``profile --map FA=dti_FA.nii.gz``, by their file)."""
     paths: list[str] = []
     for dest, value in sorted(vars(args).items()):
         if _is_output(dest):
             continue
         for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str) and "=" in item and not Path(item).exists():
+                item = item.partition("=")[2]
             if isinstance(item, str | os.PathLike) and str(item) and Path(item).exists():
                 if str(item) not in paths:
                     paths.append(str(item))

@@ -20,6 +20,7 @@ at once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ from scipy import ndimage
 from tractlens.gpu.backend import Cancelled
 
 from .errors import InputError
-from .grid import Grid
+from .grid import Grid, same_field_of_view
 
 KINDS = ("identity", "rigid", "affine", "syn", "fsl", "ants")
 INTERPOLATIONS = ("linear", "nearest")
@@ -38,8 +39,50 @@ INTERPOLATIONS = ("linear", "nearest")
 SLAB_VOXELS = 2_000_000
 
 
+class _Sides:
+    """What a registration and a chain of them (:class:`ChainedRegistration`) share: images drawn
+    from one side onto the other, and the template side. Needs ``fixed``, ``moving`` (grids),
+    ``template_side``, ``fixed_to_moving``, ``moving_to_fixed`` and :meth:`pull`."""
+
+    def resample_to_fixed(
+        self, data: np.ndarray, reference: Grid | None = None, interp: str = "linear", **kw
+    ) -> np.ndarray:
+        """``data`` on the moving grid, drawn on ``reference`` (a grid of the fixed space; the fixed
+        image's by default). A 4-D array keeps its fourth axis."""
+        return self.pull(data, self.moving, reference or self.fixed, "fixed", interp, **kw)
+
+    def resample_to_moving(
+        self, data: np.ndarray, reference: Grid | None = None, interp: str = "linear", **kw
+    ) -> np.ndarray:
+        """``data`` on the fixed grid, drawn on ``reference`` (a grid of the moving space)."""
+        return self.pull(data, self.fixed, reference or self.moving, "moving", interp, **kw)
+
+    # -------------------------------------------------------------------------------- template
+    def to_template(self, points: np.ndarray) -> np.ndarray:
+        """Template (MNI) coordinates of subject points (the side that is not the template)."""
+        if self.template_side == "fixed":
+            return self.moving_to_fixed(points)
+        if self.template_side == "moving":
+            return self.fixed_to_moving(points)
+        raise ValueError("this registration does not involve a template")
+
+    def subject_side(self) -> str:
+        """'fixed' or 'moving': the side that is the subject (not the template)."""
+        if self.template_side is None:
+            raise ValueError("this registration does not involve a template")
+        return "moving" if self.template_side == "fixed" else "fixed"
+
+    def template_to_subject(
+        self, data: np.ndarray, template_grid: Grid, reference: Grid, interp: str = "nearest"
+    ) -> np.ndarray:
+        """An image on a template grid (an atlas), drawn on ``reference`` (a subject grid)."""
+        if self.template_side not in ("fixed", "moving"):
+            raise ValueError("this registration does not involve a template")
+        return self.pull(data, template_grid, reference, self.subject_side(), interp)
+
+
 @dataclass(frozen=True, eq=False)
-class Registration:
+class Registration(_Sides):
     """A fixed ↔ moving transform (see the module's docstring for the convention)."""
 
     fixed: Grid
@@ -122,24 +165,12 @@ class Registration:
         at_field = np.linalg.inv(self.fixed.affine) @ inverse @ to_ref
         return VoxelChain(from_src @ inverse @ to_ref, self.inverse_warp, at_field, from_src[:3, :3])
 
-    def resample_to_fixed(
-        self, data: np.ndarray, reference: Grid | None = None, interp: str = "linear", **kw
+    def pull(
+        self, data: np.ndarray, source: Grid, reference: Grid, towards: str, interp: str = "linear", **kw
     ) -> np.ndarray:
-        """``data`` on the moving grid, drawn on ``reference`` (a grid of the fixed space; the fixed
-        image's by default). A 4-D array keeps its fourth axis."""
-        reference = reference or self.fixed
-        return resample_chain(
-            data, self.moving, reference, self.pull_chain(self.moving, reference, "fixed"), interp, **kw
-        )
-
-    def resample_to_moving(
-        self, data: np.ndarray, reference: Grid | None = None, interp: str = "linear", **kw
-    ) -> np.ndarray:
-        """``data`` on the fixed grid, drawn on ``reference`` (a grid of the moving space)."""
-        reference = reference or self.moving
-        return resample_chain(
-            data, self.fixed, reference, self.pull_chain(self.fixed, reference, "moving"), interp, **kw
-        )
+        """``data`` on ``source`` (a grid of the other side) drawn on ``reference``, a grid of the
+        ``towards`` side ('fixed' or 'moving'), through :meth:`pull_chain`."""
+        return resample_chain(data, source, reference, self.pull_chain(source, reference, towards), interp, **kw)
 
     def inverted(self) -> Registration:
         """The same registration seen from the other side (fixed and moving swapped). Only for
@@ -160,32 +191,6 @@ class Registration:
             metric=self.metric,
         )
 
-    # -------------------------------------------------------------------------------- template
-    def to_template(self, points: np.ndarray) -> np.ndarray:
-        """Template (MNI) coordinates of subject points (the side that is not the template)."""
-        if self.template_side == "fixed":
-            return self.moving_to_fixed(points)
-        if self.template_side == "moving":
-            return self.fixed_to_moving(points)
-        raise ValueError("this registration does not involve a template")
-
-    def subject_side(self) -> str:
-        """'fixed' or 'moving': the side that is the subject (not the template)."""
-        if self.template_side is None:
-            raise ValueError("this registration does not involve a template")
-        return "moving" if self.template_side == "fixed" else "fixed"
-
-    def template_to_subject(
-        self, data: np.ndarray, template_grid: Grid, reference: Grid, interp: str = "nearest"
-    ) -> np.ndarray:
-        """An image on a template grid (an atlas), drawn on ``reference`` (a subject grid)."""
-        if self.template_side not in ("fixed", "moving"):
-            raise ValueError("this registration does not involve a template")
-        towards = "moving" if self.template_side == "fixed" else "fixed"
-        return resample_chain(
-            data, template_grid, reference, self.pull_chain(template_grid, reference, towards), interp
-        )
-
     def describe(self) -> str:
         """One line for reports and layer properties."""
         how = {"rigid": "rigid", "affine": "affine", "syn": "affine + SyN", "fsl": "FSL", "ants": "ANTs"}.get(
@@ -194,6 +199,170 @@ class Registration:
         metric = f" ({self.metric})" if self.metric else ""
         where = f", {self.folder}" if self.folder else ""
         return f"{how}{metric}: {self.moving_name} → {self.fixed_name}{where}"
+
+
+#: Which way a registration is walked in a chain: from its moving to its fixed space, or back.
+MOVING_TO_FIXED, FIXED_TO_MOVING = "moving→fixed", "fixed→moving"
+_OTHER = {"fixed": "moving", "moving": "fixed"}
+
+
+@dataclass(frozen=True, eq=False)
+class ChainedRegistration(_Sides):
+    """Registrations joined end to end through the images they share: T1 → DWI and T1 → MNI give
+    DWI ↔ MNI through the T1, so atlas regions and MNI coordinates reach the DWI of a patient whose
+    T1 was registered to the template (:func:`compose_registrations` builds one).
+
+    ``legs`` are (registration, way) in the order data flows forward: the chain's *moving* space is
+    where the first leg starts, its *fixed* space where the last one ends, so a chain of one is
+    the registration itself and ``moving_to_fixed`` maps points forward, leg after leg (each warp
+    included: a nonlinear leg maps points through its own fields), and ``fixed_to_moving`` back.
+    Images are pulled point by point (:func:`resample`): the legs' fields live on different grids
+    and do not compose into one :class:`VoxelChain`. Each leg keeps its own checks (a nonlinear one
+    without its inverse field refuses to push points the way that needs it).
+    """
+
+    legs: tuple[tuple[Registration, str], ...]
+
+    def __post_init__(self):
+        if len(self.legs) < 2:
+            raise ValueError("a chain joins at least two registrations")
+        for registration, way in self.legs:
+            if not isinstance(registration, Registration) or way not in (MOVING_TO_FIXED, FIXED_TO_MOVING):
+                raise ValueError("a chain's legs are (Registration, MOVING_TO_FIXED or FIXED_TO_MOVING)")
+
+    # the sides: where the first leg starts (moving) and the last one ends (fixed)
+    def _start(self) -> tuple[Registration, str]:
+        registration, way = self.legs[0]
+        return registration, "moving" if way == MOVING_TO_FIXED else "fixed"
+
+    def _end(self) -> tuple[Registration, str]:
+        registration, way = self.legs[-1]
+        return registration, "fixed" if way == MOVING_TO_FIXED else "moving"
+
+    @property
+    def moving(self) -> Grid:
+        registration, side = self._start()
+        return getattr(registration, side)
+
+    @property
+    def fixed(self) -> Grid:
+        registration, side = self._end()
+        return getattr(registration, side)
+
+    @property
+    def moving_name(self) -> str:
+        registration, side = self._start()
+        return getattr(registration, f"{side}_name")
+
+    @property
+    def fixed_name(self) -> str:
+        registration, side = self._end()
+        return getattr(registration, f"{side}_name")
+
+    @property
+    def template_side(self) -> str | None:
+        for chain_side, (registration, side) in (("fixed", self._end()), ("moving", self._start())):
+            if registration.template_side == side:
+                return chain_side
+        return None
+
+    @property
+    def template(self) -> str | None:
+        side = self.template_side
+        return None if side is None else (self._end() if side == "fixed" else self._start())[0].template
+
+    kind = "chain"
+    folder = None
+    metric = ""
+
+    @property
+    def nonlinear(self) -> bool:
+        return any(registration.nonlinear for registration, _ in self.legs)
+
+    # ----------------------------------------------------------------------------------- points
+    def moving_to_fixed(self, points: np.ndarray) -> np.ndarray:
+        """RAS mm points of the chain's moving space -> its fixed space, leg after leg."""
+        x = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+        for registration, way in self.legs:
+            x = registration.moving_to_fixed(x) if way == MOVING_TO_FIXED else registration.fixed_to_moving(x)
+        return x
+
+    def fixed_to_moving(self, points: np.ndarray) -> np.ndarray:
+        """RAS mm points of the chain's fixed space -> its moving space, the legs walked back."""
+        x = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+        for registration, way in reversed(self.legs):
+            x = registration.fixed_to_moving(x) if way == MOVING_TO_FIXED else registration.moving_to_fixed(x)
+        return x
+
+    # ----------------------------------------------------------------------------------- images
+    def pull(
+        self, data: np.ndarray, source: Grid, reference: Grid, towards: str, interp: str = "linear", **kw
+    ) -> np.ndarray:
+        """``data`` on ``source`` (a grid of the other side) drawn on ``reference`` (a grid of the
+        ``towards`` side): each reference voxel centre mapped through every leg."""
+        if towards not in ("fixed", "moving"):
+            raise ValueError("towards is 'fixed' or 'moving'")
+        to_source = self.fixed_to_moving if towards == "fixed" else self.moving_to_fixed
+        return resample(data, source, reference, to_source, interp, **kw)
+
+    def inverted(self) -> ChainedRegistration:
+        """The same chain walked the other way (exact: every leg maps both ways)."""
+        flip = {MOVING_TO_FIXED: FIXED_TO_MOVING, FIXED_TO_MOVING: MOVING_TO_FIXED}
+        return ChainedRegistration(tuple((registration, flip[way]) for registration, way in reversed(self.legs)))
+
+    def describe(self) -> str:
+        """The images passed through, then each registration: ``MNI → T1w → dwi_b0 (through …)``."""
+        names = [self.moving_name]
+        for registration, way in self.legs:
+            names.append(registration.fixed_name if way == MOVING_TO_FIXED else registration.moving_name)
+        return f"{' → '.join(names)} (through {'; '.join(registration.describe() for registration, _ in self.legs)})"
+
+
+def compose_registrations(registrations) -> Registration | ChainedRegistration:
+    """Registrations joined in the order given, each sharing an image with the next (its grid's
+    field of view: :func:`app.grid.same_field_of_view`), as one: data flows from the side of the
+    first that the second does not share, through each, to the side of the last that the one
+    before does not share. One registration is returned as it is. :class:`InputError` when two
+    neighbours share no image (or both: composing them would go back where it started)."""
+    registrations = list(registrations)
+    if not registrations:
+        raise ValueError("no registration to compose")
+    if len(registrations) == 1:
+        return registrations[0]
+    shared = [_shared_side(a, b) for a, b in itertools.pairwise(registrations)]
+    legs = []
+    for i, registration in enumerate(registrations):
+        leaves = shared[i][0] if i < len(shared) else _OTHER[shared[i - 1][1]]
+        enters = shared[i - 1][1] if i > 0 else _OTHER[leaves]
+        if enters == leaves:
+            raise InputError(
+                f"the registration {registration.describe()} would be left by the image it is entered by",
+                fix="Give the registrations in the order of the images they join (A ↔ B, then B ↔ C)",
+            )
+        legs.append((registration, MOVING_TO_FIXED if leaves == "fixed" else FIXED_TO_MOVING))
+    return ChainedRegistration(tuple(legs))
+
+
+def _shared_side(a: Registration, b: Registration) -> tuple[str, str]:
+    """(side of ``a``, side of ``b``) that are the same image: the same field of view (a registration
+    keeps its working grids, resampled over each image's), and the same name where that is not enough."""
+    found = [
+        (side_a, side_b)
+        for side_a in ("fixed", "moving")
+        for side_b in ("fixed", "moving")
+        if same_field_of_view(getattr(a, side_a), getattr(b, side_b))
+    ]
+    if len(found) > 1:  # two images of one field of view (a T1 and a DWI both 240 mm wide): by name too
+        named = [(sa, sb) for sa, sb in found if getattr(a, f"{sa}_name") == getattr(b, f"{sb}_name")]
+        found = named if len(named) == 1 else found
+    if len(found) != 1:
+        why = "share no image" if not found else "join the same two images"
+        raise InputError(
+            f"the registrations {a.describe()} and {b.describe()} {why}, so they cannot be chained",
+            fix="Chain registrations that meet at one image: e.g. T1 → DWI and T1 → MNI (tractlens register "
+            "T1 DWI and tractlens register T1 mni) meet at the T1",
+        )
+    return found[0]
 
 
 def _sample_field(field_: np.ndarray, grid: Grid, points: np.ndarray) -> np.ndarray:

@@ -17,6 +17,12 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .window_units import CHOICE_WORDS, cosine_to_degrees
+from .window_words import compute_device
+
+#: Numbered choices by name (:data:`app.window_units.CHOICE_WORDS`), by provenance key.
+_CHOICES = {name: words for (_params, name), words in CHOICE_WORDS.items()}
+
 #: The report's patient and scan fields: (attribute, label) in the order printed.
 FIELD_LABELS = (
     ("patient_name", "Patient"),
@@ -165,7 +171,6 @@ WORDS = {
     "lambda": ("regularisation λ", ""),
     "max_iter": ("at most", "iterations"),
     "nsamples": ("samples per seed", ""),
-    "cthr": ("curvature threshold", ""),
     "radius_mm": ("end-point search radius", "mm"),
     "weight": ("matrix of", ""),
     "lesion": ("lesion", ""),
@@ -175,7 +180,7 @@ WORDS = {
     "mask": ("mask", ""),
     # probabilistic (probtrackx's names) and COMMIT's, in words
     "fibthresh": ("ignore sticks with a volume fraction below", ""),
-    "randfib": ("stick chosen at random", ""),
+    "randfib": ("first step's stick", ""),
     "fibst": ("first stick", ""),
     "nsteps": ("at most", "steps"),
     "loopcheck": ("loop check", ""),
@@ -257,10 +262,17 @@ def parameter_rows(provenance: dict) -> list[tuple[str, str]]:
         if key == "computed":
             out.insert(0, ("made by", str(value)))
             continue
+        if key == "cthr" and isinstance(value, int | float):  # a cosine: in degrees, as the window edits it
+            out.append(("max angle", f"{cosine_to_degrees(value):.1f}° (probtrackx curvature threshold {value:g})"))
+            continue
         if key == "backend":
-            out.append(("computed on", "the GPU" if str(value).lower() in ("cupy", "gpu", "cuda") else "the CPU"))
+            out.append(("computed on", compute_device(flat)))
             continue
         words, unit = WORDS.get(key, (key.replace("_", " "), ""))
+        named = _CHOICES.get(key, {})
+        if isinstance(value, int) and not isinstance(value, bool) and value in named:  # by name, as the window
+            out.append((words, named[value]))
+            continue
         if key.endswith("_mm") and not unit:
             words, unit = words.removesuffix(" mm"), "mm"
         text = value_text(value)

@@ -65,3 +65,37 @@ def _in_words(text: str) -> str:
         return f"“{labels[flag]}”" if flag in labels else f"“{match.group(1).replace('-', ' ')}”"
 
     return FLAG.sub(word, text)
+
+
+#: Backend names (``gpu.backend.Backend.name`` and older spellings) that mean the host's processor.
+CPU_BACKENDS = ("cpu", "numpy", "")
+
+
+def compute_device(provenance: dict) -> str:
+    """Where a result was computed, in words: "the CPU", or "the GPU (NVIDIA H100 80GB HBM3)" with
+    the card's name when the provenance has it. The CPU's own name (``x86_64``) is left out: it
+    tells a user nothing the word CPU does not."""
+    if str(provenance.get("backend", "")).lower() in CPU_BACKENDS:
+        return "the CPU"
+    return f"the GPU ({provenance['device']})" if provenance.get("device") else "the GPU"
+
+
+def computed_on(provenance: dict) -> str:
+    """``on the CPU`` / ``on the GPU (NVIDIA H100 …)``, for a panel's run summary."""
+    return f"on {compute_device(provenance)}"
+
+
+#: The compute device a user chose (``--device``), in words.
+DEVICE_CHOICES = {"auto": "a GPU when one is usable, else the CPU", "cpu": "the CPU", "gpu": "the GPU"}
+
+
+def device_choice(choice: str) -> str:
+    """The ``--device`` choice in words (the report's header): ``auto`` -> "a GPU when one is usable, …"."""
+    return DEVICE_CHOICES.get(str(choice).lower(), str(choice))
+
+
+def seconds(value: float) -> str:
+    """A run's time as the window writes it: ``1.25 s``; under 5 ms ``under 0.01 s``, not ``0.00 s``
+    (which reads as "nothing was measured")."""
+    value = float(value)
+    return "under 0.01 s" if value < 0.005 else f"{value:.2f} s"

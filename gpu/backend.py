@@ -155,6 +155,26 @@ def _host_total_bytes() -> int:
     return value if value is not None else 8 << 30
 
 
+#: Called with the ``cupy`` module once, after CuPy is imported and before it compiles its first
+#: kernel (:func:`gpu_status`); the application installs the kernels shipped with TractLens into
+#: CuPy's cache there (:mod:`app.kernel_cache`). A failing hook is logged, never raised.
+_cupy_import_hooks: list[Callable[[Any], None]] = []
+
+
+def on_cupy_import(hook: Callable[[Any], None]) -> None:
+    """Register ``hook(cupy)`` to run before CuPy's first kernel in this process (once each)."""
+    if hook not in _cupy_import_hooks:
+        _cupy_import_hooks.append(hook)
+
+
+def _run_cupy_import_hooks(cupy) -> None:
+    for hook in _cupy_import_hooks:
+        try:
+            hook(cupy)
+        except Exception as exc:  # the hooks save time; a broken one must not cost the GPU
+            log.warning("GPU start-up hook %s failed: %s", getattr(hook, "__qualname__", hook), exc)
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> tuple[bool, str]:
     """Whether a CUDA device is usable, and its name or the reason it is not."""
@@ -166,6 +186,11 @@ def gpu_status() -> tuple[bool, str]:
         return False, "CuPy is not installed (pip install 'tractlens[gpu]')"
     except Exception as exc:  # a broken CuPy install must not break the CPU path
         return False, f"CuPy failed to import: {exc}"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() >= 1:
+            _run_cupy_import_hooks(cupy)
+    except Exception:  # no driver or device: said below
+        pass
     try:
         count = cupy.cuda.runtime.getDeviceCount()
         if count < 1:

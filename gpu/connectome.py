@@ -171,6 +171,7 @@ class _VisitSource:
         self.n_waypoints, self.listed, self.notes = n_waypoints, listed, notes
         self.checked = not listed
         self.tracker = None
+        self.device_field = None  # the field's arrays already on the device
         self.max_batch = 1
         self.engine = ("kernel visit list" if listed else "kernel trace") if backend.is_gpu else "numpy"
 
@@ -194,6 +195,7 @@ class _VisitSource:
             self.tracker = KernelTracker(
                 self.backend, self.field, self.bits, self.seeds, params, 0, self.n_waypoints,
                 max_batch=max(count, self.max_batch), visit_list=self.listed,
+                **({} if self.device_field is None else {"device_field": self.device_field}),
             )  # fmt: skip
         if not self.listed:
             trace = xp.zeros((count, 2, params.n_steps + 1, 4))
@@ -281,116 +283,169 @@ def track_connectome(
     streamline's voxels (fast; no path lengths, so not with ``lengths`` or the thresholds),
     ``"trace"``: from its step traces, ``"auto"``: the list where it can. The list's first
     chunk is checked against the traces of the same streamlines; on a difference the run
-    goes on with the traces and a note says so."""
-    if not (distthresh >= 0 and distthresh3 >= 0):
-        raise ValueError("distance thresholds are lengths: give values of at least 0 mm")
+    goes on with the traces and a note says so. :mod:`gpu.connectome_split` shares the run
+    out over several GPUs."""
     backend = get_backend(device)
-    xp = backend.xp
-    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
-    n_seeds, total = len(seeds), len(seeds) * params.n_samples
-    shape = field_.shape
-    n_vox = int(np.prod(shape))
-    if gpu_visits not in ("auto", "list", "trace"):
-        raise ValueError("gpu_visits is auto, list or trace")
-    can_list = not lengths and distthresh == 0 and distthresh3 == 0
-    if gpu_visits == "list" and not can_list:
-        raise ValueError("the kernel's visit lists carry no path lengths: use gpu_visits='trace' with them")
-    listed = backend.is_gpu and gpu_visits != "trace" and can_list
-    notes_source: list[str] = []
-    source = _VisitSource(backend, field_, bits, seeds, params, n_waypoints, listed, notes_source)
-    chunk = chunk or source.plan_chunk(total)
-    source.max_batch = chunk
-    n_values = 2 if lengths else 1
-    capacity = capacity or plan_capacity(backend, n_values)
-    device_entries = device_entries or plan_device_entries(backend, n_values)
-    dev = backend.asarray
-    bits_flat = dev(np.asarray(bits, dtype=np.uint32).reshape(-1))
-    acc2 = acc3 = accn = None
-    if spec.matrix2_columns is not None:
-        columns2 = dev(spec.matrix2_columns.reshape(-1).astype(np.int64))
-        acc2 = SparseAccumulator(backend, (n_seeds, spec.n_matrix2_columns), n_values, capacity, device_entries)
-    if spec.matrix3_nodes is not None:
-        nodes3 = dev(spec.matrix3_nodes.reshape(-1).astype(np.int64))
-        lr3 = None if spec.matrix3_columns is None else dev(spec.matrix3_columns.reshape(-1).astype(np.int64))
-        width = spec.n_matrix3_nodes if lr3 is None else spec.n_matrix3_columns
-        acc3 = SparseAccumulator(backend, (spec.n_matrix3_nodes, width), n_values, capacity, device_entries)
-    n_masks = 1
-    if spec.network_masks is not None:
-        n_masks = len(spec.network_masks)
-        membership = tuple(dev(a) for a in membership_csr(np.asarray(spec.network_masks, dtype=bool)))
-        mask_of_seed = dev(np.asarray(spec.seed_mask_of_seed, dtype=np.int64))
-        accn = SparseAccumulator(backend, (n_masks, n_masks), n_values, capacity, device_entries)
-    paths = xp.zeros(n_vox, dtype=xp.int64)
-    paths_len = xp.zeros(n_vox, dtype=xp.float64) if lengths else None
-    waytotal = xp.zeros(n_masks, dtype=xp.int64)
-    peak_device = 0
+    counter = ConnectomeCounter(
+        backend, field_, bits, seeds, params, spec, distthresh=distthresh, distthresh3=distthresh3, lengths=lengths,
+        n_waypoints=n_waypoints, chunk=chunk, capacity=capacity, device_entries=device_entries, gpu_visits=gpu_visits,
+    )  # fmt: skip
     t0 = time.perf_counter()
-    notes: list[str] = []
-    first = 0
-    while first < total:
-        if cancelled is not None and cancelled():
-            raise Cancelled()
-        count = min(chunk, total - first, source.most_at_once())
-        try:  # nothing is counted before the visits exist: a chunk that does not fit is retried smaller
-            visits, kept = source.visits(first, count, bits_flat, distthresh)
-        except Exception as exc:
-            if not backend.is_out_of_memory(exc) or isinstance(exc, OutOfDeviceMemory) or count <= 1:
-                raise  # OutOfDeviceMemory: the samples themselves do not fit, smaller chunks will not help
-            backend.free_cached_memory()
-            chunk = max(1, count // 2)
-            notes.append(f"out of device memory for {count} streamlines at once; chunks of {chunk} from then on")
-            continue
-        _, seed_np = streamline_ids(first, count, n_seeds, params.n_samples)
-        seed_of = dev(seed_np.astype(np.int64))
-        entry_kept = kept[visits.stream]
-        if accn is not None:
-            own = mask_of_seed[seed_of]
-            s, m, d = network_reached(xp, visits, entry_kept, membership, own, n_masks)
-            kept &= bincount_or_zeros(xp, s, count) > 0
-            accn.add(own[s], m, count_and_length(xp, d))
-            entry_kept = kept[visits.stream]
-            waytotal += bincount_or_zeros(xp, own[kept], n_masks)
-        else:
-            waytotal += kept.sum()
-        v = visits.voxel[entry_kept]
-        paths += bincount_or_zeros(xp, v, n_vox)
-        if lengths:
-            paths_len += bincount_or_zeros(xp, v, n_vox, xp.abs(visits.distance_mm[entry_kept]))
-        if acc2 is not None:
-            emit_matrix2(xp, acc2, visits, entry_kept, columns2, seed_of)
-        if acc3 is not None:
-            long_enough = entry_kept & (visits.length_mm[visits.stream] >= distthresh3)
-            emit_matrix3(xp, acc3, visits, long_enough, nodes3, lr3)
-        if hasattr(xp, "get_default_memory_pool"):  # CuPy: what its pool holds
-            peak_device = max(peak_device, int(xp.get_default_memory_pool().total_bytes()))
-        first += count
-        if progress is not None:
-            progress(first, total)
+    counter.count(0, counter.total, progress, cancelled)
+    result = counter.result()
     elapsed = time.perf_counter() - t0
-    result = ConnectomeResult(
-        backend.to_host(paths).reshape(shape),
-        None if paths_len is None else backend.to_host(paths_len).reshape(shape),
-        backend.to_host(waytotal),
-        total,
-        acc2.result() if acc2 else None,
-        acc3.result() if acc3 else None,
-        accn.result() if accn else None,
-    )
-    result.provenance = {
-        "params": asdict(params),
-        "distthresh_mm": distthresh,
-        "distthresh3_mm": distthresh3,
-        "backend": backend.name,
-        "device": backend.device_name,
-        "engine": source.engine,
-        "chunk_streamlines": chunk,
-        "reduce_capacity_entries": capacity,
-        "device_entries": device_entries,
-        "reductions": sum(a.reductions for a in (acc2, acc3, accn) if a is not None),
-        "spills": sum(a.spills for a in (acc2, acc3, accn) if a is not None),
-        "peak_device_pool_bytes": peak_device,
+    result.provenance |= {
         "tracking_s": elapsed,
-        "streamlines_per_s": total / elapsed if elapsed > 0 else None,
-        "notes": notes_source + notes,
+        "streamlines_per_s": counter.total / elapsed if elapsed > 0 else None,
     }
     return result
+
+
+class ConnectomeCounter:
+    """One device's count of the connectome modes over the run positions it is given
+    (:meth:`count`, any ranges, in any order): the visit source, the running totals and the
+    sparse accumulators stay on the device until :meth:`result` (or, split over GPUs,
+    :func:`gpu.connectome_split.track_connectome_split`'s merge). ``device_field``: the field's
+    arrays already on the device."""
+
+    def __init__(self, backend, field_, bits, seeds, params, spec, *, distthresh, distthresh3, lengths,
+                 n_waypoints=0, chunk=None, capacity=None, device_entries=None, gpu_visits="auto",
+                 device_field=None):  # fmt: skip
+        if not (distthresh >= 0 and distthresh3 >= 0):
+            raise ValueError("distance thresholds are lengths: give values of at least 0 mm")
+        if gpu_visits not in ("auto", "list", "trace"):
+            raise ValueError("gpu_visits is auto, list or trace")
+        can_list = not lengths and distthresh == 0 and distthresh3 == 0
+        if gpu_visits == "list" and not can_list:
+            raise ValueError("the kernel's visit lists carry no path lengths: use gpu_visits='trace' with them")
+        self.backend = backend
+        xp = self.xp = backend.xp
+        self.seeds = seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
+        self.params, self.spec, self.field = params, spec, field_
+        self.distthresh, self.distthresh3, self.lengths = distthresh, distthresh3, lengths
+        n_seeds, self.total = len(seeds), len(seeds) * params.n_samples
+        self.n_vox = n_vox = int(np.prod(field_.shape))
+        listed = backend.is_gpu and gpu_visits != "trace" and can_list
+        self.notes_source: list[str] = []
+        self.notes: list[str] = []
+        self.source = _VisitSource(backend, field_, bits, seeds, params, n_waypoints, listed, self.notes_source)
+        self.source.device_field = device_field
+        self.chunk = chunk or self.source.plan_chunk(self.total)
+        self.source.max_batch = self.chunk
+        n_values = 2 if lengths else 1
+        self.capacity = capacity or plan_capacity(backend, n_values)
+        self.device_entries = device_entries or plan_device_entries(backend, n_values)
+        dev = backend.asarray
+        self.bits_flat = dev(np.asarray(bits, dtype=np.uint32).reshape(-1))
+        self.acc2 = self.acc3 = self.accn = None
+        if spec.matrix2_columns is not None:
+            self.columns2 = dev(spec.matrix2_columns.reshape(-1).astype(np.int64))
+            self.acc2 = SparseAccumulator(backend, (n_seeds, spec.n_matrix2_columns), n_values, self.capacity,
+                                          self.device_entries)  # fmt: skip
+        if spec.matrix3_nodes is not None:
+            self.nodes3 = dev(spec.matrix3_nodes.reshape(-1).astype(np.int64))
+            lr3 = None if spec.matrix3_columns is None else dev(spec.matrix3_columns.reshape(-1).astype(np.int64))
+            self.lr3 = lr3
+            width = spec.n_matrix3_nodes if lr3 is None else spec.n_matrix3_columns
+            self.acc3 = SparseAccumulator(backend, (spec.n_matrix3_nodes, width), n_values, self.capacity,
+                                          self.device_entries)  # fmt: skip
+        self.n_masks = 1
+        if spec.network_masks is not None:
+            self.n_masks = len(spec.network_masks)
+            self.membership = tuple(dev(a) for a in membership_csr(np.asarray(spec.network_masks, dtype=bool)))
+            self.mask_of_seed = dev(np.asarray(spec.seed_mask_of_seed, dtype=np.int64))
+            self.accn = SparseAccumulator(backend, (self.n_masks, self.n_masks), n_values, self.capacity,
+                                          self.device_entries)  # fmt: skip
+        self.paths = xp.zeros(n_vox, dtype=xp.int64)
+        self.paths_len = xp.zeros(n_vox, dtype=xp.float64) if lengths else None
+        self.waytotal = xp.zeros(self.n_masks, dtype=xp.int64)
+        self.peak_device = 0
+        self.streamlines = 0
+
+    @property
+    def accumulators(self) -> tuple:
+        return self.acc2, self.acc3, self.accn
+
+    def count(self, start: int, count: int, progress=None, cancelled=None) -> None:
+        """Track and count run positions ``start .. start + count``, chunk by chunk."""
+        first, end = start, start + count
+        while first < end:
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            n = min(self.chunk, end - first, self.source.most_at_once())
+            try:  # nothing is counted before the visits exist: a chunk that does not fit is retried smaller
+                visits, kept = self.source.visits(first, n, self.bits_flat, self.distthresh)
+            except Exception as exc:
+                if not self.backend.is_out_of_memory(exc) or isinstance(exc, OutOfDeviceMemory) or n <= 1:
+                    raise  # OutOfDeviceMemory: the samples themselves do not fit, smaller chunks will not help
+                self.backend.free_cached_memory()
+                self.chunk = max(1, n // 2)
+                self.notes.append(
+                    f"out of device memory for {n} streamlines at once; chunks of {self.chunk} from then on"
+                )
+                continue
+            self._add(first, n, visits, kept)
+            first += n
+            self.streamlines += n
+            if progress is not None:
+                progress(first, self.total)
+
+    def _add(self, first: int, count: int, visits, kept) -> None:
+        xp, n_vox = self.xp, self.n_vox
+        _, seed_np = streamline_ids(first, count, len(self.seeds), self.params.n_samples)
+        seed_of = self.backend.asarray(seed_np.astype(np.int64))
+        entry_kept = kept[visits.stream]
+        if self.accn is not None:
+            own = self.mask_of_seed[seed_of]
+            s, m, d = network_reached(xp, visits, entry_kept, self.membership, own, self.n_masks)
+            kept &= bincount_or_zeros(xp, s, count) > 0
+            self.accn.add(own[s], m, count_and_length(xp, d))
+            entry_kept = kept[visits.stream]
+            self.waytotal += bincount_or_zeros(xp, own[kept], self.n_masks)
+        else:
+            self.waytotal += kept.sum()
+        v = visits.voxel[entry_kept]
+        self.paths += bincount_or_zeros(xp, v, n_vox)
+        if self.lengths:
+            self.paths_len += bincount_or_zeros(xp, v, n_vox, xp.abs(visits.distance_mm[entry_kept]))
+        if self.acc2 is not None:
+            emit_matrix2(xp, self.acc2, visits, entry_kept, self.columns2, seed_of)
+        if self.acc3 is not None:
+            long_enough = entry_kept & (visits.length_mm[visits.stream] >= self.distthresh3)
+            emit_matrix3(xp, self.acc3, visits, long_enough, self.nodes3, self.lr3)
+        if hasattr(xp, "get_default_memory_pool"):  # CuPy: what its pool holds
+            self.peak_device = max(self.peak_device, int(xp.get_default_memory_pool().total_bytes()))
+
+    def provenance(self) -> dict:
+        accs = [a for a in self.accumulators if a is not None]
+        return {
+            "params": asdict(self.params),
+            "distthresh_mm": self.distthresh,
+            "distthresh3_mm": self.distthresh3,
+            "backend": self.backend.name,
+            "device": self.backend.device_name,
+            "engine": self.source.engine,
+            "chunk_streamlines": self.chunk,
+            "reduce_capacity_entries": self.capacity,
+            "device_entries": self.device_entries,
+            "reductions": sum(a.reductions for a in accs),
+            "spills": sum(a.spills for a in accs),
+            "peak_device_pool_bytes": self.peak_device,
+            "notes": self.notes_source + self.notes,
+        }
+
+    def result(self) -> ConnectomeResult:
+        """The totals on the host."""
+        shape, to_host = self.field.shape, self.backend.to_host
+        acc2, acc3, accn = self.accumulators
+        result = ConnectomeResult(
+            to_host(self.paths).reshape(shape),
+            None if self.paths_len is None else to_host(self.paths_len).reshape(shape),
+            to_host(self.waytotal),
+            self.streamlines,
+            acc2.result() if acc2 else None,
+            acc3.result() if acc3 else None,
+            accn.result() if accn else None,
+        )
+        result.provenance = self.provenance()
+        return result

@@ -102,10 +102,12 @@ def trace_paths(
     chunk: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    device_field=None,
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """The streamlines at run positions ``positions`` as polylines (voxel coordinates), the
     same steps as the run's (same random streams): (polylines, seed voxel numbers, kept:
-    not excluded and meeting the waypoint condition, as the run decides)."""
+    not excluded and meeting the waypoint condition, as the run decides). ``device_field``:
+    the field already on the GPU (:func:`iter_track`'s), not copied again."""
     backend = get_backend(device)
     positions = np.asarray(positions, dtype=np.int64)
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
@@ -124,7 +126,9 @@ def trace_paths(
         if backend.is_gpu:
             cp = backend.xp
             if tracker is None:
-                tracker = KernelTracker(backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk)
+                tracker = KernelTracker(
+                    backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk, device_field=device_field
+                )
             trace = cp.zeros((len(part), 2, params.n_steps + 1, 4))
             tracker.launch(0, len(part), trace, cp.asarray(ids[start : start + chunk]))
             host = backend.to_host(trace)

@@ -33,9 +33,10 @@ class ProbParams:
     cthr: float = field(
         default=0.2,
         metadata=meta(
-            "Max turn (cosine)",
-            "stop where the cosine of a turn falls below this: 0.2 allows turns up to 78°, 0.7 up to 45°",
-            "",
+            "Max angle",
+            "stop where one step turns more than this angle, kept as its cosine like probtrackx's "
+            "curvature threshold (0.2 = 78°, 0.7 = 45°); 90° or more (a cosine of 0 or less) never stops",
+            "cosine",
             (-1.0, 1.0),
         ),
     )

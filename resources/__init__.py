@@ -7,7 +7,9 @@ Exactly these are shipped (:data:`FILES`):
   in two colours (slate outline, blue accent), named after the actions in :data:`TOOLBAR_ICONS`;
 - ``tractlens.desktop``: the freedesktop.org desktop entry (``Exec=tractlens view %F``,
   ``Icon=tractlens``), to copy to ``~/.local/share/applications`` with the icon installed
-  as ``tractlens`` in an icon theme (see ``packaging/README.md``).
+  as ``tractlens`` in an icon theme (see ``packaging/README.md``);
+- ``bundles/protocols.json``: the named-bundle protocols (seed, target, exclusion and stop regions
+  in MNI mm after XTRACT, with their citations and ``protocols_version``; :mod:`app.bundles`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ TOOLBAR_ICONS = (
     "sphere",
     "box",
 )
+BUNDLE_PROTOCOLS = "bundles/protocols.json"
 #: Every shipped file, relative to :data:`RESOURCES`.
-FILES = (APP_ICON, DESKTOP_ENTRY, *(f"icons/{name}.svg" for name in TOOLBAR_ICONS))
+FILES = (APP_ICON, DESKTOP_ENTRY, BUNDLE_PROTOCOLS, *(f"icons/{name}.svg" for name in TOOLBAR_ICONS))
 
 
 def path(name: str) -> Path:

@@ -218,3 +218,25 @@ def test_an_roi_drawn_on_an_image_follows_it_when_it_is_placed(nonlinear):
     assert moved.provenance["registration"]["id"] == "R1" and moved.data.role == "lesion"
     other = new_roi_on(Layer("FA", Volume("FA", data, t1.affine), "scalar"), "seed", "seed")
     assert roi_following(other, layer, placed, registration, _dwi_grid()) is None  # drawn on another image
+
+
+def test_a_layer_chosen_as_a_registration_mask_is_taken_in_its_image_s_scanner_space():
+    from tractlens.app.anatomy_layers import mask_as_scanned
+    from tractlens.app.model import Volume
+
+    scanner = np.diag([1.0, 1.0, 1.0, 1.0])
+    scanner[:3, 3] = (3.0, -2.0, 1.5)
+    placed_affine = np.eye(4)
+    mask = np.zeros((6, 6, 6), bool)
+    mask[2:4, 2:4, 2:4] = True
+    roi = Layer("brain", RoiMask("brain", mask, placed_affine, role="seed"), "roi")
+    roi.provenance = {"scanner_affine": scanner.tolist()}  # drawn on a T1 placed by a linear registration
+    taken = mask_as_scanned(roi)
+    np.testing.assert_array_equal(taken.mask, mask)
+    np.testing.assert_array_equal(taken.affine, scanner)
+    mask[0, 0, 0] = True  # painting goes on while the registration runs: the copy keeps what was chosen
+    assert not taken.mask[0, 0, 0]
+    plain = Layer("dwi roi", RoiMask("dwi roi", mask, placed_affine, role="seed"), "roi")
+    np.testing.assert_array_equal(mask_as_scanned(plain).affine, placed_affine)
+    image = Layer("labels", Volume("labels", mask.astype(np.int16), placed_affine, kind="labels"), "labels")
+    assert mask_as_scanned(image) is image.data  # an image not placed by a registration: as it is

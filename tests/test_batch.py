@@ -330,15 +330,14 @@ def test_unknown_participant_lists_the_ones_there(cohort):
 
 
 def readme_slurm_config() -> str:
-    """The worked SLURM config of the README's Cohorts section."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    cohorts = text[text.index("## Cohorts") :]
+    """The worked SLURM config of the user guide's Cohorts page (docs/guide/cohorts.md)."""
+    cohorts = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "cohorts.md").read_text(encoding="utf-8")
     start = cohorts.index("```yaml\n# slurm.yaml") + len("```yaml\n")
     return cohorts[start : cohorts.index("```", start)]
 
 
 def test_slurm_job_script_from_the_readme_config(tmp_path):
-    """dask-jobqueue's job script for the README's worked SLURM config (no SLURM here: the
+    """dask-jobqueue's job script for the docs' worked SLURM config (no SLURM here: the
     script is generated, not submitted)."""
     import sys
 
@@ -365,8 +364,17 @@ def test_cluster_config_with_an_unknown_setting_is_refused(tmp_path):
     assert "walltime" in str(info.value)
 
 
+def _with_dask_cuda(monkeypatch, present: bool):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if present else None) if name == "dask_cuda" else find_spec(name, *a))  # fmt: skip
+
+
 def test_gpus_build_one_cuda_worker_per_gpu_with_nvls_off(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    _with_dask_cuda(monkeypatch, True)
     choice = cluster_arguments(gpus=2)
     assert (choice.module, choice.name) == ("dask_cuda", "LocalCUDACluster")
     assert choice.kwargs["CUDA_VISIBLE_DEVICES"] == "0,1" and choice.kwargs["n_workers"] == 2
@@ -387,8 +395,35 @@ def test_two_subjects_through_local_cuda_cluster(demo_dir, tmp_path, capsys):
     assert record["Summary"]["backend"] == "gpu" and "--device" in record["Command"]
 
 
+def test_without_dask_cuda_gpus_pin_one_local_worker_process_per_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    _with_dask_cuda(monkeypatch, False)
+    choice = cluster_arguments(gpus=2)
+    assert (choice.module, choice.name) == ("distributed", "LocalCluster") and choice.kwargs["n_workers"] == 2
+    assert choice.kwargs["processes"] and choice.pin_gpus == ["3", "5"] and choice.device == "gpu"
+    assert choice.environ == {"NCCL_NVLS_ENABLE": "0"}
+
+
+def test_the_pin_plugin_gives_each_worker_process_its_own_gpu(monkeypatch):
+    """A real LocalCluster of two processes with the plugin: each worker sees one device of its own."""
+    import os
+
+    from tractlens.app.batch.engines import connect
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,7")
+    _with_dask_cuda(monkeypatch, False)
+    client, cluster = connect(None, cluster_arguments(gpus=2))
+    try:
+        seen = client.run(lambda: (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["NCCL_NVLS_ENABLE"]))
+    finally:
+        client.close()
+        cluster.close()
+    assert sorted(seen.values()) == [("4", "0"), ("7", "0")]
+
+
 def test_gpus_take_the_devices_this_process_may_use(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    _with_dask_cuda(monkeypatch, True)
     assert cluster_arguments(gpus=2).kwargs["CUDA_VISIBLE_DEVICES"] == "3,5"
     with pytest.raises(InputError, match="shows 3"):
         cluster_arguments(gpus=4)

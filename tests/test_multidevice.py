@@ -107,7 +107,8 @@ def test_probabilistic_tracking_split_over_three_shares_equals_one_run():
                         seed_matrix=True, batch_streamlines=50, progress=lambda d, t: seen.append((d, t)))  # fmt: skip
     _assert_same(split, whole)
     assert whole.waytotal > 0 and whole.seed_targets.sum() > 0
-    assert [d["streamlines"] for d in split.provenance["devices"]] == [c for _, c in split_range(len(seeds) * 37, 3)]
+    devices = split.provenance["devices"]
+    assert sum(d["items"] for d in devices) == len(seeds) * 37 and len(devices) == 3
     assert seen[-1] == (len(seeds) * 37,) * 2 and len(seen) > 3
 
 

@@ -97,7 +97,7 @@ def test_the_commands_use_the_parameter_classes():
         "fit-ballstick": {"BallStickParams"},
         "commit": {"CommitParams"},
         "connectome": {"ConnectomeParams"},
-        "profile": {"ProfileParams"},
+        "profile": {"ProfileParams", "ProfileTableParams"},
         "distance": {"LesionDistanceParams"},
         "envelopes": {"EnvelopeParams"},
         "track deterministic": {
@@ -168,9 +168,10 @@ def test_pipeline_keyword_defaults_are_the_dataclasses():
         (track.geodesic_pipeline, GeodesicSeedingParams, {n: n for n in ("seeds_per_voxel", "directions", "cone_deg",
                                                                            "top_percent", "placement", "rng_seed")}),
         (connectivity.compute_connectome, TYPES["ConnectomeParams"], {"weight": "weight", "radius_mm": "radius_mm"}),
-        (connectivity.compute_profile, TYPES["ProfileParams"], {"n_points": "n_points"}),
+        (connectivity.compute_profile, TYPES["ProfileParams"], {"n_points": "n_points", "weighting": "weighting"}),
         (gpu_connectivity.assign_endpoints, TYPES["EndpointParams"], {"radius_mm": "radius_mm"}),
-        (tractometry.profile, TYPES["ProfileParams"], {"n_points": "n_points"}),
+        (tractometry.profile, TYPES["ProfileParams"], {"n_points": "n_points", "weighting": "weighting"}),
+        (tractometry.node_weights, TYPES["ProfileParams"], {"weighting": "weighting"}),
     ]  # fmt: skip
     for function, cls, names in cases:
         signature = inspect.signature(function)

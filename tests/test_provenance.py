@@ -65,6 +65,14 @@ def data(tmp_path_factory):
     labels = np.zeros(SHAPE, np.int32)
     labels[:4], labels[10:] = 1, 2
     nib.save(nib.Nifti1Image(labels, AFFINE), folder / "labels.nii.gz")
+    from tractlens.app.bundles.phantom import MNI_2MM
+    from tractlens.app.grid import Grid
+    from tractlens.app.io.transforms import save_registration
+    from tractlens.app.registration import Registration
+
+    identity = Registration(MNI_2MM, Grid(AFFINE, SHAPE), np.eye(4), kind="identity", fixed_name="mni",
+                            moving_name="dwi", template="mni", template_side="fixed")  # fmt: skip
+    save_registration(identity, folder / "reg_mni", {})  # for tractlens bundles (its regions miss this grid)
     return folder
 
 
@@ -183,6 +191,12 @@ def _commands(f: Path) -> list[tuple[str, list[str], list[Path]]]:
             ["profile", str(f / "det.trk"), "--map", str(f / "dti" / "dti_FA.nii.gz"), *cpu, "-o", str(f / "p.csv")],
             [f / "det.trk", f / "dti" / "dti_FA.nii.gz"],
         ),
+        (  # the tidy form (a named map), then its figure
+            "profile",
+            ["profile", str(f / "det.trk"), "--map", f"FA={f / 'dti' / 'dti_FA.nii.gz'}", *cpu, "-o", str(f / "t.csv")],
+            [f / "det.trk", f / "dti" / "dti_FA.nii.gz"],
+        ),
+        ("plot-profiles", ["plot-profiles", str(f / "t.csv"), "-o", str(f / "t.png")], [f / "t.csv"]),
         ("distance", ["distance", str(f / "det.trk"), "--lesion", str(f / "lesion.nii.gz"), *cpu], [f / "det.trk"]),
         (
             "stats",
@@ -206,6 +220,24 @@ def _commands(f: Path) -> list[tuple[str, list[str], list[Path]]]:
                 str(f / "commit"),
             ],
             [f / "dwi.nii.gz", f / "det.trk"],
+        ),
+        (
+            "bundles",
+            [
+                "bundles",
+                "--samples",
+                str(f / "bpx"),
+                "--registration",
+                str(f / "reg_mni"),
+                "--bundles",
+                "FMI",
+                "--nsamples",
+                "2",
+                *cpu,
+                "-o",
+                str(f / "bundles"),
+            ],
+            [f / "bpx", f / "reg_mni"],
         ),
     ]
 

@@ -173,6 +173,19 @@ def test_syn_recovers_a_smooth_warp_and_its_inverse(tmp_path):
     assert np.abs(chain.map(inner) - reg.fixed_to_moving(inner)).max() < 0.05
 
 
+def test_images_already_aligned_register_to_about_the_identity(tmp_path):
+    """A pair that starts at the optimum (a T1 already in template space) loses a little mutual
+    information through interpolation and the warp's smoothing: that is not a failure."""
+    g = grid((44, 48, 40), 3.0)
+    path = _save(tmp_path / "t1.nii.gz", image_on(g), g)
+    params = RegisterParams(type="syn", metric="cc", spacing_mm=3.0, sampling=1.0, affine_iterations=(40, 20),
+                            syn_iterations=(20, 10))  # fmt: skip
+    result = use_cases.register_images(path, path, tmp_path / "reg", params)
+    pts = _head_points(g)
+    moved = np.linalg.norm(result.registration.fixed_to_moving(pts) - pts, axis=1)
+    assert moved.mean() < 0.5, moved.mean()
+
+
 def test_a_4d_image_without_gradients_needs_a_volume(tmp_path, capsys):
     g = grid((20, 22, 18), 4.0)
     four = np.stack([image_on(g)] * 3, axis=-1)
@@ -286,3 +299,60 @@ def test_resampling_through_composed_voxel_maps_equals_mapping_every_point(towar
     nearest = resample_chain(labels, source, reference, reg.pull_chain(source, reference, towards), "nearest")
     agree = np.mean(nearest == resample(labels, source, reference, pull, "nearest"))
     assert nearest.dtype == np.int16 and agree > 0.999  # float32 against float64 coordinates at voxel borders
+
+
+def test_brain_masks_from_files_or_open_layers_reach_the_metric_on_each_image_s_grid(tmp_path, monkeypatch):
+    """The window passes an ROI or an image as a mask, the command line a file: both reach the
+    engine on the grid of the image they belong to (scanner coordinates, nearest neighbour)."""
+    from scipy import ndimage
+
+    from tests.anatomy_window_synth import b0_affine, write_pair
+    from tractlens.app.model import RoiMask, Volume
+    from tractlens.app.pipelines import register as engine
+
+    b0_path, t1_path = write_pair(tmp_path / "data")
+    b0, t1 = nib.load(b0_path), nib.load(t1_path)
+    brain_dwi = ndimage.binary_fill_holes(np.asarray(b0.dataobj) > 100)  # on the b0's 2 mm grid
+    roi = RoiMask("brain on the b0", brain_dwi, b0_affine(), role="seed")
+    t1_brain = Volume(
+        "T1 brain", ndimage.binary_fill_holes(np.asarray(t1.dataobj) > 100).astype(np.int16), t1.affine, kind="labels"
+    )
+    seen = {}
+    real = engine.register_arrays
+
+    def spy(*args, moving_mask=None, fixed_mask=None, **kw):
+        seen.update(moving=moving_mask, fixed=fixed_mask)
+        return real(*args, moving_mask=moving_mask, fixed_mask=fixed_mask, **kw)
+
+    monkeypatch.setattr(use_cases, "register_arrays", spy)
+    result = use_cases.register_images(
+        str(t1_path), str(b0_path), params=RegisterParams(type="rigid"), moving_mask=t1_brain, fixed_mask=roi
+    )
+    np.testing.assert_array_equal(seen["fixed"], brain_dwi)  # already on the b0's grid: as drawn
+    np.testing.assert_array_equal(seen["moving"], np.asarray(t1_brain.data) > 0)
+    assert result.summary["masks"] == {
+        "moving": {"name": "T1 brain", "voxels": int(np.count_nonzero(t1_brain.data))},
+        "fixed": {"name": "brain on the b0", "voxels": int(brain_dwi.sum())},
+    }
+    shift = result.registration.fixed_to_moving(np.zeros((1, 3)))[0]
+    np.testing.assert_allclose(shift, [3.0, -2.0, 1.5], atol=0.5)  # the known shift, with the masks too
+
+    # The b0-grid ROI as the T1's mask: resampled onto the 1 mm grid by nearest neighbour
+    seen.clear()
+    mask_file = _save(tmp_path / "brain.nii.gz", brain_dwi.astype(np.uint8), Grid(b0_affine(), brain_dwi.shape))
+    result = use_cases.register_images(
+        str(t1_path), str(b0_path), params=RegisterParams(type="rigid"), moving_mask=mask_file
+    )
+    ijk = np.stack(np.meshgrid(*[np.arange(n) for n in t1.shape], indexing="ij"), -1).reshape(-1, 3)
+    at = np.rint(Grid(b0_affine(), brain_dwi.shape).to_voxels(Grid(t1.affine, t1.shape).to_mm(ijk))).astype(int)
+    inside = np.all((at >= 0) & (at < brain_dwi.shape), axis=1)
+    expected = np.zeros(len(ijk), bool)
+    expected[inside] = brain_dwi[tuple(at[inside].T)]
+    np.testing.assert_array_equal(seen["moving"], expected.reshape(t1.shape))
+    assert seen["fixed"] is None and result.summary["masks"]["fixed"] is None
+    assert result.summary["masks"]["moving"]["name"] == "brain.nii.gz"
+
+    far = RoiMask("elsewhere", np.ones((4, 4, 4), bool), np.diag([2.0, 2.0, 2.0, 1.0]), role="seed")
+    far.affine[:3, 3] = 500.0  # nowhere near the head
+    with pytest.raises(InputError, match="elsewhere"):
+        use_cases.register_images(str(t1_path), str(b0_path), params=RegisterParams(type="rigid"), fixed_mask=far)

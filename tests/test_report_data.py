@@ -73,3 +73,17 @@ def test_parameters_in_words_without_internal_keys_or_inf():
 def test_values_in_words():
     assert value_text(float("inf")) == "not reached" and value_text(float("nan")) == "none"
     assert value_text(None) == "none" and value_text(True) == "yes" and value_text(0.123456) == "0.1235"
+
+
+def test_the_probabilistic_curvature_threshold_reads_in_degrees_like_the_other_angles():
+    from tractlens.app.report_data import parameter_rows
+
+    rows = dict(parameter_rows({"computed": "probabilistic tracking", "parameters": {"cthr": 0.2, "step_mm": 0.5}}))
+    assert rows["max angle"] == "78.5° (probtrackx curvature threshold 0.2)" and "cthr" not in rows
+
+
+def test_numbered_choices_read_by_name_as_the_window_offers_them():
+    from tractlens.app.report_data import parameter_rows
+
+    rows = dict(parameter_rows({"parameters": {"randfib": 2, "n_samples": 1000}}))
+    assert rows["first step's stick"] == "by volume fraction"

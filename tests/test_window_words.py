@@ -34,3 +34,29 @@ def test_a_command_line_the_message_suggests_keeps_its_flags():
         window_words("or run tractlens view DWI --bval FILE --bvec FILE")
         == "or run tractlens view DWI --bval FILE --bvec FILE"
     )
+
+
+def test_where_a_result_was_computed_is_said_in_words_with_the_card_named():
+    from tractlens.app.window_words import compute_device, computed_on, device_choice
+
+    assert computed_on({"backend": "cpu", "device": "x86_64"}) == "on the CPU"
+    assert computed_on({"backend": "numpy"}) == computed_on({}) == "on the CPU"
+    gpu = {"backend": "gpu", "device": "NVIDIA H100 80GB HBM3"}
+    assert computed_on(gpu) == "on the GPU (NVIDIA H100 80GB HBM3)"
+    assert compute_device({"backend": "gpu"}) == "the GPU"
+    assert device_choice("cpu") == "the CPU" and "GPU" in device_choice("auto") and "--" not in device_choice("auto")
+
+
+def test_the_report_says_the_compute_device_in_the_same_words():
+    from tractlens.app.report_data import parameter_rows
+
+    rows = dict(parameter_rows({"backend": "gpu", "device": "NVIDIA H100 80GB HBM3", "step_mm": 0.5}))
+    assert rows["computed on"] == "the GPU (NVIDIA H100 80GB HBM3)"
+    assert dict(parameter_rows({"backend": "cpu", "device": "x86_64"}))["computed on"] == "the CPU"
+
+
+def test_a_run_time_under_five_milliseconds_is_not_written_as_zero():
+    from tractlens.app.window_words import seconds
+
+    assert seconds(0.001) == "under 0.01 s" and seconds(0.0) == "under 0.01 s"
+    assert seconds(0.005) == "0.01 s" and seconds(12.345) == "12.35 s"

@@ -6,6 +6,8 @@ chosen and emit ``accepted``; the window's anatomy controller runs the job
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
@@ -24,24 +26,39 @@ from tractlens.app.errors import InputError
 from tractlens.app.model import Layer
 from tractlens.app.window_words import window_words
 
+from . import dialogs
 from .fit_dialog_parts import message_label
 from .params_form import ParamsForm
 
 SIDES = (("both sides", None), ("left", "left"), ("right", "right"))
 
 
-class RegisterDialog(QDialog):
-    """Which image to register onto which, and how. ``moving`` and ``fixed`` are the layers
-    offered (the fixed one ``None`` for the MNI template); after OK :attr:`params`,
-    :attr:`moving_layer` and :attr:`fixed_layer` hold the choice."""
+NO_MASK, MASK_FILE = "none", "a file…"
 
-    def __init__(self, moving: list[Layer], fixed: list[Layer] | None, params_type: type, parent=None, *, title=""):
+
+class RegisterDialog(QDialog):
+    """Which image to register onto which, with which brain masks, and how. ``moving`` and
+    ``fixed`` are the layers offered (the fixed one ``None`` for the MNI template), ``masks`` the
+    layers offered as masks (ROIs, label and scalar images; a file can be chosen too, and for the
+    template only a file); after OK :attr:`params`, :attr:`moving_layer`, :attr:`fixed_layer`,
+    :attr:`moving_mask` and :attr:`fixed_mask` (None, a mask layer or a file path) hold the choice."""
+
+    def __init__(
+        self,
+        moving: list[Layer],
+        fixed: list[Layer] | None,
+        params_type: type,
+        parent=None,
+        *,
+        title="",
+        masks: list[Layer] = (),
+    ):
         super().__init__(parent)
         self.setObjectName("register_dialog")
         self.setWindowTitle(title or "Register to DWI")
         self.setMinimumWidth(440)
         self._moving, self._fixed = list(moving), list(fixed or [])
-        self.params = self.moving_layer = self.fixed_layer = None
+        self.params = self.moving_layer = self.fixed_layer = self.moving_mask = self.fixed_mask = None
         self.moving_box = QComboBox()
         self.moving_box.setObjectName("register_moving")
         self.moving_box.addItems([layer.name for layer in self._moving])
@@ -49,11 +66,15 @@ class RegisterDialog(QDialog):
         self.fixed_box.setObjectName("register_fixed")
         self.fixed_box.addItems([layer.name for layer in self._fixed] or ["MNI152 template"])
         self.fixed_box.setEnabled(bool(self._fixed))
+        self.moving_mask_box = self._mask_box("register_moving_mask", masks, "image to move")
+        self.fixed_mask_box = self._mask_box("register_fixed_mask", masks if fixed else (), "image it goes onto")
         self.form = ParamsForm(params_type)
         self.message = message_label("register_message")
         form = QFormLayout()
         form.addRow("Image to move", self.moving_box)
+        form.addRow("Its brain mask", self.moving_mask_box)
         form.addRow("Onto", self.fixed_box)
+        form.addRow("Its brain mask", self.fixed_mask_box)
         form.addRow(self.form)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
@@ -65,6 +86,32 @@ class RegisterDialog(QDialog):
         layout.addLayout(form)
         layout.addWidget(self.message)
         layout.addWidget(buttons)
+
+    def _mask_box(self, name: str, layers, whose: str) -> QComboBox:
+        """None, the open layers, or a file (asked for when chosen)."""
+        box = QComboBox()
+        box.setObjectName(name)
+        box.setToolTip(
+            f"Restrict the registration's metric to the brain of the {whose}: an open ROI or image (its voxels "
+            "above 0), or a mask file; the image's whole field of view without one"
+        )
+        box.addItem(NO_MASK, None)
+        for layer in layers:
+            box.addItem(layer.name, layer)
+        box.addItem(MASK_FILE, MASK_FILE)
+        box.activated.connect(lambda index, box=box: self._file_chosen(box, index))
+        return box
+
+    def _file_chosen(self, box: QComboBox, index: int) -> None:
+        if box.itemData(index) != MASK_FILE:
+            return
+        path = dialogs.open_file(self, "Brain mask", "NIfTI (*.nii.gz *.nii *.mgz);;All files (*)")
+        if not path:
+            box.setCurrentIndex(0)
+            return
+        box.insertItem(index, Path(path).name, path)
+        box.setItemData(index, path, Qt.ItemDataRole.ToolTipRole)
+        box.setCurrentIndex(index)
 
     def choose(self, moving: Layer) -> None:
         """Pre-select the image to move (the selected layer)."""
@@ -90,6 +137,8 @@ class RegisterDialog(QDialog):
         if self.moving_layer is self.fixed_layer:
             self._say("Choose two different images.")
             return
+        self.moving_mask = self.moving_mask_box.currentData()
+        self.fixed_mask = self.fixed_mask_box.currentData()
         super().accept()
 
 

@@ -71,6 +71,7 @@ from tractlens.app.pipelines.commit import (
 from tractlens.app.pipelines.commit import tractogram_suffix as _suffix_of
 from tractlens.app.regions import RoiCopy
 from tractlens.app.usecases.commit import check_commit_inputs
+from tractlens.app.window_words import computed_on, seconds
 
 from . import dialogs
 from .commit_results import (
@@ -87,7 +88,7 @@ from .job_panel import JobPanelBase
 from .params_form import limits_of
 
 THRESHOLD_STEPS = 200  # slider positions above "all shown"
-NO_MASK = "(none: every voxel the streamlines pass)"
+NO_MASK = "none (all voxels passed)"  # short: it shows whole in a 1280 px window
 PEAKS_FILTER = "NIfTI (*.nii *.nii.gz);;All files (*)"
 COMBO_CHARS = 12  # combo boxes size to this many characters, not to their longest item
 # Re-exported: scripts and tests name the panel's layers and outputs through this module.
@@ -159,7 +160,7 @@ class CommitPanel(JobPanelBase):
             box.setMinimumContentsLength(COMBO_CHARS)
         self.peaks_edit = QLineEdit()
         self.peaks_edit.setObjectName("commit_peaks")
-        self.peaks_edit.setPlaceholderText("none: from the streamlines")
+        self.peaks_edit.setPlaceholderText("from streamlines")  # short: shows whole at 1280 px
         self.peaks_edit.setClearButtonEnabled(True)
         self.peaks_edit.setToolTip(
             "Optional NIfTI (X, Y, Z, 3K) of peak directions in world RAS on the DWI's grid (e.g. MRtrix "
@@ -443,8 +444,8 @@ class CommitPanel(JobPanelBase):
         s = outcome.summary
         text = (
             f"Done: kept {s['kept']:,} of {s['streamlines']:,} streamlines (weight > 0); "
-            f"{s['iterations']} iterations (stopped: {s['stopped']}); fit {s.get('fit_s', 0.0):.2f} s, "
-            f"{outcome.seconds:.2f} s in all on {s.get('backend', '?')} ({s.get('device', '?')})."
+            f"{s['iterations']} iterations (stopped: {s['stopped']}); fit {seconds(s.get('fit_s', 0.0))}, "
+            f"{seconds(outcome.seconds)} in all {computed_on(s)}."
         )
         if outcome.notes:
             text += " " + " ".join(note.rstrip(".") + "." for note in outcome.notes)

@@ -11,6 +11,8 @@ from PySide6.QtWidgets import QComboBox
 
 from tractlens.app.model import Document, Layer
 
+from .layer_combo import named_with_kind
+
 FIELD_KINDS = ("tensor", "fod")
 
 
@@ -42,7 +44,7 @@ class DirectionFieldChoice(QComboBox):
         self.clear()
         self._layers = layers
         for layer in layers:
-            self.addItem(f"{layer.name} ({'fODF' if layer.kind == 'fod' else 'tensors'})")
+            self.addItem(named_with_kind(layer))
         self.setCurrentIndex(layers.index(chosen) if chosen in layers else -1)
         self.blockSignals(False)
 

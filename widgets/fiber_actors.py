@@ -154,6 +154,15 @@ class FiberActors:
                 lut.SetTableRange(*clim)
         self.colouring = (name, kind)
 
+    def solid(self, colour: str | None) -> None:
+        """One colour for every streamline (a named bundle's, ``"#rrggbb"``; white without one):
+        no colour array drawn."""
+        rgb = [int(colour[i : i + 2], 16) / 255 for i in (1, 3, 5)] if colour else [1.0, 1.0, 1.0]
+        for actor in (self.actor, self.moving):
+            actor.GetMapper().ScalarVisibilityOff()
+            actor.GetProperty().SetColor(*rgb)
+        self.colouring = ("solid", colour)
+
     def style(self, visible: bool, opacity: float, tubes: bool) -> None:
         for actor in (self.actor, self.moving):
             prop = actor.GetProperty()

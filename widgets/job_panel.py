@@ -24,13 +24,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtWidgets import (
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QTreeWidget,
+    QTreeWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
 from tractlens.app.model import Document
 from tractlens.app.window_words import window_words
 
 from .jobs import FAILED, RUNNING, JobRunner
+
+#: What a cell keeps of its width for margins (px), when a job's name is wrapped.
+NAME_MARGIN = 8
 
 #: Quick jobs started by interaction, many times a minute: one row each, the latest run.
 COALESCED = ("select streamlines", "statistics")
@@ -157,6 +168,14 @@ class JobPanel(QWidget):
         self.tree.setObjectName("job_list")
         self.tree.setHeaderLabels(["Job", "Progress", "State"])
         self.tree.setRootIsDecorated(False)
+        # A job's name longer than its column (the window fits the columns: widgets.window_layout)
+        # wraps onto a second line rather than being cut ("deterministic trac…" at 1280 px). Qt's
+        # tree sizes a row by its text's one-line width, wrapped or not: each row is given the
+        # height its name needs at the column's width, again whenever that width changes.
+        self.tree.setWordWrap(True)
+        self.tree.setTextElideMode(Qt.TextElideMode.ElideNone)
+        header = self.tree.header()
+        header.sectionResized.connect(lambda column, _old, _new: column == 0 and self._fit_rows())
         self.detail = QLabel("")
         self.detail.setObjectName("job_detail")
         self.detail.setWordWrap(True)
@@ -190,6 +209,7 @@ class JobPanel(QWidget):
             self.tree.setItemWidget(item, 1, bar)
         item.setText(0, job.name)
         item.setToolTip(0, job.name)
+        self._fit_row(item)
         if kind in COALESCED:
             self._row_of_kind[kind] = job_id
         item.setData(0, Qt.ItemDataRole.UserRole, job_id)
@@ -197,6 +217,16 @@ class JobPanel(QWidget):
         self.tree.setCurrentItem(item)
         self._items[job_id] = (item, bar)
         self._show_detail()
+
+    def _fit_row(self, item: QTreeWidgetItem) -> None:
+        width = max(20, self.tree.header().sectionSize(0) - NAME_MARGIN)
+        flags = int(Qt.AlignmentFlag.AlignLeft) | int(Qt.TextFlag.TextWordWrap)
+        needed = self.tree.fontMetrics().boundingRect(QRect(0, 0, width, 10_000), flags, item.text(0)).height()
+        item.setSizeHint(0, QSize(width, needed + 6))  # a width of -1 makes Qt ignore the hint
+
+    def _fit_rows(self) -> None:
+        for i in range(self.tree.topLevelItemCount()):
+            self._fit_row(self.tree.topLevelItem(i))
 
     def _changed(self, job_id: int) -> None:
         if job_id not in self._items:

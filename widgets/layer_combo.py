@@ -13,6 +13,23 @@ from tractlens.app.model import Document, Layer
 
 COMBO_CHARS = 12
 
+#: A layer's kind in the window's words (the layer list, the layer choices of the panels).
+KIND_WORDS = {"dwi": "diffusion series", "rgb": "RGB", "fod": "fODF", "roi": "ROI"}  # else the kind itself
+
+
+def kind_words(kind: str) -> str:
+    return KIND_WORDS.get(kind, kind)
+
+
+def named_with_kind(layer: Layer) -> str:
+    """``lesion  (ROI)``: a layer's name and its kind, in one style everywhere; the kind is left
+    out when the name says it already (``tensors``, not ``tensors (tensor)``)."""
+    words = kind_words(layer.kind)
+    name = layer.name.strip().lower()
+    if name in (words.lower(), f"{words.lower()}s") or name.rstrip("s") == words.lower():
+        return layer.name
+    return f"{layer.name}  ({words})"
+
 
 class LayerCombo(QComboBox):
     """A combo box of the document's layers of some kinds that keeps the user's choice (by
@@ -60,7 +77,7 @@ class LayerCombo(QComboBox):
         self.blockSignals(True)
         self.clear()
         for layer in layers:
-            self.addItem(f"{layer.name}  [{layer.kind}]" if self.show_kind else layer.name)
+            self.addItem(named_with_kind(layer) if self.show_kind else layer.name)
         if current is not None:
             self.setCurrentIndex(layers.index(current))
         self.blockSignals(False)

@@ -34,6 +34,7 @@ from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
 from .controllers import FibreSelection, FileController, ReportController, RoiController, SessionController
 from .controllers.anatomy import AnatomyController
+from .controllers.bundles import BundlesController
 from .controllers.dicom import DicomController
 from .controllers.first_steps import FirstSteps
 from .controllers.help import build_help_menu
@@ -249,6 +250,8 @@ class MainWindow(QMainWindow):
         self._action(track_menu, "&Deterministic (tensor)", lambda: track("deterministic"), "Ctrl+T", icon_name="track")
         self._action(track_menu, "&Geodesic (ray tracing)", lambda: track("geodesic"), "Ctrl+G")
         self._action(track_menu, "&Probabilistic (probtrackx)", lambda: track("probabilistic"), "Ctrl+Shift+P")
+        self.bundles = BundlesController(self)  # Track ▸ Named bundles…
+        self.bundles.build(track_menu)
         filter_menu = self.menuBar().addMenu("F&ilter")
         self._action(filter_menu, "&COMMIT filtering…", self.show_commit_panel)
         analysis_menu = self.menuBar().addMenu("&Analysis")

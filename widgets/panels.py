@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from tractlens.app.layers import SOLID
 from tractlens.app.model import COLORMAPS, GLYPH_KINDS, GLYPH_SHAPES, ROI_ROLES, SCALAR_KINDS, Document, Layer
 from tractlens.app.selection import shown_of
 
@@ -29,6 +30,7 @@ from . import dialogs
 from .csd_dialog import FIT_CSD
 from .fod_glyphs import add_fod_menu
 from .job_panel import JobPanel as JobPanel  # the Jobs dock; here for older imports
+from .layer_combo import kind_words, named_with_kind
 
 FIT_BALLSTICK = "Fit ball && sticks (bedpostX)…"  # "&&": a literal ampersand in a menu
 FIT_MODEL = "Fit microstructure model…"  # NODDI and the model toolbox (widgets.model_dialog)
@@ -50,9 +52,6 @@ def ask_colour(parent: QWidget, current: tuple[float, float, float]) -> tuple[fl
     """Ask for a colour, RGB 0..1 (tests replace this function); None: cancelled."""
     colour = dialogs.colour(parent, "ROI colour", QColor.fromRgbF(*current))
     return None if colour is None else (colour.redF(), colour.greenF(), colour.blueF())
-
-
-KIND_WORDS = {"dwi": "diffusion series", "rgb": "RGB", "fod": "fODF", "roi": "ROI"}  # else the kind itself
 
 
 class LayerPanel(QWidget):
@@ -197,14 +196,14 @@ class LayerPanel(QWidget):
         item = item or self.item_for(layer)
         self._updating = True
         item.setCheckState(Qt.CheckState.Checked if layer.visible else Qt.CheckState.Unchecked)
-        item.setText(f"{layer.name}  ({KIND_WORDS.get(layer.kind, layer.kind)})")
+        item.setText(named_with_kind(layer))
         if layer.kind == "tractogram":  # what the views show of it, never a count of hidden streamlines
             shown = shown_of(layer)
             count = f"{shown.total:,} streamlines" if not shown.selected else f"{shown.shown:,} of {shown.total:,}"
             item.setText(f"{layer.name}  ({count})")
             item.setToolTip(f"{layer.name}: tractogram, {shown.text}")
         else:
-            item.setToolTip(f"{layer.name}: {KIND_WORDS.get(layer.kind, layer.kind)}")
+            item.setToolTip(f"{layer.name}: {kind_words(layer.kind)}")
         if layer.kind == "roi":  # a swatch of the colour it is drawn in
             swatch = QPixmap(12, 12)
             swatch.fill(QColor.fromRgbF(*layer.color_rgb()))
@@ -257,7 +256,9 @@ class LayerPanel(QWidget):
             self.tubes.setChecked(bool(layer.tubes))
         if layer is not None:
             self.opacity.setValue(round(layer.opacity * 100))
-            scalar = layer.kind in SCALAR_KINDS or (layer.kind == "tractogram" and layer.color_by != "direction")
+            scalar = layer.kind in SCALAR_KINDS or (
+                layer.kind == "tractogram" and layer.color_by not in ("direction", SOLID)
+            )
             self.colormap.setEnabled(scalar)
             self.vmin.setEnabled(scalar)
             self.vmax.setEnabled(scalar)
@@ -266,7 +267,8 @@ class LayerPanel(QWidget):
             self.vmax.setValue(layer.clim[1])
             self.color_by.clear()
             if layer.kind == "tractogram":
-                self.color_by.addItems(["direction", *layer.data.streamline_scalars, *layer.data.point_scalars])
+                solid = [SOLID] if layer.color else []  # a named bundle's own colour
+                self.color_by.addItems(["direction", *solid, *layer.data.streamline_scalars, *layer.data.point_scalars])
             elif layer.kind == "tensor":
                 self.color_by.addItems(["direction", "fa"])
                 self.glyph.setCurrentText(layer.glyph)

@@ -1,7 +1,11 @@
 """A form generated from a parameter dataclass (label, tooltip, unit, limits and choices come
 from each field's metadata, ``gpu.params.meta``; a str field whose metadata names ``several``
 choices holds any of them, comma-separated, and gets a check box each), and :func:`spin_for`, a spin box whose
-default and range are a dataclass field's, for panels that lay out a parameter by hand."""
+default and range are a dataclass field's, for panels that lay out a parameter by hand.
+
+A form starts at the window's presets (:func:`app.params.gui_preset`: the default unless one is
+declared), and shows a field in the window's unit (:mod:`app.window_units`: a cosine threshold in
+degrees); :meth:`ParamsForm.values` and :meth:`ParamsForm.set_values` speak the dataclass's units."""
 
 from __future__ import annotations
 
@@ -19,7 +23,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from tractlens.app.params import default_of, field_of
+from tractlens.app.params import default_of, field_of, gui_preset
+from tractlens.app.window_units import (
+    DEGREES,
+    choice_words,
+    from_window,
+    to_window,
+    window_default,
+    window_limits,
+    window_unit,
+)
 
 UNIT_WORDS = {"vox": "voxels"}  # a unit as the panels spell it
 
@@ -31,15 +44,23 @@ class ParamsForm(QWidget):
         super().__init__(parent)
         self.params_type = params_type
         self.editors: dict[str, QWidget] = {}
+        # (value shown, the dataclass's value) of a converted field until it is edited: 78.5° is
+        # the default cosine 0.2 exactly, not cos(78.5°) = 0.1994
+        self._exact: dict[str, tuple[float, float]] = {}
         layout = QFormLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        defaults = params_type()
         for spec in dataclasses.fields(params_type):
             meta = spec.metadata
-            default = getattr(defaults, spec.name)
+            default = window_default(params_type, spec.name)
             options = (choices or {}).get(spec.name) or (meta.get("choices") if isinstance(default, str) else None)
+            words = choice_words(params_type, spec.name)
             if meta.get("several"):
                 editor = _Several(meta["several"], default)
+            elif words:  # a numbered choice, offered by name (its number is the data)
+                editor = QComboBox()
+                for value, text in words.items():
+                    editor.addItem(text, value)
+                editor.setCurrentIndex(editor.findData(default))
             elif isinstance(default, tuple):
                 editor = _Numbers(default)
             elif options:
@@ -56,16 +77,18 @@ class ParamsForm(QWidget):
                 editor.setValue(default)
             else:
                 editor = QDoubleSpinBox()
-                lo, hi = meta.get("limits") or (-1e9, 1e9)
-                decimals = 3 if hi <= 1.0 else 2
-                while decimals < 6 and any(round(v, decimals) != v for v in (lo, float(default))):
+                lo, hi = window_limits(params_type, spec.name) or (-1e9, 1e9)
+                unit = window_unit(params_type, spec.name)
+                decimals = 1 if unit == DEGREES else 3 if hi <= 1.0 else 2
+                while decimals < 6 and unit != DEGREES and any(round(v, decimals) != v for v in (lo, float(default))):
                     decimals += 1  # the limits and the default are shown as they are, not rounded
                 editor.setDecimals(decimals)
                 editor.setRange(lo, hi)
                 editor.setSingleStep(0.05 if hi <= 1.0 else 0.5 if hi <= 10 else 5.0)
                 editor.setValue(float(default))
-                if meta.get("unit"):
-                    editor.setSuffix(f" {UNIT_WORDS.get(meta['unit'], meta['unit'])}")
+                self._remember(spec.name, editor, gui_preset(params_type, spec.name))
+                if unit:
+                    editor.setSuffix(unit if unit == DEGREES else f" {UNIT_WORDS.get(unit, unit)}")
                 if lo == 0 and "0 = off" in meta.get("help", ""):
                     editor.setSpecialValueText("off")  # not "0.00 mm", which reads as a length
             editor.setObjectName(f"param_{spec.name}")
@@ -79,14 +102,19 @@ class ParamsForm(QWidget):
             if isinstance(editor, _Several | _Numbers):
                 out[name] = editor.value() if isinstance(editor, _Numbers) else editor.text()
             elif isinstance(editor, QComboBox):
-                out[name] = editor.currentText()
+                out[name] = editor.currentText() if editor.currentData() is None else editor.currentData()
             elif isinstance(editor, QCheckBox):
                 out[name] = editor.isChecked()
             elif isinstance(editor, QSpinBox):
                 out[name] = editor.value()
             else:
-                out[name] = editor.value()
+                shown, exact = self._exact.get(name, (None, None))
+                out[name] = exact if editor.value() == shown else from_window(self.params_type, name, editor.value())
         return out
+
+    def _remember(self, name: str, editor: QDoubleSpinBox, value) -> None:
+        if to_window(self.params_type, name, value) != value:
+            self._exact[name] = (editor.value(), value)
 
     def value(self):
         """The parameters as the dataclass (raises ValueError with the engine's message)."""
@@ -98,13 +126,15 @@ class ParamsForm(QWidget):
             if isinstance(editor, _Several | _Numbers):
                 editor.set_text(value if isinstance(editor, _Several) else " ".join(str(v) for v in value))
             elif isinstance(editor, QComboBox):
-                editor.setCurrentText(value)
+                index = editor.findData(value)
+                editor.setCurrentIndex(index) if index >= 0 else editor.setCurrentText(value)
             elif isinstance(editor, QCheckBox):
                 editor.setChecked(bool(value))
             elif isinstance(editor, QSpinBox):
                 editor.setValue(int(value))
             else:
-                editor.setValue(float(value))
+                editor.setValue(float(to_window(self.params_type, name, value)))
+                self._remember(name, editor, value)
 
 
 class _Several(QWidget):

@@ -57,7 +57,7 @@ from tractlens.app.pipelines.connectivity import (
 
 from .envelope_display import envelope_rows, is_envelope
 from .job_panel import JobPanelBase
-from .layer_combo import LayerCombo
+from .layer_combo import LayerCombo, named_with_kind
 from .params_form import limits_of
 
 SAFETY_MAP = "safety"
@@ -93,7 +93,7 @@ class LesionCombo(LayerCombo):
         self.blockSignals(True)
         self.clear()
         for layer in layers:
-            self.addItem(f"{layer.name}  [{layer.kind}]")
+            self.addItem(named_with_kind(layer))
         self.setCurrentIndex(layers.index(self._chosen) if self._chosen is not None else -1)
         self.setPlaceholderText(NO_LESION)
         self.blockSignals(False)
@@ -250,7 +250,7 @@ class PresurgicalPanel(JobPanelBase):
         device, clim, affine = self.device, self.clim, lesion.data.affine.copy()
         lesion_name = lesion.name
         token = self._next_token()
-        self.status.setText(f"Distance of {len(tracts)} tractogram(s) to {lesion.name}…")
+        self.status.setText(f"Distance of {_tractograms(len(tracts))} to {lesion.name}…")
         mask = lesion_mask(lesion, self.lesion_threshold(lesion)).copy()  # a snapshot: it may be edited meanwhile
         if not mask.any():
             return self._refuse(f"The lesion {lesion.name} has no voxel: draw it, or lower the threshold.")
@@ -324,7 +324,7 @@ class PresurgicalPanel(JobPanelBase):
                 else "no streamline to measure (0 streamlines)"
             )
             self.status.setText(
-                f"Distance to {lesion_name}: {len(self.measured)} tractogram(s); {where}. "
+                f"Distance to {lesion_name}: {_tractograms(len(self.measured))}; {where}. "
                 f"Coloured red within the {self.margin_mm:g} mm margin, green beyond."
             )
 
@@ -424,3 +424,7 @@ class PresurgicalPanel(JobPanelBase):
         layer = next((layer for layer in self.document.layers if layer.name == name), None)
         if layer is not None and layer in lesion_choices(self.document.layers, scalar_maps=self.lesion_box.scalar_maps):
             self.lesion_box.choose(layer)
+
+
+def _tractograms(count: int) -> str:
+    return f"{count} tractogram" + ("" if count == 1 else "s")

@@ -17,6 +17,9 @@ GUI thread runs marching cubes over that crop, because VTK filters must not run 
 while the views render (that can deadlock). A cancel keeps the last totals shown; Track again
 replaces the layer.
 
+The curvature threshold is shown and edited in degrees ("Max angle", as the other panels), the
+dataclass's cosine converted by :mod:`app.window_units`.
+
 Live mode (the "live" switch, as the geodesic panel's): every stroke on a seed, target,
 waypoint, exclusion or stop ROI re-tracks. The stale run is cancelled; strokes that come while
 a run has not drawn its first pass yet are gathered into one re-track that starts as soon as it
@@ -30,8 +33,8 @@ the matrix) like the command line, on a worker.
 The engine runs sample k of every seed voxel before sample k + 1 (``gpu.probabilistic``), so
 each running total is an even sample of the whole seed region and only grows denser.
 
-The panel starts with 1000 samples per seed voxel, not probtrackx's 5000 (the command line's
-default): a first look at where the paths go fills in five times sooner (on the CPU the NumPy
+The panel starts with 1000 samples per seed voxel (``app.params.GUI_PRESETS``, which the form
+starts from), not probtrackx's 5000 (the command line's default): a first look at where the paths go fills in five times sooner (on the CPU the NumPy
 engine tracks some thousand streamlines a second), and the distribution's shape is already
 clear; set 5000 for the numbers to report.
 """
@@ -70,6 +73,7 @@ from tractlens.app.pipelines.probabilistic import (
 )
 from tractlens.app.pipelines.track_probabilistic import ProbInputs, ProbUpdate, track_probabilistic
 from tractlens.app.regions import RoiCopy, roi_snapshot
+from tractlens.app.window_words import computed_on, seconds
 
 from . import dialogs
 from .envelope_display import envelope_layers, show_envelopes
@@ -80,7 +84,6 @@ from .tracking_panel import no_seed_message
 RESULT_NAME = "probabilistic paths"
 PARTIAL_INTERVAL_S = 0.25  # at most four screen updates a second while refining (the first pass: at once)
 LIVE_ROLES = ("seed", "target", "waypoint", "exclusion", "stop")  # strokes on these re-track in live mode
-GUI_N_SAMPLES = 1000  # a first look (see the module docstring); probtrackx's default is 5000
 ISO_PERCENT = 5.0  # default isosurface level, % of the maximum
 SLICE_FLOOR = 0.01  # slices: voxels below 1 % of the maximum are transparent (and at least 1 streamline)
 ISO_COLOUR = (1.0, 0.6, 0.1)  # the top of the hot colour map, so 3-D and slices agree
@@ -185,13 +188,12 @@ class ProbabilisticPanel(JobPanelBase):
         self._live_pending: float | None = None
 
         self.form = ParamsForm(ProbParams, {"waycond": ("AND", "OR")})
-        self.form.set_values(n_samples=GUI_N_SAMPLES)
         self.iso_percent = QDoubleSpinBox()
         self.iso_percent.setObjectName("iso_percent")
         self.iso_percent.setRange(0.1, 100.0)
         self.iso_percent.setDecimals(1)
         self.iso_percent.setSingleStep(1.0)
-        self.iso_percent.setSuffix(" %")
+        self.iso_percent.setSuffix(" % of max")
         self.iso_percent.setValue(ISO_PERCENT)
         self.iso_percent.setToolTip("The 3-D surface encloses the voxels visited by at least this share of the maximum")
         self.iso_label = QLabel("")
@@ -214,13 +216,13 @@ class ProbabilisticPanel(JobPanelBase):
             "a newer stroke cancels the older run"
         )
         display = QFormLayout()
-        display.addRow("Isosurface at % of max", self.iso_percent)
+        display.addRow("Isosurface at", self.iso_percent)
         display.addRow("", self.iso_label)
         display.addRow(self.live)
-        envelope_row = QHBoxLayout()
-        envelope_row.addWidget(self.envelope_levels)
-        envelope_row.addWidget(self.envelope_button)
-        display.addRow("Envelopes at %", envelope_row)
+        # the levels on a row of their own, the button under them: beside it at 1280 px the field
+        # was cut to ",90,95"
+        display.addRow("Envelopes at %", self.envelope_levels)
+        display.addRow("", self.envelope_button)
         display.addRow("", self.envelope_label)
         self.track_button = QPushButton("Track")
         self.track_button.setObjectName("track_probabilistic")
@@ -456,7 +458,7 @@ class ProbabilisticPanel(JobPanelBase):
         self._rate = prov.get("streamlines_per_s") or self._rate
         text = (
             f"Done: {self._counts()} {len(shown.run.seeds):,} seed voxels, "
-            f"{prov.get('tracking_s', 0.0):.2f} s on {prov.get('backend', '?')} ({prov.get('device', '?')})."
+            f"{seconds(prov.get('tracking_s', 0.0))} {computed_on(prov)}."
         )
         if shown.result.streamlines and not shown.result.waytotal:  # an empty result: its cause first
             rule = "passed every waypoint region" if shown.run.n_waypoints else "avoided the exclusion region and loops"

@@ -41,6 +41,7 @@ from tractlens.app.report_data import (
 from tractlens.app.selection import shown_of
 from tractlens.app.statistics import StatisticsTable, layer_statistics
 from tractlens.app.tractogram import first_column
+from tractlens.app.window_words import device_choice
 
 from .envelope_display import envelope_rows
 
@@ -150,7 +151,7 @@ def gather(
         extra.append((f"connectivity ({connectivity.matrix.measure})", heatmap.grab().toImage()))
     reference = next((layer.provenance.get("file") for layer in doc.layers if layer.provenance.get("file")), "")
     subtitle = [
-        f"{time.strftime('%Y-%m-%d %H:%M')} · TractLens {__version__} · compute device: {window.device}",
+        f"{time.strftime('%Y-%m-%d %H:%M')} · TractLens {__version__} · compute device: {device_choice(window.device)}",
         f"data: {reference or '(none loaded)'}",
         cursor_text,
     ]

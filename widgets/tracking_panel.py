@@ -46,6 +46,7 @@ from tractlens.app.pipelines.track import (
 )
 from tractlens.app.regions import regions_on_grid, roi_snapshot
 from tractlens.app.selection import shown_of
+from tractlens.app.window_words import computed_on, seconds
 
 from . import dialogs
 from .direction_field import DirectionFieldChoice
@@ -332,19 +333,12 @@ class DeterministicPanel(TrackingPanel):
 
     def _summary_text(self, prov: dict) -> str:
         text = (
-            f"{prov['streamlines']:,} streamlines from {prov['seeds']:,} seeds in {prov['tracking_s']:.2f} s "
+            f"{prov['streamlines']:,} streamlines from {prov['seeds']:,} seeds in {seconds(prov['tracking_s'])} "
             f"{computed_on(prov)}."
         )
         if prov["streamlines_removed_by_rois"]:
             text += f" {prov['streamlines_removed_by_rois']:,} removed by the target, waypoint and exclusion ROIs."
         return text
-
-
-def computed_on(prov: dict) -> str:
-    """Where a run was computed, in words: "on the CPU", "on the GPU (NVIDIA H100 80GB HBM3)"."""
-    if str(prov.get("backend", "")).lower() in ("cpu", "numpy", ""):
-        return "on the CPU"
-    return f"on the GPU ({prov['device']})" if prov.get("device") else "on the GPU"
 
 
 def no_seed_message(document: Document, otherwise: str) -> str:
@@ -555,7 +549,7 @@ class GeodesicPanel(TrackingPanel):
         reached = "" if prov["reached_target"] is None else f", {prov['reached_target']} reached the target"
         return (
             f"{prov['fibers']:,} streamlines{reached}; {prov['steps'] / 1e6:.1f} million steps in "
-            f"{prov['tracking_s']:.2f} s {computed_on(prov)}."
+            f"{seconds(prov['tracking_s'])} {computed_on(prov)}."
         )
 
     # ---------------------------------------------------------------- top x %

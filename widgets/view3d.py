@@ -1,11 +1,10 @@
 """The 3-D view: the three cursor slice planes and the tractograms, in world millimetres.
 
-One place owns the plotter (MNE's brain viewer pattern): actors are created once
-per layer and updated in place. Slice planes are coloured by the same
-compositing as the 2-D views (:func:`widgets.render.composite`); tensor, fODF and
-dyads layers are one glyph actor each on those planes, rebuilt when the cursor
-moves (tensor glyphs on a worker thread, at most
-:data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane). Each
+One place owns the plotter (MNE's brain viewer pattern): actors are created once per layer and
+updated in place. Slice planes (at the finest visible image's resolution, as the slice views) are
+coloured by the same compositing as the 2-D views (:func:`widgets.render.composite`); tensor, fODF
+and dyads layers are one glyph actor each on those planes, rebuilt when the cursor moves (tensor
+glyphs on a worker thread, at most :data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane). Each
 tractogram's points go to the GPU once and levels of detail and selections are index ranges over
 them (:mod:`widgets.view3d_fibers`), the level drawn stated on screen.
 """
@@ -27,7 +26,7 @@ from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 from .fod_glyphs import volume_glyph_job
 from .glyph_instances import glyph_actor, is_instances, show_instances
 from .glyphs import LatestTask, stick_mesh, stick_segments
-from .render import composite, plane_geometry
+from .render import composite, display_oversample, oversampled_voxels, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 from .view3d_fibers import FiberView
 from .view3d_overlays import add_orientation_marker
@@ -189,12 +188,17 @@ class View3D(FiberView, QWidget):
         # With no image shown the planes would be opaque black sheets hiding the fibres and ROI
         # surfaces behind them (ROIs have their own surfaces in 3-D): hide them then.
         any_volume = any(layer.visible and layer.kind in (*SCALAR_KINDS, "rgb", "labels") for layer in doc.layers)
+        # an image finer than the reference grid (a 1 mm T1 over 2 mm DWI) shows at its own resolution
+        factor = display_oversample(doc)
         for view in ("axial", "coronal", "sagittal"):
             geometry = plane_geometry(doc, view)
-            height, width = geometry.voxels.shape[:2]
-            rgb = composite(doc, geometry)
-            points = geometry.voxels.reshape(-1, 3).astype(np.float64)
+            voxels = oversampled_voxels(geometry, factor)
+            height, width = voxels.shape[:2]
+            rgb = composite(doc, geometry, factor)
+            points = voxels.reshape(-1, 3).astype(np.float64)
             points = points @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3]
+            if view in self._planes and tuple(self._planes[view][0].dimensions) != (width, height, 1):
+                self.plotter.remove_actor(self._planes.pop(view)[1], render=False)  # another resolution
             if view not in self._planes:
                 grid = pv.StructuredGrid()
                 grid.points = points

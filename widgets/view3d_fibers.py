@@ -18,6 +18,7 @@ import time
 from vtkmodules.vtkRenderingCore import vtkTextActor
 
 from tractlens.app.fiber_arrays import LEVELS
+from tractlens.app.layers import SOLID
 from tractlens.app.model import Layer
 
 from .fiber_actors import FiberActors, draws_nothing, lookup_table
@@ -175,13 +176,16 @@ class FiberView:
     def _colour_fibers(self, entry: dict) -> None:
         """The layer's colouring: the mappers' colour array and lookup table (points untouched)."""
         layer, scene = entry["layer"], entry["scene"]
-        key = (layer.color_by, layer.colormap, layer.clim)
+        key = (layer.color_by, layer.colormap, layer.clim, layer.color)
         if entry["colour"] == key:
             return
         entry["colour"] = key
         self._drop_bar(entry)
         if layer.color_by == "direction":
             scene.colour("direction")
+            return
+        if layer.color_by == SOLID:  # a named bundle in its colour
+            scene.solid(layer.color)
             return
         values, kind = self.document.fiber_arrays.scalar(layer, layer.color_by)
         lut = lookup_table(layer.colormap, layer.clim)

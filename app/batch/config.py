@@ -117,6 +117,9 @@ def _placeholders(name: str) -> list[str]:
         "commit": ["--dwi", "d.nii.gz", "--tractogram", "t.trx"],
         "connectome": ["t.trx", "--labels", "l.nii.gz"],
         "profile": ["t.trx", "--map", "m.nii.gz"],
+        "register": ["dwi.nii.gz", "mni"],
+        "bundles": ["--samples", "s", "--registration", "r"],
+        "profiles": ["--bundles", "b", "--map", "FA=m.nii.gz"],
     }[name]
 
 

@@ -4,7 +4,10 @@
   pipelines use their own threads; Dask's nanny keeps BLAS at one thread per process);
 * ``--gpus N``: dask-cuda's ``LocalCUDACluster``, one worker per GPU, each pinned to its device
   (``CUDA_VISIBLE_DEVICES`` rotated per worker), with ``NCCL_NVLS_ENABLE=0`` in the workers'
-  environment (NVLink multicast off);
+  environment (NVLink multicast off). Without dask-cuda (it pins its own dask and RAPIDS
+  packages, which a machine may not have): a ``distributed.LocalCluster`` of N worker processes,
+  each pinned to one GPU by a worker plugin (:class:`app.batch.gpu_pin.PinGpu`) that sets its
+  ``CUDA_VISIBLE_DEVICES`` before any task (nothing in a worker touches CUDA before one);
 * ``--cluster slurm|pbs|sge --cluster-config F``: dask-jobqueue's cluster of that scheduler,
   its arguments from ``F`` (TOML or YAML), scaled to ``jobs`` batch jobs;
 * ``--scheduler ADDRESS``: an existing scheduler (``tcp://host:8786``) and its workers.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import logging
 import os
@@ -44,6 +48,8 @@ class ClusterChoice:
     #: set in this process before the cluster starts; local worker processes inherit it
     #: (LocalCUDACluster replaces a worker ``env`` of its own with CUDA_VISIBLE_DEVICES)
     environ: dict = field(default_factory=dict)
+    #: one device per worker, pinned by :class:`app.batch.gpu_pin.PinGpu` (a LocalCluster without dask-cuda)
+    pin_gpus: list = field(default_factory=list)
 
     @property
     def description(self) -> str:
@@ -72,14 +78,19 @@ def cluster_arguments(
                 f"--gpus {gpus}, but CUDA_VISIBLE_DEVICES shows {len(visible)} ({','.join(visible)})",
                 fix="Ask for fewer GPUs, or widen CUDA_VISIBLE_DEVICES",
             )
-        kwargs = {  # the first N of the devices this process may use
-            "CUDA_VISIBLE_DEVICES": ",".join(visible[:gpus] if visible else (str(i) for i in range(gpus))),
+        devices = visible[:gpus] if visible else [str(i) for i in range(gpus)]  # the first N this process may use
+        kwargs = {
+            "CUDA_VISIBLE_DEVICES": ",".join(devices),
             "n_workers": gpus,
             "threads_per_worker": 1,
             "dashboard_address": ":0",
             "silence_logs": logging.ERROR,
         }
-        return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV))
+        if importlib.util.find_spec("dask_cuda") is not None:
+            return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV))
+        del kwargs["CUDA_VISIBLE_DEVICES"]
+        return ClusterChoice("distributed", "LocalCluster", {**kwargs, "processes": True}, device="gpu",
+                             environ=dict(GPU_WORKER_ENV), pin_gpus=devices)  # fmt: skip
     count = workers or max(1, (os.cpu_count() or 2) // 2)
     if count < 1:
         raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
@@ -206,7 +217,12 @@ def connect(address: str | None, choice: ClusterChoice | None):
             raise InputError(f"cannot reach the Dask scheduler at {address} ({exc})",
                              fix="Check the address (tcp://host:8786) and that the scheduler runs") from None  # fmt: skip
     cluster = start_cluster(choice)
-    return Client(cluster), cluster
+    client = Client(cluster)
+    if choice.pin_gpus:
+        from .gpu_pin import PinGpu
+
+        client.register_plugin(PinGpu(choice.pin_gpus, choice.environ), name="tractlens-pin-gpu")
+    return client, cluster
 
 
 @contextlib.contextmanager

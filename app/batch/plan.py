@@ -92,7 +92,7 @@ def build_plan(
             argv = step_argv(name, one, inputs, options, device)
             raw = (
                 {"dwi": one.dwi, "bval": one.bval, "bvec": one.bvec}
-                if name in ("fit-dti", "fit-ballstick", "commit")
+                if name in ("fit-dti", "fit-ballstick", "commit", "register")
                 else {}
             )
             every = {**{k: str(v) for k, v in raw.items() if v is not None},

@@ -28,7 +28,15 @@ from ..cli.options import params_from_args
 from ..cli.parameter_flags import cli_flags
 from ..cli.parser import build_command_parser
 from ..errors import InputError
-from ..params import ConnectomeParams, ProbOutputParams, ProfileParams, SeedingParams, TractogramOutputParams
+from ..params import (
+    ConnectomeParams,
+    ProbOutputParams,
+    ProfileParams,
+    ProfileTableParams,
+    RegisterParams,
+    SeedingParams,
+    TractogramOutputParams,
+)
 from ..pipelines.dti import DTI_MAPS, DTI_PREFIX
 from .dataset import Series
 from .naming import alphanumeric
@@ -56,13 +64,19 @@ class StepSpec:
     rename: Callable[[str, str, dict], str | None] | None = None
     #: ``(series, inputs, options) -> argv`` after the command words, without ``-o``
     arguments: Callable[[Series, dict[str, Path], dict], list[str]] = lambda s, i, o: []
+    #: A parser of the step's own for a step that is not a ``tractlens`` subcommand here (its
+    #: ``func`` runs the step), and what of its parsed line the provenance keeps.
+    parser: Callable[[], argparse.ArgumentParser] | None = None
+    record: Callable[[argparse.Namespace], dict] | None = None
+    #: config keys besides the dataclasses' flags and the file options
+    extra_keys: tuple[str, ...] = ()
 
     @property
     def config_keys(self) -> tuple[str, ...]:
         """The keys a config's ``[step]`` table may hold: the dataclasses' flag names, the file
         options and ``device``."""
         keys = [flag.lstrip("-") for t in self.params for f in dataclasses.fields(t) for flag in cli_flags(t, f.name)]
-        return (*keys, *self.file_keys, "device")
+        return (*keys, *self.extra_keys, *self.file_keys, "device")
 
 
 #: fit-dti's maps (dtifit's names, ``dti_FA.nii.gz``...), each a ``param-`` of the tensor model
@@ -138,6 +152,41 @@ def _profile_arguments(series: Series, inputs: dict[str, Path], options: dict) -
     return argv if "map" in options else [*argv, "--map", str(inputs["fa"])]
 
 
+#: The space of the MNI152 template the register step registers to (FSL's, as TemplateFlow names it).
+MNI_SPACE = "MNI152NLin6Asym"
+
+#: fit-dti's maps the profiles step profiles (pyAFQ's DTI scalars).
+PROFILE_METRICS = ("FA", "MD", "AD", "RD")
+
+
+def _register_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    # the DWI's mean b=0 onto the template; SyN unless the config chooses another type
+    return [str(series.dwi), "mni", *([] if "type" in options else ["--type", "syn"])]
+
+
+def _bundles_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    return ["--samples", str(inputs["samples"]), "--registration", str(inputs["registration"])]
+
+
+def _profiles_arguments(series: Series, inputs: dict[str, Path], options: dict) -> list[str]:
+    maps = [w for m in PROFILE_METRICS for w in ("--map", f"{m}={inputs[m.lower()]}")]
+    table = [] if "subject" in options else ["--subject", f"sub-{series.subject}"]
+    table += [] if "session" in options else ["--session", f"ses-{series.session}" if series.session else ""]
+    return ["--bundles", str(inputs["bundles"]), *maps, *table]
+
+
+def _bundles_parser() -> argparse.ArgumentParser:
+    from .bundles_step import bundles_parser
+
+    return bundles_parser()
+
+
+def _bundles_record(args: argparse.Namespace) -> dict:
+    from .bundles_step import bundles_record
+
+    return bundles_record(args)
+
+
 STEPS: dict[str, StepSpec] = {
     spec.name: spec
     for spec in (
@@ -164,6 +213,13 @@ STEPS: dict[str, StepSpec] = {
         StepSpec("profile", ("profile",), (ProfileParams,), ("map",), ("track-deterministic", "fit-dti"), False,
                  lambda p, o: {"profile": f"{p}_space-dwi_param-{_map_name(o)}_desc-deterministic_profile.csv"},
                  None, _profile_arguments),
+        StepSpec("register", ("register",), (RegisterParams,), (), (), False,
+                 lambda p, o: {"registration": f"{p}_from-dwi_to-{MNI_SPACE}_xfm"}, None, _register_arguments),
+        StepSpec("bundles", ("bundles",), (), (), ("fit-ballstick", "register"), False,
+                 lambda p, o: {"bundles": f"{p}_space-dwi_desc-bundles_tractography"}, None, _bundles_arguments,
+                 parser=_bundles_parser, record=_bundles_record, extra_keys=("bundles", "seed-rng")),
+        StepSpec("profiles", ("profile",), (ProfileParams, ProfileTableParams), (), ("bundles", "fit-dti"), False,
+                 lambda p, o: {"profiles": f"{p}_space-dwi_desc-bundles_profiles.csv"}, None, _profiles_arguments),
     )
 }  # fmt: skip
 
@@ -174,6 +230,8 @@ READS: dict[str, dict[str, tuple[str, str]]] = {
     "commit": {"tractogram": ("track-deterministic", "tractogram")},
     "connectome": {"tractogram": ("track-deterministic", "tractogram"), "weights": ("commit", "weights")},
     "profile": {"tractogram": ("track-deterministic", "tractogram"), "fa": ("fit-dti", "fa")},
+    "bundles": {"samples": ("fit-ballstick", "samples"), "registration": ("register", "registration")},
+    "profiles": {"bundles": ("bundles", "bundles"), **{m.lower(): ("fit-dti", m.lower()) for m in PROFILE_METRICS}},
 }
 
 #: Inputs a step reads only when present (the COMMIT weights of a ``--weight commit`` connectome).
@@ -200,8 +258,10 @@ def parse_steps(text: str) -> list[str]:
 
 @cache
 def step_parser(name: str) -> argparse.ArgumentParser:
-    """The subcommand's own parser (options generated from the dataclasses)."""
+    """The subcommand's own parser (options generated from the dataclasses), or the step's own."""
 
+    if STEPS[name].parser is not None:
+        return STEPS[name].parser()
     parser = build_command_parser()
     for word in STEPS[name].command:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -259,4 +319,5 @@ def step_parameters(name: str, argv: list[str]) -> dict:
             fix=f"See tractlens {' '.join(STEPS[name].command)} --help",
         ) from None
     args.command = " ".join(STEPS[name].command)
-    return {t.__name__: dataclasses.asdict(params_from_args(t, args)) for t in STEPS[name].params}
+    record = STEPS[name].record(args) if STEPS[name].record is not None else {}
+    return {**{t.__name__: dataclasses.asdict(params_from_args(t, args)) for t in STEPS[name].params}, **record}

@@ -118,7 +118,11 @@ def _run_command(job: StepJob, stage: Path) -> dict:
         os.symlink(path, stage / "inputs" / alias)
         named[path] = str(stage / "inputs" / alias)
     argv = [out if word == OUTPUT else named.get(word, word) for word in job.argv] + ["--json"]
-    args = build_command_parser().parse_args(argv)
+    spec = STEPS[job.step]
+    if spec.parser is not None:  # a step that is not a subcommand here: its own parser, after its words
+        args = spec.parser().parse_args(argv[len(spec.command) :])
+    else:
+        args = build_command_parser().parse_args(argv)
     recorder().reset()  # this step's read/compute/write split in its summary, not the worker's earlier steps'
     stdout = io.StringIO()
     try:

@@ -9,8 +9,8 @@ The options that are parameters are generated from the parameter dataclasses
 (:mod:`.options`); one module per command group adds its subcommands:
 :mod:`.info` (info, demo-data), :mod:`.fit` (fit-dti, fit-ballstick), :mod:`.model` (fit-model), :mod:`.csd` (fit-csd), :mod:`.commit`,
 :mod:`.connectivity` (select, connectome, profile, distance), :mod:`.track`, :mod:`.stats`,
-:mod:`.dicom` (import-dicom, export-dicom), :mod:`.anatomy` (register, apply-transform, atlas) and
-:mod:`.batch` (the pipelines over a BIDS dataset, on Dask).
+:mod:`.dicom` (import-dicom, export-dicom), :mod:`.anatomy` (register, apply-transform, atlas),
+:mod:`.tractometry` (profile --bundles, plot-profiles) and :mod:`.batch` (the pipelines over a BIDS dataset, on Dask).
 """
 
 from __future__ import annotations

@@ -54,7 +54,13 @@ def add_parsers(sub, common) -> None:
     )
     a.add_argument("input", help="NIfTI/MGZ image, label or ROI image, or .trk/.tck/.trx")
     source = a.add_mutually_exclusive_group(required=True)
-    source.add_argument("--registration", metavar="DIR", help="a folder of tractlens register")
+    source.add_argument(
+        "--registration",
+        action="append",
+        metavar="DIR",
+        help="a folder of tractlens register; repeat it to chain registrations that meet at one image, in the "
+        "order the data goes (an MNI atlas to the DWI: --registration t1_to_mni --registration t1_to_dwi)",
+    )
     source.add_argument("--transform", action="append", metavar="FILE", help="another tool's transform file")
     a.add_argument(
         "--inverse-warp",
@@ -84,7 +90,13 @@ def add_parsers(sub, common) -> None:
         "the output; both serve as connectome --labels and as ROIs.",
     )
     t.add_argument("name", help="an atlas name, or 'list'")
-    t.add_argument("--registration", metavar="DIR", help="a registration of the subject to or from 'mni'")
+    t.add_argument(
+        "--registration",
+        action="append",
+        metavar="DIR",
+        help="a registration of the subject to or from 'mni'; repeat it to reach the reference's image through "
+        "another (--registration t1_to_mni --registration t1_to_dwi: the atlas on the DWI through the T1)",
+    )
     t.add_argument("--reference", metavar="IMAGE", help="the subject's image whose grid the labels take")
     t.add_argument("-o", "--output", help="labels NIfTI (the lookup table is written beside it as .tsv)")
     t.set_defaults(func=cmd_atlas)

@@ -43,7 +43,13 @@ def add_parsers(sub, common) -> None:
     p.add_argument("--session-label", nargs="+", metavar="LABEL", help="only these sessions")
     p.add_argument("--config", metavar="PARAMS.toml", help="parameters: [step] tables, keys = the step's flag names")
     p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: half the CPU cores)")
-    p.add_argument("--gpus", type=int, metavar="N", help="one worker per GPU through dask-cuda (LocalCUDACluster)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        metavar="N",
+        help="one worker per GPU: dask-cuda's LocalCUDACluster where installed, else a LocalCluster of one worker "
+        "process pinned to each GPU",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786")
     where.add_argument(
@@ -70,6 +76,7 @@ def _check_options(args) -> None:
 
 
 def cmd_batch(args) -> int:
+    from ..batch.cohort import write_cohort_profiles
     from ..batch.config import load_config
     from ..batch.dataset import find_series
     from ..batch.engines import cluster_arguments, connect, workers_without_main
@@ -104,10 +111,13 @@ def cmd_batch(args) -> int:
             if cluster is not None:
                 cluster.close()
             remove_staging(staging)
+    cohort = write_cohort_profiles(plan, results, derivatives)  # the profiles step's group table
     engine = args.scheduler or choice.description
     summary = {"bids_dir": str(bids_dir), "derivatives": str(derivatives), "pipeline": steps,
                "subjects": len(series), "cluster_start_s": round(started, 3),
                **summarise(results, wall_s=time.perf_counter() - start, engine=engine)}  # fmt: skip
+    if cohort is not None:
+        summary["cohort_profiles"] = cohort
     counts = summary["counts"]
     failures = "".join(f"\n  {f['subject']} {f['step']}: {f['reason']}" for f in summary["failed"])
     human = (
@@ -115,5 +125,7 @@ def cmd_batch(args) -> int:
         f"{counts['failed']} failed, {counts['not-run']} not run, in {summary['wall_s']:.1f} s on {engine}; "
         f"derivatives in {derivatives}{failures}"
     )
+    if cohort is not None:
+        human += f"\ncohort profiles of {len(cohort['subjects'])} subject-sessions: {cohort['output']}"
     emit(args, summary, human)
     return EXIT_SOME_FAILED if counts["failed"] or counts["not-run"] else EXIT_OK

@@ -41,6 +41,14 @@ def add_parsers(sub, common) -> None:
     )
     add_params(p, CommitParams)
     p.add_argument("--device", choices=DEVICES, default="auto", help="compute device (default: auto)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="split the operator by voxel rows over the first N GPUs of this host (a tractogram larger than one "
+        "GPU's memory; weights equal to one GPU's within float32). A GPU that fails is named and nothing is written",
+    )
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.set_defaults(func=cmd_commit)
 
@@ -61,6 +69,7 @@ def cmd_commit(args) -> int:
             peaks_frame=args.peaks_frame,
             params=params,
             device=args.device,
+            gpus=args.gpus,
             progress=Progress("commit", "iterations", quiet=args.quiet),
         )
     for note in result.notes:

@@ -11,7 +11,7 @@ from tractlens.gpu.backend import DEVICES, check_device
 
 from ..errors import InputError
 from ..io.outputs import check_output_file
-from ..params import ConnectomeParams, LesionDistanceParams, ProfileParams
+from ..params import ConnectomeParams, LesionDistanceParams, ProfileParams, ProfileTableParams
 from ._common import EXIT_OK, Progress, emit, log, require_streamlines
 from .options import add_params, params_from_args
 
@@ -59,16 +59,27 @@ def add_parsers(sub, common) -> None:
     p = sub.add_parser(
         "profile",
         parents=[common],
-        help="along-tract profile of a scalar map (FA, MD, ...) over a bundle: mean and sd at K points",
-        description="Streamlines are resampled to --points points equally spaced along their length (mm), "
-        "flipped to run the same way as the bundle's mean course, and the map is sampled trilinearly. The CSV "
-        "has point, position (0..1), mean, sd, n and the mean course in RAS mm.",
+        help="along-tract profiles of maps (FA, MD, NDI, ...) over a bundle, or over every named bundle",
+        description="Streamlines are resampled to --points nodes equally spaced along their length (mm), "
+        "flipped to run the same way as the bundle's mean course, each map is sampled trilinearly on its own "
+        "grid at the nodes' RAS mm, and the streamlines are averaged with pyAFQ's weights (--weighting "
+        "gaussian: the inverse Mahalanobis distance to the bundle's core; Yeatman et al. 2012). "
+        "TRACTOGRAM --map FILE (one unnamed map) writes the single-bundle CSV: point, position (0..1), mean, "
+        "sd, n and the mean course in RAS mm. --bundles OUTDIR (a tractlens bundles folder; all bundles or "
+        "--names), several maps, NAME=FILE maps or --fit DIR write the tidy table instead: columns subject, "
+        "session, bundle, node, metric, value (pyAFQ's; pandas.read_csv and seaborn take it as is; -o .json "
+        "for JSON). A bundle without streamlines keeps its rows with empty values and is named in the summary.",
     )
-    p.add_argument("tractogram", help="the bundle: .trk, .tck or .trx")
-    p.add_argument("--map", required=True, help="3-D scalar NIfTI (e.g. dti_FA.nii.gz of fit-dti)")
+    p.add_argument("tractogram", nargs="?", help="the bundle: .trk, .tck or .trx (or give --bundles)")
+    p.add_argument("--bundles", metavar="OUTDIR", help="a tractlens bundles folder: profile its bundles")
+    p.add_argument("--names", nargs="+", metavar="NAME", help="only these bundles of --bundles (default all)")
+    p.add_argument("--map", action="append", metavar="[NAME=]FILE",
+                   help="3-D scalar NIfTI (e.g. FA=dti_FA.nii.gz of fit-dti); repeat for several metrics")  # fmt: skip
+    p.add_argument("--fit", metavar="DIR", help="every 3-D map of a fit-dti or fit-model folder (FA, MD, NDI, ...)")
+    add_params(p, ProfileTableParams)
     add_params(p, ProfileParams)
     p.add_argument("--device", choices=DEVICES, default="auto")
-    p.add_argument("-o", "--output", required=True, help="profile CSV")
+    p.add_argument("-o", "--output", required=True, help="profile CSV (tidy form: .csv or .json)")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser(
@@ -188,22 +199,40 @@ def _read_weights(path) -> np.ndarray:
     return values
 
 
+def _tidy_form(args) -> bool:
+    """Whether ``profile`` writes the tidy table (bundles folder, several or named maps, a fit
+    folder) rather than the single-bundle CSV of one unnamed map."""
+    maps = args.map or []
+    return bool(args.bundles or args.fit or len(maps) != 1 or "=" in maps[0].split("/")[0])
+
+
 def cmd_profile(args) -> int:
     from ..io import load_tractogram, load_volume
     from ..pipelines.connectivity import compute_profile, profile_csv_text, write_text_atomic
 
+    if (args.tractogram is None) == (args.bundles is None):
+        raise InputError(
+            "give a tractogram or --bundles OUTDIR (one of them)",
+            fix="tractlens profile BUNDLE.trx --map FA.nii.gz, or tractlens profile --bundles OUTDIR --fit DTI_DIR",
+        )
+    if args.names and not args.bundles:
+        raise InputError("--names chooses bundles of --bundles", fix="Add --bundles OUTDIR, or drop --names")
+    if _tidy_form(args):
+        from .tractometry import cmd_profile_bundles
+
+        return cmd_profile_bundles(args)
     params = params_from_args(ProfileParams, args)
     check_device(args.device)
     check_output_file(args.output, "profile CSV")
-    volume = load_volume(args.map)
-    tract = load_tractogram(args.tractogram, reference=args.map)
+    volume = load_volume(args.map[0])
+    tract = load_tractogram(args.tractogram, reference=args.map[0])
     require_streamlines(tract, args.tractogram, "an along-tract profile")
-    result = compute_profile(tract, volume, params.n_points, device=args.device)
+    result = compute_profile(tract, volume, params.n_points, weighting=params.weighting, device=args.device)
     map_name = volume.name
     write_text_atomic(profile_csv_text(result, volume.affine, map_name), args.output)
     summary = {
         "input": str(args.tractogram),
-        "map": str(args.map),
+        "map": str(args.map[0]),
         "output": str(args.output),
         "mean": [None if not np.isfinite(v) else float(v) for v in result.mean],
         **result.provenance,

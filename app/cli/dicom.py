@@ -68,9 +68,11 @@ def add_parsers(sub, common) -> None:
     )
     p.add_argument(
         "--registration",
+        action="append",
         metavar="DIR",
         help="a registration between the diffusion data and the reference series (tractlens register): places "
-        "the bundles and the lesion on a reference of another frame of reference",
+        "the bundles and the lesion on a reference of another frame of reference; repeat it to chain "
+        "registrations that meet at one image",
     )
     add_params(p, DicomExportParams)
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="folder to write into")

@@ -12,6 +12,7 @@ from tractlens.gpu.backend import get_backend, gpu_status
 from tractlens.gpu.cuda import cache_dir
 
 from .. import __version__
+from ..kernel_cache import last_result, shipped_tags
 from ._common import EXIT_OK, emit
 
 
@@ -48,7 +49,17 @@ def cmd_info(args) -> int:
 
     summary["numpy"] = numpy.__version__
     summary["kernel_cache_dir"] = str(cache_dir())
-    human = f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}\nkernel cache: {cache_dir()}"
+    summary["shipped_kernels"] = shipped_tags()  # compiled ahead of time (app/kernel_cache.py)
+    if last_result():
+        summary["shipped_kernels_here"] = last_result()
+    shipped = ", ".join(summary["shipped_kernels"]) or "none"
+    human = (
+        f"TractLens {__version__}\nbackend: {summary['backend']}\n{human_gpu}\nkernel cache: {cache_dir()}"
+        f"\nshipped kernels: {shipped}"
+    )
+    if last_result():
+        done = last_result()
+        human += f" ({done['tag']} here: {done['status']}, {done['installed']} installed)"
     if args.compile:
         summary.update(_compile(ok, detail, args.quiet))
         human += "\n" + summary.pop("_human")
@@ -70,11 +81,23 @@ def _compile(gpu_ok: bool, reason: str, quiet: bool) -> dict:
     builds = compile_all(progress)
     total_s = time.perf_counter() - start
     lines = [f"  {b.build.label:<40} {b.build.method:<14} {b.seconds:7.2f} s" for b in builds]
-    return {
+    fields = {
         "compiled": [{"kernel": b.build.label, "method": b.build.method, "seconds": b.seconds} for b in builds],
         "compile_s": total_s,
-        "_human": "\n".join([f"compiled {len(builds)} GPU kernels in {total_s:.1f} s:", *lines]),
     }
+    from .. import rehearsal
+
+    if rehearsal.needed():  # CuPy's own kernels: the GPU commands once on the demo (app/rehearsal.py)
+        done = rehearsal.rehearse(reason, lambda i, n, label: progress(i, n, f"rehearsed {label}"))
+        fields["rehearsal"] = done
+        lines.append(
+            "CuPy's kernels: rehearsed before" if done["skipped"] else
+            f"CuPy's kernels: {len(done['ran'])} commands rehearsed on the demo in {done['seconds']:.1f} s"
+            + (f" ({', '.join(done['failed'])} failed: see the log)" if done["failed"] else "")
+        )  # fmt: skip
+    else:
+        lines.append("CuPy's kernels: installed from the shipped build")
+    return {**fields, "_human": "\n".join([f"compiled {len(builds)} GPU kernels in {total_s:.1f} s:", *lines])}
 
 
 def cmd_demo_data(args) -> int:

@@ -35,6 +35,7 @@ from ..params import (
     GeodesicSeedingParams,
     LesionDistanceParams,
     ProbOutputParams,
+    ProfileTableParams,
     RegisterParams,
     ReportParams,
     SeedingParams,
@@ -251,6 +252,10 @@ OPTIONS: dict[type, dict[str, Option | None]] = {
         "syn_iterations": Option(nargs="+", metavar="N"),
         "syn_radius": Option(metavar="N"),
         "rng_seed": Option(flags=("--seed-rng",), metavar="N"),
+    },
+    ProfileTableParams: {
+        "subject": Option(metavar="LABEL", default_text="the sub-XX in the paths, else empty"),
+        "session": Option(metavar="LABEL", default_text="the ses-YY in the paths, else empty"),
     },
     DicomImportParams: {
         "subject": Option(flags=("--subject",), metavar="LABEL"),

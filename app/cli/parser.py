@@ -8,6 +8,7 @@ import argparse
 
 from .. import __version__
 from .anatomy import add_parsers as add_anatomy
+from .bundles import add_parsers as add_bundles
 from .commit import add_parsers as add_commit
 from .connectivity import add_parsers as add_connectivity
 from .csd import add_parsers as add_csd
@@ -19,6 +20,7 @@ from .model import add_parsers as add_model
 from .options import add_option_aliases
 from .stats import add_parsers as add_stats
 from .track import add_parsers as add_track
+from .tractometry import add_parsers as add_tractometry
 
 
 def command_parsers() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction, argparse.ArgumentParser]:
@@ -46,6 +48,8 @@ def command_parsers() -> tuple[argparse.ArgumentParser, argparse._SubParsersActi
     add_stats(sub, common)
     add_dicom(sub, common)
     add_anatomy(sub, common)
+    add_tractometry(sub, common)
+    add_bundles(sub, common)
     return parser, sub, common
 
 

@@ -134,7 +134,8 @@ def _add_probabilistic(methods, common) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="share the streamlines out over the first N GPUs of this host (the same counts as on one GPU)",
+        help="share the streamlines out over the first N GPUs of this host (the same counts as on one GPU; "
+        "also for the connectome modes). A GPU that fails is named; the others take its share",
     )
     add_params(p, ProbOutputParams, only=("seed_matrix",))
     p.add_argument(
@@ -328,9 +329,13 @@ def cmd_track_probabilistic(args) -> int:
             raise InputError("--save-paths-max must be at least 1", fix="Give how many streamlines to save, e.g. 10000")
     from ..pipelines.connectome_modes import wants_connectome
 
+    if args.gpus < 1:
+        raise InputError(f"--gpus must be at least 1, got {args.gpus}", fix="Give how many GPUs to use, e.g. --gpus 2")
+    if args.gpus > 1 and args.device != "cpu":  # the other GPUs' contexts made while the files are read
+        from tractlens.gpu.multidevice import start_devices
+
+        start_devices(args.gpus)
     if wants_connectome(outputs, args.target2, args.target3, args.lrtarget3):
-        if args.gpus > 1:
-            raise InputError("--gpus: the connectome modes run on one GPU so far", fix="Leave out --gpus")
         return _track_connectome(args, params, outputs)
     warm_up_gpu_in_background(args, "probabilistic")
     with phase("compute"):  # the bedpostX folder and masks read inside count as read
@@ -430,7 +435,8 @@ def _track_connectome(args, params, outputs) -> int:
     for note in run.prob.notes:
         log.warning("%s", note)
     with phase("compute"):
-        result = run.track(device=args.device, progress=Progress("probabilistic", "streamlines", quiet=args.quiet))
+        result = run.track(device=args.device, gpus=args.gpus,
+                           progress=Progress("probabilistic", "streamlines", quiet=args.quiet))  # fmt: skip
     with phase("write"):
         files = write_connectome_outputs(run, result, args.output, argv=["tractlens", *sys.argv[1:]])
     summary = {"outdir": str(Path(args.output)), "files": sorted(Path(f).name for f in files.values())}

@@ -238,15 +238,51 @@ def load_dwi(
 ) -> DWI:
     """Load and validate a DWI series.
 
-    Finds ``name.bval``/``name.bvec`` beside ``name.nii.gz`` when not given.
-    Raises :class:`InputError` for: a missing or non-NIfTI file, a 3-D image,
-    missing gradient files, b-value/b-vector counts that differ from the
-    number of volumes, no b=0 volume (b <= ``b0_threshold``), non-unit or zero
-    b-vectors, and a damaged header or data (see :func:`~app.io.nifti.check_header`).
-    Voxels holding NaN/Inf are loaded and counted in ``warnings``; voxels without
-    signal at b=0 are loaded too and flagged by the fit, not here. ``read_only``: an
-    uncompressed file is mapped read-only (its pages can then leave the resident set once
-    read, :func:`~app.io._pages.release_pages`); writing into ``data`` raises.
+    Finds ``name.bval``/``name.bvec`` beside ``name.nii.gz`` (BIDS) when not given, else FSL's
+    ``bvals``/``bvecs`` in the same folder. A DICOM folder is converted (and cached) first.
+    Voxels holding NaN/Inf are loaded and counted in ``warnings``; voxels without signal at b=0
+    are loaded too and flagged by the fit, not here.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        4-D NIfTI (``.nii``, ``.nii.gz``), or a DICOM folder.
+    bval, bvec : str or os.PathLike, optional
+        FSL gradient files: b-values in s/mm², b-vectors in FSL's bvec frame (image axes, x
+        negated for a positive-determinant affine). Three rows or three columns.
+    b0_threshold : float
+        b-values at or below it (s/mm²) count as b=0.
+    read_only : bool
+        Map an uncompressed file read-only (its pages can leave the resident set once read);
+        writing into ``data`` then raises.
+
+    Returns
+    -------
+    DWI
+        ``data`` (X, Y, Z, K) float32, ``affine`` (voxel → RAS+ mm), ``bvals`` (K,) in s/mm²,
+        ``bvecs`` (K, 3) unit vectors in voxel axes, and the ``warnings`` of the checks.
+
+    Raises
+    ------
+    InputError
+        A missing or non-NIfTI file, a 3-D image, missing gradient files, counts that differ
+        from the number of volumes, no b=0 volume, zero or non-unit b-vectors (normalised with a
+        warning within 10 %), a damaged header or data; the message names the file and the fix.
+
+    References
+    ----------
+    .. [1] Jenkinson M, Beckmann CF, Behrens TE, Woolrich MW, Smith SM. FSL. NeuroImage
+       62:782-790 (2012): the bval/bvec conventions.
+
+    Examples
+    --------
+    >>> from tractlens.app.demo import demo_path
+    >>> from tractlens.app.io import load_dwi
+    >>> dwi = load_dwi(demo_path() / "dwi.nii.gz")  # finds dwi.bval and dwi.bvec beside it
+    >>> dwi.data.shape
+    (56, 56, 24, 68)
+    >>> sorted(set(dwi.bvals.round(-2).tolist()))
+    [0.0, 1000.0, 2000.0]
     """
     path = check_exists(path, "diffusion data")
     if path.is_dir():  # a DICOM folder: its diffusion series, converted (cached)

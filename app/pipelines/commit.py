@@ -22,8 +22,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.gpu import commit, commit_device, commit_host, commit_operator, commit_segments, commit_solver
-from tractlens.gpu.backend import get_backend
+from tractlens.gpu import (
+    commit,
+    commit_device,
+    commit_host,
+    commit_multi,
+    commit_operator,
+    commit_segments,
+    commit_solver,
+)
+from tractlens.gpu.backend import BackendError, get_backend, gpu_backends
 from tractlens.gpu.commit import CommitParams
 from tractlens.gpu.commit_operator import Problem
 from tractlens.gpu.engines import decide_device
@@ -218,20 +226,33 @@ def commit_pipeline(
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     max_block_segments: int | None = None,
+    gpus: int = 1,
 ) -> CommitResult:
     """Fit COMMIT to ``dwi`` with the streamlines of ``tractogram``. ``max_block_segments``:
     apply A and Aᵀ in blocks of voxel rows of at most that many segments (done by itself on
     the GPU when the problem does not fit in its free memory; on the CPU when even the
-    smallest blocks do not fit and ``device`` is ``"auto"``)."""
+    smallest blocks do not fit and ``device`` is ``"auto"``). ``gpus`` > 1: A split by voxel
+    rows over the first that many GPUs (:mod:`gpu.commit_multi`; no CPU fallback)."""
     fallback: list[str] = []
+    backends = _commit_gpus(gpus, device)
     max_iter = (params or CommitParams()).max_iter
     choice = decide_device("commit", len(tractogram.points) * max_iter, requested=device)  # segments ≈ points
     device = choice.argument
     result = run_with_cpu_fallback(
         lambda backend: _commit_pipeline(
-            dwi, tractogram, mask, peaks, peaks_frame, params, backend, progress, cancelled, max_block_segments
+            dwi,
+            tractogram,
+            mask,
+            peaks,
+            peaks_frame,
+            params,
+            backend,
+            progress,
+            cancelled,
+            max_block_segments,
+            backends,
         ),
-        device,
+        backends[0] if backends else device,
         fallback,
         "COMMIT filtering",
     )
@@ -240,8 +261,22 @@ def commit_pipeline(
     return result
 
 
+def _commit_gpus(gpus: int, device: str) -> list | None:
+    """The GPUs of ``commit --gpus N`` (None for one device), refused as the user can fix it."""
+    if gpus < 1:
+        raise InputError(f"--gpus must be at least 1, got {gpus}", fix="Give how many GPUs to use, e.g. --gpus 2")
+    if gpus == 1:
+        return None
+    if device == "cpu":
+        raise InputError("--gpus with --device cpu", fix="Leave out --device cpu, or --gpus")
+    try:
+        return gpu_backends(gpus)
+    except BackendError as exc:
+        raise InputError(str(exc), fix="Give --gpus at most the number of GPUs here (tractlens info)") from None
+
+
 def _commit_pipeline(
-    dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments
+    dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments, gpus=None
 ) -> CommitResult:
     params = params or CommitParams()
     notes: list[str] = []
@@ -312,7 +347,9 @@ def _commit_pipeline(
     n_rows = int(usable.sum())
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     y = _normalised_signal(dwi.data, b0, usable)  # a read-only mapped series' pages given back
-    if backend.is_gpu:
+    if gpus:  # split by voxel rows over several GPUs
+        op = commit_multi.SplitOperator(gpus, problem, notes=notes)
+    elif backend.is_gpu:
         op = commit_device.device_operator(backend, problem, max_segments=max_block_segments, notes=notes)
     elif max_block_segments is not None:
         op = commit_device.BlockedOperator(problem, commit_operator.NumpyOperator, max_block_segments)
@@ -354,6 +391,8 @@ def _commit_pipeline(
         "segments_on": "device" if seg.on_device else "host",
         "lipschitz": fit.lipschitz,
         "operator_blocks": len(op) if isinstance(op, commit_device.BlockedOperator) else 1,
+        "s_per_iteration": round(fit.seconds / max(1, fit.iterations), 5),
+        **(op.provenance() if gpus else {}),
     }
     return CommitResult(
         problem,

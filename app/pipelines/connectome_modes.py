@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.gpu.backend import BackendError, gpu_backends
 from tractlens.gpu.connectome import ConnectomeResult, ConnectomeSpec, track_connectome
 from tractlens.gpu.connectome_counts import SparseCounts
+from tractlens.gpu.connectome_split import track_connectome_split
 
 from ..errors import InputError
 from ..io import load_bedpostx, save_volume
@@ -77,23 +79,25 @@ class ConnectomeRun:
         chunk: int | None = None,
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        gpus: int = 1,
+        backends=None,
     ) -> ConnectomeResult:
+        """Count the modes; ``gpus`` > 1 shares the streamlines out over the first that many GPUs
+        of this host (:mod:`gpu.connectome_split`: the same counts as on one; a GPU that fails is
+        named). ``backends`` replaces those GPUs (tests: simulated GPUs)."""
         p = self.prob
-        return track_connectome(
-            p.field,
-            p.bits,
-            p.seeds,
-            p.params,
-            self.spec,
-            distthresh=self.options.distthresh,
-            distthresh3=self.options.distthresh3,
-            lengths=self.options.pd or self.options.ompl,
-            n_waypoints=p.n_waypoints,
-            device=device,
-            chunk=chunk,
-            progress=progress,
-            cancelled=cancelled,
-        )
+        options = dict(distthresh=self.options.distthresh, distthresh3=self.options.distthresh3,
+                       lengths=self.options.pd or self.options.ompl, n_waypoints=p.n_waypoints, chunk=chunk,
+                       progress=progress, cancelled=cancelled)  # fmt: skip
+        if gpus > 1 or backends is not None:
+            try:
+                backends = backends or gpu_backends(gpus)
+            except BackendError as exc:
+                raise InputError(str(exc), fix="Give --gpus at most the number of GPUs here (tractlens info)") from None
+            result = track_connectome_split(p.field, p.bits, p.seeds, p.params, self.spec, backends, **options)
+            p.notes.extend(result.provenance.pop("notes", []))
+            return result
+        return track_connectome(p.field, p.bits, p.seeds, p.params, self.spec, device=device, **options)
 
 
 def wants_connectome(options: ProbOutputParams, *masks) -> bool:

@@ -214,10 +214,12 @@ class ProbabilisticRun:
         device: str = "auto",
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        device_field=None,
     ) -> tuple[Tractogram, int]:
         """The kept streamlines among ``most`` of the run's (all when there are fewer; else the
         first samples of every seed voxel alike), traced again with the run's random streams: (tractogram on the
-        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced)."""
+        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced). ``device_field``:
+        the samples already on the GPU (:func:`gpu.probabilistic_kernel.upload_field`)."""
         total = len(self.seeds) * self.params.n_samples
         positions = path_positions(total, most)
         lines, seed_of, kept = trace_paths(
@@ -230,6 +232,7 @@ class ProbabilisticRun:
             device=device,
             progress=progress,
             cancelled=cancelled,
+            device_field=device_field if get_backend(device).is_gpu else None,
         )
         chosen = [line for line, k in zip(lines, kept, strict=True) if k]
         tract = Tractogram.from_list(
@@ -259,8 +262,10 @@ class ProbabilisticRun:
         backends=None,
     ) -> ProbResult:
         """The run split over the first ``gpus`` GPUs of this host (:mod:`gpu.probabilistic_split`):
-        one contiguous range of streamlines each, totals summed on the host; the same counts as
-        on one GPU. ``backends`` replaces the GPUs (tests share one device, or the CPU, out)."""
+        chunks of streamlines handed out as the GPUs ask, the totals added on the first GPU; the
+        same counts as on one GPU. A GPU that fails is named; its share is tracked on the
+        others (a note says so) or, with none left, the run stops with that message and nothing
+        is written. ``backends`` replaces the GPUs (tests share one device, or simulated GPUs)."""
 
         try:
             backends = backends or gpu_backends(gpus)
@@ -272,6 +277,7 @@ class ProbabilisticRun:
             n_waypoints=self.n_waypoints, seed_matrix=self.seed_matrix, progress=progress, cancelled=cancelled,
         )  # fmt: skip
         seconds = time.perf_counter() - t0
+        self.notes.extend(result.provenance.pop("notes", []))  # a device that failed, named
         names = sorted({b.device_name for b in backends})
         result.provenance.update(
             backend=backends[0].name,

@@ -39,6 +39,7 @@ def warm_up_gpu(
     compile: Callable | None = None,
     gpu_status: Callable[[], tuple[bool, str]] | None = None,
     methods: tuple[str, ...] | None = None,
+    rehearse: bool | None = None,
 ) -> dict:
     """Import CuPy, check the device, and compile every kernel (:func:`gpu.warmup.compile_all`),
     or only those of ``methods`` (names of :func:`gpu.warmup.catalogue`'s builds).
@@ -46,6 +47,11 @@ def warm_up_gpu(
     Returns ``{"gpu": bool, "reason": str, "compiled": n, "seconds": s, "cancelled": bool}``;
     a GPU that cannot be used is a result (``gpu`` false), not an error. ``compile`` and
     ``gpu_status`` replace the engine's (tests without a GPU).
+
+    A whole warm-up (``methods`` None) then rehearses the GPU commands on the demo
+    (:func:`app.rehearsal.rehearse`: CuPy's own kernels), once per machine, where no kernels
+    shipped with TractLens matched it; ``rehearse`` forces it on or off (default: on with the
+    real compiler). The result then has ``rehearsal`` too.
     """
     # The kernel catalogue imports every engine: only a warm-up needs it, not every command that
     # imports this module (the pipelines wait for a background warm-up through it).
@@ -60,7 +66,14 @@ def warm_up_gpu(
     if methods is not None:  # a part only: compiled as the engine would, not counted as a whole warm-up
         builds = tuple(build for build in builds if build.method in methods)
         compile = compile or warmup.KernelBuild.compile
+    rehearse = (methods is None and compile is None) if rehearse is None else rehearse
     done = warmup.compile_all(progress, cancelled, builds=builds, compile=compile)
+    rehearsal = None
+    if rehearse and len(done) == len(builds):
+        from .. import rehearsal as _rehearsal
+
+        if _rehearsal.needed():
+            rehearsal = _rehearsal.rehearse(detail, progress, cancelled)
     seconds = time.perf_counter() - start
     log.info("GPU warm-up: %d of %d kernels ready in %.1f s", len(done), len(builds), seconds)
     return {
@@ -68,7 +81,8 @@ def warm_up_gpu(
         "reason": detail,
         "compiled": len(done),
         "seconds": seconds,
-        "cancelled": len(done) < len(builds),
+        "cancelled": len(done) < len(builds) or bool(rehearsal and rehearsal["cancelled"]),
+        **({"rehearsal": rehearsal} if rehearsal is not None else {}),
     }
 
 

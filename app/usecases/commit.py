@@ -127,11 +127,13 @@ def filter_with_commit(
     tractogram_name: str | os.PathLike | None = None,
     mask_name: str | None = None,
     notes: Sequence[str] = (),
+    gpus: int = 1,
 ) -> CommitResult:
     """Weigh ``tractogram``'s streamlines by how well they explain ``dwi``'s signal (COMMIT):
     the inputs checked (:func:`commit_inputs`), then :func:`app.pipelines.commit.commit_pipeline`.
     ``progress(iteration, max_iter)`` and ``cancelled()`` are passed on to the fit; ``notes``
-    (e.g. what reading the DWI found) come after the input checks' notes in the result's."""
+    (e.g. what reading the DWI found) come after the input checks' notes in the result's.
+    ``gpus`` > 1: the operator split by voxel rows over that many GPUs of this host."""
     inputs = commit_inputs(
         dwi, tractogram, mask=mask, peaks=peaks, tractogram_name=tractogram_name, mask_name=mask_name
     )
@@ -146,6 +148,7 @@ def filter_with_commit(
         progress=progress,
         cancelled=cancelled,
         max_block_segments=max_block_segments,
+        gpus=gpus,
     )
     result.notes[:0] = [*inputs.notes, *notes]
     return result
@@ -166,6 +169,7 @@ def commit_from_files(
     cancelled=None,
     max_block_segments: int | None = None,
     mapped: bool = True,
+    gpus: int = 1,
 ) -> tuple[CommitResult, str]:
     """Load the inputs (the tractogram on the DWI's grid when it has none: .tck) and
     :func:`filter_with_commit`; returns the result and the tractogram's suffix (for the filtered
@@ -194,5 +198,6 @@ def commit_from_files(
         max_block_segments=max_block_segments,
         tractogram_name=tractogram_path,
         notes=dwi.warnings,
+        gpus=gpus,
     )
     return result, split_suffix(Path(tractogram_path))[1].lower()

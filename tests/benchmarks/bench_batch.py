@@ -3,6 +3,7 @@ on HCP-sized synthetic subjects, one GPU against the machine's CPU cores, and wh
 
     python tests/benchmarks/bench_batch.py --outdir /scratch/batch --subjects 8 --json
     python tests/benchmarks/bench_batch.py --quick --outdir /tmp/batch-quick        # a small check, anywhere
+    python tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 3   # GPU scaling
 
 The subject is bench_e2e.py's (145×174×145 voxels of 1.25 mm, 288 volumes, float32 ``dwi.nii``,
 three crossing bundles; made once into ``--outdir`` and reused), with a parcellation of the brain
@@ -14,7 +15,9 @@ Measured, each engine in a fresh process as a user runs it:
 
 * ``plain``: the three single-subject commands one after the other, each its own process, on the
   engine's device: seconds per subject.
-* ``batch``: ``tractlens batch`` over N subjects — ``--gpus 1`` (skipped without a GPU) and
+* ``batch``: ``tractlens batch`` over N subjects — ``--gpus n`` for each n of ``--gpu-counts`` up
+  to the GPUs here (``--subjects-per-gpu`` × n subjects each when given; ``gpu_scaling``: subjects
+  per hour against n × the 1-GPU rate, with and without the cluster's start) and
   ``--workers W`` on the CPU (W = ``--cpu-workers``, default the cores, at most one per 12 GB of
   memory: a subject's fit holds ~5 GB) — wall time, subjects per hour, and the per-subject
   overhead: worker-seconds per subject in the batch (wall × workers / N) minus the plain
@@ -139,15 +142,40 @@ def batch_run(bids: Path, out: Path, config: Path, engine: list[str], env: dict,
     return row
 
 
-def has_gpu() -> bool:
+def gpu_count() -> int:
+    """GPUs here (nvidia-smi); 0 without. ``batch --gpus N`` uses dask-cuda where installed, else
+    a LocalCluster with one worker process pinned to each GPU (app.batch.engines)."""
     if shutil.which("nvidia-smi") is None:
-        return False
+        return 0
+    done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return len([line for line in done.stdout.splitlines() if line.strip()]) if done.returncode == 0 else 0
+
+
+def gpu_cluster_kind() -> str:
     try:
         import dask_cuda  # noqa: F401
     except ImportError:
-        log("a GPU but no dask-cuda: pip install 'tractlens[batch-gpu]'; the GPU run is skipped")
-        return False
-    return True
+        return "distributed.LocalCluster, one worker process pinned to each GPU (no dask-cuda here)"
+    return "dask_cuda.LocalCUDACluster"
+
+
+def scaling(rows: list[dict]) -> list[dict]:
+    """Subjects per hour of each GPU count against N × the 1-GPU rate (the wall time with the
+    cluster's start, and without it)."""
+    gpu = {row["workers"]: row for row in rows if row["engine"].startswith("gpu") and "subjects_per_hour" in row}
+    if 1 not in gpu:
+        return []
+    one = gpu[1]
+    one_running = one["batch"]["counts"]["done"] / 3 * 3600 / (one["batch"]["batch_wall_s"] - one["cluster_start_s"])
+    out = []
+    for n, row in sorted(gpu.items()):
+        subjects = row["batch"]["counts"]["done"] / 3
+        running = subjects * 3600 / (row["batch"]["batch_wall_s"] - row["cluster_start_s"])
+        out.append({"gpus": n, "subjects": subjects, "subjects_per_hour": row["subjects_per_hour"],
+                    "efficiency": round(row["subjects_per_hour"] / (n * one["subjects_per_hour"]), 3),
+                    "subjects_per_hour_once_started": round(running, 2),
+                    "efficiency_once_started": round(running / (n * one_running), 3)})  # fmt: skip
+    return out
 
 
 def default_cpu_workers() -> int:
@@ -207,6 +235,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="bench_e2e's small subject (24×28×24), for checking the script")
     p.add_argument("--cpu-workers", type=int, help="worker processes of the CPU run (default: cores, ≤ 1 per 12 GB)")
     p.add_argument("--no-gpu", action="store_true", help="the CPU engine only")
+    p.add_argument("--gpu-counts", default="1,2,4", help="batch --gpus N for each N (up to the GPUs here)")
+    p.add_argument("--subjects-per-gpu", type=int, default=0,
+                   help="subjects per GPU of each --gpus run (N × this; default: --subjects for every run)")  # fmt: skip
     p.add_argument("--no-cpu", action="store_true",
                    help="the GPU engine only (a CPU run of HCP-sized subjects takes tens of minutes)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
@@ -224,18 +255,24 @@ def main(argv=None) -> int:
     config = args.outdir / "params.toml"
     config.write_text(f'[connectome]\nlabels = "{subject / "labels.nii.gz"}"\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env["NCCL_NVLS_ENABLE"] = "0"
     engines = []
-    if not args.no_gpu and has_gpu():
-        engines.append(("gpu", "gpu", ["--gpus", "1"], 1))
+    gpus_here = 0 if args.no_gpu else gpu_count()
+    for n in [int(v) for v in args.gpu_counts.split(",")]:
+        if 1 <= n <= gpus_here:
+            engines.append((f"gpu×{n}" if n > 1 else "gpu", "gpu", ["--gpus", str(n)], n))
     cpu_workers = args.cpu_workers or (2 if args.quick else default_cpu_workers())
     if not args.no_cpu:
         engines.append(("cpu", "cpu", ["--workers", str(cpu_workers)], cpu_workers))
-    rows = []
+    rows, plains = [], {}
     for name, device, engine, workers in engines:
-        log(f"{name}: the plain commands, then tractlens batch {' '.join(engine)} over {subjects} subjects")
-        plain = plain_commands(subject, args.outdir / f"plain_{name}", device, env, args.timeout)
-        batch = batch_run(bids, args.outdir / f"derivatives_{name}", config, engine, env, args.timeout)
-        rows.append(summarise_engine(name, plain, batch, subjects, workers))
+        count = args.subjects_per_gpu * workers if device == "gpu" and args.subjects_per_gpu else subjects
+        root = bids if count == subjects else make_bids(subject, args.outdir / f"bids_{count}", count)
+        log(f"{name}: the plain commands, then tractlens batch {' '.join(engine)} over {count} subjects")
+        if device not in plains:  # one subject's plain commands per device
+            plains[device] = plain_commands(subject, args.outdir / f"plain_{device}", device, env, args.timeout)
+        batch = batch_run(root, args.outdir / f"derivatives_{name}", config, engine, env, args.timeout)
+        rows.append(summarise_engine(name, plains[device], batch, count, workers))
         log(f"  batch on {name}: {batch.get('wall_s')} s, {rows[-1].get('subjects_per_hour')} subjects/hour")
     tag = bench_e2e.gpu_tag() + ("_quick" if args.quick else "")
     results = {
@@ -244,14 +281,16 @@ def main(argv=None) -> int:
         "subjects": subjects,
         "subject_summary": f"{'×'.join(map(str, spec.shape))} voxels, {spec.n_volumes} volumes",
         "cpu_count": os.cpu_count(),
+        "gpu_cluster": gpu_cluster_kind() if gpus_here else None,
         "engines": rows,
+        "gpu_scaling": scaling(rows),
     }
     args.results.mkdir(parents=True, exist_ok=True)
     target = args.results / f"batch_{tag}"
     target.with_suffix(".json").write_text(json.dumps(results, indent=2))
     target.with_suffix(".md").write_text(markdown(results))
     print(json.dumps(results, indent=2) if args.json else markdown(results))
-    failed = any("subjects_per_hour" not in row or row["batch"]["counts"]["done"] != 3 * subjects for row in rows)
+    failed = any("subjects_per_hour" not in row or row["batch"]["counts"]["failed"] for row in rows)
     return 1 if failed else 0
 
 

@@ -39,7 +39,16 @@ the process and its children, polled every 50 ms from /proc, and ``ru_maxrss`` f
 peak device memory (``nvidia-smi`` polled every 100 ms, minus the memory used before the start,
 and CuPy's pool high-water mark that the command reports); the split into read / compute /
 write that the command records (:mod:`tractlens.app.timing`, through ``$TRACTLENS_TIMINGS``);
-the GPU work as the command's own summary gives it. Results merge into
+the GPU work as the command's own summary gives it.
+
+``--cold`` measures what the CUDA compiler costs a first use: before each command's first run the
+kernel cache (``CUPY_CACHE_DIR``: ``--kernel-cache``, or ``<outdir>/cold/cupy``) is emptied, so that
+run starts with only the kernels shipped with TractLens (``app/kernel_cache.py``;
+``--no-shipped-kernels`` leaves those out too); the second run, warm, reuses what the first left.
+``--cold-data`` also empties TractLens's own cache (``TRACTLENS_CACHE``, ``<outdir>/cold/tractlens``:
+the bedpostX folder's cache that a first read builds), as on a fresh machine. Each row then gives
+``cold_s``, ``warm_s``, their ratio, and how many kernels the cold run compiled (files CuPy added
+to its cache beyond the shipped ones), and a table of them is printed at the end. Results merge into
 ``<results>/e2e_<gpu>.json`` and ``.md`` (``--quick``: ``e2e_<gpu>_quick``), so runs in parts add up.
 """
 
@@ -470,6 +479,42 @@ def run_measured(argv: list[str], env: dict, logs: Path, timeout_s: float) -> di
 
 
 # ----------------------------------------------------------------------------- the commands
+def fresh_caches(env: dict) -> None:
+    """Empty the commands' kernel cache (and TractLens's cache when the run chose its folder)."""
+    for key in ("CUPY_CACHE_DIR", "TRACTLENS_CACHE"):
+        if key not in env:
+            continue
+        shutil.rmtree(env[key], ignore_errors=True)
+        Path(env[key]).mkdir(parents=True)
+
+
+def kernels_compiled(cache: Path) -> int:
+    """Kernels CuPy compiled into an emptied ``cache``: its files beyond those the app installed
+    from the shipped build (the stamp file it writes counts them)."""
+    files = len([p for p in cache.iterdir() if p.suffix in (".cubin", ".ltoir", ".hsaco")]) if cache.is_dir() else 0
+    installed = sum(json.loads(p.read_text())["kernels"] for p in cache.glob(".tractlens-shipped-*"))
+    return files - installed
+
+
+COLD_LIMIT = 1.2  # issue 43's target: cold <= 1.2 x warm for every whole command
+
+
+def cold_table(runs: dict, keys) -> str:
+    lines = [
+        f"{'command':<22}{'cold s':>9}{'warm s':>9}{'cold/warm':>11}{'compiled':>10}  target ≤ {COLD_LIMIT}",
+    ]
+    for key in sorted(keys):
+        row = runs[key]
+        if "cold_s" not in row:
+            continue
+        verdict = "ok" if row["cold_over_warm"] <= COLD_LIMIT else "ABOVE"
+        lines.append(
+            f"{key:<22}{row['cold_s']:>9.1f}{row['warm_s']:>9.1f}{row['cold_over_warm']:>11.2f}"
+            f"{row['kernels_compiled_cold']:>10}  {verdict}"
+        )
+    return "\n".join(lines)
+
+
 def _scale_name(scale: float) -> str:
     return f"s{scale:g}"
 
@@ -656,6 +701,23 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="runs of each command; the table gives the last, and the first's wall time beside it "
         "(2: what a first use costs, compiling kernels and building caches, against a later run)",
     )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="each command runs twice: first with an empty kernel cache (and the shipped kernels), then warm; "
+        "prints cold/warm per command (implies --repeat 2)",
+    )
+    p.add_argument(
+        "--cold-data", action="store_true", help="with --cold: TractLens's own cache is emptied too (a fresh machine)"
+    )
+    p.add_argument(
+        "--kernel-cache", type=Path, help="CUPY_CACHE_DIR of the commands (--cold: default <outdir>/cold/cupy)"
+    )
+    p.add_argument(
+        "--no-shipped-kernels",
+        action="store_true",
+        help="TRACTLENS_SHIPPED_KERNELS=0: the kernels shipped with TractLens are not installed (a cold run compiles all)",
+    )
     p.add_argument("--results", type=Path, default=RESULTS, help="folder of e2e_<gpu>.json/.md")
     p.add_argument("--tag", help="name of the results (default: the GPU's, e.g. h100; cpu without one)")
     return p.parse_args(argv)
@@ -694,6 +756,15 @@ def main(argv=None) -> int:
     runs.mkdir(exist_ok=True)
     logs.mkdir(exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if args.cold:
+        args.repeat = max(args.repeat, 2)
+        args.kernel_cache = args.kernel_cache or args.outdir / "cold" / "cupy"
+        if args.cold_data:
+            env["TRACTLENS_CACHE"] = str(args.outdir / "cold" / "tractlens")
+    if args.kernel_cache:
+        env["CUPY_CACHE_DIR"] = str(args.kernel_cache)
+    if args.no_shipped_kernels:
+        env["TRACTLENS_SHIPPED_KERNELS"] = "0"
     failed = 0
 
     def run(name: str, scale: float) -> dict:
@@ -708,14 +779,27 @@ def main(argv=None) -> int:
             out.mkdir(parents=True)  # the tractogram's folder
         log(f"{name} at scale {scale:g}: {' '.join(argv)}")
         first = None
+        if args.cold:
+            fresh_caches(env)
         for _ in range(args.repeat - 1):  # earlier runs: what a first use costs (compiling, caches)
             first = first or run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
+            if args.cold and "kernels_compiled" not in first:
+                first["kernels_compiled"] = kernels_compiled(Path(env["CUPY_CACHE_DIR"]))
             shutil.rmtree(out, ignore_errors=True)
             if argv[0] == "track":
                 out.mkdir(parents=True)
         row = run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
         if first is not None:
             row["first_run"] = {k: first[k] for k in ("wall_s", "exit_status", "host_peak_bytes")}
+        if args.cold and first is not None:
+            row.update(
+                cold_s=first["wall_s"],
+                warm_s=row["wall_s"],
+                cold_over_warm=first["wall_s"] / row["wall_s"],
+                kernels_compiled_cold=first["kernels_compiled"],
+                shipped_kernels=not args.no_shipped_kernels,
+                cold_data=args.cold_data,
+            )
         if row["exit_status"] != 0:
             shutil.rmtree(out, ignore_errors=True)  # no half output for a later command to take
         row.update(command=name, scale=scale, **describe(name, row))
@@ -736,6 +820,8 @@ def main(argv=None) -> int:
         for scale in scales:
             failed += run(name, scale)["exit_status"] != 0
     save_results(target, results)
+    if args.cold:
+        print(cold_table(results["runs"], done_here))
     log(f"results in {target.with_suffix('.json')} and .md")
     print(target.with_suffix(".md").read_text())
     return 1 if failed else 0

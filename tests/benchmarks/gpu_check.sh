@@ -28,6 +28,7 @@ for bench in ${BENCHES:-dti}; do
     commit) python3 tests/benchmarks/bench_commit.py --gpu --out "$OUT/bench_commit.json" ;;
     connectivity) python3 tests/benchmarks/bench_connectivity.py --gpu --cpu-max 100000 --out "$OUT/bench_connectivity.json" ;;
     probabilistic) python3 tests/benchmarks/bench_probabilistic.py --gpu --out "$OUT/bench_probabilistic.json" ;;
+    bundles) python3 tests/benchmarks/bench_bundles.py --device gpu --out "$OUT/bundles_h100.json" ;;
     *) python3 "tests/benchmarks/bench_$bench.py" --gpu ;;
   esac 2>&1 | tee "$OUT/bench_$bench.log" | tail -40
 done

@@ -412,3 +412,123 @@ def test_a_lesion_drawn_before_the_registration_moves_with_its_image(window, qtb
     np.testing.assert_allclose(moved.data.affine, placed.data.affine)  # ...where the T1 now is
     assert moved.provenance["registration"] == placed.provenance["registration"]
     assert document_problems(doc) == []
+
+
+def test_the_register_dialog_takes_brain_masks_from_open_layers_or_files(window, qtbot, tmp_path, monkeypatch):
+    from scipy import ndimage
+
+    from tractlens.app import anatomy as use_cases
+
+    b0, t1 = open_pair(window, tmp_path)
+    brain = ndimage.binary_fill_holes(np.asarray(b0.data.data) > 100)
+    window.open_roi(_write_mask(tmp_path / "b0_brain.nii.gz", brain, b0.data.affine), role="seed")
+    t1_brain = ndimage.binary_fill_holes(np.asarray(t1.data.data) > 100)
+    t1_mask_path = _write_mask(tmp_path / "t1_brain.nii.gz", t1_brain, t1.data.affine)
+    assert window.wait_for_jobs(60)
+    seen = {}
+    real = use_cases.register_images
+
+    def spy(*args, **kw):
+        seen.update(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(use_cases, "register_images", spy)
+    window.select_layer(t1)
+    trigger(window, "Image", "Register to DWI…")
+    dialog = window.anatomy.register_dialog
+    qtbot.waitUntil(dialog.isVisible, timeout=3000)
+    moving_box, fixed_box = dialog.moving_mask_box, dialog.fixed_mask_box
+    assert moving_box.currentText() == fixed_box.currentText() == "none"
+    offered = [fixed_box.itemText(i) for i in range(fixed_box.count())]
+    assert "b0_brain" in offered and offered[-1] == "a file…"
+    fixed_box.setCurrentIndex(offered.index("b0_brain"))
+    with dialogs.answers(open_file=[str(t1_mask_path)]):  # "a file…": the file dialog, answered
+        moving_box.activated.emit(moving_box.count() - 1)
+    assert moving_box.currentText() == "t1_brain.nii.gz"
+    dialog.form.editors["type"].setCurrentText("rigid")
+    dialog.grab().save(str(ARTIFACTS / "anatomy_register_dialog_masks.png"))
+    qtbot.mouseClick(dialog.ok_button, Qt.MouseButton.LeftButton)
+    assert window.wait_for_jobs(120) and window.errors == [], window.errors
+    assert seen["moving_mask"] == str(t1_mask_path)
+    fixed_mask = seen["fixed_mask"]  # the ROI layer's mask, a copy on its grid
+    np.testing.assert_array_equal(fixed_mask.mask, brain)
+    assert fixed_mask.name == "b0_brain" and fixed_mask is not window.document.layer("b0_brain").data.mask
+    message = window.statusBar().currentMessage()
+    assert "within the brain masks t1_brain.nii.gz and b0_brain" in message, message
+    assert window.document.layer("T1w") is not t1  # shown registered
+
+    # a file dialog closed without a choice leaves no mask
+    trigger(window, "Image", "Register to DWI…")
+    dialog = window.anatomy.register_dialog
+    with dialogs.answers(open_file=[None]):
+        dialog.moving_mask_box.activated.emit(dialog.moving_mask_box.count() - 1)
+    assert dialog.moving_mask_box.currentText() == "none"
+    dialog.reject()
+
+
+def _write_mask(path: Path, mask: np.ndarray, affine: np.ndarray) -> Path:
+    import nibabel as nib
+
+    nib.save(nib.Nifti1Image(mask.astype(np.uint8), affine), path)
+    return path
+
+
+def test_the_3d_view_draws_a_1mm_t1_at_its_own_resolution_over_the_2mm_dwi(window, qtbot, tmp_path):
+    b0, t1 = open_pair(window, tmp_path)
+    view3d, doc = window.view3d, window.document
+    b0.set(visible=False)  # the T1 alone on the planes
+    qtbot.waitUntil(lambda: "axial" in view3d._planes, timeout=5000)
+    grid, _actor = view3d._planes["axial"]
+    nx, ny, _nz = doc.reference_shape  # the 2 mm b0 grid
+    assert tuple(grid.dimensions)[:2] in ((2 * nx, 2 * ny), (2 * ny, 2 * nx))  # two points per 2 mm voxel
+    points = np.asarray(grid.points).reshape(grid.dimensions[1], grid.dimensions[0], 3)
+    spacing = np.linalg.norm(points[0, 1] - points[0, 0])
+    assert spacing == pytest.approx(1.0)  # the T1's voxel size, not the b0's 2 mm
+    # two neighbouring points inside one 2 mm voxel show two T1 voxels: colours differ somewhere
+    rgb = np.asarray(grid.point_data["rgb"]).reshape(grid.dimensions[1], grid.dimensions[0], 3).astype(int)
+    assert (np.abs(rgb[:, 0::2] - rgb[:, 1::2]).sum(-1) > 0).mean() > 0.05
+    # the T1 hidden: back to the DWI's resolution, one actor per plane
+    t1.set(visible=False)
+    b0.set(visible=True)
+    qtbot.waitUntil(lambda: tuple(view3d._planes["axial"][0].dimensions)[:2] in ((nx, ny), (ny, nx)), timeout=5000)
+    assert len(view3d._planes) == 3
+    window.save_screenshot(ARTIFACTS / "anatomy_3d_planes_at_the_t1_resolution.png")
+
+
+def test_a_t1_registered_to_mni_and_to_the_dwi_gives_the_mni_coordinate_and_atlas_regions(registered, qtbot, tmp_path):
+    """T1 → MNI (a folder of 'tractlens register T1 mni') and T1 → DWI (registered in the window)
+    are chained through the T1: the MNI coordinate of the cursor and the atlas regions work."""
+    from tractlens.app.atlases import load_template
+    from tractlens.app.io.transforms import save_registration
+    from tractlens.app.registration import ChainedRegistration, Registration
+
+    window, _b0, t1 = registered
+    doc = window.document
+    ((_key, t1_to_dwi),) = doc.registrations.items()
+    data, affine = load_template("mni")
+    to_t1 = np.eye(4)
+    to_t1[:3, 3] = (-4.0, 3.0, -2.0)  # MNI point -> T1 point: T1 + (4, -3, 2) = MNI
+    t1_scan = t1.data.unplaced if getattr(t1.data, "unplaced", None) is not None else t1.data
+    t1_to_mni = Registration(Grid(affine, data.shape), Grid(t1_scan.affine, t1_scan.data.shape[:3]), to_t1,
+                             kind="affine", fixed_name="mni", moving_name="T1w", template="mni",
+                             template_side="fixed")  # fmt: skip
+    folder = save_registration(t1_to_mni, tmp_path / "t1_to_mni", {"made_by": "test"})
+    with dialogs.answers(folder=[str(folder)]):
+        trigger(window, "File", "Open registration…")
+    assert window.wait_for_jobs(60) and window.errors == [], window.errors
+    template = window.anatomy.template()
+    assert isinstance(template, ChainedRegistration)
+    doc.set_cursor((10, 14, 12))
+    world = doc.cursor_world()
+    x, y, z = t1_to_mni.moving_to_fixed(t1_to_dwi.fixed_to_moving(world))[0]  # DWI → T1 → MNI, by hand
+    assert window.anatomy.mni_label.text() == f"MNI ({x:.1f}, {y:.1f}, {z:.1f}) mm"
+    trigger(window, "ROI", "Add atlas region…")  # no longer refused
+    dialog = window.anatomy.atlas_dialog
+    qtbot.waitUntil(dialog.isVisible, timeout=3000)
+    dialog.atlas_box.setCurrentIndex(dialog.atlas_box.findData("harvard-oxford-subcortical"))
+    qtbot.keyClicks(dialog.search, "thalamus")
+    dialog.side_box.setCurrentIndex(dialog.side_box.findData("left"))
+    qtbot.mouseClick(dialog.ok_button, Qt.MouseButton.LeftButton)
+    assert window.wait_for_jobs(60) and window.errors == [], window.errors
+    roi = doc.layer("Left_Thalamus")
+    assert roi.data.mask.sum() > 50 and "T1w" in roi.provenance["registration"]["describe"]

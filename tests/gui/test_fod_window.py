@@ -118,7 +118,7 @@ def test_the_tracking_panel_lists_fodf_layers(window, tmp_path):
     assert [layer.kind for layer in window.document.layers] == ["scalar", "fod"]
     choice = window.deterministic_panel.field_choice
     texts = [choice.itemText(i) for i in range(choice.count())]
-    assert texts == ["fODF (fODF)"]
+    assert texts == ["fODF"]  # the name says the kind: not "fODF (fODF)"
     assert choice.model().item(0).isEnabled()
     assert choice.choose(window.document.layer("fODF"))
 

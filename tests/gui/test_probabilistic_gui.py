@@ -15,6 +15,7 @@ from scipy import ndimage
 
 from tests.conftest import ARTIFACTS, DEVICES
 from tractlens.app.model import Document, Layer, Volume
+from tractlens.app.window_units import degrees_to_cosine
 from tractlens.gpu.probabilistic_params import ProbParams
 from tractlens.widgets.render import LUTS
 
@@ -80,9 +81,10 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     form = panel.form.editors
     type_into(qtbot, form["n_samples"], "20")
     type_into(qtbot, form["seed"], "7")
-    type_into(qtbot, form["cthr"], "0.3")
+    type_into(qtbot, form["cthr"], "60")  # max angle in degrees: the engine's cosine 0.5
     type_into(qtbot, panel.iso_percent, "10")
-    assert (form["n_samples"].value(), form["seed"].value(), form["cthr"].value()) == (20, 7, 0.3)
+    assert (form["n_samples"].value(), form["seed"].value(), form["cthr"].value()) == (20, 7, 60.0)
+    assert panel.form.value().cthr == pytest.approx(0.5, abs=1e-12)
     assert panel.iso_percent.value() == 10.0
     partials, updates, levels = [], [], []
     win.runner.job_partial.connect(
@@ -109,7 +111,9 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     assert win.wait_for_jobs(60)
     assert win.errors == []
 
-    expected = expected_run(demo_bedpostx, demo_dir, ProbParams(n_samples=20, seed=7, cthr=0.3)).track(device="cpu")
+    expected = expected_run(
+        demo_bedpostx, demo_dir, ProbParams(n_samples=20, seed=7, cthr=degrees_to_cosine(60.0))
+    ).track(device="cpu")
     layer = win.document.layer(module.RESULT_NAME)
     assert layer is panel.result_layer and layer.kind == "scalar" and layer.colormap == "hot"
     assert layer.provenance["parameters"]["n_samples"] == 20 and layer.provenance["waytotal"] == expected.waytotal
@@ -134,6 +138,7 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
     assert levels[-1] == pytest.approx(0.1 * int(expected.paths.max()))
     status = panel.status.text()
     assert "Done" in status and f"{total:,} of {total:,} streamlines" in status
+    assert " s on the CPU." in status and f"({expected.provenance['device']})" not in status  # words, not "(x86_64)"
     assert f"to {TARGET} {int(expected.seed_targets.sum()):,}" in status
 
     # 3-D: the isosurface at 10 % of the maximum, where the distribution crosses that level.

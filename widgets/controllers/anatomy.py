@@ -21,6 +21,7 @@ from tractlens.app.anatomy_layers import (
     REGISTRATION_KEY,
     as_scanned,
     atlas_region_layer,
+    mask_as_scanned,
     mni_coordinate,
     new_roi_on,
     placed_by,
@@ -116,11 +117,20 @@ class AnatomyController:
             return None
         if self.register_dialog is not None:
             self.register_dialog.deleteLater()
-        dialog = RegisterDialog(moving, fixed, RegisterParams, self.window, title=title)
+        masks = [layer for layer in self.document.layers if layer.kind in ("roi", "labels", "scalar")]
+        dialog = RegisterDialog(moving, fixed, RegisterParams, self.window, title=title, masks=masks)
         selected = self.window.layer_panel.selected_layer()
         if selected is not None:
             dialog.choose(selected)
-        dialog.accepted.connect(lambda: self.register(dialog.moving_layer, dialog.fixed_layer, dialog.params))
+        dialog.accepted.connect(
+            lambda: self.register(
+                dialog.moving_layer,
+                dialog.fixed_layer,
+                dialog.params,
+                moving_mask=dialog.moving_mask,
+                fixed_mask=dialog.fixed_mask,
+            )
+        )
         self.register_dialog = dialog
         _show(dialog)
         return dialog
@@ -131,14 +141,19 @@ class AnatomyController:
         self._issued = max(max(numbers, default=0), self._issued) + 1
         return f"R{self._issued}"
 
-    def register(self, moving: Layer, fixed: Layer | None, params) -> int:
+    def register(self, moving: Layer, fixed: Layer | None, params, *, moving_mask=None, fixed_mask=None) -> int:
         """Register ``moving`` onto ``fixed`` (None: the MNI template) on a worker
-        (:func:`app.anatomy.register_images`); when done the registration joins the document
-        and, onto the DWI, ``moving`` is shown registered (:func:`app.anatomy_layers.placed_layer`)
-        in its place. A cancelled or failed registration changes nothing. The job id."""
+        (:func:`app.anatomy.register_images`), with brain masks (None, a layer or a file path);
+        when done the registration joins the document and, onto the DWI, ``moving`` is shown
+        registered (:func:`app.anatomy_layers.placed_layer`) in its place. A cancelled or failed
+        registration changes nothing. The job id."""
         from tractlens.app.anatomy import register_images
 
         volume = as_scanned(moving)  # re-registering starts from the scan
+        masks = {
+            key: mask_as_scanned(mask) if isinstance(mask, Layer) else mask
+            for key, mask in (("moving_mask", moving_mask), ("fixed_mask", fixed_mask))
+        }
         target = "mni" if fixed is None else fixed.data
         reference, registration_id = self._reference(), self._new_id()
         original, device = moving, self.window.device  # the window's compute device (--device)
@@ -146,7 +161,7 @@ class AnatomyController:
         def job(ctx):
             ctx.progress(0, 1, f"registering {volume.name}")
             result = register_images(
-                volume, target, params=params, progress=ctx.progress, cancelled=ctx.cancelled, device=device
+                volume, target, params=params, progress=ctx.progress, cancelled=ctx.cancelled, device=device, **masks
             )
             ctx.check()
             placed = None
@@ -161,7 +176,9 @@ class AnatomyController:
             if placed is not None and original in self.document.layers:
                 placed.data.unplaced = volume
                 self._replace(original, placed, result.registration)
-            self.window.statusBar().showMessage(f"Registered: {result.registration.describe()}", 15000)
+            used = [mask["name"] for mask in result.summary.get("masks", {}).values() if mask]
+            within = f", within the brain masks {' and '.join(used)}" if used else ""
+            self.window.statusBar().showMessage(f"Registered: {result.registration.describe()}{within}", 15000)
 
         name = f"register {volume.name} → {'MNI' if fixed is None else fixed.name}"
         return self.runner.submit(name, job, on_done=done, on_error=self.window.report_error)
@@ -272,7 +289,13 @@ class AnatomyController:
 
         if self.template() is None:
             other = template_registration(self.document.registrations.values())
-            why = "" if other is None else f" of the DWI ({other.describe()} was made from another image's space)"
+            why = (
+                ""
+                if other is None
+                else f" of the DWI, or of an image registered to the DWI ({other.describe()} was made from an "
+                "image that no registration joins to the DWI: register that image to the DWI too, Image ▸ "
+                "Register to DWI…, and the two are chained)"
+            )
             self.window.report_error(
                 f"Atlas regions need a registration to the MNI template{why}: Image ▸ Register DWI to MNI…, or "
                 "File ▸ Open registration… with a folder made by 'tractlens register DWI mni'",
@@ -365,7 +388,8 @@ class AnatomyController:
         return f"MNI ({x:.1f}, {y:.1f}, {z:.1f}) mm"
 
     def template(self):
-        """The newest template (MNI) registration of the DWI's space, or None."""
+        """The newest template (MNI) registration of the DWI's space, or of an image registered to
+        the DWI chained with that registration (:func:`app.anatomy_layers.template_registration`), or None."""
         reference = self._reference()
         if reference is None:
             return None

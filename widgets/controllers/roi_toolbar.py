@@ -49,6 +49,8 @@ class RoiToolbar:
         self.roi_tools = window.roi_tools
         self.view3d = window.view3d
         self.tool_actions: dict = {}
+        self._paint_hint: tuple | None = None  # (the new ROI, the status message that says to paint it)
+        self.document.connect(self._on_document)
 
     def build(self, file_menu) -> None:
         window, tools = self.window, self.roi_tools
@@ -174,7 +176,18 @@ class RoiToolbar:
         self.window.select_layer(layer)
         if self.roi_tools.tool == "navigate":
             self.set_tool("brush")
-        self.window.statusBar().showMessage(
-            f"{layer.name} ({layer.data.role}): paint it on a slice view with the brush (B), then Track (Ctrl+T)", 0
-        )
+        message = f"{layer.name} ({layer.data.role}): paint it on a slice view with the brush (B), then Track (Ctrl+T)"
+        self.window.statusBar().showMessage(message, 0)
+        self._paint_hint = (layer, message)
         return layer
+
+    def _on_document(self, _source, event, **info) -> None:
+        """Once the new ROI has voxels, the message that says to paint it goes (its work is done)."""
+        if event != "roi" or self._paint_hint is None or info.get("layer") is not self._paint_hint[0]:
+            return
+        layer, message = self._paint_hint
+        if layer.data.mask.any():
+            self._paint_hint = None
+            status = self.window.statusBar()
+            if status.currentMessage() == message:
+                status.clearMessage()

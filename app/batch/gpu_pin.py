@@ -1,0 +1,28 @@
+"""``tractlens batch --gpus N`` without dask-cuda: a worker plugin that pins each worker process
+of a ``distributed.LocalCluster`` to one GPU (imported only when such a cluster is made)."""
+
+from __future__ import annotations
+
+import os
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+
+class PinGpu(WorkerPlugin):
+    """Worker ``i`` of a LocalCluster (named 0 … N−1) sees only GPU ``devices[i % N]``
+    (``CUDA_VISIBLE_DEVICES``, set when the plugin is registered: before any task, so before
+    CUDA starts in that process), with ``environ`` (NVLink multicast off) set too."""
+
+    idempotent = True
+
+    def __init__(self, devices, environ: dict | None = None):
+        self.devices = [str(d) for d in devices]
+        self.environ = dict(environ or {})
+
+    def setup(self, worker) -> None:
+        try:
+            index = int(worker.name)
+        except (TypeError, ValueError):
+            index = sum(map(ord, str(worker.name)))
+        os.environ["CUDA_VISIBLE_DEVICES"] = self.devices[index % len(self.devices)]
+        os.environ.update(self.environ)

@@ -1,0 +1,101 @@
+"""Check the shipped-kernel round trip against the real CuPy and NVRTC, on a machine WITHOUT a GPU.
+
+    python3 -m venv /tmp/cupyvenv && /tmp/cupyvenv/bin/pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12
+    /tmp/cupyvenv/bin/python tests/benchmarks/kernel_keys_without_gpu.py
+
+NVRTC compiles without a GPU, so this runs CuPy's own caching code (cupy/cuda/compiler.py) for two
+kernels compiled the way CuPy compiles its own (its headers' -I options and sources), for sm_90:
+
+1. build: packaging/build_kernels.py's capture records the keys while CuPy compiles and saves
+   the files (loading them then fails: no driver), and assemble() writes the shipped build;
+2. user: CuPy imported through ANOTHER path (a link), so its key names another header folder;
+   app/kernel_cache.install() puts the build into an empty cache; CuPy must then find each
+   kernel (it goes on to load it, and fails for want of a driver) instead of compiling it;
+3. the same without the install: CuPy compiles (the check can fail).
+
+Prints PASS or FAIL per step; exit status 0 when all pass. Result of 2026-11-27 (CuPy 14.2.0,
+NVRTC 12.9): PASS, PASS, PASS.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SIDE = r"""
+import os, sys, atexit, importlib.util
+from pathlib import Path
+sys.path.insert(0, ROOT)
+spec = importlib.util.spec_from_file_location("build_kernels", os.path.join(ROOT, "packaging", "build_kernels.py"))
+bk = importlib.util.module_from_spec(spec); spec.loader.exec_module(bk)
+import cupy
+from cupy.cuda import compiler
+from cupy._core import core
+from tractlens.app import kernel_cache as kc
+# no GPU: the per-device memo of the architecture option asks the driver; its value for sm_90
+compiler._get_arch_for_options_for_nvrtc = lambda arch=None: (f"-arch=sm_{arch}", "cubin")
+options = ("-I%s" % core._get_header_dir_path(), *core._get_cccl_include_options())
+sources = ['extern "C" __global__ void f(float* x) { x[threadIdx.x] *= 2; }',
+           'extern "C" __global__ void g(double* x) { x[threadIdx.x] += 1; }']
+work = Path(WORK)
+
+def compile_all():
+    seen = []
+    for src in sources:
+        try:
+            compiler._compile_module_with_cache(src, options, arch="90", extra_source=core._get_header_source())
+            seen.append("loaded")
+        except Exception as exc:
+            seen.append("compiled" if "WOULD COMPILE" in str(exc) else "found")  # found: load failed, no driver
+    return seen
+
+if SIDE == "build":
+    save = bk._install_capture(work / "records")
+    compile_all()
+    save(); atexit.unregister(save)
+    summary = bk.assemble(work / "records", Path(os.environ["CUPY_CACHE_DIR"]), work / "shipped")
+    print("RESULT", "PASS" if list(summary) == ["cupy%s-nvrtc%d.%d-sm90" % (cupy.__version__, *cupy.cuda.nvrtc.getVersion())] else "FAIL", summary)
+else:
+    here = os.path.dirname(os.path.abspath(core.__file__))
+    assert here.startswith(str(work / "elsewhere")), here
+    if SIDE == "user":
+        runtime = kc.Runtime(cupy.__version__, tuple(cupy.cuda.nvrtc.getVersion()), "90", here)
+        print(kc.install(runtime, shipped=work / "shipped"))
+    def refuse(*args, **kwargs):
+        raise RuntimeError("WOULD COMPILE")
+    compiler._compile_using_nvrtc_no_warning = refuse
+    seen = compile_all()
+    expected = ["found"] * 2 if SIDE == "user" else ["compiled"] * 2
+    print("RESULT", "PASS" if seen == expected else "FAIL", seen)
+"""
+
+
+def main() -> int:
+    import cupy
+
+    work = Path(tempfile.mkdtemp(prefix="kernel-keys-"))
+    (work / "records").mkdir()
+    (work / "elsewhere").mkdir()
+    (work / "elsewhere" / "cupy").symlink_to(Path(cupy.__file__).parent, target_is_directory=True)
+    ok = True
+    for side, cache, path in (
+        ("build", "build", ""),
+        ("user", "user", str(work / "elsewhere")),
+        ("none", "none", str(work / "elsewhere")),
+    ):
+        code = f"ROOT = {str(ROOT)!r}; WORK = {str(work)!r}; SIDE = {side!r}\n" + SIDE
+        env = {**os.environ, "CUPY_CACHE_DIR": str(work / cache), "PYTHONPATH": path}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+        print(f"{side}: {lines[-1] if lines else 'FAIL ' + done.stderr[-800:]}")
+        ok &= bool(lines) and "PASS" in lines[-1]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
