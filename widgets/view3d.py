@@ -79,6 +79,7 @@ class View3D(FiberView, QWidget):
         self._software_rendering: bool | None = None
         self._render_pending = False
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
+        self.frames_drawn = 0
         self._frame_start = 0.0
         self.plotter.ren_win.AddObserver("StartEvent", self._frame_started)
         self.plotter.ren_win.AddObserver("EndEvent", self._frame_ended)
@@ -154,6 +155,7 @@ class View3D(FiberView, QWidget):
 
     def _frame_ended(self, *_args) -> None:
         self.renders.append((self._frame_start, time.perf_counter()))
+        self.frames_drawn += 1
 
     def reset_camera(self) -> None:
         self._camera_set = True

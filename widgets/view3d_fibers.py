@@ -53,7 +53,7 @@ class FiberView:
         self._fibers: dict[int, dict] = {}
         self._moving = False
         self._full_frame_s: float | None = None  # the last full frame at rest (hardware OpenGL)
-        self._full_frames = 0  # full frames drawn since the tractograms changed (the first uploads)
+        self._frames_at_build = 0  # frames drawn when a tractogram came: the first one after uploads it
         self._rest_capped = False  # a full frame was over budget: the moving level is drawn at rest
         text = self._lod_actor = vtkTextActor()
         text.GetPositionCoordinate().SetCoordinateSystemToNormalizedViewport()
@@ -142,7 +142,7 @@ class FiberView:
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = self._build_fibers(layer)
-                self._full_frames, self._rest_capped = 0, False  # measured again
+                self._frames_at_build, self._rest_capped = getattr(self, "frames_drawn", 0), False  # measured again
         self.layout_colour_bars()
         self._update_lod_text()
 
@@ -246,6 +246,7 @@ class FiberView:
     def _full_detail(self) -> None:
         """The camera stopped: everything the hardware allows, timed; over budget, fewer."""
         self._set_moving(False)
+        uploaded = getattr(self, "frames_drawn", 0) > self._frames_at_build  # the points are on the GPU already
         start = time.perf_counter()
         self.plotter.render()
         took = time.perf_counter() - start
@@ -254,8 +255,7 @@ class FiberView:
             for entry in self._fibers.values()
         )
         if full and self._fibers:
-            self._full_frames += 1
-            if self._full_frames > 1:  # the first one uploads the points: not a drawing time
+            if uploaded:  # the first frame after a tractogram came uploads its points: not a drawing time
                 self._full_frame_s = took
                 if took > FULL_FRAME_BUDGET_S:
                     self._rest_capped = True
