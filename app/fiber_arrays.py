@@ -1,17 +1,24 @@
 """Display arrays of tractograms, computed off the GUI thread and kept while their layer lives.
 
-Everything a fiber actor or a slice view needs that costs O(points) — world points, line
-connectivity, per-point colours and scalars, the index sets of the levels of detail, the points
-on a view's reference grid — is plain NumPy here, so a loading job computes it on its worker
-thread and the GUI thread only wraps the arrays in VTK objects. The document owns one
-:class:`FiberArrayCache` (``document.fiber_arrays``); every view asks it, so they share one copy
-per layer and a removed layer's arrays go with it.
+The 3-D view draws a tractogram from ONE point array, the tractogram's own float32 positions in
+voxel coordinates (the actor carries the voxel -> RAS affine, so no world copy is made), which
+goes to the GPU once. What is drawn is a set of index ranges over it (:class:`Cells`: VTK's
+offsets + connectivity layout, which VTK wraps without copying): every streamline, a subset
+while the camera moves, a capped subset at rest on software OpenGL, the selected streamlines.
+Changing the subset or the selection changes only those integers; colouring by direction is one
+RGBA byte quadruple per point (VTK draws it as it is), by a scalar a float32 array and a lookup
+table. Everything here is plain NumPy, so a loading or selection job computes it on its worker
+thread and the GUI thread only wraps the arrays. The document owns one :class:`FiberArrayCache`
+(``document.fiber_arrays``); every view asks it, so they share one copy per layer and a removed
+layer's arrays go with it.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,144 +27,257 @@ from .colormaps import LUTS
 from .grid import Grid
 from .layers import SOLID, Layer
 
-INTERACTIVE_POINTS = 60_000  # drawn while the camera moves: a streamline subset, every k-th point
+INTERACTIVE_POINTS = 60_000  # drawn while the camera moves with software OpenGL: a subset, every k-th point
 INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per point
 SOFTWARE_SETTLED_POINTS = 2_000_000  # drawn at rest when OpenGL is software (llvmpipe): < 1 s frames
+HARDWARE_MOVING_POINTS = 40_000_000  # drawn while the camera moves with hardware OpenGL (whole streamlines)
+COLOUR_CHUNK_POINTS = 1 << 22  # direction colours are computed this many points at a time
+COLOUR_THREADS = min(8, os.cpu_count() or 1)  # ... by this many threads
+
+#: The levels of detail: name -> (point budget, decimate: every k-th point of each streamline).
+#: ``full`` draws everything; the view picks which level it shows at rest and while moving.
+LEVELS = {
+    "full": (None, False),
+    "moving": (HARDWARE_MOVING_POINTS, False),
+    "moving_software": (INTERACTIVE_POINTS, True),
+    "software": (SOFTWARE_SETTLED_POINTS, False),
+}
+
+
+def index_dtype(n: int):
+    """int32 indices while they fit (half the memory of int64; VTK wraps both)."""
+    return np.int32 if n < 2**31 - 1 else np.int64
 
 
 @dataclass
-class Level:
-    """Polylines over ``points`` with ``offsets`` (VTK's modern offsets + connectivity layout,
-    which VTK wraps without copying); the full level shares the tractogram's arrays."""
+class Cells:
+    """Polylines as index ranges over the full point array: streamline k of the level is
+    ``connectivity[offsets[k]:offsets[k + 1]]`` (point indices), one of the tractogram's
+    streamlines ``streamlines[k]`` (None: all of them, in order). ``connectivity`` None: the
+    identity (every point in order, the level that draws everything): nothing is stored, the 3-D
+    view gives VTK an implicit array."""
 
-    points: np.ndarray
-    point_data: dict[str, np.ndarray]
     offsets: np.ndarray
-    connectivity: np.ndarray
-    index: np.ndarray | None = None  # positions in the full point array; None: all of them
-    streamlines: np.ndarray | None = None  # ids of the streamlines kept; None: all of them
+    connectivity: np.ndarray | None
+    streamlines: np.ndarray | None = None
+    total: int = 0  # streamlines of the tractogram (what "of N" counts)
+
+    @property
+    def n_streamlines(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def n_points(self) -> int:
+        return int(self.offsets[-1]) if self.connectivity is None else len(self.connectivity)
+
+    def point_index(self) -> np.ndarray:
+        """The connectivity as an array (made for the identity)."""
+        if self.connectivity is None:
+            return np.arange(self.n_points, dtype=self.offsets.dtype)
+        return self.connectivity
 
 
 @dataclass
 class FiberArrays:
-    points: np.ndarray  # (P, 3) float32, RAS mm
-    point_data: dict[str, np.ndarray]
-    levels: dict[str, Level] = field(default_factory=dict)
+    """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 voxel coordinates
+    (the tractogram's own array, not a copy), ``affine`` voxel -> RAS mm, ``direction`` (P, 4)
+    uint8 RGBA, and the levels of detail as :class:`Cells`."""
+
+    points: np.ndarray
+    affine: np.ndarray
+    offsets: np.ndarray
+    direction: np.ndarray
+    levels: dict[str, Cells] = field(default_factory=dict)
+
+    @property
+    def point_data(self) -> dict[str, np.ndarray]:
+        return {"direction": self.direction}
+
+
+def streamline_cells(
+    offsets: np.ndarray,
+    ids: np.ndarray | None = None,
+    max_points: int | None = None,
+    decimate: bool = False,
+) -> Cells:
+    """Cells of the streamlines ``ids`` (None: all), or of a reproducible random subset of them
+    with about ``max_points`` points when they have more: whole streamlines, or with
+    ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept)."""
+    offsets = np.asarray(offsets)
+    total = len(offsets) - 1
+    lengths_all = np.diff(offsets)
+    chosen = np.arange(total) if ids is None else np.asarray(ids, dtype=np.int64)
+    n_points = int(offsets[-1]) if ids is None else int(lengths_all[chosen].sum())
+    step = 1
+    if max_points is not None and n_points > max_points:
+        n_lines = len(chosen)
+        mean_len = max(1.0, n_points / max(n_lines, 1))
+        if decimate:
+            n_keep = min(n_lines, INTERACTIVE_STREAMLINES)
+            step = max(1, int(np.ceil(n_keep * mean_len / max_points)))
+        else:
+            n_keep = int(min(n_lines, max(1, max_points / mean_len)))
+        pick = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False))
+        chosen = chosen[pick]
+    elif ids is None:  # everything: the identity over the points (not stored), offsets as they are
+        return Cells(offsets.astype(index_dtype(n_points)), None, None, total)
+    starts, lengths = offsets[:-1][chosen], lengths_all[chosen]
+    regular = (lengths + step - 1) // step
+    needs_last = ((lengths - 1) % step != 0) & (lengths > 0)
+    counts = regular + needs_last
+    dtype = index_dtype(int(offsets[-1]))
+    new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
+    np.cumsum(counts, out=new_offsets[1:])
+    # In the index type throughout (int32 below 2^31 points): no int64 temporaries per point.
+    connectivity = np.repeat((starts - new_offsets[:-1] * step).astype(dtype), counts)
+    within = np.arange(int(new_offsets[-1]), dtype=dtype)
+    if step != 1:
+        within *= step
+    connectivity += within
+    del within
+    if needs_last.any():  # the decimated streamline's last point, where the step skipped it
+        last_slot = new_offsets[1:][needs_last] - 1
+        connectivity[last_slot] = (starts + lengths - 1)[needs_last]
+    return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
 
 
 def subset(
     offsets: np.ndarray, max_points: int | None, decimate: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(point index, new offsets, kept streamline ids) of a lighter version with about ``max_points`` points, or None
-    when the whole is small enough. A reproducible random subset of streamlines and, with
-    ``decimate``, every k-th point of each (its last point kept)."""
-    n_points = int(offsets[-1])
-    if max_points is None or n_points <= max_points:
+    """(point index, new offsets, kept streamline ids) of a lighter version with about
+    ``max_points`` points, or None when the whole is small enough (see :func:`streamline_cells`)."""
+    if max_points is None or int(offsets[-1]) <= max_points:
         return None
-    counts = np.diff(offsets)
-    n_lines = len(counts)
-    mean_len = max(1.0, n_points / max(n_lines, 1))
-    if decimate:
-        n_keep = min(n_lines, INTERACTIVE_STREAMLINES)
-        step = max(1, int(np.ceil(n_keep * mean_len / max_points)))
-    else:
-        step = 1
-        n_keep = int(min(n_lines, max(1, max_points / mean_len)))
-    keep = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False))
-    starts, lengths = offsets[:-1][keep], counts[keep]
-    regular = (lengths + step - 1) // step
-    within = np.arange(int(regular.sum())) - np.repeat(np.cumsum(regular) - regular, regular)
-    picks = np.repeat(starts, regular) + within * step
-    needs_last = (lengths - 1) % step != 0
-    index = np.sort(np.concatenate([picks, (starts + lengths - 1)[needs_last]]))
-    new_offsets = np.concatenate([[0], np.cumsum(regular + needs_last)])
-    return index, new_offsets, keep
+    cells = streamline_cells(offsets, None, max_points, decimate)
+    return cells.point_index().astype(np.int64), cells.offsets.astype(np.int64), cells.streamlines
 
 
-def fiber_arrays(layer: Layer) -> FiberArrays:
-    """The display arrays of a tractogram layer: its points in RAS mm, direction colours and
-    scalars per point, and the levels of detail (full, coarse while moving, software at rest)."""
+def level_cells(offsets: np.ndarray, level: str, selected: np.ndarray | None = None) -> Cells:
+    """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
+    (bool per streamline) when there is a selection."""
+    budget, decimate = LEVELS[level]
+    ids = None if selected is None else np.flatnonzero(selected)
+    return streamline_cells(offsets, ids, budget, decimate)
+
+
+def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, connectivity) of the selected streamlines over the full, shared point array."""
+    cells = streamline_cells(offsets, np.flatnonzero(selected))
+    return cells.offsets.astype(np.int64), cells.point_index().astype(np.int64)
+
+
+def direction_colours(
+    points: np.ndarray, offsets: np.ndarray, rotation: np.ndarray | None = None, *, rgba: bool = False
+) -> np.ndarray:
+    """Per-point colour (uint8) from the local streamline direction |R t| (``rotation`` R: voxel
+    to world, identity by default), the usual fiber colouring; RGB, or RGBA (opaque) with
+    ``rgba``. Computed :data:`COLOUR_CHUNK_POINTS` at a time: no float copy of all points."""
+    n = len(points)
+    out = np.empty((n, 4 if rgba else 3), dtype=np.uint8)
+    if rgba:
+        out[:, 3] = 255
+    breaks = np.asarray(offsets[1:-1], dtype=np.int64)  # first points of streamlines 1..
+    turn = None if rotation is None else np.asarray(rotation, dtype=np.float32).T
+
+    def chunk(a: int) -> None:  # NumPy releases the GIL: chunks in parallel threads
+        b = min(n, a + COLOUR_CHUNK_POINTS)
+        lo, hi = max(a - 1, 0), min(b + 1, n)
+        part = np.asarray(points[lo:hi], dtype=np.float32)
+        diff = np.diff(part, axis=0)  # diff[j] joins points lo + j and lo + j + 1
+        inside = breaks[(breaks > lo) & (breaks < hi)]
+        diff[inside - 1 - lo] = 0.0  # no tangent across streamline boundaries
+        tangent = np.zeros_like(part)
+        tangent[:-1] += diff
+        tangent[1:] += diff
+        tangent = tangent[a - lo : a - lo + (b - a)]
+        if turn is not None:
+            tangent = tangent @ turn
+        norm = np.sqrt(np.einsum("ij,ij->i", tangent, tangent))
+        scale = np.float32(255.0) / np.where(norm > 0, norm, np.float32(1.0))
+        np.abs(tangent, out=tangent)
+        tangent *= scale[:, None]
+        tangent += np.float32(0.5)
+        out[a:b, :3] = tangent.astype(np.uint8)
+
+    starts = range(0, n, COLOUR_CHUNK_POINTS)
+    if len(starts) <= 1:
+        for a in starts:
+            chunk(a)
+        return out
+    with ThreadPoolExecutor(max_workers=min(COLOUR_THREADS, len(starts))) as pool:
+        list(pool.map(chunk, starts))
+    return out
+
+
+def fiber_arrays(layer: Layer, skip=()) -> FiberArrays:
+    """The display arrays of a tractogram layer: its points as they are, direction colours
+    (world directions) and the levels of detail (but those in ``skip``: made when asked for)."""
     tract = layer.data
-    points = tract.points_world()
-    data = {"direction": direction_colours(points, tract.offsets)}
-    for name in (*tract.point_scalars, *tract.streamline_scalars):
-        data[name] = layer.point_values(name)
-    arrays = FiberArrays(points, data)
-    arrays.levels["full"] = Level(points, data, tract.offsets, np.arange(len(points), dtype=np.int64))
-    for name, budget, decimate in (
-        ("coarse", INTERACTIVE_POINTS, True),
-        ("software", SOFTWARE_SETTLED_POINTS, False),
-    ):
-        picked = subset(tract.offsets, budget, decimate)
-        if picked is None:
-            arrays.levels[name] = arrays.levels["full"]
-        else:
-            index, offsets, kept = picked
-            arrays.levels[name] = Level(
-                points[index],
-                {key: value[index] for key, value in data.items()},
-                offsets.astype(np.int64),
-                np.arange(len(index), dtype=np.int64),
-                index,
-                kept,
-            )
+    points = np.asarray(tract.points)
+    rotation = np.asarray(tract.affine, dtype=np.float64)[:3, :3]
+    direction = direction_colours(points, tract.offsets, rotation, rgba=True)
+    arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, direction)
+    for name in LEVELS:
+        if name not in skip:
+            arrays.levels[name] = level_cells(tract.offsets, name)
     return arrays
 
 
-def direction_colours(points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Per-point RGB (uint8) from the local streamline direction |t|, the usual fiber colouring."""
-    tangent = np.zeros_like(points, dtype=np.float32)
-    if len(points) > 1:
-        diff = np.diff(points, axis=0).astype(np.float32)
-        tangent[:-1] += diff
-        tangent[1:] += diff
-        # No tangent across streamline boundaries.
-        starts = offsets[1:-1]
-        tangent[starts - 1] -= diff[starts - 1]
-        tangent[starts] -= diff[starts - 1]
-    norm = np.sqrt(np.einsum("ij,ij->i", tangent, tangent))
-    scale = np.float32(255.0) / np.where(norm > 0, norm, np.float32(1.0))
-    np.abs(tangent, out=tangent)
-    tangent *= scale[:, None]
-    tangent += np.float32(0.5)
-    return tangent.astype(np.uint8)
+def scalar_values(layer: Layer, name: str) -> tuple[np.ndarray, str]:
+    """A tractogram scalar as float32 for colouring: (values, "point") per point (the file's
+    array when it is float32 already), or (values, "streamline") per streamline (the view makes
+    them cell colours: nothing per point is computed)."""
+    tract = layer.data
+    if name in tract.point_scalars:
+        values = np.asarray(tract.point_scalars[name])
+        values = values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
+        return np.asarray(values, dtype=np.float32), "point"
+    if name in tract.streamline_scalars:
+        values = np.asarray(tract.streamline_scalars[name])
+        values = values.reshape(len(values), -1)[:, 0] if values.ndim > 1 else values
+        return np.asarray(values, dtype=np.float32), "streamline"
+    raise KeyError(f"{layer.name} has no scalar {name!r}")
 
 
-def fiber_point_colours(layer: Layer) -> np.ndarray:
+def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     """Per-point RGB (uint8) of a tractogram layer: by world direction, or a scalar through the
-    layer's colour map and range."""
+    layer's colour map and range (the slice views' colours); of the points of ``cells`` only
+    when given (a level of detail: nothing is computed for the points it leaves out)."""
     tract = layer.data
     if layer.color_by == "direction":
-        return direction_colours(tract.points_world(), tract.offsets)
+        colours = direction_colours(tract.points, tract.offsets, np.asarray(tract.affine)[:3, :3])
+        return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
     if layer.color_by == SOLID:  # one colour (a named bundle's): the layer's ``color``
         rgb = [int(layer.color[i : i + 2], 16) for i in (1, 3, 5)] if layer.color else [255, 255, 255]
-        return np.tile(np.asarray(rgb, dtype=np.uint8), (len(tract.points), 1))
-    values = layer.point_values(layer.color_by)
+        count = len(tract.points) if cells is None else cells.n_points
+        return np.tile(np.asarray(rgb, dtype=np.uint8), (count, 1))
+    if cells is None or cells.connectivity is None:
+        values = layer.point_values(layer.color_by)
+    else:
+        per, kind = scalar_values(layer, layer.color_by)
+        ids = np.arange(len(tract)) if cells.streamlines is None else cells.streamlines
+        values = per[cells.connectivity] if kind == "point" else np.repeat(per[ids], np.diff(cells.offsets))
     lo, hi = layer.clim
     index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
     return (LUTS.get(layer.colormap, LUTS["viridis"])[index] * 255 + 0.5).astype(np.uint8)
 
 
-def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, connectivity) of the selected streamlines over the full, shared point array."""
-    keep = np.flatnonzero(selected)
-    lengths = np.diff(offsets)[keep]
-    new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    owner_start = np.repeat(offsets[:-1][keep], lengths)
-    within = np.arange(int(new_offsets[-1])) - np.repeat(new_offsets[:-1], lengths)
-    return new_offsets, (owner_start + within).astype(np.int64)
-
-
 class FiberArrayCache:
-    """The display arrays of tractogram layers, computed once per layer (and per colouring or
-    reference grid where they depend on it); entries go when their layer is garbage collected.
-    Thread-safe: loading jobs prepare on workers while the views read on the GUI thread."""
+    """The display arrays of tractogram layers, computed once per layer (and per colouring,
+    selection or reference grid where they depend on it); entries go when their layer is garbage
+    collected. Thread-safe: loading and selection jobs prepare on workers while the views read
+    on the GUI thread."""
 
     def __init__(self) -> None:
         self._arrays: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._colours: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._scalars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._selections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._on_grid: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        #: Levels of detail not prepared ahead (the 3-D view says which it never draws here: the
+        #: hardware moving level with software OpenGL); made when asked for all the same.
+        self.skip_levels: frozenset[str] = frozenset()
 
     def prepare(self, layer: Layer) -> FiberArrays:
         """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
@@ -165,20 +285,57 @@ class FiberArrayCache:
             cached = self._arrays.get(layer)
         if cached is not None:
             return cached
-        arrays = fiber_arrays(layer)
+        arrays = fiber_arrays(layer, self.skip_levels)
         with self._lock:
             self._arrays[layer] = arrays
         return arrays
 
-    def colours(self, layer: Layer) -> np.ndarray:
-        """:func:`fiber_point_colours`, computed once per layer and colouring (views share it)."""
+    def cells(self, layer: Layer, level: str, selected: np.ndarray | None = None) -> Cells:
+        """The cells of ``level`` (:data:`LEVELS`) of the layer's streamlines, or of those that
+        ``selected`` keeps (computed once per selection array: a selection job calls
+        :meth:`prepare_selection` on its worker, the view then only reads)."""
+        arrays = self.prepare(layer)
+        if selected is None:
+            if level not in arrays.levels:  # skipped when prepared
+                cells = level_cells(arrays.offsets, level)
+                with self._lock:
+                    arrays.levels.setdefault(level, cells)
+            return arrays.levels[level]
+        with self._lock:
+            cached = self._selections.get(layer)
+        if cached is None or cached[0] is not selected:
+            cached = (selected, {})
+            with self._lock:
+                self._selections[layer] = cached
+        per_level = cached[1]
+        if level not in per_level:
+            per_level[level] = level_cells(arrays.offsets, level, selected)
+        return per_level[level]
+
+    def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
+        """The cells of every level of a selection (on a worker, before it is shown)."""
+        for level in LEVELS:
+            self.cells(layer, level, selected)
+
+    def scalar(self, layer: Layer, name: str) -> tuple[np.ndarray, str]:
+        """:func:`scalar_values`, computed once per layer and scalar."""
+        with self._lock:
+            cached = self._scalars.setdefault(layer, {})
+        if name not in cached:
+            cached[name] = scalar_values(layer, name)
+        return cached[name]
+
+    def colours(self, layer: Layer, cells: Cells | None = None) -> np.ndarray:
+        """:func:`fiber_point_colours` (RGB) of all points or of ``cells``', computed once per
+        layer, colouring and cells (views share it)."""
         if layer.color_by == "direction":
-            return self.prepare(layer).point_data["direction"]  # the prepared arrays already hold them
-        key = (layer.color_by, layer.colormap, layer.clim, layer.color)
+            colours = self.prepare(layer).direction[:, :3]  # the prepared arrays already hold them
+            return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+        key = (layer.color_by, layer.colormap, layer.clim, layer.color, id(cells))
         with self._lock:
             cached = self._colours.get(layer)
         if cached is None or cached[0] != key:
-            cached = (key, fiber_point_colours(layer))
+            cached = (key, fiber_point_colours(layer, cells))
             with self._lock:
                 self._colours[layer] = cached
         return cached[1]
@@ -187,9 +344,11 @@ class FiberArrayCache:
         """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets,
         streamline id of each point) for the slice views: the geometry until the grid changes,
         the colours until the colouring does. Very large tractograms use their at-rest level of
-        detail (whole streamlines, at most a few million points) so that a slab search per paint
-        stays in milliseconds; the views draw a bounded number of segments anyway."""
-        level = self.prepare(layer).levels["software"]
+        detail of software OpenGL (whole streamlines, at most a few million points) so that a
+        slab search per paint stays in milliseconds; the views draw a bounded number of segments
+        anyway."""
+        level = self.cells(layer, "software")
+        whole = level.streamlines is None
         grid_key = reference_affine.tobytes()
         colour_key = (layer.color_by, layer.colormap, layer.clim, layer.color)
         with self._lock:
@@ -197,19 +356,18 @@ class FiberArrayCache:
         if cached is None or cached["grid"] != grid_key:
             tract = layer.data
             to_ref = np.linalg.solve(reference_affine, tract.affine)
-            points = tract.points if level.index is None else tract.points[level.index]
+            points = tract.points if whole else tract.points[level.connectivity]
             if not Grid.affines_match(tract.affine, reference_affine):
                 to_ref = to_ref.astype(np.float32)
                 points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
-            ids = np.arange(len(tract)) if level.streamlines is None else level.streamlines
+            ids = np.arange(len(tract)) if whole else level.streamlines
             cached = {"grid": grid_key, "points": points, "streams": np.repeat(ids, np.diff(level.offsets))}
             with self._lock:
                 self._on_grid[layer] = cached
-        if cached.get("colour_key") != colour_key:
-            colours = self.colours(layer)
-            cached["colours"] = colours if level.index is None else colours[level.index]
+        if cached.get("colour_key") != colour_key:  # of the level's points only
+            cached["colours"] = self.colours(layer, None if whole else level)
             cached["colour_key"] = colour_key
-        return cached["points"], cached["colours"], level.offsets, cached["streams"]
+        return cached["points"], cached["colours"], level.offsets.astype(np.int64), cached["streams"]
 
     def cm_layer(self, name: str, tractogram) -> Layer:
         """A geodesic result as the Geodesic panel shows it (coloured by CM over its robust

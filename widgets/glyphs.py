@@ -33,7 +33,6 @@ their number is bounded so that drawing them stays fast whatever the image size:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 
@@ -52,33 +51,22 @@ from tractlens.app.display_data import (
 from tractlens.app.grid import Grid
 from tractlens.app.model import STICK_COLOURS, Document, Layer
 
+from .glyph_instances import _spow, _template, tensor_instances
 from .render import sample_layer
 
 log = logging.getLogger(__name__)
 
 MAX_GLYPHS_PER_PLANE = 2500  # 3-D: glyph cells per cursor plane (the step grows to stay below)
 MAX_GLYPHS_PER_PLANE_SOFTWARE = 600  # the same where OpenGL is software-rendered
+# Instanced tensor glyphs (widgets.glyph_instances) cost a few numbers each per slice step: a whole
+# 1.25 mm plane (145 × 174) with hardware OpenGL; their triangles are drawn, not built
+MAX_INSTANCED_GLYPHS_PER_PLANE = 40_000
+GLYPH_TRIANGLES_INSTANCED = 16_000_000
 GLYPH_TRIANGLES = 1_500_000  # 3-D: triangles of all glyphs (the surface resolution drops to stay below)
 GLYPH_TRIANGLES_SOFTWARE = 60_000
 MIN_GLYPH_CELL_PX = 5  # 2-D: ellipses on voxels at least this many screen pixels apart
 MAX_GLYPHS_2D = 4000  # 2-D: at most this many ellipse cells per view
 COLOUR_LEVELS = 8  # 2-D: levels per colour channel (one path per colour); grey stays grey
-
-
-def _spow(x: np.ndarray, power: np.ndarray) -> np.ndarray:
-    return np.sign(x) * np.abs(x) ** power
-
-
-@functools.lru_cache(maxsize=8)
-def _template(resolution: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Angles (θ around, φ from the pole) of a UV sphere's vertices and its triangles."""
-    sphere = pv.Sphere(radius=1.0, theta_resolution=resolution, phi_resolution=resolution)
-    pts = np.asarray(sphere.points, dtype=np.float64)
-    pts /= np.linalg.norm(pts, axis=1, keepdims=True)
-    theta = np.arctan2(pts[:, 1], pts[:, 0])
-    phi = np.arccos(np.clip(pts[:, 2], -1, 1))
-    faces = np.asarray(sphere.faces).reshape(-1, 4)[:, 1:]
-    return theta, phi, faces
 
 
 def glyph_mesh(
@@ -180,13 +168,16 @@ def stick_mesh(ends_world: np.ndarray, stick: np.ndarray) -> pv.PolyData:
 
 
 # ------------------------------------------------------------------ bounded glyph counts
-def glyph_step_3d(step: int, reference_shape, software: bool = False) -> int:
+def glyph_step_3d(step: int, reference_shape, software: bool = False, instanced: bool = False) -> int:
     """The step (every n-th voxel) of the 3-D glyphs: the layer's, or more so that no cursor
     plane has more than :data:`MAX_GLYPHS_PER_PLANE` glyph cells (``software``: OpenGL is
-    software-rendered, :data:`MAX_GLYPHS_PER_PLANE_SOFTWARE`)."""
+    software-rendered, :data:`MAX_GLYPHS_PER_PLANE_SOFTWARE`; ``instanced`` with hardware
+    OpenGL: :data:`MAX_INSTANCED_GLYPHS_PER_PLANE`)."""
     a, b, c = (int(v) for v in reference_shape)
     largest = max(a * b, a * c, b * c)
     cap = MAX_GLYPHS_PER_PLANE_SOFTWARE if software else MAX_GLYPHS_PER_PLANE
+    if instanced and not software:
+        cap = MAX_INSTANCED_GLYPHS_PER_PLANE
     return max(1, int(step), math.ceil(math.sqrt(largest / cap)))
 
 
@@ -200,11 +191,11 @@ def glyph_step_2d(step: int, plane_shape, cell_px: float) -> int:
     return max(1, int(step), spacing, count)
 
 
-def glyph_resolution(count: int, software: bool = False) -> int:
+def glyph_resolution(count: int, software: bool = False, instanced: bool = False) -> int:
     """Surface resolution of ``count`` 3-D glyphs: 10 (160 triangles each) when all fit in
-    :data:`GLYPH_TRIANGLES` (``software``: :data:`GLYPH_TRIANGLES_SOFTWARE`), else 8 (96),
-    else 6 (48)."""
-    budget = GLYPH_TRIANGLES_SOFTWARE if software else GLYPH_TRIANGLES
+    :data:`GLYPH_TRIANGLES` (``software``: :data:`GLYPH_TRIANGLES_SOFTWARE`; ``instanced`` with
+    hardware OpenGL: :data:`GLYPH_TRIANGLES_INSTANCED`), else 8 (96), else 6 (48)."""
+    budget = GLYPH_TRIANGLES_SOFTWARE if software else GLYPH_TRIANGLES_INSTANCED if instanced else GLYPH_TRIANGLES
     for resolution in (10, 8):
         if count * 2 * resolution * (resolution - 2) <= budget:
             return resolution
@@ -250,7 +241,7 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
     changes whenever the mesh would. ``software``: OpenGL is software-rendered (fewer glyphs)."""
     data, affine = layer.data.data, layer.data.affine.copy()
     reference, shape, cursor = doc.reference_affine.copy(), tuple(doc.reference_shape), doc.cursor.copy()
-    step = glyph_step_3d(layer.glyph_step, shape, software)
+    step = glyph_step_3d(layer.glyph_step, shape, software, instanced=True)
     display = (layer.glyph, float(layer.glyph_size), "fa" if layer.color_by == "fa" else "direction")
     # The voxels a step's planes show depend on the cursor's position along each axis only.
     key = (id(data), affine.tobytes(), reference.tobytes(), tuple(int(v) for v in cursor), step, display)
@@ -264,12 +255,12 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
         centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
         world = tensors_to_world(values[keep].astype(np.float64), affine)
         voxel_mm = float(np.sqrt((reference[:3, :3] ** 2).sum(0)).min())
-        return glyph_mesh(
+        return tensor_instances(  # per-glyph arrays: the view draws them as instances of source meshes
             world,
             centres,
             shape=display[0],
             size_mm=0.5 * step * voxel_mm * display[1],
-            resolution=glyph_resolution(int(keep.sum()), software),
+            resolution=glyph_resolution(int(keep.sum()), software, instanced=True),
             colour=display[2],
         )
 

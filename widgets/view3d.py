@@ -5,9 +5,8 @@ updated in place. Slice planes (at the finest visible image's resolution, as the
 coloured by the same compositing as the 2-D views (:func:`widgets.render.composite`); tensor, fODF
 and dyads layers are one glyph actor each on those planes, rebuilt when the cursor moves (tensor
 glyphs on a worker thread, at most :data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane). Each
-tractogram is one line actor whose arrays are shared with the model, not copied
-per frame; while the camera moves, a fixed subset of streamlines is drawn
-(level of detail) and the full set when it stops.
+tractogram's points go to the GPU once and levels of detail and selections are index ranges over
+them (:mod:`widgets.view3d_fibers`), the level drawn stated on screen.
 """
 
 from __future__ import annotations
@@ -20,18 +19,17 @@ import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
-from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
+from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkGlyph3DMapper, vtkMapper
 
-from tractlens.app.fiber_arrays import selected_cells
-from tractlens.app.layers import SOLID
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
-from .fiber_actors import draws_nothing, fiber_mesh, lookup_table, show_mesh, solid_actor
 from .fod_glyphs import volume_glyph_job
+from .glyph_instances import glyph_actor, is_instances, show_instances
 from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import composite, display_oversample, oversampled_voxels, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
-from .view3d_overlays import add_orientation_marker, colour_bar_title, show_one_colour_bar
+from .view3d_fibers import FiberView
+from .view3d_overlays import add_orientation_marker
 
 NO_RENDER = {"render": False, "reset_camera": False}
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
@@ -43,7 +41,7 @@ CAMERA_VIEWS = {
 }
 
 
-class View3D(QWidget):
+class View3D(FiberView, QWidget):
     plane_clicked = Signal(object)  # reference voxel (3,) of a cursor plane clicked with pick_planes on
 
     def __init__(self, document: Document, parent: QWidget | None = None):
@@ -76,12 +74,12 @@ class View3D(QWidget):
         self._roi_timer.setSingleShot(True)
         self._roi_timer.setInterval(150)  # a brush stroke rebuilds the surface once it pauses
         self._roi_timer.timeout.connect(self._update_roi_surfaces)
-        self._fibers: dict[int, dict] = {}
         self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._camera_set = False
         self._software_rendering: bool | None = None
         self._render_pending = False
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
+        self.frames_drawn = 0
         self._frame_start = 0.0
         self.plotter.ren_win.AddObserver("StartEvent", self._frame_started)
         self.plotter.ren_win.AddObserver("EndEvent", self._frame_ended)
@@ -89,6 +87,7 @@ class View3D(QWidget):
         self._lod_timer.setSingleShot(True)
         self._lod_timer.setInterval(250)
         self._lod_timer.timeout.connect(self._full_detail)
+        self._init_fibers()
         self.plotter.iren.add_observer("StartInteractionEvent", self._coarse_detail)
         self.plotter.iren.add_observer("EndInteractionEvent", lambda *a: self._lod_timer.start())
         self.plotter.iren.add_observer("LeftButtonPressEvent", self._left_pressed)
@@ -156,6 +155,7 @@ class View3D(QWidget):
 
     def _frame_ended(self, *_args) -> None:
         self.renders.append((self._frame_start, time.perf_counter()))
+        self.frames_drawn += 1
 
     def reset_camera(self) -> None:
         self._camera_set = True
@@ -411,9 +411,21 @@ class View3D(QWidget):
         if layer not in self.document.layers or not layer.visible:
             return
         actor = self._glyphs.get(id(layer))
+        if actor is not None and (
+            mesh is None or is_instances(mesh) != isinstance(actor.GetMapper(), vtkGlyph3DMapper)
+        ):
+            self.plotter.remove_actor(self._glyphs.pop(id(layer)), render=False)  # gone, or another kind
+            actor = None
         if mesh is None:
-            if actor is not None:
-                self.plotter.remove_actor(self._glyphs.pop(id(layer)), render=False)
+            pass
+        elif is_instances(mesh):  # tensor glyphs: per-glyph arrays drawn as instances of source meshes
+            if actor is None:
+                actor = glyph_actor(mesh)
+                self.plotter.add_actor(actor, name=f"glyphs_{id(layer)}", reset_camera=False, render=False)
+                self._glyphs[id(layer)] = actor
+            else:
+                show_instances(actor, mesh)
+            actor.GetProperty().SetOpacity(layer.opacity)
         elif actor is None:
             actor = self.plotter.add_mesh(
                 mesh, scalars="rgb", rgb=True, name=f"glyphs_{id(layer)}", show_scalar_bar=False, **NO_RENDER
@@ -444,152 +456,6 @@ class View3D(QWidget):
         if len(stick) == 0:
             return None
         return stick_mesh(ends @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3], stick)
-
-    # ---------------------------------------------------------------- fibers
-    def _sync_fibers(self) -> None:
-        present = {id(layer): layer for layer in self.document.layers if layer.kind == "tractogram"}
-        for key in list(self._fibers):
-            if key not in present:
-                self.plotter.remove_actor(self._fibers.pop(key)["actor"])  # pyvista drops its colour bar too
-        for key, layer in present.items():
-            if key not in self._fibers:
-                self._fibers[key] = self._build_fibers(layer)
-        self.layout_colour_bars()
-
-    def layout_colour_bars(self) -> None:
-        """One colour bar: the selected tractogram's (:meth:`show_colour_bar_of`), else the topmost
-        shown one's; none for hidden or empty layers."""
-        bars, shown = self.plotter.scalar_bars, []
-        for layer in reversed(self.document.layers):
-            entry = self._fibers.get(id(layer))
-            if entry is not None and entry.get("bar_title") and layer.visible and not draws_nothing(layer):
-                shown.insert(0 if layer is getattr(self, "bar_layer", None) else len(shown), entry["bar_title"])
-        show_one_colour_bar(bars, shown)
-
-    def show_colour_bar_of(self, layer) -> None:
-        """The selected layer's colour bar (when it has one), drawn at the next frame."""
-        self.bar_layer = layer
-        self.layout_colour_bars()
-        self.request_render()
-
-    def _reuse_fibers(self, old: Layer, new: Layer) -> None:
-        """A tractogram replaced by another (a tracking result growing): the new meshes go into
-        the old actor, which is much cheaper than a new actor and colour bar."""
-        entry = self._fibers.get(id(old))
-        if entry is None or new.kind != "tractogram" or entry["colour"][:2] != (new.color_by, new.colormap):
-            return
-        del self._fibers[id(old)]
-        entry["layer"] = new
-        self._build_meshes(entry)
-        entry["shown"] = "coarse"
-        entry["colour"] = (new.color_by, new.colormap, new.clim)
-        mapper = show_mesh(entry, entry["coarse"])
-        if new.color_by not in ("direction", SOLID):
-            mapper.SetScalarRange(*new.clim)  # the colour bar shares the lookup table
-            mapper.GetLookupTable().SetTableRange(*new.clim)
-        entry["colour"] = (new.color_by, new.colormap, new.clim)
-        self._apply_line_style(entry)
-        self._lod_timer.start()
-        self._fibers[id(new)] = entry
-
-    def _build_fibers(self, layer: Layer) -> dict:
-        entry = {"layer": layer, "actor": None}
-        self._build_meshes(entry)
-        # Progressive display: the light mesh first, the settled detail once the GUI is idle.
-        entry["shown"] = "coarse"
-        self._add_fiber_actor(entry)
-        self._lod_timer.start()
-        return entry
-
-    def _build_meshes(self, entry: dict) -> None:
-        """The light and settled meshes; with a selection, only the selected streamlines (over
-        the shared full point array) at both levels."""
-        layer = entry["layer"]
-        arrays = self.document.fiber_arrays.prepare(layer)  # normally done already by the loading job
-        entry["selection"] = layer.selection
-        if layer.selection is not None:
-            full = arrays.levels["full"]
-            offsets, connectivity = selected_cells(full.offsets, layer.selection)
-            mesh = fiber_mesh(full.points, offsets, connectivity, full.point_data)
-            entry["coarse"] = entry["settled"] = mesh
-            return
-        settled = "software" if self._software() else "full"
-        for name, level in (("coarse", "coarse"), ("settled", settled)):
-            cells = arrays.levels[level]
-            entry[name] = fiber_mesh(cells.points, cells.offsets, cells.connectivity, cells.point_data)
-
-    def _software(self) -> bool:
-        """Is OpenGL software-rendered here (then the settled detail is capped)?"""
-        if self._software_rendering is None:
-            info = self.plotter.ren_win.ReportCapabilities() or ""
-            self._software_rendering = any(name in info for name in ("llvmpipe", "softpipe", "swrast"))
-        return self._software_rendering
-
-    def _add_fiber_actor(self, entry: dict) -> None:
-        """(Re)create the tractogram's actor for its colouring; meshes are reused."""
-        layer = entry["layer"]
-        if entry["actor"] is not None:
-            self.plotter.remove_actor(entry["actor"])
-        if entry.get("bar_title") in self.plotter.scalar_bars.keys():  # removing the actor may have done it
-            self.plotter.remove_scalar_bar(title=entry["bar_title"])
-        entry["bar_title"] = None
-        entry["colour"] = (layer.color_by, layer.colormap, layer.clim)
-        name = f"fibers_{id(layer)}"
-        mesh = entry[entry["shown"]]
-        if layer.color_by == "direction":
-            actor = self.plotter.add_mesh(
-                mesh, scalars="direction", rgb=True, name=name, show_scalar_bar=False, line_width=1, **NO_RENDER
-            )
-        elif layer.color_by == SOLID:  # a named bundle in its colour
-            actor = solid_actor(self.plotter, mesh, layer.color, name, **NO_RENDER)
-        else:
-            actor = self.plotter.add_mesh(
-                mesh,
-                scalars=layer.color_by,
-                cmap=lookup_table(layer.colormap, layer.clim),
-                clim=layer.clim,
-                name=name,
-                line_width=1,
-                scalar_bar_args={"title": colour_bar_title(layer.name, layer.color_by), "color": "white"},
-                **NO_RENDER,
-            )
-            entry["bar_title"] = colour_bar_title(layer.name, layer.color_by)
-        entry["actor"] = actor
-        self.layout_colour_bars()
-        self._apply_line_style(entry)
-
-    def _apply_line_style(self, entry: dict) -> None:
-        layer, prop = entry["layer"], entry["actor"].GetProperty()
-        entry["actor"].SetVisibility(layer.visible and not draws_nothing(layer))
-        prop.SetOpacity(layer.opacity)
-        prop.SetRenderLinesAsTubes(bool(layer.tubes))  # shaded tubes in the shader: no extra geometry
-        prop.SetLineWidth(3.0 if layer.tubes else 1.0)
-
-    def _update_fiber_display(self, layer: Layer) -> None:
-        entry = self._fibers.get(id(layer))
-        if entry is None:
-            return
-        if entry["selection"] is not layer.selection:
-            self._build_meshes(entry)
-            entry["shown"] = "settled"
-            self._add_fiber_actor(entry)
-        elif entry["colour"] != (layer.color_by, layer.colormap, layer.clim):
-            self._add_fiber_actor(entry)
-        self._apply_line_style(entry)
-        self.layout_colour_bars()  # hidden or emptied: its bar goes
-
-    def _set_detail(self, which: str) -> None:
-        for entry in self._fibers.values():
-            entry["shown"] = which
-            show_mesh(entry, entry[which])
-
-    def _coarse_detail(self, *_args) -> None:
-        self._lod_timer.stop()
-        self._set_detail("coarse")
-
-    def _full_detail(self) -> None:
-        self._set_detail("settled")
-        self.plotter.render()
 
     def screenshot(self) -> np.ndarray:
         """The rendered 3-D view as (H, W, 3) uint8 (with the first camera placement, when the

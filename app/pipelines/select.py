@@ -97,7 +97,25 @@ def select_pipeline(
 def index_on_grid(tractogram: Tractogram, grid_affine: np.ndarray, device: str = "auto") -> StreamlineIndex:
     """The tractogram's points in voxel coordinates of another grid, kept on the compute device
     for repeated selections (the GUI keeps one per tractogram while ROIs are edited)."""
-    return StreamlineIndex(tractogram.points_on(grid_affine, np.float32), tractogram.offsets, device=device)
+    return StreamlineIndex(points_on_grid(tractogram, grid_affine), tractogram.offsets, device=device)
+
+
+#: Points converted to another grid at a time (no float64 copy of a whole-brain tractogram)
+GRID_CHUNK_POINTS = 1 << 22
+
+
+def points_on_grid(tractogram: Tractogram, grid_affine: np.ndarray) -> np.ndarray:
+    """The points (float32) in voxel coordinates of the grid ``grid_affine``: the tractogram's own
+    array when that is its grid (no copy), else converted :data:`GRID_CHUNK_POINTS` at a time."""
+    points = tractogram.points
+    if Grid.affines_match(tractogram.affine, grid_affine) and points.dtype == np.float32:
+        return points
+    to_grid = np.linalg.solve(np.asarray(grid_affine, dtype=np.float64), tractogram.affine)
+    out = np.empty(points.shape, dtype=np.float32)
+    for start in range(0, len(points), GRID_CHUNK_POINTS):
+        part = np.asarray(points[start : start + GRID_CHUNK_POINTS], dtype=np.float64)
+        out[start : start + GRID_CHUNK_POINTS] = part @ to_grid[:3, :3].T + to_grid[:3, 3]
+    return out
 
 
 def select_on_grid(

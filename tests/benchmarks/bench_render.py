@@ -1,23 +1,42 @@
-"""Benchmark: frame time while rotating large tractograms, our fiber layer vs plain pyvista.
+"""Benchmark: the window at whole-brain scale (issue 41): open, rotate, rest, select, glyphs.
 
-    python tests/benchmarks/bench_render.py [--counts 10000 100000 1000000] [--frames 10]
+    python tests/benchmarks/bench_render.py [--counts 1000000 10000000] [--points 100]
+        [--cache DIR] [--size 1600x1000] [--frames 20] [--device auto] [--out FILE]
 
-Synthetic streamlines (50 points each, smooth random curves in a 100 mm box)
-are shown (a) by TractLens's 3-D view (one actor per tractogram, a 20 k
-streamline level of detail while the camera moves, full detail when it stops)
-and (b) by a plain ``plotter.add_mesh`` of the same polylines, in the same
-window and run. For each size it reports the first-display time (arrays to the
-first rendered frame), the median frame time while rotating, and for ours the
-full-detail frame drawn when rotation stops. One JSON line per size, then a
-summary line. Starts its own Xvfb when there is no display; with Mesa's
-llvmpipe that is software rendering.
+For each N a synthetic whole-brain ``.trx`` (N streamlines of ``--points`` points, smooth curves
+in a 1.25 mm brain-sized grid, float32 positions and a per-streamline ``weight``) is written once
+into the cache folder, streamed part by part (vectorised, never whole in memory). Each N then runs
+in a fresh process (so its peak memory is its own), in a 1600×1000 main window with a reference
+image and a tensor layer on the 1.25 mm grid:
+
+- ``open_to_first_frame_s``: the window's own open (the loading job on a worker: read, display
+  arrays) until the first frame with the fibres has been drawn;
+- ``rotate_ms``: median frame time while the camera turns (3° per frame) with the level of detail
+  it states (``rotate_lod_text``); measured before (``rotate``) and after (``rotate_after_rest``)
+  the view has timed a full frame at rest (a fast full frame makes it draw all while moving);
+- ``rest_ms``: median frame time at rest, and what it draws (``rest_lod_text``: empty when all);
+- ``colour_change_ms``: direction -> COMMIT-like weight -> direction, frame included (no points rebuilt);
+- ``rss_*``: resident memory (``/proc/self/status``) before opening, its peak (VmHWM) and after,
+  against the file size (``rss_peak_over_file``, ``rss_added_over_file``: added by the open);
+- ``select_*``: an ROI edit (a 12 mm sphere moved by 3 voxels) -> the selection drawn, split into
+  the selection (``app.selection.select_fibres``, GPU when there is one), the index ranges
+  (``prepare_selection``) and the GUI's swap + frame; the first edit also builds the streamline
+  index;
+- ``glyph_step_ms``: tensor glyphs of the three cursor planes rebuilt after a one-voxel step of
+  the cursor, until drawn (median of several steps), with the glyph count.
+
+The GL vendor/renderer string says whether OpenGL is hardware (NVIDIA) or software (llvmpipe).
+Results: one JSON line per N, then ``--out`` (default ``tests/benchmarks/results/render_<gl>.json``)
+with the command line. Starts its own Xvfb when there is no display.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,129 +46,293 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+GRID_SHAPE = (145, 174, 145)  # a 1.25 mm brain grid (HCP-like)
+VOXEL_MM = 1.25
+AFFINE = np.array(
+    [[VOXEL_MM, 0, 0, -90.0], [0, VOXEL_MM, 0, -126.0], [0, 0, VOXEL_MM, -72.0], [0, 0, 0, 1]], dtype=np.float64
+)
+PART_STREAMLINES = 200_000
 
-def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
+
+def synthetic_part(n: int, n_points: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(points (n·n_points, 3) float32 RAS mm, weight (n,)): smooth curves through a brain-sized
+    ellipsoid, 1 mm steps, vectorised."""
+    centre = (AFFINE[:3, :3] @ (np.array(GRID_SHAPE) / 2) + AFFINE[:3, 3]).astype(np.float32)
+    radii = np.array([55.0, 70.0, 50.0], np.float32)
+    direction = rng.normal(size=(n, 3)).astype(np.float32)
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    middle = centre + rng.uniform(-0.6, 0.6, (n, 3)).astype(np.float32) * radii
+    bend = rng.normal(scale=0.004, size=(n, 3)).astype(np.float32)
+    t = np.arange(n_points, dtype=np.float32) - np.float32(n_points / 2)
+    points = middle[:, None, :] + direction[:, None, :] * t[None, :, None] + bend[:, None, :] * t[None, :, None] ** 2
+    return points.reshape(-1, 3), rng.uniform(0.0, 1.0, n).astype(np.float32)
+
+
+def synthetic_trx(folder: Path, n_streamlines: int, n_points: int = 100, seed: int = 0) -> Path:
+    """The cached synthetic .trx of ``n_streamlines`` (written once, part by part)."""
+    from tractlens.app.io.tractogram_stream import open_tractogram_writer
     from tractlens.app.model import Tractogram
 
+    path = folder / f"synthetic_{n_streamlines}x{n_points}.trx"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    start = rng.uniform(0, 100, (n_streamlines, 1, 3)).astype(np.float32)
-    direction = rng.normal(size=(n_streamlines, 1, 3)).astype(np.float32)
-    direction /= np.linalg.norm(direction, axis=2, keepdims=True)
-    bend = rng.normal(scale=0.02, size=(n_streamlines, 1, 3)).astype(np.float32)
-    t = np.arange(n_points, dtype=np.float32)[None, :, None]
-    points = start + direction * t + bend * t**2
-    offsets = np.arange(0, n_streamlines * n_points + 1, n_points, dtype=np.int64)
-    return Tractogram(points.reshape(-1, 3), offsets, np.eye(4), (100, 100, 100), name=f"{n_streamlines}")
+    start = time.perf_counter()
+    with open_tractogram_writer(path, AFFINE, GRID_SHAPE, points_in_mm=True) as writer:
+        for first in range(0, n_streamlines, PART_STREAMLINES):
+            n = min(PART_STREAMLINES, n_streamlines - first)
+            points, weight = synthetic_part(n, n_points, rng)
+            offsets = np.arange(0, n * n_points + 1, n_points, dtype=np.int64)
+            writer.append(Tractogram(points, offsets, AFFINE, GRID_SHAPE, streamline_scalars={"weight": weight}))
+    print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return path
 
 
-def line_connectivity(offsets: np.ndarray) -> np.ndarray:
-    """VTK's legacy [n, ids..., n, ids...] polyline array: what a plain pyvista user builds."""
-    counts = np.diff(offsets).astype(np.int64)
-    heads = np.cumsum(counts + 1) - (counts + 1)
-    out = np.empty(int(counts.sum()) + len(counts), dtype=np.int64)
-    out[heads] = counts
-    body = np.ones(len(out), dtype=bool)
-    body[heads] = False
-    out[body] = np.arange(int(counts.sum()), dtype=np.int64)
-    return out
+def rss_kb(field: str = "VmRSS") -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
 
 
-def rotate_frames(plotter, frames: int) -> list[float]:
+def frames(plotter, count: int, step_deg: float = 3.0) -> list[float]:
     times = []
-    for _ in range(frames):
-        plotter.camera.azimuth += 3.0
-        t0 = time.perf_counter()
+    for _ in range(count):
+        plotter.camera.azimuth += step_deg
+        start = time.perf_counter()
         plotter.render()
-        times.append(time.perf_counter() - t0)
+        times.append(time.perf_counter() - start)
     return times
 
 
-def bench_size(window, n: int, frames: int) -> dict:
-    import pyvista as pv
-    from PySide6.QtWidgets import QApplication
+def ms(values) -> float:
+    return round(1e3 * statistics.median(values), 1)
 
+
+def wait(app, condition, timeout_s: float) -> bool:
+    end = time.perf_counter() + timeout_s
+    while not condition():
+        if time.perf_counter() > end:
+            return False
+        app.processEvents()
+        time.sleep(0.001)
+    return True
+
+
+def settle(app) -> None:
+    """Process the events a change posted, including the view's coalesced repaint (one frame)."""
+    for _ in range(3):
+        app.processEvents()
+
+
+def scene_layers(document):
+    """A reference image and a tensor layer on the 1.25 mm grid (the glyphs' data)."""
     from tractlens.app.model import Layer
+    from tractlens.app.volumes import Volume
 
-    view = window.view3d
-    plotter = view.plotter
-    tract = synthetic_tractogram(n)
-    app = QApplication.instance()
-
-    # Ours: layer -> actor -> first frame.
-    t0 = time.perf_counter()
-    layer = Layer(f"bench {n}", tract, "tractogram")
-    window.document.fiber_arrays.prepare(layer)  # what the loading job does on its worker thread
-    prepare_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    window.document.add_layer(layer)
-    view._render_now()  # the first frame shows the light level; the settled one follows when idle
-    ours_first = time.perf_counter() - t0
-    app.processEvents()
-    plotter.reset_camera()
-    view._coarse_detail()  # what a mouse press on the view does
-    ours_frames = rotate_frames(plotter, frames)
-    view._full_detail()  # what the end of the interaction does (after a 250 ms pause)
-    t0 = time.perf_counter()
-    plotter.render()
-    ours_settled = time.perf_counter() - t0
-    layer.set(visible=False)
-    app.processEvents()
-
-    # Plain pyvista: the same polylines as one mesh, rendered at full detail every frame.
-    t0 = time.perf_counter()
-    mesh = pv.PolyData(tract.points, lines=line_connectivity(tract.offsets))
-    actor = plotter.add_mesh(mesh, color="white", name="plain", line_width=1)
-    plotter.render()
-    plain_first = time.perf_counter() - t0
-    plain_frames = rotate_frames(plotter, max(2, frames if n <= 100_000 else 3))
-    plotter.remove_actor(actor)
-    window.document.remove_layer(layer)
-    app.processEvents()
-    ours_ms = 1e3 * statistics.median(ours_frames)
-    plain_ms = 1e3 * statistics.median(plain_frames)
-    return {
-        "streamlines": n,
-        "points": len(tract.points),
-        "ours_prepare_s_worker": round(prepare_s, 3),
-        "ours_first_display_s_gui": round(ours_first, 3),
-        "ours_frame_ms_rotating": round(ours_ms, 1),
-        "ours_frame_ms_full_detail": round(1e3 * ours_settled, 1),
-        "plain_first_display_s": round(plain_first, 3),
-        "plain_frame_ms_rotating": round(plain_ms, 1),
-        "speedup_rotating": round(plain_ms / ours_ms, 1),
-    }
+    shape = GRID_SHAPE
+    grid = np.indices(shape, dtype=np.float32)
+    inside = sum(((grid[a] - shape[a] / 2) / (0.42 * shape[a])) ** 2 for a in range(3)) <= 1.0
+    del grid
+    image = np.where(inside, np.float32(0.5), np.float32(0.0))
+    document.add_layer(Layer("image", Volume("image", image, AFFINE), "scalar"))
+    rng = np.random.default_rng(1)
+    tensor = np.zeros((*shape, 6), np.float32)
+    v = rng.normal(size=(int(inside.sum()), 3)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    lam = np.float32(1.7e-3), np.float32(0.3e-3)
+    outer = v[:, :, None] * v[:, None, :] * (lam[0] - lam[1])
+    tensor[inside] = np.stack([outer[:, 0, 0], outer[:, 0, 1], outer[:, 0, 2], outer[:, 1, 1], outer[:, 1, 2],
+                               outer[:, 2, 2]], 1) + lam[1] * np.array([1, 0, 0, 1, 0, 1], np.float32)  # fmt: skip
+    layer = Layer("tensors", Volume("tensors", tensor, AFFINE, kind="tensor"), "tensor")
+    document.add_layer(layer)
+    return layer
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--counts", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    parser.add_argument("--frames", type=int, default=10)
-    parser.add_argument("--size", default="1200x800")
-    args = parser.parse_args()
+def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     from tests.conftest import _ensure_display
 
     _ensure_display()
     from PySide6.QtWidgets import QApplication
 
+    from tractlens.app.model import Layer
+    from tractlens.app.selection import RoiSelection, select_fibres
+    from tractlens.app.volumes import RoiMask
+    from tractlens.widgets.glyphs import wait_for_builds
     from tractlens.widgets.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
-    window = MainWindow(device="cpu")
-    width, height = (int(v) for v in args.size.split("x"))
+    window = MainWindow(device=device, autosave_s=0)  # the autosave is measured apart, at the end
+    width, height = (int(v) for v in size.split("x"))
     window.resize(width, height)
     window.show()
     app.processEvents()
-    renderer = window.view3d.plotter.ren_win.ReportCapabilities().splitlines()
-    gl = next((line.split(":", 1)[1].strip() for line in renderer if "renderer string" in line), "unknown")
+    view, doc = window.view3d, window.document
+    plotter = view.plotter
+    tensors = scene_layers(doc)
+    tensors.set(visible=False)
+    assert window.wait_for_jobs(600)
+    app.processEvents()
+    view._software()  # reads the OpenGL renderer string
+    row: dict = {"file": str(path), "file_bytes": path.stat().st_size, "gl_renderer": view.gl_renderer}
+    row["view_px"] = [view.width(), view.height()]
+    rss_before = rss_kb()
+
+    # Open: the window's own loading job, then the first frame with the fibres.
+    start = time.perf_counter()
+    window.open_paths([path])
+    assert window.wait_for_jobs(3600), "open failed"
+    layer = next(layer for layer in doc.layers if layer.kind == "tractogram")
+    assert wait(app, lambda: id(layer) in view._fibers, 600)
+    view._render_now()
+    app.processEvents()
+    plotter.render()
+    row["open_to_first_frame_s"] = round(time.perf_counter() - start, 2)
+    row["streamlines"], row["points"] = len(layer.data), int(layer.data.offsets[-1])
+    row["rss_after_open_mb"] = round(rss_kb() / 1024)
+    view.reset_camera()
+
+    # Rotate with the stated level of detail, rest, rotate again (the view has timed a full frame).
+    view._coarse_detail()
+    row["rotate_ms"] = ms(frames(plotter, n_frames))
+    row["rotate_lod_text"] = view.lod_text()
+    view._full_detail()
+    row["rest_ms"] = ms(frames(plotter, 3, 1.0))
+    row["rest_lod_text"] = view.lod_text()
+    row["full_frame_s_measured"] = view._full_frame_s
+    view._coarse_detail()
+    row["rotate_after_rest_ms"] = ms(frames(plotter, n_frames))
+    row["rotate_after_rest_lod_text"] = view.lod_text()
+    view._full_detail()
+
+    # Colour by a per-streamline weight and back: lookup-table changes, the points untouched.
+    points_before = view._fibers[id(layer)]["scene"].points
+    times = []
+    for colour in ("weight", "direction"):
+        start = time.perf_counter()
+        if colour == "weight":
+            layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))
+        else:
+            layer.set(color_by="direction")
+        settle(app)  # the view's own repaint draws the frame
+        times.append(time.perf_counter() - start)
+    row["colour_change_ms"] = [round(1e3 * t, 1) for t in times]  # the 2-D views repaint too
+    row["colour_change_rebuilt_points"] = view._fibers[id(layer)]["scene"].points is not points_before
+
+    # ROI edit -> selection drawn: select (worker), index ranges (worker), swap + frame (GUI).
+    ijk = np.indices(GRID_SHAPE, dtype=np.float32)
+    for edit, shift in enumerate((0, 3)):
+        centre = np.array(GRID_SHAPE) / 2 + shift
+        mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= (12.0 / VOXEL_MM) ** 2
+        roi = Layer("sphere", RoiMask("sphere", mask, AFFINE, role="target"), "roi")
+        request = RoiSelection((layer,), (mask,), (), AFFINE, ("sphere",))
+        t0 = time.perf_counter()
+        ((_, selected),) = select_fibres(doc, request, device=device)
+        t1 = time.perf_counter()
+        doc.fiber_arrays.prepare_selection(layer, selected)
+        t2 = time.perf_counter()
+        layer.set_selection(selected, by=request.by)
+        settle(app)
+        t3 = time.perf_counter()
+        key = "select_first" if edit == 0 else "select"
+        row[key] = {
+            "selected": int(selected.sum()),
+            "select_ms": round(1e3 * (t1 - t0), 1),
+            "index_ranges_ms": round(1e3 * (t2 - t1), 1),
+            "gui_swap_and_frame_ms": round(1e3 * (t3 - t2), 1),
+            "total_ms": round(1e3 * (t3 - t0), 1),
+        }
+        del roi
+    del ijk
+    layer.set_selection(None)
+
+    # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
+    layer.set(visible=False)
+    tensors.set(visible=True)
+    app.processEvents()
+    wait_for_builds(120_000)
+    assert wait(app, view.glyphs_ready, 120)
+    steps = []
+    for _ in range(5):
+        start = time.perf_counter()
+        doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
+        app.processEvents()
+        assert wait(app, view.glyphs_ready, 120)
+        plotter.render()
+        steps.append(time.perf_counter() - start)
+    row["glyph_step_ms"] = ms(steps)
+    actor = view._glyphs.get(id(tensors))
+    row["glyph_count"] = None if actor is None else int(actor.GetMapper().GetInput().GetNumberOfPoints())
+    row["glyph_actor"] = None if actor is None else type(actor.GetMapper()).__name__
+
+    row["rss_before_open_mb"] = round(rss_before / 1024)
+    row["rss_peak_mb"] = round(rss_kb("VmHWM") / 1024)
+    row["rss_end_mb"] = round(rss_kb() / 1024)
+    file_mb = path.stat().st_size / 2**20
+    row["rss_peak_over_file"] = round(row["rss_peak_mb"] / file_mb, 2)
+    row["rss_added_over_file"] = round((row["rss_after_open_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
+    row["rss_peak_added_over_file"] = round((row["rss_peak_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
+
+    # What an autosave (or File > Save session) of this document costs: sessions keep tractograms
+    # exactly, as float64 .trx side files.
+    if os.environ.get("BENCH_SESSION_SAVE", "1") == "1":
+        import tempfile
+
+        from tractlens.app.session import save_session
+
+        with tempfile.TemporaryDirectory(dir=path.parent) as folder:
+            start = time.perf_counter()
+            save_session(doc, Path(folder) / "session")
+            row["session_save_s"] = round(time.perf_counter() - start, 1)
+        row["rss_peak_with_session_save_mb"] = round(rss_kb("VmHWM") / 1024)
+    row["gl_renderer"] = view.gl_renderer
+    window.close()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--counts", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--points", type=int, default=100)
+    parser.add_argument(
+        "--cache", type=Path, default=Path(os.environ.get("TRACTLENS_BENCH_CACHE", "/tmp/tractlens-bench"))
+    )
+    parser.add_argument("--size", default="1600x1000")
+    parser.add_argument("--frames", type=int, default=20)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a child: one file
+    args = parser.parse_args()
+    if args.one is not None:
+        print("RESULT " + json.dumps(one_size(args.one, args.size, args.frames, args.device)), flush=True)
+        return
     rows = []
     for n in args.counts:
-        row = bench_size(window, n, args.frames)
-        row["renderer"] = gl
-        row["view_px"] = [window.view3d.width(), window.view3d.height()]
+        path = synthetic_trx(args.cache, n, args.points)
+        command = [sys.executable, __file__, "--one", str(path), "--size", args.size, "--frames", str(args.frames),
+                   "--device", args.device]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True)
+        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        if line is None:
+            row = {"streamlines": n, "error": (done.stderr or done.stdout)[-3000:], "returncode": done.returncode}
+        else:
+            row = json.loads(line[len("RESULT ") :])
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(json.dumps({"summary": rows}), flush=True)
-    window.close()
+    gl = next((row["gl_renderer"] for row in rows if row.get("gl_renderer")), "unknown")
+    kind = "nvidia" if "NVIDIA" in gl.upper() else "llvmpipe" if "llvmpipe" in gl else "other"
+    out = args.out or ROOT / "tests" / "benchmarks" / "results" / f"render_{kind}.json"
+    summary = {
+        "command": "python " + " ".join([str(Path(sys.argv[0])), *sys.argv[1:]]),
+        "gl_renderer": gl,
+        "cpu_count": os.cpu_count(),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rows": rows,
+    }
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -81,7 +81,11 @@ class FibreSelection(QObject):
         device = self.device
 
         def job(ctx):
-            return select_fibres(doc, request, device=device, cancelled=ctx.cancelled, check=ctx.check)
+            result = select_fibres(doc, request, device=device, cancelled=ctx.cancelled, check=ctx.check)
+            for layer, selected in result:  # the index ranges the views draw, here and not on the GUI thread
+                ctx.check()
+                doc.fiber_arrays.prepare_selection(layer, selected)
+            return result
 
         this = {}
 

@@ -1,0 +1,151 @@
+"""Tractograms in the 3-D view at whole-brain scale (issue 41): the points go to the GPU once as
+one vertex buffer over the tractogram's own float32 array; colouring, selection and the level
+of detail change lookup tables and index ranges, never the points; the level drawn is stated."""
+
+import numpy as np
+import pytest
+from vtkmodules.util.numpy_support import vtk_to_numpy
+
+from tests.benchmarks.bench_render import synthetic_trx
+from tests.conftest import ARTIFACTS
+from tractlens.app import fiber_arrays
+from tractlens.widgets import view3d_fibers
+
+
+@pytest.fixture
+def opened(window, qtbot, tmp_path):
+    """A synthetic whole-brain-like .trx (6,000 streamlines of 40 points) opened by the window,
+    with the slices hidden (nothing but the fibres in 3-D)."""
+    path = synthetic_trx(tmp_path, 6000, 40)
+    window.open_paths([path])
+    assert window.wait_for_jobs(120) and window.errors == []
+    layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
+    view = window.view3d
+    qtbot.waitUntil(lambda: id(layer) in view._fibers, timeout=10_000)
+    view.reset_camera()
+    return window, layer, view._fibers[id(layer)]["scene"]
+
+
+def points_state(scene):
+    data = scene.points.GetData()
+    return scene.points, data, scene.points.GetMTime(), data.GetMTime()
+
+
+def test_the_points_are_the_tractograms_float32_array_in_one_vertex_buffer(opened):
+    _window, layer, scene = opened
+    points = layer.data.points
+    assert points.dtype == np.float32 and points.flags.c_contiguous
+    drawn = vtk_to_numpy(scene.points.GetData())
+    assert drawn.dtype == np.float32 and np.shares_memory(drawn, points)  # wrapped, not copied
+    assert drawn.ctypes.data == points.ctypes.data
+    # Every level draws from the same vtkPoints and the same colour array: one buffer on the GPU.
+    rest, moving = scene.polydata["actor"], scene.polydata["moving"]
+    assert rest.GetPoints() is moving.GetPoints() is scene.points
+    assert rest.GetPointData().GetArray("direction") is moving.GetPointData().GetArray("direction")
+    direction = vtk_to_numpy(rest.GetPointData().GetArray("direction"))
+    assert direction.dtype == np.uint8 and direction.shape == (len(points), 4)
+    # The actor places voxel coordinates in the world; no float64 anywhere on the way.
+    matrix = scene.actor.GetUserMatrix()
+    np.testing.assert_allclose([[matrix.GetElement(i, j) for j in range(4)] for i in range(4)], layer.data.affine)
+    per_point = [value for value in vars(scene.arrays).values() if getattr(value, "size", 0) > 16]
+    assert per_point and all(value.dtype != np.float64 for value in per_point)
+    # All streamlines at rest (software OpenGL draws up to 2 M points): the implicit identity.
+    lines = rest.GetLines()
+    assert lines.IsStorageGeneric() and lines.GetNumberOfCells() == len(layer.data)
+
+
+def test_colour_changes_do_not_touch_the_points(opened, qtbot):
+    window, layer, scene = opened
+    view = window.view3d
+    before = points_state(scene)
+    first = view.screenshot()
+    layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))  # a per-streamline weight
+    qtbot.wait(50)
+    mapper = scene.actor.GetMapper()
+    assert mapper.GetArrayName() == "weight" and mapper.GetScalarModeAsString() == "UseCellFieldData"
+    np.testing.assert_allclose(mapper.GetScalarRange(), (0.0, 1.0))
+    weighted = view.screenshot()
+    assert points_state(scene) == before  # same vtkPoints, same array, nothing modified
+    assert np.abs(weighted.astype(int) - first.astype(int)).sum() > 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "fiber_buffers_weight.png")
+    layer.set(color_by="direction")
+    qtbot.wait(50)
+    assert points_state(scene) == before and mapper.GetArrayName() == "direction"
+
+
+def test_a_selection_changes_only_the_index_ranges(opened, qtbot):
+    _window, layer, scene = opened
+    before = points_state(scene)
+    selected = np.zeros(len(layer.data), dtype=bool)
+    selected[::7] = True
+    layer.set_selection(selected, by="a test")
+    qtbot.wait(50)
+    assert points_state(scene) == before
+    lines = scene.polydata["actor"].GetLines()
+    assert lines.GetNumberOfCells() == selected.sum()
+    offsets = layer.data.offsets
+    expected = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in np.flatnonzero(selected)])
+    np.testing.assert_array_equal(vtk_to_numpy(lines.GetConnectivityArray()), expected)
+    layer.set_selection(None)
+    qtbot.wait(50)
+    assert points_state(scene) == before
+    assert scene.polydata["actor"].GetLines().GetNumberOfCells() == len(layer.data)
+
+
+def test_the_level_of_detail_while_moving_is_stated_on_screen(opened, qtbot):
+    window, _layer, scene = opened
+    view = window.view3d
+    assert view.lod_text() == ""  # at rest: everything drawn, nothing to say
+    view._coarse_detail()  # what a mouse press on the view does
+    text = view.lod_text()
+    moving = fiber_arrays.INTERACTIVE_STREAMLINES
+    assert text == f"showing {moving:,} of 6,000 streamlines while moving"
+    assert scene.moving.GetVisibility() and not scene.actor.GetVisibility()
+    assert scene.polydata["moving"].GetLines().GetNumberOfCells() == moving
+    shot = view.screenshot()
+    ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "fiber_buffers_moving.png")
+    height, width = shot.shape[:2]
+    corner = shot[: height // 12, width // 2 :].astype(int)  # the line in the top right corner
+    assert ((corner[..., 0] > 150) & (corner[..., 1] > 120) & (corner[..., 2] < 120)).sum() > 30
+    view._full_detail()
+    assert view.lod_text() == "" and scene.actor.GetVisibility() and not scene.moving.GetVisibility()
+
+
+def test_at_rest_the_view_says_when_it_draws_fewer(window, qtbot, tmp_path, monkeypatch):
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (50_000, False))  # a small software budget
+    path = synthetic_trx(tmp_path, 6000, 40)
+    window.open_paths([path])
+    assert window.wait_for_jobs(120)
+    view = window.view3d
+    qtbot.waitUntil(lambda: bool(view._fibers), timeout=10_000)
+    view._full_detail()
+    assert view.lod_text().startswith("1,250 of 6,000 streamlines drawn at rest: software OpenGL")
+
+
+def test_hardware_rest_and_moving_levels_follow_the_measured_full_frame(window, qtbot, tmp_path, monkeypatch):
+    """With hardware OpenGL: every streamline at rest unless a full frame is over the budget (then
+    said, and the moving level drawn), every streamline while moving when a full frame is fast.
+    The budgets are set to 0 or to an hour here so that no verdict depends on this machine's speed."""
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (40_000, False))  # the levels are made when opened
+    view = window.view3d
+    monkeypatch.setattr(view, "_software", lambda: False)
+    window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
+    assert window.wait_for_jobs(120)
+    qtbot.waitUntil(lambda: bool(view._fibers), timeout=10_000)
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 3600.0)
+    monkeypatch.setattr(view3d_fibers, "FULL_FRAME_BUDGET_S", 3600.0)
+    view._full_detail()  # the first full frame uploads: not timed
+    view._full_detail()
+    assert view._full_frame_s is not None and view.lod_text() == ""
+    view._coarse_detail()
+    assert view.lod_text() == ""  # all drawn while moving: the full frame was within budget
+    view._full_detail()
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 0.0)
+    monkeypatch.setattr(view3d_fibers, "FULL_FRAME_BUDGET_S", 0.0)
+    view._full_detail()
+    text = view.lod_text()
+    assert text.startswith("1,000 of 6,000 streamlines drawn at rest: a full frame took"), text
+    view._coarse_detail()
+    assert view.lod_text() == "showing 1,000 of 6,000 streamlines while moving"

@@ -1,0 +1,152 @@
+"""Display arrays of tractograms at whole-brain scale (issue 41): index ranges over one point
+array, direction colours without a float copy of all points, points on another grid in chunks."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tractlens.app import fiber_arrays
+from tractlens.app.fiber_arrays import (
+    FiberArrayCache,
+    direction_colours,
+    level_cells,
+)
+from tractlens.app.model import Layer, Tractogram
+from tractlens.app.pipelines import select as select_pipeline
+
+
+def curvy(rng, n=300, lengths=(2, 40), affine=None):
+    counts = rng.integers(*lengths, n)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    steps = rng.normal(size=(int(offsets[-1]), 3)).astype(np.float32)
+    points = np.cumsum(steps, axis=0).astype(np.float32) + 50
+    affine = np.diag([1.25, 1.25, 1.25, 1.0]) if affine is None else affine
+    return Tractogram(points, offsets, affine, (80, 80, 80), streamline_scalars={"w": rng.random(n)})
+
+
+def reference_colours(world, offsets):
+    """The per-point direction colour, computed the plain way over all world points."""
+    tangent = np.zeros_like(world, dtype=np.float64)
+    for a, b in itertools.pairwise(offsets):
+        line = world[a:b].astype(np.float64)
+        if len(line) > 1:
+            d = np.diff(line, axis=0)
+            tangent[a : b - 1] += d
+            tangent[a + 1 : b] += d
+    norm = np.linalg.norm(tangent, axis=1)
+    return (np.abs(tangent) * (255.0 / np.where(norm > 0, norm, 1.0))[:, None] + 0.5).astype(np.uint8)
+
+
+def test_direction_colours_follow_world_directions_chunk_by_chunk(rng, monkeypatch):
+    rotation = np.array([[0.0, -1.25, 0.0], [1.25, 0.0, 0.0], [0.0, 0.0, 2.0]])  # voxel axes turned and scaled
+    affine = np.eye(4)
+    affine[:3, :3] = rotation
+    tract = curvy(rng, affine=affine)
+    expected = reference_colours(tract.points_world(), tract.offsets)
+    monkeypatch.setattr(fiber_arrays, "COLOUR_CHUNK_POINTS", 37)  # chunk edges inside streamlines and at them
+    rgba = direction_colours(tract.points, tract.offsets, rotation, rgba=True)
+    assert rgba.dtype == np.uint8 and rgba.shape == (len(tract.points), 4) and (rgba[:, 3] == 255).all()
+    assert np.abs(rgba[:, :3].astype(int) - expected).max() <= 1  # float32 against float64 rounding
+
+
+def test_levels_are_index_ranges_over_the_tractograms_own_points(rng):
+    tract = curvy(rng)
+    layer = Layer("t", tract, "tractogram")
+    arrays = FiberArrayCache().prepare(layer)
+    assert arrays.points is tract.points  # no copy, no world copy: the actor carries the affine
+    assert arrays.points.dtype == np.float32
+    np.testing.assert_array_equal(arrays.affine, tract.affine)
+    full = arrays.levels["full"]
+    assert full.connectivity is None and full.streamlines is None  # the identity: nothing stored
+    assert full.offsets.dtype == np.int32 and full.n_points == len(tract.points)
+    np.testing.assert_array_equal(full.point_index(), np.arange(len(tract.points)))
+
+
+def test_a_selection_is_the_selected_streamlines_point_ranges(rng):
+    tract = curvy(rng)
+    selected = rng.random(len(tract)) < 0.3
+    cells = level_cells(tract.offsets, "full", selected)
+    ids = np.flatnonzero(selected)
+    np.testing.assert_array_equal(cells.streamlines, ids)
+    expected = np.concatenate([np.arange(tract.offsets[i], tract.offsets[i + 1]) for i in ids])
+    np.testing.assert_array_equal(cells.connectivity, expected)
+    assert cells.connectivity.dtype == np.int32 and cells.offsets.dtype == np.int32
+    np.testing.assert_array_equal(np.diff(cells.offsets), tract.lengths[ids])
+
+
+def test_capped_levels_keep_whole_streamlines_within_their_budget(rng, monkeypatch):
+    tract = curvy(rng, n=2000)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (5000, False))
+    cells = level_cells(tract.offsets, "software")
+    assert cells.n_points <= 5000 + 40 and cells.n_streamlines < len(tract)
+    for k, line in enumerate(cells.streamlines):  # whole streamlines, their own points in order
+        part = cells.connectivity[cells.offsets[k] : cells.offsets[k + 1]]
+        np.testing.assert_array_equal(part, np.arange(tract.offsets[line], tract.offsets[line + 1]))
+
+
+def test_the_cache_keeps_a_selections_ranges_for_the_view(rng):
+    tract = curvy(rng)
+    layer = Layer("t", tract, "tractogram")
+    cache = FiberArrayCache()
+    selected = rng.random(len(tract)) < 0.5
+    cache.prepare_selection(layer, selected)  # what the selection job does on its worker
+    first = cache.cells(layer, "full", selected)
+    assert cache.cells(layer, "full", selected) is first  # the view only reads it
+    assert cache.cells(layer, "full", selected.copy()) is not first  # another selection: computed
+
+
+def test_scalars_for_colouring_are_float32_and_per_streamline_stays_per_streamline(rng):
+    tract = curvy(rng)
+    tract.point_scalars["fa"] = rng.random(len(tract.points)).astype(np.float32)
+    layer = Layer("t", tract, "tractogram")
+    values, kind = fiber_arrays.scalar_values(layer, "fa")
+    assert kind == "point" and values.dtype == np.float32 and np.shares_memory(values, tract.point_scalars["fa"])
+    values, kind = fiber_arrays.scalar_values(layer, "w")
+    assert kind == "streamline" and values.shape == (len(tract),) and values.dtype == np.float32
+
+
+@pytest.mark.parametrize("same_grid", [True, False])
+def test_points_on_the_selection_grid_without_a_float64_copy(rng, monkeypatch, same_grid):
+    tract = curvy(rng)
+    monkeypatch.setattr(select_pipeline, "GRID_CHUNK_POINTS", 101)
+    grid = (
+        tract.affine
+        if same_grid
+        else np.diag([2.0, 2.0, 2.0, 1.0]) @ np.array([[1, 0, 0, 3.0], [0, 1, 0, -1.0], [0, 0, 1, 2.0], [0, 0, 0, 1]])
+    )
+    points = select_pipeline.points_on_grid(tract, grid)
+    assert points.dtype == np.float32
+    if same_grid:
+        assert points is tract.points
+    else:
+        np.testing.assert_allclose(points, tract.points_on(grid), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("color_by", ["direction", "w", "fa"])
+def test_the_slice_views_colours_of_a_capped_level_are_those_of_its_points(rng, monkeypatch, color_by):
+    tract = curvy(rng, n=2000)
+    tract.point_scalars["fa"] = rng.random(len(tract.points)).astype(np.float32)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (5000, False))  # slice views use this level
+    layer = Layer("t", tract, "tractogram", color_by=color_by, colormap="viridis")
+    layer.clim = (0.2, 0.8)
+    cache = FiberArrayCache()
+    points, colours, _offsets, streams = cache.on_reference(layer, tract.affine)
+    level = cache.prepare(layer).levels["software"]
+    assert level.streamlines is not None and len(colours) == len(points) == level.n_points
+    every = fiber_arrays.fiber_point_colours(layer)  # all points, then the level's
+    np.testing.assert_array_equal(colours, every[level.connectivity])
+    np.testing.assert_array_equal(streams, np.repeat(level.streamlines, np.diff(level.offsets)))
+
+
+def test_a_level_not_prepared_ahead_is_made_when_asked_for(rng, monkeypatch):
+    tract = curvy(rng, n=2000)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (5000, False))
+    cache = FiberArrayCache()
+    cache.skip_levels = frozenset({"moving"})  # what the 3-D view says with software OpenGL
+    layer = Layer("t", tract, "tractogram")
+    assert "moving" not in cache.prepare(layer).levels
+    cells = cache.cells(layer, "moving")
+    assert cache.cells(layer, "moving") is cells  # kept
+    expected = level_cells(tract.offsets, "moving")
+    np.testing.assert_array_equal(cells.connectivity, expected.connectivity)

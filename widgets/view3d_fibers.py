@@ -1,0 +1,267 @@
+"""The tractograms of the 3-D view and their level of detail, stated on screen.
+
+Each tractogram is one :class:`~widgets.fiber_actors.FiberActors`: its points go to the GPU once,
+and what is drawn is a set of index ranges (:class:`app.fiber_arrays.Cells`, prepared on workers
+by the document's fiber array cache). At rest the view draws every (selected) streamline where
+the hardware allows it: with software OpenGL it draws at most
+:data:`~app.fiber_arrays.SOFTWARE_SETTLED_POINTS` points of whole streamlines, and with hardware
+OpenGL a full frame that takes longer than :data:`FULL_FRAME_BUDGET_S` makes it draw the moving
+level at rest instead. While the camera moves it draws a subset (every streamline when a full
+frame takes at most :data:`MOVING_FRAME_BUDGET_S`). Whenever fewer than all are drawn, a line in
+the top right corner says so ("showing 400 k of 10 M streamlines while moving").
+"""
+
+from __future__ import annotations
+
+import time
+
+from vtkmodules.vtkRenderingCore import vtkTextActor
+
+from tractlens.app.fiber_arrays import LEVELS
+from tractlens.app.layers import SOLID
+from tractlens.app.model import Layer
+
+from .fiber_actors import FiberActors, draws_nothing, lookup_table
+from .view3d_overlays import colour_bar_title, show_one_colour_bar
+
+FULL_FRAME_BUDGET_S = 1.0  # a full frame at rest may take this long, else the view draws fewer
+MOVING_FRAME_BUDGET_S = 1 / 30  # a full frame this fast is drawn while the camera moves too
+LOD_TEXT_PT = 13
+
+
+def gl_renderer(ren_win) -> str:
+    """The OpenGL renderer string ("NVIDIA H100 80GB HBM3/PCIe/SSE2", "llvmpipe (LLVM 15.0.6, 256 bits)")."""
+    info = ren_win.ReportCapabilities() or ""
+    line = next((line for line in info.splitlines() if "renderer string" in line), "")
+    return line.split(":", 1)[1].strip() if ":" in line else info[:200]
+
+
+def count_words(n: int) -> str:
+    """``400 k``, ``10 M``, ``5,000``: counts as the level-of-detail line says them."""
+    if n >= 1_000_000:
+        return f"{n / 1e6:.3g} M"
+    if n >= 10_000:
+        return f"{n / 1e3:.3g} k"
+    return f"{n:,}"
+
+
+class FiberView:
+    """The tractogram part of :class:`widgets.view3d.View3D` (a mixin: it uses the view's
+    ``plotter``, ``document``, ``request_render`` and ``_software``)."""
+
+    def _init_fibers(self) -> None:
+        self._fibers: dict[int, dict] = {}
+        self._moving = False
+        self._full_frame_s: float | None = None  # the last full frame at rest (hardware OpenGL)
+        self._frames_at_build = 0  # frames drawn when a tractogram came: the first one after uploads it
+        self._rest_capped = False  # a full frame was over budget: the moving level is drawn at rest
+        text = self._lod_actor = vtkTextActor()
+        text.GetPositionCoordinate().SetCoordinateSystemToNormalizedViewport()
+        text.SetPosition(0.99, 0.97)
+        prop = text.GetTextProperty()
+        prop.SetJustificationToRight()
+        prop.SetVerticalJustificationToTop()
+        prop.SetFontSize(LOD_TEXT_PT)
+        prop.SetColor(1.0, 0.85, 0.3)
+        text.SetInput("")
+        self.plotter.renderer.AddViewProp(text)
+
+    def _software(self) -> bool:
+        """Is OpenGL software-rendered here (then the settled detail is capped)?"""
+        if getattr(self, "_software_rendering", None) is None:
+            self.gl_renderer = gl_renderer(self.plotter.ren_win)
+            self._software_rendering = any(name in self.gl_renderer for name in ("llvmpipe", "softpipe", "swrast"))
+            if self._software_rendering:  # the hardware moving level is never drawn here: not prepared ahead
+                self.document.fiber_arrays.skip_levels = frozenset({"moving"})
+        return self._software_rendering
+
+    # ------------------------------------------------------------- levels
+    def _rest_level(self) -> str:
+        if self._software():
+            return "software"
+        return "moving" if self._rest_capped else "full"
+
+    def _moving_level(self) -> str:
+        if self._software():
+            return "moving_software"
+        fast = self._full_frame_s is not None and self._full_frame_s <= MOVING_FRAME_BUDGET_S
+        return self._rest_level() if fast else "moving"
+
+    def _place_cells(self, entry: dict) -> None:
+        """Both actors' index ranges for the levels of now and the layer's selection."""
+        layer, cache = entry["layer"], self.document.fiber_arrays
+        entry["selection"] = layer.selection
+        scene = entry["scene"]
+        rest = cache.cells(layer, self._rest_level(), layer.selection)
+        moving = cache.cells(layer, self._moving_level(), layer.selection)
+        scene.show_cells("actor", rest)
+        scene.show_cells("moving", rest if moving.n_points == rest.n_points else moving)
+        entry["shown_total"] = cache.cells(layer, "full", layer.selection).n_streamlines
+
+    def lod_text(self) -> str:
+        """What the level-of-detail line says now ("" when every streamline is drawn)."""
+        return self._lod_actor.GetInput() or ""
+
+    def _update_lod_text(self) -> None:
+        drawn = total = 0
+        for entry in self._fibers.values():
+            layer = entry["layer"]
+            if not layer.visible or draws_nothing(layer):
+                continue
+            cells = entry["scene"].cells.get("moving" if self._moving else "actor")
+            if cells is None or (self._moving and not entry["scene"].moving.GetVisibility()):
+                cells = entry["scene"].cells.get("actor")
+            drawn += 0 if cells is None else cells.n_streamlines
+            total += entry.get("shown_total", 0)
+        text = ""
+        if drawn < total:
+            what = f"{count_words(drawn)} of {count_words(total)} streamlines"
+            if self._moving:
+                text = f"showing {what} while moving"
+            elif self._software():
+                text = (
+                    f"{what} drawn at rest: software OpenGL draws at most {count_words(LEVELS['software'][0])} points"
+                )
+            else:
+                took = self._full_frame_s or 0.0
+                text = (
+                    f"{what} drawn at rest: a full frame took {took:.1f} s "
+                    f"(more than {FULL_FRAME_BUDGET_S:g} s on this OpenGL)"
+                )
+        self._lod_actor.SetInput(text)
+
+    # ------------------------------------------------------------- layers
+    def _sync_fibers(self) -> None:
+        present = {id(layer): layer for layer in self.document.layers if layer.kind == "tractogram"}
+        for key in list(self._fibers):
+            if key not in present:
+                entry = self._fibers.pop(key)
+                self._drop_bar(entry)
+                self.plotter.remove_actor(entry["scene"].actor, render=False)
+                self.plotter.remove_actor(entry["scene"].moving, render=False)
+        for key, layer in present.items():
+            if key not in self._fibers:
+                self._fibers[key] = self._build_fibers(layer)
+                self._frames_at_build, self._rest_capped = getattr(self, "frames_drawn", 0), False  # measured again
+        self.layout_colour_bars()
+        self._update_lod_text()
+
+    def _build_fibers(self, layer: Layer) -> dict:
+        arrays = self.document.fiber_arrays.prepare(layer)  # normally done already by the loading job
+        scene = FiberActors(arrays)
+        entry = {"layer": layer, "scene": scene, "actor": scene.actor, "colour": None, "bar_title": None}
+        self._place_cells(entry)
+        name = f"fibers_{id(layer)}"
+        self.plotter.add_actor(scene.actor, name=name, reset_camera=False, render=False, pickable=False)
+        self.plotter.add_actor(scene.moving, name=f"{name}_moving", reset_camera=False, render=False, pickable=False)
+        self._colour_fibers(entry)
+        self._apply_line_style(entry)
+        return entry
+
+    def _reuse_fibers(self, old: Layer, new: Layer) -> None:
+        """A tractogram replaced by another (a tracking result growing): the new arrays go into
+        the old actors, which is much cheaper than new actors and a new colour bar."""
+        entry = self._fibers.get(id(old))
+        if entry is None or new.kind != "tractogram" or entry["colour"][:2] != (new.color_by, new.colormap):
+            return
+        del self._fibers[id(old)]
+        entry["layer"] = new
+        entry["scene"].set_arrays(self.document.fiber_arrays.prepare(new))
+        self._place_cells(entry)
+        entry["colour"] = None
+        self._colour_fibers(entry)
+        self._apply_line_style(entry)
+        self._fibers[id(new)] = entry
+
+    def _colour_fibers(self, entry: dict) -> None:
+        """The layer's colouring: the mappers' colour array and lookup table (points untouched)."""
+        layer, scene = entry["layer"], entry["scene"]
+        key = (layer.color_by, layer.colormap, layer.clim, layer.color)
+        if entry["colour"] == key:
+            return
+        entry["colour"] = key
+        self._drop_bar(entry)
+        if layer.color_by == "direction":
+            scene.colour("direction")
+            return
+        if layer.color_by == SOLID:  # a named bundle in its colour
+            scene.solid(layer.color)
+            return
+        values, kind = self.document.fiber_arrays.scalar(layer, layer.color_by)
+        lut = lookup_table(layer.colormap, layer.clim)
+        scene.colour(layer.color_by, values, kind, lut, layer.clim)
+        title = colour_bar_title(layer.name, layer.color_by)
+        self.plotter.add_scalar_bar(title=title, mapper=scene.actor.GetMapper(), color="white", render=False)
+        entry["bar_title"] = title
+
+    def _drop_bar(self, entry: dict) -> None:
+        if entry.get("bar_title") in self.plotter.scalar_bars.keys():
+            self.plotter.remove_scalar_bar(title=entry["bar_title"], render=False)
+        entry["bar_title"] = None
+
+    def _apply_line_style(self, entry: dict) -> None:
+        layer = entry["layer"]
+        entry["scene"].style(layer.visible and not draws_nothing(layer), layer.opacity, layer.tubes)
+        entry["scene"].show_moving(self._moving)
+
+    def _update_fiber_display(self, layer: Layer) -> None:
+        entry = self._fibers.get(id(layer))
+        if entry is None:
+            return
+        if entry["selection"] is not layer.selection:
+            self._place_cells(entry)  # index ranges only
+        self._colour_fibers(entry)
+        self._apply_line_style(entry)
+        self.layout_colour_bars()  # hidden or emptied: its bar goes
+        self._update_lod_text()
+
+    def layout_colour_bars(self) -> None:
+        """One colour bar: the selected tractogram's (:meth:`show_colour_bar_of`), else the topmost
+        shown one's; none for hidden or empty layers."""
+        bars, shown = self.plotter.scalar_bars, []
+        for layer in reversed(self.document.layers):
+            entry = self._fibers.get(id(layer))
+            if entry is not None and entry.get("bar_title") and layer.visible and not draws_nothing(layer):
+                shown.insert(0 if layer is getattr(self, "bar_layer", None) else len(shown), entry["bar_title"])
+        show_one_colour_bar(bars, shown)
+
+    def show_colour_bar_of(self, layer) -> None:
+        """The selected layer's colour bar (when it has one), drawn at the next frame."""
+        self.bar_layer = layer
+        self.layout_colour_bars()
+        self.request_render()
+
+    # -------------------------------------------------------- interaction
+    def _set_moving(self, moving: bool) -> None:
+        self._moving = moving
+        for entry in self._fibers.values():
+            entry["scene"].show_moving(moving)
+        self._update_lod_text()
+
+    def _coarse_detail(self, *_args) -> None:
+        """The camera starts moving (a mouse press on the view)."""
+        self._lod_timer.stop()
+        self._set_moving(True)
+
+    def _full_detail(self) -> None:
+        """The camera stopped: everything the hardware allows, timed; over budget, fewer."""
+        self._set_moving(False)
+        uploaded = getattr(self, "frames_drawn", 0) > self._frames_at_build  # the points are on the GPU already
+        start = time.perf_counter()
+        self.plotter.render()
+        took = time.perf_counter() - start
+        full = self._rest_level() == "full" and any(
+            entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None
+            for entry in self._fibers.values()
+        )
+        if full and self._fibers:
+            if uploaded:  # the first frame after a tractogram came uploads its points: not a drawing time
+                self._full_frame_s = took
+                if took > FULL_FRAME_BUDGET_S:
+                    self._rest_capped = True
+                    for entry in self._fibers.values():
+                        self._place_cells(entry)
+                    self._update_lod_text()
+                    self.plotter.render()
+        for entry in self._fibers.values():  # the moving level may follow the measured frame time
+            self._place_cells(entry)
