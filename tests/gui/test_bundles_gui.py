@@ -54,6 +54,7 @@ def test_named_bundles_from_the_track_menu_become_coloured_layers(window, qtbot,
     folder = phantom_folder
     window.open_paths([folder / "FA.nii.gz"])
     assert window.wait_for_jobs(60) and window.errors == []
+    assert window.first_steps.hint.isVisible()  # no tract yet: the newcomer's hint is up
     trigger(window, "Track", "Named bundles…")
     dialog = window.bundles.dialog
     qtbot.waitUntil(dialog.isVisible, timeout=3000)
@@ -78,6 +79,7 @@ def test_named_bundles_from_the_track_menu_become_coloured_layers(window, qtbot,
         assert layer.color_by == SOLID and layer.color == hex_colour(bundle_colour(name))
         assert layer.provenance["citation"].startswith("Warrington")
     assert (folder / "bundles" / "bundles.json").is_file()
+    assert not window.first_steps.hint.isVisible()  # a first result exists: "New ROI → paint → Track" goes
     assert "3 of 3 tracked" in window.statusBar().currentMessage()
     qtbot.wait(1500)
     ARTIFACTS.mkdir(exist_ok=True)

@@ -71,6 +71,7 @@ class BundlesController:
                 self.document.add_layer(layer)
             if layers:
                 self.window.select_layer(layers[-1])
+                self.window.first_steps.tracked_elsewhere()
             problems = problems_text(result)
             text = f"Named bundles: {len(layers)} of {len(result.bundles)} tracked into {result.output}"
             self.window.statusBar().showMessage(text + (f" (not found: {problems})" if problems else ""), 30000)

@@ -146,6 +146,11 @@ class FirstSteps(QObject):
             self.centre_on(layer)
         self.result_label.setText(result_text(method, layer))
 
+    def tracked_elsewhere(self) -> None:
+        """A tracking result made another way (Track ▸ Named bundles…): the hint's work is done."""
+        self.tracked = True
+        self.update_hint()
+
     def centre_on(self, layer) -> None:
         """Put the cursor (and so the slices) at the middle of the result (a tractogram's points,
         a path distribution's voxels)."""
