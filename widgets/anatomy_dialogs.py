@@ -12,7 +12,6 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
-    QDialogButtonBox,
     QFormLayout,
     QLabel,
     QLineEdit,
@@ -27,7 +26,7 @@ from tractlens.app.model import Layer
 from tractlens.app.window_words import window_words
 
 from . import dialogs
-from .fit_dialog_parts import message_label
+from .fit_dialog_parts import message_label, submit_buttons
 from .params_form import ParamsForm
 
 SIDES = (("both sides", None), ("left", "left"), ("right", "right"))
@@ -76,12 +75,7 @@ class RegisterDialog(QDialog):
         form.addRow("Onto", self.fixed_box)
         form.addRow("Its brain mask", self.fixed_mask_box)
         form.addRow(self.form)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.ok_button.setText("Register")
-        self.ok_button.setObjectName("register_ok")
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons, self.ok_button = submit_buttons(self, "Register", "register_ok")
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(self.message)
@@ -171,12 +165,7 @@ class AtlasRegionDialog(QDialog):
         form.addRow("Atlas", self.atlas_box)
         form.addRow("Search", self.search)
         form.addRow("Side", self.side_box)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.ok_button.setText("Add ROI")
-        self.ok_button.setObjectName("atlas_ok")
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons, self.ok_button = submit_buttons(self, "Add ROI", "atlas_ok")
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(QLabel("Regions"))

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 from PySide6.QtWidgets import (
     QDialog,
-    QDialogButtonBox,
     QFormLayout,
     QLabel,
     QVBoxLayout,
@@ -30,7 +29,7 @@ from tractlens.app.pipelines.ballstick import BallStickParams
 from tractlens.app.window_words import window_words
 
 from . import dialogs
-from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
+from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice, submit_buttons
 from .params_form import ParamsForm
 
 
@@ -80,12 +79,7 @@ class BallStickDialog(QDialog):
         form.addRow("", self.samples)
         form.addRow("", self.estimate_label)
         form.addRow(self.save, where)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.fit_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.fit_button.setText("Fit")
-        self.fit_button.setObjectName("bs_fit")
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons, self.fit_button = submit_buttons(self, "Fit", "bs_fit")
         layout = QVBoxLayout(self)
         x, y, z = self.dwi.shape3
         layout.addWidget(QLabel(f"{x}×{y}×{z} voxels, {len(self.dwi.bvals)} volumes"))

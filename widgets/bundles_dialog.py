@@ -13,7 +13,6 @@ from PySide6.QtGui import QColor, QIcon, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
-    QDialogButtonBox,
     QFormLayout,
     QHBoxLayout,
     QLineEdit,
@@ -29,7 +28,7 @@ from tractlens.app.params import BundleParams
 from tractlens.app.window_words import window_words
 
 from . import dialogs
-from .fit_dialog_parts import message_label
+from .fit_dialog_parts import message_label, submit_buttons
 from .params_form import ParamsForm
 
 #: The data sources: (keyword of run_bundles, what the combo box says).
@@ -114,12 +113,7 @@ class BundlesDialog(QDialog):
         form.addRow("Registration to MNI", self.registration_field)
         form.addRow("Write to", self.output_field)
         form.addRow(self.form)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.ok_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.ok_button.setText("Track bundles")
-        self.ok_button.setObjectName("bundles_ok")
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons, self.ok_button = submit_buttons(self, "Track bundles", "bundles_ok")
         row = QHBoxLayout()
         row.addWidget(every)
         row.addWidget(none)

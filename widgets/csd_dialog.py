@@ -16,7 +16,6 @@ from pathlib import Path
 
 from PySide6.QtWidgets import (
     QDialog,
-    QDialogButtonBox,
     QFormLayout,
     QLabel,
     QVBoxLayout,
@@ -27,7 +26,7 @@ from tractlens.app.model import Layer
 from tractlens.app.pipelines.csd import CSDParams, PeakParams
 from tractlens.app.window_words import window_words
 
-from .fit_dialog_parts import SaveFolder, default_folder, message_label
+from .fit_dialog_parts import SaveFolder, default_folder, message_label, submit_buttons
 from .params_form import ParamsForm
 
 FIT_CSD = "Fit CSD…"
@@ -68,12 +67,7 @@ class CsdDialog(QDialog):
         form.addRow(QLabel("Peaks"))
         form.addRow(self.peak_form)
         form.addRow(self.save, row)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.fit_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.fit_button.setText("Fit")
-        self.fit_button.setObjectName("csd_fit")
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons, self.fit_button = submit_buttons(self, "Fit", "csd_fit")
         layout = QVBoxLayout(self)
         x, y, z = self.dwi.shape3
         self.shells = sorted({round(float(b), -2) for b in self.dwi.bvals if b > self.dwi.b0_threshold})

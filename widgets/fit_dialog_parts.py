@@ -1,11 +1,20 @@
-"""Parts the fit dialogs share (ball & sticks, CSD, microstructure models): where to fit, where
-to save, and the line that says what is wrong with the settings."""
+"""Parts the job dialogs share (the fits, registration, atlas regions, named bundles): where to
+fit, where to save, the line that says what is wrong with the settings, and the buttons."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QHBoxLayout, QLabel, QLineEdit, QPushButton
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+)
 
 from tractlens.app.io import split_suffix
 
@@ -20,6 +29,17 @@ def region_choice(rois, object_name: str) -> QComboBox:
     region.setObjectName(object_name)
     region.addItems([BRAIN, *(f"ROI {roi.name} ({roi.data.voxel_count} voxels)" for roi in rois)])
     return region
+
+
+def submit_buttons(dialog: QDialog, text: str, object_name: str) -> tuple[QDialogButtonBox, QPushButton]:
+    """OK (named ``text``, found by ``object_name``) and Cancel, wired to ``dialog``'s accept and reject."""
+    buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+    ok = buttons.button(QDialogButtonBox.StandardButton.Ok)
+    ok.setText(text)
+    ok.setObjectName(object_name)
+    buttons.accepted.connect(dialog.accept)
+    buttons.rejected.connect(dialog.reject)
+    return buttons, ok
 
 
 def message_label(object_name: str) -> QLabel:

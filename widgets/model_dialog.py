@@ -17,7 +17,6 @@ import numpy as np
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
-    QDialogButtonBox,
     QFormLayout,
     QLabel,
     QVBoxLayout,
@@ -35,7 +34,7 @@ from tractlens.app.pipelines.fit_model import (
 from tractlens.app.usecases.fits import fit_model
 from tractlens.app.window_words import window_words
 
-from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice
+from .fit_dialog_parts import SaveFolder, default_folder, message_label, region_choice, submit_buttons
 from .params_form import ParamsForm
 
 #: Maps shown as layers while the fit runs (those the model has), the first one visible.
@@ -74,12 +73,7 @@ class ModelFitDialog(QDialog):
         form.addRow("Fit inside", self.region)
         form.addRow(self.form)
         form.addRow(self.save, where)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        self.fit_button = buttons.button(QDialogButtonBox.StandardButton.Ok)
-        self.fit_button.setText("Fit")
-        self.fit_button.setObjectName("model_fit")
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons, self.fit_button = submit_buttons(self, "Fit", "model_fit")
         layout = QVBoxLayout(self)
         x, y, z = self.dwi.shape3
         layout.addWidget(QLabel(f"{x}×{y}×{z} voxels, {len(self.dwi.bvals)} volumes"))
