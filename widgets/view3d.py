@@ -41,6 +41,10 @@ CAMERA_VIEWS = {
 }
 
 
+#: The 3-D cursor planes' opacity per mode (0: hidden).
+PLANE_MODES = {"opaque": 1.0, "translucent": 0.35, "hidden": 0.0}
+
+
 class View3D(FiberView, QWidget):
     plane_clicked = Signal(object)  # reference voxel (3,) of a cursor plane clicked with pick_planes on
 
@@ -61,6 +65,7 @@ class View3D(FiberView, QWidget):
         layout.addWidget(self.plotter.interactor)
         self.orientation_marker = add_orientation_marker(self.plotter)  # R/L, A/P, S/I
         self._planes: dict[str, tuple] = {}
+        self.plane_mode = "opaque"  # the cursor planes: one of PLANE_MODES (View > Slice planes in 3-D)
         self._glyphs: dict[int, object] = {}
         self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its glyph builds (workers)
         self._roi_surfaces: dict[int, object] = {}
@@ -213,7 +218,17 @@ class View3D(FiberView, QWidget):
             grid, actor = self._planes[view]
             grid.points = points
             grid.point_data["rgb"] = rgb.reshape(-1, 3)
-            actor.SetVisibility(any_volume)
+            actor.SetVisibility(any_volume and PLANE_MODES[self.plane_mode] > 0)
+            actor.GetProperty().SetOpacity(PLANE_MODES[self.plane_mode] or 1.0)
+
+    def set_plane_mode(self, mode: str) -> None:
+        """The cursor planes drawn opaque, translucent (bundles and ROI surfaces show through) or
+        not at all; the slice views are unchanged."""
+        if mode not in PLANE_MODES:
+            raise ValueError(f"plane mode {mode!r} is not one of {', '.join(PLANE_MODES)}")
+        self.plane_mode = mode
+        self._update_planes()
+        self.request_render()
 
     # ------------------------------------------------------------ ROI surfaces
     def _update_roi_surfaces(self) -> None:

@@ -84,6 +84,18 @@ def test_named_bundles_from_the_track_menu_become_coloured_layers(window, qtbot,
     qtbot.wait(1500)
     ARTIFACTS.mkdir(exist_ok=True)
     window.save_screenshot(ARTIFACTS / "bundles_layers.png")  # each bundle in its colour
+    # Opaque cursor planes hid most of each bundle in 3-D: they turned translucent, which the
+    # View menu shows, and the user can hide them.
+    planes = [actor for _grid, actor in window.view3d._planes.values()]
+    assert window.view3d.plane_mode == "translucent" and "translucent" in window.statusBar().currentMessage()
+    assert planes and all(a.GetVisibility() and a.GetProperty().GetOpacity() < 1 for a in planes)
+    assert window.view_controls.plane_actions["translucent"].isChecked()
+    trigger(window, "View ▸ Slice planes in 3-D", "Hidden")
+    assert not any(a.GetVisibility() for a in planes)
+    qtbot.wait(300)
+    window.save_screenshot(ARTIFACTS / "bundles_planes_hidden.png")
+    trigger(window, "View ▸ Slice planes in 3-D", "Opaque")
+    assert all(a.GetVisibility() and a.GetProperty().GetOpacity() == 1 for a in planes)
 
     lesion = window.open_roi(folder / "lesion.nii.gz", role="lesion")
     panel = window.presurgical_panel

@@ -74,6 +74,10 @@ class BundlesController:
                 self.window.first_steps.tracked_elsewhere()
             problems = problems_text(result)
             text = f"Named bundles: {len(layers)} of {len(result.bundles)} tracked into {result.output}"
+            if layers and self.window.view3d.plane_mode == "opaque":
+                # opaque cursor planes hide most of a bundle in 3-D: let it show through them
+                self.window.view_controls.set_plane_mode("translucent")
+                text += "; 3-D slice planes made translucent (View ▸ Slice planes in 3-D)"
             self.window.statusBar().showMessage(text + (f" (not found: {problems})" if problems else ""), 30000)
 
         return self.runner.submit(f"named bundles ({len(names)})", job, on_done=done, on_error=self.window.report_error)

@@ -1,5 +1,6 @@
 """The View menu: the 3-D camera (reset, along an axis), slice stepping, the radiological
-convention, one view maximised, and the slab of fibres drawn on the slices. About widgets: it
+convention, one view maximised, the slab of fibres drawn on the slices, and the 3-D slice planes
+(opaque, translucent or hidden). About widgets: it
 holds the window's views."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class ViewControls:
         self.view3d = view3d
         self.views = views
         self.slab_actions: dict[float | None, QAction] = {}
+        self.plane_actions: dict[str, QAction] = {}
 
     def build(self, view_menu, toolbar) -> None:
         window = self.window
@@ -64,6 +66,18 @@ class ViewControls:
             self.slab_actions[mm] = action
         saved = settings().value(SLAB_KEY, DEFAULT_SLAB_MM)
         self.set_fiber_slab(None if saved in ("all", None) else float(saved))
+        planes_menu = view_menu.addMenu("Slice &planes in 3-D")
+        group = QActionGroup(window)
+        for mode, text in (("opaque", "&Opaque"), ("translucent", "&Translucent"), ("hidden", "&Hidden")):
+            action = add_action(window, planes_menu, text, lambda m=mode: self.set_plane_mode(m), checkable=True)
+            group.addAction(action)
+            self.plane_actions[mode] = action
+        self.plane_actions[self.view3d.plane_mode].setChecked(True)
+
+    def set_plane_mode(self, mode: str) -> None:
+        """The 3-D view's cursor planes opaque, translucent or hidden, its menu item checked."""
+        self.view3d.set_plane_mode(mode)
+        self.plane_actions[mode].setChecked(True)
 
     def reset_slice_zoom(self) -> None:
         """Every slice view back to the whole slice, centred (zoom 1, no pan)."""
