@@ -66,7 +66,9 @@ def _install_capture(record_dir: Path):
     keys: dict[str, str] = {}
     calls: list[dict] = []
     blocks: dict[str, str] = {}
+    banners: set[str] = set()  # NVRTC's banner, as CuPy puts it into every key
     real_hash, real_compile = compiler._hash_hexdigest, compiler._compile_with_cache_cuda
+    real_preprocess = getattr(compiler, "_preprocess", None)
 
     def shrink(text: str) -> str:
         """CuPy's headers (the long ``extra_source`` of every kernel of its own) as a marker."""
@@ -101,16 +103,29 @@ def _install_capture(record_dir: Path):
         )
         return real_compile(source, options, arch, extra_source, backend, *args, **kwargs)
 
+    def preprocess(source, options, arch, backend):
+        out = real_preprocess(source, options, arch, backend)
+        if source == "" and isinstance(out, str):
+            banners.add(out)
+        return out
+
     compiler._hash_hexdigest = hash_hexdigest
     compiler._compile_with_cache_cuda = compile_with_cache_cuda
+    if real_preprocess is not None:
+        compiler._preprocess = preprocess
 
     def save():
         from cupy._core import core
+
+        sys.path.insert(0, str(ROOT))
+        from tractlens.app.kernel_cache import cupy_include_dirs
 
         record = {
             "cupy_version": __import__("cupy").__version__,
             "nvrtc": list(__import__("cupy").cuda.nvrtc.getVersion()),
             "cupy_core_dir": os.path.dirname(os.path.abspath(core.__file__)),
+            "include_dirs": list(cupy_include_dirs(core)) if keys else None,  # None: nothing compiled, not asked
+            "banners": sorted(banners),
             "keys": keys,
             "calls": calls,
             "blocks": blocks,
@@ -242,22 +257,29 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
 
     keys: dict[str, str] = {}
     blocks: dict[str, str] = {}
-    meta = None
+    banners: set[str] = set()
+    meta = include_dirs = None
     for path in sorted(record_dir.glob("*.json.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             record = json.load(f)
         keys.update(record["keys"])
         blocks.update(record["blocks"])
+        banners.update(record.get("banners", ()))
         here = (record["cupy_version"], tuple(record["nvrtc"]), record["cupy_core_dir"])
-        if meta is not None and meta != here:
+        dirs = record.get("include_dirs")
+        if (meta is not None and meta != here) or (dirs is not None and include_dirs not in (None, dirs)):
             raise SystemExit(
-                f"build_kernels.py: the captured processes saw different CuPy installations: {meta} {here}"
+                f"build_kernels.py: the captured processes saw different CuPy installations: "
+                f"{meta} {include_dirs} / {here} {dirs}"
             )
-        meta = here
+        meta, include_dirs = here, dirs if dirs is not None else include_dirs
     if meta is None:
         raise SystemExit("build_kernels.py: nothing was recorded")
     cupy_version, nvrtc, core_dir = meta
-    marks = {f"\x00tractlens:block:{bid}\x00": kc.template(text, core_dir) for bid, text in blocks.items()}
+    built = kc.Runtime(cupy_version, nvrtc, "", core_dir, tuple(include_dirs or ()))
+    marks = {f"\x00tractlens:block:{bid}\x00": kc.template(text, built) for bid, text in blocks.items()}
+    paths = kc.build_paths(built)
+    stuck: dict[str, list[str]] = {}
     by_tag: dict[str, list[dict]] = {}
     missing = 0
     for file in sorted(cache.iterdir()):
@@ -268,12 +290,16 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
             missing += 1
             continue
         arch = _ARCH.match(key).group(1)  # the key's blocks are markers already (shrink)
-        entry = {"file": file.name, "suffix": file.suffix, "key": kc.template(key, core_dir)}
+        entry = {"file": file.name, "suffix": file.suffix, "key": kc.template(key, built)}
+        for path in kc.leftovers(entry["key"], paths):
+            stuck.setdefault(path, []).append(file.name)
         by_tag.setdefault(kc.build_tag(cupy_version, nvrtc, arch), []).append(entry)
+    for path, files in stuck.items():  # a user whose folders differ would compile these
+        log(f"warning: {len(files)} key templates still name {path} (e.g. {files[0]}): not relocatable")
     summary = {}
     for tag, entries in sorted(by_tag.items()):
         arch = tag.rsplit("-sm", 1)[1]
-        runtime = kc.Runtime(cupy_version, nvrtc, arch, core_dir)
+        runtime = kc.Runtime(cupy_version, nvrtc, arch, core_dir, built.include_dirs)
         for entry in entries:  # the templates give back the names CuPy computed here
             name = kc.cache_name(kc.fill(entry["key"], runtime, marks), entry["suffix"])
             if name != entry["file"]:
@@ -289,13 +315,20 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
             "nvrtc": list(nvrtc),
             "arch": arch,
             "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "include_dirs": len(built.include_dirs),  # how many; their paths are the user's
+            "compiler": next(iter(banners)) if len(banners) == 1 else None,  # NVRTC's banner, checked at install
             "blocks": marks,
             "entries": entries,
         }
         with gzip.open(folder / kc.MANIFEST, "wt", encoding="utf-8", compresslevel=9) as f:
             json.dump(manifest, f)
         size = sum(p.stat().st_size for p in folder.iterdir())
-        summary[tag] = {"kernels": len(entries), "bytes": size}
+        fixed = {name for files in stuck.values() for name in files}
+        summary[tag] = {
+            "kernels": len(entries),
+            "bytes": size,
+            "not_relocatable": sum(e["file"] in fixed for e in entries),
+        }
         log(f"{folder}: {len(entries)} kernels, {size / 2**20:.1f} MiB")
     if missing:
         log(f"warning: {missing} cached files had no recorded key and were left out")

@@ -127,3 +127,17 @@ def test_after_the_rehearsal_fit_dti_and_tracking_on_other_data_compile_nothing(
     assert done.returncode == 0, done.stderr[-3000:]
     new = {p.name for p in fresh.iterdir() if p.suffix == ".cubin"} - before
     assert not new, f"{len(new)} kernels compiled after the rehearsal"
+
+
+def test_cupys_own_compiler_finds_the_relocated_keys_of_a_cupy_elsewhere():
+    """The same round trip through CuPy's real compile_with_cache (its -I options of CuPy's and
+    CUDA's headers) without running a kernel: tests/benchmarks/kernel_keys_without_gpu.py builds two
+    kernels, then a process with CuPy under another path must find both after the install and
+    compile both without it."""
+    pytest.importorskip("cupy")
+    done = subprocess.run(
+        [sys.executable, "tests/benchmarks/kernel_keys_without_gpu.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("RESULT PASS") == 3, done.stdout
