@@ -76,3 +76,13 @@ def test_the_csd_subject_passes_csd_and_multi_tissue_csd_and_tracks(build_kernel
         )
         assert done.returncode == 0, f"{label}: {done.stderr[-2000:]}"
     assert (out / "fit-csd-msmt" / "csf.nii.gz").exists() and (out / "fod.trk").exists()
+
+
+def test_the_log_names_the_kernels_a_command_compiled(build_kernels):
+    calls = [
+        {"source": 'extern "C" __global__ void cupy_add__float32(CArray<float, 1, 1, 1> _raw_x) {}'},
+        {"source": "#include <cub/block/block_reduce.cuh>\n__global__ void __launch_bounds__(512) cupy_sum(int n) {}"},
+        {"source": 'typedef float real;\n__device__ int f();\nextern "C" __global__ void commit_a(const float* x) {}'},
+        {"source": "no kernel here"},
+    ]
+    assert build_kernels.kernel_names(calls) == ["cupy_add__float32", "cupy_sum", "commit_a", "?"]
