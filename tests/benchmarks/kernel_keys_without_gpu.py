@@ -98,7 +98,11 @@ def main() -> int:
     ):
         code = f"ROOT = {str(ROOT)!r}; WORK = {str(work)!r}; SIDE = {side!r}\n" + SIDE
         keep = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # no CuPy there (checked)
-        env = {**os.environ, "CUPY_CACHE_DIR": str(work / cache), "PYTHONPATH": os.pathsep.join([path, *keep])}
+        env = {
+            **os.environ,
+            "CUPY_CACHE_DIR": str(work / cache),
+            "PYTHONPATH": os.pathsep.join(p for p in [path, *keep] if p),
+        }
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
         print(f"{side}: {lines[-1] if lines else 'FAIL ' + done.stderr[-800:]}")
