@@ -14,9 +14,10 @@ reduction, ufuncs, random numbers, ...) as the whole commands use them: each com
 tests/benchmarks/bench_e2e.py, plus geodesic tracking, is run on a small synthetic subject on the
 GPU, and CSD (single-shell and multi-tissue) and fODF tracking on the same subject with 60
 directions per shell, one fresh process each, as a user would run it. CuPy specialises its
-kernels by array size too (64-bit indexing past 2 GiB, CUB's block size for long reductions):
-``--large-subject`` runs fit-dti, deterministic tracking and COMMIT on a full-sized subject as
-well. Each process records, for every kernel CuPy compiles, its cache key
+kernels by array size too: CUB's block size for reductions over 128 or more elements (so the
+commands that reduce over the measurements also run on the twin's 182 volumes), and 64-bit
+indexing past 2 GiB (``--large-subject`` runs fit-dti, deterministic tracking and COMMIT on a
+full-sized subject as well). Each process records, for every kernel CuPy compiles, its cache key
 (:mod:`tractlens.app.kernel_cache`), and the log names the kernels each command added; the compiled
 files and the key templates are written to ``<out>/<tag>/`` (tag: CuPy version, NVRTC version,
 architecture), where ``tractlens`` finds them at run time and installs them into the user's
@@ -242,6 +243,15 @@ def _subject(work: Path, large: Path | None = None) -> tuple[Path, list[tuple[st
         ("fit-csd-msmt", ["fit-csd", dwi, "--mask", mask, "--msmt", "-o", str(msmt), *gpu]),
         ("track-fod", [*fod, "-o", str(runs / "fod.trk"), *gpu]),
     ]
+    # CuPy reduces an axis of 128 or more with CUB, in blocks sized by the axis (32 to 512 threads):
+    # the commands that reduce over the measurements run on the twin's 182 too (the quick subject's
+    # 32 take CuPy's generic reduction; the large subject's 288 another block size)
+    mid = work / "runs-mid"
+    for name in ("fit-dti", "fit-ballstick", "track-det", "commit"):
+        argv, out, _needs = bench.command_plan(name, 1.0, csd_subject, mid, True, "gpu")
+        if argv[0] == "track":
+            out.mkdir(parents=True, exist_ok=True)
+        commands.append((f"{name}-mid", argv))
     if large is not None:
         big = work / "runs-large"
         for name in ("fit-dti", "track-det", "commit"):

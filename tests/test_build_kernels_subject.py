@@ -38,7 +38,10 @@ def test_the_build_runs_csd_multi_tissue_csd_and_fod_tracking_and_the_benchmarks
     assert list(commands) == [
         "fit-dti", "fit-ballstick", "track-prob", "track-prob-wb", "track-det", "commit",
         "track-geodesic", "fit-csd", "fit-csd-msmt", "track-fod",
+        "fit-dti-mid", "fit-ballstick-mid", "track-det-mid", "commit-mid",
     ]  # fmt: skip
+    # the "-mid" runs are on the CSD subject's 182 volumes (CUB's block size of a reduction over them)
+    assert all("subject-csd" in " ".join(commands[f"{n}-mid"]) for n in ("fit-dti", "fit-ballstick", "commit"))
     assert "--msmt" in commands["fit-csd-msmt"]
     assert commands["track-fod"][commands["track-fod"].index("--fod") + 1] == commands["fit-csd"][-3]  # its -o
 

@@ -12,7 +12,7 @@
 # Steps (each fits one device call; the machine keeps /tmp/fr and resources/kernel_cache between
 # calls while it stays warm):
 #   bash tests/benchmarks/first_run_on_gpu.sh build      # wheels, the HCP-sized subject (~1.5 min), then the
-#                                                        # kernels (~4 min: the small subjects, and fit-dti,
+#                                                        # kernels (~5 min: the small subjects, and fit-dti,
 #                                                        # track-det and COMMIT on the HCP-sized one); 'subject'
 #                                                        # makes only the subject (build then skips it)
 #   bash tests/benchmarks/first_run_on_gpu.sh bench      # cold/warm of fit-dti, track-det, commit, track-prob(-wb)
