@@ -3,16 +3,20 @@
 CuPy compiles every kernel with NVRTC at its first use (our ``gpu/kernels`` and its own
 elementwise and reduction kernels alike) and keeps the result in its on-disk cache
 (``CUPY_CACHE_DIR``, by default ``~/.cupy/kernel_cache``), one file per kernel named by the SHA-1
-of a *key*: the source, the options, the GPU architecture, the NVRTC version and CuPy's headers.
-The key also holds the absolute path of CuPy's header folder (an ``-I`` option), so a file
+of a *key*: the source, the options, the GPU architecture, the NVRTC version, the NVRTC build's
+own banner (the comment lines of an empty file's PTX) and CuPy's headers. The options hold
+absolute paths (``-I``): CuPy's header folders, inside its package, and the folder of CUDA's
+headers (``cuda_runtime.h``), wherever CuPy finds it (an NVIDIA wheel, conda, ``CUDA_PATH``,
+``/usr/local/cuda``); every kernel, ours (``RawModule``) and CuPy's own, gets them. So a file
 compiled on the build machine is named differently from the one a user's CuPy looks for.
 
-``packaging/build_kernels.py`` (run on a build machine with a GPU) records each key with that
-path replaced by a marker and ships the compiled files with the key templates
+``packaging/build_kernels.py`` (run on a build machine with a GPU) records each key with those
+paths replaced by markers and ships the compiled files with the key templates
 (``resources/kernel_cache/<tag>/``, :data:`MANIFEST`). At the first GPU use of a process
 (:func:`tractlens.gpu.backend.on_cupy_import`), :func:`install` finds the build whose tag
 matches the CuPy version, the NVRTC version and the GPU's architecture here (another CUDA
-version's build is simply not used), fills the markers with this CuPy's path, and copies every
+version's build is simply not used; nor is a build of another NVRTC release of the same version,
+whose banner differs), fills the markers with this CuPy's folders, and copies every
 kernel CuPy does not already have into CuPy's cache folder under the name CuPy will look for:
 the user's folder, or the one ``CUPY_CACHE_DIR`` names. Nothing is written into the
 installation. A stamp file in the cache folder makes later processes skip the work. CuPy checks
@@ -31,6 +35,8 @@ import hashlib
 import json
 import logging
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +51,12 @@ SHIPPED_DIR = RESOURCES / "kernel_cache"
 ENV_SHIPPED = "TRACTLENS_SHIPPED_KERNELS_DIR"
 #: Each build's key templates and file names (gzip JSON), beside the compiled files.
 MANIFEST = "manifest.json.gz"
-#: The manifest layout this module reads.
-FORMAT = 1
+#: The manifest layout this module reads (2: CUDA's header folder has a marker of its own).
+FORMAT = 2
 #: Markers in the key templates, replaced by this machine's values.
 CUPY_CORE_MARK = "\x00tractlens:cupy_core\x00"  # os.path.dirname(cupy._core.core.__file__)
-SITE_MARK = "\x00tractlens:site\x00"  # the folder holding the cupy package
+#: The i-th ``-I`` folder CuPy adds outside its own package (CUDA's headers), by position.
+INCLUDE_MARK = "\x00tractlens:include:{}\x00"
 #: The environment variable that turns the installation off (``0``).
 ENV_SWITCH = "TRACTLENS_SHIPPED_KERNELS"
 
@@ -62,20 +69,19 @@ class Runtime:
     nvrtc: tuple[int, int]
     arch: str  # compute capability as CuPy writes it, e.g. "90"
     cupy_core_dir: str
+    #: The ``-I`` folders CuPy adds to every kernel's options outside its own package, in
+    #: order (CUDA's headers: :func:`cupy_include_dirs`).
+    include_dirs: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
         """The name of the shipped build made for this runtime."""
         return build_tag(self.cupy_version, self.nvrtc, self.arch)
 
-    @property
-    def site_dir(self) -> str:
-        return os.path.dirname(os.path.dirname(self.cupy_core_dir))
-
     @classmethod
     def of(cls, cupy) -> Runtime:
         """The runtime of the imported ``cupy`` module (its current device)."""
-        from cupy._core import core  # the module whose folder CuPy's -I option names
+        from cupy._core import core  # the module whose folder CuPy's -I options name
 
         major, minor = cupy.cuda.nvrtc.getVersion()
         try:  # the architecture CuPy compiles for: the GPU's, capped at what this NVRTC knows
@@ -89,7 +95,36 @@ class Runtime:
             nvrtc=(int(major), int(minor)),
             arch=arch,
             cupy_core_dir=os.path.dirname(os.path.abspath(core.__file__)),
+            include_dirs=cupy_include_dirs(core),
         )
+
+
+def cupy_include_dirs(core) -> tuple[str, ...]:
+    """The ``-I`` folders CuPy's ``core`` adds to every kernel's options that lie outside its own
+    package: CUDA's headers, found by ``cuda.pathfinder`` (CuPy 14) or under ``CUDA_PATH``. They are
+    in every key, and they differ between machines independently of where CuPy is. Empty for a
+    CuPy without ``assemble_cupy_compiler_options`` or when it finds no headers (then it cannot
+    compile either)."""
+    try:
+        options = core.assemble_cupy_compiler_options(())
+    except (AttributeError, RuntimeError, ImportError, OSError):
+        return ()
+    own = os.path.dirname(os.path.abspath(core.__file__))
+    dirs = (o[2:] for o in options if isinstance(o, str) and o.startswith("-I"))
+    return tuple(d for d in dirs if d != own and not d.startswith(own + os.sep))
+
+
+def compiler_banner(arch: str) -> str | None:
+    """What CuPy puts into every key to tell NVRTC builds apart: the comment lines of the PTX of an
+    empty file (``cupy.cuda.compiler._preprocess``; "Cuda compilation tools, release 12.9,
+    V12.9.86", the compiler's build id). ``None`` where it cannot be had (then it is not checked)."""
+    try:
+        from cupy.cuda import compiler
+
+        return compiler._preprocess("", (), arch, "nvrtc")
+    except Exception as exc:  # any failure only skips the check
+        log.debug("the NVRTC banner could not be read: %s", exc)
+        return None
 
 
 def shipped_dir() -> Path:
@@ -102,17 +137,37 @@ def build_tag(cupy_version: str, nvrtc: tuple[int, int], arch: str) -> str:
     return f"cupy{cupy_version}-nvrtc{nvrtc[0]}.{nvrtc[1]}-sm{arch}"
 
 
-def template(key_src: str, cupy_core_dir: str) -> str:
-    """A key with this machine's CuPy paths replaced by markers (the build side)."""
-    site = os.path.dirname(os.path.dirname(cupy_core_dir))
-    return key_src.replace(cupy_core_dir, CUPY_CORE_MARK).replace(site, SITE_MARK)
+def template(key_src: str, runtime: Runtime) -> str:
+    """A key with this machine's paths replaced by markers (the build side): each of
+    :attr:`Runtime.include_dirs` as a whole ``-I`` option of the key's option tuple, then CuPy's
+    own folder wherever it appears (its header folders are under it)."""
+    for i, folder in enumerate(runtime.include_dirs):
+        key_src = key_src.replace(f"'-I{folder}'", f"'-I{INCLUDE_MARK.format(i)}'")
+    return key_src.replace(runtime.cupy_core_dir, CUPY_CORE_MARK)
 
 
 def fill(key_template: str, runtime: Runtime, blocks: dict[str, str]) -> str:
     """The key CuPy computes here for a shipped template."""
     for mark, text in blocks.items():
         key_template = key_template.replace(mark, text)
-    return key_template.replace(CUPY_CORE_MARK, runtime.cupy_core_dir).replace(SITE_MARK, runtime.site_dir)
+    for i, folder in enumerate(runtime.include_dirs):
+        key_template = key_template.replace(INCLUDE_MARK.format(i), folder)
+    return key_template.replace(CUPY_CORE_MARK, runtime.cupy_core_dir)
+
+
+def build_paths(runtime: Runtime) -> list[str]:
+    """Folders of the build machine that must not be left in a key template (:func:`leftovers`):
+    the folder holding CuPy, CUDA's header folders and their parents, this Python's prefixes."""
+    found = {os.path.dirname(os.path.dirname(runtime.cupy_core_dir)), sys.prefix, sys.base_prefix}
+    for folder in runtime.include_dirs:
+        found |= {folder, os.path.dirname(folder)}
+    return sorted(p for p in found if p and p != os.sep and len(p) > 4)
+
+
+def leftovers(key_template: str, paths: list[str]) -> list[str]:
+    """The ``paths`` a key template still holds (each one a kernel a user's CuPy would not find
+    when its folders differ)."""
+    return [p for p in paths if p in key_template]
 
 
 def cache_name(key: str, suffix: str) -> str:
@@ -137,8 +192,8 @@ def enabled() -> bool:
 
 
 def _stamp(target: Path, folder: Path, runtime: Runtime) -> Path:
-    """The file recording that ``folder`` was installed into ``target`` for this CuPy."""
-    what = f"{folder.resolve()}|{(folder / MANIFEST).stat().st_size}|{runtime.cupy_core_dir}"
+    """The file recording that ``folder`` was installed into ``target`` for this CuPy (and CUDA's headers)."""
+    what = f"{folder.resolve()}|{(folder / MANIFEST).stat().st_size}|{runtime.cupy_core_dir}|{runtime.include_dirs}"
     digest = hashlib.sha1(what.encode(), usedforsecurity=False).hexdigest()[:16]
     return target / f".tractlens-shipped-{runtime.tag}-{digest}"
 
@@ -152,25 +207,46 @@ def _copy_atomic(source: Path, dest: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def install(runtime: Runtime, *, shipped: Path | None = None, target: Path | None = None) -> dict:
+def install(
+    runtime: Runtime,
+    *,
+    shipped: Path | None = None,
+    target: Path | None = None,
+    banner: Callable[[], str | None] | None = None,
+) -> dict:
     """Copy the shipped build for ``runtime`` into CuPy's cache folder ``target`` (default: the one
     CuPy uses, :func:`tractlens.gpu.cuda.cache_dir`), each kernel under the name CuPy computes here.
 
-    Returns ``{"tag", "status", "installed", "present", "target"}``; status is ``installed``,
-    ``already`` (a stamp says it was done), ``none`` (no build for this runtime), or ``off``.
-    Files CuPy already has are left alone; writes are atomic (temp file and rename)."""
+    ``banner`` gives this NVRTC's banner (:func:`compiler_banner`; asked only when there is
+    something to install): a build made by another NVRTC release is not installed, as CuPy
+    would not find its files.
+
+    Returns ``{"tag", "status", "installed", "present", "target", "reason"}``; status is
+    ``installed``, ``already`` (a stamp says it was done), ``none`` (no build for this runtime;
+    ``reason`` says why), or ``off``. Files CuPy already has are left alone; writes are atomic
+    (temp file and rename)."""
     shipped = shipped_dir() if shipped is None else Path(shipped)
     target = cache_dir() if target is None else Path(target)
-    result = {"tag": runtime.tag, "status": "none", "installed": 0, "present": 0, "target": str(target)}
+    result = {"tag": runtime.tag, "status": "none", "installed": 0, "present": 0, "target": str(target), "reason": ""}
     if not enabled():
         return {**result, "status": "off"}
     folder = shipped / runtime.tag
     if not (folder / MANIFEST).is_file():
-        return result
+        return {**result, "reason": f"no build {runtime.tag} is shipped"}
     stamp = _stamp(target, folder, runtime)
     if stamp.exists():
         return {**result, "status": "already"}
     manifest = read_manifest(folder)
+    if manifest.get("include_dirs", 0) != len(runtime.include_dirs):
+        reason = (
+            f"the build's CuPy added {manifest.get('include_dirs', 0)} header folders outside its package, "
+            f"this one adds {len(runtime.include_dirs)}"
+        )
+        return {**result, "reason": reason}
+    built_with = manifest.get("compiler")
+    here = banner() if (banner is not None and built_with) else None
+    if built_with and here is not None and here != built_with:
+        return {**result, "reason": f"another NVRTC release built it ({_release(built_with)}; here {_release(here)})"}
     target.mkdir(parents=True, exist_ok=True)
     blocks = manifest.get("blocks", {})
     for entry in manifest["entries"]:
@@ -182,6 +258,12 @@ def install(runtime: Runtime, *, shipped: Path | None = None, target: Path | Non
         result["installed"] += 1
     stamp.write_text(json.dumps({"tag": runtime.tag, "kernels": len(manifest["entries"])}) + "\n")
     return {**result, "status": "installed"}
+
+
+def _release(banner: str) -> str:
+    """The line of an NVRTC banner that names the release (for messages)."""
+    lines = [line.strip("/ ") for line in banner.splitlines() if "release" in line or "Build ID" in line]
+    return "; ".join(lines) or banner.strip()[:80]
 
 
 def shipped_tags(shipped: Path | None = None) -> list[str]:
@@ -201,7 +283,8 @@ def install_for(cupy) -> None:
     if not enabled():
         return
     try:
-        result = install(Runtime.of(cupy))
+        runtime = Runtime.of(cupy)
+        result = install(runtime, banner=lambda: compiler_banner(runtime.arch))
     except (OSError, ValueError, KeyError) as exc:
         log.warning("the shipped GPU kernels could not be installed into CuPy's cache: %s", exc)
         return
@@ -209,7 +292,9 @@ def install_for(cupy) -> None:
     if result["status"] == "installed":
         log.info("installed %d shipped GPU kernels (%s) into %s", result["installed"], result["tag"], result["target"])
     elif result["status"] == "none":
-        log.info("no shipped GPU kernels for %s: kernels are compiled at first use", result["tag"])
+        log.info(
+            "no shipped GPU kernels for %s (%s): kernels are compiled at first use", result["tag"], result["reason"]
+        )
 
 
 def last_result() -> dict:

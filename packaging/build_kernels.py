@@ -5,14 +5,20 @@ wheel or the bundle:
 
     python packaging/build_kernels.py                       # this GPU's architecture
     python packaging/build_kernels.py --archs 80,86,89         # and these architectures too
+    python packaging/build_kernels.py --large-subject DIR      # and the kernels of HCP-sized data
 
 What is compiled: (1) the engine's kernel catalogue (``tractlens info --compile``) for each
 count of measurements in ``--measurements`` (COMMIT's and ball & sticks' kernels are compiled
 per 32 measurements: the default covers up to 320); (2) CuPy's own kernels (elementwise,
 reduction, ufuncs, random numbers, ...) as the whole commands use them: each command of
-tests/benchmarks/bench_e2e.py, plus geodesic and FOD tracking, is run on a small synthetic
-subject on the GPU, one fresh process each, as a user would run it. Each process records, for
-every kernel CuPy compiles, its cache key (:mod:`tractlens.app.kernel_cache`); the compiled
+tests/benchmarks/bench_e2e.py, plus geodesic tracking, is run on a small synthetic subject on the
+GPU, and CSD (single-shell and multi-tissue) and fODF tracking on the same subject with 60
+directions per shell, one fresh process each, as a user would run it. CuPy specialises its
+kernels by array size too: CUB's block size for reductions over 128 or more elements (so the
+commands that reduce over the measurements also run on the twin's 182 volumes), and 64-bit
+indexing past 2 GiB (``--large-subject`` runs fit-dti, deterministic tracking and COMMIT on a
+full-sized subject as well). Each process records, for every kernel CuPy compiles, its cache key
+(:mod:`tractlens.app.kernel_cache`), and the log names the kernels each command added; the compiled
 files and the key templates are written to ``<out>/<tag>/`` (tag: CuPy version, NVRTC version,
 architecture), where ``tractlens`` finds them at run time and installs them into the user's
 CuPy cache.
@@ -66,7 +72,9 @@ def _install_capture(record_dir: Path):
     keys: dict[str, str] = {}
     calls: list[dict] = []
     blocks: dict[str, str] = {}
+    banners: set[str] = set()  # NVRTC's banner, as CuPy puts it into every key
     real_hash, real_compile = compiler._hash_hexdigest, compiler._compile_with_cache_cuda
+    real_preprocess = getattr(compiler, "_preprocess", None)
 
     def shrink(text: str) -> str:
         """CuPy's headers (the long ``extra_source`` of every kernel of its own) as a marker."""
@@ -101,16 +109,29 @@ def _install_capture(record_dir: Path):
         )
         return real_compile(source, options, arch, extra_source, backend, *args, **kwargs)
 
+    def preprocess(source, options, arch, backend):
+        out = real_preprocess(source, options, arch, backend)
+        if source == "" and isinstance(out, str):
+            banners.add(out)
+        return out
+
     compiler._hash_hexdigest = hash_hexdigest
     compiler._compile_with_cache_cuda = compile_with_cache_cuda
+    if real_preprocess is not None:
+        compiler._preprocess = preprocess
 
     def save():
         from cupy._core import core
+
+        sys.path.insert(0, str(ROOT))
+        from tractlens.app.kernel_cache import cupy_include_dirs
 
         record = {
             "cupy_version": __import__("cupy").__version__,
             "nvrtc": list(__import__("cupy").cuda.nvrtc.getVersion()),
             "cupy_core_dir": os.path.dirname(os.path.abspath(core.__file__)),
+            "include_dirs": list(cupy_include_dirs(core)) if keys else None,  # None: nothing compiled, not asked
+            "banners": sorted(banners),
             "keys": keys,
             "calls": calls,
             "blocks": blocks,
@@ -178,15 +199,28 @@ def _replay(arch: str, records: list[Path]) -> int:
 
 
 # ----------------------------------------------------------------- the driver
-def _subject(work: Path) -> tuple[Path, list[tuple[str, list[str]]]]:
-    """A small synthetic subject (tests/benchmarks/bench_e2e.py's quick one) and the commands run
-    on it: every command of the benchmark, plus geodesic and FOD tracking and CSD."""
+#: Directions per shell of the CSD subject: 45 are needed for CSD at its default lmax 8 without
+#: super-resolution, and the benchmark's quick subject has 10.
+CSD_DIRECTIONS = 60
+
+
+def _subject(work: Path, large: Path | None = None) -> tuple[Path, list[tuple[str, list[str]]]]:
+    """Small synthetic subjects (tests/benchmarks/bench_e2e.py's quick one, and the same with
+    :data:`CSD_DIRECTIONS` directions per shell for CSD) and the commands run on them: every
+    command of the benchmark, plus geodesic tracking, CSD (single-shell and multi-tissue) and fODF
+    tracking. With ``large`` (a subject made by ``bench_e2e.py --make-only``, 145×174×145 voxels
+    of 288 volumes), deterministic tracking and COMMIT run on it too: CuPy compiles other kernels
+    for arrays over 2 GiB (64-bit indexing) and other CUB block sizes for long reductions, which
+    a small subject never reaches."""
+    import dataclasses
+
     sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
     import bench_e2e as bench
 
     subject, runs = work / "subject", work / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    bench.make_subject(bench.QUICK, subject, [1.0], workers=os.cpu_count() or 1)
+    workers = os.cpu_count() or 1
+    bench.make_subject(bench.QUICK, subject, [1.0], workers=workers)
     commands = []
     for name in bench.COMMANDS:
         argv, out, _needs = bench.command_plan(name, 1.0, subject, runs, True, "gpu")
@@ -194,17 +228,86 @@ def _subject(work: Path) -> tuple[Path, list[tuple[str, list[str]]]]:
             out.mkdir(parents=True, exist_ok=True)
         commands.append((name, argv))
     tensor = runs / "fit-dti_s1"
-    csd = runs / "fit-csd"
-    dwi = str(subject / "dwi.nii")
     seed, gpu = str(subject / "seed.nii.gz"), ["--device", "gpu"]
     geodesic = ["track", "geodesic", "--tensor", str(tensor), "--seed", seed, "-o", str(runs / "geodesic.trk")]
-    fod = ["track", "fod-probabilistic", "--fod", str(csd), "--seed", seed, "-o", str(runs / "fod.trk")]
+    commands.append(("track-geodesic", [*geodesic, *gpu]))
+
+    csd_subject = work / "subject-csd"
+    bench.make_subject(dataclasses.replace(bench.QUICK, per_shell=CSD_DIRECTIONS), csd_subject, [1.0], workers)
+    _add_grey_matter_and_csf(csd_subject / "dwi.nii", csd_subject / "mask.nii.gz")
+    dwi, mask = str(csd_subject / "dwi.nii"), str(csd_subject / "mask.nii.gz")
+    csd, msmt = runs / "fit-csd", runs / "fit-csd-msmt"
+    fod = ["track", "fod-probabilistic", "--fod", str(csd), "--seed", str(csd_subject / "seed.nii.gz")]
     commands += [
-        ("track-geodesic", [*geodesic, *gpu]),
-        ("fit-csd", ["fit-csd", dwi, "--mask", str(subject / "mask.nii.gz"), "-o", str(csd), *gpu]),
-        ("track-fod", [*fod, *gpu]),
+        ("fit-csd", ["fit-csd", dwi, "--mask", mask, "-o", str(csd), *gpu]),
+        ("fit-csd-msmt", ["fit-csd", dwi, "--mask", mask, "--msmt", "-o", str(msmt), *gpu]),
+        ("track-fod", [*fod, "-o", str(runs / "fod.trk"), *gpu]),
     ]
+    # CuPy reduces an axis of 128 or more with CUB, in blocks sized by the axis (32 to 512 threads):
+    # the commands that reduce over the measurements run on the twin's 182 too (the quick subject's
+    # 32 take CuPy's generic reduction; the large subject's 288 another block size)
+    mid = work / "runs-mid"
+    for name in ("fit-dti", "fit-ballstick", "track-det", "commit"):
+        argv, out, _needs = bench.command_plan(name, 1.0, csd_subject, mid, True, "gpu")
+        if argv[0] == "track":
+            out.mkdir(parents=True, exist_ok=True)
+        commands.append((f"{name}-mid", argv))
+    if large is not None:
+        big = work / "runs-large"
+        for name in ("fit-dti", "track-det", "commit"):
+            argv, out, _needs = bench.command_plan(name, 1.0, large, big, False, "gpu")
+            if argv[0] == "track":
+                out.mkdir(parents=True, exist_ok=True)
+            commands.append((f"{name}-large", argv))
     return subject, commands
+
+
+#: Isotropic diffusivities (mm²/s) written into the CSD subject: multi-tissue CSD estimates the
+#: grey-matter and CSF responses from voxels of low FA and low or high MD.
+GM_D, CSF_D, TISSUE_VOXELS = 0.0008, 0.003, 300
+
+
+def _add_grey_matter_and_csf(dwi: Path, mask: Path) -> None:
+    """Make the first :data:`TISSUE_VOXELS` brain voxels CSF and the next as many grey matter
+    (isotropic signals with noise, SNR 25 on b=0), so ``fit-csd --msmt`` finds its three tissues.
+    Done once (a marker file beside the image)."""
+    import nibabel as nib
+    import numpy as np
+
+    done = dwi.with_name(".tissues")
+    if done.exists():
+        return
+    image = nib.load(dwi)
+    data = np.asarray(image.dataobj, dtype=np.float32)
+    bvals = np.loadtxt(dwi.with_name("dwi.bval")).ravel()
+    inside = np.flatnonzero(np.asarray(nib.load(mask).dataobj).ravel() > 0)
+    flat = data.reshape(-1, data.shape[-1])
+    rng = np.random.default_rng(43)
+    s0 = float(flat[inside][:, bvals < 50].mean())
+    for diffusivity, voxels in ((CSF_D, inside[:TISSUE_VOXELS]), (GM_D, inside[TISSUE_VOXELS : 2 * TISSUE_VOXELS])):
+        clean = s0 * np.exp(-bvals * diffusivity)
+        noisy = (
+            clean
+            + rng.normal(0, s0 / 25, (len(voxels), len(bvals)))
+            + 1j * rng.normal(0, s0 / 25, (len(voxels), len(bvals)))
+        )
+        flat[voxels] = np.abs(noisy)
+    tmp = dwi.with_name(f".{dwi.name}.tmp.nii")
+    nib.save(nib.Nifti1Image(flat.reshape(data.shape), image.affine, image.header), tmp)
+    os.replace(tmp, dwi)
+    done.write_text("grey matter and CSF voxels added\n")
+
+
+def kernel_names(calls: list[dict]) -> list[str]:
+    """The kernels' names in recorded compilations (``__global__ void NAME``), for the log."""
+    names = []
+    for call in calls:
+        found = _KERNEL.findall(call.get("source") or "")
+        names.append(found[-1] if found else "?")
+    return names
+
+
+_KERNEL = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)")
 
 
 def _run_captured(record_dir: Path, cache: Path, what: list[str], logs: Path, label: str) -> bool:
@@ -215,6 +318,7 @@ def _run_captured(record_dir: Path, cache: Path, what: list[str], logs: Path, la
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     start = time.perf_counter()
+    before = set(record_dir.glob("*.json.gz"))
     with open(logs / f"{label}.log", "w") as out:
         done = subprocess.run(
             [sys.executable, __file__, "--capture", str(record_dir), "--", *what],
@@ -224,9 +328,14 @@ def _run_captured(record_dir: Path, cache: Path, what: list[str], logs: Path, la
             stderr=subprocess.STDOUT,
             check=False,
         )
-    log(
-        f"  {label}: {'ok' if done.returncode == 0 else f'FAILED ({done.returncode})'} in {time.perf_counter() - start:.1f} s"
-    )
+    calls = []
+    for path in sorted(set(record_dir.glob("*.json.gz")) - before):
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            calls += json.load(f)["calls"]
+    names = kernel_names(calls)
+    shown = ", ".join(f"{n}×{names.count(n)}" if names.count(n) > 1 else n for n in dict.fromkeys(names))
+    state = "ok" if done.returncode == 0 else f"FAILED ({done.returncode})"
+    log(f"  {label}: {state} in {time.perf_counter() - start:.1f} s, {len(calls)} new kernels: {shown[:1500]}")
     if done.returncode != 0:
         print((logs / f"{label}.log").read_text()[-1500:], file=sys.stderr)
     return done.returncode == 0
@@ -242,22 +351,29 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
 
     keys: dict[str, str] = {}
     blocks: dict[str, str] = {}
-    meta = None
+    banners: set[str] = set()
+    meta = include_dirs = None
     for path in sorted(record_dir.glob("*.json.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             record = json.load(f)
         keys.update(record["keys"])
         blocks.update(record["blocks"])
+        banners.update(record.get("banners", ()))
         here = (record["cupy_version"], tuple(record["nvrtc"]), record["cupy_core_dir"])
-        if meta is not None and meta != here:
+        dirs = record.get("include_dirs")
+        if (meta is not None and meta != here) or (dirs is not None and include_dirs not in (None, dirs)):
             raise SystemExit(
-                f"build_kernels.py: the captured processes saw different CuPy installations: {meta} {here}"
+                f"build_kernels.py: the captured processes saw different CuPy installations: "
+                f"{meta} {include_dirs} / {here} {dirs}"
             )
-        meta = here
+        meta, include_dirs = here, dirs if dirs is not None else include_dirs
     if meta is None:
         raise SystemExit("build_kernels.py: nothing was recorded")
     cupy_version, nvrtc, core_dir = meta
-    marks = {f"\x00tractlens:block:{bid}\x00": kc.template(text, core_dir) for bid, text in blocks.items()}
+    built = kc.Runtime(cupy_version, nvrtc, "", core_dir, tuple(include_dirs or ()))
+    marks = {f"\x00tractlens:block:{bid}\x00": kc.template(text, built) for bid, text in blocks.items()}
+    paths = kc.build_paths(built)
+    stuck: dict[str, list[str]] = {}
     by_tag: dict[str, list[dict]] = {}
     missing = 0
     for file in sorted(cache.iterdir()):
@@ -268,12 +384,16 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
             missing += 1
             continue
         arch = _ARCH.match(key).group(1)  # the key's blocks are markers already (shrink)
-        entry = {"file": file.name, "suffix": file.suffix, "key": kc.template(key, core_dir)}
+        entry = {"file": file.name, "suffix": file.suffix, "key": kc.template(key, built)}
+        for path in kc.leftovers(entry["key"], paths):
+            stuck.setdefault(path, []).append(file.name)
         by_tag.setdefault(kc.build_tag(cupy_version, nvrtc, arch), []).append(entry)
+    for path, files in stuck.items():  # a user whose folders differ would compile these
+        log(f"warning: {len(files)} key templates still name {path} (e.g. {files[0]}): not relocatable")
     summary = {}
     for tag, entries in sorted(by_tag.items()):
         arch = tag.rsplit("-sm", 1)[1]
-        runtime = kc.Runtime(cupy_version, nvrtc, arch, core_dir)
+        runtime = kc.Runtime(cupy_version, nvrtc, arch, core_dir, built.include_dirs)
         for entry in entries:  # the templates give back the names CuPy computed here
             name = kc.cache_name(kc.fill(entry["key"], runtime, marks), entry["suffix"])
             if name != entry["file"]:
@@ -289,13 +409,20 @@ def assemble(record_dir: Path, cache: Path, out: Path) -> dict[str, dict]:
             "nvrtc": list(nvrtc),
             "arch": arch,
             "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "include_dirs": len(built.include_dirs),  # how many; their paths are the user's
+            "compiler": next(iter(banners)) if len(banners) == 1 else None,  # NVRTC's banner, checked at install
             "blocks": marks,
             "entries": entries,
         }
         with gzip.open(folder / kc.MANIFEST, "wt", encoding="utf-8", compresslevel=9) as f:
             json.dump(manifest, f)
         size = sum(p.stat().st_size for p in folder.iterdir())
-        summary[tag] = {"kernels": len(entries), "bytes": size}
+        fixed = {name for files in stuck.values() for name in files}
+        summary[tag] = {
+            "kernels": len(entries),
+            "bytes": size,
+            "not_relocatable": sum(e["file"] in fixed for e in entries),
+        }
         log(f"{folder}: {len(entries)} kernels, {size / 2**20:.1f} MiB")
     if missing:
         log(f"warning: {missing} cached files had no recorded key and were left out")
@@ -311,6 +438,12 @@ def main(argv=None) -> int:
     p.add_argument("--archs", default="", help="other compute capabilities than this GPU's, e.g. 80,86,89")
     p.add_argument("--measurements", default=DEFAULT_MEASUREMENTS, help="measurement counts of the kernel catalogue")
     p.add_argument("--work", type=Path, help="work folder (default: a temporary one, removed)")
+    p.add_argument(
+        "--large-subject",
+        type=Path,
+        help="also run fit-dti, deterministic tracking and COMMIT on this subject (a folder made by "
+        "tests/benchmarks/bench_e2e.py --make-only): the kernels CuPy compiles for arrays over 2 GiB",
+    )
     p.add_argument(
         "--commands",
         help="only these of the commands run on the subject (comma-separated labels: fit-dti, track-det, ...; "
@@ -329,7 +462,7 @@ def main(argv=None) -> int:
     ok &= _run_captured(record_dir, cache, ["--catalogue", counts], logs, "catalogue")
     if args.commands != "none":
         log("the commands on a small subject (CuPy's own kernels)")
-        _subject_dir, commands = _subject(work)
+        _subject_dir, commands = _subject(work, args.large_subject)
         wanted = set(args.commands.split(",")) if args.commands else {label for label, _ in commands}
         for label, what in commands:
             if label in wanted:

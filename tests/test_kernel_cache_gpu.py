@@ -1,7 +1,7 @@
 """Shipped kernels on a real GPU (run on the GPU machine: pytest -m gpu tests/test_kernel_cache_gpu.py).
 
 packaging/build_kernels.py builds the kernels of fit-dti (ours and CuPy's own) on the small
-subject; then fit-dti runs in a fresh process with an EMPTY kernel cache, with CuPy imported
+subject, and of CSD and fODF tracking on its 60-direction twin; then fit-dti runs in a fresh process with an EMPTY kernel cache, with CuPy imported
 from another path (a link to it: CuPy's key names its header folder by path, so this is a user's
 machine as far as the key goes), and must compile nothing: every file in its cache is one the
 app installed from the build. Its FA equals the NumPy engine's (float32 fit: 1e-4 absolute)."""
@@ -20,6 +20,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+#: What the build runs (packaging/build_kernels.py's labels): fit-dti on the small subject, CSD
+#: (single-shell and multi-tissue) and fODF tracking on its 60-direction twin.
+BUILT_COMMANDS = "fit-dti,fit-csd,fit-csd-msmt,track-fod"
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +31,7 @@ def built(tmp_path_factory) -> dict:
     work = tmp_path_factory.mktemp("kernels")
     out = work / "shipped"
     done = subprocess.run(
-        [sys.executable, "packaging/build_kernels.py", "--measurements", "32", "--commands", "fit-dti",
+        [sys.executable, "packaging/build_kernels.py", "--measurements", "32", "--commands", BUILT_COMMANDS,
          "--out", str(out), "--work", str(work / "work")],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -84,6 +87,42 @@ def test_a_fresh_cache_with_the_shipped_build_compiles_nothing(built, tmp_path):
     np.testing.assert_allclose(fa_gpu, fa_cpu, atol=1e-4)
 
 
+def test_csd_and_fod_tracking_on_other_data_compile_nothing_with_the_shipped_build(built, tmp_path):
+    """CSD and fODF tracking were built on the build's 60-direction subject; on the demo (another
+    shape, another number of volumes) with an empty cache and CuPy under another path they must
+    compile nothing, and the build's log shows both ran."""
+    assert "fit-csd: ok" in built["log"] and "fit-csd-msmt: ok" in built["log"] and "track-fod: ok" in built["log"]
+    site = _cupy_elsewhere(tmp_path)
+    fresh = tmp_path / "fresh-cache"
+    env = {
+        **os.environ,
+        "CUPY_CACHE_DIR": str(fresh),
+        "TRACTLENS_SHIPPED_KERNELS_DIR": str(built["out"]),
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    cli = [sys.executable, "-m", "tractlens.app.cli"]
+    demo = tmp_path / "demo"
+    assert subprocess.run([*cli, "demo-data", str(demo)], cwd=ROOT, env=env, capture_output=True).returncode == 0
+    fit = [*cli, "fit-csd", str(demo / "dwi.nii.gz"), "--mask", str(demo / "roi_arc_seed.nii.gz")]
+    track = [
+        *cli,
+        "track",
+        "fod-probabilistic",
+        "--fod",
+        str(tmp_path / "csd"),
+        "--seed",
+        str(demo / "roi_arc_seed.nii.gz"),
+    ]
+    for argv in ([*fit, "-o", str(tmp_path / "csd")], [*track, "-o", str(tmp_path / "fod.trk")]):
+        done = subprocess.run(
+            [*argv, "--device", "gpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    installed = json.loads(next(fresh.glob(".tractlens-shipped-*")).read_text())["kernels"]
+    files = [p for p in fresh.iterdir() if p.suffix == ".cubin"]
+    assert len(files) == installed, f"{len(files) - installed} kernels were compiled"
+
+
 def test_without_the_shipped_build_the_same_run_compiles(built, tmp_path):
     """The twin: the same fresh process with the shipped kernels off compiles (so the test above
     can fail)."""
@@ -127,3 +166,17 @@ def test_after_the_rehearsal_fit_dti_and_tracking_on_other_data_compile_nothing(
     assert done.returncode == 0, done.stderr[-3000:]
     new = {p.name for p in fresh.iterdir() if p.suffix == ".cubin"} - before
     assert not new, f"{len(new)} kernels compiled after the rehearsal"
+
+
+def test_cupys_own_compiler_finds_the_relocated_keys_of_a_cupy_elsewhere():
+    """The same round trip through CuPy's real compile_with_cache (its -I options of CuPy's and
+    CUDA's headers) without running a kernel: tests/benchmarks/kernel_keys_without_gpu.py builds two
+    kernels, then a process with CuPy under another path must find both after the install and
+    compile both without it."""
+    pytest.importorskip("cupy")
+    done = subprocess.run(
+        [sys.executable, "tests/benchmarks/kernel_keys_without_gpu.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("RESULT PASS") == 3, done.stdout

@@ -59,7 +59,8 @@ def cmd_info(args) -> int:
     )
     if last_result():
         done = last_result()
-        human += f" ({done['tag']} here: {done['status']}, {done['installed']} installed)"
+        why = f": {done['reason']}" if done.get("reason") else ""
+        human += f" ({done['tag']} here: {done['status']}{why}, {done['installed']} installed)"
     if args.compile:
         summary.update(_compile(ok, detail, args.quiet))
         human += "\n" + summary.pop("_human")

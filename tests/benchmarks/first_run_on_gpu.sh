@@ -11,11 +11,16 @@
 #
 # Steps (each fits one device call; the machine keeps /tmp/fr and resources/kernel_cache between
 # calls while it stays warm):
-#   bash tests/benchmarks/first_run_on_gpu.sh build   # wheels, kernels (~3 min), the HCP-sized subject (~1.5 min)
-#   bash tests/benchmarks/first_run_on_gpu.sh bench   # cold/warm of fit-dti, track-det, commit, track-prob(-wb)
-#   COMMANDS=fit-ballstick bash tests/benchmarks/first_run_on_gpu.sh bench   # (~2.5 min)
-#   bash tests/benchmarks/first_run_on_gpu.sh test    # tests/test_kernel_cache_gpu.py (~1 min)
-# BASELINE=1 with bench also runs the same cold/warm without the shipped kernels (doubles its time).
+#   bash tests/benchmarks/first_run_on_gpu.sh build      # wheels, the HCP-sized subject (~1.5 min), then the
+#                                                        # kernels (~5 min: the small subjects, and fit-dti,
+#                                                        # track-det and COMMIT on the HCP-sized one); 'subject'
+#                                                        # makes only the subject (build then skips it)
+#   bash tests/benchmarks/first_run_on_gpu.sh bench      # cold/warm of fit-dti, track-det, commit, track-prob(-wb)
+#   bash tests/benchmarks/first_run_on_gpu.sh ballstick  # cold/warm of fit-ballstick (~3 min)
+#   bash tests/benchmarks/first_run_on_gpu.sh test       # tests/test_kernel_cache_gpu.py (~3 min)
+# BASELINE=1 with bench or ballstick also runs the same cold/warm without the shipped kernels (doubles its time).
+# The cold runs' kernel cache starts empty except for the shipped kernels; each run's log says how many
+# kernels CuPy compiled (bench_e2e.py's "kernels compiled" column).
 set -u
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
@@ -29,34 +34,47 @@ export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import cupy; print('cupy', cupy.__version__, 'nvrtc', cupy.cuda.nvrtc.getVersion(), 'sm', cupy.cuda.Device().compute_capability)" | tee -a "$OUT/gpu.txt"
 
 case $step in
-  build)
+  subject | build)
+    start=$(date +%s)
+    if [ ! -e "$FR/prime.done" ]; then  # made once per machine (bench_e2e.py also keeps what it made)
+      python3 tests/benchmarks/bench_e2e.py --outdir "$FR/e2e" --make-only 2>&1 | tail -2
+      # bedpostX's data cache (TractLens's, not the compiler's) is built by a first read: build it now
+      # so the cold runs below measure the kernels; --cold-data would measure it too
+      python3 -m tractlens.app.cli track probabilistic --samples "$FR/e2e/bedpostx" --seed "$FR/e2e/seed.nii.gz" \
+        --nsamples 1 -o "$FR/prime" --device cpu --quiet 2>&1 | tail -2 && touch "$FR/prime.done"
+    fi
+    echo "subject: $(($(date +%s) - start)) s"
+    [ "$step" = subject ] && exit 0
     start=$(date +%s)
     # MEASUREMENTS=32,288 builds the catalogue only for the two subjects' counts (a minute less; a
-    # release build keeps the default, 32 to 320)
-    python3 packaging/build_kernels.py --out resources/kernel_cache --work "$FR/kernels" \
-      ${MEASUREMENTS:+--measurements "$MEASUREMENTS"} 2>&1 | tee "$OUT/build_kernels.log" | tail -25
+    # release build keeps the default, 32 to 320). LARGE=0 leaves out the runs on the HCP-sized subject.
+    large=()
+    [ "${LARGE:-1}" = 1 ] && large=(--large-subject "$FR/e2e")
+    python3 packaging/build_kernels.py --out resources/kernel_cache --work "$FR/kernels" "${large[@]}" \
+      ${MEASUREMENTS:+--measurements "$MEASUREMENTS"} 2>&1 | tee "$OUT/build_kernels.log" | grep -v "^\[.*made " | tail -30
     echo "build_kernels: $(($(date +%s) - start)) s" | tee -a "$OUT/build_kernels.log"
     du -sh resources/kernel_cache/* | tee -a "$OUT/build_kernels.log"
-    python3 tests/benchmarks/bench_e2e.py --outdir "$FR/e2e" --make-only 2>&1 | tail -2
-    # bedpostX's data cache (TractLens's, not the compiler's) is built by a first read: build it now
-    # so the cold runs below measure the kernels; --cold-data would measure it too
-    python3 -m tractlens.app.cli track probabilistic --samples "$FR/e2e/bedpostx" --seed "$FR/e2e/seed.nii.gz" \
-      --nsamples 1 -o "$FR/prime" --device cpu --quiet 2>&1 | tail -2
     ;;
-  bench)
+  bench | ballstick)
     [ -d resources/kernel_cache ] || { echo "run the build step first (resources/kernel_cache is missing)"; exit 1; }
-    commands=${COMMANDS:-fit-dti,track-det,commit,track-prob,track-prob-wb}
+    if [ "$step" = ballstick ]; then
+      commands=${COMMANDS:-fit-ballstick}
+      tag=h100_cold_shipped_ballstick
+    else
+      commands=${COMMANDS:-fit-dti,track-det,commit,track-prob,track-prob-wb}
+      tag=h100_cold_shipped
+    fi
     python3 tests/benchmarks/bench_e2e.py --outdir "$FR/e2e" --commands "$commands" --device gpu --cold \
-      --kernel-cache "$FR/cold-cache" --results "$OUT" --tag h100_cold_shipped 2>&1 | tee -a "$OUT/bench_cold.log" |
+      --kernel-cache "$FR/cold-cache" --results "$OUT" --tag "$tag" 2>&1 | tee -a "$OUT/bench_cold_$step.log" |
       grep -A12 "cold s"
     if [ "${BASELINE:-0}" = 1 ]; then
       python3 tests/benchmarks/bench_e2e.py --outdir "$FR/e2e" --commands "$commands" --device gpu --cold \
-        --no-shipped-kernels --kernel-cache "$FR/cold-cache" --results "$OUT" --tag h100_cold_unshipped 2>&1 |
-        tee -a "$OUT/bench_cold_baseline.log" | grep -A12 "cold s"
+        --no-shipped-kernels --kernel-cache "$FR/cold-cache" --results "$OUT" --tag "${tag/shipped/unshipped}" 2>&1 |
+        tee -a "$OUT/bench_cold_baseline_$step.log" | grep -A12 "cold s"
     fi
     ;;
   test)
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_cache_gpu.py 2>&1 | tail -15
     ;;
-  *) echo "first_run_on_gpu.sh: build, bench or test" >&2; exit 2 ;;
+  *) echo "first_run_on_gpu.sh: subject, build, bench, ballstick or test" >&2; exit 2 ;;
 esac
