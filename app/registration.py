@@ -393,48 +393,24 @@ def resample_chain(
     *,
     cval: float = 0.0,
     cancelled: Callable[[], bool] | None = None,
+    device: str = "cpu",
 ) -> np.ndarray:
-    """Draw ``data`` (on ``source``) on ``reference`` through ``chain``. Without a field this is one
-    affine resampling (no coordinate arrays); with one, the field is sampled a slab at a time."""
+    """Draw ``data`` (on ``source``) on ``reference`` through ``chain``: every reference voxel mapped
+    by two affines and one field lookup (:func:`tractlens.gpu.resample.resample_volume`), on
+    ``device`` ('cpu': threads over slabs of planes; 'gpu' or 'auto': CuPy when a GPU is usable).
+    SciPy's ``map_coordinates`` edges (``mode="constant"``): voxels mapped outside ``source`` get
+    ``cval``."""
     if interp not in INTERPOLATIONS:
         raise ValueError(f"interpolation is one of {INTERPOLATIONS}, got {interp!r}")
     data = np.asarray(data)
     if data.shape[:3] != source.shape:
         raise ValueError(f"data of shape {data.shape[:3]} is not on the source grid {source.shape}")
-    order = 1 if interp == "linear" else 0
-    extra = data.shape[3:]
-    flat = data.reshape(*source.shape, -1)
-    out_dtype = data.dtype if order == 0 else np.result_type(data.dtype, np.float32)
-    out = np.empty((*reference.shape, flat.shape[3]), dtype=out_dtype)
-    for c in range(flat.shape[3]):
-        channel = flat[..., c] if order == 0 else flat[..., c].astype(np.float32, copy=False)
-        if chain.field is None:
-            ndimage.affine_transform(channel, chain.linear[:3, :3], offset=chain.linear[:3, 3], output_shape=reference.shape,
-                                     output=out[..., c], order=order, mode="constant", cval=cval, prefilter=False)  # fmt: skip
-            continue
-        nx, ny, nz = reference.shape
-        step = max(1, SLAB_VOXELS // (ny * nz))
-        for i0 in range(0, nx, step):
-            if cancelled is not None and cancelled():
-                raise Cancelled()
-            shape = (min(nx, i0 + step) - i0, ny, nz)
-            # the field where the slab's voxels land: an affine lookup, as the data's would be
-            at = chain.at_field
-            w = [
-                ndimage.affine_transform(chain.field[..., d], at[:3, :3], offset=at[:3, 3] + at[:3, 0] * i0,
-                                         output_shape=shape, order=1, mode="constant", cval=0.0)
-                for d in range(3)
-            ]  # fmt: skip
-            i, j, k = np.meshgrid(np.arange(i0, i0 + shape[0], dtype=np.float32), np.arange(ny, dtype=np.float32),
-                                  np.arange(nz, dtype=np.float32), indexing="ij", sparse=True)  # fmt: skip
-            m, q = chain.linear, chain.step
-            src = np.stack([
-                (m[d, 0] * i + m[d, 1] * j + m[d, 2] * k + m[d, 3] + q[d, 0] * w[0] + q[d, 1] * w[1] + q[d, 2] * w[2]).ravel()
-                for d in range(3)
-            ])  # fmt: skip
-            values = ndimage.map_coordinates(channel, src, order=order, mode="constant", cval=cval, prefilter=False)
-            out[i0 : i0 + shape[0], ..., c] = values.reshape(shape)
-    return out.reshape(*reference.shape, *extra)
+    from tractlens.gpu.resample import resample_volume  # the engine's resampler, imported when first used
+
+    return resample_volume(
+        data, reference.shape, chain.linear, chain.field, chain.at_field, chain.step,
+        order=1 if interp == "linear" else 0, cval=cval, device=device, cancelled=cancelled,
+    )  # fmt: skip
 
 
 def affine_chain(source: Grid, reference: Grid, reference_to_source: np.ndarray | None = None) -> VoxelChain:
