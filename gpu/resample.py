@@ -18,6 +18,7 @@ GPU a slab is a few million voxels. Arrays in, arrays out: no files, no grids.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -29,6 +30,18 @@ from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 CPU_SLAB_VOXELS = 1 << 17
 #: Output voxels per slab on the GPU (float64 coordinates and temporaries: ~0.5 GB).
 GPU_SLAB_VOXELS = 1 << 23
+
+
+def resolve_device(device: str | Backend) -> Backend:
+    """The backend ``device`` means for a resampling. ``auto`` takes the GPU when CuPy is already
+    running in this process (the window, a batch worker) or when the CPU has no compiled loop (numba
+    missing), else the CPU: a whole-brain resampling takes tens of milliseconds on a multi-core CPU,
+    less than starting CuPy and a CUDA context in a fresh command."""
+    if isinstance(device, Backend) or (device or "auto").lower() != "auto":
+        return get_backend(device)
+    if "cupy" in sys.modules or numba_module() is None:
+        return get_backend("auto")
+    return get_backend("cpu")
 
 
 def _corners(xp, coords, shape):
@@ -117,7 +130,7 @@ def resample_volume(
     cancelled: Callable[[], bool] | None = None,
 ) -> np.ndarray:
     """``data`` (X, Y, Z[, C], host array) drawn on an output grid of ``shape`` through the voxel map
-    (see the module's docstring), on ``device``. Returns a host array of ``shape`` (plus ``C``):
+    (see the module's docstring), on ``device`` (:func:`resolve_device`). Returns a host array of ``shape`` (plus ``C``):
     float32 for trilinear (float64 data stay float64), the data's dtype for nearest.
 
     ``linear`` and ``at_field`` are 4x4 (output voxel -> source voxel, output voxel -> field
@@ -125,7 +138,7 @@ def resample_volume(
     ``threads`` (CPU): default :func:`gpu.host.host_threads`."""
     if order not in (0, 1):
         raise ValueError("order is 0 (nearest) or 1 (trilinear)")
-    backend = get_backend(device)
+    backend = resolve_device(device)
     xp = backend.xp
     data = np.asarray(data)
     extra = data.shape[3:]
