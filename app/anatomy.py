@@ -22,13 +22,10 @@ from .atlases import atlas_info, load_atlas, load_template, write_lookup_table
 from .errors import InputError
 from .grid import Grid
 from .io import transforms as transform_files
-from .io.dwi import load_dwi
 from .io.nifti import load_image, read_array, save_volume
 from .io.outputs import check_output_file, check_output_folder
-from .io.tractogram import load_tractogram, save_tractogram
 from .model import RoiMask, Tractogram, Volume
 from .params import RegisterParams
-from .pipelines.register import register_arrays
 from .registration import ChainedRegistration, Registration, compose_registrations, resample
 
 TEMPLATE_WORDS = ("mni",)
@@ -80,6 +77,8 @@ def load_for_registration(source, volume: int | None = None, what: str = "image"
     path = Path(source)
     img = load_image(path, what)
     if img.ndim == 4 and img.shape[3] > 1 and volume is None:
+        from .io.dwi import load_dwi
+
         try:
             dwi = load_dwi(path)
         except InputError:
@@ -235,6 +234,8 @@ def register_images(
     >>> bool(np.abs(result.moving_in_fixed - image.data).mean() < 0.01)
     True
     """
+    from .pipelines.register import register_arrays  # SciPy's ndimage and DIPY: not for atlas or apply-transform
+
     params = params or RegisterParams()
     if out_dir is not None:
         out_dir = check_output_folder(out_dir, "registration folder")
@@ -385,6 +386,8 @@ def apply_transform(
     source_side, target_side = ("fixed", "moving") if inverse else ("moving", "fixed")
     _check_sides(registration, ref_grid, target_side, reference)
     if str(input_path).lower().endswith(TRACTOGRAM_SUFFIXES):
+        from .io.tractogram import load_tractogram, save_tractogram
+
         tract = load_tractogram(input_path, reference=None)
         push = registration.fixed_to_moving if inverse else registration.moving_to_fixed
         moved = moved_tractogram(tract, push, ref_grid)

@@ -35,7 +35,7 @@ from tractlens.gpu.backend import Cancelled
 from ..errors import InputError
 from ..grid import Grid
 from ..params import RegisterParams
-from ..registration import Registration, affine_chain, resample_chain
+from ..registration import Registration, affine_chain
 
 
 @dataclass
@@ -216,7 +216,11 @@ def register_arrays(
         grid = work
         stage_done("syn", t0)
     registration = Registration(grid, moving_full_grid, affine, warp, inverse, kind=params.type, metric=params.metric)
-    on_work = registration.pull(moving, moving_grid, work, "fixed")  # the working copy, through the whole transform
+    on_work = (  # the working copy, through the whole transform
+        registration.pull(moving, moving_grid, work, "fixed", device="cpu")
+        if registration.nonlinear
+        else _affine_resample(moving, moving_grid, work, affine)
+    )
     after = mutual_information(static, on_work, static_mask, params.bins)
     shared = shared_information(static, on_work, static_mask, params.bins)
     overlap = float((foreground(on_work) & static_mask).sum() / max(static_mask.sum(), 1))
@@ -284,8 +288,15 @@ def _dipy_affine(
 
 def _affine_resample(data: np.ndarray, source: Grid, reference: Grid, affine: np.ndarray | None = None) -> np.ndarray:
     """``data`` drawn on ``reference`` through an affine (RAS, reference -> source; the identity by
-    default), trilinear: one composed voxel map (:func:`app.registration.affine_chain`)."""
-    return resample_chain(data, source, reference, affine_chain(source, reference, affine), "linear")
+    default), trilinear, zero outside: one composed voxel map (:func:`app.registration.affine_chain`)
+    through SciPy's ``affine_transform``, which needs no coordinate arrays. The working images are
+    small (2 mm grids): SciPy, already imported here, draws them faster than the engine's compiled
+    loop is loaded from numba's cache (the engine draws what goes through a displacement field)."""
+    chain = affine_chain(source, reference, affine)
+    return ndimage.affine_transform(
+        np.asarray(data, np.float32), chain.linear[:3, :3], offset=chain.linear[:3, 3], output_shape=reference.shape,
+        order=1, mode="constant", cval=0.0, prefilter=False,
+    )  # fmt: skip
 
 
 def _syn(imwarp, metrics, static, work: Grid, moving, moving_grid: Grid, affine, params: RegisterParams, check):
