@@ -90,7 +90,8 @@ def sample(xp, volume, coords, order: int, cval: float = 0.0):
 
 
 def source_coordinates(xp, shape, i0: int, i1: int, linear, field=None, at_field=None, step=None):
-    """Source voxel coordinates (3, N) of the output voxels in planes ``i0:i1`` (C order)."""
+    """Source voxel coordinates (3, N) of the output voxels in planes ``i0:i1`` (C order); ``field``
+    as its three components (each (FX, FY, FZ), C-contiguous) or None."""
     ny, nz = shape[1], shape[2]
     i = xp.arange(i0, i1, dtype=xp.float64)[:, None, None]
     j = xp.arange(ny, dtype=xp.float64)[None, :, None]
@@ -103,16 +104,16 @@ def source_coordinates(xp, shape, i0: int, i1: int, linear, field=None, at_field
     if field is not None:
         at = mapped(np.asarray(at_field, np.float64).tolist())
         q = np.asarray(step, np.float64).tolist()
-        w = [sample(xp, field[..., c], at, 1, 0.0) for c in range(3)]
+        w = [sample(xp, component, at, 1, 0.0) for component in field]
         src = [src[d] + q[d][0] * w[0] + q[d][1] * w[1] + q[d][2] * w[2] for d in range(3)]
     return src
 
 
-def _slab(xp, data, shape, i0, i1, linear, field, at_field, step, order, cval, out_dtype):
-    """The output planes ``i0:i1`` (``(i1 - i0, ny, nz, C)``) for every channel of ``data`` (X, Y, Z, C)."""
+def _slab(xp, channels, shape, i0, i1, linear, field, at_field, step, order, cval, out_dtype):
+    """The output planes ``i0:i1`` (``(i1 - i0, ny, nz, C)``) for every one of ``channels`` (3-D, C-contiguous)."""
     src = source_coordinates(xp, shape, i0, i1, linear, field, at_field, step)
-    channels = [sample(xp, data[..., c], src, order, cval) for c in range(data.shape[3])]
-    return xp.stack(channels, axis=-1).astype(out_dtype, copy=False).reshape(i1 - i0, shape[1], shape[2], -1)
+    values = [sample(xp, channel, src, order, cval) for channel in channels]
+    return xp.stack(values, axis=-1).astype(out_dtype, copy=False).reshape(i1 - i0, shape[1], shape[2], -1)
 
 
 def resample_volume(
@@ -155,8 +156,8 @@ def resample_volume(
     check = cancelled or (lambda: False)
     if backend.is_gpu:
         with backend.activate():
-            device_data = xp.asarray(flat)
-            device_field = None if field is None else xp.asarray(np.asarray(field, np.float32))
+            device_data = [xp.ascontiguousarray(xp.asarray(flat[..., c])) for c in range(flat.shape[3])]
+            device_field = None if field is None else [xp.asarray(_component(field, c)) for c in range(3)]
             rows = max(1, GPU_SLAB_VOXELS // plane)
             for i0 in range(0, nx, rows):
                 if check():
@@ -169,7 +170,8 @@ def resample_volume(
     elif numba_module() is not None:
         _compiled(flat, out, shape, linear, field, at_field, step, order, cval, threads or host_threads(), check)
     else:
-        host_field = None if field is None else np.asarray(field)
+        host_field = None if field is None else [_component(field, c) for c in range(3)]
+        channels = [np.ascontiguousarray(flat[..., c]) for c in range(flat.shape[3])]
         rows = max(1, CPU_SLAB_VOXELS // plane)
 
         def task(i0):
@@ -177,12 +179,18 @@ def resample_volume(
                 if check():
                     raise Cancelled()
                 i1 = min(nx, i0 + rows)
-                out[i0:i1] = _slab(np, flat, shape, i0, i1, linear, host_field, at_field, step, order, cval, out_dtype)
+                out[i0:i1] = _slab(
+                    np, channels, shape, i0, i1, linear, host_field, at_field, step, order, cval, out_dtype
+                )
 
             return run
 
         run_parallel([task(i0) for i0 in range(0, nx, rows)], threads or host_threads())
     return out.reshape(*shape, *extra)
+
+
+def _component(field, c: int) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(field)[..., c], dtype=np.float32)
 
 
 def _loops():

@@ -259,24 +259,37 @@ def _dipy_affine(
         nbins=params.bins, sampling_proportion=None if params.sampling >= 1 else params.sampling
     )
     levels = len(params.affine_iterations)
-    optimiser = imaffine.AffineRegistration(
-        metric=metric,
-        level_iters=list(params.affine_iterations),
-        sigmas=[float(2 ** (levels - 1 - i) - 1) for i in range(levels)],
-        factors=[2 ** (levels - 1 - i) for i in range(levels)],
-        verbosity=0,
-    )
+
+    def optimiser(iterations):
+        return imaffine.AffineRegistration(
+            metric=metric,
+            level_iters=list(iterations),
+            sigmas=[float(2 ** (levels - 1 - i) - 1) for i in range(levels)],
+            factors=[2 ** (levels - 1 - i) for i in range(levels)],
+            verbosity=0,
+        )
+
+    # A rigid stage followed by the affine one runs at the coarsest level only (0 iterations at the
+    # others: it brings the head close; the affine stage then refines at every level): on the
+    # benchmark's T1 -> b=0 case the same error (0.27 mm mean, 0.92 max) from 36 % fewer metric
+    # evaluations weighted by their voxels, the finer levels being where each costs most.
+    rigid_iterations = params.affine_iterations
+    if "affine" in stages and levels > 1:
+        rigid_iterations = (params.affine_iterations[0], *[0] * (levels - 1))
     affine = start
     state = np.random.get_state()  # noqa: NPY002 (DIPY samples with the legacy global generator)
     try:
-        for name, transform in (("rigid", transforms.RigidTransform3D()), ("affine", transforms.AffineTransform3D())):
+        for name, transform, iterations in (
+            ("rigid", transforms.RigidTransform3D(), rigid_iterations),
+            ("affine", transforms.AffineTransform3D(), params.affine_iterations),
+        ):
             if name not in stages:
                 continue
             t0 = time.perf_counter()
             np.random.seed(params.rng_seed)  # noqa: NPY002 (DIPY's sampled points jitter with it)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                affine = optimiser.optimize(
+                affine = optimiser(iterations).optimize(
                     static, moving, transform, None, static_grid2world=np.array(work.affine),
                     moving_grid2world=np.array(moving_grid.affine), starting_affine=affine,
                 ).affine  # fmt: skip
