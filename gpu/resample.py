@@ -53,6 +53,7 @@ def _corners(xp, coords, shape):
         c = coords[d]
         ok = (c >= 0) & (c <= shape[d] - 1)
         inside = ok if inside is None else inside & ok
+        c = xp.where(ok, c, 0.0)  # NaN or far outside: read nothing (the voxel gets cval)
         base = xp.floor(c)
         frac = c - base
         lo = xp.clip(base, 0, shape[d] - 1).astype(xp.int64)
@@ -74,7 +75,7 @@ def sample(xp, volume, coords, order: int, cval: float = 0.0):
             c = coords[d]
             ok = (c >= 0) & (c <= shape[d] - 1)
             inside = ok if inside is None else inside & ok
-            part = xp.clip(xp.floor(c + 0.5), 0, shape[d] - 1).astype(xp.int64) * stride
+            part = xp.floor(xp.where(ok, c, 0.0) + 0.5).astype(xp.int64) * stride
             index = part if index is None else index + part
         values = xp.take(flat, index)
         return xp.where(inside, values, xp.asarray(cval, dtype=values.dtype))
@@ -86,7 +87,7 @@ def sample(xp, volume, coords, order: int, cval: float = 0.0):
             for cz, wz in ((z0, 1.0 - fz), (z1, fz)):
                 term = (wxy * wz) * xp.take(flat, row + cz)
                 out = term if out is None else out + term
-    return xp.where(inside, out, cval)
+    return xp.where(inside, out, xp.asarray(cval, dtype=out.dtype))
 
 
 def source_coordinates(xp, shape, i0: int, i1: int, linear, field=None, at_field=None, step=None):

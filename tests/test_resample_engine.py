@@ -33,7 +33,7 @@ def _case(seed: int = 0, with_field: bool = True):
     return data, labels, out_shape, linear, field, at, step
 
 
-def _scipy(data, out_shape, linear, field, at, step, order):
+def _scipy(data, out_shape, linear, field, at, step, order, cval=0.0):
     """The reference: every output voxel's source coordinates in float64, then map_coordinates."""
     ijk = np.stack(np.meshgrid(*[np.arange(n, dtype=np.float64) for n in out_shape], indexing="ij"), 0).reshape(3, -1)
     src = linear[:3, :3] @ ijk + linear[:3, 3:4]
@@ -43,7 +43,7 @@ def _scipy(data, out_shape, linear, field, at, step, order):
             [ndimage.map_coordinates(field[..., c], where, order=1, mode="constant", cval=0.0) for c in range(3)]
         )
         src = src + step @ w
-    values = ndimage.map_coordinates(data, src, order=order, mode="constant", cval=0.0, prefilter=False)
+    values = ndimage.map_coordinates(data, src, order=order, mode="constant", cval=cval, prefilter=False)
     return values.reshape(out_shape)
 
 
@@ -123,3 +123,21 @@ def test_cancelled_stops_between_slabs(cpu_engine):
     data, _, out_shape, linear, field, at, step = _case(5)
     with pytest.raises(Cancelled):
         resample_volume(data, out_shape, linear, field, at, step, cancelled=lambda: True, threads=2)
+
+
+def test_a_field_with_nan_gives_the_fill_value_there(device, cpu_engine):
+    """A damaged field (NaN) must not read outside the data: the voxels whose displacement is NaN get
+    cval, the others SciPy's values."""
+    data, labels, out_shape, linear, field, at, step = _case(7)
+    field = field.copy()
+    field[3:6, 3:6, 3:6] = np.nan
+    got = resample_volume(data, out_shape, linear, field, at, step, order=1, device=device, cval=-1.0)
+    got_labels = resample_volume(labels, out_shape, linear, field, at, step, order=0, device=device, cval=-1)
+    ijk = np.stack(np.meshgrid(*[np.arange(n, dtype=np.float64) for n in out_shape], indexing="ij"), 0).reshape(3, -1)
+    where = at[:3, :3] @ ijk + at[:3, 3:4]
+    w = np.stack([ndimage.map_coordinates(field[..., c], where, order=1, mode="constant", cval=0.0) for c in range(3)])
+    touched = np.isnan(w).any(0).reshape(out_shape)
+    assert touched.any() and not touched.all()
+    assert (got[touched] == -1.0).all() and (got_labels[touched] == -1).all()
+    ref = _scipy(data, out_shape, linear, np.nan_to_num(field), at, step, 1, cval=-1.0)
+    assert np.abs(got[~touched] - ref[~touched]).max() <= 1e-5 * float(data.max() - data.min())
