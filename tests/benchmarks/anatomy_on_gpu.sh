@@ -21,6 +21,7 @@ python3 -c "import numba, threadpoolctl; print('numba', numba.__version__, 'thre
 # a user's pip install byte-compiles; the machine runs Python without writing bytecode
 python3 -m compileall -q -j 8 app gpu tractlens /tmp/site/dipy /tmp/site/nitransforms /tmp/site/nibabel >/dev/null 2>&1
 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_resample_engine.py 2>&1 | tail -4
-python3 -m pytest -q -p no:cacheprovider tests/test_registration.py tests/test_registration_chain.py tests/test_atlases.py 2>&1 | tail -4
+python3 -m pytest -q -p no:cacheprovider tests/test_registration.py tests/test_registration_chain.py tests/test_registration_files.py \
+  tests/test_atlases.py 2>&1 | tail -4
 timeout 420 python3 tests/benchmarks/bench_registration.py ${CASES:+--cases "$CASES"} 2>&1 | grep -v '^\[{' | cut -c1-300
 cp tests/benchmarks/results/registration_*.json "$OUT"/ 2>/dev/null
