@@ -4,6 +4,9 @@ from tractlens import __version__
 from tractlens.gpu import backend as _backend
 
 from . import kernel_cache as _kernel_cache
+from ._nibabel_start import import_nibabel as _import_nibabel
+
+_import_nibabel()  # before any module of the core imports nibabel: pydicom is not imported with it
 
 # The kernels compiled ahead of time go into CuPy's cache before its first kernel (app.kernel_cache).
 _backend.on_cupy_import(_kernel_cache.install_for)

@@ -16,17 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.gpu.backend import check_device
+
 from .atlases import atlas_info, load_atlas, load_template, write_lookup_table
 from .errors import InputError
 from .grid import Grid
 from .io import transforms as transform_files
-from .io.dwi import load_dwi
 from .io.nifti import load_image, read_array, save_volume
 from .io.outputs import check_output_file, check_output_folder
-from .io.tractogram import load_tractogram, save_tractogram
 from .model import RoiMask, Tractogram, Volume
 from .params import RegisterParams
-from .pipelines.register import register_arrays
 from .registration import ChainedRegistration, Registration, compose_registrations, resample
 
 TEMPLATE_WORDS = ("mni",)
@@ -78,6 +77,8 @@ def load_for_registration(source, volume: int | None = None, what: str = "image"
     path = Path(source)
     img = load_image(path, what)
     if img.ndim == 4 and img.shape[3] > 1 and volume is None:
+        from .io.dwi import load_dwi
+
         try:
             dwi = load_dwi(path)
         except InputError:
@@ -233,6 +234,8 @@ def register_images(
     >>> bool(np.abs(result.moving_in_fixed - image.data).mean() < 0.01)
     True
     """
+    from .pipelines.register import register_arrays  # SciPy's ndimage and DIPY: not for atlas or apply-transform
+
     params = params or RegisterParams()
     if out_dir is not None:
         out_dir = check_output_folder(out_dir, "registration folder")
@@ -367,11 +370,15 @@ def apply_transform(
     inverse: bool = False,
     interp: str = "auto",
     cancelled: Callable[[], bool] | None = None,
+    device: str = "auto",
 ) -> dict:
     """Bring an image, a label/ROI image or a tractogram from one side of a registration to the other,
     onto ``reference``'s grid. Forward (default): from the moving space to the fixed space; ``inverse``:
     from the fixed space to the moving space. Images are pulled through the transform, streamline
-    points pushed through its inverse; per-point and per-streamline scalars are kept."""
+    points pushed through its inverse; per-point and per-streamline scalars are kept. ``device``:
+    where images are resampled (:func:`tractlens.gpu.resample.resolve_device`; 'auto' takes the
+    CPU's compiled loop in a fresh process, the GPU where CuPy already runs)."""
+    check_device(device)
     registration = load_registration(registration)
     out = check_output_file(out, "output")
     ref_img = load_image(reference, "reference image")
@@ -379,6 +386,8 @@ def apply_transform(
     source_side, target_side = ("fixed", "moving") if inverse else ("moving", "fixed")
     _check_sides(registration, ref_grid, target_side, reference)
     if str(input_path).lower().endswith(TRACTOGRAM_SUFFIXES):
+        from .io.tractogram import load_tractogram, save_tractogram
+
         tract = load_tractogram(input_path, reference=None)
         push = registration.fixed_to_moving if inverse else registration.moving_to_fixed
         moved = moved_tractogram(tract, push, ref_grid)
@@ -397,7 +406,7 @@ def apply_transform(
     _check_sides(registration, grid, source_side, input_path)
     chosen = _interpolation(interp, data, Path(input_path).name)
     towards = "moving" if inverse else "fixed"
-    moved = registration.pull(data, grid, ref_grid, towards, chosen, cancelled=cancelled)
+    moved = registration.pull(data, grid, ref_grid, towards, chosen, cancelled=cancelled, device=device)
     save_volume(moved, ref_grid.affine, out, dtype=data.dtype if chosen == "nearest" else np.float32)
     return {
         "input": str(input_path),
@@ -446,9 +455,11 @@ def moved_tractogram(tract: Tractogram, push: Callable[[np.ndarray], np.ndarray]
     )
 
 
-def atlas_on_subject(name: str, registration, reference_grid: Grid) -> tuple[np.ndarray, tuple[tuple[int, str], ...]]:
+def atlas_on_subject(
+    name: str, registration, reference_grid: Grid, *, device: str = "auto"
+) -> tuple[np.ndarray, tuple[tuple[int, str], ...]]:
     """An atlas's labels drawn on ``reference_grid`` (a grid of the subject's side) through a template
-    registration (one whose fixed or moving image is the MNI template)."""
+    registration (one whose fixed or moving image is the MNI template), resampled on ``device``."""
     registration = load_registration(registration)
     if registration.template is None:
         raise InputError(
@@ -457,7 +468,9 @@ def atlas_on_subject(name: str, registration, reference_grid: Grid) -> tuple[np.
         )
     atlas_info(name)
     labels, affine, table = load_atlas(name)
-    on_subject = registration.template_to_subject(labels, Grid(affine, labels.shape), reference_grid, "nearest")
+    on_subject = registration.template_to_subject(
+        labels, Grid(affine, labels.shape), reference_grid, "nearest", device=device
+    )
     return on_subject.astype(np.int32), table
 
 
@@ -478,15 +491,19 @@ def atlas_region_mask(name: str, registration, reference_grid: Grid, values) -> 
     return mask
 
 
-def write_atlas(name: str, registration, reference: str | os.PathLike, out: str | os.PathLike) -> dict:
+def write_atlas(
+    name: str, registration, reference: str | os.PathLike, out: str | os.PathLike, *, device: str = "auto"
+) -> dict:
     """``tractlens atlas NAME``: the atlas on the subject's grid and its lookup table (``labels.tsv``
-    beside it, BIDS ``dseg.tsv`` style, or ``OUT`` with ``.tsv`` instead of ``.nii.gz``)."""
+    beside it, BIDS ``dseg.tsv`` style, or ``OUT`` with ``.tsv`` instead of ``.nii.gz``); the labels
+    are resampled on ``device`` (as :func:`apply_transform`)."""
     atlas_info(name)
+    check_device(device)
     out = check_output_file(out, "atlas output")
     ref_img = load_image(reference, "reference image")
     grid = Grid(ref_img.affine, ref_img.shape[:3])
     t0 = time.perf_counter()
-    labels, table = atlas_on_subject(name, registration, grid)
+    labels, table = atlas_on_subject(name, registration, grid, device=device)
     save_volume(labels, grid.affine, out, dtype=np.int32)
     stem = out.name[: -len(".nii.gz")] if out.name.endswith(".nii.gz") else out.stem
     tsv = write_lookup_table(table, out.with_name(stem + ".tsv"))

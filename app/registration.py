@@ -13,9 +13,9 @@ and the inverse, used to push points (a streamline of the moving space into the 
 
 This is the composite ``antsApplyTransforms -t 1Warp.nii.gz -t 0GenericAffine.mat`` applies, with
 the fields in RAS here and in LPS in the files (:mod:`app.io.transforms` converts). Images are
-resampled with trilinear or nearest-neighbour interpolation (:func:`scipy.ndimage.map_coordinates`),
-one slab of reference voxels at a time so a 1 mm whole-brain grid never holds all its coordinates
-at once.
+resampled with trilinear or nearest-neighbour interpolation by the engine (:mod:`tractlens.gpu.resample`:
+SciPy's ``map_coordinates`` edges, compiled loops on the CPU's threads or CuPy), one slab of
+reference voxels at a time so a 1 mm whole-brain grid never holds all its coordinates at once.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import ndimage
 
 from tractlens.gpu.backend import Cancelled
 
@@ -73,12 +72,13 @@ class _Sides:
         return "moving" if self.template_side == "fixed" else "fixed"
 
     def template_to_subject(
-        self, data: np.ndarray, template_grid: Grid, reference: Grid, interp: str = "nearest"
+        self, data: np.ndarray, template_grid: Grid, reference: Grid, interp: str = "nearest", **kw
     ) -> np.ndarray:
-        """An image on a template grid (an atlas), drawn on ``reference`` (a subject grid)."""
+        """An image on a template grid (an atlas), drawn on ``reference`` (a subject grid); ``kw`` as
+        :meth:`pull` takes them (``device``, ``cancelled``)."""
         if self.template_side not in ("fixed", "moving"):
             raise ValueError("this registration does not involve a template")
-        return self.pull(data, template_grid, reference, self.subject_side(), interp)
+        return self.pull(data, template_grid, reference, self.subject_side(), interp, **kw)
 
 
 @dataclass(frozen=True, eq=False)
@@ -367,10 +367,10 @@ def _shared_side(a: Registration, b: Registration) -> tuple[str, str]:
 
 def _sample_field(field_: np.ndarray, grid: Grid, points: np.ndarray) -> np.ndarray:
     """A displacement field on ``grid`` sampled trilinearly at RAS points (0 outside the grid)."""
+    from tractlens.gpu.resample import sample
+
     vox = grid.to_voxels(points).T
-    return np.stack(
-        [ndimage.map_coordinates(field_[..., c], vox, order=1, mode="constant", cval=0.0) for c in range(3)], axis=1
-    )
+    return np.stack([sample(np, field_[..., c], vox, 1, 0.0) for c in range(3)], axis=1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -393,48 +393,24 @@ def resample_chain(
     *,
     cval: float = 0.0,
     cancelled: Callable[[], bool] | None = None,
+    device: str = "cpu",
 ) -> np.ndarray:
-    """Draw ``data`` (on ``source``) on ``reference`` through ``chain``. Without a field this is one
-    affine resampling (no coordinate arrays); with one, the field is sampled a slab at a time."""
+    """Draw ``data`` (on ``source``) on ``reference`` through ``chain``: every reference voxel mapped
+    by two affines and one field lookup (:func:`tractlens.gpu.resample.resample_volume`), on
+    ``device`` ('cpu': threads over slabs of planes; 'gpu' or 'auto': CuPy when a GPU is usable).
+    SciPy's ``map_coordinates`` edges (``mode="constant"``): voxels mapped outside ``source`` get
+    ``cval``."""
     if interp not in INTERPOLATIONS:
         raise ValueError(f"interpolation is one of {INTERPOLATIONS}, got {interp!r}")
     data = np.asarray(data)
     if data.shape[:3] != source.shape:
         raise ValueError(f"data of shape {data.shape[:3]} is not on the source grid {source.shape}")
-    order = 1 if interp == "linear" else 0
-    extra = data.shape[3:]
-    flat = data.reshape(*source.shape, -1)
-    out_dtype = data.dtype if order == 0 else np.result_type(data.dtype, np.float32)
-    out = np.empty((*reference.shape, flat.shape[3]), dtype=out_dtype)
-    for c in range(flat.shape[3]):
-        channel = flat[..., c] if order == 0 else flat[..., c].astype(np.float32, copy=False)
-        if chain.field is None:
-            ndimage.affine_transform(channel, chain.linear[:3, :3], offset=chain.linear[:3, 3], output_shape=reference.shape,
-                                     output=out[..., c], order=order, mode="constant", cval=cval, prefilter=False)  # fmt: skip
-            continue
-        nx, ny, nz = reference.shape
-        step = max(1, SLAB_VOXELS // (ny * nz))
-        for i0 in range(0, nx, step):
-            if cancelled is not None and cancelled():
-                raise Cancelled()
-            shape = (min(nx, i0 + step) - i0, ny, nz)
-            # the field where the slab's voxels land: an affine lookup, as the data's would be
-            at = chain.at_field
-            w = [
-                ndimage.affine_transform(chain.field[..., d], at[:3, :3], offset=at[:3, 3] + at[:3, 0] * i0,
-                                         output_shape=shape, order=1, mode="constant", cval=0.0)
-                for d in range(3)
-            ]  # fmt: skip
-            i, j, k = np.meshgrid(np.arange(i0, i0 + shape[0], dtype=np.float32), np.arange(ny, dtype=np.float32),
-                                  np.arange(nz, dtype=np.float32), indexing="ij", sparse=True)  # fmt: skip
-            m, q = chain.linear, chain.step
-            src = np.stack([
-                (m[d, 0] * i + m[d, 1] * j + m[d, 2] * k + m[d, 3] + q[d, 0] * w[0] + q[d, 1] * w[1] + q[d, 2] * w[2]).ravel()
-                for d in range(3)
-            ])  # fmt: skip
-            values = ndimage.map_coordinates(channel, src, order=order, mode="constant", cval=cval, prefilter=False)
-            out[i0 : i0 + shape[0], ..., c] = values.reshape(shape)
-    return out.reshape(*reference.shape, *extra)
+    from tractlens.gpu.resample import resample_volume  # the engine's resampler, imported when first used
+
+    return resample_volume(
+        data, reference.shape, chain.linear, chain.field, chain.at_field, chain.step,
+        order=1 if interp == "linear" else 0, cval=cval, device=device, cancelled=cancelled,
+    )  # fmt: skip
 
 
 def affine_chain(source: Grid, reference: Grid, reference_to_source: np.ndarray | None = None) -> VoxelChain:
@@ -456,9 +432,15 @@ def resample(
     *,
     cval: float = 0.0,
     cancelled: Callable[[], bool] | None = None,
+    device: str = "cpu",
 ) -> np.ndarray:
     """Draw ``data`` (on ``source``) on ``reference``: each reference voxel centre is sent to the
-    source space by ``reference_to_source`` (RAS mm -> RAS mm) and interpolated there."""
+    source space by ``reference_to_source`` (RAS mm -> RAS mm, NumPy) and interpolated there, a slab
+    of planes at a time on the CPU's threads (``device`` is accepted for :meth:`pull`'s sake: a
+    point map runs on the CPU). SciPy's ``map_coordinates`` edges: voxels mapped outside get ``cval``."""
+    from tractlens.gpu.host import host_threads, run_parallel
+    from tractlens.gpu.resample import sample
+
     if interp not in INTERPOLATIONS:
         raise ValueError(f"interpolation is one of {INTERPOLATIONS}, got {interp!r}")
     data = np.asarray(data)
@@ -467,20 +449,26 @@ def resample(
     order = 1 if interp == "linear" else 0
     extra = data.shape[3:]
     out_dtype = data.dtype if interp == "nearest" else np.result_type(data.dtype, np.float32)
-    out = np.empty(reference.n_voxels * int(np.prod(extra, dtype=int)), dtype=out_dtype).reshape(-1, *extra)
     flat = data.reshape(*source.shape, -1)
+    if order == 1:
+        flat = flat.astype(out_dtype, copy=False)
+    out = np.empty((*reference.shape, flat.shape[3]), dtype=out_dtype)
     nx, ny, nz = reference.shape
-    plane = ny * nz
-    step = max(1, SLAB_VOXELS // plane)
-    for i0 in range(0, nx, step):
-        if cancelled is not None and cancelled():
-            raise Cancelled()
-        i1 = min(nx, i0 + step)
-        ijk = np.stack(np.meshgrid(np.arange(i0, i1), np.arange(ny), np.arange(nz), indexing="ij"), -1).reshape(-1, 3)
-        ras = ijk @ reference.affine[:3, :3].T + reference.affine[:3, 3]
-        vox = source.to_voxels(reference_to_source(ras)).T
-        for c in range(flat.shape[3]):
-            channel = flat[..., c] if order == 0 else flat[..., c].astype(np.float32, copy=False)
-            values = ndimage.map_coordinates(channel, vox, order=order, mode="constant", cval=cval, prefilter=False)
-            out.reshape(reference.n_voxels, -1)[i0 * plane : i1 * plane, c] = values
+    step = max(1, min(SLAB_VOXELS // (ny * nz), -(-nx // (4 * host_threads()))))
+
+    def slab(i0: int):
+        def run():
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            i1 = min(nx, i0 + step)
+            ijk = np.stack(np.meshgrid(np.arange(i0, i1), np.arange(ny), np.arange(nz), indexing="ij"), -1)
+            ras = ijk.reshape(-1, 3) @ reference.affine[:3, :3].T + reference.affine[:3, 3]
+            vox = source.to_voxels(reference_to_source(ras)).T
+            for c in range(flat.shape[3]):
+                values = sample(np, flat[..., c], vox, order, cval)
+                out[i0:i1, ..., c] = values.reshape(i1 - i0, ny, nz)
+
+        return run
+
+    run_parallel([slab(i0) for i0 in range(0, nx, step)], host_threads())
     return out.reshape(*reference.shape, *extra)

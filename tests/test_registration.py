@@ -324,7 +324,7 @@ def test_brain_masks_from_files_or_open_layers_reach_the_metric_on_each_image_s_
         seen.update(moving=moving_mask, fixed=fixed_mask)
         return real(*args, moving_mask=moving_mask, fixed_mask=fixed_mask, **kw)
 
-    monkeypatch.setattr(use_cases, "register_arrays", spy)
+    monkeypatch.setattr(engine, "register_arrays", spy)  # app.anatomy imports it from there when it registers
     result = use_cases.register_images(
         str(t1_path), str(b0_path), params=RegisterParams(type="rigid"), moving_mask=t1_brain, fixed_mask=roi
     )

