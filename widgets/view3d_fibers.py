@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 from vtkmodules.vtkRenderingCore import vtkTextActor
 
 from tractlens.app.fiber_arrays import LEVELS
@@ -71,8 +72,12 @@ class FiberView:
         if getattr(self, "_software_rendering", None) is None:
             self.gl_renderer = gl_renderer(self.plotter.ren_win)
             self._software_rendering = any(name in self.gl_renderer for name in ("llvmpipe", "softpipe", "swrast"))
+            cache = self.document.fiber_arrays
             if self._software_rendering:  # the hardware moving level is never drawn here: not prepared ahead
-                self.document.fiber_arrays.skip_levels = frozenset({"moving"})
+                cache.skip_levels = frozenset({"moving"})
+                cache.skip_selection_levels = frozenset({"full", "moving"})
+            else:  # nor are the software levels of a selection with hardware OpenGL
+                cache.skip_selection_levels = frozenset({"software", "moving_software"})
         return self._software_rendering
 
     # ------------------------------------------------------------- levels
@@ -96,7 +101,7 @@ class FiberView:
         moving = cache.cells(layer, self._moving_level(), layer.selection)
         scene.show_cells("actor", rest)
         scene.show_cells("moving", rest if moving.n_points == rest.n_points else moving)
-        entry["shown_total"] = cache.cells(layer, "full", layer.selection).n_streamlines
+        entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
 
     def lod_text(self) -> str:
         """What the level-of-detail line says now ("" when every streamline is drawn)."""
@@ -137,8 +142,8 @@ class FiberView:
             if key not in present:
                 entry = self._fibers.pop(key)
                 self._drop_bar(entry)
-                self.plotter.remove_actor(entry["scene"].actor, render=False)
-                self.plotter.remove_actor(entry["scene"].moving, render=False)
+                for actor in entry["scene"].all_actors():
+                    self.plotter.remove_actor(actor, render=False)
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = self._build_fibers(layer)
@@ -152,8 +157,8 @@ class FiberView:
         entry = {"layer": layer, "scene": scene, "actor": scene.actor, "colour": None, "bar_title": None}
         self._place_cells(entry)
         name = f"fibers_{id(layer)}"
-        self.plotter.add_actor(scene.actor, name=name, reset_camera=False, render=False, pickable=False)
-        self.plotter.add_actor(scene.moving, name=f"{name}_moving", reset_camera=False, render=False, pickable=False)
+        for k, actor in enumerate(scene.all_actors()):  # rest and moving actors of each piece
+            self.plotter.add_actor(actor, name=f"{name}_{k}", reset_camera=False, render=False, pickable=False)
         self._colour_fibers(entry)
         self._apply_line_style(entry)
         return entry

@@ -149,3 +149,56 @@ def test_hardware_rest_and_moving_levels_follow_the_measured_full_frame(window, 
     assert text.startswith("1,000 of 6,000 streamlines drawn at rest: a full frame took"), text
     view._coarse_detail()
     assert view.lod_text() == "showing 1,000 of 6,000 streamlines while moving"
+
+
+def test_a_tractogram_over_the_buffer_limit_is_drawn_in_pieces_over_slices_of_its_points(
+    window, qtbot, tmp_path, monkeypatch
+):
+    """VTK counts a vertex buffer's bytes in 32 bits, so a 10 M-streamline tractogram goes to the
+    GPU in pieces: each a slice of the same float32 array (not a copy), uploaded as it is (no
+    shift-and-scale copy), and the picture is the one of a single buffer."""
+    view = window.view3d
+    monkeypatch.setattr(view, "_software", lambda: False)  # every streamline at rest, as on a GPU
+    path = synthetic_trx(tmp_path, 6000, 40)
+    shots = {}
+    for piece_points in (fiber_arrays.PIECE_POINTS, 50_000):
+        monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", piece_points)
+        window.open_paths([path])
+        assert window.wait_for_jobs(120) and window.errors == []
+        layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
+        qtbot.waitUntil(lambda layer=layer: id(layer) in view._fibers, timeout=10_000)
+        scene = view._fibers[id(layer)]["scene"]
+        view.reset_camera()
+        view._full_detail()
+        shots[piece_points] = view.screenshot()
+        if piece_points == 50_000:
+            break
+        window.document.remove_layer(layer)
+        qtbot.wait(50)
+    points = layer.data.points
+    assert len(scene.pieces) == 5  # 240,000 points in pieces of about 50,000
+    drawn = 0
+    for piece in scene.pieces:
+        array = vtk_to_numpy(piece.points.GetData())
+        assert np.shares_memory(array, points) and array.dtype == np.float32
+        for actor in piece.actors.values():
+            assert actor.GetMapper().GetVBOShiftScaleMethod() == 0  # uploaded as it is
+            assert actor.GetUserMatrix() is scene.actor.GetUserMatrix()
+        drawn += piece.polydata["actor"].GetLines().GetNumberOfCells()
+    assert drawn == len(layer.data) and view.lod_text() == ""
+    ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "fiber_buffers_pieces.png")
+    one, pieces = (shot.astype(int) for shot in shots.values())
+    assert np.abs(one - pieces).max(axis=-1).mean() < 0.01  # the same picture (draw order may differ at a pixel)
+    selected = np.zeros(len(layer.data), dtype=bool)
+    selected[::7] = True
+    layer.set_selection(selected, by="a test")
+    qtbot.wait(50)
+    joined = []
+    for piece, (a, _b) in zip(scene.pieces, scene.arrays.bounds, strict=True):
+        lines = piece.polydata["actor"].GetLines()
+        if lines.GetNumberOfCells():
+            joined.append(vtk_to_numpy(lines.GetConnectivityArray()) + layer.data.offsets[a])
+    offsets = layer.data.offsets
+    expected = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in np.flatnonzero(selected)])
+    np.testing.assert_array_equal(np.concatenate(joined), expected)
