@@ -62,14 +62,28 @@ class Cells:
     ``connectivity[offsets[k]:offsets[k + 1]]`` (point indices), one of the tractogram's
     streamlines ``streamlines[k]`` (None: all of them, in order). ``connectivity`` None: the
     identity (every point in order, the level that draws everything): nothing is stored, the 3-D
-    view gives VTK an implicit array."""
+    view gives VTK an implicit array. A level of a tractogram drawn in pieces is built piece by
+    piece (:meth:`pieces`); its whole connectivity is joined only when read."""
 
     offsets: np.ndarray
-    connectivity: np.ndarray | None
+    stored: np.ndarray | None  # the connectivity (None: the identity, or not joined from the pieces yet)
     streamlines: np.ndarray | None = None
     total: int = 0  # streamlines of the tractogram (what "of N" counts)
     first: int = 0  # the identity's first streamline (a piece's: see :meth:`pieces`)
-    _pieces: tuple | None = field(default=None, repr=False, compare=False)
+    _pieces: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, cells, first points)
+
+    @property
+    def identity(self) -> bool:
+        return self.stored is None and self.streamlines is None
+
+    @property
+    def connectivity(self) -> np.ndarray | None:
+        """The point indices over the whole array (None: the identity)."""
+        if self.stored is None and self.streamlines is not None:  # built by piece: joined now
+            _bounds, parts, firsts = self._pieces
+            dtype = self.offsets.dtype.type
+            self.stored = np.concatenate([p.point_index() + dtype(f) for p, f in zip(parts, firsts, strict=True)])
+        return self.stored
 
     @property
     def n_streamlines(self) -> int:
@@ -77,7 +91,7 @@ class Cells:
 
     @property
     def n_points(self) -> int:
-        return int(self.offsets[-1]) if self.connectivity is None else len(self.connectivity)
+        return int(self.offsets[-1] - self.offsets[0])
 
     def streamline_ids(self) -> np.ndarray | slice:
         """The tractogram's streamlines drawn, in order (a slice for the identity)."""
@@ -96,25 +110,29 @@ class Cells:
         if self._pieces is not None and self._pieces[0] == key:
             return self._pieces[1]
         out = []
-        if self.connectivity is None:  # every streamline: identities over the pieces
+        if self.identity:  # every streamline: identities over the pieces
             for a, b in bounds:
                 part = self.offsets[a - self.first : b - self.first + 1]
                 out.append(Cells(part - part[0], None, None, self.total, a))
         else:
             ids = self.streamlines
             cuts = np.searchsorted(ids, [a for a, _b in bounds] + [bounds[-1][1]])
-            for k, (a, _b) in enumerate(bounds):
-                ka, kb = int(cuts[k]), int(cuts[k + 1])
+
+            def piece(k: int) -> Cells:  # NumPy releases the GIL: the pieces on parallel threads
+                ka, kb, a = int(cuts[k]), int(cuts[k + 1]), bounds[k][0]
                 lo, hi = int(self.offsets[ka]), int(self.offsets[kb])
                 start = self.connectivity.dtype.type(offsets[a])
-                out.append(Cells(self.offsets[ka : kb + 1] - self.offsets[ka], self.connectivity[lo:hi] - start,
-                                 ids[ka:kb], self.total))  # fmt: skip
-        self._pieces = (key, out)
+                return Cells(self.offsets[ka : kb + 1] - self.offsets[ka], self.connectivity[lo:hi] - start,
+                             ids[ka:kb], self.total)  # fmt: skip
+
+            with ThreadPoolExecutor(max_workers=min(INDEX_THREADS, len(bounds))) as pool:
+                out = list(pool.map(piece, range(len(bounds))))
+        self._pieces = (key, out, [int(offsets[a]) for a, _b in bounds])
         return out
 
     def point_index(self) -> np.ndarray:
         """The connectivity as an array (made for the identity)."""
-        if self.connectivity is None:
+        if self.identity:
             return np.arange(self.n_points, dtype=self.offsets.dtype)
         return self.connectivity
 
@@ -158,10 +176,13 @@ def streamline_cells(
     ids: np.ndarray | None = None,
     max_points: int | None = None,
     decimate: bool = False,
+    bounds: list[tuple[int, int]] | None = None,
 ) -> Cells:
     """Cells of the streamlines ``ids`` (None: all), or of a reproducible random subset of them
     with about ``max_points`` points when they have more: whole streamlines, or with
-    ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept)."""
+    ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept).
+    With ``bounds`` (the pieces the tractogram is drawn in, :func:`piece_bounds`) the cells are
+    built piece by piece (see :meth:`Cells.pieces`)."""
     offsets = np.asarray(offsets)
     total = len(offsets) - 1
     lengths_all = np.diff(offsets)
@@ -187,11 +208,28 @@ def streamline_cells(
     dtype = index_dtype(int(offsets[-1]))
     new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
     np.cumsum(counts, out=new_offsets[1:])
-    connectivity = index_ranges((starts - new_offsets[:-1] * step).astype(dtype), counts, new_offsets, step)
-    if needs_last.any():  # the decimated streamline's last point, where the step skipped it
-        last_slot = new_offsets[1:][needs_last] - 1
-        connectivity[last_slot] = (starts + lengths - 1)[needs_last]
-    return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
+    base = starts - new_offsets[:-1] * step
+    if bounds is None or len(bounds) <= 1:
+        connectivity = index_ranges(base.astype(dtype), counts, new_offsets, step)
+        if needs_last.any():  # the decimated streamline's last point, where the step skipped it
+            last_slot = new_offsets[1:][needs_last] - 1
+            connectivity[last_slot] = (starts + lengths - 1)[needs_last]
+        return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
+    # Drawn in pieces: each piece's indices from its first point, written once (not a whole
+    # connectivity first and a shifted copy per piece).
+    cuts = np.searchsorted(chosen, [a for a, _b in bounds] + [bounds[-1][1]])
+    parts = []
+    for k, (a, _b) in enumerate(bounds):
+        ka, kb, first = int(cuts[k]), int(cuts[k + 1]), int(offsets[a])
+        local = new_offsets[ka : kb + 1]
+        connectivity = index_ranges((base[ka:kb] - first).astype(dtype), counts[ka:kb], local, step)
+        last = needs_last[ka:kb]
+        if last.any():
+            connectivity[local[1:][last] - local[0] - 1] = (starts[ka:kb] + lengths[ka:kb] - 1 - first)[last]
+        parts.append(Cells((local - local[0]).astype(dtype), connectivity, chosen[ka:kb], total))
+    cells = Cells(new_offsets.astype(dtype), None, chosen, total)
+    cells._pieces = (tuple(bounds), parts, [int(offsets[a]) for a, _b in bounds])
+    return cells
 
 
 def index_ranges(base: np.ndarray, counts: np.ndarray, new_offsets: np.ndarray, step: int) -> np.ndarray:
@@ -200,13 +238,14 @@ def index_ranges(base: np.ndarray, counts: np.ndarray, new_offsets: np.ndarray, 
     int64 temporaries per point), :data:`INDEX_CHUNK_POINTS` at a time on :data:`INDEX_THREADS`
     threads (a selection of 10 M streamlines writes ~10^8 indices)."""
     dtype = base.dtype
-    n_points = int(new_offsets[-1])
+    origin = int(new_offsets[0])  # the first streamline's place when they are a piece of a level
+    n_points = int(new_offsets[-1]) - origin
     connectivity = np.empty(n_points, dtype=dtype)
 
     def fill(a_b: tuple[int, int]) -> None:
         a, b = a_b
         lo, hi = int(new_offsets[a]), int(new_offsets[b])
-        part = connectivity[lo:hi]
+        part = connectivity[lo - origin : hi - origin]
         part[:] = np.repeat(base[a:b], counts[a:b])
         within = np.arange(lo, hi, dtype=dtype)
         if step != 1:
@@ -214,7 +253,7 @@ def index_ranges(base: np.ndarray, counts: np.ndarray, new_offsets: np.ndarray, 
         part += within
 
     n_chunks = max(1, min(len(counts), -(-n_points // INDEX_CHUNK_POINTS)))
-    cuts = np.searchsorted(new_offsets, np.linspace(0, n_points, n_chunks + 1)[1:-1]).tolist()
+    cuts = np.searchsorted(new_offsets, origin + np.linspace(0, n_points, n_chunks + 1)[1:-1]).tolist()
     chunks = list(zip([0, *cuts], [*cuts, len(counts)], strict=True))
     if len(chunks) == 1 or INDEX_THREADS <= 1:
         for chunk in chunks:
@@ -236,12 +275,17 @@ def subset(
     return cells.point_index().astype(np.int64), cells.offsets.astype(np.int64), cells.streamlines
 
 
-def level_cells(offsets: np.ndarray, level: str, selected: np.ndarray | None = None) -> Cells:
+def level_cells(
+    offsets: np.ndarray, level: str, selected: np.ndarray | None = None, bounds: list[tuple[int, int]] | None = None
+) -> Cells:
     """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
-    (bool per streamline) when there is a selection."""
+    (bool per streamline) when there is a selection; by piece with ``bounds``."""
     budget, decimate = LEVELS[level]
     ids = None if selected is None else np.flatnonzero(selected)
-    return streamline_cells(offsets, ids, budget, decimate)
+    cells = streamline_cells(offsets, ids, budget, decimate, bounds)
+    if bounds is not None:
+        cells.pieces(offsets, bounds)  # the identity's (the others' are made already)
+    return cells
 
 
 def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -303,8 +347,7 @@ def fiber_arrays(layer: Layer, skip=()) -> FiberArrays:
     arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, direction)
     for name in LEVELS:
         if name not in skip:
-            arrays.levels[name] = level_cells(tract.offsets, name)
-            arrays.levels[name].pieces(arrays.offsets, arrays.bounds)
+            arrays.levels[name] = level_cells(tract.offsets, name, bounds=arrays.bounds)
     return arrays
 
 
@@ -385,8 +428,7 @@ class FiberArrayCache:
         arrays = self.prepare(layer)
         if selected is None:
             if level not in arrays.levels:  # skipped when prepared
-                cells = level_cells(arrays.offsets, level)
-                cells.pieces(arrays.offsets, arrays.bounds)
+                cells = level_cells(arrays.offsets, level, bounds=arrays.bounds)
                 with self._lock:
                     arrays.levels.setdefault(level, cells)
             return arrays.levels[level]
@@ -398,8 +440,7 @@ class FiberArrayCache:
                 self._selections[layer] = cached
         per_level = cached[1]
         if level not in per_level:
-            cells = level_cells(arrays.offsets, level, selected)
-            cells.pieces(arrays.offsets, arrays.bounds)  # what the view draws: here, on the worker
+            cells = level_cells(arrays.offsets, level, selected, arrays.bounds)  # by piece, as drawn
             per_level[level] = cells
         return per_level[level]
 

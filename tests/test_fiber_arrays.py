@@ -163,15 +163,18 @@ def test_pieces_cover_every_streamline_once_within_their_point_budget(rng):
     assert fiber_arrays.piece_bounds(offsets, int(offsets[-1])) == [(0, len(tract))]
 
 
+@pytest.mark.parametrize("built", ["by piece", "split"])
 @pytest.mark.parametrize("level", ["full", "moving_software", "software", "selection"])
-def test_cells_by_piece_are_the_levels_index_ranges_from_each_pieces_first_point(rng, monkeypatch, level):
+def test_cells_by_piece_are_the_levels_index_ranges_from_each_pieces_first_point(rng, monkeypatch, level, built):
     tract = curvy(rng, n=500)
     offsets = tract.offsets
     monkeypatch.setitem(fiber_arrays.LEVELS, "software", (3000, False))
     monkeypatch.setitem(fiber_arrays.LEVELS, "moving_software", (1500, True))
-    selected = rng.random(len(tract)) < 0.3
-    cells = level_cells(offsets, "full", selected) if level == "selection" else level_cells(offsets, level)
+    selected = rng.random(len(tract)) < 0.3 if level == "selection" else None
     bounds = fiber_arrays.piece_bounds(offsets, 2000)
+    name = "full" if level == "selection" else level
+    plain = level_cells(offsets, name, selected)  # over the whole array, as with one piece
+    cells = level_cells(offsets, name, selected, bounds if built == "by piece" else None)
     parts = cells.pieces(offsets, bounds)
     assert len(parts) == len(bounds) and cells.pieces(offsets, bounds) is parts  # computed once
     streamlines, connectivity = [], []
@@ -182,7 +185,10 @@ def test_cells_by_piece_are_the_levels_index_ranges_from_each_pieces_first_point
         ids = part.streamline_ids()
         streamlines.append(np.arange(len(tract))[ids] if isinstance(ids, slice) else ids)
         assert part.n_streamlines == len(streamlines[-1]) and part.total in (0, len(tract))
-    np.testing.assert_array_equal(np.concatenate(connectivity), cells.point_index())
+    np.testing.assert_array_equal(np.concatenate(connectivity), plain.point_index())
+    np.testing.assert_array_equal(cells.point_index(), plain.point_index())  # joined when read
+    np.testing.assert_array_equal(cells.offsets, plain.offsets)
+    assert cells.n_points == plain.n_points
     whole = np.arange(len(tract)) if cells.streamlines is None else cells.streamlines
     np.testing.assert_array_equal(np.concatenate(streamlines), whole)
 

@@ -62,7 +62,7 @@ def cell_array(cells: Cells) -> vtkCellArray:
     identity connectivity as VTK's implicit ``vtkAffineArray`` (VTK's cell array takes any array)."""
     out = vtkCellArray()
     offsets = np.ascontiguousarray(cells.offsets)
-    if cells.connectivity is None:  # every point in order: an implicit array, nothing stored
+    if cells.identity:  # every point in order: an implicit array, nothing stored
         connectivity = vtkAffineArray[str(offsets.dtype)]()
         connectivity.ConstructBackend(1, 0)
         connectivity.SetNumberOfComponents(1)
