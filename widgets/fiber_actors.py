@@ -102,6 +102,7 @@ class FiberActors:
 
     def __init__(self, arrays: FiberArrays):
         self.visible = True
+        self.moving_now = False
         self.colouring: tuple | None = None
         self.pieces: list[_Piece] = []
         self.set_arrays(arrays)
@@ -155,6 +156,7 @@ class FiberActors:
         self.cell_values: dict[str, np.ndarray] = {}  # per-streamline scalars shown as cell colours
         self.cells: dict[str, Cells] = {}
         self.colouring = None
+        self.shown_pieces = len(self.pieces)  # the first pieces drawn (see :meth:`reveal`)
 
     def show_cells(self, which: str, cells: Cells) -> None:
         """Draw ``cells`` in the rest (``"actor"``) or moving actors: only their indices change."""
@@ -235,7 +237,30 @@ class FiberActors:
 
     def show_moving(self, moving: bool) -> None:
         """While the camera moves: the moving actors (when they draw another level), else the rest ones."""
+        self.moving_now = moving
         differ = self.cells.get("moving") is not self.cells.get("actor")
-        for piece in self.pieces:
-            piece.actors["moving"].SetVisibility(self.visible and moving and differ)
-            piece.actors["actor"].SetVisibility(self.visible and not (moving and differ))
+        for k, piece in enumerate(self.pieces):
+            shown = self.visible and k < self.shown_pieces
+            piece.actors["moving"].SetVisibility(shown and moving and differ)
+            piece.actors["actor"].SetVisibility(shown and not (moving and differ))
+
+    def reveal(self, count: int) -> None:
+        """Draw the first ``count`` pieces only: a frame uploads the buffers of the pieces it
+        draws for the first time, so a whole-brain tractogram comes in piece by piece."""
+        self.shown_pieces = max(1, min(count, len(self.pieces)))
+        self.show_moving(self.moving_now)
+
+    @property
+    def filling(self) -> bool:
+        """Are some pieces still to be drawn in?"""
+        return self.shown_pieces < len(self.pieces)
+
+    def drawn_streamlines(self, which: str) -> int:
+        """Streamlines the rest (``"actor"``) or moving actors draw now (of the pieces shown)."""
+        cells = self.cells.get(which)
+        if cells is None:
+            return 0
+        if not self.filling:
+            return cells.n_streamlines
+        parts = cells.pieces(self.arrays.offsets, self.arrays.bounds)
+        return sum(part.n_streamlines for part in parts[: self.shown_pieces])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from PySide6.QtCore import QTimer
 from vtkmodules.vtkRenderingCore import vtkTextActor
 
 from tractlens.app.fiber_arrays import LEVELS
@@ -109,19 +110,21 @@ class FiberView:
 
     def _update_lod_text(self) -> None:
         drawn = total = 0
+        filling = False
         for entry in self._fibers.values():
-            layer = entry["layer"]
+            layer, scene = entry["layer"], entry["scene"]
             if not layer.visible or draws_nothing(layer):
                 continue
-            cells = entry["scene"].cells.get("moving" if self._moving else "actor")
-            if cells is None or (self._moving and not entry["scene"].moving.GetVisibility()):
-                cells = entry["scene"].cells.get("actor")
-            drawn += 0 if cells is None else cells.n_streamlines
+            moving = self._moving and scene.moving.GetVisibility()
+            drawn += scene.drawn_streamlines("moving" if moving else "actor")
             total += entry.get("shown_total", 0)
+            filling = filling or scene.filling
         text = ""
         if drawn < total:
             what = f"{count_words(drawn)} of {count_words(total)} streamlines"
-            if self._moving:
+            if filling:
+                text = f"{what} drawn, more coming"
+            elif self._moving:
                 text = f"showing {what} while moving"
             elif self._software():
                 text = (
@@ -146,10 +149,30 @@ class FiberView:
                     self.plotter.remove_actor(actor, render=False)
         for key, layer in present.items():
             if key not in self._fibers:
-                self._fibers[key] = self._build_fibers(layer)
+                self._fibers[key] = entry = self._build_fibers(layer)
                 self._frames_at_build, self._rest_capped = getattr(self, "frames_drawn", 0), False  # measured again
+                if len(entry["scene"].pieces) > 1:  # a whole-brain tractogram: its first piece first
+                    entry["scene"].reveal(1)
+                    QTimer.singleShot(0, self._reveal_next)
         self.layout_colour_bars()
         self._update_lod_text()
+
+    def _reveal_next(self) -> None:
+        """One more piece of each tractogram being drawn in, drawn now (that frame uploads its
+        buffers); the event loop runs between pieces, so the window answers while they come."""
+        filling = [entry for entry in self._fibers.values() if entry["scene"].filling]
+        if not filling or self.plotter.ren_win is None:
+            return
+        for entry in filling:
+            entry["scene"].reveal(entry["scene"].shown_pieces + 1)
+        self._update_lod_text()
+        self.plotter.render()
+        if any(entry["scene"].filling for entry in filling):
+            QTimer.singleShot(0, self._reveal_next)
+        else:  # everything is on the GPU: the next full frame is a drawing time
+            self._frames_at_build = getattr(self, "frames_drawn", 0)
+            self._update_lod_text()
+            self.request_render()
 
     def _build_fibers(self, layer: Layer) -> dict:
         arrays = self.document.fiber_arrays.prepare(layer)  # normally done already by the loading job
@@ -252,6 +275,7 @@ class FiberView:
         """The camera stopped: everything the hardware allows, timed; over budget, fewer."""
         self._set_moving(False)
         uploaded = getattr(self, "frames_drawn", 0) > self._frames_at_build  # the points are on the GPU already
+        uploaded = uploaded and not any(entry["scene"].filling for entry in self._fibers.values())
         start = time.perf_counter()
         self.plotter.render()
         took = time.perf_counter() - start

@@ -168,6 +168,7 @@ def test_a_tractogram_over_the_buffer_limit_is_drawn_in_pieces_over_slices_of_it
         layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
         qtbot.waitUntil(lambda layer=layer: id(layer) in view._fibers, timeout=10_000)
         scene = view._fibers[id(layer)]["scene"]
+        qtbot.waitUntil(lambda scene=scene: not scene.filling, timeout=10_000)  # drawn in piece by piece
         view.reset_camera()
         view._full_detail()
         shots[piece_points] = view.screenshot()
@@ -202,3 +203,39 @@ def test_a_tractogram_over_the_buffer_limit_is_drawn_in_pieces_over_slices_of_it
     offsets = layer.data.offsets
     expected = np.concatenate([np.arange(offsets[i], offsets[i + 1]) for i in np.flatnonzero(selected)])
     np.testing.assert_array_equal(np.concatenate(joined), expected)
+
+
+def test_a_tractogram_in_pieces_is_drawn_in_piece_by_piece_and_says_so(window, qtbot, tmp_path, monkeypatch):
+    """The first frame draws the first piece (its buffers only are uploaded); each later turn of
+    the event loop one more, with a line saying the rest is being drawn in."""
+    view = window.view3d
+    monkeypatch.setattr(view, "_software", lambda: False)
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 50_000)
+    queued = []
+
+    class Timer:  # the view's next-piece turns, run by the test one at a time
+        @staticmethod
+        def singleShot(_ms, callback):
+            queued.append(callback)
+
+    monkeypatch.setattr(view3d_fibers, "QTimer", Timer)
+    window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
+    assert window.wait_for_jobs(120) and window.errors == []
+    layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
+    qtbot.waitUntil(lambda: id(layer) in view._fibers, timeout=10_000)
+    scene = view._fibers[id(layer)]["scene"]
+    assert len(scene.pieces) == 5 and scene.shown_pieces == 1 and queued == [view._reveal_next]
+    first = scene.drawn_streamlines("actor")
+    assert 0 < first < len(layer.data)
+    assert view.lod_text() == f"{first:,} of 6,000 streamlines drawn, more coming"
+    visible = [piece.actors["actor"].GetVisibility() for piece in scene.pieces]
+    assert visible == [1, 0, 0, 0, 0]
+    view.reset_camera()
+    ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "fiber_buffers_first_piece.png")
+    for shown in range(2, 6):
+        queued.pop()()
+        assert scene.shown_pieces == shown
+        assert [piece.actors["actor"].GetVisibility() for piece in scene.pieces] == [1] * shown + [0] * (5 - shown)
+    assert not queued and not scene.filling and view.lod_text() == ""
+    assert scene.drawn_streamlines("actor") == len(layer.data)
