@@ -192,9 +192,12 @@ class FiberView:
         entry = self._fibers.get(id(old))
         if entry is None or new.kind != "tractogram" or entry["colour"][:2] != (new.color_by, new.colormap):
             return
+        arrays = self.document.fiber_arrays.prepare(new)
+        if len(arrays.bounds) != len(entry["scene"].pieces) or entry["scene"].filling:
+            return  # grown into another number of pieces: new actors (the view's sync builds them)
         del self._fibers[id(old)]
         entry["layer"] = new
-        entry["scene"].set_arrays(self.document.fiber_arrays.prepare(new))
+        entry["scene"].set_arrays(arrays)
         self._place_cells(entry)
         entry["colour"] = None
         self._colour_fibers(entry)

@@ -239,3 +239,30 @@ def test_a_tractogram_in_pieces_is_drawn_in_piece_by_piece_and_says_so(window, q
         assert [piece.actors["actor"].GetVisibility() for piece in scene.pieces] == [1] * shown + [0] * (5 - shown)
     assert not queued and not scene.filling and view.lod_text() == ""
     assert scene.drawn_streamlines("actor") == len(layer.data)
+
+
+def test_a_growing_result_that_needs_more_pieces_gets_new_actors(window, qtbot, monkeypatch):
+    """A tracking result replaced by a larger one reuses its actors while the number of pieces
+    stays, and gets new actors (every streamline drawn) when it grows into more pieces."""
+    from tractlens.app.model import Layer, Tractogram
+
+    view = window.view3d
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 2_000)
+    rng = np.random.default_rng(0)
+
+    def result(n):
+        points = (rng.random((n * 20, 3)) * 40).astype(np.float32)
+        return Layer("result", Tractogram(points, np.arange(0, n * 20 + 1, 20), np.eye(4), (40, 40, 40)), "tractogram")
+
+    small, same, larger = result(50), result(60), result(300)  # 1, 1 and 3 pieces
+    window.document.add_layer(small)
+    qtbot.waitUntil(lambda: id(small) in view._fibers, timeout=10_000)
+    scene = view._fibers[id(small)]["scene"]
+    window.document.replace_layer(small, same)
+    assert view._fibers[id(same)]["scene"] is scene and len(scene.pieces) == 1  # reused
+    window.document.replace_layer(same, larger)
+    grown = view._fibers[id(larger)]["scene"]
+    assert grown is not scene and len(grown.pieces) == 3
+    qtbot.waitUntil(lambda: not grown.filling, timeout=10_000)
+    assert sum(piece.polydata["actor"].GetLines().GetNumberOfCells() for piece in grown.pieces) == 300
+    assert not any(actor in view.plotter.renderer.actors.values() for actor in scene.all_actors())
