@@ -266,3 +266,34 @@ def test_a_growing_result_that_needs_more_pieces_gets_new_actors(window, qtbot, 
     qtbot.waitUntil(lambda: not grown.filling, timeout=10_000)
     assert sum(piece.polydata["actor"].GetLines().GetNumberOfCells() for piece in grown.pieces) == 300
     assert not any(actor in view.plotter.renderer.actors.values() for actor in scene.all_actors())
+
+
+@pytest.mark.parametrize("window_device", ["cpu", pytest.param("auto", marks=pytest.mark.gpu)])  # auto: the default
+def test_the_windows_roi_selection_runs_on_the_gpu_when_there_is_one(window, window_device, qtbot, tmp_path):
+    """An ROI drawn over a whole-brain-like tractogram: the window's selection job uses the
+    streamline index on the GPU (CuPy) and selects exactly what the NumPy engine selects; the
+    view draws the selected streamlines' index ranges."""
+    from tractlens.app.model import Layer, RoiMask
+    from tractlens.app.selection import RoiSelection, select_fibres, streamline_index
+
+    window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
+    assert window.wait_for_jobs(120) and window.errors == []
+    doc = window.document
+    tracts = next(layer for layer in doc.layers if layer.kind == "tractogram")
+    tracts.set(filter_by_rois=True)
+    shape = tracts.data.dimensions
+    ijk = np.indices(shape, dtype=np.float32)
+    centre = np.array(shape) / 2
+    mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= 8.0**2
+    doc.add_layer(Layer("sphere", RoiMask("sphere", mask, tracts.data.affine, role="target"), "roi"))
+    qtbot.waitUntil(lambda: tracts.selection is not None, timeout=60_000)
+    assert window.wait_for_jobs(60)
+    index = streamline_index(doc, tracts, tracts.data.affine, window_device)
+    assert index.backend.is_gpu == (window_device == "auto")  # the default device: the GPU (gpu marker)
+    request = RoiSelection.of(doc)
+    [(_, on_cpu)] = select_fibres(doc, request, device="cpu")
+    np.testing.assert_array_equal(tracts.selection, on_cpu)  # exact: a point is in a voxel or not
+    assert 0 < on_cpu.sum() < len(on_cpu)
+    qtbot.wait(50)
+    scene = window.view3d._fibers[id(tracts)]["scene"]
+    assert scene.polydata["actor"].GetLines().GetNumberOfCells() == on_cpu.sum()
