@@ -246,11 +246,17 @@ def index_ranges(base: np.ndarray, counts: np.ndarray, new_offsets: np.ndarray, 
         a, b = a_b
         lo, hi = int(new_offsets[a]), int(new_offsets[b])
         part = connectivity[lo - origin : hi - origin]
-        part[:] = np.repeat(base[a:b], counts[a:b])
-        within = np.arange(lo, hi, dtype=dtype)
-        if step != 1:
-            within *= dtype.type(step)
-        part += within
+        if hi == lo:
+            return
+        # As differences, summed in place: ``step`` within a streamline, the jump at each first
+        # point (two passes over the indices instead of a repeat, a range and their sum).
+        drawn = counts[a:b] > 0
+        firsts = new_offsets[a:b][drawn]
+        values = base[a:b][drawn].astype(np.int64) + step * firsts  # each drawn streamline's first index
+        lasts = values + step * (counts[a:b][drawn] - 1)
+        part.fill(step)
+        part[firsts - lo] = np.concatenate([values[:1], values[1:] - lasts[:-1]])
+        np.cumsum(part, dtype=part.dtype, out=part)
 
     n_chunks = max(1, min(len(counts), -(-n_points // INDEX_CHUNK_POINTS)))
     cuts = np.searchsorted(new_offsets, origin + np.linspace(0, n_points, n_chunks + 1)[1:-1]).tolist()
@@ -440,8 +446,12 @@ class FiberArrayCache:
                 self._selections[layer] = cached
         per_level = cached[1]
         if level not in per_level:
-            cells = level_cells(arrays.offsets, level, selected, arrays.bounds)  # by piece, as drawn
-            per_level[level] = cells
+            budget = LEVELS[level][0]
+            whole = per_level.get("full")
+            if whole is not None and (budget is None or whole.n_points <= budget):
+                per_level[level] = whole  # within the level's budget: the same cells, not made twice
+            else:
+                per_level[level] = level_cells(arrays.offsets, level, selected, arrays.bounds)  # by piece, as drawn
         return per_level[level]
 
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:

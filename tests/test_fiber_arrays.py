@@ -215,3 +215,18 @@ def test_a_selection_prepares_only_the_levels_the_view_draws(rng):
     prepared = cache._selections[layer][1]
     assert set(prepared) == {"full", "moving"}
     assert cache.cells(layer, "software", selected).n_streamlines == selected.sum()  # made when asked for
+
+
+def test_a_selection_within_a_levels_budget_shares_the_whole_selections_cells(rng, monkeypatch):
+    layer = Layer("t", curvy(rng, n=400), "tractogram")
+    cache = FiberArrayCache()
+    selected = rng.random(len(layer.data)) < 0.2
+    n_points = int(np.diff(layer.data.offsets)[selected].sum())
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (n_points, False))  # the selection fits the budget
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (n_points - 1, False))  # ... and not this one
+    cache.prepare_selection(layer, selected)
+    whole = cache.cells(layer, "full", selected)
+    assert cache.cells(layer, "moving", selected) is whole  # made once
+    capped = cache.cells(layer, "software", selected)
+    assert capped is not whole and capped.n_points <= n_points - 1
+    assert cache.cells(layer, "moving_software", selected) is whole  # within 60,000 points: nothing decimated
