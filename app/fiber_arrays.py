@@ -15,6 +15,7 @@ layer's arrays go with it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -32,7 +33,13 @@ INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per 
 SOFTWARE_SETTLED_POINTS = 2_000_000  # drawn at rest when OpenGL is software (llvmpipe): < 1 s frames
 HARDWARE_MOVING_POINTS = 40_000_000  # drawn while the camera moves with hardware OpenGL (whole streamlines)
 COLOUR_CHUNK_POINTS = 1 << 22  # direction colours are computed this many points at a time
-COLOUR_THREADS = min(8, os.cpu_count() or 1)  # ... by this many threads
+COLOUR_THREADS = min(16, os.cpu_count() or 1)  # ... by this many threads
+#: Points of one vertex buffer. VTK counts a buffer's bytes in 32 bits (at most 357 M float32
+#: xyz points), so a larger tractogram is drawn as pieces of consecutive streamlines, each its own
+#: buffer over a slice of the one point array (no copy).
+PIECE_POINTS = 1 << 27
+INDEX_CHUNK_POINTS = 1 << 22  # index ranges are written this many points at a time ...
+INDEX_THREADS = min(16, os.cpu_count() or 1)  # ... by this many threads (NumPy releases the GIL)
 
 #: The levels of detail: name -> (point budget, decimate: every k-th point of each streamline).
 #: ``full`` draws everything; the view picks which level it shows at rest and while moving.
@@ -55,12 +62,28 @@ class Cells:
     ``connectivity[offsets[k]:offsets[k + 1]]`` (point indices), one of the tractogram's
     streamlines ``streamlines[k]`` (None: all of them, in order). ``connectivity`` None: the
     identity (every point in order, the level that draws everything): nothing is stored, the 3-D
-    view gives VTK an implicit array."""
+    view gives VTK an implicit array. A level of a tractogram drawn in pieces is built piece by
+    piece (:meth:`pieces`); its whole connectivity is joined only when read."""
 
     offsets: np.ndarray
-    connectivity: np.ndarray | None
+    stored: np.ndarray | None  # the connectivity (None: the identity, or not joined from the pieces yet)
     streamlines: np.ndarray | None = None
     total: int = 0  # streamlines of the tractogram (what "of N" counts)
+    first: int = 0  # the identity's first streamline (a piece's: see :meth:`pieces`)
+    _pieces: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, cells, first points)
+
+    @property
+    def identity(self) -> bool:
+        return self.stored is None and self.streamlines is None
+
+    @property
+    def connectivity(self) -> np.ndarray | None:
+        """The point indices over the whole array (None: the identity)."""
+        if self.stored is None and self.streamlines is not None:  # built by piece: joined now
+            _bounds, parts, firsts = self._pieces
+            dtype = self.offsets.dtype.type
+            self.stored = np.concatenate([p.point_index() + dtype(f) for p, f in zip(parts, firsts, strict=True)])
+        return self.stored
 
     @property
     def n_streamlines(self) -> int:
@@ -68,13 +91,62 @@ class Cells:
 
     @property
     def n_points(self) -> int:
-        return int(self.offsets[-1]) if self.connectivity is None else len(self.connectivity)
+        return int(self.offsets[-1] - self.offsets[0])
+
+    def streamline_ids(self) -> np.ndarray | slice:
+        """The tractogram's streamlines drawn, in order (a slice for the identity)."""
+        if self.streamlines is None:
+            return slice(self.first, self.first + self.n_streamlines)
+        return self.streamlines
+
+    def pieces(self, offsets: np.ndarray, bounds: list[tuple[int, int]]) -> list[Cells]:
+        """These cells split by the pieces of the point array (:func:`piece_bounds` of the
+        tractogram's ``offsets``: streamline ranges ``[a, b)``), each over its piece's points
+        (indices from the piece's first point ``offsets[a]``).
+        One piece: these cells. Computed once per bounds (a worker calls it before the view)."""
+        if len(bounds) <= 1:
+            return [self]
+        key = tuple(bounds)
+        if self._pieces is not None and self._pieces[0] == key:
+            return self._pieces[1]
+        out = []
+        if self.identity:  # every streamline: identities over the pieces
+            for a, b in bounds:
+                part = self.offsets[a - self.first : b - self.first + 1]
+                out.append(Cells(part - part[0], None, None, self.total, a))
+        else:
+            ids = self.streamlines
+            cuts = np.searchsorted(ids, [a for a, _b in bounds] + [bounds[-1][1]])
+
+            def piece(k: int) -> Cells:  # NumPy releases the GIL: the pieces on parallel threads
+                ka, kb, a = int(cuts[k]), int(cuts[k + 1]), bounds[k][0]
+                lo, hi = int(self.offsets[ka]), int(self.offsets[kb])
+                start = self.connectivity.dtype.type(offsets[a])
+                return Cells(self.offsets[ka : kb + 1] - self.offsets[ka], self.connectivity[lo:hi] - start,
+                             ids[ka:kb], self.total)  # fmt: skip
+
+            with ThreadPoolExecutor(max_workers=min(INDEX_THREADS, len(bounds))) as pool:
+                out = list(pool.map(piece, range(len(bounds))))
+        self._pieces = (key, out, [int(offsets[a]) for a, _b in bounds])
+        return out
 
     def point_index(self) -> np.ndarray:
         """The connectivity as an array (made for the identity)."""
-        if self.connectivity is None:
+        if self.identity:
             return np.arange(self.n_points, dtype=self.offsets.dtype)
         return self.connectivity
+
+
+def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tuple[int, int]]:
+    """Ranges ``[a, b)`` of consecutive streamlines of about ``max_points`` points
+    (:data:`PIECE_POINTS`) each: the pieces a tractogram is drawn in (one when it fits)."""
+    max_points = PIECE_POINTS if max_points is None else max_points
+    n_lines, n_points = len(offsets) - 1, int(offsets[-1])
+    if n_lines <= 0 or n_points <= max_points:
+        return [(0, max(n_lines, 0))]
+    cuts = np.searchsorted(offsets[:-1], np.arange(0, n_points, max_points), side="left")
+    cuts = np.unique(np.concatenate([cuts, [n_lines]]))
+    return [(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
 
 
 @dataclass
@@ -88,6 +160,11 @@ class FiberArrays:
     offsets: np.ndarray
     direction: np.ndarray
     levels: dict[str, Cells] = field(default_factory=dict)
+    bounds: list[tuple[int, int]] = field(default_factory=list)  # the pieces drawn (:func:`piece_bounds`)
+
+    def __post_init__(self) -> None:
+        if not self.bounds:
+            self.bounds = piece_bounds(self.offsets)
 
     @property
     def point_data(self) -> dict[str, np.ndarray]:
@@ -99,10 +176,13 @@ def streamline_cells(
     ids: np.ndarray | None = None,
     max_points: int | None = None,
     decimate: bool = False,
+    bounds: list[tuple[int, int]] | None = None,
 ) -> Cells:
     """Cells of the streamlines ``ids`` (None: all), or of a reproducible random subset of them
     with about ``max_points`` points when they have more: whole streamlines, or with
-    ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept)."""
+    ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept).
+    With ``bounds`` (the pieces the tractogram is drawn in, :func:`piece_bounds`) the cells are
+    built piece by piece (see :meth:`Cells.pieces`)."""
     offsets = np.asarray(offsets)
     total = len(offsets) - 1
     lengths_all = np.diff(offsets)
@@ -128,17 +208,66 @@ def streamline_cells(
     dtype = index_dtype(int(offsets[-1]))
     new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
     np.cumsum(counts, out=new_offsets[1:])
-    # In the index type throughout (int32 below 2^31 points): no int64 temporaries per point.
-    connectivity = np.repeat((starts - new_offsets[:-1] * step).astype(dtype), counts)
-    within = np.arange(int(new_offsets[-1]), dtype=dtype)
-    if step != 1:
-        within *= step
-    connectivity += within
-    del within
-    if needs_last.any():  # the decimated streamline's last point, where the step skipped it
-        last_slot = new_offsets[1:][needs_last] - 1
-        connectivity[last_slot] = (starts + lengths - 1)[needs_last]
-    return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
+    base = starts - new_offsets[:-1] * step
+    if bounds is None or len(bounds) <= 1:
+        connectivity = index_ranges(base.astype(dtype), counts, new_offsets, step)
+        if needs_last.any():  # the decimated streamline's last point, where the step skipped it
+            last_slot = new_offsets[1:][needs_last] - 1
+            connectivity[last_slot] = (starts + lengths - 1)[needs_last]
+        return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
+    # Drawn in pieces: each piece's indices from its first point, written once (not a whole
+    # connectivity first and a shifted copy per piece).
+    cuts = np.searchsorted(chosen, [a for a, _b in bounds] + [bounds[-1][1]])
+    parts = []
+    for k, (a, _b) in enumerate(bounds):
+        ka, kb, first = int(cuts[k]), int(cuts[k + 1]), int(offsets[a])
+        local = new_offsets[ka : kb + 1]
+        connectivity = index_ranges((base[ka:kb] - first).astype(dtype), counts[ka:kb], local, step)
+        last = needs_last[ka:kb]
+        if last.any():
+            connectivity[local[1:][last] - local[0] - 1] = (starts[ka:kb] + lengths[ka:kb] - 1 - first)[last]
+        parts.append(Cells((local - local[0]).astype(dtype), connectivity, chosen[ka:kb], total))
+    cells = Cells(new_offsets.astype(dtype), None, chosen, total)
+    cells._pieces = (tuple(bounds), parts, [int(offsets[a]) for a, _b in bounds])
+    return cells
+
+
+def index_ranges(base: np.ndarray, counts: np.ndarray, new_offsets: np.ndarray, step: int) -> np.ndarray:
+    """The connectivity ``base[k] + step * j`` for ``j`` in ``new_offsets[k] .. new_offsets[k+1]``
+    of every drawn streamline ``k``: in the index type throughout (int32 below 2^31 points, no
+    int64 temporaries per point), :data:`INDEX_CHUNK_POINTS` at a time on :data:`INDEX_THREADS`
+    threads (a selection of 10 M streamlines writes ~10^8 indices)."""
+    dtype = base.dtype
+    origin = int(new_offsets[0])  # the first streamline's place when they are a piece of a level
+    n_points = int(new_offsets[-1]) - origin
+    connectivity = np.empty(n_points, dtype=dtype)
+
+    def fill(a_b: tuple[int, int]) -> None:
+        a, b = a_b
+        lo, hi = int(new_offsets[a]), int(new_offsets[b])
+        part = connectivity[lo - origin : hi - origin]
+        if hi == lo:
+            return
+        # As differences, summed in place: ``step`` within a streamline, the jump at each first
+        # point (two passes over the indices instead of a repeat, a range and their sum).
+        drawn = counts[a:b] > 0
+        firsts = new_offsets[a:b][drawn]
+        values = base[a:b][drawn].astype(np.int64) + step * firsts  # each drawn streamline's first index
+        lasts = values + step * (counts[a:b][drawn] - 1)
+        part.fill(step)
+        part[firsts - lo] = np.concatenate([values[:1], values[1:] - lasts[:-1]])
+        np.cumsum(part, dtype=part.dtype, out=part)
+
+    n_chunks = max(1, min(len(counts), -(-n_points // INDEX_CHUNK_POINTS)))
+    cuts = np.searchsorted(new_offsets, origin + np.linspace(0, n_points, n_chunks + 1)[1:-1]).tolist()
+    chunks = list(zip([0, *cuts], [*cuts, len(counts)], strict=True))
+    if len(chunks) == 1 or INDEX_THREADS <= 1:
+        for chunk in chunks:
+            fill(chunk)
+    else:
+        with ThreadPoolExecutor(max_workers=min(INDEX_THREADS, len(chunks))) as pool:
+            list(pool.map(fill, chunks))
+    return connectivity
 
 
 def subset(
@@ -152,12 +281,17 @@ def subset(
     return cells.point_index().astype(np.int64), cells.offsets.astype(np.int64), cells.streamlines
 
 
-def level_cells(offsets: np.ndarray, level: str, selected: np.ndarray | None = None) -> Cells:
+def level_cells(
+    offsets: np.ndarray, level: str, selected: np.ndarray | None = None, bounds: list[tuple[int, int]] | None = None
+) -> Cells:
     """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
-    (bool per streamline) when there is a selection."""
+    (bool per streamline) when there is a selection; by piece with ``bounds``."""
     budget, decimate = LEVELS[level]
     ids = None if selected is None else np.flatnonzero(selected)
-    return streamline_cells(offsets, ids, budget, decimate)
+    cells = streamline_cells(offsets, ids, budget, decimate, bounds)
+    if bounds is not None:
+        cells.pieces(offsets, bounds)  # the identity's (the others' are made already)
+    return cells
 
 
 def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +353,7 @@ def fiber_arrays(layer: Layer, skip=()) -> FiberArrays:
     arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, direction)
     for name in LEVELS:
         if name not in skip:
-            arrays.levels[name] = level_cells(tract.offsets, name)
+            arrays.levels[name] = level_cells(tract.offsets, name, bounds=arrays.bounds)
     return arrays
 
 
@@ -278,6 +412,9 @@ class FiberArrayCache:
         #: Levels of detail not prepared ahead (the 3-D view says which it never draws here: the
         #: hardware moving level with software OpenGL); made when asked for all the same.
         self.skip_levels: frozenset[str] = frozenset()
+        #: Levels never drawn of a selection (the other OpenGL's): not prepared by
+        #: :meth:`prepare_selection`; made when asked for all the same.
+        self.skip_selection_levels: frozenset[str] = frozenset()
 
     def prepare(self, layer: Layer) -> FiberArrays:
         """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
@@ -297,7 +434,7 @@ class FiberArrayCache:
         arrays = self.prepare(layer)
         if selected is None:
             if level not in arrays.levels:  # skipped when prepared
-                cells = level_cells(arrays.offsets, level)
+                cells = level_cells(arrays.offsets, level, bounds=arrays.bounds)
                 with self._lock:
                     arrays.levels.setdefault(level, cells)
             return arrays.levels[level]
@@ -309,13 +446,20 @@ class FiberArrayCache:
                 self._selections[layer] = cached
         per_level = cached[1]
         if level not in per_level:
-            per_level[level] = level_cells(arrays.offsets, level, selected)
+            budget = LEVELS[level][0]
+            whole = per_level.get("full")
+            if whole is not None and (budget is None or whole.n_points <= budget):
+                per_level[level] = whole  # within the level's budget: the same cells, not made twice
+            else:
+                per_level[level] = level_cells(arrays.offsets, level, selected, arrays.bounds)  # by piece, as drawn
         return per_level[level]
 
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
-        """The cells of every level of a selection (on a worker, before it is shown)."""
+        """The cells of the levels the views draw of a selection (on a worker, before it is
+        shown): those not in :attr:`skip_selection_levels`."""
         for level in LEVELS:
-            self.cells(layer, level, selected)
+            if level not in self.skip_selection_levels:
+                self.cells(layer, level, selected)
 
     def scalar(self, layer: Layer, name: str) -> tuple[np.ndarray, str]:
         """:func:`scalar_values`, computed once per layer and scalar."""

@@ -150,3 +150,83 @@ def test_a_level_not_prepared_ahead_is_made_when_asked_for(rng, monkeypatch):
     assert cache.cells(layer, "moving") is cells  # kept
     expected = level_cells(tract.offsets, "moving")
     np.testing.assert_array_equal(cells.connectivity, expected.connectivity)
+
+
+def test_pieces_cover_every_streamline_once_within_their_point_budget(rng):
+    tract = curvy(rng, n=500)
+    offsets = tract.offsets
+    bounds = fiber_arrays.piece_bounds(offsets, 2000)
+    assert len(bounds) > 3 and bounds[0][0] == 0 and bounds[-1][1] == len(tract)
+    assert all(b0 == a1 for (_a0, b0), (a1, _b1) in itertools.pairwise(bounds))
+    longest = int(np.diff(offsets).max())
+    assert all(offsets[b] - offsets[a] <= 2000 + longest for a, b in bounds)
+    assert fiber_arrays.piece_bounds(offsets, int(offsets[-1])) == [(0, len(tract))]
+
+
+@pytest.mark.parametrize("built", ["by piece", "split"])
+@pytest.mark.parametrize("level", ["full", "moving_software", "software", "selection"])
+def test_cells_by_piece_are_the_levels_index_ranges_from_each_pieces_first_point(rng, monkeypatch, level, built):
+    tract = curvy(rng, n=500)
+    offsets = tract.offsets
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (3000, False))
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving_software", (1500, True))
+    selected = rng.random(len(tract)) < 0.3 if level == "selection" else None
+    bounds = fiber_arrays.piece_bounds(offsets, 2000)
+    name = "full" if level == "selection" else level
+    plain = level_cells(offsets, name, selected)  # over the whole array, as with one piece
+    cells = level_cells(offsets, name, selected, bounds if built == "by piece" else None)
+    parts = cells.pieces(offsets, bounds)
+    assert len(parts) == len(bounds) and cells.pieces(offsets, bounds) is parts  # computed once
+    streamlines, connectivity = [], []
+    for (a, b), part in zip(bounds, parts, strict=True):
+        index = part.point_index()
+        assert index.min(initial=0) >= 0 and index.max(initial=-1) < offsets[b] - offsets[a]  # within the piece
+        connectivity.append(index + offsets[a])
+        ids = part.streamline_ids()
+        streamlines.append(np.arange(len(tract))[ids] if isinstance(ids, slice) else ids)
+        assert part.n_streamlines == len(streamlines[-1]) and part.total in (0, len(tract))
+    np.testing.assert_array_equal(np.concatenate(connectivity), plain.point_index())
+    np.testing.assert_array_equal(cells.point_index(), plain.point_index())  # joined when read
+    np.testing.assert_array_equal(cells.offsets, plain.offsets)
+    assert cells.n_points == plain.n_points
+    whole = np.arange(len(tract)) if cells.streamlines is None else cells.streamlines
+    np.testing.assert_array_equal(np.concatenate(streamlines), whole)
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_index_ranges_written_by_threads_in_chunks_are_the_plain_ones(rng, monkeypatch, step):
+    monkeypatch.setattr(fiber_arrays, "INDEX_CHUNK_POINTS", 97)
+    monkeypatch.setattr(fiber_arrays, "INDEX_THREADS", 4)
+    counts = rng.integers(0, 30, 400)
+    new_offsets = np.concatenate([[0], np.cumsum(counts)])
+    base = rng.integers(0, 10_000, 400).astype(np.int32)
+    got = fiber_arrays.index_ranges(base, counts, new_offsets, step)
+    expected = np.concatenate([base[k] + step * np.arange(new_offsets[k], new_offsets[k + 1]) for k in range(400)])
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_a_selection_prepares_only_the_levels_the_view_draws(rng):
+    layer = Layer("t", curvy(rng), "tractogram")
+    cache = FiberArrayCache()
+    cache.skip_selection_levels = frozenset({"software", "moving_software"})  # what hardware OpenGL says
+    selected = rng.random(len(layer.data)) < 0.5
+    cache.prepare_selection(layer, selected)
+    prepared = cache._selections[layer][1]
+    assert set(prepared) == {"full", "moving"}
+    assert cache.cells(layer, "software", selected).n_streamlines == selected.sum()  # made when asked for
+
+
+def test_a_selection_within_a_levels_budget_shares_the_whole_selections_cells(rng, monkeypatch):
+    layer = Layer("t", curvy(rng, n=400), "tractogram")
+    cache = FiberArrayCache()
+    selected = rng.random(len(layer.data)) < 0.2
+    n_points = int(np.diff(layer.data.offsets)[selected].sum())
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (n_points, False))  # the selection fits the budget
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (n_points - 1, False))  # ... and not this one
+    cache.prepare_selection(layer, selected)
+    whole = cache.cells(layer, "full", selected)
+    assert cache.cells(layer, "moving", selected) is whole  # made once
+    capped = cache.cells(layer, "software", selected)
+    assert capped is not whole and capped.n_points <= n_points - 1
+    assert cache.cells(layer, "moving_software", selected) is whole  # within 60,000 points: nothing decimated

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+from PySide6.QtCore import QTimer
 from vtkmodules.vtkRenderingCore import vtkTextActor
 
 from tractlens.app.fiber_arrays import LEVELS
@@ -71,8 +73,12 @@ class FiberView:
         if getattr(self, "_software_rendering", None) is None:
             self.gl_renderer = gl_renderer(self.plotter.ren_win)
             self._software_rendering = any(name in self.gl_renderer for name in ("llvmpipe", "softpipe", "swrast"))
+            cache = self.document.fiber_arrays
             if self._software_rendering:  # the hardware moving level is never drawn here: not prepared ahead
-                self.document.fiber_arrays.skip_levels = frozenset({"moving"})
+                cache.skip_levels = frozenset({"moving"})
+                cache.skip_selection_levels = frozenset({"full", "moving"})
+            else:  # nor are the software levels of a selection with hardware OpenGL
+                cache.skip_selection_levels = frozenset({"software", "moving_software"})
         return self._software_rendering
 
     # ------------------------------------------------------------- levels
@@ -96,7 +102,7 @@ class FiberView:
         moving = cache.cells(layer, self._moving_level(), layer.selection)
         scene.show_cells("actor", rest)
         scene.show_cells("moving", rest if moving.n_points == rest.n_points else moving)
-        entry["shown_total"] = cache.cells(layer, "full", layer.selection).n_streamlines
+        entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
 
     def lod_text(self) -> str:
         """What the level-of-detail line says now ("" when every streamline is drawn)."""
@@ -104,19 +110,21 @@ class FiberView:
 
     def _update_lod_text(self) -> None:
         drawn = total = 0
+        filling = False
         for entry in self._fibers.values():
-            layer = entry["layer"]
+            layer, scene = entry["layer"], entry["scene"]
             if not layer.visible or draws_nothing(layer):
                 continue
-            cells = entry["scene"].cells.get("moving" if self._moving else "actor")
-            if cells is None or (self._moving and not entry["scene"].moving.GetVisibility()):
-                cells = entry["scene"].cells.get("actor")
-            drawn += 0 if cells is None else cells.n_streamlines
+            moving = self._moving and scene.moving.GetVisibility()
+            drawn += scene.drawn_streamlines("moving" if moving else "actor")
             total += entry.get("shown_total", 0)
+            filling = filling or scene.filling
         text = ""
         if drawn < total:
             what = f"{count_words(drawn)} of {count_words(total)} streamlines"
-            if self._moving:
+            if filling:
+                text = f"{what} drawn, more coming"
+            elif self._moving:
                 text = f"showing {what} while moving"
             elif self._software():
                 text = (
@@ -137,14 +145,34 @@ class FiberView:
             if key not in present:
                 entry = self._fibers.pop(key)
                 self._drop_bar(entry)
-                self.plotter.remove_actor(entry["scene"].actor, render=False)
-                self.plotter.remove_actor(entry["scene"].moving, render=False)
+                for actor in entry["scene"].all_actors():
+                    self.plotter.remove_actor(actor, render=False)
         for key, layer in present.items():
             if key not in self._fibers:
-                self._fibers[key] = self._build_fibers(layer)
+                self._fibers[key] = entry = self._build_fibers(layer)
                 self._frames_at_build, self._rest_capped = getattr(self, "frames_drawn", 0), False  # measured again
+                if len(entry["scene"].pieces) > 1:  # a whole-brain tractogram: its first piece first
+                    entry["scene"].reveal(1)
+                    QTimer.singleShot(0, self._reveal_next)
         self.layout_colour_bars()
         self._update_lod_text()
+
+    def _reveal_next(self) -> None:
+        """One more piece of each tractogram being drawn in, drawn now (that frame uploads its
+        buffers); the event loop runs between pieces, so the window answers while they come."""
+        filling = [entry for entry in self._fibers.values() if entry["scene"].filling]
+        if not filling or self.plotter.ren_win is None:
+            return
+        for entry in filling:
+            entry["scene"].reveal(entry["scene"].shown_pieces + 1)
+        self._update_lod_text()
+        self.plotter.render()
+        if any(entry["scene"].filling for entry in filling):
+            QTimer.singleShot(0, self._reveal_next)
+        else:  # everything is on the GPU: the next full frame is a drawing time
+            self._frames_at_build = getattr(self, "frames_drawn", 0)
+            self._update_lod_text()
+            self.request_render()
 
     def _build_fibers(self, layer: Layer) -> dict:
         arrays = self.document.fiber_arrays.prepare(layer)  # normally done already by the loading job
@@ -152,8 +180,8 @@ class FiberView:
         entry = {"layer": layer, "scene": scene, "actor": scene.actor, "colour": None, "bar_title": None}
         self._place_cells(entry)
         name = f"fibers_{id(layer)}"
-        self.plotter.add_actor(scene.actor, name=name, reset_camera=False, render=False, pickable=False)
-        self.plotter.add_actor(scene.moving, name=f"{name}_moving", reset_camera=False, render=False, pickable=False)
+        for k, actor in enumerate(scene.all_actors()):  # rest and moving actors of each piece
+            self.plotter.add_actor(actor, name=f"{name}_{k}", reset_camera=False, render=False, pickable=False)
         self._colour_fibers(entry)
         self._apply_line_style(entry)
         return entry
@@ -164,9 +192,12 @@ class FiberView:
         entry = self._fibers.get(id(old))
         if entry is None or new.kind != "tractogram" or entry["colour"][:2] != (new.color_by, new.colormap):
             return
+        arrays = self.document.fiber_arrays.prepare(new)
+        if len(arrays.bounds) != len(entry["scene"].pieces) or entry["scene"].filling:
+            return  # grown into another number of pieces: new actors (the view's sync builds them)
         del self._fibers[id(old)]
         entry["layer"] = new
-        entry["scene"].set_arrays(self.document.fiber_arrays.prepare(new))
+        entry["scene"].set_arrays(arrays)
         self._place_cells(entry)
         entry["colour"] = None
         self._colour_fibers(entry)
@@ -247,6 +278,7 @@ class FiberView:
         """The camera stopped: everything the hardware allows, timed; over budget, fewer."""
         self._set_moving(False)
         uploaded = getattr(self, "frames_drawn", 0) > self._frames_at_build  # the points are on the GPU already
+        uploaded = uploaded and not any(entry["scene"].filling for entry in self._fibers.values())
         start = time.perf_counter()
         self.plotter.render()
         took = time.perf_counter() - start

@@ -323,7 +323,7 @@ def _check_grid(grid, path: Path) -> tuple[np.ndarray, tuple[int, int, int]]:
 #: Points converted to voxel coordinates at a time when a tractogram is read (48 MB of float64)
 LOAD_CHUNK_POINTS = 1 << 21
 #: Threads converting chunks of points
-LOAD_THREADS = 8
+LOAD_THREADS = min(16, os.cpu_count() or 1)
 #: Chunks read from a memory-mapped file between releases of its pages (see :mod:`._pages`)
 RELEASE_EVERY_CHUNKS = 8
 

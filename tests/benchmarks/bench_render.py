@@ -26,8 +26,17 @@ image and a tensor layer on the 1.25 mm grid:
   the cursor, until drawn (median of several steps), with the glyph count.
 
 The GL vendor/renderer string says whether OpenGL is hardware (NVIDIA) or software (llvmpipe).
-Results: one JSON line per N, then ``--out`` (default ``tests/benchmarks/results/render_<gl>.json``)
-with the command line. Starts its own Xvfb when there is no display.
+Also: the open split into the loading job and the first frame (``open_load_job_s``,
+``open_first_frame_s``; a tractogram drawn in pieces shows its first piece first, stated in
+``first_frame_lod_text``, and ``open_to_all_drawn_s`` is when every piece is drawn), resident memory after the loading job (before OpenGL has anything,
+``rss_added_by_load_over_file``), our display arrays (``display_arrays_mb``), the vertex
+buffers (pieces) drawn and the selection's device (``select_device``).
+
+Results: one JSON line per N, and after each N ``--out`` (default
+``<--out-dir>/render_<gl>.json``, ``<gl>`` the GPU model such as ``h100``, or ``nvidia``,
+``llvmpipe``) with the command line. ``--budget-s`` (or ``BENCH_BUDGET_S``) stops a size's
+process when the whole run would pass it (the row then says so). Starts its own Xvfb when there
+is no display.
 """
 
 from __future__ import annotations
@@ -152,13 +161,16 @@ def scene_layers(document):
 
 
 def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
+    import tempfile
+
     from tests.conftest import _ensure_display
 
+    os.environ.setdefault("TRACTLENS_CONFIG_DIR", tempfile.mkdtemp(prefix="bench-render-config-"))  # not the user's
     _ensure_display()
     from PySide6.QtWidgets import QApplication
 
     from tractlens.app.model import Layer
-    from tractlens.app.selection import RoiSelection, select_fibres
+    from tractlens.app.selection import RoiSelection, select_fibres, streamline_index
     from tractlens.app.volumes import RoiMask
     from tractlens.widgets.glyphs import wait_for_builds
     from tractlens.widgets.main_window import MainWindow
@@ -184,14 +196,29 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     start = time.perf_counter()
     window.open_paths([path])
     assert window.wait_for_jobs(3600), "open failed"
+    loaded = time.perf_counter()
+    row["rss_after_load_mb"] = round(rss_kb() / 1024)  # the tractogram and its display arrays, before GL
     layer = next(layer for layer in doc.layers if layer.kind == "tractogram")
     assert wait(app, lambda: id(layer) in view._fibers, 600)
     view._render_now()
     app.processEvents()
     plotter.render()
     row["open_to_first_frame_s"] = round(time.perf_counter() - start, 2)
+    row["open_load_job_s"] = round(loaded - start, 2)  # read + voxel float32 + direction colours + levels
+    row["open_first_frame_s"] = round(time.perf_counter() - loaded, 2)  # actors + upload + first draw
+    row["first_frame_lod_text"] = view.lod_text()  # a tractogram in pieces: its first piece first
+    assert wait(app, lambda: not any(entry["scene"].filling for entry in view._fibers.values()), 600)
+    plotter.render()
+    row["open_to_all_drawn_s"] = round(time.perf_counter() - start, 2)
     row["streamlines"], row["points"] = len(layer.data), int(layer.data.offsets[-1])
     row["rss_after_open_mb"] = round(rss_kb() / 1024)
+    arrays = doc.fiber_arrays.prepare(layer)
+    row["vertex_buffers"] = len(arrays.bounds)
+    ours = {"points": arrays.points.nbytes, "direction_rgba": arrays.direction.nbytes, "offsets": arrays.offsets.nbytes}
+    ours["levels"] = sum(c.offsets.nbytes + (0 if c.stored is None else c.stored.nbytes) + sum(
+        p.offsets.nbytes + (0 if p.stored is None else p.stored.nbytes) for p in (c._pieces or ((), ()))[1])
+        for c in arrays.levels.values())  # fmt: skip
+    row["display_arrays_mb"] = {k: round(v / 2**20) for k, v in ours.items()}
     view.reset_camera()
 
     # Rotate with the stated level of detail, rest, rotate again (the view has timed a full frame).
@@ -231,6 +258,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
         t0 = time.perf_counter()
         ((_, selected),) = select_fibres(doc, request, device=device)
         t1 = time.perf_counter()
+        row["select_device"] = streamline_index(doc, layer, AFFINE, device).backend.name
         doc.fiber_arrays.prepare_selection(layer, selected)
         t2 = time.perf_counter()
         layer.set_selection(selected, by=request.by)
@@ -273,6 +301,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     file_mb = path.stat().st_size / 2**20
     row["rss_peak_over_file"] = round(row["rss_peak_mb"] / file_mb, 2)
     row["rss_added_over_file"] = round((row["rss_after_open_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
+    row["rss_added_by_load_over_file"] = round((row["rss_after_load_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
     row["rss_peak_added_over_file"] = round((row["rss_peak_mb"] - row["rss_before_open_mb"]) / file_mb, 2)
 
     # What an autosave (or File > Save session) of this document costs: sessions keep tractograms
@@ -292,6 +321,15 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     return row
 
 
+def renderer_kind(gl: str) -> str:
+    """The results file's name part: the GPU model (h100, h200), nvidia, llvmpipe or other."""
+    upper = gl.upper()
+    for model in ("H100", "H200", "A100", "L40S"):
+        if model in upper:
+            return model.lower()
+    return "nvidia" if "NVIDIA" in upper else "llvmpipe" if "llvmpipe" in gl else "other"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--counts", type=int, nargs="+", default=[1_000_000, 10_000_000])
@@ -302,28 +340,41 @@ def main() -> None:
     parser.add_argument("--size", default="1600x1000")
     parser.add_argument("--frames", type=int, default=20)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="results file (default: render_<gl>.json in --out-dir)")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "tests" / "benchmarks" / "results")
+    parser.add_argument("--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", "0")) or None,
+                        help="stop a size's process when the whole run would pass this many seconds")  # fmt: skip
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a child: one file
     args = parser.parse_args()
     if args.one is not None:
         print("RESULT " + json.dumps(one_size(args.one, args.size, args.frames, args.device)), flush=True)
         return
-    rows = []
+    began = time.perf_counter()
+    rows: list[dict] = []
     for n in args.counts:
         path = synthetic_trx(args.cache, n, args.points)
         command = [sys.executable, __file__, "--one", str(path), "--size", args.size, "--frames", str(args.frames),
                    "--device", args.device]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True)
-        line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+        left = None if args.budget_s is None else max(1.0, args.budget_s - (time.perf_counter() - began))
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=left)
+            stdout, stderr, code = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as expired:
+            stdout, stderr, code = expired.stdout or "", expired.stderr or "", f"stopped after {left:.0f} s (budget)"
+            stdout, stderr = (v.decode() if isinstance(v, bytes) else v for v in (stdout, stderr))
+        line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
         if line is None:
-            row = {"streamlines": n, "error": (done.stderr or done.stdout)[-3000:], "returncode": done.returncode}
+            row = {"streamlines": n, "error": (stderr or stdout)[-3000:], "returncode": code}
         else:
             row = json.loads(line[len("RESULT ") :])
         rows.append(row)
         print(json.dumps(row), flush=True)
+        write_results(args, rows)  # after every size: a later one that fails or runs out of time keeps these
+
+
+def write_results(args, rows: list[dict]) -> None:
     gl = next((row["gl_renderer"] for row in rows if row.get("gl_renderer")), "unknown")
-    kind = "nvidia" if "NVIDIA" in gl.upper() else "llvmpipe" if "llvmpipe" in gl else "other"
-    out = args.out or ROOT / "tests" / "benchmarks" / "results" / f"render_{kind}.json"
+    out = args.out or args.out_dir / f"render_{renderer_kind(gl)}.json"
     summary = {
         "command": "python " + " ".join([str(Path(sys.argv[0])), *sys.argv[1:]]),
         "gl_renderer": gl,
@@ -331,6 +382,7 @@ def main() -> None:
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
     }
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"wrote {out}", file=sys.stderr)
 

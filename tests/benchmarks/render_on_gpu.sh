@@ -2,26 +2,41 @@
 # The window at whole-brain scale on the GPU machine's OpenGL (issue 41): bench_render.py under
 # Xvfb with the NVIDIA GLX vendor library (hardware OpenGL), 1 M and 10 M streamlines of 100 points.
 #
-# The parts (Qt, VTK, pyvista wheels, the Debian GL/X stack, the source tree as build/ggsrc) are
-# prepared and carried exactly as gui_on_gpu.sh's header says (build/gg1 .. build/gg4, one call
-# each while the machine stays warm); the last call runs this script from build/ggsrc:
+# The parts (Qt, VTK, pyvista wheels, the Debian GL/X stack) travel as one plain tar split into
+# build/gg1 .. build/gg6 (bundle.tar.part-aa .. -af, 46 MB each; how they are made: gui_on_gpu.sh's
+# header). One call per folder, back to back while the machine stays warm, each carrying its folder:
 #
-#   cp -r build/gg4/. /tmp/gg/in/ && cd build/ggsrc && bash tests/benchmarks/render_on_gpu.sh
+#   mkdir -p /tmp/gg/parts && cp build/ggN/* /tmp/gg/parts/                      (N = 1 .. 6)
 #
-# It installs the parts (gui_env_on_gpu.sh, once per machine), writes the synthetic .trx files
-# into /tmp/tractlens-bench (1.2 GB and 12 GB; written once per machine, in parallel to nothing
-# else) and runs the benchmark: one process per size, the results in $OUT/render_nvidia.json
-# (or render_llvmpipe.json when NVIDIA GLX failed), the log in $OUT/render.log. COUNTS overrides
-# the sizes ("1000000" alone for a quick look), FRAMES the frames per rotation, DEVICE the
-# selection engine's device (auto: CuPy on the GPU). Expected device time: ~1 min to install,
-# ~1.5 min to write the files, ~3 min for the two sizes (BENCH_SESSION_SAVE=1 adds a session
-# save per size: minutes at 10 M).
+# then one call that joins and installs them (about 3 minutes; nothing is measured):
+#
+#   SETUP_ONLY=1 bash tests/benchmarks/render_on_gpu.sh
+#
+# and one call for the benchmark (its own 10 minutes):
+#
+#   COUNTS="1000000 10000000" bash tests/benchmarks/render_on_gpu.sh
+#
+# It writes the synthetic .trx files into /tmp/tractlens-bench (1.2 GB and 12 GB, once per
+# machine) and runs the benchmark, one process per size, within BENCH_BUDGET_S seconds (default
+# 540: a size still running then is stopped and its row says so; the results are written after
+# each size). Results: $OUT/render_h100.json (the GPU model from the OpenGL renderer string;
+# render_llvmpipe.json when NVIDIA GLX failed), the log in $OUT/render.log. COUNTS overrides the
+# sizes ("1000000" alone for a quick look), FRAMES the frames per rotation, DEVICE the selection
+# engine's device (auto: CuPy on the GPU). BENCH_SESSION_SAVE=1 adds a session save per size.
 set -u
+OUT=${OUT:-bench-results}
+mkdir -p "$OUT"
+if [ ! -e /tmp/gg/installed ] && ls /tmp/gg/parts/bundle.tar.part-* >/dev/null 2>&1; then
+  mkdir -p /tmp/gg/in
+  cat /tmp/gg/parts/bundle.tar.part-* | tar -xf - -C /tmp/gg/in || { echo "the carried parts do not join"; exit 1; }
+fi
 source "$(dirname "$0")/gui_env_on_gpu.sh"
+[ "${SETUP_ONLY:-0}" = 1 ] && { echo "set up; run again without SETUP_ONLY for the benchmark"; exit 0; }
 export TRACTLENS_BENCH_CACHE=/tmp/tractlens-bench
 export BENCH_SESSION_SAVE=${BENCH_SESSION_SAVE:-0}  # a session save of 10 M streamlines writes 24 GB: off here
+export BENCH_BUDGET_S=${BENCH_BUDGET_S:-540}
 free -g | head -2 | tee -a "$log"
 df -h /tmp | tail -1 | tee -a "$log"
+nproc | tee -a "$log"
 python3 tests/benchmarks/bench_render.py --counts ${COUNTS:-1000000 10000000} --frames "${FRAMES:-20}" \
-  --device "${DEVICE:-auto}" --out "$OUT/render_$(grep -q NVIDIA "$OUT/glxinfo.txt" && echo nvidia || echo llvmpipe).json" \
-  2>&1 | tee "$OUT/render.log" | grep -v "^RESULT" | tail -40
+  --device "${DEVICE:-auto}" --out-dir "$OUT" 2>&1 | tee "$OUT/render.log" | grep -v "^RESULT" | tail -40
