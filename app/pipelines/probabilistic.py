@@ -21,7 +21,7 @@ import numpy as np
 from tractlens.gpu.backend import BackendError, get_backend, gpu_backends
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.probabilistic import iter_track, path_positions, trace_paths
+from tractlens.gpu.probabilistic import iter_track, path_positions, trace_kept
 from tractlens.gpu.probabilistic_kernel import upload_field
 from tractlens.gpu.probabilistic_params import (
     GPU_BATCH,
@@ -215,34 +215,40 @@ class ProbabilisticRun:
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
         device_field=None,
+        most_kept: int | None = None,
+        timings: dict | None = None,
     ) -> tuple[Tractogram, int]:
         """The kept streamlines among ``most`` of the run's (all when there are fewer; else the
         first samples of every seed voxel alike), traced again with the run's random streams: (tractogram on the
-        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced). ``device_field``:
-        the samples already on the GPU (:func:`gpu.probabilistic_kernel.upload_field`)."""
+        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced). ``most_kept``: only the
+        first that many kept ones (the tracing stops there). ``device_field``: the samples already on the GPU
+        (:func:`gpu.probabilistic_kernel.upload_field`). ``timings``: seconds per stage added to it
+        (:func:`gpu.probabilistic.trace_kept`)."""
         total = len(self.seeds) * self.params.n_samples
         positions = path_positions(total, most)
-        lines, seed_of, kept = trace_paths(
+        points, offsets, seed_of, traced = trace_kept(
             self.field,
             self.bits,
             self.seeds,
             self.params,
             positions,
+            most_kept=most_kept,
             n_waypoints=self.n_waypoints,
             device=device,
             progress=progress,
             cancelled=cancelled,
             device_field=device_field if get_backend(device).is_gpu else None,
+            timings=timings,
         )
-        chosen = [line for line, k in zip(lines, kept, strict=True) if k]
-        tract = Tractogram.from_list(
-            chosen,
+        tract = Tractogram(
+            points,
+            offsets,
             affine=self.samples.affine,
             dimensions=self.samples.mask.shape,
-            streamline_scalars={"seed_voxel": seed_of[kept].astype(np.float32)},
+            streamline_scalars={"seed_voxel": seed_of.astype(np.float32)},
             name="probabilistic paths",
         )
-        return tract, len(positions)
+        return tract, traced if most_kept is not None else len(positions)
 
     def track(self, *, gpus: int = 1, **options) -> ProbResult:
         """The final totals of :meth:`run` (same options); with ``gpus`` > 1 the run is shared
