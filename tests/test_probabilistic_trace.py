@@ -87,7 +87,9 @@ def test_trace_paths_equal_the_per_streamline_reference(device, case):
     field_, bits, seeds, params, n_way = _setup(case)
     total = len(seeds) * params.n_samples
     positions = path_positions(total, total)
-    lines, seed_of, kept = trace_paths(field_, bits, seeds, params, positions, n_waypoints=n_way, device=device, chunk=53)
+    lines, seed_of, kept = trace_paths(
+        field_, bits, seeds, params, positions, n_waypoints=n_way, device=device, chunk=53
+    )
     first, second = _halves(device, field_, bits, seeds, params, n_way, positions)
     expected = reference_polylines(first, second)
     assert len(lines) == len(expected) == total
