@@ -41,15 +41,20 @@ def trace_bytes_per_streamline(params: ProbParams) -> int:
 
 def polylines_of(xp, first, second):
     """The polylines of traced halves ``first`` and ``second`` ((n, t, 4) each: x, y, z, alive;
-    t may differ): (positions (n, t2 + t1 - 1, 3), used (n, t2 + t1 - 1) bool): streamline ``i``
-    is ``positions[i][used[i]]``, the second half reversed, then the first without its start."""
+    t may differ): (positions (n, m, 3), used (n, m) bool): streamline ``i`` is
+    ``positions[i][used[i]]``, the second half reversed, then the first without its start (m: the
+    longest half of each, ``t2 + t1 - 1`` at most)."""
 
     def moved(steps):
         xyz = steps[..., :3]
         used = xp.ones(xyz.shape[:2], dtype=bool)
         if xyz.shape[1] > 1:
-            used[:, 1:] = xp.any(xyz[:, 1:] != xyz[:, :-1], axis=2)
-        return xyz, used
+            changed = xyz[:, 1:] != xyz[:, :-1]  # per axis, or-ed (a reduction along a 3-long axis is slow)
+            used[:, 1:] = changed[..., 0] | changed[..., 1] | changed[..., 2]
+        # the steps after every streamline's last move (a trace's padding) hold no point: cut off
+        moving = used.any(axis=0).astype(xp.int8)
+        last = int(moving.shape[0] - int(xp.argmax(moving[::-1])))
+        return xyz[:, :last], used[:, :last]
 
     x2, u2 = moved(second)
     x1, u1 = moved(first)
