@@ -81,7 +81,9 @@ class ProbabilisticEngine(Engine):
     name = "probabilistic"
 
     def __init__(self, path, params: ProbParams, bundle: BundleParams, device: str):
+        t0 = time.perf_counter()
         self.samples = path if isinstance(path, BedpostSamples) else load_bedpostx(path)
+        t1 = time.perf_counter()
         self.params, self.bundle, self.device = params, bundle, device
         self.grid = Grid(self.samples.affine, self.samples.mask.shape)
         self.brain = np.asarray(self.samples.mask, dtype=bool)
@@ -90,12 +92,15 @@ class ProbabilisticEngine(Engine):
         self.reference = str(masks[0]) if masks else folder  # the samples' grid as an image
         self.samples_path = folder
         self.field = sample_field(self.samples)
+        t2 = time.perf_counter()
         self.backend = get_backend(device)
         self.device_field = None
         if self.backend.is_gpu:  # one upload of the samples for every bundle of the run
             from tractlens.gpu.probabilistic_kernel import upload_field
 
             self.device_field = upload_field(self.backend, self.field)
+            self.backend.synchronize()
+        self.stages = {"read_s": t1 - t0, "field_s": t2 - t1, "upload_s": time.perf_counter() - t2}
 
     def track(self, masks, name, *, progress=None, cancelled=None) -> BundleTrack:
         t0 = time.perf_counter()

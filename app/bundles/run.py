@@ -191,7 +191,7 @@ def run_bundles(
     # times in the returned summary only (the CLI's --json): the file stays the same from run to run
     # engine: reading the registration and the data, the samples' field and its upload; subject: the brain in MNI
     summary["seconds"] = {"total": time.perf_counter() - opened, "engine": engine_s, "subject": subject_s,
-                          "bundles": time.perf_counter() - t0, **{n: o.seconds for n, o in result.items()}}  # fmt: skip
+                          "engine_stages": dict(getattr(engine, "stages", {})), "bundles": time.perf_counter() - t0, **{n: o.seconds for n, o in result.items()}}  # fmt: skip
     summary["stages"] = {n: o.stages for n, o in result.items()}
     return BundlesResult(output, summary, result)
 

@@ -78,6 +78,7 @@ def _run(reg: Path, output: Path, samples, names, device: str, prob: ProbParams)
     }
     tracking = stage_totals.get("tracking_s", 0.0)
     return {"seconds": round(total, 3), "engine_s": round(seconds["engine"], 3), "subject_s": round(seconds["subject"], 3),
+            "engine_stages_s": {k: round(v, 3) for k, v in seconds["engine_stages"].items()},
             "bundles_s": round(seconds["bundles"], 3), "stage_totals_s": stage_totals,
             "streamlines_tracked": tracked, "streamlines_retraced": sum(b["stages"].get("retraced", 0) for b in per_bundle.values()),
             "streamlines_per_s": round(tracked / total) if total else None,
@@ -86,7 +87,7 @@ def _run(reg: Path, output: Path, samples, names, device: str, prob: ProbParams)
 
 
 def _print(run: dict) -> None:
-    print(f"  engine (samples' field, upload) {run['engine_s']} s, subject in MNI {run['subject_s']} s, "
+    print(f"  engine {run['engine_s']} s ({run['engine_stages_s']}), subject in MNI {run['subject_s']} s, "
           f"bundles {run['bundles_s']} s; {run['streamlines_tracked']:,} streamlines launched, "
           f"{run['streamlines_retraced']:,} traced again", flush=True)  # fmt: skip
     print("  stage totals: " + ", ".join(f"{k} {v}" for k, v in run["stage_totals_s"].items()), flush=True)
@@ -160,7 +161,8 @@ def main() -> int:
         t0 = time.perf_counter()
         samples = load_bedpostx(folder / "bpx")
         report["read_samples_s"] = round(time.perf_counter() - t0, 2)
-        print(f"made {report['make_s']} s, read {report['read_samples_s']} s", flush=True)
+        made = f"reused {folder}" if report["make_s"] is None else f"made {report['make_s']} s"
+        print(f"{made}, read {report['read_samples_s']} s", flush=True)
         work, reg = Path(tmp), folder / "reg"  # outputs in the temporary folder, the subject maybe kept
         prob = ProbParams(n_samples=args.nsamples)
         if args.device != "cpu":
