@@ -29,7 +29,7 @@ from .probabilistic_params import (
 )
 
 #: Streamlines traced at a time on a GPU, at most (their traces and the arrays made from them take
-#: about ``TRACE_BYTES_PER_STREAMLINE`` each; a chunk takes at most 1/8 of the free memory).
+#: about :func:`trace_bytes_per_streamline` each; a chunk takes at most 1/8 of the free memory).
 GPU_TRACE_CHUNK = 16384
 
 
