@@ -12,6 +12,7 @@ from tests.test_probabilistic import slab, straight_bundle
 from tractlens.gpu.probabilistic import path_positions, trace_kept, trace_paths
 from tractlens.gpu.probabilistic_numpy import track_numpy
 from tractlens.gpu.probabilistic_params import BIT_EXCLUDE, WAYPOINT_SHIFT, ProbParams, mask_bits, streamline_ids
+from tractlens.gpu.probabilistic_trace import kept_of, polylines_of
 
 
 def reference_polylines(first, second) -> list[np.ndarray]:
@@ -140,3 +141,51 @@ def test_gpu_trace_kept_matches_the_numpy_reference():
     np.testing.assert_array_equal(cpu[1], gpu[1])
     np.testing.assert_array_equal(cpu[2], gpu[2])
     np.testing.assert_allclose(cpu[0], gpu[0], atol=1e-3)
+
+
+def _padded_trace(n=300, steps=120, seed=1):
+    """(n, 2, steps + 1, 4) traces as the kernel writes them: each half moves for a while, then
+    repeats its last position (some halves never move); positions on a 20 x 12 x 12 grid and off it."""
+    rng = np.random.default_rng(seed)
+    trace = np.zeros((n, 2, steps + 1, 4))
+    for i in range(n):
+        for h in range(2):
+            length = int(rng.integers(1, steps + 1))
+            moves = rng.normal(0.0, 0.6, (length, 3))
+            moves[rng.random(length) < 0.1] = 0.0  # a failed step leaves the position
+            walk = np.cumsum(moves, axis=0) + np.array([10.0, 6.0, 6.0])
+            trace[i, h, :length, :3] = walk
+            trace[i, h, length:, :3] = walk[-1]
+            trace[i, h, :length, 3] = 1.0
+    return trace
+
+
+def test_polylines_and_kept_test_equal_the_reference_on_padded_traces():
+    trace = _padded_trace()
+    bits = mask_bits(np.ones((20, 12, 12), bool), exclude=slab(14, 15)[:20, :12, :12], waypoints=[slab(6, 8)[:20]])
+    positions, used = polylines_of(np, trace[:, 0], trace[:, 1])
+    points = positions.astype(np.float32)
+    expected = reference_polylines(trace[:, 0], trace[:, 1])
+    for i, want in enumerate(expected):
+        np.testing.assert_array_equal(points[i][used[i]], want)
+    kept = kept_of(np, points, used, bits, ProbParams(), 1)
+    np.testing.assert_array_equal(kept, reference_kept(expected, bits, 1, "AND"))
+    assert 0 < kept.sum() < len(kept)
+
+
+@pytest.mark.gpu
+def test_gpu_polylines_and_kept_test_equal_numpys_exactly():
+    """The same array operations in CuPy on the same trace: the same polylines and kept flags, bit
+    for bit (comparisons, selections, a float32 cast and rounding: no tolerance)."""
+    import cupy as cp
+
+    trace = _padded_trace()
+    bits = mask_bits(np.ones((20, 12, 12), bool), exclude=slab(14, 15)[:20, :12, :12], waypoints=[slab(6, 8)[:20]])
+    results = []
+    for xp, data, b in ((np, trace, bits), (cp, cp.asarray(trace), cp.asarray(bits))):
+        positions, used = polylines_of(xp, data[:, 0], data[:, 1])
+        points = positions.astype(xp.float32)
+        kept = kept_of(xp, points, used, b, ProbParams(), 1)
+        results.append([np.asarray(a.get() if xp is cp else a) for a in (points[used], used.sum(axis=1), kept)])
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
