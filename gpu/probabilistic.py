@@ -60,10 +60,10 @@ from .probabilistic_kernel import KernelTracker
 from .probabilistic_numpy import track_numpy
 from .probabilistic_params import (
     GPU_BATCH,
-    NUMPY_BITMAP_BYTES,
     ProbParams,
     ProbResult,
     SampleField,
+    numpy_batch,
 )
 from .probabilistic_trace import trace_kept as trace_kept  # re-exported: the run's streamlines as polylines
 from .probabilistic_trace import trace_paths as trace_paths
@@ -108,8 +108,7 @@ def iter_track(
     engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="probabilistic tracking")
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     total = len(seeds) * params.n_samples
-    n_vox = int(np.prod(field_.shape))
-    batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else max(1, NUMPY_BITMAP_BYTES // n_vox))
+    batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else numpy_batch(bits, len(seeds)))
     t0 = time.perf_counter()
 
     def provenance(done: int) -> dict:

@@ -21,10 +21,10 @@ from .probabilistic_kernel import KernelTracker
 from .probabilistic_numpy import track_numpy
 from .probabilistic_params import (
     BIT_EXCLUDE,
-    NUMPY_BITMAP_BYTES,
     WAYPOINT_SHIFT,
     ProbParams,
     SampleField,
+    numpy_batch,
     streamline_ids,
 )
 
@@ -138,12 +138,12 @@ def _to_host(backend, points, used, timings) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(flat, dtype=np.float32).reshape(-1, 3), counts
 
 
-def _chunk_size(backend, field_: SampleField, params: ProbParams, chunk: int | None) -> int:
+def _chunk_size(backend, bits, n_seeds: int, params: ProbParams, chunk: int | None) -> int:
     if chunk:
         return chunk
     if backend.is_gpu:
         return max(1, min(GPU_TRACE_CHUNK, backend.free_memory_bytes() // 8 // trace_bytes_per_streamline(params)))
-    return max(1, NUMPY_BITMAP_BYTES // int(np.prod(field_.shape)))
+    return numpy_batch(bits, n_seeds)
 
 
 def trace_paths(
@@ -168,7 +168,7 @@ def trace_paths(
     positions = np.asarray(positions, dtype=np.int64)
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     _, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
-    chunk = _chunk_size(backend, field_, params, chunk)
+    chunk = _chunk_size(backend, bits, len(seeds), params, chunk)
     lines: list[np.ndarray] = []
     kept_all = np.zeros(len(positions), dtype=bool)
     parts = _chunks(field_, bits, seeds, params, positions, n_waypoints, backend, chunk, device_field, cancelled, None)
@@ -207,7 +207,7 @@ def trace_kept(
     positions = np.asarray(positions, dtype=np.int64)
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     _, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
-    chunk = _chunk_size(backend, field_, params, chunk)
+    chunk = _chunk_size(backend, bits, len(seeds), params, chunk)
     most_kept = len(positions) if most_kept is None else int(most_kept)
     flats, counts_all, seeds_kept = [], [], []
     found = traced = 0
