@@ -37,7 +37,8 @@ batching. Streamlines are run in the order j = k × n_seeds + seed voxel number
 batch — a range of j — spreads over all the seed voxels and the path distribution
 fills in evenly while a run goes on.
 
-This module runs the method (:func:`iter_track`, :func:`track`, :func:`trace_paths`); its
+This module runs the method (:func:`iter_track`, :func:`track`; the streamlines traced again as
+polylines, :func:`trace_paths` and :func:`trace_kept`, are in :mod:`gpu.probabilistic_trace`); its
 parameters and data are in :mod:`gpu.probabilistic_params`, the NumPy reference in
 :mod:`gpu.probabilistic_numpy`, the CUDA kernel's wrapper in :mod:`gpu.probabilistic_kernel`,
 the run split over several GPUs in :mod:`gpu.probabilistic_split` and the connectome modes in
@@ -58,97 +59,20 @@ from .engines import KERNEL, NUMPY, choose_engine
 from .probabilistic_kernel import KernelTracker
 from .probabilistic_numpy import track_numpy
 from .probabilistic_params import (
-    BIT_EXCLUDE,
     GPU_BATCH,
-    NUMPY_BITMAP_BYTES,
-    WAYPOINT_SHIFT,
     ProbParams,
     ProbResult,
     SampleField,
-    streamline_ids,
+    numpy_batch,
 )
+from .probabilistic_trace import trace_kept as trace_kept  # re-exported: the run's streamlines as polylines
+from .probabilistic_trace import trace_paths as trace_paths
 
 
 def path_positions(total: int, most: int) -> np.ndarray:
     """Run positions of the streamlines to save: all of them, or the first ``most`` in the
     run's order — the first samples of every seed voxel alike (:func:`streamline_ids`)."""
     return np.arange(min(total, most), dtype=np.int64)
-
-
-def _polylines(halves) -> list[np.ndarray]:
-    """Each streamline's points (voxel coordinates) from the recorded steps of its two halves
-    ((n, T, 4) each: x, y, z, alive): the second half reversed, then the first; a position
-    is a point where it changed (a failed step leaves it)."""
-    out = []
-    for first, second in zip(*halves, strict=True):
-        parts = []
-        for steps in (second, first):
-            xyz = steps[:, :3]
-            moved = np.concatenate([[True], np.any(xyz[1:] != xyz[:-1], axis=1)])
-            parts.append(xyz[moved])
-        out.append(np.concatenate([parts[0][::-1], parts[1][1:]]).astype(np.float32))
-    return out
-
-
-def trace_paths(
-    field_: SampleField,
-    bits: np.ndarray,
-    seeds: np.ndarray,
-    params: ProbParams,
-    positions: np.ndarray,
-    *,
-    n_waypoints: int = 0,
-    device="auto",
-    chunk: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    cancelled: Callable[[], bool] | None = None,
-    device_field=None,
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """The streamlines at run positions ``positions`` as polylines (voxel coordinates), the
-    same steps as the run's (same random streams): (polylines, seed voxel numbers, kept:
-    not excluded and meeting the waypoint condition, as the run decides). ``device_field``:
-    the field already on the GPU (:func:`iter_track`'s), not copied again."""
-    backend = get_backend(device)
-    positions = np.asarray(positions, dtype=np.int64)
-    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
-    ids, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
-    per_streamline = 2 * (params.n_steps + 1) * 4 * 8  # the trace's bytes
-    if backend.is_gpu:
-        chunk = chunk or max(1, min(4096, backend.free_memory_bytes() // 8 // per_streamline))
-        tracker = None
-    else:
-        chunk = chunk or max(1, NUMPY_BITMAP_BYTES // int(np.prod(field_.shape)))
-    lines: list[np.ndarray] = []
-    for start in range(0, len(positions), chunk):
-        if cancelled is not None and cancelled():
-            raise Cancelled()
-        part = positions[start : start + chunk]
-        if backend.is_gpu:
-            cp = backend.xp
-            if tracker is None:
-                tracker = KernelTracker(
-                    backend, field_, bits, seeds, params, 0, n_waypoints, max_batch=chunk, device_field=device_field
-                )
-            trace = cp.zeros((len(part), 2, params.n_steps + 1, 4))
-            tracker.launch(0, len(part), trace, cp.asarray(ids[start : start + chunk]))
-            host = backend.to_host(trace)
-            halves = (host[:, 0], host[:, 1])
-        else:
-            _, halves = track_numpy(field_, bits, seeds, params, 0, n_waypoints, record=True, positions=part)
-        lines += _polylines(halves)
-        if progress is not None:
-            progress(min(start + chunk, len(positions)), len(positions))
-    shape = np.array(field_.shape)
-    hits = np.zeros(len(lines), dtype=np.uint32)
-    for i, line in enumerate(lines):
-        v = np.rint(line).astype(np.int64)
-        v = v[((v >= 0) & (v < shape)).all(1)]
-        hits[i] = np.bitwise_or.reduce(bits[tuple(v.T)].astype(np.uint32)) if len(v) else 0
-    waymask = np.uint32(sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints)))
-    kept = (hits & BIT_EXCLUDE) == 0
-    if n_waypoints:
-        kept &= (hits & waymask) == waymask if params.waycond == "AND" else (hits & waymask) != 0
-    return lines, seed_of, kept
 
 
 def iter_track(
@@ -184,8 +108,7 @@ def iter_track(
     engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="probabilistic tracking")
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     total = len(seeds) * params.n_samples
-    n_vox = int(np.prod(field_.shape))
-    batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else max(1, NUMPY_BITMAP_BYTES // n_vox))
+    batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else numpy_batch(bits, len(seeds)))
     t0 = time.perf_counter()
 
     def provenance(done: int) -> dict:

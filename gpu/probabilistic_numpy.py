@@ -92,8 +92,9 @@ def track_numpy(
     ``len(seeds) * n_samples``; or the run positions ``positions``; see
     :func:`streamline_ids`; ``seeds`` ijk (n, 3)) with the NumPy reference. Returns :class:`ProbResult` (seed × target rows for
     all of ``seeds``), plus the step sequences (x, y, z, alive per step, per half) when
-    ``record``. Visits are kept in a dense (streamlines × voxels) bitmap, so batches must
-    be small on large grids (:func:`gpu.probabilistic.iter_track` sizes them)."""
+    ``record``. Visits are kept in a dense bitmap of streamlines × the voxels they can visit (the
+    brain's and the seeds': :func:`bitmap_voxels`), so batches must be small on large grids
+    (:func:`gpu.probabilistic.iter_track` sizes them)."""
     key = seed_key(params.seed)
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
@@ -103,7 +104,6 @@ def track_numpy(
     jitter = _draw(P_START, 0, 0, sid, key)
     start = seeds[seed_of] + np.stack([_uniform(jitter[i]) - 0.5 for i in range(3)], 1)
     flat = lambda v: (v[:, 0] * shape[1] + v[:, 1]) * shape[2] + v[:, 2]  # noqa: E731
-    visited = np.zeros((n, n_vox), dtype=bool)
     hits = np.zeros(n, dtype=np.uint32)
     excluded = np.zeros(n, dtype=bool)
     first_dir = np.zeros((n, 3))
@@ -112,7 +112,16 @@ def track_numpy(
     sv = np.rint(start).astype(np.int64)
     in_grid = ((sv >= 0) & (sv < shape)).all(1)
     svc = np.clip(sv, 0, shape - 1)
-    visited[rows[in_grid], flat(svc)[in_grid]] = True
+    # The visit bitmap has a column per voxel a streamline can visit: the brain's (a step enters no
+    # other), the seed voxels' and the start voxels' (a seed may lie outside the brain).
+    columns = np.union1d(
+        np.flatnonzero(np.asarray(bits).reshape(-1) & np.uint32(BIT_BRAIN)),
+        np.concatenate([flat(np.asarray(seeds, dtype=np.int64).reshape(-1, 3)), flat(svc)[in_grid]]),
+    )
+    column = np.zeros(n_vox, dtype=np.int64)  # a voxel's column (0 for the others: never looked at)
+    column[columns] = np.arange(len(columns))
+    visited = np.zeros((n, len(columns)), dtype=bool)
+    visited[rows[in_grid], column[flat(svc)[in_grid]]] = True
     hits |= np.where(in_grid, bits[tuple(svc.T)], 0).astype(np.uint32)
     excluded |= (hits & BIT_EXCLUDE) != 0
     steps_record = []
@@ -164,12 +173,12 @@ def track_numpy(
             alive &= ~newly_excluded
             idx = flat(nvc)
             moved = alive & (idx != current)
-            seen = visited[rows, idx]
+            seen = visited[rows, column[idx]]
             if params.loopcheck:
                 looped = moved & seen
                 alive &= ~looped
                 moved &= ~looped
-            visited[rows[moved], idx[moved]] = True
+            visited[rows[moved], column[idx[moved]]] = True
             current = np.where(moved, idx, current)
             alive &= (b & BIT_STOP) == 0
             if record:
@@ -183,7 +192,9 @@ def track_numpy(
         kept = ~excluded & ((hits & np.uint32(waymask)) == waymask)
     else:
         kept = ~excluded & ((hits & np.uint32(waymask)) != 0)
-    paths = visited[kept].sum(0).reshape(tuple(shape)).astype(np.int64)
+    paths = np.zeros(n_vox, dtype=np.int64)
+    paths[columns] = visited[kept].sum(0)
+    paths = paths.reshape(tuple(shape))
     seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
     for j in range(n_targets):
         reached = kept & ((hits >> np.uint32(TARGET_SHIFT + j)) & 1).astype(bool)
@@ -192,6 +203,6 @@ def track_numpy(
     if seed_matrix:
         check_seed_matrix(len(seeds))
         matrix = np.zeros((len(seeds), len(seeds)), dtype=np.int64)
-        np.add.at(matrix, seed_of[kept], visited[kept][:, flat(seeds)].astype(np.int64))
+        np.add.at(matrix, seed_of[kept], visited[kept][:, column[flat(seeds)]].astype(np.int64))
     result = ProbResult(paths, int(kept.sum()), seed_targets, n, steps=moves, seed_matrix=matrix)
     return (result, steps_record) if record else result

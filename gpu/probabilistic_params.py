@@ -185,6 +185,27 @@ def streamline_ids(first: int, count: int, n_seeds: int, n_samples: int, positio
     return (seed_of * n_samples + j // n_seeds).astype(np.uint64), seed_of
 
 
+def bitmap_voxels(bits, n_seeds: int) -> int:
+    """Columns of the NumPy reference's visit bitmap (:func:`gpu.probabilistic_numpy.track_numpy`),
+    about: the brain's voxels (a step enters no other) and the seed voxels."""
+    return max(1, int(np.count_nonzero(np.asarray(bits) & np.uint32(BIT_BRAIN))) + int(n_seeds))
+
+
+#: Streamlines per NumPy batch that its bitmap of brain voxels may grow a batch to (beyond what a
+#: bitmap of the whole grid allowed; an HCP grid's 73 become ~245): a batch steps until its longest
+#: streamline ends, so larger batches carry ever more ended rows (on a 2.5 mm phantom, batches of
+#: 600 and 2,400 ran alike, of 300 twice and of 75 four times as long).
+NUMPY_BATCH_GROWTH = 512
+
+
+def numpy_batch(bits, n_seeds: int) -> int:
+    """Streamlines per batch of the NumPy reference: as many as a visit bitmap of
+    :data:`NUMPY_BITMAP_BYTES` holds (:func:`bitmap_voxels` columns), never fewer than a bitmap of
+    the whole grid would hold, and more than that only up to :data:`NUMPY_BATCH_GROWTH`."""
+    whole = NUMPY_BITMAP_BYTES // max(1, int(np.size(bits)))
+    return max(1, min(NUMPY_BITMAP_BYTES // bitmap_voxels(bits, n_seeds), max(whole, NUMPY_BATCH_GROWTH)))
+
+
 #: Streamlines per batch: the GPU's (running totals about every 0.8 s on an H100: each
 #: batch ends waiting for its longest streamline, so batches are not made smaller than
 #: a viewer needs) and the bytes of the NumPy reference's dense visit bitmap.

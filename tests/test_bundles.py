@@ -331,3 +331,71 @@ def test_a_stop_region_ends_the_streamlines_there(phantom_dir, tmp_path, monkeyp
     record = json.loads((tmp_path / "out" / "bundles.json").read_text())["bundles"]["FMI"]
     assert record["region_voxels"]["stop"] > 0 and record["protocol"]["regions"]["stop"]
     assert record["status"] == "empty" and record["waytotal"] == 0 and record["tracked"] > 0
+
+
+def _reference_fraction(placed, shape) -> np.ndarray:
+    """A shape's share of each voxel as first written: (N, 3) reductions, decided at the centre away
+    from the edge and at 2 x 2 x 2 points on it."""
+    from tractlens.app.bundles.masks import SUB_POINTS
+
+    p = placed.centres
+    if shape.kind == "box":
+        signed = np.max(np.maximum(np.asarray(shape.a) - p, p - np.asarray(shape.b)), axis=1)
+    else:
+        signed = np.linalg.norm(p - np.asarray(shape.a), axis=1) - float(shape.b)
+    fraction = (signed <= -placed.half_diagonal).astype(np.float32)
+    edge = np.flatnonzero(np.abs(signed) < placed.half_diagonal)
+    points = placed.registration.to_template(placed.grid.to_mm((placed.ijk[edge][:, None] + SUB_POINTS).reshape(-1, 3)))
+    fraction[edge] = shape.contains(points).reshape(len(edge), len(SUB_POINTS)).mean(axis=1)
+    return fraction
+
+
+def test_regions_warped_ahead_on_threads_are_those_warped_in_turn():
+    """The regions of every bundle warped on worker threads ahead of need (each shape once) are
+    exactly those warped one by one, and each shape's share of a voxel is the reference's, under
+    an affine registration with a rotation and a stretch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tractlens.app.bundles.masks import SubjectInMni, protocol_masks
+    from tractlens.app.bundles.phantom import BRAIN_AXES, BRAIN_CENTRE, MNI_2MM
+    from tractlens.app.registration import Registration
+
+    grid = phantom_grid(3.0)
+    centres = grid.to_mm(np.indices(grid.shape).reshape(3, -1).T)
+    brain = ((((centres - BRAIN_CENTRE) / BRAIN_AXES) ** 2).sum(1) <= 1.0).reshape(grid.shape)
+    affine = np.eye(4)
+    affine[:3, :3] = [[1.04, 0.05, 0.0], [-0.05, 0.97, 0.02], [0.0, -0.02, 1.02]]
+    affine[:3, 3] = [3.3, -2.1, 1.7]
+    reg = Registration(MNI_2MM, grid, affine, kind="affine", fixed_name="mni", moving_name="subject",
+                       template="mni", template_side="fixed")  # fmt: skip
+    ahead, in_turn = SubjectInMni(reg, grid, brain), SubjectInMni(reg, grid, brain)
+    names = ["CST_L", "CST_R", "AF_L", "FMA", "OR_R"]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        for name in names:
+            ahead.prefetch(protocol_of(name).shapes(), pool)
+        for name in names:
+            a = protocol_masks(protocol_of(name), ahead, brain, 0.5)
+            b = protocol_masks(protocol_of(name), in_turn, brain, 0.5)
+            assert a.voxels == b.voxels and a.voxels["seed"] > 0
+            for x, y in zip([a.seed, *a.targets, a.exclude], [b.seed, *b.targets, b.exclude], strict=True):
+                np.testing.assert_array_equal(x, y)
+    for shape in protocol_of("AF_L").shapes():
+        np.testing.assert_array_equal(in_turn.shape_fraction(shape), _reference_fraction(in_turn, shape))
+
+
+def test_a_run_reports_each_bundles_stage_times_and_streamlines(phantom_dir, tmp_path):
+    """Per bundle, the seconds of each stage and the streamlines launched and traced again, in the
+    returned result only (bundles.json stays the same from run to run)."""
+    folder, _ = phantom_dir
+    result = run_bundles(registration=folder / "reg", output=tmp_path / "out", samples=folder / "bpx",
+                         names=["CBD_L"], params=KEEP, prob_params=PROB, device="cpu", seed_rng=1)  # fmt: skip
+    stages = result.bundles["CBD_L"].stages
+    for key in ("regions_s", "prepare_s", "tracking_s", "retrace_s", "density_s", "write_s"):
+        assert stages[key] >= 0.0, key
+    assert stages["launched"] == result.bundles["CBD_L"].record["tracked"] > 0
+    assert result.bundles["CBD_L"].record["streamlines"] <= stages["retraced"] <= stages["launched"]
+    assert {"retrace_trace_s", "retrace_polylines_s", "retrace_to_host_s"} <= set(stages)
+    assert result.summary["stages"]["CBD_L"] is stages
+    assert {"total", "engine", "subject", "bundles"} <= set(result.summary["seconds"])
+    written = (tmp_path / "out" / "bundles.json").read_text()
+    assert not any(f'"{key}"' in written for key in ("regions_s", "tracking_s", "retrace_s", "write_s", "stages"))

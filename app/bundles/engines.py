@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -58,6 +59,7 @@ class BundleTrack:
     tracked: int  # streamlines started
     notes: list[str] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)  # seconds per stage ('..._s') and counts; not in bundles.json
 
 
 class Engine:
@@ -79,7 +81,9 @@ class ProbabilisticEngine(Engine):
     name = "probabilistic"
 
     def __init__(self, path, params: ProbParams, bundle: BundleParams, device: str):
+        t0 = time.perf_counter()
         self.samples = path if isinstance(path, BedpostSamples) else load_bedpostx(path)
+        t1 = time.perf_counter()
         self.params, self.bundle, self.device = params, bundle, device
         self.grid = Grid(self.samples.affine, self.samples.mask.shape)
         self.brain = np.asarray(self.samples.mask, dtype=bool)
@@ -88,33 +92,42 @@ class ProbabilisticEngine(Engine):
         self.reference = str(masks[0]) if masks else folder  # the samples' grid as an image
         self.samples_path = folder
         self.field = sample_field(self.samples)
+        t2 = time.perf_counter()
         self.backend = get_backend(device)
         self.device_field = None
         if self.backend.is_gpu:  # one upload of the samples for every bundle of the run
             from tractlens.gpu.probabilistic_kernel import upload_field
 
             self.device_field = upload_field(self.backend, self.field)
+            self.backend.synchronize()
+        self.stages = {"read_s": t1 - t0, "field_s": t2 - t1, "upload_s": time.perf_counter() - t2}
 
     def track(self, masks, name, *, progress=None, cancelled=None) -> BundleTrack:
+        t0 = time.perf_counter()
         run = prepare_probabilistic_masks(
             self.samples, masks.seed & self.brain, waypoints=masks.targets, exclude=masks.exclude, stop=masks.stop,
             params=self.params, seed_name=f"{name} seed region", field_=self.field,
         )  # fmt: skip
+        t1 = time.perf_counter()
         result = run.track(device=self.device, progress=progress, cancelled=cancelled, device_field=self.device_field)
+        t2 = time.perf_counter()
         keep = self.bundle.keep_streamlines
+        stages = {"prepare_s": t1 - t0, "tracking_s": t2 - t1, "launched": int(result.streamlines), "retraced": 0}
         tractogram = Tractogram.from_list([], affine=self.grid.affine, dimensions=self.grid.shape, name=name)
         if result.waytotal:
-            # the run's first streamlines, enough of them to hold about `keep` kept ones
+            # the first `keep` kept streamlines of the run's order, traced again among its first `most`
             most = min(result.streamlines, math.ceil(keep * result.streamlines / result.waytotal * 1.2) + 64)
-            tractogram, _ = run.paths_tractogram(
-                most, device=self.device, cancelled=cancelled, device_field=self.device_field
-            )
-            if len(tractogram) > keep:
-                tractogram = tractogram.subset(np.arange(keep))
+            timings: dict = {}
+            tractogram, stages["retraced"] = run.paths_tractogram(
+                most, device=self.device, cancelled=cancelled, device_field=self.device_field, most_kept=keep,
+                timings=timings,
+            )  # fmt: skip
+            stages.update({f"retrace_{k}": v for k, v in timings.items()})
+        stages["retrace_s"] = time.perf_counter() - t2
         tractogram.name = name
         provenance = _steady(result.provenance)
         return BundleTrack(tractogram, result.paths.astype(np.float64), int(result.waytotal), int(result.streamlines),
-                           list(run.notes), provenance)  # fmt: skip
+                           list(run.notes), provenance, stages)  # fmt: skip
 
     def describe(self) -> dict:
         return {
@@ -146,6 +159,7 @@ class StreamlineEngine(Engine):
         self.reference = str(self.volume.source).split(" (")[0] or str(path)
 
     def track(self, masks, name, *, progress=None, cancelled=None) -> BundleTrack:
+        t0 = time.perf_counter()
         options = dict(
             seed_mask=masks.seed & self.brain, include=masks.targets,
             exclude=[] if masks.exclude is None else [masks.exclude], stop=[] if masks.stop is None else [masks.stop],
@@ -162,6 +176,7 @@ class StreamlineEngine(Engine):
             result = deterministic_pipeline(self.volume, params=self.params, **options)
         tractogram = result.tractogram
         tractogram.name = name
+        t1 = time.perf_counter()
         visitation = (
             streamline_visitation(tractogram.points, tractogram.offsets, self.grid.shape).astype(np.float64)
             if len(tractogram)
@@ -169,7 +184,8 @@ class StreamlineEngine(Engine):
         )
         provenance = _steady({k: result.provenance.get(k) for k in ("backend", "device", "seeds", "empty_reason")})
         tracked = int(result.provenance.get("streamlines_tracked", 0))
-        return BundleTrack(tractogram, visitation, len(tractogram), tracked, list(result.notes), provenance)
+        stages = {"tracking_s": t1 - t0, "visitation_s": time.perf_counter() - t1, "launched": tracked}
+        return BundleTrack(tractogram, visitation, len(tractogram), tracked, list(result.notes), provenance, stages)
 
     def describe(self) -> dict:
         what = "fod" if self.name == "fod" else "tensor"

@@ -99,13 +99,19 @@ def make_phantom(names, grid: Grid | None = None, radius_mm: float = 4.0, anisot
     best = np.full((n, 4), np.inf)  # distance of up to 4 candidate populations per voxel
     cand = np.zeros((n, 4, 3))
     tubes = {}
+    in_brain = np.flatnonzero(brain)
     for name in names:
         curve, tangent = course_curve(protocol_of(name).course)
-        dist, nearest = cKDTree(curve).query(centres, distance_upper_bound=radius_mm)
-        inside = np.flatnonzero(np.isfinite(dist) & brain)
+        # only the brain's voxels near the curve's bounding box can lie in its tube
+        near = in_brain[
+            np.all((centres[in_brain] >= curve.min(0) - radius_mm) & (centres[in_brain] <= curve.max(0) + radius_mm), 1)
+        ]
+        dist, nearest = cKDTree(curve).query(centres[near], distance_upper_bound=radius_mm, workers=-1)
+        found = np.isfinite(dist)
+        inside = near[found]
         tubes[name] = np.zeros(n, dtype=bool)
         tubes[name][inside] = True
-        d_in, t_in = dist[inside], tangent[nearest[inside]]
+        d_in, t_in = dist[found], tangent[nearest[found]]
         slot = np.argmax(best[inside], axis=1)  # replace the farthest candidate when closer
         closer = d_in < best[inside, slot]
         rows = inside[closer]

@@ -89,6 +89,10 @@ class Protocol:
     stop: Region
     course: np.ndarray = field(repr=False, compare=False)  # (K, 3) MNI mm, the phantom's curve only
 
+    def shapes(self) -> list[Shape]:
+        """Every shape of its regions, in the order they are made into masks (seed, targets, exclusion, stop)."""
+        return [shape for region in (self.seed, *self.targets, self.exclude, self.stop) for shape in region or ()]
+
     def regions(self) -> dict:
         """The regions as written in bundles.json and printed by ``--list``."""
         return {

@@ -51,7 +51,11 @@ class BundleOutcome:
     message: str
     record: dict
     tractogram: Tractogram | None = None
-    seconds: float = 0.0  # warping its regions, tracking and writing it
+    seconds: float = 0.0  # warping its regions (waiting for them), tracking it, its density (not its writing)
+    #: seconds per stage: regions_s, prepare_s, tracking_s, retrace_s (and retrace_trace_s, retrace_polylines_s,
+    #: retrace_to_host_s), density_s, write_s (on the writer thread, beside the next bundle), and counts:
+    #: launched (streamlines tracked), retraced (streamlines traced again for the kept sample)
+    stages: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -144,10 +148,13 @@ def run_bundles(
     output = Path(output)
     chosen = choose_bundles(names)
     _check_output(output)
+    opened = time.perf_counter()
     reg = load_registration(registration)
     engine = open_engine(samples=samples, fod=fod, tensor=tensor, prob_params=prob_params, fod_params=fod_params,
                          bundle=params, device=device, rng_seed=seed)  # fmt: skip
+    engine_s = time.perf_counter() - opened
     subject = SubjectInMni(reg, engine.grid, engine.brain)
+    subject_s = time.perf_counter() - opened - engine_s
     protocols = load_protocols()
     staging = output.with_name(f".{output.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -182,25 +189,42 @@ def run_bundles(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     # times in the returned summary only (the CLI's --json): the file stays the same from run to run
-    summary["seconds"] = {"total": time.perf_counter() - t0, **{n: o.seconds for n, o in result.items()}}
+    # engine: reading the registration and the data, the samples' field and its upload; subject: the brain in MNI
+    summary["seconds"] = {"total": time.perf_counter() - opened, "engine": engine_s, "subject": subject_s,
+                          "engine_stages": dict(getattr(engine, "stages", {})), "bundles": time.perf_counter() - t0, **{n: o.seconds for n, o in result.items()}}  # fmt: skip
+    summary["stages"] = {n: o.stages for n, o in result.items()}
     return BundlesResult(output, summary, result)
 
 
 def _track_all(chosen, engine, subject, params, version, folder: Path, context: JobContext) -> dict[str, BundleOutcome]:
-    """Track the bundles one after the other; each one's files are written on a thread while the
-    next is tracked (the GPU need not wait for the compression of a density or a .trx)."""
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle-writer") as writer:
-        written: list = []
-        outcomes = _track_each(chosen, engine, subject, params, version, folder, context, writer, written)
-        for future in written:
-            future.result()  # a failed write fails the run (the staging folder goes)
+    """Track the bundles one after the other. The regions of every chosen bundle are warped on
+    worker threads from the start (a bundle waits only for its own), and each bundle's files are
+    written on a thread while the next is tracked (the GPU need not wait for the compression of a
+    density or a .trx)."""
+    workers = max(1, min(8, (os.cpu_count() or 2) - 1))
+    with (
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="bundle-writer") as writer,
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bundle-regions") as regions,
+    ):
+        for name in chosen:
+            subject.prefetch(protocol_of(name).shapes(), regions)
+        written: dict = {}
+        try:
+            outcomes = _track_each(chosen, engine, subject, params, version, folder, context, writer, written)
+        finally:
+            regions.shutdown(wait=True, cancel_futures=True)
+        for name, future in written.items():
+            outcomes[name].stages["write_s"] = future.result()  # a failed write fails the run (the staging goes)
     context.progress(len(chosen), len(chosen), "done")
     return outcomes
 
 
-def _write_bundle(tractogram: Tractogram, density: np.ndarray, affine: np.ndarray, folder: Path, name: str) -> None:
+def _write_bundle(tractogram: Tractogram, density: np.ndarray, affine: np.ndarray, folder: Path, name: str) -> float:
+    """Write the bundle's .trx and density; the seconds it took (on the writer thread)."""
+    t0 = time.perf_counter()
     _write_trx(tractogram, folder / f"{name}.trx")
     save_volume(density, affine, folder / f"{name}_density.nii.gz", dtype=np.float32)
+    return time.perf_counter() - t0
 
 
 def _track_each(chosen, engine, subject, params, version, folder, context, writer, written) -> dict[str, BundleOutcome]:
@@ -213,6 +237,7 @@ def _track_each(chosen, engine, subject, params, version, folder, context, write
         protocol = protocol_of(name)
         masks = protocol_masks(protocol, subject, engine.brain, params.region_threshold)
         missed = missed_regions(masks)
+        regions_s = time.perf_counter() - started
         track = None
         if missed:
             status = "regions-missed"
@@ -231,6 +256,7 @@ def _track_each(chosen, engine, subject, params, version, folder, context, write
                 )
             else:
                 status, message = "ok", ""
+        t_density = time.perf_counter()
         visitation = np.zeros(engine.grid.shape) if track is None else track.visitation
         density = (visitation / track.waytotal if track is not None and track.waytotal else visitation).astype(
             np.float32
@@ -239,10 +265,12 @@ def _track_each(chosen, engine, subject, params, version, folder, context, write
         tractogram = track.tractogram if track is not None else Tractogram.from_list(
             [], affine=engine.grid.affine, dimensions=engine.grid.shape, name=name
         )  # fmt: skip
-        written.append(writer.submit(_write_bundle, tractogram, density, engine.grid.affine, folder, name))
+        density_s = time.perf_counter() - t_density
+        written[name] = writer.submit(_write_bundle, tractogram, density, engine.grid.affine, folder, name)
         if status != "ok":
             log.warning(message)
         record = _bundle_record(name, protocol, version, status, message, masks.voxels, track, round(volume_mm3, 3))
         kept = tractogram if status == "ok" else None
-        outcomes[name] = BundleOutcome(name, status, message, record, kept, time.perf_counter() - started)
+        stages = {"regions_s": regions_s, **(track.stages if track is not None else {}), "density_s": density_s}
+        outcomes[name] = BundleOutcome(name, status, message, record, kept, time.perf_counter() - started, stages)
     return outcomes

@@ -13,6 +13,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 from tractlens.gpu.backend import BackendError, get_backend, gpu_backends
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.probabilistic import iter_track, path_positions, trace_paths
+from tractlens.gpu.probabilistic import iter_track, path_positions, trace_kept
 from tractlens.gpu.probabilistic_kernel import upload_field
 from tractlens.gpu.probabilistic_params import (
     GPU_BATCH,
@@ -136,19 +137,41 @@ def sample_field(samples: BedpostSamples) -> SampleField:
     return field_
 
 
+#: Voxels converted at a time by :func:`_sample_field`'s threads (~30 MB of samples each).
+FIELD_BLOCK = 16384
+
+
 def _sample_field(samples: BedpostSamples, voxel_size: np.ndarray) -> SampleField:
+    """The field made in blocks of voxels on threads (NumPy lets go of the GIL for its array work;
+    the sines and cosines of a whole HCP brain's 150 M sticks take a core several seconds). Each
+    block is the same element-wise arithmetic as the whole at once, so the field is the same."""
     mask = samples.mask
-    dirs = angles_to_vectors(np, samples.theta[mask], samples.phi[mask]).astype(np.float32)  # (n, L, S, 3)
-    if x_flip_needed(samples.affine):
-        dirs[..., 0] *= -1.0
+    inside = np.flatnonzero(mask)
+    n, n_fibres, n_samples = len(inside), samples.n_fibres, samples.n_samples
+    dirs = np.empty((n, n_samples, n_fibres, 3), dtype=np.float32)
+    f = np.empty((n, n_samples, n_fibres), dtype=np.float32)
+    flip = x_flip_needed(samples.affine)
+
+    def block(start: int) -> None:
+        ijk = np.unravel_index(inside[start : start + FIELD_BLOCK], mask.shape)
+        vectors = angles_to_vectors(np, samples.theta[ijk], samples.phi[ijk]).astype(np.float32)  # (b, L, S, 3)
+        if flip:
+            vectors[..., 0] *= -1.0
+        dirs[start : start + FIELD_BLOCK] = vectors.transpose(0, 2, 1, 3)
+        f[start : start + FIELD_BLOCK] = samples.f[ijk].transpose(0, 2, 1)
+
+    starts = range(0, n, FIELD_BLOCK)
+    workers = max(1, min(16, os.cpu_count() or 1, len(starts)))
+    if workers == 1:
+        for start in starts:
+            block(start)
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sample-field") as pool:
+            for done in [pool.submit(block, start) for start in starts]:
+                done.result()
     index = np.full(mask.shape, -1, dtype=np.int32)
-    index[mask] = np.arange(int(mask.sum()), dtype=np.int32)
-    return SampleField(
-        np.ascontiguousarray(dirs.transpose(0, 2, 1, 3)),
-        np.ascontiguousarray(samples.f[mask].transpose(0, 2, 1), dtype=np.float32),
-        index,
-        voxel_size,
-    )
+    index[mask] = np.arange(n, dtype=np.int32)
+    return SampleField(dirs, f, index, voxel_size)
 
 
 @dataclass
@@ -215,34 +238,40 @@ class ProbabilisticRun:
         progress: Callable[[int, int], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
         device_field=None,
+        most_kept: int | None = None,
+        timings: dict | None = None,
     ) -> tuple[Tractogram, int]:
         """The kept streamlines among ``most`` of the run's (all when there are fewer; else the
         first samples of every seed voxel alike), traced again with the run's random streams: (tractogram on the
-        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced). ``device_field``:
-        the samples already on the GPU (:func:`gpu.probabilistic_kernel.upload_field`)."""
+        samples' grid with the per-streamline ``seed_voxel`` number, streamlines traced). ``most_kept``: only the
+        first that many kept ones (the tracing stops there). ``device_field``: the samples already on the GPU
+        (:func:`gpu.probabilistic_kernel.upload_field`). ``timings``: seconds per stage added to it
+        (:func:`gpu.probabilistic.trace_kept`)."""
         total = len(self.seeds) * self.params.n_samples
         positions = path_positions(total, most)
-        lines, seed_of, kept = trace_paths(
+        points, offsets, seed_of, traced = trace_kept(
             self.field,
             self.bits,
             self.seeds,
             self.params,
             positions,
+            most_kept=most_kept,
             n_waypoints=self.n_waypoints,
             device=device,
             progress=progress,
             cancelled=cancelled,
             device_field=device_field if get_backend(device).is_gpu else None,
+            timings=timings,
         )
-        chosen = [line for line, k in zip(lines, kept, strict=True) if k]
-        tract = Tractogram.from_list(
-            chosen,
+        tract = Tractogram(
+            points,
+            offsets,
             affine=self.samples.affine,
             dimensions=self.samples.mask.shape,
-            streamline_scalars={"seed_voxel": seed_of[kept].astype(np.float32)},
+            streamline_scalars={"seed_voxel": seed_of.astype(np.float32)},
             name="probabilistic paths",
         )
-        return tract, len(positions)
+        return tract, traced if most_kept is not None else len(positions)
 
     def track(self, *, gpus: int = 1, **options) -> ProbResult:
         """The final totals of :meth:`run` (same options); with ``gpus`` > 1 the run is shared
