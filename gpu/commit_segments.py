@@ -21,8 +21,9 @@ from .commit import N_ORIENTATIONS, orientation_index
 class Segments:
     """Streamline pieces inside the mask, merged per (streamline, voxel, orientation) and sorted
     by voxel row, then streamline and orientation: ``row`` (mask voxel number) and ``fiber``
-    int32, ``length`` (mm) float64, ``orient`` (look-up table index) uint16; the operator's own
-    arrays, nothing per streamline."""
+    int32, ``length`` (mm) float32 when cut on the host for the CPU engine (float64 when cut
+    for a GPU), ``orient`` (look-up table index) uint16; the operator's own arrays, nothing per
+    streamline. Products widen each length to float64 as they read it."""
 
     row: np.ndarray
     fiber: np.ndarray
@@ -130,8 +131,15 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
 SEGMENT_CHUNK_POINTS = 4_000_000
 HOST_SEGMENT_CHUNK_POINTS = 1 << 18
 SEGMENT_BYTES_PER_POINT = 1024
-#: Host bytes each kept segment costs (row, fiber int32; length float64; orientation uint16).
+#: Host bytes each kept segment costs when cut for a GPU (row, fiber int32; length float64;
+#: orientation uint16).
 SEGMENT_BYTES = 4 + 4 + 8 + 2
+#: ... and when cut for the CPU engine (length float32: dmri-commit's precision too).
+HOST_SEGMENT_BYTES = 4 + 4 + 4 + 2
+#: Host bytes per segment at the peak of cutting on the CPU (one pass): the chunks' segments,
+#: plus the largest field of the row-sorted result while the chunks' copies are freed field by
+#: field (:func:`_scatter_fields`).
+HOST_CUT_PEAK_BYTES = HOST_SEGMENT_BYTES + 4
 
 
 class NonFinitePoints(ValueError):
@@ -157,38 +165,72 @@ def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
 def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
     """A chunk's merged pieces of at least ``min_length_mm`` as compact host arrays (fiber
     numbered from ``first``), re-sorted by row where they are (on the device for a GPU), stably:
-    the key row · n + position is unique, so any sort keeps the order within a row."""
+    the key row · n + position is unique, so any sort keeps the order within a row. Lengths
+    are float32 on the host (the CPU engine), float64 for a GPU. A list, so that the caller
+    can free each field once used."""
     keep = xp.flatnonzero(length >= min_length_mm)
     if len(keep):
         keep = keep[xp.argsort(row[keep] * len(keep) + xp.arange(len(keep)))]
-    return (
+    return [
         host((row[keep]).astype(xp.int32)),
         host((fiber[keep] + first).astype(xp.int32)),
-        host(length[keep].astype(xp.float64)),
+        host(length[keep].astype(np.float32 if xp is np else xp.float64)),
         host(orient[keep].astype(xp.uint16)),
-    )
+    ]
 
 
-def _empty_segments(counts: np.ndarray, n_fibers: int) -> tuple[Segments, np.ndarray]:
+def _empty_segments(counts: np.ndarray, n_fibers: int, length_dtype=np.float64) -> tuple[Segments, np.ndarray]:
     """Preallocated segments for ``counts`` per row, and where each row's first one goes."""
     total = int(counts.sum())
     out = Segments(
-        np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total), np.empty(total, np.uint16), n_fibers
+        np.empty(total, np.int32),
+        np.empty(total, np.int32),
+        np.empty(total, length_dtype),
+        np.empty(total, np.uint16),
+        n_fibers,
     )
     return out, np.cumsum(counts) - counts
 
 
-def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
-    """One chunk's segments (ordered by row, then fiber and orientation; chunks come in fiber
-    order) into their places in ``out``: a stable counting sort by row, ``cursor`` advanced."""
-    row, fiber, length, orient = part
-    if not len(row):
-        return
+def _row_targets(cursor: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Where one chunk's segments (ordered by row) go in the row-sorted whole: a stable
+    counting sort by row, ``cursor`` (each row's next free place) advanced."""
     group_start = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
     sizes = np.diff(np.r_[group_start, len(row)])
     target = cursor[row] + (np.arange(len(row)) - np.repeat(group_start, sizes))
     cursor[row[group_start]] += sizes
+    return target
+
+
+def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
+    """One chunk's segments (ordered by row, then fiber and orientation; chunks come in fiber
+    order) into their places in ``out``, ``cursor`` advanced."""
+    row, fiber, length, orient = part
+    if not len(row):
+        return
+    target = _row_targets(cursor, row)
     out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
+
+
+def _scatter_fields(parts: list, counts: np.ndarray, n_fibers: int) -> Segments:
+    """The chunks' segments (``parts``: [row, fiber, length, orient] lists in fiber order) sorted
+    by row, one field at a time: each field of the whole is filled from the chunks' copies, which
+    are freed as they are used, so the host holds the segments about once (plus one field) rather
+    than twice. The rows are the counts repeated: no scatter. ``parts`` is emptied."""
+    starts = np.cumsum(counts) - counts
+    fields = []
+    for index in (1, 2, 3):  # fiber, length, orient
+        dtype = parts[0][index].dtype if parts else (np.int32, np.float32, np.uint16)[index - 1]
+        field_ = np.empty(int(counts.sum()), dtype)
+        cursor = starts.copy()
+        for part in parts:
+            if len(part[0]):
+                field_[_row_targets(cursor, part[0])] = part[index]
+            part[index] = None
+        fields.append(field_)
+    parts.clear()
+    row = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    return Segments(row, *fields, n_fibers)
 
 
 def segments(
@@ -210,10 +252,12 @@ def segments(
     voxel boundaries. ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On
     ``backend`` (a GPU backend: the same array operations in CuPy) when given; streamlines go in
     chunks of about ``chunk_points`` points, and only the compact segments are kept
-    (:data:`SEGMENT_BYTES` a segment; no copy of the points). The counting sort by row needs the
-    count per row first: ``two_pass`` (default: on a GPU, where cutting is cheap) cuts the
-    streamlines twice, counting and then scattering, so the host holds the segments once;
-    otherwise the chunks' segments are kept until all are counted (twice the memory a while).
+    (:data:`HOST_SEGMENT_BYTES` a segment on the CPU, :data:`SEGMENT_BYTES` for a GPU; no copy
+    of the points). The counting sort by row needs the count per row first: ``two_pass``
+    (default: on a GPU, where cutting is cheap) cuts the streamlines twice, counting and then
+    scattering, so the host holds the segments once; otherwise the chunks' segments are kept
+    until all are counted, then moved into place one field at a time
+    (:data:`HOST_CUT_PEAK_BYTES` a segment at the peak on the CPU).
     ``on_device`` (a GPU backend only): the segments stay on the device, nothing per segment
     on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
@@ -263,14 +307,11 @@ def segments(
         if not two_pass:
             parts.append(part)
         del part
-    out, cursor = _empty_segments(counts, n_fibers)
-    if two_pass:
-        for part in chunks():
-            _scatter_by_row(out, cursor, part)
-    else:
-        parts.reverse()
-        while parts:  # each chunk freed once scattered
-            _scatter_by_row(out, cursor, parts.pop())
+    if not two_pass:  # field by field, each chunk's copy freed once used
+        return _scatter_fields(parts, counts, n_fibers)
+    out, cursor = _empty_segments(counts, n_fibers, np.float32 if xp is np else np.float64)
+    for part in chunks():
+        _scatter_by_row(out, cursor, part)
     return out
 
 

@@ -306,6 +306,7 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
         "points": len(tract.points),
         "segments": len(result.problem.segments),
         "traced_peak_bytes": peak - dwi_bytes,
+        "points_bytes": tract.points.nbytes,  # held by this benchmark; a command reads them in chunks
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "seconds": round(seconds, 2),
         "notes": result.notes,
@@ -330,6 +331,9 @@ def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu") -> 
         "device": device,
         "rows": rows,
         "traced_bytes_per_segment": round((hi["traced_peak_bytes"] - lo["traced_peak_bytes"]) / d_seg, 1),
+        "traced_bytes_per_segment_without_points": round(
+            (hi["traced_peak_bytes"] - hi["points_bytes"] - lo["traced_peak_bytes"] + lo["points_bytes"]) / d_seg, 1
+        ),
         "rss_bytes_per_segment": round((hi["max_rss_bytes"] - lo["max_rss_bytes"]) / d_seg, 1),
     }
 
