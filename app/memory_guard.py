@@ -126,8 +126,8 @@ def commit_host_need(
     on ``tractogram`` over the usable voxels ``rows`` (−1 elsewhere), before its segments exist.
 
     Phases: cutting (the chunks' segments kept until all are counted, then moved into row order
-    field by field: :data:`~gpu.commit_segments.HOST_CUT_PEAK_BYTES` a segment, plus one chunk's
-    working memory), and
+    field by field: :data:`~gpu.commit_segments.HOST_CUT_PEAK_BYTES` a segment, plus each
+    cutting thread's chunk of working memory), and
     the fit (the segments once, the look-up tables, the measured and modelled signal, FISTA's
     vectors, the operator's per-thread accumulators)."""
     n_points = len(tractogram.points)
@@ -146,8 +146,8 @@ def commit_host_need(
         n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
     n_ic, n_iso = params.n_ic, len(params.d_iso)
     sizes = SimpleNamespace(n_rows=n_rows, n_meas=n_meas, n_cols=n_ic * n_fibers + n_ec + n_rows * n_iso)
-    chunk = min(n_points, commit_segments.HOST_SEGMENT_CHUNK_POINTS)
-    cutting = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + CUT_BYTES_PER_POINT * chunk
+    chunk, threads = commit_segments.host_cut_plan()  # each thread cuts its own chunk
+    cutting = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
     tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4 + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8
     signal = n_rows * n_meas * (signal_itemsize + 8 + 8)  # measured, widened for the fit, modelled
     fitting = {

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .commit import N_ORIENTATIONS, orientation_index
+from .host import host_threads, run_in_order
 
 
 # ------------------------------------------------------------------------------- segments
@@ -142,6 +143,22 @@ HOST_SEGMENT_BYTES = 4 + 4 + 4 + 2
 HOST_CUT_PEAK_BYTES = HOST_SEGMENT_BYTES + 4
 
 
+#: Chunks of the host's cut held at once, whatever the threads: with more threads than this,
+#: each thread's chunk is smaller, so the working memory stays that of this many default chunks.
+HOST_CUT_CHUNKS_IN_FLIGHT = 4
+
+
+def host_cut_plan(threads: int | None = None) -> tuple[int, int]:
+    """(points per chunk, threads) of cutting on the host: each thread cuts its own chunks
+    (NumPy releases the GIL in most of the work), in flight at most ``threads`` chunks whose
+    points add up to at most :data:`HOST_CUT_CHUNKS_IN_FLIGHT` default chunks."""
+    threads = threads or host_threads()
+    chunk = HOST_SEGMENT_CHUNK_POINTS
+    if threads > HOST_CUT_CHUNKS_IN_FLIGHT:
+        chunk = max(1 << 15, HOST_SEGMENT_CHUNK_POINTS * HOST_CUT_CHUNKS_IN_FLIGHT // threads)
+    return chunk, threads
+
+
 class NonFinitePoints(ValueError):
     """Streamline points that are NaN or infinite (on the grid), met while cutting segments."""
 
@@ -264,8 +281,12 @@ def segments(
     if on_device and backend is not None and backend.is_gpu:
         return _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, chunk_points, to_voxel)
     two_pass = xp is not np if two_pass is None else two_pass
-    if chunk_points is None:
-        chunk_points = HOST_SEGMENT_CHUNK_POINTS if xp is np else SEGMENT_CHUNK_POINTS
+    threads = 1
+    if xp is np:
+        default_chunk, threads = host_cut_plan()
+        chunk_points = default_chunk if chunk_points is None else chunk_points
+    elif chunk_points is None:
+        chunk_points = SEGMENT_CHUNK_POINTS
     if xp is not np:  # the working memory must fit in what the device has free
         chunk_points = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -277,8 +298,28 @@ def segments(
     vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
     host = (lambda a: a) if xp is np else backend.to_host
 
+    def host_chunks():  # on host threads, in fiber order
+        def ranges():
+            first = 0
+            while first < n_fibers:
+                last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
+                last = min(max(last, first + 1), n_fibers)
+                yield first, last
+                first = last
+
+        def cut(first: int, last: int):
+            lo, hi = offsets[first], offsets[last]
+            chunk = _voxel_points(points, lo, hi, to_voxel)
+            part = _chunk_segments(np, chunk, offsets[first : last + 1] - lo, rows_flat, shape, vs, n_rows)
+            return _compact(np, host, *part, first, min_length_mm)
+
+        return run_in_order((lambda a=a, b=b: cut(a, b) for a, b in ranges()), threads)
+
     def chunks():  # (compact host arrays) of whole streamlines, in fiber order
         nonlocal chunk_points
+        if xp is np:
+            yield from host_chunks()
+            return
         first = 0
         while first < n_fibers:
             last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1

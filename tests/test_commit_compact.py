@@ -68,11 +68,12 @@ def test_segments_in_chunks_equal_the_whole_construction(chunk_points, seed, two
 @pytest.mark.parametrize("two_pass", [False, True])
 def test_cutting_on_the_host_holds_the_segments_about_once(two_pass):
     """tracemalloc peak of cutting many chunks on the host: at most
-    HOST_CUT_PEAK_BYTES (one pass) or HOST_SEGMENT_BYTES (two passes) a segment, plus one
-    chunk's working memory — not the chunks' copies and the sorted whole side by side."""
+    HOST_CUT_PEAK_BYTES (one pass) or HOST_SEGMENT_BYTES (two passes) a segment, plus each
+    cutting thread's chunk of working memory — not the chunks' copies and the sorted whole side
+    by side."""
     import tracemalloc
 
-    from tractlens.gpu.commit_segments import HOST_CUT_PEAK_BYTES, HOST_SEGMENT_BYTES
+    from tractlens.gpu.commit_segments import HOST_CUT_PEAK_BYTES, HOST_SEGMENT_BYTES, host_cut_plan
 
     rng = np.random.default_rng(7)
     shape = (30, 30, 30)
@@ -86,9 +87,32 @@ def test_cutting_on_the_host_holds_the_segments_about_once(two_pass):
     finally:
         tracemalloc.stop()
     per_segment = HOST_SEGMENT_BYTES if two_pass else HOST_CUT_PEAK_BYTES
-    working = 640 * chunk + 8 * rows.size * 3  # one chunk's cutting; counts, cursors, the row map
+    _, threads = host_cut_plan()
+    working = 640 * chunk * threads + 8 * rows.size * 3  # each thread's chunk; counts, cursors, the row map
     assert len(seg) > 250 * chunk
     assert peak <= per_segment * len(seg) + working, (peak / len(seg), len(seg))
+
+
+@pytest.mark.parametrize("threads", [2, 5])
+def test_segments_cut_on_threads_equal_one_thread(monkeypatch, threads):
+    """Chunks cut on several threads (in flight at once, taken in order): the same segments, bit
+    for bit, as on one; a damaged point met by a thread is reported as on one."""
+    from tractlens.gpu.commit_segments import NonFinitePoints
+
+    rng = np.random.default_rng(3)
+    shape = (9, 8, 10)
+    points, offsets = random_streamlines(rng, 200, shape, points=25)
+    rows = _grid_with_holes(shape, 3)
+    monkeypatch.setenv("TRACTLENS_THREADS", "1")
+    one = segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=60)
+    monkeypatch.setenv("TRACTLENS_THREADS", str(threads))
+    many = segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=60)
+    for name in ("row", "fiber", "length", "orient"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name))
+    points = points.copy()
+    points[3000] = np.nan
+    with pytest.raises(NonFinitePoints, match="from number"):
+        segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=60)
 
 
 def test_segments_transform_each_chunk_as_points_on_does():

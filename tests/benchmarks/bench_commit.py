@@ -9,7 +9,8 @@ iterations, outputs written) on N random-walk streamlines of 90 points in a 40³
 ``--dmri-commit N`` runs dmri-commit (all CPU cores) and ours (GPU) on the same files for
 200 iterations. ``--memory N1 N2`` measures the host memory of the pipeline (tracemalloc peak
 and peak RSS, each size in a fresh process) on N bundle-like streamlines (straight lines and
-arcs in a 32³ grid) and the bytes per segment between the sizes.
+arcs in a 32³ grid, ``--memory-shape X Y Z`` another) and the bytes per segment between the
+sizes, with the peak that line gives at 400 M segments (1 M HCP streamlines).
 
 Synthetic problems shaped like seed 000's (64 309 voxels, 399 758 streamlines and
 47 M segments at full size: ~730 segments per voxel): segment rows sorted, streamlines
@@ -308,26 +309,34 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
         "traced_peak_bytes": peak - dwi_bytes,
         "points_bytes": tract.points.nbytes,  # held by this benchmark; a command reads them in chunks
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "shape": list(shape),
         "seconds": round(seconds, 2),
         "notes": result.notes,
     }
 
 
-def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu") -> dict:
+#: Segments of a whole-brain HCP tractogram of 1 M streamlines (issue 42's target: ≤ 8 GB peak)
+HCP_SEGMENTS = 400e6
+
+
+def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu", shape=(32, 32, 32)) -> dict:
     """:func:`pipeline_memory` at each size in a fresh process (so that the peak RSS is its own),
-    and the bytes per segment between the smallest and the largest (traced and RSS)."""
+    the bytes per segment between the smallest and the largest (traced and RSS, with and without
+    the points this benchmark holds: a command reads them in chunks from the file), and the peak
+    RSS without the points that line gives at :data:`HCP_SEGMENTS`."""
     import subprocess
 
     rows = []
     for n in sizes:
         cmd = [sys.executable, __file__, "--memory-one", str(n), "--memory-iterations", str(iterations)]
+        cmd += ["--memory-shape", *map(str, shape)]
         cmd += ["--gpu"] if device == "gpu" else []
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     lo, hi = rows[0], rows[-1]
     d_seg = hi["segments"] - lo["segments"]
-    return {
+    out = {
         "device": device,
         "rows": rows,
         "traced_bytes_per_segment": round((hi["traced_peak_bytes"] - lo["traced_peak_bytes"]) / d_seg, 1),
@@ -336,6 +345,11 @@ def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu") -> 
         ),
         "rss_bytes_per_segment": round((hi["max_rss_bytes"] - lo["max_rss_bytes"]) / d_seg, 1),
     }
+    rss = [r["max_rss_bytes"] - r["points_bytes"] for r in (lo, hi)]
+    slope = (rss[1] - rss[0]) / d_seg
+    out["rss_bytes_per_segment_without_points"] = round(slope, 1)
+    out["rss_without_points_at_400M_segments_gb"] = round((rss[1] + slope * (HCP_SEGMENTS - hi["segments"])) / 1e9, 2)
+    return out
 
 
 def compare_with_dmri_commit(n_streamlines: int, iterations: int, folder: Path, device: str = "gpu") -> dict:
@@ -385,16 +399,21 @@ def main() -> None:
         "--memory", type=int, nargs="+", metavar="N", help="host memory of the pipeline on N bundle streamlines (each)"
     )
     parser.add_argument("--memory-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-shape", type=int, nargs=3, default=[32, 32, 32], help="--memory: the grid (HCP: 145 174 145)"
+    )
     parser.add_argument("--memory-iterations", type=int, default=3)
     parser.add_argument("--work", default="/tmp/bench_commit", help="folder for the synthetic files")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.memory_one:
-        print(json.dumps(pipeline_memory(args.memory_one, args.memory_iterations, "gpu" if args.gpu else "cpu")))
+        device = "gpu" if args.gpu else "cpu"
+        print(json.dumps(pipeline_memory(args.memory_one, args.memory_iterations, device, tuple(args.memory_shape))))
         return
     results = {"measurements": args.measurements, "rows": []}
     if args.memory:
-        results["memory"] = memory_slope(args.memory, args.memory_iterations, "gpu" if args.gpu else "cpu")
+        device = "gpu" if args.gpu else "cpu"
+        results["memory"] = memory_slope(args.memory, args.memory_iterations, device, tuple(args.memory_shape))
         print(json.dumps({k: v for k, v in results["memory"].items() if k != "rows"}), flush=True)
         args.segments = []
     if args.dmri_commit:
