@@ -85,3 +85,22 @@ def test_model_fit_on_threads_equals_one_thread(monkeypatch):
         np.testing.assert_allclose(many.values[name], one.values[name], rtol=1e-9, atol=1e-12, err_msg=name)
     np.testing.assert_allclose(many.directions, one.directions, rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(many.flags, one.flags)
+
+
+def test_selection_on_threads_equals_one_thread(monkeypatch):
+    from tests.benchmarks.bench_render import synthetic_tractogram
+    from tractlens.gpu.select import select_streamlines
+
+    tract = synthetic_tractogram(3000)
+    lo = np.floor(tract.points.min(axis=0)).astype(int)
+    points = tract.points - lo.astype(np.float32)
+    size = int(np.ceil(points.max())) + 2
+    roi = np.zeros((size,) * 3, dtype=bool)
+    centre = size // 2
+    roi[centre - 6 : centre + 6, centre - 6 : centre + 6, centre - 6 : centre + 6] = True
+    monkeypatch.setenv("TRACTLENS_THREADS", "1")
+    one = select_streamlines(points, tract.offsets, [roi], device="cpu")
+    monkeypatch.setenv("TRACTLENS_THREADS", "3")
+    many = select_streamlines(points, tract.offsets, [roi], device="cpu")
+    assert 0 < int(one.selected.sum()) < 3000
+    np.testing.assert_array_equal(many.selected, one.selected)
