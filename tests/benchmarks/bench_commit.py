@@ -260,23 +260,36 @@ def bundle_inputs(n_streamlines: int, shape=(32, 32, 32), n_meas: int = 60, seed
     direction = np.array([1.0, 0.2, 0.1]) / np.linalg.norm([1.0, 0.2, 0.1])
     start = np.c_[rng.uniform(0.5, 0.15 * lim[0], n_straight), rng.uniform(0.5, 0.6 * lim[1], n_straight)]
     start = np.c_[start, rng.uniform(0.5, 0.8 * lim[2], n_straight)]
-    straight = (start[:, None, :] + arc[None, :, None] * direction).astype(np.float32)
     radius = rng.uniform(0.3, 0.45, n_arcs) * min(shape[:2])
-    angle = rng.uniform(0, 2 * np.pi, n_arcs)[:, None] + arc[None, :] / radius[:, None]
+    angle0 = rng.uniform(0, 2 * np.pi, n_arcs)
+    height = rng.uniform(0.5, lim[2] - 0.5, n_arcs)
     centre = lim[:2] / 2
-    curved = np.empty((n_arcs, n_points, 3), dtype=np.float32)
-    curved[..., 0] = centre[0] + radius[:, None] * np.cos(angle)
-    curved[..., 1] = centre[1] + radius[:, None] * np.sin(angle)
-    curved[..., 2] = rng.uniform(0.5, lim[2] - 0.5, n_arcs)[:, None]
-    points = np.clip(np.concatenate([straight, curved]).reshape(-1, 3), 0, lim.astype(np.float32))
-    del straight, curved, angle
+    # Filled in blocks of streamlines: the peak RSS of a large run is the pipeline's, not the
+    # float64 temporaries of making its input (the same numbers as made at once).
+    points = np.empty((n_streamlines, n_points, 3), dtype=np.float32)
+    top = lim.astype(np.float32)
+    block = 20_000
+    for a in range(0, n_straight, block):
+        b = min(n_straight, a + block)
+        points[a:b] = np.clip((start[a:b, None, :] + arc[None, :, None] * direction).astype(np.float32), 0, top)
+    for a in range(0, n_arcs, block):
+        b = min(n_arcs, a + block)
+        angle = angle0[a:b, None] + arc[None, :] / radius[a:b, None]
+        part = points[n_straight + a : n_straight + b]
+        part[..., 0] = centre[0] + radius[a:b, None] * np.cos(angle)
+        part[..., 1] = centre[1] + radius[a:b, None] * np.sin(angle)
+        part[..., 2] = height[a:b, None]
+        np.clip(part, 0, top, out=part)
+    points = points.reshape(-1, 3)
     affine = np.diag([2.0, 2.0, 2.0, 1.0])
     n_b0 = max(1, n_meas // 15)
     bvals = np.r_[np.zeros(n_b0), np.where(np.arange(n_meas - n_b0) % 2, 2000.0, 1000.0)]
     g = rng.normal(size=(n_meas, 3))
     g /= np.linalg.norm(g, axis=1, keepdims=True)
     g[:n_b0] = 0
-    data = rng.uniform(0.3, 1.0, (*shape, n_meas)).astype(np.float32)
+    data = np.empty((*shape, n_meas), dtype=np.float32)
+    for x in range(shape[0]):  # a slab at a time: the same draws as all at once, in C order
+        data[x] = rng.uniform(0.3, 1.0, (*shape[1:], n_meas))
     data[..., :n_b0] = 1.0
     offsets = np.arange(n_streamlines + 1, dtype=np.int64) * n_points
     tract = Tractogram(points, offsets, affine, shape, {}, {}, name="bundles")
