@@ -179,7 +179,7 @@ def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
     return _finite(np, chunk @ to_voxel[:3, :3].T + to_voxel[:3, 3], lo)
 
 
-def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
+def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float, length_dtype=None):
     """A chunk's merged pieces of at least ``min_length_mm`` as compact host arrays (fiber
     numbered from ``first``), re-sorted by row where they are (on the device for a GPU), stably:
     the key row · n + position is unique, so any sort keeps the order within a row. Lengths
@@ -191,7 +191,7 @@ def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: fl
     return [
         host((row[keep]).astype(xp.int32)),
         host((fiber[keep] + first).astype(xp.int32)),
-        host(length[keep].astype(np.float32 if xp is np else xp.float64)),
+        host(length[keep].astype(length_dtype or (np.float32 if xp is np else xp.float64))),
         host(orient[keep].astype(xp.uint16)),
     ]
 
@@ -262,6 +262,7 @@ def segments(
     to_voxel: np.ndarray | None = None,
     two_pass: bool | None = None,
     on_device: bool = False,
+    length_dtype=None,
 ) -> Segments:
     """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers, or
     in another frame that ``to_voxel`` (4×4) maps to them; streamline i is
@@ -276,7 +277,9 @@ def segments(
     until all are counted, then moved into place one field at a time
     (:data:`HOST_CUT_PEAK_BYTES` a segment at the peak on the CPU).
     ``on_device`` (a GPU backend only): the segments stay on the device, nothing per segment
-    on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them."""
+    on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them.
+    ``length_dtype``: the lengths' type (default float32 on the host, float64 for a GPU; the
+    device-resident ones are always float64)."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
     if on_device and backend is not None and backend.is_gpu:
         return _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, chunk_points, to_voxel)
@@ -311,7 +314,7 @@ def segments(
             lo, hi = offsets[first], offsets[last]
             chunk = _voxel_points(points, lo, hi, to_voxel)
             part = _chunk_segments(np, chunk, offsets[first : last + 1] - lo, rows_flat, shape, vs, n_rows)
-            return _compact(np, host, *part, first, min_length_mm)
+            return _compact(np, host, *part, first, min_length_mm, length_dtype)
 
         return run_in_order((lambda a=a, b=b: cut(a, b) for a, b in ranges()), threads)
 
@@ -330,7 +333,7 @@ def segments(
                 part = _chunk_segments(
                     xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
                 )
-                part = _compact(xp, host, *part, first, min_length_mm)
+                part = _compact(xp, host, *part, first, min_length_mm, length_dtype)
             except Exception as exc:  # out of device memory: retry with half the points
                 if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
                     raise
@@ -350,7 +353,7 @@ def segments(
         del part
     if not two_pass:  # field by field, each chunk's copy freed once used
         return _scatter_fields(parts, counts, n_fibers)
-    out, cursor = _empty_segments(counts, n_fibers, np.float32 if xp is np else np.float64)
+    out, cursor = _empty_segments(counts, n_fibers, length_dtype or (np.float32 if xp is np else np.float64))
     for part in chunks():
         _scatter_by_row(out, cursor, part)
     return out
