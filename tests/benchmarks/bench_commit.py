@@ -319,6 +319,7 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
         "streamlines": n_streamlines,
         "points": len(tract.points),
         "segments": len(result.problem.segments),
+        "voxels": result.problem.n_rows,  # per voxel: the signal and FISTA's measurement vectors
         "traced_peak_bytes": peak - dwi_bytes,
         "points_bytes": tract.points.nbytes,  # held by this benchmark; a command reads them in chunks
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
