@@ -427,7 +427,10 @@ def side_by_side(args) -> None:
                 status = "done" if done.returncode == 0 else f"failed (exit {done.returncode})"
             except subprocess.TimeoutExpired:
                 status = f"cut by the budget ({args.budget_s:.0f} s in all)"
-        run = json.loads(part.read_text()) if part.exists() else {"rows": []}
+        try:
+            run = json.loads(part.read_text()) if part.exists() else {"rows": []}
+        except json.JSONDecodeError:  # killed while writing a row
+            run = {"rows": []}
         run["status"] = status
         runs[str(n)] = run
     table = []
