@@ -4,7 +4,7 @@ laptop swapping to a halt.
 
 Each estimate is the job's peak above what the process held when it started (its inputs
 already in memory): the largest of its phases, each the sum of the arrays alive then, from
-the sizes the engine documents (:data:`gpu.commit_segments.SEGMENT_BYTES`, :func:`gpu.commit_device.fista_bytes`,
+the sizes the engine documents (:data:`gpu.commit_segments.HOST_SEGMENT_BYTES`, :func:`gpu.commit_device.fista_bytes`,
 …), plus :data:`RUNTIME_BYTES` for the compiled loops and allocator slack. What depends on
 the streamlines' geometry (segments per point, distinct (voxel, orientation) pairs) is
 measured on a sample of the job's own streamlines, with :data:`SAMPLE_MARGIN` on top.
@@ -125,8 +125,9 @@ def commit_host_need(
     """Peak host memory of COMMIT's CPU pipeline (:func:`app.pipelines.commit.commit_pipeline`)
     on ``tractogram`` over the usable voxels ``rows`` (−1 elsewhere), before its segments exist.
 
-    Phases: cutting (the chunks' segments kept until all are counted, then scattered by row:
-    twice :data:`~gpu.commit_segments.SEGMENT_BYTES` a segment, plus one chunk's working memory), and
+    Phases: cutting (the chunks' segments kept until all are counted, then moved into row order
+    field by field: :data:`~gpu.commit_segments.HOST_CUT_PEAK_BYTES` a segment, plus each
+    cutting thread's chunk of working memory), and
     the fit (the segments once, the look-up tables, the measured and modelled signal, FISTA's
     vectors, the operator's per-thread accumulators)."""
     n_points = len(tractogram.points)
@@ -145,12 +146,12 @@ def commit_host_need(
         n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
     n_ic, n_iso = params.n_ic, len(params.d_iso)
     sizes = SimpleNamespace(n_rows=n_rows, n_meas=n_meas, n_cols=n_ic * n_fibers + n_ec + n_rows * n_iso)
-    chunk = min(n_points, commit_segments.HOST_SEGMENT_CHUNK_POINTS)
-    cutting = 2 * commit_segments.SEGMENT_BYTES * n_seg + CUT_BYTES_PER_POINT * chunk
+    chunk, threads = commit_segments.host_cut_plan()  # each thread cuts its own chunk
+    cutting = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
     tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4 + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8
     signal = n_rows * n_meas * (signal_itemsize + 8 + 8)  # measured, widened for the fit, modelled
     fitting = {
-        "segments": commit_segments.SEGMENT_BYTES * n_seg,
+        "segments": commit_segments.HOST_SEGMENT_BYTES * n_seg,
         "look-up tables": tables,
         "signal": signal,
         "fit vectors": commit_device.fista_bytes(sizes) + 16 * n_ec,

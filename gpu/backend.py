@@ -288,6 +288,7 @@ def run_batched(
     cancelled: Callable[[], bool] | None = None,
     fraction: float = 0.5,
     maximum: int | None = None,
+    threads: int | None = None,
 ) -> None:
     """Call ``process(start, stop)`` over ``range(n_items)`` in memory-sized batches.
 
@@ -295,7 +296,16 @@ def run_batched(
     batch of one item that still fails raises :class:`OutOfDeviceMemory`.
     ``cancelled()`` is checked between batches; when it returns true the loop
     raises :class:`Cancelled`.
+
+    ``threads`` > 1 on the CPU: that many batches at once on host threads (NumPy releases the
+    GIL in the array work), each sized for its share of the memory budget and at most
+    ``n_items / threads`` so that every thread has one, with BLAS held to one thread
+    (:func:`gpu.host.one_blas_thread`); ``process`` must write disjoint results (its own rows)
+    and be thread-safe otherwise. ``progress`` is called in batch order, from this thread.
     """
+    if threads is not None and threads > 1 and not backend.is_gpu and n_items > 1:
+        _run_on_host_threads(backend, n_items, bytes_per_item, process, progress, cancelled, fraction, maximum, threads)
+        return
     for _ in iter_batched(
         backend,
         n_items,
@@ -307,6 +317,26 @@ def run_batched(
         maximum=maximum,
     ):
         pass
+
+
+def _run_on_host_threads(backend, n_items, bytes_per_item, process, progress, cancelled, fraction, maximum, threads):
+    """:func:`run_batched` with ``threads`` batches at once on the CPU."""
+    from .host import one_blas_thread, run_in_order
+
+    batch = backend.batch_size(n_items, bytes_per_item * threads, fraction=fraction, maximum=maximum)
+    batch = max(1, min(batch, -(-n_items // threads)))
+
+    def tasks():
+        for start in range(0, n_items, batch):
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            stop = min(n_items, start + batch)
+            yield lambda a=start, b=stop: (process(a, b), b)[1]
+
+    with one_blas_thread():
+        for stop in run_in_order(tasks(), threads):
+            if progress is not None:
+                progress(stop, n_items)
 
 
 def iter_batched(

@@ -1,11 +1,11 @@
 """COMMIT's operator on the CPU, compact: the segments as they are, threads over voxel rows.
 
 A and Aᵀ of :class:`~gpu.commit_operator.Problem` read the row-sorted segments in place (int32
-streamline, float64 length, uint16 orientation; the rows as one start per voxel row), as
+streamline, float32 length, uint16 orientation; the rows as one start per voxel row), as
 :class:`~gpu.commit_device.DeviceOperator` does on the GPU: no float64 or int64 copy of a
 per-segment array, no transposed duplicate, no sparse matrix. Host memory per segment is
-therefore the segments' own (:data:`~gpu.commit_segments.SEGMENT_BYTES`), whatever the number of
-measurements.
+therefore the segments' own (:data:`~gpu.commit_segments.HOST_SEGMENT_BYTES`), whatever the
+number of measurements; each length is widened to float64 as it is read.
 
 Each product runs on :func:`gpu.host.host_threads` threads over contiguous blocks of voxel
 rows (balanced by segments):

@@ -92,9 +92,10 @@ def norms_rows(rows, row_start, fiber, length, orient, lut_ic, out2, vector):
             while g < s1 - s0 and fiber[s0 + order[g]] == f:
                 s = s0 + order[g]
                 o = orient[s]
+                ell = np.float64(length[s])  # a float32 length times a float32 table: widened first
                 for j in range(n_ic):
                     for k in range(m):
-                        vector[j, k] += length[s] * lut_ic[j, o, k]
+                        vector[j, k] += ell * lut_ic[j, o, k]
                 g += 1
             for j in range(n_ic):
                 total = 0.0

@@ -211,7 +211,7 @@ def sparse_matrix(problem: Problem):
     for j in range(problem.n_ic):
         rows.append((seg.row[:, None] * m + meas).ravel())
         cols.append(np.repeat(j * problem.n_fibers + seg.fiber.astype(np.int64), m))
-        vals.append((seg.length[:, None] * problem.lut_ic[j, seg.orient]).ravel())
+        vals.append((seg.length[:, None].astype(np.float64) * problem.lut_ic[j, seg.orient]).ravel())
     rows.append((problem.ec_row[:, None] * m + meas).ravel())
     cols.append(np.repeat(problem.n_ic_cols + np.arange(problem.n_ec), m))
     vals.append(problem.lut_ec[problem.ec_orient].ravel())
@@ -238,7 +238,7 @@ def column_norms(problem: Problem) -> np.ndarray:
         b = bounds[s : s + CHUNK + 1]
         members = order[b[0] : b[-1]]
         for j in range(problem.n_ic):
-            vectors = seg.length[members, None] * problem.lut_ic[j, seg.orient[members]]
+            vectors = seg.length[members, None].astype(np.float64) * problem.lut_ic[j, seg.orient[members]]
             summed = np.add.reduceat(vectors, b[:-1] - b[0], axis=0)
             np.add.at(ic[j], seg.fiber[members[b[:-1] - b[0]]], (summed**2).sum(1))
     ec = ec_column_norms2(problem)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .commit import N_ORIENTATIONS, orientation_index
+from .host import host_threads, run_in_order
 
 
 # ------------------------------------------------------------------------------- segments
@@ -21,8 +22,9 @@ from .commit import N_ORIENTATIONS, orientation_index
 class Segments:
     """Streamline pieces inside the mask, merged per (streamline, voxel, orientation) and sorted
     by voxel row, then streamline and orientation: ``row`` (mask voxel number) and ``fiber``
-    int32, ``length`` (mm) float64, ``orient`` (look-up table index) uint16; the operator's own
-    arrays, nothing per streamline."""
+    int32, ``length`` (mm) float32 when cut on the host for the CPU engine (float64 when cut
+    for a GPU), ``orient`` (look-up table index) uint16; the operator's own arrays, nothing per
+    streamline. Products widen each length to float64 as they read it."""
 
     row: np.ndarray
     fiber: np.ndarray
@@ -130,8 +132,31 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
 SEGMENT_CHUNK_POINTS = 4_000_000
 HOST_SEGMENT_CHUNK_POINTS = 1 << 18
 SEGMENT_BYTES_PER_POINT = 1024
-#: Host bytes each kept segment costs (row, fiber int32; length float64; orientation uint16).
+#: Host bytes each kept segment costs when cut for a GPU (row, fiber int32; length float64;
+#: orientation uint16).
 SEGMENT_BYTES = 4 + 4 + 8 + 2
+#: ... and when cut for the CPU engine (length float32: dmri-commit's precision too).
+HOST_SEGMENT_BYTES = 4 + 4 + 4 + 2
+#: Host bytes per segment at the peak of cutting on the CPU (one pass): the chunks' segments,
+#: plus the largest field of the row-sorted result while the chunks' copies are freed field by
+#: field (:func:`_scatter_fields`).
+HOST_CUT_PEAK_BYTES = HOST_SEGMENT_BYTES + 4
+
+
+#: Chunks of the host's cut held at once, whatever the threads: with more threads than this,
+#: each thread's chunk is smaller, so the working memory stays that of this many default chunks.
+HOST_CUT_CHUNKS_IN_FLIGHT = 4
+
+
+def host_cut_plan(threads: int | None = None) -> tuple[int, int]:
+    """(points per chunk, threads) of cutting on the host: each thread cuts its own chunks
+    (NumPy releases the GIL in most of the work), in flight at most ``threads`` chunks whose
+    points add up to at most :data:`HOST_CUT_CHUNKS_IN_FLIGHT` default chunks."""
+    threads = threads or host_threads()
+    chunk = HOST_SEGMENT_CHUNK_POINTS
+    if threads > HOST_CUT_CHUNKS_IN_FLIGHT:
+        chunk = max(1 << 15, HOST_SEGMENT_CHUNK_POINTS * HOST_CUT_CHUNKS_IN_FLIGHT // threads)
+    return chunk, threads
 
 
 class NonFinitePoints(ValueError):
@@ -154,41 +179,75 @@ def _voxel_points(points, lo: int, hi: int, to_voxel) -> np.ndarray:
     return _finite(np, chunk @ to_voxel[:3, :3].T + to_voxel[:3, 3], lo)
 
 
-def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float):
+def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: float, length_dtype=None):
     """A chunk's merged pieces of at least ``min_length_mm`` as compact host arrays (fiber
     numbered from ``first``), re-sorted by row where they are (on the device for a GPU), stably:
-    the key row · n + position is unique, so any sort keeps the order within a row."""
+    the key row · n + position is unique, so any sort keeps the order within a row. Lengths
+    are float32 on the host (the CPU engine), float64 for a GPU. A list, so that the caller
+    can free each field once used."""
     keep = xp.flatnonzero(length >= min_length_mm)
     if len(keep):
         keep = keep[xp.argsort(row[keep] * len(keep) + xp.arange(len(keep)))]
-    return (
+    return [
         host((row[keep]).astype(xp.int32)),
         host((fiber[keep] + first).astype(xp.int32)),
-        host(length[keep].astype(xp.float64)),
+        host(length[keep].astype(length_dtype or (np.float32 if xp is np else xp.float64))),
         host(orient[keep].astype(xp.uint16)),
-    )
+    ]
 
 
-def _empty_segments(counts: np.ndarray, n_fibers: int) -> tuple[Segments, np.ndarray]:
+def _empty_segments(counts: np.ndarray, n_fibers: int, length_dtype=np.float64) -> tuple[Segments, np.ndarray]:
     """Preallocated segments for ``counts`` per row, and where each row's first one goes."""
     total = int(counts.sum())
     out = Segments(
-        np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total), np.empty(total, np.uint16), n_fibers
+        np.empty(total, np.int32),
+        np.empty(total, np.int32),
+        np.empty(total, length_dtype),
+        np.empty(total, np.uint16),
+        n_fibers,
     )
     return out, np.cumsum(counts) - counts
 
 
-def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
-    """One chunk's segments (ordered by row, then fiber and orientation; chunks come in fiber
-    order) into their places in ``out``: a stable counting sort by row, ``cursor`` advanced."""
-    row, fiber, length, orient = part
-    if not len(row):
-        return
+def _row_targets(cursor: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Where one chunk's segments (ordered by row) go in the row-sorted whole: a stable
+    counting sort by row, ``cursor`` (each row's next free place) advanced."""
     group_start = np.flatnonzero(np.r_[True, row[1:] != row[:-1]])
     sizes = np.diff(np.r_[group_start, len(row)])
     target = cursor[row] + (np.arange(len(row)) - np.repeat(group_start, sizes))
     cursor[row[group_start]] += sizes
+    return target
+
+
+def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
+    """One chunk's segments (ordered by row, then fiber and orientation; chunks come in fiber
+    order) into their places in ``out``, ``cursor`` advanced."""
+    row, fiber, length, orient = part
+    if not len(row):
+        return
+    target = _row_targets(cursor, row)
     out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
+
+
+def _scatter_fields(parts: list, counts: np.ndarray, n_fibers: int) -> Segments:
+    """The chunks' segments (``parts``: [row, fiber, length, orient] lists in fiber order) sorted
+    by row, one field at a time: each field of the whole is filled from the chunks' copies, which
+    are freed as they are used, so the host holds the segments about once (plus one field) rather
+    than twice. The rows are the counts repeated: no scatter. ``parts`` is emptied."""
+    starts = np.cumsum(counts) - counts
+    fields = []
+    for index in (1, 2, 3):  # fiber, length, orient
+        dtype = parts[0][index].dtype if parts else (np.int32, np.float32, np.uint16)[index - 1]
+        field_ = np.empty(int(counts.sum()), dtype)
+        cursor = starts.copy()
+        for part in parts:
+            if len(part[0]):
+                field_[_row_targets(cursor, part[0])] = part[index]
+            part[index] = None
+        fields.append(field_)
+    parts.clear()
+    row = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    return Segments(row, *fields, n_fibers)
 
 
 def segments(
@@ -203,6 +262,7 @@ def segments(
     to_voxel: np.ndarray | None = None,
     two_pass: bool | None = None,
     on_device: bool = False,
+    length_dtype=None,
 ) -> Segments:
     """Split streamlines (``points`` (P, 3) in voxel coordinates, voxel centres at integers, or
     in another frame that ``to_voxel`` (4×4) maps to them; streamline i is
@@ -210,18 +270,26 @@ def segments(
     voxel boundaries. ``rows``: (X, Y, Z) int, each voxel's row (−1 outside the mask). On
     ``backend`` (a GPU backend: the same array operations in CuPy) when given; streamlines go in
     chunks of about ``chunk_points`` points, and only the compact segments are kept
-    (:data:`SEGMENT_BYTES` a segment; no copy of the points). The counting sort by row needs the
-    count per row first: ``two_pass`` (default: on a GPU, where cutting is cheap) cuts the
-    streamlines twice, counting and then scattering, so the host holds the segments once;
-    otherwise the chunks' segments are kept until all are counted (twice the memory a while).
+    (:data:`HOST_SEGMENT_BYTES` a segment on the CPU, :data:`SEGMENT_BYTES` for a GPU; no copy
+    of the points). The counting sort by row needs the count per row first: ``two_pass``
+    (default: on a GPU, where cutting is cheap) cuts the streamlines twice, counting and then
+    scattering, so the host holds the segments once; otherwise the chunks' segments are kept
+    until all are counted, then moved into place one field at a time
+    (:data:`HOST_CUT_PEAK_BYTES` a segment at the peak on the CPU).
     ``on_device`` (a GPU backend only): the segments stay on the device, nothing per segment
-    on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them."""
+    on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them.
+    ``length_dtype``: the lengths' type (default float32 on the host, float64 for a GPU; the
+    device-resident ones are always float64)."""
     xp = np if backend is None or not backend.is_gpu else backend.xp
     if on_device and backend is not None and backend.is_gpu:
         return _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, chunk_points, to_voxel)
     two_pass = xp is not np if two_pass is None else two_pass
-    if chunk_points is None:
-        chunk_points = HOST_SEGMENT_CHUNK_POINTS if xp is np else SEGMENT_CHUNK_POINTS
+    threads = 1
+    if xp is np:
+        default_chunk, threads = host_cut_plan()
+        chunk_points = default_chunk if chunk_points is None else chunk_points
+    elif chunk_points is None:
+        chunk_points = SEGMENT_CHUNK_POINTS
     if xp is not np:  # the working memory must fit in what the device has free
         chunk_points = max(1000, min(chunk_points, backend.free_memory_bytes() // 2 // SEGMENT_BYTES_PER_POINT))
     offsets = np.asarray(offsets, dtype=np.int64)
@@ -233,8 +301,28 @@ def segments(
     vs = xp.asarray(np.asarray(voxel_size, dtype=np.float64))
     host = (lambda a: a) if xp is np else backend.to_host
 
+    def host_chunks():  # on host threads, in fiber order
+        def ranges():
+            first = 0
+            while first < n_fibers:
+                last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
+                last = min(max(last, first + 1), n_fibers)
+                yield first, last
+                first = last
+
+        def cut(first: int, last: int):
+            lo, hi = offsets[first], offsets[last]
+            chunk = _voxel_points(points, lo, hi, to_voxel)
+            part = _chunk_segments(np, chunk, offsets[first : last + 1] - lo, rows_flat, shape, vs, n_rows)
+            return _compact(np, host, *part, first, min_length_mm, length_dtype)
+
+        return run_in_order((lambda a=a, b=b: cut(a, b) for a, b in ranges()), threads)
+
     def chunks():  # (compact host arrays) of whole streamlines, in fiber order
         nonlocal chunk_points
+        if xp is np:
+            yield from host_chunks()
+            return
         first = 0
         while first < n_fibers:
             last = int(np.searchsorted(offsets, offsets[first] + max(chunk_points, 2), side="right")) - 1
@@ -245,7 +333,7 @@ def segments(
                 part = _chunk_segments(
                     xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
                 )
-                part = _compact(xp, host, *part, first, min_length_mm)
+                part = _compact(xp, host, *part, first, min_length_mm, length_dtype)
             except Exception as exc:  # out of device memory: retry with half the points
                 if xp is np or not backend.is_out_of_memory(exc) or last - first == 1:
                     raise
@@ -263,14 +351,11 @@ def segments(
         if not two_pass:
             parts.append(part)
         del part
-    out, cursor = _empty_segments(counts, n_fibers)
-    if two_pass:
-        for part in chunks():
-            _scatter_by_row(out, cursor, part)
-    else:
-        parts.reverse()
-        while parts:  # each chunk freed once scattered
-            _scatter_by_row(out, cursor, parts.pop())
+    if not two_pass:  # field by field, each chunk's copy freed once used
+        return _scatter_fields(parts, counts, n_fibers)
+    out, cursor = _empty_segments(counts, n_fibers, length_dtype or (np.float32 if xp is np else np.float64))
+    for part in chunks():
+        _scatter_by_row(out, cursor, part)
     return out
 
 

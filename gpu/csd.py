@@ -26,6 +26,7 @@ responses (:func:`signal_fractions`).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from .backend import Backend, flag_counts, get_backend, run_batched
 from .csd_peaks import PeakParams, find_peaks
 from .csd_qp import SharedQP, solve_batch
 from .csd_response import Response, Shells, find_shells, response_rows
+from .host import host_threads
 from .params import meta
 from .sh import Y00, degrees_orders, expand_per_coefficient, fibonacci_hemisphere, n_coefficients, sh_basis
 
@@ -400,14 +402,20 @@ def fit_csd(
             ("flags", flags),
         ):
             out[key][start:stop] = backend.to_host(value)
-        stats["transfer_s"] += (t1 - t0) + (time.perf_counter() - t3)
-        stats["compute_s"] += t2 - t1
-        stats["peaks_s"] += t3 - t2
-        stats["batches"] += 1
-        stats["max_iterations_used"] = max(stats["max_iterations_used"], int(iterations))
-        stats["not_converged_per_batch"].append(int((finite & ~converged).sum()))
+        with stats_lock:  # batches run on several threads on the CPU
+            stats["transfer_s"] += (t1 - t0) + (time.perf_counter() - t3)
+            stats["compute_s"] += t2 - t1
+            stats["peaks_s"] += t3 - t2
+            stats["batches"] += 1
+            stats["max_iterations_used"] = max(stats["max_iterations_used"], int(iterations))
+            not_converged[start] = int((finite & ~converged).sum())
 
-    run_batched(backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels)
+    stats_lock, not_converged = threading.Lock(), {}
+    threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
+    run_batched(
+        backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels, threads=threads
+    )
+    stats["not_converged_per_batch"] = [not_converged[start] for start in sorted(not_converged)]
     fit = CSDFit(**out)
     fit.provenance = {
         "method": "msmt-csd (Jeurissen 2014)" if model.msmt else "csd (Tournier 2007)",

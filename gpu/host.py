@@ -9,6 +9,7 @@ engines run NumPy array operations over the same blocks (correct, several times 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -85,6 +86,53 @@ def run_parallel(tasks, threads: int) -> list:
     if threads <= 1 or len(tasks) <= 1:
         return [task() for task in tasks]
     return list(_pool(threads).map(lambda task: task(), tasks))
+
+
+def run_in_order(tasks, threads: int):
+    """The results of ``tasks`` (an iterable of callables), in their order, computed on
+    ``threads`` threads of their own with at most ``threads`` submitted and not yet taken (so at
+    most that many tasks' working memory at once); inline for one thread. The iterable is
+    consumed lazily: a caller can stop (or raise) between results, and what was not started is
+    not run."""
+    if threads <= 1:
+        for task in tasks:
+            yield task()
+        return
+    from collections import deque
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tractlens-ordered") as pool:
+        pending = deque()
+        try:
+            for task in tasks:
+                pending.append(pool.submit(task))
+                if len(pending) >= threads:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """BLAS and OpenMP pools held to one thread while several of our threads each call them
+    (threadpoolctl, the ``cpu`` extra): without it each call would start every core's BLAS
+    thread. A no-op (logged once) without threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        _warn_no_threadpoolctl()
+        yield
+        return
+    with threadpool_limits(limits=1):
+        yield
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_no_threadpoolctl() -> None:
+    log.warning("threadpoolctl is not installed: BLAS is not held to one thread per CPU-engine thread (%s)",
+                "pip install 'tractlens[cpu]'")  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4)

@@ -28,6 +28,7 @@ import numpy as np
 from . import cuda
 from .backend import Backend, get_backend, run_batched
 from .engines import ARRAYS, KERNEL, choose_engine
+from .host import host_threads
 from .streamlines import repeat_counts
 
 MAX_REGIONS = 32
@@ -246,9 +247,11 @@ class StreamlineIndex:
             def process(a: int, b: int) -> None:
                 out[a:b] = backend.to_host(hits_arrays(xp, self.points, self.offsets, bits, a, b, box))
 
+            threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
             run_batched(
-                backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3
-            )
+                backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3,
+                threads=threads,
+            )  # fmt: skip
         include_mask = np.uint32((1 << len(include)) - 1)
         exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
         selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)

@@ -54,15 +54,65 @@ def test_segments_in_chunks_equal_the_whole_construction(chunk_points, seed, two
     assert len(seg) == len(row) > 1000
     np.testing.assert_array_equal(seg.row, row)
     np.testing.assert_array_equal(seg.fiber, fiber)
-    np.testing.assert_array_equal(seg.length, length)  # bit for bit
+    np.testing.assert_array_equal(seg.length, length.astype(np.float32))  # bit for bit, rounded once
     np.testing.assert_array_equal(seg.orient, orient)
     assert (seg.row.dtype, seg.fiber.dtype, seg.length.dtype, seg.orient.dtype) == (
         np.int32,
         np.int32,
-        np.float64,
+        np.float32,  # on the host, for the CPU engine (float64 when cut for a GPU)
         np.uint16,
     )
     assert seg.n_fibers == 120
+
+
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_cutting_on_the_host_holds_the_segments_about_once(two_pass):
+    """tracemalloc peak of cutting many chunks on the host: at most
+    HOST_CUT_PEAK_BYTES (one pass) or HOST_SEGMENT_BYTES (two passes) a segment, plus each
+    cutting thread's chunk of working memory — not the chunks' copies and the sorted whole side
+    by side."""
+    import tracemalloc
+
+    from tractlens.gpu.commit_segments import HOST_CUT_PEAK_BYTES, HOST_SEGMENT_BYTES, host_cut_plan
+
+    rng = np.random.default_rng(7)
+    shape = (30, 30, 30)
+    points, offsets = random_streamlines(rng, 6000, shape, points=60)
+    rows = _grid_with_holes(shape, 7)
+    chunk = 2_000  # many chunks: the segments outweigh one chunk's working memory
+    tracemalloc.start()
+    try:
+        seg = segments(points, offsets, rows, (2.0, 2.0, 2.0), chunk_points=chunk, two_pass=two_pass)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    per_segment = HOST_SEGMENT_BYTES if two_pass else HOST_CUT_PEAK_BYTES
+    _, threads = host_cut_plan()
+    working = 640 * chunk * threads + 8 * rows.size * 3  # each thread's chunk; counts, cursors, the row map
+    assert len(seg) > 250 * chunk
+    assert peak <= per_segment * len(seg) + working, (peak / len(seg), len(seg))
+
+
+@pytest.mark.parametrize("threads", [2, 5])
+def test_segments_cut_on_threads_equal_one_thread(monkeypatch, threads):
+    """Chunks cut on several threads (in flight at once, taken in order): the same segments, bit
+    for bit, as on one; a damaged point met by a thread is reported as on one."""
+    from tractlens.gpu.commit_segments import NonFinitePoints
+
+    rng = np.random.default_rng(3)
+    shape = (9, 8, 10)
+    points, offsets = random_streamlines(rng, 200, shape, points=25)
+    rows = _grid_with_holes(shape, 3)
+    monkeypatch.setenv("TRACTLENS_THREADS", "1")
+    one = segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=60)
+    monkeypatch.setenv("TRACTLENS_THREADS", str(threads))
+    many = segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=60)
+    for name in ("row", "fiber", "length", "orient"):
+        np.testing.assert_array_equal(getattr(many, name), getattr(one, name))
+    points = points.copy()
+    points[3000] = np.nan
+    with pytest.raises(NonFinitePoints, match="from number"):
+        segments(points, offsets, rows, (2.0, 2.0, 2.5), chunk_points=60)
 
 
 def test_segments_transform_each_chunk_as_points_on_does():

@@ -2,7 +2,8 @@
 and their listing by streamline the permutation the device operator used to sort for.
 
 The builder is written once against the array module; here NumPy stands in for the device (a
-backend that says it is a GPU and hands out NumPy), and the ``gpu`` twins run it on CuPy."""
+backend that says it is a GPU and hands out NumPy), and the ``gpu`` twins run it on CuPy. The host segments compared with them keep float64 lengths
+(``length_dtype``), as when they are cut for a GPU (the CPU engine's are float32)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_device_segments_equal_the_host_ones(seed, chunk_points, free_bytes):
     points, offsets, rows = _inputs(seed)
     to_voxel = np.diag([1.0, 1.0, 1.0, 1.0])
     to_voxel[:3, 3] = [0.01, -0.02, 0.0]
-    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), to_voxel=to_voxel)
+    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), to_voxel=to_voxel, length_dtype=np.float64)
     device = segments(
         points,
         offsets,
@@ -85,7 +86,7 @@ def test_device_segments_of_streamlines_outside_the_mask():
     points, offsets, rows = _inputs(3, n=60)
     points[: offsets[20]] += 100.0  # the first 20 streamlines far outside the grid
     device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=NumpyAsDevice(), chunk_points=50, on_device=True)
-    host = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), length_dtype=np.float64)
     assert not np.isin(np.arange(20), device.fiber).any()
     np.testing.assert_array_equal(device.row, host.row)
     np.testing.assert_array_equal(np.sort(device.by_fiber), np.arange(len(device)))
@@ -96,7 +97,7 @@ def test_row_passes_over_device_segments_equal_the_host_ones():
     """EC compartments and IC sums per row from segments "on the device" (any array module)
     equal those from host segments."""
     points, offsets, rows = _inputs(5)
-    host = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), length_dtype=np.float64)
     device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=NumpyAsDevice(), on_device=True)
     for got, want in zip(commit_operator.ec_from_segments(device), commit_operator.ec_from_segments(host), strict=True):
         np.testing.assert_array_equal(got, want)
@@ -118,7 +119,7 @@ def test_gpu_device_segments_equal_the_host_ones(chunk_points):
     backend = get_backend("gpu")
     points, offsets, rows = _inputs(7, n=400)
     to_voxel = np.array([[1.0, 0.01, 0, 0.2], [0, 0.98, 0.0, -0.1], [0.0, 0.02, 1.01, 0.05], [0, 0, 0, 1]])
-    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), to_voxel=to_voxel)
+    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), to_voxel=to_voxel, length_dtype=np.float64)
     device = segments(
         points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, chunk_points=chunk_points, to_voxel=to_voxel,
         on_device=True,
@@ -167,7 +168,7 @@ def test_gpu_ic_per_row_is_the_host_bincount_bit_for_bit():
 
     backend = get_backend("gpu")
     points, offsets, rows = _inputs(9, n=500)
-    host = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    host = segments(points, offsets, rows, (2.0, 2.0, 2.5), length_dtype=np.float64)
     device = segments(points, offsets, rows, (2.0, 2.0, 2.5), backend=backend, on_device=True)
     weight = np.random.default_rng(3).random(host.n_fibers)
     n_rows = int(rows.max()) + 1
@@ -203,7 +204,7 @@ def test_device_segments_halve_a_chunk_that_runs_out_of_memory():
             raise MemoryError("device full")
         return real(xp, chunk, *args)
 
-    want = segments(points, offsets, rows, (2.0, 2.0, 2.5))
+    want = segments(points, offsets, rows, (2.0, 2.0, 2.5), length_dtype=np.float64)
     import unittest.mock
 
     with unittest.mock.patch.object(commit_segments, "_chunk_segments", tight):

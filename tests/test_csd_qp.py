@@ -120,7 +120,8 @@ def test_fit_flags_voxels_at_the_limit_and_converges_by_default(msmt_problem):
     assert sum(tight.provenance["not_converged_per_batch"]) == at_limit
     full = fit_csd(signal, model, CSDParams(msmt=True), device="cpu")
     assert "not converged" not in full.flag_counts()
-    assert full.provenance["not_converged_per_batch"] == [0]
+    # one batch per CPU thread at most (voxel batches run side by side on the CPU's threads)
+    assert full.provenance["not_converged_per_batch"] == [0] * full.provenance["batches"]
     assert full.provenance["solver"].startswith("exact active set")
 
 

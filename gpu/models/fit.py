@@ -8,6 +8,7 @@ same array code as CuPy, so it is the reference of the GPU path.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..backend import Backend, flag_counts, get_backend, run_batched
 from ..ballstick import BallStickParams
+from ..host import host_threads
 from ..params import meta, same_as
 from .declare import Acquisition, Model, all_parameters
 from .optimize import grid_search, levenberg_marquardt, metropolis, predict, tensor_orientations
@@ -211,10 +213,11 @@ def fit_model(
         directions[sl] = np.where(ok[:, None, None], backend.to_host(dirs), 0.0)
         residual[sl] = np.where(ok, backend.to_host(rms), 0.0)
         flags[sl] = np.where(ok, np.where(backend.to_host(failed), FLAG_NOT_CONVERGED, 0), FLAG_NOT_FITTED)
-        timings["grid_s"] += t2 - t1
-        timings["lm_s"] += t3 - t2
-        timings["mcmc_s"] += t4 - t3
-        timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t4)
+        with timings_lock:  # batches run on several threads on the CPU
+            timings["grid_s"] += t2 - t1
+            timings["lm_s"] += t3 - t2
+            timings["mcmc_s"] += t4 - t3
+            timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t4)
         if on_batch is not None:
             on_batch(
                 np.arange(start, stop),
@@ -225,7 +228,14 @@ def fit_model(
 
     t_start = time.perf_counter()
     maximum = batch_voxels or (131072 if backend.is_gpu else 2048)
-    run_batched(backend, n, bytes_per_voxel(model, m), process, progress=progress, cancelled=cancelled, maximum=maximum)
+    timings_lock = threading.Lock()
+    # On the CPU, batches side by side on its cores (not with on_batch: its caller takes the
+    # batches on this thread, in order)
+    threads = None if backend.is_gpu or on_batch is not None else host_threads()
+    run_batched(
+        backend, n, bytes_per_voxel(model, m), process, progress=progress, cancelled=cancelled, maximum=maximum,
+        threads=threads,
+    )  # fmt: skip
     fit = _assemble(model, values, stds, directions, residual, flags)
     fit.provenance = {
         "model": model.name,

@@ -9,7 +9,8 @@ iterations, outputs written) on N random-walk streamlines of 90 points in a 40³
 ``--dmri-commit N`` runs dmri-commit (all CPU cores) and ours (GPU) on the same files for
 200 iterations. ``--memory N1 N2`` measures the host memory of the pipeline (tracemalloc peak
 and peak RSS, each size in a fresh process) on N bundle-like streamlines (straight lines and
-arcs in a 32³ grid) and the bytes per segment between the sizes.
+arcs in a 32³ grid, ``--memory-shape X Y Z`` another) and the bytes per segment between the
+sizes, with the peak that line gives at 400 M segments (1 M HCP streamlines).
 
 Synthetic problems shaped like seed 000's (64 309 voxels, 399 758 streamlines and
 47 M segments at full size: ~730 segments per voxel): segment rows sorted, streamlines
@@ -259,23 +260,36 @@ def bundle_inputs(n_streamlines: int, shape=(32, 32, 32), n_meas: int = 60, seed
     direction = np.array([1.0, 0.2, 0.1]) / np.linalg.norm([1.0, 0.2, 0.1])
     start = np.c_[rng.uniform(0.5, 0.15 * lim[0], n_straight), rng.uniform(0.5, 0.6 * lim[1], n_straight)]
     start = np.c_[start, rng.uniform(0.5, 0.8 * lim[2], n_straight)]
-    straight = (start[:, None, :] + arc[None, :, None] * direction).astype(np.float32)
     radius = rng.uniform(0.3, 0.45, n_arcs) * min(shape[:2])
-    angle = rng.uniform(0, 2 * np.pi, n_arcs)[:, None] + arc[None, :] / radius[:, None]
+    angle0 = rng.uniform(0, 2 * np.pi, n_arcs)
+    height = rng.uniform(0.5, lim[2] - 0.5, n_arcs)
     centre = lim[:2] / 2
-    curved = np.empty((n_arcs, n_points, 3), dtype=np.float32)
-    curved[..., 0] = centre[0] + radius[:, None] * np.cos(angle)
-    curved[..., 1] = centre[1] + radius[:, None] * np.sin(angle)
-    curved[..., 2] = rng.uniform(0.5, lim[2] - 0.5, n_arcs)[:, None]
-    points = np.clip(np.concatenate([straight, curved]).reshape(-1, 3), 0, lim.astype(np.float32))
-    del straight, curved, angle
+    # Filled in blocks of streamlines: the peak RSS of a large run is the pipeline's, not the
+    # float64 temporaries of making its input (the same numbers as made at once).
+    points = np.empty((n_streamlines, n_points, 3), dtype=np.float32)
+    top = lim.astype(np.float32)
+    block = 20_000
+    for a in range(0, n_straight, block):
+        b = min(n_straight, a + block)
+        points[a:b] = np.clip((start[a:b, None, :] + arc[None, :, None] * direction).astype(np.float32), 0, top)
+    for a in range(0, n_arcs, block):
+        b = min(n_arcs, a + block)
+        angle = angle0[a:b, None] + arc[None, :] / radius[a:b, None]
+        part = points[n_straight + a : n_straight + b]
+        part[..., 0] = centre[0] + radius[a:b, None] * np.cos(angle)
+        part[..., 1] = centre[1] + radius[a:b, None] * np.sin(angle)
+        part[..., 2] = height[a:b, None]
+        np.clip(part, 0, top, out=part)
+    points = points.reshape(-1, 3)
     affine = np.diag([2.0, 2.0, 2.0, 1.0])
     n_b0 = max(1, n_meas // 15)
     bvals = np.r_[np.zeros(n_b0), np.where(np.arange(n_meas - n_b0) % 2, 2000.0, 1000.0)]
     g = rng.normal(size=(n_meas, 3))
     g /= np.linalg.norm(g, axis=1, keepdims=True)
     g[:n_b0] = 0
-    data = rng.uniform(0.3, 1.0, (*shape, n_meas)).astype(np.float32)
+    data = np.empty((*shape, n_meas), dtype=np.float32)
+    for x in range(shape[0]):  # a slab at a time: the same draws as all at once, in C order
+        data[x] = rng.uniform(0.3, 1.0, (*shape[1:], n_meas))
     data[..., :n_b0] = 1.0
     offsets = np.arange(n_streamlines + 1, dtype=np.int64) * n_points
     tract = Tractogram(points, offsets, affine, shape, {}, {}, name="bundles")
@@ -305,33 +319,51 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
         "streamlines": n_streamlines,
         "points": len(tract.points),
         "segments": len(result.problem.segments),
+        "voxels": result.problem.n_rows,  # per voxel: the signal and FISTA's measurement vectors
         "traced_peak_bytes": peak - dwi_bytes,
+        "points_bytes": tract.points.nbytes,  # held by this benchmark; a command reads them in chunks
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "shape": list(shape),
         "seconds": round(seconds, 2),
         "notes": result.notes,
     }
 
 
-def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu") -> dict:
+#: Segments of a whole-brain HCP tractogram of 1 M streamlines (issue 42's target: ≤ 8 GB peak)
+HCP_SEGMENTS = 400e6
+
+
+def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu", shape=(32, 32, 32)) -> dict:
     """:func:`pipeline_memory` at each size in a fresh process (so that the peak RSS is its own),
-    and the bytes per segment between the smallest and the largest (traced and RSS)."""
+    the bytes per segment between the smallest and the largest (traced and RSS, with and without
+    the points this benchmark holds: a command reads them in chunks from the file), and the peak
+    RSS without the points that line gives at :data:`HCP_SEGMENTS`."""
     import subprocess
 
     rows = []
     for n in sizes:
         cmd = [sys.executable, __file__, "--memory-one", str(n), "--memory-iterations", str(iterations)]
+        cmd += ["--memory-shape", *map(str, shape)]
         cmd += ["--gpu"] if device == "gpu" else []
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     lo, hi = rows[0], rows[-1]
     d_seg = hi["segments"] - lo["segments"]
-    return {
+    out = {
         "device": device,
         "rows": rows,
         "traced_bytes_per_segment": round((hi["traced_peak_bytes"] - lo["traced_peak_bytes"]) / d_seg, 1),
+        "traced_bytes_per_segment_without_points": round(
+            (hi["traced_peak_bytes"] - hi["points_bytes"] - lo["traced_peak_bytes"] + lo["points_bytes"]) / d_seg, 1
+        ),
         "rss_bytes_per_segment": round((hi["max_rss_bytes"] - lo["max_rss_bytes"]) / d_seg, 1),
     }
+    rss = [r["max_rss_bytes"] - r["points_bytes"] for r in (lo, hi)]
+    slope = (rss[1] - rss[0]) / d_seg
+    out["rss_bytes_per_segment_without_points"] = round(slope, 1)
+    out["rss_without_points_at_400M_segments_gb"] = round((rss[1] + slope * (HCP_SEGMENTS - hi["segments"])) / 1e9, 2)
+    return out
 
 
 def compare_with_dmri_commit(n_streamlines: int, iterations: int, folder: Path, device: str = "gpu") -> dict:
@@ -381,16 +413,21 @@ def main() -> None:
         "--memory", type=int, nargs="+", metavar="N", help="host memory of the pipeline on N bundle streamlines (each)"
     )
     parser.add_argument("--memory-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-shape", type=int, nargs=3, default=[32, 32, 32], help="--memory: the grid (HCP: 145 174 145)"
+    )
     parser.add_argument("--memory-iterations", type=int, default=3)
     parser.add_argument("--work", default="/tmp/bench_commit", help="folder for the synthetic files")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.memory_one:
-        print(json.dumps(pipeline_memory(args.memory_one, args.memory_iterations, "gpu" if args.gpu else "cpu")))
+        device = "gpu" if args.gpu else "cpu"
+        print(json.dumps(pipeline_memory(args.memory_one, args.memory_iterations, device, tuple(args.memory_shape))))
         return
     results = {"measurements": args.measurements, "rows": []}
     if args.memory:
-        results["memory"] = memory_slope(args.memory, args.memory_iterations, "gpu" if args.gpu else "cpu")
+        device = "gpu" if args.gpu else "cpu"
+        results["memory"] = memory_slope(args.memory, args.memory_iterations, device, tuple(args.memory_shape))
         print(json.dumps({k: v for k, v in results["memory"].items() if k != "rows"}), flush=True)
         args.segments = []
     if args.dmri_commit:

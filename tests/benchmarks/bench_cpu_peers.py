@@ -1,8 +1,16 @@
 """Benchmark: TractLens's CPU engine against its CPU peer, same inputs, same process, same run.
 
     python tests/benchmarks/bench_cpu_peers.py [--threads N] [--device cpu] [--repeats 3]
-        [--only commit tensor tracking selection csd noddi] [--csd-voxels 20000]
-        [--noddi-voxels 2000] [--work /tmp/bench_cpu_peers] [--out tests/benchmarks/results/cpu_peers.json]
+        [--only commit tensor tracking selection csd noddi] [--csd-voxels 20000] [--csd-msmt]
+        [--noddi-voxels 2000] [--tensor-tiles 8] [--work /tmp/bench_cpu_peers]
+        [--out tests/benchmarks/results/cpu_peers.json]
+    python tests/benchmarks/bench_cpu_peers.py --cores 16 2 [--machine h100] [--budget-s 540]
+
+``--cores N1 N2 …`` runs the whole comparison once per core count, each in its own process
+pinned to the first N cores (``taskset -c`` and ``--threads N``), with smaller sizes below 8
+cores (:data:`SIZES`) so that a 16-core and a 2-core run fit in one call of ten minutes, and
+writes the ratios side by side, the runs and their exact commands in
+results/cpu_peers_<machine>.json.
 
 Ours always runs on the CPU engine (``--device cpu``, the default and only choice: on a GPU
 machine this measures its CPUs). ``--threads N`` runs everything on N cores (the process's CPU
@@ -25,7 +33,8 @@ environment (thread settings and BLAS variables are recorded in the output), bes
   EuDX peaks (``PeaksAndMetrics``), FA threshold stopping, same step, seeds and angle;
 - ROI selection: ``gpu.select.select_streamlines`` vs DIPY ``tracking.utils.target`` on 100 000
   synthetic streamlines of 50 points and a 10³-voxel cube (DIPY: one thread);
-- CSD: ours MSMT (3 shells) vs DIPY's single-shell CSD with joblib (not the same problem);
+- CSD: single-shell CSD (b=3000, lmax 8) for both, DIPY with joblib on all the cores
+  (``--csd-msmt``: ours MSMT on three shells, not the same problem);
 - NODDI-Watson: the model toolbox vs AMICO (its fit only).
 
 Ratio = ours / peer (below 1: ours is faster).
@@ -171,6 +180,7 @@ def bench_commit(inputs: dict, work: Path, repeats: int) -> dict:
 
 
 def bench_tensor_fit(inputs: dict, repeats: int, tiles: int = 8) -> dict:
+    """``tiles``: the demo's masked voxels repeated that many times."""
     from dipy.core.gradients import gradient_table
     from dipy.reconst.dti import TensorModel
 
@@ -290,11 +300,13 @@ def bench_selection(repeats: int, n: int = 100_000) -> dict:
     )
 
 
-def bench_csd(repeats: int, voxels: int) -> dict:
-    """Ours (MSMT-CSD, three shells, ``device="cpu"``) against DIPY's single-shell CSD (b=0 and
-    b=3000 only: its MSMT needs cvxpy) with ``engine="joblib"`` on all the cores, on the same
-    synthetic HCP-like voxels (tests/benchmarks/bench_csd.py): not the same problem, so the
-    ratio is per voxel of each tool's own CSD."""
+def bench_csd(repeats: int, voxels: int, msmt: bool = False) -> dict:
+    """Single-shell CSD (Tournier 2007, lmax 8) on the same problem for both: the b=0 and
+    b=3000 volumes of synthetic HCP-like voxels (tests/benchmarks/bench_csd.py); ours
+    ``device="cpu"``, DIPY's ``ConstrainedSphericalDeconvModel`` with ``engine="joblib"`` on all
+    the cores. ``msmt``: ours is MSMT-CSD on all three shells instead (DIPY's MSMT needs cvxpy,
+    so the peer stays single-shell: not the same problem, the ratio is per voxel of each tool's
+    own CSD)."""
     import warnings
 
     from dipy.core.gradients import gradient_table as dipy_table
@@ -306,11 +318,12 @@ def bench_csd(repeats: int, voxels: int) -> dict:
 
     bvals, bvecs = gradient_table((1000.0, 2000.0, 3000.0), 90, 18)
     signal = phantom(voxels, bvals, bvecs)
-    params = CSDParams(msmt=True)
-    model = build_model(bvals, bvecs, responses(bvals, bvecs), params)
-    fit_csd(signal[:256], model, params, device="cpu")  # start-up outside the timing
-    ours_s, _ = best_of(repeats, lambda: fit_csd(signal, model, params, device="cpu"))
     keep = (bvals < 50) | (np.abs(bvals - 3000) < 80)
+    params = CSDParams(msmt=msmt, lmax=8)
+    ours_b, ours_g, ours_signal = (bvals, bvecs, signal) if msmt else (bvals[keep], bvecs[keep], signal[:, keep])
+    model = build_model(ours_b, ours_g, responses(ours_b, ours_g), params)
+    fit_csd(ours_signal[:256], model, params, device="cpu")  # start-up outside the timing
+    ours_s, _ = best_of(repeats, lambda: fit_csd(ours_signal, model, params, device="cpu"))
     gtab = dipy_table(bvals[keep], bvecs=np.where(bvals[keep, None] > 0, bvecs[keep], 0))
     data = signal[:, keep].reshape(voxels, 1, 1, -1)
     with warnings.catch_warnings():
@@ -318,12 +331,12 @@ def bench_csd(repeats: int, voxels: int) -> dict:
         peer_model = ConstrainedSphericalDeconvModel(gtab, (np.array([1.7e-3, 0.3e-3, 0.3e-3]), 100.0), sh_order_max=8)
         peer_s, _ = best_of(repeats, lambda: peer_model.fit(data, engine="joblib", n_jobs=cores()))
     return row(
-        "CSD (ours MSMT 3 shells; DIPY SSST b=3000)",
+        "CSD (ours MSMT 3 shells; DIPY SSST b=3000)" if msmt else "CSD (single shell b=3000, lmax 8)",
         ours_s,
         f"DIPY ConstrainedSphericalDeconvModel, joblib n_jobs={cores()}",
         peer_s,
         voxels=voxels,
-        volumes={"ours": len(bvals), "peer": int(keep.sum())},
+        volumes={"ours": len(ours_b), "peer": int(keep.sum())},
     )
 
 
@@ -353,19 +366,136 @@ def bench_noddi(repeats: int, voxels: int) -> dict:
     )
 
 
+#: Sizes of a run on few cores (``--cores``: below :data:`FEW_CORES`), so that the 2-core run
+#: fits beside the 16-core one in one call of ten minutes; each row records its sizes.
+FEW_CORES = 8
+SIZES = {
+    "many": {"repeats": 2, "tensor_tiles": 8, "csd_voxels": 20_000, "noddi_voxels": 2_000},
+    "few": {"repeats": 1, "tensor_tiles": 2, "csd_voxels": 4_000, "noddi_voxels": 1_000},
+}
+
+
+def machine_name() -> str:
+    """A default name for the results file: the CPU count (``--machine`` names it better)."""
+    return f"{os.cpu_count()}cpu"
+
+
+def child_command(n: int, out: Path, args) -> list[str]:
+    """The command of one core count's run: pinned by ``taskset`` to the first ``n`` cores this
+    process may use (where taskset exists; ``--threads`` pins it anyway), every pool sized ``n``."""
+    import shutil
+
+    sizes = SIZES["few" if n < FEW_CORES else "many"]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--threads", str(n), "--device", "cpu"]
+    cmd += ["--repeats", str(sizes["repeats"]), "--tensor-tiles", str(sizes["tensor_tiles"])]
+    cmd += ["--csd-voxels", str(sizes["csd_voxels"]), "--noddi-voxels", str(sizes["noddi_voxels"])]
+    cmd += ["--work", str(Path(args.work) / f"{n}cores"), "--out", str(out)]
+    cmd += ["--only", *args.only] if args.only else []
+    cmd += ["--csd-msmt"] if args.csd_msmt else []
+    allowed = sorted(os.sched_getaffinity(0))
+    if shutil.which("taskset") and n <= len(allowed):
+        cmd = ["taskset", "-c", ",".join(str(c) for c in allowed[:n]), *cmd]
+    return cmd
+
+
+def side_by_side(args) -> None:
+    """``--cores N1 N2 …``: one run per core count, each in its own pinned process, in the order
+    given, within ``--budget-s`` in all (a run cut by it keeps the rows it finished), and the
+    ratios side by side in ``--out`` (default results/cpu_peers_<machine>.json) with the
+    commands."""
+    import shlex
+    import subprocess
+
+    machine = args.machine or machine_name()
+    out = Path(args.out or ROOT / "tests" / "benchmarks" / "results" / f"cpu_peers_{machine}.json")
+    deadline = time.monotonic() + args.budget_s
+    runs, commands = {}, {}
+    for n in args.cores:
+        part = Path(args.work) / f"cpu_peers_{n}cores.json"
+        part.parent.mkdir(parents=True, exist_ok=True)
+        part.unlink(missing_ok=True)
+        cmd = child_command(n, part, args)
+        commands[str(n)] = shlex.join(cmd)
+        left = deadline - time.monotonic()
+        print(f"== {n} cores ({left:.0f} s left): {commands[str(n)]}", flush=True)
+        status = "done"
+        if left < 30:
+            status = "not run: the budget was spent"
+        else:
+            try:
+                done = subprocess.run(cmd, timeout=left, check=False)
+                status = "done" if done.returncode == 0 else f"failed (exit {done.returncode})"
+            except subprocess.TimeoutExpired:
+                status = f"cut by the budget ({args.budget_s:.0f} s in all)"
+        try:
+            run = json.loads(part.read_text()) if part.exists() else {"rows": []}
+        except json.JSONDecodeError:  # killed while writing a row
+            run = {"rows": []}
+        run["status"] = status
+        runs[str(n)] = run
+    table = []
+    for method in dict.fromkeys(r["method"] for run in runs.values() for r in run["rows"]):
+        entry = {"method": method}
+        for n, run in runs.items():
+            match = next((r for r in run["rows"] if r["method"] == method), None)
+            if match is not None:
+                entry[f"ratio_{n}_cores"] = match["ratio"]
+                entry[f"ours_s_{n}_cores"], entry[f"peer_s_{n}_cores"] = match["ours_s"], match["peer_s"]
+                entry["peer"] = match["peer"].replace(f"={n}", "=N")
+        table.append(entry)
+    results = {
+        "machine": {
+            "name": machine,
+            "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "commands": commands,
+        "sizes": {f"few_cores (below {FEW_CORES})": SIZES["few"], "many_cores": SIZES["many"]},
+        "side_by_side": table,
+        "runs": runs,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"== ratio = ours / peer (below 1: ours is faster); written {out}")
+    header = "method".ljust(48) + "".join(f"{n + ' cores':>12}" for n in runs)
+    print(header)
+    for entry in table:
+        cells = "".join(f"{entry.get(f'ratio_{n}_cores', '-'):>12}" for n in runs)
+        print(entry["method"][:47].ljust(48) + cells)
+    for n, run in runs.items():
+        print(f"{n} cores: {run['status']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, help="cores for ours and the peers (default: all this process may use)")
+    parser.add_argument(
+        "--cores",
+        type=int,
+        nargs="+",
+        help="one pinned run per core count (e.g. 16 2), the ratios side by side in one file",
+    )
+    parser.add_argument("--budget-s", type=float, default=540.0, help="--cores: seconds for all the runs together")
+    parser.add_argument("--machine", help="--cores: the name in results/cpu_peers_<machine>.json (default: Ncpu)")
     parser.add_argument(
         "--device", choices=("cpu",), default="cpu", help="ours runs on the CPU engine, also where a GPU is"
     )
     parser.add_argument("--work", default="/tmp/bench_cpu_peers")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=METHODS)
+    parser.add_argument("--tensor-tiles", type=int, default=8, help="the demo's voxels repeated for the tensor row")
     parser.add_argument("--csd-voxels", type=int, default=20_000, help="voxels of the CSD row")
+    parser.add_argument("--csd-msmt", action="store_true", help="ours MSMT-CSD on three shells (default: single shell)")
     parser.add_argument("--noddi-voxels", type=int, default=2_000, help="voxels of the NODDI row")
-    parser.add_argument("--out", default=str(ROOT / "tests" / "benchmarks" / "results" / "cpu_peers.json"))
+    parser.add_argument(
+        "--out", help="results file (default: results/cpu_peers.json, with --cores cpu_peers_<machine>.json)"
+    )
     args = parser.parse_args()
+    if args.cores:
+        side_by_side(args)
+        return
+    out = Path(args.out or ROOT / "tests" / "benchmarks" / "results" / "cpu_peers.json")
     work = Path(args.work)
     only = set(args.only or METHODS)
     from importlib.metadata import version
@@ -376,6 +506,7 @@ def main() -> None:
     results = {
         "machine": {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine()},
         "threads": {"requested": args.threads, "cores_used": cores()},
+        "command": " ".join([sys.executable, *sys.argv]),
         "environment": {key: os.environ.get(key) for key in ENV_KEYS},
         "versions": {
             "numpy": np.__version__,
@@ -388,21 +519,27 @@ def main() -> None:
         "repeats": args.repeats,
         "rows": [],
     }
+
+    def add(result: dict) -> None:  # written after each row: a run cut short keeps what it did
+        results["rows"].append(result)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2))
+
     inputs = demo_inputs(work) if only & {"commit", "tensor", "tracking"} else {}
+    if "tracking" in only:  # first: the issue's target on every core count, and quick
+        add(bench_tracking(inputs, max(3, args.repeats)))  # a fraction of a second: best of 3 at least
     if "commit" in only:
-        results["rows"].append(bench_commit(inputs, work, args.repeats))
+        add(bench_commit(inputs, work, args.repeats))
     if "tensor" in only:
-        results["rows"].append(bench_tensor_fit(inputs, args.repeats))
-    if "tracking" in only:
-        results["rows"].append(bench_tracking(inputs, args.repeats))
+        add(bench_tensor_fit(inputs, args.repeats, args.tensor_tiles))
     if "selection" in only:
-        results["rows"].append(bench_selection(args.repeats))
+        add(bench_selection(args.repeats))
     if "csd" in only:
-        results["rows"].append(bench_csd(args.repeats, args.csd_voxels))
+        add(bench_csd(args.repeats, args.csd_voxels, args.csd_msmt))
     if "noddi" in only:
-        results["rows"].append(bench_noddi(args.repeats, args.noddi_voxels))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+        add(bench_noddi(args.repeats, args.noddi_voxels))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

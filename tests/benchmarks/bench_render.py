@@ -63,6 +63,22 @@ AFFINE = np.array(
 PART_STREAMLINES = 200_000
 
 
+def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
+    """Slightly bent straight streamlines in a 100 mm cube, identity affine, in memory: the input
+    of bench_select, bench_connectivity, bench_cpu_peers' selection row and crossover_methods."""
+    from tractlens.app.model import Tractogram
+
+    rng = np.random.default_rng(seed)
+    start = rng.uniform(0, 100, (n_streamlines, 1, 3)).astype(np.float32)
+    direction = rng.normal(size=(n_streamlines, 1, 3)).astype(np.float32)
+    direction /= np.linalg.norm(direction, axis=2, keepdims=True)
+    bend = rng.normal(scale=0.02, size=(n_streamlines, 1, 3)).astype(np.float32)
+    t = np.arange(n_points, dtype=np.float32)[None, :, None]
+    points = start + direction * t + bend * t**2
+    offsets = np.arange(0, n_streamlines * n_points + 1, n_points, dtype=np.int64)
+    return Tractogram(points.reshape(-1, 3), offsets, np.eye(4), (100, 100, 100), name=f"{n_streamlines}")
+
+
 def synthetic_part(n: int, n_points: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(points (n·n_points, 3) float32 RAS mm, weight (n,)): smooth curves through a brain-sized
     ellipsoid, 1 mm steps, vectorised."""
