@@ -79,11 +79,20 @@ def rng():
 def pytest_configure(config):
     ARTIFACTS.mkdir(exist_ok=True)
     config._tractlens_home = PrivateHome()  # before any test (or subprocess) can write anything
-    _ensure_display()
+    if not _is_xdist_controller(config):  # with pytest-xdist the workers run the tests: one Xvfb each
+        _ensure_display()
+
+
+def _is_xdist_controller(config) -> bool:
+    """Whether this process hands the tests out to pytest-xdist workers (``-n N``) and runs none itself."""
+    if hasattr(config, "workerinput"):  # a worker
+        return False
+    return bool(getattr(config.option, "numprocesses", None)) and getattr(config.option, "dist", "no") != "no"
 
 
 def _ensure_display() -> None:
-    """GUI tests use a real X server: start Xvfb when there is no display."""
+    """GUI tests use a real X server: start Xvfb when there is no display (each pytest-xdist
+    worker starts its own: ``-displayfd`` lets the server pick a free display number)."""
     if os.environ.get("DISPLAY") or not shutil.which("Xvfb"):
         return
     import atexit

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 import zipfile
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..io import save_tractogram, save_volume
+from ..io import atomic_folder, save_tractogram, save_volume
 from ..io.transforms import load_registration
 from ..jobs import JobContext
 from ..model import Tractogram
@@ -156,11 +155,8 @@ def run_bundles(
     subject = SubjectInMni(reg, engine.grid, engine.brain)
     subject_s = time.perf_counter() - opened - engine_s
     protocols = load_protocols()
-    staging = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     t0 = time.perf_counter()
-    try:
+    with atomic_folder(output) as staging:
         result = _track_all(chosen, engine, subject, params, protocols.version, staging, context)
         summary = {
             "format": FORMAT,
@@ -182,12 +178,6 @@ def run_bundles(
             "bundles": {name: outcome.record for name, outcome in result.items()},
         }
         (staging / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     # times in the returned summary only (the CLI's --json): the file stays the same from run to run
     # engine: reading the registration and the data, the samples' field and its upload; subject: the brain in MNI
     summary["seconds"] = {"total": time.perf_counter() - opened, "engine": engine_s, "subject": subject_s,

@@ -5,7 +5,7 @@ names the file, the problem and the fix; writers are atomic.
 """
 
 from ..errors import InputError
-from ._atomic import atomic_path, split_suffix, write_text_atomic
+from ._atomic import atomic_folder, atomic_path, split_suffix, write_text_atomic
 from .bedpostx import BedpostSamples, load_bedpostx
 from .dwi import DWI, fsl_to_voxel_vectors, load_dwi, save_gradients
 from .nifti import load_labels, load_mask, load_volume, save_volume
@@ -17,6 +17,7 @@ __all__ = [
     "TENSOR_ORDERS",
     "BedpostSamples",
     "InputError",
+    "atomic_folder",
     "atomic_path",
     "fsl_to_voxel_vectors",
     "load_bedpostx",

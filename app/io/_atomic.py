@@ -2,6 +2,7 @@
 
 A crash, a power cut or a full disk therefore never leaves half a file under the real
 name, and the previous file (if any) stays as it was until the new one is complete.
+:func:`atomic_folder` does the same for an output folder of several files.
 Failures to write become :class:`SaveError`, whose message says what happened (the disk
 is full, no permission, ...) and that the previous file was kept.
 """
@@ -125,6 +126,36 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Pa
                 shutil.rmtree(tmp, ignore_errors=True)
             elif tmp.exists():
                 tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty staging folder beside ``path`` (``.NAME.partial``); on success it replaces
+    ``path`` (a previous folder of that name is removed only once the new one is in place).
+
+    Any exception inside the block, a cancel included, removes the staging folder and leaves a
+    previous ``path`` as it was; a staging folder left by a killed earlier run is cleared first.
+    """
+    folder = Path(path)
+    staging = folder.with_name(f".{folder.name}.partial")
+    previous = folder.with_name(f".{folder.name}.previous")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        shutil.rmtree(previous, ignore_errors=True)
+        if folder.exists():
+            folder.rename(previous)
+        try:
+            staging.rename(folder)
+        except BaseException:
+            if previous.exists() and not folder.exists():
+                previous.rename(folder)
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(previous, ignore_errors=True)
 
 
 def write_text_atomic(text: str, path: str | os.PathLike) -> Path:

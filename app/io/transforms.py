@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import numpy as np
 from ..errors import InputError
 from ..grid import Grid
 from ..registration import Registration
-from ._atomic import atomic_path, write_text_atomic
+from ._atomic import atomic_folder, atomic_path, write_text_atomic
 from .nifti import check_exists, load_image
 
 AFFINE_FILE = "0GenericAffine.mat"
@@ -77,10 +76,7 @@ def save_registration(
     final name and renamed into place, so an interrupted run leaves no half folder behind."""
     linear, _, _ = _nitransforms()
     folder = Path(folder)
-    staging = folder.with_name(f".{folder.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with atomic_folder(folder) as staging:
         linear.Affine(registration.affine).to_filename(str(staging / AFFINE_FILE), fmt="itk")
         if registration.nonlinear:
             _write_field(registration.warp, registration.fixed, staging / WARP_FILE)
@@ -108,12 +104,6 @@ def save_registration(
             **summary,
         }
         write_text_atomic(json.dumps(record, indent=2, default=str), staging / SUMMARY_FILE)
-        if folder.exists():
-            shutil.rmtree(folder)
-        staging.rename(folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return folder
 
 

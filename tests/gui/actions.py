@@ -6,6 +6,18 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QContextMenuEvent
 from PySide6.QtWidgets import QApplication
 
+from tractlens.widgets.controllers.menus import plain, window_actions
+
+
+def trigger(window, path: str, text: str) -> None:
+    """Choose ``path ▸ text`` from the window's menus (as the menu bar would); the item must be enabled."""
+    for menu_path, action in window_actions(window):
+        if menu_path == path and plain(action.text()) == text:
+            assert action.isEnabled()
+            action.trigger()
+            return
+    raise AssertionError(f"no menu item {path} ▸ {text}")
+
 
 def choose_from_layer_menu(win, qtbot, layer, text: str) -> None:
     """Right-click a layer in the layer list and pick ``text`` (the context-menu event is sent

@@ -15,23 +15,13 @@ from PySide6.QtCore import QPoint, Qt
 
 from tests.anatomy_window_synth import SHIFT_MM, t1_affine, write_pair
 from tests.conftest import ARTIFACTS
+from tests.gui.actions import trigger
 from tractlens.app.grid import Grid
 from tractlens.app.integrity import document_problems
 from tractlens.app.model import Tractogram
 from tractlens.widgets import dialogs
-from tractlens.widgets.controllers.menus import plain, window_actions
 
 pytest.importorskip("dipy")  # the anatomy extra: the test extra installs it
-
-
-def trigger(window, path: str, text: str) -> None:
-    """Choose ``path ▸ text`` from the window's menus (as the menu bar would)."""
-    for menu_path, action in window_actions(window):
-        if menu_path == path and plain(action.text()) == text:
-            assert action.isEnabled()
-            action.trigger()
-            return
-    raise AssertionError(f"no menu item {path} ▸ {text}")
 
 
 def open_pair(window, tmp_path: Path):

@@ -11,6 +11,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from tests.conftest import ARTIFACTS
+from tests.gui.actions import trigger
 from tractlens.app.bundles import bundle_colour, protocol_of
 from tractlens.app.bundles.phantom import (
     course_curve,
@@ -20,18 +21,8 @@ from tractlens.app.bundles.phantom import (
     write_tensor,
 )
 from tractlens.app.layers import SOLID, hex_colour
-from tractlens.widgets.controllers.menus import plain, window_actions
 
 NAMES = ("CST_L", "CST_R", "FMA")
-
-
-def trigger(window, path: str, text: str) -> None:
-    for menu_path, action in window_actions(window):
-        if menu_path == path and plain(action.text()) == text:
-            assert action.isEnabled()
-            action.trigger()
-            return
-    raise AssertionError(f"no menu item {path} ▸ {text}")
 
 
 @pytest.fixture
