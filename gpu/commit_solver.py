@@ -90,7 +90,7 @@ def fista(
         if writes_into:
             a(v, out=out)
         else:
-            out[...] = a(v)
+            out[...] = xp.ravel(a(v))
         return out
 
     def at_s(r, out=None):
