@@ -4,7 +4,7 @@ laptop swapping to a halt.
 
 Each estimate is the job's peak above what the process held when it started (its inputs
 already in memory): the largest of its phases, each the sum of the arrays alive then, from
-the sizes the engine documents (:data:`gpu.commit_segments.HOST_SEGMENT_BYTES`, :func:`gpu.commit_device.fista_bytes`,
+the sizes the engine documents (:data:`gpu.commit_segments.HOST_SEGMENT_BYTES`, :func:`gpu.commit_solver.fista_host_bytes`,
 …), plus :data:`RUNTIME_BYTES` for the compiled loops and allocator slack. What depends on
 the streamlines' geometry (segments per point, distinct (voxel, orientation) pairs) is
 measured on a sample of the job's own streamlines, with :data:`SAMPLE_MARGIN` on top.
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 
-from tractlens.gpu import commit, commit_device, commit_operator, commit_segments
+from tractlens.gpu import commit, commit_operator, commit_segments, commit_solver
 from tractlens.gpu.backend import get_backend
-from tractlens.gpu.commit_host import host_operator_bytes
+from tractlens.gpu.commit_host import CPU_FIT_DTYPE, host_operator_bytes
 
 from .errors import InputError
 
@@ -129,7 +128,9 @@ def commit_host_need(
     field by field: :data:`~gpu.commit_segments.HOST_CUT_PEAK_BYTES` a segment, plus each
     cutting thread's chunk of working memory), and
     the fit (the segments once, the look-up tables, the measured and modelled signal, FISTA's
-    vectors, the operator's per-thread accumulators)."""
+    vectors, the operator's per-thread accumulators). The signal is held once in FISTA's type
+    (:data:`~gpu.commit_host.CPU_FIT_DTYPE`); FISTA's A x and A z (float32), or the modelled
+    signal (float64) after the fit, are alive one after the other."""
     n_points = len(tractogram.points)
     n_fibers = len(tractogram)
     points, offsets = _sample(tractogram, SAMPLE_STREAMLINES)
@@ -145,16 +146,22 @@ def commit_host_need(
         pairs = len(commit_operator.ec_from_segments(seg)[0]) if len(seg) else 0
         n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
     n_ic, n_iso = params.n_ic, len(params.d_iso)
-    sizes = SimpleNamespace(n_rows=n_rows, n_meas=n_meas, n_cols=n_ic * n_fibers + n_ec + n_rows * n_iso)
+    n_cols = n_ic * n_fibers + n_ec + n_rows * n_iso
     chunk, threads = commit_segments.host_cut_plan()  # each thread cuts its own chunk
     cutting = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
     tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4 + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8
-    signal = n_rows * n_meas * (signal_itemsize + 8 + 8)  # measured, widened for the fit, modelled
+    n_values = n_rows * n_meas
+    fit_itemsize = np.dtype(CPU_FIT_DTYPE).itemsize
+    # float64 data (signal_itemsize 8): its quotient is made, then taken once in FISTA's type;
+    # both alive then (12 B a value) with none of FISTA's vectors: within signal + fit vectors
+    signal = n_values * fit_itemsize
+    solver = commit_solver.fista_host_bytes(n_cols, n_values, fit_itemsize)
+    model = 8 * n_values  # A x in float64, after FISTA's vectors are gone
     fitting = {
         "segments": commit_segments.HOST_SEGMENT_BYTES * n_seg,
         "look-up tables": tables,
         "signal": signal,
-        "fit vectors": commit_device.fista_bytes(sizes) + 16 * n_ec,
+        "fit vectors": max(solver, model + 8 * 2 * n_cols) + 16 * n_ec,
         "operator": host_operator_bytes(n_rows, n_fibers, n_ic, n_meas),
     }
     runtime = runtime_bytes("commit_loops")

@@ -34,8 +34,13 @@ import numpy as np
 from . import commit, commit_device, commit_operator
 from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 
-__all__ = ["HostOperator", "host_operator", "host_operator_bytes"]
+__all__ = ["CPU_FIT_DTYPE", "HostOperator", "host_operator", "host_operator_bytes"]
 
+#: FISTA's measurement-sized vectors on the CPU engine (the signal, A x, A z: a third of the
+#: memory of float64's, the float32 signal taken as it is). Each value is summed in float64 and
+#: rounded once when stored; Aᵀ and the objective widen them again. On the test phantoms the
+#: weights stay within ~1e-8 relative of a float64 fit (tests/test_commit_cpu.py).
+CPU_FIT_DTYPE = np.float32
 #: Host bytes per streamline and IC response per thread (the Aᵀ and norms accumulators).
 ACCUMULATOR_BYTES = 8
 #: Row blocks per thread of A x (disjoint rows: more blocks balance the threads better).
@@ -74,7 +79,11 @@ def _balanced_blocks(row_start: np.ndarray, n_blocks: int) -> list[np.ndarray]:
 class HostOperator:
     """A and Aᵀ of a :class:`~gpu.commit_operator.Problem` on host threads (module docstring), with the
     interface of :class:`~gpu.commit_operator.NumpyOperator`: flat float64 vectors, x (n_cols,) and
-    y (n_rows · M,)."""
+    y (n_rows · M,). ``a`` and ``at`` also write into given vectors (``out=``), and take or give
+    float32 measurement vectors."""
+
+    #: ``a(x, out=)`` and ``at(y, out=)`` (:func:`gpu.commit_solver.fista`'s ``writes_into``)
+    writes_into = True
 
     def __init__(self, problem: commit_operator.Problem, threads: int | None = None):
         self.problem = p = problem
@@ -95,13 +104,15 @@ class HostOperator:
         p, none = self.problem, np.zeros(0, dtype=np.int64)
         lut_ic, lut_ec, lut_iso = self.luts
         ic, iso = np.zeros((p.n_ic, p.n_fibers)), np.zeros((p.n_rows, p.n_iso))
-        y, scratch = np.zeros((p.n_rows, p.n_meas)), np.zeros((p.n_ic, commit.N_ORIENTATIONS))
+        scratch = np.zeros((p.n_ic, commit.N_ORIENTATIONS))
         mark = np.zeros(commit.N_ORIENTATIONS, dtype=np.int64)
         ec = np.zeros(p.n_ec)
-        kernels[0](none, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso, lut_iso, y,
-                   scratch, mark, mark.copy())  # fmt: skip
-        kernels[1](none, *self._segments(), lut_ic, self.ec_start, self.ec_orient, lut_ec, lut_iso, y, ic, ec, iso,
-                   scratch, mark)  # fmt: skip
+        for dtype in (np.float64, np.float32):  # the measurement vectors' two types (gpu.commit_solver)
+            y = np.zeros((0, p.n_meas), dtype=dtype)
+            kernels[0](none, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso, lut_iso,
+                       y, scratch, mark, mark.copy(), np.zeros(p.n_meas))  # fmt: skip
+            kernels[1](none, *self._segments(), lut_ic, self.ec_start, self.ec_orient, lut_ec, lut_iso, y, ic, ec,
+                       iso, scratch, mark)  # fmt: skip
         kernels[2](none, *self._segments(), lut_ic, ic, np.zeros((p.n_ic, p.n_meas)))
 
     @property
@@ -117,12 +128,13 @@ class HostOperator:
         seg = self.problem.segments
         return self.row_start, seg.fiber, seg.length, seg.orient
 
-    def a(self, x) -> np.ndarray:
-        """A x, flat (n_rows · M,) float64."""
+    def a(self, x, out=None) -> np.ndarray:
+        """A x, flat (n_rows · M,): float64, or written into ``out`` (float64 or float32: each
+        row summed in float64, rounded once when stored)."""
         p = self.problem
         ic, ec, iso = p.split(np.ascontiguousarray(x, dtype=np.float64))
         ic, iso = np.ascontiguousarray(ic), np.ascontiguousarray(iso)
-        y = np.empty((p.n_rows, p.n_meas))
+        y = np.empty((p.n_rows, p.n_meas)) if out is None else _rows_view(out, p)
         lut_ic, lut_ec, lut_iso = self.luts
 
         def block(rows):
@@ -134,18 +146,25 @@ class HostOperator:
                 weight, mark = self._scratch()
                 touched = np.empty(commit.N_ORIENTATIONS, dtype=np.int64)
                 self.kernels[0](rows, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso,
-                                lut_iso, y, weight, mark, touched)  # fmt: skip
+                                lut_iso, y, weight, mark, touched, np.empty(p.n_meas))  # fmt: skip
 
             return run
 
         run_parallel([block(rows) for rows in self.a_blocks], self.threads)
-        return y.ravel()
+        return y.ravel() if out is None else out
 
-    def at(self, y) -> np.ndarray:
-        """Aᵀ y, (n_cols,) float64."""
+    def at(self, y, out=None) -> np.ndarray:
+        """Aᵀ y, (n_cols,) float64 (into ``out`` when given); ``y`` float64 or float32 (read
+        as it is, widened per value)."""
         p = self.problem
-        y = np.ascontiguousarray(np.asarray(y, dtype=np.float64).reshape(p.n_rows, p.n_meas))
-        out = np.zeros(p.n_cols)
+        y = np.asarray(y)
+        if y.dtype not in (np.float32, np.float64):
+            y = y.astype(np.float64)
+        y = np.ascontiguousarray(y.reshape(p.n_rows, p.n_meas))
+        if out is None:
+            out = np.zeros(p.n_cols)
+        else:
+            out[...] = 0.0
         _, out_ec, out_iso = p.split(out)
         lut_ic, lut_ec, lut_iso = self.luts
 
@@ -196,9 +215,16 @@ def _segment_range(row_start: np.ndarray, rows: np.ndarray) -> slice:
     return slice(int(row_start[rows[0]]), int(row_start[rows[-1] + 1])) if len(rows) else slice(0, 0)
 
 
+def _rows_view(out: np.ndarray, p) -> np.ndarray:
+    """``out`` (flat, contiguous, float64 or float32) seen as (n_rows, M), without a copy."""
+    if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous or out.size != p.n_rows * p.n_meas:
+        raise ValueError("out must be a contiguous float64 or float32 vector of n_rows · M values")
+    return out.reshape(p.n_rows, p.n_meas)
+
+
 def _a_rows_numpy(p, row_start, ec_start, rows, ic, ec, iso, lut_ic, lut_ec, lut_iso, y) -> None:
     r0, r1 = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
-    block = y[r0:r1]
+    block = y[r0:r1] if y.dtype == np.float64 else np.empty((r1 - r0, y.shape[1]))  # summed in float64
     block[:] = iso[r0:r1] @ lut_iso.astype(np.float64)
     e = slice(int(ec_start[r0]), int(ec_start[r1]))
     commit_operator._add_sorted(block, p.ec_row[e] - r0, ec[e, None] * lut_ec[p.ec_orient[e]])
@@ -209,17 +235,19 @@ def _a_rows_numpy(p, row_start, ec_start, rows, ic, ec, iso, lut_ic, lut_ec, lut
         for j in range(p.n_ic):
             weight = seg.length[part] * ic[j, seg.fiber[part]]
             commit_operator._add_sorted(block, rel, weight[:, None] * lut_ic[j, seg.orient[part]])
+    if y.dtype != np.float64:  # stored once, rounded once
+        y[r0:r1] = block
 
 
 def _at_rows_numpy(p, row_start, ec_start, rows, y, lut_ic, lut_ec, lut_iso, acc, out_ec, out_iso) -> None:
     r0, r1 = (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
     out_iso[r0:r1] = y[r0:r1] @ lut_iso.T.astype(np.float64)
     e = slice(int(ec_start[r0]), int(ec_start[r1]))
-    out_ec[e] = np.einsum("ij,ij->i", lut_ec[p.ec_orient[e]], y[p.ec_row[e]])
+    out_ec[e] = np.einsum("ij,ij->i", lut_ec[p.ec_orient[e]], y[p.ec_row[e]].astype(np.float64, copy=False))
     seg, whole = p.segments, _segment_range(row_start, rows)
     for start in range(whole.start, whole.stop, commit_operator.CHUNK):
         part = slice(start, min(start + commit_operator.CHUNK, whole.stop))
-        y_rows = y[seg.row[part]]
+        y_rows = y[seg.row[part]].astype(np.float64, copy=False)
         for j in range(p.n_ic):
             dots = np.einsum("ij,ij->i", lut_ic[j, seg.orient[part]], y_rows)
             acc[j] += np.bincount(seg.fiber[part], weights=seg.length[part] * dots, minlength=p.n_fibers)

@@ -12,10 +12,10 @@ _jit = numba.njit(nogil=True, cache=True, fastmath=False, boundscheck=False)
 
 @_jit
 def a_rows(rows, row_start, fiber, length, orient, x_ic, lut_ic, ec_start, ec_orient, x_ec, lut_ec, x_iso,
-           lut_iso, y, weight, mark, touched):  # fmt: skip
+           lut_iso, y, weight, mark, touched, yr):  # fmt: skip
+    # yr: the row summed in float64 (y may be float32: each value rounded once, when stored)
     n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
     for r in rows:
-        yr = y[r]
         yr[:] = 0.0
         for j in range(n_iso):
             w = x_iso[r, j]
@@ -44,6 +44,9 @@ def a_rows(rows, row_start, fiber, length, orient, x_ic, lut_ic, ec_start, ec_or
                 w = weight[j, o]
                 for k in range(m):
                     yr[k] += w * lut_ic[j, o, k]
+        out = y[r]
+        for k in range(m):
+            out[k] = yr[k]
 
 
 @_jit
@@ -55,13 +58,13 @@ def at_rows(rows, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient,
         for j in range(n_iso):
             s = 0.0
             for k in range(m):
-                s += lut_iso[j, k] * yr[k]
+                s += np.float64(lut_iso[j, k]) * yr[k]
             out_iso[r, j] = s
         for e in range(ec_start[r], ec_start[r + 1]):
             o = ec_orient[e]
             s = 0.0
             for k in range(m):
-                s += lut_ec[o, k] * yr[k]
+                s += np.float64(lut_ec[o, k]) * yr[k]
             out_ec[e] = s
         for s_ in range(row_start[r], row_start[r + 1]):
             o = orient[s_]
@@ -70,7 +73,7 @@ def at_rows(rows, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient,
                 for j in range(n_ic):
                     s = 0.0
                     for k in range(m):
-                        s += lut_ic[j, o, k] * yr[k]
+                        s += np.float64(lut_ic[j, o, k]) * yr[k]
                     dots[j, o] = s
             f = fiber[s_]
             for j in range(n_ic):

@@ -60,33 +60,57 @@ def fista(
     xp=np,
     progress: Callable[[int, int, float], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    dtype=None,
+    writes_into: bool = False,
 ) -> FitResult:
     """min ½‖A x − y‖² + λ Σ_{j < n_penalised} x_j over x ≥ 0 (on the columns divided by
     ``scale``: the returned x is for A itself). ``a``/``at`` apply A and Aᵀ on flat vectors
     of the array module ``xp``. Stops when the objective changes by less than ``tol``
-    relatively between iterations (FISTA is not monotone: the change is taken as is)."""
+    relatively between iterations (FISTA is not monotone: the change is taken as is).
+
+    ``dtype``: the measurement-sized vectors' type (default float64; ``y`` is taken as it is
+    when it has that type). ``writes_into``: ``a(v, out=)`` and ``at(r, out=)`` write into the
+    given vectors (:class:`gpu.commit_host.HostOperator`) rather than allocate their results.
+
+    Memory (:func:`fista_host_bytes`): besides ``y``, two measurement-sized vectors, A x and
+    A z, rotated in place — the gradient's residual A z − y is formed in A z's own vector
+    (A z is not needed after it), A x_new is then written there, and A z_new = A x_new + β
+    (A x_new − A x) in A x's vector; the objective's residual is summed by blocks. The column
+    vectors likewise: x, z and the gradient rotate, with ``1/scale``; no penalty vector."""
     t0 = time.perf_counter()
+    dtype = xp.float64 if dtype is None else dtype
     scale = xp.ones(n) if scale is None else xp.asarray(scale)
     inv = xp.where(scale > 0, 1.0 / xp.where(scale > 0, scale, 1.0), 0.0)  # empty columns stay 0
+    del scale  # the caller's, if it keeps one
 
-    def a_s(v):
-        return a(v * inv)
+    def a_s(v, out=None):
+        v = v * inv
+        if out is None:
+            return a(v)
+        if writes_into:
+            a(v, out=out)
+        else:
+            out[...] = xp.ravel(a(v))
+        return out
 
-    def at_s(r):
-        return at(r) * inv
+    def at_s(r, out=None):
+        if out is None:
+            return at(r) * inv
+        if writes_into:
+            at(r, out=out)
+        else:
+            out[...] = at(r)
+        out *= inv
+        return out
 
-    y = xp.asarray(y, dtype=xp.float64).ravel()
+    y = xp.asarray(y, dtype=dtype).ravel()
     lipschitz = power_iteration(a_s, at_s, n, xp)
-    penalty = xp.zeros(n)
-    penalty[:n_penalised] = lambda_ / lipschitz
+    step_penalty = lambda_ / lipschitz
     x = xp.zeros(n)
-    z = x.copy()
+    z = xp.zeros(n)
+    g = xp.empty(n)
     ax = xp.zeros_like(y)  # A x and A z are kept, so an iteration costs one A and one Aᵀ
-    az = ax.copy()
-    # One scratch vector of the measurements for A z − y and the residual, and A z updated in
-    # place: five measurement-sized vectors alive (y, A x, A z, the scratch, the new A x) rather
-    # than seven or eight, with the same operations in the same order (the same numbers).
-    scratch = xp.empty_like(y)
+    az = xp.zeros_like(y)
     t = 1.0
     objective: list[float] = []
     stopped = "max_iter"
@@ -94,22 +118,58 @@ def fista(
     for it in range(1, max_iter + 1):
         if cancelled is not None and cancelled():
             raise Cancelled()
-        xp.subtract(az, y, out=scratch)
-        x_new = xp.maximum(z - at_s(scratch) / lipschitz - penalty, 0.0)
-        ax_new = a_s(x_new)  # a new array (every operator's A allocates its result)
-        residual = xp.subtract(ax_new, y, out=scratch)
-        value = 0.5 * float(residual @ residual) + lambda_ * float(x_new[:n_penalised].sum())
+        az -= y  # the residual at z, in A z's vector
+        at_s(az, out=g)
+        g /= lipschitz
+        xp.subtract(z, g, out=g)  # x_new = max(z − ∇/L − λ/L on the penalised columns, 0), in g
+        if n_penalised:
+            g[:n_penalised] -= step_penalty
+        x_new = xp.maximum(g, 0.0, out=g)
+        ax_new = a_s(x_new, out=az)  # A x_new in A z's vector
+        value = 0.5 * _residual_norm2(ax_new, y, xp) + lambda_ * float(x_new[:n_penalised].sum())
         objective.append(value)
         t_new = (1.0 + np.sqrt(1.0 + 4.0 * t * t)) / 2.0
         beta = (t - 1.0) / t_new
-        z = x_new + beta * (x_new - x)
-        xp.subtract(ax_new, ax, out=az)  # az = ax_new + beta · (ax_new − ax), in A z's own vector
-        az *= beta
-        az += ax_new
-        x, ax, t = x_new, ax_new, t_new
+        # z_new = x_new + β (x_new − x) in x's vector, and A z_new alike in A x's vector
+        x -= x_new
+        x *= -beta
+        x += x_new
+        ax -= ax_new
+        ax *= -beta
+        ax += ax_new
+        x, z, g = x_new, x, z
+        ax, az = ax_new, ax
+        t = t_new
         if progress is not None:
             progress(it, max_iter, value)
         if it > 1 and abs(objective[-2] - value) <= tol * max(abs(value), 1e-300):
             stopped = "tolerance"
             break
     return FitResult(x * inv, it, objective, stopped, lipschitz, time.perf_counter() - t0)
+
+
+#: Measurements summed at a time for the objective's ‖A x − y‖² (a float64 block of 8 MB)
+RESIDUAL_BLOCK = 1 << 20
+
+
+def _residual_norm2(ax, y, xp) -> float:
+    """‖ax − y‖², in float64, by blocks (no measurement-sized temporary)."""
+    total = 0.0
+    for start in range(0, len(y), RESIDUAL_BLOCK):
+        d = ax[start : start + RESIDUAL_BLOCK].astype(xp.float64)
+        d -= y[start : start + RESIDUAL_BLOCK]
+        total += float(d @ d)
+    return total
+
+
+#: FISTA's column vectors alive at once besides the operator's output: x, z, the gradient,
+#: 1/scale, the caller's scale, the returned x and one temporary of x · 1/scale
+FISTA_COLUMN_VECTORS = 7
+#: ... and measurement-sized vectors besides y: A x and A z
+FISTA_MEASUREMENT_VECTORS = 2
+
+
+def fista_host_bytes(n_cols: int, n_values: int, itemsize: int = 8) -> int:
+    """Host bytes :func:`fista` keeps besides ``y`` and the operator, with ``writes_into`` and
+    measurement vectors of ``itemsize`` bytes: ``n_values`` = voxels × measurements."""
+    return 8 * FISTA_COLUMN_VECTORS * n_cols + FISTA_MEASUREMENT_VECTORS * itemsize * n_values + 8 * RESIDUAL_BLOCK

@@ -93,7 +93,8 @@ def test_cpu_operator_falls_back_to_the_reference_when_memory_is_short():
 
 def test_commit_pipeline_on_the_cpu_equals_the_reference_operator(demo_dir, monkeypatch):
     """The CPU fit with its compact operator (gpu.commit_host) and with the NumPy reference
-    operator put in its place: same weights and model to 1e-10."""
+    operator put in its place: same weights and model to 1e-10, in float64 fits (the float32
+    measurement vectors' own effect: tests/test_commit.py)."""
     from tractlens.app.io import load_dwi, load_tractogram
     from tractlens.app.pipelines.commit import commit_pipeline
     from tractlens.gpu import commit_host
@@ -102,6 +103,7 @@ def test_commit_pipeline_on_the_cpu_equals_the_reference_operator(demo_dir, monk
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     tract = load_tractogram(demo_dir / "bundles.trk", reference=(dwi.affine, dwi.shape3))
     params = CommitParams(max_iter=40, tol=0.0)
+    monkeypatch.setattr(commit_host, "CPU_FIT_DTYPE", np.float64)
     used = []
     real = commit_host.host_operator
     monkeypatch.setattr(commit_host, "host_operator", lambda p, **k: used.append(1) or real(p, **k))

@@ -106,3 +106,29 @@ def test_operator_memory_has_nothing_per_segment():
     )  # fmt: skip
     assert peak(problem) - small < 49 * len(seg)
     assert host_operator_bytes(problem.n_rows, problem.n_fibers, problem.n_ic, problem.n_meas, 2) > 0
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_products_into_given_vectors_and_float32_measurements(engine, threads):
+    """``a(x, out=)`` writes A x into a float64 or float32 vector (summed in float64, each value
+    rounded once: within float32's half unit of the float64 product) and allocates no result;
+    ``at(y, out=)`` takes float32 measurements as they are (widened per value: equal to Aᵀ of the
+    same values in float64 to 1e-12) and overwrites what ``out`` held."""
+    problem, *_ = small_problem(seed=1, n_fibers=41)
+    op = HostOperator(problem, threads=threads)
+    rng = np.random.default_rng(7)
+    x = rng.random(problem.n_cols)
+    exact = op.a(x)
+    out64 = np.full(problem.n_rows * problem.n_meas, np.nan)
+    assert op.a(x, out=out64) is out64
+    np.testing.assert_array_equal(out64, exact)
+    out32 = np.full(problem.n_rows * problem.n_meas, np.nan, dtype=np.float32)
+    assert op.a(x, out=out32) is out32
+    np.testing.assert_array_equal(out32, exact.astype(np.float32))  # rounded once, from the float64 sum
+    y32 = rng.random(problem.n_rows * problem.n_meas).astype(np.float32)
+    into = np.full(problem.n_cols, 5.0)
+    assert op.at(y32, out=into) is into
+    np.testing.assert_allclose(into, apply_at_numpy(problem, y32.astype(np.float64)), rtol=1e-12,
+                               atol=1e-13 * np.abs(into).max())  # fmt: skip
+    with pytest.raises(ValueError, match="contiguous float64 or float32"):
+        op.a(x, out=np.zeros(problem.n_rows * problem.n_meas, dtype=np.int32))

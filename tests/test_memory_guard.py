@@ -75,10 +75,11 @@ PEAK_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize(("streamlines", "measurements"), [(3000, 30), (12000, 60)])
+@pytest.mark.parametrize(("streamlines", "measurements"), [(3000, 30), (12000, 60), (3000, 288)])
 def test_a_commit_job_takes_no_more_host_memory_than_it_announced(streamlines, measurements):
     """In a fresh process (numba's compilation included): the peak resident memory of the job
-    above what the process held before it (VmHWM, reset at the start) is below its estimate."""
+    above what the process held before it (VmHWM, reset at the start) is below its estimate.
+    With 288 measurements (HCP) the signal and FISTA's measurement vectors are most of it."""
     done = subprocess.run(
         [sys.executable, "-c", PEAK_SCRIPT, str(streamlines), str(measurements)],
         capture_output=True,
@@ -142,3 +143,24 @@ def test_a_tracking_job_takes_no_more_host_memory_than_it_announced():
     out = json.loads(done.stdout.strip().splitlines()[-1])
     print(out)
     assert 0 < out["peak"] <= out["need"], out
+
+
+def test_commit_announces_12_bytes_per_voxel_and_measurement():
+    """The CPU fit holds the signal once in float32 and FISTA's A x and A z in float32 (or, after
+    it, the float64 model): 4 + 8 bytes per fitted voxel and measurement, where the float64 fit
+    held 44 (the float32 signal, its float64 copy and five float64 vectors)."""
+    import numpy as np
+
+    from tests.benchmarks.bench_commit import bundle_inputs
+    from tractlens.app.memory_guard import commit_host_need
+    from tractlens.gpu.commit import CommitParams
+
+    _, tract = bundle_inputs(500, shape=(16, 16, 16), n_meas=20)
+    rows = np.arange(16**3).reshape(16, 16, 16)
+
+    def need(n_meas):
+        return commit_host_need(tract, rows, np.ones(3), np.eye(4), n_meas, CommitParams()).parts
+
+    lo, hi = need(90), need(288)
+    per_value = sum(hi[k] - lo[k] for k in ("signal", "fit vectors")) / (16**3 * (288 - 90))
+    assert per_value == 12

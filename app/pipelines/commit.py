@@ -227,12 +227,17 @@ def commit_pipeline(
     cancelled: Callable[[], bool] | None = None,
     max_block_segments: int | None = None,
     gpus: int = 1,
+    fit_dtype=None,
 ) -> CommitResult:
     """Fit COMMIT to ``dwi`` with the streamlines of ``tractogram``. ``max_block_segments``:
     apply A and Aᵀ in blocks of voxel rows of at most that many segments (done by itself on
     the GPU when the problem does not fit in its free memory; on the CPU when even the
     smallest blocks do not fit and ``device`` is ``"auto"``). ``gpus`` > 1: A split by voxel
-    rows over the first that many GPUs (:mod:`gpu.commit_multi`; no CPU fallback)."""
+    rows over the first that many GPUs (:mod:`gpu.commit_multi`; no CPU fallback).
+    ``fit_dtype``: the type of FISTA's measurement-sized vectors (the signal, A x, A z);
+    default :data:`gpu.commit_host.CPU_FIT_DTYPE` on the CPU engine (a third of float64's memory with the
+    float32 signal kept as it is; the weights within ~1e-6 relative of float64's: see
+    tests/test_commit_cpu.py), float64 on a GPU. Sums are float64 either way."""
     fallback: list[str] = []
     backends = _commit_gpus(gpus, device)
     max_iter = (params or CommitParams()).max_iter
@@ -251,6 +256,7 @@ def commit_pipeline(
             cancelled,
             max_block_segments,
             backends,
+            fit_dtype,
         ),
         backends[0] if backends else device,
         fallback,
@@ -276,8 +282,9 @@ def _commit_gpus(gpus: int, device: str) -> list | None:
 
 
 def _commit_pipeline(
-    dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments, gpus=None
-) -> CommitResult:
+    dwi, tractogram, mask, peaks, peaks_frame, params, device, progress, cancelled, max_block_segments, gpus=None,
+    fit_dtype=None,
+) -> CommitResult:  # fmt: skip
     params = params or CommitParams()
     notes: list[str] = []
     if len(tractogram) == 0:
@@ -356,15 +363,20 @@ def _commit_pipeline(
     else:  # the segments in place, threads over voxel rows (gpu.commit_host)
         op = commit_host.host_operator(problem, notes=notes)
     xp = backend.xp
-    scale = op.column_norms()
     a, at = op.a, op.at
-    y_fit = xp.asarray(y).astype(xp.float64, copy=False)  # widened on the device: exact (float32 values)
+    if fit_dtype is None:
+        fit_dtype = xp.float64 if backend.is_gpu else commit_host.CPU_FIT_DTYPE
+    if not backend.is_gpu:  # the signal as FISTA takes it, held once (float32 data: no copy)
+        y = y.astype(fit_dtype, copy=False)
+    y_fit = xp.asarray(y).astype(fit_dtype, copy=False)  # widened on the device: exact (float32 values)
     fit = commit_solver.fista(
         a,
         at,
         y_fit,
         problem.n_cols,
-        scale=scale,
+        scale=op.column_norms(),  # not kept here: FISTA keeps 1/scale only
+        dtype=fit_dtype,
+        writes_into=getattr(op, "writes_into", False),
         lambda_=params.lambda_,
         n_penalised=problem.n_ic_cols,
         max_iter=params.max_iter,

@@ -304,6 +304,7 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
     import tracemalloc
 
     from tractlens.app.pipelines.commit import commit_pipeline
+    from tractlens.gpu import commit_solver
 
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -311,9 +312,22 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
     dwi_bytes = dwi.data.nbytes
     tracemalloc.reset_peak()
     t0 = time.perf_counter()
-    result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=iterations, tol=0.0), device=device)
+    before_fit = []  # the peak until FISTA starts (cutting, operator, norms), then FISTA's and after
+    real = commit_solver.fista
+
+    def fista(*args, **kwargs):
+        before_fit.append(tracemalloc.get_traced_memory()[1] - base)
+        tracemalloc.reset_peak()
+        return real(*args, **kwargs)
+
+    commit_solver.fista = fista
+    try:
+        result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=iterations, tol=0.0), device=device)
+    finally:
+        commit_solver.fista = real
     seconds = time.perf_counter() - t0
-    peak = tracemalloc.get_traced_memory()[1] - base
+    fit_peak = tracemalloc.get_traced_memory()[1] - base
+    peak = max([*before_fit, fit_peak])
     tracemalloc.stop()
     return {
         "streamlines": n_streamlines,
@@ -321,6 +335,10 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
         "segments": len(result.problem.segments),
         "voxels": result.problem.n_rows,  # per voxel: the signal and FISTA's measurement vectors
         "traced_peak_bytes": peak - dwi_bytes,
+        "traced_peak_before_fit_bytes": before_fit[0] - dwi_bytes if before_fit else None,
+        "traced_peak_fit_bytes": fit_peak - dwi_bytes,  # FISTA and the model after it
+        "measurements": int(dwi.data.shape[-1]),
+        "dwi_bytes": dwi_bytes,  # in memory here (subtracted from the traced peaks); a command maps the file
         "points_bytes": tract.points.nbytes,  # held by this benchmark; a command reads them in chunks
         "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "shape": list(shape),
