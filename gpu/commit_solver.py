@@ -153,7 +153,13 @@ RESIDUAL_BLOCK = 1 << 20
 
 
 def _residual_norm2(ax, y, xp) -> float:
-    """‖ax − y‖², in float64, by blocks (no measurement-sized temporary)."""
+    """‖ax − y‖², in float64, by blocks (no measurement-sized temporary) on the host; on a GPU
+    in one piece, as before (one temporary in device memory, one synchronisation per iteration
+    rather than one per block)."""
+    if xp is not np:
+        d = ax.astype(xp.float64)
+        d -= y
+        return float(d @ d)
     total = 0.0
     for start in range(0, len(y), RESIDUAL_BLOCK):
         d = ax[start : start + RESIDUAL_BLOCK].astype(xp.float64)
