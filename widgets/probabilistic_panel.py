@@ -13,9 +13,9 @@ and update the result layer in place:
 transparent below 1 % of the maximum (at least one streamline) so the image beneath shows.
 The 3-D view shows the isosurface at the chosen percentage of the current maximum: the worker
 crops the distribution to the voxels that reach the level (NumPy, the O(grid) part) and the
-GUI thread runs marching cubes over that crop, because VTK filters must not run on a worker
-while the views render (that can deadlock). A cancel keeps the last totals shown; Track again
-replaces the layer.
+GUI thread runs marching cubes over that crop (a first pass's: every 2nd voxel), since VTK filters
+must not run on a worker while the views render (that can deadlock). A cancel keeps the last
+totals shown; Track again replaces the layer (a live re-track fills it in place).
 
 The curvature threshold is shown and edited in degrees ("Max angle", as the other panels), the
 dataclass's cosine converted by :mod:`app.window_units`.
@@ -23,7 +23,8 @@ dataclass's cosine converted by :mod:`app.window_units`.
 Live mode (the "live" switch, as the geodesic panel's): every stroke on a seed, target,
 waypoint, exclusion or stop ROI re-tracks. The stale run is cancelled; strokes that come while
 a run has not drawn its first pass yet are gathered into one re-track that starts as soon as it
-has (on the CPU a first pass takes longer than the mouse moves). The status line says the
+has (on the CPU a first pass takes longer than the mouse moves). The panel hears a stroke before
+the views do (its run starts before they redraw). The status line says the
 streamlines drawn so far and the waytotal; ``first_map_s`` (edit → first map) and
 ``converged_s`` (last edit → the map of every sample) are kept for the latency benchmark.
 
@@ -88,9 +89,8 @@ ISO_PERCENT = 5.0  # default isosurface level, % of the maximum
 SLICE_FLOOR = 0.01  # slices: voxels below 1 % of the maximum are transparent (and at least 1 streamline)
 ISO_COLOUR = (1.0, 0.6, 0.1)  # the top of the hot colour map, so 3-D and slices agree
 ISO_OPACITY = 0.6
-# A coarse pass's surface is made from every COARSE_STEP-th voxel of its crop when the crop holds
-# more voxels than this (marching cubes runs on the GUI thread: 8 times less of it while the map
-# is rough anyway); the refined passes' surfaces are made from every voxel.
+# A first pass's surface: every COARSE_STEP-th voxel of a crop larger than this (marching cubes
+# runs on the GUI thread: 8 times less of it while the map is rough); refined passes: every voxel.
 COARSE_STEP = 2
 COARSE_SURFACE_VOXELS = 64**3
 
@@ -330,9 +330,8 @@ class ProbabilisticPanel(JobPanelBase):
         return probabilistic_estimate(seeds * params.n_samples, params.n_steps, params.step_mm, diagonal, self.device)
 
     def _live_layer(self, volume) -> Layer | None:
-        """The result layer a live re-track fills in place (the last run's, on the same samples'
-        grid), so that a stroke changes a layer's values, not the document's layers (which
-        would remake the layer list and the views' scene)."""
+        """The layer a live re-track fills in place (the last run's, on the same samples' grid): a
+        stroke changes its values, not the document's layers (the layer list and the views' scene)."""
         layer = self.result_layer
         if layer is None or layer not in self.document.layers or self.run is None:
             return None

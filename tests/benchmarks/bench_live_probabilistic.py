@@ -13,7 +13,16 @@ of ``--seed-voxels`` voxels is painted, and one Track warms the engine (kernel c
 on the GPU). Then live mode is switched on and, for each of ``--strokes`` strokes (a few voxels
 added to the seed, as a brush does), the script measures:
 
-- ``first_map_ms``: stroke → the first pass's map in the document (layer values and surface set);
+- ``first_map_ms``: stroke (the paint call) → the first pass's map in the document (layer values
+  and surface set); ``first_map_panel_ms`` the same from the panel's hearing of the stroke (what
+  earlier results called ``first_map_ms``: the views' own redraw for the stroke could come first);
+- ``first_map_stages_ms``: where that time went, per thread: each stage's total ms between the
+  stroke and the first map (the window's methods wrapped by this script, :func:`instrument`: the
+  stroke's events, the submit, the use case up to its first totals — prepare, track, totals to the
+  host —, the worker's surface crop, the layer set and replaced, marching cubes, the 3-D planes
+  and ROI surfaces rebuilt, the slice views painted); ``first_map_marks_ms``: [start, end] ms
+  after the stroke of the submit, the use case's first totals and the GUI's showing of them
+  (end of the use case → start of the show: the hop of the totals to the GUI thread);
 - ``first_drawn_ms``: stroke → the end of the first 3-D frame rendered after that (on screen);
 - ``first_pass_streamlines``: streamlines in that first map;
 - ``converged_ms``: last stroke → the map of every sample in the document (``converged_s``).
