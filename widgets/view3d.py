@@ -91,6 +91,7 @@ class View3D(FiberView, QWidget):
         self._camera_set = False
         self._software_rendering: bool | None = None
         self._render_pending = False
+        self._planes_stale = False  # a layer's values changed: the planes are recomposited with the next frame
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self.frames_drawn = 0
         self._frame_start = 0.0
@@ -139,7 +140,10 @@ class View3D(FiberView, QWidget):
                 self._update_planes()  # visibility, opacity or role colour
                 self._roi_timer.start()
             else:
-                self._update_planes()
+                if "data" in info.get("changed", ()):  # values streaming in (a running result):
+                    self._planes_stale = True  # recomposited once, when the next frame is drawn
+                else:
+                    self._update_planes()
                 if layer is not None and id(layer) in self._layer_surfaces:
                     self._style_layer_surface(self._layer_surfaces[id(layer)])
         self.request_render()
@@ -157,6 +161,8 @@ class View3D(FiberView, QWidget):
         self._render_pending = False
         if self.plotter.ren_win is None:  # closed meanwhile
             return
+        if self._planes_stale:
+            self._update_planes()
         planes_shown = any(actor.GetVisibility() for _grid, actor in self._planes.values())
         if not self._camera_set and (planes_shown or self._fibers or self._glyphs):  # something to frame
             self.reset_camera()
@@ -200,6 +206,7 @@ class View3D(FiberView, QWidget):
 
     # ---------------------------------------------------------------- planes
     def _update_planes(self) -> None:
+        self._planes_stale = False
         doc = self.document
         if doc.reference_affine is None:
             return

@@ -23,6 +23,8 @@ added to the seed, as a brush does), the script measures:
   and ROI surfaces rebuilt, the slice views painted); ``first_map_marks_ms``: [start, end] ms
   after the stroke of the submit, the use case's first totals and the GUI's showing of them
   (end of the use case → start of the show: the hop of the totals to the GUI thread);
+  ``to_drawn_stages_ms`` the stages between the first map and the end of the first frame drawn
+  after it, ``frame_ms`` that frame's own render time;
 - ``first_drawn_ms``: stroke → the end of the first 3-D frame rendered after that (on screen);
 - ``first_pass_streamlines``: streamlines in that first map;
 - ``converged_ms``: last stroke → the map of every sample in the document (``converged_s``).
@@ -253,9 +255,10 @@ def main(argv=None) -> int:
         assert wait_until(app, lambda: panel.first_map_s is not None, 60), panel.status.text()
         shown_at = panel.shown_at
         first_map_at = panel.edit_time + panel.first_map_s  # the panel times from its own edit event
-        drawn = None
+        drawn = frame = None
         if wait_until(app, lambda at=shown_at: any(start >= at for start, _ in win.view3d.renders), 5):
-            drawn = next(end for start, end in win.view3d.renders if start >= shown_at) - edit
+            frame = next((start, end) for start, end in win.view3d.renders if start >= shown_at)
+            drawn = frame[1] - edit
         assert wait_until(app, lambda: panel.job_id is None and panel.converged_s is not None, 120)
         rows.append(
             {
@@ -267,6 +270,9 @@ def main(argv=None) -> int:
                 "streamlines": panel.result.streamlines,
                 "waytotal": panel.result.waytotal,
                 "first_map_stages_ms": stages.summary(edit, first_map_at),
+                # first map → the end of the first frame drawn after it: what the GUI thread did meanwhile
+                "to_drawn_stages_ms": {} if frame is None else stages.summary(first_map_at, frame[1]),
+                "frame_ms": None if frame is None else round((frame[1] - frame[0]) * 1000, 1),
                 "first_map_marks_ms": stages.marks(
                     edit,
                     first_map_at,
