@@ -20,7 +20,8 @@ added to the seed, as a brush does), the script measures:
   stroke and the first map (the window's methods wrapped by this script, :func:`instrument`: the
   stroke's events, the submit, the use case up to its first totals — prepare, track, totals to the
   host —, the worker's surface crop, the layer set and replaced, marching cubes, the 3-D planes
-  and ROI surfaces rebuilt, the slice views painted); ``first_map_marks_ms``: [start, end] ms
+  and ROI surfaces rebuilt; not the slice views' paint events nor the 3-D frame itself, which Qt
+  calls unwrapped: they show as the hop below); ``first_map_marks_ms``: [start, end] ms
   after the stroke of the submit, the use case's first totals and the GUI's showing of them
   (end of the use case → start of the show: the hop of the totals to the GUI thread);
   ``to_drawn_stages_ms`` the stages between the first map and the end of the first frame drawn
@@ -131,7 +132,6 @@ class Stages:
 def instrument(win, panel) -> Stages:
     """Wrap the stages of a live stroke (the benchmark's own view of them; the app is unchanged)."""
     from tractlens.widgets import probabilistic_panel as module
-    from tractlens.widgets import slice_view
 
     stages = Stages()
     stages.wrap(panel, "track", "submit (panel.track)")
@@ -145,7 +145,6 @@ def instrument(win, panel) -> Stages:
     stages.wrap(win.view3d, "_update_roi_surfaces", "3-D ROI surfaces rebuilt")
     stages.wrap(win.view3d, "_update_glyphs", "3-D glyphs updated")
     stages.wrap(win.view3d, "_render_now", "3-D render request")
-    stages.wrap(slice_view.SliceView, "paintEvent", "slice views painted")  # Qt calls the class's
     timer = win.view3d._roi_timer  # connected at start to the unwrapped method
     timer.timeout.disconnect()
     timer.timeout.connect(win.view3d._update_roi_surfaces)
