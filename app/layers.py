@@ -179,7 +179,8 @@ class Layer(Observable):
             return (0.0, 1.0)
         values = np.asarray(self.data.data)
         values = values.view(np.uint8) if values.dtype == bool else values  # percentiles need numbers
-        finite = values[np.isfinite(values)]
+        # Integers are all finite: no whole-volume copy (a tracking result's counts on an HCP grid)
+        finite = values if values.dtype.kind in "iu" else values[np.isfinite(values)]
         nonzero = finite[finite != 0]
         if nonzero.size == 0:
             return (0.0, 1.0)

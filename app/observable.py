@@ -14,8 +14,14 @@ class Observable:
     def __init__(self) -> None:
         self._listeners: list[Callable[..., None]] = []
 
-    def connect(self, callback: Callable[..., None]) -> None:
-        self._listeners.append(callback)
+    def connect(self, callback: Callable[..., None], *, first: bool = False) -> None:
+        """Call ``callback(source, event, **info)`` on every change; ``first``: before the
+        listeners already connected (one that starts work on a worker, so that it starts before
+        the views redraw)."""
+        if first:
+            self._listeners.insert(0, callback)
+        else:
+            self._listeners.append(callback)
 
     def disconnect(self, callback: Callable[..., None]) -> None:
         self._listeners.remove(callback)

@@ -13,9 +13,9 @@ and update the result layer in place:
 transparent below 1 % of the maximum (at least one streamline) so the image beneath shows.
 The 3-D view shows the isosurface at the chosen percentage of the current maximum: the worker
 crops the distribution to the voxels that reach the level (NumPy, the O(grid) part) and the
-GUI thread runs marching cubes over that crop, because VTK filters must not run on a worker
-while the views render (that can deadlock). A cancel keeps the last totals shown; Track again
-replaces the layer.
+GUI thread runs marching cubes over that crop (a first pass's: every 2nd voxel), since VTK filters
+must not run on a worker while the views render (that can deadlock). A cancel keeps the last
+totals shown; Track again replaces the layer (a live re-track fills it in place).
 
 The curvature threshold is shown and edited in degrees ("Max angle", as the other panels), the
 dataclass's cosine converted by :mod:`app.window_units`.
@@ -23,7 +23,8 @@ dataclass's cosine converted by :mod:`app.window_units`.
 Live mode (the "live" switch, as the geodesic panel's): every stroke on a seed, target,
 waypoint, exclusion or stop ROI re-tracks. The stale run is cancelled; strokes that come while
 a run has not drawn its first pass yet are gathered into one re-track that starts as soon as it
-has (on the CPU a first pass takes longer than the mouse moves). The status line says the
+has (on the CPU a first pass takes longer than the mouse moves). The panel hears a stroke before
+the views do (its run starts before they redraw). The status line says the
 streamlines drawn so far and the waytotal; ``first_map_s`` (edit → first map) and
 ``converged_s`` (last edit → the map of every sample) are kept for the latency benchmark.
 
@@ -88,6 +89,10 @@ ISO_PERCENT = 5.0  # default isosurface level, % of the maximum
 SLICE_FLOOR = 0.01  # slices: voxels below 1 % of the maximum are transparent (and at least 1 streamline)
 ISO_COLOUR = (1.0, 0.6, 0.1)  # the top of the hot colour map, so 3-D and slices agree
 ISO_OPACITY = 0.6
+# A first pass's surface: every COARSE_STEP-th voxel of a crop larger than this (marching cubes
+# runs on the GUI thread: 8 times less of it while the map is rough); refined passes: every voxel.
+COARSE_STEP = 2
+COARSE_SURFACE_VOXELS = 64**3
 
 
 @dataclass
@@ -95,30 +100,39 @@ class IsoInput:
     """What the isosurface needs, prepared on a worker (NumPy only): the path distribution
     cropped to the box of voxels that reach ``level`` (float32, with a margin of empty voxels so
     that the surface closes), where that box starts on the grid, the level and the maximum.
-    ``volume`` is None when nothing reaches the level (an empty distribution)."""
+    ``volume`` is None when nothing reaches the level (an empty distribution). ``step``: the
+    crop holds every ``step``-th voxel of the grid (a coarse surface), voxel ``step`` apart."""
 
     volume: np.ndarray | None
     origin: np.ndarray  # (3,) voxel index of volume[0, 0, 0]
     level: float
     top: int
     percent: float
+    step: int = 1
 
 
-def isosurface_input(paths: np.ndarray, percent: float) -> IsoInput:
-    """Crop the distribution for the surface at ``percent`` % of its maximum (the O(grid) part)."""
-    top = int(paths.max()) if paths.size else 0
+def isosurface_input(paths: np.ndarray, percent: float, *, coarse: bool = False) -> IsoInput:
+    """Crop the distribution for the surface at ``percent`` % of its maximum (the O(grid) part:
+    one pass over the grid for the maximum and the box's x and y, one over the x-y box for its
+    z). ``coarse``: a crop larger than :data:`COARSE_SURFACE_VOXELS` keeps every
+    :data:`COARSE_STEP`-th voxel (a first look's surface)."""
+    if paths.size == 0:
+        return IsoInput(None, np.zeros(3, np.int64), 0.0, 0, percent)
+    plane = paths.max(axis=2)  # the one pass over the whole grid
+    top = int(plane.max())
     level = top * percent / 100.0
     if top <= 0:
         return IsoInput(None, np.zeros(3, np.int64), level, top, percent)
-    above = paths >= level
-    lo, hi = [], []
-    for axis in range(3):
-        hit = np.flatnonzero(above.any(axis=tuple(a for a in range(3) if a != axis)))
-        lo.append(max(int(hit[0]) - 1, 0))
-        hi.append(min(int(hit[-1]) + 2, paths.shape[axis]))
-    box = tuple(slice(a, b) for a, b in zip(lo, hi))
-    volume = np.pad(paths[box].astype(np.float32), 1)  # zero outside: closed at the grid's edge
-    return IsoInput(volume, np.array(lo, dtype=np.int64) - 1, level, top, percent)
+    xs = np.flatnonzero(plane.max(axis=1) >= level)
+    ys = np.flatnonzero(plane.max(axis=0) >= level)
+    column = paths[xs[0] : xs[-1] + 1, ys[0] : ys[-1] + 1]
+    zs = np.flatnonzero(column.max(axis=(0, 1)) >= level)
+    lo = [max(int(hit[0]) - 1, 0) for hit in (xs, ys, zs)]
+    hi = [min(int(hit[-1]) + 2, n) for hit, n in zip((xs, ys, zs), paths.shape)]
+    crop = paths[tuple(slice(a, b) for a, b in zip(lo, hi))]
+    step = COARSE_STEP if coarse and crop.size > COARSE_SURFACE_VOXELS else 1
+    volume = np.pad(crop[::step, ::step, ::step].astype(np.float32), 1)  # zero outside: closed at the edge
+    return IsoInput(volume, np.array(lo, dtype=np.int64) - step, level, top, percent, step)
 
 
 def isosurface(iso: IsoInput, affine: np.ndarray) -> pv.PolyData | None:
@@ -127,7 +141,9 @@ def isosurface(iso: IsoInput, affine: np.ndarray) -> pv.PolyData | None:
     filter on a worker while the views render can deadlock); the crop keeps it small."""
     if iso.volume is None:
         return None
-    grid = pv.ImageData(dimensions=iso.volume.shape, origin=tuple(float(v) for v in iso.origin))
+    grid = pv.ImageData(
+        dimensions=iso.volume.shape, origin=tuple(float(v) for v in iso.origin), spacing=(float(iso.step),) * 3
+    )
     grid.point_data["paths"] = iso.volume.ravel(order="F")
     surface = grid.contour([iso.level], scalars="paths", compute_normals=True, method="flying_edges")
     if surface.n_points == 0:
@@ -186,6 +202,7 @@ class ProbabilisticPanel(JobPanelBase):
         self._rate: float | None = None  # streamlines a second of the last run (sizes the CPU's first pass)
         self._first_shown = False
         self._live_pending: float | None = None
+        self._coarse_surface = False  # the surface shown is a first pass's coarse one
 
         self.form = ParamsForm(ProbParams, {"waycond": ("AND", "OR")})
         self.iso_percent = QDoubleSpinBox()
@@ -250,7 +267,8 @@ class ProbabilisticPanel(JobPanelBase):
         self._iso_timer.setInterval(120)  # spin-box steps in a row: one surface
         self._iso_timer.timeout.connect(self.update_isosurface)
         self.iso_percent.valueChanged.connect(self._percent_changed)
-        document.connect(self._on_document)
+        # First: a live stroke's re-track starts before the views redraw for that stroke.
+        document.connect(self._on_document, first=True)
 
     # ---------------------------------------------------------------- inputs
     def samples_layer(self) -> Layer | None:
@@ -297,7 +315,7 @@ class ProbabilisticPanel(JobPanelBase):
         )
         return self._start(
             "probabilistic tracking" + (f", {estimate.text}" if estimate.long else ""),
-            self._job(layer.data, rois, params, token),
+            self._job(layer.data, rois, params, token, self._live_layer(layer.data) if live else None),
             on_partial=self._show,
             on_done=self._done,
             token=token,
@@ -311,9 +329,20 @@ class ProbabilisticPanel(JobPanelBase):
         diagonal = grid_diagonal_mm(samples.affine, samples.mask.shape)
         return probabilistic_estimate(seeds * params.n_samples, params.n_steps, params.step_mm, diagonal, self.device)
 
-    def _job(self, volume, rois, params: ProbParams, token: int):
+    def _live_layer(self, volume) -> Layer | None:
+        """The layer a live re-track fills in place (the last run's, on the same samples' grid): a
+        stroke changes its values, not the document's layers (the layer list and the views' scene)."""
+        layer = self.result_layer
+        if layer is None or layer not in self.document.layers or self.run is None:
+            return None
+        if self.run.samples is not volume.samples or layer.data.data.shape != volume.samples.mask.shape:
+            return None
+        return layer
+
+    def _job(self, volume, rois, params: ProbParams, token: int, layer: Layer | None = None):
         """The run as a job: :func:`app.pipelines.track_probabilistic.track_probabilistic`, each
-        pass's totals handed to the GUI with what their surface needs."""
+        pass's totals handed to the GUI with what their surface needs. ``layer``: the layer to
+        fill (live mode), else one is made with the first totals."""
         document, device = self.document, self.device
         first_pass, later_pass, rate = self.first_pass, self.later_pass, self._rate
 
@@ -326,7 +355,7 @@ class ProbabilisticPanel(JobPanelBase):
                 field_=sample_field_of(document, volume),
                 device_field=lambda chosen: device_field_of(document, volume, chosen),
             )
-            layer = shown = None
+            result_layer, shown = layer, None
             for update in track_probabilistic(
                 inputs,
                 device=device,
@@ -337,9 +366,9 @@ class ProbabilisticPanel(JobPanelBase):
                 interval_s=PARTIAL_INTERVAL_S,
                 rate=rate,
             ):
-                if layer is None:  # made here: a new layer measures its values, which is work
-                    layer = _result_layer(update.result.paths, volume.samples.affine)
-                shown = self._shown(token, update, layer)
+                if result_layer is None:  # made here: a new layer measures its values, which is work
+                    result_layer = _result_layer(update.result.paths, volume.samples.affine)
+                shown = self._shown(token, update, result_layer)
                 if not update.final:
                     ctx.partial(shown)
             return shown
@@ -348,7 +377,9 @@ class ProbabilisticPanel(JobPanelBase):
 
     def _shown(self, token: int, update: ProbUpdate, layer: Layer) -> Shown:
         result = update.result
-        return Shown(token, update.run, result, update.total, layer, isosurface_input(result.paths, self._percent))
+        coarse = update.pass_number == 0 and not update.final
+        iso = isosurface_input(result.paths, self._percent, coarse=coarse)
+        return Shown(token, update.run, result, update.total, layer, iso)
 
     # ------------------------------------------------------------------ live
     def _on_document(self, _source, event, **info) -> None:
@@ -423,6 +454,7 @@ class ProbabilisticPanel(JobPanelBase):
         """The isosurface in 3-D: marching cubes over the worker's crop (VTK, so here, at most as
         often as totals arrive) and the level beside the spin box."""
         self.iso_level = iso.level
+        self._coarse_surface = iso.step > 1
         surface = isosurface(iso, layer.data.affine)
         if surface is None:
             self.iso_label.setText("no kept streamline yet: no surface" if iso.top == 0 else "no surface at this level")
@@ -479,6 +511,8 @@ class ProbabilisticPanel(JobPanelBase):
         super()._failed(token, message, details)
 
     def _cancelled(self) -> None:
+        if self._coarse_surface:  # no refined pass will replace it: the full surface of what is kept
+            self._iso_timer.start()
         if self.updates and self.result is not None:
             self.status.setText(
                 f"Cancelled after {self.result.streamlines:,} of {self.total:,} streamlines "

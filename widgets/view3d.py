@@ -31,6 +31,13 @@ from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, re
 from .view3d_fibers import FiberView
 from .view3d_overlays import add_orientation_marker
 
+
+def mask_box(mask: np.ndarray) -> tuple[slice, ...]:
+    """The bounding box of a non-empty mask's voxels, as slices (one pass: the voxels' indices)."""
+    found = np.nonzero(mask)
+    return tuple(slice(int(axis.min()), int(axis.max()) + 1) for axis in found)
+
+
 NO_RENDER = {"render": False, "reset_camera": False}
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
 # so that the screen shows what the slice view of that name shows (neurological convention).
@@ -80,9 +87,11 @@ class View3D(FiberView, QWidget):
         self._roi_timer.setInterval(150)  # a brush stroke rebuilds the surface once it pauses
         self._roi_timer.timeout.connect(self._update_roi_surfaces)
         self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
+        self._roi_layers: tuple = ()  # ids of the ROI layers, in order
         self._camera_set = False
         self._software_rendering: bool | None = None
         self._render_pending = False
+        self._planes_stale = False  # a layer's values changed: the planes are recomposited with the next frame
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self.frames_drawn = 0
         self._frame_start = 0.0
@@ -112,7 +121,10 @@ class View3D(FiberView, QWidget):
                 self._scene_layers = scene
                 self._update_planes()
                 self._update_glyphs()
-                self._roi_timer.start()
+                rois = self._roi_layers_key()
+                if rois != self._roi_layers:  # a result layer replaced leaves the ROI surfaces as they are
+                    self._roi_layers = rois
+                    self._roi_timer.start()
         elif event in ("cursor", "roi"):
             self._update_planes()
             if event == "roi":
@@ -128,7 +140,10 @@ class View3D(FiberView, QWidget):
                 self._update_planes()  # visibility, opacity or role colour
                 self._roi_timer.start()
             else:
-                self._update_planes()
+                if "data" in info.get("changed", ()):  # values streaming in (a running result):
+                    self._planes_stale = True  # recomposited once, when the next frame is drawn
+                else:
+                    self._update_planes()
                 if layer is not None and id(layer) in self._layer_surfaces:
                     self._style_layer_surface(self._layer_surfaces[id(layer)])
         self.request_render()
@@ -146,6 +161,8 @@ class View3D(FiberView, QWidget):
         self._render_pending = False
         if self.plotter.ren_win is None:  # closed meanwhile
             return
+        if self._planes_stale:
+            self._update_planes()
         planes_shown = any(actor.GetVisibility() for _grid, actor in self._planes.values())
         if not self._camera_set and (planes_shown or self._fibers or self._glyphs):  # something to frame
             self.reset_camera()
@@ -189,6 +206,7 @@ class View3D(FiberView, QWidget):
 
     # ---------------------------------------------------------------- planes
     def _update_planes(self) -> None:
+        self._planes_stale = False
         doc = self.document
         if doc.reference_affine is None:
             return
@@ -231,22 +249,26 @@ class View3D(FiberView, QWidget):
         self.request_render()
 
     # ------------------------------------------------------------ ROI surfaces
+    def _roi_layers_key(self) -> tuple:
+        return tuple(id(layer) for layer in self.document.layers if layer.kind == "roi")
+
     def _update_roi_surfaces(self) -> None:
         """Each visible ROI as a translucent surface (marching cubes at 0.5) in its colour."""
         for actor in self._roi_surfaces.values():
-            self.plotter.remove_actor(actor)
+            self.plotter.remove_actor(actor, render=False)  # one frame at the end, not one per ROI
         self._roi_surfaces.clear()
         for layer in self.document.layers:
             if layer.kind != "roi" or not layer.visible or not layer.data.mask.any():
                 continue
-            mask = layer.data.mask
-            grid = pv.ImageData(dimensions=np.array(mask.shape) + 2)
-            padded = np.pad(mask, 1).astype(np.float32)  # closed surfaces at the volume's edge
+            # Marching cubes over the mask's bounding box only: an ROI is small beside the grid
+            # (a whole HCP grid took a brush stroke ~100 ms of the GUI thread).
+            box = mask_box(layer.data.mask)
+            padded = np.pad(layer.data.mask[box], 1).astype(np.float32)  # closed surfaces at the box's edge
+            grid = pv.ImageData(dimensions=padded.shape, origin=tuple(float(s.start - 1) for s in box))
             grid.point_data["mask"] = padded.ravel(order="F")
             surface = grid.contour([0.5], scalars="mask")
             if surface.n_points == 0:
                 continue
-            surface.points -= 1.0  # undo the padding: voxel indices again
             surface.transform(layer.data.affine, inplace=True)
             actor = self.plotter.add_mesh(
                 surface,

@@ -13,7 +13,19 @@ of ``--seed-voxels`` voxels is painted, and one Track warms the engine (kernel c
 on the GPU). Then live mode is switched on and, for each of ``--strokes`` strokes (a few voxels
 added to the seed, as a brush does), the script measures:
 
-- ``first_map_ms``: stroke → the first pass's map in the document (layer values and surface set);
+- ``first_map_ms``: stroke (the paint call) → the first pass's map in the document (layer values
+  and surface set); ``first_map_panel_ms`` the same from the panel's hearing of the stroke (what
+  earlier results called ``first_map_ms``: the views' own redraw for the stroke could come first);
+- ``first_map_stages_ms``: where that time went, per thread: each stage's total ms between the
+  stroke and the first map (the window's methods wrapped by this script, :func:`instrument`: the
+  stroke's events, the submit, the use case up to its first totals — prepare, track, totals to the
+  host —, the worker's surface crop, the layer set and replaced, marching cubes, the 3-D planes
+  and ROI surfaces rebuilt; not the slice views' paint events nor the 3-D frame itself, which Qt
+  calls unwrapped: they show as the hop below); ``first_map_marks_ms``: [start, end] ms
+  after the stroke of the submit, the use case's first totals and the GUI's showing of them
+  (end of the use case → start of the show: the hop of the totals to the GUI thread);
+  ``to_drawn_stages_ms`` the stages between the first map and the end of the first frame drawn
+  after it, ``frame_ms`` that frame's own render time;
 - ``first_drawn_ms``: stroke → the end of the first 3-D frame rendered after that (on screen);
 - ``first_pass_streamlines``: streamlines in that first map;
 - ``converged_ms``: last stroke → the map of every sample in the document (``converged_s``).
@@ -59,6 +71,86 @@ def wait_until(app, condition, timeout_s: float, step_s: float = 0.001) -> bool:
             return True
         time.sleep(step_s)
     return condition()
+
+
+class Stages:
+    """Where a stroke's time goes: the window's methods on the path from a stroke to a drawn map,
+    wrapped to record (stage, thread, start, end); :meth:`summary` sums each stage's time between
+    the stroke and a moment (ms), and gives the first start of the marks (ms after the stroke)."""
+
+    def __init__(self):
+        self.spans: list[tuple[str, str, float, float]] = []
+
+    def wrap(self, owner, name: str, stage: str) -> None:
+        import threading
+
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                gui = threading.current_thread() is threading.main_thread()
+                self.spans.append((stage, "gui" if gui else "worker", start, time.perf_counter()))
+
+        setattr(owner, name, timed)
+
+    def wrap_iter(self, owner, name: str, stage: str) -> None:
+        """A generator function: the time from its call to its first item (the use case's first pass)."""
+        original = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            first = True
+            for item in original(*args, **kwargs):
+                if first:
+                    self.spans.append((stage, "worker", start, time.perf_counter()))
+                    first = False
+                yield item
+
+        setattr(owner, name, timed)
+
+    def summary(self, since: float, until: float) -> dict:
+        out: dict[str, float] = {}
+        for stage, thread, start, end in self.spans:
+            if start >= since and end <= until:
+                key = f"{thread}: {stage}"
+                out[key] = round(out.get(key, 0.0) + (end - start) * 1000, 1)
+        return out
+
+    def marks(self, since: float, until: float, stages) -> dict:
+        """ms after ``since`` at which each of ``stages`` first started and ended."""
+        out = {}
+        for stage in stages:
+            hits = [(s, e) for name, _t, s, e in self.spans if name == stage and since <= s <= until]
+            if hits:
+                out[stage] = [round((hits[0][0] - since) * 1000, 1), round((hits[0][1] - since) * 1000, 1)]
+        return out
+
+
+def instrument(win, panel) -> Stages:
+    """Wrap the stages of a live stroke (the benchmark's own view of them; the app is unchanged)."""
+    from tractlens.widgets import probabilistic_panel as module
+
+    stages = Stages()
+    stages.wrap(panel, "track", "submit (panel.track)")
+    stages.wrap_iter(module, "track_probabilistic", "use case to first totals (prepare, track, to host)")
+    stages.wrap(module, "_result_layer", "result layer made (worker)")
+    stages.wrap(module, "isosurface_input", "surface crop (worker)")
+    stages.wrap(panel, "_show", "show (GUI: layer set, replace, surface)")
+    stages.wrap(module, "isosurface", "marching cubes")
+    stages.wrap(win.view3d, "set_layer_surface", "3-D surface actor set")
+    stages.wrap(win.view3d, "_update_planes", "3-D planes recomposited")
+    stages.wrap(win.view3d, "_update_roi_surfaces", "3-D ROI surfaces rebuilt")
+    stages.wrap(win.view3d, "_update_glyphs", "3-D glyphs updated")
+    stages.wrap(win.view3d, "_render_now", "3-D render request")
+    timer = win.view3d._roi_timer  # connected at start to the unwrapped method
+    timer.timeout.disconnect()
+    timer.timeout.connect(win.view3d._update_roi_surfaces)
+    stages.wrap(win.document, "replace_layer", "layer replaced (events)")
+    stages.wrap(win.document, "paint", "stroke painted (events)")
+    return stages
 
 
 def sphere(centre, radius_vox: float, shape) -> np.ndarray:
@@ -149,6 +241,7 @@ def main(argv=None) -> int:
     assert panel.result is not None, panel.status.text()
 
     panel.live.setChecked(True)
+    stages = instrument(win, panel)
     rows = []
     ring = sphere(centre, radius + 1.5, shape)
     ring = ring[~(np.linalg.norm(ring - centre, axis=1) <= radius)]
@@ -160,18 +253,34 @@ def main(argv=None) -> int:
         doc.paint(seed, voxels, True)
         assert wait_until(app, lambda: panel.first_map_s is not None, 60), panel.status.text()
         shown_at = panel.shown_at
-        drawn = None
+        first_map_at = panel.edit_time + panel.first_map_s  # the panel times from its own edit event
+        drawn = frame = None
         if wait_until(app, lambda at=shown_at: any(start >= at for start, _ in win.view3d.renders), 5):
-            drawn = next(end for start, end in win.view3d.renders if start >= shown_at) - edit
+            frame = next((start, end) for start, end in win.view3d.renders if start >= shown_at)
+            drawn = frame[1] - edit
         assert wait_until(app, lambda: panel.job_id is None and panel.converged_s is not None, 120)
         rows.append(
             {
-                "first_map_ms": round(panel.first_map_s * 1000, 1),
+                "first_map_ms": round((first_map_at - edit) * 1000, 1),  # from the stroke (the paint call)
+                "first_map_panel_ms": round(panel.first_map_s * 1000, 1),  # from the panel's hearing of it
                 "first_drawn_ms": None if drawn is None else round(drawn * 1000, 1),
                 "first_pass_streamlines": firsts[0] if firsts else panel.result.streamlines,
                 "converged_ms": round(panel.converged_s * 1000, 1),
                 "streamlines": panel.result.streamlines,
                 "waytotal": panel.result.waytotal,
+                "first_map_stages_ms": stages.summary(edit, first_map_at),
+                # first map → the end of the first frame drawn after it: what the GUI thread did meanwhile
+                "to_drawn_stages_ms": {} if frame is None else stages.summary(first_map_at, frame[1]),
+                "frame_ms": None if frame is None else round((frame[1] - frame[0]) * 1000, 1),
+                "first_map_marks_ms": stages.marks(
+                    edit,
+                    first_map_at,
+                    (
+                        "submit (panel.track)",
+                        "use case to first totals (prepare, track, to host)",
+                        "show (GUI: layer set, replace, surface)",
+                    ),
+                ),
             }
         )
         print(json.dumps(rows[-1]), file=sys.stderr)

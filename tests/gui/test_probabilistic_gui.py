@@ -272,6 +272,8 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     win.runner.job_partial.connect(
         lambda job_id, shown: job_id == panel.job_id and shown.result.streamlines == 300 and firsts.append(job_id)
     )
+    filled = set()  # the layers the runs' totals go to
+    win.runner.job_partial.connect(lambda job_id, shown: filled.add(id(shown.layer)))
     panel.live.setChecked(True)
     voxels = np.argwhere(seed.data.mask)
     win.document.paint(seed, voxels[:5], False)  # strokes: erase part of the seed…
@@ -283,6 +285,8 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     assert win.wait_for_jobs(60)
     assert win.errors == []
     assert panel.live_runs == 2  # the strokes during the first run were gathered into one re-track
+    # The re-track filled the first run's layer in place: a stroke changes values, not the layer list.
+    assert filled == {id(panel.result_layer)}
     assert firsts, "the coarse first pass was drawn before the refined map"
     assert panel.first_map_s is not None and panel.converged_s is not None
     assert 0 < panel.first_map_s and 0 < panel.converged_s
