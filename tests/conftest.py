@@ -3,6 +3,7 @@ CuPy when selected with ``-m gpu`` on a machine with a CUDA GPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -134,3 +135,14 @@ def pytest_sessionfinish(session, exitstatus):
     if leaks:
         sys.stderr.write("\nThe tests wrote into the user's real folders:\n  " + "\n  ".join(leaks) + "\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="module")
+def build_kernels():
+    """packaging/build_kernels.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(
+        "build_kernels", Path(__file__).resolve().parents[1] / "packaging" / "build_kernels.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

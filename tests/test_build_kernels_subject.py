@@ -6,7 +6,6 @@ few voxels of each tissue (the same input checks as on the GPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -16,14 +15,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def build_kernels():
-    spec = importlib.util.spec_from_file_location("build_kernels", ROOT / "packaging" / "build_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
