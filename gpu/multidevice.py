@@ -384,27 +384,33 @@ def run_split(
     return [f.result() for f in futures]
 
 
-def start_devices(n: int) -> threading.Thread | None:
+def start_devices(n: int, staging: bool = True) -> threading.Thread | None:
     """Create the CUDA contexts of GPUs 1 … n − 1 on background threads (GPU 0's is made by the
     usual warm-up), so a shared run started while its files are read finds them ready (a context
     takes a few hundred milliseconds; the driver serialises a thread that asks for one being
-    made). Nothing happens without a usable GPU; failures are left to the run, which names them."""
+    made); with ``staging``, also each of the n GPUs' pinned staging buffers for host uploads
+    (:func:`gpu.transfer.prepare_staging`). Nothing happens without a usable GPU; failures are
+    left to the run, which names them."""
     if n <= 1:
         return None
 
     def start() -> None:
         try:
             from .backend import gpu_count
+            from .transfer import prepare_staging
 
             count = gpu_count()
             import cupy
 
             def one(i: int) -> None:
-                with cupy.cuda.Device(i):
-                    cupy.zeros(1).sum()
+                if i > 0:
+                    with cupy.cuda.Device(i):
+                        cupy.zeros(1).sum()
+                if staging:
+                    prepare_staging(i)
 
-            with ThreadPoolExecutor(max(1, min(n, count) - 1), thread_name_prefix="tractlens-gpu-start") as pool:
-                list(pool.map(one, range(1, min(n, count))))
+            with ThreadPoolExecutor(max(1, min(n, count)), thread_name_prefix="tractlens-gpu-start") as pool:
+                list(pool.map(one, range(min(n, count))))
         except Exception:  # the run itself reports what is wrong, naming the device
             pass
 

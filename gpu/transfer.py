@@ -43,6 +43,14 @@ def _staging(cupy, device_id: int):
         return _stages[device_id]
 
 
+def prepare_staging(device_id: int) -> None:
+    """Make ``device_id``'s pinned staging buffers and copy threads now (pinning 64 MB of host
+    memory is not free), e.g. while a command still reads its files."""
+    import cupy
+
+    _staging(cupy, int(device_id))
+
+
 def _copy(destination: np.ndarray, source: np.ndarray, pool: ThreadPoolExecutor) -> None:
     """``destination[:] = source`` (1-D bytes) in :data:`COPY_THREADS` parts at once."""
     n = source.size
