@@ -6,6 +6,7 @@ a run. :mod:`gpu.probabilistic_numpy` is the reference it matches."""
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 
@@ -133,6 +134,7 @@ class KernelTracker:
         lanes: int = 1,
     ):
         cp = self.cp = backend.xp
+        t0 = time.perf_counter()
         self.backend, self.field, self.params = backend, field_, params
         self.n_seeds, self.n_targets = len(seeds), n_targets
         self.kernel = kernel_function(seed_matrix, visit_list)
@@ -164,7 +166,9 @@ class KernelTracker:
         # list needs the member lists, which only the counting at the end keeps.
         self.immediate = not visit_list and self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
         self.slots, self.limit, self.full = set_sizes(params, set_slots)
-        self.resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)
+        t1 = time.perf_counter()
+        self.resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)  # loads the kernel on the device
+        t2 = time.perf_counter()
         self.max_batch = max(1, int(max_batch))
         # One lane runs on the current stream. Several run on streams of their own, in turn, so
         # a chunk starts while the previous one's last (longest) streamlines still run: a
@@ -177,6 +181,10 @@ class KernelTracker:
             ready = cp.cuda.get_current_stream().record()
             for lane in self.lanes:
                 lane.stream.wait_event(ready)
+        t3 = time.perf_counter()
+        #: host seconds of the set-up's parts (device work queued, not waited for): inputs and
+        #: totals, the kernel loaded on the device, the lanes' visited-voxel sets
+        self.setup_s = {"arrays": round(t1 - t0, 4), "kernel": round(t2 - t1, 4), "sets": round(t3 - t2, 4)}
         self.turn = 0
         self.threads = self.lanes[0].threads
         self.counters, self.rerun_counters = self.lanes[0].counters, self.lanes[0].rerun_counters

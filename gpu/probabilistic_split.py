@@ -98,6 +98,8 @@ class _KernelShare:
         for stage, seconds in upload.seconds[report.index].items():
             report.add(stage, seconds)
         report.add("setup", t2 - t1)
+        for part, seconds in self.tracker.setup_s.items():
+            report.add(f"setup_{part}", seconds)
         report.add("field_wait", t3 - t2)  # the tracker was ready, the field not yet
 
     def launch(self, start: int, count: int):

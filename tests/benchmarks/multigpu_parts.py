@@ -303,8 +303,8 @@ def attribute(devices: list[dict] | None, tracking_s: float | None, merge_s: flo
         "finished_s": finished,
         "end_spread_s": round(max(per("done", stage=False)) - min(per("done", stage=False)), 4),
     }
-    for stage in ("start", "upload", "gather_wait", "gather", "setup", "field_wait", "open", "compute", "drain",
-                  "copy_back", "host_add", "finish"):  # fmt: skip
+    for stage in ("start", "upload", "gather_wait", "gather", "setup", "setup_arrays", "setup_kernel", "setup_sets",
+                  "field_wait", "open", "compute", "drain", "copy_back", "host_add", "finish"):  # fmt: skip
         out[f"{stage}_s"] = per(stage)
     slowest = finished.index(last)
     out["slowest_device"] = live[slowest]["device"]
