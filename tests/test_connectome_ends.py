@@ -50,3 +50,31 @@ def test_the_connectome_from_the_ends_equals_the_assignment_of_every_point():
                 counts[j, i] += 1
     np.testing.assert_array_equal(result.counts, counts)
     assert counts.sum() > 0
+
+
+def test_a_trx_read_to_its_ends_gives_the_ends_of_the_whole_load(tmp_path, demo_dir):
+    """From an uncompressed .trx the ends are read off its map and converted alone: the same
+    float32 voxel coordinates as the whole file loaded, the per-streamline scalars kept, and the
+    same connectome."""
+    from tractlens.app.io import load_tractogram, load_volume, save_tractogram
+    from tractlens.app.io.tractogram_ends import load_tractogram_ends, tractogram_ends
+
+    whole = load_tractogram(demo_dir / "bundles.trk")
+    empty = Tractogram(np.zeros((0, 3), np.float32), np.array([0, 0]), whole.affine, whole.dimensions,
+                       streamline_scalars={k: np.zeros(1, np.float32) for k in whole.streamline_scalars})  # fmt: skip
+    mixed = Tractogram.concatenate([whole, empty, whole.subset(np.arange(5))])
+    path = save_tractogram(mixed, tmp_path / "t.trx")
+    from tractlens.app.io.tractogram_mapped import open_trx_mm
+
+    assert open_trx_mm(path) is not None  # the map's path, not a whole load
+    full = load_tractogram(path)
+    ends = load_tractogram_ends(path)
+    cut = tractogram_ends(full)
+    np.testing.assert_array_equal(ends.points, cut.points)
+    np.testing.assert_array_equal(ends.offsets, cut.offsets)
+    assert len(ends) == len(full) and set(ends.streamline_scalars) == set(full.streamline_scalars)
+    labels = load_volume(demo_dir / "parcellation.nii.gz", kind="labels")
+    np.testing.assert_array_equal(compute_connectome(ends, labels, device="cpu").counts,
+                                  compute_connectome(full, labels, device="cpu").counts)  # fmt: skip
+    trk = load_tractogram_ends(demo_dir / "bundles.trk")  # any other format: loaded whole, then cut
+    np.testing.assert_array_equal(trk.points, tractogram_ends(whole).points)

@@ -144,6 +144,7 @@ def cmd_connectome(args) -> int:
     from ..io import load_labels, load_tractogram
     from ..io.lut import load_lut
     from ..io.nifti import load_image
+    from ..io.tractogram_ends import load_tractogram_ends
     from ..model import Volume
     from ..pipelines.connectivity import compute_connectome, write_matrix_csv
 
@@ -155,7 +156,10 @@ def cmd_connectome(args) -> int:
         labels = Volume("labels", load_labels(args.labels), labels_img.affine, kind="labels", source=str(args.labels))
         lut = load_lut(args.lut) if args.lut else None
         weights = _read_weights(args.streamline_weights) if args.streamline_weights else None
-        tract = load_tractogram(args.tractogram, reference=args.labels)
+        if params.weight == "length":  # the mean length needs every point
+            tract = load_tractogram(args.tractogram, reference=args.labels)
+        else:  # the ends are all the assignment reads: a whole brain's other points are not converted
+            tract = load_tractogram_ends(args.tractogram, reference=args.labels)
     require_streamlines(tract, args.tractogram, "a connectome")
     with phase("compute"):
         result = compute_connectome(
