@@ -12,10 +12,16 @@ from tractlens.app.batch.engines import THREAD_VARIABLES, cluster_arguments, wor
 
 
 @pytest.mark.parametrize("workers,cores,per", [(1, 64, 64), (2, 64, 32), (4, 64, 16), (3, 64, 21), (8, 4, 1)])
-def test_each_worker_gets_its_share_of_the_cores(workers, cores, per):
+def test_each_worker_gets_its_share_of_the_cores(workers, cores, per, monkeypatch):
+    monkeypatch.delenv("TRACTLENS_THREADS", raising=False)
     env = worker_threads_environ(workers, cores)
     assert env == {name: str(per) for name in THREAD_VARIABLES}
     assert {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS", "TRACTLENS_THREADS"} <= set(env)
+
+
+def test_threads_given_to_the_command_go_to_every_worker(monkeypatch):
+    monkeypatch.setenv("TRACTLENS_THREADS", "6")
+    assert worker_threads_environ(4, 64)["OMP_NUM_THREADS"] == "6"
 
 
 def _without_dask_cuda(monkeypatch):
@@ -25,6 +31,7 @@ def _without_dask_cuda(monkeypatch):
 
 
 def test_gpu_and_cpu_clusters_carry_the_workers_thread_share(monkeypatch):
+    monkeypatch.delenv("TRACTLENS_THREADS", raising=False)
     _without_dask_cuda(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr("tractlens.app.batch.engines.host_cores", lambda: 64)
@@ -39,6 +46,7 @@ def test_a_local_cluster_s_workers_start_with_their_share(monkeypatch):
     from tractlens.app.batch.engines import connect, host_cores
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("TRACTLENS_THREADS", raising=False)
     _without_dask_cuda(monkeypatch)
     client, cluster = connect(None, cluster_arguments(workers=2))
 

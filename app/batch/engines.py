@@ -57,8 +57,12 @@ def host_cores() -> int:
 
 def worker_threads_environ(workers: int, cores: int | None = None) -> dict[str, str]:
     """Each of ``workers`` local worker processes' share of the host's ``cores`` (at least one
-    thread), as the variables of :data:`THREAD_VARIABLES`."""
+    thread), as the variables of :data:`THREAD_VARIABLES`; ``TRACTLENS_THREADS`` set in this
+    process gives each worker that many instead."""
+    given = os.environ.get("TRACTLENS_THREADS", "").strip()
     per = max(1, (cores or host_cores()) // max(1, int(workers)))
+    if given.isdigit() and int(given) > 0:
+        per = int(given)
     return {name: str(per) for name in THREAD_VARIABLES}
 
 
