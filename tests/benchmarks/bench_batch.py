@@ -227,9 +227,12 @@ def default_cpu_workers() -> int:
     return max(1, min(os.cpu_count() or 1, int(memory // (12 * 2**30))))
 
 
-def summarise_engine(name: str, plain: dict, batch: dict, subjects: int, workers: int) -> dict:
+def summarise_engine(name: str, plain: dict | None, batch: dict, subjects: int, workers: int) -> dict:
     if "error" in batch:
         return {"engine": name, "plain": plain, "batch": batch}
+    if plain is None:  # --no-plain: throughput only
+        return {"engine": name, "workers": workers, "plain": None, "batch": batch,
+                "subjects_per_hour": round(subjects * 3600 / batch["wall_s"], 2), "cluster_start_s": batch["cluster_start_s"]}  # fmt: skip
     per_worker_subject = batch["wall_s"] * workers / subjects
     overhead = per_worker_subject - plain["per_subject_s"]
     running = (batch["batch_wall_s"] - batch["cluster_start_s"]) * workers / subjects  # once the workers are up
@@ -261,6 +264,10 @@ def markdown(results: dict) -> str:
     for row in results["engines"]:
         if "subjects_per_hour" not in row:
             lines.append(f"| {row['engine']} | | failed | | | | | | |")
+            continue
+        if row.get("plain") is None:
+            lines.append(f"| {row['engine']} | {row['workers']} | {row['batch']['wall_s']:.1f} | "
+                         f"{row['cluster_start_s']:.1f} | {row['subjects_per_hour']:.1f} | | | | |")  # fmt: skip
             continue
         lines.append(
             f"| {row['engine']} | {row['workers']} | {row['batch']['wall_s']:.1f} | {row['cluster_start_s']:.1f} | "
@@ -297,6 +304,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="subjects per GPU of each --gpus run (N × this; default: --subjects for every run)")  # fmt: skip
     p.add_argument("--no-cpu", action="store_true",
                    help="the GPU engine only (a CPU run of HCP-sized subjects takes tens of minutes)")  # fmt: skip
+    p.add_argument("--no-plain", action="store_true",
+                   help="skip the single-subject commands (no overhead figures; subjects per hour and steps only)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one batch run may take")
     p.add_argument("--results", type=Path, default=HERE / "results", help="folder of batch_<gpu>.json/.md")
@@ -326,7 +335,9 @@ def main(argv=None) -> int:
         count = args.subjects_per_gpu * workers if device == "gpu" and args.subjects_per_gpu else subjects
         root = bids if count == subjects else make_bids(subject, args.outdir / f"bids_{count}", count)
         log(f"{name}: the plain commands, then tractlens batch {' '.join(engine)} over {count} subjects")
-        if device not in plains:  # one subject's plain commands per device
+        if args.no_plain:
+            plains[device] = None
+        elif device not in plains:  # one subject's plain commands per device
             plains[device] = plain_commands(subject, args.outdir / f"plain_{device}", device, env, args.timeout)
         batch = batch_run(root, args.outdir / f"derivatives_{name}", config, engine, env, args.timeout)
         rows.append(summarise_engine(name, plains[device], batch, count, workers))

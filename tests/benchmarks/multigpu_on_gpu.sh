@@ -41,6 +41,6 @@ fi
   "$OUT/multigpu_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE '[A-Z]+[0-9]{2,4}' | head -1 | tr A-Z a-z)x$(nvidia-smi -L | wc -l).json" \
   2>&1 | tee "$OUT/bench_multigpu.log" | grep -v '^ ' | tail -40
 if [ "${BATCH:-0}" = 1 ]; then
-  timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 \
+  timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 ${BATCH_ARGS:-} \
     --results "$OUT" 2>&1 | tail -20
 fi
