@@ -10,9 +10,10 @@ bit for bit for every count (path distributions, target counts, matrices are int
 chunks first, smaller ones towards the end, so the devices finish together whatever each chunk
 costs), one host thread per device with its device current (:meth:`Backend.activate`); CuPy keeps
 the current device per thread, compiles each kernel once per device and allocates from a pool
-per device. Each device keeps its running totals until the end; nothing goes through NCCL (so
-none of its NVLink multicast is involved): the totals are reduced by peer copies
-(:mod:`gpu.multidevice_copy`).
+per device. Each device keeps its running totals until it finishes (with ``finish_early``, as
+soon as the queue is empty for it, while the others still compute); nothing goes through NCCL (so
+none of its NVLink multicast is involved): the totals are reduced by peer copies or added on the
+host (:mod:`gpu.multidevice_copy`).
 
 A device that fails (out of memory, a lost device, any error) is named in a
 :class:`DeviceFailure` ("GPU 2 (NVIDIA H100 80GB HBM3): out of memory while tracking"). With

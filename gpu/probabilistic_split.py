@@ -3,17 +3,19 @@ simulated GPUs on the CPU: :func:`gpu.multidevice.simulated_backends`).
 
 Run positions ``0 .. seeds × samples`` are handed out in chunks as the devices ask for them
 (:func:`gpu.multidevice.run_shared`); each device tracks its chunks with its own
-:class:`gpu.probabilistic.KernelTracker` (the NumPy reference on a CPU backend), keeping the
-totals on the device, and at the end the totals are added on the first GPU (peer copies) and
-read once. The field of samples is uploaded once and copied to the other GPUs
-(:class:`gpu.multidevice_copy.Broadcast`). A streamline's random numbers depend only on its
-number, so the sum is the single-device result bit for bit: path distribution, waytotal,
-seed × target counts, seed matrix, steps.
+:class:`gpu.probabilistic_kernel.KernelTracker` (the NumPy reference on a CPU backend), on
+:data:`GPU_LANES` streams in turn, keeping the totals on the device. When the queue has nothing
+left for a device, it hands its totals in at once: copied back and added on the host
+(:class:`gpu.multidevice_copy.HostSums`) while the others still compute. The field of samples
+is uploaded in parts, one per device, all at once, and each device takes the parts it lacks from
+the others (:class:`gpu.multidevice_copy.ShardedUpload`), while its tracker is set up beside
+the copy. A streamline's random numbers depend only on its number, and the totals are integers
+added in their own types, so the sum is the single-device result bit for bit: path
+distribution, waytotal, seed × target counts, seed matrix, steps.
 
-Each device's stages are timed (``provenance["devices"]``): ``start`` (its CUDA context),
-``upload`` (the field: from the host or a peer), ``setup`` (the tracker: kernel load, totals,
-visited-voxel sets), ``compute`` (its chunks), ``finish``; and the run's ``merge_s`` (the
-reduction on the first GPU and the copy of the totals to the host).
+Each device's stages are timed (``provenance["devices"]``, see :func:`track_split`) with its
+timeline, so a run's tracking time can be attributed: the slowest device's opening, compute and
+finish, then the ``merge_s`` (the result made from the host sums).
 """
 
 from __future__ import annotations
