@@ -556,6 +556,7 @@ def first_run_summary(results: dict, keys, env: dict) -> dict:
         "cold": "each command's first run starts from an emptied CUPY_CACHE_DIR holding only the kernels the app "
         "installs from the shipped build; its second run (warm) reuses what the first left",
         "kernel_cache": env.get("CUPY_CACHE_DIR"),
+        "home": env.get("HOME"),  # first_run_on_gpu.sh quick: a fresh one (no user-level cache)
         "shipped_kernels": None if env.get("TRACTLENS_SHIPPED_KERNELS") == "0" else (shipped or "the package's"),
         "shipped_builds": sorted(p.name for p in Path(shipped).iterdir()) if shipped and Path(shipped).is_dir() else [],
         "commands": commands,

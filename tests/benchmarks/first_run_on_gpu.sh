@@ -18,7 +18,8 @@
 #   bash tests/benchmarks/first_run_on_gpu.sh bench      # cold/warm of fit-dti, track-det, commit, track-prob(-wb)
 #   bash tests/benchmarks/first_run_on_gpu.sh ballstick  # cold/warm of fit-ballstick (~3 min)
 #   bash tests/benchmarks/first_run_on_gpu.sh test       # tests/test_kernel_cache_gpu.py (~4 min)
-#   bash tests/benchmarks/first_run_on_gpu.sh quick      # all in one call (~4-5 min on a fresh machine): see below
+#   bash tests/benchmarks/first_run_on_gpu.sh quick      # all in one call (~5 min on a fresh machine): see below
+#                                                        # (TESTS=0: without the GPU tests, ~3 min)
 #
 # quick: a fresh HOME, CUPY_CACHE_DIR and TRACTLENS_CACHE (empty temporary folders: nothing a
 # user-level cache of this machine holds is used), then at once (16 cores; both compile) the GPU
@@ -99,6 +100,7 @@ case $step in
       "TRACTLENS_CACHE=$TRACTLENS_CACHE; the machine's own ~/.cupy/kernel_cache held $before files (not used)" | tee -a "$OUT/gpu.txt"
     tag=$(python3 -c "import sys; sys.path.insert(0, 'tests/benchmarks'); import bench_e2e; print(bench_e2e.gpu_tag())")
     tests=(python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_kernel_cache_gpu.py)
+    [ "${TESTS:-1}" = 1 ] || tests=(true)  # TESTS=0: the build and the bench only (~3 min)
     # 1. the tests that need no shipped build, beside the build (both mostly wait for NVRTC)
     timeout 420 "${tests[@]}" --basetemp "$Q/pytest-rehearsal" -k "rehearsal or one_reduction or cupys_own_compiler" \
       >"$OUT/test_rehearsal.log" 2>&1 &
