@@ -20,7 +20,8 @@ from ..ballstick import BallStickParams
 from ..host import host_threads
 from ..params import meta, same_as
 from .declare import Acquisition, Model, all_parameters
-from .optimize import grid_search, levenberg_marquardt, metropolis, predict, tensor_orientations
+from .host_fit import compiled_fit
+from .optimize import grid_search, levenberg_marquardt, metropolis, orientation_start, predict, tensor_orientations
 
 FLAG_NOT_FITTED = 1  #: non-finite signal or no positive b = 0 signal: outputs are zero.
 FLAG_NOT_CONVERGED = 2  #: the least-squares fit ended non-finite; the grid search's values are kept.
@@ -163,6 +164,9 @@ def fit_model(
     flags = np.zeros(n, dtype=np.uint8)
     timings = {"grid_s": 0.0, "lm_s": 0.0, "mcmc_s": 0.0, "transfer_s": 0.0}
     acq = Acquisition(bvals, bvecs, xp)
+    # on the CPU, NODDI-Watson's grid and LM as compiled loops without the GIL (numba), which
+    # scale with the threads; the array program otherwise (the same algorithm)
+    compiled = compiled_fit(model, acq, on_cpu=not backend.is_gpu)
 
     def process(start: int, stop: int) -> None:
         t0 = time.perf_counter()
@@ -172,10 +176,17 @@ def fit_model(
         y = xp.where(good[:, None], y / xp.where(good, scale, 1.0)[:, None], 1.0)
         backend.synchronize()
         t1 = time.perf_counter()
-        start_values = grid_search(xp, model, acq, y, tensor_orientations(xp, y, acq, params.b0_threshold))
+        eigenvectors = tensor_orientations(xp, y, acq, params.b0_threshold)
+        if compiled is None:
+            start_values = grid_search(xp, model, acq, y, eigenvectors)
+        else:
+            start_values = compiled.grid_search(y, orientation_start(xp, model, eigenvectors), cancelled)
         backend.synchronize()
         t2 = time.perf_counter()
-        fitted, cost = levenberg_marquardt(xp, model, acq, y, start_values, params.lm_iterations, cancelled)
+        if compiled is None:
+            fitted, cost = levenberg_marquardt(xp, model, acq, y, start_values, params.lm_iterations, cancelled)
+        else:
+            fitted, cost = compiled.levenberg_marquardt(y, start_values, params.lm_iterations, cancelled)
         failed = ~xp.isfinite(fitted).all(axis=1) | ~xp.isfinite(cost)
         fitted = xp.where(failed[:, None], start_values, fitted)
         backend.synchronize()
@@ -246,6 +257,7 @@ def fit_model(
         "voxels": int(n),
         "measurements": int(m),
         "fit_s": time.perf_counter() - t_start,
+        "engine": "arrays" if compiled is None else "compiled",
         **timings,
     }
     return fit
