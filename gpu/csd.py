@@ -37,7 +37,7 @@ from .backend import Backend, flag_counts, get_backend, run_batched
 from .csd_peaks import PeakParams, find_peaks
 from .csd_qp import SharedQP, solve_batch
 from .csd_response import Response, Shells, find_shells, response_rows
-from .host import host_threads
+from .host import compile_or_uncached, host_threads, numba_module
 from .params import meta
 from .sh import Y00, degrees_orders, expand_per_coefficient, fibonacci_hemisphere, n_coefficients, sh_basis
 
@@ -45,6 +45,8 @@ FLAG_NONFINITE_SIGNAL = 1  #: NaN or Inf among the voxel's signals; not fitted.
 FLAG_NOT_CONVERGED = 2  #: the solver stopped at its iteration limit.
 FLAG_NAMES = {FLAG_NONFINITE_SIGNAL: "non-finite signal", FLAG_NOT_CONVERGED: "not converged"}
 
+#: Most voxels of a batch on the CPU: a thread's peak search stays within a few MB
+CPU_BATCH_VOXELS = 256
 #: DIPY scales λ by √(its 362 regularisation directions); kept so λ = 1 means the same.
 _DIPY_REGULARISATION_DIRECTIONS = 362.0
 
@@ -293,6 +295,38 @@ def _ssst_batch(xp, signal, model: CSDModel, params: CSDParams):
     return sh, iterations, converged
 
 
+def _ssst_compiled(model: CSDModel, params: CSDParams):
+    """:func:`_ssst_batch` as a compiled loop per voxel (:mod:`gpu.csd_loops`), or None when it
+    cannot run here (numba missing); ``solve(batch) -> (sh, iterations, converged)`` on the host."""
+    if numba_module() is None:
+        return None
+    design = np.ascontiguousarray(model.design)
+    n_sh, low = model.n_sh, n_coefficients(min(4, model.lmax))
+    constraint = np.ascontiguousarray(model.constraint)
+    r0 = float(model.design[:, 0].mean() / Y00)
+    lam = params.regularisation * n_sh * r0 / math.sqrt(constraint.shape[0] * _DIPY_REGULARISATION_DIRECTIONS)
+    base = design.T @ design + np.eye(n_sh) * (1e-10 * float(np.trace(design.T @ design)) / n_sh)
+    pinv_low = np.ascontiguousarray(np.linalg.pinv(design[:, :low]))
+    args = (design, base, pinv_low, constraint, lam * lam, params.threshold * Y00, params.max_iterations)
+
+    def loops():
+        from . import csd_loops
+
+        return csd_loops.ssst_voxels
+
+    def first_call(loop):
+        loop(np.zeros((0, design.shape[0])), *args, np.zeros((0, n_sh)), np.zeros(0, np.int64))
+
+    loop = compile_or_uncached(loops, first_call, "csd_loops")
+
+    def solve(batch: np.ndarray):
+        sh, iterations = np.zeros((len(batch), n_sh)), np.zeros(len(batch), np.int64)
+        loop(np.ascontiguousarray(batch), *args, sh, iterations)
+        return sh, int(np.abs(iterations).max(initial=0)), iterations > 0
+
+    return solve
+
+
 # ------------------------------------------------------------------------ multi-tissue solver
 def constraint_matrix(model: CSDModel) -> np.ndarray:
     """(M, P) rows whose products with x must be ≥ 0: fODF amplitudes, then each isotropic tissue."""
@@ -363,6 +397,9 @@ def fit_csd(
     stats["not_converged_per_batch"] = []  # voxels each batch left at the iteration limit
     volumes = model.volumes
     shared = shared_program(model) if model.msmt else None
+    # on the CPU, single-shell CSD's iteration as a compiled loop per voxel without the GIL
+    # (numba), which scales with the threads; the array program otherwise (the same algorithm)
+    compiled = None if model.msmt or backend.is_gpu else _ssst_compiled(model, params)
 
     # The volumes fitted, as a slice when they are a run (MSMT: all of them), so that a batch goes
     # to the device straight from the caller's array instead of through a gathered host copy
@@ -382,7 +419,8 @@ def fit_csd(
             x, iterations, converged = _msmt_batch(xp, batch, model, params, shared)
             sh, iso = x[:, :n_sh], x[:, n_sh:]
         else:
-            sh, iterations, converged = _ssst_batch(xp, batch, model, params)
+            solve = compiled or (lambda b: _ssst_batch(xp, b, model, params))
+            sh, iterations, converged = solve(batch)
             iso = xp.zeros((stop - start, 0))
         sh = xp.where(finite[:, None], sh, 0)
         iso = xp.where(finite[:, None], xp.maximum(iso, 0), 0)
@@ -412,8 +450,10 @@ def fit_csd(
 
     stats_lock, not_converged = threading.Lock(), {}
     threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
+    # on the CPU, batches small enough for a core's cache (the peak search's (n, 1200) arrays)
+    maximum = batch_voxels or (None if backend.is_gpu else CPU_BATCH_VOXELS)
     run_batched(
-        backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels, threads=threads
+        backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=maximum, threads=threads
     )
     stats["not_converged_per_batch"] = [not_converged[start] for start in sorted(not_converged)]
     fit = CSDFit(**out)
@@ -427,6 +467,7 @@ def fit_csd(
         "shell_used": model.shell_used,
         "shells": [float(b) for b in model.shells.bvalues],
         "precision": np.dtype(dtype).name,
+        "engine": "arrays" if compiled is None else "compiled",
         "backend": backend.name,
         "device": backend.device_name,
         "voxels": n,

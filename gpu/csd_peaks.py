@@ -115,7 +115,9 @@ def find_peaks(xp, coefficients, lmax: int, params: PeakParams | None = None):
     sphere_h, neighbour_h, basis_h = _search_sphere(lmax)
     sphere = xp.asarray(sphere_h, dtype=dtype)
     amplitude = coefficients @ xp.asarray(basis_h.T, dtype=dtype)  # (n, D)
-    is_max = (amplitude[:, :, None] >= amplitude[:, xp.asarray(neighbour_h)]).all(axis=2) & (amplitude > 0)
+    is_max = amplitude > 0
+    for k in range(neighbour_h.shape[1]):  # one neighbour at a time: no (n, D, 6) temporary
+        is_max &= amplitude >= amplitude[:, xp.asarray(neighbour_h[:, k])]
     candidates = xp.where(is_max, amplitude, -xp.inf)
     del is_max
     cos_sep = math.cos(math.radians(params.min_separation_deg))
