@@ -45,8 +45,6 @@ FLAG_NONFINITE_SIGNAL = 1  #: NaN or Inf among the voxel's signals; not fitted.
 FLAG_NOT_CONVERGED = 2  #: the solver stopped at its iteration limit.
 FLAG_NAMES = {FLAG_NONFINITE_SIGNAL: "non-finite signal", FLAG_NOT_CONVERGED: "not converged"}
 
-#: Most voxels of a batch on the CPU: a thread's peak search stays within a few MB
-CPU_BATCH_VOXELS = 256
 #: DIPY scales λ by √(its 362 regularisation directions); kept so λ = 1 means the same.
 _DIPY_REGULARISATION_DIRECTIONS = 362.0
 
@@ -321,8 +319,13 @@ def _ssst_compiled(model: CSDModel, params: CSDParams):
 
     def solve(batch: np.ndarray):
         sh, iterations = np.zeros((len(batch), n_sh)), np.zeros(len(batch), np.int64)
+        t = time.thread_time()
         loop(np.ascontiguousarray(batch), *args, sh, iterations)
+        inside[threading.get_ident()] = inside.get(threading.get_ident(), 0.0) + time.thread_time() - t
         return sh, int(np.abs(iterations).max(initial=0)), iterations > 0
+
+    inside = {}  # CPU seconds each thread spent in the loop (without the GIL), by thread
+    solve.cpu_seconds = lambda: sum(inside.values())
 
     return solve
 
@@ -450,12 +453,11 @@ def fit_csd(
 
     stats_lock, not_converged = threading.Lock(), {}
     threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
-    # on the CPU, batches small enough for a core's cache (the peak search's (n, 1200) arrays)
-    maximum = batch_voxels or (None if backend.is_gpu else CPU_BATCH_VOXELS)
     run_batched(
-        backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=maximum, threads=threads
+        backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels, threads=threads
     )
     stats["not_converged_per_batch"] = [not_converged[start] for start in sorted(not_converged)]
+    stats["compiled_cpu_s"] = 0.0 if compiled is None else compiled.cpu_seconds()
     fit = CSDFit(**out)
     fit.provenance = {
         "method": "msmt-csd (Jeurissen 2014)" if model.msmt else "csd (Tournier 2007)",

@@ -162,7 +162,7 @@ def fit_model(
     directions = np.zeros((n, len(model.orientations), 3))
     residual = np.zeros(n)
     flags = np.zeros(n, dtype=np.uint8)
-    timings = {"grid_s": 0.0, "lm_s": 0.0, "mcmc_s": 0.0, "transfer_s": 0.0}
+    timings = {"grid_s": 0.0, "lm_s": 0.0, "mcmc_s": 0.0, "transfer_s": 0.0, "compiled_cpu_s": 0.0}
     acq = Acquisition(bvals, bvecs, xp)
     # on the CPU, NODDI-Watson's grid and LM as compiled loops without the GIL (numba), which
     # scale with the threads; the array program otherwise (the same algorithm)
@@ -177,16 +177,18 @@ def fit_model(
         backend.synchronize()
         t1 = time.perf_counter()
         eigenvectors = tensor_orientations(xp, y, acq, params.b0_threshold)
+        inside = 0.0  # CPU seconds of this thread in compiled loops (without the GIL)
         if compiled is None:
             start_values = grid_search(xp, model, acq, y, eigenvectors)
         else:
-            start_values = compiled.grid_search(y, orientation_start(xp, model, eigenvectors), cancelled)
+            start_values, inside = compiled.grid_search(y, orientation_start(xp, model, eigenvectors), cancelled)
         backend.synchronize()
         t2 = time.perf_counter()
         if compiled is None:
             fitted, cost = levenberg_marquardt(xp, model, acq, y, start_values, params.lm_iterations, cancelled)
         else:
-            fitted, cost = compiled.levenberg_marquardt(y, start_values, params.lm_iterations, cancelled)
+            fitted, cost, lm_inside = compiled.levenberg_marquardt(y, start_values, params.lm_iterations, cancelled)
+            inside += lm_inside
         failed = ~xp.isfinite(fitted).all(axis=1) | ~xp.isfinite(cost)
         fitted = xp.where(failed[:, None], start_values, fitted)
         backend.synchronize()
@@ -213,7 +215,11 @@ def fit_model(
                 dirs = _principal(xp, dyadic)
             backend.synchronize()
         t4 = time.perf_counter()
-        rms = xp.sqrt(((y - predict(xp, model, acq, fitted)) ** 2).mean(axis=1)) * scale
+        if compiled is None:
+            rms = xp.sqrt(((y - predict(xp, model, acq, fitted)) ** 2).mean(axis=1)) * scale
+        else:
+            rms, rms_inside = compiled.rms(y, fitted)
+            rms, inside = rms * scale, inside + rms_inside
         fitted[:, 0] *= scale
         sl = slice(start, stop)
         ok = backend.to_host(good)
@@ -229,6 +235,7 @@ def fit_model(
             timings["lm_s"] += t3 - t2
             timings["mcmc_s"] += t4 - t3
             timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t4)
+            timings["compiled_cpu_s"] += inside
         if on_batch is not None:
             on_batch(
                 np.arange(start, stop),

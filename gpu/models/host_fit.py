@@ -11,6 +11,7 @@ chunks as the array program polls it between iterations.
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 
@@ -63,8 +64,10 @@ class CompiledFit:
         axes = [model.parameters[i].init_grid or (model.parameters[i].default_start(),) for i in gridded]
         self.gridded = np.asarray([1 + i for i in gridded], dtype=np.int64)
         self.combos = np.asarray(list(itertools.product(*axes)), dtype=np.float64).reshape(-1, len(gridded))
-        self.grid_loop, self.lm_loop = compile_or_uncached(
-            lambda: (_loops().grid_voxels, _loops().lm_voxels), self._compile, "models.watson_loops"
+        self.grid_loop, self.lm_loop, self.rms_loop = compile_or_uncached(
+            lambda: (_loops().grid_voxels, _loops().lm_voxels, _loops().rms_voxels),
+            self._compile,
+            "models.watson_loops",
         )
 
     def _compile(self, loops) -> None:
@@ -73,27 +76,44 @@ class CompiledFit:
         loops[0](y, start, self.combos, self.gridded, *self.constants, np.zeros((0, p)))
         loops[1](y, start, self.kinds, self.lower, self.upper, 1, LM_LAMBDA0, LM_LAMBDA_STOP, LM_RELATIVE_TOL,
                  *self.constants, np.zeros((0, p)), np.zeros(0))  # fmt: skip
+        loops[2](y, start, *self.constants, np.zeros(0))
 
-    def grid_search(self, y: np.ndarray, start: np.ndarray, cancelled=None) -> np.ndarray:
-        """optimize.grid_search's best starting values (N, 1 + P); ``start`` holds the orientations."""
+    def grid_search(self, y: np.ndarray, start: np.ndarray, cancelled=None) -> tuple[np.ndarray, float]:
+        """optimize.grid_search's best starting values (N, 1 + P) (``start`` holds the
+        orientations), and the CPU seconds this thread spent in the compiled loop."""
         y, start = np.ascontiguousarray(y), np.ascontiguousarray(start)
         best = np.empty_like(start)
+        inside = 0.0
         for a in range(0, len(y), CHUNK):
             _poll(cancelled)
             b = a + CHUNK
+            t = time.thread_time()
             self.grid_loop(y[a:b], start[a:b], self.combos, self.gridded, *self.constants, best[a:b])
-        return best
+            inside += time.thread_time() - t
+        return best, inside
 
     def levenberg_marquardt(self, y, values0, iterations: int, cancelled=None):
-        """optimize.levenberg_marquardt's fitted values (N, 1 + P) and sums of squares (N,)."""
+        """optimize.levenberg_marquardt's fitted values (N, 1 + P) and sums of squares (N,), and
+        the CPU seconds this thread spent in the compiled loop."""
         y, values0 = np.ascontiguousarray(y), np.ascontiguousarray(values0)
         fitted, cost = np.empty_like(values0), np.empty(len(y))
+        inside = 0.0
         for a in range(0, len(y), CHUNK):
             _poll(cancelled)
             b = a + CHUNK
+            t = time.thread_time()
             self.lm_loop(y[a:b], values0[a:b], self.kinds, self.lower, self.upper, iterations, LM_LAMBDA0,
                          LM_LAMBDA_STOP, LM_RELATIVE_TOL, *self.constants, fitted[a:b], cost[a:b])  # fmt: skip
-        return fitted, cost
+            inside += time.thread_time() - t
+        return fitted, cost, inside
+
+    def rms(self, y, values) -> tuple[np.ndarray, float]:
+        """Root-mean-square residuals (N,) of ``y`` at ``values`` (N, 1 + P), and the CPU
+        seconds this thread spent in the compiled loop."""
+        out = np.empty(len(y))
+        t = time.thread_time()
+        self.rms_loop(np.ascontiguousarray(y), np.ascontiguousarray(values), *self.constants, out)
+        return out, time.thread_time() - t
 
 
 def _poll(cancelled) -> None:

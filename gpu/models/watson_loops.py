@@ -52,37 +52,62 @@ def _to_internal(kind, lo, hi, v):
 
 
 @_jit
-def watson_signal(values, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, out):
+def new_cache(m):
+    """Scratch of :func:`watson_signal` for one thread: the last orientation's g·v and even
+    Legendre polynomials (M, 7), the last ODI's Watson coefficients and second moment. Keyed by
+    the exact input values, so a hit returns the very numbers a recomputation would."""
+    keys = np.full(3, np.nan)  # θ, φ, ODI
+    return keys, np.empty(m), np.empty((m, ORDERS)), np.empty(ORDERS + 1)
+
+
+@_jit
+def watson_signal(values, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, cache, out):
     """S = S0 · E of NODDI-Watson for one voxel's ``values`` (S0, v_ic, ODI, v_iso, θ, φ) into
     ``out`` (M,); ``stick`` (M, 7) the stick's Legendre coefficients at b·d∥, ``ball`` (M,) its
-    attenuation at d_iso, ``legendre_nodes`` (7, nodes) the even Legendre polynomials at the nodes."""
+    attenuation at d_iso, ``legendre_nodes`` (7, nodes) the even Legendre polynomials at the
+    nodes; ``cache`` from :func:`new_cache` (the Jacobian's steps in S0 and the fractions keep
+    the orientation and ODI)."""
     s0, v_ic, odi, v_iso, theta, phi = values[0], values[1], values[2], values[3], values[4], values[5]
-    kappa = 1.0 / math.tan(np.pi / 2.0 * odi)
-    moments = np.zeros(ORDERS)
-    mass = 0.0
-    second = 0.0
-    for j in range(nodes.shape[0]):
-        t = nodes[j]
-        density = math.exp(kappa * (t * t - 1.0)) * weights[j]
+    keys, cosines, legendre, watson = cache
+    if not odi == keys[2]:
+        kappa = 1.0 / math.tan(np.pi / 2.0 * odi)
         for order in range(ORDERS):
-            moments[order] += density * legendre_nodes[order, j]
-        mass += density
-        second += density * t * t
-    t2 = second / mass
+            watson[order] = 0.0
+        mass = 0.0
+        second = 0.0
+        for j in range(nodes.shape[0]):
+            t = nodes[j]
+            density = math.exp(kappa * (t * t - 1.0)) * weights[j]
+            for order in range(ORDERS):
+                watson[order] += density * legendre_nodes[order, j]
+            mass += density
+            second += density * t * t
+        for order in range(ORDERS - 1, -1, -1):  # normalised: w_0 = 1
+            watson[order] = watson[order] / watson[0]
+        watson[ORDERS] = second / mass
+        keys[2] = odi
+    if not (theta == keys[0] and phi == keys[1]):
+        st = math.sin(theta)
+        vx, vy, vz = st * math.cos(phi), st * math.sin(phi), math.cos(theta)
+        for m in range(bvals.shape[0]):
+            c = bvecs[m, 0] * vx + bvecs[m, 1] * vy + bvecs[m, 2] * vz
+            cosines[m] = c
+            legendre[m, 0] = 1.0
+            p_prev, p = 1.0, c
+            for n in range(1, 12):
+                p_prev, p = p, ((2 * n + 1) * c * p - n * p_prev) / (n + 1)
+                if (n + 1) % 2 == 0:
+                    legendre[m, (n + 1) // 2] = p
+        keys[0], keys[1] = theta, phi
+    t2 = watson[ORDERS]
     d_perp = d_par * (1.0 - v_ic)
     par = d_perp + (d_par - d_perp) * t2
     perp = d_perp + (d_par - d_perp) * (1.0 - t2) / 2.0
-    st = math.sin(theta)
-    vx, vy, vz = st * math.cos(phi), st * math.sin(phi), math.cos(theta)
     for m in range(bvals.shape[0]):
-        c = bvecs[m, 0] * vx + bvecs[m, 1] * vy + bvecs[m, 2] * vz
-        total = 0.0 + stick[m, 0] * (moments[0] / moments[0])
-        p_prev, p = 1.0, c
-        for n in range(1, 12):
-            p_prev, p = p, ((2 * n + 1) * c * p - n * p_prev) / (n + 1)
-            if (n + 1) % 2 == 0:
-                order = (n + 1) // 2
-                total += (4 * order + 1) * (moments[order] / moments[0]) * stick[m, order] * p
+        c = cosines[m]
+        total = 0.0
+        for order in range(ORDERS):
+            total += (4 * order + 1) * watson[order] * stick[m, order] * legendre[m, order]
         intra = max(total, 0.0)
         extra = math.exp(-bvals[m] * (perp + (par - perp) * c * c))
         tissue = v_ic * intra + (1.0 - v_ic) * extra
@@ -96,6 +121,7 @@ def grid_voxels(y, start, combos, gridded, bvals, bvecs, stick, ball, d_par, nod
     n, m = y.shape
     trial = np.empty(start.shape[1])
     atten = np.empty(m)
+    cache = new_cache(m)
     for v in range(n):
         best_cost = np.inf
         for k in range(start.shape[1]):
@@ -106,7 +132,7 @@ def grid_voxels(y, start, combos, gridded, bvals, bvecs, stick, ball, d_par, nod
             for i in range(gridded.shape[0]):
                 trial[gridded[i]] = combos[c, i]
             trial[0] = 1.0
-            watson_signal(trial, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, atten)
+            watson_signal(trial, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, cache, atten)
             num = 0.0
             den = 0.0
             for j in range(m):
@@ -183,11 +209,12 @@ def lm_voxels(
     jtr = np.empty(p)
     delta = np.empty(p)
     trial = np.empty(p)
+    cache = new_cache(m)
     for v in range(n):
         for i in range(p):
             z[i] = _to_internal(kinds[i], lo[i], hi[i], start[v, i])
         _values(kinds, lo, hi, z, vals)
-        watson_signal(vals, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, signal)
+        watson_signal(vals, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, cache, signal)
         cost = _cost(y, v, signal)
         if not math.isfinite(cost):
             cost = np.inf
@@ -199,7 +226,9 @@ def lm_voxels(
                     zp[i] = z[i]
                 zp[q] += step
                 _values(kinds, lo, hi, zp, vals)
-                watson_signal(vals, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, trial_signal)
+                watson_signal(
+                    vals, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, cache, trial_signal
+                )
                 for j in range(m):
                     jac[q, j] = (trial_signal[j] - signal[j]) / step
             ok = True
@@ -229,7 +258,7 @@ def lm_voxels(
             for i in range(p):
                 trial[i] = z[i] + delta[i]
             _values(kinds, lo, hi, trial, vals)
-            watson_signal(vals, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, trial_signal)
+            watson_signal(vals, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, cache, trial_signal)
             trial_cost = _cost(y, v, trial_signal)
             better = ok and math.isfinite(trial_cost) and trial_cost < cost
             previous = cost
@@ -248,3 +277,14 @@ def lm_voxels(
         for i in range(p):
             fitted[v, i] = vals[i]
         cost_out[v] = cost
+
+
+@_jit
+def rms_voxels(y, values, bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, out):
+    """Root-mean-square residual of each voxel's signal ``y`` (n, M) at its ``values`` (n, P) into ``out``."""
+    n, m = y.shape
+    signal = np.empty(m)
+    cache = new_cache(m)
+    for v in range(n):
+        watson_signal(values[v], bvals, bvecs, stick, ball, d_par, nodes, weights, legendre_nodes, cache, signal)
+        out[v] = math.sqrt(_cost(y, v, signal) / m)
