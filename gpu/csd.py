@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend, flag_counts, get_backend, run_batched
-from .csd_peaks import PeakParams, find_peaks
+from .csd_peaks import PeakParams, compiled_peak_search, find_peaks
 from .csd_qp import SharedQP, solve_batch
 from .csd_response import Response, Shells, find_shells, response_rows
 from .host import compile_or_uncached, host_threads, numba_module
@@ -403,6 +403,8 @@ def fit_csd(
     # on the CPU, single-shell CSD's iteration as a compiled loop per voxel without the GIL
     # (numba), which scales with the threads; the array program otherwise (the same algorithm)
     compiled = None if model.msmt or backend.is_gpu else _ssst_compiled(model, params)
+    compiled_peaks = None if backend.is_gpu else compiled_peak_search(model.lmax, peak_params)
+    peaks_inside = {}  # CPU seconds each thread spent in the compiled peak search, by thread
 
     # The volumes fitted, as a slice when they are a run (MSMT: all of them), so that a batch goes
     # to the device straight from the caller's array instead of through a gathered host copy
@@ -429,7 +431,12 @@ def fit_csd(
         iso = xp.where(finite[:, None], xp.maximum(iso, 0), 0)
         backend.synchronize()
         t2 = time.perf_counter()
-        directions, amplitudes = find_peaks(xp, sh.astype(dtype), model.lmax, peak_params)
+        if compiled_peaks is None:
+            directions, amplitudes = find_peaks(xp, sh.astype(dtype), model.lmax, peak_params)
+        else:
+            t = time.thread_time()
+            directions, amplitudes = compiled_peaks(sh)
+            peaks_inside[threading.get_ident()] = peaks_inside.get(threading.get_ident(), 0.0) + time.thread_time() - t
         backend.synchronize()
         t3 = time.perf_counter()
         flags = (~finite).astype(xp.uint8) * FLAG_NONFINITE_SIGNAL + (finite & ~converged).astype(
@@ -457,7 +464,7 @@ def fit_csd(
         backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels, threads=threads
     )
     stats["not_converged_per_batch"] = [not_converged[start] for start in sorted(not_converged)]
-    stats["compiled_cpu_s"] = 0.0 if compiled is None else compiled.cpu_seconds()
+    stats["compiled_cpu_s"] = (0.0 if compiled is None else compiled.cpu_seconds()) + sum(peaks_inside.values())
     fit = CSDFit(**out)
     fit.provenance = {
         "method": "msmt-csd (Jeurissen 2014)" if model.msmt else "csd (Tournier 2007)",
@@ -470,6 +477,7 @@ def fit_csd(
         "shells": [float(b) for b in model.shells.bvalues],
         "precision": np.dtype(dtype).name,
         "engine": "arrays" if compiled is None else "compiled",
+        "peak_engine": "arrays" if compiled_peaks is None else "compiled",
         "backend": backend.name,
         "device": backend.device_name,
         "voxels": n,

@@ -114,7 +114,12 @@ def main() -> None:
         ("CSD (single shell b=3000, lmax 8)", csd_case, args.csd_voxels),
     ):
         fit = case(voxels)
-        row = {"method": name, "voxels": voxels, **one_thread_costs(fit, voxels), **scaling(fit, args.threads, args.repeats)}
+        row = {
+            "method": name,
+            "voxels": voxels,
+            **one_thread_costs(fit, voxels),
+            **scaling(fit, args.threads, args.repeats),
+        }
         rows.append(row)
         print(json.dumps(row))
     result = {
