@@ -89,3 +89,46 @@ def test_compiled_single_shell_csd_and_peaks_equal_the_array_program(arrays_engi
     assert angle.max() <= 1e-3  # float32 directions: measured 3e-5°
     assert compiled.provenance["peak_engine"] == "compiled"
     assert compiled.provenance["max_iterations_used"] == arrays.provenance["max_iterations_used"]
+
+
+def _python_calls(call) -> int:
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    call()
+    profile.disable()
+    return pstats.Stats(profile).total_calls
+
+
+def test_compiled_fits_make_no_python_call_per_voxel(monkeypatch):
+    """The Python calls of one batch (that hold the GIL between the compiled loops) do not grow
+    with its voxels: 64 and 512 voxels in one batch cost about the same (NODDI: a few calls per
+    64-voxel chunk, between which cancellation is polled)."""
+    from tests.benchmarks.bench_csd import phantom, responses
+    from tests.benchmarks.bench_models import acquisition, signals, truth
+    from tests.csd_synth import gradient_table
+    from tractlens.gpu.csd import CSDParams, build_model, fit_csd
+    from tractlens.gpu.models import fit_model, noddi_watson
+
+    monkeypatch.setenv("TRACTLENS_THREADS", "1")
+    model = noddi_watson()
+    bvals, bvecs = acquisition()
+    signal = signals(model, truth("noddi-watson", 512, seed=3), bvals, bvecs, seed=3)
+    fit_model(model, signal[:8], bvals, bvecs, device="cpu")
+    few, many = (
+        _python_calls(lambda n=n: fit_model(model, signal[:n], bvals, bvecs, device="cpu", batch_voxels=512))
+        for n in (64, 512)
+    )
+    assert (many - few) / (512 - 64) < 0.2, (few, many)  # measured 0.125 a voxel: 8 calls a chunk
+
+    g_bvals, g_bvecs = gradient_table((1000.0, 3000.0), 60, 6)
+    fods = phantom(512, g_bvals, g_bvecs)
+    params = CSDParams(lmax=8)
+    csd = build_model(g_bvals, g_bvecs, responses(g_bvals, g_bvecs), params)
+    fit_csd(fods[:8], csd, params, device="cpu")
+    few, many = (
+        _python_calls(lambda n=n: fit_csd(fods[:n], csd, params, device="cpu", batch_voxels=512)) for n in (64, 512)
+    )
+    assert many - few <= 5, (few, many)  # measured: equal
