@@ -11,7 +11,7 @@ independently of other load on the machine:
 - ``serial_fraction``: the share of the fit's CPU time outside its compiled loops (the loops
   run without the GIL; outside them Python and NumPy run, partly under it): an upper bound of
   Amdahl's serial fraction s, and ``amdahl_speedup_16`` = 1 / (s + (1 − s) / 16) what it
-  allows on 16 cores;
+  allows on 16 cores (None for the array programs, ``TRACTLENS_DISABLE_NUMBA=1``);
 - ``cpu_ms_per_voxel`` (user + system), ``system_share`` (the kernel's share: page faults of
   large temporaries) and ``minor_faults_per_voxel``.
 
@@ -69,10 +69,11 @@ def one_thread_costs(fit, voxels: int) -> dict:
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
     serial = 1.0 - result.provenance["compiled_cpu_s"] / thread_cpu
+    compiled = result.provenance["engine"] == "compiled"  # the array programs: not measured this way
     return {
         "engine": result.provenance["engine"],
-        "serial_fraction": round(serial, 4),
-        "amdahl_speedup_16": round(1.0 / (serial + (1.0 - serial) / 16), 2),
+        "serial_fraction": round(serial, 4) if compiled else None,
+        "amdahl_speedup_16": round(1.0 / (serial + (1.0 - serial) / 16), 2) if compiled else None,
         "cpu_ms_per_voxel": round(1e3 * (user + system) / voxels, 3),
         "system_share": round(system / max(user + system, 1e-9), 3),
         "minor_faults_per_voxel": round((r1.ru_minflt - r0.ru_minflt) / voxels, 2),
