@@ -17,6 +17,9 @@ in MRtrix3's basis (:mod:`gpu.sh`) and the frame of the gradient directions give
   subject to the WM fODF ≥ 0 on 300 hemisphere directions and GM, CSF ≥ 0 — a quadratic
   program, solved exactly (as MRtrix's ICLS) by a batched active-set method on its dual,
   started from an interior point's guess (:mod:`gpu.csd_qp`). Both solvers compute in float64 on either backend.
+  On the CPU with numba, single-shell CSD's iteration and the peak search run as compiled loops
+  per voxel without the GIL (:mod:`gpu.csd_loops`: the same algorithms), so that batches on
+  several threads scale with the cores.
 
 Tissue compartments are the l=0 coefficients of isotropic ODFs (MRtrix ``dwi2fod msmt_csd``
 writes the same for GM and CSF): a voxel's tissue signal fraction follows from them and the

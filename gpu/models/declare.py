@@ -90,7 +90,8 @@ class Model:
     b_range : the b-values (s/mm², diffusion-weighted ones) the model is meant for.
     min_shells : distinct non-zero b-values the model needs (NODDI: 2).
     compiled : the name of compiled CPU loops of this model's fit (:mod:`.host_fit`), run
-        instead of the array program on the CPU when numba is installed; empty for none.
+        instead of the array program on the CPU when numba is installed; empty for none. The
+        loops compute their own signal: name them only for that very signal.
     """
 
     name: str

@@ -3,7 +3,9 @@
 Per batch of voxels (sized to free memory), on the chosen backend: normalise by the mean
 b = 0 signal, start the orientations from a tensor fit, grid search, Levenberg–Marquardt,
 optionally MCMC (:mod:`.optimize`), then the model's derived maps. The NumPy backend runs the
-same array code as CuPy, so it is the reference of the GPU path.
+same array code as CuPy, so it is the reference of the GPU path. On the CPU with numba, a model
+that names compiled loops (NODDI-Watson) runs its grid search and LM in them instead, one voxel
+at a time without the GIL, so that batches on several threads scale (:mod:`.host_fit`).
 """
 
 from __future__ import annotations
