@@ -26,10 +26,11 @@ import numpy as np
 from .backend import Backend, Cancelled, get_backend
 from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 
-#: Output voxels per slab of the NumPy path on the CPU (a thread's share). Its float64 temporaries
-#: (128 KB) stay in cache and below glibc's mmap threshold: at 1 << 17 voxels each temporary was
-#: mapped and faulted in afresh (a 1 mm atlas through a SyN warp: 1.8 s of system time, 0.4 s now).
-CPU_SLAB_VOXELS = 1 << 14
+#: Output voxels per slab of the NumPy path on the CPU (a thread's share; whole planes, at least one).
+#: At 1 << 17 a slab of a 1 mm brain was three planes (119 K voxels, float64 temporaries of 1 MB),
+#: each temporary mapped and faulted in afresh: 1.8 s of system time for an atlas through a SyN warp,
+#: 0.4 s with one plane (40 K voxels, 0.3 MB) a slab.
+CPU_SLAB_VOXELS = 1 << 15
 #: Output voxels per thread from which the compiled loop is worth starting in a process that has not
 #: loaded it yet. Importing numba and loading the loop from its cache take about 0.45 s of one core;
 #: the NumPy path costs about 190 ns more per output voxel (230 against 43 ns, first call, a 1 mm atlas

@@ -13,7 +13,7 @@ Cases, each with a known true transform:
   forward-then-inverse distance.
 - ``atlas``: ``tractlens atlas harvard-oxford-cortical`` onto the subject (whole command), on each
   ``--device`` (cpu, and gpu where CuPy sees one), the first use (which fills the label-map cache and
-  numba's cache of compiled loops) and the next.
+  numba's cache of compiled loops, where the resampler starts numba: on few cores) and the next.
 
 Every time is a whole ``tractlens`` command in a fresh process (``python -m tractlens.app.cli ...``,
 what the ``tractlens`` script runs for a subcommand), the way a user runs it. The cases are made once;
@@ -223,7 +223,7 @@ def atlas_rows(folder: Path, registration: Path, tag: str, devices: list[str]) -
         command = ["atlas", "harvard-oxford-cortical", "--registration", str(registration), "--reference",
                    str(folder / "subject_t1.nii.gz"), "-o", str(folder / f"ho_{tag}_{device}.nii.gz"), "--device", device,
                    "--quiet"]  # fmt: skip
-        first, _ = run(command)  # fills the label-map cache (first use of the atlas) and numba's cache
+        first, _ = run(command)  # fills the label-map cache (first use of the atlas) and numba's (few cores)
         seconds, _ = run(command)
         rows.append({"case": f"harvard-oxford-cortical onto the 1 mm subject through the SyN registration, --device {device}",
                      "command": shown(command), "seconds": round(seconds, 2), "first_use_seconds": round(first, 2),
