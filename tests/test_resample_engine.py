@@ -7,6 +7,9 @@ coordinate falls on a rounding tie (at most 1 voxel in 10,000)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from scipy import ndimage
@@ -56,6 +59,8 @@ def cpu_engine(request, monkeypatch):
         monkeypatch.setattr(engine, "numba_module", lambda: None)
     elif engine.numba_module() is None:
         pytest.fail("numba (the cpu extra, in the test extra) is not installed")
+    else:  # the test volumes are small: the loop would not be started for them (_compiled_pays)
+        monkeypatch.setattr(engine, "COMPILED_START_VOXELS_PER_THREAD", 0)
     return request.param
 
 
@@ -108,6 +113,7 @@ def test_the_compiled_loop_gives_the_array_path_s_values(monkeypatch):
     import tractlens.gpu.resample as engine
 
     data, labels, out_shape, linear, field, at, step = _case(6)
+    monkeypatch.setattr(engine, "COMPILED_START_VOXELS_PER_THREAD", 0)
     compiled = resample_volume(data, out_shape, linear, field, at, step, threads=2)
     compiled_l = resample_volume(labels, out_shape, linear, field, at, step, order=0, threads=2)
     monkeypatch.setattr(engine, "numba_module", lambda: None)
@@ -141,3 +147,34 @@ def test_a_field_with_nan_gives_the_fill_value_there(device, cpu_engine):
     assert (got[touched] == -1.0).all() and (got_labels[touched] == -1).all()
     ref = _scipy(data, out_shape, linear, np.nan_to_num(field), at, step, 1, cval=-1.0)
     assert np.abs(got[~touched] - ref[~touched]).max() <= 1e-5 * float(data.max() - data.min())
+
+
+def test_the_compiled_loop_is_started_only_where_it_pays(monkeypatch):
+    """numba's start (import, loop from its cache: ~0.45 s) is paid for a volume of more than
+    COMPILED_START_VOXELS_PER_THREAD voxels a thread, or when the loop is already loaded."""
+    import tractlens.gpu.resample as engine
+
+    if engine.numba_module() is None:
+        pytest.fail("numba (the cpu extra, in the test extra) is not installed")
+    limit = engine.COMPILED_START_VOXELS_PER_THREAD
+    loops = f"{engine.__package__}.resample_loops"
+    monkeypatch.delitem(sys.modules, loops, raising=False)
+    assert not engine._compiled_pays(182 * 218 * 182, 16)  # a 1 mm brain on 16 threads: NumPy
+    assert engine._compiled_pays(182 * 218 * 182, 2)  # on 2: the loop
+    assert engine._compiled_pays(limit * 4, 4) and not engine._compiled_pays(limit * 4 - 1, 4)
+    monkeypatch.setitem(sys.modules, loops, object())
+    assert engine._compiled_pays(10, 16)  # loaded already: always
+    monkeypatch.setattr(engine, "numba_module", lambda: None)
+    assert not engine._compiled_pays(limit * 100, 1)  # without numba: never
+
+
+def test_a_small_volume_does_not_start_numba():
+    code = (
+        "import sys, numpy as np\n"
+        "from tractlens.gpu.resample import resample_volume\n"
+        "out = resample_volume(np.ones((8, 8, 8), np.float32), (20, 20, 20), np.eye(4) * 0.4, threads=2)\n"
+        "print('numba' in sys.modules, float(out[0, 0, 0]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "1.0"]

@@ -13,7 +13,7 @@ Cases, each with a known true transform:
   forward-then-inverse distance.
 - ``atlas``: ``tractlens atlas harvard-oxford-cortical`` onto the subject (whole command), on each
   ``--device`` (cpu, and gpu where CuPy sees one), the first use (which fills the label-map cache and
-  numba's cache of compiled loops) and the next.
+  numba's cache of compiled loops, where the resampler starts numba: on few cores) and the next.
 
 Every time is a whole ``tractlens`` command in a fresh process (``python -m tractlens.app.cli ...``,
 what the ``tractlens`` script runs for a subcommand), the way a user runs it. The cases are made once;
@@ -85,15 +85,18 @@ def shown(command: list[str]) -> str:
     return " ".join(words)
 
 
-def run(command: list[str]) -> tuple[float, str]:
+def run(command: list[str], prelude: str = "") -> tuple[float, str]:
     """One ``tractlens`` command in a fresh process, timed whole. With a core limit the child pins
-    itself to those CPUs before it imports anything (NumPy's BLAS then sees them), as taskset would."""
+    itself to those CPUs before it imports anything (NumPy's BLAS then sees them), as taskset would;
+    ``prelude`` is Python the child runs first (a comparison's setting)."""
     env = dict(os.environ)
     argv = [sys.executable, "-m", "tractlens.app.cli", *command]
-    if CORES is not None:
-        env.update({v: str(len(CORES)) for v in THREAD_VARIABLES})
+    if CORES is not None or prelude:
+        if CORES is not None:
+            env.update({v: str(len(CORES)) for v in THREAD_VARIABLES})
+        pin = f"os.sched_setaffinity(0, {set(CORES)!r}); " if CORES is not None else ""
         start = (
-            f"import os, runpy, sys; os.sched_setaffinity(0, {set(CORES)!r}); "
+            f"import os, runpy, sys; {pin}{prelude}"
             f"sys.argv = ['tractlens', *{command!r}]; runpy.run_module('tractlens.app.cli', run_name='__main__')"
         )
         argv = [sys.executable, "-c", start]
@@ -223,11 +226,17 @@ def atlas_rows(folder: Path, registration: Path, tag: str, devices: list[str]) -
         command = ["atlas", "harvard-oxford-cortical", "--registration", str(registration), "--reference",
                    str(folder / "subject_t1.nii.gz"), "-o", str(folder / f"ho_{tag}_{device}.nii.gz"), "--device", device,
                    "--quiet"]  # fmt: skip
-        first, _ = run(command)  # fills the label-map cache (first use of the atlas) and numba's cache
+        first, _ = run(command)  # fills the label-map cache (first use of the atlas) and numba's (few cores)
         seconds, _ = run(command)
         rows.append({"case": f"harvard-oxford-cortical onto the 1 mm subject through the SyN registration, --device {device}",
                      "command": shown(command), "seconds": round(seconds, 2), "first_use_seconds": round(first, 2),
                      "target_seconds": TARGETS["atlas"], "meets_speed_target": seconds <= TARGETS["atlas"]})  # fmt: skip
+        if device == "cpu":  # the resampler's choice against numba's loop forced (gpu.resample._compiled_pays)
+            force = "import tractlens.gpu.resample as r; r.COMPILED_START_VOXELS_PER_THREAD = 0; "
+            forced = min(run(command, force)[0] for _ in range(2))
+            rows.append({"case": "the same, numba's compiled loop forced (comparison: not a target row)",
+                         "command": shown(command) + "  [COMPILED_START_VOXELS_PER_THREAD = 0]",
+                         "seconds": round(forced, 2)})  # fmt: skip
     return rows
 
 
