@@ -376,12 +376,17 @@ def pipeline_memory(
         return real(*args, **kwargs)
 
     commit_solver.fista = fista
+    from tractlens.app import memory_guard
+
+    needs, check = [], memory_guard.check_host_memory  # what the memory guard announced
+    memory_guard.check_host_memory = lambda need, fix, **k: needs.append(need) or check(need, fix, **k)
     try:
         result = commit_pipeline(
             dwi, tract, mask=mask, params=CommitParams(max_iter=iterations, tol=0.0), device=device
         )
     finally:
         commit_solver.fista = real
+        memory_guard.check_host_memory = check
     seconds = time.perf_counter() - t0
     rss_peak = _status_bytes("VmHWM")
     fit_peak = tracemalloc.get_traced_memory()[1] - base
@@ -389,6 +394,7 @@ def pipeline_memory(
     tracemalloc.stop()
     return {
         "peak_rss_above_inputs_bytes": None if rss_before is None else rss_peak - rss_before,
+        "announced_bytes": needs[0].total if needs else None,  # the memory guard's estimate (CPU)
         "cut_passes": result.provenance.get("cut_passes"),
         "ec_compartments": result.problem.n_ec,
         "streamlines": n_streamlines,
