@@ -30,17 +30,7 @@ class Segments:
     :attr:`row` gives the per-segment rows in either form (made anew from ``row_start``, for
     the reference and the tests); :meth:`starts` and :meth:`rows_of` serve both without that."""
 
-    def __init__(
-        self,
-        row,
-        fiber,
-        length,
-        orient,
-        n_fibers: int,
-        by_fiber=None,
-        *,
-        row_start: np.ndarray | None = None,
-    ):
+    def __init__(self, row, fiber, length, orient, n_fibers: int, by_fiber=None, *, row_start=None):
         if (row is None) == (row_start is None):
             raise ValueError("give the segments' rows as row or as row_start, one of them")
         self._row = row
@@ -75,10 +65,6 @@ class Segments:
         if self._row is not None:
             return self._row
         return rows_from_starts(self.row_start, 0, len(self.row_start) - 1)
-
-    @row.setter
-    def row(self, value) -> None:
-        self._row, self.row_start = value, None
 
     def starts(self, n_rows: int):
         """Where each of the rows 0 … ``n_rows`` − 1 begins, and the end (``n_rows`` + 1 values,
