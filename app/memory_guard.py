@@ -70,6 +70,8 @@ class MemoryNeed:
     job: str
     total: int
     parts: dict[str, int] = field(default_factory=dict)
+    #: Choices the estimate made for the job to keep its peak low (e.g. COMMIT's cut in two passes)
+    plan: dict = field(default_factory=dict)
 
     def describe(self) -> str:
         biggest = sorted(self.parts.items(), key=lambda kv: -kv[1])[:3]
@@ -124,13 +126,19 @@ def commit_host_need(
     """Peak host memory of COMMIT's CPU pipeline (:func:`app.pipelines.commit.commit_pipeline`)
     on ``tractogram`` over the usable voxels ``rows`` (−1 elsewhere), before its segments exist.
 
-    Phases: cutting (the chunks' segments kept until all are counted, then moved into row order
-    field by field: :data:`~gpu.commit_segments.HOST_CUT_PEAK_BYTES` a segment, plus each
-    cutting thread's chunk of working memory), and
-    the fit (the segments once, the look-up tables, the measured and modelled signal, FISTA's
-    vectors, the operator's per-thread accumulators). The signal is held once in FISTA's type
-    (:data:`~gpu.commit_host.CPU_FIT_DTYPE`); FISTA's A x and A z (float32), or the modelled
-    signal (float64) after the fit, are alive one after the other."""
+    Phases: cutting; the look-up tables made (in float64, beside the segments, before the signal
+    is read); and the fit (the segments once — :data:`~gpu.commit_segments.HOST_SEGMENT_BYTES`
+    a segment, their rows as one start per voxel row —, the look-up tables, the measured and
+    modelled signal, FISTA's vectors, the operator's per-thread accumulators). The signal is held
+    once in FISTA's type (:data:`~gpu.commit_host.CPU_FIT_DTYPE`); FISTA's A x and A z (float32),
+    or the modelled signal (float64) after the fit, are alive one after the other.
+
+    Cutting keeps the chunks' segments until all are counted, then moves them into row order
+    field by field (:data:`~gpu.commit_segments.HOST_CUT_PEAK_BYTES` a segment), or, in two
+    passes, counts first and cuts again into the final arrays (the segments once); each cutting
+    thread adds its chunk of working memory. Two passes cost a second cut and are planned
+    (``plan["two_pass_cut"]``) where one pass may be the job's peak (with many segments and few
+    voxels × measurements): where it would be, were the EC compartments as few as the sample's."""
     n_points = len(tractogram.points)
     n_fibers = len(tractogram)
     points, offsets = _sample(tractogram, SAMPLE_STREAMLINES)
@@ -141,33 +149,43 @@ def commit_host_need(
     n_seg = int(SAMPLE_MARGIN * per_point * n_points) + 1000
     n_rows = int((rows >= 0).sum())  # at most the usable voxels are fitted
     if peaks_per_voxel is not None:
-        n_ec = n_rows * peaks_per_voxel
+        n_ec = least_ec = n_rows * peaks_per_voxel
     else:
         pairs = len(commit_operator.ec_from_segments(seg)[0]) if len(seg) else 0
         n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
-    n_ic, n_iso = params.n_ic, len(params.d_iso)
-    n_cols = n_ic * n_fibers + n_ec + n_rows * n_iso
+        least_ec = pairs  # the whole has at least the sample's pairs
+    n_ic = params.n_ic
     chunk, threads = commit_segments.host_cut_plan()  # each thread cuts its own chunk
-    cutting = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
-    tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4 + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8
+    working = CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
+    segments = commit_segments.HOST_SEGMENT_BYTES * n_seg + commit_segments.HOST_ROW_BYTES * (n_rows + 1)
+    tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4  # kept (float32)
+    tables_made = segments + tables + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8  # float64 while made
     n_values = n_rows * n_meas
     fit_itemsize = np.dtype(CPU_FIT_DTYPE).itemsize
-    # float64 data (signal_itemsize 8): its quotient is made, then taken once in FISTA's type;
-    # both alive then (12 B a value) with none of FISTA's vectors: within signal + fit vectors
-    signal = n_values * fit_itemsize
-    solver = commit_solver.fista_host_bytes(n_cols, n_values, fit_itemsize)
-    model = 8 * n_values  # A x in float64, after FISTA's vectors are gone
-    fitting = {
-        "segments": commit_segments.HOST_SEGMENT_BYTES * n_seg,
-        "look-up tables": tables,
-        "signal": signal,
-        "fit vectors": max(solver, model + 8 * 2 * n_cols) + 16 * n_ec,
-        "operator": host_operator_bytes(n_rows, n_fibers, n_ic, n_meas),
-    }
+
+    def fitting_with(n_ec: int) -> dict[str, int]:
+        n_cols = n_ic * n_fibers + n_ec + n_rows * len(params.d_iso)
+        # float64 data (signal_itemsize 8): its quotient is made, then taken once in FISTA's type;
+        # both alive then (12 B a value) with none of FISTA's vectors: within signal + fit vectors
+        solver = commit_solver.fista_host_bytes(n_cols, n_values, fit_itemsize)
+        model = 8 * n_values  # A x in float64, after FISTA's vectors are gone
+        return {
+            "segments": segments,
+            "look-up tables": tables,
+            "signal": n_values * fit_itemsize,
+            "fit vectors": max(solver, model + 8 * 2 * n_cols) + 16 * n_ec,
+            "operator": host_operator_bytes(n_rows, n_fibers, n_ic, n_meas),
+        }
+
+    fitting = fitting_with(n_ec)
+    one_pass = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + working
+    # a second cut wherever one pass may be the job's peak: even with the fewest EC compartments
+    two_pass = one_pass > max(tables_made, sum(fitting_with(least_ec).values()))
+    cutting = segments + working if two_pass else one_pass
     runtime = runtime_bytes("commit_loops")
-    parts = {"segments while cut": cutting, **fitting, "runtime": runtime}
-    total = max(cutting, sum(fitting.values())) + runtime
-    return MemoryNeed("COMMIT", int(total), parts)
+    parts = {"segments while cut": cutting, "look-up tables while made": tables_made, **fitting, "runtime": runtime}
+    total = max(cutting, tables_made, sum(fitting.values())) + runtime
+    return MemoryNeed("COMMIT", int(total), parts, {"two_pass_cut": two_pass})
 
 
 #: Host bytes per kept point of a tracking job that keeps its streamlines: float32 position and
@@ -204,8 +222,9 @@ def tracking_host_need(
     return MemoryNeed("Tracking", int(sum(parts.values())), parts)
 
 
-def check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks) -> None:
-    """:func:`commit_host_need` of a COMMIT job on the CPU, refused when it is not free."""
+def check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks) -> MemoryNeed:
+    """:func:`commit_host_need` of a COMMIT job on the CPU, refused when it is not free; the
+    need, whose plan the job follows."""
     from .io.nifti import load_image
 
     shape = None if peaks is None else load_image(peaks, "peaks file").shape
@@ -219,3 +238,4 @@ def check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, pea
         "Give a white-matter mask (fewer voxels), fewer streamlines (select or subsample the tractogram), "
         "or run on a GPU (--device gpu)",
     )
+    return need

@@ -124,9 +124,7 @@ RESIDENT_EXTRA_BYTES_PER_SEGMENT = 24
 def row_blocks(problem: Problem, max_segments: int) -> list[tuple[int, int]]:
     """Contiguous voxel-row ranges holding at most ``max_segments`` segments each (a row with
     more is a block of its own)."""
-    row = problem.segments.row
-    xp = array_module(row)
-    starts = host_array(xp.searchsorted(row, xp.arange(problem.n_rows + 1, dtype=row.dtype)))
+    starts = host_array(problem.segments.starts(problem.n_rows))
     blocks, r0 = [], 0
     while r0 < problem.n_rows:
         r1 = int(np.searchsorted(starts, starts[r0] + max(1, max_segments), side="right")) - 1
@@ -140,12 +138,16 @@ def sub_problem(problem: Problem, r0: int, r1: int) -> tuple[Problem, int, int]:
     """The rows ``r0 … r1 − 1`` of A as a problem of their own (all streamlines' IC columns, the
     EC and ISO columns of those rows), and the range of its EC compartments in the whole."""
     seg = problem.segments
-    xp = array_module(seg.row)
-    s0, s1 = (int(v) for v in host_array(xp.searchsorted(seg.row, xp.asarray([r0, r1], dtype=seg.row.dtype))))
     e0, e1 = (int(v) for v in np.searchsorted(problem.ec_row, [r0, r1]))
-    part = Segments(
-        (seg.row[s0:s1] - r0).astype(np.int32), seg.fiber[s0:s1], seg.length[s0:s1], seg.orient[s0:s1], seg.n_fibers
-    )
+    if seg.has_row_array:
+        xp = array_module(seg.row)
+        s0, s1 = (int(v) for v in host_array(xp.searchsorted(seg.row, xp.asarray([r0, r1], dtype=seg.row.dtype))))
+        row, row_start = (seg.row[s0:s1] - r0).astype(np.int32), None
+    else:  # the rows' starts, shifted: nothing per segment
+        starts = seg.starts(r1)[r0:]
+        s0, s1 = int(starts[0]), int(starts[-1])
+        row, row_start = None, starts - s0
+    part = Segments(row, seg.fiber[s0:s1], seg.length[s0:s1], seg.orient[s0:s1], seg.n_fibers, row_start=row_start)
     sub = Problem(
         r1 - r0,
         part,

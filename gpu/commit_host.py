@@ -1,7 +1,8 @@
 """COMMIT's operator on the CPU, compact: the segments as they are, threads over voxel rows.
 
 A and Aᵀ of :class:`~gpu.commit_operator.Problem` read the row-sorted segments in place (int32
-streamline, float32 length, uint16 orientation; the rows as one start per voxel row), as
+streamline, float32 length, uint16 orientation; the rows as one start per voxel row, as the
+segments cut on the host hold them: :attr:`~gpu.commit_segments.Segments.row_start`), as
 :class:`~gpu.commit_device.DeviceOperator` does on the GPU: no float64 or int64 copy of a
 per-segment array, no transposed duplicate, no sparse matrix. Host memory per segment is
 therefore the segments' own (:data:`~gpu.commit_segments.HOST_SEGMENT_BYTES`), whatever the
@@ -91,7 +92,7 @@ class HostOperator:
         if seg.on_device:
             raise ValueError("the host operator needs the segments on the host")
         self.threads = threads or host_threads()
-        self.row_start = np.searchsorted(seg.row, np.arange(p.n_rows + 1, dtype=seg.row.dtype)).astype(np.int64)
+        self.row_start = np.ascontiguousarray(seg.starts(p.n_rows), dtype=np.int64)  # no per-segment rows read
         self.ec_start = np.searchsorted(p.ec_row, np.arange(p.n_rows + 1)).astype(np.int64)
         self.ec_orient = np.ascontiguousarray(p.ec_orient, dtype=np.int32)
         self.luts = tuple(np.ascontiguousarray(t, dtype=np.float32) for t in (p.lut_ic, p.lut_ec, p.lut_iso))
@@ -231,7 +232,7 @@ def _a_rows_numpy(p, row_start, ec_start, rows, ic, ec, iso, lut_ic, lut_ec, lut
     seg, whole = p.segments, _segment_range(row_start, rows)
     for start in range(whole.start, whole.stop, commit_operator.CHUNK):
         part = slice(start, min(start + commit_operator.CHUNK, whole.stop))
-        rel = seg.row[part] - r0
+        rel = seg.rows_of(part) - r0
         for j in range(p.n_ic):
             weight = seg.length[part] * ic[j, seg.fiber[part]]
             commit_operator._add_sorted(block, rel, weight[:, None] * lut_ic[j, seg.orient[part]])
@@ -247,7 +248,7 @@ def _at_rows_numpy(p, row_start, ec_start, rows, y, lut_ic, lut_ec, lut_iso, acc
     seg, whole = p.segments, _segment_range(row_start, rows)
     for start in range(whole.start, whole.stop, commit_operator.CHUNK):
         part = slice(start, min(start + commit_operator.CHUNK, whole.stop))
-        y_rows = y[seg.row[part]].astype(np.float64, copy=False)
+        y_rows = y[seg.rows_of(part)].astype(np.float64, copy=False)
         for j in range(p.n_ic):
             dots = np.einsum("ij,ij->i", lut_ic[j, seg.orient[part]], y_rows)
             acc[j] += np.bincount(seg.fiber[part], weights=seg.length[part] * dots, minlength=p.n_fibers)

@@ -27,7 +27,7 @@ import numpy as np
 from .backend import Backend
 from .commit_device import device_operator, sub_problem
 from .commit_operator import NumpyOperator, Problem
-from .commit_segments import Segments, array_module, host_array
+from .commit_segments import Segments, host_array
 from .multidevice import DeviceFailure, device_label
 from .multidevice_copy import peer_copy
 
@@ -35,9 +35,7 @@ from .multidevice_copy import peer_copy
 def balanced_row_ranges(problem: Problem, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous voxel-row ranges with about equal numbers of segments (empty ones
     left out; a row is never split)."""
-    row = problem.segments.row
-    xp = array_module(row)
-    starts = host_array(xp.searchsorted(row, xp.arange(problem.n_rows + 1, dtype=row.dtype)))
+    starts = host_array(problem.segments.starts(problem.n_rows))
     n = int(starts[-1])
     cuts = [0]
     for k in range(1, parts):

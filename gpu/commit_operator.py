@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .commit import N_ORIENTATIONS
-from .commit_segments import Segments, array_module, host_array
+from .commit_segments import Segments, array_module, host_array, row_parts
 
 
 # ------------------------------------------------------------------------------- the problem
@@ -40,7 +40,12 @@ class Problem:
     def __post_init__(self):
         if self.lut_ic.ndim == 2:  # one IC response
             self.lut_ic = self.lut_ic[None]
-        for rows in (self.segments.row, self.ec_row):
+        seg = self.segments
+        if not seg.has_row_array:  # sorted by construction: the starts must rise and cover all
+            starts = seg.row_start
+            if len(starts) - 1 > self.n_rows or starts[0] != 0 or starts[-1] != len(seg) or (np.diff(starts) < 0).any():
+                raise ValueError(f"the segments' row starts do not describe {len(seg)} segments in {self.n_rows} rows")
+        for rows in (seg.row, self.ec_row) if seg.has_row_array else (self.ec_row,):
             xp = array_module(rows)
             if len(rows) > 1 and bool(xp.any(rows[1:] < rows[:-1])):
                 raise ValueError("segments and EC compartments must be sorted by voxel row")
@@ -110,13 +115,13 @@ def ec_from_segments(seg: Segments) -> tuple[np.ndarray, np.ndarray]:
     Segments on the device are reduced there, in chunks of many rows, and only the distinct
     pairs come to the host."""
     if seg.on_device:
-        xp = array_module(seg.row)
+        xp = array_module(seg.fiber)
         keys = []
         for part in row_chunks(seg.row, DEVICE_CHUNK):
             keys.append(host_array(xp.unique(seg.row[part].astype(xp.int64) * N_ORIENTATIONS + seg.orient[part])))
         key = np.concatenate(keys) if keys else np.zeros(0, np.int64)
         return (key // N_ORIENTATIONS).astype(np.int32), (key % N_ORIENTATIONS).astype(np.int32)
-    pairs = [ec_compartments(seg.row[part], seg.orient[part]) for part in row_chunks(seg.row)]
+    pairs = [ec_compartments(rows, seg.orient[part]) for part, rows in row_parts(seg, CHUNK)]
     if not pairs:
         return np.zeros(0, np.int32), np.zeros(0, np.int32)
     return np.concatenate([p[0] for p in pairs]), np.concatenate([p[1] for p in pairs])
@@ -130,8 +135,8 @@ def ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarr
     if seg.on_device:
         return _device_ic_per_row(seg, fiber_weight, n_rows)
     out = np.zeros(n_rows)
-    for part in row_chunks(seg.row):
-        rows = host_array(seg.row[part])
+    for part, rows in row_parts(seg, CHUNK):
+        rows = host_array(rows)
         first, last = int(rows[0]), int(rows[-1]) + 1
         weights = host_array(seg.length[part]) * fiber_weight[host_array(seg.fiber[part])]
         out[first:last] += np.bincount(rows - first, weights=weights, minlength=last - first)
@@ -151,8 +156,8 @@ _ROW_SUMS = (
 
 def _device_ic_per_row(seg: Segments, fiber_weight: np.ndarray, n_rows: int) -> np.ndarray:
     """:func:`ic_per_row` of segments on the device, computed there, bit for bit the host's."""
-    xp = array_module(seg.row)
-    start = xp.searchsorted(seg.row, xp.arange(n_rows + 1, dtype=seg.row.dtype)).astype(xp.int64)
+    xp = array_module(seg.fiber)
+    start = seg.starts(n_rows)
     out = xp.empty(n_rows, dtype=xp.float64)
     if n_rows:
         kernel = xp.ElementwiseKernel(*_ROW_SUMS)
@@ -174,13 +179,14 @@ def apply_a_numpy(problem: Problem, x: np.ndarray) -> np.ndarray:
     """y = A x, (n_rows, M) float64 (the reference)."""
     ic, ec, iso = problem.split(np.asarray(x, dtype=np.float64))
     seg = problem.segments
+    row = seg.row  # made once from its starts when the segments have those
     y = iso @ problem.lut_iso.astype(np.float64)
     _add_sorted(y, problem.ec_row, ec[:, None] * problem.lut_ec[problem.ec_orient])
     for j in range(problem.n_ic):
         weight = seg.length * ic[j, seg.fiber]
         for s in range(0, len(seg), CHUNK):
             part = slice(s, s + CHUNK)
-            _add_sorted(y, seg.row[part], weight[part, None] * problem.lut_ic[j, seg.orient[part]])
+            _add_sorted(y, row[part], weight[part, None] * problem.lut_ic[j, seg.orient[part]])
     return y
 
 
@@ -188,10 +194,11 @@ def apply_at_numpy(problem: Problem, y: np.ndarray) -> np.ndarray:
     """x = Aᵀ y for y (n_rows, M), float64 (the reference)."""
     y = np.asarray(y, dtype=np.float64).reshape(problem.n_rows, problem.n_meas)
     seg = problem.segments
+    row = seg.row
     dots = np.empty((problem.n_ic, len(seg)))
     for s in range(0, len(seg), CHUNK):
         part = slice(s, s + CHUNK)
-        y_rows = y[seg.row[part]]
+        y_rows = y[row[part]]
         for j in range(problem.n_ic):
             dots[j, part] = np.einsum("ij,ij->i", problem.lut_ic[j, seg.orient[part]], y_rows)
     ic = np.concatenate([np.bincount(seg.fiber, weights=seg.length * d, minlength=problem.n_fibers) for d in dots])
@@ -208,8 +215,9 @@ def sparse_matrix(problem: Problem):
     seg = problem.segments
     meas = np.arange(m)
     rows, cols, vals = [], [], []
+    seg_row = seg.row
     for j in range(problem.n_ic):
-        rows.append((seg.row[:, None] * m + meas).ravel())
+        rows.append((seg_row[:, None] * m + meas).ravel())
         cols.append(np.repeat(j * problem.n_fibers + seg.fiber.astype(np.int64), m))
         vals.append((seg.length[:, None].astype(np.float64) * problem.lut_ic[j, seg.orient]).ravel())
     rows.append((problem.ec_row[:, None] * m + meas).ravel())

@@ -9,39 +9,139 @@ host in bounded chunks, or on the device (:func:`segments` with a GPU backend).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .commit import N_ORIENTATIONS, orientation_index
-from .host import host_threads, run_in_order
+from .host import host_threads, release_freed_memory, run_in_order
 
 
 # ------------------------------------------------------------------------------- segments
-@dataclass
 class Segments:
     """Streamline pieces inside the mask, merged per (streamline, voxel, orientation) and sorted
-    by voxel row, then streamline and orientation: ``row`` (mask voxel number) and ``fiber``
-    int32, ``length`` (mm) float32 when cut on the host for the CPU engine (float64 when cut
-    for a GPU), ``orient`` (look-up table index) uint16; the operator's own arrays, nothing per
-    streamline. Products widen each length to float64 as they read it."""
+    by voxel row, then streamline and orientation: ``fiber`` int32, ``length`` (mm) float32 when
+    cut on the host for the CPU engine (float64 when cut for a GPU), ``orient`` (look-up table
+    index) uint16; the operator's own arrays, nothing per streamline. Products widen each length
+    to float64 as they read it.
 
-    row: np.ndarray
-    fiber: np.ndarray
-    length: np.ndarray
-    orient: np.ndarray
-    n_fibers: int
-    #: Where each segment sits, listed by streamline (rows ascending within one): what the
-    #: device operator's Aᵀ and norms need; known when the segments were built on the device
-    #: (no sort of a per-segment key then), None otherwise.
-    by_fiber: np.ndarray | None = None
+    The voxel rows come in one of two forms: ``row`` (int32, one per segment), as a GPU's
+    kernels read them, or ``row_start`` (int64, one per voxel row and one more: where each row's
+    segments begin; the segments are sorted by row), as the CPU engine reads them — 8 bytes a
+    voxel rather than 4 a segment (a whole-brain tractogram has ~570 segments a voxel).
+    :attr:`row` gives the per-segment rows in either form (made anew from ``row_start``, for
+    the reference and the tests); :meth:`starts` and :meth:`rows_of` serve both without that."""
+
+    def __init__(self, row, fiber, length, orient, n_fibers: int, by_fiber=None, *, row_start=None):
+        if (row is None) == (row_start is None):
+            raise ValueError("give the segments' rows as row or as row_start, one of them")
+        self._row = row
+        self.row_start = None if row_start is None else np.asarray(row_start, dtype=np.int64)
+        self.fiber, self.length, self.orient = fiber, length, orient
+        self.n_fibers = n_fibers
+        #: Where each segment sits, listed by streamline (rows ascending within one): what the
+        #: device operator's Aᵀ and norms need; known when the segments were built on the device
+        #: (no sort of a per-segment key then), None otherwise.
+        self.by_fiber = by_fiber
 
     def __len__(self) -> int:
-        return len(self.row)
+        return len(self.fiber)
+
+    def __repr__(self) -> str:
+        form = "row" if self._row is not None else "row_start"
+        return f"Segments({len(self)} segments, {self.n_fibers} streamlines, rows as {form})"
 
     @property
     def on_device(self) -> bool:
-        return array_module(self.row) is not np
+        return array_module(self.fiber) is not np
+
+    @property
+    def has_row_array(self) -> bool:
+        """Whether the rows are stored one per segment (``row``) rather than as ``row_start``."""
+        return self._row is not None
+
+    @property
+    def row(self):
+        """The voxel row of every segment (int32): the stored array, or one made from
+        ``row_start`` (a new array of the whole: 4 bytes a segment)."""
+        if self._row is not None:
+            return self._row
+        return rows_from_starts(self.row_start, 0, len(self.row_start) - 1)
+
+    def starts(self, n_rows: int):
+        """Where each of the rows 0 … ``n_rows`` − 1 begins, and the end (``n_rows`` + 1 values,
+        int64; a device array for rows on the device)."""
+        if self._row is None:
+            have = len(self.row_start) - 1
+            if n_rows <= have:
+                return self.row_start[: n_rows + 1]
+            return np.r_[self.row_start, np.full(n_rows - have, self.row_start[-1])]
+        xp = array_module(self._row)
+        return xp.searchsorted(self._row, xp.arange(n_rows + 1, dtype=self._row.dtype)).astype(xp.int64)
+
+    def rows_of(self, part: slice):
+        """The rows of the segments ``part`` (a slice): a view of ``row``, or made from
+        ``row_start`` for those segments only."""
+        if self._row is not None:
+            return self._row[part]
+        start, stop, _ = part.indices(len(self))
+        if stop <= start:
+            return np.zeros(0, dtype=np.int32)
+        r0 = int(np.searchsorted(self.row_start, start, side="right")) - 1
+        r1 = int(np.searchsorted(self.row_start, stop, side="left"))
+        rows = rows_from_starts(self.row_start, r0, r1)
+        return rows[start - int(self.row_start[r0]) : stop - int(self.row_start[r0])]
+
+    def drop_empty_rows(self, n_rows: int):
+        """Renumber the rows 0 … ``n_rows`` − 1 to those that hold segments (in order), in place;
+        the mask of those rows among the old ones (an array of the segments' module)."""
+        if self._row is None:
+            counts = np.diff(self.starts(n_rows))
+            held = counts > 0
+            self.row_start = np.r_[0, np.cumsum(counts[held])].astype(np.int64)
+            return held
+        xp = array_module(self._row)
+        held = xp.zeros(n_rows, dtype=bool)
+        held[self._row] = True
+        renumber = (xp.cumsum(held) - 1).astype(xp.int32)
+        step = ROW_PASS_SEGMENTS if xp is np else ROW_PASS_SEGMENTS_DEVICE
+        for start in range(0, len(self._row), step):  # in place (order kept: the map is increasing)
+            self._row[start : start + step] = renumber[self._row[start : start + step]]
+        return held
+
+
+#: Segments per step when rows are renumbered in place on the host, and on a device
+ROW_PASS_SEGMENTS = 1 << 18
+ROW_PASS_SEGMENTS_DEVICE = 1 << 26
+
+
+def rows_from_starts(row_start: np.ndarray, r0: int, r1: int) -> np.ndarray:
+    """The row of every segment of the rows ``r0 … r1 − 1``, from their starts (int32)."""
+    counts = np.diff(np.asarray(row_start[r0 : r1 + 1], dtype=np.int64))
+    return np.repeat(np.arange(r0, r1, dtype=np.int32), counts)
+
+
+def row_parts(seg: Segments, size: int):
+    """(slice, rows) over the segments in pieces of about ``size`` that never split a row
+    (extended to the end of the row they stop in), in either form of the rows (host or device
+    ``row``; host ``row_start``): the pieces :func:`gpu.commit_operator.row_chunks` gives."""
+    if seg.has_row_array:
+        xp = array_module(seg.row)
+        row, start, n = seg.row, 0, len(seg.row)
+        while start < n:
+            stop = min(start + size, n)
+            if stop < n:  # extend to the end of the row it stops in
+                stop = int(xp.searchsorted(row, row[stop - 1 : stop], side="right")[0])
+            yield slice(start, stop), row[start:stop]
+            start = stop
+        return
+    starts = seg.row_start
+    n, n_rows = int(starts[-1]), len(starts) - 1
+    start, r0 = 0, 0
+    while start < n:
+        r0 = int(np.searchsorted(starts, start, side="right")) - 1  # the row holding ``start``
+        r1 = n_rows if start + size >= n else int(np.searchsorted(starts, start + size, side="left"))
+        stop = int(starts[r1])
+        yield slice(start, stop), rows_from_starts(starts, r0, r1)
+        start = stop
 
 
 def array_module(a):
@@ -135,12 +235,14 @@ SEGMENT_BYTES_PER_POINT = 1024
 #: Host bytes each kept segment costs when cut for a GPU (row, fiber int32; length float64;
 #: orientation uint16).
 SEGMENT_BYTES = 4 + 4 + 8 + 2
-#: ... and when cut for the CPU engine (length float32: dmri-commit's precision too).
-HOST_SEGMENT_BYTES = 4 + 4 + 4 + 2
-#: Host bytes per segment at the peak of cutting on the CPU (one pass): the chunks' segments,
-#: plus the largest field of the row-sorted result while the chunks' copies are freed field by
-#: field (:func:`_scatter_fields`).
-HOST_CUT_PEAK_BYTES = HOST_SEGMENT_BYTES + 4
+#: ... and when cut for the CPU engine: fiber int32, length float32 (dmri-commit's precision
+#: too), orientation uint16; the rows as their starts (:data:`HOST_ROW_BYTES` a voxel row).
+HOST_SEGMENT_BYTES = 4 + 4 + 2
+HOST_ROW_BYTES = 8
+#: Host bytes per segment at the peak of cutting on the CPU in one pass: the chunks' segments
+#: (with a row each, 14 bytes), plus the largest field of the row-sorted result while the
+#: chunks' copies are freed field by field (:func:`_scatter_fields`).
+HOST_CUT_PEAK_BYTES = HOST_SEGMENT_BYTES + 4 + 4
 
 
 #: Chunks of the host's cut held at once, whatever the threads: with more threads than this,
@@ -196,17 +298,22 @@ def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: fl
     ]
 
 
-def _empty_segments(counts: np.ndarray, n_fibers: int, length_dtype=np.float64) -> tuple[Segments, np.ndarray]:
-    """Preallocated segments for ``counts`` per row, and where each row's first one goes."""
+def _empty_segments(
+    counts: np.ndarray, n_fibers: int, length_dtype=np.float64, row_array: bool = True
+) -> tuple[Segments, np.ndarray]:
+    """Preallocated segments for ``counts`` per row, and where each row's first one goes; the
+    rows one per segment (``row_array``, for a GPU) or as their starts (the CPU engine)."""
     total = int(counts.sum())
+    start = np.cumsum(counts) - counts
     out = Segments(
-        np.empty(total, np.int32),
+        np.empty(total, np.int32) if row_array else None,
         np.empty(total, np.int32),
         np.empty(total, length_dtype),
         np.empty(total, np.uint16),
         n_fibers,
+        row_start=None if row_array else np.r_[start, total],
     )
-    return out, np.cumsum(counts) - counts
+    return out, start
 
 
 def _row_targets(cursor: np.ndarray, row: np.ndarray) -> np.ndarray:
@@ -226,14 +333,16 @@ def _scatter_by_row(out: Segments, cursor: np.ndarray, part) -> None:
     if not len(row):
         return
     target = _row_targets(cursor, row)
-    out.row[target], out.fiber[target], out.length[target], out.orient[target] = row, fiber, length, orient
+    if out.has_row_array:
+        out.row[target] = row
+    out.fiber[target], out.length[target], out.orient[target] = fiber, length, orient
 
 
 def _scatter_fields(parts: list, counts: np.ndarray, n_fibers: int) -> Segments:
     """The chunks' segments (``parts``: [row, fiber, length, orient] lists in fiber order) sorted
     by row, one field at a time: each field of the whole is filled from the chunks' copies, which
     are freed as they are used, so the host holds the segments about once (plus one field) rather
-    than twice. The rows are the counts repeated: no scatter. ``parts`` is emptied."""
+    than twice. The rows are their starts (the counts summed). ``parts`` is emptied."""
     starts = np.cumsum(counts) - counts
     fields = []
     for index in (1, 2, 3):  # fiber, length, orient
@@ -246,8 +355,7 @@ def _scatter_fields(parts: list, counts: np.ndarray, n_fibers: int) -> Segments:
             part[index] = None
         fields.append(field_)
     parts.clear()
-    row = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-    return Segments(row, *fields, n_fibers)
+    return Segments(None, *fields, n_fibers, row_start=np.r_[0, np.cumsum(counts)].astype(np.int64))
 
 
 def segments(
@@ -275,7 +383,9 @@ def segments(
     (default: on a GPU, where cutting is cheap) cuts the streamlines twice, counting and then
     scattering, so the host holds the segments once; otherwise the chunks' segments are kept
     until all are counted, then moved into place one field at a time
-    (:data:`HOST_CUT_PEAK_BYTES` a segment at the peak on the CPU).
+    (:data:`HOST_CUT_PEAK_BYTES` a segment at the peak on the CPU). The heap's freed chunks
+    are given back to the system at the end (:func:`gpu.host.release_freed_memory`). Cut on the host (the CPU engine), the rows come as
+    ``row_start``; for a GPU, one per segment (:class:`Segments`).
     ``on_device`` (a GPU backend only): the segments stay on the device, nothing per segment
     on the host, and their listing by streamline (:attr:`Segments.by_fiber`) comes with them.
     ``length_dtype``: the lengths' type (default float32 on the host, float64 for a GPU; the
@@ -352,10 +462,14 @@ def segments(
             parts.append(part)
         del part
     if not two_pass:  # field by field, each chunk's copy freed once used
-        return _scatter_fields(parts, counts, n_fibers)
-    out, cursor = _empty_segments(counts, n_fibers, length_dtype or (np.float32 if xp is np else np.float64))
-    for part in chunks():
-        _scatter_by_row(out, cursor, part)
+        out = _scatter_fields(parts, counts, n_fibers)
+    else:
+        out, cursor = _empty_segments(
+            counts, n_fibers, length_dtype or (np.float32 if xp is np else np.float64), row_array=xp is not np
+        )
+        for part in chunks():
+            _scatter_by_row(out, cursor, part)
+    release_freed_memory()  # the chunks' copies and working memory lay in the heap: back to the system
     return out
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from .backend import get_backend
 from .commit import N_ORIENTATIONS
 from .commit_operator import CHUNK, NumpyOperator, Problem, row_chunks
+from .commit_segments import row_parts
 
 __all__ = [
     "OrientationPairs",
@@ -81,8 +82,8 @@ def pair_structure(problem: Problem) -> OrientationPairs:
     index = np.int32 if n < np.iinfo(np.int32).max else np.int64
     fiber, length = np.empty(n, dtype=index), np.empty(n)
     pair_rows, pair_orients, pair_sizes = [], [], []
-    for part in row_chunks(seg.row):
-        key = seg.row[part].astype(np.int64) * N_ORIENTATIONS + seg.orient[part]
+    for part, rows in row_parts(seg, CHUNK):
+        key = rows.astype(np.int64) * N_ORIENTATIONS + seg.orient[part]
         order = np.argsort(key, kind="stable")  # within a pair, streamlines stay ascending
         key = key[order]
         fiber[part], length[part] = seg.fiber[part][order], seg.length[part][order]

@@ -79,6 +79,23 @@ def compile_or_uncached(loops, first_call, module: str):
     return loops()
 
 
+def release_freed_memory() -> bool:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``); True when
+    some were. Arrays of a few MB (a chunk's segments, say), once freed, stay in the process's heap
+    and count in its resident memory until reused: after the many chunks of a cut, as many
+    bytes as the segments themselves. Does nothing on another C library."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
+
+
 def run_parallel(tasks, threads: int) -> list:
     """``[task() for task in tasks]``, on ``threads`` threads (inline for one): the tasks run
     compiled loops that release the GIL, or NumPy operations that mostly do."""

@@ -70,16 +70,21 @@ PEAK_SCRIPT = textwrap.dedent(
     before = status("VmRSS")
     result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5, tol=0.0), device="cpu")
     print(json.dumps({"peak": status("VmHWM") - before, "need": needs[0].total, "parts": needs[0].parts,
-                      "segments": len(result.problem.segments)}))
+                      "segments": len(result.problem.segments), "plan": needs[0].plan,
+                      "cut_passes": result.provenance["cut_passes"]}))
     """
 )
 
 
-@pytest.mark.parametrize(("streamlines", "measurements"), [(3000, 30), (12000, 60), (3000, 288)])
-def test_a_commit_job_takes_no_more_host_memory_than_it_announced(streamlines, measurements):
+@pytest.mark.parametrize(
+    ("streamlines", "measurements", "two_pass"), [(3000, 30, True), (12000, 60, True), (3000, 288, False)]
+)
+def test_a_commit_job_takes_no_more_host_memory_than_it_announced(streamlines, measurements, two_pass):
     """In a fresh process (numba's compilation included): the peak resident memory of the job
     above what the process held before it (VmHWM, reset at the start) is below its estimate.
-    With 288 measurements (HCP) the signal and FISTA's measurement vectors are most of it."""
+    With 288 measurements (HCP) the signal and FISTA's measurement vectors are most of it, and
+    the cut runs in one pass; with fewer, cutting in one pass would be the peak, and the job cuts
+    twice as its estimate planned."""
     done = subprocess.run(
         [sys.executable, "-c", PEAK_SCRIPT, str(streamlines), str(measurements)],
         capture_output=True,
@@ -89,6 +94,7 @@ def test_a_commit_job_takes_no_more_host_memory_than_it_announced(streamlines, m
     out = json.loads(done.stdout.strip().splitlines()[-1])
     print(out)
     assert 0 < out["peak"] <= out["need"], out
+    assert out["plan"] == {"two_pass_cut": two_pass} and out["cut_passes"] == (2 if two_pass else 1)
 
 
 def _demo_field():

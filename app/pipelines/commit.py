@@ -308,8 +308,10 @@ def _commit_pipeline(
     else:
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
     try:
+        two_pass = None  # the engine's default: one pass on the host, two on a GPU
         if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
-            check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
+            need = check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
+            two_pass = need.plan["two_pass_cut"]  # cut twice where one pass would be the peak
         seg = commit_segments.segments(
             tractogram.points,
             tractogram.offsets,
@@ -318,6 +320,7 @@ def _commit_pipeline(
             min_length_mm=params.min_segment_mm,
             backend=backend,
             to_voxel=to_voxel,  # per chunk: no copy of the points
+            two_pass=two_pass,
             on_device=_segments_fit_on_device(backend, tractogram),
         )
     except commit_segments.NonFinitePoints as exc:
@@ -326,7 +329,7 @@ def _commit_pipeline(
     segments_s = time.perf_counter() - started
     if len(seg) == 0:
         raise InputError("no streamline passes through the mask", fix="Check that tractogram and DWI share a space")
-    xp = commit_segments.array_module(seg.row)  # the segments stay where they were made
+    xp = commit_segments.array_module(seg.fiber)  # the segments stay where they were made
     has_segment = xp.zeros(len(tractogram), dtype=bool)
     has_segment[seg.fiber] = True
     missing = len(tractogram) - int(has_segment.sum())
@@ -336,13 +339,7 @@ def _commit_pipeline(
     # Fit the voxels the streamlines pass through (as dmri-commit does): a voxel without
     # segments has nothing for the streamlines to explain, and its isotropic-only fit would
     # only dilute the stopping test.
-    traversed = xp.zeros(int(usable.sum()), dtype=bool)
-    traversed[seg.row] = True
-    renumber = (xp.cumsum(traversed) - 1).astype(xp.int32)
-    step = commit_operator.CHUNK if xp is np else commit_operator.DEVICE_CHUNK
-    for start in range(0, len(seg), step):  # in place (order kept: the map is increasing)
-        seg.row[start : start + step] = renumber[seg.row[start : start + step]]
-    del renumber
+    traversed = seg.drop_empty_rows(int(usable.sum()))
     usable[usable] = commit_segments.host_array(traversed)
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
@@ -401,6 +398,7 @@ def _commit_pipeline(
         "fit_s": round(fit.seconds, 3),
         "segments_s": round(segments_s, 3),
         "segments_on": "device" if seg.on_device else "host",
+        **({} if backend.is_gpu else {"cut_passes": 2 if two_pass else 1}),
         "lipschitz": fit.lipschitz,
         "operator_blocks": len(op) if isinstance(op, commit_device.BlockedOperator) else 1,
         "s_per_iteration": round(fit.seconds / max(1, fit.iterations), 5),

@@ -242,11 +242,13 @@ def time_pipeline(folder: Path, iterations: int, device: str) -> dict:
     }
 
 
-def bundle_inputs(n_streamlines: int, shape=(32, 32, 32), n_meas: int = 60, seed: int = 0):
+def bundle_inputs(n_streamlines: int, shape=(32, 32, 32), n_meas: int = 60, seed: int = 0, mapped: Path | None = None):
     """A random-signal DWI (2 mm voxels) and ``n_streamlines`` bundle-like streamlines in voxel
     coordinates, 0.5-voxel steps: half straight lines along one direction from random starts,
     half circular arcs in axial planes (few orientations per voxel, as in bundles). In memory:
-    (DWI, Tractogram), points float32 as a loaded file has them."""
+    (DWI, Tractogram), points float32 as a loaded file has them; ``mapped`` (a folder): the DWI
+    written there and mapped read-only in a NIfTI's (column-major) order, as a command maps an
+    uncompressed series (its pages leave the resident set once read)."""
     from tractlens.app.io.dwi import DWI
     from tractlens.app.model import Tractogram
 
@@ -287,56 +289,124 @@ def bundle_inputs(n_streamlines: int, shape=(32, 32, 32), n_meas: int = 60, seed
     g = rng.normal(size=(n_meas, 3))
     g /= np.linalg.norm(g, axis=1, keepdims=True)
     g[:n_b0] = 0
-    data = np.empty((*shape, n_meas), dtype=np.float32)
-    for x in range(shape[0]):  # a slab at a time: the same draws as all at once, in C order
-        data[x] = rng.uniform(0.3, 1.0, (*shape[1:], n_meas))
-    data[..., :n_b0] = 1.0
+    if mapped is not None:  # a volume at a time, in the file's order (other draws than in memory)
+        Path(mapped).mkdir(parents=True, exist_ok=True)
+        file = Path(mapped) / f"dwi_{'x'.join(map(str, shape))}x{n_meas}.f32"
+        data = np.memmap(file, dtype=np.float32, mode="w+", shape=(*shape, n_meas), order="F")
+        for k in range(n_meas):
+            data[..., k] = 1.0 if k < n_b0 else rng.uniform(0.3, 1.0, shape)
+    else:
+        data = np.empty((*shape, n_meas), dtype=np.float32)
+        for x in range(shape[0]):  # a slab at a time: the same draws as all at once, in C order
+            data[x] = rng.uniform(0.3, 1.0, (*shape[1:], n_meas))
+        data[..., :n_b0] = 1.0
     offsets = np.arange(n_streamlines + 1, dtype=np.int64) * n_points
     tract = Tractogram(points, offsets, affine, shape, {}, {}, name="bundles")
+    if mapped is not None:
+        data.flush()
+        del data
+        data = np.memmap(file, dtype=np.float32, mode="r", shape=(*shape, n_meas), order="F")
+        return DWI(data, affine, bvals, g, nonfinite_voxels=0), tract  # counted when written, as a loader does
     return DWI(data, affine, bvals, g), tract
 
 
-def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu", shape=(32, 32, 32)) -> dict:
-    """Host memory of :func:`commit_pipeline` on :func:`bundle_inputs`: the tracemalloc peak
-    above what existed before the streamlines were made (the tractogram's points included, as a
-    command holds them), the process's peak RSS, the segments and the wall time."""
+def brain_mask(shape, voxels: int) -> np.ndarray:
+    """An ellipsoid centred in the grid, its axes in the grid's proportions, of about ``voxels``
+    voxels (a brain's white and grey matter on the HCP grid: ~700 k)."""
+    scale = (voxels / (np.pi / 6 * float(np.prod(shape)))) ** (1 / 3)
+    axes = [np.linspace(-1, 1, n) for n in shape]
+    x, y, z = np.meshgrid(*axes, indexing="ij", sparse=True)
+    return (x / scale) ** 2 + (y / scale) ** 2 + (z / scale) ** 2 <= 1.0
+
+
+def _status_bytes(key: str) -> int | None:
+    """A /proc/self/status value in bytes (Linux), else None."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+    except (OSError, StopIteration):
+        return None
+
+
+def pipeline_memory(
+    n_streamlines: int,
+    iterations: int = 3,
+    device: str = "cpu",
+    shape=(32, 32, 32),
+    n_meas: int = 60,
+    mask_voxels: int | None = None,
+    mapped: Path | None = None,
+    traced: bool = True,
+) -> dict:
+    """Host memory of :func:`commit_pipeline` on :func:`bundle_inputs` (``n_meas`` measurements;
+    ``mask_voxels``: within a :func:`brain_mask` of about that many voxels; ``mapped``: the DWI
+    mapped from a file there): the tracemalloc peak above what existed before the streamlines
+    were made (the tractogram's points included, as a command holds them; ``traced`` False: not
+    traced), the process's peak RSS, its peak RSS above what it held once the inputs were made
+    (VmHWM reset then: the job's own peak, as tests/test_memory_guard.py measures it), the
+    segments and the wall time."""
     import resource
     import tracemalloc
 
     from tractlens.app.pipelines.commit import commit_pipeline
     from tractlens.gpu import commit_solver
 
-    tracemalloc.start()
+    if traced:
+        tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    dwi, tract = bundle_inputs(n_streamlines, shape)
-    dwi_bytes = dwi.data.nbytes
+    dwi, tract = bundle_inputs(n_streamlines, shape, n_meas=n_meas, mapped=mapped)
+    mask = None if mask_voxels is None else brain_mask(shape, mask_voxels)
+    dwi_bytes = 0 if mapped is not None else dwi.data.nbytes
     tracemalloc.reset_peak()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:  # the peak (VmHWM) from here on
+            f.write("5")
+        rss_before = _status_bytes("VmRSS")
+    except OSError:
+        rss_before = None
     t0 = time.perf_counter()
     before_fit = []  # the peak until FISTA starts (cutting, operator, norms), then FISTA's and after
+    rss_before_fit = []
     real = commit_solver.fista
 
     def fista(*args, **kwargs):
         before_fit.append(tracemalloc.get_traced_memory()[1] - base)
+        rss_before_fit.append(_status_bytes("VmHWM"))
         tracemalloc.reset_peak()
         return real(*args, **kwargs)
 
     commit_solver.fista = fista
+    from tractlens.app import memory_guard
+
+    needs, check = [], memory_guard.check_host_memory  # what the memory guard announced
+    memory_guard.check_host_memory = lambda need, fix, **k: needs.append(need) or check(need, fix, **k)
     try:
-        result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=iterations, tol=0.0), device=device)
+        result = commit_pipeline(
+            dwi, tract, mask=mask, params=CommitParams(max_iter=iterations, tol=0.0), device=device
+        )
     finally:
         commit_solver.fista = real
+        memory_guard.check_host_memory = check
     seconds = time.perf_counter() - t0
+    rss_peak = _status_bytes("VmHWM")
     fit_peak = tracemalloc.get_traced_memory()[1] - base
     peak = max([*before_fit, fit_peak])
     tracemalloc.stop()
     return {
+        "peak_rss_above_inputs_bytes": None if rss_before is None else rss_peak - rss_before,
+        "announced_bytes": needs[0].total if needs else None,  # the memory guard's estimate (CPU)
+        "cut_passes": result.provenance.get("cut_passes"),
+        "ec_compartments": result.problem.n_ec,
         "streamlines": n_streamlines,
         "points": len(tract.points),
         "segments": len(result.problem.segments),
         "voxels": result.problem.n_rows,  # per voxel: the signal and FISTA's measurement vectors
-        "traced_peak_bytes": peak - dwi_bytes,
-        "traced_peak_before_fit_bytes": before_fit[0] - dwi_bytes if before_fit else None,
-        "traced_peak_fit_bytes": fit_peak - dwi_bytes,  # FISTA and the model after it
+        "traced_peak_bytes": peak - dwi_bytes if traced else None,
+        "traced_peak_before_fit_bytes": before_fit[0] - dwi_bytes if before_fit and traced else None,
+        "peak_rss_above_inputs_before_fit_bytes": (
+            None if rss_before is None or not rss_before_fit else rss_before_fit[0] - rss_before
+        ),
+        "traced_peak_fit_bytes": fit_peak - dwi_bytes if traced else None,  # FISTA and the model after it
         "measurements": int(dwi.data.shape[-1]),
         "dwi_bytes": dwi_bytes,  # in memory here (subtracted from the traced peaks); a command maps the file
         "points_bytes": tract.points.nbytes,  # held by this benchmark; a command reads them in chunks
@@ -351,32 +421,36 @@ def pipeline_memory(n_streamlines: int, iterations: int = 3, device: str = "cpu"
 HCP_SEGMENTS = 400e6
 
 
-def memory_slope(sizes: list[int], iterations: int = 3, device: str = "cpu", shape=(32, 32, 32)) -> dict:
-    """:func:`pipeline_memory` at each size in a fresh process (so that the peak RSS is its own),
-    the bytes per segment between the smallest and the largest (traced and RSS, with and without
-    the points this benchmark holds: a command reads them in chunks from the file), and the peak
-    RSS without the points that line gives at :data:`HCP_SEGMENTS`."""
+def memory_slope(
+    sizes: list[int], iterations: int = 3, device: str = "cpu", shape=(32, 32, 32), options: list[str] | None = None
+) -> dict:
+    """:func:`pipeline_memory` at each size in a fresh process (so that the peak RSS is its own;
+    ``options``: more ``--memory-*`` arguments for it), the bytes per segment between the
+    smallest and the largest (traced and RSS, with and without the points this benchmark holds: a
+    command reads them in chunks from the file; and of the job's own peak RSS, above its inputs),
+    and the peak RSS without the points that line gives at :data:`HCP_SEGMENTS`."""
     import subprocess
 
     rows = []
     for n in sizes:
         cmd = [sys.executable, __file__, "--memory-one", str(n), "--memory-iterations", str(iterations)]
-        cmd += ["--memory-shape", *map(str, shape)]
+        cmd += ["--memory-shape", *map(str, shape), *(options or [])]
         cmd += ["--gpu"] if device == "gpu" else []
         done = subprocess.run(cmd, check=True, capture_output=True, text=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
     lo, hi = rows[0], rows[-1]
     d_seg = hi["segments"] - lo["segments"]
-    out = {
-        "device": device,
-        "rows": rows,
-        "traced_bytes_per_segment": round((hi["traced_peak_bytes"] - lo["traced_peak_bytes"]) / d_seg, 1),
-        "traced_bytes_per_segment_without_points": round(
+    out = {"device": device, "rows": rows}
+    if lo["traced_peak_bytes"] is not None:
+        out["traced_bytes_per_segment"] = round((hi["traced_peak_bytes"] - lo["traced_peak_bytes"]) / d_seg, 1)
+        out["traced_bytes_per_segment_without_points"] = round(
             (hi["traced_peak_bytes"] - hi["points_bytes"] - lo["traced_peak_bytes"] + lo["points_bytes"]) / d_seg, 1
-        ),
-        "rss_bytes_per_segment": round((hi["max_rss_bytes"] - lo["max_rss_bytes"]) / d_seg, 1),
-    }
+        )
+    out["rss_bytes_per_segment"] = round((hi["max_rss_bytes"] - lo["max_rss_bytes"]) / d_seg, 1)
+    if lo.get("peak_rss_above_inputs_bytes") is not None:
+        own = (hi["peak_rss_above_inputs_bytes"] - lo["peak_rss_above_inputs_bytes"]) / d_seg
+        out["own_peak_rss_bytes_per_segment"] = round(own, 1)
     rss = [r["max_rss_bytes"] - r["points_bytes"] for r in (lo, hi)]
     slope = (rss[1] - rss[0]) / d_seg
     out["rss_bytes_per_segment_without_points"] = round(slope, 1)
@@ -435,17 +509,34 @@ def main() -> None:
         "--memory-shape", type=int, nargs=3, default=[32, 32, 32], help="--memory: the grid (HCP: 145 174 145)"
     )
     parser.add_argument("--memory-iterations", type=int, default=3)
+    parser.add_argument("--memory-measurements", type=int, default=60, help="--memory: measurements (HCP: 288)")
+    parser.add_argument(
+        "--memory-mask-voxels", type=int, help="--memory: fit within an ellipsoid of about N voxels (HCP brain: 700000)"
+    )
+    parser.add_argument(
+        "--memory-mapped-dwi",
+        action="store_true",
+        help="--memory: map the DWI from a file in --work, as a command does",
+    )
+    parser.add_argument("--memory-untraced", action="store_true", help="--memory: no tracemalloc (faster; RSS only)")
     parser.add_argument("--work", default="/tmp/bench_commit", help="folder for the synthetic files")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.memory_one:
         device = "gpu" if args.gpu else "cpu"
-        print(json.dumps(pipeline_memory(args.memory_one, args.memory_iterations, device, tuple(args.memory_shape))))
+        row = pipeline_memory(
+            args.memory_one, args.memory_iterations, device, tuple(args.memory_shape), args.memory_measurements,
+            args.memory_mask_voxels, Path(args.work) if args.memory_mapped_dwi else None, not args.memory_untraced,
+        )  # fmt: skip
+        print(json.dumps(row))
         return
     results = {"measurements": args.measurements, "rows": []}
     if args.memory:
         device = "gpu" if args.gpu else "cpu"
-        results["memory"] = memory_slope(args.memory, args.memory_iterations, device, tuple(args.memory_shape))
+        options = ["--memory-measurements", str(args.memory_measurements), "--work", args.work]
+        options += ["--memory-mask-voxels", str(args.memory_mask_voxels)] if args.memory_mask_voxels else []
+        options += ["--memory-mapped-dwi"] * args.memory_mapped_dwi + ["--memory-untraced"] * args.memory_untraced
+        results["memory"] = memory_slope(args.memory, args.memory_iterations, device, tuple(args.memory_shape), options)
         print(json.dumps({k: v for k, v in results["memory"].items() if k != "rows"}), flush=True)
         args.segments = []
     if args.dmri_commit:
