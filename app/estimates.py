@@ -30,9 +30,9 @@ BALLSTICK_CPU_VOXELS_PER_S = {60: 10.8, 288: 4.0}
 BALLSTICK_REFERENCE_ITERATIONS = 2250  # burn-in 1000 + 1250 jumps, at which the rates were measured
 #: Probabilistic tracking, NumPy engine: 2000 streamlines × 502.9 steps in 40.1 s.
 PROBABILISTIC_CPU_STEPS_PER_S = 25_000.0
-#: … and the compiled loop (numba), per thread: 20,000 streamlines × 498 steps in 6.3 s on one
-#: thread of a shared 2-core machine under load (results/probabilistic_cpu.json).
-PROBABILISTIC_COMPILED_STEPS_PER_S = 1.5e6
+#: … and the compiled loop (numba), per thread: 20,000 streamlines × 498 steps in 4.36 s of CPU
+#: time on one thread (results/probabilistic_cpu.json, a shared 2-core machine).
+PROBABILISTIC_COMPILED_STEPS_PER_S = 2.3e6
 PATH_FRACTION = 0.75  # mean steps ≈ this share of the grid's diagonal (491 of 672 steps measured)
 #: COMMIT, NumPy engine: 3.24 s for 414 038 segments × 98 iterations.
 COMMIT_CPU_S_PER_SEGMENT_ITERATION = 8.0e-8

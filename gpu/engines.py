@@ -217,12 +217,13 @@ DEFAULT_COSTS = CostModel(
             kernel_files=("geodesic.cu", "streamlines.cu"),
         ),
         # PROVISIONAL CPU rate: the compiled loop (gpu.probabilistic_host, the CPU default with
-        # numba) on the HCP-like field of bench_probabilistic_cpu.py, one thread of a shared 2-core
-        # machine under load (results/probabilistic_cpu.json); the NumPy reference fitted earlier
-        # was 1.3e-5. Refit on the GPU machine: bench_crossover.py --methods probabilistic.
+        # numba) on the HCP-like field of bench_probabilistic_cpu.py, per second of one core's CPU
+        # time on a shared 2-core machine (results/probabilistic_cpu.json; 16 free cores would be
+        # several times faster); the NumPy reference fitted earlier was 1.3e-5. Refit on the GPU
+        # machine: bench_crossover.py --methods probabilistic.
         "probabilistic": MethodCost(
             "streamlines × max steps",
-            1.3e-7,
+            1.1e-7,
             7.6e-10,
             gpu_overhead_s=0.016,
             compile_s=1.25,

@@ -138,7 +138,7 @@ class CompiledTracker:
         self._block(loops, ids, of, trace, False)
 
     def _block(self, loops, sids, seed_of, trace, record):
-        """Track the streamlines ``sids`` and add them to the totals; (moves, executed (n, 2))."""
+        """Track the streamlines ``sids`` and add them to the totals; the steps each tried per half (n, 2)."""
         n = len(sids)
         kept = np.zeros(n, dtype=np.bool_)
         hits = np.zeros(n, dtype=np.int64)

@@ -18,7 +18,9 @@ posterior samples of 3 sticks, probtrackx's defaults: 0.5 mm steps, 2000 steps, 
   steadier rate; the NumPy reference would take hours).
 
 Rates are streamlines a second (both halves one streamline), whole calls (batches, running
-totals). Timings on a shared machine vary with its load: the load average is recorded.
+totals), and per second of this process's CPU time (all its threads). Timings on a shared machine
+vary with its load: the load average is recorded, and the CPU-time rate is the steadier measure
+there (two threads only help when two cores are free).
 """
 
 from __future__ import annotations
@@ -44,15 +46,17 @@ from tractlens.gpu.probabilistic_params import ProbParams, mask_bits  # noqa: E4
 def timed(field_, bits, seeds, params, engine: str, threads: int | None = None) -> tuple[dict, object]:
     if threads is not None:
         os.environ["TRACTLENS_THREADS"] = str(threads)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = deque(iter_track(field_, bits, seeds, params, device="cpu", engine=engine), maxlen=1)[0]
-    seconds = time.perf_counter() - t0
+    seconds, cpu_s = time.perf_counter() - t0, time.process_time() - c0
     row = {
         "engine": engine,
         "threads": threads,
         "streamlines": result.streamlines,
         "s": round(seconds, 3),
         "streamlines_per_s": round(result.streamlines / seconds, 1),
+        "cpu_s": round(cpu_s, 3),  # this process's CPU time (all threads): what the others' load left it
+        "streamlines_per_cpu_s": round(result.streamlines / cpu_s, 1) if cpu_s > 0 else None,
         "mean_steps": round(result.steps / max(1, result.streamlines), 1),
         "waytotal": result.waytotal,
         "load_1min": round(os.getloadavg()[0], 2),
@@ -112,6 +116,10 @@ def main(argv=None) -> int:
             and result.steps == reference.steps
         )
         row["speedup_vs_numpy"] = round(row["streamlines_per_s"] / reference_row["streamlines_per_s"], 1)
+        if row["streamlines_per_cpu_s"] and reference_row["streamlines_per_cpu_s"]:
+            row["speedup_vs_numpy_per_cpu_s"] = round(
+                row["streamlines_per_cpu_s"] / reference_row["streamlines_per_cpu_s"], 1
+            )
         record(row)
     if args.compiled_seed_voxels:
         for threads in args.threads:
