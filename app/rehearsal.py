@@ -5,7 +5,12 @@ commands also run CuPy's elementwise, reduction and ufunc kernels (``cupy.sum``,
 sorting, random numbers...), each compiled by NVRTC at its first use. Where no kernels shipped
 with TractLens match the machine (:mod:`app.kernel_cache`), :func:`rehearse` runs each GPU command
 once on the demo phantom, in a process of its own, as a user would (``tractlens fit-dti ...
---device gpu``), so CuPy's cache holds them before the user's first command. The window's
+--device gpu``), so CuPy's cache holds them before the user's first command. Some of CuPy's
+kernels depend on the size of the data as well: compacting an array (``flatnonzero``) of 512
+elements or fewer takes other kernels than a longer one, so deterministic tracking runs both
+from the whole brain and from a small seed ROI; CuPy's CUB block reductions, sized by the data,
+are turned off by the engine (:func:`tractlens.gpu.backend.gpu_status`); arrays over 2 GiB take
+64-bit indexing, which the demo never reaches (the shipped build covers them: packaging/build_kernels.py). The window's
 first-start warm-up and ``tractlens info --compile`` call it; a stamp in CuPy's cache folder
 records it was done for this TractLens, CuPy and GPU, so it runs once.
 """
@@ -28,7 +33,7 @@ from tractlens.gpu.cuda import cache_dir
 log = logging.getLogger(__name__)
 
 #: Bumped when the commands below change (a new stamp: the rehearsal runs again).
-REHEARSAL_VERSION = 1
+REHEARSAL_VERSION = 2
 
 
 def commands(demo: Path, work: Path, device: str = "gpu") -> list[tuple[str, list[str]]]:
@@ -40,6 +45,8 @@ def commands(demo: Path, work: Path, device: str = "gpu") -> list[tuple[str, lis
     return [
         ("fit-dti", ["fit-dti", dwi, "--mask", mask, "-o", dti, *d]),
         ("track deterministic", ["track", "deterministic", "--tensor", dti, "--whole-brain", "--mask", mask, "-o", det, *d]),
+        # a seed ROI of 40 voxels: CuPy compacts arrays of 512 elements or fewer with other kernels
+        ("track deterministic (seed ROI)", ["track", "deterministic", "--tensor", dti, "--seed", seed, "-o", str(work / "roi.trk"), *d]),
         ("commit", ["commit", "--dwi", dwi, "--tractogram", det, "-o", str(work / "commit"), *d]),
         ("fit-ballstick", ["fit-ballstick", dwi, "--mask", seed, "-o", bs, *few, *d]),  # a few voxels: kernels, not maps
         ("track probabilistic", ["track", "probabilistic", "--samples", bs, "--seed", seed, "--nsamples", "20", "-o", str(work / "prob"), *d]),

@@ -83,8 +83,17 @@ class Tractogram(Observable):
 
     def points_on(self, affine: np.ndarray, dtype=np.float64) -> np.ndarray:
         """The points in voxel coordinates of another grid (``affine``: its voxel -> RAS mm)."""
-        to_grid = np.linalg.solve(affine, self.affine)
-        return (self.points.astype(np.float64) @ to_grid[:3, :3].T + to_grid[:3, 3]).astype(dtype, copy=False)
+        return _on_grid(self.points, np.linalg.solve(affine, self.affine), dtype)
+
+    def ends_on(self, affine: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """Each streamline's first and last point in voxel coordinates of another grid, as
+        ``(points, offsets)`` of streamlines of two points (none for an empty streamline): what an
+        end assignment reads (a connectome), without converting every point of a whole brain."""
+        lengths = self.lengths
+        has = lengths > 0
+        index = np.stack([self.offsets[:-1][has], self.offsets[1:][has] - 1], axis=1).reshape(-1)
+        offsets = np.concatenate([[0], np.cumsum(np.where(has, 2, 0))]).astype(np.int64)
+        return _on_grid(self.points[index], np.linalg.solve(affine, self.affine), dtype), offsets
 
     def subset(self, keep: np.ndarray, name: str | None = None) -> Tractogram:
         """The streamlines where ``keep`` (bool mask or indices) holds, scalars included."""
@@ -133,3 +142,7 @@ class Tractogram(Observable):
         return self is other
 
     __hash__ = object.__hash__
+
+
+def _on_grid(points: np.ndarray, to_grid: np.ndarray, dtype) -> np.ndarray:
+    return (np.asarray(points).astype(np.float64) @ to_grid[:3, :3].T + to_grid[:3, 3]).astype(dtype, copy=False)

@@ -175,6 +175,30 @@ def _run_cupy_import_hooks(cupy) -> None:
             log.warning("GPU start-up hook %s failed: %s", getattr(hook, "__qualname__", hook), exc)
 
 
+#: ``1`` keeps CuPy's CUB block reductions (:func:`_one_kernel_per_reduction`), as CuPy has them.
+ENV_CUB_BLOCK_REDUCTION = "TRACTLENS_CUB_BLOCK_REDUCTION"
+
+
+def _one_kernel_per_reduction(cupy) -> None:
+    """Turn off CuPy's CUB *block* reductions (its ``cub`` reduction accelerator), so that a
+    reduction compiles one kernel whatever the size of its data.
+
+    With it on, CuPy reduces a contiguous run of 128 or more elements (``mask.sum()`` over the
+    seeds, a maximum over the measurements...) with a CUB kernel compiled by NVRTC for a block
+    size taken from the run's length (32 to 512 threads), and shorter runs with its generic
+    reduction: the same command then compiles other kernels on data of another size, which
+    neither the shipped kernels (:mod:`app.kernel_cache`) nor the first-start rehearsal can
+    all prepare. CuPy's generic reduction has one block size. CuPy's device-wide CUB routines
+    (float and 64-bit integer sums, segmented sums, prefix sums), compiled into CuPy itself,
+    stay on. ``TRACTLENS_CUB_BLOCK_REDUCTION=1`` keeps CuPy's choice."""
+    if os.environ.get(ENV_CUB_BLOCK_REDUCTION, "0").strip().lower() in ("1", "yes", "true", "on"):
+        return
+    core = cupy._core
+    cub = 1  # cupy._core._accelerator.ACCELERATOR_CUB
+    kept = [a for a in core.get_reduction_accelerators() if a not in (cub, "cub")]
+    core.set_reduction_accelerators(kept)
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> tuple[bool, str]:
     """Whether a CUDA device is usable, and its name or the reason it is not."""
@@ -186,6 +210,10 @@ def gpu_status() -> tuple[bool, str]:
         return False, "CuPy is not installed (pip install 'tractlens[gpu]')"
     except Exception as exc:  # a broken CuPy install must not break the CPU path
         return False, f"CuPy failed to import: {exc}"
+    try:
+        _one_kernel_per_reduction(cupy)
+    except Exception as exc:  # an older or newer CuPy without these switches: its own choice
+        log.info("CuPy's reduction accelerators were left as they are: %s", exc)
     try:
         if cupy.cuda.runtime.getDeviceCount() >= 1:
             _run_cupy_import_hooks(cupy)

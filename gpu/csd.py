@@ -17,6 +17,9 @@ in MRtrix3's basis (:mod:`gpu.sh`) and the frame of the gradient directions give
   subject to the WM fODF ≥ 0 on 300 hemisphere directions and GM, CSF ≥ 0 — a quadratic
   program, solved exactly (as MRtrix's ICLS) by a batched active-set method on its dual,
   started from an interior point's guess (:mod:`gpu.csd_qp`). Both solvers compute in float64 on either backend.
+  On the CPU with numba, single-shell CSD's iteration and the peak search run as compiled loops
+  per voxel without the GIL (:mod:`gpu.csd_loops`: the same algorithms), so that batches on
+  several threads scale with the cores.
 
 Tissue compartments are the l=0 coefficients of isotropic ODFs (MRtrix ``dwi2fod msmt_csd``
 writes the same for GM and CSF): a voxel's tissue signal fraction follows from them and the
@@ -34,10 +37,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend, flag_counts, get_backend, run_batched
-from .csd_peaks import PeakParams, find_peaks
+from .csd_peaks import PeakParams, compiled_peak_search, find_peaks
 from .csd_qp import SharedQP, solve_batch
 from .csd_response import Response, Shells, find_shells, response_rows
-from .host import host_threads
+from .host import compile_or_uncached, host_threads, numba_module
 from .params import meta
 from .sh import Y00, degrees_orders, expand_per_coefficient, fibonacci_hemisphere, n_coefficients, sh_basis
 
@@ -293,6 +296,43 @@ def _ssst_batch(xp, signal, model: CSDModel, params: CSDParams):
     return sh, iterations, converged
 
 
+def _ssst_compiled(model: CSDModel, params: CSDParams):
+    """:func:`_ssst_batch` as a compiled loop per voxel (:mod:`gpu.csd_loops`), or None when it
+    cannot run here (numba missing); ``solve(batch) -> (sh, iterations, converged)`` on the host."""
+    if numba_module() is None:
+        return None
+    design = np.ascontiguousarray(model.design)
+    n_sh, low = model.n_sh, n_coefficients(min(4, model.lmax))
+    constraint = np.ascontiguousarray(model.constraint)
+    r0 = float(model.design[:, 0].mean() / Y00)
+    lam = params.regularisation * n_sh * r0 / math.sqrt(constraint.shape[0] * _DIPY_REGULARISATION_DIRECTIONS)
+    base = design.T @ design + np.eye(n_sh) * (1e-10 * float(np.trace(design.T @ design)) / n_sh)
+    pinv_low = np.ascontiguousarray(np.linalg.pinv(design[:, :low]))
+    args = (design, base, pinv_low, constraint, lam * lam, params.threshold * Y00, params.max_iterations)
+
+    def loops():
+        from . import csd_loops
+
+        return csd_loops.ssst_voxels
+
+    def first_call(loop):
+        loop(np.zeros((0, design.shape[0])), *args, np.zeros((0, n_sh)), np.zeros(0, np.int64))
+
+    loop = compile_or_uncached(loops, first_call, "csd_loops")
+
+    def solve(batch: np.ndarray):
+        sh, iterations = np.zeros((len(batch), n_sh)), np.zeros(len(batch), np.int64)
+        t = time.thread_time()
+        loop(np.ascontiguousarray(batch), *args, sh, iterations)
+        inside[threading.get_ident()] = inside.get(threading.get_ident(), 0.0) + time.thread_time() - t
+        return sh, int(np.abs(iterations).max(initial=0)), iterations > 0
+
+    inside = {}  # CPU seconds each thread spent in the loop (without the GIL), by thread
+    solve.cpu_seconds = lambda: sum(inside.values())
+
+    return solve
+
+
 # ------------------------------------------------------------------------ multi-tissue solver
 def constraint_matrix(model: CSDModel) -> np.ndarray:
     """(M, P) rows whose products with x must be ≥ 0: fODF amplitudes, then each isotropic tissue."""
@@ -363,6 +403,11 @@ def fit_csd(
     stats["not_converged_per_batch"] = []  # voxels each batch left at the iteration limit
     volumes = model.volumes
     shared = shared_program(model) if model.msmt else None
+    # on the CPU, single-shell CSD's iteration as a compiled loop per voxel without the GIL
+    # (numba), which scales with the threads; the array program otherwise (the same algorithm)
+    compiled = None if model.msmt or backend.is_gpu else _ssst_compiled(model, params)
+    compiled_peaks = None if backend.is_gpu else compiled_peak_search(model.lmax, peak_params)
+    peaks_inside = {}  # CPU seconds each thread spent in the compiled peak search, by thread
 
     # The volumes fitted, as a slice when they are a run (MSMT: all of them), so that a batch goes
     # to the device straight from the caller's array instead of through a gathered host copy
@@ -382,13 +427,19 @@ def fit_csd(
             x, iterations, converged = _msmt_batch(xp, batch, model, params, shared)
             sh, iso = x[:, :n_sh], x[:, n_sh:]
         else:
-            sh, iterations, converged = _ssst_batch(xp, batch, model, params)
+            solve = compiled or (lambda b: _ssst_batch(xp, b, model, params))
+            sh, iterations, converged = solve(batch)
             iso = xp.zeros((stop - start, 0))
         sh = xp.where(finite[:, None], sh, 0)
         iso = xp.where(finite[:, None], xp.maximum(iso, 0), 0)
         backend.synchronize()
         t2 = time.perf_counter()
-        directions, amplitudes = find_peaks(xp, sh.astype(dtype), model.lmax, peak_params)
+        if compiled_peaks is None:
+            directions, amplitudes = find_peaks(xp, sh.astype(dtype), model.lmax, peak_params)
+        else:
+            t = time.thread_time()
+            directions, amplitudes = compiled_peaks(sh)
+            peaks_inside[threading.get_ident()] = peaks_inside.get(threading.get_ident(), 0.0) + time.thread_time() - t
         backend.synchronize()
         t3 = time.perf_counter()
         flags = (~finite).astype(xp.uint8) * FLAG_NONFINITE_SIGNAL + (finite & ~converged).astype(
@@ -416,6 +467,7 @@ def fit_csd(
         backend, n, per_voxel, process, progress=progress, cancelled=cancelled, maximum=batch_voxels, threads=threads
     )
     stats["not_converged_per_batch"] = [not_converged[start] for start in sorted(not_converged)]
+    stats["compiled_cpu_s"] = (0.0 if compiled is None else compiled.cpu_seconds()) + sum(peaks_inside.values())
     fit = CSDFit(**out)
     fit.provenance = {
         "method": "msmt-csd (Jeurissen 2014)" if model.msmt else "csd (Tournier 2007)",
@@ -427,6 +479,8 @@ def fit_csd(
         "shell_used": model.shell_used,
         "shells": [float(b) for b in model.shells.bvalues],
         "precision": np.dtype(dtype).name,
+        "engine": "arrays" if compiled is None else "compiled",
+        "peak_engine": "arrays" if compiled_peaks is None else "compiled",
         "backend": backend.name,
         "device": backend.device_name,
         "voxels": n,

@@ -24,6 +24,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .host import compile_or_uncached, numba_module
 from .params import meta
 from .sh import fibonacci_hemisphere, n_coefficients, neighbours, sh_basis
 
@@ -115,7 +116,9 @@ def find_peaks(xp, coefficients, lmax: int, params: PeakParams | None = None):
     sphere_h, neighbour_h, basis_h = _search_sphere(lmax)
     sphere = xp.asarray(sphere_h, dtype=dtype)
     amplitude = coefficients @ xp.asarray(basis_h.T, dtype=dtype)  # (n, D)
-    is_max = (amplitude[:, :, None] >= amplitude[:, xp.asarray(neighbour_h)]).all(axis=2) & (amplitude > 0)
+    is_max = amplitude > 0
+    for k in range(neighbour_h.shape[1]):  # one neighbour at a time: no (n, D, 6) temporary
+        is_max &= amplitude >= amplitude[:, xp.asarray(neighbour_h[:, k])]
     candidates = xp.where(is_max, amplitude, -xp.inf)
     del is_max
     cos_sep = math.cos(math.radians(params.min_separation_deg))
@@ -163,3 +166,37 @@ def _refine(xp, coefficients, lmax: int, directions, amplitudes) -> None:
     v = xp.where(v[:, 2:3] < 0, -v, v)  # one representative of ±v: the upper hemisphere
     directions[voxel, slot] = v
     amplitudes[voxel, slot] = best
+
+
+def compiled_peak_search(lmax: int, peak_params: PeakParams):
+    """:func:`find_peaks` as a compiled loop per voxel (:mod:`gpu.csd_loops`), or
+    None when numba is missing; ``peaks(sh) -> (directions, amplitudes)`` on the host."""
+    if numba_module() is None:
+        return None
+    sphere, neighbour, basis = _search_sphere(lmax)
+    args = (
+        lmax,
+        np.ascontiguousarray(sphere),
+        np.ascontiguousarray(basis),
+        np.ascontiguousarray(neighbour, dtype=np.int64),
+        np.ascontiguousarray(_stencil_offsets()),
+        float(peak_params.relative_threshold),
+        math.cos(math.radians(peak_params.min_separation_deg)),
+        REFINE_STEPS,
+    )
+    p = peak_params.n_peaks
+
+    def loops():
+        from . import csd_loops
+
+        return csd_loops.peak_voxels
+
+    loop = compile_or_uncached(loops, lambda k: k(np.zeros((0, basis.shape[1])), *args, np.zeros((0, p, 3)),
+                                                   np.zeros((0, p))), "csd_loops")  # fmt: skip
+
+    def peaks(sh: np.ndarray):
+        directions, amplitudes = np.zeros((len(sh), p, 3)), np.zeros((len(sh), p))
+        loop(np.ascontiguousarray(sh, dtype=np.float64), *args, directions, amplitudes)
+        return directions, amplitudes
+
+    return peaks

@@ -10,9 +10,10 @@ bit for bit for every count (path distributions, target counts, matrices are int
 chunks first, smaller ones towards the end, so the devices finish together whatever each chunk
 costs), one host thread per device with its device current (:meth:`Backend.activate`); CuPy keeps
 the current device per thread, compiles each kernel once per device and allocates from a pool
-per device. Each device keeps its running totals until the end; nothing goes through NCCL (so
-none of its NVLink multicast is involved): the totals are reduced by peer copies
-(:mod:`gpu.multidevice_copy`).
+per device. Each device keeps its running totals until it finishes (with ``finish_early``, as
+soon as the queue is empty for it, while the others still compute); nothing goes through NCCL (so
+none of its NVLink multicast is involved): the totals are reduced by peer copies or added on the
+host (:mod:`gpu.multidevice_copy`).
 
 A device that fails (out of memory, a lost device, any error) is named in a
 :class:`DeviceFailure` ("GPU 2 (NVIDIA H100 80GB HBM3): out of memory while tracking"). With
@@ -128,25 +129,39 @@ class ChunkQueue:
 class Share(Protocol):
     """One device's part of a run (made in that device's thread, with the device current)."""
 
-    def launch(self, start: int, count: int) -> None:
-        """Queue the work of ``start .. start + count`` (may return before it is done)."""
+    def launch(self, start: int, count: int) -> Any:
+        """Queue the work of ``start .. start + count`` (may return before it is done); an event
+        that is recorded once it is done (a CUDA event, when the share queues on streams of its
+        own), or None (then the current stream's is taken)."""
 
     def finish(self) -> Any:
-        """Wait for everything queued; the running totals (left on the device for the merge)."""
+        """Wait for everything queued; the running totals (left on the device for the merge, or
+        handed in at once when the run finishes each share early: ``run_shared(finish_early=True)``)."""
 
 
 @dataclass
 class ShareReport:
-    """What one device did: its label, streamlines, chunks and seconds per stage."""
+    """What one device did: its label, its share's number (``index``, 0 … n − 1), streamlines,
+    chunks, seconds per stage and ``timeline_s``: moments (seconds from the run's start) such as
+    ``ready`` (opened), ``done`` (its last chunk completed) and ``finished`` (its totals in)."""
 
     device: str
+    index: int = 0
     items: int = 0
     chunks: int = 0
     stages_s: dict = field(default_factory=dict)
+    timeline_s: dict = field(default_factory=dict)
     failed: str | None = None
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages_s[stage] = round(self.stages_s.get(stage, 0.0) + seconds, 4)
+
+    def mark(self, moment: str, seconds: float) -> None:
+        self.timeline_s[moment] = round(seconds, 4)
+
+    def as_dict(self) -> dict:
+        return {"device": self.device, "index": self.index, "items": self.items, "chunks": self.chunks,
+                "stages_s": dict(self.stages_s), "timeline_s": dict(self.timeline_s), "failed": self.failed}  # fmt: skip
 
 
 @dataclass
@@ -164,7 +179,9 @@ class SharedRun:
         return [f"{f}; its share was done again on the other device(s)" for f in self.failures]
 
 
-def _event(backend: Backend):
+def _event(backend: Backend, given=None):
+    if given is not None:
+        return given
     return backend.xp.cuda.get_current_stream().record() if backend.is_gpu else None
 
 
@@ -179,6 +196,7 @@ def run_shared(
     progress: Callable[[int, int], None] | None = None,
     keep_going: bool = True,
     in_flight: int = 2,
+    finish_early: bool = False,
 ) -> SharedRun:
     """``range(total)`` over ``backends``: each device's thread opens its share
     (``open_share(backend, report)``: start, uploads; it may add stages to the report), then takes
@@ -186,7 +204,12 @@ def run_shared(
     (so it never idles between chunks), and at the end ``finish()``es its share. A failing device
     (:class:`DeviceFailure`) gives its ranges back and the others track them (``keep_going``), or
     the run stops; :class:`Cancelled` when ``cancelled()`` says so. ``progress(done, total)``
-    counts the chunks completed on every device."""
+    counts the chunks completed on every device.
+
+    ``finish_early``: a device ``finish()``es in its own thread as soon as the queue has nothing
+    left for it, while the others still compute (its ``finish`` hands its totals in and starts
+    them afresh, so a later call, after ranges given back by a failed device were tracked, hands
+    in only those). Its ranges are then safe: a failure later gives back only newer ones."""
     backends = list(backends)
     if not backends:
         raise ValueError("no device to run on")
@@ -194,7 +217,8 @@ def run_shared(
     stop = threading.Event()
     lock = threading.Lock()
     done = [0]
-    reports = [ShareReport(device_label(b)) for b in backends]
+    began = time.perf_counter()
+    reports = [ShareReport(device_label(b), index=i) for i, b in enumerate(backends)]
     shares: list[Any] = [None] * len(backends)
     taken: list[list[tuple[int, int]]] = [[] for _ in backends]
     alive = [True] * len(backends)
@@ -221,13 +245,13 @@ def run_shared(
                     t0 = time.perf_counter()
                     shares[i] = open_share(backend, report)
                     report.add("open", time.perf_counter() - t0)
+                    report.mark("ready", time.perf_counter() - began)
                 stage = "tracking"
                 pending: deque = deque()
                 t0 = time.perf_counter()
                 while not halted() and (r := queue.take()) is not None:
                     taken[i].append(r)
-                    shares[i].launch(*r)
-                    pending.append((r[1], _event(backend)))
+                    pending.append((r[1], _event(backend, shares[i].launch(*r))))
                     report.items += r[1]
                     report.chunks += 1
                     while len(pending) >= max(1, in_flight):
@@ -240,6 +264,7 @@ def run_shared(
                         event.synchronize()
                     advance(count)
                 report.add("compute", time.perf_counter() - t0)
+                report.mark("done", time.perf_counter() - began)
         except Cancelled:
             stop.set()
         except Exception as exc:  # every failure is a device's, named
@@ -254,6 +279,13 @@ def run_shared(
                 taken[i] = []
                 if not keep_going or not any(alive):
                     stop.set()
+            return
+        if finish_early and alive[i] and not halted():
+            out = finish(i)
+            if alive[i]:
+                with lock:
+                    totals[i] = out
+                    taken[i] = []  # handed in: safe whatever happens next
 
     def finish(i: int) -> Any:
         backend = backends[i]
@@ -262,6 +294,7 @@ def run_shared(
             with backend.activate():
                 out = shares[i].finish()
             reports[i].add("finish", time.perf_counter() - t0)
+            reports[i].mark("finished", time.perf_counter() - began)
             return out
         except Exception as exc:
             failure = DeviceFailure(backend, "finishing its totals", exc)
@@ -275,14 +308,17 @@ def run_shared(
                 taken[i] = []
             return None
 
+    totals: dict[int, Any] = {}
+
     def in_threads(fn, indices):
+        if not indices:
+            return []
         if len(indices) == 1:
             return [fn(indices[0])]
         with ThreadPoolExecutor(len(indices), thread_name_prefix="tractlens-gpu") as pool:
             futures = [pool.submit(fn, i) for i in indices]
             return [f.result() for f in futures]
 
-    totals: dict[int, Any] = {}
     while True:
         in_threads(work, [i for i in range(len(backends)) if alive[i]])
         if (cancelled is not None and cancelled()) or (stop.is_set() and not failures):
@@ -349,27 +385,33 @@ def run_split(
     return [f.result() for f in futures]
 
 
-def start_devices(n: int) -> threading.Thread | None:
+def start_devices(n: int, staging: bool = True) -> threading.Thread | None:
     """Create the CUDA contexts of GPUs 1 … n − 1 on background threads (GPU 0's is made by the
     usual warm-up), so a shared run started while its files are read finds them ready (a context
     takes a few hundred milliseconds; the driver serialises a thread that asks for one being
-    made). Nothing happens without a usable GPU; failures are left to the run, which names them."""
+    made); with ``staging``, also each of the n GPUs' pinned staging buffers for host uploads
+    (:func:`gpu.transfer.prepare_staging`). Nothing happens without a usable GPU; failures are
+    left to the run, which names them."""
     if n <= 1:
         return None
 
     def start() -> None:
         try:
             from .backend import gpu_count
+            from .transfer import prepare_staging
 
             count = gpu_count()
             import cupy
 
             def one(i: int) -> None:
-                with cupy.cuda.Device(i):
-                    cupy.zeros(1).sum()
+                if i > 0:
+                    with cupy.cuda.Device(i):
+                        cupy.zeros(1).sum()
+                if staging:
+                    prepare_staging(i)
 
-            with ThreadPoolExecutor(max(1, min(n, count) - 1), thread_name_prefix="tractlens-gpu-start") as pool:
-                list(pool.map(one, range(1, min(n, count))))
+            with ThreadPoolExecutor(max(1, min(n, count)), thread_name_prefix="tractlens-gpu-start") as pool:
+                list(pool.map(one, range(min(n, count))))
         except Exception:  # the run itself reports what is wrong, naming the device
             pass
 

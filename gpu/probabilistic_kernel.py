@@ -5,6 +5,9 @@ a run. :mod:`gpu.probabilistic_numpy` is the reference it matches."""
 
 from __future__ import annotations
 
+import functools
+import time
+
 import numpy as np
 
 from . import cuda
@@ -72,14 +75,31 @@ def set_sizes(params: ProbParams, slots: int = SET_SLOTS) -> tuple[int, int, int
     return slots, slots * 3 // 4, full
 
 
+@functools.cache
+def _device_properties(cp, device: int) -> dict:
+    return cp.cuda.runtime.getDeviceProperties(device)  # asked once per device: the driver gathers every property
+
+
 def _resident_threads(cp, kernel, block: int) -> int:
     """Threads the device runs at once with this kernel (persistent threads: no more are useful)."""
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    props = _device_properties(cp, int(cp.cuda.Device().id))
     try:
         per_sm = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, block, 0)
     except Exception:  # an older CuPy: assume a full SM
         per_sm = props["maxThreadsPerMultiProcessor"] // block
     return max(1, per_sm) * block * props["multiProcessorCount"]
+
+
+class _Lane:
+    """A stream's part of a tracker (:class:`KernelTracker`): its threads' visited-voxel sets, the
+    counters of its launches and their overflow list (two launches at once need their own)."""
+
+    def __init__(self, stream):
+        self.stream = stream  # None: the current stream
+        self.threads, self.tables, self.lists = 0, None, None
+        self.rerun_threads, self.rerun_tables, self.rerun_lists = 0, None, None
+        self.counters = self.rerun_counters = self.overflow_ids = None
+        self.stamp_base = self.rerun_stamp = 0
 
 
 class KernelTracker:
@@ -111,8 +131,10 @@ class KernelTracker:
         threads: int | None = None,
         seed_matrix: bool = False,
         visit_list: bool = False,
+        lanes: int = 1,
     ):
         cp = self.cp = backend.xp
+        t0 = time.perf_counter()
         self.backend, self.field, self.params = backend, field_, params
         self.n_seeds, self.n_targets = len(seeds), n_targets
         self.kernel = kernel_function(seed_matrix, visit_list)
@@ -132,8 +154,6 @@ class KernelTracker:
         self.seeds = cp.ascontiguousarray(cp.asarray(seeds, dtype=cp.int32))  # argwhere gives F order
         self.paths = cp.zeros(int(np.prod(field_.shape)), dtype=cp.uint64)
         self.seed_targets = cp.zeros((self.n_seeds, max(n_targets, 1)), dtype=cp.uint64)
-        self.counters = cp.zeros(4, dtype=cp.uint64)  # kept, abandoned in the last launch, in all, steps
-        self.rerun_counters = cp.zeros(4, dtype=cp.uint64)  # the second passes' (abandoned: never)
         self.seed_number = self.seed_matrix = None
         if seed_matrix:
             check_seed_matrix(self.n_seeds)
@@ -141,29 +161,56 @@ class KernelTracker:
             number[tuple(np.asarray(seeds).T)] = np.arange(self.n_seeds, dtype=np.int32)
             self.seed_number = cp.asarray(number)
             self.seed_matrix = cp.zeros((self.n_seeds, self.n_seeds), dtype=cp.uint32)
-        self.totals = (self.paths, self.seed_targets, self.counters, self.rerun_counters)
-        self.totals += (self.seed_matrix,) if seed_matrix else ()
         self.waymask = sum(1 << (WAYPOINT_SHIFT + i) for i in range(n_waypoints))
         # Kept for sure (no waypoints, no exclusion voxel): count visits as they happen. A visit
         # list needs the member lists, which only the counting at the end keeps.
         self.immediate = not visit_list and self.waymask == 0 and not bool((self.bits & BIT_EXCLUDE).any())
         self.slots, self.limit, self.full = set_sizes(params, set_slots)
-        budget = backend.free_memory_bytes() // 4  # the sets take at most a quarter of the free memory
-        resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)
-        whole = -(-max_batch // self.BLOCK) * self.BLOCK
+        t1 = time.perf_counter()
+        self.resident = threads or _resident_threads(cp, self.kernel, self.BLOCK)  # loads the kernel on the device
+        t2 = time.perf_counter()
+        self.max_batch = max(1, int(max_batch))
+        # One lane runs on the current stream. Several run on streams of their own, in turn, so
+        # a chunk starts while the previous one's last (longest) streamlines still run: a
+        # launch's tail no longer leaves the device idle (the split run's chunks).
+        if lanes < 1:
+            raise ValueError(f"at least one lane is needed, got {lanes}")
+        streams = [None] if lanes == 1 else [cp.cuda.Stream(non_blocking=True) for _ in range(lanes)]
+        self.lanes = [self._lane(stream) for stream in streams]
+        if lanes > 1:  # the lanes' streams start after this set-up (queued on the current stream)
+            ready = cp.cuda.get_current_stream().record()
+            for lane in self.lanes:
+                lane.stream.wait_event(ready)
+        t3 = time.perf_counter()
+        #: host seconds of the set-up's parts (device work queued, not waited for): inputs and
+        #: totals, the kernel loaded on the device, the lanes' visited-voxel sets
+        self.setup_s = {"arrays": round(t1 - t0, 4), "kernel": round(t2 - t1, 4), "sets": round(t3 - t2, 4)}
+        self.turn = 0
+        self.threads = self.lanes[0].threads
+        self.counters, self.rerun_counters = self.lanes[0].counters, self.lanes[0].rerun_counters
+        self.totals = (self.paths, self.seed_targets, self.counters, self.rerun_counters)
+        self.totals += (self.seed_matrix,) if seed_matrix else ()
+        self.streamlines = 0
+
+    def _lane(self, stream) -> _Lane:
+        """A lane's visited-voxel sets (at most a quarter of the free memory), counters and
+        overflow list."""
+        cp = self.cp
+        lane = _Lane(stream)
+        lane.counters = cp.zeros(4, dtype=cp.uint64)  # kept, abandoned in the last launch, in all, steps
+        lane.rerun_counters = cp.zeros(4, dtype=cp.uint64)  # the second passes' (abandoned: never)
+        budget = self.backend.free_memory_bytes() // 4
+        whole = -(-self.max_batch // self.BLOCK) * self.BLOCK
         per_slot = 8 if self.immediate else 12
-        self.threads, self.tables, self.lists = self._sets(
-            min(resident, whole, budget // (self.slots * per_slot)), self.slots
+        lane.threads, lane.tables, lane.lists = self._sets(
+            min(self.resident, whole, budget // (self.slots * per_slot)), self.slots
         )
         # The second pass's sets hold any streamline; few threads (few streamlines need them).
-        self.rerun_threads, self.rerun_tables, self.rerun_lists = 0, None, None
         if self.slots < self.full:
-            most = min(resident, whole, 8192, budget // 2 // (self.full * per_slot))
-            self.rerun_threads, self.rerun_tables, self.rerun_lists = self._sets(most, self.full)
-        self.rerun_stamp = 0
-        self.overflow_ids = cp.empty(max(1, max_batch), dtype=cp.uint64)
-        self.stamp_base = 0
-        self.streamlines = 0
+            most = min(self.resident, whole, 8192, budget // 2 // (self.full * per_slot))
+            lane.rerun_threads, lane.rerun_tables, lane.rerun_lists = self._sets(most, self.full)
+        lane.overflow_ids = cp.empty(self.max_batch, dtype=cp.uint64)
+        return lane
 
     def _whole(self, threads: int) -> int:  # whole blocks: each thread owns a set
         return max(self.BLOCK, int(threads) // self.BLOCK * self.BLOCK)
@@ -187,7 +234,8 @@ class KernelTracker:
                     ) from exc
                 threads = self._whole(threads // 2)
 
-    def _args(self, count, n_device, ids, first, cap, limit, stamp_base, rank_from, tables, lists, counters, trace):
+    def _args(self, count, n_device, ids, first, cap, limit, stamp_base, rank_from, tables, lists, counters, trace,
+              overflow_ids):  # fmt: skip
         p, cp = self.params, self.cp
         key0, key1 = seed_key(p.seed)
         null = np.uint64(0)
@@ -220,8 +268,8 @@ class KernelTracker:
             self.paths,
             self.seed_targets,
             counters,
-            self.overflow_ids,
-            np.int64(len(self.overflow_ids)),
+            overflow_ids,
+            np.int64(len(overflow_ids)),
             null if self.seed_number is None else self.seed_number,
             null if self.seed_matrix is None else self.seed_matrix,
             null if trace is None else trace,
@@ -241,39 +289,81 @@ class KernelTracker:
         sid, voxel, count = self.visit_buffers
         return sid, voxel, count, np.int64(len(sid))
 
-    def launch(self, first: int, count: int, trace=None, ids=None) -> None:
+    def launch(self, first: int, count: int, trace=None, ids=None):
         """Queue run positions ``first .. first + count`` (at most ``max_batch``), or the
         streamlines of ids ``ids`` (a device array of ``count``). ``trace``: a device array
-        (count, 2, n_steps + 1, 4) to fill with their steps (one pass)."""
-        if count > len(self.overflow_ids):
+        (count, 2, n_steps + 1, 4) to fill with their steps (one pass). With several lanes the
+        launch goes to the next lane's stream and an event recorded after it is returned (None
+        with one lane: it is on the current stream)."""
+        if count > self.max_batch:
             raise ValueError("a launch larger than max_batch")
-        if self.stamp_base + count >= 2**32 - 1:  # the stamps would wrap: start the sets afresh
-            self.tables.fill(0)
-            self.stamp_base = 0
+        lane = self.lanes[self.turn]
+        self.turn = (self.turn + 1) % len(self.lanes)
+        if lane.stream is None:
+            self._launch(lane, first, count, trace, ids)
+            done = None
+        else:
+            with lane.stream:
+                self._launch(lane, first, count, trace, ids)
+                done = lane.stream.record()
+        self.streamlines += count
+        return done
+
+    def _launch(self, lane: _Lane, first: int, count: int, trace, ids) -> None:
+        cp = self.cp
+        if lane.stamp_base + count >= 2**32 - 1:  # the stamps would wrap: start the sets afresh
+            lane.tables.fill(0)
+            lane.stamp_base = 0
         slots, limit = (self.full, 2 * self.params.n_steps + 1) if trace is not None else (self.slots, self.limit)
-        tables = self.tables if slots == self.slots else self.cp.zeros(self.threads * slots, dtype=self.cp.uint64)
-        lists = self.lists if slots == self.slots or self.immediate else self.cp.empty_like(tables, dtype=np.int32)
-        self.counters[1:2].fill(0)
-        threads = min(self.threads, self._whole(-(-count // self.BLOCK) * self.BLOCK))
-        args = (count, None, ids, first, slots, limit, self.stamp_base, 0, tables, lists, self.counters, trace)
+        tables = lane.tables if slots == self.slots else cp.zeros(lane.threads * slots, dtype=cp.uint64)
+        lists = lane.lists if slots == self.slots or self.immediate else cp.empty_like(tables, dtype=np.int32)
+        lane.counters[1:2].fill(0)
+        threads = min(lane.threads, self._whole(-(-count // self.BLOCK) * self.BLOCK))
+        args = (count, None, ids, first, slots, limit, lane.stamp_base, 0, tables, lists, lane.counters, trace,
+                lane.overflow_ids)  # fmt: skip
         self.kernel((threads // self.BLOCK,), (self.BLOCK,), self._args(*args))
-        self.stamp_base += count
+        lane.stamp_base += count
         # The streamlines that outgrew their sets, again with sets for any streamline, adding the
         # voxels from the one where the first pass stopped (counted as they came) or all of them.
-        if trace is None and self.rerun_tables is not None:
-            if self.rerun_stamp + count >= 2**32 - 1:
-                self.rerun_tables.fill(0)
-                self.rerun_stamp = 0
+        if trace is None and lane.rerun_tables is not None:
+            if lane.rerun_stamp + count >= 2**32 - 1:
+                lane.rerun_tables.fill(0)
+                lane.rerun_stamp = 0
             rank_from = limit if self.immediate else 0
-            args = (0, self.counters[1:2], self.overflow_ids, 0, self.full, self.full // 2, self.rerun_stamp)
-            args += (rank_from, self.rerun_tables, self.rerun_lists, self.rerun_counters, None)
-            self.kernel((self.rerun_threads // self.BLOCK,), (self.BLOCK,), self._args(*args))
-            self.rerun_stamp += count
-        self.streamlines += count
+            args = (0, lane.counters[1:2], lane.overflow_ids, 0, self.full, self.full // 2, lane.rerun_stamp)
+            args += (rank_from, lane.rerun_tables, lane.rerun_lists, lane.rerun_counters, None, lane.overflow_ids)
+            self.kernel((lane.rerun_threads // self.BLOCK,), (self.BLOCK,), self._args(*args))
+            lane.rerun_stamp += count
+
+    def device_totals(self) -> tuple:
+        """The running totals on the device, as :attr:`totals` (paths, seed × target counts,
+        counters, second-pass counters[, seed matrix]), the lanes' counters added (queued on the
+        current stream: wait for every lane first, e.g. ``backend.synchronize()``)."""
+        if len(self.lanes) == 1:
+            return self.totals
+        counters, rerun = self.lanes[0].counters.copy(), self.lanes[0].rerun_counters.copy()
+        for lane in self.lanes[1:]:
+            counters += lane.counters
+            rerun += lane.rerun_counters
+        return (self.paths, self.seed_targets, counters, rerun, *self.totals[4:])
+
+    def reset_totals(self) -> None:
+        """Zero the running totals (once they were handed in: a split run's share then counts
+        only what it tracks next) and wait for it."""
+        for a in (self.paths, self.seed_targets, self.seed_matrix):
+            if a is not None:
+                a.fill(0)
+        for lane in self.lanes:
+            lane.counters.fill(0)
+            lane.rerun_counters.fill(0)
+        self.streamlines = 0
+        self.backend.synchronize()
 
     def result(self, provenance: dict | None = None) -> ProbResult:
         """The totals so far (waits for the queued launches)."""
-        return self._result(self.totals, self.streamlines, provenance)
+        if len(self.lanes) > 1:
+            self.backend.synchronize()
+        return self._result(self.device_totals(), self.streamlines, provenance)
 
     def _result(self, totals, streamlines, provenance=None) -> ProbResult:
         paths, seed_targets, counters, rerun, *matrix = (self.backend.to_host(a) for a in totals)
@@ -288,6 +378,7 @@ class KernelTracker:
                 "set_slots": self.slots,
                 "rerun_large_sets": int(counters[2]),
                 "threads": self.threads,
+                "lanes": len(self.lanes),
                 "counting": "immediate" if self.immediate else "at end",
                 **(provenance or {}),
             },
@@ -300,6 +391,8 @@ class KernelTracker:
         on ``copy_stream`` (so the copy overlaps the next launch). Returns (ready event,
         function giving the :class:`ProbResult`)."""
         cp = self.cp
+        if len(self.lanes) > 1:
+            raise ValueError("a snapshot is taken of a tracker with one lane (on the current stream)")
         compute = cp.cuda.get_current_stream()
         if after is not None:  # the previous copy has finished reading the snapshot buffers
             compute.wait_event(after)

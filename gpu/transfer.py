@@ -24,33 +24,41 @@ STAGED_MIN_BYTES = 64 << 20
 #: Host threads copying each staged piece into the result (NumPy's copies release the GIL).
 COPY_THREADS = 4
 
-_stages: dict[int, tuple] = {}  # device id -> (lock, stream, (buffer, buffer))
+_stages: dict[int, tuple] = {}  # device id -> (lock, stream, (buffer, buffer), host copy threads)
 _stages_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
 
 
 def _staging(cupy, device_id: int):
-    global _pool
+    """The device's staging set: a lock, a copy stream, two pinned buffers and its own host copy
+    threads (several devices copying at once each keep their threads: a shared pool would make
+    the host's copies the bottleneck of a multi-GPU upload)."""
     with _stages_lock:
         if device_id not in _stages:
             with cupy.cuda.Device(device_id):
                 buffers = tuple(
                     np.frombuffer(cupy.cuda.alloc_pinned_memory(STAGE_BYTES), np.uint8, STAGE_BYTES) for _ in range(2)
                 )
-                _stages[device_id] = (threading.Lock(), cupy.cuda.Stream(non_blocking=True), buffers)
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="tractlens-d2h")
+                pool = ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix=f"tractlens-copy{device_id}")
+                _stages[device_id] = (threading.Lock(), cupy.cuda.Stream(non_blocking=True), buffers, pool)
         return _stages[device_id]
 
 
-def _copy(destination: np.ndarray, source: np.ndarray) -> None:
+def prepare_staging(device_id: int) -> None:
+    """Make ``device_id``'s pinned staging buffers and copy threads now (pinning 64 MB of host
+    memory is not free), e.g. while a command still reads its files."""
+    import cupy
+
+    _staging(cupy, int(device_id))
+
+
+def _copy(destination: np.ndarray, source: np.ndarray, pool: ThreadPoolExecutor) -> None:
     """``destination[:] = source`` (1-D bytes) in :data:`COPY_THREADS` parts at once."""
     n = source.size
     if n < (4 << 20):
         destination[:] = source
         return
     bounds = np.linspace(0, n, COPY_THREADS + 1).astype(np.int64)
-    parts = [_pool.submit(np.copyto, destination[a:b], source[a:b]) for a, b in itertools.pairwise(bounds)]
+    parts = [pool.submit(np.copyto, destination[a:b], source[a:b]) for a, b in itertools.pairwise(bounds)]
     for part in parts:
         part.result()
 
@@ -65,7 +73,7 @@ def to_host(array) -> np.ndarray:
     import cupy
 
     device_id = int(array.device.id)
-    lock, stream, buffers = _staging(cupy, device_id)
+    lock, stream, buffers, pool = _staging(cupy, device_id)
     with cupy.cuda.Device(device_id), lock:
         source = cupy.ascontiguousarray(array)
         out = np.empty(source.shape, source.dtype)
@@ -88,7 +96,7 @@ def to_host(array) -> np.ndarray:
                 issue(i + 1)  # into the other buffer, whose piece (i - 1) was copied out last round
             events[i % 2].synchronize()
             b = min(n, a + STAGE_BYTES)
-            _copy(out_bytes[a:b], buffers[i % 2][: b - a])
+            _copy(out_bytes[a:b], buffers[i % 2][: b - a], pool)
         return out
 
 
@@ -104,25 +112,37 @@ def to_device(array):
     if source.nbytes < STAGED_MIN_BYTES:
         return cupy.asarray(source)
     source = np.ascontiguousarray(source)
+    out = cupy.empty(source.shape, source.dtype)
+    upload_bytes(out.reshape(-1).view(np.uint8), source.reshape(-1).view(np.uint8))
+    return out
+
+
+def upload_bytes(destination, source: np.ndarray) -> None:
+    """Host bytes ``source`` (1-D uint8, e.g. a slice of a memory map) into ``destination`` (a 1-D
+    uint8 CuPy array of the same size on the current device), through the device's pinned
+    staging buffers and copy threads; returns once the device holds them. Part of an array (a
+    multi-GPU upload's share, :class:`gpu.multidevice_copy.ShardedUpload`) as well as a whole one."""
+    import cupy
+
+    n = int(source.size)
+    if n != int(destination.size):
+        raise ValueError(f"{n} bytes cannot go into {int(destination.size)}")
+    if n == 0:
+        return
     device_id = int(cupy.cuda.Device().id)
-    lock, stream, buffers = _staging(cupy, device_id)
+    lock, stream, buffers, pool = _staging(cupy, device_id)
     with lock:
-        out = cupy.empty(source.shape, source.dtype)
-        source_bytes = source.reshape(-1).view(np.uint8)
-        out_bytes = out.reshape(-1).view(np.uint8)
-        n = int(source_bytes.size)
-        stream.wait_event(cupy.cuda.get_current_stream().record())  # ``out`` is allocated first
+        stream.wait_event(cupy.cuda.get_current_stream().record())  # ``destination`` is allocated first
         events = [None, None]
         for i, a in enumerate(range(0, n, STAGE_BYTES)):
             b = min(n, a + STAGE_BYTES)
             stage = buffers[i % 2]
             if events[i % 2] is not None:
                 events[i % 2].synchronize()  # the device has taken this buffer's previous piece
-            _copy(stage[: b - a], source_bytes[a:b])
-            out_bytes[a:b].set(stage[: b - a], stream=stream)
+            _copy(stage[: b - a], source[a:b], pool)
+            destination[a:b].set(stage[: b - a], stream=stream)
             events[i % 2] = stream.record()
         stream.synchronize()
-        return out
 
 
 def empty_pinned(shape, dtype) -> np.ndarray:

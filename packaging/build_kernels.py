@@ -13,11 +13,12 @@ per 32 measurements: the default covers up to 320); (2) CuPy's own kernels (elem
 reduction, ufuncs, random numbers, ...) as the whole commands use them: each command of
 tests/benchmarks/bench_e2e.py, plus geodesic tracking, is run on a small synthetic subject on the
 GPU, and CSD (single-shell and multi-tissue) and fODF tracking on the same subject with 60
-directions per shell, one fresh process each, as a user would run it. CuPy specialises its
-kernels by array size too: CUB's block size for reductions over 128 or more elements (so the
-commands that reduce over the measurements also run on the twin's 182 volumes), and 64-bit
-indexing past 2 GiB (``--large-subject`` runs fit-dti, deterministic tracking and COMMIT on a
-full-sized subject as well). Each process records, for every kernel CuPy compiles, its cache key
+directions per shell, one fresh process each, as a user would run it. CuPy specialises some
+kernels by array size too: compacting 512 elements or fewer (deterministic tracking also runs from
+the subject's 27-voxel seed), and 64-bit indexing past 2 GiB (``--large-subject`` runs fit-dti,
+deterministic tracking and COMMIT on a full-sized subject as well); the commands whose kernels
+depend on the count of measurements also run on the twin's 182 volumes. (CuPy's CUB block
+reductions, sized by the data, are off in the engine: ``gpu.backend._one_kernel_per_reduction``.) Each process records, for every kernel CuPy compiles, its cache key
 (:mod:`tractlens.app.kernel_cache`), and the log names the kernels each command added; the compiled
 files and the key templates are written to ``<out>/<tag>/`` (tag: CuPy version, NVRTC version,
 architecture), where ``tractlens`` finds them at run time and installs them into the user's
@@ -222,13 +223,16 @@ def _subject(work: Path, large: Path | None = None) -> tuple[Path, list[tuple[st
     workers = os.cpu_count() or 1
     bench.make_subject(bench.QUICK, subject, [1.0], workers=workers)
     commands = []
+    tensor = runs / "fit-dti_s1"
+    seed, gpu = str(subject / "seed.nii.gz"), ["--device", "gpu"]
     for name in bench.COMMANDS:
         argv, out, _needs = bench.command_plan(name, 1.0, subject, runs, True, "gpu")
         if argv[0] == "track":
             out.mkdir(parents=True, exist_ok=True)
         commands.append((name, argv))
-    tensor = runs / "fit-dti_s1"
-    seed, gpu = str(subject / "seed.nii.gz"), ["--device", "gpu"]
+        if name == "track-det":  # from the 27-voxel seed: CuPy compacts 512 elements or fewer with other kernels
+            roi = ["track", "deterministic", "--tensor", str(tensor), "--seed", seed]
+            commands.append(("track-det-roi", [*roi, "-o", str(runs / "track-det-roi.trk"), *gpu]))
     geodesic = ["track", "geodesic", "--tensor", str(tensor), "--seed", seed, "-o", str(runs / "geodesic.trk")]
     commands.append(("track-geodesic", [*geodesic, *gpu]))
 
@@ -243,9 +247,9 @@ def _subject(work: Path, large: Path | None = None) -> tuple[Path, list[tuple[st
         ("fit-csd-msmt", ["fit-csd", dwi, "--mask", mask, "--msmt", "-o", str(msmt), *gpu]),
         ("track-fod", [*fod, "-o", str(runs / "fod.trk"), *gpu]),
     ]
-    # CuPy reduces an axis of 128 or more with CUB, in blocks sized by the axis (32 to 512 threads):
-    # the commands that reduce over the measurements run on the twin's 182 too (the quick subject's
-    # 32 take CuPy's generic reduction; the large subject's 288 another block size)
+    # the commands whose kernels depend on the count of measurements (COMMIT's and ball & sticks'
+    # per 32) run on the twin's 182 too; CuPy's CUB block reductions, which took a block size from
+    # the length of the reduced axis, are off in the engine (gpu.backend._one_kernel_per_reduction)
     mid = work / "runs-mid"
     for name in ("fit-dti", "fit-ballstick", "track-det", "commit"):
         argv, out, _needs = bench.command_plan(name, 1.0, csd_subject, mid, True, "gpu")

@@ -1,3 +1,6 @@
+import sys
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -101,3 +104,68 @@ def test_gpu_backend_reports_device_and_memory():
     assert gpu.total_memory_bytes() > gpu.free_memory_bytes() * 0.5 > 0
     x = gpu.asarray(np.arange(5.0))
     np.testing.assert_array_equal(gpu.to_host(x * 2), np.arange(5.0) * 2)
+
+
+class _FakeCupy:
+    """What gpu_status touches of CuPy: its accelerator switches, the device, a tiny kernel."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+        self.reduction, self.routine = [1], [1]  # CuPy's default: CUPY_ACCELERATORS=cub (1)
+        self._core = SimpleNamespace(
+            get_reduction_accelerators=lambda: list(self.reduction),
+            set_reduction_accelerators=self._set_reduction,
+            get_routine_accelerators=lambda: list(self.routine),
+        )
+        runtime = SimpleNamespace(getDeviceCount=lambda: 1, getDeviceProperties=lambda i: {"name": b"Fake GPU"})
+        self.cuda = SimpleNamespace(runtime=runtime, Device=lambda *a: SimpleNamespace(id=0))
+        self.float32 = np.float32
+
+    def _set_reduction(self, accelerators):
+        self.calls.append("reduction accelerators")
+        self.reduction = list(accelerators)
+
+    def arange(self, *args, **kwargs):
+        calls = self.calls
+
+        class Kernel:
+            def __mul__(self, other):
+                calls.append("first kernel")
+                return self
+
+            def sum(self):
+                return self
+
+            def item(self):
+                return 0.0
+
+        return Kernel()
+
+
+def test_the_engine_turns_off_cupys_block_reductions_before_any_kernel(monkeypatch):
+    """A reduction then compiles one kernel whatever its data's size (CuPy's CUB block reduction
+    compiles one per block size, taken from the length of the reduced run); CuPy's device-wide CUB
+    routines (compiled into CuPy) stay on."""
+    calls: list[str] = []
+    fake = _FakeCupy(calls)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.delenv(be.ENV_CUB_BLOCK_REDUCTION, raising=False)
+    monkeypatch.setattr(be, "_cupy_import_hooks", [lambda cupy: calls.append("start-up hook")])
+    be.gpu_status.cache_clear()
+    try:
+        assert be.gpu_status() == (True, "Fake GPU")
+    finally:
+        be.gpu_status.cache_clear()
+    assert calls == ["reduction accelerators", "start-up hook", "first kernel"]
+    assert fake.reduction == [] and fake.routine == [1]
+
+
+def test_cupys_block_reductions_can_be_kept(monkeypatch):
+    fake = _FakeCupy([])
+    monkeypatch.setenv(be.ENV_CUB_BLOCK_REDUCTION, "1")
+    be._one_kernel_per_reduction(fake)
+    assert fake.reduction == [1]
+    monkeypatch.setenv(be.ENV_CUB_BLOCK_REDUCTION, "0")
+    fake.reduction = [2, 1]  # cuTENSOR stays
+    be._one_kernel_per_reduction(fake)
+    assert fake.reduction == [2]

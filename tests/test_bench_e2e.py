@@ -112,3 +112,63 @@ def test_quick_fit_dti_runs_end_to_end_and_reports_every_field(tmp_path):
     table = (results / "e2e_check.md").read_text()
     assert "| fit-dti | 1 |" in table
     assert (tmp_path / "e2e" / "runs" / "fit-dti_s1" / "dti_FA.nii.gz").exists()
+
+
+def test_the_small_subject_is_unlike_those_the_kernels_are_built_on(bench, build_kernels):
+    """--small (first_run_on_gpu.sh quick) measures a first run on data no shipped kernel was built
+    on: another shape and another count of volumes than the build's subjects and the demo."""
+    from tractlens.app import demo
+
+    small = bench.SMALL
+    assert small.n_volumes == 65 and small.shape == (48, 56, 48) and small.voxel_mm == 2.0
+    built_on = {(bench.QUICK.shape, bench.QUICK.n_volumes), (demo.SHAPE, 68)}
+    built_on.add((bench.QUICK.shape, bench.QUICK.n_b0 + build_kernels.CSD_DIRECTIONS * len(bench.QUICK.shells)))
+    assert all(small.shape != shape and small.n_volumes != n for shape, n in built_on)
+    assert (bench.seed_roi(small) & bench.brain_mask(small)).sum() == 64
+
+
+def test_the_cold_runs_name_the_kernels_cupy_compiled(bench, tmp_path):
+    """CuPy (CUPY_CACHE_SAVE_CUDA_SOURCE=1) writes ``<hash>.cubin.cu`` beside each kernel it
+    compiles; a kernel the app installed from the shipped build has no source."""
+    cache = tmp_path / "cupy"
+    cache.mkdir()
+    (cache / "aa.cubin").write_bytes(b"\0")
+    (cache / "aa.cubin.cu").write_text('extern "C" __global__ void __launch_bounds__(512) cupy_sum_pass1(int n) {}')
+    (cache / "bb.cubin").write_bytes(b"\0")  # installed: no source
+    (cache / "cc.cubin").write_bytes(b"\0")
+    (cache / "cc.cubin.cu").write_text(
+        "typedef float real;\n__device__ int f();\n__global__ void track_fod(float* x) {}"
+    )
+    assert bench.compiled_kernel_names(cache) == ["cupy_sum_pass1", "track_fod"]
+    assert bench.compiled_kernel_names(tmp_path / "absent") == []
+
+
+def test_the_first_run_summary_gives_each_commands_line_ratio_and_verdict(bench, tmp_path):
+    shipped = tmp_path / "shipped"
+    (shipped / "cupy14.2.0-nvrtc13.0-sm90").mkdir(parents=True)
+
+    def row(argv, cold, warm, names):
+        return {"argv": ["tractlens", *argv], "exit_status": 0, "cold_s": cold, "warm_s": warm,
+                "cold_over_warm": cold / warm, "kernels_compiled_cold": len(names),
+                "kernels_compiled_cold_names": names}  # fmt: skip
+
+    results = {
+        "device": "h100_small",
+        "subject_summary": "48×56×48 voxels",
+        "runs": {
+            "fit-dti@1": row(["fit-dti", "dwi.nii", "--device", "gpu"], 3.3, 3.0, []),
+            "commit@1": row(["commit", "--dwi", "dwi.nii", "--device", "gpu"], 6.0, 4.0, ["cupy_sum"]),
+            "track-det@1": {"argv": ["tractlens", "track"], "exit_status": 0, "wall_s": 1.0},  # not a cold run
+        },
+    }
+    env = {"CUPY_CACHE_DIR": str(tmp_path / "cupy"), "TRACTLENS_SHIPPED_KERNELS_DIR": str(shipped)}
+    summary = bench.first_run_summary(results, results["runs"], env)
+    assert list(summary["commands"]) == ["commit@1", "fit-dti@1"] and not summary["met"]
+    fit, commit = summary["commands"]["fit-dti@1"], summary["commands"]["commit@1"]
+    assert fit["command_line"] == "tractlens fit-dti dwi.nii --device gpu --json --quiet"
+    assert fit["cold_over_warm"] == 1.1 and fit["within_target"]
+    assert commit["cold_over_warm"] == 1.5 and not commit["within_target"]
+    assert commit["kernels_compiled_cold_names"] == ["cupy_sum"]
+    assert summary["shipped_builds"] == ["cupy14.2.0-nvrtc13.0-sm90"]
+    del results["runs"]["commit@1"]
+    assert bench.first_run_summary(results, results["runs"], env)["met"]

@@ -27,11 +27,12 @@ def planned(build_kernels, tmp_path_factory):
 def test_the_build_runs_csd_multi_tissue_csd_and_fod_tracking_and_the_benchmarks_commands(planned):
     _work, commands = planned
     assert list(commands) == [
-        "fit-dti", "fit-ballstick", "track-prob", "track-prob-wb", "track-det", "commit",
+        "fit-dti", "fit-ballstick", "track-prob", "track-prob-wb", "track-det", "track-det-roi", "commit",
         "track-geodesic", "fit-csd", "fit-csd-msmt", "track-fod",
         "fit-dti-mid", "fit-ballstick-mid", "track-det-mid", "commit-mid",
     ]  # fmt: skip
-    # the "-mid" runs are on the CSD subject's 182 volumes (CUB's block size of a reduction over them)
+    # the "-mid" runs are on the CSD subject's 182 volumes (kernels compiled per 32 measurements)
+    assert "--seed" in commands["track-det-roi"] and "--whole-brain" not in commands["track-det-roi"]
     assert all("subject-csd" in " ".join(commands[f"{n}-mid"]) for n in ("fit-dti", "fit-ballstick", "commit"))
     assert "--msmt" in commands["fit-csd-msmt"]
     assert commands["track-fod"][commands["track-fod"].index("--fod") + 1] == commands["fit-csd"][-3]  # its -o

@@ -125,8 +125,9 @@ def test_a_cancelled_split_run_raises_cancelled():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("shares", ["two on one GPU", "every GPU"])
-def test_probabilistic_kernel_split_equals_one_gpu_run(shares):
+def test_probabilistic_kernel_split_equals_one_gpu_run(shares, lanes):
     from tractlens.gpu.probabilistic_kernel import track_kernel
     from tractlens.gpu.probabilistic_split import track_split
 
@@ -135,8 +136,11 @@ def test_probabilistic_kernel_split_equals_one_gpu_run(shares):
     whole = track_kernel(gpu, field_, bits, seeds, params, 1, 1, seed_matrix=True)
     backends = [gpu, gpu] if shares == "two on one GPU" else gpu_backends()
     split = track_split(field_, bits, seeds, params, backends, n_targets=1, n_waypoints=1, seed_matrix=True,
-                        batch_streamlines=64)  # fmt: skip
+                        batch_streamlines=64, smallest_chunk=16, lanes=lanes)  # fmt: skip
     _assert_same(split, whole)
+    devices = split.provenance["devices"]
+    assert sum(d["chunks"] for d in devices) > 2 * len(devices)  # several chunks each: the lanes took turns
+    assert all({"upload", "gather", "setup", "compute", "copy_back"} <= set(d["stages_s"]) for d in devices)
 
 
 def test_a_probabilistic_run_shared_out_gives_the_counts_of_one_run(demo_bedpostx, demo_dir):

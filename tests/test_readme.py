@@ -20,7 +20,7 @@ ANATOMY = ROOT / "docs" / "guide" / "anatomy.md"
 DEMO_COMMAND = "bash packaging/install-deps.sh && python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/tractlens --demo"
 TEST_COMMAND = (
     'bash packaging/install-deps.sh && python3 -m venv .venv && .venv/bin/pip install -e ".[test]" '
-    "&& .venv/bin/python -m pytest -n auto"
+    "&& .venv/bin/python -m pytest -n auto --dist loadfile"
 )
 
 

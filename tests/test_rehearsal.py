@@ -27,7 +27,7 @@ def test_every_rehearsed_command_runs_on_the_demo_and_a_second_time_is_skipped(c
     result = rehearsal.rehearse("Test GPU", lambda i, n, label: seen.append((i, n, label)), device="cpu")
     assert result["failed"] == [] and not result["cancelled"] and not result["skipped"]
     assert result["ran"] == [label for label, _ in rehearsal.commands(cupy_cache, cupy_cache)]
-    assert len(result["ran"]) == 8 and seen[-1][:2] == (8, 8)
+    assert len(result["ran"]) == 9 and seen[-1][:2] == (9, 9)
     assert rehearsal.stamp("Test GPU").exists()
     again = rehearsal.rehearse("Test GPU", device="cpu", run=lambda argv: pytest.fail("ran again"))
     assert again["skipped"] and again["ran"] == []
@@ -40,7 +40,7 @@ def test_a_failing_command_is_logged_and_the_rest_go_on(caplog):
         return subprocess.Popen([sys.executable, "-c", code])
 
     result = rehearsal.rehearse("Test GPU", run=run)
-    assert result["failed"] == ["commit"] and len(result["ran"]) == 7
+    assert result["failed"] == ["commit"] and len(result["ran"]) == 8
     assert "GPU rehearsal: commit failed (3)" in caplog.text
 
 

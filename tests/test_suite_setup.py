@@ -24,7 +24,7 @@ def _config(numprocesses=None, dist="no", worker=False):
         (_config(2, "loadfile"), True),  # -n 2 (or -n auto on two cores): hands the files out
         (_config(2, "loadfile", worker=True), False),  # a worker runs tests: it needs a display
         (_config(0, "no"), False),  # -n 0: one process runs everything
-        (_config(None, "loadfile"), False),  # no -n: --dist from addopts alone distributes nothing
+        (_config(None, "loadfile"), False),  # no -n: --dist alone distributes nothing
         (SimpleNamespace(option=SimpleNamespace()), False),  # pytest-xdist not installed
     ],
 )

@@ -12,6 +12,14 @@
   its arguments from ``F`` (TOML or YAML), scaled to ``jobs`` batch jobs;
 * ``--scheduler ADDRESS``: an existing scheduler (``tcp://host:8786``) and its workers.
 
+The local clusters' worker processes share the host's cores: each is given ``cores // workers``
+threads (:func:`worker_threads_environ`: OpenMP/BLAS, numba and the engine's own CPU threads,
+``TRACTLENS_THREADS``) through Dask's ``distributed.nanny.pre-spawn-environ``, which is applied
+before a worker imports anything. Dask's own default there is one BLAS thread per worker
+(whatever the cores), while a step's own thread pools would each take up to every core: four
+GPU workers on 64 cores then ran their host work single-threaded in places and with 4 × the
+cores in others.
+
 :func:`cluster_arguments` says what would be built (class and keyword arguments) without
 building it, so each choice is testable on a machine without GPUs or a batch system.
 """
@@ -34,6 +42,28 @@ from .config import tomllib
 
 JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}
 GPU_WORKER_ENV = {"NCCL_NVLS_ENABLE": "0"}
+#: The thread-count variables a local worker is given (:func:`worker_threads_environ`).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
+                    "TRACTLENS_THREADS")  # fmt: skip
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity: taskset and container limits honoured)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def worker_threads_environ(workers: int, cores: int | None = None) -> dict[str, str]:
+    """Each of ``workers`` local worker processes' share of the host's ``cores`` (at least one
+    thread), as the variables of :data:`THREAD_VARIABLES`; ``TRACTLENS_THREADS`` set in this
+    process gives each worker that many instead."""
+    given = os.environ.get("TRACTLENS_THREADS", "").strip()
+    per = max(1, (cores or host_cores()) // max(1, int(workers)))
+    if given.isdigit() and int(given) > 0:
+        per = int(given)
+    return {name: str(per) for name in THREAD_VARIABLES}
 
 
 @dataclass
@@ -50,6 +80,9 @@ class ClusterChoice:
     environ: dict = field(default_factory=dict)
     #: one device per worker, pinned by :class:`app.batch.gpu_pin.PinGpu` (a LocalCluster without dask-cuda)
     pin_gpus: list = field(default_factory=list)
+    #: set in each local worker process before it starts (Dask's nanny ``pre-spawn-environ``):
+    #: its share of the host's threads (:func:`worker_threads_environ`)
+    worker_environ: dict = field(default_factory=dict)
 
     @property
     def description(self) -> str:
@@ -86,11 +119,13 @@ def cluster_arguments(
             "dashboard_address": ":0",
             "silence_logs": logging.ERROR,
         }
+        threads = worker_threads_environ(gpus)
         if importlib.util.find_spec("dask_cuda") is not None:
-            return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV))
+            return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV),
+                                 worker_environ=threads)  # fmt: skip
         del kwargs["CUDA_VISIBLE_DEVICES"]
         return ClusterChoice("distributed", "LocalCluster", {**kwargs, "processes": True}, device="gpu",
-                             environ=dict(GPU_WORKER_ENV), pin_gpus=devices)  # fmt: skip
+                             environ=dict(GPU_WORKER_ENV), pin_gpus=devices, worker_environ=threads)  # fmt: skip
     count = workers or max(1, (os.cpu_count() or 2) // 2)
     if count < 1:
         raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
@@ -101,7 +136,9 @@ def cluster_arguments(
         "dashboard_address": ":0",  # Dask's dashboard on a free port (not 8787, which another run may hold)
         "silence_logs": logging.ERROR,
     }
-    return ClusterChoice("distributed", "LocalCluster", kwargs, device="cpu")
+    return ClusterChoice(
+        "distributed", "LocalCluster", kwargs, device="cpu", worker_environ=worker_threads_environ(count)
+    )
 
 
 def read_cluster_config(path: str | Path) -> dict:
@@ -191,6 +228,11 @@ def start_cluster(choice: ClusterChoice):
     """Build the cluster; with a batch system, ask for its jobs."""
     os.environ.update(choice.environ)
     cls = import_cluster_class(choice)
+    if choice.worker_environ:
+        import dask
+
+        spawn = dict(dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {})
+        dask.config.set({"distributed.nanny.pre-spawn-environ": {**spawn, **choice.worker_environ}})
     try:
         cluster = cls(**choice.kwargs)
     except TypeError as exc:

@@ -91,16 +91,31 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
     stage = Path(job.staging) / f"{job.subject}_{job.step}_{uuid.uuid4().hex[:8]}"
     try:
         stage.mkdir(parents=True)
+        began = time.perf_counter()
         try:
             summary = _run_command(job, stage)
         except InputError as exc:
             return result(job, "failed", start, reason=str(exc))
         seconds = time.perf_counter() - start
+        command_s = time.perf_counter() - began
         record = {"Inputs": inputs, "Parameters": parameters, "Summary": summary, "ComputeSeconds": round(seconds, 3)}
+        moved = time.perf_counter()
         written = _move_into_place(job, stage, record)
+        move_s = time.perf_counter() - moved
     finally:
+        cleaned = time.perf_counter()
         shutil.rmtree(stage, ignore_errors=True)
-    return result(job, "done", start, outputs=written)
+        clean_s = time.perf_counter() - cleaned
+    timing = {"command_s": round(command_s, 3), "move_s": round(move_s, 3), "clean_s": round(clean_s, 3),
+              "phases": (summary.get("timings") or {}) if isinstance(summary, dict) else {}}  # fmt: skip
+    return result(job, "done", start, outputs=written, timing=timing, worker=worker_identity())
+
+
+def worker_identity() -> dict:
+    """Which worker process ran a step: its process id, the GPU it was pinned to
+    (``CUDA_VISIBLE_DEVICES``) and its share of the host's threads (``TRACTLENS_THREADS``)."""
+    return {"pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "threads": os.environ.get("TRACTLENS_THREADS"), "host": socket.gethostname()}  # fmt: skip
 
 
 def _output_path(job: StepJob, stage: Path) -> Path:

@@ -48,7 +48,8 @@ def add_parsers(sub, common) -> None:
         type=int,
         metavar="N",
         help="one worker per GPU: dask-cuda's LocalCUDACluster where installed, else a LocalCluster of one worker "
-        "process pinned to each GPU",
+        "process pinned to each GPU; each local worker gets cores/N threads for its host work (OpenMP/BLAS, "
+        "numba, the engine's pools; TRACTLENS_THREADS=K gives each K)",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786")

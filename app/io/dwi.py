@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tractlens.gpu.host import host_threads
+
 from ..errors import InputError
 from ..model import Volume
 from ._atomic import atomic_path, split_suffix
@@ -363,7 +365,7 @@ def count_nonfinite_voxels(data: np.ndarray) -> int:
     def count(z: int) -> int:
         return int(np.count_nonzero(~np.isfinite(data[:, :, z]).all(axis=-1)))
 
-    workers = min(8, os.cpu_count() or 1, data.shape[2])
+    workers = min(8, host_threads(), data.shape[2])
     if workers <= 1:
         return sum(count(z) for z in range(data.shape[2]))
     with ThreadPoolExecutor(max_workers=workers) as pool:

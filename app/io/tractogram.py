@@ -23,6 +23,8 @@ from nibabel.streamlines import ArraySequence, Field
 from nibabel.streamlines import Tractogram as NibTractogram
 from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
+from tractlens.gpu.host import host_threads
+
 from ..errors import InputError
 from ..model import Tractogram, Volume
 from ._atomic import atomic_path
@@ -323,7 +325,7 @@ def _check_grid(grid, path: Path) -> tuple[np.ndarray, tuple[int, int, int]]:
 #: Points converted to voxel coordinates at a time when a tractogram is read (48 MB of float64)
 LOAD_CHUNK_POINTS = 1 << 21
 #: Threads converting chunks of points
-LOAD_THREADS = min(16, os.cpu_count() or 1)
+LOAD_THREADS = min(16, host_threads())  # a batch worker's share of the cores (TRACTLENS_THREADS)
 #: Chunks read from a memory-mapped file between releases of its pages (see :mod:`._pages`)
 RELEASE_EVERY_CHUNKS = 8
 
@@ -349,7 +351,7 @@ def _to_voxels(points_mm, to_voxel: np.ndarray) -> np.ndarray | None:
             release_pages(points_mm)
         return bool(np.isfinite(part).all())
 
-    workers = min(LOAD_THREADS, os.cpu_count() or 1, len(starts))
+    workers = min(LOAD_THREADS, len(starts))
     try:
         if workers <= 1:
             finite = all([convert(item) for item in enumerate(starts)])

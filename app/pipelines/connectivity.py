@@ -190,12 +190,12 @@ def compute_connectome(
         raise InputError(f"the search radius must be >= 0 mm, not {radius_mm}")
     values = streamline_weights(tractogram, weight, weights)
     nodes = label_nodes(labels.data)
-    points = tractogram.points_on(labels.affine)
+    ends, end_offsets = tractogram.ends_on(labels.affine)  # only the ends are assigned: not every point converted
     choice = decide_device("connectome", len(tractogram), requested=device)
     device = choice.argument
     assignment = assign_endpoints(
-        points,
-        tractogram.offsets,
+        ends,
+        end_offsets,
         np.asarray(labels.data, dtype=np.int32),
         labels.affine[:3, :3],
         radius_mm=radius_mm,

@@ -17,6 +17,7 @@ import numpy as np
 from tractlens.gpu import sym3
 from tractlens.gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
 from tractlens.gpu.engines import decide_device
+from tractlens.gpu.host import host_threads
 
 from ..errors import InputError
 from ..io import DWI, load_mask, save_volume
@@ -177,7 +178,7 @@ def masked_signal(data: np.ndarray, mask: np.ndarray) -> np.ndarray:
     def gather(k: int) -> None:
         np.take(data[..., k].ravel(order="F"), index, out=out[k])
 
-    workers = min(8, os.cpu_count() or 1, data.shape[3])
+    workers = min(8, host_threads(), data.shape[3])
     if workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for _ in pool.map(gather, range(data.shape[3])):
@@ -364,7 +365,7 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike, prefix: str 
         save_volume(make(), aff, out / dti_file_name(name, prefix), dtype=dtype)
 
     # gzip compression dominates writing and zlib releases the GIL: compress files in parallel.
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=min(8, host_threads())) as pool:
         for _ in pool.map(write, jobs):
             pass
     summary = {**result.summary(), "prefix": prefix}

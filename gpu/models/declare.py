@@ -89,6 +89,9 @@ class Model:
         ((N,) arrays by name), e.g. ODI from κ; the pipeline writes these maps too.
     b_range : the b-values (s/mm², diffusion-weighted ones) the model is meant for.
     min_shells : distinct non-zero b-values the model needs (NODDI: 2).
+    compiled : the name of compiled CPU loops of this model's fit (:mod:`.host_fit`), run
+        instead of the array program on the CPU when numba is installed; empty for none. The
+        loops compute their own signal: name them only for that very signal.
     """
 
     name: str
@@ -100,6 +103,7 @@ class Model:
     min_shells: int = 1
     description: str = ""
     extra: dict = field(default_factory=dict)
+    compiled: str = ""
 
     def __post_init__(self):
         names = [p.name for p in self.parameters]

@@ -3,7 +3,9 @@
 Per batch of voxels (sized to free memory), on the chosen backend: normalise by the mean
 b = 0 signal, start the orientations from a tensor fit, grid search, Levenberg–Marquardt,
 optionally MCMC (:mod:`.optimize`), then the model's derived maps. The NumPy backend runs the
-same array code as CuPy, so it is the reference of the GPU path.
+same array code as CuPy, so it is the reference of the GPU path. On the CPU with numba, a model
+that names compiled loops (NODDI-Watson) runs its grid search and LM in them instead, one voxel
+at a time without the GIL, so that batches on several threads scale (:mod:`.host_fit`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from ..ballstick import BallStickParams
 from ..host import host_threads
 from ..params import meta, same_as
 from .declare import Acquisition, Model, all_parameters
-from .optimize import grid_search, levenberg_marquardt, metropolis, predict, tensor_orientations
+from .host_fit import compiled_fit
+from .optimize import grid_search, levenberg_marquardt, metropolis, orientation_start, predict, tensor_orientations
 
 FLAG_NOT_FITTED = 1  #: non-finite signal or no positive b = 0 signal: outputs are zero.
 FLAG_NOT_CONVERGED = 2  #: the least-squares fit ended non-finite; the grid search's values are kept.
@@ -161,8 +164,11 @@ def fit_model(
     directions = np.zeros((n, len(model.orientations), 3))
     residual = np.zeros(n)
     flags = np.zeros(n, dtype=np.uint8)
-    timings = {"grid_s": 0.0, "lm_s": 0.0, "mcmc_s": 0.0, "transfer_s": 0.0}
+    timings = {"grid_s": 0.0, "lm_s": 0.0, "mcmc_s": 0.0, "transfer_s": 0.0, "compiled_cpu_s": 0.0}
     acq = Acquisition(bvals, bvecs, xp)
+    # on the CPU, NODDI-Watson's grid and LM as compiled loops without the GIL (numba), which
+    # scale with the threads; the array program otherwise (the same algorithm)
+    compiled = compiled_fit(model, acq, on_cpu=not backend.is_gpu)
 
     def process(start: int, stop: int) -> None:
         t0 = time.perf_counter()
@@ -172,10 +178,19 @@ def fit_model(
         y = xp.where(good[:, None], y / xp.where(good, scale, 1.0)[:, None], 1.0)
         backend.synchronize()
         t1 = time.perf_counter()
-        start_values = grid_search(xp, model, acq, y, tensor_orientations(xp, y, acq, params.b0_threshold))
+        eigenvectors = tensor_orientations(xp, y, acq, params.b0_threshold)
+        inside = 0.0  # CPU seconds of this thread in compiled loops (without the GIL)
+        if compiled is None:
+            start_values = grid_search(xp, model, acq, y, eigenvectors)
+        else:
+            start_values, inside = compiled.grid_search(y, orientation_start(xp, model, eigenvectors), cancelled)
         backend.synchronize()
         t2 = time.perf_counter()
-        fitted, cost = levenberg_marquardt(xp, model, acq, y, start_values, params.lm_iterations, cancelled)
+        if compiled is None:
+            fitted, cost = levenberg_marquardt(xp, model, acq, y, start_values, params.lm_iterations, cancelled)
+        else:
+            fitted, cost, lm_inside = compiled.levenberg_marquardt(y, start_values, params.lm_iterations, cancelled)
+            inside += lm_inside
         failed = ~xp.isfinite(fitted).all(axis=1) | ~xp.isfinite(cost)
         fitted = xp.where(failed[:, None], start_values, fitted)
         backend.synchronize()
@@ -202,7 +217,11 @@ def fit_model(
                 dirs = _principal(xp, dyadic)
             backend.synchronize()
         t4 = time.perf_counter()
-        rms = xp.sqrt(((y - predict(xp, model, acq, fitted)) ** 2).mean(axis=1)) * scale
+        if compiled is None:
+            rms = xp.sqrt(((y - predict(xp, model, acq, fitted)) ** 2).mean(axis=1)) * scale
+        else:
+            rms, rms_inside = compiled.rms(y, fitted)
+            rms, inside = rms * scale, inside + rms_inside
         fitted[:, 0] *= scale
         sl = slice(start, stop)
         ok = backend.to_host(good)
@@ -218,6 +237,7 @@ def fit_model(
             timings["lm_s"] += t3 - t2
             timings["mcmc_s"] += t4 - t3
             timings["transfer_s"] += (t1 - t0) + (time.perf_counter() - t4)
+            timings["compiled_cpu_s"] += inside
         if on_batch is not None:
             on_batch(
                 np.arange(start, stop),
@@ -246,6 +266,7 @@ def fit_model(
         "voxels": int(n),
         "measurements": int(m),
         "fit_s": time.perf_counter() - t_start,
+        "engine": "arrays" if compiled is None else "compiled",
         **timings,
     }
     return fit

@@ -69,6 +69,7 @@ def noddi_watson(d_par: float = 1.7e-3, d_iso: float = 3.0e-3) -> Model:
         min_shells=2,
         description=f"NODDI-Watson, d_par {d_par:g}, d_iso {d_iso:g} mm²/s",
         extra={"d_par": d_par, "d_iso": d_iso, "map_names": {"v_ic": "NDI", "odi": "ODI", "v_iso": "FWF"}},
+        compiled="noddi-watson",  # its signal line for line in gpu/models/watson_loops.py
     )
 
 

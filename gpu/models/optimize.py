@@ -79,17 +79,25 @@ def tensor_orientations(xp, y, acq, b0_threshold: float):
     return vectors[:, :, ::-1]
 
 
-def grid_search(xp, model: Model, acq, y, eigenvectors):
-    """Best starting values (N, 1 + P) over the Cartesian product of the parameters' grids."""
-    n = y.shape[0]
-    params = model.parameters
-    start = xp.empty((n, 1 + len(params)))
+def orientation_start(xp, model: Model, eigenvectors):
+    """Values (N, 1 + P) with S0 = 1 and the orientations from the tensor's eigenvectors (the
+    grid search sets the other parameters)."""
+    n = eigenvectors.shape[0]
+    start = xp.zeros((n, 1 + len(model.parameters)))
     start[:, 0] = 1.0
-    orient_index = {name: (k, j) for k, pair in enumerate(model.orientations) for j, name in enumerate(pair)}
     for k, (th_name, ph_name) in enumerate(model.orientations):
         theta, phi = angles(xp, eigenvectors[:, :, min(k, 2)])
         start[:, 1 + model.names.index(th_name)] = theta
         start[:, 1 + model.names.index(ph_name)] = phi
+    return start
+
+
+def grid_search(xp, model: Model, acq, y, eigenvectors):
+    """Best starting values (N, 1 + P) over the Cartesian product of the parameters' grids."""
+    n = y.shape[0]
+    params = model.parameters
+    start = orientation_start(xp, model, eigenvectors)
+    orient_index = {name for pair in model.orientations for name in pair}
     gridded = [i for i, p in enumerate(params) if p.name not in orient_index]
     axes = [params[i].init_grid or (params[i].default_start(),) for i in gridded]
     best_cost = xp.full(n, np.inf)

@@ -139,7 +139,51 @@ def batch_run(bids: Path, out: Path, config: Path, engine: list[str], env: dict,
         return {**row, "error": stderr}
     row.update(counts=summary["counts"], step_seconds=summary["step_seconds"], failed=summary["failed"],
                cluster_start_s=summary["cluster_start_s"], batch_wall_s=summary["wall_s"])  # fmt: skip
+    row["tasks"] = [task_row(entry) for entry in summary.get("done", [])]
+    row["per_step"] = per_step(row["tasks"])
     return row
+
+
+def task_row(entry: dict) -> dict:
+    """One subject-step of a batch run: where it ran (the worker's GPU, process, threads), its
+    seconds, and how they split (the command; moving its outputs into place; the command's own
+    read / compute / write phases and its peak host memory)."""
+    timing = entry.get("timing") or {}
+    phases = timing.get("phases") or {}
+    worker = entry.get("worker") or {}
+    return {"step": entry.get("step"), "subject": entry.get("subject"), "gpu": worker.get("gpu"),
+            "pid": worker.get("pid"), "threads": worker.get("threads"), "seconds": entry.get("seconds"),
+            "command_s": timing.get("command_s"), "move_s": timing.get("move_s"), "clean_s": timing.get("clean_s"),
+            "phases_s": phases.get("phases_s", {}), "unattributed_s": phases.get("unattributed_s"),
+            "host_peak_rss_bytes": phases.get("host_peak_rss_bytes")}  # fmt: skip
+
+
+def per_step(tasks: list[dict]) -> dict:
+    """Per step: the mean seconds of a subject, of its command and of each of the command's
+    phases, over all subjects and per GPU (so a phase that grows with the number of workers shows)."""
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return round(sum(values) / len(values), 3) if values else None
+
+    out = {}
+    for step in dict.fromkeys(t["step"] for t in tasks):
+        mine = [t for t in tasks if t["step"] == step]
+        phases = sorted({p for t in mine for p in t["phases_s"]})
+        out[step] = {
+            "subjects": len(mine),
+            "seconds": mean([t["seconds"] for t in mine]),
+            "max_seconds": max(t["seconds"] or 0 for t in mine),
+            "command_s": mean([t["command_s"] for t in mine]),
+            "move_s": mean([t["move_s"] for t in mine]),
+            "phases_s": {p: mean([t["phases_s"].get(p) for t in mine]) for p in phases},
+            "unattributed_s": mean([t["unattributed_s"] for t in mine]),
+            "per_gpu_seconds": {
+                str(g): mean([t["seconds"] for t in mine if t["gpu"] == g])
+                for g in sorted({t["gpu"] for t in mine}, key=str)
+            },
+        }
+    return out
 
 
 def gpu_count() -> int:
@@ -183,9 +227,12 @@ def default_cpu_workers() -> int:
     return max(1, min(os.cpu_count() or 1, int(memory // (12 * 2**30))))
 
 
-def summarise_engine(name: str, plain: dict, batch: dict, subjects: int, workers: int) -> dict:
+def summarise_engine(name: str, plain: dict | None, batch: dict, subjects: int, workers: int) -> dict:
     if "error" in batch:
         return {"engine": name, "plain": plain, "batch": batch}
+    if plain is None:  # --no-plain: throughput only
+        return {"engine": name, "workers": workers, "plain": None, "batch": batch,
+                "subjects_per_hour": round(subjects * 3600 / batch["wall_s"], 2), "cluster_start_s": batch["cluster_start_s"]}  # fmt: skip
     per_worker_subject = batch["wall_s"] * workers / subjects
     overhead = per_worker_subject - plain["per_subject_s"]
     running = (batch["batch_wall_s"] - batch["cluster_start_s"]) * workers / subjects  # once the workers are up
@@ -218,6 +265,10 @@ def markdown(results: dict) -> str:
         if "subjects_per_hour" not in row:
             lines.append(f"| {row['engine']} | | failed | | | | | | |")
             continue
+        if row.get("plain") is None:
+            lines.append(f"| {row['engine']} | {row['workers']} | {row['batch']['wall_s']:.1f} | "
+                         f"{row['cluster_start_s']:.1f} | {row['subjects_per_hour']:.1f} | | | | |")  # fmt: skip
+            continue
         lines.append(
             f"| {row['engine']} | {row['workers']} | {row['batch']['wall_s']:.1f} | {row['cluster_start_s']:.1f} | "
             f"{row['subjects_per_hour']:.1f} | {row['plain']['per_subject_s']:.1f} | "
@@ -225,6 +276,19 @@ def markdown(results: dict) -> str:
             f"{row['overhead_per_subject_s']:+.1f} s ({row['overhead_percent']:+.1f} %) | "
             f"{row['overhead_after_start_s']:+.1f} s ({row['overhead_after_start_percent']:+.1f} %) |"
         )
+    for row in results["engines"]:
+        steps = (row.get("batch") or {}).get("per_step")
+        if not steps:
+            continue
+        lines += ["", f"{row['engine']}: seconds per subject-step (mean over subjects; the command's own phases)", "",
+                  "| step | subject | command | read | compute | write | other in command | move into place "
+                  "| per GPU |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for step, r in steps.items():
+            ph = r["phases_s"]
+            gpus = ", ".join(f"{g}: {v}" for g, v in r["per_gpu_seconds"].items())
+            lines.append(f"| {step} | {r['seconds']} | {r['command_s']} | {ph.get('read', '')} | "
+                         f"{ph.get('compute', '')} | {ph.get('write', '')} | {r['unattributed_s']} | {r['move_s']} "
+                         f"| {gpus} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -240,6 +304,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="subjects per GPU of each --gpus run (N × this; default: --subjects for every run)")  # fmt: skip
     p.add_argument("--no-cpu", action="store_true",
                    help="the GPU engine only (a CPU run of HCP-sized subjects takes tens of minutes)")  # fmt: skip
+    p.add_argument("--no-plain", action="store_true",
+                   help="skip the single-subject commands (no overhead figures; subjects per hour and steps only)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one batch run may take")
     p.add_argument("--results", type=Path, default=HERE / "results", help="folder of batch_<gpu>.json/.md")
@@ -269,11 +335,15 @@ def main(argv=None) -> int:
         count = args.subjects_per_gpu * workers if device == "gpu" and args.subjects_per_gpu else subjects
         root = bids if count == subjects else make_bids(subject, args.outdir / f"bids_{count}", count)
         log(f"{name}: the plain commands, then tractlens batch {' '.join(engine)} over {count} subjects")
-        if device not in plains:  # one subject's plain commands per device
+        if args.no_plain:
+            plains[device] = None
+        elif device not in plains:  # one subject's plain commands per device
             plains[device] = plain_commands(subject, args.outdir / f"plain_{device}", device, env, args.timeout)
         batch = batch_run(root, args.outdir / f"derivatives_{name}", config, engine, env, args.timeout)
         rows.append(summarise_engine(name, plains[device], batch, count, workers))
         log(f"  batch on {name}: {batch.get('wall_s')} s, {rows[-1].get('subjects_per_hour')} subjects/hour")
+    from tractlens.app.batch.engines import worker_threads_environ
+
     tag = bench_e2e.gpu_tag() + ("_quick" if args.quick else "")
     results = {
         "device": tag,
@@ -281,6 +351,7 @@ def main(argv=None) -> int:
         "subjects": subjects,
         "subject_summary": f"{'×'.join(map(str, spec.shape))} voxels, {spec.n_volumes} volumes",
         "cpu_count": os.cpu_count(),
+        "worker_threads": {str(n): worker_threads_environ(n) for n in (1, 2, 4, 8)},
         "gpu_cluster": gpu_cluster_kind() if gpus_here else None,
         "engines": rows,
         "gpu_scaling": scaling(rows),

@@ -104,6 +104,9 @@ def probabilistic(subject: Path, counts: list[int], nsamples: int) -> dict:
                "devices": summary.get("devices"), "notes": summary.get("notes"),
                "device_pool_peak_bytes": summary.get("device_pool_peak_bytes"),
                "timings": summary.get("timings", {}), "digest": digest(out)}  # fmt: skip
+        from multigpu_parts import attribute
+
+        row["attribution"] = attribute(row["devices"], row["tracking_s"], row["merge_s"])
         reference = reference or row["digest"]
         row["same_as_first"] = row["digest"] == reference
         log(f"prob on {n} GPU(s): whole {row['whole_s']} s, tracking {row['tracking_s']:.2f} s, "
@@ -128,6 +131,9 @@ def markdown(result: dict) -> str:
             lines.append(f"| {r['gpus']} | {r['whole_s']} | {r['tracking_s']:.2f} | {r.get('speedup_tracking', '')} | "
                          f"{r.get('efficiency_tracking', '')} | {r.get('merge_s') or ''} | {r['same_as_first']} |")  # fmt: skip
         lines.append("")
+        lines += _attribution_table("command", result["prob"]["rows"])
+        if result["prob"].get("in_process"):
+            lines += _attribution_table("in this process (lanes: streams per GPU)", result["prob"]["in_process"])
     if "omatrix3" in result:
         o = result["omatrix3"]
         lines += ["| omatrix3 | streamlines | s | streamlines/s |", "|---|---|---|---|",
@@ -147,6 +153,32 @@ def markdown(result: dict) -> str:
                     lines.append(f"| {name} | {gpus} | {case['segments']:,} | {r['s_per_iteration']} | {peaks} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _attribution_table(title: str, rows: list[dict]) -> list[str]:
+    """Where each split run's tracking time went (slowest device; seconds): its opening (its part of
+    the upload, waiting for and copying the other parts, the set-up, waiting for the field), its
+    compute, the spread of the devices' ends, its finish, the merge and what lies outside them."""
+    if not any(r.get("attribution") for r in rows):
+        return []
+    lines = [f"Tracking time, {title}, per device max (mean):", "",
+             "| GPUs | lanes | tracking | efficiency | ready | upload | gather wait | gather | setup | field wait "
+             "| compute | end spread | finish | merge | outside |", "|" + "---|" * 15]  # fmt: skip
+
+    def cell(values):
+        values = [v for v in values if v is not None]
+        return f"{max(values):.3f} ({sum(values) / len(values):.3f})" if values else ""
+
+    for r in rows:
+        a = r.get("attribution")
+        if not a:
+            continue
+        lines.append(f"| {r['gpus']} | {r.get('lanes', '')} | {a['tracking_s']:.3f} | "
+                     f"{r.get('efficiency', r.get('efficiency_tracking', ''))} | {cell(a['ready_s'])} | "
+                     f"{cell(a['upload_s'])} | {cell(a['gather_wait_s'])} | {cell(a['gather_s'])} | "
+                     f"{cell(a['setup_s'])} | {cell(a['field_wait_s'])} | {cell(a['compute_s'])} | "
+                     f"{a['end_spread_s']:.3f} | {cell(a['finish_s'])} | {a['merge_s']} | {a['outside_s']:.3f} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def gpu_model() -> tuple[str, int]:
@@ -178,10 +210,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--smoke", action="store_true",
                    help="a check of the script without a GPU: simulated GPUs on the CPU, bench_e2e's small subject, "
-                   "tiny sizes; omatrix3 and commit only")  # fmt: skip
+                   "tiny sizes; the probabilistic split in this process only (not its commands)")  # fmt: skip
     args = p.parse_args(argv)
     if args.smoke:
-        args.parts = ",".join(x for x in args.parts.split(",") if x != "prob")  # its commands need real GPUs
         args.subject = args.subject.with_name(args.subject.name + "-quick")
         args.omatrix3_streamlines, args.omatrix3_one, args.omatrix3_check = 4000, 2000, 2000
         args.commit_small_streamlines, args.commit_small_segments = 240, 6
@@ -218,11 +249,15 @@ def main(argv=None) -> int:
             if part in ("prob", "omatrix3"):
                 make_subject(args.subject, args.smoke)
             if part == "prob":
-                result["prob"] = probabilistic(args.subject, counts, args.nsamples)
-                save()
                 from multigpu_parts import prob_stages
 
-                result["prob"]["in_process"] = prob_stages(args.subject, counts, args.nsamples, backends, log)
+                if args.smoke:  # the commands need real GPUs: the split in this process only
+                    result["prob"] = {"nsamples": 1, "rows": []}
+                    result["prob"]["in_process"] = prob_stages(args.subject, counts, 1, backends, log)
+                else:
+                    result["prob"] = probabilistic(args.subject, counts, args.nsamples)
+                    save()
+                    result["prob"]["in_process"] = prob_stages(args.subject, counts, args.nsamples, backends, log)
             elif part == "omatrix3":
                 from multigpu_parts import omatrix3
 

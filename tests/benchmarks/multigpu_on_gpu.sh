@@ -6,7 +6,8 @@
 #   2. bench_multigpu.py: probabilistic 102 M on 1..N GPUs with each device's stages, omatrix3
 #      500 M on N (1 GPU on 125 M), COMMIT (fits one GPU: 1 vs N; 10 M streamlines / 4 G segments
 #      on 4, 2.5 M per GPU on fewer) -> $OUT/multigpu_<gpu>x<N>.json (about 5 minutes on 4 GPUs);
-#   3. with BATCH=1 and the cohort wheels in .whlB/ (see below): bench_batch.py, batch --gpus 1,2,4.
+#   3. with BATCH=1 and the cohort wheels in .whlB/ or .whlD/ (see below): bench_batch.py,
+#      batch --gpus 1,2,4, with each subject-step's phases per GPU -> $OUT/batch_<gpu>.json.
 # PARTS=prob,omatrix3,commit picks benchmark parts; TESTS=0 skips the tests, BENCH=0 the benchmark.
 # The machine has numpy, scipy, cupy and h5py: carry nibabel and trx-python (cp312) in .whl/, and for
 # BATCH=1 the cohort extra's wheels in .whlB/ (dask-cuda is not needed: without it batch --gpus N
@@ -21,8 +22,9 @@ set -u
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-for dir in .whl .whlB; do
-  if [ "$dir" = .whlB ] && [ "${BATCH:-0}" != 1 ]; then continue; fi
+cohort=.whlD; ls .whlD/*.whl >/dev/null 2>&1 || cohort=.whlB  # the cohort wheels: .whlD if carried, else .whlB
+for dir in .whl $cohort; do
+  if [ "$dir" != .whl ] && [ "${BATCH:-0}" != 1 ]; then continue; fi
   if ls $dir/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $dir/*.whl || exit 1
   fi
@@ -31,13 +33,14 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 if [ "${TESTS:-1}" != 0 ]; then
   python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_multidevice.py \
-    tests/test_multidevice_failures.py tests/test_connectome_split.py tests/test_commit_multi.py 2>&1 \
+    tests/test_multidevice_failures.py tests/test_multidevice_merge.py tests/test_connectome_split.py \
+    tests/test_commit_multi.py ${EXTRA_TESTS:-} 2>&1 \
     | tee "$OUT/pytest_multigpu.log" | tail -8
 fi
 [ "${BENCH:-1}" != 0 ] && timeout 480 python3 tests/benchmarks/bench_multigpu.py --parts "${PARTS:-prob,omatrix3,commit}" --out \
   "$OUT/multigpu_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE '[A-Z]+[0-9]{2,4}' | head -1 | tr A-Z a-z)x$(nvidia-smi -L | wc -l).json" \
   2>&1 | tee "$OUT/bench_multigpu.log" | grep -v '^ ' | tail -40
 if [ "${BATCH:-0}" = 1 ]; then
-  timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 \
+  timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 ${BATCH_ARGS:-} \
     --results "$OUT" 2>&1 | tail -20
 fi

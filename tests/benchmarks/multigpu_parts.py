@@ -275,10 +275,49 @@ def commit_case(backends, n_fibers: int, segments_per_fiber: int, n_meas: int, i
 
 
 # ----------------------------------------------------------------------------- probabilistic stages
-def prob_stages(subject, counts, nsamples: int, backends_of, log) -> list[dict]:
+def attribute(devices: list[dict] | None, tracking_s: float | None, merge_s: float | None) -> dict | None:
+    """Where a split run's tracking time went, from its devices' stages and timelines (seconds):
+    ``tracking_s`` = ``last_finished`` (the run's start to the last device's totals in) + ``merge``
+    + ``outside`` (threads started and joined, the result's provenance). ``last_finished`` is the
+    slowest device's ``ready`` (its opening: start, its part of the upload, the gather, the
+    set-up, each also given per device) + its ``compute`` + its ``finish``; ``end_spread``: how far
+    apart the devices' last chunks ended (the split's balance)."""
+    if not devices or tracking_s is None:
+        return None
+    live = [d for d in devices if not d.get("failed") and d.get("timeline_s")]
+    if not live:
+        return None
+
+    def per(key, stage=True):
+        return [round((d["stages_s"] if stage else d["timeline_s"]).get(key, 0.0), 4) for d in live]
+
+    finished = per("finished", stage=False)
+    last = max(finished)
+    out = {
+        "tracking_s": round(tracking_s, 4),
+        "last_finished_s": last,
+        "merge_s": merge_s,
+        "outside_s": round(tracking_s - last - (merge_s or 0.0), 4),
+        "ready_s": per("ready", stage=False),
+        "done_s": per("done", stage=False),
+        "finished_s": finished,
+        "end_spread_s": round(max(per("done", stage=False)) - min(per("done", stage=False)), 4),
+    }
+    for stage in ("start", "upload", "gather_wait", "gather", "setup", "setup_arrays", "setup_kernel", "setup_sets",
+                  "field_wait", "open", "compute", "drain", "copy_back", "host_add", "finish"):  # fmt: skip
+        out[f"{stage}_s"] = per(stage)
+    slowest = finished.index(last)
+    out["slowest_device"] = live[slowest]["device"]
+    out["items_per_s_per_device"] = [round(d["items"] / d["stages_s"]["compute"]) if d["stages_s"].get("compute")
+                                     else None for d in live]  # fmt: skip
+    return out
+
+
+def prob_stages(subject, counts, nsamples: int, backends_of, log, lanes_options=(1, 2)) -> list[dict]:
     """The split run in this process for every GPU count (1 included, which the command runs
-    without the split): each device's stages (start, upload, setup, compute, finish), the merge,
-    the tracking seconds, and whether the counts equal the first count's."""
+    without the split) and each number of lanes (streams per GPU): each device's stages
+    (start, upload, gather, setup, compute, finish) and timeline, the merge, the tracking seconds
+    and their attribution (:func:`attribute`), and whether the counts equal the first run's."""
     from tractlens.app.io import load_bedpostx
     from tractlens.app.pipelines.probabilistic import sample_field
     from tractlens.gpu.probabilistic_split import track_split
@@ -288,20 +327,25 @@ def prob_stages(subject, counts, nsamples: int, backends_of, log) -> list[dict]:
     seeds = np.ascontiguousarray(np.argwhere(samples.mask))
     bits = mask_bits(samples.mask)
     params = ProbParams(n_samples=nsamples)
+    for lanes in lanes_options:  # contexts, kernels and staging buffers of every device made before timing
+        track_split(field_, bits, seeds[:5000], ProbParams(n_samples=2), backends_of(max(counts)), lanes=lanes)
     rows, first = [], None
-    for n in counts:
-        backends = backends_of(n)
-        t0 = time.perf_counter()
-        result = track_split(field_, bits, seeds, params, backends)
-        seconds = time.perf_counter() - t0
-        same = first is None or (np.array_equal(result.paths, first.paths) and result.waytotal == first.waytotal)
-        first = first or result
-        prov = result.provenance
-        rows.append({"gpus": n, "tracking_s": round(seconds, 3), "streamlines": result.streamlines,
-                     "merge_s": prov["merge_s"], "devices": prov["devices"], "same_as_first": bool(same)})  # fmt: skip
-        log(f"prob split in-process on {n} GPU(s): {seconds:.2f} s (merge {prov['merge_s']} s), same {same}")
-        _free_all(backends)
-    one = rows[0]["tracking_s"]
+    for lanes in lanes_options:
+        for n in counts:
+            backends = backends_of(n)
+            t0 = time.perf_counter()
+            result = track_split(field_, bits, seeds, params, backends, lanes=lanes)
+            seconds = time.perf_counter() - t0
+            same = first is None or (np.array_equal(result.paths, first.paths) and result.waytotal == first.waytotal)
+            first = first or result
+            prov = result.provenance
+            rows.append({"gpus": n, "lanes": lanes, "tracking_s": round(seconds, 3), "streamlines": result.streamlines,
+                         "merge_s": prov["merge_s"], "devices": prov["devices"], "same_as_first": bool(same),
+                         "attribution": attribute(prov["devices"], seconds, prov["merge_s"])})  # fmt: skip
+            log(f"prob split in-process on {n} GPU(s), {lanes} lane(s): {seconds:.2f} s (merge {prov['merge_s']} s), "
+                f"same {same}")  # fmt: skip
+            _free_all(backends)
     for row in rows:
+        one = next(r["tracking_s"] for r in rows if r["gpus"] == rows[0]["gpus"] and r["lanes"] == row["lanes"])
         row["efficiency"] = round(one / row["tracking_s"] / (row["gpus"] / rows[0]["gpus"]), 3)
     return rows
