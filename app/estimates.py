@@ -4,11 +4,13 @@ Ball & sticks, probabilistic tracking and COMMIT take seconds on a GPU but can t
 the NumPy engine. The window announces such a job with its estimate (and asks first when
 someone can be asked); the command line logs it. The rates are the NumPy engines' measured on
 one core (``tests/benchmarks``: ``bench_ballstick.py``, ``bench_probabilistic.py``,
-``bench_cpu_peers.py``); an estimate is an order of magnitude, not a promise.
+``bench_cpu_peers.py``), and probabilistic tracking's compiled loop's per thread
+(``bench_probabilistic_cpu.py``); an estimate is an order of magnitude, not a promise.
 
 * ball & sticks: :data:`BALLSTICK_CPU_VOXELS_PER_S` voxels a second at FSL's 1250 + 1000
   iterations, by number of measurements, scaled by the iterations asked for;
-* probabilistic tracking: :data:`PROBABILISTIC_CPU_STEPS_PER_S` steps a second; a streamline
+* probabilistic tracking: :data:`PROBABILISTIC_CPU_STEPS_PER_S` steps a second with NumPy,
+  :data:`PROBABILISTIC_COMPILED_STEPS_PER_S` per thread with the compiled loop; a streamline
   takes at most ``n_steps`` steps and about :data:`PATH_FRACTION` of the grid's diagonal
   (whole-brain runs averaged 491-503 steps of 0.5 mm in a 145×174×145 grid of 1.25 mm);
 * COMMIT: :data:`COMMIT_CPU_S_PER_SEGMENT_ITERATION` seconds per segment (≈ point) and
@@ -28,6 +30,9 @@ BALLSTICK_CPU_VOXELS_PER_S = {60: 10.8, 288: 4.0}
 BALLSTICK_REFERENCE_ITERATIONS = 2250  # burn-in 1000 + 1250 jumps, at which the rates were measured
 #: Probabilistic tracking, NumPy engine: 2000 streamlines × 502.9 steps in 40.1 s.
 PROBABILISTIC_CPU_STEPS_PER_S = 25_000.0
+#: … and the compiled loop (numba), per thread: 20,000 streamlines × 498 steps in 4.36 s of CPU
+#: time on one thread (results/probabilistic_cpu.json, a shared 2-core machine).
+PROBABILISTIC_COMPILED_STEPS_PER_S = 2.3e6
 PATH_FRACTION = 0.75  # mean steps ≈ this share of the grid's diagonal (491 of 672 steps measured)
 #: COMMIT, NumPy engine: 3.24 s for 414 038 segments × 98 iterations.
 COMMIT_CPU_S_PER_SEGMENT_ITERATION = 8.0e-8
@@ -94,11 +99,22 @@ def probabilistic_estimate(
     """Probabilistic tracking of ``n_streamlines`` (seed voxels × samples) of at most ``n_steps``
     steps of ``step_mm`` in a grid whose diagonal is ``grid_diagonal_mm``."""
     steps = min(float(n_steps), PATH_FRACTION * grid_diagonal_mm / max(step_mm, 1e-6))
-    seconds = n_streamlines * max(steps, 1.0) / PROBABILISTIC_CPU_STEPS_PER_S
+    seconds = n_streamlines * max(steps, 1.0) / probabilistic_cpu_steps_per_s()
     chosen = _device("probabilistic", n_streamlines * n_steps, device)
     return JobEstimate(
         f"probabilistic tracking of {n_streamlines} streamlines", chosen, seconds if chosen == "cpu" else None
     )
+
+
+def probabilistic_cpu_steps_per_s() -> float:
+    """Steps a second of probabilistic tracking on this CPU: the compiled loop's rate per thread
+    times the CPU engines' threads when numba is installed, else the NumPy reference's."""
+    from tractlens.gpu import probabilistic_host
+    from tractlens.gpu.host import host_threads
+
+    if probabilistic_host.available():
+        return PROBABILISTIC_COMPILED_STEPS_PER_S * host_threads()
+    return PROBABILISTIC_CPU_STEPS_PER_S
 
 
 def commit_estimate(n_segments: int, max_iter: int, device: str = "auto") -> JobEstimate:

@@ -25,7 +25,8 @@ streamline ids, so the same streamlines as a plain run); each chunk becomes the 
 (streamline, voxel) first visits — on the GPU from the kernel's visit lists (its
 ``VISIT_LIST`` build: each kept streamline appends its distinct voxels to a device
 buffer; no lengths), or, where lengths are needed, from its step traces; with NumPy from
-:func:`gpu.probabilistic_numpy.track_numpy`'s recorded steps — from which every mode emits
+the host tracker's recorded steps (:func:`gpu.probabilistic_host.track_on_host`: the compiled
+loop, or the NumPy reference without numba) — from which every mode emits
 (row, column, value) entries on the device. Entries are reduced by key (sort, segment sums) whenever the
 device buffer holds :attr:`SparseAccumulator.capacity` of them, and the reduced chunk is
 spilled to host memory and merged there; no dense seed × target matrix exists anywhere.
@@ -44,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from . import probabilistic_host
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
 from .connectome_counts import SparseAccumulator, SparseCounts, bincount_or_zeros
 from .connectome_modes import (
@@ -57,7 +59,6 @@ from .connectome_modes import (
     visits_from_trace,
 )
 from .probabilistic_kernel import SET_SLOTS, KernelTracker, set_sizes
-from .probabilistic_numpy import track_numpy
 from .probabilistic_params import (
     NUMPY_BITMAP_BYTES,
     ProbParams,
@@ -113,8 +114,8 @@ class ConnectomeResult:
 # --------------------------------------------------------------------------- the run
 
 
-def _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count):
-    _, halves = track_numpy(field_, bits, seeds, params, 0, n_waypoints, first, count, record=True)
+def _trace_host(field_, bits, seeds, params, n_waypoints, first, count):
+    _, halves = probabilistic_host.track_on_host(field_, bits, seeds, params, 0, n_waypoints, first, count, record=True)
     T = max(h.shape[1] for h in halves)
     padded = [np.concatenate([h, np.repeat(h[:, -1:], T - h.shape[1], axis=1)], axis=1) for h in halves]
     return np.stack(padded, 1)
@@ -131,11 +132,16 @@ def trace_bytes_per_streamline(params: ProbParams) -> int:
 
 def plan_chunk(backend, field_: SampleField, params: ProbParams, total: int) -> int:
     """Streamlines per chunk: 30 % of the free device memory on a GPU (the rest for the
-    reductions, the matrix and the allocator), the NumPy tracker's visit bitmap on the CPU."""
+    reductions, the matrix and the allocator); on the CPU the compiled loop's recorded steps
+    (:func:`gpu.probabilistic_host.trace_chunk`) or the NumPy reference's visit bitmap."""
     if backend.is_gpu:
         most = int(backend.free_memory_bytes() * 0.3) // trace_bytes_per_streamline(params)
     else:
-        most = NUMPY_BITMAP_BYTES // int(np.prod(field_.shape))
+        most = (
+            probabilistic_host.trace_chunk(params)
+            if probabilistic_host.available()
+            else NUMPY_BITMAP_BYTES // int(np.prod(field_.shape))
+        )
     return int(max(1, min(total, most, 1 << 18)))
 
 
@@ -173,7 +179,8 @@ class _VisitSource:
         self.tracker = None
         self.device_field = None  # the field's arrays already on the device
         self.max_batch = 1
-        self.engine = ("kernel visit list" if listed else "kernel trace") if backend.is_gpu else "numpy"
+        host = "compiled" if probabilistic_host.available() else "numpy"
+        self.engine = ("kernel visit list" if listed else "kernel trace") if backend.is_gpu else host
 
     def plan_chunk(self, total: int) -> int:
         if not self.listed:
@@ -188,7 +195,7 @@ class _VisitSource:
     def visits(self, first: int, count: int, bits_flat, distthresh: float):
         xp, params = self.xp, self.params
         if not self.backend.is_gpu:
-            trace = _trace_numpy(self.field, self.bits, self.seeds, params, self.n_waypoints, first, count)
+            trace = _trace_host(self.field, self.bits, self.seeds, params, self.n_waypoints, first, count)
             visits = visits_from_trace(xp, trace, self.field.shape, params.step_mm)
             return visits, kept_streamlines(xp, visits, bits_flat, self.n_waypoints, params.waycond, distthresh)
         if self.tracker is None:

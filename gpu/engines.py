@@ -10,7 +10,8 @@ A method is computed by one of these engines:
     a NumPy-only reference, for the methods whose CPU path cannot run on CuPy
     (ball & sticks, probabilistic tracking);
 ``"compiled"``
-    a loop compiled for the CPU (numba, the ``cpu`` extra), on threads (deterministic tracking).
+    a loop compiled for the CPU (numba, the ``cpu`` extra), on threads (deterministic and
+    probabilistic tracking).
 
 ``"auto"`` picks the kernel on the GPU backend and the method's CPU engine otherwise.
 
@@ -215,9 +216,14 @@ DEFAULT_COSTS = CostModel(
             load_s=0.013,
             kernel_files=("geodesic.cu", "streamlines.cu"),
         ),
+        # PROVISIONAL CPU rate: the compiled loop (gpu.probabilistic_host, the CPU default with
+        # numba) on the HCP-like field of bench_probabilistic_cpu.py, per second of one core's CPU
+        # time on a shared 2-core machine (results/probabilistic_cpu.json; 16 free cores would be
+        # several times faster); the NumPy reference fitted earlier was 1.3e-5. Refit on the GPU
+        # machine: bench_crossover.py --methods probabilistic.
         "probabilistic": MethodCost(
             "streamlines × max steps",
-            1.3e-5,
+            1.1e-7,
             7.6e-10,
             gpu_overhead_s=0.016,
             compile_s=1.25,

@@ -1,7 +1,8 @@
 """The host CPU as a compute device: how many threads the CPU engines use, and the compiled
 loops (numba, the ``cpu`` extra) they run when it is installed.
 
-The CPU engines (:mod:`gpu.commit_host`, :mod:`gpu.deterministic_host`) split their work over
+The CPU engines (:mod:`gpu.commit_host`, :mod:`gpu.deterministic_host`,
+:mod:`gpu.probabilistic_host`) split their work over
 threads that run compiled loops without the GIL. numba is optional: without it the same
 engines run NumPy array operations over the same blocks (correct, several times slower), and
 :func:`compiled_note` says so once per job.
@@ -150,6 +151,12 @@ def one_blas_thread():
 def _warn_no_threadpoolctl() -> None:
     log.warning("threadpoolctl is not installed: BLAS is not held to one thread per CPU-engine thread (%s)",
                 "pip install 'tractlens[cpu]'")  # fmt: skip
+
+
+def thread_pool(threads: int) -> ThreadPoolExecutor:
+    """The CPU engines' pool of ``threads`` threads (kept between calls), for work whose caller
+    waits on the futures itself (to poll a cancellation between blocks)."""
+    return _pool(threads)
 
 
 @functools.lru_cache(maxsize=4)

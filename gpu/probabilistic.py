@@ -40,7 +40,8 @@ fills in evenly while a run goes on.
 This module runs the method (:func:`iter_track`, :func:`track`; the streamlines traced again as
 polylines, :func:`trace_paths` and :func:`trace_kept`, are in :mod:`gpu.probabilistic_trace`); its
 parameters and data are in :mod:`gpu.probabilistic_params`, the NumPy reference in
-:mod:`gpu.probabilistic_numpy`, the CUDA kernel's wrapper in :mod:`gpu.probabilistic_kernel`,
+:mod:`gpu.probabilistic_numpy`, the compiled CPU loop (numba, the CPU default when installed) in
+:mod:`gpu.probabilistic_host`, the CUDA kernel's wrapper in :mod:`gpu.probabilistic_kernel`,
 the run split over several GPUs in :mod:`gpu.probabilistic_split` and the connectome modes in
 :mod:`gpu.connectome`.
 """
@@ -54,12 +55,14 @@ from dataclasses import asdict
 
 import numpy as np
 
+from . import probabilistic_host
 from .backend import Cancelled, get_backend
-from .engines import KERNEL, NUMPY, choose_engine
+from .engines import COMPILED, KERNEL, NUMPY, choose_engine
 from .probabilistic_kernel import KernelTracker
 from .probabilistic_numpy import track_numpy
 from .probabilistic_params import (
     GPU_BATCH,
+    NUMPY_BITMAP_BYTES,
     ProbParams,
     ProbResult,
     SampleField,
@@ -73,6 +76,38 @@ def path_positions(total: int, most: int) -> np.ndarray:
     """Run positions of the streamlines to save: all of them, or the first ``most`` in the
     run's order — the first samples of every seed voxel alike (:func:`streamline_ids`)."""
     return np.arange(min(total, most), dtype=np.int64)
+
+
+ENGINES = (KERNEL, COMPILED, NUMPY)
+
+
+def host_engine(engine: str, backend) -> str:
+    """The engine that runs: ``engine`` checked (:func:`gpu.engines.choose_engine`), ``"auto"``
+    on the CPU being the compiled loop when numba is installed, else the NumPy reference."""
+    requested = engine
+    engine = choose_engine(engine, backend, available=ENGINES, method="probabilistic tracking")
+    if engine == COMPILED and not probabilistic_host.available():
+        if requested == COMPILED:
+            probabilistic_host.require()
+        engine = NUMPY
+    return engine
+
+
+def default_batch(engine: str, bits, n_seeds: int) -> int:
+    """Streamlines per batch of ``engine`` when the caller gives none."""
+    if engine == KERNEL:
+        return GPU_BATCH
+    return probabilistic_host.COMPILED_BATCH if engine == COMPILED else numpy_batch(bits, n_seeds)
+
+
+def largest_batch(n_voxels: int, backend) -> int:
+    """The most streamlines one batch may hold with the engine ``"auto"`` picks on ``backend``:
+    the GPU's batch, the compiled loop's (it keeps nothing per streamline beyond a block), or
+    what the NumPy reference's visit bitmap allows over a grid of ``n_voxels``."""
+    engine = host_engine("auto", backend)
+    if engine == NUMPY:
+        return max(1, NUMPY_BITMAP_BYTES // max(1, n_voxels))
+    return GPU_BATCH if engine == KERNEL else probabilistic_host.COMPILED_BATCH
 
 
 def iter_track(
@@ -94,8 +129,10 @@ def iter_track(
 ) -> Iterator[ProbResult]:
     """Track every streamline of every seed voxel in batches, yielding the running totals
     (a fresh :class:`ProbResult`) after each, so a viewer can show the path distribution
-    filling in; the last one is the result. ``engine``: ``"kernel"`` (GPU) or ``"numpy"``
-    (the reference; the CPU default). ``cancelled()`` is polled between batches; when it
+    filling in; the last one is the result. ``engine``: ``"kernel"`` (GPU), ``"compiled"`` (the
+    CPU default when numba is installed: :mod:`gpu.probabilistic_host`, the same totals bit for
+    bit) or ``"numpy"`` (the reference; the CPU default without numba). ``cancelled()`` is
+    polled between batches (and, compiled, between the blocks of a batch); when it
     says yes, the totals of every batch already computed are yielded (on the GPU the
     handed-out totals trail the queued batch by one) and then :class:`Cancelled` is
     raised. ``progress(done, total)`` comes with each yield. ``device_field``: the field's
@@ -105,10 +142,10 @@ def iter_track(
     size when it differs (a coarse first look before the larger batches that refine it; at most
     ``batch_streamlines``)."""
     backend = get_backend(device)
-    engine = choose_engine(engine, backend, available=(KERNEL, NUMPY), method="probabilistic tracking")
+    engine = host_engine(engine, backend)
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     total = len(seeds) * params.n_samples
-    batch = batch_streamlines or (GPU_BATCH if engine == "kernel" else numpy_batch(bits, len(seeds)))
+    batch = batch_streamlines or default_batch(engine, bits, len(seeds))
     t0 = time.perf_counter()
 
     def provenance(done: int) -> dict:
@@ -131,7 +168,17 @@ def iter_track(
     batches = ([(0, first)] if first else []) + [
         (start, min(batch, total - start)) for start in range(first, total, batch)
     ]
-    if engine == "numpy":
+    if engine == COMPILED:
+        tracker = probabilistic_host.CompiledTracker(
+            field_, bits, seeds, params, n_targets, n_waypoints, seed_matrix=seed_matrix
+        )
+        for start, count in batches:
+            if cancelled is not None and cancelled():
+                raise Cancelled()
+            tracker.run(start, count, cancelled=cancelled)
+            yield report(tracker.result(provenance(start + count)))
+        return
+    if engine == NUMPY:
         paths = np.zeros(field_.shape, dtype=np.int64)
         seed_targets = np.zeros((len(seeds), n_targets), dtype=np.int64)
         waytotal = steps = 0

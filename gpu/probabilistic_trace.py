@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import probabilistic_host
 from .backend import Cancelled, get_backend
 from .probabilistic_kernel import KernelTracker
-from .probabilistic_numpy import track_numpy
 from .probabilistic_params import (
     BIT_EXCLUDE,
     WAYPOINT_SHIFT,
@@ -91,9 +91,25 @@ def kept_of(xp, points, used, bits, params: ProbParams, n_waypoints: int):
     return kept
 
 
+def _opening(field_, bits, seeds, params, positions, n_waypoints, device, chunk, device_field, cancelled, timings):
+    """What :func:`trace_paths` and :func:`trace_kept` start with: (backend, run positions (int64),
+    their seed voxel numbers, the chunks of :func:`_chunks`)."""
+    backend = get_backend(device)
+    positions = np.asarray(positions, dtype=np.int64)
+    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
+    _, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
+    chunk = _chunk_size(backend, bits, len(seeds), params, chunk)
+    parts = _chunks(
+        field_, bits, seeds, params, positions, n_waypoints, backend, chunk, device_field, cancelled, timings
+    )
+    return backend, positions, seed_of, parts
+
+
 def _chunks(field_, bits, seeds, params, positions, n_waypoints, backend, chunk, device_field, cancelled, timings):
     """Per chunk of ``positions``: (polyline positions, used, float32 points, kept), arrays of the
-    backend (CuPy on a GPU)."""
+    backend (CuPy on a GPU). On the CPU the steps are recorded by the compiled loop when numba is
+    installed (:func:`gpu.probabilistic_host.track_on_host`: the reference's steps bit for bit),
+    else by the NumPy reference."""
     xp = backend.xp
     ids, _ = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
     tracker = None
@@ -113,7 +129,9 @@ def _chunks(field_, bits, seeds, params, positions, n_waypoints, backend, chunk,
             first, second = trace[:, 0], trace[:, 1]
             backend.synchronize()
         else:
-            _, (first, second) = track_numpy(field_, bits, seeds, params, 0, n_waypoints, record=True, positions=part)
+            _, (first, second) = probabilistic_host.track_on_host(
+                field_, bits, seeds, params, 0, n_waypoints, record=True, positions=part
+            )
         t1 = time.perf_counter()
         positions_xyz, used = polylines_of(xp, first, second)
         del first, second
@@ -143,7 +161,7 @@ def _chunk_size(backend, bits, n_seeds: int, params: ProbParams, chunk: int | No
         return chunk
     if backend.is_gpu:
         return max(1, min(GPU_TRACE_CHUNK, backend.free_memory_bytes() // 8 // trace_bytes_per_streamline(params)))
-    return numpy_batch(bits, n_seeds)
+    return probabilistic_host.trace_chunk(params) if probabilistic_host.available() else numpy_batch(bits, n_seeds)
 
 
 def trace_paths(
@@ -164,14 +182,11 @@ def trace_paths(
     same steps as the run's (same random streams): (polylines, seed voxel numbers, kept: not
     excluded and meeting the waypoint condition, as the run decides). ``device_field``: the field
     already on the GPU (:func:`gpu.probabilistic.iter_track`'s), not copied again."""
-    backend = get_backend(device)
-    positions = np.asarray(positions, dtype=np.int64)
-    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
-    _, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
-    chunk = _chunk_size(backend, bits, len(seeds), params, chunk)
+    backend, positions, seed_of, parts = _opening(
+        field_, bits, seeds, params, positions, n_waypoints, device, chunk, device_field, cancelled, None
+    )
     lines: list[np.ndarray] = []
     kept_all = np.zeros(len(positions), dtype=bool)
-    parts = _chunks(field_, bits, seeds, params, positions, n_waypoints, backend, chunk, device_field, cancelled, None)
     for start, part, points, used, kept in parts:
         flat, counts = _to_host(backend, points, used, None)
         lines += np.split(flat, np.cumsum(counts)[:-1]) if len(counts) else []
@@ -203,17 +218,12 @@ def trace_kept(
     streamlines traced). Only the kept polylines' points leave the device. ``timings``: seconds
     added under 'trace_s' (tracing), 'polylines_s' (polylines and the kept test) and
     'to_host_s' (the copy of the kept points)."""
-    backend = get_backend(device)
-    positions = np.asarray(positions, dtype=np.int64)
-    seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
-    _, seed_of = streamline_ids(0, 0, len(seeds), params.n_samples, positions)
-    chunk = _chunk_size(backend, bits, len(seeds), params, chunk)
+    backend, positions, seed_of, parts = _opening(
+        field_, bits, seeds, params, positions, n_waypoints, device, chunk, device_field, cancelled, timings
+    )
     most_kept = len(positions) if most_kept is None else int(most_kept)
     flats, counts_all, seeds_kept = [], [], []
     found = traced = 0
-    parts = _chunks(
-        field_, bits, seeds, params, positions, n_waypoints, backend, chunk, device_field, cancelled, timings
-    )
     for start, part, points, used, kept in parts:
         traced = start + len(part)
         rows = np.flatnonzero(backend.to_host(kept))[: max(0, most_kept - found)]

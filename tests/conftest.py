@@ -146,3 +146,16 @@ def build_kernels():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def numba_disabled(monkeypatch):
+    """The CPU engines as without the ``cpu`` extra: numba hidden (``TRACTLENS_DISABLE_NUMBA``),
+    so they run their NumPy fallbacks; restored afterwards."""
+    from tractlens.gpu import host
+
+    monkeypatch.setenv("TRACTLENS_DISABLE_NUMBA", "1")
+    host.numba_module.cache_clear()
+    yield
+    monkeypatch.delenv("TRACTLENS_DISABLE_NUMBA")
+    host.numba_module.cache_clear()

@@ -29,9 +29,9 @@ def traced(device, field_, bits, seeds, params, n_waypoints=0):
 
         _, trace = track_kernel(get_backend("gpu"), field_, bits, seeds, params, 0, n_waypoints, trace=True)
         return trace
-    from tractlens.gpu.connectome import _trace_numpy
+    from tractlens.gpu.connectome import _trace_host
 
-    return _trace_numpy(field_, bits, seeds, params, n_waypoints, 0, n)
+    return _trace_host(field_, bits, seeds, params, n_waypoints, 0, n)
 
 
 def brute_visits(trace, step_mm):
@@ -331,12 +331,12 @@ class ListingTracker:
         self.visit_buffers = (sid, voxel, count)
 
     def launch(self, first, count, trace=None):
-        from tractlens.gpu.connectome import _trace_numpy
+        from tractlens.gpu.connectome import _trace_host
         from tractlens.gpu.connectome_modes import kept_streamlines, visits_from_trace
 
         field_, bits, seeds, params, n_waypoints = self.args
         self.launches += 1
-        steps = _trace_numpy(field_, bits, seeds, params, n_waypoints, first, count)
+        steps = _trace_host(field_, bits, seeds, params, n_waypoints, first, count)
         if trace is not None:
             trace[:] = np.concatenate([steps, np.repeat(steps[:, :, -1:], trace.shape[2] - steps.shape[2], 2)], 2)
         if not self.visit_list:  # the trace build (after a failed check)

@@ -117,7 +117,7 @@ def _dti(engine):
     [
         (_deterministic, "compiled"),
         (_geodesic, "arrays"),
-        (_probabilistic, "numpy"),
+        (_probabilistic, "compiled"),
         (_ballstick, "numpy"),
         (_select, "arrays"),
         (_dti, "arrays"),

@@ -129,9 +129,9 @@ def test_trace_kept_gives_the_first_kept_polylines(device, case):
 
 @pytest.mark.gpu
 def test_gpu_trace_kept_matches_the_numpy_reference():
-    """The GPU's kept sample against the NumPy engine's: the same streamlines (kept flags, seed
-    voxels, point counts) and points within 1e-3 voxel (the kernel's float32/float64 steps
-    against NumPy's float64)."""
+    """The GPU's kept sample against the CPU's (the compiled loop with numba: the NumPy reference's
+    steps bit for bit): the same streamlines (kept flags, seed voxels, point counts) and points
+    within 1e-3 voxel (the kernel's float32/float64 steps against NumPy's float64)."""
     field_, bits, seeds, params, n_way = _setup("waypoint AND, exclusion")
     positions = path_positions(len(seeds) * params.n_samples, 10**9)
     cpu, gpu = (

@@ -15,6 +15,7 @@ from tractlens.app.io import load_bedpostx
 from tractlens.app.pipelines.probabilistic import prepare_probabilistic_masks
 from tractlens.app.pipelines.track_probabilistic import (
     FIRST_PASS_CPU,
+    MAX_FIRST_PASS_CPU,
     ProbInputs,
     pass_sizes,
     track_probabilistic,
@@ -57,17 +58,31 @@ def test_passes_start_coarse_refine_and_end_on_the_whole_runs_totals(demo_inputs
     assert updates[-1].run.targets == [TARGET]
 
 
-def test_the_first_pass_is_coarser_on_the_cpu_and_later_passes_a_tenth():
+def test_the_first_pass_is_coarser_on_the_cpu_and_later_passes_a_tenth(numba_disabled):
+    """The NumPy reference (no numba): its visit bitmap caps a pass."""
     assert pass_sizes(1_000_000, 1000, "cpu") == (FIRST_PASS_CPU, 100_000)
     assert pass_sizes(500, 1000, "cpu") == (500, 500)  # a small run: one pass
     assert pass_sizes(1_000_000, 100, "cpu", first_pass=0) == (1_000_000, 1_000_000)  # the engine's batches
     first, later = pass_sizes(10**9, 10**5, "cpu")  # the NumPy engine's bitmap caps a pass
     assert first == FIRST_PASS_CPU and later == 256 * 2**20 // 10**5
     assert pass_sizes(10**9, 10**7, "cpu") == (26, 26)  # and the first one too
-    # A known rate sizes the CPU's first pass to about 0.1 s (within 64 .. 1000 streamlines).
+    # A known rate sizes the CPU's first pass to about 0.1 s (within 64 .. 20,000 streamlines).
     assert pass_sizes(10**6, 1000, "cpu", rate=2000.0)[0] == 200
     assert pass_sizes(10**6, 1000, "cpu", rate=10.0)[0] == 64
-    assert pass_sizes(10**6, 1000, "cpu", rate=1e6)[0] == FIRST_PASS_CPU
+
+
+def test_the_compiled_engines_passes_are_not_capped_by_a_bitmap():
+    """With numba the CPU runs the compiled loop: a pass is capped only by its batch (running
+    totals at least every COMPILED_BATCH streamlines), whatever the grid; a fast rate gives a
+    first pass of up to MAX_FIRST_PASS_CPU."""
+    pytest.importorskip("numba", reason="the cpu extra (numba) is not installed")
+    from tractlens.gpu.probabilistic_host import COMPILED_BATCH
+
+    assert pass_sizes(500_000, 1000, "cpu") == (FIRST_PASS_CPU, 50_000)
+    assert pass_sizes(10**9, 10**7, "cpu") == (FIRST_PASS_CPU, COMPILED_BATCH)  # an HCP-sized grid or larger
+    assert pass_sizes(10**9, 10**7, "cpu", first_pass=0) == (COMPILED_BATCH, COMPILED_BATCH)
+    assert pass_sizes(10**6, 10**7, "cpu", rate=2000.0)[0] == 200
+    assert pass_sizes(10**6, 10**7, "cpu", rate=1e6)[0] == MAX_FIRST_PASS_CPU
 
 
 def test_a_cancel_hands_out_the_passes_done_then_stops(demo_inputs):

@@ -22,13 +22,11 @@ import numpy as np
 from tractlens.gpu.backend import BackendError, get_backend, gpu_backends
 from tractlens.gpu.ballstick import angles_to_vectors
 from tractlens.gpu.engines import decide_device
-from tractlens.gpu.probabilistic import iter_track, path_positions, trace_kept
+from tractlens.gpu.probabilistic import iter_track, largest_batch, path_positions, trace_kept
 from tractlens.gpu.probabilistic_kernel import upload_field
 from tractlens.gpu.probabilistic_params import (
-    GPU_BATCH,
     MAX_TARGETS,
     MAX_WAYPOINTS,
-    NUMPY_BITMAP_BYTES,
     ProbParams,
     ProbResult,
     SampleField,
@@ -105,11 +103,10 @@ def device_field_of(document, volume, device: str) -> tuple | None:
 
 
 def max_batch_streamlines(n_voxels: int, device: str = "auto") -> int:
-    """The most streamlines one batch may hold on ``device``: the engine's own batch on a GPU,
-    what its visited-voxel bitmap allows over ``n_voxels`` voxels with NumPy."""
-    if get_backend(device).is_gpu:
-        return GPU_BATCH
-    return max(1, NUMPY_BITMAP_BYTES // max(1, n_voxels))
+    """The most streamlines one batch may hold on ``device`` (:func:`gpu.probabilistic.largest_batch`):
+    the engine's own batch on a GPU or with the compiled CPU loop, what the NumPy reference's
+    visited-voxel bitmap allows over ``n_voxels`` voxels without numba."""
+    return largest_batch(n_voxels, get_backend(device))
 
 
 def sample_field(samples: BedpostSamples) -> SampleField:

@@ -16,8 +16,11 @@ k + 1, with one random stream per streamline (:mod:`gpu.probabilistic`), so each
 is an even sample of the whole seed region, and the totals after the last pass are the same
 numbers as one uninterrupted run, whatever the pass sizes. The first pass holds
 :data:`FIRST_PASS_GPU` streamlines on a GPU (a map in some milliseconds) and
-:data:`FIRST_PASS_CPU` on the CPU (the NumPy engine tracks some thousand a second: a coarser
-first look in about the same time); the later passes about a tenth of the run each.
+:data:`FIRST_PASS_CPU` on the CPU, or, once the rate of an earlier run here is known, what the
+CPU tracks in about :data:`FIRST_PASS_S` (the compiled loop tracks thousands of HCP
+streamlines a second per core, the NumPy reference some tens: a coarser first look in about the
+same time); the later passes about a tenth of the run each, within what the engine takes in one
+batch (:func:`~app.pipelines.probabilistic.max_batch_streamlines`).
 
 Cancellation (``cancelled()``, polled between passes) ends the generator with
 :class:`gpu.backend.Cancelled` after the totals already computed were yielded; the live mode
@@ -45,6 +48,7 @@ from .probabilistic import ProbabilisticRun, max_batch_streamlines, prepare_from
 __all__ = [
     "FIRST_PASS_CPU",
     "FIRST_PASS_GPU",
+    "MAX_FIRST_PASS_CPU",
     "ProbInputs",
     "ProbUpdate",
     "pass_sizes",
@@ -53,16 +57,18 @@ __all__ = [
 
 #: Streamlines in the first, coarse pass on a GPU (tens of thousands: a readable map at once).
 FIRST_PASS_GPU = 20_000
-#: … and with the NumPy engine, which tracks some thousand a second: a coarser first look.
+#: … and on the CPU while the rate here is unknown: a coarser first look.
 FIRST_PASS_CPU = 1_000
 #: The later passes each hold about this share of the run (a tenth), never fewer streamlines
 #: than the first pass.
 UPDATES = 10
 #: On the CPU, when the rate of an earlier run is known, the first pass holds what it tracks in
-#: about this long (at most :data:`FIRST_PASS_CPU`, at least :data:`MIN_FIRST_PASS`): a long,
-#: winding field tracks far fewer streamlines a second than a small phantom.
+#: about this long (at least :data:`MIN_FIRST_PASS`, at most :data:`MAX_FIRST_PASS_CPU`): a long,
+#: winding field tracks far fewer streamlines a second than a small phantom, and the compiled
+#: loop on a laptop's cores tracks hundreds of times more than the NumPy reference.
 FIRST_PASS_S = 0.1
 MIN_FIRST_PASS = 64
+MAX_FIRST_PASS_CPU = FIRST_PASS_GPU
 
 
 @dataclass
@@ -108,8 +114,9 @@ def pass_sizes(
     """(first pass, later passes) in streamlines for a run of ``total`` streamlines over a grid
     of ``n_voxels``: the first :data:`FIRST_PASS_GPU` or :data:`FIRST_PASS_CPU` (or
     ``first_pass``), the later ones about ``total / UPDATES`` but no smaller than the first, both
-    within what the engine takes in one batch on ``device``. ``rate``: streamlines a second of an
-    earlier run on this device (the CPU's first pass is then sized to :data:`FIRST_PASS_S`).
+    within what the engine takes in one batch on ``device``
+    (:func:`~app.pipelines.probabilistic.max_batch_streamlines`). ``rate``: streamlines a second of
+    an earlier run on this device (the CPU's first pass is then sized to :data:`FIRST_PASS_S`).
     ``first_pass=0``: no coarse pass,
     every pass as large as the engine takes (a run nobody watches fill in)."""
     gpu = get_backend(device).is_gpu
@@ -118,7 +125,7 @@ def pass_sizes(
         return max(1, min(cap, total)), max(1, min(cap, total))
     first = first_pass if first_pass is not None else (FIRST_PASS_GPU if gpu else FIRST_PASS_CPU)
     if first_pass is None and not gpu and rate:
-        first = int(min(FIRST_PASS_CPU, max(MIN_FIRST_PASS, rate * FIRST_PASS_S)))
+        first = int(min(MAX_FIRST_PASS_CPU, max(MIN_FIRST_PASS, rate * FIRST_PASS_S)))
     first = max(1, min(cap, total, first))
     later = max(1, min(cap, max(first, math.ceil(total / UPDATES))))
     return first, later

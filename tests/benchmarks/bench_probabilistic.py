@@ -20,7 +20,8 @@ kept streamline reported as the length measures):
   10 % × 50), a small seed region (100 voxels × 5000 samples), and with a waypoint
   mask (visits then counted at the end of each streamline); and once with the copy of
   the samples to the GPU (3.3 GB) included;
-- ``numpy``: our NumPy reference engine on ``--numpy-streamlines`` streamlines;
+- ``numpy``: our NumPy reference engine on ``--numpy-streamlines`` streamlines (the compiled CPU
+  loop against it: bench_probabilistic_cpu.py);
 - ``dipy``: DIPY's probabilistic tracking (``ProbabilisticDirectionGetter`` on
   spherical-harmonic ODFs of the mean sticks, order 8, ``LocalTracking``, 0.5 mm
   steps, max angle 78°, one thread) from ``--dipy-seeds`` seeds, one streamline each.
@@ -86,13 +87,16 @@ def hcp_like_samples(seed: int = 0):
     return SampleField(dirs, f, index, np.full(3, VOXEL_MM)), brain, mean_sticks, mean_f
 
 
-def time_engine(field_, bits, seeds, params, device, n_waypoints=0, repeats=1, device_field=None) -> dict:
+def time_engine(
+    field_, bits, seeds, params, device, n_waypoints=0, repeats=1, device_field=None, engine="auto"
+) -> dict:
     best = None
     for _ in range(repeats):
         t0 = time.perf_counter()
         runs = iter_track(
-            field_, bits, seeds, params, device=device, n_waypoints=n_waypoints, device_field=device_field
-        )
+            field_, bits, seeds, params, device=device, n_waypoints=n_waypoints, device_field=device_field,
+            engine=engine,
+        )  # fmt: skip
         result = deque(runs, maxlen=1)[0]
         elapsed = time.perf_counter() - t0
         best = elapsed if best is None else min(best, elapsed)
@@ -207,7 +211,8 @@ def main() -> None:
     if args.numpy_streamlines:
         params = ProbParams(n_samples=10)
         seeds = voxels[: max(1, args.numpy_streamlines // 10)]
-        record({"engine": "numpy", "case": "whole brain seeds", **time_engine(field_, bits, seeds, params, "cpu")})
+        timing = time_engine(field_, bits, seeds, params, "cpu", engine="numpy")
+        record({"engine": "numpy", "case": "whole brain seeds", **timing})
     if args.dipy_seeds:
         try:
             row = {"engine": "dipy", "case": "whole brain seeds"}

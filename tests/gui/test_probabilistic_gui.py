@@ -210,16 +210,33 @@ def test_paths_fill_in_on_the_slices_and_in_3d_and_equal_the_pipeline(
 def test_cancel_keeps_the_totals_shown_and_a_retrack_replaces_the_layer(
     bedpostx_window, demo_bedpostx, demo_dir, qtbot, monkeypatch
 ):
+    import threading
+
+    from tractlens.app.pipelines.probabilistic import ProbabilisticRun
     from tractlens.widgets import probabilistic_panel as module
 
+    # The run holds after its first pass until the cancel was clicked (the compiled CPU loop tracks
+    # the 15 000 streamlines in about a second: the click must not race the end of the run).
+    clicked, real_run = threading.Event(), ProbabilisticRun.run
+
+    def held_run(self, **options):
+        passes = real_run(self, **options)
+        yield next(passes)
+        clicked.wait(30)
+        yield from passes
+
+    monkeypatch.setattr(ProbabilisticRun, "run", held_run)
     monkeypatch.setattr(module, "PARTIAL_INTERVAL_S", 0.0)
     win = bedpostx_window
     panel = win.probabilistic_panel
     panel.first_pass = panel.later_pass = 150  # passes of 150 of the 15 000 streamlines
     type_into(qtbot, panel.form.editors["n_samples"], "200")
     click(qtbot, panel.track_button)
-    qtbot.waitUntil(lambda: panel.updates >= 1, timeout=30000)
-    click(qtbot, panel.cancel_button)
+    try:
+        qtbot.waitUntil(lambda: panel.updates >= 1, timeout=30000)
+        click(qtbot, panel.cancel_button)
+    finally:
+        clicked.set()
     assert win.wait_for_jobs(30)
     assert win.errors == []
     kept = panel.result
