@@ -94,6 +94,7 @@ class View3D(FiberView, QWidget):
         self._planes_stale = False  # a layer's values changed: the planes are recomposited with the next frame
         self._roi_edits: list = []  # (layer, voxels) of the ROI edits since the last frame (_patch_planes)
         self._frames_held_until = 0.0  # hold_frames: no frame before this perf_counter time
+        self._roi_after_hold = False  # the ROI surfaces are rebuilt with the frame after the hold
         self._hold_timer = QTimer(self)
         self._hold_timer.setSingleShot(True)
         self._hold_timer.timeout.connect(lambda: self._render_now())
@@ -184,6 +185,8 @@ class View3D(FiberView, QWidget):
         if wait > 0:
             self._hold_timer.start(int(wait * 1000) + 1)
             return
+        if self._roi_after_hold:  # (before the flag below: its own request is this frame)
+            self._update_roi_surfaces()
         self._render_pending = False
         if self.plotter.ren_win is None:  # closed meanwhile
             return
@@ -303,7 +306,12 @@ class View3D(FiberView, QWidget):
         return tuple(id(layer) for layer in self.document.layers if layer.kind == "roi")
 
     def _update_roi_surfaces(self) -> None:
-        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its colour."""
+        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its colour. While
+        frames are held (a live map on its way) this waits for the next frame: the map first."""
+        self._roi_after_hold = time.perf_counter() < self._frames_held_until
+        if self._roi_after_hold:
+            self.request_render()
+            return
         for actor in self._roi_surfaces.values():
             self.plotter.remove_actor(actor, render=False)  # one frame at the end, not one per ROI
         self._roi_surfaces.clear()
