@@ -38,6 +38,12 @@ def plane_colours(view3d, view: str) -> np.ndarray:
     return np.asarray(grid.point_data["rgb"])
 
 
+def greenish(shot: np.ndarray) -> int:
+    """Pixels of a screenshot clearly green (the seed's colour over the grey image)."""
+    shot = shot[..., :3].astype(int)
+    return int(((shot[..., 1] > 1.5 * shot[..., 0] + 20) & (shot[..., 1] > 80)).sum())
+
+
 def drawn(view3d, qtbot) -> None:
     qtbot.waitUntil(lambda: not view3d._render_pending, timeout=10000)
 
@@ -60,6 +66,10 @@ def test_a_stroke_redraws_only_what_it_changed_and_every_view_shows_the_same_as_
     original = view3d._update_planes
     monkeypatch.setattr(view3d, "_update_planes", lambda: full.__setitem__("planes", full["planes"] + 1) or original())
 
+    # Drawn before the stroke: the planes' colours are on the GPU (green so far: the marker's A).
+    green_before = greenish(view3d.screenshot())
+    view3d._roi_timer.stop()  # the ROI surface waits: the planes' own pixels are checked first
+    view3d._roi_timer.setInterval(60_000)
     # A stroke on the axial slice (z = 6) from x = 8 to 12 along y = 22: it misses the coronal
     # slice (y = 15) and the sagittal one (x = 20).
     drag(qtbot, axial, [(8, 22, 6), (10, 22, 6), (12, 22, 6)])
@@ -78,8 +88,14 @@ def test_a_stroke_redraws_only_what_it_changed_and_every_view_shows_the_same_as_
     for name in ("axial", "coronal", "sagittal"):
         expected = composite(doc, plane_geometry(doc, name)).reshape(-1, 3)
         np.testing.assert_array_equal(plane_colours(view3d, name), expected)
-    qtbot.waitUntil(lambda: view3d.roi_surface(seed) is not None, timeout=10000)
+    # On screen: the patched colours reach the GPU (the ROI's own surface is not built yet here).
+    assert view3d.roi_surface(seed) is None
     ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "stroke_redraw_planes_only.png")
+    assert greenish(view3d.screenshot()) > green_before + 20
+    view3d._roi_timer.setInterval(1)
+    view3d._roi_timer.start()
+    qtbot.waitUntil(lambda: view3d.roi_surface(seed) is not None, timeout=10000)
     window.save_screenshot(ARTIFACTS / "stroke_redraw_window.png")
 
 
@@ -87,7 +103,8 @@ def test_frames_held_for_a_coming_result_are_drawn_once_released_with_the_final_
     seed = window_with_image(window)
     doc, view3d = window.document, window.view3d
     drawn(view3d, qtbot)
-    qtbot.wait(300)  # the ROI surface timer and its frame, if any
+    green_before = greenish(view3d.screenshot())
+    qtbot.wait(300)  # the ROI surface timer and the frames asked for, if any
     before = view3d.frames_drawn
     view3d.hold_frames(60.0)
     for x in (10, 12, 14):
@@ -106,10 +123,9 @@ def test_frames_held_for_a_coming_result_are_drawn_once_released_with_the_final_
     for name in ("axial", "coronal", "sagittal"):
         expected = composite(doc, plane_geometry(doc, name)).reshape(-1, 3)
         np.testing.assert_array_equal(plane_colours(view3d, name), expected)
-    shot = view3d.screenshot()[..., :3].astype(int)
     ARTIFACTS.mkdir(exist_ok=True)
     window.save_screenshot(ARTIFACTS / "stroke_frames_released.png")
-    assert ((shot[..., 1] > 1.5 * shot[..., 0] + 20) & (shot[..., 1] > 80)).sum() > 50  # the green seed shows
+    assert greenish(view3d.screenshot()) > green_before + 50  # the green seed shows
 
     # A hold that nobody releases ends by itself, and the state as it is then is drawn.
     frames = view3d.frames_drawn
