@@ -80,6 +80,11 @@ def test_a_stroke_patched_into_a_plane_equals_the_plane_composited_again(view):
     changed = _stroke(doc, seed, [[4, 3, 4], [5, 4, 4]], False)
     assert patch_stroke(doc, geometry, image, seed, changed) is True
     np.testing.assert_array_equal(image, composite(doc, geometry))
+    said = []  # an undo says the voxels it restored too
+    doc.connect(lambda _source, event, **info: event == "roi" and said.append(info.get("voxels")))
+    assert doc.undo()
+    assert len(said[-1]) == 2 and patch_stroke(doc, geometry, image, seed, said[-1]) is True
+    np.testing.assert_array_equal(image, composite(doc, geometry))
 
 
 def test_a_stroke_off_a_plane_leaves_it_as_it_is():
