@@ -165,8 +165,6 @@ def main(argv=None) -> int:
 
     panel.live.setChecked(not args.no_live)
     stages = instrument(win, panel)
-    for view in win.views.values():
-        stages.wrap(view, "paintEvent", f"slice view painted ({view.view})")
     ring = sphere(centre, radius + 1.5, shape)
     ring = ring[~(np.linalg.norm(ring - centre, axis=1) <= radius)]
     ring = ring[ring[:, 2] == centre[2]]  # on the axial slice at the cursor, as a brush paints
@@ -207,8 +205,6 @@ def main(argv=None) -> int:
             }
         if profiler:
             profiler.disable()
-        known = {(s, e) for name, _t, s, e in stages.spans if name == "3-D frame drawn"}
-        stages.spans += [("3-D frame drawn", "gui", s, e) for s, e in win.view3d.renders if (s, e) not in known]
         spent = stages.summary(edit, until)
         row["gui_busy_ms"] = busy_ms(stages.spans, edit, until)  # before the first map (live) or in 0.6 s
         row["stages_ms"] = spent
