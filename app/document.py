@@ -19,7 +19,8 @@ class Document(Observable):
     The first volume added fixes the reference grid (affine and shape); the
     cursor is a voxel index on it. Events: ``layers`` (added, removed, moved),
     ``display`` (a layer's display property; ``layer=`` says which), ``cursor``,
-    ``roi`` (an ROI's voxels or shape changed; ``layer=``).
+    ``roi`` (an ROI's voxels or shape changed; ``layer=``; a paint, or its undo, also gives
+    ``voxels=``: the (N, 3) voxels of the ROI's grid it changed, so that a view redraws only those).
 
     The ROI edits are undoable (:meth:`undo`, :meth:`redo`): painting, shapes placed,
     moved and resized, role, name and colour changes, and layers added or removed with
@@ -147,7 +148,7 @@ class Document(Observable):
             self._redo.clear()
         else:
             self._record(("mask", layer, voxels, old, shape_before))
-        self.emit("roi", layer=layer)
+        self.emit("roi", layer=layer, voxels=voxels)
         return len(voxels)
 
     def set_roi_shape(self, layer: Layer, shape: dict, *, merge_with_last: bool = False) -> None:
@@ -268,7 +269,7 @@ class Document(Observable):
             layer.data.mask[index] = values
             layer.data.shape = shape_before if backwards else None
             target.append(("mask", layer, voxels, previous, shape_before))
-            self.emit("roi", layer=layer)
+            self.emit("roi", layer=layer, voxels=voxels)
         elif kind == "shape":
             _, _, before, after, voxels_before = record
             shape = before if backwards else after

@@ -24,20 +24,21 @@ Live mode (the "live" switch, as the geodesic panel's): every stroke on a seed, 
 waypoint, exclusion or stop ROI re-tracks. The stale run is cancelled; strokes that come while
 a run has not drawn its first pass yet are gathered into one re-track that starts as soon as it
 has (on the CPU a first pass takes longer than the mouse moves). The panel hears a stroke before
-the views do (its run starts before they redraw). The status line says the
+the views do (its run starts before they redraw), and the 3-D view holds the stroke's frame until
+the first map (at most :data:`LIVE_FRAME_HOLD_S`) and draws both in one. The status line says the
 streamlines drawn so far and the waytotal; ``first_map_s`` (edit → first map) and
 ``converged_s`` (last edit → the map of every sample) are kept for the latency benchmark.
 
-"Save outputs…" writes what is shown (fdt_paths, waytotal, seeds_to_…,
-the matrix) like the command line, on a worker.
+"Save outputs…" writes what is shown (fdt_paths, waytotal, seeds_to_…, the matrix) like the
+command line, on a worker.
 
 The engine runs sample k of every seed voxel before sample k + 1 (``gpu.probabilistic``), so
 each running total is an even sample of the whole seed region and only grows denser.
 
 The panel starts with 1000 samples per seed voxel (``app.params.GUI_PRESETS``, which the form
-starts from), not probtrackx's 5000 (the command line's default): a first look at where the paths go fills in five times sooner (on the CPU the NumPy
-engine tracks some thousand streamlines a second), and the distribution's shape is already
-clear; set 5000 for the numbers to report.
+starts from), not probtrackx's 5000 (the command line's default): a first look at where the paths
+go fills in five times sooner (on the CPU the NumPy engine tracks some thousand streamlines a
+second), and the distribution's shape is already clear; set 5000 for the numbers to report.
 """
 
 from __future__ import annotations
@@ -89,10 +90,10 @@ ISO_PERCENT = 5.0  # default isosurface level, % of the maximum
 SLICE_FLOOR = 0.01  # slices: voxels below 1 % of the maximum are transparent (and at least 1 streamline)
 ISO_COLOUR = (1.0, 0.6, 0.1)  # the top of the hot colour map, so 3-D and slices agree
 ISO_OPACITY = 0.6
-# A first pass's surface: every COARSE_STEP-th voxel of a crop larger than this (marching cubes
-# runs on the GUI thread: 8 times less of it while the map is rough); refined passes: every voxel.
+# A first pass's crop larger than this keeps every COARSE_STEP-th voxel (marching cubes on the GUI thread: 8x less).
 COARSE_STEP = 2
 COARSE_SURFACE_VOXELS = 64**3
+LIVE_FRAME_HOLD_S = 0.15  # a live stroke's 3-D frame waits at most this long for its first map
 
 
 @dataclass
@@ -158,8 +159,7 @@ def isosurface(iso: IsoInput, affine: np.ndarray) -> pv.PolyData | None:
 
 @dataclass
 class Shown:
-    """One state of a run as the GUI shows it: the running totals and what their isosurface
-    needs, prepared on the worker."""
+    """One state of a run as the GUI shows it: the running totals and what their isosurface needs."""
 
     token: int  # which Track press this belongs to
     run: ProbabilisticRun
@@ -189,9 +189,8 @@ class ProbabilisticPanel(JobPanelBase):
         self.updates = 0
         self.iso_level: float | None = None
         self._percent = ISO_PERCENT  # read by workers (a float: no widget off the GUI thread)
-        # Streamlines of the first and later passes (None: the use case's sizes for the device).
-        self.first_pass: int | None = None
-        self.later_pass: int | None = None
+        self.first_pass: int | None = None  # streamlines of the first pass (None: the use case's size)
+        self.later_pass: int | None = None  # … and of the later ones
         # Live mode: the edit being answered, the last edit, and what it took to draw the maps.
         self.edit_time: float | None = None
         self.last_edit_time: float | None = None
@@ -236,8 +235,7 @@ class ProbabilisticPanel(JobPanelBase):
         display.addRow("Isosurface at", self.iso_percent)
         display.addRow("", self.iso_label)
         display.addRow(self.live)
-        # the levels on a row of their own, the button under them: beside it at 1280 px the field
-        # was cut to ",90,95"
+        # the levels on a row of their own, the button under them (beside it, at 1280 px, the field was cut)
         display.addRow("Envelopes at %", self.envelope_levels)
         display.addRow("", self.envelope_button)
         display.addRow("", self.envelope_label)
@@ -392,9 +390,9 @@ class ProbabilisticPanel(JobPanelBase):
                 self.live_edit()
 
     def live_edit(self) -> None:
-        """An ROI changed: track again now, or — while the run in flight has not drawn its
-        first pass yet — as soon as it has (strokes come faster than a first pass on the CPU:
-        they are gathered, never queued; the stale run is cancelled when the next starts)."""
+        """An ROI changed: track again now, or — while the run in flight has not drawn its first pass
+        yet — as soon as it has (strokes come faster than a first pass on the CPU: they are gathered,
+        never queued; the stale run is cancelled when the next starts)."""
         now = time.perf_counter()
         self.last_edit_time = now
         if self.job_id is not None and not self._first_shown:
@@ -409,6 +407,8 @@ class ProbabilisticPanel(JobPanelBase):
         self.edit_time = edit_time
         self.first_map_s = self.converged_s = None
         self.live_runs += 1
+        if self.view3d is not None:
+            self.view3d.hold_frames(LIVE_FRAME_HOLD_S)
         self.track()
 
     def _live_next(self) -> None:
@@ -448,6 +448,8 @@ class ProbabilisticPanel(JobPanelBase):
         self.shown_at = now
         if not self._first_shown:
             self._first_shown = True
+            if self.view3d is not None:
+                self.view3d.release_frames()  # the stroke's frame and this map's: one frame
             QTimer.singleShot(0, self._live_next)  # after this run's own ending is handled
 
     def _set_surface(self, layer: Layer, iso: IsoInput) -> None:

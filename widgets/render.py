@@ -13,7 +13,7 @@ and the edge labels say which side is which.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import nibabel as nib
 import numpy as np
@@ -173,6 +173,33 @@ def sample_layer(layer: Layer, doc: Document, voxels: np.ndarray) -> tuple[np.nd
     return values, inside
 
 
+def _axis_range(indices: np.ndarray) -> slice:
+    """The slice that reads ``indices`` (consecutive voxel indices, rising or falling) from an axis."""
+    start = int(indices[0])
+    step = 1 if len(indices) == 1 or indices[1] > indices[0] else -1
+    stop = int(indices[-1]) + step
+    return slice(start, None if stop < 0 else stop, step)
+
+
+def sample_plane(layer: Layer, doc: Document, geometry: PlaneGeometry, oversample: int = 1):
+    """:func:`sample_layer` over a plane's pixels (or sub-pixels, ``oversample``), (values, inside).
+    A layer on the reference grid at one pixel a voxel is read as a slice of its array (no gather
+    of every pixel's voxel: that was most of a composite's time on an HCP-sized grid)."""
+    vol = layer.data
+    if oversample != 1 or not Grid.of(vol).matches((doc.reference_affine, doc.reference_shape)):
+        return sample_layer(layer, doc, oversampled_voxels(geometry, oversample))
+    array = vol.mask if layer.kind == "roi" else vol.data
+    voxels = geometry.voxels
+    index = [slice(None)] * 3
+    index[geometry.normal_axis] = int(voxels[0, 0, geometry.normal_axis])
+    index[geometry.v_axis] = _axis_range(voxels[:, 0, geometry.v_axis])
+    index[geometry.h_axis] = _axis_range(voxels[0, :, geometry.h_axis])
+    values = array[tuple(index)]  # the two in-plane axes in voxel order, then any per-voxel axes
+    if geometry.v_axis > geometry.h_axis:
+        values = np.swapaxes(values, 0, 1)
+    return values, np.ones(values.shape[:2], dtype=bool)
+
+
 def label_colours(labels: np.ndarray, lut=None) -> np.ndarray:
     """Colours (RGB 0..1) of integer labels: the lookup table's colour where ``lut`` (an
     :class:`app.io.lut.LabelTable`) has one, else distinct, reproducible golden-ratio hues."""
@@ -235,18 +262,73 @@ def composite(doc: Document, geometry: PlaneGeometry, oversample: int = 1) -> np
     """(H, W, 3) uint8 image of the visible volume layers, bottom to top, over black
     (glyph layers and tractograms are drawn over it by the views); (H·f, W·f, 3) with
     ``oversample`` f (:func:`display_oversample`)."""
-    voxels = oversampled_voxels(geometry, oversample)
-    height, width = voxels.shape[:2]
+    height, width = (n * oversample for n in geometry.voxels.shape[:2])
     out = np.zeros((height, width, 3))
     for layer in doc.layers:
         if not layer.visible or layer.kind in ("tractogram", *GLYPH_KINDS) or layer.opacity <= 0:
             continue
-        values, inside = sample_layer(layer, doc, voxels)
+        values, inside = sample_plane(layer, doc, geometry, oversample)
         rgb, alpha = colorize(layer, values, inside)
         if layer.alignment != "none" and layer.kind not in ("roi", "labels"):
+            voxels = oversampled_voxels(geometry, oversample)
             rgb, alpha = alignment_view(layer, doc, voxels, values, rgb, alpha)
         out = out * (1 - alpha[..., None]) + rgb * alpha[..., None]
     return (np.clip(out, 0, 1) * 255 + 0.5).astype(np.uint8)
+
+
+def stroke_voxels(doc: Document, layer: Layer, voxels) -> np.ndarray | None:
+    """The reference voxels an ROI edit changed (``voxels``: the ``roi`` event's, on the ROI's
+    grid), or None when they cannot say where the slices changed (no voxels given: a shape or an
+    undo of one; an ROI on another grid)."""
+    if voxels is None or doc.reference_affine is None:
+        return None
+    if not Grid.of(layer.data).matches((doc.reference_affine, doc.reference_shape)):
+        return None
+    return np.asarray(voxels, dtype=np.int64).reshape(-1, 3)
+
+
+def plane_rect(geometry: PlaneGeometry, voxels: np.ndarray) -> tuple[slice, slice] | None:
+    """The rectangle (rows, columns) of the plane's pixels that holds those of the reference
+    ``voxels`` (N, 3) lying on the plane; None when none does (the plane is unchanged)."""
+    normal = geometry.normal_axis
+    on_plane = voxels[voxels[:, normal] == geometry.voxels[0, 0, normal]]
+    if len(on_plane) == 0:
+        return None
+    rows, cols = geometry.pixel_of(on_plane)
+    return slice(int(rows.min()), int(rows.max()) + 1), slice(int(cols.min()), int(cols.max()) + 1)
+
+
+def pointwise(doc: Document) -> bool:
+    """Is each composited pixel a function of its own voxel only? Not when a visible layer shows
+    its edges (``alignment == "edges"``: gradients over the neighbours): then a changed voxel
+    changes pixels around it, and only a whole plane composited again is right."""
+    return not any(layer.visible and layer.alignment == "edges" for layer in doc.layers)
+
+
+def patch_stroke(doc: Document, geometry: PlaneGeometry, image: np.ndarray, layer: Layer, voxels) -> bool | None:
+    """Bring a plane's composited ``image`` up to date after an ROI edit, in place, compositing
+    again only the rectangle of the edit's ``voxels`` (the ``roi`` event's) on the plane. True:
+    patched; False: the edit missed the plane (the image is unchanged); None: it cannot be told
+    where (see :func:`stroke_voxels` and :func:`pointwise`): composite the whole plane again."""
+    voxels = stroke_voxels(doc, layer, voxels)
+    if voxels is None or not pointwise(doc):
+        return None
+    rect = plane_rect(geometry, voxels)
+    if rect is None:
+        return False
+    recomposite(doc, geometry, image, rect, display_oversample(doc))
+    return True
+
+
+def recomposite(doc: Document, geometry: PlaneGeometry, image: np.ndarray, rect, oversample: int = 1) -> None:
+    """Composite a rectangle of the plane again, into ``image`` (:func:`composite`'s of the whole
+    plane, (H·f, W·f, 3) with ``oversample`` f), in place: a brush stroke changes a few voxels,
+    and the rest of the plane is as it was. ``rect``: (rows, columns) slices of the plane's
+    pixels (:func:`plane_rect`). Needs :func:`pointwise` compositing."""
+    rows, cols = rect
+    part = replace(geometry, voxels=geometry.voxels[rows, cols])
+    f = oversample
+    image[rows.start * f : rows.stop * f, cols.start * f : cols.stop * f] = composite(doc, part, f)
 
 
 EDGE_COLOUR = (1.0, 0.15, 0.85)  # magenta: apart from grey anatomy and from the ROI colours

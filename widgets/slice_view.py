@@ -30,7 +30,7 @@ from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_hal
 from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
-from .render import composite, display_oversample, fractional_voxel, plane_geometry
+from .render import composite, display_oversample, fractional_voxel, patch_stroke, plane_geometry
 from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
@@ -54,6 +54,8 @@ class SliceView(QWidget):
         # While a sphere or box is dragged: (shape ROI layer, grab offset, moved yet, "move"|"resize")
         self._drag_shape = None
         self.view = view
+        self._image_cache: np.ndarray | None = None  # the composited slice (an ROI stroke patches it)
+        self._image_radiological = False  # the orientation it was composited in
         self.radiological = False
         self.slab_mm: float | None = 4.0  # thickness of the slab of fibers drawn; None: all fibers
         self.show_crosshair = True
@@ -62,7 +64,6 @@ class SliceView(QWidget):
         self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
         self.setMouseTracking(True)
         self.setObjectName(f"slice_{view}")
-        self._image_cache: tuple | None = None
         self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._wl_start: tuple | None = None
         self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its ellipse builds (workers)
@@ -74,6 +75,8 @@ class SliceView(QWidget):
         if event not in ("layers", "display", "cursor", "roi"):
             return
         layer = info.get("layer")
+        if event == "roi" and self._redraw_stroke(layer, info.get("voxels")):
+            return
         if event == "layers":
             # Tractograms are drawn over the composited image, not into it: replacing one
             # (a tracking result streaming in) keeps the image.
@@ -85,6 +88,18 @@ class SliceView(QWidget):
             self._image_cache = None  # sticks and fibres are drawn over the image, not into it
         self.update()
 
+    def _redraw_stroke(self, layer, voxels) -> bool:
+        """An ROI edit that says its voxels (a stroke): only the pixels of this slice it changed
+        are composited again, and a view whose slice it missed is not redrawn (a brush paints on
+        one slice). False: the whole image is made again."""
+        if self._image_cache is None or self._image_radiological != self.radiological:
+            return False  # not drawn yet, or drawn the other way round
+        patched = patch_stroke(self.document, self.geometry_now(), self._image_cache, layer, voxels)
+        if patched:
+            self._outlines_of = None  # the ROI's edges are found again (over the slice: they join up)
+            self.update()
+        return patched is not None
+
     def geometry_now(self):
         if self.document.reference_affine is None:
             return None
@@ -95,8 +110,9 @@ class SliceView(QWidget):
         geometry = self.geometry_now()
         if geometry is None:
             return None
-        if self._image_cache is None:  # reset by every document event
+        if self._image_cache is None or self._image_radiological != self.radiological:  # reset by document events
             self._image_cache = composite(self.document, geometry, display_oversample(self.document))
+            self._image_radiological = self.radiological
         return self._image_cache
 
     # --------------------------------------------------------------- drawing

@@ -139,7 +139,7 @@ class TrackingPanel(JobPanelBase):
         ]
         painted = [layer for layer in seeds if layer.data.mask.any()]
         if painted:
-            voxels = sum(int(layer.data.mask.sum()) for layer in painted)
+            voxels = sum(int(np.count_nonzero(layer.data.mask)) for layer in painted)
             names = ", ".join(layer.name for layer in painted)
             return f"Seed ROI {names} ready ({voxels:,} voxels): press Track (Ctrl+T)."
         if seeds:

@@ -26,7 +26,7 @@ from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 from .fod_glyphs import volume_glyph_job
 from .glyph_instances import glyph_actor, is_instances, show_instances
 from .glyphs import LatestTask, stick_mesh, stick_segments
-from .render import composite, display_oversample, oversampled_voxels, plane_geometry
+from .render import composite, display_oversample, oversampled_voxels, patch_stroke, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 from .view3d_fibers import FiberView
 from .view3d_overlays import add_orientation_marker
@@ -92,6 +92,12 @@ class View3D(FiberView, QWidget):
         self._software_rendering: bool | None = None
         self._render_pending = False
         self._planes_stale = False  # a layer's values changed: the planes are recomposited with the next frame
+        self._roi_edits: list = []  # (layer, voxels) of the ROI edits since the last frame (_patch_planes)
+        self._frames_held_until = 0.0  # hold_frames: no frame before this perf_counter time
+        self._roi_after_hold = False  # the ROI surfaces are rebuilt with the frame after the hold
+        self._hold_timer = QTimer(self)
+        self._hold_timer.setSingleShot(True)
+        self._hold_timer.timeout.connect(lambda: self._render_now())
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self.frames_drawn = 0
         self._frame_start = 0.0
@@ -125,11 +131,12 @@ class View3D(FiberView, QWidget):
                 if rois != self._roi_layers:  # a result layer replaced leaves the ROI surfaces as they are
                     self._roi_layers = rois
                     self._roi_timer.start()
-        elif event in ("cursor", "roi"):
+        elif event == "cursor":
             self._update_planes()
-            if event == "roi":
-                self._roi_timer.start()
             self._update_glyphs()
+        elif event == "roi":  # a stroke: the planes' pixels it changed are composited with the next frame
+            self._roi_edits.append((info.get("layer"), info.get("voxels")))
+            self._roi_timer.start()
         elif event == "display":
             layer = info.get("layer")
             if layer is not None and layer.kind == "tractogram":
@@ -154,15 +161,39 @@ class View3D(FiberView, QWidget):
             self._render_pending = True
             QTimer.singleShot(0, self._render_now)
 
+    def hold_frames(self, seconds: float) -> None:
+        """Draw no frame for up to ``seconds`` (what is asked meanwhile is drawn then, in one
+        frame), or until :meth:`release_frames`: a live re-track whose map is on its way holds
+        the frame of the stroke that started it, and its map's frame shows both (the GUI thread
+        is free for the map sooner). The slice views are not held."""
+        self._frames_held_until = max(self._frames_held_until, time.perf_counter() + seconds)
+
+    def release_frames(self) -> None:
+        """End :meth:`hold_frames`: a frame asked for meanwhile is drawn at the next turn."""
+        self._frames_held_until = 0.0
+        if self._render_pending and self._hold_timer.isActive():
+            self._hold_timer.stop()
+            QTimer.singleShot(0, self._render_now)
+
     def _render_now(self) -> None:
         """Draw one frame: the widget's repaint renders the scene (``plotter.render()`` would
         render it twice, once more in the repaint that shows it). :attr:`renders` records
         every frame's (start, end)."""
+        if not self._render_pending:
+            return  # drawn already (a frame held, then released)
+        wait = self._frames_held_until - time.perf_counter()
+        if wait > 0:
+            self._hold_timer.start(int(wait * 1000) + 1)
+            return
+        if self._roi_after_hold:  # (before the flag below: its own request is this frame)
+            self._update_roi_surfaces()
         self._render_pending = False
         if self.plotter.ren_win is None:  # closed meanwhile
             return
         if self._planes_stale:
             self._update_planes()
+        elif self._roi_edits:
+            self._patch_planes()
         planes_shown = any(actor.GetVisibility() for _grid, actor in self._planes.values())
         if not self._camera_set and (planes_shown or self._fibers or self._glyphs):  # something to frame
             self.reset_camera()
@@ -205,8 +236,30 @@ class View3D(FiberView, QWidget):
         self.request_render()
 
     # ---------------------------------------------------------------- planes
+    def _patch_planes(self) -> None:
+        """The ROI edits since the last frame on the planes: each plane's pixels an edit changed
+        are composited again (:func:`widgets.render.patch_stroke`), in place in its colours; an
+        edit that cannot say where it changed composites every plane again."""
+        edits, self._roi_edits = self._roi_edits, []
+        factor = display_oversample(self.document)
+        if self.document.reference_affine is None or len(self._planes) < 3:
+            return self._update_planes()
+        for view, (grid, _actor) in self._planes.items():
+            geometry = plane_geometry(self.document, view)
+            height, width = (n * factor for n in geometry.voxels.shape[:2])
+            colours = grid.GetPointData().GetArray("rgb")
+            if tuple(grid.dimensions) != (width, height, 1) or colours is None:
+                return self._update_planes()
+            image = np.asarray(grid.point_data["rgb"]).reshape(height, width, 3)  # VTK's own memory
+            patched = [patch_stroke(self.document, geometry, image, layer, voxels) for layer, voxels in edits]
+            if None in patched:
+                return self._update_planes()
+            if any(patched):
+                colours.Modified()  # the mapper sends the plane's colours again
+
     def _update_planes(self) -> None:
         self._planes_stale = False
+        self._roi_edits = []
         doc = self.document
         if doc.reference_affine is None:
             return
@@ -253,7 +306,12 @@ class View3D(FiberView, QWidget):
         return tuple(id(layer) for layer in self.document.layers if layer.kind == "roi")
 
     def _update_roi_surfaces(self) -> None:
-        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its colour."""
+        """Each visible ROI as a translucent surface (marching cubes at 0.5) in its colour. While
+        frames are held (a live map on its way) this waits for the next frame: the map first."""
+        self._roi_after_hold = time.perf_counter() < self._frames_held_until
+        if self._roi_after_hold:
+            self.request_render()
+            return
         for actor in self._roi_surfaces.values():
             self.plotter.remove_actor(actor, render=False)  # one frame at the end, not one per ROI
         self._roi_surfaces.clear()
@@ -498,6 +556,7 @@ class View3D(FiberView, QWidget):
         """The rendered 3-D view as (H, W, 3) uint8 (with the first camera placement, when the
         frame that would make it is still pending)."""
         if self._render_pending:
+            self._frames_held_until = 0.0  # what is asked for is drawn, held or not
             self._render_now()
         self.plotter.render()
         return self.plotter.screenshot(return_img=True)

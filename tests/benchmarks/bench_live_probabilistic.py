@@ -20,8 +20,8 @@ added to the seed, as a brush does), the script measures:
   stroke and the first map (the window's methods wrapped by this script, :func:`instrument`: the
   stroke's events, the submit, the use case up to its first totals — prepare, track, totals to the
   host —, the worker's surface crop, the layer set and replaced, marching cubes, the 3-D planes
-  and ROI surfaces rebuilt; not the slice views' paint events nor the 3-D frame itself, which Qt
-  calls unwrapped: they show as the hop below); ``first_map_marks_ms``: [start, end] ms
+  recomposited or patched and ROI surfaces rebuilt, the slice views' paint events, and the 3-D
+  frames (``3-D frame drawn``, from the view's own record of them)); ``first_map_marks_ms``: [start, end] ms
   after the stroke of the submit, the use case's first totals and the GUI's showing of them
   (end of the use case → start of the show: the hop of the totals to the GUI thread);
   ``to_drawn_stages_ms`` the stages between the first map and the end of the first frame drawn
@@ -80,6 +80,14 @@ class Stages:
 
     def __init__(self):
         self.spans: list[tuple[str, str, float, float]] = []
+        self.frames_of = ()  # the 3-D view's (start, end) of each frame drawn: spans "3-D frame drawn"
+        self._frames_seen: set = set()
+
+    def _add_frames(self) -> None:
+        for start, end in list(self.frames_of):
+            if (start, end) not in self._frames_seen:
+                self._frames_seen.add((start, end))
+                self.spans.append(("3-D frame drawn", "gui", start, end))
 
     def wrap(self, owner, name: str, stage: str) -> None:
         import threading
@@ -112,6 +120,7 @@ class Stages:
         setattr(owner, name, timed)
 
     def summary(self, since: float, until: float) -> dict:
+        self._add_frames()
         out: dict[str, float] = {}
         for stage, thread, start, end in self.spans:
             if start >= since and end <= until:
@@ -142,6 +151,11 @@ def instrument(win, panel) -> Stages:
     stages.wrap(module, "isosurface", "marching cubes")
     stages.wrap(win.view3d, "set_layer_surface", "3-D surface actor set")
     stages.wrap(win.view3d, "_update_planes", "3-D planes recomposited")
+    if hasattr(win.view3d, "_patch_planes"):  # (a tree before it: the script compares trees)
+        stages.wrap(win.view3d, "_patch_planes", "3-D planes patched (a stroke's pixels)")
+    for view in win.views.values():  # Qt calls the instance's paintEvent: the wrapper sees each paint
+        stages.wrap(view, "paintEvent", f"slice view painted ({view.view})")
+    stages.frames_of = win.view3d.renders
     stages.wrap(win.view3d, "_update_roi_surfaces", "3-D ROI surfaces rebuilt")
     stages.wrap(win.view3d, "_update_glyphs", "3-D glyphs updated")
     stages.wrap(win.view3d, "_render_now", "3-D render request")

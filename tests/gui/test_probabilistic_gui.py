@@ -293,9 +293,11 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     win.runner.job_partial.connect(lambda job_id, shown: filled.add(id(shown.layer)))
     panel.live.setChecked(True)
     voxels = np.argwhere(seed.data.mask)
+    cursor = win.document.cursor.copy()
     win.document.paint(seed, voxels[:5], False)  # strokes: erase part of the seed…
     started = panel.live_runs
     assert started == 1 and panel.job_id is not None  # the first stroke tracks at once
+    assert win.view3d._frames_held_until > 0  # the stroke's 3-D frame waits for the first map (or a while)
     win.document.paint(seed, voxels[5:10], False)
     win.document.paint(target, np.argwhere(target.data.mask)[:3], False)  # …and of the target
     qtbot.waitUntil(lambda: panel.job_id is None and panel._live_pending is None, timeout=60000)
@@ -307,6 +309,11 @@ def test_live_mode_retracks_at_every_stroke_coarse_first_and_ends_on_the_last_ro
     assert firsts, "the coarse first pass was drawn before the refined map"
     assert panel.first_map_s is not None and panel.converged_s is not None
     assert 0 < panel.first_map_s and 0 < panel.converged_s
+    # The held frame was drawn with the map: nothing is held any more, a frame came after the last
+    # map, and the slices stayed where the strokes were drawn (a live result is not centred on).
+    assert win.view3d._frames_held_until == 0
+    qtbot.waitUntil(lambda: any(start >= panel.shown_at for start, _end in win.view3d.renders), timeout=10000)
+    np.testing.assert_array_equal(win.document.cursor, cursor)
 
     # What is shown is the whole run on the ROIs as the last stroke left them.
     from tractlens.app.pipelines.probabilistic import prepare_probabilistic_masks

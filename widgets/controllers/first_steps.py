@@ -134,7 +134,8 @@ class FirstSteps(QObject):
         }[method]
 
     def show_result(self, method: str, layer) -> None:
-        """A tracking run ended: its panel in front, its layer selected and centred, its count said."""
+        """A tracking run ended: its panel in front, its layer selected and centred, its count said.
+        A live re-track's result is not centred: the slices stay where the user is drawing."""
         window = self.window
         self.raise_panel(method)
         if layer is None or layer not in window.document.layers:
@@ -143,7 +144,9 @@ class FirstSteps(QObject):
         if result_count(layer):
             self.tracked = True
             self.update_hint()
-            self.centre_on(layer)
+            live = getattr(self.panel(method), "live", None)
+            if live is None or not live.isChecked():
+                self.centre_on(layer)
         self.result_label.setText(result_text(method, layer))
 
     def tracked_elsewhere(self) -> None:
