@@ -15,7 +15,6 @@ layer's arrays go with it.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import weakref
@@ -170,15 +169,21 @@ class Cells:
 
 
 def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tuple[int, int]]:
-    """Ranges ``[a, b)`` of consecutive streamlines of about ``max_points`` points
-    (:data:`PIECE_POINTS`) each: the pieces a tractogram is drawn in (one when it fits)."""
+    """Ranges ``[a, b)`` of consecutive streamlines of at most ``max_points`` points
+    (:data:`PIECE_POINTS`) each (a longer streamline alone): the pieces a tractogram is drawn in
+    (one when it fits). At most, so that a piece fits a GPU's limits (a texture buffer of 2^27
+    texels, for one)."""
     max_points = PIECE_POINTS if max_points is None else max_points
     n_lines, n_points = len(offsets) - 1, int(offsets[-1])
     if n_lines <= 0 or n_points <= max_points:
         return [(0, max(n_lines, 0))]
-    cuts = np.searchsorted(offsets[:-1], np.arange(0, n_points, max_points), side="left")
-    cuts = np.unique(np.concatenate([cuts, [n_lines]]))
-    return [(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
+    out, a = [], 0
+    while a < n_lines:
+        b = int(np.searchsorted(offsets, int(offsets[a]) + max_points, side="right")) - 1
+        b = min(max(b, a + 1), n_lines)
+        out.append((a, b))
+        a = b
+    return out
 
 
 @dataclass

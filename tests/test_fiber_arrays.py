@@ -158,8 +158,7 @@ def test_pieces_cover_every_streamline_once_within_their_point_budget(rng):
     bounds = fiber_arrays.piece_bounds(offsets, 2000)
     assert len(bounds) > 3 and bounds[0][0] == 0 and bounds[-1][1] == len(tract)
     assert all(b0 == a1 for (_a0, b0), (a1, _b1) in itertools.pairwise(bounds))
-    longest = int(np.diff(offsets).max())
-    assert all(offsets[b] - offsets[a] <= 2000 + longest for a, b in bounds)
+    assert all(offsets[b] - offsets[a] <= 2000 for a, b in bounds)  # at most: a GPU's limits hold
     assert fiber_arrays.piece_bounds(offsets, int(offsets[-1])) == [(0, len(tract))]
 
 

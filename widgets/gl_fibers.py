@@ -30,16 +30,38 @@ UPLOAD_CHUNK_BYTES = 64 << 20  # points and scalars go to the GPU this many byte
 LUT_SIZE = 128  # colour map entries in the geometry shader (a uniform array fits every GL 3.2)
 GLSL = "#version 150\n"
 
+# PULLED (thin lines where the points are also a texture buffer): the vertex shader colours by
+# direction from the point before (texelFetch), flat, so that each segment (i, i + 1) takes the
+# colour of its last vertex: no geometry shader. Otherwise the geometry shader does it per segment.
 VERTEX_SHADER = """
 in vec3 position;
 in float scalar;
 uniform mat4 mvp;
+#ifdef PULLED
+uniform samplerBuffer positions;
+uniform mat3 to_world;
+uniform int colour_mode;
+uniform vec3 lut[LUT_SIZE];
+uniform vec2 clim;
+uniform vec3 solid;
+flat out vec3 v_flat;
+out vec3 v_smooth;
+#else
 out vec3 v_model;
 out float v_scalar;
+#endif
 void main() {
+  gl_Position = mvp * vec4(position, 1.0);
+#ifdef PULLED
+  vec3 d = to_world * (position - texelFetch(positions, max(gl_VertexID - 1, 0)).xyz);
+  float len = length(d);
+  v_flat = len > 0.0 ? abs(d) / len : vec3(0.0);
+  float t = clamp((scalar - clim.x) / max(clim.y - clim.x, 1e-30), 0.0, 1.0);
+  v_smooth = colour_mode == 1 ? lut[int(t * float(LUT_SIZE - 1) + 0.5)] : solid;
+#else
   v_model = position;
   v_scalar = scalar;
-  gl_Position = mvp * vec4(position, 1.0);
+#endif
 }
 """
 
@@ -94,17 +116,28 @@ void main() {
 """
 
 FRAGMENT_SHADER = """
+#ifdef PULLED
+flat in vec3 v_flat;
+in vec3 v_smooth;
+uniform int colour_mode;
+#else
 in vec3 g_colour;
 in float g_across;
+#endif
 uniform float opacity;
 out vec4 frag_colour;
 void main() {
+#ifdef PULLED
+  frag_colour = vec4(colour_mode == 0 ? v_flat : v_smooth, opacity);
+#else
   float shade = sqrt(max(0.0, 1.0 - g_across * g_across));  // a tube's profile across the ribbon
   frag_colour = vec4(g_colour * (0.35 + 0.65 * shade), opacity);
+#endif
 }
 """
 
 RESTART_INDEX = 0xFFFFFFFF
+FORCE_GEOMETRY_SHADER = False  # thin lines through the geometry shader even where not needed (tests)
 
 
 class GLUnavailable(RuntimeError):
@@ -148,21 +181,28 @@ def _compile(GL, sources: dict[int, str], defines: str) -> int:
 
 
 class _Program:
-    """The compiled shaders (thin lines and ribbons) and their uniform locations."""
+    """The compiled shaders and their uniform locations: ``"lines"`` and ``"ribbons"`` (with a
+    geometry shader), and ``"pulled"`` (thin lines without one) where points can also be read as
+    a texture buffer of RGB32F texels (GL 4.0) of up to :attr:`max_texels` each."""
 
-    NAMES = ("mvp", "to_world", "colour_mode", "lut", "clim", "solid", "viewport", "width_px", "opacity")
+    NAMES = ("mvp", "to_world", "colour_mode", "lut", "clim", "solid", "viewport", "width_px", "opacity", "positions")
 
     def __init__(self, GL):
         sources = {GL.GL_VERTEX_SHADER: VERTEX_SHADER, GL.GL_GEOMETRY_SHADER: GEOMETRY_SHADER,
                    GL.GL_FRAGMENT_SHADER: FRAGMENT_SHADER}  # fmt: skip
         defines = f"#define LUT_SIZE {LUT_SIZE}\n"
         self.programs = {
-            False: _compile(GL, sources, defines),
-            True: _compile(GL, sources, defines + "#define RIBBON\n"),
+            "lines": _compile(GL, sources, defines),
+            "ribbons": _compile(GL, sources, defines + "#define RIBBON\n"),
         }
+        version = (GL.glGetIntegerv(GL.GL_MAJOR_VERSION), GL.glGetIntegerv(GL.GL_MINOR_VERSION))
+        self.max_texels = int(GL.glGetIntegerv(GL.GL_MAX_TEXTURE_BUFFER_SIZE)) if version >= (4, 0) else 0
+        if self.max_texels:
+            pulled = {k: v for k, v in sources.items() if k != GL.GL_GEOMETRY_SHADER}
+            self.programs["pulled"] = _compile(GL, pulled, defines + "#define PULLED\n")
         self.uniforms = {
-            ribbon: {name: GL.glGetUniformLocation(program, name) for name in self.NAMES}
-            for ribbon, program in self.programs.items()
+            kind: {name: GL.glGetUniformLocation(program, name) for name in self.NAMES}
+            for kind, program in self.programs.items()
         }
 
 
@@ -177,6 +217,7 @@ class _PieceBuffers:
         self.scalar = None
         self.elements = None
         self.n_elements = 0
+        self.texture = None  # the points as a texture buffer (the "pulled" program's)
         GL.glBindVertexArray(self.vao)
         upload(GL, self.position, points)
         GL.glBindBuffer(GL.GL_ARRAY_BUFFER, self.position)  # what the attribute reads
@@ -219,7 +260,18 @@ class _PieceBuffers:
         GL.glBindBuffer(GL.GL_ELEMENT_ARRAY_BUFFER, 0)
         self.n_elements = len(indices)
 
+    def points_texture(self, GL) -> int:
+        """The points as a texture buffer of RGB32F texels (made once, no copy: the same buffer)."""
+        if self.texture is None:
+            self.texture = GL.glGenTextures(1)
+            GL.glBindTexture(GL.GL_TEXTURE_BUFFER, self.texture)
+            GL.glTexBuffer(GL.GL_TEXTURE_BUFFER, GL.GL_RGB32F, self.position)
+            GL.glBindTexture(GL.GL_TEXTURE_BUFFER, 0)
+        return self.texture
+
     def release(self, GL) -> None:
+        if self.texture is not None:
+            GL.glDeleteTextures(1, [self.texture])
         GL.glDeleteVertexArrays(1, [self.vao])
         GL.glDeleteBuffers(1, [self.position])
         for buffer in (self.scalar, self.elements):
@@ -303,10 +355,14 @@ class FibreBuffers:
             return
         state = ren_win.GetState()
         ren_win.GetShaderCache().ReleaseCurrentShader()  # VTK rebinds its own program next time
-        program = self.program.programs[self.ribbon]
-        where = self.program.uniforms[self.ribbon]
-        GL.glUseProgram(program)
+        kind = self.program_kind()
+        where = self.program.uniforms[kind]
+        GL.glUseProgram(self.program.programs[kind])
         self._set_uniforms(GL, where, renderer)
+        units = ren_win.GetTextureUnitManager()
+        unit = units.Allocate() if kind == "pulled" else -1  # a texture unit VTK does not use meanwhile
+        if kind == "pulled":
+            GL.glUniform1i(where["positions"], unit)
         state.vtkglEnable(GL.GL_DEPTH_TEST)
         translucent = self.opacity < 1.0
         if translucent:
@@ -316,12 +372,25 @@ class FibreBuffers:
             )
             state.vtkglDepthMask(GL.GL_FALSE)
         try:
-            self._draw_pieces(GL)
+            self._draw_pieces(GL, state, unit)
         finally:
             GL.glBindVertexArray(0)
             GL.glUseProgram(0)
+            if unit >= 0:
+                state.vtkglActiveTexture(GL.GL_TEXTURE0 + unit)
+                GL.glBindTexture(GL.GL_TEXTURE_BUFFER, 0)
+                units.Free(unit)
             if translucent:
                 state.vtkglDepthMask(GL.GL_TRUE)
+
+    def program_kind(self) -> str:
+        """Ribbons (tubes); thin lines without a geometry shader where every piece fits a texture
+        buffer; else thin lines with one."""
+        if self.ribbon:
+            return "ribbons"
+        limit = self.program.max_texels
+        pulled = "pulled" in self.program.programs and all(len(p) <= limit for p in self.piece_points)
+        return "pulled" if pulled and not FORCE_GEOMETRY_SHADER else "lines"
 
     def _set_uniforms(self, GL, where: dict, renderer) -> None:
         camera = renderer.GetActiveCamera()
@@ -340,9 +409,12 @@ class FibreBuffers:
         GL.glUniform1f(where["width_px"], 3.0)
         GL.glUniform1f(where["opacity"], self.opacity)
 
-    def _draw_pieces(self, GL) -> None:
+    def _draw_pieces(self, GL, state, unit: int) -> None:
         for k, buffers in enumerate(self.buffers):
             GL.glBindVertexArray(buffers.vao)
+            if unit >= 0:
+                state.vtkglActiveTexture(GL.GL_TEXTURE0 + unit)
+                GL.glBindTexture(GL.GL_TEXTURE_BUFFER, buffers.points_texture(GL))
             if self.decimated is not None:
                 if buffers.n_elements:
                     GL.glEnable(GL.GL_PRIMITIVE_RESTART)
