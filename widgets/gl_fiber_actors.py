@@ -145,17 +145,18 @@ class GLFiberActors:
     def _scalar_chunks(self, values: np.ndarray, kind: str):
         offsets, bounds = self.arrays.offsets, self.arrays.bounds
         lengths = np.diff(offsets)
-        step = 1 << 20  # streamlines per chunk
+        points_per_chunk = 1 << 22  # 16 MB of float32 written at a time: no copy of a whole scalar
+        streamlines_per_chunk = max(1, points_per_chunk * len(lengths) // max(int(offsets[-1]), 1))
 
         def chunks(k: int):
             a, b = bounds[k]
             if kind == "point":
                 lo, hi = int(offsets[a]), int(offsets[b])
-                for start in range(lo, hi, step * 64):
-                    yield values[start : min(hi, start + step * 64)]
-            else:
-                for start in range(a, b, step):
-                    stop = min(b, start + step)
+                for start in range(lo, hi, points_per_chunk):
+                    yield values[start : min(hi, start + points_per_chunk)]
+            else:  # a streamline's value for each of its points, a chunk of streamlines at a time
+                for start in range(a, b, streamlines_per_chunk):
+                    stop = min(b, start + streamlines_per_chunk)
                     yield np.repeat(np.asarray(values[start:stop], np.float32), lengths[start:stop])
 
         return chunks
@@ -187,7 +188,8 @@ class GLFiberActors:
 
     @property
     def filling(self) -> bool:
-        return self.gl.uploaded < len(self.gl.piece_points) or self.gl.allowed_pieces < len(self.gl.piece_points)
+        """Are some pieces still to be revealed (each frame uploads the pieces it may draw)?"""
+        return self.gl.allowed_pieces < len(self.gl.piece_points)
 
     def drawn_streamlines(self, which: str) -> int:
         cells = self.cells.get(which)

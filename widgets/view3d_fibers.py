@@ -61,7 +61,7 @@ def gl_layer_refusal(ren_win) -> str | None:
     except ImportError:
         return "PyOpenGL is not installed (pip install 'tractlens[gui]')"
     version = gl_version(ren_win)
-    if version < GL_MIN_VERSION:
+    if (0, 0) < version < GL_MIN_VERSION:  # unknown: tried (a shader that fails falls back to VTK)
         return f"OpenGL {version[0]}.{version[1]} is older than {GL_MIN_VERSION[0]}.{GL_MIN_VERSION[1]}"
     return None
 
