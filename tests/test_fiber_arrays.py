@@ -287,3 +287,9 @@ def test_a_shader_drawn_tractogram_gets_no_direction_colours_ahead(rng, monkeypa
     cache.shader_drawn_min_points = len(tract.points) + 1  # larger than this one: made as before
     other = Layer("u", tract, "tractogram")
     assert cache.prepare(other).given_direction is not None
+
+
+def test_a_streamline_longer_than_a_piece_is_a_piece_of_its_own():
+    offsets = np.concatenate([[0], np.cumsum([10, 10, 500, 10, 10])]).astype(np.int64)
+    bounds = fiber_arrays.piece_bounds(offsets, 25)
+    assert bounds == [(0, 2), (2, 3), (3, 5)]  # 20, 500 (alone), 20 points
