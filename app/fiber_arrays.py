@@ -15,7 +15,6 @@ layer's arrays go with it.
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import weakref
@@ -70,7 +69,10 @@ class Cells:
     streamlines: np.ndarray | None = None
     total: int = 0  # streamlines of the tractogram (what "of N" counts)
     first: int = 0  # the identity's first streamline (a piece's: see :meth:`pieces`)
+    decimated: bool = False  # every k-th point of each streamline (not whole streamlines)
     _pieces: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, cells, first points)
+    _source: np.ndarray | None = field(default=None, repr=False, compare=False)  # tractogram offsets: lazy
+    _ranges: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, (first, count) per piece)
 
     @property
     def identity(self) -> bool:
@@ -79,6 +81,8 @@ class Cells:
     @property
     def connectivity(self) -> np.ndarray | None:
         """The point indices over the whole array (None: the identity)."""
+        if self.stored is None and self.streamlines is not None and self._pieces is None:  # ranges only
+            self.stored = streamline_cells(self._source, self.streamlines).connectivity  # made when read
         if self.stored is None and self.streamlines is not None:  # built by piece: joined now
             _bounds, parts, firsts = self._pieces
             dtype = self.offsets.dtype.type
@@ -130,6 +134,33 @@ class Cells:
         self._pieces = (key, out, [int(offsets[a]) for a, _b in bounds])
         return out
 
+    def ranges(self, offsets: np.ndarray, bounds: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per piece of the point array (``bounds``, :func:`piece_bounds` of the tractogram's
+        ``offsets``): (first point from the piece's first, point count) of each streamline drawn,
+        int32 (what ``glMultiDrawArrays`` takes). Whole streamlines only (not a decimated level);
+        computed once per bounds (a worker calls it before the view)."""
+        if self.decimated:
+            raise ValueError("a decimated level is not index ranges of whole streamlines")
+        key = tuple(bounds)
+        if self._ranges is not None and self._ranges[0] == key:
+            return self._ranges[1]
+        ids = self.streamline_ids()
+        out = []
+        if isinstance(ids, slice):
+            for a, b in bounds:
+                lo, hi = max(a, ids.start), min(b, ids.stop)
+                part = np.asarray(offsets[lo : max(lo, hi) + 1], dtype=np.int64)
+                out.append(((part[:-1] - int(offsets[a])).astype(np.int32), np.diff(part).astype(np.int32)))
+        else:
+            cuts = np.searchsorted(ids, [a for a, _b in bounds] + [bounds[-1][1]])
+            for k, (a, _b) in enumerate(bounds):
+                chosen = ids[int(cuts[k]) : int(cuts[k + 1])]
+                starts = np.asarray(offsets[chosen], dtype=np.int64)
+                counts = np.asarray(offsets[chosen + 1], dtype=np.int64) - starts
+                out.append(((starts - int(offsets[a])).astype(np.int32), counts.astype(np.int32)))
+        self._ranges = (key, out)
+        return out
+
     def point_index(self) -> np.ndarray:
         """The connectivity as an array (made for the identity)."""
         if self.identity:
@@ -138,33 +169,51 @@ class Cells:
 
 
 def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tuple[int, int]]:
-    """Ranges ``[a, b)`` of consecutive streamlines of about ``max_points`` points
-    (:data:`PIECE_POINTS`) each: the pieces a tractogram is drawn in (one when it fits)."""
+    """Ranges ``[a, b)`` of consecutive streamlines of at most ``max_points`` points
+    (:data:`PIECE_POINTS`) each (a longer streamline alone): the pieces a tractogram is drawn in
+    (one when it fits). At most, so that a piece fits a GPU's limits (a texture buffer of 2^27
+    texels, for one)."""
     max_points = PIECE_POINTS if max_points is None else max_points
     n_lines, n_points = len(offsets) - 1, int(offsets[-1])
     if n_lines <= 0 or n_points <= max_points:
         return [(0, max(n_lines, 0))]
-    cuts = np.searchsorted(offsets[:-1], np.arange(0, n_points, max_points), side="left")
-    cuts = np.unique(np.concatenate([cuts, [n_lines]]))
-    return [(int(a), int(b)) for a, b in itertools.pairwise(cuts)]
+    out, a = [], 0
+    while a < n_lines:
+        b = int(np.searchsorted(offsets, int(offsets[a]) + max_points, side="right")) - 1
+        b = min(max(b, a + 1), n_lines)
+        out.append((a, b))
+        a = b
+    return out
 
 
 @dataclass
 class FiberArrays:
     """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 voxel coordinates
     (the tractogram's own array, not a copy), ``affine`` voxel -> RAS mm, ``direction`` (P, 4)
-    uint8 RGBA, and the levels of detail as :class:`Cells`."""
+    uint8 RGBA (made when first read, unless given: a view that colours by direction in a shader
+    never reads it), and the levels of detail as :class:`Cells`; ``ranges_only``: levels of whole
+    streamlines are index ranges (:meth:`Cells.ranges`), without connectivity."""
 
     points: np.ndarray
     affine: np.ndarray
     offsets: np.ndarray
-    direction: np.ndarray
+    given_direction: np.ndarray | None = None
     levels: dict[str, Cells] = field(default_factory=dict)
     bounds: list[tuple[int, int]] = field(default_factory=list)  # the pieces drawn (:func:`piece_bounds`)
+    ranges_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.bounds:
             self.bounds = piece_bounds(self.offsets)
+        self._direction_lock = threading.Lock()
+
+    @property
+    def direction(self) -> np.ndarray:
+        with self._direction_lock:
+            if self.given_direction is None:
+                rotation = np.asarray(self.affine, dtype=np.float64)[:3, :3]
+                self.given_direction = direction_colours(self.points, self.offsets, rotation, rgba=True)
+        return self.given_direction
 
     @property
     def point_data(self) -> dict[str, np.ndarray]:
@@ -177,12 +226,14 @@ def streamline_cells(
     max_points: int | None = None,
     decimate: bool = False,
     bounds: list[tuple[int, int]] | None = None,
+    ranges_only: bool = False,
 ) -> Cells:
     """Cells of the streamlines ``ids`` (None: all), or of a reproducible random subset of them
     with about ``max_points`` points when they have more: whole streamlines, or with
     ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept).
     With ``bounds`` (the pieces the tractogram is drawn in, :func:`piece_bounds`) the cells are
-    built piece by piece (see :meth:`Cells.pieces`)."""
+    built piece by piece (see :meth:`Cells.pieces`). With ``ranges_only`` whole streamlines get
+    no connectivity (a view that draws :meth:`Cells.ranges` needs none; it is made if read)."""
     offsets = np.asarray(offsets)
     total = len(offsets) - 1
     lengths_all = np.diff(offsets)
@@ -201,6 +252,10 @@ def streamline_cells(
         chosen = chosen[pick]
     elif ids is None:  # everything: the identity over the points (not stored), offsets as they are
         return Cells(offsets.astype(index_dtype(n_points)), None, None, total)
+    if ranges_only and step == 1:
+        new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
+        np.cumsum(lengths_all[chosen], out=new_offsets[1:])
+        return Cells(new_offsets.astype(index_dtype(int(offsets[-1]))), None, chosen, total, _source=offsets)
     starts, lengths = offsets[:-1][chosen], lengths_all[chosen]
     regular = (lengths + step - 1) // step
     needs_last = ((lengths - 1) % step != 0) & (lengths > 0)
@@ -214,7 +269,7 @@ def streamline_cells(
         if needs_last.any():  # the decimated streamline's last point, where the step skipped it
             last_slot = new_offsets[1:][needs_last] - 1
             connectivity[last_slot] = (starts + lengths - 1)[needs_last]
-        return Cells(new_offsets.astype(dtype), connectivity, chosen, total)
+        return Cells(new_offsets.astype(dtype), connectivity, chosen, total, decimated=step > 1)
     # Drawn in pieces: each piece's indices from its first point, written once (not a whole
     # connectivity first and a shifted copy per piece).
     cuts = np.searchsorted(chosen, [a for a, _b in bounds] + [bounds[-1][1]])
@@ -226,8 +281,8 @@ def streamline_cells(
         last = needs_last[ka:kb]
         if last.any():
             connectivity[local[1:][last] - local[0] - 1] = (starts[ka:kb] + lengths[ka:kb] - 1 - first)[last]
-        parts.append(Cells((local - local[0]).astype(dtype), connectivity, chosen[ka:kb], total))
-    cells = Cells(new_offsets.astype(dtype), None, chosen, total)
+        parts.append(Cells((local - local[0]).astype(dtype), connectivity, chosen[ka:kb], total, decimated=step > 1))
+    cells = Cells(new_offsets.astype(dtype), None, chosen, total, decimated=step > 1)
     cells._pieces = (tuple(bounds), parts, [int(offsets[a]) for a, _b in bounds])
     return cells
 
@@ -282,14 +337,21 @@ def subset(
 
 
 def level_cells(
-    offsets: np.ndarray, level: str, selected: np.ndarray | None = None, bounds: list[tuple[int, int]] | None = None
+    offsets: np.ndarray,
+    level: str,
+    selected: np.ndarray | None = None,
+    bounds: list[tuple[int, int]] | None = None,
+    ranges_only: bool = False,
 ) -> Cells:
     """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
-    (bool per streamline) when there is a selection; by piece with ``bounds``."""
+    (bool per streamline) when there is a selection; by piece with ``bounds``; with
+    ``ranges_only``, as index ranges per piece (:meth:`Cells.ranges`) where whole streamlines."""
     budget, decimate = LEVELS[level]
     ids = None if selected is None else np.flatnonzero(selected)
-    cells = streamline_cells(offsets, ids, budget, decimate, bounds)
-    if bounds is not None:
+    cells = streamline_cells(offsets, ids, budget, decimate, bounds, ranges_only)
+    if bounds is not None and ranges_only and not cells.decimated:
+        cells.ranges(offsets, bounds)
+    elif bounds is not None:
         cells.pieces(offsets, bounds)  # the identity's (the others' are made already)
     return cells
 
@@ -343,17 +405,19 @@ def direction_colours(
     return out
 
 
-def fiber_arrays(layer: Layer, skip=()) -> FiberArrays:
+def fiber_arrays(layer: Layer, skip=(), shader_drawn: bool = False) -> FiberArrays:
     """The display arrays of a tractogram layer: its points as they are, direction colours
-    (world directions) and the levels of detail (but those in ``skip``: made when asked for)."""
+    (world directions) and the levels of detail (but those in ``skip``: made when asked for).
+    ``shader_drawn``: the 3-D view draws it from its own buffers and colours it by direction in
+    a shader: no direction colours are made ahead, and levels are index ranges."""
     tract = layer.data
     points = np.asarray(tract.points)
-    rotation = np.asarray(tract.affine, dtype=np.float64)[:3, :3]
-    direction = direction_colours(points, tract.offsets, rotation, rgba=True)
-    arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, direction)
+    arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, ranges_only=shader_drawn)
+    if not shader_drawn:
+        arrays.direction  # noqa: B018 - made now, on the caller's (worker) thread
     for name in LEVELS:
         if name not in skip:
-            arrays.levels[name] = level_cells(tract.offsets, name, bounds=arrays.bounds)
+            arrays.levels[name] = level_cells(tract.offsets, name, bounds=arrays.bounds, ranges_only=shader_drawn)
     return arrays
 
 
@@ -379,8 +443,12 @@ def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     when given (a level of detail: nothing is computed for the points it leaves out)."""
     tract = layer.data
     if layer.color_by == "direction":
-        colours = direction_colours(tract.points, tract.offsets, np.asarray(tract.affine)[:3, :3])
-        return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+        rotation = np.asarray(tract.affine)[:3, :3]
+        if cells is None or cells.connectivity is None:
+            return direction_colours(tract.points, tract.offsets, rotation)
+        if not cells.decimated:  # whole streamlines: their own points' tangents, none made for the rest
+            return direction_colours(tract.points[cells.connectivity], cells.offsets - cells.offsets[0], rotation)
+        return direction_colours(tract.points, tract.offsets, rotation)[cells.connectivity]
     if layer.color_by == SOLID:  # one colour (a named bundle's): the layer's ``color``
         rgb = [int(layer.color[i : i + 2], 16) for i in (1, 3, 5)] if layer.color else [255, 255, 255]
         count = len(tract.points) if cells is None else cells.n_points
@@ -415,6 +483,13 @@ class FiberArrayCache:
         #: Levels never drawn of a selection (the other OpenGL's): not prepared by
         #: :meth:`prepare_selection`; made when asked for all the same.
         self.skip_selection_levels: frozenset[str] = frozenset()
+        #: Tractograms of at least this many points are drawn by the 3-D view from its own buffers
+        #: (None: none): :func:`fiber_arrays` with ``shader_drawn``.
+        self.shader_drawn_min_points: int | None = None
+
+    def shader_drawn(self, layer: Layer) -> bool:
+        least = self.shader_drawn_min_points
+        return least is not None and len(layer.data.points) >= least
 
     def prepare(self, layer: Layer) -> FiberArrays:
         """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
@@ -422,7 +497,7 @@ class FiberArrayCache:
             cached = self._arrays.get(layer)
         if cached is not None:
             return cached
-        arrays = fiber_arrays(layer, self.skip_levels)
+        arrays = fiber_arrays(layer, self.skip_levels, self.shader_drawn(layer))
         with self._lock:
             self._arrays[layer] = arrays
         return arrays
@@ -434,7 +509,7 @@ class FiberArrayCache:
         arrays = self.prepare(layer)
         if selected is None:
             if level not in arrays.levels:  # skipped when prepared
-                cells = level_cells(arrays.offsets, level, bounds=arrays.bounds)
+                cells = level_cells(arrays.offsets, level, bounds=arrays.bounds, ranges_only=self.shader_drawn(layer))
                 with self._lock:
                     arrays.levels.setdefault(level, cells)
             return arrays.levels[level]
@@ -451,7 +526,7 @@ class FiberArrayCache:
             if whole is not None and (budget is None or whole.n_points <= budget):
                 per_level[level] = whole  # within the level's budget: the same cells, not made twice
             else:
-                per_level[level] = level_cells(arrays.offsets, level, selected, arrays.bounds)  # by piece, as drawn
+                per_level[level] = level_cells(arrays.offsets, level, selected, arrays.bounds, self.shader_drawn(layer))
         return per_level[level]
 
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
@@ -473,7 +548,10 @@ class FiberArrayCache:
         """:func:`fiber_point_colours` (RGB) of all points or of ``cells``', computed once per
         layer, colouring and cells (views share it)."""
         if layer.color_by == "direction":
-            colours = self.prepare(layer).direction[:, :3]  # the prepared arrays already hold them
+            arrays = self.prepare(layer)
+            if arrays.given_direction is None and cells is not None and cells.connectivity is not None:
+                return fiber_point_colours(layer, cells)  # of the cells' points only: none made for all
+            colours = arrays.direction[:, :3]  # the prepared arrays hold them (or make them now)
             return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
         key = (layer.color_by, layer.colormap, layer.clim, layer.color, id(cells))
         with self._lock:

@@ -158,8 +158,7 @@ def test_pieces_cover_every_streamline_once_within_their_point_budget(rng):
     bounds = fiber_arrays.piece_bounds(offsets, 2000)
     assert len(bounds) > 3 and bounds[0][0] == 0 and bounds[-1][1] == len(tract)
     assert all(b0 == a1 for (_a0, b0), (a1, _b1) in itertools.pairwise(bounds))
-    longest = int(np.diff(offsets).max())
-    assert all(offsets[b] - offsets[a] <= 2000 + longest for a, b in bounds)
+    assert all(offsets[b] - offsets[a] <= 2000 for a, b in bounds)  # at most: a GPU's limits hold
     assert fiber_arrays.piece_bounds(offsets, int(offsets[-1])) == [(0, len(tract))]
 
 
@@ -230,3 +229,67 @@ def test_a_selection_within_a_levels_budget_shares_the_whole_selections_cells(rn
     capped = cache.cells(layer, "software", selected)
     assert capped is not whole and capped.n_points <= n_points - 1
     assert cache.cells(layer, "moving_software", selected) is whole  # within 60,000 points: nothing decimated
+
+
+@pytest.mark.parametrize("level", ["full", "moving", "selection"])
+def test_draw_ranges_are_each_pieces_streamlines_first_point_and_count(rng, monkeypatch, level):
+    """What the 3-D view's own OpenGL buffers draw (glMultiDrawArrays): per piece, the first point
+    (from the piece's first) and the point count of every streamline of the level, as int32;
+    the same streamlines as the level's connectivity, with no connectivity made."""
+    tract = curvy(rng, n=500)
+    offsets = tract.offsets
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (3000, False))
+    selected = rng.random(len(tract)) < 0.3 if level == "selection" else None
+    name = "full" if level == "selection" else level
+    bounds = fiber_arrays.piece_bounds(offsets, 2000)
+    plain = level_cells(offsets, name, selected)
+    cells = level_cells(offsets, name, selected, bounds, ranges_only=True)
+    assert cells.stored is None  # nothing per point made
+    ranges = cells.ranges(offsets, bounds)
+    assert cells.ranges(offsets, bounds) is ranges and len(ranges) == len(bounds)  # computed once
+    drawn = []
+    for (a, _b), (first, count) in zip(bounds, ranges, strict=True):
+        assert first.dtype == np.int32 and count.dtype == np.int32
+        drawn += [np.arange(f, f + c) + offsets[a] for f, c in zip(first, count, strict=True)]
+    np.testing.assert_array_equal(np.concatenate(drawn), plain.point_index())
+    np.testing.assert_array_equal(cells.offsets, plain.offsets)
+    np.testing.assert_array_equal(cells.connectivity if plain.connectivity is not None else None, plain.connectivity)
+
+
+def test_a_decimated_level_is_not_drawn_as_ranges(rng, monkeypatch):
+    tract = curvy(rng, n=500)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving_software", (1500, True))
+    cells = level_cells(tract.offsets, "moving_software", ranges_only=True)
+    assert cells.decimated and cells.stored is not None  # every k-th point: indices as before
+    with pytest.raises(ValueError, match="decimated"):
+        cells.ranges(tract.offsets, [(0, len(tract))])
+
+
+def test_a_shader_drawn_tractogram_gets_no_direction_colours_ahead(rng, monkeypatch):
+    """A tractogram the 3-D view colours by direction in a shader: preparing it makes no RGBA per
+    point and levels of ranges only; the slice views' direction colours are made for their
+    level's points only, equal to those of all points."""
+    tract = curvy(rng, n=2000)
+    monkeypatch.setitem(fiber_arrays.LEVELS, "software", (5000, False))
+    cache = FiberArrayCache()
+    cache.shader_drawn_min_points = 1
+    layer = Layer("t", tract, "tractogram")
+    arrays = cache.prepare(layer)
+    assert arrays.given_direction is None and arrays.ranges_only
+    selected = rng.random(len(tract)) < 0.5
+    cache.prepare_selection(layer, selected)
+    assert cache.cells(layer, "full", selected).stored is None  # ranges only: no connectivity
+    _points, colours, _offsets, _streams = cache.on_reference(layer, tract.affine)
+    assert arrays.given_direction is None  # still none for all points
+    level = cache.cells(layer, "software")
+    every = fiber_arrays.fiber_point_colours(layer)
+    np.testing.assert_array_equal(colours, every[level.connectivity])
+    cache.shader_drawn_min_points = len(tract.points) + 1  # larger than this one: made as before
+    other = Layer("u", tract, "tractogram")
+    assert cache.prepare(other).given_direction is not None
+
+
+def test_a_streamline_longer_than_a_piece_is_a_piece_of_its_own():
+    offsets = np.concatenate([[0], np.cumsum([10, 10, 500, 10, 10])]).astype(np.int64)
+    bounds = fiber_arrays.piece_bounds(offsets, 25)
+    assert bounds == [(0, 2), (2, 3), (3, 5)]  # 20, 500 (alone), 20 points

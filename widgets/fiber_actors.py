@@ -244,6 +244,10 @@ class FiberActors:
             piece.actors["moving"].SetVisibility(shown and moving and differ)
             piece.actors["actor"].SetVisibility(shown and not (moving and differ))
 
+    def moving_drawn(self) -> bool:
+        """Are the moving actors drawn now (the camera moves and they draw another level)?"""
+        return bool(self.moving.GetVisibility())
+
     def reveal(self, count: int) -> None:
         """Draw the first ``count`` pieces only: a frame uploads the buffers of the pieces it
         draws for the first time, so a whole-brain tractogram comes in piece by piece."""

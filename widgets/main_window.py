@@ -208,6 +208,7 @@ class MainWindow(QMainWindow):
             view.shape_created.connect(self.roi_toolbar.shape_created)
             view.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
         self.view3d.plane_clicked.connect(self.roi_toolbar.place_shape_3d)
+        self.view3d.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
         self.statusBar().addPermanentWidget(self.busy)
 
         self.first_steps = FirstSteps(self)  # the hint, the demo's first screen, Track's feedback

@@ -54,6 +54,7 @@ PLANE_MODES = {"opaque": 1.0, "translucent": 0.35, "hidden": 0.0}
 
 class View3D(FiberView, QWidget):
     plane_clicked = Signal(object)  # reference voxel (3,) of a cursor plane clicked with pick_planes on
+    notice = Signal(str)  # something the user should read (how the fibres are drawn, and why)
 
     def __init__(self, document: Document, parent: QWidget | None = None):
         super().__init__(parent)

@@ -9,10 +9,18 @@ OpenGL a full frame that takes longer than :data:`FULL_FRAME_BUDGET_S` makes it 
 level at rest instead. While the camera moves it draws a subset (every streamline when a full
 frame takes at most :data:`MOVING_FRAME_BUDGET_S`). Whenever fewer than all are drawn, a line in
 the top right corner says so ("showing 400 k of 10 M streamlines while moving").
+
+Tractograms of at least :data:`GL_LAYER_MIN_POINTS` points are drawn from the view's own OpenGL
+buffers (:mod:`widgets.gl_fiber_actors`: no index buffer or colour array built on the GUI thread,
+selections and colours changed without rebuilding) where this OpenGL can (GL 3.2 core and
+PyOpenGL); otherwise, or when the shaders fail, by VTK as before, and the status bar says why.
+``TRACTLENS_FIBRES_GL=0`` in the environment keeps every tractogram on VTK.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
 
 import numpy as np
@@ -24,11 +32,38 @@ from tractlens.app.layers import SOLID
 from tractlens.app.model import Layer
 
 from .fiber_actors import FiberActors, draws_nothing, lookup_table
+from .gl_fiber_actors import GLFiberActors
 from .view3d_overlays import colour_bar_title, show_one_colour_bar
 
 FULL_FRAME_BUDGET_S = 1.0  # a full frame at rest may take this long, else the view draws fewer
 MOVING_FRAME_BUDGET_S = 1 / 30  # a full frame this fast is drawn while the camera moves too
 LOD_TEXT_PT = 13
+#: Tractograms of at least this many points are drawn from the view's own buffers (where OpenGL
+#: allows): below it VTK's own preparation of the polylines takes well under a second.
+GL_LAYER_MIN_POINTS = 2_000_000
+GL_MIN_VERSION = (3, 2)  # geometry shaders, core profile
+
+
+def gl_version(ren_win) -> tuple[int, int]:
+    """The OpenGL version of the view's context ((0, 0) when unknown)."""
+    info = ren_win.ReportCapabilities() or ""
+    line = next((line for line in info.splitlines() if "version string" in line), "")
+    found = re.search(r"(\d+)\.(\d+)", line.split(":", 1)[-1])
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def gl_layer_refusal(ren_win) -> str | None:
+    """Why tractograms cannot be drawn from the view's own buffers here (None: they can)."""
+    if os.environ.get("TRACTLENS_FIBRES_GL", "1") == "0":
+        return "TRACTLENS_FIBRES_GL=0"
+    try:
+        import OpenGL  # noqa: F401 - the gui extra's PyOpenGL
+    except ImportError:
+        return "PyOpenGL is not installed (pip install 'tractlens[gui]')"
+    version = gl_version(ren_win)
+    if (0, 0) < version < GL_MIN_VERSION:  # unknown: tried (a shader that fails falls back to VTK)
+        return f"OpenGL {version[0]}.{version[1]} is older than {GL_MIN_VERSION[0]}.{GL_MIN_VERSION[1]}"
+    return None
 
 
 def gl_renderer(ren_win) -> str:
@@ -74,6 +109,8 @@ class FiberView:
             self.gl_renderer = gl_renderer(self.plotter.ren_win)
             self._software_rendering = any(name in self.gl_renderer for name in ("llvmpipe", "softpipe", "swrast"))
             cache = self.document.fiber_arrays
+            self.gl_layer_refused = gl_layer_refusal(self.plotter.ren_win)
+            cache.shader_drawn_min_points = None if self.gl_layer_refused else GL_LAYER_MIN_POINTS
             if self._software_rendering:  # the hardware moving level is never drawn here: not prepared ahead
                 cache.skip_levels = frozenset({"moving"})
                 cache.skip_selection_levels = frozenset({"full", "moving"})
@@ -115,7 +152,7 @@ class FiberView:
             layer, scene = entry["layer"], entry["scene"]
             if not layer.visible or draws_nothing(layer):
                 continue
-            moving = self._moving and scene.moving.GetVisibility()
+            moving = self._moving and scene.moving_drawn()
             drawn += scene.drawn_streamlines("moving" if moving else "actor")
             total += entry.get("shown_total", 0)
             filling = filling or scene.filling
@@ -145,8 +182,7 @@ class FiberView:
             if key not in present:
                 entry = self._fibers.pop(key)
                 self._drop_bar(entry)
-                for actor in entry["scene"].all_actors():
-                    self.plotter.remove_actor(actor, render=False)
+                self._remove_scene(entry["scene"])
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = entry = self._build_fibers(layer)
@@ -174,9 +210,49 @@ class FiberView:
             self._update_lod_text()
             self.request_render()
 
+    def _remove_scene(self, scene) -> None:
+        for actor in scene.all_actors():
+            self.plotter.remove_actor(actor, render=False)
+        if isinstance(scene, GLFiberActors):
+            scene.release()
+
+    def _new_scene(self, layer: Layer, arrays):
+        """The layer's 3-D presence: from the view's own buffers where the cache prepared it so."""
+        self._software()  # decides whether the view's own buffers may be used
+        if self.document.fiber_arrays.shader_drawn(layer):
+            scene = GLFiberActors(arrays, layer.data.dimensions, on_failure=self._gl_layer_failed)
+            scene.renderer = self.plotter.renderer
+            return scene
+        if len(layer.data.points) >= GL_LAYER_MIN_POINTS and getattr(self, "gl_layer_refused", None):
+            self._say(f"Fibres drawn by VTK (slower at this size): {self.gl_layer_refused}")
+        return FiberActors(arrays)
+
+    def _say(self, text: str) -> None:
+        notice = getattr(self, "notice", None)
+        if notice is not None:
+            notice.emit(text)
+
+    def _gl_layer_failed(self, scene, reason: str) -> None:
+        """OpenGL could not draw a tractogram from the view's own buffers (called inside a
+        frame): from now on VTK draws every tractogram, rebuilt after this frame, and the
+        status bar says why."""
+        self.gl_layer_refused = reason
+        self.document.fiber_arrays.shader_drawn_min_points = None
+        QTimer.singleShot(0, lambda: self._rebuild_on_vtk(scene, reason))
+
+    def _rebuild_on_vtk(self, scene, reason: str) -> None:
+        for key, entry in list(self._fibers.items()):
+            if entry["scene"] is scene:
+                self._drop_bar(entry)
+                self._remove_scene(scene)
+                del self._fibers[key]
+        self._say(f"Fibres drawn by VTK (slower at this size): {reason}")
+        self._sync_fibers()
+        self.request_render()
+
     def _build_fibers(self, layer: Layer) -> dict:
         arrays = self.document.fiber_arrays.prepare(layer)  # normally done already by the loading job
-        scene = FiberActors(arrays)
+        scene = self._new_scene(layer, arrays)
         entry = {"layer": layer, "scene": scene, "actor": scene.actor, "colour": None, "bar_title": None}
         self._place_cells(entry)
         name = f"fibers_{id(layer)}"
@@ -195,6 +271,8 @@ class FiberView:
         arrays = self.document.fiber_arrays.prepare(new)
         if len(arrays.bounds) != len(entry["scene"].pieces) or entry["scene"].filling:
             return  # grown into another number of pieces: new actors (the view's sync builds them)
+        if self.document.fiber_arrays.shader_drawn(new) != isinstance(entry["scene"], GLFiberActors):
+            return  # grown past the size drawn from the view's own buffers (or back): new actors
         del self._fibers[id(old)]
         entry["layer"] = new
         entry["scene"].set_arrays(arrays)

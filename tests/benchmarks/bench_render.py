@@ -1,7 +1,7 @@
 """Benchmark: the window at whole-brain scale (issue 41): open, rotate, rest, select, glyphs.
 
     python tests/benchmarks/bench_render.py [--counts 1000000 10000000] [--points 100]
-        [--cache DIR] [--size 1600x1000] [--frames 20] [--device auto] [--out FILE]
+        [--cache DIR] [--size 1600x1000] [--frames 20] [--device auto] [--fibres own|vtk] [--out FILE]
 
 For each N a synthetic whole-brain ``.trx`` (N streamlines of ``--points`` points, smooth curves
 in a 1.25 mm brain-sized grid, float32 positions and a per-streamline ``weight``) is written once
@@ -18,6 +18,10 @@ image and a tensor layer on the 1.25 mm grid:
 - ``colour_change_ms``: direction -> COMMIT-like weight -> direction, frame included (no points rebuilt);
 - ``rss_*``: resident memory (``/proc/self/status``) before opening, its peak (VmHWM) and after,
   against the file size (``rss_peak_over_file``, ``rss_added_over_file``: added by the open);
+  ``rss_peak_by_step_mb``: the peak of each step (load, first frame, all drawn, rotate/rest/colour,
+  selection, glyphs), VmHWM being reset between steps;
+- ``fibre_drawing``: ``GLFiberActors`` (the view's own OpenGL buffers, ``--fibres own``, the
+  default) or ``FiberActors`` (VTK's mapper, ``--fibres vtk``), and why not the former if not;
 - ``select_*``: an ROI edit (a 12 mm sphere moved by 3 voxels) -> the selection drawn, split into
   the selection (``app.selection.select_fibres``, GPU when there is one), the index ranges
   (``prepare_selection``) and the GUI's swap + frame; the first edit also builds the streamline
@@ -114,6 +118,17 @@ def synthetic_trx(folder: Path, n_streamlines: int, n_points: int = 100, seed: i
     return path
 
 
+def reset_peak_rss() -> bool:
+    """Start VmHWM afresh (Linux 4.0+: ``5`` into ``/proc/self/clear_refs``), so that the peak of
+    one step can be read apart; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def rss_kb(field: str = "VmRSS") -> int:
     with open("/proc/self/status") as handle:
         for line in handle:
@@ -206,7 +221,10 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     view._software()  # reads the OpenGL renderer string
     row: dict = {"file": str(path), "file_bytes": path.stat().st_size, "gl_renderer": view.gl_renderer}
     row["view_px"] = [view.width(), view.height()]
+    row["fibres_gl_env"] = os.environ.get("TRACTLENS_FIBRES_GL", "1")
     rss_before = rss_kb()
+    peaks = {}  # the peak resident memory of each step (MB), where the kernel lets it be reset
+    resettable = reset_peak_rss()
 
     # Open: the window's own loading job, then the first frame with the fibres.
     start = time.perf_counter()
@@ -214,6 +232,8 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     assert window.wait_for_jobs(3600), "open failed"
     loaded = time.perf_counter()
     row["rss_after_load_mb"] = round(rss_kb() / 1024)  # the tractogram and its display arrays, before GL
+    peaks["load"] = round(rss_kb("VmHWM") / 1024)
+    resettable and reset_peak_rss()
     layer = next(layer for layer in doc.layers if layer.kind == "tractogram")
     assert wait(app, lambda: id(layer) in view._fibers, 600)
     view._render_now()
@@ -222,6 +242,10 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     row["open_to_first_frame_s"] = round(time.perf_counter() - start, 2)
     row["open_load_job_s"] = round(loaded - start, 2)  # read + voxel float32 + direction colours + levels
     row["open_first_frame_s"] = round(time.perf_counter() - loaded, 2)  # actors + upload + first draw
+    peaks["first_frame"] = round(rss_kb("VmHWM") / 1024)
+    scene = view._fibers[id(layer)]["scene"]
+    row["fibre_drawing"] = type(scene).__name__  # GLFiberActors: the view's own buffers; FiberActors: VTK
+    row["fibre_gl_failed"] = getattr(scene, "failed", None) or getattr(view, "gl_layer_refused", None)
     row["first_frame_lod_text"] = view.lod_text()  # a tractogram in pieces: its first piece first
     assert wait(app, lambda: not any(entry["scene"].filling for entry in view._fibers.values()), 600)
     plotter.render()
@@ -230,12 +254,16 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     row["rss_after_open_mb"] = round(rss_kb() / 1024)
     arrays = doc.fiber_arrays.prepare(layer)
     row["vertex_buffers"] = len(arrays.bounds)
-    ours = {"points": arrays.points.nbytes, "direction_rgba": arrays.direction.nbytes, "offsets": arrays.offsets.nbytes}
+    direction = arrays.given_direction  # None: not made (coloured by direction in a shader)
+    ours = {"points": arrays.points.nbytes, "direction_rgba": 0 if direction is None else direction.nbytes,
+            "offsets": arrays.offsets.nbytes}  # fmt: skip
     ours["levels"] = sum(c.offsets.nbytes + (0 if c.stored is None else c.stored.nbytes) + sum(
         p.offsets.nbytes + (0 if p.stored is None else p.stored.nbytes) for p in (c._pieces or ((), ()))[1])
         for c in arrays.levels.values())  # fmt: skip
     row["display_arrays_mb"] = {k: round(v / 2**20) for k, v in ours.items()}
     view.reset_camera()
+    peaks["all_drawn"] = round(rss_kb("VmHWM") / 1024)
+    resettable and reset_peak_rss()
 
     # Rotate with the stated level of detail, rest, rotate again (the view has timed a full frame).
     view._coarse_detail()
@@ -263,6 +291,8 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
         times.append(time.perf_counter() - start)
     row["colour_change_ms"] = [round(1e3 * t, 1) for t in times]  # the 2-D views repaint too
     row["colour_change_rebuilt_points"] = view._fibers[id(layer)]["scene"].points is not points_before
+    peaks["rotate_rest_colour"] = round(rss_kb("VmHWM") / 1024)
+    resettable and reset_peak_rss()
 
     # ROI edit -> selection drawn: select (worker), index ranges (worker), swap + frame (GUI).
     ijk = np.indices(GRID_SHAPE, dtype=np.float32)
@@ -291,6 +321,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
         del roi
     del ijk
     layer.set_selection(None)
+    settle(app)
+    peaks["selection"] = round(rss_kb("VmHWM") / 1024)
+    resettable and reset_peak_rss()
 
     # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
     layer.set(visible=False)
@@ -312,7 +345,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     row["glyph_actor"] = None if actor is None else type(actor.GetMapper()).__name__
 
     row["rss_before_open_mb"] = round(rss_before / 1024)
-    row["rss_peak_mb"] = round(rss_kb("VmHWM") / 1024)
+    peaks["glyphs"] = round(rss_kb("VmHWM") / 1024)
+    row["rss_peak_by_step_mb"] = peaks if resettable else None
+    row["rss_peak_mb"] = max(peaks.values()) if resettable else round(rss_kb("VmHWM") / 1024)
     row["rss_end_mb"] = round(rss_kb() / 1024)
     file_mb = path.stat().st_size / 2**20
     row["rss_peak_over_file"] = round(row["rss_peak_mb"] / file_mb, 2)
@@ -356,6 +391,8 @@ def main() -> None:
     parser.add_argument("--size", default="1600x1000")
     parser.add_argument("--frames", type=int, default=20)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--fibres", choices=["own", "vtk"], default="own",
+                        help="draw tractograms from the view's own OpenGL buffers (own) or with VTK's mapper (vtk)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="results file (default: render_<gl>.json in --out-dir)")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "tests" / "benchmarks" / "results")
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", "0")) or None,
@@ -373,7 +410,8 @@ def main() -> None:
                    "--device", args.device]  # fmt: skip
         left = None if args.budget_s is None else max(1.0, args.budget_s - (time.perf_counter() - began))
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=left)
+            env = {**os.environ, "TRACTLENS_FIBRES_GL": "1" if args.fibres == "own" else "0"}
+            done = subprocess.run(command, capture_output=True, text=True, timeout=left, env=env)
             stdout, stderr, code = done.stdout, done.stderr, done.returncode
         except subprocess.TimeoutExpired as expired:
             stdout, stderr, code = expired.stdout or "", expired.stderr or "", f"stopped after {left:.0f} s (budget)"
@@ -390,7 +428,8 @@ def main() -> None:
 
 def write_results(args, rows: list[dict]) -> None:
     gl = next((row["gl_renderer"] for row in rows if row.get("gl_renderer")), "unknown")
-    out = args.out or args.out_dir / f"render_{renderer_kind(gl)}.json"
+    suffix = "" if args.fibres == "own" else "_vtk"
+    out = args.out or args.out_dir / f"render_{renderer_kind(gl)}{suffix}.json"
     summary = {
         "command": "python " + " ".join([str(Path(sys.argv[0])), *sys.argv[1:]]),
         "gl_renderer": gl,

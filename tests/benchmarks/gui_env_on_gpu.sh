@@ -34,6 +34,17 @@ if [ ! -e /tmp/gg/installed ]; then
   touch /tmp/gg/installed
 fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+# PyOpenGL (the gui extra: whole-brain tractograms drawn from the 3-D view's own OpenGL buffers) is a
+# pure-Python wheel: carried as .whl/pyopengl-*.whl with the call and unpacked into /tmp/site when
+# missing. Without it the view draws tractograms with VTK (bench_render.py's rows say which).
+if ! python3 -c "import OpenGL" 2>/dev/null; then
+  wheel=$(ls .whl/[Pp]y[Oo]pen[Gg][Ll]-*.whl 2>/dev/null | head -1)
+  if [ -n "$wheel" ]; then
+    python3 -m zipfile -e "$wheel" /tmp/site && echo "unpacked $wheel" | tee -a "$log"
+  else
+    echo "no PyOpenGL wheel in .whl/: tractograms will be drawn by VTK" | tee -a "$log"
+  fi
+fi
 export TRACTLENS_TEST_CACHE=/tmp/gg/cache
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$log"

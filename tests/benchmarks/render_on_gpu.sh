@@ -12,9 +12,11 @@
 #
 #   SETUP_ONLY=1 bash tests/benchmarks/render_on_gpu.sh
 #
-# and one call for the benchmark (its own 10 minutes):
+# and one call for the benchmark (its own 10 minutes), carrying the PyOpenGL wheel (.whl/pyopengl-*.whl,
+# the gui extra: without it the window draws tractograms with VTK, as FIBRES=vtk does on purpose):
 #
 #   COUNTS="1000000 10000000" bash tests/benchmarks/render_on_gpu.sh
+#   COUNTS=1000000 FIBRES=vtk bash tests/benchmarks/render_on_gpu.sh     (VTK's mapper, for comparison)
 #
 # It writes the synthetic .trx files into /tmp/tractlens-bench (1.2 GB and 12 GB, once per
 # machine) and runs the benchmark, one process per size, within BENCH_BUDGET_S seconds (default
@@ -39,4 +41,5 @@ free -g | head -2 | tee -a "$log"
 df -h /tmp | tail -1 | tee -a "$log"
 nproc | tee -a "$log"
 python3 tests/benchmarks/bench_render.py --counts ${COUNTS:-1000000 10000000} --frames "${FRAMES:-20}" \
-  --device "${DEVICE:-auto}" --out-dir "$OUT" 2>&1 | tee "$OUT/render.log" | grep -v "^RESULT" | tail -40
+  --device "${DEVICE:-auto}" --fibres "${FIBRES:-own}" --out-dir "$OUT" 2>&1 | tee "$OUT/render.log" \
+  | grep -v "^RESULT" | tail -40

@@ -1,0 +1,230 @@
+"""Tractograms drawn from the 3-D view's own OpenGL buffers (issue 41): the points go to the GPU
+once, from the tractogram's float32 array; a selection or level changes (first, count) ranges;
+colouring is a shader change; pieces come in one by one; when the buffers cannot be used, VTK
+draws the tractogram and the status bar says why. Real window, Mesa's OpenGL under Xvfb."""
+
+import numpy as np
+import pytest
+
+from tests.benchmarks.bench_render import synthetic_trx
+from tests.conftest import ARTIFACTS
+from tractlens.app import fiber_arrays
+from tractlens.widgets import gl_fibers, view3d_fibers
+from tractlens.widgets.fiber_actors import FiberActors
+from tractlens.widgets.gl_fiber_actors import GLFiberActors
+
+
+@pytest.fixture
+def own_buffers(monkeypatch):
+    """Every tractogram drawn from the view's own buffers (not only whole-brain sized ones)."""
+    monkeypatch.setattr(view3d_fibers, "GL_LAYER_MIN_POINTS", 1)
+    monkeypatch.delenv("TRACTLENS_FIBRES_GL", raising=False)
+
+
+def open_fibres(window, qtbot, tmp_path, n=6000):
+    path = synthetic_trx(tmp_path, n, 40)
+    window.view3d._render_now()  # the first frame decides how tractograms are drawn
+    window.open_paths([path])
+    assert window.wait_for_jobs(120) and window.errors == []
+    layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
+    view = window.view3d
+    qtbot.waitUntil(lambda: id(layer) in view._fibers, timeout=10_000)
+    for other in window.document.layers:  # the fibres alone in 3-D
+        if other is not layer:
+            other.set(visible=False)
+    view.reset_camera()
+    view._full_detail()
+    return layer, view._fibers[id(layer)]["scene"]
+
+
+def gl_is_software() -> bool:
+    """Is this machine's OpenGL software (Mesa llvmpipe under Xvfb)? Read from glxinfo when it
+    is there; assumed so otherwise (CI)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("glxinfo") is None:
+        return True
+    info = subprocess.run(["glxinfo", "-B"], capture_output=True, text=True, check=False).stdout
+    return "NVIDIA" not in info
+
+
+def lit(shot) -> int:
+    return int((shot.max(axis=-1) > 40).sum())
+
+
+def read_buffer(view, buffer: int, nbytes: int, dtype) -> np.ndarray:
+    """A GPU buffer's contents, read back in the view's context."""
+    GL = gl_fibers.load_gl()
+    view.plotter.ren_win.MakeCurrent()
+    GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buffer)
+    raw = GL.glGetBufferSubData(GL.GL_ARRAY_BUFFER, 0, nbytes)
+    GL.glBindBuffer(GL.GL_ARRAY_BUFFER, 0)
+    return np.frombuffer(bytes(raw), dtype=dtype)
+
+
+def test_the_points_go_to_the_gpu_once_as_they_are_and_are_drawn(own_buffers, window, qtbot, tmp_path, monkeypatch):
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    view = window.view3d
+    assert isinstance(scene, GLFiberActors) and scene.failed is None
+    assert scene.arrays.points is layer.data.points  # (the slice views alone ask for direction colours)
+    [buffers] = scene.gl.buffers  # one piece, uploaded
+    on_gpu = read_buffer(view, buffers.position, layer.data.points.nbytes, np.float32)
+    np.testing.assert_array_equal(on_gpu.reshape(-1, 3), layer.data.points)
+    # Drawn: the streamlines in direction colours, the level-of-detail line empty (all drawn).
+    shot = view.screenshot()
+    assert lit(shot) > 2000 and view.lod_text() == ""
+    ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "fiber_gl_direction.png")
+    # Mesa's GL 4.5 reads the points as a texture buffer too: thin lines without a geometry
+    # shader; the geometry shader's picture (older GL, or pieces over the texture limit) is the same.
+    assert scene.gl.program_kind() == "pulled"
+    monkeypatch.setattr(gl_fibers, "FORCE_GEOMETRY_SHADER", True)
+    view.plotter.render()
+    assert scene.gl.program_kind() == "lines"
+    through_geometry_shader = view.screenshot()
+    assert np.abs(through_geometry_shader.astype(int) - shot.astype(int)).max(axis=-1).mean() < 0.01
+    first, count = scene.gl.ranges[0]
+    np.testing.assert_array_equal(first, layer.data.offsets[:-1])
+    np.testing.assert_array_equal(count, np.diff(layer.data.offsets))
+
+
+def test_a_selection_changes_only_the_ranges_drawn(own_buffers, window, qtbot, tmp_path):
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    view = window.view3d
+    position = scene.gl.buffers[0].position
+    everything = lit(view.screenshot())
+    selected = np.zeros(len(layer.data), dtype=bool)
+    selected[::7] = True
+    layer.set_selection(selected, by="a test")
+    qtbot.wait(50)
+    first, count = scene.gl.ranges[0]
+    ids = np.flatnonzero(selected)
+    np.testing.assert_array_equal(first, layer.data.offsets[ids])
+    np.testing.assert_array_equal(count, np.diff(layer.data.offsets)[ids])
+    assert scene.gl.buffers[0].position == position  # the same points buffer
+    assert scene.cells["actor"].stored is None  # no connectivity made for the selection
+    fewer = lit(view.screenshot())
+    window.save_screenshot(ARTIFACTS / "fiber_gl_selection.png")
+    assert 0 < fewer < everything * 0.9  # a seventh of the streamlines (dense: they overlap)
+    layer.set_selection(None)
+    qtbot.wait(50)
+    assert len(scene.gl.ranges[0][0]) == len(layer.data)
+
+
+def test_colour_modes_are_shader_changes(own_buffers, window, qtbot, tmp_path):
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    view = window.view3d
+    direction = view.screenshot()
+    layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))  # a per-streamline weight
+    qtbot.wait(50)
+    weighted = view.screenshot()
+    window.save_screenshot(ARTIFACTS / "fiber_gl_weight.png")
+    assert scene.gl.colour_mode == 1 and scene.gl.clim == (0.0, 1.0)
+    buffers = scene.gl.buffers[0]
+    scalar = read_buffer(view, buffers.scalar, 4 * buffers.n_points, np.float32)
+    weight = layer.data.streamline_scalars["weight"]
+    np.testing.assert_allclose(scalar, np.repeat(weight, np.diff(layer.data.offsets)), rtol=1e-6)
+    mapper = scene.actor.GetMapper()  # the colour bar's lookup table and range
+    np.testing.assert_allclose(mapper.GetScalarRange(), (0.0, 1.0))
+    assert any("weight" in title for title in view.plotter.scalar_bars.keys())
+    assert np.abs(weighted.astype(int) - direction.astype(int)).sum() > 0
+    # viridis: no pixel of the weighted picture is saturated red, as direction colours are.
+    red = (weighted[..., 0] > 200) & (weighted[..., 1] < 60) & (weighted[..., 2] < 60)
+    assert red.sum() < 0.01 * lit(weighted)
+    layer.set(color_by="direction")
+    qtbot.wait(50)
+    assert scene.gl.colour_mode == 0
+    np.testing.assert_array_equal(view.screenshot(), direction)  # the same frame as before
+    layer.set(tubes=True)
+    qtbot.wait(50)
+    tubes = view.screenshot()
+    window.save_screenshot(ARTIFACTS / "fiber_gl_tubes.png")
+    assert scene.gl.ribbon and lit(tubes) > lit(direction)  # ribbons cover more pixels
+
+
+def test_the_hardware_moving_level_is_ranges_of_whole_streamlines(own_buffers, window, qtbot, tmp_path, monkeypatch):
+    """With hardware OpenGL the moving level is a subset of whole streamlines: other ranges over
+    the same buffer, said on screen (budgets set so that no verdict depends on this machine)."""
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (40_000, False))
+    view = window.view3d
+    view._software()  # reads this OpenGL (own buffers allowed), then says it is hardware
+    monkeypatch.setattr(view, "_software", lambda: False)
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 0.0)
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    view._coarse_detail()
+    assert view.lod_text() == "showing 1,000 of 6,000 streamlines while moving"
+    first, count = scene.gl.ranges[0]
+    ids = scene.cells["moving"].streamlines
+    assert len(first) == 1000 and scene.gl.decimated is None
+    np.testing.assert_array_equal(first, layer.data.offsets[ids])
+    np.testing.assert_array_equal(count, np.diff(layer.data.offsets)[ids])
+    assert lit(view.screenshot()) > 1000
+    view._full_detail()
+    assert len(scene.gl.ranges[0][0]) == 6000
+
+
+@pytest.mark.skipif("not gl_is_software()", reason="software OpenGL's moving level (every k-th point)")
+def test_the_moving_level_is_drawn_and_stated(own_buffers, window, qtbot, tmp_path):
+    """With software OpenGL the moving level keeps every k-th point of some streamlines: drawn
+    from an element buffer over the same points, and said on screen."""
+    _layer, scene = open_fibres(window, qtbot, tmp_path)
+    view = window.view3d
+    assert view._software()
+    view._coarse_detail()
+    moving = fiber_arrays.INTERACTIVE_STREAMLINES
+    assert view.lod_text() == f"showing {moving:,} of 6,000 streamlines while moving"
+    shot = view.screenshot()
+    window.save_screenshot(ARTIFACTS / "fiber_gl_moving.png")
+    assert scene.gl.decimated is not None and scene.gl.buffers[0].n_elements > 0
+    assert lit(shot) > 1000
+    height, width = shot.shape[:2]
+    corner = shot[: height // 12, width // 2 :].astype(int)  # the line in the top right corner, over the fibres
+    assert ((corner[..., 0] > 150) & (corner[..., 1] > 120) & (corner[..., 2] < 120)).sum() > 30
+    view._full_detail()
+    assert view.lod_text() == "" and scene.gl.decimated is None
+
+
+def test_pieces_come_in_one_by_one_and_make_the_same_picture(own_buffers, window, qtbot, tmp_path, monkeypatch):
+    view = window.view3d
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    whole = view.screenshot()
+    window.document.remove_layer(layer)
+    qtbot.wait(50)
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 50_000)
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    assert isinstance(scene, GLFiberActors) and len(scene.pieces) == 5
+    qtbot.waitUntil(lambda: not scene.filling, timeout=10_000)
+    view._full_detail()
+    assert len(scene.gl.buffers) == 5 and view.lod_text() == ""
+    for piece, buffers in zip(scene.pieces, scene.gl.buffers, strict=True):
+        assert np.shares_memory(piece, layer.data.points) and buffers.n_points == len(piece)
+    assert sum(len(first) for first, _count in scene.gl.ranges) == len(layer.data)
+    pieces = view.screenshot()
+    window.save_screenshot(ARTIFACTS / "fiber_gl_pieces.png")
+    assert np.abs(whole.astype(int) - pieces.astype(int)).max(axis=-1).mean() < 0.01
+
+
+def test_when_the_shaders_fail_vtk_draws_and_the_status_bar_says_why(own_buffers, window, qtbot, tmp_path, monkeypatch):
+    def refuse(*_args):
+        raise gl_fibers.GLUnavailable("a fibre shader does not compile here: (a test)")
+
+    monkeypatch.setattr(gl_fibers, "_compile", refuse)
+    layer, _scene = open_fibres(window, qtbot, tmp_path)
+    view = window.view3d
+    qtbot.waitUntil(lambda: isinstance(view._fibers[id(layer)]["scene"], FiberActors), timeout=10_000)
+    message = window.statusBar().currentMessage()
+    assert message.startswith("Fibres drawn by VTK") and "(a test)" in message
+    view.reset_camera()
+    view._full_detail()
+    assert lit(view.screenshot()) > 2000  # drawn all the same
+    window.save_screenshot(ARTIFACTS / "fiber_gl_fallback.png")
+
+
+def test_the_environment_can_keep_tractograms_on_vtk(own_buffers, window, qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACTLENS_FIBRES_GL", "0")
+    window.view3d._software_rendering = None  # read again at the next frame (the window's first was before)
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    assert isinstance(scene, FiberActors)
+    assert "TRACTLENS_FIBRES_GL=0" in window.statusBar().currentMessage()
+    assert layer.data.points is scene.arrays.points
