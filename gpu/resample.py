@@ -31,12 +31,12 @@ from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 #: each temporary mapped and faulted in afresh: 1.8 s of system time for an atlas through a SyN warp,
 #: 0.4 s with one plane (40 K voxels, 0.3 MB) a slab.
 CPU_SLAB_VOXELS = 1 << 15
-#: Output voxels per thread from which the compiled loop is worth starting in a process that has not
-#: loaded it yet. Importing numba and loading the loop from its cache take about 0.45 s of one core;
-#: the NumPy path costs about 190 ns more per output voxel (230 against 43 ns, first call, a 1 mm atlas
-#: through a SyN warp): 0.45 s / 190 ns is 2.4 M voxels a thread. A 1 mm brain (7.2 M voxels) on 16
-#: threads is drawn by NumPy in about 0.1 s, before numba would have started; on 2, by the loop.
-COMPILED_START_VOXELS_PER_THREAD = 2_400_000
+#: Output voxels below which the CPU draws with NumPy rather than start numba (import and the loop
+#: from its cache: ~0.45 s of one core). The NumPy path costs about 190 ns more per output voxel on
+#: one thread, and its threads do not close that gap: on the GPU machine's 16 cores a 1 mm atlas
+#: through a SyN warp (7.2 M voxels) took 2.68 s with NumPy against 2.00 s with the loop
+#: (registration_h100.json). So the rule counts voxels, not voxels per thread.
+COMPILED_START_VOXELS = 2_400_000
 #: Output voxels per slab on the GPU (float64 coordinates and temporaries: ~0.5 GB).
 GPU_SLAB_VOXELS = 1 << 23
 
@@ -200,10 +200,11 @@ def resample_volume(
 
 
 def _compiled_pays(voxels: int, threads: int) -> bool:
-    """Whether the CPU draws ``voxels`` output voxels on ``threads`` with the compiled loop (numba, when
-    installed): always once it is loaded in this process, else from
-    :data:`COMPILED_START_VOXELS_PER_THREAD` (below, the NumPy path finishes before numba has started)."""
-    if f"{__package__}.resample_loops" not in sys.modules and voxels < COMPILED_START_VOXELS_PER_THREAD * threads:
+    """Whether the CPU draws ``voxels`` output voxels with the compiled loop (numba, when installed):
+    always once it is loaded in this process, else from :data:`COMPILED_START_VOXELS` (below, the
+    NumPy path finishes before numba has started). ``threads`` does not change the answer (measured)."""
+    del threads
+    if f"{__package__}.resample_loops" not in sys.modules and voxels < COMPILED_START_VOXELS:
         return False
     return numba_module() is not None
 

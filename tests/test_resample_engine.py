@@ -60,7 +60,7 @@ def cpu_engine(request, monkeypatch):
     elif engine.numba_module() is None:
         pytest.fail("numba (the cpu extra, in the test extra) is not installed")
     else:  # the test volumes are small: the loop would not be started for them (_compiled_pays)
-        monkeypatch.setattr(engine, "COMPILED_START_VOXELS_PER_THREAD", 0)
+        monkeypatch.setattr(engine, "COMPILED_START_VOXELS", 0)
     return request.param
 
 
@@ -113,7 +113,7 @@ def test_the_compiled_loop_gives_the_array_path_s_values(monkeypatch):
     import tractlens.gpu.resample as engine
 
     data, labels, out_shape, linear, field, at, step = _case(6)
-    monkeypatch.setattr(engine, "COMPILED_START_VOXELS_PER_THREAD", 0)
+    monkeypatch.setattr(engine, "COMPILED_START_VOXELS", 0)
     compiled = resample_volume(data, out_shape, linear, field, at, step, threads=2)
     compiled_l = resample_volume(labels, out_shape, linear, field, at, step, order=0, threads=2)
     monkeypatch.setattr(engine, "numba_module", lambda: None)
@@ -151,17 +151,18 @@ def test_a_field_with_nan_gives_the_fill_value_there(device, cpu_engine):
 
 def test_the_compiled_loop_is_started_only_where_it_pays(monkeypatch):
     """numba's start (import, loop from its cache: ~0.45 s) is paid for a volume of more than
-    COMPILED_START_VOXELS_PER_THREAD voxels a thread, or when the loop is already loaded."""
+    COMPILED_START_VOXELS voxels, whatever the threads, or when the loop is already loaded."""
     import tractlens.gpu.resample as engine
 
     if engine.numba_module() is None:
         pytest.fail("numba (the cpu extra, in the test extra) is not installed")
-    limit = engine.COMPILED_START_VOXELS_PER_THREAD
+    limit = engine.COMPILED_START_VOXELS
     loops = f"{engine.__package__}.resample_loops"
     monkeypatch.delitem(sys.modules, loops, raising=False)
-    assert not engine._compiled_pays(182 * 218 * 182, 16)  # a 1 mm brain on 16 threads: NumPy
-    assert engine._compiled_pays(182 * 218 * 182, 2)  # on 2: the loop
-    assert engine._compiled_pays(limit * 4, 4) and not engine._compiled_pays(limit * 4 - 1, 4)
+    assert engine._compiled_pays(182 * 218 * 182, 16)  # a 1 mm brain, on 16 threads as on 2: the loop
+    assert engine._compiled_pays(182 * 218 * 182, 2)
+    assert engine._compiled_pays(limit, 4) and not engine._compiled_pays(limit - 1, 4)
+    assert not engine._compiled_pays(limit - 1, 1)
     monkeypatch.setitem(sys.modules, loops, object())
     assert engine._compiled_pays(10, 16)  # loaded already: always
     monkeypatch.setattr(engine, "numba_module", lambda: None)
