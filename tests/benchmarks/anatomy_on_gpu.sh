@@ -23,5 +23,5 @@ python3 -m compileall -q -j 8 app gpu tractlens /tmp/site/dipy /tmp/site/nitrans
 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_resample_engine.py 2>&1 | tail -4
 python3 -m pytest -q -p no:cacheprovider tests/test_registration.py tests/test_registration_chain.py tests/test_registration_files.py \
   tests/test_atlases.py 2>&1 | tail -4
-timeout 420 python3 tests/benchmarks/bench_registration.py ${CASES:+--cases "$CASES"} 2>&1 | grep -v '^\[{' | cut -c1-300
+timeout 420 python3 tests/benchmarks/bench_registration.py ${CASES:+--cases "$CASES"} ${KEEP:+--keep "$KEEP"} ${CORES:+--cores "$CORES"} 2>&1 | grep -v '^\[{' | cut -c1-300
 cp tests/benchmarks/results/registration_*.json "$OUT"/ 2>/dev/null

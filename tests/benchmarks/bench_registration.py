@@ -267,6 +267,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the JSON file (default results/registration_<device>.json)")
     parser.add_argument("--cases", default="rigid,affine,syn", help="of rigid, affine, syn (syn includes the atlas)")
     parser.add_argument("--cores", default="all,2", help="passes: 'all' and/or a number of cores, e.g. all,2")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (cases, registrations, outputs)")
     parser.add_argument("--register-args", default="", help="more tractlens register options, e.g. '--sampling 0.1'")
     args = parser.parse_args()
     EXTRA.extend(args.register_args.split())
@@ -282,7 +283,8 @@ def main() -> None:
                "python": platform.python_version(), "targets_seconds": TARGETS, "passes": []}  # fmt: skip
     cases = args.cases.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = Path(tmp) if args.keep is None else args.keep
+        folder.mkdir(parents=True, exist_ok=True)
         made = {kind: make_linear(kind, folder, template, affine) for kind in cases if kind in ("rigid", "affine")}
         if "syn" in cases:
             made["syn"] = make_syn(folder, template, affine)
