@@ -19,7 +19,7 @@ from ..backend import Cancelled
 from ..host import compile_or_uncached, numba_module
 from .declare import Acquisition, Model, all_parameters
 from .optimize import LM_LAMBDA0, LM_LAMBDA_STOP, LM_RELATIVE_TOL
-from .special import _P_AT_NODES, NODES, WEIGHTS, stick_coefficients
+from .special import NODES, P_AT_NODES, WEIGHTS, stick_coefficients
 
 #: Voxels per call of a compiled loop (between two polls of ``cancelled()``: ~30 ms on one core)
 CHUNK = 64
@@ -48,7 +48,7 @@ class CompiledFit:
             d_par,
             np.ascontiguousarray(NODES),
             np.ascontiguousarray(WEIGHTS),
-            np.ascontiguousarray(_P_AT_NODES),
+            np.ascontiguousarray(P_AT_NODES),
         )
         loops = _loops()
         parameters = all_parameters(model)

@@ -60,7 +60,7 @@ def legendre_even(xp, t, order: int = WATSON_ORDER):
 
 
 #: Legendre polynomials at the quadrature nodes: (orders, nodes), host constants.
-_P_AT_NODES = np.stack(legendre_even(np, NODES))
+P_AT_NODES = np.stack(legendre_even(np, NODES))
 
 
 def i0e(xp, x):
@@ -105,7 +105,7 @@ def watson_coefficients(xp, kappa):
     t = xp.asarray(NODES)
     weights = xp.asarray(WEIGHTS)
     density = xp.exp(kappa * (t * t - 1.0)) * weights  # (N, nodes); the e^{−κ} cancels in the ratio
-    moments = density @ xp.asarray(_P_AT_NODES.T)  # (N, L)
+    moments = density @ xp.asarray(P_AT_NODES.T)  # (N, L)
     return moments / moments[:, :1]
 
 
@@ -120,7 +120,7 @@ def stick_coefficients(xp, x):
     """∫₀¹ e^{−x t²} P_2l(t) dt for ``x`` = b·d (any shape): (..., L), Legendre orders 0..12."""
     t = xp.asarray(NODES)
     profile = xp.exp(-x[..., None] * (t * t)) * xp.asarray(WEIGHTS)
-    return profile @ xp.asarray(_P_AT_NODES.T)
+    return profile @ xp.asarray(P_AT_NODES.T)
 
 
 def sym3_eigenvalues(xp, a11, a22, a33, a12, a13, a23):
