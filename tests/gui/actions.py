@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QContextMenuEvent
 from PySide6.QtWidgets import QApplication
 
@@ -31,3 +31,14 @@ def choose_from_layer_menu(win, qtbot, layer, text: str) -> None:
     menu = panel.menu
     action = next(action for action in menu.actions() if action.text() == text)
     qtbot.mouseClick(menu, Qt.MouseButton.LeftButton, pos=menu.actionGeometry(action).center())
+
+
+def press_drag_release(qtbot, view, voxels) -> None:
+    """Press the left button on a slice view at the first voxel, move through the others and release
+    at the last (a paint or erase stroke with the brush)."""
+    points = [view.widget_point_of_voxel(v) for v in voxels]
+    qpoints = [QPoint(int(p.x()), int(p.y())) for p in points]
+    qtbot.mousePress(view, Qt.MouseButton.LeftButton, pos=qpoints[0])
+    for point in qpoints[1:]:
+        qtbot.mouseMove(view, pos=point)
+    qtbot.mouseRelease(view, Qt.MouseButton.LeftButton, pos=qpoints[-1])

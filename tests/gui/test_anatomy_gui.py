@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import Qt
 
 from tests.anatomy_window_synth import SHIFT_MM, t1_affine, write_pair
 from tests.conftest import ARTIFACTS
-from tests.gui.actions import trigger
+from tests.gui.actions import press_drag_release, trigger
 from tractlens.app.grid import Grid
 from tractlens.app.integrity import document_problems
 from tractlens.app.model import Tractogram
@@ -137,15 +137,6 @@ def test_alignment_is_judged_by_blend_checkerboard_and_edges(registered, qtbot):
     np.testing.assert_array_equal(axial.image_array(), plain_image)
 
 
-def paint(qtbot, view, voxels):
-    points = [view.widget_point_of_voxel(v) for v in voxels]
-    qpoints = [QPoint(int(p.x()), int(p.y())) for p in points]
-    qtbot.mousePress(view, Qt.MouseButton.LeftButton, pos=qpoints[0])
-    for point in qpoints[1:]:
-        qtbot.mouseMove(view, pos=point)
-    qtbot.mouseRelease(view, Qt.MouseButton.LeftButton, pos=qpoints[-1])
-
-
 def fibres_near(tmp_path: Path, doc) -> Path:
     """Straight streamlines along y at increasing distances (in x) from the lesion, saved as .trk."""
     from tractlens.app.io.tractogram import save_tractogram
@@ -180,7 +171,7 @@ def test_a_lesion_drawn_on_the_t1_measures_as_the_same_lesion_drawn_on_the_dwi_g
     trigger(window, "ROI", "New ROI on the selected image")
     on_t1 = window.roi_tools.active_roi()
     assert Grid.of(on_t1.data).matches(Grid.of(t1.data)) and window.roi_tools.tool == "brush"
-    paint(qtbot, axial, stroke)
+    press_drag_release(qtbot, axial, stroke)
     assert on_t1.data.mask.sum() > 0
     painted_t1 = np.argwhere(on_t1.data.mask)
     on_reference = Grid.of(b0.data).to_voxels(Grid.of(t1.data).to_mm(painted_t1))
@@ -204,7 +195,7 @@ def test_a_lesion_drawn_on_the_t1_measures_as_the_same_lesion_drawn_on_the_dwi_g
     window.new_roi()
     on_dwi = window.roi_tools.active_roi()
     assert Grid.of(on_dwi.data).matches(Grid.of(b0.data))
-    paint(qtbot, axial, stroke)
+    press_drag_release(qtbot, axial, stroke)
     # Brought to the DWI grid (nearest neighbour), the T1 lesion is the DWI one within a voxel's edge.
     moved = doc.roi_on_reference(on_t1)
     overlap = 2 * (moved & on_dwi.data.mask).sum() / (moved.sum() + on_dwi.data.mask.sum())
@@ -390,7 +381,7 @@ def test_a_lesion_drawn_before_the_registration_moves_with_its_image(window, qtb
     window.select_layer(t1)
     trigger(window, "ROI", "New ROI on the selected image")  # on the T1 as the scanner placed it
     lesion = window.roi_tools.active_roi()
-    paint(qtbot, window.views["axial"], [(10, 10, 12), (13, 11, 12)])
+    press_drag_release(qtbot, window.views["axial"], [(10, 10, 12), (13, 11, 12)])
     drawn = lesion.data.mask.copy()
     assert drawn.any()
     register_rigid(window, qtbot, t1)

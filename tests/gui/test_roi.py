@@ -5,6 +5,7 @@ import numpy as np
 from PySide6.QtCore import QPoint, Qt
 
 from tests.conftest import ARTIFACTS
+from tests.gui.actions import press_drag_release
 from tractlens.app.model import Layer, Volume
 
 
@@ -29,15 +30,6 @@ def window_with_image(window):
     affine = np.diag([2.0, 2.0, 2.0, 1.0])
     window.document.add_layer(Layer("anat", Volume("anat", data, affine), "scalar"))
     return window
-
-
-def press_drag_release(qtbot, view, voxels):
-    points = [view.widget_point_of_voxel(v) for v in voxels]
-    qpoints = [QPoint(int(p.x()), int(p.y())) for p in points]
-    qtbot.mousePress(view, Qt.MouseButton.LeftButton, pos=qpoints[0])
-    for point in qpoints[1:]:
-        qtbot.mouseMove(view, pos=point)
-    qtbot.mouseRelease(view, Qt.MouseButton.LeftButton, pos=qpoints[-1])
 
 
 def test_brush_stroke_paints_exactly_the_expected_voxels_and_undo_redo_are_exact(window, qtbot):

@@ -3,9 +3,9 @@ slices it misses, the 3-D planes' changed pixels with the next frame; frames hel
 result is on its way are drawn, with the final state, once released or when the hold ends."""
 
 import numpy as np
-from PySide6.QtCore import QPoint, Qt
 
 from tests.conftest import ARTIFACTS
+from tests.gui.actions import press_drag_release
 from tractlens.app.model import Layer, Volume
 from tractlens.widgets import slice_view
 from tractlens.widgets.render import composite, plane_geometry
@@ -22,15 +22,6 @@ def window_with_image(window):
     window.document.set_layer_color(seed, np.array(SEED_GREEN) / 255)
     window.radius_box.setValue(2)
     return seed
-
-
-def drag(qtbot, view, voxels):
-    points = [view.widget_point_of_voxel(v) for v in voxels]
-    qpoints = [QPoint(int(p.x()), int(p.y())) for p in points]
-    qtbot.mousePress(view, Qt.MouseButton.LeftButton, pos=qpoints[0])
-    for point in qpoints[1:]:
-        qtbot.mouseMove(view, pos=point)
-    qtbot.mouseRelease(view, Qt.MouseButton.LeftButton, pos=qpoints[-1])
 
 
 def plane_colours(view3d, view: str) -> np.ndarray:
@@ -72,7 +63,7 @@ def test_a_stroke_redraws_only_what_it_changed_and_every_view_shows_the_same_as_
     view3d._roi_timer.setInterval(60_000)
     # A stroke on the axial slice (z = 6) from x = 8 to 12 along y = 22: it misses the coronal
     # slice (y = 15) and the sagittal one (x = 20).
-    drag(qtbot, axial, [(8, 22, 6), (10, 22, 6), (12, 22, 6)])
+    press_drag_release(qtbot, axial, [(8, 22, 6), (10, 22, 6), (12, 22, 6)])
     assert seed.data.mask.sum() > 0 and set(np.argwhere(seed.data.mask)[:, 2]) == {6}
     drawn(view3d, qtbot)
     qtbot.wait(50)
