@@ -75,6 +75,7 @@ class PhaseRecorder:
             self._counts: dict[str, int] = {}
             self._host_peak: dict[str, int] = {}
             self._device_peak: dict[str, int] = {}
+            self._details: dict[str, dict[str, float]] = {}
             self._started = time.perf_counter()
         self._local = threading.local()
 
@@ -87,6 +88,14 @@ class PhaseRecorder:
     def _add(self, name: str, seconds: float) -> None:
         with self._lock:
             self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
+    def detail(self, name: str, seconds: dict[str, float]) -> None:
+        """Add the stages of a part of the work (``{"world": 1.2, "flush": 0.4}``, e.g. a writer's
+        own thread's, which overlap the phases) to ``details_s[name]`` of :meth:`snapshot`."""
+        with self._lock:
+            into = self._details.setdefault(name, {})
+            for key, value in seconds.items():
+                into[key] = into.get(key, 0.0) + float(value)
 
     def _sample(self, name: str) -> None:
         host, device = host_peak_rss_bytes(), device_pool_bytes()
@@ -127,6 +136,7 @@ class PhaseRecorder:
             total = time.perf_counter() - self._started
             phases = dict(self._seconds)
             device_peaks = dict(self._device_peak)
+            details = {k: {s: round(v, 6) for s, v in d.items()} for k, d in self._details.items()}
             if device is not None:
                 device_peaks["end"] = max(device_peaks.get("end", 0), device)
             return {
@@ -138,6 +148,7 @@ class PhaseRecorder:
                 "host_peak_rss_bytes_by_phase": dict(self._host_peak),
                 "device_pool_peak_bytes": max(device_peaks.values()) if device_peaks else None,
                 "device_pool_peak_bytes_by_phase": device_peaks,
+                "details_s": details,
             }
 
 

@@ -92,6 +92,16 @@ def test_reset_forgets_everything():
     assert snap["phases_s"] == {} and snap["calls"] == {}
 
 
+def test_details_add_up_per_name_beside_the_phases():
+    rec = PhaseRecorder()
+    rec.detail("tractogram_writer", {"world": 1.0, "flush": 0.5})
+    rec.detail("tractogram_writer", {"world": 0.25})
+    snap = rec.snapshot()
+    assert snap["details_s"] == {"tractogram_writer": {"world": 1.25, "flush": 0.5}} and snap["phases_s"] == {}
+    rec.reset()
+    assert rec.snapshot()["details_s"] == {}
+
+
 def test_host_memory_peaks_are_sampled_at_phase_ends():
     rec = PhaseRecorder()
     with rec.phase("compute"):

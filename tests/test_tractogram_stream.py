@@ -181,7 +181,13 @@ def test_track_deterministic_streams_and_refuses_float16_outside_trx(tmp_path, c
     nib.save(nib.Nifti1Image(field_.tensor, field_.affine), tensor)
     common = ["track", "deterministic", "--tensor", str(tensor), "--tensor-order", "dipy", "--whole-brain"]
     common += ["--device", "cpu", "--quiet"]
+    from tractlens.app.timing import recorder
+
+    recorder().reset()
     assert main([*common, "-o", str(tmp_path / "a.trx")]) == 0
+    stages = recorder().snapshot()["details_s"]["tractogram_writer"]  # the writer's thread, timed
+    assert set(stages) == {"world", "file", "finish", "flush"} and all(v >= 0 for v in stages.values())
+    assert stages["world"] > 0 and stages["flush"] > 0
     loaded = track_pipeline.load_tensor_field(tensor=tensor, tensor_order="dipy")  # as the command reads it
     result = deterministic_pipeline(loaded, whole_brain=True, device="cpu")
     save_tractogram(result.tractogram, tmp_path / "whole.trx")
@@ -252,3 +258,19 @@ def test_gpu_batches_are_bounded_so_their_points_fit_the_host(monkeypatch):
     list(deterministic.track(field_.tensor, seeds, device=stand_in, engine="arrays", max_batch=5))
     assert asked == [tracking.GPU_MAX_BATCH, 5]
     assert tracking.GPU_MAX_BATCH * 250 * 12 <= 1 << 30  # ≤ 1 GiB of float32 points at 250 points per seed
+
+
+@pytest.mark.parametrize("rows", [16, 17, (1 << 14) - 1, 1 << 14, (1 << 14) + 3, 3 * (1 << 14) + 40])
+def test_positions_in_blocks_are_bit_for_bit_the_whole_product(rows):
+    """The stream writer's RAS conversion runs in blocks of 16 K rows (one BLAS thread each); every
+    bit is that of the whole array's product, whatever the block's remainder (a short one padded)."""
+    from tractlens.app.io.tractogram_stream import points_world_float32
+
+    rng = np.random.default_rng(rows)
+    affine = np.eye(4)
+    affine[:3, :3] = np.diag([1.25, 1.25, 1.25]) + rng.normal(0, 0.05, (3, 3))
+    affine[:3, 3] = [-90.3, 126.7, -72.1]
+    points = (rng.random((rows, 3)) * 140).astype(np.float32)
+    whole = Tractogram(points, np.array([0, rows]), affine=affine, dimensions=(145, 174, 145)).points_world()
+    got = points_world_float32(points, affine)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), whole.view(np.uint32))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..params import TractogramOutputParams
-from ..timing import phase
+from ..timing import phase, recorder
 from ._common import EXIT_OK, Progress, emit, log
 from .options import params_from_args
 
@@ -71,6 +71,7 @@ def track_to_file(args, pipeline, grid, output, seeding, notes: list, **regions)
         )
         with phase("write"):  # .trx: the folder zipped into the file
             writer.close()
+    recorder().detail("tractogram_writer", writer.seconds)  # its thread's stages, beside the phases
     return result
 
 

@@ -155,7 +155,8 @@ def task_row(entry: dict) -> dict:
             "pid": worker.get("pid"), "threads": worker.get("threads"), "seconds": entry.get("seconds"),
             "command_s": timing.get("command_s"), "move_s": timing.get("move_s"), "clean_s": timing.get("clean_s"),
             "phases_s": phases.get("phases_s", {}), "unattributed_s": phases.get("unattributed_s"),
-            "host_peak_rss_bytes": phases.get("host_peak_rss_bytes")}  # fmt: skip
+            "host_peak_rss_bytes": phases.get("host_peak_rss_bytes"),
+            "writer_s": (phases.get("details_s") or {}).get("tractogram_writer", {})}  # fmt: skip
 
 
 def per_step(tasks: list[dict]) -> dict:
@@ -178,6 +179,10 @@ def per_step(tasks: list[dict]) -> dict:
             "move_s": mean([t["move_s"] for t in mine]),
             "phases_s": {p: mean([t["phases_s"].get(p) for t in mine]) for p in phases},
             "unattributed_s": mean([t["unattributed_s"] for t in mine]),
+            "writer_s": {
+                k: mean([t.get("writer_s", {}).get(k) for t in mine])
+                for k in sorted({k for t in mine for k in t.get("writer_s", {})})
+            },
             "per_gpu_seconds": {
                 str(g): mean([t["seconds"] for t in mine if t["gpu"] == g])
                 for g in sorted({t["gpu"] for t in mine}, key=str)
@@ -289,6 +294,11 @@ def markdown(results: dict) -> str:
             lines.append(f"| {step} | {r['seconds']} | {r['command_s']} | {ph.get('read', '')} | "
                          f"{ph.get('compute', '')} | {ph.get('write', '')} | {r['unattributed_s']} | {r['move_s']} "
                          f"| {gpus} |")  # fmt: skip
+        writers = {step: r["writer_s"] for step, r in steps.items() if r.get("writer_s")}
+        if writers:  # the tractogram writer's thread: its stages overlap the phases above
+            lines += ["", "Tractogram writer's thread, seconds per subject-step (points to RAS mm; into the file; "
+                      "at close; to the disk and renamed):", ""]  # fmt: skip
+            lines += [f"- {step}: " + ", ".join(f"{k} {v}" for k, v in w.items()) for step, w in writers.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,121 @@
+"""Concurrent .trx writers, as the workers of ``batch --gpus N`` write their tractograms: is the
+write phase bound by the CPU (points to RAS mm, the zip's CRC, copies) or by the disk (the
+flush before the rename)?
+
+Each writer is a process of its own that appends the same synthetic part (streamlines of 100
+points, an FA per point, as ``track deterministic`` writes) through
+:func:`tractlens.app.io.tractogram_stream.open_tractogram_writer` with ``background=True`` (the
+command's writer) until ``--points`` points, then closes the file. All writers start together;
+each reports its wall seconds and the writer's stages (``world``, ``file``, ``finish``,
+``flush``: :attr:`TractogramWriter.seconds`), and the run the total GB/s.
+
+    python tests/benchmarks/bench_trx_write.py --points 80e6 --writers 1,2 --folder /tmp/trxbench
+    python tests/benchmarks/bench_trx_write.py --points 310e6 --writers 1,2,4 --folder OUTPUT_DISK
+
+On a batch host, ``--folder`` on the disk the batch writes to; ``--threads`` as the batch gives
+each worker (its share of the cores: ``TRACTLENS_THREADS``, OpenBLAS/OpenMP threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # this checkout's tractlens, in the writers too
+
+PART_POINTS = 1 << 22  # about one GPU batch's pieces
+
+
+def _part():
+    import numpy as np
+
+    from tractlens.app.model import Tractogram
+
+    rng = np.random.default_rng(0)
+    steps = rng.normal(0, 0.3, (PART_POINTS, 3)).astype(np.float32)
+    offsets = np.arange(0, PART_POINTS + 1, 100, dtype=np.int64)
+    offsets[-1] = PART_POINTS
+    points = np.cumsum(steps, axis=0, dtype=np.float32) % 140 + 2
+    fa = rng.random(PART_POINTS, dtype=np.float32)
+    affine = np.diag([1.25, 1.25, 1.25, 1.0])
+    affine[:3, 3] = [-90, 126, -72]
+    return Tractogram(points, offsets, affine=affine, dimensions=(145, 174, 145), point_scalars={"fa": fa})
+
+
+def _writer(index: int, folder: str, points: int, dtype: str, start, out) -> None:
+    from tractlens.app.io.tractogram_stream import open_tractogram_writer
+
+    part = _part()
+    start.wait()
+    t0 = time.perf_counter()
+    path = Path(folder) / f"writer{index}.trx"
+    with open_tractogram_writer(path, part.affine, part.dimensions, positions_dtype=dtype, background=True) as w:
+        appended = 0
+        append_s = 0.0
+        while appended < points:
+            a0 = time.perf_counter()
+            w.append(part)
+            append_s += time.perf_counter() - a0
+            appended += len(part.points)
+        c0 = time.perf_counter()
+    close_s = time.perf_counter() - c0
+    wall = time.perf_counter() - t0
+    out.put({"writer": index, "wall_s": round(wall, 3), "append_wait_s": round(append_s, 3), "close_s": round(close_s, 3),
+             "bytes": path.stat().st_size, "stages_s": {k: round(v, 3) for k, v in w.seconds.items()}})  # fmt: skip
+    path.unlink()
+
+
+def run(writers: int, folder: Path, points: int, dtype: str) -> dict:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_writer, args=(i, str(folder), points, dtype, start, out)) for i in range(writers)]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)  # every writer has made its part
+    t0 = time.perf_counter()
+    start.set()
+    rows = sorted((out.get() for _ in procs), key=lambda r: r["writer"])
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    total = sum(r["bytes"] for r in rows)
+    return {"writers": writers, "wall_s": round(wall, 3), "gb": round(total / 1e9, 2),
+            "gb_per_s": round(total / 1e9 / wall, 3), "per_writer": rows}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--points", type=float, default=80e6, help="points per writer (310e6: an HCP subject's tractogram)")
+    p.add_argument("--writers", default="1,2", help="concurrent writers, one run each")
+    p.add_argument("--folder", type=Path, default=Path("/tmp/tractlens-trx-bench"))
+    p.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    p.add_argument("--threads", type=int, help="threads per writer process (BLAS, OpenMP, TRACTLENS_THREADS)")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    if args.threads:
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TRACTLENS_THREADS"):
+            os.environ[name] = str(args.threads)  # inherited by the spawned writers
+    args.folder.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python tests/benchmarks/bench_trx_write.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "cores": os.cpu_count(), "points_per_writer": int(args.points), "runs": []}  # fmt: skip
+    for n in (int(v) for v in args.writers.split(",")):
+        row = run(n, args.folder, int(args.points), args.dtype)
+        result["runs"].append(row)
+        stages = {
+            k: round(max(r["stages_s"][k] for r in row["per_writer"]), 2) for k in row["per_writer"][0]["stages_s"]
+        }
+        print(f"{n} writer(s): {row['wall_s']} s, {row['gb_per_s']} GB/s in all; slowest writer's stages {stages}, "
+              f"append wait {max(r['append_wait_s'] for r in row['per_writer'])} s", flush=True)  # fmt: skip
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
