@@ -274,3 +274,30 @@ def test_positions_in_blocks_are_bit_for_bit_the_whole_product(rows):
     whole = Tractogram(points, np.array([0, rows]), affine=affine, dimensions=(145, 174, 145)).points_world()
     got = points_world_float32(points, affine)
     assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), whole.view(np.uint32))
+
+
+def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path, monkeypatch):
+    """With the disk's writes started after every part (the threshold at one byte), the file is
+    the one ``save_tractogram`` writes, and it is still flushed before its rename."""
+    import os
+
+    from tractlens.app.io import _atomic, tractogram_stream
+
+    monkeypatch.setattr(tractogram_stream, "WRITEBACK_BYTES", 1)
+    advised, flushed = [], []
+    if hasattr(os, "posix_fadvise"):
+        real = os.posix_fadvise
+        monkeypatch.setattr(
+            os,
+            "posix_fadvise",
+            lambda fd, offset, n, advice: advised.append((offset, n)) or real(fd, offset, n, advice),
+        )
+    real_fsync = _atomic.fsync_path
+    monkeypatch.setattr(_atomic, "fsync_path", lambda path: flushed.append(path) or real_fsync(path))
+    tract = _random_tractogram(1500)
+    save_tractogram(tract, tmp_path / "whole.trx")
+    _stream(tract, tmp_path / "streamed.trx", [0, 10, 700, 1500])
+    _same_file(tmp_path / "whole.trx", tmp_path / "streamed.trx")
+    assert any(p.name.startswith(".streamed.tmp-") for p in flushed)  # flushed, then renamed
+    if hasattr(os, "posix_fadvise"):  # each part's new bytes, in order, never twice
+        assert len(advised) == 3 and all(a + n == b for (a, n), (b, _) in itertools.pairwise(advised))

@@ -48,8 +48,12 @@ def _part():
     return Tractogram(points, offsets, affine=affine, dimensions=(145, 174, 145), point_scalars={"fa": fa})
 
 
-def _writer(index: int, folder: str, points: int, dtype: str, start, out) -> None:
+def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | None, start, out) -> None:
+    from tractlens.app.io import tractogram_stream
     from tractlens.app.io.tractogram_stream import open_tractogram_writer
+
+    if writeback is not None:
+        tractogram_stream.WRITEBACK_BYTES = writeback
 
     part = _part()
     start.wait()
@@ -71,10 +75,12 @@ def _writer(index: int, folder: str, points: int, dtype: str, start, out) -> Non
     path.unlink()
 
 
-def run(writers: int, folder: Path, points: int, dtype: str) -> dict:
+def run(writers: int, folder: Path, points: int, dtype: str, writeback: int | None = None) -> dict:
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_writer, args=(i, str(folder), points, dtype, start, out)) for i in range(writers)]
+    procs = [
+        ctx.Process(target=_writer, args=(i, str(folder), points, dtype, writeback, start, out)) for i in range(writers)
+    ]
     for p in procs:
         p.start()
     time.sleep(3.0)  # every writer has made its part
@@ -96,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--folder", type=Path, default=Path("/tmp/tractlens-trx-bench"))
     p.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     p.add_argument("--threads", type=int, help="threads per writer process (BLAS, OpenMP, TRACTLENS_THREADS)")
+    p.add_argument("--writeback-mb", type=float, help="start the disk writes every this many MB (0: at close only)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.threads:
@@ -103,9 +110,11 @@ def main(argv=None) -> int:
             os.environ[name] = str(args.threads)  # inherited by the spawned writers
     args.folder.mkdir(parents=True, exist_ok=True)
     result = {"command": "python tests/benchmarks/bench_trx_write.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "cores": os.cpu_count(), "points_per_writer": int(args.points), "runs": []}  # fmt: skip
+              "cores": os.cpu_count(), "points_per_writer": int(args.points),
+              "writeback_mb": args.writeback_mb, "runs": []}  # fmt: skip
     for n in (int(v) for v in args.writers.split(",")):
-        row = run(n, args.folder, int(args.points), args.dtype)
+        writeback = None if args.writeback_mb is None else int(args.writeback_mb * 2**20) or 2**62
+        row = run(n, args.folder, int(args.points), args.dtype, writeback)
         result["runs"].append(row)
         stages = {
             k: round(max(r["stages_s"][k] for r in row["per_writer"]), 2) for k in row["per_writer"][0]["stages_s"]
