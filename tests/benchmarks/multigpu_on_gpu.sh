@@ -8,6 +8,9 @@
 #      on 4, 2.5 M per GPU on fewer) -> $OUT/multigpu_<gpu>x<N>.json (about 5 minutes on 4 GPUs);
 #   3. with BATCH=1 and the cohort wheels in .whlB/ or .whlD/ (see below): bench_batch.py,
 #      batch --gpus 1,2,4, with each subject-step's phases per GPU -> $OUT/batch_<gpu>.json.
+#   4. with TRX=1: bench_trx_write.py, 1 and 4 concurrent .trx writers of an HCP subject's 310 M
+#      points (16 threads each, as batch --gpus 4 gives), the disk's writes started early and not
+#      -> $OUT/trx_write_early.json, $OUT/trx_write_at_close.json (about 2 minutes).
 # PARTS=prob,omatrix3,commit picks benchmark parts; TESTS=0 skips the tests, BENCH=0 the benchmark.
 # The machine has numpy, scipy, cupy and h5py: carry nibabel and trx-python (cp312) in .whl/, and for
 # BATCH=1 the cohort extra's wheels in .whlB/ (dask-cuda is not needed: without it batch --gpus N
@@ -43,4 +46,11 @@ fi
 if [ "${BATCH:-0}" = 1 ]; then
   timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 ${BATCH_ARGS:-} \
     --results "$OUT" 2>&1 | tail -20
+fi
+if [ "${TRX:-0}" = 1 ]; then
+  for wb in 256 0; do
+    name=early; [ $wb = 0 ] && name=at_close
+    timeout 240 python3 tests/benchmarks/bench_trx_write.py --points 310e6 --writers 1,4 --threads 16 \
+      --writeback-mb $wb --folder "${TRX_FOLDER:-/tmp/tractlens-trx-bench}" --out "$OUT/trx_write_$name.json" 2>&1 | tail -3
+  done
 fi
