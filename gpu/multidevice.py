@@ -91,7 +91,11 @@ def split_range(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]
 class ChunkQueue:
     """Ranges of ``range(total)`` handed out on request, guided: each chunk is the remaining
     work over ``2 × parts``, at most ``largest`` and at least ``smallest`` (so the last chunks
-    are small and the devices end together). Ranges given back (a failed device's) come first."""
+    are small and the devices end together; with one part, every chunk is ``largest``: there is
+    nothing to balance). No chunk leaves less than ``smallest`` behind: below ``2 × smallest``
+    the rest goes as two near-equal chunks, below ``smallest`` as one, so a run never ends on a
+    crumb (on a GPU a launch of few streamlines lasts as long as its longest streamline, the
+    device nearly idle). Ranges given back (a failed device's) come first."""
 
     def __init__(self, total: int, parts: int, largest: int, smallest: int = 1):
         self.next, self.total, self.parts = 0, int(total), max(1, int(parts))
@@ -110,9 +114,19 @@ class ChunkQueue:
             left = self.total - self.next
             if left <= 0:
                 return None
-            count = min(left, self.largest, max(self.smallest, -(-left // (2 * self.parts))))
+            count = min(left, self.largest, self.chunk(left))
             start, self.next = self.next, self.next + count
             return start, count
+
+    def chunk(self, left: int) -> int:
+        """The next chunk's size with ``left`` items not yet handed out (before ``largest``)."""
+        if self.parts == 1:
+            return self.largest
+        if left <= self.smallest:
+            return left
+        if left < 2 * self.smallest:
+            return -(-left // 2)
+        return max(self.smallest, -(-left // (2 * self.parts)))
 
     def give_back(self, ranges) -> None:
         with self.lock:
@@ -152,6 +166,8 @@ class ShareReport:
     stages_s: dict = field(default_factory=dict)
     timeline_s: dict = field(default_factory=dict)
     failed: str | None = None
+    #: (items, device seconds) of each chunk, where the share times them
+    chunk_s: list = field(default_factory=list)
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages_s[stage] = round(self.stages_s.get(stage, 0.0) + seconds, 4)
@@ -161,7 +177,8 @@ class ShareReport:
 
     def as_dict(self) -> dict:
         return {"device": self.device, "index": self.index, "items": self.items, "chunks": self.chunks,
-                "stages_s": dict(self.stages_s), "timeline_s": dict(self.timeline_s), "failed": self.failed}  # fmt: skip
+                "stages_s": dict(self.stages_s), "timeline_s": dict(self.timeline_s), "failed": self.failed,
+                "chunk_s": [list(c) for c in self.chunk_s]}  # fmt: skip
 
 
 @dataclass

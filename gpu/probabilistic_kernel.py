@@ -186,6 +186,7 @@ class KernelTracker:
         #: totals, the kernel loaded on the device, the lanes' visited-voxel sets
         self.setup_s = {"arrays": round(t1 - t0, 4), "kernel": round(t2 - t1, 4), "sets": round(t3 - t2, 4)}
         self.turn = 0
+        self.launch_events: list | None = None  # (count, start, end) CUDA events: time_launches()
         self.threads = self.lanes[0].threads
         self.counters, self.rerun_counters = self.lanes[0].counters, self.lanes[0].rerun_counters
         self.totals = (self.paths, self.seed_targets, self.counters, self.rerun_counters)
@@ -300,14 +301,34 @@ class KernelTracker:
         lane = self.lanes[self.turn]
         self.turn = (self.turn + 1) % len(self.lanes)
         if lane.stream is None:
+            began = self._timing_event()
             self._launch(lane, first, count, trace, ids)
             done = None
+            if began is not None:
+                self.launch_events.append((count, began, self.cp.cuda.get_current_stream().record()))
         else:
             with lane.stream:
+                began = self._timing_event()
                 self._launch(lane, first, count, trace, ids)
                 done = lane.stream.record()
+            if began is not None:
+                self.launch_events.append((count, began, done))
         self.streamlines += count
         return done
+
+    def _timing_event(self):
+        return self.cp.cuda.get_current_stream().record() if self.launch_events is not None else None
+
+    def time_launches(self) -> None:
+        """Record two CUDA events around every launch from now on (:meth:`launch_seconds`)."""
+        self.launch_events = []
+
+    def launch_seconds(self) -> list[tuple[int, float]]:
+        """(streamlines, device seconds) of each launch since :meth:`time_launches`, in order (wait
+        for the device first). With several lanes a launch's seconds include the time it shared
+        the device with the other lane's."""
+        cp = self.cp
+        return [(n, round(cp.cuda.get_elapsed_time(a, b) / 1000, 5)) for n, a, b in self.launch_events or ()]
 
     def _launch(self, lane: _Lane, first: int, count: int, trace, ids) -> None:
         cp = self.cp

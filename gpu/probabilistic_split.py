@@ -34,8 +34,10 @@ from .probabilistic_numpy import track_numpy
 from .probabilistic_params import GPU_BATCH, NUMPY_BITMAP_BYTES, ProbParams, ProbResult, SampleField
 
 #: The smallest chunk handed to a GPU at the end of a run (smaller ones cost more in launches
-#: than they save in balance).
-GPU_SMALLEST_CHUNK = 1 << 18
+#: than they save in balance: a launch of few streamlines lasts as long as its longest one, the
+#: device nearly idle; 2^20 streamlines are about 45 ms of an H100's work, four times the threads
+#: it keeps resident).
+GPU_SMALLEST_CHUNK = 1 << 20
 #: Streams each GPU's tracker runs its chunks on, in turn (:class:`gpu.probabilistic_kernel.KernelTracker`
 #: lanes): with two, a chunk's longest streamlines no longer leave the device idle at its end.
 GPU_LANES = 2
@@ -85,6 +87,7 @@ class _KernelShare:
             filling = threading.Thread(target=fill, name=f"tractlens-upload{report.index}", daemon=True)
             filling.start()
             self.tracker = KernelTracker(backend, device_field=arrays, max_batch=largest, lanes=lanes, **args)
+            self.tracker.time_launches()
             backend.xp.cuda.get_current_stream().synchronize()  # its own work, not the copies beside it
             t2 = time.perf_counter()
         except BaseException:
@@ -115,6 +118,8 @@ class _KernelShare:
         host = [self.backend.to_host(a) for a in self.tracker.device_totals()]
         streamlines = self.tracker.streamlines
         t2 = time.perf_counter()
+        self.report.chunk_s.extend(self.tracker.launch_seconds())
+        self.tracker.time_launches()
         self.tracker.reset_totals()
         self.sums.add(host, streamlines)
         t3 = time.perf_counter()
@@ -179,9 +184,9 @@ def track_split(
     else the failure is raised.
 
     ``provenance``: ``devices`` (each device's stages in seconds: start, upload, gather_wait,
-    gather, setup, field_wait, open, compute, drain, copy_back, host_add, finish; and its
+    gather, setup, field_wait, open, compute, drain, copy_back, host_add, finish; its
     ``timeline_s``: when it was ready, when its last chunk was done and when its totals were in,
-    from the run's start), ``merge_s`` (after the last device's totals were in: the result made
+    from the run's start; on a GPU its ``chunk_s``: each chunk's streamlines and device seconds), ``merge_s`` (after the last device's totals were in: the result made
     from the sums), ``shared_tracking_s`` and each device's memory-pool peak."""
     seeds = np.ascontiguousarray(np.asarray(seeds, dtype=np.int64).reshape(-1, 3))
     total = len(seeds) * params.n_samples

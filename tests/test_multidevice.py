@@ -141,6 +141,8 @@ def test_probabilistic_kernel_split_equals_one_gpu_run(shares, lanes):
     devices = split.provenance["devices"]
     assert sum(d["chunks"] for d in devices) > 2 * len(devices)  # several chunks each: the lanes took turns
     assert all({"upload", "gather", "setup", "compute", "copy_back"} <= set(d["stages_s"]) for d in devices)
+    for d in devices:  # every chunk timed on the device
+        assert sum(n for n, _ in d["chunk_s"]) == d["items"] and all(s > 0 for _, s in d["chunk_s"])
 
 
 def test_a_probabilistic_run_shared_out_gives_the_counts_of_one_run(demo_bedpostx, demo_dir):

@@ -134,6 +134,8 @@ def markdown(result: dict) -> str:
         lines += _attribution_table("command", result["prob"]["rows"])
         if result["prob"].get("in_process"):
             lines += _attribution_table("in this process (lanes: streams per GPU)", result["prob"]["in_process"])
+        if result["prob"].get("schedules"):
+            lines += _schedule_table(result["prob"]["schedules"])
     if "omatrix3" in result:
         o = result["omatrix3"]
         lines += ["| omatrix3 | streamlines | s | streamlines/s |", "|---|---|---|---|",
@@ -153,6 +155,22 @@ def markdown(result: dict) -> str:
                     lines.append(f"| {name} | {gpus} | {case['segments']:,} | {r['s_per_iteration']} | {peaks} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _schedule_table(s: dict) -> list[str]:
+    """The split's chunk schedule against one GPU's batches (multigpu_parts.prob_schedules)."""
+    cost = s.get("chunk_cost") or {}
+    lines = [f"One GPU in this process: iter_track {s['iter_track_1gpu_s']} s (field already on the GPU), the "
+             f"split's compute {s['split_1gpu_compute_s']} s in {s['split_1gpu_chunks']} chunks. A launch costs "
+             f"{cost.get('per_launch_s')} s beyond its streamlines ({cost.get('streamlines_per_s')} streamlines/s, "
+             f"{cost.get('chunks')} one-lane chunks).", "",
+             f"The split on {s['gpus']} GPUs by smallest chunk:", "",
+             "| lanes | smallest chunk | tracking | compute max | ready max | end spread | chunks per device "
+             "| same counts |", "|" + "---|" * 8]  # fmt: skip
+    for r in s["runs"]:
+        lines.append(f"| {r['lanes']} | {r['smallest']:,} | {r['tracking_s']:.3f} | {r['compute_max_s']:.3f} | "
+                     f"{r['ready_max_s']:.3f} | {r['end_spread_s']:.3f} | {r['chunks']} | {r['same_as_one_gpu']} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def _attribution_table(title: str, rows: list[dict]) -> list[str]:
@@ -258,6 +276,12 @@ def main(argv=None) -> int:
                     result["prob"] = probabilistic(args.subject, counts, args.nsamples)
                     save()
                     result["prob"]["in_process"] = prob_stages(args.subject, counts, args.nsamples, backends, log)
+                save()
+                if n_max > 1:  # the schedule against one GPU's batches, and the smallest chunk swept
+                    from multigpu_parts import prob_schedules
+
+                    result["prob"]["schedules"] = prob_schedules(args.subject, n_max, 1 if args.smoke else args.nsamples,
+                                                                 backends, log)  # fmt: skip
             elif part == "omatrix3":
                 from multigpu_parts import omatrix3
 

@@ -349,3 +349,76 @@ def prob_stages(subject, counts, nsamples: int, backends_of, log, lanes_options=
         one = next(r["tracking_s"] for r in rows if r["gpus"] == rows[0]["gpus"] and r["lanes"] == row["lanes"])
         row["efficiency"] = round(one / row["tracking_s"] / (row["gpus"] / rows[0]["gpus"]), 3)
     return rows
+
+
+def chunk_cost(rows: list[dict]) -> dict | None:
+    """A least-squares line through every timed chunk of one-lane runs (device seconds against
+    streamlines): ``per_launch_s`` is what a launch costs beyond its streamlines (its tail, when
+    the device empties), ``streamlines_per_s`` the rate in between. From the devices' ``chunk_s``."""
+    points = [(n, s) for r in rows if r.get("lanes") == 1 for d in r["devices"] for n, s in d.get("chunk_s", [])]
+    if len(points) < 3:
+        return None
+    n, s = np.array(points, dtype=np.float64).T
+    slope, intercept = np.polyfit(n, s, 1)
+    small = [(int(c), float(t)) for c, t in points if c <= 2 << 20]
+    return {"chunks": len(points), "per_launch_s": round(float(intercept), 4),
+            "streamlines_per_s": round(1 / slope) if slope > 0 else None, "small_chunks": small[:40]}  # fmt: skip
+
+
+def prob_schedules(subject, n: int, nsamples: int, backends_of, log, smallest_options=(1 << 18, 1 << 20, 1 << 21),
+                   lanes_options=(1, 2)) -> dict:  # fmt: skip
+    """Where the split's compute goes against one GPU's batches, in this process: the 1-GPU
+    batches of ``iter_track`` (the command without ``--gpus``; the field uploaded before the
+    clock starts) beside the split on one GPU (now the same 8 M chunks), then the split on ``n``
+    GPUs for each smallest chunk of the guided schedule (2^18 was the default before) and each
+    number of lanes: tracking, the slowest device's compute, each device's chunks and the end
+    spread; the counts checked equal."""
+    from tractlens.app.io import load_bedpostx
+    from tractlens.app.pipelines.probabilistic import sample_field
+    from tractlens.gpu.probabilistic import track
+    from tractlens.gpu.probabilistic_kernel import upload_field
+    from tractlens.gpu.probabilistic_split import track_split
+
+    samples = load_bedpostx(subject / "bedpostx")
+    field_ = sample_field(samples)
+    seeds = np.ascontiguousarray(np.argwhere(samples.mask))
+    bits = mask_bits(samples.mask)
+    params = ProbParams(n_samples=nsamples)
+    out: dict = {"gpus": n, "runs": []}
+    one = backends_of(1)
+    with one[0].activate():
+        arrays = upload_field(one[0], field_)
+        one[0].synchronize()
+        for _ in range(2):  # iter_track, then the split on the same GPU, twice
+            t0 = time.perf_counter()
+            ref = track(field_, bits, seeds, params, device=one[0], device_field=arrays if one[0].is_gpu else None)
+            seconds = time.perf_counter() - t0
+            out.setdefault("iter_track_1gpu_s", []).append(round(seconds, 3))
+            split = track_split(field_, bits, seeds, params, one)
+            d = split.provenance["devices"][0]
+            out.setdefault("split_1gpu_compute_s", []).append(d["stages_s"].get("compute"))
+            out["split_1gpu_chunks"] = d["chunks"]
+            log(f"1 GPU: iter_track {seconds:.3f} s (field on the GPU), split compute {d['stages_s'].get('compute')} s "
+                f"in {d['chunks']} chunks")  # fmt: skip
+    del arrays
+    _free_all(one)
+    rows = []
+    for lanes in lanes_options:
+        for smallest in smallest_options:
+            backends = backends_of(n)
+            t0 = time.perf_counter()
+            result = track_split(field_, bits, seeds, params, backends, lanes=lanes, smallest_chunk=smallest)
+            seconds = time.perf_counter() - t0
+            prov = result.provenance
+            a = attribute(prov["devices"], seconds, prov["merge_s"])
+            same = bool(np.array_equal(result.paths, ref.paths) and result.waytotal == ref.waytotal)
+            rows.append({"gpus": n, "lanes": lanes, "smallest": smallest, "tracking_s": round(seconds, 3),
+                         "compute_max_s": max(a["compute_s"]), "ready_max_s": max(a["ready_s"]),
+                         "end_spread_s": a["end_spread_s"], "chunks": [d["chunks"] for d in prov["devices"]],
+                         "same_as_one_gpu": same, "devices": prov["devices"], "attribution": a})  # fmt: skip
+            log(f"{n} GPUs, {lanes} lane(s), smallest chunk {smallest}: {seconds:.3f} s, compute max "
+                f"{max(a['compute_s']):.3f}, end spread {a['end_spread_s']}, same {same}")  # fmt: skip
+            _free_all(backends)
+    out["runs"] = rows
+    out["chunk_cost"] = chunk_cost(rows)
+    return out
