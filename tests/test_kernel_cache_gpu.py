@@ -142,7 +142,10 @@ def test_a_fresh_cache_with_the_shipped_build_compiles_nothing(built, tmp_path):
     files = [p for p in fresh.iterdir() if p.suffix == ".cubin"]
     assert installed > 0 and len(files) == installed, f"compiled: {_compiled_here(fresh)}"
 
-    cpu = _fit(built["subject"], tmp_path / "cpu", {**os.environ, "PYTHONPATH": str(ROOT)}, "cpu")
+    # the NumPy reference: this process's environment (its PYTHONPATH too: nibabel may live there),
+    # with the repository first, as every other process here
+    cpu_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cpu = _fit(built["subject"], tmp_path / "cpu", cpu_env, "cpu")
     assert cpu.returncode == 0, cpu.stderr[-3000:]
     fa_gpu = nib.load(tmp_path / "gpu" / "dti_FA.nii.gz").get_fdata()
     fa_cpu = nib.load(tmp_path / "cpu" / "dti_FA.nii.gz").get_fdata()
