@@ -13,6 +13,7 @@ import numpy as np
 
 from .commit import N_ORIENTATIONS, orientation_index
 from .host import host_threads, release_freed_memory, run_in_order
+from .indices import flatnonzero
 
 
 # ------------------------------------------------------------------------------- segments
@@ -171,13 +172,13 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
     n_fibers = len(offsets) - 1
     fiber_of_point = _repeat_index(xp, offsets[1:] - offsets[:-1])
     # Polyline segment k runs from point k to point k + 1 of the same streamline.
-    start = xp.flatnonzero(fiber_of_point[1:] == fiber_of_point[:-1])
+    start = flatnonzero(xp, fiber_of_point[1:] == fiber_of_point[:-1])
     p, q = points[start], points[start + 1]
     fib = fiber_of_point[start]
     delta = q - p
     physical = delta * vs
     seg_len = xp.sqrt((physical**2).sum(1))
-    keep = xp.flatnonzero(seg_len > 0)
+    keep = flatnonzero(xp, seg_len > 0)
     p, delta, physical, seg_len, fib = p[keep], delta[keep], physical[keep], seg_len[keep], fib[keep]
     q = p + delta
     n = len(p)
@@ -211,7 +212,7 @@ def _chunk_segments(xp, points, offsets, rows_flat, shape, vs, n_rows: int):
     inside = ((vox >= 0) & (vox < shape)).all(1)
     flat = (vox[:, 0] * shape[1] + vox[:, 1]) * shape[2] + vox[:, 2]
     row = xp.where(inside, rows_flat[xp.where(inside, flat, 0)], -1)
-    ok = xp.flatnonzero((row >= 0) & (piece > 0))
+    ok = flatnonzero(xp, (row >= 0) & (piece > 0))
     row, k, piece = row[ok], k[ok], piece[ok]
     fiber, orient = fib[k], orient_seg[k].astype(xp.int64)
     # Merge per (fiber, row, orientation): sum the lengths.
@@ -287,7 +288,7 @@ def _compact(xp, host, fiber, row, orient, length, first: int, min_length_mm: fl
     the key row · n + position is unique, so any sort keeps the order within a row. Lengths
     are float32 on the host (the CPU engine), float64 for a GPU. A list, so that the caller
     can free each field once used."""
-    keep = xp.flatnonzero(length >= min_length_mm)
+    keep = flatnonzero(xp, length >= min_length_mm)
     if len(keep):
         keep = keep[xp.argsort(row[keep] * len(keep) + xp.arange(len(keep)))]
     return [
@@ -512,7 +513,7 @@ def _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, 
             xp, chunk, xp.asarray(offsets[first : last + 1] - lo), rows_flat, shape, vs, n_rows
         )
         del chunk
-        keep = xp.flatnonzero(length >= min_length_mm)
+        keep = flatnonzero(xp, length >= min_length_mm)
         return (
             row[keep].astype(xp.int32),
             (fiber[keep] + first).astype(xp.int32),
@@ -576,7 +577,7 @@ def _device_segments(points, offsets, rows, voxel_size, min_length_mm, backend, 
             by_row = xp.argsort(row.astype(xp.int64) * n + xp.arange(n))
             row_sorted = row[by_row]
             first = xp.concatenate([xp.ones(1, dtype=bool), row_sorted[1:] != row_sorted[:-1]])
-            starts = xp.flatnonzero(first)
+            starts = flatnonzero(xp, first)
             sizes = xp.diff(xp.concatenate([starts, xp.asarray([n])]))
             rank = xp.arange(n) - starts[xp.cumsum(first) - 1]
             target = cursor[row_sorted] + rank

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backend import Backend, get_backend, iter_batched
+from .indices import flatnonzero
 from .params import meta
 
 
@@ -81,7 +82,7 @@ def nearest_labels(xp, ends, labels, linear, radius_mm: float, offsets=None, bou
     labelled = own_value > 0
     best_label = own_value
     best_dist = xp.where(labelled, xp.sqrt((own_diff * own_diff).sum(axis=1)), np.inf)
-    active = xp.flatnonzero(~labelled)
+    active = flatnonzero(xp, ~labelled)
     for start in range(0, len(offsets), _CHUNK_OFFSETS):
         if len(active) == 0:
             break

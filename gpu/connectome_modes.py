@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .connectome_counts import SparseAccumulator, bincount_or_zeros
+from .indices import flatnonzero, nonzero
 from .probabilistic_params import (
     BIT_EXCLUDE,
     WAYPOINT_SHIFT,
@@ -43,7 +44,7 @@ def visits_from_trace(xp, trace, shape, step_mm: float) -> Visits:
     moved = xp.any(P[:, :, 1:] != P[:, :, :-1], axis=3)  # (n, 2, T - 1)
     moves = xp.cumsum(moved, axis=2, dtype=xp.int32)
     length = (moves[:, :, -1].sum(1) if T > 1 else xp.zeros(n, xp.int32)).astype(xp.float64) * step_mm
-    s1, h1, t1 = xp.nonzero(moved)
+    s1, h1, t1 = nonzero(xp, moved)
     stream = xp.concatenate([xp.arange(n, dtype=xp.int64), s1.astype(xp.int64)])
     half = xp.concatenate([xp.zeros(n, dtype=xp.int64), h1.astype(xp.int64)])
     t = xp.concatenate([xp.zeros(n, dtype=xp.int64), t1.astype(xp.int64) + 1])
@@ -92,7 +93,7 @@ def _first_per_key(xp, key_hi, order, *columns):
 def _groups(xp, stream):
     """(start of its group, group size) of each entry of entries sorted by ``stream``."""
     new = xp.concatenate([xp.ones(min(1, len(stream)), dtype=bool), stream[1:] != stream[:-1]])
-    starts = xp.flatnonzero(new)
+    starts = flatnonzero(xp, new)
     group = xp.cumsum(new) - 1
     sizes = xp.diff(xp.concatenate([starts, xp.asarray([len(stream)], dtype=starts.dtype)]))
     return starts[group], sizes[group]

@@ -25,6 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from .host import compile_or_uncached, numba_module
+from .indices import nonzero
 from .params import meta
 from .sh import fibonacci_hemisphere, n_coefficients, neighbours, sh_basis
 
@@ -145,7 +146,7 @@ def _refine(xp, coefficients, lmax: int, directions, amplitudes) -> None:
     found = amplitudes > 0
     if not bool(found.any()):
         return
-    voxel, slot = xp.nonzero(found)
+    voxel, slot = nonzero(xp, found)
     v = directions[voxel, slot]
     best = amplitudes[voxel, slot]
     c = coefficients[voxel]

@@ -52,6 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .indices import flatnonzero
+
 #: Violations smaller than this times the norm of the voxel's solution count as satisfied.
 DEFAULT_TOLERANCE = 1e-10
 #: Most interior-point iterations before the exact active-set stage.
@@ -120,7 +122,7 @@ def solve_batch(
     slack_free = x_free @ G.T  # G H⁻¹ q, the dual's linear term
     iterations = 1
     _count(work, "unconstrained", n, p)
-    rows = xp.flatnonzero(~(slack_free >= -threshold[:, None]).all(axis=1))  # voxels with work left
+    rows = flatnonzero(xp, ~(slack_free >= -threshold[:, None]).all(axis=1))  # voxels with work left
     guess = xp.zeros((rows.size, m))
     if start is not None:
         guess = xp.asarray(start, dtype=xp.float64)[rows]
@@ -283,7 +285,7 @@ def _active_set(xp, shared: SharedQP, state, start, max_iterations: int, work: l
         worst = (violated * edge).argmin(axis=1)
         # after a step that moved, the next constraint enters at once (LH would re-solve first)
         add = (feasible | (step > 0)) & (violated[slot_rows[:, 0], worst] < -threshold)
-        active[xp.flatnonzero(add), worst[add]] = True
+        active[flatnonzero(xp, add), worst[add]] = True
         done = feasible & ~(violated[slot_rows[:, 0], worst] < -threshold)
         out_x[rows] = x
         out_lam[rows] = lam

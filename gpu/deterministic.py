@@ -48,6 +48,7 @@ from . import cuda, deterministic_host, sym3, tracking
 from .backend import Backend, get_backend
 from .engines import ARRAYS, COMPILED, KERNEL, choose_engine, engine_names
 from .host import host_threads
+from .indices import flatnonzero
 from .interpolate import trilinear
 from .params import meta
 from .streamlines import LOW_FA, SHARP_ANGLE, StreamlineBatch, StreamlineScalars
@@ -235,7 +236,7 @@ def _track_arrays(xp, field, region, scale, seeds, params: DeterministicParams, 
         d0, fa0 = _direction(xp, field, p0, ref, params, tensorline=False)
         low = valid & (fa0 < params.fa_threshold)
         stop[low] = LOW_FA
-        return d0, xp.flatnonzero(valid & ~low)
+        return d0, flatnonzero(xp, valid & ~low)
 
     def advance(p, d):
         if params.integrator != "rk4":

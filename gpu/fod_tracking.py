@@ -63,6 +63,7 @@ from . import cuda, tracking
 from .backend import Backend, get_backend
 from .engines import ARRAYS, KERNEL, choose_engine, engine_names
 from .fod_params import FodDeterministicParams, FodProbabilisticParams
+from .indices import flatnonzero
 from .interpolate import trilinear
 from .rng import philox4x32, seed_key
 from .sh import fibonacci_hemisphere, lmax_of, n_coefficients, sh_basis
@@ -368,7 +369,7 @@ def _track_arrays(xp, field, region, scale, seeds, sids, params: FodParams, key)
         d0, a0 = largest_peak(xp, coef0)
         low = valid & (a0 < params.cutoff)
         stop[low] = LOW_FA
-        begin = xp.flatnonzero(valid & ~low)
+        begin = flatnonzero(xp, valid & ~low)
         if probabilistic and len(begin):
             host = _host(begin)
             drawn, ok = draw_in_cone(xp, coef0[begin], d0[begin], ENVELOPE_MARGIN * a0[begin], -1.0, params,

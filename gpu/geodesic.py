@@ -77,6 +77,7 @@ from .backend import Backend, get_backend, iter_batched
 from .engines import ARRAYS, KERNEL, choose_engine
 from .geodesic_field import PACKED_CHUNKS, TARGET, TRACK, GeodesicField, packed_field
 from .geodesic_params import INTEGRATORS, GeodesicParams
+from .indices import flatnonzero
 from .interpolate import inside_volume, lookup, trilinear
 from .streamlines import (
     LOW_FA,
@@ -192,7 +193,7 @@ def _track_arrays(xp, fld: GeodesicField, field, region, starts, directions, par
     prev = v.copy()
     steps = xp.zeros(n, np.int64)
     cos_max = math.cos(math.radians(params.max_angle_deg)) if params.max_angle_deg > 0 else -2.0
-    idx = xp.flatnonzero(valid)
+    idx = flatnonzero(xp, valid)
     k = int(params.store_every)
 
     def drop(failed, reason):
@@ -334,7 +335,7 @@ def _compact(xp, out, fiber_offset: int, only_reaching: bool) -> GeodesicBatch:
     keep = valid & (stored >= 2)
     if only_reaching:
         keep &= reached >= 0
-    kept = xp.flatnonzero(keep)
+    kept = flatnonzero(xp, keep)
     counts = stored[kept]
     first = xp.zeros(len(kept), np.int64)
     packed, offsets = pack_rows(xp, points, kept, first, counts)

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import transfer
 from .backend import Backend, iter_batched
+from .indices import flatnonzero
 from .interpolate import inside_volume, lookup
 from .streamlines import (
     MAX_LENGTH,
@@ -185,7 +186,7 @@ def compact(xp, buf, count, stop, valid, seed_offset: int, params,
     keep = valid & (length >= params.min_length_mm - 1e-6)
     if not params.keep_truncated:
         keep &= ~(stop == MAX_LENGTH).any(axis=1)
-    kept = xp.flatnonzero(keep)
+    kept = flatnonzero(xp, keep)
     points, offsets = pack_rows(xp, buf, kept, m - back[kept], n_points[kept])
     to_host = transfer.to_host  # large arrays through pinned buffers (gpu.transfer)
     host_offsets = to_host(offsets)
