@@ -283,7 +283,10 @@ class StreamlineScalars:
         """``({"fa": (P,)}, {"length_mm": (S,)})`` float32 on ``xp``, piece by piece (bounded
         temporaries): the values :func:`sample_volume` and :meth:`PathLength.lengths` give."""
         if self._on is None or self._on[0] is not xp:
-            self._on = (xp, xp.asarray(self.fa_volume))
+            # C order (put in order on the host, on its way to the device): trilinear then gathers
+            # by flat voxel number, the same kernels whatever the order the volume came in (a
+            # Fortran-ordered one would take three index arrays, and other kernels)
+            self._on = (xp, xp.asarray(self.fa_volume, order="C"))
         volume = self._on[1]
         host_offsets = np.asarray(offsets) if host_offsets is None else host_offsets
         fa = xp.empty(len(points), np.float32)

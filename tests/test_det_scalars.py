@@ -143,3 +143,31 @@ def test_scalars_on_the_gpu_match_the_host_on_the_same_points():
     np.testing.assert_allclose(gpu.point_scalars["fa"], host.point_scalars["fa"], rtol=0, atol=1e-6)
     np.testing.assert_allclose(gpu.streamline_scalars["length_mm"], host.streamline_scalars["length_mm"], rtol=1e-5)
     assert gpu.streamline_scalars["length_mm"].max() > 10
+
+
+@pytest.mark.parametrize("x_sign", [1.0, -1.0])
+def test_the_tracking_view_of_a_tensor_file_is_in_c_order_whatever_its_handedness(tmp_path, x_sign):
+    """A tensor file is read in Fortran order and copied (C order) only when its affine's positive
+    determinant flips the x components: the tracking view is C-ordered either way, so the GPU
+    samples FA with the same kernels on every subject (the demo and the benchmark's subjects
+    are of opposite handedness)."""
+    from tractlens.app.io.tensor import save_tensor
+
+    field_ = _curving_field()
+    affine = np.diag([x_sign * 2.0, 2.0, 2.0, 1.0])
+    path = save_tensor(field_.tensor, affine, tmp_path / "tensor.nii.gz")
+    loaded = track_pipeline.load_tensor_field(tensor=str(path), tensor_order="fsl")
+    assert loaded.tensor.flags.c_contiguous and loaded.fa.flags.c_contiguous
+    np.testing.assert_allclose(loaded.fa, field_.fa, atol=1e-6)
+
+
+def test_scalars_sample_a_fortran_ordered_volume_in_c_order():
+    field_ = _curving_field()
+    fortran = np.asfortranarray(field_.fa)
+    scalars = StreamlineScalars(fortran, AFFINE)
+    points = np.array([[1.2, 2.5, 0.7], [3.0, 1.0, 2.0]], np.float32)
+    fa, _ = scalars.compute(np, points, np.array([0, 2]))
+    assert scalars._on[1].flags.c_contiguous
+    np.testing.assert_array_equal(
+        fa["fa"], StreamlineScalars(field_.fa, AFFINE).compute(np, points, np.array([0, 2]))[0]["fa"]
+    )

@@ -44,7 +44,10 @@ class TensorField:
 
     @classmethod
     def from_tensor(cls, tensor: np.ndarray, affine: np.ndarray, source: str = "", notes=None) -> TensorField:
-        tensor = np.asarray(tensor, dtype=np.float32)
+        # C order whatever the file's (a tensor file is read in Fortran order, and reordered only
+        # when its affine's handedness flips a component): the GPU then runs the same kernels
+        # on every subject, which the shipped kernels and the rehearsal prepare
+        tensor = np.ascontiguousarray(tensor, dtype=np.float32)
         finite = np.isfinite(tensor).all(axis=-1)
         clean = np.where(finite[..., None], tensor, 0.0)
         fa = np.clip(sym3.fractional_anisotropy_from_invariants(np, clean.astype(np.float64)), 0, 1)
