@@ -161,3 +161,32 @@ def test_auto_warms_up_only_for_inputs_large_enough_to_go_to_the_gpu(monkeypatch
     assert common.warm_up_gpu_in_background(args, "fit-dti") is not None
     pipeline.join_background_warmup()
     assert started == [("fit-dti",), ("fit-dti",)]
+
+
+def test_the_warm_up_puts_its_stages_in_the_commands_timings(monkeypatch):
+    """gpu_status (CuPy's import, the shipped kernels' installation, the probe), the thread's
+    whole time and what the command waited for it: details_s["gpu_warmup"] of the timings that
+    the whole-command benchmark compares between a cold and a warm run. A stand-in clock moves
+    only where the stand-in GPU works (0.5 s probe, 0.25 s per kernel), so the numbers are exact."""
+    from tractlens.app.timing import PhaseRecorder
+
+    fresh = PhaseRecorder()
+    monkeypatch.setattr(pipeline, "recorder", lambda: fresh)
+    clock = [1000.0]
+    monkeypatch.setattr(pipeline.time, "perf_counter", lambda: clock[0])
+
+    def probe():
+        clock[0] += 0.5
+        return True, "GPU"
+
+    def compile_one(build):
+        clock[0] += 0.25
+
+    handle = pipeline.BackgroundWarmup(
+        ("commit",), warm_up=lambda **kw: pipeline.warm_up_gpu(compile=compile_one, gpu_status=probe, **kw)
+    ).start()
+    result = handle.join()
+    stages = fresh.snapshot()["details_s"]["gpu_warmup"]
+    assert set(stages) == {"gpu_status", "thread", "waited"}
+    assert stages["gpu_status"] == 0.5 and stages["thread"] == 0.5 + 0.25 * result["compiled"]
+    assert 0 <= stages["waited"] <= stages["thread"]  # all of it or none, as the threads ran

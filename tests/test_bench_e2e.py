@@ -170,5 +170,21 @@ def test_the_first_run_summary_gives_each_commands_line_ratio_and_verdict(bench,
     assert commit["cold_over_warm"] == 1.5 and not commit["within_target"]
     assert commit["kernels_compiled_cold_names"] == ["cupy_sum"]
     assert summary["shipped_builds"] == ["cupy14.2.0-nvrtc13.0-sm90"]
+    assert fit["cold_vs_warm"] == {"cold": {}, "warm": {}}  # runs without the command's timings
     del results["runs"]["commit@1"]
     assert bench.first_run_summary(results, results["runs"], env)["met"]
+    # with them: where the cold run's extra seconds went (start-up, phases, GPU warm-up stages)
+    timings = {
+        "total_s": 1.2,
+        "phases_s": {"read": 0.04},
+        "details_s": {"gpu_warmup": {"shipped_kernels_install": 0.31}},
+    }
+    results["runs"]["fit-dti@1"].update(wall_s=3.0, timings={**timings, "total_s": 1.0, "details_s": {}})
+    results["runs"]["fit-dti@1"]["first_run"] = {"wall_s": 3.3, "timings": timings}
+    where = bench.first_run_summary(results, results["runs"], env)["commands"]["fit-dti@1"]["cold_vs_warm"]
+    assert where["cold"] == {
+        "startup_s": 2.1,
+        "phases_s": {"read": 0.04},
+        "gpu_warmup_s": {"shipped_kernels_install": 0.31},
+    }
+    assert where["warm"] == {"startup_s": 2.0, "phases_s": {"read": 0.04}, "gpu_warmup_s": {}}

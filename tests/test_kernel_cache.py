@@ -292,3 +292,56 @@ def test_the_wheel_ships_the_kernel_cache_folder():
     assert kc.SHIPPED_DIR == ROOT / "resources" / "kernel_cache"
     for name in (kc.MANIFEST, "0123abcd.cubin"):
         assert any(fnmatch.fnmatch(f"kernel_cache/cupy14.2.0-nvrtc12.9-sm90/{name}", p) for p in patterns)
+
+
+def test_the_names_of_a_whole_build_are_those_fill_gives(shipped):
+    """:func:`kc.cache_names` (each block filled and encoded once, keys hashed piece by piece)
+    gives :func:`kc.fill`'s names, for the build's own entries and for templates with markers
+    inside blocks, repeated blocks, and no block at all."""
+    manifest = kc.read_manifest(shipped / "cupy14.2.0-nvrtc12.9-sm90")
+    for runtime in (user(), user(core="/tmp/elsewhere/cupy/_core", cuda=BUILD_CUDA)):
+        expected = [
+            kc.cache_name(kc.fill(e["key"], runtime, manifest["blocks"]), e["suffix"]) for e in manifest["entries"]
+        ]
+        assert kc.cache_names(manifest["entries"], runtime, manifest["blocks"]) == expected
+    block_a, block_b = "\x00tractlens:block:a\x00", "\x00tractlens:block:b\x00"
+    blocks = {block_a: f"headers under {kc.CUPY_CORE_MARK}/include ü", block_b: f"-I{kc.INCLUDE_MARK.format(0)} x"}
+    keys = [
+        f"('90', '-I{kc.CUPY_CORE_MARK}') src {block_a}",
+        f"{block_b}{block_a} twice {block_a} end",
+        f"no block, only {kc.INCLUDE_MARK.format(0)}",
+        "",
+    ]
+    entries = [{"key": key, "suffix": ".cubin"} for key in keys]
+    runtime = user()
+    assert kc.cache_names(entries, runtime, blocks) == [
+        kc.cache_name(kc.fill(k, runtime, blocks), ".cubin") for k in keys
+    ]
+    assert kc.cache_names(entries, runtime, {}) == [kc.cache_name(kc.fill(k, runtime, {}), ".cubin") for k in keys]
+
+
+def test_installed_kernels_are_hard_links_to_the_shipped_files(shipped, tmp_path):
+    target = tmp_path / "user-cache"
+    result = kc.install(user(), shipped=shipped, target=target)
+    assert result["status"] == "installed" and result["installed"] == 2 and result["seconds"] >= 0
+    folder = shipped / "cupy14.2.0-nvrtc12.9-sm90"
+    for label in ("elementwise", "raw"):
+        installed = target / cupy_name(USER_CORE, "90", label)
+        assert any(installed.samefile(f) for f in folder.glob("*.cubin"))  # no bytes copied
+
+
+def test_where_no_link_can_be_made_the_kernels_are_copied(shipped, tmp_path, monkeypatch):
+    """Another file system, or a file the user may not link (protected_hardlinks): a copy."""
+
+    def refuse(source, dest):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(kc.os, "link", refuse)
+    target = tmp_path / "user-cache"
+    assert kc.install(user(), shipped=shipped, target=target)["installed"] == 2
+    folder = shipped / "cupy14.2.0-nvrtc12.9-sm90"
+    for label in ("elementwise", "raw"):
+        installed = target / cupy_name(USER_CORE, "90", label)
+        assert not any(installed.samefile(f) for f in folder.glob("*.cubin"))
+        assert installed.read_bytes().endswith(f"cubin of {SOURCES[label][:20]} for sm_90".encode())
+    assert not list(target.glob(".*.tmp"))

@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 from tractlens.gpu import backend
 
+from ..timing import recorder
+
 log = logging.getLogger(__name__)
 
 #: The job's title in the job list.
@@ -57,7 +59,10 @@ def warm_up_gpu(
     # imports this module (the pipelines wait for a background warm-up through it).
     from tractlens.gpu import warmup
 
+    began = time.perf_counter()
     ok, detail = (gpu_status or backend.gpu_status)()
+    # CuPy's import, the shipped kernels' installation (app.kernel_cache), the probe kernel
+    recorder().detail("gpu_warmup", {"gpu_status": time.perf_counter() - began})
     if not ok:
         log.info("GPU warm-up skipped: %s", detail)
         return {"gpu": False, "reason": detail, "compiled": 0, "seconds": 0.0, "cancelled": False}
@@ -122,10 +127,13 @@ class BackgroundWarmup:
         self._thread = threading.Thread(target=self._run, name="tractlens-gpu-warmup", daemon=True)
 
     def _run(self) -> None:
+        began = time.perf_counter()
         try:
             self.result = self._warm_up(cancelled=self._cancel.is_set, methods=self.methods)
         except BaseException as exc:  # kept for the log; the computation meets it again itself
             self.error = exc
+        finally:
+            recorder().detail("gpu_warmup", {"thread": time.perf_counter() - began})
 
     def start(self) -> BackgroundWarmup:
         self._thread.start()
@@ -139,8 +147,11 @@ class BackgroundWarmup:
     def join(self) -> dict | None:
         """Wait for the warm-up; its result (None when it failed)."""
         if self._thread.is_alive() or not self.joined:
+            began = time.perf_counter()
             self._thread.join()
             self.joined = True
+            # what the command waited for it (the whole-command benchmark's cold runs show it)
+            recorder().detail("gpu_warmup", {"waited": time.perf_counter() - began})
             if self.error is not None:
                 log.info("GPU warm-up failed (%s); the GPU is set up when it is first used", self.error)
         return self.result

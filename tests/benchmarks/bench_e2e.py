@@ -527,6 +527,18 @@ def compiled_kernel_names(cache: Path) -> list[str]:
 COLD_LIMIT = 1.2  # issue 43's target: cold <= 1.2 x warm for every whole command
 
 
+def _where_the_time_went(run: dict) -> dict:
+    """A run's start-up seconds, phases and GPU warm-up stages (``timings`` of its command)."""
+    timings = run.get("timings") or {}
+    if not timings:
+        return {}
+    return {
+        "startup_s": round(run["wall_s"] - timings["total_s"], 3),
+        "phases_s": {k: round(v, 3) for k, v in timings.get("phases_s", {}).items()},
+        "gpu_warmup_s": {k: round(v, 3) for k, v in timings.get("details_s", {}).get("gpu_warmup", {}).items()},
+    }
+
+
 def first_run_summary(results: dict, keys, env: dict) -> dict:
     """Issue 43's first-run result: per command (``keys`` of ``results["runs"]``) the command line
     behind the numbers, cold and warm wall seconds, their ratio and whether it meets
@@ -547,6 +559,12 @@ def first_run_summary(results: dict, keys, env: dict) -> dict:
             "within_target": row["cold_over_warm"] <= COLD_LIMIT,
             "kernels_compiled_cold": row["kernels_compiled_cold"],
             "kernels_compiled_cold_names": row.get("kernels_compiled_cold_names", []),
+            # where the seconds went, cold and warm: start-up (wall minus the command's own
+            # total), the phases, and the GPU warm-up thread's stages (gpu_status: CuPy's import,
+            # the shipped kernels' installation and the probe; waited: what the command waited)
+            "cold_vs_warm": {
+                side: _where_the_time_went(run) for side, run in (("cold", row.get("first_run") or {}), ("warm", row))
+            },
         }
     return {
         "target": f"cold <= {COLD_LIMIT} x warm for every whole command (issue 43)",
@@ -873,6 +891,7 @@ def main(argv=None) -> int:
         row = run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
         if first is not None:
             row["first_run"] = {k: first[k] for k in ("wall_s", "exit_status", "host_peak_bytes")}
+            row["first_run"]["timings"] = first.get("timings")  # its phases and GPU start-up (cold vs warm)
         if args.cold and first is not None:
             row.update(
                 cold_s=first["wall_s"],
