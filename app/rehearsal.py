@@ -6,10 +6,12 @@ sorting, random numbers...), each compiled by NVRTC at its first use. Where no k
 with TractLens match the machine (:mod:`app.kernel_cache`), :func:`rehearse` runs each GPU command
 once on the demo phantom, in a process of its own, as a user would (``tractlens fit-dti ...
 --device gpu``), so CuPy's cache holds them before the user's first command. Some of CuPy's
-kernels depend on the size of the data as well: compacting an array (``flatnonzero``) of 512
-elements or fewer takes other kernels than a longer one, so deterministic tracking runs both
-from the whole brain and from a small seed ROI; CuPy's CUB block reductions, sized by the data,
-are turned off by the engine (:func:`tractlens.gpu.backend.gpu_status`); arrays over 2 GiB take
+kernels depend on the size or shape of the data as well; the engine avoids them: its ``nonzero``
+goes through :mod:`tractlens.gpu.indices` (CuPy's own takes other kernels for 512 elements or
+fewer, and per number of dimensions), the tracking view is in C order whatever the file's
+handedness, and CuPy's CUB block reductions, sized by the data, are turned off
+(:func:`tractlens.gpu.backend.gpu_status`). Deterministic tracking still runs both from the whole
+brain and from a small seed ROI, the sizes users meet; arrays over 2 GiB take
 64-bit indexing, which the demo never reaches (the shipped build covers them: packaging/build_kernels.py). The window's
 first-start warm-up and ``tractlens info --compile`` call it; a stamp in CuPy's cache folder
 records it was done for this TractLens, CuPy and GPU, so it runs once.
@@ -45,7 +47,7 @@ def commands(demo: Path, work: Path, device: str = "gpu") -> list[tuple[str, lis
     return [
         ("fit-dti", ["fit-dti", dwi, "--mask", mask, "-o", dti, *d]),
         ("track deterministic", ["track", "deterministic", "--tensor", dti, "--whole-brain", "--mask", mask, "-o", det, *d]),
-        # a seed ROI of 40 voxels: CuPy compacts arrays of 512 elements or fewer with other kernels
+        # a seed ROI of 40 voxels: the small size users meet (CuPy's nonzero would switch kernels there)
         ("track deterministic (seed ROI)", ["track", "deterministic", "--tensor", dti, "--seed", seed, "-o", str(work / "roi.trk"), *d]),
         ("commit", ["commit", "--dwi", dwi, "--tractogram", det, "-o", str(work / "commit"), *d]),
         ("fit-ballstick", ["fit-ballstick", dwi, "--mask", seed, "-o", bs, *few, *d]),  # a few voxels: kernels, not maps

@@ -14,8 +14,9 @@ reduction, ufuncs, random numbers, ...) as the whole commands use them: each com
 tests/benchmarks/bench_e2e.py, plus geodesic tracking, is run on a small synthetic subject on the
 GPU, and CSD (single-shell and multi-tissue) and fODF tracking on the same subject with 60
 directions per shell, one fresh process each, as a user would run it. CuPy specialises some
-kernels by array size too: compacting 512 elements or fewer (deterministic tracking also runs from
-the subject's 27-voxel seed), and 64-bit indexing past 2 GiB (``--large-subject`` runs fit-dti,
+kernels by array size too: its nonzero for 512 elements or fewer (the engine avoids it with
+``gpu/indices.py``; deterministic tracking still also runs from the subject's 27-voxel seed, to
+catch any other), and 64-bit indexing past 2 GiB (``--large-subject`` runs fit-dti,
 deterministic tracking and COMMIT on a full-sized subject as well); the commands whose kernels
 depend on the count of measurements also run on the twin's 182 volumes. (CuPy's CUB block
 reductions, sized by the data, are off in the engine: ``gpu.backend._one_kernel_per_reduction``.) Each process records, for every kernel CuPy compiles, its cache key
@@ -230,7 +231,7 @@ def _subject(work: Path, large: Path | None = None) -> tuple[Path, list[tuple[st
         if argv[0] == "track":
             out.mkdir(parents=True, exist_ok=True)
         commands.append((name, argv))
-        if name == "track-det":  # from the 27-voxel seed: CuPy compacts 512 elements or fewer with other kernels
+        if name == "track-det":  # from the 27-voxel seed too: the small size users meet
             roi = ["track", "deterministic", "--tensor", str(tensor), "--seed", seed]
             commands.append(("track-det-roi", [*roi, "-o", str(runs / "track-det-roi.trk"), *gpu]))
     geodesic = ["track", "geodesic", "--tensor", str(tensor), "--seed", seed, "-o", str(runs / "geodesic.trk")]
