@@ -24,7 +24,8 @@
 # quick: a fresh HOME, CUPY_CACHE_DIR and TRACTLENS_CACHE (empty temporary folders: nothing a
 # user-level cache of this machine holds is used), then at once (16 cores; both compile) the GPU
 # tests that need no shipped build (the rehearsal on the demo, then fit-dti and deterministic
-# tracking on another subject compile nothing; one reduction kernel whatever the size; CuPy's own
+# tracking on another subject compile nothing; one reduction kernel whatever the size; the
+# engine's nonzero (gpu/indices.py) compiles nothing more for other sizes and shapes; CuPy's own
 # compiler finds relocated keys) and a shipped build (packaging/build_kernels.py, small subjects
 # only, ~2 min); then the tests of that build; then bench_e2e.py --small --cold (a 48x56x48,
 # 65-volume subject no kernel was built on): each command cold (an emptied kernel cache plus the
@@ -88,7 +89,7 @@ case $step in
     fi
     ;;
   test)
-    python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_cache_gpu.py 2>&1 | tail -15
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernel_cache_gpu.py tests/test_indices_gpu.py 2>&1 | tail -15
     ;;
   quick)
     start=$(date +%s)
@@ -99,10 +100,10 @@ case $step in
     echo "fresh caches: HOME=$HOME, CUPY_CACHE_DIR=$CUPY_CACHE_DIR ($(find "$CUPY_CACHE_DIR" -type f | wc -l) files)," \
       "TRACTLENS_CACHE=$TRACTLENS_CACHE; the machine's own ~/.cupy/kernel_cache held $before files (not used)" | tee -a "$OUT/gpu.txt"
     tag=$(python3 -c "import sys; sys.path.insert(0, 'tests/benchmarks'); import bench_e2e; print(bench_e2e.gpu_tag())")
-    tests=(python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_kernel_cache_gpu.py)
+    tests=(python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_kernel_cache_gpu.py tests/test_indices_gpu.py)
     [ "${TESTS:-1}" = 1 ] || tests=(true)  # TESTS=0: the build and the bench only (~3 min)
     # 1. the tests that need no shipped build, beside the build (both mostly wait for NVRTC)
-    timeout 420 "${tests[@]}" --basetemp "$Q/pytest-rehearsal" -k "rehearsal or one_reduction or cupys_own_compiler" \
+    timeout 420 "${tests[@]}" --basetemp "$Q/pytest-rehearsal" -k "rehearsal or one_reduction or cupys_own_compiler or other_sizes_and_shapes or equal_numpys" \
       >"$OUT/test_rehearsal.log" 2>&1 &
     rehearsal=$!
     B=$Q/build
@@ -131,7 +132,9 @@ case $step in
       --first-run-summary "$OUT/first_run_$tag.json" >"$OUT/bench_cold_small.log" 2>&1
     grep -A9 "cold s" "$OUT/bench_cold_small.log"
     python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print('target met:', s['met']); \
-[print(k, v['cold_over_warm'], v['kernels_compiled_cold_names']) for k, v in s['commands'].items()]" \
+[print(k, v['cold_over_warm'], v['kernels_compiled_cold_names'], \
+  {side: (w.get('startup_s'), w.get('gpu_warmup_s')) for side, w in v.get('cold_vs_warm', {}).items()}) \
+ for k, v in s['commands'].items()]" \
       "$OUT/first_run_$tag.json"
     echo "quick: $(($(date +%s) - start)) s"
     ;;
