@@ -24,7 +24,13 @@ tractogram with VTK instead.
 
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import dataclass
+
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 UPLOAD_CHUNK_BYTES = 64 << 20  # points and scalars go to the GPU this many bytes per call
 LUT_SIZE = 128  # colour map entries in the geometry shader (a uniform array fits every GL 3.2)
@@ -180,10 +186,101 @@ def _compile(GL, sources: dict[int, str], defines: str) -> int:
     return program
 
 
+def _integer(value) -> int | None:
+    """An integer that PyOpenGL returned (an int, a NumPy scalar or a one-element array), or None."""
+    try:
+        return int(np.asarray(value).reshape(-1)[0])
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _text(value) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+
+
+@dataclass(frozen=True)
+class GLCapabilities:
+    """What the current OpenGL context offers the fibre layer, read once per context
+    (:func:`read_capabilities`), with the raw answers kept so that a probe can show them."""
+
+    vendor: str = ""
+    renderer: str = ""
+    version_string: str = ""
+    glsl_version: str = ""
+    queried_version: tuple | None = None  # GL_MAJOR_VERSION / GL_MINOR_VERSION as PyOpenGL returned them
+    version: tuple[int, int] = (0, 0)  # what is used: the larger of the queried and the string's
+    profile: str = "unknown"  # "core", "compatibility" (GL_CONTEXT_PROFILE_MASK) or "unknown"
+    max_texture_buffer_texels: int = 0  # GL_MAX_TEXTURE_BUFFER_SIZE, read as unsigned (0: unknown)
+    raw_max_texture_buffer: object = None
+    extensions: frozenset = frozenset()
+    errors: tuple = ()  # queries that failed, in words
+
+    @property
+    def rgb32f_texture_buffers(self) -> bool:
+        """Points (RGB32F texels) readable as a texture buffer: GL 4.0 or ARB_texture_buffer_object_rgb32."""
+        return self.version >= (4, 0) or "GL_ARB_texture_buffer_object_rgb32" in self.extensions
+
+    @property
+    def draw_ids(self) -> bool:
+        """``gl_DrawID`` in the vertex shader (GL 4.6 or ARB_shader_draw_parameters)."""
+        return self.version >= (4, 6) or "GL_ARB_shader_draw_parameters" in self.extensions
+
+    def words(self) -> str:
+        return (
+            f"GL {self.version[0]}.{self.version[1]} {self.profile} ({self.version_string!r}, queried "
+            f"{self.queried_version}), {self.renderer!r}"
+        )
+
+
+def read_capabilities(GL) -> GLCapabilities:
+    """The current context's :class:`GLCapabilities`. The version is read both ways, from
+    GL_MAJOR/MINOR_VERSION and from the version string, and the larger is used: the features
+    needed are checked on their own (texture buffer size, extensions) and a shader that does
+    not compile falls back anyway."""
+    errors = []
+
+    def ask(what, call):
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001 - a query this context refuses is reported, not fatal
+            errors.append(f"{what}: {error}")
+            return None
+
+    strings = {name: _text(ask(name, lambda n=name: GL.glGetString(getattr(GL, n))))
+               for name in ("GL_VENDOR", "GL_RENDERER", "GL_VERSION", "GL_SHADING_LANGUAGE_VERSION")}  # fmt: skip
+    found = re.search(r"(\d+)\.(\d+)", strings["GL_VERSION"])
+    parsed = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+    major = _integer(ask("GL_MAJOR_VERSION", lambda: GL.glGetIntegerv(GL.GL_MAJOR_VERSION)))
+    minor = _integer(ask("GL_MINOR_VERSION", lambda: GL.glGetIntegerv(GL.GL_MINOR_VERSION)))
+    queried = None if major is None or minor is None else (major, minor)
+    version = max(parsed, queried if queried is not None and 0 < queried[0] < 100 else (0, 0))
+    mask = _integer(ask("GL_CONTEXT_PROFILE_MASK", lambda: GL.glGetIntegerv(GL.GL_CONTEXT_PROFILE_MASK)))
+    profile = "unknown" if mask is None else "core" if mask & 1 else "compatibility" if mask & 2 else f"mask {mask}"
+    raw_texels = ask("GL_MAX_TEXTURE_BUFFER_SIZE", lambda: GL.glGetIntegerv(GL.GL_MAX_TEXTURE_BUFFER_SIZE))
+    texels = _integer(raw_texels)
+    texels = 0 if texels is None else texels % (1 << 32)  # a GLint: a limit of 2^31 or more reads negative
+    count = _integer(ask("GL_NUM_EXTENSIONS", lambda: GL.glGetIntegerv(GL.GL_NUM_EXTENSIONS))) or 0
+    names = ask("GL_EXTENSIONS", lambda: [_text(GL.glGetStringi(GL.GL_EXTENSIONS, i)) for i in range(count)])
+    return GLCapabilities(
+        vendor=strings["GL_VENDOR"],
+        renderer=strings["GL_RENDERER"],
+        version_string=strings["GL_VERSION"],
+        glsl_version=strings["GL_SHADING_LANGUAGE_VERSION"],
+        queried_version=queried,
+        version=version,
+        profile=profile,
+        max_texture_buffer_texels=texels,
+        raw_max_texture_buffer=None if raw_texels is None else repr(raw_texels),
+        extensions=frozenset(names or ()),
+        errors=tuple(errors),
+    )
+
+
 class _Program:
     """The compiled shaders and their uniform locations: ``"lines"`` and ``"ribbons"`` (with a
     geometry shader), and ``"pulled"`` (thin lines without one) where points can also be read as
-    a texture buffer of RGB32F texels (GL 4.0) of up to :attr:`max_texels` each."""
+    a texture buffer of RGB32F texels (GL 4.0) of up to :attr:`max_texels` each.
+    :attr:`pulled_refusal` says why there is no ``"pulled"`` program (None: there is)."""
 
     NAMES = ("mvp", "to_world", "colour_mode", "lut", "clim", "solid", "viewport", "width_px", "opacity", "positions")
 
@@ -195,11 +292,21 @@ class _Program:
             "lines": _compile(GL, sources, defines),
             "ribbons": _compile(GL, sources, defines + "#define RIBBON\n"),
         }
-        version = (GL.glGetIntegerv(GL.GL_MAJOR_VERSION), GL.glGetIntegerv(GL.GL_MINOR_VERSION))
-        self.max_texels = int(GL.glGetIntegerv(GL.GL_MAX_TEXTURE_BUFFER_SIZE)) if version >= (4, 0) else 0
-        if self.max_texels:
+        self.capabilities = caps = read_capabilities(GL)
+        self.max_texels = caps.max_texture_buffer_texels if caps.rgb32f_texture_buffers else 0
+        self.pulled_refusal = None
+        if not caps.rgb32f_texture_buffers:
+            self.pulled_refusal = (
+                f"no RGB32F texture buffers ({caps.words()}; needs GL 4.0 or ARB_texture_buffer_object_rgb32)"
+            )
+        elif not self.max_texels:
+            self.pulled_refusal = f"GL_MAX_TEXTURE_BUFFER_SIZE unknown (read {caps.raw_max_texture_buffer})"
+        else:
             pulled = {k: v for k, v in sources.items() if k != GL.GL_GEOMETRY_SHADER}
-            self.programs["pulled"] = _compile(GL, pulled, defines + "#define PULLED\n")
+            try:
+                self.programs["pulled"] = _compile(GL, pulled, defines + "#define PULLED\n")
+            except GLUnavailable as error:  # the geometry shader's programs draw the same picture
+                self.pulled_refusal = f"the vertex-pulling shader failed: {error}"
         self.uniforms = {
             kind: {name: GL.glGetUniformLocation(program, name) for name in self.NAMES}
             for kind, program in self.programs.items()
@@ -327,6 +434,7 @@ class FibreBuffers:
         self.visible = True
         self.GL = None
         self.program: _Program | None = None
+        self.choice: tuple[str, str] | None = None  # (program kind, why) of the last frame
 
     @property
     def uploaded(self) -> int:
@@ -355,7 +463,10 @@ class FibreBuffers:
             return
         state = ren_win.GetState()
         ren_win.GetShaderCache().ReleaseCurrentShader()  # VTK rebinds its own program next time
-        kind = self.program_kind()
+        kind, why = choice = self.program_choice()
+        if choice != self.choice:  # said once per change (the log; the view's status line reads it)
+            self.choice = choice
+            log.info("fibres drawn as %s: %s", kind, why)
         where = self.program.uniforms[kind]
         GL.glUseProgram(self.program.programs[kind])
         self._set_uniforms(GL, where, renderer)
@@ -384,13 +495,31 @@ class FibreBuffers:
                 state.vtkglDepthMask(GL.GL_TRUE)
 
     def program_kind(self) -> str:
-        """Ribbons (tubes); thin lines without a geometry shader where every piece fits a texture
-        buffer; else thin lines with one."""
+        """The program drawing now (see :meth:`program_choice`)."""
+        return self.program_choice()[0]
+
+    def program_choice(self) -> tuple[str, str]:
+        """(kind, why): ribbons (tubes); thin lines without a geometry shader ("pulled") where
+        this GL reads the points as a texture buffer and every piece fits one; else thin lines
+        through the geometry shader ("lines")."""
         if self.ribbon:
-            return "ribbons"
-        limit = self.program.max_texels
-        pulled = "pulled" in self.program.programs and all(len(p) <= limit for p in self.piece_points)
-        return "pulled" if pulled and not FORCE_GEOMETRY_SHADER else "lines"
+            return "ribbons", "tubes are ribbons made by the geometry shader"
+        program = self.program
+        caps = program.capabilities
+        largest = max((len(p) for p in self.piece_points), default=0)
+        if FORCE_GEOMETRY_SHADER:
+            return "lines", "the geometry shader is forced (FORCE_GEOMETRY_SHADER)"
+        if "pulled" not in program.programs:
+            return "lines", f"no vertex pulling: {program.pulled_refusal}"
+        if largest > program.max_texels:
+            return "lines", (
+                f"no vertex pulling: a piece of {largest:,} points is over this GL's texture buffers "
+                f"of {program.max_texels:,} texels"
+            )
+        return "pulled", (
+            f"vertex pulling: {caps.words()}, texture buffers of up to {program.max_texels:,} texels "
+            f"for pieces of up to {largest:,} points"
+        )
 
     def _set_uniforms(self, GL, where: dict, renderer) -> None:
         camera = renderer.GetActiveCamera()

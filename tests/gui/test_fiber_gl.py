@@ -78,7 +78,10 @@ def test_the_points_go_to_the_gpu_once_as_they_are_and_are_drawn(own_buffers, wi
     window.save_screenshot(ARTIFACTS / "fiber_gl_direction.png")
     # Mesa's GL 4.5 reads the points as a texture buffer too: thin lines without a geometry
     # shader; the geometry shader's picture (older GL, or pieces over the texture limit) is the same.
-    assert scene.gl.program_kind() == "pulled"
+    kind, why = scene.gl.program_choice()
+    print(f"fibre program: {kind}: {why}")  # (-s shows it: which GL, which limits)
+    assert kind == "pulled", why
+    assert scene.gl.choice == (kind, why)  # what the last frame drew with (and logged)
     monkeypatch.setattr(gl_fibers, "FORCE_GEOMETRY_SHADER", True)
     view.plotter.render()
     assert scene.gl.program_kind() == "lines"
