@@ -242,7 +242,7 @@ def read_capabilities(GL) -> GLCapabilities:
     def ask(what, call):
         try:
             return call()
-        except Exception as error:  # noqa: BLE001 - a query this context refuses is reported, not fatal
+        except Exception as error:  # a query this context refuses is reported, not fatal
             errors.append(f"{what}: {error}")
             return None
 

@@ -62,7 +62,7 @@ def probe(n_streamlines: int) -> dict:
     for name in ("GL_MAJOR_VERSION", "GL_MINOR_VERSION", "GL_CONTEXT_PROFILE_MASK", "GL_MAX_TEXTURE_BUFFER_SIZE"):
         try:
             out[name] = raw(GL.glGetIntegerv(getattr(GL, name)))
-        except Exception as error:  # noqa: BLE001 - reported
+        except Exception as error:  # reported
             out[name] = {"error": repr(error)}
     caps = gl_fibers.read_capabilities(GL)
     out["capabilities"] = {
