@@ -46,7 +46,7 @@ class SliceFibres:
     def slab_segments(self, layer, pts, offsets, axis: int, cursor: float, zoom: float, slab_mm) -> np.ndarray:
         """Indices ``k`` of the segments (point k -> k + 1, within one streamline) with both ends
         within ``slab_mm`` / 2 of the slice (every segment when ``slab_mm`` is None)."""
-        key = (id(pts), len(pts), id(offsets), axis, float(cursor), zoom, slab_mm)
+        key = (id(pts), len(pts), len(offsets), axis, float(cursor), zoom, slab_mm)  # (offsets: a new array each time)
         cached = self._slab.get(id(layer))
         if cached is not None and cached[0] == key:
             return cached[1]
