@@ -197,13 +197,13 @@ class StepClock:
         SliceView.paintEvent = timed
 
     def start(self, view) -> None:
-        self.t0, self.painted0, self.frames0 = time.perf_counter(), self.painting, len(view.renders)
+        self.t0, self.painted0 = time.perf_counter(), self.painting
         for entry in view._fibers.values():
             getattr(getattr(entry["scene"], "gl", None), "timings", {}).clear()
 
     def parts(self, view) -> dict:
         total = time.perf_counter() - self.t0
-        frames = view.renders[self.frames0 :]
+        frames = [(start, end) for start, end in list(view.renders) if start >= self.t0]
         out = {
             "slice_views_ms": round(1e3 * (self.painting - self.painted0), 1),
             "frames_3d": len(frames),
@@ -298,9 +298,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["fibre_gl_failed"] = getattr(scene, "failed", None) or getattr(view, "gl_layer_refused", None)
     row["first_frame_lod_text"] = view.lod_text()  # a tractogram in pieces: its first piece first
     gl = getattr(scene, "gl", None)
-    if gl is not None and gl.program is not None:  # which program draws the fibres, and why
+    if gl is not None and hasattr(gl, "program_choice") and gl.program is not None:  # which program, and why
         row["fibre_program"], row["fibre_program_why"] = gl.program_choice()
-        row["fibre_streamline_scalars_by_draw_id"] = bool(gl.program.draw_ids)
+        row["fibre_streamline_scalars_by_draw_id"] = bool(getattr(gl.program, "draw_ids", False))
     assert wait(app, lambda: not any(entry["scene"].filling for entry in view._fibers.values()), 600)
     plotter.render()
     row["open_to_all_drawn_s"] = round(time.perf_counter() - start, 2)
@@ -405,7 +405,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
         steps.append(time.perf_counter() - start)
         task = view._glyph_tasks.get(id(tensors))
         part = clock.parts(view)
-        part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in (task.timings if task else {}).items()})
+        part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
         glyph_parts.append(part)
     row["glyph_step_ms"] = ms(steps)
     # the median step's parts: waiting for a worker, building on it, reaching and delivering on the GUI thread
