@@ -149,9 +149,8 @@ class GLFiberActors:
 
     def _scalar_chunks(self, values: np.ndarray, kind: str):
         offsets, bounds = self.arrays.offsets, self.arrays.bounds
-        lengths = np.diff(offsets)
         points_per_chunk = 1 << 22  # 16 MB of float32 written at a time: no copy of a whole scalar
-        streamlines_per_chunk = max(1, points_per_chunk * len(lengths) // max(int(offsets[-1]), 1))
+        streamlines_per_chunk = max(1, points_per_chunk * (len(offsets) - 1) // max(int(offsets[-1]), 1))
 
         def chunks(k: int):
             a, b = bounds[k]
@@ -162,7 +161,8 @@ class GLFiberActors:
             else:  # a streamline's value for each of its points, a chunk of streamlines at a time
                 for start in range(a, b, streamlines_per_chunk):
                     stop = min(b, start + streamlines_per_chunk)
-                    yield np.repeat(np.asarray(values[start:stop], np.float32), lengths[start:stop])
+                    lengths = np.diff(offsets[start : stop + 1])  # (only where gl_DrawID is missing)
+                    yield np.repeat(np.asarray(values[start:stop], np.float32), lengths)
 
         return chunks
 
