@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 LUT_SIZE = 128  # colour map entries in the geometry shader (a uniform array fits every GL 3.2)
 GLSL = "#version 150\n"
-# gl_DrawID in a GLSL 1.50 shader (the extension directive precedes any code).
-DRAW_IDS = "#extension GL_ARB_shader_draw_parameters : require\n#define DRAW_IDS\n"
+# gl_DrawID in a GLSL 1.50 vertex shader (the extension directive, in that stage only, precedes any code).
+DRAW_IDS_EXTENSION = "#extension GL_ARB_shader_draw_parameters : require\n"
 
 # PULLED (thin lines where the points are also a texture buffer): the vertex shader colours by
 # direction from the point before (texelFetch), flat, so that each segment (i, i + 1) takes the
@@ -295,7 +295,8 @@ class FibreProgram:
         self.draw_ids = caps.draw_ids
         if self.draw_ids:
             try:
-                self.programs = self._compile_all(GL, sources, DRAW_IDS + defines)
+                with_ids = {**sources, GL.GL_VERTEX_SHADER: DRAW_IDS_EXTENSION + VERTEX_SHADER}
+                self.programs = self._compile_all(GL, with_ids, defines + "#define DRAW_IDS\n")
             except GLUnavailable as error:  # per-streamline scalars are then written per point
                 log.info("fibre shaders without gl_DrawID: %s", error)
                 self.draw_ids = False
