@@ -39,7 +39,7 @@ def probe(n_streamlines: int) -> dict:
 
     from tests.benchmarks.bench_render import synthetic_part
     from tractlens.app.model import Layer, Tractogram
-    from tractlens.widgets import gl_fibers, view3d_fibers
+    from tractlens.widgets import gl_fibers, gl_fibre_program, view3d_fibers
     from tractlens.widgets.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
@@ -64,7 +64,7 @@ def probe(n_streamlines: int) -> dict:
             out[name] = raw(GL.glGetIntegerv(getattr(GL, name)))
         except Exception as error:  # reported
             out[name] = {"error": repr(error)}
-    caps = gl_fibers.read_capabilities(GL)
+    caps = gl_fibre_program.read_capabilities(GL)
     out["capabilities"] = {
         "vendor": caps.vendor,
         "renderer": caps.renderer,
@@ -106,6 +106,7 @@ def probe(n_streamlines: int) -> dict:
         out["fibre_program"], out["fibre_program_why"] = kind, why
         out["pulled_refusal"] = gl.program.pulled_refusal
         out["programs_compiled"] = sorted(gl.program.programs)
+        out["streamline_scalars_by_draw_id"] = gl.program.draw_ids
     window.close()
     return out
 
