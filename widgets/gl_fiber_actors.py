@@ -8,7 +8,8 @@ pass, while its context is current and before overlays (the level-of-detail line
 bars stay on top). The anchor's mapper carries the lookup table and scalar range when a scalar
 colours the streamlines, for the colour bar. Showing another level or selection gives the
 buffers new ``(first, count)`` ranges (prepared on the workers, :meth:`app.fiber_arrays.Cells.ranges`);
-colouring changes a shader uniform or writes one float per point on the GPU; nothing is rebuilt.
+colouring changes a shader uniform, or writes a scalar once (one float per streamline, read by
+``gl_DrawID``; per point where that is missing or the scalar is per point); nothing is rebuilt.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ streamlines. Here the points go to the GPU once, one vertex buffer per piece of 
 copy); what is drawn is ``glMultiDrawArrays(GL_LINE_STRIP, first, count)`` over the streamlines
 shown (a level of detail, a selection: integers only, prepared on workers), and colour is a
 shader change: by direction in a geometry shader (the segment's world direction, so no colour
-array exists at all), by a per-point or per-streamline scalar through the colour map (a float per
-point on the GPU, written from the scalar in chunks), or one colour. A decimated level (every
+array exists at all), by a scalar through the colour map, or one colour. A per-streamline scalar
+(a COMMIT weight) is one float per streamline on the GPU, read by ``gl_DrawID`` (each streamline
+is one draw; a selection gives the drawn streamlines' ids), uploaded once per scalar; a per-point
+scalar, or any scalar where ``gl_DrawID`` is missing, is a float per point written in chunks. A decimated level (every
 k-th point, drawn while the camera moves with software OpenGL) is a small element buffer with
 primitive restart. Tubes are screen-aligned ribbons with a shaded profile.
 
