@@ -192,6 +192,7 @@ class FibreBuffers:
         self.streamline_source = None  # (key, a scalar per streamline (S,) float32): read by gl_DrawID
         self.drawn = None  # (what the ranges come from, a callable giving each piece's drawn ids or None)
         self.timings: dict[str, float] = {}  # seconds of the last frame's uploads, by what was uploaded
+        self.no_value_units = False  # VTK had no texture unit left for per-streamline values once
         self.opacity = 1.0
         self.ribbon = False
         self.visible = True
@@ -239,6 +240,13 @@ class FibreBuffers:
             GL.glUniform1i(where["positions"], unit)
         per_streamline = self.per_streamline()
         value_units = (units.Allocate(), units.Allocate()) if per_streamline else None
+        if value_units is not None and min(value_units) < 0:  # no texture units left: written per point instead
+            for used in value_units:
+                if used >= 0:
+                    units.Free(used)
+            log.info("no texture units for per-streamline values: the scalar is written per point")
+            self.no_value_units, value_units, per_streamline = True, None, False
+            self._sync_scalars(GL)
         if self.program.draw_ids:
             GL.glUniform1i(where["per_streamline"], int(per_streamline))
         if value_units is not None:
@@ -317,6 +325,7 @@ class FibreBuffers:
             and self.program is not None
             and self.program.draw_ids
             and not FORCE_POINT_SCALARS
+            and not self.no_value_units
         )
 
     def _draw_pieces(self, GL, state, unit: int, value_units, where: dict) -> None:
