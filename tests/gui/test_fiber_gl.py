@@ -126,8 +126,8 @@ def test_colour_modes_are_shader_changes(own_buffers, window, qtbot, tmp_path):
     assert scene.gl.colour_mode == 1 and scene.gl.clim == (0.0, 1.0)
     buffers = scene.gl.buffers[0]
     weight = layer.data.streamline_scalars["weight"]
-    # Mesa's GL has gl_DrawID: one value per streamline on the GPU, none per point.
-    assert scene.gl.program.draw_ids and scene.gl.per_streamline()
+    # Mesa's and NVIDIA's GL have gl_DrawID: one value per streamline on the GPU, none per point.
+    assert scene.gl.program.draw_ids and scene.gl.per_streamline(), scene.gl.program.capabilities.words()
     assert buffers.scalar is None
     values = read_buffer(view, buffers.texture_buffers["values"][0], 4 * len(layer.data), np.float32)
     np.testing.assert_allclose(values, weight, rtol=1e-6)
@@ -168,7 +168,9 @@ def test_a_per_streamline_scalar_read_by_draw_draws_what_one_per_point_draws(
         shots[moving] = view.screenshot()
         assert scene.gl.per_streamline() and scene.gl.buffers[0].scalar is None
         assert scene.gl.buffers[0].ids_given  # a selection: the drawn streamlines' ids are given
-    assert scene.gl.decimated is not None  # (software OpenGL's moving level: every k-th point)
+    # Software OpenGL's moving level keeps every k-th point (one draw per streamline of its
+    # element buffer); hardware OpenGL's is whole streamlines (ranges).
+    assert (scene.gl.decimated is not None) == gl_is_software()
     monkeypatch.setattr(gl_fibers, "FORCE_POINT_SCALARS", True)
     for moving in (False, True):
         view._coarse_detail() if moving else view._full_detail()
