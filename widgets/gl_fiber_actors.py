@@ -8,10 +8,13 @@ pass, while its context is current and before overlays (the level-of-detail line
 bars stay on top). The anchor's mapper carries the lookup table and scalar range when a scalar
 colours the streamlines, for the colour bar. Showing another level or selection gives the
 buffers new ``(first, count)`` ranges (prepared on the workers, :meth:`app.fiber_arrays.Cells.ranges`);
-colouring changes a shader uniform or writes one float per point on the GPU; nothing is rebuilt.
+colouring changes a shader uniform, or writes a scalar once (one float per streamline, read by
+``gl_DrawID``; per point where that is missing or the scalar is per point); nothing is rebuilt.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 from vtkmodules.vtkCommonCore import vtkCommand, vtkPoints
@@ -94,7 +97,7 @@ class GLFiberActors:
         self.points = arrays.points
         points = np.ascontiguousarray(arrays.points, dtype=np.float32)
         pieces = [points[int(arrays.offsets[a]) : int(arrays.offsets[b])] for a, b in arrays.bounds]
-        self.gl = FibreBuffers(pieces, arrays.affine)
+        self.gl = FibreBuffers(pieces, arrays.affine, list(arrays.bounds))
         if old is not None:
             self._retired = [*getattr(self, "_retired", []), old]  # freed at the next frame (context current)
             self.gl.opacity, self.gl.ribbon, self.gl.visible = old.opacity, old.ribbon, old.visible
@@ -123,6 +126,8 @@ class GLFiberActors:
         else:
             self.gl.decimated = None
             self.gl.ranges = list(cells.ranges(arrays.offsets, arrays.bounds))
+        if self.gl.drawn is None or self.gl.drawn[0] is not cells:  # read only for a per-streamline scalar
+            self.gl.drawn = (cells, functools.partial(drawn_ids, cells, arrays.offsets, arrays.bounds))
 
     def colour(self, name: str, values=None, kind: str = "point", lut=None, clim=None) -> None:
         """By direction (the geometry shader's), or a scalar per point or per streamline through
@@ -135,7 +140,8 @@ class GLFiberActors:
             self.gl.colour_mode = 1
             self.gl.clim = (float(clim[0]), float(clim[1]))
             self.gl.lut = _lut_rgb(lut)
-            self.gl.scalar_source = ((name, kind), self._scalar_chunks(values, kind))
+            self.gl.scalar_source = ((name, kind), self._scalar_chunks(values, kind))  # where gl_DrawID is not
+            self.gl.streamline_source = ((name, kind), values) if kind == "streamline" else None
             mapper.SetLookupTable(lut)  # the colour bar's
             mapper.UseLookupTableScalarRangeOff()
             mapper.SetScalarRange(*clim)
@@ -144,9 +150,8 @@ class GLFiberActors:
 
     def _scalar_chunks(self, values: np.ndarray, kind: str):
         offsets, bounds = self.arrays.offsets, self.arrays.bounds
-        lengths = np.diff(offsets)
         points_per_chunk = 1 << 22  # 16 MB of float32 written at a time: no copy of a whole scalar
-        streamlines_per_chunk = max(1, points_per_chunk * len(lengths) // max(int(offsets[-1]), 1))
+        streamlines_per_chunk = max(1, points_per_chunk * (len(offsets) - 1) // max(int(offsets[-1]), 1))
 
         def chunks(k: int):
             a, b = bounds[k]
@@ -157,7 +162,8 @@ class GLFiberActors:
             else:  # a streamline's value for each of its points, a chunk of streamlines at a time
                 for start in range(a, b, streamlines_per_chunk):
                     stop = min(b, start + streamlines_per_chunk)
-                    yield np.repeat(np.asarray(values[start:stop], np.float32), lengths[start:stop])
+                    lengths = np.diff(offsets[start : stop + 1])  # (only where gl_DrawID is missing)
+                    yield np.repeat(np.asarray(values[start:stop], np.float32), lengths)
 
         return chunks
 
@@ -232,6 +238,24 @@ class GLFiberActors:
         ren_win = None if self.renderer is None else self.renderer.GetRenderWindow()
         for gl in [self.gl, *getattr(self, "_retired", [])]:
             gl.release(ren_win)
+
+
+def drawn_ids(cells: Cells, offsets: np.ndarray, bounds: list[tuple[int, int]]) -> list[np.ndarray | None]:
+    """Per piece (``bounds``: streamlines [a, b)), the piece's streamline (from a) of each draw of
+    ``cells`` as int32, or None where draw k is the piece's streamline k (every one, in order)."""
+    if cells.decimated:
+        parts = cells.pieces(offsets, bounds)
+        return [None if part.streamlines is None else (np.asarray(part.streamlines) - a).astype(np.int32)
+                for part, (a, _b) in zip(parts, bounds, strict=True)]  # fmt: skip
+    ids = cells.streamline_ids()
+    if isinstance(ids, slice):
+        out = []
+        for a, b in bounds:
+            lo, hi = max(a, ids.start), min(b, ids.stop)
+            out.append(None if lo == a else np.arange(lo - a, max(lo, hi) - a, dtype=np.int32))
+        return out
+    cuts = np.searchsorted(ids, [a for a, _b in bounds] + [bounds[-1][1]])
+    return [(ids[int(cuts[k]) : int(cuts[k + 1])] - a).astype(np.int32) for k, (a, _b) in enumerate(bounds)]
 
 
 def _vtk_points(corners: np.ndarray):

@@ -7,8 +7,10 @@ streamlines. Here the points go to the GPU once, one vertex buffer per piece of 
 copy); what is drawn is ``glMultiDrawArrays(GL_LINE_STRIP, first, count)`` over the streamlines
 shown (a level of detail, a selection: integers only, prepared on workers), and colour is a
 shader change: by direction in a geometry shader (the segment's world direction, so no colour
-array exists at all), by a per-point or per-streamline scalar through the colour map (a float per
-point on the GPU, written from the scalar in chunks), or one colour. A decimated level (every
+array exists at all), by a scalar through the colour map, or one colour. A per-streamline scalar
+(a COMMIT weight) is one float per streamline on the GPU, read by ``gl_DrawID`` (each streamline
+is one draw; a selection gives the drawn streamlines' ids), uploaded once per scalar; a per-point
+scalar, or any scalar where ``gl_DrawID`` is missing, is a float per point written in chunks. A decimated level (every
 k-th point, drawn while the camera moves with software OpenGL) is a small element buffer with
 primitive restart. Tubes are screen-aligned ribbons with a shaded profile.
 
@@ -24,186 +26,20 @@ tractogram with VTK instead.
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 
+from .gl_fibre_program import LUT_SIZE, FibreProgram, GLUnavailable, load_gl
+
+log = logging.getLogger(__name__)
+__all__ = ["LUT_SIZE", "FibreBuffers", "GLUnavailable", "load_gl", "restart_indices", "upload"]
+
 UPLOAD_CHUNK_BYTES = 64 << 20  # points and scalars go to the GPU this many bytes per call
-LUT_SIZE = 128  # colour map entries in the geometry shader (a uniform array fits every GL 3.2)
-GLSL = "#version 150\n"
-
-# PULLED (thin lines where the points are also a texture buffer): the vertex shader colours by
-# direction from the point before (texelFetch), flat, so that each segment (i, i + 1) takes the
-# colour of its last vertex: no geometry shader. Otherwise the geometry shader does it per segment.
-VERTEX_SHADER = """
-in vec3 position;
-in float scalar;
-uniform mat4 mvp;
-#ifdef PULLED
-uniform samplerBuffer positions;
-uniform mat3 to_world;
-uniform int colour_mode;
-uniform vec3 lut[LUT_SIZE];
-uniform vec2 clim;
-uniform vec3 solid;
-flat out vec3 v_flat;
-out vec3 v_smooth;
-#else
-out vec3 v_model;
-out float v_scalar;
-#endif
-void main() {
-  gl_Position = mvp * vec4(position, 1.0);
-#ifdef PULLED
-  vec3 d = to_world * (position - texelFetch(positions, max(gl_VertexID - 1, 0)).xyz);
-  float len = length(d);
-  v_flat = len > 0.0 ? abs(d) / len : vec3(0.0);
-  float t = clamp((scalar - clim.x) / max(clim.y - clim.x, 1e-30), 0.0, 1.0);
-  v_smooth = colour_mode == 1 ? lut[int(t * float(LUT_SIZE - 1) + 0.5)] : solid;
-#else
-  v_model = position;
-  v_scalar = scalar;
-#endif
-}
-"""
-
-# One segment of a line strip in; a line (thin) or a ribbon WIDTH pixels wide (tubes) out.
-GEOMETRY_SHADER = """
-layout(lines) in;
-#ifdef RIBBON
-layout(triangle_strip, max_vertices = 4) out;
-#else
-layout(line_strip, max_vertices = 2) out;
-#endif
-in vec3 v_model[];
-in float v_scalar[];
-uniform mat3 to_world;
-uniform int colour_mode;  // 0: direction, 1: scalar through the colour map, 2: one colour
-uniform vec3 lut[LUT_SIZE];
-uniform vec2 clim;
-uniform vec3 solid;
-uniform vec2 viewport;
-uniform float width_px;
-out vec3 g_colour;
-out float g_across;
-vec3 colour_of(int k, vec3 direction) {
-  if (colour_mode == 0) return direction;
-  if (colour_mode == 2) return solid;
-  float t = clamp((v_scalar[k] - clim.x) / max(clim.y - clim.x, 1e-30), 0.0, 1.0);
-  return lut[int(t * float(LUT_SIZE - 1) + 0.5)];
-}
-void main() {
-  vec3 d = to_world * (v_model[1] - v_model[0]);
-  float len = length(d);
-  vec3 direction = len > 0.0 ? abs(d) / len : vec3(0.0);
-  vec4 a = gl_in[0].gl_Position;
-  vec4 b = gl_in[1].gl_Position;
-#ifdef RIBBON
-  vec2 along = (b.xy / b.w - a.xy / a.w) * viewport;
-  vec2 normal = length(along) > 0.0 ? normalize(vec2(-along.y, along.x)) : vec2(0.0, 1.0);
-  vec2 side = normal * width_px / viewport;  // half the width in normalised device coordinates
-  g_colour = colour_of(0, direction);
-  g_across = -1.0; gl_Position = a - vec4(side * a.w, 0.0, 0.0); EmitVertex();
-  g_across = 1.0; gl_Position = a + vec4(side * a.w, 0.0, 0.0); EmitVertex();
-  g_colour = colour_of(1, direction);
-  g_across = -1.0; gl_Position = b - vec4(side * b.w, 0.0, 0.0); EmitVertex();
-  g_across = 1.0; gl_Position = b + vec4(side * b.w, 0.0, 0.0); EmitVertex();
-#else
-  g_across = 0.0;
-  g_colour = colour_of(0, direction); gl_Position = a; EmitVertex();
-  g_colour = colour_of(1, direction); gl_Position = b; EmitVertex();
-#endif
-  EndPrimitive();
-}
-"""
-
-FRAGMENT_SHADER = """
-#ifdef PULLED
-flat in vec3 v_flat;
-in vec3 v_smooth;
-uniform int colour_mode;
-#else
-in vec3 g_colour;
-in float g_across;
-#endif
-uniform float opacity;
-out vec4 frag_colour;
-void main() {
-#ifdef PULLED
-  frag_colour = vec4(colour_mode == 0 ? v_flat : v_smooth, opacity);
-#else
-  float shade = sqrt(max(0.0, 1.0 - g_across * g_across));  // a tube's profile across the ribbon
-  frag_colour = vec4(g_colour * (0.35 + 0.65 * shade), opacity);
-#endif
-}
-"""
-
 RESTART_INDEX = 0xFFFFFFFF
 FORCE_GEOMETRY_SHADER = False  # thin lines through the geometry shader even where not needed (tests)
-
-
-class GLUnavailable(RuntimeError):
-    """This OpenGL cannot draw tractograms from their own buffers (the message says why)."""
-
-
-def load_gl():
-    """PyOpenGL's ``GL`` module, without per-call error checks (a frame makes few calls, and a
-    ``glGetError`` after each would cost more than the call)."""
-    try:
-        import OpenGL
-    except ImportError as error:
-        raise GLUnavailable("PyOpenGL is not installed (pip install 'tractlens[gui]')") from error
-    OpenGL.ERROR_CHECKING = False
-    from OpenGL import GL
-
-    return GL
-
-
-def _compile(GL, sources: dict[int, str], defines: str) -> int:
-    shaders = []
-    for kind, body in sources.items():
-        shader = GL.glCreateShader(kind)
-        GL.glShaderSource(shader, GLSL + defines + body)
-        GL.glCompileShader(shader)
-        if not GL.glGetShaderiv(shader, GL.GL_COMPILE_STATUS):
-            log = GL.glGetShaderInfoLog(shader)
-            raise GLUnavailable(f"a fibre shader does not compile here: {log!r:.300}")
-        shaders.append(shader)
-    program = GL.glCreateProgram()
-    for shader in shaders:
-        GL.glAttachShader(program, shader)
-    GL.glBindAttribLocation(program, 0, "position")
-    GL.glBindAttribLocation(program, 1, "scalar")
-    GL.glLinkProgram(program)
-    for shader in shaders:
-        GL.glDeleteShader(shader)
-    if not GL.glGetProgramiv(program, GL.GL_LINK_STATUS):
-        raise GLUnavailable(f"the fibre shaders do not link here: {GL.glGetProgramInfoLog(program)!r:.300}")
-    return program
-
-
-class _Program:
-    """The compiled shaders and their uniform locations: ``"lines"`` and ``"ribbons"`` (with a
-    geometry shader), and ``"pulled"`` (thin lines without one) where points can also be read as
-    a texture buffer of RGB32F texels (GL 4.0) of up to :attr:`max_texels` each."""
-
-    NAMES = ("mvp", "to_world", "colour_mode", "lut", "clim", "solid", "viewport", "width_px", "opacity", "positions")
-
-    def __init__(self, GL):
-        sources = {GL.GL_VERTEX_SHADER: VERTEX_SHADER, GL.GL_GEOMETRY_SHADER: GEOMETRY_SHADER,
-                   GL.GL_FRAGMENT_SHADER: FRAGMENT_SHADER}  # fmt: skip
-        defines = f"#define LUT_SIZE {LUT_SIZE}\n"
-        self.programs = {
-            "lines": _compile(GL, sources, defines),
-            "ribbons": _compile(GL, sources, defines + "#define RIBBON\n"),
-        }
-        version = (GL.glGetIntegerv(GL.GL_MAJOR_VERSION), GL.glGetIntegerv(GL.GL_MINOR_VERSION))
-        self.max_texels = int(GL.glGetIntegerv(GL.GL_MAX_TEXTURE_BUFFER_SIZE)) if version >= (4, 0) else 0
-        if self.max_texels:
-            pulled = {k: v for k, v in sources.items() if k != GL.GL_GEOMETRY_SHADER}
-            self.programs["pulled"] = _compile(GL, pulled, defines + "#define PULLED\n")
-        self.uniforms = {
-            kind: {name: GL.glGetUniformLocation(program, name) for name in self.NAMES}
-            for kind, program in self.programs.items()
-        }
+FORCE_POINT_SCALARS = False  # per-streamline scalars written per point even where gl_DrawID reads them (tests)
 
 
 class _PieceBuffers:
@@ -218,6 +54,9 @@ class _PieceBuffers:
         self.elements = None
         self.n_elements = 0
         self.texture = None  # the points as a texture buffer (the "pulled" program's)
+        self.texture_buffers: dict[str, tuple[int, int]] = {}  # name -> (buffer, texture): see set_texture_buffer
+        self.strips = None  # a decimated level's (counts, first element byte offsets) per streamline
+        self.ids_given = False  # the "ids" texture buffer says which streamline each draw is
         GL.glBindVertexArray(self.vao)
         upload(GL, self.position, points)
         GL.glBindBuffer(GL.GL_ARRAY_BUFFER, self.position)  # what the attribute reads
@@ -260,6 +99,21 @@ class _PieceBuffers:
         GL.glBindBuffer(GL.GL_ELEMENT_ARRAY_BUFFER, 0)
         self.n_elements = len(indices)
 
+    def set_texture_buffer(self, GL, name: str, internal_format: int, values: np.ndarray) -> None:
+        """``values`` into the piece's texture buffer ``name`` (``"values"``: a per-streamline
+        scalar, R32F; ``"ids"``: the piece's streamline of each draw, R32I)."""
+        buffer, texture = self.texture_buffers.get(name, (None, None))
+        if buffer is None:
+            buffer, texture = GL.glGenBuffers(1), GL.glGenTextures(1)
+            self.texture_buffers[name] = (buffer, texture)
+        values = np.ascontiguousarray(values)
+        GL.glBindBuffer(GL.GL_TEXTURE_BUFFER, buffer)
+        GL.glBufferData(GL.GL_TEXTURE_BUFFER, max(values.nbytes, 4), values if len(values) else None, GL.GL_STATIC_DRAW)
+        GL.glBindBuffer(GL.GL_TEXTURE_BUFFER, 0)
+        GL.glBindTexture(GL.GL_TEXTURE_BUFFER, texture)
+        GL.glTexBuffer(GL.GL_TEXTURE_BUFFER, internal_format, buffer)
+        GL.glBindTexture(GL.GL_TEXTURE_BUFFER, 0)
+
     def points_texture(self, GL) -> int:
         """The points as a texture buffer of RGB32F texels (made once, no copy: the same buffer)."""
         if self.texture is None:
@@ -272,6 +126,9 @@ class _PieceBuffers:
     def release(self, GL) -> None:
         if self.texture is not None:
             GL.glDeleteTextures(1, [self.texture])
+        for buffer, texture in self.texture_buffers.values():
+            GL.glDeleteTextures(1, [texture])
+            GL.glDeleteBuffers(1, [buffer])
         GL.glDeleteVertexArrays(1, [self.vao])
         GL.glDeleteBuffers(1, [self.position])
         for buffer in (self.scalar, self.elements):
@@ -304,12 +161,22 @@ def restart_indices(cells) -> np.ndarray:
     return out
 
 
+def strips(cells) -> tuple[np.ndarray, np.ndarray]:
+    """(point counts, first elements' byte offsets) of each streamline of a decimated level in
+    its element buffer (:func:`restart_indices`: each streamline followed by a restart marker),
+    for ``glMultiDrawElements``: one draw per streamline, so that ``gl_DrawID`` counts them."""
+    offsets = np.asarray(cells.offsets, dtype=np.int64)
+    firsts = offsets[:-1] + np.arange(len(offsets) - 1)
+    return np.diff(offsets).astype(np.int32), (4 * firsts).astype(np.uintp)
+
+
 class FibreBuffers:
     """One tractogram on the GPU: created empty, filled and drawn by :meth:`draw` (VTK's context
     is current only then). The view sets what to draw; the next frame makes the GL calls."""
 
-    def __init__(self, pieces: list[np.ndarray], affine: np.ndarray):
+    def __init__(self, pieces: list[np.ndarray], affine: np.ndarray, bounds: list[tuple[int, int]] | None = None):
         self.piece_points = pieces  # slices of the tractogram's float32 points (no copies)
+        self.bounds = bounds if bounds is not None else [(0, 0)] * len(pieces)  # each piece's streamlines [a, b)
         self.affine = np.asarray(affine, dtype=np.float64)
         self.buffers: list[_PieceBuffers] = []
         self.allowed_pieces = len(pieces)  # pieces uploaded so far may be at most this many
@@ -321,12 +188,17 @@ class FibreBuffers:
         self.clim = (0.0, 1.0)
         self.solid = (1.0, 1.0, 1.0)
         self.scalar_key = None  # what the scalar buffers hold now
-        self.scalar_source = None  # (key, per piece: a callable giving chunks)
+        self.scalar_source = None  # (key, per piece: a callable giving chunks of a scalar per point)
+        self.streamline_source = None  # (key, a scalar per streamline (S,) float32): read by gl_DrawID
+        self.drawn = None  # (what the ranges come from, a callable giving each piece's drawn ids or None)
+        self.timings: dict[str, float] = {}  # seconds of the last frame's uploads, by what was uploaded
+        self.no_value_units = False  # VTK had no texture unit left for per-streamline values once
         self.opacity = 1.0
         self.ribbon = False
         self.visible = True
         self.GL = None
-        self.program: _Program | None = None
+        self.program: FibreProgram | None = None
+        self.choice: tuple[str, str] | None = None  # (program kind, why) of the last frame
 
     @property
     def uploaded(self) -> int:
@@ -337,7 +209,7 @@ class FibreBuffers:
         if self.program is None:
             self.GL = load_gl()
             try:
-                self.program = _Program(self.GL)
+                self.program = FibreProgram(self.GL)
             except GLUnavailable:
                 raise
             except Exception as error:
@@ -355,7 +227,10 @@ class FibreBuffers:
             return
         state = ren_win.GetState()
         ren_win.GetShaderCache().ReleaseCurrentShader()  # VTK rebinds its own program next time
-        kind = self.program_kind()
+        kind, why = choice = self.program_choice()
+        if choice != self.choice:  # said once per change (the log; the view's status line reads it)
+            self.choice = choice
+            log.info("fibres drawn as %s: %s", kind, why)
         where = self.program.uniforms[kind]
         GL.glUseProgram(self.program.programs[kind])
         self._set_uniforms(GL, where, renderer)
@@ -363,6 +238,20 @@ class FibreBuffers:
         unit = units.Allocate() if kind == "pulled" else -1  # a texture unit VTK does not use meanwhile
         if kind == "pulled":
             GL.glUniform1i(where["positions"], unit)
+        per_streamline = self.per_streamline()
+        value_units = (units.Allocate(), units.Allocate()) if per_streamline else None
+        if value_units is not None and min(value_units) < 0:  # no texture units left: written per point instead
+            for used in value_units:
+                if used >= 0:
+                    units.Free(used)
+            log.info("no texture units for per-streamline values: the scalar is written per point")
+            self.no_value_units, value_units, per_streamline = True, None, False
+            self._sync_scalars(GL)
+        if self.program.draw_ids:
+            GL.glUniform1i(where["per_streamline"], int(per_streamline))
+        if value_units is not None:
+            GL.glUniform1i(where["streamline_values"], value_units[0])
+            GL.glUniform1i(where["drawn_ids"], value_units[1])
         state.vtkglEnable(GL.GL_DEPTH_TEST)
         translucent = self.opacity < 1.0
         if translucent:
@@ -372,25 +261,44 @@ class FibreBuffers:
             )
             state.vtkglDepthMask(GL.GL_FALSE)
         try:
-            self._draw_pieces(GL, state, unit)
+            self._draw_pieces(GL, state, unit, value_units, where)
         finally:
             GL.glBindVertexArray(0)
             GL.glUseProgram(0)
-            if unit >= 0:
-                state.vtkglActiveTexture(GL.GL_TEXTURE0 + unit)
-                GL.glBindTexture(GL.GL_TEXTURE_BUFFER, 0)
-                units.Free(unit)
+            for used in (unit, *(value_units or ())):
+                if used >= 0:
+                    state.vtkglActiveTexture(GL.GL_TEXTURE0 + used)
+                    GL.glBindTexture(GL.GL_TEXTURE_BUFFER, 0)
+                    units.Free(used)
             if translucent:
                 state.vtkglDepthMask(GL.GL_TRUE)
 
     def program_kind(self) -> str:
-        """Ribbons (tubes); thin lines without a geometry shader where every piece fits a texture
-        buffer; else thin lines with one."""
+        """The program drawing now (see :meth:`program_choice`)."""
+        return self.program_choice()[0]
+
+    def program_choice(self) -> tuple[str, str]:
+        """(kind, why): ribbons (tubes); thin lines without a geometry shader ("pulled") where
+        this GL reads the points as a texture buffer and every piece fits one; else thin lines
+        through the geometry shader ("lines")."""
         if self.ribbon:
-            return "ribbons"
-        limit = self.program.max_texels
-        pulled = "pulled" in self.program.programs and all(len(p) <= limit for p in self.piece_points)
-        return "pulled" if pulled and not FORCE_GEOMETRY_SHADER else "lines"
+            return "ribbons", "tubes are ribbons made by the geometry shader"
+        program = self.program
+        caps = program.capabilities
+        largest = max((len(p) for p in self.piece_points), default=0)
+        if FORCE_GEOMETRY_SHADER:
+            return "lines", "the geometry shader is forced (FORCE_GEOMETRY_SHADER)"
+        if "pulled" not in program.programs:
+            return "lines", f"no vertex pulling: {program.pulled_refusal}"
+        if largest > program.max_texels:
+            return "lines", (
+                f"no vertex pulling: a piece of {largest:,} points is over this GL's texture buffers "
+                f"of {program.max_texels:,} texels"
+            )
+        return "pulled", (
+            f"vertex pulling: {caps.words()}, texture buffers of up to {program.max_texels:,} texels "
+            f"for pieces of up to {largest:,} points"
+        )
 
     def _set_uniforms(self, GL, where: dict, renderer) -> None:
         camera = renderer.GetActiveCamera()
@@ -409,14 +317,33 @@ class FibreBuffers:
         GL.glUniform1f(where["width_px"], 3.0)
         GL.glUniform1f(where["opacity"], self.opacity)
 
-    def _draw_pieces(self, GL, state, unit: int) -> None:
+    def per_streamline(self) -> bool:
+        """Is a per-streamline scalar read in the shader now (by ``gl_DrawID``, no value per point)?"""
+        return (
+            self.colour_mode == 1
+            and self.streamline_source is not None
+            and self.program is not None
+            and self.program.draw_ids
+            and not FORCE_POINT_SCALARS
+            and not self.no_value_units
+        )
+
+    def _draw_pieces(self, GL, state, unit: int, value_units, where: dict) -> None:
         for k, buffers in enumerate(self.buffers):
             GL.glBindVertexArray(buffers.vao)
             if unit >= 0:
                 state.vtkglActiveTexture(GL.GL_TEXTURE0 + unit)
                 GL.glBindTexture(GL.GL_TEXTURE_BUFFER, buffers.points_texture(GL))
+            if value_units is not None:
+                for name, used in zip(("values", "ids"), value_units, strict=True):
+                    state.vtkglActiveTexture(GL.GL_TEXTURE0 + used)
+                    GL.glBindTexture(GL.GL_TEXTURE_BUFFER, buffers.texture_buffers.get(name, (0, 0))[1])
+                GL.glUniform1i(where["ids_given"], int(buffers.ids_given))
             if self.decimated is not None:
-                if buffers.n_elements:
+                if buffers.n_elements and value_units is not None:  # one draw per streamline: gl_DrawID counts them
+                    counts, starts = buffers.strips
+                    GL.glMultiDrawElements(GL.GL_LINE_STRIP, counts, GL.GL_UNSIGNED_INT, starts, len(counts))
+                elif buffers.n_elements:
                     GL.glEnable(GL.GL_PRIMITIVE_RESTART)
                     GL.glPrimitiveRestartIndex(RESTART_INDEX)
                     GL.glDrawElements(GL.GL_LINE_STRIP, buffers.n_elements, GL.GL_UNSIGNED_INT, None)
@@ -427,13 +354,45 @@ class FibreBuffers:
                 GL.glMultiDrawArrays(GL.GL_LINE_STRIP, ranges[0], ranges[1], len(ranges[0]))
 
     def _sync_scalars(self, GL) -> None:
-        if self.scalar_source is None or self.colour_mode != 1:
+        if self.colour_mode != 1:
+            return
+        start = time.perf_counter()
+        if self.per_streamline():
+            key, values = self.streamline_source
+            for k, buffers in enumerate(self.buffers):
+                if getattr(buffers, "values_key", None) != key:
+                    a, b = self.bounds[k]
+                    buffers.set_texture_buffer(GL, "values", GL.GL_R32F, np.asarray(values[a:b], dtype=np.float32))
+                    buffers.values_key = key
+            self.timings["streamline_values_s"] = time.perf_counter() - start
+            self._sync_drawn_ids(GL)
+            return
+        if self.scalar_source is None:
             return
         key, per_piece = self.scalar_source
         for k, buffers in enumerate(self.buffers):
             if getattr(buffers, "scalar_key", None) != key:
                 buffers.set_scalar(GL, per_piece(k))
                 buffers.scalar_key = key
+        self.timings["point_scalars_s"] = time.perf_counter() - start
+
+    def _sync_drawn_ids(self, GL) -> None:
+        """Each piece's streamline of each draw (None: draw k is the piece's streamline k), for
+        what is drawn now; uploaded when that changes (a selection, another level)."""
+        start = time.perf_counter()
+        source, ids_of = self.drawn if self.drawn is not None else (None, None)
+        per_piece = None
+        for k, buffers in enumerate(self.buffers):
+            if getattr(buffers, "ids_of", None) is source:
+                continue
+            if per_piece is None:
+                per_piece = [None] * len(self.piece_points) if ids_of is None else ids_of()
+            ids = per_piece[k]
+            buffers.ids_given = ids is not None
+            if ids is not None:
+                buffers.set_texture_buffer(GL, "ids", GL.GL_R32I, np.asarray(ids, dtype=np.int32))
+            buffers.ids_of = source
+        self.timings["drawn_ids_s"] = time.perf_counter() - start
 
     def _sync_elements(self, GL) -> None:
         if self.decimated is None:
@@ -442,6 +401,7 @@ class FibreBuffers:
             if getattr(buffers, "elements_of", None) is not self.decimated[k]:
                 cells = self.decimated[k]
                 buffers.set_elements(GL, None if cells is None or not cells.n_streamlines else restart_indices(cells))
+                buffers.strips = None if cells is None else strips(cells)
                 buffers.elements_of = cells
 
     def release(self, ren_win) -> None:

@@ -31,6 +31,7 @@ from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
 from .render import composite, display_oversample, fractional_voxel, patch_stroke, plane_geometry
+from .slice_fibers import SliceFibres
 from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
@@ -58,6 +59,7 @@ class SliceView(QWidget):
         self._image_radiological = False  # the orientation it was composited in
         self.radiological = False
         self.slab_mm: float | None = 4.0  # thickness of the slab of fibers drawn; None: all fibers
+        self._fibres = SliceFibres()  # the segments within the slab, kept per slice position
         self.show_crosshair = True
         self.setMinimumSize(160, 160)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -293,45 +295,8 @@ class SliceView(QWidget):
         painter.restore()
 
     def _draw_fibers(self, painter: QPainter, geometry, target: QRectF) -> None:
-        """Segments of visible tractograms within the slab (both ends within ``slab_mm`` / 2 of
-        the slice; all of them when ``slab_mm`` is None), coloured as in 3-D."""
-        doc = self.document
-        height, width = geometry.voxels.shape[:2]
-        axis = geometry.normal_axis
-        zoom = float(np.sqrt((doc.reference_affine[:3, axis] ** 2).sum()))
-        for layer in doc.layers:
-            if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
-                continue
-            pts, point_colours, offsets, stream_of_point = doc.fiber_arrays.on_reference(layer, doc.reference_affine)
-            if self.slab_mm is None:
-                near = np.ones(len(pts), dtype=bool)
-            else:
-                near = np.abs(pts[:, axis] - doc.cursor[axis]) * zoom <= self.slab_mm / 2
-            seg = near[:-1] & near[1:]
-            seg[offsets[1:-1] - 1] = False  # no segment joins two streamlines
-            if layer.selection is not None:
-                seg &= layer.selection[stream_of_point[:-1]]
-            idx = np.flatnonzero(seg)
-            if idx.size == 0:
-                continue
-            idx = idx[:: max(1, idx.size // 20000)]  # bound the 2-D drawing work
-            rows0, cols0 = geometry.pixel_of(pts[idx])
-            rows1, cols1 = geometry.pixel_of(pts[idx + 1])
-            sx, sy = target.width() / width, target.height() / height
-            x0, y0 = target.left() + (cols0 + 0.5) * sx, target.top() + (rows0 + 0.5) * sy
-            x1, y1 = target.left() + (cols1 + 0.5) * sx, target.top() + (rows1 + 0.5) * sy
-            # A dark halo under the fibres: red, green or blue fibres stay visible on colour FA.
-            painter.setPen(QPen(QColor(0, 0, 0, int(170 * layer.opacity)), 3.0))
-            painter.drawLines([QLineF(*line) for line in np.column_stack([x0, y0, x1, y1]).tolist()])
-            colours = point_colours[idx] / 255.0
-            buckets = np.rint(colours * 4).astype(int)  # 125 colours: one drawLines call each
-            keys = buckets[:, 0] * 25 + buckets[:, 1] * 5 + buckets[:, 2]
-            alpha = int(255 * layer.opacity)
-            for key in np.unique(keys):
-                sel = np.flatnonzero(keys == key)
-                r, g, b = (buckets[sel[0]] * 255) // 4
-                painter.setPen(QPen(QColor(int(r), int(g), int(b), alpha), 1.5))
-                painter.drawLines([QLineF(x0[k], y0[k], x1[k], y1[k]) for k in sel])
+        """Segments of visible tractograms within the slab (:mod:`widgets.slice_fibers`)."""
+        self._fibres.draw(painter, self.document, geometry, target, self.slab_mm)
 
     # ------------------------------------------------------------ interaction
     def voxel_at(self, x: float, y: float, exact: bool = False) -> np.ndarray | None:

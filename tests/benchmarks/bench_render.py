@@ -27,7 +27,16 @@ image and a tensor layer on the 1.25 mm grid:
   (``prepare_selection``) and the GUI's swap + frame; the first edit also builds the streamline
   index;
 - ``glyph_step_ms``: tensor glyphs of the three cursor planes rebuilt after a one-voxel step of
-  the cursor, until drawn (median of several steps), with the glyph count.
+  the cursor, until drawn (median of several steps), with the glyph count;
+  ``--glyphs-as-hardware`` asks software OpenGL for the hardware count (whole slices);
+- ``gui_swap_parts``, ``colour_change_parts``, ``glyph_step_parts``: where the GUI thread's time
+  of a step went: the three slice views' paints (``slice_views_ms``), the 3-D frames
+  (``frames_3d_ms``), the fibre layer's uploads (``gl_*_ms``: per-streamline values, drawn ids,
+  per-point scalars), the rest (``other_ms``); for glyphs also the build's wait for a worker, the
+  build, its way to the GUI thread and its delivery (``build_*_ms``);
+- ``fibre_program``, ``fibre_program_why``: which shader program draws the fibres and why
+  (vertex pulling or the geometry shader), ``fibre_streamline_scalars_by_draw_id``: whether a
+  per-streamline scalar is read by ``gl_DrawID`` (one value per streamline on the GPU).
 
 The GL vendor/renderer string says whether OpenGL is hardware (NVIDIA) or software (llvmpipe).
 Also: the open split into the loading job and the first frame (``open_load_job_s``,
@@ -167,6 +176,46 @@ def settle(app) -> None:
         app.processEvents()
 
 
+class StepClock:
+    """Where a step's GUI-thread time goes: the slice views' paints (their ``paintEvent`` timed,
+    patched before the window is made), the 3-D frames (the view's ``renders``) and the fibre
+    layer's uploads (its ``timings``), so that "swap and frame" is attributed."""
+
+    def __init__(self) -> None:
+        from tractlens.widgets.slice_view import SliceView
+
+        self.painting = 0.0
+        original = SliceView.paintEvent
+
+        def timed(view, event, clock=self):
+            start = time.perf_counter()
+            try:
+                return original(view, event)
+            finally:
+                clock.painting += time.perf_counter() - start
+
+        SliceView.paintEvent = timed
+
+    def start(self, view) -> None:
+        self.t0, self.painted0 = time.perf_counter(), self.painting
+        for entry in view._fibers.values():
+            getattr(getattr(entry["scene"], "gl", None), "timings", {}).clear()
+
+    def parts(self, view) -> dict:
+        total = time.perf_counter() - self.t0
+        frames = [(start, end) for start, end in list(view.renders) if start >= self.t0]
+        out = {
+            "slice_views_ms": round(1e3 * (self.painting - self.painted0), 1),
+            "frames_3d": len(frames),
+            "frames_3d_ms": round(1e3 * sum(end - start for start, end in frames), 1),
+        }
+        for entry in view._fibers.values():
+            for name, seconds in getattr(getattr(entry["scene"], "gl", None), "timings", {}).items():
+                out[f"gl_{name[:-2]}_ms"] = round(1e3 * seconds, 1)
+        out["other_ms"] = round(1e3 * total - out["slice_views_ms"] - out["frames_3d_ms"], 1)
+        return out
+
+
 def scene_layers(document):
     """A reference image and a tensor layer on the 1.25 mm grid (the glyphs' data)."""
     from tractlens.app.model import Layer
@@ -191,7 +240,7 @@ def scene_layers(document):
     return layer
 
 
-def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
+def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardware: bool = False) -> dict:
     import tempfile
 
     from tests.conftest import _ensure_display
@@ -207,6 +256,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     from tractlens.widgets.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
+    clock = StepClock()  # (before the window: its slice views' paints are timed)
     window = MainWindow(device=device, autosave_s=0)  # the autosave is measured apart, at the end
     width, height = (int(v) for v in size.split("x"))
     window.resize(width, height)
@@ -247,6 +297,10 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
     row["fibre_drawing"] = type(scene).__name__  # GLFiberActors: the view's own buffers; FiberActors: VTK
     row["fibre_gl_failed"] = getattr(scene, "failed", None) or getattr(view, "gl_layer_refused", None)
     row["first_frame_lod_text"] = view.lod_text()  # a tractogram in pieces: its first piece first
+    gl = getattr(scene, "gl", None)
+    if gl is not None and hasattr(gl, "program_choice") and gl.program is not None:  # which program, and why
+        row["fibre_program"], row["fibre_program_why"] = gl.program_choice()
+        row["fibre_streamline_scalars_by_draw_id"] = bool(getattr(gl.program, "draw_ids", False))
     assert wait(app, lambda: not any(entry["scene"].filling for entry in view._fibers.values()), 600)
     plotter.render()
     row["open_to_all_drawn_s"] = round(time.perf_counter() - start, 2)
@@ -280,8 +334,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
 
     # Colour by a per-streamline weight and back: lookup-table changes, the points untouched.
     points_before = view._fibers[id(layer)]["scene"].points
-    times = []
+    times, parts = [], []
     for colour in ("weight", "direction"):
+        clock.start(view)
         start = time.perf_counter()
         if colour == "weight":
             layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))
@@ -289,7 +344,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
             layer.set(color_by="direction")
         settle(app)  # the view's own repaint draws the frame
         times.append(time.perf_counter() - start)
+        parts.append(clock.parts(view))
     row["colour_change_ms"] = [round(1e3 * t, 1) for t in times]  # the 2-D views repaint too
+    row["colour_change_parts"] = parts
     row["colour_change_rebuilt_points"] = view._fibers[id(layer)]["scene"].points is not points_before
     peaks["rotate_rest_colour"] = round(rss_kb("VmHWM") / 1024)
     resettable and reset_peak_rss()
@@ -306,16 +363,19 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
         t1 = time.perf_counter()
         row["select_device"] = streamline_index(doc, layer, AFFINE, device).backend.name
         doc.fiber_arrays.prepare_selection(layer, selected)
+        clock.start(view)
         t2 = time.perf_counter()
         layer.set_selection(selected, by=request.by)
         settle(app)
         t3 = time.perf_counter()
+        swap_parts = clock.parts(view)
         key = "select_first" if edit == 0 else "select"
         row[key] = {
             "selected": int(selected.sum()),
             "select_ms": round(1e3 * (t1 - t0), 1),
             "index_ranges_ms": round(1e3 * (t2 - t1), 1),
             "gui_swap_and_frame_ms": round(1e3 * (t3 - t2), 1),
+            "gui_swap_parts": swap_parts,  # slice views' paints, 3-D frames, uploads, the rest
             "total_ms": round(1e3 * (t3 - t0), 1),
         }
         del roi
@@ -327,19 +387,29 @@ def one_size(path: Path, size: str, n_frames: int, device: str) -> dict:
 
     # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
     layer.set(visible=False)
+    if glyphs_as_hardware:  # software OpenGL asked for the hardware glyph count (a whole slice): its CPU side
+        view._software = lambda: False
+        row["glyphs_as_hardware"] = True
     tensors.set(visible=True)
     app.processEvents()
     wait_for_builds(120_000)
     assert wait(app, view.glyphs_ready, 120)
-    steps = []
+    steps, glyph_parts = [], []
     for _ in range(5):
+        clock.start(view)
         start = time.perf_counter()
         doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
         app.processEvents()
         assert wait(app, view.glyphs_ready, 120)
         plotter.render()
         steps.append(time.perf_counter() - start)
+        task = view._glyph_tasks.get(id(tensors))
+        part = clock.parts(view)
+        part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
+        glyph_parts.append(part)
     row["glyph_step_ms"] = ms(steps)
+    # the median step's parts: waiting for a worker, building on it, reaching and delivering on the GUI thread
+    row["glyph_step_parts"] = glyph_parts[int(np.argsort(steps)[len(steps) // 2])]
     actor = view._glyphs.get(id(tensors))
     row["glyph_count"] = None if actor is None else int(actor.GetMapper().GetInput().GetNumberOfPoints())
     row["glyph_actor"] = None if actor is None else type(actor.GetMapper()).__name__
@@ -397,17 +467,20 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=ROOT / "tests" / "benchmarks" / "results")
     parser.add_argument("--budget-s", type=float, default=float(os.environ.get("BENCH_BUDGET_S", "0")) or None,
                         help="stop a size's process when the whole run would pass this many seconds")  # fmt: skip
+    parser.add_argument("--glyphs-as-hardware", action="store_true",
+                        help="the glyph step with the hardware glyph count (whole slices) on any OpenGL")  # fmt: skip
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a child: one file
     args = parser.parse_args()
     if args.one is not None:
-        print("RESULT " + json.dumps(one_size(args.one, args.size, args.frames, args.device)), flush=True)
+        row = one_size(args.one, args.size, args.frames, args.device, args.glyphs_as_hardware)
+        print("RESULT " + json.dumps(row), flush=True)
         return
     began = time.perf_counter()
     rows: list[dict] = []
     for n in args.counts:
         path = synthetic_trx(args.cache, n, args.points)
         command = [sys.executable, __file__, "--one", str(path), "--size", args.size, "--frames", str(args.frames),
-                   "--device", args.device]  # fmt: skip
+                   "--device", args.device] + (["--glyphs-as-hardware"] if args.glyphs_as_hardware else [])  # fmt: skip
         left = None if args.budget_s is None else max(1.0, args.budget_s - (time.perf_counter() - began))
         try:
             env = {**os.environ, "TRACTLENS_FIBRES_GL": "1" if args.fibres == "own" else "0"}

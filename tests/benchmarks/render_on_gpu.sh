@@ -25,6 +25,9 @@
 # render_llvmpipe.json when NVIDIA GLX failed), the log in $OUT/render.log. COUNTS overrides the
 # sizes ("1000000" alone for a quick look), FRAMES the frames per rotation, DEVICE the selection
 # engine's device (auto: CuPy on the GPU). BENCH_SESSION_SAVE=1 adds a session save per size.
+# Before the benchmark, tests/benchmarks/gl_probe.py writes $OUT/gl_probe.json (the context and the
+# fibre program chosen, with why); GL_TESTS=1 adds tests/gui/test_fiber_gl.py ($OUT/test_fiber_gl.log);
+# PROBE_ONLY=1 stops after those.
 set -u
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
@@ -40,6 +43,15 @@ export BENCH_BUDGET_S=${BENCH_BUDGET_S:-540}
 free -g | head -2 | tee -a "$log"
 df -h /tmp | tail -1 | tee -a "$log"
 nproc | tee -a "$log"
+# What the window's OpenGL context is and which fibre program it gets, and why (a few seconds);
+# GL_TESTS=1 also runs the fibre layer's GUI tests on this OpenGL (-s prints the program's reason).
+python3 tests/benchmarks/gl_probe.py --out "$OUT/gl_probe.json" 2>"$OUT/gl_probe.log" |
+  grep -E '"(renderer|version_string|queried_version|profile|max_texture_buffer_texels|draw_ids|fibre_program|fibre_program_why|pulled_refusal|fibre_gl_failed)"' | tee -a "$log"
+if [ "${GL_TESTS:-0}" = 1 ]; then
+  python3 -m pytest tests/gui/test_fiber_gl.py -q -s -p no:cacheprovider 2>&1 | tee "$OUT/test_fiber_gl.log" |
+    grep -E "fibre program|passed|failed|Error" | tail -12
+fi
+[ "${PROBE_ONLY:-0}" = 1 ] && exit 0
 python3 tests/benchmarks/bench_render.py --counts ${COUNTS:-1000000 10000000} --frames "${FRAMES:-20}" \
   --device "${DEVICE:-auto}" --fibres "${FIBRES:-own}" --out-dir "$OUT" 2>&1 | tee "$OUT/render.log" \
   | grep -v "^RESULT" | tail -40

@@ -9,7 +9,7 @@ import pytest
 from tests.benchmarks.bench_render import synthetic_trx
 from tests.conftest import ARTIFACTS
 from tractlens.app import fiber_arrays
-from tractlens.widgets import gl_fibers, view3d_fibers
+from tractlens.widgets import gl_fibers, gl_fibre_program, view3d_fibers
 from tractlens.widgets.fiber_actors import FiberActors
 from tractlens.widgets.gl_fiber_actors import GLFiberActors
 
@@ -78,7 +78,10 @@ def test_the_points_go_to_the_gpu_once_as_they_are_and_are_drawn(own_buffers, wi
     window.save_screenshot(ARTIFACTS / "fiber_gl_direction.png")
     # Mesa's GL 4.5 reads the points as a texture buffer too: thin lines without a geometry
     # shader; the geometry shader's picture (older GL, or pieces over the texture limit) is the same.
-    assert scene.gl.program_kind() == "pulled"
+    kind, why = scene.gl.program_choice()
+    print(f"fibre program: {kind}: {why}")  # (-s shows it: which GL, which limits)
+    assert kind == "pulled", why
+    assert scene.gl.choice == (kind, why)  # what the last frame drew with (and logged)
     monkeypatch.setattr(gl_fibers, "FORCE_GEOMETRY_SHADER", True)
     view.plotter.render()
     assert scene.gl.program_kind() == "lines"
@@ -122,9 +125,12 @@ def test_colour_modes_are_shader_changes(own_buffers, window, qtbot, tmp_path):
     window.save_screenshot(ARTIFACTS / "fiber_gl_weight.png")
     assert scene.gl.colour_mode == 1 and scene.gl.clim == (0.0, 1.0)
     buffers = scene.gl.buffers[0]
-    scalar = read_buffer(view, buffers.scalar, 4 * buffers.n_points, np.float32)
     weight = layer.data.streamline_scalars["weight"]
-    np.testing.assert_allclose(scalar, np.repeat(weight, np.diff(layer.data.offsets)), rtol=1e-6)
+    # Mesa's and NVIDIA's GL have gl_DrawID: one value per streamline on the GPU, none per point.
+    assert scene.gl.program.draw_ids and scene.gl.per_streamline(), scene.gl.program.capabilities.words()
+    assert buffers.scalar is None
+    values = read_buffer(view, buffers.texture_buffers["values"][0], 4 * len(layer.data), np.float32)
+    np.testing.assert_allclose(values, weight, rtol=1e-6)
     mapper = scene.actor.GetMapper()  # the colour bar's lookup table and range
     np.testing.assert_allclose(mapper.GetScalarRange(), (0.0, 1.0))
     assert any("weight" in title for title in view.plotter.scalar_bars.keys())
@@ -141,6 +147,38 @@ def test_colour_modes_are_shader_changes(own_buffers, window, qtbot, tmp_path):
     tubes = view.screenshot()
     window.save_screenshot(ARTIFACTS / "fiber_gl_tubes.png")
     assert scene.gl.ribbon and lit(tubes) > lit(direction)  # ribbons cover more pixels
+
+
+def test_a_per_streamline_scalar_read_by_draw_draws_what_one_per_point_draws(
+    own_buffers, window, qtbot, tmp_path, monkeypatch
+):
+    """A per-streamline weight read in the shader by gl_DrawID (through the drawn streamlines'
+    ids for a selection, one draw per streamline for the decimated moving level) makes the
+    picture that the same weight written per point makes."""
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    view = window.view3d
+    layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))
+    selected = np.zeros(len(layer.data), dtype=bool)
+    selected[::3] = True
+    layer.set_selection(selected, by="a test")
+    qtbot.wait(50)
+    shots = {}
+    for moving in (False, True):
+        view._coarse_detail() if moving else view._full_detail()
+        shots[moving] = view.screenshot()
+        assert scene.gl.per_streamline() and scene.gl.buffers[0].scalar is None
+        assert scene.gl.buffers[0].ids_given  # a selection: the drawn streamlines' ids are given
+    # Software OpenGL's moving level keeps every k-th point (one draw per streamline of its
+    # element buffer); hardware OpenGL's is whole streamlines (ranges).
+    assert (scene.gl.decimated is not None) == gl_is_software()
+    monkeypatch.setattr(gl_fibers, "FORCE_POINT_SCALARS", True)
+    for moving in (False, True):
+        view._coarse_detail() if moving else view._full_detail()
+        per_point = view.screenshot()
+        assert not scene.gl.per_streamline() and scene.gl.buffers[0].scalar is not None
+        assert lit(per_point) > 1000
+        np.testing.assert_array_equal(per_point, shots[moving])
+    view._full_detail()
 
 
 def test_the_hardware_moving_level_is_ranges_of_whole_streamlines(own_buffers, window, qtbot, tmp_path, monkeypatch):
@@ -209,7 +247,7 @@ def test_when_the_shaders_fail_vtk_draws_and_the_status_bar_says_why(own_buffers
     def refuse(*_args):
         raise gl_fibers.GLUnavailable("a fibre shader does not compile here: (a test)")
 
-    monkeypatch.setattr(gl_fibers, "_compile", refuse)
+    monkeypatch.setattr(gl_fibre_program, "_compile", refuse)
     layer, _scene = open_fibres(window, qtbot, tmp_path)
     view = window.view3d
     qtbot.waitUntil(lambda: isinstance(view._fibers[id(layer)]["scene"], FiberActors), timeout=10_000)
