@@ -542,9 +542,12 @@ def _start_writeback(file, since: int, least: int | None = None) -> int:
     ends of this very file) reads them from memory; where that call is missing or refused,
     ``posix_fadvise(DONTNEED)``, which also starts the write-out but drops the pages already
     clean from the cache; elsewhere nothing. The file is still flushed before its rename, as
-    ever: this only spreads the disk's work over the run. Returns the offset now started up to."""
+    ever: this only spreads the disk's work over the run. ``TRACTLENS_WRITEBACK=fadvise``
+    (:data:`ENV_WRITEBACK`) takes ``posix_fadvise`` even where ``sync_file_range`` exists (to
+    compare the two on a machine). Returns the offset now started up to."""
     advise = getattr(os, "posix_fadvise", None)
-    sync_range = _sync_file_range()
+    keep_cached = os.environ.get(ENV_WRITEBACK, "").strip().lower() != "fadvise"
+    sync_range = _sync_file_range() if keep_cached else None
     if advise is None and sync_range is None:
         return since
     file.flush()
@@ -562,6 +565,9 @@ def _start_writeback(file, since: int, least: int | None = None) -> int:
     return end
 
 
+#: ``fadvise``: start the early writes with ``posix_fadvise(DONTNEED)`` (pages dropped once
+#: written), not ``sync_file_range``; see :func:`_start_writeback`.
+ENV_WRITEBACK = "TRACTLENS_WRITEBACK"
 #: ``SYNC_FILE_RANGE_WRITE`` of Linux's ``<fcntl.h>``: start writing the range's dirty pages.
 _SYNC_FILE_RANGE_WRITE = 2
 

@@ -105,8 +105,7 @@ def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | N
 
     if writeback is not None:
         tractogram_stream.WRITEBACK_BYTES = writeback
-    if call == "posix_fadvise":  # the writer's way before sync_file_range: drops the clean pages
-        tractogram_stream._sync_file_range = lambda: None
+    os.environ[tractogram_stream.ENV_WRITEBACK] = "fadvise" if call == "posix_fadvise" else ""
 
     part = _part()
     start.wait()
