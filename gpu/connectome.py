@@ -320,9 +320,9 @@ class ConnectomeCounter:
     arrays already on the device. ``timing``: wait for the device between the phases of each
     chunk and add up their seconds (:attr:`phases_s`): ``visits`` (tracking, the kernel's
     visit lists or traces, which streamlines are kept), ``paths`` (waytotal and the path
-    distribution; network mode's entries too), ``entries`` (the modes' entries: matrix3's pairs), ``reduce`` (the sparse
-    accumulators' sort and merge), ``result`` (the totals to the host, the last reduction
-    included in ``reduce``)."""
+    distribution; network mode's entries too), ``entries`` (the modes' entries: matrix3's
+    pairs), ``reduce`` (the sparse accumulators' sort and merge), ``result`` (the totals to
+    the host, the last reduction counted in ``reduce``)."""
 
     def __init__(self, backend, field_, bits, seeds, params, spec, *, distthresh, distthresh3, lengths,
                  n_waypoints=0, chunk=None, capacity=None, device_entries=None, gpu_visits="auto",
