@@ -281,7 +281,8 @@ def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path,
     """With the disk's writes started after every part (the threshold at one byte), the file is
     the one ``save_tractogram`` writes, and it is still flushed before its rename. The writes
     are started by Linux's ``sync_file_range`` (the pages stay cached for the next reader) or,
-    without it, ``posix_fadvise``: each part's new bytes, in order, never twice."""
+    without it, ``posix_fadvise``: each part's new bytes, then those of each array copied in at
+    close, in order, never twice."""
     import os
 
     from tractlens.app.io import _atomic, tractogram_stream
@@ -317,5 +318,8 @@ def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path,
     calls = started if call == "sync_file_range" else advised
     if call == "sync_file_range":
         assert not advised  # the cache keeps the pages: no advice to drop them
-    if call == "sync_file_range" or hasattr(os, "posix_fadvise"):
-        assert len(calls) == 3 and all(a + n == b for (a, n), (b, _) in itertools.pairwise(calls))
+    if call == "sync_file_range" or hasattr(os, "posix_fadvise"):  # each part's positions, then each array
+        with zipfile.ZipFile(tmp_path / "streamed.trx") as z:  # copied in at close (one block each here)
+            arrays = [n for n in z.namelist() if not n.startswith("positions.") and n != "header.json"]
+        assert len(arrays) >= 3  # offsets, FA per point, length per streamline
+        assert len(calls) == 3 + len(arrays) and all(a + n == b for (a, n), (b, _) in itertools.pairwise(calls))

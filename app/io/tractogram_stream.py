@@ -68,9 +68,9 @@ POSITION_DTYPES = ("float32", "float16")
 QUEUED_POINTS = 1 << 26
 # Block size of copying the arrays that grew beside a .trx into it.
 _COPY_BLOCK = 16 << 20
-#: Bytes of a .trx's positions after which the writer has the system start writing them to the
-#: disk (:func:`_start_writeback`), so the disk works while the tracking goes on and the flush at
-#: close finds little left: four batch workers closing 5 GB tractograms at once on one disk
+#: Bytes of a .trx's positions (and, at close, of the arrays copied in after them) after which
+#: the writer has the system start writing them to the disk (:func:`_start_writeback`), so the
+#: disk works while the tracking goes on and the flush at close finds little left: four batch workers closing 5 GB tractograms at once on one disk
 #: otherwise wait for each other's flushes.
 WRITEBACK_BYTES = 256 << 20
 # The affine is applied as one matrix product per part; a product of a single row takes
@@ -513,7 +513,9 @@ class _TrxParts:
         if writer.streamlines:  # trx-python writes no arrays for an empty tractogram
             for name in self.files:
                 with open(self.folder / name, "rb") as source, self.zip.open(name, "w", force_zip64=True) as member:
-                    shutil.copyfileobj(source, member, _COPY_BLOCK)
+                    while block := source.read(_COPY_BLOCK):  # the disk's writes started as they come too
+                        member.write(block)
+                        self.written_back = _start_writeback(self.zip.fp, self.written_back)
         header = {
             "DIMENSIONS": self.header["DIMENSIONS"].tolist(),
             "VOXEL_TO_RASMM": self.header["VOXEL_TO_RASMM"].tolist(),
