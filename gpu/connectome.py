@@ -47,7 +47,7 @@ import numpy as np
 
 from . import probabilistic_host
 from .backend import Cancelled, OutOfDeviceMemory, get_backend
-from .connectome_counts import SparseAccumulator, SparseCounts, bincount_or_zeros
+from .connectome_counts import SparseAccumulator, SparseCounts, bincount_or_zeros, count_true
 from .connectome_modes import (
     Visits,
     count_and_length,
@@ -277,6 +277,7 @@ def track_connectome(
     gpu_visits: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    timing: bool = False,
 ) -> ConnectomeResult:
     """Track every streamline of every seed voxel (the run's random streams) and count the
     connectome modes ``spec`` asks for. ``distthresh`` (mm): discard shorter streamlines;
@@ -290,12 +291,15 @@ def track_connectome(
     streamline's voxels (fast; no path lengths, so not with ``lengths`` or the thresholds),
     ``"trace"``: from its step traces, ``"auto"``: the list where it can. The list's first
     chunk is checked against the traces of the same streamlines; on a difference the run
-    goes on with the traces and a note says so. :mod:`gpu.connectome_split` shares the run
-    out over several GPUs."""
+    goes on with the traces and a note says so. ``timing``: wait for the device between the
+    phases and give their seconds in ``provenance["phases_s"]`` (a benchmark's; see
+    :class:`ConnectomeCounter`). :mod:`gpu.connectome_split` shares the run out over several
+    GPUs."""
     backend = get_backend(device)
     counter = ConnectomeCounter(
         backend, field_, bits, seeds, params, spec, distthresh=distthresh, distthresh3=distthresh3, lengths=lengths,
         n_waypoints=n_waypoints, chunk=chunk, capacity=capacity, device_entries=device_entries, gpu_visits=gpu_visits,
+        timing=timing,
     )  # fmt: skip
     t0 = time.perf_counter()
     counter.count(0, counter.total, progress, cancelled)
@@ -313,11 +317,16 @@ class ConnectomeCounter:
     (:meth:`count`, any ranges, in any order): the visit source, the running totals and the
     sparse accumulators stay on the device until :meth:`result` (or, split over GPUs,
     :func:`gpu.connectome_split.track_connectome_split`'s merge). ``device_field``: the field's
-    arrays already on the device."""
+    arrays already on the device. ``timing``: wait for the device between the phases of each
+    chunk and add up their seconds (:attr:`phases_s`): ``visits`` (tracking, the kernel's
+    visit lists or traces, which streamlines are kept), ``paths`` (waytotal and the path
+    distribution; network mode's entries too), ``entries`` (the modes' entries: matrix3's
+    pairs), ``reduce`` (the sparse accumulators' sort and merge), ``result`` (the totals to
+    the host, the last reduction counted in ``reduce``)."""
 
     def __init__(self, backend, field_, bits, seeds, params, spec, *, distthresh, distthresh3, lengths,
                  n_waypoints=0, chunk=None, capacity=None, device_entries=None, gpu_visits="auto",
-                 device_field=None):  # fmt: skip
+                 device_field=None, timing=False):  # fmt: skip
         if not (distthresh >= 0 and distthresh3 >= 0):
             raise ValueError("distance thresholds are lengths: give values of at least 0 mm")
         if gpu_visits not in ("auto", "list", "trace"):
@@ -368,6 +377,24 @@ class ConnectomeCounter:
         self.waytotal = xp.zeros(self.n_masks, dtype=xp.int64)
         self.peak_device = 0
         self.streamlines = 0
+        self.phases_s = dict.fromkeys(("visits", "paths", "entries", "reduce", "result"), 0.0) if timing else None
+        for acc in self.accumulators:
+            if acc is not None:
+                acc.timed = timing
+        self._lap_t = 0.0
+
+    def _lap(self, phase: str | None) -> None:
+        """With ``timing``: wait for the device, add the seconds since the last lap to ``phase``
+        (None: start), the accumulators' reductions in between moved to ``reduce``."""
+        if self.phases_s is None:
+            return
+        self.backend.synchronize()
+        now = time.perf_counter()
+        reduced = sum(a.reduce_s for a in self.accumulators if a is not None)
+        if phase is not None:
+            self.phases_s[phase] += now - self._lap_t - (reduced - self.phases_s["reduce"])
+        self.phases_s["reduce"] = reduced
+        self._lap_t = now
 
     @property
     def accumulators(self) -> tuple:
@@ -376,6 +403,7 @@ class ConnectomeCounter:
     def count(self, start: int, count: int, progress=None, cancelled=None) -> None:
         """Track and count run positions ``start .. start + count``, chunk by chunk."""
         first, end = start, start + count
+        self._lap(None)
         while first < end:
             if cancelled is not None and cancelled():
                 raise Cancelled()
@@ -391,6 +419,7 @@ class ConnectomeCounter:
                     f"out of device memory for {n} streamlines at once; chunks of {self.chunk} from then on"
                 )
                 continue
+            self._lap("visits")
             self._add(first, n, visits, kept)
             first += n
             self.streamlines += n
@@ -410,16 +439,18 @@ class ConnectomeCounter:
             entry_kept = kept[visits.stream]
             self.waytotal += bincount_or_zeros(xp, own[kept], self.n_masks)
         else:
-            self.waytotal += kept.sum()
+            self.waytotal += count_true(xp, kept)
         v = visits.voxel[entry_kept]
         self.paths += bincount_or_zeros(xp, v, n_vox)
         if self.lengths:
             self.paths_len += bincount_or_zeros(xp, v, n_vox, xp.abs(visits.distance_mm[entry_kept]))
+        self._lap("paths")
         if self.acc2 is not None:
             emit_matrix2(xp, self.acc2, visits, entry_kept, self.columns2, seed_of)
         if self.acc3 is not None:
             long_enough = entry_kept & (visits.length_mm[visits.stream] >= self.distthresh3)
             emit_matrix3(xp, self.acc3, visits, long_enough, self.nodes3, self.lr3)
+        self._lap("entries")
         if hasattr(xp, "get_default_memory_pool"):  # CuPy: what its pool holds
             self.peak_device = max(self.peak_device, int(xp.get_default_memory_pool().total_bytes()))
 
@@ -439,12 +470,14 @@ class ConnectomeCounter:
             "spills": sum(a.spills for a in accs),
             "peak_device_pool_bytes": self.peak_device,
             "notes": self.notes_source + self.notes,
+            **({} if self.phases_s is None else {"phases_s": {k: round(v, 4) for k, v in self.phases_s.items()}}),
         }
 
     def result(self) -> ConnectomeResult:
         """The totals on the host."""
         shape, to_host = self.field.shape, self.backend.to_host
         acc2, acc3, accn = self.accumulators
+        self._lap(None)
         result = ConnectomeResult(
             to_host(self.paths).reshape(shape),
             None if self.paths_len is None else to_host(self.paths_len).reshape(shape),
@@ -454,5 +487,6 @@ class ConnectomeCounter:
             acc3.result() if acc3 else None,
             accn.result() if accn else None,
         )
+        self._lap("result")
         result.provenance = self.provenance()
         return result

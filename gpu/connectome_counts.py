@@ -6,7 +6,9 @@ reduced by key (sort, segment sums) on the device whenever the buffer fills
 
 from __future__ import annotations
 
+import functools
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,11 +48,58 @@ class SparseCounts:
         return out
 
 
+#: CuPy elementwise kernels of :func:`bincount_or_zeros` (the atomic additions of
+#: ``cupy.bincount``'s own kernels): one each, whatever the size of the data.
+_BINCOUNT = ("S x", "raw int64 bins", "atomicAdd(&bins[x], 1LL)", "tractlens_bincount")
+_BINCOUNT_WEIGHTED = ("S x, float64 w", "raw float64 bins", "atomicAdd(&bins[x], w)", "tractlens_bincount_weighted")
+
+
+@functools.cache
+def _kernels(xp):
+    return xp.ElementwiseKernel(*_BINCOUNT), xp.ElementwiseKernel(*_BINCOUNT_WEIGHTED)
+
+
 def bincount_or_zeros(xp, x, minlength: int, weights=None):
-    """``xp.bincount`` that also takes an empty ``x`` (zeros of ``minlength``)."""
+    """``xp.bincount`` that also takes an empty ``x`` (zeros of ``minlength``).
+
+    With CuPy the counts are added by an elementwise kernel of atomic additions (as
+    ``cupy.bincount``'s), after a minimum and a maximum of ``x`` (CuPy's CUB device-wide
+    reductions): ``cupy.bincount`` itself first checks ``(x < 0).any()``, a reduction with no
+    device-wide CUB routine, which with CuPy's CUB *block* reductions off
+    (:func:`gpu.backend.gpu_status`) runs as a single thread block over the whole input, slow
+    on the billions of visits and pair entries of a dense connectome. Counts are integers
+    (exact in any order of addition); weighted sums are added atomically, as
+    ``cupy.bincount`` adds them."""
     if len(x) == 0:
         return xp.zeros(minlength, dtype=xp.int64 if weights is None else xp.float64)
-    return xp.bincount(x, weights=weights, minlength=minlength)
+    if xp is np or not hasattr(xp, "ElementwiseKernel"):
+        return xp.bincount(x, weights=weights, minlength=minlength)
+    if x.ndim != 1 or x.dtype.kind not in "iu":
+        raise TypeError("bincount takes a one-dimensional array of integers")
+    if weights is not None and weights.shape != x.shape:
+        raise ValueError("the weights and the values differ in length")
+    x = xp.ascontiguousarray(x)  # CUB's device-wide reductions take contiguous data only
+    low, high = int(x.min()), int(x.max())  # CUB device-wide reductions (CuPy's routines)
+    if low < 0:
+        raise ValueError("bincount counts non-negative integers")
+    size = max(int(minlength), high + 1)
+    count, weighted = _kernels(xp)
+    if weights is None:
+        bins = xp.zeros(size, dtype=xp.int64)
+        count(x, bins)
+    else:
+        bins = xp.zeros(size, dtype=xp.float64)
+        weighted(x, weights.astype(xp.float64, copy=False), bins)
+    return bins
+
+
+def count_true(xp, mask):
+    """The number of true elements of a boolean array (a 0-d array of the array's module).
+    With CuPy as an int64 sum, one of its CUB device-wide reductions (a boolean sum has
+    none: with CUB block reductions off it would run as one thread block)."""
+    if xp is np:
+        return np.asarray(np.count_nonzero(mask), dtype=np.int64)
+    return mask.astype(xp.int64).sum()
 
 
 def reduce_by_key(xp, keys, values):
@@ -111,6 +160,10 @@ class SparseAccumulator:
         self._sums = self.xp.zeros((0, n_values), dtype=self.xp.float64)
         self._host: list[tuple[np.ndarray, np.ndarray]] = []
         self.reductions = self.spills = self.host_merges = 0
+        #: True: each reduction waits for the device before and after, and its seconds are
+        #: added to :attr:`reduce_s` (a benchmark's phase timings; off, nothing waits)
+        self.timed = False
+        self.reduce_s = 0.0
 
     def add(self, rows, cols, values) -> None:
         """Entries (device arrays); ``values`` (E, n_values)."""
@@ -125,6 +178,16 @@ class SparseAccumulator:
     def _reduce(self) -> None:
         if not self._pending:
             return
+        if self.timed:
+            self.backend.synchronize()
+            t0 = time.perf_counter()
+            self._reduce_pending()
+            self.backend.synchronize()
+            self.reduce_s += time.perf_counter() - t0
+        else:
+            self._reduce_pending()
+
+    def _reduce_pending(self) -> None:
         xp = self.xp
         keys = xp.concatenate([k for k, _ in self._pending])
         values = xp.concatenate([v for _, v in self._pending])

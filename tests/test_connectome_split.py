@@ -5,6 +5,8 @@ two shares of one GPU, and every GPU, give the NumPy counts."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -92,10 +94,14 @@ def test_a_failing_simulated_gpu_is_named_and_the_others_count_its_share(monkeyp
     kw = dict(distthresh=0.0, distthresh3=0.0, lengths=False)
     one = track_connectome(field_, bits, seeds, PARAMS, spec, device="cpu", **kw)
     count = ConnectomeCounter.count
+    reached = threading.Event()  # GPU 1 took a chunk: the others wait for it (or a loaded machine's
+    # scheduling lets them empty the queue before GPU 1 asks, and nothing fails)
 
     def failing(self, start, n, *a, **k):
         if self.backend.device_id == 1:
+            reached.set()
             raise MemoryError("injected")
+        reached.wait(30)
         return count(self, start, n, *a, **k)
 
     monkeypatch.setattr(ConnectomeCounter, "count", failing)
@@ -104,6 +110,7 @@ def test_a_failing_simulated_gpu_is_named_and_the_others_count_its_share(monkeyp
     assert any(
         n.startswith("GPU 1 (simulated on the CPU): out of memory while tracking") for n in split.provenance["notes"]
     )
+    reached.clear()
     with pytest.raises(DeviceFailure, match=r"GPU 1 \(simulated on the CPU\): out of memory"):
         track_connectome_split(field_, bits, seeds, PARAMS, spec, simulated_backends(3), largest=50, keep_going=False,
                                **kw)  # fmt: skip

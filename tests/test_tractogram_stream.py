@@ -276,15 +276,31 @@ def test_positions_in_blocks_are_bit_for_bit_the_whole_product(rows):
     assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), whole.view(np.uint32))
 
 
-def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("call", ["sync_file_range", "posix_fadvise"])
+def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path, monkeypatch, call):
     """With the disk's writes started after every part (the threshold at one byte), the file is
-    the one ``save_tractogram`` writes, and it is still flushed before its rename."""
+    the one ``save_tractogram`` writes, and it is still flushed before its rename. The writes
+    are started by Linux's ``sync_file_range`` (the pages stay cached for the next reader) or,
+    without it, ``posix_fadvise``: each part's new bytes, then those of each array copied in at
+    close, in order, never twice."""
     import os
 
     from tractlens.app.io import _atomic, tractogram_stream
 
     monkeypatch.setattr(tractogram_stream, "WRITEBACK_BYTES", 1)
-    advised, flushed = [], []
+    started, advised, flushed = [], [], []
+    real_sync = tractogram_stream._sync_file_range()
+    if call == "sync_file_range":
+        if real_sync is None:
+            pytest.skip("no sync_file_range on this system (Linux only): the posix_fadvise case covers it")
+        monkeypatch.setattr(
+            tractogram_stream,
+            "_sync_file_range",
+            lambda: lambda fd, offset, n: started.append((offset, n)) or real_sync(fd, offset, n),
+        )
+    else:  # as where the call is missing; TRACTLENS_WRITEBACK=fadvise chooses it too
+        monkeypatch.setenv(tractogram_stream.ENV_WRITEBACK, "fadvise")
+        monkeypatch.setattr(tractogram_stream, "_sync_file_range", lambda: pytest.fail("not to be asked for"))
     if hasattr(os, "posix_fadvise"):
         real = os.posix_fadvise
         monkeypatch.setattr(
@@ -299,5 +315,11 @@ def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path,
     _stream(tract, tmp_path / "streamed.trx", [0, 10, 700, 1500])
     _same_file(tmp_path / "whole.trx", tmp_path / "streamed.trx")
     assert any(p.name.startswith(".streamed.tmp-") for p in flushed)  # flushed, then renamed
-    if hasattr(os, "posix_fadvise"):  # each part's new bytes, in order, never twice
-        assert len(advised) == 3 and all(a + n == b for (a, n), (b, _) in itertools.pairwise(advised))
+    calls = started if call == "sync_file_range" else advised
+    if call == "sync_file_range":
+        assert not advised  # the cache keeps the pages: no advice to drop them
+    if call == "sync_file_range" or hasattr(os, "posix_fadvise"):  # each part's positions, then each array
+        with zipfile.ZipFile(tmp_path / "streamed.trx") as z:  # copied in at close (one block each here)
+            arrays = [n for n in z.namelist() if not n.startswith("positions.") and n != "header.json"]
+        assert len(arrays) >= 3  # offsets, FA per point, length per streamline
+        assert len(calls) == 3 + len(arrays) and all(a + n == b for (a, n), (b, _) in itertools.pairwise(calls))

@@ -28,11 +28,14 @@ leaves only a hidden temporary beside it, never half a file under the final name
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import io
 import json
 import os
 import queue
 import shutil
+import sys
 import threading
 import time
 import warnings
@@ -65,9 +68,9 @@ POSITION_DTYPES = ("float32", "float16")
 QUEUED_POINTS = 1 << 26
 # Block size of copying the arrays that grew beside a .trx into it.
 _COPY_BLOCK = 16 << 20
-#: Bytes of a .trx's positions after which the writer has the system start writing them to the
-#: disk (:func:`_start_writeback`), so the disk works while the tracking goes on and the flush at
-#: close finds little left: four batch workers closing 5 GB tractograms at once on one disk
+#: Bytes of a .trx's positions (and, at close, of the arrays copied in after them) after which
+#: the writer has the system start writing them to the disk (:func:`_start_writeback`), so the
+#: disk works while the tracking goes on and the flush at close finds little left: four batch workers closing 5 GB tractograms at once on one disk
 #: otherwise wait for each other's flushes.
 WRITEBACK_BYTES = 256 << 20
 # The affine is applied as one matrix product per part; a product of a single row takes
@@ -510,7 +513,9 @@ class _TrxParts:
         if writer.streamlines:  # trx-python writes no arrays for an empty tractogram
             for name in self.files:
                 with open(self.folder / name, "rb") as source, self.zip.open(name, "w", force_zip64=True) as member:
-                    shutil.copyfileobj(source, member, _COPY_BLOCK)
+                    while block := source.read(_COPY_BLOCK):  # the disk's writes started as they come too
+                        member.write(block)
+                        self.written_back = _start_writeback(self.zip.fp, self.written_back)
         header = {
             "DIMENSIONS": self.header["DIMENSIONS"].tolist(),
             "VOXEL_TO_RASMM": self.header["VOXEL_TO_RASMM"].tolist(),
@@ -533,19 +538,57 @@ class _TrxParts:
 
 def _start_writeback(file, since: int, least: int | None = None) -> int:
     """Have the system start writing ``file``'s bytes from ``since`` to its end to the disk, once
-    there are at least ``least`` (:data:`WRITEBACK_BYTES`) of them, without waiting (Linux's
-    ``posix_fadvise(DONTNEED)`` starts the write-out of dirty pages and drops the clean ones from
-    the cache; elsewhere nothing). The file is still flushed before its rename, as ever: this
-    only spreads the disk's work over the run. Returns the offset now started up to."""
+    there are at least ``least`` (:data:`WRITEBACK_BYTES`) of them, without waiting. On Linux
+    ``sync_file_range(SYNC_FILE_RANGE_WRITE)`` starts the write-out of the dirty pages and keeps
+    them in the page cache, so the next step of a batch (the connectome reading the streamlines'
+    ends of this very file) reads them from memory; where that call is missing or refused,
+    ``posix_fadvise(DONTNEED)``, which also starts the write-out but drops the pages already
+    clean from the cache; elsewhere nothing. The file is still flushed before its rename, as
+    ever: this only spreads the disk's work over the run. ``TRACTLENS_WRITEBACK=fadvise``
+    (:data:`ENV_WRITEBACK`) takes ``posix_fadvise`` even where ``sync_file_range`` exists (to
+    compare the two on a machine). Returns the offset now started up to."""
     advise = getattr(os, "posix_fadvise", None)
-    if advise is None:
+    keep_cached = os.environ.get(ENV_WRITEBACK, "").strip().lower() != "fadvise"
+    sync_range = _sync_file_range() if keep_cached else None
+    if advise is None and sync_range is None:
         return since
     file.flush()
     end = file.tell()
     if end - since < (WRITEBACK_BYTES if least is None else least):
         return since
+    if sync_range is not None and sync_range(file.fileno(), since, end - since) == 0:
+        return end
+    if advise is None:
+        return end
     try:
         advise(file.fileno(), since, end - since, os.POSIX_FADV_DONTNEED)
     except OSError:  # a file system that does not take the advice: the flush at close does it all
         return end
     return end
+
+
+#: ``fadvise``: start the early writes with ``posix_fadvise(DONTNEED)`` (pages dropped once
+#: written), not ``sync_file_range``; see :func:`_start_writeback`.
+ENV_WRITEBACK = "TRACTLENS_WRITEBACK"
+#: ``SYNC_FILE_RANGE_WRITE`` of Linux's ``<fcntl.h>``: start writing the range's dirty pages.
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range():
+    """Linux's ``sync_file_range(fd, offset, nbytes, SYNC_FILE_RANGE_WRITE)`` through the C
+    library, as a function of (fd, offset, nbytes) giving 0 or an errno; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    call.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, nbytes: int) -> int:
+        return 0 if call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0 else ctypes.get_errno() or -1
+
+    return start

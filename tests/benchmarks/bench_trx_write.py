@@ -48,12 +48,64 @@ def _part():
     return Tractogram(points, offsets, affine=affine, dimensions=(145, 174, 145), point_scalars={"fa": fa})
 
 
-def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | None, start, out) -> None:
+def resident_fraction(path: Path) -> float | None:
+    """The share of ``path``'s pages in the page cache (Linux ``mincore``), None elsewhere."""
+    import ctypes
+    import mmap
+
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                             ctypes.c_int, ctypes.c_int, ctypes.c_int64)  # fmt: skip
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return None
+        pages = -(-size // mmap.PAGESIZE)
+        vector = ctypes.create_string_buffer(pages)
+        ok = libc.mincore(ctypes.c_void_p(address), size, vector) == 0
+        libc.munmap(ctypes.c_void_p(address), size)
+        return round(sum(b & 1 for b in vector.raw) / pages, 4) if ok else None
+    finally:
+        os.close(fd)
+
+
+def read_back_s(path: Path) -> float:
+    """Seconds to touch every page of ``path`` through a memory map (as the connectome reads the
+    streamlines' ends of a .trx: one point per streamline, so nearly every page)."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    int(data[::4096].sum(dtype=np.int64))
+    del data
+    return round(time.perf_counter() - t0, 3)
+
+
+def _crc_rate(points) -> float:
+    """GB/s of ``zlib.crc32`` (what :mod:`zipfile` computes over every byte of a stored member)."""
+    import zlib
+
+    data = memoryview(points).cast("B")
+    t0 = time.perf_counter()
+    for _ in range(4):
+        zlib.crc32(data)
+    return round(4 * len(data) / 1e9 / (time.perf_counter() - t0), 2)
+
+
+def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | None, start, out,
+            call: str = "sync_file_range", read_back: bool = False) -> None:  # fmt: skip
     from tractlens.app.io import tractogram_stream
     from tractlens.app.io.tractogram_stream import open_tractogram_writer
 
     if writeback is not None:
         tractogram_stream.WRITEBACK_BYTES = writeback
+    os.environ[tractogram_stream.ENV_WRITEBACK] = "fadvise" if call == "posix_fadvise" else ""
 
     part = _part()
     start.wait()
@@ -70,16 +122,23 @@ def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | N
         c0 = time.perf_counter()
     close_s = time.perf_counter() - c0
     wall = time.perf_counter() - t0
-    out.put({"writer": index, "wall_s": round(wall, 3), "append_wait_s": round(append_s, 3), "close_s": round(close_s, 3),
-             "bytes": path.stat().st_size, "stages_s": {k: round(v, 3) for k, v in w.seconds.items()}})  # fmt: skip
+    row = {"writer": index, "wall_s": round(wall, 3), "append_wait_s": round(append_s, 3), "close_s": round(close_s, 3),
+           "bytes": path.stat().st_size, "stages_s": {k: round(v, 3) for k, v in w.seconds.items()}}  # fmt: skip
+    if read_back:
+        row["resident_after_close"] = resident_fraction(path)
+        row["read_back_s"] = read_back_s(path)
+    row["crc32_gb_per_s"] = _crc_rate(part.points)  # the zip's CRC, on the writer's thread for every byte
+    out.put(row)
     path.unlink()
 
 
-def run(writers: int, folder: Path, points: int, dtype: str, writeback: int | None = None) -> dict:
+def run(writers: int, folder: Path, points: int, dtype: str, writeback: int | None = None,
+        call: str = "sync_file_range", read_back: bool = False) -> dict:  # fmt: skip
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_writer, args=(i, str(folder), points, dtype, writeback, start, out)) for i in range(writers)
+        ctx.Process(target=_writer, args=(i, str(folder), points, dtype, writeback, start, out, call, read_back))
+        for i in range(writers)
     ]
     for p in procs:
         p.start()
@@ -103,6 +162,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     p.add_argument("--threads", type=int, help="threads per writer process (BLAS, OpenMP, TRACTLENS_THREADS)")
     p.add_argument("--writeback-mb", type=float, help="start the disk writes every this many MB (0: at close only)")
+    p.add_argument("--writeback-call", default="sync_file_range", choices=("sync_file_range", "posix_fadvise"),
+                   help="how the writes are started (posix_fadvise: as before, dropping clean pages)")  # fmt: skip
+    p.add_argument("--read-back", action="store_true",
+                   help="after close: the file's share in the page cache, and seconds to touch every page")  # fmt: skip
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.threads:
@@ -111,16 +174,20 @@ def main(argv=None) -> int:
     args.folder.mkdir(parents=True, exist_ok=True)
     result = {"command": "python tests/benchmarks/bench_trx_write.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "cores": os.cpu_count(), "points_per_writer": int(args.points),
-              "writeback_mb": args.writeback_mb, "runs": []}  # fmt: skip
+              "writeback_mb": args.writeback_mb, "writeback_call": args.writeback_call, "runs": []}  # fmt: skip
     for n in (int(v) for v in args.writers.split(",")):
         writeback = None if args.writeback_mb is None else int(args.writeback_mb * 2**20) or 2**62
-        row = run(n, args.folder, int(args.points), args.dtype, writeback)
+        row = run(n, args.folder, int(args.points), args.dtype, writeback, args.writeback_call, args.read_back)
         result["runs"].append(row)
         stages = {
             k: round(max(r["stages_s"][k] for r in row["per_writer"]), 2) for k in row["per_writer"][0]["stages_s"]
         }
         print(f"{n} writer(s): {row['wall_s']} s, {row['gb_per_s']} GB/s in all; slowest writer's stages {stages}, "
               f"append wait {max(r['append_wait_s'] for r in row['per_writer'])} s", flush=True)  # fmt: skip
+        if args.read_back:
+            print(f"  after close: crc32 GB/s {[r['crc32_gb_per_s'] for r in row['per_writer']]}, "
+                  f"resident {[r['resident_after_close'] for r in row['per_writer']]}, "
+                  f"read back {[r['read_back_s'] for r in row['per_writer']]} s", flush=True)  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=2))
     return 0
