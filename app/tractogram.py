@@ -58,6 +58,13 @@ class MappedPoints:
         return len(self.world)
 
     @property
+    def shape(self) -> tuple[int, int]:
+        """The shape of the voxel coordinates (those of the file's points)."""
+        return (len(self.world), 3)
+
+    dtype = np.dtype(np.float32)  # of the voxel coordinates
+
+    @property
     def made(self) -> bool:
         """Have the voxel coordinates of every point been made (and kept)?"""
         return self._voxels is not None

@@ -155,3 +155,26 @@ def test_float64_positions_are_converted_when_read(tmp_path):
     got = load_tractogram(save_tractogram(tract, tmp_path / "t.trx", exact=True))
     assert got.mapped is None  # sessions' exact files: the view could not draw float64 as it is
     np.testing.assert_array_equal(got.points, tract.points)
+
+
+@pytest.mark.parametrize("same_grid", [True, False])
+def test_a_selection_over_a_mapped_trx_equals_the_eager_one(tmp_path, device, same_grid):
+    """The selection index of a mapped tractogram (on the GPU: uploaded a chunk at a time as it is
+    converted, no voxel copy in host memory) selects what the eager tractogram's does."""
+    from tractlens.app.pipelines.select import index_on_grid
+
+    tract = _tractogram(n=2000)
+    path = save_tractogram(tract, tmp_path / "t.trx")
+    got, eager = load_tractogram(path), _eager(path)
+    grid = got.affine if same_grid else got.affine @ np.diag([2.0, 2.0, 2.0, 1.0])
+    shape = (145, 174, 145) if same_grid else (73, 87, 73)
+    masks = [np.zeros(shape, bool), np.zeros(shape, bool)]
+    centre = np.rint(got.points_rows(0, 40000).mean(axis=0) / (1 if same_grid else 2)).astype(int)
+    masks[0][tuple(slice(c - 3, c + 3) for c in centre)] = True
+    masks[1][tuple(slice(c + 2, c + 5) for c in centre)] = True
+    index = index_on_grid(got, grid, device)
+    expected = index_on_grid(eager, grid, "cpu").select([masks[0]], [masks[1]])
+    result = index.select([masks[0]], [masks[1]])
+    np.testing.assert_array_equal(result.bits, expected.bits)
+    assert 0 < result.selected.sum() < len(got)
+    assert got.mapped.made == (not index.backend.is_gpu and same_grid)  # the CPU's index is the voxel array

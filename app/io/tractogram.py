@@ -459,10 +459,10 @@ def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamlin
 
 def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool, exact: bool = False) -> NibTractogram:
     if exact:  # float64 mm: back in voxel coordinates, the float32 points come out bit for bit
-        points_mm = np.empty(tractogram.points.shape, dtype=np.float64)  # filled in chunks: no temporaries
+        points_mm = np.empty((tractogram.n_points, 3), dtype=np.float64)  # filled in chunks: no temporaries
         rotation, shift = tractogram.affine[:3, :3].T, tractogram.affine[:3, 3]
-        for start in range(0, len(points_mm), LOAD_CHUNK_POINTS):
-            chunk = tractogram.points[start : start + LOAD_CHUNK_POINTS].astype(np.float64)
+        for start in range(0, len(points_mm), LOAD_CHUNK_POINTS):  # (a mapped file's: converted as read)
+            chunk = tractogram.points_rows(start, start + LOAD_CHUNK_POINTS).astype(np.float64)
             np.matmul(chunk, rotation, out=points_mm[start : start + LOAD_CHUNK_POINTS])
             points_mm[start : start + LOAD_CHUNK_POINTS] += shift
     else:

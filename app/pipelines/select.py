@@ -132,13 +132,12 @@ GRID_CHUNK_POINTS = 1 << 22
 def points_on_grid(tractogram: Tractogram, grid_affine: np.ndarray) -> np.ndarray:
     """The points (float32) in voxel coordinates of the grid ``grid_affine``: the tractogram's own
     array when that is its grid (no copy), else converted :data:`GRID_CHUNK_POINTS` at a time."""
-    points = tractogram.points
-    if Grid.affines_match(tractogram.affine, grid_affine) and points.dtype == np.float32:
-        return points
+    if Grid.affines_match(tractogram.affine, grid_affine):
+        return tractogram.points  # float32 (a mapped file's: its voxel coordinates, made once)
     to_grid = np.linalg.solve(np.asarray(grid_affine, dtype=np.float64), tractogram.affine)
-    out = np.empty(points.shape, dtype=np.float32)
-    for start in range(0, len(points), GRID_CHUNK_POINTS):
-        part = np.asarray(points[start : start + GRID_CHUNK_POINTS], dtype=np.float64)
+    out = np.empty((tractogram.n_points, 3), dtype=np.float32)
+    for start in range(0, len(out), GRID_CHUNK_POINTS):
+        part = np.asarray(tractogram.points_rows(start, start + GRID_CHUNK_POINTS), dtype=np.float64)
         out[start : start + GRID_CHUNK_POINTS] = part @ to_grid[:3, :3].T + to_grid[:3, 3]
     return out
 

@@ -33,7 +33,8 @@ def points_state(scene):
 
 def test_the_points_are_the_tractograms_float32_array_in_one_vertex_buffer(opened):
     _window, layer, scene = opened
-    points = layer.data.points
+    points = layer.data.mapped.world  # the file's float32 millimetres, memory-mapped (a .trx opened)
+    assert not layer.data.mapped.made
     assert points.dtype == np.float32 and points.flags.c_contiguous
     drawn = vtk_to_numpy(scene.points.GetData())
     assert drawn.dtype == np.float32 and np.shares_memory(drawn, points)  # wrapped, not copied
@@ -176,7 +177,7 @@ def test_a_tractogram_over_the_buffer_limit_is_drawn_in_pieces_over_slices_of_it
             break
         window.document.remove_layer(layer)
         qtbot.wait(50)
-    points = layer.data.points
+    points = layer.data.mapped.world
     assert len(scene.pieces) == 5  # 240,000 points in pieces of about 50,000
     drawn = 0
     for piece in scene.pieces:
