@@ -423,11 +423,12 @@ def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     tract = layer.data
     if layer.color_by == "direction":
         rotation = np.asarray(tract.affine)[:3, :3]
-        if cells is None or cells.connectivity is None:
-            return direction_colours(tract.points, tract.offsets, rotation)
-        if not cells.decimated:  # whole streamlines: their own points' tangents, none made for the rest
-            return direction_colours(tract.points_take(cells.connectivity), cells.offsets - cells.offsets[0], rotation)
-        return direction_colours(tract.points, tract.offsets, rotation)[cells.connectivity]
+        if cells is None or cells.connectivity is None or cells.decimated:
+            points, affine = display_points(tract)  # a mapped file's millimetres: no voxel array made
+            colours = direction_colours(points, tract.offsets, np.asarray(affine)[:3, :3])
+            return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+        # whole streamlines: their own points' tangents, none made for the rest
+        return direction_colours(tract.points_take(cells.connectivity), cells.offsets - cells.offsets[0], rotation)
     if layer.color_by == SOLID:  # one colour (a named bundle's): the layer's ``color``
         rgb = [int(layer.color[i : i + 2], 16) for i in (1, 3, 5)] if layer.color else [255, 255, 255]
         count = tract.n_points if cells is None else cells.n_points
@@ -557,7 +558,9 @@ class FiberArrayCache:
         if cached is None or cached["grid"] != grid_key:
             tract = layer.data
             to_ref = np.linalg.solve(reference_affine, tract.affine)
-            points = tract.points if whole else tract.points_take(level.connectivity)
+            # a mapped file's points converted here (all of them only for a small tractogram): the
+            # tractogram's own voxel array is not made for the views
+            points = tract.points_rows(0, tract.n_points) if whole else tract.points_take(level.connectivity)
             if not Grid.affines_match(tract.affine, reference_affine):
                 to_ref = to_ref.astype(np.float32)
                 points = points @ to_ref[:3, :3].T + to_ref[:3, 3]

@@ -1,7 +1,7 @@
 """Benchmark: what opening a whole-brain .trx costs, step by step (issue 41), without a window.
 
     python tests/benchmarks/bench_fibre_load.py [--counts 1000000 10000000] [--points 100]
-        [--cache DIR] [--device auto] [--out FILE]
+        [--cache DIR] [--device auto] [--no-selection] [--out FILE]
 
 For each N the synthetic tractogram of ``bench_render.py`` (N streamlines of ``--points`` points,
 float32 positions, a per-streamline ``weight``; written once into ``--cache``) is opened in a
@@ -79,8 +79,11 @@ class Steps:
         return out
 
     def timed(self, owner, attribute: str, name: str) -> None:
-        """Add ``owner.attribute``'s time to ``self.inner[name]`` whenever it runs."""
-        function = getattr(owner, attribute)
+        """Add ``owner.attribute``'s time to ``self.inner[name]`` whenever it runs (nothing where
+        the code measured has no such function: an older version, for a before/after)."""
+        function = getattr(owner, attribute, None)
+        if function is None:
+            return
 
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
@@ -93,7 +96,7 @@ class Steps:
         setattr(owner, attribute, wrapper)
 
 
-def one_size(path: Path, device: str) -> dict:
+def one_size(path: Path, device: str, selection: bool = True) -> dict:
     import trx.trx_file_memmap as trx_memmap
 
     from tractlens.app.io import load_tractogram
@@ -110,7 +113,7 @@ def one_size(path: Path, device: str) -> dict:
     read["trx_load_s"] = round(steps.inner.get("trx_load", 0.0), 3)
     read["check_positions_s"] = round(steps.inner.get("check_positions", 0.0), 3)
     read["other_s"] = round(read["s"] - read["trx_load_s"] - read["check_positions_s"], 3)
-    mapped = tract.mapped is not None
+    mapped = getattr(tract, "mapped", None) is not None  # (None before the mapped open)
     layer = Layer("t", tract, "tractogram")
     doc = Document()
     cache = doc.fiber_arrays
@@ -120,35 +123,40 @@ def one_size(path: Path, device: str) -> dict:
     doc.add_layer(layer)
     steps.run("slice_views", lambda: cache.on_reference(layer, np.asarray(tract.affine)))
 
-    ijk = np.indices(GRID_SHAPE, dtype=np.float32)
-    centre = np.array(GRID_SHAPE) / 2
-    mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= (12.0 / VOXEL_MM) ** 2
-    del ijk
-    request = RoiSelection((layer,), (mask,), (), AFFINE, ("sphere",))
-    index = steps.run("selection_index", lambda: streamline_index(doc, layer, AFFINE, device))
-    ((_, selected),) = steps.run("select", lambda: select_fibres(doc, request, device=device))
-    steps.run("select_ranges", lambda: cache.prepare_selection(layer, selected))
+    index = selected = None
+    if selection:
+        ijk = np.indices(GRID_SHAPE, dtype=np.float32)
+        centre = np.array(GRID_SHAPE) / 2
+        mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= (12.0 / VOXEL_MM) ** 2
+        del ijk
+        request = RoiSelection((layer,), (mask,), (), AFFINE, ("sphere",))
+        index = steps.run("selection_index", lambda: streamline_index(doc, layer, AFFINE, device))
+        ((_, selected),) = steps.run("select", lambda: select_fibres(doc, request, device=device))
+        steps.run("select_ranges", lambda: cache.prepare_selection(layer, selected))
     made_before = bool(mapped and tract.mapped.made)
     steps.run("voxels_made", lambda: tract.points)
 
     file_mb = path.stat().st_size / 2**20
     before_mb = rss_before / 1024
     peak_open = max(steps.rows[k]["peak_mb"] for k in ("read", "display_arrays", "slice_views"))
-    peak_select = max(steps.rows[k]["peak_mb"] for k in ("selection_index", "select", "select_ranges"))
+    peak_select = max((steps.rows[k]["peak_mb"] for k in ("selection_index", "select", "select_ranges")
+                       if k in steps.rows), default=0)  # fmt: skip
     return {
         "file": str(path),
         "file_mb": round(file_mb),
         "streamlines": len(tract),
-        "points": tract.n_points,
+        "points": int(tract.offsets[-1]),
         "mapped": mapped,
         "voxels_made_before_asked": made_before,
-        "select_device": index.backend.name,
-        "selected": int(np.count_nonzero(selected)),
+        "select_device": None if index is None else index.backend.name,
+        "selected": None if selected is None else int(np.count_nonzero(selected)),
         "rss_before_mb": round(before_mb),
         "open_s": round(steps.rows["read"]["s"] + steps.rows["display_arrays"]["s"], 3),
         "rss_added_over_file": round((rss_open / 1024 - before_mb) / file_mb, 3),
         "peak_added_over_file_open": round((peak_open - before_mb) / file_mb, 3) if steps.resettable else None,
-        "peak_added_over_file_selection": round((peak_select - before_mb) / file_mb, 3) if steps.resettable else None,
+        "peak_added_over_file_selection": round((peak_select - before_mb) / file_mb, 3)
+        if steps.resettable and selection
+        else None,
         "steps": steps.rows,
         "peaks_reset_between_steps": steps.resettable,
     }
@@ -163,16 +171,17 @@ def main() -> None:
     )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--no-selection", action="store_true", help="skip the selection steps")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a child: one file
     args = parser.parse_args()
     if args.one is not None:
-        print("RESULT " + json.dumps(one_size(args.one, args.device)), flush=True)
+        print("RESULT " + json.dumps(one_size(args.one, args.device, not args.no_selection)), flush=True)
         return
     rows = []
     for n in args.counts:
         path = synthetic_trx(args.cache, n, args.points)
-        done = subprocess.run([sys.executable, __file__, "--one", str(path), "--device", args.device],
-                              capture_output=True, text=True)  # fmt: skip
+        command = [sys.executable, __file__, "--one", str(path), "--device", args.device]
+        done = subprocess.run(command + ["--no-selection"] * args.no_selection, capture_output=True, text=True)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
         row = json.loads(line[len("RESULT ") :]) if line else {"streamlines": n, "error": done.stderr[-3000:]}
         rows.append(row)
