@@ -57,6 +57,16 @@ class MappedPoints:
     def __len__(self) -> int:
         return len(self.world)
 
+    def __getstate__(self) -> dict:
+        """Pickled (a process pool, a deep copy) as arrays: the file's points copied, as NumPy
+        pickles a memory map; the voxel coordinates if made."""
+        return {"world": np.asarray(self.world), "to_voxel": self.to_voxel, "convert": self._convert,
+                "release": self._release, "voxels": self._voxels}  # fmt: skip
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["world"], state["to_voxel"], state["convert"], state["release"])
+        self._voxels = state["voxels"]
+
     @property
     def shape(self) -> tuple[int, int]:
         """The shape of the voxel coordinates (those of the file's points)."""
@@ -92,9 +102,12 @@ class MappedPoints:
         """Points ``index`` in voxel coordinates (float32)."""
         if self._voxels is not None:
             return self._voxels[index]
-        gathered = np.asarray(self.world[index])
-        if self._release is not None:
-            self._release(self.world)
+        take_runs = getattr(self.reader, "take_runs", None)  # the file read run by run (whole streamlines)
+        gathered = None if take_runs is None else take_runs(index)
+        if gathered is None:  # scattered rows: through the map, whose pages are dropped after
+            gathered = np.asarray(self.world[index])
+            if self._release is not None:
+                self._release(self.world)
         return self._converted(gathered)
 
 

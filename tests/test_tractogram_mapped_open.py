@@ -178,3 +178,14 @@ def test_a_selection_over_a_mapped_trx_equals_the_eager_one(tmp_path, device, sa
     np.testing.assert_array_equal(result.bits, expected.bits)
     assert 0 < result.selected.sum() < len(got)
     assert got.mapped.made == (not index.backend.is_gpu and same_grid)  # the CPU's index is the voxel array
+
+
+def test_a_mapped_tractogram_pickles_and_copies_as_arrays(tmp_path):
+    import copy
+    import pickle
+
+    tract = _tractogram(n=50)
+    got = load_tractogram(save_tractogram(tract, tmp_path / "t.trx"))
+    for twin in (pickle.loads(pickle.dumps(got)), copy.deepcopy(got)):
+        assert twin.mapped is not None and not isinstance(twin.mapped.world, np.memmap)
+        np.testing.assert_array_equal(twin.points, got.points)
