@@ -187,8 +187,9 @@ def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tup
 
 @dataclass
 class FiberArrays:
-    """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 voxel coordinates
-    (the tractogram's own array, not a copy), ``affine`` voxel -> RAS mm, ``direction`` (P, 4)
+    """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 (:func:`display_points`:
+    the tractogram's voxel coordinates or its file's memory-mapped millimetres, not a copy),
+    ``affine`` points -> RAS mm, ``box`` the grid's corners in the points' frame, ``direction`` (P, 4)
     uint8 RGBA (made when first read, unless given: a view that colours by direction in a shader
     never reads it), and the levels of detail as :class:`Cells`; ``ranges_only``: levels of whole
     streamlines are index ranges (:meth:`Cells.ranges`), without connectivity."""
