@@ -52,6 +52,7 @@ class MappedPoints:
         #: when it was mapped (a file replaced or removed since is still the one read), or ``world``
         self.reader = world if reader is None else reader
         self._voxels: np.ndarray | None = None
+        self._last_take: tuple | None = None  # (index array, its points): read-only, shared
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -99,16 +100,22 @@ class MappedPoints:
         return self._converted(np.asarray(self.reader[start:stop]))
 
     def take(self, index: np.ndarray) -> np.ndarray:
-        """Points ``index`` in voxel coordinates (float32)."""
+        """Points ``index`` in voxel coordinates (float32; read-only: the last array returned again
+        when asked for the same ``index`` object)."""
         if self._voxels is not None:
             return self._voxels[index]
+        last = self._last_take
+        if last is not None and last[0] is index:  # the same level read again (its colours): not twice
+            return last[1]
         take_runs = getattr(self.reader, "take_runs", None)  # the file read run by run (whole streamlines)
         gathered = None if take_runs is None else take_runs(index)
         if gathered is None:  # scattered rows: through the map, whose pages are dropped after
             gathered = np.asarray(self.world[index])
             if self._release is not None:
                 self._release(self.world)
-        return self._converted(gathered)
+        out = self._converted(gathered)
+        self._last_take = (index, out)
+        return out
 
 
 @dataclass
