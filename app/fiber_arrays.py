@@ -1,8 +1,8 @@
 """Display arrays of tractograms, computed off the GUI thread and kept while their layer lives.
 
 The 3-D view draws a tractogram from ONE point array, the tractogram's own float32 positions in
-voxel coordinates (the actor carries the voxel -> RAS affine, so no world copy is made), which
-goes to the GPU once. What is drawn is a set of index ranges over it (:class:`Cells`: VTK's
+voxel coordinates, or a file's memory-mapped float32 millimetres (:func:`display_points`; the
+actor carries the points -> RAS affine, so no copy is made), which goes to the GPU once. What is drawn is a set of index ranges over it (:class:`Cells`: VTK's
 offsets + connectivity layout, which VTK wraps without copying): every streamline, a subset
 while the camera moves, a capped subset at rest on software OpenGL, the selected streamlines.
 Changing the subset or the selection changes only those integers; colouring by direction is one
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .colormaps import LUTS
+from .fiber_colours import COLOUR_CHUNK_POINTS, COLOUR_THREADS, direction_colours  # noqa: F401 - names of this module
 from .grid import Grid
 from .layers import SOLID, Layer
 
@@ -31,8 +32,6 @@ INTERACTIVE_POINTS = 60_000  # drawn while the camera moves with software OpenGL
 INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per point
 SOFTWARE_SETTLED_POINTS = 2_000_000  # drawn at rest when OpenGL is software (llvmpipe): < 1 s frames
 HARDWARE_MOVING_POINTS = 40_000_000  # drawn while the camera moves with hardware OpenGL (whole streamlines)
-COLOUR_CHUNK_POINTS = 1 << 22  # direction colours are computed this many points at a time
-COLOUR_THREADS = min(16, os.cpu_count() or 1)  # ... by this many threads
 #: Points of one vertex buffer. VTK counts a buffer's bytes in 32 bits (at most 357 M float32
 #: xyz points), so a larger tractogram is drawn as pieces of consecutive streamlines, each its own
 #: buffer over a slice of the one point array (no copy).
@@ -188,8 +187,9 @@ def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tup
 
 @dataclass
 class FiberArrays:
-    """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 voxel coordinates
-    (the tractogram's own array, not a copy), ``affine`` voxel -> RAS mm, ``direction`` (P, 4)
+    """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 (:func:`display_points`:
+    the tractogram's voxel coordinates or its file's memory-mapped millimetres, not a copy),
+    ``affine`` points -> RAS mm, ``box`` the grid's corners in the points' frame, ``direction`` (P, 4)
     uint8 RGBA (made when first read, unless given: a view that colours by direction in a shader
     never reads it), and the levels of detail as :class:`Cells`; ``ranges_only``: levels of whole
     streamlines are index ranges (:meth:`Cells.ranges`), without connectivity."""
@@ -201,6 +201,7 @@ class FiberArrays:
     levels: dict[str, Cells] = field(default_factory=dict)
     bounds: list[tuple[int, int]] = field(default_factory=list)  # the pieces drawn (:func:`piece_bounds`)
     ranges_only: bool = False
+    box: np.ndarray | None = None  # the grid's box corners (8, 3) in the points' frame (:func:`grid_box`)
 
     def __post_init__(self) -> None:
         if not self.bounds:
@@ -237,11 +238,11 @@ def streamline_cells(
     offsets = np.asarray(offsets)
     total = len(offsets) - 1
     lengths_all = np.diff(offsets)
-    chosen = np.arange(total) if ids is None else np.asarray(ids, dtype=np.int64)
+    chosen = None if ids is None else np.asarray(ids, dtype=np.int64)  # None: all (no index made)
     n_points = int(offsets[-1]) if ids is None else int(lengths_all[chosen].sum())
     step = 1
     if max_points is not None and n_points > max_points:
-        n_lines = len(chosen)
+        n_lines = total if chosen is None else len(chosen)
         mean_len = max(1.0, n_points / max(n_lines, 1))
         if decimate:
             n_keep = min(n_lines, INTERACTIVE_STREAMLINES)
@@ -249,7 +250,7 @@ def streamline_cells(
         else:
             n_keep = int(min(n_lines, max(1, max_points / mean_len)))
         pick = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False))
-        chosen = chosen[pick]
+        chosen = pick.astype(np.int64) if chosen is None else chosen[pick]
     elif ids is None:  # everything: the identity over the points (not stored), offsets as they are
         return Cells(offsets.astype(index_dtype(n_points)), None, None, total)
     if ranges_only and step == 1:
@@ -362,57 +363,36 @@ def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarra
     return cells.offsets.astype(np.int64), cells.point_index().astype(np.int64)
 
 
-def direction_colours(
-    points: np.ndarray, offsets: np.ndarray, rotation: np.ndarray | None = None, *, rgba: bool = False
-) -> np.ndarray:
-    """Per-point colour (uint8) from the local streamline direction |R t| (``rotation`` R: voxel
-    to world, identity by default), the usual fiber colouring; RGB, or RGBA (opaque) with
-    ``rgba``. Computed :data:`COLOUR_CHUNK_POINTS` at a time: no float copy of all points."""
-    n = len(points)
-    out = np.empty((n, 4 if rgba else 3), dtype=np.uint8)
-    if rgba:
-        out[:, 3] = 255
-    breaks = np.asarray(offsets[1:-1], dtype=np.int64)  # first points of streamlines 1..
-    turn = None if rotation is None else np.asarray(rotation, dtype=np.float32).T
+def display_points(tract) -> tuple[np.ndarray, np.ndarray]:
+    """(points, affine: points -> RAS mm) the 3-D view draws a tractogram from, without a copy:
+    a file's memory-mapped float32 millimetres (identity affine) when the tractogram keeps them
+    (:attr:`app.tractogram.Tractogram.mapped`: its voxel coordinates are then never made for the
+    view), else its float32 voxel coordinates and its grid's affine."""
+    mapped = tract.mapped
+    if mapped is not None and not mapped.made and mapped.world.dtype == np.float32:
+        return mapped.world, np.eye(4)
+    return np.asarray(tract.points), np.asarray(tract.affine, dtype=np.float64)
 
-    def chunk(a: int) -> None:  # NumPy releases the GIL: chunks in parallel threads
-        b = min(n, a + COLOUR_CHUNK_POINTS)
-        lo, hi = max(a - 1, 0), min(b + 1, n)
-        part = np.asarray(points[lo:hi], dtype=np.float32)
-        diff = np.diff(part, axis=0)  # diff[j] joins points lo + j and lo + j + 1
-        inside = breaks[(breaks > lo) & (breaks < hi)]
-        diff[inside - 1 - lo] = 0.0  # no tangent across streamline boundaries
-        tangent = np.zeros_like(part)
-        tangent[:-1] += diff
-        tangent[1:] += diff
-        tangent = tangent[a - lo : a - lo + (b - a)]
-        if turn is not None:
-            tangent = tangent @ turn
-        norm = np.sqrt(np.einsum("ij,ij->i", tangent, tangent))
-        scale = np.float32(255.0) / np.where(norm > 0, norm, np.float32(1.0))
-        np.abs(tangent, out=tangent)
-        tangent *= scale[:, None]
-        tangent += np.float32(0.5)
-        out[a:b, :3] = tangent.astype(np.uint8)
 
-    starts = range(0, n, COLOUR_CHUNK_POINTS)
-    if len(starts) <= 1:
-        for a in starts:
-            chunk(a)
-        return out
-    with ThreadPoolExecutor(max_workers=min(COLOUR_THREADS, len(starts))) as pool:
-        list(pool.map(chunk, starts))
-    return out
+def grid_box(tract, affine: np.ndarray) -> np.ndarray:
+    """The eight corners (8, 3) float32 of a tractogram's grid box (half a voxel beyond the
+    centres) in the frame of points drawn with ``affine`` (points -> RAS mm): what bounds it in
+    the 3-D view (the camera's reset)."""
+    hi = np.asarray(tract.dimensions, dtype=np.float64) - 0.5
+    corners = np.array([[x, y, z, 1.0] for x in (-0.5, hi[0]) for y in (-0.5, hi[1]) for z in (-0.5, hi[2])])
+    to_frame = np.linalg.solve(np.asarray(affine, dtype=np.float64), np.asarray(tract.affine, dtype=np.float64))
+    return (corners @ to_frame.T)[:, :3].astype(np.float32)
 
 
 def fiber_arrays(layer: Layer, skip=(), shader_drawn: bool = False) -> FiberArrays:
-    """The display arrays of a tractogram layer: its points as they are, direction colours
-    (world directions) and the levels of detail (but those in ``skip``: made when asked for).
-    ``shader_drawn``: the 3-D view draws it from its own buffers and colours it by direction in
-    a shader: no direction colours are made ahead, and levels are index ranges."""
+    """The display arrays of a tractogram layer: its points as they are (:func:`display_points`),
+    direction colours (world directions) and the levels of detail (but those in ``skip``: made
+    when asked for). ``shader_drawn``: the 3-D view draws it from its own buffers and colours it
+    by direction in a shader: no direction colours are made ahead, and levels are index ranges."""
     tract = layer.data
-    points = np.asarray(tract.points)
-    arrays = FiberArrays(points, np.asarray(tract.affine, dtype=np.float64), tract.offsets, ranges_only=shader_drawn)
+    points, affine = display_points(tract)
+    arrays = FiberArrays(points, affine, tract.offsets, ranges_only=shader_drawn)
+    arrays.box = grid_box(tract, affine)
     if not shader_drawn:
         arrays.direction  # noqa: B018 - made now, on the caller's (worker) thread
     for name in LEVELS:
@@ -444,14 +424,15 @@ def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     tract = layer.data
     if layer.color_by == "direction":
         rotation = np.asarray(tract.affine)[:3, :3]
-        if cells is None or cells.connectivity is None:
-            return direction_colours(tract.points, tract.offsets, rotation)
-        if not cells.decimated:  # whole streamlines: their own points' tangents, none made for the rest
-            return direction_colours(tract.points[cells.connectivity], cells.offsets - cells.offsets[0], rotation)
-        return direction_colours(tract.points, tract.offsets, rotation)[cells.connectivity]
+        if cells is None or cells.connectivity is None or cells.decimated:
+            points, affine = display_points(tract)  # a mapped file's millimetres: no voxel array made
+            colours = direction_colours(points, tract.offsets, np.asarray(affine)[:3, :3])
+            return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+        # whole streamlines: their own points' tangents, none made for the rest
+        return direction_colours(tract.points_take(cells.connectivity), cells.offsets - cells.offsets[0], rotation)
     if layer.color_by == SOLID:  # one colour (a named bundle's): the layer's ``color``
         rgb = [int(layer.color[i : i + 2], 16) for i in (1, 3, 5)] if layer.color else [255, 255, 255]
-        count = len(tract.points) if cells is None else cells.n_points
+        count = tract.n_points if cells is None else cells.n_points
         return np.tile(np.asarray(rgb, dtype=np.uint8), (count, 1))
     if cells is None or cells.connectivity is None:
         values = layer.point_values(layer.color_by)
@@ -489,7 +470,7 @@ class FiberArrayCache:
 
     def shader_drawn(self, layer: Layer) -> bool:
         least = self.shader_drawn_min_points
-        return least is not None and len(layer.data.points) >= least
+        return least is not None and layer.data.n_points >= least
 
     def prepare(self, layer: Layer) -> FiberArrays:
         """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
@@ -578,7 +559,9 @@ class FiberArrayCache:
         if cached is None or cached["grid"] != grid_key:
             tract = layer.data
             to_ref = np.linalg.solve(reference_affine, tract.affine)
-            points = tract.points if whole else tract.points[level.connectivity]
+            # a mapped file's points converted here (all of them only for a small tractogram): the
+            # tractogram's own voxel array is not made for the views
+            points = tract.points_rows(0, tract.n_points) if whole else tract.points_take(level.connectivity)
             if not Grid.affines_match(tract.affine, reference_affine):
                 to_ref = to_ref.astype(np.float32)
                 points = points @ to_ref[:3, :3].T + to_ref[:3, 3]

@@ -22,7 +22,8 @@ def _tractogram_problems(name: str, layer: Layer) -> list[str]:
     if not isinstance(tract, Tractogram):
         return [f"{name}: a tractogram layer holds {type(tract).__name__}"]
     out = []
-    offsets, points = np.asarray(tract.offsets), np.asarray(tract.points)
+    mapped = tract.mapped  # a file's millimetres: their shape is the points' (none converted here)
+    offsets, points = np.asarray(tract.offsets), (np.asarray(tract.points) if mapped is None else mapped.world)
     if points.ndim != 2 or points.shape[1] != 3:
         out.append(f"{name}: points have shape {points.shape}")
     if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(points):

@@ -283,7 +283,7 @@ class Layer(Observable):
         """A tractogram scalar per point (streamline scalars repeated along each streamline)."""
         tract = self.data
         if name in tract.point_scalars:
-            return first_column(tract.point_scalars[name], len(tract.points))
+            return first_column(tract.point_scalars[name], tract.n_points)
         if name in tract.streamline_scalars:
             return np.repeat(first_column(tract.streamline_scalars[name], len(tract)), tract.lengths)
         raise KeyError(f"{self.name} has no scalar {name!r}")

@@ -218,12 +218,12 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
         scalars = [*data.point_scalars.values(), *data.streamline_scalars.values()]
         key = (
             "trx",
-            *_by_identity(data.points, data.offsets, *scalars),
+            *_by_identity(data.mapped or data.points, data.offsets, *scalars),  # a file's map: not converted here
             tuple(data.point_scalars),
             tuple(data.streamline_scalars),
             data.affine.tobytes(),
         )
-        keep = (data.points, data.offsets, *scalars)
+        keep = (data.mapped or data.points, data.offsets, *scalars)
         parts.append(_Part("tractogram", ".trx", key, lambda path: save_tractogram(data, path, exact=True), keep))
         entry["grid"] = {"affine": data.affine.tolist(), "dimensions": list(data.dimensions)}
         entry["tract_name"] = data.name

@@ -192,26 +192,77 @@ class Selection:
         return (self.bits >> np.uint32(region)) & np.uint32(1) == 1
 
 
+#: Working memory of one batch of a selection on the CPU (and of the array engine on the GPU),
+#: per thread: the temporaries of :func:`hits_arrays` are bounded by it, not by the free memory
+#: (a whole-brain selection once took 38 GB of a 128 GB machine's host memory in one go).
+SELECT_CHUNK_BYTES = 256 << 20
+#: Points uploaded (and streamline ids made) at a time when a GPU index is built
+INDEX_CHUNK_POINTS = 1 << 24
+
+
 class StreamlineIndex:
     """Streamlines kept on the compute device for repeated selections.
 
     While an ROI is painted only the region bits change: uploading a small bit
     volume and launching one kernel is all a new selection costs on the GPU.
-    ``points`` (P, 3) are voxel coordinates of the regions' grid.
+    ``points`` (P, 3) are voxel coordinates of the regions' grid: an array, or anything whose
+    row slices ``points[a:b]`` are arrays (a tractogram's points converted as they are read).
+    On the CPU an array is used as it is (float32: no copy); on the GPU the points go up
+    ``chunk_points`` (:data:`INDEX_CHUNK_POINTS`) at a time through the pinned staging buffers,
+    so no host copy of them is made, and the per-point streamline ids are made a block at a time.
+    ``chunk_bytes`` (:data:`SELECT_CHUNK_BYTES`) bounds a batch's working memory in
+    :meth:`select`; the bits do not depend on it.
     """
 
-    def __init__(self, points: np.ndarray, offsets: np.ndarray, *, device: str | Backend = "auto"):
+    def __init__(
+        self,
+        points,
+        offsets: np.ndarray,
+        *,
+        device: str | Backend = "auto",
+        chunk_points: int | None = None,
+        chunk_bytes: int | None = None,
+    ):
         self.backend = get_backend(device)
         xp = self.backend.xp
         self.offsets_host = np.asarray(offsets, dtype=np.int64)
         self.n_streams = len(self.offsets_host) - 1
-        self.points = self.backend.asarray(np.ascontiguousarray(points, dtype=np.float32))
+        self.chunk_points = int(chunk_points or INDEX_CHUNK_POINTS)
+        self.chunk_bytes = int(chunk_bytes or SELECT_CHUNK_BYTES)
+        if not self.backend.is_gpu:
+            self.points = np.ascontiguousarray(np.asarray(points) if isinstance(points, np.ndarray) else
+                                               points[0 : len(points)], dtype=np.float32)  # fmt: skip
+            self.offsets = self.offsets_host
+            return
+        self.points = self._upload(points)
         self.offsets = self.backend.asarray(self.offsets_host)
-        if self.backend.is_gpu:
-            lengths = xp.diff(self.offsets)
-            self.stream_of_point = repeat_counts(xp, xp.arange(self.n_streams, dtype=xp.int32), lengths)
-            self.is_last = xp.zeros(len(self.points), dtype=xp.uint8)
-            self.is_last[self.offsets[1:][lengths > 0] - 1] = 1
+        lengths = xp.diff(self.offsets)
+        self.stream_of_point = self._stream_ids()
+        self.is_last = xp.zeros(len(self.points), dtype=xp.uint8)
+        self.is_last[self.offsets[1:][lengths > 0] - 1] = 1
+
+    def _upload(self, points):
+        """The points on the device, ``chunk_points`` at a time (no whole host copy)."""
+        from .transfer import to_device
+
+        xp = self.backend.xp
+        n = len(points)
+        out = xp.empty((n, 3), dtype=xp.float32)
+        for a in range(0, n, self.chunk_points):
+            b = min(n, a + self.chunk_points)
+            out[a:b] = to_device(np.ascontiguousarray(points[a:b], dtype=np.float32))
+        return out
+
+    def _stream_ids(self):
+        """The streamline of every point (int32, on the device), made for blocks of streamlines
+        of about ``chunk_points`` points: the temporaries of one block, not of all points."""
+        xp = self.backend.xp
+        out = xp.empty(int(self.offsets_host[-1]), dtype=xp.int32)
+        for a, b in point_blocks(self.offsets_host, self.chunk_points):
+            lo, hi = int(self.offsets_host[a]), int(self.offsets_host[b])
+            lengths = self.offsets[a + 1 : b + 1] - self.offsets[a:b]
+            out[lo:hi] = repeat_counts(xp, xp.arange(a, b, dtype=xp.int32), lengths)
+        return out
 
     def select(
         self,
@@ -250,7 +301,7 @@ class StreamlineIndex:
             threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
             run_batched(
                 backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3,
-                threads=threads,
+                maximum=max(1, self.chunk_bytes // per_stream), threads=threads,
             )  # fmt: skip
         include_mask = np.uint32((1 << len(include)) - 1)
         exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
@@ -264,6 +315,19 @@ class StreamlineIndex:
             "seconds": time.perf_counter() - t0,
         }
         return Selection(out, selected, provenance)
+
+
+def point_blocks(offsets: np.ndarray, max_points: int) -> list[tuple[int, int]]:
+    """Ranges ``[a, b)`` of consecutive streamlines of about ``max_points`` points each (a longer
+    streamline alone), covering all of them."""
+    n = len(offsets) - 1
+    out, a = [], 0
+    while a < n:
+        b = int(np.searchsorted(offsets, int(offsets[a]) + max_points, side="right")) - 1
+        b = min(max(b, a + 1), n)
+        out.append((a, b))
+        a = b
+    return out
 
 
 def select_streamlines(

@@ -141,3 +141,80 @@ def test_an_index_answers_repeated_selections_like_fresh_ones(device, rng):
         fresh = select_streamlines(points, offsets, include, exclude, device="cpu")
         np.testing.assert_array_equal(again.bits, fresh.bits)
         np.testing.assert_array_equal(again.selected, fresh.selected)
+
+
+def test_selections_in_small_chunks_equal_those_in_one(device, rng):
+    """The index's upload and streamline ids in blocks of a few points, and selections in
+    batches of a few streamlines (a bounded working memory), give the bits of the whole at once."""
+    from tractlens.gpu.select import StreamlineIndex
+
+    _lines, points, offsets, masks = random_case(rng, n_streamlines=400)
+    whole = StreamlineIndex(points, offsets, device=device, chunk_points=1 << 30, chunk_bytes=1 << 40)
+    small = StreamlineIndex(points, offsets, device=device, chunk_points=37, chunk_bytes=6000)
+    if small.backend.is_gpu:
+        np.testing.assert_array_equal(small.backend.to_host(small.stream_of_point),
+                                      small.backend.to_host(whole.stream_of_point))  # fmt: skip
+    for engine in ("auto", "arrays"):
+        batches = []
+        for include, exclude in (([masks[0]], []), ([masks[1], masks[2]], [masks[3]])):
+            one = whole.select(include, exclude, engine=engine)
+            got = small.select(
+                include, exclude, engine=engine, progress=lambda done, total, seen=batches: seen.append(done)
+            )
+            np.testing.assert_array_equal(got.bits, one.bits)
+            np.testing.assert_array_equal(got.selected, one.selected)
+            np.testing.assert_array_equal(got.bits, brute_force_bits(_lines, [*include, *exclude]))
+        if engine == "arrays" or not small.backend.is_gpu:
+            assert len(batches) > 10  # several chunks (600 B a point: 6000 B is one streamline or two)
+
+
+def test_an_index_reads_points_given_as_row_slices(device, rng):
+    """A source read by row slices (a tractogram converted as it is read) gives the same index."""
+    from tractlens.gpu.select import StreamlineIndex, point_blocks
+
+    _lines, points, offsets, masks = random_case(rng, n_streamlines=150)
+
+    class Rows:
+        def __len__(self):
+            return len(points)
+
+        def __getitem__(self, rows):
+            return points[rows].copy()
+
+    index = StreamlineIndex(Rows(), offsets, device=device, chunk_points=50)
+    got = index.select([masks[0]], [masks[1]])
+    expected = select_streamlines(points, offsets, [masks[0]], [masks[1]], device="cpu")
+    np.testing.assert_array_equal(got.bits, expected.bits)
+    blocks = point_blocks(offsets, 50)
+    assert blocks[0][0] == 0 and blocks[-1][1] == len(offsets) - 1
+    assert all(b0 == a1 for (_a0, b0), (a1, _b1) in itertools.pairwise(blocks))
+
+
+def test_a_selection_working_memory_is_bounded_by_the_chunk(rng):
+    """On the CPU the batches' temporaries stay near ``chunk_bytes`` per thread, whatever the
+    free memory: not a fraction of the machine's memory."""
+    import tracemalloc
+
+    from tractlens.gpu.host import host_threads
+    from tractlens.gpu.select import StreamlineIndex
+
+    n, length = 6000, 30
+    start = rng.uniform(0, 40, (n, 1, 3)).astype(np.float32)
+    points = (start + rng.normal(scale=0.7, size=(n, length, 3)).cumsum(axis=1).astype(np.float32)).reshape(-1, 3)
+    offsets = np.arange(0, n * length + 1, length)
+    mask = np.zeros((48, 48, 48), bool)
+    mask[10:40, 10:40, 10:40] = True  # a large region: most segments are traversed
+    peaks = {}
+    for chunk in (1 << 20, 1 << 40):
+        index = StreamlineIndex(points, offsets, device="cpu", chunk_bytes=chunk)
+        tracemalloc.start()
+        try:
+            bits = index.select([mask]).bits
+            peaks[chunk] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        peaks[f"bits{chunk}"] = bits
+    np.testing.assert_array_equal(peaks["bits1048576"], peaks[f"bits{1 << 40}"])
+    threads = host_threads()
+    assert peaks[1 << 20] < threads * 3 * (1 << 20) + 2e6, peaks  # a few chunks' worth, the result
+    assert peaks[1 << 40] > 4 * peaks[1 << 20], peaks  # the same selection unchunked: all at once

@@ -43,9 +43,10 @@ class CommitOutcome:
 
 
 def snapshot_tractogram(tract: Tractogram) -> Tractogram:
-    """A copy of a tractogram's arrays (the job must not see later edits of the layer)."""
+    """A copy of a tractogram's arrays (the job must not see later edits of the layer); a .trx's
+    memory-mapped positions are shared, not converted and copied (a file is never edited)."""
     return Tractogram(
-        tract.points.copy(),
+        tract.mapped if tract.mapped is not None else tract.points.copy(),
         tract.offsets.copy(),
         tract.affine.copy(),
         tract.dimensions,

@@ -46,7 +46,7 @@ def lookup_table(name: str, clim: tuple[float, float]) -> pv.LookupTable:
 
 def draws_nothing(layer) -> bool:
     """A tractogram without points: its actor stays hidden (out of the camera's bounds too)."""
-    return len(layer.data.points) == 0
+    return layer.data.n_points == 0
 
 
 def vtk_array(values: np.ndarray, name: str | None = None):

@@ -108,7 +108,7 @@ def apply_session(window, session: Session) -> None:
             if tract is not None and DISTANCE_STREAMLINE_SCALAR in tract.streamline_scalars:
                 presurgical.measured[layer.name] = layer
                 presurgical.distances[layer.name] = RegionDistance(
-                    np.asarray(tract.point_scalars.get(DISTANCE_POINT_SCALAR, np.zeros(len(tract.points)))),
+                    np.asarray(tract.point_scalars.get(DISTANCE_POINT_SCALAR, np.zeros(tract.n_points))),
                     np.asarray(tract.streamline_scalars[DISTANCE_STREAMLINE_SCALAR], dtype=np.float64),
                     {"restored_from": str(session.path)},
                 )

@@ -113,6 +113,35 @@ class PreadRows:
         hi = max(lo, hi)
         return read_rows(self.fd, self.position + lo * self.row_bytes, self.dtype, (hi - lo, *self.shape[1:]))
 
+    def take_runs(self, index: np.ndarray, max_runs: int | None = None) -> np.ndarray | None:
+        """``rows[index]`` read with one ``pread`` per run of consecutive rows (whole streamlines of
+        a level of detail: a few thousand reads, and no page of the map joins the resident
+        memory, where a gather through the map faults in pages around every row it reads).
+        None when ``index`` has more than ``max_runs`` runs (default: an eighth of its length,
+        at least 1000): then one read per row would cost more than the map's page faults."""
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        out = np.empty((len(index), *self.shape[1:]), dtype=self.dtype)
+        if not len(index):
+            return out
+        if index.min() < 0 or index.max() >= self.shape[0]:
+            raise IndexError("row index out of range")
+        breaks = np.flatnonzero(np.diff(index) != 1) + 1
+        limit = max(1000, len(index) // 8) if max_runs is None else max_runs
+        if len(breaks) + 1 > limit:
+            return None
+        starts = [0, *breaks.tolist()]
+        ends = [*breaks.tolist(), len(index)]
+        flat = out.reshape(len(index), -1).view(np.uint8)
+        for a, b in zip(starts, ends, strict=True):
+            view = memoryview(flat[a:b].reshape(-1))
+            position, done = self.position + int(index[a]) * self.row_bytes, 0
+            while done < len(view):
+                got = os.preadv(self.fd, [view[done:]], position + done)
+                if got <= 0:
+                    raise OSError(f"the file ended {len(view) - done} bytes early")
+                done += got
+        return out
+
     def __array__(self, dtype=None, copy=None):
         whole = self[:]
         return whole if dtype is None else whole.astype(dtype)

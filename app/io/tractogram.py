@@ -27,10 +27,12 @@ from tractlens.gpu.host import host_threads
 
 from ..errors import InputError
 from ..model import Tractogram, Volume
+from ..tractogram import MappedPoints
 from ._atomic import atomic_path
 from ._pages import PreadRows, release_pages
 from .nifti import check_affine, load_image, reason
 from .outputs import check_output_file
+from .tractogram_points import affine_rows, points_fit_grid
 from .tractogram_tsf import (
     content_timestamp,
     points_crc,
@@ -277,13 +279,16 @@ def _place_old_trk(path: Path, arrays, reference):
 def _read_trx(path: Path, grid):
     from trx.trx_file_memmap import load as trx_load
 
+    compressed = _compressed_trx(path)
     trx = trx_load(str(path))
+    if not compressed and trx.streamlines._data.dtype != np.float64:
+        return _mapped_trx(trx, path, grid)  # not closed: closing would unmap what it keeps
     try:
         if grid is None:
             grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
-        # The positions stay memory maps: converting them to voxels reads them a chunk at a
-        # time (the scalars are copied by the conversion); everything is read before close(),
-        # which removes the files of a compressed .trx.
+        # A compressed .trx is extracted to a folder that close() removes (and float64 positions,
+        # as sessions write them, are no use to the 3-D view as they are): everything is read
+        # (the positions a chunk at a time) and converted before close().
         return _tractogram_from_mm(
             trx.streamlines._data,
             np.array(trx.streamlines._lengths),
@@ -294,6 +299,58 @@ def _read_trx(path: Path, grid):
         )
     finally:
         trx.close()
+
+
+def _compressed_trx(path: Path) -> bool:
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        return any(info.compress_type != zipfile.ZIP_STORED for info in zf.infolist())
+
+
+def _mapped_trx(trx, path: Path, grid) -> Tractogram:
+    """An uncompressed .trx (``trx``: trx-python's, opened) as a tractogram over its
+    memory-mapped float16/32 positions (RAS mm): nothing is converted or copied (see
+    :class:`app.tractogram.MappedPoints`); the positions are read once, a chunk at a time and
+    never kept, to check that they are finite and lie where the grid's voxel coordinates can
+    hold them. Per-point scalars stay memory maps too."""
+    if grid is None:
+        grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
+    affine, dims = _check_grid(grid, path)
+    fix = _DAMAGED[".trx"]
+    points_mm = trx.streamlines._data
+    lengths = np.asarray(trx.streamlines._lengths)
+    if points_mm.size == 0 and lengths.size == 0:
+        points_mm, lengths = np.zeros((0, 3), np.float32), np.zeros(0, np.int64)
+    if points_mm.ndim != 2 or points_mm.shape[1:] != (3,) or lengths.ndim != 1:
+        raise InputError(f"the points have shape {points_mm.shape}, not (N, 3)", path=path, fix=fix)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if (lengths < 0).any() or int(offsets[-1]) != len(points_mm):
+        raise InputError("the streamline lengths do not add up to the number of points", path=path, fix=fix)
+    to_voxel = np.linalg.inv(affine)
+    reader = PreadRows.over(points_mm)  # opens the file now: what is read later is this file
+    if not points_fit_grid(reader, to_voxel):
+        raise InputError(
+            "some streamline points are NaN or infinite (or too far away for the grid)", path=path, fix=fix
+        )
+
+    def column(values):  # (n, 1) columns as (n,) views: a memory map stays one
+        return values[:, 0] if values.ndim == 2 and values.shape[1] == 1 else values
+
+    try:
+        return Tractogram(
+            MappedPoints(points_mm, to_voxel, _to_voxels, release_pages, reader),
+            offsets,
+            affine,
+            dims,
+            {k: column(v._data) for k, v in trx.data_per_vertex.items()},
+            {k: _single_column(v) for k, v in trx.data_per_streamline.items()},
+            name=path.name.split(".")[0],
+            source=str(path),
+        )
+    except ValueError as exc:  # scalars that do not match the streamlines
+        raise InputError(f"the file is inconsistent: {reason(exc)}", path=path, fix=fix) from None
 
 
 def _single_column(values) -> np.ndarray:
@@ -346,7 +403,7 @@ def _to_voxels(points_mm, to_voxel: np.ndarray) -> np.ndarray | None:
         k, lo = k_lo
         part = out[lo : lo + LOAD_CHUNK_POINTS]
         with np.errstate(all="ignore"):
-            part[:] = nib.affines.apply_affine(to_voxel, np.asarray(source[lo : lo + LOAD_CHUNK_POINTS], np.float64))
+            affine_rows(to_voxel, np.asarray(source[lo : lo + LOAD_CHUNK_POINTS], np.float64), part)
         if mapped and k % RELEASE_EVERY_CHUNKS == RELEASE_EVERY_CHUNKS - 1:
             release_pages(points_mm)
         return bool(np.isfinite(part).all())
@@ -402,10 +459,10 @@ def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamlin
 
 def _nib_tractogram(tractogram: Tractogram, keep_scalars: bool, exact: bool = False) -> NibTractogram:
     if exact:  # float64 mm: back in voxel coordinates, the float32 points come out bit for bit
-        points_mm = np.empty(tractogram.points.shape, dtype=np.float64)  # filled in chunks: no temporaries
+        points_mm = np.empty((tractogram.n_points, 3), dtype=np.float64)  # filled in chunks: no temporaries
         rotation, shift = tractogram.affine[:3, :3].T, tractogram.affine[:3, 3]
-        for start in range(0, len(points_mm), LOAD_CHUNK_POINTS):
-            chunk = tractogram.points[start : start + LOAD_CHUNK_POINTS].astype(np.float64)
+        for start in range(0, len(points_mm), LOAD_CHUNK_POINTS):  # (a mapped file's: converted as read)
+            chunk = tractogram.points_rows(start, start + LOAD_CHUNK_POINTS).astype(np.float64)
             np.matmul(chunk, rotation, out=points_mm[start : start + LOAD_CHUNK_POINTS])
             points_mm[start : start + LOAD_CHUNK_POINTS] += shift
     else:

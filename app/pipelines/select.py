@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tractlens.gpu.backend import get_backend
 from tractlens.gpu.engines import decide_device
 from tractlens.gpu.select import StreamlineIndex
 
@@ -86,7 +87,7 @@ def select_pipeline(
     notes: list[str] = []
     inc = load_masks_on_reference(include, "include mask", ref_affine, ref_shape, notes)
     exc = load_masks_on_reference(exclude, "exclude mask", ref_affine, ref_shape, notes)
-    choice = decide_device("select", len(tractogram.points), requested=device)
+    choice = decide_device("select", tractogram.n_points, requested=device)
     selection = select_on_grid(
         tractogram, ref_affine, inc, exc, device=choice.argument, progress=progress, cancelled=cancelled
     )
@@ -96,8 +97,32 @@ def select_pipeline(
 
 def index_on_grid(tractogram: Tractogram, grid_affine: np.ndarray, device: str = "auto") -> StreamlineIndex:
     """The tractogram's points in voxel coordinates of another grid, kept on the compute device
-    for repeated selections (the GUI keeps one per tractogram while ROIs are edited)."""
-    return StreamlineIndex(points_on_grid(tractogram, grid_affine), tractogram.offsets, device=device)
+    for repeated selections (the GUI keeps one per tractogram while ROIs are edited). On the GPU
+    they go up a chunk at a time as they are read (:class:`GridRows`): a tractogram kept as its
+    file's millimetres (:attr:`Tractogram.mapped`) gets no voxel copy in host memory."""
+    backend = get_backend(device)
+    points = GridRows(tractogram, grid_affine) if backend.is_gpu else points_on_grid(tractogram, grid_affine)
+    return StreamlineIndex(points, tractogram.offsets, device=backend)
+
+
+class GridRows:
+    """A tractogram's points in voxel coordinates of the grid ``grid_affine``, read by row slices
+    (``rows[a:b]``: float32 (b - a, 3)), converted as they are read."""
+
+    def __init__(self, tractogram: Tractogram, grid_affine: np.ndarray):
+        self.tractogram = tractogram
+        self.same = Grid.affines_match(tractogram.affine, grid_affine)
+        self.to_grid = np.linalg.solve(np.asarray(grid_affine, dtype=np.float64), tractogram.affine)
+
+    def __len__(self) -> int:
+        return self.tractogram.n_points
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        a, b, _ = rows.indices(len(self))
+        part = self.tractogram.points_rows(a, max(a, b))
+        if self.same:
+            return part
+        return (part.astype(np.float64) @ self.to_grid[:3, :3].T + self.to_grid[:3, 3]).astype(np.float32)
 
 
 #: Points converted to another grid at a time (no float64 copy of a whole-brain tractogram)
@@ -107,13 +132,12 @@ GRID_CHUNK_POINTS = 1 << 22
 def points_on_grid(tractogram: Tractogram, grid_affine: np.ndarray) -> np.ndarray:
     """The points (float32) in voxel coordinates of the grid ``grid_affine``: the tractogram's own
     array when that is its grid (no copy), else converted :data:`GRID_CHUNK_POINTS` at a time."""
-    points = tractogram.points
-    if Grid.affines_match(tractogram.affine, grid_affine) and points.dtype == np.float32:
-        return points
+    if Grid.affines_match(tractogram.affine, grid_affine):
+        return tractogram.points  # float32 (a mapped file's: its voxel coordinates, made once)
     to_grid = np.linalg.solve(np.asarray(grid_affine, dtype=np.float64), tractogram.affine)
-    out = np.empty(points.shape, dtype=np.float32)
-    for start in range(0, len(points), GRID_CHUNK_POINTS):
-        part = np.asarray(points[start : start + GRID_CHUNK_POINTS], dtype=np.float64)
+    out = np.empty((tractogram.n_points, 3), dtype=np.float32)
+    for start in range(0, len(out), GRID_CHUNK_POINTS):
+        part = np.asarray(tractogram.points_rows(start, start + GRID_CHUNK_POINTS), dtype=np.float64)
         out[start : start + GRID_CHUNK_POINTS] = part @ to_grid[:3, :3].T + to_grid[:3, 3]
     return out
 

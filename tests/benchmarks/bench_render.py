@@ -41,7 +41,10 @@ image and a tensor layer on the 1.25 mm grid:
 The GL vendor/renderer string says whether OpenGL is hardware (NVIDIA) or software (llvmpipe).
 Also: the open split into the loading job and the first frame (``open_load_job_s``,
 ``open_first_frame_s``; a tractogram drawn in pieces shows its first piece first, stated in
-``first_frame_lod_text``, and ``open_to_all_drawn_s`` is when every piece is drawn), resident memory after the loading job (before OpenGL has anything,
+``first_frame_lod_text``, and ``open_to_all_drawn_s`` is when every piece is drawn), whether the
+file's positions stayed memory-mapped and no voxel copy was made (``positions_mapped``,
+``voxel_copy_made_by_open``; ``bench_fibre_load.py`` splits the loading job step by step),
+resident memory after the loading job (before OpenGL has anything,
 ``rss_added_by_load_over_file``), our display arrays (``display_arrays_mb``), the vertex
 buffers (pieces) drawn and the selection's device (``select_device``).
 
@@ -305,6 +308,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     plotter.render()
     row["open_to_all_drawn_s"] = round(time.perf_counter() - start, 2)
     row["streamlines"], row["points"] = len(layer.data), int(layer.data.offsets[-1])
+    mapped = getattr(layer.data, "mapped", None)  # a .trx opened memory-mapped (app.tractogram.MappedPoints)
+    row["positions_mapped"] = mapped is not None
+    row["voxel_copy_made_by_open"] = None if mapped is None else mapped.made  # False: none made to draw
     row["rss_after_open_mb"] = round(rss_kb() / 1024)
     arrays = doc.fiber_arrays.prepare(layer)
     row["vertex_buffers"] = len(arrays.bounds)

@@ -33,7 +33,8 @@ def points_state(scene):
 
 def test_the_points_are_the_tractograms_float32_array_in_one_vertex_buffer(opened):
     _window, layer, scene = opened
-    points = layer.data.points
+    points = layer.data.mapped.world  # the file's float32 millimetres, memory-mapped (a .trx opened)
+    assert not layer.data.mapped.made
     assert points.dtype == np.float32 and points.flags.c_contiguous
     drawn = vtk_to_numpy(scene.points.GetData())
     assert drawn.dtype == np.float32 and np.shares_memory(drawn, points)  # wrapped, not copied
@@ -44,9 +45,10 @@ def test_the_points_are_the_tractograms_float32_array_in_one_vertex_buffer(opene
     assert rest.GetPointData().GetArray("direction") is moving.GetPointData().GetArray("direction")
     direction = vtk_to_numpy(rest.GetPointData().GetArray("direction"))
     assert direction.dtype == np.uint8 and direction.shape == (len(points), 4)
-    # The actor places voxel coordinates in the world; no float64 anywhere on the way.
+    # The actor places the points in the world (the file's millimetres: the identity); no float64
+    # anywhere on the way.
     matrix = scene.actor.GetUserMatrix()
-    np.testing.assert_allclose([[matrix.GetElement(i, j) for j in range(4)] for i in range(4)], layer.data.affine)
+    np.testing.assert_allclose([[matrix.GetElement(i, j) for j in range(4)] for i in range(4)], np.eye(4))
     per_point = [value for value in vars(scene.arrays).values() if getattr(value, "size", 0) > 16]
     assert per_point and all(value.dtype != np.float64 for value in per_point)
     # All streamlines at rest (software OpenGL draws up to 2 M points): the implicit identity.
@@ -176,7 +178,7 @@ def test_a_tractogram_over_the_buffer_limit_is_drawn_in_pieces_over_slices_of_it
             break
         window.document.remove_layer(layer)
         qtbot.wait(50)
-    points = layer.data.points
+    points = layer.data.mapped.world
     assert len(scene.pieces) == 5  # 240,000 points in pieces of about 50,000
     drawn = 0
     for piece in scene.pieces:

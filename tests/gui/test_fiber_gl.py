@@ -67,10 +67,11 @@ def test_the_points_go_to_the_gpu_once_as_they_are_and_are_drawn(own_buffers, wi
     layer, scene = open_fibres(window, qtbot, tmp_path)
     view = window.view3d
     assert isinstance(scene, GLFiberActors) and scene.failed is None
-    assert scene.arrays.points is layer.data.points  # (the slice views alone ask for direction colours)
+    # the file's memory-mapped float32 millimetres, no voxel copy made (app.fiber_arrays.display_points)
+    assert scene.arrays.points is layer.data.mapped.world and not layer.data.mapped.made
     [buffers] = scene.gl.buffers  # one piece, uploaded
-    on_gpu = read_buffer(view, buffers.position, layer.data.points.nbytes, np.float32)
-    np.testing.assert_array_equal(on_gpu.reshape(-1, 3), layer.data.points)
+    on_gpu = read_buffer(view, buffers.position, scene.arrays.points.nbytes, np.float32)
+    np.testing.assert_array_equal(on_gpu.reshape(-1, 3), scene.arrays.points)
     # Drawn: the streamlines in direction colours, the level-of-detail line empty (all drawn).
     shot = view.screenshot()
     assert lit(shot) > 2000 and view.lod_text() == ""
@@ -236,7 +237,7 @@ def test_pieces_come_in_one_by_one_and_make_the_same_picture(own_buffers, window
     view._full_detail()
     assert len(scene.gl.buffers) == 5 and view.lod_text() == ""
     for piece, buffers in zip(scene.pieces, scene.gl.buffers, strict=True):
-        assert np.shares_memory(piece, layer.data.points) and buffers.n_points == len(piece)
+        assert np.shares_memory(piece, layer.data.mapped.world) and buffers.n_points == len(piece)
     assert sum(len(first) for first, _count in scene.gl.ranges) == len(layer.data)
     pieces = view.screenshot()
     window.save_screenshot(ARTIFACTS / "fiber_gl_pieces.png")
@@ -265,4 +266,4 @@ def test_the_environment_can_keep_tractograms_on_vtk(own_buffers, window, qtbot,
     layer, scene = open_fibres(window, qtbot, tmp_path)
     assert isinstance(scene, FiberActors)
     assert "TRACTLENS_FIBRES_GL=0" in window.statusBar().currentMessage()
-    assert layer.data.points is scene.arrays.points
+    assert layer.data.mapped.world is scene.arrays.points
