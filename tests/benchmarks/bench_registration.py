@@ -232,10 +232,10 @@ def atlas_rows(folder: Path, registration: Path, tag: str, devices: list[str]) -
                      "command": shown(command), "seconds": round(seconds, 2), "first_use_seconds": round(first, 2),
                      "target_seconds": TARGETS["atlas"], "meets_speed_target": seconds <= TARGETS["atlas"]})  # fmt: skip
         if device == "cpu":  # the resampler's choice against numba's loop forced (gpu.resample._compiled_pays)
-            force = "import tractlens.gpu.resample as r; r.COMPILED_START_VOXELS = 0; "
+            force = "import tractlens.gpu.resample as r; r.COMPILED_START_SAMPLES = {0: 0, 1: 0}; "
             forced = min(run(command, force)[0] for _ in range(2))
             rows.append({"case": "the same, numba's compiled loop forced (comparison: not a target row)",
-                         "command": shown(command) + "  [COMPILED_START_VOXELS = 0]",
+                         "command": shown(command) + "  [COMPILED_START_SAMPLES = 0]",
                          "seconds": round(forced, 2)})  # fmt: skip
     return rows
 
