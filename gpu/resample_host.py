@@ -121,12 +121,9 @@ def _trilinear(w: _Work, coords, sources, shape, n: int, totals) -> None:
                 first = False
 
 
-def _displace(w: _Work, coords, field, at, step, fshape, i, j, k, n: int) -> None:
-    """``coords`` moved by the field read at ``at · r``: ``x + ((s0·w0 + s1·w1) + s2·w2)``, as the
+def _displace(w: _Work, coords, at_coords, field, step, fshape, n: int) -> None:
+    """``coords`` moved by the field read at ``at_coords``: ``x + ((s0·w0 + s1·w1) + s2·w2)``, as the
     loop's ``x += ...``; the field reads 0 outside its grid."""
-    at_coords = [c[:n] for c in w.field_at]
-    for d in range(3):
-        _affine_rows(at[d], i, j, k, at_coords[d])
     outside = _inside(w, at_coords, fshape, n)
     displacement = [c[:n] for c in w.displacement]
     _trilinear(w, at_coords, field, fshape, n, displacement)
@@ -141,6 +138,20 @@ def _displace(w: _Work, coords, field, at, step, fshape, i, j, k, n: int) -> Non
         np.multiply(step[d][2], displacement[2], out=term)
         np.add(move, term, out=move)
         np.add(coords[d], move, out=coords[d])
+
+
+def _may_land_inside(w: _Work, coords, shape, margin, n: int) -> np.ndarray | None:
+    """The voxels whose affine coordinates lie within ``margin`` (voxels, per axis: the most the field
+    can move them) of the source, as positions; None when that is all of them. The others land
+    outside whatever the field says, and are not sampled."""
+    maybe, ok = w.inside[:n], w.ok[:n]
+    for d, c in enumerate(coords):
+        np.greater_equal(c, -margin[d], out=maybe if d == 0 else ok)
+        if d:
+            np.logical_and(maybe, ok, out=maybe)
+        np.less_equal(c, shape[d] - 1 + margin[d], out=ok)
+        np.logical_and(maybe, ok, out=maybe)
+    return None if maybe.all() else np.flatnonzero(maybe)
 
 
 def _nearest_index(w: _Work, coords, shape, n: int) -> np.ndarray:
@@ -168,19 +179,44 @@ def _slab(w: _Work, v0: int, v1: int, job: dict, out: np.ndarray) -> None:
     coords = [c[:n] for c in w.coords]
     for d in range(3):
         _affine_rows(job["linear"][d], i, j, k, coords[d])
-    if job["field"] is not None:
-        _displace(w, coords, job["field"], job["at"], job["step"], job["field_shape"], i, j, k, n)
-    outside = _inside(w, coords, job["source_shape"], n)
-    source = job["source"]
+    source, fill = job["source"], job["fill"]
     target = out[v0:v1] if source.ndim == 2 else out[v0:v1, 0]
+    kept, m = None, n
+    if job["field"] is not None:
+        at_coords = [c[:n] for c in w.field_at]
+        for d in range(3):
+            _affine_rows(job["at"][d], i, j, k, at_coords[d])
+        kept = _may_land_inside(w, coords, job["source_shape"], job["margin"], n)
+        if kept is not None:  # only the voxels the field can bring inside are sampled: the same values
+            m = kept.size
+            for c in (*coords, *at_coords):  # each moved to the front of its own buffer
+                np.copyto(c[:m], np.take(c, kept, out=w.scratch[:m]))
+            coords, at_coords = [c[:m] for c in coords], [c[:m] for c in at_coords]
+        _displace(w, coords, at_coords, job["field"], job["step"], job["field_shape"], m)
+    outside = _inside(w, coords, job["source_shape"], m)
+    values = target if kept is None else w.like("kept", target.dtype, w.channels, m)
     if job["order"] == 0:
-        np.take(source, _nearest_index(w, coords, job["source_shape"], n), axis=0, out=target, mode="clip")
+        np.take(source, _nearest_index(w, coords, job["source_shape"], m), axis=0, out=values, mode="clip")
     else:
-        total = w.like("total", np.float64, w.channels, n)
-        _trilinear(w, coords, [source], job["source_shape"], n, [total])
-        np.copyto(target, total, casting="unsafe")  # float64 sums rounded to the output's float32
+        total = w.like("total", np.float64, w.channels, m)
+        _trilinear(w, coords, [source], job["source_shape"], m, [total])
+        np.copyto(values, total, casting="unsafe")  # float64 sums rounded to the output's float32
     if outside is not None:
-        np.copyto(target, job["fill"], where=outside if target.ndim == 1 else outside[:, None])
+        np.copyto(values, fill, where=outside if values.ndim == 1 else outside[:, None])
+    if kept is not None:
+        np.copyto(target, fill)
+        target[kept] = values
+
+
+def _field_reach(field, step) -> list[float]:
+    """Per source axis, the most (voxels) the field can move a coordinate: a trilinear value is a
+    convex combination of the field's values, so ``|w_c| <= max |field_c|``; with a relative and an
+    absolute slack for the rounding of the weights and sums. Infinite for a field with NaN or inf
+    (every voxel is then sampled)."""
+    largest = np.abs(np.asarray(field, np.float32).reshape(-1, 3)).max(axis=0).astype(np.float64)
+    if not np.isfinite(largest).all():
+        return [np.inf] * 3
+    return (np.abs(step) @ largest * (1 + 1e-6) + 1e-6).tolist()
 
 
 def resample_on_threads(
@@ -213,11 +249,13 @@ def resample_on_threads(
         "fill": np.array(cval).astype(out.dtype),
     }
     if field is not None:
+        step = np.asarray(step, np.float64)[:3, :3]
         job.update(
             field=[np.ascontiguousarray(field[..., c], np.float64).reshape(-1) for c in range(3)],  # float32 values
             field_shape=field.shape[:3],
             at=np.asarray(at_field, np.float64)[:3].tolist(),
-            step=np.asarray(step, np.float64)[:3, :3].tolist(),
+            step=step.tolist(),
+            margin=_field_reach(field, step),
         )
     nz = shape[2]
     voxels = max(1, SLAB_SAMPLES // (channels * max(1, nz))) * nz

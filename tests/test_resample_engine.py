@@ -153,6 +153,23 @@ def test_nearest_rounds_ties_half_up_on_both_paths(monkeypatch):
         assert (got[-1] == -1).all() and (got[:, 0] == -1).all()  # 5.5 > 5 and -0.5 < 0: outside
 
 
+def test_voxels_the_field_brings_back_inside_are_sampled(monkeypatch):
+    """The NumPy path skips the voxels that land outside whatever the field says (farther than its
+    largest displacement): a shift of -2 voxels undone by a field of +2 mm must give every label back,
+    the edge voxels included, on both paths."""
+    labels = np.arange(9 * 7 * 6, dtype=np.int32).reshape(9, 7, 6)
+    linear = np.eye(4)
+    linear[0, 3] = -2.0  # the affine alone puts planes 0 and 1 outside
+    field = np.zeros((9, 7, 6, 3), np.float32)
+    field[..., 0] = 2.0
+    for got in _both_paths(monkeypatch, labels, labels.shape, linear, field, np.eye(4), np.eye(3), order=0, cval=-1):
+        np.testing.assert_array_equal(got, labels)
+    field[..., 0] = 1.0  # now planes 0 lands at -1: outside, and the rest one plane lower
+    for got in _both_paths(monkeypatch, labels, labels.shape, linear, field, np.eye(4), np.eye(3), order=0, cval=-1):
+        assert (got[0] == -1).all()
+        np.testing.assert_array_equal(got[1:], labels[:-1])
+
+
 def test_cancelled_stops_between_slabs(cpu_engine):
     from tractlens.gpu.backend import Cancelled
 
