@@ -30,24 +30,26 @@ from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 
 #: Samples (output voxels × channels) per thread from which a fresh process starts numba's loop
 #: rather than draw with NumPy (:mod:`gpu.resample_host`), per interpolation order. Starting numba
-#: (import, the loop from its cache, numba's CPU target) costs 0.5 s of one core on a 2-core machine
-#: and 1.35 s on the GPU machine before the first voxel; per sample, one thread, on a 2-core EPYC:
+#: (import, the loop from its cache, numba's CPU target) costs ~0.7 s of one core on the 2-core
+#: machine and 1.35 s on the GPU machine before the first voxel. CPU time per sample, one thread,
+#: 2-core EPYC under load (1 mm outputs of 7.2 M voxels; 16 channels: a 2 mm grid, 0.55 M voxels):
 #:
 #: ========================================  ===========  ==========
 #: case (ns per sample, one thread)           NumPy        numba loop
 #: ========================================  ===========  ==========
-#: labels through a SyN field, 1 mm           72-76        37-40
-#: labels through an affine                   10-13        6-8
-#: image through a SyN field (trilinear)      115          54
-#: image through an affine (trilinear)        37-48        13-19
-#: 16 channels, nearest / trilinear           9 / 22       1.2 / 2.3
+#: labels through an affine + SyN field       72-80        37-41
+#: labels through an affine                   12-13        8
+#: image through an affine + SyN field        118-139      53-58
+#: image through an affine (trilinear)        36-48        18-19
+#: 16 channels, nearest / trilinear           3.5 / 16     1.3 / 2.4
 #: ========================================  ===========  ==========
 #:
-#: so the loop's start pays back from ~14 M labels and ~8-25 M image samples per thread. The rule
-#: counts at most :data:`NUMPY_THREADS` threads: NumPy's Python share of a slab (~0.2 ms of
-#: ~200 calls, ~6 ns a voxel) holds the GIL, which bounds how many threads it can use.
-#: A 1 mm atlas (7.2 M labels) is thus always drawn with NumPy; a 4-D image of 100 M samples on
-#: 4 threads with the loop. Benchmarks set both to 0 to force the loop.
+#: so the loop's start pays back from ~18-35 M labels through a field and ~10-60 M image samples
+#: per thread. The rule counts at most :data:`NUMPY_THREADS` threads: NumPy's Python share of a
+#: slab (~0.2 ms of ~200 calls, ~6 ns a voxel) holds the GIL, which bounds how many it can use
+#: (not measured past 2 cores: ``tests/benchmarks/bench_resample_threads.py``). A 1 mm atlas
+#: (7.2 M labels) is thus always drawn with NumPy; a 4-D image of 100 M samples on 4 threads with
+#: the loop. Benchmarks set both to 0 to force the loop.
 COMPILED_START_SAMPLES = {0: 40_000_000, 1: 16_000_000}
 #: The most threads the rule above credits to the NumPy path.
 NUMPY_THREADS = 8
