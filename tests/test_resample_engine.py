@@ -232,3 +232,14 @@ def test_a_small_volume_and_a_label_image_do_not_start_numba():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "1.0", "1"]
+
+
+def test_auto_takes_the_cpu_unless_cupy_already_runs(monkeypatch):
+    """A fresh command resamples on the CPU whether numba is installed or not (NumPy draws as fast as
+    CuPy starts); a process where CuPy already runs (the window) keeps the GPU."""
+    import tractlens.gpu.resample as engine
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(engine, "numba_module", lambda: None)
+    assert engine.resolve_device("auto").name == "cpu"
+    assert engine.resolve_device("cpu").name == "cpu"
