@@ -25,10 +25,12 @@ import numpy as np
 from .backend import Cancelled
 from .host import run_parallel
 
-#: Samples (output voxels × channels) per slab, in whole rows of the last axis: ~20 float64/int64
-#: buffers of a slab's voxels a thread (5 MB at 1 << 15) and ~200 NumPy calls a slab, whose Python
-#: share (~0.2 ms) holds the GIL. 1 << 13 took 15 % more CPU for a 1 mm atlas, 1 << 15 to 1 << 17 the same.
-SLAB_SAMPLES = 1 << 15
+#: Samples (output voxels × channels) per slab, in whole rows of the last axis: ~25 float64/int64
+#: buffers of a slab's voxels a thread (14 MB at 1 << 16) and ~250 NumPy calls a slab, whose Python
+#: share (~0.2-0.3 ms) holds the GIL: on many threads the slabs' count bounds the speed, so slabs
+#: are no smaller than the CPU time allows. One thread, a 1 mm atlas through a SyN field: 1 << 13
+#: took 15 % more CPU than 1 << 15; 1 << 15 to 1 << 17 the same (2-core EPYC).
+SLAB_SAMPLES = 1 << 16
 
 
 class _Work:

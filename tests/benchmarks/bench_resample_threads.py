@@ -94,7 +94,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     counts = sorted({t for t in (1, 2, 4, 8, 16, 32, 64) if t <= cores} | {cores})
     parser.add_argument("--threads", default=",".join(map(str, counts)))
-    parser.add_argument("--slabs", default=str(host.SLAB_SAMPLES), help="SLAB_SAMPLES values, e.g. 32768,131072")
+    parser.add_argument("--slabs", default="32768,65536,131072", help="SLAB_SAMPLES values (default %(default)s)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", type=Path, help="a JSON file for the rows")
     args = parser.parse_args()
