@@ -43,7 +43,7 @@ class _Work:
         self.n, self.channels = n, channels
         self.coords = [np.empty(n) for _ in range(3)]  # source coordinates (x, y, z)
         self.field_at = [np.empty(n) for _ in range(3)]  # field coordinates (u, v, t)
-        self.displacement = [np.empty(n) for _ in range(3)]
+        self.displacement = np.empty(3 * n)  # (3, voxels) once shaped by like()
         self.lower = [np.empty(n) for _ in range(3)]  # 1 - fraction, per axis
         self.lo = [np.empty(n, np.intp) for _ in range(3)]
         self.hi = [np.empty(n, np.intp) for _ in range(3)]
@@ -52,13 +52,13 @@ class _Work:
         self.inside, self.ok = np.empty(n, bool), np.empty(n, bool)
         self._like: dict = {}
 
-    def like(self, role: str, dtype, m: int, n: int) -> np.ndarray:
-        """A kept buffer of ``m`` (1 or the channels) values of ``dtype`` per voxel, as (n,) or (n, m)."""
-        key = (role, np.dtype(dtype), m)
+    def like(self, role: str, dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A kept buffer of ``dtype`` (one per role and type, for up to ``max(3, channels)`` values a
+        voxel), as a C-contiguous array of ``shape``."""
+        key = (role, np.dtype(dtype))
         if key not in self._like:
-            self._like[key] = np.empty((self.n, m), dtype)
-        buffer = self._like[key][:n]
-        return buffer[:, 0] if m == 1 else buffer
+            self._like[key] = np.empty(max(3, self.channels) * self.n, dtype)
+        return self._like[key][: int(np.prod(shape))].reshape(shape)
 
 
 def _affine_rows(m, i, j, k, out) -> None:
@@ -88,10 +88,12 @@ def _inside(w: _Work, coords, shape, n: int) -> np.ndarray | None:
     return outside
 
 
-def _trilinear(w: _Work, coords, sources, shape, n: int, totals) -> None:
-    """``totals[s]`` = ``sources[s]`` (flat source voxels, (S,) or (S, C)) trilinear at ``coords``
-    (inside; overwritten by their fractions), in float64: the loop's weights ``(gx·gy)·gz`` and its
-    order of the eight corners, each product ``weight · value`` added in turn."""
+def _trilinear(w: _Work, coords, source, shape, n: int, total, axis: int = 0) -> None:
+    """``total`` = ``source`` trilinear at ``coords`` (inside; overwritten by their fractions), in
+    float64: the loop's weights ``(gx·gy)·gz`` and its order of the eight corners, each product
+    ``weight · value`` added in turn. ``source``: the flat source voxels along ``axis`` ((S,) or
+    (S, C) with ``axis=0``, (3, S) with ``axis=1``: a field's components gathered in one call);
+    ``total``: the same layout with ``n`` in place of ``S``."""
     strides = (shape[1] * shape[2], shape[2], 1)
     base = w.scratch[:n]
     for d, c in enumerate(coords):
@@ -106,6 +108,9 @@ def _trilinear(w: _Work, coords, sources, shape, n: int, totals) -> None:
             np.multiply(lo, strides[d], out=lo)
             np.multiply(hi, strides[d], out=hi)
     weight_xy, weight, row, index = w.weight_xy[:n], w.weight[:n], w.row[:n], w.index[:n]
+    scale = weight if total.ndim == 1 else (weight[:, None] if axis == 0 else weight[None, :])
+    value = w.like("value", source.dtype, total.shape)
+    term = w.like("term", np.float64, total.shape)
     first = True
     for cx, wx in ((w.lo[0], w.lower[0]), (w.hi[0], coords[0])):
         for cy, wy in ((w.lo[1], w.lower[1]), (w.hi[1], coords[1])):
@@ -114,24 +119,21 @@ def _trilinear(w: _Work, coords, sources, shape, n: int, totals) -> None:
             for cz, wz in ((w.lo[2], w.lower[2]), (w.hi[2], coords[2])):
                 np.multiply(weight_xy, wz[:n], out=weight)
                 np.add(row, cz[:n], out=index)
-                for source, total in zip(sources, totals):
-                    m = 1 if source.ndim == 1 else source.shape[1]
-                    value = np.take(source, index, axis=0, out=w.like("value", source.dtype, m, n), mode="clip")
-                    scale = weight if m == 1 else weight[:, None]
-                    if first:
-                        np.multiply(scale, value, out=total)
-                    else:
-                        term = np.multiply(scale, value, out=w.like("term", np.float64, m, n))
-                        np.add(total, term, out=total)
-                first = False
+                np.take(source, index, axis=axis, out=value, mode="clip")
+                if first:
+                    np.multiply(scale, value, out=total)
+                    first = False
+                else:
+                    np.multiply(scale, value, out=term)
+                    np.add(total, term, out=total)
 
 
 def _displace(w: _Work, coords, at_coords, field, step, fshape, n: int) -> None:
     """``coords`` moved by the field read at ``at_coords``: ``x + ((s0·w0 + s1·w1) + s2·w2)``, as the
     loop's ``x += ...``; the field reads 0 outside its grid."""
     outside = _inside(w, at_coords, fshape, n)
-    displacement = [c[:n] for c in w.displacement]
-    _trilinear(w, at_coords, field, fshape, n, displacement)
+    displacement = w.displacement[: 3 * n].reshape(3, n)
+    _trilinear(w, at_coords, field, fshape, n, displacement, axis=1)
     if outside is not None:
         for c in displacement:
             np.copyto(c, 0.0, where=outside)
@@ -199,12 +201,12 @@ def _slab(w: _Work, v0: int, v1: int, job: dict, out: np.ndarray) -> None:
             coords, at_coords = [c[:m] for c in coords], [c[:m] for c in at_coords]
         _displace(w, coords, at_coords, job["field"], job["step"], job["field_shape"], m)
     outside = _inside(w, coords, job["source_shape"], m)
-    values = target if kept is None else w.like("kept", target.dtype, w.channels, m)
+    values = target if kept is None else w.like("kept", target.dtype, (m,) if target.ndim == 1 else (m, w.channels))
     if job["order"] == 0:
         np.take(source, _nearest_index(w, coords, job["source_shape"], m), axis=0, out=values, mode="clip")
     else:
-        total = w.like("total", np.float64, w.channels, m)
-        _trilinear(w, coords, [source], job["source_shape"], m, [total])
+        total = w.like("total", np.float64, (m,) if source.ndim == 1 else (m, w.channels))
+        _trilinear(w, coords, source, job["source_shape"], m, total)
         np.copyto(values, total, casting="unsafe")  # float64 sums rounded to the output's float32
     if outside is not None:
         np.copyto(values, fill, where=outside if values.ndim == 1 else outside[:, None])
@@ -256,7 +258,7 @@ def resample_on_threads(
     if field is not None:
         step = np.asarray(step, np.float64)[:3, :3]
         job.update(
-            field=[np.ascontiguousarray(field[..., c], np.float64).reshape(-1) for c in range(3)],  # float32 values
+            field=np.ascontiguousarray(np.moveaxis(np.asarray(field), -1, 0), np.float64).reshape(3, -1),  # exact
             field_shape=field.shape[:3],
             at=np.asarray(at_field, np.float64)[:3].tolist(),
             step=step.tolist(),
