@@ -9,7 +9,7 @@
 #     packaging threadpoolctl isal
 # (numba, of the cpu extra, is on the machine; isal is the fast-io extra: without it .nii.gz files are
 # inflated and deflated by the standard library on one core, and the script says so).
-# Switches: CASES (e.g. CASES=syn: the SyN registration and the atlas on it), CORES (e.g. all), KEEP
+# Switches: CASES (e.g. CASES=atlas, the same as syn: the SyN registration and the atlas on it), CORES (e.g. all), KEEP
 # (a folder to keep the cases in); PYC=0 measures without bytecode, as Python runs from source with
 # PYTHONDONTWRITEBYTECODE (the .pyc of the repository and of the carried packages are removed, numba's
 # cache files kept); by default everything is byte-compiled first, as a pip install does.

@@ -267,7 +267,9 @@ def main() -> None:
     global CORES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="the JSON file (default results/registration_<device>.json)")
-    parser.add_argument("--cases", default="rigid,affine,syn", help="of rigid, affine, syn (syn includes the atlas)")
+    parser.add_argument(
+        "--cases", default="rigid,affine,syn", help="of rigid, affine, syn (syn includes the atlas; atlas: the same)"
+    )
     parser.add_argument("--cores", default="all,2", help="passes: 'all' and/or a number of cores, e.g. all,2")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (cases, registrations, outputs)")
     parser.add_argument("--register-args", default="", help="more tractlens register options, e.g. '--sampling 0.1'")
@@ -287,7 +289,7 @@ def main() -> None:
     results = {"machine": platform.node(), "device": gpu_status()[1], "cpus": len(available),
                "python": platform.python_version(), "bytecode": bytecode, "targets_seconds": TARGETS,
                "passes": []}  # fmt: skip
-    cases = args.cases.split(",")
+    cases = list(dict.fromkeys("syn" if case == "atlas" else case for case in args.cases.split(",")))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) if args.keep is None else args.keep
         folder.mkdir(parents=True, exist_ok=True)
