@@ -257,8 +257,9 @@ def resample_on_threads(
     }
     if field is not None:
         step = np.asarray(step, np.float64)[:3, :3]
+        # the field's values as the loop reads them (float32), then float64 (exact): one gather a corner
         job.update(
-            field=np.ascontiguousarray(np.moveaxis(np.asarray(field), -1, 0), np.float64).reshape(3, -1),  # exact
+            field=np.ascontiguousarray(np.moveaxis(np.asarray(field, np.float32), -1, 0), np.float64).reshape(3, -1),
             field_shape=field.shape[:3],
             at=np.asarray(at_field, np.float64)[:3].tolist(),
             step=step.tolist(),

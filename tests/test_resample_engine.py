@@ -134,6 +134,8 @@ def test_the_numpy_path_gives_the_compiled_loop_s_bits(monkeypatch, order, with_
     source = labels if order == 0 else data
     if channels > 1:
         source = np.stack([source, source[::-1], 2 * source], -1)
+        if field is not None:  # a float64 field: both paths read it as float32
+            field = field.astype(np.float64) + 1e-9
     compiled, arrays = _both_paths(
         monkeypatch, source, out_shape, linear, field, at, step, order=order, threads=2, cval=-3
     )
