@@ -377,7 +377,7 @@ def apply_transform(
     from the fixed space to the moving space. Images are pulled through the transform, streamline
     points pushed through its inverse; per-point and per-streamline scalars are kept. ``device``:
     where images are resampled (:func:`tractlens.gpu.resample.resolve_device`; 'auto' takes the
-    CPU's compiled loop in a fresh process, the GPU where CuPy already runs)."""
+    CPU in a fresh process, the GPU where CuPy already runs)."""
     check_device(device)
     registration = load_registration(registration)
     out = check_output_file(out, "output")

@@ -14,7 +14,7 @@ and the inverse, used to push points (a streamline of the moving space into the 
 This is the composite ``antsApplyTransforms -t 1Warp.nii.gz -t 0GenericAffine.mat`` applies, with
 the fields in RAS here and in LPS in the files (:mod:`app.io.transforms` converts). Images are
 resampled with trilinear or nearest-neighbour interpolation by the engine (:mod:`tractlens.gpu.resample`:
-SciPy's ``map_coordinates`` edges, compiled loops on the CPU's threads or CuPy), one slab of
+SciPy's ``map_coordinates`` edges, NumPy or numba's compiled loop on the CPU's threads, or CuPy), one slab of
 reference voxels at a time so a 1 mm whole-brain grid never holds all its coordinates at once.
 """
 

@@ -11,9 +11,11 @@ what this replaces: a coordinate outside ``[0, n - 1]`` on any axis reads ``cval
 0), nearest rounds half up. Coordinates are computed in float64 on either backend, so the NumPy
 path gives SciPy's values (to rounding) and the CuPy path the NumPy path's.
 
-Written once against ``xp`` (NumPy or CuPy). On the CPU the output is cut into slabs of planes
-run on threads (NumPy's gathers and arithmetic release the GIL; SciPy's ndimage holds it); on the
-GPU a slab is a few million voxels. Arrays in, arrays out: no files, no grids.
+Written once against ``xp`` (NumPy or CuPy) for the GPU, where a slab is a few million voxels. On
+the CPU the output is cut into slabs run on threads, by one of two paths that give the same bits:
+NumPy operations into buffers kept per thread (:mod:`gpu.resample_host`), or numba's compiled loop
+(:mod:`gpu.resample_loops`, the ``cpu`` extra), chosen by :func:`_compiled_pays`. Arrays in, arrays
+out: no files, no grids.
 """
 
 from __future__ import annotations
@@ -26,29 +28,43 @@ import numpy as np
 from .backend import Backend, Cancelled, get_backend
 from .host import compile_or_uncached, host_threads, numba_module, run_parallel
 
-#: Output voxels per slab of the NumPy path on the CPU (a thread's share; whole planes, at least one).
-#: At 1 << 17 a slab of a 1 mm brain was three planes (119 K voxels, float64 temporaries of 1 MB),
-#: each temporary mapped and faulted in afresh: 1.8 s of system time for an atlas through a SyN warp,
-#: 0.4 s with one plane (40 K voxels, 0.3 MB) a slab.
-CPU_SLAB_VOXELS = 1 << 15
-#: Output voxels below which the CPU draws with NumPy rather than start numba (import and the loop
-#: from its cache: ~0.45 s of one core). The NumPy path costs about 190 ns more per output voxel on
-#: one thread, and its threads do not close that gap: on the GPU machine's 16 cores a 1 mm atlas
-#: through a SyN warp (7.2 M voxels) took 2.68 s with NumPy against 2.00 s with the loop
-#: (registration_h100.json). So the rule counts voxels, not voxels per thread.
-COMPILED_START_VOXELS = 2_400_000
+#: Samples (output voxels × channels) per thread from which a fresh process starts numba's loop
+#: rather than draw with NumPy (:mod:`gpu.resample_host`), per interpolation order. Starting numba
+#: (import, the loop from its cache, numba's CPU target) costs ~0.7 s of one core on the 2-core
+#: machine and 1.35 s on the GPU machine before the first voxel. CPU time per sample, one thread,
+#: 2-core EPYC under load (1 mm outputs of 7.2 M voxels; 16 channels: a 2 mm grid, 0.55 M voxels):
+#:
+#: ========================================  ===========  ==========
+#: case (ns per sample, one thread)           NumPy        numba loop
+#: ========================================  ===========  ==========
+#: labels through an affine + SyN field       72-80        37-41
+#: labels through an affine                   12-13        8
+#: image through an affine + SyN field        118-139      53-58
+#: image through an affine (trilinear)        36-48        18-19
+#: 16 channels, nearest / trilinear           3.5 / 16     1.3 / 2.4
+#: ========================================  ===========  ==========
+#:
+#: so the loop's start pays back from ~18-35 M labels through a field and ~10-60 M image samples
+#: per thread. The rule counts at most :data:`NUMPY_THREADS` threads: NumPy's Python share of a
+#: slab (~0.2 ms of ~200 calls, ~6 ns a voxel) holds the GIL, which bounds how many it can use
+#: (not measured past 2 cores: ``tests/benchmarks/bench_resample_threads.py``). A 1 mm atlas
+#: (7.2 M labels) is thus always drawn with NumPy; a 4-D image of 100 M samples on 4 threads with
+#: the loop. Benchmarks set both to 0 to force the loop.
+COMPILED_START_SAMPLES = {0: 40_000_000, 1: 16_000_000}
+#: The most threads the rule above credits to the NumPy path.
+NUMPY_THREADS = 8
 #: Output voxels per slab on the GPU (float64 coordinates and temporaries: ~0.5 GB).
 GPU_SLAB_VOXELS = 1 << 23
 
 
 def resolve_device(device: str | Backend) -> Backend:
     """The backend ``device`` means for a resampling. ``auto`` takes the GPU when CuPy is already
-    running in this process (the window, a batch worker) or when the CPU has no compiled loop (numba
-    missing), else the CPU: a whole-brain resampling takes tens of milliseconds on a multi-core CPU,
-    less than starting CuPy and a CUDA context in a fresh command."""
+    running in this process (the window, a batch worker), else the CPU: a whole-brain resampling
+    takes tenths of a second on the CPU, less than starting CuPy and a CUDA context in a fresh
+    command."""
     if isinstance(device, Backend) or (device or "auto").lower() != "auto":
         return get_backend(device)
-    if "cupy" in sys.modules or numba_module() is None:
+    if "cupy" in sys.modules:
         return get_backend("auto")
     return get_backend("cpu")
 
@@ -177,35 +193,25 @@ def resample_volume(
                     xp, device_data, shape, i0, i1, linear, device_field, at_field, step, order, cval, out_dtype
                 )
                 out[i0:i1] = backend.to_host(part)
-    elif _compiled_pays(nx * ny * nz, threads or host_threads()):
+    elif _compiled_pays(nx * ny * nz * flat.shape[3], threads or host_threads(), order):
         _compiled(flat, out, shape, linear, field, at_field, step, order, cval, threads or host_threads(), check)
     else:
-        host_field = None if field is None else [_component(field, c) for c in range(3)]
-        channels = [np.ascontiguousarray(flat[..., c]) for c in range(flat.shape[3])]
-        rows = max(1, CPU_SLAB_VOXELS // plane)
+        from .resample_host import resample_on_threads
 
-        def task(i0):
-            def run():
-                if check():
-                    raise Cancelled()
-                i1 = min(nx, i0 + rows)
-                out[i0:i1] = _slab(
-                    np, channels, shape, i0, i1, linear, host_field, at_field, step, order, cval, out_dtype
-                )
-
-            return run
-
-        run_parallel([task(i0) for i0 in range(0, nx, rows)], threads or host_threads())
+        resample_on_threads(
+            flat, out, shape, linear, field, at_field, step, order, cval, threads or host_threads(), check
+        )
     return out.reshape(*shape, *extra)
 
 
-def _compiled_pays(voxels: int, threads: int) -> bool:
-    """Whether the CPU draws ``voxels`` output voxels with the compiled loop (numba, when installed):
-    always once it is loaded in this process, else from :data:`COMPILED_START_VOXELS` (below, the
-    NumPy path finishes before numba has started). ``threads`` does not change the answer (measured)."""
-    del threads
-    if f"{__package__}.resample_loops" not in sys.modules and voxels < COMPILED_START_VOXELS:
-        return False
+def _compiled_pays(samples: int, threads: int, order: int) -> bool:
+    """Whether the CPU draws ``samples`` (output voxels × channels) with numba's compiled loop rather
+    than NumPy: always once the loop is loaded in this process (the window, a batch worker: nothing
+    left to start), else from :data:`COMPILED_START_SAMPLES` per thread (at most
+    :data:`NUMPY_THREADS` of them); never without numba. numba is imported only when this says yes."""
+    if f"{__package__}.resample_loops" not in sys.modules:
+        if samples < COMPILED_START_SAMPLES[order] * min(threads, NUMPY_THREADS):
+            return False
     return numba_module() is not None
 
 

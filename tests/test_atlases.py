@@ -109,3 +109,31 @@ def test_the_mni_word_registers_against_the_shipped_template(tmp_path):
     template, affine = load_template("mni")
     assert image.template == "mni" and image.data.shape == template.shape == (182, 218, 182)
     assert np.allclose(image.grid.affine, affine)
+
+
+@pytest.mark.parametrize("kind", ["affine", "syn"])
+def test_atlas_labels_are_the_compiled_loop_s_bit_for_bit(kind, monkeypatch):
+    """An atlas is drawn with NumPy in a fresh command (no numba start); its labels are the ones
+    numba's loop draws (the path before), through an affine and through an affine + SyN field."""
+    import tractlens.gpu.resample as engine
+    from tests.anatomy_synth import rigid
+    from tractlens.app.anatomy import atlas_on_subject
+
+    if engine.numba_module() is None:
+        pytest.fail("numba (the cpu extra, in the test extra) is not installed")
+    mni = Grid(np.array([[-2.0, 0, 0, 90], [0, 2, 0, -126], [0, 0, 2, -72], [0, 0, 0, 1]]), (91, 109, 91))
+    subject = Grid(rigid(8, -5, 6, (3.0, -4.0, 5.0)) @ np.diag([1.5, 1.5, 1.5, 1]) @ np.eye(4)
+                   + np.array([[0, 0, 0, -80], [0, 0, 0, -110], [0, 0, 0, -60], [0, 0, 0, 0]]), (110, 130, 100))  # fmt: skip
+    warp = inverse = None
+    if kind == "syn":  # a smooth field of up to ~4 mm on the MNI working grid
+        x, y, z = np.meshgrid(*[np.linspace(0, 3, n) for n in mni.shape], indexing="ij")
+        inverse = np.stack([np.sin(y + z), np.cos(x - z), np.sin(x) * np.cos(y)], -1).astype(np.float32) * 3.0
+        warp = -inverse
+    affine = rigid(4, -3, 5, (3.0, -2.0, 2.0)) @ np.diag([1.04, 0.97, 1.02, 1.0])
+    reg = Registration(mni, subject, affine, warp, inverse, kind=kind, fixed_name="mni", moving_name="subject",
+                       template="mni", template_side="fixed")  # fmt: skip
+    drawn, _ = atlas_on_subject("harvard-oxford-cortical", reg, subject, device="cpu")
+    monkeypatch.setattr(engine, "COMPILED_START_SAMPLES", {0: 0, 1: 0})
+    compiled, _ = atlas_on_subject("harvard-oxford-cortical", reg, subject, device="cpu")
+    assert len(np.unique(drawn)) > 50  # the atlas lands on the subject grid
+    np.testing.assert_array_equal(drawn, compiled)

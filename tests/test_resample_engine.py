@@ -24,8 +24,8 @@ def _case(seed: int = 0, with_field: bool = True):
     out_shape = (21, 25, 14)
     rotation = np.linalg.qr(rng.normal(size=(3, 3)))[0] * 0.9
     linear = np.eye(4)
-    linear[:3, :3] = rotation
-    linear[:3, 3] = [2.0, -1.5, 3.0]
+    linear[:3, :3] = rotation  # about the grids' centres, so most output voxels land inside the data
+    linear[:3, 3] = (np.array(data.shape) - 1) / 2 - rotation @ ((np.array(out_shape) - 1) / 2) + [1.0, -1.5, 0.5]
     field = at = step = None
     if with_field:
         field = (2.5 * ndimage.gaussian_filter(rng.normal(size=(11, 12, 9, 3)), (2, 2, 2, 0))).astype(np.float32)
@@ -60,7 +60,7 @@ def cpu_engine(request, monkeypatch):
     elif engine.numba_module() is None:
         pytest.fail("numba (the cpu extra, in the test extra) is not installed")
     else:  # the test volumes are small: the loop would not be started for them (_compiled_pays)
-        monkeypatch.setattr(engine, "COMPILED_START_VOXELS", 0)
+        monkeypatch.setattr(engine, "COMPILED_START_SAMPLES", {0: 0, 1: 0})
     return request.param
 
 
@@ -109,18 +109,67 @@ def test_the_gpu_gives_the_cpu_values():
     assert (cpu_l != gpu_l).mean() <= 1e-4
 
 
-def test_the_compiled_loop_gives_the_array_path_s_values(monkeypatch):
+def _both_paths(monkeypatch, *args, **kw):
+    """The compiled loop's result and the NumPy path's, for the same call of resample_volume."""
     import tractlens.gpu.resample as engine
 
-    data, labels, out_shape, linear, field, at, step = _case(6)
-    monkeypatch.setattr(engine, "COMPILED_START_VOXELS", 0)
-    compiled = resample_volume(data, out_shape, linear, field, at, step, threads=2)
-    compiled_l = resample_volume(labels, out_shape, linear, field, at, step, order=0, threads=2)
-    monkeypatch.setattr(engine, "numba_module", lambda: None)
-    arrays = resample_volume(data, out_shape, linear, field, at, step, threads=2)
-    arrays_l = resample_volume(labels, out_shape, linear, field, at, step, order=0, threads=2)
-    assert np.abs(compiled - arrays).max() <= 1e-6 * float(data.max() - data.min())
-    assert (compiled_l != arrays_l).mean() <= 1e-4
+    if engine.numba_module() is None:
+        pytest.fail("numba (the cpu extra, in the test extra) is not installed")
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "COMPILED_START_SAMPLES", {0: 0, 1: 0})
+        compiled = resample_volume(*args, **kw)
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "numba_module", lambda: None)
+        arrays = resample_volume(*args, **kw)
+    return compiled, arrays
+
+
+@pytest.mark.parametrize("order", [0, 1])
+@pytest.mark.parametrize("with_field", [False, True])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_the_numpy_path_gives_the_compiled_loop_s_bits(monkeypatch, order, with_field, channels):
+    """The two CPU paths do the same float64 arithmetic in the same order: labels and trilinear
+    values alike, bit for bit (a label image may be drawn by either, by size and threads)."""
+    data, labels, out_shape, linear, field, at, step = _case(6, with_field)
+    source = labels if order == 0 else data
+    if channels > 1:
+        source = np.stack([source, source[::-1], 2 * source], -1)
+        if field is not None:  # a float64 field: both paths read it as float32
+            field = field.astype(np.float64) + 1e-9
+    compiled, arrays = _both_paths(
+        monkeypatch, source, out_shape, linear, field, at, step, order=order, threads=2, cval=-3
+    )
+    assert compiled.dtype == arrays.dtype and compiled.shape == arrays.shape
+    assert (compiled == -3).any() and (compiled != -3).any()  # both edges of the source are crossed
+    np.testing.assert_array_equal(compiled.view(np.uint8), arrays.view(np.uint8))
+
+
+def test_nearest_rounds_ties_half_up_on_both_paths(monkeypatch):
+    """A shift of exactly half a voxel puts every coordinate on a tie: both paths take the upper
+    voxel (floor(x + 0.5)), as SciPy's map_coordinates does, and read cval past the last voxel's centre."""
+    labels = np.arange(6 * 5 * 4, dtype=np.int32).reshape(6, 5, 4)
+    linear = np.eye(4)
+    linear[:3, 3] = [0.5, -0.5, 0.0]
+    for got in _both_paths(monkeypatch, labels, labels.shape, linear, order=0, cval=-1, threads=2):
+        np.testing.assert_array_equal(got[:-1, 1:], labels[1:, 1:])  # i + 0.5 -> voxel i + 1, j - 0.5 -> voxel j
+        assert (got[-1] == -1).all() and (got[:, 0] == -1).all()  # 5.5 > 5 and -0.5 < 0: outside
+
+
+def test_voxels_the_field_brings_back_inside_are_sampled(monkeypatch):
+    """The NumPy path skips the voxels that land outside whatever the field says (farther than its
+    largest displacement): a shift of -2 voxels undone by a field of +2 mm must give every label back,
+    the edge voxels included, on both paths."""
+    labels = np.arange(9 * 7 * 6, dtype=np.int32).reshape(9, 7, 6)
+    linear = np.eye(4)
+    linear[0, 3] = -2.0  # the affine alone puts planes 0 and 1 outside
+    field = np.zeros((9, 7, 6, 3), np.float32)
+    field[..., 0] = 2.0
+    for got in _both_paths(monkeypatch, labels, labels.shape, linear, field, np.eye(4), np.eye(3), order=0, cval=-1):
+        np.testing.assert_array_equal(got, labels)
+    field[..., 0] = 1.0  # now planes 0 lands at -1: outside, and the rest one plane lower
+    for got in _both_paths(monkeypatch, labels, labels.shape, linear, field, np.eye(4), np.eye(3), order=0, cval=-1):
+        assert (got[0] == -1).all()
+        np.testing.assert_array_equal(got[1:], labels[:-1])
 
 
 def test_cancelled_stops_between_slabs(cpu_engine):
@@ -150,32 +199,49 @@ def test_a_field_with_nan_gives_the_fill_value_there(device, cpu_engine):
 
 
 def test_the_compiled_loop_is_started_only_where_it_pays(monkeypatch):
-    """numba's start (import, loop from its cache: ~0.45 s) is paid for a volume of more than
-    COMPILED_START_VOXELS voxels, whatever the threads, or when the loop is already loaded."""
+    """numba's start (import, loop from its cache, CPU target: 0.5-1.35 s) is paid only for more than
+    COMPILED_START_SAMPLES samples a thread (at most NUMPY_THREADS counted), or when the loop is
+    already loaded; a 1 mm atlas (labels) never starts it."""
     import tractlens.gpu.resample as engine
 
     if engine.numba_module() is None:
         pytest.fail("numba (the cpu extra, in the test extra) is not installed")
-    limit = engine.COMPILED_START_VOXELS
     loops = f"{engine.__package__}.resample_loops"
     monkeypatch.delitem(sys.modules, loops, raising=False)
-    assert engine._compiled_pays(182 * 218 * 182, 16)  # a 1 mm brain, on 16 threads as on 2: the loop
-    assert engine._compiled_pays(182 * 218 * 182, 2)
-    assert engine._compiled_pays(limit, 4) and not engine._compiled_pays(limit - 1, 4)
-    assert not engine._compiled_pays(limit - 1, 1)
+    brain = 182 * 218 * 182
+    for threads in (1, 2, 16):
+        assert not engine._compiled_pays(brain, threads, 0)  # a 1 mm atlas: NumPy on any machine
+        assert not engine._compiled_pays(brain, threads, 1)  # a 1 mm T1: NumPy too
+    nearest, trilinear = engine.COMPILED_START_SAMPLES[0], engine.COMPILED_START_SAMPLES[1]
+    assert engine._compiled_pays(trilinear * 2, 2, 1) and not engine._compiled_pays(trilinear * 2 - 1, 2, 1)
+    assert engine._compiled_pays(nearest * 4, 4, 0) and not engine._compiled_pays(nearest * 4 - 1, 4, 0)
+    cap = engine.NUMPY_THREADS
+    assert engine._compiled_pays(trilinear * cap, 64, 1)  # threads past NUMPY_THREADS are not counted
     monkeypatch.setitem(sys.modules, loops, object())
-    assert engine._compiled_pays(10, 16)  # loaded already: always
+    assert engine._compiled_pays(10, 16, 0)  # loaded already: always
     monkeypatch.setattr(engine, "numba_module", lambda: None)
-    assert not engine._compiled_pays(limit * 100, 1)  # without numba: never
+    assert not engine._compiled_pays(trilinear * 100, 1, 1)  # without numba: never
 
 
-def test_a_small_volume_does_not_start_numba():
+def test_a_small_volume_and_a_label_image_do_not_start_numba():
     code = (
         "import sys, numpy as np\n"
         "from tractlens.gpu.resample import resample_volume\n"
         "out = resample_volume(np.ones((8, 8, 8), np.float32), (20, 20, 20), np.eye(4) * 0.4, threads=2)\n"
-        "print('numba' in sys.modules, float(out[0, 0, 0]))"
+        "labels = resample_volume(np.ones((8, 8, 8), np.int16), (160, 160, 120), np.eye(4) * 0.04, order=0)\n"
+        "print('numba' in sys.modules, float(out[0, 0, 0]), int(labels[-1, -1, -1]))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "1.0"]
+    assert done.stdout.split() == ["False", "1.0", "1"]
+
+
+def test_auto_takes_the_cpu_unless_cupy_already_runs(monkeypatch):
+    """A fresh command resamples on the CPU whether numba is installed or not (NumPy draws as fast as
+    CuPy starts); a process where CuPy already runs (the window) keeps the GPU."""
+    import tractlens.gpu.resample as engine
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(engine, "numba_module", lambda: None)
+    assert engine.resolve_device("auto").name == "cpu"
+    assert engine.resolve_device("cpu").name == "cpu"

@@ -12,9 +12,9 @@ from .options import add_params, params_from_args
 
 DEVICES = ("auto", "cpu", "gpu")
 RESAMPLE_DEVICE_HELP = (
-    "where images are resampled: cpu (a compiled loop on every core, numba of the cpu extra), gpu (CuPy), "
-    "auto (the CPU's compiled loop, faster than starting the GPU for one image; the GPU without numba) "
-    "(default auto)"
+    "where images are resampled: cpu (every core: NumPy, or for large 4-D images numba's compiled loop of the "
+    "cpu extra), gpu (CuPy), auto (the CPU in a fresh command, faster than starting the GPU for one image; the "
+    "GPU where CuPy already runs) (default auto)"
 )
 
 
