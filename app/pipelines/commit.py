@@ -106,6 +106,35 @@ def fit_errors(y, model, block_rows: int | None = None, xp=np) -> tuple:
     return rmse, nrmse
 
 
+def fused_fit(op, fit_dtype) -> bool:
+    """Whether the fit runs :func:`gpu.commit_solver.fista_fused`: the CPU operator with its
+    compiled loops and float32 measurement vectors."""
+    return isinstance(op, commit_host.HostOperator) and op.compiled and np.dtype(fit_dtype) == np.float32
+
+
+def host_fit_errors(op, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RMSE and NRMSE per row of the fit ``x`` against ``y`` (n_rows, M), A x made a block of
+    rows at a time (:meth:`gpu.commit_host.HostOperator.a_rows`): the values of
+    :func:`fit_errors` on the whole A x, bit for bit, with :data:`MAP_BLOCK_BYTES` of it at once
+    per thread."""
+    from tractlens.gpu.host import run_parallel
+
+    n_rows, n_meas = y.shape
+    step = max(1, MAP_BLOCK_BYTES // (8 * max(n_meas, 1)))
+    rmse, nrmse = np.empty(n_rows), np.empty(n_rows)
+
+    def block(r0: int):
+        def run():
+            r1 = min(n_rows, r0 + step)
+            e, n = fit_errors(y[r0:r1], op.a_rows(x, r0, r1))
+            rmse[r0:r1], nrmse[r0:r1] = e, n
+
+        return run
+
+    run_parallel([block(r0) for r0 in range(0, n_rows, step)], op.threads)
+    return rmse, nrmse
+
+
 @dataclass
 class CommitResult:
     """The fit and what it was made of (host arrays)."""
@@ -366,32 +395,43 @@ def _commit_pipeline(
     if not backend.is_gpu:  # the signal as FISTA takes it, held once (float32 data: no copy)
         y = y.astype(fit_dtype, copy=False)
     y_fit = xp.asarray(y).astype(fit_dtype, copy=False)  # widened on the device: exact (float32 values)
-    fit = commit_solver.fista(
-        a,
-        at,
-        y_fit,
-        problem.n_cols,
-        scale=op.column_norms(),  # not kept here: FISTA keeps 1/scale only
-        dtype=fit_dtype,
-        writes_into=getattr(op, "writes_into", False),
+    solve = dict(
         lambda_=params.lambda_,
         n_penalised=problem.n_ic_cols,
         max_iter=params.max_iter,
         tol=params.tol,
-        xp=xp,
         progress=None if progress is None else (lambda it, n, _value: progress(it, n)),
         cancelled=cancelled,
     )
+    fused = fused_fit(op, fit_dtype)
+    if fused:  # one measurement vector besides the signal (bit for bit fista's iterates)
+        fit = commit_solver.fista_fused(op, y_fit, problem.n_cols, scale=op.column_norms(), **solve)
+    else:
+        fit = commit_solver.fista(
+            a,
+            at,
+            y_fit,
+            problem.n_cols,
+            scale=op.column_norms(),  # not kept here: FISTA keeps 1/scale only
+            dtype=fit_dtype,
+            writes_into=getattr(op, "writes_into", False),
+            xp=xp,
+            **solve,
+        )
     x = backend.to_host(fit.x)
     fit.x = x
-    model_fit = a(xp.asarray(x))
     errors = None
-    if backend.is_gpu and model_fit.nbytes > MODEL_HOST_BYTES:  # the error maps made where A x is
-        errors = fit_errors(y_fit.reshape(y.shape), model_fit.reshape(y.shape), xp=xp)
-        errors, model = tuple(backend.to_host(e) for e in errors), None
+    if fused and 8 * y.size > MODEL_HOST_BYTES:  # the error maps from A x a block of rows at a time
+        errors, model = host_fit_errors(op, x, y), None
     else:
-        model = backend.to_host(model_fit).reshape(y.shape)
-    del model_fit, y_fit
+        model_fit = a(xp.asarray(x))
+        if backend.is_gpu and model_fit.nbytes > MODEL_HOST_BYTES:  # the error maps made where A x is
+            errors = fit_errors(y_fit.reshape(y.shape), model_fit.reshape(y.shape), xp=xp)
+            errors, model = tuple(backend.to_host(e) for e in errors), None
+        else:
+            model = backend.to_host(model_fit).reshape(y.shape)
+        del model_fit
+    del y_fit
     provenance = {
         "backend": backend.name,
         "device": backend.device_name,
