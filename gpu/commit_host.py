@@ -42,6 +42,9 @@ __all__ = ["CPU_FIT_DTYPE", "HostOperator", "host_operator", "host_operator_byte
 #: rounded once when stored; Aᵀ and the objective widen them again. On the test phantoms the
 #: weights stay within ~1e-8 relative of a float64 fit (tests/test_commit_cpu.py).
 CPU_FIT_DTYPE = np.float32
+#: A x of a fit with the fused loops (float64, voxels × measurements) larger than this is not
+#: made whole on the host: its error maps come from blocks of rows (app.pipelines.commit).
+MODEL_HOST_BYTES = 512 << 20
 #: Host bytes per streamline and IC response per thread (the Aᵀ and norms accumulators).
 ACCUMULATOR_BYTES = 8
 #: Row blocks per thread of A x (disjoint rows: more blocks balance the threads better).
@@ -53,6 +56,7 @@ def host_operator_bytes(n_rows: int, n_fibers: int, n_ic: int, n_meas: int, thre
     accumulators and scratch (nothing per segment)."""
     threads = threads or host_threads()
     per_thread = ACCUMULATOR_BYTES * n_ic * n_fibers + 8 * n_ic * commit.N_ORIENTATIONS * 2 + 8 * n_meas * 8
+    per_thread += 8 * commit.N_ORIENTATIONS * (n_ic + 2)  # the fused loop's marks and dot products
     return 8 * (2 * n_rows + 2) + threads * per_thread
 
 

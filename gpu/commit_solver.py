@@ -268,6 +268,12 @@ FISTA_COLUMN_VECTORS = 7
 FISTA_MEASUREMENT_VECTORS = 2
 
 
+def fista_fused_host_bytes(n_cols: int, n_values: int) -> int:
+    """Host bytes :func:`fista_fused` keeps besides ``y``, the operator and the caller's scale
+    (which becomes 1/scale): x, z, the gradient, A x (float32) and the objective's block."""
+    return 8 * (FISTA_FUSED_COLUMN_VECTORS - 1) * n_cols + 4 * n_values + 8 * RESIDUAL_BLOCK
+
+
 def fista_host_bytes(n_cols: int, n_values: int, itemsize: int = 8) -> int:
     """Host bytes :func:`fista` keeps besides ``y`` and the operator, with ``writes_into`` and
     measurement vectors of ``itemsize`` bytes: ``n_values`` = voxels × measurements."""

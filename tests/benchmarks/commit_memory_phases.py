@@ -43,6 +43,7 @@ class Phases:
     def __init__(self):
         self.stack = ["start"]
         self.peak: dict[str, int] = {}
+        self.entry: dict[str, int] = {}
         self.order: list[str] = []
 
     def _close(self) -> None:
@@ -58,6 +59,7 @@ class Phases:
         def wrapped(*a, **k):
             self._close()
             self.stack.append(name)
+            self.entry.setdefault(name, status("VmRSS"))
             try:
                 return real(*a, **k)
             finally:
@@ -67,9 +69,9 @@ class Phases:
         setattr(owner, attr, wrapped)
 
 
-def curving_inputs(n_streamlines: int, side: int, n_meas: int, n_points: int = 160, seed: int = 0):
+def curving_inputs(n_streamlines: int, side: int, n_meas: int, n_points: int = 160, seed: int = 0, turn: float = 0.05):
     """(DWI, Tractogram): random signal, and streamlines whose direction turns by a random
-    ~8° a step (many orientations per voxel)."""
+    angle of about ``turn`` radians a step (many orientations per voxel)."""
     from tractlens.app.io.dwi import DWI
     from tractlens.app.model import Tractogram
 
@@ -84,7 +86,7 @@ def curving_inputs(n_streamlines: int, side: int, n_meas: int, n_points: int = 1
             d /= np.linalg.norm(d, axis=1, keepdims=True)
             points[a:b, k] = np.clip(pos, 0, side - 1)
             pos = pos + 0.5 * d
-            d = d + rng.normal(scale=0.14, size=d.shape)
+            d = d + rng.normal(scale=turn, size=d.shape)
             d = np.where((pos < 1) | (pos > side - 2), -d, d)
     shape = (side, side, side)
     n_b0 = max(1, n_meas // 16)
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--streamlines", type=int, default=40_000)
     p.add_argument("--shape", type=int, default=64, help="voxels along each side of the synthetic cube")
     p.add_argument("--meas", type=int, default=288)
+    p.add_argument("--points", type=int, default=160, help="points per synthetic streamline (0.5-voxel steps)")
+    p.add_argument("--turn", type=float, default=0.05, help="random turn of a synthetic streamline per step (rad)")
     p.add_argument("--dwi")
     p.add_argument("--tractogram")
     p.add_argument("--max-iter", type=int, default=2)
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
 
     from tractlens.app import memory_guard
     from tractlens.app.pipelines import commit as pipeline
-    from tractlens.gpu import commit, commit_host, commit_operator, commit_segments, commit_solver
+    from tractlens.gpu import commit, commit_ec, commit_host, commit_operator, commit_segments, commit_solver
     from tractlens.gpu.commit import CommitParams
 
     if args.dwi:
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
 
         run = lambda params: commit_from_files(args.dwi, args.tractogram, params=params, device="cpu")[0]  # noqa: E731
     else:
-        dwi, tract = curving_inputs(args.streamlines, args.shape, args.meas)
+        dwi, tract = curving_inputs(args.streamlines, args.shape, args.meas, args.points, turn=args.turn)
         run = lambda params: pipeline.commit_pipeline(dwi, tract, params=params, device="cpu")  # noqa: E731
     phases = Phases()
     needs = []
@@ -132,12 +136,16 @@ def main(argv=None) -> int:
     phases.wrap(memory_guard, "commit_host_need", "guard estimate")
     phases.wrap(commit_segments, "segments", "cut")
     phases.wrap(commit_operator, "ec_from_segments", "EC compartments")
+    phases.wrap(commit_ec, "ec_main_orientations", "EC compartments")
     phases.wrap(commit, "lookup_tables", "look-up tables")
     phases.wrap(pipeline, "_normalised_signal", "signal")
     phases.wrap(commit_host, "host_operator", "operator")
     phases.wrap(commit_host.HostOperator, "column_norms", "column norms")
     phases.wrap(commit_solver, "power_iteration", "power iteration")
+    phases.wrap(commit_solver, "power_iteration_fused", "power iteration")
     phases.wrap(commit_solver, "fista", "FISTA")
+    phases.wrap(commit_solver, "fista_fused", "FISTA")
+    phases.wrap(pipeline, "host_fit_errors", "error maps")
     phases.wrap(pipeline.CommitResult, "maps", "maps")
     reset_peak()
     base = status("VmRSS")
@@ -155,10 +163,12 @@ def main(argv=None) -> int:
         "points": len(result.tractogram.points),
     }
     peaks = {name: phases.peak[name] for name in phases.order}
+    entry = {name: phases.entry.get(name, base) for name in phases.order}
     out = {
         "counts": counts,
         "base_rss": base,
         "peak_by_phase": peaks,
+        "rss_at_entry": entry,
         "peak": max(peaks.values()),
         "announced": needs[0].total if needs else None,
         "announced_parts": needs[0].parts if needs else None,
@@ -169,7 +179,7 @@ def main(argv=None) -> int:
     print(json.dumps(counts))
     print(f"process before the job: {base / 1e9:.3f} GB")
     for name, value in peaks.items():
-        print(f"  {name:18s} {value / 1e9:7.3f} GB  (+{(value - base) / 1e9:.3f} over the start)")
+        print(f"  {name:18s} peak {value / 1e9:7.3f} GB, at entry {entry[name] / 1e9:7.3f} GB")
     if needs:
         print(f"announced {needs[0].total / 1e9:.3f} GB above the start: {needs[0].plan}")
         for k, v in needs[0].parts.items():
