@@ -60,6 +60,9 @@ def runtime_bytes(loops_module: str) -> int:
 SAMPLE_STREAMLINES = 2000
 #: Head-room on what the sample measured (a sample sees less sharing of pairs than the whole)
 SAMPLE_MARGIN = 1.25
+#: ... on the segments per point: a property of each streamline (no sharing), whose mean over
+#: the evenly spaced sample is within a few per cent of the whole's (the whole when it is small)
+SEGMENT_SAMPLE_MARGIN = 1.1
 #: Working memory of cutting one chunk of streamlines, per point (gpu.commit: ~0.6 kB at the peak)
 CUT_BYTES_PER_POINT = 640
 #: Bytes of float64 signal per block of voxel rows when the error maps are made from blocks of A x
@@ -74,7 +77,8 @@ class MemoryNeed:
     job: str
     total: int
     parts: dict[str, int] = field(default_factory=dict)
-    #: Choices the estimate made for the job to keep its peak low (e.g. COMMIT's cut in two passes)
+    #: Choices the estimate made for the job to keep its peak low (e.g. COMMIT's cut in two passes),
+    #: and the counts it assumed
     plan: dict = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -150,7 +154,7 @@ def commit_host_need(
         points, offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, to_voxel=to_voxel
     )
     per_point = len(seg) / max(1, len(points))
-    n_seg = int(SAMPLE_MARGIN * per_point * n_points) + 1000
+    n_seg = int(SEGMENT_SAMPLE_MARGIN * per_point * n_points) + 1000
     n_rows = int((rows >= 0).sum())  # at most the usable voxels are fitted
     if peaks_per_voxel is not None:
         n_ec = least_ec = n_rows * peaks_per_voxel
@@ -197,7 +201,9 @@ def commit_host_need(
     runtime = runtime_bytes("commit_loops")
     parts = {"segments while cut": cutting, "look-up tables while made": tables_made, **fitting, "runtime": runtime}
     total = max(cutting, tables_made, sum(fitting.values())) + runtime
-    return MemoryNeed("COMMIT", int(total), parts, {"two_pass_cut": two_pass})
+    return MemoryNeed(
+        "COMMIT", int(total), parts, {"two_pass_cut": two_pass, "segments": n_seg, "ec_compartments": n_ec}
+    )
 
 
 #: Host bytes per kept point of a tracking job that keeps its streamlines: float32 position and

@@ -31,7 +31,7 @@ MIN_SEPARATION_DEG = 25.0
 RELATIVE_THRESHOLD = 0.1
 #: Segments per step (whole voxel rows)
 CHUNK_SEGMENTS = 1 << 20
-CHUNK_SEGMENTS_DEVICE = 1 << 26
+CHUNK_SEGMENTS_DEVICE = 1 << 25  # ~40 bytes each at once on the device
 
 
 def main_orientations(row, orient, length, k: int, directions=None):
