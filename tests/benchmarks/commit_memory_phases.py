@@ -54,7 +54,9 @@ class Phases:
         reset_peak()
 
     def wrap(self, owner, attr: str, name: str) -> None:
-        real = getattr(owner, attr)
+        real = getattr(owner, attr, None)
+        if real is None:  # an older tree without it
+            return
 
         def wrapped(*a, **k):
             self._close()
@@ -114,12 +116,20 @@ def main(argv=None) -> int:
     p.add_argument("--dwi")
     p.add_argument("--tractogram")
     p.add_argument("--max-iter", type=int, default=2)
+    p.add_argument("--ec-orientations", type=int, help="CommitParams.ec_orientations (default: the default)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
+    import importlib
+
     from tractlens.app import memory_guard
     from tractlens.app.pipelines import commit as pipeline
-    from tractlens.gpu import commit, commit_ec, commit_host, commit_operator, commit_segments, commit_solver
+    from tractlens.gpu import commit, commit_host, commit_operator, commit_segments, commit_solver
+
+    try:
+        commit_ec = importlib.import_module("tractlens.gpu.commit_ec")
+    except ImportError:  # an older tree: EC compartments from every orientation only
+        commit_ec = None
     from tractlens.gpu.commit import CommitParams
 
     if args.dwi:
@@ -136,7 +146,8 @@ def main(argv=None) -> int:
     phases.wrap(memory_guard, "commit_host_need", "guard estimate")
     phases.wrap(commit_segments, "segments", "cut")
     phases.wrap(commit_operator, "ec_from_segments", "EC compartments")
-    phases.wrap(commit_ec, "ec_main_orientations", "EC compartments")
+    if commit_ec is not None:
+        phases.wrap(commit_ec, "ec_main_orientations", "EC compartments")
     phases.wrap(commit, "lookup_tables", "look-up tables")
     phases.wrap(pipeline, "_normalised_signal", "signal")
     phases.wrap(commit_host, "host_operator", "operator")
@@ -150,7 +161,8 @@ def main(argv=None) -> int:
     reset_peak()
     base = status("VmRSS")
     t0 = time.perf_counter()
-    result = run(CommitParams(max_iter=args.max_iter, tol=0.0))
+    extra = {} if args.ec_orientations is None else {"ec_orientations": args.ec_orientations}
+    result = run(CommitParams(max_iter=args.max_iter, tol=0.0, **extra))
     phases.stack.append("after the fit")
     result.maps()
     phases._close()
