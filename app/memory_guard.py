@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tractlens.gpu import commit, commit_operator, commit_segments, commit_solver
+from tractlens.gpu import commit, commit_ec, commit_operator, commit_segments, commit_solver
 from tractlens.gpu.backend import get_backend
-from tractlens.gpu.commit_host import CPU_FIT_DTYPE, host_operator_bytes
+from tractlens.gpu.commit_host import CPU_FIT_DTYPE, MODEL_HOST_BYTES, host_operator_bytes
+from tractlens.gpu.host import host_threads, numba_module
 
 from .errors import InputError
 
@@ -59,8 +60,14 @@ def runtime_bytes(loops_module: str) -> int:
 SAMPLE_STREAMLINES = 2000
 #: Head-room on what the sample measured (a sample sees less sharing of pairs than the whole)
 SAMPLE_MARGIN = 1.25
+#: ... on the segments per point: a property of each streamline (no sharing), whose mean over
+#: the evenly spaced sample is within a few per cent of the whole's (the whole when it is small)
+SEGMENT_SAMPLE_MARGIN = 1.1
 #: Working memory of cutting one chunk of streamlines, per point (gpu.commit: ~0.6 kB at the peak)
 CUT_BYTES_PER_POINT = 640
+#: Bytes of float64 signal per block of voxel rows when the error maps are made from blocks of A x
+#: (app.pipelines.commit.MAP_BLOCK_BYTES; each thread holds its block, A x's and a difference)
+MAP_BLOCK_BYTES = 4 << 20
 
 
 @dataclass
@@ -70,7 +77,8 @@ class MemoryNeed:
     job: str
     total: int
     parts: dict[str, int] = field(default_factory=dict)
-    #: Choices the estimate made for the job to keep its peak low (e.g. COMMIT's cut in two passes)
+    #: Choices the estimate made for the job to keep its peak low (e.g. COMMIT's cut in two passes),
+    #: and the counts it assumed
     plan: dict = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -146,10 +154,13 @@ def commit_host_need(
         points, offsets, rows, voxel_size, min_length_mm=params.min_segment_mm, to_voxel=to_voxel
     )
     per_point = len(seg) / max(1, len(points))
-    n_seg = int(SAMPLE_MARGIN * per_point * n_points) + 1000
+    n_seg = int(SEGMENT_SAMPLE_MARGIN * per_point * n_points) + 1000
     n_rows = int((rows >= 0).sum())  # at most the usable voxels are fitted
     if peaks_per_voxel is not None:
         n_ec = least_ec = n_rows * peaks_per_voxel
+    elif params.ec_orientations:  # at most that many a voxel (gpu.commit_ec)
+        n_ec = min(n_seg, params.ec_orientations * n_rows)
+        least_ec = len(commit_ec.ec_main_orientations(seg, params.ec_orientations)[0]) if len(seg) else 0
     else:
         pairs = len(commit_operator.ec_from_segments(seg)[0]) if len(seg) else 0
         n_ec = min(n_seg, int(SAMPLE_MARGIN * pairs / max(1, len(seg)) * n_seg) + 1000)
@@ -162,13 +173,18 @@ def commit_host_need(
     tables_made = segments + tables + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8  # float64 while made
     n_values = n_rows * n_meas
     fit_itemsize = np.dtype(CPU_FIT_DTYPE).itemsize
+    fused = fit_itemsize == 4 and numba_module() is not None  # commit_solver.fista_fused
 
     def fitting_with(n_ec: int) -> dict[str, int]:
         n_cols = n_ic * n_fibers + n_ec + n_rows * len(params.d_iso)
-        # float64 data (signal_itemsize 8): its quotient is made, then taken once in FISTA's type;
-        # both alive then (12 B a value) with none of FISTA's vectors: within signal + fit vectors
-        solver = commit_solver.fista_host_bytes(n_cols, n_values, fit_itemsize)
-        model = 8 * n_values  # A x in float64, after FISTA's vectors are gone
+        if fused:  # 1/scale (the caller's scale, inverted in place), x, z, the gradient, A x (float32)
+            solver = 8 * n_cols + commit_solver.fista_fused_host_bytes(n_cols, n_values)
+            # after it: x, and A x whole (float64) when small, else blocks of rows per thread
+            model = min(8 * n_values, MODEL_HOST_BYTES) + host_threads() * 3 * MAP_BLOCK_BYTES
+        else:  # float64 data (signal_itemsize 8): its quotient is made, then taken once in FISTA's type;
+            # both alive then (12 B a value) with none of FISTA's vectors: within signal + fit vectors
+            solver = commit_solver.fista_host_bytes(n_cols, n_values, fit_itemsize)
+            model = 8 * n_values  # A x in float64, after FISTA's vectors are gone
         return {
             "segments": segments,
             "look-up tables": tables,
@@ -185,7 +201,9 @@ def commit_host_need(
     runtime = runtime_bytes("commit_loops")
     parts = {"segments while cut": cutting, "look-up tables while made": tables_made, **fitting, "runtime": runtime}
     total = max(cutting, tables_made, sum(fitting.values())) + runtime
-    return MemoryNeed("COMMIT", int(total), parts, {"two_pass_cut": two_pass})
+    return MemoryNeed(
+        "COMMIT", int(total), parts, {"two_pass_cut": two_pass, "segments": n_seg, "ec_compartments": n_ec}
+    )
 
 
 #: Host bytes per kept point of a tracking job that keeps its streamlines: float32 position and

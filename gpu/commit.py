@@ -76,6 +76,17 @@ class CommitParams:
     max_iter: int = field(default=1000, metadata=meta("Iterations", "FISTA iterations at most", "", (1, 10**6)))
     tol: float = field(default=1e-3, metadata=meta("Tolerance", "stop when the objective changes less", "", (0.0, 0.5)))
     min_segment_mm: float = field(default=1e-3, metadata=meta("Shortest segment", "shorter pieces are dropped", "mm"))
+    ec_orientations: int = field(
+        default=3,
+        metadata=meta(
+            "EC orientations",
+            "extra-cellular compartments per voxel without a peaks file: the voxel's main orientations "
+            "among its segments (the most segment length, at least 25° apart, at least 0.1 of the largest); "
+            "0: one per distinct orientation of the segments (the former default: ~20 a voxel whole-brain)",
+            "",
+            (0, 64),
+        ),
+    )
     radii_um: tuple[float, ...] = field(
         default=(1.0, 2.0, 4.0, 8.0),
         metadata=meta(
@@ -120,6 +131,8 @@ class CommitParams:
             raise ValueError("diffusivities must be positive (mm²/s, e.g. 1.7e-3)")
         if self.d_par > 0.1:
             raise ValueError(f"d_par = {self.d_par} is not in mm²/s (expected about 1.7e-3)")
+        if self.ec_orientations < 0:
+            raise ValueError("ec_orientations must be >= 0 (0: every distinct orientation of the segments)")
         if self.lambda_ < 0 or self.max_iter < 1 or not 0 <= self.tol < 1:
             raise ValueError("lambda must be >= 0, max_iter >= 1 and 0 <= tol < 1")
 

@@ -42,6 +42,9 @@ __all__ = ["CPU_FIT_DTYPE", "HostOperator", "host_operator", "host_operator_byte
 #: rounded once when stored; Aᵀ and the objective widen them again. On the test phantoms the
 #: weights stay within ~1e-8 relative of a float64 fit (tests/test_commit_cpu.py).
 CPU_FIT_DTYPE = np.float32
+#: A x of a fit with the fused loops (float64, voxels × measurements) larger than this is not
+#: made whole on the host: its error maps come from blocks of rows (app.pipelines.commit).
+MODEL_HOST_BYTES = 512 << 20
 #: Host bytes per streamline and IC response per thread (the Aᵀ and norms accumulators).
 ACCUMULATOR_BYTES = 8
 #: Row blocks per thread of A x (disjoint rows: more blocks balance the threads better).
@@ -53,6 +56,7 @@ def host_operator_bytes(n_rows: int, n_fibers: int, n_ic: int, n_meas: int, thre
     accumulators and scratch (nothing per segment)."""
     threads = threads or host_threads()
     per_thread = ACCUMULATOR_BYTES * n_ic * n_fibers + 8 * n_ic * commit.N_ORIENTATIONS * 2 + 8 * n_meas * 8
+    per_thread += 8 * commit.N_ORIENTATIONS * (n_ic + 2)  # the fused loop's marks and dot products
     return 8 * (2 * n_rows + 2) + threads * per_thread
 
 
@@ -62,7 +66,7 @@ def _kernels():
         return None
     from . import commit_loops
 
-    return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows
+    return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows, commit_loops.fused_rows
 
 
 def _balanced_blocks(row_start: np.ndarray, n_blocks: int) -> list[np.ndarray]:
@@ -111,10 +115,15 @@ class HostOperator:
         for dtype in (np.float64, np.float32):  # the measurement vectors' two types (gpu.commit_solver)
             y = np.zeros((0, p.n_meas), dtype=dtype)
             kernels[0](none, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso, lut_iso,
-                       y, scratch, mark, mark.copy(), np.zeros(p.n_meas))  # fmt: skip
+                       y, scratch, mark, mark.copy(), np.zeros(p.n_meas), 0)  # fmt: skip
             kernels[1](none, *self._segments(), lut_ic, self.ec_start, self.ec_orient, lut_ec, lut_iso, y, ic, ec,
                        iso, scratch, mark)  # fmt: skip
         kernels[2](none, *self._segments(), lut_ic, ic, np.zeros((p.n_ic, p.n_meas)))
+        y32 = np.zeros((0, p.n_meas), dtype=np.float32)
+        m64, m32 = np.zeros(p.n_meas), np.zeros(p.n_meas, dtype=np.float32)
+        kernels[3](none, *self._segments(), ic, ec, iso, ic, ec, iso, lut_ic, self.ec_start, self.ec_orient, lut_ec,
+                   lut_iso, y32, y32, np.float64(0.0), 0, ic, ec, iso, scratch, mark, mark.copy(), m64, m32,
+                   scratch)  # fmt: skip
 
     @property
     def compiled(self) -> bool:
@@ -147,7 +156,7 @@ class HostOperator:
                 weight, mark = self._scratch()
                 touched = np.empty(commit.N_ORIENTATIONS, dtype=np.int64)
                 self.kernels[0](rows, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso,
-                                lut_iso, y, weight, mark, touched, np.empty(p.n_meas))  # fmt: skip
+                                lut_iso, y, weight, mark, touched, np.empty(p.n_meas), 0)  # fmt: skip
 
             return run
 
@@ -186,6 +195,78 @@ class HostOperator:
         ic = out[: p.n_ic_cols].reshape(p.n_ic, p.n_fibers)
         for acc in run_parallel([block(rows) for rows in self.t_blocks], self.threads):
             ic += acc  # in block order: the same sums for the same thread count
+        return out
+
+    def a_rows(self, x, r0: int, r1: int) -> np.ndarray:
+        """Rows ``r0 … r1 − 1`` of A x, (r1 − r0, M) float64: the values of :meth:`a`'s rows, bit for
+        bit (each row is summed on its own), without the rest."""
+        p = self.problem
+        ic, ec, iso = p.split(np.ascontiguousarray(x, dtype=np.float64))
+        ic, iso = np.ascontiguousarray(ic), np.ascontiguousarray(iso)
+        y = np.empty((r1 - r0, p.n_meas))
+        lut_ic, lut_ec, lut_iso = self.luts
+        rows = np.arange(r0, r1, dtype=np.int64)
+        if self.kernels is None:
+            full = self.a(x)  # the NumPy rows need a whole vector
+            return full.reshape(p.n_rows, p.n_meas)[r0:r1].copy()
+        weight, mark = self._scratch()
+        touched = np.empty(commit.N_ORIENTATIONS, dtype=np.int64)
+        self.kernels[0](rows, *self._segments(), ic, lut_ic, self.ec_start, self.ec_orient, ec, lut_ec, iso, lut_iso,
+                        y, weight, mark, touched, np.empty(p.n_meas), r0)  # fmt: skip
+        return y
+
+    def fused(self, x, inv, out=None, *, ax=None, y=None, neg_beta: float = 0.0, transpose: bool = True):
+        """One visit of every voxel row for A and then Aᵀ, with no measurement-sized vector in
+        between (the compiled loops only: :attr:`compiled`). ``x`` and ``inv`` (n_cols,): the
+        columns' values and scales, A applied to ``x · inv``. Without ``ax``: ``out = Aᵀ A (x ·
+        inv)`` (the power iteration). With ``ax`` (A x of the previous iterate, float32 (n_rows · M,))
+        and ``y`` (float32): A (x · inv) replaces it, rounded to float32, and ``out = Aᵀ (A z − y)``
+        for A z = (A x_old − A x)(−β) + A x (``neg_beta`` = −β) in float32 — the values and sums
+        :func:`gpu.commit_solver.fista`'s vector operations, :meth:`a` and :meth:`at` give, bit
+        for bit. ``transpose=False``: only A x into ``ax``. Aᵀ's blocks are :meth:`at`'s (one
+        accumulator per thread, summed in block order)."""
+        if self.kernels is None:
+            raise RuntimeError("the fused product needs the compiled loops (numba)")
+        p = self.problem
+        x_ic, x_ec, x_iso = p.split(np.ascontiguousarray(x, dtype=np.float64))
+        inv_ic, inv_ec, inv_iso = p.split(np.ascontiguousarray(inv, dtype=np.float64))
+        x_ic, x_iso, inv_ic, inv_iso = (np.ascontiguousarray(a) for a in (x_ic, x_iso, inv_ic, inv_iso))
+        step = ax is not None
+        mode = 0 if not step else (1 if transpose else 2)
+        none = np.zeros((0, p.n_meas), dtype=np.float32)
+        ax_rows = _rows_view(ax, p) if step else none
+        y_rows = _rows_view(np.asarray(y), p) if step and transpose else none
+        if mode != 2:
+            if out is None:
+                out = np.zeros(p.n_cols)
+            else:
+                out[...] = 0.0
+            _, out_ec, out_iso = p.split(out)
+        else:
+            out_ec, out_iso = np.zeros(0), np.zeros((0, p.n_iso))  # not written
+        lut_ic, lut_ec, lut_iso = self.luts
+        neg_beta = np.float64(neg_beta)
+
+        def block(rows):
+            def run():
+                acc = np.zeros((p.n_ic, p.n_fibers)) if mode != 2 else np.zeros((p.n_ic, 0))
+                weight, mark = self._scratch()
+                touched = np.empty(commit.N_ORIENTATIONS, dtype=np.int64)
+                self.kernels[3](rows, *self._segments(), x_ic, x_ec, x_iso, inv_ic, inv_ec, inv_iso, lut_ic,
+                                self.ec_start, self.ec_orient, lut_ec, lut_iso, y_rows, ax_rows, neg_beta, mode, acc,
+                                out_ec, out_iso, weight, mark, touched, np.empty(p.n_meas),
+                                np.empty(p.n_meas, dtype=np.float32), np.empty((p.n_ic, commit.N_ORIENTATIONS)))  # fmt: skip
+                return acc
+
+            return run
+
+        blocks = self.t_blocks if mode != 2 else self.a_blocks
+        parts = run_parallel([block(rows) for rows in blocks], self.threads)
+        if mode == 2:
+            return ax
+        ic = out[: p.n_ic_cols].reshape(p.n_ic, p.n_fibers)
+        for acc in parts:
+            ic += acc  # in block order: the same sums as at()
         return out
 
     def column_norms(self) -> np.ndarray:

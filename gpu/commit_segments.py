@@ -242,7 +242,9 @@ HOST_SEGMENT_BYTES = 4 + 4 + 2
 HOST_ROW_BYTES = 8
 #: Host bytes per segment at the peak of cutting on the CPU in one pass: the chunks' segments
 #: (with a row each, 14 bytes), plus the largest field of the row-sorted result while the
-#: chunks' copies are freed field by field (:func:`_scatter_fields`).
+#: chunks' copies are freed field by field (:func:`_scatter_fields`). The chunks' arrays lie in
+#: the C heap between each other: a freed field goes back to the system only when the heap is
+#: trimmed (:func:`gpu.host.release_freed_memory`, after each field), else the peak is 24 bytes.
 HOST_CUT_PEAK_BYTES = HOST_SEGMENT_BYTES + 4 + 4
 
 
@@ -355,6 +357,7 @@ def _scatter_fields(parts: list, counts: np.ndarray, n_fibers: int) -> Segments:
                 field_[_row_targets(cursor, part[0])] = part[index]
             part[index] = None
         fields.append(field_)
+        release_freed_memory()  # the chunks' copies of this field lie between others in the heap
     parts.clear()
     return Segments(None, *fields, n_fibers, row_start=np.r_[0, np.cumsum(counts)].astype(np.int64))
 

@@ -148,6 +148,99 @@ def fista(
     return FitResult(x * inv, it, objective, stopped, lipschitz, time.perf_counter() - t0)
 
 
+def power_iteration_fused(op, inv, n: int, iterations: int = 50, seed: int = 0) -> float:
+    """:func:`power_iteration` of the scaled columns with ``op.fused`` (one visit of the voxel rows
+    for Aᵀ A v: no measurement-sized vector), bit for bit its values."""
+    v = np.random.default_rng(seed).random(n)
+    v /= np.linalg.norm(v)
+    w = np.empty(n)
+    value = 0.0
+    for _ in range(iterations):
+        op.fused(v, inv, out=w)
+        w *= inv
+        value = float(np.linalg.norm(w))
+        if value == 0.0:
+            return 1.0
+        np.divide(w, value, out=v)
+    return value * 1.01
+
+
+def fista_fused(
+    op,
+    y,
+    n: int,
+    *,
+    scale,
+    lambda_: float = 0.0,
+    n_penalised: int = 0,
+    max_iter: int = 1000,
+    tol: float = 1e-3,
+    progress: Callable[[int, int, float], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> FitResult:
+    """:func:`fista` on the host with float32 measurement vectors, for an operator with a fused
+    A-then-Aᵀ visit of its rows (:meth:`gpu.commit_host.HostOperator.fused`): the same iterates,
+    objective and stop, bit for bit, with one measurement-sized vector besides ``y`` rather than
+    two. Each iteration's one visit makes A x_new (kept, over A x) and, row by row, A z_new − y
+    from it and A x, and Aᵀ of that: the next iteration's gradient. The last iteration makes A
+    x_new only; one stopped by the tolerance has made one Aᵀ more than it uses.
+
+    ``scale`` is turned into 1/scale in place (the caller's array: no copy); column vectors
+    alive: x, z, the gradient and 1/scale (:data:`FISTA_FUSED_COLUMN_VECTORS`)."""
+    t0 = time.perf_counter()
+    inv = np.asarray(scale, dtype=np.float64)
+    positive = inv > 0
+    np.divide(1.0, inv, out=inv, where=positive)  # empty columns stay 0
+    inv[~positive] = 0.0
+    del positive
+    y = np.asarray(y, dtype=np.float32).ravel()
+    lipschitz = power_iteration_fused(op, inv, n)
+    step_penalty = lambda_ / lipschitz
+    x = np.zeros(n)
+    z = np.zeros(n)
+    g = np.empty(n)
+    ax = np.zeros_like(y)  # A x: 0 at x = 0; first the residual at z = 0 in it
+    np.subtract(ax, y, out=ax)
+    op.at(ax, out=g)
+    ax[...] = 0.0
+    t = 1.0
+    objective: list[float] = []
+    stopped = "max_iter"
+    it = 0
+    for it in range(1, max_iter + 1):
+        if cancelled is not None and cancelled():
+            raise Cancelled()
+        g *= inv
+        g /= lipschitz
+        np.subtract(z, g, out=g)
+        if n_penalised:
+            g[:n_penalised] -= step_penalty
+        x_new = np.maximum(g, 0.0, out=g)
+        t_new = (1.0 + np.sqrt(1.0 + 4.0 * t * t)) / 2.0
+        beta = (t - 1.0) / t_new
+        # A x_new over A x, and the next gradient Aᵀ (A z_new − y) into z's vector (z is done)
+        op.fused(x_new, inv, out=z, ax=ax, y=y, neg_beta=-beta, transpose=it < max_iter)
+        value = 0.5 * _residual_norm2(ax, y, np) + lambda_ * float(x_new[:n_penalised].sum())
+        objective.append(value)
+        x -= x_new  # z_new = x_new + β (x_new − x) in x's vector
+        x *= -beta
+        x += x_new
+        x, z, g = x_new, x, z
+        t = t_new
+        if progress is not None:
+            progress(it, max_iter, value)
+        if it > 1 and abs(objective[-2] - value) <= tol * max(abs(value), 1e-300):
+            stopped = "tolerance"
+            break
+    del z, g, ax
+    x *= inv
+    return FitResult(x, it, objective, stopped, lipschitz, time.perf_counter() - t0)
+
+
+#: Column vectors :func:`fista_fused` keeps: x, z, the gradient and 1/scale (the caller's scale)
+FISTA_FUSED_COLUMN_VECTORS = 4
+
+
 #: Measurements summed at a time for the objective's ‖A x − y‖² (a float64 block of 8 MB)
 RESIDUAL_BLOCK = 1 << 20
 
@@ -173,6 +266,12 @@ def _residual_norm2(ax, y, xp) -> float:
 FISTA_COLUMN_VECTORS = 7
 #: ... and measurement-sized vectors besides y: A x and A z
 FISTA_MEASUREMENT_VECTORS = 2
+
+
+def fista_fused_host_bytes(n_cols: int, n_values: int) -> int:
+    """Host bytes :func:`fista_fused` keeps besides ``y``, the operator and the caller's scale
+    (which becomes 1/scale): x, z, the gradient, A x (float32) and the objective's block."""
+    return 8 * (FISTA_FUSED_COLUMN_VECTORS - 1) * n_cols + 4 * n_values + 8 * RESIDUAL_BLOCK
 
 
 def fista_host_bytes(n_cols: int, n_values: int, itemsize: int = 8) -> int:

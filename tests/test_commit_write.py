@@ -194,7 +194,10 @@ def test_a_trx_used_as_stored_writes_its_own_positions_and_fits_as_when_converte
     tract.point_scalars["fa"] = np.random.default_rng(0).uniform(0, 1, len(tract.points)).astype(np.float32)
     save_tractogram(tract, folder / "tracts.trx")
     args = (dwi, folder / "tracts.trx")
-    kwargs = dict(mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20), device="cpu")
+    # EC compartments per distinct orientation: a voxel's main orientations (the default) can
+    # change where two of its orientations carry nearly the same length and a piece moves across
+    # a boundary, which would hide what this compares
+    kwargs = dict(mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20, ec_orientations=0), device="cpu")
     mapped, _ = commit_from_files(*args, **kwargs)
     converted, _ = commit_from_files(*args, **kwargs, mapped=False)
     assert isinstance(mapped.tractogram, MappedTractogram)
@@ -255,7 +258,10 @@ def test_a_tck_read_in_chunks_fits_as_when_loaded_and_writes_its_own_positions(t
     dwi = folder / "dwi.nii"
     monkeypatch.setattr(tractogram_mapped_tck, "SCAN_ROWS", 1000)  # the scan in many chunks
     monkeypatch.setattr(commit, "HOST_SEGMENT_CHUNK_POINTS", 777)  # chunks that split streamlines' rows
-    kwargs = dict(mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20), device="cpu")
+    # EC compartments per distinct orientation: a voxel's main orientations (the default) can
+    # change where two of its orientations carry nearly the same length and a piece moves across
+    # a boundary, which would hide what this compares
+    kwargs = dict(mask=folder / "mask.nii.gz", params=CommitParams(max_iter=20, ec_orientations=0), device="cpu")
     mapped, _ = commit_from_files(dwi, folder / "tracts.tck", **kwargs)
     loaded, _ = commit_from_files(dwi, folder / "tracts.tck", **kwargs, mapped=False)
     assert isinstance(mapped.tractogram, MappedTractogram)

@@ -25,6 +25,7 @@ import numpy as np
 from tractlens.gpu import (
     commit,
     commit_device,
+    commit_ec,
     commit_host,
     commit_multi,
     commit_operator,
@@ -38,6 +39,7 @@ from tractlens.gpu.engines import decide_device
 
 __all__ = [
     "COMMIT_OUTPUTS",
+    "PEAKS_FRAMES",
     "WEIGHT_SCALAR",
     "CommitParams",
     "CommitResult",
@@ -52,20 +54,24 @@ __all__ = [
     "write_kept_streamlines",
 ]
 
+from .. import memory_guard
 from ..errors import InputError
-from ..grid import Grid
 from ..io import save_tractogram, save_volume
 from ..io._atomic import atomic_path
-from ..io.dwi import DWI, fsl_to_voxel_vectors
-from ..io.nifti import load_image
+from ..io.dwi import DWI
 from ..io.tractogram import TRACTOGRAM_SUFFIXES
 from ..io.tractogram_stream import open_tractogram_writer
 from ..memory_guard import check_commit_memory
 from ..model import Tractogram
 from ..provenance import write_json_summary
-from ..timing import phase
 from ._fallback import run_with_cpu_fallback
-from .commit_inputs import _finite_voxels, _normalised_signal, _segments_fit_on_device
+from .commit_inputs import (
+    PEAKS_FRAMES,
+    _finite_voxels,
+    _normalised_signal,
+    _segments_fit_on_device,
+    peaks_compartments,
+)
 
 #: Files written by :func:`write_commit_outputs` ({ext}: the input tractogram's format).
 COMMIT_OUTPUTS = {
@@ -81,9 +87,10 @@ COMMIT_OUTPUTS = {
 
 
 #: Bytes of float64 signal per block of voxel rows when the fit's error maps are computed.
-MAP_BLOCK_BYTES = 4 << 20
-#: A x larger than this stays on the GPU that computed it (its error maps made there)
-MODEL_HOST_BYTES = 512 << 20
+MAP_BLOCK_BYTES = memory_guard.MAP_BLOCK_BYTES
+#: A x larger than this stays on the GPU that computed it (its error maps made there); on the
+#: CPU with the fused loops it is not made whole (its error maps from blocks of rows)
+MODEL_HOST_BYTES = commit_host.MODEL_HOST_BYTES
 #: Input points per part when a filtered tractogram is written (12 MB of float32 positions).
 WRITE_PART_POINTS = 1 << 20
 
@@ -103,6 +110,35 @@ def fit_errors(y, model, block_rows: int | None = None, xp=np) -> tuple:
         rmse[block] = xp.sqrt((residual**2).mean(1))
         norm[block] = xp.sqrt((measured**2).mean(1))
     nrmse = xp.where(norm > 0, rmse / xp.where(norm > 0, norm, 1.0), 0.0)
+    return rmse, nrmse
+
+
+def fused_fit(op, fit_dtype) -> bool:
+    """Whether the fit runs :func:`gpu.commit_solver.fista_fused`: the CPU operator with its
+    compiled loops and float32 measurement vectors."""
+    return isinstance(op, commit_host.HostOperator) and op.compiled and np.dtype(fit_dtype) == np.float32
+
+
+def host_fit_errors(op, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RMSE and NRMSE per row of the fit ``x`` against ``y`` (n_rows, M), A x made a block of
+    rows at a time (:meth:`gpu.commit_host.HostOperator.a_rows`): the values of
+    :func:`fit_errors` on the whole A x, bit for bit, with :data:`MAP_BLOCK_BYTES` of it at once
+    per thread."""
+    from tractlens.gpu.host import run_parallel
+
+    n_rows, n_meas = y.shape
+    step = max(1, MAP_BLOCK_BYTES // (8 * max(n_meas, 1)))
+    rmse, nrmse = np.empty(n_rows), np.empty(n_rows)
+
+    def block(r0: int):
+        def run():
+            r1 = min(n_rows, r0 + step)
+            e, n = fit_errors(y[r0:r1], op.a_rows(x, r0, r1))
+            rmse[r0:r1], nrmse[r0:r1] = e, n
+
+        return run
+
+    run_parallel([block(r0) for r0 in range(0, n_rows, step)], op.threads)
     return rmse, nrmse
 
 
@@ -175,43 +211,6 @@ class CommitResult:
             "notes": self.notes,
             **self.provenance,
         }
-
-
-PEAKS_FRAMES = ("world", "fsl")
-
-
-def peaks_compartments(
-    path, rows: np.ndarray, affine: np.ndarray, notes: list[str], frame: str = "world"
-) -> tuple[np.ndarray, np.ndarray]:
-    """EC compartments (row, orientation) from a peaks file on the DWI grid (``frame``: one of
-    :data:`PEAKS_FRAMES`)."""
-
-    if frame not in PEAKS_FRAMES:
-        raise InputError(f"unknown peaks frame {frame!r}: one of {', '.join(PEAKS_FRAMES)}")
-
-    with phase("read"):
-        img = load_image(path, "peaks file")
-        data = np.asarray(img.dataobj, dtype=np.float64)
-    if data.ndim != 4 or data.shape[3] % 3 or data.shape[:3] != rows.shape:
-        raise InputError(
-            f"a peaks file must be (X, Y, Z, 3K) on the DWI's grid {rows.shape}, got {data.shape}",
-            path=path,
-            fix="Compute the peaks on the DWI's grid (e.g. MRtrix sh2peaks)",
-        )
-    if not Grid.affines_match(img.affine, affine):
-        notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
-    peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
-    inside = rows >= 0
-    vectors = peaks[inside]  # (n, K, 3)
-    row_of = np.repeat(rows[inside], vectors.shape[1])
-    flat = vectors.reshape(-1, 3)
-    present = np.linalg.norm(flat, axis=1) > 0
-    if frame == "fsl":
-        axes = fsl_to_voxel_vectors(flat[present], affine)
-    else:
-        rotation = affine[:3, :3] / np.sqrt((affine[:3, :3] ** 2).sum(0))  # world -> voxel axes: R^T
-        axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
-    return commit_operator.ec_compartments(row_of[present], commit.orientation_index(axes))
 
 
 def commit_pipeline(
@@ -309,6 +308,7 @@ def _commit_pipeline(
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
     try:
         two_pass = None  # the engine's default: one pass on the host, two on a GPU
+        need = None
         if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
             need = check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
             two_pass = need.plan["two_pass_cut"]  # cut twice where one pass would be the peak
@@ -346,6 +346,8 @@ def _commit_pipeline(
     tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
     if peaks is not None:
         ec_row, ec_orient = peaks_compartments(peaks, rows, dwi.affine, notes, peaks_frame)
+    elif params.ec_orientations:  # the voxel's main orientations (gpu.commit_ec)
+        ec_row, ec_orient = commit_ec.ec_main_orientations(seg, params.ec_orientations)
     else:
         ec_row, ec_orient = commit_operator.ec_from_segments(seg)
     n_rows = int(usable.sum())
@@ -366,32 +368,43 @@ def _commit_pipeline(
     if not backend.is_gpu:  # the signal as FISTA takes it, held once (float32 data: no copy)
         y = y.astype(fit_dtype, copy=False)
     y_fit = xp.asarray(y).astype(fit_dtype, copy=False)  # widened on the device: exact (float32 values)
-    fit = commit_solver.fista(
-        a,
-        at,
-        y_fit,
-        problem.n_cols,
-        scale=op.column_norms(),  # not kept here: FISTA keeps 1/scale only
-        dtype=fit_dtype,
-        writes_into=getattr(op, "writes_into", False),
+    solve = dict(
         lambda_=params.lambda_,
         n_penalised=problem.n_ic_cols,
         max_iter=params.max_iter,
         tol=params.tol,
-        xp=xp,
         progress=None if progress is None else (lambda it, n, _value: progress(it, n)),
         cancelled=cancelled,
     )
+    fused = fused_fit(op, fit_dtype)
+    if fused:  # one measurement vector besides the signal (bit for bit fista's iterates)
+        fit = commit_solver.fista_fused(op, y_fit, problem.n_cols, scale=op.column_norms(), **solve)
+    else:
+        fit = commit_solver.fista(
+            a,
+            at,
+            y_fit,
+            problem.n_cols,
+            scale=op.column_norms(),  # not kept here: FISTA keeps 1/scale only
+            dtype=fit_dtype,
+            writes_into=getattr(op, "writes_into", False),
+            xp=xp,
+            **solve,
+        )
     x = backend.to_host(fit.x)
     fit.x = x
-    model_fit = a(xp.asarray(x))
     errors = None
-    if backend.is_gpu and model_fit.nbytes > MODEL_HOST_BYTES:  # the error maps made where A x is
-        errors = fit_errors(y_fit.reshape(y.shape), model_fit.reshape(y.shape), xp=xp)
-        errors, model = tuple(backend.to_host(e) for e in errors), None
+    if fused and 8 * y.size > MODEL_HOST_BYTES:  # the error maps from A x a block of rows at a time
+        errors, model = host_fit_errors(op, x, y), None
     else:
-        model = backend.to_host(model_fit).reshape(y.shape)
-    del model_fit, y_fit
+        model_fit = a(xp.asarray(x))
+        if backend.is_gpu and model_fit.nbytes > MODEL_HOST_BYTES:  # the error maps made where A x is
+            errors = fit_errors(y_fit.reshape(y.shape), model_fit.reshape(y.shape), xp=xp)
+            errors, model = tuple(backend.to_host(e) for e in errors), None
+        else:
+            model = backend.to_host(model_fit).reshape(y.shape)
+        del model_fit
+    del y_fit
     provenance = {
         "backend": backend.name,
         "device": backend.device_name,
@@ -399,6 +412,7 @@ def _commit_pipeline(
         "segments_s": round(segments_s, 3),
         "segments_on": "device" if seg.on_device else "host",
         **({} if backend.is_gpu else {"cut_passes": 2 if two_pass else 1}),
+        **({} if need is None else {"host_memory_announced_bytes": need.total, "host_memory_parts": need.parts}),
         "lipschitz": fit.lipschitz,
         "operator_blocks": len(op) if isinstance(op, commit_device.BlockedOperator) else 1,
         "s_per_iteration": round(fit.seconds / max(1, fit.iterations), 5),

@@ -1,6 +1,6 @@
 """COMMIT's inputs on the DWI's grid: which voxels have usable signal, the signal of those the
-streamlines pass through (normalised by b=0, read in slabs), and whether the segments go on the
-device."""
+streamlines pass through (normalised by b=0, read in slabs), EC compartments from a peaks file,
+and whether the segments go on the device."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tractlens.gpu import commit_segments
+from tractlens.gpu import commit, commit_operator, commit_segments
 
+from ..errors import InputError
+from ..grid import Grid
 from ..io._pages import release_pages
+from ..io.dwi import fsl_to_voxel_vectors
+from ..io.nifti import load_image
+from ..timing import phase
 
 
 def _segments_fit_on_device(backend, tractogram) -> bool:
@@ -56,3 +61,40 @@ def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> 
         list(pool.map(slab, range(data.shape[2])))
     release_pages(data)
     return out
+
+
+PEAKS_FRAMES = ("world", "fsl")
+
+
+def peaks_compartments(
+    path, rows: np.ndarray, affine: np.ndarray, notes: list[str], frame: str = "world"
+) -> tuple[np.ndarray, np.ndarray]:
+    """EC compartments (row, orientation) from a peaks file on the DWI grid (``frame``: one of
+    :data:`PEAKS_FRAMES`)."""
+
+    if frame not in PEAKS_FRAMES:
+        raise InputError(f"unknown peaks frame {frame!r}: one of {', '.join(PEAKS_FRAMES)}")
+
+    with phase("read"):
+        img = load_image(path, "peaks file")
+        data = np.asarray(img.dataobj, dtype=np.float64)
+    if data.ndim != 4 or data.shape[3] % 3 or data.shape[:3] != rows.shape:
+        raise InputError(
+            f"a peaks file must be (X, Y, Z, 3K) on the DWI's grid {rows.shape}, got {data.shape}",
+            path=path,
+            fix="Compute the peaks on the DWI's grid (e.g. MRtrix sh2peaks)",
+        )
+    if not Grid.affines_match(img.affine, affine):
+        notes.append(f"{path}: its affine differs from the DWI's; the voxels are taken as the same")
+    peaks = np.nan_to_num(data).reshape(*rows.shape, -1, 3)
+    inside = rows >= 0
+    vectors = peaks[inside]  # (n, K, 3)
+    row_of = np.repeat(rows[inside], vectors.shape[1])
+    flat = vectors.reshape(-1, 3)
+    present = np.linalg.norm(flat, axis=1) > 0
+    if frame == "fsl":
+        axes = fsl_to_voxel_vectors(flat[present], affine)
+    else:
+        rotation = affine[:3, :3] / np.sqrt((affine[:3, :3] ** 2).sum(0))  # world -> voxel axes: R^T
+        axes = flat[present] @ rotation  # row vectors: (R^T d)^T = d^T R
+    return commit_operator.ec_compartments(row_of[present], commit.orientation_index(axes))

@@ -2,6 +2,8 @@
 
     python tests/benchmarks/bench_commit_peak_cpu.py --dwi /tmp/e2e/dwi.nii \
         --tractogram /tmp/e2e/runs/track-det_s1/tracks.trx --max-iter 2 --out commit_peak_cpu_h100.json
+    # the former EC compartments (one per distinct orientation of the segments) for comparison:
+    python tests/benchmarks/bench_commit_peak_cpu.py ... --commit-args "--ec-orientations 0" --out ...
 
 Runs ``python -m tractlens.app.cli commit --device cpu`` in a fresh process and polls its
 ``/proc/PID/status`` every 0.1 s: the peak of ``VmRSS`` (all resident pages), of ``RssAnon`` (the
@@ -9,7 +11,9 @@ job's own heap: what a laptop must find free) and of ``RssFile`` (pages of the m
 and tractogram, which the page cache can drop), plus ``ru_maxrss`` of the child at its end. The
 fit's iterations are capped (``--max-iter``): the peak is reached when the operator is built and
 FISTA's vectors exist, so more iterations add time, not memory. The command's own JSON summary
-(segments, streamlines, voxels, the memory guard's announced need) is kept in the result.
+(segments, streamlines, voxels, EC compartments, cut passes, and the memory guard's announced need
+``host_memory_announced_bytes`` with its parts) is kept in the result, and the peak is printed
+against the announcement and the 8 GB target.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-iter", type=int, default=2)
     p.add_argument("--work", default="/tmp/commit_peak_cpu")
     p.add_argument("--out", required=True)
+    p.add_argument("--commit-args", default="", help="more options of tractlens commit, one string")
     args = p.parse_args(argv)
     cmd = [
         sys.executable,
@@ -62,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         str(args.max_iter),
         "--json",
         "--quiet",
+        *args.commit_args.split(),
     ]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -94,6 +100,14 @@ def main(argv: list[str] | None = None) -> int:
         f"commit --device cpu: rc {proc.returncode}, {wall:.1f} s, peak GB {gb}, ru_maxrss "
         f"{result['ru_maxrss_children_bytes'] / 1e9:.2f} GB"
     )
+    if summary:
+        announced = summary.get("host_memory_announced_bytes")
+        print(
+            f"segments {summary.get('segments'):,}, voxels {summary.get('voxels'):,}, EC compartments "
+            f"{summary.get('ec_compartments'):,}, cut passes {summary.get('cut_passes')}; announced "
+            f"{announced / 1e9 if announced else float('nan'):.2f} GB; VmRSS peak "
+            f"{result['peak_bytes'].get('VmRSS', 0) / 1e9:.2f} GB (target 8 GB)"
+        )
     return 0 if proc.returncode == 0 else 1
 
 
