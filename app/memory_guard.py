@@ -254,6 +254,8 @@ def check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, pea
     check_host_memory(
         need,
         "Give a white-matter mask (fewer voxels), fewer streamlines (select or subsample the tractogram), "
-        "or run on a GPU (--device gpu)",
-    )
+        + ("" if peaks is not None or params.ec_orientations else "fewer extra-cellular compartments "
+           "(--ec-orientations 3: each voxel's main orientations, other weights), ")
+        + "or run on a GPU (--device gpu)",
+    )  # fmt: skip
     return need

@@ -86,9 +86,9 @@ def test_the_pipeline_makes_at_most_k_a_voxel_and_zero_keeps_the_former_compartm
 
     dwi = load_dwi(demo_dir / "dwi.nii.gz")
     tract = load_tractogram(demo_dir / "bundles.trk", reference=(dwi.affine, dwi.shape3))
-    assert CommitParams().ec_orientations == 3
-    main = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5), device="cpu")
-    every = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5, ec_orientations=0), device="cpu")
+    assert CommitParams().ec_orientations == 0  # the default keeps the validated compartments
+    main = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5, ec_orientations=3), device="cpu")
+    every = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5), device="cpu")
     assert np.bincount(main.problem.ec_row).max() <= 3
     former = ec_from_segments(every.problem.segments)
     np.testing.assert_array_equal(every.problem.ec_row, former[0])
