@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._no_worker_restarts import no_worker_restarts
 from tests._private_home import PrivateHome
 
 ARTIFACTS = Path(__file__).parent / "_artifacts"
@@ -79,6 +80,7 @@ def rng():
 
 def pytest_configure(config):
     ARTIFACTS.mkdir(exist_ok=True)
+    no_worker_restarts(config)  # before pytest-xdist's own pytest_configure (trylast) reads the option
     config._tractlens_home = PrivateHome()  # before any test (or subprocess) can write anything
     if not _is_xdist_controller(config):  # with pytest-xdist the workers run the tests: one Xvfb each
         _ensure_display()
