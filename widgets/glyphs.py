@@ -425,13 +425,16 @@ class _Build(QRunnable):
         self.setAutoDelete(True)
 
     def run(self) -> None:
+        # This frame holds what the build needs: nothing is left for the runnable's deletion by
+        # QThreadPool after run() returns (outside any Python frame on this pool thread).
+        fn, done, key, self.fn, self.done, self.key = self.fn, self.done, self.key, None, None, None
         try:
-            outcome = (True, self.fn())
+            outcome = (True, fn())
         except Exception as exc:  # a failed build shows no glyphs; it must not reach the event loop
             log.exception("building glyphs failed")
             outcome = (False, exc)
         try:
-            self.done.emit(self.generation, self.key, outcome)
+            done.emit(self.generation, key, outcome)
         except RuntimeError:  # the view went away meanwhile
             pass
 
