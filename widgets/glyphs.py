@@ -51,7 +51,7 @@ from tractlens.app.display_data import (
 from tractlens.app.grid import Grid
 from tractlens.app.model import STICK_COLOURS, Document, Layer
 
-from .glyph_instances import _spow, _template, tensor_instances
+from .glyph_instances import _spow, _template, instance_arrays, instances_mesh
 from .render import sample_layer
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
         centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
         world = tensors_to_world(values[keep].astype(np.float64), affine)
         voxel_mm = float(np.sqrt((reference[:3, :3] ** 2).sum(0)).min())
-        return tensor_instances(  # per-glyph arrays: the view draws them as instances of source meshes
+        arrays = instance_arrays(  # per-glyph arrays: the view draws them as instances of source meshes
             world,
             centres,
             shape=display[0],
@@ -263,6 +263,7 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
             resolution=glyph_resolution(int(keep.sum()), software, instanced=True),
             colour=display[2],
         )
+        return OnGuiThread(instances_mesh, arrays)
 
     return build, key
 
@@ -403,6 +404,20 @@ def ellipses_for_plane(data, affine, reference_affine, voxels, rows, cols, geome
 _POOL: QThreadPool | None = None
 
 
+class OnGuiThread:
+    """The last step of a build, returned by the build (NumPy work, on a worker) for
+    :class:`LatestTask` to run on the GUI thread before it delivers: whatever makes VTK objects.
+    VTK releases Python's lock in its calls, so a worker making or dropping VTK objects would run
+    beside the GUI thread's rendering, and VTK's bookkeeping of its Python objects is not made for
+    that."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __call__(self):
+        return self.fn(*self.args)
+
+
 def _pool() -> QThreadPool:
     """The worker threads of all glyph builds (two: this is display work beside the jobs)."""
     global _POOL
@@ -487,6 +502,12 @@ class LatestTask(QObject):
         self._running = False
         if generation == self._generation:  # the newest request: deliver
             ok, result = outcome
+            if ok and isinstance(result, OnGuiThread):
+                try:
+                    result = result()
+                except Exception:  # as a failed build: no glyphs, and the event loop goes on
+                    log.exception("building glyphs failed")
+                    ok = False
             self.delivered = key
             self._deliver(key, result if ok else None)
         if self._waiting is not None:
