@@ -38,7 +38,8 @@ from .probabilistic_params import (
     ProbParams,
     ProbResult,
     SampleField,
-    check_seed_matrix,
+    empty_seed_matrix,
+    run_length,
     streamline_ids,
 )
 from .rng import seed_key
@@ -113,10 +114,9 @@ class CompiledTracker:
         self.seed_number = np.zeros(0, dtype=np.int32)
         self.seed_matrix = np.zeros((0, 0), dtype=np.int64)
         if seed_matrix:
-            check_seed_matrix(n_seeds)
+            self.seed_matrix = empty_seed_matrix(n_seeds)
             self.seed_number = np.full(n_vox, -1, dtype=np.int32)
             self.seed_number[np.ravel_multi_index(tuple(self.seeds.T), field_.shape)] = np.arange(n_seeds)
-            self.seed_matrix = np.zeros((n_seeds, n_seeds), dtype=np.int64)
         self.has_matrix = seed_matrix
         self.waytotal = self.steps = self.streamlines = 0
         self.lock = threading.Lock()
@@ -180,7 +180,7 @@ class CompiledTracker:
         steps. Returns the steps tried per streamline and half (n, 2). :class:`Cancelled` when
         ``cancelled()`` says so (the totals then hold part of these streamlines)."""
         n_seeds, n_samples = len(self.seeds), self.params.n_samples
-        n = (n_seeds * n_samples - first if count is None else count) if positions is None else len(positions)
+        n = run_length(first, count, positions, n_seeds, n_samples)
         sid, seed_of = streamline_ids(first, n, n_seeds, n_samples, positions)
         sid, seed_of = np.ascontiguousarray(sid), np.ascontiguousarray(seed_of)
         record = trace is not None
@@ -252,8 +252,7 @@ def track_compiled(
     records them: per half (n, 1 + steps the longest of that half tried, 4): x, y, z, alive."""
     tracker = CompiledTracker(field_, bits, seeds, params, n_targets, n_waypoints, seed_matrix=seed_matrix,
                               threads=threads)  # fmt: skip
-    n_seeds = len(tracker.seeds)
-    n = (n_seeds * params.n_samples - first_id if count is None else count) if positions is None else len(positions)
+    n = run_length(first_id, count, positions, len(tracker.seeds), params.n_samples)
     trace = np.empty((n, 2, params.n_steps + 1, 4)) if record else None
     executed = tracker.run(first_id, n, positions=positions, cancelled=cancelled, trace=trace)
     result = tracker.result()

@@ -19,7 +19,8 @@ from .probabilistic_params import (
     ProbParams,
     ProbResult,
     SampleField,
-    check_seed_matrix,
+    empty_seed_matrix,
+    run_length,
     streamline_ids,
 )
 from .rng import philox4x32, seed_key
@@ -98,8 +99,7 @@ def track_numpy(
     key = seed_key(params.seed)
     shape = np.array(field_.shape)
     n_vox = int(np.prod(shape))
-    n = len(seeds) * params.n_samples - first_id if count is None else count
-    n = n if positions is None else len(positions)
+    n = run_length(first_id, count, positions, len(seeds), params.n_samples)
     sid, seed_of = streamline_ids(first_id, n, len(seeds), params.n_samples, positions)
     jitter = _draw(P_START, 0, 0, sid, key)
     start = seeds[seed_of] + np.stack([_uniform(jitter[i]) - 0.5 for i in range(3)], 1)
@@ -201,8 +201,7 @@ def track_numpy(
         seed_targets[:, j] = np.bincount(seed_of[reached], minlength=len(seeds))
     matrix = None
     if seed_matrix:
-        check_seed_matrix(len(seeds))
-        matrix = np.zeros((len(seeds), len(seeds)), dtype=np.int64)
+        matrix = empty_seed_matrix(len(seeds))
         np.add.at(matrix, seed_of[kept], visited[kept][:, column[flat(seeds)]].astype(np.int64))
     result = ProbResult(paths, int(kept.sum()), seed_targets, n, steps=moves, seed_matrix=matrix)
     return (result, steps_record) if record else result

@@ -177,6 +177,21 @@ def check_seed_matrix(n_seeds: int) -> None:
         )
 
 
+def empty_seed_matrix(n_seeds: int) -> np.ndarray:
+    """The seed x seed counts a host engine adds to: (n_seeds, n_seeds) int64 zeros, after
+    :func:`check_seed_matrix`."""
+    check_seed_matrix(n_seeds)
+    return np.zeros((n_seeds, n_seeds), dtype=np.int64)
+
+
+def run_length(first: int, count: int | None, positions, n_seeds: int, n_samples: int) -> int:
+    """Streamlines a call tracks: ``len(positions)``, else ``count``, else the run's from ``first``
+    to its end (``n_seeds * n_samples`` in all)."""
+    if positions is not None:
+        return len(positions)
+    return n_seeds * n_samples - first if count is None else count
+
+
 def streamline_ids(first: int, count: int, n_seeds: int, n_samples: int, positions=None):
     """(streamline ids, seed voxel numbers) of run positions ``first .. first + count`` (or of
     the run positions ``positions``)."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._no_worker_restarts import no_worker_restarts
 from tests._private_home import PrivateHome
 
 ARTIFACTS = Path(__file__).parent / "_artifacts"
@@ -79,7 +80,8 @@ def rng():
 
 def pytest_configure(config):
     ARTIFACTS.mkdir(exist_ok=True)
-    config._tractlens_home = PrivateHome()  # before any test (or subprocess) can write anything
+    no_worker_restarts(config)  # before pytest-xdist's own pytest_configure (trylast) reads the option
+    config._tractlens_home = PrivateHome()  # before any test, worker or subprocess can write anything
     if not _is_xdist_controller(config):  # with pytest-xdist the workers run the tests: one Xvfb each
         _ensure_display()
 
@@ -125,15 +127,25 @@ def installed_tool(name: str) -> str | None:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the run if it left anything in the user's real configuration, cache, state or data
-    folders (the tests all ran with private ones)."""
+    """Fail the run if TractLens wrote into the session's private home instead of its private XDG
+    folders; say what changed in the user's real folders meanwhile (tests/_private_home.py)."""
     home = getattr(session.config, "_tractlens_home", None)
     if home is None:
         return
-    leaks = home.leaks()
+    leaks, foreign = home.leaks(), home.foreign_changes()
     home.close()
+    if foreign:
+        sys.stderr.write(
+            "\nNote: TractLens entries of the real home changed during the run; this session's processes had a "
+            "private HOME and XDG folders, so another process on this machine wrote them (ours would have to read "
+            "the home from the password database, which tests/test_private_home.py forbids):\n  "
+            + "\n  ".join(foreign)
+            + "\n"
+        )
     if leaks:
-        sys.stderr.write("\nThe tests wrote into the user's real folders:\n  " + "\n  ".join(leaks) + "\n")
+        sys.stderr.write(
+            "\nThe tests wrote TractLens files under HOME, ignoring XDG_*:\n  " + "\n  ".join(leaks) + "\n"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -107,7 +107,26 @@ def tensor_instances(
 ) -> pv.PolyData:
     """The per-glyph arrays of world-frame tensors (G, 6) at world centres (G, 3): points at the
     centres, ``orientation`` (quaternions), ``scale`` (radii: ``size_mm`` × λ / max λ1),
-    ``source`` (which source mesh), ``rgb`` (|e1| or FA); the source meshes' key in field data."""
+    ``source`` (which source mesh), ``rgb`` (|e1| or FA); the source meshes' key in field data.
+    :func:`instance_arrays` then :func:`instances_mesh`."""
+    arrays = instance_arrays(
+        tensors, centres, shape=shape, size_mm=size_mm, resolution=resolution, sharpness=sharpness, colour=colour
+    )
+    return instances_mesh(arrays)
+
+
+def instance_arrays(
+    tensors: np.ndarray,
+    centres: np.ndarray,
+    *,
+    shape: str = "superquadric",
+    size_mm: float = 2.0,
+    resolution: int = 10,
+    sharpness: float = 3.0,
+    colour: str = "direction",
+) -> dict:
+    """:func:`tensor_instances`' arrays, NumPy only (a worker makes them; the VTK mesh is made on
+    the GUI thread): ``points``, the point arrays by name, ``sources``."""
     evals, evecs = tensor_eigen(np.asarray(tensors, dtype=np.float64))
     evals = np.maximum(evals, 0.0)
     lam_max = max(float(evals[:, 0].max()), 1e-30) if len(evals) else 1.0
@@ -123,14 +142,24 @@ def tensor_instances(
     else:
         bin_of = lambda c: np.clip((c * SHAPE_BINS).astype(np.int32), 0, SHAPE_BINS - 1)  # noqa: E731
         source = (cl >= cp).astype(np.int32) * SHAPE_BINS**2 + bin_of(cl) * SHAPE_BINS + bin_of(cp)
-    instances = pv.PolyData(np.asarray(centres, dtype=np.float32))
-    instances.point_data["orientation"] = quaternions(rotation).astype(np.float32)
-    instances.point_data["scale"] = np.maximum(evals / lam_max * size_mm, 1e-6 * size_mm).astype(np.float32)
-    instances.point_data["source"] = source
+    point_data = {
+        "orientation": quaternions(rotation).astype(np.float32),
+        "scale": np.maximum(evals / lam_max * size_mm, 1e-6 * size_mm).astype(np.float32),
+        "source": source,
+    }
     rgb = np.repeat(fractional_anisotropy(evals, evecs)[:, None], 3, 1) if colour == "fa" else np.abs(evecs[:, :, 0])
-    instances.point_data["rgb"] = (rgb * 255 + 0.5).astype(np.uint8)
+    point_data["rgb"] = (rgb * 255 + 0.5).astype(np.uint8)
+    sources = np.array([shape, str(resolution), repr(float(sharpness))])
+    return {"points": np.asarray(centres, dtype=np.float32), "point_data": point_data, "sources": sources}
+
+
+def instances_mesh(arrays: dict) -> pv.PolyData:
+    """The instances' mesh of :func:`instance_arrays` (on the GUI thread: a VTK object)."""
+    instances = pv.PolyData(arrays["points"])
+    for name, values in arrays["point_data"].items():
+        instances.point_data[name] = values
     instances.point_data.active_scalars_name = "rgb"
-    instances.field_data["sources"] = np.array([shape, str(resolution), repr(float(sharpness))])
+    instances.field_data["sources"] = arrays["sources"]
     return instances
 
 

@@ -53,7 +53,7 @@ from tractlens.app.display_data import (
 from tractlens.app.grid import Grid
 from tractlens.app.model import STICK_COLOURS, Document, Layer
 
-from .glyph_instances import _spow, _template, tensor_instances
+from .glyph_instances import _spow, _template, instance_arrays, instances_mesh
 from .render import sample_layer
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,7 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
         centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
         world = tensors_to_world(values[keep].astype(np.float64), affine)
         voxel_mm = float(np.sqrt((reference[:3, :3] ** 2).sum(0)).min())
-        return tensor_instances(  # per-glyph arrays: the view draws them as instances of source meshes
+        arrays = instance_arrays(  # per-glyph arrays: the view draws them as instances of source meshes
             world,
             centres,
             shape=display[0],
@@ -266,6 +266,7 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
             resolution=glyph_resolution(int(keep.sum()), software, instanced=True),
             colour=display[2],
         )
+        return OnGuiThread(instances_mesh, arrays)
 
     return build, key
 
@@ -411,6 +412,20 @@ _POOL: QThreadPool | None = None
 GLYPH_THREADS = max(2, min(4, (os.cpu_count() or 2) // 2))
 
 
+class OnGuiThread:
+    """The last step of a build, returned by the build (NumPy work, on a worker) for
+    :class:`LatestTask` to run on the GUI thread before it delivers: whatever makes VTK objects.
+    VTK releases Python's lock in its calls, so a worker making or dropping VTK objects would run
+    beside the GUI thread's rendering, and VTK's bookkeeping of its Python objects is not made for
+    that."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __call__(self):
+        return self.fn(*self.args)
+
+
 def _pool() -> QThreadPool:
     """The worker threads of all glyph builds (:data:`GLYPH_THREADS`)."""
     global _POOL
@@ -433,14 +448,17 @@ class _Build(QRunnable):
         self.setAutoDelete(True)
 
     def run(self) -> None:
+        # This frame holds what the build needs: nothing is left for the runnable's deletion by
+        # QThreadPool after run() returns (outside any Python frame on this pool thread).
+        fn, done, key, self.fn, self.done, self.key = self.fn, self.done, self.key, None, None, None
         start = time.perf_counter()
         try:
-            outcome = (True, self.fn(), start, time.perf_counter())
+            outcome = (True, fn(), start, time.perf_counter())
         except Exception as exc:  # a failed build shows no glyphs; it must not reach the event loop
             log.exception("building glyphs failed")
             outcome = (False, exc, start, time.perf_counter())
         try:
-            self.done.emit(self.generation, self.key, outcome)
+            done.emit(self.generation, key, outcome)
         except RuntimeError:  # the view went away meanwhile
             pass
 
@@ -497,6 +515,12 @@ class LatestTask(QObject):
         self._running = False
         if generation == self._generation:  # the newest request: deliver
             ok, result, started, built = outcome
+            if ok and isinstance(result, OnGuiThread):
+                try:
+                    result = result()
+                except Exception:  # as a failed build: no glyphs, and the event loop goes on
+                    log.exception("building glyphs failed")
+                    ok = False
             self.delivered = key
             arrived = time.perf_counter()
             self._deliver(key, result if ok else None)

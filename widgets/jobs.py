@@ -90,7 +90,10 @@ class _Runnable(QRunnable):
             thread.setPriority(before)
 
     def run(self) -> None:
-        job = self.job
+        # This frame holds the job from here: nothing of it is left for the runnable's deletion
+        # by QThreadPool after run() returns (outside any Python frame on this pool thread).
+        job, self.job = self.job, None
+        ended, result = job.finished_event, None
         try:
             if job.cancel_event.is_set():
                 raise Cancelled()
@@ -109,7 +112,10 @@ class _Runnable(QRunnable):
             job.signals.finished.emit(job.id, result)
         finally:
             job.ended_at = time.perf_counter()
-            job.finished_event.set()
+            # Let go before saying so: once ``ended`` is set the runner may forget the job, and what
+            # the job made or captured should then go on the runner's thread, not on this one.
+            job = result = None
+            ended.set()
 
 
 class JobRunner(QObject):
@@ -221,8 +227,12 @@ class JobRunner(QObject):
     def _forget_old(self) -> None:
         ended = [job_id for job_id, job in self.jobs.items() if job.state in (DONE, FAILED, CANCELLED)]
         for job_id in ended[: max(0, len(ended) - KEEP_ENDED)]:
+            job = self.jobs[job_id]
+            if not job.finished_event.is_set():  # its worker has not let go yet: forgotten next time
+                continue
             del self.jobs[job_id]
             self._callbacks.pop(job_id, None)
+            job.signals.deleteLater()  # a child of the runner: it would otherwise live as long as the runner
             self.job_removed.emit(job_id)
 
     def _guarded(self, job: Job, callback: Callable, *args) -> bool:

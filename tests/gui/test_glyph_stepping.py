@@ -9,11 +9,18 @@ import threading
 import numpy as np
 import pyvista as pv
 from PySide6.QtGui import QImage
+from vtkmodules.vtkCommonCore import vtkObject
 
 from tests.conftest import ARTIFACTS
 from tractlens.app.model import Layer, Volume
 from tractlens.gpu import sym3
-from tractlens.widgets.glyphs import COLOUR_LEVELS, MAX_GLYPHS_PER_PLANE, glyph_step_3d, tensor_glyph_job
+from tractlens.widgets.glyphs import (
+    COLOUR_LEVELS,
+    MAX_GLYPHS_PER_PLANE,
+    OnGuiThread,
+    glyph_step_3d,
+    tensor_glyph_job,
+)
 
 SHAPE = (128, 128, 70)
 AFFINE = np.diag([1.75, 1.75, 2.0, 1.0])
@@ -81,7 +88,9 @@ def test_stepping_through_slices_with_glyphs_never_blocks_the_gui_thread(window,
         qtbot.wait(80)  # the frame that shows the new glyphs
         # 3-D: the mesh shown is the one built for this cursor.
         actor = window.view3d._glyphs[id(layer)]
-        expected = tensor_glyph_job(layer, doc, window.view3d._software())[0]()
+        built = tensor_glyph_job(layer, doc, window.view3d._software())[0]()  # what a worker makes
+        assert isinstance(built, OnGuiThread) and not any(isinstance(a, vtkObject) for a in built.args)
+        expected = built()  # the VTK mesh, made on the GUI thread
         shown = pv.wrap(actor.GetMapper().GetInput())
         follow.append(shown.n_points == expected.n_points)
         np.testing.assert_allclose(shown.points, expected.points, atol=1e-4)

@@ -134,6 +134,9 @@ def test_finished_jobs_let_go_of_their_results_and_the_history_is_bounded(qtbot,
     assert len(runner.jobs) == KEEP_ENDED and panel.tree.topLevelItemCount() == KEEP_ENDED
     assert min(runner.jobs) == 21  # the oldest were dropped
     assert all(job.result is None for job in runner.jobs.values())
+    # Nor a signal object per job ever run (they are the runner's children: 120 stayed alive).
+    signal_objects = lambda: [c for c in runner.children() if type(c).__name__ == "_Signals"]  # noqa: E731
+    qtbot.waitUntil(lambda: len(signal_objects()) == KEEP_ENDED, timeout=10_000)  # deleted by the event loop
     delivered.clear()
     import gc
 
