@@ -47,7 +47,10 @@ def test_a_worker_crash_fails_the_run_and_ends_it(tmp_path):
     (tmp_path / "test_crashing.py").write_text(CRASHING)
     for name in ("b", "c", "d"):
         (tmp_path / f"test_{name}.py").write_text(PASSING.format(name))
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": ""}
+    # A run of its own: nothing of this session's pytest (an xdist worker's variables, options
+    # given through the environment, the running test's name) reaches it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONFAULTHANDLER"))}
+    env["PYTHONPATH"] = str(ROOT)
     command = [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider"]
     # Without the guard this very run never ends (xdist re-runs the crashing file on a new worker).
     run = subprocess.run(
