@@ -31,6 +31,8 @@ import time
 
 import numpy as np
 
+from tractlens.app.io import release_pages
+
 from .gl_fibre_program import LUT_SIZE, FibreProgram, GLUnavailable, load_gl
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,9 @@ class _PieceBuffers:
 
 def upload(GL, buffer: int, values: np.ndarray) -> None:
     """``values`` (C-contiguous) into ``buffer`` :data:`UPLOAD_CHUNK_BYTES` at a time, read where
-    they are (a memory map's pages are read as they go)."""
+    they are. A file's memory map is read as it goes, and after each chunk the map's pages (those
+    the chunk brought in) leave the window's resident memory (:func:`app.io.release_pages`; the
+    page cache keeps them), so uploading a mapped tractogram does not add the file's size to it."""
     flat = values.reshape(len(values), -1)
     row = flat.strides[0]
     GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buffer)
@@ -147,6 +151,7 @@ def upload(GL, buffer: int, values: np.ndarray) -> None:
     for lo in range(0, len(flat), step):
         part = flat[lo : lo + step]
         GL.glBufferSubData(GL.GL_ARRAY_BUFFER, lo * row, part.nbytes, part)
+        release_pages(part)  # only a shared or read-only file map; anything else is left alone
     GL.glBindBuffer(GL.GL_ARRAY_BUFFER, 0)
 
 

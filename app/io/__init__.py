@@ -6,6 +6,7 @@ names the file, the problem and the fix; writers are atomic.
 
 from ..errors import InputError
 from ._atomic import atomic_folder, atomic_path, split_suffix, write_text_atomic
+from ._pages import release_pages
 from .bedpostx import BedpostSamples, load_bedpostx
 from .dwi import DWI, fsl_to_voxel_vectors, load_dwi, save_gradients
 from .nifti import load_labels, load_mask, load_volume, save_volume
@@ -27,6 +28,7 @@ __all__ = [
     "load_tensor",
     "load_tractogram",
     "load_volume",
+    "release_pages",
     "save_gradients",
     "save_tensor",
     "save_tractogram",

@@ -64,12 +64,19 @@ def read_buffer(view, buffer: int, nbytes: int, dtype) -> np.ndarray:
 
 
 def test_the_points_go_to_the_gpu_once_as_they_are_and_are_drawn(own_buffers, window, qtbot, tmp_path, monkeypatch):
+    released = []  # whether each uploaded chunk's pages of the file left the resident memory
+    release = gl_fibers.release_pages
+    monkeypatch.setattr(gl_fibers, "release_pages", lambda chunk: released.append(release(chunk)) or released[-1])
     layer, scene = open_fibres(window, qtbot, tmp_path)
     view = window.view3d
     assert isinstance(scene, GLFiberActors) and scene.failed is None
     # the file's memory-mapped float32 millimetres, no voxel copy made (app.fiber_arrays.display_points)
     assert scene.arrays.points is layer.data.mapped.world and not layer.data.mapped.made
     [buffers] = scene.gl.buffers  # one piece, uploaded
+    assert released == [True]  # in one chunk, read from the map and released from it
+    # bounded by the grid's box in millimetres (the points' frame), not by its voxel corners
+    box = scene.arrays.box
+    np.testing.assert_allclose(scene.anchor.GetBounds(), np.ravel([box.min(0), box.max(0)], order="F"), atol=1e-4)
     on_gpu = read_buffer(view, buffers.position, scene.arrays.points.nbytes, np.float32)
     np.testing.assert_array_equal(on_gpu.reshape(-1, 3), scene.arrays.points)
     # Drawn: the streamlines in direction colours, the level-of-detail line empty (all drawn).
