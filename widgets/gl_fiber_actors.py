@@ -89,7 +89,9 @@ class GLFiberActors:
         return [self.anchor]
 
     def set_arrays(self, arrays: FiberArrays, dimensions=None) -> None:
-        """Another tractogram (a tracking result growing): new buffers with the next frame."""
+        """Another tractogram (a tracking result growing): new buffers with the next frame. The
+        anchor is bounded by ``arrays.box`` (the grid's corners in the points' frame) when it is
+        set, else by the voxel corners of a grid of ``dimensions``."""
         old = getattr(self, "gl", None)
         if old is not None and len(old.piece_points) != len(arrays.bounds):
             raise ValueError("a tractogram replaced by one of another number of pieces needs new actors")
@@ -102,8 +104,11 @@ class GLFiberActors:
             self._retired = [*getattr(self, "_retired", []), old]  # freed at the next frame (context current)
             self.gl.opacity, self.gl.ribbon, self.gl.visible = old.opacity, old.ribbon, old.visible
             self.gl.GL, self.gl.program, old.program = old.GL, old.program, None  # the shaders stay
-        if dimensions is not None:
-            self._box_points.SetData(_vtk_points(box_corners(dimensions)))
+        corners = arrays.box  # the grid's box in the points' frame (a file's millimetres, or voxels)
+        if corners is None and dimensions is not None:
+            corners = box_corners(dimensions)
+        if corners is not None:
+            self._box_points.SetData(_vtk_points(np.ascontiguousarray(corners, dtype=np.float32)))
             self._box.Modified()
         self.anchor.SetUserMatrix(_matrix(arrays.affine))
         self.cells = {}

@@ -82,18 +82,6 @@ def count_words(n: int) -> str:
     return f"{n:,}"
 
 
-def _bound_by_box(scene: GLFiberActors, arrays) -> None:
-    """The scene's bounds from the grid box in its points' frame (``arrays.box``): a file's
-    millimetres drawn with an identity affine are not bounded by the grid's voxel corners.
-    (GLFiberActors bounds itself by ``box_corners(dimensions)``, right for voxel coordinates.)"""
-    if arrays.box is None or not hasattr(scene, "_box_points"):
-        return
-    from vtkmodules.util.numpy_support import numpy_to_vtk
-
-    scene._box_points.SetData(numpy_to_vtk(np.ascontiguousarray(arrays.box, dtype=np.float32), deep=True))
-    scene._box.Modified()
-
-
 class FiberView:
     """The tractogram part of :class:`widgets.view3d.View3D` (a mixin: it uses the view's
     ``plotter``, ``document``, ``request_render`` and ``_software``)."""
@@ -233,7 +221,6 @@ class FiberView:
         self._software()  # decides whether the view's own buffers may be used
         if self.document.fiber_arrays.shader_drawn(layer):
             scene = GLFiberActors(arrays, layer.data.dimensions, on_failure=self._gl_layer_failed)
-            _bound_by_box(scene, arrays)
             scene.renderer = self.plotter.renderer
             return scene
         if layer.data.n_points >= GL_LAYER_MIN_POINTS and getattr(self, "gl_layer_refused", None):
