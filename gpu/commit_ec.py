@@ -22,6 +22,7 @@ import numpy as np
 
 from .commit import N_ORIENTATIONS, orientation_directions
 from .commit_segments import Segments, array_module, host_array, row_parts
+from .indices import flatnonzero
 
 __all__ = ["MIN_SEPARATION_DEG", "RELATIVE_THRESHOLD", "ec_main_orientations", "main_orientations"]
 
@@ -50,8 +51,8 @@ def main_orientations(row, orient, length, k: int, directions=None):
     order = xp.lexsort(xp.stack([pair_orient, -total, pair_row]))  # row, then most length, then index
     pair_row, pair_orient, total = pair_row[order], pair_orient[order], total[order]
     starts = xp.concatenate([xp.ones(1, bool), pair_row[1:] != pair_row[:-1]])
-    largest = total[xp.flatnonzero(starts)][xp.cumsum(starts) - 1]  # each pair's row's largest
-    alive = xp.flatnonzero(total >= RELATIVE_THRESHOLD * largest)
+    largest = total[flatnonzero(xp, starts)][xp.cumsum(starts) - 1]  # each pair's row's largest
+    alive = flatnonzero(xp, total >= RELATIVE_THRESHOLD * largest)
     cos_limit = np.cos(np.deg2rad(MIN_SEPARATION_DEG))
     picked_row, picked_orient = [], []
     for _ in range(k):
