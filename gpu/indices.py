@@ -10,9 +10,10 @@ or shape (a seed ROI of 40 voxels instead of a whole brain; peaks of 40 voxels i
 prepared (``app.kernel_cache``, ``app.rehearsal``).
 
 Here every array is flattened to one dimension, and one of :data:`CUPY_NONZERO_SMALL` elements
-or fewer is padded with ``False`` beyond that size, so CuPy always runs its incomplete scan over
-a one-dimensional boolean array: one set of kernels. The padding is a copy of at most 513
-booleans; longer arrays are not copied (the scan needs no more memory than CuPy's own).
+or fewer is padded with zeros beyond that size, so CuPy always runs its incomplete scan over
+a one-dimensional boolean array: one set of kernels. The padding is a device-to-device copy
+(memcpy: no kernel) of at most 513 elements; longer arrays are not copied (the scan needs no
+more memory than CuPy's own).
 N-dimensional indices are the flat ones divided out (:func:`nonzero`). On NumPy these are
 NumPy's own functions.
 """
@@ -33,13 +34,27 @@ def flatnonzero(xp, a):
     if xp is np:
         return np.flatnonzero(a)
     flat = a.ravel()
+    if flat.size <= CUPY_NONZERO_SMALL:
+        # copied by memcpy, not by an elementwise kernel: CuPy compiles its copy kernel anew for a
+        # one-element array (its dimensions of extent 1 are dropped: a 0-d kernel)
+        flat = xp.ascontiguousarray(flat)
+        padded = xp.zeros(CUPY_NONZERO_SMALL + 1, dtype=flat.dtype)
+        if flat.size:
+            _copy_prefix(padded, flat)
+        flat = padded
     if flat.dtype != np.bool_:
         flat = flat != 0
-    if flat.size <= CUPY_NONZERO_SMALL:
-        padded = xp.zeros(CUPY_NONZERO_SMALL + 1, dtype=np.bool_)
-        padded[: flat.size] = flat
-        flat = padded
     return xp.flatnonzero(flat)
+
+
+def _copy_prefix(dst, src) -> None:
+    """``dst[:src.size] = src``: a device-to-device memcpy on CuPy (no kernel), an assignment on
+    arrays without device memory (the CPU test's stand-in)."""
+    memcpy = getattr(dst.data, "copy_from_device_async", None)
+    if memcpy is None:
+        dst[: src.size] = src
+    else:
+        memcpy(src.data, src.nbytes)
 
 
 def nonzero(xp, a) -> tuple:

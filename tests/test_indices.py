@@ -19,7 +19,7 @@ from tractlens.gpu import indices
 ROOT = Path(__file__).resolve().parents[1]
 
 #: NumPy under another name: ``indices`` then takes its CuPy path.
-NOT_NUMPY = types.SimpleNamespace(zeros=np.zeros, flatnonzero=np.flatnonzero)
+NOT_NUMPY = types.SimpleNamespace(zeros=np.zeros, flatnonzero=np.flatnonzero, ascontiguousarray=np.ascontiguousarray)
 SIZES = (0, 1, 2, 40, 511, 512, 513, 514, 3000)
 
 

@@ -19,52 +19,71 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.gpu
 
-#: In a fresh process with an empty kernel cache: ``first`` arrays, then the cache's files, then
-#: ``then`` arrays, then its files again (a JSON line).
+#: In a fresh process with an empty kernel cache: ``first`` arrays, then the cache's kernels, then
+#: each of the ``then`` arrays with the kernels it added (a JSON line). CuPy saves each kernel's
+#: source beside its binary (``CUPY_CACHE_SAVE_CUDA_SOURCE``), so a failure names the kernels.
 _PROGRAM = """
-import json, os, sys
+import json, os, re, sys
 import cupy, numpy as np
 from tractlens.gpu import backend, indices
 ok, gpu = backend.gpu_status(); assert ok, gpu
 use = cupy.flatnonzero if sys.argv[1] == "cupy" else (lambda a: indices.flatnonzero(cupy, a))
 nonzero = cupy.nonzero if sys.argv[1] == "cupy" else (lambda a: indices.nonzero(cupy, a))
 cache = os.environ["CUPY_CACHE_DIR"]
-def files():
-    return sorted(f for f in os.listdir(cache) if f.endswith(".cubin"))
-def run(shapes):
-    for shape in shapes:
-        mask = cupy.asarray(np.random.default_rng(1).random(shape) < 0.3)  # made on the host: no kernel
-        use(mask.ravel()) if len(shape) == 1 else nonzero(mask)
+def kernels():
+    # {binary file: its kernels names from the saved source, else the file name}
+    found = {}
+    for name in os.listdir(cache):
+        if name.endswith(".cu"):
+            continue
+        label = name
+        for source in (name + ".cu", name.rsplit(".", 1)[0] + ".cu"):
+            if os.path.exists(os.path.join(cache, source)):
+                text = open(os.path.join(cache, source), errors="replace").read()
+                label = " ".join(re.findall(r"__global__\\s+void\\s+(\\w+)", text)) or name
+                break
+        found[name] = label
+    return found
+def run(shape):
+    mask = cupy.asarray(np.random.default_rng(1).random(shape) < 0.3)  # made on the host: no kernel
+    use(mask.ravel()) if len(shape) == 1 else nonzero(mask)
     cupy.cuda.Device().synchronize()
-run([(40,), (40, 3)])
-first = files()
-run([(5000,), (2000, 3), (512,), (513,), (1,), (7, 2, 11), (200000,)])
-print(json.dumps([first, files()]))
+for shape in [(40,), (40, 3)]:
+    run(shape)
+first = kernels()
+added = {}
+for shape in [(5000,), (2000, 3), (512,), (513,), (1,), (7, 2, 11), (200000,)]:
+    before = kernels()
+    run(shape)
+    added[str(shape)] = sorted(label for name, label in kernels().items() if name not in before)
+print(json.dumps([sorted(first.values()), added]))
 """
 
 
-def _kernel_files(tmp_path: Path, which: str) -> tuple[list[str], list[str]]:
+def _kernels(tmp_path: Path, which: str) -> tuple[list[str], dict[str, list[str]]]:
     cache = tmp_path / f"cache-{which}"
     cache.mkdir()
     env = {
         **os.environ,
         "CUPY_CACHE_DIR": str(cache),
+        "CUPY_CACHE_SAVE_CUDA_SOURCE": "1",
         "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
     done = subprocess.run(
         [sys.executable, "-c", _PROGRAM, which], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    first, then = json.loads(done.stdout.strip().splitlines()[-1])
-    return first, then
+    first, added = json.loads(done.stdout.strip().splitlines()[-1])
+    return first, added
 
 
 def test_other_sizes_and_shapes_compile_nothing_more(tmp_path):
     pytest.importorskip("cupy")
-    first, then = _kernel_files(tmp_path, "engine")
-    assert first and then == first, f"{len(then) - len(first)} more kernels for other sizes and shapes"
-    own_first, own_then = _kernel_files(tmp_path, "cupy")
-    assert len(own_then) > len(own_first), "CuPy's own nonzero no longer changes kernels at 512 elements"
+    first, added = _kernels(tmp_path, "engine")
+    more = {shape: names for shape, names in added.items() if names}
+    assert first and not more, f"kernels compiled for other sizes and shapes: {more}"
+    _, own_added = _kernels(tmp_path, "cupy")
+    assert any(own_added.values()), "CuPy's own nonzero no longer changes kernels at 512 elements"
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (40,), (512,), (513,), (5000,), (40, 3), (300, 3), (7, 2, 11)])
