@@ -16,6 +16,7 @@ tests/test_memory_guard.py checks in a subprocess that a job's peak stays below 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +36,7 @@ __all__ = [
     "commit_host_need",
     "host_free_bytes",
     "tracking_host_need",
+    "traversed_voxels",
 ]
 
 GUARD_ENV = "TRACTLENS_MEMORY_GUARD"
@@ -65,6 +67,10 @@ SAMPLE_MARGIN = 1.25
 SEGMENT_SAMPLE_MARGIN = 1.1
 #: Working memory of cutting one chunk of streamlines, per point (gpu.commit: ~0.6 kB at the peak)
 CUT_BYTES_PER_POINT = 640
+#: Points read at a time when the voxels that the streamlines pass through are counted
+VOXEL_COUNT_CHUNK = 1 << 18
+#: Beyond this many voxels a step, the count of voxels passed through falls back to every usable voxel
+MAX_STEP_VOXELS = 4
 #: Bytes of float64 signal per block of voxel rows when the error maps are made from blocks of A x
 #: (app.pipelines.commit.MAP_BLOCK_BYTES; each thread holds its block, A x's and a difference)
 MAP_BLOCK_BYTES = 4 << 20
@@ -120,6 +126,58 @@ def _sample(tractogram, n: int):
     return np.concatenate(parts), np.r_[0, np.cumsum(lengths)]
 
 
+def traversed_voxels(tractogram, rows: np.ndarray, to_voxel) -> int:
+    """Usable voxels (``rows`` ≥ 0) that the streamlines' segments can lie in, counted in one
+    chunked pass over the points: the voxels of the points, grown by the longest step (a
+    straight step whose ends are at most k voxels apart on each axis stays within k voxels of
+    its first point's voxel), then kept where usable. COMMIT fits these voxels only; every
+    usable voxel (a whole-brain mask) can be 3–4 times as many. Where a step is longer than
+    :data:`MAX_STEP_VOXELS` (a compressed tractogram) it is every usable voxel."""
+    usable = rows >= 0
+    n_usable = int(usable.sum())
+    offsets = np.asarray(tractogram.offsets, dtype=np.int64)
+    n_points = int(offsets[-1]) if len(offsets) else 0
+    if n_points == 0 or n_usable == 0:
+        return 0
+    padded = np.zeros(tuple(n + 2 for n in rows.shape), dtype=bool)  # points outside: on its border
+    flat = padded.reshape(-1)
+    stride_i, stride_j = padded.shape[1] * padded.shape[2], padded.shape[2]
+    top = np.array(rows.shape, dtype=np.float32)
+    # float32 as stored; +0.5 folded into the translation: a voxel is floor(coordinate + 0.5)
+    affine = None if to_voxel is None else np.asarray(to_voxel, dtype=np.float64)
+    linear = None if affine is None else affine[:3, :3].T.astype(np.float32)
+    shift = np.float32(0.5) + (0 if affine is None else affine[:3, 3].astype(np.float32))
+
+    def mark(lo: int) -> float:
+        """Marks the voxels of points lo … lo + chunk; the longest step there (inf: not finite)."""
+        hi = min(n_points, lo + VOXEL_COUNT_CHUNK + 1)  # one point more: the step across chunks
+        p = np.asarray(tractogram.points[lo:hi], dtype=np.float32)
+        if linear is None:
+            v = p + shift
+        else:  # three columns, not a matmul (a BLAS call per chunk)
+            v = p[:, :1] * linear[0] + p[:, 1:2] * linear[1] + p[:, 2:] * linear[2] + shift
+        d = v[1:] - v[:-1]
+        d[offsets[(offsets > lo) & (offsets < hi)] - lo - 1] = 0.0  # from one streamline to the next
+        step = float(np.abs(d, out=d).max()) if len(d) else 0.0
+        if not (np.isfinite(step) and np.isfinite(v).all()):
+            return np.inf
+        np.clip(v, -1.0, top, out=v)
+        ix = np.floor(v, out=v).astype(np.int64) + 1
+        flat[ix[:, 0] * stride_i + ix[:, 1] * stride_j + ix[:, 2]] = True  # writes of True only: threads may share
+        return step
+
+    with ThreadPoolExecutor(max_workers=host_threads()) as pool:
+        longest = max(pool.map(mark, range(0, n_points, VOXEL_COUNT_CHUNK)), default=0.0)
+    if not longest <= MAX_STEP_VOXELS:  # also an infinite or NaN coordinate
+        return n_usable
+    hit = padded[1:-1, 1:-1, 1:-1]
+    from scipy.ndimage import maximum_filter  # separable: cheap on a whole grid
+
+    grow = max(1, int(np.ceil(longest)))  # at least one: float32 rounding at a voxel's border
+    hit = maximum_filter(hit, size=2 * grow + 1, mode="constant", cval=False)
+    return int((hit & usable).sum())
+
+
 def commit_host_need(
     tractogram,
     rows: np.ndarray,
@@ -155,7 +213,7 @@ def commit_host_need(
     )
     per_point = len(seg) / max(1, len(points))
     n_seg = int(SEGMENT_SAMPLE_MARGIN * per_point * n_points) + 1000
-    n_rows = int((rows >= 0).sum())  # at most the usable voxels are fitted
+    n_rows = traversed_voxels(tractogram, rows, to_voxel)  # the voxels that can be fitted
     if peaks_per_voxel is not None:
         n_ec = least_ec = n_rows * peaks_per_voxel
     elif params.ec_orientations:  # at most that many a voxel (gpu.commit_ec)

@@ -157,7 +157,7 @@ def test_a_tracking_job_takes_no_more_host_memory_than_it_announced():
     assert 0 < out["peak"] <= out["need"], out
 
 
-def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit():
+def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit(monkeypatch):
     """The CPU fit holds the signal once in float32 and, with the fused loops, one float32 vector
     (A x) besides: 8 bytes per fitted voxel and measurement (the float64 fit held 44, the fit with
     separate products 12). After it, A x in float64 is made whole only up to 512 MB (the error
@@ -171,6 +171,8 @@ def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit():
 
     pytest.importorskip("numba", reason="the fused loops need the cpu extra (numba)")
     _, tract = bundle_inputs(500, shape=(16, 16, 16), n_meas=20)
+    # every voxel of the grid counted as fitted (the bundle passes through a 16³ corner of it)
+    monkeypatch.setattr(memory_guard, "traversed_voxels", lambda tract, rows, to_voxel: int((rows >= 0).sum()))
 
     def per_value(shape, lo, hi):
         rows = np.arange(int(np.prod(shape))).reshape(shape)
@@ -185,7 +187,7 @@ def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit():
     assert per_value((100, 100, 80), 288, 400) == 8
 
 
-def test_commit_announces_at_most_k_ec_compartments_a_voxel():
+def test_commit_announces_at_most_k_ec_compartments_a_voxel(monkeypatch):
     """Without a peaks file the need counts ec_orientations compartments a voxel at most (the
     former one-per-orientation compartments are estimated from the sample's, up to one a segment)."""
     import numpy as np
@@ -196,9 +198,62 @@ def test_commit_announces_at_most_k_ec_compartments_a_voxel():
 
     _, tract = bundle_inputs(500, shape=(16, 16, 16), n_meas=20)
     rows = np.arange(16**3).reshape(16, 16, 16)
+    monkeypatch.setattr(memory_guard, "traversed_voxels", lambda tract, rows, to_voxel: rows.size)
 
     def plan(k):
         return commit_host_need(tract, rows, np.ones(3), np.eye(4), 60, CommitParams(ec_orientations=k)).plan
 
     assert plan(1)["ec_compartments"] == 16**3 and plan(2)["ec_compartments"] == 2 * 16**3 < plan(2)["segments"]
     assert plan(0)["ec_compartments"] > 2 * 16**3  # the sample's distinct orientations, scaled to the whole
+
+
+def _segment_rows(tract, rows):
+    import numpy as np
+
+    from tractlens.gpu import commit_segments
+
+    seg = commit_segments.segments(tract.points, tract.offsets, rows, np.ones(3), to_voxel=np.eye(4))
+    return len(np.unique(np.asarray(seg.row)))
+
+
+def _lines(points, offsets):
+    import types
+
+    import numpy as np
+
+    return types.SimpleNamespace(points=np.asarray(points, dtype=np.float32), offsets=np.asarray(offsets))
+
+
+def test_the_fitted_voxels_are_counted_from_the_points_not_the_mask():
+    """COMMIT fits the voxels its segments lie in. The guard counts them in one pass over the
+    points (their voxels grown by the longest step): never fewer than the segments' voxels, and
+    for a bundle in a whole-grid mask far fewer than the mask's voxels, which it used to count."""
+    import numpy as np
+
+    from tests.benchmarks.bench_commit import bundle_inputs
+    from tractlens.app.memory_guard import traversed_voxels
+
+    _, tract = bundle_inputs(300, shape=(16, 16, 16), n_meas=20)
+    rows = np.full((48, 48, 48), -1, dtype=np.int64)
+    rows[2:-2, 2:-2, 2:-2] = np.arange(44**3).reshape(44, 44, 44)  # a mask around the bundle's corner
+    counted = traversed_voxels(tract, rows, np.eye(4))
+    assert _segment_rows(tract, rows) <= counted < 16**3 < 44**3
+    # the same points in millimetres of a 2 mm grid: counted through the affine
+    affine = np.diag([0.5, 0.5, 0.5, 1.0])
+    in_mm = _lines(np.asarray(tract.points) * 2, tract.offsets)
+    assert traversed_voxels(in_mm, rows, affine) == counted
+
+
+def test_long_steps_count_every_usable_voxel_and_steps_between_streamlines_do_not():
+    import numpy as np
+
+    from tractlens.app.memory_guard import MAX_STEP_VOXELS, traversed_voxels
+
+    rows = np.arange(40**3).reshape(40, 40, 40)
+    rows[:, :, :5] = -1
+    near = np.array([[5, 5, 10], [5.5, 5, 10], [30, 30, 30], [30.5, 30, 30]], dtype=np.float32)
+    two = _lines(near, [0, 2, 4])  # far apart, but as two streamlines: steps of 0.5
+    assert traversed_voxels(two, rows, None) == 2 * 4 * 3 * 3  # each pair of voxels grown by one
+    far = np.array([[5, 5, 10], [5 + MAX_STEP_VOXELS + 1, 5, 10]], dtype=np.float32)
+    assert traversed_voxels(_lines(far, [0, 2]), rows, None) == int((rows >= 0).sum())
+    assert traversed_voxels(_lines(np.zeros((0, 3)), [0]), rows, None) == 0
