@@ -192,8 +192,8 @@ def commit_host_need(
     """Peak host memory of COMMIT's CPU pipeline (:func:`app.pipelines.commit.commit_pipeline`)
     on ``tractogram`` over the usable voxels ``rows`` (−1 elsewhere), before its segments exist.
 
-    Phases: cutting; the look-up tables made (in float64, beside the segments, before the signal
-    is read); and the fit (the segments once — :data:`~gpu.commit_segments.HOST_SEGMENT_BYTES`
+    Phases: the look-up tables made (in float64, before the cut), with numba's compiler (its
+    allowance in ``runtime``); cutting, beside the tables; and the fit (the segments once — :data:`~gpu.commit_segments.HOST_SEGMENT_BYTES`
     a segment, their rows as one start per voxel row —, the look-up tables, the measured and
     modelled signal, FISTA's vectors, the operator's per-thread accumulators). The signal is held
     once in FISTA's type (:data:`~gpu.commit_host.CPU_FIT_DTYPE`); FISTA's A x and A z (float32),
@@ -228,7 +228,7 @@ def commit_host_need(
     working = CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
     segments = commit_segments.HOST_SEGMENT_BYTES * n_seg + commit_segments.HOST_ROW_BYTES * (n_rows + 1)
     tables = (n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4  # kept (float32)
-    tables_made = segments + tables + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8  # float64 while made
+    tables_made = tables + (n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8  # float64 while made, before the cut
     n_values = n_rows * n_meas
     fit_itemsize = np.dtype(CPU_FIT_DTYPE).itemsize
     fused = fit_itemsize == 4 and numba_module() is not None  # commit_solver.fista_fused
@@ -255,7 +255,7 @@ def commit_host_need(
     one_pass = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + working
     # a second cut wherever one pass may be the job's peak: even with the fewest EC compartments
     two_pass = one_pass > max(tables_made, sum(fitting_with(least_ec).values()))
-    cutting = segments + working if two_pass else one_pass
+    cutting = tables + (segments + working if two_pass else one_pass)  # the tables kept meanwhile
     runtime = runtime_bytes("commit_loops")
     parts = {"segments while cut": cutting, "look-up tables while made": tables_made, **fitting, "runtime": runtime}
     total = max(cutting, tables_made, sum(fitting.values())) + runtime

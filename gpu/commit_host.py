@@ -32,10 +32,10 @@ import itertools
 
 import numpy as np
 
-from . import commit, commit_device, commit_operator
-from .host import compile_or_uncached, host_threads, numba_module, run_parallel
+from . import commit, commit_device, commit_operator, commit_segments
+from .host import compile_or_uncached, host_threads, numba_module, release_freed_memory, run_parallel
 
-__all__ = ["CPU_FIT_DTYPE", "HostOperator", "host_operator", "host_operator_bytes"]
+__all__ = ["CPU_FIT_DTYPE", "HostOperator", "host_operator", "host_operator_bytes", "load_loops"]
 
 #: FISTA's measurement-sized vectors on the CPU engine (the signal, A x, A z: a third of the
 #: memory of float64's, the float32 signal taken as it is). Each value is summed in float64 and
@@ -67,6 +67,22 @@ def _kernels():
     from . import commit_loops
 
     return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows, commit_loops.fused_rows
+
+
+def load_loops(tables: dict[str, np.ndarray]) -> bool:
+    """Compile the row loops (or load them from numba's cache) on a one-segment problem with a
+    job's look-up tables (:func:`gpu.commit.lookup_tables`: the loops' array types), before the
+    job's own arrays exist. The first compilation takes up to ~400 MB for a moment; made inside
+    the job (:class:`HostOperator`), that comes on top of the segments and the signal, at the
+    job's peak. False without numba (nothing to load)."""
+    if _kernels() is None:
+        return False
+    step = np.array([[0.0, 0.0, 0.0], [0.25, 0.0, 0.0]], dtype=np.float32)
+    seg = commit_segments.segments(step, np.array([0, 2]), np.zeros((1, 1, 1), dtype=np.int64), np.ones(3))
+    ec_row, ec_orient = commit_operator.ec_from_segments(seg)
+    HostOperator(commit_operator.Problem(1, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"]), 1)
+    release_freed_memory()  # the compiler's working memory back to the system
+    return True
 
 
 def _balanced_blocks(row_start: np.ndarray, n_blocks: int) -> list[np.ndarray]:

@@ -306,12 +306,15 @@ def _commit_pipeline(
         to_voxel = np.linalg.inv(dwi.affine)
     else:
         to_voxel = np.linalg.solve(dwi.affine, tractogram.affine)
+    tables = None
     try:
         two_pass = None  # the engine's default: one pass on the host, two on a GPU
         need = None
         if not backend.is_gpu:  # refused before any work when the host cannot hold it (app.memory_guard)
             need = check_commit_memory(dwi, tractogram, rows, voxel_size, to_voxel, params, peaks)
             two_pass = need.plan["two_pass_cut"]  # cut twice where one pass would be the peak
+            tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)  # made (float64) before the segments
+            commit_host.load_loops(tables)  # numba's compiler too, not at the fit's peak
         seg = commit_segments.segments(
             tractogram.points,
             tractogram.offsets,
@@ -343,7 +346,8 @@ def _commit_pipeline(
     usable[usable] = commit_segments.host_array(traversed)
     rows = np.full(shape, -1, dtype=np.int64)
     rows[usable] = np.arange(int(usable.sum()))
-    tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
+    if tables is None:  # a GPU's job: made here
+        tables = commit.lookup_tables(dwi.bvals, dwi.bvecs, params)
     if peaks is not None:
         ec_row, ec_orient = peaks_compartments(peaks, rows, dwi.affine, notes, peaks_frame)
     elif params.ec_orientations:  # the voxel's main orientations (gpu.commit_ec)
