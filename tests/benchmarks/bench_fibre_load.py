@@ -1,12 +1,12 @@
 """Benchmark: what opening a whole-brain .trx costs, step by step (issue 41), without a window.
 
     python tests/benchmarks/bench_fibre_load.py [--counts 1000000 10000000] [--points 100]
-        [--cache DIR] [--device auto] [--no-selection] [--out FILE]
+        [--cache DIR] [--device auto] [--no-selection] [--dtype float32|float16] [--out FILE]
 
 For each N the synthetic tractogram of ``bench_render.py`` (N streamlines of ``--points`` points,
-float32 positions, a per-streamline ``weight``; written once into ``--cache``) is opened in a
-fresh process (so each size's memory is its own) through the steps the window takes, each timed
-with its peak resident memory (VmHWM, reset between steps where the kernel allows it):
+float32 positions (``--dtype float16``: half the file), a per-streamline ``weight``; written once
+into ``--cache``) is opened in a fresh process (so each size's memory is its own) through the
+steps the window takes, each timed with its peak resident memory (VmHWM, reset between steps where the kernel allows it):
 
 - ``read``: :func:`app.io.load_tractogram` as the window's loading job calls it, split into
   ``read.trx_load`` (trx-python maps the file: header, offsets, lengths), ``read.check_positions``
@@ -172,6 +172,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-selection", action="store_true", help="skip the selection steps")
+    parser.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the file's positions")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # a child: one file
     args = parser.parse_args()
     if args.one is not None:
@@ -179,7 +180,7 @@ def main() -> None:
         return
     rows = []
     for n in args.counts:
-        path = synthetic_trx(args.cache, n, args.points)
+        path = synthetic_trx(args.cache, n, args.points, dtype=args.dtype)
         command = [sys.executable, __file__, "--one", str(path), "--device", args.device]
         done = subprocess.run(command + ["--no-selection"] * args.no_selection, capture_output=True, text=True)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
