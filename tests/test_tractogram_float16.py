@@ -123,3 +123,19 @@ def test_a_selection_over_a_float16_trx_equals_the_eager_one(tmp_path, device):
     expected = index_on_grid(eager, got.affine, "cpu").select([masks[0]], [masks[1]])
     np.testing.assert_array_equal(result.bits, expected.bits)
     assert 0 < result.selected.sum() < len(got)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_float16_trx_with_bad_positions_is_refused(tmp_path, bad):
+    from tractlens.app.errors import InputError
+
+    path = _float16_trx(tmp_path, n=100)
+    with zipfile.ZipFile(path) as zf:
+        info = next(i for i in zf.infolist() if i.filename.startswith("positions"))
+        assert info.filename.endswith("float16")
+        start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    with open(path, "r+b") as handle:  # point 1234's z, in place (the file stays uncompressed)
+        handle.seek(start + (1234 * 3 + 2) * 2)
+        handle.write(np.float16(bad).tobytes())
+    with pytest.raises(InputError, match="NaN or infinite"):
+        load_tractogram(path)
