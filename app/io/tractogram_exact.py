@@ -28,6 +28,7 @@ from ..model import Tractogram
 from ._atomic import atomic_path
 from ._pages import PreadRows, release_pages
 from .tractogram import save_tractogram, trx_reference
+from .tractogram_mapped import check_positions
 
 __all__ = ["CHUNK_POINTS", "save_tractogram_exact", "written_as_stored"]
 
@@ -57,6 +58,7 @@ def save_tractogram_exact(tract: Tractogram, path: str | os.PathLike) -> Path:
         raise ValueError("exact tractograms are written as .trx")
     if not written_as_stored(tract):
         return save_tractogram(tract, path, exact=True)
+    check_positions(tract)  # a file opened by a window that checks after drawing: not copied unchecked
     with atomic_path(path) as tmp:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
             _write_as_stored(tract, archive)

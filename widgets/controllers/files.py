@@ -18,7 +18,15 @@ from PySide6.QtWidgets import QWidget
 
 from tractlens.app.demo import demo_path
 from tractlens.app.estimates import ballstick_estimate
-from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
+from tractlens.app.loaders import (
+    check_opened,
+    check_pending,
+    is_anatomical,
+    load_layers,
+    needs_gradient_files,
+    show_as,
+    withdraw_opened,
+)
 from tractlens.app.model import Document, Layer
 from tractlens.app.usecases import fits
 
@@ -118,6 +126,7 @@ class FileController(QObject):
                 progress=ctx.progress,
                 cancelled=ctx.cancelled,
                 gradients=gradients,
+                check_positions=False,  # a .trx's positions: checked once it is drawn (_check_after)
             )
             for layer in layers:
                 if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
@@ -160,11 +169,32 @@ class FileController(QObject):
 
     def _add_layers(self, path: Path, layers, under: list[Layer] = ()) -> None:
         for layer in layers:
+            reference_before = self.document.reference_affine
             self.document.add_layer(layer)
             below = [self.document.layers.index(old) for old in under if old in self.document.layers]
             if below and is_anatomical(layer):
                 self.document.move_layer(layer, min(below))
+            if check_pending(layer):
+                self._check_after(path, layer, reference_before)
         self.loaded.emit(path)
+
+    def _check_after(self, path: Path, layer: Layer, reference_before) -> int:
+        """The positions of a .trx drawn before they were checked (:func:`app.loaders.check_opened`,
+        one pass over the file on a worker): refused after all, the layer goes
+        (:func:`app.loaders.withdraw_opened`) and the error says why, as opening would have;
+        fine, the slice views (which wait for it) draw it too. The job id."""
+
+        def refused(message: str, details: str) -> None:
+            withdraw_opened(self.document, layer, reference_before)
+            self.error.emit(message, details)
+
+        def checked(_result) -> None:
+            if layer in self.document.layers:
+                layer.emit("display", changed=["positions"])  # the slice views draw it now
+
+        return self.runner.submit(
+            f"check the positions of {path.name}", lambda ctx: check_opened(layer), on_done=checked, on_error=refused
+        )
 
     def show_layer_as(self, layer: Layer, kind: str) -> int:
         """The layer menu's "Show as labels / scalar": the image converted on a worker
