@@ -164,9 +164,10 @@ def check_opened(layer: Layer) -> None:
 
 
 def check_pending(layer: Layer) -> bool:
-    """Does ``layer`` wait for :func:`check_opened`?"""
+    """Is ``layer`` not known to be sound yet: :func:`check_opened` still to come, or refused it
+    (and :func:`withdraw_opened` is on its way)? What reads its points waits meanwhile."""
     mapped = getattr(layer.data, "mapped", None) if layer.kind == "tractogram" else None
-    return mapped is not None and not mapped.checked
+    return mapped is not None and not (mapped.checked and mapped.positions_fit())
 
 
 def withdraw_opened(document, layer: Layer, reference_before) -> None:

@@ -317,7 +317,8 @@ def _mapped_trx(trx, path: Path, grid, check_positions: bool = True) -> Tractogr
     memory-mapped float16/32 positions (RAS mm): nothing is converted or copied (see
     :class:`app.tractogram.MappedPoints`); the positions are read once, a chunk at a time and
     never kept, to check that they are finite and lie where the grid's voxel coordinates can
-    hold them. Per-point scalars stay memory maps too."""
+    hold them (now, or with ``check_positions`` False when first asked). Per-point scalars stay
+    memory maps too."""
     if grid is None:
         grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
     affine, dims = _check_grid(grid, path)

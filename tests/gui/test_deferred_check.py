@@ -80,3 +80,18 @@ def test_a_sound_trx_is_checked_after_it_is_drawn_and_the_slices_then_draw_it(wi
     assert not loaders.check_pending(layer)
     names = [job.name for job in window.runner.jobs.values()]
     assert names == [f"open {path.name}", f"check the positions of {path.name}"]
+
+
+def test_a_trx_with_a_nan_point_opened_alone_leaves_an_empty_window_and_one_message(window, tmp_path):
+    window.open_paths([nan_trx(tmp_path)])
+    assert window.wait_for_jobs(120)
+    assert window.document.layers == [] and window.document.reference_affine is None
+    assert len(window.errors) == 1 and "NaN or infinite" in window.errors[0], window.errors
+    window.save_screenshot(ARTIFACTS / "deferred_check_alone.png")
+    # the window is as before: a sound file opened next is framed and drawn (no NaN left in the camera)
+    window.open_paths([synthetic_trx(tmp_path / "good", 2000, 40)])
+    assert window.wait_for_jobs(120) and len(window.errors) == 1
+    view = window.view3d
+    view._render_now()
+    assert np.isfinite(view.plotter.camera.position).all()
+    assert int((view.screenshot().max(axis=-1) > 40).sum()) > 2000
