@@ -95,3 +95,20 @@ def test_a_trx_with_a_nan_point_opened_alone_leaves_an_empty_window_and_one_mess
     view._render_now()
     assert np.isfinite(view.plotter.camera.position).all()
     assert int((view.screenshot().max(axis=-1) > 40).sum()) > 2000
+
+
+def test_cancelling_the_check_takes_the_file_back_out(window, qtbot, tmp_path, monkeypatch, request):
+    path = synthetic_trx(tmp_path, 2000, 40)
+    release = threading.Event()
+    request.addfinalizer(release.set)
+    real_check = files.check_opened
+    monkeypatch.setattr(files, "check_opened", lambda layer: release.wait(60) and real_check(layer))
+    window.open_paths([path])
+    name = f"check the positions of {path.name}"
+    qtbot.waitUntil(lambda: any(job.name == name for job in window.runner.jobs.values()), timeout=60_000)
+    (job_id,) = [job_id for job_id, job in window.runner.jobs.items() if job.name == name]
+    assert len(window.document.layers) == 1  # drawn meanwhile
+    window.runner.cancel(job_id)
+    release.set()
+    assert window.wait_for_jobs(120)
+    assert window.document.layers == [] and window.errors == []

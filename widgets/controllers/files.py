@@ -63,6 +63,7 @@ class FileController(QObject):
         self.device = device
         self.open_session = open_session
         self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
+        self._checking: dict[int, tuple[Layer, object]] = {}  # check job -> (layer, reference before it)
         runner.job_cancelled.connect(self._cancelled)
 
     def open_paths(self, paths: Iterable[str | os.PathLike], *, gradients: tuple[str, str] | None = None) -> list[int]:
@@ -153,6 +154,8 @@ class FileController(QObject):
     def _cancelled(self, job_id: int) -> None:
         if job_id in self._opening:
             self._opened(*self._opening[job_id], None)
+        if job_id in self._checking:  # its open is not finished without the check: taken back out
+            withdraw_opened(self.document, *self._checking.pop(job_id))
 
     def _opened(self, call: dict, slot: int, layers) -> None:
         """A file of an :meth:`open_paths` call is loaded (``layers``) or not (None): add the
@@ -182,19 +185,24 @@ class FileController(QObject):
         """The positions of a .trx drawn before they were checked (:func:`app.loaders.check_opened`,
         one pass over the file on a worker): refused after all, the layer goes
         (:func:`app.loaders.withdraw_opened`) and the error says why, as opening would have;
-        fine, the slice views (which wait for it) draw it too. The job id."""
+        fine, the slice views (which wait for it) draw it too; cancelled, the layer goes (its open
+        is not finished). The job id."""
 
         def refused(message: str, details: str) -> None:
+            self._checking.pop(job_id, None)
             withdraw_opened(self.document, layer, reference_before)
             self.error.emit(message, details)
 
         def checked(_result) -> None:
+            self._checking.pop(job_id, None)
             if layer in self.document.layers:
                 layer.emit("display", changed=["positions"])  # the slice views draw it now
 
-        return self.runner.submit(
+        job_id = self.runner.submit(
             f"check the positions of {path.name}", lambda ctx: check_opened(layer), on_done=checked, on_error=refused
         )
+        self._checking[job_id] = (layer, reference_before)
+        return job_id
 
     def show_layer_as(self, layer: Layer, kind: str) -> int:
         """The layer menu's "Show as labels / scalar": the image converted on a worker
