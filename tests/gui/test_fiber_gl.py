@@ -238,9 +238,11 @@ def test_a_float16_file_is_drawn_from_its_map_as_its_values_in_float32(own_buffe
     from tractlens.app.io.tractogram_stream import open_tractogram_writer
     from tractlens.app.model import Tractogram
 
-    window.view3d._software()  # what the window's first frame decides (the loading job then keeps float16)
+    assert window.document.fiber_arrays.shader_drawn_min_points is None  # no frame has decided it yet
     layer, scene = open_fibres(window, qtbot, tmp_path, path=synthetic_trx(tmp_path, 6000, 40, dtype="float16"))
     view, mapped = window.view3d, layer.data.mapped
+    # decided before the loading job (as for a file given to ``tractlens view``): float16 kept
+    assert window.document.fiber_arrays.shader_drawn_min_points == 1
     assert mapped.world.dtype == np.float16 and scene.arrays.points is mapped.world and not mapped.made
     assert np.shares_memory(scene.pieces[0], mapped.world)
     [buffers] = scene.gl.buffers

@@ -55,6 +55,7 @@ class FileController(QObject):
         *,
         device: str = "auto",
         open_session: Callable[[Path], object] | None = None,
+        before_loading: Callable[[], object] | None = None,
         parent: QObject | None = None,
     ):
         super().__init__(parent)
@@ -62,6 +63,7 @@ class FileController(QObject):
         self.runner = runner
         self.device = device
         self.open_session = open_session
+        self.before_loading = before_loading  # the views decide what the loading jobs prepare for them
         self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
         self._checking: dict[int, tuple[Layer, object]] = {}  # check job -> (layer, reference before it)
         runner.job_cancelled.connect(self._cancelled)
@@ -78,6 +80,8 @@ class FileController(QObject):
         stacks its command line), whichever finishes loading first. An anatomical image
         (:func:`app.loaders.is_anatomical`: a T1 stored as integers, or named so) opened into a
         document that already shows images goes under them, so the maps stay on top of it."""
+        if self.before_loading is not None:
+            self.before_loading()
         call = {"slots": [], "under": [layer for layer in self.document.layers if layer.kind in IMAGE_KINDS]}
         jobs = []
         for path in paths:
