@@ -188,7 +188,8 @@ def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tup
 @dataclass
 class FiberArrays:
     """What the 3-D view draws a tractogram from: ``points`` (P, 3) float32 (:func:`display_points`:
-    the tractogram's voxel coordinates or its file's memory-mapped millimetres, not a copy),
+    the tractogram's voxel coordinates or its file's memory-mapped millimetres, not a copy; float16
+    millimetres for a view that draws from its own buffers),
     ``affine`` points -> RAS mm, ``box`` the grid's corners in the points' frame, ``direction`` (P, 4)
     uint8 RGBA (made when first read, unless given: a view that colours by direction in a shader
     never reads it), and the levels of detail as :class:`Cells`; ``ranges_only``: levels of whole
@@ -363,13 +364,15 @@ def selected_cells(offsets: np.ndarray, selected: np.ndarray) -> tuple[np.ndarra
     return cells.offsets.astype(np.int64), cells.point_index().astype(np.int64)
 
 
-def display_points(tract) -> tuple[np.ndarray, np.ndarray]:
+def display_points(tract, half: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(points, affine: points -> RAS mm) the 3-D view draws a tractogram from, without a copy:
     a file's memory-mapped float32 millimetres (identity affine) when the tractogram keeps them
     (:attr:`app.tractogram.Tractogram.mapped`: its voxel coordinates are then never made for the
-    view), else its float32 voxel coordinates and its grid's affine."""
+    view), or float16 ones with ``half`` (for a view that converts them a chunk at a time as it
+    uploads them), else its float32 voxel coordinates and its grid's affine."""
     mapped = tract.mapped
-    if mapped is not None and not mapped.made and mapped.world.dtype == np.float32:
+    drawable = (np.float32, np.float16) if half else (np.float32,)
+    if mapped is not None and not mapped.made and mapped.world.dtype in drawable:
         return mapped.world, np.eye(4)
     return np.asarray(tract.points), np.asarray(tract.affine, dtype=np.float64)
 
@@ -388,9 +391,10 @@ def fiber_arrays(layer: Layer, skip=(), shader_drawn: bool = False) -> FiberArra
     """The display arrays of a tractogram layer: its points as they are (:func:`display_points`),
     direction colours (world directions) and the levels of detail (but those in ``skip``: made
     when asked for). ``shader_drawn``: the 3-D view draws it from its own buffers and colours it
-    by direction in a shader: no direction colours are made ahead, and levels are index ranges."""
+    by direction in a shader: no direction colours are made ahead, and levels are index ranges;
+    a file's float16 millimetres are kept as they are (the view converts them as it uploads them)."""
     tract = layer.data
-    points, affine = display_points(tract)
+    points, affine = display_points(tract, half=shader_drawn)
     arrays = FiberArrays(points, affine, tract.offsets, ranges_only=shader_drawn)
     arrays.box = grid_box(tract, affine)
     if not shader_drawn:

@@ -43,7 +43,8 @@ def direction_colours(
         np.abs(tangent, out=tangent)
         tangent *= scale[:, None]
         tangent += np.float32(0.5)
-        out[a:b, :3] = tangent.astype(np.uint8)
+        with np.errstate(invalid="ignore"):  # a file's NaN point (refused once its check ends) is black
+            out[a:b, :3] = tangent.astype(np.uint8)
 
     starts = range(0, n, COLOUR_CHUNK_POINTS)
     if len(starts) <= 1:

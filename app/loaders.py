@@ -62,6 +62,7 @@ from .io.dicom_series import is_dicom_folder
 from .io.dwi import find_gradient_files
 from .io.lut import load_lut
 from .io.nifti import IMAGE_SUFFIXES, NIFTI_SUFFIXES, load_3d, load_image, read_array
+from .io.tractogram_mapped import check_positions as check_tractogram_positions
 from .model import ROI_ROLES, DWIVolume, Layer, RoiMask, Volume
 from .pipelines.dti import fit_dti_pipeline
 
@@ -134,20 +135,49 @@ def load_layers(
     cancelled: Callable[[], bool] | None = None,
     gradients: tuple[str | os.PathLike, str | os.PathLike] | None = None,
     dicom_series: str | None = None,
+    check_positions: bool = True,
 ) -> list[Layer]:
     """Open ``path`` as layers (see module docstring); raises :class:`InputError`.
 
     ``gradients``: the (bval, bvec) files of a diffusion series that has none beside it (see
     :func:`needs_gradient_files`); ignored for other files. A DICOM folder opens its diffusion
     series and every image series, converted (:func:`app.io.dicom_import.layer_sources`);
-    ``dicom_series`` picks the diffusion series when there are several."""
+    ``dicom_series`` picks the diffusion series when there are several. ``check_positions``
+    False: an uncompressed .trx's positions (NaN, infinite, beyond the grid) are checked after it
+    is shown, by :func:`check_opened` (a window's first frame does not wait for a pass over a
+    whole-brain file)."""
 
     if is_dicom_folder(path):
         return _dicom_layers(Path(path), dicom_series, reference, device, progress, cancelled)
-    layers = _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients)
+    layers = _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients, check_positions)
     for layer in layers:
         layer.provenance.setdefault("file", str(Path(path).resolve()))
     return layers
+
+
+def check_opened(layer: Layer) -> None:
+    """What :func:`load_layers` left for later (``check_positions=False``): raises
+    :class:`InputError`, the message opening would have given, when a tractogram's positions are
+    NaN, infinite or beyond its grid; :func:`withdraw_opened` then takes the layer back out."""
+    if layer.kind == "tractogram":
+        check_tractogram_positions(layer.data)
+
+
+def check_pending(layer: Layer) -> bool:
+    """Is ``layer`` not known to be sound yet: :func:`check_opened` still to come, or refused it
+    (and :func:`withdraw_opened` is on its way)? What reads its points waits meanwhile."""
+    mapped = getattr(layer.data, "mapped", None) if layer.kind == "tractogram" else None
+    return mapped is not None and not (mapped.checked and mapped.positions_fit())
+
+
+def withdraw_opened(document, layer: Layer, reference_before) -> None:
+    """Take out a layer that :func:`check_opened` refused, leaving the document as if it had not
+    been opened: the reference grid it gave an empty document (``reference_before``: the
+    document's affine before it was added) goes too when no layer is left. Other layers stay."""
+    if layer in document.layers:
+        document.remove_layer(layer)
+    if reference_before is None and not document.layers:
+        document.reference_affine = document.reference_shape = None
 
 
 def _dicom_layers(folder: Path, series, reference, device, progress, cancelled) -> list[Layer]:
@@ -168,7 +198,7 @@ def _dicom_layers(folder: Path, series, reference, device, progress, cancelled) 
     return layers
 
 
-def _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients=None) -> list[Layer]:
+def _load_layers(path, reference, tensor_order, device, progress, cancelled, gradients=None, check_positions=True):
     path = Path(path)
     if not path.exists() and path.name == SAMPLES_BASE and _is_bedpostx(path.parent):
         path = path.parent  # probtrackx's DIR/merged names the bedpostX folder
@@ -176,7 +206,7 @@ def _load_layers(path, reference, tensor_order, device, progress, cancelled, gra
         raise InputError("not found", path=path)
     suffix = path.suffix.lower()
     if suffix in (".trk", ".tck", ".trx"):
-        tract = load_tractogram(path, reference=reference)
+        tract = load_tractogram(path, reference=reference, check_positions=check_positions)
         return [Layer(_stem(path), tract, "tractogram")]
     if BEDPOSTX_SAMPLES.match(path.name) and _is_bedpostx(path.parent):
         path = path.parent  # a sample file stands for its folder

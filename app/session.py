@@ -12,7 +12,9 @@ files compress themselves) holding
   with its b-values and b-vectors, and the posterior samples of a ``dyads`` layer (an fODF
   layer read from a file keeps only that file's path, :func:`app.fod_layers.fod_session_entry`);
 * ``layers/*.trx`` — tractograms with every per-point and per-streamline scalar (positions
-  as float64 mm, so the voxel coordinates come back bit for bit with the manifest's affine);
+  as float64 mm, so the voxel coordinates come back bit for bit with the manifest's affine; a
+  tractogram read memory-mapped from a .trx keeps its file's positions, float32 or float16,
+  written a chunk at a time: :mod:`app.io.tractogram_exact`);
   ``*_selection.npy`` the streamlines shown.
 
 The same content can also live in a folder (``manifest.json`` + ``layers/``):
@@ -56,7 +58,8 @@ from .io.bedpostx import BedpostSamples
 from .io.dwi import DWI
 from .io.lut import LabelTable
 from .io.nifti import load_image, read_raw, reason, save_volume
-from .io.tractogram import load_tractogram, save_tractogram
+from .io.tractogram import load_tractogram
+from .io.tractogram_exact import save_tractogram_exact
 from .model import ROI_ROLES, Document, DWIVolume, DyadsVolume, Layer, RoiMask, Tractogram, Volume
 from .session_arrays import in_layer_dtype, nifti_storable, restore_empty_scalars, scalar_types
 from .session_arrays import jsonable as _jsonable
@@ -224,7 +227,7 @@ def _layer_parts(layer: Layer, nifti_suffix: str) -> tuple[dict, list[_Part]]:
             data.affine.tobytes(),
         )
         keep = (data.mapped or data.points, data.offsets, *scalars)
-        parts.append(_Part("tractogram", ".trx", key, lambda path: save_tractogram(data, path, exact=True), keep))
+        parts.append(_Part("tractogram", ".trx", key, lambda path: save_tractogram_exact(data, path), keep))
         entry["grid"] = {"affine": data.affine.tolist(), "dimensions": list(data.dimensions)}
         entry["tract_name"] = data.name
         entry["tract_source"] = data.source

@@ -34,7 +34,11 @@ class MappedPoints:
     map (float16/32/64), and ``to_voxel`` (4 x 4) the voxel -> RAS inverse of the tractogram's
     grid. :meth:`voxels` converts all of them once (with ``convert(world, to_voxel)``, the
     reader's own conversion, so the values are the reader's) and keeps the result; rows and
-    gathers convert only what they read (and ``release(world)`` drops the pages a gather read). Thread-safe; shallow copies of a tractogram share it."""
+    gathers convert only what they read (and ``release(world)`` drops the pages a gather read). Thread-safe; shallow copies of a tractogram share it.
+
+    ``check``: the file's positions were not checked when it was opened (a window draws first and
+    checks after: :func:`app.loaders.check_opened`); ``check()`` says whether they are finite and
+    fit the grid, run once by :meth:`positions_fit` (a conversion refuses non-finite values anyway)."""
 
     def __init__(
         self,
@@ -43,6 +47,7 @@ class MappedPoints:
         convert: Callable[[object, np.ndarray], np.ndarray | None],
         release: Callable[[object], object] | None = None,
         reader=None,
+        check: Callable[[], bool] | None = None,
     ):
         self.world = world
         self.to_voxel = np.asarray(to_voxel, dtype=np.float64)
@@ -54,18 +59,36 @@ class MappedPoints:
         self._voxels: np.ndarray | None = None
         self._last_take: tuple | None = None  # (index array, its points): read-only, shared
         self._lock = threading.Lock()
+        self._check, self._fits = check, None if check is not None else True
+        self._check_lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.world)
 
+    @property
+    def checked(self) -> bool:
+        """Have the positions been checked (when the file was opened, or since)?"""
+        return self._fits is not None
+
+    def positions_fit(self) -> bool:
+        """Are the file's positions finite and within what the grid's voxel coordinates hold?
+        Checked on the first call when the open left it for later (others wait for it)."""
+        with self._check_lock:
+            if self._fits is None:
+                self._fits = bool(self._check())
+            return self._fits
+
     def __getstate__(self) -> dict:
         """Pickled (a process pool, a deep copy) as arrays: the file's points copied, as NumPy
-        pickles a memory map; the voxel coordinates if made."""
+        pickles a memory map (checked first, when that was left for later); the voxel
+        coordinates if made."""
         return {"world": np.asarray(self.world), "to_voxel": self.to_voxel, "convert": self._convert,
-                "release": self._release, "voxels": self._voxels}  # fmt: skip
+                "release": self._release, "voxels": self._voxels, "fits": self.positions_fit()}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["world"], state["to_voxel"], state["convert"], state["release"])
+        fits = state.get("fits", True)
+        self.__init__(state["world"], state["to_voxel"], state["convert"], state["release"],
+                      check=None if fits else lambda: False)  # fmt: skip
         self._voxels = state["voxels"]
 
     @property

@@ -97,7 +97,9 @@ class GLFiberActors:
             raise ValueError("a tractogram replaced by one of another number of pieces needs new actors")
         self.arrays = arrays
         self.points = arrays.points
-        points = np.ascontiguousarray(arrays.points, dtype=np.float32)
+        points = arrays.points  # a file's float16 millimetres stay so: made float32 as they are uploaded
+        if points.dtype not in (np.float32, np.float16) or not points.flags.c_contiguous:
+            points = np.ascontiguousarray(points, dtype=np.float32)
         pieces = [points[int(arrays.offsets[a]) : int(arrays.offsets[b])] for a, b in arrays.bounds]
         self.gl = FibreBuffers(pieces, arrays.affine, list(arrays.bounds))
         if old is not None:

@@ -1,10 +1,10 @@
-"""Streamlines drawn with OpenGL straight from the tractogram's float32 points (issue 41).
+"""Streamlines drawn with OpenGL straight from the tractogram's float32 (or a file's float16) points (issue 41).
 
 VTK's polydata mapper turns polylines into an index buffer on the GUI thread at the first frame
 and at every new selection, and builds colour arrays on every colour change: seconds at 1 M
 streamlines. Here the points go to the GPU once, one vertex buffer per piece of the point array
 (:data:`~app.fiber_arrays.PIECE_POINTS`), uploaded in chunks straight from the array (no host
-copy); what is drawn is ``glMultiDrawArrays(GL_LINE_STRIP, first, count)`` over the streamlines
+copy; a file's float16 positions made float32 a chunk at a time); what is drawn is ``glMultiDrawArrays(GL_LINE_STRIP, first, count)`` over the streamlines
 shown (a level of detail, a selection: integers only, prepared on workers), and colour is a
 shader change: by direction in a geometry shader (the segment's world direction, so no colour
 array exists at all), by a scalar through the colour map, or one colour. A per-streamline scalar
@@ -139,18 +139,21 @@ class _PieceBuffers:
 
 
 def upload(GL, buffer: int, values: np.ndarray) -> None:
-    """``values`` (C-contiguous) into ``buffer`` :data:`UPLOAD_CHUNK_BYTES` at a time, read where
-    they are. A file's memory map is read as it goes, and after each chunk the map's pages (those
-    the chunk brought in) leave the window's resident memory (:func:`app.io.release_pages`; the
-    page cache keeps them), so uploading a mapped tractogram does not add the file's size to it."""
+    """``values`` (C-contiguous float32, or float16: made float32 a chunk at a time) into ``buffer``
+    as float32, :data:`UPLOAD_CHUNK_BYTES` at a time, read where they are. A file's memory map is
+    read as it goes, and after each chunk the map's pages (those the chunk brought in) leave the
+    window's resident memory (:func:`app.io.release_pages`; the page cache keeps them), so
+    uploading a mapped tractogram does not add the file's size to it, nor a float32 copy of a
+    float16 file (the shaders read float32 positions: a texture buffer has no 3 x 16-bit format)."""
     flat = values.reshape(len(values), -1)
-    row = flat.strides[0]
+    row = 4 * flat.shape[1] if len(flat) else 4  # bytes of a float32 row on the GPU
     GL.glBindBuffer(GL.GL_ARRAY_BUFFER, buffer)
-    GL.glBufferData(GL.GL_ARRAY_BUFFER, max(values.nbytes, 4), None, GL.GL_STATIC_DRAW)
+    GL.glBufferData(GL.GL_ARRAY_BUFFER, max(row * len(flat), 4), None, GL.GL_STATIC_DRAW)
     step = max(1, UPLOAD_CHUNK_BYTES // row)
     for lo in range(0, len(flat), step):
         part = flat[lo : lo + step]
-        GL.glBufferSubData(GL.GL_ARRAY_BUFFER, lo * row, part.nbytes, part)
+        data = part if part.dtype == np.float32 else part.astype(np.float32)
+        GL.glBufferSubData(GL.GL_ARRAY_BUFFER, lo * row, data.nbytes, data)
         release_pages(part)  # only a shared or read-only file map; anything else is left alone
     GL.glBindBuffer(GL.GL_ARRAY_BUFFER, 0)
 
@@ -180,7 +183,7 @@ class FibreBuffers:
     is current only then). The view sets what to draw; the next frame makes the GL calls."""
 
     def __init__(self, pieces: list[np.ndarray], affine: np.ndarray, bounds: list[tuple[int, int]] | None = None):
-        self.piece_points = pieces  # slices of the tractogram's float32 points (no copies)
+        self.piece_points = pieces  # slices of the tractogram's float32 (or float16) points (no copies)
         self.bounds = bounds if bounds is not None else [(0, 0)] * len(pieces)  # each piece's streamlines [a, b)
         self.affine = np.asarray(affine, dtype=np.float64)
         self.buffers: list[_PieceBuffers] = []

@@ -89,9 +89,8 @@ class MainWindow(QMainWindow):
         gui_gc.hold(self)  # cycles collected on the GUI thread only (widgets/gui_gc.py)
         self.runner = JobRunner(parent=self)
         self.errors: list[str] = []
-        self.files = FileController(
-            self.document, self.runner, device=device, open_session=self.open_session, parent=self
-        )
+        self.files = FileController(self.document, self.runner, device=device, open_session=self.open_session,
+                                    before_loading=lambda: self.view3d.decide_fibre_drawing(), parent=self)  # fmt: skip
         self.files.loaded.connect(self._file_loaded)
         self.files.layer_replaced.connect(self.select_layer)
         self.rois = RoiController(

@@ -14,6 +14,8 @@ import numpy as np
 from PySide6.QtCore import QByteArray, QDataStream, QIODevice, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 
+from tractlens.app.loaders import check_pending
+
 MAX_SEGMENTS = 20_000  # drawn per tractogram and view (a regular subset beyond)
 
 
@@ -73,8 +75,8 @@ class SliceFibres:
         painter.save()
         painter.setBrush(Qt.BrushStyle.NoBrush)
         for layer in document.layers:
-            if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1:
-                continue
+            if layer.kind != "tractogram" or not layer.visible or len(layer.data) < 1 or check_pending(layer):
+                continue  # (a .trx whose positions are still being checked: drawn once they are)
             present.add(id(layer))
             pts, point_colours, offsets, stream_of_point = document.fiber_arrays.on_reference(
                 layer, document.reference_affine

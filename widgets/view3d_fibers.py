@@ -103,6 +103,16 @@ class FiberView:
         text.SetInput("")
         self.plotter.renderer.AddViewProp(text)
 
+    def decide_fibre_drawing(self) -> None:
+        """Decide now, once the view's OpenGL context exists, how tractograms are drawn (and so
+        what the loading jobs prepare for them: :attr:`FiberArrayCache.shader_drawn_min_points`),
+        rather than at the first frame, which a file opened at start-up (``tractlens view``) comes
+        before: its display arrays would be prepared for VTK (a colour per point, a float16
+        file's positions converted)."""
+        ren_win = self.plotter.ren_win
+        if ren_win is not None and ren_win.GetInitialized():
+            self._software()
+
     def _software(self) -> bool:
         """Is OpenGL software-rendered here (then the settled detail is capped)?"""
         if getattr(self, "_software_rendering", None) is None:

@@ -9,6 +9,7 @@ per-point scalar and a text file per per-streamline one (:mod:`.tractogram_tsf`)
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
 import os
@@ -83,11 +84,13 @@ _DAMAGED = {
     ".tck": "The file is damaged or not an MRtrix track file; write it again (e.g. with tckgen or tckedit)",
     ".trx": "The file is damaged or not a TRX archive; write it again (e.g. with tff_convert_tractogram)",
 }
+#: Why a tractogram whose positions are not finite numbers on its grid is refused
+BAD_POSITIONS = "some streamline points are NaN or infinite (or too far away for the grid)"
 #: .trk headers hold at most 10 scalar and 10 property names.
 TRK_MAX_VALUES = 10
 
 
-def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tractogram:
+def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None, check_positions: bool = True) -> Tractogram:
     """Read .trk/.tck/.trx into voxel coordinates of its grid.
 
     .trk and .trx carry their grid; .tck does not, so ``reference`` (a
@@ -97,7 +100,8 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
 
     Raises :class:`InputError` for a missing, damaged or inconsistent file: a .trk whose
     header or point counts do not fit the file, a singular or non-finite voxel-to-RAS
-    transform, NaN/Inf coordinates, scalars that do not match the streamlines.
+    transform, NaN/Inf coordinates, scalars that do not match the streamlines. ``check_positions``
+    False: an uncompressed .trx's positions are checked later (:meth:`MappedPoints.positions_fit`).
     """
     path = Path(path)
     suffix = _suffix(path)
@@ -111,7 +115,7 @@ def load_tractogram(path: str | os.PathLike, reference=None, *, grid=None) -> Tr
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if suffix == ".trx":
-                return _read_trx(path, grid)  # converted while its memory maps are open
+                return _read_trx(path, grid, check_positions)  # converted while its memory maps are open
             else:
                 old_style = suffix == ".trk" and _check_trk(path)
                 arrays = _read_nibabel(path, grid)
@@ -276,13 +280,13 @@ def _place_old_trk(path: Path, arrays, reference):
     return points_mm, lengths, (affine, ref_dims), per_point, per_streamline
 
 
-def _read_trx(path: Path, grid):
+def _read_trx(path: Path, grid, check_positions: bool = True):
     from trx.trx_file_memmap import load as trx_load
 
     compressed = _compressed_trx(path)
     trx = trx_load(str(path))
     if not compressed and trx.streamlines._data.dtype != np.float64:
-        return _mapped_trx(trx, path, grid)  # not closed: closing would unmap what it keeps
+        return _mapped_trx(trx, path, grid, check_positions)  # not closed: closing would unmap what it keeps
     try:
         if grid is None:
             grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
@@ -308,12 +312,13 @@ def _compressed_trx(path: Path) -> bool:
         return any(info.compress_type != zipfile.ZIP_STORED for info in zf.infolist())
 
 
-def _mapped_trx(trx, path: Path, grid) -> Tractogram:
+def _mapped_trx(trx, path: Path, grid, check_positions: bool = True) -> Tractogram:
     """An uncompressed .trx (``trx``: trx-python's, opened) as a tractogram over its
     memory-mapped float16/32 positions (RAS mm): nothing is converted or copied (see
     :class:`app.tractogram.MappedPoints`); the positions are read once, a chunk at a time and
     never kept, to check that they are finite and lie where the grid's voxel coordinates can
-    hold them. Per-point scalars stay memory maps too."""
+    hold them (now, or with ``check_positions`` False when first asked). Per-point scalars stay
+    memory maps too."""
     if grid is None:
         grid = (trx.header["VOXEL_TO_RASMM"], trx.header["DIMENSIONS"])
     affine, dims = _check_grid(grid, path)
@@ -330,17 +335,16 @@ def _mapped_trx(trx, path: Path, grid) -> Tractogram:
         raise InputError("the streamline lengths do not add up to the number of points", path=path, fix=fix)
     to_voxel = np.linalg.inv(affine)
     reader = PreadRows.over(points_mm)  # opens the file now: what is read later is this file
-    if not points_fit_grid(reader, to_voxel):
-        raise InputError(
-            "some streamline points are NaN or infinite (or too far away for the grid)", path=path, fix=fix
-        )
+    fits = functools.partial(points_fit_grid, reader, to_voxel)
+    if check_positions and not fits():
+        raise InputError(BAD_POSITIONS, path=path, fix=fix)
 
     def column(values):  # (n, 1) columns as (n,) views: a memory map stays one
         return values[:, 0] if values.ndim == 2 and values.shape[1] == 1 else values
 
     try:
         return Tractogram(
-            MappedPoints(points_mm, to_voxel, _to_voxels, release_pages, reader),
+            MappedPoints(points_mm, to_voxel, _to_voxels, release_pages, reader, None if check_positions else fits),
             offsets,
             affine,
             dims,
@@ -438,9 +442,7 @@ def _tractogram_from_mm(points_mm, lengths, grid, per_point: dict, per_streamlin
         raise InputError("the streamline lengths do not add up to the number of points", path=path, fix=fix)
     points = _to_voxels(points_mm, np.linalg.inv(affine))
     if points is None:
-        raise InputError(
-            "some streamline points are NaN or infinite (or too far away for the grid)", path=path, fix=fix
-        )
+        raise InputError(BAD_POSITIONS, path=path, fix=fix)
     offsets = np.concatenate([[0], np.cumsum(lengths.astype(np.int64))])
     try:
         return Tractogram(

@@ -24,9 +24,20 @@ import numpy as np
 
 from ..errors import InputError
 from ._pages import PreadRows
-from .tractogram import _DAMAGED, _check_grid, _single_column, reason
+from .tractogram import _DAMAGED, BAD_POSITIONS, _check_grid, _single_column, reason
 
-__all__ = ["MappedTractogram", "open_trx_mm"]
+__all__ = ["MappedTractogram", "check_positions", "open_trx_mm"]
+
+
+def check_positions(tract) -> None:
+    """Raise :class:`InputError` (what opening it would have said) when a tractogram read with
+    ``load_tractogram(check_positions=False)`` has NaN or infinite positions, or ones beyond what
+    its grid's voxel coordinates hold; they are checked once
+    (:meth:`app.tractogram.MappedPoints.positions_fit`). Nothing to do for any other tractogram
+    (checked when read)."""
+    mapped = getattr(tract, "mapped", None)
+    if mapped is not None and not mapped.positions_fit():
+        raise InputError(BAD_POSITIONS, path=tract.source or None, fix=_DAMAGED[".trx"])
 
 
 @dataclass

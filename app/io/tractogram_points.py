@@ -44,7 +44,9 @@ def points_bounds(points_mm) -> tuple[np.ndarray, np.ndarray]:
     source = PreadRows.over(points_mm)  # itself when it is a PreadRows already
 
     def extent(lo: int) -> tuple[np.ndarray, np.ndarray]:
-        return _extent(np.asarray(source[lo : lo + CHECK_CHUNK_POINTS]))
+        part = np.asarray(source[lo : lo + CHECK_CHUNK_POINTS])
+        # NumPy reduces float16 in software, 4 times slower than casting (exactly) and reducing float32
+        return _extent(part.astype(np.float32) if part.dtype == np.float16 else part)
 
     try:
         if len(starts) <= 1:

@@ -109,18 +109,19 @@ def synthetic_part(n: int, n_points: int, rng: np.random.Generator) -> tuple[np.
     return points.reshape(-1, 3), rng.uniform(0.0, 1.0, n).astype(np.float32)
 
 
-def synthetic_trx(folder: Path, n_streamlines: int, n_points: int = 100, seed: int = 0) -> Path:
-    """The cached synthetic .trx of ``n_streamlines`` (written once, part by part)."""
+def synthetic_trx(folder: Path, n_streamlines: int, n_points: int = 100, seed: int = 0, dtype: str = "float32") -> Path:
+    """The cached synthetic .trx of ``n_streamlines`` (written once, part by part), its positions
+    of ``dtype`` (float32 or float16)."""
     from tractlens.app.io.tractogram_stream import open_tractogram_writer
     from tractlens.app.model import Tractogram
 
-    path = folder / f"synthetic_{n_streamlines}x{n_points}.trx"
+    path = folder / f"synthetic_{n_streamlines}x{n_points}{'' if dtype == 'float32' else '_' + dtype}.trx"
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     start = time.perf_counter()
-    with open_tractogram_writer(path, AFFINE, GRID_SHAPE, points_in_mm=True) as writer:
+    with open_tractogram_writer(path, AFFINE, GRID_SHAPE, points_in_mm=True, positions_dtype=dtype) as writer:
         for first in range(0, n_streamlines, PART_STREAMLINES):
             n = min(PART_STREAMLINES, n_streamlines - first)
             points, weight = synthetic_part(n, n_points, rng)

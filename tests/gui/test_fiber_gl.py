@@ -6,7 +6,7 @@ draws the tractogram and the status bar says why. Real window, Mesa's OpenGL und
 import numpy as np
 import pytest
 
-from tests.benchmarks.bench_render import synthetic_trx
+from tests.benchmarks.bench_render import AFFINE, GRID_SHAPE, synthetic_trx
 from tests.conftest import ARTIFACTS
 from tractlens.app import fiber_arrays
 from tractlens.widgets import gl_fibers, gl_fibre_program, view3d_fibers
@@ -21,8 +21,8 @@ def own_buffers(monkeypatch):
     monkeypatch.delenv("TRACTLENS_FIBRES_GL", raising=False)
 
 
-def open_fibres(window, qtbot, tmp_path, n=6000):
-    path = synthetic_trx(tmp_path, n, 40)
+def open_fibres(window, qtbot, tmp_path, n=6000, path=None):
+    path = synthetic_trx(tmp_path, n, 40) if path is None else path
     window.view3d._render_now()  # the first frame decides how tractograms are drawn
     window.open_paths([path])
     assert window.wait_for_jobs(120) and window.errors == []
@@ -229,6 +229,39 @@ def test_the_moving_level_is_drawn_and_stated(own_buffers, window, qtbot, tmp_pa
     assert ((corner[..., 0] > 150) & (corner[..., 1] > 120) & (corner[..., 2] < 120)).sum() > 30
     view._full_detail()
     assert view.lod_text() == "" and scene.gl.decimated is None
+
+
+def test_a_float16_file_is_drawn_from_its_map_as_its_values_in_float32(own_buffers, window, qtbot, tmp_path):
+    """A .trx of float16 positions is drawn from its memory map (no float32 copy in the window):
+    the GPU holds its values as float32, and the picture is that of a float32 file of the same
+    values."""
+    from tractlens.app.io.tractogram_stream import open_tractogram_writer
+    from tractlens.app.model import Tractogram
+
+    assert window.document.fiber_arrays.shader_drawn_min_points is None  # no frame has decided it yet
+    layer, scene = open_fibres(window, qtbot, tmp_path, path=synthetic_trx(tmp_path, 6000, 40, dtype="float16"))
+    view, mapped = window.view3d, layer.data.mapped
+    # decided before the loading job (as for a file given to ``tractlens view``): float16 kept
+    assert window.document.fiber_arrays.shader_drawn_min_points == 1
+    assert mapped.world.dtype == np.float16 and scene.arrays.points is mapped.world and not mapped.made
+    assert np.shares_memory(scene.pieces[0], mapped.world)
+    [buffers] = scene.gl.buffers
+    values = np.asarray(mapped.world, dtype=np.float32)
+    on_gpu = read_buffer(view, buffers.position, values.nbytes, np.float32)
+    np.testing.assert_array_equal(on_gpu.reshape(-1, 3), values)
+    half = view.screenshot()
+    ARTIFACTS.mkdir(exist_ok=True)
+    window.save_screenshot(ARTIFACTS / "fiber_gl_float16.png")
+    assert lit(half) > 2000 and view.lod_text() == ""
+    offsets = layer.data.offsets
+    window.document.remove_layer(layer)
+    qtbot.wait(50)
+    as_float32 = tmp_path / "as_float32.trx"
+    with open_tractogram_writer(as_float32, AFFINE, GRID_SHAPE, points_in_mm=True) as writer:
+        writer.append(Tractogram(values, offsets, AFFINE, GRID_SHAPE))
+    layer, scene = open_fibres(window, qtbot, tmp_path, path=as_float32)
+    assert scene.arrays.points.dtype == np.float32
+    assert np.abs(view.screenshot().astype(int) - half.astype(int)).max(axis=-1).mean() < 0.01
 
 
 def test_pieces_come_in_one_by_one_and_make_the_same_picture(own_buffers, window, qtbot, tmp_path, monkeypatch):

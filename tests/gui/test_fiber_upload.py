@@ -149,3 +149,36 @@ def test_the_anchor_is_bounded_by_the_box_in_the_points_frame():
     # voxel coordinates and no box: the grid's voxel corners
     voxels = GLFiberActors(arrays_of(points, np.diag([2.0, 2.0, 2.0, 1.0])), (10, 12, 14))
     np.testing.assert_array_equal(anchor_corners(voxels), box_corners((10, 12, 14)))
+
+
+def test_a_float16_map_is_uploaded_as_float32_a_chunk_at_a_time(tmp_path, monkeypatch):
+    """A file's float16 positions stay float16 in the view's arrays (the pieces are views of the
+    map) and go to the GPU as float32, converted and released one chunk at a time: the values of
+    converting the whole, with at most a chunk's float32 allocated (not the whole float32 copy)."""
+    import tracemalloc
+
+    monkeypatch.setattr(gl_fibers, "UPLOAD_CHUNK_BYTES", CHUNK)
+    values = np.random.default_rng(3).uniform(-80, 80, (2_000_000, 3)).astype(np.float16)  # 24 MB as float32
+    path = tmp_path / "points.f16"
+    values.tofile(path)
+    mapped = np.asarray(np.memmap(path, dtype=np.float16, mode="r", shape=values.shape))
+    scene = GLFiberActors(arrays_of(mapped, np.eye(4)), (10, 12, 14))
+    [piece] = scene.pieces
+    assert piece.dtype == np.float16 and np.shares_memory(piece, mapped)  # no copy made for the view
+    released = []
+    monkeypatch.setattr(gl_fibers, "release_pages", lambda array: released.append(_pages.release_pages(array)))
+    GL = CopyingGL()
+    GL.store = bytearray(12 * len(values))  # (allocated before the count: the stub's own copy)
+    GL.glBufferData = lambda target, size, data, usage: None
+    tracemalloc.start()
+    try:
+        gl_fibers.upload(GL, 1, piece)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(np.frombuffer(bytes(GL.store), np.float32).reshape(-1, 3), values.astype(np.float32))
+    chunks = -(-12 * len(values) // (CHUNK // 12 * 12))
+    assert len(GL.chunks) == chunks == 23 and all(released) and len(released) == chunks
+    assert [offset for offset, _n, _a in GL.chunks] == [k * (CHUNK // 12) * 12 for k in range(chunks)]
+    # a chunk as float32, and the stub's copy of it as bytes: not the 24 MB of the whole
+    assert peak < 4 * CHUNK < 12 * len(values) / 5, peak

@@ -18,7 +18,15 @@ from PySide6.QtWidgets import QWidget
 
 from tractlens.app.demo import demo_path
 from tractlens.app.estimates import ballstick_estimate
-from tractlens.app.loaders import is_anatomical, load_layers, needs_gradient_files, show_as
+from tractlens.app.loaders import (
+    check_opened,
+    check_pending,
+    is_anatomical,
+    load_layers,
+    needs_gradient_files,
+    show_as,
+    withdraw_opened,
+)
 from tractlens.app.model import Document, Layer
 from tractlens.app.usecases import fits
 
@@ -47,6 +55,7 @@ class FileController(QObject):
         *,
         device: str = "auto",
         open_session: Callable[[Path], object] | None = None,
+        before_loading: Callable[[], object] | None = None,
         parent: QObject | None = None,
     ):
         super().__init__(parent)
@@ -54,7 +63,9 @@ class FileController(QObject):
         self.runner = runner
         self.device = device
         self.open_session = open_session
+        self.before_loading = before_loading  # the views decide what the loading jobs prepare for them
         self._opening: dict[int, tuple[dict, int]] = {}  # open job -> (its open_paths call, slot)
+        self._checking: dict[int, tuple[Layer, object]] = {}  # check job -> (layer, reference before it)
         runner.job_cancelled.connect(self._cancelled)
 
     def open_paths(self, paths: Iterable[str | os.PathLike], *, gradients: tuple[str, str] | None = None) -> list[int]:
@@ -69,6 +80,8 @@ class FileController(QObject):
         stacks its command line), whichever finishes loading first. An anatomical image
         (:func:`app.loaders.is_anatomical`: a T1 stored as integers, or named so) opened into a
         document that already shows images goes under them, so the maps stay on top of it."""
+        if self.before_loading is not None:
+            self.before_loading()
         call = {"slots": [], "under": [layer for layer in self.document.layers if layer.kind in IMAGE_KINDS]}
         jobs = []
         for path in paths:
@@ -118,6 +131,7 @@ class FileController(QObject):
                 progress=ctx.progress,
                 cancelled=ctx.cancelled,
                 gradients=gradients,
+                check_positions=False,  # a .trx's positions: checked once it is drawn (_check_after)
             )
             for layer in layers:
                 if layer.kind == "tractogram":  # O(points) display work stays off the GUI thread
@@ -144,6 +158,8 @@ class FileController(QObject):
     def _cancelled(self, job_id: int) -> None:
         if job_id in self._opening:
             self._opened(*self._opening[job_id], None)
+        if job_id in self._checking:  # its open is not finished without the check: taken back out
+            withdraw_opened(self.document, *self._checking.pop(job_id))
 
     def _opened(self, call: dict, slot: int, layers) -> None:
         """A file of an :meth:`open_paths` call is loaded (``layers``) or not (None): add the
@@ -160,11 +176,37 @@ class FileController(QObject):
 
     def _add_layers(self, path: Path, layers, under: list[Layer] = ()) -> None:
         for layer in layers:
+            reference_before = self.document.reference_affine
             self.document.add_layer(layer)
             below = [self.document.layers.index(old) for old in under if old in self.document.layers]
             if below and is_anatomical(layer):
                 self.document.move_layer(layer, min(below))
+            if check_pending(layer):
+                self._check_after(path, layer, reference_before)
         self.loaded.emit(path)
+
+    def _check_after(self, path: Path, layer: Layer, reference_before) -> int:
+        """The positions of a .trx drawn before they were checked (:func:`app.loaders.check_opened`,
+        one pass over the file on a worker): refused after all, the layer goes
+        (:func:`app.loaders.withdraw_opened`) and the error says why, as opening would have;
+        fine, the slice views (which wait for it) draw it too; cancelled, the layer goes (its open
+        is not finished). The job id."""
+
+        def refused(message: str, details: str) -> None:
+            self._checking.pop(job_id, None)
+            withdraw_opened(self.document, layer, reference_before)
+            self.error.emit(message, details)
+
+        def checked(_result) -> None:
+            self._checking.pop(job_id, None)
+            if layer in self.document.layers:
+                layer.emit("display", changed=["positions"])  # the slice views draw it now
+
+        job_id = self.runner.submit(
+            f"check the positions of {path.name}", lambda ctx: check_opened(layer), on_done=checked, on_error=refused
+        )
+        self._checking[job_id] = (layer, reference_before)
+        return job_id
 
     def show_layer_as(self, layer: Layer, kind: str) -> int:
         """The layer menu's "Show as labels / scalar": the image converted on a worker
