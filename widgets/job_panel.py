@@ -226,7 +226,9 @@ class JobPanel(QWidget):
 
     def _fit_rows(self) -> None:
         for i in range(self.tree.topLevelItemCount()):
-            self._fit_row(self.tree.topLevelItem(i))
+            item = self.tree.topLevelItem(i)
+            if item is not None:  # rows taken out meanwhile (a window closing resizes as it goes)
+                self._fit_row(item)
 
     def _changed(self, job_id: int) -> None:
         if job_id not in self._items:
