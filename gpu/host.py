@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,16 @@ def compiled_note() -> str | None:
     return f"the CPU engine ran without numba (slower): {NUMBA_HINT}"
 
 
+_started = threading.Event()  # set once a compiled loop has run in this process
+
+
+def compiled_started() -> bool:
+    """Whether a compiled loop of the CPU engines has run in this process, so numba's start
+    (its import and CPU target: ~0.5 s on a 2-core machine, more on a large one) is paid and the
+    next loop loads from numba's cache in milliseconds."""
+    return _started.is_set()
+
+
 def compile_or_uncached(loops, first_call, module: str):
     """``loops()`` (numba functions of ``gpu.<module>``) after ``first_call(loops())`` compiled
     them (an empty call: nothing computed). numba writes what it compiles to a cache on disk;
@@ -77,6 +88,7 @@ def compile_or_uncached(loops, first_call, module: str):
             if hasattr(value, "_cache") and hasattr(value, "py_func"):  # a numba dispatcher
                 value._cache = NullCache()
         first_call(loops())
+    _started.set()
     return loops()
 
 

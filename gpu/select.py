@@ -25,66 +25,51 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cuda
+from . import cuda, select_host
 from .backend import Backend, get_backend, run_batched
-from .engines import ARRAYS, KERNEL, choose_engine
-from .host import host_threads
+from .engines import ARRAYS, AUTO, COMPILED, KERNEL, choose_engine
+from .host import NUMBA_HINT, host_threads
+from .select_host import point_blocks
+from .select_pieces import piece_cells, piece_counts, pieces
 from .streamlines import repeat_counts
+
+__all__ = ["Selection", "StreamlineIndex", "hits_arrays", "point_blocks", "region_bits", "select_streamlines"]
 
 MAX_REGIONS = 32
 
 
-def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
-    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid)."""
+def checked_masks(masks: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The regions as boolean volumes, checked: at least one, at most :data:`MAX_REGIONS`, one shape."""
     if not masks:
         raise ValueError("at least one region is needed")
     if len(masks) > MAX_REGIONS:
         raise ValueError(f"at most {MAX_REGIONS} regions can be tested at once, got {len(masks)}")
-    shape = np.asarray(masks[0]).shape
-    bits = np.zeros(shape, dtype=np.uint32)
+    out = [np.asarray(mask, dtype=bool) for mask in masks]
+    for r, mask in enumerate(out):
+        if mask.shape != out[0].shape:
+            raise ValueError(f"region {r} has shape {mask.shape}, the first has {out[0].shape}")
+    return out
+
+
+def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
+    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid)."""
+    masks = checked_masks(masks)
+    bits = np.zeros(masks[0].shape, dtype=np.uint32)
     for r, mask in enumerate(masks):
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != shape:
-            raise ValueError(f"region {r} has shape {mask.shape}, the first has {shape}")
         bits[mask] |= np.uint32(1) << np.uint32(r)
     return bits
-
-
-def _piece_cells(xp, p, q):
-    """Voxels visited by pieces p->q (each ≤ 1 voxel per axis): (4, N, 3) int64 indices.
-
-    Interval midpoints between the sorted boundary-crossing parameters; unused
-    intervals repeat a visited voxel, which changes no OR.
-    """
-    d = q - p
-    # Parameter where each axis crosses its boundary plane (k + 0.5) between p and q, else 1.
-    lo = xp.minimum(p, q)
-    plane = xp.floor(lo + 0.5) + 0.5  # first plane above the lower end
-    crosses = (plane < xp.maximum(p, q)) & (d != 0)
-    t = xp.where(crosses, (plane - p) / xp.where(d != 0, d, 1.0), 1.0)
-    t = xp.sort(t, axis=1)  # (N, 3)
-    zero = xp.zeros((t.shape[0], 1), dtype=t.dtype)
-    one = xp.ones((t.shape[0], 1), dtype=t.dtype)
-    edges = xp.concatenate([zero, t, one], axis=1)  # (N, 5)
-    mids = 0.5 * (edges[:, :-1] + edges[:, 1:])  # (N, 4)
-    samples = p[None, :, :] + mids.T[:, :, None] * d[None, :, :]
-    return xp.floor(samples + 0.5).astype(xp.int64)
 
 
 def _split_segments(xp, points, seg_start, seg_stream):
     """Cut segments into pieces of at most one voxel per axis: (p, q, streamline id)."""
     p0 = points[seg_start]
     p1 = points[seg_start + 1]
-    n_pieces = xp.maximum(xp.ceil(xp.abs(p1 - p0).max(axis=1)), 1).astype(xp.int64)
+    n_pieces = piece_counts(xp, p0, p1).astype(xp.int64)
     total = int(n_pieces.sum())
     seg_of_piece = repeat_counts(xp, xp.arange(len(seg_start)), n_pieces)
     first = xp.cumsum(n_pieces) - n_pieces
     k = xp.arange(total) - first[seg_of_piece]
-    n = n_pieces[seg_of_piece].astype(points.dtype)
-    a = p0[seg_of_piece]
-    d = p1[seg_of_piece] - a
-    p = a + d * (k.astype(points.dtype) / n)[:, None]
-    q = a + d * ((k + 1).astype(points.dtype) / n)[:, None]
+    p, q = pieces(xp, p0[seg_of_piece], p1[seg_of_piece], k, n_pieces[seg_of_piece])
     return p, q, seg_stream[seg_of_piece]
 
 
@@ -124,7 +109,7 @@ def hits_arrays(xp, points, offsets, bits, first: int, last: int, box=None):
         seg_start, seg_stream = seg_start[near], seg_stream[near]
     if len(seg_start):
         p, q, piece_stream = _split_segments(xp, points, seg_start, seg_stream)
-        cells = _piece_cells(xp, p, q)  # (4, N, 3)
+        cells = piece_cells(xp, p, q)  # (4, N, 3)
         piece_bits = _lookup(xp, bits, cells)
         combined = piece_bits[0] | piece_bits[1] | piece_bits[2] | piece_bits[3]
         _or_into(xp, out, piece_stream, combined)
@@ -275,34 +260,36 @@ class StreamlineIndex:
     ) -> Selection:
         """Streamlines that pass every ``include`` region (AND) and no ``exclude`` region (NOT).
 
-        ``engine``: ``"auto"`` (kernel on the GPU, arrays on the CPU), ``"kernel"`` or ``"arrays"``.
+        ``engine``: ``"auto"``, ``"kernel"`` (the GPU), ``"compiled"`` (the CPU, numba) or
+        ``"arrays"`` (array operations: NumPy on the CPU, CuPy on the GPU). ``"auto"`` is the
+        kernel on the GPU; on the CPU the compiled loop once numba has started in this process
+        or when the job earns its start, else NumPy (:func:`gpu.select_host.auto_engine`). Every
+        engine gives the same bits.
         """
-        backend, xp = self.backend, self.backend.xp
-        bits_host = region_bits([*include, *exclude])
+        backend = self.backend
+        masks = checked_masks([*include, *exclude])
         t0 = time.perf_counter()
-        bits = backend.asarray(bits_host)
-        engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="fiber selection")
-        if engine == "kernel":
-            out = backend.to_host(
-                hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams)
-            )
-            if progress is not None:
-                progress(self.n_streams, self.n_streams)
+        requested = engine
+        engine = choose_engine(engine, backend, available=(KERNEL, COMPILED, ARRAYS), method="fiber selection")
+        if backend.is_gpu:
+            if engine == COMPILED:
+                raise ValueError("the 'compiled' engine of fiber selection runs on the CPU backend; on the GPU "
+                                 "use 'kernel' or 'arrays'")  # fmt: skip
+            out = self._select_gpu(masks, engine, progress, cancelled)
         else:
-            out = np.zeros(self.n_streams, dtype=np.uint32)
-            occupied = np.argwhere(bits_host != 0)
-            box = (occupied.min(axis=0), occupied.max(axis=0)) if len(occupied) else None
-            mean_points = max(1.0, self.offsets_host[-1] / max(self.n_streams, 1))
-            per_stream = int(mean_points * 600)  # pieces, 4 cells and their bits: generous
-
-            def process(a: int, b: int) -> None:
-                out[a:b] = backend.to_host(hits_arrays(xp, self.points, self.offsets, bits, a, b, box))
-
-            threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
-            run_batched(
-                backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3,
-                maximum=max(1, self.chunk_bytes // per_stream), threads=threads,
-            )  # fmt: skip
+            threads = host_threads()
+            if requested == AUTO:
+                engine = select_host.auto_engine(int(self.offsets_host[-1]), threads)
+            elif engine == COMPILED and not select_host.available():
+                raise ValueError(f"the 'compiled' engine needs numba: {NUMBA_HINT}; or use engine='arrays'")
+            box = select_host.region_box(masks)
+            if box is None:  # every region is empty: no streamline passes one
+                out = np.zeros(self.n_streams, dtype=np.uint32)
+            else:
+                out = select_host.streamline_bits(
+                    self.points, self.offsets_host, *box, engine=engine, threads=threads,
+                    chunk_bytes=self.chunk_bytes, progress=progress, cancelled=cancelled,
+                )  # fmt: skip
         include_mask = np.uint32((1 << len(include)) - 1)
         exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
         selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
@@ -316,18 +303,30 @@ class StreamlineIndex:
         }
         return Selection(out, selected, provenance)
 
+    def _select_gpu(self, masks, engine, progress, cancelled) -> np.ndarray:
+        """Region bits of every streamline on the GPU: the kernel, or the array reference on CuPy
+        in batches of bounded working memory."""
+        backend, xp = self.backend, self.backend.xp
+        bits = backend.asarray(region_bits(masks))
+        if engine == KERNEL:
+            out = backend.to_host(hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits,
+                                              self.n_streams))  # fmt: skip
+            if progress is not None:
+                progress(self.n_streams, self.n_streams)
+            return out
+        out = np.zeros(self.n_streams, dtype=np.uint32)
+        box = select_host.region_bounds(masks)
+        mean_points = max(1.0, self.offsets_host[-1] / max(self.n_streams, 1))
+        per_stream = int(mean_points * 600)  # pieces, 4 cells and their bits: generous
 
-def point_blocks(offsets: np.ndarray, max_points: int) -> list[tuple[int, int]]:
-    """Ranges ``[a, b)`` of consecutive streamlines of about ``max_points`` points each (a longer
-    streamline alone), covering all of them."""
-    n = len(offsets) - 1
-    out, a = [], 0
-    while a < n:
-        b = int(np.searchsorted(offsets, int(offsets[a]) + max_points, side="right")) - 1
-        b = min(max(b, a + 1), n)
-        out.append((a, b))
-        a = b
-    return out
+        def process(a: int, b: int) -> None:
+            out[a:b] = backend.to_host(hits_arrays(xp, self.points, self.offsets, bits, a, b, box))
+
+        run_batched(
+            backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3,
+            maximum=max(1, self.chunk_bytes // per_stream),
+        )  # fmt: skip
+        return out
 
 
 def select_streamlines(
