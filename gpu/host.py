@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,6 +53,16 @@ def numba_module():
         log.info("numba is not installed: the CPU engines run NumPy loops (%s)", NUMBA_HINT)
         return None
     return numba
+
+
+def numba_installed() -> bool:
+    """Whether :func:`numba_module` would give numba, found without importing it (its import
+    takes ~0.3 s: a job that may not need it should not pay that to decide)."""
+    if os.environ.get("TRACTLENS_DISABLE_NUMBA"):
+        return False
+    import importlib.util
+
+    return "numba" in sys.modules or importlib.util.find_spec("numba") is not None
 
 
 def compiled_note() -> str | None:

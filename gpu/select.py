@@ -13,8 +13,10 @@ voxel the piece visits. Looking those up is enough.
 
 Up to 32 regions are tested at once through a bit volume (bit r set where
 region r is); each streamline gets the OR of the bits of every voxel it visits.
-The NumPy reference below and the CUDA kernel ``kernels/select.cu`` (one thread
-per segment, ``atomicOr`` per streamline) compute the same bits.
+The array reference below (NumPy or CuPy: :func:`hits_arrays`), the CUDA kernel
+``kernels/select.cu`` (one thread per segment, ``atomicOr`` per streamline) and the
+CPU engines of :mod:`gpu.select_host` (the bits of the regions' bounding box only;
+a compiled loop with numba, else NumPy) compute the same bits.
 """
 
 from __future__ import annotations
@@ -178,8 +180,9 @@ class Selection:
 
 
 #: Working memory of one batch of a selection on the CPU (and of the array engine on the GPU),
-#: per thread: the temporaries of :func:`hits_arrays` are bounded by it, not by the free memory
-#: (a whole-brain selection once took 38 GB of a 128 GB machine's host memory in one go).
+#: per thread: the temporaries of the CPU's NumPy engine and of :func:`hits_arrays` are bounded
+#: by it, not by the free memory (a whole-brain selection once took 38 GB of a 128 GB machine's
+#: host memory in one go); the compiled loop needs none.
 SELECT_CHUNK_BYTES = 256 << 20
 #: Points uploaded (and streamline ids made) at a time when a GPU index is built
 INDEX_CHUNK_POINTS = 1 << 24

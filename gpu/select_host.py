@@ -28,12 +28,14 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .backend import Cancelled
-from .host import compile_or_uncached, compiled_started, host_threads, numba_module, run_in_order
+from .host import compile_or_uncached, compiled_started, host_threads, numba_installed, numba_module, run_in_order
 from .select_pieces import piece_cells, piece_counts, pieces
 
-#: Bytes of the ``arrays`` engine's temporaries per point of a block (codes, flags, indices) and
-#: per piece of a segment it traverses (ends, crossings, four voxels, their bits)
-ARRAY_BYTES_PER_POINT = 64
+#: Bytes of the ``arrays`` engine's temporaries per point of a block (codes, flags, indices, the
+#: segments' ends; ~100 measured with tracemalloc when every point is near a region) and per
+#: piece of a segment it traverses (ends, crossings, four voxels, their bits; ~230 measured).
+#: Half of ``chunk_bytes`` goes to each.
+ARRAY_BYTES_PER_POINT = 128
 ARRAY_BYTES_PER_PIECE = 600
 #: Blocks per thread (streamlines differ in length and in how many segments reach the regions)
 BLOCKS_PER_THREAD = 4
@@ -60,12 +62,10 @@ def auto_engine(n_points: int, threads: int) -> str:
     (the window after any compiled job, a pipeline after compiled tracking: it then loads in
     milliseconds), or when the job is large enough to earn numba's start; else NumPy (the bits
     are the same)."""
-    if not available():
-        return "arrays"
     if compiled_started():
-        return "compiled"
+        return "compiled" if available() else "arrays"
     saved = n_points * (ARRAYS_S_PER_POINT - COMPILED_S_PER_POINT) / max(1, threads)
-    return "compiled" if saved > NUMBA_START_S else "arrays"
+    return "compiled" if saved > NUMBA_START_S and numba_installed() and available() else "arrays"
 
 
 def mask_bounds(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -125,7 +125,7 @@ def block_points(n_points: int, threads: int, chunk_bytes: int, engine: str) -> 
     size = -(-n_points // (threads * BLOCKS_PER_THREAD))
     size = min(max(size, MIN_BLOCK_POINTS), MAX_BLOCK_POINTS)
     if engine != "compiled":
-        size = min(size, max(1, chunk_bytes // ARRAY_BYTES_PER_POINT))
+        size = min(size, max(1, chunk_bytes // (2 * ARRAY_BYTES_PER_POINT)))
     return size
 
 
@@ -161,7 +161,7 @@ def streamline_bits(
         def block(a: int, b: int) -> None:
             loop(points, offsets, bits, box, near, a, b, out[a:b])
     else:
-        max_pieces = max(1, chunk_bytes // ARRAY_BYTES_PER_PIECE)
+        max_pieces = max(1, chunk_bytes // (2 * ARRAY_BYTES_PER_PIECE))
 
         def block(a: int, b: int) -> None:
             out[a:b] = block_bits_arrays(points, offsets, bits, box, near, a, b, max_pieces)

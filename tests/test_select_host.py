@@ -136,6 +136,7 @@ def test_non_finite_points_count_nothing_and_break_nothing(engine):
 
 def test_auto_runs_numpy_until_numba_has_started_or_the_job_earns_its_start(monkeypatch):
     monkeypatch.setattr(select_host, "available", lambda: True)
+    monkeypatch.setattr(select_host, "numba_installed", lambda: True)
     monkeypatch.setattr(select_host, "compiled_started", lambda: False)
     assert select_host.auto_engine(5_000_000, 2) == "arrays"
     assert select_host.auto_engine(10**9, 2) == "compiled"
@@ -172,7 +173,7 @@ def test_the_compiled_engine_without_numba_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
 def test_blocks_report_progress_in_order_and_stop_when_cancelled(engine, rng):
-    points, offsets = straight_lines(rng)  # 120 000 points: blocks of 2 000 (arrays), 32 768 (compiled)
+    points, offsets = straight_lines(rng)  # 120 000 points: blocks of 1 000 (arrays), 32 768 (compiled)
     roi = np.zeros((120, 120, 120), bool)
     roi[50:70, 50:70, 50:70] = True
     index = StreamlineIndex(points, offsets, device="cpu", chunk_bytes=2000 * select_host.ARRAY_BYTES_PER_POINT)
