@@ -15,7 +15,7 @@ Up to 32 regions are tested at once through a bit volume (bit r set where
 region r is); each streamline gets the OR of the bits of every voxel it visits.
 The array reference below (NumPy or CuPy: :func:`hits_arrays`), the CUDA kernel
 ``kernels/select.cu`` (one thread per segment, ``atomicOr`` per streamline) and the
-CPU engines of :mod:`gpu.select_host` (the bits of the regions' bounding box only;
+CPU engines of :mod:`gpu.select_host` (only the bits of boxes around the regions;
 a compiled loop with numba, else NumPy) compute the same bits.
 """
 
@@ -32,7 +32,6 @@ from .backend import Backend, get_backend, run_batched
 from .engines import ARRAYS, AUTO, COMPILED, KERNEL, choose_engine
 from .host import NUMBA_HINT, host_threads
 from .select_host import point_blocks
-from .select_pieces import piece_cells, piece_counts, pieces
 from .streamlines import repeat_counts
 
 __all__ = ["Selection", "StreamlineIndex", "hits_arrays", "point_blocks", "region_bits", "select_streamlines"]
@@ -62,16 +61,41 @@ def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
     return bits
 
 
+def _piece_cells(xp, p, q):
+    """Voxels visited by pieces p->q (each ≤ 1 voxel per axis): (4, N, 3) int64 indices.
+
+    Interval midpoints between the sorted boundary-crossing parameters; unused
+    intervals repeat a visited voxel, which changes no OR.
+    """
+    d = q - p
+    # Parameter where each axis crosses its boundary plane (k + 0.5) between p and q, else 1.
+    lo = xp.minimum(p, q)
+    plane = xp.floor(lo + 0.5) + 0.5  # first plane above the lower end
+    crosses = (plane < xp.maximum(p, q)) & (d != 0)
+    t = xp.where(crosses, (plane - p) / xp.where(d != 0, d, 1.0), 1.0)
+    t = xp.sort(t, axis=1)  # (N, 3)
+    zero = xp.zeros((t.shape[0], 1), dtype=t.dtype)
+    one = xp.ones((t.shape[0], 1), dtype=t.dtype)
+    edges = xp.concatenate([zero, t, one], axis=1)  # (N, 5)
+    mids = 0.5 * (edges[:, :-1] + edges[:, 1:])  # (N, 4)
+    samples = p[None, :, :] + mids.T[:, :, None] * d[None, :, :]
+    return xp.floor(samples + 0.5).astype(xp.int64)
+
+
 def _split_segments(xp, points, seg_start, seg_stream):
     """Cut segments into pieces of at most one voxel per axis: (p, q, streamline id)."""
     p0 = points[seg_start]
     p1 = points[seg_start + 1]
-    n_pieces = piece_counts(xp, p0, p1).astype(xp.int64)
+    n_pieces = xp.maximum(xp.ceil(xp.abs(p1 - p0).max(axis=1)), 1).astype(xp.int64)
     total = int(n_pieces.sum())
     seg_of_piece = repeat_counts(xp, xp.arange(len(seg_start)), n_pieces)
     first = xp.cumsum(n_pieces) - n_pieces
     k = xp.arange(total) - first[seg_of_piece]
-    p, q = pieces(xp, p0[seg_of_piece], p1[seg_of_piece], k, n_pieces[seg_of_piece])
+    n = n_pieces[seg_of_piece].astype(points.dtype)
+    a = p0[seg_of_piece]
+    d = p1[seg_of_piece] - a
+    p = a + d * (k.astype(points.dtype) / n)[:, None]
+    q = a + d * ((k + 1).astype(points.dtype) / n)[:, None]
     return p, q, seg_stream[seg_of_piece]
 
 
@@ -111,7 +135,7 @@ def hits_arrays(xp, points, offsets, bits, first: int, last: int, box=None):
         seg_start, seg_stream = seg_start[near], seg_stream[near]
     if len(seg_start):
         p, q, piece_stream = _split_segments(xp, points, seg_start, seg_stream)
-        cells = piece_cells(xp, p, q)  # (4, N, 3)
+        cells = _piece_cells(xp, p, q)  # (4, N, 3)
         piece_bits = _lookup(xp, bits, cells)
         combined = piece_bits[0] | piece_bits[1] | piece_bits[2] | piece_bits[3]
         _or_into(xp, out, piece_stream, combined)
@@ -265,8 +289,8 @@ class StreamlineIndex:
 
         ``engine``: ``"auto"``, ``"kernel"`` (the GPU), ``"compiled"`` (the CPU, numba) or
         ``"arrays"`` (array operations: NumPy on the CPU, CuPy on the GPU). ``"auto"`` is the
-        kernel on the GPU; on the CPU the compiled loop once numba has started in this process
-        or when the job earns its start, else NumPy (:func:`gpu.select_host.auto_engine`). Every
+        kernel on the GPU; on the CPU NumPy or the compiled loop, whichever costs less with
+        numba's start in a fresh process counted (:func:`gpu.select_host.auto_engine`). Every
         engine gives the same bits.
         """
         backend = self.backend
@@ -281,16 +305,17 @@ class StreamlineIndex:
             out = self._select_gpu(masks, engine, progress, cancelled)
         else:
             threads = host_threads()
-            if requested == AUTO:
-                engine = select_host.auto_engine(int(self.offsets_host[-1]), threads)
-            elif engine == COMPILED and not select_host.available():
+            if engine == COMPILED and requested != AUTO and not select_host.available():
                 raise ValueError(f"the 'compiled' engine needs numba: {NUMBA_HINT}; or use engine='arrays'")
-            box = select_host.region_box(masks)
-            if box is None:  # every region is empty: no streamline passes one
+            boxes = select_host.region_boxes(masks)
+            if boxes is None:  # every region is empty: no streamline passes one
                 out = np.zeros(self.n_streams, dtype=np.uint32)
+                engine = ARRAYS if requested == AUTO else engine
             else:
+                if requested == AUTO:
+                    engine = select_host.auto_engine(self.points, boxes, threads)
                 out = select_host.streamline_bits(
-                    self.points, self.offsets_host, *box, engine=engine, threads=threads,
+                    self.points, self.offsets_host, boxes, engine=engine, threads=threads,
                     chunk_bytes=self.chunk_bytes, progress=progress, cancelled=cancelled,
                 )  # fmt: skip
         include_mask = np.uint32((1 << len(include)) - 1)

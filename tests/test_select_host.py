@@ -66,9 +66,9 @@ def test_cpu_engines_equal_the_reference_bit_for_bit(engine, n_masks, density, r
     points, offsets = tricky_case(rng, shape)
     masks = masks_of(rng, shape, n_masks, density)
     expected = reference_bits(points, offsets, masks)
-    bits, lo = select_host.region_box(masks)
+    boxes = select_host.region_boxes(masks)
     for threads in (1, 3):
-        got = select_host.streamline_bits(points, offsets, bits, lo, engine=engine, threads=threads, chunk_bytes=5000)
+        got = select_host.streamline_bits(points, offsets, boxes, engine=engine, threads=threads, chunk_bytes=5000)
         np.testing.assert_array_equal(got, expected)
     assert 0.05 < (expected != 0).mean() < 0.95  # neither trivially empty nor full
 
@@ -97,17 +97,43 @@ def test_a_small_region_far_inside_a_large_grid(engine, rng):
     assert 0 < got.selected.sum() < n
 
 
-def test_the_region_box_is_the_whole_grid_bits_cropped(rng):
-    masks = [np.zeros((30, 20, 25), bool) for _ in range(3)]
+def test_region_boxes_hold_the_whole_grid_bits(rng):
+    """Regions close together share a box, far apart ones keep their own; every voxel's bits,
+    ORed over the boxes that hold it, are the whole grid's."""
+    shape = (60, 40, 50)
+    masks = [np.zeros(shape, bool) for _ in range(4)]
     masks[0][4:7, 3, 10] = True
-    masks[2][20, 15:18, 2] = True  # masks[1] empty
-    bits, lo = select_host.region_box(masks)
-    np.testing.assert_array_equal(lo, [4, 3, 2])
-    assert bits.shape == (17, 15, 9)
+    masks[1][5:8, 4:6, 11] = True  # beside masks[0]: one box
+    masks[3][50:55, 30:35, 40:45] = True  # far away: a box of its own (masks[2] is empty)
+    boxes = select_host.region_boxes(masks)
+    assert len(boxes.starts) == 2
     whole = region_bits(masks)
-    np.testing.assert_array_equal(bits, whole[4:21, 3:18, 2:11])
-    assert whole.sum(dtype=np.int64) == bits.sum(dtype=np.int64)
-    assert select_host.region_box([np.zeros((3, 3, 3), bool)]) is None
+    rebuilt = np.zeros(shape, np.uint32)
+    for c in range(2):
+        lo = boxes.boxes[c, :3].astype(int)
+        hi = boxes.boxes[c, 3:6].astype(int)
+        np.testing.assert_array_equal(boxes.boxes[c, 6:], np.concatenate([lo - 1, hi + 1]))
+        rebuilt[lo[0] : hi[0] + 1, lo[1] : hi[1] + 1, lo[2] : hi[2] + 1] |= boxes.bits(c)
+    np.testing.assert_array_equal(rebuilt, whole)
+    assert boxes.flat.size < 200  # two small boxes, not one from (4, 3, 10) to (54, 34, 44)
+    assert select_host.region_boxes([np.zeros((3, 3, 3), bool)]) is None
+
+
+@pytest.mark.parametrize("engine", ENGINE_PARAMS)
+def test_regions_far_apart_equal_the_reference(engine, rng):
+    """Two ROIs at the two ends of the grid (two boxes), and 32 one-voxel regions scattered."""
+    points, offsets = straight_lines(rng, 1500)
+    ends = [np.zeros((120, 120, 120), bool) for _ in range(2)]
+    ends[0][25:35, 25:35, 25:35] = True
+    ends[1][85:95, 85:95, 85:95] = True
+    scattered = [np.zeros((120, 120, 120), bool) for _ in range(32)]
+    for mask in scattered:
+        mask[tuple(rng.integers(20, 100, 3))] = True
+    for masks in (ends, scattered):
+        expected = reference_bits(points, offsets, masks)
+        got = select_streamlines(points, offsets, masks[:1], masks[1:], device="cpu", engine=engine)
+        np.testing.assert_array_equal(got.bits, expected)
+        assert (expected != 0).any()
 
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
@@ -134,17 +160,32 @@ def test_non_finite_points_count_nothing_and_break_nothing(engine):
     np.testing.assert_array_equal(got, expected)
 
 
-def test_auto_runs_numpy_until_numba_has_started_or_the_job_earns_its_start(monkeypatch):
-    monkeypatch.setattr(select_host, "available", lambda: True)
-    monkeypatch.setattr(select_host, "numba_installed", lambda: True)
+def test_auto_weighs_numbas_start_against_the_work(monkeypatch):
     monkeypatch.setattr(select_host, "compiled_started", lambda: False)
-    assert select_host.auto_engine(5_000_000, 2) == "arrays"
-    assert select_host.auto_engine(10**9, 2) == "compiled"
-    assert select_host.auto_engine(10**9, 200) == "arrays"
+    assert select_host.engine_by_cost(5_000_000, 0.001, 1, 2) == "arrays"  # a small ROI
+    assert select_host.engine_by_cost(5_000_000, 0.5, 1, 2) == "compiled"  # half the points near it
+    assert select_host.engine_by_cost(5_000_000, 0.5, 1, 1000) == "arrays"
+    assert select_host.engine_by_cost(10**10, 0.0, 1, 2) == "compiled"
     monkeypatch.setattr(select_host, "compiled_started", lambda: True)
-    assert select_host.auto_engine(100, 16) == "compiled"
-    monkeypatch.setattr(select_host, "available", lambda: False)
-    assert select_host.auto_engine(10**9, 1) == "arrays"
+    assert select_host.engine_by_cost(100, 0.0, 1, 16) == "compiled"
+
+
+def test_auto_estimates_the_share_of_points_near_the_regions(monkeypatch, rng):
+    points, _offsets = straight_lines(rng)
+    small, large = np.zeros((120, 120, 120), bool), np.zeros((120, 120, 120), bool)
+    small[58:62, 58:62, 58:62] = True
+    large[10:110, 10:110, 10:110] = True
+    shares = {}
+    monkeypatch.setattr(select_host, "numba_installed", lambda: True)
+    monkeypatch.setattr(select_host, "available", lambda: True)
+    monkeypatch.setattr(select_host, "engine_by_cost", lambda n, share, boxes, threads: shares.setdefault(boxes, share))
+    select_host.auto_engine(points, select_host.region_boxes([small]), 2)
+    assert shares.pop(1) < 0.01
+    select_host.auto_engine(points, select_host.region_boxes([large]), 2)
+    exact = ((points >= 9) & (points <= 110)).all(axis=1).mean()  # the box ± 1, every point
+    assert 0.5 < exact < 0.95 and shares.pop(1) == pytest.approx(exact, abs=0.03)
+    monkeypatch.setattr(select_host, "numba_installed", lambda: False)
+    assert select_host.auto_engine(points, select_host.region_boxes([large]), 2) == "arrays"
 
 
 @needs_numba
@@ -173,7 +214,7 @@ def test_the_compiled_engine_without_numba_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
 def test_blocks_report_progress_in_order_and_stop_when_cancelled(engine, rng):
-    points, offsets = straight_lines(rng)  # 120 000 points: blocks of 1 000 (arrays), 32 768 (compiled)
+    points, offsets = straight_lines(rng)  # 120 000 points: blocks of 1 000
     roi = np.zeros((120, 120, 120), bool)
     roi[50:70, 50:70, 50:70] = True
     index = StreamlineIndex(points, offsets, device="cpu", chunk_bytes=2000 * select_host.ARRAY_BYTES_PER_POINT)
