@@ -41,13 +41,15 @@ MIN_BLOCK_POINTS, MAX_BLOCK_POINTS = 1 << 15, 1 << 20
 #: a few (small boxes cost nothing to merge)
 MERGE_FACTOR, MERGE_SLACK_VOXELS = 2.0, 4096
 
-#: What ``"auto"`` weighs, in CPU seconds a point (one thread of a shared 2-core EPYC, 5 M points
-#: of bench_cpu_peers.py's selection): a point far from every box, per box (NumPy 54 ms for 5 M,
-#: compiled 14 ms), and a point near one (a 200³ region holding every streamline: NumPy 3.4 s,
-#: compiled 0.55 s); numba's start in a fresh process (its import, its CPU target, the loop from
-#: its cache: 0.5 s there, 1.35 s on a 16-core machine).
-ARRAYS_S_PER_POINT, COMPILED_S_PER_POINT = 1.1e-8, 3e-9
-ARRAYS_S_PER_NEAR_POINT, COMPILED_S_PER_NEAR_POINT = 6.8e-7, 1.1e-7
+#: What ``"auto"`` weighs, in CPU seconds a point (one thread of a shared 2-core EPYC, 1 M
+#: points of bench_cpu_peers.py's selection): a point far from every box, per box (NumPy 13-16
+#: ns, compiled 4 ns), and a point near one (a 200³ box whose region the streamlines pass without
+#: hitting it at once: a hollow shell, scattered voxels; NumPy 600-650 ns, compiled 180-190 ns;
+#: a solid region, which the compiled loop stops looking at once hit, costs it 6 ns); numba's
+#: start in a fresh process (its import, its CPU target, the loop from its cache: 0.5 s there,
+#: 1.35 s on a 16-core machine).
+ARRAYS_S_PER_POINT, COMPILED_S_PER_POINT = 1.5e-8, 4e-9
+ARRAYS_S_PER_NEAR_POINT, COMPILED_S_PER_NEAR_POINT = 6.3e-7, 1.9e-7
 NUMBA_START_S = 0.5
 #: Every this many points one is sampled to estimate the share near a box
 NEAR_SAMPLE_STEP = 64
@@ -55,15 +57,17 @@ NEAR_SAMPLE_STEP = 64
 
 @dataclass(frozen=True)
 class RegionBoxes:
-    """The region bits in boxes around the regions: box ``c``'s bits (uint32, C order) are
+    """The region bits in boxes around the regions: box ``c``'s bits (uint8 for up to 8
+    regions, else uint32; C order) are
     ``flat[starts[c]:]`` of shape ``shapes[c]``; ``boxes[c]`` is float32 (lo xyz, hi xyz,
-    lo - 1 xyz, hi + 1 xyz) in voxels of the grid. A voxel's bits are the OR over the boxes
-    holding it (each region lies whole in one box)."""
+    lo - 1 xyz, hi + 1 xyz) in voxels of the grid; ``present[c]`` the bits of the regions in it.
+    A voxel's bits are the OR over the boxes holding it (each region lies whole in one box)."""
 
     flat: np.ndarray
     starts: np.ndarray
     shapes: np.ndarray
     boxes: np.ndarray
+    present: np.ndarray
 
     def bits(self, c: int) -> np.ndarray:
         shape = tuple(int(n) for n in self.shapes[c])
@@ -161,12 +165,13 @@ def region_boxes(masks: Sequence[np.ndarray]) -> RegionBoxes | None:
                     break
             if merged:
                 break
+    dtype = np.uint8 if len(masks) <= 8 else np.uint32  # a quarter of the cache for up to 8 regions
     parts, boxes = [], []
     for regions, lo, hi in groups:
         window = tuple(slice(a, b + 1) for a, b in zip(lo, hi, strict=True))
-        bits = np.zeros(tuple(hi - lo + 1), dtype=np.uint32)
+        bits = np.zeros(tuple(hi - lo + 1), dtype=dtype)
         for r in regions:
-            bits |= masks[r][window].astype(np.uint32) << np.uint32(r)
+            bits |= masks[r][window].astype(dtype) << dtype(r)
         parts.append(bits.ravel())
         box = np.concatenate([lo, hi]).astype(np.float32)
         boxes.append(np.concatenate([box, box[:3] - np.float32(1.0), box[3:] + np.float32(1.0)]))
@@ -176,6 +181,7 @@ def region_boxes(masks: Sequence[np.ndarray]) -> RegionBoxes | None:
         starts=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
         shapes=np.array([hi - lo + 1 for _, lo, hi in groups], dtype=np.int64),
         boxes=np.array(boxes, dtype=np.float32),
+        present=np.array([sum(1 << r for r in regions) for regions, _, _ in groups], dtype=np.uint32),
     )
 
 
@@ -223,7 +229,7 @@ def streamline_bits(
     threads = threads or host_threads()
     size = block_points(int(offsets[-1]), threads, chunk_bytes)
     if engine == "compiled":
-        tables = (boxes.flat, boxes.starts, boxes.shapes, boxes.boxes)
+        tables = (boxes.flat, boxes.starts, boxes.shapes, boxes.boxes, boxes.present)
         loop = compile_or_uncached(_loop, lambda f: f(points, offsets, *tables, 0, 0, out), "select_loops")
 
         def block(a: int, b: int) -> None:

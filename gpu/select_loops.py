@@ -67,7 +67,8 @@ def _crossing(p, q):
 @_jit
 def _piece_bits(flat, starts, shapes, boxes, c, px, py, pz, qx, qy, qz):
     """OR of the bits (box ``c``) of the voxels the piece p->q (≤ 1 voxel per axis) visits: at
-    the midpoints of the intervals between its sorted boundary crossings."""
+    the midpoints of the intervals between its sorted boundary crossings. An empty interval (an
+    axis that crosses no plane) repeats the voxel before it, which is not read again."""
     half = np.float32(0.5)
     t_a = _crossing(px, qx)
     t_b = _crossing(py, qy)
@@ -80,14 +81,22 @@ def _piece_bits(flat, starts, shapes, boxes, c, px, py, pz, qx, qy, qz):
         t_a, t_b = t_b, t_a
     ex, ey, ez = qx - px, qy - py, qz - pz
     hit = np.uint32(0)
-    m = half * (np.float32(0.0) + t_a)
-    hit |= _bits_at(flat, starts, shapes, boxes, c, px + m * ex, py + m * ey, pz + m * ez)
-    m = half * (t_a + t_b)
-    hit |= _bits_at(flat, starts, shapes, boxes, c, px + m * ex, py + m * ey, pz + m * ez)
-    m = half * (t_b + t_c)
-    hit |= _bits_at(flat, starts, shapes, boxes, c, px + m * ex, py + m * ey, pz + m * ez)
-    m = half * (t_c + np.float32(1.0))
-    hit |= _bits_at(flat, starts, shapes, boxes, c, px + m * ex, py + m * ey, pz + m * ez)
+    last_i, last_j, last_k = np.float32(np.nan), np.float32(np.nan), np.float32(np.nan)
+    for m in range(4):
+        if m == 0:
+            mid = half * (np.float32(0.0) + t_a)
+        elif m == 1:
+            mid = half * (t_a + t_b)
+        elif m == 2:
+            mid = half * (t_b + t_c)
+        else:
+            mid = half * (t_c + np.float32(1.0))
+        i = np.floor(px + mid * ex + half)
+        j = np.floor(py + mid * ey + half)
+        k = np.floor(pz + mid * ez + half)
+        if i != last_i or j != last_j or k != last_k:
+            hit |= _cell_bits(flat, starts, shapes, boxes, c, i, j, k)
+            last_i, last_j, last_k = i, j, k
     return hit
 
 
@@ -119,13 +128,15 @@ def _segment_bits(flat, starts, shapes, boxes, c, ax, ay, az, bx, by, bz):
 
 
 @_jit
-def streamline_bits(points, offsets, flat, starts, shapes, boxes, first, last, out):
+def streamline_bits(points, offsets, flat, starts, shapes, boxes, present, first, last, out):
     """``out[s - first]`` = region bits of streamline s, for s in ``first..last-1``: the voxels of
     its points and those its segments cross. ``points`` (P, 3) float32 voxel coordinates.
 
     A point outside a box ± 1 lies in none of its voxels; a segment whose ends lie beyond one
     same side of it cannot reach it (the reference's test, ``max(a, b) >= lo - 1`` and ``min(a,
-    b) <= hi + 1`` on every axis; a segment with a NaN end that passes is not traversed)."""
+    b) <= hi + 1`` on every axis; a segment with a NaN end that passes is not traversed). Once a
+    streamline has every bit ``present[c]`` of box ``c``, the box can add nothing to it and is
+    not looked at again for that streamline."""
     n_boxes = len(starts)
     side = np.empty(n_boxes, dtype=np.int64)
     for s in range(first, last):
@@ -140,6 +151,8 @@ def streamline_bits(points, offsets, flat, starts, shapes, boxes, first, last, o
             for i in range(start + 1, end):
                 bx, by, bz = points[i, 0], points[i, 1], points[i, 2]
                 for c in range(n_boxes):
+                    if hit & present[c] == present[c]:
+                        continue
                     side_b = _side(boxes, c, bx, by, bz)
                     if side_b == 0:
                         hit |= _bits_at(flat, starts, shapes, boxes, c, bx, by, bz)
