@@ -57,11 +57,11 @@ NEAR_SAMPLE_STEP = 64
 
 @dataclass(frozen=True)
 class RegionBoxes:
-    """The region bits in boxes around the regions: box ``c``'s bits (uint8 for up to 8
-    regions, else uint32; C order) are
-    ``flat[starts[c]:]`` of shape ``shapes[c]``; ``boxes[c]`` is float32 (lo xyz, hi xyz,
-    lo - 1 xyz, hi + 1 xyz) in voxels of the grid; ``present[c]`` the bits of the regions in it.
-    A voxel's bits are the OR over the boxes holding it (each region lies whole in one box)."""
+    """The region bits in boxes around the regions: box ``c``'s bits (uint8 for up to 8 regions,
+    else uint32; C order) are ``flat[starts[c]:]`` of shape ``shapes[c]``; ``boxes[c]`` is
+    float32 (lo xyz, hi xyz, lo - 1 xyz, hi + 1 xyz) in voxels of the grid; ``present[c]`` the
+    bits of the regions in it. A voxel's bits are the OR over the boxes holding it (each region
+    lies whole in one box)."""
 
     flat: np.ndarray
     starts: np.ndarray

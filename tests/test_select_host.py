@@ -11,7 +11,9 @@ from tractlens.gpu.backend import Cancelled
 from tractlens.gpu.select import StreamlineIndex, hits_arrays, region_bits, select_streamlines
 
 ENGINES = ("arrays", "compiled")
-needs_numba = pytest.mark.skipif(not select_host.available(), reason="numba (the cpu extra) is not installed")
+needs_numba = pytest.mark.skipif(
+    not select_host.available(), reason="numba (the cpu extra) is not installed, or TRACTLENS_DISABLE_NUMBA is set"
+)
 
 
 def engine_param(engine):
@@ -199,17 +201,12 @@ def test_auto_runs_the_compiled_loop_once_numba_has_started(rng):
     np.testing.assert_array_equal(sel.bits, reference_bits(points, offsets, masks))
 
 
-def test_the_compiled_engine_without_numba_is_refused(monkeypatch):
-    monkeypatch.setenv("TRACTLENS_DISABLE_NUMBA", "1")
-    host.numba_module.cache_clear()
-    try:
-        points = np.array([[1, 1, 1], [2, 2, 2]], np.float32)
-        roi = np.ones((4, 4, 4), bool)
-        with pytest.raises(ValueError, match="numba"):
-            select_streamlines(points, np.array([0, 2]), [roi], device="cpu", engine="compiled")
-        assert select_streamlines(points, np.array([0, 2]), [roi], device="cpu").provenance["engine"] == "arrays"
-    finally:
-        host.numba_module.cache_clear()
+def test_the_compiled_engine_without_numba_is_refused(numba_disabled):
+    points = np.array([[1, 1, 1], [2, 2, 2]], np.float32)
+    roi = np.ones((4, 4, 4), bool)
+    with pytest.raises(ValueError, match="numba"):
+        select_streamlines(points, np.array([0, 2]), [roi], device="cpu", engine="compiled")
+    assert select_streamlines(points, np.array([0, 2]), [roi], device="cpu").provenance["engine"] == "arrays"
 
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
