@@ -14,6 +14,8 @@ import contextlib
 import functools
 import logging
 import os
+import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
@@ -53,11 +55,31 @@ def numba_module():
     return numba
 
 
+def numba_installed() -> bool:
+    """Whether :func:`numba_module` would give numba, found without importing it (its import
+    takes ~0.3 s: a job that may not need it should not pay that to decide)."""
+    if os.environ.get("TRACTLENS_DISABLE_NUMBA"):
+        return False
+    import importlib.util
+
+    return "numba" in sys.modules or importlib.util.find_spec("numba") is not None
+
+
 def compiled_note() -> str | None:
     """A note for a job's result when its CPU engine runs without compiled loops, else None."""
     if numba_module() is not None:
         return None
     return f"the CPU engine ran without numba (slower): {NUMBA_HINT}"
+
+
+_started = threading.Event()  # set once a compiled loop has run in this process
+
+
+def compiled_started() -> bool:
+    """Whether a compiled loop of the CPU engines has run in this process, so numba's start
+    (its import and CPU target: ~0.5 s on a 2-core machine, more on a large one) is paid and the
+    next loop loads from numba's cache in milliseconds."""
+    return _started.is_set()
 
 
 def compile_or_uncached(loops, first_call, module: str):
@@ -77,6 +99,7 @@ def compile_or_uncached(loops, first_call, module: str):
             if hasattr(value, "_cache") and hasattr(value, "py_func"):  # a numba dispatcher
                 value._cache = NullCache()
         first_call(loops())
+    _started.set()
     return loops()
 
 

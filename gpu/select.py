@@ -13,8 +13,10 @@ voxel the piece visits. Looking those up is enough.
 
 Up to 32 regions are tested at once through a bit volume (bit r set where
 region r is); each streamline gets the OR of the bits of every voxel it visits.
-The NumPy reference below and the CUDA kernel ``kernels/select.cu`` (one thread
-per segment, ``atomicOr`` per streamline) compute the same bits.
+The array reference below (NumPy or CuPy: :func:`hits_arrays`), the CUDA kernel
+``kernels/select.cu`` (one thread per segment, ``atomicOr`` per streamline) and the
+CPU engines of :mod:`gpu.select_host` (only the bits of boxes around the regions;
+a compiled loop with numba, else NumPy) compute the same bits.
 """
 
 from __future__ import annotations
@@ -25,27 +27,36 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cuda
+from . import cuda, select_host
 from .backend import Backend, get_backend, run_batched
-from .engines import ARRAYS, KERNEL, choose_engine
-from .host import host_threads
+from .engines import ARRAYS, AUTO, COMPILED, KERNEL, choose_engine
+from .host import NUMBA_HINT, host_threads
+from .select_host import point_blocks
 from .streamlines import repeat_counts
+
+__all__ = ["Selection", "StreamlineIndex", "hits_arrays", "point_blocks", "region_bits", "select_streamlines"]
 
 MAX_REGIONS = 32
 
 
-def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
-    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid)."""
+def checked_masks(masks: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The regions as boolean volumes, checked: at least one, at most :data:`MAX_REGIONS`, one shape."""
     if not masks:
         raise ValueError("at least one region is needed")
     if len(masks) > MAX_REGIONS:
         raise ValueError(f"at most {MAX_REGIONS} regions can be tested at once, got {len(masks)}")
-    shape = np.asarray(masks[0]).shape
-    bits = np.zeros(shape, dtype=np.uint32)
+    out = [np.asarray(mask, dtype=bool) for mask in masks]
+    for r, mask in enumerate(out):
+        if mask.shape != out[0].shape:
+            raise ValueError(f"region {r} has shape {mask.shape}, the first has {out[0].shape}")
+    return out
+
+
+def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
+    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid)."""
+    masks = checked_masks(masks)
+    bits = np.zeros(masks[0].shape, dtype=np.uint32)
     for r, mask in enumerate(masks):
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != shape:
-            raise ValueError(f"region {r} has shape {mask.shape}, the first has {shape}")
         bits[mask] |= np.uint32(1) << np.uint32(r)
     return bits
 
@@ -193,8 +204,9 @@ class Selection:
 
 
 #: Working memory of one batch of a selection on the CPU (and of the array engine on the GPU),
-#: per thread: the temporaries of :func:`hits_arrays` are bounded by it, not by the free memory
-#: (a whole-brain selection once took 38 GB of a 128 GB machine's host memory in one go).
+#: per thread: the temporaries of the CPU's NumPy engine and of :func:`hits_arrays` are bounded
+#: by it, not by the free memory (a whole-brain selection once took 38 GB of a 128 GB machine's
+#: host memory in one go); the compiled loop needs none.
 SELECT_CHUNK_BYTES = 256 << 20
 #: Points uploaded (and streamline ids made) at a time when a GPU index is built
 INDEX_CHUNK_POINTS = 1 << 24
@@ -275,34 +287,37 @@ class StreamlineIndex:
     ) -> Selection:
         """Streamlines that pass every ``include`` region (AND) and no ``exclude`` region (NOT).
 
-        ``engine``: ``"auto"`` (kernel on the GPU, arrays on the CPU), ``"kernel"`` or ``"arrays"``.
+        ``engine``: ``"auto"``, ``"kernel"`` (the GPU), ``"compiled"`` (the CPU, numba) or
+        ``"arrays"`` (array operations: NumPy on the CPU, CuPy on the GPU). ``"auto"`` is the
+        kernel on the GPU; on the CPU NumPy or the compiled loop, whichever costs less with
+        numba's start in a fresh process counted (:func:`gpu.select_host.auto_engine`). Every
+        engine gives the same bits.
         """
-        backend, xp = self.backend, self.backend.xp
-        bits_host = region_bits([*include, *exclude])
+        backend = self.backend
+        masks = checked_masks([*include, *exclude])
         t0 = time.perf_counter()
-        bits = backend.asarray(bits_host)
-        engine = choose_engine(engine, backend, available=(KERNEL, ARRAYS), method="fiber selection")
-        if engine == "kernel":
-            out = backend.to_host(
-                hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams)
-            )
-            if progress is not None:
-                progress(self.n_streams, self.n_streams)
+        requested = engine
+        engine = choose_engine(engine, backend, available=(KERNEL, COMPILED, ARRAYS), method="fiber selection")
+        if backend.is_gpu:
+            if engine == COMPILED:
+                raise ValueError("the 'compiled' engine of fiber selection runs on the CPU backend; on the GPU "
+                                 "use 'kernel' or 'arrays'")  # fmt: skip
+            out = self._select_gpu(masks, engine, progress, cancelled)
         else:
-            out = np.zeros(self.n_streams, dtype=np.uint32)
-            occupied = np.argwhere(bits_host != 0)
-            box = (occupied.min(axis=0), occupied.max(axis=0)) if len(occupied) else None
-            mean_points = max(1.0, self.offsets_host[-1] / max(self.n_streams, 1))
-            per_stream = int(mean_points * 600)  # pieces, 4 cells and their bits: generous
-
-            def process(a: int, b: int) -> None:
-                out[a:b] = backend.to_host(hits_arrays(xp, self.points, self.offsets, bits, a, b, box))
-
-            threads = None if backend.is_gpu else host_threads()  # batches side by side on the CPU's cores
-            run_batched(
-                backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3,
-                maximum=max(1, self.chunk_bytes // per_stream), threads=threads,
-            )  # fmt: skip
+            threads = host_threads()
+            if engine == COMPILED and requested != AUTO and not select_host.available():
+                raise ValueError(f"the 'compiled' engine needs numba: {NUMBA_HINT}; or use engine='arrays'")
+            boxes = select_host.region_boxes(masks)
+            if boxes is None:  # every region is empty: no streamline passes one
+                out = np.zeros(self.n_streams, dtype=np.uint32)
+                engine = ARRAYS if requested == AUTO else engine
+            else:
+                if requested == AUTO:
+                    engine = select_host.auto_engine(self.points, boxes, threads)
+                out = select_host.streamline_bits(
+                    self.points, self.offsets_host, boxes, engine=engine, threads=threads,
+                    chunk_bytes=self.chunk_bytes, progress=progress, cancelled=cancelled,
+                )  # fmt: skip
         include_mask = np.uint32((1 << len(include)) - 1)
         exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
         selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
@@ -316,18 +331,30 @@ class StreamlineIndex:
         }
         return Selection(out, selected, provenance)
 
+    def _select_gpu(self, masks, engine, progress, cancelled) -> np.ndarray:
+        """Region bits of every streamline on the GPU: the kernel, or the array reference on CuPy
+        in batches of bounded working memory."""
+        backend, xp = self.backend, self.backend.xp
+        bits = backend.asarray(region_bits(masks))
+        if engine == KERNEL:
+            out = backend.to_host(hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits,
+                                              self.n_streams))  # fmt: skip
+            if progress is not None:
+                progress(self.n_streams, self.n_streams)
+            return out
+        out = np.zeros(self.n_streams, dtype=np.uint32)
+        box = select_host.region_bounds(masks)
+        mean_points = max(1.0, self.offsets_host[-1] / max(self.n_streams, 1))
+        per_stream = int(mean_points * 600)  # pieces, 4 cells and their bits: generous
 
-def point_blocks(offsets: np.ndarray, max_points: int) -> list[tuple[int, int]]:
-    """Ranges ``[a, b)`` of consecutive streamlines of about ``max_points`` points each (a longer
-    streamline alone), covering all of them."""
-    n = len(offsets) - 1
-    out, a = [], 0
-    while a < n:
-        b = int(np.searchsorted(offsets, int(offsets[a]) + max_points, side="right")) - 1
-        b = min(max(b, a + 1), n)
-        out.append((a, b))
-        a = b
-    return out
+        def process(a: int, b: int) -> None:
+            out[a:b] = backend.to_host(hits_arrays(xp, self.points, self.offsets, bits, a, b, box))
+
+        run_batched(
+            backend, self.n_streams, per_stream, process, progress=progress, cancelled=cancelled, fraction=0.3,
+            maximum=max(1, self.chunk_bytes // per_stream),
+        )  # fmt: skip
+        return out
 
 
 def select_streamlines(

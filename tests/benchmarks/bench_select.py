@@ -3,7 +3,8 @@
     python tests/benchmarks/bench_select.py [--counts 100000 1000000] [--gpu]
 
 Synthetic streamlines of 50 points, one voxel apart, in a 100³ grid; the ROI is a
-10×10×10 cube in the middle. CPU = NumPy reference engine; GPU = the CUDA
+10×10×10 cube in the middle. CPU = the CPU engine ``auto`` picks (``cpu_engine``: NumPy, or
+the compiled loop when numba has started; the key keeps its old name); GPU = the CUDA
 kernel, timed (a) with the streamlines already on the device, as while an ROI
 is dragged (CUDA events, median of 20), and (b) end to end from host arrays.
 Prints one JSON line per size.
@@ -49,6 +50,7 @@ def main() -> None:
             t0 = time.perf_counter()
             cpu = select_streamlines(points, offsets, [roi], device="cpu")
             row["cpu_numpy_s"] = round(time.perf_counter() - t0, 3)
+            row["cpu_engine"] = cpu.provenance["engine"]
             row["selected"] = int(cpu.selected.sum())
         if args.gpu:
             import cupy as cp
