@@ -502,7 +502,6 @@ def main() -> None:
     out = Path(args.out or ROOT / "tests" / "benchmarks" / "results" / "cpu_peers.json")
     work = Path(args.work)
     only = set(args.only or METHODS)
-    from importlib.metadata import version
 
     import dipy
     import scipy
@@ -516,8 +515,8 @@ def main() -> None:
             "numpy": np.__version__,
             "scipy": scipy.__version__,
             "dipy": dipy.__version__,
-            "dmri-commit": version("dmri-commit"),
-            "dmri-amico": version("dmri-amico"),
+            "dmri-commit": _version_or_none("dmri-commit"),
+            "dmri-amico": _version_or_none("dmri-amico"),
             "numba": _version_or_none("numba"),
         },
         "repeats": args.repeats,
