@@ -188,3 +188,24 @@ def test_the_first_run_summary_gives_each_commands_line_ratio_and_verdict(bench,
         "gpu_warmup_s": {"shipped_kernels_install": 0.31},
     }
     assert where["warm"] == {"startup_s": 2.0, "phases_s": {"read": 0.04}, "gpu_warmup_s": {}}
+
+
+def test_cold_pairs_give_the_median_cold_and_warm_and_record_every_pair(tmp_path):
+    """--cold --cold-pairs 3: three (cold, warm) pairs, each cold run from emptied caches; the
+    command's cold and warm times are the medians, every pair is kept (a 2-3 s command varies by
+    ~0.5 s between fresh processes: one pair cannot tell 1.2 x from noise)."""
+    import statistics
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRACTLENS_TIMINGS", None)
+    results = tmp_path / "results"
+    argv = [sys.executable, str(SCRIPT), "--quick", "--commands", "fit-dti", "--device", "cpu", "--cold"]
+    argv += ["--cold-pairs", "3", "--outdir", str(tmp_path / "e2e"), "--results", str(results), "--tag", "pairs"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = json.loads((results / "e2e_pairs.json").read_text())["runs"]["fit-dti@1"]
+    pairs = row["cold_pairs_s"]
+    assert len(pairs) == 3 and all(cold > 0 and warm > 0 for cold, warm in pairs)
+    assert row["cold_s"] == pytest.approx(statistics.median(cold for cold, _ in pairs), abs=1e-3)
+    assert row["warm_s"] == pytest.approx(statistics.median(warm for _, warm in pairs), abs=1e-3)
+    assert row["cold_over_warm"] == pytest.approx(row["cold_s"] / row["warm_s"], rel=1e-3)

@@ -128,7 +128,7 @@ case $step in
     python3 -m tractlens.app.cli track probabilistic --samples "$E/bedpostx" --seed "$E/seed.nii.gz" \
       --nsamples 1 -o "$Q/prime" --device cpu --quiet 2>&1 | tail -2
     TRACTLENS_SHIPPED_KERNELS_DIR=$B/shipped timeout 400 python3 tests/benchmarks/bench_e2e.py --small --outdir "$E" \
-      --device gpu --cold --kernel-cache "$Q/cold-cupy" --results "$OUT" --tag "${tag}_small" \
+      --device gpu --cold --cold-pairs "${COLD_PAIRS:-3}" --kernel-cache "$Q/cold-cupy" --results "$OUT" --tag "${tag}_small" \
       --first-run-summary "$OUT/first_run_$tag.json" >"$OUT/bench_cold_small.log" 2>&1
     grep -A9 "cold s" "$OUT/bench_cold_small.log"
     python3 -c "import json, sys; s = json.load(open(sys.argv[1])); print('target met:', s['met']); \
