@@ -210,6 +210,10 @@ class Selection:
 SELECT_CHUNK_BYTES = 256 << 20
 #: Points uploaded (and streamline ids made) at a time when a GPU index is built
 INDEX_CHUNK_POINTS = 1 << 24
+#: ... made on the host (a mapped file's rows converted) a block of this many points per thread,
+#: on at most this many threads: ~0.6 GB of host blocks in flight at most
+UPLOAD_BLOCK_POINTS = 1 << 22
+UPLOAD_THREADS = 4
 
 
 class StreamlineIndex:
@@ -254,15 +258,20 @@ class StreamlineIndex:
         self.is_last[self.offsets[1:][lengths > 0] - 1] = 1
 
     def _upload(self, points):
-        """The points on the device, ``chunk_points`` at a time (no whole host copy)."""
+        """The points on the device, ``chunk_points`` at a time (no whole host copy). Rows that
+        are made as they are read (a mapped file's millimetres to voxels) are made by
+        :data:`UPLOAD_THREADS` host threads a block ahead, and go up in order."""
+        from .host import run_in_order
         from .transfer import to_device
 
         xp = self.backend.xp
         n = len(points)
         out = xp.empty((n, 3), dtype=xp.float32)
-        for a in range(0, n, self.chunk_points):
-            b = min(n, a + self.chunk_points)
-            out[a:b] = to_device(np.ascontiguousarray(points[a:b], dtype=np.float32))
+        step = max(1, min(self.chunk_points, UPLOAD_BLOCK_POINTS))
+        bounds = [(a, min(n, a + step)) for a in range(0, n, step)]
+        blocks = ((lambda a=a, b=b: np.ascontiguousarray(points[a:b], dtype=np.float32)) for a, b in bounds)
+        for (a, b), block in zip(bounds, run_in_order(blocks, min(host_threads(), UPLOAD_THREADS)), strict=True):
+            out[a:b] = to_device(block)
         return out
 
     def _stream_ids(self):

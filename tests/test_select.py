@@ -232,3 +232,37 @@ def test_a_selection_working_memory_is_bounded_by_the_chunk(rng):
             tracemalloc.stop()
         np.testing.assert_array_equal(bits, peaks["bits1048576"])
         assert peak < 4 * len(offsets) + 30**3 * 4 + 2e6, peak  # the result and the region's box
+
+
+def test_the_gpu_index_uploads_rows_made_on_threads_in_order(monkeypatch):
+    """StreamlineIndex._upload (the GPU index) makes the rows of a points object that converts as
+    it is read on several host threads, a block ahead, and puts them up in order: here with NumPy
+    standing in for the device, blocks of 7 points and 3 threads."""
+    import threading
+    import types
+
+    from tractlens.gpu import select as select_module
+    from tractlens.gpu import transfer
+
+    rng = np.random.default_rng(4)
+    voxels = rng.random((100, 3)).astype(np.float64) * 50
+    threads = set()
+
+    class Converting:  # a tractogram's points: rows made (to float32) as they are read
+        def __len__(self):
+            return len(voxels)
+
+        def __getitem__(self, rows):
+            threads.add(threading.get_ident())
+            return voxels[rows].astype(np.float32)
+
+    monkeypatch.setattr(transfer, "to_device", lambda block: np.array(block))
+    monkeypatch.setattr(select_module, "UPLOAD_BLOCK_POINTS", 7)
+    monkeypatch.setattr(select_module, "UPLOAD_THREADS", 3)
+    monkeypatch.setattr(select_module, "host_threads", lambda: 8)
+    index = types.SimpleNamespace(backend=types.SimpleNamespace(xp=np), chunk_points=1 << 24)
+    up = select_module.StreamlineIndex._upload(index, Converting())
+    np.testing.assert_array_equal(up, voxels.astype(np.float32))
+    assert threads and threading.get_ident() not in threads  # made on the pool's threads, not the caller's
+    index.chunk_points = 5  # the index's own chunk bounds the block too
+    np.testing.assert_array_equal(select_module.StreamlineIndex._upload(index, Converting()), voxels.astype(np.float32))
