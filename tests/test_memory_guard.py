@@ -73,7 +73,8 @@ PEAK_SCRIPT = textwrap.dedent(
         f.write("5")
     before = status("VmRSS")
     result = commit_pipeline(dwi, tract, params=CommitParams(max_iter=5, tol=0.0), device="cpu")
-    print(json.dumps({"peak": status("VmHWM") - before, "need": needs[0].total, "parts": needs[0].parts,
+    print(json.dumps({"peak": status("VmHWM") - before, "need": max(n.total for n in needs), "parts": needs[0].parts,
+                      "fit_need": needs[-1].total, "ec": result.problem.n_ec, "ec_announced": needs[0].plan["ec_compartments"],
                       "segments": len(result.problem.segments), "plan": needs[0].plan,
                       "cut_passes": result.provenance["cut_passes"]}))
     """
@@ -172,7 +173,8 @@ def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit(monkeypat
     pytest.importorskip("numba", reason="the fused loops need the cpu extra (numba)")
     _, tract = bundle_inputs(500, shape=(16, 16, 16), n_meas=20)
     # every voxel of the grid counted as fitted (the bundle passes through a 16³ corner of it)
-    monkeypatch.setattr(memory_guard, "traversed_voxels", lambda tract, rows, to_voxel: int((rows >= 0).sum()))
+    voxels = lambda tract, rows, *a: memory_guard.Traversal(int((rows >= 0).sum()), int((rows >= 0).sum()))  # noqa: E731
+    monkeypatch.setattr(memory_guard, "traversal", voxels)
 
     def per_value(shape, lo, hi):
         rows = np.arange(int(np.prod(shape))).reshape(shape)
@@ -189,7 +191,9 @@ def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit(monkeypat
 
 def test_commit_announces_at_most_k_ec_compartments_a_voxel(monkeypatch):
     """Without a peaks file the need counts ec_orientations compartments a voxel at most (the
-    former one-per-orientation compartments are estimated from the sample's, up to one a segment)."""
+    former one-per-orientation compartments are counted over the points, up to one a segment)."""
+    import dataclasses
+
     import numpy as np
 
     from tests.benchmarks.bench_commit import bundle_inputs
@@ -198,13 +202,14 @@ def test_commit_announces_at_most_k_ec_compartments_a_voxel(monkeypatch):
 
     _, tract = bundle_inputs(500, shape=(16, 16, 16), n_meas=20)
     rows = np.arange(16**3).reshape(16, 16, 16)
-    monkeypatch.setattr(memory_guard, "traversed_voxels", lambda tract, rows, to_voxel: rows.size)
+    real = memory_guard.traversal
+    monkeypatch.setattr(memory_guard, "traversal", lambda *a: dataclasses.replace(real(*a), voxels=a[1].size))
 
     def plan(k):
         return commit_host_need(tract, rows, np.ones(3), np.eye(4), 60, CommitParams(ec_orientations=k)).plan
 
     assert plan(1)["ec_compartments"] == 16**3 and plan(2)["ec_compartments"] == 2 * 16**3 < plan(2)["segments"]
-    assert plan(0)["ec_compartments"] > 2 * 16**3  # the sample's distinct orientations, scaled to the whole
+    assert plan(0)["ec_compartments"] > 2 * 16**3  # the distinct orientations of the whole
 
 
 def _segment_rows(tract, rows):
