@@ -24,7 +24,7 @@ import numpy as np
 from tractlens.gpu import commit, commit_ec, commit_operator, commit_segments, commit_solver
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit_host import CPU_FIT_DTYPE, MODEL_HOST_BYTES, host_operator_bytes
-from tractlens.gpu.host import host_threads, numba_module
+from tractlens.gpu.host import host_threads, numba_module, release_freed_memory
 
 from .errors import InputError
 
@@ -403,10 +403,12 @@ def commit_fit_parts(n_seg: int, n_rows: int, n_ec: int, n_fibers: int, n_meas: 
     }
 
 
-def commit_fit_need(n_seg: int, n_rows: int, n_ec: int, n_fibers: int, n_meas: int, params) -> MemoryNeed:
+def commit_fit_need(
+    n_seg: int, n_rows: int, n_ec: int, n_fibers: int, n_meas: int, params, runtime: int = RUNTIME_BYTES
+) -> MemoryNeed:
     """The fit phase of :func:`commit_host_need` from the job's exact counts, once its segments
-    and EC compartments exist (the compiled loops loaded by then: :data:`RUNTIME_BYTES`)."""
-    parts = {**commit_fit_parts(n_seg, n_rows, n_ec, n_fibers, n_meas, params), "runtime": RUNTIME_BYTES}
+    and EC compartments exist, with ``runtime`` (:func:`runtime_bytes`) on top."""
+    parts = {**commit_fit_parts(n_seg, n_rows, n_ec, n_fibers, n_meas, params), "runtime": runtime}
     plan = {"segments": n_seg, "voxels": n_rows, "ec_compartments": n_ec}
     return MemoryNeed("COMMIT", int(sum(parts.values())), parts, plan)
 
@@ -422,12 +424,17 @@ def commit_memory_fix(peaks, params) -> str:
     )  # fmt: skip
 
 
-def check_commit_fit_memory(seg, n_rows: int, n_ec: int, n_fibers: int, n_meas: int, params, peaks) -> MemoryNeed:
+def check_commit_fit_memory(
+    seg, n_rows: int, n_ec: int, n_fibers: int, n_meas: int, params, peaks, runtime: int = RUNTIME_BYTES
+) -> MemoryNeed:
     """:func:`commit_fit_need` of a COMMIT job whose segments ``seg`` and ``n_ec`` EC compartments
     were made (the counts exact now, not estimated), refused before the fit when what it has not
-    yet allocated (all but the segments and the look-up tables) is not free; the need."""
-    need = commit_fit_need(len(seg), n_rows, n_ec, n_fibers, n_meas, params)
+    yet allocated (all but the segments and the look-up tables) is not free; the need.
+    ``runtime``: the job's first estimate's (with numba's compiler when the job loaded the
+    loops: what they hold stays resident)."""
+    need = commit_fit_need(len(seg), n_rows, n_ec, n_fibers, n_meas, params, runtime)
     held = need.parts["segments"] + need.parts["look-up tables"]
+    release_freed_memory()  # the EC compartments' temporaries, freed in the heap: what is free, truly
     check_host_memory(need, commit_memory_fix(peaks, params), held=held)
     return need
 

@@ -357,7 +357,7 @@ def _commit_pipeline(
     n_rows = int(usable.sum())
     if need is not None:  # again with the exact counts, before the fit's arrays (app.memory_guard)
         fit_need = memory_guard.check_commit_fit_memory(
-            seg, n_rows, len(ec_row), len(tractogram), len(dwi.bvals), params, peaks
+            seg, n_rows, len(ec_row), len(tractogram), len(dwi.bvals), params, peaks, need.parts["runtime"]
         )
         need.parts.update({"announced before the cut": need.total, "fit, counted": fit_need.total})
         need.total = max(need.total, fit_need.total)  # the job's announcement: the larger

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from tractlens.gpu import commit, commit_operator, commit_segments
+from tractlens.gpu.host import release_freed_memory
 
 from ..errors import InputError
 from ..grid import Grid
@@ -44,7 +45,9 @@ def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> 
     """``data[usable] / b0[usable]`` (n, M) in the rows' (C) order, in the data's precision: the
     values the float64 fit takes exactly, at half the memory of a float64 copy. Read a slab of
     the last spatial axis at a time (contiguous in the file's column-major order) by a pool of
-    threads; a read-only mapped series gives its pages back every few slabs."""
+    threads; a read-only mapped series gives its pages back every few slabs. The slabs'
+    temporaries (up to a few tens of MB a thread at 1 mm) go back to the system at the end: freed
+    in the threads' own heaps, they would stay resident through the fit (:func:`gpu.host.release_freed_memory`)."""
     out = np.empty((int(usable.sum()), data.shape[-1]), dtype=np.result_type(data.dtype, b0.dtype))
     row_of = np.full(usable.shape, -1, dtype=np.int64)
     row_of[usable] = np.arange(len(out))
@@ -60,6 +63,7 @@ def _normalised_signal(data: np.ndarray, b0: np.ndarray, usable: np.ndarray) -> 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(pool.map(slab, range(data.shape[2])))
     release_pages(data)
+    release_freed_memory()
     return out
 
 
