@@ -6,9 +6,13 @@ Each estimate is the job's peak above what the process held when it started (its
 already in memory): the largest of its phases, each the sum of the arrays alive then, from
 the sizes the engine documents (:data:`gpu.commit_segments.HOST_SEGMENT_BYTES`, :func:`gpu.commit_solver.fista_host_bytes`,
 …), plus :data:`RUNTIME_BYTES` for the compiled loops and allocator slack. What depends on
-the streamlines' geometry (segments per point, distinct (voxel, orientation) pairs) is
-measured on a sample of the job's own streamlines, with :data:`SAMPLE_MARGIN` on top.
-tests/test_memory_guard.py checks in a subprocess that a job's peak stays below its estimate.
+the streamlines' geometry is measured on the job's own streamlines: segments per point on a
+sample (:data:`SEGMENT_SAMPLE_MARGIN` on top); the fitted voxels and COMMIT's distinct
+(voxel, orientation) pairs over all the points, in one threaded pass (:func:`traversal`:
+pairs are shared between the streamlines of a bundle, which a sample does not see). COMMIT's
+fit is checked again once its segments and EC compartments exist, with their exact counts
+(:func:`check_commit_fit_memory`). tests/test_memory_guard.py checks in a subprocess that a
+job's peak stays below its announcement.
 
 ``TRACTLENS_MEMORY_GUARD=off`` runs a job whatever its estimate (at the user's risk).
 """
@@ -63,7 +67,7 @@ def runtime_bytes(loops_module: str) -> int:
 
 #: Streamlines cut to measure segments per point (evenly spaced through the tractogram)
 SAMPLE_STREAMLINES = 2000
-#: Head-room on what the sample measured (a sample sees less sharing of pairs than the whole)
+#: Head-room on what a sample measured (tracking's points per seed)
 SAMPLE_MARGIN = 1.25
 #: ... on the segments per point: a property of each streamline (no sharing), whose mean over
 #: the evenly spaced sample is within a few per cent of the whole's (the whole when it is small)
