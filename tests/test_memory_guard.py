@@ -360,3 +360,24 @@ def test_the_fit_is_checked_with_the_exact_counts(monkeypatch):
     expected = commit_fit_need(len(p.segments), p.n_rows, p.n_ec, len(tract), p.n_meas, params, runtime)
     assert len(needs) == 2 and needs[1].total == expected.total and needs[1].plan["ec_compartments"] == p.n_ec
     assert result.provenance["host_memory_announced_bytes"] == max(needs[0].total, needs[1].total)
+
+
+def test_the_signal_is_divided_in_blocks_of_voxels_with_the_same_values(monkeypatch, tmp_path):
+    """The normalised signal of a mapped column-major series, a few voxels at a time (blocks
+    that bound the worker threads' temporaries): bit for bit the boolean-indexed quotient."""
+    import numpy as np
+
+    from tractlens.app.pipelines import commit_inputs
+
+    monkeypatch.setattr(commit_inputs, "SIGNAL_BLOCK_VOXELS", 7)
+    rng = np.random.default_rng(3)
+    shape = (9, 11, 5, 13)
+    mm = np.memmap(tmp_path / "dwi.raw", dtype=np.float32, mode="w+", shape=shape, order="F")
+    mm[:] = rng.uniform(10, 1000, shape).astype(np.float32)
+    mm.flush()
+    data = np.memmap(tmp_path / "dwi.raw", dtype=np.float32, mode="r", shape=shape, order="F")
+    usable = rng.random(shape[:3]) < 0.6
+    b0 = rng.uniform(50, 500, shape[:3]).astype(np.float32)
+    y = commit_inputs._normalised_signal(data, b0, usable)
+    expected = np.asarray(data)[usable] / b0[usable][:, None]
+    assert y.dtype == np.float32 and np.array_equal(y, expected)
