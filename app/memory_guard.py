@@ -164,6 +164,12 @@ def traversed_voxels(tractogram, rows: np.ndarray, to_voxel) -> int:
     return traversal(tractogram, rows, to_voxel).voxels
 
 
+def _starts_within(offsets: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """The streamlines' first points (sorted ``offsets``) in lo < i < hi (a search, not a pass
+    over all the offsets for each chunk)."""
+    return offsets[np.searchsorted(offsets, lo, "right") : np.searchsorted(offsets, hi, "left")]
+
+
 def _mix(keys: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser of int64 ``keys`` as uint64: a bijection (distinct keys, distinct
     hashes) whose every output bit depends on every input bit, so a fixed range of hashes is a
@@ -194,7 +200,7 @@ def _step_pair_hashes(p32, first: int, offsets, affine, voxel_size, rows_flat, s
     step = p[1:] - p[:-1]
     step *= voxel_size
     ok = (step != 0).any(1)
-    ends = offsets[(offsets > first) & (offsets < first + len(p))] - first - 1
+    ends = _starts_within(offsets, first, first + len(p)) - first - 1
     ok[ends] = False  # from one streamline to the next
     k = np.flatnonzero(ok)
     if not len(k):
@@ -253,7 +259,7 @@ def traversal(tractogram, rows: np.ndarray, to_voxel, voxel_size=None) -> Traver
         else:  # three columns, not a matmul (a BLAS call per chunk)
             v = p[:, :1] * linear[0] + p[:, 1:2] * linear[1] + p[:, 2:] * linear[2] + shift
         d = v[1:] - v[:-1]
-        d[offsets[(offsets > lo) & (offsets < hi)] - lo - 1] = 0.0  # from one streamline to the next
+        d[_starts_within(offsets, lo, hi) - lo - 1] = 0.0  # from one streamline to the next
         step = float(np.abs(d, out=d).max()) if len(d) else 0.0
         if not (np.isfinite(step) and np.isfinite(v).all()):
             return np.inf, None
