@@ -355,6 +355,12 @@ def _commit_pipeline(
     else:
         ec_row, ec_orient = commit_operator.ec_from_segments(seg)
     n_rows = int(usable.sum())
+    if need is not None:  # again with the exact counts, before the fit's arrays (app.memory_guard)
+        fit_need = memory_guard.check_commit_fit_memory(
+            seg, n_rows, len(ec_row), len(tractogram), len(dwi.bvals), params, peaks, need.parts["runtime"]
+        )
+        need.parts.update({"announced before the cut": need.total, "fit, counted": fit_need.total})
+        need.total = max(need.total, fit_need.total)  # the job's announcement: the larger
     problem = Problem(n_rows, seg, ec_row, ec_orient, tables["ic"], tables["ec"], tables["iso"])
     y = _normalised_signal(dwi.data, b0, usable)  # a read-only mapped series' pages given back
     if gpus:  # split by voxel rows over several GPUs

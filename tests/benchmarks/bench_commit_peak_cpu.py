@@ -108,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{announced / 1e9 if announced else float('nan'):.2f} GB; VmRSS peak "
             f"{result['peak_bytes'].get('VmRSS', 0) / 1e9:.2f} GB (target 8 GB)"
         )
+        parts = summary.get("host_memory_parts") or {}
+        if "fit, counted" in parts:  # the guard's two announcements: estimated before the cut, counted after it
+            print(
+                f"announced before the cut {parts['announced before the cut'] / 1e9:.2f} GB, the fit with the "
+                f"counted EC compartments {parts['fit, counted'] / 1e9:.2f} GB; RssAnon peak "
+                f"{result['peak_bytes'].get('RssAnon', 0) / 1e9:.2f} GB"
+            )
     return 0 if proc.returncode == 0 else 1
 
 

@@ -182,7 +182,9 @@ def main(argv=None) -> int:
         "peak_by_phase": peaks,
         "rss_at_entry": entry,
         "peak": max(peaks.values()),
-        "announced": needs[0].total if needs else None,
+        "announced": max(n.total for n in needs) if needs else None,  # before the cut, and the fit counted after it
+        "announced_fit_counted": needs[1].total if len(needs) > 1 else None,
+        "fit_counted_parts": needs[1].parts if len(needs) > 1 else None,
         "announced_parts": needs[0].parts if needs else None,
         "plan": needs[0].plan if needs else None,
         "provenance": {k: v for k, v in result.provenance.items() if k in ("cut_passes", "fit_s", "segments_s")},
@@ -195,6 +197,10 @@ def main(argv=None) -> int:
     if needs:
         print(f"announced {needs[0].total / 1e9:.3f} GB above the start: {needs[0].plan}")
         for k, v in needs[0].parts.items():
+            print(f"    {k:26s} {v / 1e9:7.3f} GB")
+    if len(needs) > 1:  # the check before the fit, from the exact counts
+        print(f"the fit, counted after the cut: {needs[1].total / 1e9:.3f} GB above the start: {needs[1].plan}")
+        for k, v in needs[1].parts.items():
             print(f"    {k:26s} {v / 1e9:7.3f} GB")
     if args.out:
         args.out.write_text(json.dumps(out, indent=1), encoding="utf-8")
