@@ -230,7 +230,7 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ menus
     def _build_menus(self) -> None:
-        file_menu = self.menuBar().addMenu("&File")
+        self.file_menu = file_menu = self.menuBar().addMenu("&File")
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("toolbar_main")
         self.recent_menu = build_file_menu(self, file_menu, toolbar)
@@ -246,7 +246,7 @@ class MainWindow(QMainWindow):
         move_before(file_menu, [self._action(file_menu, "Export for na&vigation…", self.dicom.export_dialog)], report)
         self.role_box, self.tool_actions = self.roi_toolbar.role_box, self.roi_toolbar.tool_actions
         self.radius_box, self.threshold_box = self.roi_toolbar.radius_box, self.roi_toolbar.threshold_box
-        track_menu = self.menuBar().addMenu("&Track")
+        self.track_menu = track_menu = self.menuBar().addMenu("&Track")
         track = self.first_steps.track  # the method's panel in front, then Track there
         self._action(track_menu, "&Deterministic (tensor)", lambda: track("deterministic"), "Ctrl+T", icon_name="track")
         self._action(track_menu, "&Geodesic (ray tracing)", lambda: track("geodesic"), "Ctrl+G")

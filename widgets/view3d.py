@@ -564,3 +564,10 @@ class View3D(FiberView, QWidget):
 
     def close_plotter(self) -> None:
         self.plotter.close()
+        # The interactor keeps Python wrappers of its GL context and surface (Qt's objects). Once
+        # Qt deletes them with the widget, Shiboken still maps their addresses to those wrappers
+        # while they live: a later QAction at the same address came back as a QSurface in a CI
+        # run. Dropped now, while their objects exist (pyvistaqt's own reset for a lost context).
+        forget = getattr(self.plotter, "_forget_context", None)
+        if forget is not None:
+            forget()

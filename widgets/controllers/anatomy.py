@@ -61,20 +61,21 @@ class AnatomyController:
     def build(self) -> None:
         window = self.window
         bar = window.menuBar()
-        track = next((a for a in bar.actions() if a.text() == "&Track"), None)
+        # the window's own menus, not looked up among the bar's actions by text: a wrapper Shiboken
+        # finds by a C++ address can be a stale one of a destroyed object (a CI run got a QSurface)
+        track = window.track_menu.menuAction()
         image_menu = bar.addMenu("I&mage")
         roi_menu = bar.addMenu("&ROI")
-        if track is not None:  # after View and Edit, before the methods
-            bar.insertMenu(track, image_menu)
-            bar.insertMenu(track, roi_menu)
+        bar.insertMenu(track, image_menu)  # after View and Edit, before the methods
+        bar.insertMenu(track, roi_menu)
         add_action(window, image_menu, "&Register to DWI…", self.register_to_dwi_dialog)
         add_action(window, image_menu, "&Apply a registration to the selected image…", self.apply_registration_dialog)
         add_action(window, image_menu, "Register DWI to &MNI…", self.register_to_mni_dialog)
         add_action(window, roi_menu, "Add &atlas region…", self.atlas_region_dialog)
         add_action(window, roi_menu, "New ROI on the &selected image", self.new_roi_on_selected)
         add_action(window, roi_menu, "Sa&ve ROI in its image's scanner space…", self.save_roi_in_scanner_space_dialog)
-        file_menu = bar.actions()[0].menu()
-        recent = next(a for a in file_menu.actions() if a.menu() is not None)  # "Open recent"
+        file_menu = window.file_menu
+        recent = window.recent_menu.menuAction()  # "Open recent"
         opener = add_action(window, file_menu, "Open re&gistration…", self.open_registration_dialog)
         file_menu.insertAction(recent, opener)
         window.statusBar().addPermanentWidget(self.mni_label)  # stays while messages show
