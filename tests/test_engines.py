@@ -119,7 +119,7 @@ def _dti(engine):
         (_geodesic, "arrays"),
         (_probabilistic, "compiled"),
         (_ballstick, "numpy"),
-        (_select, "arrays"),
+        (_select, "compiled"),
         (_dti, "arrays"),
     ],
 )
