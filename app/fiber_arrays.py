@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tractlens.gpu.select_host import point_blocks
+
 from .colormaps import LUTS
 from .fiber_colours import COLOUR_CHUNK_POINTS, COLOUR_THREADS, direction_colours  # noqa: F401 - names of this module
 from .grid import Grid
@@ -176,13 +178,7 @@ def piece_bounds(offsets: np.ndarray, max_points: int | None = None) -> list[tup
     n_lines, n_points = len(offsets) - 1, int(offsets[-1])
     if n_lines <= 0 or n_points <= max_points:
         return [(0, max(n_lines, 0))]
-    out, a = [], 0
-    while a < n_lines:
-        b = int(np.searchsorted(offsets, int(offsets[a]) + max_points, side="right")) - 1
-        b = min(max(b, a + 1), n_lines)
-        out.append((a, b))
-        a = b
-    return out
+    return point_blocks(offsets, max_points)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._mapped_files import file_rss
 from tractlens.app.io import load_tractogram, save_tractogram, tractogram_exact
 from tractlens.app.io.tractogram_stream import open_tractogram_writer
 from tractlens.app.model import Document, Layer, Tractogram
@@ -107,18 +108,6 @@ def test_a_tractogram_in_memory_or_on_another_affine_is_still_written_as_float64
         np.testing.assert_array_equal(back.points, tract.points)
 
 
-def _file_rss(path: Path) -> int:
-    """Bytes of ``path``'s memory maps resident in this process (its part of RssFile)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and ":" not in head[0]:
-            inside = line.rstrip().endswith(str(path))
-        elif inside and head[0] == "Rss:":
-            total += int(head[1]) * 1024
-    return total
-
-
 @pytest.mark.parametrize("as_stored", [True, False])
 def test_the_autosave_of_a_mapped_trx_holds_a_chunk_not_a_copy(tmp_path, monkeypatch, as_stored):
     """Allocations traced while the autosave's folder writer writes a 1 M-point mapped .trx
@@ -144,7 +133,7 @@ def test_the_autosave_of_a_mapped_trx_holds_a_chunk_not_a_copy(tmp_path, monkeyp
         # a chunk of positions (192 kB) or of FA, the offsets' chunk, zipfile's buffers
         assert peak < 2e6, peak
         if Path("/proc/self/smaps").exists():
-            assert _file_rss(source) == 0  # read with pread: no page of the source file stays mapped
+            assert file_rss(source) == 0  # read with pread: no page of the source file stays mapped
     else:
         assert peak > 24e6, peak  # the float64 copy of the positions
     assert not original.mapped.made  # writing it made no voxel coordinates either

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._mapped_files import file_rss, read_eagerly
 from tractlens.app.fiber_arrays import FiberArrayCache, display_points
 from tractlens.app.io import load_tractogram, tractogram_points
 from tractlens.app.io.tractogram_stream import open_tractogram_writer
@@ -29,29 +30,6 @@ def _float16_trx(tmp_path: Path, n=3000, points=40, seed=0) -> Path:
     with open_tractogram_writer(path, AFFINE, tract.dimensions, positions_dtype="float16") as writer:
         writer.append(tract)
     return path
-
-
-def _eager(path: Path) -> Tractogram:
-    """The file read the way that converts every point at open (a compressed copy of it)."""
-    compressed = path.with_name("z_" + path.name)
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(compressed, "w", zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            dst.writestr(info.filename, src.read(info.filename))
-    tract = load_tractogram(compressed)
-    assert tract.mapped is None
-    return tract
-
-
-def _file_rss(path: Path) -> int:
-    """Bytes of ``path``'s memory maps resident in this process (its part of RssFile)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and ":" not in head[0]:
-            inside = line.rstrip().endswith(str(path))
-        elif inside and head[0] == "Rss:":
-            total += int(head[1]) * 1024
-    return total
 
 
 @pytest.mark.parametrize("own_buffers", [True, False])
@@ -77,7 +55,7 @@ def test_opening_a_float16_trx_makes_no_float32_copy(tmp_path, monkeypatch, own_
         assert not tract.mapped.made
         assert peak < 4e6, peak  # offsets, the check's chunks, the levels' ranges: no 12 MB copy
         if Path("/proc/self/smaps").exists():
-            assert _file_rss(path) == 0  # nothing of the file's map is resident either
+            assert file_rss(path) == 0  # nothing of the file's map is resident either
     else:
         assert arrays.points.dtype == np.float32 and tract.mapped.made
         assert peak > 12e6, peak
@@ -85,7 +63,7 @@ def test_opening_a_float16_trx_makes_no_float32_copy(tmp_path, monkeypatch, own_
 
 def test_rows_read_from_a_float16_trx_equal_the_whole_conversion(tmp_path):
     path = _float16_trx(tmp_path)
-    got, eager = load_tractogram(path), _eager(path)
+    got, eager = load_tractogram(path), read_eagerly(path)
     assert got.mapped is not None and got.mapped.world.dtype == np.float16
     np.testing.assert_array_equal(got.points_rows(7, 23_456), eager.points[7:23_456])
     index = np.array([0, 5, 119_999, 40_000, 3, 77_777])
@@ -114,7 +92,7 @@ def test_a_selection_over_a_float16_trx_equals_the_eager_one(tmp_path, device):
     from tractlens.app.pipelines.select import index_on_grid
 
     path = _float16_trx(tmp_path, n=2000)
-    got, eager = load_tractogram(path), _eager(path)
+    got, eager = load_tractogram(path), read_eagerly(path)
     masks = [np.zeros((145, 174, 145), bool), np.zeros((145, 174, 145), bool)]
     centre = np.rint(eager.points[:40_000].mean(axis=0)).astype(int)
     masks[0][tuple(slice(c - 3, c + 3) for c in centre)] = True

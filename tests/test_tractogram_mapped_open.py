@@ -11,6 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from tests._mapped_files import read_eagerly
 from tractlens.app.errors import InputError
 from tractlens.app.fiber_arrays import FiberArrayCache, display_points, grid_box
 from tractlens.app.integrity import document_problems
@@ -27,17 +28,6 @@ def _tractogram(n=3000, points=40, seed=0, **scalars):
     pts = (np.cumsum(steps.reshape(n, points, 3), axis=1) + 60).reshape(-1, 3)
     offsets = np.arange(0, n * points + 1, points, dtype=np.int64)
     return Tractogram(pts, offsets, AFFINE, (145, 174, 145), **scalars)
-
-
-def _eager(path):
-    """What the reader gives when it converts everything at open (the compressed .trx path)."""
-    compressed = path.with_name("z_" + path.name)
-    with zipfile.ZipFile(path) as src, zipfile.ZipFile(compressed, "w", zipfile.ZIP_DEFLATED) as dst:
-        for info in src.infolist():
-            dst.writestr(info.filename, src.read(info.filename))
-    tract = load_tractogram(compressed)
-    assert tract.mapped is None
-    return tract
 
 
 def test_an_uncompressed_trx_opens_mapped_and_converts_nothing(tmp_path):
@@ -60,7 +50,7 @@ def test_an_uncompressed_trx_opens_mapped_and_converts_nothing(tmp_path):
     assert not got.mapped.made
     assert arrays.points is got.mapped.world and np.array_equal(arrays.affine, np.eye(4))
     # and the values, once read, are the eager conversion's, bit for bit
-    eager = _eager(path)
+    eager = read_eagerly(path)
     np.testing.assert_array_equal(got.points_rows(7, 2345), eager.points[7:2345])
     index = np.array([0, 5, 119_999, 40_000, 3])
     np.testing.assert_array_equal(got.points_take(index), eager.points[index])
@@ -147,7 +137,7 @@ def test_bounds_are_read_in_chunks_and_keep_nan(monkeypatch):
 def test_a_mapped_trx_replaced_on_disk_still_reads_what_was_opened(tmp_path):
     first, second = _tractogram(n=100, seed=0), _tractogram(n=100, seed=1)
     path = save_tractogram(first, tmp_path / "t.trx")
-    expected = _eager(save_tractogram(first, tmp_path / "copy.trx")).points
+    expected = read_eagerly(save_tractogram(first, tmp_path / "copy.trx")).points
     got = load_tractogram(path)
     save_tractogram(second, path)  # atomic: a new file under the same name
     np.testing.assert_array_equal(got.points_rows(0, 4000), expected)
@@ -169,7 +159,7 @@ def test_a_selection_over_a_mapped_trx_equals_the_eager_one(tmp_path, device, sa
 
     tract = _tractogram(n=2000)
     path = save_tractogram(tract, tmp_path / "t.trx")
-    got, eager = load_tractogram(path), _eager(path)
+    got, eager = load_tractogram(path), read_eagerly(path)
     grid = got.affine if same_grid else got.affine @ np.diag([2.0, 2.0, 2.0, 1.0])
     shape = (145, 174, 145) if same_grid else (73, 87, 73)
     masks = [np.zeros(shape, bool), np.zeros(shape, bool)]

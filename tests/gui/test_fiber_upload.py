@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from vtkmodules.util.numpy_support import vtk_to_numpy
 
+from tests._mapped_files import file_rss
 from tractlens.app.fiber_arrays import FiberArrays
 from tractlens.app.io import _pages  # file_region: is the test array file-backed
 from tractlens.widgets import gl_fibers
@@ -51,18 +52,6 @@ def mapped_points(tmp_path: Path, n_points: int, mode: str = "r") -> tuple[Path,
     mapped = np.asarray(np.memmap(path, dtype=np.float32, mode=mode, shape=(n_points, 3)))
     assert _pages.file_region(mapped) is not None  # file-backed
     return path, values, mapped
-
-
-def mapped_rss(path: Path) -> int:
-    """Bytes of ``path``'s memory maps in this process's resident memory (its part of RssFile)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()
-        if head and "-" in head[0] and ":" not in head[0]:  # a mapping's first line: range perms ... path
-            inside = line.rstrip().endswith(str(path))
-        elif inside and head[0] == "Rss:":
-            total += int(head[1]) * 1024
-    return total
 
 
 def test_each_uploaded_chunk_of_a_mapped_piece_is_released(tmp_path, monkeypatch):
@@ -109,11 +98,11 @@ def test_the_uploaded_pages_of_the_map_do_not_stay_resident(tmp_path, monkeypatc
     path, values, mapped = mapped_points(tmp_path, 2_000_000)  # 24 MB, 23 chunks
     size = values.nbytes
     _pages.release_pages(mapped)
-    assert mapped_rss(path) == 0
+    assert file_rss(path) == 0
     during = []
-    GL = CopyingGL(after_each=lambda: during.append(mapped_rss(path)))
+    GL = CopyingGL(after_each=lambda: during.append(file_rss(path)))
     gl_fibers.upload(GL, 1, mapped)
-    after = mapped_rss(path)
+    after = file_rss(path)
     assert np.array_equal(np.frombuffer(bytes(GL.store), np.float32).reshape(-1, 3), values)
     assert len(during) == 23 and during[0] > 0  # the copy did read the map's pages
     if release:
