@@ -19,8 +19,8 @@ job's peak stays below its announcement.
 
 from __future__ import annotations
 
+import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +28,7 @@ import numpy as np
 from tractlens.gpu import commit, commit_ec, commit_operator, commit_segments, commit_solver
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.commit_host import CPU_FIT_DTYPE, MODEL_HOST_BYTES, host_operator_bytes
-from tractlens.gpu.host import host_threads, numba_module, release_freed_memory
+from tractlens.gpu.host import host_threads, numba_module, release_freed_memory, run_in_order
 
 from .errors import InputError
 
@@ -284,7 +284,8 @@ def traversal(tractogram, rows: np.ndarray, to_voxel, voxel_size=None) -> Traver
             kept = _kept(kept, level[0])
         return kept
 
-    for step, hashes in _in_order(mark, range(0, n_points, VOXEL_COUNT_CHUNK)):
+    chunks = (functools.partial(mark, lo) for lo in range(0, n_points, VOXEL_COUNT_CHUNK))
+    for step, hashes in run_in_order(chunks, host_threads()):
         longest = max(longest, step)
         if hashes is not None:
             pending.append(hashes)
@@ -299,22 +300,6 @@ def traversal(tractogram, rows: np.ndarray, to_voxel, voxel_size=None) -> Traver
     grow = max(1, int(np.ceil(longest)))  # at least one: float32 rounding at a voxel's border
     hit = maximum_filter(hit, size=2 * grow + 1, mode="constant", cval=False)
     return Traversal(int((hit & usable).sum()), pairs)
-
-
-def _in_order(work, items):
-    """``work(item)`` for each of ``items`` on :func:`gpu.host.host_threads` threads, the results
-    in order, at most twice the threads' worth of them waiting (their memory bounded)."""
-    from collections import deque
-
-    threads = host_threads()
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        queue: deque = deque()
-        for item in items:
-            queue.append(pool.submit(work, item))
-            if len(queue) >= 2 * threads:
-                yield queue.popleft().result()
-        while queue:
-            yield queue.popleft().result()
 
 
 def commit_host_need(
@@ -364,14 +349,13 @@ def commit_host_need(
         least_ec = len(commit_operator.ec_from_segments(seg)[0]) if len(seg) else 0  # the sample's
     chunk, threads = commit_segments.host_cut_plan()  # each thread cuts its own chunk
     working = CUT_BYTES_PER_POINT * min(n_points, chunk * threads)
-    tables = (params.n_ic + 1) * commit.N_ORIENTATIONS * n_meas * 4  # kept (float32)
-    tables_made = tables + (params.n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8  # float64 while made, before the cut
 
     def fitting_with(n_ec: int) -> dict[str, int]:
         return commit_fit_parts(n_seg, n_rows, n_ec, n_fibers, n_meas, params)
 
     fitting = fitting_with(n_ec)
-    segments = fitting["segments"]
+    segments, tables = fitting["segments"], fitting["look-up tables"]  # tables: kept (float32)
+    tables_made = tables + (params.n_ic + 3) * commit.N_ORIENTATIONS * n_meas * 8  # float64 while made, before the cut
     one_pass = commit_segments.HOST_CUT_PEAK_BYTES * n_seg + working
     # a second cut wherever one pass may be the job's peak: even with the fewest EC compartments
     two_pass = one_pass > max(tables_made, sum(fitting_with(least_ec).values()))
