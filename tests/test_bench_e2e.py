@@ -196,7 +196,9 @@ def test_cold_pairs_give_the_median_cold_and_warm_and_record_every_pair(tmp_path
     ~0.5 s between fresh processes: one pair cannot tell 1.2 x from noise)."""
     import statistics
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    inherited = tmp_path / "inherited-cache"  # a cache the environment hands down: not the run's to empty
+    (inherited / "kept").mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRACTLENS_CACHE": str(inherited)}
     env.pop("TRACTLENS_TIMINGS", None)
     results = tmp_path / "results"
     argv = [sys.executable, str(SCRIPT), "--quick", "--commands", "fit-dti", "--device", "cpu", "--cold"]
@@ -209,3 +211,4 @@ def test_cold_pairs_give_the_median_cold_and_warm_and_record_every_pair(tmp_path
     assert row["cold_s"] == pytest.approx(statistics.median(cold for cold, _ in pairs), abs=1e-3)
     assert row["warm_s"] == pytest.approx(statistics.median(warm for _, warm in pairs), abs=1e-3)
     assert row["cold_over_warm"] == pytest.approx(row["cold_s"] / row["warm_s"], rel=1e-3)
+    assert (inherited / "kept").is_dir()  # the suite's own cache, which emptying it removed mid-run

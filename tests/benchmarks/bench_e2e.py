@@ -492,9 +492,11 @@ def run_measured(argv: list[str], env: dict, logs: Path, timeout_s: float) -> di
 
 
 # ----------------------------------------------------------------------------- the commands
-def fresh_caches(env: dict) -> None:
-    """Empty the commands' kernel cache (and TractLens's cache when the run chose its folder)."""
-    for key in ("CUPY_CACHE_DIR", "TRACTLENS_CACHE"):
+def fresh_caches(env: dict, keys: tuple[str, ...]) -> None:
+    """Empty the folders of ``keys`` in ``env``: those the run chose (the kernel cache, and
+    TractLens's cache with --cold-data), never a folder the environment handed down (a test
+    session's own cache)."""
+    for key in keys:
         if key not in env:
             continue
         shutil.rmtree(env[key], ignore_errors=True)
@@ -891,7 +893,7 @@ def main(argv=None) -> int:
         for _pair in range(args.cold_pairs if args.cold else 1):
             first = None
             if args.cold:
-                fresh_caches(env)
+                fresh_caches(env, ("CUPY_CACHE_DIR", *(("TRACTLENS_CACHE",) if args.cold_data else ())))
             for _ in range(args.repeat - 1):  # earlier runs: what a first use costs (compiling, caches)
                 first = first or run_measured(argv, env, logs / f"{name}_{_scale_name(scale)}", args.timeout)
                 if args.cold and "kernels_compiled" not in first:
