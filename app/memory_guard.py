@@ -373,14 +373,15 @@ def commit_fit_parts(n_seg: int, n_rows: int, n_ec: int, n_fibers: int, n_meas: 
     (:data:`~gpu.commit_segments.HOST_SEGMENT_BYTES` a segment, their rows as one start per
     voxel row), the look-up tables, the measured and modelled signal, FISTA's vectors, the
     operator's per-thread accumulators. The signal is held once in FISTA's type
-    (:data:`~gpu.commit_host.CPU_FIT_DTYPE`); FISTA's A x and A z (float32), or the modelled
-    signal (float64) after the fit, are alive one after the other."""
+    (:data:`~gpu.commit_host.CPU_FIT_DTYPE`); FISTA's column vectors, or the modelled signal
+    (float64, whole when small, else blocks of rows) after the fit, are alive one after the other."""
     n_ic = params.n_ic
     n_values = n_rows * n_meas
     fit_itemsize = np.dtype(CPU_FIT_DTYPE).itemsize
     n_cols = n_ic * n_fibers + n_ec + n_rows * len(params.d_iso)
     if fit_itemsize == 4 and numba_module() is not None:  # commit_solver.fista_fused
-        # 1/scale (the caller's scale, inverted in place), x, z, the gradient, A x (float32)
+        # 1/scale (the caller's scale, inverted in place), x, z, the gradient: no vector per
+        # measurement (A x and A z are made row by row in each iteration's one visit)
         solver = 8 * n_cols + commit_solver.fista_fused_host_bytes(n_cols, n_values)
         # after it: x, and A x whole (float64) when small, else blocks of rows per thread
         model = min(8 * n_values, MODEL_HOST_BYTES) + host_threads() * 3 * MAP_BLOCK_BYTES

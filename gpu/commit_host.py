@@ -37,10 +37,11 @@ from .host import compile_or_uncached, host_threads, numba_module, release_freed
 
 __all__ = ["CPU_FIT_DTYPE", "HostOperator", "host_operator", "host_operator_bytes", "load_loops"]
 
-#: FISTA's measurement-sized vectors on the CPU engine (the signal, A x, A z: a third of the
-#: memory of float64's, the float32 signal taken as it is). Each value is summed in float64 and
-#: rounded once when stored; Aᵀ and the objective widen them again. On the test phantoms the
-#: weights stay within ~1e-8 relative of a float64 fit (tests/test_commit_cpu.py).
+#: The signal's type in the CPU engine's fit (the float32 signal taken as it is). With the
+#: compiled loops no other measurement-sized vector is kept (A x and A z are made row by row,
+#: :meth:`HostOperator.step`); without them FISTA's A x and A z are float32 too, each value summed
+#: in float64 and rounded once when stored. On the test phantoms the weights stay within ~1e-8
+#: relative of a float64 fit (tests/test_commit_cpu.py).
 CPU_FIT_DTYPE = np.float32
 #: A x of a fit with the fused loops (float64, voxels × measurements) larger than this is not
 #: made whole on the host: its error maps come from blocks of rows (app.pipelines.commit).
@@ -66,7 +67,7 @@ def _kernels():
         return None
     from . import commit_loops
 
-    return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows, commit_loops.fused_rows
+    return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows, commit_loops.fused_rows, commit_loops.step_rows
 
 
 def load_loops(tables: dict[str, np.ndarray]) -> bool:
@@ -135,11 +136,13 @@ class HostOperator:
             kernels[1](none, *self._segments(), lut_ic, self.ec_start, self.ec_orient, lut_ec, lut_iso, y, ic, ec,
                        iso, scratch, mark)  # fmt: skip
         kernels[2](none, *self._segments(), lut_ic, ic, np.zeros((p.n_ic, p.n_meas)))
-        y32 = np.zeros((0, p.n_meas), dtype=np.float32)
-        m64, m32 = np.zeros(p.n_meas), np.zeros(p.n_meas, dtype=np.float32)
+        m64 = np.zeros(p.n_meas)
         kernels[3](none, *self._segments(), ic, ec, iso, ic, ec, iso, lut_ic, self.ec_start, self.ec_orient, lut_ec,
-                   lut_iso, y32, y32, np.float64(0.0), 0, ic, ec, iso, scratch, mark, mark.copy(), m64, m32,
-                   scratch)  # fmt: skip
+                   lut_iso, ic, ec, iso, scratch, mark, mark.copy(), m64, scratch)  # fmt: skip
+        kernels[4](none, *self._segments(), ic, ec, iso, ic, ec, iso, ic, ec, iso, lut_ic, self.ec_start,
+                   self.ec_orient, lut_ec, lut_iso, np.zeros((0, p.n_meas), dtype=np.float32), np.float64(0.0), True,
+                   ic, ec, iso, scratch, scratch.copy(), mark, mark.copy(), m64, m64.copy(), scratch.copy(),
+                   np.zeros(1))  # fmt: skip
 
     @property
     def compiled(self) -> bool:
@@ -231,59 +234,90 @@ class HostOperator:
                         y, weight, mark, touched, np.empty(p.n_meas), r0)  # fmt: skip
         return y
 
-    def fused(self, x, inv, out=None, *, ax=None, y=None, neg_beta: float = 0.0, transpose: bool = True):
-        """One visit of every voxel row for A and then Aᵀ, with no measurement-sized vector in
-        between (the compiled loops only: :attr:`compiled`). ``x`` and ``inv`` (n_cols,): the
-        columns' values and scales, A applied to ``x · inv``. Without ``ax``: ``out = Aᵀ A (x ·
-        inv)`` (the power iteration). With ``ax`` (A x of the previous iterate, float32 (n_rows · M,))
-        and ``y`` (float32): A (x · inv) replaces it, rounded to float32, and ``out = Aᵀ (A z − y)``
-        for A z = (A x_old − A x)(−β) + A x (``neg_beta`` = −β) in float32 — the values and sums
-        :func:`gpu.commit_solver.fista`'s vector operations, :meth:`a` and :meth:`at` give, bit
-        for bit. ``transpose=False``: only A x into ``ax``. Aᵀ's blocks are :meth:`at`'s (one
-        accumulator per thread, summed in block order)."""
-        if self.kernels is None:
-            raise RuntimeError("the fused product needs the compiled loops (numba)")
+    def fused(self, x, inv, out=None) -> np.ndarray:
+        """Aᵀ A (x · inv) in one visit of every voxel row, with no measurement-sized vector (the
+        power iteration's product; the compiled loops only: :attr:`compiled`), into ``out`` when
+        given. Aᵀ's blocks are :meth:`at`'s (one accumulator per thread, summed in block order)."""
+        self._need_loops()
         p = self.problem
-        x_ic, x_ec, x_iso = p.split(np.ascontiguousarray(x, dtype=np.float64))
-        inv_ic, inv_ec, inv_iso = p.split(np.ascontiguousarray(inv, dtype=np.float64))
-        x_ic, x_iso, inv_ic, inv_iso = (np.ascontiguousarray(a) for a in (x_ic, x_iso, inv_ic, inv_iso))
-        step = ax is not None
-        mode = 0 if not step else (1 if transpose else 2)
-        none = np.zeros((0, p.n_meas), dtype=np.float32)
-        ax_rows = _rows_view(ax, p) if step else none
-        y_rows = _rows_view(np.asarray(y), p) if step and transpose else none
-        if mode != 2:
-            if out is None:
-                out = np.zeros(p.n_cols)
-            else:
-                out[...] = 0.0
-            _, out_ec, out_iso = p.split(out)
-        else:
-            out_ec, out_iso = np.zeros(0), np.zeros((0, p.n_iso))  # not written
+        (x_ic, x_ec, x_iso), (inv_ic, inv_ec, inv_iso) = self._columns(x), self._columns(inv)
+        out = self._zeroed(out)
+        _, out_ec, out_iso = p.split(out)
         lut_ic, lut_ec, lut_iso = self.luts
-        neg_beta = np.float64(neg_beta)
 
         def block(rows):
             def run():
-                acc = np.zeros((p.n_ic, p.n_fibers)) if mode != 2 else np.zeros((p.n_ic, 0))
+                acc = np.zeros((p.n_ic, p.n_fibers))
                 weight, mark = self._scratch()
                 touched = np.empty(commit.N_ORIENTATIONS, dtype=np.int64)
                 self.kernels[3](rows, *self._segments(), x_ic, x_ec, x_iso, inv_ic, inv_ec, inv_iso, lut_ic,
-                                self.ec_start, self.ec_orient, lut_ec, lut_iso, y_rows, ax_rows, neg_beta, mode, acc,
-                                out_ec, out_iso, weight, mark, touched, np.empty(p.n_meas),
-                                np.empty(p.n_meas, dtype=np.float32), np.empty((p.n_ic, commit.N_ORIENTATIONS)))  # fmt: skip
+                                self.ec_start, self.ec_orient, lut_ec, lut_iso, acc, out_ec, out_iso, weight, mark,
+                                touched, np.empty(p.n_meas), np.empty((p.n_ic, commit.N_ORIENTATIONS)))  # fmt: skip
                 return acc
 
             return run
 
-        blocks = self.t_blocks if mode != 2 else self.a_blocks
-        parts = run_parallel([block(rows) for rows in blocks], self.threads)
-        if mode == 2:
-            return ax
-        ic = out[: p.n_ic_cols].reshape(p.n_ic, p.n_fibers)
-        for acc in parts:
-            ic += acc  # in block order: the same sums as at()
+        self._sum_into(out, run_parallel([block(rows) for rows in self.t_blocks], self.threads))
         return out
+
+    def step(self, x_new, x_old, inv, y, beta: float, out=None, *, transpose: bool = True) -> float:
+        """FISTA's step (:func:`gpu.commit_solver.fista_fused`) in one visit of every voxel row,
+        with no measurement-sized vector kept: A x_new and A z for z = x_new + β (x_new − x_old)
+        (the columns times ``inv``) made row by row from the segments, ``out = Aᵀ (A z − y)``
+        (with ``transpose``) and the return value ‖A x_new − y‖². ``y`` (n_rows · M,) float32 or
+        float64. The compiled loops only. Each thread's squared residual and accumulator are
+        summed in block order: the same values for the same thread count."""
+        self._need_loops()
+        p = self.problem
+        xn, xo, scale = self._columns(x_new), self._columns(x_old), self._columns(inv)
+        y_rows = _rows_view(np.asarray(y), p)
+        if transpose:
+            out = self._zeroed(out)
+            _, out_ec, out_iso = p.split(out)
+        else:
+            out_ec, out_iso = np.zeros(0), np.zeros((0, p.n_iso))  # not written
+        lut_ic, lut_ec, lut_iso = self.luts
+        beta = np.float64(beta)
+
+        def block(rows):
+            def run():
+                acc = np.zeros((p.n_ic, p.n_fibers)) if transpose else np.zeros((p.n_ic, 0))
+                wn, mark = self._scratch()
+                residual2 = np.zeros(1)
+                self.kernels[4](rows, *self._segments(), *xn, *xo, *scale, lut_ic, self.ec_start, self.ec_orient,
+                                lut_ec, lut_iso, y_rows, beta, transpose, acc, out_ec, out_iso, wn, np.empty_like(wn),
+                                mark, np.empty(commit.N_ORIENTATIONS, dtype=np.int64), np.empty(p.n_meas),
+                                np.empty(p.n_meas), np.empty((p.n_ic, commit.N_ORIENTATIONS)), residual2)  # fmt: skip
+                return acc, residual2[0]
+
+            return run
+
+        blocks = self.t_blocks if transpose else self.a_blocks
+        parts = run_parallel([block(rows) for rows in blocks], self.threads)
+        if transpose:
+            self._sum_into(out, [acc for acc, _ in parts])
+        return float(sum(value for _, value in parts))  # in block order
+
+    def _need_loops(self) -> None:
+        if self.kernels is None:
+            raise RuntimeError("the fused products need the compiled loops (numba)")
+
+    def _columns(self, v) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A column vector's IC, EC and iso parts, contiguous float64 (views where it is one)."""
+        ic, ec, iso = self.problem.split(np.ascontiguousarray(v, dtype=np.float64))
+        return np.ascontiguousarray(ic), ec, np.ascontiguousarray(iso)
+
+    def _zeroed(self, out) -> np.ndarray:
+        if out is None:
+            return np.zeros(self.problem.n_cols)
+        out[...] = 0.0
+        return out
+
+    def _sum_into(self, out: np.ndarray, accumulators) -> None:
+        p = self.problem
+        ic = out[: p.n_ic_cols].reshape(p.n_ic, p.n_fibers)
+        for acc in accumulators:
+            ic += acc  # in block order: the same sums as at()
 
     def column_norms(self) -> np.ndarray:
         """‖A e_j‖ for every column (exact: each streamline's response summed per voxel first)."""

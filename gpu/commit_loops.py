@@ -110,15 +110,9 @@ def norms_rows(rows, row_start, fiber, length, orient, lut_ic, out2, vector):
 
 @_jit
 def fused_rows(rows, row_start, fiber, length, orient, x_ic, x_ec, x_iso, inv_ic, inv_ec, inv_iso, lut_ic, ec_start,
-               ec_orient, lut_ec, lut_iso, y, ax, neg_beta, mode, out_ic, out_ec, out_iso, weight, mark, touched, yr,
-               res, dots):  # fmt: skip
-    # One visit per voxel row: A (x · inv) summed in float64 (a_rows' arithmetic), then, by mode,
-    #   0: Aᵀ of that float64 row (the power iteration's Aᵀ A v, no measurement vector);
-    #   1: FISTA's step: A x_new rounded to float32, A z = (A x − A x_new)(−β) + A x_new and the
-    #      residual A z − y as NumPy's operations on float32 vectors make them (the product with
-    #      the float64 scalar −β in float64, rounded once; the rest in float32), A x_new
-    #      stored in ``ax`` over A x, and Aᵀ of the residual (at_rows' arithmetic);
-    #   2: A x_new rounded to float32 into ``ax`` only.
+               ec_orient, lut_ec, lut_iso, out_ic, out_ec, out_iso, weight, mark, touched, yr, dots):  # fmt: skip
+    # One visit per voxel row: A (x · inv) summed in float64 (a_rows' arithmetic), then Aᵀ of that
+    # float64 row (the power iteration's Aᵀ A v, no measurement vector)
     n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
     for r in rows:
         for k in range(m):
@@ -150,41 +144,102 @@ def fused_rows(rows, row_start, fiber, length, orient, x_ic, x_ec, x_iso, inv_ic
                 w = weight[j, o]
                 for k in range(m):
                     yr[k] += w * lut_ic[j, o, k]
-        if mode == 2:
-            out = ax[r]
-            for k in range(m):
-                out[k] = yr[k]
-            continue
-        if mode == 1:
-            old = ax[r]
-            yy = y[r]
-            for k in range(m):
-                new = np.float32(yr[k])
-                z = np.float32((old[k] - new) * neg_beta) + new  # −β a float64 scalar, as NumPy's
-                res[k] = z - yy[k]
-                old[k] = new
-            for k in range(m):
-                yr[k] = res[k]  # exact: float32 values
+        _transpose_row(r, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, yr,
+                       n_touched, touched, out_ic, out_ec, out_iso, dots)  # fmt: skip
+
+
+@_jit
+def step_rows(rows, row_start, fiber, length, orient, xn_ic, xn_ec, xn_iso, xo_ic, xo_ec, xo_iso, inv_ic, inv_ec,
+              inv_iso, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, y, beta, transpose, out_ic, out_ec, out_iso,
+              wn, wo, mark, touched, yn, yz, dots, residual2):  # fmt: skip
+    # FISTA's step in one visit per voxel row, with no measurement-sized vector kept between
+    # iterations: A x_new and A z = (1 + β) A x_new − β A x_old (x_new, x_old times inv), both
+    # summed in float64 from the segments (each orientation's two weights summed first, then
+    # its table row added once to both); residual2[0] += ‖A x_new − y‖² over the rows; with
+    # ``transpose``, Aᵀ (A z − y) (at_rows' arithmetic, float64 row)
+    n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
+    keep = 1.0 + beta
+    total = 0.0
+    for r in rows:
+        for k in range(m):
+            yn[k] = 0.0
+            yz[k] = 0.0
         for j in range(n_iso):
-            s = 0.0
+            a = xn_iso[r, j] * inv_iso[r, j]
+            b = keep * a - beta * (xo_iso[r, j] * inv_iso[r, j])
             for k in range(m):
-                s += np.float64(lut_iso[j, k]) * yr[k]
-            out_iso[r, j] = s
+                v = lut_iso[j, k]
+                yn[k] += a * v
+                yz[k] += b * v
         for e in range(ec_start[r], ec_start[r + 1]):
+            a = xn_ec[e] * inv_ec[e]
+            b = keep * a - beta * (xo_ec[e] * inv_ec[e])
             o = ec_orient[e]
-            s = 0.0
             for k in range(m):
-                s += np.float64(lut_ec[o, k]) * yr[k]
-            out_ec[e] = s
-        for t in range(n_touched):  # the row's distinct orientations: their dot products once
+                v = lut_ec[o, k]
+                yn[k] += a * v
+                yz[k] += b * v
+        n_touched = 0
+        for s in range(row_start[r], row_start[r + 1]):
+            o = orient[s]
+            if mark[o] != r:
+                mark[o] = r
+                touched[n_touched] = o
+                n_touched += 1
+                for j in range(n_ic):
+                    wn[j, o] = 0.0
+                    wo[j, o] = 0.0
+            f = fiber[s]
+            ell = length[s]
+            for j in range(n_ic):
+                wn[j, o] += ell * (xn_ic[j, f] * inv_ic[j, f])
+                wo[j, o] += ell * (xo_ic[j, f] * inv_ic[j, f])
+        for t in range(n_touched):
             o = touched[t]
             for j in range(n_ic):
-                s = 0.0
+                a = wn[j, o]
+                b = keep * a - beta * wo[j, o]
                 for k in range(m):
-                    s += np.float64(lut_ic[j, o, k]) * yr[k]
-                dots[j, o] = s
-        for s_ in range(row_start[r], row_start[r + 1]):
-            o = orient[s_]
-            f = fiber[s_]
-            for j in range(n_ic):
-                out_ic[j, f] += length[s_] * dots[j, o]
+                    v = lut_ic[j, o, k]
+                    yn[k] += a * v
+                    yz[k] += b * v
+        yy = y[r]
+        for k in range(m):
+            d = yn[k] - yy[k]
+            total += d * d
+            yz[k] -= yy[k]
+        if transpose:
+            _transpose_row(r, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, yz,
+                           n_touched, touched, out_ic, out_ec, out_iso, dots)  # fmt: skip
+    residual2[0] += total
+
+
+@_jit
+def _transpose_row(r, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, yr, n_touched,
+                   touched, out_ic, out_ec, out_iso, dots):  # fmt: skip
+    # Aᵀ of one float64 row ``yr`` (at_rows' arithmetic): the row's iso and EC columns, and each
+    # segment's streamline by its orientation's dot product (made once per distinct orientation)
+    n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
+    for j in range(n_iso):
+        s = 0.0
+        for k in range(m):
+            s += np.float64(lut_iso[j, k]) * yr[k]
+        out_iso[r, j] = s
+    for e in range(ec_start[r], ec_start[r + 1]):
+        o = ec_orient[e]
+        s = 0.0
+        for k in range(m):
+            s += np.float64(lut_ec[o, k]) * yr[k]
+        out_ec[e] = s
+    for t in range(n_touched):  # the row's distinct orientations: their dot products once
+        o = touched[t]
+        for j in range(n_ic):
+            s = 0.0
+            for k in range(m):
+                s += np.float64(lut_ic[j, o, k]) * yr[k]
+            dots[j, o] = s
+    for s_ in range(row_start[r], row_start[r + 1]):
+        o = orient[s_]
+        f = fiber[s_]
+        for j in range(n_ic):
+            out_ic[j, f] += length[s_] * dots[j, o]

@@ -158,12 +158,13 @@ def test_a_tracking_job_takes_no_more_host_memory_than_it_announced():
     assert 0 < out["peak"] <= out["need"], out
 
 
-def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit(monkeypatch):
-    """The CPU fit holds the signal once in float32 and, with the fused loops, one float32 vector
-    (A x) besides: 8 bytes per fitted voxel and measurement (the float64 fit held 44, the fit with
-    separate products 12). After it, A x in float64 is made whole only up to 512 MB (the error
-    maps then come from blocks of rows): on 16³ voxels the need is 12 bytes a value (signal +
-    model), on 800,000 it is 8."""
+def test_commit_announces_4_bytes_per_voxel_and_measurement_in_the_fit(monkeypatch):
+    """The CPU fit holds the signal once in float32 and, with the fused loops, no other vector
+    per measurement (A x and A z are made row by row): 4 bytes per fitted voxel and measurement
+    (the float64 fit held 44, the fit with separate products 12, the fused one keeping A x 8).
+    After it, A x in float64 is made whole only up to 512 MB (the error maps then come from
+    blocks of rows): on 16³ voxels the need is 12 bytes a value (signal + model), on 800,000 it
+    is 4."""
     import numpy as np
 
     from tests.benchmarks.bench_commit import bundle_inputs
@@ -186,7 +187,7 @@ def test_commit_announces_8_bytes_per_voxel_and_measurement_in_the_fit(monkeypat
         return sum(b[k] - a[k] for k in ("signal", "fit vectors")) / (rows.size * (hi - lo))
 
     assert per_value((16, 16, 16), 90, 288) == 12
-    assert per_value((100, 100, 80), 288, 400) == 8
+    assert per_value((100, 100, 80), 288, 400) == 4
 
 
 def test_commit_announces_at_most_k_ec_compartments_a_voxel(monkeypatch):
