@@ -281,6 +281,16 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     resettable = reset_peak_rss()
 
     # Open: the window's own loading job, then the first frame with the fibres.
+    run_jobs: list[dict] = []
+
+    def job_done(job_id: int, _result=None) -> None:  # each job's start and end, from the start of the open
+        job = window.runner.jobs.get(job_id)
+        if job is not None and len(run_jobs) < 50:
+            now = time.perf_counter()
+            run_jobs.append({"name": job.name, "started_s": round(job.started_at - start, 3),
+                              "done_s": round(now - start, 3)})  # fmt: skip
+
+    window.runner.job_finished.connect(job_done)
     start = time.perf_counter()
     window.open_paths([path])
     assert window.wait_for_jobs(3600), "open failed"
@@ -295,6 +305,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     plotter.render()
     row["open_to_first_frame_s"] = round(time.perf_counter() - start, 2)
     row["open_load_job_s"] = round(loaded - start, 2)  # read + voxel float32 + direction colours + levels
+    row["jobs"] = run_jobs  # every job of the run (the load, the positions check, selections...): its span
     row["open_first_frame_s"] = round(time.perf_counter() - loaded, 2)  # actors + upload + first draw
     peaks["first_frame"] = round(rss_kb("VmHWM") / 1024)
     scene = view._fibers[id(layer)]["scene"]
