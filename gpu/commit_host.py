@@ -67,7 +67,13 @@ def _kernels():
         return None
     from . import commit_loops
 
-    return commit_loops.a_rows, commit_loops.at_rows, commit_loops.norms_rows, commit_loops.fused_rows, commit_loops.step_rows
+    return (
+        commit_loops.a_rows,
+        commit_loops.at_rows,
+        commit_loops.norms_rows,
+        commit_loops.fused_rows,
+        commit_loops.step_rows,
+    )
 
 
 def load_loops(tables: dict[str, np.ndarray]) -> bool:

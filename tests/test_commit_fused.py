@@ -55,8 +55,9 @@ def test_fused_fista_equals_a_float64_fista(lambda_, tol, max_iter):
     y = (op.a(np.random.default_rng(5).random(problem.n_cols)) * 0.9).astype(np.float32)
     settings = dict(lambda_=lambda_, n_penalised=problem.n_ic_cols, max_iter=max_iter, tol=tol)
     fits = {
-        dtype: commit_solver.fista(op.a, op.at, y, problem.n_cols, scale=op.column_norms(), dtype=dtype,
-                                   writes_into=True, **settings)  # fmt: skip
+        dtype: commit_solver.fista(
+            op.a, op.at, y, problem.n_cols, scale=op.column_norms(), dtype=dtype, writes_into=True, **settings
+        )
         for dtype in (np.float64, np.float32)
     }
     new = commit_solver.fista_fused(op, y, problem.n_cols, scale=op.column_norms(), **settings)

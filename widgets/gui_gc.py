@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 
+import shiboken6
 from PySide6.QtCore import QObject, QTimer
 
 #: Milliseconds between checks of the collector's counts (a check is a few microseconds).
@@ -57,9 +58,9 @@ def release(key: int) -> None:
         return
     _holders.discard(key)
     if not _holders:
-        if _timer is not None:
+        if _timer is not None and shiboken6.isValid(_timer):  # (at exit Qt may have deleted it first)
             _timer.stop()
-            _timer = None
+        _timer = None
         if _was_enabled:
             gc.enable()
 
