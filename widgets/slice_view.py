@@ -59,7 +59,7 @@ class SliceView(QWidget):
         self._image_radiological = False  # the orientation it was composited in
         self.radiological = False
         self.slab_mm: float | None = 4.0  # thickness of the slab of fibers drawn; None: all fibers
-        self._fibres = SliceFibres()  # the segments within the slab, kept per slice position
+        self._fibres = SliceFibres(self)  # the segments within the slab, kept per slice position
         self.show_crosshair = True
         self.setMinimumSize(160, 160)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -243,7 +243,7 @@ class SliceView(QWidget):
         geometry = self.geometry_now()
         if geometry is not None:
             self._glyph_requests(geometry, self._target_rect(geometry))
-        return all(task.ready() for task in self._glyph_tasks.values())
+        return all(task.ready() for task in self._glyph_tasks.values()) and self._fibres.ready()
 
     def _draw_glyphs(self, painter: QPainter, geometry, target: QRectF) -> None:
         """Tensor layers as ellipses (each tensor's in-plane 2x2 part). They are built on a worker
