@@ -234,9 +234,10 @@ def streamline_cells(
     no connectivity (a view that draws :meth:`Cells.ranges` needs none; it is made if read)."""
     offsets = np.asarray(offsets)
     total = len(offsets) - 1
-    lengths_all = np.diff(offsets)
     chosen = None if ids is None else np.asarray(ids, dtype=np.int64)  # None: all (no index made)
-    n_points = int(offsets[-1]) if ids is None else int(lengths_all[chosen].sum())
+    # the chosen streamlines' lengths only (a selection of a whole-brain tractogram: not all 10 M)
+    chosen_lengths = None if chosen is None else offsets[chosen + 1] - offsets[chosen]
+    n_points = int(offsets[-1]) if ids is None else int(chosen_lengths.sum())
     step = 1
     if max_points is not None and n_points > max_points:
         n_lines = total if chosen is None else len(chosen)
@@ -247,14 +248,18 @@ def streamline_cells(
         else:
             n_keep = int(min(n_lines, max(1, max_points / mean_len)))
         pick = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False))
-        chosen = pick.astype(np.int64) if chosen is None else chosen[pick]
+        if chosen is None:
+            chosen = pick.astype(np.int64)
+            chosen_lengths = offsets[chosen + 1] - offsets[chosen]
+        else:
+            chosen, chosen_lengths = chosen[pick], chosen_lengths[pick]
     elif ids is None:  # everything: the identity over the points (not stored), offsets as they are
         return Cells(offsets.astype(index_dtype(n_points)), None, None, total)
     if ranges_only and step == 1:
         new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
-        np.cumsum(lengths_all[chosen], out=new_offsets[1:])
+        np.cumsum(chosen_lengths, out=new_offsets[1:])
         return Cells(new_offsets.astype(index_dtype(int(offsets[-1]))), None, chosen, total, _source=offsets)
-    starts, lengths = offsets[:-1][chosen], lengths_all[chosen]
+    starts, lengths = offsets[chosen], chosen_lengths
     regular = (lengths + step - 1) // step
     needs_last = ((lengths - 1) % step != 0) & (lengths > 0)
     counts = regular + needs_last
@@ -342,10 +347,10 @@ def level_cells(
     ranges_only: bool = False,
 ) -> Cells:
     """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
-    (bool per streamline) when there is a selection; by piece with ``bounds``; with
+    (bool per streamline, or their sorted ids) when there is a selection; by piece with ``bounds``; with
     ``ranges_only``, as index ranges per piece (:meth:`Cells.ranges`) where whole streamlines."""
     budget, decimate = LEVELS[level]
-    ids = None if selected is None else np.flatnonzero(selected)
+    ids = None if selected is None else (selected if selected.dtype != bool else np.flatnonzero(selected))
     cells = streamline_cells(offsets, ids, budget, decimate, bounds, ranges_only)
     if bounds is not None and ranges_only and not cells.decimated:
         cells.ranges(offsets, bounds)
@@ -497,17 +502,17 @@ class FiberArrayCache:
         with self._lock:
             cached = self._selections.get(layer)
         if cached is None or cached[0] is not selected:
-            cached = (selected, {})
+            cached = (selected, {}, np.flatnonzero(selected))  # its ids: found once for all levels
             with self._lock:
                 self._selections[layer] = cached
-        per_level = cached[1]
+        per_level, ids = cached[1], cached[2]
         if level not in per_level:
             budget = LEVELS[level][0]
             whole = per_level.get("full")
             if whole is not None and (budget is None or whole.n_points <= budget):
                 per_level[level] = whole  # within the level's budget: the same cells, not made twice
             else:
-                per_level[level] = level_cells(arrays.offsets, level, selected, arrays.bounds, self.shader_drawn(layer))
+                per_level[level] = level_cells(arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer))
         return per_level[level]
 
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
