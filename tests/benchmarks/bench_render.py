@@ -28,7 +28,8 @@ image and a tensor layer on the 1.25 mm grid:
   index; ``slice_fibres_ready_ms``: until the slice views' segments (drawn by a worker for a
   whole-brain tractogram) are shown too;
 - ``glyph_step_ms``: tensor glyphs of the three cursor planes rebuilt after a one-voxel step of
-  the cursor, until drawn (median of several steps), with the glyph count;
+  the cursor, until drawn (median of several steps), with the glyph count (the fibres hidden
+  first: ``rss_hiding_fibres_mb``; ``glyph_step_rss_mb``: the memory after each step);
   ``--glyphs-as-hardware`` asks software OpenGL for the hardware count (whole slices);
 - ``gui_swap_parts``, ``colour_change_parts``, ``glyph_step_parts``: where the GUI thread's time
   of a step went: the three slice views' paints (``slice_views_ms``), the 3-D frames
@@ -55,14 +56,19 @@ Results: one JSON line per N, and after each N ``--out`` (default
 ``<--out-dir>/render_<gl>.json``, ``<gl>`` the GPU model such as ``h100``, or ``nvidia``,
 ``llvmpipe``) with the command line. ``--budget-s`` (or ``BENCH_BUDGET_S``) stops a size's
 process when the whole run would pass it (the row then says so). Starts its own Xvfb when there
-is no display.
+is no display. ``BENCH_PROFILE=DIR``: the GUI thread's profile of the colour changes, the ROI
+edits and the glyph steps, as text in DIR (``profile_<N>_<step>.txt``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -175,6 +181,35 @@ def wait(app, condition, timeout_s: float) -> bool:
         app.processEvents()
         time.sleep(0.001)
     return True
+
+
+@contextlib.contextmanager
+def profiled(step: str, n_streamlines: int, profile: cProfile.Profile | None = None):
+    """With ``BENCH_PROFILE`` (a folder): the GUI thread's Python profile of a step, its 40 most
+    costly calls by cumulative time written to ``profile_<N>_<step>.txt`` there (work in C++, such
+    as VTK's render, shows as the Python call that made it). A ``profile`` given gathers several
+    steps; the caller writes it (:func:`write_profile`)."""
+    folder = os.environ.get("BENCH_PROFILE")
+    if not folder:
+        yield
+        return
+    own = profile is None
+    profile = profile or cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        if own:
+            write_profile(profile, step, n_streamlines)
+
+
+def write_profile(profile: cProfile.Profile, step: str, n_streamlines: int) -> None:
+    folder = Path(os.environ["BENCH_PROFILE"])
+    folder.mkdir(parents=True, exist_ok=True)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+    (folder / f"profile_{n_streamlines}_{step}.txt").write_text(text.getvalue())
 
 
 def settle(app) -> None:
@@ -364,11 +399,12 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     for colour in ("weight", "direction"):
         clock.start(view)
         start = time.perf_counter()
-        if colour == "weight":
-            layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))
-        else:
-            layer.set(color_by="direction")
-        settle(app)  # the view's own repaint draws the frame
+        with profiled(f"colour_{colour}_{len(times)}", len(layer.data)):
+            if colour == "weight":
+                layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))
+            else:
+                layer.set(color_by="direction")
+            settle(app)  # the view's own repaint draws the frame
         times.append(time.perf_counter() - start)
         parts.append(clock.parts(view))
     row["colour_change_ms"] = [round(1e3 * t, 1) for t in times]  # the 2-D views repaint too
@@ -384,16 +420,17 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
         mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= (12.0 / VOXEL_MM) ** 2
         roi = Layer("sphere", RoiMask("sphere", mask, AFFINE, role="target"), "roi")
         request = RoiSelection((layer,), (mask,), (), AFFINE, ("sphere",))
-        t0 = time.perf_counter()
-        ((_, selected),) = select_fibres(doc, request, device=device)
-        t1 = time.perf_counter()
-        row["select_device"] = streamline_index(doc, layer, AFFINE, device).backend.name
-        doc.fiber_arrays.prepare_selection(layer, selected)
-        clock.start(view)
-        t2 = time.perf_counter()
-        layer.set_selection(selected, by=request.by)
-        settle(app)
-        t3 = time.perf_counter()
+        with profiled(f"select_{edit}", len(layer.data)):
+            t0 = time.perf_counter()
+            ((_, selected),) = select_fibres(doc, request, device=device)
+            t1 = time.perf_counter()
+            row["select_device"] = streamline_index(doc, layer, AFFINE, device).backend.name
+            doc.fiber_arrays.prepare_selection(layer, selected)
+            clock.start(view)
+            t2 = time.perf_counter()
+            layer.set_selection(selected, by=request.by)
+            settle(app)
+            t3 = time.perf_counter()
         swap_parts = clock.parts(view)
         # a whole-brain tractogram's segments on the slice views come from a worker, after the frame
         wait(app, lambda: all(v._fibres.ready() for v in window.views.values()), 60)
@@ -416,7 +453,10 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     resettable and reset_peak_rss()
 
     # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
+    before_hiding = round(rss_kb() / 1024)
     layer.set(visible=False)
+    settle(app)
+    row["rss_hiding_fibres_mb"] = [before_hiding, round(rss_kb() / 1024)]  # what hiding them does to memory
     if glyphs_as_hardware:  # software OpenGL asked for the hardware glyph count (a whole slice): its CPU side
         view._software = lambda: False
         row["glyphs_as_hardware"] = True
@@ -424,20 +464,26 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     app.processEvents()
     wait_for_builds(120_000)
     assert wait(app, view.glyphs_ready, 120)
-    steps, glyph_parts = [], []
+    steps, glyph_parts, glyph_rss = [], [], []
+    glyph_profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
     for _ in range(5):
         clock.start(view)
         start = time.perf_counter()
-        doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
-        app.processEvents()
-        assert wait(app, view.glyphs_ready, 120)
-        plotter.render()
+        with profiled("glyph_steps", len(layer.data), glyph_profile):
+            doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
+            app.processEvents()
+            assert wait(app, view.glyphs_ready, 120)
+            plotter.render()
         steps.append(time.perf_counter() - start)
+        glyph_rss.append(round(rss_kb() / 1024))
         task = view._glyph_tasks.get(id(tensors))
         part = clock.parts(view)
         part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
         glyph_parts.append(part)
+    if glyph_profile is not None:
+        write_profile(glyph_profile, "glyph_steps", len(layer.data))
     row["glyph_step_ms"] = ms(steps)
+    row["glyph_step_rss_mb"] = glyph_rss  # resident memory after each step (the fibres hidden before them)
     # the median step's parts: waiting for a worker, building on it, reaching and delivering on the GUI thread
     row["glyph_step_parts"] = glyph_parts[int(np.argsort(steps)[len(steps) // 2])]
     actor = view._glyphs.get(id(tensors))

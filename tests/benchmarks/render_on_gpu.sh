@@ -17,6 +17,8 @@
 #
 #   COUNTS="1000000 10000000" bash tests/benchmarks/render_on_gpu.sh
 #   COUNTS=1000000 FIBRES=vtk bash tests/benchmarks/render_on_gpu.sh     (VTK's mapper, for comparison)
+#   BENCH_PROFILE=$OUT/profiles COUNTS=10000000 bash tests/benchmarks/render_on_gpu.sh   (the GUI thread's profile of
+#                                    the colour changes, ROI edits and glyph steps, as text files)
 #
 # It writes the synthetic .trx files into /tmp/tractlens-bench (1.2 GB and 12 GB, once per
 # machine) and runs the benchmark, one process per size, within BENCH_BUDGET_S seconds (default
