@@ -109,6 +109,12 @@ def sample_map(volume: Volume, points_ijk: np.ndarray, sampling: str = "nearest"
     return out
 
 
+#: Points read at a time for a tractogram's statistics (float32 voxel coordinates and their
+#: float64 steps: ~100 MB): a whole-brain tractogram measured in bounded memory, block by block,
+#: rather than as whole float64 and int64 copies of its points (~50 GB at 10 M streamlines).
+BLOCK_POINTS = 1 << 21
+
+
 def tract_statistics(
     tractogram: Tractogram,
     shown: np.ndarray | None = None,
@@ -117,13 +123,17 @@ def tract_statistics(
     name: str = "",
     params: StatisticsParams | None = None,
     by: str | None = None,
+    progress=None,
+    cancelled=None,
 ) -> StatisticsTable:
-    """Statistics of a tractogram's shown streamlines (``shown``: bool per streamline; None: all)."""
+    """Statistics of a tractogram's shown streamlines (``shown``: bool per streamline; None: all),
+    read :data:`BLOCK_POINTS` points at a time (a memory-mapped file's points are never made whole).
+    ``progress(done, total)`` after each block; ``cancelled()`` true stops it
+    (:class:`~tractlens.gpu.backend.Cancelled`)."""
     params = params or StatisticsParams()
     total = len(tractogram)
     shown = np.ones(total, dtype=bool) if shown is None else np.asarray(shown, dtype=bool)
-    part = tractogram if shown.all() else tractogram.subset(shown)
-    count = len(part)
+    count = int(shown.sum())
     table = StatisticsTable(name or tractogram.name, "tractogram")
     table.quantities.append(Quantity("streamlines shown", float(count)))
     table.quantities.append(Quantity("streamlines in total", float(total)))
@@ -131,20 +141,99 @@ def tract_statistics(
         table.note = (
             f"{count:,} of {total:,} streamlines shown (selection by {by or 'a selection'}): statistics of those"
         )
-    lengths = (
-        streamline_lengths_mm(part.points, part.offsets, part.affine[:3, :3]) if count else np.zeros(0, np.float64)
-    )
+    lengths, visited, along = _shown_measures(tractogram, shown, maps or {}, params, progress, cancelled)
     table.quantities.append(_mean_sd("length", lengths, "mm"))
-    if len(part.points):
-        voxels = np.unique(np.rint(part.points).astype(np.int64), axis=0)
-        voxel_mm3 = abs(float(np.linalg.det(part.affine[:3, :3])))
-        table.quantities.append(Quantity("volume of voxels visited", len(voxels) * voxel_mm3, "mm³"))
-    else:
-        table.quantities.append(Quantity("volume of voxels visited", None, "mm³"))
-    for map_name, volume in (maps or {}).items():
-        values = sample_map(volume, part.points_on(volume.affine), params.sampling) if len(part.points) else []
-        table.quantities.append(_mean_sd(f"{map_name} along", np.asarray(values), map_unit(map_name)))
+    voxel_mm3 = abs(float(np.linalg.det(tractogram.affine[:3, :3])))
+    table.quantities.append(Quantity("volume of voxels visited", visited * voxel_mm3 if visited else None, "mm³"))
+    for map_name, (n, mean, m2) in along.items():
+        table.quantities.append(_mean_sd_of(f"{map_name} along", n, mean, m2, map_unit(map_name)))
     return table
+
+
+def _shown_measures(tractogram: Tractogram, shown, maps, params, progress, cancelled):
+    """(length in mm of each shown streamline, voxels of the tractogram's grid its points visit,
+    per map (count, mean, sum of squared deviations) of its finite values at them), block by
+    block of consecutive streamlines on the host's threads (at most one block each at a time),
+    combined in block order: the same values whatever the thread count."""
+    from tractlens.gpu.backend import Cancelled
+    from tractlens.gpu.host import host_threads, run_in_order
+    from tractlens.gpu.select_host import point_blocks
+
+    from .tractogram import _on_grid
+
+    offsets = np.asarray(tractogram.offsets, dtype=np.int64)
+    linear = np.asarray(tractogram.affine[:3, :3], dtype=np.float64)
+    dims = np.asarray(tractogram.dimensions, dtype=np.int64)
+    grid = np.zeros(tuple(dims + 2), dtype=bool)  # one voxel of margin: rint of a point within half a voxel
+    to_map = {k: np.linalg.solve(v.affine, tractogram.affine) for k, v in maps.items()}
+
+    def block(a: int, b: int):
+        def measure():
+            keep = shown[a:b]
+            if not keep.any():
+                return np.zeros(0), None, {}
+            p0, p1 = int(offsets[a]), int(offsets[b])
+            points = tractogram.points_rows(p0, p1)
+            local = offsets[a : b + 1] - p0
+            block_lengths = streamline_lengths_mm(points, local, linear)[keep]
+            if not keep.all():
+                points = points[np.repeat(keep, np.diff(local))]
+            voxel = np.rint(points).astype(np.int64) + 1
+            inside = np.all((voxel >= 0) & (voxel < dims + 2), axis=1)
+            grid[tuple(voxel[inside].T)] = True  # (threads only ever set: no lost update matters)
+            beyond = None if inside.all() else np.unique(voxel[~inside], axis=0)
+            values = {}
+            for key, volume in maps.items():
+                sampled = sample_map(volume, _on_grid(points, to_map[key], np.float64), params.sampling)
+                values[key] = _combined((0, 0.0, 0.0), sampled[np.isfinite(sampled)])
+            return block_lengths, beyond, values
+
+        return measure
+
+    blocks = [] if not shown.any() else point_blocks(offsets, BLOCK_POINTS)
+    lengths, beyond = [], []
+    along = {k: (0, 0.0, 0.0) for k in maps}
+    for done, (block_lengths, outside, values) in enumerate(
+        run_in_order((block(a, b) for a, b in blocks), host_threads())
+    ):
+        if cancelled is not None and cancelled():
+            raise Cancelled()
+        lengths.append(block_lengths)
+        if outside is not None:
+            beyond.append(outside)
+        for key, summary in values.items():
+            along[key] = _merged(along[key], summary)
+        if progress is not None:
+            progress(done + 1, len(blocks))
+    visited = int(grid.sum()) + (len(np.unique(np.concatenate(beyond), axis=0)) if beyond else 0)
+    return (np.concatenate(lengths) if lengths else np.zeros(0)), visited, along
+
+
+def _combined(acc: tuple[int, float, float], values: np.ndarray) -> tuple[int, float, float]:
+    """(count, mean, sum of squared deviations) of what ``acc`` summarised and ``values`` together."""
+    if len(values) == 0:
+        return acc
+    mean = float(values.mean())
+    return _merged(acc, (len(values), mean, float(((values - mean) ** 2).sum())))
+
+
+def _merged(a: tuple[int, float, float], b: tuple[int, float, float]) -> tuple[int, float, float]:
+    """Two (count, mean, sum of squared deviations) summaries as one (Chan et al.'s pairwise
+    update: no loss of the mean in a running sum of squares)."""
+    n_a, mean_a, m2_a = a
+    n_b, mean_b, m2_b = b
+    if n_b == 0:
+        return a
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    return n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n
+
+
+def _mean_sd_of(name: str, n: int, mean: float, m2: float, unit: str = "") -> Quantity:
+    """:func:`_mean_sd` from a (count, mean, sum of squared deviations) summary."""
+    if n == 0:
+        return Quantity(f"{name} mean", None, unit)
+    return Quantity(f"{name} mean", mean, unit, float(np.sqrt(m2 / (n - 1))) if n > 1 else 0.0)
 
 
 def roi_statistics(
@@ -178,14 +267,23 @@ def open_scalar_maps(document) -> dict[str, Volume]:
     return out
 
 
-def layer_statistics(document, layer, params: StatisticsParams | None = None) -> StatisticsTable:
+def layer_statistics(
+    document, layer, params: StatisticsParams | None = None, *, progress=None, cancelled=None
+) -> StatisticsTable:
     """The statistics of a tractogram layer (its shown streamlines) or an ROI layer, with every
-    open scalar map."""
+    open scalar map (a tractogram's with ``progress`` and ``cancelled``: :func:`tract_statistics`)."""
 
     maps = open_scalar_maps(document)
     if layer.kind == "tractogram":
         return tract_statistics(
-            layer.data, shown_mask(layer), maps, name=layer.name, params=params, by=shown_of(layer).by
+            layer.data,
+            shown_mask(layer),
+            maps,
+            name=layer.name,
+            params=params,
+            by=shown_of(layer).by,
+            progress=progress,
+            cancelled=cancelled,
         )
     if layer.kind == "roi":
         return roi_statistics(layer.data.mask, layer.data.affine, maps, name=layer.name)

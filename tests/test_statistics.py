@@ -73,6 +73,50 @@ def test_trilinear_sampling_between_voxels():
         StatisticsParams("cubic")
 
 
+def test_a_large_tractogram_is_measured_block_by_block_as_whole(monkeypatch, tmp_path):
+    """In blocks of a few points (as a whole-brain tractogram is, in bounded memory) the
+    statistics are those of all points at once, worked out here with NumPy: per-streamline
+    lengths, distinct voxels (points beyond the grid too), a map's mean ± sd; a selection; a
+    memory-mapped .trx's voxel coordinates are never made whole; cancel stops it."""
+    from tractlens.app import statistics
+    from tractlens.app.io import load_tractogram, save_tractogram
+    from tractlens.gpu.backend import Cancelled
+
+    rng = np.random.default_rng(4)
+    lines = [
+        np.cumsum(rng.normal(0, 0.7, (int(rng.integers(2, 40)), 3)), axis=0) + np.array([14, 5, 5]) for _ in range(300)
+    ]
+    lines[7] = np.vstack([lines[7], [[-3.2, 4.0, 4.0]]])  # a point two voxels beyond the grid
+    tract = Tractogram.from_list(lines, affine=AFFINE, dimensions=(30, 10, 10), name="walks")
+    shown = rng.random(len(lines)) < 0.6
+    points = np.asarray(tract.points, dtype=np.float64)
+    keep = np.repeat(shown, tract.lengths)
+    stored = np.split(points, tract.offsets[1:-1])  # the tractogram's own (float32) points
+    lengths = np.array([np.linalg.norm(np.diff(p, axis=0) @ AFFINE[:3, :3].T, axis=1).sum() for p in stored])[shown]
+    voxels = len(np.unique(np.rint(points[keep]).astype(np.int64), axis=0))
+    values = statistics.sample_map(_ramp(), points[keep])
+    values = values[np.isfinite(values)]
+    monkeypatch.setattr(statistics, "BLOCK_POINTS", 37)
+    steps = []
+    table = tract_statistics(tract, shown, {"ramp": _ramp()}, progress=lambda done, total: steps.append(total))
+    assert len(steps) > 50
+    length = _q(table, "length mean")
+    assert length.value == pytest.approx(lengths.mean(), rel=1e-12) and length.sd == pytest.approx(lengths.std(ddof=1))
+    assert _q(table, "volume of voxels visited").value == pytest.approx(voxels * 8.0)
+    ramp = _q(table, "ramp along mean")
+    assert ramp.value == pytest.approx(values.mean(), rel=1e-12) and ramp.sd == pytest.approx(values.std(ddof=1))
+    with pytest.raises(Cancelled):
+        tract_statistics(tract, shown, cancelled=lambda: True)
+
+    path = tmp_path / "walks.trx"
+    save_tractogram(Tractogram.from_list([line.clip(0, 9) for line in lines], affine=AFFINE, dimensions=(30, 10, 10)),
+                    path)  # fmt: skip
+    mapped = load_tractogram(path)
+    assert mapped.mapped is not None
+    table = tract_statistics(mapped, None, {"ramp": _ramp()})
+    assert _q(table, "streamlines shown").value == 300 and not mapped.mapped.made
+
+
 def test_roi_statistics_by_hand():
     mask = np.zeros((30, 10, 10), bool)
     mask[4:7, 2, 2] = True

@@ -108,7 +108,7 @@ class StatisticsPanel(JobPanelBase):
 
         def job(ctx):
             ctx.progress(0, 1, f"statistics of {layer.name}")
-            return layer_statistics(doc, layer)
+            return layer_statistics(doc, layer, progress=ctx.progress, cancelled=ctx.cancelled)
 
         return self._start(
             f"statistics of {layer.name}", job, on_done=lambda table, token=token: self._done(token, table), token=token
