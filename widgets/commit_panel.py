@@ -376,7 +376,7 @@ class CommitPanel(JobPanelBase):
             params = self.params()
         except ValueError as exc:
             return self._refuse(f"Check the parameters: {exc}.")
-        estimate = commit_estimate(len(source.data.points), params.max_iter, self.device)
+        estimate = commit_estimate(source.data.n_points, params.max_iter, self.device)
         if estimate.long and not dialogs.confirm_long_job(self, estimate):
             self.status.setText(f"Not started: it would take {estimate.text}.")
             return None

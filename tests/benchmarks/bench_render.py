@@ -18,6 +18,8 @@ image and a tensor layer on the 1.25 mm grid:
 - ``colour_change_ms``: direction -> COMMIT-like weight -> direction, frame included (no points rebuilt);
 - ``rss_*``: resident memory (``/proc/self/status``) before opening, its peak (VmHWM) and after,
   against the file size (``rss_peak_over_file``, ``rss_added_over_file``: added by the open);
+  ``rss_anon_file_by_step_mb``: anonymous and file-backed resident memory at the end of each
+  step (the mapped ``.trx``'s pages are the latter: the page cache's, given back under pressure);
   ``rss_peak_by_step_mb``: the peak of each step (load with the first frame and the check, all drawn, rotate/rest/colour,
   selection, glyphs), VmHWM being reset between steps;
 - ``fibre_drawing``: ``GLFiberActors`` (the view's own OpenGL buffers, ``--fibres own``, the
@@ -157,6 +159,11 @@ def rss_kb(field: str = "VmRSS") -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def anon_and_file_mb() -> list[int]:
+    """Resident MB now: [anonymous, file-backed (a mapped file's pages)]."""
+    return [round(rss_kb(field) / 1024) for field in ("RssAnon", "RssFile")]
 
 
 def frames(plotter, count: int, step_deg: float = 3.0) -> list[float]:
@@ -316,6 +323,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["fibres_gl_env"] = os.environ.get("TRACTLENS_FIBRES_GL", "1")
     rss_before = rss_kb()
     peaks = {}  # the peak resident memory of each step (MB), where the kernel lets it be reset
+    split = {}  # at the end of each step: (anonymous, file-backed) resident MB (a mapped file's pages are the latter)
     resettable = reset_peak_rss()
 
     # Open: the window's own loading job, then the first frame with the fibres.
@@ -350,6 +358,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["open_to_checked_s"] = round(time.perf_counter() - start, 2)  # the positions check ended too
     row["jobs"] = run_jobs  # every job of the run (the load, the positions check, selections...): its span
     peaks["load"] = round(rss_kb("VmHWM") / 1024)  # the load, the first frame and the check
+    split["load"] = anon_and_file_mb()
     resettable and reset_peak_rss()
     scene = view._fibers[id(layer)]["scene"]
     row["fibre_drawing"] = type(scene).__name__  # GLFiberActors: the view's own buffers; FiberActors: VTK
@@ -378,6 +387,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["display_arrays_mb"] = {k: round(v / 2**20) for k, v in ours.items()}
     view.reset_camera()
     peaks["all_drawn"] = round(rss_kb("VmHWM") / 1024)
+    split["all_drawn"] = anon_and_file_mb()
     resettable and reset_peak_rss()
 
     # Rotate with the stated level of detail, rest, rotate again (the view has timed a full frame).
@@ -411,6 +421,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["colour_change_parts"] = parts
     row["colour_change_rebuilt_points"] = view._fibers[id(layer)]["scene"].points is not points_before
     peaks["rotate_rest_colour"] = round(rss_kb("VmHWM") / 1024)
+    split["rotate_rest_colour"] = anon_and_file_mb()
     resettable and reset_peak_rss()
 
     # ROI edit -> selection drawn: select (worker), index ranges (worker), swap + frame (GUI).
@@ -450,6 +461,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     layer.set_selection(None)
     settle(app)
     peaks["selection"] = round(rss_kb("VmHWM") / 1024)
+    split["selection"] = anon_and_file_mb()
     resettable and reset_peak_rss()
 
     # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
@@ -492,7 +504,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
 
     row["rss_before_open_mb"] = round(rss_before / 1024)
     peaks["glyphs"] = round(rss_kb("VmHWM") / 1024)
+    split["glyphs"] = anon_and_file_mb()
     row["rss_peak_by_step_mb"] = peaks if resettable else None
+    row["rss_anon_file_by_step_mb"] = split
     row["rss_peak_mb"] = max(peaks.values()) if resettable else round(rss_kb("VmHWM") / 1024)
     row["rss_end_mb"] = round(rss_kb() / 1024)
     file_mb = path.stat().st_size / 2**20
