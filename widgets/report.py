@@ -102,6 +102,23 @@ def report_statistics(document: Document) -> list[StatisticsTable]:
     return out
 
 
+#: The longest a report waits for a slice view's worker-drawn parts (glyphs, a whole-brain
+#: tractogram's segments) before it takes the view as it is.
+SETTLE_S = 30.0
+
+
+def settled(view, timeout_s: float = SETTLE_S):
+    """``view`` once what its workers draw for the slice shown now has arrived: one paint asks
+    for it (a new slice position has none yet), then events are processed until it is drawn."""
+    view.repaint()
+    end = time.monotonic() + timeout_s
+    while not view.glyphs_ready() and time.monotonic() < end:
+        QApplication.processEvents()
+        time.sleep(0.005)
+    QApplication.processEvents()
+    return view
+
+
 def _qimage(rgb: np.ndarray) -> QImage:
     rgb = np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)
     height, width = rgb.shape[:2]
@@ -135,7 +152,7 @@ def gather(
     if hint_shown:  # a hint for the user at the screen, not for the report's reader
         hint.hide()
     for name in ("axial", "coronal", "sagittal"):
-        images.append((f"{name} (slice {_slice_index(doc, name)})", window.views[name].grab().toImage()))
+        images.append((f"{name} (slice {_slice_index(doc, name)})", settled(window.views[name]).grab().toImage()))
     if hint_shown:
         hint.show()
     cursor_text = (

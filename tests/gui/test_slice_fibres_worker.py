@@ -70,3 +70,22 @@ def test_a_large_tractogram_is_drawn_on_the_slices_by_a_worker_as_the_paint_draw
     assert window.wait_for_jobs(60)
     view.repaint()
     assert view._fibres._image is None and fibre_pixels(view).sum() < 0.05 * worker.sum()
+
+
+def test_the_report_waits_for_the_slice_views_worker_drawn_segments(window, qtbot, tmp_path, monkeypatch):
+    """A report grabs the slice views right after moving the cursor to the lesion: a new slice
+    position has no picture yet, so it waits for the worker's (widgets.report.settled)."""
+    from tractlens.widgets import report
+
+    monkeypatch.setattr(slice_fibers, "WORKER_MIN_POINTS", 0)
+    open_tractogram(window, tmp_path)
+    view = window.views["axial"]
+    assert window.wait_for_jobs(60)
+    drawn = fibre_pixels(view).sum()
+    assert drawn > 500
+    window.document.set_cursor(window.document.cursor + np.array([0, 0, 2]))  # a new slice: no picture yet
+    view.repaint()
+    assert view._fibres._image is None or not view._fibres.ready()
+    report.settled(view)
+    assert view._fibres.ready() and view._fibres._image is not None
+    assert fibre_pixels(view).sum() > 0.5 * drawn
