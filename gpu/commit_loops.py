@@ -53,20 +53,10 @@ def a_rows(rows, row_start, fiber, length, orient, x_ic, lut_ic, ec_start, ec_or
 @_jit
 def at_rows(rows, row_start, fiber, length, orient, lut_ic, ec_start, ec_orient, lut_ec, lut_iso, y, out_ic,
             out_ec, out_iso, dots, mark):  # fmt: skip
-    n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
+    n_ic, m = lut_ic.shape[0], lut_ic.shape[2]
     for r in rows:
         yr = y[r]
-        for j in range(n_iso):
-            s = 0.0
-            for k in range(m):
-                s += np.float64(lut_iso[j, k]) * yr[k]
-            out_iso[r, j] = s
-        for e in range(ec_start[r], ec_start[r + 1]):
-            o = ec_orient[e]
-            s = 0.0
-            for k in range(m):
-                s += np.float64(lut_ec[o, k]) * yr[k]
-            out_ec[e] = s
+        _transpose_iso_ec(r, ec_start, ec_orient, lut_ec, lut_iso, yr, out_ec, out_iso)
         for s_ in range(row_start[r], row_start[r + 1]):
             o = orient[s_]
             if mark[o] != r:
@@ -219,18 +209,8 @@ def _transpose_row(r, row_start, fiber, length, orient, lut_ic, ec_start, ec_ori
                    touched, out_ic, out_ec, out_iso, dots):  # fmt: skip
     # Aᵀ of one float64 row ``yr`` (at_rows' arithmetic): the row's iso and EC columns, and each
     # segment's streamline by its orientation's dot product (made once per distinct orientation)
-    n_ic, m, n_iso = lut_ic.shape[0], lut_ic.shape[2], lut_iso.shape[0]
-    for j in range(n_iso):
-        s = 0.0
-        for k in range(m):
-            s += np.float64(lut_iso[j, k]) * yr[k]
-        out_iso[r, j] = s
-    for e in range(ec_start[r], ec_start[r + 1]):
-        o = ec_orient[e]
-        s = 0.0
-        for k in range(m):
-            s += np.float64(lut_ec[o, k]) * yr[k]
-        out_ec[e] = s
+    n_ic, m = lut_ic.shape[0], lut_ic.shape[2]
+    _transpose_iso_ec(r, ec_start, ec_orient, lut_ec, lut_iso, yr, out_ec, out_iso)
     for t in range(n_touched):  # the row's distinct orientations: their dot products once
         o = touched[t]
         for j in range(n_ic):
@@ -243,3 +223,21 @@ def _transpose_row(r, row_start, fiber, length, orient, lut_ic, ec_start, ec_ori
         f = fiber[s_]
         for j in range(n_ic):
             out_ic[j, f] += length[s_] * dots[j, o]
+
+
+@_jit
+def _transpose_iso_ec(r, ec_start, ec_orient, lut_ec, lut_iso, yr, out_ec, out_iso):
+    # Aᵀ of row r's measurements ``yr`` (float32 or float64, widened per value) for its iso
+    # columns and its EC compartments: each table row's dot product with it, in float64
+    m, n_iso = lut_iso.shape[1], lut_iso.shape[0]
+    for j in range(n_iso):
+        s = 0.0
+        for k in range(m):
+            s += np.float64(lut_iso[j, k]) * yr[k]
+        out_iso[r, j] = s
+    for e in range(ec_start[r], ec_start[r + 1]):
+        o = ec_orient[e]
+        s = 0.0
+        for k in range(m):
+            s += np.float64(lut_ec[o, k]) * yr[k]
+        out_ec[e] = s
