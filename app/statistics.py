@@ -18,12 +18,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tractlens.gpu.backend import Cancelled
 from tractlens.gpu.connectivity import streamline_lengths_mm
+from tractlens.gpu.host import host_threads, run_in_order
+from tractlens.gpu.select_host import point_blocks
 
 from .errors import InputError
 from .model import Tractogram, Volume
 from .params import StatisticsParams
 from .selection import shown_mask, shown_of
+from .tractogram import on_grid
 
 
 @dataclass
@@ -155,12 +159,6 @@ def _shown_measures(tractogram: Tractogram, shown, maps, params, progress, cance
     per map (count, mean, sum of squared deviations) of its finite values at them), block by
     block of consecutive streamlines on the host's threads (at most one block each at a time),
     combined in block order: the same values whatever the thread count."""
-    from tractlens.gpu.backend import Cancelled
-    from tractlens.gpu.host import host_threads, run_in_order
-    from tractlens.gpu.select_host import point_blocks
-
-    from .tractogram import _on_grid
-
     offsets = np.asarray(tractogram.offsets, dtype=np.int64)
     linear = np.asarray(tractogram.affine[:3, :3], dtype=np.float64)
     dims = np.asarray(tractogram.dimensions, dtype=np.int64)
@@ -184,7 +182,7 @@ def _shown_measures(tractogram: Tractogram, shown, maps, params, progress, cance
             beyond = None if inside.all() else np.unique(voxel[~inside], axis=0)
             values = {}
             for key, volume in maps.items():
-                sampled = sample_map(volume, _on_grid(points, to_map[key], np.float64), params.sampling)
+                sampled = sample_map(volume, on_grid(points, to_map[key], np.float64), params.sampling)
                 values[key] = _combined((0, 0.0, 0.0), sampled[np.isfinite(sampled)])
             return block_lengths, beyond, values
 

@@ -230,7 +230,7 @@ class Tractogram(Observable):
 
     def points_on(self, affine: np.ndarray, dtype=np.float64) -> np.ndarray:
         """The points in voxel coordinates of another grid (``affine``: its voxel -> RAS mm)."""
-        return _on_grid(self.points, np.linalg.solve(affine, self.affine), dtype)
+        return on_grid(self.points, np.linalg.solve(affine, self.affine), dtype)
 
     def ends_on(self, affine: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
         """Each streamline's first and last point in voxel coordinates of another grid, as
@@ -240,7 +240,7 @@ class Tractogram(Observable):
         has = lengths > 0
         index = np.stack([self.offsets[:-1][has], self.offsets[1:][has] - 1], axis=1).reshape(-1)
         offsets = np.concatenate([[0], np.cumsum(np.where(has, 2, 0))]).astype(np.int64)
-        return _on_grid(self.points_take(index), np.linalg.solve(affine, self.affine), dtype), offsets
+        return on_grid(self.points_take(index), np.linalg.solve(affine, self.affine), dtype), offsets
 
     def subset(self, keep: np.ndarray, name: str | None = None) -> Tractogram:
         """The streamlines where ``keep`` (bool mask or indices) holds, scalars included."""
@@ -307,5 +307,7 @@ def _set_points(self: Tractogram, value) -> None:
 Tractogram.points = property(_get_points, _set_points)  # type: ignore[assignment]
 
 
-def _on_grid(points: np.ndarray, to_grid: np.ndarray, dtype) -> np.ndarray:
+def on_grid(points: np.ndarray, to_grid: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """Voxel coordinates ``points`` (N, 3) mapped by ``to_grid`` (4×4: this grid's voxels -> another
+    grid's voxels), computed in float64, as ``dtype``."""
     return (np.asarray(points).astype(np.float64) @ to_grid[:3, :3].T + to_grid[:3, 3]).astype(dtype, copy=False)
