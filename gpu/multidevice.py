@@ -35,7 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from .backend import Backend, BackendError, Cancelled
+from .backend import Backend, BackendError, Cancelled, gpu_count
+from .multidevice_copy import enable_peer_access
+from .transfer import prepare_staging
 
 T = TypeVar("T")
 
@@ -407,16 +409,15 @@ def start_devices(n: int, staging: bool = True) -> threading.Thread | None:
     usual warm-up), so a shared run started while its files are read finds them ready (a context
     takes a few hundred milliseconds; the driver serialises a thread that asks for one being
     made); with ``staging``, also each of the n GPUs' pinned staging buffers for host uploads
-    (:func:`gpu.transfer.prepare_staging`). Nothing happens without a usable GPU; failures are
-    left to the run, which names them."""
+    (:func:`gpu.transfer.prepare_staging`); then each GPU's direct access to the others' memory
+    (:func:`gpu.multidevice_copy.enable_peer_access`: the field's gather copies part by part from
+    the peers, and a fresh process paid the mapping inside the run). Nothing happens without a
+    usable GPU; failures are left to the run, which names them."""
     if n <= 1:
         return None
 
     def start() -> None:
         try:
-            from .backend import gpu_count
-            from .transfer import prepare_staging
-
             count = gpu_count()
             import cupy
 
@@ -427,8 +428,16 @@ def start_devices(n: int, staging: bool = True) -> threading.Thread | None:
                 if staging:
                     prepare_staging(i)
 
-            with ThreadPoolExecutor(max(1, min(n, count)), thread_name_prefix="tractlens-gpu-start") as pool:
-                list(pool.map(one, range(min(n, count))))
+            devices = range(min(n, count))
+
+            def peers(i: int) -> None:
+                with cupy.cuda.Device(i):
+                    for j in devices:
+                        enable_peer_access(cupy, i, j)
+
+            with ThreadPoolExecutor(max(1, len(devices)), thread_name_prefix="tractlens-gpu-start") as pool:
+                list(pool.map(one, devices))
+                list(pool.map(peers, devices))  # every context exists: mapping a peer needs its context
         except Exception:  # the run itself reports what is wrong, naming the device
             pass
 

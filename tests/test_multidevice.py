@@ -158,3 +158,35 @@ def test_a_probabilistic_run_shared_out_gives_the_counts_of_one_run(demo_bedpost
     np.testing.assert_array_equal(shared.paths, one.paths)
     assert (shared.waytotal, shared.streamlines, shared.steps) == (one.waytotal, one.streamlines, one.steps)
     assert shared.provenance["gpus"] == 2 and shared.provenance["device"].startswith("2 × ")
+
+
+def test_starting_devices_for_one_gpu_or_without_one_does_nothing():
+    """``--gpus 1`` starts no thread; without a usable GPU (CI) the thread ends quietly and the
+    run reports the missing device itself."""
+    from tractlens.gpu.multidevice import start_devices
+
+    assert start_devices(1) is None
+    if gpu_count() == 0:
+        thread = start_devices(4)
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+
+@pytest.mark.gpu
+def test_started_devices_have_contexts_staging_and_peer_access():
+    """What a shared run would otherwise pay inside its tracking time: each GPU's staging buffers
+    and, where the hardware allows, its direct access to every other GPU's memory."""
+    import cupy
+
+    from tractlens.gpu import multidevice_copy, transfer
+    from tractlens.gpu.multidevice import start_devices
+
+    n = gpu_count()
+    thread = start_devices(max(n, 2))
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert set(range(n)) <= set(transfer._stages)
+    for i in range(n):
+        for j in range(n):
+            if i != j and cupy.cuda.runtime.deviceCanAccessPeer(i, j):
+                assert (i, j) in multidevice_copy._peers  # enabled by the start, not by a run
