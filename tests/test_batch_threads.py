@@ -5,6 +5,7 @@ imports anything (Dask's own default is one BLAS thread per worker whatever the 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
@@ -70,4 +71,5 @@ def test_a_step_result_names_its_worker():
     from tractlens.app.batch.task import worker_identity
 
     me = worker_identity()
-    assert set(me) == {"pid", "gpu", "threads", "host"} and me["pid"] > 0
+    assert set(me) == {"pid", "gpu", "threads", "cpus", "host"} and me["pid"] > 0
+    assert me["cpus"] == len(os.sched_getaffinity(0))

@@ -7,11 +7,15 @@ import os
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .cpu_affinity import gpu_cpus, pin_process
+
 
 class PinGpu(WorkerPlugin):
     """Worker ``i`` of a LocalCluster (named 0 … N−1) sees only GPU ``devices[i % N]``
     (``CUDA_VISIBLE_DEVICES``, set when the plugin is registered: before any task, so before
-    CUDA starts in that process), with ``environ`` (NVLink multicast off) set too."""
+    CUDA starts in that process), with ``environ`` (NVLink multicast off) set too, and runs on
+    that GPU's CPUs where the host says which they are (:mod:`app.batch.cpu_affinity`; shared
+    out evenly among the workers whose GPUs hang off the same ones)."""
 
     idempotent = True
 
@@ -26,3 +30,11 @@ class PinGpu(WorkerPlugin):
             index = sum(map(ord, str(worker.name)))
         os.environ["CUDA_VISIBLE_DEVICES"] = self.devices[index % len(self.devices)]
         os.environ.update(self.environ)
+        self.cpus = None
+        # CUDA numbers identical GPUs in bus order anyway; asked for, the numbers are sysfs's order
+        # too, so the worker can be pinned to its GPU's CPUs (cpu_affinity). A user's own order is kept.
+        if os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID") == "PCI_BUS_ID":
+            cpus = gpu_cpus(self.devices, index % len(self.devices))
+            if cpus:
+                pin_process(cpus)
+                self.cpus = sorted(cpus)

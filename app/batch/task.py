@@ -113,9 +113,14 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
 
 def worker_identity() -> dict:
     """Which worker process ran a step: its process id, the GPU it was pinned to
-    (``CUDA_VISIBLE_DEVICES``) and its share of the host's threads (``TRACTLENS_THREADS``)."""
+    (``CUDA_VISIBLE_DEVICES``), its share of the host's threads (``TRACTLENS_THREADS``) and how
+    many CPUs it may run on (its affinity: its GPU's, when pinned)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
     return {"pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "threads": os.environ.get("TRACTLENS_THREADS"), "host": socket.gethostname()}  # fmt: skip
+            "threads": os.environ.get("TRACTLENS_THREADS"), "cpus": cpus, "host": socket.gethostname()}  # fmt: skip
 
 
 def _output_path(job: StepJob, stage: Path) -> Path:

@@ -34,6 +34,7 @@ for dir in .whl $cohort; do
 done
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+{ nvidia-smi topo -m; lscpu | grep -i -E "numa|socket|model name"; } > "$OUT/topology.txt" 2>&1  # which CPUs each GPU is near
 if [ "${TESTS:-1}" != 0 ]; then
   python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_multidevice.py \
     tests/test_multidevice_failures.py tests/test_multidevice_merge.py tests/test_connectome_split.py \
