@@ -106,3 +106,7 @@ def test_the_worker_plugin_sets_the_gpu_the_order_and_keeps_a_users_order(monkey
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     plugin.setup(Worker())
     assert os.environ["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST" and plugin.cpus is None
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("TRACTLENS_WORKER_AFFINITY", "off")  # the comparison's switch
+    plugin.setup(Worker())
+    assert plugin.cpus is None

@@ -9,6 +9,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .cpu_affinity import gpu_cpus, pin_process
 
+#: ``off`` leaves every worker on all the CPUs (to compare; the default pins each to its GPU's)
+AFFINITY_VARIABLE = "TRACTLENS_WORKER_AFFINITY"
+
 
 class PinGpu(WorkerPlugin):
     """Worker ``i`` of a LocalCluster (named 0 … N−1) sees only GPU ``devices[i % N]``
@@ -33,7 +36,8 @@ class PinGpu(WorkerPlugin):
         self.cpus = None
         # CUDA numbers identical GPUs in bus order anyway; asked for, the numbers are sysfs's order
         # too, so the worker can be pinned to its GPU's CPUs (cpu_affinity). A user's own order is kept.
-        if os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID") == "PCI_BUS_ID":
+        pin = os.environ.get(AFFINITY_VARIABLE, "gpu").strip().lower() != "off"
+        if os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID") == "PCI_BUS_ID" and pin:
             cpus = gpu_cpus(self.devices, index % len(self.devices))
             if cpus:
                 pin_process(cpus)

@@ -152,7 +152,8 @@ def task_row(entry: dict) -> dict:
     phases = timing.get("phases") or {}
     worker = entry.get("worker") or {}
     return {"step": entry.get("step"), "subject": entry.get("subject"), "gpu": worker.get("gpu"),
-            "pid": worker.get("pid"), "threads": worker.get("threads"), "seconds": entry.get("seconds"),
+            "pid": worker.get("pid"), "threads": worker.get("threads"), "cpus": worker.get("cpus"),
+            "seconds": entry.get("seconds"),
             "command_s": timing.get("command_s"), "move_s": timing.get("move_s"), "clean_s": timing.get("clean_s"),
             "phases_s": phases.get("phases_s", {}), "unattributed_s": phases.get("unattributed_s"),
             "host_peak_rss_bytes": phases.get("host_peak_rss_bytes"),

@@ -7,7 +7,8 @@
 #      500 M on N (1 GPU on 125 M), COMMIT (fits one GPU: 1 vs N; 10 M streamlines / 4 G segments
 #      on 4, 2.5 M per GPU on fewer) -> $OUT/multigpu_<gpu>x<N>.json (about 5 minutes on 4 GPUs);
 #   3. with BATCH=1 and the cohort wheels in .whlB/ or .whlD/ (see below): bench_batch.py,
-#      batch --gpus 1,2,4, with each subject-step's phases per GPU -> $OUT/batch_<gpu>.json.
+#      batch --gpus 1,2,4, with each subject-step's phases per GPU -> $OUT/batch_<gpu>.json
+#      (TRACTLENS_WORKER_AFFINITY=off: the workers not pinned to their GPUs' CPUs, to compare).
 #   4. with TRX=1: bench_trx_write.py, 1 and 4 concurrent .trx writers of an HCP subject's 310 M
 #      points (16 threads each, as batch --gpus 4 gives), the disk's writes started early and not
 #      -> $OUT/trx_write_early.json, $OUT/trx_write_at_close.json (about 2 minutes).
