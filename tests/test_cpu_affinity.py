@@ -41,18 +41,21 @@ def test_the_gpus_come_in_bus_order_without_the_switch(sysfs):
     assert [p.name for p in nvidia_gpus(sysfs)] == ["0000:18:00.0", "0000:2a:00.0", "0000:9a:00.0", "0000:ab:00.0"]
 
 
-def test_each_worker_gets_its_gpus_cpus_shared_with_the_workers_beside_it(sysfs):
+def test_each_worker_runs_on_its_gpus_socket(sysfs):
     allowed = set(range(32))
     got = [gpu_cpus(["0", "1", "2", "3"], k, sysfs, allowed) for k in range(4)]
-    assert got == [set(range(0, 8)), set(range(8, 16)), set(range(16, 24)), set(range(24, 32))]
-    # two workers on GPUs of different sockets: each the whole of its socket
-    assert gpu_cpus(["1", "3"], 0, sysfs, allowed) == set(range(16))
+    assert got == [set(range(16)), set(range(16)), set(range(16, 32)), set(range(16, 32))]
     assert gpu_cpus(["1", "3"], 1, sysfs, allowed) == set(range(16, 32))
 
 
+def test_workers_whose_gpus_share_one_socket_keep_the_whole_host(sysfs):
+    """Pinned, both would leave the other socket idle."""
+    assert gpu_cpus(["0", "1"], 0, sysfs, set(range(32))) is None
+
+
 def test_only_cpus_this_process_may_use_are_given(sysfs):
-    assert gpu_cpus(["2"], 0, sysfs, allowed={1, 2, 20, 21}) == {20, 21}
-    assert gpu_cpus(["2"], 0, sysfs, allowed={1, 2}) is None  # none of its GPU's: keep every CPU
+    assert gpu_cpus(["2", "0"], 0, sysfs, allowed={1, 2, 20, 21}) == {20, 21}
+    assert gpu_cpus(["2", "0"], 0, sysfs, allowed={1, 2}) is None  # none of its GPU's: keep every CPU
 
 
 @pytest.mark.parametrize("devices", [["GPU-5b1c0e2a"], ["7"]])

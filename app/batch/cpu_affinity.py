@@ -60,8 +60,11 @@ def gpu_cpus(
     devices: Sequence[str], index: int, sysfs: str | os.PathLike = "/sys", allowed: set[int] | None = None
 ) -> set[int] | None:
     """The CPUs for the worker of ``devices[index]`` (CUDA device numbers, one worker each): its
-    GPU's local CPUs that this process may use, shared out evenly among the workers whose GPUs
-    have the same ones. None when they cannot be told (the worker then keeps every CPU)."""
+    GPU's local CPUs that this process may use, shared with the workers whose GPUs hang off the
+    same ones (each worker's thread count is already its share, ``cores // N``), as dask-cuda
+    pins its workers. None when they cannot be told, and when every worker's GPU has the same
+    CPUs: pinning would then only keep the workers off the rest of the host. The worker then
+    keeps every CPU."""
     gpus = nvidia_gpus(sysfs)
     if not gpus or not all(str(d).strip().isdigit() for d in devices):
         return None
@@ -76,14 +79,11 @@ def gpu_cpus(
         except (OSError, ValueError):
             return frozenset()
 
+    sets = {local(n) for n in numbers}
     mine = local(numbers[index])
-    if not mine:
+    if not mine or len(sets) < 2:
         return None
-    sharing = [k for k, n in enumerate(numbers) if local(n) == mine]  # the workers on the same CPUs
-    cpus = sorted(mine)
-    rank, count = sharing.index(index), len(sharing)
-    share = cpus[rank * len(cpus) // count : (rank + 1) * len(cpus) // count]
-    return set(share or cpus)
+    return set(mine)
 
 
 def pin_process(cpus: set[int]) -> int:

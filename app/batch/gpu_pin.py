@@ -17,8 +17,8 @@ class PinGpu(WorkerPlugin):
     """Worker ``i`` of a LocalCluster (named 0 … N−1) sees only GPU ``devices[i % N]``
     (``CUDA_VISIBLE_DEVICES``, set when the plugin is registered: before any task, so before
     CUDA starts in that process), with ``environ`` (NVLink multicast off) set too, and runs on
-    that GPU's CPUs where the host says which they are (:mod:`app.batch.cpu_affinity`; shared
-    out evenly among the workers whose GPUs hang off the same ones)."""
+    that GPU's CPUs where the host says which they are and the workers' GPUs hang off more than
+    one socket (:mod:`app.batch.cpu_affinity`)."""
 
     idempotent = True
 
