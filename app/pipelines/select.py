@@ -17,6 +17,7 @@ from ..grid import Grid
 from ..io.nifti import load_3d, load_image
 from ..model import Tractogram
 from ..timing import phase
+from ..tractogram import on_grid
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class GridRows:
         part = self.tractogram.points_rows(a, max(a, b))
         if self.same:
             return part
-        return (part.astype(np.float64) @ self.to_grid[:3, :3].T + self.to_grid[:3, 3]).astype(np.float32)
+        return on_grid(part, self.to_grid, np.float32)
 
 
 #: Points converted to another grid at a time (no float64 copy of a whole-brain tractogram)
@@ -137,8 +138,9 @@ def points_on_grid(tractogram: Tractogram, grid_affine: np.ndarray) -> np.ndarra
     to_grid = np.linalg.solve(np.asarray(grid_affine, dtype=np.float64), tractogram.affine)
     out = np.empty((tractogram.n_points, 3), dtype=np.float32)
     for start in range(0, len(out), GRID_CHUNK_POINTS):
-        part = np.asarray(tractogram.points_rows(start, start + GRID_CHUNK_POINTS), dtype=np.float64)
-        out[start : start + GRID_CHUNK_POINTS] = part @ to_grid[:3, :3].T + to_grid[:3, 3]
+        out[start : start + GRID_CHUNK_POINTS] = on_grid(
+            tractogram.points_rows(start, start + GRID_CHUNK_POINTS), to_grid
+        )
     return out
 
 
