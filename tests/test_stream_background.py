@@ -140,7 +140,7 @@ def test_host_memory_per_output_point_with_the_writers_thread(tmp_path):
 def test_world_positions_of_a_part_are_those_of_the_whole(n):
     """The writer's affine (the shift added as one flat sum, in blocks) gives the bits of
     ``Tractogram.points_world``, for parts shorter and longer than its block."""
-    from tractlens.app.io.tractogram_stream import points_world_float32
+    from tractlens.app.io.tractogram_points import points_world_float32
     from tractlens.app.model import Tractogram
 
     rng = np.random.default_rng(n)

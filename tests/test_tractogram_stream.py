@@ -264,7 +264,7 @@ def test_gpu_batches_are_bounded_so_their_points_fit_the_host(monkeypatch):
 def test_positions_in_blocks_are_bit_for_bit_the_whole_product(rows):
     """The stream writer's RAS conversion runs in blocks of 16 K rows (one BLAS thread each); every
     bit is that of the whole array's product, whatever the block's remainder (a short one padded)."""
-    from tractlens.app.io.tractogram_stream import points_world_float32
+    from tractlens.app.io.tractogram_points import points_world_float32
 
     rng = np.random.default_rng(rows)
     affine = np.eye(4)
@@ -274,6 +274,33 @@ def test_positions_in_blocks_are_bit_for_bit_the_whole_product(rows):
     whole = Tractogram(points, np.array([0, rows]), affine=affine, dimensions=(145, 174, 145)).points_world()
     got = points_world_float32(points, affine)
     assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), whole.view(np.uint32))
+
+
+@pytest.mark.parametrize("suffix", [".trx", ".tck", ".trk"])
+def test_parts_converted_in_one_kept_buffer_write_the_whole_file(tmp_path, suffix):
+    """The writer converts each part's points into the memory of the part before (grown when a
+    part is larger): parts that grow, shrink and grow again give the file the writer
+    writes in one part, bit for bit, and the buffer is the one kept, not a fresh array per part."""
+    whole = _random_tractogram(90, seed=11)
+    bounds = [0, 5, 45, 47, 48, 90]  # a large part after small ones, then small, then large again
+    expected, got = tmp_path / f"whole{suffix}", tmp_path / f"parts{suffix}"
+    with open_tractogram_writer(expected, whole.affine, whole.dimensions) as writer:
+        writer.append(whole)
+    assert np.allclose(load_tractogram(expected, (AFFINE, DIMS)).points_world(), whole.points_world(), atol=1e-4)
+    with open_tractogram_writer(got, whole.affine, whole.dimensions) as writer:
+        convert, outputs, buffers = writer.world, [], []
+
+        def world(points):
+            outputs.append(out := convert(points))
+            buffers.append(writer._scratch)
+            return out
+
+        writer.world = world
+        for a, b in itertools.pairwise(bounds):
+            writer.append(whole.subset(np.arange(a, b)))
+    assert got.read_bytes() == expected.read_bytes()
+    assert all(np.shares_memory(out, buffer) for out, buffer in zip(outputs, buffers, strict=True))
+    assert len({id(buffer) for buffer in buffers}) < len(bounds) - 1  # kept across parts, new only to grow
 
 
 @pytest.mark.parametrize("call", ["sync_file_range", "posix_fadvise"])

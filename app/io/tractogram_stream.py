@@ -56,6 +56,7 @@ from .tractogram import (
     trk_header,
     trx_reference,
 )
+from .tractogram_points import points_world_float32
 from .tractogram_tsf import EMPTY_TIMESTAMP, content_timestamp, points_crc, sidecar_paths, tsf_body, tsf_header
 
 __all__ = ["POSITION_DTYPES", "QUEUED_POINTS", "TractogramWriter", "open_tractogram_writer"]
@@ -73,55 +74,6 @@ _COPY_BLOCK = 16 << 20
 #: disk works while the tracking goes on and the flush at close finds little left: four batch workers closing 5 GB tractograms at once on one disk
 #: otherwise wait for each other's flushes.
 WRITEBACK_BYTES = 256 << 20
-# The affine is applied as one matrix product per part; a product of a single row takes
-# another BLAS path whose last bit can differ, so short parts are padded to this many rows.
-_MIN_ROWS = 16
-
-
-#: Rows of one matrix product of :func:`points_world_float32`: OpenBLAS runs a product this small
-#: on the calling thread. Its threads on a whole part's (N, 3) @ (3, 3) ran five times slower than
-#: one thread (0.44 against 2.2 GB/s on 2 cores), and slower still with several writers at once
-#: (a batch's workers: each pool's threads spin while the others' run); the bits are the same,
-#: each row's product being computed alone.
-_BLOCK_ROWS = 1 << 14
-
-
-def points_world_float32(points: np.ndarray, affine: np.ndarray) -> np.ndarray:
-    """:meth:`Tractogram.points_world` of some of a tractogram's points, bit for bit as for all of
-    them, in blocks of :data:`_BLOCK_ROWS` rows."""
-    rotation = affine[:3, :3].T.astype(np.float32)
-    shift = affine[:3, 3].astype(np.float32)
-    points = np.asarray(points)
-    out = np.empty((len(points), 3), np.result_type(points.dtype, np.float32))
-    for start in range(0, len(points), _BLOCK_ROWS):
-        block = points[start : start + _BLOCK_ROWS]
-        if len(block) < _MIN_ROWS:
-            padded = np.zeros((_MIN_ROWS, 3), np.float32)
-            padded[: len(block)] = block
-            out[start:] = (padded @ rotation)[: len(block)]
-        else:
-            np.matmul(block, rotation, out=out[start : start + len(block)])
-    _add_rows(out, shift)
-    return out
-
-
-#: Rows of the shift repeated once, for :func:`_add_rows` (12 MB).
-_TILE_ROWS = 1 << 20
-_tiles: dict[bytes, np.ndarray] = {}
-
-
-def _add_rows(out: np.ndarray, shift: np.ndarray) -> None:
-    """``out += shift`` for ``(N, 3)`` float32 ``out``, as one flat sum with the shift repeated:
-    the same additions, without NumPy's per-row loop over 3 values (twice as fast)."""
-    tile = _tiles.get(shift.tobytes())
-    if tile is None:
-        tile = np.tile(shift, _TILE_ROWS)
-        _tiles.clear()  # one grid at a time
-        _tiles[shift.tobytes()] = tile
-    flat = out.reshape(-1)
-    for start in range(0, len(flat), len(tile)):
-        part = flat[start : start + len(tile)]
-        part += tile[: len(part)]
 
 
 class TractogramWriter:
@@ -169,6 +121,11 @@ class TractogramWriter:
         #: other arrays copied into it, the header), ``flush`` (to the disk and renamed into place)
         self.seconds = {"world": 0.0, "file": 0.0, "finish": 0.0, "flush": 0.0}
         self._names: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        #: float32 RAS mm of the part being written, kept for the next part: a fresh array's first
+        #: touch (page faults; on a new virtual machine, the host's too) cost about as much as the
+        #: conversion itself, more with several batch workers at once. Each part's bytes are in
+        #: the file before :meth:`world` is called again (one thread writes them).
+        self._scratch = np.empty((0, 3), np.float32)
         self._stack = contextlib.ExitStack()
         self._tmp = self._stack.enter_context(atomic_path(self.path))
         self._open = True
@@ -189,7 +146,14 @@ class TractogramWriter:
     def world(self, points) -> np.ndarray:
         """A part's points as float32 RAS mm for the file (timed as ``world``, not ``file``)."""
         t0 = time.perf_counter()
-        out = np.asarray(points, dtype=np.float32) if self.points_in_mm else points_world_float32(points, self.affine)
+        if self.points_in_mm:
+            out = np.asarray(points, dtype=np.float32)
+        elif np.result_type(points.dtype, np.float32) != np.float32:
+            out = points_world_float32(points, self.affine)
+        else:  # into the part before's memory: fresh pages cost as much as the product (see _scratch)
+            if len(self._scratch) < len(points):
+                self._scratch = np.empty((max(len(points), len(self._scratch) * 5 // 4), 3), np.float32)
+            out = points_world_float32(points, self.affine, self._scratch[: len(points)])
         seconds = time.perf_counter() - t0
         self.seconds["world"] += seconds
         self.seconds["file"] -= seconds

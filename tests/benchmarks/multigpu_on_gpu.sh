@@ -12,6 +12,8 @@
 #   4. with TRX=1: bench_trx_write.py, 1 and 4 concurrent .trx writers of an HCP subject's 310 M
 #      points (16 threads each, as batch --gpus 4 gives), the disk's writes started early and not
 #      -> $OUT/trx_write_early.json, $OUT/trx_write_at_close.json (about 2 minutes).
+# FIRST_TOUCH=1 times fresh and reused host memory, 1 and 4 processes at once; WARM_GB=N touches N GB
+# of host memory (8 processes) before the batch runs, as a machine up for a while has.
 # PARTS=prob,omatrix3,commit picks benchmark parts; TESTS=0 skips the tests, BENCH=0 the benchmark.
 # The machine has numpy, scipy, cupy and h5py: carry nibabel and trx-python (cp312) in .whl/, and for
 # BATCH=1 the cohort extra's wheels in .whlB/ (dask-cuda is not needed: without it batch --gpus N
@@ -45,6 +47,12 @@ fi
 [ "${BENCH:-1}" != 0 ] && timeout 480 python3 tests/benchmarks/bench_multigpu.py --parts "${PARTS:-prob,omatrix3,commit}" --out \
   "$OUT/multigpu_$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE '[A-Z]+[0-9]{2,4}' | head -1 | tr A-Z a-z)x$(nvidia-smi -L | wc -l).json" \
   2>&1 | tee "$OUT/bench_multigpu.log" | grep -v '^ ' | tail -40
+if [ -n "${FIRST_TOUCH:-}" ]; then  # host memory's first touch, 1 and 4 processes (bench_first_touch.py)
+  python3 tests/benchmarks/bench_first_touch.py --gb 8 --procs 4 --rounds 2 --out "$OUT/first_touch.json"
+fi
+if [ -n "${WARM_GB:-}" ]; then  # touch (and free) this much host memory first, as a host up for a while has
+  python3 tests/benchmarks/bench_first_touch.py --warm "$WARM_GB" --warm-procs 8 --rounds 0 --out "$OUT/warm.json"
+fi
 if [ "${BATCH:-0}" = 1 ]; then
   timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 ${BATCH_ARGS:-} \
     --results "$OUT" 2>&1 | tail -20
