@@ -303,6 +303,21 @@ def test_parts_converted_in_one_kept_buffer_write_the_whole_file(tmp_path, suffi
     assert len({id(buffer) for buffer in buffers}) < len(bounds) - 1  # kept across parts, new only to grow
 
 
+def test_arrays_copied_into_the_trx_at_close_in_small_blocks_keep_every_byte(tmp_path, monkeypatch):
+    """At close a .trx's offsets and scalars are copied into it block by block through one
+    buffer: with blocks of 7 bytes (most arrays end in a partial block) every value reads back."""
+    from tractlens.app.io import tractogram_stream
+
+    monkeypatch.setattr(tractogram_stream, "_COPY_BLOCK", 7)
+    whole = _random_tractogram(40, seed=3)
+    _stream(whole, tmp_path / "small_blocks.trx", [0, 13, 40])
+    back = load_tractogram(tmp_path / "small_blocks.trx")
+    assert np.array_equal(back.offsets, whole.offsets)
+    for name in ("fa", "rgb"):
+        assert np.array_equal(back.point_scalars[name], whole.point_scalars[name])
+    assert np.array_equal(back.streamline_scalars["length_mm"], whole.streamline_scalars["length_mm"])
+
+
 @pytest.mark.parametrize("call", ["sync_file_range", "posix_fadvise"])
 def test_writes_started_early_leave_the_trx_bit_for_bit_the_whole_file(tmp_path, monkeypatch, call):
     """With the disk's writes started after every part (the threshold at one byte), the file is

@@ -475,10 +475,11 @@ class _TrxParts:
         for handle in self.files.values():
             handle.close()
         if writer.streamlines:  # trx-python writes no arrays for an empty tractogram
+            block = memoryview(bytearray(_COPY_BLOCK))  # one buffer: no fresh pages per block
             for name in self.files:
                 with open(self.folder / name, "rb") as source, self.zip.open(name, "w", force_zip64=True) as member:
-                    while block := source.read(_COPY_BLOCK):  # the disk's writes started as they come too
-                        member.write(block)
+                    while size := source.readinto(block):  # the disk's writes started as they come too
+                        member.write(block[:size])
                         self.written_back = _start_writeback(self.zip.fp, self.written_back)
         header = {
             "DIMENSIONS": self.header["DIMENSIONS"].tolist(),
