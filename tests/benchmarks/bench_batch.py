@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -211,20 +212,32 @@ def gpu_cluster_kind() -> str:
 
 def scaling(rows: list[dict]) -> list[dict]:
     """Subjects per hour of each GPU count against N × the 1-GPU rate (the wall time with the
-    cluster's start, and without it)."""
-    gpu = {row["workers"]: row for row in rows if row["engine"].startswith("gpu") and "subjects_per_hour" in row}
+    cluster's start, and without it); with ``--repeat``, the median of the rounds' rates (each
+    round's own in ``rounds``)."""
+
+    def rates(row):
+        subjects = row["batch"]["counts"]["done"] / 3
+        return (
+            subjects,
+            row["subjects_per_hour"],
+            subjects * 3600 / (row["batch"]["batch_wall_s"] - row["cluster_start_s"]),
+        )
+
+    gpu: dict[int, list[tuple]] = {}
+    for row in rows:
+        if row["engine"].startswith("gpu") and "subjects_per_hour" in row:
+            gpu.setdefault(row["workers"], []).append(rates(row))
     if 1 not in gpu:
         return []
-    one = gpu[1]
-    one_running = one["batch"]["counts"]["done"] / 3 * 3600 / (one["batch"]["batch_wall_s"] - one["cluster_start_s"])
+    _, one, one_running = (statistics.median(v) for v in zip(*gpu[1], strict=True))
     out = []
-    for n, row in sorted(gpu.items()):
-        subjects = row["batch"]["counts"]["done"] / 3
-        running = subjects * 3600 / (row["batch"]["batch_wall_s"] - row["cluster_start_s"])
-        out.append({"gpus": n, "subjects": subjects, "subjects_per_hour": row["subjects_per_hour"],
-                    "efficiency": round(row["subjects_per_hour"] / (n * one["subjects_per_hour"]), 3),
+    for n, runs in sorted(gpu.items()):
+        subjects, hourly, running = (statistics.median(v) for v in zip(*runs, strict=True))
+        out.append({"gpus": n, "subjects": subjects, "subjects_per_hour": round(hourly, 2),
+                    "efficiency": round(hourly / (n * one), 3),
                     "subjects_per_hour_once_started": round(running, 2),
-                    "efficiency_once_started": round(running / (n * one_running), 3)})  # fmt: skip
+                    "efficiency_once_started": round(running / (n * one_running), 3),
+                    "rounds": [round(r[1], 2) for r in runs]})  # fmt: skip
     return out
 
 
@@ -282,6 +295,15 @@ def markdown(results: dict) -> str:
             f"{row['overhead_per_subject_s']:+.1f} s ({row['overhead_percent']:+.1f} %) | "
             f"{row['overhead_after_start_s']:+.1f} s ({row['overhead_after_start_percent']:+.1f} %) |"
         )
+    if results.get("gpu_scaling"):
+        lines += ["", f"GPU scaling (medians of {results.get('repeat', 1)} round(s); output folder {results.get('outdir', '')}; "
+                  f"warm-up: {(results.get('warmup') or {}).get('wall_s', 'none')}):", "",
+                  "| GPUs | subjects/hour | efficiency | once started | efficiency once started | rounds |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for g in results["gpu_scaling"]:
+            lines.append(f"| {g['gpus']} | {g['subjects_per_hour']} | {g['efficiency']} | "
+                         f"{g['subjects_per_hour_once_started']} | {g['efficiency_once_started']} | "
+                         f"{', '.join(map(str, g.get('rounds', [])))} |")  # fmt: skip
     for row in results["engines"]:
         steps = (row.get("batch") or {}).get("per_step")
         if not steps:
@@ -317,6 +339,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the GPU engine only (a CPU run of HCP-sized subjects takes tens of minutes)")  # fmt: skip
     p.add_argument("--no-plain", action="store_true",
                    help="skip the single-subject commands (no overhead figures; subjects per hour and steps only)")  # fmt: skip
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds of the GPU counts, interleaved (1,2,4,1,2,4...); the scaling takes each count's median")  # fmt: skip
+    p.add_argument("--warmup", action="store_true",
+                   help="first an untimed batch of one subject on one GPU (the DWI read once, the kernels built, "
+                        "host memory touched), so the first timed run does not pay for the machine's start")  # fmt: skip
+    p.add_argument(
+        "--keep-outputs", action="store_true", help="keep each run's derivatives (default: removed after it)"
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one batch run may take")
     p.add_argument("--results", type=Path, default=HERE / "results", help="folder of batch_<gpu>.json/.md")
@@ -335,13 +365,21 @@ def main(argv=None) -> int:
     env["NCCL_NVLS_ENABLE"] = "0"
     engines = []
     gpus_here = 0 if args.no_gpu else gpu_count()
-    for n in [int(v) for v in args.gpu_counts.split(",")]:
-        if 1 <= n <= gpus_here:
-            engines.append((f"gpu×{n}" if n > 1 else "gpu", "gpu", ["--gpus", str(n)], n))
+    counts = [n for n in (int(v) for v in args.gpu_counts.split(",")) if 1 <= n <= gpus_here]
+    for round_ in range(1, max(1, args.repeat) + 1):
+        for n in counts:
+            name = (f"gpu×{n}" if n > 1 else "gpu") + (f" r{round_}" if args.repeat > 1 else "")
+            engines.append((name, "gpu", ["--gpus", str(n)], n))
     cpu_workers = args.cpu_workers or (2 if args.quick else default_cpu_workers())
     if not args.no_cpu:
         engines.append(("cpu", "cpu", ["--workers", str(cpu_workers)], cpu_workers))
-    rows, plains = [], {}
+    rows, plains, warmup = [], {}, None
+    if args.warmup and counts:
+        log("warm-up: tractlens batch --gpus 1 over one subject (not timed)")
+        out = args.outdir / "derivatives_warmup"
+        warm = batch_run(make_bids(subject, args.outdir / "bids_1", 1), out, config, ["--gpus", "1"], env, args.timeout)
+        warmup = {"wall_s": warm.get("wall_s"), "error": warm.get("error")}
+        shutil.rmtree(out, ignore_errors=True)
     for name, device, engine, workers in engines:
         count = args.subjects_per_gpu * workers if device == "gpu" and args.subjects_per_gpu else subjects
         root = bids if count == subjects else make_bids(subject, args.outdir / f"bids_{count}", count)
@@ -350,7 +388,10 @@ def main(argv=None) -> int:
             plains[device] = None
         elif device not in plains:  # one subject's plain commands per device
             plains[device] = plain_commands(subject, args.outdir / f"plain_{device}", device, env, args.timeout)
-        batch = batch_run(root, args.outdir / f"derivatives_{name}", config, engine, env, args.timeout)
+        out = args.outdir / f"derivatives_{name.replace(' ', '_')}"
+        batch = batch_run(root, out, config, engine, env, args.timeout)
+        if not args.keep_outputs:  # the disk and the page cache as the next run found them before
+            shutil.rmtree(out, ignore_errors=True)
         rows.append(summarise_engine(name, plains[device], batch, count, workers))
         log(f"  batch on {name}: {batch.get('wall_s')} s, {rows[-1].get('subjects_per_hour')} subjects/hour")
     from tractlens.app.batch.engines import worker_threads_environ
@@ -366,6 +407,9 @@ def main(argv=None) -> int:
         "gpu_cluster": gpu_cluster_kind() if gpus_here else None,
         "engines": rows,
         "gpu_scaling": scaling(rows),
+        "repeat": args.repeat,
+        "warmup": warmup,
+        "outdir": str(args.outdir),
     }
     args.results.mkdir(parents=True, exist_ok=True)
     target = args.results / f"batch_{tag}"

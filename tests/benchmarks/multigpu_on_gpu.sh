@@ -13,7 +13,8 @@
 #      points (16 threads each, as batch --gpus 4 gives), the disk's writes started early and not
 #      -> $OUT/trx_write_early.json, $OUT/trx_write_at_close.json (about 2 minutes).
 # FIRST_TOUCH=1 times fresh and reused host memory, 1 and 4 processes at once; WARM_GB=N touches N GB
-# of host memory (8 processes) before the batch runs, as a machine up for a while has.
+# of host memory (8 processes) before the batch runs, as a machine up for a while has. BATCH_TIMEOUT: the
+# cohort benchmark's seconds (540); BATCH_ARGS="--gpu-counts 1,4 --repeat 2 --warmup": interleaved rounds, medians.
 # PARTS=prob,omatrix3,commit picks benchmark parts; TESTS=0 skips the tests, BENCH=0 the benchmark.
 # The machine has numpy, scipy, cupy and h5py: carry nibabel and trx-python (cp312) in .whl/, and for
 # BATCH=1 the cohort extra's wheels in .whlB/ (dask-cuda is not needed: without it batch --gpus N
@@ -54,7 +55,7 @@ if [ -n "${WARM_GB:-}" ]; then  # touch (and free) this much host memory first, 
   python3 tests/benchmarks/bench_first_touch.py --warm "$WARM_GB" --warm-procs 8 --rounds 0 --out "$OUT/warm.json"
 fi
 if [ "${BATCH:-0}" = 1 ]; then
-  timeout 540 python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 ${BATCH_ARGS:-} \
+  timeout "${BATCH_TIMEOUT:-540}" python3 tests/benchmarks/bench_batch.py --no-cpu --gpu-counts 1,2,4 --subjects-per-gpu 2 ${BATCH_ARGS:-} \
     --results "$OUT" 2>&1 | tail -20
 fi
 if [ "${TRX:-0}" = 1 ]; then
