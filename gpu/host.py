@@ -35,9 +35,15 @@ def host_threads() -> int:
             return max(1, int(value))
         except ValueError:
             log.warning("%s=%r is not a number of threads: ignored", THREADS_ENV, value)
+    return host_cores()
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity: ``taskset``, container limits and a batch
+    worker's pinning honoured); all of the machine's where the system cannot say."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
+    except (AttributeError, OSError):  # not Linux
         return max(1, os.cpu_count() or 1)
 
 

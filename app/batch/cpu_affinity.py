@@ -79,9 +79,9 @@ def gpu_cpus(
         except (OSError, ValueError):
             return frozenset()
 
-    sets = {local(n) for n in numbers}
-    mine = local(numbers[index])
-    if not mine or len(sets) < 2:
+    cpus = {n: local(n) for n in set(numbers)}  # each GPU's list read once
+    mine = cpus[numbers[index]]
+    if not mine or len(set(cpus.values())) < 2:
         return None
     return set(mine)
 

@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tractlens.gpu import host as gpu_host
+
 from ..errors import InputError
 from .config import tomllib
 
@@ -48,11 +50,8 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 
 def host_cores() -> int:
-    """The cores this process may run on (its affinity: taskset and container limits honoured)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    """The cores this process may run on (:func:`tractlens.gpu.host.host_cores`)."""
+    return gpu_host.host_cores()
 
 
 def worker_threads_environ(workers: int, cores: int | None = None) -> dict[str, str]:

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tractlens.gpu.backend import BackendError, OutOfDeviceMemory
+from tractlens.gpu.host import host_cores
 
 from .. import __version__
 from ..cli._common import relay_progress
@@ -115,12 +116,8 @@ def worker_identity() -> dict:
     """Which worker process ran a step: its process id, the GPU it was pinned to
     (``CUDA_VISIBLE_DEVICES``), its share of the host's threads (``TRACTLENS_THREADS``) and how
     many CPUs it may run on (its affinity: its GPU's, when pinned)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = None
     return {"pid": os.getpid(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "threads": os.environ.get("TRACTLENS_THREADS"), "cpus": cpus, "host": socket.gethostname()}  # fmt: skip
+            "threads": os.environ.get("TRACTLENS_THREADS"), "cpus": host_cores(), "host": socket.gethostname()}  # fmt: skip
 
 
 def _output_path(job: StepJob, stage: Path) -> Path:
