@@ -13,13 +13,20 @@ from tractlens.gpu.backend import Cancelled, get_backend, run_batched
 
 
 def test_threaded_batches_cover_every_item_once_in_order():
+    """The first batch waits until another batch has started on another thread (the runner
+    submits several before it takes the first result), so the batches run side by side whatever
+    the machine's load: a busy machine once let one thread take them all."""
     seen, progress, names = [], [], set()
-    lock = threading.Lock()
+    lock, side_by_side = threading.Lock(), threading.Event()
 
     def process(start, stop):
         with lock:
             seen.append((start, stop))
             names.add(threading.current_thread().name)
+            if len(names) > 1:
+                side_by_side.set()
+        if start == 0:
+            side_by_side.wait(timeout=120)  # never set if every batch ran on this one thread
 
     run_batched(get_backend("cpu"), 1000, 8, process, maximum=64, threads=3, progress=lambda d, n: progress.append(d))
     assert sorted(seen) == [(s, min(1000, s + 64)) for s in range(0, 1000, 64)]
