@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .derived import DerivedCache
-from .fiber_arrays import FiberArrayCache
+from .fiber_cache import FiberArrayCache
 from .grid import Grid
 from .layers import Layer, hex_colour
 from .observable import Observable

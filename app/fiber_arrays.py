@@ -8,16 +8,15 @@ while the camera moves, a capped subset at rest on software OpenGL, the selected
 Changing the subset or the selection changes only those integers; colouring by direction is one
 RGBA byte quadruple per point (VTK draws it as it is), by a scalar a float32 array and a lookup
 table. Everything here is plain NumPy, so a loading or selection job computes it on its worker
-thread and the GUI thread only wraps the arrays. The document owns one :class:`FiberArrayCache`
-(``document.fiber_arrays``); every view asks it, so they share one copy per layer and a removed
-layer's arrays go with it.
+thread and the GUI thread only wraps the arrays. The document owns one
+:class:`~tractlens.app.fiber_cache.FiberArrayCache` (``document.fiber_arrays``); every view asks
+it, so they share one copy per layer and a removed layer's arrays go with it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -27,7 +26,6 @@ from tractlens.gpu.select_host import point_blocks
 
 from .colormaps import LUTS
 from .fiber_colours import COLOUR_CHUNK_POINTS, COLOUR_THREADS, direction_colours  # noqa: F401 - names of this module
-from .grid import Grid
 from .layers import SOLID, Layer
 
 INTERACTIVE_POINTS = 60_000  # drawn while the camera moves with software OpenGL: a subset, every k-th point
@@ -74,6 +72,7 @@ class Cells:
     _pieces: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, cells, first points)
     _source: np.ndarray | None = field(default=None, repr=False, compare=False)  # tractogram offsets: lazy
     _ranges: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, (first, count) per piece)
+    _chosen_lengths: np.ndarray | None = field(default=None, repr=False, compare=False)  # until ranges are made
 
     @property
     def identity(self) -> bool:
@@ -153,12 +152,21 @@ class Cells:
                 part = np.asarray(offsets[lo : max(lo, hi) + 1], dtype=np.int64)
                 out.append(((part[:-1] - int(offsets[a])).astype(np.int32), np.diff(part).astype(np.int32)))
         else:
+            # Each piece's first points from the level's own offsets (a cumulative sum of the
+            # lengths gathered once, when the level was made): one gather of the tractogram's
+            # offsets per piece, on parallel threads (NumPy releases the GIL).
             cuts = np.searchsorted(ids, [a for a, _b in bounds] + [bounds[-1][1]])
-            for k, (a, _b) in enumerate(bounds):
-                chosen = ids[int(cuts[k]) : int(cuts[k + 1])]
+            lengths, self._chosen_lengths = self._chosen_lengths, None
+
+            def piece(k: int) -> tuple[np.ndarray, np.ndarray]:
+                ka, kb, a = int(cuts[k]), int(cuts[k + 1]), bounds[k][0]
+                chosen = ids[ka:kb]
                 starts = np.asarray(offsets[chosen], dtype=np.int64)
-                counts = np.asarray(offsets[chosen + 1], dtype=np.int64) - starts
-                out.append(((starts - int(offsets[a])).astype(np.int32), counts.astype(np.int32)))
+                counts = np.asarray(offsets[chosen + 1], dtype=np.int64) - starts if lengths is None else lengths[ka:kb]
+                return (starts - int(offsets[a])).astype(np.int32), counts.astype(np.int32)
+
+            with ThreadPoolExecutor(max_workers=max(1, min(INDEX_THREADS, len(bounds)))) as pool:
+                out = list(pool.map(piece, range(len(bounds))))
         self._ranges = (key, out)
         return out
 
@@ -225,18 +233,23 @@ def streamline_cells(
     decimate: bool = False,
     bounds: list[tuple[int, int]] | None = None,
     ranges_only: bool = False,
+    lengths: np.ndarray | None = None,
 ) -> Cells:
     """Cells of the streamlines ``ids`` (None: all), or of a reproducible random subset of them
     with about ``max_points`` points when they have more: whole streamlines, or with
     ``decimate`` at most :data:`INTERACTIVE_STREAMLINES` of them, every k-th point (last kept).
     With ``bounds`` (the pieces the tractogram is drawn in, :func:`piece_bounds`) the cells are
     built piece by piece (see :meth:`Cells.pieces`). With ``ranges_only`` whole streamlines get
-    no connectivity (a view that draws :meth:`Cells.ranges` needs none; it is made if read)."""
+    no connectivity (a view that draws :meth:`Cells.ranges` needs none; it is made if read).
+    ``lengths``: the point counts of ``ids`` when known (not gathered again)."""
     offsets = np.asarray(offsets)
     total = len(offsets) - 1
     chosen = None if ids is None else np.asarray(ids, dtype=np.int64)  # None: all (no index made)
     # the chosen streamlines' lengths only (a selection of a whole-brain tractogram: not all 10 M)
-    chosen_lengths = None if chosen is None else offsets[chosen + 1] - offsets[chosen]
+    if chosen is None:
+        chosen_lengths = None
+    else:
+        chosen_lengths = offsets[chosen + 1] - offsets[chosen] if lengths is None else np.asarray(lengths)
     n_points = int(offsets[-1]) if ids is None else int(chosen_lengths.sum())
     step = 1
     if max_points is not None and n_points > max_points:
@@ -259,7 +272,9 @@ def streamline_cells(
     if ranges_only and step == 1:
         new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
         np.cumsum(chosen_lengths, out=new_offsets[1:])
-        return Cells(new_offsets.astype(index_dtype(int(offsets[-1]))), None, chosen, total, _source=offsets)
+        cells = Cells(new_offsets.astype(index_dtype(int(offsets[-1]))), None, chosen, total, _source=offsets)
+        cells._chosen_lengths = chosen_lengths  # (for :meth:`Cells.ranges`: not gathered twice)
+        return cells
     starts, lengths = offsets[chosen], chosen_lengths
     regular = (lengths + step - 1) // step
     needs_last = ((lengths - 1) % step != 0) & (lengths > 0)
@@ -346,13 +361,15 @@ def level_cells(
     selected: np.ndarray | None = None,
     bounds: list[tuple[int, int]] | None = None,
     ranges_only: bool = False,
+    lengths: np.ndarray | None = None,
 ) -> Cells:
     """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
     (bool per streamline, or their sorted ids) when there is a selection; by piece with ``bounds``; with
-    ``ranges_only``, as index ranges per piece (:meth:`Cells.ranges`) where whole streamlines."""
+    ``ranges_only``, as index ranges per piece (:meth:`Cells.ranges`) where whole streamlines;
+    ``lengths``: the selected streamlines' point counts, when known."""
     budget, decimate = LEVELS[level]
     ids = None if selected is None else (selected if selected.dtype != bool else np.flatnonzero(selected))
-    cells = streamline_cells(offsets, ids, budget, decimate, bounds, ranges_only)
+    cells = streamline_cells(offsets, ids, budget, decimate, bounds, ranges_only, lengths)
     if bounds is not None and ranges_only and not cells.decimated:
         cells.ranges(offsets, bounds)
     elif bounds is not None:
@@ -449,141 +466,3 @@ def fiber_point_colours(layer: Layer, cells: Cells | None = None) -> np.ndarray:
     lo, hi = layer.clim
     index = np.clip(((values - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.int64), 0, 255)
     return (LUTS.get(layer.colormap, LUTS["viridis"])[index] * 255 + 0.5).astype(np.uint8)
-
-
-class FiberArrayCache:
-    """The display arrays of tractogram layers, computed once per layer (and per colouring,
-    selection or reference grid where they depend on it); entries go when their layer is garbage
-    collected. Thread-safe: loading and selection jobs prepare on workers while the views read
-    on the GUI thread."""
-
-    def __init__(self) -> None:
-        self._arrays: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._colours: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._scalars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._selections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._on_grid: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
-        #: Levels of detail not prepared ahead (the 3-D view says which it never draws here: the
-        #: hardware moving level with software OpenGL); made when asked for all the same.
-        self.skip_levels: frozenset[str] = frozenset()
-        #: Levels never drawn of a selection (the other OpenGL's): not prepared by
-        #: :meth:`prepare_selection`; made when asked for all the same.
-        self.skip_selection_levels: frozenset[str] = frozenset()
-        #: Tractograms of at least this many points are drawn by the 3-D view from its own buffers
-        #: (None: none): :func:`fiber_arrays` with ``shader_drawn``.
-        self.shader_drawn_min_points: int | None = None
-
-    def shader_drawn(self, layer: Layer) -> bool:
-        least = self.shader_drawn_min_points
-        return least is not None and layer.data.n_points >= least
-
-    def prepare(self, layer: Layer) -> FiberArrays:
-        """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
-        with self._lock:
-            cached = self._arrays.get(layer)
-        if cached is not None:
-            return cached
-        arrays = fiber_arrays(layer, self.skip_levels, self.shader_drawn(layer))
-        with self._lock:
-            self._arrays[layer] = arrays
-        return arrays
-
-    def cells(self, layer: Layer, level: str, selected: np.ndarray | None = None) -> Cells:
-        """The cells of ``level`` (:data:`LEVELS`) of the layer's streamlines, or of those that
-        ``selected`` keeps (computed once per selection array: a selection job calls
-        :meth:`prepare_selection` on its worker, the view then only reads)."""
-        arrays = self.prepare(layer)
-        if selected is None:
-            if level not in arrays.levels:  # skipped when prepared
-                cells = level_cells(arrays.offsets, level, bounds=arrays.bounds, ranges_only=self.shader_drawn(layer))
-                with self._lock:
-                    arrays.levels.setdefault(level, cells)
-            return arrays.levels[level]
-        with self._lock:
-            cached = self._selections.get(layer)
-        if cached is None or cached[0] is not selected:
-            cached = (selected, {}, np.flatnonzero(selected))  # its ids: found once for all levels
-            with self._lock:
-                self._selections[layer] = cached
-        per_level, ids = cached[1], cached[2]
-        if level not in per_level:
-            budget = LEVELS[level][0]
-            whole = per_level.get("full")
-            if whole is not None and (budget is None or whole.n_points <= budget):
-                per_level[level] = whole  # within the level's budget: the same cells, not made twice
-            else:
-                per_level[level] = level_cells(arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer))
-        return per_level[level]
-
-    def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
-        """The cells of the levels the views draw of a selection (on a worker, before it is
-        shown): those not in :attr:`skip_selection_levels`."""
-        for level in LEVELS:
-            if level not in self.skip_selection_levels:
-                self.cells(layer, level, selected)
-
-    def scalar(self, layer: Layer, name: str) -> tuple[np.ndarray, str]:
-        """:func:`scalar_values`, computed once per layer and scalar."""
-        with self._lock:
-            cached = self._scalars.setdefault(layer, {})
-        if name not in cached:
-            cached[name] = scalar_values(layer, name)
-        return cached[name]
-
-    def colours(self, layer: Layer, cells: Cells | None = None) -> np.ndarray:
-        """:func:`fiber_point_colours` (RGB) of all points or of ``cells``', computed once per
-        layer, colouring and cells (views share it)."""
-        if layer.color_by == "direction":
-            arrays = self.prepare(layer)
-            if arrays.given_direction is None and cells is not None and cells.connectivity is not None:
-                return fiber_point_colours(layer, cells)  # of the cells' points only: none made for all
-            colours = arrays.direction[:, :3]  # the prepared arrays hold them (or make them now)
-            return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
-        key = (layer.color_by, layer.colormap, layer.clim, layer.color, id(cells))
-        with self._lock:
-            cached = self._colours.get(layer)
-        if cached is None or cached[0] != key:
-            cached = (key, fiber_point_colours(layer, cells))
-            with self._lock:
-                self._colours[layer] = cached
-        return cached[1]
-
-    def on_reference(self, layer: Layer, reference_affine: np.ndarray):
-        """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets,
-        streamline id of each point) for the slice views: the geometry until the grid changes,
-        the colours until the colouring does. Very large tractograms use their at-rest level of
-        detail of software OpenGL (whole streamlines, at most a few million points) so that a
-        slab search per paint stays in milliseconds; the views draw a bounded number of segments
-        anyway."""
-        level = self.cells(layer, "software")
-        whole = level.streamlines is None
-        grid_key = reference_affine.tobytes()
-        colour_key = (layer.color_by, layer.colormap, layer.clim, layer.color)
-        with self._lock:
-            cached = self._on_grid.get(layer)
-        if cached is None or cached["grid"] != grid_key:
-            tract = layer.data
-            to_ref = np.linalg.solve(reference_affine, tract.affine)
-            # a mapped file's points converted here (all of them only for a small tractogram): the
-            # tractogram's own voxel array is not made for the views
-            points = tract.points_rows(0, tract.n_points) if whole else tract.points_take(level.connectivity)
-            if not Grid.affines_match(tract.affine, reference_affine):
-                to_ref = to_ref.astype(np.float32)
-                points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
-            ids = np.arange(len(tract)) if whole else level.streamlines
-            cached = {"grid": grid_key, "points": points, "streams": np.repeat(ids, np.diff(level.offsets))}
-            with self._lock:
-                self._on_grid[layer] = cached
-        if cached.get("colour_key") != colour_key:  # of the level's points only
-            cached["colours"] = self.colours(layer, None if whole else level)
-            cached["colour_key"] = colour_key
-        return cached["points"], cached["colours"], level.offsets.astype(np.int64), cached["streams"]
-
-    def cm_layer(self, name: str, tractogram) -> Layer:
-        """A geodesic result as the Geodesic panel shows it (coloured by CM over its robust
-        range), with its display arrays prepared: call it on a worker."""
-        layer = Layer(name, tractogram, "tractogram", color_by="cm", colormap="hot")
-        layer.clim = layer.scalar_range("cm")
-        self.prepare(layer)
-        return layer

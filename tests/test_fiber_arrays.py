@@ -7,11 +7,8 @@ import numpy as np
 import pytest
 
 from tractlens.app import fiber_arrays
-from tractlens.app.fiber_arrays import (
-    FiberArrayCache,
-    direction_colours,
-    level_cells,
-)
+from tractlens.app.fiber_arrays import direction_colours, level_cells
+from tractlens.app.fiber_cache import FiberArrayCache
 from tractlens.app.model import Layer, Tractogram
 from tractlens.app.pipelines import select as select_pipeline
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tractlens.app.errors import InputError
-from tractlens.app.fiber_arrays import FiberArrayCache
+from tractlens.app.fiber_cache import FiberArrayCache
 from tractlens.app.jobs import Cancelled, JobContext, describe_error
 from tractlens.app.model import Layer, Tractogram
 

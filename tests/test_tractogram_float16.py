@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from tests._mapped_files import file_rss, read_eagerly
-from tractlens.app.fiber_arrays import FiberArrayCache, display_points
+from tractlens.app.fiber_arrays import display_points
+from tractlens.app.fiber_cache import FiberArrayCache
 from tractlens.app.io import load_tractogram, tractogram_points
 from tractlens.app.io.tractogram_stream import open_tractogram_writer
 from tractlens.app.model import Layer, Tractogram

@@ -13,7 +13,8 @@ import pytest
 
 from tests._mapped_files import read_eagerly
 from tractlens.app.errors import InputError
-from tractlens.app.fiber_arrays import FiberArrayCache, display_points, grid_box
+from tractlens.app.fiber_arrays import display_points, grid_box
+from tractlens.app.fiber_cache import FiberArrayCache
 from tractlens.app.integrity import document_problems
 from tractlens.app.io import load_tractogram, save_tractogram
 from tractlens.app.io.tractogram_points import _extent, points_bounds

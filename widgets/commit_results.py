@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tractlens.app.fiber_arrays import FiberArrayCache
+from tractlens.app.fiber_cache import FiberArrayCache
 from tractlens.app.model import Layer, Tractogram, Volume
 from tractlens.app.pipelines.commit import (
     WEIGHT_SCALAR,

@@ -84,7 +84,7 @@ def kernel_row(fld, starts, dirs, params) -> dict:
 
 def live_latency(field_, fld, brain, device: str, repeats: int = 7) -> dict:
     """Seed ROI → first batch of fibres with display arrays, as GeodesicPanel's job does it."""
-    from tractlens.app.fiber_arrays import FiberArrayCache
+    from tractlens.app.fiber_cache import FiberArrayCache
     from tractlens.app.pipelines.track import INTERACTIVE_FIRST_BATCH, geodesic_pipeline
 
     rng = np.random.default_rng(5)

@@ -1,0 +1,156 @@
+"""The document's cache of its tractograms' display arrays (:mod:`app.fiber_arrays`): computed
+once per layer, and per colouring, selection or reference grid where they depend on it, by
+whichever thread asks first (a loading or selection job's worker), then read by the views."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+
+from .fiber_arrays import LEVELS, Cells, FiberArrays, fiber_arrays, fiber_point_colours, level_cells, scalar_values
+from .grid import Grid
+from .layers import Layer
+
+
+class FiberArrayCache:
+    """The display arrays of tractogram layers, computed once per layer (and per colouring,
+    selection or reference grid where they depend on it); entries go when their layer is garbage
+    collected. Thread-safe: loading and selection jobs prepare on workers while the views read
+    on the GUI thread."""
+
+    def __init__(self) -> None:
+        self._arrays: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._colours: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._scalars: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._selections: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._on_grid: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        #: Levels of detail not prepared ahead (the 3-D view says which it never draws here: the
+        #: hardware moving level with software OpenGL); made when asked for all the same.
+        self.skip_levels: frozenset[str] = frozenset()
+        #: Levels never drawn of a selection (the other OpenGL's): not prepared by
+        #: :meth:`prepare_selection`; made when asked for all the same.
+        self.skip_selection_levels: frozenset[str] = frozenset()
+        #: Tractograms of at least this many points are drawn by the 3-D view from its own buffers
+        #: (None: none): :func:`fiber_arrays` with ``shader_drawn``.
+        self.shader_drawn_min_points: int | None = None
+
+    def shader_drawn(self, layer: Layer) -> bool:
+        least = self.shader_drawn_min_points
+        return least is not None and layer.data.n_points >= least
+
+    def prepare(self, layer: Layer) -> FiberArrays:
+        """The display arrays of a tractogram layer (computed once; safe to call from a worker)."""
+        with self._lock:
+            cached = self._arrays.get(layer)
+        if cached is not None:
+            return cached
+        arrays = fiber_arrays(layer, self.skip_levels, self.shader_drawn(layer))
+        with self._lock:
+            self._arrays[layer] = arrays
+        return arrays
+
+    def cells(self, layer: Layer, level: str, selected: np.ndarray | None = None) -> Cells:
+        """The cells of ``level`` (:data:`LEVELS`) of the layer's streamlines, or of those that
+        ``selected`` keeps (computed once per selection array: a selection job calls
+        :meth:`prepare_selection` on its worker, the view then only reads)."""
+        arrays = self.prepare(layer)
+        if selected is None:
+            if level not in arrays.levels:  # skipped when prepared
+                cells = level_cells(arrays.offsets, level, bounds=arrays.bounds, ranges_only=self.shader_drawn(layer))
+                with self._lock:
+                    arrays.levels.setdefault(level, cells)
+            return arrays.levels[level]
+        with self._lock:
+            cached = self._selections.get(layer)
+        if cached is None or cached[0] is not selected:
+            ids = np.flatnonzero(selected)  # its ids and their lengths: found once for all levels
+            offsets = np.asarray(arrays.offsets)
+            cached = (selected, {}, ids, offsets[ids + 1] - offsets[ids])
+            with self._lock:
+                self._selections[layer] = cached
+        per_level, ids, lengths = cached[1], cached[2], cached[3]
+        if level not in per_level:
+            budget = LEVELS[level][0]
+            whole = per_level.get("full")
+            if whole is not None and (budget is None or whole.n_points <= budget):
+                per_level[level] = whole  # within the level's budget: the same cells, not made twice
+            else:
+                per_level[level] = level_cells(
+                    arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths
+                )
+        return per_level[level]
+
+    def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
+        """The cells of the levels the views draw of a selection (on a worker, before it is
+        shown): those not in :attr:`skip_selection_levels`."""
+        for level in LEVELS:
+            if level not in self.skip_selection_levels:
+                self.cells(layer, level, selected)
+
+    def scalar(self, layer: Layer, name: str) -> tuple[np.ndarray, str]:
+        """:func:`scalar_values`, computed once per layer and scalar."""
+        with self._lock:
+            cached = self._scalars.setdefault(layer, {})
+        if name not in cached:
+            cached[name] = scalar_values(layer, name)
+        return cached[name]
+
+    def colours(self, layer: Layer, cells: Cells | None = None) -> np.ndarray:
+        """:func:`fiber_point_colours` (RGB) of all points or of ``cells``', computed once per
+        layer, colouring and cells (views share it)."""
+        if layer.color_by == "direction":
+            arrays = self.prepare(layer)
+            if arrays.given_direction is None and cells is not None and cells.connectivity is not None:
+                return fiber_point_colours(layer, cells)  # of the cells' points only: none made for all
+            colours = arrays.direction[:, :3]  # the prepared arrays hold them (or make them now)
+            return colours if cells is None or cells.connectivity is None else colours[cells.connectivity]
+        key = (layer.color_by, layer.colormap, layer.clim, layer.color, id(cells))
+        with self._lock:
+            cached = self._colours.get(layer)
+        if cached is None or cached[0] != key:
+            cached = (key, fiber_point_colours(layer, cells))
+            with self._lock:
+                self._colours[layer] = cached
+        return cached[1]
+
+    def on_reference(self, layer: Layer, reference_affine: np.ndarray):
+        """(points in reference voxel coordinates (P, 3) float32, colours (P, 3) uint8, offsets,
+        streamline id of each point) for the slice views: the geometry until the grid changes,
+        the colours until the colouring does. Very large tractograms use their at-rest level of
+        detail of software OpenGL (whole streamlines, at most a few million points) so that a
+        slab search per paint stays in milliseconds; the views draw a bounded number of segments
+        anyway."""
+        level = self.cells(layer, "software")
+        whole = level.streamlines is None
+        grid_key = reference_affine.tobytes()
+        colour_key = (layer.color_by, layer.colormap, layer.clim, layer.color)
+        with self._lock:
+            cached = self._on_grid.get(layer)
+        if cached is None or cached["grid"] != grid_key:
+            tract = layer.data
+            to_ref = np.linalg.solve(reference_affine, tract.affine)
+            # a mapped file's points converted here (all of them only for a small tractogram): the
+            # tractogram's own voxel array is not made for the views
+            points = tract.points_rows(0, tract.n_points) if whole else tract.points_take(level.connectivity)
+            if not Grid.affines_match(tract.affine, reference_affine):
+                to_ref = to_ref.astype(np.float32)
+                points = points @ to_ref[:3, :3].T + to_ref[:3, 3]
+            ids = np.arange(len(tract)) if whole else level.streamlines
+            cached = {"grid": grid_key, "points": points, "streams": np.repeat(ids, np.diff(level.offsets))}
+            with self._lock:
+                self._on_grid[layer] = cached
+        if cached.get("colour_key") != colour_key:  # of the level's points only
+            cached["colours"] = self.colours(layer, None if whole else level)
+            cached["colour_key"] = colour_key
+        return cached["points"], cached["colours"], level.offsets.astype(np.int64), cached["streams"]
+
+    def cm_layer(self, name: str, tractogram) -> Layer:
+        """A geodesic result as the Geodesic panel shows it (coloured by CM over its robust
+        range), with its display arrays prepared: call it on a worker."""
+        layer = Layer(name, tractogram, "tractogram", color_by="cm", colormap="hot")
+        layer.clim = layer.scalar_range("cm")
+        self.prepare(layer)
+        return layer
