@@ -13,6 +13,7 @@ and the edge labels say which side is which.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import nibabel as nib
@@ -67,11 +68,25 @@ class PlaneGeometry:
 
 def voxel_axis_for_world(affine: np.ndarray) -> list[tuple[int, int]]:
     """For world axes R, A, S: (voxel axis closest to it, +1/-1 direction)."""
-    ornt = nib.orientations.io_orientation(affine)
-    out = [None, None, None]
+    return list(_axes_of(np.asarray(affine, dtype=np.float64).tobytes()))
+
+
+@functools.lru_cache(maxsize=16)
+def _axes_of(affine_bytes: bytes) -> tuple[tuple[int, int], ...]:
+    """:func:`voxel_axis_for_world` of an affine's bytes, found once (every paint of the three
+    slice views asks for it, several times: nibabel's orientation took a fifth of a slice step)."""
+    ornt = nib.orientations.io_orientation(np.frombuffer(affine_bytes, dtype=np.float64).reshape(4, 4))
+    out = [(0, 1)] * 3
     for voxel_axis, (world_axis, sign) in enumerate(ornt):
         out[int(world_axis)] = (voxel_axis, int(sign))
-    return out
+    return tuple(out)
+
+
+def normal_slice(doc: Document, view: str) -> int:
+    """The reference voxel index of ``view``'s slice along its normal (what its image shows):
+    the cursor moving along the other axes leaves that image as it is."""
+    n_axis, _ = voxel_axis_for_world(doc.reference_affine)[VIEWS[view][2]]
+    return int(doc.cursor[n_axis])
 
 
 def plane_geometry(doc: Document, view: str, radiological: bool = False) -> PlaneGeometry:

@@ -30,7 +30,7 @@ from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_hal
 from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
 from .glyphs import LatestTask, stick_segments
-from .render import composite, display_oversample, fractional_voxel, patch_stroke, plane_geometry
+from .render import composite, display_oversample, fractional_voxel, normal_slice, patch_stroke, plane_geometry
 from .slice_fibers import SliceFibres
 from .slice_navigation import SliceNavigation
 
@@ -56,7 +56,7 @@ class SliceView(QWidget):
         self._drag_shape = None
         self.view = view
         self._image_cache: np.ndarray | None = None  # the composited slice (an ROI stroke patches it)
-        self._image_radiological = False  # the orientation it was composited in
+        self._image_key: tuple | None = None  # (radiological, slice index) it was composited for
         self.radiological = False
         self.slab_mm: float | None = 4.0  # thickness of the slab of fibers drawn; None: all fibers
         self._fibres = SliceFibres(self)  # the segments within the slab, kept per slice position
@@ -86,6 +86,8 @@ class SliceView(QWidget):
             if scene != self._scene_layers:
                 self._scene_layers = scene
                 self._image_cache = None
+        elif event == "cursor":
+            pass  # the image is made again only when this view's slice moved (:meth:`image_array`)
         elif not (event == "display" and layer is not None and layer.kind in ("tractogram", "dyads")):
             self._image_cache = None  # sticks and fibres are drawn over the image, not into it
         self.update()
@@ -94,8 +96,8 @@ class SliceView(QWidget):
         """An ROI edit that says its voxels (a stroke): only the pixels of this slice it changed
         are composited again, and a view whose slice it missed is not redrawn (a brush paints on
         one slice). False: the whole image is made again."""
-        if self._image_cache is None or self._image_radiological != self.radiological:
-            return False  # not drawn yet, or drawn the other way round
+        if self._image_cache is None or self._image_key != self._image_key_now():
+            return False  # not drawn yet, or drawn the other way round or for another slice
         patched = patch_stroke(self.document, self.geometry_now(), self._image_cache, layer, voxels)
         if patched:
             self._outlines_of = None  # the ROI's edges are found again (over the slice: they join up)
@@ -112,10 +114,14 @@ class SliceView(QWidget):
         geometry = self.geometry_now()
         if geometry is None:
             return None
-        if self._image_cache is None or self._image_radiological != self.radiological:  # reset by document events
+        key = self._image_key_now()
+        if self._image_cache is None or self._image_key != key:  # reset by document events, or another slice
             self._image_cache = composite(self.document, geometry, display_oversample(self.document))
-            self._image_radiological = self.radiological
+            self._image_key = key
         return self._image_cache
+
+    def _image_key_now(self) -> tuple:
+        return (self.radiological, normal_slice(self.document, self.view))
 
     # --------------------------------------------------------------- drawing
     def _target_rect(self, geometry) -> QRectF:

@@ -26,7 +26,7 @@ from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 from .fod_glyphs import volume_glyph_job
 from .glyph_instances import glyph_actor, is_instances, show_instances
 from .glyphs import LatestTask, stick_mesh, stick_segments
-from .render import composite, display_oversample, oversampled_voxels, patch_stroke, plane_geometry
+from .render import composite, display_oversample, normal_slice, oversampled_voxels, patch_stroke, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 from .view3d_fibers import FiberView
 from .view3d_overlays import add_orientation_marker
@@ -73,6 +73,7 @@ class View3D(FiberView, QWidget):
         layout.addWidget(self.plotter.interactor)
         self.orientation_marker = add_orientation_marker(self.plotter)  # R/L, A/P, S/I
         self._planes: dict[str, tuple] = {}
+        self._plane_at: dict[str, tuple] = {}  # view -> (slice, oversampling, grid) its plane was composited for
         self.plane_mode = "opaque"  # the cursor planes: one of PLANE_MODES (View > Slice planes in 3-D)
         self._glyphs: dict[int, object] = {}
         self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its glyph builds (workers)
@@ -133,7 +134,7 @@ class View3D(FiberView, QWidget):
                     self._roi_layers = rois
                     self._roi_timer.start()
         elif event == "cursor":
-            self._update_planes()
+            self._update_planes(moved_only=True)
             self._update_glyphs()
         elif event == "roi":  # a stroke: the planes' pixels it changed are composited with the next frame
             self._roi_edits.append((info.get("layer"), info.get("voxels")))
@@ -258,10 +259,14 @@ class View3D(FiberView, QWidget):
             if any(patched):
                 colours.Modified()  # the mapper sends the plane's colours again
 
-    def _update_planes(self) -> None:
+    def _update_planes(self, moved_only: bool = False) -> None:
+        """The three cursor planes composited again; ``moved_only`` (the cursor moved): only those
+        whose slice moved, when nothing else is pending (a cursor step along one axis made all
+        three again: half of a slice step's time on the GUI thread)."""
+        doc = self.document
+        moved_only = moved_only and not self._planes_stale and not self._roi_edits
         self._planes_stale = False
         self._roi_edits = []
-        doc = self.document
         if doc.reference_affine is None:
             return
         # With no image shown the planes would be opaque black sheets hiding the fibres and ROI
@@ -270,6 +275,10 @@ class View3D(FiberView, QWidget):
         # an image finer than the reference grid (a 1 mm T1 over 2 mm DWI) shows at its own resolution
         factor = display_oversample(doc)
         for view in ("axial", "coronal", "sagittal"):
+            at = (normal_slice(doc, view), factor, doc.reference_affine.tobytes(), tuple(doc.reference_shape))
+            if moved_only and view in self._planes and self._plane_at.get(view) == at:
+                continue
+            self._plane_at[view] = at
             geometry = plane_geometry(doc, view)
             voxels = oversampled_voxels(geometry, factor)
             height, width = voxels.shape[:2]
