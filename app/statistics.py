@@ -113,10 +113,12 @@ def sample_map(volume: Volume, points_ijk: np.ndarray, sampling: str = "nearest"
     return out
 
 
-#: Points read at a time for a tractogram's statistics (float32 voxel coordinates and their
-#: float64 steps: ~100 MB): a whole-brain tractogram measured in bounded memory, block by block,
-#: rather than as whole float64 and int64 copies of its points (~50 GB at 10 M streamlines).
-BLOCK_POINTS = 1 << 21
+#: Points read at a time for a tractogram's statistics, per host thread: a whole-brain
+#: tractogram measured in bounded memory, block by block, rather than as whole float64 and int64
+#: copies of its points (~50 GB at 10 M streamlines). A block's temporaries are ~60 bytes a
+#: point: 2^21 points made ~2 GB at once on 16 cores, which the allocator then kept (measured as
+#: +4 GB resident in the window after a whole-brain selection's statistics); 2^19 is a quarter.
+BLOCK_POINTS = 1 << 19
 
 
 def tract_statistics(
@@ -176,7 +178,8 @@ def _shown_measures(tractogram: Tractogram, shown, maps, params, progress, cance
             block_lengths = streamline_lengths_mm(points, local, linear)[keep]
             if not keep.all():
                 points = points[np.repeat(keep, np.diff(local))]
-            voxel = np.rint(points).astype(np.int64) + 1
+            voxel = np.rint(points).astype(np.int32)  # (a grid's indices fit: half of int64's memory)
+            voxel += 1
             inside = np.all((voxel >= 0) & (voxel < dims + 2), axis=1)
             grid[tuple(voxel[inside].T)] = True  # (threads only ever set: no lost update matters)
             beyond = None if inside.all() else np.unique(voxel[~inside], axis=0)

@@ -189,6 +189,7 @@ class MainWindow(QMainWindow):
             self.findChild(QDockWidget, "dock_statistics"),
         )
         self.tabifyDockWidget(jobs_dock, statistics_dock)  # a tab beside Jobs: the window keeps its minimum height
+        statistics_dock.visibilityChanged.connect(self.statistics_panel.set_seen)  # measures what is seen
         jobs_dock.raise_()
         self.proportions = DockProportions(self, LEFT_DOCKS, RIGHT_DOCKS)  # docks widen with the window
         fit_dock_tables(self)  # names take the width, numbers fit: no sideways scroll bars

@@ -73,6 +73,7 @@ class StatisticsPanel(JobPanelBase):
         layout.addWidget(self.note)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.status)
+        self._seen, self._stale = True, False  # (:meth:`set_seen`)
         document.connect(self._on_document)
         self._say_next()
 
@@ -94,7 +95,24 @@ class StatisticsPanel(JobPanelBase):
             self._say_next()
         elif event == "display" and info.get("layer") is self.layer_box.layer():
             if "selection" in info.get("changed", ()):
-                self.refresh()
+                # Measured when seen: a hidden tab (behind Jobs) measures once it is shown, not at
+                # every ROI edit (a whole-brain selection's statistics read every selected point,
+                # on all cores, while the window draws the selection).
+                self._stale = not self._seen
+                if not self._stale:
+                    self.refresh()
+
+    @property
+    def seen(self) -> bool:
+        return self._seen
+
+    def set_seen(self, seen: bool) -> None:
+        """Whether the panel can be seen (its dock's ``visibilityChanged``: a tab behind another
+        is not); a selection that changed while unseen is measured when it is seen again."""
+        self._seen = bool(seen)
+        if self._seen and self._stale:
+            self._stale = False
+            self.refresh()
 
     def refresh(self) -> int | None:
         """Compute the chosen layer's statistics on a worker; the job id (None: nothing chosen)."""

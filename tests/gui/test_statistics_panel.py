@@ -28,7 +28,18 @@ def test_statistics_of_the_shown_streamlines_and_csv_export(demo_window, demo_di
     assert "FA along mean" in texts and "MD along mean" in texts  # every open scalar map
 
     bundle = np.asarray(bundles.data.streamline_scalars["bundle"]).reshape(-1)
-    bundles.set_selection(bundle == 3, by="connectivity cell")  # the table follows what is shown
+    jobs_tab = win.findChild(QDockWidget, "dock_jobs")
+    jobs_tab.raise_()  # the Statistics tab hidden behind Jobs: a selection is not measured while unseen
+    qtbot.waitUntil(lambda: not panel.seen, timeout=5_000)
+    assert win.wait_for_jobs(60)
+    bundles.set_selection(bundle == 3, by="connectivity cell")
+    assert win.wait_for_jobs(60)
+    assert panel.statistics.quantities[0].value == 65  # still the last one measured
+    win.findChild(QDockWidget, "dock_statistics").raise_()  # shown: it measures what is shown now
+    qtbot.waitUntil(lambda: panel.statistics.quantities[0].value == 13, timeout=10_000)
+    bundles.set_selection(bundle == 2, by="connectivity cell")  # seen: the table follows at once
+    qtbot.waitUntil(lambda: panel.statistics.quantities[0].value == int((bundle == 2).sum()), timeout=10_000)
+    bundles.set_selection(bundle == 3, by="connectivity cell")
     qtbot.waitUntil(lambda: panel.statistics.quantities[0].value == 13, timeout=10_000)
     assert "13 of 65 streamlines shown (selection by connectivity cell)" in panel.note.text()
     expected = layer_statistics(win.document, bundles)
