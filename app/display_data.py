@@ -33,8 +33,17 @@ def affine_rotation(affine: np.ndarray) -> np.ndarray:
 
 
 def tensors_to_world(tensors: np.ndarray, affine: np.ndarray) -> np.ndarray:
-    """Voxel-axis tensors (G, 6) -> world (RAS) frame: R D Rᵀ with R the affine's rotation."""
-    return sym3.rotate(np, tensors, affine_rotation(affine))
+    """Voxel-axis tensors (G, 6) -> world (RAS) frame: R D Rᵀ with R the affine's rotation (a
+    copy of them when R is the identity, as a scanner's axial grid has). As two matrix products
+    over all tensors at once: NumPy's stacked 3 × 3 products took a fifth of a glyph build."""
+    tensors = np.asarray(tensors)
+    rotation = affine_rotation(affine)
+    if np.allclose(rotation, np.eye(3), rtol=0.0, atol=1e-12):
+        return tensors.copy()
+    mat = sym3.to_matrix(np, tensors)
+    rotation = rotation.astype(mat.dtype)
+    right = (mat.reshape(-1, 3) @ rotation.T).reshape(mat.shape)  # D Rᵀ
+    return sym3.from_matrix(np, np.tensordot(right, rotation, axes=([1], [1])).transpose(0, 2, 1))  # R D Rᵀ
 
 
 def tensor_matrices(tensors: np.ndarray) -> np.ndarray:
