@@ -59,7 +59,9 @@ Results: one JSON line per N, and after each N ``--out`` (default
 ``llvmpipe``) with the command line. ``--budget-s`` (or ``BENCH_BUDGET_S``) stops a size's
 process when the whole run would pass it (the row then says so). Starts its own Xvfb when there
 is no display. ``BENCH_PROFILE=DIR``: the GUI thread's profile of the colour changes, the ROI
-edits and the glyph steps, as text in DIR (``profile_<N>_<step>.txt``).
+edits and the glyph steps, as text in DIR (``profile_<N>_<step>.txt``). ``BENCH_TRACEMALLOC=1``:
+the sites that still hold memory the first ROI edit allocated (``select_first_allocations``;
+traced allocations slow that edit, not the second).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import itertools
 import json
 import os
 import pstats
@@ -217,6 +220,22 @@ def write_profile(profile: cProfile.Profile, step: str, n_streamlines: int) -> N
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
     (folder / f"profile_{n_streamlines}_{step}.txt").write_text(text.getvalue())
+
+
+def traced_allocations(stop: bool = False, top: int = 12):
+    """With ``BENCH_TRACEMALLOC=1``: start tracing Python's (and NumPy's) allocations (True), or
+    stop and give the ``top`` sites that still hold the most memory ("file:line": MB). Off: False."""
+    import tracemalloc
+
+    if os.environ.get("BENCH_TRACEMALLOC") != "1":
+        return False
+    if not stop:
+        tracemalloc.start()
+        return True
+    stats = tracemalloc.take_snapshot().statistics("lineno")
+    tracemalloc.stop()
+    return {f"{s.traceback[0].filename.split('tractlens/')[-1]}:{s.traceback[0].lineno}": round(s.size / 2**20, 1)
+            for s in stats[:top]}  # fmt: skip
 
 
 def settle(app) -> None:
@@ -431,21 +450,29 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
         mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= (12.0 / VOXEL_MM) ** 2
         roi = Layer("sphere", RoiMask("sphere", mask, AFFINE, role="target"), "roi")
         request = RoiSelection((layer,), (mask,), (), AFFINE, ("sphere",))
+        anon = [anon_and_file_mb()[0]]  # anonymous resident MB before and after each part
+        traced = edit == 0 and traced_allocations()
         with profiled(f"select_{edit}", len(layer.data)):
             t0 = time.perf_counter()
             ((_, selected),) = select_fibres(doc, request, device=device)
             t1 = time.perf_counter()
+            anon.append(anon_and_file_mb()[0])
             row["select_device"] = streamline_index(doc, layer, AFFINE, device).backend.name
             doc.fiber_arrays.prepare_selection(layer, selected)
             clock.start(view)
             t2 = time.perf_counter()
+            anon.append(anon_and_file_mb()[0])
             layer.set_selection(selected, by=request.by)
             settle(app)
             t3 = time.perf_counter()
+            anon.append(anon_and_file_mb()[0])
         swap_parts = clock.parts(view)
         # a whole-brain tractogram's segments on the slice views come from a worker, after the frame
         wait(app, lambda: all(v._fibres.ready() for v in window.views.values()), 60)
         t4 = time.perf_counter()
+        anon.append(anon_and_file_mb()[0])
+        if traced:
+            row["select_first_allocations"] = traced_allocations(stop=True)
         key = "select_first" if edit == 0 else "select"
         row[key] = {
             "selected": int(selected.sum()),
@@ -455,6 +482,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
             "gui_swap_parts": swap_parts,  # slice views' paints, 3-D frames, uploads, the rest
             "total_ms": round(1e3 * (t3 - t0), 1),
             "slice_fibres_ready_ms": round(1e3 * (t4 - t0), 1),  # the slice views' segments drawn too
+            # anonymous resident MB added by the selection, the index ranges, the swap and frame,
+            # and until the slice views' segments were drawn
+            "anon_added_mb": [b - a for a, b in itertools.pairwise(anon)],
         }
         del roi
     del ijk
