@@ -458,3 +458,53 @@ def test_gradients_at_the_dataset_level_serve_every_subject(demo_dir, tmp_path):
     series = find_series(bids)
     assert [s.subject for s in series] == ["01", "02"]
     assert all(s.bval == bids / "dwi.bval" and s.bvec == bids / "dwi.bvec" for s in series)
+
+
+class _CountingClient:
+    """The module's client, counting the jobs submitted and not yet finished."""
+
+    def __init__(self, client):
+        self.client, self.in_flight, self.most = client, 0, 0
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def submit(self, *args, **kwargs):
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        future = self.client.submit(*args, **kwargs)
+        future.add_done_callback(lambda _f: self._done())
+        return future
+
+    def _done(self):
+        with self.lock:
+            self.in_flight -= 1
+
+
+def _fake_step(job, *upstream):
+    if job.step == "b" and job.subject == "s1":
+        return {"step": job.step, "subject": job.subject, "status": "failed", "reason": "bad input", "seconds": 0.0}
+    assert all(u["status"] == "done" for u in upstream)
+    return {"step": job.step, "subject": job.subject, "status": "done", "seconds": 0.01, "after": len(upstream)}
+
+
+def test_jobs_go_to_free_workers_in_the_plan_s_order_and_a_failure_blocks_only_its_subject(client):
+    """At most as many jobs in flight as the workers have threads (each job to a free worker), every
+    job once, its upstream results as arguments; a failed step's later steps are "not run"."""
+    from types import SimpleNamespace
+
+    from tractlens.app.batch.plan import Plan
+
+    subjects, steps = [f"s{k}" for k in range(6)], ["a", "b", "c"]
+    jobs = [SimpleNamespace(step=step, subject=s, key=f"{step}/{s}") for s in subjects for step in steps]
+    waits = [[] if k % 3 == 0 else [k - 1] for k in range(len(jobs))]
+    counting = _CountingClient(client)
+    results = run_plan(Plan(jobs, waits, steps, subjects), counting, task=_fake_step)
+    assert [(r["step"], r["subject"]) for r in results] == [(j.step, j.subject) for j in jobs]
+    by = {(r["step"], r["subject"]): r for r in results}
+    assert by["b", "s1"]["status"] == "failed" and by["c", "s1"]["status"] == "not-run"
+    assert all(r["status"] == "done" for key, r in by.items() if key[1] != "s1")
+    assert by["c", "s4"]["after"] == 1 and by["a", "s4"]["after"] == 0
+    assert 1 <= counting.most <= sum(client.nthreads().values()) == 2
