@@ -172,12 +172,17 @@ def _shown_measures(tractogram: Tractogram, shown, maps, params, progress, cance
             keep = shown[a:b]
             if not keep.any():
                 return np.zeros(0), None, {}
-            p0, p1 = int(offsets[a]), int(offsets[b])
-            points = tractogram.points_rows(p0, p1)
-            local = offsets[a : b + 1] - p0
-            block_lengths = streamline_lengths_mm(points, local, linear)[keep]
-            if not keep.all():
-                points = points[np.repeat(keep, np.diff(local))]
+            if keep.all():
+                p0 = int(offsets[a])
+                points = tractogram.points_rows(p0, int(offsets[b]))
+                local = offsets[a : b + 1] - p0
+            else:  # the shown streamlines' points only (a selection: a tenth of a whole brain's)
+                counts = np.diff(offsets[a : b + 1])[keep]
+                local = np.zeros(len(counts) + 1, dtype=np.int64)
+                np.cumsum(counts, out=local[1:])
+                starts = offsets[a:b][keep]
+                points = tractogram.points_take(np.repeat(starts - local[:-1], counts) + np.arange(local[-1]))
+            block_lengths = streamline_lengths_mm(points, local, linear)
             voxel = np.rint(points).astype(np.int32)  # (a grid's indices fit: half of int64's memory)
             voxel += 1
             inside = np.all((voxel >= 0) & (voxel < dims + 2), axis=1)

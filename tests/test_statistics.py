@@ -115,6 +115,13 @@ def test_a_large_tractogram_is_measured_block_by_block_as_whole(monkeypatch, tmp
     assert mapped.mapped is not None
     table = tract_statistics(mapped, None, {"ramp": _ramp()})
     assert _q(table, "streamlines shown").value == 300 and not mapped.mapped.made
+    # a selection of the mapped file: its shown streamlines' rows read alone, the same numbers
+    selected = tract_statistics(mapped, shown, {"ramp": _ramp()})
+    other = load_tractogram(path)  # its voxel coordinates made whole: the plain array's way
+    plain = Tractogram(np.asarray(other.points), other.offsets, other.affine, other.dimensions)
+    in_memory = tract_statistics(plain, shown, {"ramp": _ramp()})
+    assert [q.value for q in selected.quantities] == pytest.approx([q.value for q in in_memory.quantities], rel=1e-12)
+    assert _q(selected, "streamlines shown").value == shown.sum() and not mapped.mapped.made
 
 
 def test_roi_statistics_by_hand():
