@@ -72,7 +72,6 @@ class Cells:
     _pieces: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, cells, first points)
     _source: np.ndarray | None = field(default=None, repr=False, compare=False)  # tractogram offsets: lazy
     _ranges: tuple | None = field(default=None, repr=False, compare=False)  # (bounds, (first, count) per piece)
-    _chosen_lengths: np.ndarray | None = field(default=None, repr=False, compare=False)  # until ranges are made
 
     @property
     def identity(self) -> bool:
@@ -152,18 +151,15 @@ class Cells:
                 part = np.asarray(offsets[lo : max(lo, hi) + 1], dtype=np.int64)
                 out.append(((part[:-1] - int(offsets[a])).astype(np.int32), np.diff(part).astype(np.int32)))
         else:
-            # Each piece's first points from the level's own offsets (a cumulative sum of the
-            # lengths gathered once, when the level was made): one gather of the tractogram's
-            # offsets per piece, on parallel threads (NumPy releases the GIL).
+            # Each streamline's point count from the level's own offsets (whole streamlines: the
+            # cumulative sum of their lengths), its first point by one gather of the tractogram's
+            # offsets, piece by piece on parallel threads (NumPy releases the GIL).
             cuts = np.searchsorted(ids, [a for a, _b in bounds] + [bounds[-1][1]])
-            lengths, self._chosen_lengths = self._chosen_lengths, None
 
             def piece(k: int) -> tuple[np.ndarray, np.ndarray]:
                 ka, kb, a = int(cuts[k]), int(cuts[k + 1]), bounds[k][0]
-                chosen = ids[ka:kb]
-                starts = np.asarray(offsets[chosen], dtype=np.int64)
-                counts = np.asarray(offsets[chosen + 1], dtype=np.int64) - starts if lengths is None else lengths[ka:kb]
-                return (starts - int(offsets[a])).astype(np.int32), counts.astype(np.int32)
+                starts = np.asarray(offsets[ids[ka:kb]], dtype=np.int64)
+                return (starts - int(offsets[a])).astype(np.int32), np.diff(self.offsets[ka : kb + 1]).astype(np.int32)
 
             with ThreadPoolExecutor(max_workers=max(1, min(INDEX_THREADS, len(bounds)))) as pool:
                 out = list(pool.map(piece, range(len(bounds))))
@@ -272,9 +268,7 @@ def streamline_cells(
     if ranges_only and step == 1:
         new_offsets = np.zeros(len(chosen) + 1, dtype=np.int64)
         np.cumsum(chosen_lengths, out=new_offsets[1:])
-        cells = Cells(new_offsets.astype(index_dtype(int(offsets[-1]))), None, chosen, total, _source=offsets)
-        cells._chosen_lengths = chosen_lengths  # (for :meth:`Cells.ranges`: not gathered twice)
-        return cells
+        return Cells(new_offsets.astype(index_dtype(int(offsets[-1]))), None, chosen, total, _source=offsets)
     starts, lengths = offsets[chosen], chosen_lengths
     regular = (lengths + step - 1) // step
     needs_last = ((lengths - 1) % step != 0) & (lengths > 0)
