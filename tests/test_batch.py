@@ -384,6 +384,37 @@ def test_two_subjects_through_local_cuda_cluster(demo_dir, tmp_path, capsys):
     assert record["Summary"]["backend"] == "gpu" and "--device" in record["Command"]
 
 
+@pytest.mark.gpu
+def test_two_workers_per_gpu_write_what_one_worker_writes(demo_dir, tmp_path, capsys):
+    """Three subjects on one GPU shared by two worker processes: every step done, and each
+    subject's tractogram and connectome equal to those of one worker per GPU."""
+    import trx.trx_file_memmap as tmm
+
+    bids = make_bids(tmp_path / "bids", demo_dir, subjects=("01", "02", "03"))
+    config = write_config(tmp_path / "params.toml", demo_dir)
+    outputs = {}
+    for k in (1, 2):
+        derivatives = tmp_path / f"derivatives_{k}"
+        code = main(["batch", str(bids), "-o", str(derivatives), "--pipeline", "fit-dti,track-deterministic,connectome",
+                     "--config", str(config), "--gpus", "1", "--workers-per-gpu", str(k), "--json", "--quiet"])  # fmt: skip
+        summary = json.loads(capsys.readouterr().out)
+        assert code == 0 and summary["counts"]["done"] == 9, summary
+        outputs[k] = derivatives
+    for subject in ("01", "02", "03"):
+        name = f"sub-{subject}/dwi/sub-{subject}_space-dwi_desc-deterministic_tractography.trx"
+        one, two = (tmm.load(str(outputs[k] / name)) for k in (1, 2))
+        try:
+            np.testing.assert_array_equal(one.streamlines._data, two.streamlines._data)
+            np.testing.assert_array_equal(one.streamlines._offsets, two.streamlines._offsets)
+        finally:
+            one.close()
+            two.close()
+        matrices = [sorted((outputs[k] / f"sub-{subject}/dwi").glob("*connectome*.csv")) for k in (1, 2)]
+        assert matrices[0] and [m.name for m in matrices[0]] == [m.name for m in matrices[1]]
+        for a, b in zip(*matrices):
+            assert a.read_text() == b.read_text()
+
+
 def test_without_dask_cuda_gpus_pin_one_local_worker_process_per_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
     _with_dask_cuda(monkeypatch, False)
@@ -408,6 +439,57 @@ def test_the_pin_plugin_gives_each_worker_process_its_own_gpu(monkeypatch):
         client.close()
         cluster.close()
     assert sorted(seen.values()) == [("4", "0"), ("7", "0")]
+
+
+@pytest.mark.parametrize("dask_cuda", [True, False])
+def test_workers_per_gpu_start_k_pinned_processes_on_each_gpu_with_their_share_of_the_cores(monkeypatch, dask_cuda):
+    """K > 1 always takes the LocalCluster with the pinning plugin (dask-cuda makes one worker per GPU)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
+    monkeypatch.delenv("TRACTLENS_THREADS", raising=False)
+    monkeypatch.setattr("tractlens.app.batch.engines.host_cores", lambda: 16)
+    _with_dask_cuda(monkeypatch, dask_cuda)
+    choice = cluster_arguments(gpus=2, workers_per_gpu=2)
+    assert (choice.module, choice.name) == ("distributed", "LocalCluster")
+    assert choice.kwargs["n_workers"] == 4 and choice.kwargs["threads_per_worker"] == 1
+    assert choice.pin_gpus == ["3", "5"] and choice.worker_environ["TRACTLENS_THREADS"] == "4"
+    one = cluster_arguments(gpus=2)
+    assert one.kwargs["n_workers"] == 2 and one.name == ("LocalCUDACluster" if dask_cuda else "LocalCluster")
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(gpus=1, workers_per_gpu=0), "at least 1"),
+        (dict(workers=2, workers_per_gpu=2), "belongs to --gpus"),
+        (dict(gpus=1, workers_per_gpu=2, cluster="slurm"), "belongs to --gpus"),
+    ],
+)
+def test_workers_per_gpu_without_a_local_gpu_cluster_is_refused(options, message):
+    with pytest.raises(InputError, match=message):
+        cluster_arguments(**options)
+
+
+def test_the_cli_refuses_workers_per_gpu_with_a_scheduler(tmp_path, capsys):
+    code = main(["batch", str(tmp_path), "-o", str(tmp_path / "d"), "--pipeline", "fit-dti",
+                 "--scheduler", "tcp://127.0.0.1:1", "--workers-per-gpu", "2"])  # fmt: skip
+    assert code == 2 and "--workers-per-gpu belongs to --gpus" in capsys.readouterr().err
+
+
+def test_two_workers_per_gpu_share_each_device(monkeypatch):
+    """A real LocalCluster of four processes over two devices: each device is seen by two workers."""
+    import os
+
+    from tractlens.app.batch.engines import connect
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,7")
+    _with_dask_cuda(monkeypatch, False)
+    client, cluster = connect(None, cluster_arguments(gpus=2, workers_per_gpu=2))
+    try:
+        seen = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
+    finally:
+        client.close()
+        cluster.close()
+    assert sorted(seen.values()) == ["4", "4", "7", "7"]
 
 
 def test_gpus_take_the_devices_this_process_may_use(monkeypatch):

@@ -97,8 +97,18 @@ def cluster_arguments(
     gpus: int | None = None,
     cluster: str | None = None,
     cluster_config: str | Path | None = None,
+    workers_per_gpu: int = 1,
 ) -> ClusterChoice:
-    """The cluster the options ask for (without ``--scheduler``, which needs none)."""
+    """The cluster the options ask for (without ``--scheduler``, which needs none).
+
+    ``workers_per_gpu`` K > 1 (with ``gpus``) starts K worker processes on each GPU, each with
+    its share of the cores: one subject-step's host work (its tractogram going to the disk, the
+    next subject's reading) then overlaps another's GPU work on the same device. dask-cuda
+    makes one worker per GPU, so K > 1 always takes the LocalCluster with the pinning plugin."""
+    if workers_per_gpu < 1:
+        raise InputError("--workers-per-gpu must be at least 1", fix="Give worker processes per GPU, e.g. 2")
+    if workers_per_gpu > 1 and (gpus is None or cluster is not None):
+        raise InputError("--workers-per-gpu belongs to --gpus (a local cluster)", fix="Add --gpus N, or drop it")
     if cluster is not None:
         return _jobqueue_arguments(cluster, cluster_config, gpus)
     if gpus is not None:
@@ -113,13 +123,13 @@ def cluster_arguments(
         devices = visible[:gpus] if visible else [str(i) for i in range(gpus)]  # the first N this process may use
         kwargs = {
             "CUDA_VISIBLE_DEVICES": ",".join(devices),
-            "n_workers": gpus,
+            "n_workers": gpus * workers_per_gpu,
             "threads_per_worker": 1,
             "dashboard_address": ":0",
             "silence_logs": logging.ERROR,
         }
-        threads = worker_threads_environ(gpus)
-        if importlib.util.find_spec("dask_cuda") is not None:
+        threads = worker_threads_environ(gpus * workers_per_gpu)
+        if workers_per_gpu == 1 and importlib.util.find_spec("dask_cuda") is not None:
             return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV),
                                  worker_environ=threads)  # fmt: skip
         del kwargs["CUDA_VISIBLE_DEVICES"]

@@ -51,6 +51,14 @@ def add_parsers(sub, common) -> None:
         "process pinned to each GPU; each local worker gets cores/N threads for its host work (OpenMP/BLAS, "
         "numba, the engine's pools; TRACTLENS_THREADS=K gives each K)",
     )
+    p.add_argument(
+        "--workers-per-gpu",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --gpus: K worker processes share each GPU (each with cores/(N*K) threads), so one "
+        "subject's tractogram goes to the disk while the next subject computes on the GPU; mind the GPU's memory",
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786")
     where.add_argument(
@@ -72,6 +80,8 @@ def _check_options(args) -> None:
         raise InputError(
             "--gpus makes one worker per GPU: give --workers or --gpus, not both", fix="Drop one of the two"
         )
+    if args.workers_per_gpu != 1 and (args.gpus is None or args.cluster or args.scheduler):
+        raise InputError("--workers-per-gpu belongs to --gpus (a local cluster)", fix="Add --gpus N, or drop it")
     if args.workers is not None and args.workers < 1:
         raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
 
@@ -94,7 +104,11 @@ def cmd_batch(args) -> int:
     choice = None
     if args.scheduler is None:
         choice = cluster_arguments(
-            workers=args.workers, gpus=args.gpus, cluster=args.cluster, cluster_config=args.cluster_config
+            workers=args.workers,
+            gpus=args.gpus,
+            cluster=args.cluster,
+            cluster_config=args.cluster_config,
+            workers_per_gpu=args.workers_per_gpu,
         )
     staging = derivatives / ".staging" / uuid.uuid4().hex[:12]
     plan = build_plan(series, steps, config, derivatives, device=choice.device if choice else "auto",

@@ -274,7 +274,12 @@ def markdown(results: dict) -> str:
     lines = [
         f"# tractlens batch: {PIPELINE} ({results['subject_summary']})",
         "",
-        f"{results['subjects']} subjects per run, on {results['device']}.",
+        f"{results['subjects']} subjects per run, on {results['device']}"
+        + (
+            f"; {results['workers_per_gpu']} worker processes per GPU."
+            if results.get("workers_per_gpu", 1) > 1
+            else "."
+        ),
         "",
         "| engine | workers | batch wall (s) | cluster start (s) | subjects/hour | plain s/subject "
         "| batch worker-s/subject | overhead | overhead once started |",
@@ -333,6 +338,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-workers", type=int, help="worker processes of the CPU run (default: cores, ≤ 1 per 12 GB)")
     p.add_argument("--no-gpu", action="store_true", help="the CPU engine only")
     p.add_argument("--gpu-counts", default="1,2,4", help="batch --gpus N for each N (up to the GPUs here)")
+    p.add_argument("--workers-per-gpu", type=int, default=1,
+                   help="batch --workers-per-gpu K for every --gpus run (K worker processes share each GPU)")  # fmt: skip
     p.add_argument("--subjects-per-gpu", type=int, default=0,
                    help="subjects per GPU of each --gpus run (N × this; default: --subjects for every run)")  # fmt: skip
     p.add_argument("--no-cpu", action="store_true",
@@ -369,7 +376,8 @@ def main(argv=None) -> int:
     for round_ in range(1, max(1, args.repeat) + 1):
         for n in counts:
             name = (f"gpu×{n}" if n > 1 else "gpu") + (f" r{round_}" if args.repeat > 1 else "")
-            engines.append((name, "gpu", ["--gpus", str(n)], n))
+            per_gpu = ["--workers-per-gpu", str(args.workers_per_gpu)] if args.workers_per_gpu > 1 else []
+            engines.append((name, "gpu", ["--gpus", str(n), *per_gpu], n))
     cpu_workers = args.cpu_workers or (2 if args.quick else default_cpu_workers())
     if not args.no_cpu:
         engines.append(("cpu", "cpu", ["--workers", str(cpu_workers)], cpu_workers))
@@ -377,7 +385,8 @@ def main(argv=None) -> int:
     if args.warmup and counts:
         log("warm-up: tractlens batch --gpus 1 over one subject (not timed)")
         out = args.outdir / "derivatives_warmup"
-        warm = batch_run(make_bids(subject, args.outdir / "bids_1", 1), out, config, ["--gpus", "1"], env, args.timeout)
+        warm = batch_run(make_bids(subject, args.outdir / "bids_1", 1), out, config, ["--gpus", "1"], env,
+                         args.timeout)  # fmt: skip
         warmup = {"wall_s": warm.get("wall_s"), "error": warm.get("error")}
         shutil.rmtree(out, ignore_errors=True)
     for name, device, engine, workers in engines:
@@ -408,6 +417,7 @@ def main(argv=None) -> int:
         "engines": rows,
         "gpu_scaling": scaling(rows),
         "repeat": args.repeat,
+        "workers_per_gpu": args.workers_per_gpu,
         "warmup": warmup,
         "outdir": str(args.outdir),
     }
