@@ -415,7 +415,33 @@ def test_two_workers_per_gpu_write_what_one_worker_writes(demo_dir, tmp_path, ca
             assert a.read_text() == b.read_text()
 
 
-def test_without_dask_cuda_gpus_pin_one_local_worker_process_per_gpu(monkeypatch):
+@pytest.mark.gpu
+def test_two_workers_per_gpu_each_hold_half_of_its_memory(monkeypatch):
+    """Each of the two worker processes on one GPU sizes its work from half the device."""
+    from tractlens.app.batch.engines import connect
+
+    monkeypatch.delenv("CUPY_GPU_MEMORY_LIMIT", raising=False)
+
+    def share():
+        from tractlens.gpu.backend import get_backend
+
+        backend = get_backend("gpu")
+        return (
+            backend.xp.get_default_memory_pool().get_limit(),
+            backend.total_memory_bytes(),
+            backend.free_memory_bytes(),
+        )
+
+    client, cluster = connect(None, cluster_arguments(gpus=1, workers_per_gpu=2))
+    try:
+        seen = list(client.run(share).values())
+    finally:
+        client.close()
+        cluster.close()
+    assert len(seen) == 2
+    for limit, total, free in seen:
+        assert abs(limit - total / 2) <= 2**20 and free <= limit
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6")
     _with_dask_cuda(monkeypatch, False)
     choice = cluster_arguments(gpus=2)
@@ -452,8 +478,13 @@ def test_workers_per_gpu_start_k_pinned_processes_on_each_gpu_with_their_share_o
     assert (choice.module, choice.name) == ("distributed", "LocalCluster")
     assert choice.kwargs["n_workers"] == 4 and choice.kwargs["threads_per_worker"] == 1
     assert choice.pin_gpus == ["3", "5"] and choice.worker_environ["TRACTLENS_THREADS"] == "4"
+    assert choice.worker_environ["CUPY_GPU_MEMORY_LIMIT"] == "50%"  # each its half of the device
+    monkeypatch.setenv("CUPY_GPU_MEMORY_LIMIT", "20%")  # the user's own cap: inherited, not replaced
+    assert "CUPY_GPU_MEMORY_LIMIT" not in cluster_arguments(gpus=2, workers_per_gpu=2).worker_environ
+    monkeypatch.delenv("CUPY_GPU_MEMORY_LIMIT")
     one = cluster_arguments(gpus=2)
     assert one.kwargs["n_workers"] == 2 and one.name == ("LocalCUDACluster" if dask_cuda else "LocalCluster")
+    assert "CUPY_GPU_MEMORY_LIMIT" not in one.worker_environ
 
 
 @pytest.mark.parametrize(

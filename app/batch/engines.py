@@ -44,6 +44,11 @@ from .config import tomllib
 
 JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster", "sge": "SGECluster"}
 GPU_WORKER_ENV = {"NCCL_NVLS_ENABLE": "0"}
+#: CuPy's cap on each device's memory pool (bytes or a percentage of the device), read when the
+#: pool is made: K workers sharing a GPU get 1/K of it each, so the engines size their batches
+#: from their own share (``Backend.free_memory_bytes`` honours the cap) instead of each taking
+#: what the other has not allocated yet.
+GPU_MEMORY_LIMIT = "CUPY_GPU_MEMORY_LIMIT"
 #: The thread-count variables a local worker is given (:func:`worker_threads_environ`).
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
                     "TRACTLENS_THREADS")  # fmt: skip
@@ -103,8 +108,9 @@ def cluster_arguments(
 
     ``workers_per_gpu`` K > 1 (with ``gpus``) starts K worker processes on each GPU, each with
     its share of the cores: one subject-step's host work (its tractogram going to the disk, the
-    next subject's reading) then overlaps another's GPU work on the same device. dask-cuda
-    makes one worker per GPU, so K > 1 always takes the LocalCluster with the pinning plugin."""
+    next subject's reading) then overlaps another's GPU work on the same device, within 1/K of
+    its memory (:data:`GPU_MEMORY_LIMIT`). dask-cuda makes one worker per GPU, so K > 1 always
+    takes the LocalCluster with the pinning plugin."""
     if workers_per_gpu < 1:
         raise InputError("--workers-per-gpu must be at least 1", fix="Give worker processes per GPU, e.g. 2")
     if workers_per_gpu > 1 and (gpus is None or cluster is not None):
@@ -129,6 +135,8 @@ def cluster_arguments(
             "silence_logs": logging.ERROR,
         }
         threads = worker_threads_environ(gpus * workers_per_gpu)
+        if workers_per_gpu > 1 and not os.environ.get(GPU_MEMORY_LIMIT):  # a user's own limit is inherited
+            threads[GPU_MEMORY_LIMIT] = f"{100 // workers_per_gpu}%"
         if workers_per_gpu == 1 and importlib.util.find_spec("dask_cuda") is not None:
             return ClusterChoice("dask_cuda", "LocalCUDACluster", kwargs, device="gpu", environ=dict(GPU_WORKER_ENV),
                                  worker_environ=threads)  # fmt: skip
