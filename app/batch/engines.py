@@ -8,6 +8,7 @@
   packages, which a machine may not have): a ``distributed.LocalCluster`` of N worker processes,
   each pinned to one GPU by a worker plugin (:class:`app.batch.gpu_pin.PinGpu`) that sets its
   ``CUDA_VISIBLE_DEVICES`` before any task (nothing in a worker touches CUDA before one);
+  ``--workers-per-gpu K`` starts K such processes on each GPU, each with 1/K of its memory;
 * ``--cluster slurm|pbs|sge --cluster-config F``: dask-jobqueue's cluster of that scheduler,
   its arguments from ``F`` (TOML or YAML), scaled to ``jobs`` batch jobs;
 * ``--scheduler ADDRESS``: an existing scheduler (``tcp://host:8786``) and its workers.

@@ -56,8 +56,9 @@ def add_parsers(sub, common) -> None:
         type=int,
         default=1,
         metavar="K",
-        help="with --gpus: K worker processes share each GPU (each with cores/(N*K) threads), so one "
-        "subject's tractogram goes to the disk while the next subject computes on the GPU; mind the GPU's memory",
+        help="with --gpus: K worker processes share each GPU, each with 1/K of its memory (CuPy's pool cap, "
+        "CUPY_GPU_MEMORY_LIMIT, unless set) and cores/(N*K) threads, so one subject's tractogram goes to the disk "
+        "while the next subject computes on the GPU",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler, e.g. tcp://host:8786")
