@@ -603,6 +603,83 @@ def _fake_step(job, *upstream):
     return {"step": job.step, "subject": job.subject, "status": "done", "seconds": 0.01, "after": len(upstream)}
 
 
+class _InlineClient:
+    """A client without Dask for run_plan: ``threads`` worker threads, a job run when submitted and
+    reported finished by ``wait`` in submission order, one at a time."""
+
+    def __init__(self, threads: int):
+        self.threads, self.in_flight, self.most, self.submitted = threads, [], 0, []
+
+    def nthreads(self):
+        return {f"w{k}": 1 for k in range(self.threads)}
+
+    def subscribe_topic(self, *args, **kwargs):
+        pass
+
+    unsubscribe_topic = cancel = subscribe_topic
+
+    def submit(self, fn, job, *upstream, **kwargs):
+        future = _InlineFuture(fn(job, *upstream))
+        self.in_flight.append(future)
+        self.submitted.append(job.key)
+        self.most = max(self.most, len(self.in_flight))
+        return future
+
+    def wait(self, futures, timeout=None, return_when=None):
+        first = self.in_flight.pop(0)
+        return {first}, set(futures) - {first}
+
+
+class _InlineFuture:
+    status = "finished"
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _CountedWaits(list):
+    """A plan's ``waits_for`` that counts how often a job's upstream list is looked up."""
+
+    lookups = 0
+
+    def __getitem__(self, index):
+        type(self).lookups += 1
+        return super().__getitem__(index)
+
+
+def test_a_large_cohort_looks_up_each_job_s_upstream_a_few_times_not_once_per_turn(monkeypatch):
+    """3,000 subjects x 3 steps on two threads: every job once, in the plan's order, its subject's
+    failure blocking only that subject; each job's upstream looked up at most twice (a scan of the
+    waiting jobs on every turn looked them up about n^2 / 4 times: 20 M here)."""
+    from types import SimpleNamespace
+
+    import distributed
+
+    from tractlens.app.batch.plan import Plan
+
+    subjects, steps = [f"s{k}" for k in range(3000)], ["a", "b", "c"]
+    jobs = [SimpleNamespace(step=step, subject=s, key=f"{step}/{s}") for s in subjects for step in steps]
+    waits = _CountedWaits([] if k % 3 == 0 else [k - 1] for k in range(len(jobs)))
+    fake = _InlineClient(threads=2)
+    monkeypatch.setattr(distributed, "wait", fake.wait)
+    _CountedWaits.lookups = 0
+    results = run_plan(Plan(jobs, waits, steps, subjects), fake, task=_fake_step)
+    assert [(r["step"], r["subject"]) for r in results] == [(j.step, j.subject) for j in jobs]
+    assert sorted(fake.submitted) == sorted(j.key for j in jobs if not (j.subject == "s1" and j.step == "c"))
+    firsts = [key.split("/")[1] for key in fake.submitted if key.startswith("a/")]
+    assert firsts == subjects  # subjects start in the plan's order, each one's steps in order after
+    at = {key: n for n, key in enumerate(fake.submitted)}
+    assert all(at[f"a/{s}"] < at[f"b/{s}"] for s in subjects)
+    by = {(r["step"], r["subject"]): r["status"] for r in results}
+    assert by["b", "s1"] == "failed" and by["c", "s1"] == "not-run"
+    assert sum(status == "done" for status in by.values()) == len(jobs) - 2
+    assert fake.most <= 2
+    assert _CountedWaits.lookups <= 2 * len(jobs)
+
+
 def test_jobs_go_to_free_workers_in_the_plan_s_order_and_a_failure_blocks_only_its_subject(client):
     """At most as many jobs in flight as the workers have threads (each job to a free worker), every
     job once, its upstream results as arguments; a failed step's later steps are "not run"."""
