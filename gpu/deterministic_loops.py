@@ -14,7 +14,8 @@ from .streamlines import LOW_FA, MAX_LENGTH, OUTSIDE_MASK, OUTSIDE_VOLUME, SHARP
 c_max_length, c_outside_volume, c_outside_mask = MAX_LENGTH, OUTSIDE_VOLUME, OUTSIDE_MASK
 c_low_fa, c_sharp_angle, c_stop_region = LOW_FA, SHARP_ANGLE, STOP_REGION
 region_outside, region_stop = 0, 2  # gpu.deterministic's OUTSIDE and STOP
-_inline = numba.njit(nogil=True, cache=True, inline="always")
+_inline = numba.njit(nogil=True, cache=True, inline="always")  # small helpers: inlined in numba's IR
+_call = numba.njit(nogil=True, cache=True)  # the larger ones: compiled once, inlined by LLVM where it pays
 
 
 @_inline
@@ -42,7 +43,7 @@ def apply(c, v):
     )
 
 
-@_inline
+@_call
 def fa_invariants(t):
     a, b, c, d, e, f = t
     i1 = a + d + f
@@ -51,7 +52,7 @@ def fa_invariants(t):
     return math.sqrt(max(1.0 - i2 / i4, 0.0)) if i4 > 0.0 else 0.0
 
 
-@_inline
+@_call
 def eigvec_by_cross(c, lam, fallback):
     r0 = (c[0] - lam, c[1], c[2])
     r1 = (c[1], c[3] - lam, c[4])
@@ -69,7 +70,7 @@ def eigvec_by_cross(c, lam, fallback):
     return unit(best, fallback)
 
 
-@_inline
+@_call
 def eigvec_in_plane(c, w, lam):
     if abs(w[0]) > abs(w[1]):
         inv = 1.0 / math.sqrt(w[0] * w[0] + w[2] * w[2])
@@ -89,7 +90,7 @@ def eigvec_in_plane(c, w, lam):
     return vec if big > 0.0 else u
 
 
-@_inline
+@_call
 def principal(t):
     """(λ1, λ2) and e1 (sym3.principal, Eberly's closed form)."""
     scale = 0.0
@@ -124,7 +125,7 @@ def principal(t):
     return l1, l2, e1
 
 
-@_inline
+@_call
 def trilinear(field, p):
     nx, ny, nz = field.shape[0], field.shape[1], field.shape[2]
     x = min(max(p[0], 0.0), nx - 1.0)
@@ -151,7 +152,7 @@ def trilinear(field, p):
     return (t0, t1, t2, t3, t4, t5)
 
 
-@_inline
+@_call
 def direction(field, p, vref, deflect, puncture):
     t = trilinear(field, p)
     l1, l2, e1 = principal(t)
