@@ -493,9 +493,14 @@ def test_workers_per_gpu_start_k_pinned_processes_on_each_gpu_with_their_share_o
         (dict(gpus=1, workers_per_gpu=0), "at least 1"),
         (dict(workers=2, workers_per_gpu=2), "belongs to --gpus"),
         (dict(gpus=1, workers_per_gpu=2, cluster="slurm"), "belongs to --gpus"),
+        (dict(workers_per_gpu=0), "at least 1"),
+        (dict(workers=2, gpus=1), "not both"),
+        (dict(workers=0), "at least 1"),
+        (dict(cluster_config="jobqueue.yaml"), "belongs to --cluster"),
     ],
 )
-def test_workers_per_gpu_without_a_local_gpu_cluster_is_refused(options, message):
+def test_cluster_options_that_contradict_each_other_are_refused(options, message):
+    """One set of checks for the CLI and Python callers alike (the command adds only --scheduler's)."""
     with pytest.raises(InputError, match=message):
         cluster_arguments(**options)
 
@@ -504,6 +509,13 @@ def test_the_cli_refuses_workers_per_gpu_with_a_scheduler(tmp_path, capsys):
     code = main(["batch", str(tmp_path), "-o", str(tmp_path / "d"), "--pipeline", "fit-dti",
                  "--scheduler", "tcp://127.0.0.1:1", "--workers-per-gpu", "2"])  # fmt: skip
     assert code == 2 and "--workers-per-gpu belongs to --gpus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [["--gpus", "2"], ["--workers", "3"], ["--workers", "0"]])
+def test_the_cli_refuses_a_cluster_of_its_own_with_a_scheduler(tmp_path, capsys, extra):
+    code = main(["batch", str(tmp_path), "-o", str(tmp_path / "d"), "--pipeline", "fit-dti",
+                 "--scheduler", "tcp://127.0.0.1:1", *extra])  # fmt: skip
+    assert code == 2 and "with --scheduler the scheduler's workers run the steps" in capsys.readouterr().err
 
 
 def test_two_workers_per_gpu_share_each_device(monkeypatch):

@@ -112,6 +112,12 @@ def cluster_arguments(
     next subject's reading) then overlaps another's GPU work on the same device, within 1/K of
     its memory (:data:`GPU_MEMORY_LIMIT`). dask-cuda makes one worker per GPU, so K > 1 always
     takes the LocalCluster with the pinning plugin."""
+    if cluster_config is not None and cluster is None:
+        raise InputError("--cluster-config belongs to --cluster", fix="Add --cluster slurm|pbs|sge")
+    if workers is not None and gpus is not None:
+        raise InputError(
+            "--gpus makes one worker per GPU: give --workers or --gpus, not both", fix="Drop one of the two"
+        )
     if workers_per_gpu < 1:
         raise InputError("--workers-per-gpu must be at least 1", fix="Give worker processes per GPU, e.g. 2")
     if workers_per_gpu > 1 and (gpus is None or cluster is not None):
@@ -144,7 +150,7 @@ def cluster_arguments(
         del kwargs["CUDA_VISIBLE_DEVICES"]
         return ClusterChoice("distributed", "LocalCluster", {**kwargs, "processes": True}, device="gpu",
                              environ=dict(GPU_WORKER_ENV), pin_gpus=devices, worker_environ=threads)  # fmt: skip
-    count = workers or max(1, (os.cpu_count() or 2) // 2)
+    count = workers if workers is not None else max(1, (os.cpu_count() or 2) // 2)
     if count < 1:
         raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
     kwargs = {

@@ -70,21 +70,18 @@ def add_parsers(sub, common) -> None:
 
 
 def _check_options(args) -> None:
-    if args.cluster_config and not args.cluster:
-        raise InputError("--cluster-config belongs to --cluster", fix="Add --cluster slurm|pbs|sge")
-    if args.scheduler and (args.workers or args.gpus):
+    """What only the command line can get wrong: a local cluster's options beside ``--scheduler``
+    (the parser keeps ``--cluster`` from it). The cluster's own options are checked by
+    :func:`..batch.engines.cluster_arguments`, for Python callers too."""
+    if args.scheduler and args.workers_per_gpu != 1:
+        raise InputError(
+            "--workers-per-gpu belongs to --gpus (a local cluster), not to --scheduler", fix="Drop one of the two"
+        )
+    if args.scheduler and (args.workers is not None or args.gpus is not None):
         raise InputError(
             "--workers/--gpus make a local cluster; with --scheduler the scheduler's workers run the steps",
-            fix="Drop --workers/--gpus, or --scheduler",
+            fix="Drop them, or --scheduler",
         )
-    if args.workers is not None and args.gpus is not None:
-        raise InputError(
-            "--gpus makes one worker per GPU: give --workers or --gpus, not both", fix="Drop one of the two"
-        )
-    if args.workers_per_gpu != 1 and (args.gpus is None or args.cluster or args.scheduler):
-        raise InputError("--workers-per-gpu belongs to --gpus (a local cluster)", fix="Add --gpus N, or drop it")
-    if args.workers is not None and args.workers < 1:
-        raise InputError("--workers must be at least 1", fix="Give how many worker processes to start, e.g. 4")
 
 
 def cmd_batch(args) -> int:
