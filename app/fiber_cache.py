@@ -83,6 +83,14 @@ class FiberArrayCache:
                 )
         return per_level[level]
 
+    def seed_selection(self, layer: Layer, selected: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> None:
+        """Give the cache a selection's sorted streamline ids and their point counts, found
+        elsewhere (the GPU, beside the selection), so :meth:`cells` does not find them again."""
+        kind = np.asarray(self.prepare(layer).offsets).dtype  # as :meth:`cells` would make them
+        entry = (selected, {}, np.asarray(ids, dtype=np.int64), np.asarray(lengths).astype(kind, copy=False))
+        with self._lock:
+            self._selections[layer] = entry
+
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
         """The cells of the levels the views draw of a selection (on a worker, before it is
         shown): those not in :attr:`skip_selection_levels`."""

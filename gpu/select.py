@@ -198,6 +198,11 @@ class Selection:
     bits: np.ndarray  # (S,) uint32
     selected: np.ndarray  # (S,) bool
     provenance: dict = field(default_factory=dict)
+    #: the selected streamlines' ids (sorted) and point counts, when the device found them beside
+    #: the verdict (the GPU's kernel: a view's index ranges need them, and on the host they cost
+    #: as much as the selection); None where they were not made
+    ids: np.ndarray | None = None
+    lengths: np.ndarray | None = None
 
     def passes(self, region: int) -> np.ndarray:
         return (self.bits >> np.uint32(region)) & np.uint32(1) == 1
@@ -330,24 +335,28 @@ class StreamlineIndex:
         include_mask = np.uint32((1 << len(include)) - 1)
         exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
         selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
+        ids = lengths = None
+        if not isinstance(out, np.ndarray):  # bits on the device: the verdict, ids and counts made there
+            found = backend.xp.flatnonzero(selected)
+            ids, lengths = backend.to_host(found), backend.to_host(self.offsets[found + 1] - self.offsets[found])
+            out, selected = backend.to_host(out), backend.to_host(selected)
         provenance = {
             "backend": backend.name,
             "device": backend.device_name,
             "engine": engine,
             "streamlines": self.n_streams,
-            "selected": int(selected.sum()),
+            "selected": int(selected.sum()) if ids is None else len(ids),
             "seconds": time.perf_counter() - t0,
         }
-        return Selection(out, selected, provenance)
+        return Selection(out, selected, provenance, ids=ids, lengths=lengths)
 
     def _select_gpu(self, masks, engine, progress, cancelled) -> np.ndarray:
         """Region bits of every streamline on the GPU: the kernel, or the array reference on CuPy
         in batches of bounded working memory."""
         backend, xp = self.backend, self.backend.xp
         bits = backend.asarray(region_bits(masks))
-        if engine == KERNEL:
-            out = backend.to_host(hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits,
-                                              self.n_streams))  # fmt: skip
+        if engine == KERNEL:  # left on the device: the verdict is made there too (see select)
+            out = hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams)
             if progress is not None:
                 progress(self.n_streams, self.n_streams)
             return out

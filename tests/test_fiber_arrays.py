@@ -93,6 +93,23 @@ def test_the_cache_keeps_a_selections_ranges_for_the_view(rng):
     assert cache.cells(layer, "full", selected.copy()) is not first  # another selection: computed
 
 
+def test_a_selection_seeded_with_its_ids_gives_the_cells_found_from_the_bools(rng):
+    """The GPU's selection hands the cache the selected ids and counts it found beside the
+    verdict; the views' cells from them are those the cache makes from the bools alone."""
+    tract = curvy(rng, n=600)
+    layer = Layer("t", tract, "tractogram")
+    selected = rng.random(len(tract)) < 0.3
+    ids = np.flatnonzero(selected)
+    made, seeded = FiberArrayCache(), FiberArrayCache()
+    seeded.seed_selection(layer, selected, ids.astype(np.int32), np.diff(tract.offsets)[ids])
+    for level in fiber_arrays.LEVELS:
+        a, b = made.cells(layer, level, selected), seeded.cells(layer, level, selected)
+        np.testing.assert_array_equal(a.offsets, b.offsets)
+        np.testing.assert_array_equal(a.point_index(), b.point_index())
+        np.testing.assert_array_equal(a.streamline_ids(), b.streamline_ids())
+    assert seeded._selections[layer][2].dtype == np.int64  # as flatnonzero makes them
+
+
 def test_scalars_for_colouring_are_float32_and_per_streamline_stays_per_streamline(rng):
     tract = curvy(rng)
     tract.point_scalars["fa"] = rng.random(len(tract.points)).astype(np.float32)

@@ -117,6 +117,13 @@ def test_gpu_kernel_equals_the_numpy_reference_on_a_large_case(rng):
     assert gpu.provenance["engine"] == "kernel"
     np.testing.assert_array_equal(gpu.bits, cpu.bits)
     np.testing.assert_array_equal(arrays_gpu.bits, cpu.bits)
+    np.testing.assert_array_equal(gpu.selected, cpu.selected)
+    # the kernel's selection also gives the selected ids and their point counts, found on the GPU
+    assert cpu.ids is None and gpu.ids is not None
+    np.testing.assert_array_equal(gpu.ids, np.flatnonzero(cpu.selected))
+    np.testing.assert_array_equal(gpu.lengths, lengths[cpu.selected])
+    assert gpu.provenance["selected"] == cpu.provenance["selected"] == int(cpu.selected.sum()) > 0
+    assert isinstance(gpu.bits, np.ndarray) and isinstance(gpu.selected, np.ndarray)
 
 
 def test_small_regions_use_the_bounding_box_shortcut_and_stay_exact(device, rng):

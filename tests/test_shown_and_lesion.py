@@ -56,6 +56,24 @@ def test_a_selection_by_rois_is_named_and_counted_on_the_layer():
     assert empty_selection_notice(tract) is None
 
 
+@pytest.mark.gpu
+def test_a_selection_on_the_gpu_gives_the_views_cache_its_ids_and_the_same_cells():
+    """On the GPU the selected ids and counts come with the verdict and seed the display cache;
+    the views' cells are those the CPU's selection leads to."""
+    cells = {}
+    for device in ("cpu", "gpu"):
+        doc, _tract = _document_with_tracts(10)
+        doc.add_layer(_roi("seed", "seed", (slice(2, 4), slice(0, 20), slice(9, 12))))
+        doc.add_layer(_roi("far", "target", (slice(0, 20), slice(9, 20), slice(9, 12))))
+        ((layer, selected),) = select_fibres(doc, RoiSelection.of(doc), device=device)
+        seeded = doc.fiber_arrays._selections.get(layer)
+        assert (seeded is not None and seeded[0] is selected) == (device == "gpu")
+        full = doc.fiber_arrays.cells(layer, "full", selected)
+        cells[device] = (selected, full.offsets, full.point_index())
+    for a, b in zip(cells["cpu"], cells["gpu"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_selection_that_shows_nothing_says_why():
     _doc, tract = _document_with_tracts(4)
     tract.set_selection(np.zeros(4, bool), by="ROI target")

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 import pyvista as pv
-from PySide6.QtCore import QByteArray, QDataStream, QIODevice, QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QByteArray, QDataStream, QIODevice, QObject, QRunnable, QThreadPool, QTimer, Signal
 from PySide6.QtGui import QPainterPath
 
 from tractlens.app.display_data import (
@@ -489,14 +489,26 @@ class LatestTask(QObject):
         self._requested = 0.0
         self._done.connect(self._finished)
 
-    def request(self, key, fn) -> None:
+    def request(self, key, fn, *, after_paint: bool = False) -> None:
+        """Build ``fn()`` for ``key`` (see the class). ``after_paint``: the build starts once the
+        event loop has finished what is queued now (the window's paint, the 3-D frame included),
+        so that a worker holding the interpreter does not delay what the user sees first; it is
+        wanted (not :meth:`ready`) from now."""
         if key == self.wanted:
             return
         self.wanted = key
         self._generation += 1
         self._waiting = (self._generation, key, fn)
         self._requested = time.perf_counter()
-        if not self._running:
+        if self._running:
+            return
+        if after_paint:
+            QTimer.singleShot(0, self, self._start_waiting)
+        else:
+            self._start()
+
+    def _start_waiting(self) -> None:
+        if not self._running and self._waiting is not None:
             self._start()
 
     def forget(self) -> None:

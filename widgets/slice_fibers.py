@@ -166,8 +166,12 @@ class SliceFibres:
             out.end()
             return image
 
-        self._task.request(key, build)  # nothing when this image is built or being built
-        if self._image is not None and (self._image[0] == key or self._image[0][0] == place):
+        # Only the selection, colours or opacity changed (this place's image is shown meanwhile):
+        # built after this paint, so the worker does not compete with the 3-D view's frame of
+        # the same change. A new place has nothing to show until its image: built at once.
+        shown = self._image is not None and (self._image[0] == key or self._image[0][0] == place)
+        self._task.request(key, build, after_paint=shown)  # nothing when this image is built or being built
+        if shown:
             painter.drawImage(target, self._image[1])
 
     def _built(self, key, image) -> None:

@@ -276,6 +276,9 @@ class StepClock:
             "slice_views_ms": round(1e3 * (self.painting - self.painted0), 1),
             "frames_3d": len(frames),
             "frames_3d_ms": round(1e3 * sum(end - start for start, end in frames), 1),
+            # when the first 3-D frame of the change was done (the change on screen in 3-D), from
+            # the start; the rest of the settle (three event-loop passes) comes after it
+            "first_frame_done_ms": round(1e3 * (frames[0][1] - self.t0), 1) if frames else None,
         }
         for entry in view._fibers.values():
             for name, seconds in getattr(getattr(entry["scene"], "gl", None), "timings", {}).items():
@@ -481,6 +484,10 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
             "gui_swap_and_frame_ms": round(1e3 * (t3 - t2), 1),
             "gui_swap_parts": swap_parts,  # slice views' paints, 3-D frames, uploads, the rest
             "total_ms": round(1e3 * (t3 - t0), 1),
+            # ROI edit -> the new selection's first 3-D frame done (select, ranges, until that frame)
+            "to_3d_frame_ms": None
+            if swap_parts["first_frame_done_ms"] is None
+            else round(1e3 * (t2 - t0) + swap_parts["first_frame_done_ms"], 1),
             "slice_fibres_ready_ms": round(1e3 * (t4 - t0), 1),  # the slice views' segments drawn too
             # anonymous resident MB added by the selection, the index ranges, the swap and frame,
             # and until the slice views' segments were drawn

@@ -59,12 +59,12 @@ def test_stepping_through_slices_with_glyphs_never_blocks_the_gui_thread(window,
     built_on = []  # the thread each glyph build ran on
     request = LatestTask.request
 
-    def recorded(task, key, fn):
+    def recorded(task, key, fn, **options):
         def build(*args, **kwargs):
             built_on.append(threading.get_ident())
             return fn(*args, **kwargs)
 
-        request(task, key, build)
+        request(task, key, build, **options)
 
     monkeypatch.setattr(LatestTask, "request", recorded)
     gui_thread = threading.get_ident()

@@ -1,7 +1,7 @@
 """Whole-brain tractograms on the slice views are drawn by a worker into an image the paint only
 scales (widgets.slice_fibers, issue 41): the GUI thread draws none of their segments, the picture
 is the one the paint itself draws, and a selection shows the previous picture until the new one
-arrives. Real window, Xvfb; the size limit lowered so that a small synthetic tractogram takes the
+arrives (its worker started after the paint that asked for it). Real window, Xvfb; the size limit lowered so that a small synthetic tractogram takes the
 worker's path."""
 
 from __future__ import annotations
@@ -57,9 +57,15 @@ def test_a_large_tractogram_is_drawn_on_the_slices_by_a_worker_as_the_paint_draw
 
     # A selection: until its picture arrives the previous one stays; then fewer fibres.
     built = view._fibres._image
+    painted = len(painted_on)
     layer.set_selection(np.arange(len(layer.data)) % 4 == 0, by="a test")
     view.repaint()  # at once, before the worker can have finished: the previous picture
     assert view._fibres._image is built or view._fibres._image[0] != built[0]
+    # The new picture is wanted from this paint on, but its worker starts only once the event
+    # loop has finished the paint (the 3-D frame of the same change first): none started yet.
+    task = view._fibres._task
+    assert not view._fibres.ready() and task._waiting is not None and not task._running
+    assert len(painted_on) == painted
     assert window.wait_for_jobs(60)
     qtbot.waitUntil(lambda: view._fibres.ready() and view._fibres._image is not built, timeout=30_000)
     selected = fibre_pixels(view)
