@@ -123,7 +123,11 @@ def test_gpu_kernel_equals_the_numpy_reference_on_a_large_case(rng):
     np.testing.assert_array_equal(gpu.ids, np.flatnonzero(cpu.selected))
     np.testing.assert_array_equal(gpu.lengths, lengths[cpu.selected])
     assert gpu.provenance["selected"] == cpu.provenance["selected"] == int(cpu.selected.sum()) > 0
-    assert isinstance(gpu.bits, np.ndarray) and isinstance(gpu.selected, np.ndarray)
+    assert isinstance(gpu.selected, np.ndarray)
+    again = select_streamlines(points, offsets, masks[:3], masks[3:], device="gpu")
+    assert not isinstance(again.region_bits, np.ndarray)  # on the device until read ...
+    assert isinstance(again.bits, np.ndarray) and again.bits is again.region_bits  # ... then once on the host
+    np.testing.assert_array_equal(again.passes(1), (cpu.bits >> 1) & 1 == 1)
 
 
 def test_small_regions_use_the_bounding_box_shortcut_and_stay_exact(device, rng):
