@@ -31,6 +31,7 @@ from . import cuda, select_host
 from .backend import Backend, get_backend, run_batched
 from .engines import ARRAYS, AUTO, COMPILED, KERNEL, choose_engine
 from .host import NUMBA_HINT, host_threads
+from .indices import flatnonzero
 from .select_host import point_blocks
 from .streamlines import repeat_counts
 from .transfer import to_host
@@ -347,7 +348,7 @@ class StreamlineIndex:
         selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
         ids = lengths = None
         if not isinstance(out, np.ndarray):  # bits on the device: the verdict, ids and counts made there
-            found = backend.xp.flatnonzero(selected)
+            found = flatnonzero(backend.xp, selected)
             ids, lengths = backend.to_host(found), backend.to_host(self.offsets[found + 1] - self.offsets[found])
             selected = backend.to_host(selected)  # the bits stay on the device until read
         provenance = {
