@@ -68,9 +68,7 @@ class FiberArrayCache:
         if cached is None or cached[0] is not selected:
             ids = np.flatnonzero(selected)  # its ids and their lengths: found once for all levels
             offsets = np.asarray(arrays.offsets)
-            cached = (selected, {}, ids, offsets[ids + 1] - offsets[ids])
-            with self._lock:
-                self._selections[layer] = cached
+            cached = self._remember_selection(layer, selected, ids, offsets[ids + 1] - offsets[ids])
         per_level, ids, lengths = cached[1], cached[2], cached[3]
         if level not in per_level:
             budget = LEVELS[level][0]
@@ -86,10 +84,16 @@ class FiberArrayCache:
     def seed_selection(self, layer: Layer, selected: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Give the cache a selection's sorted streamline ids and their point counts, found
         elsewhere (the GPU, beside the selection), so :meth:`cells` does not find them again."""
-        kind = np.asarray(self.prepare(layer).offsets).dtype  # as :meth:`cells` would make them
+        self._remember_selection(layer, selected, ids, lengths)
+
+    def _remember_selection(self, layer: Layer, selected: np.ndarray, ids, lengths) -> tuple:
+        """The layer's selection entry: (selected, cells per level, ids int64, lengths in the
+        offsets' dtype), replacing the one before."""
+        kind = np.asarray(self.prepare(layer).offsets).dtype
         entry = (selected, {}, np.asarray(ids, dtype=np.int64), np.asarray(lengths).astype(kind, copy=False))
         with self._lock:
             self._selections[layer] = entry
+        return entry
 
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
         """The cells of the levels the views draw of a selection (on a worker, before it is

@@ -361,9 +361,9 @@ class StreamlineIndex:
         }
         return Selection(out, selected, provenance, ids=ids, lengths=lengths)
 
-    def _select_gpu(self, masks, engine, progress, cancelled) -> np.ndarray:
-        """Region bits of every streamline on the GPU: the kernel, or the array reference on CuPy
-        in batches of bounded working memory."""
+    def _select_gpu(self, masks, engine, progress, cancelled):
+        """Region bits of every streamline on the GPU: the kernel's, left on the device (CuPy),
+        or the array reference's on CuPy in batches of bounded working memory (NumPy)."""
         backend, xp = self.backend, self.backend.xp
         bits = backend.asarray(region_bits(masks))
         if engine == KERNEL:  # left on the device: the verdict is made there too (see select)
