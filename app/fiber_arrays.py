@@ -31,7 +31,10 @@ from .layers import SOLID, Layer
 INTERACTIVE_POINTS = 60_000  # drawn while the camera moves with software OpenGL: a subset, every k-th point
 INTERACTIVE_STREAMLINES = 5_000  # software OpenGL pays per line as well as per point
 SOFTWARE_SETTLED_POINTS = 2_000_000  # drawn at rest when OpenGL is software (llvmpipe): < 1 s frames
-HARDWARE_MOVING_POINTS = 40_000_000  # drawn while the camera moves with hardware OpenGL (whole streamlines)
+# Drawn while the camera moves with hardware OpenGL (whole streamlines), until the view has timed a
+# full frame and thins it to the GPU's rate: 24 M points kept an H200's compute-card graphics at
+# about 30 ms a frame (40 M took 51 ms, drawn to the end: tests/benchmarks/results/runs_2026-11-29.md).
+HARDWARE_MOVING_POINTS = 24_000_000
 #: Points of one vertex buffer. VTK counts a buffer's bytes in 32 bits (at most 357 M float32
 #: xyz points), so a larger tractogram is drawn as pieces of consecutive streamlines, each its own
 #: buffer over a slice of the one point array (no copy).

@@ -52,6 +52,8 @@ class GLFiberActors:
         self.failed: str | None = None
         self.on_failure = on_failure
         self.cells: dict[str, Cells] = {}
+        self.moving_stride = 1  # every k-th streamline of the moving level is drawn (set_moving_stride)
+        self._drawn_key: tuple | None = None  # (cells, stride) whose drawn ids the buffers read
         self.anchor = vtkActor()
         self.anchor.PickableOff()
         self._box = vtkPolyData()
@@ -114,6 +116,7 @@ class GLFiberActors:
             self._box.Modified()
         self.anchor.SetUserMatrix(_matrix(arrays.affine))
         self.cells = {}
+        self._drawn_key = None
         self.colouring = None
 
     def show_cells(self, which: str, cells: Cells) -> None:
@@ -122,19 +125,33 @@ class GLFiberActors:
         self.cells[which] = cells
         self._choose_ranges()
 
+    def set_moving_stride(self, stride: int) -> None:
+        """Draw every ``stride``-th streamline of the moving level while the camera moves (the view
+        sets it from the GPU's measured drawing rate, so that a moving frame keeps its budget)."""
+        stride = max(1, int(stride))
+        if stride != self.moving_stride:
+            self.moving_stride = stride
+            self._choose_ranges()
+
     def _choose_ranges(self) -> None:
-        which = "moving" if self.moving_drawn() else "actor"
-        cells = self.cells.get(which)
+        moving = self.moving_drawn()
+        cells = self.cells.get("moving" if moving else "actor")
         if cells is None:
             return
         arrays = self.arrays
+        stride = self.moving_stride if moving and not cells.decimated else 1
         if cells.decimated:
             self.gl.decimated = cells.pieces(arrays.offsets, arrays.bounds)
         else:
             self.gl.decimated = None
-            self.gl.ranges = list(cells.ranges(arrays.offsets, arrays.bounds))
-        if self.gl.drawn is None or self.gl.drawn[0] is not cells:  # read only for a per-streamline scalar
-            self.gl.drawn = (cells, functools.partial(drawn_ids, cells, arrays.offsets, arrays.bounds))
+            self.gl.ranges = [
+                (np.ascontiguousarray(first[::stride]), np.ascontiguousarray(count[::stride]))
+                for first, count in cells.ranges(arrays.offsets, arrays.bounds)
+            ]
+        key = self._drawn_key
+        if key is None or key[0] is not cells or key[1] != stride:  # read only for a per-streamline scalar
+            self._drawn_key = key = (cells, stride)
+            self.gl.drawn = (key, functools.partial(drawn_ids, cells, arrays.offsets, arrays.bounds, stride))
 
     def colour(self, name: str, values=None, kind: str = "point", lut=None, clim=None) -> None:
         """By direction (the geometry shader's), or a scalar per point or per streamline through
@@ -208,6 +225,12 @@ class GLFiberActors:
         cells = self.cells.get(which)
         if cells is None:
             return 0
+        stride = self.moving_stride if which == "moving" and not cells.decimated else 1
+        if stride > 1:  # every stride-th of each piece's ranges
+            shown = self.shown_pieces if self.filling else len(self.gl.piece_points)
+            return sum(
+                -(-len(first) // stride) for first, _c in cells.ranges(self.arrays.offsets, self.arrays.bounds)[:shown]
+            )
         if not self.filling:
             return cells.n_streamlines
         if cells.decimated:
@@ -247,9 +270,17 @@ class GLFiberActors:
             gl.release(ren_win)
 
 
-def drawn_ids(cells: Cells, offsets: np.ndarray, bounds: list[tuple[int, int]]) -> list[np.ndarray | None]:
+def drawn_ids(cells: Cells, offsets: np.ndarray, bounds: list[tuple[int, int]], stride: int = 1) -> list:
     """Per piece (``bounds``: streamlines [a, b)), the piece's streamline (from a) of each draw of
-    ``cells`` as int32, or None where draw k is the piece's streamline k (every one, in order)."""
+    ``cells`` as int32, or None where draw k is the piece's streamline k (every one, in order);
+    with ``stride``, of every stride-th draw (:meth:`GLFiberActors.set_moving_stride`)."""
+    if stride > 1:
+        whole = drawn_ids(cells, offsets, bounds)
+        ranges = cells.ranges(offsets, bounds)
+        return [
+            (np.arange(len(first), dtype=np.int32) if ids is None else ids)[::stride].copy()
+            for ids, (first, _count) in zip(whole, ranges, strict=True)
+        ]
     if cells.decimated:
         parts = cells.pieces(offsets, bounds)
         return [None if part.streamlines is None else (np.asarray(part.streamlines) - a).astype(np.int32)

@@ -102,6 +102,9 @@ class View3D(FiberView, QWidget):
         self._hold_timer.timeout.connect(lambda: self._render_now())
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self.frames_drawn = 0
+        # Wait for the GPU at each frame's end, so that a frame's recorded end is when it is drawn
+        # (measurements; a frame's render call returns once the GL calls are queued, not done).
+        self.finish_frames = False
         self._frame_start = 0.0
         self.plotter.ren_win.AddObserver("StartEvent", self._frame_started)
         self.plotter.ren_win.AddObserver("EndEvent", self._frame_ended)
@@ -209,6 +212,8 @@ class View3D(FiberView, QWidget):
         self._frame_start = time.perf_counter()
 
     def _frame_ended(self, *_args) -> None:
+        if self.finish_frames:
+            self.plotter.ren_win.WaitForCompletion()
         self.renders.append((self._frame_start, time.perf_counter()))
         self.frames_drawn += 1
 

@@ -7,8 +7,10 @@ the hardware allows it: with software OpenGL it draws at most
 :data:`~app.fiber_arrays.SOFTWARE_SETTLED_POINTS` points of whole streamlines, and with hardware
 OpenGL a full frame that takes longer than :data:`FULL_FRAME_BUDGET_S` makes it draw the moving
 level at rest instead. While the camera moves it draws a subset (every streamline when a full
-frame takes at most :data:`MOVING_FRAME_BUDGET_S`). Whenever fewer than all are drawn, a line in
-the top right corner says so ("showing 400 k of 10 M streamlines while moving").
+frame takes at most :data:`MOVING_FRAME_BUDGET_S`; otherwise the moving level, thinned to what the
+GPU's rate, as its timed full frame showed, draws in that time). A frame is timed until the GPU
+has drawn it, not until its GL calls are queued. Whenever fewer than all are drawn, a line in
+the top right corner says so ("showing 240 k of 10 M streamlines while moving").
 
 Tractograms of at least :data:`GL_LAYER_MIN_POINTS` points are drawn from the view's own OpenGL
 buffers (:mod:`widgets.gl_fiber_actors`: no index buffer or colour array built on the GUI thread,
@@ -19,6 +21,7 @@ PyOpenGL); otherwise, or when the shaders fail, by VTK as before, and the status
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -90,6 +93,7 @@ class FiberView:
         self._fibers: dict[int, dict] = {}
         self._moving = False
         self._full_frame_s: float | None = None  # the last full frame at rest (hardware OpenGL)
+        self._points_per_s: float | None = None  # the GPU's drawing rate that frame showed
         self._frames_at_build = 0  # frames drawn when a tractogram came: the first one after uploads it
         self._rest_capped = False  # a full frame was over budget: the moving level is drawn at rest
         text = self._lod_actor = vtkTextActor()
@@ -149,7 +153,25 @@ class FiberView:
         moving = cache.cells(layer, self._moving_level(), layer.selection)
         scene.show_cells("actor", rest)
         scene.show_cells("moving", rest if moving.n_points == rest.n_points else moving)
+        if hasattr(scene, "set_moving_stride"):
+            scene.set_moving_stride(self._moving_stride())
         entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
+
+    def _moving_stride(self) -> int:
+        """Every how many streamlines of the moving level are drawn while the camera moves: 1 until
+        a full frame was timed, then what keeps the moving frame within :data:`MOVING_FRAME_BUDGET_S`
+        at the GPU's measured rate (a GPU whose graphics draw few lines a second, as the compute
+        cards' do, draws fewer while moving rather than turning slowly)."""
+        rate = getattr(self, "_points_per_s", None)
+        if not rate or self._software():
+            return 1
+        moving = sum(
+            entry["scene"].cells["moving"].n_points
+            for entry in self._fibers.values()
+            if entry["layer"].visible and "moving" in entry["scene"].cells
+        )
+        allowed = rate * MOVING_FRAME_BUDGET_S  # points a moving frame may draw
+        return max(1, math.ceil(moving / allowed)) if allowed > 0 else 1
 
     def lod_text(self) -> str:
         """What the level-of-detail line says now ("" when every streamline is drawn)."""
@@ -369,6 +391,7 @@ class FiberView:
         uploaded = uploaded and not any(entry["scene"].filling for entry in self._fibers.values())
         start = time.perf_counter()
         self.plotter.render()
+        self.plotter.ren_win.WaitForCompletion()  # drawn, not only queued: the GPU's time counts
         took = time.perf_counter() - start
         full = self._rest_level() == "full" and any(
             entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None
@@ -377,6 +400,8 @@ class FiberView:
         if full and self._fibers:
             if uploaded:  # the first frame after a tractogram came uploads its points: not a drawing time
                 self._full_frame_s = took
+                drawn = sum(e["scene"].cells["actor"].n_points for e in self._fibers.values() if e["layer"].visible)
+                self._points_per_s = drawn / max(took, 1e-6)  # this GPU's drawing rate, frame overheads included
                 if took > FULL_FRAME_BUDGET_S:
                     self._rest_capped = True
                     for entry in self._fibers.values():

@@ -169,14 +169,35 @@ def anon_and_file_mb() -> list[int]:
     return [round(rss_kb(field) / 1024) for field in ("RssAnon", "RssFile")]
 
 
-def frames(plotter, count: int, step_deg: float = 3.0) -> list[float]:
+#: Each frame's time ends when the GPU has drawn it (``WaitForCompletion``, a glFinish), unless
+#: BENCH_FINISH=0. A render call returns once its GL calls are queued: with hardware OpenGL the
+#: GPU may still be drawing for many times as long (the submission is recorded apart).
+FINISH = os.environ.get("BENCH_FINISH", "1") != "0"
+
+
+def frames(plotter, count: int, step_deg: float = 3.0, finish: bool | None = None) -> list[float]:
+    """Each frame's seconds while the camera turns, to the GPU's end of it (see :data:`FINISH`)."""
+    finish = FINISH if finish is None else finish
     times = []
+    plotter.ren_win.WaitForCompletion()  # no earlier frame's work in the first one
     for _ in range(count):
         plotter.camera.azimuth += step_deg
         start = time.perf_counter()
         plotter.render()
+        if finish:
+            plotter.ren_win.WaitForCompletion()
         times.append(time.perf_counter() - start)
     return times
+
+
+def submitted(view, count: int) -> list[float]:
+    """Each frame's seconds until its render call returned (its GL calls queued): what earlier
+    versions of this benchmark recorded as the frame time."""
+    view.finish_frames = False
+    try:
+        return frames(view.plotter, count, finish=False)
+    finally:
+        view.finish_frames = FINISH
 
 
 def ms(values) -> float:
@@ -334,6 +355,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     window.show()
     app.processEvents()
     view, doc = window.view3d, window.document
+    view.finish_frames = FINISH  # every frame's recorded end is when the GPU has drawn it
     plotter = view.plotter
     tensors = scene_layers(doc)
     tensors.set(visible=False)
@@ -343,6 +365,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row: dict = {"file": str(path), "file_bytes": path.stat().st_size, "gl_renderer": view.gl_renderer}
     row["view_px"] = [view.width(), view.height()]
     row["fibres_gl_env"] = os.environ.get("TRACTLENS_FIBRES_GL", "1")
+    row["frames_timed_to_gpu_done"] = FINISH
     rss_before = rss_kb()
     peaks = {}  # the peak resident memory of each step (MB), where the kernel lets it be reset
     split = {}  # at the end of each step: (anonymous, file-backed) resident MB (a mapped file's pages are the latter)
@@ -414,6 +437,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
 
     # Rotate with the stated level of detail, rest, rotate again (the view has timed a full frame).
     view._coarse_detail()
+    row["rotate_submitted_ms"] = ms(submitted(view, n_frames))  # the render calls alone, not drawn to the end
     row["rotate_ms"] = ms(frames(plotter, n_frames))
     row["rotate_lod_text"] = view.lod_text()
     view._full_detail()
@@ -421,6 +445,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["rest_lod_text"] = view.lod_text()
     row["full_frame_s_measured"] = view._full_frame_s
     view._coarse_detail()
+    row["rotate_after_rest_submitted_ms"] = ms(submitted(view, n_frames))
     row["rotate_after_rest_ms"] = ms(frames(plotter, n_frames))
     row["rotate_after_rest_lod_text"] = view.lod_text()
     view._full_detail()

@@ -210,6 +210,47 @@ def test_the_hardware_moving_level_is_ranges_of_whole_streamlines(own_buffers, w
     assert len(scene.gl.ranges[0][0]) == 6000
 
 
+def test_the_moving_level_thins_to_the_gpus_measured_rate_and_says_so(
+    own_buffers, window, qtbot, tmp_path, monkeypatch
+):
+    """A GPU that draws few lines a second (as a compute card's graphics) draws every k-th
+    streamline of the moving level, k from the rate its timed full frame showed, so that a moving
+    frame keeps its budget; the line on screen gives the count drawn, and a per-streamline weight
+    read by gl_DrawID follows the thinned draws (the same picture as the weight written per point).
+    The rate is set here, so that no verdict depends on this machine's speed."""
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (40_000, False))  # 1,000 streamlines of 40 points
+    view = window.view3d
+    view._software()
+    monkeypatch.setattr(view, "_software", lambda: False)
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 0.001)
+    monkeypatch.setattr(view3d_fibers, "FULL_FRAME_BUDGET_S", 3600.0)
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    view._full_detail()  # a full frame timed (the first one uploaded the points)
+    assert view._points_per_s is not None and view._points_per_s > 0
+    view._full_frame_s, view._points_per_s = 1.0, 10_000_000.0  # 10,000 points in a 1 ms moving frame
+    for entry in view._fibers.values():
+        view._place_cells(entry)
+    assert scene.moving_stride == 4
+    view._coarse_detail()
+    assert view.lod_text() == "showing 250 of 6,000 streamlines while moving"
+    ids = scene.cells["moving"].streamlines[::4]
+    first, count = scene.gl.ranges[0]
+    np.testing.assert_array_equal(first, layer.data.offsets[ids])
+    np.testing.assert_array_equal(count, np.diff(layer.data.offsets)[ids])
+    assert lit(view.screenshot()) > 300
+    layer.set(color_by="weight", colormap="viridis", clim=(0.0, 1.0))
+    qtbot.wait(50)
+    view._coarse_detail()
+    by_draw = view.screenshot()
+    assert scene.gl.per_streamline() and scene.gl.buffers[0].ids_given
+    monkeypatch.setattr(gl_fibers, "FORCE_POINT_SCALARS", True)
+    view._coarse_detail()
+    view.plotter.render()
+    np.testing.assert_array_equal(view.screenshot(), by_draw)
+    view._full_detail()
+    assert view.lod_text() == "" and len(scene.gl.ranges[0][0]) == 6000
+
+
 @pytest.mark.skipif("not gl_is_software()", reason="software OpenGL's moving level (every k-th point)")
 def test_the_moving_level_is_drawn_and_stated(own_buffers, window, qtbot, tmp_path):
     """With software OpenGL the moving level keeps every k-th point of some streamlines: drawn
