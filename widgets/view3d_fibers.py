@@ -157,6 +157,18 @@ class FiberView:
             scene.set_moving_stride(self._moving_stride())
         entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
 
+    def _cap_rest(self, capped: bool) -> None:
+        """Draw the moving level at rest too (a full frame was over budget), or not. While it is,
+        a new selection's full level is not prepared: no view draws it (the selection's moving
+        level holds all of a selection that fits it)."""
+        self._rest_capped = capped
+        cache = self.document.fiber_arrays
+        if (
+            getattr(self, "_software_rendering", None) is False
+        ):  # the hardware levels (the software ones are skipped already)
+            skip = set(cache.skip_selection_levels) - {"full"}
+            cache.skip_selection_levels = frozenset(skip | ({"full"} if capped else set()))
+
     def _moving_stride(self) -> int:
         """Every how many streamlines of the moving level are drawn while the camera moves: 1 until
         a full frame was timed, then what keeps the moving frame within :data:`MOVING_FRAME_BUDGET_S`
@@ -218,7 +230,8 @@ class FiberView:
         for key, layer in present.items():
             if key not in self._fibers:
                 self._fibers[key] = entry = self._build_fibers(layer)
-                self._frames_at_build, self._rest_capped = getattr(self, "frames_drawn", 0), False  # measured again
+                self._frames_at_build = getattr(self, "frames_drawn", 0)
+                self._cap_rest(False)  # measured again
                 if len(entry["scene"].pieces) > 1:  # a whole-brain tractogram: its first piece first
                     entry["scene"].reveal(1)
                     QTimer.singleShot(0, self._reveal_next)
@@ -403,7 +416,7 @@ class FiberView:
                 drawn = sum(e["scene"].cells["actor"].n_points for e in self._fibers.values() if e["layer"].visible)
                 self._points_per_s = drawn / max(took, 1e-6)  # this GPU's drawing rate, frame overheads included
                 if took > FULL_FRAME_BUDGET_S:
-                    self._rest_capped = True
+                    self._cap_rest(True)
                     for entry in self._fibers.values():
                         self._place_cells(entry)
                     self._update_lod_text()

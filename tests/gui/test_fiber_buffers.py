@@ -133,6 +133,9 @@ def test_hardware_rest_and_moving_levels_follow_the_measured_full_frame(window, 
     monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (40_000, False))  # the levels are made when opened
     view = window.view3d
     monkeypatch.setattr(view, "_software", lambda: False)
+    monkeypatch.setattr(view, "_software_rendering", False, raising=False)  # as a hardware OpenGL's view says
+    cache = window.document.fiber_arrays
+    cache.skip_selection_levels = frozenset({"software", "moving_software"})
     window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
     assert window.wait_for_jobs(120)
     qtbot.waitUntil(lambda: bool(view._fibers), timeout=10_000)
@@ -141,6 +144,7 @@ def test_hardware_rest_and_moving_levels_follow_the_measured_full_frame(window, 
     view._full_detail()  # the first full frame uploads: not timed
     view._full_detail()
     assert view._full_frame_s is not None and view.lod_text() == ""
+    assert "full" not in cache.skip_selection_levels
     view._coarse_detail()
     assert view.lod_text() == ""  # all drawn while moving: the full frame was within budget
     view._full_detail()
@@ -149,6 +153,7 @@ def test_hardware_rest_and_moving_levels_follow_the_measured_full_frame(window, 
     view._full_detail()
     text = view.lod_text()
     assert text.startswith("1,000 of 6,000 streamlines drawn at rest: a full frame took"), text
+    assert "full" in cache.skip_selection_levels  # no view draws a selection's full level now: not prepared
     view._coarse_detail()
     assert view.lod_text() == "showing 1,000 of 6,000 streamlines while moving"
 
