@@ -78,14 +78,15 @@ class Cells:
 
     @property
     def identity(self) -> bool:
-        return self.stored is None and self.streamlines is None
+        return self.stored is None and self.streamlines is None and not self.decimated
 
     @property
     def connectivity(self) -> np.ndarray | None:
         """The point indices over the whole array (None: the identity)."""
         if self.stored is None and self.streamlines is not None and self._pieces is None:  # ranges only
             self.stored = streamline_cells(self._source, self.streamlines).connectivity  # made when read
-        if self.stored is None and self.streamlines is not None:  # built by piece: joined now
+        if self.stored is None and self._pieces is not None and (self.streamlines is not None or self.decimated):
+            # built by piece: joined now
             _bounds, parts, firsts = self._pieces
             dtype = self.offsets.dtype.type
             self.stored = np.concatenate([p.point_index() + dtype(f) for p, f in zip(parts, firsts, strict=True)])

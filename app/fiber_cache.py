@@ -81,6 +81,31 @@ class FiberArrayCache:
                 )
         return per_level[level]
 
+    def simplified(self, layer: Layer, device: str = "auto", cancelled=None) -> Cells:
+        """Every streamline of the layer simplified for drawing within
+        :data:`~app.fiber_simplify.SIMPLIFY_TOLERANCE_MM` (:func:`~app.fiber_simplify.simplified_cells`),
+        computed once, on the GPU when ``device`` gives one (on the CPU when it runs out of memory):
+        seconds for 10 M streamlines, so a worker asks, and the view draws it when it is there."""
+        from tractlens.gpu.backend import get_backend
+
+        from .fiber_simplify import SIMPLIFY_TOLERANCE_MM, simplified_cells, tolerance_in_points
+
+        arrays = self.prepare(layer)
+        cells = arrays.levels.get("simplified")
+        if cells is None:
+            tolerance = tolerance_in_points(SIMPLIFY_TOLERANCE_MM, arrays.affine)
+            backend = get_backend(device)
+            args = (arrays.points, arrays.offsets, arrays.bounds, tolerance)
+            try:
+                cells = simplified_cells(*args, cancelled=cancelled, backend=backend)
+            except Exception as error:
+                if not (backend.is_gpu and backend.is_out_of_memory(error)):
+                    raise
+                cells = simplified_cells(*args, cancelled=cancelled)
+            with self._lock:
+                cells = arrays.levels.setdefault("simplified", cells)
+        return cells
+
     def seed_selection(self, layer: Layer, selected: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> None:
         """Give the cache a selection's sorted streamline ids and their point counts, found
         elsewhere (the GPU, beside the selection), so :meth:`cells` does not find them again."""

@@ -1,0 +1,126 @@
+"""Streamlines simplified for drawing: every streamline, fewer points, each dropped point within
+a tolerance of the polyline drawn (issue 41: every streamline of a whole-brain tractogram drawn at
+rest and while moving on graphics that draw few segments a second).
+
+A GPU's line drawing costs about the same per segment however the strips are submitted (an
+H200's graphics draw 0.5-0.8 G segments a second: ``tests/benchmarks/bench_gl_draws.py``), so
+the way to draw 10 M streamlines faster without leaving any out is fewer segments. Tractography
+writes a point every 0.2-1 mm along smooth curves; most of them lie on the straight line between
+their neighbours to well under a pixel (compression of this kind: Presseau et al. 2015,
+NeuroImage 107, "A new compression format for fiber tracking datasets").
+
+The scheme is dyadic and exact: in pass ``L`` (``h = 2^(L-1)``), a point ``c`` at ``h`` modulo
+``2h`` along its streamline is dropped when every point strictly between ``c - h`` and
+``min(c + h, last)`` other than itself is already dropped and every one of them (itself
+included) lies within ``tolerance`` of the segment between those two. So each dropped point is
+within the tolerance of the segment drawn in its place; the first and last points stay. At most
+``2^passes`` times fewer points; vectorised over blocks of streamlines on threads.
+
+The result is a :class:`~app.fiber_arrays.Cells` of every streamline (``decimated``: drawn
+from point indices, not ranges), built piece by piece like the other levels.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from tractlens.gpu.select_host import point_blocks
+from tractlens.gpu.simplify import simplify_block as simplify_points
+
+from .fiber_arrays import INDEX_THREADS, Cells, index_dtype
+
+SIMPLIFY_TOLERANCE_MM = 0.1  # a dropped point is at most this far from the polyline drawn
+SIMPLIFY_PASSES = 4  # at most 2^4 = 16 times fewer points
+BLOCK_POINTS = 1 << 19  # points simplified at a time by one CPU thread (about 60 MB of temporaries)
+GPU_BLOCK_POINTS = 1 << 24  # points simplified at a time on a GPU (about 2 GB of temporaries)
+
+
+def tolerance_in_points(tolerance_mm: float, affine: np.ndarray) -> float:
+    """``tolerance_mm`` in the units of points drawn with ``affine`` (points -> mm): divided by
+    the longest axis of the affine, so that the bound holds in millimetres along every axis."""
+    scale = float(np.linalg.norm(np.asarray(affine, dtype=np.float64)[:3, :3], axis=0).max())
+    return tolerance_mm / max(scale, 1e-12)
+
+
+def simplify_block(
+    points: np.ndarray, offsets: np.ndarray, tolerance: float, passes: int = SIMPLIFY_PASSES, backend=None
+):
+    """(offsets, kept point indices from ``offsets[0]``) of the streamlines ``offsets`` of
+    ``points`` (the whole array) simplified within ``tolerance`` (the points' units), on
+    ``backend`` (:class:`~gpu.backend.Backend`; None: NumPy): :func:`gpu.simplify.simplify_block`.
+    Offsets and indices int64, on the host."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    lengths = np.diff(offsets)
+    xp = np if backend is None else backend.xp
+    block = np.asarray(points[lo:hi], dtype=np.float32)
+    if xp is np:
+        kept, counts = simplify_points(np, block, lengths, tolerance, passes)
+    else:
+        with backend.activate():
+            kept, counts = simplify_points(xp, xp.asarray(block), xp.asarray(lengths), tolerance, passes)
+            kept, counts = backend.to_host(kept), backend.to_host(counts)
+    out = np.zeros(len(offsets), dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out, kept
+
+
+def simplified_cells(
+    points: np.ndarray,
+    offsets: np.ndarray,
+    bounds: list[tuple[int, int]],
+    tolerance: float,
+    passes: int = SIMPLIFY_PASSES,
+    cancelled=None,
+    backend=None,
+) -> Cells:
+    """Every streamline of ``offsets``, simplified within ``tolerance`` (points' units), as
+    :class:`Cells` built piece by piece over ``bounds`` (:func:`~app.fiber_arrays.piece_bounds`):
+    each piece's indices from its first point. ``cancelled()`` true stops it (RuntimeError).
+    ``backend``: a GPU's :class:`~gpu.backend.Backend` simplifies block after block there;
+    None (or the CPU's): NumPy on :data:`~app.fiber_arrays.INDEX_THREADS` threads."""
+    on_gpu = backend is not None and backend.is_gpu
+    size = GPU_BLOCK_POINTS if on_gpu else BLOCK_POINTS
+    offsets = np.asarray(offsets)
+    total = len(offsets) - 1
+    blocks = []  # (piece, block's streamlines [a, b)) in order
+    for k, (a, b) in enumerate(bounds):
+        for ba, bb in point_blocks(offsets[a : b + 1], size) if b > a else []:
+            blocks.append((k, a + ba, a + bb))
+
+    def run(item):
+        if cancelled is not None and cancelled():
+            raise RuntimeError("cancelled")
+        _k, a, b = item
+        return simplify_block(points, offsets[a : b + 1], tolerance, passes, backend if on_gpu else None)
+
+    if on_gpu:
+        results = [run(item) for item in blocks]
+    else:
+        with ThreadPoolExecutor(max_workers=max(1, min(INDEX_THREADS, len(blocks)))) as pool:
+            results = list(pool.map(run, blocks))
+    dtype = index_dtype(int(offsets[-1]))
+    parts = []
+    for k, (a, b) in enumerate(bounds):
+        mine = [(blk, res) for blk, res in zip(blocks, results, strict=True) if blk[0] == k]
+        piece_first = int(offsets[a])
+        counts = [np.diff(res[0]) for _blk, res in mine]
+        local_offsets = np.zeros(b - a + 1, dtype=np.int64)
+        if counts:
+            np.cumsum(np.concatenate(counts), out=local_offsets[1:])
+        indices = [res[1] + (int(offsets[blk[1]]) - piece_first) for blk, res in mine]
+        connectivity = np.concatenate(indices).astype(dtype) if indices else np.zeros(0, dtype)
+        parts.append(Cells(local_offsets.astype(dtype), connectivity, None, total, a, decimated=True))
+    if len(parts) == 1:
+        return parts[0]
+    whole_offsets = np.zeros(total + 1, dtype=np.int64)
+    at = 0
+    for part in parts:
+        n = part.n_streamlines
+        whole_offsets[at + 1 : at + n + 1] = part.offsets[1:].astype(np.int64) + whole_offsets[at]
+        at += n
+    cells = Cells(whole_offsets.astype(dtype), None, None, total, decimated=True)
+    cells._pieces = (tuple(bounds), parts, [int(offsets[a]) for a, _b in bounds])
+    return cells
