@@ -36,7 +36,7 @@ from tractlens.app.io import release_pages
 from .gl_fibre_program import LUT_SIZE, FibreProgram, GLUnavailable, load_gl
 
 log = logging.getLogger(__name__)
-__all__ = ["LUT_SIZE", "FibreBuffers", "GLUnavailable", "load_gl", "restart_indices", "upload"]
+__all__ = ["LUT_SIZE", "FibreBuffers", "GLUnavailable", "element_arrays", "load_gl", "restart_indices", "upload"]
 
 UPLOAD_CHUNK_BYTES = 64 << 20  # points and scalars go to the GPU this many bytes per call
 RESTART_INDEX = 0xFFFFFFFF
@@ -408,9 +408,13 @@ class FibreBuffers:
         for k, buffers in enumerate(self.buffers):
             if getattr(buffers, "elements_of", None) is not self.decimated[k]:
                 cells = self.decimated[k]
-                buffers.set_elements(GL, None if cells is None or not cells.n_streamlines else restart_indices(cells))
-                buffers.strips = None if cells is None else strips(cells)
+                made = getattr(cells, "gl_elements", None)  # made on a worker (see element_arrays)
+                empty = cells is None or not cells.n_streamlines
+                buffers.set_elements(GL, None if empty else made[0] if made else restart_indices(cells))
+                buffers.strips = None if cells is None else made[1] if made else strips(cells)
                 buffers.elements_of = cells
+                if made:
+                    cells.gl_elements = None  # on the GPU now: the host's copy goes (made again if needed)
 
     def release(self, ren_win) -> None:
         """Free the GPU buffers and shaders (makes VTK's context current)."""
@@ -425,3 +429,12 @@ class FibreBuffers:
             for program in self.program.programs.values():
                 self.GL.glDeleteProgram(program)
             self.program = None
+
+
+def element_arrays(cells, offsets: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+    """Make each piece's element buffer and draws of a level drawn from point indices on this
+    (worker) thread, kept with the piece (``gl_elements``), so that the frame that first draws it
+    only uploads them: a simplified 10 M-streamline tractogram has some 10^8 indices."""
+    for part in cells.pieces(offsets, bounds):
+        if part.n_streamlines and getattr(part, "gl_elements", None) is None:
+            part.gl_elements = (restart_indices(part), strips(part))

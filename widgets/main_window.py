@@ -115,6 +115,7 @@ class MainWindow(QMainWindow):
             controller.error.connect(self.report_error)
 
         self.view3d = View3D(self.document)
+        self.view3d.compute_device = device  # where the view makes what it computes (a simplified tractogram)
         self.roi_tools = RoiTools(self.document, lambda: self.layer_panel.selected_layer())
         self.views = {
             name: SliceView(self.document, name, tools=self.roi_tools) for name in ("axial", "coronal", "sagittal")

@@ -35,6 +35,7 @@ from tractlens.app.layers import SOLID
 from tractlens.app.model import Layer
 
 from .fiber_actors import FiberActors, draws_nothing, lookup_table
+from .fibre_simplifier import FibreSimplifier
 from .gl_fiber_actors import GLFiberActors
 from .view3d_overlays import colour_bar_title, show_one_colour_bar
 
@@ -94,6 +95,8 @@ class FiberView:
         self._moving = False
         self._full_frame_s: float | None = None  # the last full frame at rest (hardware OpenGL)
         self._points_per_s: float | None = None  # the GPU's drawing rate that frame showed
+        self._simplifier = FibreSimplifier(self)  # every streamline, simplified, where a full frame is slow
+        self.compute_device = "auto"  # where the simplified levels are made (the window's device)
         self._frames_at_build = 0  # frames drawn when a tractogram came: the first one after uploads it
         self._rest_capped = False  # a full frame was over budget: the moving level is drawn at rest
         text = self._lod_actor = vtkTextActor()
@@ -151,11 +154,32 @@ class FiberView:
         scene = entry["scene"]
         rest = cache.cells(layer, self._rest_level(), layer.selection)
         moving = cache.cells(layer, self._moving_level(), layer.selection)
+        simple = None if self._software() else self._simplifier.level(id(layer), entry)
+        fast = self._full_frame_s is not None and self._full_frame_s <= MOVING_FRAME_BUDGET_S
+        frame = self._simplifier.frame_s
+        if simple is not None and not fast and (frame is None or frame <= FULL_FRAME_BUDGET_S):
+            rest = simple  # every streamline, within the tolerance, instead of the whole or a subset
+            if frame is not None and frame <= MOVING_FRAME_BUDGET_S:
+                moving = simple
         scene.show_cells("actor", rest)
         scene.show_cells("moving", rest if moving.n_points == rest.n_points else moving)
         if hasattr(scene, "set_moving_stride"):
             scene.set_moving_stride(self._moving_stride())
         entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
+
+    def simplified_arrived(self) -> None:
+        """A simplified level came (:class:`FibreSimplifier`): drawn from the next frame on; at
+        rest that frame uploads its indices, and the one after is timed."""
+        for entry in self._fibers.values():
+            self._place_cells(entry)
+        self._update_lod_text()
+        if not self._moving and self.plotter.ren_win is not None:
+            self.plotter.render()
+            self._full_detail()
+
+    def simplified_ready(self) -> bool:
+        """Has every simplified level asked for arrived (or failed)?"""
+        return self._simplifier.ready()
 
     def _cap_rest(self, capped: bool) -> None:
         """Draw the moving level at rest too (a full frame was over budget), or not. While it is,
@@ -225,6 +249,7 @@ class FiberView:
         for key in list(self._fibers):
             if key not in present:
                 entry = self._fibers.pop(key)
+                self._simplifier.forget(key)
                 self._drop_bar(entry)
                 self._remove_scene(entry["scene"])
         for key, layer in present.items():
@@ -406,6 +431,9 @@ class FiberView:
         self.plotter.render()
         self.plotter.ren_win.WaitForCompletion()  # drawn, not only queued: the GPU's time counts
         took = time.perf_counter() - start
+        simplified = self._simplifier.cells
+        if uploaded and any(e["scene"].cells.get("actor") is simplified.get(k) for k, e in self._fibers.items()):
+            self._simplifier.frame_s = took  # a frame of the simplified levels
         full = self._rest_level() == "full" and any(
             entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None
             for entry in self._fibers.values()
@@ -421,5 +449,8 @@ class FiberView:
                         self._place_cells(entry)
                     self._update_lod_text()
                     self.plotter.render()
+        slow = self._full_frame_s is not None and self._full_frame_s > MOVING_FRAME_BUDGET_S
+        if slow and not self._software():  # every streamline simplified, made on a worker
+            self._simplifier.want(self._fibers, self.compute_device)
         for entry in self._fibers.values():  # the moving level may follow the measured frame time
             self._place_cells(entry)

@@ -251,6 +251,55 @@ def test_the_moving_level_thins_to_the_gpus_measured_rate_and_says_so(
     assert view.lod_text() == "" and len(scene.gl.ranges[0][0]) == 6000
 
 
+def test_where_a_full_frame_is_slow_every_streamline_is_drawn_simplified(
+    own_buffers, window, qtbot, tmp_path, monkeypatch
+):
+    """A full frame over the moving budget makes the view ask a worker for the tractogram
+    simplified within 0.1 mm: drawn at rest instead of the whole (every streamline, nothing said
+    on screen, the picture within a pixel's rounding of the whole), while moving too once its own
+    frame is within the budget; zoomed in past half a pixel, or with a selection, the whole again.
+    Budgets and frame times are set here, so that no verdict depends on this machine's speed."""
+    view = window.view3d
+    view._software()
+    monkeypatch.setattr(view, "_software", lambda: False)
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 1e-9)  # every full frame is slow
+    monkeypatch.setattr(view3d_fibers, "FULL_FRAME_BUDGET_S", 3600.0)
+    layer, scene = open_fibres(window, qtbot, tmp_path)
+    whole = view.screenshot()
+    view._full_detail()  # timed: over the moving budget, so the simplified level is asked for
+    qtbot.waitUntil(view.simplified_ready, timeout=60_000)
+    simple = view._simplifier.cells[id(layer)]
+    assert simple.decimated and simple.n_streamlines == 6000 and simple.n_points < layer.data.offsets[-1] // 2
+    assert scene.cells["actor"] is simple and view.lod_text() == ""
+    assert view._simplifier.frame_s is not None  # its own frame was timed on arrival
+    drawn = view.screenshot()
+    window.save_screenshot(ARTIFACTS / "fiber_gl_simplified.png")
+    assert abs(lit(drawn) - lit(whole)) <= 0.02 * lit(whole), (lit(drawn), lit(whole))
+    moved = ((drawn.max(axis=-1) > 40) != (whole.max(axis=-1) > 40)).sum()
+    assert moved <= 0.05 * lit(whole), moved  # a few pixels of line edges, not a different picture
+    view._coarse_detail()
+    assert scene.moving_drawn() and view.lod_text().startswith("showing ")  # its frame is over the budget
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 1.0)
+    view._full_frame_s, view._simplifier.frame_s = 10.0, 0.01  # the whole slow, the simplified fast
+    for entry in view._fibers.values():
+        view._place_cells(entry)
+    view._coarse_detail()
+    assert scene.cells["moving"] is simple and view.lod_text() == ""  # every streamline while moving
+    view._set_moving(False)
+    view.plotter.camera.zoom(40.0)  # 0.1 mm is now more than half a pixel
+    for entry in view._fibers.values():
+        view._place_cells(entry)
+    assert scene.cells["actor"] is not simple and scene.cells["actor"].identity
+    view.plotter.camera.zoom(1 / 40.0)
+    selected = np.zeros(len(layer.data), dtype=bool)
+    selected[::4] = True
+    layer.set_selection(selected, by="a test")
+    qtbot.wait(50)
+    for entry in view._fibers.values():
+        view._place_cells(entry)
+    assert scene.cells["actor"] is not simple and scene.cells["actor"].n_streamlines == 1500
+
+
 @pytest.mark.skipif("not gl_is_software()", reason="software OpenGL's moving level (every k-th point)")
 def test_the_moving_level_is_drawn_and_stated(own_buffers, window, qtbot, tmp_path):
     """With software OpenGL the moving level keeps every k-th point of some streamlines: drawn
