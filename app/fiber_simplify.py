@@ -30,6 +30,7 @@ from tractlens.gpu.select_host import point_blocks
 from tractlens.gpu.simplify import simplify_block as simplify_points
 
 from .fiber_arrays import INDEX_THREADS, Cells, index_dtype
+from .io import release_pages
 
 SIMPLIFY_TOLERANCE_MM = 0.1  # a dropped point is at most this far from the polyline drawn
 SIMPLIFY_PASSES = 4  # at most 2^4 = 16 times fewer points
@@ -62,6 +63,7 @@ def simplify_block(
         with backend.activate():
             kept, counts = simplify_points(xp, xp.asarray(block), xp.asarray(lengths), tolerance, passes)
             kept, counts = backend.to_host(kept), backend.to_host(counts)
+    release_pages(points[lo:hi])  # a file map's pages read here leave the window's resident memory
     out = np.zeros(len(offsets), dtype=np.int64)
     np.cumsum(counts, out=out[1:])
     return out, kept
@@ -84,6 +86,7 @@ def simplified_cells(
     on_gpu = backend is not None and backend.is_gpu
     size = GPU_BLOCK_POINTS if on_gpu else BLOCK_POINTS
     offsets = np.asarray(offsets)
+    dtype = index_dtype(int(offsets[-1]))
     total = len(offsets) - 1
     blocks = []  # (piece, block's streamlines [a, b)) in order
     for k, (a, b) in enumerate(bounds):
@@ -93,25 +96,28 @@ def simplified_cells(
     def run(item):
         if cancelled is not None and cancelled():
             raise RuntimeError("cancelled")
-        _k, a, b = item
-        return simplify_block(points, offsets[a : b + 1], tolerance, passes, backend if on_gpu else None)
+        k, a, b = item
+        new_offsets, kept = simplify_block(points, offsets[a : b + 1], tolerance, passes, backend if on_gpu else None)
+        # kept at once as the piece's indices, in the index type (not int64 for all blocks)
+        shift = int(offsets[a]) - int(offsets[bounds[k][0]])
+        return np.diff(new_offsets).astype(dtype), (kept + shift).astype(dtype)
 
     if on_gpu:
         results = [run(item) for item in blocks]
     else:
         with ThreadPoolExecutor(max_workers=max(1, min(INDEX_THREADS, len(blocks)))) as pool:
             results = list(pool.map(run, blocks))
-    dtype = index_dtype(int(offsets[-1]))
     parts = []
     for k, (a, b) in enumerate(bounds):
-        mine = [(blk, res) for blk, res in zip(blocks, results, strict=True) if blk[0] == k]
-        piece_first = int(offsets[a])
-        counts = [np.diff(res[0]) for _blk, res in mine]
+        places = [i for i, blk in enumerate(blocks) if blk[0] == k]
+        mine = [results[i] for i in places]
+        for i in places:
+            results[i] = None  # each block's indices go as soon as they are joined
         local_offsets = np.zeros(b - a + 1, dtype=np.int64)
-        if counts:
-            np.cumsum(np.concatenate(counts), out=local_offsets[1:])
-        indices = [res[1] + (int(offsets[blk[1]]) - piece_first) for blk, res in mine]
-        connectivity = np.concatenate(indices).astype(dtype) if indices else np.zeros(0, dtype)
+        if mine:
+            np.cumsum(np.concatenate([counts for counts, _kept in mine]), out=local_offsets[1:])
+        connectivity = np.concatenate([kept for _counts, kept in mine]) if mine else np.zeros(0, dtype)
+        del mine
         parts.append(Cells(local_offsets.astype(dtype), connectivity, None, total, a, decimated=True))
     if len(parts) == 1:
         return parts[0]

@@ -432,11 +432,16 @@ class FiberView:
         self.plotter.ren_win.WaitForCompletion()  # drawn, not only queued: the GPU's time counts
         took = time.perf_counter() - start
         simplified = self._simplifier.cells
-        if uploaded and any(e["scene"].cells.get("actor") is simplified.get(k) for k, e in self._fibers.items()):
-            self._simplifier.frame_s = took  # a frame of the simplified levels
-        full = self._rest_level() == "full" and any(
-            entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None
-            for entry in self._fibers.values()
+        drew_simplified = any(e["scene"].cells.get("actor") is simplified.get(k) for k, e in self._fibers.items())
+        if uploaded and drew_simplified:
+            self._simplifier.frame_s = took  # a frame of the simplified levels (not of the whole)
+        full = (
+            not drew_simplified
+            and self._rest_level() == "full"
+            and any(
+                entry["layer"].visible and entry["scene"].cells["actor"].streamlines is None
+                for entry in self._fibers.values()
+            )
         )
         if full and self._fibers:
             if uploaded:  # the first frame after a tractogram came uploads its points: not a drawing time

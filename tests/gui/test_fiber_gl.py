@@ -279,10 +279,12 @@ def test_where_a_full_frame_is_slow_every_streamline_is_drawn_simplified(
     assert moved <= 0.05 * lit(whole), moved  # a few pixels of line edges, not a different picture
     view._coarse_detail()
     assert scene.moving_drawn() and view.lod_text().startswith("showing ")  # its frame is over the budget
-    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 1.0)
-    view._full_frame_s, view._simplifier.frame_s = 10.0, 0.01  # the whole slow, the simplified fast
-    for entry in view._fibers.values():
-        view._place_cells(entry)
+    # The whole slow, the simplified fast: a rest times the simplified frame, not the whole's.
+    monkeypatch.setattr(view3d_fibers, "MOVING_FRAME_BUDGET_S", 3600.0)
+    view._full_frame_s = 7200.0
+    view._full_detail()
+    assert view._full_frame_s == 7200.0 and view._simplifier.frame_s < 3600.0
+    assert scene.cells["actor"] is simple
     view._coarse_detail()
     assert scene.cells["moving"] is simple and view.lod_text() == ""  # every streamline while moving
     view._set_moving(False)
