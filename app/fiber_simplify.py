@@ -6,15 +6,16 @@ A GPU's line drawing costs about the same per segment however the strips are sub
 H200's graphics draw 0.5-0.8 G segments a second: ``tests/benchmarks/bench_gl_draws.py``), so
 the way to draw 10 M streamlines faster without leaving any out is fewer segments. Tractography
 writes a point every 0.2-1 mm along smooth curves; most of them lie on the straight line between
-their neighbours to well under a pixel (compression of this kind: Presseau et al. 2015,
-NeuroImage 107, "A new compression format for fiber tracking datasets").
+their neighbours to well under a pixel (compression of this kind: Presseau et al., "A new
+compression format for fiber tracking datasets", NeuroImage, 2015).
 
 The scheme is dyadic and exact: in pass ``L`` (``h = 2^(L-1)``), a point ``c`` at ``h`` modulo
 ``2h`` along its streamline is dropped when every point strictly between ``c - h`` and
 ``min(c + h, last)`` other than itself is already dropped and every one of them (itself
 included) lies within ``tolerance`` of the segment between those two. So each dropped point is
 within the tolerance of the segment drawn in its place; the first and last points stay. At most
-``2^passes`` times fewer points; vectorised over blocks of streamlines on threads.
+``2^passes`` times fewer points; vectorised over blocks of streamlines, on NumPy threads or
+on the GPU (:mod:`gpu.simplify`).
 
 The result is a :class:`~app.fiber_arrays.Cells` of every streamline (``decimated``: drawn
 from point indices, not ranges), built piece by piece like the other levels.
@@ -30,7 +31,7 @@ from tractlens.gpu.select_host import point_blocks
 from tractlens.gpu.simplify import simplify_block as simplify_points
 
 from .fiber_arrays import INDEX_THREADS, Cells, index_dtype
-from .io import release_pages
+from .io._pages import release_pages  # (the module alone: app.io imports the model, which imports the cache)
 
 SIMPLIFY_TOLERANCE_MM = 0.1  # a dropped point is at most this far from the polyline drawn
 SIMPLIFY_PASSES = 4  # at most 2^4 = 16 times fewer points
