@@ -35,6 +35,7 @@ class FibreSimplifier:
         self.view = view
         self.tasks: dict[int, LatestTask] = {}
         self.cells: dict[int, Cells] = {}
+        self.made_for: dict[int, object] = {}  # the display arrays each level was made from
         self.frame_s: float | None = None  # the last frame at rest that drew simplified levels
         self.seconds: dict[int, float] = {}  # how long each took to make (worker)
         self.failed: str | None = None
@@ -44,6 +45,7 @@ class FibreSimplifier:
         if task is not None:
             task.forget()
         self.cells.pop(key, None)
+        self.made_for.pop(key, None)
         self.seconds.pop(key, None)
         self.frame_s = None
 
@@ -58,12 +60,13 @@ class FibreSimplifier:
             layer = entry["layer"]
             task = self.tasks[key] = LatestTask(lambda _key, cells, key=key: self._arrived(key, cells), self.view)
 
-            def build(layer=layer):
+            def build(layer=layer, arrays=scene.arrays):
                 start = time.perf_counter()
                 cells = cache.simplified(layer, device)
-                arrays = cache.prepare(layer)
+                if cache.prepare(layer) is not arrays:  # the tractogram changed meanwhile (a growing result)
+                    return None, arrays, 0.0
                 element_arrays(cells, arrays.offsets, arrays.bounds)  # the GL layer's, made here too
-                return cells, time.perf_counter() - start
+                return cells, arrays, time.perf_counter() - start
 
             task.request(key, build, after_paint=True)
 
@@ -74,8 +77,11 @@ class FibreSimplifier:
             self.failed = "simplifying the streamlines for drawing failed (see the log)"
             log.warning(self.failed)
             return
-        cells, seconds = result
-        self.cells[key], self.seconds[key] = cells, seconds
+        cells, arrays, seconds = result
+        if cells is None:  # made for arrays that are gone: asked again at the next rest
+            self.tasks.pop(key, None)
+            return
+        self.cells[key], self.made_for[key], self.seconds[key] = cells, arrays, seconds
         self.frame_s = None  # its frame is timed at the next rest
         self.view.simplified_arrived()
 
@@ -97,6 +103,9 @@ class FibreSimplifier:
     def level(self, key: int, entry: dict) -> Cells | None:
         """The simplified cells to draw for this tractogram now, or None."""
         cells = self.cells.get(key)
+        if cells is not None and self.made_for.get(key) is not getattr(entry["scene"], "arrays", None):
+            self.forget(key)  # the tractogram's arrays were replaced (a growing result): made again when asked
+            return None
         if cells is None or entry["layer"].selection is not None or not self.allowed():
             return None
         return cells

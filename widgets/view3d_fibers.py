@@ -344,6 +344,7 @@ class FiberView:
         if self.document.fiber_arrays.shader_drawn(new) != isinstance(entry["scene"], GLFiberActors):
             return  # grown past the size drawn from the view's own buffers (or back): new actors
         del self._fibers[id(old)]
+        self._simplifier.forget(id(old))  # made from the old arrays
         entry["layer"] = new
         entry["scene"].set_arrays(arrays)
         self._place_cells(entry)

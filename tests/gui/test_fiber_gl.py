@@ -300,6 +300,12 @@ def test_where_a_full_frame_is_slow_every_streamline_is_drawn_simplified(
     for entry in view._fibers.values():
         view._place_cells(entry)
     assert scene.cells["actor"] is not simple and scene.cells["actor"].n_streamlines == 1500
+    layer.set_selection(None)
+    qtbot.wait(50)
+    view._simplifier.made_for[id(layer)] = object()  # as if the tractogram's arrays had been replaced
+    for entry in view._fibers.values():
+        view._place_cells(entry)
+    assert scene.cells["actor"] is not simple and id(layer) not in view._simplifier.cells  # dropped, not drawn
 
 
 @pytest.mark.skipif("not gl_is_software()", reason="software OpenGL's moving level (every k-th point)")
