@@ -187,9 +187,8 @@ class FiberView:
         level holds all of a selection that fits it)."""
         self._rest_capped = capped
         cache = self.document.fiber_arrays
-        if (
-            getattr(self, "_software_rendering", None) is False
-        ):  # the hardware levels (the software ones are skipped already)
+        hardware = getattr(self, "_software_rendering", None) is False  # (the software levels are skipped already)
+        if hardware:
             skip = set(cache.skip_selection_levels) - {"full"}
             cache.skip_selection_levels = frozenset(skip | ({"full"} if capped else set()))
 
@@ -433,7 +432,10 @@ class FiberView:
         self.plotter.ren_win.WaitForCompletion()  # drawn, not only queued: the GPU's time counts
         took = time.perf_counter() - start
         simplified = self._simplifier.cells
-        drew_simplified = any(e["scene"].cells.get("actor") is simplified.get(k) for k, e in self._fibers.items())
+        drew_simplified = any(
+            simplified.get(k) is not None and e["scene"].cells.get("actor") is simplified[k]
+            for k, e in self._fibers.items()
+        )
         if uploaded and drew_simplified:
             self._simplifier.frame_s = took  # a frame of the simplified levels (not of the whole)
         full = (
