@@ -67,14 +67,10 @@ traced allocations slow that edit, not the second).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
-import io
 import itertools
 import json
 import os
-import pstats
-import statistics
 import subprocess
 import sys
 import time
@@ -91,6 +87,22 @@ AFFINE = np.array(
     [[VOXEL_MM, 0, 0, -90.0], [0, VOXEL_MM, 0, -126.0], [0, 0, VOXEL_MM, -72.0], [0, 0, 0, 1]], dtype=np.float64
 )
 PART_STREAMLINES = 200_000
+
+from tests.benchmarks.render_measure import (  # noqa: E402 - after the path is set
+    FINISH,
+    StepClock,
+    anon_and_file_mb,
+    frames,
+    ms,
+    profiled,
+    reset_peak_rss,
+    rss_kb,
+    settle,
+    submitted,
+    traced_allocations,
+    wait,
+    write_profile,
+)
 
 
 def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
@@ -143,169 +155,6 @@ def synthetic_trx(folder: Path, n_streamlines: int, n_points: int = 100, seed: i
             writer.append(Tractogram(points, offsets, AFFINE, GRID_SHAPE, streamline_scalars={"weight": weight}))
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return path
-
-
-def reset_peak_rss() -> bool:
-    """Start VmHWM afresh (Linux 4.0+: ``5`` into ``/proc/self/clear_refs``), so that the peak of
-    one step can be read apart; False where the kernel does not allow it."""
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def rss_kb(field: str = "VmRSS") -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def anon_and_file_mb() -> list[int]:
-    """Resident MB now: [anonymous, file-backed (a mapped file's pages)]."""
-    return [round(rss_kb(field) / 1024) for field in ("RssAnon", "RssFile")]
-
-
-#: Each frame's time ends when the GPU has drawn it (``WaitForCompletion``, a glFinish), unless
-#: BENCH_FINISH=0. A render call returns once its GL calls are queued: with hardware OpenGL the
-#: GPU may still be drawing for many times as long (the submission is recorded apart).
-FINISH = os.environ.get("BENCH_FINISH", "1") != "0"
-
-
-def frames(plotter, count: int, step_deg: float = 3.0, finish: bool | None = None) -> list[float]:
-    """Each frame's seconds while the camera turns, to the GPU's end of it (see :data:`FINISH`)."""
-    finish = FINISH if finish is None else finish
-    times = []
-    plotter.ren_win.WaitForCompletion()  # no earlier frame's work in the first one
-    for _ in range(count):
-        plotter.camera.azimuth += step_deg
-        start = time.perf_counter()
-        plotter.render()
-        if finish:
-            plotter.ren_win.WaitForCompletion()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def submitted(view, count: int) -> list[float]:
-    """Each frame's seconds until its render call returned (its GL calls queued): what earlier
-    versions of this benchmark recorded as the frame time."""
-    view.finish_frames = False
-    try:
-        return frames(view.plotter, count, finish=False)
-    finally:
-        view.finish_frames = FINISH
-
-
-def ms(values) -> float:
-    return round(1e3 * statistics.median(values), 1)
-
-
-def wait(app, condition, timeout_s: float) -> bool:
-    end = time.perf_counter() + timeout_s
-    while not condition():
-        if time.perf_counter() > end:
-            return False
-        app.processEvents()
-        time.sleep(0.001)
-    return True
-
-
-@contextlib.contextmanager
-def profiled(step: str, n_streamlines: int, profile: cProfile.Profile | None = None):
-    """With ``BENCH_PROFILE`` (a folder): the GUI thread's Python profile of a step, its 40 most
-    costly calls by cumulative time written to ``profile_<N>_<step>.txt`` there (work in C++, such
-    as VTK's render, shows as the Python call that made it). A ``profile`` given gathers several
-    steps; the caller writes it (:func:`write_profile`)."""
-    folder = os.environ.get("BENCH_PROFILE")
-    if not folder:
-        yield
-        return
-    own = profile is None
-    profile = profile or cProfile.Profile()
-    profile.enable()
-    try:
-        yield
-    finally:
-        profile.disable()
-        if own:
-            write_profile(profile, step, n_streamlines)
-
-
-def write_profile(profile: cProfile.Profile, step: str, n_streamlines: int) -> None:
-    folder = Path(os.environ["BENCH_PROFILE"])
-    folder.mkdir(parents=True, exist_ok=True)
-    text = io.StringIO()
-    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
-    (folder / f"profile_{n_streamlines}_{step}.txt").write_text(text.getvalue())
-
-
-def traced_allocations(stop: bool = False, top: int = 12):
-    """With ``BENCH_TRACEMALLOC=1``: start tracing Python's (and NumPy's) allocations (True), or
-    stop and give the ``top`` sites that still hold the most memory ("file:line": MB). Off: False."""
-    import tracemalloc
-
-    if os.environ.get("BENCH_TRACEMALLOC") != "1":
-        return False
-    if not stop:
-        tracemalloc.start()
-        return True
-    stats = tracemalloc.take_snapshot().statistics("lineno")
-    tracemalloc.stop()
-    return {f"{s.traceback[0].filename.split('tractlens/')[-1]}:{s.traceback[0].lineno}": round(s.size / 2**20, 1)
-            for s in stats[:top]}  # fmt: skip
-
-
-def settle(app) -> None:
-    """Process the events a change posted, including the view's coalesced repaint (one frame)."""
-    for _ in range(3):
-        app.processEvents()
-
-
-class StepClock:
-    """Where a step's GUI-thread time goes: the slice views' paints (their ``paintEvent`` timed,
-    patched before the window is made), the 3-D frames (the view's ``renders``) and the fibre
-    layer's uploads (its ``timings``), so that "swap and frame" is attributed."""
-
-    def __init__(self) -> None:
-        from tractlens.widgets.slice_view import SliceView
-
-        self.painting = 0.0
-        original = SliceView.paintEvent
-
-        def timed(view, event, clock=self):
-            start = time.perf_counter()
-            try:
-                return original(view, event)
-            finally:
-                clock.painting += time.perf_counter() - start
-
-        SliceView.paintEvent = timed
-
-    def start(self, view) -> None:
-        self.t0, self.painted0 = time.perf_counter(), self.painting
-        for entry in view._fibers.values():
-            getattr(getattr(entry["scene"], "gl", None), "timings", {}).clear()
-
-    def parts(self, view) -> dict:
-        total = time.perf_counter() - self.t0
-        frames = [(start, end) for start, end in list(view.renders) if start >= self.t0]
-        out = {
-            "slice_views_ms": round(1e3 * (self.painting - self.painted0), 1),
-            "frames_3d": len(frames),
-            "frames_3d_ms": round(1e3 * sum(end - start for start, end in frames), 1),
-            # when the first 3-D frame of the change was done (the change on screen in 3-D), from
-            # the start; the rest of the settle (three event-loop passes) comes after it
-            "first_frame_done_ms": round(1e3 * (frames[0][1] - self.t0), 1) if frames else None,
-        }
-        for entry in view._fibers.values():
-            for name, seconds in getattr(getattr(entry["scene"], "gl", None), "timings", {}).items():
-                out[f"gl_{name[:-2]}_ms"] = round(1e3 * seconds, 1)
-        out["other_ms"] = round(1e3 * total - out["slice_views_ms"] - out["frames_3d_ms"], 1)
-        return out
 
 
 def scene_layers(document):
