@@ -53,21 +53,26 @@ def simplify_block(
     ``points`` (the whole array) simplified within ``tolerance`` (the points' units), on
     ``backend`` (:class:`~gpu.backend.Backend`; None: NumPy): :func:`gpu.simplify.simplify_block`.
     Offsets and indices int64, on the host."""
-    offsets = np.asarray(offsets, dtype=np.int64)
+    counts, kept = _kept(points, np.asarray(offsets, dtype=np.int64), tolerance, passes, backend)
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out, kept
+
+
+def _kept(points: np.ndarray, offsets: np.ndarray, tolerance: float, passes: int, backend):
+    """(kept points per streamline, kept point indices from ``offsets[0]``), int64 on the host."""
     lo, hi = int(offsets[0]), int(offsets[-1])
     lengths = np.diff(offsets)
-    xp = np if backend is None else backend.xp
     block = np.asarray(points[lo:hi], dtype=np.float32)
-    if xp is np:
+    if backend is None:
         kept, counts = simplify_points(np, block, lengths, tolerance, passes)
     else:
+        xp = backend.xp
         with backend.activate():
             kept, counts = simplify_points(xp, xp.asarray(block), xp.asarray(lengths), tolerance, passes)
             kept, counts = backend.to_host(kept), backend.to_host(counts)
     release_pages(points[lo:hi])  # a file map's pages read here leave the window's resident memory
-    out = np.zeros(len(offsets), dtype=np.int64)
-    np.cumsum(counts, out=out[1:])
-    return out, kept
+    return counts, kept
 
 
 def simplified_cells(
@@ -98,36 +103,31 @@ def simplified_cells(
         if cancelled is not None and cancelled():
             raise RuntimeError("cancelled")
         k, a, b = item
-        new_offsets, kept = simplify_block(points, offsets[a : b + 1], tolerance, passes, backend if on_gpu else None)
+        counts, kept = _kept(points, np.asarray(offsets[a : b + 1], dtype=np.int64), tolerance, passes,
+                             backend if on_gpu else None)  # fmt: skip
         # kept at once as the piece's indices, in the index type (not int64 for all blocks)
-        shift = int(offsets[a]) - int(offsets[bounds[k][0]])
-        return np.diff(new_offsets).astype(dtype), (kept + shift).astype(dtype)
+        return counts, (kept + (int(offsets[a]) - int(offsets[bounds[k][0]]))).astype(dtype)
 
     if on_gpu:
         results = [run(item) for item in blocks]
     else:
         with ThreadPoolExecutor(max_workers=max(1, min(INDEX_THREADS, len(blocks)))) as pool:
             results = list(pool.map(run, blocks))
+    whole_offsets = np.zeros(total + 1, dtype=np.int64)  # the blocks are in streamline order
+    if results:
+        np.cumsum(np.concatenate([counts for counts, _kept in results]), out=whole_offsets[1:])
     parts = []
     for k, (a, b) in enumerate(bounds):
         places = [i for i, blk in enumerate(blocks) if blk[0] == k]
-        mine = [results[i] for i in places]
+        mine = [results[i][1] for i in places]
         for i in places:
             results[i] = None  # each block's indices go as soon as they are joined
-        local_offsets = np.zeros(b - a + 1, dtype=np.int64)
-        if mine:
-            np.cumsum(np.concatenate([counts for counts, _kept in mine]), out=local_offsets[1:])
-        connectivity = np.concatenate([kept for _counts, kept in mine]) if mine else np.zeros(0, dtype)
+        connectivity = np.concatenate(mine) if mine else np.zeros(0, dtype)
         del mine
-        parts.append(Cells(local_offsets.astype(dtype), connectivity, None, total, a, decimated=True))
+        local_offsets = (whole_offsets[a : b + 1] - whole_offsets[a]).astype(dtype)
+        parts.append(Cells(local_offsets, connectivity, None, total, a, decimated=True))
     if len(parts) == 1:
         return parts[0]
-    whole_offsets = np.zeros(total + 1, dtype=np.int64)
-    at = 0
-    for part in parts:
-        n = part.n_streamlines
-        whole_offsets[at + 1 : at + n + 1] = part.offsets[1:].astype(np.int64) + whole_offsets[at]
-        at += n
     cells = Cells(whole_offsets.astype(dtype), None, None, total, decimated=True)
     cells._pieces = (tuple(bounds), parts, [int(offsets[a]) for a, _b in bounds])
     return cells
