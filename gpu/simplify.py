@@ -65,5 +65,6 @@ def simplify_block(xp, points, lengths, tolerance: float, passes: int):
         keep &= ~drop
         del base, right, middle, inside, far, blocker, blocked, drop
     kept = flatnonzero(xp, keep)
-    per_streamline = xp.bincount(xp.repeat(xp.arange(count, dtype=xp.int64), lengths)[kept], minlength=count)
-    return kept, per_streamline.astype(xp.int64)
+    running = xp.zeros(n + 1, dtype=xp.int64)  # kept points before each point: read at the streamlines' ends
+    running[1:] = xp.cumsum(keep, dtype=xp.int64)
+    return kept, running[starts + lengths] - running[starts]

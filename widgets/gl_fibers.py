@@ -95,8 +95,10 @@ class _PieceBuffers:
         GL.glBindVertexArray(self.vao)
         GL.glBindBuffer(GL.GL_ELEMENT_ARRAY_BUFFER, self.elements)
         indices = np.ascontiguousarray(indices, dtype=np.uint32)
+        # written once per level and drawn many times: STATIC (DYNAMIC may keep a host-side copy,
+        # some 700 MB for a simplified 10 M-streamline level)
         GL.glBufferData(GL.GL_ELEMENT_ARRAY_BUFFER, max(indices.nbytes, 4), indices if len(indices) else None,
-                        GL.GL_DYNAMIC_DRAW)  # fmt: skip
+                        GL.GL_STATIC_DRAW)  # fmt: skip
         GL.glBindVertexArray(0)
         GL.glBindBuffer(GL.GL_ELEMENT_ARRAY_BUFFER, 0)
         self.n_elements = len(indices)
