@@ -217,6 +217,11 @@ class GLFiberActors:
         self.gl.allowed_pieces = max(1, min(count, len(self.gl.piece_points)))
 
     @property
+    def uploaded_pieces(self) -> int:
+        """Pieces on the GPU (drawn at least once)."""
+        return self.gl.uploaded
+
+    @property
     def filling(self) -> bool:
         """Are some pieces still to be revealed (each frame uploads the pieces it may draw)?"""
         return self.gl.allowed_pieces < len(self.gl.piece_points)

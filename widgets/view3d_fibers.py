@@ -269,7 +269,11 @@ class FiberView:
         if not filling or self.plotter.ren_win is None:
             return
         for entry in filling:
-            entry["scene"].reveal(entry["scene"].shown_pieces + 1)
+            scene = entry["scene"]
+            # a piece revealed and not drawn yet (the first: no frame since the layer came) is
+            # drawn first, alone: the first frame shows one piece as soon as it is on the GPU
+            if getattr(scene, "uploaded_pieces", scene.shown_pieces) >= scene.shown_pieces:
+                scene.reveal(scene.shown_pieces + 1)
         self._update_lod_text()
         self.plotter.render()
         if any(entry["scene"].filling for entry in filling):

@@ -3,6 +3,8 @@ once, from the tractogram's float32 array; a selection or level changes (first, 
 colouring is a shader change; pieces come in one by one; when the buffers cannot be used, VTK
 draws the tractogram and the status bar says why. Real window, Mesa's OpenGL under Xvfb."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -405,3 +407,30 @@ def test_the_environment_can_keep_tractograms_on_vtk(own_buffers, window, qtbot,
     assert isinstance(scene, FiberActors)
     assert "TRACTLENS_FIBRES_GL=0" in window.statusBar().currentMessage()
     assert layer.data.mapped.world is scene.arrays.points
+
+
+def test_the_first_frame_draws_the_first_piece_alone_and_each_later_one_piece_more(
+    own_buffers, window, qtbot, tmp_path, monkeypatch
+):
+    """Whatever turns of the event loop come first, no frame uploads two new pieces: the first
+    frame with fibres shows the first piece alone (on an H200, 10 M streamlines drew two pieces,
+    3.2 GB, before anything was seen), said on screen, and each later frame one piece more."""
+    view = window.view3d
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 50_000)
+    frames = []  # (pieces on the GPU, the level-of-detail line) at the end of each frame with fibres
+
+    def ended(*_args):
+        for entry in view._fibers.values():
+            if entry["scene"].uploaded_pieces:
+                frames.append((entry["scene"].uploaded_pieces, view.lod_text()))
+
+    view.plotter.ren_win.AddObserver("EndEvent", ended, -1.0)
+    _layer, scene = open_fibres(window, qtbot, tmp_path)
+    qtbot.waitUntil(lambda: not scene.filling, timeout=10_000)
+    view.plotter.render()
+    counts = [count for count, _text in frames]
+    assert counts[0] == 1 and counts[-1] == 5
+    assert all(b - a in (0, 1) for a, b in itertools.pairwise(counts)), counts
+    a, b = scene.arrays.bounds[0]
+    first = b - a
+    assert frames[0][1] == f"{first:,} of 6,000 streamlines drawn, more coming"
