@@ -22,6 +22,7 @@ import pyvista as pv
 from tractlens.app.fod_display import fitted, fod_sections, fod_surfaces, sphere_level
 from tractlens.app.model import Document, Layer
 
+from .glyph_planes import plane_grid_voxels, sample_volume
 from .glyphs import (
     COLOUR_LEVELS,
     GLYPH_TRIANGLES,
@@ -29,9 +30,7 @@ from .glyphs import (
     ellipse_job,
     glyph_step_2d,
     glyph_step_3d,
-    plane_grid_voxels,
     polygons_path,
-    sample_volume,
     tensor_glyph_job,
 )
 

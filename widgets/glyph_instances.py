@@ -127,9 +127,16 @@ def instance_arrays(
 ) -> dict:
     """:func:`tensor_instances`' arrays, NumPy only (a worker makes them; the VTK mesh is made on
     the GUI thread): ``points``, the point arrays by name, ``sources``."""
+    parts = instance_parts(tensors, shape=shape, colour=colour)
+    return joined_instances(parts, centres, shape=shape, size_mm=size_mm, resolution=resolution, sharpness=sharpness)
+
+
+def instance_parts(tensors: np.ndarray, *, shape: str = "superquadric", colour: str = "direction") -> dict:
+    """What each glyph of world-frame tensors (G, 6) is on its own (its size depends on the
+    largest of all shown: :func:`joined_instances`): ``evals`` (G, 3) clipped at 0,
+    ``orientation`` (quaternions), ``source`` (which source mesh), ``rgb``."""
     evals, evecs = tensor_eigen(np.asarray(tensors, dtype=np.float64))
     evals = np.maximum(evals, 0.0)
-    lam_max = max(float(evals[:, 0].max()), 1e-30) if len(evals) else 1.0
     total = np.maximum(evals.sum(1), 1e-30)
     cl = (evals[:, 0] - evals[:, 1]) / total
     cp = 2.0 * (evals[:, 1] - evals[:, 2]) / total
@@ -142,13 +149,28 @@ def instance_arrays(
     else:
         bin_of = lambda c: np.clip((c * SHAPE_BINS).astype(np.int32), 0, SHAPE_BINS - 1)  # noqa: E731
         source = (cl >= cp).astype(np.int32) * SHAPE_BINS**2 + bin_of(cl) * SHAPE_BINS + bin_of(cp)
-    point_data = {
-        "orientation": quaternions(rotation).astype(np.float32),
-        "scale": np.maximum(evals / lam_max * size_mm, 1e-6 * size_mm).astype(np.float32),
-        "source": source,
-    }
     rgb = np.repeat(fractional_anisotropy(evals, evecs)[:, None], 3, 1) if colour == "fa" else np.abs(evecs[:, :, 0])
-    point_data["rgb"] = (rgb * 255 + 0.5).astype(np.uint8)
+    return {
+        "evals": evals,
+        "orientation": quaternions(rotation).astype(np.float32),
+        "source": source,
+        "rgb": (rgb * 255 + 0.5).astype(np.uint8),
+    }
+
+
+def joined_instances(
+    parts: dict, centres: np.ndarray, *, shape: str, size_mm: float, resolution: int, sharpness: float = 3.0
+) -> dict:
+    """The instance arrays of glyphs' :func:`instance_parts` (joined from several, or one) at
+    world ``centres`` (G, 3): the radii are ``size_mm`` × λ / the largest λ1 of them all."""
+    evals = parts["evals"]
+    lam_max = max(float(evals[:, 0].max()), 1e-30) if len(evals) else 1.0
+    point_data = {
+        "orientation": parts["orientation"],
+        "scale": np.maximum(evals / lam_max * size_mm, 1e-6 * size_mm).astype(np.float32),
+        "source": parts["source"],
+        "rgb": parts["rgb"],
+    }
     sources = np.array([shape, str(resolution), repr(float(sharpness))])
     return {"points": np.asarray(centres, dtype=np.float32), "point_data": point_data, "sources": sources}
 

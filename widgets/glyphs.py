@@ -50,10 +50,10 @@ from tractlens.app.display_data import (
     tensor_matrices,
     tensors_to_world,
 )
-from tractlens.app.grid import Grid
 from tractlens.app.model import STICK_COLOURS, Document, Layer
 
-from .glyph_instances import _spow, _template, instance_arrays, instances_mesh
+from .glyph_instances import _spow, _template, instances_mesh, joined_instances
+from .glyph_planes import cursor_plane_tensors, sample_volume
 from .render import sample_layer
 
 log = logging.getLogger(__name__)
@@ -204,44 +204,6 @@ def glyph_resolution(count: int, software: bool = False, instanced: bool = False
     return 6
 
 
-def plane_grid_voxels(reference_shape, cursor, step: int) -> np.ndarray:
-    """Every ``step``-th reference voxel (indices ≡ step // 2 mod step) of the three planes
-    through ``cursor``, each voxel once, in lexicographic order: (M, 3). (Made unique as marks in
-    a grid-sized byte mask: ``np.unique(axis=0)`` on the rows took 57 of a 75 ms glyph build, and
-    ``np.unique`` on linear indices still a fifth of it.)"""
-    shape = np.asarray(reference_shape, dtype=np.int64)
-    cursor = np.asarray(cursor, dtype=np.int64)
-    offset = step // 2
-    blocks = []
-    for normal in range(3):
-        a, b = (axis for axis in range(3) if axis != normal)
-        ia = np.arange(offset, shape[a], step)
-        ib = np.arange(offset, shape[b], step)
-        index = np.zeros((len(ia), len(ib)), dtype=np.int64)
-        stride = (shape[1] * shape[2], shape[2], 1)
-        index += ia[:, None] * stride[a] + ib[None, :] * stride[b] + cursor[normal] * stride[normal]
-        blocks.append(index.ravel())
-    marks = np.zeros(int(np.prod(shape)), dtype=bool)
-    for block in blocks:
-        marks[block] = True
-    linear = np.flatnonzero(marks)
-    return np.stack(np.unravel_index(linear, tuple(int(v) for v in shape)), axis=1).astype(np.int64)
-
-
-def sample_volume(array: np.ndarray, affine: np.ndarray, reference_affine: np.ndarray, voxels: np.ndarray):
-    """Nearest-neighbour values of a volume (``array`` on ``affine``) at reference voxels (..., 3):
-    (values, inside). The same as :func:`widgets.render.sample_layer`, on plain arrays (workers)."""
-    shape3 = np.array(array.shape[:3])
-    if Grid.affines_match(affine, reference_affine):
-        ijk = voxels
-    else:
-        to_layer = np.linalg.solve(affine, reference_affine)
-        ijk = np.rint(voxels @ to_layer[:3, :3].T + to_layer[:3, 3]).astype(np.int64)
-    inside = np.all((ijk >= 0) & (ijk < shape3), axis=-1)
-    safe = np.where(inside[..., None], ijk, 0)
-    return array[safe[..., 0], safe[..., 1], safe[..., 2]], inside
-
-
 def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
     """A function that builds a tensor layer's 3-D glyph mesh (or None) from a snapshot of what it
     needs, taken now on the GUI thread; run it on a worker. Returns (function, key): the key
@@ -254,21 +216,17 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
     key = (id(data), affine.tobytes(), reference.tobytes(), tuple(int(v) for v in cursor), step, display)
 
     def build():
-        voxels = plane_grid_voxels(shape, cursor, step)
-        values, inside = sample_volume(data, affine, reference, voxels)
-        keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)  # fitted voxels only
-        if not keep.any():
+        # plane by plane, the planes the step did not move from the cache (widgets.glyph_planes)
+        glyphs = cursor_plane_tensors(data, affine, reference, shape, cursor, step, (display[0], display[2]))
+        if glyphs is None:
             return None
-        centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
-        world = tensors_to_world(values[keep].astype(np.float64), affine)
         voxel_mm = float(np.sqrt((reference[:3, :3] ** 2).sum(0)).min())
-        arrays = instance_arrays(  # per-glyph arrays: the view draws them as instances of source meshes
-            world,
-            centres,
+        arrays = joined_instances(  # per-glyph arrays: the view draws them as instances of source meshes
+            glyphs,
+            glyphs["centres"],
             shape=display[0],
             size_mm=0.5 * step * voxel_mm * display[1],
-            resolution=glyph_resolution(int(keep.sum()), software, instanced=True),
-            colour=display[2],
+            resolution=glyph_resolution(len(glyphs["centres"]), software, instanced=True),
         )
         return OnGuiThread(instances_mesh, arrays)
 

@@ -1,0 +1,101 @@
+"""The 3-D tensor glyphs built plane by plane, the planes a slice step did not move from a cache
+(issue 41: whole-slice glyphs within 100 ms a step): the same glyphs as built from all three
+planes at once, whatever the cache holds, and only the moved plane computed again."""
+
+import numpy as np
+import pytest
+
+from tractlens.app.display_data import tensors_to_world
+from tractlens.widgets import glyph_planes
+from tractlens.widgets.glyph_instances import instance_arrays, joined_instances
+from tractlens.widgets.glyph_planes import cursor_plane_tensors, plane_grid_voxels, sample_volume
+
+SHAPE = (23, 19, 17)
+
+
+def tensor_volume(rng, shape=SHAPE):
+    """Random positive tensors (xx xy xz yy yz zz), a quarter of the voxels unfitted (zeros)."""
+    a = rng.normal(size=(*shape, 3, 3))
+    m = a @ np.swapaxes(a, -1, -2) * 1e-3 + np.eye(3) * 1e-4
+    data = np.stack([m[..., 0, 0], m[..., 0, 1], m[..., 0, 2], m[..., 1, 1], m[..., 1, 2], m[..., 2, 2]], -1)
+    data[rng.random(shape) < 0.25] = 0.0
+    return data.astype(np.float32)
+
+
+def all_at_once(data, affine, reference, cursor, step, look):
+    """The glyph arrays built from the three planes' voxels together (as before the cache)."""
+    voxels = plane_grid_voxels(SHAPE, cursor, step)
+    values, inside = sample_volume(data, affine, reference, voxels)
+    keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)
+    centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
+    world = tensors_to_world(values[keep].astype(np.float64), affine)
+    return instance_arrays(world, centres, shape=look[0], size_mm=1.5, resolution=8, colour=look[1])
+
+
+def by_planes(data, affine, reference, cursor, step, look):
+    """The glyph arrays built plane by plane, in the voxels' order (as :func:`all_at_once`)."""
+    glyphs = cursor_plane_tensors(data, affine, reference, SHAPE, cursor, step, look)
+    assert len(np.unique(glyphs["linear"])) == len(glyphs["linear"])  # each voxel once
+    order = np.argsort(glyphs["linear"])
+    glyphs = {name: values[order] for name, values in glyphs.items()}
+    return joined_instances(glyphs, glyphs["centres"], shape=look[0], size_mm=1.5, resolution=8)
+
+
+def assert_same(a, b):
+    np.testing.assert_array_equal(a["points"], b["points"])
+    assert list(a["point_data"]) == list(b["point_data"])
+    for name in a["point_data"]:
+        np.testing.assert_array_equal(a["point_data"][name], b["point_data"][name], err_msg=name)
+    np.testing.assert_array_equal(a["sources"], b["sources"])
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+@pytest.mark.parametrize("look", [("superquadric", "direction"), ("ellipsoid", "fa")])
+def test_stepping_through_the_volume_gives_what_all_three_planes_at_once_give(rng, step, look, monkeypatch):
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    data = tensor_volume(rng)
+    reference = np.diag([1.25, 1.25, 1.25, 1.0])
+    reference[:3, 3] = (-10.0, 4.0, 2.5)
+    cursor = np.array([11, 9, 8])
+    # cursors on and off each axis's step grid, stepped one axis at a time, and the edges
+    for axis, delta in [(2, 1), (2, 1), (1, -1), (0, 1), (1, 1), (2, -1), (0, -1), (0, -1)]:
+        cursor[axis] += delta
+        assert_same(by_planes(data, reference, reference, cursor, step, look),
+                    all_at_once(data, reference, reference, cursor, step, look))  # fmt: skip
+    for edge in ([0, 0, 0], [s - 1 for s in SHAPE]):
+        assert_same(by_planes(data, reference, reference, edge, step, look),
+                    all_at_once(data, reference, reference, edge, step, look))  # fmt: skip
+
+
+def test_a_volume_on_another_grid_and_an_empty_plane(rng, monkeypatch):
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    data = tensor_volume(rng, (12, 10, 9))  # covers part of the reference grid only
+    affine = np.diag([2.0, 2.0, 2.0, 1.0])
+    affine[:3, 3] = (1.0, -1.0, 0.5)
+    reference = np.diag([1.0, 1.0, 1.0, 1.0])
+    look = ("superquadric", "direction")
+    for cursor in ([5, 5, 5], [6, 5, 5], [20, 5, 5], [6, 18, 16]):
+        assert_same(by_planes(data, affine, reference, cursor, 2, look),
+                    all_at_once(data, affine, reference, cursor, 2, look))  # fmt: skip
+    empty = np.zeros_like(data)
+    assert cursor_plane_tensors(empty, affine, reference, SHAPE, [5, 5, 5], 2, look) is None
+
+
+def test_a_step_computes_the_moved_plane_only_and_new_data_is_not_read_from_the_cache(rng, monkeypatch):
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    computed = []
+    parts = glyph_planes.instance_parts
+    monkeypatch.setattr(glyph_planes, "instance_parts", lambda t, **k: computed.append(len(t)) or parts(t, **k))
+    data = tensor_volume(rng)
+    reference = np.eye(4)
+    look = ("superquadric", "direction")
+    cursor_plane_tensors(data, reference, reference, SHAPE, [11, 9, 8], 2, look)
+    assert len(computed) == 3
+    cursor_plane_tensors(data, reference, reference, SHAPE, [11, 9, 9], 2, look)
+    assert len(computed) == 4  # the z plane only
+    other = data.copy()  # same shape and values, another volume: computed afresh
+    other[..., 0] *= 2
+    shown = by_planes(other, reference, reference, [11, 9, 9], 2, look)
+    assert len(computed) == 7
+    assert_same(shown, all_at_once(other, reference, reference, [11, 9, 9], 2, look))
+    assert len(glyph_planes._planes) <= glyph_planes.CACHED_PLANES
