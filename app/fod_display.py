@@ -122,19 +122,67 @@ def fod_surfaces(
     size_mm: float,
     scaling: str = "voxel",
     subdivisions: int = 2,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    normals: bool = False,
+) -> tuple[np.ndarray, ...]:
     """The SH surfaces of (G, C) fODFs centred at world ``centres_mm`` (G, 3).
 
     Returns ``points`` (G·V, 3) in world mm (vertex k of glyph g at centre + r·size_mm·u_k,
     r from :func:`glyph_radii`), ``triangles`` (G·F, 3) indices into them, and ``rgb``
-    (G·V, 3) uint8 by vertex direction."""
+    (G·V, 3) uint8 by vertex direction; with ``normals``, also the vertex normals (G·V, 3)
+    (:func:`surface_normals`)."""
     directions, faces = icosphere(subdivisions)
     radii = glyph_radii(fod_amplitudes(sh, directions), scaling)  # (G, V)
     points = centres_mm[:, None, :] + radii[:, :, None] * size_mm * directions[None, :, :]
     offsets = np.arange(len(sh), dtype=np.int64)[:, None, None] * len(directions)
     triangles = (faces[None, :, :] + offsets).reshape(-1, 3)
     rgb = np.tile(direction_colours(directions), (len(sh), 1))
+    if normals:
+        return points.reshape(-1, 3), triangles, rgb, surface_normals(radii, directions, faces)
     return points.reshape(-1, 3), triangles, rgb
+
+
+def surface_normals(radii: np.ndarray, directions: np.ndarray, faces: np.ndarray) -> np.ndarray:
+    """Unit vertex normals (G·V, 3) float32 of G glyph surfaces, vertex k of glyph g at
+    ``radii[g, k]`` × ``directions[k]`` from its centre (any scale), over one triangulation
+    ``faces`` (F, 3) of the V directions: at each vertex the sum of its faces' normals weighted
+    by their areas (a sphere's vertices have 5 or 6 faces; a table of them, padded with a zero
+    face, is summed for every glyph at once). Where every face of a vertex has collapsed (lobes
+    at zero), its normal is its direction."""
+    table = _vertex_faces(faces.tobytes(), len(faces))
+    # glyphs along the last axis: every gather below copies whole rows of G values
+    p = np.asarray(directions, dtype=np.float32)[:, :, None] * np.asarray(radii, dtype=np.float32).T[:, None, :]
+    a, b, c = (p[faces[:, k]] for k in range(3))  # (F, 3, G)
+    ab, ac = b - a, c - a
+    del a, b, c, p
+    face_normals = np.zeros((len(faces) + 1, 3, ab.shape[2]), dtype=np.float32)  # the last: the padding's zero
+    for k in range(3):
+        i, j = (k + 1) % 3, (k + 2) % 3
+        face_normals[:-1, k] = ab[:, i] * ac[:, j] - ab[:, j] * ac[:, i]
+    normals = face_normals[table[:, 0]]
+    for slot in range(1, table.shape[1]):
+        normals += face_normals[table[:, slot]]  # (V, 3, G)
+    length = np.sqrt((normals * normals).sum(axis=1, keepdims=True))
+    normals /= np.where(length > 0, length, 1.0)
+    flat = length[:, 0] == 0  # (V, G): every face of the vertex collapsed (lobes at zero): its direction
+    if flat.any():
+        normals += flat[:, None, :] * np.asarray(directions, dtype=np.float32)[:, :, None]
+    return np.ascontiguousarray(normals.transpose(2, 0, 1)).reshape(-1, 3)
+
+
+@functools.lru_cache(maxsize=8)
+def _vertex_faces(faces_bytes: bytes, count: int) -> np.ndarray:
+    """(V, K) the faces of each vertex, padded with ``count`` (the zero face)."""
+    faces = np.frombuffer(faces_bytes, dtype=np.int64).reshape(count, 3)
+    vertex = faces.ravel()
+    face = np.repeat(np.arange(count), 3)
+    order = np.argsort(vertex, kind="stable")
+    vertex, face = vertex[order], face[order]
+    per_vertex = np.bincount(vertex)
+    table = np.full((len(per_vertex), int(per_vertex.max())), count, dtype=np.int64)
+    slot = np.arange(len(vertex)) - np.repeat(np.cumsum(per_vertex) - per_vertex, per_vertex)
+    table[vertex, slot] = face
+    table.flags.writeable = False
+    return table
 
 
 def fod_sections(

@@ -16,6 +16,7 @@ from tractlens.app.fod_display import (
     glyph_radii,
     icosphere,
     sphere_level,
+    surface_normals,
 )
 from tractlens.app.fod_layers import csd_result_layers, fod_layer, is_fod_path, track_on_fod
 from tractlens.app.io import DWI
@@ -105,6 +106,29 @@ def test_a_crossing_glyph_reaches_furthest_along_its_two_fibres():
     vertices, _ = icosphere(3)
     red = np.argmax(np.abs(vertices @ X))
     assert rgb[red][0] == 255 and rgb[red][1:].max() < 40  # red along x
+
+
+def test_glyph_normals_point_out_of_the_surface_as_vtks_filter_finds_them():
+    """The vertex normals made for every glyph at once: a sphere's are its directions, whatever
+    its size; a collapsed glyph's are its directions too; on crossing fODFs they agree with
+    VTK's normals filter (which averages the faces' unit normals: the same where faces are even)."""
+    import pyvista as pv
+
+    directions, faces = icosphere(2)
+    spheres = surface_normals(np.array([[1.0] * len(directions), [3.5] * len(directions)]), directions, faces)
+    assert np.min(np.sum(spheres.reshape(2, -1, 3) * directions, axis=-1)) > 0.995
+    collapsed = surface_normals(np.zeros((1, len(directions))), directions, faces)
+    np.testing.assert_allclose(collapsed, directions, atol=1e-6)
+    sh = np.stack([coefficients_of(lambda u, w=w: lobe(X)(u) + w * lobe(Y)(u)) for w in (0.2, 0.6, 1.0)])
+    centres = np.array([[0.0, 0.0, 0.0], [5.0, 0.0, 0.0], [0.0, 5.0, 0.0]])
+    points, triangles, _rgb, normals = fod_surfaces(
+        sh, centres, size_mm=2.0, scaling="global", subdivisions=3, normals=True
+    )
+    mesh = pv.PolyData.from_regular_faces(points, triangles)
+    reference = mesh.compute_normals(cell_normals=False, split_vertices=False, consistent_normals=False)
+    agree = np.sum(normals * reference.point_data["Normals"], axis=1)
+    assert np.median(agree) > 0.99 and np.percentile(agree, 2) > 0.8
+    np.testing.assert_allclose(np.linalg.norm(normals, axis=1), 1.0, atol=1e-5)
 
 
 def test_scalings_voxel_min_max_and_global_relative():
