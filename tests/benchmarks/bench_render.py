@@ -36,6 +36,9 @@ image and a tensor layer on the 1.25 mm grid:
   the cursor, until drawn (median of several steps), with the glyph count (the fibres hidden
   first: ``rss_hiding_fibres_mb``; ``glyph_step_rss_mb``: the memory after each step);
   ``--glyphs-as-hardware`` asks software OpenGL for the hardware count (whole slices);
+- ``fod_glyph_step_ms``: the same for an fODF layer (lmax 8, a lobe per voxel of the same
+  ellipsoid; one mesh of SH surfaces), after the memory figures (``BENCH_FOD=0``: not run), with
+  ``fod_glyph_count`` (surface vertices) and ``fod_glyph_step_parts``;
 - ``gui_swap_parts``, ``colour_change_parts``, ``glyph_step_parts``: where the GUI thread's time
   of a step went: the three slice views' paints (``slice_views_ms``), the 3-D frames
   (``frames_3d_ms``), the fibre layer's uploads (``gl_*_ms``: per-streamline values, drawn ids,
@@ -70,7 +73,6 @@ traced allocations slow that edit, not the second).
 from __future__ import annotations
 
 import argparse
-import cProfile
 import itertools
 import json
 import os
@@ -91,6 +93,7 @@ AFFINE = np.array(
 )
 PART_STREAMLINES = 200_000
 
+from tests.benchmarks.render_glyphs import fod_scene_layer, glyph_steps  # noqa: E402 - after the path is set
 from tests.benchmarks.render_measure import (  # noqa: E402 - after the path is set
     FINISH,
     StepClock,
@@ -104,7 +107,6 @@ from tests.benchmarks.render_measure import (  # noqa: E402 - after the path is 
     submitted,
     traced_allocations,
     wait,
-    write_profile,
 )
 
 
@@ -196,7 +198,6 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     from tractlens.app.model import Layer
     from tractlens.app.selection import RoiSelection, select_fibres, streamline_index
     from tractlens.app.volumes import RoiMask
-    from tractlens.widgets.glyphs import wait_for_builds
     from tractlens.widgets.main_window import MainWindow
 
     app = QApplication.instance() or QApplication([])
@@ -416,34 +417,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
         view._software = lambda: False
         row["glyphs_as_hardware"] = True
     tensors.set(visible=True)
-    app.processEvents()
-    wait_for_builds(120_000)
-    assert wait(app, view.glyphs_ready, 120)
-    steps, glyph_parts, glyph_rss = [], [], []
-    glyph_profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
-    for _ in range(5):
-        clock.start(view)
-        start = time.perf_counter()
-        with profiled("glyph_steps", len(layer.data), glyph_profile):
-            doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
-            app.processEvents()
-            assert wait(app, view.glyphs_ready, 120)
-            plotter.render()
-        steps.append(time.perf_counter() - start)
-        glyph_rss.append(round(rss_kb() / 1024))
-        task = view._glyph_tasks.get(id(tensors))
-        part = clock.parts(view)
-        part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
-        glyph_parts.append(part)
-    if glyph_profile is not None:
-        write_profile(glyph_profile, "glyph_steps", len(layer.data))
-    row["glyph_step_ms"] = ms(steps)
-    row["glyph_step_rss_mb"] = glyph_rss  # resident memory after each step (the fibres hidden before them)
-    # the median step's parts: waiting for a worker, building on it, reaching and delivering on the GUI thread
-    row["glyph_step_parts"] = glyph_parts[int(np.argsort(steps)[len(steps) // 2])]
-    actor = view._glyphs.get(id(tensors))
-    row["glyph_count"] = None if actor is None else int(actor.GetMapper().GetInput().GetNumberOfPoints())
-    row["glyph_actor"] = None if actor is None else type(actor.GetMapper()).__name__
+    row.update(glyph_steps(app, window, tensors, clock, "glyph", len(layer.data)))
 
     row["rss_before_open_mb"] = round(rss_before / 1024)
     peaks["glyphs"] = round(rss_kb("VmHWM") / 1024)
@@ -470,6 +444,11 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
             save_session(doc, Path(folder) / "session")
             row["session_save_s"] = round(time.perf_counter() - start, 1)
         row["rss_peak_with_session_save_mb"] = round(rss_kb("VmHWM") / 1024)
+    # fODF glyphs (SH surfaces, one mesh), after the memory figures: their volume is 0.66 GB
+    if os.environ.get("BENCH_FOD", "1") == "1":
+        tensors.set(visible=False)
+        fods = fod_scene_layer(doc, GRID_SHAPE, AFFINE)
+        row.update(glyph_steps(app, window, fods, clock, "fod_glyph", len(layer.data)))
     row["gl_renderer"] = view.gl_renderer
     window.close()
     return row

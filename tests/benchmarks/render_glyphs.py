@@ -1,0 +1,83 @@
+"""bench_render.py's glyph steps (issue 41: whole-slice glyphs within 100 ms a slice step): the
+cursor steps one voxel along z, the three planes' glyphs of one layer are rebuilt on a worker and
+drawn; each step is timed from the cursor's move until the frame with the new glyphs is drawn
+(to the GPU's end where frames are). Tensor glyphs (instances of source meshes) and fODF glyphs
+(one mesh of SH surfaces) alike."""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import time
+
+import numpy as np
+
+from tests.benchmarks.render_measure import ms, profiled, rss_kb, wait, write_profile
+
+STEPS = 5
+
+
+def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: int = STEPS) -> dict:
+    """``steps`` one-voxel steps with ``layer``'s 3-D glyphs shown (the only glyphs shown):
+    ``<name>_step_ms`` (median), ``<name>_step_parts`` (the median step's: the GUI thread's
+    parts from ``clock`` and the worker's build), ``<name>_step_rss_mb`` (after each step),
+    ``<name>_count`` (points of the glyph actor's input: instances for tensors, surface
+    vertices for fODFs) and ``<name>_actor`` (its mapper)."""
+    from tractlens.widgets.glyphs import wait_for_builds
+
+    view, doc = window.view3d, window.document
+    app.processEvents()
+    wait_for_builds(120_000)
+    assert wait(app, view.glyphs_ready, 120)
+    times, parts, rss = [], [], []
+    profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
+    for _ in range(steps):
+        clock.start(view)
+        start = time.perf_counter()
+        with profiled(f"{name}_steps", size_label, profile):
+            doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
+            app.processEvents()
+            assert wait(app, view.glyphs_ready, 120)
+            view.plotter.render()
+        times.append(time.perf_counter() - start)
+        rss.append(round(rss_kb() / 1024))
+        task = view._glyph_tasks.get(id(layer))
+        part = clock.parts(view)
+        part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
+        parts.append(part)
+    if profile is not None:
+        write_profile(profile, f"{name}_steps", size_label)
+    actor = view._glyphs.get(id(layer))
+    return {
+        f"{name}_step_ms": ms(times),
+        f"{name}_step_all_ms": [round(1e3 * t, 1) for t in times],
+        f"{name}_step_rss_mb": rss,
+        # waiting for a worker, building on it, reaching and delivering on the GUI thread
+        f"{name}_step_parts": parts[int(np.argsort(times)[len(times) // 2])],
+        f"{name}_count": None if actor is None else int(actor.GetMapper().GetInput().GetNumberOfPoints()),
+        f"{name}_actor": None if actor is None else type(actor.GetMapper()).__name__,
+    }
+
+
+def fod_scene_layer(document, shape, affine, lmax: int = 8):
+    """An fODF layer on bench_render's grid (MRtrix's default lmax 8: 45 coefficients, float32):
+    one random lobe per voxel of the same ellipsoid as the tensors, nothing outside it."""
+    from tractlens.app.model import Layer
+    from tractlens.app.volumes import Volume
+    from tractlens.gpu.sh import sh_basis
+
+    grid = np.indices(shape, dtype=np.float32)
+    inside = sum(((grid[a] - shape[a] / 2) / (0.42 * shape[a])) ** 2 for a in range(3)) <= 1.0
+    del grid
+    rng = np.random.default_rng(2)
+    directions = rng.normal(size=(int(inside.sum()), 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    count = (lmax + 1) * (lmax + 2) // 2
+    sh = np.zeros((*shape, count), np.float32)
+    where = np.nonzero(inside)
+    for lo in range(0, len(directions), 1 << 16):  # a lobe along each direction (the basis there), in parts
+        hi = lo + (1 << 16)
+        part = sh_basis(np, directions[lo:hi], lmax) * 0.2
+        part[:, 0] = 0.3
+        sh[where[0][lo:hi], where[1][lo:hi], where[2][lo:hi]] = part
+    return document.add_layer(Layer("fODFs", Volume("fODFs", sh, affine, kind="fod"), "fod"))
