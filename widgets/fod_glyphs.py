@@ -14,15 +14,25 @@ stepping through slices never waits).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pyvista as pv
 
-from tractlens.app.fod_display import fitted, fod_sections, fod_surfaces, sphere_level
+from tractlens.app.fod_display import (
+    direction_colours,
+    fitted,
+    fod_amplitudes,
+    fod_sections,
+    glyph_radii,
+    icosphere,
+    sphere_level,
+    surface_normals,
+)
 from tractlens.app.model import Document, Layer
 
-from .glyph_planes import plane_grid_voxels, sample_volume
+from .glyph_planes import cursor_planes, plane_grid_voxels, sample_volume
 from .glyphs import (
     COLOUR_LEVELS,
     GLYPH_TRIANGLES,
@@ -54,6 +64,54 @@ def fod_mesh(points: np.ndarray, triangles: np.ndarray, rgb: np.ndarray, normals
     return mesh
 
 
+def _plane_surfaces(values: np.ndarray, look: tuple) -> dict:
+    """One cursor plane's fODF glyphs on the sphere of ``look`` = (level, scaling): ``radii``
+    (G, V) (min-max per voxel; for ``"global"`` the amplitudes, divided by the largest of the
+    three planes' when joined) and ``normals`` (G, V, 3) (the same at any scale)."""
+    level, scaling = look
+    directions, faces = icosphere(level)
+    amplitudes = fod_amplitudes(values, directions)
+    radii = glyph_radii(amplitudes, "voxel") if scaling == "voxel" else np.maximum(amplitudes, 0.0)
+    normals = surface_normals(radii, directions, faces).reshape(len(values), len(directions), 3)
+    return {"radii": radii.astype(np.float32), "normals": normals}
+
+
+FOD_PLANES = ("fod", fitted, _plane_surfaces)  # widgets.glyph_planes' kind of plane
+
+
+def joined_surfaces(glyphs: dict, level: int, scaling: str, size_mm: float) -> tuple:
+    """(points, triangles, rgb, normals) of the three planes' glyphs (:func:`_plane_surfaces`,
+    joined by :func:`widgets.glyph_planes.cursor_planes`), as :func:`app.fod_display.fod_surfaces`
+    makes them (float32 points; the triangles, int32, and colours are views of arrays kept per
+    sphere, the same for every glyph)."""
+    sphere, faces = icosphere(level)
+    directions = sphere.astype(np.float32)
+    radii = glyphs["radii"]
+    if scaling != "voxel":
+        top = float(radii.max()) if radii.size else 0.0
+        radii = radii / np.float32(top) if top > 0 else np.zeros_like(radii)
+    count = len(radii)
+    points = glyphs["centres"].astype(np.float32)[:, None, :] + (radii * np.float32(size_mm))[:, :, None] * directions
+    triangles, rgb = _sphere_tiles(level, -(-count // TILE_GLYPHS) * TILE_GLYPHS)
+    normals = glyphs["normals"].reshape(-1, 3)
+    return points.reshape(-1, 3), triangles[: count * len(faces)], rgb[: count * len(directions)], normals
+
+
+TILE_GLYPHS = 1024  # the shared triangle and colour arrays are made for multiples of this many glyphs
+
+
+@functools.lru_cache(maxsize=4)
+def _sphere_tiles(level: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The triangles (int32, ``count`` spheres' vertices numbered one sphere after the other) and
+    vertex colours of ``count`` glyphs on the sphere of ``level`` (read-only: meshes share them)."""
+    directions, faces = icosphere(level)
+    offsets = np.arange(count, dtype=np.int32)[:, None, None] * np.int32(len(directions))
+    triangles = (faces.astype(np.int32)[None, :, :] + offsets).reshape(-1, 3)
+    rgb = np.tile(direction_colours(directions), (count, 1))
+    triangles.flags.writeable = rgb.flags.writeable = False
+    return triangles, rgb
+
+
 def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
     """A function that builds an fODF layer's 3-D glyph mesh (or None) from a snapshot taken now
     (GUI thread), and the key of that mesh; run the function on a worker."""
@@ -67,19 +125,13 @@ def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
     def build():
         voxels = plane_grid_voxels(shape, cursor, step)
         values, inside = sample_volume(data, affine, reference, voxels)
-        keep = inside & fitted(values)
-        if not keep.any():
+        count = int((inside & fitted(values)).sum())
+        if not count:
             return None
-        centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
-        surfaces = fod_surfaces(
-            values[keep],
-            centres,
-            size_mm=0.5 * step * _voxel_mm(reference) * display[0],
-            scaling=display[1],
-            subdivisions=sphere_level(int(keep.sum()), budget),
-            normals=True,
-        )
-        return fod_mesh(*surfaces)
+        level = sphere_level(count, budget)  # from all three planes' glyphs: the same for each plane
+        glyphs = cursor_planes(data, affine, reference, shape, cursor, step, (level, display[1]), FOD_PLANES,
+                               ("radii", "normals"))  # fmt: skip
+        return fod_mesh(*joined_surfaces(glyphs, level, display[1], 0.5 * step * _voxel_mm(reference) * display[0]))
 
     return build, key
 

@@ -1,12 +1,13 @@
-"""The voxels of the three cursor planes that carry 3-D glyphs, and the tensor glyphs on them
-built plane by plane (issue 41: whole-slice glyphs within 100 ms a slice step).
+"""The voxels of the three cursor planes that carry 3-D glyphs, and the glyphs on them built
+plane by plane (issue 41: whole-slice glyphs within 100 ms a slice step).
 
 A slice step moves one of the three planes; the other two show the same glyphs as before. So each
-plane's per-glyph values (:func:`~widgets.glyph_instances.instance_parts`: its voxels sampled,
-the tensors' eigen-decomposition, rotations, shapes, colours) are kept in a small cache keyed by
-the plane and what its glyphs depend on, and a step computes the moved plane only (a third of
-the work). The glyphs of the three planes are joined each voxel once (the voxels of
-:func:`plane_grid_voxels`), the same whether or not the cache held a plane.
+plane's per-glyph values (tensors: :func:`~widgets.glyph_instances.instance_parts`, the
+eigen-decomposition, rotations, shapes, colours; fODFs: the SH surfaces' radii and normals,
+:mod:`widgets.fod_glyphs`) are kept in a small cache keyed by the plane and what its glyphs depend
+on, and a step computes the moved plane only (a third of the work). The three planes' glyphs are
+joined each voxel once (the voxels of :func:`plane_grid_voxels`), the same whether or not the
+cache held a plane.
 """
 
 from __future__ import annotations
@@ -65,26 +66,27 @@ def sample_volume(array: np.ndarray, affine: np.ndarray, reference_affine: np.nd
     return array[safe[..., 0], safe[..., 1], safe[..., 2]], inside
 
 
-def _tensor_plane(data, affine, reference, shape, normal: int, position: int, step: int, look: tuple) -> dict:
-    """One plane's fitted glyph voxels (``voxels``, ``linear``), world ``centres`` and
-    :func:`instance_parts` (``look``: (glyph shape, colour)), from the cache when it holds them."""
-    key = (id(data), affine.tobytes(), reference.tobytes(), tuple(shape), normal, int(position), step, look)
+def _plane(data, affine, reference, shape, normal: int, position: int, step: int, look: tuple, kind) -> dict:
+    """One plane's fitted glyph voxels (``voxels``, ``linear``), world ``centres`` and what
+    ``kind`` computes for them (``look``: what else the glyphs depend on), from the cache when it
+    holds them. ``kind``: (name, fitted(values) -> mask, compute(values, look) -> dict)."""
+    name, fitted, compute = kind
+    key = (name, id(data), affine.tobytes(), reference.tobytes(), tuple(shape), normal, int(position), step, look)
     with _lock:
         held = _planes.get(key)
         if held is not None and held[0]() is data:
             _planes.move_to_end(key)
             return held[1]
-    shape_arr = np.asarray(shape, dtype=np.int64)
-    linear = _plane_linear(shape_arr, position, normal, step)
+    linear = _plane_linear(np.asarray(shape, dtype=np.int64), position, normal, step)
     voxels = np.stack(np.unravel_index(linear, tuple(int(v) for v in shape)), axis=1).astype(np.int64)
     values, inside = sample_volume(data, affine, reference, voxels)
-    keep = inside & (values[:, 0] + values[:, 3] + values[:, 5] > 0)  # fitted voxels only
+    keep = inside & fitted(values)
     voxels, linear = voxels[keep], linear[keep]
     plane = {
         "voxels": voxels,
         "linear": linear,
         "centres": voxels @ reference[:3, :3].T + reference[:3, 3],
-        **instance_parts(tensors_to_world(values[keep].astype(np.float64), affine), shape=look[0], colour=look[1]),
+        **compute(values[keep], look),
     }
     with _lock:
         _planes[key] = (weakref.ref(data), plane)
@@ -93,16 +95,16 @@ def _tensor_plane(data, affine, reference, shape, normal: int, position: int, st
     return plane
 
 
-def cursor_plane_tensors(data, affine, reference, shape, cursor, step: int, look: tuple) -> dict | None:
-    """The tensor glyphs of the three planes through ``cursor`` (every ``step``-th voxel of each,
-    fitted voxels only), each voxel once, plane after plane (the order does not change the
-    picture; it is the same whatever the cache holds): ``linear`` (reference voxel indices),
-    ``centres`` and the :func:`instance_parts` arrays; None when there are none."""
+def cursor_planes(data, affine, reference, shape, cursor, step: int, look: tuple, kind, names) -> dict | None:
+    """The glyphs of the three planes through ``cursor`` (every ``step``-th voxel of each, fitted
+    voxels only: ``kind`` as :func:`_plane`'s), each voxel once, plane after plane (the order does
+    not change the picture; it is the same whatever the cache holds): ``linear`` (reference voxel
+    indices), ``centres`` and ``names`` (per-glyph arrays ``kind`` computes); None when none."""
     offset = step // 2
     cursor = [int(v) for v in cursor]
     chosen = []
     for normal in range(3):
-        plane = _tensor_plane(data, affine, reference, shape, normal, cursor[normal], step, look)
+        plane = _plane(data, affine, reference, shape, normal, cursor[normal], step, look, kind)
         rows = None  # all
         if cursor[normal] % step == offset and normal:  # its lines across the earlier planes are theirs
             rows = np.ones(len(plane["linear"]), dtype=bool)
@@ -111,6 +113,22 @@ def cursor_plane_tensors(data, affine, reference, shape, cursor, step: int, look
         chosen.append((plane, rows))
     if not sum(len(plane["linear"]) if rows is None else int(rows.sum()) for plane, rows in chosen):
         return None
-    names = ("linear", "centres", "evals", "orientation", "source", "rgb")
     return {name: np.concatenate([plane[name] if rows is None else plane[name][rows] for plane, rows in chosen])
-            for name in names}  # fmt: skip
+            for name in ("linear", "centres", *names)}  # fmt: skip
+
+
+def _tensor_fitted(values: np.ndarray) -> np.ndarray:
+    return values[:, 0] + values[:, 3] + values[:, 5] > 0
+
+
+def cursor_plane_tensors(data, affine, reference, shape, cursor, step: int, look: tuple) -> dict | None:
+    """The tensor glyphs of the three planes through ``cursor`` (:func:`cursor_planes`; ``look``:
+    (glyph shape, colour)): ``linear``, ``centres`` and the :func:`instance_parts` arrays."""
+
+    def compute(values, look):
+        world = tensors_to_world(values.astype(np.float64), affine)
+        return instance_parts(world, shape=look[0], colour=look[1])
+
+    kind = ("tensor", _tensor_fitted, compute)
+    names = ("evals", "orientation", "source", "rgb")
+    return cursor_planes(data, affine, reference, shape, cursor, step, look, kind, names)

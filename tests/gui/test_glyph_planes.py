@@ -8,7 +8,7 @@ import pytest
 from tractlens.app.display_data import tensors_to_world
 from tractlens.widgets import glyph_planes
 from tractlens.widgets.glyph_instances import instance_arrays, joined_instances
-from tractlens.widgets.glyph_planes import cursor_plane_tensors, plane_grid_voxels, sample_volume
+from tractlens.widgets.glyph_planes import cursor_plane_tensors, cursor_planes, plane_grid_voxels, sample_volume
 
 SHAPE = (23, 19, 17)
 
@@ -99,3 +99,45 @@ def test_a_step_computes_the_moved_plane_only_and_new_data_is_not_read_from_the_
     assert len(computed) == 7
     assert_same(shown, all_at_once(other, reference, reference, [11, 9, 9], 2, look))
     assert len(glyph_planes._planes) <= glyph_planes.CACHED_PLANES
+
+
+def fod_volume(rng, shape=SHAPE, lmax=4):
+    """Random fODF coefficients (positive l=0 term), a quarter of the voxels unfitted."""
+    count = (lmax + 1) * (lmax + 2) // 2
+    data = rng.normal(size=(*shape, count)).astype(np.float32) * 0.1
+    data[..., 0] = 0.3
+    data[rng.random(shape) < 0.25] = 0.0
+    return data
+
+
+@pytest.mark.parametrize("scaling", ["voxel", "global"])
+@pytest.mark.parametrize("step", [1, 2])
+def test_fod_glyphs_by_planes_are_the_surfaces_of_all_three_planes_at_once(rng, scaling, step, monkeypatch):
+    from tractlens.app.fod_display import fitted, fod_surfaces
+    from tractlens.widgets.fod_glyphs import FOD_PLANES, joined_surfaces
+
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    data = fod_volume(rng)
+    reference = np.diag([1.25, 1.25, 1.25, 1.0])
+    cursor = np.array([11, 9, 8])
+    for axis, delta in [(2, 1), (2, 1), (1, -1), (0, 1)]:
+        cursor[axis] += delta
+        voxels = plane_grid_voxels(SHAPE, cursor, step)
+        values, inside = sample_volume(data, reference, reference, voxels)
+        keep = inside & fitted(values)
+        centres = voxels[keep] @ reference[:3, :3].T + reference[:3, 3]
+        points, triangles, rgb, normals = fod_surfaces(
+            values[keep], centres, size_mm=1.5, scaling=scaling, subdivisions=2, normals=True
+        )
+        glyphs = cursor_planes(data, reference, reference, SHAPE, cursor, step, (2, scaling), FOD_PLANES,
+                               ("radii", "normals"))  # fmt: skip
+        order = np.argsort(glyphs["linear"])
+        glyphs = {name: values[order] for name, values in glyphs.items()}
+        ours = joined_surfaces(glyphs, 2, scaling, 1.5)
+        np.testing.assert_allclose(ours[0], points, atol=1e-5)
+        np.testing.assert_array_equal(ours[1], triangles)
+        np.testing.assert_array_equal(ours[2], rgb)
+        # normals: the same but where a vertex's faces have all but collapsed (its normal is then
+        # ill-defined, and the amplitudes' last bits differ with the size of the matrix product)
+        apart = np.abs(ours[3] - normals).max(axis=1) > 1e-4
+        assert apart.mean() < 1e-3, apart.mean()
