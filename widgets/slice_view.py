@@ -29,6 +29,7 @@ from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_hal
 
 from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
+from .glyph_raster import GlyphRaster
 from .glyphs import LatestTask, stick_segments
 from .render import composite, display_oversample, fractional_voxel, normal_slice, patch_stroke, plane_geometry
 from .slice_fibers import SliceFibres
@@ -70,6 +71,7 @@ class SliceView(QWidget):
         self._wl_start: tuple | None = None
         self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its ellipse builds (workers)
         self._ellipses: dict[int, list] = {}  # tensor layer -> the last built [(rgba, path)]
+        self._glyph_raster = GlyphRaster()  # those paths filled once
         document.connect(self._on_document)
 
     # ----------------------------------------------------------------- model
@@ -259,17 +261,11 @@ class SliceView(QWidget):
         self._glyph_requests(geometry, target)
         width = geometry.voxels.shape[1]
         scale = target.width() / (width * geometry.pixel_mm[1])  # screen pixels per mm
-        for layer in self.document.layers:
-            paths = self._ellipses.get(id(layer)) if layer.kind in ("tensor", "fod") else None
-            if not paths:
-                continue
-            painter.save()
-            painter.translate(target.left(), target.top())
-            painter.scale(scale, scale)
-            painter.setPen(Qt.PenStyle.NoPen)
-            for rgba, path in paths:
-                painter.fillPath(path, QColor(*rgba))
-            painter.restore()
+        layers = [
+            self._ellipses.get(id(layer)) or [] for layer in self.document.layers if layer.kind in ("tensor", "fod")
+        ]
+        # filled once per picture: a repaint for the crosshair alone draws the same image
+        self._glyph_raster.draw(painter, layers, target, QRectF(self.rect()), scale, self.devicePixelRatioF())
 
     def _draw_sticks(self, painter: QPainter, geometry, target: QRectF) -> None:
         """Dyads layers: each stick's in-plane projection on every n-th voxel (``glyph_step``, or

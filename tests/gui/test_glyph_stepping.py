@@ -153,3 +153,51 @@ def test_glyph_counts_are_bounded_and_colour_by_fa_is_grey(window, qtbot):
     saturation = np.ptp(shot[lit], axis=-1) / shot[lit].max(-1)
     assert lit.mean() > 0.01 and (saturation < 0.15).mean() > 0.99, np.percentile(saturation, [50, 99])
     window.save_screenshot(ARTIFACTS / "glyphs_colour_by_fa.png")
+
+
+def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_them_drew(window, qtbot, monkeypatch):
+    """The slice views keep their glyphs as a picture between paints: a step along z refills the
+    axial view's only (the others repaint for the crosshair), and the picture is what filling
+    the paths at each paint draws, zoomed in too."""
+    from PySide6.QtCore import QPointF, Qt
+    from PySide6.QtGui import QColor
+
+    from tractlens.widgets.glyph_raster import GlyphRaster
+
+    doc = window.document
+    doc.add_layer(Layer("tensors", Volume("tensors", tensor_field(), AFFINE, kind="tensor"), "tensor"))
+    qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+    qtbot.wait(100)
+    views = window.views
+    fills = {name: view._glyph_raster.fills for name, view in views.items()}
+    assert all(fills.values())
+    views["axial"].step(1)
+    qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+    for view in views.values():
+        view.repaint()
+    assert views["axial"]._glyph_raster.fills > fills["axial"]
+    assert [views[name]._glyph_raster.fills for name in ("coronal", "sagittal")] == [
+        fills["coronal"], fills["sagittal"]]  # fmt: skip
+
+    def filled_each_paint(self, painter, layers, target, visible, scale, ratio):  # what paints did before
+        painter.save()
+        painter.translate(QPointF(target.left(), target.top()))
+        painter.scale(scale, scale)
+        painter.setPen(Qt.PenStyle.NoPen)
+        for paths in layers:
+            for rgba, path in paths:
+                painter.fillPath(path, QColor(*rgba))
+        painter.restore()
+
+    axial = views["axial"]
+    for zoom in (1, 4):
+        if zoom > 1:
+            axial.navigation.zoom_at(QPointF(axial.width() / 2, axial.height() / 2), zoom)
+        qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+        kept = grab_rgb(axial)
+        with monkeypatch.context() as patch:
+            patch.setattr(GlyphRaster, "draw", filled_each_paint)
+            direct = grab_rgb(axial)
+        assert (np.abs(kept.astype(int) - direct.astype(int)).max(axis=-1) > 40).mean() < 0.002
+        image = axial._glyph_raster.image
+        assert image.width() <= axial.width() * axial.devicePixelRatioF() + 1  # the screen's part only
