@@ -39,6 +39,7 @@ def mask_box(mask: np.ndarray) -> tuple[slice, ...]:
 
 
 NO_RENDER = {"render": False, "reset_camera": False}
+GLYPH_FRAME_HOLD_S = 0.1  # a 3-D frame waits this long at most for the glyphs of a slice step
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
 # so that the screen shows what the slice view of that name shows (neurological convention).
 CAMERA_VIEWS = {
@@ -96,6 +97,7 @@ class View3D(FiberView, QWidget):
         self._planes_stale = False  # a layer's values changed: the planes are recomposited with the next frame
         self._roi_edits: list = []  # (layer, voxels) of the ROI edits since the last frame (_patch_planes)
         self._frames_held_until = 0.0  # hold_frames: no frame before this perf_counter time
+        self._glyph_hold_until = 0.0  # a hold for glyphs being built (released when they come)
         self._roi_after_hold = False  # the ROI surfaces are rebuilt with the frame after the hold
         self._hold_timer = QTimer(self)
         self._hold_timer.setSingleShot(True)
@@ -506,6 +508,9 @@ class View3D(FiberView, QWidget):
             self._glyph_tasks[id(layer)] = task
         build, key = volume_glyph_job(layer, self.document, self._software())
         task.request(key, build)
+        if not task.ready() and time.perf_counter() >= self._frames_held_until:  # one frame with the new glyphs
+            self.hold_frames(GLYPH_FRAME_HOLD_S)  # (bounded: a fast scroll still draws every 0.1 s)
+            self._glyph_hold_until = self._frames_held_until
         actor = self._glyphs.get(id(layer))
         if actor is not None:
             actor.GetProperty().SetOpacity(layer.opacity)
@@ -545,6 +550,9 @@ class View3D(FiberView, QWidget):
             self._glyphs[id(layer)] = actor
         else:
             actor.GetMapper().SetInputData(mesh)
+        if self._glyph_hold_until >= self._frames_held_until > 0 and self.glyphs_ready():  # the hold was theirs
+            self._glyph_hold_until = 0.0
+            self.release_frames()
         self.request_render()
 
     def glyphs_ready(self) -> bool:

@@ -201,3 +201,25 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
         assert (np.abs(kept.astype(int) - direct.astype(int)).max(axis=-1) > 40).mean() < 0.002
         image = axial._glyph_raster.image
         assert image.width() <= axial.width() * axial.devicePixelRatioF() + 1  # the screen's part only
+
+
+def test_the_3d_frame_of_a_step_waits_for_its_glyphs(window, qtbot, monkeypatch):
+    """A slice step draws no 3-D frame of the moved planes with the old glyphs: the frame waits
+    (at most GLYPH_FRAME_HOLD_S; here longer than any build) and is drawn once they arrive."""
+    from tractlens.widgets import view3d as view3d_module
+
+    monkeypatch.setattr(view3d_module, "GLYPH_FRAME_HOLD_S", 60.0)
+    doc = window.document
+    doc.add_layer(Layer("tensors", Volume("tensors", tensor_field(), AFFINE, kind="tensor"), "tensor"))
+    qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+    view = window.view3d
+    qtbot.waitUntil(lambda: not view._render_pending, timeout=10_000)
+    arrived = []
+    show = view._show_tensor_glyphs
+    monkeypatch.setattr(view, "_show_tensor_glyphs", lambda *a: arrived.append(view.frames_drawn) or show(*a))
+    for _ in range(3):
+        before = view.frames_drawn
+        window.views["axial"].step(1)
+        qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+        qtbot.waitUntil(lambda before=before: view.frames_drawn > before, timeout=10_000)  # drawn once they came
+        assert arrived[-1] == before  # no frame between the step and the glyphs
