@@ -167,9 +167,12 @@ def fod_section_job(layer: Layer, doc: Document, geometry, step: int):
 
 
 def section_paths(sh, rows, cols, info, display, vertices: int = SECTION_VERTICES) -> list:
-    """The sections of fODFs (G, C) centred on plane pixels (``rows``, ``cols``) as filled
-    triangles (centre and two neighbouring section points), each coloured by its direction
-    quantised to :data:`widgets.glyphs.COLOUR_LEVELS` levels per channel, one path per colour."""
+    """The sections of fODFs (G, C) centred on plane pixels (``rows``, ``cols``), each piece
+    between two neighbouring section points coloured by its direction quantised to
+    :data:`widgets.glyphs.COLOUR_LEVELS` levels per channel, one path per colour. The pieces of
+    one colour next to each other are one polygon (the centre and the run of section points
+    they span; the colours are the same for every glyph), not a triangle each: a third of the
+    edges to fill."""
     pixel_mm, screen_x, screen_up, radius_mm = info
     size, opacity, scaling = display
     radii, world = fod_sections(sh, screen_x, screen_up, scaling=scaling, vertices=vertices)
@@ -177,8 +180,6 @@ def section_paths(sh, rows, cols, info, display, vertices: int = SECTION_VERTICE
     unit = np.stack([np.cos(t), -np.sin(t)], -1)  # screen, y down
     centre = np.stack([(cols + 0.5) * pixel_mm[1], (rows + 0.5) * pixel_mm[0]], -1)  # (G, 2)
     ring = centre[:, None, :] + (radii * radius_mm * size)[:, :, None] * unit[None]  # (G, K, 2)
-    following = np.roll(ring, -1, axis=1)
-    triangles = np.stack([np.broadcast_to(centre[:, None, :], ring.shape), ring, following], axis=2)
     middle = world + np.roll(world, -1, axis=0)  # the direction between two section points
     rgb = np.abs(middle) / np.maximum(np.abs(middle).max(axis=1, keepdims=True), 1e-12)
     levels = COLOUR_LEVELS - 1
@@ -187,10 +188,34 @@ def section_paths(sh, rows, cols, info, display, vertices: int = SECTION_VERTICE
     alpha = round(255 * opacity)
     out = []
     for key in np.unique(keys):
-        segment = np.flatnonzero(keys == key)
-        r, g, b = (round(255 * float(v) / levels) for v in quantised[segment[0]])
-        out.append(((r, g, b, alpha), polygons_path(triangles[:, segment].reshape(-1, 3, 2))))
+        segments = np.flatnonzero(keys == key)
+        path = None
+        for start, length in _runs(segments, vertices):
+            points = ring[:, (start + np.arange(length + 1)) % vertices]  # the run's section points
+            part = polygons_path(np.concatenate([centre[:, None, :], points], axis=1))
+            if path is None:
+                path = part
+            else:
+                path.addPath(part)
+        r, g, b = (round(255 * float(v) / levels) for v in quantised[segments[0]])
+        out.append(((r, g, b, alpha), path))
     return out
+
+
+def _runs(segments: np.ndarray, count: int) -> list[tuple[int, int]]:
+    """(first, length) of each run of consecutive ``segments`` around a ring of ``count``."""
+    chosen = np.zeros(count, dtype=bool)
+    chosen[segments] = True
+    if chosen.all():
+        return [(0, count)]
+    starts = np.flatnonzero(chosen & ~np.roll(chosen, 1))
+    runs = []
+    for start in starts:
+        length = 0
+        while chosen[(start + length) % count]:
+            length += 1
+        runs.append((int(start), length))
+    return runs
 
 
 def fod_step_2d(step: int, plane_shape, cell_px: float) -> int:

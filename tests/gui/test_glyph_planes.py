@@ -141,3 +141,54 @@ def test_fod_glyphs_by_planes_are_the_surfaces_of_all_three_planes_at_once(rng, 
         # ill-defined, and the amplitudes' last bits differ with the size of the matrix product)
         apart = np.abs(ours[3] - normals).max(axis=1) > 1e-4
         assert apart.mean() < 1e-3, apart.mean()
+
+
+def test_fod_sections_fill_what_their_triangles_filled(qapp, rng):
+    """The 2-D sections' runs of one colour drawn as one polygon each fill the same pixels as the
+    triangle per piece they replace; runs wrap around the ring."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtGui import QColor, QImage, QPainter
+
+    from tractlens.gpu.sh import sh_basis
+    from tractlens.widgets.fod_glyphs import COLOUR_LEVELS, _runs, fod_sections, polygons_path, section_paths
+
+    assert _runs(np.array([0, 1, 5, 6, 7]), 8) == [(5, 5)]
+    assert _runs(np.array([2, 3, 5]), 8) == [(2, 2), (5, 1)]
+    assert _runs(np.arange(8), 8) == [(0, 8)]
+    rows, cols = (grid.ravel() for grid in np.meshgrid(np.arange(12) * 6 + 3, np.arange(12) * 6 + 3, indexing="ij"))
+    directions = rng.normal(size=(len(rows), 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    sh = sh_basis(np, directions, 8) * 0.2 + sh_basis(np, np.roll(directions, 1, axis=1), 8) * 0.1
+    sh[:, 0] = 0.3
+    info = (np.array([1.25, 1.25]), (0, 1), (1, 1), 3.75)
+
+    def fill(paths):
+        image = QImage(240, 240, QImage.Format.Format_ARGB32_Premultiplied)
+        image.fill(Qt.GlobalColor.transparent)
+        painter = QPainter(image)
+        painter.scale(2.0, 2.0)
+        painter.setPen(Qt.PenStyle.NoPen)
+        for rgba, path in paths:
+            painter.fillPath(path, QColor(*rgba))
+        painter.end()
+        bits = image.constBits()
+        return np.frombuffer(bits, np.uint8).reshape(240, image.bytesPerLine() // 4, 4)[:, :240].astype(int)
+
+    ours = section_paths(sh, rows, cols, info, (1.0, 1.0, "voxel"))
+    # what was drawn before: a triangle per piece, one path per quantised colour
+    radii, world = fod_sections(sh, (0, 1), (1, 1), scaling="voxel", vertices=32)
+    t = np.linspace(0.0, 2.0 * np.pi, 32, endpoint=False)
+    centre = np.stack([(cols + 0.5) * 1.25, (rows + 0.5) * 1.25], -1)
+    ring = centre[:, None, :] + (radii * 3.75)[:, :, None] * np.stack([np.cos(t), -np.sin(t)], -1)[None]
+    triangles = np.stack([np.broadcast_to(centre[:, None, :], ring.shape), ring, np.roll(ring, -1, axis=1)], axis=2)
+    middle = np.abs(world + np.roll(world, -1, axis=0))
+    quantised = np.rint(middle / middle.max(axis=1, keepdims=True) * (COLOUR_LEVELS - 1)).astype(int)
+    reference = []
+    for colour in np.unique(quantised, axis=0):
+        pieces = np.flatnonzero((quantised == colour).all(axis=1))
+        rgba = (*(round(255 * float(v) / (COLOUR_LEVELS - 1)) for v in colour), 255)
+        reference.append((rgba, polygons_path(triangles[:, pieces].reshape(-1, 3, 2))))
+    assert sorted(rgba for rgba, _path in reference) == sorted(rgba for rgba, _path in ours)
+    a, b = fill(ours), fill(reference)
+    assert (a[..., 3] > 0).mean() > 0.01  # something drawn
+    assert (np.abs(a - b).max(axis=-1) > 40).mean() < 1e-3
