@@ -56,10 +56,18 @@ class GlyphRaster:
         image.setDevicePixelRatio(ratio)
         painter = QPainter(image)
         painter.translate(target.left() - area.left(), target.top() - area.top())
-        painter.scale(scale, scale)
-        painter.setPen(Qt.PenStyle.NoPen)
-        for paths in layers:
-            for rgba, path in paths:
-                painter.fillPath(path, QColor(*rgba))
+        fill_layers(painter, layers, scale)
         painter.end()
         return image
+
+
+def fill_layers(painter: QPainter, layers: list[list], scale: float) -> None:
+    """Fill the glyph paths of ``layers`` (plane millimetres) at ``scale`` screen pixels per mm
+    from the painter's origin."""
+    painter.save()
+    painter.scale(scale, scale)
+    painter.setPen(Qt.PenStyle.NoPen)
+    for paths in layers:
+        for rgba, path in paths:
+            painter.fillPath(path, QColor(*rgba))
+    painter.restore()

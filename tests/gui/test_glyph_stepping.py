@@ -159,10 +159,9 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
     """The slice views keep their glyphs as a picture between paints: a step along z refills the
     axial view's only (the others repaint for the crosshair), and the picture is what filling
     the paths at each paint draws, zoomed in too."""
-    from PySide6.QtCore import QPointF, Qt
-    from PySide6.QtGui import QColor
+    from PySide6.QtCore import QPointF
 
-    from tractlens.widgets.glyph_raster import GlyphRaster
+    from tractlens.widgets.glyph_raster import GlyphRaster, fill_layers
 
     doc = window.document
     doc.add_layer(Layer("tensors", Volume("tensors", tensor_field(), AFFINE, kind="tensor"), "tensor"))
@@ -182,11 +181,7 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
     def filled_each_paint(self, painter, layers, target, visible, scale, ratio):  # what paints did before
         painter.save()
         painter.translate(QPointF(target.left(), target.top()))
-        painter.scale(scale, scale)
-        painter.setPen(Qt.PenStyle.NoPen)
-        for paths in layers:
-            for rgba, path in paths:
-                painter.fillPath(path, QColor(*rgba))
+        fill_layers(painter, layers, scale)
         painter.restore()
 
     axial = views["axial"]
