@@ -270,10 +270,14 @@ class FiberView:
             return
         for entry in filling:
             scene = entry["scene"]
-            # a piece revealed and not drawn yet (the first: no frame since the layer came) is
-            # drawn first, alone: the first frame shows one piece as soon as it is on the GPU
-            if getattr(scene, "uploaded_pieces", scene.shown_pieces) >= scene.shown_pieces:
-                scene.reveal(scene.shown_pieces + 1)
+            # a piece revealed and not drawn yet (the first: no frame since the layer came) gets
+            # one turn to be drawn alone, so that the first frame shows one piece as soon as it is
+            # on the GPU (one turn only: a hidden layer draws nothing and must not stop the rest)
+            shown = scene.shown_pieces
+            if getattr(scene, "uploaded_pieces", shown) < shown and entry.get("waited_at") != shown:
+                entry["waited_at"] = shown
+            else:
+                scene.reveal(shown + 1)
         self._update_lod_text()
         self.plotter.render()
         if any(entry["scene"].filling for entry in filling):

@@ -434,3 +434,35 @@ def test_the_first_frame_draws_the_first_piece_alone_and_each_later_one_piece_mo
     a, b = scene.arrays.bounds[0]
     first = b - a
     assert frames[0][1] == f"{first:,} of 6,000 streamlines drawn, more coming"
+
+
+def test_a_tractogram_hidden_while_its_pieces_come_still_gets_them_all(
+    own_buffers, window, qtbot, tmp_path, monkeypatch
+):
+    """A hidden layer draws nothing, so its pieces never reach the GPU while hidden: the pieces
+    are still revealed (a turn each), and drawn once it is shown again."""
+    view = window.view3d
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 50_000)
+    queued = []
+
+    class Timer:  # the view's next-piece turns, run by the test one at a time
+        @staticmethod
+        def singleShot(_ms, callback):
+            queued.append(callback)
+
+    monkeypatch.setattr(view3d_fibers, "QTimer", Timer)
+    window.view3d._render_now()
+    window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
+    assert window.wait_for_jobs(120) and window.errors == []
+    layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
+    qtbot.waitUntil(lambda: id(layer) in view._fibers, timeout=10_000)
+    scene = view._fibers[id(layer)]["scene"]
+    layer.set(visible=False)
+    turns = 0
+    while queued and turns < 20:
+        queued.pop(0)()
+        turns += 1
+    assert not scene.filling and scene.uploaded_pieces < 5 and turns <= 10
+    layer.set(visible=True)
+    view.plotter.render()
+    assert scene.uploaded_pieces == 5
