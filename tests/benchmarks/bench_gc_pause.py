@@ -18,7 +18,6 @@ import os
 import socket
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,19 +39,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    os.environ.setdefault("TRACTLENS_CONFIG_DIR", tempfile.mkdtemp(prefix="bench-gc-config-"))
-    from tests.conftest import _ensure_display
-
-    _ensure_display()
-    from PySide6.QtWidgets import QApplication
-
     from tests.benchmarks.bench_render import scene_layers
-    from tractlens.widgets.main_window import MainWindow
+    from tests.benchmarks.render_measure import bench_window
 
-    app = QApplication.instance() or QApplication([])
-    window = MainWindow(device="cpu", autosave_s=0)
-    window.resize(1600, 1000)
-    window.show()
+    app, window = bench_window(1600, 1000, "bench-gc-config-")
     for _ in range(5):
         app.processEvents()
     scene_layers(window.document)

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,23 +29,14 @@ def raw(value) -> dict:
 
 
 def probe(n_streamlines: int) -> dict:
-    os.environ.setdefault("TRACTLENS_CONFIG_DIR", tempfile.mkdtemp(prefix="gl-probe-config-"))
-    from tests.conftest import _ensure_display
-
-    _ensure_display()
     import numpy as np
-    from PySide6.QtWidgets import QApplication
 
     from tests.benchmarks.bench_render import synthetic_part
+    from tests.benchmarks.render_measure import bench_window
     from tractlens.app.model import Layer, Tractogram
     from tractlens.widgets import gl_fibers, gl_fibre_program, view3d_fibers
-    from tractlens.widgets.main_window import MainWindow
 
-    app = QApplication.instance() or QApplication([])
-    window = MainWindow(device="cpu", autosave_s=0)
-    window.resize(800, 600)
-    window.show()
-    app.processEvents()
+    app, window = bench_window(800, 600, "gl-probe-config-")
     view = window.view3d
     view.plotter.render()
     ren_win = view.plotter.ren_win

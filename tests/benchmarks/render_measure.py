@@ -14,6 +14,27 @@ import time
 from pathlib import Path
 
 
+def bench_window(width: int, height: int, prefix: str = "bench-config-"):
+    """(app, window): the main window as the app makes it (its own Xvfb when there is no
+    display, a settings folder of its own, not the user's), ``width`` x ``height``, shown."""
+    import tempfile
+
+    os.environ.setdefault("TRACTLENS_CONFIG_DIR", tempfile.mkdtemp(prefix=prefix))
+    from tests.conftest import _ensure_display
+
+    _ensure_display()
+    from PySide6.QtWidgets import QApplication
+
+    from tractlens.widgets.main_window import MainWindow
+
+    app = QApplication.instance() or QApplication([])
+    window = MainWindow(device="cpu", autosave_s=0)
+    window.resize(width, height)
+    window.show()
+    app.processEvents()
+    return app, window
+
+
 def reset_peak_rss() -> bool:
     """Start VmHWM afresh (Linux 4.0+: ``5`` into ``/proc/self/clear_refs``), so that the peak of
     one step can be read apart; False where the kernel does not allow it."""

@@ -8,6 +8,7 @@ from vtkmodules.util.numpy_support import vtk_to_numpy
 
 from tests.benchmarks.bench_render import synthetic_trx
 from tests.conftest import ARTIFACTS
+from tests.gui.pieces import open_in_pieces
 from tractlens.app import fiber_arrays
 from tractlens.widgets import view3d_fibers
 
@@ -217,20 +218,7 @@ def test_a_tractogram_in_pieces_is_drawn_in_piece_by_piece_and_says_so(window, q
     the event loop one more, with a line saying the rest is being drawn in."""
     view = window.view3d
     monkeypatch.setattr(view, "_software", lambda: False)
-    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 50_000)
-    queued = []
-
-    class Timer:  # the view's next-piece turns, run by the test one at a time
-        @staticmethod
-        def singleShot(_ms, callback):
-            queued.append(callback)
-
-    monkeypatch.setattr(view3d_fibers, "QTimer", Timer)
-    window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
-    assert window.wait_for_jobs(120) and window.errors == []
-    layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
-    qtbot.waitUntil(lambda: id(layer) in view._fibers, timeout=10_000)
-    scene = view._fibers[id(layer)]["scene"]
+    layer, scene, queued = open_in_pieces(window, qtbot, tmp_path, monkeypatch)
     assert len(scene.pieces) == 5 and scene.shown_pieces == 1 and queued == [view._reveal_next]
     first = scene.drawn_streamlines("actor")
     assert 0 < first < len(layer.data)

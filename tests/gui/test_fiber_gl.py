@@ -10,6 +10,7 @@ import pytest
 
 from tests.benchmarks.bench_render import AFFINE, GRID_SHAPE, synthetic_trx
 from tests.conftest import ARTIFACTS
+from tests.gui.pieces import open_in_pieces
 from tractlens.app import fiber_arrays
 from tractlens.widgets import gl_fibers, gl_fibre_program, view3d_fibers
 from tractlens.widgets.fiber_actors import FiberActors
@@ -442,21 +443,8 @@ def test_a_tractogram_hidden_while_its_pieces_come_still_gets_them_all(
     """A hidden layer draws nothing, so its pieces never reach the GPU while hidden: the pieces
     are still revealed (a turn each), and drawn once it is shown again."""
     view = window.view3d
-    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 50_000)
-    queued = []
-
-    class Timer:  # the view's next-piece turns, run by the test one at a time
-        @staticmethod
-        def singleShot(_ms, callback):
-            queued.append(callback)
-
-    monkeypatch.setattr(view3d_fibers, "QTimer", Timer)
-    window.view3d._render_now()
-    window.open_paths([synthetic_trx(tmp_path, 6000, 40)])
-    assert window.wait_for_jobs(120) and window.errors == []
-    layer = next(layer for layer in window.document.layers if layer.kind == "tractogram")
-    qtbot.waitUntil(lambda: id(layer) in view._fibers, timeout=10_000)
-    scene = view._fibers[id(layer)]["scene"]
+    view._render_now()  # the first frame decides how tractograms are drawn
+    layer, scene, queued = open_in_pieces(window, qtbot, tmp_path, monkeypatch)
     layer.set(visible=False)
     turns = 0
     while queued and turns < 20:
