@@ -32,7 +32,7 @@ from tractlens.app.fod_display import (
 )
 from tractlens.app.model import Document, Layer
 
-from .glyph_planes import cursor_planes, plane_grid_voxels, sample_volume
+from .glyph_planes import PlaneCache, plane_base, plane_choices, sample_volume
 from .glyphs import (
     COLOUR_LEVELS,
     GLYPH_TRIANGLES,
@@ -69,32 +69,38 @@ def _plane_surfaces(values: np.ndarray, look: tuple) -> dict:
     (G, V) (min-max per voxel; for ``"global"`` the amplitudes, divided by the largest of the
     three planes' when joined) and ``normals`` (G, V, 3) (the same at any scale)."""
     level, scaling = look
-    directions, faces = icosphere(level)
+    directions, _faces = icosphere(level)
     amplitudes = fod_amplitudes(values, directions)
     radii = glyph_radii(amplitudes, "voxel") if scaling == "voxel" else np.maximum(amplitudes, 0.0)
-    normals = surface_normals(radii, directions, faces).reshape(len(values), len(directions), 3)
+    normals = surface_normals(values, amplitudes, radii, level).reshape(len(values), len(directions), 3)
     return {"radii": radii.astype(np.float32), "normals": normals}
 
 
 FOD_PLANES = ("fod", fitted, _plane_surfaces)  # widgets.glyph_planes' kind of plane
 
 
-def joined_surfaces(glyphs: dict, level: int, scaling: str, size_mm: float) -> tuple:
-    """(points, triangles, rgb, normals) of the three planes' glyphs (:func:`_plane_surfaces`,
-    joined by :func:`widgets.glyph_planes.cursor_planes`), as :func:`app.fod_display.fod_surfaces`
-    makes them (float32 points; the triangles, int32, and colours are views of arrays kept per
-    sphere, the same for every glyph)."""
+def plane_surfaces(plane: dict, rows, level: int, size_mm: float, top: float | None) -> tuple:
+    """(points, triangles, rgb, normals) of one cursor plane's fODF glyphs (:func:`_plane_surfaces`
+    on :func:`widgets.glyph_planes.plane_choices`' ``plane``; ``rows``: those drawn, None: all)
+    as :func:`app.fod_display.fod_surfaces` makes them: float32 points, the radii divided by
+    ``top`` (``"global"`` scaling: the largest of the three planes'; None: ``"voxel"``). The
+    triangles (int32) and colours are views of arrays kept per sphere, the same for every glyph."""
     sphere, faces = icosphere(level)
     directions = sphere.astype(np.float32)
-    radii = glyphs["radii"]
-    if scaling != "voxel":
-        top = float(radii.max()) if radii.size else 0.0
+    radii, centres, normals = (
+        plane[name] if rows is None else plane[name][rows] for name in ("radii", "centres", "normals")
+    )
+    if top is not None:
         radii = radii / np.float32(top) if top > 0 else np.zeros_like(radii)
     count = len(radii)
-    points = glyphs["centres"].astype(np.float32)[:, None, :] + (radii * np.float32(size_mm))[:, :, None] * directions
+    points = centres.astype(np.float32)[:, None, :] + (radii * np.float32(size_mm))[:, :, None] * directions
     triangles, rgb = _sphere_tiles(level, -(-count // TILE_GLYPHS) * TILE_GLYPHS)
-    normals = glyphs["normals"].reshape(-1, 3)
-    return points.reshape(-1, 3), triangles[: count * len(faces)], rgb[: count * len(directions)], normals
+    return (
+        points.reshape(-1, 3),
+        triangles[: count * len(faces)],
+        rgb[: count * len(directions)],
+        normals.reshape(-1, 3),
+    )
 
 
 TILE_GLYPHS = 1024  # the shared triangle and colour arrays are made for multiples of this many glyphs
@@ -112,26 +118,55 @@ def _sphere_tiles(level: int, count: int) -> tuple[np.ndarray, np.ndarray]:
     return triangles, rgb
 
 
+def _plane_mesh(data, plane: dict, rows, left: tuple, level: int, size_mm: float, top: float | None) -> tuple:
+    """(key, mesh) of one plane's glyphs (:func:`plane_surfaces`), the mesh from the cache when it
+    holds it; (None, None) when the plane has none."""
+    if not (len(plane["linear"]) if rows is None else rows.any()):
+        return None, None
+    key = (plane["key"], left, top, size_mm)
+    return key, _meshes.get(key, data, lambda: fod_mesh(*plane_surfaces(plane, rows, level, size_mm, top)))
+
+
+class PlaneMeshes(tuple):
+    """A 3-D fODF glyph build: (key, mesh or None) for each cursor plane (normal 0, 1, 2), one
+    actor each. The key names what the mesh shows: a step that moves one plane leaves the other
+    two keys, and meshes, as they were, so the view uploads the moved plane's alone."""
+
+
+CACHED_MESHES = 6  # the planes' meshes kept (a layer's three and the last step's)
+_meshes = PlaneCache(CACHED_MESHES)
+
+
 def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
-    """A function that builds an fODF layer's 3-D glyph mesh (or None) from a snapshot taken now
-    (GUI thread), and the key of that mesh; run the function on a worker."""
+    """A function that builds an fODF layer's 3-D glyphs, a :class:`PlaneMeshes` (or None), from
+    a snapshot taken now (GUI thread), and the key of that picture; run the function on a worker.
+    Opaque glyphs are whole planes (a glyph on two planes is drawn twice, in the same place: the
+    same pixels), so a slice step builds and uploads the moved plane's mesh only; translucent
+    ones are each voxel once (drawn twice they would show darker), the planes whose lines of
+    intersection moved built again as well."""
     data, affine = layer.data.data, layer.data.affine.copy()
     reference, shape, cursor = doc.reference_affine.copy(), tuple(doc.reference_shape), doc.cursor.copy()
     step = glyph_step_3d(layer.glyph_step, shape, software)
-    display = (float(layer.glyph_size), layer.fod_scaling)
+    display = (float(layer.glyph_size), layer.fod_scaling, float(layer.opacity) < 1.0)
     key = ("fod", id(data), affine.tobytes(), reference.tobytes(), tuple(int(v) for v in cursor), step, display)
     budget = GLYPH_TRIANGLES_SOFTWARE if software else GLYPH_TRIANGLES
+    size_mm = 0.5 * step * _voxel_mm(reference) * display[0]
 
     def build():
-        voxels = plane_grid_voxels(shape, cursor, step)
-        values, inside = sample_volume(data, affine, reference, voxels)
-        count = int((inside & fitted(values)).sum())
-        if not count:
+        planes = [
+            plane_base(data, affine, reference, shape, normal, cursor[normal], step, FOD_PLANES) for normal in range(3)
+        ]
+        counts = sum(len(plane["linear"]) for plane in planes)
+        if not counts:
             return None
-        level = sphere_level(count, budget)  # from all three planes' glyphs: the same for each plane
-        glyphs = cursor_planes(data, affine, reference, shape, cursor, step, (level, display[1]), FOD_PLANES,
-                               ("radii", "normals"))  # fmt: skip
-        return fod_mesh(*joined_surfaces(glyphs, level, display[1], 0.5 * step * _voxel_mm(reference) * display[0]))
+        look = (sphere_level(counts, budget), display[1])  # from all three planes' glyphs: the same for each
+        chosen = plane_choices(data, affine, reference, shape, cursor, step, look, FOD_PLANES, each_once=display[2])
+        top = None
+        if display[1] != "voxel":
+            top = max(
+                (float(plane["radii"].max()) for plane, _rows, _left in chosen if len(plane["radii"])), default=0.0
+            )
+        return PlaneMeshes(_plane_mesh(data, plane, rows, left, look[0], size_mm, top) for plane, rows, left in chosen)
 
     return build, key
 

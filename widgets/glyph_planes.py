@@ -23,9 +23,38 @@ from tractlens.app.grid import Grid
 
 from .glyph_instances import instance_parts
 
-CACHED_PLANES = 12  # per-plane glyph values kept (a few layers' three planes and their neighbours)
-_planes: OrderedDict = OrderedDict()  # key -> (weak reference to the volume, the plane's values)
-_lock = threading.Lock()  # builds run on worker threads
+
+class PlaneCache:
+    """The last ``size`` things made for planes of volumes, by key, each with a weak reference
+    to its volume (a volume replaced, or gone, is never answered for). Builds run on worker
+    threads: one lock."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._held: OrderedDict = OrderedDict()  # key -> (weak reference to the volume, the thing)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def get(self, key: tuple, data, make):
+        """What ``make()`` returns for ``key`` (made for the volume ``data``): the one held, or
+        made now and held."""
+        with self._lock:
+            held = self._held.get(key)
+            if held is not None and held[0]() is data:
+                self._held.move_to_end(key)
+                return held[1]
+        value = make()
+        with self._lock:
+            self._held[key] = (weakref.ref(data), value)
+            while len(self._held) > self.size:
+                self._held.popitem(last=False)
+        return value
+
+
+CACHED_PLANES = 24  # per-plane glyph voxels and values kept (a few layers' three planes, their neighbours)
+_planes = PlaneCache(CACHED_PLANES)
 
 
 def plane_grid_voxels(reference_shape, cursor, step: int) -> np.ndarray:
@@ -66,33 +95,54 @@ def sample_volume(array: np.ndarray, affine: np.ndarray, reference_affine: np.nd
     return array[safe[..., 0], safe[..., 1], safe[..., 2]], inside
 
 
+def plane_base(data, affine, reference, shape, normal: int, position: int, step: int, kind) -> dict:
+    """One plane's fitted glyph voxels: ``voxels``, ``linear`` (reference voxel indices), world
+    ``centres`` and their ``values``, and the plane's ``key``; from the cache when it holds them.
+    ``kind``: (name, fitted(values) -> mask, ...)."""
+    name, fitted = kind[:2]
+    key = (name, id(data), affine.tobytes(), reference.tobytes(), tuple(shape), normal, int(position), step)
+
+    def make():
+        linear = _plane_linear(np.asarray(shape, dtype=np.int64), position, normal, step)
+        voxels = np.stack(np.unravel_index(linear, tuple(int(v) for v in shape)), axis=1).astype(np.int64)
+        values, inside = sample_volume(data, affine, reference, voxels)
+        keep = inside & fitted(values)
+        voxels = voxels[keep]
+        centres = voxels @ reference[:3, :3].T + reference[:3, 3]
+        return {"key": key, "voxels": voxels, "linear": linear[keep], "centres": centres, "values": values[keep]}
+
+    return _planes.get(key, data, make)
+
+
 def _plane(data, affine, reference, shape, normal: int, position: int, step: int, look: tuple, kind) -> dict:
-    """One plane's fitted glyph voxels (``voxels``, ``linear``), world ``centres`` and what
-    ``kind`` computes for them (``look``: what else the glyphs depend on), from the cache when it
-    holds them. ``kind``: (name, fitted(values) -> mask, compute(values, look) -> dict)."""
-    name, fitted, compute = kind
-    key = (name, id(data), affine.tobytes(), reference.tobytes(), tuple(shape), normal, int(position), step, look)
-    with _lock:
-        held = _planes.get(key)
-        if held is not None and held[0]() is data:
-            _planes.move_to_end(key)
-            return held[1]
-    linear = _plane_linear(np.asarray(shape, dtype=np.int64), position, normal, step)
-    voxels = np.stack(np.unravel_index(linear, tuple(int(v) for v in shape)), axis=1).astype(np.int64)
-    values, inside = sample_volume(data, affine, reference, voxels)
-    keep = inside & fitted(values)
-    voxels, linear = voxels[keep], linear[keep]
-    plane = {
-        "voxels": voxels,
-        "linear": linear,
-        "centres": voxels @ reference[:3, :3].T + reference[:3, 3],
-        **compute(values[keep], look),
-    }
-    with _lock:
-        _planes[key] = (weakref.ref(data), plane)
-        while len(_planes) > CACHED_PLANES:
-            _planes.popitem(last=False)
-    return plane
+    """:func:`plane_base` and what ``kind`` computes for its glyphs (``look``: what else they
+    depend on), the plane's ``key`` with ``look``; from the cache when it holds them. ``kind``:
+    (name, fitted(values) -> mask, compute(values, look) -> dict)."""
+    base = plane_base(data, affine, reference, shape, normal, position, step, kind)
+    key = (*base["key"], look)
+    return _planes.get(key, data, lambda: {**base, "key": key, **kind[2](base["values"], look)})
+
+
+def plane_choices(data, affine, reference, shape, cursor, step: int, look: tuple, kind, each_once: bool = True):
+    """The three planes through ``cursor`` (:func:`_plane`, normal 0, 1, 2) as (plane, rows,
+    left): ``rows`` selects the glyphs drawn (None: all), ``left`` says which are left out. With
+    ``each_once`` a plane leaves its lines across the earlier planes to them, so that the three
+    together hold each voxel once; otherwise every plane is whole (the glyphs on the planes'
+    lines of intersection are in two of them), so that a step that moves one plane changes
+    nothing of the others."""
+    offset = step // 2
+    cursor = [int(v) for v in cursor]
+    chosen = []
+    for normal in range(3):
+        plane = _plane(data, affine, reference, shape, normal, cursor[normal], step, look, kind)
+        rows, left = None, ()  # all
+        if each_once and normal and cursor[normal] % step == offset:  # its lines across the earlier planes
+            left = tuple((e, cursor[e]) for e in range(normal) if cursor[e] % step == offset)
+            rows = np.ones(len(plane["linear"]), dtype=bool)
+            for earlier, position in left:
+                rows &= plane["voxels"][:, earlier] != position
+        chosen.append((plane, rows, left))
+    return chosen
 
 
 def cursor_planes(data, affine, reference, shape, cursor, step: int, look: tuple, kind, names) -> dict | None:
@@ -100,20 +150,10 @@ def cursor_planes(data, affine, reference, shape, cursor, step: int, look: tuple
     voxels only: ``kind`` as :func:`_plane`'s), each voxel once, plane after plane (the order does
     not change the picture; it is the same whatever the cache holds): ``linear`` (reference voxel
     indices), ``centres`` and ``names`` (per-glyph arrays ``kind`` computes); None when none."""
-    offset = step // 2
-    cursor = [int(v) for v in cursor]
-    chosen = []
-    for normal in range(3):
-        plane = _plane(data, affine, reference, shape, normal, cursor[normal], step, look, kind)
-        rows = None  # all
-        if cursor[normal] % step == offset and normal:  # its lines across the earlier planes are theirs
-            rows = np.ones(len(plane["linear"]), dtype=bool)
-            for earlier in range(normal):
-                rows &= plane["voxels"][:, earlier] != cursor[earlier]
-        chosen.append((plane, rows))
-    if not sum(len(plane["linear"]) if rows is None else int(rows.sum()) for plane, rows in chosen):
+    chosen = plane_choices(data, affine, reference, shape, cursor, step, look, kind)
+    if not sum(len(plane["linear"]) if rows is None else int(rows.sum()) for plane, rows, _left in chosen):
         return None
-    return {name: np.concatenate([plane[name] if rows is None else plane[name][rows] for plane, rows in chosen])
+    return {name: np.concatenate([plane[name] if rows is None else plane[name][rows] for plane, rows, _left in chosen])
             for name in ("linear", "centres", *names)}  # fmt: skip
 
 

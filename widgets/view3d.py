@@ -3,8 +3,8 @@
 One place owns the plotter (MNE's brain viewer pattern): actors are created once per layer and
 updated in place. Slice planes (at the finest visible image's resolution, as the slice views) are
 coloured by the same compositing as the 2-D views (:func:`widgets.render.composite`); tensor, fODF
-and dyads layers are one glyph actor each on those planes, rebuilt when the cursor moves (tensor
-glyphs on a worker thread, at most :data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane). Each
+and dyads layers are glyphs on those planes, rebuilt when the cursor moves (on worker threads, at
+most :data:`widgets.glyphs.MAX_GLYPHS_PER_PLANE` per plane: :mod:`widgets.view3d_glyphs`). Each
 tractogram's points go to the GPU once and levels of detail and selections are index ranges over
 them (:mod:`widgets.view3d_fibers`), the level drawn stated on screen.
 """
@@ -19,16 +19,14 @@ import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
-from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkGlyph3DMapper, vtkMapper
+from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper
 
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
-from .fod_glyphs import volume_glyph_job
-from .glyph_instances import glyph_actor, is_instances, show_instances
-from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import composite, display_oversample, normal_slice, oversampled_voxels, patch_stroke, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 from .view3d_fibers import FiberView
+from .view3d_glyphs import NO_RENDER, VolumeGlyphs
 from .view3d_overlays import add_orientation_marker
 
 
@@ -38,8 +36,6 @@ def mask_box(mask: np.ndarray) -> tuple[slice, ...]:
     return tuple(slice(int(axis.min()), int(axis.max()) + 1) for axis in found)
 
 
-NO_RENDER = {"render": False, "reset_camera": False}
-GLYPH_FRAME_HOLD_S = 0.1  # a 3-D frame waits this long at most for the glyphs of a slice step
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
 # so that the screen shows what the slice view of that name shows (neurological convention).
 CAMERA_VIEWS = {
@@ -76,8 +72,7 @@ class View3D(FiberView, QWidget):
         self._planes: dict[str, tuple] = {}
         self._plane_at: dict[str, tuple] = {}  # view -> (slice, oversampling, grid) its plane was composited for
         self.plane_mode = "opaque"  # the cursor planes: one of PLANE_MODES (View > Slice planes in 3-D)
-        self._glyphs: dict[int, object] = {}
-        self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its glyph builds (workers)
+        self.glyphs = VolumeGlyphs(self)  # the glyph layers' actors (widgets.view3d_glyphs)
         self._roi_surfaces: dict[int, object] = {}
         self._layer_surfaces: dict[int, dict] = {}  # surfaces computed for a layer (set_layer_surface)
         self.shape_widget = None  # the 3-D handle on a shape ROI (vtkSphereWidget or vtkBoxWidget)
@@ -97,7 +92,6 @@ class View3D(FiberView, QWidget):
         self._planes_stale = False  # a layer's values changed: the planes are recomposited with the next frame
         self._roi_edits: list = []  # (layer, voxels) of the ROI edits since the last frame (_patch_planes)
         self._frames_held_until = 0.0  # hold_frames: no frame before this perf_counter time
-        self._glyph_hold_until = 0.0  # a hold for glyphs being built (released when they come)
         self._roi_after_hold = False  # the ROI surfaces are rebuilt with the frame after the hold
         self._hold_timer = QTimer(self)
         self._hold_timer.setSingleShot(True)
@@ -202,7 +196,7 @@ class View3D(FiberView, QWidget):
         elif self._roi_edits:
             self._patch_planes()
         planes_shown = any(actor.GetVisibility() for _grid, actor in self._planes.values())
-        if not self._camera_set and (planes_shown or self._fibers or self._glyphs):  # something to frame
+        if not self._camera_set and (planes_shown or self._fibers or self.glyphs.any()):  # something to frame
             self.reset_camera()
         if self._software() and self.plotter.ren_win.GetMultiSamples():
             # Software OpenGL draws every sample on the CPU: 4x multisampling makes each frame
@@ -462,118 +456,11 @@ class View3D(FiberView, QWidget):
 
     # ---------------------------------------------------------------- glyphs
     def _update_glyphs(self) -> None:
-        """One actor per visible glyph layer: dyads sticks (lines, cheap: built here) and tensor
-        glyphs (shaded surfaces built on a worker thread, see :class:`widgets.glyphs.LatestTask`;
-        until the new mesh arrives the actor shows the previous one)."""
-        doc = self.document
-        layers = [layer for layer in doc.layers if layer.kind in GLYPH_KINDS]
-        present = {id(layer) for layer in layers}
-        for key in [k for k in self._glyphs if k not in present]:
-            self.plotter.remove_actor(self._glyphs.pop(key), render=False)
-        for key in [k for k in self._glyph_tasks if k not in present]:
-            self._glyph_tasks.pop(key).forget()
-        for layer in layers:
-            shown = layer.visible and doc.reference_affine is not None
-            if layer.kind in ("tensor", "fod"):
-                if shown:
-                    self._request_tensor_glyphs(layer)
-                else:
-                    self._drop_tensor_glyphs(layer)
-                continue
-            if actor := self._glyphs.pop(id(layer), None):
-                self.plotter.remove_actor(actor, render=False)  # the coalesced render follows
-            if not shown:
-                continue
-            mesh = self.sticks_for(layer)
-            if mesh is None:
-                continue
-            actor = self.plotter.add_mesh(
-                mesh,
-                scalars="rgb",
-                rgb=True,
-                name=f"glyphs_{id(layer)}",
-                show_scalar_bar=False,
-                line_width=3,
-                **NO_RENDER,
-            )
-            actor.GetProperty().SetOpacity(layer.opacity)
-            # In front of the plane they lie in, at their full width.
-            actor.GetMapper().SetRelativeCoincidentTopologyLineOffsetParameters(-1, -50)
-            self._glyphs[id(layer)] = actor
-
-    def _request_tensor_glyphs(self, layer: Layer) -> None:
-        task = self._glyph_tasks.get(id(layer))
-        if task is None:
-            task = LatestTask(lambda _key, mesh, layer=layer: self._show_tensor_glyphs(layer, mesh), self)
-            self._glyph_tasks[id(layer)] = task
-        build, key = volume_glyph_job(layer, self.document, self._software())
-        task.request(key, build)
-        if not task.ready() and time.perf_counter() >= self._frames_held_until:  # one frame with the new glyphs
-            self.hold_frames(GLYPH_FRAME_HOLD_S)  # (bounded: a fast scroll still draws every 0.1 s)
-            self._glyph_hold_until = self._frames_held_until
-        actor = self._glyphs.get(id(layer))
-        if actor is not None:
-            actor.GetProperty().SetOpacity(layer.opacity)
-
-    def _drop_tensor_glyphs(self, layer: Layer) -> None:
-        if task := self._glyph_tasks.get(id(layer)):
-            task.forget()
-        if actor := self._glyphs.pop(id(layer), None):
-            self.plotter.remove_actor(actor, render=False)
-
-    def _show_tensor_glyphs(self, layer: Layer, mesh) -> None:
-        """A glyph mesh built on a worker arrives: into the layer's actor (made the first time)."""
-        if layer not in self.document.layers or not layer.visible:
-            return
-        actor = self._glyphs.get(id(layer))
-        if actor is not None and (
-            mesh is None or is_instances(mesh) != isinstance(actor.GetMapper(), vtkGlyph3DMapper)
-        ):
-            self.plotter.remove_actor(self._glyphs.pop(id(layer)), render=False)  # gone, or another kind
-            actor = None
-        if mesh is None:
-            pass
-        elif is_instances(mesh):  # tensor glyphs: per-glyph arrays drawn as instances of source meshes
-            if actor is None:
-                actor = glyph_actor(mesh)
-                self.plotter.add_actor(actor, name=f"glyphs_{id(layer)}", reset_camera=False, render=False)
-                self._glyphs[id(layer)] = actor
-            else:
-                show_instances(actor, mesh)
-            actor.GetProperty().SetOpacity(layer.opacity)
-        elif actor is None:
-            actor = self.plotter.add_mesh(
-                mesh, scalars="rgb", rgb=True, name=f"glyphs_{id(layer)}", show_scalar_bar=False, **NO_RENDER
-            )
-            actor.GetProperty().SetInterpolationToPhong()  # with the mesh's exact normals
-            actor.GetProperty().SetOpacity(layer.opacity)
-            self._glyphs[id(layer)] = actor
-        else:
-            actor.GetMapper().SetInputData(mesh)
-        if self._glyph_hold_until >= self._frames_held_until > 0 and self.glyphs_ready():  # the hold was theirs
-            self._glyph_hold_until = 0.0
-            self.release_frames()
-        self.request_render()
+        self.glyphs.update()
 
     def glyphs_ready(self) -> bool:
         """Do the 3-D glyphs show the document as it is now (no build pending)?"""
-        return all(task.ready() for task in self._glyph_tasks.values())
-
-    def _plane_voxels(self, step: int) -> np.ndarray:
-        """Every ``step``-th reference voxel of the three cursor planes, each once (M, 3)."""
-        on_planes = np.zeros(self.document.reference_shape, dtype=bool)
-        for view in ("axial", "coronal", "sagittal"):
-            plane = plane_geometry(self.document, view).voxels[::step, ::step]
-            on_planes[plane[..., 0], plane[..., 1], plane[..., 2]] = True
-        return np.argwhere(on_planes)
-
-    def sticks_for(self, layer: Layer):
-        """The line mesh of a dyads layer's sticks on the three cursor planes (None if empty)."""
-        doc = self.document
-        ends, stick = stick_segments(layer, doc, self._plane_voxels(max(1, int(layer.glyph_step))))
-        if len(stick) == 0:
-            return None
-        return stick_mesh(ends @ doc.reference_affine[:3, :3].T + doc.reference_affine[:3, 3], stick)
+        return self.glyphs.ready()
 
     def screenshot(self) -> np.ndarray:
         """The rendered 3-D view as (H, W, 3) uint8 (with the first camera placement, when the

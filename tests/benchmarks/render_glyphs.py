@@ -1,5 +1,5 @@
 """bench_render.py's glyph steps (issue 41: whole-slice glyphs within 100 ms a slice step): the
-cursor steps one voxel along z, the three planes' glyphs of one layer are rebuilt on a worker and
+cursor steps one voxel along z, y and x in turn (twice each), the three planes' glyphs of one layer are rebuilt on a worker and
 drawn; each step is timed from the cursor's move until the frame with the new glyphs is drawn
 (to the GPU's end where frames are). Tensor glyphs (instances of source meshes) and fODF glyphs
 (one mesh of SH surfaces) alike."""
@@ -14,48 +14,53 @@ import numpy as np
 
 from tests.benchmarks.render_measure import ms, profiled, rss_kb, wait, write_profile
 
-STEPS = 5
+STEPS = 6  # along z, y, x, z, y, x
 
 
 def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: int = STEPS) -> dict:
     """``steps`` one-voxel steps with ``layer``'s 3-D glyphs shown (the only glyphs shown):
     ``<name>_step_ms`` (median), ``<name>_step_parts`` (the median step's: the GUI thread's
     parts from ``clock`` and the worker's build), ``<name>_step_rss_mb`` (after each step),
-    ``<name>_count`` (points of the glyph actor's input: instances for tensors, surface
-    vertices for fODFs) and ``<name>_actor`` (its mapper)."""
+    ``<name>_count`` (points of the glyph actors' inputs: instances for tensors, surface
+    vertices for fODFs), ``<name>_actor`` (their mapper), ``<name>_actors`` (one; fODFs: one
+    per plane) and ``<name>_step_actors_changed`` (per step: the actors given another mesh)."""
     from tractlens.widgets.glyphs import wait_for_builds
 
     view, doc = window.view3d, window.document
     app.processEvents()
     wait_for_builds(120_000)
     assert wait(app, view.glyphs_ready, 120)
-    times, parts, rss = [], [], []
+    times, parts, rss, changed = [], [], [], []
     profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
-    for _ in range(steps):
+    for index in range(steps):
+        inputs = [actor.GetMapper().GetInput() for actor in view.glyphs.actors(layer)]
         clock.start(view)
         start = time.perf_counter()
         with profiled(f"{name}_steps", size_label, profile):
-            doc.set_cursor(doc.cursor + np.array([0, 0, 1]))
+            doc.set_cursor(doc.cursor + np.eye(3, dtype=int)[2 - index % 3])
             app.processEvents()
             assert wait(app, view.glyphs_ready, 120)
             view.plotter.render()
         times.append(time.perf_counter() - start)
         rss.append(round(rss_kb() / 1024))
-        task = view._glyph_tasks.get(id(layer))
+        changed.append(sum(actor.GetMapper().GetInput() not in inputs for actor in view.glyphs.actors(layer)))
+        task = view.glyphs.tasks.get(id(layer))
         part = clock.parts(view)
         part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
         parts.append(part)
     if profile is not None:
         write_profile(profile, f"{name}_steps", size_label)
-    actor = view._glyphs.get(id(layer))
+    actors = view.glyphs.actors(layer)
     return {
         f"{name}_step_ms": ms(times),
         f"{name}_step_all_ms": [round(1e3 * t, 1) for t in times],
         f"{name}_step_rss_mb": rss,
         # waiting for a worker, building on it, reaching and delivering on the GUI thread
         f"{name}_step_parts": parts[int(np.argsort(times)[len(times) // 2])],
-        f"{name}_count": None if actor is None else int(actor.GetMapper().GetInput().GetNumberOfPoints()),
-        f"{name}_actor": None if actor is None else type(actor.GetMapper()).__name__,
+        f"{name}_count": sum(int(actor.GetMapper().GetInput().GetNumberOfPoints()) for actor in actors),
+        f"{name}_actor": type(actors[0].GetMapper()).__name__ if actors else None,
+        f"{name}_actors": len(actors),
+        f"{name}_step_actors_changed": changed,  # actors given another mesh, per step
     }
 
 

@@ -182,10 +182,10 @@ def test_dyads_are_drawn_as_sticks_on_the_slices_and_in_3d(window, bedpostx_fold
         return int((layer.data.data[..., 3] > 0)[on_planes].sum())
 
     view = window.view3d
-    actor = view._glyphs[id(layer)]
+    (actor,) = view.glyphs.actors(layer)
     assert actor.mapper.dataset.n_lines == expected_lines() > 0
     doc.set_cursor([11, 8, 1])  # the sagittal plane into the f = 0 region
-    actor = view._glyphs[id(layer)]
+    (actor,) = view.glyphs.actors(layer)
     assert actor.mapper.dataset.n_lines == expected_lines() > 0
     qtbot.wait(20)
     view.plotter.view_xy()

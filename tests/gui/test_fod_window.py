@@ -84,13 +84,15 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
     assert shrunk < 0.8 * crossing_red, (shrunk, crossing_red)
     layer.set(fod_scaling="voxel")
 
-    # 3-D: the SH surfaces of every fitted voxel on the three cursor planes, one actor.
+    # 3-D: the SH surfaces of every fitted voxel on the three cursor planes, one actor per plane
+    # (whole planes: the glyphs on two planes are in both).
     assert window.wait_for_jobs(30)
     view = window.view3d
-    mesh = view._glyphs[id(layer)].mapper.dataset
-    on_planes = np.zeros(PHANTOM_SHAPE, bool)
-    on_planes[3, :, :] = on_planes[:, 3, :] = on_planes[:, :, Z] = True
-    assert mesh.n_cells % on_planes.sum() == 0 and mesh.n_cells // on_planes.sum() in (80, 320, 1280)
+    n_cells = [actor.mapper.dataset.n_cells for actor in view.glyphs.actors(layer)]
+    nx, ny, nz = PHANTOM_SHAPE
+    on_planes = [ny * nz, nx * nz, nx * ny]
+    assert len(n_cells) == 3 and {c % n for c, n in zip(n_cells, on_planes)} == {0}, (n_cells, on_planes)
+    assert len({c // n for c, n in zip(n_cells, on_planes)}) == 1 and n_cells[0] // on_planes[0] in (80, 320, 1280)
     doc.layer("csd fODF l=0").set(visible=False)
     view.plotter.view_xy()
     view.plotter.reset_camera()
@@ -104,7 +106,7 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
     # Moving the cursor rebuilds on the new planes.
     doc.set_cursor([6, 3, Z])
     assert window.wait_for_jobs(30)
-    assert view._glyph_tasks[id(layer)].delivered[4] == (6, 3, Z)
+    assert view.glyphs.tasks[id(layer)].delivered[4] == (6, 3, Z)
 
 
 def test_the_tracking_panel_lists_fodf_layers(window, tmp_path):

@@ -8,7 +8,12 @@ import pytest
 from tractlens.app.display_data import tensors_to_world
 from tractlens.widgets import glyph_planes
 from tractlens.widgets.glyph_instances import instance_arrays, joined_instances
-from tractlens.widgets.glyph_planes import cursor_plane_tensors, cursor_planes, plane_grid_voxels, sample_volume
+from tractlens.widgets.glyph_planes import (
+    cursor_plane_tensors,
+    plane_choices,
+    plane_grid_voxels,
+    sample_volume,
+)
 
 SHAPE = (23, 19, 17)
 
@@ -52,7 +57,7 @@ def assert_same(a, b):
 @pytest.mark.parametrize("step", [1, 2, 3])
 @pytest.mark.parametrize("look", [("superquadric", "direction"), ("ellipsoid", "fa")])
 def test_stepping_through_the_volume_gives_what_all_three_planes_at_once_give(rng, step, look, monkeypatch):
-    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
     data = tensor_volume(rng)
     reference = np.diag([1.25, 1.25, 1.25, 1.0])
     reference[:3, 3] = (-10.0, 4.0, 2.5)
@@ -68,7 +73,7 @@ def test_stepping_through_the_volume_gives_what_all_three_planes_at_once_give(rn
 
 
 def test_a_volume_on_another_grid_and_an_empty_plane(rng, monkeypatch):
-    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
     data = tensor_volume(rng, (12, 10, 9))  # covers part of the reference grid only
     affine = np.diag([2.0, 2.0, 2.0, 1.0])
     affine[:3, 3] = (1.0, -1.0, 0.5)
@@ -82,7 +87,7 @@ def test_a_volume_on_another_grid_and_an_empty_plane(rng, monkeypatch):
 
 
 def test_a_step_computes_the_moved_plane_only_and_new_data_is_not_read_from_the_cache(rng, monkeypatch):
-    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
     computed = []
     parts = glyph_planes.instance_parts
     monkeypatch.setattr(glyph_planes, "instance_parts", lambda t, **k: computed.append(len(t)) or parts(t, **k))
@@ -112,11 +117,15 @@ def fod_volume(rng, shape=SHAPE, lmax=4):
 
 @pytest.mark.parametrize("scaling", ["voxel", "global"])
 @pytest.mark.parametrize("step", [1, 2])
-def test_fod_glyphs_by_planes_are_the_surfaces_of_all_three_planes_at_once(rng, scaling, step, monkeypatch):
+@pytest.mark.parametrize("each_once", [True, False])
+def test_fod_glyphs_by_planes_are_the_surfaces_of_all_three_planes_at_once(rng, scaling, step, each_once, monkeypatch):
+    """One mesh per plane (:func:`plane_surfaces`): the three together are the surfaces of the
+    three planes' voxels at once; each voxel once (translucent glyphs), or whole planes (opaque),
+    where a voxel on two planes has the same surface in both."""
     from tractlens.app.fod_display import fitted, fod_surfaces
-    from tractlens.widgets.fod_glyphs import FOD_PLANES, joined_surfaces
+    from tractlens.widgets.fod_glyphs import FOD_PLANES, plane_surfaces
 
-    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.OrderedDict())
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
     data = fod_volume(rng)
     reference = np.diag([1.25, 1.25, 1.25, 1.0])
     cursor = np.array([11, 9, 8])
@@ -129,18 +138,73 @@ def test_fod_glyphs_by_planes_are_the_surfaces_of_all_three_planes_at_once(rng, 
         points, triangles, rgb, normals = fod_surfaces(
             values[keep], centres, size_mm=1.5, scaling=scaling, subdivisions=2, normals=True
         )
-        glyphs = cursor_planes(data, reference, reference, SHAPE, cursor, step, (2, scaling), FOD_PLANES,
-                               ("radii", "normals"))  # fmt: skip
-        order = np.argsort(glyphs["linear"])
-        glyphs = {name: values[order] for name, values in glyphs.items()}
-        ours = joined_surfaces(glyphs, 2, scaling, 1.5)
-        np.testing.assert_allclose(ours[0], points, atol=1e-5)
-        np.testing.assert_array_equal(ours[1], triangles)
-        np.testing.assert_array_equal(ours[2], rgb)
+        chosen = plane_choices(data, reference, reference, SHAPE, cursor, step, (2, scaling), FOD_PLANES, each_once)
+        top = max(float(plane["radii"].max()) for plane, _rows, _left in chosen) if scaling == "global" else None
+        meshes = [plane_surfaces(plane, rows, 2, 1.5, top) for plane, rows, _left in chosen]
+        linear = np.concatenate(
+            [plane["linear"] if rows is None else plane["linear"][rows] for plane, rows, _ in chosen]
+        )
+        vertices = len(points) // len(centres)
+        for ours in meshes:  # each plane's triangles and colours: its glyphs' spheres one after the other
+            count = len(ours[0]) // vertices
+            np.testing.assert_array_equal(ours[1], triangles[: len(ours[1])])
+            np.testing.assert_array_equal(ours[2], rgb[: len(ours[2])])
+            assert len(ours[1]) == count * len(triangles) // len(centres)
+        ours_points = np.concatenate([m[0] for m in meshes]).reshape(len(linear), vertices, 3)
+        ours_normals = np.concatenate([m[3] for m in meshes]).reshape(len(linear), vertices, 3)
+        if each_once:
+            assert len(np.unique(linear)) == len(linear)
+        else:  # whole planes: the voxels on two planes twice, with the same surface
+            assert len(linear) == sum(len(plane["linear"]) for plane, _rows, _left in chosen)
+        first = np.unique(linear, return_index=True)[1]
+        for index in range(len(linear)):
+            np.testing.assert_array_equal(
+                ours_points[index], ours_points[first[np.searchsorted(linear[first], linear[index])]]
+            )
+        order = first  # np.unique sorts: the voxels in the all-at-once order
+        np.testing.assert_allclose(ours_points[order].reshape(-1, 3), points, atol=1e-5)
         # normals: the same but where a vertex's faces have all but collapsed (its normal is then
         # ill-defined, and the amplitudes' last bits differ with the size of the matrix product)
-        apart = np.abs(ours[3] - normals).max(axis=1) > 1e-4
+        apart = np.abs(ours_normals[order].reshape(-1, 3) - normals).max(axis=1) > 1e-4
         assert apart.mean() < 1e-3, apart.mean()
+
+
+def test_a_step_builds_the_moved_plane_alone(rng, monkeypatch):
+    """fODF glyphs (opaque: whole planes): a step along any axis builds one plane's mesh, and the
+    other two come back as the same meshes under the same keys (the view uploads nothing of
+    them); translucent glyphs (each voxel once) rebuild the planes whose lines moved too."""
+    from types import SimpleNamespace
+
+    from tractlens.widgets import fod_glyphs
+
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
+    monkeypatch.setattr(fod_glyphs, "_meshes", glyph_planes.PlaneCache(fod_glyphs.CACHED_MESHES))
+    made = []
+    mesh = fod_glyphs.fod_mesh
+    monkeypatch.setattr(fod_glyphs, "fod_mesh", lambda *a: made.append(len(a[0])) or mesh(*a))
+    volume = SimpleNamespace(data=fod_volume(rng), affine=np.diag([1.25, 1.25, 1.25, 1.0]))
+    layer = SimpleNamespace(data=volume, glyph_step=1, glyph_size=1.0, fod_scaling="voxel", opacity=1.0)
+    doc = SimpleNamespace(reference_affine=volume.affine, reference_shape=SHAPE, cursor=np.array([11, 9, 8]))
+
+    def build():
+        return fod_glyphs.fod_glyph_job(layer, doc)[0]()
+
+    before = build()
+    assert isinstance(before, fod_glyphs.PlaneMeshes) and len(made) == 3
+    for axis in (2, 1, 0):
+        doc.cursor = doc.cursor + np.eye(3, dtype=int)[axis]
+        after = build()
+        assert len(made) == 4 + (2 - axis)  # the moved plane's mesh alone
+        for normal in range(3):
+            same = after[normal][0] == before[normal][0] and after[normal][1] is before[normal][1]
+            assert same == (normal != axis), (axis, normal)
+        before = after
+    layer.opacity = 0.5  # each voxel once: the lines across the moved plane move in the others
+    build()
+    made.clear()
+    doc.cursor = doc.cursor + np.array([1, 0, 0])
+    build()
+    assert len(made) == 3  # the x plane, and the y and z planes whose lines along x moved
 
 
 def test_fod_sections_fill_what_their_triangles_filled(qapp, rng):

@@ -87,7 +87,7 @@ def test_stepping_through_slices_with_glyphs_never_blocks_the_gui_thread(window,
         assert built_on and gui_thread not in built_on, built_on
         qtbot.wait(80)  # the frame that shows the new glyphs
         # 3-D: the mesh shown is the one built for this cursor.
-        actor = window.view3d._glyphs[id(layer)]
+        (actor,) = window.view3d.glyphs.actors(layer)
         built = tensor_glyph_job(layer, doc, window.view3d._software())[0]()  # what a worker makes
         assert isinstance(built, OnGuiThread) and not any(isinstance(a, vtkObject) for a in built.args)
         expected = built()  # the VTK mesh, made on the GUI thread
@@ -140,7 +140,7 @@ def test_glyph_counts_are_bounded_and_colour_by_fa_is_grey(window, qtbot):
     lit = by_fa.max(-1) > 30
     assert lit.mean() > 0.1
     assert (np.ptp(by_fa[lit].astype(int), axis=-1) <= 1).all()  # grey
-    rgb = pv.wrap(window.view3d._glyphs[id(layer)].GetMapper().GetInput()).point_data["rgb"]
+    rgb = pv.wrap(window.view3d.glyphs.actors(layer)[0].GetMapper().GetInput()).point_data["rgb"]
     assert (rgb[:, 0] == rgb[:, 1]).all() and (rgb[:, 1] == rgb[:, 2]).all()
     # And so they are drawn: grey, shaded by the light kit (whose warm and cool lights tint it a little).
     shot = window.view3d.screenshot()[..., :3].astype(int)
@@ -201,17 +201,17 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
 def test_the_3d_frame_of_a_step_waits_for_its_glyphs(window, qtbot, monkeypatch):
     """A slice step draws no 3-D frame of the moved planes with the old glyphs: the frame waits
     (at most GLYPH_FRAME_HOLD_S; here longer than any build) and is drawn once they arrive."""
-    from tractlens.widgets import view3d as view3d_module
+    from tractlens.widgets import view3d_glyphs
 
-    monkeypatch.setattr(view3d_module, "GLYPH_FRAME_HOLD_S", 60.0)
+    monkeypatch.setattr(view3d_glyphs, "GLYPH_FRAME_HOLD_S", 60.0)
     doc = window.document
     doc.add_layer(Layer("tensors", Volume("tensors", tensor_field(), AFFINE, kind="tensor"), "tensor"))
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
     view = window.view3d
     qtbot.waitUntil(lambda: not view._render_pending, timeout=10_000)
     arrived = []
-    show = view._show_tensor_glyphs
-    monkeypatch.setattr(view, "_show_tensor_glyphs", lambda *a: arrived.append(view.frames_drawn) or show(*a))
+    show = view.glyphs._show
+    monkeypatch.setattr(view.glyphs, "_show", lambda *a: arrived.append(view.frames_drawn) or show(*a))
     for _ in range(3):
         before = view.frames_drawn
         window.views["axial"].step(1)
