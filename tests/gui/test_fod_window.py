@@ -107,6 +107,14 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
     doc.set_cursor([6, 3, Z])
     assert window.wait_for_jobs(30)
     assert view.glyphs.tasks[id(layer)].delivered[4] == (6, 3, Z)
+    qtbot.waitUntil(view.glyphs_ready, timeout=10_000)
+    # A step along y gives the coronal plane's actor a new mesh; the other two keep theirs.
+    meshes = [actor.GetMapper().GetInput() for actor in view.glyphs.actors(layer)]
+    doc.set_cursor([6, 4, Z])
+    qtbot.waitUntil(lambda: view.glyphs.tasks[id(layer)].delivered[4] == (6, 4, Z), timeout=10_000)
+    qtbot.waitUntil(view.glyphs_ready, timeout=10_000)
+    after = [actor.GetMapper().GetInput() for actor in view.glyphs.actors(layer)]
+    assert [a is b for a, b in zip(meshes, after)] == [True, False, True]
 
 
 def test_the_tracking_panel_lists_fodf_layers(window, tmp_path):
