@@ -157,8 +157,9 @@ def cursor_planes(data, affine, reference, shape, cursor, step: int, look: tuple
             for name in ("linear", "centres", *names)}  # fmt: skip
 
 
-def _tensor_fitted(values: np.ndarray) -> np.ndarray:
-    return values[:, 0] + values[:, 3] + values[:, 5] > 0
+def tensor_fitted(values: np.ndarray) -> np.ndarray:
+    """Voxels (...) holding a tensor (xx xy xz yy yz zz): a positive trace (outside the mask, zeros)."""
+    return values[..., 0] + values[..., 3] + values[..., 5] > 0
 
 
 def cursor_plane_tensors(data, affine, reference, shape, cursor, step: int, look: tuple) -> dict | None:
@@ -169,6 +170,6 @@ def cursor_plane_tensors(data, affine, reference, shape, cursor, step: int, look
         world = tensors_to_world(values.astype(np.float64), affine)
         return instance_parts(world, shape=look[0], colour=look[1])
 
-    kind = ("tensor", _tensor_fitted, compute)
+    kind = ("tensor", tensor_fitted, compute)
     names = ("evals", "orientation", "source", "rgb")
     return cursor_planes(data, affine, reference, shape, cursor, step, look, kind, names)

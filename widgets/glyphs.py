@@ -53,7 +53,7 @@ from tractlens.app.display_data import (
 from tractlens.app.model import STICK_COLOURS, Document, Layer
 
 from .glyph_instances import _spow, _template, instances_mesh, joined_instances
-from .glyph_planes import cursor_plane_tensors, sample_volume
+from .glyph_planes import cursor_plane_tensors, sample_volume, tensor_fitted
 from .render import sample_layer
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ def polygons_path(polygons: np.ndarray) -> QPainterPath:
 def ellipses_for_plane(data, affine, reference_affine, voxels, rows, cols, geometry_info, display):
     """Worker part of the 2-D ellipses: sample, keep fitted voxels, build the coloured paths."""
     values, inside = sample_volume(data, affine, reference_affine, voxels)
-    keep = inside & (values[..., 0] + values[..., 3] + values[..., 5] > 0)
+    keep = inside & tensor_fitted(values)
     if not keep.any():
         return []
     world = tensors_to_world(values[keep].astype(np.float64), affine)
