@@ -3,10 +3,11 @@
 # Xvfb with the NVIDIA GLX vendor library (hardware OpenGL), 1 M and 10 M streamlines of 100 points.
 #
 # The parts (Qt, VTK, pyvista wheels, the Debian GL/X stack) travel as one plain tar split into
-# build/gg1 .. build/gg6 (bundle.tar.part-aa .. -af, 46 MB each; how they are made: gui_on_gpu.sh's
-# header). One call per folder, back to back while the machine stays warm, each carrying its folder:
+# build/gg1, build/gg2, ... (bundle.tar.part-aa, -ab, ..., 46 MB each: five or six, 212 MB in all
+# on 2026-11-29; how they are made: gui_on_gpu.sh's header). One call per folder, back to back
+# while the machine stays warm, each carrying its folder:
 #
-#   mkdir -p /tmp/gg/parts && cp build/ggN/* /tmp/gg/parts/                      (N = 1 .. 6)
+#   mkdir -p /tmp/gg/parts && cp build/ggN/* /tmp/gg/parts/                      (N = 1, 2, ...)
 #
 # then one call that joins and installs them (about 3 minutes; nothing is measured):
 #

@@ -173,7 +173,7 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
     views["axial"].step(1)
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
     for view in views.values():
-        view.repaint()
+        view.grab()  # a paint now (repaint() paints nothing while the window is not exposed)
     assert views["axial"]._glyph_raster.fills > fills["axial"]
     assert [views[name]._glyph_raster.fills for name in ("coronal", "sagittal")] == [
         fills["coronal"], fills["sagittal"]]  # fmt: skip

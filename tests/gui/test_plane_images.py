@@ -26,7 +26,7 @@ def settle(qtbot, win) -> None:
     """The pending frame drawn (its planes patched or composited) and the slice views painted."""
     qtbot.waitUntil(lambda: not win.view3d._render_pending, timeout=10_000)
     for view in win.views.values():
-        view.repaint()
+        view.grab()  # a paint now, exposed or not
 
 
 def assert_planes_match(win) -> None:

@@ -59,7 +59,7 @@ def test_a_large_tractogram_is_drawn_on_the_slices_by_a_worker_as_the_paint_draw
     built = view._fibres._image
     painted = len(painted_on)
     layer.set_selection(np.arange(len(layer.data)) % 4 == 0, by="a test")
-    view.repaint()  # at once, before the worker can have finished: the previous picture
+    view.grab()  # a paint at once, before the worker can have finished: the previous picture
     assert view._fibres._image is built or view._fibres._image[0] != built[0]
     # The new picture is wanted from this paint on, but its worker starts only once the event
     # loop has finished the paint (the 3-D frame of the same change first): none started yet.
@@ -74,7 +74,7 @@ def test_a_large_tractogram_is_drawn_on_the_slices_by_a_worker_as_the_paint_draw
     # Hidden: no picture, nothing asked for.
     layer.set(visible=False)
     assert window.wait_for_jobs(60)
-    view.repaint()
+    view.grab()  # a paint now, exposed or not
     assert view._fibres._image is None and fibre_pixels(view).sum() < 0.05 * worker.sum()
 
 
@@ -90,7 +90,7 @@ def test_the_report_waits_for_the_slice_views_worker_drawn_segments(window, qtbo
     drawn = fibre_pixels(view).sum()
     assert drawn > 500
     window.document.set_cursor(window.document.cursor + np.array([0, 0, 2]))  # a new slice: no picture yet
-    view.repaint()
+    view.grab()  # a paint now, exposed or not
     assert view._fibres._image is None or not view._fibres.ready()
     report.settled(view)
     assert view._fibres.ready() and view._fibres._image is not None
