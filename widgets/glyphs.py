@@ -413,12 +413,12 @@ class _Build(QRunnable):
         # This frame holds what the build needs: nothing is left for the runnable's deletion by
         # QThreadPool after run() returns (outside any Python frame on this pool thread).
         fn, done, key, self.fn, self.done, self.key = self.fn, self.done, self.key, None, None, None
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
-            outcome = (True, fn(), start, time.perf_counter())
+            outcome = (True, fn(), start, time.perf_counter(), time.thread_time() - cpu)
         except Exception as exc:  # a failed build shows no glyphs; it must not reach the event loop
             log.exception("building glyphs failed")
-            outcome = (False, exc, start, time.perf_counter())
+            outcome = (False, exc, start, time.perf_counter(), time.thread_time() - cpu)
         try:
             done.emit(self.generation, key, outcome)
         except RuntimeError:  # the view went away meanwhile
@@ -442,7 +442,8 @@ class LatestTask(QObject):
         self._waiting = None
         self.wanted = None  # key of the newest request
         self.delivered = None  # key of the result delivered last
-        #: Seconds of the last delivered build: waiting for a worker, building, delivering (GUI thread).
+        #: Seconds of the last delivered build: waiting for a worker, building (and the worker's CPU
+        #: time of it: less when it waited for Python's lock), delivering (GUI thread).
         self.timings: dict[str, float] = {}
         self._requested = 0.0
         self._done.connect(self._finished)
@@ -488,7 +489,7 @@ class LatestTask(QObject):
     def _finished(self, generation: int, key, outcome) -> None:
         self._running = False
         if generation == self._generation:  # the newest request: deliver
-            ok, result, started, built = outcome
+            ok, result, started, built, cpu = outcome
             if ok and isinstance(result, OnGuiThread):
                 try:
                     result = result()
@@ -499,6 +500,7 @@ class LatestTask(QObject):
             arrived = time.perf_counter()
             self._deliver(key, result if ok else None)
             self.timings = {"wait_s": max(0.0, started - self._requested), "build_s": built - started,
-                            "to_gui_s": arrived - built, "deliver_s": time.perf_counter() - arrived}  # fmt: skip
+                            "build_cpu_s": cpu, "to_gui_s": arrived - built,
+                            "deliver_s": time.perf_counter() - arrived}  # fmt: skip
         if self._waiting is not None:
             self._start()

@@ -1,8 +1,9 @@
 """bench_render.py's glyph steps (issue 41: whole-slice glyphs within 100 ms a slice step): the
-cursor steps one voxel along z, y and x in turn (twice each), the three planes' glyphs of one layer are rebuilt on a worker and
-drawn; each step is timed from the cursor's move until the frame with the new glyphs is drawn
-(to the GPU's end where frames are). Tensor glyphs (instances of source meshes) and fODF glyphs
-(one mesh of SH surfaces) alike."""
+cursor steps one voxel along z, y and x in turn (twice each), the glyphs of one layer are rebuilt
+on a worker and drawn; each step is timed from the cursor's move until the view's own frame with
+the new glyphs is drawn (to the GPU's end where frames are), and until the moved slice view's 2-D
+glyphs are built too. Tensor glyphs (instances of source meshes) and fODF glyphs (SH surfaces,
+one mesh per cursor plane) alike."""
 
 from __future__ import annotations
 
@@ -23,14 +24,16 @@ def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: in
     parts from ``clock`` and the worker's build), ``<name>_step_rss_mb`` (after each step),
     ``<name>_count`` (points of the glyph actors' inputs: instances for tensors, surface
     vertices for fODFs), ``<name>_actor`` (their mapper), ``<name>_actors`` (one; fODFs: one
-    per plane) and ``<name>_step_actors_changed`` (per step: the actors given another mesh)."""
+    per plane), ``<name>_step_actors_changed`` (per step: the actors given another mesh) and
+    ``<name>_step_with_slice_ms`` (median: until the moved slice view's 2-D glyphs are built
+    as well; the ``slice_build_*`` parts are that build's)."""
     from tractlens.widgets.glyphs import wait_for_builds
 
     view, doc = window.view3d, window.document
     app.processEvents()
     wait_for_builds(120_000)
     assert wait(app, view.glyphs_ready, 120)
-    times, parts, rss, changed = [], [], [], []
+    times, parts, rss, changed, slice_times = [], [], [], [], []
     profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
     for index in range(steps):
         inputs = [actor.GetMapper().GetInput() for actor in view.glyphs.actors(layer)]
@@ -40,13 +43,22 @@ def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: in
             doc.set_cursor(doc.cursor + np.eye(3, dtype=int)[2 - index % 3])
             app.processEvents()
             assert wait(app, view.glyphs_ready, 120)
-            view.plotter.render()
+            # the view's own frame with them (a frame drawn here besides would be drawn twice:
+            # the view's request, still pending, would draw again at the start of the next step)
+            delivered = view.frames_drawn
+            assert wait(app, lambda n=delivered: view.frames_drawn > n and not view._render_pending, 120)
         times.append(time.perf_counter() - start)
+        axis = 2 - index % 3
+        moved = next(v for v in window.views.values() if v.geometry_now().normal_axis == axis)
+        assert wait(app, moved.glyphs_ready, 120)  # the moved slice view's 2-D glyphs (after the 3-D frame)
+        slice_times.append(time.perf_counter() - start)
         rss.append(round(rss_kb() / 1024))
         changed.append(sum(actor.GetMapper().GetInput() not in inputs for actor in view.glyphs.actors(layer)))
         task = view.glyphs.tasks.get(id(layer))
         part = clock.parts(view)
         part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
+        task2d = moved._glyph_tasks.get(id(layer))
+        part.update({f"slice_build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task2d, "timings", {}).items()})
         parts.append(part)
     if profile is not None:
         write_profile(profile, f"{name}_steps", size_label)
@@ -54,6 +66,9 @@ def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: in
     return {
         f"{name}_step_ms": ms(times),
         f"{name}_step_all_ms": [round(1e3 * t, 1) for t in times],
+        # until the moved slice view's 2-D glyphs are built too (waited for after the 3-D frame)
+        f"{name}_step_with_slice_ms": ms(slice_times),
+        f"{name}_step_with_slice_all_ms": [round(1e3 * t, 1) for t in slice_times],
         f"{name}_step_rss_mb": rss,
         # waiting for a worker, building on it, reaching and delivering on the GUI thread
         f"{name}_step_parts": parts[int(np.argsort(times)[len(times) // 2])],
