@@ -53,11 +53,3 @@ def test_what_exists_once_the_window_is_up_is_kept_out_of_full_collections(windo
     assert frozen > 50_000 and len(gc.get_objects()) < frozen  # a full collection now walks the rest only
     window.close()
     assert gc.get_freeze_count() == 0 and gc.isenabled()
-
-
-def test_threads_switch_often_while_a_window_is_open(window):
-    """The GUI thread waits at most the switch interval for Python's lock at each return from Qt."""
-    import sys
-
-    assert gui_interpreter.holding()
-    assert sys.getswitchinterval() == gui_interpreter.SWITCH_INTERVAL_S < 0.005
