@@ -28,7 +28,7 @@ from tractlens.app.model import Document, Layer
 from tractlens.app.pipelines.warmup import submit_gpu_warmup
 from tractlens.app.window_words import window_words
 
-from . import dialogs, glyphs, gui_interpreter
+from . import dialogs, glyphs, gui_gc
 from .ballstick import BallStickDialog
 from .commit_panel import CommitPanel
 from .connectivity_panel import ConnectivityPanel
@@ -86,7 +86,7 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.device = device
         self.document = Document()
-        gui_interpreter.hold(self)  # cycles collected on the GUI thread only (widgets/gui_interpreter.py)
+        gui_gc.hold(self)  # cycles collected on the GUI thread only (widgets/gui_gc.py)
         self.runner = JobRunner(parent=self)
         self.errors: list[str] = []
         self.files = FileController(self.document, self.runner, device=device, open_session=self.open_session,
@@ -576,7 +576,7 @@ class MainWindow(QMainWindow):
         self.sessions.close()  # a clean exit: nothing to recover
         glyphs.wait_for_builds()  # no glyph build may outlive the render window
         self.view3d.close_plotter()
-        gui_interpreter.release(id(self))  # no worker is left: Python's own collection may run anywhere again
+        gui_gc.release(id(self))  # no worker is left: Python's own collection may run anywhere again
         super().closeEvent(event)
 
 

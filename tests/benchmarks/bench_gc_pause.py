@@ -1,6 +1,6 @@
 """Benchmark: how long a full cyclic garbage collection holds the GUI thread with the window up
 (bench_render.py's scene: a reference image and a tensor layer), with what existed once the
-window was up frozen out of the collector (``widgets/gui_interpreter.py``, the window's own state) and, in
+window was up frozen out of the collector (``widgets/gui_gc.py``, the window's own state) and, in
 the same process, unfrozen again (as before): the pause a slice step or a rotation can meet.
 
     python tests/benchmarks/bench_gc_pause.py [--repeat 5] [--out FILE]

@@ -67,9 +67,7 @@ process when the whole run would pass it (the row then says so). Starts its own 
 is no display. ``BENCH_PROFILE=DIR``: the GUI thread's profile of the colour changes, the ROI
 edits and the glyph steps, as text in DIR (``profile_<N>_<step>.txt``). ``BENCH_TRACEMALLOC=1``:
 the sites that still hold memory the first ROI edit allocated (``select_first_allocations``;
-traced allocations slow that edit, not the second). ``BENCH_SWITCH_INTERVAL=S``: Python's
-thread switch interval while measuring, instead of the window's own
-(:data:`widgets.gui_interpreter.SWITCH_INTERVAL_S`).
+traced allocations slow that edit, not the second).
 """
 
 from __future__ import annotations
@@ -209,8 +207,6 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     window.resize(width, height)
     window.show()
     app.processEvents()
-    if os.environ.get("BENCH_SWITCH_INTERVAL"):  # another thread switch interval than the window's own
-        sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
     view, doc = window.view3d, window.document
     view.finish_frames = FINISH  # every frame's recorded end is when the GPU has drawn it
     plotter = view.plotter
@@ -223,7 +219,6 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     row["view_px"] = [view.width(), view.height()]
     row["fibres_gl_env"] = os.environ.get("TRACTLENS_FIBRES_GL", "1")
     row["frames_timed_to_gpu_done"] = FINISH
-    row["switch_interval_s"] = sys.getswitchinterval()
     rss_before = rss_kb()
     peaks = {}  # the peak resident memory of each step (MB), where the kernel lets it be reset
     split = {}  # at the end of each step: (anonymous, file-backed) resident MB (a mapped file's pages are the latter)

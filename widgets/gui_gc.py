@@ -1,5 +1,4 @@
-"""How Python runs while a window is open: cyclic garbage collected on the GUI thread only, what
-exists once the window is up frozen out of the collector, and threads switched every 0.5 ms.
+"""Python's cyclic garbage collection on the GUI thread only, while a window is open.
 
 Python collects reference cycles in whichever thread happens to allocate when a generation's
 threshold is crossed: a glyph build or a job on a pool thread can then destroy the Python wrappers
@@ -16,33 +15,21 @@ Once the first window is up, what exists then (the modules of Qt, VTK, NumPy and
 window's own widgets: some 270 k objects) is frozen out of the collector (``gc.freeze``): a full
 collection walked them all, 60-150 ms on the GUI thread at unforeseeable moments (a slice step of
 80 ms took 224 ms once in five on an H200). They live as long as the application; the last window
-closing unfreezes them, so nothing frozen escapes collection for good.
-
-Python hands its lock from a thread that holds it to one that waits for it after a *switch
-interval*, 5 ms by default. The GUI thread gives the lock up at every call into Qt or VTK that
-releases it and asks for it back at every call from Qt into Python (a paint, an event, a signal):
-while workers build glyphs or fibre pictures in Python, each such return could wait up to 5 ms,
-and a slice step makes dozens of them (an H200 profile of fODF glyph steps: 40 % of the slice
-views' paint time spent entering Python). While a window is open the interval is
-:data:`SWITCH_INTERVAL_S`; workers lose a little throughput to the extra switches."""
+closing unfreezes them, so nothing frozen escapes collection for good."""
 
 from __future__ import annotations
 
 import gc
-import sys
 
 import shiboken6
 from PySide6.QtCore import QObject, QTimer
 
 #: Milliseconds between checks of the collector's counts (a check is a few microseconds).
 CHECK_MS = 100
-#: Seconds a thread may hold Python's lock while another waits, while a window is open.
-SWITCH_INTERVAL_S = 0.0005
 
 _holders: set[int] = set()
 _timer: QTimer | None = None
 _was_enabled = True
-_was_interval = sys.getswitchinterval()
 
 
 def _collect() -> None:
@@ -54,16 +41,14 @@ def _collect() -> None:
 
 
 def hold(owner: QObject) -> None:
-    """Collect on the GUI thread and switch threads often while ``owner`` (a window) lives; let go
-    when it is destroyed."""
-    global _timer, _was_enabled, _was_interval
+    """Collect on the GUI thread while ``owner`` (a window) lives; let go when it is destroyed."""
+    global _timer, _was_enabled
     key = id(owner)
     if key in _holders:
         return
     if not _holders:
-        _was_enabled, _was_interval = gc.isenabled(), sys.getswitchinterval()
+        _was_enabled = gc.isenabled()
         gc.disable()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         _timer = QTimer()
         _timer.setInterval(CHECK_MS)
         _timer.timeout.connect(_collect)
@@ -74,8 +59,7 @@ def hold(owner: QObject) -> None:
 
 
 def release(key: int) -> None:
-    """``owner``'s part of :func:`hold` ends; the last one turns automatic collection and the
-    switch interval back to what they were."""
+    """``owner``'s part of :func:`hold` ends; the last one turns automatic collection back on."""
     global _timer
     if key not in _holders:
         return
@@ -85,7 +69,6 @@ def release(key: int) -> None:
             _timer.stop()
         _timer = None
         gc.unfreeze()
-        sys.setswitchinterval(_was_interval)
         if _was_enabled:
             gc.enable()
 

@@ -1,12 +1,12 @@
 """While a window is open, Python's cyclic garbage is collected on the GUI thread only
-(widgets/gui_interpreter.py): a collection on a pool thread could destroy Qt wrappers the GUI thread uses."""
+(widgets/gui_gc.py): a collection on a pool thread could destroy Qt wrappers the GUI thread uses."""
 
 from __future__ import annotations
 
 import gc
 import threading
 
-from tractlens.widgets import gui_interpreter
+from tractlens.widgets import gui_gc
 
 
 class _Cycle:
@@ -15,7 +15,7 @@ class _Cycle:
 
 
 def test_a_worker_thread_collects_nothing_while_a_window_is_open_and_the_gui_thread_does(window, qtbot):
-    assert gui_interpreter.holding() and not gc.isenabled()
+    assert gui_gc.holding() and not gc.isenabled()
     collected_on: list[str] = []
 
     def note(phase, info):
@@ -41,7 +41,7 @@ def test_a_worker_thread_collects_nothing_while_a_window_is_open_and_the_gui_thr
 def test_closing_the_last_window_gives_collection_back(window, qtbot):
     assert not gc.isenabled()
     window.close()
-    assert gc.isenabled() and not gui_interpreter.holding()
+    assert gc.isenabled() and not gui_gc.holding()
 
 
 def test_what_exists_once_the_window_is_up_is_kept_out_of_full_collections(window, qtbot):
