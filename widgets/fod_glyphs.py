@@ -40,6 +40,8 @@ from .glyphs import (
     ellipse_job,
     glyph_step_2d,
     glyph_step_3d,
+    plane_cells,
+    plane_key,
     polygons_path,
     tensor_glyph_job,
 )
@@ -177,21 +179,12 @@ def fod_section_job(layer: Layer, doc: Document, geometry, step: int):
     ≡ step // 2 (mod ``step``), as [(rgba, path)] in plane millimetres like
     :func:`widgets.glyphs.ellipse_paths`; and the key of that picture."""
     data, affine, reference = layer.data.data, layer.data.affine.copy(), doc.reference_affine.copy()
-    offset = step // 2
-    rows = np.flatnonzero(geometry.voxels[:, 0, geometry.v_axis] % step == offset)
-    cols = np.flatnonzero(geometry.voxels[0, :, geometry.h_axis] % step == offset)
-    voxels = geometry.voxels[np.ix_(rows, cols)]
-    grid_rows, grid_cols = np.meshgrid(rows, cols, indexing="ij")
     info = (geometry.pixel_mm, geometry.screen_x_world, geometry.screen_up_world, 0.5 * step * min(geometry.pixel_mm))
     display = (float(layer.glyph_size), float(layer.opacity), layer.fod_scaling)
-    plane = (
-        geometry.voxels.shape,
-        tuple(int(v) for v in geometry.voxels[0, 0]),
-        tuple(int(v) for v in geometry.voxels[-1, -1]),
-    )
-    key = ("fod", id(data), affine.tobytes(), reference.tobytes(), plane, step, info, display)
+    key = ("fod", id(data), affine.tobytes(), reference.tobytes(), plane_key(geometry), step, info, display)
 
     def build():
+        voxels, grid_rows, grid_cols = plane_cells(geometry, step)
         values, inside = sample_volume(data, affine, reference, voxels)
         keep = inside & fitted(values)
         if not keep.any():

@@ -233,6 +233,23 @@ def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
     return build, key
 
 
+def plane_key(geometry) -> tuple:
+    """What names a slice's plane in a 2-D glyph picture's key: its shape and corner voxels."""
+    voxels = geometry.voxels
+    return voxels.shape, tuple(int(v) for v in voxels[0, 0]), tuple(int(v) for v in voxels[-1, -1])
+
+
+def plane_cells(geometry, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference voxels (R, C, 3) of a slice's 2-D glyph cells, those whose in-plane indices
+    are ≡ step // 2 (mod ``step``), and their (row, column) on the plane (R, C) each (on the
+    worker: the GUI thread computes the key alone)."""
+    offset = step // 2
+    rows = np.flatnonzero(geometry.voxels[:, 0, geometry.v_axis] % step == offset)
+    cols = np.flatnonzero(geometry.voxels[0, :, geometry.h_axis] % step == offset)
+    grid_rows, grid_cols = np.meshgrid(rows, cols, indexing="ij")
+    return geometry.voxels[np.ix_(rows, cols)], grid_rows, grid_cols
+
+
 def ellipse_job(layer: Layer, doc: Document, geometry, step: int):
     """A function that builds a tensor layer's in-plane ellipses on a slice (``geometry``: a
     :class:`widgets.render.PlaneGeometry`) on the voxels whose in-plane indices are
@@ -240,21 +257,12 @@ def ellipse_job(layer: Layer, doc: Document, geometry, step: int):
     the plane's left edge, y down from its top); and the key of that picture. The snapshot is
     taken now (GUI thread); run the function on a worker."""
     data, affine, reference = layer.data.data, layer.data.affine.copy(), doc.reference_affine.copy()
-    offset = step // 2
-    rows = np.flatnonzero(geometry.voxels[:, 0, geometry.v_axis] % step == offset)
-    cols = np.flatnonzero(geometry.voxels[0, :, geometry.h_axis] % step == offset)
-    voxels = geometry.voxels[np.ix_(rows, cols)]
-    grid_rows, grid_cols = np.meshgrid(rows, cols, indexing="ij")
     info = (geometry.pixel_mm, geometry.screen_x_world, geometry.screen_up_world, 0.5 * step * min(geometry.pixel_mm))
     display = (float(layer.glyph_size), float(layer.opacity), "fa" if layer.color_by == "fa" else "direction")
-    plane = (
-        geometry.voxels.shape,
-        tuple(int(v) for v in geometry.voxels[0, 0]),
-        tuple(int(v) for v in geometry.voxels[-1, -1]),
-    )
-    key = (id(data), affine.tobytes(), reference.tobytes(), plane, step, info, display)
+    key = (id(data), affine.tobytes(), reference.tobytes(), plane_key(geometry), step, info, display)
 
     def build():
+        voxels, grid_rows, grid_cols = plane_cells(geometry, step)
         return ellipses_for_plane(data, affine, reference, voxels, grid_rows, grid_cols, info, display)
 
     return build, key
