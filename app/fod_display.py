@@ -165,14 +165,18 @@ def surface_normals(sh: np.ndarray, amplitudes: np.ndarray, radii: np.ndarray, s
     reach = r.max(axis=1, keepdims=True) - r.min(axis=1, keepdims=True)
     f = np.where(span > 0, reach / np.where(span > 0, span, 1.0), 0.0)
     positive = a > 0
-    gradient = (f * positive)[:, None, :] * slopes  # (G, 2, V)
-    normals = (
-        r[:, :, None] * directions.astype(np.float32) - gradient[:, 0, :, None] * t1 - gradient[:, 1, :, None] * t2
-    )
-    length = np.sqrt((normals * normals).sum(axis=-1, keepdims=True))
+    scale = f * positive  # ∂r/∂a where the radius follows the amplitude
+    g1, g2 = scale * slopes[:, 0], scale * slopes[:, 1]
+    u = directions.astype(np.float32)
+    normals = np.empty((count, vertices, 3), dtype=np.float32)
+    for k in range(3):  # component by component: (G, V) arrays, no reduction over a short axis
+        normals[:, :, k] = r * u[:, k] - g1 * t1[:, k] - g2 * t2[:, k]
+    length = np.sqrt(np.einsum("gvk,gvk->gv", normals, normals))
     flat = length < 1e-6
-    normals = np.where(flat, directions.astype(np.float32), normals / np.where(flat, 1.0, length))
-    return normals.reshape(-1, 3).astype(np.float32, copy=False)
+    normals /= np.where(flat, np.float32(1.0), length)[:, :, None]
+    if flat.any():  # at the centre with no slope: its direction
+        normals[flat] = np.broadcast_to(u, normals.shape)[flat]
+    return normals.reshape(-1, 3)
 
 
 @functools.lru_cache(maxsize=8)

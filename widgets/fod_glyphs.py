@@ -95,7 +95,11 @@ def plane_surfaces(plane: dict, rows, level: int, size_mm: float, top: float | N
     if top is not None:
         radii = radii / np.float32(top) if top > 0 else np.zeros_like(radii)
     count = len(radii)
-    points = centres.astype(np.float32)[:, None, :] + (radii * np.float32(size_mm))[:, :, None] * directions
+    reach = radii * np.float32(size_mm)
+    points = np.empty((count, len(directions), 3), dtype=np.float32)
+    for k in range(3):  # component by component: (G, V) arrays
+        points[:, :, k] = reach * directions[:, k]
+        points[:, :, k] += centres[:, k, None].astype(np.float32)
     triangles, rgb = _sphere_tiles(level, -(-count // TILE_GLYPHS) * TILE_GLYPHS)
     return (
         points.reshape(-1, 3),
