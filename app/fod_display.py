@@ -172,7 +172,7 @@ def surface_normals(sh: np.ndarray, amplitudes: np.ndarray, radii: np.ndarray, s
     for k in range(3):  # component by component: (G, V) arrays, no reduction over a short axis
         normals[:, :, k] = r * u[:, k] - g1 * t1[:, k] - g2 * t2[:, k]
     length = np.sqrt(np.einsum("gvk,gvk->gv", normals, normals))
-    flat = length < 1e-6
+    flat = length <= 1e-6 * r.max(axis=1, keepdims=True)  # (relative: amplitudes come at any scale)
     normals /= np.where(flat, np.float32(1.0), length)[:, :, None]
     if flat.any():  # at the centre with no slope: its direction
         normals[flat] = np.broadcast_to(u, normals.shape)[flat]

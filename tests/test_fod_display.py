@@ -135,6 +135,19 @@ def test_glyph_normals_are_the_surfaces_exact_normals(scaling):
     reference = mesh.compute_normals(cell_normals=False, split_vertices=False, consistent_normals=False)
     agree = np.sum(normals * reference.point_data["Normals"], axis=1)
     assert np.median(agree) > 0.9999 and np.percentile(agree, 2) > 0.99, (np.median(agree), np.percentile(agree, 2))
+    # All amplitudes positive (min-max per voxel then subtracts each glyph's least), and at a
+    # millionth of the scale: the same normals.
+    positive = sh.copy()
+    positive[:, 0] += 3.0 * np.abs(fod_amplitudes(sh, icosphere(5)[0])).max() / 0.2820948
+    for scale in (1.0, 1e-6):
+        points, triangles, _rgb, normals = fod_surfaces(
+            positive * scale, centres, size_mm=2.0, scaling=scaling, subdivisions=5, normals=True
+        )
+        assert fod_amplitudes(positive * scale, icosphere(5)[0]).min() > 0
+        mesh = pv.PolyData.from_regular_faces(points, triangles)
+        reference = mesh.compute_normals(cell_normals=False, split_vertices=False, consistent_normals=False)
+        agree = np.sum(normals * reference.point_data["Normals"], axis=1)
+        assert np.median(agree) > 0.9999 and np.percentile(agree, 2) > 0.99, (scale, np.percentile(agree, 2))
 
 
 def test_scalings_voxel_min_max_and_global_relative():

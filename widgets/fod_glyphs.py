@@ -124,30 +124,32 @@ def _sphere_tiles(level: int, count: int) -> tuple[np.ndarray, np.ndarray]:
     return triangles, rgb
 
 
-def _plane_mesh(data, plane: dict, rows, left: tuple, level: int, size_mm: float, top: float | None) -> tuple:
-    """(key, mesh) of one plane's glyphs (:func:`plane_surfaces`), the mesh from the cache when it
-    holds it; (None, None) when the plane has none."""
+def _plane_surfaces_cached(data, plane: dict, rows, left: tuple, level: int, size_mm: float, top) -> tuple:
+    """(key, surfaces) of one plane's glyphs (:func:`plane_surfaces`' arrays, from the cache when it
+    holds them); (None, None) when the plane has none."""
     if not (len(plane["linear"]) if rows is None else rows.any()):
         return None, None
     key = (plane["key"], left, top, size_mm)
-    return key, _meshes.get(key, data, lambda: fod_mesh(*plane_surfaces(plane, rows, level, size_mm, top)))
+    return key, _surfaces.get(key, data, lambda: plane_surfaces(plane, rows, level, size_mm, top))
 
 
 class PlaneMeshes(tuple):
-    """A 3-D fODF glyph build: (key, mesh or None) for each cursor plane (normal 0, 1, 2), one
-    actor each. The key names what the mesh shows: a step that moves one plane leaves the other
-    two keys, and meshes, as they were, so the view uploads the moved plane's alone."""
+    """A 3-D fODF glyph build: (key, surfaces or None) for each cursor plane (normal 0, 1, 2),
+    one actor each; ``surfaces``: :func:`plane_surfaces`' arrays, made a mesh (:func:`fod_mesh`)
+    on the GUI thread, where VTK objects are made and freed. The key names what a plane's
+    glyphs show: a step that moves one plane leaves the other two keys as they were, so the view
+    makes and uploads the moved plane's mesh alone."""
 
 
-CACHED_MESHES = 6  # the planes' meshes kept (a layer's three and the last step's)
-_meshes = PlaneCache(CACHED_MESHES)
+CACHED_SURFACES = 6  # the planes' surface arrays kept (a layer's three and the last step's)
+_surfaces = PlaneCache(CACHED_SURFACES)
 
 
 def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
     """A function that builds an fODF layer's 3-D glyphs, a :class:`PlaneMeshes` (or None), from
     a snapshot taken now (GUI thread), and the key of that picture; run the function on a worker.
     Opaque glyphs are whole planes (a glyph on two planes is drawn twice, in the same place: the
-    same pixels), so a slice step builds and uploads the moved plane's mesh only; translucent
+    same pixels), so a slice step builds the moved plane's surfaces only; translucent
     ones are each voxel once (drawn twice they would show darker), the planes whose lines of
     intersection moved built again as well."""
     data, affine = layer.data.data, layer.data.affine.copy()
@@ -172,7 +174,9 @@ def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
             top = max(
                 (float(plane["radii"].max()) for plane, _rows, _left in chosen if len(plane["radii"])), default=0.0
             )
-        return PlaneMeshes(_plane_mesh(data, plane, rows, left, look[0], size_mm, top) for plane, rows, left in chosen)
+        return PlaneMeshes(
+            _plane_surfaces_cached(data, plane, rows, left, look[0], size_mm, top) for plane, rows, left in chosen
+        )
 
     return build, key
 

@@ -26,13 +26,14 @@ from .glyph_instances import instance_parts
 
 class PlaneCache:
     """The last ``size`` things made for planes of volumes, by key, each with a weak reference
-    to its volume (a volume replaced, or gone, is never answered for). Builds run on worker
-    threads: one lock."""
+    to its volume: a volume replaced is never answered for, and a volume gone (its layer
+    removed, the window closed) takes its entries with it. Numpy arrays only: builds run on
+    worker threads (one lock, reentrant: a volume may go while the lock is held)."""
 
     def __init__(self, size: int):
         self.size = size
         self._held: OrderedDict = OrderedDict()  # key -> (weak reference to the volume, the thing)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         return len(self._held)
@@ -47,10 +48,15 @@ class PlaneCache:
                 return held[1]
         value = make()
         with self._lock:
-            self._held[key] = (weakref.ref(data), value)
+            self._held[key] = (weakref.ref(data, self._forget), value)
             while len(self._held) > self.size:
                 self._held.popitem(last=False)
         return value
+
+    def _forget(self, gone: weakref.ref) -> None:
+        with self._lock:
+            for key in [key for key, (ref, _value) in self._held.items() if ref is gone]:
+                del self._held[key]
 
 
 CACHED_PLANES = 24  # per-plane glyph voxels and values kept (a few layers' three planes, their neighbours)

@@ -19,7 +19,7 @@ from vtkmodules.vtkRenderingCore import vtkGlyph3DMapper
 
 from tractlens.app.model import GLYPH_KINDS, Layer
 
-from .fod_glyphs import PlaneMeshes, volume_glyph_job
+from .fod_glyphs import PlaneMeshes, fod_mesh, volume_glyph_job
 from .glyph_instances import glyph_actor, is_instances, show_instances
 from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import plane_geometry
@@ -118,10 +118,13 @@ class VolumeGlyphs:
         part whose key is what it shows is left as it is)."""
         view = self.view
         if layer in view.document.layers and layer.visible:
-            parts = dict(enumerate(built)) if isinstance(built, PlaneMeshes) else {"all": (None, built)}
+            planes = isinstance(built, PlaneMeshes)
+            parts = dict(enumerate(built)) if planes else {"all": (None, built)}
             self._drop(id(layer), [part for part in self._actors.get(id(layer), {}) if part not in parts])
             for part, (key, mesh) in parts.items():
                 if key is None or self._shown.get((id(layer), part)) != key:
+                    if planes and mesh is not None:
+                        mesh = fod_mesh(*mesh)  # a plane's surface arrays: the mesh made here
                     self._show_part(layer, part, mesh)
                     self._shown[(id(layer), part)] = key
         if self._hold_until >= view._frames_held_until > 0 and self.ready():  # the hold was theirs

@@ -170,18 +170,19 @@ def test_fod_glyphs_by_planes_are_the_surfaces_of_all_three_planes_at_once(rng, 
 
 
 def test_a_step_builds_the_moved_plane_alone(rng, monkeypatch):
-    """fODF glyphs (opaque: whole planes): a step along any axis builds one plane's mesh, and the
-    other two come back as the same meshes under the same keys (the view uploads nothing of
-    them); translucent glyphs (each voxel once) rebuild the planes whose lines moved too."""
+    """fODF glyphs (opaque: whole planes): a step along any axis builds one plane's surfaces, and
+    the other two come back as the same arrays under the same keys (the view makes and uploads
+    nothing of them); translucent glyphs (each voxel once) rebuild the planes whose lines moved
+    too."""
     from types import SimpleNamespace
 
     from tractlens.widgets import fod_glyphs
 
     monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
-    monkeypatch.setattr(fod_glyphs, "_meshes", glyph_planes.PlaneCache(fod_glyphs.CACHED_MESHES))
+    monkeypatch.setattr(fod_glyphs, "_surfaces", glyph_planes.PlaneCache(fod_glyphs.CACHED_SURFACES))
     made = []
-    mesh = fod_glyphs.fod_mesh
-    monkeypatch.setattr(fod_glyphs, "fod_mesh", lambda *a: made.append(len(a[0])) or mesh(*a))
+    surfaces = fod_glyphs.plane_surfaces
+    monkeypatch.setattr(fod_glyphs, "plane_surfaces", lambda *a: made.append(len(a[0]["linear"])) or surfaces(*a))
     volume = SimpleNamespace(data=fod_volume(rng), affine=np.diag([1.25, 1.25, 1.25, 1.0]))
     layer = SimpleNamespace(data=volume, glyph_step=1, glyph_size=1.0, fod_scaling="voxel", opacity=1.0)
     doc = SimpleNamespace(reference_affine=volume.affine, reference_shape=SHAPE, cursor=np.array([11, 9, 8]))
@@ -194,7 +195,7 @@ def test_a_step_builds_the_moved_plane_alone(rng, monkeypatch):
     for axis in (2, 1, 0):
         doc.cursor = doc.cursor + np.eye(3, dtype=int)[axis]
         after = build()
-        assert len(made) == 4 + (2 - axis)  # the moved plane's mesh alone
+        assert len(made) == 4 + (2 - axis)  # the moved plane's surfaces alone
         for normal in range(3):
             same = after[normal][0] == before[normal][0] and after[normal][1] is before[normal][1]
             assert same == (normal != axis), (axis, normal)
@@ -256,3 +257,20 @@ def test_fod_sections_fill_what_their_triangles_filled(qapp, rng):
     a, b = fill(ours), fill(reference)
     assert (a[..., 3] > 0).mean() > 0.01  # something drawn
     assert (np.abs(a - b).max(axis=-1) > 40).mean() < 1e-3
+
+
+def test_the_plane_cache_lets_a_volume_go_with_its_entries():
+    """What was made for a volume's planes goes when the volume does (a layer removed), and a
+    volume that replaced it at the same key is never answered with the old one's."""
+    import gc
+
+    cache = glyph_planes.PlaneCache(8)
+    old, other = np.zeros(4), np.ones(4)
+    assert cache.get(("plane", 0), old, lambda: "old") == "old"
+    assert cache.get(("plane", 1), old, lambda: "old 1") == "old 1"
+    assert cache.get(("plane", 0), other, lambda: "other") == "other"  # same key, another volume
+    assert cache.get(("plane", 0), other, lambda: "made again") == "other"
+    assert len(cache) == 2
+    del old
+    gc.collect()
+    assert len(cache) == 1 and cache.get(("plane", 0), other, lambda: "made again") == "other"
