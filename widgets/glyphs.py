@@ -454,6 +454,7 @@ class LatestTask(QObject):
         #: time of it: less when it waited for Python's lock), delivering (GUI thread).
         self.timings: dict[str, float] = {}
         self._requested = 0.0
+        self.delivered_at = 0.0  # perf_counter time of the last delivery
         self._done.connect(self._finished)
 
     def request(self, key, fn, *, after_paint: bool = False) -> None:
@@ -505,7 +506,7 @@ class LatestTask(QObject):
                     log.exception("building glyphs failed")
                     ok = False
             self.delivered = key
-            arrived = time.perf_counter()
+            arrived = self.delivered_at = time.perf_counter()
             self._deliver(key, result if ok else None)
             self.timings = {"wait_s": max(0.0, started - self._requested), "build_s": built - started,
                             "build_cpu_s": cpu, "to_gui_s": arrived - built,

@@ -43,10 +43,12 @@ def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: in
             doc.set_cursor(doc.cursor + np.eye(3, dtype=int)[2 - index % 3])
             app.processEvents()
             assert wait(app, view.glyphs_ready, 120)
-            # the view's own frame with them (a frame drawn here besides would be drawn twice:
-            # the view's request, still pending, would draw again at the start of the next step)
-            delivered = view.frames_drawn
-            assert wait(app, lambda n=delivered: view.frames_drawn > n and not view._render_pending, 120)
+            # the view's own frame with them, begun after they came (it may be drawn already: the
+            # delivery and its frame can fall in one processEvents call). A frame drawn here
+            # besides would be drawn twice: the view's request, still pending, would draw again
+            # at the start of the next step.
+            came = view.glyphs.tasks[id(layer)].delivered_at
+            assert wait(app, lambda t=came: not view._render_pending and view.renders[-1][0] >= t, 120)
         times.append(time.perf_counter() - start)
         axis = 2 - index % 3
         moved = next(v for v in window.views.values() if v.geometry_now().normal_axis == axis)
