@@ -32,7 +32,7 @@ from tractlens.app.fod_display import (
 )
 from tractlens.app.model import Document, Layer
 
-from .glyph_planes import PlaneCache, plane_base, plane_choices, sample_volume
+from .glyph_planes import PlaneCache, picked, picked_count, plane_base, plane_choices, sample_volume
 from .glyphs import (
     COLOUR_LEVELS,
     GLYPH_TRIANGLES,
@@ -89,9 +89,7 @@ def plane_surfaces(plane: dict, rows, level: int, size_mm: float, top: float | N
     triangles (int32) and colours are views of arrays kept per sphere, the same for every glyph."""
     sphere, faces = icosphere(level)
     directions = sphere.astype(np.float32)
-    radii, centres, normals = (
-        plane[name] if rows is None else plane[name][rows] for name in ("radii", "centres", "normals")
-    )
+    radii, centres, normals = (picked(plane, rows, name) for name in ("radii", "centres", "normals"))
     if top is not None:
         radii = radii / np.float32(top) if top > 0 else np.zeros_like(radii)
     count = len(radii)
@@ -127,7 +125,7 @@ def _sphere_tiles(level: int, count: int) -> tuple[np.ndarray, np.ndarray]:
 def _plane_surfaces_cached(data, plane: dict, rows, left: tuple, level: int, size_mm: float, top) -> tuple:
     """(key, surfaces) of one plane's glyphs (:func:`plane_surfaces`' arrays, from the cache when it
     holds them); (None, None) when the plane has none."""
-    if not (len(plane["linear"]) if rows is None else rows.any()):
+    if not picked_count(plane, rows):
         return None, None
     key = (plane["key"], left, top, size_mm)
     return key, _surfaces.get(key, data, lambda: plane_surfaces(plane, rows, level, size_mm, top))

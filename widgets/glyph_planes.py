@@ -151,15 +151,25 @@ def plane_choices(data, affine, reference, shape, cursor, step: int, look: tuple
     return chosen
 
 
+def picked(plane: dict, rows, name: str) -> np.ndarray:
+    """``plane[name]`` of the glyphs ``rows`` selects (:func:`plane_choices`; None: all)."""
+    return plane[name] if rows is None else plane[name][rows]
+
+
+def picked_count(plane: dict, rows) -> int:
+    """How many glyphs ``rows`` selects of ``plane`` (None: all)."""
+    return len(plane["linear"]) if rows is None else int(rows.sum())
+
+
 def cursor_planes(data, affine, reference, shape, cursor, step: int, look: tuple, kind, names) -> dict | None:
     """The glyphs of the three planes through ``cursor`` (every ``step``-th voxel of each, fitted
     voxels only: ``kind`` as :func:`_plane`'s), each voxel once, plane after plane (the order does
     not change the picture; it is the same whatever the cache holds): ``linear`` (reference voxel
     indices), ``centres`` and ``names`` (per-glyph arrays ``kind`` computes); None when none."""
     chosen = plane_choices(data, affine, reference, shape, cursor, step, look, kind)
-    if not sum(len(plane["linear"]) if rows is None else int(rows.sum()) for plane, rows, _left in chosen):
+    if not sum(picked_count(plane, rows) for plane, rows, _left in chosen):
         return None
-    return {name: np.concatenate([plane[name] if rows is None else plane[name][rows] for plane, rows, _left in chosen])
+    return {name: np.concatenate([picked(plane, rows, name) for plane, rows, _left in chosen])
             for name in ("linear", "centres", *names)}  # fmt: skip
 
 
