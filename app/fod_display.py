@@ -151,8 +151,8 @@ def surface_normals(sh: np.ndarray, amplitudes: np.ndarray, radii: np.ndarray, s
     where positive (zero elsewhere), so ∇r is that factor times the amplitudes' gradient: a
     matrix product of the coefficients with the basis's tangential derivatives
     (:func:`_sphere_gradients`, the same for every glyph) instead of a pass over every
-    triangle of every glyph, a tenth of its time. Where the surface is at the centre with no slope (lobes at zero), a normal is its
-    direction."""
+    triangle of every glyph, a tenth of its time. Where the surface is at the centre with no
+    slope (lobes at zero), a normal is its direction."""
     directions, _faces = icosphere(subdivisions)
     sh = np.asarray(sh, dtype=np.float32)
     count, vertices = np.shape(radii)

@@ -146,7 +146,7 @@ class VolumeGlyphs:
         elif is_instances(mesh):  # tensor glyphs: per-glyph arrays drawn as instances of source meshes
             if actor is None:
                 actor = glyph_actor(mesh)
-                self.view.plotter.add_actor(actor, name=name, reset_camera=False, render=False)
+                self.view.plotter.add_actor(actor, name=name, **NO_RENDER)
             else:
                 show_instances(actor, mesh)
         elif actor is None:
