@@ -274,3 +274,23 @@ def test_the_plane_cache_lets_a_volume_go_with_its_entries():
     del old
     gc.collect()
     assert len(cache) == 1 and cache.get(("plane", 0), other, lambda: "made again") == "other"
+
+
+def test_fod_glyphs_of_an_empty_plane_and_an_empty_volume(rng, monkeypatch):
+    """A plane without fitted voxels has no surfaces (its actor goes); a volume without any has
+    no glyphs at all."""
+    from types import SimpleNamespace
+
+    from tractlens.widgets import fod_glyphs
+
+    monkeypatch.setattr(glyph_planes, "_planes", glyph_planes.PlaneCache(glyph_planes.CACHED_PLANES))
+    monkeypatch.setattr(fod_glyphs, "_surfaces", glyph_planes.PlaneCache(fod_glyphs.CACHED_SURFACES))
+    data = fod_volume(rng)
+    data[:, :, 8] = 0.0  # the axial plane through the cursor: nothing fitted
+    volume = SimpleNamespace(data=data, affine=np.diag([1.25, 1.25, 1.25, 1.0]))
+    layer = SimpleNamespace(data=volume, glyph_step=1, glyph_size=1.0, fod_scaling="global", opacity=1.0)
+    doc = SimpleNamespace(reference_affine=volume.affine, reference_shape=SHAPE, cursor=np.array([11, 9, 8]))
+    built = fod_glyphs.fod_glyph_job(layer, doc)[0]()
+    assert built[2] == (None, None) and built[0][1] is not None and built[1][1] is not None
+    volume.data = np.zeros_like(data)
+    assert fod_glyphs.fod_glyph_job(layer, doc)[0]() is None
