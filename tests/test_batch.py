@@ -586,10 +586,13 @@ def test_gradients_at_the_dataset_level_serve_every_subject(demo_dir, tmp_path):
 
 
 class _CountingClient:
-    """The module's client, counting the jobs submitted and not yet finished."""
+    """The module's client, counting at each submission the jobs submitted and not yet finished.
+    (Counted from the futures' states, which the scheduler loop sets before the plan can learn
+    that a job is done; a done-callback runs later, on another thread, so a count it lowers
+    could still hold a job the plan had already seen finish.)"""
 
     def __init__(self, client):
-        self.client, self.in_flight, self.most = client, 0, 0
+        self.client, self.futures, self.most = client, [], 0
         self.lock = threading.Lock()
 
     def __getattr__(self, name):
@@ -597,15 +600,12 @@ class _CountingClient:
 
     def submit(self, *args, **kwargs):
         with self.lock:
-            self.in_flight += 1
-            self.most = max(self.most, self.in_flight)
+            in_flight = sum(not future.done() for future in self.futures) + 1
+            self.most = max(self.most, in_flight)
         future = self.client.submit(*args, **kwargs)
-        future.add_done_callback(lambda _f: self._done())
-        return future
-
-    def _done(self):
         with self.lock:
-            self.in_flight -= 1
+            self.futures.append(future)
+        return future
 
 
 def _fake_step(job, *upstream):
