@@ -34,7 +34,8 @@ class GlyphRaster:
         top-left corner, bottom first) scaled by ``scale`` (screen pixels per mm), where they
         meet ``visible`` (the widget: a zoomed slice's target is larger than the screen);
         ``ratio``: the widget's device pixel ratio (the picture has the screen's own pixels)."""
-        if not any(layers):
+        layers = [paths for paths in layers if paths]  # a hidden or unbuilt layer's [] is new at each paint
+        if not layers:
             return
         area = target.intersected(visible)
         if area.isEmpty():

@@ -158,12 +158,15 @@ def test_glyph_counts_are_bounded_and_colour_by_fa_is_grey(window, qtbot):
 def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_them_drew(window, qtbot, monkeypatch):
     """The slice views keep their glyphs as a picture between paints: a step along z refills the
     axial view's only (the others repaint for the crosshair), and the picture is what filling
-    the paths at each paint draws, zoomed in too."""
+    the paths at each paint draws, zoomed in too. A hidden glyph layer (no glyphs) beside the
+    shown one does not make every paint fill again."""
     from PySide6.QtCore import QPointF
 
     from tractlens.widgets.glyph_raster import GlyphRaster, fill_layers
 
     doc = window.document
+    hidden = doc.add_layer(Layer("hidden", Volume("hidden", tensor_field(), AFFINE, kind="tensor"), "tensor"))
+    hidden.set(visible=False)
     doc.add_layer(Layer("tensors", Volume("tensors", tensor_field(), AFFINE, kind="tensor"), "tensor"))
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
     qtbot.wait(100)
