@@ -174,9 +174,31 @@ class StepClock:
                 clock.painting += time.perf_counter() - start
 
         SliceView.paintEvent = timed
+        # the window's update requests: Qt paints its dirty widgets (the slice views, the 3-D
+        # view's frame) and composes and flushes the window (through OpenGL when an OpenGL
+        # widget is in it), once per event-loop turn that found something dirty
+        from PySide6.QtCore import QEvent
+
+        from tractlens.widgets.main_window import MainWindow
+
+        self.updates, self.updating = 0, 0.0
+        window_event = MainWindow.event
+
+        def timed_event(window, event, clock=self, kind=QEvent.Type.UpdateRequest):
+            if event.type() != kind:
+                return window_event(window, event)
+            start = time.perf_counter()
+            try:
+                return window_event(window, event)
+            finally:
+                clock.updates += 1
+                clock.updating += time.perf_counter() - start
+
+        MainWindow.event = timed_event
 
     def start(self, view) -> None:
         self.t0, self.painted0 = time.perf_counter(), self.painting
+        self.updates0, self.updating0 = self.updates, self.updating
         for entry in view._fibers.values():
             getattr(getattr(entry["scene"], "gl", None), "timings", {}).clear()
 
@@ -195,4 +217,9 @@ class StepClock:
             for name, seconds in getattr(getattr(entry["scene"], "gl", None), "timings", {}).items():
                 out[f"gl_{name[:-2]}_ms"] = round(1e3 * seconds, 1)
         out["other_ms"] = round(1e3 * total - out["slice_views_ms"] - out["frames_3d_ms"], 1)
+        # the window's updates (paints of the dirty widgets, 3-D frames drawn there, composing and
+        # flushing) and what they took besides the slice views' paints and the 3-D frames
+        out["window_updates"] = self.updates - self.updates0
+        updating = 1e3 * (self.updating - self.updating0)
+        out["window_update_compose_ms"] = round(updating - out["slice_views_ms"] - out["frames_3d_ms"], 1)
         return out
