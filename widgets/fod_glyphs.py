@@ -2,7 +2,8 @@
 on the slices, built off the GUI thread with the tensor glyphs' machinery.
 
 The geometry (SH evaluated on a sphere mesh, radii, colours by direction) is
-:mod:`app.fod_display`'s; here it becomes VTK meshes and Qt paths. The counts are bounded as
+:mod:`app.fod_display`'s; here it becomes VTK meshes, and pictures of the sections drawn on the
+worker (:mod:`widgets.section_raster`). The counts are bounded as
 the tensor glyphs' are (:mod:`widgets.glyphs`): in 3-D the same cells per cursor plane
 (:func:`widgets.glyphs.glyph_step_3d`) with a sphere as fine as the triangle budget allows
 (:func:`app.fod_display.sphere_level`); in 2-D every n-th voxel with cells at least
@@ -34,7 +35,6 @@ from tractlens.app.model import Document, Layer
 
 from .glyph_planes import PlaneCache, picked, picked_count, plane_base, plane_choices, sample_volume
 from .glyphs import (
-    COLOUR_LEVELS,
     GLYPH_TRIANGLES,
     GLYPH_TRIANGLES_SOFTWARE,
     ellipse_job,
@@ -42,9 +42,9 @@ from .glyphs import (
     glyph_step_3d,
     plane_cells,
     plane_key,
-    polygons_path,
     tensor_glyph_job,
 )
+from .section_raster import GlyphPicture, Lattice, section_pixels
 
 MIN_FOD_CELL_PX = 14  # 2-D: fODF sections on voxels at least this many screen pixels apart
 SECTION_VERTICES = 32  # 2-D: points around one section
@@ -179,15 +179,18 @@ def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
     return build, key
 
 
-def fod_section_job(layer: Layer, doc: Document, geometry, step: int):
+def fod_section_job(layer: Layer, doc: Document, geometry, step: int, screen: tuple):
     """A function that builds an fODF layer's in-plane sections on a slice (``geometry``: a
     :class:`widgets.render.PlaneGeometry`) on the voxels whose in-plane indices are
-    ≡ step // 2 (mod ``step``), as [(rgba, path)] in plane millimetres like
-    :func:`widgets.glyphs.ellipse_paths`; and the key of that picture."""
+    ≡ step // 2 (mod ``step``), as a :class:`widgets.section_raster.GlyphPicture` made for
+    ``screen`` (target, area, ratio: the slice's rectangle on the widget and the part of it
+    on screen, each (left, top, width, height) in widget pixels, and the device pixel ratio);
+    and the key of that picture."""
     data, affine, reference = layer.data.data, layer.data.affine.copy(), doc.reference_affine.copy()
     info = (geometry.pixel_mm, geometry.screen_x_world, geometry.screen_up_world, 0.5 * step * min(geometry.pixel_mm))
     display = (float(layer.glyph_size), float(layer.opacity), layer.fod_scaling)
-    key = ("fod", id(data), affine.tobytes(), reference.tobytes(), plane_key(geometry), step, info, display)
+    key = ("fod", id(data), affine.tobytes(), reference.tobytes(), plane_key(geometry), step, info, display, screen)
+    plane_shape = geometry.voxels.shape[:2]
 
     def build():
         voxels, grid_rows, grid_cols = plane_cells(geometry, step)
@@ -195,61 +198,40 @@ def fod_section_job(layer: Layer, doc: Document, geometry, step: int):
         keep = inside & fitted(values)
         if not keep.any():
             return []
-        return section_paths(values[keep], grid_rows[keep], grid_cols[keep], info, display)
+        return section_picture(values[keep], grid_rows, grid_cols, keep, info, display, screen, plane_shape, step)
 
     return build, key
 
 
-def section_paths(sh, rows, cols, info, display, vertices: int = SECTION_VERTICES) -> list:
-    """The sections of fODFs (G, C) centred on plane pixels (``rows``, ``cols``), each piece
-    between two neighbouring section points coloured by its direction quantised to
-    :data:`widgets.glyphs.COLOUR_LEVELS` levels per channel, one path per colour. The pieces of
-    one colour next to each other are one polygon (the centre and the run of section points
-    they span; the colours are the same for every glyph), not a triangle each: a third of the
-    edges to fill."""
+def section_picture(sh, grid_rows, grid_cols, keep, info, display, screen, plane_shape, step: int,
+                    vertices: int = SECTION_VERTICES) -> GlyphPicture:  # fmt: skip
+    """The sections of fODFs ``sh`` (G, C) on the cells ``keep`` of a slice's glyph grid (plane
+    rows and columns (R, C) each, ``step`` apart) drawn for ``screen`` (see
+    :func:`fod_section_job`): each piece between two neighbouring section points in the
+    colour of its direction."""
     pixel_mm, screen_x, screen_up, radius_mm = info
     size, opacity, scaling = display
+    (tl, tt, tw, th), (al, at, aw, ah), ratio = screen
+    height, width = plane_shape
     radii, world = fod_sections(sh, screen_x, screen_up, scaling=scaling, vertices=vertices)
+    px_per_row, px_per_column = th / height * ratio, tw / width * ratio  # picture pixels per plane pixel
+    lattice = Lattice(
+        x0=(tl - al) * ratio + (grid_cols[0, 0] + 0.5) * px_per_column,
+        y0=(tt - at) * ratio + (grid_rows[0, 0] + 0.5) * px_per_row,
+        dx=step * px_per_column,
+        dy=step * px_per_row,
+        rows=grid_rows.shape[0],
+        columns=grid_rows.shape[1],
+    )
+    per_mm = tw / (width * pixel_mm[1]) * ratio  # picture pixels per mm
     t = np.linspace(0.0, 2.0 * np.pi, vertices, endpoint=False)
-    unit = np.stack([np.cos(t), -np.sin(t)], -1)  # screen, y down
-    centre = np.stack([(cols + 0.5) * pixel_mm[1], (rows + 0.5) * pixel_mm[0]], -1)  # (G, 2)
-    ring = centre[:, None, :] + (radii * radius_mm * size)[:, :, None] * unit[None]  # (G, K, 2)
+    reach = radii * (radius_mm * size * per_mm)
     middle = world + np.roll(world, -1, axis=0)  # the direction between two section points
-    rgb = np.abs(middle) / np.maximum(np.abs(middle).max(axis=1, keepdims=True), 1e-12)
-    levels = COLOUR_LEVELS - 1
-    quantised = np.rint(rgb * levels).astype(np.int64)  # (K, 3): the same for every glyph
-    keys = (quantised[:, 0] * COLOUR_LEVELS + quantised[:, 1]) * COLOUR_LEVELS + quantised[:, 2]
-    alpha = round(255 * opacity)
-    out = []
-    for key in np.unique(keys):
-        segments = np.flatnonzero(keys == key)
-        path = None
-        for start, length in _runs(segments, vertices):
-            points = ring[:, (start + np.arange(length + 1)) % vertices]  # the run's section points
-            part = polygons_path(np.concatenate([centre[:, None, :], points], axis=1))
-            if path is None:
-                path = part
-            else:
-                path.addPath(part)
-        r, g, b = (round(255 * float(v) / levels) for v in quantised[segments[0]])
-        out.append(((r, g, b, alpha), path))
-    return out
-
-
-def _runs(segments: np.ndarray, count: int) -> list[tuple[int, int]]:
-    """(first, length) of each run of consecutive ``segments`` around a ring of ``count``."""
-    chosen = np.zeros(count, dtype=bool)
-    chosen[segments] = True
-    if chosen.all():
-        return [(0, count)]
-    starts = np.flatnonzero(chosen & ~np.roll(chosen, 1))
-    runs = []
-    for start in starts:
-        length = 0
-        while chosen[(start + length) % count]:
-            length += 1
-        runs.append((int(start), length))
-    return runs
+    colours = np.abs(middle) / np.maximum(np.abs(middle).max(axis=1, keepdims=True), 1e-12)
+    cells = np.argwhere(keep)  # (G, 2): each glyph's (row, column) in the grid, in keep's order
+    pixels = section_pixels(reach * np.cos(t), -reach * np.sin(t), colours, opacity, lattice, cells,
+                            (math.ceil(ah * ratio), math.ceil(aw * ratio)))  # fmt: skip
+    return GlyphPicture(pixels, (al, at, aw, ah), (tl, tt, tw, th), ratio)
 
 
 def fod_step_2d(step: int, plane_shape, cell_px: float) -> int:
@@ -259,10 +241,11 @@ def fod_step_2d(step: int, plane_shape, cell_px: float) -> int:
 
 
 # ------------------------------------------------------------------ one door per view
-def slice_glyph_job(layer: Layer, doc: Document, geometry, plane_shape, cell_px: float):
-    """The 2-D glyph build of a tensor (ellipses) or fODF (sections) layer: (build, key)."""
+def slice_glyph_job(layer: Layer, doc: Document, geometry, plane_shape, cell_px: float, screen: tuple):
+    """The 2-D glyph build of a tensor (ellipses) or fODF (sections, a picture made for
+    ``screen``: see :func:`fod_section_job`) layer: (build, key)."""
     if layer.kind == "fod":
-        return fod_section_job(layer, doc, geometry, fod_step_2d(layer.glyph_step, plane_shape, cell_px))
+        return fod_section_job(layer, doc, geometry, fod_step_2d(layer.glyph_step, plane_shape, cell_px), screen)
     return ellipse_job(layer, doc, geometry, glyph_step_2d(layer.glyph_step, plane_shape, cell_px))
 
 

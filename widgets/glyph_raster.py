@@ -2,10 +2,11 @@
 
 A slice step repaints all three slice views, but only the one whose slice moved has new glyphs:
 the other two repaint for the crosshair. Filling thousands of small paths is the costly part of
-such a paint (an fODF section is 32 triangles: some 40 ms for the three views of a 1.25 mm
-slice), so the glyphs are filled once into an image and later paints draw that image while the
-paths, the target rectangle and the scale are the same. (Filled on the GUI thread: PySide holds
-Python's lock while Qt fills, so a worker would stall the GUI thread as much.)
+such a paint, so the glyphs are filled once into an image and later paints draw that image
+while the paths, the target rectangle and the scale are the same. (Filled on the GUI thread:
+PySide holds Python's lock while Qt fills, so a worker would stall the GUI thread as much. The
+fODF sections, 32 pieces each, come as pictures drawn with NumPy on a worker instead:
+:mod:`widgets.section_raster`.)
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import math
 
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QImage, QPainter
+
+from .section_raster import GlyphPicture
 
 
 class GlyphRaster:
@@ -31,7 +34,7 @@ class GlyphRaster:
     def draw(self, painter: QPainter, layers: list[list], target: QRectF, visible: QRectF, scale: float,
              ratio: float) -> None:  # fmt: skip
         """Draw ``layers`` (per layer, [(rgba, path)] in plane millimetres from ``target``'s
-        top-left corner, bottom first) scaled by ``scale`` (screen pixels per mm), where they
+        top-left corner, or a :class:`widgets.section_raster.GlyphPicture`; bottom first), paths scaled by ``scale`` (screen pixels per mm), where they
         meet ``visible`` (the widget: a zoomed slice's target is larger than the screen);
         ``ratio``: the widget's device pixel ratio (the picture has the screen's own pixels)."""
         layers = [paths for paths in layers if paths]  # a hidden or unbuilt layer's [] is new at each paint
@@ -57,7 +60,15 @@ class GlyphRaster:
         image.setDevicePixelRatio(ratio)
         painter = QPainter(image)
         painter.translate(target.left() - area.left(), target.top() - area.top())
-        fill_layers(painter, layers, scale)
+        for source in layers:
+            if isinstance(source, GlyphPicture):  # drawn on a worker for a place on the screen
+                height, width = source.pixels.shape
+                picture = QImage(
+                    source.pixels.data, width, height, 4 * width, QImage.Format.Format_ARGB32_Premultiplied
+                )
+                painter.drawImage(QRectF(*source.placed(target.getRect())), picture)
+            else:
+                fill_layers(painter, [source], scale)
         painter.end()
         return image
 

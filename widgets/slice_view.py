@@ -225,10 +225,13 @@ class SliceView(QWidget):
         every n-th voxel (the layer's step, or more: see :func:`widgets.glyphs.glyph_step_2d`)."""
         height, width = geometry.voxels.shape[:2]
         cell_px = min(target.width() / width, target.height() / height)
+        area = target.intersected(QRectF(self.rect()))
+        screen = (target.getRect(), area.getRect(), self.devicePixelRatioF())  # what a picture is made for
         requests = []
         for layer in self.document.layers:
             if layer.kind in ("tensor", "fod") and layer.visible and layer.opacity > 0:
-                requests.append((layer, *slice_glyph_job(layer, self.document, geometry, (height, width), cell_px)))
+                job = slice_glyph_job(layer, self.document, geometry, (height, width), cell_px, screen)
+                requests.append((layer, *job))
         wanted = {id(layer) for layer, _build, _key in requests}
         for key in [key for key in self._glyph_tasks if key not in wanted]:
             self._glyph_tasks.pop(key).forget()
@@ -255,10 +258,12 @@ class SliceView(QWidget):
         return all(task.ready() for task in self._glyph_tasks.values()) and self._fibres.ready()
 
     def _draw_glyphs(self, painter: QPainter, geometry, target: QRectF) -> None:
-        """Tensor layers as ellipses (each tensor's in-plane 2x2 part). They are built on a worker
-        thread (:class:`widgets.glyphs.LatestTask`) as one path per colour in plane millimetres;
-        painting only scales the last built paths onto the screen, so a slice step never waits
-        for them (until the new slice's arrive, the previous slice's are shown)."""
+        """Tensor layers as ellipses (each tensor's in-plane 2x2 part), fODF layers as sections.
+        They are built on a worker thread (:class:`widgets.glyphs.LatestTask`): ellipses as one
+        path per colour in plane millimetres, sections as a picture for the slice's place on the
+        screen (:mod:`widgets.section_raster`). Painting only draws the last built ones, so a
+        slice step never waits for them (until the new slice's arrive, the previous slice's are
+        shown; a picture made before a zoom or pan is scaled along until its successor comes)."""
         self._glyph_requests(geometry, target)
         width = geometry.voxels.shape[1]
         scale = target.width() / (width * geometry.pixel_mm[1])  # screen pixels per mm

@@ -208,55 +208,79 @@ def test_a_step_builds_the_moved_plane_alone(rng, monkeypatch):
     assert len(made) == 3  # the x plane, and the y and z planes whose lines along x moved
 
 
-def test_fod_sections_fill_what_their_triangles_filled(qapp, rng):
-    """The 2-D sections' runs of one colour drawn as one polygon each fill the same pixels as the
-    triangle per piece they replace; runs wrap around the ring."""
+@pytest.mark.parametrize("ratio", [1.0, 2.0])
+@pytest.mark.parametrize("size", [1.0, 2.5])
+def test_fod_section_pictures_cover_what_qt_fills_with_their_triangles(qapp, rng, size, ratio):
+    """The sections drawn with NumPy on a worker (:mod:`widgets.section_raster`) cover the pixels
+    Qt fills with a triangle per piece (the centre and two neighbouring section points) and
+    give them the piece's colour: on a slice placed off the pixel grid, partly off screen,
+    at two device pixel ratios, and with glyphs larger than their cells (overlapping)."""
     from PySide6.QtCore import Qt
     from PySide6.QtGui import QColor, QImage, QPainter
 
     from tractlens.gpu.sh import sh_basis
-    from tractlens.widgets.fod_glyphs import COLOUR_LEVELS, _runs, fod_sections, polygons_path, section_paths
+    from tractlens.widgets.fod_glyphs import fod_sections, section_picture
+    from tractlens.widgets.glyphs import polygons_path
 
-    assert _runs(np.array([0, 1, 5, 6, 7]), 8) == [(5, 5)]
-    assert _runs(np.array([2, 3, 5]), 8) == [(2, 2), (5, 1)]
-    assert _runs(np.arange(8), 8) == [(0, 8)]
-    rows, cols = (grid.ravel() for grid in np.meshgrid(np.arange(12) * 6 + 3, np.arange(12) * 6 + 3, indexing="ij"))
-    directions = rng.normal(size=(len(rows), 3))
+    step, plane = 6, (72, 72)
+    grid_rows, grid_cols = np.meshgrid(np.arange(12) * step + 3, np.arange(12) * step + 3, indexing="ij")
+    keep = rng.random(grid_rows.shape) < 0.8
+    directions = rng.normal(size=(int(keep.sum()), 3))
     directions /= np.linalg.norm(directions, axis=1, keepdims=True)
     sh = sh_basis(np, directions, 8) * 0.2 + sh_basis(np, np.roll(directions, 1, axis=1), 8) * 0.1
     sh[:, 0] = 0.3
-    info = (np.array([1.25, 1.25]), (0, 1), (1, 1), 3.75)
+    pixel_mm = np.array([1.25, 1.25])
+    info = (pixel_mm, (0, 1), (1, 1), 0.5 * step * 1.25)
+    # 3 px a plane pixel, panned up and left, the widget 200 x 180: no glyph centre on a pixel's
+    # (whose pixels on a diagonal would lie on the line between two pieces)
+    target, area = (-3.3, -2.6, 216.0, 216.0), (0.0, 0.0, 200.0, 180.0)
+    picture = section_picture(
+        sh, grid_rows, grid_cols, keep, info, (size, 1.0, "voxel"), (target, area, ratio), plane, step
+    )
+    height, width = picture.pixels.shape
+    assert (height, width) == (int(180 * ratio), int(200 * ratio))
+    assert picture.placed(target) == pytest.approx((3.3, 2.6, 200.0, 180.0))  # from the target's corner
 
-    def fill(paths):
-        image = QImage(240, 240, QImage.Format.Format_ARGB32_Premultiplied)
-        image.fill(Qt.GlobalColor.transparent)
-        painter = QPainter(image)
-        painter.scale(2.0, 2.0)
-        painter.setPen(Qt.PenStyle.NoPen)
-        for rgba, path in paths:
-            painter.fillPath(path, QColor(*rgba))
-        painter.end()
-        bits = image.constBits()
-        return np.frombuffer(bits, np.uint8).reshape(240, image.bytesPerLine() // 4, 4)[:, :240].astype(int)
-
-    ours = section_paths(sh, rows, cols, info, (1.0, 1.0, "voxel"))
-    # what was drawn before: a triangle per piece, one path per quantised colour
+    # Qt's fill of a triangle per piece (no antialiasing: a pixel is in when its centre is)
     radii, world = fod_sections(sh, (0, 1), (1, 1), scaling="voxel", vertices=32)
     t = np.linspace(0.0, 2.0 * np.pi, 32, endpoint=False)
-    centre = np.stack([(cols + 0.5) * 1.25, (rows + 0.5) * 1.25], -1)
-    ring = centre[:, None, :] + (radii * 3.75)[:, :, None] * np.stack([np.cos(t), -np.sin(t)], -1)[None]
-    triangles = np.stack([np.broadcast_to(centre[:, None, :], ring.shape), ring, np.roll(ring, -1, axis=1)], axis=2)
+    per_px = 3.0 * ratio
+    centre = np.stack([(target[0] - area[0]) * ratio + (grid_cols[keep] + 0.5) * per_px,
+                       (target[1] - area[1]) * ratio + (grid_rows[keep] + 0.5) * per_px], -1)  # fmt: skip
+    reach = radii * (info[3] * size * per_px / 1.25)
+    ring = centre[:, None, :] + reach[:, :, None] * np.stack([np.cos(t), -np.sin(t)], -1)[None]
     middle = np.abs(world + np.roll(world, -1, axis=0))
-    quantised = np.rint(middle / middle.max(axis=1, keepdims=True) * (COLOUR_LEVELS - 1)).astype(int)
-    reference = []
-    for colour in np.unique(quantised, axis=0):
-        pieces = np.flatnonzero((quantised == colour).all(axis=1))
-        rgba = (*(round(255 * float(v) / (COLOUR_LEVELS - 1)) for v in colour), 255)
-        reference.append((rgba, polygons_path(triangles[:, pieces].reshape(-1, 3, 2))))
-    assert sorted(rgba for rgba, _path in reference) == sorted(rgba for rgba, _path in ours)
-    a, b = fill(ours), fill(reference)
-    assert (a[..., 3] > 0).mean() > 0.01  # something drawn
-    assert (np.abs(a - b).max(axis=-1) > 40).mean() < 1e-3
+    colours = middle / middle.max(axis=1, keepdims=True)
+    image = QImage(width, height, QImage.Format.Format_ARGB32_Premultiplied)
+    image.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(image)
+    painter.setPen(Qt.PenStyle.NoPen)
+    for piece in range(32):
+        triangles = np.stack([centre, ring[:, piece], ring[:, (piece + 1) % 32]], axis=1)
+        painter.fillPath(polygons_path(triangles), QColor(*(round(255 * v) for v in colours[piece]), 255))
+    painter.end()
+    qt = np.frombuffer(image.constBits(), np.uint32).reshape(height, image.bytesPerLine() // 4)[:, :width]
+
+    def channels(pixels):  # A, R, G, B
+        return np.stack([(pixels >> shift) & 255 for shift in (24, 16, 8, 0)], -1).astype(int)
+
+    ours, theirs = channels(picture.pixels), channels(qt)
+    drawn = theirs[..., 0] > 0
+    assert drawn.mean() > 0.02  # something drawn
+    # the same pixels but for edges: where the picture covers a pixel mostly, Qt filled it (its
+    # centre is in), and where it covers a pixel little, Qt did not
+    assert ((ours[..., 0] > 190) & ~drawn).sum() + ((ours[..., 0] < 64) & drawn).sum() < 0.01 * drawn.sum()
+    # the colours of opaque pixels away from the glyphs' centres (where all pieces meet, a
+    # pixel may take any of them); where glyphs overlap, Qt shows the one filled last and the
+    # picture the one covering most
+    rows, cols = np.indices((height, width)) + 0.5
+    near = np.zeros((height, width), bool)
+    for x, y in centre:
+        near |= (cols - x) ** 2 + (rows - y) ** 2 < (2.0 * ratio) ** 2
+    both = (ours[..., 0] == 255) & drawn & ~near
+    assert both.sum() > 0.3 * drawn.sum()
+    wrong = (np.abs(ours[both, 1:] - theirs[both, 1:]).max(axis=-1) > 40).mean()  # opaque: not premultiplied
+    assert wrong < (0.005 if size == 1.0 else 0.05), wrong
 
 
 def test_the_plane_cache_lets_a_volume_go_with_its_entries():
