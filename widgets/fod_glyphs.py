@@ -204,14 +204,16 @@ def fod_section_job(layer: Layer, doc: Document, geometry, step: int, screen: tu
 
 
 def section_picture(sh, grid_rows, grid_cols, keep, info, display, screen, plane_shape, step: int,
-                    vertices: int = SECTION_VERTICES) -> GlyphPicture:  # fmt: skip
+                    vertices: int = SECTION_VERTICES) -> GlyphPicture | list:  # fmt: skip
     """The sections of fODFs ``sh`` (G, C) on the cells ``keep`` of a slice's glyph grid (plane
     rows and columns (R, C) each, ``step`` apart) drawn for ``screen`` (see
     :func:`fod_section_job`): each piece between two neighbouring section points in the
-    colour of its direction."""
+    colour of its direction. [] when the slice is off screen."""
     pixel_mm, screen_x, screen_up, radius_mm = info
     size, opacity, scaling = display
     (tl, tt, tw, th), (al, at, aw, ah), ratio = screen
+    if aw <= 0 or ah <= 0:
+        return []  # the slice is off screen (panned away): nothing to draw
     height, width = plane_shape
     radii, world = fod_sections(sh, screen_x, screen_up, scaling=scaling, vertices=vertices)
     px_per_row, px_per_column = th / height * ratio, tw / width * ratio  # picture pixels per plane pixel

@@ -9,6 +9,7 @@ import time
 
 import nibabel as nib
 import numpy as np
+import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QContextMenuEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QApplication
@@ -73,6 +74,29 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
         )
     for xs in (Y_BUNDLE, CROSSING):
         assert abs(angle_of(axial, colours["green"], region(xs)) - 90) < 10
+
+    # Zoomed in and panned: the sections' picture is made again for the slice's new place (drawn
+    # on a worker for it), and the lobes are where their voxels are now.
+    from tractlens.widgets.section_raster import GlyphPicture
+
+    centre = axial.widget_point_of_voxel((X_BUNDLE[0], PHANTOM_SHAPE[1] // 2, Z))
+    axial.navigation.zoom_at(centre, 2.0)
+    axial.navigation.pan_by(15.0, -10.0)
+    qtbot.waitUntil(axial.glyphs_ready, timeout=10_000)
+    zoomed = grab(axial)
+    save_rgb(zoomed, ARTIFACTS / "fod_axial_zoomed.png")
+    picture = axial._ellipses[id(layer)]
+    assert isinstance(picture, GlyphPicture)
+    assert picture.target == pytest.approx(axial._target_rect(axial.geometry_now()).getRect())
+    height, width = zoomed.shape[:2]
+    shown = [v for v, (x0, x1, y0, y1) in zip(region(X_BUNDLE), cells(axial, region(X_BUNDLE)), strict=True)
+             if x0 >= 0 and y0 >= 0 and x1 <= width and y1 <= height]  # fmt: skip
+    assert len(shown) >= 3
+    colours_zoomed = stick_pixels(zoomed)
+    assert colour_share(colours_zoomed["red"], axial, shown) > 0.95
+    assert colour_share(colours_zoomed["green"], axial, shown) == 0
+    axial.navigation.reset()
+    qtbot.waitUntil(axial.glyphs_ready, timeout=10_000)
 
     # Relative sizes from the layer's menu: the crossing's lobes (half the density each) shrink.
     crossing_red = sum(colours["red"][y0:y1, x0:x1].sum() for x0, x1, y0, y1 in cells(axial, region(CROSSING)))

@@ -240,6 +240,8 @@ def test_fod_section_pictures_cover_what_qt_fills_with_their_triangles(qapp, rng
     height, width = picture.pixels.shape
     assert (height, width) == (int(180 * ratio), int(200 * ratio))
     assert picture.placed(target) == pytest.approx((3.3, 2.6, 200.0, 180.0))  # from the target's corner
+    off_screen = (target, (0.0, 0.0, 0.0, 0.0), ratio)  # panned away: Qt's empty intersection
+    assert section_picture(sh, grid_rows, grid_cols, keep, info, (size, 1.0, "voxel"), off_screen, plane, step) == []
 
     # Qt's fill of a triangle per piece (no antialiasing: a pixel is in when its centre is)
     radii, world = fod_sections(sh, (0, 1), (1, 1), scaling="voxel", vertices=32)
