@@ -74,6 +74,7 @@ def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: in
         f"{name}_step_rss_mb": rss,
         # waiting for a worker, building on it, reaching and delivering on the GUI thread
         f"{name}_step_parts": parts[int(np.argsort(times)[len(times) // 2])],
+        f"{name}_step_parts_all": parts,  # every step's, in order (the first is the slow one)
         f"{name}_count": sum(int(actor.GetMapper().GetInput().GetNumberOfPoints()) for actor in actors),
         f"{name}_actor": type(actors[0].GetMapper()).__name__ if actors else None,
         f"{name}_actors": len(actors),
