@@ -69,6 +69,7 @@ def section_pixels(
     vertex k at angle t_k = 2πk/K counter-clockwise on the screen; ``colours`` (K, 3) in 0..1,
     piece k's (between vertices k and k + 1); ``cells`` (G, 2): each glyph's (row, column) in
     ``lattice`` (one glyph per cell). A pixel takes the glyph that covers it most."""
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
     height, width = (int(v) for v in shape)
     out = np.zeros((height, width), np.uint32)
     count, k = x.shape
@@ -90,56 +91,51 @@ def section_pixels(
     per = np.where(solid, 1.0 / np.where(solid, length, 1.0), 0.0)
     farthest = np.where(solid, np.maximum(np.hypot(x, y), np.hypot(x1, y1)), -1.0)
     pieces = np.stack([x, y, ex * per, ey * per, farthest], -1).reshape(count * k, 5).astype(np.float32)
+    reach_squared = ((farthest.max(axis=1) + 1.0) ** 2).astype(np.float32)  # a glyph's pixels lie within
     # the pixels' centres, their nearest lattice column and row
     centres_x, centres_y = np.arange(width) + 0.5, np.arange(height) + 0.5
     near_a = np.rint((centres_x - lattice.x0) / lattice.dx).astype(np.int64)
     near_b = np.rint((centres_y - lattice.y0) / lattice.dy).astype(np.int64)
-    best = np.zeros((height, width), np.float32)  # the coverage taken so far
-    piece = np.zeros((height, width), np.int16)  # and its piece number
+    best = np.zeros(height * width, np.float32)  # the coverage taken so far (flat)
+    piece = np.zeros(height * width, np.int16)  # and its piece number
     turns = np.float32(k / (2.0 * np.pi))
     for ob in range(-span, span + 1):
         b = near_b + ob
-        py_all = centres_y - (lattice.y0 + b * lattice.dy)
+        py_all = (centres_y - (lattice.y0 + b * lattice.dy)).astype(np.float32)
         # the rows a neighbour row's glyphs can reach (all of them for a pixel's own row)
         rows = np.flatnonzero(((b >= 0) & (b < lattice.rows)) & ((ob == 0) | (np.abs(py_all) <= reach + 1.5)))
         for oa in range(-span, span + 1):
             a = near_a + oa
-            px_all = centres_x - (lattice.x0 + a * lattice.dx)
+            px_all = (centres_x - (lattice.x0 + a * lattice.dx)).astype(np.float32)
             columns = np.flatnonzero(((a >= 0) & (a < lattice.columns)) & ((oa == 0) | (np.abs(px_all) <= reach + 1.5)))
             if rows.size == 0 or columns.size == 0:
                 continue
             glyph = table[b[rows][:, None], a[columns][None, :]]  # (R, C)
-            if not (glyph >= 0).any():
+            py, px = py_all[rows][:, None], px_all[columns][None, :]
+            # only the pixels within their glyph's reach are worked on further
+            near = np.flatnonzero((glyph >= 0) & (px * px + py * py <= reach_squared[np.maximum(glyph, 0)]))
+            if near.size == 0:
                 continue
-            py = py_all[rows].astype(np.float32)[:, None]
-            px = px_all[columns].astype(np.float32)[None, :]
+            r, c = np.divmod(near, columns.size)
+            g, dx, dy = glyph.ravel()[near], px_all[columns][c], py_all[rows][r]
+            rho = np.hypot(dx, dy)
             # the piece a pixel's angle falls in (counter-clockwise on the screen: y down)
-            j = np.floor(np.arctan2(-py, px) * turns).astype(np.int32) % k
-            at = np.take(pieces, np.maximum(glyph, 0) * k + j, axis=0)  # (R, C, 5)
+            j = np.floor(np.arctan2(-dy, dx) * turns).astype(np.int32) % k
+            at = np.take(pieces, g * k + j, axis=0)  # (N, 5)
             # signed distance to the outer edge, positive on the centre's side; no nearer the
             # centre than the piece reaches (beyond both vertices a pixel can lie on the edge's
             # line: a piece with one vertex at the centre, seen along the other's direction)
-            inside = at[..., 3] * (px - at[..., 0]) - at[..., 2] * (py - at[..., 1])
-            inside = np.minimum(inside, at[..., 4] - np.hypot(px, py))
+            inside = at[:, 3] * (dx - at[:, 0]) - at[:, 2] * (dy - at[:, 1])
+            inside = np.minimum(inside, at[:, 4] - rho)
             cover = np.clip(inside + 0.5, 0.0, 1.0)
-            cover[glyph < 0] = 0.0
-            where = (_span_or(rows), _span_or(columns))
-            if not isinstance(where[0], slice) or not isinstance(where[1], slice):
-                where = np.ix_(rows, columns)
-            taken = best[where]
-            better = cover > taken
-            best[where] = np.where(better, cover, taken)
-            piece[where] = np.where(better, j.astype(np.int16), piece[where])
-    alpha = best * np.float32(255.0 * opacity)
-    rgb = np.take(np.clip(colours, 0.0, 1.0).astype(np.float32), piece, axis=0)  # (H, W, 3)
-    a8 = np.rint(alpha).astype(np.uint32)
-    channels = np.rint(rgb * alpha[..., None]).astype(np.uint32)
-    out[:] = (a8 << 24) | (channels[..., 0] << 16) | (channels[..., 1] << 8) | channels[..., 2]
+            flat = rows[r] * width + columns[c]
+            better = cover > best[flat]
+            best[flat[better]] = cover[better]
+            piece[flat[better]] = j[better]
+    drawn = np.flatnonzero(best > 0.0)
+    alpha = np.rint(best[drawn] * np.float32(255.0 * opacity)).astype(np.uint32)  # 0..255
+    palette = np.rint(np.clip(colours, 0.0, 1.0) * 255.0).astype(np.uint32)  # (K, 3)
+    rgb = palette[piece[drawn]]  # (N, 3)
+    premultiplied = (rgb * alpha[:, None] + 127) // 255
+    out.ravel()[drawn] = (alpha << 24) | (premultiplied[:, 0] << 16) | (premultiplied[:, 1] << 8) | premultiplied[:, 2]
     return out
-
-
-def _span_or(indices: np.ndarray):
-    """``indices`` (ascending) as a slice when they are one run (a view, not a copy)."""
-    if indices.size and indices[-1] - indices[0] + 1 == indices.size:
-        return slice(int(indices[0]), int(indices[-1]) + 1)
-    return indices
