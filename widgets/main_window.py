@@ -120,6 +120,8 @@ class MainWindow(QMainWindow):
         self.views = {
             name: SliceView(self.document, name, tools=self.roi_tools) for name in ("axial", "coronal", "sagittal")
         }
+        for view in self.views.values():
+            view.frame_partner = self.view3d  # new 2-D glyphs are drawn with a held 3-D frame
         self.setCentralWidget(central_views(self.view3d, self.views))  # four equal cells
         self.view_controls = ViewControls(self, self.view3d, self.views)
         self.roi_toolbar = RoiToolbar(self)

@@ -72,6 +72,7 @@ class SliceView(QWidget):
         self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its ellipse builds (workers)
         self._ellipses: dict[int, list] = {}  # tensor layer -> the last built [(rgba, path)]
         self._glyph_raster = GlyphRaster()  # those paths filled once
+        self.frame_partner = None  # the 3-D view, whose held frame new glyphs join (View3D.join_frame)
         document.connect(self._on_document)
 
     # ----------------------------------------------------------------- model
@@ -247,7 +248,9 @@ class SliceView(QWidget):
     def _ellipses_built(self, layer, paths) -> None:
         if id(layer) in self._glyph_tasks:
             self._ellipses[id(layer)] = paths or []
-            self.update()
+            # with the 3-D frame that waits for its glyphs, if one does (one window update)
+            if self.frame_partner is None or not self.frame_partner.join_frame(self):
+                self.update()
 
     def glyphs_ready(self) -> bool:
         """Do the ellipses drawn show the document as it is now (no build pending)? Asks for the

@@ -96,6 +96,7 @@ class View3D(FiberView, QWidget):
         self._hold_timer = QTimer(self)
         self._hold_timer.setSingleShot(True)
         self._hold_timer.timeout.connect(lambda: self._render_now())
+        self._joining: list = []  # widgets whose repaint waits for the held frame (join_frame)
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self.frames_drawn = 0
         # Wait for the GPU at each frame's end, so that a frame's recorded end is when it is drawn
@@ -176,6 +177,17 @@ class View3D(FiberView, QWidget):
             self._hold_timer.stop()
             QTimer.singleShot(0, self._render_now)
 
+    def join_frame(self, widget) -> bool:
+        """Repaint ``widget`` with the frame now held (one window update: Qt composes and
+        flushes the window once for both, not once each), if a frame is held; False when none
+        is (repaint it now). A slice view's glyphs that arrive while a slice step's 3-D frame
+        waits for its own come with that frame, at most the hold's time later."""
+        if not (self._render_pending and time.perf_counter() < self._frames_held_until):
+            return False
+        if widget not in self._joining:
+            self._joining.append(widget)
+        return True
+
     def _render_now(self) -> None:
         """Draw one frame: the widget's repaint renders the scene (``plotter.render()`` would
         render it twice, once more in the repaint that shows it). :attr:`renders` records
@@ -186,6 +198,12 @@ class View3D(FiberView, QWidget):
         if wait > 0:
             self._hold_timer.start(int(wait * 1000) + 1)
             return
+        joining, self._joining = self._joining, []
+        for widget in joining:  # repainted in the same window update as this frame
+            try:
+                widget.update()
+            except RuntimeError:  # gone meanwhile (its window closed)
+                pass
         if self._roi_after_hold:  # (before the flag below: its own request is this frame)
             self._update_roi_surfaces()
         self._render_pending = False

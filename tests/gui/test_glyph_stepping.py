@@ -221,3 +221,33 @@ def test_the_3d_frame_of_a_step_waits_for_its_glyphs(window, qtbot, monkeypatch)
         qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
         qtbot.waitUntil(lambda before=before: view.frames_drawn > before, timeout=10_000)  # drawn once they came
         assert arrived[-1] == before  # no frame between the step and the glyphs
+
+
+def test_2d_glyphs_that_arrive_while_a_3d_frame_is_held_are_drawn_with_it(window, qtbot, monkeypatch):
+    """A slice view's new glyphs that come while the 3-D view holds a frame (a slice step's,
+    waiting for its 3-D glyphs) are drawn when that frame is: the view asks for its repaint in
+    the call that asks for the frame (one window update: Qt composes and flushes the window
+    once), not at once in an update of its own; with no frame held, at once."""
+    doc = window.document
+    layer = doc.add_layer(Layer("tensors", Volume("tensors", tensor_field(), AFFINE, kind="tensor"), "tensor"))
+    qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+    view, axial = window.view3d, window.views["axial"]
+    qtbot.waitUntil(lambda: not view._render_pending, timeout=10_000)
+    asked = []  # (frames drawn, a frame pending) when the slice view asked for its repaint
+    monkeypatch.setattr(axial, "update", lambda *args: asked.append((view.frames_drawn, view._render_pending)))
+    ellipses = axial._ellipses[id(layer)]
+
+    view.hold_frames(60.0)
+    view.request_render()
+    qtbot.wait(50)
+    frames = view.frames_drawn
+    axial._ellipses_built(layer, list(ellipses))  # new glyphs arrive while the frame is held
+    qtbot.wait(200)
+    assert asked == [] and view.frames_drawn == frames
+    view.release_frames()
+    qtbot.waitUntil(lambda: view.frames_drawn > frames, timeout=10_000)
+    assert asked == [(frames, True)]  # asked with the frame, just before it was drawn
+
+    asked.clear()  # no frame held: at once
+    axial._ellipses_built(layer, list(ellipses))
+    assert asked == [(view.frames_drawn, False)]
