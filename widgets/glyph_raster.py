@@ -34,8 +34,9 @@ class GlyphRaster:
     def draw(self, painter: QPainter, layers: list[list], target: QRectF, visible: QRectF, scale: float,
              ratio: float) -> None:  # fmt: skip
         """Draw ``layers`` (per layer, [(rgba, path)] in plane millimetres from ``target``'s
-        top-left corner, or a :class:`widgets.section_raster.GlyphPicture`; bottom first), paths scaled by ``scale`` (screen pixels per mm), where they
-        meet ``visible`` (the widget: a zoomed slice's target is larger than the screen);
+        top-left corner, or a :class:`widgets.section_raster.GlyphPicture`; bottom first), the
+        paths scaled by ``scale`` (screen pixels per mm), where they meet ``visible`` (the
+        widget: a zoomed slice's target is larger than the screen);
         ``ratio``: the widget's device pixel ratio (the picture has the screen's own pixels)."""
         layers = [paths for paths in layers if paths]  # a hidden or unbuilt layer's [] is new at each paint
         if not layers:
