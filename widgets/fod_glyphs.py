@@ -225,7 +225,7 @@ def section_picture(sh, grid_rows, grid_cols, keep, info, display, screen, plane
         rows=grid_rows.shape[0],
         columns=grid_rows.shape[1],
     )
-    per_mm = tw / (width * pixel_mm[1]) * ratio  # picture pixels per mm
+    per_mm = px_per_column / pixel_mm[1]  # picture pixels per mm
     t = np.linspace(0.0, 2.0 * np.pi, vertices, endpoint=False)
     reach = radii * (radius_mm * size * per_mm)
     middle = world + np.roll(world, -1, axis=0)  # the direction between two section points

@@ -79,7 +79,8 @@ def section_pixels(
     table[cells[:, 0], cells[:, 1]] = np.arange(count)
     # the cells around a pixel's own that can reach it: glyphs larger than their cells (a glyph
     # size above 1) reach into their neighbours'; less than a pixel beyond is cut off
-    reach = float(np.hypot(x, y).max(initial=0.0)) - 1.0
+    radius = np.hypot(x, y)  # each vertex's distance from its glyph's centre
+    reach = float(radius.max(initial=0.0)) - 1.0
     span = max(0, math.ceil(reach / max(min(lattice.dx, lattice.dy), 1e-9) - 0.5))
     # per piece (glyph g, piece j: flat g·K + j): its first vertex, its outer edge (to the next
     # vertex) over the edge's length, and how far it reaches from the centre (-1: a piece of
@@ -89,7 +90,7 @@ def section_pixels(
     length = np.hypot(ex, ey)
     solid = length > 1e-6
     per = np.where(solid, 1.0 / np.where(solid, length, 1.0), 0.0)
-    farthest = np.where(solid, np.maximum(np.hypot(x, y), np.hypot(x1, y1)), -1.0)
+    farthest = np.where(solid, np.maximum(radius, np.roll(radius, -1, axis=1)), -1.0)
     pieces = np.stack([x, y, ex * per, ey * per, farthest], -1).reshape(count * k, 5).astype(np.float32)
     reach_squared = ((farthest.max(axis=1) + 1.0) ** 2).astype(np.float32)  # a glyph's pixels lie within
     # the pixels' centres, their nearest lattice column and row

@@ -69,9 +69,10 @@ class SliceView(QWidget):
         self.setObjectName(f"slice_{view}")
         self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._wl_start: tuple | None = None
-        self._glyph_tasks: dict[int, LatestTask] = {}  # tensor layer -> its ellipse builds (workers)
-        self._ellipses: dict[int, list] = {}  # tensor layer -> the last built [(rgba, path)]
-        self._glyph_raster = GlyphRaster()  # those paths filled once
+        self._glyph_tasks: dict[int, LatestTask] = {}  # glyph layer -> its 2-D glyph builds (workers)
+        # glyph layer -> the last built: [(rgba, path)] (ellipses) or a GlyphPicture (fODF sections)
+        self._ellipses: dict[int, list] = {}
+        self._glyph_raster = GlyphRaster()  # those drawn into one picture, kept between paints
         self.frame_partner = None  # the 3-D view, whose held frame new glyphs join (View3D.join_frame)
         document.connect(self._on_document)
 
