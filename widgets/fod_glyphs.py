@@ -143,15 +143,17 @@ CACHED_SURFACES = 6  # the planes' surface arrays kept (a layer's three and the 
 _surfaces = PlaneCache(CACHED_SURFACES)
 
 
-def fod_glyph_job(layer: Layer, doc: Document, software: bool = False):
+def fod_glyph_job(layer: Layer, doc: Document, software: bool = False, cursor=None):
     """A function that builds an fODF layer's 3-D glyphs, a :class:`PlaneMeshes` (or None), from
     a snapshot taken now (GUI thread), and the key of that picture; run the function on a worker.
     Opaque glyphs are whole planes (a glyph on two planes is drawn twice, in the same place: the
     same pixels), so a slice step builds the moved plane's surfaces only; translucent
     ones are each voxel once (drawn twice they would show darker), the planes whose lines of
-    intersection moved built again as well."""
+    intersection moved built again as well. ``cursor``: the planes' voxel (default: the
+    document's cursor)."""
     data, affine = layer.data.data, layer.data.affine.copy()
-    reference, shape, cursor = doc.reference_affine.copy(), tuple(doc.reference_shape), doc.cursor.copy()
+    reference, shape = doc.reference_affine.copy(), tuple(doc.reference_shape)
+    cursor = np.array(doc.cursor if cursor is None else cursor, dtype=np.int64)
     step = glyph_step_3d(layer.glyph_step, shape, software)
     display = (float(layer.glyph_size), layer.fod_scaling, float(layer.opacity) < 1.0)
     key = ("fod", id(data), affine.tobytes(), reference.tobytes(), tuple(int(v) for v in cursor), step, display)
@@ -251,11 +253,12 @@ def slice_glyph_job(layer: Layer, doc: Document, geometry, plane_shape, cell_px:
     return ellipse_job(layer, doc, geometry, glyph_step_2d(layer.glyph_step, plane_shape, cell_px))
 
 
-def volume_glyph_job(layer: Layer, doc: Document, software: bool = False):
-    """The 3-D glyph build of a tensor (superquadrics) or fODF (SH surfaces) layer: (build, key)."""
+def volume_glyph_job(layer: Layer, doc: Document, software: bool = False, cursor=None):
+    """The 3-D glyph build of a tensor (superquadrics) or fODF (SH surfaces) layer: (build, key);
+    ``cursor``: the planes' voxel (default: the document's cursor)."""
     if layer.kind == "fod":
-        return fod_glyph_job(layer, doc, software)
-    return tensor_glyph_job(layer, doc, software)
+        return fod_glyph_job(layer, doc, software, cursor)
+    return tensor_glyph_job(layer, doc, software, cursor)
 
 
 SCALING_TEXT = {"voxel": "fODF glyphs: scale each voxel (min-max)", "global": "fODF glyphs: relative sizes"}

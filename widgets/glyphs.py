@@ -204,12 +204,14 @@ def glyph_resolution(count: int, software: bool = False, instanced: bool = False
     return 6
 
 
-def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False):
+def tensor_glyph_job(layer: Layer, doc: Document, software: bool = False, cursor=None):
     """A function that builds a tensor layer's 3-D glyph mesh (or None) from a snapshot of what it
     needs, taken now on the GUI thread; run it on a worker. Returns (function, key): the key
-    changes whenever the mesh would. ``software``: OpenGL is software-rendered (fewer glyphs)."""
+    changes whenever the mesh would. ``software``: OpenGL is software-rendered (fewer glyphs);
+    ``cursor``: the planes' voxel (default: the document's cursor)."""
     data, affine = layer.data.data, layer.data.affine.copy()
-    reference, shape, cursor = doc.reference_affine.copy(), tuple(doc.reference_shape), doc.cursor.copy()
+    reference, shape = doc.reference_affine.copy(), tuple(doc.reference_shape)
+    cursor = np.array(doc.cursor if cursor is None else cursor, dtype=np.int64)
     step = glyph_step_3d(layer.glyph_step, shape, software, instanced=True)
     display = (layer.glyph, float(layer.glyph_size), "fa" if layer.color_by == "fa" else "direction")
     # The voxels a step's planes show depend on the cursor's position along each axis only.
@@ -474,6 +476,23 @@ class LatestTask(QObject):
             QTimer.singleShot(0, self, self._start_waiting)
         else:
             self._start()
+
+    def settle(self, key, result) -> None:
+        """Deliver ``result`` for ``key`` now, as a build's (one made ahead:
+        :mod:`widgets.glyph_prefetch`); a build running or waiting is dropped."""
+        self._generation += 1
+        self._waiting = None
+        self.wanted = key
+        if isinstance(result, OnGuiThread):
+            try:
+                result = result()
+            except Exception:  # as a failed build: no glyphs, and the event loop goes on
+                log.exception("building glyphs failed")
+                result = None
+        self.delivered = key
+        start = self.delivered_at = time.perf_counter()
+        self._deliver(key, result)
+        self.timings = {"made_ahead_s": 0.0, "deliver_s": time.perf_counter() - start}
 
     def _start_waiting(self) -> None:
         if not self._running and self._waiting is not None:

@@ -97,6 +97,7 @@ class View3D(FiberView, QWidget):
         self._hold_timer.setSingleShot(True)
         self._hold_timer.timeout.connect(lambda: self._render_now())
         self._joining: list = []  # widgets whose repaint waits for the held frame (join_frame)
+        self._after_frame: list = []  # called once the next frame is drawn (after_frame)
         self.renders: collections.deque = collections.deque(maxlen=64)  # (start, end) perf_counter times
         self.frames_drawn = 0
         # Wait for the GPU at each frame's end, so that a frame's recorded end is when it is drawn
@@ -230,6 +231,14 @@ class View3D(FiberView, QWidget):
             self.plotter.ren_win.WaitForCompletion()
         self.renders.append((self._frame_start, time.perf_counter()))
         self.frames_drawn += 1
+        if self._after_frame:  # after this paint has returned to the event loop
+            callbacks, self._after_frame = self._after_frame, []
+            QTimer.singleShot(0, self, lambda: [callback() for callback in callbacks])
+
+    def after_frame(self, callback) -> None:
+        """Call ``callback()`` once the next frame is drawn (work that should not delay it)."""
+        if callback not in self._after_frame:
+            self._after_frame.append(callback)
 
     def reset_camera(self) -> None:
         self._camera_set = True

@@ -21,6 +21,7 @@ from tractlens.app.model import GLYPH_KINDS, Layer
 
 from .fod_glyphs import PlaneMeshes, fod_mesh, volume_glyph_job
 from .glyph_instances import glyph_actor, is_instances, show_instances
+from .glyph_prefetch import MISSING, GlyphPrefetch, neighbours
 from .glyphs import LatestTask, stick_mesh, stick_segments
 from .render import plane_geometry
 
@@ -38,6 +39,7 @@ class VolumeGlyphs:
         self._shown: dict[tuple, object] = {}  # (layer id, part) -> key of what the part's actor shows
         self.tasks: dict[int, LatestTask] = {}  # tensor and fODF layers -> their glyph builds (workers)
         self._hold_until = 0.0  # a hold of the view's frames for glyphs being built (released when they come)
+        self.ahead = GlyphPrefetch()  # the neighbouring cursor positions' builds (widgets.glyph_prefetch)
 
     # ------------------------------------------------------------------ queries
     def any(self) -> bool:
@@ -61,6 +63,7 @@ class VolumeGlyphs:
             self._drop(key)
         for key in [k for k in self.tasks if k not in present]:
             self.tasks.pop(key).forget()
+            self.ahead.stop()
         for layer in layers:
             shown = layer.visible and doc.reference_affine is not None
             if layer.kind in ("tensor", "fod"):
@@ -96,7 +99,11 @@ class VolumeGlyphs:
             task = LatestTask(lambda _key, built, layer=layer: self._show(layer, built), view)
             self.tasks[id(layer)] = task
         build, key = volume_glyph_job(layer, view.document, view._software())
-        task.request(key, build)
+        made = self.ahead.take(key, layer.data.data) if key != task.wanted else MISSING
+        if made is not MISSING:  # built ahead: shown now, in this step's frame (no worker to wait for)
+            task.settle(key, made)
+        else:
+            task.request(key, build)
         if not task.ready() and time.perf_counter() >= view._frames_held_until:  # one frame with the new glyphs
             view.hold_frames(GLYPH_FRAME_HOLD_S)  # (bounded: a fast scroll still draws every 0.1 s)
             self._hold_until = view._frames_held_until
@@ -131,6 +138,20 @@ class VolumeGlyphs:
             self._hold_until = 0.0
             view.release_frames()
         view.request_render()
+        view.after_frame(self._build_ahead)
+
+    def _build_ahead(self) -> None:
+        """Once a step's frame is drawn: the glyphs of the cursor's neighbouring positions, built
+        on a worker of their own (:mod:`widgets.glyph_prefetch`), for each shown tensor or fODF layer."""
+        view, doc = self.view, self.view.document
+        if doc.reference_affine is None:
+            return
+        jobs = []
+        for layer in doc.layers:
+            if layer.kind in ("tensor", "fod") and layer.visible and id(layer) in self.tasks:
+                for cursor in neighbours(doc.cursor, doc.reference_shape):
+                    jobs.append((*volume_glyph_job(layer, doc, view._software(), cursor), layer.data.data))
+        self.ahead.ahead(jobs)
 
     def _show_part(self, layer: Layer, part, mesh) -> None:
         actors = self._actors.setdefault(id(layer), {})

@@ -33,8 +33,10 @@ image and a tensor layer on the 1.25 mm grid:
   index; ``slice_fibres_ready_ms``: until the slice views' segments (drawn by a worker for a
   whole-brain tractogram) are shown too;
 - ``glyph_step_ms``: tensor glyphs of the three cursor planes rebuilt after a one-voxel step of
-  the cursor, until drawn (median of several steps), with the glyph count (the fibres hidden
-  first: ``rss_hiding_fibres_mb``; ``glyph_step_rss_mb``: the memory after each step);
+  the cursor, until drawn (median of several steps, ``BENCH_STEP_PAUSE_S`` apart: the neighbours'
+  glyphs are built ahead meanwhile, ``glyph_step_made_ahead`` says for which steps), and
+  ``glyph_jump_ms`` for five-voxel jumps (built while the jump waits), with the glyph count (the
+  fibres hidden first: ``rss_hiding_fibres_mb``; ``glyph_step_rss_mb``: the memory after each step);
   ``--glyphs-as-hardware`` asks software OpenGL for the hardware count (whole slices);
 - ``fod_glyph_step_ms``: the same for an fODF layer (lmax 8, a lobe per voxel of the same
   ellipsoid; one mesh of SH surfaces), after the memory figures (``BENCH_FOD=0``: not run), with
