@@ -1,5 +1,5 @@
-"""The 3-D glyphs of the cursor's neighbouring positions, built ahead (issue 41: whole-slice
-glyphs within 100 ms a slice step).
+"""The glyphs of the cursor's neighbouring positions, built ahead (issue 41: whole-slice glyphs
+within 100 ms a slice step).
 
 A slice step moves the cursor by one voxel along one axis. Once a step's frame is on screen,
 the glyph builds of the six neighbouring cursor positions (one voxel either way along each
@@ -8,7 +8,9 @@ one of them finds its glyphs made: they are shown in the same event-loop turn as
 the 3-D frame and the slice views' repaint come in one window update, and nothing waits for
 a worker. A step elsewhere (a jump, or a step before the builds ahead are done) is built as
 before (:class:`widgets.glyphs.LatestTask`). The next step's builds ahead stop the running
-ones after the build in hand.
+ones after the build in hand. Each slice view does the same for its own slice: the pictures of
+the slices one voxel either way along its normal, for its place on the screen
+(:func:`neighbour_planes`), drawn in the step's first paint.
 
 Builds ahead are the same functions as the step's own (:func:`widgets.fod_glyphs.volume_glyph_job`
 with another cursor), so a result made ahead is the one a step would build: NumPy arrays, plus
@@ -17,6 +19,7 @@ what makes VTK objects on the GUI thread (:class:`widgets.glyphs.OnGuiThread`), 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -124,4 +127,18 @@ def neighbours(cursor, shape) -> list:
             position[axis] += delta
             if 0 <= position[axis] < int(shape[axis]):
                 out.append(position)
+    return out
+
+
+def neighbour_planes(geometry, shape) -> list:
+    """A slice's geometry (:class:`widgets.render.PlaneGeometry`) one voxel either way along
+    its normal, within the grid: the slices a step in that view shows next."""
+    out = []
+    normal = geometry.normal_axis
+    for delta in (1, -1):
+        position = int(geometry.voxels[0, 0, normal]) + delta
+        if 0 <= position < int(shape[normal]):
+            voxels = geometry.voxels.copy()
+            voxels[..., normal] = position
+            out.append(dataclasses.replace(geometry, voxels=voxels))
     return out

@@ -477,9 +477,10 @@ class LatestTask(QObject):
         else:
             self._start()
 
-    def settle(self, key, result) -> None:
+    def settle(self, key, result, deliver: bool = True):
         """Deliver ``result`` for ``key`` now, as a build's (one made ahead:
-        :mod:`widgets.glyph_prefetch`); a build running or waiting is dropped."""
+        :mod:`widgets.glyph_prefetch`); a build running or waiting is dropped. Without
+        ``deliver`` the result is returned instead (a paint that uses it at once)."""
         self._generation += 1
         self._waiting = None
         self.wanted = key
@@ -491,8 +492,10 @@ class LatestTask(QObject):
                 result = None
         self.delivered = key
         start = self.delivered_at = time.perf_counter()
-        self._deliver(key, result)
+        if deliver:
+            self._deliver(key, result)
         self.timings = {"made_ahead_s": 0.0, "deliver_s": time.perf_counter() - start}
+        return result
 
     def _start_waiting(self) -> None:
         if not self._running and self._waiting is not None:

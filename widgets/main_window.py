@@ -576,7 +576,8 @@ class MainWindow(QMainWindow):
         store.setValue("window/state", self.saveState(LAYOUT_VERSION))
         self.runner.shutdown(10.0)
         self.sessions.close()  # a clean exit: nothing to recover
-        self.view3d.glyphs.ahead.finish()  # nor a build ahead (widgets.glyph_prefetch)
+        for prefetch in [self.view3d.glyphs.ahead, *(view.ahead for view in self.views.values())]:
+            prefetch.finish()  # nor a build ahead (widgets.glyph_prefetch)
         glyphs.wait_for_builds()  # no glyph build may outlive the render window
         self.view3d.close_plotter()
         gui_gc.release(id(self))  # no worker is left: Python's own collection may run anywhere again

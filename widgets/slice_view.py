@@ -19,7 +19,7 @@ pinch zooms, a middle, Shift or Space drag pans, ``0`` resets; the ruler tool me
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
@@ -29,6 +29,7 @@ from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_hal
 
 from . import roi_outlines
 from .fod_glyphs import slice_glyph_job
+from .glyph_prefetch import MISSING, GlyphPrefetch, neighbour_planes
 from .glyph_raster import GlyphRaster
 from .glyphs import LatestTask, stick_segments
 from .render import composite, display_oversample, fractional_voxel, normal_slice, patch_stroke, plane_geometry
@@ -73,6 +74,8 @@ class SliceView(QWidget):
         # glyph layer -> the last built: [(rgba, path)] (ellipses) or a GlyphPicture (fODF sections)
         self._ellipses: dict[int, list] = {}
         self._glyph_raster = GlyphRaster()  # those drawn into one picture, kept between paints
+        self.ahead = GlyphPrefetch(kept=8)  # the neighbouring slices' glyphs (widgets.glyph_prefetch)
+        self._ahead_due = False  # built ahead once the paint that shows new glyphs is done
         self.frame_partner = None  # the 3-D view, whose held frame new glyphs join (View3D.join_frame)
         document.connect(self._on_document)
 
@@ -160,6 +163,9 @@ class SliceView(QWidget):
             self._draw_polygon(painter, geometry, target)
         self.navigation.paint(painter, geometry, target)
         self._draw_labels(painter, geometry)
+        if self._ahead_due:
+            self._ahead_due = False
+            QTimer.singleShot(0, self, self._build_ahead)
 
     def _draw_roi_outlines(self, painter: QPainter, geometry, target: QRectF) -> None:
         """ROI edges over their fill (:mod:`widgets.roi_outlines`), found once per composited image."""
@@ -222,18 +228,20 @@ class SliceView(QWidget):
         index = int(self.document.cursor[geometry.normal_axis])
         painter.drawText(r, align.AlignTop | align.AlignLeft, f"{self.view} {index}")
 
-    def _glyph_requests(self, geometry, target: QRectF) -> list:
-        """(layer, build, key) per visible tensor layer: its ellipses on this slice as it is now,
-        every n-th voxel (the layer's step, or more: see :func:`widgets.glyphs.glyph_step_2d`)."""
+    def _glyph_jobs(self, geometry, target: QRectF) -> list:
+        """(layer, build, key) per visible tensor or fODF layer: its glyphs on the slice of
+        ``geometry``, every n-th voxel (the layer's step, or more: :func:`widgets.glyphs.glyph_step_2d`)."""
         height, width = geometry.voxels.shape[:2]
         cell_px = min(target.width() / width, target.height() / height)
         area = target.intersected(QRectF(self.rect()))
         screen = (target.getRect(), area.getRect(), self.devicePixelRatioF())  # what a picture is made for
-        requests = []
-        for layer in self.document.layers:
-            if layer.kind in ("tensor", "fod") and layer.visible and layer.opacity > 0:
-                job = slice_glyph_job(layer, self.document, geometry, (height, width), cell_px, screen)
-                requests.append((layer, *job))
+        return [(layer, *slice_glyph_job(layer, self.document, geometry, (height, width), cell_px, screen))
+                for layer in self.document.layers
+                if layer.kind in ("tensor", "fod") and layer.visible and layer.opacity > 0]  # fmt: skip
+
+    def _glyph_requests(self, geometry, target: QRectF) -> list:
+        """:meth:`_glyph_jobs` for the slice as it is now, asked of the workers (or found built ahead)."""
+        requests = self._glyph_jobs(geometry, target)
         wanted = {id(layer) for layer, _build, _key in requests}
         for key in [key for key in self._glyph_tasks if key not in wanted]:
             self._glyph_tasks.pop(key).forget()
@@ -243,12 +251,27 @@ class SliceView(QWidget):
             if task is None:
                 task = LatestTask(lambda _key, paths, layer=layer: self._ellipses_built(layer, paths), self)
                 self._glyph_tasks[id(layer)] = task
-            task.request(key, build)  # nothing when that picture is built or being built
+            made = self.ahead.take(key, layer.data.data) if key != task.wanted else MISSING
+            if made is MISSING:
+                task.request(key, build)  # nothing when that picture is built or being built
+            else:  # built ahead: drawn in this paint
+                self._ellipses[id(layer)] = task.settle(key, made, deliver=False) or []
+                self._ahead_due = True
         return requests
+
+    def _build_ahead(self) -> None:
+        """The glyphs of the slices one voxel either way, for this place on the screen."""
+        geometry = self.geometry_now()
+        if geometry is not None:
+            target = self._target_rect(geometry)
+            planes = neighbour_planes(geometry, self.document.reference_shape)
+            self.ahead.ahead([(build, key, layer.data.data) for plane in planes
+                              for layer, build, key in self._glyph_jobs(plane, target)])  # fmt: skip
 
     def _ellipses_built(self, layer, paths) -> None:
         if id(layer) in self._glyph_tasks:
             self._ellipses[id(layer)] = paths or []
+            self._ahead_due = True
             # with the 3-D frame that waits for its glyphs, if one does (one window update)
             if self.frame_partner is None or not self.frame_partner.join_frame(self):
                 self.update()

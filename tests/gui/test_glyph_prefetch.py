@@ -148,3 +148,53 @@ def test_a_result_is_given_for_the_volume_it_was_made_from_only(qtbot):
 
 def test_neighbours_stay_within_the_grid():
     assert neighbours([0, 5, 9], (4, 10, 10)) == [[0, 5, 8], [0, 6, 9], [0, 4, 9], [1, 5, 9]]
+
+
+def test_a_slice_views_step_draws_the_sections_built_ahead_in_its_first_paint(window, qtbot, monkeypatch):
+    from tractlens.gpu.sh import sh_basis
+    from tractlens.widgets.glyph_prefetch import neighbour_planes
+    from tractlens.widgets.glyphs import LatestTask
+    from tractlens.widgets.section_raster import GlyphPicture
+
+    doc = window.document
+    shape = (36, 40, 24)
+    rng = np.random.default_rng(9)
+    directions = rng.normal(size=(int(np.prod(shape)), 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    sh = (sh_basis(np, directions, 8) * 0.2).astype(np.float32).reshape(*shape, 45)
+    sh[..., 0] = 0.3
+    layer = doc.add_layer(Layer("fODFs", Volume("fODFs", sh, np.diag([2.0, 2.0, 2.0, 1.0]), kind="fod"), "fod"))
+    axial = window.views["axial"]
+    qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
+
+    def neighbours_built() -> bool:
+        geometry = axial.geometry_now()
+        target = axial._target_rect(geometry)
+        keys = [key for plane in neighbour_planes(geometry, doc.reference_shape)
+                for _layer, _build, key in axial._glyph_jobs(plane, target)]  # fmt: skip
+        return len(keys) == 2 and all(axial.ahead.holds(key) for key in keys)
+
+    qtbot.waitUntil(neighbours_built, timeout=30_000)
+    asked = []
+    request = LatestTask.request
+    monkeypatch.setattr(
+        LatestTask,
+        "request",
+        lambda task, key, fn, **o: (
+            task is axial._glyph_tasks.get(id(layer)) and asked.append(key),
+            request(task, key, fn, **o),
+        ),
+    )
+    fills = axial._glyph_raster.fills
+    axial.step(1)
+    axial.repaint()  # the step's first paint
+    assert not asked and axial._glyph_tasks[id(layer)].ready()
+    assert axial._glyph_raster.fills == fills + 1  # the new slice's sections, drawn in that paint
+    drawn = axial._ellipses[id(layer)]
+    geometry = axial.geometry_now()
+    ((_layer, build, key),) = axial._glyph_jobs(geometry, axial._target_rect(geometry))
+    assert axial._glyph_tasks[id(layer)].delivered == key
+    fresh = build()  # what a worker makes for this slice
+    assert isinstance(drawn, GlyphPicture) and isinstance(fresh, GlyphPicture)
+    np.testing.assert_array_equal(drawn.pixels, fresh.pixels)
+    assert drawn.pixels.any()

@@ -54,19 +54,21 @@ def quantised(rgb: np.ndarray) -> np.ndarray:
 
 
 def test_stepping_through_slices_with_glyphs_never_blocks_the_gui_thread(window, qtbot, monkeypatch):
+    from tractlens.widgets.glyph_prefetch import GlyphPrefetch
     from tractlens.widgets.glyphs import LatestTask
 
-    built_on = []  # the thread each glyph build ran on
-    request = LatestTask.request
+    built_on = []  # the thread each glyph build ran on: a step's own, or one built ahead
+    request, ahead = LatestTask.request, GlyphPrefetch.ahead
 
-    def recorded(task, key, fn, **options):
+    def recording(fn):
         def build(*args, **kwargs):
             built_on.append(threading.get_ident())
             return fn(*args, **kwargs)
 
-        request(task, key, build, **options)
+        return build
 
-    monkeypatch.setattr(LatestTask, "request", recorded)
+    monkeypatch.setattr(LatestTask, "request", lambda task, key, fn, **o: request(task, key, recording(fn), **o))
+    monkeypatch.setattr(GlyphPrefetch, "ahead", lambda self, jobs: ahead(self, [(recording(b), *r) for b, *r in jobs]))
     gui_thread = threading.get_ident()
     doc = window.document
     tensors = tensor_field()
@@ -80,10 +82,10 @@ def test_stepping_through_slices_with_glyphs_never_blocks_the_gui_thread(window,
     axial = window.views["axial"]
     follow = []
     for _ in range(6):
-        built_on.clear()
         axial.step(1)  # what the wheel, Up or Page Up do
         qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
-        # the new slice's glyphs were built, and on worker threads: the GUI thread only shows them
+        # the new slice's glyphs were built (in this step, or ahead of it: widgets.glyph_prefetch)
+        # on worker threads: the GUI thread only shows them
         assert built_on and gui_thread not in built_on, built_on
         qtbot.wait(80)  # the frame that shows the new glyphs
         # 3-D: the mesh shown is the one built for this cursor.
