@@ -163,9 +163,12 @@ class SliceView(QWidget):
             self._draw_polygon(painter, geometry, target)
         self.navigation.paint(painter, geometry, target)
         self._draw_labels(painter, geometry)
-        if self._ahead_due:
+        if self._ahead_due:  # after this step's 3-D frame, if one is due: they would slow its build
             self._ahead_due = False
-            QTimer.singleShot(0, self, self._build_ahead)
+            if self.frame_partner is not None:
+                self.frame_partner.after_frame(self._build_ahead)
+            else:
+                QTimer.singleShot(0, self, self._build_ahead)
 
     def _draw_roi_outlines(self, painter: QPainter, geometry, target: QRectF) -> None:
         """ROI edges over their fill (:mod:`widgets.roi_outlines`), found once per composited image."""
@@ -254,17 +257,14 @@ class SliceView(QWidget):
             made = self.ahead.take(key, layer.data.data) if key != task.wanted else MISSING
             if made is MISSING:
                 task.request(key, build)  # nothing when that picture is built or being built
-            else:  # built ahead: drawn in this paint
-                self._ellipses[id(layer)] = task.settle(key, made, deliver=False) or []
-                self._ahead_due = True
+            else:  # built ahead: drawn in this paint (and the next ones built ahead after it)
+                self._ellipses[id(layer)], self._ahead_due = task.settle(key, made, deliver=False) or [], True
         return requests
 
     def _build_ahead(self) -> None:
         """The glyphs of the slices one voxel either way, for this place on the screen."""
-        geometry = self.geometry_now()
-        if geometry is not None:
-            target = self._target_rect(geometry)
-            planes = neighbour_planes(geometry, self.document.reference_shape)
+        if (geometry := self.geometry_now()) is not None:
+            target, planes = self._target_rect(geometry), neighbour_planes(geometry, self.document.reference_shape)
             self.ahead.ahead([(build, key, layer.data.data) for plane in planes
                               for layer, build, key in self._glyph_jobs(plane, target)])  # fmt: skip
 

@@ -236,8 +236,11 @@ class View3D(FiberView, QWidget):
             QTimer.singleShot(0, self, lambda: [callback() for callback in callbacks])
 
     def after_frame(self, callback) -> None:
-        """Call ``callback()`` once the next frame is drawn (work that should not delay it)."""
-        if callback not in self._after_frame:
+        """Call ``callback()`` once the next frame is drawn (work that should not delay it), or at
+        the next event-loop turn when no frame is due (none asked for, no glyphs awaited)."""
+        if not (self._render_pending or not self.glyphs.ready()):
+            QTimer.singleShot(0, self, callback)
+        elif callback not in self._after_frame:
             self._after_frame.append(callback)
 
     def reset_camera(self) -> None:

@@ -186,9 +186,14 @@ def test_a_slice_views_step_draws_the_sections_built_ahead_in_its_first_paint(wi
         ),
     )
     fills = axial._glyph_raster.fills
+    after_frame, deferred = window.view3d.after_frame, []
+    monkeypatch.setattr(
+        window.view3d, "after_frame", lambda callback: deferred.append(callback) or after_frame(callback)
+    )
     axial.step(1)
     axial.repaint()  # the step's first paint
     assert not asked and axial._glyph_tasks[id(layer)].ready()
+    assert axial._build_ahead in deferred  # its next builds ahead: after the 3-D frame (View3D.after_frame)
     assert axial._glyph_raster.fills == fills + 1  # the new slice's sections, drawn in that paint
     drawn = axial._ellipses[id(layer)]
     geometry = axial.geometry_now()
@@ -198,3 +203,18 @@ def test_a_slice_views_step_draws_the_sections_built_ahead_in_its_first_paint(wi
     assert isinstance(drawn, GlyphPicture) and isinstance(fresh, GlyphPicture)
     np.testing.assert_array_equal(drawn.pixels, fresh.pixels)
     assert drawn.pixels.any()
+
+
+def test_after_frame_waits_for_a_frame_that_is_due_and_runs_at_the_next_turn_without_one(window, qtbot):
+    view = window.view3d
+    qtbot.waitUntil(lambda: not view._render_pending, timeout=10_000)
+    ran = []
+    view.after_frame(lambda: ran.append(view.frames_drawn))
+    assert not ran  # (not within the call)
+    qtbot.waitUntil(lambda: len(ran) == 1, timeout=5_000)
+    assert ran == [view.frames_drawn]  # no frame was due: none drawn before it
+    before = view.frames_drawn
+    view.request_render()
+    view.after_frame(lambda: ran.append(view.frames_drawn))
+    qtbot.waitUntil(lambda: len(ran) == 2, timeout=5_000)
+    assert ran[1] == before + 1  # after that frame
