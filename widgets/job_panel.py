@@ -157,6 +157,21 @@ class JobPanelBase(QWidget):
         return None
 
 
+def set_bar(bar: QProgressBar, maximum: int, value: int | None = None) -> None:
+    """Set a progress bar's range (0..``maximum``; 0: busy) and value, repainted with the window's
+    next update. (QProgressBar repaints at once when its value leaves the range or its text
+    changes: a whole window composed, and a 3-D frame drawn if one is due, in the middle of an
+    ROI edit's selection job being started: 0.2 s a stroke at whole-brain scale.)"""
+    bar.setUpdatesEnabled(False)
+    try:
+        bar.setRange(0, maximum)
+        if value is not None:
+            bar.setValue(value)
+    finally:
+        bar.setUpdatesEnabled(True)
+    bar.update()
+
+
 class JobPanel(QWidget):
     """One row per job: name, progress bar, state; Cancel stops the selected running job; the
     selected job's full state or error, wrapped, under the list."""
@@ -213,7 +228,7 @@ class JobPanel(QWidget):
         if kind in COALESCED:
             self._row_of_kind[kind] = job_id
         item.setData(0, Qt.ItemDataRole.UserRole, job_id)
-        bar.setRange(0, 0)  # busy until the first progress report
+        set_bar(bar, 0, 0)  # busy until the first progress report
         self.tree.setCurrentItem(item)
         self._items[job_id] = (item, bar)
         self._show_detail()
@@ -236,8 +251,7 @@ class JobPanel(QWidget):
         job = self.runner.jobs[job_id]
         item, bar = self._items[job_id]
         if job.total > 0:
-            bar.setRange(0, 1000)
-            bar.setValue(int(1000 * job.done / job.total))
+            set_bar(bar, 1000, int(1000 * job.done / job.total))
         state = job.error or job.message or job.state
         text = state if job.state == RUNNING else f"{job.state}: {state}" if job.error else job.state
         item.setText(2, text.splitlines()[0] if text else text)

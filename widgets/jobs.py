@@ -171,8 +171,10 @@ class JobRunner(QObject):
         signals.cancelled.connect(self._on_cancelled)
         self.jobs[job.id] = job
         self._callbacks[job.id] = {"done": on_done, "partial": on_partial, "error": on_error}
-        self.job_added.emit(job.id)
+        # Started first: what the job list does when it hears of it (a row, its repaint) must
+        # not delay the work (its outcomes come back queued, after this call).
         self.pool.start(_Runnable(job))
+        self.job_added.emit(job.id)
         return job.id
 
     def cancel(self, job_id: int) -> None:

@@ -31,7 +31,10 @@ image and a tensor layer on the 1.25 mm grid:
   the selection (``app.selection.select_fibres``, GPU when there is one), the index ranges
   (``prepare_selection``) and the GUI's swap + frame; the first edit also builds the streamline
   index; ``slice_fibres_ready_ms``: until the slice views' segments (drawn by a worker for a
-  whole-brain tractogram) are shown too;
+  whole-brain tractogram) are shown too; ``roi_edit_ms``: the same through the window (an ROI
+  moved by brush strokes, the tractogram filtered by ROIs: the throttle, the selection job, the
+  swap, until the 3-D frame; ``roi_edit_settled_ms``: until the window is flushed), from
+  ``render_roi.py``;
 - ``glyph_step_ms``: tensor glyphs of the three cursor planes rebuilt after a one-voxel step of
   the cursor, until drawn (median of several steps, ``BENCH_STEP_PAUSE_S`` apart: the neighbours'
   glyphs are built ahead meanwhile, ``glyph_step_made_ahead`` says for which steps), and
@@ -112,6 +115,7 @@ from tests.benchmarks.render_measure import (  # noqa: E402 - after the path is 
     traced_allocations,
     wait,
 )
+from tests.benchmarks.render_roi import roi_edits  # noqa: E402 - after the path is set
 
 
 def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
@@ -411,6 +415,9 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     peaks["selection"] = round(rss_kb("VmHWM") / 1024)
     split["selection"] = anon_and_file_mb()
     resettable and reset_peak_rss()
+
+    # ROI edits through the window: the throttle, the selection job and the swap, as a user meets them.
+    row.update(roi_edits(app, window, layer, GRID_SHAPE, AFFINE, VOXEL_MM))
 
     # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
     before_hiding = round(rss_kb() / 1024)

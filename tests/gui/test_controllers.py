@@ -115,6 +115,38 @@ def test_the_fibre_selection_follows_roi_edits_through_a_throttle(qtbot, runner)
     qtbot.waitUntil(lambda: tracts.selection is None, timeout=5000)
 
 
+def test_a_single_roi_edit_is_selected_at_once_and_a_drag_at_the_throttles_pace(qtbot, runner, monkeypatch):
+    from PySide6.QtWidgets import QApplication
+
+    from tractlens.widgets.controllers import FibreSelection
+    from tractlens.widgets.controllers import selection as selection_module
+
+    monkeypatch.setattr(selection_module, "THROTTLE_MS", 300)  # (read when the controller is made)
+    doc, tracts = document_with_fibres()
+    controller = FibreSelection(doc, runner, device="cpu")
+    seed = add_roi(doc, "seed", [(8, 15, 5)])
+    qtbot.waitUntil(lambda: tracts.selection is not None and controller.job is None, timeout=5000)
+    qtbot.waitUntil(lambda: not controller.timer.isActive(), timeout=5000)
+    started = []
+    submit = runner.submit
+    monkeypatch.setattr(runner, "submit", lambda *a, **k: started.append(a[0]) or submit(*a, **k))
+    # An edit with none before it for a while: its selection starts at the next turn of the event
+    # loop, not when the throttle's timer ends.
+    doc.paint(seed, np.array([[8, 5, 5]]), True)
+    QApplication.processEvents()
+    assert started == ["select streamlines"] and controller.timer.isActive()
+    # More edits while the timer runs (a drag): one selection when it ends, of all of them.
+    doc.paint(seed, np.array([[9, 5, 5]]), True, merge_with_last=True)
+    doc.paint(seed, np.array([[10, 5, 5]]), True, merge_with_last=True)
+    QApplication.processEvents()
+    assert started == ["select streamlines"]
+    qtbot.waitUntil(lambda: len(started) == 2, timeout=5000)
+    qtbot.waitUntil(lambda: controller.job is None and not runner.active(), timeout=5000)
+    assert tracts.selection.tolist() == [True, False, True]
+    qtbot.wait(400)
+    assert len(started) == 2  # nothing was left for a third
+
+
 def test_a_selection_made_another_way_survives_unrelated_changes(qtbot, runner):
     from tractlens.widgets.controllers import FibreSelection
 

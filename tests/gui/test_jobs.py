@@ -164,3 +164,52 @@ def test_a_finished_job_shows_done_not_its_last_progress_message(qtbot, runner):
     assert panel.detail.text() == "export for navigation: done"
     item = panel.tree.topLevelItem(0)
     assert item.text(2) == "done" and "reading" not in item.toolTip(2)
+
+
+def test_a_job_starts_before_it_is_announced_and_the_job_list_never_repaints_on_the_spot(qtbot, runner):
+    """The job list hears of a job after its worker has it, and its progress bars repaint with the
+    window's next update, not synchronously (a synchronous repaint composes the whole window, and
+    draws a due 3-D frame, in the middle of an ROI edit's selection job being started)."""
+    from PySide6.QtCore import QEvent, QObject
+
+    from tractlens.widgets.job_panel import JobPanel
+
+    panel = JobPanel(runner)
+    qtbot.addWidget(panel)
+    panel.show()
+    qtbot.waitExposed(panel)
+    release = threading.Event()
+    seen_active = []
+    runner.job_added.connect(lambda _id: seen_active.append(runner.pool.activeThreadCount()))
+
+    class Paints(QObject):
+        count = 0
+
+        def eventFilter(self, _watched, event):
+            if event.type() == QEvent.Type.Paint:
+                Paints.count += 1
+            return False
+
+    def job(ctx):
+        release.wait(HANG_MS / 1000)
+        ctx.progress(1, 2)
+        return 1
+
+    try:
+        first = runner.submit("select streamlines", job)
+        assert seen_active == [1]  # the worker had it when the list was told
+        release.set()
+        qtbot.waitUntil(lambda: runner.jobs[first].state == DONE, timeout=HANG_MS)
+        _item, bar = panel._items[first]
+        assert bar.maximum() == 1000 and bar.value() > 0  # (its progress: out of the busy range)
+        watcher = Paints()
+        bar.installEventFilter(watcher)
+        release.clear()
+        second = runner.submit("select streamlines", job)  # the same row: its bar made busy again
+        assert panel._items[second][1] is bar and (bar.minimum(), bar.maximum()) == (0, 0)
+        assert Paints.count == 0  # not repainted within the call
+        qtbot.waitUntil(lambda: Paints.count > 0, timeout=HANG_MS)  # but with the next update
+        release.set()
+        qtbot.waitUntil(lambda: runner.jobs[second].state == DONE, timeout=HANG_MS)
+    finally:
+        release.set()  # (a failed check leaves no worker waiting)

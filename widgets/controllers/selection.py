@@ -29,11 +29,13 @@ class FibreSelection(QObject):
     menu's "Filter by ROIs") the streamlines that pass them (seed, target, waypoint: all;
     exclusion: none), updated as ROIs are edited; the others show every streamline.
 
-    A throttle, not a debounce: the first edit starts :attr:`timer` and later ones do not restart
-    it, so a continuous drag updates the selection every :data:`THROTTLE_MS` instead of only when
-    it stops. One run at a time: edits made while one runs start another when it is done
-    (cancelling it instead would starve the selection while an ROI is dragged or painted, if a run
-    takes longer than the edits' pace)."""
+    A throttle, not a debounce, with a leading edge: an edit with no other in the last
+    :data:`THROTTLE_MS` is selected at once (at the event loop's next turn, with the rest of that
+    edit) and starts :attr:`timer`; edits made while it runs are selected together when it ends,
+    so a continuous drag updates the selection every :data:`THROTTLE_MS` instead of only when it
+    stops, and a single edit waits for nothing. One run at a time: edits made while one runs start
+    another when it is done (cancelling it instead would starve the selection while an ROI is
+    dragged or painted, if a run takes longer than the edits' pace)."""
 
     error = Signal(str, str)  # message, details
     notice = Signal(str)  # what the user should read: a selection that shows no streamline, and why
@@ -46,7 +48,8 @@ class FibreSelection(QObject):
         self.timer = QTimer(self)
         self.timer.setSingleShot(True)
         self.timer.setInterval(THROTTLE_MS)
-        self.timer.timeout.connect(self.update)
+        self.timer.timeout.connect(self._trailing)
+        self._pending = False  # edited while the timer runs: selected when it ends
         self.job: int | None = None
         self._stale = False  # edited while a selection was being computed: run again
         self._from_rois = False  # the tractograms' selections come from the ROIs
@@ -57,8 +60,22 @@ class FibreSelection(QObject):
         roi_changed = event == "roi" or (event == "display" and layer is not None and layer.kind == "roi")
         if event == "display" and "filter_by_rois" in info.get("changed", ()):
             roi_changed = True
-        if (roi_changed or event == "layers") and not self.timer.isActive():
+        if not (roi_changed or event == "layers"):
+            return
+        if self.timer.isActive():
+            self._pending = True
+        else:
             self.timer.start()
+            QTimer.singleShot(0, self, self._leading)
+
+    def _leading(self) -> None:
+        self._pending = False  # (the edit's other events of the same turn are in this run)
+        self.update()
+
+    def _trailing(self) -> None:
+        if self._pending:
+            self._pending = False
+            self.update()
 
     def update(self) -> int | None:
         """Select now (on a worker, from a snapshot of the masks); the job id, or None when

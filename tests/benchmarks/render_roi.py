@@ -1,0 +1,77 @@
+"""bench_render.py's ROI edits through the window (issue 41: ROI edit -> selection re-drawn within
+100 ms at 10 M): an ROI sphere in the document, the tractogram filtered by ROIs (the layer menu's
+"Filter by ROIs"), and the sphere moved by a brush's two strokes (the old voxels erased, the new
+ones painted), a reader's pause apart. Each edit is timed from the strokes until the 3-D frame
+with the new selection is drawn (``roi_edit_ms``: the window's throttle, the selection job on the
+job runner, the selection, the index ranges, the swap and the frame; to the GPU's end where
+frames are) and until the window has settled (``roi_edit_settled_ms``: the window's update with
+that frame composed and flushed). bench_render.py's ``select`` times the same parts called one
+after the other, without the window's path."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tests.benchmarks.render_glyphs import idle
+from tests.benchmarks.render_measure import ms, settle, wait
+
+EDITS = 3
+RADIUS_MM = 12.0
+
+
+def sphere(shape, centre, radius_voxels: float) -> np.ndarray:
+    ijk = np.indices(shape, dtype=np.float32)
+    return sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= radius_voxels**2
+
+
+def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = EDITS) -> dict:
+    from tractlens.app.model import Layer
+    from tractlens.app.volumes import RoiMask
+
+    doc, view = window.document, window.view3d
+    radius = RADIUS_MM / voxel_mm
+    centres = [np.array(shape) / 2 + shift for shift in (0, 3, 6, 9)][: edits + 1]
+    mask = sphere(shape, centres[0], radius)
+    roi = doc.add_layer(Layer("sphere", RoiMask("sphere", mask.copy(), affine, role="target"), "roi"))
+    layer.set(filter_by_rois=True)
+    assert wait(app, lambda: layer.selection is not None and not window.runner.active(), 600)
+    settle(app)
+    changed_at = []
+
+    def listen(_source, event, **info) -> None:
+        if info.get("layer") is layer and event == "display" and "selection" in info.get("changed", ()):
+            changed_at.append(time.perf_counter())
+
+    doc.connect(listen)
+    drawn, settled, selected = [], [], []
+    for centre in centres[1:]:
+        idle(app, 0.3)
+        new = sphere(shape, centre, radius)
+        changed_at.clear()
+        start = time.perf_counter()
+        doc.paint(roi, np.argwhere(mask & ~new), False)  # a brush's strokes: erased, then painted
+        doc.paint(roi, np.argwhere(new & ~mask), True, merge_with_last=True)
+        mask = new
+
+        def shown() -> bool:
+            return bool(changed_at) and not view._render_pending and view.renders[-1][0] >= changed_at[0]
+
+        assert wait(app, shown, 120)
+        frame = next(end for begin, end in view.renders if begin >= changed_at[0])
+        settled.append(time.perf_counter() - start)
+        drawn.append(frame - start)
+        selected.append(int(layer.selection.sum()))
+    doc.disconnect(listen)
+    layer.set(filter_by_rois=False)
+    doc.remove_layer(roi)
+    layer.set_selection(None)
+    settle(app)
+    return {
+        "roi_edit_ms": ms(drawn),
+        "roi_edit_all_ms": [round(1e3 * t, 1) for t in drawn],
+        "roi_edit_settled_ms": ms(settled),
+        "roi_edit_settled_all_ms": [round(1e3 * t, 1) for t in settled],
+        "roi_edit_selected": selected,
+    }
