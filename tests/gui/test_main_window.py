@@ -5,7 +5,7 @@ import sys
 
 import nibabel as nib
 import numpy as np
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import QEvent, QPoint, Qt
 
 from tests.conftest import ARTIFACTS, installed_tool
 from tractlens.app.model import Layer, Volume
@@ -270,8 +270,21 @@ def test_hovering_shows_values_without_moving_the_cursor(demo_window, qtbot):
     before = doc.cursor.copy()
     target = np.array([30, 20, int(doc.cursor[2])])
     point = axial.widget_point_of_voxel(target)
-    qtbot.mouseMove(axial, pos=QPoint(int(point.x()), int(point.y())))
-    qtbot.waitUntil(lambda: "mouse (30, 20" in demo_window.hover_label.text(), timeout=2000)
+    # The move as the window system delivers it (QTest's moves the X pointer, and no event comes
+    # when it is already there: a flaky test under xdist)
+    from PySide6.QtGui import QMouseEvent
+    from PySide6.QtWidgets import QApplication
+
+    move = QMouseEvent(
+        QEvent.Type.MouseMove,
+        point,
+        axial.mapToGlobal(point),
+        Qt.MouseButton.NoButton,
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(axial, move)
+    qtbot.waitUntil(lambda: "mouse (30, 20" in demo_window.hover_label.text(), timeout=10_000)
     fa = doc.layer("FA").data.data[tuple(target)]
     assert f"FA {fa:.4g}" in demo_window.hover_label.text()
     np.testing.assert_array_equal(doc.cursor, before)
