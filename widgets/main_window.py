@@ -41,6 +41,7 @@ from .controllers.help import build_help_menu
 from .controllers.layer_saving import save_layer_dialog
 from .controllers.menus import add_action, app_icon, build_file_menu, move_before
 from .controllers.roi_toolbar import RoiToolbar
+from .controllers.selection import SELECTION_FRAME_HOLD_S
 from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
 from .csd_dialog import open_csd_dialog
@@ -224,6 +225,8 @@ class MainWindow(QMainWindow):
         self.selection = FibreSelection(self.document, self.runner, device=device, parent=self)
         self.selection.error.connect(self.report_error)
         self.selection.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
+        self.selection.selecting.connect(lambda: self.view3d.hold_frames(SELECTION_FRAME_HOLD_S))
+        self.selection.selected.connect(self.view3d.release_frames)  # the edit's frame and the selection's: one
         self.document.connect(self._on_document)
         self.runner.job_added.connect(lambda _id: self._update_busy())
         self.runner.job_changed.connect(lambda _id: self._update_busy())

@@ -22,6 +22,7 @@ from tractlens.app.selection import (
 from ..jobs import JobRunner
 
 THROTTLE_MS = 40
+SELECTION_FRAME_HOLD_S = 0.15  # the 3-D frame of an ROI edit waits at most this long for its selection
 
 
 class FibreSelection(QObject):
@@ -39,6 +40,11 @@ class FibreSelection(QObject):
 
     error = Signal(str, str)  # message, details
     notice = Signal(str)  # what the user should read: a selection that shows no streamline, and why
+    # An ROI edit whose selection starts at once, and that selection shown (or failed, or dropped):
+    # the window holds the 3-D frame of the edit for the selection (at most SELECTION_FRAME_HOLD_S),
+    # so that both come in one frame and the GUI thread is free for the selection sooner.
+    selecting = Signal()
+    selected = Signal()
 
     def __init__(self, document: Document, runner: JobRunner, *, device: str = "auto", parent: QObject | None = None):
         super().__init__(parent)
@@ -67,6 +73,8 @@ class FibreSelection(QObject):
         else:
             self.timer.start()
             QTimer.singleShot(0, self, self._leading)
+            if filtered_tractograms(self.document) and has_selecting_rois(self.document):
+                self.selecting.emit()  # now: the edit's frame, asked for already, is drawn after this
 
     def _leading(self) -> None:
         self._pending = False  # (the edit's other events of the same turn are in this run)
@@ -115,6 +123,7 @@ class FibreSelection(QObject):
                     layer.set_selection(selected, by=request.by)
                     notices.append(empty_selection_notice(layer))
             self._finished()
+            self.selected.emit()
             text = " ".join(n for n in notices if n)
             if text:
                 self.notice.emit(text)
@@ -122,6 +131,7 @@ class FibreSelection(QObject):
         def failed(message: str, details: str) -> None:
             if this["id"] == self.job:
                 self._finished()
+            self.selected.emit()
             self.error.emit(message, details)
 
         this["id"] = self.job = self.runner.submit("select streamlines", job, on_done=done, on_error=failed)
@@ -133,6 +143,7 @@ class FibreSelection(QObject):
         if self.job is not None:  # its result is stale now
             self.runner.cancel(self.job)
             self.job, self._stale = None, False
+            self.selected.emit()  # (nothing more to wait for)
         if self._from_rois:
             for layer in filtered_tractograms(self.document):
                 layer.set_selection(None)

@@ -1,0 +1,57 @@
+"""An ROI edit on a tractogram filtered by ROIs: the selection starts at once, and the 3-D view
+holds the edit's frame for it, so that the stroke and the new selection come in one frame (the
+GUI thread is free for the selection sooner). Checked by the frames drawn, not by the clock."""
+
+import numpy as np
+
+from tractlens.app.model import Layer, RoiMask, Tractogram, Volume
+
+SHAPE = (20, 20, 10)
+AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
+
+
+def test_the_3d_frame_of_an_roi_edit_waits_for_its_selection(window, qtbot, monkeypatch):
+    from tractlens.widgets import main_window
+    from tractlens.widgets.controllers import selection as selection_module
+
+    monkeypatch.setattr(main_window, "SELECTION_FRAME_HOLD_S", 30.0)  # longer than anything here: released, not expired
+    doc, view = window.document, window.view3d
+    doc.add_layer(Layer("FA", Volume("FA", np.zeros(SHAPE, np.float32), AFFINE), "scalar"))
+    lines = [np.array([[x, y, 5.0] for x in range(2, 18)], np.float32) for y in (5, 10, 15)]
+    tracts = doc.add_layer(
+        Layer("fibres", Tractogram.from_list(lines, affine=AFFINE, dimensions=SHAPE), "tractogram", filter_by_rois=True)
+    )
+    mask = np.zeros(SHAPE, dtype=bool)
+    mask[8, 15, 5] = True
+    seed = doc.add_layer(Layer("seed", RoiMask("seed", mask, AFFINE, role="seed"), "roi"))
+    qtbot.waitUntil(lambda: tracts.selection is not None and window.selection.job is None, timeout=10_000)
+    assert tracts.selection.tolist() == [False, False, True]
+    qtbot.waitUntil(lambda: not view._render_pending and not window.selection.timer.isActive(), timeout=10_000)
+    # The selection job waits until released, so that a frame drawn before it came would be seen.
+    import threading
+
+    release = threading.Event()
+    select = selection_module.select_fibres
+    monkeypatch.setattr(selection_module, "select_fibres", lambda *a, **k: release.wait(10) and select(*a, **k))
+    frames_at_selection = []
+    tracts.connect(
+        lambda _layer, event, **info: (
+            "selection" in info.get("changed", ()) and frames_at_selection.append(view.frames_drawn)
+        )
+    )
+    before = view.frames_drawn
+    doc.paint(seed, np.array([[8, 5, 5]]), True)  # a stroke on the first fibre
+    qtbot.wait(100)
+    assert view.frames_drawn == before  # the edit's frame waits for the selection
+    release.set()
+    qtbot.waitUntil(lambda: bool(frames_at_selection), timeout=10_000)
+    assert frames_at_selection == [before]  # nothing drawn in between
+    qtbot.waitUntil(lambda: view.frames_drawn > before and not view._render_pending, timeout=10_000)
+    assert tracts.selection.tolist() == [True, False, True]
+    # Without a selection to wait for (an unfiltered tractogram) the edit's frame is not held.
+    tracts.set(filter_by_rois=False)
+    qtbot.waitUntil(lambda: not view._render_pending and not window.selection.timer.isActive(), timeout=10_000)
+    qtbot.wait(200)
+    before = view.frames_drawn
+    doc.paint(seed, np.array([[8, 10, 5]]), True)
+    qtbot.waitUntil(lambda: view.frames_drawn > before, timeout=10_000)
