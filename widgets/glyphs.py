@@ -398,6 +398,18 @@ class OnGuiThread:
         return self.fn(*self.args)
 
 
+def _on_gui_thread(ok: bool, result) -> tuple[bool, object]:
+    """A build's (ok, result) with its :class:`OnGuiThread` last step run (GUI thread); a last
+    step that fails counts as a failed build: no glyphs, and the event loop goes on."""
+    if ok and isinstance(result, OnGuiThread):
+        try:
+            return True, result()
+        except Exception:
+            log.exception("building glyphs failed")
+            return False, None
+    return ok, result
+
+
 def _pool() -> QThreadPool:
     """The worker threads of all glyph builds (:data:`GLYPH_THREADS`)."""
     global _POOL
@@ -484,12 +496,8 @@ class LatestTask(QObject):
         self._generation += 1
         self._waiting = None
         self.wanted = key
-        if isinstance(result, OnGuiThread):
-            try:
-                result = result()
-            except Exception:  # as a failed build: no glyphs, and the event loop goes on
-                log.exception("building glyphs failed")
-                result = None
+        ok, result = _on_gui_thread(True, result)
+        result = result if ok else None
         self.delivered = key
         start = self.delivered_at = time.perf_counter()
         if deliver:
@@ -521,12 +529,7 @@ class LatestTask(QObject):
         self._running = False
         if generation == self._generation:  # the newest request: deliver
             ok, result, started, built, cpu = outcome
-            if ok and isinstance(result, OnGuiThread):
-                try:
-                    result = result()
-                except Exception:  # as a failed build: no glyphs, and the event loop goes on
-                    log.exception("building glyphs failed")
-                    ok = False
+            ok, result = _on_gui_thread(ok, result)
             self.delivered = key
             arrived = self.delivered_at = time.perf_counter()
             self._deliver(key, result if ok else None)

@@ -25,6 +25,17 @@ def built_ahead(window, layer) -> bool:
     return all(ahead.holds(key) for key in neighbour_keys(window, layer))
 
 
+def add_fod_layer(doc, shape, seed: int):
+    """An fODF layer (lmax 8) of one random lobe per voxel, on 2 mm voxels."""
+    from tractlens.gpu.sh import sh_basis
+
+    directions = np.random.default_rng(seed).normal(size=(int(np.prod(shape)), 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    sh = (sh_basis(np, directions, 8) * 0.2).astype(np.float32).reshape(*shape, 45)
+    sh[..., 0] = 0.3
+    return doc.add_layer(Layer("fODFs", Volume("fODFs", sh, np.diag([2.0, 2.0, 2.0, 1.0]), kind="fod"), "fod"))
+
+
 def record_3d_builds(monkeypatch, view) -> list:
     """The keys the 3-D view's glyph tasks are asked to build (on their workers)."""
     from tractlens.widgets.glyphs import LatestTask
@@ -75,16 +86,8 @@ def test_a_step_to_a_neighbouring_slice_shows_the_glyphs_built_ahead(window, qtb
 
 
 def test_fod_glyphs_built_ahead_are_the_planes_a_step_builds(window, qtbot, monkeypatch):
-    from tractlens.gpu.sh import sh_basis
-
     doc, view = window.document, window.view3d
-    shape = (40, 44, 30)
-    rng = np.random.default_rng(5)
-    directions = rng.normal(size=(int(np.prod(shape)), 3))
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
-    sh = (sh_basis(np, directions, 8) * 0.2).astype(np.float32).reshape(*shape, 45)
-    sh[..., 0] = 0.3
-    layer = doc.add_layer(Layer("fODFs", Volume("fODFs", sh, np.diag([2.0, 2.0, 2.0, 1.0]), kind="fod"), "fod"))
+    layer = add_fod_layer(doc, (40, 44, 30), seed=5)
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
     qtbot.waitUntil(lambda: built_ahead(window, layer), timeout=30_000)
     asked = record_3d_builds(monkeypatch, view)
@@ -151,19 +154,12 @@ def test_neighbours_stay_within_the_grid():
 
 
 def test_a_slice_views_step_draws_the_sections_built_ahead_in_its_first_paint(window, qtbot, monkeypatch):
-    from tractlens.gpu.sh import sh_basis
     from tractlens.widgets.glyph_prefetch import neighbour_planes
     from tractlens.widgets.glyphs import LatestTask
     from tractlens.widgets.section_raster import GlyphPicture
 
     doc = window.document
-    shape = (36, 40, 24)
-    rng = np.random.default_rng(9)
-    directions = rng.normal(size=(int(np.prod(shape)), 3))
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
-    sh = (sh_basis(np, directions, 8) * 0.2).astype(np.float32).reshape(*shape, 45)
-    sh[..., 0] = 0.3
-    layer = doc.add_layer(Layer("fODFs", Volume("fODFs", sh, np.diag([2.0, 2.0, 2.0, 1.0]), kind="fod"), "fod"))
+    layer = add_fod_layer(doc, (36, 40, 24), seed=9)
     axial = window.views["axial"]
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
 
