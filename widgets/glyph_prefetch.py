@@ -42,7 +42,7 @@ class GlyphPrefetch:
         # key -> (weak reference to the volume it was made from, result), guarded by _lock: a
         # volume gone or replaced (another one may get its id, which keys hold) is never answered for
         self._results: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (reentrant: a volume may go while it is held)
         self._generation = 0  # a new call to ahead() stops the running builds after the one in hand
         self._pool = QThreadPool()
         self._pool.setMaxThreadCount(1)  # one at a time, beside (not instead of) the step's own builds
@@ -77,10 +77,11 @@ class GlyphPrefetch:
         """No more builds ahead (the layer hidden, the window closing); what is kept stays."""
         self._generation += 1
 
-    def clear(self) -> None:
-        self.stop()
+    def _forget(self, gone: weakref.ref) -> None:
+        """A volume was freed (its layer removed): what was made from it goes too."""
         with self._lock:
-            self._results.clear()
+            for key in [key for key, (ref, _result) in self._results.items() if ref is gone]:
+                del self._results[key]
 
     def finish(self, timeout_ms: int = 10_000) -> bool:
         """Stop, and wait until no build ahead runs (the window closing)."""
@@ -99,7 +100,7 @@ class GlyphPrefetch:
                 log.debug("a glyph build ahead failed", exc_info=True)
                 continue
             with self._lock:
-                self._results[key] = (weakref.ref(data), result)
+                self._results[key] = (weakref.ref(data, self._forget), result)
                 while len(self._results) > self.kept:
                     self._results.popitem(last=False)
             self.built += 1

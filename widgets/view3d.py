@@ -237,8 +237,10 @@ class View3D(FiberView, QWidget):
 
     def after_frame(self, callback) -> None:
         """Call ``callback()`` once the next frame is drawn (work that should not delay it), or at
-        the next event-loop turn when no frame is due (none asked for, no glyphs awaited)."""
-        if not (self._render_pending or not self.glyphs.ready()):
+        the next event-loop turn when no frame is due (none asked for, no glyphs awaited, or the
+        view not shown: it draws none)."""
+        frame_due = self._render_pending or not self.glyphs.ready()
+        if not frame_due or not self.isVisible():
             QTimer.singleShot(0, self, callback)
         elif callback not in self._after_frame:
             self._after_frame.append(callback)

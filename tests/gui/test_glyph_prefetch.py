@@ -138,6 +138,7 @@ def test_a_result_is_given_for_the_volume_it_was_made_from_only(qtbot):
     assert ahead.take("key", data) == "made"
     del data
     gc.collect()
+    assert not ahead.holds("key")  # freed with its volume (a layer removed)
     assert ahead.take("key", other) is MISSING
     failing = GlyphPrefetch()  # a build ahead that fails is left for the step to build (and report)
 
@@ -214,3 +215,8 @@ def test_after_frame_waits_for_a_frame_that_is_due_and_runs_at_the_next_turn_wit
     view.after_frame(lambda: ran.append(view.frames_drawn))
     qtbot.waitUntil(lambda: len(ran) == 2, timeout=5_000)
     assert ran[1] == before + 1  # after that frame
+    # A view not shown draws no frame: nothing waits for one.
+    view.hide()
+    view.request_render()
+    view.after_frame(lambda: ran.append("hidden"))
+    qtbot.waitUntil(lambda: ran[-1] == "hidden", timeout=5_000)
