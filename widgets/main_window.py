@@ -579,7 +579,7 @@ class MainWindow(QMainWindow):
         store.setValue("window/state", self.saveState(LAYOUT_VERSION))
         self.runner.shutdown(10.0)
         self.sessions.close()  # a clean exit: nothing to recover
-        for prefetch in [self.view3d.glyphs.ahead, *(view.ahead for view in self.views.values())]:
+        for prefetch in [self.view3d.glyphs.ahead, *(view.glyphs.ahead for view in self.views.values())]:
             prefetch.finish()  # nor a build ahead (widgets.glyph_prefetch)
         glyphs.wait_for_builds()  # no glyph build may outlive the render window
         self.view3d.close_plotter()

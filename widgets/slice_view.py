@@ -19,7 +19,7 @@ pinch zooms, a middle, Shift or Space drag pans, ``0`` resets; the ruler tool me
 from __future__ import annotations
 
 import numpy as np
-from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QImage, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
@@ -28,12 +28,10 @@ from tractlens.app.grid import Grid
 from tractlens.app.model import SCALAR_KINDS, STICK_COLOURS, Document, shape_half_sizes
 
 from . import roi_outlines
-from .fod_glyphs import slice_glyph_job
-from .glyph_prefetch import MISSING, GlyphPrefetch, neighbour_planes
-from .glyph_raster import GlyphRaster
-from .glyphs import LatestTask, stick_segments
+from .glyphs import stick_segments
 from .render import composite, display_oversample, fractional_voxel, normal_slice, patch_stroke, plane_geometry
 from .slice_fibers import SliceFibres
+from .slice_glyphs import SliceGlyphs
 from .slice_navigation import SliceNavigation
 
 MIN_STICK_CELL_PX = 6  # dyads sticks are drawn on voxels at least this many pixels apart
@@ -70,12 +68,7 @@ class SliceView(QWidget):
         self.setObjectName(f"slice_{view}")
         self._scene_layers: tuple = ()  # ids of the non-tractogram layers, in order
         self._wl_start: tuple | None = None
-        self._glyph_tasks: dict[int, LatestTask] = {}  # glyph layer -> its 2-D glyph builds (workers)
-        # glyph layer -> the last built: [(rgba, path)] (ellipses) or a GlyphPicture (fODF sections)
-        self._ellipses: dict[int, list] = {}
-        self._glyph_raster = GlyphRaster()  # those drawn into one picture, kept between paints
-        self.ahead = GlyphPrefetch(kept=8)  # the neighbouring slices' glyphs (widgets.glyph_prefetch)
-        self._ahead_due = False  # built ahead once the paint that shows new glyphs is done
+        self.glyphs = SliceGlyphs(self)  # the tensor and fODF layers' 2-D glyphs (widgets.slice_glyphs)
         self.frame_partner = None  # the 3-D view, whose held frame new glyphs join (View3D.join_frame)
         document.connect(self._on_document)
 
@@ -152,7 +145,7 @@ class SliceView(QWidget):
         target = self._target_rect(geometry)
         painter.drawImage(target, qimage)
         self._draw_roi_outlines(painter, geometry, target)
-        self._draw_glyphs(painter, geometry, target)
+        self.glyphs.draw(painter, geometry, target)
         self._draw_sticks(painter, geometry, target)
         self._draw_fibers(painter, geometry, target)
         if self.show_crosshair:
@@ -163,12 +156,7 @@ class SliceView(QWidget):
             self._draw_polygon(painter, geometry, target)
         self.navigation.paint(painter, geometry, target)
         self._draw_labels(painter, geometry)
-        if self._ahead_due:  # after this step's 3-D frame, if one is due: they would slow its build
-            self._ahead_due = False
-            if self.frame_partner is not None:
-                self.frame_partner.after_frame(self._build_ahead)
-            else:
-                QTimer.singleShot(0, self, self._build_ahead)
+        self.glyphs.painted()
 
     def _draw_roi_outlines(self, painter: QPainter, geometry, target: QRectF) -> None:
         """ROI edges over their fill (:mod:`widgets.roi_outlines`), found once per composited image."""
@@ -231,74 +219,12 @@ class SliceView(QWidget):
         index = int(self.document.cursor[geometry.normal_axis])
         painter.drawText(r, align.AlignTop | align.AlignLeft, f"{self.view} {index}")
 
-    def _glyph_jobs(self, geometry, target: QRectF) -> list:
-        """(layer, build, key) per visible tensor or fODF layer: its glyphs on the slice of
-        ``geometry``, every n-th voxel (the layer's step, or more: :func:`widgets.glyphs.glyph_step_2d`)."""
-        height, width = geometry.voxels.shape[:2]
-        cell_px = min(target.width() / width, target.height() / height)
-        area = target.intersected(QRectF(self.rect()))
-        screen = (target.getRect(), area.getRect(), self.devicePixelRatioF())  # what a picture is made for
-        return [(layer, *slice_glyph_job(layer, self.document, geometry, (height, width), cell_px, screen))
-                for layer in self.document.layers
-                if layer.kind in ("tensor", "fod") and layer.visible and layer.opacity > 0]  # fmt: skip
-
-    def _glyph_requests(self, geometry, target: QRectF) -> list:
-        """:meth:`_glyph_jobs` for the slice as it is now, asked of the workers (or found built ahead)."""
-        requests = self._glyph_jobs(geometry, target)
-        wanted = {id(layer) for layer, _build, _key in requests}
-        for key in [key for key in self._glyph_tasks if key not in wanted]:
-            self._glyph_tasks.pop(key).forget()
-            self._ellipses.pop(key, None)
-        for layer, build, key in requests:
-            task = self._glyph_tasks.get(id(layer))
-            if task is None:
-                task = LatestTask(lambda _key, paths, layer=layer: self._ellipses_built(layer, paths), self)
-                self._glyph_tasks[id(layer)] = task
-            made = self.ahead.take(key, layer.data.data) if key != task.wanted else MISSING
-            if made is MISSING:
-                task.request(key, build)  # nothing when that picture is built or being built
-            else:  # built ahead: drawn in this paint (and the next ones built ahead after it)
-                self._ellipses[id(layer)], self._ahead_due = task.settle(key, made, deliver=False) or [], True
-        return requests
-
-    def _build_ahead(self) -> None:
-        """The glyphs of the slices one voxel either way, for this place on the screen."""
-        if (geometry := self.geometry_now()) is not None:
-            target, planes = self._target_rect(geometry), neighbour_planes(geometry, self.document.reference_shape)
-            self.ahead.ahead([(build, key, layer.data.data) for plane in planes
-                              for layer, build, key in self._glyph_jobs(plane, target)])  # fmt: skip
-
-    def _ellipses_built(self, layer, paths) -> None:
-        if id(layer) in self._glyph_tasks:
-            self._ellipses[id(layer)] = paths or []
-            self._ahead_due = True
-            # with the 3-D frame that waits for its glyphs, if one does (one window update)
-            if self.frame_partner is None or not self.frame_partner.join_frame(self):
-                self.update()
-
     def glyphs_ready(self) -> bool:
-        """Do the ellipses drawn show the document as it is now (no build pending)? Asks for the
-        builds that are missing (scripts and tests wait on it)."""
+        """Do the glyphs and fibres drawn show the document as it is now (no build pending)? Asks
+        for the builds that are missing (scripts and tests wait on it)."""
         geometry = self.geometry_now()
-        if geometry is not None:
-            self._glyph_requests(geometry, self._target_rect(geometry))
-        return all(task.ready() for task in self._glyph_tasks.values()) and self._fibres.ready()
-
-    def _draw_glyphs(self, painter: QPainter, geometry, target: QRectF) -> None:
-        """Tensor layers as ellipses (each tensor's in-plane 2x2 part), fODF layers as sections.
-        They are built on a worker thread (:class:`widgets.glyphs.LatestTask`): ellipses as one
-        path per colour in plane millimetres, sections as a picture for the slice's place on the
-        screen (:mod:`widgets.section_raster`). Painting only draws the last built ones, so a
-        slice step never waits for them (until the new slice's arrive, the previous slice's are
-        shown; a picture made before a zoom or pan is scaled along until its successor comes)."""
-        self._glyph_requests(geometry, target)
-        width = geometry.voxels.shape[1]
-        scale = target.width() / (width * geometry.pixel_mm[1])  # screen pixels per mm
-        layers = [
-            self._ellipses.get(id(layer)) or [] for layer in self.document.layers if layer.kind in ("tensor", "fod")
-        ]
-        # filled once per picture: a repaint for the crosshair alone draws the same image
-        self._glyph_raster.draw(painter, layers, target, QRectF(self.rect()), scale, self.devicePixelRatioF())
+        target = None if geometry is None else self._target_rect(geometry)
+        return self.glyphs.ready(geometry, target) and self._fibres.ready()
 
     def _draw_sticks(self, painter: QPainter, geometry, target: QRectF) -> None:
         """Dyads layers: each stick's in-plane projection on every n-th voxel (``glyph_step``, or

@@ -77,7 +77,7 @@ def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: in
         task = view.glyphs.tasks.get(id(layer))
         part = clock.parts(view)
         part.update({f"build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task, "timings", {}).items()})
-        task2d = moved._glyph_tasks.get(id(layer))
+        task2d = moved.glyphs.tasks.get(id(layer))
         part.update({f"slice_build_{k[:-2]}_ms": round(1e3 * v, 1) for k, v in getattr(task2d, "timings", {}).items()})
         parts.append(part)
     if profile is not None:

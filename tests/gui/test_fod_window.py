@@ -85,7 +85,7 @@ def test_a_fit_csd_folder_shows_fodf_glyphs_on_the_slices_and_in_3d(window, tmp_
     qtbot.waitUntil(axial.glyphs_ready, timeout=10_000)
     zoomed = grab(axial)
     save_rgb(zoomed, ARTIFACTS / "fod_axial_zoomed.png")
-    picture = axial._ellipses[id(layer)]
+    picture = axial.glyphs.built[id(layer)]
     assert isinstance(picture, GlyphPicture)
     assert picture.target == pytest.approx(axial._target_rect(axial.geometry_now()).getRect())
     height, width = zoomed.shape[:2]

@@ -168,8 +168,8 @@ def test_a_slice_views_step_draws_the_sections_built_ahead_in_its_first_paint(wi
         geometry = axial.geometry_now()
         target = axial._target_rect(geometry)
         keys = [key for plane in neighbour_planes(geometry, doc.reference_shape)
-                for _layer, _build, key in axial._glyph_jobs(plane, target)]  # fmt: skip
-        return len(keys) == 2 and all(axial.ahead.holds(key) for key in keys)
+                for _layer, _build, key in axial.glyphs.jobs(plane, target)]  # fmt: skip
+        return len(keys) == 2 and all(axial.glyphs.ahead.holds(key) for key in keys)
 
     qtbot.waitUntil(neighbours_built, timeout=30_000)
     asked = []
@@ -178,24 +178,24 @@ def test_a_slice_views_step_draws_the_sections_built_ahead_in_its_first_paint(wi
         LatestTask,
         "request",
         lambda task, key, fn, **o: (
-            task is axial._glyph_tasks.get(id(layer)) and asked.append(key),
+            task is axial.glyphs.tasks.get(id(layer)) and asked.append(key),
             request(task, key, fn, **o),
         ),
     )
-    fills = axial._glyph_raster.fills
+    fills = axial.glyphs.raster.fills
     after_frame, deferred = window.view3d.after_frame, []
     monkeypatch.setattr(
         window.view3d, "after_frame", lambda callback: deferred.append(callback) or after_frame(callback)
     )
     axial.step(1)
     axial.repaint()  # the step's first paint
-    assert not asked and axial._glyph_tasks[id(layer)].ready()
-    assert axial._build_ahead in deferred  # its next builds ahead: after the 3-D frame (View3D.after_frame)
-    assert axial._glyph_raster.fills == fills + 1  # the new slice's sections, drawn in that paint
-    drawn = axial._ellipses[id(layer)]
+    assert not asked and axial.glyphs.tasks[id(layer)].ready()
+    assert axial.glyphs.build_ahead in deferred  # its next builds ahead: after the 3-D frame (View3D.after_frame)
+    assert axial.glyphs.raster.fills == fills + 1  # the new slice's sections, drawn in that paint
+    drawn = axial.glyphs.built[id(layer)]
     geometry = axial.geometry_now()
-    ((_layer, build, key),) = axial._glyph_jobs(geometry, axial._target_rect(geometry))
-    assert axial._glyph_tasks[id(layer)].delivered == key
+    ((_layer, build, key),) = axial.glyphs.jobs(geometry, axial._target_rect(geometry))
+    assert axial.glyphs.tasks[id(layer)].delivered == key
     fresh = build()  # what a worker makes for this slice
     assert isinstance(drawn, GlyphPicture) and isinstance(fresh, GlyphPicture)
     np.testing.assert_array_equal(drawn.pixels, fresh.pixels)

@@ -97,7 +97,7 @@ def test_stepping_through_slices_with_glyphs_never_blocks_the_gui_thread(window,
         follow.append(shown.n_points == expected.n_points)
         np.testing.assert_allclose(shown.points, expected.points, atol=1e-4)
         # 2-D: the ellipse at a glyph cell of this slice has this slice's main-direction colour.
-        step = axial._glyph_tasks[id(layer)].delivered[4]
+        step = axial.glyphs.tasks[id(layer)].delivered[4]
         z = int(doc.cursor[2])
         voxel = np.array([SHAPE[0] // 2 // step * step + step // 2, SHAPE[1] // 2 // step * step + step // 2, z])
         matrix = sym3.to_matrix(np, tensors[tuple(voxel)].astype(np.float64)[None])[0]
@@ -125,7 +125,7 @@ def test_glyph_counts_are_bounded_and_colour_by_fa_is_grey(window, qtbot):
     geometry = axial.geometry_now()
     target = axial._target_rect(geometry)
     cell_px = target.width() / geometry.voxels.shape[1]
-    step2d = axial._glyph_tasks[id(layer)].delivered[4]
+    step2d = axial.glyphs.tasks[id(layer)].delivered[4]
     assert step2d * cell_px >= 5  # ellipses at least MIN_GLYPH_CELL_PX apart
     inner = (
         slice(int(target.top()) + 20, int(target.bottom()) - 20),
@@ -173,14 +173,14 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
     qtbot.wait(100)
     views = window.views
-    fills = {name: view._glyph_raster.fills for name, view in views.items()}
+    fills = {name: view.glyphs.raster.fills for name, view in views.items()}
     assert all(fills.values())
     views["axial"].step(1)
     qtbot.waitUntil(lambda: all_glyphs_ready(window), timeout=30_000)
     for view in views.values():
         view.grab()  # a paint now (repaint() paints nothing while the window is not exposed)
-    assert views["axial"]._glyph_raster.fills > fills["axial"]
-    assert [views[name]._glyph_raster.fills for name in ("coronal", "sagittal")] == [
+    assert views["axial"].glyphs.raster.fills > fills["axial"]
+    assert [views[name].glyphs.raster.fills for name in ("coronal", "sagittal")] == [
         fills["coronal"], fills["sagittal"]]  # fmt: skip
 
     def filled_each_paint(self, painter, layers, target, visible, scale, ratio):  # what paints did before
@@ -199,7 +199,7 @@ def test_a_step_fills_the_glyphs_of_the_moved_slice_only_and_draws_what_filling_
             patch.setattr(GlyphRaster, "draw", filled_each_paint)
             direct = grab_rgb(axial)
         assert (np.abs(kept.astype(int) - direct.astype(int)).max(axis=-1) > 40).mean() < 0.002
-        image = axial._glyph_raster.image
+        image = axial.glyphs.raster.image
         assert image.width() <= axial.width() * axial.devicePixelRatioF() + 1  # the screen's part only
 
 
@@ -237,13 +237,13 @@ def test_2d_glyphs_that_arrive_while_a_3d_frame_is_held_are_drawn_with_it(window
     qtbot.waitUntil(lambda: not view._render_pending, timeout=10_000)
     asked = []  # (frames drawn, a frame pending) when the slice view asked for its repaint
     monkeypatch.setattr(axial, "update", lambda *args: asked.append((view.frames_drawn, view._render_pending)))
-    ellipses = axial._ellipses[id(layer)]
+    ellipses = axial.glyphs.built[id(layer)]
 
     view.hold_frames(60.0)
     view.request_render()
     qtbot.wait(50)
     frames = view.frames_drawn
-    axial._ellipses_built(layer, list(ellipses))  # new glyphs arrive while the frame is held
+    axial.glyphs._arrived(layer, list(ellipses))  # new glyphs arrive while the frame is held
     qtbot.wait(200)
     assert asked == [] and view.frames_drawn == frames
     view.release_frames()
@@ -251,5 +251,5 @@ def test_2d_glyphs_that_arrive_while_a_3d_frame_is_held_are_drawn_with_it(window
     assert asked == [(frames, True)]  # asked with the frame, just before it was drawn
 
     asked.clear()  # no frame held: at once
-    axial._ellipses_built(layer, list(ellipses))
+    axial.glyphs._arrived(layer, list(ellipses))
     assert asked == [(view.frames_drawn, False)]
