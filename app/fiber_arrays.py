@@ -226,6 +226,25 @@ class FiberArrays:
         return {"direction": self.direction}
 
 
+BERNOULLI_FROM = 0.1  # random_subset: a share of the streamlines from which each is drawn on its own
+
+
+def random_subset(n: int, k: int) -> np.ndarray:
+    """A reproducible random subset of ``range(n)``, sorted: ``k`` numbers, or (a larger share)
+    a few fewer. A small share is drawn as k distinct numbers (unshuffled: sorted next anyway;
+    6 times faster for 400 k of 10 M streamlines); a larger one (a selection's moving level:
+    240 k of 1.2 M) by keeping each with probability k / n, in order, thinned evenly to k when
+    more came (4 times faster there: no permutation of n, no sort; within a few tenths of a
+    percent of k)."""
+    rng = np.random.default_rng(0)
+    if k < BERNOULLI_FROM * n:
+        return np.sort(rng.choice(n, k, replace=False, shuffle=False))
+    pick = np.flatnonzero(rng.random(n) < k / n)
+    if len(pick) > k:
+        pick = pick[(np.arange(k) * (len(pick) / k)).astype(np.int64)]
+    return pick
+
+
 def streamline_cells(
     offsets: np.ndarray,
     ids: np.ndarray | None = None,
@@ -260,8 +279,7 @@ def streamline_cells(
             step = max(1, int(np.ceil(n_keep * mean_len / max_points)))
         else:
             n_keep = int(min(n_lines, max(1, max_points / mean_len)))
-        # (unshuffled: sorted next anyway; 6 times faster for 400 k of 10 M streamlines)
-        pick = np.sort(np.random.default_rng(0).choice(n_lines, n_keep, replace=False, shuffle=False))
+        pick = random_subset(n_lines, n_keep)
         if chosen is None:
             chosen = pick.astype(np.int64)
             chosen_lengths = offsets[chosen + 1] - offsets[chosen]

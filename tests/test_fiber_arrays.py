@@ -307,3 +307,17 @@ def test_a_streamline_longer_than_a_piece_is_a_piece_of_its_own():
     offsets = np.concatenate([[0], np.cumsum([10, 10, 500, 10, 10])]).astype(np.int64)
     bounds = fiber_arrays.piece_bounds(offsets, 25)
     assert bounds == [(0, 2), (2, 3), (3, 5)]  # 20, 500 (alone), 20 points
+
+
+def test_a_random_subset_is_sorted_distinct_reproducible_and_spread_over_the_range():
+    from tractlens.app.fiber_arrays import BERNOULLI_FROM, random_subset
+
+    for n, k in ((10_000_000, 240_000), (1_190_000, 240_000), (1_000, 999), (50, 50)):
+        pick = random_subset(n, k)
+        assert (k < BERNOULLI_FROM * n) == (n == 10_000_000)  # both ways of drawing are covered
+        assert pick.dtype.kind == "i" and len(pick) <= k and len(pick) >= 0.99 * k
+        assert (np.diff(pick) > 0).all() and pick[0] >= 0 and pick[-1] < n
+        np.testing.assert_array_equal(pick, random_subset(n, k))  # the same subset each time
+        if k < n:  # spread over the whole range, not bunched at one end
+            counts = np.histogram(pick, bins=10, range=(0, n))[0]
+            assert counts.min() > 0.9 * len(pick) / 10, counts
