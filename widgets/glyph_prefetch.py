@@ -46,7 +46,6 @@ class GlyphPrefetch:
         self._generation = 0  # a new call to ahead() stops the running builds after the one in hand
         self._pool = QThreadPool()
         self._pool.setMaxThreadCount(1)  # one at a time, beside (not instead of) the step's own builds
-        self.built = 0  # builds made ahead (tests)
         self.hits = 0  # steps that found theirs made (tests, measurements)
 
     def take(self, key, data):
@@ -103,7 +102,6 @@ class GlyphPrefetch:
                 self._results[key] = (weakref.ref(data, self._forget), result)
                 while len(self._results) > self.kept:
                     self._results.popitem(last=False)
-            self.built += 1
             time.sleep(0)  # let the GUI thread have Python's lock between builds
 
 

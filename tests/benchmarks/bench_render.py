@@ -115,7 +115,7 @@ from tests.benchmarks.render_measure import (  # noqa: E402 - after the path is 
     traced_allocations,
     wait,
 )
-from tests.benchmarks.render_roi import roi_edits  # noqa: E402 - after the path is set
+from tests.benchmarks.render_roi import RADIUS_MM, roi_edits, sphere  # noqa: E402 - after the path is set
 
 
 def synthetic_tractogram(n_streamlines: int, n_points: int = 50, seed: int = 0):
@@ -362,10 +362,8 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     resettable and reset_peak_rss()
 
     # ROI edit -> selection drawn: select (worker), index ranges (worker), swap + frame (GUI).
-    ijk = np.indices(GRID_SHAPE, dtype=np.float32)
     for edit, shift in enumerate((0, 3)):
-        centre = np.array(GRID_SHAPE) / 2 + shift
-        mask = sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= (12.0 / VOXEL_MM) ** 2
+        mask = sphere(GRID_SHAPE, np.array(GRID_SHAPE) / 2 + shift, RADIUS_MM / VOXEL_MM)
         roi = Layer("sphere", RoiMask("sphere", mask, AFFINE, role="target"), "roi")
         request = RoiSelection((layer,), (mask,), (), AFFINE, ("sphere",))
         anon = [anon_and_file_mb()[0]]  # anonymous resident MB before and after each part
@@ -409,7 +407,6 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
             "anon_added_mb": [b - a for a, b in itertools.pairwise(anon)],
         }
         del roi
-    del ijk
     layer.set_selection(None)
     settle(app)
     peaks["selection"] = round(rss_kb("VmHWM") / 1024)

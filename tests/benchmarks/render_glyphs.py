@@ -25,10 +25,7 @@ PAUSE_S = float(os.environ.get("BENCH_STEP_PAUSE_S", "0.3"))  # between steps: a
 
 def idle(app, seconds: float) -> None:
     """Let the event loop (and the workers) run for ``seconds``."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        app.processEvents()
-        time.sleep(0.002)
+    wait(app, lambda: False, seconds)
 
 
 def glyph_steps(app, window, layer, clock, name: str, size_label: int, steps: int = STEPS) -> dict:

@@ -18,10 +18,11 @@ from tests.benchmarks.render_glyphs import idle
 from tests.benchmarks.render_measure import ms, settle, wait
 
 EDITS = 3
-RADIUS_MM = 12.0
+RADIUS_MM = 12.0  # the ROI sphere's (bench_render.py's parts and edits alike)
 
 
 def sphere(shape, centre, radius_voxels: float) -> np.ndarray:
+    """A ball of ``radius_voxels`` around ``centre`` (voxels) on a grid of ``shape``."""
     ijk = np.indices(shape, dtype=np.float32)
     return sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= radius_voxels**2
 
