@@ -10,6 +10,7 @@ after the other, without the window's path."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -25,6 +26,52 @@ def sphere(shape, centre, radius_voxels: float) -> np.ndarray:
     """A ball of ``radius_voxels`` around ``centre`` (voxels) on a grid of ``shape``."""
     ijk = np.indices(shape, dtype=np.float32)
     return sum((ijk[a] - centre[a]) ** 2 for a in range(3)) <= radius_voxels**2
+
+
+class Timeline:
+    """Where an edit's time goes: the perf_counter times at which wrapped calls began and ended
+    (``name>`` and ``name<``, first of each after :meth:`start`) and on which thread, so that a
+    run on the GPU machine says which part of the path is long, not only how long it is."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, float, bool]] = []
+        self._restore: list = []
+        self._gui = threading.main_thread()
+
+    def start(self) -> float:
+        self.marks.clear()
+        return time.perf_counter()
+
+    def wrap(self, owner, attr: str, name: str) -> None:
+        original = getattr(owner, attr)
+
+        def wrapped(*args, **kwargs):
+            self.marks.append((name + ">", time.perf_counter(), threading.current_thread() is self._gui))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.marks.append((name + "<", time.perf_counter(), threading.current_thread() is self._gui))
+
+        own = attr in vars(owner)  # a module's function, or an attribute the instance holds itself
+        setattr(owner, attr, wrapped)
+        self._restore.append((owner, attr, original if own else None))
+
+    def restore(self) -> None:
+        for owner, attr, original in reversed(self._restore):
+            if original is None:
+                delattr(owner, attr)  # the instance's class's method again
+            else:
+                setattr(owner, attr, original)
+        self._restore.clear()
+
+    def read(self, start: float, frames) -> dict:
+        """ms from ``start``: each mark's first time (``@worker`` when not on the GUI thread), and
+        the 3-D frames (begin, end) drawn after it."""
+        out: dict = {}
+        for name, t, gui in self.marks:
+            out.setdefault(name if gui else name + "@worker", round(1e3 * (t - start), 1))
+        out["frames"] = [(round(1e3 * (b - start), 1), round(1e3 * (e - start), 1)) for b, e in frames if b >= start]
+        return out
 
 
 def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = EDITS) -> dict:
@@ -46,14 +93,26 @@ def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = E
             changed_at.append(time.perf_counter())
 
     doc.connect(listen)
-    drawn, settled, selected = [], [], []
+    import tractlens.widgets.controllers.selection as selection_module
+
+    timeline = Timeline()
+    timeline.wrap(window.selection, "_leading", "leading")
+    timeline.wrap(window.selection, "update", "update")
+    timeline.wrap(window.runner, "submit", "submit")
+    timeline.wrap(selection_module, "select_fibres", "select")
+    timeline.wrap(doc.fiber_arrays, "prepare_selection", "ranges")
+    timeline.wrap(layer, "set_selection", "swap")
+    timeline.wrap(view, "_render_now", "render_now")
+    timeline.wrap(view, "release_frames", "release")
+    drawn, settled, selected, timelines = [], [], [], []
     for centre in centres[1:]:
         idle(app, 0.3)
         new = sphere(shape, centre, radius)
         changed_at.clear()
-        start = time.perf_counter()
+        start = timeline.start()
         doc.paint(roi, np.argwhere(mask & ~new), False)  # a brush's strokes: erased, then painted
         doc.paint(roi, np.argwhere(new & ~mask), True, merge_with_last=True)
+        painted = time.perf_counter()
         mask = new
 
         def shown() -> bool:
@@ -64,6 +123,9 @@ def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = E
         settled.append(time.perf_counter() - start)
         drawn.append(frame - start)
         selected.append(int(layer.selection.sum()))
+        idle(app, 0.3)  # the edit's later frames (its ROI surface's) in its timeline too
+        timelines.append({"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders)})
+    timeline.restore()
     doc.disconnect(listen)
     layer.set(filter_by_rois=False)
     doc.remove_layer(roi)
@@ -75,4 +137,5 @@ def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = E
         "roi_edit_settled_ms": ms(settled),
         "roi_edit_settled_all_ms": [round(1e3 * t, 1) for t in settled],
         "roi_edit_selected": selected,
+        "roi_edit_timeline": timelines,  # ms from the edit: each step's begin (>) and end (<), the 3-D frames
     }
