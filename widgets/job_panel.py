@@ -21,10 +21,11 @@ and :meth:`_progress_text` (the status line while the run reports progress).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtCore import QRect, QSize, Qt, QTimer
 from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
@@ -38,13 +39,22 @@ from PySide6.QtWidgets import (
 from tractlens.app.model import Document
 from tractlens.app.window_words import window_words
 
-from .jobs import FAILED, RUNNING, JobRunner
+from .jobs import FAILED, QUEUED, RUNNING, JobRunner
 
 #: What a cell keeps of its width for margins (px), when a job's name is wrapped.
 NAME_MARGIN = 8
 
 #: Quick jobs started by interaction, many times a minute: one row each, the latest run.
 COALESCED = ("select streamlines", "statistics")
+
+#: A job that reports no progress shows how long it has run, renewed this often (ms), instead of
+#: a busy bar: Qt animates one at 30 frames a second, and every frame composes the whole window
+#: (the 3-D view is OpenGL), 12 ms a frame on an H200 machine. An ROI edit's selection job waited
+#: for the GUI thread behind them; a long job's animation took a third of it from the user.
+TICK_MS = 1000
+#: The status bar says that work runs once jobs have run this long (ms): a selection at a brush
+#: stroke is done before, and neither shows nor hides anything.
+BUSY_AFTER_MS = 500
 
 
 def job_kind(name: str) -> str:
@@ -157,19 +167,59 @@ class JobPanelBase(QWidget):
         return None
 
 
-def set_bar(bar: QProgressBar, maximum: int, value: int | None = None) -> None:
-    """Set a progress bar's range (0..``maximum``; 0: busy) and value, repainted with the window's
-    next update. (QProgressBar repaints at once when its value leaves the range or its text
-    changes: a whole window composed, and a 3-D frame drawn if one is due, while an ROI edit's
-    selection job was being started: 200 ms a stroke in a local trace, llvmpipe, 100 k streamlines.)"""
+def set_bar(bar: QProgressBar, maximum: int, value: int | None = None, text: str | None = None) -> None:
+    """Set a progress bar's range (0..``maximum``), value and text (a ``QProgressBar`` format),
+    repainted with the window's next update. (QProgressBar repaints at once when its value leaves
+    the range or its text changes: a whole window composed, and a 3-D frame drawn if one is due,
+    while an ROI edit's selection job was being started: 200 ms a stroke in a local trace,
+    llvmpipe, 100 k streamlines.)"""
     bar.setUpdatesEnabled(False)
     try:
         bar.setRange(0, maximum)
         if value is not None:
             bar.setValue(value)
+        if text is not None:
+            bar.setFormat(text)
     finally:
         bar.setUpdatesEnabled(True)
     bar.update()
+
+
+class BusyIndicator(QLabel):
+    """The status bar's word that work runs ("running: <job>"): shown once jobs have run for
+    :data:`BUSY_AFTER_MS`, hidden when none runs. A label, not a busy bar (see :data:`TICK_MS`)."""
+
+    def __init__(self, runner: JobRunner, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("busy")
+        self.setMaximumWidth(260)
+        self.runner = runner
+        self.later = QTimer(self)
+        self.later.setSingleShot(True)
+        self.later.setInterval(BUSY_AFTER_MS)
+        self.later.timeout.connect(self._show)
+        self.hide()
+        for signal in (runner.job_added, runner.job_changed, runner.job_removed):
+            signal.connect(lambda _id: self.refresh())
+
+    def refresh(self) -> None:
+        if not self.runner.active():
+            self.later.stop()
+            self.hide()
+        elif self.isVisible():
+            self._show()
+        elif not self.later.isActive():
+            self.later.start()
+
+    def _show(self) -> None:
+        active = self.runner.active()
+        if not active:
+            return
+        more = f" and {len(active) - 1} more" if len(active) > 1 else ""
+        words = f"running: {active[0].name}{more}"
+        self.setText(self.fontMetrics().elidedText(words, Qt.TextElideMode.ElideMiddle, self.maximumWidth()))
+        self.setToolTip("\n".join(job.name for job in active))
+        self.show()
 
 
 class JobPanel(QWidget):
@@ -206,6 +256,9 @@ class JobPanel(QWidget):
         self._items: dict[int, tuple[QTreeWidgetItem, QProgressBar]] = {}
         self._row_of_kind: dict[str, int] = {}  # coalesced job name -> the job id its row shows
         self.tree.currentItemChanged.connect(lambda *_: self._show_detail())
+        self.ticker = QTimer(self)  # the running seconds of jobs that report no progress
+        self.ticker.setInterval(TICK_MS)
+        self.ticker.timeout.connect(self._tick)
         runner.job_added.connect(self._added)
         runner.job_changed.connect(self._changed)
         runner.job_removed.connect(self._removed)
@@ -228,10 +281,23 @@ class JobPanel(QWidget):
         if kind in COALESCED:
             self._row_of_kind[kind] = job_id
         item.setData(0, Qt.ItemDataRole.UserRole, job_id)
-        set_bar(bar, 0, 0)  # busy until the first progress report
+        set_bar(bar, 1000, 0, "")  # empty until the first progress report; its seconds meanwhile
         self.tree.setCurrentItem(item)
         self._items[job_id] = (item, bar)
         self._show_detail()
+        if not self.ticker.isActive():
+            self.ticker.start()
+
+    def _tick(self) -> None:
+        """Each running job without progress shows its seconds; stops when none waits."""
+        now, waiting = time.perf_counter(), False
+        for job_id, (_item, bar) in self._items.items():
+            job = self.runner.jobs.get(job_id)
+            if job is not None and job.state == RUNNING and job.total <= 0:
+                set_bar(bar, 1000, 0, f"{now - job.started_at:.0f} s")
+            waiting = waiting or (job is not None and job.state in (QUEUED, RUNNING))
+        if not waiting:
+            self.ticker.stop()
 
     def _fit_row(self, item: QTreeWidgetItem) -> None:
         width = max(20, self.tree.header().sectionSize(0) - NAME_MARGIN)
@@ -251,7 +317,9 @@ class JobPanel(QWidget):
         job = self.runner.jobs[job_id]
         item, bar = self._items[job_id]
         if job.total > 0:
-            set_bar(bar, 1000, int(1000 * job.done / job.total))
+            set_bar(bar, 1000, int(1000 * job.done / job.total), "%p%")
+        elif job.state not in (QUEUED, RUNNING):  # ended without progress: the state says how
+            set_bar(bar, 1000, 0, "")
         state = job.error or job.message or job.state
         text = state if job.state == RUNNING else f"{job.state}: {state}" if job.error else job.state
         item.setText(2, text.splitlines()[0] if text else text)

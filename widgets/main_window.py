@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QDockWidget,
     QLabel,
     QMainWindow,
-    QProgressBar,
 )
 
 from tractlens.app.model import Document, Layer
@@ -46,6 +45,7 @@ from .controllers.settings import settings
 from .controllers.view_menu import ViewControls
 from .csd_dialog import open_csd_dialog
 from .dock_tabs import fit_dock_tabs, scrollable
+from .job_panel import BusyIndicator
 from .jobs import JobRunner
 from .model_dialog import open_model_dialog
 from .panels import JobPanel, LayerPanel
@@ -200,10 +200,7 @@ class MainWindow(QMainWindow):
 
         self.position_label = QLabel()
         self.position_label.setObjectName("position")
-        self.busy = QProgressBar()
-        self.busy.setMaximumWidth(160)
-        self.busy.setRange(0, 0)
-        self.busy.hide()
+        self.busy = BusyIndicator(self.runner)  # "running: …" once jobs have run half a second
         self.hover_label = QLabel()
         self.hover_label.setObjectName("hover")
         self.statusBar().addWidget(self.position_label, 1)
@@ -228,8 +225,6 @@ class MainWindow(QMainWindow):
         self.selection.selecting.connect(lambda: self.view3d.hold_frames(SELECTION_FRAME_HOLD_S))
         self.selection.selected.connect(self.view3d.release_frames)  # the edit's frame and the selection's: one
         self.document.connect(self._on_document)
-        self.runner.job_added.connect(lambda _id: self._update_busy())
-        self.runner.job_changed.connect(lambda _id: self._update_busy())
         self._restore_layout()
         self.sessions.start_autosave(autosave_s)
         QTimer.singleShot(0, lambda: offer_recovery(self, restore))
@@ -494,9 +489,6 @@ class MainWindow(QMainWindow):
         self.hover_label.setText(
             f"mouse ({', '.join(str(int(v)) for v in ijk)})  {values}" + (f"  {lesion}" * bool(lesion))
         )
-
-    def _update_busy(self) -> None:
-        self.busy.setVisible(bool(self.runner.active()))
 
     # ------------------------------------------------- screenshots, reports
     def save_screenshot(self, path: str | os.PathLike) -> Path:

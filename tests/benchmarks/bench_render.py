@@ -414,7 +414,7 @@ def one_size(path: Path, size: str, n_frames: int, device: str, glyphs_as_hardwa
     resettable and reset_peak_rss()
 
     # ROI edits through the window: the throttle, the selection job and the swap, as a user meets them.
-    row.update(roi_edits(app, window, layer, GRID_SHAPE, AFFINE, VOXEL_MM))
+    row.update(roi_edits(app, window, layer, clock, GRID_SHAPE, AFFINE, VOXEL_MM))
 
     # Glyphs: three cursor planes of tensor glyphs rebuilt after each one-voxel step.
     before_hiding = round(rss_kb() / 1024)

@@ -4,6 +4,7 @@ goes (:class:`StepClock`). Imported by bench_render.py (and bench_fibre_load.py 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import cProfile
 import io
@@ -164,6 +165,7 @@ class StepClock:
         from tractlens.widgets.slice_view import SliceView
 
         self.painting = 0.0
+        self.spans: collections.deque = collections.deque(maxlen=4096)  # (what, start, end) of each
         original = SliceView.paintEvent
 
         def timed(view, event, clock=self):
@@ -171,7 +173,9 @@ class StepClock:
             try:
                 return original(view, event)
             finally:
-                clock.painting += time.perf_counter() - start
+                end = time.perf_counter()
+                clock.painting += end - start
+                clock.spans.append(("slice_paint", start, end))
 
         SliceView.paintEvent = timed
         # the window's update requests: Qt paints its dirty widgets (the slice views, the 3-D
@@ -191,8 +195,10 @@ class StepClock:
             try:
                 return window_event(window, event)
             finally:
+                end = time.perf_counter()
                 clock.updates += 1
-                clock.updating += time.perf_counter() - start
+                clock.updating += end - start
+                clock.spans.append(("window_update", start, end))
 
         MainWindow.event = timed_event
 

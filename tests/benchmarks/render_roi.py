@@ -10,13 +10,15 @@ after the other, without the window's path."""
 
 from __future__ import annotations
 
+import cProfile
+import os
 import threading
 import time
 
 import numpy as np
 
 from tests.benchmarks.render_glyphs import idle
-from tests.benchmarks.render_measure import ms, settle, wait
+from tests.benchmarks.render_measure import ms, profiled, settle, wait, write_profile
 
 EDITS = 3
 RADIUS_MM = 12.0  # the ROI sphere's (bench_render.py's parts and edits alike)
@@ -37,20 +39,24 @@ class Timeline:
         self.marks: list[tuple[str, float, bool]] = []
         self._restore: list = []
         self._gui = threading.main_thread()
+        self._cpu: dict = {}
 
     def start(self) -> float:
         self.marks.clear()
+        self._cpu = thread_cpu()
         return time.perf_counter()
 
     def wrap(self, owner, attr: str, name: str) -> None:
         original = getattr(owner, attr)
 
         def wrapped(*args, **kwargs):
-            self.marks.append((name + ">", time.perf_counter(), threading.current_thread() is self._gui))
+            begin = time.perf_counter()
+            gui = threading.current_thread() is self._gui
+            self.marks.append((name + ">", begin, gui))
             try:
                 return original(*args, **kwargs)
             finally:
-                self.marks.append((name + "<", time.perf_counter(), threading.current_thread() is self._gui))
+                self.marks.append((name + "<", time.perf_counter(), gui))
 
         own = attr in vars(owner)  # a module's function, or an attribute the instance holds itself
         setattr(owner, attr, wrapped)
@@ -64,17 +70,51 @@ class Timeline:
                 setattr(owner, attr, original)
         self._restore.clear()
 
-    def read(self, start: float, frames) -> dict:
+    def read(self, start: float, frames, spans) -> dict:
         """ms from ``start``: each mark's first time (``@worker`` when not on the GUI thread), and
-        the 3-D frames (begin, end) drawn after it."""
+        the 3-D frames (begin, end) drawn after it; ``spans`` (what, begin, end): the GUI thread's
+        calls timed elsewhere (:class:`render_measure.StepClock`'s)."""
         out: dict = {}
         for name, t, gui in self.marks:
             out.setdefault(name if gui else name + "@worker", round(1e3 * (t - start), 1))
         out["frames"] = [(round(1e3 * (b - start), 1), round(1e3 * (e - start), 1)) for b, e in frames if b >= start]
+        # the GUI thread's longer calls (slice views' paints, the window's updates), outermost only
+        busy, until = [], -1.0
+        for name, b, e in sorted(spans, key=lambda span: span[1]):
+            if e - b >= 5e-4 and b >= max(until, start):
+                busy.append((name, round(1e3 * (b - start), 1), round(1e3 * (e - start), 1)))
+                until = e
+        out["gui_busy"] = busy
+        # CPU ms of each thread that used more than 2 ms during the edit (which workers compete)
+        after = thread_cpu()
+        used = {tid: (after[tid][0], (after[tid][1] - self._cpu.get(tid, ("", 0))[1]) / 1e6) for tid in after}
+        out["threads_cpu_ms"] = sorted(
+            [(f"{name}{' (GUI)' if tid == threading.main_thread().native_id else ''}", round(cpu, 1))
+             for tid, (name, cpu) in used.items() if cpu > 2.0],
+            key=lambda row: -row[1],
+        )  # fmt: skip
         return out
 
 
-def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = EDITS) -> dict:
+def thread_cpu() -> dict:
+    """{thread id: (name, ns on a CPU so far)} of this process's threads (Linux; {} elsewhere)."""
+    out = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                out[int(tid)] = (f.read().strip(), ns)
+        except (OSError, ValueError):  # ended meanwhile
+            continue
+    return out
+
+
+def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: int = EDITS) -> dict:
     from tractlens.app.model import Layer
     from tractlens.app.volumes import RoiMask
 
@@ -105,27 +145,34 @@ def roi_edits(app, window, layer, shape, affine, voxel_mm: float, edits: int = E
     timeline.wrap(view, "_render_now", "render_now")
     timeline.wrap(view, "release_frames", "release")
     drawn, settled, selected, timelines = [], [], [], []
+    profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
     for centre in centres[1:]:
         idle(app, 0.3)
         new = sphere(shape, centre, radius)
         changed_at.clear()
-        start = timeline.start()
-        doc.paint(roi, np.argwhere(mask & ~new), False)  # a brush's strokes: erased, then painted
-        doc.paint(roi, np.argwhere(new & ~mask), True, merge_with_last=True)
-        painted = time.perf_counter()
-        mask = new
+        erase, paint = np.argwhere(mask & ~new), np.argwhere(new & ~mask)  # a brush's strokes' voxels
+        with profiled("roi_edit", len(layer.data), profile):
+            start = timeline.start()
+            doc.paint(roi, erase, False)  # erased, then painted
+            doc.paint(roi, paint, True, merge_with_last=True)
+            painted = time.perf_counter()
+            mask = new
 
-        def shown() -> bool:
-            return bool(changed_at) and not view._render_pending and view.renders[-1][0] >= changed_at[0]
+            def shown() -> bool:
+                return bool(changed_at) and not view._render_pending and view.renders[-1][0] >= changed_at[0]
 
-        assert wait(app, shown, 120)
+            assert wait(app, shown, 120)
         frame = next(end for begin, end in view.renders if begin >= changed_at[0])
         settled.append(time.perf_counter() - start)
         drawn.append(frame - start)
         selected.append(int(layer.selection.sum()))
         idle(app, 0.3)  # the edit's later frames (its ROI surface's) in its timeline too
-        timelines.append({"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders)})
+        timelines.append(
+            {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
+        )
     timeline.restore()
+    if profile is not None:
+        write_profile(profile, "roi_edit", len(layer.data))
     doc.disconnect(listen)
     layer.set(filter_by_rois=False)
     doc.remove_layer(roi)

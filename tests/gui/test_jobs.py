@@ -205,11 +205,60 @@ def test_a_job_starts_before_it_is_announced_and_the_job_list_never_repaints_on_
         watcher = Paints()
         bar.installEventFilter(watcher)
         release.clear()
-        second = runner.submit("select streamlines", job)  # the same row: its bar made busy again
-        assert panel._items[second][1] is bar and (bar.minimum(), bar.maximum()) == (0, 0)
+        second = runner.submit("select streamlines", job)  # the same row: its bar emptied again
+        assert panel._items[second][1] is bar and (bar.minimum(), bar.maximum(), bar.value()) == (0, 1000, 0)
         assert Paints.count == 0  # not repainted within the call
         qtbot.waitUntil(lambda: Paints.count > 0, timeout=HANG_MS)  # but with the next update
         release.set()
         qtbot.waitUntil(lambda: runner.jobs[second].state == DONE, timeout=HANG_MS)
     finally:
         release.set()  # (a failed check leaves no worker waiting)
+
+
+def test_a_job_without_progress_shows_its_seconds_not_an_animation_and_the_status_bar_names_it_later(qtbot, runner):
+    """No busy bar anywhere: Qt animates one at 30 frames a second, each composing the whole
+    window (a third of the GUI thread on an H200 machine). A job that reports no progress shows
+    its running seconds in its row, renewed once a second; the status bar says "running: <job>"
+    only once jobs have run for BUSY_AFTER_MS (a selection at a brush stroke shows nothing)."""
+    from PySide6.QtWidgets import QStatusBar
+
+    from tractlens.widgets.job_panel import BUSY_AFTER_MS, BusyIndicator, JobPanel
+
+    panel = JobPanel(runner)
+    bar_holder = QStatusBar()
+    busy = BusyIndicator(runner)
+    bar_holder.addPermanentWidget(busy)
+    for widget in (panel, bar_holder):
+        qtbot.addWidget(widget)
+        widget.show()
+    release = threading.Event()
+
+    def job(ctx):
+        release.wait(HANG_MS / 1000)
+        if ctx.cancelled():
+            raise InputError("stopped")
+        return 1
+
+    try:
+        job_id = runner.submit("fit the model", job)
+        _item, bar = panel._items[job_id]
+        assert bar.maximum() == 1000 and panel.ticker.isActive()  # a range: never the busy animation
+        assert not busy.isVisible() and busy.later.isActive() and busy.later.interval() == BUSY_AFTER_MS
+        qtbot.waitUntil(lambda: runner.jobs[job_id].state == RUNNING, timeout=HANG_MS)
+        runner.jobs[job_id].started_at -= 3.2  # as if it had run for three seconds
+        panel._tick()
+        assert bar.format() == "3 s" and bar.maximum() == 1000
+        qtbot.waitUntil(busy.isVisible, timeout=HANG_MS)
+        assert busy.text() == "running: fit the model"
+        runner.cancel(job_id)
+        release.set()
+        qtbot.waitUntil(lambda: runner.jobs[job_id].state in (CANCELLED, FAILED), timeout=HANG_MS)
+        assert bar.format() == "" and not busy.isVisible() and not busy.later.isActive()
+        panel._tick()  # nothing waits: the seconds stop
+        assert not panel.ticker.isActive()
+        quick = runner.submit("select streamlines", lambda ctx: 2)
+        qtbot.waitUntil(lambda: runner.jobs[quick].state == DONE, timeout=HANG_MS)
+        assert not busy.isVisible() and not busy.later.isActive()  # done: nothing said, nothing pending
+        assert panel._items[quick][1].format() == "%p%" and panel._items[quick][1].value() == 1000
+    finally:
+        release.set()
