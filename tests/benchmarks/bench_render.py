@@ -47,9 +47,11 @@ image and a tensor layer on the 1.25 mm grid:
 - ``gui_swap_parts``, ``colour_change_parts``, ``glyph_step_parts``: where the GUI thread's time
   of a step went: the three slice views' paints (``slice_views_ms``), the 3-D frames
   (``frames_3d_ms``), the fibre layer's uploads (``gl_*_ms``: per-streamline values, drawn ids,
-  per-point scalars), the rest (``other_ms``), the window's updates (``window_updates``: each
-  paints the dirty widgets, then composes and flushes the window) and what they took besides the
-  paints and frames (``window_update_compose_ms``, within ``other_ms``); for glyphs also the build's wait for a worker, the
+  per-point scalars), the rest (``other_ms``), and with ``BENCH_WINDOW_UPDATES=1`` the window's
+  updates (``window_updates``: each paints the dirty widgets, then composes and flushes the
+  window) and what they took besides the paints and frames (``window_update_compose_ms``, within
+  ``other_ms``; off by default: timing them holds Python's lock through every compose, which
+  slows the workers a step waits for); for glyphs also the build's wait for a worker, the
   build, its way to the GUI thread and its delivery (``build_*_ms``);
 - ``fibre_program``, ``fibre_program_why``: which shader program draws the fibres and why
   (vertex pulling or the geometry shader), ``fibre_streamline_scalars_by_draw_id``: whether a

@@ -165,6 +165,7 @@ class StepClock:
         from tractlens.widgets.slice_view import SliceView
 
         self.painting = 0.0
+        self.window_updates = False
         self.spans: collections.deque = collections.deque(maxlen=4096)  # (what, start, end) of each
         original = SliceView.paintEvent
 
@@ -178,14 +179,20 @@ class StepClock:
                 clock.spans.append(("slice_paint", start, end))
 
         SliceView.paintEvent = timed
-        # the window's update requests: Qt paints its dirty widgets (the slice views, the 3-D
-        # view's frame) and composes and flushes the window (through OpenGL when an OpenGL
-        # widget is in it), once per event-loop turn that found something dirty
+        self.updates, self.updating = 0, 0.0
+        if os.environ.get("BENCH_WINDOW_UPDATES") != "1":
+            return
+        # With BENCH_WINDOW_UPDATES=1 only: the window's update requests (Qt paints its dirty
+        # widgets, the slice views and the 3-D view's frame, and composes and flushes the
+        # window, through OpenGL when an OpenGL widget is in it). Timing them puts a Python
+        # override on the window's event(), and then every compose holds Python's lock: a worker
+        # ran at a third of its speed through one (measured here), so the jobs an ROI edit or a
+        # glyph step waits for are slower than for a user, whose window has no such override.
+        self.window_updates = True
         from PySide6.QtCore import QEvent
 
         from tractlens.widgets.main_window import MainWindow
 
-        self.updates, self.updating = 0, 0.0
         window_event = MainWindow.event
 
         def timed_event(window, event, clock=self, kind=QEvent.Type.UpdateRequest):
@@ -225,7 +232,8 @@ class StepClock:
         out["other_ms"] = round(1e3 * total - out["slice_views_ms"] - out["frames_3d_ms"], 1)
         # the window's updates (paints of the dirty widgets, 3-D frames drawn there, composing and
         # flushing) and what they took besides the slice views' paints and the 3-D frames
-        out["window_updates"] = self.updates - self.updates0
-        updating = 1e3 * (self.updating - self.updating0)
-        out["window_update_compose_ms"] = round(updating - out["slice_views_ms"] - out["frames_3d_ms"], 1)
+        if self.window_updates:
+            out["window_updates"] = self.updates - self.updates0
+            updating = 1e3 * (self.updating - self.updating0)
+            out["window_update_compose_ms"] = round(updating - out["slice_views_ms"] - out["frames_3d_ms"], 1)
         return out

@@ -6,7 +6,9 @@ with the new selection is drawn (``roi_edit_ms``: the window's throttle, the sel
 job runner, the selection, the index ranges, the swap and the frame; to the GPU's end where
 frames are) and until the window has settled (``roi_edit_settled_ms``: the window's update with
 that frame composed and flushed). bench_render.py's ``select`` times the same parts called one
-after the other, without the window's path."""
+after the other, without the window's path. ``roi_edit_timeline``: where each edit's time went
+(:class:`Timeline`). The edits are then made back with the 3-D view's depth peeling off
+(``roi_edit_no_depth_peeling_ms``): what the ROI's translucent surface costs the frame."""
 
 from __future__ import annotations
 
@@ -144,32 +146,47 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
     timeline.wrap(layer, "set_selection", "swap")
     timeline.wrap(view, "_render_now", "render_now")
     timeline.wrap(view, "release_frames", "release")
-    drawn, settled, selected, timelines = [], [], [], []
     profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
-    for centre in centres[1:]:
-        idle(app, 0.3)
-        new = sphere(shape, centre, radius)
-        changed_at.clear()
-        erase, paint = np.argwhere(mask & ~new), np.argwhere(new & ~mask)  # a brush's strokes' voxels
-        with profiled("roi_edit", len(layer.data), profile):
-            start = timeline.start()
-            doc.paint(roi, erase, False)  # erased, then painted
-            doc.paint(roi, paint, True, merge_with_last=True)
-            painted = time.perf_counter()
-            mask = new
+    state = {"mask": mask}
 
-            def shown() -> bool:
-                return bool(changed_at) and not view._render_pending and view.renders[-1][0] >= changed_at[0]
+    def series(targets) -> tuple[list, list, list, list]:
+        drawn, settled, selected, timelines = [], [], [], []
+        for centre in targets:
+            idle(app, 0.3)
+            new = sphere(shape, centre, radius)
+            changed_at.clear()
+            old = state["mask"]
+            erase, paint = np.argwhere(old & ~new), np.argwhere(new & ~old)  # a brush's strokes' voxels
+            with profiled("roi_edit", len(layer.data), profile):
+                start = timeline.start()
+                doc.paint(roi, erase, False)  # erased, then painted
+                doc.paint(roi, paint, True, merge_with_last=True)
+                painted = time.perf_counter()
+                state["mask"] = new
 
-            assert wait(app, shown, 120)
-        frame = next(end for begin, end in view.renders if begin >= changed_at[0])
-        settled.append(time.perf_counter() - start)
-        drawn.append(frame - start)
-        selected.append(int(layer.selection.sum()))
-        idle(app, 0.3)  # the edit's later frames (its ROI surface's) in its timeline too
-        timelines.append(
-            {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
-        )
+                def shown() -> bool:
+                    return bool(changed_at) and not view._render_pending and view.renders[-1][0] >= changed_at[0]
+
+                assert wait(app, shown, 120)
+            frame = next(end for begin, end in view.renders if begin >= changed_at[0])
+            settled.append(time.perf_counter() - start)
+            drawn.append(frame - start)
+            selected.append(int(layer.selection.sum()))
+            idle(app, 0.3)  # the edit's later frames (its ROI surface's) in its timeline too
+            timelines.append(
+                {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
+            )
+        return drawn, settled, selected, timelines
+
+    drawn, settled, selected, timelines = series(centres[1:])
+    # The same edits back, the 3-D view without depth peeling (the ROI's translucent surface then
+    # blends in one pass): what the peeling passes cost an edit's frame at this size.
+    renderer = view.plotter.renderer
+    renderer.disable_depth_peeling()
+    try:
+        unpeeled = series(centres[-2::-1])[0]
+    finally:
+        renderer.enable_depth_peeling()
     timeline.restore()
     if profile is not None:
         write_profile(profile, "roi_edit", len(layer.data))
@@ -185,4 +202,6 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
         "roi_edit_settled_all_ms": [round(1e3 * t, 1) for t in settled],
         "roi_edit_selected": selected,
         "roi_edit_timeline": timelines,  # ms from the edit: each step's begin (>) and end (<), the 3-D frames
+        "roi_edit_no_depth_peeling_ms": ms(unpeeled),
+        "roi_edit_no_depth_peeling_all_ms": [round(1e3 * t, 1) for t in unpeeled],
     }
