@@ -170,6 +170,27 @@ class Cells:
         self._ranges = (key, out)
         return out
 
+    def thinned(self, step: int) -> Cells:
+        """Every ``step``-th streamline of these cells of whole streamlines, from the first: a
+        selection's level while the camera moves, sliced from its whole level (its index ranges
+        per piece too, when made: :meth:`ranges`) instead of a random subset drawn and its ranges
+        gathered again, on the worker that an ROI edit's frame waits for."""
+        if self.decimated or self.streamlines is None or self.stored is not None or self._pieces is not None:
+            raise ValueError("only index ranges of chosen whole streamlines are thinned")
+        kept = np.diff(self.offsets)[::step]
+        offsets = np.zeros(len(kept) + 1, dtype=self.offsets.dtype)
+        np.cumsum(kept, out=offsets[1:])
+        out = Cells(offsets, None, self.streamlines[::step], self.total, _source=self._source)
+        if self._ranges is not None:
+            key, per_piece = self._ranges
+            parts, first = [], 0
+            for starts, counts in per_piece:
+                skip = (-first) % step  # the piece's first kept streamline (every step-th of all)
+                parts.append((np.ascontiguousarray(starts[skip::step]), np.ascontiguousarray(counts[skip::step])))
+                first += len(starts)
+            out._ranges = (key, parts)
+        return out
+
     def point_index(self) -> np.ndarray:
         """The connectivity as an array (made for the identity)."""
         if self.identity:

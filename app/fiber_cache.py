@@ -71,10 +71,15 @@ class FiberArrayCache:
             cached = self._remember_selection(layer, selected, ids, offsets[ids + 1] - offsets[ids])
         per_level, ids, lengths = cached[1], cached[2], cached[3]
         if level not in per_level:
-            budget = LEVELS[level][0]
+            budget, decimate = LEVELS[level]
             whole = per_level.get("full")
             if whole is not None and (budget is None or whole.n_points <= budget):
                 per_level[level] = whole  # within the level's budget: the same cells, not made twice
+            elif whole is not None and not decimate and whole._ranges is not None and whole.stored is None:
+                # every k-th of the whole level's streamlines, its ranges sliced (a selection's
+                # ids are in the tractogram's order, which a whole-brain seeding spreads in space)
+                keep = max(1, int(budget / max(1.0, whole.n_points / max(whole.n_streamlines, 1))))
+                per_level[level] = whole.thinned(-(-whole.n_streamlines // keep))
             else:
                 per_level[level] = level_cells(
                     arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths

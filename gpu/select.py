@@ -171,11 +171,13 @@ def _kernel():
     return cuda.function("select.cu", "streamline_region_bits")
 
 
-def hits_kernel(backend: Backend, points, stream_of_point, is_last, bits, n_streams: int):
+def hits_kernel(backend: Backend, points, stream_of_point, is_last, bits, n_streams: int, box=None):
     """Same as :func:`hits_arrays` for all streamlines at once, one CUDA thread per point/segment.
 
     ``stream_of_point`` (int32) and ``is_last`` (uint8, 1 where a point ends its
-    streamline) come from :class:`StreamlineIndex`, which keeps them on the device.
+    streamline) come from :class:`StreamlineIndex`, which keeps them on the device. ``box`` =
+    (lo, hi): inclusive voxel bounds of every region's voxels (:func:`select_host.region_bounds`;
+    None: the whole grid); points whose segment stays outside it look nothing up.
     """
     cp = backend.xp
     out = cp.zeros(n_streams, dtype=cp.uint32)
@@ -185,10 +187,12 @@ def hits_kernel(backend: Backend, points, stream_of_point, is_last, bits, n_stre
     threads = 256
     blocks = (n_points + threads - 1) // threads
     shape = bits.shape
+    lo, hi = ((0, 0, 0), tuple(n - 1 for n in shape)) if box is None else box
+    corners = (*(np.int32(v) for v in lo), *(np.int32(v) for v in hi))
     _kernel()(
         (blocks,),
         (threads,),
-        (points, stream_of_point, is_last, np.int64(n_points), bits, *(np.int32(n) for n in shape), out),
+        (points, stream_of_point, is_last, np.int64(n_points), bits, *(np.int32(n) for n in shape), *corners, out),
     )
     return out
 
@@ -367,7 +371,11 @@ class StreamlineIndex:
         backend, xp = self.backend, self.backend.xp
         bits = backend.asarray(region_bits(masks))
         if engine == KERNEL:  # left on the device: the verdict is made there too (see select)
-            out = hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams)
+            box = select_host.region_bounds(masks)
+            if box is None:  # every region is empty: no streamline passes one
+                out = xp.zeros(self.n_streams, dtype=xp.uint32)
+            else:
+                out = hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams, box)
             if progress is not None:
                 progress(self.n_streams, self.n_streams)
             return out

@@ -321,3 +321,37 @@ def test_a_random_subset_is_sorted_distinct_reproducible_and_spread_over_the_ran
         if k < n:  # spread over the whole range, not bunched at one end
             counts = np.histogram(pick, bins=10, range=(0, n))[0]
             assert counts.min() > 0.9 * len(pick) / 10, counts
+
+
+def test_a_selections_moving_level_is_every_kth_of_its_whole_level_with_the_ranges_sliced(rng, monkeypatch):
+    """A selection's level while the camera moves is sliced from its whole level on the
+    selection's worker (every k-th streamline, and each piece's index ranges), not a random
+    subset drawn and gathered again: the same ranges as made afresh for those streamlines,
+    across the pieces of the point array, within the level's budget."""
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 3000)  # several pieces
+    tract = curvy(rng, n=2000)
+    cache = FiberArrayCache()
+    cache.shader_drawn_min_points = 1
+    layer = Layer("t", tract, "tractogram")
+    arrays = cache.prepare(layer)
+    assert len(arrays.bounds) > 3
+    selected = rng.random(len(tract)) < 0.5
+    ids = np.flatnonzero(selected)
+    lengths = np.diff(np.asarray(tract.offsets))[ids]
+    budget = int(lengths.sum()) // 5
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (budget, False))
+    cache.prepare_selection(layer, selected)
+    moving = cache.cells(layer, "moving", selected)
+    assert moving is not cache.cells(layer, "full", selected)
+    step = int(np.ceil(len(ids) / int(budget / (lengths.sum() / len(ids)))))
+    np.testing.assert_array_equal(moving.streamlines, ids[::step])
+    assert 0.8 * budget <= moving.n_points <= 1.2 * budget
+    fresh = fiber_arrays.streamline_cells(arrays.offsets, ids[::step], ranges_only=True)
+    np.testing.assert_array_equal(moving.offsets, fresh.offsets)
+    sliced = moving._ranges[1]  # made on the worker, sliced from the whole level's
+    for (starts, counts), (want_starts, want_counts) in zip(
+        sliced, fresh.ranges(arrays.offsets, arrays.bounds), strict=True
+    ):
+        np.testing.assert_array_equal(starts, want_starts)
+        np.testing.assert_array_equal(counts, want_counts)
+    np.testing.assert_array_equal(moving.connectivity, fresh.connectivity)  # made when read, as any

@@ -130,6 +130,32 @@ def test_gpu_kernel_equals_the_numpy_reference_on_a_large_case(rng):
     np.testing.assert_array_equal(again.passes(1), (cpu.bits >> 1) & 1 == 1)
 
 
+@pytest.mark.gpu
+def test_gpu_kernel_skips_points_away_from_small_regions_and_stays_exact(rng):
+    """The kernel looks nothing up for a point whose segment stays outside the regions' box (most
+    of a whole-brain tractogram, for an ROI): the same bits as the NumPy reference, with long
+    segments that jump across the box from outside it, and none at all for empty regions."""
+    n = 20_000
+    lengths = rng.integers(1, 40, n)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    starts = np.repeat(rng.uniform(0, 40, (n, 3)), lengths, axis=0)
+    walk = rng.normal(scale=2.5, size=(offsets[-1], 3))  # segments of several voxels
+    points = (
+        starts + np.cumsum(walk, axis=0) - np.repeat(np.cumsum(walk, axis=0)[offsets[:-1]], lengths, axis=0)
+    ).astype(np.float32)
+    blob = np.zeros((40, 40, 40), bool)
+    blob[18:21, 17:20, 19:22] = True
+    spot = np.zeros_like(blob)
+    spot[5, 30, 7] = True
+    cpu = select_streamlines(points, offsets, [blob], [spot], device="cpu")
+    gpu = select_streamlines(points, offsets, [blob], [spot], device="gpu")
+    assert gpu.provenance["engine"] == "kernel"
+    np.testing.assert_array_equal(gpu.bits, cpu.bits)
+    assert 0 < (cpu.bits & 1).sum() < n // 10 and (cpu.bits & 2).sum() > 0
+    empty = select_streamlines(points, offsets, [np.zeros_like(blob)], [], device="gpu")
+    assert not empty.bits.any() and not empty.selected.any()
+
+
 def test_small_regions_use_the_bounding_box_shortcut_and_stay_exact(device, rng):
     lines, points, offsets, _ = random_case(rng, n_streamlines=400, shape=(16, 16, 10))
     blob = np.zeros((16, 16, 10), bool)

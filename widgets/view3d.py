@@ -198,6 +198,8 @@ class View3D(FiberView, QWidget):
         wait = self._frames_held_until - time.perf_counter()
         if wait > 0:
             self._hold_timer.start(int(wait * 1000) + 1)
+            if self._roi_edits and not self._planes_stale:
+                self._patch_planes()  # the stroke on the planes now, while the frame waits for its selection
             return
         joining, self._joining = self._joining, []
         for widget in joining:  # repainted in the same window update as this frame

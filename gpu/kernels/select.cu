@@ -20,16 +20,29 @@ __device__ __forceinline__ float crossing(float p, float q) {
     return (plane < fmaxf(p, q) && d != 0.0f) ? (plane - p) / d : 1.0f;
 }
 
+__device__ __forceinline__ bool misses(float p, float q, int lo, int hi) {
+    // The voxels between p and q along one axis (rounded as lookup does, one voxel of margin
+    // for the rounding of the points in between) all lie outside lo..hi.
+    return floorf(fmaxf(p, q) + 0.5f) < (float)(lo - 1) || floorf(fminf(p, q) + 0.5f) > (float)(hi + 1);
+}
+
+// lo*/hi*: the inclusive voxel box that holds every region's voxels. A point whose segment
+// stays outside it on one axis looks nothing up: most of a whole-brain tractogram, for an ROI
+// (the lookups, not the reading of the points, were most of the kernel's time).
 extern "C" __global__ void streamline_region_bits(
     const float* points, const int* stream_of_point, const unsigned char* is_last, long long n_points,
-    const unsigned int* bits, int nx, int ny, int nz, unsigned int* out)
+    const unsigned int* bits, int nx, int ny, int nz,
+    int lox, int loy, int loz, int hix, int hiy, int hiz, unsigned int* out)
 {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_points) return;
     float px = points[3 * i], py = points[3 * i + 1], pz = points[3 * i + 2];
+    bool last = is_last[i];
+    float qx = px, qy = py, qz = pz;
+    if (!last) { qx = points[3 * i + 3]; qy = points[3 * i + 4]; qz = points[3 * i + 5]; }
+    if (misses(px, qx, lox, hix) || misses(py, qy, loy, hiy) || misses(pz, qz, loz, hiz)) return;
     unsigned int hit = lookup(bits, nx, ny, nz, px, py, pz);
-    if (!is_last[i]) {
-        float qx = points[3 * i + 3], qy = points[3 * i + 4], qz = points[3 * i + 5];
+    if (!last) {
         float dx = qx - px, dy = qy - py, dz = qz - pz;
         int pieces = max(1, (int)ceilf(fmaxf(fabsf(dx), fmaxf(fabsf(dy), fabsf(dz)))));
         for (int k = 0; k < pieces; ++k) {
