@@ -223,7 +223,9 @@ class MainWindow(QMainWindow):
         self.selection.error.connect(self.report_error)
         self.selection.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
         self.selection.selecting.connect(lambda: self.view3d.hold_frames(SELECTION_FRAME_HOLD_S))
+        self.selection.selecting.connect(self.view3d.editing)  # the moving level until the edits pause
         self.selection.selected.connect(self.view3d.release_frames)  # the edit's frame and the selection's: one
+        self.selection.selected.connect(self.view3d.edit_selected)
         self.document.connect(self._on_document)
         self._restore_layout()
         self.sessions.start_autosave(autosave_s)

@@ -10,7 +10,8 @@ level at rest instead. While the camera moves it draws a subset (every streamlin
 frame takes at most :data:`MOVING_FRAME_BUDGET_S`; otherwise the moving level, thinned to what the
 GPU's rate, as its timed full frame showed, draws in that time). A frame is timed until the GPU
 has drawn it, not until its GL calls are queued. Whenever fewer than all are drawn, a line in
-the top right corner says so ("showing 240 k of 10 M streamlines while moving").
+the top right corner says so ("showing 240 k of 10 M streamlines while moving"). ROI edits on a
+tractogram filtered by ROIs draw the moving level too until they pause (:meth:`editing`).
 
 Tractograms of at least :data:`GL_LAYER_MIN_POINTS` points are drawn from the view's own OpenGL
 buffers (:mod:`widgets.gl_fiber_actors`: no index buffer or colour array built on the GUI thread,
@@ -42,6 +43,7 @@ from .view3d_overlays import colour_bar_title, show_one_colour_bar
 FULL_FRAME_BUDGET_S = 1.0  # a full frame at rest may take this long, else the view draws fewer
 MOVING_FRAME_BUDGET_S = 1 / 30  # a full frame this fast is drawn while the camera moves too
 LOD_TEXT_PT = 13
+EDIT_SELECTION_WAIT_S = 10.0  # an ROI edit's selection is waited for this long before drawing everything
 #: Tractograms of at least this many points are drawn from the view's own buffers (where OpenGL
 #: allows): below it VTK's own preparation of the polylines takes well under a second.
 GL_LAYER_MIN_POINTS = 2_000_000
@@ -93,6 +95,8 @@ class FiberView:
     def _init_fibers(self) -> None:
         self._fibers: dict[int, dict] = {}
         self._moving = False
+        self._moving_why = "moving"  # what the level-of-detail line says the view is doing: moving, editing ROIs
+        self._selection_due, self._selection_due_since = False, 0.0  # an ROI edit's selection is on its way
         self._full_frame_s: float | None = None  # the last full frame at rest (hardware OpenGL)
         self._points_per_s: float | None = None  # the GPU's drawing rate that frame showed
         self._simplifier = FibreSimplifier(self)  # every streamline, simplified, where a full frame is slow
@@ -229,7 +233,7 @@ class FiberView:
             if filling:
                 text = f"{what} drawn, more coming"
             elif self._moving:
-                text = f"showing {what} while moving"
+                text = f"showing {what} while {self._moving_why}"
             elif self._software():
                 text = (
                     f"{what} drawn at rest: software OpenGL draws at most {count_words(LEVELS['software'][0])} points"
@@ -419,8 +423,8 @@ class FiberView:
         self.request_render()
 
     # -------------------------------------------------------- interaction
-    def _set_moving(self, moving: bool) -> None:
-        self._moving = moving
+    def _set_moving(self, moving: bool, why: str = "moving") -> None:
+        self._moving, self._moving_why = moving, why
         for entry in self._fibers.values():
             entry["scene"].show_moving(moving)
         self._update_lod_text()
@@ -430,8 +434,31 @@ class FiberView:
         self._lod_timer.stop()
         self._set_moving(True)
 
+    def editing(self) -> None:
+        """An ROI edit whose selection is on its way (the window's fibre selection says so): its
+        frame, and those of the edits that follow, draw the moving level, as the camera's do (a
+        selection larger than the moving budget thinned, and the view says so), and everything
+        again once the edits pause for the camera's rest time. A whole-brain selection's full
+        frame (1.2 M of 10 M streamlines) took longer than the rest of the edit."""
+        if not self._fibers or (self._moving and self._moving_why == "moving"):
+            return  # nothing to thin, or the camera is moving already
+        self._lod_timer.stop()
+        self._selection_due, self._selection_due_since = True, time.perf_counter()
+        self._set_moving(True, "editing ROIs")
+        self._lod_timer.start()
+
+    def edit_selected(self) -> None:
+        """The selection of the last ROI edit is shown (or failed, or was dropped): everything
+        is drawn again once no edit has come for the camera's rest time."""
+        self._selection_due = False
+        if self._moving and self._moving_why != "moving":
+            self._lod_timer.start()
+
     def _full_detail(self) -> None:
         """The camera stopped: everything the hardware allows, timed; over budget, fewer."""
+        if self._selection_due and time.perf_counter() - self._selection_due_since < EDIT_SELECTION_WAIT_S:
+            self._lod_timer.start()  # an edit's selection is still on its way: the edits go on
+            return
         self._set_moving(False)
         uploaded = getattr(self, "frames_drawn", 0) > self._frames_at_build  # the points are on the GPU already
         uploaded = uploaded and not any(entry["scene"].filling for entry in self._fibers.values())

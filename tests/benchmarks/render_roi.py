@@ -4,7 +4,8 @@
 ones painted), a reader's pause apart. Each edit is timed from the strokes until the 3-D frame
 with the new selection is drawn (``roi_edit_ms``: the window's throttle, the selection job on the
 job runner, the selection, the index ranges, the swap and the frame; to the GPU's end where
-frames are) and until the window has settled (``roi_edit_settled_ms``: the window's update with
+frames are; the frame of an edit draws the moving level, as the camera's do, stated in
+``roi_edit_lod_text``, and everything once the edits pause: ``roi_edit_rest_frame_ms``) and until the window has settled (``roi_edit_settled_ms``: the window's update with
 that frame composed and flushed). bench_render.py's ``select`` times the same parts called one
 after the other, without the window's path. ``roi_edit_timeline``: where each edit's time went
 (:class:`Timeline`). The edits are then made back with the 3-D view's depth peeling off
@@ -151,6 +152,7 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
 
     def series(targets) -> tuple[list, list, list, list]:
         drawn, settled, selected, timelines = [], [], [], []
+        said, rest = [], []
         for centre in targets:
             idle(app, 0.3)
             new = sphere(shape, centre, radius)
@@ -172,13 +174,18 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
             settled.append(time.perf_counter() - start)
             drawn.append(frame - start)
             selected.append(int(layer.selection.sum()))
-            idle(app, 0.3)  # the edit's later frames (its ROI surface's) in its timeline too
+            said.append(view.lod_text())  # the level of detail of the edit's frame, as the view states it
+            idle(app, 0.3)  # the edit's later frames (its ROI surface's, everything once edits pause) too
+            assert wait(app, lambda: not view._moving and not view._render_pending, 30)
+            rest.append(1e3 * (view.renders[-1][1] - view.renders[-1][0]))  # the frame of everything
             timelines.append(
                 {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
             )
+        series.said, series.rest = said, rest
         return drawn, settled, selected, timelines
 
     drawn, settled, selected, timelines = series(centres[1:])
+    said, rest = series.said, series.rest
     # The same edits back, the 3-D view without depth peeling (the ROI's translucent surface then
     # blends in one pass): what the peeling passes cost an edit's frame at this size.
     renderer = view.plotter.renderer
@@ -201,6 +208,10 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
         "roi_edit_settled_ms": ms(settled),
         "roi_edit_settled_all_ms": [round(1e3 * t, 1) for t in settled],
         "roi_edit_selected": selected,
+        # while edits go on the view draws the moving level (the camera's), and says so; once they
+        # pause, everything: that frame's time
+        "roi_edit_lod_text": said,
+        "roi_edit_rest_frame_ms": [round(t, 1) for t in rest],
         "roi_edit_timeline": timelines,  # ms from the edit: each step's begin (>) and end (<), the 3-D frames
         "roi_edit_no_depth_peeling_ms": ms(unpeeled),
         "roi_edit_no_depth_peeling_all_ms": [round(1e3 * t, 1) for t in unpeeled],

@@ -55,3 +55,36 @@ def test_the_3d_frame_of_an_roi_edit_waits_for_its_selection(window, qtbot, monk
     before = view.frames_drawn
     doc.paint(seed, np.array([[8, 10, 5]]), True)
     qtbot.waitUntil(lambda: view.frames_drawn > before, timeout=10_000)
+
+
+def test_roi_edits_draw_the_moving_level_until_they_pause(window, qtbot, monkeypatch):
+    """While ROIs are edited on a tractogram filtered by them, the 3-D view draws the moving
+    level, as while the camera moves (a whole-brain selection's full frame took longer than the
+    rest of the edit), says so, and draws everything again once the edits pause."""
+    from tractlens.app import fiber_arrays
+
+    for level in ("moving", "moving_software"):  # a moving level of one streamline of this selection
+        monkeypatch.setitem(fiber_arrays.LEVELS, level, (10, level == "moving_software"))
+    monkeypatch.setattr(fiber_arrays, "INTERACTIVE_STREAMLINES", 1)
+    doc, view = window.document, window.view3d
+    doc.add_layer(Layer("FA", Volume("FA", np.zeros(SHAPE, np.float32), AFFINE), "scalar"))
+    lines = [np.array([[x, y, 5.0] for x in range(2, 18)], np.float32) for y in (5, 10, 15)]
+    tracts = doc.add_layer(
+        Layer("fibres", Tractogram.from_list(lines, affine=AFFINE, dimensions=SHAPE), "tractogram", filter_by_rois=True)
+    )
+    mask = np.zeros(SHAPE, dtype=bool)
+    mask[8, 15, 5] = True
+    seed = doc.add_layer(Layer("seed", RoiMask("seed", mask, AFFINE, role="seed"), "roi"))
+    qtbot.waitUntil(lambda: tracts.selection is not None and window.selection.job is None, timeout=10_000)
+    qtbot.waitUntil(lambda: not view._moving and not view._render_pending, timeout=10_000)
+    assert view.lod_text() == ""
+    view._lod_timer.setInterval(600_000)  # the pause comes when the test says (below), not by the clock
+    doc.paint(seed, np.array([[8, 5, 5]]), True)  # a stroke on the first fibre: two selected now
+    assert view._moving and view._lod_timer.isActive()  # at once, for the edit's own frame
+    qtbot.waitUntil(lambda: tracts.selection.sum() == 2 and not view._render_pending, timeout=10_000)
+    assert view.lod_text() == "showing 1 of 2 streamlines while editing ROIs"
+    entry = next(iter(view._fibers.values()))
+    assert entry["scene"].drawn_streamlines("moving") == 1
+    view._lod_timer.timeout.emit()  # the edits paused: everything again
+    assert not view._moving and view.lod_text() == ""
+    assert entry["scene"].drawn_streamlines("actor") == 2
