@@ -137,11 +137,15 @@ class Cells:
         self._pieces = (key, out, [int(offsets[a]) for a, _b in bounds])
         return out
 
-    def ranges(self, offsets: np.ndarray, bounds: list[tuple[int, int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def ranges(
+        self, offsets: np.ndarray, bounds: list[tuple[int, int]], starts: np.ndarray | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per piece of the point array (``bounds``, :func:`piece_bounds` of the tractogram's
         ``offsets``): (first point from the piece's first, point count) of each streamline drawn,
         int32 (what ``glMultiDrawArrays`` takes). Whole streamlines only (not a decimated level);
-        computed once per bounds (a worker calls it before the view)."""
+        computed once per bounds (a worker calls it before the view). ``starts``: the drawn
+        streamlines' first points when known (found on the GPU beside a selection), not gathered
+        from ``offsets`` again."""
         if self.decimated:
             raise ValueError("a decimated level is not index ranges of whole streamlines")
         key = tuple(bounds)
@@ -162,8 +166,8 @@ class Cells:
 
             def piece(k: int) -> tuple[np.ndarray, np.ndarray]:
                 ka, kb, a = int(cuts[k]), int(cuts[k + 1]), bounds[k][0]
-                starts = np.asarray(offsets[ids[ka:kb]], dtype=np.int64)
-                return (starts - int(offsets[a])).astype(np.int32), np.diff(self.offsets[ka : kb + 1]).astype(np.int32)
+                first = np.asarray(offsets[ids[ka:kb]] if starts is None else starts[ka:kb], dtype=np.int64)
+                return (first - int(offsets[a])).astype(np.int32), np.diff(self.offsets[ka : kb + 1]).astype(np.int32)
 
             with ThreadPoolExecutor(max_workers=max(1, min(INDEX_THREADS, len(bounds)))) as pool:
                 out = list(pool.map(piece, range(len(bounds))))
@@ -399,16 +403,18 @@ def level_cells(
     bounds: list[tuple[int, int]] | None = None,
     ranges_only: bool = False,
     lengths: np.ndarray | None = None,
+    starts: np.ndarray | None = None,
 ) -> Cells:
     """The cells of level of detail ``level`` (:data:`LEVELS`), of the selected streamlines
     (bool per streamline, or their sorted ids) when there is a selection; by piece with ``bounds``; with
     ``ranges_only``, as index ranges per piece (:meth:`Cells.ranges`) where whole streamlines;
-    ``lengths``: the selected streamlines' point counts, when known."""
+    ``lengths``, ``starts``: the selected streamlines' point counts and first points, when known."""
     budget, decimate = LEVELS[level]
     ids = None if selected is None else (selected if selected.dtype != bool else np.flatnonzero(selected))
     cells = streamline_cells(offsets, ids, budget, decimate, bounds, ranges_only, lengths)
     if bounds is not None and ranges_only and not cells.decimated:
-        cells.ranges(offsets, bounds)
+        every = starts is not None and ids is not None and cells.n_streamlines == len(ids)  # (not a subset of them)
+        cells.ranges(offsets, bounds, starts if every else None)
     elif bounds is not None:
         cells.pieces(offsets, bounds)  # the identity's (the others' are made already)
     return cells

@@ -68,8 +68,9 @@ class FiberArrayCache:
         if cached is None or cached[0] is not selected:
             ids = np.flatnonzero(selected)  # its ids and their lengths: found once for all levels
             offsets = np.asarray(arrays.offsets)
-            cached = self._remember_selection(layer, selected, ids, offsets[ids + 1] - offsets[ids])
-        per_level, ids, lengths = cached[1], cached[2], cached[3]
+            first = offsets[ids]  # (gathered once: the ranges start from it too)
+            cached = self._remember_selection(layer, selected, ids, offsets[ids + 1] - first, first)
+        per_level, ids, lengths, starts = cached[1], cached[2], cached[3], cached[4]
         if level not in per_level:
             budget, decimate = LEVELS[level]
             whole = per_level.get("full")
@@ -82,7 +83,7 @@ class FiberArrayCache:
                 per_level[level] = whole.thinned(-(-whole.n_streamlines // keep))
             else:
                 per_level[level] = level_cells(
-                    arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths
+                    arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths, starts=starts
                 )
         return per_level[level]
 
@@ -111,16 +112,19 @@ class FiberArrayCache:
                 cells = arrays.levels.setdefault("simplified", cells)
         return cells
 
-    def seed_selection(self, layer: Layer, selected: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> None:
-        """Give the cache a selection's sorted streamline ids and their point counts, found
-        elsewhere (the GPU, beside the selection), so :meth:`cells` does not find them again."""
-        self._remember_selection(layer, selected, ids, lengths)
+    def seed_selection(self, layer: Layer, selected: np.ndarray, ids: np.ndarray, lengths: np.ndarray,
+                       starts: np.ndarray | None = None) -> None:  # fmt: skip
+        """Give the cache a selection's sorted streamline ids, their point counts and (when known)
+        their first points, found elsewhere (the GPU, beside the selection), so :meth:`cells`
+        does not find them again."""
+        self._remember_selection(layer, selected, ids, lengths, starts)
 
-    def _remember_selection(self, layer: Layer, selected: np.ndarray, ids, lengths) -> tuple:
+    def _remember_selection(self, layer: Layer, selected: np.ndarray, ids, lengths, starts=None) -> tuple:
         """The layer's selection entry: (selected, cells per level, ids int64, lengths in the
-        offsets' dtype), replacing the one before."""
+        offsets' dtype, first points int64 or None), replacing the one before."""
         kind = np.asarray(self.prepare(layer).offsets).dtype
-        entry = (selected, {}, np.asarray(ids, dtype=np.int64), np.asarray(lengths).astype(kind, copy=False))
+        first = None if starts is None else np.asarray(starts, dtype=np.int64)
+        entry = (selected, {}, np.asarray(ids, dtype=np.int64), np.asarray(lengths).astype(kind, copy=False), first)
         with self._lock:
             self._selections[layer] = entry
         return entry

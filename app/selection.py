@@ -173,6 +173,6 @@ def select_fibres(
         index = streamline_index(document, layer, request.reference_affine, device)
         result = index.select(list(request.include), list(request.exclude), cancelled=cancelled)
         if result.ids is not None:  # found on the device beside the verdict: the views' ranges start from them
-            document.fiber_arrays.seed_selection(layer, result.selected, result.ids, result.lengths)
+            document.fiber_arrays.seed_selection(layer, result.selected, result.ids, result.lengths, result.starts)
         out.append((layer, result.selected))
     return out

@@ -211,6 +211,7 @@ class Selection:
     #: as much as the selection); None where they were not made
     ids: np.ndarray | None = None
     lengths: np.ndarray | None = None
+    starts: np.ndarray | None = None  # and where each starts in the point array (its first point)
 
     @property
     def bits(self) -> np.ndarray:
@@ -350,10 +351,12 @@ class StreamlineIndex:
         include_mask = np.uint32((1 << len(include)) - 1)
         exclude_mask = np.uint32(((1 << len(exclude)) - 1) << len(include))
         selected = ((out & include_mask) == include_mask) & ((out & exclude_mask) == 0)
-        ids = lengths = None
-        if not isinstance(out, np.ndarray):  # bits on the device: the verdict, ids and counts made there
+        ids = lengths = starts = None
+        if not isinstance(out, np.ndarray):  # bits on the device: the verdict, ids, starts and counts made there
             found = flatnonzero(backend.xp, selected)
-            ids, lengths = backend.to_host(found), backend.to_host(self.offsets[found + 1] - self.offsets[found])
+            first = self.offsets[found]
+            ids, lengths = backend.to_host(found), backend.to_host(self.offsets[found + 1] - first)
+            starts = backend.to_host(first)
             selected = backend.to_host(selected)  # the bits stay on the device until read
         provenance = {
             "backend": backend.name,
@@ -363,7 +366,7 @@ class StreamlineIndex:
             "selected": int(selected.sum()) if ids is None else len(ids),
             "seconds": time.perf_counter() - t0,
         }
-        return Selection(out, selected, provenance, ids=ids, lengths=lengths)
+        return Selection(out, selected, provenance, ids=ids, lengths=lengths, starts=starts)
 
     def _select_gpu(self, masks, engine, progress, cancelled):
         """Region bits of every streamline on the GPU: the kernel's, left on the device (CuPy),

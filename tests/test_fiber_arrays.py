@@ -355,3 +355,29 @@ def test_a_selections_moving_level_is_every_kth_of_its_whole_level_with_the_rang
         np.testing.assert_array_equal(starts, want_starts)
         np.testing.assert_array_equal(counts, want_counts)
     np.testing.assert_array_equal(moving.connectivity, fresh.connectivity)  # made when read, as any
+
+
+def test_a_selections_ranges_from_the_first_points_found_beside_it_equal_those_gathered(rng, monkeypatch):
+    """A selection found on the GPU comes with each streamline's first point: the index ranges
+    start from them, without gathering the tractogram's offsets again; the same ranges."""
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 3000)  # several pieces
+    tract = curvy(rng, n=2000)
+    offsets = np.asarray(tract.offsets)
+    selected = rng.random(len(tract)) < 0.4
+    ids = np.flatnonzero(selected)
+    ranges = {}
+    for given in (True, False):
+        cache = FiberArrayCache()
+        cache.shader_drawn_min_points = 1
+        layer = Layer("t", tract, "tractogram")
+        arrays = cache.prepare(layer)
+        if given:  # as select_fibres does with the GPU's answer (first points off by one would show)
+            cache.seed_selection(layer, selected, ids, offsets[ids + 1] - offsets[ids], offsets[ids])
+        cache.prepare_selection(layer, selected)
+        ranges[given] = cache.cells(layer, "full", selected).ranges(arrays.offsets, arrays.bounds)
+    fresh = fiber_arrays.streamline_cells(offsets, ids, ranges_only=True).ranges(arrays.offsets, arrays.bounds)
+    assert len(fresh) > 3
+    for got in ranges.values():
+        for (starts, counts), (want_starts, want_counts) in zip(got, fresh, strict=True):
+            np.testing.assert_array_equal(starts, want_starts)
+            np.testing.assert_array_equal(counts, want_counts)

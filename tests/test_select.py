@@ -122,6 +122,7 @@ def test_gpu_kernel_equals_the_numpy_reference_on_a_large_case(rng):
     assert cpu.ids is None and gpu.ids is not None
     np.testing.assert_array_equal(gpu.ids, np.flatnonzero(cpu.selected))
     np.testing.assert_array_equal(gpu.lengths, lengths[cpu.selected])
+    np.testing.assert_array_equal(gpu.starts, offsets[:-1][cpu.selected])  # each one's first point
     assert gpu.provenance["selected"] == cpu.provenance["selected"] == int(cpu.selected.sum()) > 0
     assert isinstance(gpu.selected, np.ndarray)
     again = select_streamlines(points, offsets, masks[:3], masks[3:], device="gpu")
