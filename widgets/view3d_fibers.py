@@ -456,6 +456,8 @@ class FiberView:
 
     def _full_detail(self) -> None:
         """The camera stopped: everything the hardware allows, timed; over budget, fewer."""
+        if self.plotter.ren_win is None:  # the window closed meanwhile (an ROI edit's pause came after it)
+            return
         if self._selection_due and time.perf_counter() - self._selection_due_since < EDIT_SELECTION_WAIT_S:
             self._lod_timer.start()  # an edit's selection is still on its way: the edits go on
             return
