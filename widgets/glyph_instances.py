@@ -194,6 +194,18 @@ def sources_of(instances: pv.PolyData) -> tuple[pv.PolyData, ...]:
     return source_meshes(shape, int(resolution), float(sharpness))
 
 
+def rgb_actor(mapper) -> vtkActor:
+    """An actor of ``mapper`` coloured by its input's "rgb" point array as it is (bytes, no
+    lookup table)."""
+    mapper.SetScalarModeToUsePointFieldData()
+    mapper.SelectColorArray("rgb")
+    mapper.SetColorModeToDirectScalars()
+    mapper.ScalarVisibilityOn()
+    actor = vtkActor()
+    actor.SetMapper(mapper)
+    return actor
+
+
 def glyph_actor(instances: pv.PolyData) -> vtkActor:
     """An actor drawing ``instances`` with their source meshes (OpenGL instancing)."""
     mapper = vtkGlyph3DMapper()
@@ -204,12 +216,7 @@ def glyph_actor(instances: pv.PolyData) -> vtkActor:
     mapper.SetScaleFactor(1.0)
     mapper.SetSourceIndexArray("source")
     mapper.SourceIndexingOn()
-    mapper.SetScalarModeToUsePointFieldData()
-    mapper.SelectColorArray("rgb")
-    mapper.SetColorModeToDirectScalars()
-    mapper.ScalarVisibilityOn()
-    actor = vtkActor()
-    actor.SetMapper(mapper)
+    actor = rgb_actor(mapper)
     actor.GetProperty().SetInterpolationToPhong()
     show_instances(actor, instances)
     return actor

@@ -48,7 +48,7 @@ NAME_MARGIN = 8
 COALESCED = ("select streamlines", "statistics")
 
 #: A job that reports no progress shows how long it has run, renewed this often (ms), instead of
-#: a busy bar: Qt animates one at 30 frames a second, and every frame composes the whole window
+#: a busy bar: Qt animates one at 60 frames a second, and every frame composes the whole window
 #: (the 3-D view is OpenGL), 12 ms a frame on an H200 machine. An ROI edit's selection job waited
 #: for the GUI thread behind them; a long job's animation took a third of it from the user.
 TICK_MS = 1000

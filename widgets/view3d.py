@@ -19,10 +19,11 @@ import pyvista as pv
 from PySide6.QtCore import QTimer, Signal
 from PySide6.QtWidgets import QVBoxLayout, QWidget
 from pyvistaqt import QtInteractor
-from vtkmodules.vtkRenderingCore import vtkActor, vtkCellPicker, vtkMapper, vtkPolyDataMapper
+from vtkmodules.vtkRenderingCore import vtkCellPicker, vtkMapper, vtkPolyDataMapper
 
 from tractlens.app.model import GLYPH_KINDS, SCALAR_KINDS, Document, Layer
 
+from .glyph_instances import rgb_actor
 from .render import composite, display_oversample, normal_slice, oversampled_voxels, patch_stroke, plane_geometry
 from .shape_handles import handle_fits, new_shape_widget, place_shape_widget, remove_shape_widget
 from .view3d_fibers import FiberView
@@ -351,12 +352,7 @@ class View3D(FiberView, QWidget):
                 grid.point_data["rgb"] = rgb.reshape(-1, 3)
                 mapper = vtkPolyDataMapper()  # (not add_mesh: its mapper would draw a copy of the surface)
                 mapper.SetInputData(plane_surface(grid, width, height))
-                mapper.SetScalarModeToUsePointFieldData()
-                mapper.SelectColorArray("rgb")
-                mapper.SetColorModeToDirectScalars()
-                mapper.ScalarVisibilityOn()
-                actor = vtkActor()
-                actor.SetMapper(mapper)
+                actor = rgb_actor(mapper)
                 self.plotter.add_actor(actor, name=f"plane_{view}", **NO_RENDER)
                 self._planes[view] = (grid, actor)
             grid, actor = self._planes[view]

@@ -10,12 +10,10 @@ SHAPE = (20, 20, 10)
 AFFINE = np.diag([2.0, 2.0, 2.0, 1.0])
 
 
-def test_the_3d_frame_of_an_roi_edit_waits_for_its_selection(window, qtbot, monkeypatch):
-    from tractlens.widgets import main_window
-    from tractlens.widgets.controllers import selection as selection_module
-
-    monkeypatch.setattr(main_window, "SELECTION_FRAME_HOLD_S", 30.0)  # longer than anything here: released, not expired
-    doc, view = window.document, window.view3d
+def filtered_by_a_seed(window, qtbot):
+    """An image, three parallel streamlines filtered by ROIs and a seed ROI on the third: the
+    (tractogram, seed) layers, once the selection is shown."""
+    doc = window.document
     doc.add_layer(Layer("FA", Volume("FA", np.zeros(SHAPE, np.float32), AFFINE), "scalar"))
     lines = [np.array([[x, y, 5.0] for x in range(2, 18)], np.float32) for y in (5, 10, 15)]
     tracts = doc.add_layer(
@@ -25,6 +23,16 @@ def test_the_3d_frame_of_an_roi_edit_waits_for_its_selection(window, qtbot, monk
     mask[8, 15, 5] = True
     seed = doc.add_layer(Layer("seed", RoiMask("seed", mask, AFFINE, role="seed"), "roi"))
     qtbot.waitUntil(lambda: tracts.selection is not None and window.selection.job is None, timeout=10_000)
+    return tracts, seed
+
+
+def test_the_3d_frame_of_an_roi_edit_waits_for_its_selection(window, qtbot, monkeypatch):
+    from tractlens.widgets import main_window
+    from tractlens.widgets.controllers import selection as selection_module
+
+    monkeypatch.setattr(main_window, "SELECTION_FRAME_HOLD_S", 30.0)  # longer than anything here: released, not expired
+    doc, view = window.document, window.view3d
+    tracts, seed = filtered_by_a_seed(window, qtbot)
     assert tracts.selection.tolist() == [False, False, True]
     qtbot.waitUntil(lambda: not view._render_pending and not window.selection.timer.isActive(), timeout=10_000)
     # The selection job waits until released, so that a frame drawn before it came would be seen.
@@ -67,15 +75,7 @@ def test_roi_edits_draw_the_moving_level_until_they_pause(window, qtbot, monkeyp
         monkeypatch.setitem(fiber_arrays.LEVELS, level, (10, level == "moving_software"))
     monkeypatch.setattr(fiber_arrays, "INTERACTIVE_STREAMLINES", 1)
     doc, view = window.document, window.view3d
-    doc.add_layer(Layer("FA", Volume("FA", np.zeros(SHAPE, np.float32), AFFINE), "scalar"))
-    lines = [np.array([[x, y, 5.0] for x in range(2, 18)], np.float32) for y in (5, 10, 15)]
-    tracts = doc.add_layer(
-        Layer("fibres", Tractogram.from_list(lines, affine=AFFINE, dimensions=SHAPE), "tractogram", filter_by_rois=True)
-    )
-    mask = np.zeros(SHAPE, dtype=bool)
-    mask[8, 15, 5] = True
-    seed = doc.add_layer(Layer("seed", RoiMask("seed", mask, AFFINE, role="seed"), "roi"))
-    qtbot.waitUntil(lambda: tracts.selection is not None and window.selection.job is None, timeout=10_000)
+    tracts, seed = filtered_by_a_seed(window, qtbot)
     qtbot.waitUntil(lambda: not view._moving and not view._render_pending, timeout=10_000)
     assert view.lod_text() == ""
     view._lod_timer.setInterval(600_000)  # the pause comes when the test says (below), not by the clock
