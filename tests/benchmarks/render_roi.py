@@ -150,7 +150,8 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
     profile = cProfile.Profile() if os.environ.get("BENCH_PROFILE") else None
     state = {"mask": mask}
 
-    def series(targets) -> tuple[list, list, list, list]:
+    def series(targets) -> tuple[list, ...]:
+        """(drawn, settled, selected, timelines, said, rest): one list each, an item per edit."""
         drawn, settled, selected, timelines = [], [], [], []
         said, rest = [], []
         for centre in targets:
@@ -181,11 +182,9 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
             timelines.append(
                 {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
             )
-        series.said, series.rest = said, rest
-        return drawn, settled, selected, timelines
+        return drawn, settled, selected, timelines, said, rest
 
-    drawn, settled, selected, timelines = series(centres[1:])
-    said, rest = series.said, series.rest
+    drawn, settled, selected, timelines, said, rest = series(centres[1:])
     # The same edits back, the 3-D view without depth peeling (the ROI's translucent surface then
     # blends in one pass): what the peeling passes cost an edit's frame at this size.
     renderer = view.plotter.renderer
