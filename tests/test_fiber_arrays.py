@@ -381,3 +381,24 @@ def test_a_selections_ranges_from_the_first_points_found_beside_it_equal_those_g
         for (starts, counts), (want_starts, want_counts) in zip(got, fresh, strict=True):
             np.testing.assert_array_equal(starts, want_starts)
             np.testing.assert_array_equal(counts, want_counts)
+
+
+def test_index_work_runs_on_kept_threads_and_a_call_from_one_of_them_runs_in_place(monkeypatch):
+    """The index ranges are written on threads kept between calls (a pool made and joined per
+    call joined threads on the ROI edit's worker); work asked for from one of those threads runs
+    there, so that no pool waits on itself."""
+    import threading
+
+    monkeypatch.setattr(fiber_arrays, "INDEX_THREADS", 4)  # several, whatever this machine has
+    names = fiber_arrays.index_map(lambda _: threading.current_thread().name, list(range(8)))
+    assert all(name.startswith(fiber_arrays.INDEX_THREAD_PREFIX) for name in names)
+    after_first = threading.active_count()
+    assert fiber_arrays.index_map(lambda k: k * k, list(range(8))) == [k * k for k in range(8)]  # in order
+    assert threading.active_count() == after_first  # the same threads, none made again
+
+    def inner(_):
+        outer = threading.current_thread().name
+        return outer, fiber_arrays.index_map(lambda __: threading.current_thread().name, [0, 1, 2])
+
+    for outer, inside in fiber_arrays.index_map(inner, list(range(6))):
+        assert inside == [outer] * 3
