@@ -289,6 +289,13 @@ def random_subset(n: int, k: int) -> np.ndarray:
     return pick[(np.arange(k) * (len(pick) / k)).astype(np.int64)]
 
 
+def lines_within(n_lines: int, n_points: int, max_points: int) -> int:
+    """How many whole streamlines of these ``n_lines`` (``n_points`` in all) fit ``max_points``
+    at their mean length: at least one, at most all."""
+    mean_len = max(1.0, n_points / max(n_lines, 1))
+    return int(min(n_lines, max(1, max_points / mean_len)))
+
+
 def streamline_cells(
     offsets: np.ndarray,
     ids: np.ndarray | None = None,
@@ -322,7 +329,7 @@ def streamline_cells(
             n_keep = min(n_lines, INTERACTIVE_STREAMLINES)
             step = max(1, int(np.ceil(n_keep * mean_len / max_points)))
         else:
-            n_keep = int(min(n_lines, max(1, max_points / mean_len)))
+            n_keep = lines_within(n_lines, n_points, max_points)
         pick = random_subset(n_lines, n_keep)
         if chosen is None:
             chosen = pick.astype(np.int64)

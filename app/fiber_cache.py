@@ -9,7 +9,16 @@ import weakref
 
 import numpy as np
 
-from .fiber_arrays import LEVELS, Cells, FiberArrays, fiber_arrays, fiber_point_colours, level_cells, scalar_values
+from .fiber_arrays import (
+    LEVELS,
+    Cells,
+    FiberArrays,
+    fiber_arrays,
+    fiber_point_colours,
+    level_cells,
+    lines_within,
+    scalar_values,
+)
 from .grid import Grid
 from .layers import Layer
 
@@ -79,7 +88,7 @@ class FiberArrayCache:
             elif whole is not None and not decimate and whole._ranges is not None and whole.stored is None:
                 # every k-th of the whole level's streamlines, its ranges sliced (a selection's
                 # ids are in the tractogram's order, which a whole-brain seeding spreads in space)
-                keep = max(1, int(budget / max(1.0, whole.n_points / max(whole.n_streamlines, 1))))
+                keep = lines_within(whole.n_streamlines, whole.n_points, budget)
                 per_level[level] = whole.thinned(-(-whole.n_streamlines // keep))
             else:
                 per_level[level] = level_cells(
