@@ -50,16 +50,16 @@ CAMERA_VIEWS = {
 PLANE_MODES = {"opaque": 1.0, "translucent": 0.35, "hidden": 0.0}
 
 
-def plane_surface(grid: pv.StructuredGrid, width: int, height: int) -> pv.PolyData:
-    """The quads a cursor plane is drawn as: a surface over the plane's grid points, in their
-    order, sharing the grid's points and colours (:func:`share_plane`). Drawn as a grid, VTK
-    extracted its surface again at every ROI stroke that changed the plane's colours (a stroke's
-    3-D frame took 13-15 ms longer on the H200 machine than one whose stroke missed the planes);
-    a surface's changed colours are only sent again."""
+def plane_surface(width: int, height: int) -> pv.PolyData:
+    """The quads a cursor plane is drawn as, over its grid's points in their order (which
+    :func:`share_plane` gives it, with the colours). Drawn as a grid, VTK extracted its surface
+    again at every ROI stroke that changed the plane's colours (a stroke's 3-D frame took
+    13-15 ms longer on the H200 machine than one whose stroke missed the planes); a surface's
+    changed colours are only sent again."""
     corner = (np.arange(height - 1)[:, None] * width + np.arange(width - 1)[None, :]).ravel()
     quads = np.stack([np.full_like(corner, 4), corner, corner + 1, corner + width + 1, corner + width], axis=1)
-    surface = pv.PolyData(np.asarray(grid.points), faces=quads.ravel())
-    share_plane(grid, surface)
+    surface = pv.PolyData()
+    surface.faces = quads.ravel()
     return surface
 
 
@@ -351,7 +351,7 @@ class View3D(FiberView, QWidget):
                 grid.dimensions = (width, height, 1)
                 grid.point_data["rgb"] = rgb.reshape(-1, 3)
                 mapper = vtkPolyDataMapper()  # (not add_mesh: its mapper would draw a copy of the surface)
-                mapper.SetInputData(plane_surface(grid, width, height))
+                mapper.SetInputData(plane_surface(width, height))  # its points and colours: below
                 actor = rgb_actor(mapper)
                 self.plotter.add_actor(actor, name=f"plane_{view}", **NO_RENDER)
                 self._planes[view] = (grid, actor)
