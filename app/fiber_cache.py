@@ -4,8 +4,10 @@ whichever thread asks first (a loading or selection job's worker), then read by 
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -21,6 +23,15 @@ from .fiber_arrays import (
 )
 from .grid import Grid
 from .layers import Layer
+
+LATER_THREAD_NAME = "tractlens-later-levels"
+
+
+@functools.lru_cache(maxsize=1)
+def _later_thread() -> ThreadPoolExecutor:
+    """The thread that makes a selection's levels drawn later (kept between calls; one, so that
+    an ROI edit's later work never takes more than one core from the next edit)."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=LATER_THREAD_NAME)
 
 
 class FiberArrayCache:
@@ -42,6 +53,10 @@ class FiberArrayCache:
         #: Levels never drawn of a selection (the other OpenGL's): not prepared by
         #: :meth:`prepare_selection`; made when asked for all the same.
         self.skip_selection_levels: frozenset[str] = frozenset()
+        #: Levels of a selection the views draw only after the others (a whole-brain selection's
+        #: full level, drawn once ROI edits pause: the edits draw the moving level):
+        #: :meth:`prepare_selection` makes them on the later thread, after the selection is shown.
+        self.later_selection_levels: frozenset[str] = frozenset()
         #: Tractograms of at least this many points are drawn by the 3-D view from its own buffers
         #: (None: none): :func:`fiber_arrays` with ``shader_drawn``.
         self.shader_drawn_min_points: int | None = None
@@ -79,22 +94,35 @@ class FiberArrayCache:
             offsets = np.asarray(arrays.offsets)
             first = offsets[ids]  # (gathered once: the ranges start from it too)
             cached = self._remember_selection(layer, selected, ids, offsets[ids + 1] - first, first)
+        per_level = cached[1]
+        made = per_level.get(level)
+        if isinstance(made, Future):  # being made on the later thread (:meth:`prepare_selection`)
+            made = made.result()  # (None: it gave up, its selection replaced; made here instead)
+        if made is None:
+            made = self._selection_level(layer, arrays, level, cached)
+            per_level[level] = made
+        return made
+
+    def _selection_level(self, layer: Layer, arrays: FiberArrays, level: str, cached: tuple) -> Cells:
+        """The cells of ``level`` of a selection entry (:meth:`_remember_selection`). A level with a
+        point budget that keeps whole streamlines is every k-th of the selected ones (its ids are in
+        the tractogram's order, which a whole-brain seeding spreads in space): sliced from the whole
+        level when that is made, made from the ids alone when not (the same cells either way)."""
         per_level, ids, lengths, starts = cached[1], cached[2], cached[3], cached[4]
-        if level not in per_level:
-            budget, decimate = LEVELS[level]
-            whole = per_level.get("full")
-            if whole is not None and (budget is None or whole.n_points <= budget):
-                per_level[level] = whole  # within the level's budget: the same cells, not made twice
-            elif whole is not None and not decimate and whole._ranges is not None and whole.stored is None:
-                # every k-th of the whole level's streamlines, its ranges sliced (a selection's
-                # ids are in the tractogram's order, which a whole-brain seeding spreads in space)
-                keep = lines_within(whole.n_streamlines, whole.n_points, budget)
-                per_level[level] = whole.thinned(-(-whole.n_streamlines // keep))
-            else:
-                per_level[level] = level_cells(
-                    arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths, starts=starts
-                )
-        return per_level[level]
+        budget, decimate = LEVELS[level]
+        whole = per_level.get("full")
+        whole = None if isinstance(whole, Future) else whole
+        n_points = int(lengths.sum()) if whole is None else whole.n_points
+        if budget is not None and n_points <= budget:  # within the level's budget: the whole level's cells
+            return whole if whole is not None else self.cells(layer, "full", cached[0])  # (not made twice)
+        if budget is None or decimate:
+            return level_cells(arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths,
+                               starts=starts)  # fmt: skip
+        step = -(-len(ids) // lines_within(len(ids), n_points, budget))
+        if whole is not None and whole._ranges is not None and whole.stored is None:
+            return whole.thinned(step)  # its index ranges sliced
+        return level_cells(arrays.offsets, "full", ids[::step], arrays.bounds, self.shader_drawn(layer),
+                           lengths=lengths[::step], starts=None if starts is None else starts[::step])  # fmt: skip
 
     def simplified(self, layer: Layer, device: str = "auto", cancelled=None) -> Cells:
         """Every streamline of the layer simplified for drawing within
@@ -140,10 +168,42 @@ class FiberArrayCache:
 
     def prepare_selection(self, layer: Layer, selected: np.ndarray) -> None:
         """The cells of the levels the views draw of a selection (on a worker, before it is
-        shown): those not in :attr:`skip_selection_levels`."""
-        for level in LEVELS:
-            if level not in self.skip_selection_levels:
+        shown): those not in :attr:`skip_selection_levels`; those in
+        :attr:`later_selection_levels` on the later thread, after this returns (a view that
+        reads one before it is made waits for it)."""
+        levels = [level for level in LEVELS if level not in self.skip_selection_levels]
+        for level in levels:
+            if level not in self.later_selection_levels:
                 self.cells(layer, level, selected)
+        later = [level for level in levels if level in self.later_selection_levels]
+        if not later:
+            return
+        with self._lock:
+            cached = self._selections.get(layer)
+        if cached is None or cached[0] is not selected:
+            self.cells(layer, later[0], selected)  # (its entry: made by the others already when there are any)
+            return
+        per_level = cached[1]
+        for level in later:
+            if level not in per_level:
+                future = _later_thread().submit(self._make_later, layer, cached, level)
+                per_level.setdefault(level, future)
+
+    def _make_later(self, layer: Layer, cached: tuple, level: str) -> Cells | None:
+        """A level of a selection made on the later thread; None when the selection was replaced
+        meanwhile (an ROI edit that followed), whose levels no view will draw."""
+        with self._lock:
+            current = self._selections.get(layer)
+        if current is not cached:
+            cached[1].pop(level, None)
+            return None
+        try:
+            made = self._selection_level(layer, self.prepare(layer), level, cached)
+        except Exception:  # made again where it is asked for, which then says what went wrong
+            cached[1].pop(level, None)
+            return None
+        cached[1][level] = made
+        return made
 
     def scalar(self, layer: Layer, name: str) -> tuple[np.ndarray, str]:
         """:func:`scalar_values`, computed once per layer and scalar."""

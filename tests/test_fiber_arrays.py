@@ -357,6 +357,59 @@ def test_a_selections_moving_level_is_every_kth_of_its_whole_level_with_the_rang
     np.testing.assert_array_equal(moving.connectivity, fresh.connectivity)  # made when read, as any
 
 
+def _ranges_equal(a, b, arrays) -> None:
+    for (starts, counts), (want_starts, want_counts) in zip(
+        a.ranges(arrays.offsets, arrays.bounds), b.ranges(arrays.offsets, arrays.bounds), strict=True
+    ):
+        np.testing.assert_array_equal(starts, want_starts)
+        np.testing.assert_array_equal(counts, want_counts)
+
+
+def test_a_selections_later_level_is_made_on_its_thread_after_the_first_and_waited_for(rng, monkeypatch):
+    """What an ROI edit on a whole-brain tractogram does: the selection job makes the moving
+    level the edit's frame draws (every k-th selected streamline, from the ids: the same cells as
+    sliced from the whole level), and the full level, drawn once the edits pause, after it on the
+    later thread; a view that asks for it first waits for it. A selection replaced meanwhile
+    (the next edit) makes no full level of its own."""
+    import threading
+
+    from tractlens.app import fiber_cache
+
+    monkeypatch.setattr(fiber_arrays, "PIECE_POINTS", 3000)  # several pieces
+    tract = curvy(rng, n=2000)
+    layer = Layer("t", tract, "tractogram")
+    caches = {}
+    for later in (frozenset(), frozenset({"full"})):
+        caches[later] = cache = FiberArrayCache()
+        cache.shader_drawn_min_points = 1
+        cache.skip_selection_levels = frozenset({"software", "moving_software"})
+        cache.later_selection_levels = later
+    arrays = caches[frozenset()].prepare(layer)
+    assert len(arrays.bounds) > 3
+    selected = rng.random(len(tract)) < 0.5
+    budget = int(np.diff(np.asarray(tract.offsets))[selected].sum()) // 5
+    monkeypatch.setitem(fiber_arrays.LEVELS, "moving", (budget, False))
+    now, later = caches[frozenset()], caches[frozenset({"full"})]
+    now.prepare_selection(layer, selected)
+
+    gate = threading.Event()  # the later thread held, so that what it has not made yet is seen
+    fiber_cache._later_thread().submit(gate.wait, 30)
+    later.prepare_selection(layer, selected)
+    pending = later._selections[layer][1]["full"]
+    assert not pending.done()
+    moving = later.cells(layer, "moving", selected)  # made by the job, before the full level
+    _ranges_equal(moving, now.cells(layer, "moving", selected), arrays)  # (sliced from the whole level there)
+    np.testing.assert_array_equal(moving.streamlines, now.cells(layer, "moving", selected).streamlines)
+    replaced = selected.copy()  # the next edit's selection, before the later thread came to the first's
+    later.prepare_selection(layer, replaced)
+    gate.set()
+    assert pending.result(30) is None  # the first selection's: given up
+    full = later.cells(layer, "full", replaced)  # waited for, made on the later thread
+    assert later._selections[layer][1]["full"] is full
+    _ranges_equal(full, now.cells(layer, "full", selected), arrays)
+    np.testing.assert_array_equal(full.streamlines, np.flatnonzero(selected))
+
+
 def test_a_selections_ranges_from_the_first_points_found_beside_it_equal_those_gathered(rng, monkeypatch):
     """A selection found on the GPU comes with each streamline's first point: the index ranges
     start from them, without gathering the tractogram's offsets again; the same ranges."""

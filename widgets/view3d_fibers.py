@@ -43,6 +43,7 @@ from .view3d_overlays import colour_bar_title, show_one_colour_bar
 FULL_FRAME_BUDGET_S = 1.0  # a full frame at rest may take this long, else the view draws fewer
 MOVING_FRAME_BUDGET_S = 1 / 30  # a full frame this fast is drawn while the camera moves too
 LOD_TEXT_PT = 13
+EDITING = "editing ROIs"  # why the moving level is drawn while ROI edits go on (what the view says)
 EDIT_SELECTION_WAIT_S = 10.0  # an ROI edit's selection is waited for this long before drawing everything
 #: Tractograms of at least this many points are drawn from the view's own buffers (where OpenGL
 #: allows): below it VTK's own preparation of the polylines takes well under a second.
@@ -137,6 +138,7 @@ class FiberView:
                 cache.skip_selection_levels = frozenset({"full", "moving"})
             else:  # nor are the software levels of a selection with hardware OpenGL
                 cache.skip_selection_levels = frozenset({"software", "moving_software"})
+                cache.later_selection_levels = frozenset({"full"})  # drawn once ROI edits pause
         return self._software_rendering
 
     # ------------------------------------------------------------- levels
@@ -151,13 +153,22 @@ class FiberView:
         fast = self._full_frame_s is not None and self._full_frame_s <= MOVING_FRAME_BUDGET_S
         return self._rest_level() if fast else "moving"
 
-    def _place_cells(self, entry: dict) -> None:
-        """Both actors' index ranges for the levels of now and the layer's selection."""
+    def _place_cells(self, entry: dict, editing: bool | None = None) -> None:
+        """Both actors' index ranges for the levels of now and the layer's selection; while ROI
+        edits go on (``editing``, by default whether they do), the moving level's alone, the rest
+        level's once they pause (:meth:`_full_detail`): a whole-brain selection's is made on the
+        later thread meanwhile (the cache's ``later_selection_levels``), not before the edit's frame."""
         layer, cache = entry["layer"], self.document.fiber_arrays
         entry["selection"] = layer.selection
+        entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
         scene = entry["scene"]
-        rest = cache.cells(layer, self._rest_level(), layer.selection)
         moving = cache.cells(layer, self._moving_level(), layer.selection)
+        editing = (self._moving and self._moving_why == EDITING) if editing is None else editing
+        entry["rest_due"] = editing and "actor" in scene.cells
+        if entry["rest_due"]:
+            scene.show_cells("moving", moving)  # (the rest actor keeps the selection before until then)
+            return
+        rest = cache.cells(layer, self._rest_level(), layer.selection)
         simple = None if self._software() else self._simplifier.level(id(layer), entry)
         fast = self._full_frame_s is not None and self._full_frame_s <= MOVING_FRAME_BUDGET_S
         frame = self._simplifier.frame_s
@@ -169,7 +180,6 @@ class FiberView:
         scene.show_cells("moving", rest if moving.n_points == rest.n_points else moving)
         if hasattr(scene, "set_moving_stride"):
             scene.set_moving_stride(self._moving_stride())
-        entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
 
     def simplified_arrived(self) -> None:
         """A simplified level came (:class:`FibreSimplifier`): drawn from the next frame on; at
@@ -444,7 +454,7 @@ class FiberView:
             return  # nothing to thin, or the camera is moving already
         self._lod_timer.stop()
         self._selection_due, self._selection_due_since = True, time.perf_counter()
-        self._set_moving(True, "editing ROIs")
+        self._set_moving(True, EDITING)
         self._lod_timer.start()
 
     def edit_selected(self) -> None:
@@ -461,6 +471,9 @@ class FiberView:
         if self._selection_due and time.perf_counter() - self._selection_due_since < EDIT_SELECTION_WAIT_S:
             self._lod_timer.start()  # an edit's selection is still on its way: the edits go on
             return
+        for entry in self._fibers.values():
+            if entry.get("rest_due"):  # the last edit's selection at rest
+                self._place_cells(entry, editing=False)
         self._set_moving(False)
         uploaded = getattr(self, "frames_drawn", 0) > self._frames_at_build  # the points are on the GPU already
         uploaded = uploaded and not any(entry["scene"].filling for entry in self._fibers.values())

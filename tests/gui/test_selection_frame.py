@@ -68,7 +68,7 @@ def test_the_3d_frame_of_an_roi_edit_waits_for_its_selection(window, qtbot, monk
 def test_roi_edits_draw_the_moving_level_until_they_pause(window, qtbot, monkeypatch):
     """While ROIs are edited on a tractogram filtered by them, the 3-D view draws the moving
     level, as while the camera moves (a whole-brain selection's full frame took longer than the
-    rest of the edit), says so, and draws everything again once the edits pause."""
+    rest of the edit), says so, and places and draws everything again once the edits pause."""
     from tractlens.app import fiber_arrays
 
     for level in ("moving", "moving_software"):  # a moving level of one streamline of this selection
@@ -85,6 +85,9 @@ def test_roi_edits_draw_the_moving_level_until_they_pause(window, qtbot, monkeyp
     assert view.lod_text() == "showing 1 of 2 streamlines while editing ROIs"
     entry = next(iter(view._fibers.values()))
     assert entry["scene"].drawn_streamlines("moving") == 1
+    # the rest level's cells are placed when the edits pause (a whole-brain selection's are made
+    # meanwhile on the later thread, not before the edit's frame): until then the selection before
+    assert entry["scene"].drawn_streamlines("actor") == 1 and entry.get("rest_due")
     view._lod_timer.timeout.emit()  # the edits paused: everything again
     assert not view._moving and view.lod_text() == ""
     assert entry["scene"].drawn_streamlines("actor") == 2
