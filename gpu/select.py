@@ -54,12 +54,29 @@ def checked_masks(masks: Sequence[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def region_bits(masks: Sequence[np.ndarray]) -> np.ndarray:
-    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid)."""
+def region_bits(masks: Sequence[np.ndarray], box: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """A uint32 volume with bit r set in the voxels of ``masks[r]`` (all on one grid); with
+    ``box`` (:func:`~gpu.select_host.region_bounds` of the masks) the box's part of it only."""
     masks = checked_masks(masks)
-    bits = np.zeros(masks[0].shape, dtype=np.uint32)
-    for r, mask in enumerate(masks):
-        bits[mask] |= np.uint32(1) << np.uint32(r)
+    if box is None:
+        bits = np.zeros(masks[0].shape, dtype=np.uint32)
+        for r, mask in enumerate(masks):
+            bits[mask] |= np.uint32(1) << np.uint32(r)
+        return bits
+    inside = _box_slices(box)
+    return region_bits([mask[inside] for mask in masks])
+
+
+def _box_slices(box: tuple[np.ndarray, np.ndarray]) -> tuple[slice, slice, slice]:
+    lo, hi = box
+    return tuple(slice(int(a), int(b) + 1) for a, b in zip(lo, hi, strict=True))
+
+
+def device_region_bits(xp, masks: Sequence[np.ndarray], box: tuple[np.ndarray, np.ndarray]):
+    """:func:`region_bits` on the device, only its box's part made on the host and uploaded (a
+    brain grid's volume is 15 MB of uint32; the ROIs' box is often a few thousand voxels)."""
+    bits = xp.zeros(masks[0].shape, dtype=xp.uint32)
+    bits[_box_slices(box)] = xp.asarray(region_bits(masks, box))
     return bits
 
 
@@ -372,16 +389,17 @@ class StreamlineIndex:
         """Region bits of every streamline on the GPU: the kernel's, left on the device (CuPy),
         or the array reference's on CuPy in batches of bounded working memory (NumPy)."""
         backend, xp = self.backend, self.backend.xp
-        bits = backend.asarray(region_bits(masks))
         if engine == KERNEL:  # left on the device: the verdict is made there too (see select)
             box = select_host.region_bounds(masks)
             if box is None:  # every region is empty: no streamline passes one
                 out = xp.zeros(self.n_streams, dtype=xp.uint32)
             else:
+                bits = device_region_bits(xp, masks, box)
                 out = hits_kernel(backend, self.points, self.stream_of_point, self.is_last, bits, self.n_streams, box)
             if progress is not None:
                 progress(self.n_streams, self.n_streams)
             return out
+        bits = backend.asarray(region_bits(masks))
         out = np.zeros(self.n_streams, dtype=np.uint32)
         box = select_host.region_bounds(masks)
         mean_points = max(1.0, self.offsets_host[-1] / max(self.n_streams, 1))

@@ -100,6 +100,24 @@ def test_region_limits():
         region_bits([np.zeros((2, 2, 2), bool), np.zeros((3, 2, 2), bool)])
 
 
+def test_the_region_bits_of_the_regions_box_alone_are_those_of_the_whole_grid(rng):
+    """What the GPU's selection uploads: the box's part of the bits, the rest zeros made there."""
+    from tractlens.gpu.select import device_region_bits
+    from tractlens.gpu.select_host import region_bounds
+
+    masks = [np.zeros((30, 20, 25), bool) for _ in range(3)]
+    masks[0][4:9, 3:5, 10:12] = True
+    masks[1][12, 15, 20] = True  # apart from the first: one box holds both
+    # the third is empty
+    box = region_bounds(masks)
+    whole = region_bits(masks)
+    inside = region_bits(masks, box)
+    assert inside.shape == (9, 13, 11)
+    np.testing.assert_array_equal(inside, whole[4:13, 3:16, 10:21])
+    np.testing.assert_array_equal(device_region_bits(np, masks, box), whole)  # NumPy standing in for CuPy
+    assert whole.sum() == inside.sum() > 0
+
+
 @pytest.mark.gpu
 def test_gpu_kernel_equals_the_numpy_reference_on_a_large_case(rng):
     n = 20_000
