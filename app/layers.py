@@ -261,11 +261,28 @@ class Layer(Observable):
         same_by, self.selection_by = by == self.selection_by, by
         if selected is None and self.selection is None:
             return
-        same = selected is not None and self.selection is not None and np.array_equal(selected, self.selection)
+        count = None if selected is None else int(np.count_nonzero(selected))
+        same = (
+            count is not None
+            and count == self.selected_count()  # (cheaper than comparing 10 M flags, and mostly enough)
+            and np.array_equal(selected, self.selection)
+        )
         if same and same_by:
             return
-        self.selection = selected
+        self.selection, self._counted = selected, (selected, count)
         self.emit("display", changed=["selection"])
+
+    def selected_count(self) -> int | None:
+        """How many streamlines the selection keeps (None: no selection), counted once per
+        selection array: a whole-brain tractogram's is 10 M flags, which each view counted again
+        at every ROI edit."""
+        selection = self.selection
+        if selection is None:
+            return None
+        counted = getattr(self, "_counted", None)
+        if counted is None or counted[0] is not selection:  # (assigned another way: a session's)
+            counted = self._counted = (selection, int(np.count_nonzero(selection)))
+        return counted[1]
 
     def scalar_range(self, name: str) -> tuple[float, float]:
         """Robust display range (1st-99th percentile) of a tractogram's point or streamline scalar."""

@@ -116,7 +116,7 @@ def shown_of(layer: Layer) -> Shown:
     total = len(layer.data)
     if layer.selection is None or len(layer.selection) != total:
         return Shown(total, total)
-    return Shown(int(np.count_nonzero(layer.selection)), total, layer.selection_by or "a selection")
+    return Shown(layer.selected_count(), total, layer.selection_by or "a selection")
 
 
 def shown_mask(layer: Layer) -> np.ndarray:

@@ -95,6 +95,25 @@ def test_changing_only_what_made_a_selection_notifies_the_views():
     assert events == [["selection"], ["selection"]] and tract.selection_by == "ROI b"
 
 
+def test_a_selection_is_counted_once_and_a_new_one_of_the_same_count_still_notifies(monkeypatch):
+    """Every view reads the count of what a tractogram shows at every ROI edit (10 M flags at
+    whole-brain scale): it is counted once per selection; an equal count alone never hides a
+    change."""
+    _doc, tract = _document_with_tracts(4)
+    events = []
+    tract.connect(lambda _s, event, **info: events.append(info.get("changed")))
+    counted = []
+    count_nonzero = np.count_nonzero
+    monkeypatch.setattr(np, "count_nonzero", lambda a, *args, **kw: counted.append(1) or count_nonzero(a, *args, **kw))
+    tract.set_selection(np.array([True, False, True, False]), by="ROI a")
+    assert len(counted) == 1
+    assert shown_of(tract).shown == tract.selected_count() == 2 and len(counted) == 1  # read, not counted again
+    tract.set_selection(np.array([False, True, True, False]), by="ROI a")  # the same count, other streamlines
+    assert events == [["selection"], ["selection"]] and shown_of(tract).shown == 2
+    tract.selection = np.array([True, True, True, False])  # assigned another way (a session's): counted again
+    assert tract.selected_count() == 3
+
+
 def test_distance_rows_say_what_is_shown_and_never_print_inf():
     per = np.array([1.0, 3.0, 8.0, 20.0])
     (row,) = distance_rows("t", per, 5.0)

@@ -27,7 +27,6 @@ import os
 import re
 import time
 
-import numpy as np
 from PySide6.QtCore import QTimer
 from vtkmodules.vtkRenderingCore import vtkTextActor
 
@@ -160,7 +159,7 @@ class FiberView:
         later thread meanwhile (the cache's ``later_selection_levels``), not before the edit's frame."""
         layer, cache = entry["layer"], self.document.fiber_arrays
         entry["selection"] = layer.selection
-        entry["shown_total"] = len(layer.data) if layer.selection is None else int(np.count_nonzero(layer.selection))
+        entry["shown_total"] = len(layer.data) if layer.selection is None else layer.selected_count()
         scene = entry["scene"]
         moving = cache.cells(layer, self._moving_level(), layer.selection)
         editing = (self._moving and self._moving_why == EDITING) if editing is None else editing
