@@ -90,6 +90,8 @@ class SliceView(QWidget):
             pass  # the image is made again only when this view's slice moved (:meth:`image_array`)
         elif not (event == "display" and layer is not None and layer.kind in ("tractogram", "dyads")):
             self._image_cache = None  # sticks and fibres are drawn over the image, not into it
+        elif layer.kind == "tractogram" and self.frame_partner is not None and self.frame_partner.join_frame(self):
+            return  # (a selection or colour change) repainted with the 3-D frame that waits for it: one window update
         self.update()
 
     def _redraw_stroke(self, layer, voxels) -> bool:

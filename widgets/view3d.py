@@ -195,11 +195,12 @@ class View3D(FiberView, QWidget):
         self._frames_held_until = max(self._frames_held_until, time.perf_counter() + seconds)
 
     def release_frames(self) -> None:
-        """End :meth:`hold_frames`: a frame asked for meanwhile is drawn at the next turn."""
+        """End :meth:`hold_frames`: a frame asked for meanwhile is asked of the window now (it
+        and the widgets that joined it are painted in its next update)."""
         self._frames_held_until = 0.0
         if self._render_pending and self._hold_timer.isActive():
             self._hold_timer.stop()
-            QTimer.singleShot(0, self._render_now)
+            self._render_now()
 
     def join_frame(self, widget) -> bool:
         """Repaint ``widget`` with the frame now held (one window update: Qt composes and

@@ -91,3 +91,21 @@ def test_roi_edits_draw_the_moving_level_until_they_pause(window, qtbot, monkeyp
     view._lod_timer.timeout.emit()  # the edits paused: everything again
     assert not view._moving and view.lod_text() == ""
     assert entry["scene"].drawn_streamlines("actor") == 2
+
+
+def test_a_selection_shown_while_the_3d_frame_is_held_repaints_the_slice_views_with_that_frame(window, qtbot):
+    """A new selection comes while the 3-D view holds the ROI edit's frame for it: the slice
+    views' repaint joins that frame (one window update, not one for them and another for the
+    frame), and the frame is asked of the window as soon as it is released."""
+    view = window.view3d
+    tracts, _seed = filtered_by_a_seed(window, qtbot)
+    qtbot.waitUntil(lambda: not view._render_pending and not window.selection.timer.isActive(), timeout=10_000)
+    view.hold_frames(30.0)
+    view.request_render()
+    qtbot.waitUntil(lambda: view._hold_timer.isActive(), timeout=10_000)  # the frame waits
+    tracts.set_selection(np.array([True, True, True]))
+    assert all(slice_view in view._joining for slice_view in window.views.values())
+    before = view.frames_drawn
+    view.release_frames()
+    assert view._joining == [] and not view._render_pending  # asked of the window at once
+    qtbot.waitUntil(lambda: view.frames_drawn > before, timeout=10_000)
