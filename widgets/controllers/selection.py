@@ -31,8 +31,8 @@ class FibreSelection(QObject):
     exclusion: none), updated as ROIs are edited; the others show every streamline.
 
     A throttle, not a debounce, with a leading edge: an edit with no other in the last
-    :data:`THROTTLE_MS` is selected at once (at the event loop's next turn, with the rest of that
-    edit) and starts :attr:`timer`; edits made while it runs are selected together when it ends,
+    :data:`THROTTLE_MS` is selected at once (a brush stroke in its own event, another edit at the
+    event loop's next turn, with the rest of that edit) and starts :attr:`timer`; edits made while it runs are selected together when it ends,
     so a continuous drag updates the selection every :data:`THROTTLE_MS` instead of only when it
     stops, and a single edit waits for nothing. One run at a time: edits made while one runs start
     another when it is done (cancelling it instead would starve the selection while an ROI is
@@ -70,11 +70,16 @@ class FibreSelection(QObject):
             return
         if self.timer.isActive():
             self._pending = True
-        else:
-            self.timer.start()
+            return
+        self.timer.start()
+        if filtered_tractograms(self.document) and has_selecting_rois(self.document):
+            self.selecting.emit()  # now: the edit's frame, asked for already, is drawn after this
+        if event == "roi" and info.get("voxels") is not None:
+            # A brush stroke, one event: its selection starts now, on a worker, while this thread
+            # draws the stroke (at the next turn it started after the stroke's 2-D and 3-D work).
+            self._leading()
+        else:  # at the next turn, with the edit's other events of this turn
             QTimer.singleShot(0, self, self._leading)
-            if filtered_tractograms(self.document) and has_selecting_rois(self.document):
-                self.selecting.emit()  # now: the edit's frame, asked for already, is drawn after this
 
     def _leading(self) -> None:
         self._pending = False  # (the edit's other events of the same turn are in this run)
