@@ -46,7 +46,7 @@ def timed_parts(select_module, backend, spent: dict) -> None:
             spent[label].append(1e3 * (time.perf_counter() - start))
             return out
 
-        setattr(owner, name, timed)
+        object.__setattr__(owner, name, timed)  # (the backend is a frozen dataclass)
 
     from tractlens.gpu import select_host
 

@@ -109,3 +109,23 @@ def test_a_selection_shown_while_the_3d_frame_is_held_repaints_the_slice_views_w
     view.release_frames()
     assert view._joining == [] and not view._render_pending  # asked of the window at once
     qtbot.waitUntil(lambda: view.frames_drawn > before, timeout=10_000)
+
+
+def test_a_strokes_selection_is_on_its_way_before_the_views_draw_the_stroke(window, qtbot, monkeypatch):
+    """The stroke's selection starts in the stroke's own event, before the slice views and the
+    3-D view do their part of it (on the GUI thread, while the worker selects)."""
+    from tractlens.widgets.slice_view import SliceView
+
+    tracts, seed = filtered_by_a_seed(window, qtbot)
+    qtbot.waitUntil(lambda: not window.selection.timer.isActive() and window.selection.job is None, timeout=10_000)
+    submitted_when_drawn = []
+    redraw = SliceView._redraw_stroke
+
+    def recording(self, layer, voxels):
+        submitted_when_drawn.append(window.selection.job is not None)
+        return redraw(self, layer, voxels)
+
+    monkeypatch.setattr(SliceView, "_redraw_stroke", recording)
+    window.document.paint(seed, np.array([[8, 5, 5]]), True)
+    assert submitted_when_drawn == [True, True, True]  # three slice views, each after the submit
+    qtbot.waitUntil(lambda: tracts.selection.tolist() == [True, False, True], timeout=10_000)

@@ -59,7 +59,7 @@ class FibreSelection(QObject):
         self.job: int | None = None
         self._stale = False  # edited while a selection was being computed: run again
         self._from_rois = False  # the tractograms' selections come from the ROIs
-        document.connect(self._on_document)
+        document.connect(self._on_document, first=True)  # a stroke's selection starts before the views draw it
 
     def _on_document(self, _source, event, **info) -> None:
         layer = info.get("layer")
