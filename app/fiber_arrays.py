@@ -193,12 +193,18 @@ class Cells:
         self._ranges = (key, out)
         return out
 
+    @property
+    def thinnable(self) -> bool:
+        """Chosen whole streamlines held as index ranges (no connectivity, no pieces made): what
+        :meth:`thinned` slices."""
+        return not self.decimated and self.streamlines is not None and self.stored is None and self._pieces is None
+
     def thinned(self, step: int) -> Cells:
         """Every ``step``-th streamline of these cells of whole streamlines, from the first: a
         selection's level while the camera moves, sliced from its whole level (its index ranges
         per piece too, when made: :meth:`ranges`) instead of a random subset drawn and its ranges
         gathered again, on the worker that an ROI edit's frame waits for."""
-        if self.decimated or self.streamlines is None or self.stored is not None or self._pieces is not None:
+        if not self.thinnable:
             raise ValueError("only index ranges of chosen whole streamlines are thinned")
         kept = np.diff(self.offsets)[::step]
         offsets = np.zeros(len(kept) + 1, dtype=self.offsets.dtype)

@@ -119,8 +119,8 @@ class FiberArrayCache:
             return level_cells(arrays.offsets, level, ids, arrays.bounds, self.shader_drawn(layer), lengths=lengths,
                                starts=starts)  # fmt: skip
         step = -(-len(ids) // lines_within(len(ids), n_points, budget))
-        if whole is not None and whole._ranges is not None and whole.stored is None:
-            return whole.thinned(step)  # its index ranges sliced
+        if whole is not None and whole.thinnable:
+            return whole.thinned(step)  # its index ranges sliced (when made)
         return level_cells(arrays.offsets, "full", ids[::step], arrays.bounds, self.shader_drawn(layer),
                            lengths=lengths[::step], starts=None if starts is None else starts[::step])  # fmt: skip
 

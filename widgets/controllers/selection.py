@@ -32,11 +32,12 @@ class FibreSelection(QObject):
 
     A throttle, not a debounce, with a leading edge: an edit with no other in the last
     :data:`THROTTLE_MS` is selected at once (a brush stroke in its own event, another edit at the
-    event loop's next turn, with the rest of that edit) and starts :attr:`timer`; edits made while it runs are selected together when it ends,
-    so a continuous drag updates the selection every :data:`THROTTLE_MS` instead of only when it
-    stops, and a single edit waits for nothing. One run at a time: edits made while one runs start
-    another when it is done (cancelling it instead would starve the selection while an ROI is
-    dragged or painted, if a run takes longer than the edits' pace)."""
+    event loop's next turn, with the rest of that edit) and starts :attr:`timer`; edits made while
+    it runs are selected together when it ends, so a continuous drag updates the selection every
+    :data:`THROTTLE_MS` instead of only when it stops, and a single edit waits for nothing. One
+    run at a time: edits made while one runs start another when it is done (cancelling it instead
+    would starve the selection while an ROI is dragged or painted, if a run takes longer than the
+    edits' pace)."""
 
     error = Signal(str, str)  # message, details
     notice = Signal(str)  # what the user should read: a selection that shows no streamline, and why
