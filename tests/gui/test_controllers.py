@@ -130,9 +130,10 @@ def test_a_single_roi_edit_is_selected_at_once_and_a_drag_at_the_throttles_pace(
     started = []
     submit = runner.submit
     monkeypatch.setattr(runner, "submit", lambda *a, **k: started.append(a[0]) or submit(*a, **k))
-    # A stroke with none before it for a while: its selection starts with the stroke itself (on
-    # a worker, while the GUI thread draws the stroke), not when the throttle's timer ends.
+    # An edit with none before it for a while: its selection starts at the next turn of the event
+    # loop, not when the throttle's timer ends.
     doc.paint(seed, np.array([[8, 5, 5]]), True)
+    QApplication.processEvents()
     assert started == ["select streamlines"] and controller.timer.isActive()
     # More edits while the timer runs (a drag): one selection when it ends, of all of them.
     doc.paint(seed, np.array([[9, 5, 5]]), True, merge_with_last=True)

@@ -111,21 +111,36 @@ def test_a_selection_shown_while_the_3d_frame_is_held_repaints_the_slice_views_w
     qtbot.waitUntil(lambda: view.frames_drawn > before, timeout=10_000)
 
 
-def test_a_strokes_selection_is_on_its_way_before_the_views_draw_the_stroke(window, qtbot, monkeypatch):
-    """The stroke's selection starts in the stroke's own event, before the slice views and the
-    3-D view do their part of it (on the GUI thread, while the worker selects)."""
+def test_an_edits_selection_is_on_its_way_before_the_views_draw_it_and_holds_all_of_it(window, qtbot, monkeypatch):
+    """An ROI edit's selection starts at the next turn of the event loop, before the 3-D view's
+    frame work and the slice views' paints of the edit (the GUI thread does those while the
+    worker selects), and with every event of the edit's turn: a shape moved is erased, then
+    painted, and no selection of the half-made edit is ever shown."""
     from tractlens.widgets.slice_view import SliceView
+    from tractlens.widgets.view3d import View3D
 
     tracts, seed = filtered_by_a_seed(window, qtbot)
     qtbot.waitUntil(lambda: not window.selection.timer.isActive() and window.selection.job is None, timeout=10_000)
-    submitted_when_drawn = []
-    redraw = SliceView._redraw_stroke
+    qtbot.waitUntil(lambda: not window.view3d._render_pending, timeout=10_000)
+    submitted_when = []
+    for cls, name in ((SliceView, "paintEvent"), (View3D, "_render_now")):
+        original = getattr(cls, name)
 
-    def recording(self, layer, voxels):
-        submitted_when_drawn.append(window.selection.job is not None)
-        return redraw(self, layer, voxels)
+        def recording(self, *args, _original=original, _name=name):
+            submitted_when.append((_name, window.selection.job is not None))
+            return _original(self, *args)
 
-    monkeypatch.setattr(SliceView, "_redraw_stroke", recording)
-    window.document.paint(seed, np.array([[8, 5, 5]]), True)
-    assert submitted_when_drawn == [True, True, True]  # three slice views, each after the submit
-    qtbot.waitUntil(lambda: tracts.selection.tolist() == [True, False, True], timeout=10_000)
+        monkeypatch.setattr(cls, name, recording)
+    shown = []
+    tracts.connect(lambda _l, event, **info: "selection" in info.get("changed", ()) and shown.append(tracts.selection))
+    doc = window.document
+    doc.paint(seed, np.array([[8, 15, 5]]), False)  # the seed moved: erased from the third fibre ...
+    doc.paint(seed, np.array([[8, 5, 5]]), True, merge_with_last=True)  # ... and painted on the first
+    qtbot.waitUntil(lambda: len(shown) >= 1 and window.selection.job is None, timeout=10_000)
+    qtbot.wait(300)  # (a second selection, were there one, would come after the throttle's 40 ms)
+    assert [s.tolist() for s in shown] == [[True, False, False]]  # the whole edit's, alone
+    first = {}
+    for name, submitted in submitted_when:
+        first.setdefault(name, submitted)
+    assert first.get("_render_now") is True  # the edit's frame work came after the submit
+    assert first.get("paintEvent", True) is True  # and the slice views' paints, where they repainted

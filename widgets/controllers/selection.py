@@ -31,8 +31,8 @@ class FibreSelection(QObject):
     exclusion: none), updated as ROIs are edited; the others show every streamline.
 
     A throttle, not a debounce, with a leading edge: an edit with no other in the last
-    :data:`THROTTLE_MS` is selected at once (a brush stroke in its own event, another edit at the
-    event loop's next turn, with the rest of that edit) and starts :attr:`timer`; edits made while
+    :data:`THROTTLE_MS` is selected at once (at the event loop's next turn, with the rest of that
+    edit, before the views' own work of the edit) and starts :attr:`timer`; edits made while
     it runs are selected together when it ends, so a continuous drag updates the selection every
     :data:`THROTTLE_MS` instead of only when it stops, and a single edit waits for nothing. One
     run at a time: edits made while one runs start another when it is done (cancelling it instead
@@ -60,7 +60,7 @@ class FibreSelection(QObject):
         self.job: int | None = None
         self._stale = False  # edited while a selection was being computed: run again
         self._from_rois = False  # the tractograms' selections come from the ROIs
-        document.connect(self._on_document, first=True)  # a stroke's selection starts before the views draw it
+        document.connect(self._on_document, first=True)  # (see _on_document)
 
     def _on_document(self, _source, event, **info) -> None:
         layer = info.get("layer")
@@ -73,14 +73,13 @@ class FibreSelection(QObject):
             self._pending = True
             return
         self.timer.start()
+        # At the next turn, with the edit's other events of this turn (an edit may be several: a
+        # shape moved is erased, then painted; started at the first, the selection would show the
+        # half-made edit first). Heard before the views (``first``), this turn's call comes before
+        # theirs: the 3-D view's patch of the stroke and the slice views' paints follow the submit.
+        QTimer.singleShot(0, self, self._leading)
         if filtered_tractograms(self.document) and has_selecting_rois(self.document):
             self.selecting.emit()  # now: the edit's frame, asked for already, is drawn after this
-        if event == "roi" and info.get("voxels") is not None:
-            # A brush stroke, one event: its selection starts now, on a worker, while this thread
-            # draws the stroke (at the next turn it started after the stroke's 2-D and 3-D work).
-            self._leading()
-        else:  # at the next turn, with the edit's other events of this turn
-            QTimer.singleShot(0, self, self._leading)
 
     def _leading(self) -> None:
         self._pending = False  # (the edit's other events of the same turn are in this run)
