@@ -151,9 +151,9 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
     state = {"mask": mask}
 
     def series(targets) -> tuple[list, ...]:
-        """(drawn, settled, selected, timelines, said, rest): one list each, an item per edit."""
+        """(drawn, settled, selected, timelines, said, rest, changes): one list each, an item per edit."""
         drawn, settled, selected, timelines = [], [], [], []
-        said, rest = [], []
+        said, rest, changes = [], [], []
         for centre in targets:
             idle(app, 0.3)
             new = sphere(shape, centre, radius)
@@ -171,20 +171,24 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
                     return bool(changed_at) and not view._render_pending and view.renders[-1][0] >= changed_at[0]
 
                 assert wait(app, shown, 120)
-            frame = next(end for begin, end in view.renders if begin >= changed_at[0])
             settled.append(time.perf_counter() - start)
-            drawn.append(frame - start)
             selected.append(int(layer.selection.sum()))
             said.append(view.lod_text())  # the level of detail of the edit's frame, as the view states it
             idle(app, 0.3)  # the edit's later frames (its ROI surface's, everything once edits pause) too
             assert wait(app, lambda: not view._moving and not view._render_pending, 30)
+            # The edit's whole selection drawn: the frame after the edit's last selection (one,
+            # unless the edit was selected in parts, the first of them half-made: then counted to
+            # the last, and ``roi_edit_selection_changes`` says so)
+            changes.append(len(changed_at))
+            drawn.append(next(end for begin, end in view.renders if begin >= changed_at[-1]) - start)
+            selected[-1] = int(layer.selection.sum())
             rest.append(1e3 * (view.renders[-1][1] - view.renders[-1][0]))  # the frame of everything
             timelines.append(
                 {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
             )
-        return drawn, settled, selected, timelines, said, rest
+        return drawn, settled, selected, timelines, said, rest, changes
 
-    drawn, settled, selected, timelines, said, rest = series(centres[1:])
+    drawn, settled, selected, timelines, said, rest, changes = series(centres[1:])
     # The same edits back, the 3-D view without depth peeling (the ROI's translucent surface then
     # blends in one pass): what the peeling passes cost an edit's frame at this size.
     renderer = view.plotter.renderer
@@ -207,6 +211,7 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
         "roi_edit_settled_ms": ms(settled),
         "roi_edit_settled_all_ms": [round(1e3 * t, 1) for t in settled],
         "roi_edit_selected": selected,
+        "roi_edit_selection_changes": changes,  # selections shown per edit: 1 (more: shown in parts)
         # while edits go on the view draws the moving level (the camera's), and says so; once they
         # pause, everything: that frame's time
         "roi_edit_lod_text": said,
