@@ -524,7 +524,12 @@ class View3D(FiberView, QWidget):
 
     def screenshot(self) -> np.ndarray:
         """The rendered 3-D view as (H, W, 3) uint8 (with the first camera placement, when the
-        frame that would make it is still pending)."""
+        frame that would make it is still pending, and the ROI surfaces of the ROIs as they are
+        now, when a stroke's rebuild still waits for the stroke to pause)."""
+        if self._roi_timer.isActive():
+            self._roi_timer.stop()
+            self._frames_held_until = 0.0
+            self._update_roi_surfaces()
         if self._render_pending:
             self._frames_held_until = 0.0  # what is asked for is drawn, held or not
             self._render_now()

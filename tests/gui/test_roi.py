@@ -242,6 +242,21 @@ def test_rois_show_as_surfaces_in_3d(window, qtbot):
     qtbot.waitUntil(lambda: window.view3d.roi_surface(layer) is None, timeout=3000)
 
 
+def test_a_screenshot_right_after_a_stroke_shows_the_roi_as_it_is_in_3d(window, qtbot):
+    """The 3-D ROI surface is rebuilt once a stroke pauses (150 ms); a screenshot taken before
+    (a script's, straight after its edit) shows the ROI as it is, not as it was."""
+    window_with_image(window)
+    layer = window.new_roi()
+    doc, view3d = window.document, window.view3d
+    doc.paint(layer, np.argwhere(np.ones((4, 4, 4), bool)) + np.array([10, 10, 4]), True)
+    qtbot.waitUntil(lambda: view3d.roi_surface(layer) is not None, timeout=3000)
+    doc.paint(layer, np.argwhere(np.ones((4, 4, 4), bool)) + np.array([20, 10, 4]), True)  # grown along x
+    image = view3d.screenshot()  # at once: the surface's rebuild was still waiting for the stroke to pause
+    assert image.ndim == 3
+    bounds = view3d.roi_surface(layer).GetBounds()  # world mm: voxels 10..23 along x at 2 mm
+    np.testing.assert_allclose(bounds, [19, 47, 19, 27, 7, 15], atol=1.01)
+
+
 def test_polygon_tool_fills_the_closed_outline(window, qtbot):
     window_with_image(window)
     z = int(window.document.cursor[2])
