@@ -145,6 +145,18 @@ class RoiMask(Observable):
         # A box's radius is its half-size, one number or one per voxel axis (i, j, k).
         self.shape: dict | None = None
 
+    def box(self) -> tuple[slice, slice, slice] | None:
+        """The bounding box of the mask's voxels as slices, or None when it is empty (reductions
+        along the axes: 0.5 ms for a 1.25 mm brain grid, where the indices of every voxel took
+        18 ms of the GUI thread at each ROI edit's 3-D surface)."""
+        from tractlens.gpu.select_host import mask_bounds
+
+        bounds = mask_bounds(self.mask)
+        if bounds is None:
+            return None
+        lo, hi = bounds
+        return tuple(slice(int(a), int(b) + 1) for a, b in zip(lo, hi, strict=True))
+
     def apply_shape(self, shape: dict | None) -> None:
         """Make the mask the voxels of ``shape`` (sphere: distance ≤ radius; box: |d| ≤ radius per axis)."""
         self.shape = None if shape is None else normal_shape(shape)

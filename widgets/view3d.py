@@ -30,13 +30,6 @@ from .view3d_fibers import FiberView
 from .view3d_glyphs import NO_RENDER, VolumeGlyphs
 from .view3d_overlays import add_orientation_marker
 
-
-def mask_box(mask: np.ndarray) -> tuple[slice, ...]:
-    """The bounding box of a non-empty mask's voxels, as slices (one pass: the voxels' indices)."""
-    found = np.nonzero(mask)
-    return tuple(slice(int(axis.min()), int(axis.max()) + 1) for axis in found)
-
-
 # The 3-D camera along an axis (View > 3-D camera): (direction of projection, view up) in RAS+,
 # so that the screen shows what the slice view of that name shows (neurological convention).
 CAMERA_VIEWS = {
@@ -391,7 +384,7 @@ class View3D(FiberView, QWidget):
                 continue
             # Marching cubes over the mask's bounding box only: an ROI is small beside the grid
             # (a whole HCP grid took a brush stroke ~100 ms of the GUI thread).
-            box = mask_box(layer.data.mask)
+            box = layer.data.box()
             padded = np.pad(layer.data.mask[box], 1).astype(np.float32)  # closed surfaces at the box's edge
             grid = pv.ImageData(dimensions=padded.shape, origin=tuple(float(s.start - 1) for s in box))
             grid.point_data["mask"] = padded.ravel(order="F")

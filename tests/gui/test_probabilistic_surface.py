@@ -1,6 +1,6 @@
 """The probabilistic panel's isosurface pieces without a window: the worker's crop of the path
-distribution (one pass over the grid), the coarse surface of a first pass, the ROI surfaces'
-box, and the document listener that hears a stroke first."""
+distribution (one pass over the grid), the coarse surface of a first pass, an ROI's box, and
+the document listener that hears a stroke first."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from tractlens.app.volumes import RoiMask
 from tractlens.widgets import probabilistic_panel as module
-from tractlens.widgets.view3d import mask_box
 
 AFFINE = np.array([[1.25, 0, 0, -90.0], [0, 1.25, 0, -126.0], [0, 0, 1.25, -72.0], [0, 0, 0, 1.0]])
 
@@ -91,12 +91,13 @@ def test_a_small_crop_stays_full_even_for_a_first_pass():
     np.testing.assert_array_equal(iso.origin, lo - 1)
 
 
-def test_mask_box_is_the_bounding_box_of_the_voxels():
+def test_an_rois_box_is_the_bounding_box_of_its_voxels():
     mask = np.zeros((30, 20, 10), bool)
     mask[[3, 17, 9], [15, 2, 8], [0, 9, 4]] = True
-    box = mask_box(mask)
+    box = RoiMask("r", mask, AFFINE).box()
     assert box == (slice(3, 18), slice(2, 16), slice(0, 10))
     assert mask[box].sum() == mask.sum()
+    assert RoiMask("empty", np.zeros((4, 4, 4), bool), AFFINE).box() is None
 
 
 def test_a_listener_connected_first_hears_a_change_before_the_others():
