@@ -651,6 +651,7 @@ def test_the_selection_timer_is_a_throttle(window):
     layer = window.new_roi()
     timer = window._selection_timer
     timer.stop()
+    timer.setInterval(60_000)  # (not the 40 ms of use: a loaded machine's paint can outlast that)
     window.document.paint(layer, np.array([[5, 5, 5]]), True)
     assert timer.isActive()
     first = timer.remainingTime()
