@@ -63,20 +63,15 @@ def region_bits(masks: Sequence[np.ndarray], box: tuple[np.ndarray, np.ndarray] 
         for r, mask in enumerate(masks):
             bits[mask] |= np.uint32(1) << np.uint32(r)
         return bits
-    inside = _box_slices(box)
+    inside = select_host.box_slices(box)
     return region_bits([mask[inside] for mask in masks])
-
-
-def _box_slices(box: tuple[np.ndarray, np.ndarray]) -> tuple[slice, slice, slice]:
-    lo, hi = box
-    return tuple(slice(int(a), int(b) + 1) for a, b in zip(lo, hi, strict=True))
 
 
 def device_region_bits(xp, masks: Sequence[np.ndarray], box: tuple[np.ndarray, np.ndarray]):
     """:func:`region_bits` on the device, only its box's part made on the host and uploaded (a
     brain grid's volume is 15 MB of uint32; the ROIs' box is often a few thousand voxels)."""
     bits = xp.zeros(masks[0].shape, dtype=xp.uint32)
-    bits[_box_slices(box)] = xp.asarray(region_bits(masks, box))
+    bits[select_host.box_slices(box)] = xp.asarray(region_bits(masks, box))
     return bits
 
 

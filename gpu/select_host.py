@@ -111,6 +111,12 @@ def auto_engine(points: np.ndarray, boxes: RegionBoxes, threads: int) -> str:
     return engine if engine == "arrays" or available() else "arrays"
 
 
+def box_slices(box: tuple[np.ndarray, np.ndarray]) -> tuple[slice, slice, slice]:
+    """Inclusive voxel bounds (lo, hi), as :func:`mask_bounds` gives them, as index slices."""
+    lo, hi = box
+    return tuple(slice(int(a), int(b) + 1) for a, b in zip(lo, hi, strict=True))
+
+
 def mask_bounds(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(lo, hi) inclusive voxel bounds of a boolean volume's true voxels, or None when it has none.
     Reductions along the axes (one pass over the volume, ~10 ms for 2·10⁸ voxels), not the

@@ -380,11 +380,11 @@ class View3D(FiberView, QWidget):
             self.plotter.remove_actor(actor, render=False)  # one frame at the end, not one per ROI
         self._roi_surfaces.clear()
         for layer in self.document.layers:
-            if layer.kind != "roi" or not layer.visible or not layer.data.mask.any():
-                continue
             # Marching cubes over the mask's bounding box only: an ROI is small beside the grid
-            # (a whole HCP grid took a brush stroke ~100 ms of the GUI thread).
-            box = layer.data.box()
+            # (a whole HCP grid took a brush stroke ~100 ms of the GUI thread). No box: empty.
+            box = layer.data.box() if layer.kind == "roi" and layer.visible else None
+            if box is None:
+                continue
             padded = np.pad(layer.data.mask[box], 1).astype(np.float32)  # closed surfaces at the box's edge
             grid = pv.ImageData(dimensions=padded.shape, origin=tuple(float(s.start - 1) for s in box))
             grid.point_data["mask"] = padded.ravel(order="F")
