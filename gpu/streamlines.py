@@ -51,7 +51,9 @@ class StreamlineBatch:
     backward and the forward end (:data:`STOP_REASONS`); ``seed_point`` (S,) index of the
     seed within the streamline. ``point_scalars`` ((P,) each) and ``streamline_scalars``
     ((S,) each) hold values computed where the points were made (:class:`StreamlineScalars`),
-    carried along by :meth:`subset` and :meth:`pieces`.
+    carried along by :meth:`subset` and :meth:`pieces`. ``frame``: ``"voxel"``, or ``"mm"`` when
+    the tracker turned the points into RAS millimetres of the grid before they left the device
+    (:attr:`StreamlineScalars.world`).
     """
 
     points: np.ndarray
@@ -62,6 +64,7 @@ class StreamlineBatch:
     provenance: dict = field(default_factory=dict)
     point_scalars: dict = field(default_factory=dict)
     streamline_scalars: dict = field(default_factory=dict)
+    frame: str = "voxel"
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -88,6 +91,9 @@ class StreamlineBatch:
         batches = [b for b in batches if len(b)]
         if not batches:
             return cls.empty()
+        frames = {b.frame for b in batches}
+        if len(frames) > 1:
+            raise ValueError(f"batches in different frames ({', '.join(sorted(frames))}) do not join")
         starts = np.cumsum([0] + [len(b.points) for b in batches[:-1]])
         offsets = np.concatenate([np.zeros(1, np.int64)] + [b.offsets[1:] + s for b, s in zip(batches, starts)])
         return cls(
@@ -98,6 +104,7 @@ class StreamlineBatch:
             np.concatenate([b.seed_point for b in batches]),
             point_scalars=_joined([b.point_scalars for b in batches]),
             streamline_scalars=_joined([b.streamline_scalars for b in batches]),
+            frame=frames.pop(),
         )
 
     def subset(self, keep: np.ndarray) -> StreamlineBatch:
@@ -115,6 +122,7 @@ class StreamlineBatch:
             self.provenance,
             {k: v[index] for k, v in self.point_scalars.items()},
             {k: v[keep] for k, v in self.streamline_scalars.items()},
+            self.frame,
         )
 
     def reason_counts(self) -> dict[str, int]:
@@ -140,6 +148,7 @@ class StreamlineBatch:
                 self.provenance,
                 {k: v[base:end] for k, v in self.point_scalars.items()},
                 {k: v[first:last] for k, v in self.streamline_scalars.items()},
+                self.frame,
             )
 
 
@@ -269,11 +278,17 @@ class PathLength:
 class StreamlineScalars:
     """What a tracker computes at its points before they leave the device: ``fa`` trilinear
     of ``fa_volume`` at every point, ``length_mm`` per streamline (:class:`PathLength` over
-    the grid's ``affine``, continued from batch to batch); float32 both."""
+    the grid's ``affine``, continued from batch to batch); float32 both.
+
+    ``world``: the points themselves also leave the device as RAS millimetres of ``affine``
+    (:func:`points_to_world`, after the scalars), for a run whose points only go to a file: the
+    host then writes them as they come instead of converting them (a third of a whole-brain
+    tractogram's write on the host)."""
 
     fa_volume: np.ndarray
     affine: np.ndarray
     path_length: PathLength | None = None
+    world: bool = False
 
     def __post_init__(self) -> None:
         self.path_length = self.path_length or PathLength(self.affine)
@@ -299,3 +314,16 @@ class StreamlineScalars:
                 np.float32
             )
         return {"fa": fa}, {"length_mm": lengths}
+
+
+def points_to_world(xp, points, affine, piece_points=DEVICE_PIECE_POINTS):
+    """``points`` ((P, 3) float32 voxel coordinates on ``xp``) made RAS millimetres of ``affine``
+    in place, a piece at a time: each point's sum computed in float64 and rounded to float32
+    once (at most half a float32 step from the exact value; the host's float32 product can be a
+    step off). Returns ``points``."""
+    matrix = xp.asarray(np.asarray(affine, dtype=np.float64))
+    rotation, shift = matrix[:3, :3].T, matrix[:3, 3]
+    for start in range(0, len(points), piece_points):
+        piece = points[start : start + piece_points]
+        piece[...] = _times(xp, piece.astype(np.float64), rotation) + shift
+    return points

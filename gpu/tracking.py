@@ -37,6 +37,7 @@ from .streamlines import (
     StreamlineBatch,
     StreamlineScalars,
     pack_rows,
+    points_to_world,
     stop_code_defines,
 )
 
@@ -191,8 +192,11 @@ def compact(xp, buf, count, stop, valid, seed_offset: int, params,
     to_host = transfer.to_host  # large arrays through pinned buffers (gpu.transfer)
     host_offsets = to_host(offsets)
     point_scalars, streamline_scalars = {}, {}
+    frame = "voxel"
     if scalars is not None:
         point_scalars, streamline_scalars = scalars.compute(xp, points, offsets, host_offsets)
+        if scalars.world:
+            points, frame = points_to_world(xp, points, scalars.affine), "mm"
     # what each filter left, so an empty result can say which one emptied it
     filters = {
         "started": int(valid.sum()),
@@ -208,6 +212,7 @@ def compact(xp, buf, count, stop, valid, seed_offset: int, params,
         filters,
         {k: to_host(v) for k, v in point_scalars.items()},
         {k: to_host(v) for k, v in streamline_scalars.items()},
+        frame,
     )
 
 

@@ -23,10 +23,21 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..tractogram import MappedPoints
 from ._pages import PreadRows
-from .tractogram import _DAMAGED, BAD_POSITIONS, _check_grid, _single_column, reason
+from .tractogram import _DAMAGED, BAD_POSITIONS, _check_grid, _single_column, _to_voxels, reason
 
-__all__ = ["MappedTractogram", "check_positions", "open_trx_mm"]
+__all__ = ["MappedTractogram", "check_positions", "open_trx_mm", "world_points"]
+
+
+def world_points(points_mm: np.ndarray, affine) -> MappedPoints:
+    """Streamline points held as RAS millimetres of the grid ``affine`` ((P, 3) float32, finite:
+    a GPU tracker's, made on the device before they left it) as a tractogram's ``points``: the
+    voxel coordinates are made only if something reads them (with a file's conversion), and a
+    writer writes the millimetres as they are (:meth:`.tractogram_stream.TractogramWriter.world_of`)."""
+    return MappedPoints(
+        np.asarray(points_mm, dtype=np.float32), np.linalg.inv(np.asarray(affine, np.float64)), _to_voxels
+    )
 
 
 def check_positions(tract) -> None:

@@ -159,6 +159,15 @@ class TractogramWriter:
         self.seconds["file"] -= seconds
         return out
 
+    def world_of(self, part: Tractogram) -> np.ndarray:
+        """:meth:`world` of ``part``'s points; a part that holds its points as checked float32
+        millimetres already (:class:`~app.tractogram.MappedPoints`: a GPU tracker's, or a .trx
+        file's) gives those, as they are: neither converted to voxels nor back."""
+        mapped = part.mapped
+        if self.points_in_mm or mapped is None or not mapped.checked or mapped.world.dtype != np.float32:
+            return self.world(part.points)
+        return np.asarray(mapped.world)
+
     def append(self, part: Tractogram) -> None:
         """Write the streamlines of ``part`` (voxel coordinates of this writer's grid, or RAS mm for
         a writer opened with ``points_in_mm``)."""
@@ -186,11 +195,11 @@ class TractogramWriter:
         self._format.append(part)
         self.seconds["file"] += time.perf_counter() - t0
         self.streamlines += len(part)
-        self.points += len(part.points)
+        self.points += part.n_points
 
     def _queue_part(self, part: Tractogram) -> None:
         """Queue ``part`` for the thread once there is room for its points (always when none are)."""
-        n = len(part.points)
+        n = part.n_points
         with self._room:
             self._room.wait_for(
                 lambda: (
@@ -210,7 +219,7 @@ class TractogramWriter:
                 except BaseException as exc:  # given to the caller by its next append or close
                     self._failure = exc
             with self._room:
-                self._queued_points -= len(part.points)
+                self._queued_points -= part.n_points
                 self._room.notify_all()
             del part
 
@@ -338,7 +347,7 @@ class _NibabelParts:
 
     def append(self, part: Tractogram) -> None:
         keep = self.writer.keep_scalars and self.trk
-        world = self.writer.world(part.points)
+        world = self.writer.world_of(part)
         data = self._encode(
             world,
             part.offsets,
@@ -453,7 +462,7 @@ class _TrxParts:
         starts = part.offsets[:-1] + writer.points
         if starts[-1] > np.iinfo(np.uint32).max:
             raise ValueError(f"{writer.path}: more than 2^32 points do not fit trx-python's uint32 offsets")
-        positions = writer.world(part.points).astype(writer.positions_dtype, copy=False)
+        positions = writer.world_of(part).astype(writer.positions_dtype, copy=False)
         positions = positions.astype(positions.dtype.newbyteorder("<"), copy=False)
         if self.positions is None:
             self.positions = self.zip.open(f"positions.3.{positions.dtype.name}", "w", force_zip64=True)

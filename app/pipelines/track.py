@@ -326,12 +326,13 @@ def deterministic_pipeline(
     first_batch_s = None
     used: list = []  # the backends that ran (the GPU, then the CPU if it ran out of memory)
 
+    to_file_only = sink is not None and on_batch is None and not (include or exclude)
+
     def start(engine_backend, first: int):
         """The batches over seeds[first:], numbered as seeds of the whole run."""
         used.append(engine_backend)
         shifted = None if progress is None else (lambda done, total: progress(first + done, first + total))
-        # on a GPU, FA per point and lengths are computed there, before the copy to the host
-        scalars = StreamlineScalars(field_.fa, field_.affine) if engine_backend.is_gpu else None
+        scalars = device_scalars(engine_backend, field_, to_file_only)
         for part in engine.track(
             tf, seeds[first:], params, device=engine_backend, progress=shifted, cancelled=cancelled,
             max_batch=max_batch, scalars=scalars,
@@ -357,7 +358,7 @@ def deterministic_pipeline(
         for piece in batch.pieces(PIECE_POINTS):  # a GPU batch can be a whole brain: bounded host work
             part = deterministic_part(piece, field_.fa, field_.affine, field_.shape, name, path_length)
             counts["streamlines"] += len(part)
-            counts["points"] += len(part.points)
+            counts["points"] += part.n_points
             if sink is not None and len(part):
                 sink(part)
             elif sink is None:
@@ -394,6 +395,13 @@ def deterministic_pipeline(
         provenance["empty_reason"] = empty_result_reason(counts, params, n_include=len(include))
         notes.append(f"0 streamlines: {provenance['empty_reason']}")
     return TrackResult(tractogram, provenance, notes)
+
+
+def device_scalars(backend, field_: TensorField, to_file_only: bool) -> StreamlineScalars | None:
+    """What the tracker computes before its points leave the device: on a GPU, FA per point and
+    lengths; and the points' millimetres when they only go to a file (nothing on the host reads
+    their voxel coordinates: no ROI filter, no window). None on the CPU (the host does it all)."""
+    return StreamlineScalars(field_.fa, field_.affine, world=to_file_only) if backend.is_gpu else None
 
 
 def _check_host_memory(engine: TrackingEngine, tf, seeds: np.ndarray, params, max_batch, kept: bool) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from tractlens.gpu.streamlines import PathLength, StreamlineBatch, sample_volume
 
+from ..io.tractogram_mapped import world_points
 from ..model import Tractogram
 
 #: Points of one piece of host work: about 100 MB of float64 temporaries.
@@ -26,13 +27,16 @@ def deterministic_part(batch: StreamlineBatch, fa_volume: np.ndarray, affine, di
                        path_length: PathLength) -> Tractogram:  # fmt: skip
     """A piece of deterministic streamlines as a tractogram part: FA per point (trilinear),
     length per streamline (mm, continued by ``path_length``). A piece whose tracker computed
-    them already (a GPU batch: :class:`~gpu.streamlines.StreamlineScalars`) keeps those."""
-    points = batch.points
+    them already (a GPU batch: :class:`~gpu.streamlines.StreamlineScalars`) keeps those. A piece
+    whose points left the device in millimetres (``frame == "mm"``) holds them as they are
+    (:func:`~app.io.tractogram_mapped.world_points`: voxel coordinates made only when read)."""
+    points = batch.points if batch.frame == "voxel" else world_points(batch.points, affine)
     if "fa" in batch.point_scalars and "length_mm" in batch.streamline_scalars:
         fa, lengths = batch.point_scalars["fa"], batch.streamline_scalars["length_mm"]
     else:
-        fa = sample_volume(np, fa_volume, points)
-        lengths = path_length.lengths(points, batch.offsets)
+        voxels = points if batch.frame == "voxel" else points.voxels()
+        fa = sample_volume(np, fa_volume, voxels)
+        lengths = path_length.lengths(voxels, batch.offsets)
     return Tractogram(
         points,
         batch.offsets,
