@@ -16,9 +16,14 @@ default all of them on a GPU, 20 000 on the CPU), it times (best of ``--repeats`
   first batches up to ``--host-points``, 20 M by default: what the device now does instead);
 - ``write_trx``: appending the parts to a ``.trx`` and closing it (:mod:`app.io.tractogram_stream`),
   against ``disk``: the same number of bytes written with plain large writes and flushed;
+- ``track_with_world``: ``track_with_scalars`` with the points also made millimetres on the
+  device (``StreamlineScalars(world=True)``, what a run into a file asks for);
 - ``pipeline``: :func:`app.pipelines.track.deterministic_pipeline` writing to a ``.trx`` through
   a background writer, as ``track deterministic --whole-brain`` runs it (without start-up and
-  reading).
+  reading), and ``pipeline_host_mm``, the same with the points converted to millimetres by the
+  writer's thread on the host (``device_scalars`` asking for no ``world``: how it ran before),
+  interleaved with it, best of ``--repeats`` each; ``writer_seconds``: the writer thread's
+  stages of each one's best run.
 
 Not part of the test run; about a minute and a half on the GPU machine (1.15 M seeds, ~170 M
 points; the host stages once there), 40 s on two CPU cores (20 000 seeds, 2.7 M points).
@@ -42,6 +47,7 @@ sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 from bench_deterministic import VOXEL_MM, hcp_like_field  # noqa: E402
 
 from tractlens.app.io.tractogram_stream import open_tractogram_writer  # noqa: E402
+from tractlens.app.pipelines import track as track_pipeline  # noqa: E402
 from tractlens.app.pipelines.track import TensorField, deterministic_pipeline  # noqa: E402
 from tractlens.app.pipelines.track_parts import PIECE_POINTS, PathLength, deterministic_part  # noqa: E402
 from tractlens.gpu import deterministic  # noqa: E402
@@ -109,6 +115,20 @@ def main() -> None:
                 )
             ),
         )
+        rows["track_with_world"], _ = best(
+            args.repeats,
+            lambda: len(
+                list(
+                    deterministic.track(
+                        tf,
+                        seeds,
+                        params,
+                        device=backend,
+                        scalars=StreamlineScalars(field_.fa, field_.affine, world=True),
+                    )
+                )
+            ),
+        )
 
     def parts_of(chosen, plain: bool):
         """Tractogram parts as the pipeline makes them (``plain``: FA and lengths on the host)."""
@@ -163,9 +183,24 @@ def main() -> None:
     def pipeline():  # the writer's thread writes while the next batch is tracked, as in the command
         with open_tractogram_writer(target, field_.affine, field_.shape, background=True) as writer:
             deterministic_pipeline(field_, seed_points=seeds, params=params, device=backend, sink=writer.append)
+        return dict(writer.seconds)
+
+    def pipeline_host_mm():  # the millimetres made by the writer's thread, as before the device made them
+        real = track_pipeline.device_scalars
+        track_pipeline.device_scalars = lambda backend, field, to_file_only: real(backend, field, False)
+        try:
+            return pipeline()
+        finally:
+            track_pipeline.device_scalars = real
 
     parts = batches = some = None  # not held while the pipeline runs
-    rows["pipeline"], _ = best(host_repeats, pipeline)
+    runs: dict[str, list] = {"pipeline": [], "pipeline_host_mm": []}
+    for _ in range(args.repeats if backend.is_gpu else host_repeats):  # interleaved: the disk's state alike
+        for name, run in (("pipeline_host_mm", pipeline_host_mm), ("pipeline", pipeline)):
+            runs[name].append(best(1, run))
+    writer_seconds = {}
+    for name, timed in runs.items():
+        rows[name], writer_seconds[name] = min(timed, key=lambda t: t[0])
     target.unlink(missing_ok=True)
     result = {
         "device": backend.device_name,
@@ -176,6 +211,8 @@ def main() -> None:
         "seconds": {k: round(v, 3) for k, v in rows.items()},
         "host_scalars_points": some_points,
         "ns_per_point": {k: round(v / max(rows_points.get(k, points), 1) * 1e9, 2) for k, v in rows.items()},
+        "writer_seconds": {k: {stage: round(v, 3) for stage, v in w.items()} for k, w in writer_seconds.items()},
+        "pipeline_all_s": {k: [round(t[0], 3) for t in timed] for k, timed in runs.items()},
         "trx_gb_per_s": round(size / rows["write_trx"] / 1e9, 2),
         "disk_gb_per_s": round(size / rows["disk"] / 1e9, 2),
     }
