@@ -24,7 +24,7 @@
 #     dask==2026.8.0 distributed==2026.8.0 cloudpickle fsspec partd locket toolz pyyaml click msgpack \
 #     psutil sortedcontainers tblib tornado zict jinja2 markupsafe pybids bids-validator bidsschematools \
 #     acres docopt formulaic interface-meta narwhals num2words pandas python-dateutil six tzdata \
-#     sqlalchemy greenlet universal-pathlib pathlib-abc wrapt frozendict typing_extensions packaging
+#     sqlalchemy greenlet universal-pathlib pathlib-abc wrapt frozendict typing_extensions packaging isal
 set -u
 OUT=${OUT:-bench-results}
 mkdir -p "$OUT"
