@@ -1,0 +1,50 @@
+"""The brain mask from b=0 (app.masking): its median filter in slabs on threads gives the whole
+volume's filter to the bit, so a fit without a mask fits the same voxels on any number of cores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from tractlens.app import masking
+
+
+@pytest.mark.parametrize(
+    ("shape", "threads"),
+    [((20, 17, 64), 4), ((20, 17, 64), 7), ((9, 11, 33), 16), ((12, 12, 17), 3), ((6, 5, 7), 4)],
+)
+def test_the_median_in_slabs_is_the_whole_volumes(shape, threads):
+    rng = np.random.default_rng(sum(shape) + threads)
+    image = rng.random(shape).astype(np.float32)
+    image[rng.random(shape) < 0.05] = 0.0  # ties, as masked backgrounds have
+    whole = ndimage.median_filter(image, size=3)
+    np.testing.assert_array_equal(masking.median3(image, threads), whole)
+
+
+def test_thin_volumes_are_filtered_whole(monkeypatch):
+    """A slab keeps MEDIAN_SLAB_PLANES planes at least: a volume thinner than two is one slab."""
+    calls = []
+    real = ndimage.median_filter
+    monkeypatch.setattr(
+        ndimage, "median_filter", lambda image, size: calls.append(image.shape) or real(image, size=size)
+    )
+    masking.median3(np.ones((5, 5, 2 * masking.MEDIAN_SLAB_PLANES - 1), np.float32), threads=8)
+    assert calls == [(5, 5, 2 * masking.MEDIAN_SLAB_PLANES - 1)]
+    calls.clear()
+    masking.median3(np.ones((5, 5, 4 * masking.MEDIAN_SLAB_PLANES), np.float32), threads=8)
+    assert len(calls) == 4 and all(s[2] <= masking.MEDIAN_SLAB_PLANES + 2 for s in calls)
+
+
+def test_the_brain_mask_is_the_same_on_one_thread_and_on_many(monkeypatch):
+    shape = (40, 44, 36)
+    g = np.indices(shape).astype(np.float32)
+    radius = np.sqrt(((g[0] - 20) / 15) ** 2 + ((g[1] - 22) / 17) ** 2 + ((g[2] - 18) / 14) ** 2)
+    rng = np.random.default_rng(0)
+    b0 = np.where(radius < 1, 900 + 100 * rng.random(shape), 30 * rng.random(shape)).astype(np.float32)
+    b0[18:22, 20:24, 16:20] = 50  # a dark ventricle, filled
+    many = masking.brain_mask_from_b0(b0)
+    monkeypatch.setattr(masking, "median3", lambda image: ndimage.median_filter(image, size=3))
+    one = masking.brain_mask_from_b0(b0)
+    np.testing.assert_array_equal(many, one)
+    assert 0.2 < many.mean() < 0.5 and many[20, 22, 18]
