@@ -172,3 +172,54 @@ def test_a_gpu_run_into_a_file_writes_its_millimetres_within_a_step_of_the_hosts
     written = load_tractogram(path, (field_.affine, field_.shape))
     np.testing.assert_array_equal(written.point_scalars["fa"], kept.point_scalars["fa"])
     np.testing.assert_array_equal(written.streamline_scalars["length_mm"], kept.streamline_scalars["length_mm"])
+
+
+def _mm_and_voxel_parts():
+    field_ = _curving_field()
+    tf = deterministic.prepare_field(field_.tensor, field_.voxel_size, field_.mask)
+    seeds = _seeds(field_)
+    mm = deterministic.track(tf, seeds, PARAMS, device="cpu", max_batch=200,
+                             scalars=StreamlineScalars(field_.fa, field_.affine, world=True))  # fmt: skip
+    voxel = deterministic.track(tf, seeds, PARAMS, device="cpu", max_batch=200,
+                                scalars=StreamlineScalars(field_.fa, field_.affine))  # fmt: skip
+    path_length = PathLength(field_.affine)
+    parts = [deterministic_part(b, field_.fa, field_.affine, field_.shape, "d", path_length) for b in mm]
+    path_length = PathLength(field_.affine)
+    plain = [deterministic_part(b, field_.fa, field_.affine, field_.shape, "d", path_length) for b in voxel]
+    return field_, parts, plain
+
+
+def test_a_run_that_falls_back_to_the_cpu_writes_parts_of_both_frames(tmp_path):
+    """A GPU run out of memory goes on on the CPU: its first parts come in millimetres, the rest in
+    voxels. One file takes both, each converted (or not) as it is."""
+    field_, mm_parts, voxel_parts = _mm_and_voxel_parts()
+    assert len(mm_parts) > 3
+    half = len(mm_parts) // 2
+    mixed = mm_parts[:half] + voxel_parts[half:]
+    path = tmp_path / "mixed.trx"
+    with open_tractogram_writer(path, field_.affine, field_.shape, background=True) as writer:
+        for part in mixed:
+            writer.append(part)
+    stored = np.asarray(open_trx_mm(path).points)
+    expected = np.concatenate(
+        [p.mapped.world for p in mm_parts[:half]]
+        + [points_world_float32(p.points, field_.affine) for p in voxel_parts[half:]]
+    )
+    np.testing.assert_array_equal(stored, expected)
+
+
+def test_a_tractogram_mapped_from_a_trx_file_is_written_with_the_files_millimetres(tmp_path):
+    """Saved again, a .trx opened as it is stored keeps its float32 millimetres to the bit (before,
+    they went through voxel coordinates and back)."""
+    field_, mm_parts, _ = _mm_and_voxel_parts()
+    first = tmp_path / "first.trx"
+    with open_tractogram_writer(first, field_.affine, field_.shape) as writer:
+        for part in mm_parts:
+            writer.append(part)
+    opened = load_tractogram(first)
+    assert opened.mapped is not None and opened.mapped.checked
+    again = tmp_path / "again.trx"
+    with open_tractogram_writer(again, opened.affine, opened.dimensions) as writer:
+        writer.append(opened)
+    assert not opened.mapped.made
+    np.testing.assert_array_equal(np.asarray(open_trx_mm(again).points), np.asarray(open_trx_mm(first).points))
