@@ -11,6 +11,7 @@ each reports its wall seconds and the writer's stages (``world``, ``file``, ``fi
 
     python tests/benchmarks/bench_trx_write.py --points 80e6 --writers 1,2 --folder /tmp/trxbench
     python tests/benchmarks/bench_trx_write.py --points 310e6 --writers 1,2,4 --folder OUTPUT_DISK
+    python tests/benchmarks/bench_trx_write.py --points 310e6 --writers 1,4 --parts voxel,mm   # as before / as a GPU run now
 
 On a batch host, ``--folder`` on the disk the batch writes to; ``--threads`` as the batch gives
 each worker (its share of the cores: ``TRACTLENS_THREADS``, OpenBLAS/OpenMP threads).
@@ -32,7 +33,9 @@ sys.path.insert(0, str(HERE.parents[1]))  # this checkout's tractlens, in the wr
 PART_POINTS = 1 << 22  # about one GPU batch's pieces
 
 
-def _part():
+def _part(kind: str = "voxel"):
+    """The part every writer appends; ``kind="mm"``: its points held as float32 millimetres, as a
+    GPU batch worker's tracking step gives them (written as they are: no ``world`` stage)."""
     import numpy as np
 
     from tractlens.app.model import Tractogram
@@ -45,6 +48,11 @@ def _part():
     fa = rng.random(PART_POINTS, dtype=np.float32)
     affine = np.diag([1.25, 1.25, 1.25, 1.0])
     affine[:3, 3] = [-90, 126, -72]
+    if kind == "mm":
+        from tractlens.app.io.tractogram_mapped import world_points
+        from tractlens.app.io.tractogram_points import points_world_float32
+
+        points = world_points(points_world_float32(points, affine), affine)
     return Tractogram(points, offsets, affine=affine, dimensions=(145, 174, 145), point_scalars={"fa": fa})
 
 
@@ -99,7 +107,7 @@ def _crc_rate(points) -> float:
 
 
 def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | None, start, out,
-            call: str = "sync_file_range", read_back: bool = False) -> None:  # fmt: skip
+            call: str = "sync_file_range", read_back: bool = False, kind: str = "voxel") -> None:  # fmt: skip
     from tractlens.app.io import tractogram_stream
     from tractlens.app.io.tractogram_stream import open_tractogram_writer
 
@@ -107,7 +115,7 @@ def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | N
         tractogram_stream.WRITEBACK_BYTES = writeback
     os.environ[tractogram_stream.ENV_WRITEBACK] = "fadvise" if call == "posix_fadvise" else ""
 
-    part = _part()
+    part = _part(kind)
     start.wait()
     t0 = time.perf_counter()
     path = Path(folder) / f"writer{index}.trx"
@@ -118,7 +126,7 @@ def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | N
             a0 = time.perf_counter()
             w.append(part)
             append_s += time.perf_counter() - a0
-            appended += len(part.points)
+            appended += part.n_points
         c0 = time.perf_counter()
     close_s = time.perf_counter() - c0
     wall = time.perf_counter() - t0
@@ -127,17 +135,19 @@ def _writer(index: int, folder: str, points: int, dtype: str, writeback: int | N
     if read_back:
         row["resident_after_close"] = resident_fraction(path)
         row["read_back_s"] = read_back_s(path)
-    row["crc32_gb_per_s"] = _crc_rate(part.points)  # the zip's CRC, on the writer's thread for every byte
+    row["crc32_gb_per_s"] = _crc_rate(
+        part.points if part.mapped is None else part.mapped.world
+    )  # the zip's CRC, on the writer's thread for every byte
     out.put(row)
     path.unlink()
 
 
 def run(writers: int, folder: Path, points: int, dtype: str, writeback: int | None = None,
-        call: str = "sync_file_range", read_back: bool = False) -> dict:  # fmt: skip
+        call: str = "sync_file_range", read_back: bool = False, kind: str = "voxel") -> dict:  # fmt: skip
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_writer, args=(i, str(folder), points, dtype, writeback, start, out, call, read_back))
+        ctx.Process(target=_writer, args=(i, str(folder), points, dtype, writeback, start, out, call, read_back, kind))
         for i in range(writers)
     ]
     for p in procs:
@@ -150,7 +160,7 @@ def run(writers: int, folder: Path, points: int, dtype: str, writeback: int | No
     for p in procs:
         p.join()
     total = sum(r["bytes"] for r in rows)
-    return {"writers": writers, "wall_s": round(wall, 3), "gb": round(total / 1e9, 2),
+    return {"writers": writers, "parts": kind, "wall_s": round(wall, 3), "gb": round(total / 1e9, 2),
             "gb_per_s": round(total / 1e9 / wall, 3), "per_writer": rows}  # fmt: skip
 
 
@@ -166,6 +176,9 @@ def main(argv=None) -> int:
                    help="how the writes are started (posix_fadvise: as before, dropping clean pages)")  # fmt: skip
     p.add_argument("--read-back", action="store_true",
                    help="after close: the file's share in the page cache, and seconds to touch every page")  # fmt: skip
+    p.add_argument("--parts", default="voxel",
+                   help="kinds of part, comma-separated, run in turn for each writer count: voxel (the writer "
+                        "converts them to millimetres) or mm (already millimetres, as a GPU run into a file gives)")  # fmt: skip
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     if args.threads:
@@ -175,14 +188,17 @@ def main(argv=None) -> int:
     result = {"command": "python tests/benchmarks/bench_trx_write.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "cores": os.cpu_count(), "points_per_writer": int(args.points),
               "writeback_mb": args.writeback_mb, "writeback_call": args.writeback_call, "runs": []}  # fmt: skip
-    for n in (int(v) for v in args.writers.split(",")):
+    kinds = [k.strip() for k in args.parts.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"voxel", "mm"}:
+        p.error("--parts takes voxel and/or mm")
+    for n, kind in ((int(v), kind) for v in args.writers.split(",") for kind in kinds):
         writeback = None if args.writeback_mb is None else int(args.writeback_mb * 2**20) or 2**62
-        row = run(n, args.folder, int(args.points), args.dtype, writeback, args.writeback_call, args.read_back)
+        row = run(n, args.folder, int(args.points), args.dtype, writeback, args.writeback_call, args.read_back, kind)
         result["runs"].append(row)
         stages = {
             k: round(max(r["stages_s"][k] for r in row["per_writer"]), 2) for k in row["per_writer"][0]["stages_s"]
         }
-        print(f"{n} writer(s): {row['wall_s']} s, {row['gb_per_s']} GB/s in all; slowest writer's stages {stages}, "
+        print(f"{n} writer(s), {kind} parts: {row['wall_s']} s, {row['gb_per_s']} GB/s in all; slowest writer's stages {stages}, "
               f"append wait {max(r['append_wait_s'] for r in row['per_writer'])} s", flush=True)  # fmt: skip
         if args.read_back:
             print(f"  after close: crc32 GB/s {[r['crc32_gb_per_s'] for r in row['per_writer']]}, "
