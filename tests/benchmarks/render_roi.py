@@ -172,7 +172,6 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
 
                 assert wait(app, shown, 120)
             settled.append(time.perf_counter() - start)
-            selected.append(int(layer.selection.sum()))
             said.append(view.lod_text())  # the level of detail of the edit's frame, as the view states it
             idle(app, 0.3)  # the edit's later frames (its ROI surface's, everything once edits pause) too
             assert wait(app, lambda: not view._moving and not view._render_pending, 30)
@@ -181,7 +180,7 @@ def roi_edits(app, window, layer, clock, shape, affine, voxel_mm: float, edits: 
             # the last, and ``roi_edit_selection_changes`` says so)
             changes.append(len(changed_at))
             drawn.append(next(end for begin, end in view.renders if begin >= changed_at[-1]) - start)
-            selected[-1] = int(layer.selection.sum())
+            selected.append(int(layer.selection.sum()))  # the whole edit's selection
             rest.append(1e3 * (view.renders[-1][1] - view.renders[-1][0]))  # the frame of everything
             timelines.append(
                 {"painted": round(1e3 * (painted - start), 1), **timeline.read(start, view.renders, clock.spans)}
