@@ -39,7 +39,6 @@ import sys
 import threading
 import time
 import warnings
-import zipfile
 from pathlib import Path
 
 import nibabel as nib
@@ -48,6 +47,7 @@ from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
 from ..model import Tractogram
 from ._atomic import atomic_path, save_error
+from ._zip_stored import StoredZip, crc32
 from .tractogram import (
     _suffix,
     check_output_suffix,
@@ -67,8 +67,6 @@ POSITION_DTYPES = ("float32", "float16")
 #: one GPU batch (2^18 seeds), whose pieces (views of its arrays) are written while the next batch
 #: is tracked; 64 M points are 1 GB of float32 positions and FA.
 QUEUED_POINTS = 1 << 26
-# Block size of copying the arrays that grew beside a .trx into it.
-_COPY_BLOCK = 16 << 20
 #: Bytes of a .trx's positions (and, at close, of the arrays copied in after them) after which
 #: the writer has the system start writing them to the disk (:func:`_start_writeback`), so the
 #: disk works while the tracking goes on and the flush at close finds little left: four batch workers closing 5 GB tractograms at once on one disk
@@ -422,13 +420,14 @@ class _NibabelParts:
 
 
 class _TrxParts:
-    """.trx: trx-python's uncompressed layout (ZIP_STORED members) written as it grows.
+    """.trx: trx-python's uncompressed layout (STORED members) written as it grows.
 
     The positions, most of the bytes, go straight into their member of the final zip (one
     write per part, its CRC computed on the way); the other arrays, which must follow as
-    members of their own, grow in files beside it and are copied in at close in large blocks.
-    So the positions are written once, at the disk's speed, instead of to a folder and again
-    into the zip in small blocks (trx-python's ``zip_from_folder``)."""
+    members of their own, grow in files beside it, their CRCs kept as they grow, and are copied
+    in at close by the kernel (:class:`~._zip_stored.StoredZip`). So the positions are written
+    once, at the disk's speed, instead of to a folder and again into the zip in small blocks
+    (trx-python's ``zip_from_folder``), and the other arrays are never read back."""
 
     def __init__(self, writer: TractogramWriter):
         from trx.utils import get_reference_info_wrapper
@@ -439,17 +438,20 @@ class _TrxParts:
         affine, dimensions, _, _ = get_reference_info_wrapper(trx_reference(writer.affine, writer.dimensions))
         self.header = {"DIMENSIONS": dimensions, "VOXEL_TO_RASMM": affine}
         self.files: dict[str, io.BufferedWriter] = {}
-        self.zip = zipfile.ZipFile(writer.tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True)
-        self.positions = None  # the open member; none in an empty tractogram (as trx-python)
+        self.crcs: dict[str, int] = {}  # of each file's bytes so far
+        self.zip = StoredZip(writer.tmp)
+        self.positions = False  # whether the member is begun; none in an empty tractogram (as trx-python)
         self.written_back = 0  # the zip's bytes whose writing to the disk has been started
 
-    def _file(self, name: str):
+    def _put(self, name: str, values: np.ndarray) -> None:
+        """Append ``values``' bytes to the file of array ``name`` beside the zip."""
         handle = self.files.get(name)
         if handle is None:
             target = self.folder / name
             target.parent.mkdir(exist_ok=True)
             handle = self.files[name] = open(target, "wb")
-        return handle
+        handle.write(values.data)
+        self.crcs[name] = crc32(values.data, self.crcs.get(name, 0))
 
     @staticmethod
     def _name(kind: str, key: str, values: np.ndarray) -> str:
@@ -463,50 +465,46 @@ class _TrxParts:
         if starts[-1] > np.iinfo(np.uint32).max:
             raise ValueError(f"{writer.path}: more than 2^32 points do not fit trx-python's uint32 offsets")
         positions = writer.world_of(part).astype(writer.positions_dtype, copy=False)
-        positions = positions.astype(positions.dtype.newbyteorder("<"), copy=False)
-        if self.positions is None:
-            self.positions = self.zip.open(f"positions.3.{positions.dtype.name}", "w", force_zip64=True)
-        self.positions.write(np.ascontiguousarray(positions).data)
-        self.written_back = _start_writeback(self.zip.fp, self.written_back)
-        self._file("offsets.uint32").write(starts.astype("<u4").data)
+        positions = np.ascontiguousarray(positions.astype(positions.dtype.newbyteorder("<"), copy=False))
+        if not self.positions:
+            self.zip.begin(f"positions.3.{positions.dtype.name}")
+            self.positions = True
+        self.zip.write(positions.data)
+        self.written_back = _start_writeback(self.zip, self.written_back)
+        self._put("offsets.uint32", starts.astype("<u4"))
         if writer.keep_scalars:
             for kind, scalars in (("dpv", part.point_scalars), ("dps", part.streamline_scalars)):
                 for key, values in scalars.items():
                     values = np.ascontiguousarray(values, dtype="<f4")
-                    self._file(self._name(kind, key, values)).write(values.data)
+                    self._put(self._name(kind, key, values), values)
 
     def finish(self) -> None:
         writer = self.writer
         if writer.streamlines:
-            self._file("offsets.uint32").write(np.array([writer.points], "<u4").data)
-        if self.positions is not None:
-            self.positions.close()
+            self._put("offsets.uint32", np.array([writer.points], "<u4"))
+        if self.positions:
+            self.zip.end()
         for handle in self.files.values():
             handle.close()
         if writer.streamlines:  # trx-python writes no arrays for an empty tractogram
-            block = memoryview(bytearray(_COPY_BLOCK))  # one buffer: no fresh pages per block
-            for name in self.files:
-                with open(self.folder / name, "rb") as source, self.zip.open(name, "w", force_zip64=True) as member:
-                    while size := source.readinto(block):  # the disk's writes started as they come too
-                        member.write(block[:size])
-                        self.written_back = _start_writeback(self.zip.fp, self.written_back)
+            for name in self.files:  # the disk's writes started as each comes in
+                self.zip.copy(name, self.folder / name, self.crcs[name])
+                self.written_back = _start_writeback(self.zip, self.written_back)
         header = {
             "DIMENSIONS": self.header["DIMENSIONS"].tolist(),
             "VOXEL_TO_RASMM": self.header["VOXEL_TO_RASMM"].tolist(),
             "NB_VERTICES": writer.points,
             "NB_STREAMLINES": writer.streamlines,
         }
-        self.zip.writestr("header.json", json.dumps(header))
+        self.zip.add("header.json", json.dumps(header).encode())
         self.zip.close()
         shutil.rmtree(self.folder)
 
     def discard(self) -> None:
-        for handle in (self.positions, *self.files.values()):
-            if handle is not None:
-                with contextlib.suppress(Exception):
-                    handle.close()
-        with contextlib.suppress(Exception):
-            self.zip.close()
+        for handle in self.files.values():
+            with contextlib.suppress(Exception):
+                handle.close()
+        self.zip.discard()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
