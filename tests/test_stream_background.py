@@ -69,6 +69,37 @@ def test_a_failure_in_the_thread_reaches_the_caller_and_drops_the_file(tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("background", [False, True])
+@pytest.mark.parametrize("failing", [2, 5])  # a part's arrays (seen by the next part), the last
+def test_a_failure_writing_the_other_arrays_reaches_the_caller_and_drops_the_file(
+    tmp_path, monkeypatch, background, failing
+):
+    """A .trx's offsets and scalars are written by a thread of their own beside the positions:
+    a full disk there comes out of the next append or of close, once, and leaves nothing."""
+    real = tractogram_stream._TrxParts._put
+    calls, threads = [], []
+
+    def put(self, arrays):
+        calls.append(1)
+        threads.append(threading.current_thread())
+        if len(calls) == failing:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, arrays)
+
+    monkeypatch.setattr(tractogram_stream._TrxParts, "_put", put)
+    tract = _random_tractogram(100)
+    with pytest.raises(SaveError, match="the disk is full"):
+        with open_tractogram_writer(
+            tmp_path / "a.trx", tract.affine, tract.dimensions, background=background
+        ) as writer:
+            for a in range(0, 40, 10):
+                writer.append(tract.subset(np.arange(a, a + 10)))
+    assert len(calls) == failing  # nothing written after the failure
+    assert all(t.name.startswith("trx arrays") for t in threads[: min(failing, 4)])
+    assert list(tmp_path.iterdir()) == []
+    assert not any(t.name.startswith("trx arrays") for t in threading.enumerate())
+
+
 def test_a_cancel_with_parts_queued_leaves_nothing(tmp_path, monkeypatch):
     gate = threading.Event()
     real = tractogram_stream._TrxParts.append

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -427,7 +428,10 @@ class _TrxParts:
     members of their own, grow in files beside it, their CRCs kept as they grow, and are copied
     in at close by the kernel (:class:`~._zip_stored.StoredZip`). So the positions are written
     once, at the disk's speed, instead of to a folder and again into the zip in small blocks
-    (trx-python's ``zip_from_folder``), and the other arrays are never read back."""
+    (trx-python's ``zip_from_folder``), and the other arrays are never read back. A part's other
+    arrays are written by a thread of their own while its positions go into the zip (other
+    files: the system writes them side by side); the next part waits for them, so at most one
+    part's arrays are held beyond the writer's queue."""
 
     def __init__(self, writer: TractogramWriter):
         from trx.utils import get_reference_info_wrapper
@@ -440,18 +444,27 @@ class _TrxParts:
         self.files: dict[str, io.BufferedWriter] = {}
         self.crcs: dict[str, int] = {}  # of each file's bytes so far
         self.zip = StoredZip(writer.tmp)
+        self.side = ThreadPoolExecutor(1, thread_name_prefix="trx arrays")
+        self.pending: Future | None = None  # the last part's other arrays, being written
         self.positions = False  # whether the member is begun; none in an empty tractogram (as trx-python)
         self.written_back = 0  # the zip's bytes whose writing to the disk has been started
 
-    def _put(self, name: str, values: np.ndarray) -> None:
-        """Append ``values``' bytes to the file of array ``name`` beside the zip."""
-        handle = self.files.get(name)
-        if handle is None:
-            target = self.folder / name
-            target.parent.mkdir(exist_ok=True)
-            handle = self.files[name] = open(target, "wb")
-        handle.write(values.data)
-        self.crcs[name] = crc32(values.data, self.crcs.get(name, 0))
+    def _put(self, arrays: list[tuple[str, np.ndarray]]) -> None:
+        """Append each array's bytes to its file beside the zip (``name``, little-endian values)."""
+        for name, values in arrays:
+            handle = self.files.get(name)
+            if handle is None:
+                target = self.folder / name
+                target.parent.mkdir(exist_ok=True)
+                handle = self.files[name] = open(target, "wb")
+            handle.write(values.data)
+            self.crcs[name] = crc32(values.data, self.crcs.get(name, 0))
+
+    def _settle(self) -> None:
+        """Wait for the last part's other arrays (their failure raised here)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
 
     @staticmethod
     def _name(kind: str, key: str, values: np.ndarray) -> str:
@@ -466,22 +479,26 @@ class _TrxParts:
             raise ValueError(f"{writer.path}: more than 2^32 points do not fit trx-python's uint32 offsets")
         positions = writer.world_of(part).astype(writer.positions_dtype, copy=False)
         positions = np.ascontiguousarray(positions.astype(positions.dtype.newbyteorder("<"), copy=False))
+        arrays = [("offsets.uint32", starts.astype("<u4"))]
+        if writer.keep_scalars:
+            for kind, scalars in (("dpv", part.point_scalars), ("dps", part.streamline_scalars)):
+                for key, values in scalars.items():
+                    values = np.ascontiguousarray(values, dtype="<f4")
+                    arrays.append((self._name(kind, key, values), values))
+        self._settle()
+        self.pending = self.side.submit(self._put, arrays)
         if not self.positions:
             self.zip.begin(f"positions.3.{positions.dtype.name}")
             self.positions = True
         self.zip.write(positions.data)
         self.written_back = _start_writeback(self.zip, self.written_back)
-        self._put("offsets.uint32", starts.astype("<u4"))
-        if writer.keep_scalars:
-            for kind, scalars in (("dpv", part.point_scalars), ("dps", part.streamline_scalars)):
-                for key, values in scalars.items():
-                    values = np.ascontiguousarray(values, dtype="<f4")
-                    self._put(self._name(kind, key, values), values)
 
     def finish(self) -> None:
         writer = self.writer
+        self._settle()
+        self.side.shutdown()
         if writer.streamlines:
-            self._put("offsets.uint32", np.array([writer.points], "<u4"))
+            self._put([("offsets.uint32", np.array([writer.points], "<u4"))])
         if self.positions:
             self.zip.end()
         for handle in self.files.values():
@@ -501,6 +518,9 @@ class _TrxParts:
         shutil.rmtree(self.folder)
 
     def discard(self) -> None:
+        with contextlib.suppress(Exception):
+            self._settle()
+        self.side.shutdown()
         for handle in self.files.values():
             with contextlib.suppress(Exception):
                 handle.close()
