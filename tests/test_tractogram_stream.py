@@ -303,6 +303,40 @@ def test_parts_converted_in_one_kept_buffer_write_the_whole_file(tmp_path, suffi
     assert len({id(buffer) for buffer in buffers}) < len(bounds) - 1  # kept across parts, new only to grow
 
 
+@pytest.mark.parametrize("suffix", [".trk", ".tck", ".trx"])
+def test_a_part_of_empty_streamlines_only_is_written_as_the_whole_file(tmp_path, suffix):
+    """Streamlines with no points (a part of nothing but them has no points at all) are kept in
+    place, as a whole-file write keeps them."""
+    tract = _random_tractogram(40, seed=8)
+    offsets = np.concatenate([tract.offsets[:14], [tract.offsets[13]] * 2, tract.offsets[14:]])
+    scalars = {k: np.insert(v, 13, [0.25, 0.5]).astype(np.float32) for k, v in tract.streamline_scalars.items()}
+    whole = Tractogram(tract.points, offsets, tract.affine, tract.dimensions, dict(tract.point_scalars), scalars)
+    save_tractogram(whole, tmp_path / f"whole{suffix}")
+    _stream(whole, tmp_path / f"streamed{suffix}", [0, 13, 15, 42])  # the middle part: the two empty ones
+    _same_file(tmp_path / f"whole{suffix}", tmp_path / f"streamed{suffix}")
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_trx_part_is_written_when_append_returns(tmp_path, background):
+    """Without the writer's thread, append returns once the part is in the file (its positions and
+    its other arrays, written side by side): the caller may then reuse its arrays. With the thread,
+    append only queues the part, which the caller must leave as it is until close."""
+    tract = _random_tractogram(200, seed=9)
+    save_tractogram(tract, tmp_path / "whole.trx")
+    writer = open_tractogram_writer(tmp_path / "streamed.trx", tract.affine, tract.dimensions, background=background)
+    with writer:
+        for a, b in ((0, 120), (120, 200)):
+            part = tract.subset(np.arange(a, b))
+            part = Tractogram(part.points, part.offsets, part.affine, part.dimensions,
+                              {k: v.copy() for k, v in part.point_scalars.items()},
+                              {k: v.copy() for k, v in part.streamline_scalars.items()})  # fmt: skip
+            writer.append(part)
+            if not background:
+                for values in (*part.point_scalars.values(), *part.streamline_scalars.values()):
+                    values[...] = -1.0
+    _same_file(tmp_path / "whole.trx", tmp_path / "streamed.trx")
+
+
 def test_arrays_copied_into_the_trx_at_close_in_small_blocks_keep_every_byte(tmp_path, monkeypatch):
     """At close a .trx's offsets and scalars are copied into it: by the kernel, or, where it
     refuses, block by block through one buffer: with blocks of 7 bytes (most arrays end in a

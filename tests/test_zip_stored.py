@@ -185,3 +185,24 @@ def test_a_streamed_trx_with_zip64_fields_loads_in_trx_python_and_here(tmp_path,
     mapped = open_trx_mm(path)
     assert np.allclose(mapped.points, world, atol=1e-4) and np.array_equal(mapped.offsets, offsets)
     assert np.array_equal(mapped.point_scalars["fa"], tract.point_scalars["fa"])
+
+
+def test_names_beyond_ascii_are_utf8_and_say_so(tmp_path):
+    """A scalar's name may hold any character: written as UTF-8 with the flag that says so (as
+    zipfile does), plain ASCII names without it."""
+    source = tmp_path / "side"
+    source.write_bytes(b"\x01\x02")
+    zip_ = StoredZip(tmp_path / "a.zip")
+    zip_.add("dpv/größe.float32", b"abc")
+    zip_.copy("dps/länge.float32", source, zlib.crc32(b"\x01\x02"))
+    zip_.begin("positions.3.float32")
+    zip_.write(np.zeros((0, 3), np.float32).data)  # a part with streamlines but no points
+    zip_.end()
+    zip_.close()
+    with zipfile.ZipFile(tmp_path / "a.zip") as z:
+        assert z.testzip() is None
+        assert z.namelist() == ["dpv/größe.float32", "dps/länge.float32", "positions.3.float32"]
+        assert [info.flag_bits & 0x800 for info in z.infolist()] == [0x800, 0x800, 0]
+        assert z.read("dpv/größe.float32") == b"abc" and z.read("positions.3.float32") == b""
+    raw = (tmp_path / "a.zip").read_bytes()
+    assert raw[6:8] == (0x800).to_bytes(2, "little")  # the local header says it too

@@ -50,6 +50,7 @@ _WIDE, _MANY = 0xFFFFFFFF, 0xFFFF  # "see the ZIP64 field"
 _VERSION_ZIP64, _VERSION_PLAIN = 45, 20
 _MADE_BY_UNIX = 3 << 8
 _FILE_MODE = 0o100644 << 16  # a regular file, rw-r--r--, in the Unix external attributes
+_UTF8_NAME = 0x0800  # general purpose flag bit 11: the name is UTF-8 (set only where it is not ASCII)
 # The largest write Linux does in one call.
 _MOST_PER_WRITE = 0x7FFFF000
 # Block size of copying a file in where the kernel does not.
@@ -84,7 +85,8 @@ class StoredZip:
     descriptor and its end so far, for :func:`os.posix_fadvise` and the like."""
 
     def __init__(self, path: str | os.PathLike):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0), 0o644)
+        self._file = open(path, "wb", buffering=0)  # closed with the object if it is dropped unclosed
+        self._fd = self._file.fileno()
         self._end = 0
         self._time = _dos_time(time.time())
         self._members: list[tuple[bytes, int, int, int, bool]] = []  # name, offset, size, crc, zip64 local
@@ -111,7 +113,7 @@ class StoredZip:
         sizes = _WIDE if zip64 else size
         extra = struct.pack("<HHQQ", _ZIP64_EXTRA, 16, size, size) if zip64 else b""
         version = _VERSION_ZIP64 if zip64 else _VERSION_PLAIN
-        fields = (0x04034B50, version, 0, 0, *self._time, crc, sizes, sizes, len(name), len(extra))
+        fields = (0x04034B50, version, _flags(name), 0, *self._time, crc, sizes, sizes, len(name), len(extra))
         return _LOCAL.pack(*fields) + name + extra
 
     def _check_free(self, name: str) -> bytes:
@@ -119,7 +121,7 @@ class StoredZip:
             raise ValueError("the zip is closed")
         if self._open is not None:
             raise ValueError(f"{name}: the member {self._open[0].decode()!r} is still open")
-        return name.encode("ascii")
+        return name.encode("utf-8")
 
     def add(self, name: str, data: bytes) -> None:
         """A member whose bytes are all here."""
@@ -184,7 +186,7 @@ class StoredZip:
         size32, start32 = (_WIDE if v >= LIMIT else v for v in (size, start))
         self._append(_END.pack(0x06054B50, 0, 0, counted, counted, size32, start32, 0))
         self._closed = True
-        os.close(self._fd)
+        self._file.close()
 
     def _central(self, name: bytes, offset: int, size: int, crc: int, zip64_local: bool) -> bytes:
         wide = [value for value in (size, size, offset) if value >= LIMIT]
@@ -192,7 +194,7 @@ class StoredZip:
         version = _VERSION_ZIP64 if wide or zip64_local else _VERSION_PLAIN
         size32, offset32 = (_WIDE if v >= LIMIT else v for v in (size, offset))
         return _CENTRAL.pack(
-            0x02014B50, _MADE_BY_UNIX | version, version, 0, 0, *self._time, crc, size32, size32,
+            0x02014B50, _MADE_BY_UNIX | version, version, _flags(name), 0, *self._time, crc, size32, size32,
             len(name), len(extra), 0, 0, 0, _FILE_MODE, offset32,
         ) + name + extra  # fmt: skip
 
@@ -201,12 +203,19 @@ class StoredZip:
         if not self._closed:
             self._closed = True
             with contextlib.suppress(OSError):
-                os.close(self._fd)
+                self._file.close()
+
+
+def _flags(name: bytes) -> int:
+    return 0 if name.isascii() else _UTF8_NAME
 
 
 def _write_all(fd: int, data, offset: int) -> None:
     """All of ``data`` into ``fd`` at ``offset`` (``pwrite``; a seek and a write where there is none)."""
-    view = memoryview(data).cast("B")
+    view = memoryview(data)
+    if not view.nbytes:  # (also: a view with a zero in its shape cannot be cast to bytes)
+        return
+    view = view.cast("B")
     while view:
         chunk = view[:_MOST_PER_WRITE]
         if hasattr(os, "pwrite"):

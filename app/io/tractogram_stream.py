@@ -5,15 +5,15 @@ the end needs a server's memory. :func:`open_tractogram_writer` gives a writer t
 :class:`~app.model.Tractogram` part at a time (voxel coordinates of the grid given at open;
 the same scalar names in every part) and writes it at once:
 
-- ``.trk`` and ``.tck``: each part goes through nibabel's own writer into a buffer; its
-  streamline records are appended to the file and the header (streamline count; a .tck's
-  content timestamp) is written at close, so the file has the same bytes as
-  :func:`~app.io.tractogram.save_tractogram` of the whole. A .tck's scalars grow in their side
-  files (``.tsf`` per point, text per streamline; :mod:`.tractogram_tsf`) beside it.
+- ``.trk`` and ``.tck`` (:mod:`.tractogram_stream_nib`): each part goes through nibabel's own
+  writer into a buffer; its streamline records are appended to the file and the header
+  (streamline count; a .tck's content timestamp) is written at close, so the file has the same
+  bytes as :func:`~app.io.tractogram.save_tractogram` of the whole. A .tck's scalars grow in
+  their side files (``.tsf`` per point, text per streamline; :mod:`.tractogram_tsf`) beside it.
 - ``.trx``: trx-python's uncompressed layout (``positions.3.float32``, ``offsets.uint32``,
-  ``dpv/``, ``dps/``, ``header.json``, ZIP_STORED members): the positions are written straight
-  into their member of the zip, the other arrays grow beside it and are copied in at close; the
-  members are byte for byte those of ``save_tractogram``. Positions may be float16
+  ``dpv/``, ``dps/``, ``header.json``, STORED members, :mod:`._zip_stored`): the positions are
+  written straight into their member of the zip, the other arrays grow beside it and are copied
+  in at close; the members are byte for byte those of ``save_tractogram``. Positions may be float16
   (``positions_dtype``), which halves the file (about 0.01 mm error at 100 mm).
 
 With ``background=True`` the parts are written by the writer's own thread while the caller
@@ -38,13 +38,10 @@ import shutil
 import sys
 import threading
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-import nibabel as nib
 import numpy as np
-from nibabel.streamlines.trk import header_2_dtype as TRK_FIELDS
 
 from ..model import Tractogram
 from ._atomic import atomic_path, save_error
@@ -52,13 +49,10 @@ from ._zip_stored import StoredZip, crc32
 from .tractogram import (
     _suffix,
     check_output_suffix,
-    nib_tractogram_mm,
-    tck_scalar_columns,
-    trk_header,
     trx_reference,
 )
 from .tractogram_points import points_world_float32
-from .tractogram_tsf import EMPTY_TIMESTAMP, content_timestamp, points_crc, sidecar_paths, tsf_body, tsf_header
+from .tractogram_stream_nib import NibabelParts
 
 __all__ = ["POSITION_DTYPES", "QUEUED_POINTS", "TractogramWriter", "open_tractogram_writer"]
 
@@ -131,7 +125,7 @@ class TractogramWriter:
         self._worker: threading.Thread | None = None
         self._failure: BaseException | None = None
         try:
-            self._format = (_TrxParts if self.suffix == ".trx" else _NibabelParts)(self)
+            self._format = (_TrxParts if self.suffix == ".trx" else NibabelParts)(self)
         except BaseException:
             self.abort()
             raise
@@ -314,112 +308,6 @@ def open_tractogram_writer(
     )
 
 
-class _NibabelParts:
-    """.trk/.tck: nibabel writes each part into a buffer; its records go to the file."""
-
-    def __init__(self, writer: TractogramWriter):
-        self.writer = writer
-        self.trk = writer.suffix == ".trk"
-        header = trk_header(writer.affine, writer.dimensions) if self.trk else {"timestamp": EMPTY_TIMESTAMP}
-        self.kwargs = {"header": header}
-        self.crc = 0  # .tck: of the positions, for the content timestamp
-        self.sidecars: dict[str, tuple] = {}  # .tck: name -> (open file, kind) of the scalars' side files
-        self.empty = self._encode(np.zeros((0, 3), np.float32), np.zeros(1, np.int64), {}, {})
-        # .tck: header, records, then an end marker (a row of inf); .trk: header, records
-        self.header_size = TRK_FIELDS.itemsize if self.trk else len(self.empty) - self._tail
-        self.header = self.empty[: self.header_size]
-        self.file = open(writer.tmp, "wb")
-        self.file.write(bytes(self.header_size))
-
-    @property
-    def _tail(self) -> int:
-        return 0 if self.trk else nib.streamlines.TckFile.EOF_DELIMITER.nbytes
-
-    def _encode(self, points_mm, offsets, point_scalars, streamline_scalars) -> bytes:
-        tract = nib_tractogram_mm(points_mm, offsets, point_scalars, streamline_scalars)
-        buffer = io.BytesIO()
-        cls = nib.streamlines.TrkFile if self.trk else nib.streamlines.TckFile
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cls(tract, **self.kwargs).save(buffer)
-        return buffer.getvalue()
-
-    def append(self, part: Tractogram) -> None:
-        keep = self.writer.keep_scalars and self.trk
-        world = self.writer.world_of(part)
-        data = self._encode(
-            world,
-            part.offsets,
-            part.point_scalars if keep else {},
-            part.streamline_scalars if keep else {},
-        )
-        if not self.trk:
-            self.crc = points_crc(world, self.crc)
-            if self.writer.keep_scalars:
-                self._append_sidecars(part)
-        if self.writer.streamlines == 0 and self.trk:
-            self.header = data[: self.header_size]  # the scalar and property names of the parts
-        self.file.write(memoryview(data)[self.header_size : len(data) - self._tail])
-
-    def _append_sidecars(self, part: Tractogram) -> None:
-        """A part's scalars appended to their .tsf / text files (opened at the first part)."""
-        point = tck_scalar_columns(part.point_scalars)
-        streamline = tck_scalar_columns(part.streamline_scalars)
-        if not self.sidecars:
-            for name, path in sidecar_paths(self.writer.path, point, streamline).items():
-                tmp = self.writer._stack.enter_context(atomic_path(path))
-                handle = self.writer._stack.enter_context(open(tmp, "wb"))
-                kind = "tsf" if name in point else "txt"
-                if kind == "tsf":
-                    handle.write(tsf_header(0, EMPTY_TIMESTAMP))  # placeholder, rewritten at close
-                self.sidecars[name] = (handle, kind)
-        offsets = np.asarray(part.offsets) - part.offsets[0]
-        for name, values in point.items():
-            self.sidecars[name][0].write(tsf_body(values, offsets, last=False))
-        for name, values in streamline.items():
-            self.sidecars[name][0].write(b"".join(b"%.9g\n" % v for v in np.asarray(values, np.float64)))
-
-    def _finish_sidecars(self, count: int, timestamp: str) -> None:
-        for handle, kind in self.sidecars.values():
-            if kind == "tsf":
-                handle.write(np.array([np.inf], "<f4").tobytes())
-                handle.seek(0)
-                handle.write(tsf_header(count, timestamp))
-            handle.flush()
-
-    def finish(self) -> None:
-        count = self.writer.streamlines
-        if not self.trk:
-            timestamp = content_timestamp(count, self.crc)
-            self._finish_sidecars(count, timestamp)
-            if count:
-                self.header = self.header.replace(
-                    b"timestamp: " + EMPTY_TIMESTAMP.encode(), b"timestamp: " + timestamp.encode()
-                )
-        if count == 0:
-            self.file.seek(0)
-            self.file.truncate()
-            self.file.write(self.empty)
-        else:
-            self.file.write(self.empty[len(self.empty) - self._tail :])
-            self.file.seek(0)
-            self.file.write(self._header_with(count))
-        self.file.close()
-
-    def _header_with(self, count: int) -> bytes:
-        if self.trk:
-            header = np.frombuffer(self.header, dtype=TRK_FIELDS).copy()
-            header[nib.streamlines.Field.NB_STREAMLINES] = count
-            return header.tobytes()
-        old, new = b"count: %010d" % 0, b"count: %010d" % count
-        if len(new) != len(old) or self.header.count(old) != 1:
-            raise ValueError(f"{self.writer.path}: too many streamlines for a .tck header ({count})")
-        return self.header.replace(old, new)
-
-    def discard(self) -> None:
-        self.file.close()
-
-
 class _TrxParts:
     """.trx: trx-python's uncompressed layout (STORED members) written as it grows.
 
@@ -430,20 +318,24 @@ class _TrxParts:
     once, at the disk's speed, instead of to a folder and again into the zip in small blocks
     (trx-python's ``zip_from_folder``), and the other arrays are never read back. A part's other
     arrays are written by a thread of their own while its positions go into the zip (other
-    files: the system writes them side by side); the next part waits for them, so at most one
-    part's arrays are held beyond the writer's queue."""
+    files: the system writes them side by side); :meth:`append` returns once both are written,
+    so the caller may change its arrays then, as with the other formats."""
 
     def __init__(self, writer: TractogramWriter):
         from trx.utils import get_reference_info_wrapper
 
         self.writer = writer
-        self.folder = writer.tmp.with_name(writer.tmp.name + ".parts")
-        self.folder.mkdir()
         affine, dimensions, _, _ = get_reference_info_wrapper(trx_reference(writer.affine, writer.dimensions))
         self.header = {"DIMENSIONS": dimensions, "VOXEL_TO_RASMM": affine}
         self.files: dict[str, io.BufferedWriter] = {}
         self.crcs: dict[str, int] = {}  # of each file's bytes so far
         self.zip = StoredZip(writer.tmp)
+        self.folder = writer.tmp.with_name(writer.tmp.name + ".parts")
+        try:
+            self.folder.mkdir()
+        except BaseException:
+            self.zip.discard()
+            raise
         self.side = ThreadPoolExecutor(1, thread_name_prefix="trx arrays")
         self.pending: Future | None = None  # the last part's other arrays, being written
         self.positions = False  # whether the member is begun; none in an empty tractogram (as trx-python)
@@ -475,7 +367,7 @@ class _TrxParts:
     def append(self, part: Tractogram) -> None:
         writer = self.writer
         starts = part.offsets[:-1] + writer.points
-        if starts[-1] > np.iinfo(np.uint32).max:
+        if part.offsets[-1] + writer.points > np.iinfo(np.uint32).max:  # the last offset is the point count
             raise ValueError(f"{writer.path}: more than 2^32 points do not fit trx-python's uint32 offsets")
         positions = writer.world_of(part).astype(writer.positions_dtype, copy=False)
         positions = np.ascontiguousarray(positions.astype(positions.dtype.newbyteorder("<"), copy=False))
@@ -485,13 +377,13 @@ class _TrxParts:
                 for key, values in scalars.items():
                     values = np.ascontiguousarray(values, dtype="<f4")
                     arrays.append((self._name(kind, key, values), values))
-        self._settle()
         self.pending = self.side.submit(self._put, arrays)
         if not self.positions:
             self.zip.begin(f"positions.3.{positions.dtype.name}")
             self.positions = True
         self.zip.write(positions.data)
         self.written_back = _start_writeback(self.zip, self.written_back)
+        self._settle()
 
     def finish(self) -> None:
         writer = self.writer
