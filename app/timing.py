@@ -77,6 +77,7 @@ class PhaseRecorder:
             self._device_peak: dict[str, int] = {}
             self._details: dict[str, dict[str, float]] = {}
             self._started = time.perf_counter()
+            self._cpu_started = time.process_time()
         self._local = threading.local()
 
     def _stack(self) -> list[list]:
@@ -129,11 +130,14 @@ class PhaseRecorder:
 
     def snapshot(self) -> dict:
         """The totals so far: ``phases_s`` (exclusive seconds per phase), ``calls``, ``total_s``
-        (since :meth:`reset`), ``unattributed_s`` (total minus the phases), the peak host RSS and
-        device-pool bytes at the end of each phase and overall (``None`` where not measured)."""
+        (since :meth:`reset`), ``unattributed_s`` (total minus the phases), ``cpu_s`` (the CPU
+        seconds of the whole process since then, all its threads, user and system: with
+        ``total_s``, how many cores the work kept busy), the peak host RSS and device-pool bytes at
+        the end of each phase and overall (``None`` where not measured)."""
         host, device = host_peak_rss_bytes(), device_pool_bytes()
         with self._lock:
             total = time.perf_counter() - self._started
+            cpu = time.process_time() - self._cpu_started
             phases = dict(self._seconds)
             device_peaks = dict(self._device_peak)
             details = {k: {s: round(v, 6) for s, v in d.items()} for k, d in self._details.items()}
@@ -144,6 +148,7 @@ class PhaseRecorder:
                 "calls": dict(self._counts),
                 "total_s": round(total, 6),
                 "unattributed_s": round(max(0.0, total - sum(phases.values())), 6),
+                "cpu_s": round(cpu, 6),
                 "host_peak_rss_bytes": host,
                 "host_peak_rss_bytes_by_phase": dict(self._host_peak),
                 "device_pool_peak_bytes": max(device_peaks.values()) if device_peaks else None,

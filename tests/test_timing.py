@@ -92,6 +92,24 @@ def test_reset_forgets_everything():
     assert snap["phases_s"] == {} and snap["calls"] == {}
 
 
+def test_cpu_seconds_count_every_thread_of_the_process_since_reset():
+    """``cpu_s`` is the process's CPU time since the reset, a writer thread's work included: a
+    thread that has itself used 0.2 s of CPU makes it at least that; a reset starts it again."""
+    rec = PhaseRecorder()
+
+    def busy() -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < 0.2:
+            sum(range(1000))
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    worker.join()
+    assert rec.snapshot()["cpu_s"] >= 0.2
+    rec.reset()
+    assert 0.0 <= rec.snapshot()["cpu_s"] < 0.1
+
+
 def test_details_add_up_per_name_beside_the_phases():
     rec = PhaseRecorder()
     rec.detail("tractogram_writer", {"world": 1.0, "flush": 0.5})

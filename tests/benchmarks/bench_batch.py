@@ -157,7 +157,7 @@ def task_row(entry: dict) -> dict:
             "seconds": entry.get("seconds"),
             "command_s": timing.get("command_s"), "move_s": timing.get("move_s"), "clean_s": timing.get("clean_s"),
             "phases_s": phases.get("phases_s", {}), "unattributed_s": phases.get("unattributed_s"),
-            "host_peak_rss_bytes": phases.get("host_peak_rss_bytes"),
+            "host_peak_rss_bytes": phases.get("host_peak_rss_bytes"), "cpu_s": phases.get("cpu_s"),
             "writer_s": (phases.get("details_s") or {}).get("tractogram_writer", {})}  # fmt: skip
 
 
@@ -181,6 +181,7 @@ def per_step(tasks: list[dict]) -> dict:
             "move_s": mean([t["move_s"] for t in mine]),
             "phases_s": {p: mean([t["phases_s"].get(p) for t in mine]) for p in phases},
             "unattributed_s": mean([t["unattributed_s"] for t in mine]),
+            "cpu_s": mean([t.get("cpu_s") for t in mine]),  # the worker's CPU seconds in the command
             "writer_s": {
                 k: mean([t.get("writer_s", {}).get(k) for t in mine])
                 for k in sorted({k for t in mine for k in t.get("writer_s", {})})
@@ -315,13 +316,13 @@ def markdown(results: dict) -> str:
             continue
         lines += ["", f"{row['engine']}: seconds per subject-step (mean over subjects; the command's own phases)", "",
                   "| step | subject | command | read | compute | write | other in command | move into place "
-                  "| per GPU |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| CPU s (all threads) | per GPU |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for step, r in steps.items():
             ph = r["phases_s"]
             gpus = ", ".join(f"{g}: {v}" for g, v in r["per_gpu_seconds"].items())
             lines.append(f"| {step} | {r['seconds']} | {r['command_s']} | {ph.get('read', '')} | "
                          f"{ph.get('compute', '')} | {ph.get('write', '')} | {r['unattributed_s']} | {r['move_s']} "
-                         f"| {gpus} |")  # fmt: skip
+                         f"| {r.get('cpu_s') if r.get('cpu_s') is not None else ''} | {gpus} |")  # fmt: skip
         writers = {step: r["writer_s"] for step, r in steps.items() if r.get("writer_s")}
         if writers:  # the tractogram writer's thread: its stages overlap the phases above
             lines += ["", "Tractogram writer's thread, seconds per subject-step (points to RAS mm; into the file; "
