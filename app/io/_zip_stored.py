@@ -6,8 +6,8 @@ member that comes from another file through user space. A whole-brain .trx is 5 
 written while the GPU tracks the next batch; the writer's thread is the tracking step's
 longest part in a cohort. This writer is the same format with three differences:
 
-- the CRC is ISA-L's (:mod:`isal.isal_zlib`, the ``fast-io`` extra; six times zlib's speed)
-  where it is installed, else zlib's;
+- the CRC is ISA-L's (:mod:`isal.isal_zlib`, the ``fast-io`` extra; three to six times zlib's
+  speed on the machines measured) where it is installed, else zlib's;
 - a member whose bytes already lie in a file (:meth:`StoredZip.copy`) is copied by the kernel
   (``copy_file_range``; a read/write loop where the call is missing or refused), its CRC given
   by whoever wrote the file: nothing reads it back;
