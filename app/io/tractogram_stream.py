@@ -337,7 +337,7 @@ class _TrxParts:
             self.zip.discard()
             raise
         self.side = ThreadPoolExecutor(1, thread_name_prefix="trx arrays")
-        self.pending: Future | None = None  # the last part's other arrays, being written
+        self.pending: Future | None = None  # the part's other arrays, being written beside its positions
         self.positions = False  # whether the member is begun; none in an empty tractogram (as trx-python)
         self.written_back = 0  # the zip's bytes whose writing to the disk has been started
 
@@ -353,7 +353,7 @@ class _TrxParts:
             self.crcs[name] = crc32(values.data, self.crcs.get(name, 0))
 
     def _settle(self) -> None:
-        """Wait for the last part's other arrays (their failure raised here)."""
+        """Wait for the part's other arrays (their failure raised here)."""
         pending, self.pending = self.pending, None
         if pending is not None:
             pending.result()
