@@ -80,8 +80,28 @@ def brain_mask_from_b0(mean_b0: np.ndarray, median_passes: int = 2) -> np.ndarra
         sizes = ndimage.sum_labels(mask, labels, index=np.arange(1, count + 1))
         mask = labels == (int(np.argmax(sizes)) + 1)
     for axis in range(3):
-        for i in range(mask.shape[axis]):
-            index = [slice(None)] * 3
-            index[axis] = i
-            mask[tuple(index)] = ndimage.binary_fill_holes(mask[tuple(index)])
+        mask = fill_holes_in_slices(mask, axis)
     return ndimage.binary_fill_holes(mask)
+
+
+def fill_holes_in_slices(mask: np.ndarray, axis: int) -> np.ndarray:
+    """``scipy.ndimage.binary_fill_holes`` of every 2-D slice of ``mask`` across ``axis``, in one
+    pass over the volume instead of one call per slice: the background's 4-connected pieces of
+    each slice (one 3-D labelling whose structure joins nothing across the axis) that touch no
+    edge of their slice are holes. The same mask to the voxel as the slice-by-slice calls."""
+    from scipy import ndimage
+
+    mask = np.asarray(mask, dtype=bool)
+    structure = np.zeros((3, 3, 3), bool)
+    plane = [slice(None)] * 3
+    plane[axis] = 1
+    structure[tuple(plane)] = ndimage.generate_binary_structure(2, 1)
+    labels, count = ndimage.label(~mask, structure=structure)
+    outside = np.zeros(count + 1, bool)
+    outside[0] = True  # the mask itself
+    for edge_axis in (a for a in range(3) if a != axis):
+        for end in (0, -1):
+            edge = [slice(None)] * 3
+            edge[edge_axis] = end
+            outside[labels[tuple(edge)]] = True
+    return mask | ~outside[labels]
