@@ -128,6 +128,16 @@ def test_nan_voxels_load_with_a_warning(tmp_path, dwi_copy):
     save_volume(data, img.affine, tmp_path / "nan.nii.gz")
     dwi = load_dwi(tmp_path / "nan.nii.gz", dwi_copy / "dwi.bval", dwi_copy / "dwi.bvec")
     assert any("2 voxel(s) contain NaN or Inf" in w for w in dwi.warnings)
+    assert dwi.nonfinite_voxels == 2
+    # the mean b=0 treats them as 0, whether the reading counted them or not
+    b0 = np.where(np.isfinite(data), data, 0)[..., dwi.b0_mask]
+    np.testing.assert_array_equal(dwi.mean_b0(), b0.mean(axis=-1))
+    dwi.nonfinite_voxels = None
+    np.testing.assert_array_equal(dwi.mean_b0(), b0.mean(axis=-1))
+    # counted clean: the same mean without the cleaning passes
+    clean = load_dwi(dwi_copy / "dwi.nii.gz", dwi_copy / "dwi.bval", dwi_copy / "dwi.bvec")
+    assert clean.nonfinite_voxels == 0
+    np.testing.assert_array_equal(clean.mean_b0(), np.nan_to_num(clean.data[..., clean.b0_mask]).mean(axis=-1))
 
 
 def test_masks_are_checked_against_the_grid(tmp_path, demo_dir):

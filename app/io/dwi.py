@@ -67,7 +67,9 @@ class DWI:
     def mean_b0(self) -> np.ndarray:
         """Mean of the b=0 volumes, NaN/Inf treated as 0."""
         b0 = self.data[..., self.b0_mask]
-        return np.nan_to_num(b0, nan=0.0, posinf=0.0, neginf=0.0).mean(axis=-1)
+        if self.nonfinite_voxels != 0:  # not counted, or some: three passes to clean them
+            b0 = np.nan_to_num(b0, nan=0.0, posinf=0.0, neginf=0.0)
+        return b0.mean(axis=-1)
 
     def as_volume(self) -> Volume:
         return Volume(Path(self.path).name.split(".")[0] or "dwi", self.data, self.affine, kind="dwi", source=self.path)
