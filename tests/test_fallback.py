@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from tractlens.app import masking
 from tractlens.app.pipelines import _fallback
-from tractlens.gpu import deterministic, engines, geodesic, geodesic_field, geodesic_params
+from tractlens.gpu import deterministic, engines, filters, geodesic, geodesic_field, geodesic_params
 from tractlens.gpu.backend import Backend, OutOfDeviceMemory, get_backend
 
 
@@ -38,6 +39,14 @@ def fake_gpu(monkeypatch):
         return real(device)
 
     monkeypatch.setattr(_fallback, "get_backend", resolve)
+
+    def median(image, passes, backend):  # the brain mask's filter, computed on the host
+        assert backend is FAKE_GPU
+        for _ in range(passes):
+            image = masking.median3(image)
+        return image
+
+    monkeypatch.setattr(filters, "median3_passes", median)
     # ``auto``'s device choice sees a ready GPU and no cost model: the GPU, as before the rule.
     monkeypatch.setattr(engines, "gpu_state", lambda: engines.GpuState(imported=True, warmed=True))
     monkeypatch.setattr(engines, "DEFAULT_COSTS", engines.CostModel(methods={}))
@@ -248,3 +257,30 @@ def test_gpu_deterministic_tracking_with_a_capped_pool_finishes(demo_field, demo
     np.testing.assert_array_equal(fallback.tractogram.points, cpu.tractogram.points)
     assert fallback.provenance["backend"] == "gpu then cpu"
     assert len(free.tractogram) == len(cpu.tractogram)
+
+
+def test_the_brain_masks_median_falls_back_to_the_cpu_or_reports(demo_dir, fake_gpu, monkeypatch):
+    """The automatic mask's median filter goes to the GPU where the fit would; out of memory
+    there, ``auto`` filters on the CPU (the same mask, a note) and ``gpu`` reports it."""
+    import tractlens.app.pipelines.dti as dti_pipeline
+    from tractlens.app.io import load_dwi
+
+    dwi = load_dwi(demo_dir / "dwi.nii.gz")
+    reference, _ = dti_pipeline.resolve_mask(dwi, None, "cpu")
+    calls = []
+
+    def median(image, passes, backend):
+        calls.append(backend)
+        raise OutOfDeviceMemory("Stand-in GPU ran out of memory for the median")
+
+    monkeypatch.setattr(filters, "median3_passes", median)
+    assert dti_pipeline.mask_device(dwi, "cpu") is None and dti_pipeline.mask_device(dwi, "auto") == "auto"
+    notes: list[str] = []
+    mask, source = dti_pipeline.resolve_mask(dwi, None, "auto", notes)
+    assert calls == [FAKE_GPU]
+    np.testing.assert_array_equal(mask, reference)
+    assert source.startswith("computed from b=0")
+    assert len(notes) == 1 and "the brain mask's median filter" in notes[0] and "on the CPU instead" in notes[0]
+    with pytest.raises(OutOfDeviceMemory):
+        dti_pipeline.resolve_mask(dwi, None, "gpu", [])
+    assert calls == [FAKE_GPU, FAKE_GPU]

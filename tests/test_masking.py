@@ -85,3 +85,46 @@ def test_a_hole_inside_a_slice_is_filled_and_a_notch_open_to_its_outside_is_not(
     assert filled[1, 4, 4] and not filled[1, 4, 6]
     across = masking.fill_holes_in_slices(mask, axis=1)  # in the slices across axis 1 it is open
     assert not across[1, 4, 4]
+
+
+def test_a_cpu_backend_filters_on_the_host(monkeypatch):
+    from tractlens.gpu import filters
+    from tractlens.gpu.backend import get_backend
+
+    cpu = get_backend("cpu")
+    b0 = np.random.default_rng(3).random((12, 13, 20)).astype(np.float32)
+    with pytest.raises(ValueError, match="GPU backend"):
+        filters.median3_passes(b0, 2, cpu)
+    monkeypatch.setattr(filters, "median3_passes", lambda *a: pytest.fail("the GPU's filter was called"))
+    np.testing.assert_array_equal(masking.brain_mask_from_b0(b0, backend=cpu), masking.brain_mask_from_b0(b0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(145, 174, 145), (20, 17, 64), (6, 5, 7), (1, 9, 4)])
+def test_the_gpu_median_is_scipys_to_the_bit(shape):
+    """Two passes of the 3x3x3 median on the GPU equal SciPy's on the host (a median selects a
+    value; the edges are reflected alike), ties and zeros included."""
+    from tractlens.gpu.backend import get_backend
+    from tractlens.gpu.filters import median3_passes
+
+    rng = np.random.default_rng(sum(shape))
+    image = (rng.random(shape) * 1000).astype(np.float32)
+    image[rng.random(shape) < 0.2] = 0.0
+    image[rng.random(shape) < 0.1] = 500.0
+    expected = ndimage.median_filter(ndimage.median_filter(image, size=3), size=3)
+    got = median3_passes(image, 2, get_backend("gpu"))
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.gpu
+def test_the_automatic_mask_is_the_same_on_the_gpu(demo_dir):
+    from tractlens.app.io import load_dwi
+    from tractlens.app.pipelines.dti import resolve_mask
+
+    dwi = load_dwi(demo_dir / "dwi.nii.gz")
+    on_cpu, _ = resolve_mask(dwi, None, "cpu")
+    notes: list[str] = []
+    on_gpu, _ = resolve_mask(dwi, None, "gpu", notes)
+    np.testing.assert_array_equal(on_gpu, on_cpu)
+    assert notes == [] and on_cpu.any()

@@ -128,7 +128,7 @@ def fit_ballstick_pipeline(
     """Fit ball & sticks inside the mask (given array, file, or computed from b=0) of a loaded DWI."""
     params = params or BallStickParams(b0_threshold=dwi.b0_threshold)
     warnings = list(dwi.warnings)
-    mask, mask_source = choose_mask(dwi, mask, mask_path)
+    mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     dw = int(np.count_nonzero(dwi.bvals > params.b0_threshold))
     if dw < 2 + 3 * params.n_fibres:
         raise InputError(

@@ -190,7 +190,7 @@ def fit_csd_pipeline(
     so the window keeps them small enough for Cancel to answer within seconds."""
     params = params or CSDParams(b0_threshold=dwi.b0_threshold)
     warnings = list(dwi.warnings)
-    mask, mask_source = choose_mask(dwi, mask, mask_path)
+    mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     t0 = time.perf_counter()
     shells = find_shells(dwi.bvals, params.b0_threshold)
     if params.msmt and len(shells.weighted) < 2:

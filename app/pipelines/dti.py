@@ -189,12 +189,27 @@ def masked_signal(data: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return out.T
 
 
-def resolve_mask(dwi: DWI, mask_path: str | os.PathLike | None) -> tuple[np.ndarray, str]:
-    """The user's mask (checked against the DWI grid) or one computed from b=0."""
+def resolve_mask(
+    dwi: DWI, mask_path: str | os.PathLike | None, device="cpu", notes: list[str] | None = None
+) -> tuple[np.ndarray, str]:
+    """The user's mask (checked against the DWI grid) or one computed from b=0, its median filter
+    on the GPU where the fit's device would be the GPU for the whole volume (see
+    :func:`mask_device`); a GPU out of memory under ``"auto"`` adds a note to ``notes`` and
+    filters on the CPU (the same mask)."""
     if mask_path is not None:
         with phase("read"):
             return load_mask(mask_path, dwi.as_volume(), what="mask"), str(mask_path)
-    mask = brain_mask_from_b0(dwi.mean_b0())
+    mean_b0 = dwi.mean_b0()
+    on_gpu = mask_device(dwi, device)
+    if on_gpu is None:
+        mask = brain_mask_from_b0(mean_b0)
+    else:  # out of memory: "auto" (or a backend) filters on the CPU with a note, "gpu" reports it
+        mask = run_with_cpu_fallback(
+            lambda backend: brain_mask_from_b0(mean_b0, backend=backend),
+            on_gpu,
+            notes if notes is not None else [],
+            "the brain mask's median filter",
+        )
     if not mask.any():
         raise InputError(
             "no brain found in the b=0 image (the automatic mask is empty)",
@@ -204,10 +219,32 @@ def resolve_mask(dwi: DWI, mask_path: str | os.PathLike | None) -> tuple[np.ndar
     return mask, "computed from b=0 (median filter, Otsu threshold, largest component)"
 
 
-def choose_mask(dwi: DWI, mask: np.ndarray | None, mask_path: str | os.PathLike | None) -> tuple[np.ndarray, str]:
-    """The given mask array (checked), else :func:`resolve_mask`; with a note on its source."""
+def mask_device(dwi: DWI, device="cpu"):
+    """Where the automatic mask's median filter runs: None for the host, else the device to
+    resolve (``"auto"``, ``"gpu"`` or a backend).
+
+    ``"cpu"``: the host; ``"gpu"`` or a GPU backend: the GPU; ``"auto"``: the GPU when the cost
+    model would fit the whole volume's tensors there (a GPU usable and its start-up repaid),
+    which is the fit's own choice for any brain-sized mask."""
+    if isinstance(device, str) and device.lower() == "cpu":
+        return None
+    if device == "auto":
+        join_background_warmup()  # the choice sees the start-up paid in the background, as the fit's
+    choice = decide_device("fit-dti", dwi.data.size, requested=device)
+    return choice.argument if choice.device == "gpu" else None
+
+
+def choose_mask(
+    dwi: DWI,
+    mask: np.ndarray | None,
+    mask_path: str | os.PathLike | None,
+    device="cpu",
+    notes: list[str] | None = None,
+) -> tuple[np.ndarray, str]:
+    """The given mask array (checked), else :func:`resolve_mask` (on ``device``); with a note on
+    its source."""
     if mask is None:
-        return resolve_mask(dwi, mask_path)
+        return resolve_mask(dwi, mask_path, device, notes)
     mask = np.asarray(mask, dtype=bool)
     if mask.shape != dwi.shape3:
         raise InputError(
@@ -284,7 +321,7 @@ def fit_dti_pipeline(
     """
     params = params or DTIFitParams(b0_threshold=dwi.b0_threshold)
     warnings = list(dwi.warnings)
-    mask, mask_source = choose_mask(dwi, mask, mask_path)
+    mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     t0 = time.perf_counter()
     signal = masked_signal(dwi.data, mask)
     join_background_warmup()  # the device choice sees the start-up paid in the background

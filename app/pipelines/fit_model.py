@@ -199,7 +199,7 @@ def fit_model_pipeline(
     chosen = resolve_model(model, params)
     check_acquisition(chosen, dwi.bvals, params.b0_threshold, dwi.bval_path or dwi.path)
     warnings = list(dwi.warnings)
-    mask, mask_source = choose_mask(dwi, mask, mask_path)
+    mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     if not get_backend(device).is_gpu:
         note = cpu_time_note(chosen, int(mask.sum()), len(dwi.bvals), params.method)
         if note:
