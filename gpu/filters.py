@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import Backend
+from .backend import Backend, OutOfDeviceMemory
 
 
 def median3_passes(image: np.ndarray, passes: int, backend: Backend) -> np.ndarray:
@@ -22,8 +22,16 @@ def median3_passes(image: np.ndarray, passes: int, backend: Backend) -> np.ndarr
         raise ValueError("median3_passes runs on a GPU backend; the host's filter is app.masking.median3")
     from cupyx.scipy import ndimage
 
-    with backend.activate():
-        values = backend.asarray(np.ascontiguousarray(image))
-        for _ in range(passes):
-            values = ndimage.median_filter(values, size=3, mode="reflect")
-        return backend.to_host(values)
+    try:
+        with backend.activate():
+            values = backend.asarray(np.ascontiguousarray(image))
+            for _ in range(passes):
+                values = ndimage.median_filter(values, size=3, mode="reflect")
+            return backend.to_host(values)
+    except Exception as exc:
+        if not backend.is_out_of_memory(exc):
+            raise
+        raise OutOfDeviceMemory(
+            f"{backend.device_name} ran out of memory for the 3x3x3 median of a {'x'.join(map(str, image.shape))} "
+            f"image (about {3 * np.asarray(image).nbytes / 2**20:.1f} MiB needed)"
+        ) from exc
