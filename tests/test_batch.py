@@ -106,6 +106,8 @@ def test_first_run_does_every_subject_step_and_names_outputs_per_bids(first_run,
     _bids, _, derivatives = cohort
     assert {r["status"] for r in first_run.values()} == {"done"}
     assert len(first_run) == len(SUBJECTS) * len(PIPELINE)
+    # each step's outputs were flushed by its worker before the run reported (then the sidecars)
+    assert all(r["durable"] == "done" and r["timing"]["durable_s"] >= 0 for r in first_run.values())
     for subject in SUBJECTS:
         folder = derivatives / f"sub-{subject}" / "dwi"
         names = {p.name for p in outputs_of(folder)}

@@ -11,7 +11,9 @@ Input problems come back as
 results (a failed subject does not stop the others; its later steps are "not run"); other
 errors are retried by Dask (``retries``), and a task whose worker dies is rerun by the scheduler
 on another one (up to ``distributed.scheduler.allowed-failures`` deaths). On Ctrl+C every
-future is cancelled and the caller closes the cluster.
+future is cancelled and the caller closes the cluster. Before the results are given, every worker
+flushes the outputs of the steps it ran (:func:`settle_durability`): the sidecars that record a
+step as done are written only then.
 
 Progress: one line on stderr for the cohort (subject-steps done of subjects × steps) followed by
 the step progress of the running tasks, which the workers send as Dask events.
@@ -29,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from . import durable
 from .plan import Plan
 from .task import PROGRESS_TOPIC, run_step
 
@@ -175,12 +178,41 @@ def run_plan(
                 i = running.pop(future)
                 results[i] = _collect(plan, i, future, results)
                 resolved(i)
+        settle_durability(client, results)
     except BaseException:  # Ctrl+C above all: nothing more starts; the caller closes the cluster
         client.cancel(list(running), force=True)
         raise
     finally:
         client.unsubscribe_topic(PROGRESS_TOPIC)
     return results
+
+
+def settle_durability(client, results: list) -> None:
+    """Wait until every worker has flushed its steps' outputs and written their sidecars
+    (:func:`.durable.drain`); each such result gets the flush's seconds (``timing.durable_s``),
+    or, where it failed or its worker is gone, becomes a failure: its outputs are in place but
+    not recorded as done, so the next run does the step again."""
+    pending = {r["step"] + "/" + r["subject"]: r for r in results if r and r.get("durable") == "pending"}
+    if not pending:
+        return
+    reports = client.run(durable.drain)
+    for report in (entry for worker in reports.values() for entry in worker):
+        r = pending.pop(report["key"], None)
+        if r is None:
+            continue
+        if "error" in report:
+            r.update(
+                status="failed",
+                durable="failed",
+                reason=f"its outputs could not be flushed to the disk: {report['error']}",
+            )
+        else:
+            r["durable"] = "done"
+            r.setdefault("timing", {})["durable_s"] = report["seconds"]
+    for r in pending.values():  # its worker stopped before it flushed them
+        r.update(
+            status="failed", durable="lost", reason="its worker stopped before the outputs were flushed to the disk"
+        )
 
 
 def _blocked(job, upstream: list[dict]) -> dict:

@@ -5,8 +5,10 @@ The command runs in the worker process through the ``tractlens`` parser, exactly
 (:func:`.steps.step_argv`), with its ``--json`` summary captured for the sidecars and its
 progress passed to the cohort display as Dask events (topic :data:`PROGRESS_TOPIC`). Outputs
 appear under their final names only by rename, one complete file (or folder) at a time, and
-the sidecars come last: a worker killed at any point leaves either the previous outputs, or
-outputs without sidecars (which the next run redoes), never half a file.
+the sidecars come last, once the outputs are flushed to the disk (on the worker's flushing
+thread, :mod:`.durable`, while the next step runs): a worker killed or a power cut at any point
+leaves either the previous outputs, or outputs without sidecars (which the next run redoes),
+never half a file under a sidecar.
 
 A problem with a subject's input (:class:`InputError`, as the command reports it) is returned
 as a failure, not raised: Dask would retry it for nothing. Anything else is raised, so Dask
@@ -34,8 +36,9 @@ from .. import __version__
 from ..cli._common import relay_progress
 from ..cli.parser import build_command_parser
 from ..errors import InputError
-from ..io._atomic import write_text_atomic
+from ..io._atomic import durability_deferred, fsync_path, write_text_atomic
 from ..timing import recorder
+from . import durable
 from .naming import sidecar_of
 from .provenance import fingerprint, is_done, normalised, previous_outputs
 from .steps import OUTPUT, STEPS, step_parameters
@@ -94,7 +97,8 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
         stage.mkdir(parents=True)
         began = time.perf_counter()
         try:
-            summary = _run_command(job, stage)
+            with durability_deferred():  # flushed by the worker's flushing thread (see .durable)
+                summary = _run_command(job, stage)
         except InputError as exc:
             return result(job, "failed", start, reason=str(exc))
         seconds = time.perf_counter() - start
@@ -109,7 +113,7 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
         clean_s = time.perf_counter() - cleaned
     timing = {"command_s": round(command_s, 3), "move_s": round(move_s, 3), "clean_s": round(clean_s, 3),
               "phases": (summary.get("timings") or {}) if isinstance(summary, dict) else {}}  # fmt: skip
-    return result(job, "done", start, outputs=written, timing=timing, worker=worker_identity())
+    return result(job, "done", start, outputs=written, timing=timing, worker=worker_identity(), durable="pending")
 
 
 def worker_identity() -> dict:
@@ -201,7 +205,8 @@ def _staged_outputs(job: StepJob, stage: Path) -> dict[str, Path]:
 
 def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
     """Rename the staged outputs over the old ones (first dropping the old sidecars, so an
-    interrupted move reads as not done), then write every output's sidecar."""
+    interrupted move reads as not done), then queue their flush to the disk and every output's
+    sidecar after it (:func:`.durable.later`)."""
     folder = Path(job.folder)
     folder.mkdir(parents=True, exist_ok=True)
     staged = _staged_outputs(job, stage)
@@ -226,6 +231,13 @@ def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
     }
     text = json.dumps(normalised(sidecar), indent=2)
 
-    for name in sorted(names, key=lambda n: n == job.primary[0]):  # the step's record last
-        write_text_atomic(text, sidecar_of(folder / name))
+    def flush() -> None:
+        """The outputs and their folder to the disk, then the sidecars (the step's record last)."""
+        for name in names:
+            fsync_path(folder / name)
+        fsync_path(folder)
+        for name in sorted(names, key=lambda n: n == job.primary[0]):
+            write_text_atomic(text, sidecar_of(folder / name), durable=True)
+
+    durable.later(job.key, flush)
     return names

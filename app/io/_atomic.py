@@ -14,6 +14,7 @@ import errno
 import os
 import secrets
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,18 +94,51 @@ def _fsync_fd(path: Path, flags: int) -> None:
         os.close(fd)
 
 
+_deferred = 0
+_deferred_lock = threading.Lock()
+
+
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Path]:
+def durability_deferred() -> Iterator[None]:
+    """Within this block, in this process and all its threads, atomic writes skip their flushes
+    to the disk (their renames stay atomic) and streamed files start no early write-back: the
+    caller makes the files durable itself, later.
+
+    A batch runs each step's command inside it and flushes the step's outputs on a thread of
+    its own before it writes their sidecars, the record that a step is done (a power cut
+    before that leaves a step the next run redoes). The command's wait for the disk then
+    overlaps the next step's work instead of adding to it. Not for a single command: its files
+    are durable when it returns."""
+    global _deferred
+    with _deferred_lock:
+        _deferred += 1
+    try:
+        yield
+    finally:
+        with _deferred_lock:
+            _deferred -= 1
+
+
+def durability_is_deferred() -> bool:
+    """Whether :func:`durability_deferred` is in force in this process."""
+    return _deferred > 0
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, durable: bool | None = None) -> Iterator[Path]:
     """Yield a temporary path in the target's folder; rename it to ``path`` on success.
 
     The temporary name keeps the target's suffix so writers that choose the
-    format (or compression) from the file name behave the same. With ``durable`` the
-    new file is flushed to the disk before the rename, and the folder after it, so that
-    even a power cut leaves the old or the new file, never a mix. An :class:`OSError`
+    format (or compression) from the file name behave the same. With ``durable`` (by default,
+    unless :func:`durability_deferred` is in force) the new file is flushed to the disk before
+    the rename, and the folder after it, so that even a power cut leaves the old or the new
+    file, never a mix. An :class:`OSError`
     while writing (disk full, no permission) becomes :class:`SaveError`; the temporary
     file is removed and the previous file is untouched.
     """
     target = Path(path)
+    if durable is None:
+        durable = not durability_is_deferred()
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -158,9 +192,9 @@ def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
     shutil.rmtree(previous, ignore_errors=True)
 
 
-def write_text_atomic(text: str, path: str | os.PathLike) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_path`."""
+def write_text_atomic(text: str, path: str | os.PathLike, *, durable: bool | None = None) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_path` (``durable`` as there)."""
     path = Path(path)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=durable) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return path

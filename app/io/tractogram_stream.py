@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import Tractogram
-from ._atomic import atomic_path, save_error
+from ._atomic import atomic_path, durability_is_deferred, save_error
 from ._zip_stored import StoredZip, crc32
 from .tractogram import (
     _suffix,
@@ -431,6 +431,8 @@ def _start_writeback(file, since: int, least: int | None = None) -> int:
     ever: this only spreads the disk's work over the run. ``TRACTLENS_WRITEBACK=fadvise``
     (:data:`ENV_WRITEBACK`) takes ``posix_fadvise`` even where ``sync_file_range`` exists (to
     compare the two on a machine). Returns the offset now started up to."""
+    if durability_is_deferred():  # a batch flushes the file after the step, off the command's path
+        return since
     advise = getattr(os, "posix_fadvise", None)
     keep_cached = os.environ.get(ENV_WRITEBACK, "").strip().lower() != "fadvise"
     sync_range = _sync_file_range() if keep_cached else None

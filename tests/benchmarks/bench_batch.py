@@ -156,6 +156,7 @@ def task_row(entry: dict) -> dict:
             "pid": worker.get("pid"), "threads": worker.get("threads"), "cpus": worker.get("cpus"),
             "seconds": entry.get("seconds"),
             "command_s": timing.get("command_s"), "move_s": timing.get("move_s"), "clean_s": timing.get("clean_s"),
+            "durable_s": timing.get("durable_s"),
             "phases_s": phases.get("phases_s", {}), "unattributed_s": phases.get("unattributed_s"),
             "host_peak_rss_bytes": phases.get("host_peak_rss_bytes"), "cpu_s": phases.get("cpu_s"),
             "writer_s": (phases.get("details_s") or {}).get("tractogram_writer", {})}  # fmt: skip
@@ -179,6 +180,7 @@ def per_step(tasks: list[dict]) -> dict:
             "max_seconds": max(t["seconds"] or 0 for t in mine),
             "command_s": mean([t["command_s"] for t in mine]),
             "move_s": mean([t["move_s"] for t in mine]),
+            "durable_s": mean([t.get("durable_s") for t in mine]),  # flushed after the step, on its own thread
             "phases_s": {p: mean([t["phases_s"].get(p) for t in mine]) for p in phases},
             "unattributed_s": mean([t["unattributed_s"] for t in mine]),
             "cpu_s": mean([t.get("cpu_s") for t in mine]),  # the worker's CPU seconds in the command
@@ -316,13 +318,15 @@ def markdown(results: dict) -> str:
             continue
         lines += ["", f"{row['engine']}: seconds per subject-step (mean over subjects; the command's own phases)", "",
                   "| step | subject | command | read | compute | write | other in command | move into place "
-                  "| CPU s (all threads) | per GPU |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| CPU s (all threads) | flushed after (s) | per GPU |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for step, r in steps.items():
             ph = r["phases_s"]
             gpus = ", ".join(f"{g}: {v}" for g, v in r["per_gpu_seconds"].items())
             lines.append(f"| {step} | {r['seconds']} | {r['command_s']} | {ph.get('read', '')} | "
                          f"{ph.get('compute', '')} | {ph.get('write', '')} | {r['unattributed_s']} | {r['move_s']} "
-                         f"| {r.get('cpu_s') if r.get('cpu_s') is not None else ''} | {gpus} |")  # fmt: skip
+                         f"| {r.get('cpu_s') if r.get('cpu_s') is not None else ''} "
+                         f"| {r.get('durable_s') if r.get('durable_s') is not None else ''} | {gpus} |")  # fmt: skip
         writers = {step: r["writer_s"] for step, r in steps.items() if r.get("writer_s")}
         if writers:  # the tractogram writer's thread: its stages overlap the phases above
             lines += ["", "Tractogram writer's thread, seconds per subject-step (points to RAS mm; into the file; "

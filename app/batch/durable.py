@@ -1,0 +1,57 @@
+"""A worker's outputs flushed to the disk after their step, on a thread of their own.
+
+A step's command runs with :func:`~app.io._atomic.durability_deferred`: its files reach their
+names by atomic renames but without waiting for the disk. :func:`later` then queues what makes
+them durable: every output flushed (a folder's files and the folder), the output folder
+flushed, and only then the sidecars, which are the record that the step is done. The worker
+meanwhile runs the next step, so the disk's work overlaps the computing instead of adding to it
+(a whole-brain tractogram is gigabytes a subject). What a power cut or a killed worker leaves
+before the sidecars are written reads as not done, and the next run does the step again.
+
+One thread per worker process flushes in the order the steps finished. The batch's runner
+calls :func:`drain` on every worker before it reports: it waits until all is flushed and gives
+each step's flush seconds, or the error that kept its sidecars from being written (a full disk,
+an input/output error), which the runner reports as that step's failure.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pending: list[tuple[str, Future]] = []
+
+
+def later(key: str, flush: Callable[[], None]) -> None:
+    """Run ``flush`` (which writes the step's sidecars last) on this process's flushing thread;
+    ``key`` names the step (``step/subject``) in :func:`drain`'s report."""
+    global _pool
+
+    def timed() -> float:
+        start = time.perf_counter()
+        flush()
+        return time.perf_counter() - start
+
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tractlens-durable")
+        _pending.append((key, _pool.submit(timed)))
+
+
+def drain() -> list[dict]:
+    """Wait for everything queued in this process; ``[{"key", "seconds"} or {"key", "error"}]``
+    for each step flushed since the last drain, in order."""
+    with _lock:
+        pending = list(_pending)
+        _pending.clear()
+    report = []
+    for key, future in pending:
+        try:
+            report.append({"key": key, "seconds": round(future.result(), 3)})
+        except Exception as exc:  # the step's sidecars were not written: it reads as not done
+            report.append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
+    return report

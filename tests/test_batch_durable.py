@@ -1,0 +1,139 @@
+"""A batch step's outputs are flushed to the disk after the step, on the worker's flushing thread,
+and its sidecars (the record that it is done) are written only after that (app.batch.durable,
+app.io._atomic.durability_deferred): a step whose flush did not happen or failed reads as not
+done, and the runner reports it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from tractlens.app.batch import durable, task
+from tractlens.app.batch.naming import sidecar_of
+from tractlens.app.batch.provenance import is_done
+from tractlens.app.batch.runner import settle_durability
+from tractlens.app.io import _atomic, tractogram_stream
+
+
+@pytest.fixture
+def fsyncs(monkeypatch):
+    """Every ``os.fsync`` of this process, by the path of the descriptor."""
+    calls: list[str] = []
+    real = os.fsync
+
+    def record(fd):
+        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    return calls
+
+
+def test_deferred_atomic_writes_are_renamed_but_not_flushed(tmp_path, fsyncs):
+    _atomic.write_text_atomic("a", tmp_path / "a.txt")
+    assert any(p.endswith("a.txt") or ".a.tmp-" in p for p in fsyncs)  # durable by default
+    fsyncs.clear()
+    with _atomic.durability_deferred():
+        assert _atomic.durability_is_deferred()
+        done = threading.Event()
+        # a command's own threads (map writers, the tractogram's writer) see it too
+        threading.Thread(target=lambda: (_atomic.write_text_atomic("b", tmp_path / "b.txt"), done.set())).start()
+        assert done.wait(10)
+        assert fsyncs == []
+        _atomic.write_text_atomic("c", tmp_path / "c.txt", durable=True)  # asked for: flushed all the same
+        assert fsyncs
+    assert not _atomic.durability_is_deferred()
+    assert (tmp_path / "b.txt").read_text() == "b" and not list(tmp_path.glob(".*tmp-*"))
+
+
+def test_a_deferred_stream_starts_no_early_write_back(tmp_path, monkeypatch):
+    started = []
+    monkeypatch.setattr(tractogram_stream, "_sync_file_range", lambda: lambda fd, offset, n: started.append(n) or 0)
+    with open(tmp_path / "f.bin", "wb") as handle:
+        handle.write(b"x" * 4096)
+        with _atomic.durability_deferred():
+            assert tractogram_stream._start_writeback(handle, 0, least=1) == 0
+        assert started == []
+        assert tractogram_stream._start_writeback(handle, 0, least=1) == 4096 and started == [4096]
+
+
+def _job(tmp_path: Path) -> task.StepJob:
+    return task.StepJob("connectome", "sub-01", ("connectome", "x", "-o", "OUT"), {}, str(tmp_path / "derivatives"),
+                        ("sub-01_connectome.csv",))  # fmt: skip
+
+
+def _staged(tmp_path: Path, job: task.StepJob) -> Path:
+    stage = tmp_path / "stage"
+    stage.mkdir(exist_ok=True)
+    (stage / job.primary[0]).write_text("0,1\n1,0\n")
+    return stage
+
+
+def test_outputs_are_in_place_at_once_and_their_sidecars_only_after_the_flush(tmp_path, monkeypatch):
+    job = _job(tmp_path)
+    gate, order = threading.Event(), []
+    real_fsync_path = task.fsync_path
+
+    def slow_fsync_path(path):
+        assert gate.wait(10)
+        order.append(("flush", Path(path).name))
+        real_fsync_path(path)
+
+    monkeypatch.setattr(task, "fsync_path", slow_fsync_path)
+    names = task._move_into_place(job, _staged(tmp_path, job), {"Inputs": {}, "Parameters": {}})
+    output = Path(job.folder) / job.primary[0]
+    assert names == [job.primary[0]] and output.read_text() == "0,1\n1,0\n"  # in place for the next step
+    assert not sidecar_of(output).exists() and not is_done(output, {}, {})  # not yet recorded as done
+    gate.set()
+    [report] = durable.drain()
+    assert report["key"] == "connectome/sub-01" and report["seconds"] >= 0
+    assert order == [("flush", job.primary[0]), ("flush", "derivatives")]
+    assert json.loads(sidecar_of(output).read_text())["StepOutputs"] == names and is_done(output, {}, {})
+    assert durable.drain() == []  # reported once
+
+
+def test_a_failed_flush_writes_no_sidecar_and_is_reported(tmp_path, monkeypatch):
+    job = _job(tmp_path)
+
+    def full(path):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(task, "fsync_path", full)
+    task._move_into_place(job, _staged(tmp_path, job), {"Inputs": {}, "Parameters": {}})
+    [report] = durable.drain()
+    assert report["key"] == "connectome/sub-01" and "Input/output error" in report["error"]
+    output = Path(job.folder) / job.primary[0]
+    assert output.exists() and not sidecar_of(output).exists() and not is_done(output, {}, {})
+
+
+class _Client:
+    def __init__(self, reports):
+        self.reports = reports
+
+    def run(self, function):
+        assert function is durable.drain
+        return self.reports
+
+
+def test_the_runner_reports_each_steps_flush_and_fails_the_steps_not_flushed():
+    results = [
+        {"step": "fit-dti", "subject": "sub-01", "status": "done", "durable": "pending", "timing": {}},
+        {"step": "track-deterministic", "subject": "sub-01", "status": "done", "durable": "pending"},
+        {"step": "connectome", "subject": "sub-01", "status": "done", "durable": "pending"},
+        {"step": "fit-dti", "subject": "sub-02", "status": "skipped"},
+        None,
+    ]
+    reports = {"tcp://a": [{"key": "fit-dti/sub-01", "seconds": 0.5}],
+               "tcp://b": [{"key": "track-deterministic/sub-01", "error": "OSError: [Errno 28] No space left"}]}  # fmt: skip
+    settle_durability(_Client(reports), results)
+    assert results[0]["status"] == "done" and results[0]["timing"]["durable_s"] == 0.5
+    assert results[1]["status"] == "failed" and "could not be flushed" in results[1]["reason"]
+    assert "No space left" in results[1]["reason"]
+    assert results[2]["status"] == "failed" and "worker stopped" in results[2]["reason"]
+    assert results[3] == {"step": "fit-dti", "subject": "sub-02", "status": "skipped"}
+    settle_durability(None, [results[3]])  # nothing pending: no worker is asked
