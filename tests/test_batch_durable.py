@@ -6,6 +6,7 @@ done, and the runner reports it."""
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import threading
@@ -16,7 +17,7 @@ import pytest
 from tractlens.app.batch import durable, task
 from tractlens.app.batch.naming import sidecar_of
 from tractlens.app.batch.provenance import is_done
-from tractlens.app.batch.runner import settle_durability
+from tractlens.app.batch.runner import CohortProgress, settle_durability
 from tractlens.app.io import _atomic, tractogram_stream
 
 
@@ -130,7 +131,9 @@ def test_the_runner_reports_each_steps_flush_and_fails_the_steps_not_flushed():
     ]
     reports = {"tcp://a": [{"key": "fit-dti/sub-01", "seconds": 0.5}],
                "tcp://b": [{"key": "track-deterministic/sub-01", "error": "OSError: [Errno 28] No space left"}]}  # fmt: skip
-    settle_durability(_Client(reports), results)
+    stream = io.StringIO()
+    settle_durability(_Client(reports), results, CohortProgress(2, 3, stream=stream))
+    assert stream.getvalue() == "cohort: flushing the last outputs to the disk, then their sidecars\n"
     assert results[0]["status"] == "done" and results[0]["timing"]["durable_s"] == 0.5
     assert results[1]["status"] == "failed" and "could not be flushed" in results[1]["reason"]
     assert "No space left" in results[1]["reason"]

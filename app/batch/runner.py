@@ -78,6 +78,13 @@ class CohortProgress:
         )
         return head + (f" | {running}" if running else "")
 
+    def note(self, message: str) -> None:
+        """A line of its own (after the progress line), unless quiet."""
+        if self.quiet:
+            return
+        self.stream.write(("\r\033[K" if self.tty else "") + message + "\n")
+        self.stream.flush()
+
     def draw(self, line: bool = False) -> None:
         if self.quiet:
             return
@@ -178,7 +185,7 @@ def run_plan(
                 i = running.pop(future)
                 results[i] = _collect(plan, i, future, results)
                 resolved(i)
-        settle_durability(client, results)
+        settle_durability(client, results, progress)
     except BaseException:  # Ctrl+C above all: nothing more starts; the caller closes the cluster
         client.cancel(list(running), force=True)
         raise
@@ -187,7 +194,7 @@ def run_plan(
     return results
 
 
-def settle_durability(client, results: list) -> None:
+def settle_durability(client, results: list, progress: CohortProgress | None = None) -> None:
     """Wait until every worker has flushed its steps' outputs and written their sidecars
     (:func:`.durable.drain`); each such result gets the flush's seconds (``timing.durable_s``),
     or, where it failed or its worker is gone, becomes a failure: its outputs are in place but
@@ -195,6 +202,8 @@ def settle_durability(client, results: list) -> None:
     pending = {r["step"] + "/" + r["subject"]: r for r in results if r and r.get("durable") == "pending"}
     if not pending:
         return
+    if progress is not None:
+        progress.note("cohort: flushing the last outputs to the disk, then their sidecars")
     reports = client.run(durable.drain)
     for report in (entry for worker in reports.values() for entry in worker):
         r = pending.pop(report["key"], None)
