@@ -117,7 +117,7 @@ class _Client:
         self.reports = reports
 
     def run(self, function):
-        assert function is durable.drain
+        assert function is durable.drain_on_worker
         return self.reports
 
 
@@ -140,3 +140,25 @@ def test_the_runner_reports_each_steps_flush_and_fails_the_steps_not_flushed():
     assert results[2]["status"] == "failed" and "worker stopped" in results[2]["reason"]
     assert results[3] == {"step": "fit-dti", "subject": "sub-02", "status": "skipped"}
     settle_durability(None, [results[3]])  # nothing pending: no worker is asked
+
+
+def test_a_worker_drains_off_its_event_loop(tmp_path):
+    """``Client.run`` awaits a coroutine on the worker's event loop: the wait for the flushes is
+    on a thread, so the loop (heartbeats) goes on meanwhile."""
+    import asyncio
+
+    gate = threading.Event()
+    durable.later("a/sub-01", lambda: gate.wait(10))
+
+    async def main():
+        drained = asyncio.ensure_future(durable.drain_on_worker())
+        ticks = 0
+        while not drained.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+            if ticks == 5:
+                gate.set()
+        return ticks, drained.result()
+
+    ticks, report = asyncio.run(main())
+    assert ticks >= 5 and [r["key"] for r in report] == ["a/sub-01"] and "error" not in report[0]

@@ -9,13 +9,14 @@ meanwhile runs the next step, so the disk's work overlaps the computing instead 
 before the sidecars are written reads as not done, and the next run does the step again.
 
 One thread per worker process flushes in the order the steps finished. The batch's runner
-calls :func:`drain` on every worker before it reports: it waits until all is flushed and gives
+calls :func:`drain_on_worker` on every worker before it reports: it waits until all is flushed and gives
 each step's flush seconds, or the error that kept its sidecars from being written (a full disk,
 an input/output error), which the runner reports as that step's failure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -55,3 +56,9 @@ def drain() -> list[dict]:
         except Exception as exc:  # the step's sidecars were not written: it reads as not done
             report.append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
     return report
+
+
+async def drain_on_worker() -> list[dict]:
+    """:func:`drain` for ``Client.run``: a coroutine, so that the worker's event loop (its
+    heartbeats to the scheduler) goes on while the flushes are waited for on another thread."""
+    return await asyncio.to_thread(drain)

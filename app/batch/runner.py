@@ -196,7 +196,7 @@ def run_plan(
 
 def settle_durability(client, results: list, progress: CohortProgress | None = None) -> None:
     """Wait until every worker has flushed its steps' outputs and written their sidecars
-    (:func:`.durable.drain`); each such result gets the flush's seconds (``timing.durable_s``),
+    (:func:`.durable.drain_on_worker`); each such result gets the flush's seconds (``timing.durable_s``),
     or, where it failed or its worker is gone, becomes a failure: its outputs are in place but
     not recorded as done, so the next run does the step again."""
     pending = {r["step"] + "/" + r["subject"]: r for r in results if r and r.get("durable") == "pending"}
@@ -204,7 +204,7 @@ def settle_durability(client, results: list, progress: CohortProgress | None = N
         return
     if progress is not None:
         progress.note("cohort: flushing the last outputs to the disk, then their sidecars")
-    reports = client.run(durable.drain)
+    reports = client.run(durable.drain_on_worker)
     for report in (entry for worker in reports.values() for entry in worker):
         r = pending.pop(report["key"], None)
         if r is None:
