@@ -114,32 +114,114 @@ def test_a_failed_flush_writes_no_sidecar_and_is_reported(tmp_path, monkeypatch)
 
 class _Client:
     def __init__(self, reports):
-        self.reports = reports
+        self.reports, self.calls = reports, []
 
-    def run(self, function):
-        assert function is durable.drain_on_worker
+    def run(self, function, *args, on_error="raise"):
+        assert function is durable.drain_on_worker and on_error == "return"
+        self.calls.append(args)
         return self.reports
 
 
-def test_the_runner_reports_each_steps_flush_and_fails_the_steps_not_flushed():
+def test_the_runner_reports_each_steps_flush_and_fails_the_steps_not_flushed(tmp_path):
+    run = str(tmp_path / ".staging" / "abc123")
+    flushed_at_exit = tmp_path / "exit.json"
+    flushed_at_exit.write_text(json.dumps({"BatchRun": "abc123"}))
+    other_run = tmp_path / "other.json"
+    other_run.write_text(json.dumps({"BatchRun": "zzz999"}))
     results = [
         {"step": "fit-dti", "subject": "sub-01", "status": "done", "durable": "pending", "timing": {}},
         {"step": "track-deterministic", "subject": "sub-01", "status": "done", "durable": "pending"},
         {"step": "connectome", "subject": "sub-01", "status": "done", "durable": "pending"},
         {"step": "fit-dti", "subject": "sub-02", "status": "skipped"},
         None,
+        {
+            "step": "fit-dti",
+            "subject": "sub-03",
+            "status": "done",
+            "durable": "pending",
+            "sidecar": str(flushed_at_exit),
+        },
+        {"step": "fit-dti", "subject": "sub-04", "status": "done", "durable": "pending", "sidecar": str(other_run)},
+        {"step": "connectome", "subject": "sub-02", "status": "done", "durable": "pending"},
     ]
-    reports = {"tcp://a": [{"key": "fit-dti/sub-01", "seconds": 0.5}],
-               "tcp://b": [{"key": "track-deterministic/sub-01", "error": "OSError: [Errno 28] No space left"}]}  # fmt: skip
+    reports = {"tcp://a": [{"key": "fit-dti/sub-01", "seconds": 0.5}, {"key": "connectome/sub-02", "seconds": 0.1}],
+               "tcp://b": [{"key": "track-deterministic/sub-01", "error": "OSError: [Errno 28] No space left"}],
+               "tcp://c": OSError("Connection reset by peer"),  # a worker lost at the end
+               "tcp://d": [{"key": "connectome/sub-02", "error": "RuntimeError: replaced"}]}  # fmt: skip
     stream = io.StringIO()
-    settle_durability(_Client(reports), results, CohortProgress(2, 3, stream=stream))
-    assert stream.getvalue() == "cohort: flushing the last outputs to the disk, then their sidecars\n"
+    client = _Client(reports)
+    settle_durability(client, results, CohortProgress(2, 3, stream=stream), run)
+    assert client.calls == [(run,)]  # only this run's flushes are asked for
     assert results[0]["status"] == "done" and results[0]["timing"]["durable_s"] == 0.5
     assert results[1]["status"] == "failed" and "could not be flushed" in results[1]["reason"]
     assert "No space left" in results[1]["reason"]
     assert results[2]["status"] == "failed" and "worker stopped" in results[2]["reason"]
     assert results[3] == {"step": "fit-dti", "subject": "sub-02", "status": "skipped"}
+    assert results[5]["status"] == "done" and results[5]["durable"] == "done"  # its worker flushed it on leaving
+    assert results[6]["status"] == "failed" and results[6]["durable"] == "lost"  # a sidecar of another run
+    assert results[7]["status"] == "failed" and "replaced" in results[7]["reason"]  # one report of two failed
+    assert stream.getvalue().splitlines() == [
+        "cohort: flushing the last outputs to the disk, then their sidecars",
+        "cohort: 4 subject-step(s) failed at the flush; the next run does them again, and the steps after them",
+    ]
     settle_durability(None, [results[3]])  # nothing pending: no worker is asked
+
+
+def test_a_drain_gives_only_its_own_runs_flushes():
+    durable.later("a/sub-01", lambda: None, run="run-1")
+    durable.later("a/sub-01", lambda: None, run="run-2")
+    durable.later("b/sub-01", lambda: None, run="run-1")
+    assert [r["key"] for r in durable.drain("run-1")] == ["a/sub-01", "b/sub-01"]
+    assert [r["key"] for r in durable.drain("run-1")] == []
+    assert [r["key"] for r in durable.drain("run-2")] == ["a/sub-01"]
+
+
+def test_a_flush_writes_no_record_over_outputs_a_later_run_put_there(tmp_path, monkeypatch):
+    """An earlier run's flush still queued when the step is done again: its sidecar (its inputs and
+    parameters) must not land on the newer outputs."""
+    job = _job(tmp_path)
+    gate = threading.Event()
+    real_fsync_path = task.fsync_path
+    monkeypatch.setattr(task, "fsync_path", lambda path: gate.wait(10) and real_fsync_path(path))
+    task._move_into_place(job, _staged(tmp_path, job), {"Inputs": {}, "Parameters": {"p": 1}})
+    output = Path(job.folder) / job.primary[0]
+    newer = tmp_path / "newer.csv"
+    newer.write_text("2,2\n")
+    os.replace(newer, output)  # the step's output of a later run
+    gate.set()
+    [report] = durable.drain()
+    assert "was replaced before its flush" in report["error"]
+    assert not sidecar_of(output).exists() and output.read_text() == "2,2\n"
+
+
+def test_a_worker_killed_before_the_drain_is_reported_not_raised(tmp_path):
+    """A LocalCluster of two worker processes, each with a flush queued; one is killed before the
+    run's drain: the other's step is done, the killed one's is failed, and nothing is raised."""
+    import signal
+    import time
+
+    pytest.importorskip("distributed", reason="the batch extra (dask[distributed]) is part of the test extra")
+    from distributed import Client, LocalCluster
+
+    def queue(key: str, marker: str) -> int:
+        from pathlib import Path as P
+
+        from tractlens.app.batch import durable as d
+
+        d.later(key, lambda: P(marker).write_text("flushed"), run="run-x")
+        return os.getpid()
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        with Client(cluster) as client:
+            workers = list(client.scheduler_info()["workers"])
+            pids = [client.submit(queue, f"s/sub-0{k}", str(tmp_path / f"m{k}"), workers=[w], pure=False).result()
+                    for k, w in enumerate(workers)]  # fmt: skip
+            time.sleep(0.5)  # both flushes written (they only write a marker)
+            os.kill(pids[1], signal.SIGKILL)
+            results = [{"step": "s", "subject": f"sub-0{k}", "status": "done", "durable": "pending"} for k in range(2)]
+            settle_durability(client, results, None, "run-x")
+    assert results[0]["status"] == "done" and results[0]["durable"] == "done"
+    assert results[1]["status"] == "failed" and results[1]["durable"] == "lost"
 
 
 def test_a_worker_drains_off_its_event_loop(tmp_path):

@@ -24,12 +24,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_pending: list[tuple[str, Future]] = []
+_pending: list[tuple[str, str, Future]] = []  # (run, key, its flush)
 
 
-def later(key: str, flush: Callable[[], None]) -> None:
+def later(key: str, flush: Callable[[], None], run: str = "") -> None:
     """Run ``flush`` (which writes the step's sidecars last) on this process's flushing thread;
-    ``key`` names the step (``step/subject``) in :func:`drain`'s report."""
+    ``key`` names the step (``step/subject``) and ``run`` the batch run (its staging folder) in
+    :func:`drain`'s report."""
     global _pool
 
     def timed() -> float:
@@ -40,17 +41,18 @@ def later(key: str, flush: Callable[[], None]) -> None:
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tractlens-durable")
-        _pending.append((key, _pool.submit(timed)))
+        _pending.append((run, key, _pool.submit(timed)))
 
 
-def drain() -> list[dict]:
-    """Wait for everything queued in this process; ``[{"key", "seconds"} or {"key", "error"}]``
-    for each step flushed since the last drain, in order."""
+def drain(run: str | None = None) -> list[dict]:
+    """Wait for the flushes of ``run`` queued in this process (every run's with None); for each,
+    in order, ``{"key", "seconds"}`` or ``{"key", "error"}``, once. Other runs' flushes (another
+    batch on the same workers) stay queued for their own run's drain."""
     with _lock:
-        pending = list(_pending)
-        _pending.clear()
+        mine = [entry for entry in _pending if run is None or entry[0] == run]
+        _pending[:] = [entry for entry in _pending if not (run is None or entry[0] == run)]
     report = []
-    for key, future in pending:
+    for _run, key, future in mine:
         try:
             report.append({"key": key, "seconds": round(future.result(), 3)})
         except Exception as exc:  # the step's sidecars were not written: it reads as not done
@@ -58,7 +60,7 @@ def drain() -> list[dict]:
     return report
 
 
-async def drain_on_worker() -> list[dict]:
+async def drain_on_worker(run: str | None = None) -> list[dict]:
     """:func:`drain` for ``Client.run``: a coroutine, so that the worker's event loop (its
     heartbeats to the scheduler) goes on while the flushes are waited for on another thread."""
-    return await asyncio.to_thread(drain)
+    return await asyncio.to_thread(drain, run)

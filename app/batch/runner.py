@@ -185,7 +185,7 @@ def run_plan(
                 i = running.pop(future)
                 results[i] = _collect(plan, i, future, results)
                 resolved(i)
-        settle_durability(client, results, progress)
+        settle_durability(client, results, progress, getattr(plan.jobs[0], "staging", None) if plan.jobs else None)
     except BaseException:  # Ctrl+C above all: nothing more starts; the caller closes the cluster
         client.cancel(list(running), force=True)
         raise
@@ -194,34 +194,56 @@ def run_plan(
     return results
 
 
-def settle_durability(client, results: list, progress: CohortProgress | None = None) -> None:
-    """Wait until every worker has flushed its steps' outputs and written their sidecars
-    (:func:`.durable.drain_on_worker`); each such result gets the flush's seconds (``timing.durable_s``),
-    or, where it failed or its worker is gone, becomes a failure: its outputs are in place but
-    not recorded as done, so the next run does the step again."""
+def settle_durability(client, results: list, progress: CohortProgress | None = None, run: str | None = None) -> None:
+    """Wait until every worker has flushed this run's outputs and written their sidecars
+    (:func:`.durable.drain_on_worker`; ``run`` is the run's staging folder); each such result gets
+    the flush's seconds (``timing.durable_s``), or, where the flush failed, becomes a failure: its
+    outputs are in place but not recorded as done, so the next run does the step again (and the
+    steps after it, whose inputs it then changes). A step whose worker is gone (killed, or retired
+    by a batch system) counts as flushed only if its sidecar is there with this run's name."""
     pending = {r["step"] + "/" + r["subject"]: r for r in results if r and r.get("durable") == "pending"}
     if not pending:
         return
     if progress is not None:
         progress.note("cohort: flushing the last outputs to the disk, then their sidecars")
-    reports = client.run(durable.drain_on_worker)
-    for report in (entry for worker in reports.values() for entry in worker):
-        r = pending.pop(report["key"], None)
-        if r is None:
+    reports = client.run(durable.drain_on_worker, run, on_error="return")
+    found: dict[str, list[dict]] = {}
+    for worker in reports.values():
+        if isinstance(worker, BaseException):  # a worker lost on the way: its steps are checked below
             continue
-        if "error" in report:
-            r.update(
-                status="failed",
-                durable="failed",
-                reason=f"its outputs could not be flushed to the disk: {report['error']}",
-            )
-        else:
+        for entry in worker:
+            found.setdefault(entry["key"], []).append(entry)
+    failed = 0
+    for key, r in pending.items():
+        entries = found.get(key)
+        errors = [e["error"] for e in entries or () if "error" in e]
+        if entries and not errors:
             r["durable"] = "done"
-            r.setdefault("timing", {})["durable_s"] = report["seconds"]
-    for r in pending.values():  # its worker stopped before it flushed them
-        r.update(
-            status="failed", durable="lost", reason="its worker stopped before the outputs were flushed to the disk"
-        )
+            r.setdefault("timing", {})["durable_s"] = max(e["seconds"] for e in entries)
+        elif errors:
+            failed += 1
+            r.update(
+                status="failed", durable="failed", reason=f"its outputs could not be flushed to the disk: {errors[0]}"
+            )
+        elif _recorded_by(r.get("sidecar"), run):  # flushed as its worker closed
+            r["durable"] = "done"
+        else:
+            failed += 1
+            r.update(status="failed", durable="lost",
+                     reason="its worker stopped before the outputs were flushed to the disk")  # fmt: skip
+    if failed and progress is not None:
+        progress.note(f"cohort: {failed} subject-step(s) failed at the flush; the next run does them again, "
+                      "and the steps after them")  # fmt: skip
+
+
+def _recorded_by(sidecar: str | None, run: str | None) -> bool:
+    """Whether ``sidecar`` is there and was written by the batch run ``run``."""
+    if not sidecar or not run:
+        return False
+    try:
+        return json.loads(Path(sidecar).read_text()).get("BatchRun") == Path(run).name
+    except (OSError, ValueError):
+        return False
 
 
 def _blocked(job, upstream: list[dict]) -> dict:

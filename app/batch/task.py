@@ -113,7 +113,8 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
         clean_s = time.perf_counter() - cleaned
     timing = {"command_s": round(command_s, 3), "move_s": round(move_s, 3), "clean_s": round(clean_s, 3),
               "phases": (summary.get("timings") or {}) if isinstance(summary, dict) else {}}  # fmt: skip
-    return result(job, "done", start, outputs=written, timing=timing, worker=worker_identity(), durable="pending")
+    return result(job, "done", start, outputs=written, timing=timing, worker=worker_identity(), durable="pending",
+                  sidecar=str(sidecar_of(primary)))  # fmt: skip
 
 
 def worker_identity() -> dict:
@@ -228,16 +229,35 @@ def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
         "Host": socket.gethostname(),
         "Created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "GeneratedBy": list(job.generated_by),
+        "BatchRun": Path(job.staging).name,  # which run wrote it (its staging folder's name)
     }
     text = json.dumps(normalised(sidecar), indent=2)
 
+    placed = {name: _identity(folder / name) for name in names}
+
     def flush() -> None:
-        """The outputs and their folder to the disk, then the sidecars (the step's record last)."""
+        """The outputs and their folder to the disk, then the sidecars (the step's record last),
+        unless an output was replaced meanwhile (a later run of the step): its record is not ours."""
         for name in names:
             fsync_path(folder / name)
         fsync_path(folder)
+        replaced = [name for name in names if _identity(folder / name) != placed[name]]
+        if replaced:
+            raise RuntimeError(
+                f"{', '.join(replaced)} was replaced before its flush (by a later run?): no sidecar written"
+            )
         for name in sorted(names, key=lambda n: n == job.primary[0]):
             write_text_atomic(text, sidecar_of(folder / name), durable=True)
 
-    durable.later(job.key, flush)
+    durable.later(job.key, flush, run=job.staging)
     return names
+
+
+def _identity(path: Path) -> tuple:
+    """What tells this output from one put under its name later: its inode, and a file's size and
+    modification time."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return ()
+    return (st.st_dev, st.st_ino) if path.is_dir() else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
