@@ -244,3 +244,12 @@ def test_a_worker_drains_off_its_event_loop(tmp_path):
 
     ticks, report = asyncio.run(main())
     assert ticks >= 5 and [r["key"] for r in report] == ["a/sub-01"] and "error" not in report[0]
+
+
+def test_a_folder_is_flushed_with_its_subfolders(tmp_path, fsyncs):
+    (tmp_path / "out" / "sub").mkdir(parents=True)
+    (tmp_path / "out" / "sub" / "a.nii.gz").write_bytes(b"x")
+    (tmp_path / "out" / "b.json").write_text("{}")
+    _atomic.fsync_path(tmp_path / "out")
+    assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in fsyncs) == [
+        "out", "out/b.json", "out/sub", "out/sub/a.nii.gz"]  # fmt: skip

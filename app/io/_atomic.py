@@ -70,11 +70,13 @@ def split_suffix(path: Path) -> tuple[str, str]:
 
 
 def fsync_path(path: Path) -> None:
-    """Flush a file (or every file under a folder, and the folder) to the disk."""
+    """Flush a file (or every file and folder under a folder, and the folder) to the disk."""
     if path.is_dir():
         for item in path.rglob("*"):
             if item.is_file():
                 _fsync_fd(item, os.O_RDONLY)
+            elif item.is_dir():  # its entries (the names of the files flushed above)
+                _fsync_fd(item, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         _fsync_fd(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     else:
         _fsync_fd(path, os.O_RDONLY)
