@@ -134,9 +134,8 @@ def atomic_path(path: str | os.PathLike, *, durable: bool | None = None) -> Iter
     format (or compression) from the file name behave the same. With ``durable`` (by default,
     unless :func:`durability_deferred` is in force) the new file is flushed to the disk before
     the rename, and the folder after it, so that even a power cut leaves the old or the new
-    file, never a mix. An :class:`OSError`
-    while writing (disk full, no permission) becomes :class:`SaveError`; the temporary
-    file is removed and the previous file is untouched.
+    file, never a mix. An :class:`OSError` while writing (disk full, no permission) becomes
+    :class:`SaveError`; the temporary file is removed and the previous file is untouched.
     """
     target = Path(path)
     if durable is None:
