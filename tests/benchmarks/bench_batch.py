@@ -240,7 +240,9 @@ def scaling(rows: list[dict]) -> list[dict]:
                     "efficiency": round(hourly / (n * one), 3),
                     "subjects_per_hour_once_started": round(running, 2),
                     "efficiency_once_started": round(running / (n * one_running), 3),
-                    "rounds": [round(r[1], 2) for r in runs]})  # fmt: skip
+                    "rounds": [round(r[1], 2) for r in runs],
+                    # each round against the same round of one GPU (interleaved: the host's state alike)
+                    "round_efficiency": [round(r[1] / (n * o[1]), 3) for r, o in zip(runs, gpu[1], strict=False)]})  # fmt: skip
     return out
 
 
@@ -306,12 +308,13 @@ def markdown(results: dict) -> str:
     if results.get("gpu_scaling"):
         lines += ["", f"GPU scaling (medians of {results.get('repeat', 1)} round(s); output folder {results.get('outdir', '')}; "
                   f"warm-up: {(results.get('warmup') or {}).get('wall_s', 'none')}):", "",
-                  "| GPUs | subjects/hour | efficiency | once started | efficiency once started | rounds |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  "| GPUs | subjects/hour | efficiency | once started | efficiency once started | rounds "
+                  "| efficiency by round |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for g in results["gpu_scaling"]:
             lines.append(f"| {g['gpus']} | {g['subjects_per_hour']} | {g['efficiency']} | "
                          f"{g['subjects_per_hour_once_started']} | {g['efficiency_once_started']} | "
-                         f"{', '.join(map(str, g.get('rounds', [])))} |")  # fmt: skip
+                         f"{', '.join(map(str, g.get('rounds', [])))} "
+                         f"| {', '.join(map(str, g.get('round_efficiency', [])))} |")  # fmt: skip
     for row in results["engines"]:
         steps = (row.get("batch") or {}).get("per_step")
         if not steps:
