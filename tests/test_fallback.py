@@ -280,7 +280,8 @@ def test_the_brain_masks_median_falls_back_to_the_cpu_or_reports(demo_dir, fake_
     assert calls == [FAKE_GPU]
     np.testing.assert_array_equal(mask, reference)
     assert source.startswith("computed from b=0")
-    assert len(notes) == 1 and "the brain mask's median filter" in notes[0] and "on the CPU instead" in notes[0]
+    assert len(notes) == 1 and "the brain mask's median filter (" in notes[0] and "on the CPU instead" in notes[0]
+    assert "batches" not in notes[0]  # one image, not batches
     with pytest.raises(OutOfDeviceMemory):
         dti_pipeline.resolve_mask(dwi, None, "gpu", [])
     assert calls == [FAKE_GPU, FAKE_GPU]

@@ -32,19 +32,23 @@ def _falls_back(exc: BaseException, backend: Backend, device) -> bool:
     return isinstance(exc, OutOfDeviceMemory) or (isinstance(exc, Exception) and backend.is_out_of_memory(exc))
 
 
-def _note(backend: Backend, what: str, exc: BaseException, done: int | None = None) -> str:
+def _note(backend: Backend, what: str, exc: BaseException, done: int | None = None, batched: bool = True) -> str:
     where = "" if done is None else f" after {done} items on the GPU"
+    smallest = " even in the smallest batches" if batched else ""
     message = (
-        f"{backend.device_name} ran out of memory for {what} even in the smallest batches ({exc}); "
+        f"{backend.device_name} ran out of memory for {what}{smallest} ({exc}); "
         f"it was computed on the CPU instead{where}, which is slower"
     )
     log.warning("%s", message)
     return message
 
 
-def run_with_cpu_fallback(run: Callable[[Backend], T], device, notes: list[str], what: str) -> T:
+def run_with_cpu_fallback(
+    run: Callable[[Backend], T], device, notes: list[str], what: str, *, batched: bool = True
+) -> T:
     """``run(backend)`` on ``device``; on the CPU again (a note added to ``notes``) when the GPU
-    runs out of memory and ``device`` is ``"auto"``."""
+    runs out of memory and ``device`` is ``"auto"``. ``batched``: ``run`` works in batches that
+    it halves before it gives up (the note says so)."""
     join_background_warmup()  # CuPy imported and kernels compiled once, not raced
     backend = get_backend(device)
     try:
@@ -52,7 +56,7 @@ def run_with_cpu_fallback(run: Callable[[Backend], T], device, notes: list[str],
     except BaseException as exc:
         if not _falls_back(exc, backend, device):
             raise
-        notes.append(_note(backend, what, exc))
+        notes.append(_note(backend, what, exc, batched=batched))
         backend.free_cached_memory()
     return run(get_backend("cpu"))
 

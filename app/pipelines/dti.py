@@ -209,6 +209,7 @@ def resolve_mask(
             on_gpu,
             notes if notes is not None else [],
             "the brain mask's median filter",
+            batched=False,
         )
     if not mask.any():
         raise InputError(
