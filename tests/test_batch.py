@@ -266,10 +266,11 @@ def test_interrupted_run_cancels_and_leaves_no_staging(demo_dir, tmp_path, clien
 
 
 def _wait_until_settled(client, timeout_s: float) -> None:
-    """Until no worker runs a task any more. A cancelled task that had started runs to its end
-    in its worker's thread (its clean-up included) while the scheduler has already forgotten it,
-    so the scheduler's ``processing`` cannot tell; each worker's ``active_threads`` can (a task
-    leaves it when its function returns). ``timeout_s`` only guards against a hang."""
+    """Until no worker runs a task any more, nor flushes one's outputs. A cancelled task that had
+    started runs to its end in its worker's thread (its clean-up included) while the scheduler
+    has already forgotten it, so the scheduler's ``processing`` cannot tell; each worker's
+    ``active_threads`` can (a task leaves it when its function returns). ``timeout_s`` only
+    guards against a hang."""
     import time
 
     def running(dask_worker) -> int:
@@ -280,6 +281,11 @@ def _wait_until_settled(client, timeout_s: float) -> None:
         if time.monotonic() > end:
             raise AssertionError(f"tasks still running after {timeout_s} s")
         time.sleep(0.2)
+    # then the flushes those tasks queued (their sidecars come after them): an interrupted run
+    # does not wait for them, a worker that lives on still writes them
+    from tractlens.app.batch import durable
+
+    client.run(durable.drain_on_worker, None)
 
 
 def test_config_with_an_unknown_key_names_the_valid_ones(tmp_path):

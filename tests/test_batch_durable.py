@@ -86,7 +86,8 @@ def test_outputs_are_in_place_at_once_and_their_sidecars_only_after_the_flush(tm
         real_fsync_path(path)
 
     monkeypatch.setattr(task, "fsync_path", slow_fsync_path)
-    names = task._move_into_place(job, _staged(tmp_path, job), {"Inputs": {}, "Parameters": {}})
+    names, flush = task._move_into_place(job, _staged(tmp_path, job), {"Inputs": {}, "Parameters": {}})
+    assert flush.names == tuple(names) and flush.primary == job.primary[0]
     output = Path(job.folder) / job.primary[0]
     assert names == [job.primary[0]] and output.read_text() == "0,1\n1,0\n"  # in place for the next step
     assert not sidecar_of(output).exists() and not is_done(output, {}, {})  # not yet recorded as done
@@ -122,44 +123,49 @@ class _Client:
         return self.reports
 
 
-def test_the_runner_reports_each_steps_flush_and_fails_the_steps_not_flushed(tmp_path):
+def _pending_flush(tmp_path: Path, name: str) -> task.PendingFlush:
+    """A step's output in place and what its worker would have flushed."""
+    folder = tmp_path / "derivatives"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text("data")
+    return task.PendingFlush(str(folder), (name,), name, json.dumps({"StepOutputs": [name]}),
+                             {name: task._identity(folder / name)})  # fmt: skip
+
+
+def test_the_runner_reports_each_steps_flush_and_finishes_those_of_lost_workers(tmp_path):
     run = str(tmp_path / ".staging" / "abc123")
-    flushed_at_exit = tmp_path / "exit.json"
-    flushed_at_exit.write_text(json.dumps({"BatchRun": "abc123"}))
-    other_run = tmp_path / "other.json"
-    other_run.write_text(json.dumps({"BatchRun": "zzz999"}))
+    lost = _pending_flush(tmp_path, "lost.csv")  # its worker died before it reported: the runner flushes it
+    replaced = _pending_flush(tmp_path, "replaced.csv")
+    (tmp_path / "derivatives" / "other.csv").write_text("another run's")
+    os.replace(tmp_path / "derivatives" / "other.csv", tmp_path / "derivatives" / "replaced.csv")
     results = [
-        {"step": "fit-dti", "subject": "sub-01", "status": "done", "durable": "pending", "timing": {}},
+        {"step": "fit-dti", "subject": "sub-01", "status": "done", "durable": "pending", "timing": {}, "flush": "x"},
         {"step": "track-deterministic", "subject": "sub-01", "status": "done", "durable": "pending"},
         {"step": "connectome", "subject": "sub-01", "status": "done", "durable": "pending"},
         {"step": "fit-dti", "subject": "sub-02", "status": "skipped"},
         None,
-        {
-            "step": "fit-dti",
-            "subject": "sub-03",
-            "status": "done",
-            "durable": "pending",
-            "sidecar": str(flushed_at_exit),
-        },
-        {"step": "fit-dti", "subject": "sub-04", "status": "done", "durable": "pending", "sidecar": str(other_run)},
+        {"step": "fit-dti", "subject": "sub-03", "status": "done", "durable": "pending", "flush": lost},
+        {"step": "fit-dti", "subject": "sub-04", "status": "done", "durable": "pending", "flush": replaced},
         {"step": "connectome", "subject": "sub-02", "status": "done", "durable": "pending"},
     ]
     reports = {"tcp://a": [{"key": "fit-dti/sub-01", "seconds": 0.5}, {"key": "connectome/sub-02", "seconds": 0.1}],
                "tcp://b": [{"key": "track-deterministic/sub-01", "error": "OSError: [Errno 28] No space left"}],
                "tcp://c": OSError("Connection reset by peer"),  # a worker lost at the end
-               "tcp://d": [{"key": "connectome/sub-02", "error": "RuntimeError: replaced"}]}  # fmt: skip
+               "tcp://d": [{"key": "connectome/sub-02", "error": "RuntimeError: not ours"}]}  # fmt: skip
     stream = io.StringIO()
     client = _Client(reports)
     settle_durability(client, results, CohortProgress(2, 3, stream=stream), run)
     assert client.calls == [(run,)]  # only this run's flushes are asked for
-    assert results[0]["status"] == "done" and results[0]["timing"]["durable_s"] == 0.5
+    assert results[0]["status"] == "done" and results[0]["timing"]["durable_s"] == 0.5 and "flush" not in results[0]
     assert results[1]["status"] == "failed" and "could not be flushed" in results[1]["reason"]
     assert "No space left" in results[1]["reason"]
-    assert results[2]["status"] == "failed" and "worker stopped" in results[2]["reason"]
+    assert results[2]["status"] == "failed" and "does not say what to flush" in results[2]["reason"]
     assert results[3] == {"step": "fit-dti", "subject": "sub-02", "status": "skipped"}
-    assert results[5]["status"] == "done" and results[5]["durable"] == "done"  # its worker flushed it on leaving
-    assert results[6]["status"] == "failed" and results[6]["durable"] == "lost"  # a sidecar of another run
-    assert results[7]["status"] == "failed" and "replaced" in results[7]["reason"]  # one report of two failed
+    assert results[5]["status"] == "done" and results[5]["durable"].startswith("done by the runner")
+    assert json.loads(sidecar_of(tmp_path / "derivatives" / "lost.csv").read_text()) == {"StepOutputs": ["lost.csv"]}
+    assert results[6]["status"] == "failed" and "not the output renamed into place" in results[6]["reason"]
+    assert not sidecar_of(tmp_path / "derivatives" / "replaced.csv").exists()
+    assert results[7]["status"] == "failed" and "not ours" in results[7]["reason"]  # one report of two failed
     assert stream.getvalue().splitlines() == [
         "cohort: flushing the last outputs to the disk, then their sidecars",
         "cohort: 4 subject-step(s) failed at the flush; the next run does them again, and the steps after them",
@@ -190,13 +196,14 @@ def test_a_flush_writes_no_record_over_outputs_a_later_run_put_there(tmp_path, m
     os.replace(newer, output)  # the step's output of a later run
     gate.set()
     [report] = durable.drain()
-    assert "was replaced before its flush" in report["error"]
+    assert "is not the output renamed into place" in report["error"]
     assert not sidecar_of(output).exists() and output.read_text() == "2,2\n"
 
 
 def test_a_worker_killed_before_the_drain_is_reported_not_raised(tmp_path):
     """A LocalCluster of two worker processes, each with a flush queued; one is killed before the
-    run's drain: the other's step is done, the killed one's is failed, and nothing is raised."""
+    run's drain: nothing is raised, the other's step is reported by its worker, and the killed
+    one's flush is finished by the runner."""
     import signal
     import time
 
@@ -218,10 +225,12 @@ def test_a_worker_killed_before_the_drain_is_reported_not_raised(tmp_path):
                     for k, w in enumerate(workers)]  # fmt: skip
             time.sleep(0.5)  # both flushes written (they only write a marker)
             os.kill(pids[1], signal.SIGKILL)
-            results = [{"step": "s", "subject": f"sub-0{k}", "status": "done", "durable": "pending"} for k in range(2)]
+            results = [{"step": "s", "subject": f"sub-0{k}", "status": "done", "durable": "pending",
+                        "flush": _pending_flush(tmp_path, f"out{k}.csv")} for k in range(2)]  # fmt: skip
             settle_durability(client, results, None, "run-x")
-    assert results[0]["status"] == "done" and results[0]["durable"] == "done"
-    assert results[1]["status"] == "failed" and results[1]["durable"] == "lost"
+    assert results[0]["status"] == "done" and results[0]["durable"] == "done"  # its worker's report
+    assert results[1]["status"] == "done" and results[1]["durable"].startswith("done by the runner")
+    assert sidecar_of(tmp_path / "derivatives" / "out1.csv").exists()
 
 
 def test_a_worker_drains_off_its_event_loop(tmp_path):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from . import durable
 from .plan import Plan
-from .task import PROGRESS_TOPIC, run_step
+from .task import PROGRESS_TOPIC, complete_flush, run_step
 
 STATUSES = ("done", "skipped", "failed", "not-run")
 
@@ -199,8 +199,10 @@ def settle_durability(client, results: list, progress: CohortProgress | None = N
     (:func:`.durable.drain_on_worker`; ``run`` is the run's staging folder); each such result gets
     the flush's seconds (``timing.durable_s``), or, where the flush failed, becomes a failure: its
     outputs are in place but not recorded as done, so the next run does the step again (and the
-    steps after it, whose inputs it then changes). A step whose worker is gone (killed, or retired
-    by a batch system) counts as flushed only if its sidecar is there with this run's name."""
+    steps after it, whose inputs it then changes). Where the worker is gone (killed, or retired by
+    a batch system) before it reported, the runner finishes the flush itself from the result
+    (:func:`.task.complete_flush`; the outputs are checked to be the ones renamed into place), and
+    the step is a failure only if that fails too."""
     pending = {r["step"] + "/" + r["subject"]: r for r in results if r and r.get("durable") == "pending"}
     if not pending:
         return
@@ -209,7 +211,7 @@ def settle_durability(client, results: list, progress: CohortProgress | None = N
     reports = client.run(durable.drain_on_worker, run, on_error="return")
     found: dict[str, list[dict]] = {}
     for worker in reports.values():
-        if isinstance(worker, BaseException):  # a worker lost on the way: its steps are checked below
+        if isinstance(worker, BaseException):  # a worker lost on the way: its steps are finished below
             continue
         for entry in worker:
             found.setdefault(entry["key"], []).append(entry)
@@ -217,33 +219,25 @@ def settle_durability(client, results: list, progress: CohortProgress | None = N
     for key, r in pending.items():
         entries = found.get(key)
         errors = [e["error"] for e in entries or () if "error" in e]
+        flush = r.pop("flush", None)
         if entries and not errors:
             r["durable"] = "done"
             r.setdefault("timing", {})["durable_s"] = max(e["seconds"] for e in entries)
-        elif errors:
-            failed += 1
-            r.update(
-                status="failed", durable="failed", reason=f"its outputs could not be flushed to the disk: {errors[0]}"
-            )
-        elif _recorded_by(r.get("sidecar"), run):  # flushed as its worker closed
-            r["durable"] = "done"
-        else:
-            failed += 1
-            r.update(status="failed", durable="lost",
-                     reason="its worker stopped before the outputs were flushed to the disk")  # fmt: skip
+            continue
+        if not errors:  # its worker stopped before it reported: the runner finishes the flush
+            try:
+                if flush is None:
+                    raise RuntimeError("the step's result does not say what to flush")
+                complete_flush(flush)
+                r["durable"] = "done by the runner (its worker stopped)"
+                continue
+            except Exception as exc:
+                errors = [f"its worker stopped before the flush, and the runner's failed: {type(exc).__name__}: {exc}"]
+        failed += 1
+        r.update(status="failed", durable="failed", reason=f"its outputs could not be flushed to the disk: {errors[0]}")
     if failed and progress is not None:
         progress.note(f"cohort: {failed} subject-step(s) failed at the flush; the next run does them again, "
                       "and the steps after them")  # fmt: skip
-
-
-def _recorded_by(sidecar: str | None, run: str | None) -> bool:
-    """Whether ``sidecar`` is there and was written by the batch run ``run``."""
-    if not sidecar or not run:
-        return False
-    try:
-        return json.loads(Path(sidecar).read_text()).get("BatchRun") == Path(run).name
-    except (OSError, ValueError):
-        return False
 
 
 def _blocked(job, upstream: list[dict]) -> dict:
@@ -271,7 +265,7 @@ def summarise(results: list[dict], *, wall_s: float, engine: str) -> dict:
     summary: dict = {status.replace("-", "_"): [] for status in STATUSES}
     step_seconds: dict[str, float] = {}
     for r in results:
-        entry = {k: v for k, v in r.items() if k != "status"}
+        entry = {k: v for k, v in r.items() if k not in ("status", "flush")}
         summary[r["status"].replace("-", "_")].append(entry)
         if r["status"] == "done":
             step_seconds[r["step"]] = round(step_seconds.get(r["step"], 0.0) + r["seconds"], 3)

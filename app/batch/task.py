@@ -18,6 +18,7 @@ retries it (``retries``), and a lost worker's task is run again elsewhere by the
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -105,7 +106,7 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
         command_s = time.perf_counter() - began
         record = {"Inputs": inputs, "Parameters": parameters, "Summary": summary, "ComputeSeconds": round(seconds, 3)}
         moved = time.perf_counter()
-        written = _move_into_place(job, stage, record)
+        written, flush = _move_into_place(job, stage, record)
         move_s = time.perf_counter() - moved
     finally:
         cleaned = time.perf_counter()
@@ -114,7 +115,7 @@ def run_step(job: StepJob, *upstream: dict) -> dict:
     timing = {"command_s": round(command_s, 3), "move_s": round(move_s, 3), "clean_s": round(clean_s, 3),
               "phases": (summary.get("timings") or {}) if isinstance(summary, dict) else {}}  # fmt: skip
     return result(job, "done", start, outputs=written, timing=timing, worker=worker_identity(), durable="pending",
-                  sidecar=str(sidecar_of(primary)))  # fmt: skip
+                  flush=flush)  # fmt: skip
 
 
 def worker_identity() -> dict:
@@ -204,10 +205,10 @@ def _staged_outputs(job: StepJob, stage: Path) -> dict[str, Path]:
     return named
 
 
-def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
+def _move_into_place(job: StepJob, stage: Path, record: dict) -> tuple[list[str], PendingFlush]:
     """Rename the staged outputs over the old ones (first dropping the old sidecars, so an
     interrupted move reads as not done), then queue their flush to the disk and every output's
-    sidecar after it (:func:`.durable.later`)."""
+    sidecar after it (:func:`.durable.later`, :func:`complete_flush`)."""
     folder = Path(job.folder)
     folder.mkdir(parents=True, exist_ok=True)
     staged = _staged_outputs(job, stage)
@@ -231,26 +232,39 @@ def _move_into_place(job: StepJob, stage: Path, record: dict) -> list[str]:
         "GeneratedBy": list(job.generated_by),
         "BatchRun": Path(job.staging).name,  # which run wrote it (its staging folder's name)
     }
-    text = json.dumps(normalised(sidecar), indent=2)
+    flush = PendingFlush(str(folder), tuple(names), job.primary[0], json.dumps(normalised(sidecar), indent=2),
+                         {name: _identity(folder / name) for name in names})  # fmt: skip
+    durable.later(job.key, functools.partial(complete_flush, flush), run=job.staging)
+    return names, flush
 
-    placed = {name: _identity(folder / name) for name in names}
 
-    def flush() -> None:
-        """The outputs and their folder to the disk, then the sidecars (the step's record last),
-        unless an output was replaced meanwhile (a later run of the step): its record is not ours."""
-        for name in names:
-            fsync_path(folder / name)
-        fsync_path(folder)
-        replaced = [name for name in names if _identity(folder / name) != placed[name]]
-        if replaced:
-            raise RuntimeError(
-                f"{', '.join(replaced)} was replaced before its flush (by a later run?): no sidecar written"
-            )
-        for name in sorted(names, key=lambda n: n == job.primary[0]):
-            write_text_atomic(text, sidecar_of(folder / name), durable=True)
+@dataclass(frozen=True)
+class PendingFlush:
+    """What makes a step's outputs durable and records them (plain data: it travels in the step's
+    result, so that the runner can finish it when the worker that queued it is gone)."""
 
-    durable.later(job.key, flush, run=job.staging)
-    return names
+    folder: str
+    names: tuple[str, ...]
+    primary: str  # the output whose sidecar is written last
+    sidecar: str  # the sidecars' text
+    placed: dict  # output name → its identity when renamed into place (:func:`_identity`)
+
+
+def complete_flush(flush: PendingFlush) -> None:
+    """The outputs and their folder to the disk, then the sidecars (the step's record last), unless
+    an output is not the one renamed into place (a later run of the step put another there, or
+    what is seen is not what the worker wrote): its record is then not ours to write."""
+    folder = Path(flush.folder)
+    for name in flush.names:
+        fsync_path(folder / name)
+    fsync_path(folder)
+    replaced = [name for name in flush.names if _identity(folder / name) != tuple(flush.placed[name])]
+    if replaced:
+        raise RuntimeError(
+            f"{', '.join(replaced)} is not the output renamed into place (a later run's?): no sidecar written"
+        )
+    for name in sorted(flush.names, key=lambda n: n == flush.primary):
+        write_text_atomic(flush.sidecar, sidecar_of(folder / name), durable=True)
 
 
 def _identity(path: Path) -> tuple:
