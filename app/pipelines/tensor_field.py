@@ -82,20 +82,15 @@ def count_not_positive_definite(tensors: np.ndarray) -> int:
     t = np.asarray(tensors, dtype=np.float64)
     if not len(t):
         return 0
-    a, b, c, d, e, f = (t[:, i] for i in range(6))
+    a, b, _, d, _, _ = sym3.components(t)
     minor2 = a * d - b * b
-    det = a * (d * f - e * e) - b * (b * f - c * e) + c * (b * e - c * d)
+    det = sym3.determinant(t)
     scale = np.abs(t).max(axis=1)
     sure = (a > 0) & (minor2 > 0) & (det > SURE_DETERMINANT * scale**3)
     rest = t[~sure]
     if not len(rest):
         return 0
-    return int((np.linalg.eigvalsh(_matrices(rest))[:, 0] <= 0).sum())
-
-
-def _matrices(tensor: np.ndarray) -> np.ndarray:
-    a, b, c, d, e, f = (tensor[:, i].astype(np.float64) for i in range(6))
-    return np.stack([np.stack([a, b, c], -1), np.stack([b, d, e], -1), np.stack([c, e, f], -1)], -2)
+    return int((np.linalg.eigvalsh(sym3.to_matrix(np, rest))[:, 0] <= 0).sum())
 
 
 @dataclass
