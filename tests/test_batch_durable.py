@@ -155,7 +155,7 @@ def test_the_runner_reports_each_steps_flush_and_finishes_those_of_lost_workers(
     stream = io.StringIO()
     client = _Client(reports)
     settle_durability(client, results, CohortProgress(2, 3, stream=stream), run)
-    assert client.calls == [(run,)]  # only this run's flushes are asked for
+    assert client.calls == [(run, durable.FLUSH_STALL_S)]  # only this run's flushes are asked for
     assert results[0]["status"] == "done" and results[0]["timing"]["durable_s"] == 0.5 and "flush" not in results[0]
     assert results[1]["status"] == "failed" and "could not be flushed" in results[1]["reason"]
     assert "No space left" in results[1]["reason"]
@@ -262,3 +262,48 @@ def test_a_folder_is_flushed_with_its_subfolders(tmp_path, fsyncs):
     _atomic.fsync_path(tmp_path / "out")
     assert sorted(Path(p).relative_to(tmp_path).as_posix() for p in fsyncs) == [
         "out", "out/b.json", "out/sub", "out/sub/a.nii.gz"]  # fmt: skip
+
+
+def test_a_stalled_flush_ends_the_drain_with_a_reason_instead_of_holding_it():
+    """A file system that stops answering: the drain waits ``stall_s`` for the next flush, then
+    reports it and the later ones still waiting as failed; one already finished is reported done."""
+    stuck, release = threading.Event(), threading.Event()
+    durable.later("fit-dti/sub-01", lambda: None, run="r")
+    durable.later("track/sub-01", lambda: (stuck.set(), release.wait(30)), run="r")
+    durable.later("connectome/sub-01", lambda: None, run="r")
+    assert stuck.wait(10)
+    try:
+        report = durable.drain("r", stall_s=0.2)
+    finally:
+        release.set()
+    assert [r["key"] for r in report] == ["fit-dti/sub-01", "track/sub-01", "connectome/sub-01"]
+    assert "error" not in report[0]
+    assert all("no flush finished within 0.2 s" in r["error"] and "--flush-timeout" in r["error"] for r in report[1:])
+    assert durable.drain("r") == []  # reported once; the stuck one finishes on its thread all the same
+
+
+def test_an_infinite_stall_limit_waits():
+    durable.later("a/sub-01", lambda: None, run="r")
+    assert [("error" in r) for r in durable.drain("r", stall_s=float("inf"))] == [False]
+
+
+def test_the_runner_passes_its_stall_limit_to_the_workers(tmp_path):
+    client = _Client({"tcp://a": [{"key": "s/sub-01", "error": "TimeoutError: no flush finished within 5 s"}]})
+    results = [{"step": "s", "subject": "sub-01", "status": "done", "durable": "pending"}]
+    settle_durability(client, results, None, "run-y", 5.0)
+    assert client.calls == [("run-y", 5.0)]
+    assert results[0]["status"] == "failed" and "no flush finished within 5 s" in results[0]["reason"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_the_cli_refuses_a_flush_timeout_that_is_not_a_positive_time(tmp_path, capsys, value):
+    from tractlens.app.cli import main
+
+    code = main(["batch", str(tmp_path), "-o", str(tmp_path / "d"), "--pipeline", "fit-dti", "--flush-timeout", value])
+    assert code == 2 and "--flush-timeout must be a positive number of seconds" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # refused before anything is written
+
+
+def test_a_flush_timeout_of_inf_is_no_limit():
+    assert durable.stall_limit(float("inf")) is None and durable.stall_limit(None) is None
+    assert durable.stall_limit(30) == 30.0

@@ -117,13 +117,17 @@ def run_plan(
     progress: CohortProgress | None = None,
     on_event: Callable[[dict], None] | None = None,
     task: Callable[..., dict] = run_step,
+    flush_timeout_s: float | None = durable.FLUSH_STALL_S,
 ) -> list[dict]:
     """Run every job of ``plan`` on ``client``; one result per job, in the plan's order. ``on_event``
     sees each step-progress event (``{"key", "label", "done", "total", "pid"}``: the worker process).
     Jobs are submitted as they become ready, at most :func:`worker_threads` at a time (the module
-    docstring); ``task(job, *upstream_results)`` runs one (:func:`~.task.run_step`)."""
+    docstring); ``task(job, *upstream_results)`` runs one (:func:`~.task.run_step`). At the end
+    it waits for the workers' flushes (:func:`settle_durability`), at most ``flush_timeout_s``
+    seconds for each next one."""
     from distributed import wait
 
+    flush_timeout_s = durable.stall_limit(flush_timeout_s)
     progress = progress or CohortProgress(len(plan.series), len(plan.steps), quiet=True)
 
     def handle(event) -> None:
@@ -185,7 +189,8 @@ def run_plan(
                 i = running.pop(future)
                 results[i] = _collect(plan, i, future, results)
                 resolved(i)
-        settle_durability(client, results, progress, getattr(plan.jobs[0], "staging", None) if plan.jobs else None)
+        run = getattr(plan.jobs[0], "staging", None) if plan.jobs else None
+        settle_durability(client, results, progress, run, flush_timeout_s)
     except BaseException:  # Ctrl+C above all: nothing more starts; the caller closes the cluster
         client.cancel(list(running), force=True)
         raise
@@ -194,7 +199,13 @@ def run_plan(
     return results
 
 
-def settle_durability(client, results: list, progress: CohortProgress | None = None, run: str | None = None) -> None:
+def settle_durability(
+    client,
+    results: list,
+    progress: CohortProgress | None = None,
+    run: str | None = None,
+    stall_s: float | None = durable.FLUSH_STALL_S,
+) -> None:
     """Wait until every worker has flushed this run's outputs and written their sidecars
     (:func:`.durable.drain_on_worker`; ``run`` is the run's staging folder); each such result gets
     the flush's seconds (``timing.durable_s``), or, where the flush failed, becomes a failure: its
@@ -202,13 +213,15 @@ def settle_durability(client, results: list, progress: CohortProgress | None = N
     steps after it, whose inputs it then changes). Where the worker is gone (killed, or retired by
     a batch system) before it reported, the runner finishes the flush itself from the result
     (:func:`.task.complete_flush`; the outputs are checked to be the ones renamed into place), and
-    the step is a failure only if that fails too."""
+    the step is a failure only if that fails too. A worker whose next flush does not finish within
+    ``stall_s`` seconds reports it and those after it as failed (:func:`.durable.drain`), so a
+    file system that stopped answering ends the run instead of holding it."""
     pending = {r["step"] + "/" + r["subject"]: r for r in results if r and r.get("durable") == "pending"}
     if not pending:
         return
     if progress is not None:
         progress.note("cohort: flushing the last outputs to the disk, then their sidecars")
-    reports = client.run(durable.drain_on_worker, run, on_error="return")
+    reports = client.run(durable.drain_on_worker, run, stall_s, on_error="return")
     found: dict[str, list[dict]] = {}
     for worker in reports.values():
         if isinstance(worker, BaseException):  # a worker lost on the way: its steps are finished below

@@ -24,6 +24,7 @@ def add_parsers(sub, common) -> None:
     # the single-subject commands through app.cli.parser, and importing any module of app.cli
     # first runs app/cli/__init__.py, which imports this one. No module-level import cycle; a
     # worker that unpickles app.batch.task first must not find app.batch half-imported.
+    from ..batch.durable import FLUSH_STALL_S
     from ..batch.steps import STEPS
 
     p = sub.add_parser(
@@ -66,6 +67,15 @@ def add_parsers(sub, common) -> None:
         "--cluster", choices=("slurm", "pbs", "sge"), help="submit workers as batch jobs (dask-jobqueue)"
     )
     p.add_argument("--cluster-config", metavar="F", help="the batch jobs' settings (TOML or YAML; see the README)")
+    p.add_argument(
+        "--flush-timeout",
+        type=float,
+        default=FLUSH_STALL_S,
+        metavar="S",
+        help="seconds the end of the run waits for a worker's next output to be flushed to the disk; when none "
+        "finishes within it (a network file system that stopped answering), the steps still waiting are reported "
+        "failed and done again by the next run (default: %(default)g)",
+    )
     p.set_defaults(func=cmd_batch)
 
 
@@ -88,6 +98,7 @@ def cmd_batch(args) -> int:
     from ..batch.cohort import write_cohort_profiles
     from ..batch.config import load_config
     from ..batch.dataset import find_series
+    from ..batch.durable import stall_limit
     from ..batch.engines import cluster_arguments, connect, workers_without_main
     from ..batch.naming import command_line, write_dataset_description
     from ..batch.plan import build_plan
@@ -95,6 +106,7 @@ def cmd_batch(args) -> int:
     from ..batch.steps import parse_steps
 
     _check_options(args)
+    stall_limit(args.flush_timeout)  # before the cluster starts
     steps = parse_steps(args.pipeline)
     config = load_config(args.config, steps)
     bids_dir, derivatives = Path(args.bids_dir), Path(args.output).absolute()
@@ -118,7 +130,7 @@ def cmd_batch(args) -> int:
         client, cluster = connect(args.scheduler, choice)
         started = time.perf_counter() - start  # the cluster's start (worker processes, imports)
         try:
-            results = run_plan(plan, client, progress=progress)
+            results = run_plan(plan, client, progress=progress, flush_timeout_s=args.flush_timeout)
         finally:
             client.close()
             if cluster is not None:
