@@ -307,3 +307,19 @@ def test_the_cli_refuses_a_flush_timeout_that_is_not_a_positive_time(tmp_path, c
 def test_a_flush_timeout_of_inf_is_no_limit():
     assert durable.stall_limit(float("inf")) is None and durable.stall_limit(None) is None
     assert durable.stall_limit(30) == 30.0
+
+
+def test_steps_made_from_an_unflushed_step_say_that_the_next_run_redoes_them():
+    from tractlens.app.batch.runner import note_unflushed_upstream
+
+    results = [
+        {"step": "fit-dti", "subject": "sub-01", "status": "failed", "durable": "failed"},
+        {"step": "track-deterministic", "subject": "sub-01", "status": "done", "durable": "done"},
+        {"step": "connectome", "subject": "sub-01", "status": "done", "durable": "done"},
+        {"step": "fit-dti", "subject": "sub-02", "status": "done", "durable": "done"},
+        {"step": "track-deterministic", "subject": "sub-02", "status": "done", "durable": "done"},
+    ]
+    dependents = [[1], [2], [], [4], []]
+    note_unflushed_upstream(results, dependents)
+    assert [("note" in r) for r in results] == [False, True, True, False, False]
+    assert results[2]["note"].startswith("made from fit-dti's outputs, which could not be flushed")

@@ -191,6 +191,7 @@ def run_plan(
                 resolved(i)
         run = getattr(plan.jobs[0], "staging", None) if plan.jobs else None
         settle_durability(client, results, progress, run, flush_timeout_s)
+        note_unflushed_upstream(results, dependents)
     except BaseException:  # Ctrl+C above all: nothing more starts; the caller closes the cluster
         client.cancel(list(running), force=True)
         raise
@@ -251,6 +252,24 @@ def settle_durability(
     if failed and progress is not None:
         progress.note(f"cohort: {failed} subject-step(s) failed at the flush; the next run does them again, "
                       "and the steps after them")  # fmt: skip
+
+
+def note_unflushed_upstream(results: list, dependents: list[list[int]]) -> None:
+    """A step done from an earlier step whose flush failed keeps its outputs (they were made from
+    what that step wrote) but is redone by the next run, which redoes the earlier step and so
+    changes its inputs: its result says so (``note``), and the summary shows it."""
+    stack = [(i, results[i]["step"]) for i, r in enumerate(results) if r and r.get("durable") == "failed"]
+    seen = {i for i, _ in stack}
+    while stack:
+        i, origin = stack.pop()
+        for d in dependents[i]:
+            if d in seen:
+                continue
+            seen.add(d)
+            stack.append((d, origin))
+            if results[d] and results[d].get("status") == "done":
+                results[d]["note"] = (f"made from {origin}'s outputs, which could not be flushed to the disk: "
+                                      "the next run does it again")  # fmt: skip
 
 
 def _blocked(job, upstream: list[dict]) -> dict:

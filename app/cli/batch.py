@@ -145,6 +145,7 @@ def cmd_batch(args) -> int:
         summary["cohort_profiles"] = cohort
     counts = summary["counts"]
     failures = "".join(f"\n  {f['subject']} {f['step']}: {f['reason']}" for f in summary["failed"])
+    failures += "".join(f"\n  {d['subject']} {d['step']}: done; {d['note']}" for d in summary["done"] if d.get("note"))
     human = (
         f"{len(series)} subjects × {len(steps)} steps: {counts['done']} done, {counts['skipped']} skipped, "
         f"{counts['failed']} failed, {counts['not-run']} not run, in {summary['wall_s']:.1f} s on {engine}; "
