@@ -22,8 +22,8 @@ from .atlases import atlas_info, load_atlas, load_template, write_lookup_table
 from .errors import InputError
 from .grid import Grid
 from .io import transforms as transform_files
-from .io.nifti import load_image, read_array, save_volume
-from .io.outputs import check_output_file, check_output_folder
+from .io.nifti import check_nifti_output, image_grid, load_image, read_array, save_volume
+from .io.outputs import check_output_file, check_output_folder, check_replaceable_folder
 from .model import RoiMask, Tractogram, Volume
 from .params import RegisterParams
 from .registration import ChainedRegistration, Registration, compose_registrations, resample
@@ -61,14 +61,17 @@ class RegisterResult:
     summary: dict = field(default_factory=dict)
 
 
-def load_for_registration(source, volume: int | None = None, what: str = "image") -> LoadedImage:
+def load_for_registration(
+    source, volume: int | None = None, what: str = "image", option: str = "--volume"
+) -> LoadedImage:
     """A path (NIfTI, MGZ, DICOM folder), the word ``mni``, or a model :class:`Volume`, as one 3-D image.
 
     A 4-D image is a diffusion series when gradient files sit beside it: its mean b=0 is taken
-    (``note`` says so); ``volume`` picks one volume of any 4-D image instead."""
+    (``note`` says so); ``volume`` picks one volume of any 4-D image instead (``option`` names it
+    in messages: the moving and the fixed image each have their own)."""
     if isinstance(source, Volume):
         data = np.asarray(source.data, np.float32)
-        return _three_d(data, Grid(source.affine, data.shape[:3]), source.name, volume, None, what)
+        return _three_d(data, source.affine, source.name, volume, None, what, option)
     if isinstance(source, str) and source.lower() in TEMPLATE_WORDS:
         data, affine = load_template(source.lower())
         return LoadedImage(
@@ -85,17 +88,17 @@ def load_for_registration(source, volume: int | None = None, what: str = "image"
             raise InputError(
                 f"is a 4-D image of {img.shape[3]} volumes, and registration needs one",
                 path=path,
-                fix="Choose one with --volume N (0 is the first); a diffusion series with its .bval/.bvec "
-                "beside it is registered through its mean b=0 without --volume",
+                fix=f"Choose one with {option} N (0 is the first); a diffusion series with its .bval/.bvec "
+                f"beside it is registered through its mean b=0 without {option}",
             ) from None
         data = dwi.mean_b0().astype(np.float32)
         count = int(dwi.b0_mask.sum())
         return LoadedImage(data, Grid(dwi.affine, data.shape), path.name, f"the mean of its {count} b=0 volumes")
     data = read_array(img, path, np.float32, what)
-    return _three_d(data, Grid(img.affine, img.shape[:3]), path.name, volume, path, what)
+    return _three_d(data, img.affine, path.name, volume, path, what, option)
 
 
-def _three_d(data, grid: Grid, name: str, volume, path, what: str) -> LoadedImage:
+def _three_d(data, affine, name: str, volume, path, what: str, option: str = "--volume") -> LoadedImage:
     if data.ndim == 4 and data.shape[3] == 1:
         data = data[..., 0]
     if data.ndim == 4:
@@ -103,19 +106,23 @@ def _three_d(data, grid: Grid, name: str, volume, path, what: str) -> LoadedImag
             raise InputError(
                 f"the {what} is 4-D ({data.shape[3]} volumes) and registration needs one",
                 path=path,
-                fix="Choose one with --volume N",
+                fix=f"Choose one with {option} N",
             )
         if not 0 <= volume < data.shape[3]:
             raise InputError(
-                f"--volume {volume} is outside the image's {data.shape[3]} volumes (0 to {data.shape[3] - 1})",
+                f"{option} {volume} is outside the image's {data.shape[3]} volumes (0 to {data.shape[3] - 1})",
                 path=path,
             )
+        grid = Grid(affine, data.shape[:3])
         return LoadedImage(np.ascontiguousarray(data[..., volume]), grid, name, f"volume {volume}")
     if data.ndim != 3:
-        raise InputError(f"the {what} has {data.ndim} dimensions; registration takes a 3-D image", path=path)
+        raise InputError(
+            f"the {what} has {data.ndim} dimension(s); registration takes a 3-D image", path=path,
+            fix="Give a 3-D image (or a 4-D series with a volume chosen)",
+        )  # fmt: skip
     if volume not in (None, 0):
-        raise InputError(f"--volume {volume} was given but the image is 3-D", path=path)
-    return LoadedImage(data, grid, name)
+        raise InputError(f"{option} {volume} was given but the image is 3-D", path=path)
+    return LoadedImage(data, Grid(affine, data.shape), name)
 
 
 def _mask(source, image: LoadedImage, what: str) -> np.ndarray | None:
@@ -130,12 +137,17 @@ def _mask(source, image: LoadedImage, what: str) -> np.ndarray | None:
     elif isinstance(source, Volume):
         data, affine, path = np.asarray(source.data), source.affine, source.source or None
         what = f"{what} ({source.name})"
-        if data.ndim == 4:
-            raise InputError(f"the {what} is a 4-D image", fix="Choose a 3-D mask, an ROI or a label image")
     else:
         path = source
         img = load_image(path, what)
         data, affine = np.asarray(img.dataobj), img.affine
+    if data.ndim == 4 and data.shape[3] == 1:
+        data = data[..., 0]
+    if data.ndim != 3:
+        raise InputError(
+            f"the {what} is a {data.ndim}-D image; a mask is 3-D", path=path,
+            fix="Choose a 3-D mask, an ROI or a label image",
+        )  # fmt: skip
     if not Grid(affine, data.shape[:3]).matches(image.grid):
         data = resample(data, Grid(affine, data.shape[:3]), image.grid, lambda p: p, "nearest")
     mask = np.nan_to_num(data) > 0
@@ -157,6 +169,7 @@ def register_images(
     params: RegisterParams | None = None,
     *,
     volume: int | None = None,
+    fixed_volume: int | None = None,
     moving_mask: str | os.PathLike | Volume | RoiMask | None = None,
     fixed_mask: str | os.PathLike | Volume | RoiMask | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -184,8 +197,8 @@ def register_images(
     params : RegisterParams, optional
         Transform type (``rigid``, ``affine``, ``syn``), metric, sampling spacing (mm),
         iterations, random seed.
-    volume : int, optional
-        The volume of a 4-D moving image to use.
+    volume, fixed_volume : int, optional
+        The volume of a 4-D moving (fixed) image to use.
     moving_mask, fixed_mask : str, os.PathLike, Volume or RoiMask, optional
         Masks restricting the metric (a file, or an open image or ROI).
     progress, cancelled : callable, optional
@@ -237,11 +250,14 @@ def register_images(
     from .pipelines.register import register_arrays  # SciPy's ndimage and DIPY: not for atlas or apply-transform
 
     params = params or RegisterParams()
+    inputs = tuple(x for x in (moving, fixed, moving_mask, fixed_mask) if isinstance(x, str | os.PathLike))
+    inputs = tuple(x for x in inputs if str(x).lower() not in TEMPLATE_WORDS)
     if out_dir is not None:
         out_dir = check_output_folder(out_dir, "registration folder")
+        check_replaceable_folder(out_dir, transform_files.SUMMARY_FILE, "registration folder", inputs)
     t0 = time.perf_counter()
     mov = load_for_registration(moving, volume, "moving image")
-    fix = load_for_registration(fixed, None, "fixed image")
+    fix = load_for_registration(fixed, fixed_volume, "fixed image", "--fixed-volume")
     mmask = _mask(moving_mask, mov, "moving mask")
     fmask = _mask(fixed_mask, fix, "fixed mask")
     read_seconds = time.perf_counter() - t0
@@ -318,7 +334,7 @@ def register_images(
     }
     if out_dir is not None:
         t1 = time.perf_counter()
-        transform_files.save_registration(registration, out_dir, summary, run.moving_in_fixed)
+        transform_files.save_registration(registration, out_dir, summary, run.moving_in_fixed, inputs)
         summary["seconds"]["write"] = round(time.perf_counter() - t1, 3)
     return RegisterResult(registration, run.moving_in_fixed, summary)
 
@@ -381,8 +397,10 @@ def apply_transform(
     check_device(device)
     registration = load_registration(registration)
     out = check_output_file(out, "output")
+    if not str(input_path).lower().endswith(TRACTOGRAM_SUFFIXES):
+        check_nifti_output(out)
     ref_img = load_image(reference, "reference image")
-    ref_grid = Grid(ref_img.affine, ref_img.shape[:3])
+    ref_grid = image_grid(ref_img, reference, "reference image")
     source_side, target_side = ("fixed", "moving") if inverse else ("moving", "fixed")
     _check_sides(registration, ref_grid, target_side, reference)
     if str(input_path).lower().endswith(TRACTOGRAM_SUFFIXES):
@@ -401,8 +419,8 @@ def apply_transform(
             "registration": registration.describe(),
         }
     img = load_image(input_path, "input image")
+    grid = image_grid(img, input_path, "input image")
     data = np.asarray(img.dataobj)
-    grid = Grid(img.affine, img.shape[:3])
     _check_sides(registration, grid, source_side, input_path)
     chosen = _interpolation(interp, data, Path(input_path).name)
     towards = "moving" if inverse else "fixed"
@@ -426,8 +444,10 @@ def _interpolation(interp: str, data: np.ndarray, name: str) -> str:
         return interp
     from .loaders import looks_like_labels  # the loaders pull in every pipeline: not at the commands' start
 
-    integer = np.issubdtype(data.dtype, np.integer) or data.dtype == bool
-    return "nearest" if (integer and looks_like_labels(np.asarray(data), name)) or data.dtype == bool else "linear"
+    if data.dtype == bool:
+        return "nearest"
+    # whatever the storage: label and mask images are often saved as float32 by other tools
+    return "nearest" if looks_like_labels(np.asarray(data), name) else "linear"
 
 
 #: Points mapped per chunk (float64 copies of each chunk: ~120 MB).
@@ -499,9 +519,9 @@ def write_atlas(
     are resampled on ``device`` (as :func:`apply_transform`)."""
     atlas_info(name)
     check_device(device)
-    out = check_output_file(out, "atlas output")
+    out = check_nifti_output(check_output_file(out, "atlas output"), "atlas output")
     ref_img = load_image(reference, "reference image")
-    grid = Grid(ref_img.affine, ref_img.shape[:3])
+    grid = image_grid(ref_img, reference, "reference image")
     t0 = time.perf_counter()
     labels, table = atlas_on_subject(name, registration, grid, device=device)
     save_volume(labels, grid.affine, out, dtype=np.int32)

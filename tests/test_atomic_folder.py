@@ -1,5 +1,7 @@
 """``atomic_folder``: an output folder is built beside its name and renamed into place, so a
-failure or a cancel inside leaves the previous folder as it was and no staging folder behind."""
+failure or a cancel inside leaves the previous folder as it was and no staging folder behind; a
+folder is replaced only when it is new, empty or an earlier output of the same kind (its marker
+file) holding none of the inputs: never a folder of the user's other files."""
 
 from __future__ import annotations
 
@@ -7,8 +9,15 @@ import os
 
 import pytest
 
-from tractlens.app.io import atomic_folder
+from tractlens.app.errors import InputError
+from tractlens.app.io import atomic_folder as _atomic_folder
 from tractlens.app.jobs import Cancelled
+
+MARK = "made.json"
+
+
+def atomic_folder(path, inputs=()):
+    return _atomic_folder(path, MARK, "test output", inputs)
 
 
 def _listing(folder):
@@ -20,6 +29,7 @@ def _old_folder(tmp_path):
     (out / "sub").mkdir(parents=True)
     (out / "a.txt").write_text("old a")
     (out / "sub" / "b.txt").write_text("old b")
+    (out / MARK).write_text("{}")  # an earlier output of the same kind
     return out
 
 
@@ -29,7 +39,7 @@ def test_success_replaces_the_previous_folder_and_leaves_no_staging(tmp_path):
         assert staging.parent == out.parent and staging != out and staging.is_dir()
         assert list(staging.iterdir()) == []
         (staging / "c.txt").write_text("new c")
-        assert _listing(out) == [("a.txt", "old a"), ("sub/b.txt", "old b")]  # untouched until the end
+        assert _listing(out) == [("a.txt", "old a"), (MARK, "{}"), ("sub/b.txt", "old b")]  # untouched until the end
     assert _listing(out) == [("c.txt", "new c")]
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
@@ -50,7 +60,7 @@ def test_a_failure_inside_keeps_the_previous_folder_and_removes_the_staging(tmp_
             (staging / "half.txt").write_text("half written")
             (staging / "nested").mkdir()
             raise error
-    assert _listing(out) == [("a.txt", "old a"), ("sub/b.txt", "old b")]
+    assert _listing(out) == [("a.txt", "old a"), (MARK, "{}"), ("sub/b.txt", "old b")]
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
@@ -67,7 +77,7 @@ def test_a_failed_rename_puts_the_previous_folder_back(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         with atomic_folder(out) as staging:
             (staging / "c.txt").write_text("new c")
-    assert _listing(out) == [("a.txt", "old a"), ("sub/b.txt", "old b")]
+    assert _listing(out) == [("a.txt", "old a"), (MARK, "{}"), ("sub/b.txt", "old b")]
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
@@ -80,4 +90,61 @@ def test_a_staging_folder_left_by_a_killed_run_is_cleared_first(tmp_path):
         assert list(staging.iterdir()) == []
         (staging / "c.txt").write_text("new c")
     assert _listing(out) == [("c.txt", "new c")]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_a_folder_of_other_files_is_refused_and_kept(tmp_path):
+    """``register -o SUBJECT_FOLDER`` deleted the subject's images: the folder was replaced whole."""
+    out = tmp_path / "subject"
+    out.mkdir()
+    (out / "t1.nii.gz").write_text("the user's image")
+    with pytest.raises(InputError, match="holds other files"):
+        with atomic_folder(out):
+            pass
+    assert _listing(out) == [("t1.nii.gz", "the user's image")]
+    assert sorted(os.listdir(tmp_path)) == ["subject"]
+
+
+def test_an_empty_folder_is_used(tmp_path):
+    (tmp_path / "out").mkdir()
+    with atomic_folder(tmp_path / "out") as staging:
+        (staging / "x.txt").write_text("x")
+    assert _listing(tmp_path / "out") == [("x.txt", "x")]
+
+
+@pytest.mark.parametrize("where", ["in", "is"])
+def test_an_earlier_output_holding_an_input_is_refused(tmp_path, where):
+    out = _old_folder(tmp_path)
+    source = out / "a.txt" if where == "in" else out
+    with pytest.raises(InputError, match="is or holds the input"):
+        with atomic_folder(out, inputs=(str(source),)):
+            pass
+    assert (out / "a.txt").read_text() == "old a"
+
+
+def test_the_current_folder_or_one_above_it_is_refused(tmp_path, monkeypatch):
+    out = _old_folder(tmp_path)
+    monkeypatch.chdir(out / "sub")
+    for given in (str(out), ".."):
+        with pytest.raises(InputError, match="current folder or holds it"):
+            with atomic_folder(given):
+                pass
+    with pytest.raises(InputError, match="holds other files"):  # "." is sub/, which holds b.txt only
+        with atomic_folder("."):
+            pass
+    with pytest.raises(InputError, match="can be written to"):
+        with atomic_folder("/"):
+            pass
+    assert _listing(out) == [("a.txt", "old a"), (MARK, "{}"), ("sub/b.txt", "old b")]
+
+
+def test_files_put_into_the_folder_during_the_run_are_not_deleted(tmp_path):
+    """Checked again at the end: a folder that became someone's during a long run is kept."""
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="holds other files"):
+        with atomic_folder(out) as staging:
+            (staging / "x.txt").write_text("x")
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+    assert _listing(out) == [("notes.txt", "mine")]
     assert sorted(os.listdir(tmp_path)) == ["out"]

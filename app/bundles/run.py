@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..io import atomic_folder, save_tractogram, save_volume
+from ..io.outputs import check_output_folder, check_replaceable_folder
 from ..io.transforms import load_registration
 from ..jobs import JobContext
 from ..model import Tractogram
@@ -68,15 +69,11 @@ class BundlesResult:
         return [b for b in self.bundles.values() if b.status != "ok"]
 
 
-def _check_output(output: Path) -> None:
-    if output.exists() and not output.is_dir():
-        raise InputError("exists and is not a folder", path=output, fix="Give a new folder name for -o")
-    if output.is_dir() and any(output.iterdir()) and not (output / SUMMARY_FILE).is_file():
-        raise InputError(
-            "is a folder that holds other files (not an earlier bundles output)",
-            path=output,
-            fix="Give a new or empty folder for -o; an earlier bundles folder is replaced",
-        )
+def _check_output(output: Path, inputs: tuple) -> None:
+    """An output folder that can be written, and is new, empty or an earlier bundles folder (which
+    is replaced whole) holding none of the inputs."""
+    check_output_folder(output, "bundles folder")
+    check_replaceable_folder(output, SUMMARY_FILE, "bundles folder", inputs)
 
 
 def _write_trx(tractogram: Tractogram, path: Path) -> None:
@@ -146,7 +143,8 @@ def run_bundles(
     context = context or JobContext()
     output = Path(output)
     chosen = choose_bundles(names)
-    _check_output(output)
+    inputs = tuple(x for x in (samples, fod, tensor, registration) if isinstance(x, str | os.PathLike))
+    _check_output(output, inputs)
     opened = time.perf_counter()
     reg = load_registration(registration)
     engine = open_engine(samples=samples, fod=fod, tensor=tensor, prob_params=prob_params, fod_params=fod_params,
@@ -156,7 +154,7 @@ def run_bundles(
     subject_s = time.perf_counter() - opened - engine_s
     protocols = load_protocols()
     t0 = time.perf_counter()
-    with atomic_folder(output) as staging:
+    with atomic_folder(output, SUMMARY_FILE, "bundles folder", inputs) as staging:
         result = _track_all(chosen, engine, subject, params, protocols.version, staging, context)
         summary = {
             "format": FORMAT,

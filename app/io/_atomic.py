@@ -163,21 +163,61 @@ def atomic_path(path: str | os.PathLike, *, durable: bool | None = None) -> Iter
                 tmp.unlink()
 
 
+def check_replaceable_folder(path: str | os.PathLike, marker: str, what: str, inputs: tuple = ()) -> Path:
+    """``path`` as an absolute folder that :func:`atomic_folder` may replace: missing, empty, or an
+    earlier output of the same kind (it holds ``marker``) that holds none of ``inputs`` and is not
+    the current folder or one above it. Anything else is refused: replacing it would delete the
+    user's other files."""
+    folder = Path(os.path.abspath(path))
+    if folder.parent == folder:
+        raise InputError(f"is not a folder the {what} can be written to", path=folder, fix="Give a folder for -o")
+    if folder.exists() and not folder.is_dir():
+        raise InputError("exists and is not a folder", path=folder, fix="Give a new folder name for -o")
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return folder
+    if not (folder / marker).is_file():
+        raise InputError(
+            f"is a folder that holds other files (not an earlier {what}, which has {marker}); the {what} "
+            "replaces its folder whole",
+            path=folder,
+            fix="Give a new or empty folder for -o; an earlier output of this command is replaced",
+        )
+    cwd = Path.cwd().resolve()
+    resolved = folder.resolve()
+    if cwd == resolved or resolved in cwd.parents:
+        raise InputError(
+            f"is the current folder or holds it; the {what} replaces its folder whole",
+            path=folder,
+            fix="Give the folder's name from outside it, or another folder for -o",
+        )
+    for source in inputs:
+        where = Path(os.path.abspath(source)).resolve() if source is not None else None
+        if where is not None and (where == resolved or resolved in where.parents):
+            raise InputError(
+                f"is or holds the input {Path(source).name}; the {what} replaces its folder whole",
+                path=folder,
+                fix="Give another folder for -o",
+            )
+    return folder
+
+
 @contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_folder(path: str | os.PathLike, marker: str, what: str, inputs: tuple = ()) -> Iterator[Path]:
     """Yield an empty staging folder beside ``path`` (``.NAME.partial``); on success it replaces
-    ``path`` (a previous folder of that name is removed only once the new one is in place).
+    ``path`` (a previous folder of that name is removed only once the new one is in place). Only a
+    folder :func:`check_replaceable_folder` allows is replaced (checked again here, at the end).
 
     Any exception inside the block, a cancel included, removes the staging folder and leaves a
     previous ``path`` as it was; a staging folder left by a killed earlier run is cleared first.
     """
-    folder = Path(path)
+    folder = check_replaceable_folder(path, marker, what, inputs)
     staging = folder.with_name(f".{folder.name}.partial")
     previous = folder.with_name(f".{folder.name}.previous")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
         yield staging
+        check_replaceable_folder(folder, marker, what, inputs)  # (the folder may have changed meanwhile)
         shutil.rmtree(previous, ignore_errors=True)
         if folder.exists():
             folder.rename(previous)

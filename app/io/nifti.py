@@ -290,6 +290,27 @@ def _spatial_shape(img, path, what: str, allowed: tuple[int, ...]) -> tuple[int,
     return shape
 
 
+def image_grid(img, path, what: str = "image", allowed: tuple[int, ...] = (3, 4)) -> Grid:
+    """The voxel grid of an image read with :func:`load_image`; a 2-D image (or one of more axes
+    than ``allowed``) is refused with the reason instead of failing later."""
+    return Grid(img.affine, _spatial_shape(img, path, what, allowed)[:3])
+
+
+#: What :func:`save_volume` writes: single-file NIfTI-1 (``.img``/``.hdr`` pairs are not written).
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+
+def check_nifti_output(path: str | os.PathLike, what: str = "output image") -> Path:
+    """Refuse an image output whose name does not end in .nii or .nii.gz (before any work)."""
+    path = Path(path)
+    if not path.name.lower().endswith(NIFTI_SUFFIXES):
+        raise InputError(
+            f"the {what} is written as NIfTI, and its name must end in .nii.gz or .nii", path=path,
+            fix=f"Name it e.g. {path.name.split('.')[0] or 'out'}.nii.gz",
+        )  # fmt: skip
+    return path
+
+
 def load_volume(path: str | os.PathLike, *, name: str | None = None, kind: str = "scalar") -> Volume:
     """Load a 3-D (or 4-D) NIfTI (or MGH) volume as a :class:`Volume` in its voxel space."""
     img = load_image(path, "volume")
@@ -377,7 +398,7 @@ def _nifti_image(data, affine: np.ndarray, intent=None) -> nib.Nifti1Image:
 
 def save_volume(data: np.ndarray, affine: np.ndarray, path: str | os.PathLike, *, dtype=None, intent=None) -> Path:
     """Write ``data`` as NIfTI-1 atomically; the suffix (.nii/.nii.gz) picks compression."""
-    path = Path(path)
+    path = check_nifti_output(path)
     array = np.asarray(data)
     if dtype is not None:
         array = array.astype(dtype, copy=False)  # float32 maps are written as they are, not copied

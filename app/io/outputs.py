@@ -11,7 +11,9 @@ import tempfile
 from pathlib import Path
 
 from ..errors import InputError
-from ._atomic import _REASONS
+from ._atomic import _REASONS, check_replaceable_folder
+
+__all__ = ["check_output_file", "check_output_folder", "check_replaceable_folder"]
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -96,12 +96,18 @@ def _matlab_v4_bytes(variables: dict[str, np.ndarray]) -> bytes:
 
 
 def save_registration(
-    registration: Registration, folder: str | os.PathLike, summary: dict, moving_in_fixed: np.ndarray | None = None
+    registration: Registration,
+    folder: str | os.PathLike,
+    summary: dict,
+    moving_in_fixed: np.ndarray | None = None,
+    inputs: tuple = (),
 ) -> Path:
     """Write ``registration`` as a folder (see the module's docstring). The folder is built beside its
-    final name and renamed into place, so an interrupted run leaves no half folder behind."""
+    final name and renamed into place, so an interrupted run leaves no half folder behind; an
+    existing folder is replaced only when it is empty or an earlier registration holding none of
+    ``inputs`` (the images' paths) (:func:`~._atomic.check_replaceable_folder`)."""
     folder = Path(folder)
-    with atomic_folder(folder) as staging:
+    with atomic_folder(folder, SUMMARY_FILE, "registration folder", inputs) as staging:
         write_itk_affine(registration.affine, staging / AFFINE_FILE)
         if registration.nonlinear:
             _write_field(registration.warp, registration.fixed, staging / WARP_FILE)
@@ -274,6 +280,23 @@ def _is_itk_matrix(path: Path) -> bool:
     return b"\x00" in head or head.lstrip().startswith(b"#Insight")
 
 
+def _check_flirt_matrix(path: Path) -> None:
+    """A FLIRT matrix is text of four rows of four numbers, the last 0 0 0 1: anything else is
+    named as such before FLIRT's images are asked for."""
+    try:
+        rows = [line.split() for line in path.read_text(errors="strict").splitlines() if line.strip()]
+        matrix = np.array([[float(v) for v in row] for row in rows], dtype=float)
+        good = matrix.shape == (4, 4) and np.isfinite(matrix).all() and np.allclose(matrix[3], (0, 0, 0, 1))
+    except (ValueError, UnicodeDecodeError):
+        good = False
+    if not good:
+        raise InputError(
+            "is neither an ITK/ANTs transform nor an FSL FLIRT matrix (four rows of four numbers, the last 0 0 0 1)",
+            path=path,
+            fix="Give the .mat ANTs or FLIRT wrote, or a displacement field .nii(.gz)",
+        )
+
+
 def load_user_transforms(
     transforms: list[str | os.PathLike],
     reference: Grid,
@@ -325,6 +348,7 @@ def load_user_transforms(
                 if _is_itk_matrix(path):
                     affine = linear.load(str(path), fmt="itk").matrix
                 else:
+                    _check_flirt_matrix(path)
                     if flirt_ref is None or flirt_in is None:
                         raise InputError(
                             "is an FSL FLIRT matrix, which only means something with the two images FLIRT was given",
