@@ -23,7 +23,8 @@ from tractlens.app.batch.dataset import find_series
 from tractlens.app.batch.engines import cluster_arguments, start_cluster
 from tractlens.app.batch.naming import sidecar_of
 from tractlens.app.batch.plan import build_plan
-from tractlens.app.batch.runner import remove_staging, run_plan
+from tractlens.app.batch.runner import run_plan
+from tractlens.app.batch.staging import remove_staging
 from tractlens.app.batch.steps import STEPS
 from tractlens.app.cli import main
 from tractlens.app.errors import InputError

@@ -18,6 +18,7 @@ may name ``{subject}`` and ``{session}``; relative paths are relative to the con
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -57,22 +58,32 @@ def load_config(path: str | Path | None, steps: list[str]) -> dict[str, dict]:
             raise InputError(
                 f"{name} must be a table, not a value", path=path, fix=f"Write [{name}] and its options below it"
             )
-        config[name] = {key: _resolve(name, key, value, path.parent) for key, value in table.items()}
+        base = Path(os.path.abspath(path.parent))
+        config[name] = {key: _resolve(name, key, value, base, path) for key, value in table.items()}
         _check_keys(name, config[name], path)
         _check_values(name, config[name], path)
     return config
 
 
-def _resolve(name: str, key: str, value, base: Path):
-    """File options relative to the config file (templates stay templates)."""
+def _resolve(name: str, key: str, value, base: Path, path: Path):
+    """File options as absolute, normalised paths, relative ones taken from the config file's folder
+    (so that the same file reached another way is the same input to the next run's skip test);
+    templates stay templates, checked to fill in."""
     if key in STEPS[name].file_keys and key != "peaks-frame":
         values = value if isinstance(value, list) else [value]
         if not all(isinstance(v, str) for v in values):
             raise InputError(
                 f"[{name}] {key} must be a path",
+                path=path,
                 fix='Give a string (or a list of them), e.g. "masks/sub-{subject}_seed.nii.gz"',
             )
-        resolved = [v if Path(v).is_absolute() else str(base / v) for v in values]
+        for v in values:
+            try:
+                v.format(subject="01", session="01")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise InputError(f"[{name}] {key} cannot be filled in: {v!r} ({exc})", path=path,
+                                 fix="Use only {subject} and {session} in braces") from None  # fmt: skip
+        resolved = [os.path.normpath(v if Path(v).is_absolute() else base / v) for v in values]
         return resolved if isinstance(value, list) else resolved[0]
     return value
 

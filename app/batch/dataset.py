@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..io.dwi import find_gradient_files
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,9 @@ def find_series(
 ) -> list[Series]:
     """Every DWI series (``sub-*/[ses-*/]dwi/*_dwi.nii[.gz]``) of the chosen participants and
     sessions, sorted by subject and session. A label asked for but absent is an error naming
-    the labels there are."""
-    bids_dir = Path(bids_dir)
+    the labels there are. The dataset's folder is taken with its real path, so the inputs the
+    sidecars record are the same however the folder was named (``..``, a link, the current folder)."""
+    bids_dir = Path(bids_dir).resolve()
     layout = _layout(bids_dir)
     participants = _strip(participant_labels, "sub")
     sessions = _strip(session_labels, "ses")
@@ -78,6 +80,14 @@ def find_series(
             path=bids_dir,
             fix=f"Choose among: {', '.join(sorted(known)) or 'none (no sub-* folders)'}",
         )
+    known_sessions = set(layout.get_sessions()) if sessions else set()
+    missing = sorted(set(sessions or ()) - known_sessions)
+    if missing:
+        raise InputError(
+            f"no session {', '.join(missing)} in this dataset",
+            path=bids_dir,
+            fix=f"Choose among: {', '.join(sorted(known_sessions)) or 'none (no ses-* folders)'}",
+        )
     query = {"suffix": "dwi", "extension": [".nii.gz", ".nii"], "datatype": "dwi"}
     if participants:
         query["subject"] = participants
@@ -86,14 +96,23 @@ def find_series(
     found = []
     for image in layout.get(**query):
         entities = image.get_entities()
+        bval, bvec = find_gradient_files(Path(image.path))  # the pairs the fit itself would read
         found.append(
             Series(
                 subject=entities["subject"],
                 session=entities.get("session"),
                 dwi=Path(image.path),
-                bval=_gradient(layout, image.path, "get_bval"),
-                bvec=_gradient(layout, image.path, "get_bvec"),
+                bval=bval or _gradient(layout, image.path, "get_bval"),
+                bvec=bvec or _gradient(layout, image.path, "get_bvec"),
             )
+        )
+    without = sorted(set(participants or ()) - {series.subject for series in found})
+    if found and without:  # asked for by name: not left out without a word
+        raise InputError(
+            f"participant {', '.join(without)} has no DWI series (sub-*/[ses-*/]dwi/*_dwi.nii.gz)"
+            + (" in the chosen sessions" if sessions else ""),
+            path=bids_dir,
+            fix="Leave them out of --participant-label, or check their dwi folders",
         )
     if not found:
         raise InputError(

@@ -279,7 +279,7 @@ def connect(address: str | None, choice: ClusterChoice | None):
     if address is not None:
         try:
             return Client(address, timeout="30s"), None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: an address Dask cannot parse (a scheme it does not know)
             raise InputError(f"cannot reach the Dask scheduler at {address} ({exc})",
                              fix="Check the address (tcp://host:8786) and that the scheduler runs") from None  # fmt: skip
     cluster = start_cluster(choice)

@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 
 from .. import __version__
+from ..errors import InputError
 from ..io._atomic import write_text_atomic
+from ..io.outputs import check_output_folder
 
 _EXTENSIONS = (".nii.gz", ".nii", ".trx", ".trk", ".tck", ".csv", ".txt", ".tsv", ".npy", ".json")
 
@@ -54,6 +56,33 @@ def container() -> dict | None:
     if Path("/.dockerenv").exists():
         return {"Type": "docker"}
     return None
+
+
+def check_derivatives(derivatives: Path, bids_dir: Path) -> Path:
+    """The derivatives folder of a run, refused before any work when it is the source dataset, or
+    another raw BIDS dataset (its description would become a derivative's and its subjects' folders
+    would fill with maps), or cannot be written."""
+    derivatives = Path(derivatives).resolve()
+    if derivatives == Path(bids_dir).resolve():
+        raise InputError(
+            "is the BIDS dataset itself; its derivatives go in a folder of their own",
+            path=derivatives,
+            fix=f"Give e.g. -o {derivatives / 'derivatives' / 'tractlens'}",
+        )
+    description = derivatives / "dataset_description.json"
+    if description.is_file():
+        try:
+            kind = json.loads(description.read_text()).get("DatasetType", "raw")
+        except (OSError, ValueError, AttributeError):
+            kind = "derivative"  # an unreadable description is replaced (write_dataset_description)
+        if kind != "derivative":
+            raise InputError(
+                f"is a raw BIDS dataset (its dataset_description.json says DatasetType {kind!r}), not a "
+                "derivatives folder",
+                path=derivatives,
+                fix="Give a new folder, or a derivatives folder, for -o",
+            )
+    return check_output_folder(derivatives, "derivatives folder")
 
 
 def write_dataset_description(derivatives: Path, bids_dir: Path, command: list[str]) -> Path:

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import heapq
 import json
-import shutil
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from . import durable
 from .plan import Plan
@@ -306,13 +304,3 @@ def summarise(results: list[dict], *, wall_s: float, engine: str) -> dict:
     summary["wall_s"] = round(wall_s, 3)
     summary["engine"] = engine
     return json.loads(json.dumps(summary, default=str))
-
-
-def remove_staging(staging: Path) -> None:
-    """This run's staging folder (what a killed or cancelled task left there), and the
-    ``.staging`` folder above it when no other run uses it."""
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        staging.parent.rmdir()
-    except OSError:
-        pass  # another run's staging is in there, or it is gone already

@@ -261,12 +261,22 @@ def step_parser(name: str) -> argparse.ArgumentParser:
     """The subcommand's own parser (options generated from the dataclasses), or the step's own."""
 
     if STEPS[name].parser is not None:
-        return STEPS[name].parser()
-    parser = build_command_parser()
-    for word in STEPS[name].command:
-        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        parser = sub.choices[word]
+        parser = STEPS[name].parser()
+    else:
+        parser = build_command_parser()
+        for word in STEPS[name].command:
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            parser = sub.choices[word]
+    parser.error = _refuse  # a message to raise, not a usage block printed and an exit (this parser is batch's own)
     return parser
+
+
+class _ParseError(ValueError):
+    """What the step's parser found wrong in a command line (argparse's message)."""
+
+
+def _refuse(message: str):
+    raise _ParseError(message)
 
 
 def option_action(name: str, key: str) -> argparse.Action:
@@ -313,11 +323,8 @@ def step_parameters(name: str, argv: list[str]) -> dict:
     words = argv[len(STEPS[name].command) :]
     try:
         args = parser.parse_args(words)
-    except SystemExit:
-        raise InputError(
-            f"the options of {name} are not valid: {' '.join(words)}",
-            fix=f"See tractlens {' '.join(STEPS[name].command)} --help",
-        ) from None
+    except _ParseError as exc:  # argparse's message, without its usage block and placeholder words
+        raise InputError(str(exc), fix=f"See tractlens {' '.join(STEPS[name].command)} --help") from None
     args.command = " ".join(STEPS[name].command)
     record = STEPS[name].record(args) if STEPS[name].record is not None else {}
     return {**{t.__name__: dataclasses.asdict(params_from_args(t, args)) for t in STEPS[name].params}, **record}

@@ -3,13 +3,17 @@
 Dask, dask-jobqueue and pybids are the ``batch`` extra, imported only when the command runs.
 Exit status 0 when every subject-step was done or skipped, :data:`EXIT_SOME_FAILED` when any
 failed or could not run (the summary says which and why), 2 for unusable options or dataset,
-130 on Ctrl+C (the cluster closed, the staging folder removed: no half-written output).
+130 on Ctrl+C or SIGTERM (the cluster closed, the staging folder removed: no half-written output).
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import InputError
@@ -94,23 +98,43 @@ def _check_options(args) -> None:
         )
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a batch system's time limit, ``timeout``, ``docker stop``) ends the run as Ctrl+C
+    does: the tasks cancelled, the cluster closed, the staging folder removed, exit status 130."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (signal handlers belong to the main thread)
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_batch(args) -> int:
     from ..batch.cohort import write_cohort_profiles
     from ..batch.config import load_config
     from ..batch.dataset import find_series
     from ..batch.durable import stall_limit
     from ..batch.engines import cluster_arguments, connect, workers_without_main
-    from ..batch.naming import command_line, write_dataset_description
+    from ..batch.naming import check_derivatives, command_line, write_dataset_description
     from ..batch.plan import build_plan
-    from ..batch.runner import CohortProgress, remove_staging, run_plan, summarise
+    from ..batch.runner import CohortProgress, run_plan, summarise
+    from ..batch.staging import claim_staging, clear_dead_runs, remove_staging
     from ..batch.steps import parse_steps
 
     _check_options(args)
     stall_limit(args.flush_timeout)  # before the cluster starts
     steps = parse_steps(args.pipeline)
     config = load_config(args.config, steps)
-    bids_dir, derivatives = Path(args.bids_dir), Path(args.output).absolute()
+    bids_dir = Path(args.bids_dir).resolve()  # real paths: the sidecars' inputs do not depend on how they were named
     series = find_series(bids_dir, args.participant_label, args.session_label)
+    derivatives = check_derivatives(Path(args.output), bids_dir)
     choice = None
     if args.scheduler is None:
         choice = cluster_arguments(
@@ -126,13 +150,19 @@ def cmd_batch(args) -> int:
     write_dataset_description(derivatives, bids_dir, command_line())
     start = time.perf_counter()
     progress = CohortProgress(len(series), len(steps), quiet=args.quiet)
-    with workers_without_main():
-        client, cluster = connect(args.scheduler, choice)
-        started = time.perf_counter() - start  # the cluster's start (worker processes, imports)
+    claim_staging(staging)
+    cleared = clear_dead_runs(staging.parent, keep=staging)
+    if cleared:
+        progress.note(f"cohort: removed what {len(cleared)} killed earlier run(s) left in {staging.parent}")
+    client = cluster = None
+    with workers_without_main(), _terminate_as_interrupt():
         try:
+            client, cluster = connect(args.scheduler, choice)
+            started = time.perf_counter() - start  # the cluster's start (worker processes, imports)
             results = run_plan(plan, client, progress=progress, flush_timeout_s=args.flush_timeout)
         finally:
-            client.close()
+            if client is not None:
+                client.close()
             if cluster is not None:
                 cluster.close()
             remove_staging(staging)

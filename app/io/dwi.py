@@ -318,7 +318,7 @@ def load_dwi(
                 "no b-values/b-vectors given and none found beside the image "
                 f"(looked for {stem}.bval and {stem}.bvec, and bvals/bvecs)",
                 path=path,
-                fix="Pass --bval and --bvec",
+                fix=f"Put {stem}.bval and {stem}.bvec beside the image (as BIDS names them), or pass --bval and --bvec",
             )
     bval_path = check_exists(bval, "b-value file")
     bvec_path = check_exists(bvec, "b-vector file")
