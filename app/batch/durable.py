@@ -84,7 +84,8 @@ def drain(run: str | None = None, stall_s: float | None = FLUSH_STALL_S) -> list
             report.append({"key": key, "seconds": round(future.result(timeout=stall_s), 3)})
         except FutureTimeout:
             stalled = (f"TimeoutError: no flush finished within {stall_s:g} s (--flush-timeout): the disk or "
-                       "network file system stopped answering")  # fmt: skip
+                       "network file system stopped answering (a flush that finishes later still records its step, "
+                       "which the next run then skips)")  # fmt: skip
             report.append({"key": key, "error": stalled})
         except Exception as exc:  # the step's sidecars were not written: it reads as not done
             report.append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
