@@ -397,6 +397,8 @@ def apply_transform(
     check_device(device)
     registration = load_registration(registration)
     out = check_output_file(out, "output")
+    if Path(input_path).exists() and out.exists() and out.resolve() == Path(input_path).resolve():
+        raise InputError("is the input itself; it would be replaced", path=out, fix="Give another output name (-o)")
     if not str(input_path).lower().endswith(TRACTOGRAM_SUFFIXES):
         check_nifti_output(out)
     ref_img = load_image(reference, "reference image")

@@ -136,3 +136,13 @@ def test_a_text_file_that_is_no_transform_is_not_called_a_flirt_matrix(pair, tmp
                  "--reference", str(d / "fixed.nii.gz"), "-o", str(tmp_path / "o.nii.gz")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "neither an ITK/ANTs transform nor an FSL FLIRT matrix" in err and "--flirt-ref" not in err
+
+
+def test_the_input_is_not_overwritten_by_its_own_output(pair, tmp_path, capsys):
+    d, _g = pair
+    source = tmp_path / "t1.nii.gz"
+    source.write_bytes((d / "moving.nii.gz").read_bytes())
+    before = source.read_bytes()
+    code = main(["apply-transform", str(source), "--registration", str(d / "reg"), "--reference",
+                 str(d / "fixed.nii.gz"), "-o", str(source), "--device", "cpu"])  # fmt: skip
+    assert code == 2 and "is the input itself" in capsys.readouterr().err and source.read_bytes() == before

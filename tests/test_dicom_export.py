@@ -265,3 +265,36 @@ def test_enhanced_multiframe_reference_exports_seg_rtstruct_and_overlay_on_its_f
         coloured = (rgb.max(axis=-1).astype(int) - rgb.min(axis=-1)) > 10
         union = case["expected"]["line"] | case["expected"]["tube"] | case["expected"]["lesion"]
         np.testing.assert_array_equal(coloured, union[:, :, k_of_frame[f - 1]])
+
+
+def test_an_empty_bundle_is_left_out_with_a_warning_and_alone_is_refused(case, capsys, caplog):
+    """``bundles`` writes an empty .trx for a bundle nothing reached: exporting the whole folder
+    leaves it out (as a bundle outside the series), it does not abort the export."""
+    d = case["dir"]
+    save(Tractogram([], affine_to_rasmm=np.eye(4)), str(d / "empty.tck"))
+    with caplog.at_level("WARNING", logger="tractlens"):
+        assert main(["export-dicom", str(d / "line.tck"), str(d / "empty.tck"), str(d / "tube.tck"), "--lesion",
+                     str(d / "lesion.nii.gz"), "--reference", str(case["reference"]), "-o", str(d / "out"),
+                     "--quiet", "--json"]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in summary["structures"]] == ["line", "tube", "lesion"]
+    assert any("empty.tck holds no streamlines" in r.getMessage() for r in caplog.records)
+    code = main(["export-dicom", str(d / "empty.tck"), "--reference", str(case["reference"]), "-o",
+                 str(d / "out2"), "--quiet"])  # fmt: skip
+    assert code == 2 and "0 streamlines" in capsys.readouterr().err and not (d / "out2").exists()
+
+
+def test_a_bundle_partly_outside_the_series_is_clipped_with_a_warning(case, capsys, caplog):
+    d = case["dir"]
+    beyond = _mm([[i, 4, 2] for i in np.linspace(1, SHAPE[0] + 6, 40)])  # its last points beyond the series
+    save(Tractogram([beyond], affine_to_rasmm=np.eye(4)), str(d / "long.tck"))
+    with caplog.at_level("WARNING", logger="tractlens"):
+        assert main(["export-dicom", str(d / "long.tck"), "--reference", str(case["reference"]), "-o",
+                     str(d / "out"), "--quiet", "--json"]) == 0  # fmt: skip
+    [warning] = [r.getMessage() for r in caplog.records if "lie outside the reference series" in r.getMessage()]
+    assert "long" in warning and "clipped" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tractlens"):
+        assert main(["export-dicom", str(d / "line.tck"), str(d / "tube.tck"), "--reference", str(case["reference"]),
+                     "-o", str(d / "out_inside"), "--quiet", "--json"]) == 0  # fmt: skip
+    assert not [r for r in caplog.records if "lie outside" in r.getMessage()]  # bundles inside: no warning

@@ -12,7 +12,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 
-pytest.importorskip("pydicom", reason="the dicom extra is part of the test extra")  # noqa: not silent: -ra lists it
+pytest.importorskip("pydicom", reason="the dicom extra is part of the test extra")  # not silent: -ra lists it
 pytest.importorskip("dcm2niix")
 
 from tests.dicom_synth import gradient_table, make_affine, tensor_signal, write_series
@@ -265,3 +265,16 @@ def test_bad_subject_label_and_several_patients_are_refused_and_nothing_written(
     err = capsys.readouterr().err
     assert "several patients" in err and "OTHER1" in err and "--subject" in err
     assert not out.exists() or not list(out.rglob("*.nii.gz"))
+
+
+def test_several_patients_are_refused_when_deidentified_and_named_when_merged(tmp_path, capsys, caplog):
+    """De-identified, two patients' series went silently into sub-01; --subject puts them under one
+    label on purpose (one patient under two IDs) and the IDs are named in a warning."""
+    _t1_and_dwi(tmp_path / "two", second_patient="OTHER-1")
+    out = tmp_path / "out"
+    assert main(["import-dicom", str(tmp_path / "two"), "-o", str(out), "--quiet", "--deidentify"]) == 2
+    assert "several patients" in capsys.readouterr().err
+    assert not out.exists() or not list(out.rglob("*.nii.gz"))
+    with caplog.at_level("WARNING", logger="tractlens"):
+        assert main(["import-dicom", str(tmp_path / "two"), "-o", str(out), "--quiet", "--subject", "P42"]) == 0
+    assert any("2 patient IDs" in r.getMessage() and "OTHER1" in r.getMessage() for r in caplog.records)

@@ -9,6 +9,7 @@ coloured series on the reference series (:mod:`app.io.dicom_export`).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,8 @@ from ..grid import Grid
 from ..params import DicomExportParams, DicomImportParams
 from ._common import EXIT_OK, Progress, emit
 from .options import add_params, params_from_args
+
+log = logging.getLogger("tractlens")
 
 
 def add_parsers(sub, common) -> None:
@@ -151,16 +154,22 @@ def cmd_export_dicom(args) -> int:
         target_side = side_of_grid(registration, Grid(reference.affine, reference.shape), "reference series")
     else:
         check_frame_of_reference(reference, dwi_frame_of_reference(args.dwi), args.dwi or "")
-    bundles = []
+    bundles, without = [], []
     for path in args.tractograms:
         tract = load_tractogram(path, reference=(reference.affine, reference.shape) if registration is None else None)
-        require_streamlines(tract, path, "the export")
+        if len(tract) == 0:  # a bundle nothing reached (bundles writes it): left out, as one outside the series
+            without.append(path)
+            continue
         points_mm = tract.points @ tract.affine[:3, :3].T + tract.affine[:3, 3]
         if registration is not None:
             points_mm = points_onto(registration, target_side)(points_mm)
         bundles.append((Path(path).name.split(".")[0], points_mm, tract.offsets, tract.point_scalars.get("fa")))
     if not args.tractograms and not args.envelopes:
         raise InputError("nothing to export", fix="Give one or more tractograms, or --envelopes DIR")
+    if without and not bundles and not args.envelopes and not args.lesion:
+        require_streamlines([], without[0], "the export")
+    for path in without:
+        log.warning("%s holds no streamlines and is left out of the export", Path(path).name)
 
     def onto_reference(mask, affine):
         """A mask of the diffusion side through the registration; one on the reference's side as it is."""

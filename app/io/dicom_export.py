@@ -308,6 +308,11 @@ def structures_on_reference(
     structures = []
     for i, (name, points_mm, offsets, *fa) in enumerate(bundles):
         mask = bundle_mask(points_mm, offsets, reference.affine, reference.shape, dilate_mm)
+        outside = _fraction_outside(points_mm, grid)
+        if 0 < outside < 1 and mask.any():
+            log.warning(
+                "%.1f %% of %s's points lie outside the reference series: it is clipped there", 100 * outside, name
+            )
         tract = (np.asarray(points_mm, dtype=np.float32), np.asarray(offsets), fa[0] if fa else None)
         structures.append(Structure(name, mask, PALETTE[i % len(PALETTE)], tract=tract))
     for i, (name, mask, affine) in enumerate(envelopes):
@@ -326,6 +331,16 @@ def structures_on_reference(
     for name in empty:
         log.warning("%s lies outside the reference series and is left out", name)
     return [s for s in structures if s.mask.any()]
+
+
+def _fraction_outside(points_mm, grid: Grid) -> float:
+    """The fraction of the points beyond the grid's volume (its voxels' outer faces)."""
+    points = np.asarray(points_mm, dtype=np.float64)
+    if not len(points):
+        return 0.0
+    voxels = grid.to_voxels(points)
+    beyond = ((voxels < -0.5) | (voxels > np.asarray(grid.shape) - 0.5)).any(axis=1)
+    return float(beyond.mean())
 
 
 def write_tracts(reference: ReferenceSeries, structures: list[Structure], folder: Path, *, deidentify=False):

@@ -269,8 +269,11 @@ def dicom_input(path: str | os.PathLike, *, kind: str | None) -> ConvertedSeries
 def subject_label(series: list[DicomSeries], subject: str | None = None, *, deidentify: bool = False) -> str:
     """The BIDS subject label (without ``sub-``) of an import: ``subject`` when given (letters
     and digits only), else ``01`` when de-identified, else the patient ID reduced to letters and
-    digits, else ``01``. Series of several patients without ``subject``: :class:`InputError`."""
+    digits, else ``01``. Series of several patients without ``subject`` (de-identified or not):
+    :class:`InputError`; with ``subject``, they are imported as that one subject, with a warning
+    naming the patient IDs (one patient under two IDs, e.g. two sites', is the use)."""
     folder = series[0].files[0].parent if series and series[0].files else None
+    labels = sorted({re.sub(r"[^A-Za-z0-9]", "", s.patient_id) for s in series} - {""})
     if subject is not None:
         label = str(subject).strip().removeprefix("sub-")
         if not label or not label.isascii() or not label.isalnum():
@@ -279,16 +282,21 @@ def subject_label(series: list[DicomSeries], subject: str | None = None, *, deid
                 path=folder,
                 fix="Give letters and digits only, e.g. --subject 042 or --subject P042",
             )
+        if len(labels) > 1:
+            log.warning(
+                "the series belong to %d patient IDs (%s); all are imported as sub-%s, as --subject asks: check "
+                "that they are one patient",
+                len(labels), ", ".join(labels), label,
+            )  # fmt: skip
         return label
-    if deidentify:
-        return DEFAULT_SUBJECT
-    labels = sorted({re.sub(r"[^A-Za-z0-9]", "", s.patient_id) for s in series} - {""})
     if len(labels) > 1:
         raise InputError(
             f"the series belong to several patients (IDs {', '.join(labels)})",
             path=folder,
             fix="Import one patient at a time (--series NUMBER), or name the subject with --subject LABEL",
         )
+    if deidentify:
+        return DEFAULT_SUBJECT
     return labels[0] if labels else DEFAULT_SUBJECT
 
 
