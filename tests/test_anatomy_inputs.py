@@ -57,10 +57,14 @@ def test_an_earlier_registration_is_replaced_but_not_when_it_holds_an_input(pair
     first = (out / "registration.json").stat().st_mtime_ns
     use_cases.register_images(str(d / "moving.nii.gz"), str(d / "fixed.nii.gz"), out, FAST, device="cpu")
     assert (out / "registration.json").stat().st_mtime_ns != first  # replaced: an earlier output
-    (out / "moving.nii.gz").write_bytes((d / "moving.nii.gz").read_bytes())
-    with pytest.raises(InputError, match=r"is or holds the input moving\.nii\.gz"):
-        use_cases.register_images(str(out / "moving.nii.gz"), str(d / "fixed.nii.gz"), out, FAST, device="cpu")
-    assert (out / "moving.nii.gz").exists()
+    resampled = out / "moving_in_fixed.nii.gz"  # its own output, given as an input of the next run
+    with pytest.raises(InputError, match=r"is or holds the input moving_in_fixed\.nii\.gz"):
+        use_cases.register_images(str(resampled), str(d / "fixed.nii.gz"), out, FAST, device="cpu")
+    assert resampled.exists()
+    (out / "notes.txt").write_text("mine")  # a file the registration did not write
+    with pytest.raises(InputError, match=r"did not write \(notes\.txt\)"):
+        use_cases.register_images(str(d / "moving.nii.gz"), str(d / "fixed.nii.gz"), out, FAST, device="cpu")
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_a_4d_fixed_image_takes_its_own_volume_option(pair, tmp_path, capsys):

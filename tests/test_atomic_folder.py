@@ -148,3 +148,19 @@ def test_files_put_into_the_folder_during_the_run_are_not_deleted(tmp_path):
             (out / "notes.txt").write_text("mine")
     assert _listing(out) == [("notes.txt", "mine")]
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_an_earlier_output_with_files_it_did_not_write_is_refused(tmp_path):
+    """A record that lists its files (a registration's) marks any other file as the user's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MARK).write_text('{"files": ["a.txt", "made.json"]}')
+    (out / "a.txt").write_text("ours")
+    with atomic_folder(out) as staging:  # only what it wrote: replaced
+        (staging / "a.txt").write_text("new")
+        (staging / MARK).write_text('{"files": ["a.txt", "made.json"]}')
+    (out / "notes.txt").write_text("the user's")
+    with pytest.raises(InputError, match=r"did not write \(notes\.txt\)"):
+        with atomic_folder(out):
+            pass
+    assert (out / "notes.txt").read_text() == "the user's" and (out / "a.txt").read_text() == "new"

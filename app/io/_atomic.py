@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import secrets
 import shutil
@@ -182,6 +183,16 @@ def check_replaceable_folder(path: str | os.PathLike, marker: str, what: str, in
             path=folder,
             fix="Give a new or empty folder for -o; an earlier output of this command is replaced",
         )
+    listed = _listed_files(folder / marker)
+    extra = [] if listed is None else sorted(p.name for p in folder.iterdir() if p.name not in {*listed, marker})
+    if extra:
+        raise InputError(
+            f"holds files that the earlier {what} did not write ({', '.join(extra[:3])}"
+            + (", ..." if len(extra) > 3 else "")
+            + f"); the {what} replaces its folder whole",
+            path=folder,
+            fix="Move those files away, or give another folder for -o",
+        )
     cwd = Path.cwd().resolve()
     resolved = folder.resolve()
     if cwd == resolved or resolved in cwd.parents:
@@ -199,6 +210,15 @@ def check_replaceable_folder(path: str | os.PathLike, marker: str, what: str, in
                 fix="Give another folder for -o",
             )
     return folder
+
+
+def _listed_files(marker: Path) -> set[str] | None:
+    """The files an earlier output's record says it wrote (its ``files`` list), if it has one."""
+    try:
+        files = json.loads(marker.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return {str(f) for f in files} if isinstance(files, list) else None
 
 
 @contextlib.contextmanager
