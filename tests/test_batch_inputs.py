@@ -56,13 +56,16 @@ def test_gradient_files_named_bvals_and_bvecs_are_the_series_inputs(demo_dir, tm
     assert (series.bval.name, series.bvec.name) == ("sub-01_dwi.bvals", "sub-01_dwi.bvecs")
 
 
-def test_a_participant_asked_for_without_dwi_is_refused_not_dropped(demo_dir, tmp_path):
+def test_a_participant_asked_for_without_dwi_is_refused_not_dropped(demo_dir, tmp_path, caplog):
     bids = make_bids(tmp_path / "bids", demo_dir, subjects=("01",))
     (bids / "sub-07" / "anat").mkdir(parents=True)
     shutil.copy(demo_dir / "mask.nii.gz", bids / "sub-07" / "anat" / "sub-07_T1w.nii.gz")
     with pytest.raises(InputError, match="participant 07 has no DWI series"):
         find_series(bids, ["07", "01"])
     assert [s.subject for s in find_series(bids, ["01"])] == ["01"]
+    with caplog.at_level("WARNING", logger="tractlens"):
+        assert [s.subject for s in find_series(bids)] == ["01"]  # the whole dataset: sub-07 named, left out
+    assert any("without a DWI series left out: sub-07" in r.getMessage() for r in caplog.records)
 
 
 def test_an_unknown_session_lists_the_sessions_there(demo_dir, tmp_path):

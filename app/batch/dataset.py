@@ -10,11 +10,14 @@ series missing its gradients is reported per subject).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
 from ..io.dwi import find_gradient_files
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -106,8 +109,12 @@ def find_series(
                 bvec=bvec or _gradient(layout, image.path, "get_bvec"),
             )
         )
-    without = sorted(set(participants or ()) - {series.subject for series in found})
-    if found and without:  # asked for by name: not left out without a word
+    without = sorted(set(participants or known) - {series.subject for series in found})
+    if found and without and not participants:  # the whole dataset: said, not left out in silence
+        log.warning("%d participant(s) without a DWI series%s left out: %s", len(without),
+                    " in the chosen sessions" if sessions else "",
+                    ", ".join(f"sub-{label}" for label in without[:10]) + (", ..." if len(without) > 10 else ""))  # fmt: skip
+    if found and without and participants:  # asked for by name: refused
         raise InputError(
             f"participant {', '.join(without)} has no DWI series (sub-*/[ses-*/]dwi/*_dwi.nii.gz)"
             + (" in the chosen sessions" if sessions else ""),
