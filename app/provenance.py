@@ -62,6 +62,21 @@ def input_paths(args: Any) -> list[str]:
     return paths
 
 
+def outputs_over_inputs(args: Any) -> list[tuple[str, str]]:
+    """``(option, path)`` of each output of a parsed command line that is one of its input files
+    (the same file however named): the command would replace what it reads."""
+    inputs = {Path(p).resolve() for p in input_paths(args) if Path(p).is_file()}
+    found = []
+    for dest, value in sorted(vars(args).items()):
+        if not _is_output(dest):
+            continue
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, str | os.PathLike) and str(item) and Path(item).is_file():
+                if Path(item).resolve() in inputs:
+                    found.append(("-o" if dest == "output" else "--" + dest.replace("_", "-"), str(item)))
+    return found
+
+
 @contextlib.contextmanager
 def cli_invocation(argv: list[str] | None, args: Any = None) -> Iterator[Invocation]:
     """Within this block, summaries carry ``argv`` (``sys.argv`` when None) and the inputs of ``args``."""

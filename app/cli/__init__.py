@@ -22,7 +22,7 @@ import sys
 from tractlens.gpu.backend import BackendError, Cancelled, OutOfDeviceMemory
 
 from ..errors import InputError
-from ..provenance import cli_invocation
+from ..provenance import cli_invocation, outputs_over_inputs
 from ..timing import recorder, write_timings
 from . import batch
 from ._common import EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Progress
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     recorder().reset()  # timings of this command only (read by --json and $TRACTLENS_TIMINGS)
     try:
         with cli_invocation(argv, args):  # the command line and inputs in every JSON summary
+            _refuse_output_over_input(args)
             return args.func(args)
     except (InputError, BackendError) as exc:
         if args.debug:
@@ -108,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
     finally:
         _write_timings(args)
+
+
+def _refuse_output_over_input(args) -> None:
+    """One check for every command: an output that is one of its inputs would replace it."""
+    for option, path in outputs_over_inputs(args):
+        raise InputError(
+            f"the output ({option}) is also an input of this command; it would be replaced",
+            path=path,
+            fix="Give another output name",
+        )
 
 
 def _write_timings(args) -> None:
