@@ -34,6 +34,7 @@ from ..io.bedpostx import (
     source_files,
 )
 from ..io.nifti import load_image
+from ..io.output_set import output_set
 from ..model import Volume
 from ..provenance import write_json_summary
 from ._fallback import run_with_cpu_fallback
@@ -188,8 +189,22 @@ def write_ballstick_outputs(
     samples in hand, so the first ``track probabilistic`` on it maps them instead of inflating
     the files (:func:`app.io.bedpostx_cache.write_entry_masked`)."""
     fit = result.fit
+    templates = (*BEDPOSTX_OUTPUTS, *BEDPOSTX_MODEL2_OUTPUTS, "bvals", "bvecs", "fit_ballstick.json")
+    with output_set(outdir, "fit_ballstick.json", templates) as stage:  # one set: a rerun of fewer sticks leaves none
+        staged = _write_bedpostx_files(result, stage, outdir)
+    files = {name: str(Path(outdir) / name) for name in staged}
+    if cache and bedpostx_cache.cache_enabled():
+        sources = source_files(outdir)
+        affine = load_image(sources[0], "bedpostX mask").affine  # as a read of the folder gives it
+        samples = {"theta": fit.theta, "phi": fit.phi, "f": fit.f}
+        bedpostx_cache.write_entry_masked(Path(outdir), sources, result.mask, affine, samples)
+    return files
+
+
+def _write_bedpostx_files(result: BallStickResult, stage: Path, outdir) -> list[str]:
+    fit = result.fit
     files = save_bedpostx_masked(
-        outdir,
+        stage,
         result.mask,
         result.affine,
         fit.theta,
@@ -201,16 +216,10 @@ def write_ballstick_outputs(
         bvals=result.bvals,
         bvecs=result.bvecs,
     )
-    summary = Path(outdir) / "fit_ballstick.json"
+    summary = stage / "fit_ballstick.json"
     write_json_summary(result.summary(), summary, inputs=(result.path,),
                        call=("tractlens.write_ballstick_outputs", "<result>", outdir))  # fmt: skip
-    files["fit_ballstick.json"] = str(summary)
-    if cache and bedpostx_cache.cache_enabled():
-        sources = source_files(outdir)
-        affine = load_image(sources[0], "bedpostX mask").affine  # as a read of the folder gives it
-        samples = {"theta": fit.theta, "phi": fit.phi, "f": fit.f}
-        bedpostx_cache.write_entry_masked(Path(outdir), sources, result.mask, affine, samples)
-    return files
+    return [*files, "fit_ballstick.json"]
 
 
 __all__ = [

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -32,8 +33,8 @@ from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..io import DWI, save_volume
-from ..io._atomic import save_error
 from ..io.fod import read_response, save_fod, world_rotation, write_response
+from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
 from ..provenance import write_json_summary
 from ._fallback import run_with_cpu_fallback
@@ -250,10 +251,14 @@ def fit_csd_pipeline(
 def write_csd_outputs(result: CSDResult, outdir: str | os.PathLike) -> dict[str, str]:
     """Write :data:`CSD_OUTPUTS` (and :data:`MSMT_OUTPUTS` for a multi-tissue fit) atomically."""
     out = check_output_folder(outdir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise save_error(exc, out) from None
+    with output_set(
+        out, "fit_csd.json", (*CSD_OUTPUTS, *MSMT_OUTPUTS)
+    ) as stage:  # a single-tissue rerun leaves no gm/csf
+        names = _write_csd_files(result, stage, outdir)
+    return {name: str(out / name) for name in names}
+
+
+def _write_csd_files(result: CSDResult, out: Path, outdir) -> dict:
     aff = result.affine
     save_fod(result.fod(), aff, out / "fod.nii.gz")
     save_volume(result.peaks(), aff, out / "peaks.nii.gz", dtype=np.float32)
@@ -267,4 +272,4 @@ def write_csd_outputs(result: CSDResult, outdir: str | os.PathLike) -> dict[str,
             write_response(result.model.responses[tissue], out / f"response_{tissue}.txt")
         names.update(MSMT_OUTPUTS)
     write_json_summary(result.summary(), out / "fit_csd.json", call=("tractlens.write_csd_outputs", "<result>", outdir))
-    return {name: str(out / name) for name in names}
+    return names

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -21,8 +22,8 @@ from tractlens.gpu.host import host_threads
 
 from ..errors import InputError
 from ..io import DWI, load_mask, save_volume
-from ..io._atomic import save_error
 from ..io.dwi import x_flip_needed
+from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
 from ..model import Volume
@@ -383,10 +384,13 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike, prefix: str 
     still read, by :func:`~app.io.tensor.load_tensor`): both would double the folder's size."""
     prefix = check_prefix(prefix, outdir)
     out = check_output_folder(outdir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise save_error(exc, out) from None
+    names = {dti_file_name(name, prefix) for name in DTI_MAPS}
+    with output_set(out, "fit_dti.json", (*names, "fit_dti.json")) as stage:
+        _write_dti_files(result, stage, prefix, outdir)
+    return {name: str(out / dti_file_name(name, prefix)) for name in DTI_MAPS}
+
+
+def _write_dti_files(result: DTIResult, out: Path, prefix: str, outdir) -> None:
     aff = result.affine
     # Each map is scattered from the masked voxels in the worker that writes it, so that only
     # the volumes being compressed are in memory at once, not all of them.
@@ -409,7 +413,6 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike, prefix: str 
     summary = {**result.summary(), "prefix": prefix}
     call = ("tractlens.write_dti_outputs", "<result>", outdir, {"prefix": prefix})
     write_json_summary(summary, out / "fit_dti.json", inputs=result.inputs, call=call)
-    return {name: str(out / dti_file_name(name, prefix)) for name in DTI_MAPS}
 
 
 _SCALAR_MAPS = ("FA", "MD", "MO", "AD", "RD", "RGB", "L1", "L2", "L3", "S0")

@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -34,8 +33,9 @@ from tractlens.gpu.models import MODELS, Model, ModelFit, ModelFitParams, fit_mo
 
 from ..errors import InputError
 from ..io import DWI
-from ..io._atomic import save_error, write_text_atomic
+from ..io._atomic import write_text_atomic
 from ..io.nifti import save_volume
+from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
 from ._fallback import run_with_cpu_fallback
 from .dti import choose_mask, masked_signal
@@ -239,22 +239,19 @@ def write_fit_model_outputs(
     """Write every map of :meth:`FitModelResult.maps` as NIfTI, the mask, and ``fit_model.json``
     (inputs, parameters, version, command line, timings); each file atomically."""
     out = check_output_folder(outdir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise save_error(exc, out) from None
     t0 = time.perf_counter()
-    files = {}
-    for name, volume in result.maps().items():
-        files[f"{name}.nii.gz"] = str(save_volume(volume, result.affine, out / f"{name}.nii.gz", dtype=np.float32))
-    files["mask.nii.gz"] = str(save_volume(result.mask, result.affine, out / "mask.nii.gz", dtype=np.uint8))
-    summary = result.summary()
-    summary["command_line"] = list(sys.argv if command_line is None else command_line)
-    summary["provenance"]["write_s"] = time.perf_counter() - t0
-    target = Path(out) / "fit_model.json"
-    write_text_atomic(json.dumps(summary, indent=2, default=str), target)
-    files["fit_model.json"] = str(target)
-    return files
+    names = []
+    # one set: another model's maps from an earlier run into this folder do not stay beside these
+    with output_set(out, "fit_model.json") as stage:
+        for name, volume in result.maps().items():
+            save_volume(volume, result.affine, stage / f"{name}.nii.gz", dtype=np.float32)
+            names.append(f"{name}.nii.gz")
+        save_volume(result.mask, result.affine, stage / "mask.nii.gz", dtype=np.uint8)
+        summary = result.summary()
+        summary["command_line"] = list(sys.argv if command_line is None else command_line)
+        summary["provenance"]["write_s"] = time.perf_counter() - t0
+        write_text_atomic(json.dumps(summary, indent=2, default=str), stage / "fit_model.json")
+    return {name: str(out / name) for name in (*names, "mask.nii.gz", "fit_model.json")}
 
 
 __all__ = [

@@ -39,6 +39,7 @@ from ..errors import InputError
 from ..io import BedpostSamples, bedpostx_cache, load_bedpostx, save_volume
 from ..io._atomic import atomic_path, split_suffix, write_text_atomic
 from ..io.dwi import x_flip_needed
+from ..io.output_set import output_set
 from ..model import Tractogram
 from ..provenance import write_json_summary
 from ..regions import Regions
@@ -440,11 +441,16 @@ def prepare_from_regions(
 
 
 def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdir: str | os.PathLike) -> dict[str, str]:
-    """Write :data:`PROB_OUTPUTS` into ``outdir`` (atomic per file)."""
-    out = Path(outdir)
-    if out.exists() and not out.is_dir():
-        raise InputError("the output path exists and is not a folder", path=out)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write :data:`PROB_OUTPUTS` into ``outdir`` as one set (an earlier run's targets and
+    matrices do not stay beside this run's: :func:`~app.io.output_set.output_set`)."""
+    final = Path(outdir)
+    templates = (*PROB_OUTPUTS, "matrix_seeds_to_all_targets.npy", "matrix_seeds_to_seeds.csv", "probtrackx.json")
+    with output_set(final, "probtrackx.json", templates) as stage:
+        names = _write_probabilistic_files(run, result, stage, final)
+    return {name: str(final / name) for name in names}
+
+
+def _write_probabilistic_files(run: ProbabilisticRun, result: ProbResult, out: Path, final: Path) -> list[str]:
     aff = run.samples.affine
     files = {"fdt_paths.nii.gz": save_volume(result.paths.astype(np.float32), aff, out / "fdt_paths.nii.gz")}
     files["waytotal"] = write_text_atomic(f"{result.waytotal}\n", out / "waytotal")
@@ -472,8 +478,8 @@ def write_probabilistic_outputs(run: ProbabilisticRun, result: ProbResult, outdi
         files["matrix_seeds_to_seeds.csv"] = out / "matrix_seeds_to_seeds.csv"
     summary = summarise(run, result)
     files["probtrackx.json"] = write_json_summary(summary, out / "probtrackx.json", inputs=(run.samples.path or None,),
-                                                  call=("tractlens.write_probabilistic_outputs", "<result>", str(out)))  # fmt: skip
-    return {name: str(path) for name, path in files.items()}
+                                                  call=("tractlens.write_probabilistic_outputs", "<result>", str(final)))  # fmt: skip
+    return list(files)
 
 
 def summarise(run: ProbabilisticRun, result: ProbResult) -> dict:
