@@ -494,3 +494,18 @@ def test_demo_data_json(tmp_path):
     assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == summary["files"]  # no temporary files
     (tmp_path / "file").write_text("x")
     _one_paragraph_error("demo-data", str(tmp_path / "file"), match=r"exists and is a file", names=tmp_path / "file")
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["track", "geodesic", "--step", "-1"], "--step must be positive (a length in mm), got -1"),
+        (["track", "geodesic", "--two-point", "--target-points", "0"], "--target-points must be at least 1, got 0"),
+    ],
+)
+def test_geodesic_options_are_refused_in_the_units_they_were_given(fitted, demo_dir, tmp_path, argv, expect):
+    """--step -1 was reported as -0.5 (the value in voxels); --target-points 0 was an internal error."""
+    result = run_cli(*argv, "--tensor", str(fitted[0]), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"), "--target",
+                     str(demo_dir / "roi_arc_target.nii.gz"), "--device", "cpu", "-o", str(tmp_path / "g.trk"))  # fmt: skip
+    assert result.returncode == 2 and expect in result.stderr and "internal error" not in result.stderr, result.stderr
+    assert not (tmp_path / "g.trk").exists()

@@ -3,6 +3,7 @@ and ``fod-probabilistic``, tracking on fODFs, are in :mod:`.track_fod`)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from pathlib import Path
 
@@ -216,8 +217,11 @@ def geodesic_params(args, field_) -> GeodesicParams:
     from ..pipelines.track_geodesic import step_in_voxels
 
     values = {}
-    if getattr(args, GEODESIC_STEP_MM, None) is not None:
-        values["step"] = step_in_voxels(getattr(args, GEODESIC_STEP_MM), field_.voxel_size)
+    step_mm = getattr(args, GEODESIC_STEP_MM, None)
+    if step_mm is not None:
+        if not (step_mm > 0 and math.isfinite(step_mm)):  # said in mm, as given (not in voxels)
+            raise InputError(f"--step must be positive (a length in mm), got {step_mm:g}", fix="Give e.g. --step 0.5")
+        values["step"] = step_in_voxels(step_mm, field_.voxel_size)
     return params_from_args(GeodesicParams, args, fix=_tracking_fix(args), **values)
 
 

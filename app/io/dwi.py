@@ -75,6 +75,27 @@ class DWI:
         return Volume(Path(self.path).name.split(".")[0] or "dwi", self.data, self.affine, kind="dwi", source=self.path)
 
 
+def require_weighted(dwi: DWI, b0_threshold: float, what: str) -> None:
+    """Refuse a series without a diffusion-weighted volume (every b-value at or below the b=0
+    threshold) before a fit: b-values written in ms/µm² (0, 1, 2, 3) read as s/mm² are such a
+    series, and said so."""
+    bvals = np.asarray(dwi.bvals, dtype=float)
+    if (bvals > b0_threshold).any():
+        return
+    largest = float(bvals.max()) if bvals.size else 0.0
+    units = (
+        f"; the largest, {largest:g}, looks like ms/µm² (b=1000 s/mm² is 1 ms/µm²): multiply the b-values by 1000"
+        if 0 < largest <= 10
+        else ""
+    )
+    raise InputError(
+        f"no diffusion-weighted volume: every b-value is at most {b0_threshold:g} s/mm² (the b=0 threshold){units}",
+        path=dwi.bval_path or dwi.path,
+        fix=f"{what[:1].upper()}{what[1:]} needs diffusion-weighted volumes: check the .bval file (b-values in s/mm²) "
+        "or --b0-threshold",
+    )
+
+
 def x_flip_needed(affine: np.ndarray) -> bool:
     """FSL negates bvec x for images stored with a positive-determinant affine."""
     return float(np.linalg.det(np.asarray(affine)[:3, :3])) > 0

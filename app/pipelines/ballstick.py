@@ -33,6 +33,7 @@ from ..io.bedpostx import (
     save_bedpostx_masked,
     source_files,
 )
+from ..io.dwi import require_weighted
 from ..io.nifti import load_image
 from ..io.output_set import output_set
 from ..model import Volume
@@ -128,6 +129,7 @@ def fit_ballstick_pipeline(
 ) -> BallStickResult:
     """Fit ball & sticks inside the mask (given array, file, or computed from b=0) of a loaded DWI."""
     params = params or BallStickParams(b0_threshold=dwi.b0_threshold)
+    require_weighted(dwi, params.b0_threshold, "ball & sticks")
     warnings = list(dwi.warnings)
     mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     dw = int(np.count_nonzero(dwi.bvals > params.b0_threshold))

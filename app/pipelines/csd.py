@@ -33,6 +33,7 @@ from tractlens.gpu.engines import decide_device
 
 from ..errors import InputError
 from ..io import DWI, save_volume
+from ..io.dwi import require_weighted
 from ..io.fod import read_response, save_fod, world_rotation, write_response
 from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
@@ -190,6 +191,7 @@ def fit_csd_pipeline(
     voxels per batch (None: as many as memory allows); ``cancelled`` is polled between batches,
     so the window keeps them small enough for Cancel to answer within seconds."""
     params = params or CSDParams(b0_threshold=dwi.b0_threshold)
+    require_weighted(dwi, params.b0_threshold, "CSD")
     warnings = list(dwi.warnings)
     mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     t0 = time.perf_counter()

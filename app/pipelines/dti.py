@@ -22,7 +22,7 @@ from tractlens.gpu.host import host_threads
 
 from ..errors import InputError
 from ..io import DWI, load_mask, save_volume
-from ..io.dwi import x_flip_needed
+from ..io.dwi import require_weighted, x_flip_needed
 from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
 from ..masking import brain_mask_from_b0
@@ -322,6 +322,7 @@ def fit_dti_pipeline(
     ((56, 56, 24), True, True)
     """
     params = params or DTIFitParams(b0_threshold=dwi.b0_threshold)
+    require_weighted(dwi, params.b0_threshold, "the tensor fit")
     warnings = list(dwi.warnings)
     mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)
     t0 = time.perf_counter()

@@ -34,6 +34,7 @@ from tractlens.gpu.models import MODELS, Model, ModelFit, ModelFitParams, fit_mo
 from ..errors import InputError
 from ..io import DWI
 from ..io._atomic import write_text_atomic
+from ..io.dwi import require_weighted
 from ..io.nifti import save_volume
 from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
@@ -197,6 +198,7 @@ def fit_model_pipeline(
     (given array, file, or computed from b = 0) of a loaded DWI."""
     params = params or ModelFitParams(b0_threshold=dwi.b0_threshold)
     chosen = resolve_model(model, params)
+    require_weighted(dwi, params.b0_threshold, "the model fit")
     check_acquisition(chosen, dwi.bvals, params.b0_threshold, dwi.bval_path or dwi.path)
     warnings = list(dwi.warnings)
     mask, mask_source = choose_mask(dwi, mask, mask_path, device, warnings)

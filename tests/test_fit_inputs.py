@@ -1,0 +1,37 @@
+"""Inputs of the fits and the presurgical distance that users get wrong: refused with the reason
+in the user's own terms (units included), never an internal error."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from tractlens.app.cli import main
+
+
+@pytest.fixture
+def ms_um2(demo_dir, tmp_path):
+    """The demo series with its b-values written in ms/µm² (1000 s/mm² = 1)."""
+    for ext in ("nii.gz", "bvec"):
+        shutil.copy(demo_dir / f"dwi.{ext}", tmp_path / f"dwi.{ext}")
+    bvals = np.loadtxt(demo_dir / "dwi.bval")
+    np.savetxt(tmp_path / "dwi.bval", bvals[None] / 1000.0, fmt="%g")
+    return tmp_path / "dwi.nii.gz"
+
+
+@pytest.mark.parametrize("command", ["fit-dti", "fit-csd", "fit-ballstick", "fit-model"])
+def test_b_values_in_ms_per_um2_are_named_as_such(ms_um2, tmp_path, capsys, command):
+    argv = [command, *(["noddi-watson"] if command == "fit-model" else []), str(ms_um2), "-o", str(tmp_path / "out"),
+            "--device", "cpu"]  # fmt: skip
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "dwi.bval" in err and "looks like ms/µm²" in err and "multiply the b-values by 1000" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_negative_safety_margin_is_refused(demo_dir, tmp_path, capsys):
+    code = main(["distance", str(demo_dir / "bundles.trk"), "--lesion", str(demo_dir / "lesion.nii.gz"),
+                 "--margin", "-3", "-o", str(tmp_path / "d.csv")])  # fmt: skip
+    assert code == 2 and "--margin must be a positive distance in mm, got -3" in capsys.readouterr().err
