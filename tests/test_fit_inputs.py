@@ -35,3 +35,20 @@ def test_a_negative_safety_margin_is_refused(demo_dir, tmp_path, capsys):
     code = main(["distance", str(demo_dir / "bundles.trk"), "--lesion", str(demo_dir / "lesion.nii.gz"),
                  "--margin", "-3", "-o", str(tmp_path / "d.csv")])  # fmt: skip
     assert code == 2 and "--margin must be a positive distance in mm, got -3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["fit-dti", "fit-ballstick", "fit-model"])
+def test_a_series_without_signal_in_the_mask_is_refused_not_reported_fitted(demo_dir, tmp_path, capsys, command):
+    """It was "fitted N voxels", exit 0, every map empty."""
+    import nibabel as nib
+
+    img = nib.load(demo_dir / "dwi.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros(img.shape, np.float32), img.affine), tmp_path / "zeros.nii.gz")
+    for ext in ("bval", "bvec"):
+        shutil.copy(demo_dir / f"dwi.{ext}", tmp_path / f"zeros.{ext}")
+    argv = [command, *(["noddi-watson"] if command == "fit-model" else []), str(tmp_path / "zeros.nii.gz"),
+            "--mask", str(demo_dir / "mask.nii.gz"), "-o", str(tmp_path / "out"), "--device", "cpu"]  # fmt: skip
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and "could be fitted" in err and "zeros.nii.gz" in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

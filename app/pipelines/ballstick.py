@@ -39,6 +39,7 @@ from ..io.output_set import output_set
 from ..model import Volume
 from ..provenance import write_json_summary
 from ._fallback import run_with_cpu_fallback
+from ._fitted import require_fitted
 from .dti import choose_mask, masked_signal
 from .warmup import join_background_warmup
 
@@ -175,6 +176,7 @@ def fit_ballstick_pipeline(
         raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
     fit.provenance["device_choice"] = choice.reason
+    require_fitted(fit.flags, FLAG_NOT_FITTED, "fit-ballstick", dwi.path)
     for name, count in fit.flag_counts().items():
         warnings.append(f"{count} voxel(s) flagged '{name}'")
 

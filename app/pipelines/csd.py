@@ -39,6 +39,7 @@ from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
 from ..provenance import write_json_summary
 from ._fallback import run_with_cpu_fallback
+from ._fitted import require_fitted
 from .dti import choose_mask, masked_signal
 
 #: Files :func:`write_csd_outputs` writes, with what each holds.
@@ -240,6 +241,7 @@ def fit_csd_pipeline(
         "the CSD fit",
     )
     fit.provenance["total_s"] = time.perf_counter() - t0
+    require_fitted(fit.flags, FLAG_NONFINITE_SIGNAL, "fit-csd", dwi.path)
     fit.provenance["device_choice"] = choice.reason
     nonfinite = int(np.count_nonzero(fit.flags & FLAG_NONFINITE_SIGNAL))
     if nonfinite:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tractlens.gpu import sym3
-from tractlens.gpu.dti import FLAG_NO_SIGNAL, DTIFit, DTIFitParams, fit_dti
+from tractlens.gpu.dti import FLAG_FIT_FAILED, FLAG_NO_SIGNAL, FLAG_NONFINITE_SIGNAL, DTIFit, DTIFitParams, fit_dti
 from tractlens.gpu.engines import decide_device
 from tractlens.gpu.host import host_threads
 
@@ -30,6 +30,7 @@ from ..model import Volume
 from ..provenance import write_json_summary
 from ..timing import phase
 from ._fallback import run_with_cpu_fallback
+from ._fitted import require_fitted
 from .warmup import join_background_warmup
 
 log = logging.getLogger(__name__)
@@ -347,6 +348,7 @@ def fit_dti_pipeline(
         ) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
     fit.provenance["device_choice"] = choice.reason
+    require_fitted(fit.flags, FLAG_NO_SIGNAL | FLAG_NONFINITE_SIGNAL | FLAG_FIT_FAILED, "fit-dti", dwi.path)
     no_signal = int(np.count_nonzero(fit.flags & FLAG_NO_SIGNAL))
     if no_signal:
         warnings.append(f"{no_signal} voxel(s) in the mask have no signal at b=0 and were not fitted")

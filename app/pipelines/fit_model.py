@@ -30,6 +30,7 @@ import numpy as np
 from tractlens import __version__
 from tractlens.gpu.backend import get_backend
 from tractlens.gpu.models import MODELS, Model, ModelFit, ModelFitParams, fit_model, shells
+from tractlens.gpu.models.fit import FLAG_NOT_FITTED
 
 from ..errors import InputError
 from ..io import DWI
@@ -39,6 +40,7 @@ from ..io.nifti import save_volume
 from ..io.output_set import output_set
 from ..io.outputs import check_output_folder
 from ._fallback import run_with_cpu_fallback
+from ._fitted import require_fitted
 from .dti import choose_mask, masked_signal
 
 log = logging.getLogger(__name__)
@@ -229,6 +231,7 @@ def fit_model_pipeline(
     except ValueError as exc:
         raise InputError(str(exc), path=dwi.bvec_path or dwi.path) from exc
     fit.provenance["total_s"] = time.perf_counter() - t0
+    require_fitted(fit.flags, FLAG_NOT_FITTED, "fit-model", dwi.path)
     for name, count in fit.flag_counts().items():
         warnings.append(f"{count} voxel(s) flagged '{name}'")
     inputs = {"dwi": dwi.path, "bval": dwi.bval_path, "bvec": dwi.bvec_path, "mask": str(mask_path or "")}
