@@ -509,3 +509,16 @@ def test_geodesic_options_are_refused_in_the_units_they_were_given(fitted, demo_
                      str(demo_dir / "roi_arc_target.nii.gz"), "--device", "cpu", "-o", str(tmp_path / "g.trk"))  # fmt: skip
     assert result.returncode == 2 and expect in result.stderr and "internal error" not in result.stderr, result.stderr
     assert not (tmp_path / "g.trk").exists()
+
+
+def test_geodesic_without_a_mask_stays_in_the_fitted_voxels(fitted, demo_dir, tmp_path):
+    """It had no tracking mask by default: fibres ran outside the brain to a target in the air."""
+    ref = nib.load(demo_dir / "roi_arc_seed.nii.gz")
+    corner = np.zeros(ref.shape, np.uint8)
+    corner[:3, :3, :3] = 1  # outside the brain
+    nib.save(nib.Nifti1Image(corner, ref.affine), tmp_path / "corner.nii.gz")
+    result = run_cli("track", "geodesic", "--tensor", str(fitted[0]), "--seed", str(demo_dir / "roi_arc_seed.nii.gz"),
+                     "--target", str(tmp_path / "corner.nii.gz"), "--directions", "40", "--device", "cpu",
+                     "-o", str(tmp_path / "g.trk"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "0 written" in result.stdout and "tracking mask does not join" in result.stderr

@@ -84,7 +84,7 @@ def _add_geodesic(methods, common) -> None:
     _tensor_source_options(p)
     p.add_argument("--seed", metavar="MASK", required=True, help="seed region (NIfTI mask)")
     p.add_argument("--target", metavar="MASK", help="target region: keep only fibres reaching it, ranked by CM")
-    p.add_argument("--mask", help="tracking mask: fibres stop on leaving it")
+    p.add_argument("--mask", help="tracking mask: fibres stop on leaving it (default: the fitted voxels)")
     add_params(p, GeodesicSeedingParams, exclude=("rng_seed", "top_percent"))
     step = p.add_mutually_exclusive_group()
     step.add_argument(
@@ -240,7 +240,8 @@ def cmd_track_geodesic(args) -> int:
     notes: list[str] = []
     seed = masks_on_field([args.seed], "seed mask", field, notes)[0]
     target = masks_on_field([args.target], "target mask", field, notes)[0] if args.target else None
-    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else None
+    # without --mask the fitted voxels, as in the window and for deterministic tracking (fibres ran out of the brain)
+    mask = masks_on_field([args.mask], "tracking mask", field, notes)[0] if args.mask else field.mask
     with phase("compute"):
         result = geodesic_pipeline(
             field,
