@@ -312,6 +312,16 @@ def statistics_json_text(tables: list[StatisticsTable]) -> str:
     return json.dumps([table.as_dict() for table in tables], indent=2)
 
 
+def _roi_meets(mask: np.ndarray, affine: np.ndarray, volume: Volume) -> bool:
+    """Whether any voxel centre of the ROI lies inside the map's grid."""
+    ijk = np.argwhere(np.asarray(mask))
+    if not len(ijk):
+        return False
+    ijk = ijk[:: max(1, len(ijk) // 100_000)]
+    voxels = ijk @ np.linalg.solve(volume.affine, affine)[:3, :3].T + np.linalg.solve(volume.affine, affine)[:3, 3]
+    return bool(((voxels > -0.5) & (voxels < np.asarray(volume.data.shape[:3]) - 0.5)).all(axis=1).any())
+
+
 def file_statistics(
     tractogram: Tractogram | None,
     roi: tuple[str, np.ndarray, np.ndarray] | None,
@@ -322,6 +332,13 @@ def file_statistics(
     if tractogram is None and roi is None:
         raise InputError("nothing to measure", fix="Give a tractogram, an --roi mask, or both")
     tables = []
+    for name, volume in maps.items():  # a map of another space gives blank rows, not numbers: refused
+        if tractogram is not None and len(tractogram) and not tractogram.meets(volume.affine, volume.data.shape):
+            raise InputError(f"the tractogram lies wholly outside the map {name}: they are not in the same space",
+                             path=volume.source or None, fix="Give maps on the tractogram's space")  # fmt: skip
+        if roi is not None and not _roi_meets(roi[1], roi[2], volume):
+            raise InputError(f"the ROI {roi[0]} lies wholly outside the map {name}: they are not in the same space",
+                             path=volume.source or None, fix="Give maps on the ROI's space")  # fmt: skip
     if tractogram is not None:
         tables.append(tract_statistics(tractogram, None, maps, params=params))
     if roi is not None:

@@ -232,6 +232,17 @@ class Tractogram(Observable):
         """The points in voxel coordinates of another grid (``affine``: its voxel -> RAS mm)."""
         return on_grid(self.points, np.linalg.solve(affine, self.affine), dtype)
 
+    def meets(self, affine: np.ndarray, shape: tuple[int, ...], sample: int = 200_000) -> bool:
+        """Whether any point (of an even sample of at most ``sample``) lies inside the grid of
+        ``affine`` and ``shape``: a tractogram and an image of different spaces do not meet."""
+        n = len(self.points)
+        if n == 0:
+            return False
+        index = np.unique(np.linspace(0, n - 1, min(n, sample)).astype(np.int64))
+        voxels = on_grid(self.points_take(index), np.linalg.solve(affine, self.affine), np.float64)
+        inside = ((voxels > -0.5) & (voxels < np.asarray(shape[:3]) - 0.5)).all(axis=1)
+        return bool(inside.any())
+
     def ends_on(self, affine: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
         """Each streamline's first and last point in voxel coordinates of another grid, as
         ``(points, offsets)`` of streamlines of two points (none for an empty streamline): what an

@@ -52,3 +52,42 @@ def test_a_series_without_signal_in_the_mask_is_refused_not_reported_fitted(demo
     err = capsys.readouterr().err
     assert code == 2 and "could be fitted" in err and "zeros.nii.gz" in err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.fixture
+def shifted(demo_dir, tmp_path):
+    """The demo bundles and seed ROI moved 500 mm away: another space than the maps and labels."""
+    import nibabel as nib
+    from nibabel.streamlines import Field, Tractogram, TrkFile
+
+    t = nib.streamlines.load(demo_dir / "bundles.trk")
+    header = t.header.copy()
+    affine = header[Field.VOXEL_TO_RASMM].copy()
+    affine[:3, 3] += 500
+    header[Field.VOXEL_TO_RASMM] = affine
+    TrkFile(Tractogram([s + 500 for s in t.streamlines], affine_to_rasmm=np.eye(4)), header=header).save(
+        str(tmp_path / "shifted.trk")
+    )
+    roi = nib.load(demo_dir / "roi_arc_seed.nii.gz")
+    nib.save(nib.Nifti1Image(np.asarray(roi.dataobj), affine), tmp_path / "roi_shifted.nii.gz")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("argv", "expect"),
+    [
+        (["stats", "{t}/shifted.trk", "--map", "{d}/mask.nii.gz", "-o", "{t}/s.csv"], "tractogram lies wholly outside"),
+        (
+            ["stats", "--roi", "{t}/roi_shifted.nii.gz", "--map", "{d}/mask.nii.gz", "-o", "{t}/s.csv"],
+            "ROI roi_shifted",
+        ),
+        (["connectome", "{t}/shifted.trk", "--labels", "{d}/parcellation.nii.gz", "-o", "{t}/c.csv"], "wholly outside"),
+    ],
+)
+def test_inputs_of_another_space_are_refused_not_given_blank_results(shifted, demo_dir, capsys, argv, expect):
+    """Exit 0 with empty statistics or an all-zero matrix, and no word, before."""
+    words = [w.format(t=shifted, d=demo_dir) for w in argv]
+    assert main(words) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "same space" in err
+    assert not (shifted / "s.csv").exists() and not (shifted / "c.csv").exists()

@@ -157,7 +157,8 @@ def compute_connectome(
     Raises
     ------
     InputError
-        An empty tractogram, a negative or non-finite radius, a weight the tractogram lacks.
+        An empty tractogram, one wholly outside the labels, a negative or non-finite radius, a
+        weight the tractogram lacks.
 
     References
     ----------
@@ -188,6 +189,13 @@ def compute_connectome(
         raise InputError("the tractogram has no streamlines", fix="Track first, or load another tractogram")
     if not np.isfinite(radius_mm) or radius_mm < 0:
         raise InputError(f"the search radius must be >= 0 mm, not {radius_mm}")
+    if not tractogram.meets(labels.affine, labels.data.shape):
+        raise InputError(
+            "the tractogram lies wholly outside the labels image (none of its points is inside it): they are not in "
+            "the same space",
+            path=labels.source or None,
+            fix="Give labels on the tractogram's subject and space (apply-transform brings one across)",
+        )
     values = streamline_weights(tractogram, weight, weights)
     nodes = label_nodes(labels.data)
     ends, end_offsets = tractogram.ends_on(labels.affine)  # only the ends are assigned: not every point converted
