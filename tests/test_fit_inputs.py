@@ -91,3 +91,20 @@ def test_inputs_of_another_space_are_refused_not_given_blank_results(shifted, de
     err = capsys.readouterr().err
     assert expect in err and "same space" in err
     assert not (shifted / "s.csv").exists() and not (shifted / "c.csv").exists()
+
+
+def test_small_messages_name_their_file(demo_dir, tmp_path, capsys):
+    """An all-zero labels image and the envelopes of an empty tractogram named no file."""
+    import nibabel as nib
+    from nibabel.streamlines import Tractogram, TrkFile
+
+    labels = nib.load(demo_dir / "parcellation.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros(labels.shape, np.int16), labels.affine), tmp_path / "zero_labels.nii.gz")
+    assert main(["connectome", str(demo_dir / "bundles.trk"), "--labels", str(tmp_path / "zero_labels.nii.gz"),
+                 "-o", str(tmp_path / "c.csv")]) == 2  # fmt: skip
+    assert "zero_labels.nii.gz: the label volume has no region" in capsys.readouterr().err
+    header = nib.streamlines.load(demo_dir / "bundles.trk").header
+    TrkFile(Tractogram([], affine_to_rasmm=np.eye(4)), header=header).save(str(tmp_path / "empty.trk"))
+    assert main(["envelopes", str(tmp_path / "empty.trk"), "-o", str(tmp_path / "env")]) == 2
+    err = capsys.readouterr().err
+    assert "empty.trk: the tractogram holds 0 streamlines" in err and "waytotal" not in err

@@ -27,7 +27,9 @@ def add_parsers(sub, common) -> None:
         "resampled to it (nearest neighbour), with a notice.",
     )
     p.add_argument("tractogram", help=".trk, .tck or .trx")
-    p.add_argument("--include", action="append", metavar="MASK", help="region to pass (repeat: all of them)")
+    p.add_argument(
+        "--include", action="append", required=True, metavar="MASK", help="region to pass (repeat: all of them)"
+    )
     p.add_argument("--exclude", action="append", metavar="MASK", help="region to avoid (repeat: none of them)")
     p.add_argument("--device", choices=DEVICES, default="auto")
     p.add_argument("-o", "--output", required=True, help="output tractogram (.trk, .tck or .trx)")

@@ -93,16 +93,18 @@ def streamline_weights(tractogram: Tractogram, weight: str, weights: np.ndarray 
             else "COMMIT's tractogram_filtered keeps it (.trk or .trx), or give --streamline-weights "
             "streamline_weights.txt"
         )
-        raise InputError(f"the tractogram has no per-streamline {key!r} for --weight {weight}", fix=where)
+        raise InputError(f"the tractogram has no per-streamline {key!r} for --weight {weight}", fix=where,
+                         path=tractogram.source or None)  # fmt: skip
     return np.asarray(values, dtype=np.float64).reshape(len(tractogram), -1)[:, 0]
 
 
-def label_nodes(labels: np.ndarray) -> np.ndarray:
-    """The regions of a parcellation: its non-zero label values, ascending."""
+def label_nodes(labels: np.ndarray, path: str | None = None) -> np.ndarray:
+    """The regions of a parcellation: its non-zero label values, ascending (``path`` names its
+    file in the error when there is none)."""
     nodes = np.unique(np.asarray(labels))
     nodes = nodes[nodes > 0]
     if len(nodes) == 0:
-        raise InputError("the label volume has no region (every voxel is 0)", fix="Give a parcellation")
+        raise InputError("the label volume has no region (every voxel is 0)", fix="Give a parcellation", path=path)
     return nodes.astype(np.int64)
 
 
@@ -197,7 +199,7 @@ def compute_connectome(
             fix="Give labels on the tractogram's subject and space (apply-transform brings one across)",
         )
     values = streamline_weights(tractogram, weight, weights)
-    nodes = label_nodes(labels.data)
+    nodes = label_nodes(labels.data, labels.source or None)
     ends, end_offsets = tractogram.ends_on(labels.affine)  # only the ends are assigned: not every point converted
     choice = decide_device("connectome", len(tractogram), requested=device)
     device = choice.argument

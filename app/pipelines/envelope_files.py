@@ -83,6 +83,14 @@ def envelopes_of_tractograms(paths, levels="50,90,95", reference=None) -> Envelo
             visits = np.zeros(shape, dtype=np.int64)
         visits += streamline_visitation(tract.points_on(affine), tract.offsets, shape)
         streamlines += len(tract)
+    if streamlines == 0:  # said of the files given, not of a probabilistic run's waytotal
+        raise InputError(
+            "the tractogram holds 0 streamlines, so it has no envelopes"
+            if len(paths) == 1
+            else f"the {len(paths)} tractograms hold 0 streamlines, so they have no envelopes",
+            path=paths[0] if len(paths) == 1 else None,
+            fix="Give the tractograms of the repeated tracking (each with streamlines)",
+        )
     found = envelopes(visits, affine, levels, waytotal=streamlines)
     found.provenance = {"source": [str(p) for p in paths], "definition": DEFINITION,
                         "visitation": "streamlines of the tractograms, each counted once per voxel it passes"}  # fmt: skip
