@@ -76,21 +76,8 @@ def find_series(
     participants = _strip(participant_labels, "sub")
     sessions = _strip(session_labels, "ses")
     known = set(layout.get_subjects())
-    missing = sorted(set(participants or ()) - known)
-    if missing:
-        raise InputError(
-            f"no participant {', '.join(missing)} in this dataset",
-            path=bids_dir,
-            fix=f"Choose among: {', '.join(sorted(known)) or 'none (no sub-* folders)'}",
-        )
-    known_sessions = set(layout.get_sessions()) if sessions else set()
-    missing = sorted(set(sessions or ()) - known_sessions)
-    if missing:
-        raise InputError(
-            f"no session {', '.join(missing)} in this dataset",
-            path=bids_dir,
-            fix=f"Choose among: {', '.join(sorted(known_sessions)) or 'none (no ses-* folders)'}",
-        )
+    _refuse_unknown(participants, known, "participant", "sub", bids_dir)
+    _refuse_unknown(sessions, set(layout.get_sessions()) if sessions else set(), "session", "ses", bids_dir)
     query = {"suffix": "dwi", "extension": [".nii.gz", ".nii"], "datatype": "dwi"}
     if participants:
         query["subject"] = participants
@@ -130,6 +117,17 @@ def find_series(
         )
     _refuse_duplicates(found)
     return sorted(found, key=lambda s: (s.subject, s.session or ""))
+
+
+def _refuse_unknown(asked: list[str] | None, known: set[str], what: str, entity: str, bids_dir: Path) -> None:
+    """A label asked for that the dataset lacks: refused, naming those there are."""
+    missing = sorted(set(asked or ()) - known)
+    if missing:
+        raise InputError(
+            f"no {what} {', '.join(missing)} in this dataset",
+            path=bids_dir,
+            fix=f"Choose among: {', '.join(sorted(known)) or f'none (no {entity}-* folders)'}",
+        )
 
 
 def _gradient(layout, path: str, getter: str) -> Path | None:
