@@ -12,6 +12,7 @@ is left as it is.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +24,14 @@ def _writable(folder: Path) -> bool:
         if candidate.exists():
             return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
     return False
+
+
+def _private(folder: Path) -> bool:
+    """A real folder (not a link) of this user that no one else may write or read: numba loads
+    what is in its cache (pickles), so a folder another user could fill is not one to use."""
+    info = os.lstat(folder)
+    owner_ok = not hasattr(os, "getuid") or info.st_uid == os.getuid()
+    return stat.S_ISDIR(info.st_mode) and owner_ok and (info.st_mode & 0o077) == 0
 
 
 def numba_cache_fallback(source: Path | None = None, environ: dict | None = None) -> str | None:
@@ -41,6 +50,8 @@ def numba_cache_fallback(source: Path | None = None, environ: dict | None = None
     folder = Path(tempfile.gettempdir()) / f"tractlens-numba-{uid}"
     try:
         folder.mkdir(mode=0o700, exist_ok=True)
+        if not _private(folder):  # made by someone else (a predictable name in a shared folder): not used
+            folder = Path(tempfile.mkdtemp(prefix="tractlens-numba-"))  # this process's own, 0700
     except OSError:
         return None  # nowhere at all: numba says so when a compiled loop is defined
     environ["NUMBA_CACHE_DIR"] = str(folder)

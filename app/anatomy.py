@@ -254,7 +254,8 @@ def register_images(
     inputs = tuple(x for x in inputs if str(x).lower() not in TEMPLATE_WORDS)
     if out_dir is not None:
         out_dir = check_output_folder(out_dir, "registration folder")
-        check_replaceable_folder(out_dir, transform_files.SUMMARY_FILE, "registration folder", inputs)
+        check_replaceable_folder(out_dir, transform_files.SUMMARY_FILE, "registration folder", inputs,
+                                 transform_files.REGISTRATION_FILES)  # fmt: skip
     t0 = time.perf_counter()
     mov = load_for_registration(moving, volume, "moving image")
     fix = load_for_registration(fixed, fixed_volume, "fixed image", "--fixed-volume")

@@ -149,4 +149,7 @@ def test_the_input_is_not_overwritten_by_its_own_output(pair, tmp_path, capsys):
     before = source.read_bytes()
     code = main(["apply-transform", str(source), "--registration", str(d / "reg"), "--reference",
                  str(d / "fixed.nii.gz"), "-o", str(source), "--device", "cpu"])  # fmt: skip
-    assert code == 2 and "is the input itself" in capsys.readouterr().err and source.read_bytes() == before
+    assert code == 2 and "is also an input of this command" in capsys.readouterr().err  # the command line's check
+    with pytest.raises(InputError, match="is the input itself"):  # and the use case's, for Python callers
+        use_cases.apply_transform(str(source), d / "reg", str(d / "fixed.nii.gz"), source, device="cpu")
+    assert source.read_bytes() == before

@@ -164,3 +164,20 @@ def test_an_earlier_output_with_files_it_did_not_write_is_refused(tmp_path):
         with atomic_folder(out):
             pass
     assert (out / "notes.txt").read_text() == "the user's" and (out / "a.txt").read_text() == "new"
+
+
+def test_an_earlier_output_without_a_files_list_keeps_the_users_files_by_its_templates(tmp_path):
+    """An earlier bundles folder (its summary lists no files) holding the user's edited ROI:
+    refused, as any file its templates do not name; only the command's own files: replaced."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / MARK).write_text("{}")
+    (out / "AF_L.trx").write_text("ours")
+    (out / "my_roi.nii.gz").write_text("the user's")
+    with pytest.raises(InputError, match=r"did not write \(my_roi\.nii\.gz\)"):
+        with _atomic_folder(out, MARK, "test output", (), ("AF_L.trx", MARK)):
+            pass
+    (out / "my_roi.nii.gz").unlink()
+    with _atomic_folder(out, MARK, "test output", (), ("AF_L.trx", MARK)) as staging:
+        (staging / "AF_L.trx").write_text("new")
+    assert (out / "AF_L.trx").read_text() == "new"

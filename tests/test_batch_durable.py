@@ -323,3 +323,18 @@ def test_steps_made_from_an_unflushed_step_say_that_the_next_run_redoes_them():
     note_unflushed_upstream(results, dependents)
     assert [("note" in r) for r in results] == [False, True, True, False, False]
     assert results[2]["note"].startswith("made from fit-dti's outputs, which could not be flushed")
+
+
+def test_a_flush_that_fails_with_etimedout_is_that_failure_not_a_stall():
+    """ETIMEDOUT is a TimeoutError: taken for the drain's own timeout, it hid the real error and
+    marked every later flush failed without waiting for it."""
+    import time
+
+    def timed_out():
+        raise OSError(errno.ETIMEDOUT, "Connection timed out")
+
+    durable.later("a/sub-01", timed_out, run="r")
+    durable.later("b/sub-01", lambda: time.sleep(0.2), run="r")
+    report = durable.drain("r", stall_s=30)
+    assert "Connection timed out" in report[0]["error"] and "no flush finished" not in report[0]["error"]
+    assert "error" not in report[1] and report[1]["seconds"] >= 0.2

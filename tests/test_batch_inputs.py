@@ -136,16 +136,20 @@ def _dead_pid() -> int:
 def test_a_killed_runs_staging_is_removed_by_the_next_run_on_the_host(tmp_path):
     root = tmp_path / ".staging"
     host = socket.gethostname()
+    namespace = staging_folders._pid_namespace()
     owners = {"dead": (host, _dead_pid()), "live": (host, os.getppid()), "elsewhere": ("another-host", _dead_pid())}
     for name, (where, pid) in owners.items():
         (root / name / "sub-01_track").mkdir(parents=True)
         (root / name / "sub-01_track" / "half.trx.parts").write_bytes(b"x" * 100)
-        (root / name / "owner.json").write_text(json.dumps({"host": where, "pid": pid}))
+        (root / name / "owner.json").write_text(json.dumps({"host": where, "pid": pid, "pid_namespace": namespace}))
     (root / "unknown").mkdir()  # no owner record (an older version's run): not ours to judge
+    (root / "container").mkdir()  # the same host name, another PID namespace: its numbers are not ours
+    (root / "container" / "owner.json").write_text(json.dumps({"host": host, "pid": _dead_pid(),
+                                                               "pid_namespace": "pid:[1]"}))  # fmt: skip
     mine = root / "mine"
     staging_folders.claim_staging(mine)
     assert staging_folders.clear_dead_runs(root, keep=mine) == ["dead"]
-    assert sorted(p.name for p in root.iterdir()) == ["elsewhere", "live", "mine", "unknown"]
+    assert sorted(p.name for p in root.iterdir()) == ["container", "elsewhere", "live", "mine", "unknown"]
     assert json.loads((mine / "owner.json").read_text())["pid"] == os.getpid()
 
 

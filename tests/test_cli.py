@@ -195,7 +195,11 @@ def test_select_keeps_exactly_the_bundle_between_its_rois(demo_dir, tmp_path):
 def test_select_bad_inputs(demo_dir, tmp_path):
     nib.save(nib.Nifti1Image(np.zeros((56, 56, 24), np.uint8), np.eye(4)), tmp_path / "empty.nii.gz")
     _expect_input_error(
-        "select", str(demo_dir / "bundles.trk"), "-o", str(tmp_path / "o.trk"), match="the following arguments are required: --include"
+        "select",
+        str(demo_dir / "bundles.trk"),
+        "-o",
+        str(tmp_path / "o.trk"),
+        match="the following arguments are required: --include",
     )
     _expect_input_error(
         "select",

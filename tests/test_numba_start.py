@@ -62,3 +62,20 @@ print(loops_mod.f(41))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "42"
+
+
+def test_a_folder_of_that_name_made_by_someone_else_is_not_used(tmp_path, monkeypatch):
+    """The name is predictable: a folder another user made first (here: open to all) could hold
+    planted cache files, which numba would load."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    planted = tmp_path / "tmp" / f"tractlens-numba-{os.getuid()}"
+    planted.mkdir()
+    planted.chmod(0o777)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    folder = numba_cache_fallback(source=blocker / "gpu", environ={"HOME": str(blocker)})
+    assert folder is not None and folder != str(planted) and folder.startswith(str(tmp_path / "tmp"))
+    assert (os.stat(folder).st_mode & 0o777) == 0o700

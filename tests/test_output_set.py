@@ -74,17 +74,39 @@ def test_ctrl_c_while_the_set_is_moved_into_place_comes_after_it(tmp_path, monke
     assert [p.name for p in moved][-2:] == ["rec.json", ".rec.files"]  # the record after the maps, then the list
 
 
-def test_a_staging_folder_of_a_killed_run_is_removed_by_the_next(tmp_path):
-    import subprocess
-    import sys
+def test_a_staging_folder_hours_old_is_removed_and_a_young_one_kept(tmp_path):
+    """A killed run's stage is cleared by age: a young one may be a live run's on another host or in
+    another container (its process is not visible from here)."""
+    import time
 
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                              text=True).stdout)  # fmt: skip
     out = tmp_path / "out"
-    (out / f"{PARTIAL}{dead}-abcd").mkdir(parents=True)
-    (out / f"{PARTIAL}{dead}-abcd" / "map1.nii").write_text("half")
+    for name in ("old", "young"):
+        (out / f"{PARTIAL}{name}").mkdir(parents=True)
+        (out / f"{PARTIAL}{name}" / "map1.nii").write_text("half")
+    hours_ago = time.time() - 7 * 3600
+    os.utime(out / f"{PARTIAL}old", (hours_ago, hours_ago))
     _write(out, ["map1.nii", "rec.json"], "new")
-    assert not list(out.glob(PARTIAL + "*"))
+    assert sorted(p.name for p in out.glob(PARTIAL + "*")) == [f"{PARTIAL}young"]
+
+
+def test_a_folder_without_the_record_has_no_earlier_set(tmp_path):
+    """A subject's own gm.nii.gz (a name a CSD fit also writes) in a folder that never held a fit
+    is kept: only a folder with the command's record can hold its earlier set."""
+    out = tmp_path / "subject"
+    out.mkdir()
+    (out / "map2.nii").write_text("the user's")
+    _write(out, ["map1.nii", "rec.json"], "new")
+    assert _files(out) == {"map1.nii": "new", "map2.nii": "the user's", "rec.json": "new"}
+
+
+def test_two_keys_in_one_folder_are_two_sets(tmp_path):
+    """fit-dti with two prefixes into one folder: the second does not remove the first's maps."""
+    out = tmp_path / "out"
+    for prefix in ("a", "b"):
+        with output_set(out, "rec.json", key=f"rec-{prefix}") as stage:
+            (stage / f"{prefix}_FA.nii").write_text(prefix)
+            (stage / "rec.json").write_text(prefix)
+    assert _files(out) == {"a_FA.nii": "a", "b_FA.nii": "b", "rec.json": "b"}
 
 
 def test_templates_match_their_names_only():
@@ -121,3 +143,18 @@ def _small_mask(demo_dir):
     mask[10:14, 10:14, 5:7] = np.asarray(img.dataobj)[10:14, 10:14, 5:7] > 0
     assert mask.any()
     return mask
+
+
+def test_fit_dti_with_two_prefixes_keeps_both_fits_and_csd_keeps_a_subjects_own_tissue_maps(demo_dir, tmp_path):
+    from tractlens.app.cli import main
+
+    out = tmp_path / "subject"
+    out.mkdir()
+    (out / "gm.nii.gz").write_text("the subject's own")  # a name CSD's multi-tissue fit writes too
+    for prefix in ("sub01", "sub02"):
+        assert main(["fit-dti", str(demo_dir / "dwi.nii.gz"), "-o", str(out), "--prefix", prefix,
+                     "--mask", str(demo_dir / "roi_arc_seed.nii.gz"), "--device", "cpu", "--quiet"]) == 0  # fmt: skip
+    assert len(list(out.glob("sub01_*"))) == len(list(out.glob("sub02_*"))) > 10
+    assert main(["fit-csd", str(demo_dir / "dwi.nii.gz"), "-o", str(out), "--mask", str(demo_dir / "roi_arc_seed.nii.gz"),
+                 "--device", "cpu", "--quiet"]) == 0  # fmt: skip
+    assert (out / "gm.nii.gz").read_text() == "the subject's own" and (out / "fod.nii.gz").exists()

@@ -23,8 +23,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from ..errors import InputError
 
@@ -80,13 +79,15 @@ def drain(run: str | None = None, stall_s: float | None = FLUSH_STALL_S) -> list
         if stalled is not None and not future.done():
             report.append({"key": key, "error": stalled})
             continue
-        try:
-            report.append({"key": key, "seconds": round(future.result(timeout=stall_s), 3)})
-        except FutureTimeout:
+        wait([future], timeout=stall_s)  # (not result(timeout): a flush's own ETIMEDOUT is a TimeoutError too)
+        if not future.done():
             stalled = (f"TimeoutError: no flush finished within {stall_s:g} s (--flush-timeout): the disk or "
                        "network file system stopped answering (a flush that finishes later still records its step, "
                        "which the next run then skips)")  # fmt: skip
             report.append({"key": key, "error": stalled})
+            continue
+        try:
+            report.append({"key": key, "seconds": round(future.result(), 3)})
         except Exception as exc:  # the step's sidecars were not written: it reads as not done
             report.append({"key": key, "error": f"{type(exc).__name__}: {exc}"})
     return report

@@ -6,7 +6,8 @@ a node lost) cannot: its folder holds the half-written files of the steps it was
 tractogram's parts are gigabytes). Each run therefore records its host and process in its
 folder (``owner.json``), and the next run on that host removes the folders of runs whose process
 is gone, and says so. Folders of live runs (two batches into one derivatives folder), of other
-hosts (a shared file system) and without an owner record are left alone.
+hosts (a shared file system) or PID namespaces (containers), and without an owner record are left
+alone.
 """
 
 from __future__ import annotations
@@ -21,10 +22,20 @@ from pathlib import Path
 OWNER_FILE = "owner.json"
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (Linux: ``pid:[inode]``; "" elsewhere): a process number means
+    something only within it (containers sharing a host name have their own)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def claim_staging(staging: Path) -> None:
     """Create this run's staging folder with its owner record."""
     staging.mkdir(parents=True, exist_ok=True)
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "pid_namespace": _pid_namespace(),
+              "started": time.time()}  # fmt: skip
     (staging / OWNER_FILE).write_text(json.dumps(record))
 
 
@@ -53,7 +64,8 @@ def clear_dead_runs(staging_root: Path, keep: Path | None = None) -> list[str]:
             pid = int(owner["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # no record (or not readable): not ours to judge
-        if owner.get("host") == host and pid != os.getpid() and not _alive(pid):
+        same = owner.get("host") == host and owner.get("pid_namespace") == _pid_namespace()
+        if same and pid != os.getpid() and not _alive(pid):
             shutil.rmtree(folder, ignore_errors=True)
             if not folder.exists():
                 removed.append(folder.name)

@@ -33,13 +33,19 @@ from ..model import Tractogram
 from ..params import BundleParams, FodProbabilisticParams, ProbParams
 from .engines import BundleTrack, open_engine
 from .masks import SubjectInMni, missed_regions, protocol_masks
-from .protocols import choose_bundles, load_protocols, protocol_of
+from .protocols import bundle_names, choose_bundles, load_protocols, protocol_of
 
 log = logging.getLogger("tractlens.bundles")
 
 FORMAT = "tractlens-bundles"
 VERSION = 1
 SUMMARY_FILE = "bundles.json"
+
+
+def bundle_files() -> tuple[str, ...]:
+    """What a bundles folder holds: each named bundle's streamlines and density, and the summary
+    (any other file in it is the user's, and keeps the folder from being replaced)."""
+    return (*(f"{n}{ext}" for n in bundle_names() for ext in (".trx", "_density.nii.gz")), SUMMARY_FILE)
 
 
 @dataclass
@@ -73,7 +79,7 @@ def _check_output(output: Path, inputs: tuple) -> None:
     """An output folder that can be written, and is new, empty or an earlier bundles folder (which
     is replaced whole) holding none of the inputs."""
     check_output_folder(output, "bundles folder")
-    check_replaceable_folder(output, SUMMARY_FILE, "bundles folder", inputs)
+    check_replaceable_folder(output, SUMMARY_FILE, "bundles folder", inputs, bundle_files())
 
 
 def _write_trx(tractogram: Tractogram, path: Path) -> None:
@@ -154,7 +160,7 @@ def run_bundles(
     subject_s = time.perf_counter() - opened - engine_s
     protocols = load_protocols()
     t0 = time.perf_counter()
-    with atomic_folder(output, SUMMARY_FILE, "bundles folder", inputs) as staging:
+    with atomic_folder(output, SUMMARY_FILE, "bundles folder", inputs, bundle_files()) as staging:
         result = _track_all(chosen, engine, subject, params, protocols.version, staging, context)
         summary = {
             "format": FORMAT,

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import threading
@@ -164,10 +165,13 @@ def atomic_path(path: str | os.PathLike, *, durable: bool | None = None) -> Iter
                 tmp.unlink()
 
 
-def check_replaceable_folder(path: str | os.PathLike, marker: str, what: str, inputs: tuple = ()) -> Path:
+def check_replaceable_folder(
+    path: str | os.PathLike, marker: str, what: str, inputs: tuple = (), templates: tuple = ()
+) -> Path:
     """``path`` as an absolute folder that :func:`atomic_folder` may replace: missing, empty, or an
-    earlier output of the same kind (it holds ``marker``) that holds none of ``inputs`` and is not
-    the current folder or one above it. Anything else is refused: replacing it would delete the
+    earlier output of the same kind (it holds ``marker``) holding only what that output wrote (the
+    marker's ``files`` list, else the names ``templates`` make), none of ``inputs``, and not the
+    current folder or one above it. Anything else is refused: replacing it would delete the
     user's other files."""
     folder = Path(os.path.abspath(path))
     if folder.parent == folder:
@@ -184,7 +188,13 @@ def check_replaceable_folder(path: str | os.PathLike, marker: str, what: str, in
             fix="Give a new or empty folder for -o; an earlier output of this command is replaced",
         )
     listed = _listed_files(folder / marker)
-    extra = [] if listed is None else sorted(p.name for p in folder.iterdir() if p.name not in {*listed, marker})
+    pattern = names_matching(templates) if listed is None and templates else None
+    extra = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name != marker
+        and (p.name not in listed if listed is not None else pattern is not None and not pattern.match(p.name))
+    )
     if extra:
         raise InputError(
             f"holds files that the earlier {what} did not write ({', '.join(extra[:3])}"
@@ -212,6 +222,16 @@ def check_replaceable_folder(path: str | os.PathLike, marker: str, what: str, in
     return folder
 
 
+def names_matching(templates) -> re.Pattern:
+    """A pattern of the file names that ``templates`` make: ``{i}`` a number, any other ``{...}``
+    any text (``dyads{i}.nii.gz``, ``seeds_to_{target}.nii.gz``)."""
+    parts = []
+    for template in templates:
+        pieces = re.split(r"(\{[^}]*\})", template)
+        parts.append("".join(r"\d+" if p == "{i}" else ".+" if p.startswith("{") else re.escape(p) for p in pieces))
+    return re.compile("^(?:" + "|".join(parts) + ")$")
+
+
 def _listed_files(marker: Path) -> set[str] | None:
     """The files an earlier output's record says it wrote (its ``files`` list), if it has one."""
     try:
@@ -222,7 +242,9 @@ def _listed_files(marker: Path) -> set[str] | None:
 
 
 @contextlib.contextmanager
-def atomic_folder(path: str | os.PathLike, marker: str, what: str, inputs: tuple = ()) -> Iterator[Path]:
+def atomic_folder(
+    path: str | os.PathLike, marker: str, what: str, inputs: tuple = (), templates: tuple = ()
+) -> Iterator[Path]:
     """Yield an empty staging folder beside ``path`` (``.NAME.partial``); on success it replaces
     ``path`` (a previous folder of that name is removed only once the new one is in place). Only a
     folder :func:`check_replaceable_folder` allows is replaced (checked again here, at the end).
@@ -230,14 +252,14 @@ def atomic_folder(path: str | os.PathLike, marker: str, what: str, inputs: tuple
     Any exception inside the block, a cancel included, removes the staging folder and leaves a
     previous ``path`` as it was; a staging folder left by a killed earlier run is cleared first.
     """
-    folder = check_replaceable_folder(path, marker, what, inputs)
+    folder = check_replaceable_folder(path, marker, what, inputs, templates)
     staging = folder.with_name(f".{folder.name}.partial")
     previous = folder.with_name(f".{folder.name}.previous")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
         yield staging
-        check_replaceable_folder(folder, marker, what, inputs)  # (the folder may have changed meanwhile)
+        check_replaceable_folder(folder, marker, what, inputs, templates)  # (the folder may have changed meanwhile)
         shutil.rmtree(previous, ignore_errors=True)
         if folder.exists():
             folder.rename(previous)

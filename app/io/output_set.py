@@ -18,48 +18,37 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import InputError
-from ._atomic import _fsync_fd, durability_is_deferred, save_error, write_text_atomic
+from ._atomic import _fsync_fd, durability_is_deferred, names_matching, save_error, write_text_atomic
+
+__all__ = ["PARTIAL", "names_matching", "output_set"]
 
 PARTIAL = ".tractlens-partial-"
 
 
-def names_matching(templates: Iterable[str]) -> re.Pattern:
-    """A pattern of the file names that ``templates`` make: ``{i}`` a number, any other ``{...}``
-    any text (``dyads{i}.nii.gz``, ``seeds_to_{target}.nii.gz``)."""
-    parts = []
-    for template in templates:
-        pieces = re.split(r"(\{[^}]*\})", template)
-        parts.append("".join(r"\d+" if p == "{i}" else ".+" if p.startswith("{") else re.escape(p) for p in pieces))
-    return re.compile("^(?:" + "|".join(parts) + ")$")
+#: A staging folder untouched this long is a killed run's: removed by the next run into the folder.
+#: By age, not by process: a run on another host or in another container (a shared file system)
+#: has a process this one cannot see, and its live folder must be left alone. Writing a set takes
+#: seconds to minutes.
+STALE_PARTIAL_S = 6 * 3600
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
-def _clear_dead_partials(folder: Path) -> None:
+def _clear_stale_partials(folder: Path) -> None:
+    now = time.time()
     for stage in folder.glob(PARTIAL + "*"):
         try:
-            pid = int(stage.name[len(PARTIAL) :].split("-")[0])
-        except ValueError:
+            if now - stage.stat().st_mtime > STALE_PARTIAL_S:
+                shutil.rmtree(stage, ignore_errors=True)
+        except OSError:
             continue
-        if pid != os.getpid() and not _alive(pid):
-            shutil.rmtree(stage, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -88,49 +77,57 @@ def _signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def output_set(folder: str | os.PathLike, record: str, templates: Iterable[str] = ()) -> Iterator[Path]:
+def output_set(
+    folder: str | os.PathLike, record: str, templates: Iterable[str] = (), key: str | None = None
+) -> Iterator[Path]:
     """Yield a staging folder to write the command's files in; on success they replace the
     folder's earlier set (see the module's docstring), ``record`` (the command's JSON summary)
-    last. On an exception, Ctrl+C or a cancel inside the block the folder is left as it was."""
+    last. ``key`` names the set's manifest (default: the record's stem; fit-dti's includes its
+    prefix, so fits of two prefixes in one folder are two sets). On an exception, Ctrl+C or a
+    cancel inside the block the folder is left as it was."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise InputError("the output path exists and is not a folder", path=folder,
                          fix="Give a folder name, or move the file away")  # fmt: skip
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _clear_dead_partials(folder)
+        _clear_stale_partials(folder)
         stage = folder / f"{PARTIAL}{os.getpid()}-{secrets.token_hex(4)}"
         stage.mkdir()
     except OSError as exc:
         raise save_error(exc, folder) from None
-    manifest = folder / f".{Path(record).stem}.files"
+    manifest = folder / f".{key or Path(record).stem}.files"
     try:
         yield stage
         written = sorted(p.name for p in stage.iterdir())
-        earlier = _earlier_set(folder, manifest, templates)
-        with _signals_held():
+        earlier = _earlier_set(folder, manifest, record, templates)
+        with _signals_held():  # a signal here waits until the set is in place and the stage gone
             for name in sorted(written, key=lambda n: n == record):  # the record last
                 os.replace(stage / name, folder / name)
             for name in sorted(earlier - set(written)):
                 with contextlib.suppress(FileNotFoundError):
                     (folder / name).unlink()
             write_text_atomic("\n".join(written) + "\n", manifest)
-        if not durability_is_deferred():  # the renames on the disk (the files were flushed when written)
-            _fsync_fd(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            shutil.rmtree(stage, ignore_errors=True)
+            if not durability_is_deferred():  # the renames on the disk (the files were flushed when written)
+                _fsync_fd(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as exc:
         raise save_error(exc, folder) from None
     finally:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _earlier_set(folder: Path, manifest: Path, templates: Iterable[str]) -> set[str]:
-    """The names the folder's previous set of this command wrote: its manifest, or the files the
-    templates name (a folder of an earlier version)."""
+def _earlier_set(folder: Path, manifest: Path, record: str, templates: Iterable[str]) -> set[str]:
+    """The names the folder's previous set of this command wrote: its manifest, or, in a folder
+    holding the command's record but no manifest (written by an earlier version), the files the
+    templates name. A folder without the record never held the command's set: nothing of it is
+    taken for one (a subject's own gm.nii.gz is not a CSD fit's)."""
     try:
         return {line for line in manifest.read_text().splitlines() if line and "/" not in line}
     except OSError:
         pass
-    pattern = names_matching(templates) if templates else None
-    if pattern is None:
+    templates = tuple(templates)
+    if not templates or not (folder / record).is_file():
         return set()
+    pattern = names_matching(templates)
     return {p.name for p in folder.iterdir() if p.is_file() and pattern.match(p.name)}

@@ -41,6 +41,15 @@ INVERSE_WARP_FILE = "1InverseWarp.nii.gz"
 MOVING_IN_FIXED = "moving_in_fixed.nii.gz"
 SUMMARY_FILE = "registration.json"
 GRID_FILES = {"fixed": "fixed_grid.nii.gz", "moving": "moving_grid.nii.gz"}
+#: Every file a registration folder may hold (an earlier version's record lists none).
+REGISTRATION_FILES = (
+    AFFINE_FILE,
+    WARP_FILE,
+    INVERSE_WARP_FILE,
+    MOVING_IN_FIXED,
+    *GRID_FILES.values(),
+    "registration.json",
+)
 FORMAT = "tractlens-registration/1"
 
 
@@ -107,7 +116,7 @@ def save_registration(
     existing folder is replaced only when it is empty or an earlier registration holding none of
     ``inputs`` (the images' paths) (:func:`~._atomic.check_replaceable_folder`)."""
     folder = Path(folder)
-    with atomic_folder(folder, SUMMARY_FILE, "registration folder", inputs) as staging:
+    with atomic_folder(folder, SUMMARY_FILE, "registration folder", inputs, REGISTRATION_FILES) as staging:
         write_itk_affine(registration.affine, staging / AFFINE_FILE)
         if registration.nonlinear:
             _write_field(registration.warp, registration.fixed, staging / WARP_FILE)

@@ -388,7 +388,7 @@ def write_dti_outputs(result: DTIResult, outdir: str | os.PathLike, prefix: str 
     prefix = check_prefix(prefix, outdir)
     out = check_output_folder(outdir)
     names = {dti_file_name(name, prefix) for name in DTI_MAPS}
-    with output_set(out, "fit_dti.json", (*names, "fit_dti.json")) as stage:
+    with output_set(out, "fit_dti.json", (*names, "fit_dti.json"), key=f"fit_dti-{prefix}") as stage:
         _write_dti_files(result, stage, prefix, outdir)
     return {name: str(out / dti_file_name(name, prefix)) for name in DTI_MAPS}
 
