@@ -68,8 +68,13 @@ def test_ctrl_c_while_the_set_is_moved_into_place_comes_after_it(tmp_path, monke
 
     monkeypatch.setattr(os, "replace", replace)
     assert threading.current_thread() is threading.main_thread()
-    with pytest.raises(KeyboardInterrupt):
-        _write(out, ["map1.nii", "map2.nii", "rec.json"], "second")
+    # Python's own Ctrl+C handler (another library imported in this worker may have put its own)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _write(out, ["map1.nii", "map2.nii", "rec.json"], "second")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert _files(out) == {"map1.nii": "second", "map2.nii": "second", "rec.json": "second"}
     assert [p.name for p in moved][-2:] == ["rec.json", ".rec.files"]  # the record after the maps, then the list
 
