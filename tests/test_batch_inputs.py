@@ -169,3 +169,28 @@ def test_sigterm_ends_the_run_like_ctrl_c(demo_dir, tmp_path, monkeypatch, capsy
     assert code == 130 and "interrupted" in capsys.readouterr().err
     assert not (tmp_path / "d" / ".staging").exists()
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler is the command's only
+
+
+def test_importing_the_batch_system_cluster_keeps_ctrl_c(monkeypatch):
+    """dask_jobqueue's import replaces the SIGINT handler with sys.exit(): Ctrl+C then ended a
+    --cluster run with exit status 0. The engine puts the process's handler back."""
+    import importlib
+
+    pytest.importorskip("dask_jobqueue", reason="the batch extra is part of the test extra")
+    from tractlens.app.batch import engines
+
+    def forget() -> None:  # imported afresh: its import sets the handler
+        for name in [m for m in sys.modules if m == "dask_jobqueue" or m.startswith("dask_jobqueue.")]:
+            monkeypatch.delitem(sys.modules, name)
+
+    mine = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        forget()
+        importlib.import_module("dask_jobqueue")  # the premise: a plain import takes Ctrl+C
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        forget()
+        engines._jobqueue_keys("slurm")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, mine)

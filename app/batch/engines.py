@@ -33,7 +33,9 @@ import importlib.util
 import inspect
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,9 +228,24 @@ def _jobqueue_arguments(cluster: str, config_path, gpus: int | None) -> ClusterC
                          device="gpu" if gpus else "auto")  # fmt: skip
 
 
+@contextlib.contextmanager
+def _keeping_ctrl_c() -> Iterator[None]:
+    """Import within it a module that takes Ctrl+C for itself: dask_jobqueue's import sets a
+    SIGINT handler that calls ``sys.exit()``, so Ctrl+C ended ``tractlens batch --cluster`` with
+    exit status 0 instead of cancelling and reporting the interruption (130). The handler the
+    process had is put back."""
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not previous:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
 def _jobqueue_keys(cluster: str) -> set[str]:
-    import dask_jobqueue
-    from dask_jobqueue.core import Job
+    with _keeping_ctrl_c():
+        import dask_jobqueue
+        from dask_jobqueue.core import Job
 
     cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[cluster])
     names = set(inspect.signature(cls.job_cls.__init__).parameters) | set(inspect.signature(Job.__init__).parameters)
@@ -239,7 +256,8 @@ def _jobqueue_keys(cluster: str) -> set[str]:
 
 def import_cluster_class(choice: ClusterChoice):
     try:
-        module = importlib.import_module(choice.module)
+        with _keeping_ctrl_c():
+            module = importlib.import_module(choice.module)
     except ImportError as exc:
         extra = "batch-gpu" if choice.module == "dask_cuda" else "batch"
         raise InputError(
