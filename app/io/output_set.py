@@ -65,7 +65,7 @@ def _signals_held() -> Iterator[None]:
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)  # (None: set outside Python)
         for number in caught[:1]:
             handler = previous[number]
             if callable(handler):
