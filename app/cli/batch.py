@@ -113,7 +113,9 @@ def _terminate_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)  # (None: set outside Python)
+        signal.signal(
+            signal.SIGTERM, previous if previous is not None else signal.SIG_DFL
+        )  # (None: set outside Python)
 
 
 def cmd_batch(args) -> int:
