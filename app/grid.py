@@ -79,6 +79,12 @@ class Grid:
         inv = np.linalg.inv(self.affine)
         return np.asarray(points_mm, dtype=np.float64) @ inv[:3, :3].T + inv[:3, 3]
 
+    def contains(self, voxels: np.ndarray) -> np.ndarray:
+        """Per row of continuous voxel coordinates (N, 3): whether it lies within the grid's volume
+        (inside its voxels' outer faces)."""
+        voxels = np.asarray(voxels)
+        return ((voxels > -0.5) & (voxels < np.asarray(self.shape) - 0.5)).all(axis=1)
+
     def to_mm(self, voxels: np.ndarray) -> np.ndarray:
         """Voxel coordinates (N, 3) -> RAS mm (N, 3)."""
         return np.asarray(voxels, dtype=np.float64) @ self.affine[:3, :3].T + self.affine[:3, 3]

@@ -24,6 +24,7 @@ from tractlens.gpu.host import host_threads, run_in_order
 from tractlens.gpu.select_host import point_blocks
 
 from .errors import InputError
+from .grid import Grid
 from .model import Tractogram, Volume
 from .params import StatisticsParams
 from .selection import shown_mask, shown_of
@@ -318,8 +319,8 @@ def _roi_meets(mask: np.ndarray, affine: np.ndarray, volume: Volume) -> bool:
     if not len(ijk):
         return False
     ijk = ijk[:: max(1, len(ijk) // 100_000)]
-    voxels = ijk @ np.linalg.solve(volume.affine, affine)[:3, :3].T + np.linalg.solve(volume.affine, affine)[:3, 3]
-    return bool(((voxels > -0.5) & (voxels < np.asarray(volume.data.shape[:3]) - 0.5)).all(axis=1).any())
+    grid = Grid(volume.affine, volume.data.shape[:3])
+    return bool(grid.contains(grid.to_voxels(Grid(affine, np.asarray(mask).shape[:3]).to_mm(ijk))).any())
 
 
 def file_statistics(

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .grid import Grid
 from .observable import Observable
 
 
@@ -240,8 +241,7 @@ class Tractogram(Observable):
             return False
         index = np.unique(np.linspace(0, n - 1, min(n, sample)).astype(np.int64))
         voxels = on_grid(self.points_take(index), np.linalg.solve(affine, self.affine), np.float64)
-        inside = ((voxels > -0.5) & (voxels < np.asarray(shape[:3]) - 0.5)).all(axis=1)
-        return bool(inside.any())
+        return bool(Grid(affine, tuple(shape[:3])).contains(voxels).any())
 
     def ends_on(self, affine: np.ndarray, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
         """Each streamline's first and last point in voxel coordinates of another grid, as

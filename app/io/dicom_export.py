@@ -338,9 +338,7 @@ def _fraction_outside(points_mm, grid: Grid) -> float:
     points = np.asarray(points_mm, dtype=np.float64)
     if not len(points):
         return 0.0
-    voxels = grid.to_voxels(points)
-    beyond = ((voxels < -0.5) | (voxels > np.asarray(grid.shape) - 0.5)).any(axis=1)
-    return float(beyond.mean())
+    return 1.0 - float(grid.contains(grid.to_voxels(points)).mean())
 
 
 def write_tracts(reference: ReferenceSeries, structures: list[Structure], folder: Path, *, deidentify=False):
