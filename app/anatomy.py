@@ -250,8 +250,8 @@ def register_images(
     from .pipelines.register import register_arrays  # SciPy's ndimage and DIPY: not for atlas or apply-transform
 
     params = params or RegisterParams()
-    inputs = tuple(x for x in (moving, fixed, moving_mask, fixed_mask) if isinstance(x, str | os.PathLike))
-    inputs = tuple(x for x in inputs if str(x).lower() not in TEMPLATE_WORDS)
+    inputs = tuple(x for x in (moving, fixed, moving_mask, fixed_mask)
+                   if isinstance(x, str | os.PathLike) and str(x).lower() not in TEMPLATE_WORDS)  # fmt: skip
     if out_dir is not None:
         out_dir = check_output_folder(out_dir, "registration folder")
         check_replaceable_folder(out_dir, transform_files.SUMMARY_FILE, "registration folder", inputs,

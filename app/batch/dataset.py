@@ -97,17 +97,16 @@ def find_series(
             )
         )
     without = sorted(set(participants or known) - {series.subject for series in found})
-    if found and without and not participants:  # the whole dataset: said, not left out in silence
-        log.warning("%d participant(s) without a DWI series%s left out: %s", len(without),
-                    " in the chosen sessions" if sessions else "",
-                    ", ".join(f"sub-{label}" for label in without[:10]) + (", ..." if len(without) > 10 else ""))  # fmt: skip
+    where = " in the chosen sessions" if sessions else ""
     if found and without and participants:  # asked for by name: refused
         raise InputError(
-            f"participant {', '.join(without)} has no DWI series (sub-*/[ses-*/]dwi/*_dwi.nii.gz)"
-            + (" in the chosen sessions" if sessions else ""),
+            f"participant {', '.join(without)} has no DWI series (sub-*/[ses-*/]dwi/*_dwi.nii.gz){where}",
             path=bids_dir,
             fix="Leave them out of --participant-label, or check their dwi folders",
         )
+    if found and without:  # the whole dataset: said, not left out in silence
+        log.warning("%d participant(s) without a DWI series%s left out: %s", len(without), where,
+                    ", ".join(f"sub-{label}" for label in without[:10]) + (", ..." if len(without) > 10 else ""))  # fmt: skip
     if not found:
         raise InputError(
             "no DWI series found (sub-*/[ses-*/]dwi/*_dwi.nii.gz)"

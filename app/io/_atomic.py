@@ -188,13 +188,14 @@ def check_replaceable_folder(
             fix="Give a new or empty folder for -o; an earlier output of this command is replaced",
         )
     listed = _listed_files(folder / marker)
-    pattern = names_matching(templates) if listed is None and templates else None
-    extra = sorted(
-        p.name
-        for p in folder.iterdir()
-        if p.name != marker
-        and (p.name not in listed if listed is not None else pattern is not None and not pattern.match(p.name))
-    )
+    names = sorted(p.name for p in folder.iterdir() if p.name != marker)
+    if listed is not None:  # the earlier output's record names its files
+        extra = [name for name in names if name not in listed]
+    elif templates:  # else the names its command writes
+        pattern = names_matching(templates)
+        extra = [name for name in names if not pattern.match(name)]
+    else:  # nothing to tell them by: every file is taken for the earlier output's
+        extra = []
     if extra:
         raise InputError(
             f"holds files that the earlier {what} did not write ({', '.join(extra[:3])}"

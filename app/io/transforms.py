@@ -48,7 +48,7 @@ REGISTRATION_FILES = (
     INVERSE_WARP_FILE,
     MOVING_IN_FIXED,
     *GRID_FILES.values(),
-    "registration.json",
+    SUMMARY_FILE,
 )
 FORMAT = "tractlens-registration/1"
 

@@ -13,16 +13,14 @@ import numpy as np
 from ..errors import InputError
 
 
-def require_fitted(flags: np.ndarray, not_fitted: int, what: str, path: str) -> int:
-    """The number of voxels fitted (no bit of ``not_fitted`` in their flags); :class:`InputError`
-    when there is none."""
+def require_fitted(flags: np.ndarray, not_fitted: int, what: str, path: str) -> None:
+    """:class:`InputError` when no voxel was fitted (every voxel has a bit of ``not_fitted`` in
+    its flags)."""
     flags = np.asarray(flags)
-    fitted = int(np.count_nonzero((flags & not_fitted) == 0))
-    if flags.size and fitted == 0:
+    if flags.size and not np.any((flags & not_fitted) == 0):
         raise InputError(
             f"none of the {flags.size} voxels of the mask could be fitted: the series has no usable signal there "
             "(zero, or not a number)",
             path=path or None,
             fix=f"Check the image (a failed conversion?) and the mask given to {what}",
         )
-    return fitted

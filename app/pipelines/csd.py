@@ -255,9 +255,8 @@ def fit_csd_pipeline(
 def write_csd_outputs(result: CSDResult, outdir: str | os.PathLike) -> dict[str, str]:
     """Write :data:`CSD_OUTPUTS` (and :data:`MSMT_OUTPUTS` for a multi-tissue fit) atomically."""
     out = check_output_folder(outdir)
-    with output_set(
-        out, "fit_csd.json", (*CSD_OUTPUTS, *MSMT_OUTPUTS)
-    ) as stage:  # a single-tissue rerun leaves no gm/csf
+    # one set: a single-tissue fit after a multi-tissue one leaves no gm/csf of the earlier fit
+    with output_set(out, "fit_csd.json", (*CSD_OUTPUTS, *MSMT_OUTPUTS)) as stage:
         names = _write_csd_files(result, stage, outdir)
     return {name: str(out / name) for name in names}
 
