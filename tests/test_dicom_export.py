@@ -298,3 +298,15 @@ def test_a_bundle_partly_outside_the_series_is_clipped_with_a_warning(case, caps
         assert main(["export-dicom", str(d / "line.tck"), str(d / "tube.tck"), "--reference", str(case["reference"]),
                      "-o", str(d / "out_inside"), "--quiet", "--json"]) == 0  # fmt: skip
     assert not [r for r in caplog.records if "lie outside" in r.getMessage()]  # bundles inside: no warning
+
+
+def test_the_fraction_outside_is_the_same_counted_a_chunk_at_a_time(monkeypatch):
+    from tractlens.app.grid import Grid
+    from tractlens.app.io import dicom_export
+
+    grid = Grid(AFFINE, SHAPE)
+    points = grid.to_mm(np.random.default_rng(3).uniform(-3, 14, size=(1001, 3)))
+    whole = dicom_export._fraction_outside(points, grid)
+    monkeypatch.setattr(dicom_export, "OUTSIDE_CHUNK", 7)
+    assert dicom_export._fraction_outside(points, grid) == pytest.approx(whole, abs=1e-12) and 0 < whole < 1
+    assert dicom_export._fraction_outside(points[:0], grid) == 0.0

@@ -333,12 +333,19 @@ def structures_on_reference(
     return [s for s in structures if s.mask.any()]
 
 
+#: Points converted at a time by :func:`_fraction_outside` (float64 copies: ~100 MB a chunk).
+OUTSIDE_CHUNK = 4_000_000
+
+
 def _fraction_outside(points_mm, grid: Grid) -> float:
-    """The fraction of the points beyond the grid's volume (its voxels' outer faces)."""
-    points = np.asarray(points_mm, dtype=np.float64)
-    if not len(points):
+    """The fraction of the points beyond the grid's volume (its voxels' outer faces), a chunk of
+    points at a time: a whole-brain tractogram's copy is not made at once."""
+    n = len(points_mm)
+    if not n:
         return 0.0
-    return 1.0 - float(grid.contains(grid.to_voxels(points)).mean())
+    inside = sum(int(grid.contains(grid.to_voxels(points_mm[i : i + OUTSIDE_CHUNK])).sum())
+                 for i in range(0, n, OUTSIDE_CHUNK))  # fmt: skip
+    return 1.0 - inside / n
 
 
 def write_tracts(reference: ReferenceSeries, structures: list[Structure], folder: Path, *, deidentify=False):
